@@ -1,0 +1,36 @@
+"""The FastAPI application: routes, error handlers and the server state's lifetime."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from millm import __version__
+from millm.api import completions, health, models
+from millm.api.errors import install_error_handlers
+from millm.service.state import ServerState
+
+
+def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
+    """An app serving `state`; with load_model the model loads in the background at start-up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if load_model:
+            state.load_in_background()
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="millm",
+        version=__version__,
+        summary="OpenAI-compatible inference server with SAE feature steering.",
+        lifespan=lifespan,
+    )
+    app.state.millm = state
+    install_error_handlers(app)
+    app.include_router(completions.router, tags=["OpenAI"])
+    app.include_router(models.router, tags=["OpenAI"])
+    app.include_router(health.router, tags=["Health"])
+    return app

@@ -1,0 +1,311 @@
+"""POST /v1/chat/completions and /v1/completions: validate, build rows, answer whole or as SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from millm.api.errors import error_body
+from millm.api.field_policy import CHAT, COMPLETIONS, refuse_unhonoured
+from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from millm.engine.jobs import JobFailed, RowFinished, TextDelta
+from millm.engine.loader import LoadedModel
+from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
+from millm.engine.sampling import SamplingParams
+from millm.errors import FieldNotHonoured, InvalidRequest
+from millm.service.generation import GenerationOptions, JobStream, build_rows
+from millm.service.state import ServerState
+
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class ResponseMeta:
+    """What every response and chunk of one request repeats."""
+
+    id: str
+    object: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Collected:
+    """A non-streamed answer, assembled from the engine's events."""
+
+    texts: list[str]
+    finish_reasons: list[str | None]
+    completion_tokens: int = 0
+
+
+def generation_options(body: SamplingFields) -> GenerationOptions:
+    """The engine's view of the sampling fields, with OpenAI's defaults filled in."""
+    sampling = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+    )
+    return GenerationOptions(
+        max_tokens=body.token_budget, n=body.n or 1, sampling=sampling, stop=body.stop_sequences, seed=body.seed
+    )
+
+
+def message_text(message: ChatMessage, index: int) -> str:
+    """A message's content as one string; text parts are joined by newlines."""
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise FieldNotHonoured(
+                f"content part of type {part.type!r} cannot be honoured: this model reads text only",
+                param=f"messages[{index}].content[{j}]",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the chat template expects them; `developer` is OpenAI's newer name for `system`."""
+    rendered = []
+    for i, message in enumerate(messages):
+        entry = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, i)}
+        for key in ("name", "tool_call_id", "tool_calls"):
+            value = getattr(message, key)
+            if value is not None:
+                entry[key] = value
+        rendered.append(entry)
+    return rendered
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """OpenAI's usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def seed_headers(seed: int | None) -> dict[str, str]:
+    """X-miLLM-Seed (RFC 8941 item with its scope) when the request sent a seed."""
+    return {} if seed is None else {"X-miLLM-Seed": f'{seed};scope="request"'}
+
+
+def sse(payload: dict | str) -> str:
+    """One server-sent event frame."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+async def watch_disconnect(request: Request, stream: JobStream) -> None:
+    """Cancel the job when the client of a non-streamed request goes away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            stream.cancel()
+            return
+
+
+async def collect(request: Request, stream: JobStream, rows: int) -> Collected:
+    """Run a job to the end, cancelling it if the client disconnects first."""
+    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows)
+    watcher = asyncio.create_task(watch_disconnect(request, stream))
+    try:
+        async for event in stream.events():
+            if isinstance(event, TextDelta):
+                result.texts[event.row] += event.text
+            elif isinstance(event, RowFinished):
+                result.finish_reasons[event.row] = event.finish_reason
+                result.completion_tokens += event.completion_tokens
+            elif isinstance(event, JobFailed):
+                raise event.error
+    finally:
+        watcher.cancel()
+        stream.cancel()
+    return result
+
+
+async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str):
+    """Build the rows for these prompts and admit them; returns the stream of their events."""
+    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param)
+    stream = JobStream(rows)
+    state.submit(stream.job)
+    return stream, len(rows)
+
+
+@router.post("/v1/chat/completions", summary="Chat completion (streaming and non-streaming)")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    """Answer (or continue) a conversation with the loaded model."""
+    state: ServerState = request.app.state.millm
+    refuse_unhonoured(body.model_dump(exclude_unset=True), CHAT)
+    lm = state.model_for(body.model)
+    messages = template_messages(body.messages)
+    prompt = await run_in_threadpool(chat_prompt_ids, lm.tokenizer, messages)
+    if not prompt:
+        raise InvalidRequest("the rendered conversation tokenises to nothing", param="messages")
+    stream, rows = await start_job(state, lm, body, [prompt], "messages")
+    meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
+    headers = seed_headers(body.seed)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = chat_chunks(stream, meta, len(prompt), include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    result = await collect(request, stream, rows)
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": result.finish_reasons[i],
+        }
+        for i, text in enumerate(result.texts)
+    ]
+    payload = {
+        "id": meta.id,
+        "object": meta.object,
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": lm.system_fingerprint,
+        "choices": choices,
+        "usage": usage(len(prompt), result.completion_tokens),
+    }
+    return JSONResponse(payload, headers=headers)
+
+
+def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> list[list[int]]:
+    """Every prompt of a text completion as token ids (text tokenised verbatim, no chat template)."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        items: list = [prompt]
+    elif all(isinstance(p, int) for p in prompt):
+        items = [prompt]
+    else:
+        items = list(prompt)
+    add_special = True if body.add_special_tokens is None else body.add_special_tokens
+    prompts = []
+    vocab = lm.vocab_size
+    for i, item in enumerate(items):
+        param = "prompt" if len(items) == 1 else f"prompt[{i}]"
+        ids = completion_prompt_ids(lm.tokenizer, item, add_special) if isinstance(item, str) else list(item)
+        if not ids:
+            raise InvalidRequest(f"{param} tokenises to nothing; a prompt needs at least one token", param=param)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"{param} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", param=param)
+        prompts.append(ids)
+    return prompts
+
+
+@router.post("/v1/completions", summary="Text completion (no chat template)")
+async def completions(body: CompletionRequest, request: Request):
+    """Continue each prompt verbatim; one choice per prompt (times n)."""
+    state: ServerState = request.app.state.millm
+    refuse_unhonoured(body.model_dump(exclude_unset=True), COMPLETIONS)
+    lm = state.model_for(body.model)
+    prompts = await run_in_threadpool(completion_prompts, lm, body)
+    stream, rows = await start_job(state, lm, body, prompts, "prompt")
+    meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
+    prompt_tokens = sum(len(p) for p in prompts)
+    headers = seed_headers(body.seed)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = completion_chunks(stream, meta, prompt_tokens, rows, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    result = await collect(request, stream, rows)
+    choices = [
+        {"index": i, "text": text, "logprobs": None, "finish_reason": result.finish_reasons[i]}
+        for i, text in enumerate(result.texts)
+    ]
+    payload = {
+        "id": meta.id,
+        "object": meta.object,
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": lm.system_fingerprint,
+        "choices": choices,
+        "usage": usage(prompt_tokens, result.completion_tokens),
+    }
+    return JSONResponse(payload, headers=headers)
+
+
+async def stream_frames(
+    stream: JobStream, prompt_tokens: int, rows: int, include_usage: bool, chunk, delta, finish, opening=()
+):
+    """SSE frames for a job: opening chunks, deltas, one finish chunk per row (the last carries usage), [DONE].
+
+    `chunk(choices, usage=...)` builds a chunk; `delta(row, text)` / `finish(row, reason)` build choices.
+    With stream_options.include_usage, usage instead comes in a final chunk with no choices, as OpenAI does.
+    """
+    finished = completion_tokens = 0
+    try:
+        for choices in opening:
+            yield sse(chunk(choices))
+        async for event in stream.events():
+            if isinstance(event, TextDelta):
+                yield sse(chunk([delta(event.row, event.text)]))
+            elif isinstance(event, RowFinished):
+                finished += 1
+                completion_tokens += event.completion_tokens
+                last = finished == rows and not include_usage
+                extra = {"usage": usage(prompt_tokens, completion_tokens)} if last else {}
+                yield sse(chunk([finish(event.row, event.finish_reason)], **extra))
+            elif isinstance(event, JobFailed):
+                yield sse(error_body(event.error))
+                break
+        else:
+            if include_usage:
+                yield sse(chunk([], usage=usage(prompt_tokens, completion_tokens)))
+        yield sse("[DONE]")
+    finally:
+        stream.cancel()
+
+
+def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, include_usage: bool):
+    """The chat stream: a role chunk first, then content deltas and the finish chunk."""
+
+    def chunk(choices, **extra):
+        return {
+            "id": meta.id,
+            "object": "chat.completion.chunk",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def delta(row, text):
+        return {"index": row, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+
+    def finish(row, reason):
+        return {"index": row, "delta": {}, "logprobs": None, "finish_reason": reason}
+
+    role = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    return stream_frames(stream, prompt_tokens, 1, include_usage, chunk, delta, finish, opening=[role])
+
+
+def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool):
+    """The text-completion stream: text deltas per choice index, then finish chunks."""
+
+    def chunk(choices, **extra):
+        return {"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, **extra}
+
+    def delta(row, text):
+        return {"index": row, "text": text, "logprobs": None, "finish_reason": None}
+
+    def finish(row, reason):
+        return {"index": row, "text": "", "logprobs": None, "finish_reason": reason}
+
+    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish)

@@ -1,0 +1,89 @@
+"""Every failure as OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from millm.errors import InvalidRequest, MillmError, describe
+
+log = logging.getLogger(__name__)
+
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
+
+
+def error_body(error: MillmError) -> dict:
+    """The JSON body for an error."""
+    return {"error": error.to_dict()}
+
+
+def error_response(error: MillmError) -> JSONResponse:
+    """A JSONResponse with the error's status and OpenAI-shaped body."""
+    return JSONResponse(error_body(error), status_code=error.status)
+
+
+PRIMITIVE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _is_union_label(part: str) -> bool:
+    # Pydantic names the union branch it tried ('str', 'list[str]', 'function-after[...]');
+    # OpenAI field names never look like that.
+    return part in PRIMITIVE_LABELS or "[" in part or "(" in part
+
+
+def field_path(loc: tuple) -> str | None:
+    """Pydantic's location ('body', 'messages', 2, 'name') as 'messages[2].name'."""
+    path = ""
+    for part in loc:
+        if part == "body" and not path:
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _is_union_label(part):
+            path += f".{part}" if path else str(part)
+    return path or None
+
+
+def validation_error(exc: RequestValidationError) -> InvalidRequest:
+    """The first validation problem as a 400 naming the field."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return InvalidRequest(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
+    param = field_path(tuple(first.get("loc", ())))
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        message = f"{param} is required" if param else "a required field is missing"
+    elif param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return InvalidRequest(message, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every failure, including FastAPI's own, to the OpenAI error shape."""
+
+    @app.exception_handler(MillmError)
+    async def _millm(_: Request, exc: MillmError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        error = MillmError(str(exc.detail), code=HTTP_CODES.get(exc.status_code, "http_error"))
+        error.status = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unexpected error")
+        return error_response(MillmError(f"internal error: {describe(exc)}"))

@@ -1,0 +1,142 @@
+"""Request bodies of the OpenAI surface: one field per parameter, one validator per cross-field rule.
+
+Models are strict (a string is never a number, `true` is never a seed) and keep unknown
+fields, so the field policy can report or refuse them instead of dropping them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from millm.errors import FieldNotHonoured, InvalidRequest
+
+MAX_STOP_SEQUENCES = 4
+MAX_CHOICES = 128
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+TokenCount = Annotated[int, Field(ge=1)]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
+
+
+class OpenBody(BaseModel):
+    """Strict parsing that keeps unknown fields for the field policy."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class TextPart(OpenBody):
+    """A content part; only text can be honoured by a text model."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(OpenBody):
+    """One message of a conversation."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self):
+        # Only an assistant turn (which may carry tool calls instead) can go without content.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+
+class StreamOptions(OpenBody):
+    """OpenAI's stream_options: include_usage adds a final usage-only chunk."""
+
+    include_usage: bool | None = None
+
+
+class SamplingFields(OpenBody):
+    """Fields chat and text completions share."""
+
+    model: str
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Choices | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value):
+        # OpenAI allows up to 4; an empty string would match everywhere and stop at once.
+        stops = [value] if isinstance(value, str) else value
+        if stops is None:
+            return None
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stops)}")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty strings")
+        return stops
+
+    @model_validator(mode="after")
+    def _one_token_budget(self):
+        # max_completion_tokens is OpenAI's newer name for max_tokens; two different budgets are ambiguous.
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequest(
+                f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
+                "differ; send one of them",
+                param="max_completion_tokens",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_streamed_choices(self):
+        # Streamed chunks of several choices would interleave; OpenAI clients expect one stream per choice.
+        if self.stream and (self.n or 1) > 1:
+            raise FieldNotHonoured("n > 1 cannot be streamed; send stream: false or n: 1", param="n")
+        return self
+
+    @property
+    def token_budget(self) -> int | None:
+        """The completion budget under either name."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        """Stop strings as a tuple (validated into a list above)."""
+        return tuple(self.stop or ())
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions: prompt text (or token ids), one choice per prompt."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    add_special_tokens: bool | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty_list(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be an empty list")
+        return value

@@ -1,0 +1,96 @@
+"""The `millm` command: `millm serve [options]`; every option also reads an environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import typing
+
+from pydantic import ValidationError
+
+from millm.settings import Settings, settings_options, settings_with
+
+
+def _option_type(name: str):
+    annotation = Settings.model_fields[name].annotation
+    choices = None
+    if typing.get_origin(annotation) is typing.Literal:
+        choices = list(typing.get_args(annotation))
+    return annotation, choices
+
+
+def add_settings_options(parser: argparse.ArgumentParser) -> None:
+    """One --option per setting, its help naming the environment variable and default."""
+    for name, env, default, description in settings_options():
+        flag = "--" + name.replace("_", "-")
+        annotation, choices = _option_type(name)
+        shown = "per-user data folder" if name == "home" else default
+        help_text = f"{description} [env: {env}; default: {shown}]"
+        if annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, choices=choices, metavar=None if choices else env, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with its `serve` sub-command."""
+    parser = argparse.ArgumentParser(prog="millm", description="OpenAI-compatible server with SAE feature steering.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="start the server (the demo model when --model is not given)",
+        description="Start the OpenAI-compatible server. Options override their environment variables.",
+    )
+    add_settings_options(serve)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the options given on the command line."""
+    given = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None}
+    return settings_with(given)
+
+
+def serve(settings: Settings) -> int:
+    """Resolve the model at once (clear error, no traceback), then serve while it loads."""
+    import uvicorn
+
+    from millm.api.app import create_app
+    from millm.engine.sources import resolve_source
+    from millm.errors import ModelSourceError
+    from millm.service.state import ServerState
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    try:
+        source = resolve_source(settings.model, settings.hub_dir)
+    except ModelSourceError as exc:
+        print(f"millm: {exc}", file=sys.stderr)
+        return 2
+    state = ServerState(settings, source)
+    app = create_app(state)
+    logging.getLogger("millm").info("data directory: %s", settings.home)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script and of `python -m millm`."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        flags = {env: "--" + name.replace("_", "-") for name, env, _, _ in settings_options()}
+        for error in exc.errors():
+            env = str(error["loc"][0]) if error["loc"] else ""
+            where = f"{flags[env]} (env {env})" if env in flags else env
+            print(f"millm: invalid value for {where}: {error['msg']}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "serve":
+        return serve(settings)
+    return 2

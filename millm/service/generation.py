@@ -1,0 +1,93 @@
+"""Turning a validated request into engine rows, and the engine's events into an async stream."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from millm.engine.jobs import Event, GenerationJob, JobFailed, RowFinished, RowSpec
+from millm.engine.loader import LoadedModel
+from millm.engine.sampling import SamplingParams
+from millm.errors import ContextLengthExceeded
+
+SEED_SPACE = 2**32
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The sampling-related fields of a chat or text completion, already range-checked."""
+
+    max_tokens: int | None
+    n: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    seed: int | None
+
+
+def completion_budget(lm: LoadedModel, prompt_tokens: int, max_tokens: int | None, default: int, param: str) -> int:
+    """max_tokens for a prompt: the asked value if it fits the window, else a 400; a default shrinks to fit."""
+    room = lm.context_length - prompt_tokens
+    if max_tokens is not None:
+        if max_tokens > room:
+            raise ContextLengthExceeded(
+                limit=lm.context_length, prompt_tokens=prompt_tokens, max_tokens=max_tokens, param=param
+            )
+        return max_tokens
+    if room < 1:
+        raise ContextLengthExceeded(limit=lm.context_length, prompt_tokens=prompt_tokens, max_tokens=None, param=param)
+    return min(default, room)
+
+
+def row_seed(seed: int | None, choice: int) -> int | None:
+    """Choice j of a seeded request draws from seed + j, so choice 0 matches the same request with n=1."""
+    return None if seed is None else (seed + choice) % SEED_SPACE
+
+
+def build_rows(
+    lm: LoadedModel, prompts: list[list[int]], options: GenerationOptions, default_max_tokens: int, param: str
+) -> list[RowSpec]:
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed."""
+    rows = []
+    for prompt in prompts:
+        budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)
+        for choice in range(options.n):
+            rows.append(
+                RowSpec(
+                    prompt_ids=tuple(prompt),
+                    sampling=options.sampling,
+                    max_tokens=budget,
+                    stop=options.stop,
+                    seed=row_seed(options.seed, choice),
+                )
+            )
+    return rows
+
+
+class JobStream:
+    """Bridges the scheduler thread to the event loop: the engine emits, a coroutine iterates."""
+
+    def __init__(self, rows: list[RowSpec]):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._open_rows = len(rows)
+        self.job = GenerationJob(rows=rows, emit=self._emit)
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening anymore
+            self.job.cancel()
+
+    def cancel(self) -> None:
+        """The client went away: stop the generation and free its slot."""
+        self.job.cancel()
+
+    async def events(self):
+        """Yield events until every row has finished or the job failed."""
+        while self._open_rows > 0:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, RowFinished):
+                self._open_rows -= 1
+            elif isinstance(event, JobFailed):
+                return

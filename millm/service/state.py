@@ -1,0 +1,90 @@
+"""ServerState: the one owner of the server's mutable state (the model slot and its scheduler)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from enum import Enum
+
+from millm.engine.jobs import GenerationJob
+from millm.engine.loader import LoadedModel, load_model
+from millm.engine.scheduler import Scheduler
+from millm.engine.sources import ModelSource
+from millm.errors import ModelNotFound, ModelNotLoaded, ModelSourceError
+from millm.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ModelStatus(str, Enum):
+    """Where the served model is in its life."""
+
+    LOADING = "loading"
+    LOADED = "loaded"
+    ERROR = "error"
+
+
+class ServerState:
+    """Holds the model slot; the API asks it for the model and submits jobs through it."""
+
+    def __init__(self, settings: Settings, source: ModelSource):
+        self.settings = settings
+        self.source = source
+        self.expected_name = settings.served_model_name or source.name
+        self.created = int(time.time())
+        self.status = ModelStatus.LOADING
+        self.load_error: str | None = None
+        self.lm: LoadedModel | None = None
+        self.scheduler: Scheduler | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Load the configured model (blocking); on failure the state records why."""
+        try:
+            lm = load_model(
+                self.source,
+                dtype=self.settings.dtype,
+                device=self.settings.device,
+                cache_root=self.settings.cache_dir,
+                max_model_len=self.settings.max_model_len,
+                served_name=self.settings.served_model_name,
+            )
+        except ModelSourceError as exc:
+            log.error("model %r failed to load: %s", self.source.reference, exc)
+            with self._lock:
+                self.status, self.load_error = ModelStatus.ERROR, str(exc)
+            return
+        scheduler = Scheduler(lm, self.settings.max_pending_requests)
+        with self._lock:
+            self.lm, self.scheduler, self.status = lm, scheduler, ModelStatus.LOADED
+        log.info("model %s loaded (%s)", lm.name, lm.system_fingerprint)
+
+    def load_in_background(self) -> threading.Thread:
+        """Start loading without blocking the server's start; readiness reports progress."""
+        thread = threading.Thread(target=self.load, name="millm-model-load", daemon=True)
+        thread.start()
+        return thread
+
+    def model_for(self, name: str) -> LoadedModel:
+        """The loaded model if `name` is it; 404 for names the server does not know, 503 while not loaded."""
+        if name != self.expected_name:
+            raise ModelNotFound(
+                f"The model {name!r} does not exist on this server; it serves {self.expected_name!r}",
+                param="model",
+            )
+        if self.lm is None:
+            detail = f": {self.load_error}" if self.load_error else " yet; retry once it has loaded"
+            raise ModelNotLoaded(f"model {name!r} is not loaded{detail}", param="model")
+        return self.lm
+
+    def submit(self, job: GenerationJob) -> None:
+        """Admit a job to the scheduler (QueueFull when the queue is at its bound)."""
+        if self.scheduler is None:
+            raise ModelNotLoaded("no model is loaded")
+        self.scheduler.submit(job)
+
+    def close(self) -> None:
+        """Stop the scheduler; queued requests are answered with an error."""
+        if self.scheduler is not None:
+            self.scheduler.shutdown(timeout=30)

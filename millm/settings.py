@@ -1,0 +1,116 @@
+"""Server settings: one pydantic-settings class read from the environment and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import platformdirs
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def env_field(default, env: str, description: str, **kwargs):
+    """A settings field read from exactly one environment variable (named as the spec names it)."""
+    return Field(
+        default,
+        validation_alias=AliasChoices(env),
+        description=description,
+        json_schema_extra={"env": env},
+        **kwargs,
+    )
+
+
+def default_home() -> Path:
+    """The per-user data folder used when MILLM_HOME is not set."""
+    return Path(platformdirs.user_data_dir("millm", appauthor=False))
+
+
+class Settings(BaseSettings):
+    """Everything `millm serve` can be told; the CLI and the environment fill the same fields."""
+
+    # Only the aliases are read: by field name, `home` would pick up $HOME and `model` $MODEL.
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+
+    home: Path = env_field(
+        None,
+        "MILLM_HOME",
+        "Data directory for everything the server stores (database, registered models and SAEs, caches).",
+    )
+    host: str = env_field("127.0.0.1", "MILLM_HOST", "Address to listen on.")
+    port: int = env_field(8000, "MILLM_PORT", "TCP port to listen on.", ge=0, le=65535)
+    model: str = env_field(
+        DEMO_MODEL_NAME,
+        "MILLM_MODEL",
+        "Model to load: the demo name, a checkpoint directory, a .gguf file or a Hugging Face hub id.",
+    )
+    served_model_name: str | None = env_field(
+        None, "MILLM_SERVED_MODEL_NAME", "Name clients use for the model (default: derived from --model)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = env_field(
+        "auto",
+        "MILLM_DTYPE",
+        "Weights and compute dtype; auto = bfloat16 on CUDA with bf16 support, else float32.",
+    )
+    device: str = env_field("auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
+    max_model_len: int | None = env_field(
+        None, "MILLM_MAX_MODEL_LEN", "Context window in tokens (default: the model's own).", ge=16
+    )
+    default_max_tokens: int = env_field(
+        512,
+        "MILLM_DEFAULT_MAX_TOKENS",
+        "max_tokens for requests that send none (shrunk to what the context window leaves).",
+        ge=1,
+    )
+    max_pending_requests: int = env_field(
+        64,
+        "MAX_PENDING_REQUESTS",
+        "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
+        ge=1,
+    )
+    compile: bool = env_field(
+        False,
+        "MILLM_COMPILE",
+        "torch.compile the decode step at load (slow warm-up, faster decode).",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = env_field(
+        "info", "MILLM_LOG_LEVEL", "Log level."
+    )
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _default_home(cls, value):
+        # An empty MILLM_HOME means "not set", as in most shells' conventions.
+        return default_home() if value in (None, "") else value
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def cache_dir(self) -> Path:
+        """Caches the server writes (dequantised GGUF checkpoints, ...)."""
+        return self.home / "cache"
+
+    @property
+    def hub_dir(self) -> Path:
+        """Where hub downloads go (the user's own Hugging Face cache is only read)."""
+        return self.home / "hub"
+
+
+def settings_with(overrides: dict[str, object]) -> Settings:
+    """Settings from the environment with some fields (by field name) overridden."""
+    env_names = {name: env for name, env, _, _ in settings_options()}
+    return Settings(**{env_names[name]: value for name, value in overrides.items()})
+
+
+def settings_options() -> list[tuple[str, str, object, str]]:
+    """(field name, environment variable, default, description) for every setting, in order."""
+    rows = []
+    for name, info in Settings.model_fields.items():
+        env = (info.json_schema_extra or {}).get("env", name.upper())
+        rows.append((name, env, info.default, info.description or ""))
+    return rows

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny checkpoints built once per session, in-process models and live servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import tiny_models
+from tests.support.server import ServerProcess
+
+TINY_NAME = "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tokenizer and checkpoints: llama, gemma2, and llama without a chat template."""
+    base = tmp_path_factory.mktemp("tiny")
+    tiny_models.build_tokenizer(base / "tokenizer")
+    tiny_models.build_tokenizer(base / "tokenizer-plain", chat_template=None)
+    return {
+        "tokenizer": base / "tokenizer",
+        "llama": tiny_models.build_llama(base / TINY_NAME, base / "tokenizer"),
+        "gemma2": tiny_models.build_gemma2(base / "tiny-gemma2", base / "tokenizer"),
+        "llama-plain": tiny_models.build_llama(base / "tiny-llama-plain", base / "tokenizer-plain"),
+    }
+
+
+def load_tiny(directory: Path, home: Path, **kwargs):
+    """An in-process LoadedModel of a tiny checkpoint (float32, CPU)."""
+    from millm.engine.loader import load_model
+    from millm.engine.sources import resolve_source
+
+    source = resolve_source(str(directory), home / "hub")
+    return load_model(source, dtype="float32", device="cpu", cache_root=home / "cache", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def llama_lm(tiny_dirs, tmp_path_factory):
+    """The tiny Llama, loaded in this process."""
+    return load_tiny(tiny_dirs["llama"], tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="session")
+def gemma2_lm(tiny_dirs, tmp_path_factory):
+    """The tiny Gemma2, loaded in this process."""
+    return load_tiny(tiny_dirs["gemma2"], tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="session")
+def llama_server(tiny_dirs, tmp_path_factory):
+    """A live server on the tiny Llama (context 128 tokens)."""
+    server = ServerProcess(tmp_path_factory.mktemp("server-home"), ["--model", str(tiny_dirs["llama"])])
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory):
+    """A live server on the demo model, started exactly as the README does (no --model)."""
+    server = ServerProcess(tmp_path_factory.mktemp("demo-home"), [])
+    try:
+        yield server.wait_ready(timeout=600)
+    finally:
+        server.stop()

@@ -1,0 +1,130 @@
+"""Resolving --model (directory, .gguf, hub id, demo) and loading it: clear errors, never a hang."""
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from millm.engine.loader import load_model, pick_dtype, stored_quantization
+from millm.engine.sources import demo_source, resolve_source
+from millm.errors import ModelSourceError
+from tests.support.server import free_port
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fake_hub_cache(cache, repo_id, checkpoint):
+    """The on-disk layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<commit>}."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    shutil.copytree(checkpoint, repo / "snapshots" / COMMIT)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    return repo
+
+
+def test_directory_source(tiny_dirs, tmp_path):
+    source = resolve_source(str(tiny_dirs["llama"]), tmp_path)
+    assert source.kind == "directory" and source.name == "tiny-llama" and source.owned_by == "local"
+
+
+def test_hub_id_from_the_local_cache_records_its_commit(tiny_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub_cache(tmp_path / "downloads", "acme/tiny-llama", tiny_dirs["llama"])
+    source = resolve_source("acme/tiny-llama", tmp_path / "downloads")
+    assert source.kind == "hub" and source.revision == COMMIT and source.owned_by == "acme/tiny-llama"
+    lm = load_model(source, dtype="float32", device="cpu", cache_root=tmp_path / "cache")
+    assert lm.system_fingerprint == f"millm:acme/tiny-llama@{COMMIT}:float32/FP32:transformers"
+
+
+def test_hub_id_offline_and_not_cached_names_the_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelSourceError, match="acme/absent-model"):
+        resolve_source("acme/absent-model", tmp_path)
+
+
+def test_hub_unreachable_fails_fast_naming_the_id(tmp_path):
+    # A closed local port stands in for an unreachable hub: the answer must come at once.
+    env_setup = (
+        "import os, sys; os.environ.pop('HF_HUB_OFFLINE', None); "
+        f"os.environ['HF_ENDPOINT'] = 'http://127.0.0.1:{free_port()}'; "
+        "from millm.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", env_setup, "serve", "--model", "acme/absent-model", "--home", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "acme/absent-model" in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize(
+    "reference, message",
+    [("/no/such/dir", "neither a local path"), ("not a model", "neither a local path")],
+)
+def test_bad_references(reference, message, tmp_path):
+    with pytest.raises(ModelSourceError, match=message):
+        resolve_source(reference, tmp_path)
+
+
+def test_non_gguf_file_and_empty_directory(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ModelSourceError, match="not a .gguf file"):
+        resolve_source(str(tmp_path / "weights.bin"), tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelSourceError, match="no config.json and no .gguf"):
+        resolve_source(str(tmp_path / "empty"), tmp_path)
+
+
+def test_demo_source_is_the_packaged_gguf():
+    source = demo_source()
+    assert source.kind == "demo" and source.name == "SmolLM2-135M-Instruct"
+    assert (source.directory / source.gguf_file).stat().st_size > 50_000_000
+
+
+def test_bfloat16_load(tiny_dirs, tmp_path):
+    source = resolve_source(str(tiny_dirs["llama"]), tmp_path)
+    lm = load_model(source, dtype="bfloat16", device="cpu", cache_root=tmp_path)
+    assert lm.dtype == torch.bfloat16 and next(lm.model.parameters()).dtype == torch.bfloat16
+    assert ":bfloat16/FP32:" in lm.system_fingerprint
+
+
+def test_device_and_dtype_checks():
+    assert pick_dtype("auto", torch.device("cpu")) == torch.float32
+    if not torch.cuda.is_available():
+        from millm.engine.loader import pick_device
+
+        with pytest.raises(ModelSourceError, match="CUDA is not available"):
+            pick_device("cuda")
+        assert pick_device("auto") == torch.device("cpu")
+
+
+def test_max_model_len_lowers_but_never_raises_the_window(tiny_dirs, tmp_path):
+    source = resolve_source(str(tiny_dirs["llama"]), tmp_path)
+    assert load_model(source, dtype="float32", device="cpu", cache_root=tmp_path, max_model_len=64).context_length == 64
+    with pytest.raises(ModelSourceError, match="larger than the model's context window"):
+        load_model(source, dtype="float32", device="cpu", cache_root=tmp_path, max_model_len=4096)
+
+
+@pytest.mark.parametrize(
+    "config, tag",
+    [
+        ({"dtype": "bfloat16"}, "BF16"),
+        ({"torch_dtype": "float16"}, "FP16"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "GPTQ-4bit"),
+        ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_8bit": True}}, "BITSANDBYTES-8bit"),
+        ({}, None),
+    ],
+)
+def test_stored_quantization_tag(config, tag):
+    class Config:
+        pass
+
+    holder = Config()
+    for key, value in config.items():
+        setattr(holder, key, value)
+    assert stored_quantization(holder) == tag

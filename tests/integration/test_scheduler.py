@@ -1,0 +1,111 @@
+"""The scheduler thread: bounded admission, failures contained, every admitted job answered."""
+
+import threading
+
+import pytest
+
+from millm.engine.jobs import GenerationJob, JobFailed, RowFinished
+from millm.engine.scheduler import Scheduler
+from millm.errors import QueueFull, ServerShuttingDown
+from tests.integration.engine_helpers import Outcome, prompt_ids, row
+
+
+def gated_job(lm, gate: threading.Event, started: threading.Event):
+    """A job whose first event blocks the scheduler until the test opens the gate."""
+    outcome = Outcome()
+
+    def emit(event):
+        started.set()
+        gate.wait(10)
+        outcome.record(event)
+
+    return GenerationJob(rows=[row(prompt_ids(lm, "The cat"), 5)], emit=emit), outcome
+
+
+def finished_job(lm, prompt):
+    outcome = Outcome()
+    done = threading.Event()
+
+    def emit(event):
+        outcome.record(event)
+        if isinstance(event, (RowFinished, JobFailed)):
+            done.set()
+
+    return GenerationJob(rows=[row(prompt, 5)], emit=emit), outcome, done
+
+
+def test_admission_is_bounded_and_nothing_admitted_is_lost(llama_lm):
+    scheduler = Scheduler(llama_lm, max_pending=2)
+    gate, started = threading.Event(), threading.Event()
+    try:
+        running, running_outcome = gated_job(llama_lm, gate, started)
+        scheduler.submit(running)
+        assert started.wait(10)  # the scheduler is now inside the first job
+        queued = [finished_job(llama_lm, prompt_ids(llama_lm, "A river")) for _ in range(2)]
+        for job, _, _ in queued:
+            scheduler.submit(job)
+        assert scheduler.queue_depth == 2
+        with pytest.raises(QueueFull) as info:
+            scheduler.submit(finished_job(llama_lm, prompt_ids(llama_lm, "A river"))[0])
+        assert info.value.status == 503 and info.value.code == "queue_full"
+        gate.set()
+        for _, outcome, done in queued:
+            assert done.wait(30)
+            assert outcome.finish == {0: "length"} and outcome.tokens == {0: 5}
+    finally:
+        gate.set()
+        scheduler.shutdown(timeout=30)
+    assert running_outcome.finish == {0: "length"}
+
+
+def test_a_failing_job_reports_and_the_next_one_is_served(llama_lm):
+    scheduler = Scheduler(llama_lm, max_pending=4)
+    try:
+        bad, bad_outcome, bad_done = finished_job(llama_lm, [10**6])  # id far outside the embedding
+        good, good_outcome, good_done = finished_job(llama_lm, prompt_ids(llama_lm, "Paris"))
+        scheduler.submit(bad)
+        scheduler.submit(good)
+        assert bad_done.wait(30) and good_done.wait(30)
+        assert bad_outcome.failed and bad_outcome.failed[0].code == "generation_failed"
+        assert "IndexError" in bad_outcome.failed[0].message
+        assert good_outcome.finish == {0: "length"}
+    finally:
+        scheduler.shutdown(timeout=30)
+
+
+def test_shutdown_answers_queued_jobs(llama_lm):
+    scheduler = Scheduler(llama_lm, max_pending=4)
+    gate, started = threading.Event(), threading.Event()
+    running, _ = gated_job(llama_lm, gate, started)
+    scheduler.submit(running)
+    assert started.wait(10)
+    waiting, outcome, done = finished_job(llama_lm, prompt_ids(llama_lm, "Paris"))
+    scheduler.submit(waiting)
+    stopper = threading.Thread(target=scheduler.shutdown, kwargs={"timeout": 30})
+    stopper.start()
+    gate.set()
+    stopper.join(30)
+    assert done.wait(5)
+    assert isinstance(outcome.failed[0], ServerShuttingDown)
+    with pytest.raises(ServerShuttingDown):
+        scheduler.submit(finished_job(llama_lm, [1])[0])
+
+
+def test_cancelled_job_in_queue_is_skipped(llama_lm):
+    scheduler = Scheduler(llama_lm, max_pending=4)
+    gate, started = threading.Event(), threading.Event()
+    try:
+        running, _ = gated_job(llama_lm, gate, started)
+        scheduler.submit(running)
+        assert started.wait(10)
+        skipped, skipped_outcome, _ = finished_job(llama_lm, prompt_ids(llama_lm, "Paris"))
+        after, _, after_done = finished_job(llama_lm, prompt_ids(llama_lm, "Paris"))
+        scheduler.submit(skipped)
+        scheduler.submit(after)
+        skipped.cancel()
+        gate.set()
+        assert after_done.wait(30)
+        assert skipped_outcome.events == []
+    finally:
+        gate.set()
+        scheduler.shutdown(timeout=30)

@@ -1,0 +1,64 @@
+"""A real `millm serve` process on 127.0.0.1 for tests, started and stopped by fixtures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m millm serve ...` in a subprocess, with its log kept for failure messages."""
+
+    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / f"server-{self.port}.log"
+        home.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "millm", "serve", "--port", str(self.port), "--home", str(home), *args]
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+
+    @property
+    def log(self) -> str:
+        """Everything the server printed so far."""
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout: float = 300.0) -> "ServerProcess":
+        """Block until /api/health/ready answers 200 (or fail with the server's log)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
+            try:
+                if httpx.get(f"{self.base_url}/api/health/ready", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log}")
+
+    def stop(self) -> None:
+        """SIGINT (uvicorn's graceful stop), then kill if it lingers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()

@@ -1,0 +1,126 @@
+"""Tiny random-weight checkpoints and a locally trained tokenizer, built in seconds, offline.
+
+Real transformers models and a real BPE tokenizer (trained here on a fixed corpus), so tests
+exercise the same code paths as a production model, only smaller.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+CHATML_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>"]
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+CONTEXT = 2048
+
+
+def corpus() -> list[str]:
+    """A fixed, varied English corpus (with some non-ASCII) to train the BPE tokenizer on."""
+    subjects = ["The cat", "A river", "Paris", "My friend", "The model", "Every feature", "The capital", "Sparse codes"]
+    verbs = ["runs", "is", "becomes", "answers", "steers", "reads", "writes", "counts"]
+    objects = ["quickly", "the city of France", "a small autoencoder", "one two three four five", "naïve café", "über", "数字"]
+    lines = [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects]
+    lines += ["Hello! How are you today? I am fine, thank you.", "What is the capital of France? Paris."]
+    return lines * 3
+
+
+def build_tokenizer(directory: Path, chat_template: str | None = CHATML_TEMPLATE):
+    """Train a byte-level BPE tokenizer (adds BOS) and save it as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus(), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>"
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(directory))
+    return fast
+
+
+def _common(vocab_size: int) -> dict:
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+    )
+
+
+def _save(model, tokenizer_dir: Path, directory: Path) -> Path:
+    model.save_pretrained(str(directory))
+    for name in tokenizer_dir.iterdir():
+        if name.is_file():
+            shutil.copy(name, directory / name.name)
+    return directory
+
+
+def build_llama(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Llama with random weights (initializer_range widened so logits are not flat)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = len(tokenizer["model"]["vocab"])
+    torch.manual_seed(seed)
+    config = LlamaConfig(**_common(vocab), initializer_range=0.2)
+    model = LlamaForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_gemma2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Gemma2 (soft-capping, sliding window of 16 on alternate layers) with random weights."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = len(tokenizer["model"]["vocab"])
+    torch.manual_seed(seed)
+    config = Gemma2Config(
+        **_common(vocab),
+        head_dim=16,
+        sliding_window=16,
+        query_pre_attn_scalar=16,
+        initializer_range=0.2,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
+def with_extra_eos(directory: Path, model_dir: Path, eos_ids: list[int]) -> Path:
+    """A copy of a checkpoint whose generation config ends generation at any of `eos_ids` too."""
+    shutil.copytree(model_dir, directory)
+    path = directory / "generation_config.json"
+    config = json.loads(path.read_text())
+    config["eos_token_id"] = [EOS_ID, *eos_ids]
+    path.write_text(json.dumps(config))
+    return directory

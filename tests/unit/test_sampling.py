@@ -1,0 +1,80 @@
+"""Sampling rules: penalty mapping, nucleus mask, temperature, seeded draws."""
+
+import math
+
+import pytest
+import torch
+
+from millm.engine.sampling import SamplingParams, apply_repetition_penalty, next_token, penalty_factors, top_p_mask
+
+
+@pytest.mark.parametrize(
+    "presence, frequency, count, factor",
+    [
+        (0.0, 0.0, 3, 1.0),
+        (1.0, 0.0, 1, 1.1),
+        (1.0, 0.0, 5, 1.1),  # presence ignores how often
+        (0.0, 0.5, 4, 1.1**2),  # frequency compounds per repeat
+        (1.0, 1.0, 2, 1.1**3),
+        (-2.0, 0.0, 1, 1.1**-2),  # negative: repetition encouraged
+        (2.0, 2.0, 0, 1.0),  # unseen tokens are never penalised
+    ],
+)
+def test_penalty_factor_mapping(presence, frequency, count, factor):
+    got = penalty_factors(torch.tensor([count]), presence, frequency)
+    assert got.item() == pytest.approx(factor, rel=1e-6)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([2.0, -2.0, 5.0, 1.0])
+    out = apply_repetition_penalty(logits, torch.tensor([0, 1]), torch.tensor([1, 1]), presence=1.0, frequency=0.0)
+    assert out.tolist() == pytest.approx([2.0 / 1.1, -2.0 * 1.1, 5.0, 1.0])
+    assert logits.tolist() == [2.0, -2.0, 5.0, 1.0]  # input untouched
+
+
+@pytest.mark.parametrize(
+    "top_p, kept",
+    [(0.0, [True, False, False]), (0.5, [True, False, False]), (0.6, [True, True, False]), (0.81, [True, True, True])],
+)
+def test_top_p_mask_keeps_smallest_set_reaching_mass(top_p, kept):
+    probs = torch.tensor([0.3, 0.5, 0.2])  # sorted: 0.5 (id 1), 0.3 (id 0), 0.2 (id 2)
+    mask = top_p_mask(probs, top_p)
+    order = [1, 0, 2]
+    assert [bool(mask[i]) for i in order] == kept
+
+
+def test_greedy_takes_argmax_and_penalty_can_change_it():
+    logits = torch.tensor([1.0, 3.0, 2.9])
+    assert next_token(logits, SamplingParams(temperature=0.0), None) == 1
+    penalised = SamplingParams(temperature=0.0, presence_penalty=1.0)
+    assert next_token(logits, penalised, None, torch.tensor([1]), torch.tensor([1])) == 2
+
+
+def _frequencies(logits, params, draws=4000, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(len(logits))
+    for _ in range(draws):
+        counts[next_token(logits, params, generator)] += 1
+    return (counts / draws).tolist()
+
+
+@pytest.mark.parametrize("temperature, expected", [(1.0, [0.25, 0.75]), (2.0, [1 / (1 + math.sqrt(3)), math.sqrt(3) / (1 + math.sqrt(3))])])
+def test_temperature_divides_logits(temperature, expected):
+    logits = torch.tensor([0.0, math.log(3.0)])
+    freq = _frequencies(logits, SamplingParams(temperature=temperature))
+    assert freq == pytest.approx(expected, abs=0.03)
+
+
+def test_top_p_never_samples_outside_nucleus():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    freq = _frequencies(logits, SamplingParams(temperature=1.0, top_p=0.7), draws=2000)
+    assert freq[2] == 0.0
+    assert freq[0] == pytest.approx(0.6 / 0.9, abs=0.04)
+
+
+def test_same_seed_same_draws_different_seed_differs():
+    logits = torch.zeros(50)
+    params = SamplingParams(temperature=1.0)
+    draw = lambda seed: [next_token(logits, params, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(20)]
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
