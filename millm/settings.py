@@ -52,7 +52,8 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = env_field(
         "auto",
         "MILLM_DTYPE",
-        "Weights and compute dtype; auto = bfloat16 on CUDA with bf16 support, else float32.",
+        "Compute dtype; auto = bfloat16 on CUDA cards with bf16 support and for Q4_1 GGUF files "
+        "on the CPU (int4 kernels), else float32.",
     )
     device: str = env_field("auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
     max_model_len: int | None = env_field(
@@ -69,11 +70,6 @@ class Settings(BaseSettings):
         "MAX_PENDING_REQUESTS",
         "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
         ge=1,
-    )
-    compile: bool = env_field(
-        False,
-        "MILLM_COMPILE",
-        "torch.compile the decode step at load (slow warm-up, faster decode).",
     )
     log_level: Literal["debug", "info", "warning", "error"] = env_field(
         "info", "MILLM_LOG_LEVEL", "Log level."

@@ -1,30 +1,12 @@
-"""The rows that decode together: their KV cache, 2-D attention mask and positions.
+"""Shapes shared by every runner: left-padded prompts, position ids, attention masks.
 
-Rows are left-padded so every row's next token sits in the last column. A row can leave
-(`select_rows`) between steps; duplicating a row (n choices of one prompt) is the same call
-with repeated indices. Joining a running batch (continuous batching) pads the shorter side's
-cache and mask on the left; the serial policy never needs it.
+Rows are left-padded so each row's newest token sits in the last column; the 2-D mask (0 over
+padding) travels with the batch, and position ids count only a row's real tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from transformers import DynamicCache
-
-
-@dataclass
-class KVBatch:
-    """A batch's cache and mask; row i of the mask describes row i of every cache layer."""
-
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, T] int64, 0 over left padding
-
-    @property
-    def size(self) -> int:
-        """Rows in the batch."""
-        return int(self.mask.shape[0])
 
 
 def left_pad(prompts: list[list[int]], device: torch.device, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,36 +26,19 @@ def positions(mask: torch.Tensor, last: int | None = None) -> torch.Tensor:
     return pos if last is None else pos[:, -last:]
 
 
-def forward_last_logits(model, input_ids, mask, cache) -> torch.Tensor:
-    """One forward pass; returns the float logits of each row's last position, `[B, V]`."""
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions(mask, last=input_ids.shape[1]),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return out.logits[:, -1, :].float()
+def extend_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The mask after every row receives one more real token."""
+    return torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1)
 
 
-def prefill(model, prompts: list[list[int]], device: torch.device) -> tuple[KVBatch, torch.Tensor]:
-    """Run the prompts through the model; returns the batch and the next-token logits `[B, V]`."""
-    input_ids, mask = left_pad(prompts, device)
-    cache = DynamicCache(config=model.config)
-    logits = forward_last_logits(model, input_ids, mask, cache)
-    return KVBatch(cache, mask), logits
+def padded_prefill_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A `[B, 1, T, T]` boolean mask: causal, padding keys hidden, each position sees itself.
 
-
-def decode_step(model, batch: KVBatch, next_ids: torch.Tensor) -> torch.Tensor:
-    """Feed each row its newest token; returns the next-token logits `[B, V]`."""
-    ones = torch.ones((batch.size, 1), dtype=batch.mask.dtype, device=batch.mask.device)
-    batch.mask = torch.cat([batch.mask, ones], dim=1)
-    return forward_last_logits(model, next_ids.view(-1, 1), batch.mask, batch.cache)
-
-
-def select_rows(batch: KVBatch, indices: list[int]) -> None:
-    """Keep (or repeat) rows by index, in the given order, in the cache and the mask alike."""
-    index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
-    batch.cache.batch_select_indices(index)
-    batch.mask = batch.mask[index]
+    A padding query would otherwise see no key at all and SDPA would return NaN there, which
+    the cache would then carry into every later step.
+    """
+    width = mask.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
+    allowed = causal[None] & mask.bool()[:, None, :]
+    allowed |= torch.eye(width, dtype=torch.bool, device=mask.device)[None]
+    return allowed[:, None]

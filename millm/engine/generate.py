@@ -10,7 +10,6 @@ import secrets
 
 import torch
 
-from millm.engine.batch import KVBatch, decode_step, prefill, select_rows
 from millm.engine.detokenize import IncrementalDetokenizer
 from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
@@ -71,15 +70,16 @@ class RowState:
         return text + self.stopper.flush()
 
 
-def prefill_rows(lm: LoadedModel, rows: list[RowState]) -> tuple[KVBatch, torch.Tensor]:
+def prefill_rows(lm: LoadedModel, rows: list[RowState]):
     """Prefill each distinct prompt once, then give every row (n choices share one) its copy."""
     distinct: dict[tuple[int, ...], int] = {}
     for row in rows:
         distinct.setdefault(row.spec.prompt_ids, len(distinct))
-    batch, logits = prefill(lm.model, [list(p) for p in distinct], lm.device)
+    capacity = max(len(p) for p in distinct) + max(row.spec.max_tokens for row in rows)
+    batch, logits = lm.runner.prefill([list(p) for p in distinct], capacity)
     order = [distinct[row.spec.prompt_ids] for row in rows]
     if order != list(range(len(distinct))):
-        select_rows(batch, order)
+        lm.runner.select_rows(batch, order)
         logits = logits[torch.tensor(order, device=logits.device)]
     return batch, logits
 
@@ -102,7 +102,7 @@ def run_job(lm: LoadedModel, job: GenerationJob) -> None:
         if not keep:
             return
         if len(keep) < len(active):
-            select_rows(batch, keep)
+            lm.runner.select_rows(batch, keep)
             active = [active[i] for i in keep]
             tokens = [tokens[i] for i in keep]
-        logits = decode_step(lm.model, batch, torch.tensor(tokens, device=lm.device))
+        logits = lm.runner.step(batch, torch.tensor(tokens, device=lm.device))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from millm.engine.runners import make_runner
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError, describe
 
@@ -36,6 +37,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     revision: str | None
     quantization: str | None
+    runner: object = None  # how forward passes run (see runners.py); set by load_model
     engine: str = "transformers"
 
     @property
@@ -74,12 +76,13 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto = bfloat16 on CUDA cards that support it, else float32; refuse what the device lacks."""
+def pick_dtype(name: str, device: torch.device, q4_weights: bool = False) -> torch.dtype:
+    """Refuse what the device lacks; auto = bfloat16 on CUDA cards that support it, and on the
+    CPU bfloat16 for Q4_1 GGUF files (their int4 kernel needs it), else float32."""
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if (q4_weights and device.type == "cpu") else torch.float32
     dtype = DTYPES[name]
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ModelSourceError(f"dtype bfloat16 is not supported on {device}")
@@ -210,7 +213,6 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_device = pick_device(device)
-    torch_dtype = pick_dtype(dtype, torch_device)
     revision = source.revision
     try:
         if source.gguf_file:
@@ -220,7 +222,11 @@ def load_model(
         else:
             directory = source.directory
             quantization = stored_quantization(AutoConfig.from_pretrained(str(directory)))
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype)
+        q4_weights = quantization == "Q4_1"
+        torch_dtype = pick_dtype(dtype, torch_device, q4_weights)
+        # On the CPU the kernels are built from float32 weights (exact int4 codes, a float32 head).
+        load_dtype = torch.float32 if torch_device.type == "cpu" else torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=load_dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     except ModelSourceError:
         raise
@@ -231,6 +237,9 @@ def load_model(
     model.to(torch_device)
     model.eval()
     model.requires_grad_(False)
+    with torch.inference_mode():
+        runner = make_runner(model, torch_device, torch_dtype, q4_weights)
+    log.info("model runs on %s (%s): %s runner, kernels: %s", torch_device, torch_dtype, runner.name, runner.kernels)
     return LoadedModel(
         name=served_name or source.name,
         source=source,
@@ -242,4 +251,5 @@ def load_model(
         eos_token_ids=eos_token_ids(model, tokenizer),
         revision=revision,
         quantization=quantization,
+        runner=runner,
     )

@@ -25,7 +25,7 @@ def test_capital_of_france(demo_server):
 def test_fingerprint_names_the_gguf_file_and_quantization(demo_server):
     source = demo_source()
     digest = hashlib.sha256((source.directory / source.gguf_file).read_bytes()).hexdigest()[:8]
-    assert ask(demo_server, max_tokens=1).system_fingerprint == f"millm:{MODEL}@{digest}:float32/Q4_1:transformers"
+    assert ask(demo_server, max_tokens=1).system_fingerprint == f"millm:{MODEL}@{digest}:bfloat16/Q4_1:transformers"
 
 
 def test_converted_checkpoint_is_cached_under_the_data_directory(demo_server):

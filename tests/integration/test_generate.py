@@ -1,5 +1,7 @@
 """The decode loop against transformers' own generate, and its batching, seeds, stops and limits."""
 
+import functools
+
 import pytest
 import torch
 
@@ -11,10 +13,18 @@ from tests.integration.engine_helpers import GREEDY, generate, prompt_ids, row
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)
 
 
+@functools.lru_cache(maxsize=None)
+def stock_model(directory):
+    """The checkpoint as plain transformers loads it: no millm runner, no kernels."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
 def reference_greedy(lm, prompt, max_new_tokens):
-    """transformers' generate, greedy, on the same weights: tokens after the prompt."""
+    """transformers' own generate, greedy, on a stock copy of the same checkpoint: tokens after the prompt."""
     with torch.inference_mode():
-        out = lm.model.generate(
+        out = stock_model(str(lm.source.directory)).generate(
             torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(lm.eos_token_ids), pad_token_id=0,
         )

@@ -1,0 +1,66 @@
+"""The generic runner: any transformers causal LM through its own forward and a DynamicCache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from millm.engine.batch import extend_mask, left_pad, positions
+from millm.engine.kernels import KernelPlan, install_linear
+
+
+@dataclass
+class HFBatch:
+    """A batch's cache and mask; row i of the mask describes row i of every cache layer."""
+
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, T] int64, 0 over left padding
+
+
+class HFRunner:
+    """Prefill / step / select over the model's own forward (Gemma2, and every other family)."""
+
+    name = "transformers"
+
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, body: KernelPlan | None, head: KernelPlan | None):
+        self.model, self.device, self.dtype = model, device, dtype
+        lm_head = model.get_output_embeddings()
+        if body is not None:
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear) and module is not lm_head:
+                    install_linear(module, body.linear(module.weight, module.bias))
+        if head is not None:
+            head_fn = head.linear(lm_head.weight, lm_head.bias)
+            install_linear(lm_head, lambda x: head_fn(x.to(head.dtype)))
+        model.to(dtype)
+        self.kernels = body.description if body is not None else "dense"
+
+    def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions(mask, last=input_ids.shape[1]),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[HFBatch, torch.Tensor]:
+        """Run the prompts; returns the batch and next-token logits `[B, V]` (capacity is unused: the cache grows)."""
+        input_ids, mask = left_pad(prompts, self.device)
+        cache = DynamicCache(config=self.model.config)
+        return HFBatch(cache, mask), self._logits(input_ids, mask, cache)
+
+    def step(self, batch: HFBatch, next_ids: torch.Tensor) -> torch.Tensor:
+        """Feed each row its newest token; returns the next-token logits `[B, V]`."""
+        batch.mask = extend_mask(batch.mask)
+        return self._logits(next_ids.view(-1, 1), batch.mask, batch.cache)
+
+    def select_rows(self, batch: HFBatch, indices: list[int]) -> None:
+        """Keep (or repeat) rows by index, in the given order, in the cache and the mask alike."""
+        index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask[index]

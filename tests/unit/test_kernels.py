@@ -1,0 +1,64 @@
+"""CPU linear kernels against F.linear, and exact recovery of Q4_1 codes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from millm.engine.kernels import KernelPlan, int4_linear, prepacked_linear, q4_1_codes
+
+
+def q4_1_weight(out_features=64, in_features=128, seed=0):
+    """A weight that is exactly what dequantising a Q4_1 tensor gives: m + d * q per block of 32."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = in_features // 32
+    codes = torch.randint(0, 16, (out_features, blocks, 32), generator=generator)
+    codes[..., 0], codes[..., 1] = 0, 15  # Q4_1 puts the block's minimum at 0 and maximum at 15
+    d = (torch.rand(out_features, blocks, 1, generator=generator) * 0.01 + 0.001).half().float()
+    m = (torch.randn(out_features, blocks, 1, generator=generator) * 0.05).half().float()
+    return (m + d * codes).reshape(out_features, in_features), codes.reshape(out_features, in_features)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_prepacked_equals_dense(dtype, tolerance, rows):
+    weight = torch.randn(96, 64, dtype=dtype)
+    bias = torch.randn(96, dtype=dtype)
+    x = torch.randn(rows, 5, 64, dtype=dtype)
+    got = prepacked_linear(weight, bias)(x)
+    assert got.shape == (rows, 5, 96)
+    assert torch.allclose(got.float(), F.linear(x, weight, bias).float(), atol=tolerance, rtol=tolerance)
+
+
+def test_q4_1_codes_are_recovered_exactly():
+    weight, codes = q4_1_weight()
+    found = q4_1_codes(weight)
+    assert found is not None
+    recovered, scale, low = found
+    assert torch.equal(recovered, codes.to(torch.int32))
+    blocks = recovered.reshape(64, 4, 32).float()
+    assert torch.equal(low[..., None] + scale[..., None] * blocks, weight.reshape(64, 4, 32))
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(64, 128), lambda: torch.randn(64, 100)])
+def test_non_q4_weights_are_not_taken_for_codes(make):
+    assert q4_1_codes(make()) is None
+
+
+def test_int4_kernel_matches_the_dequantised_weight():
+    weight, _ = q4_1_weight()
+    x = torch.randn(2, 3, 128)
+    got = int4_linear(*q4_1_codes(weight), 64)(x.to(torch.bfloat16)).float()
+    want = F.linear(x, weight)
+    # bf16 activations and bf16 block scales: agreement to bf16 precision.
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item(), rtol=0.02)
+
+
+def test_plan_takes_int4_only_for_q4_weights_in_bfloat16():
+    weight, _ = q4_1_weight()
+    plan = KernelPlan(torch.device("cpu"), torch.bfloat16, int4=True)
+    plan.linear(weight)
+    plan.linear(torch.randn(64, 128))
+    assert plan.counts == {"int4": 1, "prepacked": 1, "dense": 0}
+    fp32 = KernelPlan(torch.device("cpu"), torch.float32, int4=True)
+    fp32.linear(weight)
+    assert fp32.counts["int4"] == 0 and fp32.description == "prepacked x1"
