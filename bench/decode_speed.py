@@ -152,13 +152,13 @@ def main() -> int:
     dtype = lm.dtype_name
     checkpoint = next((home / "cache" / "gguf").glob("*/model.safetensors")).parent
     figures = [measure(f"(a) millm engine, in-process, {dtype} ({lm.runner.kernels.split(' ')[0]})", lambda: engine_run(lm_no_eos, prompt_ids, args.tokens), args.repeats)]
-    del lm, lm_no_eos
+    lm = lm_no_eos = None  # free the engine's copy before loading the stock one
     stock = stock_model(checkpoint, getattr(torch, dtype))
     figures.append(measure(f"(b) transformers generate, {dtype}", lambda: generate_run(stock, prompt_ids, args.tokens), args.repeats))
     if dtype != "float32":
         stock = stock_model(checkpoint, torch.float32)
         figures.append(measure("(b') transformers generate, float32", lambda: generate_run(stock, prompt_ids, args.tokens), args.repeats))
-    del stock
+    stock = None
 
     server = start_server(args.dtype, home)
     try:

@@ -158,31 +158,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise InvalidRequest("the rendered conversation tokenises to nothing", param="messages")
     stream, rows = await start_job(state, lm, body, [prompt], "messages")
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
-    headers = seed_headers(body.seed)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = chat_chunks(stream, meta, len(prompt), include_usage)
-        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    result = await collect(request, stream, rows)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": result.finish_reasons[i],
-        }
-        for i, text in enumerate(result.texts)
-    ]
-    payload = {
-        "id": meta.id,
-        "object": meta.object,
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": lm.system_fingerprint,
-        "choices": choices,
-        "usage": usage(len(prompt), result.completion_tokens),
-    }
-    return JSONResponse(payload, headers=headers)
+    return await answer(request, lm, body, stream, rows, meta, len(prompt), chat_chunks, chat_choice)
 
 
 def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> list[list[int]]:
@@ -218,24 +194,36 @@ async def completions(body: CompletionRequest, request: Request):
     prompts = await run_in_threadpool(completion_prompts, lm, body)
     stream, rows = await start_job(state, lm, body, prompts, "prompt")
     meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
-    prompt_tokens = sum(len(p) for p in prompts)
+    return await answer(request, lm, body, stream, rows, meta, sum(len(p) for p in prompts), completion_chunks, completion_choice)
+
+
+def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    """A whole chat choice."""
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    """A whole text-completion choice."""
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
+                 prompt_tokens: int, chunks, choice):
+    """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
     headers = seed_headers(body.seed)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = completion_chunks(stream, meta, prompt_tokens, rows, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        frames = chunks(stream, meta, prompt_tokens, rows, include_usage)
+        return StreamingResponse(frames, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect(request, stream, rows)
-    choices = [
-        {"index": i, "text": text, "logprobs": None, "finish_reason": result.finish_reasons[i]}
-        for i, text in enumerate(result.texts)
-    ]
     payload = {
         "id": meta.id,
         "object": meta.object,
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": lm.system_fingerprint,
-        "choices": choices,
+        "choices": [choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)],
         "usage": usage(prompt_tokens, result.completion_tokens),
     }
     return JSONResponse(payload, headers=headers)
@@ -273,7 +261,7 @@ async def stream_frames(
         stream.cancel()
 
 
-def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, include_usage: bool):
+def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool):
     """The chat stream: a role chunk first, then content deltas and the finish chunk."""
 
     def chunk(choices, **extra):
@@ -293,7 +281,7 @@ def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, inclu
         return {"index": row, "delta": {}, "logprobs": None, "finish_reason": reason}
 
     role = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-    return stream_frames(stream, prompt_tokens, 1, include_usage, chunk, delta, finish, opening=[role])
+    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, opening=[role])
 
 
 def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool):

@@ -92,7 +92,7 @@ def run_job(lm: LoadedModel, job: GenerationJob) -> None:
     active = rows
     while active and not job.cancelled.is_set():
         tokens = [row.choose(logits[i]) for i, row in enumerate(active)]
-        for row, token in zip(active, tokens):
+        for row, token in zip(active, tokens, strict=True):
             text = row.accept(token)
             if text:
                 job.emit(TextDelta(row.index, text))

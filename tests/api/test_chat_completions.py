@@ -1,6 +1,5 @@
 """POST /v1/chat/completions through the official OpenAI SDK and raw HTTP."""
 
-import re
 
 import pytest
 

@@ -8,7 +8,7 @@ import torch
 from millm.engine.jobs import GenerationJob, RowFinished, TextDelta
 from millm.engine.generate import run_job
 from millm.engine.sampling import SamplingParams
-from tests.integration.engine_helpers import GREEDY, generate, prompt_ids, row
+from tests.integration.engine_helpers import generate, prompt_ids, row
 
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)
 

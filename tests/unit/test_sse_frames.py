@@ -29,7 +29,7 @@ META = ResponseMeta(id="chatcmpl-x", object="chat.completion", model="m", create
 
 def test_failure_after_the_stream_started_is_an_error_event_then_done():
     error = InsufficientMemory("cpu ran out of memory during generation")
-    out = frames(lambda s: chat_chunks(s, META, 2, False), [TextDelta(0, "Hel"), JobFailed(error)])
+    out = frames(lambda s: chat_chunks(s, META, 2, 1, False), [TextDelta(0, "Hel"), JobFailed(error)])
     assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert out[1]["choices"][0]["delta"] == {"content": "Hel"}
     assert out[2] == {"error": error.to_dict()}
@@ -48,7 +48,7 @@ def test_last_finish_chunk_carries_usage():
 
 
 def test_include_usage_moves_usage_to_a_chunk_without_choices():
-    out = frames(lambda s: chat_chunks(s, META, 3, True), [TextDelta(0, "x"), RowFinished(0, "stop", 1)])
+    out = frames(lambda s: chat_chunks(s, META, 3, 1, True), [TextDelta(0, "x"), RowFinished(0, "stop", 1)])
     assert "usage" not in out[2] and out[2]["choices"][0]["finish_reason"] == "stop"
     assert out[3]["choices"] == [] and out[3]["usage"]["total_tokens"] == 4
     assert out[4] == "[DONE]"
