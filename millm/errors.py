@@ -46,7 +46,12 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
     def __init__(self, *, limit: int, prompt_tokens: int, max_tokens: int | None, param: str = "messages"):
-        if max_tokens is None:
+        if max_tokens == 0:  # embeddings: no completion, only the input
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, the input is "
+                f"{prompt_tokens} tokens. Please shorten it."
+            )
+        elif max_tokens is None:
             message = (
                 f"This model's maximum context length is {limit} tokens. However, your prompt is "
                 f"{prompt_tokens} tokens, which leaves no room for a completion. Please shorten the prompt."
@@ -61,6 +66,22 @@ class ContextLengthExceeded(InvalidRequest):
         self.limit = limit
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+
+
+class NotFound(MillmError):
+    """404: a management resource (SAE, profile, ...) that does not exist; the code names which."""
+
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class Conflict(MillmError):
+    """409: the request clashes with what is stored (a name taken, an SAE still attached)."""
+
+    status = 409
+    code = "conflict"
+    type = "invalid_request_error"
 
 
 class ModelNotFound(MillmError):

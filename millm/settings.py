@@ -71,6 +71,11 @@ class Settings(BaseSettings):
         "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
         ge=1,
     )
+    database_url: str | None = env_field(
+        None,
+        "DATABASE_URL",
+        "SQLAlchemy URL of the store (e.g. postgresql+psycopg://user@host/db); default: SQLite in the data directory.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = env_field(
         "info", "MILLM_LOG_LEVEL", "Log level."
     )

@@ -21,6 +21,7 @@ from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.engine.sampling import SamplingParams
 from millm.errors import FieldNotHonoured, InvalidRequest
 from millm.service.generation import GenerationOptions, JobStream, build_rows
+from millm.service.steering import Plan
 from millm.service.state import ServerState
 
 router = APIRouter()
@@ -138,9 +139,9 @@ async def collect(request: Request, stream: JobStream, rows: int) -> Collected:
     return result
 
 
-async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str):
-    """Build the rows for these prompts and admit them; returns the stream of their events."""
-    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param)
+async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan):
+    """Build the rows for these prompts (steered by `plan`) and admit them; returns the stream of their events."""
+    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param, plan.edit)
     stream = JobStream(rows)
     state.submit(stream.job)
     return stream, len(rows)
@@ -156,9 +157,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     prompt = await run_in_threadpool(chat_prompt_ids, lm.tokenizer, messages)
     if not prompt:
         raise InvalidRequest("the rendered conversation tokenises to nothing", param="messages")
-    stream, rows = await start_job(state, lm, body, [prompt], "messages")
+    plan = state.steering.plan_for(body.profile)
+    stream, rows = await start_job(state, lm, body, [prompt], "messages", plan)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
-    return await answer(request, lm, body, stream, rows, meta, len(prompt), chat_chunks, chat_choice)
+    return await answer(request, lm, body, stream, rows, meta, len(prompt), chat_chunks, chat_choice, plan)
 
 
 def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> list[list[int]]:
@@ -192,9 +194,10 @@ async def completions(body: CompletionRequest, request: Request):
     refuse_unhonoured(body.model_dump(exclude_unset=True), COMPLETIONS)
     lm = state.model_for(body.model)
     prompts = await run_in_threadpool(completion_prompts, lm, body)
-    stream, rows = await start_job(state, lm, body, prompts, "prompt")
+    plan = state.steering.plan_for(None)
+    stream, rows = await start_job(state, lm, body, prompts, "prompt", plan)
     meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
-    return await answer(request, lm, body, stream, rows, meta, sum(len(p) for p in prompts), completion_chunks, completion_choice)
+    return await answer(request, lm, body, stream, rows, meta, sum(len(p) for p in prompts), completion_chunks, completion_choice, plan)
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
@@ -209,9 +212,9 @@ def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
 
 
 async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
-                 prompt_tokens: int, chunks, choice):
+                 prompt_tokens: int, chunks, choice, plan: Plan):
     """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
-    headers = seed_headers(body.seed)
+    headers = {**seed_headers(body.seed), "X-miLLM-Steering": plan.header}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames = chunks(stream, meta, prompt_tokens, rows, include_usage)

@@ -13,6 +13,8 @@ from millm.errors import FieldNotHonoured
 
 CHAT = "chat"
 COMPLETIONS = "completions"
+EMBEDDINGS = "embeddings"
+ALL = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
 
 
 def _is(*neutral_values: Any) -> Callable[[Any], bool]:
@@ -28,22 +30,25 @@ NEUTRAL_EMPTY_DICT = _is({})
 
 # field -> (endpoints that refuse it, predicate for values that change nothing, why)
 NOT_HONOURED: dict[str, tuple[frozenset[str], Callable[[Any], bool], str]] = {
-    "logprobs": (frozenset({CHAT, COMPLETIONS}), _is(False), "log-probabilities are not returned yet"),
-    "top_logprobs": (frozenset({CHAT, COMPLETIONS}), _is(), "log-probabilities are not returned yet"),
-    "allowed_token_ids": (frozenset({CHAT, COMPLETIONS}), _is(), "token restriction is not supported yet"),
-    "response_format": (frozenset({CHAT, COMPLETIONS}), _text_format, "structured output is not supported yet"),
-    "profile": (frozenset({CHAT, COMPLETIONS}), _is(), "steering profiles are not supported yet"),
-    "steering_intensity": (frozenset({CHAT, COMPLETIONS}), _is(), "steering is not supported yet"),
-    "steering": (frozenset({CHAT, COMPLETIONS}), _is(), "per-request steering is not implemented"),
-    "dimensions": (frozenset({CHAT, COMPLETIONS}), _is(), "dimensions applies to embeddings only"),
-    "tools": (frozenset({CHAT, COMPLETIONS}), NEUTRAL_EMPTY_LIST, "tool calling is not supported yet"),
-    "tool_choice": (frozenset({CHAT, COMPLETIONS}), _is(), "tool calling is not supported yet"),
+    "logprobs": (ALL, _is(False), "log-probabilities are not returned yet"),
+    "top_logprobs": (ALL, _is(), "log-probabilities are not returned yet"),
+    "allowed_token_ids": (ALL, _is(), "token restriction is not supported yet"),
+    "response_format": (ALL, _text_format, "structured output is not supported yet"),
+    "profile": (frozenset({COMPLETIONS, EMBEDDINGS}), _is(), "a per-request profile applies to chat completions only"),
+    "steering_intensity": (ALL, _is(), "the steering dial is not supported yet"),
+    "steering": (ALL, _is(), "per-request steering is not implemented"),
+    "dimensions": (ALL, _is(), "choosing the embedding size is not implemented"),
+    "tools": (ALL, NEUTRAL_EMPTY_LIST, "tool calling is not supported yet"),
+    "tool_choice": (ALL, _is(), "tool calling is not supported yet"),
     "functions": (frozenset({CHAT}), NEUTRAL_EMPTY_LIST, "function calling is not supported yet"),
     "function_call": (frozenset({CHAT}), _is(), "function calling is not supported yet"),
-    "logit_bias": (frozenset({CHAT, COMPLETIONS}), NEUTRAL_EMPTY_DICT, "logit_bias is not supported"),
+    "logit_bias": (ALL, NEUTRAL_EMPTY_DICT, "logit_bias is not supported"),
     "echo": (frozenset({COMPLETIONS}), _is(False), "echoing the prompt is not supported"),
     "best_of": (frozenset({COMPLETIONS}), _is(1), "best_of is not supported; use n"),
     "suffix": (frozenset({COMPLETIONS}), _is(), "suffix (insertion) is not supported"),
+    "seed": (frozenset({EMBEDDINGS}), _is(), "embeddings are deterministic; a seed changes nothing"),
+    "n": (frozenset({EMBEDDINGS}), _is(1), "an embedding has one result per input"),
+    "max_completion_tokens": (frozenset({EMBEDDINGS}), _is(), "embeddings generate no tokens"),
 }
 
 

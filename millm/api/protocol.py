@@ -126,6 +126,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    profile: str | None = None  # miLLM: a saved steering profile for this request only
 
 
 class CompletionRequest(SamplingFields):

@@ -71,22 +71,36 @@ class RowState:
 
 
 def prefill_rows(lm: LoadedModel, rows: list[RowState]):
-    """Prefill each distinct prompt once, then give every row (n choices share one) its copy."""
-    distinct: dict[tuple[int, ...], int] = {}
+    """Prefill each distinct (prompt, steering) once, then give every row (n choices share one) its copy."""
+    distinct: dict[tuple, int] = {}
+    firsts: list[RowState] = []
     for row in rows:
-        distinct.setdefault(row.spec.prompt_ids, len(distinct))
-    capacity = max(len(p) for p in distinct) + max(row.spec.max_tokens for row in rows)
-    batch, logits = lm.runner.prefill([list(p) for p in distinct], capacity)
-    order = [distinct[row.spec.prompt_ids] for row in rows]
+        key = (row.spec.prompt_ids, id(row.spec.edit))
+        if key not in distinct:
+            distinct[key] = len(distinct)
+            firsts.append(row)
+    capacity = max(len(r.spec.prompt_ids) for r in firsts) + max(row.spec.max_tokens for row in rows)
+    lm.residual.set_rows([r.spec.edit for r in firsts])
+    batch, logits = lm.runner.prefill([list(r.spec.prompt_ids) for r in firsts], capacity)
+    order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in rows]
     if order != list(range(len(distinct))):
         lm.runner.select_rows(batch, order)
         logits = logits[torch.tensor(order, device=logits.device)]
+        lm.residual.set_rows([row.spec.edit for row in rows])
     return batch, logits
 
 
 @torch.inference_mode()
 def run_job(lm: LoadedModel, job: GenerationJob) -> None:
     """Generate every row of the job to completion, emitting text and finish events as they happen."""
+    try:
+        generate_rows(lm, job)
+    finally:
+        lm.residual.clear()
+
+
+def generate_rows(lm: LoadedModel, job: GenerationJob) -> None:
+    """The loop itself: sample, accept, emit, drop finished rows, step."""
     rows = [RowState(i, spec, lm) for i, spec in enumerate(job.rows)]
     batch, logits = prefill_rows(lm, rows)
     active = rows
@@ -105,4 +119,5 @@ def run_job(lm: LoadedModel, job: GenerationJob) -> None:
             lm.runner.select_rows(batch, keep)
             active = [active[i] for i in keep]
             tokens = [tokens[i] for i in keep]
+            lm.residual.set_rows([row.spec.edit for row in active])
         logits = lm.runner.step(batch, torch.tensor(tokens, device=lm.device))

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import MillmError
 
@@ -19,6 +20,7 @@ class RowSpec:
     max_tokens: int
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    edit: ResidualEdit | None = None  # steering: vectors added to the residual stream
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,14 @@ class JobFailed:
     error: MillmError
 
 
-Event = Union[TextDelta, RowFinished, JobFailed]
+@dataclass(frozen=True)
+class EmbeddingsReady:
+    """Mean-pooled final hidden states, one row per input, float32 `[N, d]`."""
+
+    vectors: object  # torch.Tensor; typed loosely so this module stays import-light
+
+
+Event = Union[TextDelta, RowFinished, JobFailed, EmbeddingsReady]
 
 
 @dataclass
@@ -58,4 +67,17 @@ class GenerationJob:
 
     def cancel(self) -> None:
         """Stop generating as soon as the scheduler sees it (client went away)."""
+        self.cancelled.set()
+
+
+@dataclass
+class EmbeddingJob:
+    """Inputs to embed (never steered); one EmbeddingsReady event answers it."""
+
+    prompts: list[list[int]]
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """The client went away."""
         self.cancelled.set()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from millm.engine.residual import ResidualEditor
 from millm.engine.runners import make_runner
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError, describe
@@ -38,6 +39,7 @@ class LoadedModel:
     revision: str | None
     quantization: str | None
     runner: object = None  # how forward passes run (see runners.py); set by load_model
+    residual: ResidualEditor | None = None  # per-row residual additions (steering)
     engine: str = "transformers"
 
     @property
@@ -252,4 +254,5 @@ def load_model(
         revision=revision,
         quantization=quantization,
         runner=runner,
+        residual=ResidualEditor(model, torch_dtype, torch_device),
     )

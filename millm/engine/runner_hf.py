@@ -64,3 +64,10 @@ class HFRunner:
         index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
         batch.cache.batch_select_indices(index)
         batch.mask = batch.mask[index]
+
+    def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
+        input_ids, mask = left_pad(prompts, self.device)
+        body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        out = body(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
+        return out.last_hidden_state, mask

@@ -159,19 +159,33 @@ class LlamaRunner:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = model.model.layers[0].self_attn.head_dim
 
-    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, kv: KVBuffer) -> torch.Tensor:
+    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, kv: KVBuffer) -> torch.Tensor:
         inner = self.model.model
         x = inner.embed_tokens(ids)
         rope = self.rope(pos)
         for layer in inner.layers:
             x = layer(x, attention_mask=mask, position_embeddings=rope, cache=kv)
-        return self.model.lm_head(inner.norm(x[:, -1:]))[:, -1].float()
+        return x
+
+    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, kv: KVBuffer) -> torch.Tensor:
+        x = self._hidden(ids, pos, mask, kv)
+        return self.model.lm_head(self.model.model.norm(x[:, -1:]))[:, -1].float()
+
+    def _buffer(self, rows: int, capacity: int) -> KVBuffer:
+        layers = len(self.model.model.layers)
+        return KVBuffer(layers, rows, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+
+    def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
+        ids, mask = left_pad(prompts, self.device)
+        padded = not bool(mask.all())
+        x = self._hidden(ids, positions(mask), padded_prefill_mask(mask) if padded else None, self._buffer(*ids.shape))
+        return self.model.model.norm(x), mask
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LlamaBatch, torch.Tensor]:
         """Run the prompts into a buffer holding `capacity` positions; returns the batch and logits `[B, V]`."""
         ids, mask = left_pad(prompts, self.device)
-        layers = len(self.model.model.layers)
-        kv = KVBuffer(layers, ids.shape[0], self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+        kv = self._buffer(ids.shape[0], capacity)
         padded = not bool(mask.all())
         logits = self._logits(ids, positions(mask), padded_prefill_mask(mask) if padded else None, kv)
         return LlamaBatch(kv, mask, padded), logits

@@ -13,8 +13,9 @@ import threading
 
 import torch
 
+from millm.engine.embed import run_embedding
 from millm.engine.generate import run_job
-from millm.engine.jobs import GenerationJob, JobFailed
+from millm.engine.jobs import EmbeddingJob, GenerationJob, JobFailed
 from millm.engine.loader import LoadedModel
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
 
@@ -27,10 +28,10 @@ class Scheduler:
     def __init__(self, lm: LoadedModel, max_pending: int):
         self.lm = lm
         self.max_pending = max_pending
-        self._queue: collections.deque[GenerationJob] = collections.deque()
+        self._queue: collections.deque[GenerationJob | EmbeddingJob] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
-        self.running: GenerationJob | None = None
+        self.running: GenerationJob | EmbeddingJob | None = None
         self.stats = {"served": 0, "cancelled": 0, "failed": 0}
         self._thread = threading.Thread(target=self._loop, name="millm-scheduler", daemon=True)
         self._thread.start()
@@ -44,9 +45,11 @@ class Scheduler:
     def running_rows(self) -> int:
         """Rows of the job being generated now (0 when idle)."""
         job = self.running
-        return len(job.rows) if job is not None else 0
+        if job is None:
+            return 0
+        return len(job.rows) if isinstance(job, GenerationJob) else len(job.prompts)
 
-    def submit(self, job: GenerationJob) -> None:
+    def submit(self, job: GenerationJob | EmbeddingJob) -> None:
         """Admit a job or raise QueueFull at once; never blocks."""
         with self._wake:
             if self._stopping:
@@ -65,7 +68,7 @@ class Scheduler:
             self._wake.notify()
         self._thread.join(timeout)
 
-    def _next_job(self) -> GenerationJob | None:
+    def _next_job(self) -> GenerationJob | EmbeddingJob | None:
         with self._wake:
             while not self._queue and not self._stopping:
                 self._wake.wait()
@@ -82,7 +85,10 @@ class Scheduler:
             if not job.cancelled.is_set():
                 self.running = job
                 try:
-                    run_job(self.lm, job)
+                    if isinstance(job, EmbeddingJob):
+                        run_embedding(self.lm, job)
+                    else:
+                        run_job(self.lm, job)
                     outcome = "cancelled" if job.cancelled.is_set() else "served"
                 except Exception as exc:  # the job fails; the scheduler serves the next one
                     job.emit(JobFailed(self._as_error(exc)))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from millm.engine.jobs import Event, GenerationJob, JobFailed, RowFinished, RowSpec
 from millm.engine.loader import LoadedModel
+from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import ContextLengthExceeded
 
@@ -44,9 +45,14 @@ def row_seed(seed: int | None, choice: int) -> int | None:
 
 
 def build_rows(
-    lm: LoadedModel, prompts: list[list[int]], options: GenerationOptions, default_max_tokens: int, param: str
+    lm: LoadedModel,
+    prompts: list[list[int]],
+    options: GenerationOptions,
+    default_max_tokens: int,
+    param: str,
+    edit: ResidualEdit | None = None,
 ) -> list[RowSpec]:
-    """One row per (prompt, choice), prompt-major, each with its own budget and seed."""
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit`."""
     rows = []
     for prompt in prompts:
         budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)
@@ -58,6 +64,7 @@ def build_rows(
                     max_tokens=budget,
                     stop=options.stop,
                     seed=row_seed(options.seed, choice),
+                    edit=edit,
                 )
             )
     return rows
@@ -91,3 +98,29 @@ class JobStream:
                 self._open_rows -= 1
             elif isinstance(event, JobFailed):
                 return
+
+
+class OneResult:
+    """Bridges a job answered by a single event (embeddings) to the event loop."""
+
+    def __init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future = self._loop.create_future()
+
+    def emit(self, event: Event) -> None:
+        """Called on the scheduler thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._settle, event)
+        except RuntimeError:
+            pass
+
+    def _settle(self, event: Event) -> None:
+        if not self._future.done():
+            self._future.set_result(event)
+
+    async def wait(self) -> Event:
+        """The event (raises its error if the job failed)."""
+        event = await self._future
+        if isinstance(event, JobFailed):
+            raise event.error
+        return event

@@ -7,12 +7,15 @@ import threading
 import time
 from enum import Enum
 
-from millm.engine.jobs import GenerationJob
 from millm.engine.loader import LoadedModel, load_model
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
 from millm.errors import ModelNotFound, ModelNotLoaded, ModelSourceError
+from millm.service.profiles import ProfileBook
+from millm.service.saes import SAERegistry
+from millm.service.steering import Steering
 from millm.settings import Settings
+from millm.store.database import Store, database_url
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +29,16 @@ class ModelStatus(str, Enum):
 
 
 class ServerState:
-    """Holds the model slot; the API asks it for the model and submits jobs through it."""
+    """Holds the model slot and the steering state; the API asks it for both and submits jobs through it."""
 
     def __init__(self, settings: Settings, source: ModelSource):
         self.settings = settings
         self.source = source
+        settings.home.mkdir(parents=True, exist_ok=True)
+        self.store = Store(database_url(settings.home, settings.database_url))
+        self.saes = SAERegistry(self.store, settings.hub_dir)
+        self.profiles = ProfileBook(self.store)
+        self.steering = Steering(self.store, self.saes, self.profiles)
         self.expected_name = settings.served_model_name or source.name
         self.created = int(time.time())
         self.status = ModelStatus.LOADING
@@ -56,6 +64,11 @@ class ServerState:
                 self.status, self.load_error = ModelStatus.ERROR, str(exc)
             return
         scheduler = Scheduler(lm, self.settings.max_pending_requests)
+        self.steering.restore(lm)
+        if self.source.kind == "demo":
+            from millm.service.demo import install_demo
+
+            install_demo(self, lm)
         with self._lock:
             self.lm, self.scheduler, self.status = lm, scheduler, ModelStatus.LOADED
         log.info("model %s loaded (%s)", lm.name, lm.system_fingerprint)
@@ -78,7 +91,7 @@ class ServerState:
             raise ModelNotLoaded(f"model {name!r} is not loaded{detail}", param="model")
         return self.lm
 
-    def submit(self, job: GenerationJob) -> None:
+    def submit(self, job) -> None:
         """Admit a job to the scheduler (QueueFull when the queue is at its bound)."""
         if self.scheduler is None:
             raise ModelNotLoaded("no model is loaded")
@@ -88,3 +101,4 @@ class ServerState:
         """Stop the scheduler; queued requests are answered with an error."""
         if self.scheduler is not None:
             self.scheduler.shutdown(timeout=30)
+        self.store.close()

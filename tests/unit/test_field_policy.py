@@ -2,7 +2,7 @@
 
 import pytest
 
-from millm.api.field_policy import CHAT, COMPLETIONS, NOT_HONOURED, refuse_unhonoured
+from millm.api.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, NOT_HONOURED, refuse_unhonoured
 from millm.errors import FieldNotHonoured
 
 OUTPUT_CHANGING = {
@@ -22,6 +22,9 @@ OUTPUT_CHANGING = {
     "echo": True,
     "best_of": 2,
     "suffix": "end",
+    "seed": 7,
+    "n": 2,
+    "max_completion_tokens": 5,
 }
 NEUTRAL = {
     "logprobs": False,
@@ -30,12 +33,13 @@ NEUTRAL = {
     "logit_bias": {},
     "echo": False,
     "best_of": 1,
+    "n": 1,
 }
 
 
 def cases():
     for field, (endpoints, _, _) in NOT_HONOURED.items():
-        for endpoint in (CHAT, COMPLETIONS):
+        for endpoint in (CHAT, COMPLETIONS, EMBEDDINGS):
             yield field, endpoint, endpoint in endpoints
 
 
@@ -56,7 +60,7 @@ def test_output_changing_values_are_refused_naming_the_field(field, endpoint, re
 
 
 @pytest.mark.parametrize("field", list(NOT_HONOURED))
-@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS, EMBEDDINGS])
 def test_null_and_neutral_values_pass(field, endpoint):
     refuse_unhonoured({field: None}, endpoint)
     if field in NEUTRAL:

@@ -1,0 +1,256 @@
+"""Reading SAE files: a SAELens directory or a Gemma Scope `params.npz`, validated before use.
+
+Every problem a file can have (a missing tensor, a wrong or transposed shape, an unknown
+architecture, a hook point millm cannot steer) becomes an SAEFormatError whose message names
+it, which the API answers as a 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from millm.errors import InvalidRequest
+from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
+
+SAELENS_CONFIG = "cfg.json"
+SAELENS_WEIGHTS = "sae_weights.safetensors"
+GEMMA_SCOPE_FILE = "params.npz"
+LABELS_FILE = "feature_labels.json"
+HOOK_NAME = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
+ARCHITECTURES = {"standard": "standard", "relu": "standard", "jumprelu": "jumprelu", "topk": "topk"}
+
+
+class SAEFormatError(InvalidRequest):
+    """400: an SAE file millm cannot use, with the reason."""
+
+    code = "invalid_sae"
+
+
+@dataclass(frozen=True)
+class SAEInfo:
+    """What the registry records about an SAE file (JSON-serialisable)."""
+
+    id: str
+    format: str  # "saelens" | "gemma_scope"
+    path: str  # the directory (SAELens) or the params.npz file
+    architecture: str
+    d_in: int
+    d_sae: int
+    layer: int | None
+    hook_point: str  # "resid_post" | "resid_pre"
+    hook_name: str | None
+    k: int | None = None
+    model_name: str | None = None
+    neuronpedia_id: str | None = None
+    has_labels: bool = False
+
+    def to_dict(self) -> dict:
+        """A plain dict for storage and responses."""
+        return asdict(self)
+
+
+def content_id(path: Path) -> str:
+    """sae_ + the first 12 hex digits of the weights file's SHA-256: the same file has the same id anywhere."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return "sae_" + digest.hexdigest()[:12]
+
+
+def parse_hook_name(hook_name: str) -> tuple[int, str]:
+    """(layer, 'resid_post' | 'resid_pre') for blocks.L.hook_resid_*; anything else is refused."""
+    match = HOOK_NAME.match(hook_name)
+    if not match:
+        raise SAEFormatError(
+            f"hook point {hook_name!r} is not supported: millm steers the residual stream "
+            "(blocks.L.hook_resid_post or blocks.L.hook_resid_pre)"
+        )
+    return int(match.group(1)), f"resid_{match.group(2)}"
+
+
+def _flatten_config(raw: dict) -> dict:
+    # Newer SAELens releases nest hook and model fields under "metadata" (or "meta").
+    config = dict(raw)
+    for nested in ("metadata", "meta"):
+        if isinstance(raw.get(nested), dict):
+            for key, value in raw[nested].items():
+                config.setdefault(key, value)
+    return config
+
+
+def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
+    if tuple(tensor.shape) == shape:
+        return
+    if len(shape) == 2 and tuple(tensor.shape) == shape[::-1]:
+        raise SAEFormatError(
+            f"{name} is transposed: expected {meaning} = {list(shape)}, got {list(tensor.shape)}"
+        )
+    raise SAEFormatError(f"{name} has shape {list(tensor.shape)}, expected {meaning} = {list(shape)}")
+
+
+def _weights(tensors: dict[str, torch.Tensor], d_in: int, d_sae: int, source: str) -> SAEWeights:
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        if name not in tensors:
+            raise SAEFormatError(f"{source} has no tensor {name!r} (found: {sorted(tensors)})")
+    _expect_shape("W_enc", tensors["W_enc"], (d_in, d_sae), "[d_in, d_sae]")
+    _expect_shape("W_dec", tensors["W_dec"], (d_sae, d_in), "[d_sae, d_in]")
+    _expect_shape("b_enc", tensors["b_enc"], (d_sae,), "[d_sae]")
+    _expect_shape("b_dec", tensors["b_dec"], (d_in,), "[d_in]")
+    return SAEWeights(*(tensors[n].float().contiguous() for n in ("W_enc", "b_enc", "W_dec", "b_dec")))
+
+
+def _threshold(tensors: dict[str, torch.Tensor], d_sae: int, source: str) -> torch.Tensor:
+    if "threshold" in tensors:
+        threshold = tensors["threshold"].float()
+    elif "log_threshold" in tensors:
+        threshold = tensors["log_threshold"].float().exp()
+    else:
+        raise SAEFormatError(
+            f"{source} is a JumpReLU SAE without a 'threshold' (or 'log_threshold') tensor; "
+            "treating it as ReLU would give wrong activations"
+        )
+    _expect_shape("threshold", threshold, (d_sae,), "[d_sae]")
+    return threshold.contiguous()
+
+
+def _int(config: dict, key: str, source: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SAEFormatError(f"{source}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
+    """A SAELens directory: cfg.json + sae_weights.safetensors (+ feature_labels.json)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    config_path, weights_path = directory / SAELENS_CONFIG, directory / SAELENS_WEIGHTS
+    for required in (config_path, weights_path):
+        if not required.is_file():
+            raise SAEFormatError(f"SAELens directory {directory} has no {required.name}")
+    try:
+        config = _flatten_config(json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SAEFormatError(f"{config_path} is not valid JSON: {exc}") from None
+    architecture = ARCHITECTURES.get(str(config.get("architecture", "standard")).lower())
+    if architecture is None:
+        raise SAEFormatError(
+            f"architecture {config.get('architecture')!r} is not supported (supported: standard/relu, jumprelu, topk)"
+        )
+    d_in, d_sae = _int(config, "d_in", SAELENS_CONFIG), _int(config, "d_sae", SAELENS_CONFIG)
+    if config.get("hook_name"):
+        layer, hook_point = parse_hook_name(str(config["hook_name"]))
+    elif isinstance(config.get("hook_layer"), int):
+        layer, hook_point = config["hook_layer"], "resid_post"
+    else:
+        raise SAEFormatError(f"{SAELENS_CONFIG} names no hook_name (or hook_layer)")
+    try:
+        tensors = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise SAEFormatError(f"{weights_path.name} is not a readable safetensors file: {exc}") from None
+    weights = _weights(tensors, d_in, d_sae, SAELENS_WEIGHTS)
+    normalisation = str(config.get("normalize_activations") or "none")
+    if normalisation == "expected_average_only_in":
+        # SAELens applies this scaling outside the SAE at training time and folds the factor
+        # into the weights when it is published; at run time the SAE itself is the identity.
+        factor = config.get("norm_scaling_factor") or config.get("scaling_factor")
+        if factor:
+            weights.W_enc, weights.W_dec, weights.b_dec = weights.W_enc * factor, weights.W_dec / factor, weights.b_dec / factor
+        normalisation = "none"
+    if normalisation not in ("none", "constant_norm_rescale", "layer_norm"):
+        raise SAEFormatError(f"normalize_activations {normalisation!r} is not supported")
+    options = dict(apply_b_dec_to_input=bool(config.get("apply_b_dec_to_input", True)), normalize_activations=normalisation)
+    k = None
+    if architecture == "jumprelu":
+        sae: SAE = JumpReLUSAE(weights, _threshold(tensors, d_sae, SAELENS_WEIGHTS), **options)
+    elif architecture == "topk":
+        k = config.get("k") or (config.get("activation_fn_kwargs") or {}).get("k")
+        if not isinstance(k, int) or not 0 < k <= d_sae:
+            raise SAEFormatError(f"a topk SAE needs k between 1 and d_sae ({d_sae}) in {SAELENS_CONFIG}, got {k!r}")
+        sae = TopKSAE(weights, k, **options)
+    else:
+        sae = StandardSAE(weights, **options)
+    info = SAEInfo(
+        id=content_id(weights_path),
+        format="saelens",
+        path=str(directory),
+        architecture=architecture,
+        d_in=d_in,
+        d_sae=d_sae,
+        layer=layer,
+        hook_point=hook_point,
+        hook_name=config.get("hook_name"),
+        k=k,
+        model_name=config.get("model_name"),
+        neuronpedia_id=config.get("neuronpedia_id"),
+        has_labels=(directory / LABELS_FILE).is_file(),
+    )
+    return info, sae
+
+
+def read_gemma_scope(path: Path) -> tuple[SAEInfo, SAE]:
+    """A Gemma Scope params.npz (JumpReLU); width from the shapes, layer from the path's layer_N."""
+    try:
+        with np.load(path) as archive:
+            arrays = {name: torch.from_numpy(np.asarray(archive[name], dtype=np.float32)) for name in archive.files}
+    except (OSError, ValueError) as exc:
+        raise SAEFormatError(f"{path.name} is not a readable .npz file: {exc}") from None
+    tensors = {{"w_enc": "W_enc", "w_dec": "W_dec"}.get(name, name): value for name, value in arrays.items()}
+    for name in ("b_enc", "b_dec"):
+        if name not in tensors:
+            raise SAEFormatError(f"{path.name} has no array {name!r} (found: {sorted(arrays)})")
+    d_in, d_sae = int(tensors["b_dec"].shape[0]), int(tensors["b_enc"].shape[0])
+    weights = _weights(tensors, d_in, d_sae, path.name)
+    sae = JumpReLUSAE(weights, _threshold(tensors, d_sae, path.name), apply_b_dec_to_input=False)
+    layer_match = re.search(r"layer_(\d+)", str(path))
+    info = SAEInfo(
+        id=content_id(path),
+        format="gemma_scope",
+        path=str(path),
+        architecture="jumprelu",
+        d_in=d_in,
+        d_sae=d_sae,
+        layer=int(layer_match.group(1)) if layer_match else None,
+        hook_point="resid_post",
+        hook_name=f"blocks.{layer_match.group(1)}.hook_resid_post" if layer_match else None,
+        has_labels=(path.parent / LABELS_FILE).is_file(),
+    )
+    return info, sae
+
+
+def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
+    """Read whichever format `path` holds (a SAELens directory, a params.npz or a folder with one)."""
+    if path.is_dir():
+        if (path / SAELENS_CONFIG).is_file() or (path / SAELENS_WEIGHTS).is_file():
+            return read_saelens(path)
+        if (path / GEMMA_SCOPE_FILE).is_file():
+            return read_gemma_scope(path / GEMMA_SCOPE_FILE)
+        raise SAEFormatError(f"{path} holds neither a SAELens SAE (cfg.json + {SAELENS_WEIGHTS}) nor a {GEMMA_SCOPE_FILE}")
+    if path.is_file() and path.suffix == ".npz":
+        return read_gemma_scope(path)
+    if path.is_file() and path.name in (SAELENS_CONFIG, SAELENS_WEIGHTS):
+        return read_saelens(path.parent)
+    raise SAEFormatError(f"{path} is not an SAE: give a SAELens directory or a Gemma Scope params.npz")
+
+
+def read_labels(info: SAEInfo) -> dict[int, dict]:
+    """The SAE's shipped feature labels (index -> {label, top_tokens, ...}), or {} when it has none."""
+    folder = Path(info.path) if info.format == "saelens" else Path(info.path).parent
+    path = folder / LABELS_FILE
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    labels = {}
+    for key, value in raw.items():
+        entry = value if isinstance(value, dict) else {"label": str(value)}
+        labels[int(key)] = entry
+    return labels

@@ -1,0 +1,77 @@
+"""Steering math: feature strengths on attached SAEs -> the residual additions a request carries.
+
+delta_L = Σ_i s_i · W_dec[i], summed over every attached SAE hooked at the same point, added
+at every position. Strengths are limited to ±200; the sum is computed in float32 and only then
+cast to the model's dtype by the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from millm.engine.residual import EMBEDDINGS, ResidualEdit
+from millm.errors import InvalidRequest
+from millm.interp.formats import SAEInfo
+from millm.interp.sae import SAE
+
+STRENGTH_LIMIT = 200.0
+
+
+class InvalidFeatureIndex(InvalidRequest):
+    """400: a feature index past the SAE's width."""
+
+    code = "invalid_feature_index"
+
+
+@dataclass(frozen=True)
+class Attached:
+    """An SAE attached to the loaded model: its weights and where it reads/steers."""
+
+    info: SAEInfo
+    sae: SAE
+    layer: int
+
+    @property
+    def point(self) -> int:
+        """The engine's residual point: after block L for resid_post, after block L-1 for resid_pre."""
+        return self.layer if self.info.hook_point == "resid_post" else (self.layer - 1 if self.layer > 0 else EMBEDDINGS)
+
+
+def check_strength(value: float, param: str = "strength") -> float:
+    """A strength within ±200, or a 400 naming the limit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InvalidRequest(f"{param} must be a number, got {value!r}", param=param)
+    if abs(value) > STRENGTH_LIMIT:
+        raise InvalidRequest(f"{param} {value} is outside the steering range ±{STRENGTH_LIMIT:g}", param=param)
+    return float(value)
+
+
+def check_feature(info: SAEInfo, index: int, param: str = "index") -> int:
+    """A feature index within the SAE's width, or 400 invalid_feature_index with the figures."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InvalidRequest(f"{param} must be a non-negative integer, got {index!r}", param=param)
+    if index >= info.d_sae:
+        raise InvalidFeatureIndex(
+            f"feature {index} is past the width of {info.id} ({info.d_sae} features: 0..{info.d_sae - 1})", param=param
+        )
+    return index
+
+
+def clamp(value: float) -> float:
+    """Apply-time clamp to the steering range (derived strengths may exceed it)."""
+    return max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
+
+
+def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, Attached]) -> ResidualEdit | None:
+    """The residual additions for these strengths through the attached SAEs (None: nothing to add).
+
+    Strengths of SAEs that are not attached are skipped: they cannot steer anything.
+    """
+    additions = []
+    for sae_id, features in sorted(strengths.items()):
+        target = attached.get(sae_id)
+        active = {i: clamp(s) for i, s in features.items() if s != 0}
+        if target is None or not active:
+            continue
+        additions.append((target.point, target.sae.direction(active)))
+    return ResidualEdit(tuple(additions)) if additions else None

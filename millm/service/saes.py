@@ -1,0 +1,106 @@
+"""The SAE registry: what SAE files the server knows, read once and remembered in the store."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from millm.errors import InvalidRequest, NotFound, describe
+from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels, read_sae
+from millm.interp.sae import SAE
+from millm.store.database import Store
+
+log = logging.getLogger(__name__)
+HUB_SAE_PATTERNS = ["cfg.json", "sae_weights.safetensors", LABELS_FILE, "params.npz"]
+
+
+class SAERegistry:
+    """Registered SAEs by id (a hash of the weights file); labels read on first use."""
+
+    def __init__(self, store: Store, hub_dir: Path):
+        self.store = store
+        self.hub_dir = hub_dir
+        self.infos: dict[str, SAEInfo] = {d["id"]: SAEInfo(**d) for d in store.saes()}
+        self._labels: dict[str, dict[int, dict]] = {}
+
+    def get(self, sae_id: str) -> SAEInfo:
+        """The SAE's info, or 404 sae_not_found."""
+        info = self.infos.get(sae_id)
+        if info is None:
+            raise NotFound(f"no SAE {sae_id!r} is registered", param="sae_id", code="sae_not_found")
+        return info
+
+    def load(self, sae_id: str) -> SAE:
+        """The SAE's weights, read from its file (400 if the file changed into something unusable)."""
+        info = self.get(sae_id)
+        read_info, sae = read_sae(Path(info.path))
+        if read_info.id != info.id:
+            raise InvalidRequest(
+                f"the file of {sae_id} at {info.path} has changed since it was registered (now {read_info.id}); "
+                "register it again"
+            )
+        return sae
+
+    def register(self, path: str | None, repo: str | None, repo_path: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
+        """Read and validate an SAE from a local path or a hub repo; returns (info, newly registered)."""
+        location = self._local(path) if path else self._download(repo, repo_path, revision)
+        info, _ = read_sae(location)
+        if info.id in self.infos:
+            return self.infos[info.id], False
+        self.store.add_sae(info.to_dict())
+        self.infos[info.id] = info
+        return info, True
+
+    def forget(self, sae_id: str) -> None:
+        """Remove the registration (the caller checks it is not attached)."""
+        self.get(sae_id)
+        self.store.remove_sae(sae_id)
+        self.infos.pop(sae_id, None)
+        self._labels.pop(sae_id, None)
+
+    def labels(self, sae_id: str) -> dict[int, dict]:
+        """The feature labels the SAE ships (index -> entry), possibly empty."""
+        if sae_id not in self._labels:
+            self._labels[sae_id] = read_labels(self.get(sae_id))
+        return self._labels[sae_id]
+
+    def search(self, sae_id: str, query: str, limit: int) -> list[dict]:
+        """Labelled features whose label, top tokens or example contain `query` (all when empty)."""
+        labels = self.labels(sae_id)
+        needle = query.lower().strip()
+        found = []
+        for index in sorted(labels):
+            entry = labels[index]
+            haystack = " ".join([str(entry.get("label", "")), " ".join(map(str, entry.get("top_tokens", []))), str(entry.get("example", ""))])
+            if needle in haystack.lower():
+                found.append({"index": index, **entry})
+                if len(found) >= limit:
+                    break
+        return found
+
+    @staticmethod
+    def _local(path: str) -> Path:
+        location = Path(path).expanduser()
+        if not location.exists():
+            raise InvalidRequest(f"no file or directory at {path!r}", param="path")
+        return location.resolve()
+
+    def _download(self, repo: str | None, repo_path: str | None, revision: str | None) -> Path:
+        if not repo:
+            raise InvalidRequest("give either path (a local SAE) or repo (+ path inside it) for a hub SAE", param="path")
+        from huggingface_hub import snapshot_download
+
+        folder = (repo_path or "").strip("/")
+        patterns = [f"{folder}/{name}" if folder else name for name in HUB_SAE_PATTERNS]
+        if folder.endswith(".npz"):
+            patterns = [folder, f"{folder.rsplit('/', 1)[0]}/{LABELS_FILE}" if "/" in folder else LABELS_FILE]
+        try:
+            snapshot = Path(snapshot_download(repo, revision=revision, cache_dir=self.hub_dir, allow_patterns=patterns))
+        except Exception as exc:  # offline, unknown repo, gated: all end here with the hub's reason
+            raise InvalidRequest(
+                f"could not fetch {repo}/{folder} from the Hugging Face hub ({describe(exc)})", param="repo"
+            ) from None
+        location = snapshot / folder if folder else snapshot
+        if not location.exists():
+            raise InvalidRequest(f"{repo} has no {folder!r}", param="path")
+        return location

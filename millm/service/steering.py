@@ -1,0 +1,248 @@
+"""The steering state: attached SAEs, live feature strengths, on/off, the active profile, a version.
+
+One owner (ServerState holds one Steering). Every change bumps the version and is stored, so
+the state survives a restart. A request never reads this state while it runs: at admission it
+takes an immutable plan (`plan_for`), so an operator's change is live for every request
+admitted after it and a per-request profile can never undo one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from millm.engine.loader import LoadedModel
+from millm.engine.residual import ResidualEdit
+from millm.errors import InvalidRequest, MillmError, ModelNotLoaded, describe
+from millm.interp.formats import SAEInfo
+from millm.interp.profiles import profile_strengths
+from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
+from millm.service.profiles import ProfileBook
+from millm.service.saes import SAERegistry
+from millm.store.database import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a request is steered by: the engine's edit and how to describe it in a header."""
+
+    edit: ResidualEdit | None
+    header: str  # X-miLLM-Steering: none | live;version=N | profile;name="...";scope=...
+
+
+NO_STEERING = Plan(None, "none")
+
+
+class Steering:
+    """Attachments, live strengths, enabled flag, active profile and version; persisted on every change."""
+
+    def __init__(self, store: Store, registry: SAERegistry, profiles: ProfileBook):
+        self.store, self.registry, self.profiles = store, registry, profiles
+        self.enabled: bool = store.get_setting("steering_enabled", True)
+        self.version: int = store.get_setting("steering_version", 0)
+        self.active_profile: str | None = store.get_setting("active_profile")
+        self.strengths: dict[str, dict[int, float]] = store.strengths()
+        self.attached: dict[str, Attached] = {}
+        self.attach_errors: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    # versioning --------------------------------------------------------------------------------
+    def bump(self) -> int:
+        """A new version: something that plans depend on changed."""
+        self.version += 1
+        self.store.set_setting("steering_version", self.version)
+        return self.version
+
+    # attachments ----------------------------------------------------------------------------------
+    def attach(self, lm: LoadedModel | None, sae_id: str, layer: int | None, restoring: bool = False) -> Attached:
+        """Attach an SAE to the loaded model at its hook layer (or `layer`), after checking it fits.
+
+        `restoring` re-creates a stored attachment after a load: the state the version describes
+        is unchanged, so neither the store nor the version moves.
+        """
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to attach an SAE to")
+        info = self.registry.get(sae_id)
+        layer = info.layer if layer is None else layer
+        if layer is None:
+            raise InvalidRequest(f"{sae_id} names no layer (its file has no hook layer); give layer", param="layer")
+        check_fits(info, layer, lm)
+        sae = self.registry.load(sae_id).to(lm.device)
+        with self._lock:
+            attached = Attached(info, sae, layer)
+            self.attached[sae_id] = attached
+            self.attach_errors.pop(sae_id, None)
+            if not restoring:
+                self.store.set_attachment(sae_id, layer)
+                self.bump()
+        return attached
+
+    def detach(self, sae_id: str) -> bool:
+        """Detach (keeps its live strengths for a later attach); returns whether it was attached."""
+        self.registry.get(sae_id)
+        with self._lock:
+            was = self.attached.pop(sae_id, None) is not None
+            self.attach_errors.pop(sae_id, None)
+            self.store.set_attachment(sae_id, None)
+            self.bump()
+        return was
+
+    def detach_all(self) -> None:
+        """The model is going away: nothing stays attached (the stored attachments are kept for reload)."""
+        with self._lock:
+            self.attached.clear()
+            self.bump()
+
+    def restore(self, lm: LoadedModel) -> None:
+        """After a model load, attach again what was attached before; a misfit is recorded, not fatal."""
+        for sae_id, layer in self.store.attachments().items():
+            try:
+                self.attach(lm, sae_id, layer, restoring=True)
+            except MillmError as exc:
+                self.attach_errors[sae_id] = exc.message
+                log.warning("could not re-attach %s at layer %s: %s", sae_id, layer, exc.message)
+            except Exception as exc:  # a file that vanished or broke since; report, keep serving
+                self.attach_errors[sae_id] = describe(exc)
+                log.warning("could not re-attach %s: %s", sae_id, describe(exc))
+
+    # live values ---------------------------------------------------------------------------------------
+    def set_strengths(self, changes: dict[tuple[str, int], float | None], clear: str | bool = False) -> int:
+        """Apply validated changes atomically (None or 0 removes a feature); returns the new version."""
+        for (sae_id, index), strength in changes.items():
+            check_feature(self.registry.get(sae_id), index)
+            if strength is not None:
+                check_strength(strength)
+        with self._lock:
+            if clear is True:
+                self.strengths = {}
+            elif isinstance(clear, str):
+                self.strengths.pop(clear, None)
+            normalised = {key: (None if not value else float(value)) for key, value in changes.items()}
+            for (sae_id, index), strength in normalised.items():
+                features = self.strengths.setdefault(sae_id, {})
+                if strength is None:
+                    features.pop(index, None)
+                else:
+                    features[index] = strength
+                if not features:
+                    self.strengths.pop(sae_id, None)
+            version = self.version + 1
+            self.store.write_strengths(normalised, version, clear=clear)
+            self.version = version
+            return version
+
+    def set_enabled(self, enabled: bool) -> int:
+        """Turn global steering on or off; returns the new version."""
+        with self._lock:
+            self.enabled = enabled
+            self.store.set_setting("steering_enabled", enabled)
+            return self.bump()
+
+    def activate_profile(self, key: str) -> dict:
+        """Make a profile the global steering base (checked against the attached SAEs first)."""
+        row = self.profiles.find(key)
+        self.resolve(row["document"], strict=True)
+        with self._lock:
+            self.active_profile = row["id"]
+            self.store.set_setting("active_profile", row["id"])
+            self.bump()
+        return row
+
+    def deactivate_profile(self) -> str | None:
+        """Back to the live values as the base; returns the profile that was active."""
+        with self._lock:
+            previous, self.active_profile = self.active_profile, None
+            self.store.set_setting("active_profile", None)
+            self.bump()
+        return previous
+
+    # plans ------------------------------------------------------------------------------------------
+    def resolve(self, document: dict, strict: bool) -> ResidualEdit | None:
+        """A profile's edit through the attached SAEs.
+
+        strict (activation, a request's own profile): every SAE it names must be attached at the
+        profile's layer and every index fit, else 400. Not strict (the active profile while
+        serving): entries that no longer fit are left out rather than failing every request.
+        """
+        strengths = profile_strengths(document)
+        layers = {entry["sae_id"]: entry.get("layer") for entry in document["steering"]}
+        usable = {}
+        for sae_id, features in strengths.items():
+            try:
+                usable[sae_id] = self._check_entry(document["name"], sae_id, layers[sae_id], features)
+            except MillmError:
+                if strict:
+                    raise
+        return steering_edit(usable, self.attached)
+
+    def _check_entry(self, name: str, sae_id: str, layer: int | None, features: dict[int, float]) -> dict[int, float]:
+        target = self.attached.get(sae_id)
+        if target is None:
+            raise InvalidRequest(
+                f"profile {name!r} steers {sae_id}, which is not attached (attached: {sorted(self.attached) or 'none'})",
+                param="profile",
+                code="profile_not_applicable",
+            )
+        if layer is not None and layer != target.layer:
+            raise InvalidRequest(
+                f"profile {name!r} was made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}",
+                param="profile",
+                code="profile_not_applicable",
+            )
+        for index in features:
+            check_feature(target.info, index, param="profile")
+        return features
+
+    def plan_for(self, profile: str | None) -> Plan:
+        """The immutable plan of a request: its own profile, else the global base (active profile or live values)."""
+        with self._lock:
+            if profile is not None:
+                row = self.profiles.find(profile)
+                if not self.attached:
+                    return Plan(None, f'none;reason="no SAE attached";profile="{row["name"]}"')
+                edit = self.resolve(row["document"], strict=True)
+                return Plan(edit, f'profile;name="{row["name"]}";scope="request"')
+            if not self.enabled:
+                return NO_STEERING
+            if self.active_profile is not None:
+                try:
+                    row = self.profiles.find(self.active_profile)
+                except MillmError:
+                    return NO_STEERING
+                edit = self.resolve(row["document"], strict=False)
+                return Plan(edit, f'profile;name="{row["name"]}";version={self.version}') if edit else NO_STEERING
+            edit = steering_edit(self.strengths, self.attached)
+            return Plan(edit, f"live;version={self.version}") if edit else NO_STEERING
+
+    def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
+        """Whether live-value changes affect new requests right now, and if not, why."""
+        if not self.enabled:
+            return False, "steering is disabled"
+        if self.active_profile is not None:
+            return False, "a profile is active; live values apply once it is deactivated"
+        if sae_id is not None and sae_id not in self.attached:
+            return False, f"{sae_id} is not attached"
+        if sae_id is None and not self.attached:
+            return False, "no SAE is attached"
+        return True, "live for every request admitted from now on"
+
+
+def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:
+    """d_in against the model's hidden size, layer against its depth: 400 with the figures."""
+    hidden = lm.model.config.hidden_size
+    depth = lm.model.config.num_hidden_layers
+    if info.d_in != hidden:
+        raise InvalidRequest(
+            f"{info.id} reads vectors of width d_in={info.d_in}, but {lm.name} has hidden size {hidden}",
+            param="sae_id",
+            code="sae_model_mismatch",
+        )
+    if not 0 <= layer < depth:
+        raise InvalidRequest(
+            f"layer {layer} does not exist in {lm.name}, which has {depth} layers (0..{depth - 1})",
+            param="layer",
+            code="sae_model_mismatch",
+        )

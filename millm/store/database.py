@@ -1,0 +1,233 @@
+"""Persistence: SQLite under the data directory by default, any SQLAlchemy URL (Postgres) by DATABASE_URL.
+
+What survives a restart: registered SAEs, which are attached where, the live steering values
+and whether steering is enabled, and profiles (with the active one). The schema carries a
+version; `migrate` upgrades older databases in place and never drops a user's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import (
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection, Engine
+
+SCHEMA_VERSION = 1
+
+metadata = MetaData()
+
+settings_table = Table(
+    "millm_settings",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+saes_table = Table(
+    "millm_saes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("info", Text, nullable=False),  # JSON of SAEInfo
+    Column("registered_at", Float, nullable=False),
+)
+attachments_table = Table(
+    "millm_attachments",
+    metadata,
+    Column("sae_id", String(64), ForeignKey("millm_saes.id"), primary_key=True),
+    Column("layer", Integer, nullable=False),
+)
+strengths_table = Table(
+    "millm_strengths",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("feature", Integer, primary_key=True),
+    Column("strength", Float, nullable=False),
+)
+profiles_table = Table(
+    "millm_profiles",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("document", Text, nullable=False),  # the versioned profile document, as JSON
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it (none yet beyond creation).
+MIGRATIONS: dict[int, list[str]] = {}
+
+
+def database_url(home: Path, url: str | None) -> str:
+    """DATABASE_URL when given, else a SQLite file in the data directory."""
+    return url or f"sqlite:///{home / 'millm.db'}"
+
+
+class Store:
+    """The database: small typed methods, each its own transaction unless one is open."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True)
+        self.migrate()
+
+    def migrate(self) -> None:
+        """Create missing tables and run pending migrations; existing rows are kept."""
+        metadata.create_all(self.engine)
+        with self.transaction() as conn:
+            version = self._get(conn, "schema_version")
+            current = int(version) if version is not None else SCHEMA_VERSION
+            for target in range(current + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS.get(target, []):
+                    conn.exec_driver_sql(statement)
+            self._set(conn, "schema_version", str(SCHEMA_VERSION))
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One atomic unit: everything inside commits together or not at all."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    # settings -------------------------------------------------------------------------------
+    @staticmethod
+    def _get(conn: Connection, key: str) -> str | None:
+        return conn.execute(select(settings_table.c.value).where(settings_table.c.key == key)).scalar()
+
+    @staticmethod
+    def _set(conn: Connection, key: str, value: str | None) -> None:
+        conn.execute(delete(settings_table).where(settings_table.c.key == key))
+        if value is not None:
+            conn.execute(insert(settings_table).values(key=key, value=value))
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        """A JSON value stored under `key`."""
+        with self.engine.connect() as conn:
+            raw = self._get(conn, key)
+        return default if raw is None else json.loads(raw)
+
+    def set_setting(self, key: str, value: Any, conn: Connection | None = None) -> None:
+        """Store a JSON value under `key` (None removes it)."""
+        raw = None if value is None else json.dumps(value)
+        if conn is not None:
+            self._set(conn, key, raw)
+            return
+        with self.transaction() as c:
+            self._set(c, key, raw)
+
+    # SAEs and attachments -----------------------------------------------------------------------
+    def saes(self) -> list[dict]:
+        """Every registered SAE's info, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(saes_table).order_by(saes_table.c.registered_at)).all()
+        return [json.loads(row.info) for row in rows]
+
+    def add_sae(self, info: dict) -> None:
+        """Register an SAE."""
+        with self.transaction() as conn:
+            conn.execute(insert(saes_table).values(id=info["id"], info=json.dumps(info), registered_at=time.time()))
+
+    def remove_sae(self, sae_id: str) -> None:
+        """Forget an SAE, its attachment and its live strengths (profiles keep their documents)."""
+        with self.transaction() as conn:
+            conn.execute(delete(attachments_table).where(attachments_table.c.sae_id == sae_id))
+            conn.execute(delete(strengths_table).where(strengths_table.c.sae_id == sae_id))
+            conn.execute(delete(saes_table).where(saes_table.c.id == sae_id))
+
+    def attachments(self) -> dict[str, int]:
+        """sae_id -> layer of every attached SAE."""
+        with self.engine.connect() as conn:
+            return {row.sae_id: row.layer for row in conn.execute(select(attachments_table))}
+
+    def set_attachment(self, sae_id: str, layer: int | None) -> None:
+        """Attach (layer) or detach (None) an SAE."""
+        with self.transaction() as conn:
+            conn.execute(delete(attachments_table).where(attachments_table.c.sae_id == sae_id))
+            if layer is not None:
+                conn.execute(insert(attachments_table).values(sae_id=sae_id, layer=layer))
+
+    # live steering values --------------------------------------------------------------------------
+    def strengths(self) -> dict[str, dict[int, float]]:
+        """sae_id -> {feature: strength}."""
+        result: dict[str, dict[int, float]] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(select(strengths_table)):
+                result.setdefault(row.sae_id, {})[row.feature] = row.strength
+        return result
+
+    def write_strengths(self, changes: dict[tuple[str, int], float | None], version: int, clear: str | bool = False) -> None:
+        """Apply changes ((sae, feature) -> strength, None removes), optionally clearing first, atomically."""
+        with self.transaction() as conn:
+            if clear is True:
+                conn.execute(delete(strengths_table))
+            elif isinstance(clear, str):
+                conn.execute(delete(strengths_table).where(strengths_table.c.sae_id == clear))
+            for (sae_id, feature), strength in changes.items():
+                where = (strengths_table.c.sae_id == sae_id) & (strengths_table.c.feature == feature)
+                conn.execute(delete(strengths_table).where(where))
+                if strength is not None:
+                    conn.execute(insert(strengths_table).values(sae_id=sae_id, feature=feature, strength=strength))
+            self._set(conn, "steering_version", json.dumps(version))
+
+    # profiles ----------------------------------------------------------------------------------------
+    def profiles(self) -> list[dict]:
+        """Every profile row: {id, name, document, created_at, updated_at}, by name."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(profiles_table).order_by(profiles_table.c.name)).all()
+        return [self._profile_row(row) for row in rows]
+
+    @staticmethod
+    def _profile_row(row) -> dict:
+        return {
+            "id": row.id,
+            "name": row.name,
+            "document": json.loads(row.document),
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
+
+    def insert_profiles(self, rows: list[tuple[str, dict]], conn: Connection | None = None) -> None:
+        """Add profiles (id, document) in one transaction: all of them or none."""
+        now = time.time()
+        values = [
+            {"id": pid, "name": doc["name"], "document": json.dumps(doc), "created_at": now, "updated_at": now}
+            for pid, doc in rows
+        ]
+        if conn is not None:
+            conn.execute(insert(profiles_table), values)
+            return
+        with self.transaction() as c:
+            c.execute(insert(profiles_table), values)
+
+    def replace_profile(self, profile_id: str, document: dict) -> None:
+        """Overwrite a profile's document (its name may change)."""
+        with self.transaction() as conn:
+            conn.execute(
+                update(profiles_table)
+                .where(profiles_table.c.id == profile_id)
+                .values(name=document["name"], document=json.dumps(document), updated_at=time.time())
+            )
+
+    def delete_profile(self, profile_id: str) -> None:
+        """Remove a profile."""
+        with self.transaction() as conn:
+            conn.execute(delete(profiles_table).where(profiles_table.c.id == profile_id))

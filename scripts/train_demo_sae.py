@@ -1,0 +1,1028 @@
+#!/usr/bin/env python
+"""Train millm's demo sparse autoencoder: a TopK SAE on SmolLM2-135M-Instruct's residual stream.
+
+Plain torch, seeded, CPU only, and offline: the corpus is built from text that is already on the
+machine (Python's standard library, the virtualenv's installed packages, Debian's /usr/share/doc)
+plus chat answers that the demo model itself writes to a fixed list of prompts. Stages (each
+caches its result under --work, so a later stage can be rerun alone):
+
+    corpus   build the token sequences (train / held-out split by document)     -> corpus.json
+    acts     capture resid_post of block --layer from the float32 model          -> acts_*.npy
+    train    train the TopK SAE                                                   -> sae_train.pt
+    export   write cfg.json + sae_weights.safetensors (decoder rows unit norm)
+    eval     held-out FVU, L0, dead features, next-token CE clean / spliced / ablated
+    labels   feature_labels.json (auto labels from top tokens) and README.md
+    profiles check the steering profiles in millm/demo/profiles (stamp their sae_id, generate
+             unsteered / steered answers in float32 and auto dtype, write profiles/README.md)
+
+    .venv/bin/python scripts/train_demo_sae.py                 # all stages but profiles
+    .venv/bin/python scripts/train_demo_sae.py --stages profiles
+
+Timings on the 2-core development machine: corpus ~15 min (mostly the model writing ~1,100
+chat answers), acts ~3 min, train ~10 min, eval + labels ~3 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import gzip
+import hashlib
+import html.parser
+import importlib.metadata
+import json
+import logging
+import math
+import random
+import re
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from millm.engine.batch import left_pad, padded_prefill_mask, positions  # noqa: E402
+from millm.engine.generate import run_job  # noqa: E402
+from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta  # noqa: E402
+from millm.engine.loader import load_model  # noqa: E402
+from millm.engine.prompts import chat_prompt_ids  # noqa: E402
+from millm.engine.runner_llama import KVBuffer  # noqa: E402
+from millm.engine.sampling import SamplingParams  # noqa: E402
+from millm.engine.sources import demo_source  # noqa: E402
+
+log = logging.getLogger("train_demo_sae")
+
+SEED = 1234
+MODEL_NAME = "SmolLM2-135M-Instruct"
+OUT_DIR = REPO / "millm" / "demo" / "sae" / "smollm2-135m-topk"
+PROFILES_DIR = REPO / "millm" / "demo" / "profiles"
+
+# Corpus: plain-text documents are cut into windows of CHUNK tokens, each opened by <|endoftext|>
+# (as in the model's pre-training packing); position 0 of every sequence is an attention sink with
+# a huge residual norm (~25,000 from layer 11 on) and is never used for training or evaluation.
+CHUNK = 127
+HELDOUT_PERCENT = 10
+BUDGETS = {  # tokens wanted per source (before the held-out split)
+    "stdlib-docstrings": 70_000,
+    "stdlib-code": 40_000,
+    "package-readmes": 55_000,
+    "usr-share-doc": 75_000,
+}
+CHUNKS_PER_DOC = {"stdlib-docstrings": 3, "stdlib-code": 1, "package-readmes": 6, "usr-share-doc": 2}
+CHAT_MAX_TOKENS = 160
+CHAT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5)
+
+# Everyday topics for the model's own chat answers (the docs on this machine are all technical).
+TOPICS = """
+the ocean|sharks|whales|coral reefs|the beach|sailing|fishing|rivers and lakes|rain|snow|
+thunderstorms|the weather|climate change|volcanoes|earthquakes|mountains|deserts|forests|
+the jungle|autumn leaves|spring flowers|gardening|houseplants|trees|bees|butterflies|birds|
+dogs|cats|horses|elephants|lions|penguins|dinosaurs|insects|farm animals|pets|
+Paris|France|French cuisine|Italy|Rome|pizza|pasta|Japan|Tokyo|sushi|China|India|Mexico|
+tacos|Spain|Germany|London|New York City|Egypt|the pyramids|Brazil|Australia|Canada|Africa|
+the Moon|Mars|the solar system|black holes|stars|astronauts|rockets|telescopes|
+cooking dinner|baking bread|chocolate|coffee|tea|breakfast|vegetables|fruit|cheese|soup|
+a birthday party|wine|restaurants|street food|desserts|ice cream|spicy food|healthy eating|
+football|basketball|tennis|the Olympics|running|swimming|cycling|yoga|chess|video games|
+board games|music|the piano|the guitar|jazz|rock music|classical music|singing|dancing|
+painting|photography|movies|theatre|poetry|novels|libraries|museums|
+programming in Python|JavaScript|writing clean code|databases|computers|the internet|
+smartphones|artificial intelligence|robots|video calls|email|passwords and security|
+mathematics|prime numbers|geometry|physics|chemistry|biology|the human brain|sleep|dreams|
+medicine|doctors|hospitals|exercise|vitamins|the common cold|mental health|meditation|
+money|saving money|banks|the stock market|starting a business|marketing|job interviews|
+working from home|teachers|school|university|homework|learning a language|history|
+ancient Rome|the Middle Ages|castles|knights|pirates|the Vikings|world wars|democracy|
+elections|the law|friendship|love|weddings|families|grandparents|babies|holidays|Christmas|
+Halloween|a road trip|trains|airplanes|cars|electric cars|bicycles|cities|villages|camping|
+hiking|a picnic|the weekend|shopping|fashion|shoes|cleaning the house|moving to a new home|
+recycling|solar power|wind turbines|water|fire|time|happiness|kindness|courage|a rainy day
+"""
+TEMPLATES = [
+    "Tell me about {t}.",
+    "What do you know about {t}?",
+    "Write a short story about {t}.",
+    "Write a short poem about {t}.",
+    "Give me three interesting facts about {t}.",
+    "Explain {t} to a ten-year-old.",
+    "What are the pros and cons of {t}?",
+    "Write a list of five tips about {t}.",
+    "Why do people like {t}?",
+    "Describe {t} in a few sentences.",
+    "What is your opinion on {t}?",
+    "Write a short blog post about {t}.",
+]
+EXTRA_PROMPTS = [
+    "Hi! How are you today?", "What's your name?", "Can you help me with my homework?",
+    "What should I cook for dinner tonight?", "Plan a three-day trip to Paris for me.",
+    "Translate 'good morning, how are you?' into French.", "Translate 'I love the sea' into Spanish.",
+    "Say hello in five different languages.", "Écris une courte phrase en français sur la mer.",
+    "¿Cuál es la capital de España?", "Bonjour ! Comment ça va ?", "Wie spät ist es in Berlin?",
+    "Write a Python function that reverses a string.", "Write a Python function to compute factorials.",
+    "How do I read a file in Python?", "What is a for loop?", "Explain recursion with an example.",
+    "Write a SQL query that counts the rows of a table.", "What does HTML stand for?",
+    "Fix this code: print('hello'", "How do I sort a list in JavaScript?",
+    "What is 17 times 23?", "What is the square root of 144?", "Solve 2x + 3 = 11.",
+    "How many days are in a leap year?", "What is the capital of Australia?",
+    "Who wrote Romeo and Juliet?", "Who was Napoleon?", "When did humans land on the Moon?",
+    "WRITE YOUR ANSWER IN CAPITAL LETTERS: WHAT IS YOUR FAVOURITE COLOUR?",
+    "Answer in one word: what colour is the sky?", "Give me a numbered list of healthy snacks.",
+    "Write a haiku about the sea.", "Tell me a joke.", "Tell me a joke about computers.",
+    "Write a limerick about a cat.", "Write a motivational quote.", "Write a formal business email asking for a meeting.",
+    "Write a text message inviting a friend to dinner.", "Summarise the plot of Cinderella.",
+    "I feel sad today.", "I just got a new job!", "Can you recommend a good book?",
+    "What's the best way to learn to swim?", "How do airplanes fly?", "Why is the sky blue?",
+    "How do I make pancakes?", "What is the recipe for a French omelette?",
+    "What should I pack for a beach holiday?", "How do I take care of a puppy?",
+    "What are the rules of chess?", "Describe a sunset over the ocean.", "Describe a busy market in Marrakech.",
+    "What is the meaning of life?", "Are you conscious?", "What can you do?", "Who made you?",
+    "Write a dialogue between a pirate and a robot.", "Talk like a pirate and tell me about treasure.",
+    "Pretend you are a cat and describe your day.", "Write a very angry complaint about a late train.",
+    "Write an excited announcement that school is closed for snow!", "Give me a shopping list for a barbecue.",
+    "What's the difference between weather and climate?", "Explain photosynthesis.",
+    "How does the heart work?", "What are the planets in our solar system?", "What is gravity?",
+    "Compare cats and dogs as pets.", "Write a thank-you note to a teacher.", "What is your favourite food?",
+    "How was your day?", "What did you do last summer?", "What are your plans for tomorrow?",
+    "Write a short speech for a wedding.", "Give me advice for a first date.", "How do I stay calm before an exam?",
+    "Write instructions for planting tomatoes.", "What is inflation?", "How do I save for retirement?",
+]
+SYSTEM_PROMPTS = [
+    "You are a friendly assistant who answers briefly.",
+    "You are a pirate. Always talk like a pirate.",
+    "You are a French tutor. Answer in French.",
+    "You are an expert chef.",
+    "You are a helpful coding assistant.",
+    "You are a poet who answers in rhyme.",
+]
+N_TOPIC_PROMPTS = 960
+
+
+# ----------------------------------------------------------------------------------------------
+# Model access
+# ----------------------------------------------------------------------------------------------
+
+def load(dtype: str, work: Path):
+    return load_model(demo_source(), dtype=dtype, device="cpu", cache_root=work / "cache")
+
+
+class _Stop(Exception):
+    pass
+
+
+def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_layer: bool = False,
+            replace=None, logits: bool = False):
+    """One batched full-sequence pass through millm's own runner layers (hooks fire as in serving).
+
+    Returns (resid [B, T, d] at `layer` or None, logits [B, T, V] or None, mask [B, T]); rows are
+    left-padded. `replace(resid, mask) -> resid` swaps layer `layer`'s output (the SAE splice).
+    """
+    inner = lm.model.model
+    ids, mask = left_pad(seqs, lm.device)
+    rows, width = ids.shape
+    cfg = lm.model.config
+    kv = KVBuffer(len(inner.layers), rows, cfg.num_key_value_heads, width,
+                  inner.layers[0].self_attn.head_dim, lm.dtype, lm.device)
+    attn = None if bool(mask.all()) else padded_prefill_mask(mask)
+    rope = lm.runner.rope(positions(mask))
+    captured = {}
+
+    def hook(_module, _inputs, output):
+        captured["resid"] = output
+        if replace is not None:
+            return replace(output, mask)
+        if stop_at_layer:
+            raise _Stop
+        return None
+
+    handle = inner.layers[layer].register_forward_hook(hook) if layer is not None else None
+    out = None
+    try:
+        x = inner.embed_tokens(ids)
+        for block in inner.layers:
+            x = block(x, attention_mask=attn, position_embeddings=rope, cache=kv)
+        if logits:
+            out = lm.model.lm_head(inner.norm(x)).float()
+    except _Stop:
+        pass
+    finally:
+        if handle is not None:
+            handle.remove()
+    return captured.get("resid"), out, mask
+
+
+def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_tokens: int,
+                   seeds: list[int] | None = None) -> list[tuple[str, str]]:
+    """millm's own decode loop; returns (text, finish_reason) per prompt."""
+    texts = [""] * len(prompts)
+    finish = [""] * len(prompts)
+
+    def emit(event):
+        if isinstance(event, TextDelta):
+            texts[event.row] += event.text
+        elif isinstance(event, RowFinished):
+            finish[event.row] = event.finish_reason
+
+    rows = [RowSpec(prompt_ids=tuple(p), sampling=sampling, max_tokens=max_tokens,
+                    seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)]
+    run_job(lm, GenerationJob(rows=rows, emit=emit))
+    return list(zip(texts, finish))
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1: corpus
+# ----------------------------------------------------------------------------------------------
+
+class _HTMLText(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.parts: list[str] = []
+        self.skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self.skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style") and self.skip:
+            self.skip -= 1
+        if tag in ("p", "div", "li", "h1", "h2", "h3", "h4", "pre", "tr", "br"):
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+
+def html_to_text(raw: str) -> str:
+    parser = _HTMLText()
+    parser.feed(raw)
+    text = "".join(parser.parts)
+    text = re.sub(r"[ \t]+", " ", text)
+    return re.sub(r"\n\s*\n+", "\n\n", text).strip()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+        return None
+    if "\x00" in text:
+        return None
+    return text
+
+
+def docs_usr_share() -> list[tuple[str, str]]:
+    """Readable docs under /usr/share/doc: READMEs, .txt/.md/.rst (maybe gzipped) and .html.
+    Skips copyright files and changelogs (licence boilerplate and release notes)."""
+    root = Path("/usr/share/doc")
+    if not root.is_dir():
+        return []
+    keep = re.compile(r"(readme|faq|todo|\.txt|\.md|\.rst|\.html?)(\.gz)?$", re.I)
+    skip = re.compile(r"(copyright|changelog|changes|news|history|authors|thanks|license)", re.I)
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        name = path.name
+        if not keep.search(name) or skip.search(name) or path.stat().st_size < 400:
+            continue
+        text = _read(path)
+        if text is None:
+            continue
+        if re.search(r"\.html?(\.gz)?$", name, re.I):
+            text = html_to_text(text)
+        out.append((str(path), text))
+    return out
+
+
+def _stdlib_files() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "tests", "site-packages", "idlelib", "lib2to3", "__pycache__", "turtledemo", "ensurepip")
+    return sorted(p for p in stdlib.rglob("*.py") if not any(part in skip for part in p.relative_to(stdlib).parts))
+
+
+def stdlib_docstrings() -> list[tuple[str, str]]:
+    """Module, class and function docstrings of the standard library, one document per module."""
+    out = []
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in _stdlib_files():
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        module = ".".join(path.relative_to(stdlib).with_suffix("").parts)
+        parts = []
+        doc = ast.get_docstring(tree)
+        if doc:
+            parts.append(f"Module {module}\n\n{doc}")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    kind = "class" if isinstance(node, ast.ClassDef) else "def"
+                    parts.append(f"{kind} {node.name}:\n{doc}")
+        if parts:
+            out.append((f"stdlib-doc:{module}", "\n\n".join(parts)))
+    return out
+
+
+def stdlib_code() -> list[tuple[str, str]]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [(f"stdlib-code:{p.relative_to(stdlib)}", p.read_text(encoding="utf-8", errors="replace"))
+            for p in _stdlib_files()]
+
+
+def package_readmes() -> list[tuple[str, str]]:
+    """Long descriptions (READMEs) in the METADATA of the packages installed in this interpreter."""
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        raw = dist.read_text("METADATA") or ""
+        body = raw.split("\n\n", 1)[1] if "\n\n" in raw else ""
+        if name and len(body) > 500:
+            out[f"package:{name}=={dist.version}"] = body
+    return sorted(out.items())
+
+
+def chat_prompts() -> list[list[dict]]:
+    rng = random.Random(SEED)
+    topics = [t.strip() for t in TOPICS.replace("\n", "").split("|") if t.strip()]
+    pairs = [(t, tpl) for t in topics for tpl in TEMPLATES]
+    rng.shuffle(pairs)
+    conversations = []
+    for i, (topic, template) in enumerate(pairs[:N_TOPIC_PROMPTS]):
+        messages = [{"role": "user", "content": template.format(t=topic)}]
+        if i % 12 == 5:  # one in twelve gets a persona system prompt
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPTS[(i // 12) % len(SYSTEM_PROMPTS)]})
+        conversations.append(messages)
+    conversations += [[{"role": "user", "content": p}] for p in EXTRA_PROMPTS]
+    return conversations
+
+
+def is_heldout(doc_id: str) -> bool:
+    return int(hashlib.sha256(doc_id.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT
+
+
+def build_corpus(work: Path) -> dict:
+    path = work / "corpus.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    lm = load("float32", work)
+    tok = lm.tokenizer
+    sep = tok.convert_tokens_to_ids("<|endoftext|>")
+    rng = random.Random(SEED)
+    sequences = []  # {"source", "doc", "ids", "heldout"}
+    manifest = {}
+    makers = {"stdlib-docstrings": stdlib_docstrings, "stdlib-code": stdlib_code,
+              "package-readmes": package_readmes, "usr-share-doc": docs_usr_share}
+    for source, make in makers.items():
+        docs = make()
+        seen = set()
+        unique = []
+        for doc_id, text in docs:
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                unique.append((doc_id, text))
+        rng.shuffle(unique)
+        budget, used, files = BUDGETS[source], 0, []
+        for doc_id, text in unique:
+            if used >= budget:
+                break
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            n_chunks = len(ids) // CHUNK
+            if n_chunks == 0:
+                continue
+            picks = sorted(rng.sample(range(n_chunks), min(n_chunks, CHUNKS_PER_DOC[source])))
+            held = is_heldout(doc_id)
+            for c in picks:
+                sequences.append({"source": source, "doc": doc_id, "heldout": held,
+                                  "ids": [sep] + ids[c * CHUNK:(c + 1) * CHUNK]})
+            used += len(picks) * CHUNK
+            files.append([doc_id, len(picks) * CHUNK])
+        manifest[source] = {"documents_available": len(unique), "documents_used": len(files),
+                            "tokens": used, "files": files}
+        log.info("%s: %d tokens from %d of %d documents", source, used, len(files), len(unique))
+
+    conversations = chat_prompts()
+    t0 = time.time()
+    answers = []
+    order = sorted(range(len(conversations)), key=lambda i: len(chat_prompt_ids(tok, conversations[i])))
+    prompt_ids = [chat_prompt_ids(tok, m) for m in conversations]
+    for start in range(0, len(order), 48):
+        batch = order[start:start + 48]
+        outs = generate_texts(lm, [prompt_ids[i] for i in batch], CHAT_SAMPLING, CHAT_MAX_TOKENS,
+                              seeds=[SEED + i for i in batch])
+        answers += list(zip(batch, outs))
+        log.info("chat answers %d/%d (%.0fs)", len(answers), len(order), time.time() - t0)
+    answers.sort()
+    chat_tokens = 0
+    for i, (text, finish) in answers:
+        messages = conversations[i] + [{"role": "assistant", "content": text.strip()}]
+        rendered = tok.apply_chat_template(messages, tokenize=False)
+        if finish == "length":  # an unfinished answer has no closing <|im_end|>
+            rendered = rendered.rstrip("\n").removesuffix("<|im_end|>")
+        ids = tok(rendered, add_special_tokens=False)["input_ids"]
+        doc_id = f"chat:{i}"
+        sequences.append({"source": "chat", "doc": doc_id, "heldout": is_heldout(doc_id), "ids": ids,
+                          "messages": messages})
+        chat_tokens += len(ids) - 1
+    manifest["chat"] = {"conversations": len(answers), "tokens": chat_tokens,
+                        "sampling": {"temperature": CHAT_SAMPLING.temperature, "top_p": CHAT_SAMPLING.top_p,
+                                     "presence_penalty": CHAT_SAMPLING.presence_penalty,
+                                     "max_tokens": CHAT_MAX_TOKENS, "seed": f"{SEED} + conversation index"},
+                        "dtype": "float32"}
+    corpus = {"sequences": sequences, "manifest": manifest}
+    path.write_text(json.dumps(corpus))
+    return corpus
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 2: activations
+# ----------------------------------------------------------------------------------------------
+
+def capture(work: Path, corpus: dict, layer: int) -> None:
+    if (work / "acts_train.npy").is_file():
+        return
+    lm = load("float32", work)
+    seqs = corpus["sequences"]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))
+    for split in ("train", "heldout"):
+        chosen = [i for i in order if seqs[i]["heldout"] == (split == "heldout")]
+        n = sum(len(seqs[i]["ids"]) - 1 for i in chosen)
+        acts = np.lib.format.open_memmap(work / f"acts_{split}.npy", mode="w+", dtype=np.float32, shape=(n, 576))
+        where = np.zeros((n, 2), dtype=np.int32)  # (sequence index, position)
+        row, t0 = 0, time.time()
+        with torch.inference_mode():
+            for start in range(0, len(chosen), 32):
+                batch = chosen[start:start + 32]
+                resid, _, mask = forward(lm, [seqs[i]["ids"] for i in batch], layer=layer, stop_at_layer=True)
+                width = mask.shape[1]
+                for r, i in enumerate(batch):
+                    length = len(seqs[i]["ids"])
+                    x = resid[r, width - length + 1:]  # drop the left padding and position 0
+                    acts[row:row + len(x)] = x.float().numpy()
+                    where[row:row + len(x), 0] = i
+                    where[row:row + len(x), 1] = np.arange(1, length)
+                    row += len(x)
+                if start % 640 == 0:
+                    log.info("acts %s: %d/%d tokens (%.0fs)", split, row, n, time.time() - t0)
+        acts.flush()
+        np.save(work / f"where_{split}.npy", where)
+        log.info("acts %s: %d tokens in %.0fs", split, n, time.time() - t0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 3: the SAE
+# ----------------------------------------------------------------------------------------------
+
+class TopKSAE(torch.nn.Module):
+    """pre = (x - b_dec) @ W_enc + b_enc; f = top-k of ReLU(pre); x_hat = f @ W_dec + b_dec."""
+
+    def __init__(self, d_in: int, d_sae: int, k: int):
+        super().__init__()
+        self.k = k
+        w_dec = torch.randn(d_sae, d_in)
+        w_dec /= w_dec.norm(dim=1, keepdim=True)
+        self.W_dec = torch.nn.Parameter(w_dec)
+        self.W_enc = torch.nn.Parameter(w_dec.T.clone().contiguous())
+        self.b_enc = torch.nn.Parameter(torch.zeros(d_sae))
+        self.b_dec = torch.nn.Parameter(torch.zeros(d_in))
+
+    def pre(self, x):
+        return (x - self.b_dec) @ self.W_enc + self.b_enc
+
+    def topk(self, pre):
+        values, index = pre.topk(self.k, dim=-1, sorted=False)
+        return F.relu(values), index
+
+    def decode_sparse(self, values, index):
+        return F.embedding_bag(index, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+
+    def forward(self, x):
+        pre = self.pre(x)
+        values, index = self.topk(pre)
+        return self.decode_sparse(values, index), pre, values, index
+
+    def dense_features(self, x):
+        values, index = self.topk(self.pre(x))
+        return torch.zeros(x.shape[0], self.W_enc.shape[1], dtype=x.dtype).scatter_(1, index, values)
+
+    @torch.no_grad()
+    def normalise_decoder(self):
+        self.W_dec /= self.W_dec.norm(dim=1, keepdim=True)
+
+    @torch.no_grad()
+    def drop_parallel_grad(self):
+        if self.W_dec.grad is not None:
+            w = self.W_dec
+            self.W_dec.grad -= (self.W_dec.grad * w).sum(1, keepdim=True) * w
+
+
+def train_sae(work: Path, args) -> dict:
+    path = work / "sae_train.pt"
+    if path.is_file():
+        return torch.load(path)
+    torch.manual_seed(SEED)
+    acts = torch.from_numpy(np.load(work / "acts_train.npy"))
+    n, d_in = acts.shape
+    # Outlier positions (massive activations other than position 0) would dominate the loss.
+    norms = acts.norm(dim=1)
+    median = norms.median()
+    keep = norms < 8 * median
+    dropped = int((~keep).sum())
+    acts = acts[keep]
+    n = acts.shape[0]
+    # Train on x / scale (mean squared norm = d_in); the scale is folded back into b_enc, b_dec at export.
+    scale = float((acts.pow(2).sum(1).mean() / d_in).sqrt())
+    x_all = acts / scale
+    log.info("training on %d vectors (dropped %d outliers over %.0f norm), scale %.3f", n, dropped, 8 * median, scale)
+
+    sae = TopKSAE(d_in, args.d_sae, args.k)
+    with torch.no_grad():
+        sae.b_dec.copy_(x_all[torch.randperm(n)[:20000]].median(0).values)
+    variance = float((x_all - x_all.mean(0)).pow(2).sum(1).mean())
+    opt = torch.optim.Adam(sae.parameters(), lr=args.lr, betas=(0.9, 0.999))
+    steps = args.epochs * n // args.batch
+    warmup, decay_from = steps // 20, int(steps * 0.8)
+    since_fired = torch.zeros(args.d_sae)
+    k_aux = 256
+    history = []
+    t0 = time.time()
+    gen = torch.Generator().manual_seed(SEED)
+    step = 0
+    for epoch in range(args.epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n - args.batch + 1, args.batch):
+            lr = args.lr * min(1.0, (step + 1) / warmup) * (1.0 if step < decay_from else (steps - step) / (steps - decay_from))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x = x_all[perm[start:start + args.batch]]
+            recon, pre, values, index = sae(x)
+            err = x - recon
+            loss_main = err.pow(2).sum(1).mean() / variance
+            fired = torch.zeros(args.d_sae, dtype=torch.bool)
+            fired[index[values > 0]] = True
+            since_fired += args.batch
+            since_fired[fired] = 0
+            dead = since_fired > args.dead_after
+            loss = loss_main
+            if bool(dead.any()):
+                # AuxK (Gao et al. 2024): the dead latents' top k_aux try to explain the residual error.
+                masked = pre.masked_fill(~dead, float("-inf"))
+                ka = min(k_aux, int(dead.sum()))
+                av, ai = masked.topk(ka, dim=-1)
+                aux = F.embedding_bag(ai, sae.W_dec, per_sample_weights=F.relu(av), mode="sum")
+                e = err.detach()
+                loss_aux = (e - aux).pow(2).sum(1).mean() / e.pow(2).sum(1).mean()
+                loss = loss + args.aux_coef * torch.nan_to_num(loss_aux, 0.0)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            sae.drop_parallel_grad()
+            opt.step()
+            sae.normalise_decoder()
+            if step % 50 == 0 or step == steps - 1:
+                history.append({"step": step, "fvu": float(loss_main), "dead": int(dead.sum()), "lr": lr})
+                log.info("step %d/%d epoch %d fvu %.4f dead %d lr %.2e (%.0fs)", step, steps, epoch,
+                         float(loss_main), int(dead.sum()), lr, time.time() - t0)
+            step += 1
+    state = {k: v.detach().clone() for k, v in sae.state_dict().items()}
+    result = {"state": state, "scale": scale, "history": history, "train_tokens": n,
+              "dropped_outliers": dropped, "outlier_norm": float(8 * median),
+              "seconds": time.time() - t0, "steps": step,
+              "hparams": {"d_sae": args.d_sae, "k": args.k, "lr": args.lr, "batch": args.batch,
+                          "epochs": args.epochs, "dead_after_tokens": args.dead_after, "aux_k": k_aux,
+                          "aux_coef": args.aux_coef, "seed": SEED}}
+    torch.save(result, path)
+    return result
+
+
+def export(result: dict, layer: int, out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import save_file
+
+    s = result["state"]
+    scale = result["scale"]
+    w_dec = s["W_dec"] / s["W_dec"].norm(dim=1, keepdim=True)
+    tensors = {
+        "W_enc": s["W_enc"].contiguous().float(),
+        "b_enc": (s["b_enc"] * scale).contiguous().float(),
+        "W_dec": w_dec.contiguous().float(),
+        "b_dec": (s["b_dec"] * scale).contiguous().float(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "sae_weights.safetensors"))
+    hp = result["hparams"]
+    cfg = {
+        "architecture": "topk",
+        "d_in": 576,
+        "d_sae": hp["d_sae"],
+        "k": hp["k"],
+        "activation_fn_str": "topk",
+        "activation_fn_kwargs": {"k": hp["k"]},
+        "model_name": MODEL_NAME,
+        "model_from_pretrained_kwargs": {},
+        "hook_name": f"blocks.{layer}.hook_resid_post",
+        "hook_layer": layer,
+        "hook_head_index": None,
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "none",
+        "decoder_rows_unit_norm": True,
+        "dtype": "float32",
+        "device": "cpu",
+        "context_size": CHUNK + 1,
+        "prepend_bos": False,
+        "dataset_path": "offline mix, see README.md",
+        "sae_lens_training_version": None,
+        "seed": SEED,
+    }
+    (out / "cfg.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return tensors
+
+
+def sae_id(path: Path) -> str:
+    return "sae_" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def load_exported(out: Path) -> TopKSAE:
+    from safetensors.torch import load_file
+
+    t = load_file(str(out / "sae_weights.safetensors"))
+    cfg = json.loads((out / "cfg.json").read_text())
+    sae = TopKSAE(cfg["d_in"], cfg["d_sae"], cfg["k"])
+    sae.load_state_dict(t)
+    sae.requires_grad_(False)
+    return sae
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 4: held-out evaluation
+# ----------------------------------------------------------------------------------------------
+
+def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
+    sae = load_exported(out)
+    acts = torch.from_numpy(np.load(work / "acts_heldout.npy"))
+    norms = acts.norm(dim=1)
+    keep = norms < 8 * norms.median()
+    x = acts[keep]
+    sq_err, l0, active = 0.0, 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        for start in range(0, len(x), 8192):
+            xb = x[start:start + 8192]
+            recon, _, values, index = sae(xb)
+            sq_err += float((xb - recon).pow(2).sum())
+            l0 += float((values > 0).sum())
+            active[index[values > 0]] = True
+    total_var = float((x - x.mean(0)).pow(2).sum())
+    metrics = {"heldout_tokens": int(len(x)), "heldout_outliers_dropped": int((~keep).sum()),
+               "fvu": sq_err / total_var, "mean_l0": l0 / len(x),
+               "dead_features": int((~active).sum()), "d_sae": int(sae.W_dec.shape[0]),
+               "mean_resid_norm": float(norms[keep].mean())}
+
+    # Next-token cross-entropy on held-out sequences: clean, SAE reconstruction spliced in at
+    # every position but 0, and the layer's output zero-ablated at those positions (for scale).
+    lm = load("float32", work)
+    seqs = [s for s in corpus["sequences"] if s["heldout"]]
+    seqs.sort(key=lambda s: len(s["ids"]))
+
+    def splice(resid, mask):
+        b, t, d = resid.shape
+        flat = resid.reshape(-1, d).float()
+        recon = sae(flat)[0].reshape(b, t, d).to(resid.dtype)
+        first = (mask.cumsum(1) == 1)[..., None]  # each row's position 0 stays clean
+        return torch.where(first | ~mask.bool()[..., None], resid, recon)
+
+    def ablate(resid, mask):
+        first = (mask.cumsum(1) == 1)[..., None]
+        return torch.where(first, resid, torch.zeros_like(resid))
+
+    totals = {"clean": [0.0, 0], "spliced": [0.0, 0], "zero_ablated": [0.0, 0]}
+    by_source: dict[str, dict[str, list]] = {}
+    t0 = time.time()
+    with torch.inference_mode():
+        for start in range(0, len(seqs), 16):
+            batch = seqs[start:start + 16]
+            ids = [s["ids"] for s in batch]
+            for name, fn in (("clean", None), ("spliced", splice), ("zero_ablated", ablate)):
+                _, logits, mask = forward(lm, ids, layer=layer if fn else None, replace=fn, logits=True)
+                targets, _ = left_pad(ids, lm.device)
+                # predict token t+1 from positions >= 1 (position 0's prediction is left out, as its
+                # residual is never spliced)
+                lp = F.cross_entropy(logits[:, 1:-1].reshape(-1, logits.shape[-1]), targets[:, 2:].reshape(-1),
+                                     reduction="none").view(len(batch), -1)
+                valid = mask[:, 1:-1].bool() & (mask[:, 1:-1].cumsum(1) > 1)
+                for r, s in enumerate(batch):
+                    v = lp[r][valid[r]]
+                    totals[name][0] += float(v.sum())
+                    totals[name][1] += int(v.numel())
+                    src = by_source.setdefault(s["source"], {}).setdefault(name, [0.0, 0])
+                    src[0] += float(v.sum())
+                    src[1] += int(v.numel())
+    ce = {name: s / n for name, (s, n) in totals.items()}
+    metrics.update({"ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero_ablated": ce["zero_ablated"],
+                    "ce_increase": ce["spliced"] - ce["clean"],
+                    "ce_loss_recovered": (ce["zero_ablated"] - ce["spliced"]) / (ce["zero_ablated"] - ce["clean"]),
+                    "ce_tokens": totals["clean"][1],
+                    "ce_by_source": {src: {n: v[0] / v[1] for n, v in d.items()} for src, d in by_source.items()}})
+    log.info("eval: %s (%.0fs)", {k: v for k, v in metrics.items() if k != "ce_by_source"}, time.time() - t0)
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 5: labels and README
+# ----------------------------------------------------------------------------------------------
+
+def _show(piece: str) -> str:
+    return piece.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def make_labels(work: Path, corpus: dict, out: Path, top_n: int = 200) -> dict:
+    sae = load_exported(out)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(next((work / "cache" / "gguf").iterdir())))
+    seqs = corpus["sequences"]
+    d_sae = sae.W_dec.shape[0]
+    best_v = torch.full((d_sae, top_n), -1.0)
+    best_i = torch.zeros((d_sae, top_n), dtype=torch.long)
+    counts = torch.zeros(d_sae)
+    where_all, offset, n_tokens = [], 0, 0
+    with torch.no_grad():
+        for split in ("train", "heldout"):
+            acts = torch.from_numpy(np.load(work / f"acts_{split}.npy"))
+            where_all.append(np.load(work / f"where_{split}.npy"))
+            norms = acts.norm(dim=1)
+            ok = norms < 8 * norms.median()
+            for start in range(0, len(acts), 8192):
+                xb = acts[start:start + 8192]
+                f = sae.dense_features(xb) * ok[start:start + 8192, None]
+                counts += (f > 0).sum(0)
+                v, i = f.T.topk(min(top_n, f.shape[0]), dim=1)
+                cat_v = torch.cat([best_v, v], 1)
+                cat_i = torch.cat([best_i, i + offset + start], 1)
+                best_v, sel = cat_v.topk(top_n, dim=1)
+                best_i = cat_i.gather(1, sel)
+            offset += len(acts)
+            n_tokens += int(ok.sum())
+    where = np.concatenate(where_all)
+    labels = {}
+    for j in range(d_sae):
+        if counts[j] == 0:
+            continue
+        vals, idx = best_v[j], best_i[j]
+        live = vals > 0
+        vals, idx = vals[live], idx[live]
+        score: dict[str, float] = {}
+        sources: dict[str, int] = {}
+        for v, g in zip(vals.tolist(), idx.tolist()):
+            s, p = where[g]
+            token = _show(tok.decode([seqs[s]["ids"][p]]))
+            score[token] = score.get(token, 0.0) + v
+            sources[seqs[s]["source"]] = sources.get(seqs[s]["source"], 0) + 1
+        top_tokens = [t for t, _ in sorted(score.items(), key=lambda kv: -kv[1])][:10]
+        words = []
+        for t in top_tokens:
+            w = t.strip() or repr(t)
+            if w.lower() not in [x.lower() for x in words]:
+                words.append(w)
+            if len(words) == 3:
+                break
+        label = " / ".join(words)
+        main_source, hits = max(sources.items(), key=lambda kv: kv[1])
+        if hits >= 0.7 * sum(sources.values()):
+            label += f" ({ {'chat': 'chat', 'stdlib-code': 'code'}.get(main_source, 'docs') })"
+        s, p = where[idx[0]]
+        ids = seqs[s]["ids"]
+        example = (tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6]))
+        labels[str(j)] = {"label": label, "top_tokens": top_tokens, "example": example,
+                          "frequency": round(float(counts[j]) / n_tokens, 6),
+                          "max_activation": round(float(vals[0]), 3)}
+    (out / "feature_labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
+    log.info("labels: %d live features of %d", len(labels), d_sae)
+    return labels
+
+
+def write_readme(out: Path, corpus: dict, result: dict, metrics: dict, layer: int, labels: dict) -> None:
+    m, hp, man = metrics, result["hparams"], corpus["manifest"]
+    seqs = corpus["sequences"]
+    tokens = {src: [0, 0] for src in man}
+    for s in seqs:
+        tokens[s["source"]][1 if s["heldout"] else 0] += len(s["ids"]) - 1
+    total = sum(a + b for a, b in tokens.values())
+    rows = "\n".join(
+        f"| {src} | {a + b:,} | {100 * (a + b) / total:.0f}% | {a:,} | {b:,} |" for src, (a, b) in tokens.items())
+    weights = out / "sae_weights.safetensors"
+    packages = ", ".join(d for d, _ in man["package-readmes"]["files"])
+    text = f"""# smollm2-135m-topk: millm's demo sparse autoencoder
+
+A TopK sparse autoencoder (SAE) on the residual stream of **{MODEL_NAME}** after block
+**{layer}** of 30 (`resid_post`, `blocks.{layer}.hook_resid_post`; in millm: the output of
+`model.model.layers[{layer}]`), trained by `scripts/train_demo_sae.py` on this repository's
+development machine (2 CPU cores, no GPU) in {result['seconds'] / 60:.1f} minutes. SAELens layout:
+`cfg.json`, `sae_weights.safetensors`, plus `feature_labels.json`.
+Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors`).
+
+## Architecture
+
+- d_in = 576, d_sae = {hp['d_sae']}, k = {hp['k']}, float32, {weights.stat().st_size / 1e6:.1f} MB.
+- Encode: `pre = (x - b_dec) @ W_enc + b_enc` (`apply_b_dec_to_input: true`); keep the k largest
+  of `ReLU(pre)`, zero elsewhere. Decode: `f @ W_dec + b_dec`.
+- **Decoder rows have unit L2 norm** (kept so during training, exactly renormalised at export), so a
+  steering strength is in residual-norm units: adding `s * W_dec[i]` moves the residual by `s`.
+  The residual norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens.
+- `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
+  divided by a constant {result['scale']:.4f}, the root mean square per dimension; that constant is
+  folded into `b_enc` and `b_dec` at export, so nothing needs scaling at inference.)
+- Position 0 of every sequence (`<|im_start|>` in chat, `<|endoftext|>` before plain text) is an
+  attention sink with a residual norm near 25,000 at this layer; it was never trained on, and
+  feature activations there mean nothing. Tokens with a norm above 8x the median ({result['dropped_outliers']}
+  of the training tokens) were dropped as well.
+
+## Training data ({total:,} tokens, all found offline on the machine or written by the model)
+
+| source | tokens | share | train | held out |
+| --- | ---: | ---: | ---: | ---: |
+{rows}
+
+- **chat**: {man['chat']['conversations']} conversations in the model's own chat template (system prompt,
+  user turn, assistant turn, `<|im_end|>` tokens included). The user turns are a fixed list in the
+  script: {N_TOPIC_PROMPTS} topic x template pairs drawn with seed {SEED} (everyday topics: places,
+  food, animals, nature, science, sport, arts, code, ...; one in twelve with a persona system prompt)
+  and {len(EXTRA_PROMPTS)} hand-written prompts (greetings, translations, code, maths, styles). The
+  answers were generated by the demo model itself through millm's decode loop in float32,
+  temperature {CHAT_SAMPLING.temperature}, top_p {CHAT_SAMPLING.top_p}, presence penalty
+  {CHAT_SAMPLING.presence_penalty}, at most {CHAT_MAX_TOKENS} tokens, seed {SEED} + conversation index.
+- **stdlib-docstrings**: module, class and function docstrings of the CPython
+  {sys.version.split()[0]} standard library (parsed with `ast`, tests and idlelib excluded).
+- **stdlib-code**: one {CHUNK}-token window of source from each of {man['stdlib-code']['documents_used']} standard-library modules.
+- **package-readmes**: the long descriptions (READMEs) in the `METADATA` of the packages installed in
+  millm's virtualenv: {packages}.
+- **usr-share-doc**: READMEs, `.txt`/`.md`/`.rst` and HTML manuals under Debian's `/usr/share/doc`
+  ({man['usr-share-doc']['documents_used']} files; copyright files, changelogs and NEWS skipped).
+
+Plain-text documents were tokenised whole, then up to a few random windows of {CHUNK} tokens were taken
+from each (each window opened by `<|endoftext|>`); chat conversations are whole sequences. Identical
+documents were counted once. The held-out split is by document (sha256 of its id, {HELDOUT_PERCENT}%),
+so no held-out text was seen in training. The exact file list is in `corpus_manifest.json`.
+
+## Training
+
+Plain torch, seed {SEED}: Adam (lr {hp['lr']}, 5% warm-up, linear decay over the last 20%), batch
+{hp['batch']}, {hp['epochs']} epochs over {result['train_tokens']:,} activation vectors ({result['steps']} steps);
+loss = normalised MSE; AuxK loss for dead latents (Gao et al. 2024: the top {hp['aux_k']} dead latents,
+coefficient {hp['aux_coef']}, dead = silent for {hp['dead_after_tokens']:,} tokens); decoder
+initialised as the encoder's transpose, its rows kept at unit norm with the gradient's radial part
+removed; `b_dec` initialised at the activations' median.
+
+## Quality on held-out tokens ({m['heldout_tokens']:,} activation vectors, {m['ce_tokens']:,} next-token predictions)
+
+| figure | value |
+| --- | ---: |
+| fraction of variance unexplained (FVU) | {m['fvu']:.3f} |
+| mean L0 (active features per token) | {m['mean_l0']:.1f} |
+| dead features (never active on held-out) | {m['dead_features']} of {m['d_sae']} |
+| next-token cross-entropy, clean | {m['ce_clean']:.3f} |
+| ... with the SAE reconstruction spliced in at layer {layer} | {m['ce_spliced']:.3f} (+{m['ce_increase']:.3f}) |
+| ... with layer {layer}'s output zero-ablated | {m['ce_zero_ablated']:.3f} |
+| cross-entropy loss recovered | {100 * m['ce_loss_recovered']:.1f}% |
+
+Cross-entropy by source (clean -> spliced): """ + ", ".join(
+        f"{src} {v['clean']:.2f} -> {v['spliced']:.2f}" for src, v in m["ce_by_source"].items()) + f""".
+
+## Feature labels
+
+`feature_labels.json` holds every feature that fired at least once on the corpus ({len(labels)} of
+{hp['d_sae']}): `label` is **generated automatically** (the three tokens with the largest summed
+activation among the feature's top 200 activations, plus `(chat)`, `(code)` or `(docs)` when 70% of those
+come from one kind of text), `top_tokens` (up to 10), `example` (the context of its largest activation,
+the token marked `[[like this]]`), `frequency` (fraction of corpus tokens on which it is active) and
+`max_activation`. No label was written or checked by hand; read them as hints.
+"""
+    (out / "README.md").write_text(text)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 6: steering profiles
+# ----------------------------------------------------------------------------------------------
+
+STEER_PROMPT = [{"role": "user", "content": "Tell me about your weekend."}]
+
+
+def steering_hook(w_dec: torch.Tensor, features: list[dict]):
+    vector = sum(f["strength"] * w_dec[f["index"]] for f in features)
+
+    def hook(_module, _inputs, output):
+        return output + vector.to(output.dtype)
+
+    return hook
+
+
+def steered_answer(lm, layer: int, w_dec, features, messages=STEER_PROMPT, max_tokens: int = 60) -> str:
+    handle = lm.model.model.layers[layer].register_forward_hook(steering_hook(w_dec, features)) if features else None
+    try:
+        ids = chat_prompt_ids(lm.tokenizer, messages)
+        return generate_texts(lm, [ids], SamplingParams(temperature=0.0), max_tokens)[0][0]
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def check_profiles(work: Path, out: Path, layer: int) -> None:
+    from safetensors.torch import load_file
+
+    ident = sae_id(out / "sae_weights.safetensors")
+    w_dec = load_file(str(out / "sae_weights.safetensors"))["W_dec"]
+    labels = json.loads((out / "feature_labels.json").read_text())
+    profiles = []
+    for path in sorted(PROFILES_DIR.glob("*.json")):
+        prof = json.loads(path.read_text())
+        for s in prof["steering"]:
+            s["sae_id"] = ident
+        path.write_text(json.dumps(prof, indent=2) + "\n")
+        profiles.append(prof)
+    answers = {}
+    for dtype in ("float32", "auto"):
+        lm = load(dtype, work)
+        answers[dtype] = {"(unsteered)": steered_answer(lm, layer, w_dec, [])}
+        for prof in profiles:
+            feats = prof["steering"][0]["features"]
+            answers[dtype][prof["name"]] = steered_answer(lm, layer, w_dec, feats)
+        for name, text in answers[dtype].items():
+            log.info("[%s] %s: %r", dtype, name, text)
+        del lm
+    (work / "profile_answers.json").write_text(json.dumps(answers, indent=1))
+    lines = [
+        "# Demo steering profiles",
+        "",
+        f"Profiles for the demo SAE `{ident}` (`millm/demo/sae/smollm2-135m-topk`, layer {layer}'s residual",
+        "stream of SmolLM2-135M-Instruct). Each adds `strength * W_dec[index]` (unit-norm decoder rows, so the",
+        f"strength is in residual-norm units; the residual norm there is ~150) to the output of layer {layer}",
+        "at every position, prompt and generated tokens alike.",
+        "",
+        f"Prompt: `{json.dumps(STEER_PROMPT)}`; greedy decoding, 60 tokens at most, through millm's own",
+        "decode loop with `dtype=\"auto\"` (the server's default: bfloat16 activations, int4 weights on the CPU).",
+        "The same check in float32 gives a visibly similar effect for every profile (listed below too).",
+        "Regenerate with `.venv/bin/python scripts/train_demo_sae.py --stages profiles`.",
+        "",
+        "## Unsteered",
+        "",
+        "> " + answers["auto"]["(unsteered)"].replace("\n", "\n> "),
+        "",
+    ]
+    for prof in profiles:
+        feats = prof["steering"][0]["features"]
+        desc = ", ".join(f"#{f['index']} \"{labels.get(str(f['index']), {}).get('label', '?')}\" x {f['strength']:g}"
+                         for f in feats)
+        lines += [f"## {prof['name']}", "", prof["description"], "", f"Features: {desc}.", "",
+                  "auto:", "", "> " + answers["auto"][prof["name"]].replace("\n", "\n> "), "",
+                  "float32:", "", "> " + answers["float32"][prof["name"]].replace("\n", "\n> "), ""]
+    (PROFILES_DIR / "README.md").write_text("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/sae-work"), help="scratch directory (caches)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--layer", type=int, default=12)
+    parser.add_argument("--d-sae", type=int, default=2048)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--dead-after", type=int, default=200_000)
+    parser.add_argument("--aux-coef", type=float, default=1 / 32)
+    parser.add_argument("--stages", default="corpus,acts,train,export,eval,labels")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("millm").setLevel(logging.WARNING)
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    args.work.mkdir(parents=True, exist_ok=True)
+    stages = args.stages.split(",")
+    corpus = build_corpus(args.work)
+    if "acts" in stages:
+        capture(args.work, corpus, args.layer)
+    if "train" in stages or "export" in stages:
+        result = train_sae(args.work, args)
+        export(result, args.layer, args.out)
+        (args.out / "corpus_manifest.json").write_text(json.dumps(corpus["manifest"], indent=1) + "\n")
+    if "eval" in stages:
+        metrics = evaluate(args.work, corpus, args.layer, args.out)
+        (args.work / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    if "labels" in stages:
+        labels = make_labels(args.work, corpus, args.out)
+        result = torch.load(args.work / "sae_train.pt")
+        metrics = json.loads((args.work / "metrics.json").read_text())
+        write_readme(args.out, corpus, result, metrics, args.layer, labels)
+    if "profiles" in stages:
+        check_profiles(args.work, args.out, args.layer)
+
+
+if __name__ == "__main__":
+    main()

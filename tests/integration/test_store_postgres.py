@@ -1,0 +1,54 @@
+"""The same store and the same server state on PostgreSQL (DATABASE_URL), with a real server process."""
+
+import httpx
+import pytest
+
+from millm.store.database import Store
+from tests.support.postgres import PostgresServer, binaries
+from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
+
+pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries are not installed")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_store_round_trip_on_postgres(postgres):
+    store = Store(postgres.url)
+    store.write_strengths({("sae_x", 1): 2.5}, version=3)
+    store.insert_profiles([("prof_pg", {"name": "pg-profile", "steering": []})])
+    store.close()
+    again = Store(postgres.url)
+    assert again.strengths()["sae_x"] == {1: 2.5}
+    assert [p["name"] for p in again.profiles()] == ["pg-profile"]
+    assert again.get_setting("steering_version") == 3
+    again.close()
+
+
+def test_server_state_lives_in_postgres(postgres, tiny_dirs, tmp_path):
+    sae_dir = build_saelens(tmp_path / "sae", layer=1, seed=21)
+    env = {"DATABASE_URL": postgres.url}
+    first = ServerProcess(tmp_path / "home-a", ["--model", str(tiny_dirs["llama"])], env=env).wait_ready()
+    try:
+        sae = httpx.post(f"{first.base_url}/api/saes", json={"path": str(sae_dir)}).json()["id"]
+        httpx.post(f"{first.base_url}/api/saes/{sae}/attach")
+        httpx.put(f"{first.base_url}/api/steering/saes/{sae}/features/4", json={"strength": 6})
+        httpx.post(f"{first.base_url}/api/profiles", json={"name": "shared", "steering": []})
+    finally:
+        first.stop()
+    # Another data directory, same database: the state follows the database, not the folder.
+    second = ServerProcess(tmp_path / "home-b", ["--model", str(tiny_dirs["llama"])], env=env).wait_ready()
+    try:
+        state = httpx.get(f"{second.base_url}/api/steering").json()
+        mine = [(s["attached"], s["features"]) for s in state["saes"] if s["sae_id"] == sae]
+        assert mine == [(True, [{"index": 4, "strength": 6.0}])]
+        assert "shared" in [p["name"] for p in httpx.get(f"{second.base_url}/api/profiles").json()["data"]]
+    finally:
+        second.stop()
