@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
         ge=1,
     )
+    ignored_fields_header_max_bytes: int = env_field(
+        1024,
+        "IGNORED_FIELDS_HEADER_MAX_BYTES",
+        "Cap of the X-miLLM-Ignored-Fields header; past it the last entry is \"+N more\".",
+        ge=64,
+    )
     database_url: str | None = env_field(
         None,
         "DATABASE_URL",

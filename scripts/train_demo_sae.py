@@ -414,11 +414,18 @@ def build_corpus(work: Path) -> dict:
     answers = []
     order = sorted(range(len(conversations)), key=lambda i: len(chat_prompt_ids(tok, conversations[i])))
     prompt_ids = [chat_prompt_ids(tok, m) for m in conversations]
+    partial = work / "chat_answers.partial.jsonl"  # batches done so far, so a killed run resumes
+    done = [json.loads(line) for line in partial.read_text().splitlines()] if partial.is_file() else []
     for start in range(0, len(order), 48):
         batch = order[start:start + 48]
+        if start < len(done) * 48:
+            answers += [(i, tuple(o)) for i, o in done[start // 48]]
+            continue
         outs = generate_texts(lm, [prompt_ids[i] for i in batch], CHAT_SAMPLING, CHAT_MAX_TOKENS,
                               seeds=[SEED + i for i in batch])
         answers += list(zip(batch, outs))
+        with partial.open("a") as handle:
+            handle.write(json.dumps(list(zip(batch, outs))) + "\n")
         log.info("chat answers %d/%d (%.0fs)", len(answers), len(order), time.time() - t0)
     answers.sort()
     chat_tokens = 0

@@ -12,14 +12,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from millm.api import scoring
 from millm.api.errors import error_body
-from millm.api.field_policy import CHAT, COMPLETIONS, refuse_unhonoured
+from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
+from millm.api.headers import STRICT_HEADER, seed_header, strict_mode, token
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_prompts
+from millm.api.unused_fields import handle_unused, template_reads, unused_locations
 from millm.engine.jobs import JobFailed, RowFinished, TextDelta
 from millm.engine.loader import LoadedModel
-from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
+from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids, has_chat_template
 from millm.engine.sampling import SamplingParams
-from millm.errors import FieldNotHonoured, InvalidRequest
+from millm.engine.scoring import score
+from millm.errors import FieldNotHonoured, InvalidRequest, MillmError
 from millm.service.generation import GenerationOptions, JobStream, build_rows
 from millm.service.steering import Plan
 from millm.service.state import ServerState
@@ -61,7 +66,7 @@ def generation_options(body: SamplingFields) -> GenerationOptions:
     )
 
 
-def message_text(message: ChatMessage, index: int) -> str:
+def message_text(message: ChatMessage, where: str) -> str:
     """A message's content as one string; text parts are joined by newlines."""
     if message.content is None:
         return ""
@@ -72,17 +77,17 @@ def message_text(message: ChatMessage, index: int) -> str:
         if part.type != "text" or part.text is None:
             raise FieldNotHonoured(
                 f"content part of type {part.type!r} cannot be honoured: this model reads text only",
-                param=f"messages[{index}].content[{j}]",
+                param=f"{where}.content[{j}]",
             )
         texts.append(part.text)
     return "\n".join(texts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
+def template_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict]:
     """Messages as the chat template expects them; `developer` is OpenAI's newer name for `system`."""
     rendered = []
     for i, message in enumerate(messages):
-        entry = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, i)}
+        entry = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, f"{param}[{i}]")}
         for key in ("name", "tool_call_id", "tool_calls"):
             value = getattr(message, key)
             if value is not None:
@@ -100,9 +105,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def seed_headers(seed: int | None) -> dict[str, str]:
+def seed_headers(seed: int | None, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed (RFC 8941 item with its scope) when the request sent a seed."""
-    return {} if seed is None else {"X-miLLM-Seed": f'{seed};scope="request"'}
+    return {} if seed is None else {"X-miLLM-Seed": seed_header(seed, scope)}
+
+
+def steering_header(plan: Plan) -> str:
+    """X-miLLM-Steering: none | live;version=N | profile;name="...";scope="request"."""
+    return token(plan.kind, **dict(plan.params))
 
 
 def sse(payload: dict | str) -> str:
@@ -147,24 +157,89 @@ async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, p
     return stream, len(rows)
 
 
-@router.post("/v1/chat/completions", summary="Chat completion (streaming and non-streaming)")
+def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None) -> dict[str, str]:
+    """X-miLLM-Ignored-Fields for this body (or 400 under X-miLLM-Strict)."""
+    strict = strict_mode(request.headers.get(STRICT_HEADER))
+    reads = template_reads(lm.tokenizer) if lm is not None else set()
+    locations = unused_locations(body, scoring=scoring, reads=reads)
+    return handle_unused(locations, strict, state.settings.ignored_fields_header_max_bytes)
+
+
+def conversation_prompts(lm: LoadedModel, body: ChatCompletionRequest) -> list[list[int]]:
+    """Token ids of `messages` and of each `extra_messages` conversation; a failure names which one."""
+    conversations = [("messages", body.messages)]
+    conversations += [(f"extra_messages[{i}]", msgs) for i, msgs in enumerate(body.extra_messages or [])]
+    prompts = []
+    for param, messages in conversations:
+        try:
+            prompt = chat_prompt_ids(lm.tokenizer, template_messages(messages, param))
+        except MillmError as exc:
+            if param != "messages" and exc.param == "messages":  # the template's own complaint
+                exc.param = param
+                exc.message = f"{param}: {exc.message}"
+            raise
+        if not prompt:
+            raise InvalidRequest(f"the rendered conversation {param} tokenises to nothing", param=param)
+        prompts.append(prompt)
+    return prompts
+
+
+@router.post("/v1/chat/completions", summary="Chat completion (streaming and non-streaming), or chat scoring")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    """Answer (or continue) a conversation with the loaded model."""
+    """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
     state: ServerState = request.app.state.millm
-    refuse_unhonoured(body.model_dump(exclude_unset=True), CHAT)
+    check_fields(body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream))
+    temperature = check_scoring(body) if body.scoring else None
     lm = state.model_for(body.model)
-    messages = template_messages(body.messages)
-    prompt = await run_in_threadpool(chat_prompt_ids, lm.tokenizer, messages)
-    if not prompt:
-        raise InvalidRequest("the rendered conversation tokenises to nothing", param="messages")
-    plan = state.steering.plan_for(body.profile)
-    stream, rows = await start_job(state, lm, body, [prompt], "messages", plan)
+    if body.scoring and not has_chat_template(lm.tokenizer):
+        raise InvalidRequest(
+            f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
+            param="messages",
+            code="no_chat_template",
+        )
+    headers = field_report(request, state, body, body.scoring, lm)
+    prompts = await run_in_threadpool(conversation_prompts, lm, body)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
-    return await answer(request, lm, body, stream, rows, meta, len(prompt), chat_chunks, chat_choice, plan)
+    if body.scoring:
+        return await chat_scoring(state, lm, body, prompts, meta, temperature, headers)
+    plan = state.steering.plan_for(body.profile)
+    stream, rows = await start_job(state, lm, body, prompts, "messages", plan)
+    scope = "batch-shape" if body.extra_messages else "request"
+    return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope)
 
 
-def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> list[list[int]]:
-    """Every prompt of a text completion as token ids (text tokenised verbatim, no chat template)."""
+async def chat_scoring(state, lm, body, prompts, meta, temperature, headers):
+    """Score each conversation one at a time; a failing one fails the request, naming its index."""
+    allowed = check_allowed(lm, body.allowed_token_ids)
+    choices = []
+    for index, prompt in enumerate(prompts):
+        try:
+            logits = (await score_prompts(state, [prompt]))[0]
+            scored = score(logits, allowed, temperature)
+            choices.append(scoring.chat_choice(lm, scored, index, bool(body.logprobs), body.top_logprobs, bool(body.return_tokens_as_token_ids)))
+        except MillmError as exc:
+            if len(prompts) > 1:
+                exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
+            raise
+    return scored_response(lm, body, meta, choices, prompts, headers)
+
+
+def scored_response(lm, body, meta, choices, prompts, headers) -> JSONResponse:
+    """The whole response of a scoring request (never steered, never streamed)."""
+    payload = {
+        "id": meta.id,
+        "object": meta.object,
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": lm.system_fingerprint,
+        "choices": choices,
+        "usage": usage(sum(map(len, prompts)), len(prompts)),
+    }
+    return JSONResponse(payload, headers={**headers, **seed_headers(body.seed), "X-miLLM-Steering": "none"})
+
+
+def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
+    """Every prompt of a text completion as token ids (verbatim, no chat template), with its text."""
     prompt = body.prompt
     if isinstance(prompt, str):
         items: list = [prompt]
@@ -173,31 +248,44 @@ def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> list[list[in
     else:
         items = list(prompt)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
-    prompts = []
+    error = InvalidScoringRequest if body.scoring else InvalidRequest
+    prompts, texts = [], []
     vocab = lm.vocab_size
     for i, item in enumerate(items):
         param = "prompt" if len(items) == 1 else f"prompt[{i}]"
         ids = completion_prompt_ids(lm.tokenizer, item, add_special) if isinstance(item, str) else list(item)
         if not ids:
-            raise InvalidRequest(f"{param} tokenises to nothing; a prompt needs at least one token", param=param)
+            raise error(f"{param} tokenises to nothing; a prompt needs at least one token", param=param)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequest(f"{param} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", param=param)
+            raise error(f"{param} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", param=param)
         prompts.append(ids)
-    return prompts
+        texts.append(item if isinstance(item, str) else lm.tokenizer.decode(ids))
+    return prompts, texts
 
 
-@router.post("/v1/completions", summary="Text completion (no chat template)")
+@router.post("/v1/completions", summary="Text completion (no chat template), or scoring mode")
 async def completions(body: CompletionRequest, request: Request):
-    """Continue each prompt verbatim; one choice per prompt (times n)."""
+    """Continue each prompt verbatim (one choice per prompt), or score its next token."""
     state: ServerState = request.app.state.millm
-    refuse_unhonoured(body.model_dump(exclude_unset=True), COMPLETIONS)
+    check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
+    temperature = check_scoring(body) if body.scoring else None
     lm = state.model_for(body.model)
-    prompts = await run_in_threadpool(completion_prompts, lm, body)
+    headers = field_report(request, state, body, body.scoring, lm)
+    prompts, texts = await run_in_threadpool(completion_prompts, lm, body)
+    meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
+    if body.scoring:
+        allowed = check_allowed(lm, body.allowed_token_ids)
+        logits = await score_prompts(state, prompts)
+        by_id = bool(body.return_tokens_as_token_ids)
+        choices = [
+            scoring.completion_choice(lm, score(row, allowed, temperature), i, texts[i], body.logprobs, allowed, by_id)
+            for i, row in enumerate(logits)
+        ]
+        return scored_response(lm, body, meta, choices, prompts, headers)
     plan = state.steering.plan_for(None)
     stream, rows = await start_job(state, lm, body, prompts, "prompt", plan)
-    meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
-    return await answer(request, lm, body, stream, rows, meta, sum(len(p) for p in prompts), completion_chunks, completion_choice, plan)
+    return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers)
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
@@ -212,9 +300,9 @@ def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
 
 
 async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
-                 prompt_tokens: int, chunks, choice, plan: Plan):
+                 prompt_tokens: int, chunks, choice, plan: Plan, headers: dict[str, str], seed_scope: str = "request"):
     """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
-    headers = {**seed_headers(body.seed), "X-miLLM-Steering": plan.header}
+    headers = {**headers, **seed_headers(body.seed, seed_scope), "X-miLLM-Steering": steering_header(plan)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames = chunks(stream, meta, prompt_tokens, rows, include_usage)

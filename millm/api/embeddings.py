@@ -10,8 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from millm.api.field_policy import EMBEDDINGS, refuse_unhonoured
+from millm.api.field_policy import EMBEDDINGS, check_fields
+from millm.api.headers import STRICT_HEADER, strict_mode
 from millm.api.protocol import OpenBody
+from millm.api.unused_fields import handle_unused, unused_locations
 from millm.engine.jobs import EmbeddingJob
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import completion_prompt_ids
@@ -66,8 +68,10 @@ def encode(vector: np.ndarray, encoding_format: str | None):
 async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
     state: ServerState = request.app.state.millm
-    refuse_unhonoured(body.model_dump(exclude_unset=True), EMBEDDINGS)
+    check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
     lm = state.model_for(body.model)
+    strict = strict_mode(request.headers.get(STRICT_HEADER))
+    headers = handle_unused(unused_locations(body), strict, state.settings.ignored_fields_header_max_bytes)
     prompts = await run_in_threadpool(embedding_inputs, lm, body.input)
     result = OneResult()
     job = EmbeddingJob(prompts=prompts, emit=result.emit)
@@ -79,4 +83,4 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     data = [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)} for i, v in enumerate(vectors)]
     tokens = sum(len(p) for p in prompts)
     payload = {"object": "list", "data": data, "model": lm.name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return JSONResponse(payload, headers={"X-miLLM-Steering": "none"})
+    return JSONResponse(payload, headers={**headers, "X-miLLM-Steering": "none"})

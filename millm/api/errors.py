@@ -30,9 +30,9 @@ PRIMITIVE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _is_union_label(part: str) -> bool:
-    # Pydantic names the union branch it tried ('str', 'list[str]', 'function-after[...]');
+    # Pydantic names the union branch it tried ('str', 'list[str]', 'constrained-int', 'function-after[...]');
     # OpenAI field names never look like that.
-    return part in PRIMITIVE_LABELS or "[" in part or "(" in part
+    return part in PRIMITIVE_LABELS or "[" in part or "(" in part or "-" in part
 
 
 def field_path(loc: tuple) -> str | None:

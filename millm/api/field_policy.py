@@ -1,63 +1,117 @@
-"""Which output-changing fields each endpoint cannot honour yet: refused, never silently dropped.
+"""The field_not_honoured matrix: which output-changing fields each endpoint honours or refuses.
 
-One table drives both the check and its tests. A field is refused only when its value would
-change the output; the spec's neutral values (null, n: 1, logprobs: false,
-response_format {"type": "text"}, tools: [], logit_bias: {}, echo: false, best_of: 1) pass.
+One table (MATRIX) drives both the check and its tests; it is the API page's table, column by
+column (the GGUF columns arrive with that engine), plus a few legacy OpenAI fields the page
+does not list but that would change the output (functions, echo, best_of, suffix). A field is
+refused only when its value would change something: null and the neutral values (n: 1,
+logprobs: false, response_format {"type": "text"}, tools: [], logit_bias: {}) pass everywhere.
+The check runs before the requested model is looked at, let alone loaded.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from millm.errors import FieldNotHonoured
 
 CHAT = "chat"
 COMPLETIONS = "completions"
 EMBEDDINGS = "embeddings"
-ALL = frozenset({CHAT, COMPLETIONS, EMBEDDINGS})
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+
+HONOURED = "honoured"
+REFUSED = "refused"
+ABOVE_ONE = "refused above 1"
+NOT_STREAMING = "honoured, not streaming"
+NOT_ON_SCORING = "honoured, refused on scoring requests"
 
 
-def _is(*neutral_values: Any) -> Callable[[Any], bool]:
-    return lambda value: any(value == v and type(value) is type(v) for v in neutral_values)
+@dataclass(frozen=True)
+class Rule:
+    """A cell of the matrix: the verdict, and for refusals the reason told to the client."""
+
+    verdict: str
+    why: str = ""
 
 
-def _text_format(value: Any) -> bool:
-    return value == {"type": "text"}
+OK = Rule(HONOURED)
 
 
-NEUTRAL_EMPTY_LIST = _is([])
-NEUTRAL_EMPTY_DICT = _is({})
+def no(why: str) -> Rule:
+    """A refusal with its reason."""
+    return Rule(REFUSED, why)
 
-# field -> (endpoints that refuse it, predicate for values that change nothing, why)
-NOT_HONOURED: dict[str, tuple[frozenset[str], Callable[[Any], bool], str]] = {
-    "logprobs": (ALL, _is(False), "log-probabilities are not returned yet"),
-    "top_logprobs": (ALL, _is(), "log-probabilities are not returned yet"),
-    "allowed_token_ids": (ALL, _is(), "token restriction is not supported yet"),
-    "response_format": (ALL, _text_format, "structured output is not supported yet"),
-    "profile": (frozenset({COMPLETIONS, EMBEDDINGS}), _is(), "a per-request profile applies to chat completions only"),
-    "steering_intensity": (ALL, _is(), "the steering dial is not supported yet"),
-    "steering": (ALL, _is(), "per-request steering is not implemented"),
-    "dimensions": (ALL, _is(), "choosing the embedding size is not implemented"),
-    "tools": (ALL, NEUTRAL_EMPTY_LIST, "tool calling is not supported yet"),
-    "tool_choice": (ALL, _is(), "tool calling is not supported yet"),
-    "functions": (frozenset({CHAT}), NEUTRAL_EMPTY_LIST, "function calling is not supported yet"),
-    "function_call": (frozenset({CHAT}), _is(), "function calling is not supported yet"),
-    "logit_bias": (ALL, NEUTRAL_EMPTY_DICT, "logit_bias is not supported"),
-    "echo": (frozenset({COMPLETIONS}), _is(False), "echoing the prompt is not supported"),
-    "best_of": (frozenset({COMPLETIONS}), _is(1), "best_of is not supported; use n"),
-    "suffix": (frozenset({COMPLETIONS}), _is(), "suffix (insertion) is not supported"),
-    "seed": (frozenset({EMBEDDINGS}), _is(), "embeddings are deterministic; a seed changes nothing"),
-    "n": (frozenset({EMBEDDINGS}), _is(1), "an embedding has one result per input"),
-    "max_completion_tokens": (frozenset({EMBEDDINGS}), _is(), "embeddings generate no tokens"),
+
+MATRIX: dict[str, dict[str, Rule]] = {
+    "logprobs": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings score no tokens")},
+    "allowed_token_ids": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings score no tokens")},
+    "top_logprobs": {CHAT: OK, COMPLETIONS: no("text completions take logprobs (the number of alternatives)"), EMBEDDINGS: no("embeddings score no tokens")},
+    "response_format": {
+        CHAT: no("structured output is not implemented yet"),
+        COMPLETIONS: no("structured output applies to chat completions only"),
+        EMBEDDINGS: no("embeddings produce no text to format"),
+    },
+    "seed": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings are deterministic; there is nothing to seed")},
+    "n": {CHAT: Rule(NOT_STREAMING, "n > 1 cannot be streamed"), COMPLETIONS: Rule(ABOVE_ONE, "text completions give one choice per prompt"), EMBEDDINGS: Rule(ABOVE_ONE, "an input has one embedding")},
+    "max_completion_tokens": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings generate no tokens")},
+    "profile": {
+        CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
+        COMPLETIONS: no("a per-request profile applies to chat completions"),
+        EMBEDDINGS: no("embeddings are never steered"),
+    },
+    "steering_intensity": {
+        CHAT: no("the per-request steering dial is not implemented yet"),
+        COMPLETIONS: no("the steering dial applies to chat completions"),
+        EMBEDDINGS: no("embeddings are never steered"),
+    },
+    "steering": {e: no("per-request steering values are not implemented yet") for e in ENDPOINTS},
+    "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
+    "tools": {e: no("tool calling is not supported") for e in ENDPOINTS},
+    "tool_choice": {e: no("tool calling is not supported") for e in ENDPOINTS},
+    "logit_bias": {e: no("logit_bias is not supported") for e in ENDPOINTS},
+    # Beyond the page's table: legacy fields that would change the output.
+    "functions": {CHAT: no("function calling is not supported"), COMPLETIONS: OK, EMBEDDINGS: OK},
+    "function_call": {CHAT: no("function calling is not supported"), COMPLETIONS: OK, EMBEDDINGS: OK},
+    "echo": {CHAT: OK, COMPLETIONS: no("echoing the prompt is not supported"), EMBEDDINGS: OK},
+    "best_of": {CHAT: OK, COMPLETIONS: no("best_of is not supported"), EMBEDDINGS: OK},
+    "suffix": {CHAT: OK, COMPLETIONS: no("suffix (insertion) is not supported"), EMBEDDINGS: OK},
+}
+
+NEUTRAL: dict[str, Any] = {
+    "n": 1,
+    "logprobs": False,
+    "response_format": {"type": "text"},
+    "tools": [],
+    "logit_bias": {},
+    "functions": [],
+    "echo": False,
+    "best_of": 1,
 }
 
 
-def refuse_unhonoured(body: dict[str, Any], endpoint: str) -> None:
-    """Raise 400 field_not_honoured for the first field in `body` this endpoint cannot honour."""
-    for field, (endpoints, neutral, why) in NOT_HONOURED.items():
-        if endpoint not in endpoints or field not in body:
+def is_neutral(field: str, value: Any) -> bool:
+    """null, or the field's "no change" value (compared with its type: true is not 1)."""
+    if value is None:
+        return True
+    if field not in NEUTRAL:
+        return False
+    neutral = NEUTRAL[field]
+    return value == neutral and type(value) is type(neutral)
+
+
+def check_fields(body: dict[str, Any], endpoint: str, *, scoring: bool, streaming: bool) -> None:
+    """400 field_not_honoured for the first field this endpoint cannot honour with this value."""
+    for field, rules in MATRIX.items():
+        if field not in body or is_neutral(field, body[field]):
             continue
+        rule = rules[endpoint]
         value = body[field]
-        if value is None or neutral(value):
-            continue
-        raise FieldNotHonoured(f"{field} cannot be honoured on this endpoint: {why}", param=field)
+        refused = (
+            rule.verdict == REFUSED
+            or (rule.verdict == ABOVE_ONE and isinstance(value, int) and value > 1)
+            or (rule.verdict == NOT_STREAMING and streaming and isinstance(value, int) and value > 1)
+            or (rule.verdict == NOT_ON_SCORING and scoring)
+        )
+        if refused:
+            raise FieldNotHonoured(f"{field} cannot be honoured here: {rule.why}", param=field)

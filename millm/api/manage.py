@@ -17,13 +17,13 @@ router = APIRouter()
 MAX_IMPORT_BYTES = 1_000_000
 
 
-class Body_(BaseModel):
+class StrictBody(BaseModel):
     """Strict bodies: unknown fields are refused here, where nothing needs to be reported."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class RegisterSAE(Body_):
+class RegisterSAE(StrictBody):
     """A local SAE (`path`) or one on the Hugging Face hub (`repo`, `path` inside it, `revision`)."""
 
     path: str | None = None
@@ -31,19 +31,19 @@ class RegisterSAE(Body_):
     revision: str | None = None
 
 
-class AttachSAE(Body_):
+class AttachSAE(StrictBody):
     """Attach at the SAE's own hook layer, or at `layer`."""
 
     layer: Annotated[int, Field(ge=0)] | None = None
 
 
-class Strength(Body_):
+class Strength(StrictBody):
     """One feature's strength, within ±200 (0 clears it)."""
 
     strength: float
 
 
-class FeatureStrength(Body_):
+class FeatureStrength(StrictBody):
     """A feature of an SAE and its strength."""
 
     sae_id: str
@@ -51,25 +51,25 @@ class FeatureStrength(Body_):
     strength: float
 
 
-class ManyStrengths(Body_):
+class ManyStrengths(StrictBody):
     """Set many strengths in one change; `replace` clears every other live value first."""
 
     features: list[FeatureStrength]
     replace: bool = False
 
 
-class ProfileFeature(Body_):
+class ProfileFeature(StrictBody):
     index: Annotated[int, Field(ge=0)]
     strength: float
 
 
-class ProfileEntry(Body_):
+class ProfileEntry(StrictBody):
     sae_id: str
     layer: Annotated[int, Field(ge=0)] | None = None
     features: list[ProfileFeature]
 
 
-class ProfileBody(Body_):
+class ProfileBody(StrictBody):
     """A profile's fields; in an update, the ones given replace the stored ones."""
 
     name: str | None = None
@@ -77,7 +77,7 @@ class ProfileBody(Body_):
     steering: list[ProfileEntry] | None = None
 
 
-class SaveCurrent(Body_):
+class SaveCurrent(StrictBody):
     """Save the live steering values as a new profile."""
 
     name: str

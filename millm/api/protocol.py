@@ -10,13 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from millm.errors import FieldNotHonoured, InvalidRequest
+from millm.errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 128
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+TopN = Annotated[int, Field(ge=0, le=20)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 TokenCount = Annotated[int, Field(ge=1)]
@@ -104,13 +106,6 @@ class SamplingFields(OpenBody):
             )
         return self
 
-    @model_validator(mode="after")
-    def _no_streamed_choices(self):
-        # Streamed chunks of several choices would interleave; OpenAI clients expect one stream per choice.
-        if self.stream and (self.n or 1) > 1:
-            raise FieldNotHonoured("n > 1 cannot be streamed; send stream: false or n: 1", param="n")
-        return self
-
     @property
     def token_budget(self) -> int | None:
         """The completion budget under either name."""
@@ -123,10 +118,27 @@ class SamplingFields(OpenBody):
 
 
 class ChatCompletionRequest(SamplingFields):
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions (generation, or chat scoring with logprobs / allowed_token_ids)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
     profile: str | None = None  # miLLM: a saved steering profile for this request only
+    logprobs: bool | None = None
+    top_logprobs: TopN | None = None
+    allowed_token_ids: TokenIds | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        # OpenAI's rule: alternatives are only returned alongside the chosen token's log-probability.
+        if self.top_logprobs is not None and self.logprobs is not True:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    @property
+    def scoring(self) -> bool:
+        """Chat scoring: the next token's distribution instead of generated text."""
+        return self.logprobs is True or self.allowed_token_ids is not None
 
 
 class CompletionRequest(SamplingFields):
@@ -134,6 +146,22 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     add_special_tokens: bool | None = None
+    logprobs: TopN | bool | None = None
+    allowed_token_ids: TokenIds | None = None
+    return_tokens_as_token_ids: bool | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_is_a_count(cls, value):
+        # On text completions logprobs counts alternatives (0-20); false means none, true means nothing.
+        if value is True:
+            raise ValueError("on text completions logprobs is the number of alternatives, 0 to 20")
+        return None if value is False else value
+
+    @property
+    def scoring(self) -> bool:
+        """Scoring mode: next-token log-probabilities instead of generated text."""
+        return self.logprobs is not None or self.allowed_token_ids is not None
 
     @field_validator("prompt")
     @classmethod

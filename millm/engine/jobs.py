@@ -54,7 +54,14 @@ class EmbeddingsReady:
     vectors: object  # torch.Tensor; typed loosely so this module stays import-light
 
 
-Event = Union[TextDelta, RowFinished, JobFailed, EmbeddingsReady]
+@dataclass(frozen=True)
+class ScoresReady:
+    """Next-token logits `[V]` (float32) of each scored prompt, in order."""
+
+    logits: list
+
+
+Event = Union[TextDelta, RowFinished, JobFailed, EmbeddingsReady, ScoresReady]
 
 
 @dataclass
@@ -73,6 +80,19 @@ class GenerationJob:
 @dataclass
 class EmbeddingJob:
     """Inputs to embed (never steered); one EmbeddingsReady event answers it."""
+
+    prompts: list[list[int]]
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """The client went away."""
+        self.cancelled.set()
+
+
+@dataclass
+class ScoringJob:
+    """Prompts to score (one unsteered forward pass each); one ScoresReady event answers it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]

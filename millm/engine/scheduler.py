@@ -15,11 +15,15 @@ import torch
 
 from millm.engine.embed import run_embedding
 from millm.engine.generate import run_job
-from millm.engine.jobs import EmbeddingJob, GenerationJob, JobFailed
+from millm.engine.jobs import EmbeddingJob, GenerationJob, JobFailed, ScoringJob
+from millm.engine.scoring import run_scoring
 from millm.engine.loader import LoadedModel
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
 
 log = logging.getLogger(__name__)
+
+Job = GenerationJob | EmbeddingJob | ScoringJob
+RUNS = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
 
 
 class Scheduler:
@@ -28,10 +32,10 @@ class Scheduler:
     def __init__(self, lm: LoadedModel, max_pending: int):
         self.lm = lm
         self.max_pending = max_pending
-        self._queue: collections.deque[GenerationJob | EmbeddingJob] = collections.deque()
+        self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
-        self.running: GenerationJob | EmbeddingJob | None = None
+        self.running: Job | None = None
         self.stats = {"served": 0, "cancelled": 0, "failed": 0}
         self._thread = threading.Thread(target=self._loop, name="millm-scheduler", daemon=True)
         self._thread.start()
@@ -47,9 +51,9 @@ class Scheduler:
         job = self.running
         if job is None:
             return 0
-        return len(job.rows) if isinstance(job, GenerationJob) else len(job.prompts)
+        return len(job.rows) if isinstance(job, GenerationJob) else 1
 
-    def submit(self, job: GenerationJob | EmbeddingJob) -> None:
+    def submit(self, job: Job) -> None:
         """Admit a job or raise QueueFull at once; never blocks."""
         with self._wake:
             if self._stopping:
@@ -68,7 +72,7 @@ class Scheduler:
             self._wake.notify()
         self._thread.join(timeout)
 
-    def _next_job(self) -> GenerationJob | EmbeddingJob | None:
+    def _next_job(self) -> Job | None:
         with self._wake:
             while not self._queue and not self._stopping:
                 self._wake.wait()
@@ -85,10 +89,7 @@ class Scheduler:
             if not job.cancelled.is_set():
                 self.running = job
                 try:
-                    if isinstance(job, EmbeddingJob):
-                        run_embedding(self.lm, job)
-                    else:
-                        run_job(self.lm, job)
+                    RUNS[type(job)](self.lm, job)
                     outcome = "cancelled" if job.cancelled.is_set() else "served"
                 except Exception as exc:  # the job fails; the scheduler serves the next one
                     job.emit(JobFailed(self._as_error(exc)))

@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Plan:
-    """What a request is steered by: the engine's edit and how to describe it in a header."""
+    """What a request is steered by: the engine's edit, and what it is (for X-miLLM-Steering)."""
 
     edit: ResidualEdit | None
-    header: str  # X-miLLM-Steering: none | live;version=N | profile;name="...";scope=...
+    kind: str  # none | live | profile
+    params: tuple[tuple[str, object], ...] = ()
 
 
 NO_STEERING = Plan(None, "none")
@@ -202,9 +203,9 @@ class Steering:
             if profile is not None:
                 row = self.profiles.find(profile)
                 if not self.attached:
-                    return Plan(None, f'none;reason="no SAE attached";profile="{row["name"]}"')
+                    return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
                 edit = self.resolve(row["document"], strict=True)
-                return Plan(edit, f'profile;name="{row["name"]}";scope="request"')
+                return Plan(edit, "profile", (("name", row["name"]), ("scope", "request")))
             if not self.enabled:
                 return NO_STEERING
             if self.active_profile is not None:
@@ -213,9 +214,9 @@ class Steering:
                 except MillmError:
                     return NO_STEERING
                 edit = self.resolve(row["document"], strict=False)
-                return Plan(edit, f'profile;name="{row["name"]}";version={self.version}') if edit else NO_STEERING
+                return Plan(edit, "profile", (("name", row["name"]), ("version", self.version))) if edit else NO_STEERING
             edit = steering_edit(self.strengths, self.attached)
-            return Plan(edit, f"live;version={self.version}") if edit else NO_STEERING
+            return Plan(edit, "live", (("version", self.version),)) if edit else NO_STEERING
 
     def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
         """Whether live-value changes affect new requests right now, and if not, why."""

@@ -51,7 +51,7 @@ def test_streaming_equals_non_streaming(llama_server):
 
 
 def test_stream_frames_and_done(llama_server):
-    response = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 5, "stream": True})
+    response = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 5, "stream": True, "temperature": 0})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)

@@ -36,12 +36,15 @@ def test_token_id_prompts_equal_text_prompts(llama_server, llama_lm):
     assert len(two.choices) == 2 and two.choices[0].text == by_text.choices[0].text
 
 
-def test_n_times_prompts_orders_choices_prompt_major(llama_server):
-    response = complete(llama_server, prompt=["The cat", "A river"], n=2, temperature=1.0, seed=5)
-    assert [c.index for c in response.choices] == [0, 1, 2, 3]
-    single = complete(llama_server, prompt="A river", n=1, temperature=1.0, seed=5)
-    # Each prompt is seeded separately: prompt 1's first choice equals that prompt alone.
-    assert response.choices[2].text == single.choices[0].text
+def test_each_prompt_is_seeded_separately_and_n_above_one_is_refused(llama_server):
+    response = complete(llama_server, prompt=["The cat", "A river"], temperature=1.0, seed=5)
+    assert [c.index for c in response.choices] == [0, 1]
+    for i, prompt in enumerate(["The cat", "A river"]):
+        alone = complete(llama_server, prompt=prompt, temperature=1.0, seed=5)
+        assert response.choices[i].text == alone.choices[0].text
+    refused = post(llama_server, "/v1/completions", {"model": MODEL, "prompt": "x", "n": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "field_not_honoured"
+    assert refused.json()["error"]["param"] == "n"
 
 
 def test_streamed_multi_prompt_completion(llama_server):

@@ -1,8 +1,6 @@
 """/api/steering and per-request profiles on a live server: the state, its rules, and what requests see."""
 
-import json
 import threading
-import time
 
 import httpx
 import pytest

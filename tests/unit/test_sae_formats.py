@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from millm.interp.formats import SAEFormatError, content_id, parse_hook_name, read_sae
 from millm.interp.sae import JumpReLUSAE, StandardSAE, TopKSAE

@@ -1,0 +1,133 @@
+"""Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered.
+
+The rules of the API page's "Scoring mode" and "Chat scoring" sections: one forward pass per
+prompt and nothing generated; max_tokens 1 and n 1; normalisation over allowed_token_ids;
+OpenAI's legacy shape for completions and its chat shape (with bytes) for chat.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from millm.api.protocol import SamplingFields
+from millm.engine.jobs import ScoringJob
+from millm.engine.loader import LoadedModel
+from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
+from millm.errors import InvalidRequest
+from millm.service.generation import OneResult
+from millm.service.state import ServerState
+
+
+class InvalidScoringRequest(InvalidRequest):
+    """400: a scoring request that can never be answered (token outside the vocabulary, empty prompt)."""
+
+    code = "invalid_scoring_request"
+
+
+def check_scoring(body: SamplingFields) -> float:
+    """The cross-field rules of scoring mode; returns the temperature to divide by (0 = none)."""
+    if body.token_budget != 1:
+        raise InvalidRequest(
+            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1): "
+            "one forward pass, nothing generated",
+            param="max_tokens",
+        )
+    if (body.n or 1) != 1:
+        raise InvalidRequest("scoring mode needs n: 1", param="n")
+    if body.stream:
+        raise InvalidRequest("scoring mode cannot be streamed", param="stream")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InvalidRequest(
+            f"temperature {temperature} would overflow the logits in scoring mode; use 0 (no scaling) or at least {MIN_TEMPERATURE}",
+            param="temperature",
+        )
+    return temperature
+
+
+def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | None:
+    """Every allowed id must be in the vocabulary; duplicates are scored once."""
+    if allowed is None:
+        return None
+    bad = [t for t in allowed if not 0 <= t < lm.vocab_size]
+    if bad:
+        raise InvalidScoringRequest(
+            f"allowed_token_ids holds ids outside the vocabulary (0..{lm.vocab_size - 1}): {bad[:10]}", param="allowed_token_ids"
+        )
+    return list(dict.fromkeys(allowed))
+
+
+async def score_prompts(state: ServerState, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Next-token logits of each prompt, from the scheduler (unsteered, one pass each)."""
+    result = OneResult()
+    job = ScoringJob(prompts=prompts, emit=result.emit)
+    state.submit(job)
+    try:
+        return (await result.wait()).logits
+    finally:
+        job.cancel()
+
+
+def token_text(lm: LoadedModel, token_id: int) -> str:
+    """A single token decoded on its own (special tokens by name)."""
+    return lm.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def token_key(lm: LoadedModel, token_id: int, by_id: bool) -> str:
+    """How a token is named in the response: its text, or token_id:<id>."""
+    return f"token_id:{token_id}" if by_id else token_text(lm, token_id)
+
+
+def merged(entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """Entries keyed by the same text share one: its log-probability is the total (logsumexp)."""
+    totals: dict[str, float] = {}
+    for key, logprob in entries:
+        if key in totals:
+            high, low = max(totals[key], logprob), min(totals[key], logprob)
+            totals[key] = high + math.log1p(math.exp(low - high)) if low != float("-inf") else high
+        else:
+            totals[key] = logprob
+    return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def completion_choice(lm: LoadedModel, scored: Scored, index: int, prompt_text: str, logprobs: int | None, allowed, by_id: bool) -> dict:
+    """A legacy completions choice: the chosen token's text and, when asked, OpenAI's logprobs object."""
+    text = token_text(lm, scored.chosen)
+    if logprobs is None:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": "length"}
+    # With allowed_token_ids every listed token is returned; otherwise the `logprobs` most probable.
+    shown = len(scored.ranked) if allowed else logprobs
+    check_reported(scored, shown)
+    top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": {
+            "tokens": [token_key(lm, scored.chosen, by_id)],
+            "token_logprobs": [scored.chosen_logprob],
+            "top_logprobs": [dict(top)],
+            "text_offset": [len(prompt_text)],
+        },
+        "finish_reason": "length",
+    }
+
+
+def chat_choice(lm: LoadedModel, scored: Scored, index: int, logprobs: bool, top_logprobs: int | None, by_id: bool) -> dict:
+    """A chat choice: the chosen token as the message and, with logprobs: true, OpenAI's chat logprobs."""
+    text = token_text(lm, scored.chosen)
+    message = {"role": "assistant", "content": text}
+    if not logprobs:
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": "length"}
+    shown = min(top_logprobs or 0, len(scored.ranked))
+    check_reported(scored, shown)
+    top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
+    texts = {token_key(lm, t, by_id): token_text(lm, t) for t, _ in scored.ranked[:shown]}
+
+    def entry(key: str, logprob: float, text_of: str) -> dict:
+        return {"token": key, "logprob": logprob, "bytes": list(text_of.encode("utf-8"))}
+
+    content = entry(token_key(lm, scored.chosen, by_id), scored.chosen_logprob, text)
+    content["top_logprobs"] = [entry(key, lp, texts[key]) for key, lp in top]
+    return {"index": index, "message": message, "logprobs": {"content": [content]}, "finish_reason": "length"}

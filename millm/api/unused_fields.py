@@ -1,0 +1,99 @@
+"""Fields a request path does not use: named in X-miLLM-Ignored-Fields, or refused in strict mode.
+
+A location is how the field sits in the body: "foo", "messages[2].name",
+"extra_messages[0][1].weight". Unknown keys are found at every nesting level of the parsed body
+(the request models keep them); known fields that this path does not read are named by the
+rules below. Neutral values and explicit nulls mean "no change" and are not reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from pydantic import BaseModel
+
+from millm.api.field_policy import is_neutral
+from millm.api.headers import percent_encode, string_list
+from millm.errors import InvalidRequest
+
+log = logging.getLogger("millm.requests")
+
+# Message keys a chat template may or may not read; reported when the model's template does not.
+TEMPLATE_KEYS = ("name", "tool_call_id", "tool_calls")
+# Sampling fields scoring does not apply (temperature does: it divides the logits).
+NOT_IN_SCORING = ("top_p", "stop", "frequency_penalty", "presence_penalty")
+
+
+class UnusedFieldsRefused(InvalidRequest):
+    """400 in strict mode: the request carries fields this path would ignore."""
+
+    code = "unused_fields_refused"
+
+
+def template_reads(tokenizer) -> set[str]:
+    """Which optional message keys the model's chat template mentions (none for the generic fallback)."""
+    source = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(source, dict):
+        source = " ".join(source.values())
+    return {key for key in TEMPLATE_KEYS if re.search(rf"""(\.{key}\b|\[\s*['"]{key}['"]\s*\])""", source)}
+
+
+def _extras(node, path: str) -> list[str]:
+    """Unknown keys at every level of a parsed body."""
+    found: list[str] = []
+    if isinstance(node, BaseModel):
+        for key, value in (node.model_extra or {}).items():
+            if not is_neutral(key, value):  # null and "no change" values drop nothing
+                found.append(f"{path}.{key}" if path else key)
+        for name in type(node).model_fields:
+            child = getattr(node, name)
+            found += _extras(child, f"{path}.{name}" if path else name)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found += _extras(item, f"{path}[{i}]")
+    return found
+
+
+def _message_keys(conversations: list[tuple[str, list]], reads: set[str]) -> list[str]:
+    found = []
+    for prefix, messages in conversations:
+        for i, message in enumerate(messages):
+            for key in TEMPLATE_KEYS:
+                if getattr(message, key, None) is not None and key not in reads:
+                    found.append(f"{prefix}[{i}].{key}")
+    return found
+
+
+def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] | None = None) -> list[str]:
+    """Every location in `body` the request path will not use, in body order."""
+    fields = body.model_dump(exclude_unset=True)
+    found = _extras(body, "")
+    if fields.get("user") is not None:
+        found.append("user")
+    if fields.get("stream_options") is not None and not fields.get("stream"):
+        found.append("stream_options")
+    if scoring:
+        found += [key for key in NOT_IN_SCORING if fields.get(key) is not None]
+    elif fields.get("return_tokens_as_token_ids") is not None:
+        found.append("return_tokens_as_token_ids")
+    if hasattr(body, "messages"):
+        conversations = [("messages", body.messages)]
+        conversations += [(f"extra_messages[{c}]", msgs) for c, msgs in enumerate(getattr(body, "extra_messages", None) or [])]
+        found += _message_keys(conversations, reads or set())
+    return [percent_encode(loc) for loc in dict.fromkeys(found)]
+
+
+def handle_unused(locations: list[str], strict: bool, cap: int) -> dict[str, str]:
+    """Strict: 400 naming every location. Otherwise one log warning and the response header."""
+    if not locations:
+        return {}
+    if strict:
+        raise UnusedFieldsRefused(
+            f"X-miLLM-Strict is set and these fields would be ignored: {', '.join(locations)}",
+            param=locations[0],
+        )
+    log.warning("request_fields_unused %s", json.dumps(locations))
+    header = string_list(locations, cap)
+    return {"X-miLLM-Ignored-Fields": header} if header else {}

@@ -1,0 +1,73 @@
+"""Scoring mode: the next-token distribution of a prompt, from one unsteered forward pass.
+
+`score` is pure over a logits vector: temperature divides the logits (0 = no scaling), the
+log-probabilities are normalised over the allowed ids only (or the whole vocabulary), and
+non-finite values that would reach the answer are refused rather than reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from millm.engine.jobs import ScoresReady, ScoringJob
+from millm.engine.loader import LoadedModel
+from millm.errors import MillmError
+
+MIN_TEMPERATURE = 0.001
+
+
+class NonFiniteLogits(MillmError):
+    """500: NaN or +inf logits reached the answer, or a reported token's logit is -inf."""
+
+    status = 500
+    code = "non_finite_logits"
+    type = "server_error"
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The distribution's answer: the chosen id and candidates by descending log-probability."""
+
+    chosen: int
+    chosen_logprob: float
+    ranked: list[tuple[int, float]]  # every candidate, most probable first
+
+
+def score(logits: torch.Tensor, allowed: list[int] | None, temperature: float) -> Scored:
+    """Rank the candidates of one next-token logits vector `[V]` (float32)."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    ids = torch.tensor(allowed, dtype=torch.long) if allowed else torch.arange(logits.shape[0])
+    values = logits[ids]
+    if bool(torch.isnan(values).any()) or bool(torch.isposinf(values).any()):
+        raise NonFiniteLogits(
+            "the model produced NaN or +inf logits " + ("on an allowed token" if allowed else "in its next-token distribution")
+        )
+    logprobs = torch.log_softmax(values, dim=-1)
+    order = torch.argsort(logprobs, descending=True, stable=True)
+    ranked = [(int(ids[i]), float(logprobs[i])) for i in order]
+    return Scored(ranked[0][0], ranked[0][1], ranked)
+
+
+def check_reported(scored: Scored, reported: int) -> None:
+    """A reported token (the chosen one, or one of the first `reported` candidates) must have a finite log-probability."""
+    for token_id, logprob in [(scored.chosen, scored.chosen_logprob), *scored.ranked[:reported]]:
+        if logprob == float("-inf"):
+            raise NonFiniteLogits(f"token {token_id} is reported but its logit is -inf")
+
+
+@torch.inference_mode()
+def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
+    """One forward pass per prompt, never steered; emits the last-position logits of each."""
+    lm.residual.clear()
+    results = []
+    for prompt in job.prompts:
+        if job.cancelled.is_set():
+            return
+        _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+        results.append(logits[0].float().cpu())
+    job.emit(ScoresReady(results))
+
