@@ -77,6 +77,15 @@ class Settings(BaseSettings):
         "Cap of the X-miLLM-Ignored-Fields header; past it the last entry is \"+N more\".",
         ge=64,
     )
+    cluster_intensity_min: float = env_field(
+        0.5, "CLUSTER_INTENSITY_MIN", "Floor of the cluster dial's \"min\" when a cluster declares no intensity_range.", ge=0, le=2
+    )
+    circuit_intensity_min: float = env_field(
+        0.0, "CIRCUIT_INTENSITY_MIN", "Floor of the circuit dial when a circuit declares no intensity_range.", ge=0, le=2
+    )
+    steering_intensity_max: float = env_field(
+        2.0, "STEERING_INTENSITY_MAX", "The configured maximum of the intensity dial (within the [0, 2] envelope).", ge=0, le=2
+    )
     database_url: str | None = env_field(
         None,
         "DATABASE_URL",

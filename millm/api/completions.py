@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from millm.api import scoring
 from millm.api.errors import error_body
 from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
-from millm.api.headers import STRICT_HEADER, seed_header, strict_mode, token
+from millm.api.headers import STRICT_HEADER, item, seed_header, strict_mode, token
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_prompts
 from millm.api.unused_fields import handle_unused, template_reads, unused_locations
@@ -24,6 +24,8 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids, has_chat_template
 from millm.engine.sampling import SamplingParams
 from millm.engine.scoring import score
+from millm.interp.intensity import echo, parse_dial
+from millm.interp.mistudio import RUNG_LANGUAGE
 from millm.errors import FieldNotHonoured, InvalidRequest, MillmError
 from millm.service.generation import GenerationOptions, JobStream, build_rows
 from millm.service.steering import Plan
@@ -110,9 +112,15 @@ def seed_headers(seed: int | None, scope: str = "request") -> dict[str, str]:
     return {} if seed is None else {"X-miLLM-Seed": seed_header(seed, scope)}
 
 
-def steering_header(plan: Plan) -> str:
-    """X-miLLM-Steering: none | live;version=N | profile;name="...";scope="request"."""
-    return token(plan.kind, **dict(plan.params))
+def steering_headers(plan: Plan) -> dict[str, str]:
+    """X-miLLM-Steering always; X-miLLM-Steering-Intensity when a dial changed steering;
+    X-miLLM-Circuit-Rung when a circuit genuinely steers (RFC 8941 items)."""
+    headers = {"X-miLLM-Steering": token(plan.kind, **dict(plan.params))}
+    if plan.intensity is not None:
+        headers["X-miLLM-Steering-Intensity"] = echo(plan.intensity)
+    if plan.rung is not None:
+        headers["X-miLLM-Circuit-Rung"] = item(plan.rung, language=RUNG_LANGUAGE[plan.rung])
+    return headers
 
 
 def sse(payload: dict | str) -> str:
@@ -202,7 +210,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
     if body.scoring:
         return await chat_scoring(state, lm, body, prompts, meta, temperature, headers)
-    plan = state.steering.plan_for(body.profile)
+    dial = parse_dial(body.steering_intensity) if body.steering_intensity is not None else None
+    plan = state.planner.plan_for(body.profile, dial)
     stream, rows = await start_job(state, lm, body, prompts, "messages", plan)
     scope = "batch-shape" if body.extra_messages else "request"
     return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope)
@@ -251,16 +260,16 @@ def completion_prompts(lm: LoadedModel, body: CompletionRequest) -> tuple[list[l
     error = InvalidScoringRequest if body.scoring else InvalidRequest
     prompts, texts = [], []
     vocab = lm.vocab_size
-    for i, item in enumerate(items):
+    for i, entry in enumerate(items):
         param = "prompt" if len(items) == 1 else f"prompt[{i}]"
-        ids = completion_prompt_ids(lm.tokenizer, item, add_special) if isinstance(item, str) else list(item)
+        ids = completion_prompt_ids(lm.tokenizer, entry, add_special) if isinstance(entry, str) else list(entry)
         if not ids:
             raise error(f"{param} tokenises to nothing; a prompt needs at least one token", param=param)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise error(f"{param} holds token ids outside the vocabulary (0..{vocab - 1}): {bad[:5]}", param=param)
         prompts.append(ids)
-        texts.append(item if isinstance(item, str) else lm.tokenizer.decode(ids))
+        texts.append(entry if isinstance(entry, str) else lm.tokenizer.decode(ids))
     return prompts, texts
 
 
@@ -283,7 +292,7 @@ async def completions(body: CompletionRequest, request: Request):
             for i, row in enumerate(logits)
         ]
         return scored_response(lm, body, meta, choices, prompts, headers)
-    plan = state.steering.plan_for(None)
+    plan = state.planner.plan_for(None, None)
     stream, rows = await start_job(state, lm, body, prompts, "prompt", plan)
     return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers)
 
@@ -302,7 +311,7 @@ def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
 async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
                  prompt_tokens: int, chunks, choice, plan: Plan, headers: dict[str, str], seed_scope: str = "request"):
     """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
-    headers = {**headers, **seed_headers(body.seed, seed_scope), "X-miLLM-Steering": steering_header(plan)}
+    headers = {**headers, **seed_headers(body.seed, seed_scope), **steering_headers(plan)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames = chunks(stream, meta, prompt_tokens, rows, include_usage)

@@ -61,7 +61,7 @@ MATRIX: dict[str, dict[str, Rule]] = {
         EMBEDDINGS: no("embeddings are never steered"),
     },
     "steering_intensity": {
-        CHAT: no("the per-request steering dial is not implemented yet"),
+        CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
         COMPLETIONS: no("the steering dial applies to chat completions"),
         EMBEDDINGS: no("embeddings are never steered"),
     },

@@ -165,12 +165,14 @@ async def sae_features(sae_id: str, request: Request, q: str = "", limit: Annota
 
 # steering ------------------------------------------------------------------------------------------
 def steering_view(state: ServerState) -> dict:
-    """The live state: enabled, version, active profile, and per SAE its strengths and attachment."""
+    """The live state: enabled, version, the active base, and per SAE its strengths and attachment."""
     steering = state.steering
     active = None
-    if steering.active_profile is not None:
-        row = next((r for r in state.profiles.all() if r["id"] == steering.active_profile), None)
-        active = {"id": steering.active_profile, "name": row["name"] if row else None}
+    if steering.active is not None:
+        kind, base_id = steering.active["kind"], steering.active["id"]
+        books = {"profile": state.profiles.all, "cluster": state.clusters.all, "circuit": state.circuits.all}
+        row = next((r for r in books[kind]() if r["id"] == base_id), None)
+        active = {"kind": kind, "id": base_id, "name": row["name"] if row else None}
     saes = []
     for sae_id in sorted(set(steering.strengths) | set(steering.attached)):
         attached = steering.attached.get(sae_id)
@@ -185,8 +187,9 @@ def steering_view(state: ServerState) -> dict:
     return {
         "enabled": steering.enabled,
         "version": steering.version,
-        "source": "profile" if (steering.enabled and active) else ("live" if steering.enabled else "off"),
-        "active_profile": active,
+        "source": (active["kind"] if active else "live") if steering.enabled else "off",
+        "active_base": active,
+        "active_profile": {"id": active["id"], "name": active["name"]} if active and active["kind"] == "profile" else None,
         "saes": saes,
         "live": live,
         "live_reason": reason,

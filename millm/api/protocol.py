@@ -123,6 +123,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
     profile: str | None = None  # miLLM: a saved steering profile for this request only
+    steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
     logprobs: bool | None = None
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None

@@ -11,6 +11,8 @@ from millm.engine.loader import LoadedModel, load_model
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
 from millm.errors import ModelNotFound, ModelNotLoaded, ModelSourceError
+from millm.service.documents import CircuitBook, ClusterBook
+from millm.service.plans import DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
 from millm.service.steering import Steering
@@ -39,6 +41,10 @@ class ServerState:
         self.saes = SAERegistry(self.store, settings.hub_dir)
         self.profiles = ProfileBook(self.store)
         self.steering = Steering(self.store, self.saes, self.profiles)
+        self.clusters = ClusterBook(self.store, settings.steering_intensity_max)
+        self.circuits = CircuitBook(self.store)
+        limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
+        self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
         self.expected_name = settings.served_model_name or source.name
         self.created = int(time.time())
         self.status = ModelStatus.LOADING

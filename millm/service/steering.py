@@ -16,6 +16,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest, MillmError, ModelNotLoaded, describe
 from millm.interp.formats import SAEInfo
+from millm.interp.intensity import applied_strength
 from millm.interp.profiles import profile_strengths
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
 from millm.service.profiles import ProfileBook
@@ -27,14 +28,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Plan:
-    """What a request is steered by: the engine's edit, and what it is (for X-miLLM-Steering)."""
+    """What a request is steered by: the engine's edit, what it is (X-miLLM-Steering), the
+    resolved dial to echo (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung)."""
 
     edit: ResidualEdit | None
-    kind: str  # none | live | profile
+    kind: str  # none | live | profile | cluster | circuit
     params: tuple[tuple[str, object], ...] = ()
+    intensity: float | None = None
+    rung: int | None = None
 
 
 NO_STEERING = Plan(None, "none")
+BASE_KINDS = ("profile", "cluster", "circuit")
 
 
 class Steering:
@@ -44,7 +49,8 @@ class Steering:
         self.store, self.registry, self.profiles = store, registry, profiles
         self.enabled: bool = store.get_setting("steering_enabled", True)
         self.version: int = store.get_setting("steering_version", 0)
-        self.active_profile: str | None = store.get_setting("active_profile")
+        legacy = store.get_setting("active_profile")  # schema 1 kept only a profile id
+        self.active: dict | None = store.get_setting("active_base", {"kind": "profile", "id": legacy} if legacy else None)
         self.strengths: dict[str, dict[int, float]] = store.strengths()
         self.attached: dict[str, Attached] = {}
         self.attach_errors: dict[str, str] = {}
@@ -142,27 +148,37 @@ class Steering:
             self.store.set_setting("steering_enabled", enabled)
             return self.bump()
 
-    def activate_profile(self, key: str) -> dict:
-        """Make a profile the global steering base (checked against the attached SAEs first)."""
-        row = self.profiles.find(key)
-        self.resolve(row["document"], strict=True)
-        with self._lock:
-            self.active_profile = row["id"]
-            self.store.set_setting("active_profile", row["id"])
-            self.bump()
-        return row
+    @property
+    def active_profile(self) -> str | None:
+        """The active profile's id, when the base is a profile."""
+        return self.active["id"] if self.active and self.active["kind"] == "profile" else None
 
-    def deactivate_profile(self) -> str | None:
-        """Back to the live values as the base; returns the profile that was active."""
+    def set_active(self, kind: str | None, base_id: str | None) -> dict | None:
+        """Make a profile, cluster or circuit the global base (None: the live values); returns the previous one."""
         with self._lock:
-            previous, self.active_profile = self.active_profile, None
+            previous = self.active
+            self.active = {"kind": kind, "id": base_id} if kind else None
+            self.store.set_setting("active_base", self.active)
             self.store.set_setting("active_profile", None)
             self.bump()
         return previous
 
+    def activate_profile(self, key: str) -> dict:
+        """Make a profile the global steering base (checked against the attached SAEs first)."""
+        row = self.profiles.find(key)
+        self.resolve(row["document"], strict=True)
+        self.set_active("profile", row["id"])
+        return row
+
+    def deactivate_profile(self) -> str | None:
+        """Back to the live values as the base, if a profile was active; returns its id."""
+        if self.active_profile is None:
+            return None
+        return self.set_active(None, None)["id"]
+
     # plans ------------------------------------------------------------------------------------------
-    def resolve(self, document: dict, strict: bool) -> ResidualEdit | None:
-        """A profile's edit through the attached SAEs.
+    def resolve(self, document: dict, strict: bool, scale: float = 1.0) -> ResidualEdit | None:
+        """A profile's edit through the attached SAEs, its strengths times `scale` (the dial).
 
         strict (activation, a request's own profile): every SAE it names must be attached at the
         profile's layer and every index fit, else 400. Not strict (the active profile while
@@ -173,10 +189,12 @@ class Steering:
         usable = {}
         for sae_id, features in strengths.items():
             try:
-                usable[sae_id] = self._check_entry(document["name"], sae_id, layers[sae_id], features)
+                checked = self._check_entry(document["name"], sae_id, layers[sae_id], features)
             except MillmError:
                 if strict:
                     raise
+                continue
+            usable[sae_id] = {index: applied_strength(value, 1, scale) for index, value in checked.items()}
         return steering_edit(usable, self.attached)
 
     def _check_entry(self, name: str, sae_id: str, layer: int | None, features: dict[int, float]) -> dict[int, float]:
@@ -197,33 +215,12 @@ class Steering:
             check_feature(target.info, index, param="profile")
         return features
 
-    def plan_for(self, profile: str | None) -> Plan:
-        """The immutable plan of a request: its own profile, else the global base (active profile or live values)."""
-        with self._lock:
-            if profile is not None:
-                row = self.profiles.find(profile)
-                if not self.attached:
-                    return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
-                edit = self.resolve(row["document"], strict=True)
-                return Plan(edit, "profile", (("name", row["name"]), ("scope", "request")))
-            if not self.enabled:
-                return NO_STEERING
-            if self.active_profile is not None:
-                try:
-                    row = self.profiles.find(self.active_profile)
-                except MillmError:
-                    return NO_STEERING
-                edit = self.resolve(row["document"], strict=False)
-                return Plan(edit, "profile", (("name", row["name"]), ("version", self.version))) if edit else NO_STEERING
-            edit = steering_edit(self.strengths, self.attached)
-            return Plan(edit, "live", (("version", self.version),)) if edit else NO_STEERING
-
     def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
         """Whether live-value changes affect new requests right now, and if not, why."""
         if not self.enabled:
             return False, "steering is disabled"
-        if self.active_profile is not None:
-            return False, "a profile is active; live values apply once it is deactivated"
+        if self.active is not None:
+            return False, f"a {self.active['kind']} is active; live values apply once it is deactivated"
         if sae_id is not None and sae_id not in self.attached:
             return False, f"{sae_id} is not attached"
         if sae_id is None and not self.attached:

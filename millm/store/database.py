@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -70,8 +70,27 @@ profiles_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it (none yet beyond creation).
-MIGRATIONS: dict[int, list[str]] = {}
+clusters_table = Table(
+    "millm_clusters",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("raw", Text, nullable=False),  # the document exactly as imported
+    Column("intensity", Float, nullable=False),  # the persistent dial
+    Column("created_at", Float, nullable=False),
+)
+circuits_table = Table(
+    "millm_circuits",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("raw", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it. Version 2 only adds the
+# cluster and circuit tables, which create_all makes; nothing in version 1 changes.
+MIGRATIONS: dict[int, list[str]] = {2: []}
 
 
 def database_url(home: Path, url: str | None) -> str:
@@ -231,3 +250,29 @@ class Store:
         """Remove a profile."""
         with self.transaction() as conn:
             conn.execute(delete(profiles_table).where(profiles_table.c.id == profile_id))
+
+    # clusters and circuits --------------------------------------------------------------------------
+    def documents(self, table: str) -> list[dict]:
+        """Rows of the clusters or circuits table, oldest first."""
+        target = clusters_table if table == "clusters" else circuits_table
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(target).order_by(target.c.created_at)).all()
+        return [dict(row._mapping) for row in rows]
+
+    def insert_documents(self, table: str, rows: list[dict]) -> None:
+        """Add cluster or circuit rows in one transaction: all or none."""
+        target = clusters_table if table == "clusters" else circuits_table
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute(insert(target), [{**row, "created_at": now + i * 1e-6} for i, row in enumerate(rows)])
+
+    def delete_document(self, table: str, document_id: str) -> None:
+        """Remove a cluster or circuit."""
+        target = clusters_table if table == "clusters" else circuits_table
+        with self.transaction() as conn:
+            conn.execute(delete(target).where(target.c.id == document_id))
+
+    def set_cluster_intensity(self, cluster_id: str, intensity: float) -> None:
+        """Store a cluster's persistent dial."""
+        with self.transaction() as conn:
+            conn.execute(update(clusters_table).where(clusters_table.c.id == cluster_id).values(intensity=intensity))

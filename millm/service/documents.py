@@ -1,0 +1,145 @@
+"""Imported miStudio documents: clusters (with their persistent dial) and circuits, stored raw."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from millm.errors import Conflict, InvalidRequest, NotFound
+from millm.interp.mistudio import (
+    MAX_DOCUMENT_BYTES,
+    authored_intensity,
+    check_circuit,
+    cluster_definitions,
+    rung,
+)
+from millm.store.database import Store
+
+
+class DocumentTooLarge(InvalidRequest):
+    """413: an import over the size cap."""
+
+    status = 413
+    code = "document_too_large"
+
+
+def parse_raw(raw: bytes):
+    """The JSON of an import body, capped at 1 MB."""
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise DocumentTooLarge(f"a document is limited to {MAX_DOCUMENT_BYTES} bytes, got {len(raw)}")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the document is not valid JSON: {exc}") from None
+
+
+def _unique_names(wanted: list[str], taken: set[str], on_conflict: str) -> list[str]:
+    clashes = [name for name in wanted if name in taken]
+    if clashes and on_conflict == "fail":
+        raise Conflict(f"these names exist already: {clashes}; import with on_conflict=rename", code="name_exists")
+    names = []
+    for name in wanted:
+        candidate, n = name, 2
+        while candidate in taken:
+            candidate, n = f"{name} ({n})", n + 1
+        taken.add(candidate)
+        names.append(candidate)
+    return names
+
+
+class ClusterBook:
+    """Imported cluster definitions: raw document, name and persistent dial."""
+
+    table = "clusters"
+
+    def __init__(self, store: Store, maximum: float):
+        self.store = store
+        self.maximum = maximum
+
+    def all(self) -> list[dict]:
+        """Every cluster row (id, name, raw, intensity, created_at)."""
+        return self.store.documents(self.table)
+
+    def find(self, key: str) -> dict:
+        """A cluster by id or name, or 404 cluster_not_found."""
+        for row in self.all():
+            if key in (row["id"], row["name"]):
+                return row
+        raise NotFound(f"no cluster named or with id {key!r}", param="cluster", code="cluster_not_found")
+
+    def document(self, row: dict) -> dict:
+        """The parsed document of a row."""
+        return json.loads(row["raw"])
+
+    def import_raw(self, raw: bytes, on_conflict: str) -> list[dict]:
+        """Import a definition or a bundle atomically; a single definition keeps its exact bytes."""
+        payload = parse_raw(raw)
+        definitions = cluster_definitions(payload)
+        single = definitions[0] is payload
+        names = _unique_names([d["name"] for d in definitions], {r["name"] for r in self.all()}, on_conflict)
+        rows = []
+        for definition, name in zip(definitions, names):
+            text = raw.decode("utf-8") if single and name == definition["name"] else json.dumps({**definition, "name": name})
+            intensity = min(authored_intensity(definition), self.maximum)
+            rows.append({"id": "clu_" + uuid.uuid4().hex[:12], "name": name, "raw": text, "intensity": intensity})
+        self.store.insert_documents(self.table, rows)
+        return [self.find(row["id"]) for row in rows]
+
+    def set_intensity(self, key: str, intensity) -> dict:
+        """The persistent dial, within [0, max]."""
+        row = self.find(key)
+        if isinstance(intensity, bool) or not isinstance(intensity, (int, float)) or not 0 <= intensity <= self.maximum:
+            raise InvalidRequest(f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}", param="intensity")
+        self.store.set_cluster_intensity(row["id"], float(intensity))
+        return self.find(row["id"])
+
+    def delete(self, key: str) -> dict:
+        """Remove a cluster."""
+        row = self.find(key)
+        self.store.delete_document(self.table, row["id"])
+        return row
+
+
+class CircuitBook:
+    """Imported circuit definitions, stored raw."""
+
+    table = "circuits"
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def all(self) -> list[dict]:
+        """Every circuit row (id, name, raw, created_at)."""
+        return self.store.documents(self.table)
+
+    def find(self, key: str) -> dict:
+        """A circuit by id or name, or 404 circuit_not_found."""
+        for row in self.all():
+            if key in (row["id"], row["name"]):
+                return row
+        raise NotFound(f"no circuit named or with id {key!r}", param="circuit", code="circuit_not_found")
+
+    def document(self, row: dict) -> dict:
+        """The parsed document of a row."""
+        return json.loads(row["raw"])
+
+    def import_raw(self, raw: bytes, on_conflict: str) -> dict:
+        """Import one circuit definition (validated whole), keeping its exact bytes."""
+        document = parse_raw(raw)
+        check_circuit(document)
+        (name,) = _unique_names([document["name"]], {r["name"] for r in self.all()}, on_conflict)
+        text = raw.decode("utf-8") if name == document["name"] else json.dumps({**document, "name": name})
+        row = {"id": "cir_" + uuid.uuid4().hex[:12], "name": name, "raw": text}
+        self.store.insert_documents(self.table, [row])
+        return self.find(row["id"])
+
+    def delete(self, key: str) -> dict:
+        """Remove a circuit."""
+        row = self.find(key)
+        self.store.delete_document(self.table, row["id"])
+        return row
+
+    @staticmethod
+    def rung(document: dict) -> int:
+        """The circuit's evidence rung."""
+        return rung(document)

@@ -1,0 +1,132 @@
+"""Plans for clusters and circuits on a tiny model with two SAEs at two layers: exact residual deltas."""
+
+import pytest
+import torch
+
+from millm.interp.binding import circuit_bindings, circuit_mode
+from millm.interp.steering import InvalidFeatureIndex
+from millm.interp.intensity import parse_dial
+from millm.interp.mistudio import circuit_members
+from millm.service.documents import CircuitBook, ClusterBook
+from millm.service.plans import DialLimits, Planner
+from millm.service.profiles import ProfileBook
+from millm.service.saes import SAERegistry
+from millm.service.steering import Steering
+from millm.store.database import Store, database_url
+from tests.integration.test_steering_engine import residuals
+from tests.integration.engine_helpers import prompt_ids
+from tests.support.mistudio_docs import circuit, cluster, raw
+from tests.support.tiny_saes import build_saelens
+
+
+@pytest.fixture
+def world(llama_lm, tmp_path):
+    store = Store(database_url(tmp_path, None))
+    registry = SAERegistry(store, tmp_path / "hub")
+    steering = Steering(store, registry, ProfileBook(store))
+    ids = {}
+    for layer in (1, 2):
+        info, _ = registry.register(str(build_saelens(tmp_path / f"sae{layer}", layer=layer, seed=40 + layer)), None, None, None)
+        steering.attach(llama_lm, info.id, None)
+        ids[layer] = info.id
+    clusters, circuits = ClusterBook(store, 2.0), CircuitBook(store)
+    planner = Planner(steering, clusters, circuits, DialLimits())
+    yield steering, clusters, circuits, planner, ids
+    store.close()
+
+
+def vector(steering, sae_id, strengths):
+    sae = steering.attached[sae_id].sae
+    return sum(s * sae.W_dec[i] for i, s in strengths.items())
+
+
+def test_cluster_plan_is_clamped_sign_strength_lambda(world):
+    steering, clusters, _, planner, ids = world
+    (row,) = clusters.import_raw(raw(cluster(intensity_range=[0.5, 1.5])), "fail")
+    steering.set_active("cluster", row["id"])
+    plan = planner.plan_for(None, parse_dial(1.8))  # capped at the declared 1.5
+    assert plan.kind == "cluster" and plan.intensity == 1.5
+    expected = vector(steering, ids[1], {3: 15.0, 7: -30.0, 9: 200.0})  # 150 * 1.5 = 225 -> clamped to 200
+    assert torch.allclose(plan.edit.vector(1), expected, atol=1e-5)
+    plan = planner.plan_for(None, None)  # no dial: the cluster's persistent dial (1.0)
+    assert plan.intensity is None
+    assert torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {3: 10.0, 7: -20.0, 9: 150.0}), atol=1e-5)
+    clusters.set_intensity(row["id"], 0.5)
+    assert torch.allclose(planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {3: 5.0, 7: -10.0, 9: 75.0}), atol=1e-5)
+
+
+def test_circuit_in_full_steers_both_layers_and_reports_its_rung(world, llama_lm):
+    steering, _, circuits, planner, ids = world
+    row = circuits.import_raw(raw(circuit(intensity_range=[0.5, 1.5])), "fail")
+    steering.set_active("circuit", row["id"])
+    plan = planner.plan_for(None, parse_dial(0.1))  # the circuit rule clamps up to the floor
+    assert plan.intensity == 0.5 and plan.rung == 2 and dict(plan.params)["mode"] == "full"
+    at1 = vector(steering, ids[1], {4: 15.0})
+    at2 = vector(steering, ids[2], {5: -20.0, 6: 75.0})
+    assert torch.allclose(plan.edit.vector(1), at1, atol=1e-5)
+    assert torch.allclose(plan.edit.vector(2), at2, atol=1e-5)
+    # And in the model: the residual after each hooked block moves by exactly those vectors.
+    prompt = prompt_ids(llama_lm, "A river")
+    only_1 = type(plan.edit)(tuple(a for a in plan.edit.additions if a[0] == 1))
+    plain = residuals(llama_lm, prompt, None, [1])
+    steered = residuals(llama_lm, prompt, plan.edit, [1, 2])
+    after_1 = residuals(llama_lm, prompt, only_1, [2])
+    assert torch.allclose(steered[1] - plain[1], at1.expand_as(plain[1]), atol=1e-5)
+    assert torch.allclose(steered[2] - after_1[2], at2.expand_as(steered[2]), atol=1e-5)
+    assert planner.plan_for(None, parse_dial("max")).intensity == 1.5
+    assert planner.plan_for(None, parse_dial("off")).edit is None
+
+
+def test_circuit_bindings_and_slice_fallback(world, llama_lm):
+    steering, _, circuits, planner, ids = world
+    doc = circuit(n_features=(128, 64))  # layer 2 declares another width: block
+    bindings = circuit_bindings(doc, steering.attached)
+    assert {l: b.status for l, b in bindings.items()} == {1: "bind", 2: "block"}
+    assert "n_features 64" in bindings[2].detail and "128" in bindings[2].detail
+    assert circuit_mode(bindings, circuit_members(doc)) == "slice_fallback"
+    row = circuits.import_raw(raw(doc), "fail")
+    steering.set_active("circuit", row["id"])
+    plan = planner.plan_for(None, parse_dial("min"))
+    assert dict(plan.params)["mode"] == "slice_fallback" and plan.rung is None
+    assert plan.intensity == 0.5  # the cluster rule's 0.5 floor
+    assert plan.edit.points == {1}
+    undeclared = circuit(name="undeclared")
+    undeclared["saes"] = [{"layer": 1}, {"layer": 2}]
+    assert {b.status for b in circuit_bindings(undeclared, steering.attached).values()} == {"warn"}
+    steering.detach(ids[1]), steering.detach(ids[2])
+    assert {b.status for b in circuit_bindings(doc, steering.attached).values()} == {"unbound"}
+    assert planner.plan_for(None, parse_dial(1.0)).kind == "none"
+
+
+def test_circuit_without_declared_range_min_equals_off(world):
+    steering, _, circuits, planner, _ = world
+    row = circuits.import_raw(raw(circuit()), "fail")
+    steering.set_active("circuit", row["id"])
+    plan = planner.plan_for(None, parse_dial("min"))
+    assert plan.edit is None and plan.kind == "none"
+
+
+def test_profile_and_live_bases_follow_the_cluster_rule_defaults(world):
+    steering, _, _, planner, ids = world
+    steering.set_strengths({(ids[1], 2): 100.0})
+    assert torch.allclose(planner.plan_for(None, parse_dial("min")).edit.vector(1), vector(steering, ids[1], {2: 50.0}), atol=1e-5)
+    assert torch.allclose(planner.plan_for(None, parse_dial(1.9)).edit.vector(1), vector(steering, ids[1], {2: 190.0}), atol=1e-5)
+    assert torch.allclose(planner.plan_for(None, parse_dial("max")).edit.vector(1), vector(steering, ids[1], {2: 200.0}), atol=1e-5)
+    plan = planner.plan_for(None, parse_dial(0))
+    assert plan.edit is None and plan.intensity == 0.0  # the dial changed steering: echoed
+    steering.set_enabled(False)
+    assert planner.plan_for(None, parse_dial(1.0)).intensity is None  # disabled, dial-only: omitted
+    steering.set_enabled(True)
+    steering.set_strengths({}, clear=True)
+    assert planner.plan_for(None, parse_dial(1.0)).intensity is None  # empty base: omitted
+
+
+def test_off_never_validates_the_base(world):
+    steering, _, _, planner, ids = world
+    # A valid document, but feature 999 is past the attached SAE's width (128).
+    steering.profiles.create({"name": "too-wide", "steering": [{"sae_id": ids[1], "features": [{"index": 999, "strength": 1}]}]})
+    with pytest.raises(InvalidFeatureIndex):
+        planner.plan_for("too-wide", parse_dial(0.01))
+    plan = planner.plan_for("too-wide", parse_dial("off"))
+    assert plan.edit is None and plan.intensity == 0.0
+    assert planner.plan_for("ghost", parse_dial(0)).intensity is None  # unknown profile: no echo, no 404
