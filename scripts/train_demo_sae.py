@@ -18,8 +18,8 @@ caches its result under --work, so a later stage can be rerun alone):
     .venv/bin/python scripts/train_demo_sae.py                 # all stages but profiles
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
 
-Timings on the 2-core development machine: corpus ~15 min (mostly the model writing ~1,100
-chat answers), acts ~3 min, train ~10 min, eval + labels ~3 min.
+Timings on the 2-core development machine (shared with a test run): corpus ~40 min (almost all of
+it the model writing 1,040 chat answers), acts ~4 min, train ~8 min, eval ~5 min, labels ~1 min.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import html.parser
 import importlib.metadata
 import json
 import logging
-import math
 import random
 import re
 import sys
@@ -47,14 +46,14 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from millm.engine.batch import left_pad, padded_prefill_mask, positions  # noqa: E402
-from millm.engine.generate import run_job  # noqa: E402
-from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta  # noqa: E402
-from millm.engine.loader import load_model  # noqa: E402
-from millm.engine.prompts import chat_prompt_ids  # noqa: E402
-from millm.engine.runner_llama import KVBuffer  # noqa: E402
-from millm.engine.sampling import SamplingParams  # noqa: E402
-from millm.engine.sources import demo_source  # noqa: E402
+from millm.engine.batch import left_pad, padded_prefill_mask, positions
+from millm.engine.generate import run_job
+from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
+from millm.engine.loader import load_model
+from millm.engine.prompts import chat_prompt_ids
+from millm.engine.runner_llama import KVBuffer
+from millm.engine.sampling import SamplingParams
+from millm.engine.sources import demo_source
 
 log = logging.getLogger("train_demo_sae")
 
@@ -284,8 +283,8 @@ def docs_usr_share() -> list[tuple[str, str]]:
     root = Path("/usr/share/doc")
     if not root.is_dir():
         return []
-    keep = re.compile(r"(readme|faq|todo|\.txt|\.md|\.rst|\.html?)(\.gz)?$", re.I)
-    skip = re.compile(r"(copyright|changelog|changes|news|history|authors|thanks|license)", re.I)
+    keep = re.compile(r"(readme|faq|todo|\.txt|\.md|\.rst|\.html?)(\.gz)?$", re.IGNORECASE)
+    skip = re.compile(r"(copyright|changelog|changes|news|history|authors|thanks|license)", re.IGNORECASE)
     out = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         name = path.name
@@ -294,7 +293,7 @@ def docs_usr_share() -> list[tuple[str, str]]:
         text = _read(path)
         if text is None:
             continue
-        if re.search(r"\.html?(\.gz)?$", name, re.I):
+        if re.search(r"\.html?(\.gz)?$", name, re.IGNORECASE):
             text = html_to_text(text)
         out.append((str(path), text))
     return out
@@ -446,6 +445,7 @@ def build_corpus(work: Path) -> dict:
                         "dtype": "float32"}
     corpus = {"sequences": sequences, "manifest": manifest}
     path.write_text(json.dumps(corpus))
+    partial.unlink(missing_ok=True)
     return corpus
 
 
@@ -685,7 +685,7 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
             l0 += float((values > 0).sum())
             active[index[values > 0]] = True
     total_var = float((x - x.mean(0)).pow(2).sum())
-    metrics = {"heldout_tokens": int(len(x)), "heldout_outliers_dropped": int((~keep).sum()),
+    metrics = {"heldout_tokens": len(x), "heldout_outliers_dropped": int((~keep).sum()),
                "fvu": sq_err / total_var, "mean_l0": l0 / len(x),
                "dead_features": int((~active).sum()), "d_sae": int(sae.W_dec.shape[0]),
                "mean_resid_norm": float(norms[keep].mean())}
@@ -721,7 +721,7 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
                 # residual is never spliced)
                 lp = F.cross_entropy(logits[:, 1:-1].reshape(-1, logits.shape[-1]), targets[:, 2:].reshape(-1),
                                      reduction="none").view(len(batch), -1)
-                valid = mask[:, 1:-1].bool() & (mask[:, 1:-1].cumsum(1) > 1)
+                valid = (mask.cumsum(1) > 1)[:, 1:-1]  # real tokens after each row's position 0
                 for r, s in enumerate(batch):
                     v = lp[r][valid[r]]
                     totals[name][0] += float(v.sum())
@@ -751,7 +751,7 @@ def make_labels(work: Path, corpus: dict, out: Path, top_n: int = 200) -> dict:
     sae = load_exported(out)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(next((work / "cache" / "gguf").iterdir())))
+    tok = AutoTokenizer.from_pretrained(str(next((work / "cache" / "gguf").glob("*/millm-gguf.json")).parent))
     seqs = corpus["sequences"]
     d_sae = sae.W_dec.shape[0]
     best_v = torch.full((d_sae, top_n), -1.0)
@@ -801,7 +801,8 @@ def make_labels(work: Path, corpus: dict, out: Path, top_n: int = 200) -> dict:
         label = " / ".join(words)
         main_source, hits = max(sources.items(), key=lambda kv: kv[1])
         if hits >= 0.7 * sum(sources.values()):
-            label += f" ({ {'chat': 'chat', 'stdlib-code': 'code'}.get(main_source, 'docs') })"
+            kind = {"chat": "chat", "stdlib-code": "code"}.get(main_source, "docs")
+            label += f" ({kind})"
         s, p = where[idx[0]]
         ids = seqs[s]["ids"]
         example = (tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6]))
@@ -823,7 +824,7 @@ def write_readme(out: Path, corpus: dict, result: dict, metrics: dict, layer: in
     rows = "\n".join(
         f"| {src} | {a + b:,} | {100 * (a + b) / total:.0f}% | {a:,} | {b:,} |" for src, (a, b) in tokens.items())
     weights = out / "sae_weights.safetensors"
-    packages = ", ".join(d for d, _ in man["package-readmes"]["files"])
+    packages = ", ".join(sorted((d.removeprefix("package:") for d, _ in man["package-readmes"]["files"]), key=str.lower))
     text = f"""# smollm2-135m-topk: millm's demo sparse autoencoder
 
 A TopK sparse autoencoder (SAE) on the residual stream of **{MODEL_NAME}** after block
@@ -908,6 +909,14 @@ activation among the feature's top 200 activations, plus `(chat)`, `(code)` or `
 come from one kind of text), `top_tokens` (up to 10), `example` (the context of its largest activation,
 the token marked `[[like this]]`), `frequency` (fraction of corpus tokens on which it is active) and
 `max_activation`. No label was written or checked by hand; read them as hints.
+
+## Steering with it
+
+Topic and persona features (see `millm/demo/profiles/`) show plainly at strengths of about 15-50
+(a tenth to a third of the residual norm); around 80 most features make the answer repeat one
+phrase, and from about 120 the text falls apart. Position 0 is not a place to read features from
+(see above). Code and punctuation features are plentiful too (a third of the corpus is code and
+technical docs); for chat demos, prefer features whose label ends in `(chat)`.
 """
     (out / "README.md").write_text(text)
 
@@ -975,6 +984,12 @@ def check_profiles(work: Path, out: Path, layer: int) -> None:
         "The same check in float32 gives a visibly similar effect for every profile (listed below too).",
         "Regenerate with `.venv/bin/python scripts/train_demo_sae.py --stages profiles`.",
         "",
+        "Strength scale: these features show at 15-50; by about 80 most make the answer repeat one",
+        "phrase, and from about 120 the text falls apart (the france feature #619 alone already switches",
+        "to broken French at 30-40). The profiles also steer other prompts (\"What is your favourite",
+        "hobby?\", \"Write a short note to a friend.\"): pirate, italian-food and music strongly,",
+        "france more weakly.",
+        "",
         "## Unsteered",
         "",
         "> " + answers["auto"]["(unsteered)"].replace("\n", "\n> "),
@@ -1001,7 +1016,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--dead-after", type=int, default=200_000)
     parser.add_argument("--aux-coef", type=float, default=1 / 32)
     parser.add_argument("--stages", default="corpus,acts,train,export,eval,labels")
