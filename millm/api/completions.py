@@ -18,6 +18,7 @@ from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
 from millm.api.headers import STRICT_HEADER, item, seed_header, strict_mode, token
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_prompts
+from millm.api.structured import Structured, parse_response_format, refuse_combinations, validate_output
 from millm.api.unused_fields import handle_unused, template_reads, unused_locations
 from millm.engine.jobs import JobFailed, RowFinished, TextDelta
 from millm.engine.loader import LoadedModel
@@ -157,9 +158,9 @@ async def collect(request: Request, stream: JobStream, rows: int) -> Collected:
     return result
 
 
-async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan):
-    """Build the rows for these prompts (steered by `plan`) and admit them; returns the stream of their events."""
-    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param, plan.edit)
+async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan, constraint=None):
+    """Build the rows for these prompts (steered by `plan`, constrained by `constraint`) and admit them."""
+    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param, plan.edit, constraint)
     stream = JobStream(rows)
     state.submit(stream.job)
     return stream, len(rows)
@@ -197,6 +198,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream))
+    structured = parse_response_format(body)
+    if structured is not None:
+        refuse_combinations(body)
     temperature = check_scoring(body) if body.scoring else None
     lm = state.model_for(body.model)
     if body.scoring and not has_chat_template(lm.tokenizer):
@@ -212,9 +216,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await chat_scoring(state, lm, body, prompts, meta, temperature, headers)
     dial = parse_dial(body.steering_intensity) if body.steering_intensity is not None else None
     plan = state.planner.plan_for(body.profile, dial)
-    stream, rows = await start_job(state, lm, body, prompts, "messages", plan)
+    constraint = None
+    if structured is not None:
+        constraint = structured.spec
+        await run_in_threadpool(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
+        headers = {**headers, "X-miLLM-Constrained": structured.header}
+    stream, rows = await start_job(state, lm, body, prompts, "messages", plan, constraint)
     scope = "batch-shape" if body.extra_messages else "request"
-    return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope)
+    response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope, structured)
+    return response
 
 
 async def chat_scoring(state, lm, body, prompts, meta, temperature, headers):
@@ -309,7 +319,8 @@ def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
 
 
 async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
-                 prompt_tokens: int, chunks, choice, plan: Plan, headers: dict[str, str], seed_scope: str = "request"):
+                 prompt_tokens: int, chunks, choice, plan: Plan, headers: dict[str, str], seed_scope: str = "request",
+                 structured: Structured | None = None):
     """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
     headers = {**headers, **seed_headers(body.seed, seed_scope), **steering_headers(plan)}
     if body.stream:
@@ -317,6 +328,10 @@ async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStre
         frames = chunks(stream, meta, prompt_tokens, rows, include_usage)
         return StreamingResponse(frames, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect(request, stream, rows)
+    if structured is not None:
+        for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons)):
+            if reason == "stop":
+                validate_output(structured, text, index)
     payload = {
         "id": meta.id,
         "object": meta.object,

@@ -48,7 +48,7 @@ MATRIX: dict[str, dict[str, Rule]] = {
     "allowed_token_ids": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings score no tokens")},
     "top_logprobs": {CHAT: OK, COMPLETIONS: no("text completions take logprobs (the number of alternatives)"), EMBEDDINGS: no("embeddings score no tokens")},
     "response_format": {
-        CHAT: no("structured output is not implemented yet"),
+        CHAT: OK,
         COMPLETIONS: no("structured output applies to chat completions only"),
         EMBEDDINGS: no("embeddings produce no text to format"),
     },

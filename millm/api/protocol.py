@@ -117,6 +117,22 @@ class SamplingFields(OpenBody):
         return tuple(self.stop or ())
 
 
+class JsonSchemaFormat(OpenBody):
+    """response_format.json_schema: {name, strict, schema, description}."""
+
+    name: str | None = None
+    strict: bool | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    description: str | None = None
+
+
+class ResponseFormat(OpenBody):
+    """response_format: text, json_object or json_schema."""
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions (generation, or chat scoring with logprobs / allowed_token_ids)."""
 
@@ -124,6 +140,7 @@ class ChatCompletionRequest(SamplingFields):
     extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
     profile: str | None = None  # miLLM: a saved steering profile for this request only
     steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
+    response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None

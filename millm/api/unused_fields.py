@@ -78,6 +78,9 @@ def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] 
         found += [key for key in NOT_IN_SCORING if fields.get(key) is not None]
     elif fields.get("return_tokens_as_token_ids") is not None:
         found.append("return_tokens_as_token_ids")
+    schema_format = getattr(getattr(body, "response_format", None), "json_schema", None)  # a dict where not declared
+    if getattr(schema_format, "description", None) is not None:
+        found.append("response_format.json_schema.description")  # OpenAI shows it to its model; millm does not
     if hasattr(body, "messages"):
         conversations = [("messages", body.messages)]
         conversations += [(f"extra_messages[{c}]", msgs) for c, msgs in enumerate(getattr(body, "extra_messages", None) or [])]

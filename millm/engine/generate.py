@@ -37,9 +37,12 @@ class RowState:
         self.generated: list[int] = []
         self.counts: dict[int, int] = {}
         self.finish_reason: str | None = None
+        self.constraint = lm.grammar.matcher(spec.constraint) if spec.constraint is not None else None
 
     def choose(self, logits: torch.Tensor) -> int:
-        """Sample this row's next token from its logits `[V]`."""
+        """Sample this row's next token from its logits `[V]` (within its grammar, if it has one)."""
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         seen_ids = seen_counts = None
         if self.spec.sampling.penalised and self.counts:
             seen_ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
@@ -50,12 +53,16 @@ class RowState:
         """Record a sampled token; return the text it releases and set finish_reason when done."""
         self.generated.append(token)
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.constraint is not None:
+            self.constraint.advance(token)
         if token in self.eos:
             return self._finish("stop")
         text = self.stopper.push(self.detokenizer.push(token))
         if self.stopper.matched is not None:
             self.finish_reason = "stop"
             return text
+        if self.constraint is not None and self.constraint.finished:
+            return text + self._finish("stop")  # the document is closed: only EOS could follow
         if len(self.generated) >= self.spec.max_tokens:
             return text + self._finish("length")
         return text

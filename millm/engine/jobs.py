@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+from millm.engine.constraints import GrammarSpec
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import MillmError
@@ -21,6 +22,7 @@ class RowSpec:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     edit: ResidualEdit | None = None  # steering: vectors added to the residual stream
+    constraint: GrammarSpec | None = None  # structured output: the JSON Schema every token must keep
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from millm.engine.constraints import GrammarSupport
 from millm.engine.residual import ResidualEditor
 from millm.engine.runners import make_runner
 from millm.engine.sources import ModelSource
@@ -40,6 +41,7 @@ class LoadedModel:
     quantization: str | None
     runner: object = None  # how forward passes run (see runners.py); set by load_model
     residual: ResidualEditor | None = None  # per-row residual additions (steering)
+    grammar: GrammarSupport | None = None  # constrained decoding (structured output), built on first use
     engine: str = "transformers"
 
     @property
@@ -255,4 +257,5 @@ def load_model(
         quantization=quantization,
         runner=runner,
         residual=ResidualEditor(model, torch_dtype, torch_device),
+        grammar=GrammarSupport(tokenizer, int(model.get_output_embeddings().weight.shape[0])),
     )

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from millm.engine.jobs import Event, GenerationJob, JobFailed, RowFinished, RowSpec
+from millm.engine.constraints import GrammarSpec
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
@@ -51,6 +52,7 @@ def build_rows(
     default_max_tokens: int,
     param: str,
     edit: ResidualEdit | None = None,
+    constraint: GrammarSpec | None = None,
 ) -> list[RowSpec]:
     """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit`."""
     rows = []
@@ -65,6 +67,7 @@ def build_rows(
                     stop=options.stop,
                     seed=row_seed(options.seed, choice),
                     edit=edit,
+                    constraint=constraint,
                 )
             )
     return rows

@@ -124,3 +124,17 @@ def test_feature_label_search(server, files):
     gemma = register(server, files["gemma"])["id"]
     empty = api(server, "GET", f"/api/saes/{gemma}/features", params={"q": "x"}).json()
     assert empty["has_labels"] is False and empty["data"] == []
+
+
+def test_hub_sae_from_the_local_hub_cache(server, files):
+    """A hub repo + path resolves through huggingface_hub's cache under MILLM_HOME/hub (offline here)."""
+    import shutil
+
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    repo = server.log_path.parent / "hub" / "models--acme--tiny-saes"
+    shutil.copytree(files["relu"], repo / "snapshots" / commit / "layer_2" / "width_128")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    response = api(server, "POST", "/api/saes", json={"repo": "acme/tiny-saes", "path": "layer_2/width_128"})
+    assert response.status_code in (200, 201), response.text
+    assert response.json()["architecture"] == "standard" and response.json()["layer"] == 2

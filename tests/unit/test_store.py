@@ -51,3 +51,21 @@ def test_profile_insert_is_all_or_nothing(store):
     with pytest.raises(IntegrityError):
         store.insert_profiles([("prof_2", {"name": "fresh", "steering": []}), ("prof_3", {"name": "taken", "steering": []})])
     assert [p["name"] for p in store.profiles()] == ["taken"]
+
+
+def test_a_schema_1_database_migrates_keeping_profiles(tmp_path):
+    url = database_url(tmp_path, None)
+    old = Store(url)
+    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
+    old.set_setting("active_profile", "prof_old")
+    with old.transaction() as conn:  # make it look like a schema-1 database
+        conn.exec_driver_sql("DROP TABLE millm_clusters")
+        conn.exec_driver_sql("DROP TABLE millm_circuits")
+    old.set_setting("schema_version", 1)
+    old.close()
+    new = Store(url)
+    assert new.get_setting("schema_version") == SCHEMA_VERSION == 2
+    assert [p["name"] for p in new.profiles()] == ["kept"]
+    assert new.get_setting("active_profile") == "prof_old"
+    assert new.documents("clusters") == [] and new.documents("circuits") == []
+    new.close()

@@ -1,0 +1,127 @@
+"""The JSON Schema subset millm enforces for structured output, checked before anything runs.
+
+Constraint libraries compile some keywords without enforcing them, so the subset is millm's
+own list. Every other keyword is refused, each named with its JSON pointer; the annotations
+(title, description, default, examples) are accepted and ignored. Limits: 64 KB of schema,
+nesting depth 32, 256 properties per object.
+"""
+
+from __future__ import annotations
+
+import json
+
+from millm.errors import InvalidRequest
+
+SUPPORTED = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "enum", "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref", "$defs",
+}
+ANNOTATIONS = {"title", "description", "default", "examples"}
+TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+MAX_BYTES = 64 * 1024
+MAX_DEPTH = 32
+MAX_PROPERTIES = 256
+
+
+class ResponseFormatUnsupported(InvalidRequest):
+    """400: a response_format that cannot be honoured (keyword, engine, combination)."""
+
+    code = "response_format_unsupported"
+
+    def __init__(self, message: str):
+        super().__init__(message, param="response_format")
+
+
+def pointer(parts: list[str]) -> str:
+    """A JSON pointer (RFC 6901) for the path parts."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
+
+
+class _Walk:
+    def __init__(self, root: dict):
+        self.root = root
+        self.unsupported: list[tuple[str, str]] = []
+        self.problems: list[str] = []
+
+    def schema(self, node, path: list[str], depth: int) -> None:
+        if depth > MAX_DEPTH:
+            self.problems.append(f"nesting deeper than {MAX_DEPTH} at {pointer(path)}")
+            return
+        if isinstance(node, bool):
+            return  # true / false schemas are plain JSON Schema
+        if not isinstance(node, dict):
+            self.problems.append(f"{pointer(path)} is not a schema (an object or a boolean)")
+            return
+        for key, value in node.items():
+            here = path + [key]
+            if key in ANNOTATIONS:
+                continue
+            if key not in SUPPORTED:
+                self.unsupported.append((key, pointer(here)))
+                continue
+            self.keyword(key, value, here, depth)
+
+    def keyword(self, key: str, value, here: list[str], depth: int) -> None:
+        if key == "type":
+            names = value if isinstance(value, list) else [value]
+            bad = [n for n in names if n not in TYPES]
+            if bad or not names:
+                self.problems.append(f"{pointer(here)}: unknown type {bad or value}")
+        elif key == "properties":
+            if not isinstance(value, dict):
+                self.problems.append(f"{pointer(here)} must be an object")
+                return
+            if len(value) > MAX_PROPERTIES:
+                self.problems.append(f"{pointer(here)} has {len(value)} properties; at most {MAX_PROPERTIES}")
+            for name, sub in value.items():
+                self.schema(sub, here + [name], depth + 1)
+        elif key in ("additionalProperties", "items"):
+            if key == "items" and isinstance(value, list):
+                self.unsupported.append(("items (array form)", pointer(here)))
+            elif not isinstance(value, bool):
+                self.schema(value, here, depth + 1)
+        elif key == "anyOf":
+            if not isinstance(value, list) or not value:
+                self.problems.append(f"{pointer(here)} must be a non-empty list")
+                return
+            for i, sub in enumerate(value):
+                self.schema(sub, here + [str(i)], depth + 1)
+        elif key == "$defs":
+            if not isinstance(value, dict):
+                self.problems.append(f"{pointer(here)} must be an object")
+                return
+            for name, sub in value.items():
+                self.schema(sub, here + [name], depth + 1)
+        elif key == "$ref":
+            self.reference(value, here)
+        elif key == "required" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            self.problems.append(f"{pointer(here)} must be a list of property names")
+        elif key == "enum" and not isinstance(value, list):
+            self.problems.append(f"{pointer(here)} must be a list")
+        elif key == "pattern" and not isinstance(value, str):
+            self.problems.append(f"{pointer(here)} must be a string")
+
+    def reference(self, value, here: list[str]) -> None:
+        # Only local references into $defs: a remote one would fetch a schema from elsewhere.
+        if not isinstance(value, str) or not value.startswith("#/$defs/"):
+            self.unsupported.append(("$ref (not a local #/$defs/ reference)", pointer(here)))
+            return
+        name = value[len("#/$defs/"):].replace("~1", "/").replace("~0", "~")
+        if name not in (self.root.get("$defs") or {}):
+            self.problems.append(f"{pointer(here)}: {value} names no entry of $defs")
+
+
+def check_schema(schema) -> None:
+    """Refuse (400 response_format_unsupported) a schema outside the subset or its limits."""
+    size = len(json.dumps(schema))
+    if size > MAX_BYTES:
+        raise ResponseFormatUnsupported(f"response_format: the schema is {size} bytes; at most {MAX_BYTES}")
+    if not isinstance(schema, dict):
+        raise ResponseFormatUnsupported("response_format: json_schema.schema must be an object")
+    walk = _Walk(schema)
+    walk.schema(schema, [], 1)
+    if walk.unsupported:
+        listed = ", ".join(f"{keyword} at {where}" for keyword, where in walk.unsupported)
+        raise ResponseFormatUnsupported(f"response_format: unsupported JSON Schema keywords: {listed}")
+    if walk.problems:
+        raise ResponseFormatUnsupported("response_format: invalid schema: " + "; ".join(walk.problems))

@@ -1,0 +1,97 @@
+"""response_format on chat completions: parse it, refuse what cannot be honoured, validate the output.
+
+`{"type": "text"}` changes nothing; `json_object` constrains to exactly one JSON object;
+`json_schema` to a document of the schema (also with `strict: false`). A finished document is
+validated with the jsonschema package: finish_reason "stop" then means "complete and valid",
+and a complete document that fails validation is a 500 constrained_output_invalid, never a 200.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from millm.api.headers import token
+from millm.api.protocol import ChatCompletionRequest
+from millm.api.schema_subset import ResponseFormatUnsupported, check_schema
+from millm.engine.constraints import GrammarSpec
+from millm.errors import MillmError
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+JSON_OBJECT = {"type": "object"}
+
+
+class ConstrainedOutputInvalid(MillmError):
+    """500: the model closed a document that does not validate (the grammar and the validator disagree)."""
+
+    status = 500
+    code = "constrained_output_invalid"
+    type = "server_error"
+
+
+@dataclass(frozen=True)
+class Structured:
+    """A request's output constraint."""
+
+    mode: str  # json_object | json_schema
+    name: str | None
+    schema: dict
+
+    @property
+    def spec(self) -> GrammarSpec:
+        """What the engine compiles for every row."""
+        return GrammarSpec(json.dumps(self.schema))
+
+    @property
+    def header(self) -> str:
+        """X-miLLM-Constrained: json_object | json_schema;name="judge_v1"."""
+        return token("json_object") if self.mode == "json_object" else token("json_schema", name=self.name)
+
+
+def parse_response_format(body: ChatCompletionRequest) -> Structured | None:
+    """The constraint asked for (None for text), refusing unknown types, bad names and schemas outside the subset."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Structured("json_object", None, JSON_OBJECT)
+    if fmt.type != "json_schema":
+        raise ResponseFormatUnsupported(f"response_format: type {fmt.type!r} is not one of text, json_object, json_schema")
+    spec = fmt.json_schema
+    if spec is None:
+        raise ResponseFormatUnsupported("response_format: json_schema needs a json_schema object with name and schema")
+    if spec.name is None or not NAME.match(spec.name):
+        raise ResponseFormatUnsupported("response_format: json_schema.name is required: 1-64 letters, digits, '_' or '-'")
+    if spec.schema_ is None:
+        raise ResponseFormatUnsupported("response_format: json_schema.schema is required")
+    check_schema(spec.schema_)
+    return Structured("json_schema", spec.name, spec.schema_)
+
+
+def refuse_combinations(body: ChatCompletionRequest) -> None:
+    """Combinations that could cut or skip a document are refused before anything runs."""
+    if body.stream:
+        raise ResponseFormatUnsupported("response_format cannot be streamed: the document is validated when complete")
+    if body.stop:
+        raise ResponseFormatUnsupported("response_format cannot be combined with stop: a stop string could cut a document and report it complete")
+    if body.scoring:
+        raise ResponseFormatUnsupported("response_format cannot be combined with scoring (logprobs / allowed_token_ids)")
+
+
+def validate_output(structured: Structured, text: str, index: int) -> None:
+    """A complete document must parse and validate; otherwise 500 constrained_output_invalid."""
+    from jsonschema import Draft202012Validator
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConstrainedOutputInvalid(f"choice {index}: the completed output is not valid JSON ({exc})") from None
+    if structured.mode == "json_object":
+        if not isinstance(document, dict):
+            raise ConstrainedOutputInvalid(f"choice {index}: the completed output is not a JSON object")
+        return
+    error = next(iter(Draft202012Validator(structured.schema).iter_errors(document)), None)
+    if error is not None:
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        raise ConstrainedOutputInvalid(f"choice {index}: the completed output fails the schema at {where}: {error.message}")
