@@ -54,7 +54,7 @@ class Planner:
     def plan_for(self, profile: str | None, dial: Dial | None) -> Plan:
         """The immutable plan of one request."""
         steering = self.steering
-        with steering._lock:
+        with steering.lock:
             if dial is not None and dial.off:
                 return self._off(profile)
             if profile is not None:
@@ -69,8 +69,8 @@ class Planner:
                     if kind == "cluster":
                         return self._cluster(base_id, dial)
                     return self._circuit(base_id, dial)
-                except MillmError:
-                    return NO_STEERING  # a base deleted or unparseable meanwhile steers nothing
+                except (MillmError, ValueError, KeyError, TypeError):
+                    return NO_STEERING  # a base deleted, unparseable or unbindable meanwhile steers nothing
             return self._live(dial)
 
     def _scale(self, dial: Dial | None) -> float:

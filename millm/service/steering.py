@@ -1,4 +1,4 @@
-"""The steering state: attached SAEs, live feature strengths, on/off, the active profile, a version.
+"""The steering state: attached SAEs, live feature strengths, on/off, the active base, a version.
 
 One owner (ServerState holds one Steering). Every change bumps the version and is stored, so
 the state survives a restart. A request never reads this state while it runs: at admission it
@@ -39,11 +39,11 @@ class Plan:
 
 
 NO_STEERING = Plan(None, "none")
-BASE_KINDS = ("profile", "cluster", "circuit")
 
 
 class Steering:
-    """Attachments, live strengths, enabled flag, active profile and version; persisted on every change."""
+    """Attachments, live strengths, enabled flag, active base (profile, cluster or circuit) and version;
+    persisted on every change. `lock` guards them against the model-load thread."""
 
     def __init__(self, store: Store, registry: SAERegistry, profiles: ProfileBook):
         self.store, self.registry, self.profiles = store, registry, profiles
@@ -54,7 +54,7 @@ class Steering:
         self.strengths: dict[str, dict[int, float]] = store.strengths()
         self.attached: dict[str, Attached] = {}
         self.attach_errors: dict[str, str] = {}
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     # versioning --------------------------------------------------------------------------------
     def bump(self) -> int:
@@ -78,7 +78,7 @@ class Steering:
             raise InvalidRequest(f"{sae_id} names no layer (its file has no hook layer); give layer", param="layer")
         check_fits(info, layer, lm)
         sae = self.registry.load(sae_id).to(lm.device)
-        with self._lock:
+        with self.lock:
             attached = Attached(info, sae, layer)
             self.attached[sae_id] = attached
             self.attach_errors.pop(sae_id, None)
@@ -90,7 +90,7 @@ class Steering:
     def detach(self, sae_id: str) -> bool:
         """Detach (keeps its live strengths for a later attach); returns whether it was attached."""
         self.registry.get(sae_id)
-        with self._lock:
+        with self.lock:
             was = self.attached.pop(sae_id, None) is not None
             self.attach_errors.pop(sae_id, None)
             self.store.set_attachment(sae_id, None)
@@ -99,7 +99,7 @@ class Steering:
 
     def detach_all(self) -> None:
         """The model is going away: nothing stays attached (the stored attachments are kept for reload)."""
-        with self._lock:
+        with self.lock:
             self.attached.clear()
             self.bump()
 
@@ -122,7 +122,7 @@ class Steering:
             check_feature(self.registry.get(sae_id), index)
             if strength is not None:
                 check_strength(strength)
-        with self._lock:
+        with self.lock:
             if clear is True:
                 self.strengths = {}
             elif isinstance(clear, str):
@@ -143,7 +143,7 @@ class Steering:
 
     def set_enabled(self, enabled: bool) -> int:
         """Turn global steering on or off; returns the new version."""
-        with self._lock:
+        with self.lock:
             self.enabled = enabled
             self.store.set_setting("steering_enabled", enabled)
             return self.bump()
@@ -155,7 +155,7 @@ class Steering:
 
     def set_active(self, kind: str | None, base_id: str | None) -> dict | None:
         """Make a profile, cluster or circuit the global base (None: the live values); returns the previous one."""
-        with self._lock:
+        with self.lock:
             previous = self.active
             self.active = {"kind": kind, "id": base_id} if kind else None
             self.store.set_setting("active_base", self.active)
