@@ -71,6 +71,21 @@ class Settings(BaseSettings):
         "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
         ge=1,
     )
+    enable_continuous_batching: bool = env_field(
+        False,
+        "ENABLE_CONTINUOUS_BATCHING",
+        "Step every running request in one batch (joining after its own prefill, leaving when done); "
+        "seeded requests still run on the serial path and response_format is refused.",
+    )
+    max_batch_size: int = env_field(
+        16, "MAX_BATCH_SIZE", "Rows a continuous batch steps together; later requests wait in the queue.", ge=1
+    )
+    graceful_unload_timeout: float = env_field(
+        30.0,
+        "GRACEFUL_UNLOAD_TIMEOUT",
+        "Seconds an unload waits for running requests to finish before it moves any weight.",
+        ge=0,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -66,40 +66,61 @@ class ScoresReady:
 Event = Union[TextDelta, RowFinished, JobFailed, EmbeddingsReady, ScoresReady]
 
 
+class JobControl:
+    """What every job shares: cancellation, and a terminal failure after which nothing is emitted."""
+
+    def __post_init__(self) -> None:
+        self._sink = self.emit
+        self._ended = threading.Lock()
+        self._failed = False
+        self.emit = self._guarded
+
+    def _guarded(self, event: Event) -> None:
+        with self._ended:
+            if not self._failed:
+                self._sink(event)
+
+    def cancel(self) -> None:
+        """Stop working on this job as soon as the scheduler sees it (the client went away)."""
+        self.cancelled.set()
+
+    def fail(self, error: MillmError) -> None:
+        """End the job with `error`: one JobFailed event, nothing after it."""
+        self.cancelled.set()
+        with self._ended:
+            if self._failed:
+                return
+            self._failed = True
+            self._sink(JobFailed(error))
+
+
 @dataclass
-class GenerationJob:
-    """Rows admitted together; events go to `emit`, which must be thread-safe."""
+class GenerationJob(JobControl):
+    """Rows admitted together; events go to `emit`, which must be thread-safe.
+
+    `serial` keeps the job out of a continuous batch: its rows run in their own forward passes
+    (a seeded request's promise is per request, and batch composition changes the arithmetic).
+    """
 
     rows: list[RowSpec]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        """Stop generating as soon as the scheduler sees it (client went away)."""
-        self.cancelled.set()
+    serial: bool = False
 
 
 @dataclass
-class EmbeddingJob:
+class EmbeddingJob(JobControl):
     """Inputs to embed (never steered); one EmbeddingsReady event answers it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def cancel(self) -> None:
-        """The client went away."""
-        self.cancelled.set()
-
 
 @dataclass
-class ScoringJob:
+class ScoringJob(JobControl):
     """Prompts to score (one unsteered forward pass each); one ScoresReady event answers it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        """The client went away."""
-        self.cancelled.set()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 
 import torch
 
 from millm.engine.embed import run_embedding
 from millm.engine.generate import run_job
-from millm.engine.jobs import EmbeddingJob, GenerationJob, JobFailed, ScoringJob
+from millm.engine.jobs import EmbeddingJob, GenerationJob, ScoringJob
 from millm.engine.scoring import run_scoring
 from millm.engine.loader import LoadedModel
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
@@ -29,12 +30,14 @@ RUNS = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_sco
 class Scheduler:
     """Owns the model's compute: admits jobs up to a bound and runs them one after another."""
 
-    def __init__(self, lm: LoadedModel, max_pending: int):
+    def __init__(self, lm: LoadedModel, max_pending: int, *, batching: bool = False, max_batch: int = 16):
         self.lm = lm
         self.max_pending = max_pending
+        self.batching, self.max_batch = batching, max_batch
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._stop_error: MillmError | None = None
         self.running: Job | None = None
         self.stats = {"served": 0, "cancelled": 0, "failed": 0}
         self._thread = threading.Thread(target=self._loop, name="millm-scheduler", daemon=True)
@@ -65,11 +68,32 @@ class Scheduler:
             self._queue.append(job)
             self._wake.notify()
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Finish the running job, answer every queued one with an error, stop the thread."""
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return not self._queue and self.running is None
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every admitted job has finished, or `timeout` seconds; returns whether idle."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while not self.idle:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+        return True
+
+    def shutdown(self, timeout: float | None = None, error: MillmError | None = None) -> None:
+        """Stop: the running job is cancelled and answered with `error` (default: shutting down),
+        as is every queued one; then the thread ends."""
         with self._wake:
             self._stopping = True
-            self._wake.notify()
+            self._stop_error = error
+            running = self.running
+            self._wake.notify_all()
+        if running is not None and error is not None:
+            running.fail(error)
         self._thread.join(timeout)
 
     def _next_job(self) -> Job | None:
@@ -77,8 +101,9 @@ class Scheduler:
             while not self._queue and not self._stopping:
                 self._wake.wait()
             if self._stopping:
+                error = self._stop_error or ServerShuttingDown("the server shut down before this request ran")
                 for job in self._queue:
-                    job.emit(JobFailed(ServerShuttingDown("the server shut down before this request ran")))
+                    job.fail(error)
                 self._queue.clear()
                 return None
             return self._queue.popleft()
@@ -92,10 +117,12 @@ class Scheduler:
                     RUNS[type(job)](self.lm, job)
                     outcome = "cancelled" if job.cancelled.is_set() else "served"
                 except Exception as exc:  # the job fails; the scheduler serves the next one
-                    job.emit(JobFailed(self._as_error(exc)))
+                    job.fail(self._as_error(exc))
                     outcome = "failed"
                 finally:
-                    self.running = None
+                    with self._wake:
+                        self.running = None
+                        self._wake.notify_all()
             self.stats[outcome] += 1
 
     def _as_error(self, exc: Exception) -> MillmError:

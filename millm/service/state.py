@@ -69,7 +69,12 @@ class ServerState:
             with self._lock:
                 self.status, self.load_error = ModelStatus.ERROR, str(exc)
             return
-        scheduler = Scheduler(lm, self.settings.max_pending_requests)
+        scheduler = Scheduler(
+            lm,
+            self.settings.max_pending_requests,
+            batching=self.settings.enable_continuous_batching,
+            max_batch=self.settings.max_batch_size,
+        )
         self.steering.restore(lm)
         if self.source.kind == "demo":
             from millm.service.demo import install_demo
