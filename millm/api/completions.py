@@ -108,6 +108,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
+def seed_scope(state: ServerState, batch_shaped: bool) -> str:
+    """The promise X-miLLM-Seed states: extra_messages rows hold for the same batch composition;
+    with continuous batching enabled the spec's promise is best-effort (the seeded request itself
+    still runs on the serial path, in its own forward passes)."""
+    if batch_shaped:
+        return "batch-shape"
+    return "best-effort" if state.settings.enable_continuous_batching else "request"
+
+
 def seed_headers(seed: int | None, scope: str = "request") -> dict[str, str]:
     """X-miLLM-Seed (RFC 8941 item with its scope) when the request sent a seed."""
     return {} if seed is None else {"X-miLLM-Seed": seed_header(seed, scope)}
@@ -200,7 +209,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     check_fields(body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream))
     structured = parse_response_format(body)
     if structured is not None:
-        refuse_combinations(body)
+        refuse_combinations(body, state.settings.enable_continuous_batching)
     temperature = check_scoring(body) if body.scoring else None
     lm = state.model_for(body.model)
     if body.scoring and not has_chat_template(lm.tokenizer):
@@ -222,7 +231,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         await run_in_threadpool(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
         headers = {**headers, "X-miLLM-Constrained": structured.header}
     stream, rows = await start_job(state, lm, body, prompts, "messages", plan, constraint)
-    scope = "batch-shape" if body.extra_messages else "request"
+    scope = seed_scope(state, batch_shaped=bool(body.extra_messages))
     response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope, structured)
     return response
 
@@ -304,7 +313,8 @@ async def completions(body: CompletionRequest, request: Request):
         return scored_response(lm, body, meta, choices, prompts, headers)
     plan = state.planner.plan_for(None, None)
     stream, rows = await start_job(state, lm, body, prompts, "prompt", plan)
-    return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers)
+    return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers,
+                        seed_scope(state, batch_shaped=False))
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:

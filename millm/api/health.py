@@ -28,16 +28,28 @@ async def ready(request: Request):
     return JSONResponse(body, status_code=200 if state.status is ModelStatus.LOADED else 503)
 
 
-@router.get("/api/health/inference", summary="Scheduler state: backend, queue depth, running rows, counters")
+@router.get("/api/health/inference", summary="Scheduler state: backend, queue depth, batch size, requests per backend")
 async def inference(request: Request):
-    """What the scheduler is doing now and how many jobs it has served, cancelled or failed."""
+    """Which backend serves generation, what waits and runs now, and jobs served / cancelled / failed per backend."""
     state: ServerState = request.app.state.millm
     scheduler = state.scheduler
-    if scheduler is None:
-        return {"backend": None, "queue_depth": 0, "running_rows": 0, "jobs": {}}
-    return {
-        "backend": "serial",
-        "queue_depth": scheduler.queue_depth,
-        "running_rows": scheduler.running_rows,
-        "jobs": dict(scheduler.stats),
+    enabled = state.settings.enable_continuous_batching
+    body = {
+        "backend": None,
+        "continuous_batching": {"enabled": enabled, "max_batch_size": state.settings.max_batch_size, "unavailable": None},
+        "queue_depth": 0,
+        "running_rows": 0,
+        "batch_size": 0,
+        "jobs": {},
     }
+    if scheduler is None:
+        return body
+    body["continuous_batching"]["unavailable"] = scheduler.batching_unavailable
+    body.update(
+        backend=scheduler.backend,
+        queue_depth=scheduler.queue_depth,
+        running_rows=scheduler.running_rows,
+        batch_size=scheduler.batch_rows,
+        jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
+    )
+    return body

@@ -69,8 +69,13 @@ def parse_response_format(body: ChatCompletionRequest) -> Structured | None:
     return Structured("json_schema", spec.name, spec.schema_)
 
 
-def refuse_combinations(body: ChatCompletionRequest) -> None:
+def refuse_combinations(body: ChatCompletionRequest, batching: bool) -> None:
     """Combinations that could cut or skip a document are refused before anything runs."""
+    if batching:
+        raise ResponseFormatUnsupported(
+            "response_format is not served while continuous batching is enabled (ENABLE_CONTINUOUS_BATCHING): "
+            "a grammar mask per row would stall every row of the batch"
+        )
     if body.stream:
         raise ResponseFormatUnsupported("response_format cannot be streamed: the document is validated when complete")
     if body.stop:

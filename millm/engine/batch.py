@@ -42,3 +42,17 @@ def padded_prefill_mask(mask: torch.Tensor) -> torch.Tensor:
     allowed = causal[None] & mask.bool()[:, None, :]
     allowed |= torch.eye(width, dtype=torch.bool, device=mask.device)[None]
     return allowed[:, None]
+
+
+def left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """`mask` widened to `width` columns by adding padding (zeros) on the left."""
+    extra = width - mask.shape[1]
+    if extra == 0:
+        return mask
+    return torch.cat([torch.zeros((mask.shape[0], extra), dtype=mask.dtype, device=mask.device), mask], dim=1)
+
+
+def leading_padding(mask: torch.Tensor) -> int:
+    """Columns at the left that are padding in every row (they can be cut from the cache)."""
+    real = mask.bool().any(0)
+    return int(real.float().argmax()) if bool(real.any()) else 0

@@ -27,9 +27,10 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 class RowState:
     """One row's progress: tokens so far, text decoding, stop matching, penalties' counts."""
 
-    def __init__(self, index: int, spec: RowSpec, lm: LoadedModel):
+    def __init__(self, index: int, spec: RowSpec, lm: LoadedModel, job: GenerationJob):
         self.index = index
         self.spec = spec
+        self.job = job
         self.eos = lm.eos_token_ids
         self.generator = make_generator(spec.seed, lm.device)
         self.detokenizer = IncrementalDetokenizer(lm.tokenizer, list(spec.prompt_ids))
@@ -93,38 +94,95 @@ def prefill_rows(lm: LoadedModel, rows: list[RowState]):
     if order != list(range(len(distinct))):
         lm.runner.select_rows(batch, order)
         logits = logits[torch.tensor(order, device=logits.device)]
-        lm.residual.set_rows([row.spec.edit for row in rows])
     return batch, logits
+
+
+class Lane:
+    """Rows stepping together over one KV batch; jobs join after their own prefill and leave when done.
+
+    Run serially, a lane holds one job's rows. Under continuous batching the scheduler keeps one
+    lane for every batched job: a joining job is prefilled on its own (its prompt never waits
+    for other rows' steps), then its cache is merged into the lane's, left-padded to a common
+    length. Each row keeps its own sampler, stop matcher, grammar and residual edit, so rows of
+    different requests with different parameters and steering share one forward pass.
+    """
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+        self.rows: list[RowState] = []
+        self.batch = None
+        self.logits: torch.Tensor | None = None
+        self.edits: dict = {}
+        self.open: dict[GenerationJob, int] = {}  # job -> rows still generating
+
+    @property
+    def jobs(self) -> list[GenerationJob]:
+        """Jobs with rows still in the lane."""
+        return list(self.open)
+
+    def join(self, job: GenerationJob) -> None:
+        """Prefill the job's rows and add them to the lane."""
+        rows = [RowState(i, spec, self.lm, job) for i, spec in enumerate(job.rows)]
+        batch, logits = prefill_rows(self.lm, rows)
+        if self.batch is None:
+            self.batch, self.logits, self.rows = batch, logits, rows
+        else:
+            capacity = max(r.spec.max_tokens - len(r.generated) for r in self.rows + rows) + 1
+            self.batch = self.lm.runner.merge(self.batch, batch, capacity)
+            self.logits = torch.cat([self.logits, logits])
+            self.rows = self.rows + rows
+        self.open[job] = len(rows)
+        self._restack()
+
+    def reset(self) -> None:
+        """Drop every row (after a failure the lane starts empty)."""
+        self.rows, self.batch, self.logits, self.edits, self.open = [], None, None, {}, {}
+
+    def _restack(self) -> None:
+        self.edits = self.lm.residual.stack([row.spec.edit for row in self.rows])
+
+    def step(self) -> list[GenerationJob]:
+        """Sample one token for every row, emit, drop finished and cancelled rows, run the next
+        forward pass; returns the jobs that ended (finished or cancelled) in this step."""
+        ended = [job for job in self.open if job.cancelled.is_set()]
+        tokens = []
+        for i, row in enumerate(self.rows):
+            if row.job.cancelled.is_set():
+                tokens.append(-1)
+                continue
+            token = row.choose(self.logits[i])
+            tokens.append(token)
+            text = row.accept(token)
+            if text:
+                row.job.emit(TextDelta(row.index, text))
+            if row.finish_reason is not None:
+                row.job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
+                self.open[row.job] -= 1
+                if self.open[row.job] == 0:
+                    ended.append(row.job)
+        for job in ended:
+            del self.open[job]
+        keep = [i for i, row in enumerate(self.rows) if row.finish_reason is None and not row.job.cancelled.is_set()]
+        if not keep:
+            self.reset()
+            return ended
+        if len(keep) < len(self.rows):
+            self.lm.runner.select_rows(self.batch, keep)
+            self.rows = [self.rows[i] for i in keep]
+            tokens = [tokens[i] for i in keep]
+            self._restack()
+        self.lm.residual.install(self.edits)
+        self.logits = self.lm.runner.step(self.batch, torch.tensor(tokens, device=self.lm.device))
+        return ended
 
 
 @torch.inference_mode()
 def run_job(lm: LoadedModel, job: GenerationJob) -> None:
     """Generate every row of the job to completion, emitting text and finish events as they happen."""
     try:
-        generate_rows(lm, job)
+        lane = Lane(lm)
+        lane.join(job)
+        while lane.rows:
+            lane.step()
     finally:
         lm.residual.clear()
-
-
-def generate_rows(lm: LoadedModel, job: GenerationJob) -> None:
-    """The loop itself: sample, accept, emit, drop finished rows, step."""
-    rows = [RowState(i, spec, lm) for i, spec in enumerate(job.rows)]
-    batch, logits = prefill_rows(lm, rows)
-    active = rows
-    while active and not job.cancelled.is_set():
-        tokens = [row.choose(logits[i]) for i, row in enumerate(active)]
-        for row, token in zip(active, tokens, strict=True):
-            text = row.accept(token)
-            if text:
-                job.emit(TextDelta(row.index, text))
-            if row.finish_reason is not None:
-                job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
-        keep = [i for i, row in enumerate(active) if row.finish_reason is None]
-        if not keep:
-            return
-        if len(keep) < len(active):
-            lm.runner.select_rows(batch, keep)
-            active = [active[i] for i in keep]
-            tokens = [tokens[i] for i in keep]
-            lm.residual.set_rows([row.spec.edit for row in active])
-        logits = lm.runner.step(batch, torch.tensor(tokens, device=lm.device))

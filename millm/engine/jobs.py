@@ -94,7 +94,7 @@ class JobControl:
             self._sink(JobFailed(error))
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class GenerationJob(JobControl):
     """Rows admitted together; events go to `emit`, which must be thread-safe.
 
@@ -108,7 +108,7 @@ class GenerationJob(JobControl):
     serial: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class EmbeddingJob(JobControl):
     """Inputs to embed (never steered); one EmbeddingsReady event answers it."""
 
@@ -117,7 +117,7 @@ class EmbeddingJob(JobControl):
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class ScoringJob(JobControl):
     """Prompts to score (one unsteered forward pass each); one ScoresReady event answers it."""
 

@@ -89,8 +89,8 @@ class ResidualEditor:
         kwargs["hidden_states"] = kwargs["hidden_states"] + delta[: kwargs["hidden_states"].shape[0]]
         return args, kwargs
 
-    def set_rows(self, edits: list[ResidualEdit | None]) -> None:
-        """Stack the rows' vectors for the next forward passes (zeros for rows without an edit)."""
+    def stack(self, edits: list[ResidualEdit | None]) -> dict[int, torch.Tensor]:
+        """The rows' vectors stacked per point, `[B, 1, d]` (zeros for rows without an edit)."""
         points = set().union(*(edit.points for edit in edits if edit is not None)) if edits else set()
         current = {}
         for point in points:
@@ -99,7 +99,15 @@ class ResidualEditor:
             zeros = torch.zeros(next(v for v in vectors if v is not None).shape[-1])
             stacked = torch.stack([(zeros if v is None else v).float().to(self.device) for v in vectors])
             current[point] = stacked.to(self.dtype)[:, None, :]
-        self._current = current
+        return current
+
+    def install(self, stacked: dict[int, torch.Tensor]) -> None:
+        """Make `stack(...)`'s result the additions of the next forward passes."""
+        self._current = stacked
+
+    def set_rows(self, edits: list[ResidualEdit | None]) -> None:
+        """Stack the rows' vectors and use them for the next forward passes."""
+        self.install(self.stack(edits))
 
     def clear(self) -> None:
         """No additions: the next forward passes are unsteered."""

@@ -6,9 +6,18 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from millm.engine.batch import extend_mask, left_pad, positions
+from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
 from millm.engine.kernels import KernelPlan, install_linear
+
+
+def pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
+    """Cached keys or values `[B, H, T, D]` widened to `width` positions with zeros on the left."""
+    extra = width - states.shape[2]
+    if extra == 0:
+        return states
+    return torch.cat([states.new_zeros(states.shape[0], states.shape[1], extra, states.shape[3]), states], dim=2)
 
 
 @dataclass
@@ -36,6 +45,10 @@ class HFRunner:
             install_linear(lm_head, lambda x: head_fn(x.to(head.dtype)))
         model.to(dtype)
         self.kernels = body.description if body is not None else "dense"
+        # Caches that grow by plain concatenation can be merged and cut; sliding-window or
+        # static layers keep positions their own way, so such models batch only per request.
+        layers = DynamicCache(config=model.config).layers
+        self.mergeable = all(type(layer) is DynamicLayer for layer in layers)
 
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         out = self.model(
@@ -64,6 +77,19 @@ class HFRunner:
         index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
         batch.cache.batch_select_indices(index)
         batch.mask = batch.mask[index]
+        start = leading_padding(batch.mask) if self.mergeable else 0
+        if start:  # padding no row needs any more: cut it from the cache and the mask alike
+            for layer in batch.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+            batch.mask = batch.mask[:, start:]
+
+    def merge(self, a: HFBatch, b: HFBatch, room: int) -> HFBatch:
+        """One batch of a's rows then b's, left-padded to a common length (plain dynamic caches only)."""
+        width = max(a.mask.shape[1], b.mask.shape[1])
+        for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
+            layer_a.keys = torch.cat([pad_left(layer_a.keys, width), pad_left(layer_b.keys, width)])
+            layer_a.values = torch.cat([pad_left(layer_a.values, width), pad_left(layer_b.values, width)])
+        return HFBatch(a.cache, torch.cat([left_pad_mask(a.mask, width), left_pad_mask(b.mask, width)]))
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from millm.engine.batch import extend_mask, left_pad, padded_prefill_mask, positions
+from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, padded_prefill_mask, positions
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 
 
@@ -42,10 +42,25 @@ class KVBuffer:
             self.length = end
         return layer_keys, layer_values
 
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) rows by index."""
-        self.keys = self.keys[:, index].contiguous()
-        self.values = self.values[:, index].contiguous()
+    def select_rows(self, index: torch.Tensor, start: int = 0) -> None:
+        """Keep (or repeat) rows by index, dropping the first `start` positions of every row."""
+        self.keys = self.keys[:, index, :, start:].contiguous()
+        self.values = self.values[:, index, :, start:].contiguous()
+        self.length -= start
+
+    @classmethod
+    def merged(cls, a: "KVBuffer", b: "KVBuffer", room: int) -> "KVBuffer":
+        """A buffer holding a's rows then b's, right-aligned at the longer length, with `room` free positions."""
+        length = max(a.length, b.length)
+        layers, rows_a, kv_heads, _, head_dim = a.keys.shape
+        rows = rows_a + b.keys.shape[1]
+        merged = cls(layers, rows, kv_heads, length + room, head_dim, a.keys.dtype, a.keys.device)
+        for source, rows_slice in ((a, slice(0, rows_a)), (b, slice(rows_a, rows))):
+            offset = length - source.length
+            merged.keys[:, rows_slice, :, offset:length] = source.keys[:, :, :, : source.length]
+            merged.values[:, rows_slice, :, offset:length] = source.values[:, :, :, : source.length]
+        merged.length = length
+        return merged
 
 
 class RopeTable:
@@ -198,8 +213,18 @@ class LlamaRunner:
         return self._logits(next_ids.view(-1, 1), pos, attention, batch.kv)
 
     def select_rows(self, batch: LlamaBatch, indices: list[int]) -> None:
-        """Keep (or repeat) rows by index, in the given order."""
+        """Keep (or repeat) rows by index, in the given order; padding no row needs any more is cut."""
         index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
-        batch.kv.select_rows(index)
-        batch.mask = batch.mask[index]
+        mask = batch.mask[index]
+        start = leading_padding(mask)
+        batch.kv.select_rows(index, start)
+        batch.mask = mask[:, start:]
         batch.padded = not bool(batch.mask.all())
+
+    mergeable = True
+
+    def merge(self, a: LlamaBatch, b: LlamaBatch, room: int) -> LlamaBatch:
+        """One batch of a's rows then b's (left-padded to a common length), with `room` positions to grow."""
+        kv = KVBuffer.merged(a.kv, b.kv, room)
+        mask = torch.cat([left_pad_mask(a.mask, kv.length), left_pad_mask(b.mask, kv.length)])
+        return LlamaBatch(kv, mask, not bool(mask.all()))

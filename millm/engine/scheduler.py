@@ -1,8 +1,11 @@
 """The scheduler thread: the only place forward passes run, fed by a bounded admission queue.
 
-The event loop never runs the model; it submits a job and awaits the job's events. The policy
-today is serial (one job at a time, its rows batched together); every admitted job gets an
-answer: its events, or a JobFailed if the engine fails or shuts down first.
+The event loop never runs the model; it submits a job and awaits the job's events. Two
+policies: serial (one job at a time, its rows batched together) and, with continuous batching,
+one running batch that generation jobs join after their own prefill and leave when done, beside
+at most one serial lane (seeded jobs) stepped in turn, with embeddings and scoring run between
+steps. Every admitted job gets an answer: its events, or a JobFailed if the engine fails or
+shuts down first.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import torch
 
 from millm.engine.embed import run_embedding
-from millm.engine.generate import run_job
+from millm.engine.generate import Lane, run_job
 from millm.engine.jobs import EmbeddingJob, GenerationJob, ScoringJob
 from millm.engine.scoring import run_scoring
 from millm.engine.loader import LoadedModel
@@ -25,23 +28,40 @@ log = logging.getLogger(__name__)
 
 Job = GenerationJob | EmbeddingJob | ScoringJob
 RUNS = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
+OUTCOMES = ("served", "cancelled", "failed")
 
 
 class Scheduler:
-    """Owns the model's compute: admits jobs up to a bound and runs them one after another."""
+    """Owns the model's compute: admits jobs up to a bound and runs them, serially or batched."""
 
     def __init__(self, lm: LoadedModel, max_pending: int, *, batching: bool = False, max_batch: int = 16):
         self.lm = lm
         self.max_pending = max_pending
-        self.batching, self.max_batch = batching, max_batch
+        mergeable = getattr(lm.runner, "mergeable", False)
+        self.batching, self.max_batch = batching and mergeable, max_batch
+        self.batching_unavailable = None
+        if batching and not mergeable:
+            self.batching_unavailable = (
+                f"the {lm.runner.name} runner cannot merge this model's KV cache (sliding-window or "
+                "static cache layers); every request runs on the serial path"
+            )
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
         self._stop_error: MillmError | None = None
-        self.running: Job | None = None
-        self.stats = {"served": 0, "cancelled": 0, "failed": 0}
-        self._thread = threading.Thread(target=self._loop, name="millm-scheduler", daemon=True)
+        self._active: list[Job] = []
+        self._batch_lane: Lane | None = None
+        self._serial_lane: Lane | None = None
+        self._serial_rows = 0
+        self.stats = {backend: dict.fromkeys(OUTCOMES, 0) for backend in ("serial", "batched")}
+        loop = self._loop_batched if self.batching else self._loop_serial
+        self._thread = threading.Thread(target=loop, name="millm-scheduler", daemon=True)
         self._thread.start()
+
+    @property
+    def backend(self) -> str:
+        """`batched` when continuous batching runs, else `serial`."""
+        return "batched" if self.batching else "serial"
 
     @property
     def queue_depth(self) -> int:
@@ -50,11 +70,15 @@ class Scheduler:
 
     @property
     def running_rows(self) -> int:
-        """Rows of the job being generated now (0 when idle)."""
-        job = self.running
-        if job is None:
-            return 0
-        return len(job.rows) if isinstance(job, GenerationJob) else 1
+        """Rows generating now, in the batch and on the serial path together."""
+        serial = self._serial_lane
+        return self.batch_rows + self._serial_rows + (len(serial.rows) if serial is not None else 0)
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows in the continuous batch now (0 on the serial policy)."""
+        lane = self._batch_lane
+        return len(lane.rows) if lane is not None else 0
 
     def submit(self, job: Job) -> None:
         """Admit a job or raise QueueFull at once; never blocks."""
@@ -71,7 +95,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        return not self._queue and self.running is None
+        return not self._queue and not self._active
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until every admitted job has finished, or `timeout` seconds; returns whether idle."""
@@ -85,45 +109,161 @@ class Scheduler:
         return True
 
     def shutdown(self, timeout: float | None = None, error: MillmError | None = None) -> None:
-        """Stop: the running job is cancelled and answered with `error` (default: shutting down),
-        as is every queued one; then the thread ends."""
+        """Stop. With `error`, running and queued jobs are cancelled and answered with it; without,
+        running jobs finish and queued ones are told the server shut down. Then the thread ends."""
         with self._wake:
             self._stopping = True
             self._stop_error = error
-            running = self.running
+            running = list(self._active)
             self._wake.notify_all()
-        if running is not None and error is not None:
-            running.fail(error)
+        if error is not None:
+            for job in running:
+                job.fail(error)
         self._thread.join(timeout)
 
+    # shared by both policies -------------------------------------------------------------------
+    def _fail_queued(self) -> None:
+        """Under the lock: answer every queued job (the scheduler is stopping)."""
+        error = self._stop_error or ServerShuttingDown("the server shut down before this request ran")
+        for job in self._queue:
+            job.fail(error)
+        self._queue.clear()
+
+    def _started(self, job: Job) -> None:
+        with self._wake:
+            self._active.append(job)
+
+    def _ended(self, job: Job, backend: str, outcome: str | None = None) -> None:
+        outcome = outcome or ("cancelled" if job.cancelled.is_set() else "served")
+        with self._wake:
+            if job in self._active:
+                self._active.remove(job)
+            self.stats[backend][outcome] += 1
+            self._wake.notify_all()
+
+    def _run_whole(self, job: Job, backend: str) -> None:
+        """Run one job start to end (serial generation, embeddings, scoring)."""
+        if job.cancelled.is_set():
+            self._ended(job, backend, "cancelled")
+            return
+        self._started(job)
+        if isinstance(job, GenerationJob):
+            self._serial_rows = len(job.rows)
+        try:
+            RUNS[type(job)](self.lm, job)
+            self._ended(job, backend)
+        except Exception as exc:  # the job fails; the scheduler serves the next one
+            job.fail(self._as_error(exc))
+            self._ended(job, backend, "failed")
+        finally:
+            self._serial_rows = 0
+
+    # serial policy -----------------------------------------------------------------------------
     def _next_job(self) -> Job | None:
         with self._wake:
             while not self._queue and not self._stopping:
                 self._wake.wait()
             if self._stopping:
-                error = self._stop_error or ServerShuttingDown("the server shut down before this request ran")
-                for job in self._queue:
-                    job.fail(error)
-                self._queue.clear()
+                self._fail_queued()
                 return None
             return self._queue.popleft()
 
-    def _loop(self) -> None:
+    def _loop_serial(self) -> None:
         while (job := self._next_job()) is not None:
-            outcome = "cancelled"
-            if not job.cancelled.is_set():
-                self.running = job
-                try:
-                    RUNS[type(job)](self.lm, job)
-                    outcome = "cancelled" if job.cancelled.is_set() else "served"
-                except Exception as exc:  # the job fails; the scheduler serves the next one
-                    job.fail(self._as_error(exc))
-                    outcome = "failed"
-                finally:
-                    with self._wake:
-                        self.running = None
-                        self._wake.notify_all()
-            self.stats[outcome] += 1
+            self._run_whole(job, "serial")
+
+    # continuous batching -------------------------------------------------------------------------
+    def _take(self, batch: Lane, serial: Lane | None) -> list[Job]:
+        """Under the lock: pop the queued jobs that can start now, in order (first come, first served)."""
+        taken: list[Job] = []
+        rows = len(batch.rows)
+        serial_free = serial is None
+        while self._queue:
+            job = self._queue[0]
+            if isinstance(job, GenerationJob) and not job.cancelled.is_set():
+                if self._needs_serial(job):
+                    if not serial_free:
+                        break
+                    serial_free = False
+                else:
+                    # A job wider than the batch bound still runs, alone.
+                    if rows and rows + len(job.rows) > self.max_batch:
+                        break
+                    rows += len(job.rows)
+            taken.append(self._queue.popleft())
+        return taken
+
+    @staticmethod
+    def _needs_serial(job: GenerationJob) -> bool:
+        # A seed's promise is per request, and the batch's composition changes the arithmetic;
+        # constrained rows are refused upstream under batching, and would still run alone here.
+        return job.serial or any(spec.seed is not None or spec.constraint is not None for spec in job.rows)
+
+    def _start(self, job: Job, batch: Lane) -> Lane | None:
+        """Start a taken job: run embeddings/scoring now, join a batched job, or return a serial lane."""
+        if not isinstance(job, GenerationJob):
+            self._run_whole(job, "batched")
+            return None
+        if job.cancelled.is_set():
+            self._ended(job, "batched", "cancelled")
+            return None
+        backend = "serial" if self._needs_serial(job) else "batched"
+        lane = Lane(self.lm) if backend == "serial" else batch
+        self._started(job)
+        try:
+            lane.join(job)
+        except Exception as exc:
+            job.fail(self._as_error(exc))
+            self._ended(job, backend, "failed")
+            return None
+        return lane if backend == "serial" else None
+
+    def _step(self, lane: Lane, backend: str) -> None:
+        """One step of a lane; a failure fails every job in it and empties it."""
+        try:
+            ended = lane.step()
+        except Exception as exc:
+            error = self._as_error(exc)
+            ended = []
+            for job in lane.jobs:
+                job.fail(error)
+                self._ended(job, backend, "failed")
+            lane.reset()
+        for job in ended:
+            self._ended(job, backend)
+
+    @torch.inference_mode()
+    def _loop_batched(self) -> None:
+        batch = self._batch_lane = Lane(self.lm)
+        serial: Lane | None = None
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping and not batch.rows and serial is None:
+                    self._wake.wait()
+                if self._stopping:
+                    self._fail_queued()
+                    if self._stop_error is not None or not (batch.rows or serial is not None):
+                        break
+                    taken = []
+                else:
+                    taken = self._take(batch, serial)
+            for job in taken:
+                lane = self._start(job, batch)
+                if lane is not None:
+                    serial = self._serial_lane = lane
+            if batch.rows:
+                self._step(batch, "batched")
+            if serial is not None:
+                self._step(serial, "serial")
+                if not serial.rows:
+                    serial = self._serial_lane = None
+        for lane, backend in ((batch, "batched"), (serial, "serial")):
+            if lane is None:
+                continue
+            for job in lane.jobs:
+                job.fail(self._stop_error or ServerShuttingDown("the server shut down"))
+                self._ended(job, backend, "failed")
+        self.lm.residual.clear()
 
     def _as_error(self, exc: Exception) -> MillmError:
         if isinstance(exc, MillmError):

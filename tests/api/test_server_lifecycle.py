@@ -114,20 +114,20 @@ def test_queue_full_at_once_and_everything_admitted_completes(small_queue_server
 
 
 def test_stream_disconnect_cancels_the_generation(llama_server):
-    before = inference_stats(llama_server)["jobs"].get("cancelled", 0)
+    before = inference_stats(llama_server)["jobs"]["serial"]["cancelled"]
     body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         for _ in range(6):
             next(lines)
-    assert wait_for(lambda: inference_stats(llama_server)["jobs"].get("cancelled", 0) == before + 1)
+    assert wait_for(lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1)
     assert wait_for(lambda: inference_stats(llama_server)["running_rows"] == 0)
 
 
 def test_non_stream_disconnect_cancels_the_generation(llama_server):
-    before = inference_stats(llama_server)["jobs"].get("cancelled", 0)
+    before = inference_stats(llama_server)["jobs"]["serial"]["cancelled"]
     body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "n": 8}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=0.5)
-    assert wait_for(lambda: inference_stats(llama_server)["jobs"].get("cancelled", 0) == before + 1)
+    assert wait_for(lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1)
     assert wait_for(lambda: inference_stats(llama_server)["running_rows"] == 0)

@@ -124,3 +124,15 @@ def with_extra_eos(directory: Path, model_dir: Path, eos_ids: list[int]) -> Path
     config["eos_token_id"] = [EOS_ID, *eos_ids]
     path.write_text(json.dumps(config))
     return directory
+
+
+def build_qwen2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Qwen2 (q/k/v biases, so it runs on the generic transformers runner) with random weights."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = len(tokenizer["model"]["vocab"])
+    torch.manual_seed(seed)
+    config = Qwen2Config(**_common(vocab), initializer_range=0.2, use_sliding_window=False)
+    model = Qwen2ForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
