@@ -120,18 +120,19 @@ class Lane:
         """Jobs with rows still in the lane."""
         return list(self.open)
 
-    def join(self, job: GenerationJob) -> None:
-        """Prefill the job's rows and add them to the lane."""
-        rows = [RowState(i, spec, self.lm, job) for i, spec in enumerate(job.rows)]
+    def join(self, *jobs: GenerationJob) -> None:
+        """Prefill the jobs' rows (together, in one forward pass) and add them to the lane."""
+        rows = [RowState(i, spec, self.lm, job) for job in jobs for i, spec in enumerate(job.rows)]
         batch, logits = prefill_rows(self.lm, rows)
         if self.batch is None:
             self.batch, self.logits, self.rows = batch, logits, rows
         else:
-            capacity = max(r.spec.max_tokens - len(r.generated) for r in self.rows + rows) + 1
-            self.batch = self.lm.runner.merge(self.batch, batch, capacity)
+            room = max(r.spec.max_tokens - len(r.generated) for r in self.rows + rows) + 1
+            self.batch = self.lm.runner.merge(self.batch, batch, room)
             self.logits = torch.cat([self.logits, logits])
             self.rows = self.rows + rows
-        self.open[job] = len(rows)
+        for job in jobs:
+            self.open[job] = len(job.rows)
         self._restack()
 
     def reset(self) -> None:
@@ -141,10 +142,10 @@ class Lane:
     def _restack(self) -> None:
         self.edits = self.lm.residual.stack([row.spec.edit for row in self.rows])
 
-    def step(self) -> list[GenerationJob]:
+    def step(self) -> list[tuple[GenerationJob, str]]:
         """Sample one token for every row, emit, drop finished and cancelled rows, run the next
-        forward pass; returns the jobs that ended (finished or cancelled) in this step."""
-        ended = [job for job in self.open if job.cancelled.is_set()]
+        forward pass; returns the jobs that ended in this step, each `served` or `cancelled`."""
+        ended = [(job, "cancelled") for job in self.open if job.cancelled.is_set()]
         tokens = []
         for i, row in enumerate(self.rows):
             if row.job.cancelled.is_set():
@@ -159,8 +160,8 @@ class Lane:
                 row.job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
                 self.open[row.job] -= 1
                 if self.open[row.job] == 0:
-                    ended.append(row.job)
-        for job in ended:
+                    ended.append((row.job, "served"))
+        for job, _ in ended:
             del self.open[job]
         keep = [i for i, row in enumerate(self.rows) if row.finish_reason is None and not row.job.cancelled.is_set()]
         if not keep:
@@ -177,12 +178,16 @@ class Lane:
 
 
 @torch.inference_mode()
-def run_job(lm: LoadedModel, job: GenerationJob) -> None:
-    """Generate every row of the job to completion, emitting text and finish events as they happen."""
+def run_job(lm: LoadedModel, job: GenerationJob) -> str:
+    """Generate every row of the job to completion, emitting text and finish events as they happen;
+    returns `served`, or `cancelled` when the client went away first."""
     try:
         lane = Lane(lm)
         lane.join(job)
+        outcome = "cancelled"
         while lane.rows:
-            lane.step()
+            for _, outcome in lane.step():
+                pass
+        return outcome
     finally:
         lm.residual.clear()

@@ -150,8 +150,8 @@ class Scheduler:
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
         try:
-            RUNS[type(job)](self.lm, job)
-            self._ended(job, backend)
+            outcome = RUNS[type(job)](self.lm, job)
+            self._ended(job, backend, outcome)
         except Exception as exc:  # the job fails; the scheduler serves the next one
             job.fail(self._as_error(exc))
             self._ended(job, backend, "failed")
@@ -199,24 +199,35 @@ class Scheduler:
         # constrained rows are refused upstream under batching, and would still run alone here.
         return job.serial or any(spec.seed is not None or spec.constraint is not None for spec in job.rows)
 
-    def _start(self, job: Job, batch: Lane) -> Lane | None:
-        """Start a taken job: run embeddings/scoring now, join a batched job, or return a serial lane."""
-        if not isinstance(job, GenerationJob):
-            self._run_whole(job, "batched")
-            return None
-        if job.cancelled.is_set():
-            self._ended(job, "batched", "cancelled")
-            return None
-        backend = "serial" if self._needs_serial(job) else "batched"
-        lane = Lane(self.lm) if backend == "serial" else batch
-        self._started(job)
+    def _start(self, taken: list[Job], batch: Lane) -> Lane | None:
+        """Start taken jobs: embeddings/scoring run now, batched jobs join the batch together (one
+        prefill), a serial job gets its own lane, which is returned."""
+        joining, serial = [], None
+        for job in taken:
+            if not isinstance(job, GenerationJob):
+                self._run_whole(job, "batched")
+            elif job.cancelled.is_set():
+                self._ended(job, "batched", "cancelled")
+            elif self._needs_serial(job):
+                serial = self._join(Lane(self.lm), [job], "serial")
+            else:
+                joining.append(job)
+        if joining:
+            self._join(batch, joining, "batched")
+        return serial
+
+    def _join(self, lane: Lane, jobs: list[GenerationJob], backend: str) -> Lane | None:
+        for job in jobs:
+            self._started(job)
         try:
-            lane.join(job)
-        except Exception as exc:
-            job.fail(self._as_error(exc))
-            self._ended(job, backend, "failed")
+            lane.join(*jobs)
+        except Exception as exc:  # the joining jobs fail; the lane's rows are untouched
+            error = self._as_error(exc)
+            for job in jobs:
+                job.fail(error)
+                self._ended(job, backend, "failed")
             return None
-        return lane if backend == "serial" else None
+        return lane
 
     def _step(self, lane: Lane, backend: str) -> None:
         """One step of a lane; a failure fails every job in it and empties it."""
@@ -229,8 +240,8 @@ class Scheduler:
                 job.fail(error)
                 self._ended(job, backend, "failed")
             lane.reset()
-        for job in ended:
-            self._ended(job, backend)
+        for job, outcome in ended:
+            self._ended(job, backend, outcome)
 
     @torch.inference_mode()
     def _loop_batched(self) -> None:
@@ -247,10 +258,9 @@ class Scheduler:
                     taken = []
                 else:
                     taken = self._take(batch, serial)
-            for job in taken:
-                lane = self._start(job, batch)
-                if lane is not None:
-                    serial = self._serial_lane = lane
+            lane = self._start(taken, batch)
+            if lane is not None:
+                serial = self._serial_lane = lane
             if batch.rows:
                 self._step(batch, "batched")
             if serial is not None:
