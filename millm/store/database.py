@@ -1,7 +1,8 @@
 """Persistence: SQLite under the data directory by default, any SQLAlchemy URL (Postgres) by DATABASE_URL.
 
 What survives a restart: registered SAEs, which are attached where, the live steering values
-and whether steering is enabled, and profiles (with the active one). The schema carries a
+and whether steering is enabled, profiles (with the active one), clusters and circuits, and
+registered models (with the steering lock). The schema carries a
 version; `migrate` upgrades older databases in place and never drops a user's rows.
 """
 
@@ -30,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -88,9 +89,19 @@ circuits_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it. Version 2 only adds the
-# cluster and circuit tables, which create_all makes; nothing in version 1 changes.
-MIGRATIONS: dict[int, list[str]] = {2: []}
+models_table = Table(
+    "millm_models",
+    metadata,
+    Column("name", String(200), primary_key=True),  # the name clients send as `model`
+    Column("reference", Text, nullable=False),  # what was registered: a path, a .gguf file or a hub id
+    Column("info", Text, nullable=False),  # JSON: kind, owned_by, and what inspection found
+    Column("registered_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it. Versions 2 and 3 only add
+# tables (clusters and circuits; registered models), which create_all makes; no existing table
+# changes, so every row of the older version is kept as it is.
+MIGRATIONS: dict[int, list[str]] = {2: [], 3: []}
 
 
 def database_url(home: Path, url: str | None) -> str:
@@ -276,3 +287,23 @@ class Store:
         """Store a cluster's persistent dial."""
         with self.transaction() as conn:
             conn.execute(update(clusters_table).where(clusters_table.c.id == cluster_id).values(intensity=intensity))
+
+    # registered models -------------------------------------------------------------------------------
+    def models(self) -> list[dict]:
+        """Every registered model: {name, reference, info, registered_at}, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(models_table).order_by(models_table.c.registered_at)).all()
+        return [{"name": r.name, "reference": r.reference, "info": json.loads(r.info), "registered_at": r.registered_at} for r in rows]
+
+    def put_model(self, name: str, reference: str, info: dict, registered_at: float) -> None:
+        """Register a model, or replace the registration of that name, in one transaction."""
+        with self.transaction() as conn:
+            conn.execute(delete(models_table).where(models_table.c.name == name))
+            conn.execute(
+                insert(models_table).values(name=name, reference=reference, info=json.dumps(info), registered_at=registered_at)
+            )
+
+    def remove_model(self, name: str) -> None:
+        """Forget a registered model."""
+        with self.transaction() as conn:
+            conn.execute(delete(models_table).where(models_table.c.name == name))
