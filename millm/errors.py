@@ -116,6 +116,57 @@ class InsufficientMemory(MillmError):
     type = "invalid_request_error"
 
 
+class InsufficientMemoryToLoad(InsufficientMemory):
+    """503: the named model has to be loaded and the device cannot hold it; carries the figures.
+
+    Typed like the generation case (the request names something that does not fit, and retrying
+    it unchanged only helps if memory is freed), and refused before the loaded model is unloaded.
+    """
+
+    def __init__(self, message: str, devices: list[dict], *, param: str | None = "model"):
+        super().__init__(message, param=param)
+        self.devices = devices
+
+    def to_dict(self) -> dict:
+        """OpenAI's four fields plus `devices`: needed and free bytes for each device."""
+        return {**super().to_dict(), "devices": self.devices}
+
+
+class UnsupportedQuantization(MillmError):
+    """400: the named model's weights are quantized in a way this server cannot run."""
+
+    status = 400
+    code = "unsupported_quantization"
+    type = "invalid_request_error"
+
+
+class ModelLoadFailed(MillmError):
+    """500: loading the named model failed; the message is the failure's."""
+
+    status = 500
+    code = "model_load_failed"
+    type = "server_error"
+
+
+class ModelBusy(MillmError):
+    """503: a model is being unloaded or another load is in progress; retry once it finishes."""
+
+    status = 503
+    code = "model_busy"
+    type = "server_error"
+
+
+class ModelLocked(MillmError):
+    """409: the server is locked to another model for steering; an operator must unlock it first.
+
+    Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
+    """
+
+    status = 409
+    code = "model_locked"
+    type = "invalid_request_error"
+
+
 class ServerShuttingDown(MillmError):
     """503: the server stopped before the request could run."""
 

@@ -86,6 +86,13 @@ class Settings(BaseSettings):
         "Seconds an unload waits for running requests to finish before it moves any weight.",
         ge=0,
     )
+    memory_limit_bytes: int | None = env_field(
+        None,
+        "MILLM_MEMORY_LIMIT_BYTES",
+        "Most bytes a model's weights may take on its device; a load estimated above it is refused "
+        "with 503 insufficient_memory before the loaded model is unloaded (default: the device's free memory).",
+        ge=1,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

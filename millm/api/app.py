@@ -7,9 +7,25 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from millm import __version__
-from millm.api import completions, documents, embeddings, health, manage, models
+from millm.api import completions, documents, embeddings, health, manage, model_admin, models
 from millm.api.errors import install_error_handlers
 from millm.service.state import ServerState
+
+
+class RequestScope:
+    """Opens the state's request scope around every HTTP request (pure ASGI, so a streamed
+    response is still inside it until its last byte): the model a request leased is returned
+    only when the exchange has really ended, which is what an unload waits for."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with self.state.request_scope():
+            await self.app(scope, receive, send)
 
 
 def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
@@ -30,10 +46,12 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     )
     app.state.millm = state
     install_error_handlers(app)
+    app.add_middleware(RequestScope, state=state)
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(embeddings.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(manage.router, tags=["Management"])
+    app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(health.router, tags=["Health"])
     return app

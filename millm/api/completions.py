@@ -211,7 +211,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if structured is not None:
         refuse_combinations(body, state.settings.enable_continuous_batching)
     temperature = check_scoring(body) if body.scoring else None
-    lm = state.model_for(body.model)
+    lm = await state.acquire(body.model)
     if body.scoring and not has_chat_template(lm.tokenizer):
         raise InvalidRequest(
             f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
@@ -298,7 +298,7 @@ async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
     temperature = check_scoring(body) if body.scoring else None
-    lm = state.model_for(body.model)
+    lm = await state.acquire(body.model)
     headers = field_report(request, state, body, body.scoring, lm)
     prompts, texts = await run_in_threadpool(completion_prompts, lm, body)
     meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)

@@ -69,7 +69,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
-    lm = state.model_for(body.model)
+    lm = await state.acquire(body.model)
     strict = strict_mode(request.headers.get(STRICT_HEADER))
     headers = handle_unused(unused_locations(body), strict, state.settings.ignored_fields_header_max_bytes)
     prompts = await run_in_threadpool(embedding_inputs, lm, body.input)

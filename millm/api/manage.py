@@ -137,12 +137,13 @@ async def delete_sae(sae_id: str, request: Request):
     return {"id": sae_id, "deleted": True}
 
 
-@router.post("/api/saes/{sae_id}/attach", summary="Attach an SAE to the loaded model")
+@router.post("/api/saes/{sae_id}/attach", summary="Attach an SAE to the loaded model (and lock the server to it)")
 async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = None):
-    """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model."""
+    """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model,
+    which is then locked for steering (see /api/models/{name}/unlock)."""
     state = state_of(request)
     layer = body.layer if body else None
-    attached = await run_in_threadpool(state.steering.attach, state.lm, sae_id, layer)
+    attached = await run_in_threadpool(state.attach_sae, sae_id, layer)  # locks the server to the loaded model
     return {**sae_view(state, sae_id), "layer": attached.layer, "steering_version": state.steering.version}
 
 
