@@ -27,6 +27,15 @@ from millm.errors import GenerationFailed, InsufficientMemory, MillmError, Queue
 log = logging.getLogger(__name__)
 
 Job = GenerationJob | EmbeddingJob | ScoringJob
+# CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError saying so.
+CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory")
+
+
+def out_of_memory(exc: Exception) -> bool:
+    """Whether a device (CUDA or the CPU's allocator) ran out of memory."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
 RUNS = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
 OUTCOMES = ("served", "cancelled", "failed")
 
@@ -278,7 +287,7 @@ class Scheduler:
     def _as_error(self, exc: Exception) -> MillmError:
         if isinstance(exc, MillmError):
             return exc
-        if isinstance(exc, torch.OutOfMemoryError):
+        if out_of_memory(exc):
             return InsufficientMemory(
                 f"{self.lm.device} ran out of memory during generation: the prompt and its KV cache do "
                 "not fit beside the model; shorten the prompt or max_tokens"

@@ -202,3 +202,19 @@ def test_shutdown_with_an_error_answers_running_and_queued_jobs(llama_lm):
         assert job.done.wait(5)
         assert [type(e) for e in job.outcome.failed] == [ModelNotLoaded]
     assert not running.outcome.finish  # nothing follows the failure
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_running_the_device_out_of_memory_answers_insufficient_memory_and_serving_goes_on(llama_lm, batching):
+    """A budget whose KV buffer cannot be allocated: a real allocator failure, named by device."""
+    scheduler = Scheduler(llama_lm, 8, batching=batching)
+    try:
+        huge = submit(scheduler, [row(prompt_ids(llama_lm, "The cat"), 10**13)])
+        assert huge.done.wait(30)
+        [failure] = huge.outcome.failed
+        assert (failure.status, failure.code, failure.type) == (503, "insufficient_memory", "invalid_request_error")
+        assert failure.message.startswith("cpu ran out of memory")
+        after = submit(scheduler, [row(prompt_ids(llama_lm, "The cat"), 5)])
+        assert after.done.wait(30) and after.outcome.tokens == {0: 5}
+    finally:
+        scheduler.shutdown(timeout=30)
