@@ -292,13 +292,14 @@ def check_memory(name: str, needed: int, device: torch.device, reclaimable: int,
     memory = DeviceMemory(str(device), needed, free_bytes(device), reclaimable, limit)
     if memory.fits:
         return memory
+    reasons = []
+    if needed > memory.free_bytes + reclaimable:
+        released = f" (plus {human(reclaimable)} that unloading {loaded!r} would release)" if loaded and reclaimable else ""
+        reasons.append(f"{device} has {human(memory.free_bytes)} free{released}")
     if limit is not None and needed > limit:
-        why = f"over the cap MILLM_MEMORY_LIMIT_BYTES={limit} ({human(limit)})"
-    else:
-        released = f" plus {human(reclaimable)} that unloading {loaded!r} would release" if loaded and reclaimable else ""
-        why = f"but {device} has {human(memory.free_bytes)} free{released}"
+        reasons.append(f"MILLM_MEMORY_LIMIT_BYTES caps a model's weights at {limit} bytes ({human(limit)})")
     kept = f"; {loaded!r} stays loaded" if loaded else ""
     raise InsufficientMemoryToLoad(
-        f"model {name!r} needs {human(needed)} on {device} for its weights, {why}{kept}",
+        f"model {name!r} needs {human(needed)} on {device} for its weights, but {' and '.join(reasons)}{kept}",
         [memory.to_dict()],
     )
