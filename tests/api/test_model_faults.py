@@ -13,6 +13,7 @@ import pytest
 from tests.api.clients import post, sse_events
 from tests.support import model_dirs
 from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
 
 SLOW = "slow"  # the tiny Llama without an end-of-sequence token: every generation runs to max_tokens
 OTHER = "tiny-gemma2"
@@ -150,7 +151,8 @@ def nothing_lost(server, stored):
     assert all(name in models for name in stored["models"]), models
 
 
-def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored):
+def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored, tmp_path):
+    sae = api(server, "POST", "/api/saes", json={"path": str(build_saelens(tmp_path / "sae", layer=1, seed=4))}).json()["id"]
     stream = Stream(server)
     stream.start()
     assert stream.started.wait(60) and stream.status == 200
@@ -165,6 +167,7 @@ def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored
         "embeddings": post(server, "/v1/embeddings", {"model": SLOW, "input": "The cat"}),
         "a second load": api(server, "POST", "/api/models/third/load"),
         "an unload": api(server, "POST", f"/api/models/{SLOW}/unload"),
+        "an SAE attach": api(server, "POST", f"/api/saes/{sae}/attach"),
     }
     assert stream.is_alive(), "the stream ended before the refusals were checked; they prove nothing"
     for what, response in refusals.items():
@@ -178,6 +181,7 @@ def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored
     assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-2]["usage"]["completion_tokens"] == LONG
     assert load.response.status_code == 200 and load.response.json()["state"] == "loaded"
     assert states(server)[SLOW] == "ready" and chat(server, OTHER).status_code == 200
+    assert api(server, "GET", f"/api/saes/{sae}").json()["attached"] is False and api(server, "GET", "/api/models").json()["locked"] is None
     nothing_lost(server, stored)
 
 
