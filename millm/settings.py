@@ -93,6 +93,18 @@ class Settings(BaseSettings):
         "with 503 insufficient_memory before the loaded model is unloaded (default: the device's free memory).",
         ge=1,
     )
+    sae_activations_max_top_k: int = env_field(
+        64, "SAE_ACTIVATIONS_MAX_TOP_K", "Largest top_k a return_sae_activations request may ask for.", ge=1
+    )
+    sae_activations_max_entries: int = env_field(
+        65536,
+        "SAE_ACTIVATIONS_MAX_ENTRIES",
+        "Largest worst case (positions x top_k, max_tokens counted in full) a return_sae_activations request may ask for.",
+        ge=1,
+    )
+    monitoring_history: int = env_field(
+        1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -17,10 +17,10 @@ from millm.api.errors import error_body
 from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
 from millm.api.headers import STRICT_HEADER, item, seed_header, strict_mode, token
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
-from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_prompts
+from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_and_read
 from millm.api.structured import Structured, parse_response_format, refuse_combinations, validate_output
 from millm.api.unused_fields import handle_unused, template_reads, unused_locations
-from millm.engine.jobs import JobFailed, RowFinished, TextDelta
+from millm.engine.jobs import JobFailed, ResidualsRead, RowFinished, TextDelta
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids, has_chat_template
 from millm.engine.sampling import SamplingParams
@@ -28,7 +28,8 @@ from millm.engine.scoring import score
 from millm.interp.intensity import echo, parse_dial
 from millm.interp.mistudio import RUNG_LANGUAGE
 from millm.errors import FieldNotHonoured, InvalidRequest, MillmError
-from millm.service.generation import GenerationOptions, JobStream, build_rows
+from millm.service.activations import ActivationRead, activations_block, plan_read, refuse
+from millm.service.generation import GenerationOptions, JobStream, build_rows, completion_budget
 from millm.service.steering import Plan
 from millm.service.state import ServerState
 
@@ -54,6 +55,7 @@ class Collected:
     texts: list[str]
     finish_reasons: list[str | None]
     completion_tokens: int = 0
+    reads: list = field(default_factory=list)  # ResidualsRead of the request's own SAE read
 
 
 def generation_options(body: SamplingFields) -> GenerationOptions:
@@ -159,6 +161,8 @@ async def collect(request: Request, stream: JobStream, rows: int) -> Collected:
             elif isinstance(event, RowFinished):
                 result.finish_reasons[event.row] = event.finish_reason
                 result.completion_tokens += event.completion_tokens
+            elif isinstance(event, ResidualsRead):
+                result.reads.append(event)
             elif isinstance(event, JobFailed):
                 raise event.error
     finally:
@@ -167,12 +171,54 @@ async def collect(request: Request, stream: JobStream, rows: int) -> Collected:
     return result
 
 
-async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan, constraint=None):
-    """Build the rows for these prompts (steered by `plan`, constrained by `constraint`) and admit them."""
-    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param, plan.edit, constraint)
-    stream = JobStream(rows)
+async def start_job(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan,
+                    constraint=None, read: ActivationRead | None = None):
+    """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
+    `read` and by monitoring when it is on) and admit them."""
+    reads = (read.engine_read(),) if read is not None else ()
+    monitored = state.monitor.read_for(state.steering.attached)
+    if monitored is not None:
+        reads += (monitored[0],)
+    rows = build_rows(lm, prompts, generation_options(body), state.settings.default_max_tokens, param, plan.edit, constraint, reads)
+    stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None)
     state.submit(stream.job)
     return stream, len(rows)
+
+
+def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
+    """return_sae_activations reads one row: there is no single position axis across several."""
+    if body.return_sae_activations is None:
+        return
+    if (body.n or 1) > 1:
+        raise refuse("n > 1 has several position axes; ask with n: 1")
+    if getattr(body, "extra_messages", None):
+        raise refuse("extra_messages rows have several position axes; ask without extra_messages")
+    if prompts > 1:
+        raise refuse("several prompts have several position axes; send one prompt")
+
+
+def activation_read(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str) -> ActivationRead | None:
+    """The request's checked SAE read (400 before anything runs), or None when it asked for none."""
+    if body.return_sae_activations is None:
+        return None
+    refuse_multi_row_reads(body, len(prompts))
+    budget = 0 if body.scoring else completion_budget(lm, len(prompts[0]), body.token_budget, state.settings.default_max_tokens, param)
+    return plan_read(
+        body.return_sae_activations,
+        state.steering.attached,
+        prompt_tokens=len(prompts[0]),
+        max_tokens=budget,
+        max_top_k=state.settings.sae_activations_max_top_k,
+        max_entries=state.settings.sae_activations_max_entries,
+    )
+
+
+async def read_blocks(read: ActivationRead | None, captured: list, unsteered: bool = False) -> dict:
+    """The response's `millm` object (empty when the request asked for nothing)."""
+    if read is None or not captured:
+        return {}
+    block = await run_in_threadpool(activations_block, read, captured[0], unsteered=unsteered)
+    return {"millm": {"sae_activations": block}}
 
 
 def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None) -> dict[str, str]:
@@ -211,6 +257,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if structured is not None:
         refuse_combinations(body, state.settings.enable_continuous_batching)
     temperature = check_scoring(body) if body.scoring else None
+    refuse_multi_row_reads(body, 1)
     lm = await state.acquire(body.model)
     if body.scoring and not has_chat_template(lm.tokenizer):
         raise InvalidRequest(
@@ -221,8 +268,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     headers = field_report(request, state, body, body.scoring, lm)
     prompts = await run_in_threadpool(conversation_prompts, lm, body)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
+    read = activation_read(state, lm, body, prompts, "messages")
     if body.scoring:
-        return await chat_scoring(state, lm, body, prompts, meta, temperature, headers)
+        return await chat_scoring(state, lm, body, prompts, meta, temperature, headers, read)
     dial = parse_dial(body.steering_intensity) if body.steering_intensity is not None else None
     plan = state.planner.plan_for(body.profile, dial)
     constraint = None
@@ -230,29 +278,30 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         constraint = structured.spec
         await run_in_threadpool(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
         headers = {**headers, "X-miLLM-Constrained": structured.header}
-    stream, rows = await start_job(state, lm, body, prompts, "messages", plan, constraint)
+    stream, rows = await start_job(state, lm, body, prompts, "messages", plan, constraint, read)
     scope = seed_scope(state, batch_shaped=bool(body.extra_messages))
-    response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope, structured)
+    response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope, structured, read)
     return response
 
 
-async def chat_scoring(state, lm, body, prompts, meta, temperature, headers):
+async def chat_scoring(state, lm, body, prompts, meta, temperature, headers, read=None):
     """Score each conversation one at a time; a failing one fails the request, naming its index."""
     allowed = check_allowed(lm, body.allowed_token_ids)
-    choices = []
+    choices, captured = [], []
     for index, prompt in enumerate(prompts):
         try:
-            logits = (await score_prompts(state, [prompt]))[0]
+            answered = await score_and_read(state, [prompt], (read.engine_read(),) if read is not None else ())
+            logits, captured = answered.logits[0], captured + answered.reads
             scored = score(logits, allowed, temperature)
             choices.append(scoring.chat_choice(lm, scored, index, bool(body.logprobs), body.top_logprobs, bool(body.return_tokens_as_token_ids)))
         except MillmError as exc:
             if len(prompts) > 1:
                 exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
             raise
-    return scored_response(lm, body, meta, choices, prompts, headers)
+    return scored_response(lm, body, meta, choices, prompts, headers, await read_blocks(read, captured, unsteered=True))
 
 
-def scored_response(lm, body, meta, choices, prompts, headers) -> JSONResponse:
+def scored_response(lm, body, meta, choices, prompts, headers, extra: dict | None = None) -> JSONResponse:
     """The whole response of a scoring request (never steered, never streamed)."""
     payload = {
         "id": meta.id,
@@ -262,6 +311,7 @@ def scored_response(lm, body, meta, choices, prompts, headers) -> JSONResponse:
         "system_fingerprint": lm.system_fingerprint,
         "choices": choices,
         "usage": usage(sum(map(len, prompts)), len(prompts)),
+        **(extra or {}),
     }
     return JSONResponse(payload, headers={**headers, **seed_headers(body.seed), "X-miLLM-Steering": "none"})
 
@@ -298,23 +348,26 @@ async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
     temperature = check_scoring(body) if body.scoring else None
+    refuse_multi_row_reads(body, 1 if isinstance(body.prompt, str) or all(isinstance(p, int) for p in body.prompt) else len(body.prompt))
     lm = await state.acquire(body.model)
     headers = field_report(request, state, body, body.scoring, lm)
     prompts, texts = await run_in_threadpool(completion_prompts, lm, body)
     meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
+    read = activation_read(state, lm, body, prompts, "prompt")
     if body.scoring:
         allowed = check_allowed(lm, body.allowed_token_ids)
-        logits = await score_prompts(state, prompts)
+        answered = await score_and_read(state, prompts, (read.engine_read(),) if read is not None else ())
+        logits = answered.logits
         by_id = bool(body.return_tokens_as_token_ids)
         choices = [
             scoring.completion_choice(lm, score(row, allowed, temperature), i, texts[i], body.logprobs, allowed, by_id)
             for i, row in enumerate(logits)
         ]
-        return scored_response(lm, body, meta, choices, prompts, headers)
+        return scored_response(lm, body, meta, choices, prompts, headers, await read_blocks(read, answered.reads, unsteered=True))
     plan = state.planner.plan_for(None, None)
-    stream, rows = await start_job(state, lm, body, prompts, "prompt", plan)
+    stream, rows = await start_job(state, lm, body, prompts, "prompt", plan, read=read)
     return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers,
-                        seed_scope(state, batch_shaped=False))
+                        seed_scope(state, batch_shaped=False), read=read)
 
 
 def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
@@ -330,12 +383,12 @@ def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
 
 async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStream, rows: int, meta: ResponseMeta,
                  prompt_tokens: int, chunks, choice, plan: Plan, headers: dict[str, str], seed_scope: str = "request",
-                 structured: Structured | None = None):
+                 structured: Structured | None = None, read: ActivationRead | None = None):
     """The response for an admitted job: SSE frames from `chunks`, or one body of `choice` objects."""
     headers = {**headers, **seed_headers(body.seed, seed_scope), **steering_headers(plan)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = chunks(stream, meta, prompt_tokens, rows, include_usage)
+        frames = chunks(stream, meta, prompt_tokens, rows, include_usage, read)
         return StreamingResponse(frames, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     result = await collect(request, stream, rows)
     if structured is not None:
@@ -350,19 +403,22 @@ async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStre
         "system_fingerprint": lm.system_fingerprint,
         "choices": [choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)],
         "usage": usage(prompt_tokens, result.completion_tokens),
+        **(await read_blocks(read, result.reads)),
     }
     return JSONResponse(payload, headers=headers)
 
 
 async def stream_frames(
-    stream: JobStream, prompt_tokens: int, rows: int, include_usage: bool, chunk, delta, finish, opening=()
+    stream: JobStream, prompt_tokens: int, rows: int, include_usage: bool, chunk, delta, finish, opening=(), read=None
 ):
     """SSE frames for a job: opening chunks, deltas, one finish chunk per row (the last carries usage), [DONE].
 
     `chunk(choices, usage=...)` builds a chunk; `delta(row, text)` / `finish(row, reason)` build choices.
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as OpenAI does.
+    A request's SAE activations come last, in a chunk with no choices and the `millm` object.
     """
     finished = completion_tokens = 0
+    captured = []
     try:
         for choices in opening:
             yield sse(chunk(choices))
@@ -375,18 +431,23 @@ async def stream_frames(
                 last = finished == rows and not include_usage
                 extra = {"usage": usage(prompt_tokens, completion_tokens)} if last else {}
                 yield sse(chunk([finish(event.row, event.finish_reason)], **extra))
+            elif isinstance(event, ResidualsRead):
+                captured.append(event)
             elif isinstance(event, JobFailed):
                 yield sse(error_body(event.error))
                 break
         else:
             if include_usage:
                 yield sse(chunk([], usage=usage(prompt_tokens, completion_tokens)))
+            blocks = await read_blocks(read, captured)
+            if blocks:
+                yield sse(chunk([], **blocks))
         yield sse("[DONE]")
     finally:
         stream.cancel()
 
 
-def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool):
+def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool, read=None):
     """The chat stream: a role chunk first, then content deltas and the finish chunk."""
 
     def chunk(choices, **extra):
@@ -406,10 +467,10 @@ def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows:
         return {"index": row, "delta": {}, "logprobs": None, "finish_reason": reason}
 
     role = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
-    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, opening=[role])
+    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, opening=[role], read=read)
 
 
-def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool):
+def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool, read=None):
     """The text-completion stream: text deltas per choice index, then finish chunks."""
 
     def chunk(choices, **extra):
@@ -421,4 +482,4 @@ def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int,
     def finish(row, reason):
         return {"index": row, "text": "", "logprobs": None, "finish_reason": reason}
 
-    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish)
+    return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, read=read)

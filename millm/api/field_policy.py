@@ -65,6 +65,7 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: no("the steering dial applies to chat completions"),
         EMBEDDINGS: no("embeddings are never steered"),
     },
+    "return_sae_activations": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings are never read through an SAE")},
     "steering": {e: no("per-request steering values are not implemented yet") for e in ENDPOINTS},
     "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
     "tools": {e: no("tool calling is not supported") for e in ENDPOINTS},

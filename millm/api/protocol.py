@@ -77,6 +77,8 @@ class SamplingFields(OpenBody):
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
     user: str | None = None
+    # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
+    return_sae_activations: dict | None = None
 
     @field_validator("stop")
     @classmethod

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from millm.api.protocol import SamplingFields
 from millm.engine.jobs import ScoringJob
@@ -59,13 +58,13 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
     return list(dict.fromkeys(allowed))
 
 
-async def score_prompts(state: ServerState, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Next-token logits of each prompt, from the scheduler (unsteered, one pass each)."""
+async def score_and_read(state: ServerState, prompts: list[list[int]], reads: tuple = ()):
+    """The ScoresReady answer: logits of each prompt and what `reads` captured of its pass."""
     result = OneResult()
-    job = ScoringJob(prompts=prompts, emit=result.emit)
+    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads)
     state.submit(job)
     try:
-        return (await result.wait()).logits
+        return await result.wait()
     finally:
         job.cancel()
 

@@ -11,8 +11,9 @@ import secrets
 import torch
 
 from millm.engine.detokenize import IncrementalDetokenizer
-from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
+from millm.engine.jobs import GenerationJob, ResidualsRead, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
+from millm.engine.reading import Capture, taps
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
 
@@ -39,6 +40,13 @@ class RowState:
         self.counts: dict[int, int] = {}
         self.finish_reason: str | None = None
         self.constraint = lm.grammar.matcher(spec.constraint) if spec.constraint is not None else None
+        self.captures = [Capture(read, len(spec.prompt_ids)) for read in spec.reads]
+        self.fed = 0  # positions fed to the model so far (the prompt, then each sampled token but the last)
+
+    def read_results(self) -> list[ResidualsRead]:
+        """What this row's reads captured, once it has finished."""
+        tokens = list(self.spec.prompt_ids) + self.generated
+        return [capture.result(self.index, tokens) for capture in self.captures]
 
     def choose(self, logits: torch.Tensor) -> int:
         """Sample this row's next token from its logits `[V]` (within its grammar, if it has one)."""
@@ -88,8 +96,16 @@ def prefill_rows(lm: LoadedModel, rows: list[RowState]):
             distinct[key] = len(distinct)
             firsts.append(row)
     capacity = max(len(r.spec.prompt_ids) for r in firsts) + max(row.spec.max_tokens for row in rows)
-    lm.residual.set_rows([r.spec.edit for r in firsts])
+    readers = None
+    if any(row.captures for row in rows):  # rows sharing a prefill share what it reads
+        shared = [[] for _ in firsts]
+        for row in rows:
+            shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.captures)
+        readers = taps([(shared[i], 0, len(r.spec.prompt_ids)) for i, r in enumerate(firsts)])
+    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers)
     batch, logits = lm.runner.prefill([list(r.spec.prompt_ids) for r in firsts], capacity)
+    for row in rows:
+        row.fed = len(row.spec.prompt_ids)
     order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in rows]
     if order != list(range(len(distinct))):
         lm.runner.select_rows(batch, order)
@@ -113,6 +129,7 @@ class Lane:
         self.batch = None
         self.logits: torch.Tensor | None = None
         self.edits: dict = {}
+        self.reading = False
         self.open: dict[GenerationJob, int] = {}  # job -> rows still generating
 
     @property
@@ -141,6 +158,7 @@ class Lane:
 
     def _restack(self) -> None:
         self.edits = self.lm.residual.stack([row.spec.edit for row in self.rows])
+        self.reading = any(row.captures for row in self.rows)
 
     def step(self) -> list[tuple[GenerationJob, str]]:
         """Sample one token for every row, emit, drop finished and cancelled rows, run the next
@@ -157,6 +175,8 @@ class Lane:
             if text:
                 row.job.emit(TextDelta(row.index, text))
             if row.finish_reason is not None:
+                for read in row.read_results():
+                    row.job.emit(read)
                 row.job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
                 self.open[row.job] -= 1
                 if self.open[row.job] == 0:
@@ -172,8 +192,11 @@ class Lane:
             self.rows = [self.rows[i] for i in keep]
             tokens = [tokens[i] for i in keep]
             self._restack()
-        self.lm.residual.install(self.edits)
+        readers = taps([(row.captures, row.fed, 1) for row in self.rows]) if self.reading else None
+        self.lm.residual.install(self.edits, readers)
         self.logits = self.lm.runner.step(self.batch, torch.tensor(tokens, device=self.lm.device))
+        for row in self.rows:
+            row.fed += 1
         return ended
 
 

@@ -13,6 +13,17 @@ from millm.errors import MillmError
 
 
 @dataclass(frozen=True)
+class ResidualRead:
+    """Residual vectors to keep for one row at one point: which positions, and whether before or
+    after the point's additions (a request's own SAE read, or monitoring's)."""
+
+    point: int  # after this block (-1: before block 0), where an SAE reads
+    after_edit: bool  # post_steering: after this point's steering delta
+    positions: str | tuple[int, int]  # "last" | "prompt" | "completion" | "all" | (start, end)
+    tag: str  # who asked: "activations" or "monitoring"
+
+
+@dataclass(frozen=True)
 class RowSpec:
     """One sequence to generate: a prompt, how to sample, when to stop."""
 
@@ -23,6 +34,7 @@ class RowSpec:
     seed: int | None = None
     edit: ResidualEdit | None = None  # steering: vectors added to the residual stream
     constraint: GrammarSpec | None = None  # structured output: the JSON Schema every token must keep
+    reads: tuple[ResidualRead, ...] = ()  # residuals to capture (SAE activations, monitoring)
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,18 @@ class RowFinished:
 
 
 @dataclass(frozen=True)
+class ResidualsRead:
+    """What one ResidualRead captured for a row: positions read (absolute over prompt then
+    generated tokens), the token at each, and the residual vectors `[n, d]` (float32, CPU)."""
+
+    row: int
+    tag: str
+    positions: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    residuals: object  # torch.Tensor
+
+
+@dataclass(frozen=True)
 class JobFailed:
     """The job ended early with this error; no further events follow."""
 
@@ -58,12 +82,13 @@ class EmbeddingsReady:
 
 @dataclass(frozen=True)
 class ScoresReady:
-    """Next-token logits `[V]` (float32) of each scored prompt, in order."""
+    """Next-token logits `[V]` (float32) of each scored prompt, in order, and any residual reads."""
 
     logits: list
+    reads: list = field(default_factory=list)  # ResidualsRead, row = prompt index
 
 
-Event = Union[TextDelta, RowFinished, JobFailed, EmbeddingsReady, ScoresReady]
+Event = Union[TextDelta, RowFinished, ResidualsRead, JobFailed, EmbeddingsReady, ScoresReady]
 
 
 class JobControl:
@@ -124,3 +149,4 @@ class ScoringJob(JobControl):
     prompts: list[list[int]]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    reads: tuple[ResidualRead, ...] = ()  # residuals to capture over each prompt

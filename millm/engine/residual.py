@@ -7,16 +7,21 @@ kept) and, whenever the rows of the running batch change, stacks each row's vect
 unsteered run, so steered and unsteered rows can share a batch; a forward pass with no edits
 (embeddings, scoring) runs as if no hook existed.
 
-What the vectors are (Σ s_i · W_dec[i] of attached SAEs) is decided outside the engine.
+A lane may also install *taps*: readers that see a point's residual before and after its
+additions (what `return_sae_activations` and monitoring encode). What the vectors are
+(Σ s_i · W_dec[i] of attached SAEs) and what a read residual means is decided outside the engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 EMBEDDINGS = -1  # the residual before block 0 (resid_pre of layer 0)
+# A reader of one point: called with the residual `[B, T, d]` before and after the point's additions.
+Tap = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +63,7 @@ class ResidualEditor:
         self.layers = decoder_layers(model)
         self.dtype, self.device = dtype, device
         self._current: dict[int, torch.Tensor] = {}
+        self._taps: dict[int, Tap] = {}
         self._hooks: dict[int, object] = {}
 
     def _hook(self, point: int) -> None:
@@ -68,26 +74,33 @@ class ResidualEditor:
         else:
             self._hooks[point] = self.layers[point].register_forward_hook(self._make_post_hook(point))
 
+    def _edited(self, point: int, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The residual after this point's additions (None: unchanged), reporting both to a tap."""
+        delta = self._current.get(point)
+        edited = None if delta is None else hidden + delta[: hidden.shape[0]]
+        tap = self._taps.get(point)
+        if tap is not None:
+            tap(hidden, hidden if edited is None else edited)
+        return edited
+
     def _make_post_hook(self, point: int):
         def hook(module, args, output):
-            delta = self._current.get(point)
-            if delta is None:
+            hidden = output[0] if isinstance(output, tuple) else output  # some families return (hidden, ...)
+            edited = self._edited(point, hidden)
+            if edited is None:
                 return None
-            if isinstance(output, tuple):  # families whose blocks still return (hidden, ...)
-                return (output[0] + delta[: output[0].shape[0]], *output[1:])
-            return output + delta[: output.shape[0]]
+            return (edited, *output[1:]) if isinstance(output, tuple) else edited
 
         return hook
 
     def _pre_hook(self, module, args, kwargs):
-        delta = self._current.get(EMBEDDINGS)
-        if delta is None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        edited = self._edited(EMBEDDINGS, hidden)
+        if edited is None:
             return None
         if args:
-            return (args[0] + delta[: args[0].shape[0]], *args[1:]), kwargs
-        kwargs = dict(kwargs)
-        kwargs["hidden_states"] = kwargs["hidden_states"] + delta[: kwargs["hidden_states"].shape[0]]
-        return args, kwargs
+            return (edited, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": edited}
 
     def stack(self, edits: list[ResidualEdit | None]) -> dict[int, torch.Tensor]:
         """The rows' vectors stacked per point, `[B, 1, d]` (zeros for rows without an edit)."""
@@ -101,14 +114,19 @@ class ResidualEditor:
             current[point] = stacked.to(self.dtype)[:, None, :]
         return current
 
-    def install(self, stacked: dict[int, torch.Tensor]) -> None:
-        """Make `stack(...)`'s result the additions of the next forward passes."""
+    def install(self, stacked: dict[int, torch.Tensor], taps: dict[int, "Tap"] | None = None) -> None:
+        """Make `stack(...)`'s result the additions of the next forward passes, and `taps` their readers."""
         self._current = stacked
+        taps = taps or {}
+        for point in taps:
+            self._hook(point)
+        self._taps = taps
 
     def set_rows(self, edits: list[ResidualEdit | None]) -> None:
         """Stack the rows' vectors and use them for the next forward passes."""
         self.install(self.stack(edits))
 
     def clear(self) -> None:
-        """No additions: the next forward passes are unsteered."""
+        """No additions and no readers: the next forward passes are unsteered and unread."""
         self._current = {}
+        self._taps = {}

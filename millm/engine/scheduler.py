@@ -206,7 +206,11 @@ class Scheduler:
     def _needs_serial(job: GenerationJob) -> bool:
         # A seed's promise is per request, and the batch's composition changes the arithmetic;
         # constrained rows are refused upstream under batching, and would still run alone here.
-        return job.serial or any(spec.seed is not None or spec.constraint is not None for spec in job.rows)
+        # A request's own SAE read is served on the serial path, as the spec says.
+        return job.serial or any(
+            spec.seed is not None or spec.constraint is not None or any(r.tag == "activations" for r in spec.reads)
+            for spec in job.rows
+        )
 
     def _start(self, taken: list[Job], batch: Lane) -> Lane | None:
         """Start taken jobs: embeddings/scoring run now, batched jobs join the batch together (one

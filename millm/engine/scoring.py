@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from millm.engine.reading import Capture, taps
 from millm.engine.jobs import ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.errors import MillmError
@@ -63,11 +64,18 @@ def check_reported(scored: Scored, reported: int) -> None:
 def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
     """One forward pass per prompt, never steered; emits the last-position logits of each."""
     lm.residual.clear()
-    results = []
-    for prompt in job.prompts:
-        if job.cancelled.is_set():
-            return
-        _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
-        results.append(logits[0].float().cpu())
-    job.emit(ScoresReady(results))
+    results, reads = [], []
+    try:
+        for index, prompt in enumerate(job.prompts):
+            if job.cancelled.is_set():
+                return
+            captures = [Capture(read, len(prompt)) for read in job.reads]
+            if captures:  # read the unsteered residuals of this very pass
+                lm.residual.install({}, taps([(captures, 0, len(prompt))]))
+            _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+            results.append(logits[0].float().cpu())
+            reads.extend(capture.result(index, prompt) for capture in captures)
+    finally:
+        lm.residual.clear()
+    job.emit(ScoresReady(results, reads))
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Callable
 
-from millm.engine.jobs import Event, GenerationJob, JobFailed, RowFinished, RowSpec
+from millm.engine.jobs import Event, GenerationJob, JobFailed, ResidualRead, ResidualsRead, RowFinished, RowSpec
 from millm.engine.constraints import GrammarSpec
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
@@ -53,6 +54,7 @@ def build_rows(
     param: str,
     edit: ResidualEdit | None = None,
     constraint: GrammarSpec | None = None,
+    reads: tuple[ResidualRead, ...] = (),
 ) -> list[RowSpec]:
     """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit`."""
     rows = []
@@ -68,6 +70,7 @@ def build_rows(
                     seed=row_seed(options.seed, choice),
                     edit=edit,
                     constraint=constraint,
+                    reads=reads,
                 )
             )
     return rows
@@ -76,13 +79,18 @@ def build_rows(
 class JobStream:
     """Bridges the scheduler thread to the event loop: the engine emits, a coroutine iterates."""
 
-    def __init__(self, rows: list[RowSpec]):
+    def __init__(self, rows: list[RowSpec], on_monitored: Callable[[ResidualsRead], None] | None = None):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._open_rows = len(rows)
+        self._on_monitored = on_monitored
         self.job = GenerationJob(rows=rows, emit=self._emit)
 
     def _emit(self, event: Event) -> None:
+        if isinstance(event, ResidualsRead) and event.tag == "monitoring":
+            if self._on_monitored is not None:  # straight to the monitor's worker, not the client
+                self._on_monitored(event)
+            return
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the loop is closed: nobody is listening anymore

@@ -36,6 +36,7 @@ from millm.interp.steering import Attached
 from millm.service.checkpoints import check_memory, check_quantization, element_bytes, inspect
 from millm.service.documents import CircuitBook, ClusterBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
+from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
@@ -95,6 +96,7 @@ class ServerState:
         self.circuits = CircuitBook(self.store)
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
+        self.monitor = Monitor(self.store, settings.monitoring_history)
         self.models = ModelRegistry(self.store, settings.hub_dir)
         self.startup_name = settings.served_model_name or source.name
         self.models.ensure(self.startup_name, source)
@@ -466,4 +468,5 @@ class ServerState:
         scheduler = self.slot.scheduler
         if scheduler is not None:
             scheduler.shutdown(timeout=30)
+        self.monitor.close()
         self.store.close()

@@ -1,0 +1,188 @@
+"""Per-request SAE activations (`return_sae_activations`): what a request may read, and its answer.
+
+`plan_read` checks a request's read against the attached SAEs and the spec's limits before
+anything is generated; the engine captures the residuals at the SAE's point (before or after
+that point's steering delta); `activations_block` encodes them with the SAE's own activation
+function, in chunks, and keeps the top_k features per position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from millm.engine.jobs import ResidualRead, ResidualsRead
+from millm.errors import InvalidRequest
+from millm.interp.steering import Attached, check_feature
+
+PARAM = "return_sae_activations"
+KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}
+POSITION_WORDS = ("last", "prompt", "completion", "all")
+READ_POINTS = ("post_steering", "pre_steering")
+ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
+NOTES = {
+    "post_steering": (
+        "post_steering is what the model computed at this layer for this request, after this layer's "
+        "steering delta; it is not an unsteered counterfactual: steering at earlier layers and tokens "
+        "generated under steering still shape the residual here."
+    ),
+    "pre_steering": (
+        "pre_steering is the residual before this layer's own steering delta; it is not an unsteered "
+        "counterfactual either: steering at earlier layers and tokens generated under steering still "
+        "shape the residual here."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ActivationRead:
+    """A checked read: the SAE, the candidate features, how many to keep, where and which side."""
+
+    attached: Attached
+    features: tuple[int, ...] | None
+    top_k: int
+    positions: str | tuple[int, int]
+    read_point: str
+
+    def engine_read(self) -> ResidualRead:
+        """What the engine captures for it."""
+        return ResidualRead(self.attached.point, self.read_point == "post_steering", self.positions, "activations")
+
+
+def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
+    """A 400 naming return_sae_activations."""
+    return InvalidRequest(f"{PARAM}: {message}", param=PARAM, code=code)
+
+
+def choose_sae(attached: dict[str, Attached], sae_id: str | None) -> Attached:
+    """The SAE named (it must be attached), or the only one attached."""
+    if not attached:
+        raise refuse("no SAE is attached to the model; attach one first (POST /api/saes/{id}/attach)", "sae_not_attached")
+    if sae_id is None:
+        if len(attached) > 1:
+            names = ", ".join(sorted(attached))
+            raise refuse(f"several SAEs are attached ({names}); name one with sae_id")
+        return next(iter(attached.values()))
+    if sae_id not in attached:
+        names = ", ".join(sorted(attached))
+        raise refuse(f"SAE {sae_id!r} is not attached (attached: {names})", "sae_not_attached")
+    return attached[sae_id]
+
+
+def parse_positions(value) -> str | tuple[int, int]:
+    """A position word, or a half-open {"start", "end"} range of absolute positions."""
+    if isinstance(value, str):
+        if value not in POSITION_WORDS:
+            raise refuse(f"positions must be one of {', '.join(POSITION_WORDS)} or {{\"start\", \"end\"}}, got {value!r}")
+        return value
+    if isinstance(value, dict) and set(value) == {"start", "end"}:
+        start, end = value["start"], value["end"]
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end))
+        if not ints or start < 0 or end <= start:
+            raise refuse(f"positions {{\"start\": {start!r}, \"end\": {end!r}}} must be integers with 0 <= start < end")
+        return (start, end)
+    raise refuse(f"positions must be one of {', '.join(POSITION_WORDS)} or {{\"start\", \"end\"}}, got {value!r}")
+
+
+def worst_case_positions(positions: str | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
+    """Positions a read may return at most, counting max_tokens in full (the spec's rule)."""
+    if positions == "last":
+        return 1
+    if positions == "prompt":
+        return prompt_tokens
+    if positions == "completion":
+        return max_tokens
+    if positions == "all":
+        return prompt_tokens + max_tokens
+    start, end = positions
+    return end - start
+
+
+def plan_read(
+    request: dict,
+    attached: dict[str, Attached],
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    max_top_k: int,
+    max_entries: int,
+) -> ActivationRead:
+    """Check a request's read before anything runs (400 naming what is wrong)."""
+    unknown = set(request) - KEYS
+    if unknown:
+        raise refuse(f"unknown keys {', '.join(sorted(unknown))}; it takes {', '.join(sorted(KEYS))}")
+    chosen = choose_sae(attached, request.get("sae_id"))
+    features = request.get("features")
+    if features is not None:
+        if not isinstance(features, list) or not features:
+            raise refuse("features must be a non-empty list of feature indices")
+        features = tuple(dict.fromkeys(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in features))
+    top_k = request.get("top_k", 8)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise refuse(f"top_k must be a positive integer, got {top_k!r}")
+    if top_k > max_top_k:
+        raise refuse(f"top_k {top_k} is over SAE_ACTIVATIONS_MAX_TOP_K ({max_top_k})")
+    positions = parse_positions(request.get("positions", "completion"))
+    read_point = request.get("read_point", "post_steering")
+    if read_point not in READ_POINTS:
+        raise refuse(f"read_point must be post_steering or pre_steering, got {read_point!r}")
+    worst = worst_case_positions(positions, prompt_tokens, max_tokens) * top_k
+    if worst > max_entries:
+        raise refuse(
+            f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
+            f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
+        )
+    return ActivationRead(chosen, features, top_k, positions, read_point)
+
+
+def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+    """Per position, the top_k largest activations among the candidates.
+
+    Without `features`, inactive features (value 0) are left out; with them, every listed
+    feature competes, so a requested feature that did not fire is reported with 0.
+    """
+    if features is not None:
+        index = torch.tensor(features, dtype=torch.long)
+        values = activations[:, index]
+    else:
+        index, values = None, activations
+    k = min(top_k, values.shape[-1])
+    top = torch.topk(values, k, dim=-1)
+    rows = []
+    for value_row, slot_row in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        entries = []
+        for value, slot in zip(value_row, slot_row, strict=True):
+            if features is None and value <= 0.0:
+                continue
+            entries.append({"index": int(index[slot]) if index is not None else int(slot), "value": float(value)})
+        rows.append(entries)
+    return rows
+
+
+def encode_rows(read: ActivationRead, residuals: torch.Tensor) -> list[list[dict]]:
+    """Encode captured residuals `[n, d]` with the SAE, in chunks, keeping the top features of each."""
+    sae = read.attached.sae
+    out: list[list[dict]] = []
+    with torch.inference_mode():
+        for start in range(0, residuals.shape[0], ENCODE_CHUNK):
+            chunk = residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)
+            out.extend(top_features(sae.encode(chunk).float().cpu(), read.features, read.top_k))
+    return out
+
+
+def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:
+    """The response's `millm.sae_activations` object."""
+    per_position = encode_rows(read, captured.residuals)
+    return {
+        "sae_id": read.attached.info.id,
+        "layer": read.attached.layer,
+        "read_point": "unsteered" if unsteered else read.read_point,
+        "positions": [
+            {"position": position, "token_id": token_id, "features": features}
+            for position, token_id, features in zip(captured.positions, captured.token_ids, per_position, strict=True)
+        ],
+        "note": NOTES[read.read_point] if not unsteered else (
+            "a scoring pass is never steered: this is the unsteered model's residual at this layer."
+        ),
+    }
