@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from millm import __version__
-from millm.api import completions, documents, embeddings, health, manage, model_admin, models
+from millm.api import completions, documents, embeddings, health, manage, model_admin, models, monitoring
 from millm.api.errors import install_error_handlers
 from millm.service.state import ServerState
 
@@ -53,5 +53,6 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.include_router(manage.router, tags=["Management"])
     app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
+    app.include_router(monitoring.router, tags=["Monitoring"])
     app.include_router(health.router, tags=["Health"])
     return app

@@ -27,6 +27,7 @@ EXAMPLES = {
     "max_completion_tokens": 5,
     "profile": "p",
     "steering_intensity": 1.0,
+    "return_sae_activations": {"positions": "last"},
     "steering": {"x": 1},
     "dimensions": 8,
     "tools": [{"type": "function", "function": {"name": "f"}}],
