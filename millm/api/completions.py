@@ -217,7 +217,7 @@ async def read_blocks(read: ActivationRead | None, captured: list, unsteered: bo
     """The response's `millm` object (empty when the request asked for nothing)."""
     if read is None or not captured:
         return {}
-    block = await run_in_threadpool(activations_block, read, captured[0], unsteered=unsteered)
+    block = activations_block(read, captured[0], unsteered=unsteered)  # encoded already, on the scheduler thread
     return {"millm": {"sae_activations": block}}
 
 

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from millm.errors import Conflict, InvalidRequest
 from millm.interp.profiles import bundle, validate_profile
 from millm.service.state import ServerState
+from millm.service.threads import in_passing_thread
 
 router = APIRouter()
 MAX_IMPORT_BYTES = 1_000_000
@@ -108,7 +109,7 @@ async def register_sae(body: RegisterSAE, request: Request):
         raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
     local = None if body.repo else body.path
     repo_path = body.path if body.repo else None
-    info, created = await run_in_threadpool(state.saes.register, local, body.repo, repo_path, body.revision)
+    info, created = await in_passing_thread(state.saes.register, local, body.repo, repo_path, body.revision)
     return JSONResponse(sae_view(state, info.id), status_code=201 if created else 200)
 
 
@@ -143,7 +144,7 @@ async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = Non
     which is then locked for steering (see /api/models/{name}/unlock)."""
     state = state_of(request)
     layer = body.layer if body else None
-    attached = await run_in_threadpool(state.attach_sae, sae_id, layer)  # locks the server to the loaded model
+    attached = await in_passing_thread(state.attach_sae, sae_id, layer)  # locks the server to the loaded model
     return {**sae_view(state, sae_id), "layer": attached.layer, "steering_version": state.steering.version}
 
 

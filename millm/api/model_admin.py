@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from millm.api.manage import StrictBody
 from millm.service.state import ModelView, ServerState
+from millm.service.threads import in_passing_thread
 
 router = APIRouter()
 
@@ -62,7 +63,7 @@ async def list_models(request: Request):
 async def load_model(name: str, request: Request):
     """Checks first (quantization, memory), then unloads the loaded model gracefully, then loads."""
     state = state_of(request)
-    await run_in_threadpool(state.load, name)
+    await in_passing_thread(state.load, name)
     return model_view(state.view(name))
 
 
@@ -70,7 +71,7 @@ async def load_model(name: str, request: Request):
 async def unload_model(name: str, request: Request):
     """Refuse new requests at once, let running ones finish (GRACEFUL_UNLOAD_TIMEOUT), free the weights."""
     state = state_of(request)
-    was = await run_in_threadpool(state.unload, name)
+    was = await in_passing_thread(state.unload, name)
     return {**model_view(state.view(name)), "was_loaded": was}
 
 

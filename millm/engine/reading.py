@@ -50,7 +50,8 @@ class Capture:
         """The event that reports this capture (tokens: the row's prompt then generated ids)."""
         width = self.vectors[0].shape[-1] if self.vectors else 0
         residuals = torch.cat(self.vectors) if self.vectors else torch.zeros(0, width)
-        return ResidualsRead(row, self.read.tag, tuple(self.positions), tuple(tokens[p] for p in self.positions), residuals)
+        encoded = self.read.encode(residuals) if self.read.encode is not None else None
+        return ResidualsRead(row, self.read.tag, tuple(self.positions), tuple(tokens[p] for p in self.positions), residuals, encoded)
 
 
 def taps(columns: list[tuple[list[Capture], int, int]]) -> dict[int, Tap]:

@@ -46,8 +46,14 @@ class ActivationRead:
     read_point: str
 
     def engine_read(self) -> ResidualRead:
-        """What the engine captures for it."""
-        return ResidualRead(self.attached.point, self.read_point == "post_steering", self.positions, "activations")
+        """What the engine captures for it (and encodes, on its own thread)."""
+        return ResidualRead(
+            self.attached.point, self.read_point == "post_steering", self.positions, "activations", encode=self.encode
+        )
+
+    def encode(self, residuals: torch.Tensor) -> list[list[dict]]:
+        """Top features of each captured position."""
+        return encode_rows(self.attached.sae, residuals, self.features, self.top_k)
 
 
 def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
@@ -160,20 +166,22 @@ def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, to
     return rows
 
 
-def encode_rows(read: ActivationRead, residuals: torch.Tensor) -> list[list[dict]]:
-    """Encode captured residuals `[n, d]` with the SAE, in chunks, keeping the top features of each."""
-    sae = read.attached.sae
+def encode_rows(sae, residuals: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+    """Encode captured residuals `[n, d]` with the SAE's own activation, in chunks, keeping the
+    top features of each position (`features == ()`: none, only the positions)."""
     out: list[list[dict]] = []
+    if features == ():
+        return [[] for _ in range(residuals.shape[0])]
     with torch.inference_mode():
         for start in range(0, residuals.shape[0], ENCODE_CHUNK):
             chunk = residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)
-            out.extend(top_features(sae.encode(chunk).float().cpu(), read.features, read.top_k))
+            out.extend(top_features(sae.encode(chunk).float().cpu(), features, top_k))
     return out
 
 
 def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:
-    """The response's `millm.sae_activations` object."""
-    per_position = encode_rows(read, captured.residuals)
+    """The response's `millm.sae_activations` object (from the engine's encode of the capture)."""
+    per_position = captured.encoded
     return {
         "sae_id": read.attached.info.id,
         "layer": read.attached.layer,

@@ -1,11 +1,11 @@
 """Live feature monitoring: which SAE and features to watch, per-request records, statistics, a feed.
 
 The Monitor is the one owner of monitoring state. A monitored generation row carries a
-ResidualRead (pre_steering, at the watched SAE's point); when the row finishes, the engine's
-capture is handed to the monitor's worker thread, which encodes it with the SAE, keeps a
-record (bounded history), updates per-feature statistics and pushes the record to every live
-subscriber. Nothing of this runs on the scheduler thread or the event loop, and an unmonitored
-request carries no read at all. Scoring and embeddings are never monitored.
+ResidualRead (pre_steering, at the watched SAE's point) whose encode runs on the scheduler
+thread when the row finishes (torch work on another live thread slows every decode step);
+the encoded capture is handed to the monitor's worker thread, which keeps a record (bounded
+history), updates per-feature statistics and pushes the record to every live subscriber. An
+unmonitored request carries no read at all. Scoring and embeddings are never monitored.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.steering import Attached, check_feature
-from millm.service.activations import ENCODE_CHUNK, POSITION_WORDS, top_features
+from millm.service.activations import POSITION_WORDS, encode_rows
 from millm.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,11 @@ class Monitor:
             return None
         features = tuple(config["features"]) if config["features"] is not None else None
         request_id = f"req-{next(self._ids)}"
-        read = ResidualRead(chosen.point, False, config["positions"], "monitoring")
         top_k = config["top_k"]
+        read = ResidualRead(
+            chosen.point, False, config["positions"], "monitoring",
+            encode=partial(encode_rows, chosen.sae, features=features, top_k=top_k),
+        )
 
         def hand_over(captured: ResidualsRead) -> None:
             self._work.put(Pending(request_id, time.time(), captured, chosen, features, top_k))
@@ -183,16 +186,7 @@ class Monitor:
                 self._work.task_done()
 
     def _record(self, pending: Pending) -> None:
-        sae = pending.attached.sae
-        residuals = pending.captured.residuals
-        rows: list[list[dict]] = []
-        with torch.inference_mode():
-            for start in range(0, residuals.shape[0], ENCODE_CHUNK):
-                activations = sae.encode(residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)).float().cpu()
-                if pending.features == ():
-                    rows.extend([] for _ in range(activations.shape[0]))
-                else:
-                    rows.extend(top_features(activations, pending.features, pending.top_k))
+        rows = pending.captured.encoded  # encoded on the scheduler thread: no torch work here
         record = {
             "request_id": pending.request_id,
             "row": pending.captured.row,

@@ -8,7 +8,6 @@ for, so none runs on a half-moved model.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import threading
@@ -44,6 +43,7 @@ from millm.service.slot import ModelSlot, current_lease, request_scope
 from millm.service.steering import Steering
 from millm.settings import Settings
 from millm.store.database import Store, database_url
+from millm.service.threads import in_passing_thread
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class ServerState:
         loaded, it is loaded first (on a worker thread), replacing the loaded model."""
         lease = self._lease(name)
         if lease is None:
-            await asyncio.to_thread(self.load, name)
+            await in_passing_thread(self.load, name)
             lease = self._lease(name)
             if lease is None:  # an unload began right after the load
                 raise ModelBusy(f"model {name!r} is being unloaded; retry once it finishes", param="model")
