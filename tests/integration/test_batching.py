@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, GenerationJob, JobFailed, RowFinished, ScoringJob, ScoresReady, TextDelta
+from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, GenerationJob, JobFailed, RowFinished, RowSpec, ScoringJob, ScoresReady, TextDelta
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
@@ -218,3 +218,31 @@ def test_running_the_device_out_of_memory_answers_insufficient_memory_and_servin
         assert after.done.wait(30) and after.outcome.tokens == {0: 5}
     finally:
         scheduler.shutdown(timeout=30)
+
+
+def test_monitoring_reads_in_a_batch_equal_their_solo_reads(llama_lm, batched):
+    """Rows joining a batch at different times read the same residuals they read alone."""
+    from millm.engine.jobs import ResidualRead, ResidualsRead
+
+    lm = llama_lm
+    read = ResidualRead(1, False, "all", "monitoring")
+    specs = [
+        RowSpec(tuple(prompt_ids(lm, "The cat")), SamplingParams(temperature=0.0), 12, reads=(read,)),
+        RowSpec(tuple(prompt_ids(lm, "A river runs through the old town and")), SamplingParams(temperature=0.0), 8, reads=(read,)),
+    ]
+
+    def captured(outcome):
+        return next(e for e in outcome.events if isinstance(e, ResidualsRead))
+
+    solo = [captured(generate(lm, [spec])) for spec in specs]
+    scheduler = batched(lm)
+    first = submit(scheduler, [specs[0]])
+    assert first.first.wait(30)
+    second = submit(scheduler, [specs[1]])
+    assert first.done.wait(30) and second.done.wait(30)
+    assert max(first.peak, second.peak) == 2
+    for job, alone in zip((first, second), solo, strict=True):
+        together = captured(job.outcome)
+        assert together.positions == alone.positions == tuple(range(len(alone.token_ids)))
+        assert together.token_ids == alone.token_ids
+        torch.testing.assert_close(together.residuals, alone.residuals, rtol=1e-5, atol=1e-5)
