@@ -234,19 +234,22 @@ class Monitor:
 
     def statistics(self) -> dict:
         """Per feature: positions where it fired, its mean and max value there, and the fraction of
-        monitored positions where it fired (features that never fired are not listed)."""
+        monitored positions where it fired. Watched features are all listed (0 when they never
+        fired); watching all features lists those that fired."""
         with self._lock:
             seen = self.positions_read
-            features = [
-                {
+            watched = self.config["features"] or []
+            indices = sorted(set(self.stats) | set(watched))
+            features = []
+            for index in indices:
+                s = self.stats.get(index, FeatureStats())
+                features.append({
                     "index": index,
                     "count": s.active,
-                    "mean": s.total / s.active,
+                    "mean": s.total / s.active if s.active else 0.0,
                     "max": s.peak,
                     "fraction_active": s.active / seen if seen else 0.0,
-                }
-                for index, s in sorted(self.stats.items())
-            ]
+                })
         return {"positions_read": seen, "requests": self.requests, "features": features}
 
     def reset(self) -> None:

@@ -89,6 +89,9 @@ def test_records_equal_the_requests_own_pre_steering_read(fresh):
     assert record["sae_id"] == fresh.sae and record["layer"] == 1 and record["read_point"] == "pre_steering"
     assert record["positions"] == answer["millm"]["sae_activations"]["positions"]
     assert all(len(p["features"]) == 3 and {f["index"] for f in p["features"]} <= {2, 5, 9, 40} for p in record["positions"])
+    listed = api(fresh, "GET", "/api/monitoring/stats").json()["features"]
+    assert [f["index"] for f in listed] == [2, 5, 9, 40]  # every watched feature, fired or not
+    assert all(f["count"] == 0 and f["mean"] == 0.0 for f in listed if f["index"] not in {e["index"] for p in record["positions"] for e in p["features"] if e["value"] > 0})
 
 
 def test_statistics_follow_the_records_and_reset_clears_them(fresh):
