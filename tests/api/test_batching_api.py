@@ -153,3 +153,14 @@ def test_a_client_leaving_mid_stream_frees_its_row_and_the_others_finish(server)
     while inference(server)["jobs"]["batched"]["cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert inference(server)["jobs"]["batched"]["cancelled"] == before + 1
+
+
+def test_sae_activation_requests_take_the_serial_path(server):
+    before = inference(server)["jobs"]
+    body = chat("the sea", max_tokens=6, return_sae_activations={"positions": "completion", "top_k": 2})
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["millm"]["sae_activations"]["positions"]) == 5
+    after = inference(server)["jobs"]
+    assert after["serial"]["served"] == before["serial"]["served"] + 1
+    assert after["batched"]["served"] == before["batched"]["served"]
