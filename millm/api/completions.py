@@ -348,7 +348,6 @@ async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
     temperature = check_scoring(body) if body.scoring else None
-    refuse_multi_row_reads(body, 1 if isinstance(body.prompt, str) or all(isinstance(p, int) for p in body.prompt) else len(body.prompt))
     lm = await state.acquire(body.model)
     headers = field_report(request, state, body, body.scoring, lm)
     prompts, texts = await run_in_threadpool(completion_prompts, lm, body)

@@ -117,9 +117,9 @@ class Lane:
     """Rows stepping together over one KV batch; jobs join after their own prefill and leave when done.
 
     Run serially, a lane holds one job's rows. Under continuous batching the scheduler keeps one
-    lane for every batched job: a joining job is prefilled on its own (its prompt never waits
-    for other rows' steps), then its cache is merged into the lane's, left-padded to a common
-    length. Each row keeps its own sampler, stop matcher, grammar and residual edit, so rows of
+    lane for all batched jobs: jobs that arrive between two steps are prefilled together, apart
+    from the running rows (a prompt never waits for other rows' generation), then their cache is
+    merged into the lane's, left-padded to a common length. Each row keeps its own sampler, stop matcher, grammar and residual edit, so rows of
     different requests with different parameters and steering share one forward pass.
     """
 
