@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,7 +19,9 @@ from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
 from millm.api.headers import STRICT_HEADER, item, seed_header, strict_mode, token
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_and_read
+from millm.api.schema_subset import ResponseFormatUnsupported
 from millm.api.structured import Structured, parse_response_format, refuse_combinations, validate_output
+from millm.api.tools import CallHoldback, ToolPlan, parse_tools, read_answer, template_takes_tools, tool_messages
 from millm.api.unused_fields import handle_unused, template_reads, unused_locations
 from millm.engine.jobs import JobFailed, ResidualsRead, RowFinished, TextDelta
 from millm.engine.loader import LoadedModel
@@ -229,14 +232,17 @@ def field_report(request: Request, state: ServerState, body, scoring: bool, lm: 
     return handle_unused(locations, strict, state.settings.ignored_fields_header_max_bytes)
 
 
-def conversation_prompts(lm: LoadedModel, body: ChatCompletionRequest) -> list[list[int]]:
-    """Token ids of `messages` and of each `extra_messages` conversation; a failure names which one."""
+def conversation_prompts(lm: LoadedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[list[int]]:
+    """Token ids of `messages` and of each `extra_messages` conversation, with the offered tools;
+    a failure names which conversation."""
+    native = template_takes_tools(lm.tokenizer)
+    listed = [tool.as_template() for tool in tools.tools] if native and tools is not None and tools.offered else None
     conversations = [("messages", body.messages)]
     conversations += [(f"extra_messages[{i}]", msgs) for i, msgs in enumerate(body.extra_messages or [])]
     prompts = []
     for param, messages in conversations:
         try:
-            prompt = chat_prompt_ids(lm.tokenizer, template_messages(messages, param))
+            prompt = chat_prompt_ids(lm.tokenizer, tool_messages(template_messages(messages, param), tools, native), listed)
         except MillmError as exc:
             if param != "messages" and exc.param == "messages":  # the template's own complaint
                 exc.param = param
@@ -256,6 +262,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     structured = parse_response_format(body)
     if structured is not None:
         refuse_combinations(body, state.settings.enable_continuous_batching)
+    tools = parse_tools(body)
+    if tools is not None and tools.offered and structured is not None:
+        raise ResponseFormatUnsupported("response_format cannot be combined with tools: both would shape the same answer")
     temperature = check_scoring(body) if body.scoring else None
     refuse_multi_row_reads(body, 1)
     lm = await state.acquire(body.model)
@@ -266,7 +275,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             code="no_chat_template",
         )
     headers = field_report(request, state, body, body.scoring, lm)
-    prompts = await run_in_threadpool(conversation_prompts, lm, body)
+    prompts = await run_in_threadpool(conversation_prompts, lm, body, tools)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
     read = activation_read(state, lm, body, prompts, "messages")
     if body.scoring:
@@ -276,11 +285,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     constraint = None
     if structured is not None:
         constraint = structured.spec
-        await run_in_threadpool(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
         headers = {**headers, "X-miLLM-Constrained": structured.header}
+    elif tools is not None and tools.constrained:
+        constraint = tools.grammar()
+    if constraint is not None:
+        await run_in_threadpool(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
     stream, rows = await start_job(state, lm, body, prompts, "messages", plan, constraint, read)
     scope = seed_scope(state, batch_shaped=bool(body.extra_messages))
-    response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chat_chunks, chat_choice, plan, headers, scope, structured, read)
+    chunks, choice = chat_chunks, chat_choice
+    if tools is not None:
+        chunks = partial(chat_chunks, tools=tools)
+        choice = partial(tool_choice, tools)
+    response = await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), chunks, choice, plan, headers, scope, structured, read)
     return response
 
 
@@ -375,6 +391,15 @@ def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
     return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
 
 
+def tool_choice(tools: ToolPlan, index: int, text: str, finish_reason: str | None) -> dict:
+    """A whole chat choice of a request with tools: its text read for calls."""
+    read = read_answer(tools, text, finish_reason, index)
+    message = {"role": "assistant", "content": read.content}
+    if read.calls:
+        message["tool_calls"] = read.calls
+    return {"index": index, "message": message, "logprobs": None, "finish_reason": read.finish_reason(finish_reason)}
+
+
 def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
     """A whole text-completion choice."""
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -412,7 +437,8 @@ async def stream_frames(
 ):
     """SSE frames for a job: opening chunks, deltas, one finish chunk per row (the last carries usage), [DONE].
 
-    `chunk(choices, usage=...)` builds a chunk; `delta(row, text)` / `finish(row, reason)` build choices.
+    `chunk(choices, usage=...)` builds a chunk; `delta(row, text)` / `finish(row, reason)` return the
+    choices to send, one chunk each (none while text is held back, several for a tool call).
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as OpenAI does.
     A request's SAE activations come last, in a chunk with no choices and the `millm` object.
     """
@@ -423,13 +449,17 @@ async def stream_frames(
             yield sse(chunk(choices))
         async for event in stream.events():
             if isinstance(event, TextDelta):
-                yield sse(chunk([delta(event.row, event.text)]))
+                for choice in delta(event.row, event.text):
+                    yield sse(chunk([choice]))
             elif isinstance(event, RowFinished):
                 finished += 1
                 completion_tokens += event.completion_tokens
                 last = finished == rows and not include_usage
                 extra = {"usage": usage(prompt_tokens, completion_tokens)} if last else {}
-                yield sse(chunk([finish(event.row, event.finish_reason)], **extra))
+                closing = finish(event.row, event.finish_reason)
+                for choice in closing[:-1]:
+                    yield sse(chunk([choice]))
+                yield sse(chunk([closing[-1]], **extra))
             elif isinstance(event, ResidualsRead):
                 captured.append(event)
             elif isinstance(event, JobFailed):
@@ -446,8 +476,9 @@ async def stream_frames(
         stream.cancel()
 
 
-def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool, read=None):
-    """The chat stream: a role chunk first, then content deltas and the finish chunk."""
+def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool, read=None,
+                tools: ToolPlan | None = None):
+    """The chat stream: a role chunk first, then content deltas (tool calls as OpenAI streams them) and the finish chunk."""
 
     def chunk(choices, **extra):
         return {
@@ -459,14 +490,49 @@ def chat_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows:
             **extra,
         }
 
-    def delta(row, text):
+    def content(row, text):
         return {"index": row, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
 
-    def finish(row, reason):
+    def closing(row, reason):
         return {"index": row, "delta": {}, "logprobs": None, "finish_reason": reason}
 
     role = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    if tools is None:
+        delta = lambda row, text: [content(row, text)]  # noqa: E731
+        finish = lambda row, reason: [closing(row, reason)]  # noqa: E731
+    else:
+        delta, finish = tool_stream(tools, content, closing)
     return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, opening=[role], read=read)
+
+
+def tool_stream(tools: ToolPlan, content, closing):
+    """delta/finish for a stream with tools: text streams until a call may begin (auto) or not at
+    all (a forced call); at the end, calls go out as `delta.tool_calls` chunks, OpenAI's way."""
+    texts: dict[int, str] = {}
+    holds: dict[int, CallHoldback] = {}
+
+    def delta(row, text):
+        texts[row] = texts.get(row, "") + text
+        if tools.constrained:
+            return []
+        passed = holds.setdefault(row, CallHoldback()).push(text) if tools.offered else text
+        return [content(row, passed)] if passed else []
+
+    def finish(row, reason):
+        read = read_answer(tools, texts.pop(row, ""), reason, row)
+        held = holds.pop(row, CallHoldback()).flush()
+        choices = []
+        if not read.calls:
+            # What has not been streamed yet: the held tail (auto), or a cut forced call's text.
+            rest = (read.content or "") if tools.constrained else held
+            if rest:
+                choices.append(content(row, rest))
+        for k, call in enumerate(read.calls):
+            piece = {"index": k, "id": call["id"], "type": "function", "function": call["function"]}
+            choices.append({"index": row, "delta": {"tool_calls": [piece]}, "logprobs": None, "finish_reason": None})
+        return [*choices, closing(row, read.finish_reason(reason))]
+
+    return delta, finish
 
 
 def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int, rows: int, include_usage: bool, read=None):
@@ -476,9 +542,9 @@ def completion_chunks(stream: JobStream, meta: ResponseMeta, prompt_tokens: int,
         return {"id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": choices, **extra}
 
     def delta(row, text):
-        return {"index": row, "text": text, "logprobs": None, "finish_reason": None}
+        return [{"index": row, "text": text, "logprobs": None, "finish_reason": None}]
 
     def finish(row, reason):
-        return {"index": row, "text": "", "logprobs": None, "finish_reason": reason}
+        return [{"index": row, "text": "", "logprobs": None, "finish_reason": reason}]
 
     return stream_frames(stream, prompt_tokens, rows, include_usage, chunk, delta, finish, read=read)

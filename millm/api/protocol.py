@@ -143,6 +143,9 @@ class ChatCompletionRequest(SamplingFields):
     profile: str | None = None  # miLLM: a saved steering profile for this request only
     steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
     response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None  # checked in api/tools.py (one message per malformed tool)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None

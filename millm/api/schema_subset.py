@@ -28,8 +28,8 @@ class ResponseFormatUnsupported(InvalidRequest):
 
     code = "response_format_unsupported"
 
-    def __init__(self, message: str):
-        super().__init__(message, param="response_format")
+    def __init__(self, message: str, param: str = "response_format"):
+        super().__init__(message, param=param)
 
 
 def pointer(parts: list[str]) -> str:
@@ -111,17 +111,18 @@ class _Walk:
             self.problems.append(f"{pointer(here)}: {value} names no entry of $defs")
 
 
-def check_schema(schema) -> None:
-    """Refuse (400 response_format_unsupported) a schema outside the subset or its limits."""
+def check_schema(schema, param: str = "response_format") -> None:
+    """Refuse (400 response_format_unsupported, naming `param`) a schema outside the subset or its limits."""
     size = len(json.dumps(schema))
     if size > MAX_BYTES:
-        raise ResponseFormatUnsupported(f"response_format: the schema is {size} bytes; at most {MAX_BYTES}")
+        raise ResponseFormatUnsupported(f"{param}: the schema is {size} bytes; at most {MAX_BYTES}", param)
     if not isinstance(schema, dict):
-        raise ResponseFormatUnsupported("response_format: json_schema.schema must be an object")
+        what = "json_schema.schema" if param == "response_format" else "the schema"
+        raise ResponseFormatUnsupported(f"{param}: {what} must be an object", param)
     walk = _Walk(schema)
     walk.schema(schema, [], 1)
     if walk.unsupported:
         listed = ", ".join(f"{keyword} at {where}" for keyword, where in walk.unsupported)
-        raise ResponseFormatUnsupported(f"response_format: unsupported JSON Schema keywords: {listed}")
+        raise ResponseFormatUnsupported(f"{param}: unsupported JSON Schema keywords: {listed}", param)
     if walk.problems:
-        raise ResponseFormatUnsupported("response_format: invalid schema: " + "; ".join(walk.problems))
+        raise ResponseFormatUnsupported(f"{param}: invalid schema: " + "; ".join(walk.problems), param)

@@ -19,6 +19,7 @@ import torch
 from millm.errors import InvalidRequest
 
 WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
+COMPACT = r"[\x20]?"  # tool calls: the server re-serialises the arguments, so layout is only cost
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class GrammarSpec:
     """A row's constraint: the JSON Schema it must follow ({"type": "object"} for json_object)."""
 
     schema_json: str
+    whitespace: str = WHITESPACE  # what may stand between JSON tokens
 
 
 class GrammarSupport:
@@ -51,7 +53,7 @@ class GrammarSupport:
         import llguidance
 
         return llguidance.LLMatcher.grammar_from_json_schema(
-            json.loads(spec.schema_json), overrides={"whitespace_pattern": WHITESPACE}
+            json.loads(spec.schema_json), overrides={"whitespace_pattern": spec.whitespace}
         )
 
     def matcher(self, spec: GrammarSpec) -> "RowConstraint":

@@ -25,28 +25,29 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def _apply_template(tokenizer, messages: list[dict]) -> str:
+def _apply_template(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
     template = None if has_chat_template(tokenizer) else FALLBACK_CHAT_TEMPLATE
     try:
         return tokenizer.apply_chat_template(
-            messages, chat_template=template, add_generation_prompt=True, tokenize=False
+            messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False
         )
     except Exception as exc:  # jinja2 errors, including the template's own raise_exception()
         message = str(exc).strip() or type(exc).__name__
         raise InvalidRequest(f"the model's chat template refused these messages: {message}", param="messages") from None
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The prompt text for a conversation; a trailing assistant message is continued."""
-    if messages and messages[-1]["role"] == "assistant":
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The prompt text for a conversation (with `tools` for templates that take them); a
+    trailing assistant message without tool calls is continued."""
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         partial = messages[-1].get("content") or ""
-        return _apply_template(tokenizer, messages[:-1]) + partial
-    return _apply_template(tokenizer, messages)
+        return _apply_template(tokenizer, messages[:-1], tools) + partial
+    return _apply_template(tokenizer, messages, tools)
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of a rendered conversation; the template already carries any BOS it needs."""
-    return tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"]
+    return tokenizer(render_chat(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
 
 
 def completion_prompt_ids(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:

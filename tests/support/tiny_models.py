@@ -136,3 +136,20 @@ def build_qwen2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     config = Qwen2Config(**_common(vocab), initializer_range=0.2, use_sliding_window=False)
     model = Qwen2ForCausalLM(config).eval()
     return _save(model, tokenizer_dir, directory)
+
+
+# A Hermes-style template that takes `tools` (as Qwen 2.5 and many others do): the tools in a
+# system block, calls as <tool_call>{...}</tool_call>, results as <tool_response> user turns.
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if tools %}<|im_start|>system\nYou may call these tools:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "Call one with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{% for call in message.tool_calls %}<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)

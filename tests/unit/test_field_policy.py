@@ -32,6 +32,7 @@ EXAMPLES = {
     "dimensions": 8,
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "auto",
+    "parallel_tool_calls": False,
     "logit_bias": {"5": 10},
     "functions": [{"name": "f"}],
     "function_call": "auto",
@@ -98,8 +99,10 @@ def test_the_spec_table_rows():
         "profile": (NOT_ON_SCORING, "refused", "refused"),
         "steering": ("refused", "refused", "refused"),
         "dimensions": ("refused", "refused", "refused"),
-        "tools": ("refused", "refused", "refused"),
-        "tool_choice": ("refused", "refused", "refused"),
+        # Beyond the page (issue 9): chat honours tools, except on scoring requests.
+        "tools": (NOT_ON_SCORING, "refused", "refused"),
+        "tool_choice": (NOT_ON_SCORING, "refused", "refused"),
+        "parallel_tool_calls": ("honoured", "refused", "refused"),
         "logit_bias": ("refused", "refused", "refused"),
     }
     for field, verdicts in spec.items():
