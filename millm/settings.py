@@ -105,6 +105,13 @@ class Settings(BaseSettings):
     monitoring_history: int = env_field(
         1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
     )
+    prompted_tools: Literal["auto", "on", "off"] = env_field(
+        "auto",
+        "MILLM_PROMPTED_TOOLS",
+        "For models whose chat template takes no tools: offer tool_choice \"auto\" tools in a system message "
+        "(on), never (off: answered as text, tools reported ignored), or only for models of 1B parameters "
+        "and more (auto; smaller ones did not follow the format in our measurements).",
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -21,7 +21,7 @@ from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionReq
 from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_and_read
 from millm.api.schema_subset import ResponseFormatUnsupported
 from millm.api.structured import Structured, parse_response_format, refuse_combinations, validate_output
-from millm.api.tools import CallHoldback, ToolPlan, parse_tools, read_answer, template_takes_tools, tool_messages
+from millm.api.tools import CallHoldback, ToolPlan, offer_decision, parse_tools, read_answer, template_takes_tools, tool_messages
 from millm.api.unused_fields import handle_unused, template_reads, unused_locations
 from millm.engine.jobs import JobFailed, ResidualsRead, RowFinished, TextDelta
 from millm.engine.loader import LoadedModel
@@ -224,11 +224,12 @@ async def read_blocks(read: ActivationRead | None, captured: list, unsteered: bo
     return {"millm": {"sae_activations": block}}
 
 
-def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None) -> dict[str, str]:
-    """X-miLLM-Ignored-Fields for this body (or 400 under X-miLLM-Strict)."""
+def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None, unused: tuple[str, ...] = ()) -> dict[str, str]:
+    """X-miLLM-Ignored-Fields for this body, plus `unused` fields it sent (or 400 under X-miLLM-Strict)."""
     strict = strict_mode(request.headers.get(STRICT_HEADER))
     reads = template_reads(lm.tokenizer) if lm is not None else set()
-    locations = unused_locations(body, scoring=scoring, reads=reads)
+    sent = body.model_dump(exclude_unset=True)
+    locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
     return handle_unused(locations, strict, state.settings.ignored_fields_header_max_bytes)
 
 
@@ -274,7 +275,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             param="messages",
             code="no_chat_template",
         )
-    headers = field_report(request, state, body, body.scoring, lm)
+    tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, state.settings.prompted_tools)
+    headers = field_report(request, state, body, body.scoring, lm, tuple(unused))
     prompts = await run_in_threadpool(conversation_prompts, lm, body, tools)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
     read = activation_read(state, lm, body, prompts, "messages")

@@ -165,6 +165,21 @@ def parse_tool(entry, index: int) -> Tool:
 
 
 # prompts ---------------------------------------------------------------------------------------
+PROMPTED_MIN_PARAMETERS = 1_000_000_000
+
+
+def offer_decision(plan: ToolPlan | None, native: bool, parameters: int, setting: str) -> tuple[ToolPlan | None, list[str]]:
+    """Whether an "auto" request's tools are offered to a model whose template takes none: by
+    MILLM_PROMPTED_TOOLS (auto: from 1B parameters; SmolLM2-135M made 0 calls in 20 tool-needing
+    prompts). Not offered, the answer is text and the tool fields are reported ignored."""
+    if plan is None or plan.mode != "auto" or native:
+        return plan, []
+    offer = setting == "on" or (setting == "auto" and parameters >= PROMPTED_MIN_PARAMETERS)
+    if offer:
+        return plan, []
+    return ToolPlan(plan.tools, "none", parallel=plan.parallel, by_name=plan.by_name), ["tools", "tool_choice", "parallel_tool_calls"]
+
+
 def template_takes_tools(tokenizer) -> bool:
     """Whether the model's chat template renders a `tools` list itself."""
     source = getattr(tokenizer, "chat_template", None) or ""

@@ -43,6 +43,7 @@ class LoadedModel:
     residual: ResidualEditor | None = None  # per-row residual additions (steering)
     grammar: GrammarSupport | None = None  # constrained decoding (structured output), built on first use
     engine: str = "transformers"
+    parameters: int = 0  # weights of the checkpoint as loaded (before any kernel repacking)
 
     @property
     def dtype_name(self) -> str:
@@ -241,6 +242,7 @@ def load_model(
     model.to(torch_device)
     model.eval()
     model.requires_grad_(False)
+    parameters = sum(p.numel() for p in model.parameters())  # counted before the runner repacks them
     with torch.inference_mode():
         runner = make_runner(model, torch_device, torch_dtype, q4_weights)
     log.info("model runs on %s (%s): %s runner, kernels: %s", torch_device, torch_dtype, runner.name, runner.kernels)
@@ -258,4 +260,5 @@ def load_model(
         runner=runner,
         residual=ResidualEditor(model, torch_dtype, torch_device),
         grammar=GrammarSupport(tokenizer, int(model.get_output_embeddings().weight.shape[0])),
+        parameters=parameters,
     )

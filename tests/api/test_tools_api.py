@@ -39,10 +39,20 @@ def tools_server(tiny_dirs, tmp_path_factory):
         process.stop()
 
 
+@pytest.fixture(scope="module")
+def prompted_server(tiny_dirs, tmp_path_factory):
+    """The tiny Llama (its template takes no tools) with tools offered in a system message even though it is small."""
+    process = ServerProcess(tmp_path_factory.mktemp("prompted-home"), ["--model", str(tiny_dirs["llama"])], env={"MILLM_PROMPTED_TOOLS": "on"})
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
 @pytest.fixture(params=["native", "prompted"])
-def target(request, tools_server, llama_server):
+def target(request, tools_server, prompted_server):
     """(server, model): a template that takes tools, and one that does not (tools offered in a system message)."""
-    return (tools_server, TOOLS_MODEL) if request.param == "native" else (llama_server, MODEL)
+    return (tools_server, TOOLS_MODEL) if request.param == "native" else (prompted_server, MODEL)
 
 
 def chat(target, **fields):
@@ -151,6 +161,20 @@ def test_langchain_bind_tools_and_structured_output(target):
     assert call["name"] == "Weather" and Weather(**call["args"])
     structured = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Paris?")
     assert isinstance(structured, Weather) and len(structured.city) <= 12
+
+
+def test_a_small_model_without_a_tools_template_answers_auto_as_text_and_says_so(llama_server):
+    """MILLM_PROMPTED_TOOLS=auto (the default): under 1B parameters, auto tools are not offered."""
+    base = {"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0}
+    plain = post(llama_server, "/v1/chat/completions", base)
+    auto = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "auto"})
+    assert auto.status_code == 200 and auto.headers["x-millm-ignored-fields"] == '"tools", "tool_choice"'
+    assert auto.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    assert auto.json()["usage"] == plain.json()["usage"]
+    strict = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS}, headers={"X-miLLM-Strict": "true"})
+    assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"
+    forced = post(llama_server, "/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required"})
+    assert forced.json()["choices"][0]["finish_reason"] == "tool_calls" and "x-millm-ignored-fields" not in forced.headers
 
 
 @pytest.mark.parametrize(
