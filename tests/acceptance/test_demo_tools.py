@@ -105,3 +105,13 @@ def test_an_open_webui_shaped_request_gets_a_200_stream(demo_server):
     assert response.headers["x-millm-ignored-fields"] == '"tools"'
     events = sse_events(response.text)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+def test_steering_applies_to_tool_calling_generations(demo_server):
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60, "temperature": 0}
+    plain = post(demo_server, "/v1/chat/completions", body)
+    steered = post(demo_server, "/v1/chat/completions", {**body, "profile": "pirate"})
+    assert plain.headers["x-millm-steering"] != steered.headers["x-millm-steering"]
+    assert steered.headers["x-millm-steering"].startswith("profile") and 'name="pirate"' in steered.headers["x-millm-steering"]
+    [call] = steered.json()["choices"][0]["message"]["tool_calls"]
+    assert not list(Draft202012Validator(SCHEMAS[call["function"]["name"]]).iter_errors(json.loads(call["function"]["arguments"])))
