@@ -227,7 +227,8 @@ async def read_blocks(read: ActivationRead | None, captured: list, unsteered: bo
 def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None, unused: tuple[str, ...] = ()) -> dict[str, str]:
     """X-miLLM-Ignored-Fields for this body, plus `unused` fields it sent (or 400 under X-miLLM-Strict)."""
     strict = strict_mode(request.headers.get(STRICT_HEADER))
-    reads = template_reads(lm.tokenizer) if lm is not None else set()
+    # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
+    reads = (template_reads(lm.tokenizer) | {"tool_calls"}) if lm is not None else set()
     sent = body.model_dump(exclude_unset=True)
     locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
     return handle_unused(locations, strict, state.settings.ignored_fields_header_max_bytes)

@@ -106,6 +106,7 @@ def test_a_full_round_trip(target):
     history = ASK + [message, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature": 21})}]
     second = chat(target, messages=history, tools=TOOLS, temperature=0, max_tokens=12)
     assert second.status_code == 200, second.text
+    assert "tool_calls" not in second.headers.get("x-millm-ignored-fields", "")  # the earlier call was rendered
     assert second.json()["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
 
 
