@@ -216,7 +216,7 @@ def activation_read(state: ServerState, lm: LoadedModel, body: SamplingFields, p
     )
 
 
-async def read_blocks(read: ActivationRead | None, captured: list, unsteered: bool = False) -> dict:
+def read_blocks(read: ActivationRead | None, captured: list, unsteered: bool = False) -> dict:
     """The response's `millm` object (empty when the request asked for nothing)."""
     if read is None or not captured:
         return {}
@@ -317,7 +317,7 @@ async def chat_scoring(state, lm, body, prompts, meta, temperature, headers, rea
             if len(prompts) > 1:
                 exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
             raise
-    return scored_response(lm, body, meta, choices, prompts, headers, await read_blocks(read, captured, unsteered=True))
+    return scored_response(lm, body, meta, choices, prompts, headers, read_blocks(read, captured, unsteered=True))
 
 
 def scored_response(lm, body, meta, choices, prompts, headers, extra: dict | None = None) -> JSONResponse:
@@ -381,7 +381,7 @@ async def completions(body: CompletionRequest, request: Request):
             scoring.completion_choice(lm, score(row, allowed, temperature), i, texts[i], body.logprobs, allowed, by_id)
             for i, row in enumerate(logits)
         ]
-        return scored_response(lm, body, meta, choices, prompts, headers, await read_blocks(read, answered.reads, unsteered=True))
+        return scored_response(lm, body, meta, choices, prompts, headers, read_blocks(read, answered.reads, unsteered=True))
     plan = state.planner.plan_for(None, None)
     stream, rows = await start_job(state, lm, body, prompts, "prompt", plan, read=read)
     return await answer(request, lm, body, stream, rows, meta, sum(map(len, prompts)), completion_chunks, completion_choice, plan, headers,
@@ -430,7 +430,7 @@ async def answer(request, lm: LoadedModel, body: SamplingFields, stream: JobStre
         "system_fingerprint": lm.system_fingerprint,
         "choices": [choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)],
         "usage": usage(prompt_tokens, result.completion_tokens),
-        **(await read_blocks(read, result.reads)),
+        **(read_blocks(read, result.reads)),
     }
     return JSONResponse(payload, headers=headers)
 
@@ -471,7 +471,7 @@ async def stream_frames(
         else:
             if include_usage:
                 yield sse(chunk([], usage=usage(prompt_tokens, completion_tokens)))
-            blocks = await read_blocks(read, captured)
+            blocks = read_blocks(read, captured)
             if blocks:
                 yield sse(chunk([], **blocks))
         yield sse("[DONE]")
