@@ -48,7 +48,8 @@ def test_models_list_and_get(llama_server):
 
 def test_openapi_schema_lists_the_surface(llama_server):
     schema = httpx.get(f"{llama_server.base_url}/openapi.json").json()
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/api/health", "/api/health/ready"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/api/health", "/api/health/ready",
+                 "/api/health/inference", "/api/models", "/api/monitoring", "/api/monitoring/stream"):
         assert path in schema["paths"]
 
 
