@@ -80,7 +80,7 @@ class ToolPlan:
     def grammar(self) -> GrammarSpec | None:
         """The JSON Schema a forced call must follow: the named tool's arguments, or any tool's call."""
         if self.mode == "forced":
-            return GrammarSpec(json.dumps(closed(self.by_name[self.forced].parameters)), COMPACT)
+            return GrammarSpec(json.dumps(closed(self.by_name[self.forced].parameters)), COMPACT, "tools")
         if self.mode == "required":
             calls = [
                 {
@@ -91,7 +91,7 @@ class ToolPlan:
                 }
                 for tool in self.tools
             ]
-            return GrammarSpec(json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}), COMPACT)
+            return GrammarSpec(json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}), COMPACT, "tools")
         return None
 
 

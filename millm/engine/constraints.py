@@ -28,6 +28,7 @@ class GrammarSpec:
 
     schema_json: str
     whitespace: str = WHITESPACE  # what may stand between JSON tokens
+    param: str = "response_format"  # the request field a refusal names
 
 
 class GrammarSupport:
@@ -63,12 +64,12 @@ class GrammarSupport:
         try:
             grammar = self.grammar(spec)
         except Exception as exc:  # the library's own refusal of a schema
-            raise InvalidRequest(f"response_format: the schema cannot be compiled: {exc}", param="response_format", code="response_format_unsupported") from None
+            raise InvalidRequest(f"{spec.param}: the schema cannot be compiled: {exc}", param=spec.param, code="response_format_unsupported") from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequest(
-                f"response_format: the schema cannot be compiled: {matcher.get_error()}",
-                param="response_format",
+                f"{spec.param}: the schema cannot be compiled: {matcher.get_error()}",
+                param=spec.param,
                 code="response_format_unsupported",
             )
         return RowConstraint(matcher, self._vocab_size)
