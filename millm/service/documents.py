@@ -47,29 +47,45 @@ def _unique_names(wanted: list[str], taken: set[str], on_conflict: str) -> list[
     return names
 
 
-class ClusterBook:
-    """Imported cluster definitions: raw document, name and persistent dial."""
+class DocumentBook:
+    """Imported documents of one table (clusters or circuits), found by id or name, stored raw."""
 
-    table = "clusters"
+    table: str
+    kind: str  # cluster | circuit, for messages and error codes
 
-    def __init__(self, store: Store, maximum: float):
+    def __init__(self, store: Store):
         self.store = store
-        self.maximum = maximum
 
     def all(self) -> list[dict]:
-        """Every cluster row (id, name, raw, intensity, created_at)."""
+        """Every row (id, name, raw, created_at, and the cluster dial)."""
         return self.store.documents(self.table)
 
     def find(self, key: str) -> dict:
-        """A cluster by id or name, or 404 cluster_not_found."""
+        """A document by id or name, or 404 <kind>_not_found."""
         for row in self.all():
             if key in (row["id"], row["name"]):
                 return row
-        raise NotFound(f"no cluster named or with id {key!r}", param="cluster", code="cluster_not_found")
+        raise NotFound(f"no {self.kind} named or with id {key!r}", param=self.kind, code=f"{self.kind}_not_found")
 
     def document(self, row: dict) -> dict:
         """The parsed document of a row."""
         return json.loads(row["raw"])
+
+    def delete(self, key: str) -> dict:
+        """Remove a document."""
+        row = self.find(key)
+        self.store.delete_document(self.table, row["id"])
+        return row
+
+
+class ClusterBook(DocumentBook):
+    """Imported cluster definitions: raw document, name and persistent dial."""
+
+    table, kind = "clusters", "cluster"
+
+    def __init__(self, store: Store, maximum: float):
+        super().__init__(store)
+        self.maximum = maximum
 
     def import_raw(self, raw: bytes, on_conflict: str) -> list[dict]:
         """Import a definition or a bundle atomically; a single definition keeps its exact bytes."""
@@ -93,35 +109,11 @@ class ClusterBook:
         self.store.set_cluster_intensity(row["id"], float(intensity))
         return self.find(row["id"])
 
-    def delete(self, key: str) -> dict:
-        """Remove a cluster."""
-        row = self.find(key)
-        self.store.delete_document(self.table, row["id"])
-        return row
 
-
-class CircuitBook:
+class CircuitBook(DocumentBook):
     """Imported circuit definitions, stored raw."""
 
-    table = "circuits"
-
-    def __init__(self, store: Store):
-        self.store = store
-
-    def all(self) -> list[dict]:
-        """Every circuit row (id, name, raw, created_at)."""
-        return self.store.documents(self.table)
-
-    def find(self, key: str) -> dict:
-        """A circuit by id or name, or 404 circuit_not_found."""
-        for row in self.all():
-            if key in (row["id"], row["name"]):
-                return row
-        raise NotFound(f"no circuit named or with id {key!r}", param="circuit", code="circuit_not_found")
-
-    def document(self, row: dict) -> dict:
-        """The parsed document of a row."""
-        return json.loads(row["raw"])
+    table, kind = "circuits", "circuit"
 
     def import_raw(self, raw: bytes, on_conflict: str) -> dict:
         """Import one circuit definition (validated whole), keeping its exact bytes."""
@@ -132,12 +124,6 @@ class CircuitBook:
         row = {"id": "cir_" + uuid.uuid4().hex[:12], "name": name, "raw": text}
         self.store.insert_documents(self.table, [row])
         return self.find(row["id"])
-
-    def delete(self, key: str) -> dict:
-        """Remove a circuit."""
-        row = self.find(key)
-        self.store.delete_document(self.table, row["id"])
-        return row
 
     @staticmethod
     def rung(document: dict) -> int:
