@@ -30,3 +30,19 @@ def sse_events(response_text: str) -> list:
         data = frame[len("data: "):]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def api(server, method: str, path: str, timeout: float = 120, **kwargs) -> httpx.Response:
+    """Any request to the server's management or OpenAI routes."""
+    return httpx.request(method, f"{server.base_url}{path}", timeout=timeout, **kwargs)
+
+
+def error(response: httpx.Response, status: int, code: str | None = None, type_: str | None = None) -> dict:
+    """The error object of a response that must have this status (and code, and type, when given)."""
+    assert response.status_code == status, response.text
+    body = response.json()["error"]
+    if code:
+        assert body["code"] == code, body
+    if type_:
+        assert body["type"] == type_, body
+    return body

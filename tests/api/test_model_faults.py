@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.api.clients import post, sse_events
+from tests.api.clients import post, sse_events, api, error as shared_error
 from tests.support import model_dirs
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
@@ -25,16 +25,9 @@ LONG = 2000
 GRACEFUL = 300
 
 
-def api(server, method, path, timeout=120, **kwargs):
-    return httpx.request(method, f"{server.base_url}{path}", timeout=timeout, **kwargs)
-
-
 def error(response, status, code, type_="invalid_request_error"):
-    assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json"), response.headers
-    body = response.json()["error"]
-    assert (body["code"], body["type"]) == (code, type_), body
-    return body
+    return shared_error(response, status, code, type_)
 
 
 def states(server) -> dict[str, str]:

@@ -2,10 +2,9 @@
 naming another registered model loads it; /v1/models follows the states and the steering lock;
 registrations and the lock survive a restart."""
 
-import httpx
 import pytest
 
-from tests.api.clients import MODEL, post, sdk
+from tests.api.clients import MODEL, post, sdk, api, error as shared_error
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -13,15 +12,8 @@ GEMMA = "tiny-gemma2"
 USER = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
-def api(server, method, path, **kwargs):
-    return httpx.request(method, f"{server.base_url}{path}", timeout=120, **kwargs)
-
-
 def error(response, status, code, type_="invalid_request_error"):
-    assert response.status_code == status, response.text
-    body = response.json()["error"]
-    assert (body["code"], body["type"]) == (code, type_), body
-    return body
+    return shared_error(response, status, code, type_)
 
 
 def states(server) -> dict[str, str]:

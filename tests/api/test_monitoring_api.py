@@ -12,15 +12,11 @@ import time
 import httpx
 import pytest
 
-from tests.api.clients import MODEL, post
+from tests.api.clients import MODEL, post, api
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about rivers."}], "max_tokens": 6, "temperature": 0}
-
-
-def api(server, method, path, **kwargs):
-    return httpx.request(method, f"{server.base_url}{path}", timeout=60, **kwargs)
 
 
 def wait_records(server, count, timeout=30.0) -> list[dict]:

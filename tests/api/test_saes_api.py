@@ -1,10 +1,10 @@
 """/api/saes: register, list, get, delete, attach, detach, feature search; every refusal a clear 400/404/409."""
 
-import httpx
 import pytest
 
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_gemma_scope, build_saelens, sae_tensors
+from tests.api.clients import api, error
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +27,6 @@ def files(tmp_path_factory):
         "deep": build_saelens(base / "deep", layer=7, seed=5),
         "broken": build_saelens(base / "broken", architecture="standard", tensors={k: v for k, v in sae_tensors(64, 128).items() if k != "b_enc"}),
     }
-
-
-def api(server, method, path, **kwargs):
-    return httpx.request(method, f"{server.base_url}{path}", timeout=60, **kwargs)
-
-
-def error(response, status, code=None):
-    assert response.status_code == status, response.text
-    body = response.json()["error"]
-    if code:
-        assert body["code"] == code
-    return body
 
 
 def register(server, path):

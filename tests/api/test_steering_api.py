@@ -5,23 +5,11 @@ import threading
 import httpx
 import pytest
 
-from tests.api.clients import MODEL, sdk
+from tests.api.clients import MODEL, sdk, api, error
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
-
-
-def api(server, method, path, **kwargs):
-    return httpx.request(method, f"{server.base_url}{path}", timeout=120, **kwargs)
-
-
-def error(response, status, code=None):
-    assert response.status_code == status, response.text
-    body = response.json()["error"]
-    if code:
-        assert body["code"] == code, body
-    return body
 
 
 @pytest.fixture(scope="module")
