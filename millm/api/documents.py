@@ -85,11 +85,7 @@ async def list_clusters(request: Request):
 @router.post("/api/clusters/deactivate", summary="Deactivate the active cluster")
 async def deactivate_cluster(request: Request):
     """Back to the live values as the base, if a cluster was active."""
-    state = state_of(request)
-    previous = state.steering.active if (state.steering.active or {}).get("kind") == "cluster" else None
-    if previous:
-        state.steering.set_active(None, None)
-    return {"deactivated": previous["id"] if previous else None}
+    return {"deactivated": state_of(request).steering.deactivate("cluster")}
 
 
 @router.get("/api/clusters/{key}", summary="One cluster")
@@ -221,11 +217,7 @@ async def active_circuit(request: Request):
 @router.post("/api/circuits/deactivate", summary="Deactivate the active circuit")
 async def deactivate_circuit(request: Request):
     """Back to the live values as the base, if a circuit was active."""
-    state = state_of(request)
-    previous = state.steering.active if (state.steering.active or {}).get("kind") == "circuit" else None
-    if previous:
-        state.steering.set_active(None, None)
-    return {"deactivated": previous["id"] if previous else None}
+    return {"deactivated": state_of(request).steering.deactivate("circuit")}
 
 
 @router.get("/api/circuits/{key}", summary="One circuit")

@@ -163,6 +163,15 @@ class Steering:
             self.bump()
         return previous
 
+    def deactivate(self, kind: str) -> str | None:
+        """Back to the live values if a base of this kind is active; returns its id (None if none was)."""
+        with self.lock:
+            active = self.active
+            if active is None or active.get("kind") != kind:
+                return None
+            self.set_active(None, None)
+            return active["id"]
+
     def activate_profile(self, key: str) -> dict:
         """Make a profile the global steering base (checked against the attached SAEs first)."""
         row = self.profiles.find(key)
