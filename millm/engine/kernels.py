@@ -11,6 +11,7 @@ hooks), only their forward changes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
@@ -26,6 +27,17 @@ Q4_GROUP = 32
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
     """The plain kernel (any device)."""
     return lambda x: F.linear(x, weight, bias)
+
+
+@functools.cache
+def prepack_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can pre-pack a weight of this dtype on this CPU: bf16 needs AVX-512 (BW, VL,
+    DQ) or AVX-NE-CONVERT, which an AVX2-only CPU lacks; asked once by trying a tiny weight."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
 
 
 def prepacked_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
@@ -91,7 +103,7 @@ class KernelPlan:
             return int4_linear(*found, weight.shape[0])
         weight = weight.detach().to(self.dtype)
         bias = None if bias is None else bias.detach().to(self.dtype)
-        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and prepack_supported(self.dtype):
             self.counts["prepacked"] += 1
             return prepacked_linear(weight, bias)
         self.counts["dense"] += 1
