@@ -57,6 +57,7 @@ def serve(settings: Settings) -> int:
     """Resolve the model at once (clear error, no traceback), then serve while it loads."""
     import uvicorn
 
+    from millm.api.access import open_routes_warning
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
     from millm.errors import ModelSourceError
@@ -70,7 +71,11 @@ def serve(settings: Settings) -> int:
         return 2
     state = ServerState(settings, source)
     app = create_app(state)
-    logging.getLogger("millm").info("data directory: %s", settings.home)
+    log = logging.getLogger("millm")
+    log.info("data directory: %s", settings.home)
+    warning = open_routes_warning(settings.host, settings.api_key, settings.admin_key)
+    if warning is not None:
+        log.warning(warning)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
 
@@ -85,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         flags = {env: "--" + name.replace("_", "-") for name, env, _, _ in settings_options()}
         for error in exc.errors():
             env = str(error["loc"][0]) if error["loc"] else ""
-            where = f"{flags[env]} (env {env})" if env in flags else env
-            print(f"millm: invalid value for {where}: {error['msg']}", file=sys.stderr)
+            if env in flags:
+                print(f"millm: invalid value for {flags[env]} (env {env}): {error['msg']}", file=sys.stderr)
+            else:  # a rule across settings (the keys); pydantic prefixes its message
+                print(f"millm: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -135,6 +136,34 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = env_field(
         "info", "MILLM_LOG_LEVEL", "Log level."
     )
+    api_key: SecretStr | None = env_field(
+        None,
+        "MILLM_API_KEY",
+        "Key clients send as 'Authorization: Bearer <key>' for /v1 (unset: /v1 is open). "
+        "Prefer MILLM_API_KEY_FILE: a command-line key shows in process listings.",
+    )
+    api_key_file: Path | None = env_field(None, "MILLM_API_KEY_FILE", "File holding MILLM_API_KEY (first line).")
+    admin_key: SecretStr | None = env_field(
+        None,
+        "MILLM_ADMIN_KEY",
+        "Key for every /api route that changes state; it also opens /v1 (unset: those routes are open).",
+    )
+    admin_key_file: Path | None = env_field(None, "MILLM_ADMIN_KEY_FILE", "File holding MILLM_ADMIN_KEY (first line).")
+    allowed_paths: Annotated[list[Path], NoDecode] = env_field(
+        [],
+        "MILLM_ALLOWED_PATHS",
+        "Directories (os.pathsep-separated, like PATH) besides the data directory from which paths sent "
+        "over HTTP (SAE and model registration) may be read; --model is always allowed.",
+    )
+    max_request_bytes: int = env_field(
+        4 * 1024 * 1024, "MAX_REQUEST_BYTES", "Largest request body; past it, 413 before the body is read.", ge=1024
+    )
+    max_import_bytes: int = env_field(
+        1_000_000,
+        "MAX_IMPORT_BYTES",
+        "Largest body of a profile, cluster or circuit import; past it, 413 document_too_large.",
+        ge=1024,
+    )
 
     @field_validator("home", mode="before")
     @classmethod
@@ -147,6 +176,28 @@ class Settings(BaseSettings):
     def _absolute_home(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @field_validator("allowed_paths", mode="before")
+    @classmethod
+    def _split_paths(cls, value):
+        # PATH-style in the environment and on the command line; an empty entry means nothing.
+        if isinstance(value, str):
+            value = value.split(os.pathsep)
+        return [entry for entry in value if str(entry).strip()] if value is not None else []
+
+    @field_validator("allowed_paths")
+    @classmethod
+    def _absolute_paths(cls, value: list[Path]) -> list[Path]:
+        return [path.expanduser().resolve() for path in value]
+
+    @model_validator(mode="after")
+    def _keys_from_files(self):
+        self.api_key = key_setting(self.api_key, self.api_key_file, "MILLM_API_KEY")
+        self.admin_key = key_setting(self.admin_key, self.admin_key_file, "MILLM_ADMIN_KEY")
+        if self.api_key is not None and self.admin_key is not None and self.api_key.get_secret_value() == self.admin_key.get_secret_value():
+            # One key for both would let every chat client change what all the others get.
+            raise ValueError("MILLM_API_KEY and MILLM_ADMIN_KEY must differ (the admin key alone opens /v1 too)")
+        return self
+
     @property
     def cache_dir(self) -> Path:
         """Caches the server writes (dequantised GGUF checkpoints, ...)."""
@@ -156,6 +207,25 @@ class Settings(BaseSettings):
     def hub_dir(self) -> Path:
         """Where hub downloads go (the user's own Hugging Face cache is only read)."""
         return self.home / "hub"
+
+
+def key_setting(key: SecretStr | None, file: Path | None, env: str) -> SecretStr | None:
+    """A key given directly or read from its file (first line); refused when both are given, or unusable."""
+    if key is not None and file is not None:
+        raise ValueError(f"give {env} or {env}_FILE, not both")
+    if file is not None:
+        try:
+            lines = file.expanduser().read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{env}_FILE {str(file)!r} cannot be read ({type(exc).__name__})") from None
+        key = SecretStr(lines[0].strip() if lines else "")
+    if key is None:
+        return None
+    value = key.get_secret_value()
+    # A bearer token travels in an HTTP header: visible ASCII only, and something to guess.
+    if not value or not all("!" <= c <= "~" for c in value):
+        raise ValueError(f"{env} must be non-empty visible ASCII without spaces")
+    return key
 
 
 def settings_with(overrides: dict[str, object]) -> Settings:

@@ -6,10 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import server as server_support
 from tests.support import tiny_models
 from tests.support.server import ServerProcess
 
 TINY_NAME = "tiny-llama"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_root(tmp_path_factory) -> Path:
+    """Everything tests build lives under pytest's base temporary folder: servers may read it (MILLM_ALLOWED_PATHS)."""
+    server_support.TEST_ROOT = tmp_path_factory.getbasetemp()
+    return server_support.TEST_ROOT
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ from fastapi import FastAPI
 
 from millm import __version__
 from millm.api import completions, documents, embeddings, health, manage, model_admin, models, monitoring
+from millm.api.access import AccessGuard, Keys
+from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
 from millm.service.state import ServerState
 
@@ -46,7 +48,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     )
     app.state.millm = state
     install_error_handlers(app)
+    # The last added runs first: keys and origins, then the body cap, then the request scope.
     app.add_middleware(RequestScope, state=state)
+    app.add_middleware(BodyLimit, request_cap=state.settings.max_request_bytes, import_cap=state.settings.max_import_bytes)
+    app.add_middleware(AccessGuard, keys=Keys.of(state.settings.api_key, state.settings.admin_key))
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(embeddings.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])

@@ -16,7 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from millm.api import scoring
 from millm.api.errors import error_body
 from millm.api.field_policy import CHAT, COMPLETIONS, check_fields
-from millm.api.headers import STRICT_HEADER, item, seed_header, strict_mode, token
+from millm.api.headers import item, seed_header, token
+from millm.api.prechecks import precheck
 from millm.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from millm.api.scoring import InvalidScoringRequest, check_allowed, check_scoring, score_and_read
 from millm.api.schema_subset import ResponseFormatUnsupported
@@ -28,10 +29,10 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids, has_chat_template
 from millm.engine.sampling import SamplingParams
 from millm.engine.scoring import score
-from millm.interp.intensity import echo, parse_dial
+from millm.interp.intensity import echo
 from millm.interp.mistudio import RUNG_LANGUAGE
 from millm.errors import FieldNotHonoured, InvalidRequest, MillmError
-from millm.service.activations import ActivationRead, activations_block, plan_read, refuse
+from millm.service.activations import ActivationRead, ReadRequest, activations_block, plan_read, refuse
 from millm.service.generation import GenerationOptions, JobStream, build_rows, completion_budget
 from millm.service.steering import Plan
 from millm.service.state import ServerState
@@ -200,18 +201,17 @@ def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
         raise refuse("several prompts have several position axes; send one prompt")
 
 
-def activation_read(state: ServerState, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str) -> ActivationRead | None:
-    """The request's checked SAE read (400 before anything runs), or None when it asked for none."""
-    if body.return_sae_activations is None:
+def activation_read(state: ServerState, lm: LoadedModel, body: SamplingFields, asked: ReadRequest | None, prompts: list[list[int]], param: str) -> ActivationRead | None:
+    """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
+    if asked is None:
         return None
     refuse_multi_row_reads(body, len(prompts))
     budget = 0 if body.scoring else completion_budget(lm, len(prompts[0]), body.token_budget, state.settings.default_max_tokens, param)
     return plan_read(
-        body.return_sae_activations,
+        asked,
         state.steering.attached,
         prompt_tokens=len(prompts[0]),
         max_tokens=budget,
-        max_top_k=state.settings.sae_activations_max_top_k,
         max_entries=state.settings.sae_activations_max_entries,
     )
 
@@ -224,9 +224,8 @@ def read_blocks(read: ActivationRead | None, captured: list, unsteered: bool = F
     return {"millm": {"sae_activations": block}}
 
 
-def field_report(request: Request, state: ServerState, body, scoring: bool, lm: LoadedModel | None, unused: tuple[str, ...] = ()) -> dict[str, str]:
+def field_report(strict: bool, state: ServerState, body, scoring: bool, lm: LoadedModel | None, unused: tuple[str, ...] = ()) -> dict[str, str]:
     """X-miLLM-Ignored-Fields for this body, plus `unused` fields it sent (or 400 under X-miLLM-Strict)."""
-    strict = strict_mode(request.headers.get(STRICT_HEADER))
     # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
     reads = (template_reads(lm.tokenizer) | {"tool_calls"}) if lm is not None else set()
     sent = body.model_dump(exclude_unset=True)
@@ -269,6 +268,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise ResponseFormatUnsupported("response_format cannot be combined with tools: both would shape the same answer")
     temperature = check_scoring(body) if body.scoring else None
     refuse_multi_row_reads(body, 1)
+    checked = await precheck(request, state, body, body.scoring)
     lm = await state.acquire(body.model)
     if body.scoring and not has_chat_template(lm.tokenizer):
         raise InvalidRequest(
@@ -277,14 +277,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             code="no_chat_template",
         )
     tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, state.settings.prompted_tools)
-    headers = field_report(request, state, body, body.scoring, lm, tuple(unused))
+    headers = field_report(checked.strict, state, body, body.scoring, lm, tuple(unused))
     prompts = await run_in_threadpool(conversation_prompts, lm, body, tools)
     meta = ResponseMeta(id=f"chatcmpl-{uuid.uuid4().hex}", object="chat.completion", model=lm.name)
-    read = activation_read(state, lm, body, prompts, "messages")
+    read = activation_read(state, lm, body, checked.read, prompts, "messages")
     if body.scoring:
         return await chat_scoring(state, lm, body, prompts, meta, temperature, headers, read)
-    dial = parse_dial(body.steering_intensity) if body.steering_intensity is not None else None
-    plan = state.planner.plan_for(body.profile, dial)
+    plan = state.planner.plan_for(body.profile, checked.dial)
     constraint = None
     if structured is not None:
         constraint = structured.spec
@@ -367,11 +366,12 @@ async def completions(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
     temperature = check_scoring(body) if body.scoring else None
+    checked = await precheck(request, state, body, body.scoring)
     lm = await state.acquire(body.model)
-    headers = field_report(request, state, body, body.scoring, lm)
+    headers = field_report(checked.strict, state, body, body.scoring, lm)
     prompts, texts = await run_in_threadpool(completion_prompts, lm, body)
     meta = ResponseMeta(id=f"cmpl-{uuid.uuid4().hex}", object="text_completion", model=lm.name)
-    read = activation_read(state, lm, body, prompts, "prompt")
+    read = activation_read(state, lm, body, checked.read, prompts, "prompt")
     if body.scoring:
         allowed = check_allowed(lm, body.allowed_token_ids)
         answered = await score_and_read(state, prompts, (read.engine_read(),) if read is not None else ())

@@ -257,5 +257,6 @@ async def activate_circuit(key: str, request: Request, body: CircuitActivation |
             param="acknowledge_rung",
             code="rung_not_acknowledged",
         )
+    state.planner.check_fits("circuit", row["id"])  # a circuit none of whose layers binds would refuse every request
     state.steering.set_active("circuit", row["id"])
     return circuit_view(state, row)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.field_policy import EMBEDDINGS, check_fields
-from millm.api.headers import STRICT_HEADER, strict_mode
+from millm.api.prechecks import precheck
 from millm.api.protocol import OpenBody
 from millm.api.unused_fields import handle_unused, unused_locations
 from millm.engine.jobs import EmbeddingJob
@@ -69,9 +69,10 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
     state: ServerState = request.app.state.millm
     check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
+    checked = await precheck(request, state, body)
+    # What embeddings ignore does not depend on the model: reported (or refused) before it is held.
+    headers = handle_unused(unused_locations(body), checked.strict, state.settings.ignored_fields_header_max_bytes)
     lm = await state.acquire(body.model)
-    strict = strict_mode(request.headers.get(STRICT_HEADER))
-    headers = handle_unused(unused_locations(body), strict, state.settings.ignored_fields_header_max_bytes)
     prompts = await run_in_threadpool(embedding_inputs, lm, body.input)
     result = OneResult()
     job = EmbeddingJob(prompts=prompts, emit=result.emit)

@@ -78,6 +78,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
+        carried = getattr(exc, "error", None)  # body_limit.BodyOverCap carries the API's own error
+        if isinstance(carried, MillmError):
+            return error_response(carried)
         error = MillmError(str(exc.detail), code=HTTP_CODES.get(exc.status_code, "http_error"))
         error.status = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"

@@ -15,7 +15,6 @@ from millm.service.state import ServerState
 from millm.service.threads import in_passing_thread
 
 router = APIRouter()
-MAX_IMPORT_BYTES = 1_000_000
 
 
 class StrictBody(BaseModel):
@@ -105,11 +104,7 @@ def sae_view(state: ServerState, sae_id: str) -> dict:
 async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
     state = state_of(request)
-    if not body.path and not body.repo:
-        raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
-    local = None if body.repo else body.path
-    repo_path = body.path if body.repo else None
-    info, created = await in_passing_thread(state.saes.register, local, body.repo, repo_path, body.revision)
+    info, created = await in_passing_thread(state.register_sae, body.path, body.repo, body.revision)
     return JSONResponse(sae_view(state, info.id), status_code=201 if created else 200)
 
 
@@ -145,7 +140,8 @@ async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = Non
     state = state_of(request)
     layer = body.layer if body else None
     attached = await in_passing_thread(state.attach_sae, sae_id, layer)  # locks the server to the loaded model
-    return {**sae_view(state, sae_id), "layer": attached.layer, "steering_version": state.steering.version}
+    return {**sae_view(state, sae_id), "layer": attached.layer, "steering_version": state.steering.version,
+            "active_base": state.planner.active_fit()}
 
 
 @router.post("/api/saes/{sae_id}/detach", summary="Detach an SAE")
@@ -153,7 +149,8 @@ async def detach_sae(sae_id: str, request: Request):
     """Stop steering and reading through it; its live strengths are kept for a later attach."""
     state = state_of(request)
     was = state.steering.detach(sae_id)
-    return {**sae_view(state, sae_id), "was_attached": was, "steering_version": state.steering.version}
+    return {**sae_view(state, sae_id), "was_attached": was, "steering_version": state.steering.version,
+            "active_base": state.planner.active_fit()}
 
 
 @router.get("/api/saes/{sae_id}/features", summary="Search the SAE's feature labels")
@@ -169,12 +166,7 @@ async def sae_features(sae_id: str, request: Request, q: str = "", limit: Annota
 def steering_view(state: ServerState) -> dict:
     """The live state: enabled, version, the active base, and per SAE its strengths and attachment."""
     steering = state.steering
-    active = None
-    if steering.active is not None:
-        kind, base_id = steering.active["kind"], steering.active["id"]
-        books = {"profile": state.profiles.all, "cluster": state.clusters.all, "circuit": state.circuits.all}
-        row = next((r for r in books[kind]() if r["id"] == base_id), None)
-        active = {"kind": kind, "id": base_id, "name": row["name"] if row else None}
+    active = state.planner.active_fit()  # with whether it still fits the attached SAEs
     saes = []
     for sae_id in sorted(set(steering.strengths) | set(steering.attached)):
         attached = steering.attached.get(sae_id)
@@ -326,8 +318,6 @@ async def import_profiles(
 ):
     """Validated whole: a bad document refuses the import and nothing is stored."""
     state = state_of(request)
-    if int(request.headers.get("content-length") or 0) > MAX_IMPORT_BYTES:
-        raise InvalidRequest(f"an import is limited to {MAX_IMPORT_BYTES} bytes")
     rows = state.profiles.import_documents(payload, on_conflict)
     return {"object": "list", "data": [profile_view(state, row) for row in rows]}
 
@@ -347,7 +337,7 @@ async def update_profile(key: str, body: ProfileBody, request: Request):
     row = state.profiles.find(key)
     active = row["id"] == state.steering.active_profile
     if active:  # the active profile must stay applicable: check before storing anything
-        state.steering.resolve(validate_profile({**row["document"], **changes}), strict=True)
+        state.steering.resolve(validate_profile({**row["document"], **changes}))
     row = state.profiles.update(key, changes)
     if active:
         state.steering.bump()

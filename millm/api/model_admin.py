@@ -48,7 +48,7 @@ def model_view(view: ModelView) -> dict:
 async def register_model(body: RegisterModel, request: Request):
     """Resolve and check the files; 201 when new, 200 when the same name and source were registered already."""
     state = state_of(request)
-    entry, created = await run_in_threadpool(state.models.register, body.source, body.name)
+    entry, created = await run_in_threadpool(state.register_model, body.source, body.name)
     return JSONResponse(model_view(state.view(entry.name)), status_code=201 if created else 200)
 
 
@@ -64,7 +64,7 @@ async def load_model(name: str, request: Request):
     """Checks first (quantization, memory), then unloads the loaded model gracefully, then loads."""
     state = state_of(request)
     await in_passing_thread(state.load, name)
-    return model_view(state.view(name))
+    return {**model_view(state.view(name)), "active_base": state.planner.active_fit()}
 
 
 @router.post("/api/models/{name:path}/unload", summary="Unload a model")
@@ -72,7 +72,7 @@ async def unload_model(name: str, request: Request):
     """Refuse new requests at once, let running ones finish (GRACEFUL_UNLOAD_TIMEOUT), free the weights."""
     state = state_of(request)
     was = await in_passing_thread(state.unload, name)
-    return {**model_view(state.view(name)), "was_loaded": was}
+    return {**model_view(state.view(name)), "was_loaded": was, "active_base": state.planner.active_fit()}
 
 
 @router.post("/api/models/{name:path}/lock", summary="Lock the server to a model for steering")

@@ -40,10 +40,18 @@ class ModelSource:
     revision: str | None  # hub commit when known; GGUF sources fill it from the file's hash
 
 
-def resolve_source(reference: str, hub_download_dir: Path) -> ModelSource:
-    """Turn `--model` into a ModelSource, or raise ModelSourceError saying what is wrong."""
+def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -> ModelSource:
+    """Turn `--model` into a ModelSource, or raise ModelSourceError saying what is wrong.
+
+    With `local` False the reference is a hub id only: the local file system is never consulted
+    (a client's reference outside the allowed directories must not reveal what exists there).
+    """
     if reference == DEMO_MODEL_NAME:
         return demo_source()
+    if not local:
+        if HUB_ID.match(reference):
+            return _hub_source(reference, hub_download_dir)
+        raise ModelSourceError(f"model {reference!r} is not a Hugging Face hub id (owner/name)")
     path = Path(reference).expanduser()
     if path.is_dir():
         return _directory_source(reference, path.resolve())

@@ -105,15 +105,23 @@ def circuit_mode(bindings: dict[int, LayerBinding], members: list[Member]) -> st
 
 
 def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attached: dict[str, Attached], intensity: float) -> ResidualEdit | None:
-    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths."""
+    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths.
+
+    A member past the width of the SAE its layer binds to is refused (400 invalid_feature_index),
+    never left out: a partial edit would be served as if it were the whole document.
+    """
     strengths: dict[str, dict[int, float]] = {}
-    for member in members:
+    for number, member in enumerate(members):
         binding = bindings.get(member.layer)
         if binding is None or binding.status not in BOUND:
             continue
         width = attached[binding.sae_id].info.d_sae
         if member.feature_idx >= width:
-            continue
+            raise InvalidFeatureIndex(
+                f"member {number} (feature {member.feature_idx} at layer {member.layer}) is past the width of "
+                f"{binding.sae_id} ({width} features)",
+                param="members",
+            )
         value = applied_strength(member.strength, member.sign, intensity)
         features = strengths.setdefault(binding.sae_id, {})
         features[member.feature_idx] = max(-200.0, min(200.0, features.get(member.feature_idx, 0.0) + value))

@@ -17,7 +17,6 @@ CLUSTER_KIND = "mistudio.cluster-definition"
 CLUSTER_BUNDLE_KIND = "mistudio.cluster-bundle"
 CIRCUIT_KIND = "mistudio.circuit-definition"
 SCHEMA_VERSION = "1"
-MAX_DOCUMENT_BYTES = 1_000_000
 
 RUNG_LANGUAGE = {
     0: "associated",

@@ -105,25 +105,33 @@ def worst_case_positions(positions: str | tuple[int, int], prompt_tokens: int, m
     return end - start
 
 
-def plan_read(
-    request: dict,
-    attached: dict[str, Attached],
-    *,
-    prompt_tokens: int,
-    max_tokens: int,
-    max_top_k: int,
-    max_entries: int,
-) -> ActivationRead:
-    """Check a request's read before anything runs (400 naming what is wrong)."""
+@dataclass(frozen=True)
+class ReadRequest:
+    """A read as asked, its syntax checked (before any model is held): what `plan_read` binds to an SAE."""
+
+    sae_id: str | None
+    features: tuple[int, ...] | None
+    top_k: int
+    positions: str | tuple[int, int]
+    read_point: str
+
+
+def parse_read(request: dict, max_top_k: int) -> ReadRequest:
+    """Check what depends on the request alone: keys, types, top_k's limit, positions, read point (400)."""
     unknown = set(request) - KEYS
     if unknown:
         raise refuse(f"unknown keys {', '.join(sorted(unknown))}; it takes {', '.join(sorted(KEYS))}")
-    chosen = choose_sae(attached, request.get("sae_id"))
+    sae_id = request.get("sae_id")
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise refuse(f"sae_id must be a string, got {sae_id!r}")
     features = request.get("features")
     if features is not None:
         if not isinstance(features, list) or not features:
             raise refuse("features must be a non-empty list of feature indices")
-        features = tuple(dict.fromkeys(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in features))
+        for index in features:
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise refuse(f"features must be non-negative integers, got {index!r}")
+        features = tuple(dict.fromkeys(features))
     top_k = request.get("top_k", 8)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise refuse(f"top_k must be a positive integer, got {top_k!r}")
@@ -133,13 +141,29 @@ def plan_read(
     read_point = request.get("read_point", "post_steering")
     if read_point not in READ_POINTS:
         raise refuse(f"read_point must be post_steering or pre_steering, got {read_point!r}")
-    worst = worst_case_positions(positions, prompt_tokens, max_tokens) * top_k
+    return ReadRequest(sae_id, features, top_k, positions, read_point)
+
+
+def plan_read(
+    asked: ReadRequest,
+    attached: dict[str, Attached],
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    max_entries: int,
+) -> ActivationRead:
+    """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming what is wrong)."""
+    chosen = choose_sae(attached, asked.sae_id)
+    features = asked.features
+    if features is not None:
+        features = tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in features)
+    worst = worst_case_positions(asked.positions, prompt_tokens, max_tokens) * asked.top_k
     if worst > max_entries:
         raise refuse(
             f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
             f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
         )
-    return ActivationRead(chosen, features, top_k, positions, read_point)
+    return ActivationRead(chosen, features, asked.top_k, asked.positions, asked.read_point)
 
 
 def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:

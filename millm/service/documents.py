@@ -7,7 +7,6 @@ import uuid
 
 from millm.errors import Conflict, InvalidRequest, NotFound
 from millm.interp.mistudio import (
-    MAX_DOCUMENT_BYTES,
     authored_intensity,
     check_circuit,
     cluster_definitions,
@@ -16,17 +15,8 @@ from millm.interp.mistudio import (
 from millm.store.database import Store
 
 
-class DocumentTooLarge(InvalidRequest):
-    """413: an import over the size cap."""
-
-    status = 413
-    code = "document_too_large"
-
-
 def parse_raw(raw: bytes):
-    """The JSON of an import body, capped at 1 MB."""
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise DocumentTooLarge(f"a document is limited to {MAX_DOCUMENT_BYTES} bytes, got {len(raw)}")
+    """The JSON of an import body (its size was capped by MAX_IMPORT_BYTES before it was read)."""
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

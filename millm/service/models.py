@@ -108,14 +108,14 @@ class ModelRegistry:
             raise ModelNotFound(f"The model {name!r} does not exist on this server (registered: {known})", param="model")
         return entry
 
-    def register(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
+    def register(self, reference: str, name: str | None, local: bool = True) -> tuple[RegisteredModel, bool]:
         """Resolve and inspect `reference` (blocking: a hub id may download); returns (entry, newly registered).
 
         The same name and reference again is not an error (200, as for SAEs); a name already
-        given to something else is a 409.
+        given to something else is a 409. With `local` False it is looked up as a hub id only.
         """
         try:
-            source = resolve_source(reference, self.hub_dir)
+            source = resolve_source(reference, self.hub_dir, local=local)
             checkpoint = inspect(source)
         except ModelSourceError as exc:
             raise InvalidRequest(f"cannot register {reference!r}: {exc}", param="source", code="invalid_model_source") from None
@@ -155,7 +155,9 @@ class ModelRegistry:
 
     def source(self, name: str) -> ModelSource:
         """Resolve a registration again (files may have moved since): ModelSourceError if it no longer resolves."""
-        return resolve_source(self.get(name).reference, self.hub_dir)
+        entry = self.get(name)
+        # A hub registration never turns into a local path that happens to share its name.
+        return resolve_source(entry.reference, self.hub_dir, local=entry.kind != "hub")
 
     def forget(self, name: str) -> None:
         """Remove a registration (the caller checks it is not loaded or locked)."""

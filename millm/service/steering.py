@@ -175,7 +175,7 @@ class Steering:
     def activate_profile(self, key: str) -> dict:
         """Make a profile the global steering base (checked against the attached SAEs first)."""
         row = self.profiles.find(key)
-        self.resolve(row["document"], strict=True)
+        self.resolve(row["document"])
         self.set_active("profile", row["id"])
         return row
 
@@ -186,23 +186,17 @@ class Steering:
         return self.set_active(None, None)["id"]
 
     # plans ------------------------------------------------------------------------------------------
-    def resolve(self, document: dict, strict: bool, scale: float = 1.0) -> ResidualEdit | None:
+    def resolve(self, document: dict, scale: float = 1.0) -> ResidualEdit | None:
         """A profile's edit through the attached SAEs, its strengths times `scale` (the dial).
 
-        strict (activation, a request's own profile): every SAE it names must be attached at the
-        profile's layer and every index fit, else 400. Not strict (the active profile while
-        serving): entries that no longer fit are left out rather than failing every request.
+        Every SAE it names must be attached at the profile's layer and every index fit, else 400:
+        an entry is never left out, or a partly applied profile would pass for the whole one.
         """
         strengths = profile_strengths(document)
         layers = {entry["sae_id"]: entry.get("layer") for entry in document["steering"]}
         usable = {}
         for sae_id, features in strengths.items():
-            try:
-                checked = self._check_entry(document["name"], sae_id, layers[sae_id], features)
-            except MillmError:
-                if strict:
-                    raise
-                continue
+            checked = self._check_entry(document["name"], sae_id, layers[sae_id], features)
             usable[sae_id] = {index: applied_strength(value, 1, scale) for index, value in checked.items()}
         return steering_edit(usable, self.attached)
 

@@ -163,10 +163,11 @@ def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
     assert "x-millm-circuit-rung" not in response.headers
     assert response.headers["x-millm-steering-intensity"] == "0.5"  # cluster rule: the 0.5 floor
     far = import_circuit(server, circuit(name="far", layers=(0, 0))).json()
-    api(server, "POST", f"/api/circuits/{far['id']}/activate")
-    status = api(server, "GET", "/api/circuits/active").json()["steering"]
-    assert status["steering"] is False and status["mode"] == "none" and "no SAE" in status["reason"]
-    assert "x-millm-circuit-rung" not in chat(server).headers
+    assert api(server, "GET", f"/api/circuits/{far['id']}").json()["steering"]["mode"] == "none"
+    # Active, it would refuse every request (nothing binds): activation says so and changes nothing.
+    body = error(api(server, "POST", f"/api/circuits/{far['id']}/activate"), 400, "invalid_feature_index")
+    assert "'far'" in body["message"] and "no SAE is attached at layer 0" in body["message"]
+    assert api(server, "GET", "/api/circuits/active").json()["circuit"]["name"] == "sliced"
     api(server, "POST", "/api/circuits/deactivate")
     assert api(server, "GET", "/api/circuits/active").json() == {"circuit": None, "steering": {"steering": False, "mode": "none", "reason": "no active circuit"}}
 

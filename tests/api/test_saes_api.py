@@ -54,7 +54,8 @@ def test_gemma_scope_registers_with_its_layer(server, files):
 def test_malformed_file_is_a_400_naming_the_problem(server, files):
     body = error(api(server, "POST", "/api/saes", json={"path": str(files["broken"])}), 400, "invalid_sae")
     assert "has no tensor 'b_enc'" in body["message"]
-    error(api(server, "POST", "/api/saes", json={"path": "/nowhere/at/all"}), 400)
+    missing = error(api(server, "POST", "/api/saes", json={"path": str(files["broken"].parent / "nowhere")}), 400)
+    assert "no file or directory" in missing["message"]  # inside the allowed folders, existence is told
     error(api(server, "POST", "/api/saes", json={}), 400)
     error(api(server, "POST", "/api/saes", json={"path": 5}), 400)
 

@@ -8,7 +8,7 @@ from millm.interp.steering import InvalidFeatureIndex
 from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
 from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.plans import DialLimits, Planner
+from millm.service.plans import BaseUnfit, DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
 from millm.service.steering import Steering
@@ -95,7 +95,12 @@ def test_circuit_bindings_and_slice_fallback(world, llama_lm):
     assert {b.status for b in circuit_bindings(undeclared, steering.attached).values()} == {"warn"}
     steering.detach(ids[1]), steering.detach(ids[2])
     assert {b.status for b in circuit_bindings(doc, steering.attached).values()} == {"unbound"}
-    assert planner.plan_for(None, parse_dial(1.0)).kind == "none"
+    # Nothing binds any more: refused (naming the circuit and each layer), never served unsteered.
+    with pytest.raises(BaseUnfit, match="none of its member layers binds") as refused:
+        planner.plan_for(None, parse_dial(1.0))
+    assert refused.value.code == "invalid_feature_index" and "layer 1: no SAE is attached" in refused.value.message
+    assert planner.active_fit()["fits"] is False
+    assert planner.plan_for(None, parse_dial("off")).edit is None  # off never looks at the base
 
 
 def test_circuit_without_declared_range_min_equals_off(world):
@@ -130,3 +135,53 @@ def test_off_never_validates_the_base(world):
     plan = planner.plan_for("too-wide", parse_dial("off"))
     assert plan.edit is None and plan.intensity == 0.0
     assert planner.plan_for("ghost", parse_dial(0)).intensity is None  # unknown profile: no echo, no 404
+
+
+def test_an_active_profile_that_stops_fitting_is_refused_not_trimmed(world, llama_lm):
+    steering, _, _, planner, ids = world
+    row = steering.profiles.create({"name": "both-layers", "steering": [
+        {"sae_id": ids[1], "layer": 1, "features": [{"index": 3, "strength": 10}]},
+        {"sae_id": ids[2], "layer": 2, "features": [{"index": 4, "strength": 20}]},
+    ]})
+    steering.activate_profile(row["id"])
+    full = planner.plan_for(None, None)
+    assert full.edit.points == {1, 2}
+    assert planner.active_fit() == {"kind": "profile", "id": row["id"], "name": "both-layers", "fits": True, "problem": None}
+    steering.detach(ids[2])
+    # Before: served with layer 1 only, as if it were the whole profile. Now: a 400 naming both.
+    with pytest.raises(BaseUnfit) as refused:
+        planner.plan_for(None, None)
+    assert "'both-layers'" in refused.value.message and ids[2] in refused.value.message
+    assert refused.value.status == 400 and refused.value.code == "invalid_feature_index"
+    fit = planner.active_fit()
+    assert fit["fits"] is False and ids[2] in fit["problem"]
+    steering.set_enabled(False)
+    assert planner.plan_for(None, None).kind == "none"  # steering off: nothing is claimed, nothing refused
+    steering.set_enabled(True)
+    steering.attach(llama_lm, ids[2], None)
+    again = planner.plan_for(None, None)
+    assert again.edit.points == {1, 2}
+    assert torch.allclose(again.edit.vector(2), vector(steering, ids[2], {4: 20.0}), atol=1e-5)
+
+
+def test_an_active_cluster_whose_sae_went_away_is_refused(world):
+    steering, clusters, _, planner, ids = world
+    row = clusters.import_raw(raw(cluster(name="layer-two", layer=2)), "fail")[0]
+    steering.set_active("cluster", row["id"])
+    assert planner.plan_for(None, None).kind == "cluster"
+    steering.detach(ids[2])
+    with pytest.raises(BaseUnfit, match="'layer-two' no longer fits") as refused:
+        planner.plan_for(None, None)
+    assert "no SAE is attached at layer 2" in refused.value.problem
+
+
+def test_a_circuit_member_past_the_width_is_refused_not_skipped(world):
+    steering, _, circuits, planner, ids = world
+    doc = circuit(name="too-wide")
+    doc["members"][0]["feature"]["feature_idx"] = 500  # the SAEs have 128 features
+    doc["saes"] = [{"layer": 1}, {"layer": 2}]  # undeclared widths: they bind unchecked (warn)
+    row = circuits.import_raw(raw(doc), "fail")
+    steering.set_active("circuit", row["id"])
+    with pytest.raises(BaseUnfit, match="feature 500") as refused:
+        planner.plan_for(None, None)
+    assert "128 features" in refused.value.message

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+TEST_ROOT: Path | None = None  # pytest's base temporary folder, set by the session fixture in conftest.py
+
 
 def free_port() -> int:
     """A TCP port nothing listens on right now."""
@@ -23,13 +25,22 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m millm serve ...` in a subprocess, with its log kept for failure messages."""
 
-    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None):
+    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None, allowed: list[Path] | None = None):
+        """`allowed` are the MILLM_ALLOWED_PATHS; by default the session's temporary folder
+        (`TEST_ROOT`), where tests build the checkpoints and SAEs they register over HTTP."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"server-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "millm", "serve", "--port", str(self.port), "--home", str(home), *args]
-        environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        allowed_paths = os.pathsep.join(str(p) for p in (allowed if allowed is not None else [TEST_ROOT or home.parent]))
+        environment = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "MILLM_ALLOWED_PATHS": allowed_paths,
+            **(env or {}),
+        }
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
 

@@ -1,0 +1,92 @@
+"""Path confinement: a path sent over HTTP is read only inside the directories the operator allowed.
+
+Allowed: the data directory, each of MILLM_ALLOWED_PATHS, and the start-up `--model` (a
+directory or a file). A path is resolved first (`~`, `..` and symlinks), so neither a `..` nor
+a link inside an allowed directory leads out of it. Every check runs before the file system is
+asked whether the path exists, and the refusal reads the same either way, so a client learns
+nothing about files it may not read. Hub ids and paths inside a hub repository may not climb
+(`..`) or be absolute either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
+from millm.errors import MillmError
+
+
+class PathNotAllowed(MillmError):
+    """403: a path outside the directories this server may read for clients."""
+
+    status = 403
+    code = "path_not_allowed"
+    type = "invalid_request_error"
+
+
+def resolved(path: str | Path) -> Path:
+    """The absolute path with `~`, `..` and symlinks resolved (the file need not exist)."""
+    return Path(path).expanduser().resolve()
+
+
+def inside(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether a resolved path is one of `roots` or lies under one."""
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def climbs(relative: str) -> bool:
+    """Whether a path inside a repository is absolute or has a `..` segment (either way it may leave it)."""
+    if relative.startswith(("/", "\\", "~")) or ":" in relative.split("/", 1)[0]:
+        return True
+    return any(part == ".." for part in PurePosixPath(relative.replace("\\", "/")).parts)
+
+
+def is_hub_id(reference: str) -> bool:
+    """A Hugging Face hub id (owner/name) that names no local path (`.`/`..` segments excluded)."""
+    return bool(HUB_ID.match(reference)) and not reference.startswith((".", "/", "~")) and not climbs(reference) and all(
+        part not in (".", "..") for part in reference.split("/")
+    )
+
+
+class PathPolicy:
+    """The allowed roots, and the checks that keep clients' paths inside them."""
+
+    def __init__(self, home: Path, allowed: list[Path], startup_model: Path | None = None):
+        roots = [resolved(home), *(resolved(p) for p in allowed)]
+        if startup_model is not None:  # the operator named it on the command line
+            roots.append(resolved(startup_model))
+        self.roots = tuple(dict.fromkeys(roots))
+
+    def refusal(self, given: str, param: str) -> PathNotAllowed:
+        """The 403 for a path outside the roots (the same words whether it exists or not)."""
+        return PathNotAllowed(
+            f"{param} {given!r} is outside the directories this server reads for clients "
+            "(the data directory and MILLM_ALLOWED_PATHS); ask the operator to allow it",
+            param=param,
+        )
+
+    def local(self, given: str, param: str) -> Path:
+        """A client's local path, resolved, if it lies inside the roots; else 403 path_not_allowed."""
+        path = resolved(given)
+        if not inside(path, self.roots):
+            raise self.refusal(given, param)
+        return path
+
+    def hub_part(self, value: str | None, param: str) -> None:
+        """A hub id, revision or path inside a repository must not climb out of its folder (403)."""
+        if value is not None and climbs(value):
+            raise self.refusal(value, param)
+
+    def model_reference(self, reference: str, param: str = "source") -> bool:
+        """Check a model reference sent over HTTP; returns whether it may be read as a local path.
+
+        Inside the roots it is whatever it names (a directory, a .gguf file, or a hub id if no
+        such path exists); outside, only a hub id, looked up on the hub and never on disk.
+        """
+        if reference == DEMO_MODEL_NAME:
+            return True
+        if inside(resolved(reference), self.roots):
+            return True
+        if is_hub_id(reference):
+            return False
+        raise self.refusal(reference, param)
