@@ -11,7 +11,11 @@ from millm.api import completions, documents, embeddings, health, manage, model_
 from millm.api.access import AccessGuard, Keys
 from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
+from millm.api.openapi import install_openapi
 from millm.service.state import ServerState
+from millm.settings import Settings
+
+SUMMARY = "OpenAI-compatible inference server with SAE feature steering."
 
 
 class RequestScope:
@@ -43,7 +47,7 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app = FastAPI(
         title="millm",
         version=__version__,
-        summary="OpenAI-compatible inference server with SAE feature steering.",
+        summary=SUMMARY,
         lifespan=lifespan,
     )
     app.state.millm = state
@@ -52,6 +56,20 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.add_middleware(RequestScope, state=state)
     app.add_middleware(BodyLimit, request_cap=state.settings.max_request_bytes, import_cap=state.settings.max_import_bytes)
     app.add_middleware(AccessGuard, keys=Keys.of(state.settings.api_key, state.settings.admin_key))
+    include_routes(app, state.settings)
+    return app
+
+
+def served_openapi(settings: Settings) -> dict:
+    """The OpenAPI schema a server with these settings serves, without starting one."""
+    app = FastAPI(title="millm", version=__version__, summary=SUMMARY)
+    include_routes(app, settings)
+    return app.openapi()
+
+
+def include_routes(app: FastAPI, settings: Settings) -> None:
+    """Every router, and the OpenAPI schema that describes them."""
+    install_openapi(app, settings)
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(embeddings.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
@@ -60,4 +78,3 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
     app.include_router(health.router, tags=["Health"])
-    return app

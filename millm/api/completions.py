@@ -97,10 +97,12 @@ def template_messages(messages: list[ChatMessage], param: str = "messages") -> l
     rendered = []
     for i, message in enumerate(messages):
         entry = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, f"{param}[{i}]")}
-        for key in ("name", "tool_call_id", "tool_calls"):
+        for key in ("name", "tool_call_id"):
             value = getattr(message, key)
             if value is not None:
                 entry[key] = value
+        if message.tool_calls is not None:
+            entry["tool_calls"] = [call.model_dump() for call in message.tool_calls]
         rendered.append(entry)
     return rendered
 

@@ -67,7 +67,9 @@ def cluster_view(state: ServerState, row: dict) -> dict:
 async def import_clusters(request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False):
     """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering base."""
     state = state_of(request)
-    rows = state.clusters.import_raw(await request.body(), on_conflict)
+    # An import that is to be activated must bind first: a refused activation stores nothing either.
+    check = (lambda definitions: cluster_binding(definitions[0], state.steering.attached)) if activate else None
+    rows = state.clusters.import_raw(await request.body(), on_conflict, check)
     result = {"object": "list", "data": [cluster_view(state, row) for row in rows]}
     if activate:
         result["activation"] = activate_cluster_row(state, rows[0])

@@ -13,7 +13,9 @@ from millm.errors import InvalidRequest, MillmError, describe
 
 log = logging.getLogger(__name__)
 
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
+# 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error parsing the body").
+HTTP_CODES = {400: "invalid_parameter", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
+HTTP_MESSAGES = {"There was an error parsing the body": "the request body could not be read as JSON (is it UTF-8?)"}
 
 
 def error_body(error: MillmError) -> dict:
@@ -65,6 +67,16 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes at this path (Starlette's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        pattern, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if pattern is not None and route_methods and pattern.match(request.scope["path"]):
+            methods |= set(route_methods)
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every failure, including FastAPI's own, to the OpenAI error shape."""
 
@@ -77,14 +89,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException):
         carried = getattr(exc, "error", None)  # body_limit.BodyOverCap carries the API's own error
         if isinstance(carried, MillmError):
             return error_response(carried)
-        error = MillmError(str(exc.detail), code=HTTP_CODES.get(exc.status_code, "http_error"))
+        detail = str(exc.detail)
+        error = MillmError(HTTP_MESSAGES.get(detail, detail), code=HTTP_CODES.get(exc.status_code, "http_error"))
         error.status = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(error)
+        response = error_response(error)
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from millm.api.schema_rules import at_most, equals, one_of_values, when
 from millm.errors import FieldNotHonoured
 
 CHAT = "chat"
@@ -127,3 +128,21 @@ def check_fields(body: dict[str, Any], endpoint: str, *, scoring: bool, streamin
         )
         if refused:
             raise FieldNotHonoured(f"{field} cannot be honoured here: {rule.why}", param=field)
+
+
+def schema_rules(endpoint: str, scoring: dict | None = None) -> list[dict]:
+    """The endpoint's column of the matrix as JSON Schema rules for the served OpenAPI schema:
+    a refused field may only be null or neutral; `scoring` is the endpoint's scoring condition."""
+    rules = []
+    for field, cells in MATRIX.items():
+        verdict = cells[endpoint].verdict
+        neutral_only = one_of_values(field, [None, NEUTRAL[field]] if field in NEUTRAL else [None])
+        if verdict == REFUSED:
+            rules.append(neutral_only)
+        elif verdict == ABOVE_ONE:
+            rules.append(at_most(field, 1))
+        elif verdict == NOT_STREAMING:
+            rules.append(when(equals("stream", True), at_most(field, 1)))
+        elif verdict == NOT_ON_SCORING and scoring is not None:
+            rules.append(when(scoring, neutral_only))
+    return rules

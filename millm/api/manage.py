@@ -9,8 +9,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from millm.api.schema_rules import sent
+from millm.engine.sources import HUB_ID
 from millm.errors import Conflict, InvalidRequest
-from millm.interp.profiles import bundle, validate_profile
+from millm.interp.profiles import MAX_DESCRIPTION, bundle, validate_profile
+from millm.interp.profiles import NAME as PROFILE_NAME
+from millm.interp.steering import STRENGTH_LIMIT
 from millm.service.state import ServerState
 from millm.service.threads import in_passing_thread
 
@@ -23,11 +27,19 @@ class StrictBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+# The limits below are stated in the schema only: check_strength and validate_profile enforce them,
+# with messages that name the limit (a pydantic bound would answer first, in its own words).
+STRENGTH_RANGE = {"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT}
+
+
 class RegisterSAE(StrictBody):
     """A local SAE (`path`) or one on the Hugging Face hub (`repo`, `path` inside it, `revision`)."""
 
-    path: str | None = None
-    repo: str | None = None
+    # A local path, or a hub repo (and the path inside it, which may be empty).
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}}, sent("repo")]})
+    path: str | None = Field(None, description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.")
+    repo: Annotated[str, Field(pattern=HUB_ID.pattern)] | None = Field(None, description="A Hugging Face hub repository, owner/name.")
     revision: str | None = None
 
 
@@ -40,7 +52,7 @@ class AttachSAE(StrictBody):
 class Strength(StrictBody):
     """One feature's strength, within ±200 (0 clears it)."""
 
-    strength: float
+    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
 
 
 class FeatureStrength(StrictBody):
@@ -48,7 +60,7 @@ class FeatureStrength(StrictBody):
 
     sae_id: str
     index: Annotated[int, Field(ge=0)]
-    strength: float
+    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
 
 
 class ManyStrengths(StrictBody):
@@ -58,30 +70,42 @@ class ManyStrengths(StrictBody):
     replace: bool = False
 
 
+ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME.pattern}, description="1-120 letters, digits, space, '.', '_', '-'.")]
+Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTION})]
+
+
 class ProfileFeature(StrictBody):
     index: Annotated[int, Field(ge=0)]
-    strength: float
+    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
 
 
 class ProfileEntry(StrictBody):
-    sae_id: str
+    sae_id: Annotated[str, Field(min_length=1)]
     layer: Annotated[int, Field(ge=0)] | None = None
     features: list[ProfileFeature]
 
 
-class ProfileBody(StrictBody):
-    """A profile's fields; in an update, the ones given replace the stored ones."""
+class ProfileCreate(StrictBody):
+    """A new profile: its name, description and steering entries (one per SAE)."""
 
-    name: str | None = None
-    description: str | None = None
+    name: ProfileName
+    description: Description | None = None
+    steering: list[ProfileEntry] | None = None
+
+
+class ProfileUpdate(StrictBody):
+    """The fields given replace the stored ones (null keeps them); the result is validated whole."""
+
+    name: ProfileName | None = None
+    description: Description | None = None
     steering: list[ProfileEntry] | None = None
 
 
 class SaveCurrent(StrictBody):
     """Save the live steering values as a new profile."""
 
-    name: str
-    description: str = ""
+    name: ProfileName
+    description: Description = ""
 
 
 def state_of(request: Request) -> ServerState:
@@ -126,8 +150,9 @@ async def delete_sae(sae_id: str, request: Request):
     """Remove the registration and its live strengths; profiles naming it are kept."""
     state = state_of(request)
     state.saes.get(sae_id)
-    if sae_id in state.steering.attached:
-        raise Conflict(f"{sae_id} is attached; detach it first", param="sae_id", code="sae_attached")
+    # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
+    if sae_id in state.steering.attached or sae_id in state.store.attachments():
+        raise Conflict(f"{sae_id} is attached (or re-attaches when the model loads); detach it first", param="sae_id", code="sae_attached")
     state.steering.set_strengths({}, clear=sae_id)
     state.saes.forget(sae_id)
     return {"id": sae_id, "deleted": True}
@@ -271,7 +296,7 @@ async def list_profiles(request: Request):
 
 
 @router.post("/api/profiles", summary="Create a profile", status_code=201)
-async def create_profile(body: ProfileBody, request: Request):
+async def create_profile(body: ProfileCreate, request: Request):
     """A new profile from name, description and steering entries."""
     state = state_of(request)
     document = body.model_dump(exclude_none=True)
@@ -330,7 +355,7 @@ async def get_profile(key: str, request: Request):
 
 
 @router.put("/api/profiles/{key}", summary="Update a profile")
-async def update_profile(key: str, body: ProfileBody, request: Request):
+async def update_profile(key: str, body: ProfileUpdate, request: Request):
     """Replace the given fields; the result is validated whole."""
     state = state_of(request)
     changes = body.model_dump(exclude_none=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from millm.service.monitoring import MAX_TOP_K, POSITION_WORDS
 from millm.service.state import ServerState
 
 router = APIRouter()
@@ -21,11 +22,12 @@ class MonitoringSettings(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    enabled: bool | None = None
+    # Absent keeps the stored value; only sae_id and features take null (the only SAE; all features).
+    enabled: bool = None
     sae_id: str | None = Field(None, description="The attached SAE to read through (default: the only one attached).")
     features: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Features to watch; null = all.")
-    top_k: int | None = Field(None, description="Features kept per position (1-64).")
-    positions: str | None = Field(None, description="last, prompt, completion (default) or all.")
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")
+    positions: Literal[POSITION_WORDS] = Field(None, description="last, prompt, completion (default) or all.")
 
 
 def _state(request: Request) -> ServerState:

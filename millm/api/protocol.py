@@ -10,10 +10,32 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from millm.api.schema_rules import absent_or_null, any_of, equals, nullable, sent, when
 from millm.errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 128
+
+# The rules below as JSON Schema, for the served OpenAPI schema (api/openapi.py puts them there).
+TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+MESSAGE_RULES = [when({"properties": {"role": {"not": {"const": "assistant"}}}}, sent("content"))]
+STOP_SCHEMA = nullable({"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": {"type": "string", "minLength": 1}},
+]})
+# Stricter than _one_token_budget, which also takes the two names with the same value.
+BUDGET_RULES = [when(sent("max_tokens"), absent_or_null("max_completion_tokens"))]
+CHAT_SCORING = any_of(equals("logprobs", True), sent("allowed_token_ids"))
+COMPLETION_SCORING = any_of({"required": ["logprobs"], "properties": {"logprobs": {"not": {"enum": [None, False]}}}}, sent("allowed_token_ids"))
+TOP_LOGPROBS_RULES = [when(sent("top_logprobs"), equals("logprobs", True))]
+# Token ids are never negative (which ids the vocabulary holds is the model's); a prompt is never empty.
+TOKEN_IDS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+    TOKEN_IDS_SCHEMA,
+    {"type": "array", "minItems": 1, "items": TOKEN_IDS_SCHEMA},
+]}
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -38,6 +60,21 @@ class TextPart(OpenBody):
     text: str | None = None
 
 
+class ToolCallFunction(OpenBody):
+    """The function of an earlier tool call: its name and arguments (a JSON string, or an object)."""
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(OpenBody):
+    """A tool call an earlier assistant turn made, sent back with the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(OpenBody):
     """One message of a conversation."""
 
@@ -45,7 +82,7 @@ class ChatMessage(OpenBody):
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
 
     @model_validator(mode="after")
     def _content_required(self):

@@ -23,6 +23,36 @@ MAX_DEPTH = 32
 MAX_PROPERTIES = 256
 
 
+# The subset as a JSON Schema, for the served OpenAPI schema (components/schemas/SchemaSubset).
+# Contradictory bounds (a minimum above the maximum) and patterns the constraint library cannot
+# compile pass it, and are refused when the schema is compiled.
+SUBSET_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "type": {"anyOf": [{"enum": sorted(TYPES)}, {"type": "array", "minItems": 1, "items": {"enum": sorted(TYPES)}}]},
+        "properties": {"type": "object", "maxProperties": MAX_PROPERTIES, "additionalProperties": {"$ref": "#/components/schemas/SchemaSubset"}},
+        "required": {"type": "array", "items": {"type": "string"}},
+        "additionalProperties": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]},
+        "items": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]},
+        "minItems": {"type": "integer", "minimum": 0},
+        "maxItems": {"type": "integer", "minimum": 0},
+        "enum": {"type": "array", "minItems": 1},
+        "const": {},
+        "minimum": {"type": "number"},
+        "maximum": {"type": "number"},
+        "minLength": {"type": "integer", "minimum": 0},
+        "maxLength": {"type": "integer", "minimum": 0},
+        "pattern": {"type": "string", "format": "regex"},
+        "anyOf": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/SchemaSubset"}},
+        "title": {"type": "string"},
+        "description": {"type": "string"},
+        "default": {},
+        "examples": {"type": "array"},
+    },
+}
+
+
 class ResponseFormatUnsupported(InvalidRequest):
     """400: a response_format that cannot be honoured (keyword, engine, combination)."""
 

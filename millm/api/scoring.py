@@ -11,6 +11,7 @@ import math
 
 
 from millm.api.protocol import SamplingFields
+from millm.api.schema_rules import NULL, any_of, at_most, equals, when
 from millm.engine.jobs import ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
@@ -44,6 +45,16 @@ def check_scoring(body: SamplingFields) -> float:
             param="temperature",
         )
     return temperature
+
+
+def scoring_schema_rules(scoring: dict) -> list[dict]:
+    """check_scoring's rules as JSON Schema (for the served OpenAPI schema), under the endpoint's scoring condition."""
+    return [when(scoring, {"allOf": [
+        any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
+        at_most("n", 1),
+        {"properties": {"stream": {"enum": [None, False]}}},
+        {"properties": {"temperature": {"anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]}}},
+    ]})]
 
 
 def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | None:

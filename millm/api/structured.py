@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from millm.api.headers import token
 from millm.api.protocol import ChatCompletionRequest
+from millm.api.schema_rules import absent_or_null, any_of, equals, one_of_values, when
 from millm.api.schema_subset import ResponseFormatUnsupported, check_schema
 from millm.engine.constraints import GrammarSpec
 from millm.errors import MillmError
@@ -82,6 +83,21 @@ def refuse_combinations(body: ChatCompletionRequest, batching: bool) -> None:
         raise ResponseFormatUnsupported("response_format cannot be combined with stop: a stop string could cut a document and report it complete")
     if body.scoring:
         raise ResponseFormatUnsupported("response_format cannot be combined with scoring (logprobs / allowed_token_ids)")
+
+
+CONSTRAINED = {"required": ["response_format"], "properties": {"response_format": {"required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}
+TOOLS_NOT_OFFERED = any_of(one_of_values("tools", [None, []]), equals("tool_choice", "none"))
+
+
+def response_format_schema_rules(scoring: dict) -> list[dict]:
+    """refuse_combinations (and the tools rule of the chat route) as JSON Schema for the served
+    OpenAPI schema; continuous batching is the server's setting, so it cannot be stated there."""
+    return [when(CONSTRAINED, {"allOf": [
+        {"properties": {"stream": {"enum": [None, False]}}},
+        absent_or_null("stop"),
+        {"not": scoring},
+        TOOLS_NOT_OFFERED,
+    ]})]
 
 
 def validate_output(structured: Structured, text: str, index: int) -> None:

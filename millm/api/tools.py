@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from millm.api.protocol import ChatCompletionRequest
+from millm.api.schema_rules import any_of, equals, when
 from millm.api.schema_subset import check_schema
 from millm.api.structured import ConstrainedOutputInvalid
 from millm.engine.constraints import COMPACT, GrammarSpec
@@ -39,6 +40,36 @@ TOOL_PROMPT = (
     '<tool_call>{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}</tool_call>\n'
     "Call a function only when it helps to answer; otherwise answer normally."
 )
+
+
+TOOL_SCHEMA = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": NAME.pattern},
+                "description": {"type": "string"},
+                "parameters": {"$ref": "#/components/schemas/SchemaSubset"},
+            },
+        },
+    },
+}
+TOOL_CHOICE_SCHEMA = {"anyOf": [
+    {"enum": ["none", "auto", "required"]},
+    {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "pattern": NAME.pattern}}},
+    }},
+]}
+# A choice that forces a call needs tools to call (which one it names is checked against them).
+TOOL_SCHEMA_RULES = [when(
+    any_of(equals("tool_choice", "required"), {"required": ["tool_choice"], "properties": {"tool_choice": {"type": "object"}}}),
+    {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+)]
 
 
 @dataclass(frozen=True)
@@ -136,7 +167,7 @@ def parse_tools(body: ChatCompletionRequest) -> ToolPlan | None:
         return ToolPlan(tools, choice, parallel=parallel, by_name=by_name)
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if name not in by_name:
+        if not isinstance(name, str) or name not in by_name:
             raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools sent", param="tool_choice")
         return ToolPlan(tools, "forced", forced=name, parallel=parallel, by_name=by_name)
     raise InvalidRequest(

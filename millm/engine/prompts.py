@@ -36,13 +36,34 @@ def _apply_template(tokenizer, messages: list[dict], tools: list[dict] | None = 
         raise InvalidRequest(f"the model's chat template refused these messages: {message}", param="messages") from None
 
 
+# Stands in for a lone partial answer while the template renders it (private-use characters).
+PARTIAL_MARK = "\ue000millm-partial\ue000"
+
+
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
     """The prompt text for a conversation (with `tools` for templates that take them); a
     trailing assistant message without tool calls is continued."""
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         partial = messages[-1].get("content") or ""
+        if len(messages) == 1:
+            return _lone_partial(tokenizer, messages[0], partial, tools)
         return _apply_template(tokenizer, messages[:-1], tools) + partial
     return _apply_template(tokenizer, messages, tools)
+
+
+def _lone_partial(tokenizer, message: dict, partial: str, tools: list[dict] | None) -> str:
+    # Nothing precedes the partial, and templates render no empty conversation: render the turn
+    # with a mark for its content and cut there, so the template's own opening (a default
+    # system prompt, the assistant header) comes first, as vLLM's continue_final_message does.
+    rendered = _apply_template(tokenizer, [{**message, "content": PARTIAL_MARK}], tools)
+    cut = rendered.rfind(PARTIAL_MARK)
+    if cut < 0:
+        raise InvalidRequest(
+            "a conversation of one assistant message is continued, but this model's chat template does not "
+            "render the message's text as given; send the turns before it",
+            param="messages",
+        )
+    return rendered[:cut] + partial
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

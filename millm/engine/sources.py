@@ -52,10 +52,14 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
         if HUB_ID.match(reference):
             return _hub_source(reference, hub_download_dir)
         raise ModelSourceError(f"model {reference!r} is not a Hugging Face hub id (owner/name)")
-    path = Path(reference).expanduser()
-    if path.is_dir():
+    try:
+        path = Path(reference).expanduser()
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (ValueError, OSError, RuntimeError) as exc:  # a NUL byte, an unknown ~user: no path at all
+        raise ModelSourceError(f"model {reference!r} is not a usable path ({describe(exc)})") from None
+    if is_dir:
         return _directory_source(reference, path.resolve())
-    if path.is_file():
+    if is_file:
         if path.suffix.lower() != ".gguf":
             raise ModelSourceError(
                 f"model {reference!r} is a file but not a .gguf file; give a checkpoint directory, "

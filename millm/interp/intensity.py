@@ -24,6 +24,10 @@ ENVELOPE_MAX = 2.0
 SYMBOLS = ("off", "min", "max")
 
 
+# What parse_dial accepts, as JSON Schema (for the served OpenAPI schema).
+DIAL_SCHEMA = {"anyOf": [{"type": "number", "minimum": 0, "maximum": ENVELOPE_MAX}, {"enum": list(SYMBOLS)}]}
+
+
 @dataclass(frozen=True)
 class Dial:
     """A parsed steering_intensity: a number in [0, 2], or one of off/min/max."""

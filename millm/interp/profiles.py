@@ -59,7 +59,8 @@ def _problems(doc, where: str) -> list[str]:
             problems.append(f"{at}.sae_id: required string")
         elif sae_id in seen_saes:
             problems.append(f"{at}.sae_id: {sae_id} appears twice; give one entry per SAE")
-        seen_saes.add(sae_id)
+        else:
+            seen_saes.add(sae_id)
         layer = entry.get("layer")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
             problems.append(f"{at}.layer: a non-negative integer")
@@ -78,7 +79,8 @@ def _problems(doc, where: str) -> list[str]:
                 problems.append(f"{fat}.index: a non-negative integer")
             elif index in seen:
                 problems.append(f"{fat}.index: feature {index} appears twice")
-            seen.add(index)
+            else:
+                seen.add(index)
             if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
                 problems.append(f"{fat}.strength: a finite number")
             elif abs(strength) > STRENGTH_LIMIT:

@@ -35,6 +35,25 @@ NOTES = {
 }
 
 
+# What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
+# attached, their widths and the size limit are the server's state and settings.
+READ_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sae_id": {"type": ["string", "null"]},
+        "features": {"type": ["array", "null"], "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+        "top_k": {"type": "integer", "minimum": 1},
+        "positions": {"anyOf": [
+            {"enum": list(POSITION_WORDS)},
+            {"type": "object", "additionalProperties": False, "required": ["start", "end"],
+             "properties": {"start": {"type": "integer", "minimum": 0}, "end": {"type": "integer", "minimum": 1}}},
+        ]},
+        "read_point": {"enum": list(READ_POINTS)},
+    },
+}
+
+
 @dataclass(frozen=True)
 class ActivationRead:
     """A checked read: the SAE, the candidate features, how many to keep, where and which side."""

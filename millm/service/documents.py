@@ -77,10 +77,13 @@ class ClusterBook(DocumentBook):
         super().__init__(store)
         self.maximum = maximum
 
-    def import_raw(self, raw: bytes, on_conflict: str) -> list[dict]:
-        """Import a definition or a bundle atomically; a single definition keeps its exact bytes."""
+    def import_raw(self, raw: bytes, on_conflict: str, check=None) -> list[dict]:
+        """Import a definition or a bundle atomically; a single definition keeps its exact bytes.
+        `check(definitions)` may refuse them after validation, before anything is stored."""
         payload = parse_raw(raw)
         definitions = cluster_definitions(payload)
+        if check is not None:
+            check(definitions)
         single = definitions[0] is payload
         names = _unique_names([d["name"] for d in definitions], {r["name"] for r in self.all()}, on_conflict)
         rows = []

@@ -24,19 +24,24 @@ class PathNotAllowed(MillmError):
     type = "invalid_request_error"
 
 
-def resolved(path: str | Path) -> Path:
-    """The absolute path with `~`, `..` and symlinks resolved (the file need not exist)."""
-    return Path(path).expanduser().resolve()
+def resolved(path: str | Path) -> Path | None:
+    """The absolute path with `~`, `..` and symlinks resolved (the file need not exist); None for
+    what names no path at all (a NUL byte, an unknown `~user`, a link loop)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (ValueError, OSError, RuntimeError):
+        return None
 
 
-def inside(path: Path, roots: tuple[Path, ...]) -> bool:
+def inside(path: Path | None, roots: tuple[Path, ...]) -> bool:
     """Whether a resolved path is one of `roots` or lies under one."""
-    return any(path == root or path.is_relative_to(root) for root in roots)
+    return path is not None and any(path == root or path.is_relative_to(root) for root in roots)
 
 
 def climbs(relative: str) -> bool:
-    """Whether a path inside a repository is absolute or has a `..` segment (either way it may leave it)."""
-    if relative.startswith(("/", "\\", "~")) or ":" in relative.split("/", 1)[0]:
+    """Whether a path inside a repository is absolute or has a `..` segment (either way it may
+    leave it), or holds a NUL byte (no path at all)."""
+    if "\x00" in relative or relative.startswith(("/", "\\", "~")) or ":" in relative.split("/", 1)[0]:
         return True
     return any(part == ".." for part in PurePosixPath(relative.replace("\\", "/")).parts)
 
@@ -52,10 +57,8 @@ class PathPolicy:
     """The allowed roots, and the checks that keep clients' paths inside them."""
 
     def __init__(self, home: Path, allowed: list[Path], startup_model: Path | None = None):
-        roots = [resolved(home), *(resolved(p) for p in allowed)]
-        if startup_model is not None:  # the operator named it on the command line
-            roots.append(resolved(startup_model))
-        self.roots = tuple(dict.fromkeys(roots))
+        roots = [home, *allowed, *([startup_model] if startup_model is not None else [])]  # --model: the operator's own
+        self.roots = tuple(dict.fromkeys(root for root in map(resolved, roots) if root is not None))
 
     def refusal(self, given: str, param: str) -> PathNotAllowed:
         """The 403 for a path outside the roots (the same words whether it exists or not)."""

@@ -129,6 +129,17 @@ def test_trailing_assistant_message_is_continued(llama_server, llama_lm):
     assert continued.usage.prompt_tokens == verbatim.usage.prompt_tokens
 
 
+def test_a_lone_assistant_message_is_continued_after_the_templates_opening(llama_server, llama_lm):
+    # Nothing precedes the partial: the template's own opening for that turn comes first.
+    partial = "Once upon"
+    continued = chat(llama_server, messages=[{"role": "assistant", "content": partial}], max_tokens=12)
+    verbatim = sdk(llama_server).completions.create(
+        model=MODEL, prompt="<s><|im_start|>assistant\n" + partial, max_tokens=12, temperature=0, extra_body={"add_special_tokens": False}
+    )
+    assert continued.choices[0].message.content == verbatim.choices[0].text
+    assert continued.usage.prompt_tokens == verbatim.usage.prompt_tokens
+
+
 def test_text_parts_and_developer_role(llama_server):
     as_parts = [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Really."}]}, *USER]
     as_string = [{"role": "system", "content": "Be brief.\nReally."}, *USER]

@@ -97,6 +97,14 @@ def test_dial_bounds_and_activation_figures(server, clean):
     assert api(server, "GET", "/api/steering").json()["active_base"] is None
 
 
+def test_an_import_whose_activation_is_refused_stores_nothing(server, clean):
+    before = api(server, "GET", "/api/clusters").json()["data"]
+    body = error(import_cluster(server, cluster(name="unbindable", layer=0), activate="true"), 400, "cluster_not_applicable")
+    assert "no SAE is attached at layer 0" in body["message"]
+    assert api(server, "GET", "/api/clusters").json()["data"] == before
+    error(api(server, "GET", "/api/clusters/unbindable"), 404, "cluster_not_found")
+
+
 def test_cluster_steering_and_the_per_request_dial(server, clean):
     sae = clean[1]
     plain = chat(server).json()["choices"][0]["message"]["content"]

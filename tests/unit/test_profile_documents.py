@@ -30,6 +30,8 @@ def test_good_document_is_normalised():
         ({"steering": [{"sae_id": "s", "features": [{"index": 1, "strength": 1}, {"index": 1, "strength": 2}]}]}, "feature 1 appears twice"),
         ({"steering": [{"sae_id": "s", "features": []}, {"sae_id": "s", "features": []}]}, "appears twice; give one entry per SAE"),
         ({"steering": [{"sae_id": "s", "layer": -2, "features": []}]}, "layer: a non-negative integer"),
+        ({"steering": [{"sae_id": {}, "features": []}, {"sae_id": [], "features": []}]}, "steering[1].sae_id: required string"),
+        ({"steering": [{"sae_id": "s", "features": [{"index": {}, "strength": 1}]}]}, "features[0].index: a non-negative integer"),
     ],
 )
 def test_each_problem_is_named(change, problem):

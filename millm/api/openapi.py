@@ -1,0 +1,164 @@
+"""The served OpenAPI schema: FastAPI's, brought up to the rules the server really applies.
+
+FastAPI derives each body's schema from its pydantic model, which says types and bounds but not
+the rules checked across fields or in dedicated parsers (the field-policy matrix, scoring mode,
+response_format combinations, tools, the steering dial, return_sae_activations, imported
+documents). Each of those modules states its rule as JSON Schema next to its check; this module
+puts the statements where generated clients and fuzzers read them. Errors are documented as
+they are: OpenAI's error object under `default` (FastAPI's 422 never happens).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from millm.api import field_policy
+from millm.api.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
+from millm.api.protocol import (
+    BUDGET_RULES,
+    CHAT_SCORING,
+    COMPLETION_SCORING,
+    MESSAGE_RULES,
+    PROMPT_SCHEMA,
+    STOP_SCHEMA,
+    TEXT_PART_SCHEMA,
+    TOKEN_IDS_SCHEMA,
+    TOP_LOGPROBS_RULES,
+)
+from millm.api.schema_rules import absent_or_null, at_most, nullable, sent, when
+from millm.api.schema_subset import SUBSET_SCHEMA
+from millm.api.scoring import scoring_schema_rules
+from millm.api.structured import NAME as SCHEMA_NAME
+from millm.api.structured import response_format_schema_rules
+from millm.api.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
+from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
+from millm.interp.intensity import DIAL_SCHEMA
+from millm.service.activations import READ_SCHEMA
+from millm.settings import Settings
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"type": ["string", "null"]},
+            "code": {"type": "string"},
+        },
+    }},
+}
+ERROR_RESPONSE = {
+    "description": "An error, in OpenAI's shape: the status and `code` say which (see docs/openai-api.md)",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+# Routes that read their body raw (to store a document byte for byte) declare it here.
+RAW_BODIES = {
+    "/api/profiles/import": ["ProfileDocument", "ProfileBundle"],
+    "/api/clusters/import": ["ClusterDefinition", "ClusterBundle"],
+    "/api/circuits/import": ["CircuitDefinition"],
+}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _narrow(component: dict, properties: dict | None = None, rules: list[dict] | None = None, required: list[str] | None = None) -> None:
+    """Replace some properties' schemas and add cross-field rules to a component."""
+    for name, schema in (properties or {}).items():
+        title = component["properties"].get(name, {}).get("title")
+        component["properties"][name] = {**schema, **({"title": title} if title else {})}
+    if rules:
+        component["allOf"] = component.get("allOf", []) + rules
+    if required:
+        component["required"] = sorted(set(component.get("required", [])) | set(required))
+
+
+def _requests(schemas: dict, settings: Settings) -> None:
+    read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
+        "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
+    single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
+    _narrow(schemas["TextPart"], properties=TEXT_PART_SCHEMA["properties"], required=TEXT_PART_SCHEMA["required"])
+    _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
+    _narrow(
+        schemas["ChatCompletionRequest"],
+        properties={
+            "stop": STOP_SCHEMA,
+            "steering_intensity": nullable(DIAL_SCHEMA),
+            "tools": nullable({"type": "array", "items": TOOL_SCHEMA}),
+            "tool_choice": nullable(TOOL_CHOICE_SCHEMA),
+            "return_sae_activations": read,
+            "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
+        },
+        rules=[
+            *BUDGET_RULES,
+            *TOP_LOGPROBS_RULES,
+            *field_policy.schema_rules(CHAT, CHAT_SCORING),
+            *scoring_schema_rules(CHAT_SCORING),
+            *response_format_schema_rules(CHAT_SCORING),
+            *TOOL_SCHEMA_RULES,
+            *single_read,
+        ],
+    )
+    _narrow(
+        schemas["CompletionRequest"],
+        properties={
+            "stop": STOP_SCHEMA,
+            "logprobs": nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}),
+            "return_sae_activations": read,
+            "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
+            "prompt": PROMPT_SCHEMA,
+        },
+        rules=[
+            *BUDGET_RULES,
+            *field_policy.schema_rules(COMPLETIONS, COMPLETION_SCORING),
+            *scoring_schema_rules(COMPLETION_SCORING),
+            # One prompt: several have several position axes.
+            when(sent("return_sae_activations"), {"properties": {"prompt": {"anyOf": [
+                {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1}]}}}),
+        ],
+    )
+    _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
+    _narrow(
+        schemas["ResponseFormat"],
+        properties={"type": {"enum": ["text", "json_object", "json_schema"]}},
+        rules=[when({"properties": {"type": {"const": "json_schema"}}}, sent("json_schema"))],
+    )
+    _narrow(
+        schemas["JsonSchemaFormat"],
+        properties={"name": {"type": "string", "pattern": SCHEMA_NAME.pattern}, "schema": _ref("SchemaSubset")},
+        required=["name", "schema"],
+    )
+
+
+def openapi_schema(app: FastAPI, settings: Settings) -> dict:
+    """The app's OpenAPI schema with the rules above (built once, then cached on the app)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schemas["Error"] = ERROR_SCHEMA
+    schemas["SchemaSubset"] = SUBSET_SCHEMA
+    schemas.update(DOCUMENT_SCHEMAS)
+    _requests(schemas, settings)
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            responses["default"] = ERROR_RESPONSE
+            if path in RAW_BODIES and method == "post":
+                body = {"anyOf": [_ref(name) for name in RAW_BODIES[path]]}
+                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    app.openapi_schema = schema
+    return schema
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Serve `openapi_schema` at /openapi.json (and in /docs)."""
+    app.openapi = lambda: openapi_schema(app, settings)
