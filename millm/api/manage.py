@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.schema_rules import sent
-from millm.engine.sources import HUB_ID
 from millm.errors import Conflict, InvalidRequest
 from millm.interp.profiles import MAX_DESCRIPTION, bundle, validate_profile
 from millm.interp.profiles import NAME as PROFILE_NAME
 from millm.interp.steering import STRENGTH_LIMIT
+from millm.service.paths import HUB_ID_PATTERN
 from millm.service.state import ServerState
 from millm.service.threads import in_passing_thread
 
@@ -39,7 +39,7 @@ class RegisterSAE(StrictBody):
     model_config = ConfigDict(json_schema_extra={"anyOf": [
         {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}}, sent("repo")]})
     path: str | None = Field(None, description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.")
-    repo: Annotated[str, Field(pattern=HUB_ID.pattern)] | None = Field(None, description="A Hugging Face hub repository, owner/name.")
+    repo: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = Field(None, description="A Hugging Face hub repository, owner/name.")
     revision: str | None = None
 
 

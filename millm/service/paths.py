@@ -16,6 +16,9 @@ from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
 from millm.errors import MillmError
 
 
+HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
+
+
 class PathNotAllowed(MillmError):
     """403: a path outside the directories this server may read for clients."""
 
