@@ -128,7 +128,7 @@ def sae_view(state: ServerState, sae_id: str) -> dict:
 async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
     state = state_of(request)
-    info, created = await in_passing_thread(state.register_sae, body.path, body.repo, body.revision)
+    info, created = await in_passing_thread(state.registrations.sae, body.path, body.repo, body.revision)
     return JSONResponse(sae_view(state, info.id), status_code=201 if created else 200)
 
 

@@ -52,7 +52,7 @@ def model_view(view: ModelView) -> dict:
 async def register_model(body: RegisterModel, request: Request):
     """Resolve and check the files; 201 when new, 200 when the same name and source were registered already."""
     state = state_of(request)
-    entry, created = await run_in_threadpool(state.register_model, body.source, body.name)
+    entry, created = await run_in_threadpool(state.registrations.model, body.source, body.name)
     return JSONResponse(model_view(state.view(entry.name)), status_code=201 if created else 200)
 
 

@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from millm.api.protocol import ChatCompletionRequest
 from millm.api.schema_rules import any_of, equals, when
 from millm.api.schema_subset import check_schema
-from millm.api.structured import ConstrainedOutputInvalid
+from millm.api.structured import NAME, ConstrainedOutputInvalid
 from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.errors import InvalidRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ANY_OBJECT = {"type": "object"}
 TOOL_PROMPT = (
     "You can call functions. The functions you may call are listed below as JSON, one per line.\n"

@@ -15,7 +15,6 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 import torch
 
@@ -24,7 +23,6 @@ from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
 from millm.errors import (
     Conflict,
-    InvalidRequest,
     MillmError,
     ModelBusy,
     ModelLoadFailed,
@@ -33,13 +31,12 @@ from millm.errors import (
     ModelSourceError,
     describe,
 )
-from millm.interp.formats import SAEInfo
 from millm.interp.steering import Attached
 from millm.service.checkpoints import check_memory, check_quantization, element_bytes, inspect
 from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.models import ModelRegistry, ModelState, RegisteredModel, canonical_reference
+from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
-from millm.service.paths import PathPolicy, is_hub_id
+from millm.service.registrations import ClientRegistrations
 from millm.service.plans import DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
@@ -85,11 +82,6 @@ class ModelView:
     locked: bool
 
 
-def local_files(source: ModelSource) -> Path | None:
-    """The start-up model's checkpoint directory or .gguf file, when it is local."""
-    return Path(canonical_reference(source)) if source.kind in ("directory", "gguf") else None
-
-
 class ServerState:
     """Holds the models, the slot and the steering state; the API asks it for all three and submits jobs through it."""
 
@@ -107,7 +99,7 @@ class ServerState:
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
         self.monitor = Monitor(self.store, settings.monitoring_history)
         self.models = ModelRegistry(self.store, settings.hub_dir)
-        self.paths = PathPolicy(settings.home, settings.allowed_paths, local_files(source))
+        self.registrations = ClientRegistrations(settings, source, self.saes, self.models)
         self.startup_name = settings.served_model_name or source.name
         self.models.ensure(self.startup_name, source)
         self.slot = ModelSlot()
@@ -434,25 +426,6 @@ class ServerState:
             self._switching.release()
 
     # registrations ------------------------------------------------------------------------------------
-    def register_sae(self, path: str | None, repo: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
-        """A client's SAE registration (blocking): a local `path` inside the allowed directories, or
-        a hub `repo` with `path` inside it; 403 path_not_allowed before anything is read."""
-        if repo:
-            if not is_hub_id(repo):
-                raise InvalidRequest(f"repo {repo!r} is not a Hugging Face hub id (owner/name)", param="repo")
-            self.paths.hub_part(path, "path")
-            self.paths.hub_part(revision, "revision")
-            return self.saes.register(None, repo, path, revision)
-        if not path:
-            raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
-        return self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
-
-    def register_model(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
-        """A client's model registration (blocking): a local source only inside the allowed
-        directories, else a hub id looked up on the hub alone; 403 path_not_allowed otherwise."""
-        local = self.paths.model_reference(reference, "source")
-        return self.models.register(reference, name, local=local)
-
     def _state_of(self, name: str) -> ModelState:
         """The model's state (the caller holds the mutex)."""
         transition = self.transition
