@@ -7,11 +7,20 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from millm import __version__
-from millm.api import completions, documents, embeddings, health, manage, model_admin, models, monitoring
+from millm.api import (
+    completions,
+    documents,
+    health,
+    manage,
+    model_admin,
+    models,
+    monitoring,
+)
 from millm.api.access import AccessGuard, Keys
 from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
 from millm.api.openapi import install_openapi
+from millm.service.serving import Serving
 from millm.service.state import ServerState
 from millm.settings import Settings
 
@@ -51,6 +60,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.millm = state
+    app.state.settings = state.settings
+    app.state.serving = Serving(state)
     install_error_handlers(app)
     # The last added runs first: keys and origins, then the body cap, then the request scope.
     app.add_middleware(RequestScope, state=state)
@@ -71,7 +82,6 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     """Every router, and the OpenAPI schema that describes them."""
     install_openapi(app, settings)
     app.include_router(completions.router, tags=["OpenAI"])
-    app.include_router(embeddings.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(model_admin.router, tags=["Models"])

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 import http_sfv
 
 from millm.errors import InvalidRequest
 
-PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 STRICT_HEADER = "X-miLLM-Strict"
 
 
@@ -28,11 +25,6 @@ def token(value: str, **params) -> str:
 def seed_header(seed: int, scope: str) -> str:
     """X-miLLM-Seed: 7;scope="request"."""
     return item(seed, scope=scope)
-
-
-def percent_encode(name: str) -> str:
-    """A field location with every character outside printable ASCII percent-encoded (UTF-8)."""
-    return quote(name, safe=PRINTABLE_ASCII)
 
 
 def string_list(entries: list[str], cap: int) -> str | None:

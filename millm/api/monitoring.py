@@ -10,8 +10,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from millm.api.deps import state_of
+from millm.service import monitor_admin
 from millm.service.monitoring import MAX_TOP_K, POSITION_WORDS
-from millm.service.state import ServerState
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0
@@ -30,65 +31,52 @@ class MonitoringSettings(BaseModel):
     positions: Literal[POSITION_WORDS] = Field(None, description="last, prompt, completion (default) or all.")
 
 
-def _state(request: Request) -> ServerState:
-    return request.app.state.millm
-
-
-def _describe(state: ServerState) -> dict:
-    return state.monitor.describe(state.steering.attached)
-
-
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")
-async def get_monitoring(request: Request):
+def get_monitoring(request: Request):
     """Whether monitoring is on, the SAE and features it watches, and how much it has recorded."""
-    return _describe(_state(request))
+    return monitor_admin.describe(state_of(request))
 
 
 @router.put("/api/monitoring", summary="Change monitoring settings (validated whole)")
-async def put_monitoring(settings: MonitoringSettings, request: Request):
+def put_monitoring(settings: MonitoringSettings, request: Request):
     """Set any of enabled, sae_id, features (null: all), top_k, positions; stored across restarts."""
-    state = _state(request)
-    return state.monitor.configure(settings.model_dump(exclude_unset=True), state.steering.attached, state.saes.get)
+    return monitor_admin.configure(state_of(request), settings.model_dump(exclude_unset=True))
 
 
 @router.post("/api/monitoring/enable", summary="Turn monitoring on")
-async def enable(request: Request):
+def enable(request: Request):
     """Monitor every generation from now on (400 when no SAE can be read through)."""
-    state = _state(request)
-    return state.monitor.configure({"enabled": True}, state.steering.attached, state.saes.get)
+    return monitor_admin.configure(state_of(request), {"enabled": True})
 
 
 @router.post("/api/monitoring/disable", summary="Turn monitoring off")
-async def disable(request: Request):
+def disable(request: Request):
     """Stop monitoring; records and statistics stay until reset."""
-    state = _state(request)
-    return state.monitor.configure({"enabled": False}, state.steering.attached, state.saes.get)
+    return monitor_admin.configure(state_of(request), {"enabled": False})
 
 
 @router.get("/api/monitoring/records", summary="Per-request records, oldest first")
-async def records(request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None):
+def records(request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None):
     """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
-    return {"object": "list", "data": _state(request).monitor.recent(limit, after)}
+    return {"object": "list", "data": state_of(request).monitor.recent(limit, after)}
 
 
 @router.get("/api/monitoring/stats", summary="Per-feature statistics since the last reset")
-async def stats(request: Request):
+def stats(request: Request):
     """For each feature that fired: count, mean and max value when active, fraction of positions active."""
-    return _state(request).monitor.statistics()
+    return state_of(request).monitor.statistics()
 
 
 @router.post("/api/monitoring/reset", summary="Forget records and statistics")
-async def reset(request: Request):
+def reset(request: Request):
     """Clear history and statistics (settings stay)."""
-    monitor = _state(request).monitor
-    monitor.reset()
-    return {"reset": True, **monitor.statistics()}
+    return monitor_admin.reset(state_of(request))
 
 
 @router.get("/api/monitoring/stream", summary="Live feed of records (server-sent events)")
 async def stream(request: Request):
     """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to chart."""
-    monitor = _state(request).monitor
+    monitor = state_of(request).monitor
     subscriber = monitor.subscribe()
 
     async def frames():

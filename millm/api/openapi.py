@@ -13,9 +13,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from millm.api import field_policy
-from millm.api.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
-from millm.api.protocol import (
+from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
+from millm.interp.intensity import DIAL_SCHEMA
+from millm.protocol import field_policy
+from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
+from millm.protocol.requests import (
     BUDGET_RULES,
     CHAT_SCORING,
     COMPLETION_SCORING,
@@ -26,15 +28,13 @@ from millm.api.protocol import (
     TOKEN_IDS_SCHEMA,
     TOP_LOGPROBS_RULES,
 )
-from millm.api.schema_rules import absent_or_null, at_most, nullable, sent, when
-from millm.api.schema_subset import SUBSET_SCHEMA
-from millm.api.scoring import scoring_schema_rules
-from millm.api.structured import NAME as SCHEMA_NAME
-from millm.api.structured import response_format_schema_rules
-from millm.api.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
-from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
-from millm.interp.intensity import DIAL_SCHEMA
+from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
+from millm.protocol.schema_subset import SUBSET_SCHEMA
 from millm.service.activations import READ_SCHEMA
+from millm.service.scoring import scoring_schema_rules
+from millm.service.structured import NAME as SCHEMA_NAME
+from millm.service.structured import response_format_schema_rules
+from millm.service.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
 from millm.settings import Settings
 
 ERROR_SCHEMA = {

@@ -91,6 +91,17 @@ class ScoresReady:
 
     logits: list
     reads: list = field(default_factory=list)  # ResidualsRead, row = prompt index
+    scored: list = field(default_factory=list)  # Scored of each prompt, when the job asked for a ranking
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a scoring job ranks a prompt's next token: over `allowed` ids (None: the whole
+    vocabulary), logits divided by `temperature` (0: not scaled), the first `top` kept (None: all)."""
+
+    allowed: tuple[int, ...] | None
+    temperature: float
+    top: int | None = None
 
 
 Event = Union[TextDelta, RowFinished, ResidualsRead, JobFailed, EmbeddingsReady, ScoresReady]
@@ -155,3 +166,4 @@ class ScoringJob(JobControl):
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
     reads: tuple[ResidualRead, ...] = ()  # residuals to capture over each prompt
+    ranking: Ranking | None = None  # rank each prompt's candidates here, on the scheduler thread

@@ -2,7 +2,9 @@
 
 `score` is pure over a logits vector: temperature divides the logits (0 = no scaling), the
 log-probabilities are normalised over the allowed ids only (or the whole vocabulary), and
-non-finite values that would reach the answer are refused rather than reported.
+non-finite values that would reach the answer are refused rather than reported. It runs on the
+scheduler thread, beside the forward pass, and turns only the candidates asked for into Python
+numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever it ran.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from millm.engine.reading import Capture, taps
-from millm.engine.jobs import ScoresReady, ScoringJob
+from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
+from millm.engine.reading import Capture, taps
 from millm.errors import MillmError
 
 MIN_TEMPERATURE = 0.001
@@ -33,11 +35,11 @@ class Scored:
 
     chosen: int
     chosen_logprob: float
-    ranked: list[tuple[int, float]]  # every candidate, most probable first
+    ranked: list[tuple[int, float]]  # candidates, most probable first (the first `top` asked for)
 
 
-def score(logits: torch.Tensor, allowed: list[int] | None, temperature: float) -> Scored:
-    """Rank the candidates of one next-token logits vector `[V]` (float32)."""
+def score(logits: torch.Tensor, allowed: list[int] | tuple[int, ...] | None, temperature: float, top: int | None = None) -> Scored:
+    """Rank the candidates of one next-token logits vector `[V]` (float32); keep the first `top` (None: all)."""
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
@@ -48,8 +50,8 @@ def score(logits: torch.Tensor, allowed: list[int] | None, temperature: float) -
             "the model produced NaN or +inf logits " + ("on an allowed token" if allowed else "in its next-token distribution")
         )
     logprobs = torch.log_softmax(values, dim=-1)
-    order = torch.argsort(logprobs, descending=True, stable=True)
-    ranked = [(int(ids[i]), float(logprobs[i])) for i in order]
+    order = torch.argsort(logprobs, descending=True, stable=True)[: max(1, top) if top is not None else None]
+    ranked = list(zip(ids[order].tolist(), logprobs[order].tolist()))
     return Scored(ranked[0][0], ranked[0][1], ranked)
 
 
@@ -77,5 +79,11 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
             reads.extend(capture.result(index, prompt) for capture in captures)
     finally:
         lm.residual.clear()
-    job.emit(ScoresReady(results, reads))
+    scored = [rank(row, job.ranking) for row in results] if job.ranking is not None else []
+    job.emit(ScoresReady(results, reads, scored))
+
+
+def rank(logits: torch.Tensor, ranking: Ranking) -> Scored:
+    """`score` with a job's ranking."""
+    return score(logits, ranking.allowed, ranking.temperature, ranking.top)
 

@@ -21,7 +21,11 @@ import psutil
 import torch
 
 from millm.engine.sources import ModelSource
-from millm.errors import InsufficientMemoryToLoad, ModelSourceError, UnsupportedQuantization
+from millm.errors import (
+    InsufficientMemoryToLoad,
+    ModelSourceError,
+    UnsupportedQuantization,
+)
 
 # Bytes per element of the safetensors dtypes (sub-byte and unknown dtypes are not size-checked).
 SAFETENSORS_BYTES = {

@@ -6,8 +6,16 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable
 
-from millm.engine.jobs import Event, GenerationJob, JobFailed, ResidualRead, ResidualsRead, RowFinished, RowSpec
 from millm.engine.constraints import GrammarSpec
+from millm.engine.jobs import (
+    Event,
+    GenerationJob,
+    JobFailed,
+    ResidualRead,
+    ResidualsRead,
+    RowFinished,
+    RowSpec,
+)
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams

@@ -17,10 +17,9 @@ import logging
 import queue
 import threading
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
-
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest

@@ -15,7 +15,6 @@ from pathlib import Path, PurePosixPath
 from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
 from millm.errors import MillmError
 
-
 HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
 
 

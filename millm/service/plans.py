@@ -19,9 +19,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.errors import MillmError, describe
-from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
-from millm.interp.intensity import Dial, applied_strength, circuit_lambda, cluster_lambda
-from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
+from millm.interp.binding import (
+    BOUND,
+    LayerBinding,
+    circuit_bindings,
+    circuit_mode,
+    cluster_binding,
+    members_edit,
+)
+from millm.interp.intensity import (
+    Dial,
+    applied_strength,
+    circuit_lambda,
+    cluster_lambda,
+)
+from millm.interp.mistudio import (
+    Member,
+    authored_intensity,
+    circuit_members,
+    cluster_members,
+    declared_range,
+    rung,
+)
 from millm.interp.steering import InvalidFeatureIndex, steering_edit
 from millm.service.documents import CircuitBook, ClusterBook
 from millm.service.steering import NO_STEERING, Plan, Steering

@@ -32,19 +32,24 @@ from millm.errors import (
     describe,
 )
 from millm.interp.steering import Attached
-from millm.service.checkpoints import check_memory, check_quantization, element_bytes, inspect
+from millm.service.checkpoints import (
+    check_memory,
+    check_quantization,
+    element_bytes,
+    inspect,
+)
 from millm.service.documents import CircuitBook, ClusterBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
-from millm.service.registrations import ClientRegistrations
 from millm.service.plans import DialLimits, Planner
 from millm.service.profiles import ProfileBook
+from millm.service.registrations import ClientRegistrations
 from millm.service.saes import SAERegistry
 from millm.service.slot import ModelSlot, current_lease, request_scope
 from millm.service.steering import Steering
+from millm.service.threads import in_passing_thread
 from millm.settings import Settings
 from millm.store.database import Store, database_url
-from millm.service.threads import in_passing_thread
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import httpx
 import http_sfv
 import pytest
 
-from millm.api.field_policy import ENDPOINTS, MATRIX, REFUSED
+from millm.protocol.field_policy import ENDPOINTS, MATRIX, REFUSED
 from tests.api.clients import MODEL, post, sse_events
 from tests.unit.test_field_policy import EXAMPLES
 

@@ -6,7 +6,7 @@ import re
 import pytest
 from jsonschema import Draft202012Validator
 
-from millm.api.schema_subset import check_schema
+from millm.protocol.schema_subset import check_schema
 from millm.engine.constraints import GrammarSpec
 from millm.engine.sampling import SamplingParams
 from tests.integration.engine_helpers import generate, prompt_ids, row

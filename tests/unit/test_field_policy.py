@@ -2,7 +2,7 @@
 
 import pytest
 
-from millm.api.field_policy import (
+from millm.protocol.field_policy import (
     ABOVE_ONE,
     ENDPOINTS,
     HONOURED,

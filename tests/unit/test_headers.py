@@ -3,7 +3,8 @@
 import http_sfv
 import pytest
 
-from millm.api.headers import percent_encode, seed_header, string_list, strict_mode, token
+from millm.api.headers import seed_header, string_list, strict_mode, token
+from millm.protocol.unused_fields import percent_encode
 from millm.errors import InvalidRequest
 
 

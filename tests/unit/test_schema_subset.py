@@ -3,8 +3,8 @@
 
 import pytest
 
-from millm.api.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
-from millm.api.structured import ConstrainedOutputInvalid, Structured, validate_output
+from millm.protocol.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
+from millm.service.structured import ConstrainedOutputInvalid, Structured, validate_output
 
 SUPPORTED_EXAMPLES = [
     {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False},

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from millm.api.scoring import merged
+from millm.service.scoring import merged
 from millm.engine.scoring import NonFiniteLogits, check_reported, score
 
 

@@ -3,7 +3,8 @@
 import asyncio
 import json
 
-from millm.api.completions import ResponseMeta, chat_chunks, completion_chunks
+from millm.api.replies import frames as sse_frames
+from millm.service.answers import ChatShape, CompletionShape, Meta, chunks
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemory
@@ -17,14 +18,22 @@ def frames(make_stream, events, rows=1):
         stream = JobStream([ROW] * rows)
         for event in events:
             stream.job.emit(event)
-        return [frame async for frame in make_stream(stream)]
+        return [frame async for frame in sse_frames(make_stream(stream))]
 
     raw = asyncio.run(run())
     assert all(f.startswith("data: ") and f.endswith("\n\n") for f in raw)
     return [f[6:-2] if f[6:-2] == "[DONE]" else json.loads(f[6:-2]) for f in raw]
 
 
-META = ResponseMeta(id="chatcmpl-x", object="chat.completion", model="m", created=1)
+META = Meta(id="chatcmpl-x", model="m", fingerprint="fp", created=1)
+
+
+def chat_chunks(stream, meta, prompt_tokens, rows, include_usage):
+    return chunks(stream, ChatShape(), meta, prompt_tokens, rows, include_usage, None)
+
+
+def completion_chunks(stream, meta, prompt_tokens, rows, include_usage):
+    return chunks(stream, CompletionShape(), meta, prompt_tokens, rows, include_usage, None)
 
 
 def test_failure_after_the_stream_started_is_an_error_event_then_done():

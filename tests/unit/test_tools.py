@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from millm.api.protocol import ChatCompletionRequest
-from millm.api.schema_subset import ResponseFormatUnsupported
-from millm.api.tools import CallHoldback, parse_tools, read_answer, tool_messages
+from millm.protocol.requests import ChatCompletionRequest
+from millm.protocol.schema_subset import ResponseFormatUnsupported
+from millm.service.tools import CallHoldback, parse_tools, read_answer, tool_messages
 from millm.errors import InvalidRequest
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
@@ -112,7 +112,7 @@ def test_messages_for_a_template_without_tools():
 
 
 def test_forced_grammars_close_objects_that_say_nothing_of_other_keys():
-    from millm.api.tools import closed
+    from millm.service.tools import closed
 
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {"type": "string"}}},
                                                "open": {"type": "object", "properties": {}, "additionalProperties": True}},

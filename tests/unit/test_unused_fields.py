@@ -2,9 +2,9 @@
 
 import pytest
 
-from millm.api.embeddings import EmbeddingRequest
-from millm.api.protocol import ChatCompletionRequest, CompletionRequest
-from millm.api.unused_fields import template_reads, unused_locations
+from millm.protocol.requests import EmbeddingRequest
+from millm.protocol.requests import ChatCompletionRequest, CompletionRequest
+from millm.protocol.unused_fields import template_reads, unused_locations
 
 USER = {"role": "user", "content": "hi"}
 

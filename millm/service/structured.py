@@ -13,11 +13,17 @@ import re
 from dataclasses import dataclass
 
 from millm.api.headers import token
-from millm.api.protocol import ChatCompletionRequest
-from millm.api.schema_rules import absent_or_null, any_of, equals, one_of_values, when
-from millm.api.schema_subset import ResponseFormatUnsupported, check_schema
 from millm.engine.constraints import GrammarSpec
 from millm.errors import MillmError
+from millm.protocol.requests import ChatCompletionRequest
+from millm.protocol.schema_rules import (
+    absent_or_null,
+    any_of,
+    equals,
+    one_of_values,
+    when,
+)
+from millm.protocol.schema_subset import ResponseFormatUnsupported, check_schema
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON_OBJECT = {"type": "object"}

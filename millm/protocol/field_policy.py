@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from millm.api.schema_rules import at_most, equals, one_of_values, when
 from millm.errors import FieldNotHonoured
+from millm.protocol.schema_rules import at_most, equals, one_of_values, when
 
 CHAT = "chat"
 COMPLETIONS = "completions"

@@ -10,8 +10,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from millm.api.schema_rules import absent_or_null, any_of, equals, nullable, sent, when
 from millm.errors import InvalidRequest
+from millm.protocol.schema_rules import (
+    absent_or_null,
+    any_of,
+    equals,
+    nullable,
+    sent,
+    when,
+)
 
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 128
@@ -180,7 +187,7 @@ class ChatCompletionRequest(SamplingFields):
     profile: str | None = None  # miLLM: a saved steering profile for this request only
     steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None  # checked in api/tools.py (one message per malformed tool)
+    tools: list[Any] | None = None  # checked in service/tools.py (one message per malformed tool)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
@@ -229,3 +236,12 @@ class CompletionRequest(SamplingFields):
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be an empty list")
         return value
+
+
+class EmbeddingRequest(OpenBody):
+    """POST /v1/embeddings."""
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    user: str | None = None

@@ -1,23 +1,22 @@
 """Refusals that depend only on the request, made before the named model is acquired.
 
 A request naming a registered model that is not loaded makes the server load it, unloading the
-model everyone else uses. So every refusal the request alone decides (the X-miLLM-Strict value,
-fields strict mode would refuse whatever the model, the steering_intensity syntax, an unknown
-profile, the syntax of return_sae_activations) runs first: a bad request never moves a model. What depends on the model (its chat
-template, its vocabulary, its context window, the SAEs attached to it) is checked once it is held.
+model everyone else uses. So every refusal the request alone decides (fields strict mode would
+refuse whatever the model, the steering_intensity syntax, an unknown profile, the syntax of
+return_sae_activations) runs first: a bad request never moves a model. What depends on the
+model (its chat template, its vocabulary, its context window, the SAEs attached to it) is
+checked once it is held. The X-miLLM-Strict header itself is read by the API, before this.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import Request
+from anyio import to_thread
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
-from millm.api.headers import STRICT_HEADER, strict_mode
-from millm.api.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.interp.intensity import Dial, parse_dial
+from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.activations import ReadRequest, parse_read
 from millm.service.state import ServerState
 
@@ -31,18 +30,17 @@ class Prechecked:
     read: ReadRequest | None = None  # return_sae_activations, its syntax checked
 
 
-async def precheck(request: Request, state: ServerState, body: BaseModel, scoring: bool = False) -> Prechecked:
+async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: bool = False) -> Prechecked:
     """The request-only refusals (400/404) in the order a client would fix them; returns what they parsed."""
-    strict = strict_mode(request.headers.get(STRICT_HEADER))
     if strict:
         # As if the template read every optional message key: what is still unused is unused on any model.
-        handle_unused(unused_locations(body, scoring=scoring, reads=set(TEMPLATE_KEYS)), True, state.settings.ignored_fields_header_max_bytes)
+        handle_unused(unused_locations(body, scoring=scoring, reads=set(TEMPLATE_KEYS)), True)
     raw_dial = getattr(body, "steering_intensity", None)
     dial = parse_dial(raw_dial) if raw_dial is not None else None
     profile = getattr(body, "profile", None)
     if profile is not None and not scoring and not (dial is not None and dial.off):
         # "off" turns steering off without looking at the base, an unknown profile included.
-        await run_in_threadpool(state.profiles.find, profile)
+        await to_thread.run_sync(state.profiles.find, profile)
     asked = getattr(body, "return_sae_activations", None)
     read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
     return Prechecked(strict, dial, read)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from millm.api.field_policy import is_neutral
-from millm.api.headers import percent_encode, string_list
 from millm.errors import InvalidRequest
+from millm.protocol.field_policy import is_neutral
 
 log = logging.getLogger("millm.requests")
 
@@ -24,12 +24,18 @@ log = logging.getLogger("millm.requests")
 TEMPLATE_KEYS = ("name", "tool_call_id", "tool_calls")
 # Sampling fields scoring does not apply (temperature does: it divides the logits).
 NOT_IN_SCORING = ("top_p", "stop", "frequency_penalty", "presence_penalty")
+PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 
 
 class UnusedFieldsRefused(InvalidRequest):
     """400 in strict mode: the request carries fields this path would ignore."""
 
     code = "unused_fields_refused"
+
+
+def percent_encode(name: str) -> str:
+    """A field location with every character outside printable ASCII percent-encoded (UTF-8)."""
+    return quote(name, safe=PRINTABLE_ASCII)
 
 
 def template_reads(tokenizer) -> set[str]:
@@ -88,15 +94,15 @@ def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] 
     return [percent_encode(loc) for loc in dict.fromkeys(found)]
 
 
-def handle_unused(locations: list[str], strict: bool, cap: int) -> dict[str, str]:
-    """Strict: 400 naming every location. Otherwise one log warning and the response header."""
+def handle_unused(locations: list[str], strict: bool) -> tuple[str, ...]:
+    """Strict: 400 naming every location. Otherwise one log warning; the locations come back
+    for the response's X-miLLM-Ignored-Fields header."""
     if not locations:
-        return {}
+        return ()
     if strict:
         raise UnusedFieldsRefused(
             f"X-miLLM-Strict is set and these fields would be ignored: {', '.join(locations)}",
             param=locations[0],
         )
     log.warning("request_fields_unused %s", json.dumps(locations))
-    header = string_list(locations, cap)
-    return {"X-miLLM-Ignored-Fields": header} if header else {}
+    return tuple(locations)

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import math
 
-
-from millm.api.protocol import SamplingFields
-from millm.api.schema_rules import NULL, any_of, at_most, equals, when
-from millm.engine.jobs import ScoringJob
+from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
 from millm.errors import InvalidRequest
+from millm.protocol.requests import SamplingFields
+from millm.protocol.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionLogprobs,
+    TokenLogprob,
+    TopLogprob,
+)
+from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
 from millm.service.generation import OneResult
 from millm.service.state import ServerState
 
@@ -69,10 +77,10 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
     return list(dict.fromkeys(allowed))
 
 
-async def score_and_read(state: ServerState, prompts: list[list[int]], reads: tuple = ()):
-    """The ScoresReady answer: logits of each prompt and what `reads` captured of its pass."""
+async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: Ranking, reads: tuple = ()) -> ScoresReady:
+    """Each prompt's ranked next token (ranked on the scheduler thread) and what `reads` captured of its pass."""
     result = OneResult()
-    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads)
+    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking)
     state.submit(job)
     try:
         return await result.wait()
@@ -102,42 +110,36 @@ def merged(entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
     return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
-def completion_choice(lm: LoadedModel, scored: Scored, index: int, prompt_text: str, logprobs: int | None, allowed, by_id: bool) -> dict:
+def completion_choice(lm: LoadedModel, scored: Scored, index: int, prompt_text: str, logprobs: int | None, allowed, by_id: bool) -> CompletionChoice:
     """A legacy completions choice: the chosen token's text and, when asked, OpenAI's logprobs object."""
     text = token_text(lm, scored.chosen)
     if logprobs is None:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": "length"}
+        return CompletionChoice(index=index, text=text, finish_reason="length")
     # With allowed_token_ids every listed token is returned; otherwise the `logprobs` most probable.
     shown = len(scored.ranked) if allowed else logprobs
     check_reported(scored, shown)
     top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
-    return {
-        "index": index,
-        "text": text,
-        "logprobs": {
-            "tokens": [token_key(lm, scored.chosen, by_id)],
-            "token_logprobs": [scored.chosen_logprob],
-            "top_logprobs": [dict(top)],
-            "text_offset": [len(prompt_text)],
-        },
-        "finish_reason": "length",
-    }
+    detail = CompletionLogprobs(
+        tokens=[token_key(lm, scored.chosen, by_id)],
+        token_logprobs=[scored.chosen_logprob],
+        top_logprobs=[dict(top)],
+        text_offset=[len(prompt_text)],
+    )
+    return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
 
 
-def chat_choice(lm: LoadedModel, scored: Scored, index: int, logprobs: bool, top_logprobs: int | None, by_id: bool) -> dict:
+def chat_choice(lm: LoadedModel, scored: Scored, index: int, logprobs: bool, top_logprobs: int | None, by_id: bool) -> ChatChoice:
     """A chat choice: the chosen token as the message and, with logprobs: true, OpenAI's chat logprobs."""
     text = token_text(lm, scored.chosen)
-    message = {"role": "assistant", "content": text}
+    message = AssistantMessage(content=text)
     if not logprobs:
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": "length"}
+        return ChatChoice(index=index, message=message, finish_reason="length")
     shown = min(top_logprobs or 0, len(scored.ranked))
     check_reported(scored, shown)
     top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
     texts = {token_key(lm, t, by_id): token_text(lm, t) for t, _ in scored.ranked[:shown]}
-
-    def entry(key: str, logprob: float, text_of: str) -> dict:
-        return {"token": key, "logprob": logprob, "bytes": list(text_of.encode("utf-8"))}
-
-    content = entry(token_key(lm, scored.chosen, by_id), scored.chosen_logprob, text)
-    content["top_logprobs"] = [entry(key, lp, texts[key]) for key, lp in top]
-    return {"index": index, "message": message, "logprobs": {"content": [content]}, "finish_reason": "length"}
+    alternatives = [TopLogprob(token=key, logprob=lp, bytes=list(texts[key].encode("utf-8"))) for key, lp in top]
+    chosen = TokenLogprob(
+        token=token_key(lm, scored.chosen, by_id), logprob=scored.chosen_logprob, bytes=list(text.encode("utf-8")), top_logprobs=alternatives
+    )
+    return ChatChoice(index=index, message=message, logprobs=ChatLogprobs(content=[chosen]), finish_reason="length")

@@ -22,12 +22,12 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from millm.api.protocol import ChatCompletionRequest
-from millm.api.schema_rules import any_of, equals, when
-from millm.api.schema_subset import check_schema
-from millm.api.structured import NAME, ConstrainedOutputInvalid
 from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.errors import InvalidRequest
+from millm.protocol.requests import ChatCompletionRequest
+from millm.protocol.schema_rules import any_of, equals, when
+from millm.protocol.schema_subset import check_schema
+from millm.service.structured import NAME, ConstrainedOutputInvalid
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)

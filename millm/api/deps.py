@@ -1,0 +1,24 @@
+"""What a route reaches through its app: the service objects, and the settings it reports with."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from millm.service.serving import Serving
+from millm.service.state import ServerState
+from millm.settings import Settings
+
+
+def state_of(request: Request) -> ServerState:
+    """The server state behind this app (routes hand it to service functions; they never read its fields)."""
+    return request.app.state.millm
+
+
+def serving(request: Request) -> Serving:
+    """The generation service behind this app."""
+    return request.app.state.serving
+
+
+def settings_of(request: Request) -> Settings:
+    """The server's settings (read-only)."""
+    return request.app.state.settings

@@ -1,0 +1,248 @@
+"""Serving /v1/chat/completions and /v1/completions: a validated body becomes prompts, a steering
+plan and engine rows (or a scoring job); the engine's events become typed bodies.
+
+One method per route, each returning a Reply: the body (or its chunks) and a Report of how the
+request was served, which the API turns into the X-miLLM-* headers. The order of the checks is
+the order a client would fix them: request-only refusals before the model is acquired (and
+possibly loaded), then what depends on the model, then admission.
+"""
+
+from __future__ import annotations
+
+from anyio import to_thread
+
+from millm.engine.jobs import Ranking
+from millm.engine.loader import LoadedModel
+from millm.engine.prompts import has_chat_template
+from millm.engine.sampling import SamplingParams
+from millm.errors import InvalidRequest, MillmError
+from millm.protocol.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    SamplingFields,
+)
+from millm.protocol.responses import ChatCompletion, Completion, Usage
+from millm.protocol.schema_subset import ResponseFormatUnsupported
+from millm.protocol.unused_fields import handle_unused, template_reads, unused_locations
+from millm.service.activations import ActivationRead, ReadRequest, plan_read, refuse
+from millm.service.answers import (
+    ChatShape,
+    CompletionShape,
+    Meta,
+    Shape,
+    chunks,
+    collect,
+    millm_block,
+)
+from millm.service.embeddings import embed
+from millm.service.generation import (
+    GenerationOptions,
+    JobStream,
+    build_rows,
+    completion_budget,
+)
+from millm.service.prechecks import precheck
+from millm.service.prompts import completion_prompts, conversation_prompts
+from millm.service.replies import Reply, Report
+from millm.service.scoring import (
+    InvalidScoringRequest,
+    chat_choice,
+    check_allowed,
+    check_scoring,
+    completion_choice,
+    score_and_read,
+)
+from millm.service.state import ServerState
+from millm.service.steering import Plan
+from millm.service.structured import (
+    parse_response_format,
+    refuse_combinations,
+    validate_output,
+)
+from millm.service.tools import offer_decision, parse_tools, template_takes_tools
+
+
+def generation_options(body: SamplingFields) -> GenerationOptions:
+    """The engine's view of the sampling fields, with OpenAI's defaults filled in."""
+    sampling = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+    )
+    return GenerationOptions(
+        max_tokens=body.token_budget, n=body.n or 1, sampling=sampling, stop=body.stop_sequences, seed=body.seed
+    )
+
+
+def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
+    """return_sae_activations reads one row: there is no single position axis across several."""
+    if body.return_sae_activations is None:
+        return
+    if (body.n or 1) > 1:
+        raise refuse("n > 1 has several position axes; ask with n: 1")
+    if getattr(body, "extra_messages", None):
+        raise refuse("extra_messages rows have several position axes; ask without extra_messages")
+    if prompts > 1:
+        raise refuse("several prompts have several position axes; send one prompt")
+
+
+def unused_fields(strict: bool, body: SamplingFields, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under X-miLLM-Strict)."""
+    # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
+    reads = template_reads(lm.tokenizer) | {"tool_calls"}
+    sent = body.model_dump(exclude_unset=True)
+    locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
+    return handle_unused(locations, strict)
+
+
+class Serving:
+    """The OpenAI generation routes over the server state."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.settings = state.settings
+
+    # routes ------------------------------------------------------------------------------------------
+    async def chat(self, body: ChatCompletionRequest, strict: bool) -> Reply:
+        """Answer (or continue, or score) a conversation and each extra_messages conversation."""
+        structured = parse_response_format(body)
+        if structured is not None:
+            refuse_combinations(body, self.settings.enable_continuous_batching)
+        tools = parse_tools(body)
+        if tools is not None and tools.offered and structured is not None:
+            raise ResponseFormatUnsupported("response_format cannot be combined with tools: both would shape the same answer")
+        temperature = check_scoring(body) if body.scoring else None
+        refuse_multi_row_reads(body, 1)
+        checked = await precheck(self.state, body, strict, body.scoring)
+        lm = await self.state.acquire(body.model)
+        if body.scoring and not has_chat_template(lm.tokenizer):
+            raise InvalidRequest(
+                f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
+                param="messages",
+                code="no_chat_template",
+            )
+        tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools)
+        ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused))
+        prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
+        meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
+        read = self._read(lm, body, checked.read, prompts, "messages")
+        if temperature is not None:
+            return await self._chat_scoring(lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read)
+        plan = await to_thread.run_sync(self.state.planner.plan_for, body.profile, checked.dial)
+        constraint = structured.spec if structured is not None else tools.grammar() if tools is not None else None
+        if constraint is not None:
+            await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
+        scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
+        report = Report(ignored, plan, body.seed, scope, structured)
+        return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read)
+
+    async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
+        """Continue each prompt verbatim (one choice per prompt), or score its next token."""
+        temperature = check_scoring(body) if body.scoring else None
+        checked = await precheck(self.state, body, strict, body.scoring)
+        lm = await self.state.acquire(body.model)
+        ignored = unused_fields(strict, body, body.scoring, lm)
+        error = InvalidScoringRequest if body.scoring else InvalidRequest
+        prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
+        meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
+        read = self._read(lm, body, checked.read, prompts, "prompt")
+        if temperature is not None:
+            allowed = check_allowed(lm, body.allowed_token_ids)
+            ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.logprobs or 0)
+            answered = await score_and_read(self.state, prompts, ranking, self._engine_reads(read))
+            by_id = bool(body.return_tokens_as_token_ids)
+            choices = [
+                completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id) for i, scored in enumerate(answered.scored)
+            ]
+            scored_body = Completion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
+                                     choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                                     millm=millm_block(read, answered.reads, unsteered=True))
+            return Reply(Report(ignored, seed=body.seed), body=scored_body)
+        plan = await to_thread.run_sync(self.state.planner.plan_for, None, None)
+        report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
+        return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read)
+
+    async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
+        """Embed each input (never steered)."""
+        return await embed(self.state, body, strict)
+
+    # steps -------------------------------------------------------------------------------------------
+    async def _generate(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, shape: Shape,
+                        meta: Meta, report: Report, constraint, read: ActivationRead | None) -> Reply:
+        """Admit the rows (steered by the report's plan) and answer whole or as a stream."""
+        stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read)
+        prompt_tokens = sum(map(len, prompts))
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read))
+        result = await collect(stream, rows)
+        if report.structured is not None:
+            for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons)):
+                if reason == "stop":
+                    validate_output(report.structured, text, index)
+        return Reply(report, body=shape.whole(meta, result, prompt_tokens, read))
+
+    def _start(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan,
+               constraint, read: ActivationRead | None) -> tuple[JobStream, int]:
+        """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
+        `read` and by monitoring when it is on) and admit them."""
+        reads = self._engine_reads(read)
+        monitored = self.state.monitor.read_for(self.state.steering.attached)
+        if monitored is not None:
+            reads += (monitored[0],)
+        rows = build_rows(lm, prompts, generation_options(body), self.settings.default_max_tokens, param, plan.edit, constraint, reads)
+        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None)
+        self.state.submit(stream.job)
+        return stream, len(rows)
+
+    async def _chat_scoring(self, lm: LoadedModel, body: ChatCompletionRequest, prompts: list[list[int]], meta: Meta,
+                            temperature: float, report: Report, read: ActivationRead | None) -> Reply:
+        """Score each conversation one at a time; a failing one fails the request, naming its index."""
+        allowed = check_allowed(lm, body.allowed_token_ids)
+        ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.top_logprobs or 0)
+        choices, captured = [], []
+        for index, prompt in enumerate(prompts):
+            try:
+                answered = await score_and_read(self.state, [prompt], ranking, self._engine_reads(read))
+                captured += answered.reads
+                by_id = bool(body.return_tokens_as_token_ids)
+                choices.append(chat_choice(lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id))
+            except MillmError as exc:
+                if len(prompts) > 1:
+                    exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
+                raise
+        scored = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
+                                choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                                millm=millm_block(read, captured, unsteered=True))
+        return Reply(report, body=scored)
+
+    def _read(self, lm: LoadedModel, body: SamplingFields, asked: ReadRequest | None, prompts: list[list[int]], param: str) -> ActivationRead | None:
+        """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
+        if asked is None:
+            return None
+        refuse_multi_row_reads(body, len(prompts))
+        scoring = bool(getattr(body, "scoring", False))
+        budget = 0 if scoring else completion_budget(lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param)
+        return plan_read(
+            asked,
+            self.state.steering.attached,
+            prompt_tokens=len(prompts[0]),
+            max_tokens=budget,
+            max_entries=self.settings.sae_activations_max_entries,
+        )
+
+    @staticmethod
+    def _engine_reads(read: ActivationRead | None) -> tuple:
+        return (read.engine_read(),) if read is not None else ()
+
+    def _seed_scope(self, batch_shaped: bool) -> str:
+        """The promise X-miLLM-Seed states: extra_messages rows hold for the same batch composition;
+        with continuous batching enabled the spec's promise is best-effort (the seeded request itself
+        still runs on the serial path, in its own forward passes)."""
+        if batch_shaped:
+            return "batch-shape"
+        return "best-effort" if self.settings.enable_continuous_batching else "request"
+
+
