@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import torch
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from millm.errors import InvalidRequest
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
@@ -88,7 +89,7 @@ def _validated(adapter: TypeAdapter, path: Path) -> Any:
         raise SAEFormatError(f"{path.name}: " + "; ".join(map(_problem, exc.errors(include_url=False)))) from None
 
 
-def _problem(error: dict) -> str:
+def _problem(error: ErrorDetails) -> str:
     """One pydantic error as 'd_sae: Input should be greater than 0 (got 0)'."""
     where = ".".join(str(part) for part in error["loc"] if part != "[key]")
     shown = error["type"] not in ("missing", "json_invalid") and not isinstance(error["input"], (dict, list))
@@ -206,7 +207,7 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
         if factor:
             weights.W_enc, weights.W_dec, weights.b_dec = weights.W_enc * factor, weights.W_dec / factor, weights.b_dec / factor
         normalisation = "none"
-    options = dict(apply_b_dec_to_input=bool(config.apply_b_dec_to_input), normalize_activations=normalisation)
+    options: dict[str, Any] = {"apply_b_dec_to_input": bool(config.apply_b_dec_to_input), "normalize_activations": normalisation}
     if config.architecture == "jumprelu":
         sae: SAE = JumpReLUSAE(weights, _threshold(tensors, config.d_sae, SAELENS_WEIGHTS), **options)
     elif config.architecture == "topk":

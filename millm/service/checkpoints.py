@@ -104,7 +104,8 @@ def _safetensors(path: Path) -> tuple[int, int]:
     size = path.stat().st_size
     try:  # safe_open maps the file and checks its header against the file's length; no tensor is read
         with safe_open(str(path), "np") as handle:
-            return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys()), size
+            names = handle.keys()  # safe_open is not a mapping: keys() is how it lists tensors
+            return sum(math.prod(handle.get_slice(name).get_shape()) for name in names), size
     except SafetensorError as exc:
         reason = str(exc).removeprefix("Error while deserializing header: ")
         if reason.startswith(SAFETENSORS_WRONG_LENGTH):

@@ -47,7 +47,7 @@ def test_older_hook_layer_and_log_threshold(tmp_path):
 
 
 def test_expected_average_scaling_factor_is_folded(tmp_path):
-    plain_info, plain = read_sae(build_saelens(tmp_path / "a", architecture="standard"))
+    _, plain = read_sae(build_saelens(tmp_path / "a", architecture="standard"))
     _, folded = read_sae(build_saelens(tmp_path / "b", architecture="standard", config={"normalize_activations": "expected_average_only_in", "norm_scaling_factor": 2.0}))
     assert torch.allclose(folded.W_enc, plain.W_enc * 2.0) and torch.allclose(folded.W_dec, plain.W_dec / 2.0)
 
