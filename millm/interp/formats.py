@@ -2,19 +2,22 @@
 
 Every problem a file can have (a missing tensor, a wrong or transposed shape, an unknown
 architecture, a hook point millm cannot steer) becomes an SAEFormatError whose message names
-it, which the API answers as a 400.
+it, which the API answers as a 400. The JSON files are pydantic models, so a problem in one
+names its key: `cfg.json: d_sae: Input should be greater than 0 (got 0)`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from millm.errors import InvalidRequest
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
@@ -24,13 +27,73 @@ SAELENS_WEIGHTS = "sae_weights.safetensors"
 GEMMA_SCOPE_FILE = "params.npz"
 LABELS_FILE = "feature_labels.json"
 HOOK_NAME = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
-ARCHITECTURES = {"standard": "standard", "relu": "standard", "jumprelu": "jumprelu", "topk": "topk"}
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]  # strict: "64", 64.0 and true are refused
 
 
 class SAEFormatError(InvalidRequest):
     """400: an SAE file millm cannot use, with the reason."""
 
     code = "invalid_sae"
+
+
+def _architecture(value: Any) -> Any:
+    # Case-insensitive, and "relu" is SAELens's other name for standard.
+    name = value.lower() if isinstance(value, str) else value
+    return "standard" if name == "relu" else name
+
+
+class SAELensConfig(BaseModel):
+    """The cfg.json keys millm uses; the many others SAELens writes are accepted and ignored."""
+
+    architecture: Annotated[Literal["standard", "jumprelu", "topk"], BeforeValidator(_architecture)] = "standard"
+    d_in: PositiveInt
+    d_sae: PositiveInt
+    hook_name: str | None = None
+    hook_layer: Annotated[int, Field(strict=True, ge=0)] | None = None  # older files name no hook_name
+    k: PositiveInt | None = None  # TopK only
+    apply_b_dec_to_input: bool | None = True  # null reads as false, as before
+    # Early SAELens wrote normalize_activations as a bool: false (or null) means none.
+    normalize_activations: Annotated[
+        Literal["none", "expected_average_only_in", "constant_norm_rescale", "layer_norm"], BeforeValidator(lambda v: v or "none")
+    ] = "none"
+    norm_scaling_factor: float | None = None
+    model_name: str | None = None
+    neuronpedia_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, raw: Any) -> Any:
+        # Newer SAELens releases nest hook and model fields under "metadata" (or "meta"), TopK's
+        # k sometimes sits under activation_fn_kwargs, and older files call the factor scaling_factor.
+        if not isinstance(raw, dict):
+            return raw
+        config = dict(raw)
+        for nested in ("metadata", "meta", "activation_fn_kwargs"):
+            inner = raw.get(nested)
+            for key, value in inner.items() if isinstance(inner, dict) else ():
+                if config.get(key) is None:
+                    config[key] = value
+        config["norm_scaling_factor"] = config.get("norm_scaling_factor") or config.get("scaling_factor")
+        return config
+
+
+CONFIG = TypeAdapter(SAELensConfig)
+LABELS = TypeAdapter(dict[int, Any])  # feature index (a string of digits in JSON) -> entry or bare label
+
+
+def _validated(adapter: TypeAdapter, path: Path) -> Any:
+    """The JSON file at `path` validated by `adapter`; SAEFormatError naming each problem's location."""
+    try:
+        return adapter.validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise SAEFormatError(f"{path.name}: " + "; ".join(map(_problem, exc.errors(include_url=False)))) from None
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One pydantic error as 'd_sae: Input should be greater than 0 (got 0)'."""
+    where = ".".join(str(part) for part in error["loc"] if part != "[key]")
+    shown = error["type"] not in ("missing", "json_invalid") and not isinstance(error["input"], (dict, list))
+    return (f"{where}: " if where else "") + error["msg"] + (f" (got {error['input']!r})" if shown else "")
 
 
 @dataclass(frozen=True)
@@ -76,14 +139,13 @@ def parse_hook_name(hook_name: str) -> tuple[int, str]:
     return int(match.group(1)), f"resid_{match.group(2)}"
 
 
-def _flatten_config(raw: dict) -> dict:
-    # Newer SAELens releases nest hook and model fields under "metadata" (or "meta").
-    config = dict(raw)
-    for nested in ("metadata", "meta"):
-        if isinstance(raw.get(nested), dict):
-            for key, value in raw[nested].items():
-                config.setdefault(key, value)
-    return config
+def _hook(config: SAELensConfig) -> tuple[int, str]:
+    """(layer, hook point) from hook_name, or from hook_layer (resid_post) in older files."""
+    if config.hook_name:
+        return parse_hook_name(config.hook_name)
+    if config.hook_layer is not None:
+        return config.hook_layer, "resid_post"
+    raise SAEFormatError(f"{SAELENS_CONFIG} names no hook_name (or hook_layer)")
 
 
 def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
@@ -121,13 +183,6 @@ def _threshold(tensors: dict[str, torch.Tensor], d_sae: int, source: str) -> tor
     return threshold.contiguous()
 
 
-def _int(config: dict, key: str, source: str) -> int:
-    value = config.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise SAEFormatError(f"{source}: {key} must be a positive integer, got {value!r}")
-    return value
-
-
 def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
     """A SAELens directory: cfg.json + sae_weights.safetensors (+ feature_labels.json)."""
     from safetensors import SafetensorError
@@ -137,62 +192,40 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
     for required in (config_path, weights_path):
         if not required.is_file():
             raise SAEFormatError(f"SAELens directory {directory} has no {required.name}")
-    try:
-        config = _flatten_config(json.loads(config_path.read_text()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SAEFormatError(f"{config_path} is not valid JSON: {exc}") from None
-    architecture = ARCHITECTURES.get(str(config.get("architecture", "standard")).lower())
-    if architecture is None:
-        raise SAEFormatError(
-            f"architecture {config.get('architecture')!r} is not supported (supported: standard/relu, jumprelu, topk)"
-        )
-    d_in, d_sae = _int(config, "d_in", SAELENS_CONFIG), _int(config, "d_sae", SAELENS_CONFIG)
-    if config.get("hook_name"):
-        layer, hook_point = parse_hook_name(str(config["hook_name"]))
-    elif isinstance(config.get("hook_layer"), int):
-        layer, hook_point = config["hook_layer"], "resid_post"
-    else:
-        raise SAEFormatError(f"{SAELENS_CONFIG} names no hook_name (or hook_layer)")
+    config: SAELensConfig = _validated(CONFIG, config_path)
+    layer, hook_point = _hook(config)
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise SAEFormatError(f"{weights_path.name} is not a readable safetensors file: {exc}") from None
-    weights = _weights(tensors, d_in, d_sae, SAELENS_WEIGHTS)
-    normalisation = str(config.get("normalize_activations") or "none")
+    weights = _weights(tensors, config.d_in, config.d_sae, SAELENS_WEIGHTS)
+    normalisation = config.normalize_activations
     if normalisation == "expected_average_only_in":
         # SAELens applies this scaling outside the SAE at training time and folds the factor
         # into the weights when it is published; at run time the SAE itself is the identity.
-        factor = config.get("norm_scaling_factor") or config.get("scaling_factor")
+        factor = config.norm_scaling_factor
         if factor:
             weights.W_enc, weights.W_dec, weights.b_dec = weights.W_enc * factor, weights.W_dec / factor, weights.b_dec / factor
         normalisation = "none"
-    if normalisation not in ("none", "constant_norm_rescale", "layer_norm"):
-        raise SAEFormatError(f"normalize_activations {normalisation!r} is not supported")
-    options = dict(apply_b_dec_to_input=bool(config.get("apply_b_dec_to_input", True)), normalize_activations=normalisation)
-    k = None
-    if architecture == "jumprelu":
-        sae: SAE = JumpReLUSAE(weights, _threshold(tensors, d_sae, SAELENS_WEIGHTS), **options)
-    elif architecture == "topk":
-        k = config.get("k") or (config.get("activation_fn_kwargs") or {}).get("k")
-        if not isinstance(k, int) or not 0 < k <= d_sae:
-            raise SAEFormatError(f"a topk SAE needs k between 1 and d_sae ({d_sae}) in {SAELENS_CONFIG}, got {k!r}")
-        sae = TopKSAE(weights, k, **options)
+    options: dict[str, Any] = {"apply_b_dec_to_input": bool(config.apply_b_dec_to_input), "normalize_activations": normalisation}
+    if config.architecture == "jumprelu":
+        sae: SAE = JumpReLUSAE(weights, _threshold(tensors, config.d_sae, SAELENS_WEIGHTS), **options)
+    elif config.architecture == "topk":
+        if config.k is None or config.k > config.d_sae:
+            raise SAEFormatError(f"{SAELENS_CONFIG}: k: a topk SAE needs k between 1 and d_sae ({config.d_sae}), got {config.k!r}")
+        sae = TopKSAE(weights, config.k, **options)
     else:
         sae = StandardSAE(weights, **options)
     info = SAEInfo(
         id=content_id(weights_path),
         format="saelens",
         path=str(directory),
-        architecture=architecture,
-        d_in=d_in,
-        d_sae=d_sae,
         layer=layer,
         hook_point=hook_point,
-        hook_name=config.get("hook_name"),
-        k=k,
-        model_name=config.get("model_name"),
-        neuronpedia_id=config.get("neuronpedia_id"),
+        hook_name=config.hook_name or None,
+        k=config.k if config.architecture == "topk" else None,
         has_labels=(directory / LABELS_FILE).is_file(),
+        **config.model_dump(include={"architecture", "d_in", "d_sae", "model_name", "neuronpedia_id"}),
     )
     return info, sae
 
@@ -248,9 +281,5 @@ def read_labels(info: SAEInfo) -> dict[int, dict]:
     path = folder / LABELS_FILE
     if not path.is_file():
         return {}
-    raw = json.loads(path.read_text())
-    labels = {}
-    for key, value in raw.items():
-        entry = value if isinstance(value, dict) else {"label": str(value)}
-        labels[int(key)] = entry
-    return labels
+    labels = _validated(LABELS, path)
+    return {index: entry if isinstance(entry, dict) else {"label": str(entry)} for index, entry in labels.items()}

@@ -1,7 +1,8 @@
 """What a model's files say before any weight is read: are they whole, how big, how quantized.
 
 Loading a model replaces the loaded one, so everything that can refuse a load is checked here
-first, from file headers only (milliseconds, no weight is read): a config that does not parse,
+first, from file headers only, as the safetensors and gguf libraries read them (no weight is
+read; milliseconds, or seconds for a GGUF file's vocabulary): a config that does not parse,
 weight files that are missing or shorter than their headers say, a quantization this server
 cannot run, and weights that do not fit the device. Only what needs the weights themselves
 (shapes that disagree with the config, a tokenizer that cannot be built) can still fail once
@@ -10,10 +11,9 @@ the load has begun.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import mmap
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +27,9 @@ from millm.errors import (
     UnsupportedQuantization,
 )
 
-# Bytes per element of the safetensors dtypes (sub-byte and unknown dtypes are not size-checked).
-SAFETENSORS_BYTES = {
-    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-}
-MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
-GGUF_MAGIC = b"GGUF"
-GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
-GGUF_STRING, GGUF_ARRAY = 8, 9
+# How the safetensors library words a file whose length is not what its header says (newer
+# releases, then older ones).
+SAFETENSORS_WRONG_LENGTH = ("invalid header length", "incomplete metadata", "InvalidHeaderLength", "MetadataIncompleteBuffer")
 
 
 @dataclass(frozen=True)
@@ -108,107 +102,42 @@ def _stored_width(config: dict) -> int:
 
 
 def _safetensors(path: Path) -> tuple[int, int]:
-    """(elements, file bytes) of a safetensors file, after checking it holds what its header says."""
+    """(elements, file bytes) of a safetensors file, after the library checked it holds what its header says."""
+    from safetensors import SafetensorError, safe_open
+
     size = path.stat().st_size
-    with path.open("rb") as handle:
-        head = handle.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if length < 2 or length > min(size - 8, MAX_HEADER_BYTES):
-            raise ModelSourceError(f"{path.name} in {path.parent} is not a safetensors file (no valid header)")
-        try:
-            header = json.loads(handle.read(length))
-        except (ValueError, UnicodeDecodeError):
-            raise ModelSourceError(f"{path.name} in {path.parent} is not a safetensors file (its header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise ModelSourceError(f"{path.name} in {path.parent} is not a safetensors file (its header is not an object)")
-    elements = end_of_data = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            count = math.prod(int(d) for d in shape)
-        except (KeyError, TypeError, ValueError):
-            raise ModelSourceError(f"{path.name} in {path.parent} has a malformed header entry for {name!r}") from None
-        width = SAFETENSORS_BYTES.get(dtype)
-        if width is not None and end - begin != count * width:
-            raise ModelSourceError(f"{path.name} in {path.parent}: tensor {name!r} takes {end - begin} bytes, its shape needs {count * width}")
-        elements += count
-        end_of_data = max(end_of_data, end)
-    expected = 8 + length + end_of_data
-    if size < expected:
-        raise ModelSourceError(f"{path.name} in {path.parent} is truncated: its header describes {expected} bytes, the file has {size}")
-    return elements, size
+    try:  # safe_open maps the file and checks its header against the file's length; no tensor is read
+        with safe_open(str(path), "np") as handle:
+            names = handle.keys()  # safe_open is not a mapping: keys() is how it lists tensors
+            return sum(math.prod(handle.get_slice(name).get_shape()) for name in names), size
+    except SafetensorError as exc:
+        reason = str(exc).removeprefix("Error while deserializing header: ")
+        if reason.startswith(SAFETENSORS_WRONG_LENGTH):
+            raise ModelSourceError(f"{path.name} in {path.parent} is truncated: the file has {size} bytes, not the size its header describes") from None
+        raise ModelSourceError(f"{path.name} in {path.parent} is not a valid safetensors file ({reason})") from None
 
 
 def _gguf(path: Path) -> tuple[int, int]:
-    """(elements, file bytes) of a GGUF file, from its tensor table (the metadata values are skipped)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    size = path.stat().st_size
-    bad = ModelSourceError(f"{path.name} in {path.parent} is not a whole GGUF file")
-    if size < 24:
-        raise bad
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != GGUF_MAGIC:
-            raise ModelSourceError(f"{path.name} in {path.parent} is not a GGUF file")
-        try:
-            tensors, alignment, offset = _gguf_tensors(data)
-            start = -(-offset // alignment) * alignment
-            elements = end_of_data = 0
-            for count, kind, tensor_offset in tensors:
-                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-                elements += count
-                end_of_data = max(end_of_data, tensor_offset + count // block * type_size)
-        except (struct.error, IndexError, KeyError, ValueError, UnicodeDecodeError):
-            raise bad from None
-    if size < start + end_of_data:
-        raise ModelSourceError(f"{path.name} in {path.parent} is truncated: its tensor table describes {start + end_of_data} bytes, the file has {size}")
-    return elements, size
+    """(elements, file bytes) of a GGUF file, from its tensor table."""
+    stat = path.stat()
+    return _gguf_elements(path, stat.st_size, stat.st_mtime_ns), stat.st_size
 
 
-def _gguf_tensors(data) -> tuple[list[tuple[int, int, int]], int, int]:
-    """[(elements, ggml type, offset)], the alignment, and where the tensor table ends."""
-    _, n_tensors, n_values = struct.unpack_from("<IQQ", data, 4)
-    offset, alignment = 24, 32
+@functools.lru_cache(maxsize=8)
+def _gguf_elements(path: Path, size: int, mtime_ns: int) -> int:
+    # GGUFReader walks every metadata value one by one (a vocabulary is 100k+ of them: seconds),
+    # so a file that has not changed since (same size and mtime) is read once per process, not at
+    # registering and again at every load. The reader maps the file and reads no tensor data.
+    from gguf import GGUFReader
 
-    def string(at: int) -> tuple[str, int]:
-        (length,) = struct.unpack_from("<Q", data, at)
-        return bytes(data[at + 8: at + 8 + length]).decode("utf-8"), at + 8 + length
-
-    def skip(kind: int, at: int) -> int:
-        if kind in GGUF_FIXED:
-            return at + GGUF_FIXED[kind]
-        if kind == GGUF_STRING:
-            (length,) = struct.unpack_from("<Q", data, at)
-            return at + 8 + length
-        if kind == GGUF_ARRAY:
-            inner, count = struct.unpack_from("<IQ", data, at)
-            at += 12
-            if inner in GGUF_FIXED:
-                return at + count * GGUF_FIXED[inner]
-            for _ in range(count):
-                at = skip(inner, at)
-            return at
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-    for _ in range(n_values):
-        key, offset = string(offset)
-        (kind,) = struct.unpack_from("<I", data, offset)
-        if key == "general.alignment" and kind == 4:
-            (alignment,) = struct.unpack_from("<I", data, offset + 4)
-        offset = skip(kind, offset + 4)
-    tensors = []
-    for _ in range(n_tensors):
-        _, offset = string(offset)
-        (dims,) = struct.unpack_from("<I", data, offset)
-        shape = struct.unpack_from(f"<{dims}Q", data, offset + 4)
-        kind, tensor_offset = struct.unpack_from("<IQ", data, offset + 4 + 8 * dims)
-        offset += 4 + 8 * dims + 12
-        tensors.append((math.prod(shape), kind, tensor_offset))
-    if offset > len(data) or alignment < 1:
-        raise ValueError("the tensor table runs past the end of the file")
-    return tensors, alignment, offset
+    try:
+        return sum(int(tensor.n_elements) for tensor in GGUFReader(path).tensors)
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        with path.open("rb") as handle:
+            if handle.read(4) != b"GGUF":
+                raise ModelSourceError(f"{path.name} in {path.parent} is not a GGUF file") from None
+        # The reader fails on a tensor whose data runs past the end of the file, or on a table it cannot walk.
+        raise ModelSourceError(f"{path.name} in {path.parent} is not a whole GGUF file (truncated or corrupt: {exc})") from None
 
 
 def check_quantization(name: str, checkpoint: Checkpoint) -> None:

@@ -58,9 +58,11 @@ def _config_is_a_list(directory):
 @pytest.mark.parametrize(
     "spoil, words",
     [
-        (model_dirs.truncate, "is truncated: its header describes"),
-        (_bad_header, "is not a safetensors file (no valid header)"),
-        (_header_lies, "tensor 'w' takes 32 bytes, its shape needs 64"),
+        (model_dirs.truncate, "is truncated: the file has"),
+        (lambda d: model_dirs.truncate(d, keep=0.001), "bytes, not the size its header describes"),  # cut inside the header
+        (lambda d: (d / "model.safetensors").open("ab").write(b"\0" * 8), "is truncated: the file has"),  # bytes past its data
+        (_bad_header, "is not a valid safetensors file (header too large)"),
+        (_header_lies, "is not a valid safetensors file (invalid shape, data type, or offset for tensor)"),
         (_index_names_a_missing_shard, "lacks weight files its model.safetensors.index.json names: model-00002-of-00002"),
         (_config_is_a_list, "config.json in"),
         (lambda d: (d / "config.json").write_text("{ nope"), "is not valid JSON"),
@@ -96,18 +98,21 @@ def test_gguf_tensor_table_matches_the_gguf_library(tmp_path):
     assert checkpoint.config == {}
 
 
-def test_gguf_files_that_are_not_whole(tmp_path):
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (lambda data: data[:-40], r"is not a whole GGUF file \(truncated or corrupt: "),  # the last tensor's data cut short
+        (lambda data: data[:200], r"is not a whole GGUF file \(truncated or corrupt: "),  # cut inside the metadata
+        (lambda data: b"GGML" + data[4:], "is not a GGUF file$"),
+        (lambda data: b"", "is not a GGUF file$"),
+    ],
+)
+def test_gguf_files_that_are_not_whole(tmp_path, spoil, words):
     path = write_gguf(tmp_path / "m.gguf")
     resolved = source(path, tmp_path)
-    data = path.read_bytes()
-    path.write_bytes(data[:-40])
-    with pytest.raises(ModelSourceError, match="is truncated: its tensor table describes"):
-        inspect(resolved)
-    path.write_bytes(data[:200])
-    with pytest.raises(ModelSourceError, match="is not a whole GGUF file"):
-        inspect(resolved)
-    path.write_bytes(b"GGML" + data[4:])
-    with pytest.raises(ModelSourceError, match="is not a GGUF file"):
+    assert inspect(resolved).parameters == 160  # read whole first: a changed file is read again
+    path.write_bytes(spoil(path.read_bytes()))
+    with pytest.raises(ModelSourceError, match=words):
         inspect(resolved)
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from millm.interp.formats import SAEFormatError, content_id, parse_hook_name, read_sae
+from millm.interp.formats import SAEFormatError, content_id, parse_hook_name, read_labels, read_sae
 from millm.interp.sae import JumpReLUSAE, StandardSAE, TopKSAE
 from tests.support.tiny_saes import build_gemma_scope, build_saelens, sae_tensors
 
@@ -47,7 +47,7 @@ def test_older_hook_layer_and_log_threshold(tmp_path):
 
 
 def test_expected_average_scaling_factor_is_folded(tmp_path):
-    plain_info, plain = read_sae(build_saelens(tmp_path / "a", architecture="standard"))
+    _, plain = read_sae(build_saelens(tmp_path / "a", architecture="standard"))
     _, folded = read_sae(build_saelens(tmp_path / "b", architecture="standard", config={"normalize_activations": "expected_average_only_in", "norm_scaling_factor": 2.0}))
     assert torch.allclose(folded.W_enc, plain.W_enc * 2.0) and torch.allclose(folded.W_dec, plain.W_dec / 2.0)
 
@@ -78,16 +78,69 @@ def test_malformed_tensors(tmp_path, change, message):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"architecture": "gated"}, "architecture 'gated' is not supported"),
+        ({"architecture": "gated"}, "cfg.json: architecture: Input should be 'standard', 'jumprelu' or 'topk' (got 'gated')"),
         ({"hook_name": "blocks.1.hook_mlp_out"}, "hook point 'blocks.1.hook_mlp_out' is not supported"),
-        ({"d_in": "64"}, "d_in must be a positive integer"),
-        ({"k": 0}, "needs k between 1 and d_sae"),
-        ({"normalize_activations": "weird"}, "normalize_activations 'weird' is not supported"),
+        ({"hook_name": None, "metadata": {"hook_name": "blocks.1.hook_mlp_out"}}, "hook point 'blocks.1.hook_mlp_out' is not supported"),
+        ({"hook_name": None}, "cfg.json names no hook_name (or hook_layer)"),
+        ({"d_in": "64"}, "cfg.json: d_in: Input should be a valid integer (got '64')"),
+        ({"d_sae": 0}, "cfg.json: d_sae: Input should be greater than 0 (got 0)"),
+        ({"d_in": -1, "d_sae": True}, "cfg.json: d_in: Input should be greater than 0 (got -1); d_sae: Input should be a valid integer (got True)"),
+        ({"k": 0}, "cfg.json: k: Input should be greater than 0 (got 0)"),
+        ({"k": 500}, "cfg.json: k: a topk SAE needs k between 1 and d_sae (128), got 500"),
+        ({"k": None}, "a topk SAE needs k between 1 and d_sae (128), got None"),
+        ({"normalize_activations": "weird"}, "cfg.json: normalize_activations: Input should be 'none', 'expected_average_only_in', 'constant_norm_rescale' or 'layer_norm' (got 'weird')"),
+        ({"apply_b_dec_to_input": "maybe"}, "cfg.json: apply_b_dec_to_input: Input should be a valid boolean, unable to interpret input (got 'maybe')"),
     ],
 )
 def test_malformed_configs(tmp_path, config, message):
-    with pytest.raises(SAEFormatError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(SAEFormatError) as info:
         read_sae(build_saelens(tmp_path / "sae", architecture="topk", config=config))
+    assert message in info.value.message
+    assert (info.value.status, info.value.code) == (400, "invalid_sae")
+
+
+def test_a_missing_key_is_named(tmp_path):
+    directory = build_saelens(tmp_path / "sae")
+    cfg = json.loads((directory / "cfg.json").read_text())
+    del cfg["d_sae"]
+    (directory / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(SAEFormatError, match="^cfg.json: d_sae: Field required$"):
+        read_sae(directory)
+
+
+def test_real_saelens_configs_with_many_keys_are_accepted(tmp_path):
+    # As SAELens 6 writes it: hook and model fields under metadata, keys millm does not use.
+    v6 = {
+        "architecture": "jumprelu", "d_in": 64, "d_sae": 128, "dtype": "float32", "device": "cuda",
+        "apply_b_dec_to_input": True, "normalize_activations": "none", "reshape_activations": "none",
+        "metadata": {
+            "sae_lens_version": "6.39.0", "hook_name": "blocks.3.hook_resid_post", "model_name": "google/gemma-2-2b",
+            "hook_head_index": None, "context_size": 1024, "seqpos_slice": [None], "prepend_bos": True,
+            "model_from_pretrained_kwargs": {"center_writing_weights": False}, "neuronpedia_id": "gemma-2-2b/3-res",
+        },
+    }
+    # As early SAELens wrote it: hook_layer, a boolean normalize_activations, training settings.
+    old = {"d_in": 64, "d_sae": 128, "hook_name": None, "hook_layer": 2, "normalize_activations": False, "lr": 4e-4, "l1_coefficient": 5, "activation_fn_kwargs": {}}
+    tensors = sae_tensors(64, 128)
+    tensors["threshold"] = torch.full((128,), 0.1)
+    directory = build_saelens(tmp_path / "v6", architecture="jumprelu", tensors=tensors, config={**v6, "hook_name": None, "model_name": None})
+    info, _ = read_sae(directory)
+    assert (info.layer, info.model_name, info.neuronpedia_id) == (3, "google/gemma-2-2b", "gemma-2-2b/3-res")
+    info, sae = read_sae(build_saelens(tmp_path / "old", architecture="ReLU", config=old))
+    assert (info.architecture, info.layer, sae.normalize_activations) == ("standard", 2, "none")
+
+
+def test_feature_labels_are_validated(tmp_path):
+    directory = build_saelens(tmp_path / "sae")
+    (directory / "feature_labels.json").write_text(json.dumps({"0": {"label": "zero"}, "1": "one"}))
+    info, _ = read_sae(directory)
+    assert read_labels(info) == {0: {"label": "zero"}, 1: {"label": "one"}}
+    (directory / "feature_labels.json").write_text(json.dumps({"0": "zero", "first": "one"}))
+    with pytest.raises(SAEFormatError, match="^feature_labels.json: first: Input should be a valid integer, unable to parse string as an integer"):
+        read_labels(info)
+    (directory / "feature_labels.json").write_text("[")
+    with pytest.raises(SAEFormatError, match="^feature_labels.json: Invalid JSON: "):
+        read_labels(info)
 
 
 def test_jumprelu_without_threshold_is_refused(tmp_path):
@@ -101,7 +154,7 @@ def test_missing_files_and_bad_bytes(tmp_path):
     with pytest.raises(SAEFormatError, match="not a readable safetensors file"):
         read_sae(directory)
     (directory / "cfg.json").write_text("{nope")
-    with pytest.raises(SAEFormatError, match="not valid JSON"):
+    with pytest.raises(SAEFormatError, match="^cfg.json: Invalid JSON: key must be a string at line 1 column 2$"):
         read_sae(directory)
     (tmp_path / "empty").mkdir()
     with pytest.raises(SAEFormatError, match="neither a SAELens SAE"):
