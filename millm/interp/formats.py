@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from millm.errors import InvalidRequest
+from millm.errors import SAEFormatError
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
 
 SAELENS_CONFIG = "cfg.json"
@@ -25,12 +25,6 @@ GEMMA_SCOPE_FILE = "params.npz"
 LABELS_FILE = "feature_labels.json"
 HOOK_NAME = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
 ARCHITECTURES = {"standard": "standard", "relu": "standard", "jumprelu": "jumprelu", "topk": "topk"}
-
-
-class SAEFormatError(InvalidRequest):
-    """400: an SAE file millm cannot use, with the reason."""
-
-    code = "invalid_sae"
 
 
 @dataclass(frozen=True)

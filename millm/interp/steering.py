@@ -10,17 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.engine.residual import EMBEDDINGS, ResidualEdit
-from millm.errors import InvalidRequest
+from millm.errors import InvalidFeatureIndex, InvalidRequest
 from millm.interp.formats import SAEInfo
 from millm.interp.sae import SAE
 
 STRENGTH_LIMIT = 200.0
-
-
-class InvalidFeatureIndex(InvalidRequest):
-    """400: a feature index past the SAE's width."""
-
-    code = "invalid_feature_index"
 
 
 @dataclass(frozen=True)
