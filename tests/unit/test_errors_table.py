@@ -1,11 +1,21 @@
 """The error table in millm/errors.py against the spec's and the docs' error tables, and its invariants."""
 
+import importlib
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
-from millm.errors import InsufficientMemoryToLoad, InvalidRequest, MillmError, NotFound, QueueFull, table
+import millm.errors
+from millm.errors import (
+    InsufficientMemoryToLoad,
+    InvalidRequest,
+    MillmError,
+    NotFound,
+    QueueFull,
+    table,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openai-api.md"
 SPEC = Path("/work/shared/spec/openai-api.md")  # the project's spec, where this checkout has it
@@ -97,7 +107,7 @@ def test_subclasses_of_invalid_request_are_400():
 
 def test_a_row_is_all_three_or_nothing():
     with pytest.raises(TypeError, match="status, code and type together"):
-        class Partial(MillmError, code="partial"):  # noqa: F841
+        class Partial(MillmError, code="partial"):
             pass
 
 
@@ -130,11 +140,6 @@ API_COPIES = [
 @pytest.mark.parametrize("module, name", API_COPIES)
 def test_rows_for_the_api_errors_answer_as_the_api_classes_do(module, name):
     # Until the API imports these from millm.errors, both exist; a swap must change no answer.
-    import importlib
-    import inspect
-
-    import millm.errors
-
     theirs, ours = getattr(importlib.import_module(module), name), getattr(millm.errors, name)
     assert (ours.status, ours.code, ours.type) == (theirs.status, theirs.code, theirs.type)
     assert inspect.signature(ours.__init__) == inspect.signature(theirs.__init__)
