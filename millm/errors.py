@@ -1,10 +1,16 @@
 """Typed errors shared by every layer; the HTTP layer turns them into OpenAI-shaped bodies.
 
-Each error carries the status and code the spec names for its situation, so the engine can
-say *what* went wrong without knowing anything about HTTP frameworks.
+Every error the API reports is one line of the table below, `class Name(Base, status=, code=,
+type=)`, so the table can be read beside the spec's error table ("Errors & backpressure") line
+by line; tests/unit/test_errors_table.py compares the two. The engine says *what* went wrong
+without knowing anything about HTTP frameworks. A raise site may narrow `code` (NotFound with
+code="profile_not_found"); the status and type always come from the class.
 """
 
 from __future__ import annotations
+
+# Every class that declares a row, in the order they were defined (see `table`).
+_ROWS: list[type[MillmError]] = []
 
 
 class MillmError(Exception):
@@ -13,6 +19,16 @@ class MillmError(Exception):
     status: int = 500
     code: str = "internal_error"
     type: str = "server_error"
+
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, type: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if status is None and code is None and type is None:
+            return  # a subclass that changes behaviour only (a message, extra fields), not the row
+        if status is None or code is None or type is None:
+            # A row is read on its own line: a partial one would hide an inherited part.
+            raise TypeError(f"{cls.__name__}: an error row names status, code and type together")
+        cls.status, cls.code, cls.type = status, code, type
+        _ROWS.append(cls)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -26,24 +42,19 @@ class MillmError(Exception):
         return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
 
 
-class InvalidRequest(MillmError):
-    """400: the request itself is wrong; retrying it unchanged can never succeed."""
-
-    status = 400
-    code = "invalid_parameter"
-    type = "invalid_request_error"
+def table() -> list[tuple[str, int, str, type[MillmError]]]:
+    """Every declared row as (code, status, type, class), in definition order."""
+    return [(cls.code, cls.status, cls.type, cls) for cls in _ROWS]
 
 
-class FieldNotHonoured(InvalidRequest):
-    """400: an output-changing field this endpoint or engine cannot honour."""
-
-    code = "field_not_honoured"
-
-
-class ContextLengthExceeded(InvalidRequest):
-    """400: prompt plus completion budget does not fit the model's context window."""
-
-    code = "context_length_exceeded"
+# The table. Request errors (400-413) first, then the server's state (404/409/500/503).
+# ---- the request itself is wrong; retrying it unchanged can never succeed
+class InvalidRequest(MillmError, status=400, code="invalid_parameter", type="invalid_request_error"): """A field out of range, of the wrong type, or a rule across fields."""
+class FieldNotHonoured(InvalidRequest, status=400, code="field_not_honoured", type="invalid_request_error"): """An output-changing field this endpoint or engine cannot honour."""
+class UnusedFieldsRefused(InvalidRequest, status=400, code="unused_fields_refused", type="invalid_request_error"): """Strict mode: the request carries fields this path would ignore."""
+class InvalidScoringRequest(InvalidRequest, status=400, code="invalid_scoring_request", type="invalid_request_error"): """A scoring request that can never be answered (token outside the vocabulary, empty prompt)."""
+class ContextLengthExceeded(InvalidRequest, status=400, code="context_length_exceeded", type="invalid_request_error"):
+    """Prompt plus completion budget does not fit the model's context window."""
 
     def __init__(self, *, limit: int, prompt_tokens: int, max_tokens: int | None, param: str = "messages"):
         if max_tokens == 0:  # embeddings: no completion, only the input
@@ -68,56 +79,46 @@ class ContextLengthExceeded(InvalidRequest):
         self.max_tokens = max_tokens
 
 
-class NotFound(MillmError):
-    """404: a management resource (SAE, profile, ...) that does not exist; the code names which."""
+class ResponseFormatUnsupported(InvalidRequest, status=400, code="response_format_unsupported", type="invalid_request_error"):
+    """A response_format that cannot be honoured (keyword, engine, combination)."""
 
-    status = 404
-    code = "not_found"
-    type = "invalid_request_error"
-
-
-class Conflict(MillmError):
-    """409: the request clashes with what is stored (a name taken, an SAE still attached)."""
-
-    status = 409
-    code = "conflict"
-    type = "invalid_request_error"
+    def __init__(self, message: str, param: str = "response_format"):
+        super().__init__(message, param=param)
 
 
-class ModelNotFound(MillmError):
-    """404: the request names a model this server does not know."""
-
-    status = 404
-    code = "model_not_found"
-    type = "invalid_request_error"
-
-
-class ModelNotLoaded(MillmError):
-    """503: no model is loaded (yet) to serve the request."""
-
-    status = 503
-    code = "model_not_loaded"
-    type = "server_error"
-
-
-class QueueFull(MillmError):
-    """503: admission is bounded and the queue is at its limit."""
-
-    status = 503
-    code = "queue_full"
-    type = "server_error"
-
-
-class InsufficientMemory(MillmError):
-    """503: a device ran out of memory (the spec types the generation case invalid_request_error)."""
-
-    status = 503
-    code = "insufficient_memory"
-    type = "invalid_request_error"
+class InvalidFeatureIndex(InvalidRequest, status=400, code="invalid_feature_index", type="invalid_request_error"): """A feature index past the SAE's width; a steering base that no longer fits."""
+class InvalidProfile(InvalidRequest, status=400, code="invalid_profile", type="invalid_request_error"): """A profile document that does not follow the format; the message lists every problem."""
+class InvalidDocument(InvalidRequest, status=400, code="invalid_document", type="invalid_request_error"): """A miStudio document that does not follow its format; the message lists every problem."""
+class SAEFormatError(InvalidRequest, status=400, code="invalid_sae", type="invalid_request_error"): """An SAE file millm cannot use, with the reason."""
+class UnsupportedQuantization(MillmError, status=400, code="unsupported_quantization", type="invalid_request_error"): """The named model's weights are quantized in a way this server cannot run."""
+# ---- who may ask: keys, sites, paths, sizes
+class InvalidAPIKey(MillmError, status=401, code="invalid_api_key", type="invalid_request_error"): """The route needs a key and the request sent none, a wrong one, or one that does not open it."""
+class CrossSiteRequest(MillmError, status=403, code="cross_site_request", type="invalid_request_error"): """A browser request from another site's page to a route that changes state."""
+class PathNotAllowed(MillmError, status=403, code="path_not_allowed", type="invalid_request_error"): """A path outside the directories this server may read for clients."""
+class RequestTooLarge(MillmError, status=413, code="request_too_large", type="invalid_request_error"): """A request body over MAX_REQUEST_BYTES."""
+class DocumentTooLarge(RequestTooLarge, status=413, code="document_too_large", type="invalid_request_error"): """An import body over MAX_IMPORT_BYTES."""
+# ---- what the server holds
+class NotFound(MillmError, status=404, code="not_found", type="invalid_request_error"): """A management resource (SAE, profile, ...) that does not exist; the raise site's code names which."""
+class ModelNotFound(MillmError, status=404, code="model_not_found", type="invalid_request_error"): """The request names a model this server does not know."""
+class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
+# Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
+class ModelLocked(MillmError, status=409, code="model_locked", type="invalid_request_error"): """The server is locked to another model for steering; an operator must unlock it first."""
+# ---- the server failed; the message says how
+class ModelLoadFailed(MillmError, status=500, code="model_load_failed", type="server_error"): """Loading the named model failed; the message is the failure's."""
+class GenerationFailed(MillmError, status=500, code="generation_failed", type="server_error"): """The engine failed while generating; the message says how."""
+class NonFiniteLogits(MillmError, status=500, code="non_finite_logits", type="server_error"): """NaN or +inf logits reached the answer, or a reported token's logit is -inf."""
+class ConstrainedOutputInvalid(MillmError, status=500, code="constrained_output_invalid", type="server_error"): """The model closed a document that does not validate (the grammar and the validator disagree)."""
+# ---- not now: retry later
+class ModelNotLoaded(MillmError, status=503, code="model_not_loaded", type="server_error"): """No model is loaded (yet) to serve the request."""
+class QueueFull(MillmError, status=503, code="queue_full", type="server_error"): """Admission is bounded and the queue (or the pool of passing threads) is at its limit."""
+class ModelBusy(MillmError, status=503, code="model_busy", type="server_error"): """A model is being unloaded or another load is in progress; retry once it finishes."""
+class ServerShuttingDown(MillmError, status=503, code="server_shutting_down", type="server_error"): """The server stopped before the request could run."""
+# The spec types this invalid_request_error: the request names something that does not fit.
+class InsufficientMemory(MillmError, status=503, code="insufficient_memory", type="invalid_request_error"): """A device ran out of memory."""
 
 
 class InsufficientMemoryToLoad(InsufficientMemory):
-    """503: the named model has to be loaded and the device cannot hold it; carries the figures.
+    """The named model has to be loaded and the device cannot hold it; carries the figures.
 
     Typed like the generation case (the request names something that does not fit, and retrying
     it unchanged only helps if memory is freed), and refused before the loaded model is unloaded.
@@ -132,59 +133,8 @@ class InsufficientMemoryToLoad(InsufficientMemory):
         return {**super().to_dict(), "devices": self.devices}
 
 
-class UnsupportedQuantization(MillmError):
-    """400: the named model's weights are quantized in a way this server cannot run."""
-
-    status = 400
-    code = "unsupported_quantization"
-    type = "invalid_request_error"
-
-
-class ModelLoadFailed(MillmError):
-    """500: loading the named model failed; the message is the failure's."""
-
-    status = 500
-    code = "model_load_failed"
-    type = "server_error"
-
-
-class ModelBusy(MillmError):
-    """503: a model is being unloaded or another load is in progress; retry once it finishes."""
-
-    status = 503
-    code = "model_busy"
-    type = "server_error"
-
-
-class ModelLocked(MillmError):
-    """409: the server is locked to another model for steering; an operator must unlock it first.
-
-    Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
-    """
-
-    status = 409
-    code = "model_locked"
-    type = "invalid_request_error"
-
-
-class ServerShuttingDown(MillmError):
-    """503: the server stopped before the request could run."""
-
-    status = 503
-    code = "server_shutting_down"
-    type = "server_error"
-
-
 class ModelSourceError(Exception):
     """A model source (path, .gguf file, hub id) that cannot be resolved or loaded."""
-
-
-class GenerationFailed(MillmError):
-    """500: the engine failed while generating; the message says how."""
-
-    status = 500
-    code = "generation_failed"
-    type = "server_error"
 
 
 def describe(exc: BaseException, limit: int = 300) -> str:

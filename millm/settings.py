@@ -72,6 +72,13 @@ class Settings(BaseSettings):
         "Requests admitted and waiting for the scheduler; past it, 503 queue_full at once.",
         ge=1,
     )
+    max_rows_per_request: int = env_field(
+        256,
+        "MILLM_MAX_ROWS_PER_REQUEST",
+        "Most rows one request may generate or score: its conversations (1 + extra_messages) times n, "
+        "or its prompts times n; past it, 400 before anything runs (n alone is at most 128).",
+        ge=1,
+    )
     enable_continuous_batching: bool = env_field(
         False,
         "ENABLE_CONTINUOUS_BATCHING",

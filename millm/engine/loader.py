@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,12 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED_DTYPE_TAGS = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16"}
 GGUF_META = "millm-gguf.json"
+# A dequantised copy takes 4 bytes a parameter (0.5 GB for the 135M demo, 28 GB for a 7B model)
+# and the server runs one model at a time, so the cache keeps the copies of the two models used
+# last (switching between two .gguf models converts neither again) and deletes the rest, least
+# recently used first. A count, not bytes: the copy in use is kept whatever its size.
+GGUF_CACHE_ENTRIES = 2
+GGUF_CACHE_KEY = re.compile(r"[0-9a-f]{20}")  # only directories this cache wrote are ever deleted
 UNRECORDED = "unrecorded"
 
 
@@ -123,20 +132,57 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_checkpoint(source: ModelSource, cache_root: Path) -> tuple[Path, dict]:
-    """A dequantised safetensors copy of a .gguf file, converted once and kept under the data dir."""
-    gguf_path = source.directory / source.gguf_file
+def gguf_cache_key(gguf_path: Path) -> str:
+    """The cache entry's name: the file's path, size and modification time (a changed file is converted again)."""
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
-    target = cache_root / key
-    meta_path = target / GGUF_META
-    if meta_path.is_file():
-        return target, json.loads(meta_path.read_text())
+    return hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
 
+
+def _last_used(entry: Path) -> int:
+    try:
+        return (entry / GGUF_META).stat().st_mtime_ns  # stamped by every use (see gguf_checkpoint)
+    except OSError:
+        return -1
+
+
+def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
+    """Delete all but the `keep` most recently used copies, never `current`; returns what was deleted.
+
+    Only finished copies are candidates: a conversion in progress (a hidden .partial directory)
+    and anything this cache did not write are left alone.
+    """
+    others = [
+        entry for entry in cache_root.iterdir()
+        if entry != current and GGUF_CACHE_KEY.fullmatch(entry.name) and (entry / GGUF_META).is_file()
+    ]
+    others.sort(key=_last_used, reverse=True)
+    stale = others[max(keep - 1, 0):]
+    for entry in stale:
+        log.info("deleting the dequantised copy %s (least recently used; %d kept)", entry, keep)
+        shutil.rmtree(entry, ignore_errors=True)
+    return stale
+
+
+def gguf_checkpoint(source: ModelSource, cache_root: Path, keep: int = GGUF_CACHE_ENTRIES) -> tuple[Path, dict]:
+    """A dequantised safetensors copy of a .gguf file, converted once and kept under the data dir
+    while it is among the `keep` copies used last."""
+    gguf_path = source.directory / source.gguf_file
+    target = cache_root / gguf_cache_key(gguf_path)
+    meta_path = target / GGUF_META
+    if not meta_path.is_file():
+        _convert(source, gguf_path, cache_root, target)
+    now = time.time_ns()
+    os.utime(meta_path, ns=(now, now))  # this use makes it the most recent
+    evict_gguf_copies(cache_root, keep, current=target)
+    return target, json.loads(meta_path.read_text())
+
+
+def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Path) -> None:
+    """Write the dequantised copy of `source` (its file `gguf_path`) at `target`, through a staging directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to a dequantised checkpoint (once; cached in %s)", gguf_path, target)
-    staging = cache_root / f".{key}.partial"
+    staging = cache_root / f".{target.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
@@ -158,7 +204,6 @@ def gguf_checkpoint(source: ModelSource, cache_root: Path) -> tuple[Path, dict]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return target, meta
 
 
 def stored_quantization(config) -> str | None:

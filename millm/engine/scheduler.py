@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
+import traceback
 
 import torch
 
@@ -64,7 +66,7 @@ class Scheduler:
         self._serial_rows = 0
         self.stats = {backend: dict.fromkeys(OUTCOMES, 0) for backend in ("serial", "batched")}
         loop = self._loop_batched if self.batching else self._loop_serial
-        self._thread = threading.Thread(target=loop, name="millm-scheduler", daemon=True)
+        self._thread = threading.Thread(target=loop, name=f"millm-scheduler[{lm.name}]", daemon=True)
         self._thread.start()
 
     @property
@@ -117,9 +119,13 @@ class Scheduler:
                 self._wake.wait(min(left, 0.05))
         return True
 
-    def shutdown(self, timeout: float | None = None, error: MillmError | None = None) -> None:
+    def shutdown(self, timeout: float | None = None, error: MillmError | None = None) -> bool:
         """Stop. With `error`, running and queued jobs are cancelled and answered with it; without,
-        running jobs finish and queued ones are told the server shut down. Then the thread ends."""
+        running jobs finish and queued ones are told the server shut down. Then the thread ends.
+
+        Returns whether the thread ended within `timeout`. When it did not, it may still be running
+        the model, so the caller must not free the model; the error log names the thread and where it is.
+        """
         with self._wake:
             self._stopping = True
             self._stop_error = error
@@ -129,6 +135,23 @@ class Scheduler:
             for job in running:
                 job.fail(error)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("%s did not stop within %s s and may still be using the model (do not free it); it is at:\n%s", self._describe_thread(), timeout, self._stack())
+            return False
+        return True
+
+    @property
+    def thread_alive(self) -> bool:
+        """Whether the scheduler thread is still running."""
+        return self._thread.is_alive()
+
+    def _describe_thread(self) -> str:
+        return f"scheduler thread {self._thread.name!r} (ident {self._thread.ident}, model {self.lm.name!r})"
+
+    def _stack(self) -> str:
+        # Where the thread is stuck is what the operator needs to know, and only this thread can say.
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack: the thread has just ended)"
 
     # shared by both policies -------------------------------------------------------------------
     def _fail_queued(self) -> None:

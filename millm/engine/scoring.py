@@ -16,17 +16,9 @@ import torch
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, taps
-from millm.errors import MillmError
+from millm.errors import NonFiniteLogits
 
 MIN_TEMPERATURE = 0.001
-
-
-class NonFiniteLogits(MillmError):
-    """500: NaN or +inf logits reached the answer, or a reported token's logit is -inf."""
-
-    status = 500
-    code = "non_finite_logits"
-    type = "server_error"
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ def circuit_mode(bindings: dict[int, LayerBinding], members: list[Member]) -> st
 
 
 def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attached: dict[str, Attached], intensity: float) -> ResidualEdit | None:
-    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths.
+    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths,
+    summed per feature and the sum clamped to ±200.
 
     A member past the width of the SAE its layer binds to is refused (400 invalid_feature_index),
     never left out: a partial edit would be served as if it were the whole document.
@@ -122,7 +123,8 @@ def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attac
                 f"{binding.sae_id} ({width} features)",
                 param="members",
             )
-        value = applied_strength(member.strength, member.sign, intensity)
         features = strengths.setdefault(binding.sae_id, {})
-        features[member.feature_idx] = max(-200.0, min(200.0, features.get(member.feature_idx, 0.0) + value))
+        # Members on one feature add up; steering_edit clamps the sum once, so the order they are listed in
+        # cannot change it (a running clamp would: 150, 150, -150 gave 50, not 150).
+        features[member.feature_idx] = features.get(member.feature_idx, 0.0) + applied_strength(member.strength, member.sign, intensity)
     return steering_edit(strengths, attached)

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
-from millm.errors import InvalidRequest
+from millm.errors import SAEFormatError
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
 
 SAELENS_CONFIG = "cfg.json"
@@ -28,12 +28,6 @@ GEMMA_SCOPE_FILE = "params.npz"
 LABELS_FILE = "feature_labels.json"
 HOOK_NAME = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]  # strict: "64", 64.0 and true are refused
-
-
-class SAEFormatError(InvalidRequest):
-    """400: an SAE file millm cannot use, with the reason."""
-
-    code = "invalid_sae"
 
 
 def _architecture(value: Any) -> Any:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from millm.errors import InvalidRequest
 
 ENVELOPE_MAX = 2.0
+# The steering range: authored strengths outside it are refused, derived ones (strength · λ,
+# sums of members) are clamped into it by clamp_strength.
+STRENGTH_LIMIT = 200.0
 SYMBOLS = ("off", "min", "max")
 
 
@@ -67,33 +70,35 @@ def declared_bounds(declared: tuple[float, float] | None, floor: float, ceiling:
     return lo, max(lo, hi)
 
 
-def cluster_lambda(dial: Dial, declared: tuple[float, float] | None, cluster_min: float, maximum: float) -> float:
-    """λ under the cluster rule: symbols to the range's ends, numbers capped above only."""
+def dial_lambda(dial: Dial, declared: tuple[float, float] | None, floor: float, maximum: float, *, clamp_low: bool) -> float:
+    """λ for a dial: symbols to the range's ends, numbers capped at the top, and with `clamp_low` raised to the floor too."""
     if dial.off:
         return 0.0
-    lo, hi = declared_bounds(declared, cluster_min, maximum)
-    if dial.symbol == "min":
-        return lo
-    if dial.symbol == "max":
-        return hi
-    return min(dial.value, hi)
+    lo, hi = declared_bounds(declared, floor, maximum)
+    if dial.value is None:  # "min" or "max" ("off" is answered above)
+        return lo if dial.symbol == "min" else hi
+    return min(max(dial.value, lo) if clamp_low else dial.value, hi)
+
+
+# The spec names the two rules; plans.py reads better saying which one it applies.
+def cluster_lambda(dial: Dial, declared: tuple[float, float] | None, cluster_min: float, maximum: float) -> float:
+    """λ under the cluster rule: numbers capped above only (dialling below the floor is honoured)."""
+    return dial_lambda(dial, declared, cluster_min, maximum, clamp_low=False)
 
 
 def circuit_lambda(dial: Dial, declared: tuple[float, float] | None, circuit_min: float, maximum: float) -> float:
     """λ under the circuit rule: clamped at both ends; only an exact 0 / "off" is below the floor."""
-    if dial.off:
-        return 0.0
-    lo, hi = declared_bounds(declared, circuit_min, maximum)
-    if dial.symbol == "min":
-        return lo
-    if dial.symbol == "max":
-        return hi
-    return min(max(dial.value, lo), hi)
+    return dial_lambda(dial, declared, circuit_min, maximum, clamp_low=True)
+
+
+def clamp_strength(value: float) -> float:
+    """A strength limited to ±STRENGTH_LIMIT; the one place derived strengths are clamped at apply time."""
+    return max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
 
 
 def applied_strength(strength: float, sign: int, intensity: float) -> float:
     """clamp(sign · strength · λ, −200, 200)."""
-    return max(-200.0, min(200.0, sign * strength * intensity))
+    return clamp_strength(sign * strength * intensity)
 
 
 def echo(value: float) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from millm.errors import InvalidRequest
+from millm.errors import InvalidDocument
 
 CLUSTER_KIND = "mistudio.cluster-definition"
 CLUSTER_BUNDLE_KIND = "mistudio.cluster-bundle"
@@ -24,12 +24,6 @@ RUNG_LANGUAGE = {
     2: "causally validated (edge)",
     3: "faithfulness-tested (circuit)",
 }
-
-
-class InvalidDocument(InvalidRequest):
-    """400: a miStudio document that does not follow its format; the message lists every problem."""
-
-    code = "invalid_document"
 
 
 def _number(value) -> bool:

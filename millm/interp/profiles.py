@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 
-from millm.errors import InvalidRequest
+from millm.errors import InvalidProfile
 from millm.interp.steering import STRENGTH_LIMIT
 
 PROFILE_KIND = "millm.profile"
@@ -22,12 +22,6 @@ VERSION = 1
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,119}$")
 MAX_DESCRIPTION = 2000
 MAX_BUNDLE = 500
-
-
-class InvalidProfile(InvalidRequest):
-    """400: a profile document that does not follow the format; the message lists every problem."""
-
-    code = "invalid_profile"
 
 
 def _problems(doc, where: str) -> list[str]:

@@ -10,17 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.engine.residual import EMBEDDINGS, ResidualEdit
-from millm.errors import InvalidRequest
+from millm.errors import InvalidFeatureIndex, InvalidRequest
 from millm.interp.formats import SAEInfo
+from millm.interp.intensity import STRENGTH_LIMIT, clamp_strength
 from millm.interp.sae import SAE
-
-STRENGTH_LIMIT = 200.0
-
-
-class InvalidFeatureIndex(InvalidRequest):
-    """400: a feature index past the SAE's width."""
-
-    code = "invalid_feature_index"
 
 
 @dataclass(frozen=True)
@@ -57,11 +50,6 @@ def check_feature(info: SAEInfo, index: int, param: str = "index") -> int:
     return index
 
 
-def clamp(value: float) -> float:
-    """Apply-time clamp to the steering range (derived strengths may exceed it)."""
-    return max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
-
-
 def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, Attached]) -> ResidualEdit | None:
     """The residual additions for these strengths through the attached SAEs (None: nothing to add).
 
@@ -70,7 +58,7 @@ def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, At
     additions = []
     for sae_id, features in sorted(strengths.items()):
         target = attached.get(sae_id)
-        active = {i: clamp(s) for i, s in features.items() if s != 0}
+        active = {i: clamp_strength(s) for i, s in features.items() if s != 0}
         if target is None or not active:
             continue
         additions.append((target.point, target.sae.direction(active)))

@@ -13,17 +13,9 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
-from millm.errors import MillmError
+from millm.errors import PathNotAllowed
 
 HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
-
-
-class PathNotAllowed(MillmError):
-    """403: a path outside the directories this server may read for clients."""
-
-    status = 403
-    code = "path_not_allowed"
-    type = "invalid_request_error"
 
 
 def resolved(path: str | Path) -> Path | None:

@@ -6,17 +6,47 @@ that once ran torch work keeps such an idle pool, and while it exists every deco
 scheduler thread ran 35% slower on this 2-core machine (measured: 60 -> 39 tok/s, back to 64
 once the other thread exited). So torch work that is not a forward pass (loading a model or an
 SAE, moving weights) runs on a fresh thread that exits afterwards, never on a pool thread.
+
+Fresh threads are bounded: at most MAX_PASSING_THREADS run at once, and a call past that is
+refused at once with 503 queue_full rather than starting another thread or waiting for one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+from millm.errors import QueueFull
+
+# The work sent here is loads, unloads, SAE attaches and registrations (which may download):
+# model changes refuse each other (model_busy), so a few threads cover every honest use, and a
+# burst of clients cannot pile up blocked threads, each holding its stack and its arguments.
+MAX_PASSING_THREADS = 8
+
+# A threading semaphore, not an asyncio one: a slot is held by the thread, which may outlive the
+# coroutine that started it (a client that disconnects cancels the await, not the work).
+_slots = threading.BoundedSemaphore(MAX_PASSING_THREADS)
+
+
+def _refusal(fn: Callable[..., Any]) -> QueueFull:
+    # queue_full rather than a new code: the spec's 503 for "bounded admission, at its limit;
+    # retry shortly", which SDKs already retry, and what a /v1 request that has to load a model
+    # meets here is the same backpressure as the request queue.
+    return QueueFull(
+        f"the server is running {MAX_PASSING_THREADS} blocking operations (model loads, SAE attaches and "
+        f"registrations) already; retry once one finishes ({getattr(fn, '__name__', 'work')} was refused)"
+    )
 
 
 async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` on a new thread that ends with it; its result or exception comes back here."""
+    """`fn(*args, **kwargs)` on a new thread that ends with it; its result or exception comes back here.
+
+    Raises QueueFull (503) at once when MAX_PASSING_THREADS are running; never blocks the loop.
+    """
+    if not _slots.acquire(blocking=False):
+        raise _refusal(fn)
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
@@ -31,7 +61,13 @@ async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
             outcome = (True, fn(*args, **kwargs))
         except BaseException as exc:  # handed to the awaiting coroutine, raised there
             outcome = (False, exc)
+        finally:
+            _slots.release()  # before the result is handed back: the caller may call again at once
         loop.call_soon_threadsafe(settle, outcome)
 
-    threading.Thread(target=run, name=f"millm-{getattr(fn, '__name__', 'work')}", daemon=True).start()
+    try:
+        threading.Thread(target=run, name=f"millm-{getattr(fn, '__name__', 'work')}", daemon=True).start()
+    except BaseException:
+        _slots.release()  # no thread started (RuntimeError: can't start new thread): nothing holds the slot
+        raise
     return await future

@@ -185,3 +185,18 @@ def test_a_circuit_member_past_the_width_is_refused_not_skipped(world):
     with pytest.raises(BaseUnfit, match="feature 500") as refused:
         planner.plan_for(None, None)
     assert "128 features" in refused.value.message
+
+
+def test_members_on_one_feature_are_summed_then_clamped_to_the_steering_range(world):
+    steering, clusters, _, planner, ids = world
+    members = [
+        {"feature_idx": 9, "strength": 150.0},
+        {"feature_idx": 9, "strength": 150.0},  # 300 in sum -> 200
+        {"feature_idx": 3, "strength": 150.0},
+        {"feature_idx": 3, "strength": 150.0},
+        {"feature_idx": 3, "strength": 150.0, "sign": -1},  # 150 in sum, whatever the order (not 200 - 150)
+    ]
+    (row,) = clusters.import_raw(raw(cluster(members=members)), "fail")
+    steering.set_active("cluster", row["id"])
+    plan = planner.plan_for(None, parse_dial(1.0))
+    assert torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {9: 200.0, 3: 150.0}), atol=1e-5)

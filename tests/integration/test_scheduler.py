@@ -109,3 +109,35 @@ def test_cancelled_job_in_queue_is_skipped(llama_lm):
     finally:
         gate.set()
         scheduler.shutdown(timeout=30)
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_shutdown_reports_that_the_thread_stopped(llama_lm, batching):
+    scheduler = Scheduler(llama_lm, max_pending=4, batching=batching)
+    assert scheduler.backend == ("batched" if batching else "serial")  # both loops end on shutdown
+    job, outcome, done = finished_job(llama_lm, prompt_ids(llama_lm, "Paris"))
+    scheduler.submit(job)
+    assert done.wait(30) and outcome.finish == {0: "length"}
+    assert scheduler.thread_alive
+    assert scheduler.shutdown(timeout=30) is True
+    assert not scheduler.thread_alive
+
+
+def test_shutdown_of_a_stuck_thread_returns_false_and_logs_the_thread_and_where_it_is(llama_lm, caplog):
+    scheduler = Scheduler(llama_lm, max_pending=4)
+    gate, started = threading.Event(), threading.Event()
+    try:
+        stuck, _ = gated_job(llama_lm, gate, started)  # its first event blocks the scheduler thread
+        scheduler.submit(stuck)
+        assert started.wait(10)
+        with caplog.at_level("ERROR", logger="millm.engine.scheduler"):
+            assert scheduler.shutdown(timeout=0.2) is False
+        assert scheduler.thread_alive
+        (record,) = [r for r in caplog.records if "did not stop" in r.getMessage()]
+        message = record.getMessage()
+        assert record.levelname == "ERROR"
+        assert f"'millm-scheduler[{llama_lm.name}]'" in message and "within 0.2 s" in message
+        assert "gate.wait(10)" in message  # the stuck thread's own stack: where it is blocked
+    finally:
+        gate.set()
+    assert scheduler.shutdown(timeout=30) is True and not scheduler.thread_alive
