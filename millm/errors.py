@@ -97,6 +97,7 @@ class CrossSiteRequest(MillmError, status=403, code="cross_site_request", type="
 class PathNotAllowed(MillmError, status=403, code="path_not_allowed", type="invalid_request_error"): """A path outside the directories this server may read for clients."""
 class RequestTooLarge(MillmError, status=413, code="request_too_large", type="invalid_request_error"): """A request body over MAX_REQUEST_BYTES."""
 class DocumentTooLarge(RequestTooLarge, status=413, code="document_too_large", type="invalid_request_error"): """An import body over MAX_IMPORT_BYTES."""
+class ClientGone(MillmError, status=499, code="client_closed_request", type="invalid_request_error"): """The client disconnected before its answer was ready (nginx's 499); nobody reads it."""
 # ---- what the server holds
 class NotFound(MillmError, status=404, code="not_found", type="invalid_request_error"): """A management resource (SAE, profile, ...) that does not exist; the raise site's code names which."""
 class ModelNotFound(MillmError, status=404, code="model_not_found", type="invalid_request_error"): """The request names a model this server does not know."""

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from millm.api.errors import error_response
-from millm.errors import MillmError
+from millm.errors import CrossSiteRequest, InvalidAPIKey
 
 OPEN, INFERENCE, READ, ADMIN = "open", "inference", "read", "admin"
 OPEN_PATHS = frozenset({"/api/health", "/api/health/ready"})
@@ -34,20 +34,6 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OWN_SITE = frozenset({"same-origin", "none"})
 
 
-class InvalidAPIKey(MillmError):
-    """401: the route needs a key and the request sent none, a wrong one, or one that does not open it."""
-
-    status = 401
-    code = "invalid_api_key"
-    type = "invalid_request_error"
-
-
-class CrossSiteRequest(MillmError):
-    """403: a browser request from another site's page to a route that changes state."""
-
-    status = 403
-    code = "cross_site_request"
-    type = "invalid_request_error"
 
 
 def route_class(method: str, path: str) -> str:

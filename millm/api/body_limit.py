@@ -12,23 +12,11 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from millm.api.errors import error_response
-from millm.errors import MillmError
+from millm.errors import DocumentTooLarge, RequestTooLarge
 
 IMPORT_PATHS = frozenset({"/api/profiles/import", "/api/clusters/import", "/api/circuits/import"})
 
 
-class RequestTooLarge(MillmError):
-    """413: a request body over MAX_REQUEST_BYTES."""
-
-    status = 413
-    code = "request_too_large"
-    type = "invalid_request_error"
-
-
-class DocumentTooLarge(RequestTooLarge):
-    """413: an import body over MAX_IMPORT_BYTES."""
-
-    code = "document_too_large"
 
 
 class BodyOverCap(StarletteHTTPException):

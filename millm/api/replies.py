@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from millm.api.errors import error_body
 from millm.api.headers import item, seed_header, string_list, token
-from millm.errors import MillmError
+from millm.errors import ClientGone, MillmError
 from millm.interp.intensity import echo
 from millm.interp.mistudio import RUNG_LANGUAGE
 from millm.protocol.responses import WireModel
@@ -22,14 +22,6 @@ from millm.service.replies import Reply, Report
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 T = TypeVar("T")
-
-
-class ClientGone(MillmError):
-    """499 (nginx's convention): the client disconnected before its answer was ready; nobody reads this."""
-
-    status = 499
-    code = "client_closed_request"
-    type = "invalid_request_error"
 
 
 def report_headers(report: Report, ignored_cap: int) -> dict[str, str]:

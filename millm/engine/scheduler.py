@@ -22,8 +22,8 @@ import torch
 from millm.engine.embed import run_embedding
 from millm.engine.generate import Lane, run_job
 from millm.engine.jobs import EmbeddingJob, GenerationJob, ScoringJob
-from millm.engine.scoring import run_scoring
 from millm.engine.loader import LoadedModel
+from millm.engine.scoring import run_scoring
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
 
 log = logging.getLogger(__name__)

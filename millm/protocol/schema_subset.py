@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from millm.errors import InvalidRequest
+from millm.errors import ResponseFormatUnsupported
 
 SUPPORTED = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
@@ -52,14 +52,6 @@ SUBSET_SCHEMA = {
     },
 }
 
-
-class ResponseFormatUnsupported(InvalidRequest):
-    """400: a response_format that cannot be honoured (keyword, engine, combination)."""
-
-    code = "response_format_unsupported"
-
-    def __init__(self, message: str, param: str = "response_format"):
-        super().__init__(message, param=param)
 
 
 def pointer(parts: list[str]) -> str:

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from millm.errors import InvalidRequest
+from millm.errors import UnusedFieldsRefused
 from millm.protocol.field_policy import is_neutral
 
 log = logging.getLogger("millm.requests")
@@ -26,11 +26,6 @@ TEMPLATE_KEYS = ("name", "tool_call_id", "tool_calls")
 NOT_IN_SCORING = ("top_p", "stop", "frequency_penalty", "presence_penalty")
 PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 
-
-class UnusedFieldsRefused(InvalidRequest):
-    """400 in strict mode: the request carries fields this path would ignore."""
-
-    code = "unused_fields_refused"
 
 
 def percent_encode(name: str) -> str:

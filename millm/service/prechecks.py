@@ -5,7 +5,8 @@ model everyone else uses. So every refusal the request alone decides (fields str
 refuse whatever the model, the steering_intensity syntax, an unknown profile, the syntax of
 return_sae_activations) runs first: a bad request never moves a model. What depends on the
 model (its chat template, its vocabulary, its context window, the SAEs attached to it) is
-checked once it is held. The X-miLLM-Strict header itself is read by the API, before this.
+checked once it is held. How many rows a request makes (conversations or prompts times n) is
+the request's own: past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by the API, before this.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 from anyio import to_thread
 from pydantic import BaseModel
 
+from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.activations import ReadRequest, parse_read
+from millm.service.prompts import listed_inputs
 from millm.service.state import ServerState
 
 
@@ -32,6 +35,7 @@ class Prechecked:
 
 async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: bool = False) -> Prechecked:
     """The request-only refusals (400/404) in the order a client would fix them; returns what they parsed."""
+    check_rows(body, state.settings.max_rows_per_request)
     if strict:
         # As if the template read every optional message key: what is still unused is unused on any model.
         handle_unused(unused_locations(body, scoring=scoring, reads=set(TEMPLATE_KEYS)), True)
@@ -44,3 +48,20 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
     asked = getattr(body, "return_sae_activations", None)
     read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
     return Prechecked(strict, dial, read)
+
+
+def check_rows(body: BaseModel, cap: int) -> None:
+    """400 when the request's rows (conversations or prompts, times n) exceed `cap`, naming the field that multiplies them."""
+    n = getattr(body, "n", None) or 1
+    if hasattr(body, "messages"):
+        units, param, what = 1 + len(getattr(body, "extra_messages", None) or []), "extra_messages", "conversations"
+    elif hasattr(body, "prompt"):
+        units, param, what = len(listed_inputs(body.prompt)), "prompt", "prompts"
+    else:
+        return  # embeddings: one pass over all inputs, no rows
+    if units * n > cap:
+        raise InvalidRequest(
+            f"this request makes {units * n} rows ({units} {what} x n={n}); this server takes at most {cap} per request "
+            "(MAX_ROWS_PER_REQUEST): split it into several requests",
+            param=param if units > 1 else "n",
+        )

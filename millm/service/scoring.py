@@ -12,7 +12,7 @@ import math
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
-from millm.errors import InvalidRequest
+from millm.errors import InvalidRequest, InvalidScoringRequest
 from millm.protocol.requests import SamplingFields
 from millm.protocol.responses import (
     AssistantMessage,
@@ -26,12 +26,6 @@ from millm.protocol.responses import (
 from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
 from millm.service.generation import OneResult
 from millm.service.state import ServerState
-
-
-class InvalidScoringRequest(InvalidRequest):
-    """400: a scoring request that can never be answered (token outside the vocabulary, empty prompt)."""
-
-    code = "invalid_scoring_request"
 
 
 def check_scoring(body: SamplingFields) -> float:

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 LOCK_KEY = "model_lock"
 ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before answering model_busy
+SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
 
 
 class ModelStatus(str, Enum):
@@ -348,7 +349,14 @@ class ServerState:
                 f"(GRACEFUL_UNLOAD_TIMEOUT is {timeout:g} s); retry",
                 param="model",
             )
-            scheduler.shutdown(timeout=30, error=cut)
+            if not scheduler.shutdown(timeout=SCHEDULER_STOP_S, error=cut):
+                # Its thread may still be running the model: freeing it under that thread would crash
+                # the process. The model stays in memory, serving nothing; a retried unload tries again.
+                raise ModelBusy(
+                    f"model {name!r} could not be unloaded: its scheduler thread did not stop within {SCHEDULER_STOP_S:g} s "
+                    "(the server log shows where it is); it stays in memory and serves nothing; retry the unload, or restart the server",
+                    param="model",
+                )
         if not finished:
             log.warning("unloading %s: requests still running after %g s were ended with model_busy", name, timeout)
         self.steering.detach_all()  # stored attachments stay: a reload of this model restores them
@@ -474,6 +482,6 @@ class ServerState:
         """Stop the scheduler; queued requests are answered with an error."""
         scheduler = self.slot.scheduler
         if scheduler is not None:
-            scheduler.shutdown(timeout=30)
+            scheduler.shutdown(timeout=SCHEDULER_STOP_S)  # a thread that does not stop is logged; the process is ending
         self.monitor.close()
         self.store.close()

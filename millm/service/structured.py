@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from millm.api.headers import token
 from millm.engine.constraints import GrammarSpec
-from millm.errors import MillmError
+from millm.errors import ConstrainedOutputInvalid
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_rules import (
     absent_or_null,
@@ -28,13 +28,6 @@ from millm.protocol.schema_subset import ResponseFormatUnsupported, check_schema
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON_OBJECT = {"type": "object"}
 
-
-class ConstrainedOutputInvalid(MillmError):
-    """500: the model closed a document that does not validate (the grammar and the validator disagree)."""
-
-    status = 500
-    code = "constrained_output_invalid"
-    type = "server_error"
 
 
 @dataclass(frozen=True)
