@@ -65,7 +65,7 @@ def _what(error: dict) -> str:
     """What is wrong, with the refused value when it is a short scalar."""
     phrase = PHRASES.get(error["type"], error["msg"])
     value = error.get("input")
-    if error["type"] != "missing" and (value is None or isinstance(value, (str, int, float))):
+    if error["type"] not in ("missing", "extra_forbidden") and (value is None or isinstance(value, (str, int, float))):
         shown = json.dumps(value)
         if len(shown) <= SHOWN_VALUE:
             phrase += f", got {shown}"
