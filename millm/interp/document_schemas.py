@@ -103,8 +103,8 @@ def refusal(code: str, message: str, **ctx) -> PydanticCustomError:
     return PydanticCustomError(code, message, ctx)
 
 
-def said_as(kind: Any, phrase: str) -> Any:
-    """`kind`, refused in one phrase (a pattern or several bounds say less than the rule's own words)."""
+def said(phrase: str) -> WrapValidator:
+    """Annotated after a type: refused in one phrase (a pattern or several bounds say less than the rule's words)."""
 
     def check(value, handler):
         try:
@@ -112,19 +112,18 @@ def said_as(kind: Any, phrase: str) -> Any:
         except ValidationError:
             raise refusal("document_rule", phrase) from None
 
-    return Annotated[kind, WrapValidator(check)]
+    return WrapValidator(check)
 
 
-def choice(*values: int) -> Any:
-    """One of these integers; pydantic's Literal would let true pass for 1 and false for 0."""
-    pydantic_words = "Input should be " + (", ".join(map(str, values[:-1])) + " or " if values[1:] else "") + str(values[-1])
+def no_bools(choices: str) -> WrapValidator:
+    """Annotated after a Literal of integers: true and false refused (pydantic lets true pass for 1)."""
 
     def check(value, handler):
         if isinstance(value, bool):
-            raise refusal("literal_error", pydantic_words)
+            raise refusal("literal_error", f"Input should be {choices}")
         return handler(value)
 
-    return Annotated[Literal[values], WrapValidator(check)]
+    return WrapValidator(check)
 
 
 def unique(key, what: str):
@@ -157,13 +156,13 @@ class Document(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
-Version = choice(VERSION)
-Sign = choice(1, -1)
-Rung = choice(0, 1, 2, 3)
-ProfileName = said_as(
-    Annotated[str, Field(pattern=NAME_PATTERN)], "1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit"
-)
-SourceHint = said_as(Annotated[str, Field(pattern="^hf:")], "must look like hf:repo/path (never a local path)")
+Version = Annotated[Literal[VERSION], no_bools(str(VERSION))]
+Sign = Annotated[Literal[1, -1], no_bools("1 or -1")]
+Rung = Annotated[Literal[0, 1, 2, 3], no_bools("0, 1, 2 or 3")]
+ProfileName = Annotated[
+    str, Field(pattern=NAME_PATTERN), said("1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
+]
+SourceHint = Annotated[str, Field(pattern="^hf:"), said("must look like hf:repo/path (never a local path)")]
 
 
 # ---- millm profiles -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
-from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said_as, validate_field
+from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
 from millm.interp.steering import Attached, check_feature
 
 PARAM = "return_sae_activations"
@@ -108,7 +108,7 @@ class PositionRange(BaseModel):
 
 
 Positions = Annotated[
-    Annotated[said_as(Literal[POSITION_WORDS], 'one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
+    Annotated[Literal[POSITION_WORDS], said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
     | Annotated[PositionRange, Tag("range")],
     Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
 ]
