@@ -118,7 +118,6 @@ class ReadRequest(BaseModel):
     """What to read: an attached SAE, candidate features, top_k per position, positions and read point."""
 
     # Parsed before any model is held (its syntax is the request's alone); plan_read binds it to an SAE.
-
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     sae_id: str | None = None
