@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import state_of
-from millm.interp.profiles import MAX_DESCRIPTION
-from millm.interp.profiles import NAME as PROFILE_NAME
+from millm.interp.document_schemas import MAX_DESCRIPTION
+from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import STRENGTH_LIMIT
 from millm.protocol.schema_rules import sent
 from millm.service import steering_admin as admin
@@ -70,7 +70,7 @@ class ManyStrengths(StrictBody):
     replace: bool = False
 
 
-ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME.pattern}, description="1-120 letters, digits, space, '.', '_', '-'.")]
+ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME_PATTERN}, description="1-120 letters, digits, space, '.', '_', '-'.")]
 Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTION})]
 
 

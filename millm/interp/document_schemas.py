@@ -1,157 +1,350 @@
-"""The imported documents' formats as JSON Schema, for the served OpenAPI schema.
+"""The imported documents' formats as pydantic models: one definition validates them and states them.
 
-The validators in profiles.py and mistudio.py are what the server applies (they list every
-problem with its location); these schemas say the same for clients and generators, built from
-the validators' own constants. What JSON Schema cannot say is left to the validators: names
-unique within a bundle, feature indices unique within an entry, an SAE named once per profile,
-and `lo <= hi` in an intensity range. The fuzz test checks that what these schemas allow, the
-validators accept.
+profiles.py and mistudio.py validate with these models, listing every problem with its JSON
+location (`steering[0].features[3].strength: ...`); SCHEMAS states the same models as JSON Schema
+for the served OpenAPI schema. What JSON Schema cannot say is checked by validators on the fields
+concerned: names unique within a bundle, feature indices unique within an entry, an SAE named once
+per profile, and `lo <= hi` in an intensity range. The fuzz test checks that what these schemas
+allow, the validators accept. miStudio models keep unknown keys (the stored document is the raw
+one); profile documents drop them (the stored document is the canonical form).
 """
 
 from __future__ import annotations
 
-from millm.interp.mistudio import CIRCUIT_KIND, CLUSTER_BUNDLE_KIND, CLUSTER_KIND, SCHEMA_VERSION
-from millm.interp.profiles import BUNDLE_KIND, MAX_BUNDLE, MAX_DESCRIPTION, NAME, PROFILE_KIND, VERSION
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator
+from pydantic.json_schema import models_json_schema
+from pydantic_core import PydanticCustomError
+
+from millm.errors import InvalidRequest
 from millm.interp.steering import STRENGTH_LIMIT
 
-NON_NEGATIVE = {"type": "integer", "minimum": 0}
-NULL = {"type": "null"}
+PROFILE_KIND = "millm.profile"
+BUNDLE_KIND = "millm.profile-bundle"
+VERSION = 1
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,119}$"
+MAX_DESCRIPTION = 2000
+MAX_BUNDLE = 500
+
+CLUSTER_KIND = "mistudio.cluster-definition"
+CLUSTER_BUNDLE_KIND = "mistudio.cluster-bundle"
+CIRCUIT_KIND = "mistudio.circuit-definition"
+SCHEMA_VERSION = "1"
+
+Model = TypeVar("Model", bound=BaseModel)
+
+# pydantic's words for structure, said as the documents' pages say them.
+PHRASES = {
+    "missing": "required",
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be a list",
+    "extra_forbidden": "unknown key",
+}
+SHOWN_VALUE = 40  # characters of a refused scalar value quoted back (a 10,000-character narrative is not)
 
 
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, NULL]}
+# ---- errors with their JSON location ------------------------------------------------------------
+def _where(error: dict, doc: Any, prefix: str) -> str:
+    """pydantic's location as a JSON path ('steering[0].features[3].strength'), union tags left out."""
+    path, node, loc = prefix, doc, error["loc"]
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path += f"[{part}]"
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+        elif isinstance(node, dict) and (part in node or (error["type"] == "missing" and i == len(loc) - 1)):
+            path += f".{part}" if path else part
+            node = node.get(part)
+        # else: the tag of the union member pydantic tried, not a key of the document
+    return path or "document"
 
 
-PROFILE_FEATURE = {
-    "type": "object",
-    "required": ["index", "strength"],
-    "properties": {"index": NON_NEGATIVE, "strength": {"type": "number", "minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT}},
-}
-PROFILE_ENTRY = {
-    "type": "object",
-    "required": ["sae_id", "features"],
-    "properties": {
-        "sae_id": {"type": "string", "minLength": 1},
-        "layer": _nullable(NON_NEGATIVE),
-        "features": {"type": "array", "items": PROFILE_FEATURE},
-    },
-}
-PROFILE_DOCUMENT = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {
-        "kind": {"const": PROFILE_KIND},
-        "version": {"const": VERSION},
-        "name": {"type": "string", "pattern": NAME.pattern},
-        "description": {"type": "string", "maxLength": MAX_DESCRIPTION},
-        "steering": {"type": "array", "items": PROFILE_ENTRY},
-    },
-}
-PROFILE_BUNDLE = {
-    "type": "object",
-    "required": ["kind", "profiles"],
-    "properties": {
-        "kind": {"const": BUNDLE_KIND},
-        "version": {"const": VERSION},
-        "profiles": {"type": "array", "minItems": 1, "maxItems": MAX_BUNDLE, "items": PROFILE_DOCUMENT},
-    },
-}
-
-MEMBER = {
-    "type": "object",
-    "required": ["feature_idx", "strength"],
-    "properties": {
-        "feature_idx": NON_NEGATIVE,
-        "strength": {"type": "number", "minimum": -300, "maximum": 300},
-        "sign": {"enum": [1, -1]},
-        "similarity": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "pinned": _nullable({"type": "boolean"}),
-        "meta": _nullable({"type": "object", "properties": {"top_tokens": _nullable({"type": "array", "maxItems": 10})}}),
-    },
-}
-SAE_REFERENCE = {
-    "type": "object",
-    "properties": {
-        "layer": _nullable(NON_NEGATIVE),
-        "n_features": _nullable(NON_NEGATIVE),
-        "d_model": _nullable(NON_NEGATIVE),
-        "source_hint": _nullable({"type": "string", "pattern": "^hf:"}),
-    },
-}
-BUDGET = {
-    "type": "object",
-    "properties": {
-        "intensity": {"type": "number", "minimum": 0, "maximum": 2},
-        "intensity_range": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number", "minimum": 0}},
-    },
-}
+def _what(error: dict) -> str:
+    """What is wrong, with the refused value when it is a short scalar."""
+    phrase = PHRASES.get(error["type"], error["msg"])
+    value = error.get("input")
+    if error["type"] not in ("missing", "extra_forbidden") and (value is None or isinstance(value, (str, int, float))):
+        shown = json.dumps(value)
+        if len(shown) <= SHOWN_VALUE:
+            phrase += f", got {shown}"
+    return phrase
 
 
-def _header(kind: str) -> dict:
-    return {
-        "kind": {"const": kind},
-        "schema_version": {"const": SCHEMA_VERSION},
-        "name": {"type": "string", "minLength": 1, "maxLength": 120},
-        "narrative": _nullable({"type": "string", "maxLength": 10_000}),
-        "model": _nullable({"type": "object"}),
-        "provenance": _nullable({"type": "object", "properties": {"source_note": _nullable({"type": "string", "maxLength": 500})}}),
-    }
+def problems(error: ValidationError, doc: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(JSON location, what is wrong) for each problem pydantic found in `doc`."""
+    return [(_where(e, doc, prefix), _what(e)) for e in error.errors()]
 
 
-CLUSTER_DEFINITION = {
-    "type": "object",
-    "required": ["kind", "schema_version", "name", "members"],
-    "properties": {
-        **_header(CLUSTER_KIND),
-        "sae": SAE_REFERENCE,
-        "members": {"type": "array", "minItems": 1, "maxItems": 20, "items": MEMBER},
-        "budget": _nullable(BUDGET),
-    },
-}
-CLUSTER_BUNDLE = {
-    "type": "object",
-    "required": ["kind", "schema_version", "definitions"],
-    "properties": {
-        "kind": {"const": CLUSTER_BUNDLE_KIND},
-        "schema_version": {"const": SCHEMA_VERSION},
-        "definitions": {"type": "array", "minItems": 1, "maxItems": 50, "items": CLUSTER_DEFINITION},
-    },
-}
-CIRCUIT_MEMBER = {"anyOf": [
-    {"type": "object", "required": ["layer", "feature"], "properties": {
-        "layer": NON_NEGATIVE, "member_kind": {"const": "feature_ref"}, "feature": MEMBER}},
-    {"type": "object", "required": ["layer", "member_kind", "expanded_members"], "properties": {
-        "layer": NON_NEGATIVE, "member_kind": {"const": "cluster_ref"},
-        "expanded_members": {"type": "array", "minItems": 1, "maxItems": 20, "items": MEMBER}}},
-]}
-EDGE = {
-    "type": "object",
-    "required": ["up", "down"],
-    "properties": {
-        "up": {"type": "object"},
-        "down": {"type": "object"},
-        "rung": {"enum": [0, 1, 2, 3]},
-        "type": _nullable({"enum": ["computed", "persistence", "attention_mediated"]}),
-    },
-}
-CIRCUIT_DEFINITION = {
-    "type": "object",
-    "required": ["kind", "schema_version", "name", "saes", "members"],
-    "properties": {
-        **_header(CIRCUIT_KIND),
-        "saes": {"type": "array", "minItems": 1, "maxItems": 16,
-                 "items": {**SAE_REFERENCE, "required": ["layer"], "properties": {**SAE_REFERENCE["properties"], "layer": NON_NEGATIVE}}},
-        "members": {"type": "array", "minItems": 1, "items": CIRCUIT_MEMBER},
-        "edges": {"type": "array", "maxItems": 200, "items": EDGE},
-        "budget": _nullable({**BUDGET, "properties": {**BUDGET["properties"], "layers": _nullable({"type": "object", "additionalProperties": _nullable(BUDGET)})}}),
-    },
-}
+def validate_document(model: type[Model], doc: Any, error: type[InvalidRequest], what: str) -> Model:
+    """`doc` as `model`, or `error` listing every problem with its location ("invalid <what>: ...")."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        listed = "; ".join(f"{where}: {problem}" for where, problem in problems(exc, doc))
+        raise error(f"invalid {what}: {listed}") from None
 
-# Component name -> schema, for the served OpenAPI schema.
-SCHEMAS = {
-    "ProfileDocument": PROFILE_DOCUMENT,
-    "ProfileBundle": PROFILE_BUNDLE,
-    "ClusterDefinition": CLUSTER_DEFINITION,
-    "ClusterBundle": CLUSTER_BUNDLE,
-    "CircuitDefinition": CIRCUIT_DEFINITION,
-}
+
+def validate_field(model: type[Model], value: Any, param: str = "", context: dict | None = None) -> Model:
+    """A request's object as `model`, or a 400 naming the first problem's location (as request bodies are refused)."""
+    try:
+        return model.model_validate(value, context=context)
+    except ValidationError as exc:
+        (where, problem), *more = problems(exc, value, param)
+        if more:
+            problem += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''})"
+        raise InvalidRequest(f"{where}: {problem}", param=where) from None
+
+
+# ---- field types --------------------------------------------------------------------------------
+def refusal(code: str, message: str, **ctx) -> PydanticCustomError:
+    """A validator's refusal in pydantic's terms (a plain ValueError would read 'Value error, ...')."""
+    return PydanticCustomError(code, message, ctx)
+
+
+def said(phrase: str) -> WrapValidator:
+    """Annotated after a type: refused in one phrase (a pattern or several bounds say less than the rule's words)."""
+
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise refusal("document_rule", phrase) from None
+
+    return WrapValidator(check)
+
+
+def no_bools(choices: str) -> WrapValidator:
+    """Annotated after a Literal of integers: true and false refused (pydantic lets true pass for 1)."""
+
+    def check(value, handler):
+        if isinstance(value, bool):
+            raise refusal("literal_error", f"Input should be {choices}")
+        return handler(value)
+
+    return WrapValidator(check)
+
+
+def unique(key, what: str):
+    """An after-validator refusing a list in which `key` of two items is the same."""
+
+    def check(items: list) -> list:
+        keys = [key(item) for item in items]
+        twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+        if twice:
+            raise refusal("duplicate", what, twice=", ".join(map(str, twice)))
+        return items
+
+    return AfterValidator(check)
+
+
+def _ordered(pair: list[float]) -> list[float]:
+    if pair[0] > pair[1]:
+        raise refusal("range_order", "[lo, hi] with lo <= hi")
+    return pair
+
+
+NonNegative = Annotated[int, Field(ge=0)]
+Indices = Annotated[list[NonNegative], AfterValidator(lambda indices: list(dict.fromkeys(indices)))]  # first mention kept
+
+
+class Document(BaseModel):
+    """Strict JSON: no "5" for 5, no true for 1, no NaN. Unknown keys pass (callers keep the raw
+    miStudio document, and a profile's canonical form is dumped from the model, without them)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+Version = Annotated[Literal[VERSION], no_bools(str(VERSION))]
+Sign = Annotated[Literal[1, -1], no_bools("1 or -1")]
+Rung = Annotated[Literal[0, 1, 2, 3], no_bools("0, 1, 2 or 3")]
+ProfileName = Annotated[
+    str, Field(pattern=NAME_PATTERN), said("1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
+]
+SourceHint = Annotated[str, Field(pattern="^hf:"), said("must look like hf:repo/path (never a local path)")]
+
+
+# ---- millm profiles -----------------------------------------------------------------------------
+class ProfileDocumentFeature(Document):
+    """A feature of the entry's SAE and its strength (within ±200)."""
+
+    index: NonNegative
+    strength: Annotated[float, Field(ge=-STRENGTH_LIMIT, le=STRENGTH_LIMIT)]
+
+
+class ProfileDocumentEntry(Document):
+    """One SAE's features; `layer` when it is attached elsewhere than its own hook layer."""
+
+    sae_id: Annotated[str, Field(min_length=1)]
+    layer: NonNegative | None = None
+    features: Annotated[list[ProfileDocumentFeature], unique(lambda f: f.index, "feature {twice} appears twice")]
+
+
+class ProfileDocument(Document):
+    """A millm.profile document: a named set of feature strengths."""
+
+    kind: Literal[PROFILE_KIND] = PROFILE_KIND
+    version: Version = VERSION
+    name: ProfileName
+    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
+    steering: Annotated[list[ProfileDocumentEntry], unique(lambda e: e.sae_id, "{twice} appears twice; give one entry per SAE")] = []
+
+
+class ProfileBundle(Document):
+    """A millm.profile-bundle: 1-500 profiles with distinct names."""
+
+    kind: Literal[BUNDLE_KIND]
+    version: Version = VERSION
+    profiles: Annotated[list[ProfileDocument], Field(min_length=1, max_length=MAX_BUNDLE), unique(lambda p: p.name, "names appear twice: {twice}")]
+
+
+# ---- miStudio cluster and circuit definitions (shared/spec/formats.md) --------------------------
+class MistudioMemberMeta(Document):
+    """Display data only: it never changes the steering math."""
+
+    top_tokens: Annotated[list, Field(max_length=10)] | None = None
+
+
+class MistudioMember(Document):
+    """A cluster member: a feature, its authored strength and sign."""
+
+    feature_idx: NonNegative
+    strength: Annotated[float, Field(ge=-300, le=300)]
+    sign: Sign = 1
+    similarity: Annotated[float, Field(ge=0, le=1)] | None = None
+    pinned: bool | None = None
+    meta: MistudioMemberMeta | None = None  # display data only: never read by the steering math
+
+
+class MistudioSae(Document):
+    """Which SAE a definition was made on."""
+
+    layer: NonNegative | None = None
+    n_features: NonNegative | None = None
+    d_model: NonNegative | None = None
+    source_hint: SourceHint | None = None
+
+
+class MistudioBudget(Document):
+    """The authored intensity and, when declared, the range its dial spans."""
+
+    intensity: Annotated[float, Field(ge=0, le=2)] = 1.0
+    intensity_range: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2, max_length=2), AfterValidator(_ordered)] | None = None
+
+
+class MistudioProvenance(Document):
+    """Where the definition comes from."""
+
+    source_note: Annotated[str, Field(max_length=500)] | None = None
+
+
+class MistudioDefinition(Document):
+    """The header a cluster and a circuit share."""
+
+    name: Annotated[str, Field(min_length=1, max_length=120)]
+    narrative: Annotated[str, Field(max_length=10_000)] | None = None
+    model: dict[str, Any] | None = None
+    provenance: MistudioProvenance | None = None
+
+
+Members = Annotated[list[MistudioMember], Field(min_length=1, max_length=20)]
+
+
+class ClusterDefinition(MistudioDefinition):
+    """A mistudio.cluster-definition: 1-20 features of one SAE."""
+
+    kind: Literal[CLUSTER_KIND]
+    schema_version: Literal[SCHEMA_VERSION]
+    sae: MistudioSae = Field(default_factory=MistudioSae)
+    members: Members
+    budget: MistudioBudget | None = None
+
+
+class ClusterBundle(Document):
+    """A mistudio.cluster-bundle: 1-50 cluster definitions."""
+
+    kind: Literal[CLUSTER_BUNDLE_KIND]
+    schema_version: Literal[SCHEMA_VERSION]
+    definitions: Annotated[list[ClusterDefinition], Field(min_length=1, max_length=50)]
+
+
+class MistudioCircuitSae(MistudioSae):
+    """An SAE a circuit reads at its layer."""
+
+    layer: NonNegative
+
+
+class CircuitFeatureRef(Document):
+    """A circuit member that is one feature."""
+
+    layer: NonNegative
+    member_kind: Literal["feature_ref"] = "feature_ref"
+    feature: MistudioMember
+
+
+class CircuitClusterRef(Document):
+    """A circuit member that is a cluster, expanded."""
+
+    layer: NonNegative
+    member_kind: Literal["cluster_ref"]
+    expanded_members: Members  # the expansion travels with the file, so it is self-contained
+
+
+def _member_kind(member: Any) -> str:
+    # Absent is feature_ref; anything but an object is checked as one (and refused as "must be an object").
+    return member.get("member_kind", "feature_ref") if isinstance(member, dict) else "feature_ref"
+
+
+CircuitMember = Annotated[
+    Annotated[CircuitFeatureRef, Tag("feature_ref")] | Annotated[CircuitClusterRef, Tag("cluster_ref")],
+    Discriminator(_member_kind, custom_error_type="member_kind", custom_error_message="member_kind must be feature_ref or cluster_ref"),
+]
+
+
+class CircuitEdge(Document):
+    """An edge between two members, with its evidence rung."""
+
+    up: dict[str, Any]
+    down: dict[str, Any]
+    rung: Rung = 0
+    type: Literal["computed", "persistence", "attention_mediated"] | None = None
+
+
+class MistudioCircuitBudget(MistudioBudget):
+    """A circuit's budget, with per-layer budgets."""
+
+    layers: dict[str, MistudioBudget | None] | None = None
+
+
+class CircuitDefinition(MistudioDefinition):
+    """A mistudio.circuit-definition: members over several layers and the edges between them."""
+
+    kind: Literal[CIRCUIT_KIND]
+    schema_version: Literal[SCHEMA_VERSION]
+    saes: Annotated[list[MistudioCircuitSae], Field(min_length=1, max_length=16)]
+    members: Annotated[list[CircuitMember], Field(min_length=1)]
+    edges: Annotated[list[CircuitEdge], Field(max_length=200)] = []
+    budget: MistudioCircuitBudget | None = None
+
+
+# ---- the same, as JSON Schema --------------------------------------------------------------------
+def inline(schema: dict) -> dict:
+    """A model's JSON Schema with its $defs written in place (for a schema nested inside another)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        return [resolve(item) for item in node] if isinstance(node, list) else node
+
+    return resolve(schema)
+
+
+# Component name -> schema, for the served OpenAPI schema (nested models are components too).
+SCHEMAS: dict[str, dict] = models_json_schema(
+    [(model, "validation") for model in (ProfileDocument, ProfileBundle, ClusterDefinition, ClusterBundle, CircuitDefinition)],
+    ref_template="#/components/schemas/{model}",
+)[1]["$defs"]

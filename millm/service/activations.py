@@ -9,15 +9,17 @@ function, in chunks, and keeps the top_k features per position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
+from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
 from millm.interp.steering import Attached, check_feature
 
 PARAM = "return_sae_activations"
-KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}
 POSITION_WORDS = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
 ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
@@ -32,25 +34,6 @@ NOTES = {
         "counterfactual either: steering at earlier layers and tokens generated under steering still "
         "shape the residual here."
     ),
-}
-
-
-# What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
-# attached, their widths and the size limit are the server's state and settings.
-READ_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "sae_id": {"type": ["string", "null"]},
-        "features": {"type": ["array", "null"], "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-        "top_k": {"type": "integer", "minimum": 1},
-        "positions": {"anyOf": [
-            {"enum": list(POSITION_WORDS)},
-            {"type": "object", "additionalProperties": False, "required": ["start", "end"],
-             "properties": {"start": {"type": "integer", "minimum": 0}, "end": {"type": "integer", "minimum": 1}}},
-        ]},
-        "read_point": {"enum": list(READ_POINTS)},
-    },
 }
 
 
@@ -95,21 +78,6 @@ def choose_sae(attached: dict[str, Attached], sae_id: str | None) -> Attached:
     return attached[sae_id]
 
 
-def parse_positions(value) -> str | tuple[int, int]:
-    """A position word, or a half-open {"start", "end"} range of absolute positions."""
-    if isinstance(value, str):
-        if value not in POSITION_WORDS:
-            raise refuse(f"positions must be one of {', '.join(POSITION_WORDS)} or {{\"start\", \"end\"}}, got {value!r}")
-        return value
-    if isinstance(value, dict) and set(value) == {"start", "end"}:
-        start, end = value["start"], value["end"]
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end))
-        if not ints or start < 0 or end <= start:
-            raise refuse(f"positions {{\"start\": {start!r}, \"end\": {end!r}}} must be integers with 0 <= start < end")
-        return (start, end)
-    raise refuse(f"positions must be one of {', '.join(POSITION_WORDS)} or {{\"start\", \"end\"}}, got {value!r}")
-
-
 def worst_case_positions(positions: str | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
     """Positions a read may return at most, counting max_tokens in full (the spec's rule)."""
     if positions == "last":
@@ -124,43 +92,63 @@ def worst_case_positions(positions: str | tuple[int, int], prompt_tokens: int, m
     return end - start
 
 
-@dataclass(frozen=True)
-class ReadRequest:
-    """A read as asked, its syntax checked (before any model is held): what `plan_read` binds to an SAE."""
+class PositionRange(BaseModel):
+    """A half-open range of absolute positions, over prompt then generated tokens."""
 
-    sae_id: str | None
-    features: tuple[int, ...] | None
-    top_k: int
-    positions: str | tuple[int, int]
-    read_point: str
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    start: NonNegative
+    end: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PositionRange:
+        if self.end <= self.start:
+            raise refusal("range_order", "0 <= start < end, got start {start} and end {end}", start=self.start, end=self.end)
+        return self
+
+
+Positions = Annotated[
+    Annotated[Literal[POSITION_WORDS], said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
+    | Annotated[PositionRange, Tag("range")],
+    Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
+]
+
+
+class ReadRequest(BaseModel):
+    """What to read: an attached SAE, candidate features, top_k per position, positions and read point."""
+
+    # Parsed before any model is held (its syntax is the request's alone); plan_read binds it to an SAE.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sae_id: str | None = None
+    features: Annotated[Indices, Field(min_length=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] = 8
+    positions: Positions = "completion"
+    read_point: Literal[READ_POINTS] = "post_steering"
+
+    @field_validator("top_k")
+    @classmethod
+    def _within_setting(cls, top_k: int, info: ValidationInfo) -> int:
+        # The limit is a server setting, so it comes as validation context (the served schema states it too).
+        limit = (info.context or {}).get("max_top_k")
+        if limit is not None and top_k > limit:
+            raise refusal("top_k_over_limit", "at most SAE_ACTIVATIONS_MAX_TOP_K ({limit})", limit=limit)
+        return top_k
+
+    @property
+    def span(self) -> str | tuple[int, int]:
+        """The positions as the engine takes them: a word, or (start, end)."""
+        return self.positions if isinstance(self.positions, str) else (self.positions.start, self.positions.end)
+
+
+# What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
+# attached, their widths and the top_k and size limits are the server's state and settings.
+READ_SCHEMA = inline(ReadRequest.model_json_schema())
 
 
 def parse_read(request: dict, max_top_k: int) -> ReadRequest:
-    """Check what depends on the request alone: keys, types, top_k's limit, positions, read point (400)."""
-    unknown = set(request) - KEYS
-    if unknown:
-        raise refuse(f"unknown keys {', '.join(sorted(unknown))}; it takes {', '.join(sorted(KEYS))}")
-    sae_id = request.get("sae_id")
-    if sae_id is not None and not isinstance(sae_id, str):
-        raise refuse(f"sae_id must be a string, got {sae_id!r}")
-    features = request.get("features")
-    if features is not None:
-        if not isinstance(features, list) or not features:
-            raise refuse("features must be a non-empty list of feature indices")
-        for index in features:
-            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-                raise refuse(f"features must be non-negative integers, got {index!r}")
-        features = tuple(dict.fromkeys(features))
-    top_k = request.get("top_k", 8)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise refuse(f"top_k must be a positive integer, got {top_k!r}")
-    if top_k > max_top_k:
-        raise refuse(f"top_k {top_k} is over SAE_ACTIVATIONS_MAX_TOP_K ({max_top_k})")
-    positions = parse_positions(request.get("positions", "completion"))
-    read_point = request.get("read_point", "post_steering")
-    if read_point not in READ_POINTS:
-        raise refuse(f"read_point must be post_steering or pre_steering, got {read_point!r}")
-    return ReadRequest(sae_id, features, top_k, positions, read_point)
+    """Check what depends on the request alone (keys, types, top_k's limit, positions, read point): a 400 naming the field."""
+    return validate_field(ReadRequest, request, PARAM, context={"max_top_k": max_top_k})
 
 
 def plan_read(
@@ -173,16 +161,14 @@ def plan_read(
 ) -> ActivationRead:
     """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming what is wrong)."""
     chosen = choose_sae(attached, asked.sae_id)
-    features = asked.features
-    if features is not None:
-        features = tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in features)
-    worst = worst_case_positions(asked.positions, prompt_tokens, max_tokens) * asked.top_k
+    features = None if asked.features is None else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
+    worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
     if worst > max_entries:
         raise refuse(
             f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
             f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
         )
-    return ActivationRead(chosen, features, asked.top_k, asked.positions, asked.read_point)
+    return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point)
 
 
 def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:

@@ -6,6 +6,10 @@ thread when the row finishes (torch work on another live thread slows every deco
 the encoded capture is handed to the monitor's worker thread, which keeps a record (bounded
 history), updates per-feature statistics and pushes the record to every live subscriber. An
 unmonitored request carries no read at all. Scoring and embeddings are never monitored.
+
+Monitoring must never block or slow generation, so the hand-over never waits: past WORK_BACKLOG
+captures waiting for the worker, a capture is dropped and counted (`queue.dropped` in GET
+/api/monitoring, a warning in the log at most every DROP_WARNING_S seconds).
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
+from millm.interp.document_schemas import Indices, validate_field
 from millm.interp.steering import Attached, check_feature
 from millm.service.activations import POSITION_WORDS, encode_rows
 from millm.store.database import Store
@@ -30,9 +38,23 @@ from millm.store.database import Store
 log = logging.getLogger(__name__)
 
 SETTING = "monitoring"
-DEFAULTS = {"enabled": False, "sae_id": None, "features": None, "top_k": 5, "positions": "completion"}
 MAX_TOP_K = 64
 SUBSCRIBER_BACKLOG = 1000  # records a slow live client may fall behind before it misses some
+WORK_BACKLOG = 1000  # finished rows waiting for the worker before their records are dropped
+DROP_WARNING_S = 60.0  # at most one "records dropped" warning a minute: a flood must not flood the log
+CLOSE_TIMEOUT_S = 10.0
+
+
+class MonitoringConfig(BaseModel):
+    """The monitoring settings, as stored (PUT /api/monitoring changes any of them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    enabled: bool = False
+    sae_id: str | None = None  # None: the only attached SAE
+    features: Indices | None = None  # None: all features; []: positions only
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+    positions: Literal[POSITION_WORDS] = "completion"
 
 
 @dataclass
@@ -74,47 +96,46 @@ class Subscriber:
 class Monitor:
     """Monitoring settings (persisted), records, statistics and live subscribers."""
 
-    def __init__(self, store: Store, history: int):
+    def __init__(self, store: Store, history: int, backlog: int = WORK_BACKLOG):
         self.store = store
-        self.config = {**DEFAULTS, **(store.get_setting(SETTING) or {})}
+        self.config = self._stored()
         self.records: collections.deque[dict] = collections.deque(maxlen=history)
         self.stats: dict[int, FeatureStats] = {}
         self.positions_read = 0
         self.requests = 0
+        self.dropped = 0  # captures refused by a full work queue since the last reset
         self._ids = itertools.count(1)
         self._record_ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._drop_lock = threading.Lock()  # not _lock: the worker holds that while it records
+        self._warned_at = -DROP_WARNING_S
         self._subscribers: list[Subscriber] = []
-        self._work: queue.Queue[Pending | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._run, name="millm-monitor", daemon=True)
-        self._worker.start()
+        self._work: queue.Queue[Pending | None] = queue.Queue(maxsize=backlog)
+        self.worker = threading.Thread(target=self._run, name="millm-monitor", daemon=True)
+        self.worker.start()
 
     # settings ------------------------------------------------------------------------------------
+    def _stored(self) -> dict:
+        """The stored settings; the defaults when none are stored or they no longer validate."""
+        try:
+            return MonitoringConfig.model_validate(self.store.get_setting(SETTING) or {}).model_dump()
+        except ValidationError as error:
+            log.warning("stored monitoring settings are not valid (%s); monitoring starts from the defaults", error)
+            return MonitoringConfig().model_dump()
+
     def configure(self, changes: dict, attached: dict[str, Attached], known_sae) -> dict:
         """Apply and store new settings (validated whole; nothing changes on a refusal)."""
-        unknown = set(changes) - set(DEFAULTS)
-        if unknown:
-            raise InvalidRequest(f"unknown monitoring settings: {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
-        config = {**self.config, **changes}
-        if not isinstance(config["enabled"], bool):
-            raise InvalidRequest("enabled must be true or false", param="enabled")
-        if config["positions"] not in POSITION_WORDS:
-            raise InvalidRequest(f"positions must be one of {', '.join(POSITION_WORDS)}", param="positions")
-        top_k = config["top_k"]
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidRequest(f"top_k must be an integer from 1 to {MAX_TOP_K}", param="top_k")
+        config = validate_field(MonitoringConfig, {**self.config, **changes}).model_dump()
+        # What depends on the server's state: the SAE exists (404 sae_not_found), the features fit its width.
         if config["sae_id"] is not None:
-            known_sae(config["sae_id"])  # 404 sae_not_found for an unknown id
-        features = config["features"]
-        if features is not None:
-            if not isinstance(features, list):
-                raise InvalidRequest("features must be a list of feature indices (or null for all)", param="features")
-            if features:
-                sae_id = config["sae_id"] or (next(iter(attached)) if len(attached) == 1 else None)
-                if sae_id is None:
-                    raise InvalidRequest("name sae_id to watch particular features", param="sae_id")
-                info = known_sae(sae_id)
-                config["features"] = list(dict.fromkeys(check_feature(info, i, param="features") for i in features))
+            known_sae(config["sae_id"])
+        if config["features"]:
+            sae_id = config["sae_id"] or (next(iter(attached)) if len(attached) == 1 else None)
+            if sae_id is None:
+                raise InvalidRequest("name sae_id to watch particular features", param="sae_id")
+            info = known_sae(sae_id)
+            for index in config["features"]:
+                check_feature(info, index, param="features")
         if config["enabled"]:
             self._choose(config, attached, strict=True)
         with self._lock:
@@ -149,6 +170,7 @@ class Monitor:
             "history": {"records": len(self.records), "max": self.records.maxlen},
             "requests": self.requests,
             "positions_read": self.positions_read,
+            "queue": {"pending": self._work.qsize(), "max": self._work.maxsize, "dropped": self.dropped},
         }
 
     # requests ------------------------------------------------------------------------------------
@@ -170,9 +192,31 @@ class Monitor:
         )
 
         def hand_over(captured: ResidualsRead) -> None:
-            self._work.put(Pending(request_id, time.time(), captured, chosen, features, top_k))
+            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k))
 
         return read, hand_over
+
+    def submit(self, pending: Pending) -> bool:
+        """Queue a finished row's capture for the worker without ever waiting (it runs on the
+        scheduler thread): past the queue's bound the record is dropped and counted. True if queued."""
+        try:
+            self._work.put_nowait(pending)
+            return True
+        except queue.Full:
+            self._dropped(pending.request_id)
+            return False
+
+    def _dropped(self, request_id: str) -> None:
+        with self._drop_lock:
+            self.dropped += 1
+            dropped, now = self.dropped, time.monotonic()
+            if now - self._warned_at < DROP_WARNING_S:
+                return
+            self._warned_at = now
+        log.warning(
+            "monitoring cannot keep up: dropped the record of %s, %d captures already waiting (%d dropped since the last reset)",
+            request_id, self._work.maxsize, dropped,
+        )
 
     # the worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -258,6 +302,8 @@ class Monitor:
             self.stats.clear()
             self.positions_read = 0
             self.requests = 0
+        with self._drop_lock:
+            self.dropped = 0
 
     def subscribe(self) -> Subscriber:
         """A live feed for the calling event loop."""
@@ -272,6 +318,12 @@ class Monitor:
             if subscriber in self._subscribers:
                 self._subscribers.remove(subscriber)
 
-    def close(self) -> None:
-        """Stop the worker."""
-        self._work.put(None)
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the worker once it has recorded what is queued, and wait for it to end."""
+        try:
+            self._work.put(None, timeout=timeout)  # waits only while the queue is full, for the worker to drain it
+        except queue.Full:
+            log.warning("monitoring worker did not drain its queue within %.0f s", timeout)
+        self.worker.join(timeout)
+        if self.worker.is_alive():
+            log.warning("monitoring worker did not stop within %.0f s", timeout)

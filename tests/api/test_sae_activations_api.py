@@ -163,12 +163,12 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
         ({}, {}, "several SAEs are attached"),
         ({}, {"sae_id": "sae_000000000000"}, "is not attached"),
         ({}, {"sae_id": "SAE", "features": [128]}, "past the width"),
-        ({}, {"sae_id": "SAE", "top_k": 65}, "SAE_ACTIVATIONS_MAX_TOP_K (64)"),
+        ({}, {"sae_id": "SAE", "top_k": 65}, "top_k: at most SAE_ACTIVATIONS_MAX_TOP_K (64), got 65"),
         ({"max_tokens": 1100}, {"sae_id": "SAE", "top_k": 64, "positions": "all"}, "SAE_ACTIVATIONS_MAX_ENTRIES (65536)"),
-        ({}, {"sae_id": "SAE", "positions": "middle"}, "positions must be"),
-        ({}, {"sae_id": "SAE", "positions": {"start": 5, "end": 5}}, "0 <= start < end"),
+        ({}, {"sae_id": "SAE", "positions": "middle"}, "positions: one of last, prompt, completion, all"),
+        ({}, {"sae_id": "SAE", "positions": {"start": 5, "end": 5}}, "positions: 0 <= start < end"),
         ({}, {"sae_id": "SAE", "read_point": "inside"}, "read_point"),
-        ({}, {"sae_id": "SAE", "colour": "blue"}, "unknown keys colour"),
+        ({}, {"sae_id": "SAE", "colour": "blue"}, "return_sae_activations.colour: unknown key"),
     ],
 )
 def test_refusals_before_anything_is_generated(server, extra, ask, needle):
