@@ -4,6 +4,13 @@ slot and its scheduler, the steering lock, and the steering state.
 Model changes (load, unload, the start-up load) run one at a time on a worker thread, never on
 the event loop. Requests take a lease on the loaded model (see slot.py) that an unload waits
 for, so none runs on a half-moved model.
+
+Why this file is longer than ~400 lines: one mutex guards the slot's transition, the load
+errors and the steering lock together, and every method here reads or changes them under it.
+Split across files, those invariants (a locked server never loads another model; a model is
+freed only once nothing can reach it) would have to be read in several places. What does not
+touch them lives elsewhere: the slot (slot.py), registrations (registrations.py, models.py),
+presentation (model_admin.py).
 """
 
 from __future__ import annotations
