@@ -72,7 +72,7 @@ def same_line(shown: str, printed: str) -> bool:
     shown, printed = (GENERATED_ID.sub(r"\1ID", " ".join(line.split())) for line in (shown, printed))
     if NUMBER.sub("#", shown) != NUMBER.sub("#", printed):  # the text around the numbers, and their count
         return False
-    for want, got in zip(NUMBER.finditer(shown), NUMBER.finditer(printed)):
+    for want, got in zip(NUMBER.finditer(shown), NUMBER.finditer(printed), strict=True):
         if want.group(1) is None or got.group(1) is None:
             if want.group() != got.group():
                 return False

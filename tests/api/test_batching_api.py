@@ -97,14 +97,13 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
     # it joined the batch before they were sent and is still there once both have answered (it is
     # the only generation in flight, and a row never rejoins). A 60-token row on the tiny model
     # can finish first, so try a few times; at least one try must hold the row across both.
+    def steered(into: dict):
+        into["steered"] = streamed_text(server, chat("the sea", max_tokens=60, profile="loud"))[0]
+
     beside = False
     for _ in range(5):
-        results = {}
-
-        def steered():
-            results["steered"] = streamed_text(server, chat("the sea", max_tokens=60, profile="loud"))[0]
-
-        thread = threading.Thread(target=steered)
+        results: dict = {}
+        thread = threading.Thread(target=steered, args=(results,))
         thread.start()
         deadline = time.monotonic() + 30
         while (joined := inference(server)["batch_size"]) == 0 and time.monotonic() < deadline:

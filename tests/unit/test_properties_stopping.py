@@ -9,6 +9,8 @@ held back because it might begin a stop string is released as soon as it cannot,
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,7 @@ def cases(draw):
         outer = draw(st.sampled_from(stops))
         start = draw(st.integers(0, len(outer)))
         stops.append(outer[start : draw(st.integers(start, len(outer)))])
-    return text, [text[a:b] for a, b in zip(bounds, bounds[1:])], stops
+    return text, [text[a:b] for a, b in pairwise(bounds)], stops
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, bool]:

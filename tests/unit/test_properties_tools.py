@@ -7,6 +7,8 @@ whole text, and text is held only while it could still be the start of `<tool_ca
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,7 +24,7 @@ def streams(draw):
     text = "".join(draw(st.lists(st.sampled_from(PIECES), max_size=10)))
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
     bounds = [0, *cuts, len(text)]
-    return text, [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    return text, [text[a:b] for a, b in pairwise(bounds)]
 
 
 def held_length(text: str) -> int:
