@@ -5,12 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support import server as server_support
 from tests.support import tiny_models
 from tests.support.server import ServerProcess
 
 TINY_NAME = "tiny-llama"
+
+# Property tests draw the same examples on every run (reproducible CI, no example database
+# written into the tree) and have no per-example deadline (the machine is shared and busy).
+settings.register_profile("millm", derandomize=True, database=None, deadline=None, max_examples=100)
+settings.load_profile("millm")
 
 
 @pytest.fixture(scope="session", autouse=True)

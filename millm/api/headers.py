@@ -11,10 +11,16 @@ STRICT_HEADER = "X-miLLM-Strict"
 
 def item(value, **params) -> str:
     """One RFC 8941 item with parameters, e.g. 7;scope="request" or live;version=3."""
-    entry = http_sfv.Item(value)
+    entry = http_sfv.Item(_printable(value))
     for key, param in params.items():
-        entry.params[key] = param
+        entry.params[key] = _printable(param)
     return str(entry)
+
+
+def _printable(value):
+    # RFC 8941 strings hold printable ASCII only, and a cluster's or circuit's name may hold
+    # anything: such characters are percent-encoded, as field names are (tokens are left as is).
+    return percent_encode(value) if type(value) is str else value
 
 
 def token(value: str, **params) -> str:

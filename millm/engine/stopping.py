@@ -36,11 +36,12 @@ class StopMatcher:
         return held
 
     def _earliest_stop(self, text: str) -> int | None:
-        found = [(text.find(stop), order, stop) for order, stop in enumerate(self.stops)]
-        found = [entry for entry in found if entry[0] != -1]
+        # The stop completed first (earliest end, then the longest one ending there), as if the
+        # text had come one character at a time: token boundaries must not change the answer.
+        found = [(at + len(stop), at, stop) for stop in self.stops if (at := text.find(stop)) != -1]
         if not found:
             return None
-        index, _, self.matched = min(found)
+        _, index, self.matched = min(found)
         return index
 
     def _held_suffix_length(self, text: str) -> int:

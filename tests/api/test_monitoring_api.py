@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.api.clients import MODEL, post, api
+from tests.api.clients import MODEL, api, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -118,15 +118,36 @@ def test_statistics_follow_the_records_and_reset_clears_them(fresh):
 
 def test_scoring_and_embeddings_are_never_recorded_and_disabled_records_nothing(fresh):
     api(fresh, "POST", "/api/monitoring/enable")
-    post(fresh, "/v1/completions", {"model": MODEL, "prompt": "The river", "max_tokens": 1, "logprobs": 2})
-    post(fresh, "/v1/chat/completions", {**CHAT, "logprobs": True})
-    post(fresh, "/v1/embeddings", {"model": MODEL, "input": "The river"})
-    post(fresh, "/v1/completions", {"model": MODEL, "prompt": "The river", "max_tokens": 3})
-    [record] = wait_records(fresh, 1)  # only the generation
+    for path, body in [
+        ("/v1/completions", {"model": MODEL, "prompt": "The river", "max_tokens": 1, "logprobs": 2}),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": 1, "logprobs": True}),
+        ("/v1/embeddings", {"model": MODEL, "input": "The river"}),
+    ]:
+        assert post(fresh, path, body).status_code == 200  # each really ran, so its absence below means something
+    # Prompts of growing length tell the three generations' records apart by their first position.
+    generate = {"model": MODEL, "max_tokens": 3, "temperature": 0}
+    first = post(fresh, "/v1/completions", {**generate, "prompt": "The river"}).json()["usage"]
     api(fresh, "POST", "/api/monitoring/disable")
-    post(fresh, "/v1/completions", {"model": MODEL, "prompt": "The river", "max_tokens": 3})
-    time.sleep(0.5)
-    assert [r["id"] for r in wait_records(fresh, 1)] == [record["id"]]
+    unmonitored = post(fresh, "/v1/completions", {**generate, "prompt": "The river and the sea"}).json()["usage"]
+    api(fresh, "POST", "/api/monitoring/enable")
+    last = post(fresh, "/v1/completions", {**generate, "prompt": "The river, the sea and the old hills"}).json()["usage"]
+    assert first["prompt_tokens"] < unmonitored["prompt_tokens"] < last["prompt_tokens"]
+    assert min(u["completion_tokens"] for u in (first, unmonitored, last)) >= 2  # each record has a position
+
+    # The worker records in the order rows finished, so once the last generation's record is in,
+    # anything handed over before it (scoring, embeddings, the disabled request) would be too.
+    deadline = time.monotonic() + 30
+    while True:
+        records = wait_records(fresh, 1)
+        if any(r["positions"][0]["position"] == last["prompt_tokens"] for r in records):
+            break
+        assert time.monotonic() < deadline, records
+        time.sleep(0.05)
+    assert [[p["position"] for p in r["positions"]] for r in records] == [
+        # completion positions; the final sampled token is never fed back, so it has none
+        list(range(u["prompt_tokens"], u["prompt_tokens"] + u["completion_tokens"] - 1)) for u in (first, last)
+    ]
+    assert api(fresh, "GET", "/api/monitoring/stats").json()["requests"] == 2
 
 
 def test_history_is_bounded(fresh):
