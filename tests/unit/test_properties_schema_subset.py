@@ -1,4 +1,4 @@
-"""Properties of the JSON Schema subset check (millm/api/schema_subset.py), over random schemas.
+"""Properties of the JSON Schema subset check (millm/protocol/schema_subset.py), over random schemas.
 
 Schemas built only from the supported keywords (and the ignored annotations) are accepted and
 are valid against the subset as the served OpenAPI schema states it (SchemaSubset); a refused
@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from millm.api.schema_subset import ANNOTATIONS, MAX_DEPTH, SUBSET_SCHEMA, SUPPORTED, TYPES, ResponseFormatUnsupported, check_schema
+from millm.errors import ResponseFormatUnsupported
+from millm.protocol.schema_subset import ANNOTATIONS, MAX_DEPTH, SUBSET_SCHEMA, SUPPORTED, TYPES, check_schema
 
 # Property and $defs names include keyword look-alikes and the characters pointers escape.
 NAMES = st.one_of(st.sampled_from(["not", "type", "format", "a/b", "c~d", "~1"]), st.text("ab/~ é", min_size=1, max_size=4))
