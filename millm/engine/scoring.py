@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
+from millm.engine.jobs import Ranking, ResidualsRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, taps
 from millm.errors import NonFiniteLogits
@@ -58,7 +58,8 @@ def check_reported(scored: Scored, reported: int) -> None:
 def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
     """One forward pass per prompt, never steered; emits the last-position logits of each."""
     lm.residual.clear()
-    results, reads = [], []
+    results: list[torch.Tensor] = []
+    reads: list[ResidualsRead] = []
     try:
         for index, prompt in enumerate(job.prompts):
             if job.cancelled.is_set():
