@@ -63,7 +63,7 @@ def canonical_reference(source: ModelSource) -> str:
     if source.kind == "directory":
         return str(source.directory)
     if source.kind == "gguf":
-        return str(source.directory / source.gguf_file)
+        return str(source.gguf_path)
     return source.reference
 
 

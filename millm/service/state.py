@@ -337,6 +337,7 @@ class ServerState:
     def _unload(self, transition: Transition) -> None:
         """Close the slot, let running requests finish (up to GRACEFUL_UNLOAD_TIMEOUT), then free the model."""
         name = transition.unloading
+        assert name is not None, "an unload names the model it unloads"
         with self._mutex:
             self.transition = transition
             self.last_name = name
@@ -438,6 +439,8 @@ class ServerState:
             lm = self.slot.lm
             if lm is not before:
                 raise ModelBusy("the loaded model changed while this attach waited; retry", param="sae_id")
+            if lm is None:  # what steering.attach would refuse first
+                raise ModelNotLoaded("no model is loaded to attach an SAE to")
             attached = self.steering.attach(lm, sae_id, layer)
             with self._mutex:
                 self._set_lock(lm.name)
