@@ -11,8 +11,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import state_of
-from millm.service import monitor_admin
 from millm.engine.jobs import PositionWord
+from millm.service import monitor_admin
 from millm.service.monitoring import MAX_TOP_K
 
 router = APIRouter()
@@ -88,7 +88,7 @@ async def stream(request: Request):
             while True:
                 try:
                     record = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if await request.is_disconnected():
                         return
                     yield ": keep-alive\n\n"

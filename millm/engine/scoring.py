@@ -43,7 +43,7 @@ def score(logits: torch.Tensor, allowed: list[int] | tuple[int, ...] | None, tem
         )
     logprobs = torch.log_softmax(values, dim=-1)
     order = torch.argsort(logprobs, descending=True, stable=True)[: max(1, top) if top is not None else None]
-    ranked = list(zip(ids[order].tolist(), logprobs[order].tolist()))
+    ranked = list(zip(ids[order].tolist(), logprobs[order].tolist(), strict=True))
     return Scored(ranked[0][0], ranked[0][1], ranked)
 
 

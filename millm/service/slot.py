@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterator
 
 from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler

@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import torch
 
@@ -65,7 +65,7 @@ ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before a
 SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
 
 
-class ModelStatus(str, Enum):
+class ModelStatus(StrEnum):
     """Where the model slot is (readiness reports it)."""
 
     LOADING = "loading"
