@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.api.clients import MODEL, post, api
+from tests.api.clients import MODEL, api, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from millm.errors import FieldNotHonoured
 from millm.protocol.field_policy import (
     ABOVE_ONE,
     ENDPOINTS,
@@ -14,7 +15,6 @@ from millm.protocol.field_policy import (
     check_fields,
     is_neutral,
 )
-from millm.errors import FieldNotHonoured
 
 # A value for each field that would change the output.
 EXAMPLES = {

@@ -3,9 +3,9 @@
 import http_sfv
 import pytest
 
-from millm.api.headers import seed_header, string_list, strict_mode, token
-from millm.protocol.unused_fields import percent_encode
+from millm.api.headers import seed_header, strict_mode, string_list, token
 from millm.errors import InvalidRequest
+from millm.protocol.unused_fields import percent_encode
 
 
 def parse_list(text: str) -> list[str]:

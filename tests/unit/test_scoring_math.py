@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from millm.service.scoring import merged
 from millm.engine.scoring import NonFiniteLogits, check_reported, score
+from millm.service.scoring import merged
 
 
 def test_normalised_over_the_allowed_set_only():

@@ -4,10 +4,10 @@ import asyncio
 import json
 
 from millm.api.replies import frames as sse_frames
-from millm.service.answers import ChatShape, CompletionShape, Meta, chunks
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemory
+from millm.service.answers import ChatShape, CompletionShape, Meta, chunks
 from millm.service.generation import JobStream
 
 ROW = RowSpec(prompt_ids=(1, 2), sampling=SamplingParams(), max_tokens=4)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_subset import ResponseFormatUnsupported
 from millm.service.tools import CallHoldback, parse_tools, read_answer, tool_messages
-from millm.errors import InvalidRequest
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}

@@ -2,8 +2,7 @@
 
 import pytest
 
-from millm.protocol.requests import EmbeddingRequest
-from millm.protocol.requests import ChatCompletionRequest, CompletionRequest
+from millm.protocol.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from millm.protocol.unused_fields import template_reads, unused_locations
 
 USER = {"role": "user", "content": "hi"}
