@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
@@ -238,13 +238,16 @@ def key_setting(key: SecretStr | None, file: Path | None, env: str) -> SecretStr
 def settings_with(overrides: dict[str, object]) -> Settings:
     """Settings from the environment with some fields (by field name) overridden."""
     env_names = {name: env for name, env, _, _ in settings_options()}
-    return Settings(**{env_names[name]: value for name, value in overrides.items()})
+    # Keyed by alias and validated by pydantic at run time, so the values are Any to the checker.
+    by_alias: dict[str, Any] = {env_names[name]: value for name, value in overrides.items()}
+    return Settings(**by_alias)
 
 
 def settings_options() -> list[tuple[str, str, object, str]]:
     """(field name, environment variable, default, description) for every setting, in order."""
-    rows = []
+    rows: list[tuple[str, str, object, str]] = []
     for name, info in Settings.model_fields.items():
-        env = (info.json_schema_extra or {}).get("env", name.upper())
-        rows.append((name, env, info.default, info.description or ""))
+        extra = info.json_schema_extra
+        env = extra.get("env") if isinstance(extra, dict) else None
+        rows.append((name, env if isinstance(env, str) else name.upper(), info.default, info.description or ""))
     return rows

@@ -60,7 +60,7 @@ class Keys:
     admin: bytes | None
 
     @classmethod
-    def of(cls, api_key: SecretStr | None, admin_key: SecretStr | None) -> "Keys":
+    def of(cls, api_key: SecretStr | None, admin_key: SecretStr | None) -> Keys:
         """Digests of the settings' keys (None where unset)."""
         return cls(
             _digest(api_key.get_secret_value()) if api_key is not None else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,7 +54,7 @@ def field_path(loc: tuple) -> str | None:
 def validation_error(exc: RequestValidationError) -> InvalidRequest:
     """The first validation problem as a 400 naming the field."""
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    first: dict[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     if first.get("type") == "json_invalid":
         return InvalidRequest(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
     param = field_path(tuple(first.get("loc", ())))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import state_of
+from millm.engine.jobs import PositionWord
 from millm.service import monitor_admin
-from millm.service.monitoring import MAX_TOP_K, POSITION_WORDS
+from millm.service.monitoring import MAX_TOP_K
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0
@@ -24,11 +25,13 @@ class MonitoringSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     # Absent keeps the stored value; only sae_id and features take null (the only SAE; all features).
-    enabled: bool = None
+    # enabled, top_k and positions may be left out but not be null: pydantic has no typed spelling
+    # for that, so their None defaults (never validated, dropped by exclude_unset) are ignored for mypy.
+    enabled: bool = None  # type: ignore[assignment]  # absent, never null (see above)
     sae_id: str | None = Field(None, description="The attached SAE to read through (default: the only one attached).")
     features: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Features to watch; null = all.")
-    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")
-    positions: Literal[POSITION_WORDS] = Field(None, description="last, prompt, completion (default) or all.")
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")  # type: ignore[assignment]  # absent, never null
+    positions: PositionWord = Field(None, description="last, prompt, completion (default) or all.")  # type: ignore[arg-type]  # absent, never null
 
 
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")
@@ -85,7 +88,7 @@ async def stream(request: Request):
             while True:
                 try:
                     record = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if await request.is_disconnected():
                         return
                     yield ": keep-alive\n\n"

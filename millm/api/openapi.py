@@ -161,4 +161,4 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Serve `openapi_schema` at /openapi.json (and in /docs)."""
-    app.openapi = lambda: openapi_schema(app, settings)
+    app.openapi = lambda: openapi_schema(app, settings)  # type: ignore[method-assign]  # replacing app.openapi is FastAPI's documented way to customise the schema

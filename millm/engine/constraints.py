@@ -57,7 +57,7 @@ class GrammarSupport:
             json.loads(spec.schema_json), overrides={"whitespace_pattern": spec.whitespace}
         )
 
-    def matcher(self, spec: GrammarSpec) -> "RowConstraint":
+    def matcher(self, spec: GrammarSpec) -> RowConstraint:
         """A fresh matcher for one row (400 if the library cannot build the grammar)."""
         import llguidance
 

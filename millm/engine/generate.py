@@ -98,7 +98,7 @@ def prefill_rows(lm: LoadedModel, rows: list[RowState]):
     capacity = max(len(r.spec.prompt_ids) for r in firsts) + max(row.spec.max_tokens for row in rows)
     readers = None
     if any(row.captures for row in rows):  # rows sharing a prefill share what it reads
-        shared = [[] for _ in firsts]
+        shared: list[list[Capture]] = [[] for _ in firsts]
         for row in rows:
             shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.captures)
         readers = taps([(shared[i], 0, len(r.spec.prompt_ids)) for i, r in enumerate(firsts)])
@@ -169,6 +169,7 @@ class Lane:
             if row.job.cancelled.is_set():
                 tokens.append(-1)
                 continue
+            assert self.logits is not None  # a lane with rows holds their logits
             token = row.choose(self.logits[i])
             tokens.append(token)
             text = row.accept(token)
@@ -209,8 +210,9 @@ def run_job(lm: LoadedModel, job: GenerationJob) -> str:
         lane.join(job)
         outcome = "cancelled"
         while lane.rows:
-            for _, outcome in lane.step():
-                pass
+            ended = lane.step()
+            if ended:
+                outcome = ended[-1][1]
         return outcome
     finally:
         lm.residual.clear()

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import MillmError
+
+if TYPE_CHECKING:
+    import torch
+
+# Which positions a read keeps: these words, or an absolute (start, end) range.
+PositionWord = Literal["last", "prompt", "completion", "all"]
 
 
 @dataclass(frozen=True)
@@ -19,12 +26,13 @@ class ResidualRead:
 
     point: int  # after this block (-1: before block 0), where an SAE reads
     after_edit: bool  # post_steering: after this point's steering delta
-    positions: str | tuple[int, int]  # "last" | "prompt" | "completion" | "all" | (start, end)
+    positions: PositionWord | tuple[int, int]  # a word, or (start, end)
     tag: str  # who asked: "activations" or "monitoring"
     # Turns the captured vectors `[n, d]` into what the asker wants (an SAE encode). It runs on
     # the scheduler thread because torch work on any other live thread slows every decode step
-    # (an idle OpenMP pool of another thread cost 35% of decode speed, measured).
-    encode: Callable[[object], object] | None = field(default=None, compare=False)
+    # (an idle OpenMP pool of another thread cost 35% of decode speed, measured). What it returns
+    # is the asker's own business, hence Any.
+    encode: Callable[[torch.Tensor], Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,8 @@ class ResidualsRead:
     tag: str
     positions: tuple[int, ...]
     token_ids: tuple[int, ...]
-    residuals: object  # torch.Tensor
-    encoded: object = None  # the read's `encode` of the residuals, when it has one
+    residuals: torch.Tensor
+    encoded: Any = None  # the read's `encode` of the residuals, when it has one
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ class JobFailed:
 class EmbeddingsReady:
     """Mean-pooled final hidden states, one row per input, float32 `[N, d]`."""
 
-    vectors: object  # torch.Tensor; typed loosely so this module stays import-light
+    vectors: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -104,11 +112,15 @@ class Ranking:
     top: int | None = None
 
 
-Event = Union[TextDelta, RowFinished, ResidualsRead, JobFailed, EmbeddingsReady, ScoresReady]
+Event = TextDelta | RowFinished | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady
 
 
 class JobControl:
     """What every job shares: cancellation, and a terminal failure after which nothing is emitted."""
+
+    # Fields of every job dataclass below (declared here so the methods can use them).
+    emit: Callable[[Event], None]
+    cancelled: threading.Event
 
     def __post_init__(self) -> None:
         self._sink = self.emit

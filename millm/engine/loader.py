@@ -11,14 +11,18 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.residual import ResidualEditor
-from millm.engine.runners import make_runner
+from millm.engine.runners import Runner, make_runner
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError, describe
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +44,17 @@ class LoadedModel:
 
     name: str
     source: ModelSource
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
     context_length: int
     eos_token_ids: frozenset[int]
     revision: str | None
     quantization: str | None
-    runner: object = None  # how forward passes run (see runners.py); set by load_model
-    residual: ResidualEditor | None = None  # per-row residual additions (steering)
-    grammar: GrammarSupport | None = None  # constrained decoding (structured output), built on first use
+    runner: Runner  # how forward passes run (see runners.py)
+    residual: ResidualEditor  # per-row residual additions (steering)
+    grammar: GrammarSupport  # constrained decoding (structured output); its tokenizer is built on first use
     engine: str = "transformers"
     parameters: int = 0  # weights of the checkpoint as loaded (before any kernel repacking)
 
@@ -166,7 +170,7 @@ def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
 def gguf_checkpoint(source: ModelSource, cache_root: Path, keep: int = GGUF_CACHE_ENTRIES) -> tuple[Path, dict]:
     """A dequantised safetensors copy of a .gguf file, converted once and kept under the data dir
     while it is among the `keep` copies used last."""
-    gguf_path = source.directory / source.gguf_file
+    gguf_path = source.gguf_path
     target = cache_root / gguf_cache_key(gguf_path)
     meta_path = target / GGUF_META
     if not meta_path.is_file():
@@ -194,7 +198,7 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
         # transformers look for the .gguf file again.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ is typed for tensors and modules only
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
         meta = {"source": str(gguf_path), "sha256": _sha256(gguf_path), "file_type": gguf_file_type(gguf_path)}
@@ -224,9 +228,9 @@ def context_window(config, max_model_len: int | None) -> int:
     """The model's context window, optionally lowered by --max-model-len."""
     attrs = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     native = next((getattr(config, a) for a in attrs if getattr(config, a, None)), None)
-    if native is None and max_model_len is None:
-        raise ModelSourceError("the model's config names no context window; pass --max-model-len")
     if max_model_len is None:
+        if native is None:
+            raise ModelSourceError("the model's config names no context window; pass --max-model-len")
         return int(native)
     if native is not None and max_model_len > native:
         raise ModelSourceError(
@@ -284,7 +288,7 @@ def load_model(
         raise ModelSourceError(
             f"could not load model {source.reference!r}: {describe(exc)}"
         ) from exc
-    model.to(torch_device)
+    model.to(torch_device)  # type: ignore[arg-type]  # transformers wraps to() with functools.wraps(Module.to), whose stub loses the bound self
     model.eval()
     model.requires_grad_(False)
     parameters = sum(p.numel() for p in model.parameters())  # counted before the runner repacks them

@@ -14,8 +14,8 @@ additions (what `return_sae_activations` and monitoring encode). What the vector
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -114,7 +114,7 @@ class ResidualEditor:
             current[point] = stacked.to(self.dtype)[:, None, :]
         return current
 
-    def install(self, stacked: dict[int, torch.Tensor], taps: dict[int, "Tap"] | None = None) -> None:
+    def install(self, stacked: dict[int, torch.Tensor], taps: dict[int, Tap] | None = None) -> None:
         """Make `stack(...)`'s result the additions of the next forward passes, and `taps` their readers."""
         self._current = stacked
         taps = taps or {}

@@ -80,15 +80,18 @@ class HFRunner:
         start = leading_padding(batch.mask) if self.mergeable else 0
         if start:  # padding no row needs any more: cut it from the cache and the mask alike
             for layer in batch.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+                # transformers types a layer as a union (linear-attention layers hold no keys) whose keys are
+                # None until filled; a mergeable cache is all filled DynamicLayers.
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]  # type: ignore[union-attr, index]
             batch.mask = batch.mask[:, start:]
 
     def merge(self, a: HFBatch, b: HFBatch, room: int) -> HFBatch:
         """One batch of a's rows then b's, left-padded to a common length (plain dynamic caches only)."""
         width = max(a.mask.shape[1], b.mask.shape[1])
         for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
-            layer_a.keys = torch.cat([pad_left(layer_a.keys, width), pad_left(layer_b.keys, width)])
-            layer_a.values = torch.cat([pad_left(layer_a.values, width), pad_left(layer_b.values, width)])
+            # As in select_rows: typed as a union with optional keys, here always filled DynamicLayers.
+            layer_a.keys = torch.cat([pad_left(layer_a.keys, width), pad_left(layer_b.keys, width)])  # type: ignore[union-attr, arg-type]
+            layer_a.values = torch.cat([pad_left(layer_a.values, width), pad_left(layer_b.values, width)])  # type: ignore[union-attr, arg-type]
         return HFBatch(a.cache, torch.cat([left_pad_mask(a.mask, width), left_pad_mask(b.mask, width)]))
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,7 +49,7 @@ class KVBuffer:
         self.length -= start
 
     @classmethod
-    def merged(cls, a: "KVBuffer", b: "KVBuffer", room: int) -> "KVBuffer":
+    def merged(cls, a: KVBuffer, b: KVBuffer, room: int) -> KVBuffer:
         """A buffer holding a's rows then b's, right-aligned at the longer length, with `room` free positions."""
         length = max(a.length, b.length)
         layers, rows_a, kv_heads, _, head_dim = a.keys.shape

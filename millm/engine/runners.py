@@ -9,6 +9,8 @@ file's own codes. On CUDA the model runs as loaded.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
 from millm.engine.kernels import KernelPlan
@@ -16,7 +18,26 @@ from millm.engine.runner_hf import HFRunner
 from millm.engine.runner_llama import LlamaRunner
 
 
-def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False):
+class Runner(Protocol):
+    """What the engine asks of a runner (HFRunner, LlamaRunner). A batch is the runner's own
+    (HFBatch, LlamaBatch) and only ever goes back to the runner that made it, hence Any."""
+
+    name: str
+    kernels: str
+    mergeable: bool
+
+    def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[Any, torch.Tensor]: ...
+
+    def step(self, batch: Any, next_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def select_rows(self, batch: Any, indices: list[int]) -> None: ...
+
+    def merge(self, a: Any, b: Any, room: int) -> Any: ...
+
+    def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False) -> Runner:
     """The fastest faithful runner for this model on this device."""
     runner_type = LlamaRunner if LlamaRunner.supports(model) else HFRunner
     if device.type != "cpu":

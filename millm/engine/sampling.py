@@ -86,7 +86,7 @@ def next_token(
 ) -> int:
     """Pick the next token id for one row from its float logits `[V]`."""
     logits = logits.float()
-    if params.penalised and seen_ids is not None:
+    if params.penalised and seen_ids is not None and seen_counts is not None:  # given together
         logits = apply_repetition_penalty(
             logits, seen_ids, seen_counts, params.presence_penalty, params.frequency_penalty
         )

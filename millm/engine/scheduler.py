@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,7 +40,8 @@ def out_of_memory(exc: Exception) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
-RUNS = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
+# Each kind of job to its runner (the job argument is the key's type); generation returns its outcome.
+RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
 OUTCOMES = ("served", "cancelled", "failed")
 
 

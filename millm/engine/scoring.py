@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
+from millm.engine.jobs import Ranking, ResidualsRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, taps
 from millm.errors import NonFiniteLogits
@@ -43,7 +43,7 @@ def score(logits: torch.Tensor, allowed: list[int] | tuple[int, ...] | None, tem
         )
     logprobs = torch.log_softmax(values, dim=-1)
     order = torch.argsort(logprobs, descending=True, stable=True)[: max(1, top) if top is not None else None]
-    ranked = list(zip(ids[order].tolist(), logprobs[order].tolist()))
+    ranked = list(zip(ids[order].tolist(), logprobs[order].tolist(), strict=True))
     return Scored(ranked[0][0], ranked[0][1], ranked)
 
 
@@ -58,7 +58,8 @@ def check_reported(scored: Scored, reported: int) -> None:
 def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
     """One forward pass per prompt, never steered; emits the last-position logits of each."""
     lm.residual.clear()
-    results, reads = [], []
+    results: list[torch.Tensor] = []
+    reads: list[ResidualsRead] = []
     try:
         for index, prompt in enumerate(job.prompts):
             if job.cancelled.is_set():

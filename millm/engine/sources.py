@@ -39,6 +39,13 @@ class ModelSource:
     owned_by: str
     revision: str | None  # hub commit when known; GGUF sources fill it from the file's hash
 
+    @property
+    def gguf_path(self) -> Path:
+        """The .gguf file of a GGUF source (the demo's included)."""
+        if self.gguf_file is None:
+            raise ValueError(f"model {self.reference!r} is not a .gguf file")
+        return self.directory / self.gguf_file
+
 
 def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -> ModelSource:
     """Turn `--model` into a ModelSource, or raise ModelSourceError saying what is wrong.

@@ -75,7 +75,7 @@ def cluster_binding(document: dict, attached: dict[str, Attached]) -> LayerBindi
                 code="cluster_not_applicable",
             )
     binding = bind_layer(layer, ref, attached)
-    if binding.status not in BOUND:
+    if binding.status not in BOUND or binding.sae_id is None:  # a bound layer always names its SAE
         raise InvalidRequest(f"cluster {document['name']!r} cannot steer here: {binding.detail}", code="cluster_not_applicable")
     width = attached[binding.sae_id].info.d_sae
     for member in document["members"]:
@@ -98,7 +98,7 @@ def circuit_bindings(document: dict, attached: dict[str, Attached]) -> dict[int,
 def circuit_mode(bindings: dict[int, LayerBinding], members: list[Member]) -> str:
     """full (every member layer binds), slice_fallback (some do) or none."""
     layers = {m.layer for m in members}
-    bound = {layer for layer in layers if bindings[layer].status in BOUND}
+    bound = {layer for layer in layers if layer is not None and bindings[layer].status in BOUND}
     if bound == layers and layers:
         return "full"
     return "slice_fallback" if bound else "none"
@@ -113,8 +113,8 @@ def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attac
     """
     strengths: dict[str, dict[int, float]] = {}
     for number, member in enumerate(members):
-        binding = bindings.get(member.layer)
-        if binding is None or binding.status not in BOUND:
+        binding = bindings.get(member.layer) if member.layer is not None else None
+        if binding is None or binding.status not in BOUND or binding.sae_id is None:  # bound: it names its SAE
             continue
         width = attached[binding.sae_id].info.d_sae
         if member.feature_idx >= width:

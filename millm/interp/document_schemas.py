@@ -16,22 +16,30 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator
 from pydantic.json_schema import models_json_schema
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from millm.errors import InvalidRequest
 from millm.interp.steering import STRENGTH_LIMIT
 
-PROFILE_KIND = "millm.profile"
-BUNDLE_KIND = "millm.profile-bundle"
-VERSION = 1
+# The kinds and versions as types (the models' fields) and as values; mypy checks that they agree.
+ProfileKind = Literal["millm.profile"]
+BundleKind = Literal["millm.profile-bundle"]
+ProfileVersion = Literal[1]
+PROFILE_KIND: ProfileKind = "millm.profile"
+BUNDLE_KIND: BundleKind = "millm.profile-bundle"
+VERSION: ProfileVersion = 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,119}$"
 MAX_DESCRIPTION = 2000
 MAX_BUNDLE = 500
 
-CLUSTER_KIND = "mistudio.cluster-definition"
-CLUSTER_BUNDLE_KIND = "mistudio.cluster-bundle"
-CIRCUIT_KIND = "mistudio.circuit-definition"
-SCHEMA_VERSION = "1"
+ClusterKind = Literal["mistudio.cluster-definition"]
+ClusterBundleKind = Literal["mistudio.cluster-bundle"]
+CircuitKind = Literal["mistudio.circuit-definition"]
+MistudioVersion = Literal["1"]
+CLUSTER_KIND: ClusterKind = "mistudio.cluster-definition"
+CLUSTER_BUNDLE_KIND: ClusterBundleKind = "mistudio.cluster-bundle"
+CIRCUIT_KIND: CircuitKind = "mistudio.circuit-definition"
+SCHEMA_VERSION: MistudioVersion = "1"
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -47,7 +55,7 @@ SHOWN_VALUE = 40  # characters of a refused scalar value quoted back (a 10,000-c
 
 
 # ---- errors with their JSON location ------------------------------------------------------------
-def _where(error: dict, doc: Any, prefix: str) -> str:
+def _where(error: ErrorDetails, doc: Any, prefix: str) -> str:
     """pydantic's location as a JSON path ('steering[0].features[3].strength'), union tags left out."""
     path, node, loc = prefix, doc, error["loc"]
     for i, part in enumerate(loc):
@@ -61,7 +69,7 @@ def _where(error: dict, doc: Any, prefix: str) -> str:
     return path or "document"
 
 
-def _what(error: dict) -> str:
+def _what(error: ErrorDetails) -> str:
     """What is wrong, with the refused value when it is a short scalar."""
     phrase = PHRASES.get(error["type"], error["msg"])
     value = error.get("input")
@@ -156,7 +164,7 @@ class Document(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
-Version = Annotated[Literal[VERSION], no_bools(str(VERSION))]
+Version = Annotated[ProfileVersion, no_bools(str(VERSION))]
 Sign = Annotated[Literal[1, -1], no_bools("1 or -1")]
 Rung = Annotated[Literal[0, 1, 2, 3], no_bools("0, 1, 2 or 3")]
 ProfileName = Annotated[
@@ -184,7 +192,7 @@ class ProfileDocumentEntry(Document):
 class ProfileDocument(Document):
     """A millm.profile document: a named set of feature strengths."""
 
-    kind: Literal[PROFILE_KIND] = PROFILE_KIND
+    kind: ProfileKind = PROFILE_KIND
     version: Version = VERSION
     name: ProfileName
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
@@ -194,7 +202,7 @@ class ProfileDocument(Document):
 class ProfileBundle(Document):
     """A millm.profile-bundle: 1-500 profiles with distinct names."""
 
-    kind: Literal[BUNDLE_KIND]
+    kind: BundleKind
     version: Version = VERSION
     profiles: Annotated[list[ProfileDocument], Field(min_length=1, max_length=MAX_BUNDLE), unique(lambda p: p.name, "names appear twice: {twice}")]
 
@@ -254,8 +262,8 @@ Members = Annotated[list[MistudioMember], Field(min_length=1, max_length=20)]
 class ClusterDefinition(MistudioDefinition):
     """A mistudio.cluster-definition: 1-20 features of one SAE."""
 
-    kind: Literal[CLUSTER_KIND]
-    schema_version: Literal[SCHEMA_VERSION]
+    kind: ClusterKind
+    schema_version: MistudioVersion
     sae: MistudioSae = Field(default_factory=MistudioSae)
     members: Members
     budget: MistudioBudget | None = None
@@ -264,8 +272,8 @@ class ClusterDefinition(MistudioDefinition):
 class ClusterBundle(Document):
     """A mistudio.cluster-bundle: 1-50 cluster definitions."""
 
-    kind: Literal[CLUSTER_BUNDLE_KIND]
-    schema_version: Literal[SCHEMA_VERSION]
+    kind: ClusterBundleKind
+    schema_version: MistudioVersion
     definitions: Annotated[list[ClusterDefinition], Field(min_length=1, max_length=50)]
 
 
@@ -320,8 +328,8 @@ class MistudioCircuitBudget(MistudioBudget):
 class CircuitDefinition(MistudioDefinition):
     """A mistudio.circuit-definition: members over several layers and the edges between them."""
 
-    kind: Literal[CIRCUIT_KIND]
-    schema_version: Literal[SCHEMA_VERSION]
+    kind: CircuitKind
+    schema_version: MistudioVersion
     saes: Annotated[list[MistudioCircuitSae], Field(min_length=1, max_length=16)]
     members: Annotated[list[CircuitMember], Field(min_length=1)]
     edges: Annotated[list[CircuitEdge], Field(max_length=200)] = []

@@ -54,7 +54,7 @@ class SAE:
         """Number of features."""
         return int(self.W_enc.shape[1])
 
-    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> "SAE":
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> SAE:
         """Move every tensor (in place); returns self."""
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor):

@@ -24,7 +24,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 128
 
 # The rules below as JSON Schema, for the served OpenAPI schema (api/openapi.py puts them there).
-TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+TEXT_PART_SCHEMA: dict[str, Any] = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 MESSAGE_RULES = [when({"properties": {"role": {"not": {"const": "assistant"}}}}, sent("content"))]
 STOP_SCHEMA = nullable({"anyOf": [
     {"type": "string", "minLength": 1},

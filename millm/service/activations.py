@@ -14,14 +14,13 @@ from typing import Annotated, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from millm.engine.jobs import ResidualRead, ResidualsRead
+from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
 from millm.interp.steering import Attached, check_feature
 
 PARAM = "return_sae_activations"
-POSITION_WORDS = ("last", "prompt", "completion", "all")
-READ_POINTS = ("post_steering", "pre_steering")
+ReadPoint = Literal["post_steering", "pre_steering"]
 ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
 NOTES = {
     "post_steering": (
@@ -44,8 +43,8 @@ class ActivationRead:
     attached: Attached
     features: tuple[int, ...] | None
     top_k: int
-    positions: str | tuple[int, int]
-    read_point: str
+    positions: PositionWord | tuple[int, int]
+    read_point: ReadPoint
 
     def engine_read(self) -> ResidualRead:
         """What the engine captures for it (and encodes, on its own thread)."""
@@ -78,7 +77,7 @@ def choose_sae(attached: dict[str, Attached], sae_id: str | None) -> Attached:
     return attached[sae_id]
 
 
-def worst_case_positions(positions: str | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
+def worst_case_positions(positions: PositionWord | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
     """Positions a read may return at most, counting max_tokens in full (the spec's rule)."""
     if positions == "last":
         return 1
@@ -108,7 +107,7 @@ class PositionRange(BaseModel):
 
 
 Positions = Annotated[
-    Annotated[Literal[POSITION_WORDS], said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
+    Annotated[PositionWord, said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
     | Annotated[PositionRange, Tag("range")],
     Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
 ]
@@ -124,7 +123,7 @@ class ReadRequest(BaseModel):
     features: Annotated[Indices, Field(min_length=1)] | None = None
     top_k: Annotated[int, Field(ge=1)] = 8
     positions: Positions = "completion"
-    read_point: Literal[READ_POINTS] = "post_steering"
+    read_point: ReadPoint = "post_steering"
 
     @field_validator("top_k")
     @classmethod
@@ -136,7 +135,7 @@ class ReadRequest(BaseModel):
         return top_k
 
     @property
-    def span(self) -> str | tuple[int, int]:
+    def span(self) -> PositionWord | tuple[int, int]:
         """The positions as the engine takes them: a word, or (start, end)."""
         return self.positions if isinstance(self.positions, str) else (self.positions.start, self.positions.end)
 

@@ -7,7 +7,7 @@ import base64
 import numpy as np
 from anyio import to_thread
 
-from millm.engine.jobs import EmbeddingJob
+from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
 from millm.protocol.requests import EmbeddingRequest
 from millm.protocol.responses import Embedding, EmbeddingList, EmbeddingUsage
 from millm.protocol.unused_fields import handle_unused, unused_locations
@@ -38,7 +38,7 @@ async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Rep
     ignored = handle_unused(unused_locations(body), strict)
     lm = await state.acquire(body.model)
     prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
-    result = OneResult()
+    result = OneResult(EmbeddingsReady)
     job = EmbeddingJob(prompts=prompts, emit=result.emit)
     state.submit(job)
     try:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Generic, TypeVar
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.jobs import (
+    EmbeddingsReady,
     Event,
     GenerationJob,
     JobFailed,
@@ -15,6 +18,7 @@ from millm.engine.jobs import (
     ResidualsRead,
     RowFinished,
     RowSpec,
+    ScoresReady,
 )
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
@@ -119,27 +123,31 @@ class JobStream:
                 return
 
 
-class OneResult:
-    """Bridges a job answered by a single event (embeddings) to the event loop."""
+Answer = TypeVar("Answer", EmbeddingsReady, ScoresReady)
 
-    def __init__(self):
+
+class OneResult(Generic[Answer]):
+    """Bridges a job answered by a single event (embeddings, scores) to the event loop."""
+
+    def __init__(self, answer: type[Answer]) -> None:
+        self._answer: type[Answer] = answer
         self._loop = asyncio.get_running_loop()
-        self._future: asyncio.Future = self._loop.create_future()
+        self._future: asyncio.Future[Event] = self._loop.create_future()
 
     def emit(self, event: Event) -> None:
         """Called on the scheduler thread."""
-        try:
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits any more
             self._loop.call_soon_threadsafe(self._settle, event)
-        except RuntimeError:
-            pass
 
     def _settle(self, event: Event) -> None:
         if not self._future.done():
             self._future.set_result(event)
 
-    async def wait(self) -> Event:
+    async def wait(self) -> Answer:
         """The event (raises its error if the job failed)."""
         event = await self._future
         if isinstance(event, JobFailed):
             raise event.error
+        if not isinstance(event, self._answer):  # a job of this kind emits nothing else
+            raise TypeError(f"expected {self._answer.__name__}, got {type(event).__name__}")
         return event

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from millm.engine.sources import ModelSource, resolve_source
@@ -63,7 +63,7 @@ def canonical_reference(source: ModelSource) -> str:
     if source.kind == "directory":
         return str(source.directory)
     if source.kind == "gguf":
-        return str(source.directory / source.gguf_file)
+        return str(source.gguf_path)
     return source.reference
 
 
@@ -174,7 +174,7 @@ class ModelRegistry:
         return entry
 
 
-class ModelState(str, Enum):
+class ModelState(StrEnum):
     """Where a registered model is in its life on this server."""
 
     READY = "ready"  # registered, not loaded: a request naming it loads it

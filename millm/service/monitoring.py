@@ -24,15 +24,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from millm.engine.jobs import ResidualRead, ResidualsRead
+from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, validate_field
 from millm.interp.steering import Attached, check_feature
-from millm.service.activations import POSITION_WORDS, encode_rows
+from millm.service.activations import encode_rows
 from millm.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class MonitoringConfig(BaseModel):
     sae_id: str | None = None  # None: the only attached SAE
     features: Indices | None = None  # None: all features; []: positions only
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
-    positions: Literal[POSITION_WORDS] = "completion"
+    positions: PositionWord = "completion"
 
 
 @dataclass

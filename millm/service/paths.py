@@ -11,6 +11,7 @@ nothing about files it may not read. Hub ids and paths inside a hub repository m
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
+from typing import TypeGuard
 
 from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
 from millm.errors import PathNotAllowed
@@ -27,7 +28,7 @@ def resolved(path: str | Path) -> Path | None:
         return None
 
 
-def inside(path: Path | None, roots: tuple[Path, ...]) -> bool:
+def inside(path: Path | None, roots: tuple[Path, ...]) -> TypeGuard[Path]:
     """Whether a resolved path is one of `roots` or lies under one."""
     return path is not None and any(path == root or path.is_relative_to(root) for root in roots)
 

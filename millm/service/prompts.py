@@ -3,6 +3,8 @@ offered tools), text prompts verbatim, embedding inputs; each failure names its 
 
 from __future__ import annotations
 
+from typing import Any
+
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.errors import (
@@ -40,7 +42,7 @@ def template_messages(messages: list[ChatMessage], param: str = "messages") -> l
     """Messages as the chat template expects them; `developer` is OpenAI's newer name for `system`."""
     rendered = []
     for i, message in enumerate(messages):
-        entry = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, f"{param}[{i}]")}
+        entry: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role, "content": message_text(message, f"{param}[{i}]")}
         for key in ("name", "tool_call_id"):
             value = getattr(message, key)
             if value is not None:
@@ -97,11 +99,12 @@ def completion_prompts(lm: LoadedModel, body: CompletionRequest, error: type[Inv
     """Every prompt of a text completion as token ids (verbatim, no chat template), with its text."""
     items = listed_inputs(body.prompt)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
-    prompts, texts = [], []
+    prompts: list[list[int]] = []
+    texts: list[str] = []
     for i, entry in enumerate(items):
         ids = token_ids(lm, entry, "prompt" if len(items) == 1 else f"prompt[{i}]", error, add_special)
         prompts.append(ids)
-        texts.append(entry if isinstance(entry, str) else lm.tokenizer.decode(ids))
+        texts.append(entry if isinstance(entry, str) else lm.tokenizer.decode(ids))  # type: ignore[arg-type]  # transformers types decode() as str | list[str]; one id list decodes to a str
     return prompts, texts
 
 

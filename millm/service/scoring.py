@@ -73,7 +73,7 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
 
 async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: Ranking, reads: tuple = ()) -> ScoresReady:
     """Each prompt's ranked next token (ranked on the scheduler thread) and what `reads` captured of its pass."""
-    result = OneResult()
+    result = OneResult(ScoresReady)
     job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking)
     state.submit(job)
     try:
@@ -84,7 +84,7 @@ async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: 
 
 def token_text(lm: LoadedModel, token_id: int) -> str:
     """A single token decoded on its own (special tokens by name)."""
-    return lm.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return lm.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)  # type: ignore[return-value]  # transformers types decode() as str | list[str]; one id list decodes to a str
 
 
 def token_key(lm: LoadedModel, token_id: int, by_id: bool) -> str:

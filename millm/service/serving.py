@@ -179,7 +179,7 @@ class Serving:
             return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read))
         result = await collect(stream, rows)
         if report.structured is not None:
-            for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons)):
+            for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
                 if reason == "stop":
                     validate_output(report.structured, text, index)
         return Reply(report, body=shape.whole(meta, result, prompt_tokens, read))

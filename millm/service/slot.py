@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Iterator
 
 from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler
@@ -44,7 +44,7 @@ def current_lease() -> Lease | None:
 class ModelSlot:
     """One model at a time: filled by a load, closed and emptied by an unload."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self.lm: LoadedModel | None = None
         self.scheduler: Scheduler | None = None

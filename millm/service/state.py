@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import torch
 
@@ -65,7 +65,7 @@ ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before a
 SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
 
 
-class ModelStatus(str, Enum):
+class ModelStatus(StrEnum):
     """Where the model slot is (readiness reports it)."""
 
     LOADING = "loading"
@@ -337,6 +337,7 @@ class ServerState:
     def _unload(self, transition: Transition) -> None:
         """Close the slot, let running requests finish (up to GRACEFUL_UNLOAD_TIMEOUT), then free the model."""
         name = transition.unloading
+        assert name is not None, "an unload names the model it unloads"
         with self._mutex:
             self.transition = transition
             self.last_name = name
@@ -438,6 +439,8 @@ class ServerState:
             lm = self.slot.lm
             if lm is not before:
                 raise ModelBusy("the loaded model changed while this attach waited; retry", param="sae_id")
+            if lm is None:  # what steering.attach would refuse first
+                raise ModelNotLoaded("no model is loaded to attach an SAE to")
             attached = self.steering.attach(lm, sae_id, layer)
             with self._mutex:
                 self._set_lock(lm.name)

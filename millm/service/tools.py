@@ -17,10 +17,12 @@ response_format keyword is (400 response_format_unsupported, naming keyword and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.errors import InvalidRequest
@@ -95,7 +97,7 @@ class ToolPlan:
     mode: str  # none | auto | required | forced
     forced: str | None = None  # the forced tool's name
     parallel: bool = True
-    by_name: dict = field(default_factory=dict, compare=False)
+    by_name: dict[str, Tool] = field(default_factory=dict, compare=False)
 
     @property
     def offered(self) -> bool:
@@ -110,6 +112,7 @@ class ToolPlan:
     def grammar(self) -> GrammarSpec | None:
         """The JSON Schema a forced call must follow: the named tool's arguments, or any tool's call."""
         if self.mode == "forced":
+            assert self.forced is not None  # a forced plan names its tool
             return GrammarSpec(json.dumps(closed(self.by_name[self.forced].parameters)), COMPACT, "tools")
         if self.mode == "required":
             calls = [
@@ -250,10 +253,8 @@ def call_body(call: dict) -> dict:
     function = call.get("function") or {}
     arguments = function.get("arguments")
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
     return {"name": function.get("name"), "arguments": arguments}
 
 
@@ -281,7 +282,7 @@ def new_call(name: str, arguments: dict) -> dict:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
-def valid_arguments(tool: Tool, arguments) -> bool:
+def valid_arguments(arguments: object, tool: Tool) -> TypeGuard[dict]:
     """Whether `arguments` is an object that validates against the tool's schema."""
     from jsonschema import Draft202012Validator
 
@@ -303,10 +304,10 @@ def read_answer(plan: ToolPlan, text: str, engine_reason: str | None, index: int
         if not isinstance(body, dict):
             continue
         name, arguments = body.get("name"), body.get("arguments", body.get("parameters", {}))
-        tool = plan.by_name.get(name)
-        if tool is None or not valid_arguments(tool, arguments):
+        tool = plan.by_name.get(name) if isinstance(name, str) else None  # a name that is no string names no tool
+        if tool is None or not valid_arguments(arguments, tool):
             continue
-        calls.append(new_call(name, arguments))
+        calls.append(new_call(tool.name, arguments))
         spans.append(match.span())
     if not plan.parallel:
         calls, spans = calls[:1], spans[:1]
@@ -333,10 +334,10 @@ def read_forced(plan: ToolPlan, text: str, engine_reason: str | None, index: int
         name, arguments = plan.forced, document
     else:
         name, arguments = document.get("name"), document.get("arguments")
-    tool = plan.by_name.get(name)
-    if tool is None or not valid_arguments(tool, arguments):
+    tool = plan.by_name.get(name) if isinstance(name, str) else None  # a name that is no string names no tool
+    if tool is None or not valid_arguments(arguments, tool):
         raise ConstrainedOutputInvalid(f"choice {index}: the forced call to {name!r} does not validate against its parameters")
-    return ToolAnswer(None, [new_call(name, arguments)])
+    return ToolAnswer(None, [new_call(tool.name, arguments)])
 
 
 class CallHoldback:

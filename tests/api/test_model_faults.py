@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from tests.api.clients import post, sse_events, api, error as shared_error
+from tests.api.clients import api, post, sse_events
+from tests.api.clients import error as shared_error
 from tests.support import model_dirs
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens

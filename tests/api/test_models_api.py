@@ -4,7 +4,8 @@ registrations and the lock survive a restart."""
 
 import pytest
 
-from tests.api.clients import MODEL, post, sdk, api, error as shared_error
+from tests.api.clients import MODEL, api, post, sdk
+from tests.api.clients import error as shared_error
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 

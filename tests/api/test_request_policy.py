@@ -2,8 +2,8 @@
 model load, seeds and extra_messages."""
 
 
-import httpx
 import http_sfv
+import httpx
 import pytest
 
 from millm.protocol.field_policy import ENDPOINTS, MATRIX, REFUSED

@@ -2,9 +2,9 @@
 
 import pytest
 
+from tests.api.clients import api, error
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_gemma_scope, build_saelens, sae_tensors
-from tests.api.clients import api, error
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import threading
 import httpx
 import pytest
 
-from tests.api.clients import MODEL, sdk, api, error
+from tests.api.clients import MODEL, api, error, sdk
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, GenerationJob, JobFailed, RowFinished, RowSpec, ScoringJob, ScoresReady, TextDelta
+from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, GenerationJob, JobFailed, RowFinished, RowSpec, ScoresReady, ScoringJob, TextDelta
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler

@@ -6,9 +6,9 @@ import re
 import pytest
 from jsonschema import Draft202012Validator
 
-from millm.protocol.schema_subset import check_schema
 from millm.engine.constraints import GrammarSpec
 from millm.engine.sampling import SamplingParams
+from millm.protocol.schema_subset import check_schema
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.unit.test_schema_subset import SUPPORTED_EXAMPLES
 

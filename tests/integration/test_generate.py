@@ -5,15 +5,15 @@ import functools
 import pytest
 import torch
 
-from millm.engine.jobs import GenerationJob, RowFinished, TextDelta
 from millm.engine.generate import run_job
+from millm.engine.jobs import GenerationJob, RowFinished, TextDelta
 from millm.engine.sampling import SamplingParams
 from tests.integration.engine_helpers import generate, prompt_ids, row
 
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def stock_model(directory):
     """The checkpoint as plain transformers loads it: no millm runner, no kernels."""
     from transformers import AutoModelForCausalLM

@@ -4,17 +4,17 @@ import pytest
 import torch
 
 from millm.interp.binding import circuit_bindings, circuit_mode
-from millm.interp.steering import InvalidFeatureIndex
 from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
+from millm.interp.steering import InvalidFeatureIndex
 from millm.service.documents import CircuitBook, ClusterBook
 from millm.service.plans import BaseUnfit, DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
 from millm.service.steering import Steering
 from millm.store.database import Store, database_url
-from tests.integration.test_steering_engine import residuals
 from tests.integration.engine_helpers import prompt_ids
+from tests.integration.test_steering_engine import residuals
 from tests.support.mistudio_docs import circuit, cluster, raw
 from tests.support.tiny_saes import build_saelens
 

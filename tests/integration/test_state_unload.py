@@ -8,11 +8,11 @@ import threading
 import pytest
 
 import millm.service.state as state_module
+from millm.engine.jobs import GenerationJob
 from millm.engine.sources import resolve_source
 from millm.errors import ModelBusy
 from millm.service.state import ServerState
 from millm.settings import Settings
-from millm.engine.jobs import GenerationJob
 from tests.integration.engine_helpers import prompt_ids, row
 
 

@@ -49,7 +49,7 @@ class ServerProcess:
         """Everything the server printed so far."""
         return self.log_path.read_text()
 
-    def wait_ready(self, timeout: float = 300.0) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 300.0) -> ServerProcess:
         """Block until /api/health/ready answers 200 (or fail with the server's log)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
