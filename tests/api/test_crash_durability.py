@@ -161,7 +161,7 @@ class Writer(threading.Thread):
                 if not response.is_success:
                     continue  # checked later: a refusal is not expected at all
                 body = response.json()
-                rows = body["data"] if "data" in body else [body]
+                rows = body.get("data", [body])
                 for row in rows:
                     write.answer[row["name"]] = row["id"]
                     if "intensity" in row:
@@ -240,7 +240,7 @@ def allowed_intensities(ledger: Ledger) -> dict[str, set[float]]:
     allowed: dict[str, set[float]] = {}
     for write in ledger.writes:
         if write.kind in ("cluster", "cluster_bundle"):
-            for name, definition in zip(write.names, write.sent):
+            for name, definition in zip(write.names, write.sent, strict=True):
                 doc = json.loads(definition) if isinstance(definition, bytes) else definition
                 acknowledged = write.answer.get("@intensity:" + name)
                 allowed[name] = {acknowledged} if acknowledged is not None else {min(doc["budget"]["intensity"], INTENSITY_MAX)}
@@ -294,7 +294,7 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
             problems.append(f"LOST {write.label()}: missing {sorted(set(write.names) - set(present))}")
         elif present and len(present) != len(write.names):
             problems.append(f"HALF-WRITTEN {write.label()}: only {present} of {write.names} stored")
-        for name, sent in zip(write.names, write.sent):
+        for name, sent in zip(write.names, write.sent, strict=True):
             if name not in table:
                 continue
             if write.kind.startswith("profile"):

@@ -216,10 +216,10 @@ def test_the_server_is_alive_and_nothing_stored_was_lost(fuzzed):
 
 def test_enough_cases_ran_and_valid_bodies_are_accepted(fuzzed):
     runs = collections.Counter((label, mode) for label, mode, _, _ in fuzzed.seen)
-    print(f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over {len({l for l, _, _, _ in fuzzed.seen})} operations")
+    print(f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over {len({label for label, _, _, _ in fuzzed.seen})} operations")
     assert len(fuzzed.seen) >= MIN_CASES, runs
     rates = {}
-    for label, floor in TIGHTENED.items():
+    for label in TIGHTENED:
         cases = [(status, why) for seen, mode, status, why in fuzzed.seen if seen == label and mode == "positive"]
         by_state = [why for status, why in cases if status == 400 and any(text in why for text in STATE_REFUSALS)]
         statuses = [status for status, why in cases if not (status == 400 and any(text in why for text in STATE_REFUSALS))]

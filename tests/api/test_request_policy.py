@@ -56,7 +56,7 @@ def test_unknown_and_unused_fields_are_named(llama_server, caplog):
     assert response.status_code == 200
     assert ignored(response) == ["foo", "messages[0].weight", "extra_messages[0][1].weight", "user", "messages[0].name"]
     log = llama_server.log
-    line = [l for l in log.splitlines() if "request_fields_unused" in l][-1]
+    line = [entry for entry in log.splitlines() if "request_fields_unused" in entry][-1]
     assert "messages[0].weight" in line and "value-42" not in log and "alice" not in log
 
 

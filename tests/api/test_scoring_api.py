@@ -26,7 +26,7 @@ def direct(stock, ids, allowed=None, temperature=1.0):
     if temperature:
         logits = logits / temperature
     if allowed is not None:
-        return dict(zip(allowed, torch.log_softmax(logits[allowed], -1).tolist()))
+        return dict(zip(allowed, torch.log_softmax(logits[allowed], -1).tolist(), strict=True))
     return dict(enumerate(torch.log_softmax(logits, -1).tolist()))
 
 
@@ -175,7 +175,7 @@ def test_extra_messages_are_scored_one_at_a_time_in_order(llama_server, llama_lm
     extras = [[{"role": "user", "content": "Is Rome in Italy?"}], [{"role": "user", "content": "Hello"}]]
     choices = chat_score(llama_server, logprobs=True, allowed_token_ids=ALLOWED, extra_messages=extras).json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2]
-    for choice, conversation in zip(choices, [CHAT, *extras]):
+    for choice, conversation in zip(choices, [CHAT, *extras], strict=True):
         ids = llama_lm.tokenizer(llama_lm.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
         expected = direct(stock, ids, ALLOWED)
         assert choice["logprobs"]["content"][0]["logprob"] == pytest.approx(max(expected.values()), abs=1e-4)

@@ -81,7 +81,7 @@ def test_circuit_bindings_and_slice_fallback(world, llama_lm):
     steering, _, circuits, planner, ids = world
     doc = circuit(n_features=(128, 64))  # layer 2 declares another width: block
     bindings = circuit_bindings(doc, steering.attached)
-    assert {l: b.status for l, b in bindings.items()} == {1: "bind", 2: "block"}
+    assert {layer: b.status for layer, b in bindings.items()} == {1: "bind", 2: "block"}
     assert "n_features 64" in bindings[2].detail and "128" in bindings[2].detail
     assert circuit_mode(bindings, circuit_members(doc)) == "slice_fallback"
     row = circuits.import_raw(raw(doc), "fail")

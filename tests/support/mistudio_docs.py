@@ -36,7 +36,7 @@ def circuit(name="two-layer-circuit", rungs=(2, 3), layers=(1, 2), n_features=(1
         "name": name,
         "narrative": "x",
         "x_circuit_extra": "kept",
-        "saes": [{"mistudio_sae_id": f"ms-{layer}", "layer": layer, "n_features": width} for layer, width in zip(layers, n_features)],
+        "saes": [{"mistudio_sae_id": f"ms-{layer}", "layer": layer, "n_features": width} for layer, width in zip(layers, n_features, strict=True)],
         "members": [
             {"layer": layers[0], "member_kind": "feature_ref", "feature": {"feature_idx": 4, "strength": 30.0, "sign": 1}},
             {"layer": layers[1], "member_kind": "cluster_ref", "cluster_profile_id": "c1", "cluster_name": "c",

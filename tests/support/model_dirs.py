@@ -99,4 +99,4 @@ def parameters(directory: Path) -> int:
     from safetensors import safe_open
 
     with safe_open(str(directory / SAFETENSORS), "pt") as handle:
-        return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+        return sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())  # noqa: SIM118 (safe_open handles are not iterable)
