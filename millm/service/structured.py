@@ -12,7 +12,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from millm.api.headers import token
 from millm.engine.constraints import GrammarSpec
 from millm.errors import ConstrainedOutputInvalid
 from millm.protocol.requests import ChatCompletionRequest
@@ -42,11 +41,6 @@ class Structured:
     def spec(self) -> GrammarSpec:
         """What the engine compiles for every row."""
         return GrammarSpec(json.dumps(self.schema))
-
-    @property
-    def header(self) -> str:
-        """X-miLLM-Constrained: json_object | json_schema;name="judge_v1"."""
-        return token("json_object") if self.mode == "json_object" else token("json_schema", name=self.name)
 
 
 def parse_response_format(body: ChatCompletionRequest) -> Structured | None:
