@@ -12,38 +12,34 @@ the width, a circuit none of whose layers binds) refuses the request with 400
 invalid_feature_index naming the base and the entry; it is never served unsteered, or with some
 entries left out, as if it were steered. A circuit with only some layers bound is the spec's
 slice_fallback, which its X-miLLM-Steering header names.
+
+Planning reads memory only: the steering state is snapshotted under its lock (nothing else is
+done while it is held) and profiles, clusters and circuits come from the books' shelves. A plan
+is resolved once per state and reused from a small cache while nothing it depends on changes:
+the key holds the steering version, the steering's in-memory change count and each book's
+revision, so any change, through whichever route, makes the next request resolve afresh.
+Refusals are never cached: an active base that no longer fits refuses every request (and is
+logged once per state, so the operator sees why requests fail).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from millm.errors import MillmError, describe
-from millm.interp.binding import (
-    BOUND,
-    LayerBinding,
-    circuit_bindings,
-    circuit_mode,
-    cluster_binding,
-    members_edit,
-)
-from millm.interp.intensity import (
-    Dial,
-    applied_strength,
-    circuit_lambda,
-    cluster_lambda,
-)
-from millm.interp.mistudio import (
-    Member,
-    authored_intensity,
-    circuit_members,
-    cluster_members,
-    declared_range,
-    rung,
-)
-from millm.interp.steering import InvalidFeatureIndex, steering_edit
-from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.steering import NO_STEERING, Plan, Steering
+from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
+from millm.interp.intensity import Dial, applied_strength, circuit_lambda, cluster_lambda
+from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
+from millm.interp.steering import Attached, InvalidFeatureIndex, steering_edit
+from millm.service.books import Shelf
+from millm.service.documents import CircuitBook, ClusterBook, stored_document
+from millm.service.steering import NO_STEERING, Plan, Steering, profile_edit
+
+log = logging.getLogger(__name__)
+PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
 
 
 class BaseUnfit(InvalidFeatureIndex):
@@ -79,8 +75,52 @@ class CircuitStatus:
 
 def circuit_status(document: dict, steering: Steering) -> CircuitStatus:
     """Bind a circuit's layers to the attached SAEs and say how it would be served."""
-    bindings = circuit_bindings(document, steering.attached)
+    return _circuit_status(document, steering.attached)
+
+
+def _circuit_status(document: dict, attached: dict[str, Attached]) -> CircuitStatus:
+    bindings = circuit_bindings(document, attached)
     return CircuitStatus(circuit_mode(bindings, circuit_members(document)), bindings, rung(document))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What plans are made from, copied under the steering lock and then read without it."""
+
+    stamp: tuple[int, ...]  # moves with every change a plan depends on (see Planner._stamp)
+    version: int
+    enabled: bool
+    active: dict | None
+    attached: dict[str, Attached]
+    strengths: dict[str, dict[int, float]]
+    profiles: Shelf
+    clusters: Shelf
+    circuits: Shelf
+
+
+class PlanCache:
+    """Resolved plans by (state stamp, profile, dial): a small LRU shared by request handlers."""
+
+    def __init__(self, size: int = PLANS_KEPT):
+        self.size = size
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Plan | None:
+        """The plan kept under this key, if any."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key: tuple, plan: Plan) -> None:
+        """Keep a plan, dropping the least recently used past the size (older states go first)."""
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
 
 
 class Planner:
@@ -88,121 +128,167 @@ class Planner:
 
     def __init__(self, steering: Steering, clusters: ClusterBook, circuits: CircuitBook, limits: DialLimits):
         self.steering, self.clusters, self.circuits, self.limits = steering, clusters, circuits, limits
+        self.plans = PlanCache()
+        self._logged: dict[str, tuple] = {}  # topic -> the state stamp it was last logged in
 
     def plan_for(self, profile: str | None, dial: Dial | None) -> Plan:
-        """The immutable plan of one request."""
-        steering = self.steering
-        with steering.lock:
-            if dial is not None and dial.off:
-                return self._off(profile)
-            if profile is not None:
-                return self._own_profile(profile, dial)
-            if not steering.enabled:
-                return NO_STEERING
-            if steering.active is not None:
-                return self._active_base(steering.active, dial)
-            return self._live(dial)
+        """The immutable plan of one request, from memory: resolved once per state, then reused."""
+        with self.steering.lock:  # held only to read one consistent state
+            stamp, shelves = self._stamp()
+            key = (stamp, profile, dial)
+            plan = self.plans.get(key)
+            if plan is not None:
+                return plan
+            now = self._snapshot(stamp, shelves)
+        try:
+            plan = self._resolve(now, profile, dial)
+        except BaseUnfit as exc:  # refused each time, never cached; logged once per state
+            if self._first_time("unfit", now.stamp):
+                log.warning("refusing steered requests: %s", exc.message)
+            raise
+        self.plans.put(key, plan)
+        return plan
 
     def active_fit(self) -> dict | None:
         """The active base (kind, id, name) and whether it fits the attached SAEs now, with the
         problem when it does not; None while the live values are the base."""
-        with self.steering.lock:
-            active = self.steering.active
-            if active is None:
-                return None
-            view = {"kind": active["kind"], "id": active["id"], "name": self._name(active), "fits": True, "problem": None}
-            try:
-                self._active_base(active, None)
-            except BaseUnfit as exc:
-                view.update(fits=False, problem=exc.problem)
-            return view
+        now = self._now()
+        active = now.active
+        if active is None:
+            return None
+        view = {"kind": active["kind"], "id": active["id"], "name": self._name(now, active), "fits": True, "problem": None}
+        try:
+            self._active_base(now, active, None)
+        except BaseUnfit as exc:
+            view.update(fits=False, problem=exc.problem)
+        return view
 
     def check_fits(self, kind: str, base_id: str) -> None:
         """400 invalid_feature_index if this base would not fit the attached SAEs as the active one."""
-        with self.steering.lock:
-            try:
-                self._active_base({"kind": kind, "id": base_id}, None)
-            except BaseUnfit as exc:
-                name = self._name({"kind": kind, "id": base_id}) or base_id
-                raise InvalidFeatureIndex(f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind) from None
-
-    def _name(self, active: dict) -> str | None:
-        book = {"profile": self.steering.profiles, "cluster": self.clusters, "circuit": self.circuits}[active["kind"]]
+        now = self._now()
         try:
-            return book.find(active["id"])["name"]
-        except MillmError:
-            return None
+            self._active_base(now, {"kind": kind, "id": base_id}, None)
+        except BaseUnfit as exc:
+            name = self._name(now, {"kind": kind, "id": base_id}) or base_id
+            raise InvalidFeatureIndex(f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind) from None
 
-    def _active_base(self, active: dict, dial: Dial | None) -> Plan:
+    # the state ------------------------------------------------------------------------------------------
+    def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
+        """The state's stamp and the books' shelves it names (call under the steering lock).
+
+        The version moves with every stored steering change, `changes` also with a restore, and a
+        book's revision with every write through it (a profile edited or deleted, a cluster's dial).
+        """
+        shelves = (self.steering.profiles.shelf, self.clusters.shelf, self.circuits.shelf)
+        return (self.steering.version, self.steering.changes, *(shelf.revision for shelf in shelves)), shelves
+
+    def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
+        """Copies of what the steering lock guards (call under it): plans are then made without it."""
+        steering = self.steering
+        strengths = {sae_id: dict(features) for sae_id, features in steering.strengths.items()}
+        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), strengths, *shelves)
+
+    def _now(self) -> Snapshot:
+        with self.steering.lock:
+            return self._snapshot(*self._stamp())
+
+    def _first_time(self, topic: str, stamp: tuple[int, ...]) -> bool:
+        """Whether `topic` was not yet logged in this state: one log line per change, not per request."""
+        if self._logged.get(topic) == stamp:
+            return False
+        self._logged[topic] = stamp
+        return True
+
+    def _name(self, now: Snapshot, active: dict) -> str | None:
+        shelf = {"profile": now.profiles, "cluster": now.clusters, "circuit": now.circuits}[active["kind"]]
+        row = shelf.get(active["id"])
+        return row["name"] if row is not None else None
+
+    # resolving ------------------------------------------------------------------------------------------
+    def _resolve(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
+        if dial is not None and dial.off:
+            return self._off(now, profile)
+        if profile is not None:
+            return self._own_profile(now, profile, dial)
+        if not now.enabled:
+            return NO_STEERING
+        if now.active is not None:
+            return self._active_base(now, now.active, dial)
+        return self._live(now, dial)
+
+    def _active_base(self, now: Snapshot, active: dict, dial: Dial | None) -> Plan:
         """The active profile, cluster or circuit through the dial; BaseUnfit (400) when it no longer
         fits the attached SAEs: never served unsteered (or partly steered) as if it were steered."""
         kind, base_id = active["kind"], active["id"]
         try:
             if kind == "profile":
-                return self._active_profile(base_id, dial)
+                return self._active_profile(now, base_id, dial)
             if kind == "cluster":
-                return self._cluster(base_id, dial)
-            return self._circuit(base_id, dial)
+                return self._cluster(now, base_id, dial)
+            return self._circuit(now, base_id, dial)
         except MillmError as exc:
-            raise BaseUnfit(kind, self._name(active) or base_id, exc.message) from None
+            raise BaseUnfit(kind, self._name(now, active) or base_id, exc.message) from None
         except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
-            raise BaseUnfit(kind, self._name(active) or base_id, f"its stored definition cannot be read ({describe(exc)})") from None
+            raise BaseUnfit(kind, self._name(now, active) or base_id, f"its stored definition cannot be read ({describe(exc)})") from None
 
     def _scale(self, dial: Dial | None) -> float:
         return 1.0 if dial is None else cluster_lambda(dial, None, self.limits.cluster_min, self.limits.maximum)
 
-    def _off(self, profile: str | None) -> Plan:
+    def _off(self, now: Snapshot, profile: str | None) -> Plan:
         # The base is not validated; the echo says only whether the dial changed anything.
         if profile is not None:
-            known = any(profile in (row["id"], row["name"]) for row in self.steering.profiles.all())
-            would_steer = known and bool(self.steering.attached)
+            would_steer = now.profiles.get(profile) is not None and bool(now.attached)
         else:
-            base = self.steering.active is not None or bool(self.steering.strengths)
-            would_steer = bool(self.steering.attached) and self.steering.enabled and base
+            base = now.active is not None or bool(now.strengths)
+            would_steer = bool(now.attached) and now.enabled and base
         return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0 if would_steer else None)
 
-    def _own_profile(self, key: str, dial: Dial | None) -> Plan:
-        row = self.steering.profiles.find(key)
-        if not self.steering.attached:
+    def _own_profile(self, now: Snapshot, key: str, dial: Dial | None) -> Plan:
+        row = self.steering.profiles.find_in(now.profiles, key)
+        if not now.attached:
             return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
         scale = self._scale(dial)
-        edit = self.steering.resolve(row["document"], scale=scale)
+        edit = profile_edit(row["document"], now.attached, scale)
         return Plan(edit, "profile", (("name", row["name"]), ("scope", "request")), intensity=scale if dial and edit else None)
 
-    def _active_profile(self, profile_id: str, dial: Dial | None) -> Plan:
-        row = self.steering.profiles.find(profile_id)
+    def _active_profile(self, now: Snapshot, profile_id: str, dial: Dial | None) -> Plan:
+        row = self.steering.profiles.find_in(now.profiles, profile_id)
         scale = self._scale(dial)
-        edit = self.steering.resolve(row["document"], scale=scale)
+        edit = profile_edit(row["document"], now.attached, scale)
         if edit is None:
             return NO_STEERING
-        return Plan(edit, "profile", (("name", row["name"]), ("version", self.steering.version)), intensity=scale if dial else None)
+        return Plan(edit, "profile", (("name", row["name"]), ("version", now.version)), intensity=scale if dial else None)
 
-    def _live(self, dial: Dial | None) -> Plan:
+    def _live(self, now: Snapshot, dial: Dial | None) -> Plan:
         scale = self._scale(dial)
-        strengths = {sae: {i: applied_strength(s, 1, scale) for i, s in features.items()} for sae, features in self.steering.strengths.items()}
-        edit = steering_edit(strengths, self.steering.attached)
+        unattached = sorted(set(now.strengths) - set(now.attached))
+        if unattached and self._first_time("live", now.stamp):
+            # Kept for a later attach by design, but a request is steered without them: say so once.
+            log.warning("live steering values of %s are not applied: not attached", ", ".join(unattached))
+        strengths = {sae: {i: applied_strength(s, 1, scale) for i, s in features.items()} for sae, features in now.strengths.items()}
+        edit = steering_edit(strengths, now.attached)
         if edit is None:
             return NO_STEERING
-        return Plan(edit, "live", (("version", self.steering.version),), intensity=scale if dial else None)
+        return Plan(edit, "live", (("version", now.version),), intensity=scale if dial else None)
 
-    def _cluster(self, cluster_id: str, dial: Dial | None) -> Plan:
-        row = self.clusters.find(cluster_id)
-        document = self.clusters.document(row)
-        binding = cluster_binding(document, self.steering.attached)
+    def _cluster(self, now: Snapshot, cluster_id: str, dial: Dial | None) -> Plan:
+        row = self.clusters.find_in(now.clusters, cluster_id)
+        document = stored_document(now.clusters, row)
+        binding = cluster_binding(document, now.attached)
         if dial is None:
             intensity = row["intensity"]
         else:
             intensity = cluster_lambda(dial, declared_range(document), self.limits.cluster_min, self.limits.maximum)
         members = [Member(binding.layer, m.feature_idx, m.strength, m.sign) for m in cluster_members(document)]
-        edit = members_edit(members, {binding.layer: binding}, self.steering.attached, intensity)
+        edit = members_edit(members, {binding.layer: binding}, now.attached, intensity)
         if edit is None:
             return NO_STEERING
-        return Plan(edit, "cluster", (("name", row["name"]), ("version", self.steering.version)), intensity=intensity if dial else None)
+        return Plan(edit, "cluster", (("name", row["name"]), ("version", now.version)), intensity=intensity if dial else None)
 
-    def _circuit(self, circuit_id: str, dial: Dial | None) -> Plan:
-        row = self.circuits.find(circuit_id)
-        document = self.circuits.document(row)
-        status = circuit_status(document, self.steering)
+    def _circuit(self, now: Snapshot, circuit_id: str, dial: Dial | None) -> Plan:
+        row = self.circuits.find_in(now.circuits, circuit_id)
+        document = stored_document(now.circuits, row)
+        status = _circuit_status(document, now.attached)
         if status.mode == "none":
             details = "; ".join(f"layer {layer}: {b.detail}" for layer, b in status.bindings.items())
             raise InvalidFeatureIndex(f"none of its member layers binds to an attached SAE ({details})", param="steering")
@@ -213,10 +299,10 @@ class Planner:
             intensity = circuit_lambda(dial, declared, self.limits.circuit_min, self.limits.maximum)
         else:
             intensity = cluster_lambda(dial, declared, self.limits.cluster_min, self.limits.maximum)
-        edit = members_edit(circuit_members(document), status.bindings, self.steering.attached, intensity)
+        edit = members_edit(circuit_members(document), status.bindings, now.attached, intensity)
         if edit is None:
             return NO_STEERING
-        params = (("name", row["name"]), ("mode", status.mode), ("version", self.steering.version))
+        params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
         return Plan(edit, "circuit", params, intensity=intensity if dial else None, rung=status.rung if status.mode == "full" else None)
 
 

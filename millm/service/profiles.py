@@ -1,4 +1,8 @@
-"""Saved steering profiles: create, read, update, delete, import and export, all-or-nothing."""
+"""Saved steering profiles: create, read, update, delete, import and export, all-or-nothing.
+
+Reads come from memory (a `Shelf`, see books.py) filled from the store at start and after every
+write through the book, so a request naming a profile never reads or parses the database.
+"""
 
 from __future__ import annotations
 
@@ -6,66 +10,65 @@ import uuid
 
 from millm.errors import Conflict, NotFound
 from millm.interp.profiles import validate_import, validate_profile
+from millm.service.books import Book, unique_names
 from millm.store.database import Store
 
 
-class ProfileBook:
+class ProfileBook(Book):
     """Profiles in the store, found by id or by name."""
 
     def __init__(self, store: Store):
         self.store = store
+        super().__init__()
 
-    def all(self) -> list[dict]:
-        """Every profile row, by name."""
-        return self.store.profiles()
+    def _rows(self) -> list[dict]:
+        return self.store.profiles()  # by name, documents parsed
 
-    def find(self, key: str) -> dict:
-        """A profile by id or name, or 404 profile_not_found."""
-        for row in self.store.profiles():
-            if key in (row["id"], row["name"]):
-                return row
-        raise NotFound(f"no profile named or with id {key!r}", param="profile", code="profile_not_found")
+    def _parse(self, row: dict) -> dict:
+        return row["document"]
 
-    def _taken(self) -> set[str]:
-        return {row["name"] for row in self.store.profiles()}
+    def _missing(self, key: str) -> NotFound:
+        return NotFound(f"no profile named or with id {key!r}", param="profile", code="profile_not_found")
 
     def create(self, document: dict) -> dict:
         """Store a new profile (409 if the name is taken)."""
         doc = validate_profile(document)
-        if doc["name"] in self._taken():
-            raise Conflict(f"a profile named {doc['name']!r} exists", param="name", code="profile_exists")
         profile_id = "prof_" + uuid.uuid4().hex[:12]
-        self.store.insert_profiles([(profile_id, doc)])
+        with self.writing():
+            self._refuse_taken(doc["name"])
+            self.store.insert_profiles([(profile_id, doc)])
         return self.find(profile_id)
 
     def update(self, key: str, changes: dict) -> dict:
         """Replace fields of a profile's document (name, description, steering); validated whole."""
-        row = self.find(key)
-        doc = validate_profile({**row["document"], **changes})
-        if doc["name"] != row["name"] and doc["name"] in self._taken():
-            raise Conflict(f"a profile named {doc['name']!r} exists", param="name", code="profile_exists")
-        self.store.replace_profile(row["id"], doc)
+        with self.writing():
+            row = self.find(key)
+            doc = validate_profile({**row["document"], **changes})
+            if doc["name"] != row["name"]:
+                self._refuse_taken(doc["name"])
+            self.store.replace_profile(row["id"], doc)
         return self.find(row["id"])
 
     def delete(self, key: str) -> dict:
         """Remove a profile; returns what was removed."""
-        row = self.find(key)
-        self.store.delete_profile(row["id"])
+        with self.writing():
+            row = self.find(key)
+            self.store.delete_profile(row["id"])
         return row
 
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
-        """Import one document or a bundle atomically; on_conflict 'fail' (409) or 'rename' (name-2, name-3, ...)."""
+        """Import one document or a bundle atomically; on_conflict 'fail' (409) or 'rename' (books.unique_name: name-2, ...)."""
         docs = validate_import(payload)
-        taken = self._taken()
-        clashes = [d["name"] for d in docs if d["name"] in taken]
-        if clashes and on_conflict == "fail":
-            raise Conflict(f"profiles already exist with these names: {clashes}; import with on_conflict=rename", code="profile_exists")
-        rows = []
-        for doc in docs:
-            name, n = doc["name"], 2
-            while name in taken:
-                name, n = f"{doc['name'][:110]}-{n}", n + 1
-            taken.add(name)
-            rows.append(("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}))
-        self.store.insert_profiles(rows)
+        with self.writing():
+            taken = self.shelf.names()
+            clashes = [d["name"] for d in docs if d["name"] in taken]
+            if clashes and on_conflict == "fail":
+                raise Conflict(f"profiles already exist with these names: {clashes}; import with on_conflict=rename", code="profile_exists")
+            names = unique_names([d["name"] for d in docs], taken)
+            rows = [("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
+            self.store.insert_profiles(rows)
         return [self.find(pid) for pid, _ in rows]
+
+    def _refuse_taken(self, name: str) -> None:
+        if name in self.shelf.by_name:
+            raise Conflict(f"a profile named {name!r} exists", param="name", code="profile_exists")

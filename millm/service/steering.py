@@ -54,12 +54,16 @@ class Steering:
         self.strengths: dict[str, dict[int, float]] = store.strengths()
         self.attached: dict[str, Attached] = {}
         self.attach_errors: dict[str, str] = {}
+        # In memory only: moves with every version and also when a restore re-creates attachments
+        # (which leaves the version as it is), so a plan cached for one state is never served in another.
+        self.changes = 0
         self.lock = threading.RLock()
 
     # versioning --------------------------------------------------------------------------------
     def bump(self) -> int:
         """A new version: something that plans depend on changed."""
         self.version += 1
+        self.changes += 1
         self.store.set_setting("steering_version", self.version)
         return self.version
 
@@ -82,7 +86,9 @@ class Steering:
             attached = Attached(info, sae, layer)
             self.attached[sae_id] = attached
             self.attach_errors.pop(sae_id, None)
-            if not restoring:
+            if restoring:
+                self.changes += 1
+            else:
                 self.store.set_attachment(sae_id, layer)
                 self.bump()
         return attached
@@ -139,6 +145,7 @@ class Steering:
             version = self.version + 1
             self.store.write_strengths(normalised, version, clear=clear)
             self.version = version
+            self.changes += 1
             return version
 
     def set_enabled(self, enabled: bool) -> int:
@@ -181,42 +188,16 @@ class Steering:
 
     def deactivate_profile(self) -> str | None:
         """Back to the live values as the base, if a profile was active; returns its id."""
-        if self.active_profile is None:
-            return None
-        return self.set_active(None, None)["id"]
+        with self.lock:
+            if self.active_profile is None:
+                return None
+            previous = self.set_active(None, None)
+        return previous["id"] if previous is not None else None
 
     # plans ------------------------------------------------------------------------------------------
     def resolve(self, document: dict, scale: float = 1.0) -> ResidualEdit | None:
-        """A profile's edit through the attached SAEs, its strengths times `scale` (the dial).
-
-        Every SAE it names must be attached at the profile's layer and every index fit, else 400:
-        an entry is never left out, or a partly applied profile would pass for the whole one.
-        """
-        strengths = profile_strengths(document)
-        layers = {entry["sae_id"]: entry.get("layer") for entry in document["steering"]}
-        usable = {}
-        for sae_id, features in strengths.items():
-            checked = self._check_entry(document["name"], sae_id, layers[sae_id], features)
-            usable[sae_id] = {index: applied_strength(value, 1, scale) for index, value in checked.items()}
-        return steering_edit(usable, self.attached)
-
-    def _check_entry(self, name: str, sae_id: str, layer: int | None, features: dict[int, float]) -> dict[int, float]:
-        target = self.attached.get(sae_id)
-        if target is None:
-            raise InvalidRequest(
-                f"profile {name!r} steers {sae_id}, which is not attached (attached: {sorted(self.attached) or 'none'})",
-                param="profile",
-                code="profile_not_applicable",
-            )
-        if layer is not None and layer != target.layer:
-            raise InvalidRequest(
-                f"profile {name!r} was made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}",
-                param="profile",
-                code="profile_not_applicable",
-            )
-        for index in features:
-            check_feature(target.info, index, param="profile")
-        return features
+        """A profile's edit through the attached SAEs, its strengths times `scale` (the dial); see profile_edit."""
+        return profile_edit(document, self.attached, scale)
 
     def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
         """Whether live-value changes affect new requests right now, and if not, why."""
@@ -229,6 +210,40 @@ class Steering:
         if sae_id is None and not self.attached:
             return False, "no SAE is attached"
         return True, "live for every request admitted from now on"
+
+
+def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1.0) -> ResidualEdit | None:
+    """A profile's edit through these attached SAEs, its strengths times `scale` (the dial).
+
+    Every SAE it names must be attached at the profile's layer and every index fit, else 400:
+    an entry is never left out, or a partly applied profile would pass for the whole one.
+    """
+    strengths = profile_strengths(document)
+    layers = {entry["sae_id"]: entry.get("layer") for entry in document["steering"]}
+    usable = {}
+    for sae_id, features in strengths.items():
+        checked = _check_entry(attached, document["name"], sae_id, layers[sae_id], features)
+        usable[sae_id] = {index: applied_strength(value, 1, scale) for index, value in checked.items()}
+    return steering_edit(usable, attached)
+
+
+def _check_entry(attached: dict[str, Attached], name: str, sae_id: str, layer: int | None, features: dict[int, float]) -> dict[int, float]:
+    target = attached.get(sae_id)
+    if target is None:
+        raise InvalidRequest(
+            f"profile {name!r} steers {sae_id}, which is not attached (attached: {sorted(attached) or 'none'})",
+            param="profile",
+            code="profile_not_applicable",
+        )
+    if layer is not None and layer != target.layer:
+        raise InvalidRequest(
+            f"profile {name!r} was made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}",
+            param="profile",
+            code="profile_not_applicable",
+        )
+    for index in features:
+        check_feature(target.info, index, param="profile")
+    return features
 
 
 def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:

@@ -68,7 +68,7 @@ def test_cluster_import_export_is_byte_for_byte(server, clean):
 def test_conflicts_bundles_caps_and_refusals(server, clean):
     first = import_cluster(server, cluster(name="dup")).json()["data"][0]
     renamed = import_cluster(server, cluster(name="dup")).json()["data"][0]
-    assert renamed["name"] == "dup (2)" and renamed["id"] != first["id"]
+    assert renamed["name"] == "dup-2" and renamed["id"] != first["id"]
     error(import_cluster(server, cluster(name="dup"), on_conflict="fail"), 409, "name_exists")
     before = len(api(server, "GET", "/api/clusters").json()["data"])
     bundle = {"kind": "mistudio.cluster-bundle", "schema_version": "1", "definitions": [cluster(name="b1"), {**cluster(name="b2"), "members": []}]}

@@ -1,8 +1,12 @@
 """Plans for clusters and circuits on a tiny model with two SAEs at two layers: exact residual deltas."""
 
+import logging
+
 import pytest
 import torch
+from sqlalchemy import event
 
+from millm.errors import NotFound
 from millm.interp.binding import circuit_bindings, circuit_mode
 from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
@@ -200,3 +204,88 @@ def test_members_on_one_feature_are_summed_then_clamped_to_the_steering_range(wo
     steering.set_active("cluster", row["id"])
     plan = planner.plan_for(None, parse_dial(1.0))
     assert torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {9: 200.0, 3: 150.0}), atol=1e-5)
+
+
+def statements(store):
+    """A list that every SQL statement the store sends from now on is appended to."""
+    sent = []
+    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *rest: sent.append(sql))
+    return sent
+
+
+def test_plans_are_kept_while_nothing_changes_and_made_afresh_after_any_change(world):
+    steering, _, _, planner, ids = world
+    steering.set_strengths({(ids[1], 2): 10.0})
+    first = planner.plan_for(None, None)
+    assert planner.plan_for(None, None) is first
+    assert planner.plan_for(None, parse_dial(0.5)) is planner.plan_for(None, parse_dial(0.5))
+    steering.set_strengths({(ids[1], 2): 30.0})
+    assert torch.allclose(planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {2: 30.0}), atol=1e-5)
+    # A per-request profile edited or deleted through its book moves no steering version: still seen at once.
+    steering.profiles.create({"name": "mine", "steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": 5}]}]})
+    assert torch.allclose(planner.plan_for("mine", None).edit.vector(2), vector(steering, ids[2], {4: 5.0}), atol=1e-5)
+    steering.profiles.update("mine", {"steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": -8}]}]})
+    assert torch.allclose(planner.plan_for("mine", None).edit.vector(2), vector(steering, ids[2], {4: -8.0}), atol=1e-5)
+    steering.profiles.delete("mine")
+    for _ in range(2):
+        with pytest.raises(NotFound):
+            planner.plan_for("mine", None)
+
+
+def test_a_restore_after_a_reload_is_planned_afresh(world, llama_lm):
+    steering, _, _, planner, ids = world
+    steering.set_strengths({(ids[1], 2): 10.0})
+    assert planner.plan_for(None, None).kind == "live"
+    steering.detach_all()  # the model went away
+    assert planner.plan_for(None, None).kind == "none"
+    version = steering.version
+    steering.restore(llama_lm)  # reloaded: the same attachments again, the version unchanged
+    assert steering.version == version
+    plan = planner.plan_for(None, None)
+    assert plan.kind == "live" and torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {2: 10.0}), atol=1e-5)
+
+
+def test_planning_reads_no_database(world):
+    steering, clusters, circuits, planner, ids = world
+    (cluster_row,) = clusters.import_raw(raw(cluster()), "fail")
+    circuit_row = circuits.import_raw(raw(circuit()), "fail")
+    profile = steering.profiles.create({"name": "own", "steering": [{"sae_id": ids[1], "features": [{"index": 1, "strength": 3}]}]})
+    steering.set_strengths({(ids[1], 2): 10.0})
+    sent = statements(steering.store)
+    plans = [planner.plan_for(None, None), planner.plan_for("own", parse_dial(0.5))]
+    for kind, base in (("cluster", cluster_row), ("circuit", circuit_row), ("profile", profile)):
+        steering.set_active(kind, base["id"])
+        before = len(sent)
+        plans += [planner.plan_for(None, None), planner.plan_for(None, parse_dial("max")), planner.plan_for("own", None)]
+        assert len(sent) == before  # each of them made afresh (a new version), none read the store
+    assert [p.kind for p in plans] == ["live", "profile"] + ["cluster"] * 2 + ["profile"] + ["circuit"] * 2 + ["profile"] + ["profile"] * 3
+    assert all(sql.lstrip().upper().startswith(("INSERT", "DELETE", "UPDATE")) for sql in sent)  # only set_active's writes
+
+
+def test_an_unfit_base_is_refused_every_time_and_logged_once_per_state(world, caplog):
+    steering, clusters, _, planner, ids = world
+    (row,) = clusters.import_raw(raw(cluster(name="layer-two", layer=2)), "fail")
+    steering.set_active("cluster", row["id"])
+    steering.detach(ids[2])
+    caplog.set_level(logging.WARNING, logger="millm.service.plans")
+    for _ in range(3):
+        with pytest.raises(BaseUnfit):
+            planner.plan_for(None, None)
+    unfit = [r for r in caplog.records if "refusing steered requests" in r.getMessage()]
+    assert len(unfit) == 1 and "'layer-two'" in unfit[0].getMessage()
+    steering.set_enabled(True)  # a new state (version): logged again, once
+    for _ in range(2):
+        with pytest.raises(BaseUnfit):
+            planner.plan_for(None, parse_dial(1.0))
+    assert len([r for r in caplog.records if "refusing steered requests" in r.getMessage()]) == 2
+
+
+def test_live_values_of_a_detached_sae_are_logged_once(world, caplog):
+    steering, _, _, planner, ids = world
+    steering.set_strengths({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
+    steering.detach(ids[2])
+    caplog.set_level(logging.WARNING, logger="millm.service.plans")
+    plans = [planner.plan_for(None, None), planner.plan_for(None, parse_dial(0.5)), planner.plan_for(None, None)]
+    assert [p.edit.points for p in plans] == [{1}, {1}, {1}]
+    logged = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert logged == [f"live steering values of {ids[2]} are not applied: not attached"]
