@@ -133,6 +133,16 @@ def test_cluster_steering_and_the_per_request_dial(server, clean):
     assert "x-millm-steering-intensity" not in chat(server, steering_intensity=1.0).headers  # disabled, dial-only
 
 
+def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_percent_encoded(server, clean):
+    # RFC 8941 strings are printable ASCII; a name like this one made every completion a 500 before.
+    row = import_cluster(server, cluster(name="café 水"), activate="true").json()["data"][0]
+    assert row["active"] is True and row["name"] == "café 水"
+    for stream in (False, True):
+        response = chat(server, stream=stream)
+        assert response.headers["x-millm-steering"].startswith('cluster;name="caf%C3%A9 %E6%B0%B4"')
+    api(server, "DELETE", f"/api/clusters/{row['id']}")
+
+
 def import_circuit(server, doc, **params):
     return api(server, "POST", "/api/circuits/import", content=raw(doc), params=params, headers={"content-type": "application/json"})
 
