@@ -15,13 +15,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from millm.errors import MillmError
 
 NAME_LIMIT = 120  # profile, cluster and circuit names are 1-120 characters
 
 Parse = Callable[[dict], "dict | None"]  # a row's document, None if it does not parse
-Order = Callable[[dict], object]  # the store's order of a table's rows, as a sort key
+Order = Callable[[dict], Any]  # the store's order of a table's rows, as a sort key
 
 
 @dataclass(frozen=True)
