@@ -111,7 +111,7 @@ class ClusterBook(DocumentBook):
         with self.writing() as touched:
             names = self._names([d["name"] for d in definitions], on_conflict)
             rows: list[dict] = []
-            for definition, name in zip(definitions, names):
+            for definition, name in zip(definitions, names, strict=True):
                 text = raw.decode("utf-8") if single and name == definition["name"] else json.dumps({**definition, "name": name})
                 intensity = min(authored_intensity(definition), self.maximum)
                 rows.append({"id": "clu_" + uuid.uuid4().hex[:12], "name": name, "raw": text, "intensity": intensity})
