@@ -73,8 +73,8 @@ class ProfileBook(Book):
                 raise Conflict(f"profiles already exist with these names: {clashes}; import with on_conflict=rename", code="profile_exists")
             names = unique_names([d["name"] for d in docs], taken)
             rows = [("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
-            touched.update(pid for pid, _ in rows)
             self.store.insert_profiles(rows)
+            touched.update(pid for pid, _ in rows)
         return [self.find(pid) for pid, _ in rows]
 
     def _refuse_taken(self, name: str) -> None:
