@@ -4,8 +4,9 @@ Every request may read a profile, cluster or circuit (its own `profile`, or the 
 so the books keep the rows, and each row's parsed document, in memory: a `Shelf` is an
 immutable snapshot of one table, replaced whole after every write that goes through its book
 (a reader holding a shelf sees one consistent table, never a half-applied write). The store
-stays the source of truth: a shelf is filled from it when the book is made and again after
-each write, never patched by hand.
+stays the source of truth: a shelf is filled from it when the book is made, and after each
+write the rows it touched are read back from it (those it no longer has are dropped), so a
+write costs the rows it wrote, not the table.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from millm.errors import MillmError
 
 NAME_LIMIT = 120  # profile, cluster and circuit names are 1-120 characters
+
+Parse = Callable[[dict], "dict | None"]  # a row's document, None if it does not parse
+Order = Callable[[dict], Any]  # the store's order of a table's rows, as a sort key
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,22 @@ class Shelf:
     documents: Mapping[str, dict] = field(default_factory=dict)  # id -> parsed document; absent if it does not parse
 
     @classmethod
-    def of(cls, rows: list[dict], revision: int, parse: Callable[[dict], dict | None]) -> Shelf:
-        """A shelf of these rows (in the store's order); `parse` gives a row's document, None if unreadable."""
-        documents = {}
+    def of(cls, rows: list[dict], revision: int, parse: Parse, order: Order, parsed: Mapping[str, dict] | None = None) -> Shelf:
+        """A shelf of these rows; `parsed` holds documents already parsed (by id), the rest go through `parse`."""
+        documents = dict(parsed or {})
         for row in rows:
-            document = parse(row)
-            if document is not None:
-                documents[row["id"]] = document
-        return cls(revision, tuple(rows), {r["id"]: r for r in rows}, {r["name"]: r for r in rows}, documents)
+            if row["id"] not in documents:
+                document = parse(row)
+                if document is not None:
+                    documents[row["id"]] = document
+        ordered = tuple(sorted(rows, key=order))
+        return cls(revision, ordered, {r["id"]: r for r in ordered}, {r["name"]: r for r in ordered}, documents)
+
+    def updated(self, ids: set[str], fresh: list[dict], parse: Parse, order: Order) -> Shelf:
+        """The next shelf: the rows of `ids` replaced by `fresh` (read back from the store; absent ones dropped)."""
+        kept = [row for row in self.rows if row["id"] not in ids]
+        parsed = {key: document for key, document in self.documents.items() if key not in ids}
+        return Shelf.of(kept + fresh, self.revision + 1, parse, order, parsed)
 
     def get(self, key: str) -> dict | None:
         """The row with this id, else the one with this name (an id first: a name may look like another row's id)."""
@@ -50,20 +63,23 @@ class Shelf:
 
 
 class Book:
-    """A stored table read from a shelf: subclasses say how to read the rows and parse a row's document."""
+    """A stored table read from a shelf: subclasses say how to read rows, parse a document and order rows."""
 
     def __init__(self) -> None:
-        # One write (and the reload after it) at a time: reloads are never lost to a race, and a
-        # name is checked free and taken in one step. Readers never take it (unless a write failed).
+        # One write (and the read-back after it) at a time: no shelf is built from a stale one,
+        # and a name is checked free and taken in one step. Readers never take it (unless a write failed).
         self._writing = threading.RLock()
         self._shelf = Shelf(0)
         self._stale = False
         self._reload()
 
-    def _rows(self) -> list[dict]:
+    def _rows(self, ids: list[str] | None = None) -> list[dict]:
         raise NotImplementedError
 
     def _parse(self, row: dict) -> dict | None:
+        raise NotImplementedError
+
+    def _order(self, row: dict) -> object:
         raise NotImplementedError
 
     def _missing(self, key: str) -> MillmError:
@@ -94,27 +110,31 @@ class Book:
         return self._shelf
 
     def _reload(self) -> None:
-        self._shelf = Shelf.of(self._rows(), self._shelf.revision + 1, self._parse)
+        self._shelf = Shelf.of(self._rows(), self._shelf.revision + 1, self._parse, self._order)
         self._stale = False
 
     @contextmanager
-    def writing(self) -> Iterator[None]:
-        """Around every write through the book: one at a time, and the shelf reloaded from the store after it.
+    def writing(self) -> Iterator[set[str]]:
+        """Around every write through the book, one at a time: the write adds the ids it touches to the
+        yielded set, and those rows are read back from the store into the next shelf after it.
 
-        A MillmError is a refusal, which the books raise only before their store call: nothing to reload.
+        A MillmError is a refusal, which the books raise only before their store call: nothing changed.
+        Any other error leaves the store unknown: the whole table is read again by the next reader.
         """
         with self._writing:
             if self._stale:
                 self._reload()
+            touched: set[str] = set()
             try:
-                yield
+                yield touched
             except MillmError:
                 raise
             except BaseException:
-                self._stale = True  # the store may have changed or not: the next reader reads it again
+                self._stale = True
                 raise
             try:
-                self._reload()
+                if touched:
+                    self._shelf = self._shelf.updated(touched, self._rows(sorted(touched)), self._parse, self._order)
             except BaseException:
                 self._stale = True
                 raise

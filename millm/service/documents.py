@@ -46,7 +46,7 @@ class DocumentBook(Book):
     """Imported documents of one table (clusters or circuits), found by id or name, stored raw.
 
     Rows and their parsed documents are read from memory (books.Shelf), filled from the store at
-    start and after every write through the book.
+    start and refreshed from it after every write through the book.
     """
 
     table: str
@@ -56,8 +56,11 @@ class DocumentBook(Book):
         self.store = store
         super().__init__()
 
-    def _rows(self) -> list[dict]:
-        return self.store.documents(self.table)
+    def _rows(self, ids: list[str] | None = None) -> list[dict]:
+        return self.store.documents(self.table, ids)
+
+    def _order(self, row: dict) -> object:
+        return row["created_at"]  # the store's order (oldest first)
 
     def _parse(self, row: dict) -> dict | None:
         try:
@@ -75,8 +78,9 @@ class DocumentBook(Book):
 
     def delete(self, key: str) -> dict:
         """Remove a document."""
-        with self.writing():
+        with self.writing() as touched:
             row = self.find(key)
+            touched.add(row["id"])
             self.store.delete_document(self.table, row["id"])
         return row
 
@@ -104,13 +108,14 @@ class ClusterBook(DocumentBook):
         if check is not None:
             check(definitions)
         single = definitions[0] is payload
-        with self.writing():
+        with self.writing() as touched:
             names = self._names([d["name"] for d in definitions], on_conflict)
             rows: list[dict] = []
             for definition, name in zip(definitions, names, strict=True):
                 text = raw.decode("utf-8") if single and name == definition["name"] else json.dumps({**definition, "name": name})
                 intensity = min(authored_intensity(definition), self.maximum)
                 rows.append({"id": "clu_" + uuid.uuid4().hex[:12], "name": name, "raw": text, "intensity": intensity})
+            touched.update(row["id"] for row in rows)
             self.store.insert_documents(self.table, rows)
         return [self.find(row["id"]) for row in rows]
 
@@ -119,8 +124,9 @@ class ClusterBook(DocumentBook):
         row = self.find(key)  # an unknown key is a 404 before the value is checked
         if isinstance(intensity, bool) or not isinstance(intensity, (int, float)) or not 0 <= intensity <= self.maximum:
             raise InvalidRequest(f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}", param="intensity")
-        with self.writing():
+        with self.writing() as touched:
             row = self.find(key)
+            touched.add(row["id"])
             self.store.set_cluster_intensity(row["id"], float(intensity))
         return self.find(row["id"])
 
@@ -134,10 +140,11 @@ class CircuitBook(DocumentBook):
         """Import one circuit definition (validated whole), keeping its exact bytes."""
         document = parse_raw(raw)
         check_circuit(document)
-        with self.writing():
+        with self.writing() as touched:
             (name,) = self._names([document["name"]], on_conflict)
             text = raw.decode("utf-8") if name == document["name"] else json.dumps({**document, "name": name})
             row = {"id": "cir_" + uuid.uuid4().hex[:12], "name": name, "raw": text}
+            touched.add(row["id"])
             self.store.insert_documents(self.table, [row])
         return self.find(row["id"])
 

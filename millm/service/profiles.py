@@ -1,7 +1,8 @@
 """Saved steering profiles: create, read, update, delete, import and export, all-or-nothing.
 
-Reads come from memory (a `Shelf`, see books.py) filled from the store at start and after every
-write through the book, so a request naming a profile never reads or parses the database.
+Reads come from memory (a `Shelf`, see books.py) filled from the store at start and refreshed
+from it after every write through the book, so a request naming a profile never reads or parses
+the database.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ class ProfileBook(Book):
         self.store = store
         super().__init__()
 
-    def _rows(self) -> list[dict]:
-        return self.store.profiles()  # by name, documents parsed
+    def _rows(self, ids: list[str] | None = None) -> list[dict]:
+        return self.store.profiles(ids)  # documents parsed by the store
 
     def _parse(self, row: dict) -> dict:
         return row["document"]
+
+    def _order(self, row: dict) -> object:
+        return row["name"]  # the store's order (by name)
 
     def _missing(self, key: str) -> NotFound:
         return NotFound(f"no profile named or with id {key!r}", param="profile", code="profile_not_found")
@@ -34,32 +38,35 @@ class ProfileBook(Book):
         """Store a new profile (409 if the name is taken)."""
         doc = validate_profile(document)
         profile_id = "prof_" + uuid.uuid4().hex[:12]
-        with self.writing():
+        with self.writing() as touched:
             self._refuse_taken(doc["name"])
+            touched.add(profile_id)
             self.store.insert_profiles([(profile_id, doc)])
         return self.find(profile_id)
 
     def update(self, key: str, changes: dict) -> dict:
         """Replace fields of a profile's document (name, description, steering); validated whole."""
-        with self.writing():
+        with self.writing() as touched:
             row = self.find(key)
             doc = validate_profile({**row["document"], **changes})
             if doc["name"] != row["name"]:
                 self._refuse_taken(doc["name"])
+            touched.add(row["id"])
             self.store.replace_profile(row["id"], doc)
         return self.find(row["id"])
 
     def delete(self, key: str) -> dict:
         """Remove a profile; returns what was removed."""
-        with self.writing():
+        with self.writing() as touched:
             row = self.find(key)
+            touched.add(row["id"])
             self.store.delete_profile(row["id"])
         return row
 
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
         """Import one document or a bundle atomically; on_conflict 'fail' (409) or 'rename' (books.unique_name: name-2, ...)."""
         docs = validate_import(payload)
-        with self.writing():
+        with self.writing() as touched:
             taken = self.shelf.names()
             clashes = [d["name"] for d in docs if d["name"] in taken]
             if clashes and on_conflict == "fail":
@@ -67,6 +74,7 @@ class ProfileBook(Book):
             names = unique_names([d["name"] for d in docs], taken)
             rows = [("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
             self.store.insert_profiles(rows)
+            touched.update(pid for pid, _ in rows)
         return [self.find(pid) for pid, _ in rows]
 
     def _refuse_taken(self, name: str) -> None:

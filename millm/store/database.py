@@ -220,10 +220,13 @@ class Store:
             self._set(conn, "steering_version", json.dumps(version))
 
     # profiles ----------------------------------------------------------------------------------------
-    def profiles(self) -> list[dict]:
-        """Every profile row: {id, name, document, created_at, updated_at}, by name."""
+    def profiles(self, ids: list[str] | None = None) -> list[dict]:
+        """Every profile row (or those of `ids`): {id, name, document, created_at, updated_at}, by name."""
+        query = select(profiles_table).order_by(profiles_table.c.name)
+        if ids is not None:
+            query = query.where(profiles_table.c.id.in_(ids))
         with self.engine.connect() as conn:
-            rows = conn.execute(select(profiles_table).order_by(profiles_table.c.name)).all()
+            rows = conn.execute(query).all()
         return [self._profile_row(row) for row in rows]
 
     @staticmethod
@@ -264,11 +267,14 @@ class Store:
             conn.execute(delete(profiles_table).where(profiles_table.c.id == profile_id))
 
     # clusters and circuits --------------------------------------------------------------------------
-    def documents(self, table: str) -> list[dict]:
-        """Rows of the clusters or circuits table, oldest first."""
+    def documents(self, table: str, ids: list[str] | None = None) -> list[dict]:
+        """Rows of the clusters or circuits table (or those of `ids`), oldest first."""
         target = clusters_table if table == "clusters" else circuits_table
+        query = select(target).order_by(target.c.created_at)
+        if ids is not None:
+            query = query.where(target.c.id.in_(ids))
         with self.engine.connect() as conn:
-            rows = conn.execute(select(target).order_by(target.c.created_at)).all()
+            rows = conn.execute(query).all()
         return [dict(row._mapping) for row in rows]
 
     def insert_documents(self, table: str, rows: list[dict]) -> None:
