@@ -11,7 +11,7 @@ What is measured, and how:
   --tokens greedy tokens (every other one with its own `profile`, so both the active base and a
   per-request profile are planned), while one writer cycles through the steering API with a
   short pause: set a live strength, set the active cluster's dial, create and delete a profile,
-  import and delete a cluster.
+  import and delete a cluster (each step's latency is printed too).
 - The stall: a separate probe process (its own interpreter, so the bench's own asyncio loop
   cannot delay it) sends GET /api/health every 10 ms over one keep-alive connection and times
   each round trip. /api/health is an async handler doing no work, so its latency is how long a
@@ -23,11 +23,12 @@ What is measured, and how:
   why the idle row and several runs matter when reading the figures.
 - The server runs with OMP_NUM_THREADS=--threads (1 by default): on a small machine shared
   with other processes, two OpenMP threads per process wait on each other whenever another
-  process takes a core, and decode swings tenfold between runs; one thread is slower on an
-  idle machine but steady, so the runs of two checkouts can be compared (0: the default).
-- --asyncio-debug also runs the server with PYTHONASYNCIODEBUG=1 and counts asyncio's own
-  "Executing ... took N seconds" warnings (callbacks over 100 ms) from its log; debug mode
-  slows the server, so those runs' decode rate is not comparable with plain runs.
+  process takes a core, and decode swung tenfold between runs here; with one thread it held
+  steady, so the runs of two checkouts can be compared (0: the server's default).
+- Why not asyncio's own slow-callback warnings: uvicorn runs its loop with debug off whatever
+  PYTHONASYNCIODEBUG says, so they cannot be switched on from outside the server; and a probe
+  also sees what they would miss (many short callbacks in a row, the loop thread waiting for
+  the GIL or a core).
 
 Decode rate is every completion token of the requests that finished, over the wall time from
 the first request to the last one's end.
@@ -42,7 +43,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -59,7 +59,6 @@ from tests.support.server import ServerProcess  # noqa: E402
 MODEL = "SmolLM2-135M-Instruct"
 LAYER, WIDTH, D_MODEL = 12, 2048, 576  # the demo SAE
 PROBE_EVERY = 0.010
-SLOW_CALLBACK = re.compile(r"Executing .* took (\d+\.\d+) seconds")
 
 
 # the probe (its own process) ----------------------------------------------------------------------
@@ -201,14 +200,12 @@ async def load(base_url: str, args, sae_id: str, cluster_id: str) -> dict:
 
 
 # the run ---------------------------------------------------------------------------------------------
-def serve(root: Path, home: Path, streams: int, threads: int, debug: bool) -> ServerProcess:
+def serve(root: Path, home: Path, streams: int, threads: int) -> ServerProcess:
     """`millm serve` of the checkout at `root` (python -m millm imports the current directory's)."""
     os.chdir(root)
     env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": str(streams), "PYTHONPATH": str(root)}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    if debug:
-        env["PYTHONASYNCIODEBUG"] = "1"
     return ServerProcess(home, ["--log-level", "warning"], env=env).wait_ready(timeout=600)
 
 
@@ -231,13 +228,12 @@ def main() -> int:
     parser.add_argument("--write-pause", type=float, default=0.02, help="seconds between the writer's steps")
     parser.add_argument("--threads", type=int, default=1, help="the server's OMP_NUM_THREADS (0: the default)")
     parser.add_argument("--no-writer", action="store_true")
-    parser.add_argument("--asyncio-debug", action="store_true")
     args = parser.parse_args()
     root = args.root.resolve()
     load_before = os.getloadavg()[0]
     home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
 
-    server = serve(root, home, args.streams, args.threads, args.asyncio_debug)
+    server = serve(root, home, args.streams, args.threads)
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     prober = None
@@ -272,9 +268,6 @@ def main() -> int:
     if outcome["writes"]:
         print("  by step    " + ", ".join(f"{step} {percentile(ms, 0.5):.0f}/{max(ms):.0f}" for step, ms in outcome["writes"].items()) + " ms (p50/max)")
     print(f"machine      {os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes count)")
-    if args.asyncio_debug:
-        slow = [float(s) * 1000 for s in SLOW_CALLBACK.findall(server.log)]
-        print(f"asyncio slow callbacks (> 100 ms): {len(slow)}, worst {max(slow, default=0):.0f} ms")
     return 0
 
 
