@@ -11,9 +11,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import state_of
-from millm.engine.jobs import PositionWord
 from millm.service import monitor_admin
-from millm.service.monitoring import MAX_TOP_K
+from millm.service.monitoring import MAX_TOP_K, PositionWord
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0

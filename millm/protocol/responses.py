@@ -173,14 +173,7 @@ class ChatCompletionChunk(Envelope):
 
 
 class Completion(Envelope):
-    """A whole text completion."""
-
-    object: str = "text_completion"
-    choices: list[CompletionChoice]
-
-
-class CompletionChunk(Envelope):
-    """One streamed text-completion chunk (OpenAI names it like the whole one)."""
+    """A text completion, whole or one streamed chunk (OpenAI names and shapes both alike)."""
 
     object: str = "text_completion"
     choices: list[CompletionChoice]

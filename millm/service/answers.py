@@ -22,7 +22,6 @@ from millm.protocol.responses import (
     ChunkChoice,
     Completion,
     CompletionChoice,
-    CompletionChunk,
     Delta,
     FunctionCall,
     StreamedToolCall,
@@ -189,7 +188,7 @@ class CompletionShape(Shape):
         )
 
     def chunk(self, meta, choices, **extra):
-        return CompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra)
+        return Completion(id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra)
 
     def delta(self, row, text):
         return [CompletionChoice(index=row, text=text, finish_reason=None)]

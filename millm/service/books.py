@@ -12,6 +12,7 @@ write costs the rows it wrote, not the table.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class Shelf:
         return set(self.by_name)
 
 
-class Book:
+class Book(ABC):
     """A stored table read from a shelf: subclasses say how to read rows, parse a document and order rows."""
 
     def __init__(self) -> None:
@@ -73,17 +74,21 @@ class Book:
         self._stale = False
         self._reload()
 
+    @abstractmethod
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
-        raise NotImplementedError
+        """The stored rows (all, or those with these ids)."""
 
+    @abstractmethod
     def _parse(self, row: dict) -> dict | None:
-        raise NotImplementedError
+        """A row's parsed document (None when it has none)."""
 
+    @abstractmethod
     def _order(self, row: dict) -> object:
-        raise NotImplementedError
+        """A row's sort key, the store's order."""
 
+    @abstractmethod
     def _missing(self, key: str) -> MillmError:
-        raise NotImplementedError
+        """The 404 for a key no row has."""
 
     def all(self) -> list[dict]:
         """Every row, in the store's order (profiles by name, documents oldest first)."""
