@@ -113,6 +113,17 @@ class Settings(BaseSettings):
     monitoring_history: int = env_field(
         1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
     )
+    max_jobs: int = env_field(
+        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer) that may run at once; past it, 503 queue_full.", ge=1, le=16
+    )
+    job_share: float = env_field(
+        0.25,
+        "MILLM_JOB_SHARE",
+        "Most of the scheduler's time a job takes while requests are generating (it waits between its "
+        "forward passes); alone, a job runs at full speed.",
+        gt=0,
+        le=1,
+    )
     prompted_tools: Literal["auto", "on", "off"] = env_field(
         "auto",
         "MILLM_PROMPTED_TOOLS",

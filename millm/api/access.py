@@ -1,7 +1,8 @@
 """Who may call which route: the API and admin keys, and no state changes from other sites' pages.
 
 Routes fall in four classes (`route_class`): health probes and the schema are open; `/v1` is
-inference; `/api` read with GET/HEAD/OPTIONS; every other `/api` method changes state (admin).
+inference, and so are the `/api` POSTs that only read the model (inspect, contrast, compare);
+`/api` read with GET/HEAD/OPTIONS; every other `/api` method changes state (admin).
 
 | route class | keys accepted                                  | with no key configured |
 |-------------|------------------------------------------------|------------------------|
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -29,6 +31,9 @@ from millm.errors import CrossSiteRequest, InvalidAPIKey
 
 OPEN, INFERENCE, READ, ADMIN = "open", "inference", "read", "admin"
 OPEN_PATHS = frozenset({"/api/health", "/api/health/ready"})
+# POST routes under /api that read the model without changing any state (discovery reads and
+# side-by-side generation): inference, like /v1, so the API key opens them.
+INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare)$")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Sec-Fetch-Site values of requests a page on this server itself (or no page: a typed URL) makes.
 OWN_SITE = frozenset({"same-origin", "none"})
@@ -43,6 +48,8 @@ def route_class(method: str, path: str) -> str:
     if path == "/v1" or path.startswith("/v1/"):
         return INFERENCE
     if path == "/api" or path.startswith("/api/"):
+        if method.upper() == "POST" and INFERENCE_POSTS.match(path):
+            return INFERENCE
         return READ if method.upper() in READ_METHODS else ADMIN
     return OPEN  # the OpenAPI schema, its browser page, and unknown paths (404 for everyone)
 

@@ -11,6 +11,7 @@ from millm.api import (
     completions,
     documents,
     health,
+    jobs,
     manage,
     model_admin,
     models,
@@ -87,4 +88,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
+    app.include_router(jobs.router, tags=["Jobs"])
     app.include_router(health.router, tags=["Health"])

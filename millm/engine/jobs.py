@@ -172,10 +172,12 @@ class EmbeddingJob(JobControl):
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class ScoringJob(JobControl):
-    """Prompts to score (one unsteered forward pass each); one ScoresReady event answers it."""
+    """Prompts to score (one forward pass each, unsteered unless `edit`); one ScoresReady event answers it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
     reads: tuple[ResidualRead, ...] = ()  # residuals to capture over each prompt
     ranking: Ranking | None = None  # rank each prompt's candidates here, on the scheduler thread
+    # Discovery reads may ask for a steered pass (inspect with a plan); scoring proper never does.
+    edit: ResidualEdit | None = None

@@ -56,7 +56,7 @@ def check_reported(scored: Scored, reported: int) -> None:
 
 @torch.inference_mode()
 def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
-    """One forward pass per prompt, never steered; emits the last-position logits of each."""
+    """One forward pass per prompt (steered only by the job's own edit, which scoring never sets); emits the last-position logits of each."""
     lm.residual.clear()
     results: list[torch.Tensor] = []
     reads: list[ResidualsRead] = []
@@ -65,8 +65,8 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
             if job.cancelled.is_set():
                 return
             captures = [Capture(read, len(prompt)) for read in job.reads]
-            if captures:  # read the unsteered residuals of this very pass
-                lm.residual.install({}, taps([(captures, 0, len(prompt))]))
+            if captures or job.edit is not None:  # read the residuals of this very pass
+                lm.residual.install(lm.residual.stack([job.edit]) if job.edit is not None else {}, taps([(captures, 0, len(prompt))]))
             _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
             results.append(logits[0].float().cpu())
             reads.extend(capture.result(index, prompt) for capture in captures)

@@ -46,6 +46,7 @@ from millm.service.checkpoints import (
     inspect,
 )
 from millm.service.documents import CircuitBook, ClusterBook
+from millm.service.jobs import JobBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 
 LOCK_KEY = "model_lock"
 ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before answering model_busy
+JOBS_KEPT = 50  # ended jobs remembered for GET /api/jobs
 SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
 
 
@@ -116,6 +118,7 @@ class ServerState:
         self.startup_name = settings.served_model_name or source.name
         self.models.ensure(self.startup_name, source)
         self.slot = ModelSlot()
+        self.jobs = JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, self._generating)
         self._mutex = threading.Lock()  # guards the fields below; never held across slow work
         self._switching = threading.Lock()  # held for a whole model change; a second one is model_busy
         self.transition: Transition | None = None
@@ -488,8 +491,14 @@ class ServerState:
             self.models.forget(name)
             self.errors.pop(name, None)
 
+    def _generating(self) -> bool:
+        """Whether requests are generating now (a job then leaves them most of the scheduler)."""
+        scheduler = self.slot.scheduler
+        return scheduler is not None and scheduler.running_rows > 0
+
     def close(self) -> None:
-        """Stop the scheduler; queued requests are answered with an error."""
+        """Stop the jobs and the scheduler; queued requests are answered with an error."""
+        self.jobs.cancel_all()
         scheduler = self.slot.scheduler
         if scheduler is not None:
             scheduler.shutdown(timeout=SCHEDULER_STOP_S)  # a thread that does not stop is logged; the process is ending

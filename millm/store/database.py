@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = MetaData()
 
@@ -99,10 +99,34 @@ models_table = Table(
     Column("registered_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it. Versions 2 and 3 only add
-# tables (clusters and circuits; registered models), which create_all makes; no existing table
-# changes, so every row of the older version is kept as it is.
-MIGRATIONS: dict[int, list[str]] = {2: [], 3: []}
+# Feature labels: one row per (SAE, feature); `detail` keeps what the source said beside the
+# label (explainer model, type, top tokens, an example), as JSON.
+feature_labels_table = Table(
+    "millm_feature_labels",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("feature", Integer, primary_key=True),
+    Column("label", Text, nullable=False),
+    Column("source", String(64), nullable=False),  # neuronpedia | mistudio | plain | sae_file
+    Column("detail", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+# A calibration of one SAE on one model's residuals: what the corpus was (`summary`, JSON) and
+# every feature's figures (`figures`, JSON).
+calibrations_table = Table(
+    "millm_calibrations",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("summary", Text, nullable=False),
+    Column("figures", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it. Versions 2, 3 and 4 only add
+# tables (clusters and circuits; registered models; feature labels and calibrations), which
+# create_all makes; no existing table changes, so every row of the older version is kept as it is.
+MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: []}
 
 
 def database_url(home: Path, url: str | None) -> str:

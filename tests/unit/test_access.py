@@ -41,6 +41,13 @@ from millm.settings import key_setting
         ("POST", "/api/models/m/load", ADMIN),
         ("POST", "/api/health", OPEN),
         ("GET", "/v1x", OPEN),
+        ("POST", "/api/saes/sae_1/inspect", INFERENCE),
+        ("POST", "/api/saes/sae_1/contrast", INFERENCE),
+        ("POST", "/api/compare", INFERENCE),
+        ("POST", "/api/saes/sae_1/calibrate", ADMIN),
+        ("POST", "/api/saes/sae_1/inspect/x", ADMIN),
+        ("DELETE", "/api/compare", ADMIN),
+        ("DELETE", "/api/jobs/job_1", ADMIN),
     ],
 )
 def test_route_classes(method, path, kind):

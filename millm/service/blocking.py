@@ -1,0 +1,104 @@
+"""Engine work for a job's thread: submit to the scheduler and wait, holding a lease per call.
+
+A job (calibration, AutoSteer) runs for minutes; it takes a lease on its model only for the
+length of one engine call, so an unload is never held up by it: the unload goes ahead between
+two calls, and the next call fails with model_not_loaded, which ends the job with that error.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from millm.engine.jobs import (
+    Event,
+    GenerationJob,
+    JobFailed,
+    Ranking,
+    ResidualRead,
+    RowFinished,
+    RowSpec,
+    ScoresReady,
+    ScoringJob,
+    TextDelta,
+)
+from millm.engine.residual import ResidualEdit
+from millm.errors import ModelNotLoaded
+
+WAIT_SLICE_S = 0.1  # how often a waiting job thread looks at its cancel flag
+
+
+@dataclass
+class Generated:
+    """One row's whole answer."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+
+
+@dataclass
+class _Collector:
+    """Gathers a job's events on the scheduler thread; `done` is set by the terminal event."""
+
+    rows: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    scores: ScoresReady | None = None
+    failed: JobFailed | None = None
+    generated: list[Generated] = field(default_factory=list)
+
+    def emit(self, event: Event) -> None:
+        if isinstance(event, JobFailed):
+            self.failed = event
+            self.done.set()
+        elif isinstance(event, ScoresReady):
+            self.scores = event
+            self.done.set()
+        elif isinstance(event, TextDelta):
+            self.generated[event.row].text += event.text
+        elif isinstance(event, RowFinished):
+            row = self.generated[event.row]
+            row.finish_reason, row.completion_tokens = event.finish_reason, event.completion_tokens
+            if all(g.finish_reason is not None for g in self.generated):
+                self.done.set()
+
+
+def _run(state, model: str, job, collector: _Collector, cancel: threading.Event | None) -> None:
+    """Submit `job` under a fresh lease on `model` and wait for its end (or cancellation)."""
+    with state.request_scope():
+        if state.slot.lease(model) is None:
+            raise ModelNotLoaded(f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)")
+        state.submit(job)
+        while not collector.done.wait(WAIT_SLICE_S):
+            if cancel is not None and cancel.is_set():
+                job.cancel()  # the scheduler drops it at its next look; what it emits after is ignored
+                break
+    if collector.failed is not None:
+        raise collector.failed.error
+
+
+def passes_blocking(
+    state,
+    model: str,
+    prompts: list[list[int]],
+    reads: tuple[ResidualRead, ...] = (),
+    *,
+    ranking: Ranking | None = None,
+    edit: ResidualEdit | None = None,
+    cancel: threading.Event | None = None,
+) -> ScoresReady | None:
+    """One forward pass per prompt on the scheduler thread (unsteered unless `edit`), with `reads`
+    captured and encoded there; None when `cancel` was set before it finished."""
+    collector = _Collector()
+    job = ScoringJob(prompts=prompts, emit=collector.emit, reads=reads, ranking=ranking, edit=edit)
+    _run(state, model, job, collector, cancel)
+    return collector.scores
+
+
+def generate_blocking(state, model: str, rows: list[RowSpec], *, cancel: threading.Event | None = None) -> list[Generated]:
+    """Generate `rows` as one engine job (batched together) and return each row's text; rows
+    cut short by `cancel` keep what they had."""
+    collector = _Collector(rows=len(rows), generated=[Generated() for _ in rows])
+    job = GenerationJob(rows=rows, emit=collector.emit)
+    _run(state, model, job, collector, cancel)
+    return collector.generated
