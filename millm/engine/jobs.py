@@ -112,7 +112,14 @@ class Ranking:
     top: int | None = None
 
 
-Event = TextDelta | RowFinished | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady
+@dataclass(frozen=True)
+class LikelihoodsReady:
+    """The log-probability of each continuation token of each sequence, under the unsteered model."""
+
+    token_logprobs: list[list[float]]
+
+
+Event = TextDelta | RowFinished | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady | LikelihoodsReady
 
 
 class JobControl:
@@ -181,3 +188,14 @@ class ScoringJob(JobControl):
     ranking: Ranking | None = None  # rank each prompt's candidates here, on the scheduler thread
     # Discovery reads may ask for a steered pass (inspect with a plan); scoring proper never does.
     edit: ResidualEdit | None = None
+
+
+@dataclass(eq=False)  # identity: the scheduler keys running jobs by them
+class LikelihoodJob(JobControl):
+    """Sequences whose tokens from `starts[i]` on are scored given what precedes them (one
+    unsteered forward pass each); one LikelihoodsReady event answers it."""
+
+    sequences: list[list[int]]
+    starts: list[int]
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)

@@ -23,14 +23,15 @@ import torch
 
 from millm.engine.embed import run_embedding
 from millm.engine.generate import Lane, run_job
-from millm.engine.jobs import EmbeddingJob, GenerationJob, ScoringJob
+from millm.engine.jobs import EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
+from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import run_scoring
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
 
 log = logging.getLogger(__name__)
 
-Job = GenerationJob | EmbeddingJob | ScoringJob
+Job = GenerationJob | EmbeddingJob | ScoringJob | LikelihoodJob
 # CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError saying so.
 CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory")
 
@@ -41,7 +42,9 @@ def out_of_memory(exc: Exception) -> bool:
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
 # Each kind of job to its runner (the job argument is the key's type); generation returns its outcome.
-RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring}
+RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {
+    GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring, LikelihoodJob: run_likelihood
+}
 OUTCOMES = ("served", "cancelled", "failed")
 
 

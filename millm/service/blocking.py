@@ -14,6 +14,8 @@ from millm.engine.jobs import (
     Event,
     GenerationJob,
     JobFailed,
+    LikelihoodJob,
+    LikelihoodsReady,
     Ranking,
     ResidualRead,
     RowFinished,
@@ -44,6 +46,7 @@ class _Collector:
     rows: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     scores: ScoresReady | None = None
+    likelihoods: LikelihoodsReady | None = None
     failed: JobFailed | None = None
     generated: list[Generated] = field(default_factory=list)
 
@@ -53,6 +56,9 @@ class _Collector:
             self.done.set()
         elif isinstance(event, ScoresReady):
             self.scores = event
+            self.done.set()
+        elif isinstance(event, LikelihoodsReady):
+            self.likelihoods = event
             self.done.set()
         elif isinstance(event, TextDelta):
             self.generated[event.row].text += event.text
@@ -102,3 +108,14 @@ def generate_blocking(state, model: str, rows: list[RowSpec], *, cancel: threadi
     job = GenerationJob(rows=rows, emit=collector.emit)
     _run(state, model, job, collector, cancel)
     return collector.generated
+
+
+def likelihoods_blocking(
+    state, model: str, sequences: list[list[int]], starts: list[int], *, cancel: threading.Event | None = None
+) -> list[list[float]] | None:
+    """Each sequence's continuation (from `starts[i]`) scored token by token by the unsteered
+    model; None when `cancel` was set before it finished."""
+    collector = _Collector()
+    job = LikelihoodJob(sequences=sequences, starts=starts, emit=collector.emit)
+    _run(state, model, job, collector, cancel)
+    return collector.likelihoods.token_logprobs if collector.likelihoods is not None else None
