@@ -15,7 +15,7 @@ from millm.service.compare import compare
 router = APIRouter()
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The comparison; with stream: true, server-sent events (compare.start, "
                               "compare.delta, compare.finish, compare.usage, then [DONE])",
-                         "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+                         "content": {"text/event-stream": {}}}}
 
 
 @router.post("/api/compare", summary="One conversation under several steering variants, generated together",

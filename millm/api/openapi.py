@@ -123,7 +123,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
                 {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1}]}}}),
         ],
     )
-    _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": VARIANTS_SCHEMA}, rules=BUDGET_RULES)
+    _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
     _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
     _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
     _narrow(
