@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
 from millm.protocol import field_policy
+from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
 from millm.protocol.requests import (
     BUDGET_RULES,
@@ -122,6 +123,8 @@ def _requests(schemas: dict, settings: Settings) -> None:
                 {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1}]}}}),
         ],
     )
+    _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
+    _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
     _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
     _narrow(
         schemas["ResponseFormat"],
