@@ -61,7 +61,7 @@ class LabelIndex:
         # check_same_thread=False: worker-pool and job threads share it, one at a time under the lock.
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.execute("CREATE VIRTUAL TABLE labels USING fts5(label, text, source UNINDEXED, tokenize = 'porter unicode61')")
-        self._db.executemany("INSERT INTO labels (rowid, label, text, source) VALUES (?, ?, ?, ?)", rows)
+        self._db.executemany("INSERT INTO labels (rowid, label, source, text) VALUES (?, ?, ?, ?)", rows)
         self._db.commit()
 
     def search(self, query: str, limit: int) -> list[FeatureMatch]:
