@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from millm.errors import MillmError, SAEFormatError
 from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels
 from millm.interp.labels import Label, LabelDocument
-from millm.service.label_search import FeatureMatch, LabelIndex, fts_query, search_text
+from millm.service.label_search import FeatureMatch, LabelIndex, fts_query, search_texts
 from millm.store.database import Store
 from millm.store.labels import LabelRow, LabelStore
 
@@ -117,7 +117,7 @@ class LabelBook:
             return [FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source) for r in labels.rows[:limit]]
         with self._lock:
             if labels.index is None:
-                labels.index = LabelIndex([(r.feature, r.label, r.source, search_text(r.detail)) for r in labels.rows])
+                labels.index = LabelIndex([(r.feature, r.label, r.source, search_texts(r.detail)) for r in labels.rows])
             index = labels.index
         return index.search(query, limit)
 

@@ -244,6 +244,19 @@ def test_clearing_and_forgetting(server, sae_dirs):
     assert labels_of(server, sae) == {"3": "mine"}
 
 
+def test_the_routes_are_in_the_openapi_schema(server):
+    schema = api(server, "GET", "/openapi.json").json()
+    assert set(schema["paths"]["/api/saes/{sae_id}/labels"]) == {"get", "put", "patch", "delete"}
+    assert set(schema["paths"]["/api/saes/{sae_id}/features"]) == {"get"}
+    assert set(schema["paths"]["/api/saes/{sae_id}/features/{index}"]) == {"get"}
+    body = schema["paths"]["/api/saes/{sae_id}/labels"]["put"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "text/csv"}
+    assert {ref["$ref"].rsplit("/", 1)[1] for ref in body["application/json"]["schema"]["anyOf"]} == {
+        "NeuronpediaExplanations", "NeuronpediaFeatures", "MistudioLabels", "PlainLabels"}
+    for name in ("FeatureDetail", "FeatureSearch", "FeatureMatch", "LabelImport", "Neighbour"):
+        assert name in schema["components"]["schemas"]
+
+
 def test_labels_survive_a_restart(server, tiny_dirs):
     """Last: stops the module's server and starts another on the same data directory."""
     sae = server.ids["attached"]

@@ -48,11 +48,11 @@ def test_user_text_becomes_a_safe_query(text, query):
 
 
 RANKED = [
-    (0, "pirate ship captain", "x", ""),
-    (1, "cargo ship", "x", ""),
-    (2, "music and melody", "x", ""),
-    (3, "ship of the line", "x", ""),
-    (4, "weather", "x", "pirates sail the seas"),  # the word only in the other text: ranks, below a label
+    (0, "pirate ship captain", "x", ("", "")),
+    (1, "cargo ship", "x", ("", "")),
+    (2, "music and melody", "x", ("", "")),
+    (3, "ship of the line", "x", ("", "")),
+    (4, "weather", "x", ("", "pirates sail the seas")),  # the word only in an example: ranks, below a label
 ]
 
 
@@ -131,7 +131,7 @@ def test_searches_from_several_threads(store):
         try:
             for _ in range(50):
                 assert len(book.search("sae_a", "pirate", 1000)) == 100
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below, on the test thread
             errors.append(exc)
 
     threads = [threading.Thread(target=search) for _ in range(4)]
@@ -193,3 +193,11 @@ def test_the_decoder_cache_is_bounded(tmp_path):
     for name in ("a", "b", "c"):
         cache.keep(name, decoder_of(sae))
     assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
+
+
+def test_the_store_merges_past_one_in_list(store):
+    labels = LabelStore(store)
+    assert labels.replace("sae_a", [(i, f"l{i}", "plain", {}) for i in range(1200)]) == (0, 1200)
+    assert labels.merge("sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]) == (100, 1300)
+    rows = labels.rows("sae_a")
+    assert [r.feature for r in rows] == list(range(1300)) and (rows[1150].label, rows[1150].detail) == ("new", {"method": "m"})
