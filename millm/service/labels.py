@@ -91,9 +91,9 @@ class LabelBook:
             self._sets[sae_id] = fresh
             self._sets.move_to_end(sae_id)
             while len(self._sets) > self.kept:
-                _, dropped = self._sets.popitem(last=False)
-                if dropped.index is not None:
-                    dropped.index.close()
+                # Not closed here: a search on another thread may still hold its index; the last
+                # reference to go closes the in-memory database.
+                self._sets.popitem(last=False)
         return fresh
 
     def entries(self, sae_id: str) -> dict[int, dict]:
@@ -125,9 +125,7 @@ class LabelBook:
     def _changed(self, sae_id: str) -> None:
         with self._lock:
             self._generation[sae_id] = self._generation.get(sae_id, 0) + 1
-            dropped = self._sets.pop(sae_id, None)
-        if dropped is not None and dropped.index is not None:
-            dropped.index.close()
+            self._sets.pop(sae_id, None)  # its index closes with its last reference (see _set)
 
     def replace(self, sae_id: str, document: LabelDocument) -> ImportCounts:
         """The document's labels become the SAE's whole set (one transaction)."""

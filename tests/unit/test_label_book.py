@@ -201,3 +201,22 @@ def test_the_store_merges_past_one_in_list(store):
     assert labels.merge("sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]) == (100, 1300)
     rows = labels.rows("sae_a")
     assert [r.feature for r in rows] == list(range(1300)) and (rows[1150].label, rows[1150].detail) == ("new", {"method": "m"})
+
+
+def test_a_search_holding_an_index_survives_a_write(store):
+    book = LabelBook(store)
+    book.replace("sae_a", plain({1: "pirate ship"}))
+    book.search("sae_a", "pirate", 5)
+    held = book._set("sae_a").index
+    book.merge("sae_a", plain({2: "pirate radio"}))  # drops the cached set while a search may still hold its index
+    assert held is not None and [f.index for f in held.search("pirate", 5)] == [1]
+    assert sorted(f.index for f in book.search("sae_a", "pirate", 5)) == [1, 2]
+
+
+def test_sae_registered_before_labels_were_stored_get_their_own_at_start(store, tmp_path):
+    from millm.service.saes import SAERegistry
+
+    info, _ = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
+    store.add_sae(info.to_dict())  # as an older version left it: registered, no labels stored
+    registry = SAERegistry(store, tmp_path / "hub", LabelBook(store))
+    assert len(registry.labels(info.id)) == 16 and registry.labels(info.id)[3]["source"] == "sae_file"
