@@ -13,6 +13,7 @@ from millm.api import (
     documents,
     health,
     jobs,
+    labels,
     manage,
     model_admin,
     models,
@@ -86,6 +87,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(manage.router, tags=["Management"])
+    app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
