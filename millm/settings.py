@@ -179,7 +179,7 @@ class Settings(BaseSettings):
     max_import_bytes: int = env_field(
         1_000_000,
         "MAX_IMPORT_BYTES",
-        "Largest body of a profile, cluster or circuit import; past it, 413 document_too_large.",
+        "Largest body of a profile, cluster, circuit or feature-labels import; past it, 413 document_too_large.",
         ge=1024,
     )
 

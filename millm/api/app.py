@@ -9,10 +9,12 @@ from fastapi import FastAPI
 from millm import __version__
 from millm.api import (
     autosteer,
+    compare,
     completions,
     documents,
     health,
     jobs,
+    labels,
     manage,
     model_admin,
     models,
@@ -86,9 +88,11 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(manage.router, tags=["Management"])
+    app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
+    app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(health.router, tags=["Health"])

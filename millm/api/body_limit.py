@@ -9,14 +9,15 @@ from the settings.
 
 from __future__ import annotations
 
+import re
+
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from millm.api.errors import error_response
 from millm.errors import DocumentTooLarge, RequestTooLarge
 
 IMPORT_PATHS = frozenset({"/api/profiles/import", "/api/clusters/import", "/api/circuits/import"})
-
-
+IMPORT_PATTERNS = (re.compile(r"^/api/saes/[^/]+/labels/?$"),)  # PUT and PATCH of an SAE's feature labels
 
 
 class BodyOverCap(StarletteHTTPException):
@@ -30,7 +31,7 @@ class BodyOverCap(StarletteHTTPException):
 
 def body_cap(path: str, request_cap: int, import_cap: int) -> tuple[int, type[RequestTooLarge], str]:
     """The cap on this path's body, the error past it, and the setting that sets it."""
-    if path in IMPORT_PATHS:
+    if path in IMPORT_PATHS or any(pattern.match(path) for pattern in IMPORT_PATTERNS):
         return import_cap, DocumentTooLarge, "MAX_IMPORT_BYTES"
     return request_cap, RequestTooLarge, "MAX_REQUEST_BYTES"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -148,12 +148,6 @@ async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = Non
 def detach_sae(sae_id: str, request: Request):
     """Stop steering and reading through it; its live strengths are kept for a later attach."""
     return admin.detach_sae(state_of(request), sae_id)
-
-
-@router.get("/api/saes/{sae_id}/features", summary="Search the SAE's feature labels")
-def sae_features(sae_id: str, request: Request, q: str = "", limit: Annotated[int, Query(ge=1, le=1000)] = 50):
-    """Labelled features whose label, top tokens or example contain `q`."""
-    return admin.search_features(state_of(request), sae_id, q, limit)
 
 
 # steering ------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ from fastapi.openapi.utils import get_openapi
 
 from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
+from millm.interp.labels import document_schemas as label_document_schemas
 from millm.protocol import field_policy
+from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
 from millm.protocol.requests import (
     BUDGET_RULES,
@@ -55,16 +57,22 @@ ERROR_RESPONSE = {
     "description": "An error, in OpenAI's shape: the status and `code` say which (see docs/openai-api.md)",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
 }
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
 # Routes that read their body raw (to store a document byte for byte) declare it here.
 RAW_BODIES = {
     "/api/profiles/import": ["ProfileDocument", "ProfileBundle"],
     "/api/clusters/import": ["ClusterDefinition", "ClusterBundle"],
     "/api/circuits/import": ["CircuitDefinition"],
 }
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
+# PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format, or CSV.
+LABELS_PATH = "/api/saes/{sae_id}/labels"
+LABELS_BODY = {"required": True, "content": {
+    "application/json": {"schema": {"anyOf": [_ref(name) for name in ("NeuronpediaExplanations", "NeuronpediaFeatures", "MistudioLabels", "PlainLabels")]}},
+    "text/csv": {"schema": {"type": "string", "description": "index,label rows; an optional header row whose first cell is index"}},
+}}
 
 
 def _narrow(component: dict, properties: dict | None = None, rules: list[dict] | None = None, required: list[str] | None = None) -> None:
@@ -122,6 +130,8 @@ def _requests(schemas: dict, settings: Settings) -> None:
                 {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1}]}}}),
         ],
     )
+    _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
+    _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
     _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
     _narrow(
         schemas["ResponseFormat"],
@@ -146,6 +156,7 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
     schemas["Error"] = ERROR_SCHEMA
     schemas["SchemaSubset"] = SUBSET_SCHEMA
     schemas.update(DOCUMENT_SCHEMAS)
+    schemas.update(label_document_schemas())
     _requests(schemas, settings)
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
@@ -155,6 +166,8 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
             if path in RAW_BODIES and method == "post":
                 body = {"anyOf": [_ref(name) for name in RAW_BODIES[path]]}
                 operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+            if path == LABELS_PATH and method in ("put", "patch"):
+                operation["requestBody"] = LABELS_BODY
     app.openapi_schema = schema
     return schema
 

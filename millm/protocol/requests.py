@@ -105,24 +105,18 @@ class StreamOptions(OpenBody):
     include_usage: bool | None = None
 
 
-class SamplingFields(OpenBody):
-    """Fields chat and text completions share."""
+class GenerationFields(OpenBody):
+    """How text is sampled and when it stops: the fields every generating body shares (chat, text
+    completions, POST /api/compare)."""
 
-    model: str
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: Choices | None = None
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
     stop: str | list[str] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
-    user: str | None = None
-    # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
-    return_sae_activations: dict | None = None
 
     @field_validator("stop")
     @classmethod
@@ -161,6 +155,18 @@ class SamplingFields(OpenBody):
     def stop_sequences(self) -> tuple[str, ...]:
         """Stop strings as a tuple (validated into a list above)."""
         return tuple(self.stop or ())
+
+
+class SamplingFields(GenerationFields):
+    """Fields chat and text completions share."""
+
+    model: str
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: Choices | None = None
+    user: str | None = None
+    # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
+    return_sae_activations: dict | None = None
 
 
 class JsonSchemaFormat(OpenBody):

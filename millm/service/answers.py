@@ -58,6 +58,7 @@ class Collected:
     finish_reasons: list[str | None]
     completion_tokens: int = 0
     reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
+    row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
 
 
 def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = False) -> dict | None:
@@ -69,7 +70,7 @@ def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = F
 
 async def collect(stream: JobStream, rows: int) -> Collected:
     """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
-    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows)
+    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows, row_tokens=[0] * rows)
     try:
         async for event in stream.events():
             if isinstance(event, TextDelta):
@@ -77,6 +78,7 @@ async def collect(stream: JobStream, rows: int) -> Collected:
             elif isinstance(event, RowFinished):
                 result.finish_reasons[event.row] = event.finish_reason
                 result.completion_tokens += event.completion_tokens
+                result.row_tokens[event.row] = event.completion_tokens
             elif isinstance(event, ResidualsRead):
                 result.reads.append(event)
             elif isinstance(event, JobFailed):

@@ -27,9 +27,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from millm.errors import MillmError, describe
+from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
 from millm.interp.intensity import Dial, applied_strength, circuit_lambda, cluster_lambda
 from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
@@ -133,21 +134,41 @@ class Planner:
 
     def plan_for(self, profile: str | None, dial: Dial | None) -> Plan:
         """The immutable plan of one request, from memory: resolved once per state, then reused."""
+        return self._cached((profile, dial), lambda now: self._refusing_unfit(now, profile, dial))
+
+    def plan_for_base(self, kind: str, key: str, dial: Dial | None) -> Plan:
+        """A profile, cluster or circuit (by name or id) steering one request only, whatever the
+        active base and the enabled flag, through the dial (None: a cluster's stored intensity, a
+        circuit's authored one); 404 for an unknown one, 400 when it does not fit the attached SAEs."""
+        if kind == "profile":
+            return self.plan_for(key, dial)
+        return self._cached((kind, key, dial), lambda now: self._request_base(now, kind, key, dial))
+
+    def _cached(self, key: tuple, resolve: Callable[[Snapshot], Plan]) -> Plan:
+        """The plan kept for `key` in the current state, else `resolve`d from a snapshot and kept."""
         with self.steering.lock:  # held only to read one consistent state
             stamp, shelves = self._stamp()
-            key = (stamp, profile, dial)
-            plan = self.plans.get(key)
+            plan = self.plans.get((stamp, *key))
             if plan is not None:
                 return plan
             now = self._snapshot(stamp, shelves)
+        plan = resolve(now)
+        self.plans.put((stamp, *key), plan)
+        return plan
+
+    def _refusing_unfit(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
         try:
-            plan = self._resolve(now, profile, dial)
+            return self._resolve(now, profile, dial)
         except BaseUnfit as exc:  # refused each time, never cached; logged once per state
             if self._first_time("unfit", now.stamp):
                 log.warning("refusing steered requests: %s", exc.message)
             raise
-        self.plans.put(key, plan)
-        return plan
+
+    def _request_base(self, now: Snapshot, kind: str, key: str, dial: Dial | None) -> Plan:
+        try:
+            return self._cluster(now, key, dial) if kind == "cluster" else self._circuit(now, key, dial)
+        except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
+            raise InvalidRequest(f"the stored definition of {kind} {key!r} cannot be read ({describe(exc)})", param=kind) from None
 
     def active_fit(self) -> dict | None:
         """The active base (kind, id, name) and whether it fits the attached SAEs now, with the

@@ -6,7 +6,7 @@ refuse whatever the model, the steering_intensity syntax, an unknown profile, th
 return_sae_activations) runs first: a bad request never moves a model. What depends on the
 model (its chat template, its vocabulary, its context window, the SAEs attached to it) is
 checked once it is held. How many rows a request makes (conversations or prompts times n) is
-the request's own: past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by the API, before this.
+the request's own (a comparison makes one per variant): past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by the API, before this.
 """
 
 from __future__ import annotations
@@ -51,9 +51,12 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
 
 
 def check_rows(body: BaseModel, cap: int) -> None:
-    """400 when the request's rows (conversations or prompts, times n) exceed `cap`, naming the field that multiplies them."""
+    """400 when the request's rows (conversations or prompts, times n; a comparison's variants) exceed `cap`, naming the field that multiplies them."""
     n = getattr(body, "n", None) or 1
-    if hasattr(body, "messages"):
+    variants = getattr(body, "variants", None)
+    if variants is not None:  # POST /api/compare: one conversation, a row per variant
+        units, param, what = len(variants), "variants", "variants"
+    elif hasattr(body, "messages"):
         units, param, what = 1 + len(getattr(body, "extra_messages", None) or []), "extra_messages", "conversations"
     elif hasattr(body, "prompt"):
         units, param, what = len(listed_inputs(body.prompt)), "prompt", "prompts"

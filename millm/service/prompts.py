@@ -56,23 +56,26 @@ def template_messages(messages: list[ChatMessage], param: str = "messages") -> l
 def conversation_prompts(lm: LoadedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[list[int]]:
     """Token ids of `messages` and of each `extra_messages` conversation, with the offered tools;
     a failure names which conversation."""
-    native = template_takes_tools(lm.tokenizer)
-    listed = [tool.as_template() for tool in tools.tools] if native and tools is not None and tools.offered else None
     conversations = [("messages", body.messages)]
     conversations += [(f"extra_messages[{i}]", msgs) for i, msgs in enumerate(body.extra_messages or [])]
-    prompts = []
-    for param, messages in conversations:
-        try:
-            prompt = chat_prompt_ids(lm.tokenizer, tool_messages(template_messages(messages, param), tools, native), listed)
-        except MillmError as exc:
-            if param != "messages" and exc.param == "messages":  # the template's own complaint
-                exc.param = param
-                exc.message = f"{param}: {exc.message}"
-            raise
-        if not prompt:
-            raise InvalidRequest(f"the rendered conversation {param} tokenises to nothing", param=param)
-        prompts.append(prompt)
-    return prompts
+    return [conversation_ids(lm, messages, param, tools) for param, messages in conversations]
+
+
+def conversation_ids(lm: LoadedModel, messages: list[ChatMessage], param: str = "messages", tools: ToolPlan | None = None) -> list[int]:
+    """Token ids of one conversation through the model's chat template, with the offered tools;
+    a failure names `param`."""
+    native = template_takes_tools(lm.tokenizer)
+    listed = [tool.as_template() for tool in tools.tools] if native and tools is not None and tools.offered else None
+    try:
+        prompt = chat_prompt_ids(lm.tokenizer, tool_messages(template_messages(messages, param), tools, native), listed)
+    except MillmError as exc:
+        if param != "messages" and exc.param == "messages":  # the template's own complaint
+            exc.param = param
+            exc.message = f"{param}: {exc.message}"
+        raise
+    if not prompt:
+        raise InvalidRequest(f"the rendered conversation {param} tokenises to nothing", param=param)
+    return prompt
 
 
 def listed_inputs(value) -> list:

@@ -6,8 +6,9 @@ import logging
 from pathlib import Path
 
 from millm.errors import InvalidRequest, NotFound, describe
-from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels, read_sae
+from millm.interp.formats import LABELS_FILE, SAEInfo, read_sae
 from millm.interp.sae import SAE
+from millm.service.labels import LabelBook
 from millm.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -15,13 +16,15 @@ HUB_SAE_PATTERNS = ["cfg.json", "sae_weights.safetensors", LABELS_FILE, "params.
 
 
 class SAERegistry:
-    """Registered SAEs by id (a hash of the weights file); labels read on first use."""
+    """Registered SAEs by id (a hash of the weights file); their labels are in the LabelBook."""
 
-    def __init__(self, store: Store, hub_dir: Path):
+    def __init__(self, store: Store, hub_dir: Path, labels: LabelBook):
         self.store = store
         self.hub_dir = hub_dir
+        self.book = labels
         self.infos: dict[str, SAEInfo] = {d["id"]: SAEInfo(**d) for d in store.saes()}
-        self._labels: dict[str, dict[int, dict]] = {}
+        for info in self.infos.values():  # registered before labels were stored: their own labels, once
+            labels.seed_quietly(info)
 
     def get(self, sae_id: str) -> SAEInfo:
         """The SAE's info, or 404 sae_not_found."""
@@ -47,36 +50,22 @@ class SAERegistry:
         info, _ = read_sae(location)
         if info.id in self.infos:
             return self.infos[info.id], False
+        self.book.seed(info)  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
         self.store.add_sae(info.to_dict())
         self.infos[info.id] = info
         return info, True
 
     def forget(self, sae_id: str) -> None:
-        """Remove the registration (the caller checks it is not attached)."""
+        """Remove the registration (the caller checks it is not attached). Its labels are kept, keyed by
+        the id (a hash of the weights): registering the same file again finds them."""
         self.get(sae_id)
         self.store.remove_sae(sae_id)
         self.infos.pop(sae_id, None)
-        self._labels.pop(sae_id, None)
 
     def labels(self, sae_id: str) -> dict[int, dict]:
-        """The feature labels the SAE ships (index -> entry), possibly empty."""
-        if sae_id not in self._labels:
-            self._labels[sae_id] = read_labels(self.get(sae_id))
-        return self._labels[sae_id]
-
-    def search(self, sae_id: str, query: str, limit: int) -> list[dict]:
-        """Labelled features whose label, top tokens or example contain `query` (all when empty)."""
-        labels = self.labels(sae_id)
-        needle = query.lower().strip()
-        found = []
-        for index in sorted(labels):
-            entry = labels[index]
-            haystack = " ".join([str(entry.get("label", "")), " ".join(map(str, entry.get("top_tokens", []))), str(entry.get("example", ""))])
-            if needle in haystack.lower():
-                found.append({"index": index, **entry})
-                if len(found) >= limit:
-                    break
-        return found
+        """The SAE's feature labels (index -> {"label", <detail>, "source"}), possibly none; 404 for an unknown SAE."""
+        self.get(sae_id)
+        return self.book.entries(sae_id)
 
     @staticmethod
     def _local(path: str) -> Path:

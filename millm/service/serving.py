@@ -10,6 +10,7 @@ possibly loaded), then what depends on the model, then admission.
 from __future__ import annotations
 
 from anyio import to_thread
+from pydantic import BaseModel
 
 from millm.engine.jobs import Ranking
 from millm.engine.loader import LoadedModel
@@ -20,6 +21,7 @@ from millm.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
+    GenerationFields,
     SamplingFields,
 )
 from millm.protocol.responses import ChatCompletion, Completion, Usage
@@ -63,8 +65,8 @@ from millm.service.structured import (
 from millm.service.tools import offer_decision, parse_tools, template_takes_tools
 
 
-def generation_options(body: SamplingFields) -> GenerationOptions:
-    """The engine's view of the sampling fields, with OpenAI's defaults filled in."""
+def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
+    """The engine's view of the sampling fields (`n` choices per prompt), with OpenAI's defaults filled in."""
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -72,7 +74,7 @@ def generation_options(body: SamplingFields) -> GenerationOptions:
         frequency_penalty=body.frequency_penalty or 0.0,
     )
     return GenerationOptions(
-        max_tokens=body.token_budget, n=body.n or 1, sampling=sampling, stop=body.stop_sequences, seed=body.seed
+        max_tokens=body.token_budget, n=n, sampling=sampling, stop=body.stop_sequences, seed=body.seed
     )
 
 
@@ -88,7 +90,7 @@ def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
         raise refuse("several prompts have several position axes; send one prompt")
 
 
-def unused_fields(strict: bool, body: SamplingFields, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = ()) -> tuple[str, ...]:
+def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under X-miLLM-Strict)."""
     # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
     reads = template_reads(lm.tokenizer) | {"tool_calls"}
@@ -192,7 +194,7 @@ class Serving:
         monitored = self.state.monitor.read_for(self.state.steering.attached)
         if monitored is not None:
             reads += (monitored[0],)
-        rows = build_rows(lm, prompts, generation_options(body), self.settings.default_max_tokens, param, plan.edit, constraint, reads)
+        rows = build_rows(lm, prompts, generation_options(body, body.n or 1), self.settings.default_max_tokens, param, plan.edit, constraint, reads)
         stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None)
         self.state.submit(stream.job)
         return stream, len(rows)

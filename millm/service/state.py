@@ -45,8 +45,10 @@ from millm.service.checkpoints import (
     element_bytes,
     inspect,
 )
+from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
 from millm.service.jobs import JobBook
+from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
@@ -105,7 +107,9 @@ class ServerState:
         self.source = source
         settings.home.mkdir(parents=True, exist_ok=True)
         self.store = Store(database_url(settings.home, settings.database_url))
-        self.saes = SAERegistry(self.store, settings.hub_dir)
+        self.labels = LabelBook(self.store)
+        self.saes = SAERegistry(self.store, settings.hub_dir, self.labels)
+        self.decoders = DecoderCache()
         self.profiles = ProfileBook(self.store)
         self.steering = Steering(self.store, self.saes, self.profiles)
         self.clusters = ClusterBook(self.store, settings.steering_intensity_max)

@@ -32,7 +32,7 @@ def list_saes(state: ServerState) -> list[dict]:
 
 
 def delete_sae(state: ServerState, sae_id: str) -> dict:
-    """Forget an SAE and its live strengths; 409 while it is attached or re-attaches on load."""
+    """Forget an SAE and its live strengths (its labels are kept); 409 while it is attached or re-attaches on load."""
     state.saes.get(sae_id)
     with state.steering.lock:
         # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
@@ -40,6 +40,7 @@ def delete_sae(state: ServerState, sae_id: str) -> dict:
             raise Conflict(f"{sae_id} is attached (or re-attaches when the model loads); detach it first", param="sae_id", code="sae_attached")
         state.steering.set_strengths({}, clear=sae_id)
         state.saes.forget(sae_id)
+        state.decoders.drop(sae_id)
     return {"id": sae_id, "deleted": True}
 
 
@@ -52,13 +53,6 @@ def detach_sae(state: ServerState, sae_id: str) -> dict:
     """Stop steering and reading through an SAE (its live strengths are kept)."""
     was = state.steering.detach(sae_id)
     return attached_view(state, sae_id, was_attached=was)
-
-
-def search_features(state: ServerState, sae_id: str, query: str, limit: int) -> dict:
-    """Labelled features of an SAE matching `query`."""
-    info = state.saes.get(sae_id)
-    found = state.saes.search(sae_id, query, limit)
-    return {"object": "list", "sae_id": sae_id, "has_labels": info.has_labels, "query": query, "data": found}
 
 
 # live steering ---------------------------------------------------------------------------------------

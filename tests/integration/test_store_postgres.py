@@ -4,6 +4,7 @@ import httpx
 import pytest
 
 from millm.store.database import Store
+from millm.store.labels import LabelStore
 from tests.support.postgres import PostgresServer, binaries
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
@@ -30,6 +31,18 @@ def test_store_round_trip_on_postgres(postgres):
     assert [p["name"] for p in again.profiles()] == ["pg-profile"]
     assert again.get_setting("steering_version") == 3
     again.close()
+
+
+def test_label_store_on_postgres(postgres):
+    labels = LabelStore(Store(postgres.url))
+    rows = [(i, f"label {i}", "plain", {"top_tokens": [f"t{i}"]}) for i in range(1200)]  # more than one IN (...) chunk
+    assert labels.replace("sae_pg", rows) == (0, 1200)
+    assert labels.merge("sae_pg", [(i, "new", "neuronpedia", {}) for i in range(1100, 1300)]) == (100, 1300)
+    again = LabelStore(Store(postgres.url))
+    stored = again.rows("sae_pg")
+    assert len(stored) == 1300 and (stored[5].label, stored[5].detail, stored[1150].source) == ("label 5", {"top_tokens": ["t5"]}, "neuronpedia")
+    assert again.seed("sae_pg", rows[:1]) is False and again.seeded("sae_pg")  # labels were there: kept, and seeded once
+    assert again.clear("sae_pg") == 1300 and again.count("sae_pg") == 0
 
 
 def test_server_state_lives_in_postgres(postgres, tiny_dirs, tmp_path):

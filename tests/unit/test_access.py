@@ -171,3 +171,5 @@ def test_body_caps_by_route():
     assert body_cap("/v1/chat/completions", 100, 50) == (100, RequestTooLarge, "MAX_REQUEST_BYTES")
     assert body_cap("/api/clusters/import", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
     assert body_cap("/api/profiles/import", 100, 500)[0] == 500
+    assert body_cap("/api/saes/sae_0123456789ab/labels", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
+    assert body_cap("/api/saes/sae_0123456789ab/features", 100, 50)[0] == 100

@@ -1,0 +1,26 @@
+"""POST /api/compare: one conversation generated under several steering variants, side by side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from millm.api.deps import settings_of, state_of
+from millm.api.headers import STRICT_HEADER, strict_mode
+from millm.api.replies import respond, unless_client_leaves
+from millm.protocol.compare import CompareRequest, Comparison
+from millm.service.compare import compare
+
+router = APIRouter()
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The comparison; with stream: true, server-sent events (compare.start, "
+                              "compare.delta, compare.finish, compare.usage, then [DONE])",
+                         "content": {"text/event-stream": {}}}}
+
+
+@router.post("/api/compare", summary="One conversation under several steering variants, generated together",
+             response_model=Comparison, responses=STREAM_RESPONSE)
+async def compare_variants(body: CompareRequest, request: Request):
+    """Generate the conversation unsteered, live, under a profile, features, a cluster or a circuit, side by side."""
+    reply = await unless_client_leaves(request, compare(state_of(request), body, strict_mode(request.headers.get(STRICT_HEADER))))
+    return respond(reply, settings_of(request).ignored_fields_header_max_bytes)
