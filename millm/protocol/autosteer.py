@@ -63,7 +63,7 @@ class Candidate(BaseModel):
     index: int
     label: str | None
     source: str  # labels | contrast
-    evidence: float  # the label search's score, or the contrast's effect size
+    evidence: float | None  # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
     decoder_norm: float
 
 

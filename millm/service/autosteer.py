@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from millm.engine.jobs import ResidualRead, RowSpec
-from millm.engine.prompts import chat_prompt_ids
+from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
@@ -34,6 +34,7 @@ from millm.interp.intensity import clamp_strength
 from millm.interp.steering import Attached
 from millm.protocol.autosteer import DEFAULT_FRACTIONS, AutoSteerRequest, AutoSteerResult, Baseline, Candidate, Setting
 from millm.service.blocking import generate_blocking, likelihoods_blocking, passes_blocking
+from millm.service.contrast import contrast_prompts_blocking
 from millm.service.jobs import JobHandle, JobView
 from millm.service.judge import Judge, judge_for
 
@@ -115,7 +116,7 @@ def run_autosteer(state, prep: Prepared, handle: JobHandle) -> AutoSteerResult:
     residual_norm, vectors, norms = measure(state, prep, [c[0] for c in candidates], handle)
     labels = state.saes.labels(prep.attached.info.id)
     chosen = [
-        Candidate(index=i, label=label_of(labels, i), source=source, evidence=round(evidence, 4), decoder_norm=round(norms[i], 4))
+        Candidate(index=i, label=label_of(labels, i), source=source, evidence=round(evidence, 4) if math.isfinite(evidence) else None, decoder_norm=round(norms[i], 4))
         for i, source, evidence in candidates
     ]
     handle.set_total(sum(len(vectors[c.index]) for c in chosen))
@@ -161,7 +162,7 @@ def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int,
     examples were given, taken in turn, without repeats, up to `candidates`."""
     body = prep.body
     sae_id = prep.attached.info.id
-    from_labels = [(hit.index, "labels", hit.score) for hit in state.labels.search(sae_id, body.goal, body.candidates)]
+    from_labels = [(hit.index, "labels", hit.score or 0.0) for hit in state.labels.search(sae_id, body.goal, body.candidates)]
     from_contrast: list[tuple[int, str, float]] = []
     if body.examples:
         from_contrast = contrast_candidates(state, prep, handle)
@@ -185,8 +186,15 @@ def _alternate(first: list, second: list) -> list:
 
 
 def contrast_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int, str, float]]:
-    """The features that most separate the examples from the neutral texts, by effect size."""
-    raise NotImplementedError  # wired to the contrast read when it lands
+    """The features that most separate the examples from the neutral texts (unsteered), by effect size."""
+    tokenizer = prep.tokenizer
+    examples = [completion_prompt_ids(tokenizer, text) for text in prep.body.examples or ()]
+    neutral = [completion_prompt_ids(tokenizer, text) for text in prep.body.neutral or NEUTRAL_TEXTS]
+    started = time.monotonic()
+    found = contrast_prompts_blocking(state, prep.model, prep.attached, examples, neutral, top_k=prep.body.candidates, cancel=handle.cancel_event)
+    handle.pace(time.monotonic() - started)
+    # An infinite effect (both sets constant and different) is the strongest evidence there is.
+    return [(f.index, "contrast", f.effect_size if f.effect_size is not None else math.inf) for f in found.favouring_a if f.difference > 0]
 
 
 def measure(state, prep: Prepared, indices: list[int], handle: JobHandle) -> tuple[float, dict[int, list[tuple[float, torch.Tensor]]], dict[int, float]]:
