@@ -109,7 +109,7 @@ def contrast_prompts_blocking(
     for name, prompts in (("a", a), ("b", b)):
         for i, prompt in enumerate(prompts):
             if len(prompt) < MIN_TOKENS:
-                raise InvalidRequest(f"{name}[{i}] is {len(prompt)} token long; a contrast text needs at least {MIN_TOKENS}", param=f"{name}[{i}]")
+                raise InvalidRequest(f"{name}[{i}] is {len(prompt)} token{'s' if len(prompt) != 1 else ''} long; a contrast text needs at least {MIN_TOKENS}", param=f"{name}[{i}]")
     if not a or not b or len(a) + len(b) < MIN_TEXTS:
         raise InvalidRequest(f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and {len(b)}", param="b")
     answered = passes_blocking(state, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel)

@@ -141,7 +141,7 @@ def check_readable(lm: LoadedModel, ids: list[int], param: str) -> list[int]:
         raise ContextLengthExceeded(limit=lm.context_length, prompt_tokens=len(ids), max_tokens=0, param=param)
     if len(ids) < MIN_TOKENS:
         raise InvalidRequest(
-            f"{param} is {len(ids)} token long; a read skips the first position (an attention sink), "
+            f"{param} is {len(ids)} token{'s' if len(ids) != 1 else ''} long; a read skips the first position (an attention sink), "
             f"so a text needs at least {MIN_TOKENS} tokens",
             param=param,
         )
