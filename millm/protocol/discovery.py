@@ -27,13 +27,13 @@ class StrictBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class Message(ChatMessage):
+class DiscoveryMessage(ChatMessage):
     """A chat message as /v1/chat/completions takes it, without unknown keys (nothing here would report them)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=MESSAGE_SCHEMA)
 
 
-Conversation = Annotated[list[Message], Field(min_length=1)]
+Conversation = Annotated[list[DiscoveryMessage], Field(min_length=1)]
 TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K, description=f"Features listed (1-{MAX_TOP_K}).")]
 ModelName = Annotated[str | None, Field(description="The model to read with (default: the loaded model).")]
 

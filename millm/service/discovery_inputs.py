@@ -20,7 +20,7 @@ from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, Mode
 from millm.interp.formats import SAEInfo
 from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
-from millm.protocol.discovery import Message, SteerWith, TextSet
+from millm.protocol.discovery import DiscoveryMessage, SteerWith, TextSet
 from millm.service.feature_reads import SKIPPED_POSITIONS
 from millm.service.prompts import template_messages, token_ids
 from millm.service.state import ServerState
@@ -122,7 +122,7 @@ def text_prompt(lm: LoadedModel, text: str, param: str) -> list[int]:
     return token_ids(lm, text, param, InvalidRequest)
 
 
-def conversation_prompt(lm: LoadedModel, messages: list[Message], param: str) -> list[int]:
+def conversation_prompt(lm: LoadedModel, messages: list[DiscoveryMessage], param: str) -> list[int]:
     """A conversation's token ids through the model's chat template, as /v1/chat/completions renders it."""
     try:
         ids = chat_prompt_ids(lm.tokenizer, template_messages(list(messages), param))

@@ -252,6 +252,22 @@ def test_contrast_of_conversations(server, offline, encode):
         assert got[side][0]["effect_size"] == pytest.approx(d[best], rel=1e-4)
 
 
+def test_contrast_steered_when_asked(server, offline, encode):
+    tokenizer, _ = offline
+    strengths = {9: 3.0}
+
+    def values(texts: list[str]) -> np.ndarray:
+        return np.stack([encode(tokenizer(t)["input_ids"], strengths).max(0).values.double().numpy() for t in texts])
+
+    d = numpy_d(values(SET_A), values(SET_B))
+    body = {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "top_k": 2, "steering": {"features": [{"index": 9, "strength": 3.0}]}}
+    got = answer(server, "contrast", body)
+    assert got["steered"] is True and got["steering"]["kind"] == "features"
+    top = got["favouring_a"][0]
+    assert top["index"] == int(np.nanargmax(np.where(np.isfinite(d), d, np.nan)))
+    assert top["effect_size"] == pytest.approx(d[top["index"]], rel=1e-4)
+
+
 def test_reads_are_never_monitored(server):
     assert api(server, "PUT", "/api/monitoring", json={"enabled": True, "positions": "all"}).status_code == 200
     api(server, "POST", "/api/monitoring/reset")
