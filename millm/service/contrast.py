@@ -34,6 +34,7 @@ from millm.service.discovery_inputs import (
     check_set_sizes,
     check_steering_request,
     check_total,
+    label_of,
     model_to_read,
     registered_sae,
     resolve_steering,
@@ -81,9 +82,8 @@ def contrast_result(labels: Callable[[str], dict[int, dict]], sae_id: str, a: li
 
     def entry(index: int) -> ContrastFeature:
         d = float(found.effect_size[index])
-        label = names.get(index, {}).get("label")
         return ContrastFeature(
-            index=index, label=str(label) if label is not None else None,
+            index=index, label=label_of(names, index),
             mean_a=float(found.mean_a[index]), mean_b=float(found.mean_b[index]), difference=float(found.difference[index]),
             effect_size=d if math.isfinite(d) else None, fired_a=int(fired_a[index]), fired_b=int(fired_b[index]),
         )

@@ -1,5 +1,6 @@
 """What inspect and contrast read, checked before any forward pass: the SAE, the model, the texts as
-token ids within the caps, and the steering plan the caller asked for (none unless asked).
+token ids within the caps, and the steering plan the caller asked for (none unless asked); and
+how both answers name a feature (its label).
 
 The checks run in the order a client would fix them: what the request alone decides (an unknown
 SAE, a feature past its width, too many texts, an unknown profile) before the model is acquired;
@@ -202,6 +203,13 @@ def resolve_steering(state: ServerState, steering: str | SteerWith | None, attac
     if edit is None:
         return NOT_STEERED
     return Steered(edit, "features", {"features": sum(len(f) for f in strengths.values())})
+
+
+def label_of(labels: dict[int, dict], index: int) -> str | None:
+    """A feature's label from the SAE's labels (index -> entry with "label"), or None."""
+    entry = labels.get(index)
+    label = entry.get("label") if entry else None
+    return str(label) if label is not None else None
 
 
 def _params(params: tuple[tuple[str, object], ...]) -> dict[str, str | int | float]:

@@ -33,6 +33,7 @@ from millm.service.discovery_inputs import (
     check_steering_request,
     check_total,
     conversation_prompt,
+    label_of,
     model_to_read,
     registered_sae,
     resolve_steering,
@@ -91,7 +92,7 @@ def answer(state: ServerState, lm: LoadedModel, attached: Attached, prompt: list
     strings = token_strings(lm, prompt)
     features = [
         InspectFeature(
-            index=int(i), label=_label(labels, int(i)), max=float(summary.max[i]), mean=float(summary.mean[i]),
+            index=int(i), label=label_of(labels, int(i)), max=float(summary.max[i]), mean=float(summary.mean[i]),
             count=int(summary.count[i]), max_position=int(summary.peak[i]),
         )
         for i in ranked(summary, body.sort, body.top_k)
@@ -99,7 +100,7 @@ def answer(state: ServerState, lm: LoadedModel, attached: Attached, prompt: list
     trace = None
     if body.feature is not None and summary.trace is not None:
         values = [FeatureValue(position=p, token=strings[p], value=float(v)) for p, v in zip(summary.positions, summary.trace.tolist(), strict=True)]
-        trace = FeatureTrace(index=body.feature, label=_label(labels, body.feature), values=values)
+        trace = FeatureTrace(index=body.feature, label=label_of(labels, body.feature), values=values)
     return InspectResponse(
         model=lm.name, sae_id=attached.info.id, layer=attached.layer, sort=body.sort,
         steered=steered.edit is not None, steering=SteeringUsed(kind=steered.kind, params=steered.params),
@@ -107,12 +108,6 @@ def answer(state: ServerState, lm: LoadedModel, attached: Attached, prompt: list
         tokens=[TokenRead(position=p, token_id=prompt[p], token=strings[p]) for p in summary.positions],
         features=features, activations=trace,
     )
-
-
-def _label(labels: dict[int, dict], index: int) -> str | None:
-    entry = labels.get(index)
-    label = entry.get("label") if entry else None
-    return str(label) if label is not None else None
 
 
 def inspect_prompt(lm: LoadedModel, body: InspectRequest, cap: int) -> list[int]:
