@@ -10,6 +10,7 @@ from millm import __version__
 from millm.api import (
     compare,
     completions,
+    discovery,
     documents,
     health,
     jobs,
@@ -93,4 +94,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(monitoring.router, tags=["Monitoring"])
     app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
+    app.include_router(discovery.router, tags=["Discovery"])
     app.include_router(health.router, tags=["Health"])
