@@ -110,6 +110,19 @@ class Settings(BaseSettings):
         "Largest worst case (positions x top_k, max_tokens counted in full) a return_sae_activations request may ask for.",
         ge=1,
     )
+    discovery_max_texts: int = env_field(
+        64,
+        "MILLM_DISCOVERY_MAX_TEXTS",
+        "Most texts (or conversations) in one set of a contrast; past it, 400 naming the set before anything runs.",
+        ge=1,
+    )
+    discovery_max_tokens: int = env_field(
+        16384,
+        "MILLM_DISCOVERY_MAX_TOKENS",
+        "Most tokens one inspect or contrast request reads, all its texts together (texts x tokens); "
+        "past it, 400 naming the field before any forward pass.",
+        ge=2,
+    )
     monitoring_history: int = env_field(
         1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
     )

@@ -11,6 +11,7 @@ from millm.api import (
     autosteer,
     compare,
     completions,
+    discovery,
     documents,
     health,
     jobs,
@@ -94,5 +95,6 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(monitoring.router, tags=["Monitoring"])
     app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
+    app.include_router(discovery.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(health.router, tags=["Health"])

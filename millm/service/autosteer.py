@@ -191,7 +191,9 @@ def contrast_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[
     examples = [completion_prompt_ids(tokenizer, text) for text in prep.body.examples or ()]
     neutral = [completion_prompt_ids(tokenizer, text) for text in prep.body.neutral or NEUTRAL_TEXTS]
     started = time.monotonic()
-    found = contrast_prompts_blocking(state, prep.model, prep.attached, examples, neutral, top_k=prep.body.candidates, cancel=handle.cancel_event)
+    # Mean over positions: a concept feature fires in every example, at peaks that vary from text to
+    # text, and Cohen's d on the max then ranks it low (the pirate feature on the demo SAE: 11th by max, 2nd by mean).
+    found = contrast_prompts_blocking(state, prep.model, prep.attached, examples, neutral, aggregate="mean", top_k=prep.body.candidates, cancel=handle.cancel_event)
     handle.pace(time.monotonic() - started)
     # An infinite effect (both sets constant and different) is the strongest evidence there is.
     return [(f.index, "contrast", f.effect_size if f.effect_size is not None else math.inf) for f in found.favouring_a if f.difference > 0]

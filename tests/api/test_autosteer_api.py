@@ -150,7 +150,7 @@ def test_examples_add_contrast_candidates(server):
             "probe_prompts": PROBES[:1], "candidates": 2, "strengths": [2.0], "max_tokens": 2}
     job = finished(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
-    contrast = post(server, f"/api/saes/{server.sae_id}/contrast", {"a": {"texts": body["examples"]}, "b": {"texts": body["neutral"]}, "top_k": 2}).json()
+    contrast = post(server, f"/api/saes/{server.sae_id}/contrast", {"a": {"texts": body["examples"]}, "b": {"texts": body["neutral"]}, "top_k": 2, "aggregate": "mean"}).json()
     expected = [f["index"] for f in contrast["favouring_a"] if f["difference"] > 0][:2]
     assert [c["index"] for c in job["result"]["candidates"] if c["source"] == "contrast"] == expected
 
