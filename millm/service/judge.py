@@ -1,7 +1,8 @@
 """The unsteered model as a yes/no judge: does a text match a plain-language description?
 
 The question goes through the chat template as a user turn, and the answer is the next-token
-distribution over the single-token spellings of yes and no (normalised over those alone),
+distribution over the spellings of yes and no that are one token (or, for a tokenizer with
+none, the first tokens of the spellings), normalised over those alone,
 through the scoring path: a scoring pass is never steered, so the judge cannot be swayed by
 the steering it judges.
 """
@@ -21,14 +22,13 @@ YES = ("Yes", "yes", " Yes", " yes", "YES")
 NO = ("No", "no", " No", " no", "NO")
 
 
-def single_tokens(tokenizer, words: tuple[str, ...]) -> tuple[int, ...]:
-    """The ids of the words that are one token each, without duplicates, in order."""
-    ids: list[int] = []
-    for word in words:
-        encoded = tokenizer(word, add_special_tokens=False)["input_ids"]
-        if len(encoded) == 1 and encoded[0] not in ids:
-            ids.append(encoded[0])
-    return tuple(ids)
+def answer_tokens(tokenizer, words: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids that start an answer of one of `words`: the spellings that are one token each, or,
+    when the tokenizer has none, the first token of each spelling (no duplicates, in order)."""
+    encoded = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in words]
+    singles = [ids[0] for ids in encoded if len(ids) == 1]
+    chosen = singles or [ids[0] for ids in encoded if ids]
+    return tuple(dict.fromkeys(chosen))
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,16 @@ class Judge:
         return sum(math.exp(logprob) for token_id, logprob in scored.ranked if token_id in self.yes)
 
 
+def judge_tokens(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The yes and no answer tokens; a token that could start both is left out of either."""
+    yes, no = answer_tokens(tokenizer, YES), answer_tokens(tokenizer, NO)
+    shared = set(yes) & set(no)
+    return tuple(t for t in yes if t not in shared), tuple(t for t in no if t not in shared)
+
+
 def judge_for(tokenizer, goal: str) -> Judge:
-    """A judge for `goal`, or 400 when the tokenizer spells yes or no with more than one token."""
-    yes, no = single_tokens(tokenizer, YES), single_tokens(tokenizer, NO)
+    """A judge for `goal`, or 400 when the tokenizer cannot tell a yes from a no by the first token."""
+    yes, no = judge_tokens(tokenizer)
     if not yes or not no:
-        raise InvalidRequest(
-            "this model's tokenizer has no single-token 'yes' or 'no', so it cannot judge AutoSteer's settings", param="goal"
-        )
+        raise InvalidRequest("this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge AutoSteer's settings", param="goal")
     return Judge(goal, yes, no)

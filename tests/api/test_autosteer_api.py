@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
-from millm.service.judge import NO, QUESTION, YES, single_tokens
+from millm.service.judge import QUESTION, judge_tokens
 from tests.api.clients import MODEL, api, error, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
@@ -60,7 +60,7 @@ def result(server):
 
 
 def p_yes(server, tokenizer, goal: str, text: str) -> float:
-    yes, no = single_tokens(tokenizer, YES), single_tokens(tokenizer, NO)
+    yes, no = judge_tokens(tokenizer)
     messages = [{"role": "user", "content": QUESTION.format(text=text.strip(), goal=goal)}]
     body = {"model": MODEL, "messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": len(yes + no),
             "allowed_token_ids": list(yes + no), "return_tokens_as_token_ids": True}
@@ -168,7 +168,7 @@ def test_a_job_can_be_cancelled(server):
     [
         ({"goal": ""}, 400, None, "goal"),
         ({"goal": "x", "strengths": [1.0], "strength_fractions": [0.1]}, 400, None, None),
-        ({"goal": "x", "strengths": [500.0]}, 400, None, "strengths.0"),
+        ({"goal": "x", "strengths": [500.0]}, 400, None, "strengths[0]"),
         ({"goal": "x", "neutral": ["a b c"]}, 400, None, None),
         ({"goal": "x", "candidates": 0}, 400, None, "candidates"),
         ({"goal": "x", "sae_id": "sae_nope"}, 400, "sae_not_attached", "sae_id"),
