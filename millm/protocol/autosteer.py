@@ -31,7 +31,10 @@ class AutoSteerRequest(BaseModel):
     probe_prompts: Annotated[list[Text], Field(min_length=1, max_length=8)] | None = Field(
         None, description="User prompts each setting answers (default: two everyday questions)."
     )
-    candidates: Annotated[int, Field(ge=1, le=8)] = Field(4, description="Features to try.")
+    candidates: Annotated[int, Field(ge=1, le=8)] = Field(4, description="Features to find and try.")
+    include: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=8)] | None = Field(
+        None, description="Features to try as well, beside those found (to check a hunch against AutoSteer's picks)."
+    )
     strengths: Annotated[list[Strength], Field(min_length=1, max_length=8)] | None = Field(
         None, description="Absolute strengths to sweep (instead of strength_fractions)."
     )
@@ -62,7 +65,7 @@ class Candidate(BaseModel):
 
     index: int
     label: str | None
-    source: str  # labels | contrast
+    source: str  # labels | contrast | given
     evidence: float | None  # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
     decoder_norm: float
 

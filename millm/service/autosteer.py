@@ -31,7 +31,7 @@ from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.intensity import clamp_strength
-from millm.interp.steering import Attached
+from millm.interp.steering import Attached, check_feature
 from millm.protocol.autosteer import DEFAULT_FRACTIONS, AutoSteerRequest, AutoSteerResult, Baseline, Candidate, Setting
 from millm.service.blocking import generate_blocking, likelihoods_blocking, passes_blocking
 from millm.service.contrast import contrast_prompts_blocking
@@ -89,6 +89,10 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
     if lm is None:
         raise ModelNotLoaded("no model is loaded to steer; load one first")
     attached = pick_attached(state.steering.attached, body.sae_id)
+    for i, index in enumerate(body.include or ()):
+        check_feature(attached.info, index, param=f"include[{i}]")
+    if body.include is not None and len(set(body.include)) != len(body.include):
+        raise InvalidRequest("include names a feature twice", param="include")
     judge = judge_for(lm.tokenizer, body.goal)
     if body.save_as is not None and state.profiles.shelf.by_name.get(body.save_as) is not None:
         raise Conflict(f"a profile named {body.save_as!r} exists; choose another save_as", param="save_as", code="profile_exists")
@@ -97,7 +101,7 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
     prepared = Prepared(body, lm.name, attached, judge, probes, probe_ids, lm.tokenizer)
     sweep = len(body.strengths or body.strength_fractions or DEFAULT_FRACTIONS)
     return state.jobs.start(
-        "autosteer", f"AutoSteer {body.goal!r} through {attached.info.id}", body.candidates * sweep, "settings",
+        "autosteer", f"AutoSteer {body.goal!r} through {attached.info.id}", (body.candidates + len(body.include or ())) * sweep, "settings",
         lambda handle: run_autosteer(state, prepared, handle).model_dump(),
     )
 
@@ -159,7 +163,8 @@ def label_of(labels: dict[int, dict], index: int) -> str | None:
 
 def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int, str, float]]:
     """(index, source, evidence) of the features to try: label matches, and contrast winners when
-    examples were given, taken in turn, without repeats, up to `candidates`."""
+    examples were given, taken in turn, without repeats, up to `candidates`; then those the caller
+    included that were not found (evidence: none)."""
     body = prep.body
     sae_id = prep.attached.info.id
     from_labels = [(hit.index, "labels", hit.score or 0.0) for hit in state.labels.search(sae_id, body.goal, body.candidates)]
@@ -174,6 +179,7 @@ def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int,
             chosen.append(pair)
         if len(chosen) == body.candidates:
             break
+    chosen += [(index, "given", math.nan) for index in body.include or () if index not in seen]
     return chosen
 
 

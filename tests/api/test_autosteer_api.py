@@ -137,12 +137,16 @@ def test_the_best_setting_is_saved_as_a_profile_only_when_it_beats_the_baseline(
     assert (feature["index"], feature["strength"]) == (best["index"], best["strength"])
 
 
-def test_default_strengths_follow_the_residual_norm(server, result):
-    body = {"goal": "paris", "probe_prompts": PROBES[:1], "candidates": 1, "strength_fractions": [0.25], "max_tokens": 2}
+def test_default_strengths_follow_the_residual_norm_and_included_features_are_tried(server, result):
+    body = {"goal": "paris", "probe_prompts": PROBES[:1], "candidates": 1, "include": [7], "strength_fractions": [0.25], "max_tokens": 2}
     job = finished(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
     got = job["result"]
-    assert got["settings"][0]["strength"] == pytest.approx(round(0.25 * got["residual_norm"] / got["candidates"][0]["decoder_norm"], 2), abs=0.011)
+    assert [(c["index"], c["source"], c["evidence"]) for c in got["candidates"]][1:] == [(7, "given", None)]
+    norms = {c["index"]: c["decoder_norm"] for c in got["candidates"]}
+    for setting in got["settings"]:
+        assert setting["strength"] == pytest.approx(round(0.25 * got["residual_norm"] / norms[setting["index"]], 2), abs=0.011)
+    assert len(got["settings"]) == 2
 
 
 def test_examples_add_contrast_candidates(server):
@@ -173,6 +177,8 @@ def test_a_job_can_be_cancelled(server):
         ({"goal": "x", "candidates": 0}, 400, None, "candidates"),
         ({"goal": "x", "sae_id": "sae_nope"}, 400, "sae_not_attached", "sae_id"),
         ({"goal": "x", "surprise": 1}, 400, None, "surprise"),
+        ({"goal": "x", "include": [10**6]}, 400, "invalid_feature_index", "include[0]"),
+        ({"goal": "x", "include": [3, 3]}, 400, None, "include"),
     ],
 )
 def test_refusals(server, body, status, code, param):
