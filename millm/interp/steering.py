@@ -30,6 +30,21 @@ class Attached:
         return self.layer if self.info.hook_point == "resid_post" else (self.layer - 1 if self.layer > 0 else EMBEDDINGS)
 
 
+def pick_attached(attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = "") -> Attached:
+    """The attached SAE named, or the only one attached when none is named; 400 naming `param` otherwise
+    (`sae_not_attached` when it is not attached), the message led by `prefix`."""
+    names = ", ".join(sorted(attached)) or "none"
+    if not attached:
+        raise InvalidRequest(f"{prefix}no SAE is attached to the model; attach one first (POST /api/saes/{{id}}/attach)", param=param, code="sae_not_attached")
+    if sae_id is None:
+        if len(attached) > 1:
+            raise InvalidRequest(f"{prefix}several SAEs are attached ({names}); name one with sae_id", param=param)
+        return next(iter(attached.values()))
+    if sae_id not in attached:
+        raise InvalidRequest(f"{prefix}SAE {sae_id!r} is not attached (attached: {names})", param=param, code="sae_not_attached")
+    return attached[sae_id]
+
+
 def check_strength(value: float, param: str = "strength") -> float:
     """A strength within ±200, or a 400 naming the limit."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:

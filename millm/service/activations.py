@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
-from millm.interp.steering import Attached, check_feature
+from millm.interp.steering import Attached, check_feature, pick_attached
 
 PARAM = "return_sae_activations"
 ReadPoint = Literal["post_steering", "pre_steering"]
@@ -60,21 +60,6 @@ class ActivationRead:
 def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
     """A 400 naming return_sae_activations."""
     return InvalidRequest(f"{PARAM}: {message}", param=PARAM, code=code)
-
-
-def choose_sae(attached: dict[str, Attached], sae_id: str | None) -> Attached:
-    """The SAE named (it must be attached), or the only one attached."""
-    if not attached:
-        raise refuse("no SAE is attached to the model; attach one first (POST /api/saes/{id}/attach)", "sae_not_attached")
-    if sae_id is None:
-        if len(attached) > 1:
-            names = ", ".join(sorted(attached))
-            raise refuse(f"several SAEs are attached ({names}); name one with sae_id")
-        return next(iter(attached.values()))
-    if sae_id not in attached:
-        names = ", ".join(sorted(attached))
-        raise refuse(f"SAE {sae_id!r} is not attached (attached: {names})", "sae_not_attached")
-    return attached[sae_id]
 
 
 def worst_case_positions(positions: PositionWord | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
@@ -159,7 +144,7 @@ def plan_read(
     max_entries: int,
 ) -> ActivationRead:
     """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming what is wrong)."""
-    chosen = choose_sae(attached, asked.sae_id)
+    chosen = pick_attached(attached, asked.sae_id, PARAM, prefix=f"{PARAM}: ")
     features = None if asked.features is None else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
     worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
     if worst > max_entries:

@@ -31,7 +31,7 @@ from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.intensity import clamp_strength
-from millm.interp.steering import Attached, check_feature
+from millm.interp.steering import Attached, check_feature, pick_attached
 from millm.protocol.autosteer import DEFAULT_FRACTIONS, AutoSteerRequest, AutoSteerResult, Baseline, Candidate, Setting
 from millm.service.blocking import generate_blocking, likelihoods_blocking, passes_blocking
 from millm.service.contrast import contrast_prompts_blocking
@@ -70,25 +70,12 @@ class Prepared:
     tokenizer: object
 
 
-def pick_attached(attached: dict[str, Attached], sae_id: str | None) -> Attached:
-    """The SAE named (it must be attached), or the only one attached; 400 naming sae_id otherwise."""
-    if not attached:
-        raise InvalidRequest("no SAE is attached to the model; attach one first (POST /api/saes/{id}/attach)", param="sae_id", code="sae_not_attached")
-    if sae_id is None:
-        if len(attached) > 1:
-            raise InvalidRequest(f"several SAEs are attached ({', '.join(sorted(attached))}); name one with sae_id", param="sae_id")
-        return next(iter(attached.values()))
-    if sae_id not in attached:
-        raise InvalidRequest(f"SAE {sae_id!r} is not attached (attached: {', '.join(sorted(attached))})", param="sae_id", code="sae_not_attached")
-    return attached[sae_id]
-
-
 def start_autosteer(state, body: AutoSteerRequest) -> JobView:
     """Check the request against the loaded model and start the job (its view is the answer)."""
     lm = state.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to steer; load one first")
-    attached = pick_attached(state.steering.attached, body.sae_id)
+    attached = pick_attached(state.steering.attached, body.sae_id, "sae_id")
     for i, index in enumerate(body.include or ()):
         check_feature(attached.info, index, param=f"include[{i}]")
     if body.include is not None and len(set(body.include)) != len(body.include):

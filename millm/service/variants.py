@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest, MillmError
 from millm.interp.intensity import Dial, parse_dial
-from millm.interp.steering import Attached, check_feature, steering_edit
+from millm.interp.steering import Attached, check_feature, pick_attached, steering_edit
 from millm.protocol.compare import AppliedFeature, AppliedSteering, FeatureSetting, Variant
 from millm.service.plans import Planner
 from millm.service.steering import NO_STEERING, Plan
@@ -92,7 +92,7 @@ def features_edit(attached: dict[str, Attached], settings: list[FeatureSetting],
     applied = []
     for j, setting in enumerate(settings):
         entry = f"{where}[{j}]"
-        target = attached_sae(attached, setting.sae_id, f"{entry}.sae_id")
+        target = pick_attached(attached, setting.sae_id, f"{entry}.sae_id")
         index = check_feature(target.info, setting.index, param=f"{entry}.index")
         features = strengths.setdefault(target.info.id, {})
         if index in features:
@@ -100,20 +100,6 @@ def features_edit(attached: dict[str, Attached], settings: list[FeatureSetting],
         features[index] = setting.strength
         applied.append(AppliedFeature(sae_id=target.info.id, index=index, strength=setting.strength))
     return steering_edit(strengths, attached), applied
-
-
-def attached_sae(attached: dict[str, Attached], sae_id: str | None, param: str) -> Attached:
-    """The attached SAE named, or the only one attached when none is named."""
-    names = ", ".join(sorted(attached)) or "none"
-    if not attached:
-        raise InvalidRequest("no SAE is attached to the model; attach one first (POST /api/saes/{id}/attach)", param=param, code="sae_not_attached")
-    if sae_id is None:
-        if len(attached) > 1:
-            raise InvalidRequest(f"several SAEs are attached ({names}); name one with sae_id", param=param)
-        return next(iter(attached.values()))
-    if sae_id not in attached:
-        raise InvalidRequest(f"SAE {sae_id!r} is not attached (attached: {names})", param=param, code="sae_not_attached")
-    return attached[sae_id]
 
 
 def describe(plan: Plan, features: list[AppliedFeature] | None = None) -> AppliedSteering:
