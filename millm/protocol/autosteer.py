@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -47,6 +47,11 @@ class AutoSteerRequest(BaseModel):
     fluency_tolerance: Annotated[float, Field(ge=0, le=20)] = Field(
         1.0, description="How far (nats per token) a setting's fluency may fall below the unsteered answers' and still count as fluent."
     )
+    rank_by: Literal["judge", "affinity"] = Field(
+        "judge",
+        description="Which signal ranks the fluent settings: the judge's P(yes), or the affinity (how much likelier the "
+        "unsteered model finds the answer when told the goal than when told something neutral).",
+    )
     save_as: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = Field(
         None, description="Save the best setting as a profile with this name (only when it beats the unsteered answers)."
     )
@@ -77,9 +82,11 @@ class Setting(BaseModel):
     label: str | None
     strength: float
     concept: float  # mean P(yes) of the judge over the probe answers
+    affinity: float  # mean per-token log-probability gain of the answers when the model is told the goal
     fluency: float  # mean log-probability per token of the answers under the unsteered model
     fluent: bool
     lift: float  # concept minus the unsteered answers' concept
+    affinity_lift: float  # affinity minus the unsteered answers' affinity
     samples: list[str]
 
 
@@ -87,18 +94,22 @@ class Baseline(BaseModel):
     """The unsteered answers, judged the same way."""
 
     concept: float
+    affinity: float
     fluency: float
     samples: list[str]
 
 
 class AutoSteerResult(BaseModel):
-    """Ranked settings with their evidence; `best` is the first fluent setting that beats the baseline."""
+    """Ranked settings with their evidence; `best` is the first fluent setting that beats the baseline on `rank_by`."""
 
     goal: str
     sae_id: str
     layer: int
     residual_norm: float
     judge_prompt: str
+    goal_system: str  # the system message that states the goal, for the affinity
+    control_system: str  # the neutral one it is compared with
+    rank_by: str
     probe_prompts: list[str]
     candidates: list[Candidate]
     baseline: Baseline

@@ -6,11 +6,13 @@
    the SAE's layer, divided by the feature's decoder norm, so the sweep means the same on any
    SAE), answering a few probe prompts greedily.
 3. Judging, by the server's own unsteered model: concept = P(yes) that the answer matches the
-   goal (judge.py, through the scoring path, never steered); fluency = the answer's mean
-   log-probability per token under the unsteered model after the same prompt.
+   goal (judge.py, through the scoring path, never steered); affinity = how much likelier the
+   answer is when the model is told the goal in a system message than when told something
+   neutral (per token); fluency = the answer's mean log-probability per token after the bare
+   prompt.
 4. Ranking: fluent settings (fluency at most `fluency_tolerance` below the unsteered answers')
-   first, by concept; `best` is the first fluent one whose concept beats the unsteered answers'.
-   It can be saved as a profile.
+   first, by the chosen signal (`rank_by`: the judge, or the affinity); `best` is the first
+   fluent one that beats the unsteered answers on it. It can be saved as a profile.
 
 Every forward pass runs on the scheduler thread through blocking.py; the job's thread only
 tokenises, orders and waits, and yields the scheduler to serving between its passes.
@@ -55,6 +57,16 @@ NEUTRAL_TEXTS = (
     "The printer on this floor is out of paper again.",
 )
 SKIPPED_POSITIONS = 1  # the attention sink (see feature_reads.py)
+# Affinity: how much likelier the unsteered model finds an answer when told the goal than when
+# told something neutral (a pointwise mutual information per token). The neutral message cancels
+# what any system message does to an answer's likelihood.
+GOAL_SYSTEM = "You {goal}."
+CONTROL_SYSTEM = "You are a helpful assistant."
+
+
+def primed_ids(tokenizer, system: str, probe: str) -> list[int]:
+    """A probe prompt's token ids after a system message."""
+    return chat_prompt_ids(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": probe}])
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class Prepared:
     judge: Judge
     probes: tuple[str, ...]
     probe_ids: tuple[tuple[int, ...], ...]
+    goal_ids: tuple[tuple[int, ...], ...]  # each probe after a system message stating the goal
+    control_ids: tuple[tuple[int, ...], ...]  # each probe after a neutral system message
     tokenizer: object
 
 
@@ -85,7 +99,9 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
         raise Conflict(f"a profile named {body.save_as!r} exists; choose another save_as", param="save_as", code="profile_exists")
     probes = tuple(body.probe_prompts or DEFAULT_PROBES)
     probe_ids = tuple(tuple(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": p}])) for p in probes)
-    prepared = Prepared(body, lm.name, attached, judge, probes, probe_ids, lm.tokenizer)
+    goal_ids = tuple(tuple(primed_ids(lm.tokenizer, GOAL_SYSTEM.format(goal=body.goal), p)) for p in probes)
+    control_ids = tuple(tuple(primed_ids(lm.tokenizer, CONTROL_SYSTEM, p)) for p in probes)
+    prepared = Prepared(body, lm.name, attached, judge, probes, probe_ids, goal_ids, control_ids, lm.tokenizer)
     sweep = len(body.strengths or body.strength_fractions or DEFAULT_FRACTIONS)
     return state.jobs.start(
         "autosteer", f"AutoSteer {body.goal!r} through {attached.info.id}", (body.candidates + len(body.include or ())) * sweep, "settings",
@@ -112,26 +128,21 @@ def run_autosteer(state, prep: Prepared, handle: JobHandle) -> AutoSteerResult:
     ]
     handle.set_total(sum(len(vectors[c.index]) for c in chosen))
     baseline_texts = generate(state, prep, [None] * len(prep.probes), handle)
-    concept, fluency = judge_texts(state, prep, baseline_texts, handle)
-    baseline = Baseline(concept=round(concept, 4), fluency=round(fluency or 0.0, 4), samples=baseline_texts)
+    judged = judge_texts(state, prep, baseline_texts, handle)
+    baseline = Baseline(concept=round(judged.concept, 4), affinity=round(judged.affinity or 0.0, 4), fluency=round(judged.fluency or 0.0, 4), samples=baseline_texts)
     settings = []
     for candidate in chosen:
         for strength, vector in vectors[candidate.index]:
             edit = ResidualEdit(((prep.attached.point, vector),))
             texts = generate(state, prep, [edit] * len(prep.probes), handle)
-            concept, fluency = judge_texts(state, prep, texts, handle)
-            fluent = fluency is not None and fluency >= baseline.fluency - body.fluency_tolerance
-            settings.append(Setting(
-                index=candidate.index, label=candidate.label, strength=strength, concept=round(concept, 4),
-                fluency=round(fluency if fluency is not None else -1e9, 4), fluent=fluent,
-                lift=round(concept - baseline.concept, 4), samples=texts,
-            ))
+            settings.append(judged_setting(candidate, strength, texts, judge_texts(state, prep, texts, handle), baseline, body))
             handle.advance()
-    ranked = rank_settings(settings)
-    best = next((s for s in ranked if s.fluent and s.lift > 0), None)
+    ranked = rank_settings(settings, body.rank_by)
+    best = next((s for s in ranked if s.fluent and lift(s, body.rank_by) > 0), None)
     result = AutoSteerResult(
         goal=body.goal, sae_id=prep.attached.info.id, layer=prep.attached.layer, residual_norm=round(residual_norm, 3),
-        judge_prompt=prep.judge.shown_prompt(prep.tokenizer), probe_prompts=list(prep.probes),
+        judge_prompt=prep.judge.shown_prompt(prep.tokenizer), goal_system=GOAL_SYSTEM.format(goal=body.goal), control_system=CONTROL_SYSTEM,
+        rank_by=body.rank_by, probe_prompts=list(prep.probes),
         candidates=chosen, baseline=baseline, settings=ranked, best=best,
     )
     if body.save_as is not None:
@@ -238,9 +249,19 @@ def generate(state, prep: Prepared, edits: list[ResidualEdit | None], handle: Jo
     return [g.text for g in generated]
 
 
-def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> tuple[float, float | None]:
-    """Mean P(yes) of the judge over `texts`, and their mean log-probability per token after their
-    probe prompts under the unsteered model (None when every text is empty)."""
+@dataclass(frozen=True)
+class Judged:
+    """What the unsteered model says of a setting's answers (None: every answer was empty)."""
+
+    concept: float
+    affinity: float | None
+    fluency: float | None
+
+
+def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> Judged:
+    """Over `texts` (one answer per probe): the judge's mean P(yes); the affinity (mean per-token
+    log-probability gain of the answers after the goal's system message over the neutral one);
+    the fluency (mean log-probability per token after the bare probe prompts)."""
     tokenizer = prep.tokenizer
     questions = [prep.judge.prompt_ids(tokenizer, text) for text in texts]
     started = time.monotonic()
@@ -248,19 +269,39 @@ def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> t
     handle.check()
     assert scores is not None
     concept = statistics.fmean(prep.judge.p_yes(scored) for scored in scores.scored)
-    answers = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]  # type: ignore[operator]
-    sequences = [list(ids) + list(answer) for ids, answer in zip(prep.probe_ids, answers, strict=True)]
-    logprobs = likelihoods_blocking(state, prep.model, sequences, [len(ids) for ids in prep.probe_ids], cancel=handle.cancel_event)
+    answers = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]  # type: ignore[operator]
+    prompts = [*prep.probe_ids, *prep.goal_ids, *prep.control_ids]
+    sequences = [list(ids) + answer for ids, answer in zip(prompts, answers * 3, strict=True)]
+    logprobs = likelihoods_blocking(state, prep.model, sequences, [len(ids) for ids in prompts], cancel=handle.cancel_event)
     handle.check()
     handle.pace(time.monotonic() - started)
     assert logprobs is not None
-    tokens = [lp for row in logprobs for lp in row if math.isfinite(lp)]
-    return concept, (statistics.fmean(tokens) if tokens else None)
+    n = len(texts)
+    bare, primed, control = logprobs[:n], logprobs[n : 2 * n], logprobs[2 * n :]
+    tokens = [lp for row in bare for lp in row]
+    gains = [g - c for grow, crow in zip(primed, control, strict=True) for g, c in zip(grow, crow, strict=True)]
+    return Judged(concept, statistics.fmean(gains) if gains else None, statistics.fmean(tokens) if tokens else None)
 
 
-def rank_settings(settings: list[Setting]) -> list[Setting]:
-    """Fluent settings first, then by concept, then by fluency (all descending); ties keep the sweep's order."""
-    return sorted(settings, key=lambda s: (not s.fluent, -s.concept, -s.fluency))
+def judged_setting(candidate: Candidate, strength: float, texts: list[str], judged: Judged, baseline: Baseline, body: AutoSteerRequest) -> Setting:
+    """A setting's figures beside the unsteered answers'; empty answers are neither fluent nor affine."""
+    fluent = judged.fluency is not None and judged.fluency >= baseline.fluency - body.fluency_tolerance
+    affinity = judged.affinity if judged.affinity is not None else -1e9
+    return Setting(
+        index=candidate.index, label=candidate.label, strength=strength, concept=round(judged.concept, 4),
+        affinity=round(affinity, 4), fluency=round(judged.fluency if judged.fluency is not None else -1e9, 4), fluent=fluent,
+        lift=round(judged.concept - baseline.concept, 4), affinity_lift=round(affinity - baseline.affinity, 4), samples=texts,
+    )
+
+
+def lift(setting: Setting, rank_by: str) -> float:
+    """How far the setting beats the unsteered answers on the ranking's signal."""
+    return setting.lift if rank_by == "judge" else setting.affinity_lift
+
+
+def rank_settings(settings: list[Setting], rank_by: str = "judge") -> list[Setting]:
+    """Fluent settings first, then by the chosen signal, then by fluency (all descending); ties keep the sweep's order."""
+    return sorted(settings, key=lambda s: (not s.fluent, -lift(s, rank_by), -s.fluency))
 
 
 def save_profile(state, prep: Prepared, best: Setting) -> dict:
@@ -270,7 +311,7 @@ def save_profile(state, prep: Prepared, best: Setting) -> dict:
         "version": 1,
         "name": prep.body.save_as,
         "description": f"AutoSteer for {prep.body.goal!r}: feature {best.index} ({best.label or 'unlabelled'}) at {best.strength}, "
-        f"judge P(yes) {best.concept} vs {best.concept - best.lift:.4f} unsteered",
+        f"judge P(yes) {best.concept} vs {best.concept - best.lift:.4f} unsteered, affinity {best.affinity} vs {best.affinity - best.affinity_lift:.4f}",
         "steering": [{"sae_id": prep.attached.info.id, "layer": prep.attached.layer, "features": [{"index": best.index, "strength": best.strength}]}],
     }
     row = state.profiles.create(document)

@@ -68,18 +68,31 @@ def p_yes(server, tokenizer, goal: str, text: str) -> float:
     return sum(math.exp(e["logprob"]) for e in content["top_logprobs"] if int(e["token"].split(":")[1]) in yes)
 
 
-def fluency(tiny_dirs, tokenizer, texts: list[str]) -> float:
+def token_logprobs(tiny_dirs, tokenizer, texts: list[str], system: str | None = None) -> list[float]:
+    """Each answer token's log-probability after its probe (and `system`), from a stock forward pass."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
     values = []
     for probe, text in zip(PROBES, texts, strict=True):
-        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": probe}])
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": probe}]
+        prompt = chat_prompt_ids(tokenizer, messages)
         sequence = prompt + tokenizer(text, add_special_tokens=False)["input_ids"]
         with torch.inference_mode():
             logprobs = torch.log_softmax(model(torch.tensor([sequence])).logits[0].float(), dim=-1)
         values += [float(logprobs[t - 1, sequence[t]]) for t in range(len(prompt), len(sequence))]
+    return values
+
+
+def fluency(tiny_dirs, tokenizer, texts: list[str]) -> float:
+    values = token_logprobs(tiny_dirs, tokenizer, texts)
     return sum(values) / len(values)
+
+
+def affinity(tiny_dirs, tokenizer, texts: list[str], goal: str) -> float:
+    primed = token_logprobs(tiny_dirs, tokenizer, texts, f"You {goal}.")
+    control = token_logprobs(tiny_dirs, tokenizer, texts, "You are a helpful assistant.")
+    return sum(p - c for p, c in zip(primed, control, strict=True)) / len(primed)
 
 
 def test_candidates_come_from_the_label_search(server, result):
@@ -113,6 +126,25 @@ def test_fluency_is_the_unsteered_log_likelihood_per_token(tiny_dirs, tokenizer,
     assert result["baseline"]["fluency"] == pytest.approx(fluency(tiny_dirs, tokenizer, result["baseline"]["samples"]), abs=1e-3)
     setting = result["settings"][-1]
     assert setting["fluency"] == pytest.approx(fluency(tiny_dirs, tokenizer, setting["samples"]), abs=1e-3)
+
+
+def test_affinity_is_the_log_likelihood_gain_of_being_told_the_goal(tiny_dirs, tokenizer, result):
+    assert result["goal_system"] == "You paris." and result["control_system"] == "You are a helpful assistant."
+    assert result["baseline"]["affinity"] == pytest.approx(affinity(tiny_dirs, tokenizer, result["baseline"]["samples"], "paris"), abs=1e-3)
+    setting = result["settings"][1]
+    assert setting["affinity"] == pytest.approx(affinity(tiny_dirs, tokenizer, setting["samples"], "paris"), abs=1e-3)
+    assert setting["affinity_lift"] == pytest.approx(setting["affinity"] - result["baseline"]["affinity"], abs=2e-4)
+
+
+def test_rank_by_affinity_orders_the_fluent_settings_by_it(server):
+    body = {"goal": "paris", "probe_prompts": PROBES, "candidates": 2, "strengths": [3.0, 9.0], "max_tokens": 6, "rank_by": "affinity"}
+    job = finished(server, post(server, "/api/autosteer", body).json()["id"])
+    assert job["state"] == "succeeded", job
+    got = job["result"]
+    keys = [(not s["fluent"], -s["affinity_lift"], -s["fluency"]) for s in got["settings"]]
+    assert got["rank_by"] == "affinity" and keys == sorted(keys)
+    best = got["best"]
+    assert best is None or (best["fluent"] and best["affinity_lift"] > 0 and best == got["settings"][0])
 
 
 def test_samples_are_what_a_request_steered_the_same_way_answers(server, result):
@@ -179,6 +211,7 @@ def test_a_job_can_be_cancelled(server):
         ({"goal": "x", "surprise": 1}, 400, None, "surprise"),
         ({"goal": "x", "include": [10**6]}, 400, "invalid_feature_index", "include[0]"),
         ({"goal": "x", "include": [3, 3]}, 400, None, "include"),
+        ({"goal": "x", "rank_by": "vibes"}, 400, None, "rank_by"),
     ],
 )
 def test_refusals(server, body, status, code, param):
