@@ -1,13 +1,14 @@
 """AutoSteer on the demo model and SAE, for the four demo profiles' concepts: does it find the
 feature the demo profile uses, or one at least as good by its own judge?
 
-One demo server (SmolLM2-135M-Instruct, the demo SAE at layer 12). Per concept, two runs: the
-goal alone (candidates from the label search), and the goal with six example sentences
-(candidates from the label search and from contrasting the examples with neutral text). Each
-run also tries the demo profile's first feature (`include`), so the profile's feature and
-AutoSteer's own picks are judged by the same judge on the same probes and sweep. Defaults
-otherwise: 4 candidates, strengths at 0.1 / 0.2 / 0.35 / 0.5 of the residual norm, two probe
-prompts, 40 tokens, greedy.
+One demo server (SmolLM2-135M-Instruct, the demo SAE at layer 12). Per concept, one run with
+the goal and six example sentences (candidates from the label search and from contrasting the
+examples with neutral text). Each run also tries the demo profile's first feature (`include`),
+so the profile's feature and AutoSteer's own picks are judged the same way on the same probes
+and sweep. Defaults otherwise: 4 candidates, strengths at 0.1 / 0.2 / 0.35 / 0.5 of the residual
+norm, two probe prompts, 40 tokens, greedy. Both rankings are reported: by the judge (the job's
+own order) and by the affinity (re-ranked here from the same settings, as rank_by="affinity"
+would).
 
     .venv/bin/python bench/autosteer_demo.py [--base-url URL] [--out results.json]
 
@@ -70,28 +71,35 @@ def run_job(client: httpx.Client, body: dict) -> tuple[dict, float]:
     return job["result"], time.monotonic() - started
 
 
-def summary(concept: str, mode: str, profile_feature: int, result: dict, seconds: float) -> dict:
-    """One table row: what was found, the best found setting, the profile feature's best."""
+SIGNALS = {"judge": "lift", "affinity": "affinity_lift"}
+
+
+def ranked(settings: list[dict], signal: str) -> list[dict]:
+    """The settings as AutoSteer ranks them by `signal`: fluent first, then the signal's lift, then fluency."""
+    return sorted(settings, key=lambda s: (not s["fluent"], -s[SIGNALS[signal]], -s["fluency"]))
+
+
+def summary(concept: str, profile_feature: int, result: dict, seconds: float) -> dict:
+    """One table row: what was found, and per signal the best found setting and the profile feature's best."""
     found = [c for c in result["candidates"] if c["source"] != "given"]
     found_indices = [c["index"] for c in found]
-    ours = [s for s in result["settings"] if s["index"] in found_indices]
-    profile = [s for s in result["settings"] if s["index"] == profile_feature]
-    best_ours = next(iter(ours), None)
-    best_profile = next(iter(profile), None)
-    verdict = "found" if profile_feature in found_indices else (
-        "as good" if best_ours and best_profile and (best_ours["fluent"], best_ours["concept"]) >= (best_profile["fluent"], best_profile["concept"]) else "worse"
-    )
-    return {
-        "concept": concept, "mode": mode, "seconds": round(seconds), "found": [(c["index"], c["label"], c["source"]) for c in found],
-        "baseline": result["baseline"]["concept"], "best_ours": best_ours, "best_profile": best_profile, "verdict": verdict,
-        "best": result["best"],
-    }
+    row = {"concept": concept, "seconds": round(seconds), "found": [(c["index"], c["label"], c["source"]) for c in found],
+           "profile_found": profile_feature in found_indices}
+    for signal, field in SIGNALS.items():
+        order = ranked(result["settings"], signal)
+        best = next((s for s in order if s["fluent"] and s[field] > 0), None)
+        profile_best = next((s for s in order if s["index"] == profile_feature), None)
+        picked_profile = best is not None and best["index"] == profile_feature
+        as_good = best is not None and profile_best is not None and (best["fluent"], best[field]) >= (profile_best["fluent"], profile_best[field])
+        row[signal] = {"best": best, "profile_best": profile_best,
+                       "verdict": "picks it" if picked_profile else ("another, as good by this signal" if as_good else ("none beats unsteered" if best is None else "another, worse"))}
+    return row
 
 
-def show(setting: dict | None) -> str:
+def show(setting: dict | None, field: str) -> str:
     if setting is None:
-        return "–"
-    return f"#{setting['index']} × {setting['strength']:g}: {setting['concept']:.2f}{'' if setting['fluent'] else ' (not fluent)'}"
+        return "none"
+    return f"#{setting['index']} × {setting['strength']:g} ({setting[field]:+.2f}{'' if setting['fluent'] else ', not fluent'})"
 
 
 def main() -> None:
@@ -108,23 +116,20 @@ def main() -> None:
     try:
         with httpx.Client(base_url=base_url, timeout=600) as client:
             for concept, (goal, feature, examples) in CONCEPTS.items():
-                for mode in ("goal", "goal + examples"):
-                    body = {"goal": goal, "include": [feature]}
-                    if mode != "goal":
-                        body["examples"] = examples
-                    result, seconds = run_job(client, body)
-                    results[f"{concept} / {mode}"] = result
-                    rows.append(summary(concept, mode, feature, result, seconds))
-                    print(f"{concept} / {mode}: {rows[-1]['verdict']} in {seconds:.0f} s", file=sys.stderr)
+                result, seconds = run_job(client, {"goal": goal, "examples": examples, "include": [feature]})
+                results[concept] = result
+                rows.append(summary(concept, feature, result, seconds))
+                print(f"{concept}: {rows[-1]['judge']['verdict']} / {rows[-1]['affinity']['verdict']} in {seconds:.0f} s", file=sys.stderr)
+                args.out.write_text(json.dumps({"rows": rows, "results": results}, indent=1))
     finally:
         if server is not None:
             server.stop()
-    args.out.write_text(json.dumps({"rows": rows, "results": results}, indent=1))
-    print("| concept | candidates from | found (index: label) | unsteered P(yes) | best found setting | demo profile's feature, best | verdict | time |")
-    print("|---|---|---|---:|---|---|---|---:|")
-    for row in rows:
-        found = ", ".join(f"#{i} {label or ''}".strip() + ("" if source == "labels" else f" ({source})") for i, label, source in row["found"])
-        print(f"| {row['concept']} | {row['mode']} | {found} | {row['baseline']:.2f} | {show(row['best_ours'])} | {show(row['best_profile'])} | {row['verdict']} | {row['seconds']} s |")
+    print("| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best | time |")
+    print("|---|---|---|---|---|---|---:|")
+    for row, (concept, (_, feature, _)) in zip(rows, CONCEPTS.items(), strict=True):
+        found = ", ".join(f"#{i}" + ("*" if source == "contrast" else "") for i, _, source in row["found"])
+        cells = [f"{show(row[s]['best'], f)} – {row[s]['verdict']} | {show(row[s]['profile_best'], f)}" for s, f in SIGNALS.items()]
+        print(f"| {concept} (#{feature}) | {found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | {cells[0]} | {cells[1]} | {row['seconds']} s |")
 
 
 if __name__ == "__main__":
