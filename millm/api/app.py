@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from millm import __version__
 from millm.api import (
+    calibration,
     completions,
     documents,
     health,
@@ -89,4 +90,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
     app.include_router(jobs.router, tags=["Jobs"])
+    app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(health.router, tags=["Health"])
