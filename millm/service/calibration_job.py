@@ -35,8 +35,7 @@ if TYPE_CHECKING:
 
 GROUP_TOKENS = 256  # texts per engine call: up to this many tokens (one text at least), so a pass stays short
 BEFORE, AFTER = 16, 4  # tokens of context around a top example's token
-FIGURE_DIGITS = 6  # significant digits kept of each figure
-GRID_DIGITS = 4  # ... and of each quantile of the percentile grid
+FIGURE_DIGITS = 6  # significant digits kept of each figure (the percentile grid is kept exact, as float32)
 
 
 def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest) -> JobView:
@@ -84,6 +83,12 @@ def groups(texts: list[np.ndarray], budget: int = GROUP_TOKENS) -> list[list[int
 def significant(value: float, digits: int) -> float:
     """`value` rounded to `digits` significant digits (figures are stored as JSON numbers)."""
     return float(f"{value:.{digits}g}")
+
+
+def exact32(values: np.ndarray) -> list[float]:
+    """`values` as float32, each written with the fewest digits that read back as the same float32:
+    the grid's runs of equal quantiles (a feature's repeated values) stay equal to those values."""
+    return [float(np.format_float_positional(x, unique=True, trim="-")) for x in values.astype(np.float32)]
 
 
 def quantile(grid: np.ndarray, percent: int) -> float | None:
@@ -159,7 +164,7 @@ class CalibrationRun:
                 "p99": quantile(grid, 99),
                 "top_examples": [self._example(text, position, value) for text, position, value in accumulator.top.of(j)],
             })
-            grids.append(None if math.isnan(grid[0]) else [significant(x, GRID_DIGITS) for x in grid])
+            grids.append(None if math.isnan(grid[0]) else exact32(grid))
         created = time.time()
         totals = accumulator.totals
         summary = CalibrationSummary(
