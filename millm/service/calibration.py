@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 SHIPPED_FILE = "calibration.json"  # a calibration shipped in an SAE's folder, imported on registration
 SHIPPED_KIND = "millm.calibration"
 SHIPPED_VERSION = 1
-IMPORTED_KEY = "shipped_calibrations"  # "sae_id/model" of shipped files already imported (a later DELETE sticks)
 PARSED_KEPT = 4  # calibrations whose figures stay parsed in memory
 
 QUANTILES_NOTE = (
@@ -224,28 +223,28 @@ class CalibrationBook:
             if self._running.get((sae_id, model)) is claim:
                 del self._running[(sae_id, model)]
 
-    def import_shipped(self, info: SAEInfo) -> bool:
-        """Import the calibration shipped in an SAE's folder (`calibration.json`) for the model it
-        names, once: a later recalibration or DELETE is not undone. Returns whether it was imported."""
+    def import_shipped(self, info: SAEInfo, model: str | None = None) -> bool:
+        """Store the calibration shipped in an SAE's folder (`calibration.json`) for the model it names
+        (only if that is `model`, when given) unless one is stored already; returns whether it was."""
+        row = self.shipped(info)
+        if row is None or (model is not None and row.model != model) or self.summary(row.sae_id, row.model) is not None:
+            return False
+        self.save(row)
+        log.info("imported the calibration of %s on %s shipped with the SAE", row.sae_id, row.model)
+        return True
+
+    @staticmethod
+    def shipped(info: SAEInfo) -> CalibrationRow | None:
+        """The calibration shipped in the SAE's folder, if it has a readable one of these weights."""
         folder = Path(info.path)
         path = (folder if folder.is_dir() else folder.parent) / SHIPPED_FILE
-        if not path.is_file() or any(done.startswith(f"{info.id}/") for done in self.store.get_setting(IMPORTED_KEY, [])):
-            return False
+        if not path.is_file():
+            return None
         try:
-            document = json.loads(path.read_text())
-            row = shipped_row(document, info)
+            return shipped_row(json.loads(path.read_text()), info)
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
             log.warning("%s is not a calibration of %s millm can read (%s); it is not imported", path, info.id, exc)
-            return False
-        marker = f"{row.sae_id}/{row.model}"
-        imported = self.store.get_setting(IMPORTED_KEY, [])
-        if marker in imported:
-            return False
-        if self.summary(row.sae_id, row.model) is None:
-            self.save(row)
-            log.info("imported the calibration of %s on %s shipped in %s", row.sae_id, row.model, path)
-        self.store.set_setting(IMPORTED_KEY, [*imported, marker])
-        return True
+            return None
 
 
 def shipped_document(row: CalibrationRow) -> dict:

@@ -51,12 +51,14 @@ def view(state: ServerState, sae_id: str, model: str | None, features: str | Non
 
 
 def delete(state: ServerState, sae_id: str, model: str | None) -> dict:
-    """Forget the calibration of `sae_id` on `model` (default: the server's model); 404 when there is none."""
-    state.saes.get(sae_id)
+    """Forget the calibration of `sae_id` on `model` (default: the server's model); the one the SAE
+    ships for that model, if any, takes its place again. 404 when there is none to forget."""
+    info = state.saes.get(sae_id)
     name = model or state.expected_name
     if not state.calibrations.delete(sae_id, name):
         raise not_calibrated(sae_id, name)
-    return {"object": "calibration", "sae_id": sae_id, "model": name, "deleted": True}
+    restored = state.calibrations.import_shipped(info, name)
+    return {"object": "calibration", "sae_id": sae_id, "model": name, "deleted": True, "restored_shipped": restored}
 
 
 def not_calibrated(sae_id: str, model: str) -> NotFound:

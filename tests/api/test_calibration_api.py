@@ -310,7 +310,7 @@ def shipped_calibration(sae_id: str, d_sae: int) -> dict:
             "summary": summary, "figures": {"features": features, "grids": grids}}
 
 
-def test_a_shipped_calibration_is_imported_once_and_everything_survives_a_restart(server, calibrated, sae_dirs, tiny_dirs):
+def test_a_shipped_calibration_is_imported_restored_by_delete_and_everything_survives_a_restart(server, calibrated, sae_dirs, tiny_dirs):
     process, ids = server["process"], server["ids"]
     shipped_dir = sae_dirs["shipped"]
     info = read_sae(shipped_dir)[0]
@@ -320,14 +320,21 @@ def test_a_shipped_calibration_is_imported_once_and_everything_survives_a_restar
     shipped = api(process, "GET", f"/api/saes/{info.id}/calibration", params={"features": "2,3"}).json()
     assert shipped["summary"]["created_at"] == 1.0
     assert [f["p90"] for f in shipped["features"]] == [9.1, None]
+    # A calibration of its own replaces it; DELETE brings the shipped one back.
+    assert post(process, f"/api/saes/{info.id}/attach", {}).status_code == 200
+    assert wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:2]}).json()["id"])["state"] == "succeeded"
+    own = api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]
+    assert own["created_at"] > 1.0 and own["texts"] == 2
     deleted = api(process, "DELETE", f"/api/saes/{info.id}/calibration")
-    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert deleted.status_code == 200 and deleted.json()["restored_shipped"] is True
+    assert api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["created_at"] == 1.0
+    assert wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:3]}).json()["id"])["state"] == "succeeded"
 
     main = api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}).json()
     process.stop()
     server["process"] = process = start_server(server["home"], tiny_dirs)
     assert api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}).json() == main
-    error(api(process, "GET", f"/api/saes/{info.id}/calibration"), 404, "calibration_not_found")  # a DELETE sticks
+    assert api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["texts"] == 3  # not the shipped one
     ask = {"sae_id": ids["main"], "positions": "prompt", "top_k": 2, "percentiles": True}
     answer = post(process, "/v1/completions", {"model": MODEL, "prompt": TEXTS[0], "max_tokens": 1, "temperature": 0, "return_sae_activations": ask})
     assert answer.json()["millm"]["sae_activations"]["percentiles"]["calibrated"] is True
