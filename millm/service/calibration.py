@@ -16,12 +16,11 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-import numpy as np
 from pydantic import BaseModel, ValidationError, computed_field
 
 from millm.errors import Conflict
 from millm.interp.formats import SAEInfo
-from millm.service.calibration_stats import LEVELS, PercentileTable
+from millm.service.calibration_stats import PercentileTable, unpack_grids
 from millm.store.calibrations import (
     CalibrationRow,
     all_calibrations,
@@ -42,6 +41,11 @@ QUANTILES_NOTE = (
     "mean, p50, p90 and p99 are over the positions where the feature fired (activation > 0): most "
     "positions of a sparse feature are 0, so quantiles over all positions would be 0 as well; "
     "frequency is the fraction of positions read where it fired, max the largest activation."
+)
+TOP_EXAMPLES_NOTE = (
+    "top_examples are the feature's largest activations, largest first (ties: the earlier text and "
+    "position), each with 16 tokens before and 4 after; a snippet equal to one already listed is "
+    "skipped (repeated prompts would fill the list with copies), choosing among 4 x top_examples candidates."
 )
 PERCENTILES_NOTE = (
     "a percentile places a value among the feature's firing activations in this calibration (0-100), "
@@ -78,7 +82,7 @@ class FeatureFigures(BaseModel):
     p50: float | None
     p90: float | None
     p99: float | None
-    top_examples: list[TopExample]  # largest first
+    top_examples: list[TopExample]  # largest first, each snippet different (see TOP_EXAMPLES_NOTE)
 
 
 class CalibrationSummary(BaseModel):
@@ -100,6 +104,7 @@ class CalibrationSummary(BaseModel):
     sample_rate: float  # 1.0: every firing value went into the quantiles; less: a uniform sample of them
     duration_s: float
     quantiles: str = QUANTILES_NOTE
+    examples: str = TOP_EXAMPLES_NOTE
     percentiles: str = PERCENTILES_NOTE
 
 
@@ -112,9 +117,8 @@ class CalibrationView(BaseModel):
 
 
 def table_of(figures: dict, created_at: float) -> PercentileTable:
-    """The percentile grids of stored figures (`grids`: one list of 101 values or None per feature)."""
-    rows = [grid if grid is not None else [np.nan] * len(LEVELS) for grid in figures["grids"]]
-    return PercentileTable(np.asarray(rows, dtype=np.float32).reshape(len(rows), len(LEVELS)), created_at)
+    """The percentile grids of stored figures (`grids`, packed: see calibration_stats.pack_grids)."""
+    return PercentileTable(unpack_grids(figures["grids"]), created_at)
 
 
 class CalibrationBook:
@@ -260,7 +264,7 @@ def shipped_row(document: dict, info: SAEInfo) -> CalibrationRow:
     if document["sae_id"] != info.id:
         raise ValueError(f"it was made for {document['sae_id']}, not these weights ({info.id})")
     figures = document["figures"]
-    if len(figures["features"]) != info.d_sae or len(figures["grids"]) != info.d_sae:
+    if len(figures["features"]) != info.d_sae or unpack_grids(figures["grids"]).shape[0] != info.d_sae:
         raise ValueError(f"it has figures for {len(figures['features'])} features, the SAE has {info.d_sae}")
     CalibrationSummary.model_validate(document["summary"])
     return CalibrationRow(info.id, str(document["model"]), document["summary"], figures, float(document["created_at"]))

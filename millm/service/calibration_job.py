@@ -25,7 +25,7 @@ from millm.interp.steering import Attached
 from millm.service.blocking import passes_blocking
 from millm.service.calibration import CalibrationSummary
 from millm.service.calibration_corpus import CalibrateRequest, Corpus, check_size, corpus_ids
-from millm.service.calibration_stats import Accumulator
+from millm.service.calibration_stats import Accumulator, pack_grids
 from millm.service.feature_reads import discovery_read
 from millm.service.jobs import JobHandle, JobView
 from millm.store.calibrations import CalibrationRow
@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
 GROUP_TOKENS = 256  # texts per engine call: up to this many tokens (one text at least), so a pass stays short
 BEFORE, AFTER = 16, 4  # tokens of context around a top example's token
-FIGURE_DIGITS = 6  # significant digits kept of each figure (the percentile grid is kept exact, as float32)
+# Candidates kept per top example asked for: a snippet equal to one already chosen is skipped
+# (a repeated prompt, like a persona system prompt, would otherwise fill the list with copies).
+CANDIDATES = 4
+FIGURE_DIGITS = 6  # significant digits kept of each figure (the percentile grid is kept exact: float32)
 
 
 def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest) -> JobView:
@@ -85,12 +88,6 @@ def significant(value: float, digits: int) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def exact32(values: np.ndarray) -> list[float]:
-    """`values` as float32, each written with the fewest digits that read back as the same float32:
-    the grid's runs of equal quantiles (a feature's repeated values) stay equal to those values."""
-    return [float(np.format_float_positional(x, unique=True, trim="-")) for x in values.astype(np.float32)]
-
-
 def quantile(grid: np.ndarray, percent: int) -> float | None:
     """A feature's quantile at a whole percent from its grid (None: it never fired)."""
     value = float(grid[percent])
@@ -118,7 +115,7 @@ class CalibrationRun:
 
     def _run(self, handle: JobHandle) -> dict:
         started = time.monotonic()
-        accumulator = Accumulator(self.attached.sae.d_sae, self.request.top_examples)
+        accumulator = Accumulator(self.attached.sae.d_sae, self.request.top_examples * CANDIDATES)
         for group in groups(self.corpus.texts):
             handle.check()
             self._check_attached()
@@ -149,7 +146,7 @@ class CalibrationRun:
     def _row(self, accumulator: Accumulator, duration: float) -> CalibrationRow:
         """The figures of every feature and the summary, ready to store (numpy and the tokenizer only)."""
         arrays = accumulator.figures()
-        features, grids = [], []
+        features = []
         for j in range(accumulator.d_sae):
             count = int(arrays["count"][j])
             grid = arrays["grid"][j]
@@ -162,9 +159,8 @@ class CalibrationRun:
                 "p50": quantile(grid, 50),
                 "p90": quantile(grid, 90),
                 "p99": quantile(grid, 99),
-                "top_examples": [self._example(text, position, value) for text, position, value in accumulator.top.of(j)],
+                "top_examples": self._examples(accumulator.top.of(j)),
             })
-            grids.append(None if math.isnan(grid[0]) else exact32(grid))
         created = time.time()
         totals = accumulator.totals
         summary = CalibrationSummary(
@@ -174,7 +170,21 @@ class CalibrationRun:
             top_examples=self.request.top_examples, d_sae=accumulator.d_sae, features_fired=int((totals.counts > 0).sum()),
             sample_rate=accumulator.firing.sample_rate, duration_s=round(duration, 1),
         )
-        return CalibrationRow(self.attached.info.id, self.model, summary.model_dump(), {"features": features, "grids": grids}, created)
+        return CalibrationRow(self.attached.info.id, self.model, summary.model_dump(), {"features": features, "grids": pack_grids(arrays["grid"])}, created)
+
+    def _examples(self, candidates: list[tuple[int, int, float]]) -> list[dict]:
+        """The first `top_examples` candidates (largest first) whose snippets differ."""
+        chosen: list[dict] = []
+        seen: set[tuple[str, str, str]] = set()
+        for text, position, value in candidates:
+            example = self._example(text, position, value)
+            snippet = (example["before"], example["token"], example["after"])
+            if snippet not in seen:
+                seen.add(snippet)
+                chosen.append(example)
+                if len(chosen) == self.request.top_examples:
+                    break
+        return chosen
 
     def _example(self, text: int, position: int, value: float) -> dict:
         ids = self.corpus.texts[text]

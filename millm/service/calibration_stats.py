@@ -15,6 +15,7 @@ No torch here: the job's thread and the scheduler's summaries use it alike.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,20 @@ def percentile_of(grid: np.ndarray, value: float) -> float:
     i = int(np.searchsorted(grid, value, side="right")) - 1
     low, high = float(grid[i]), float(grid[i + 1])
     return float(LEVELS[i] + (LEVELS[i + 1] - LEVELS[i]) * (value - low) / (high - low))
+
+
+def pack_grids(grids: np.ndarray) -> dict:
+    """Quantile grids `[d_sae, 101]` as JSON: exact float32, little-endian, base64 (NaN rows: never fired);
+    a third of the size of the numbers written out, and runs of equal quantiles stay equal."""
+    data = np.ascontiguousarray(grids, dtype="<f4")
+    return {"dtype": "float32", "shape": list(data.shape), "levels": "0..100", "base64": base64.b64encode(data.tobytes()).decode("ascii")}
+
+
+def unpack_grids(packed: dict) -> np.ndarray:
+    """The grids `pack_grids` wrote (ValueError when they are not such)."""
+    if packed.get("dtype") != "float32" or len(packed.get("shape", [])) != 2 or packed["shape"][1] != len(LEVELS):
+        raise ValueError("grids are not float32 [d_sae, 101]")
+    return np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f4").reshape(packed["shape"]).astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ from millm.service.calibration_stats import (
     FiringValues,
     PercentileTable,
     TopActivations,
+    pack_grids,
     percentile_of,
     quantile_grid,
+    unpack_grids,
 )
 
 
@@ -170,3 +172,14 @@ def test_request_bodies_refused(body, needle):
 def test_request_defaults():
     request = CalibrateRequest.model_validate({"texts": ["a"], "conversations": [[{"role": "user", "content": "hi"}]]})
     assert (request.top_examples, request.max_tokens_per_text, request.corpus) == (5, 256, None)
+
+
+def test_grids_pack_exactly_and_keep_never_fired_rows():
+    grids = np.random.default_rng(6).random((5, 101)).astype(np.float32)
+    grids[2] = np.nan
+    packed = pack_grids(grids)
+    assert packed["shape"] == [5, 101] and packed["dtype"] == "float32"
+    back = unpack_grids(packed)
+    assert np.array_equal(back, grids, equal_nan=True)
+    with pytest.raises(ValueError):
+        unpack_grids({**packed, "shape": [5, 100]})
