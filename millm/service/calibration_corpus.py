@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.errors import InvalidRequest
-from millm.interp.document_schemas import refusal
 from millm.interp.formats import SAEInfo
 
 CORPUS_FILE = "calibration_corpus.jsonl"
@@ -52,14 +51,13 @@ class CalibrateRequest(BaseModel):
     top_examples: Annotated[int, Field(ge=0, le=MAX_TOP_EXAMPLES)] = Field(5, description="Top activating snippets kept per feature.")
     max_tokens_per_text: Annotated[int, Field(ge=2, le=MAX_TOKENS_PER_TEXT)] = Field(256, description="Each text is cut to this many tokens.")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> CalibrateRequest:
-        sent = bool(self.texts) or bool(self.conversations)
-        if self.corpus is not None and (self.texts is not None or self.conversations is not None):
-            raise refusal("calibration_source", "give corpus, or texts and/or conversations, not both")
-        if self.corpus is None and not sent:
-            raise refusal("calibration_source", "give corpus (\"demo\"), or texts and/or conversations (at least one text)")
-        return self
+
+def check_source(request: CalibrateRequest) -> None:
+    """The shipped corpus, or texts and/or conversations (at least one text): a 400 naming the field otherwise."""
+    if request.corpus is not None and (request.texts is not None or request.conversations is not None):
+        raise InvalidRequest("give corpus, or texts and/or conversations, not both", param="corpus")
+    if request.corpus is None and not request.texts and not request.conversations:
+        raise InvalidRequest('give corpus ("demo"), or texts and/or conversations with at least one text', param="texts")
 
 
 @dataclass(frozen=True)
@@ -109,8 +107,8 @@ def request_entries(request: CalibrateRequest) -> list[Entry]:
 
 
 def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo) -> Corpus:
-    """Every text of the request (texts, then conversations) or of the shipped corpus (in file
-    order) as token ids, cut to max_tokens_per_text."""
+    """Every text of a checked request (check_source: texts, then conversations) or of the shipped
+    corpus (in file order) as token ids, cut to max_tokens_per_text."""
     entries = shipped_entries(info) if request.corpus is not None else request_entries(request)
     limit = request.max_tokens_per_text
     out: list[np.ndarray] = []

@@ -24,7 +24,7 @@ from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.steering import Attached
 from millm.service.blocking import passes_blocking
 from millm.service.calibration import CalibrationSummary
-from millm.service.calibration_corpus import CalibrateRequest, Corpus, check_size, corpus_ids
+from millm.service.calibration_corpus import CalibrateRequest, Corpus, check_size, check_source, corpus_ids
 from millm.service.calibration_stats import Accumulator, pack_grids
 from millm.service.feature_reads import discovery_read
 from millm.service.jobs import JobHandle, JobView
@@ -45,6 +45,7 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
     """Check the request against the loaded model (the SAE attached, the corpus within
     MILLM_CALIBRATION_MAX_TOKENS), then start the calibration job and return it."""
     info = state.saes.get(sae_id)
+    check_source(request)
     lm = state.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to calibrate the SAE on; load one and attach the SAE first")

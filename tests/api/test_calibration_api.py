@@ -273,8 +273,9 @@ def test_cancelling_keeps_the_earlier_calibration(server, calibrated):
     [
         ("loose", {"texts": ["A river."]}, 400, "sae_not_attached", "is not attached to the loaded model"),
         ("sae_000000000000", {"texts": ["A river."]}, 404, "sae_not_found", "no SAE"),
-        ("main", {"texts": []}, 400, "invalid_parameter", "give corpus"),
+        ("main", {"texts": []}, 400, "invalid_parameter", "at least one text"),
         ("main", {}, 400, "invalid_parameter", "give corpus"),
+        ("loose", {}, 400, "invalid_parameter", "give corpus"),  # the body is checked before the attachment
         ("main", {"texts": [""]}, 400, "invalid_parameter", "texts[0]"),
         ("main", {"texts": ["a"], "colour": "blue"}, 400, "invalid_parameter", "colour"),
         ("main", {"texts": "A river."}, 400, "invalid_parameter", "texts"),

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from millm.service.calibration_corpus import CalibrateRequest
+from millm.errors import InvalidRequest
+from millm.service.calibration_corpus import CalibrateRequest, check_source
 from millm.service.calibration_job import groups
 from millm.service.calibration_stats import (
     LEVELS,
@@ -150,9 +151,6 @@ def test_groups_of_texts_stay_within_the_token_budget():
 @pytest.mark.parametrize(
     "body, needle",
     [
-        ({}, "give corpus"),
-        ({"texts": []}, "give corpus"),
-        ({"corpus": "demo", "texts": ["a"]}, "not both"),
         ({"corpus": "mine"}, "corpus"),
         ({"texts": [""]}, "at least 1 character"),
         ({"texts": ["a"], "top_examples": 21}, "less than or equal to 20"),
@@ -183,3 +181,15 @@ def test_grids_pack_exactly_and_keep_never_fired_rows():
     assert np.array_equal(back, grids, equal_nan=True)
     with pytest.raises(ValueError):
         unpack_grids({**packed, "shape": [5, 100]})
+
+
+@pytest.mark.parametrize(
+    "body, param, needle",
+    [({}, "texts", "give corpus"), ({"texts": [], "conversations": []}, "texts", "at least one text"), ({"corpus": "demo", "texts": ["a"]}, "corpus", "not both")],
+)
+def test_a_request_names_one_source(body, param, needle):
+    with pytest.raises(InvalidRequest) as caught:
+        check_source(CalibrateRequest.model_validate(body))
+    assert caught.value.param == param and needle in caught.value.message
+    check_source(CalibrateRequest.model_validate({"corpus": "demo"}))
+    check_source(CalibrateRequest.model_validate({"texts": [], "conversations": [[{"role": "user", "content": "hi"}]]}))
