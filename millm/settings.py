@@ -137,6 +137,12 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
     )
+    calibration_max_tokens: int = env_field(
+        500_000,
+        "MILLM_CALIBRATION_MAX_TOKENS",
+        "Most tokens one calibration may read (every text's, after max_tokens_per_text); past it, 400 before anything runs.",
+        ge=1,
+    )
     prompted_tools: Literal["auto", "on", "off"] = env_field(
         "auto",
         "MILLM_PROMPTED_TOOLS",

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from millm import __version__
 from millm.api import (
     autosteer,
+    calibration,
     compare,
     completions,
     discovery,
@@ -96,5 +97,6 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
     app.include_router(discovery.router, tags=["Discovery"])
+    app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(health.router, tags=["Health"])

@@ -31,6 +31,9 @@ class MonitoringSettings(BaseModel):
     features: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Features to watch; null = all.")
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")  # type: ignore[assignment]  # absent, never null
     positions: PositionWord = Field(None, description="last, prompt, completion (default) or all.")  # type: ignore[arg-type]  # absent, never null
+    percentiles: bool = Field(  # type: ignore[assignment]  # absent, never null
+        None, description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated)."
+    )
 
 
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")
@@ -41,7 +44,7 @@ def get_monitoring(request: Request):
 
 @router.put("/api/monitoring", summary="Change monitoring settings (validated whole)")
 def put_monitoring(settings: MonitoringSettings, request: Request):
-    """Set any of enabled, sae_id, features (null: all), top_k, positions; stored across restarts."""
+    """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles; stored across restarts."""
     return monitor_admin.configure(state_of(request), settings.model_dump(exclude_unset=True))
 
 

@@ -8,6 +8,7 @@ function, in chunks, and keeps the top_k features per position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -18,6 +19,8 @@ from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
 from millm.interp.steering import Attached, check_feature, pick_attached
+from millm.service.calibration import PERCENTILES_NOTE
+from millm.service.calibration_stats import PercentileTable
 
 PARAM = "return_sae_activations"
 ReadPoint = Literal["post_steering", "pre_steering"]
@@ -45,6 +48,8 @@ class ActivationRead:
     top_k: int
     positions: PositionWord | tuple[int, int]
     read_point: ReadPoint
+    percentiles: bool = False  # each entry's percentile asked for
+    table: PercentileTable | None = None  # the SAE's calibration on this model, when there is one
 
     def engine_read(self) -> ResidualRead:
         """What the engine captures for it (and encodes, on its own thread)."""
@@ -53,8 +58,9 @@ class ActivationRead:
         )
 
     def encode(self, residuals: torch.Tensor) -> list[list[dict]]:
-        """Top features of each captured position."""
-        return encode_rows(self.attached.sae, residuals, self.features, self.top_k)
+        """Top features of each captured position (with their percentiles when asked)."""
+        rows = encode_rows(self.attached.sae, residuals, self.features, self.top_k)
+        return add_percentiles(rows, self.table) if self.percentiles else rows
 
 
 def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
@@ -109,6 +115,10 @@ class ReadRequest(BaseModel):
     top_k: Annotated[int, Field(ge=1)] = 8
     positions: Positions = "completion"
     read_point: ReadPoint = "post_steering"
+    percentiles: bool = Field(
+        False,
+        description="Add each entry's percentile among the feature's firing activations in the SAE's calibration on this model (null when not calibrated).",
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -142,8 +152,10 @@ def plan_read(
     prompt_tokens: int,
     max_tokens: int,
     max_entries: int,
+    calibration: Callable[[str], PercentileTable | None] | None = None,
 ) -> ActivationRead:
-    """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming what is wrong)."""
+    """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming
+    what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`."""
     chosen = pick_attached(attached, asked.sae_id, PARAM, prefix=f"{PARAM}: ")
     features = None if asked.features is None else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
     worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
@@ -152,7 +164,26 @@ def plan_read(
             f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
             f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
         )
-    return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point)
+    table = calibration(chosen.info.id) if asked.percentiles and calibration is not None else None
+    return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table)
+
+
+def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
+    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
+    for entries in rows:
+        for entry in entries:
+            entry["percentile"] = table.of(entry["index"], entry["value"]) if table is not None else None
+    return rows
+
+
+def percentiles_block(sae_id: str, table: PercentileTable | None) -> dict:
+    """What a block with percentiles says about them: calibrated or not, and what they mean."""
+    if table is None:
+        return {
+            "calibrated": False,
+            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; POST /api/saes/{sae_id}/calibrate makes a calibration.",
+        }
+    return {"calibrated": True, "calibrated_at": table.created_at, "note": PERCENTILES_NOTE}
 
 
 def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
@@ -195,7 +226,7 @@ def encode_rows(sae, residuals: torch.Tensor, features: tuple[int, ...] | None, 
 def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:
     """The response's `millm.sae_activations` object (from the engine's encode of the capture)."""
     per_position = captured.encoded
-    return {
+    block = {
         "sae_id": read.attached.info.id,
         "layer": read.attached.layer,
         "read_point": "unsteered" if unsteered else read.read_point,
@@ -207,3 +238,6 @@ def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteere
             "a scoring pass is never steered: this is the unsteered model's residual at this layer."
         ),
     }
+    if read.percentiles:
+        block["percentiles"] = percentiles_block(read.attached.info.id, read.table)
+    return block

@@ -24,6 +24,7 @@ def install_demo(state, lm: LoadedModel) -> None:
         return
     try:
         info, _ = state.saes.register(str(DEMO_SAE), None, None, None)
+        state.calibrations.import_shipped(info)  # the demo SAE ships calibrated on the demo model
         if info.id not in state.steering.attached:
             state.steering.attach(lm, info.id, None)
         taken = {row["name"] for row in state.profiles.all()}

@@ -32,7 +32,8 @@ from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, validate_field
 from millm.interp.steering import Attached, check_feature
-from millm.service.activations import encode_rows
+from millm.service.activations import add_percentiles, encode_rows, percentiles_block
+from millm.service.calibration_stats import PercentileTable
 from millm.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class MonitoringConfig(BaseModel):
     features: Indices | None = None  # None: all features; []: positions only
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
     positions: PositionWord = "completion"
+    percentiles: bool = False  # add each entry's percentile in the SAE's calibration on the model
 
 
 @dataclass
@@ -82,6 +84,8 @@ class Pending:
     attached: Attached
     features: tuple[int, ...] | None
     top_k: int
+    percentiles: bool = False  # asked for
+    table: PercentileTable | None = None  # the SAE's calibration on the model, when there is one
 
 
 @dataclass
@@ -174,9 +178,12 @@ class Monitor:
         }
 
     # requests ------------------------------------------------------------------------------------
-    def read_for(self, attached: dict[str, Attached]) -> tuple[ResidualRead, Callable[[ResidualsRead], None]] | None:
+    def read_for(
+        self, attached: dict[str, Attached], calibration: Callable[[str], PercentileTable | None] | None = None
+    ) -> tuple[ResidualRead, Callable[[ResidualsRead], None]] | None:
         """For a generation starting now: the read to add to its rows and the callback that hands
-        each finished row's capture to the worker (None when monitoring is off or reads nothing)."""
+        each finished row's capture to the worker (None when monitoring is off or reads nothing);
+        `calibration` gives an SAE's percentile table on the model, for `percentiles`."""
         config = self.config
         if not config["enabled"]:
             return None
@@ -191,8 +198,11 @@ class Monitor:
             encode=partial(encode_rows, chosen.sae, features=features, top_k=top_k),
         )
 
+        asked = bool(config.get("percentiles"))
+        table = calibration(chosen.info.id) if asked and calibration is not None else None
+
         def hand_over(captured: ResidualsRead) -> None:
-            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k))
+            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k, asked, table))
 
         return read, hand_over
 
@@ -230,6 +240,8 @@ class Monitor:
 
     def _record(self, pending: Pending) -> None:
         rows = pending.captured.encoded  # encoded on the scheduler thread: no torch work here
+        if pending.percentiles:
+            add_percentiles(rows, pending.table)  # numpy lookups in the calibration's grids
         record = {
             "request_id": pending.request_id,
             "row": pending.captured.row,
@@ -242,6 +254,8 @@ class Monitor:
                 for p, t, f in zip(pending.captured.positions, pending.captured.token_ids, rows, strict=True)
             ],
         }
+        if pending.percentiles:
+            record["percentiles"] = percentiles_block(pending.attached.info.id, pending.table)
         with self._lock:
             record["id"] = next(self._record_ids)  # never reused, so `after` polling survives a reset
             self.records.append(record)

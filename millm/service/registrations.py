@@ -11,6 +11,7 @@ from pathlib import Path
 from millm.engine.sources import ModelSource
 from millm.errors import InvalidRequest
 from millm.interp.formats import SAEInfo
+from millm.service.calibration import CalibrationBook
 from millm.service.models import ModelRegistry, RegisteredModel, canonical_reference
 from millm.service.paths import PathPolicy, is_hub_id
 from millm.service.saes import SAERegistry
@@ -25,9 +26,9 @@ def local_files(source: ModelSource) -> Path | None:
 class ClientRegistrations:
     """Register what a client names, after the path policy has let it through (blocking calls)."""
 
-    def __init__(self, settings: Settings, startup: ModelSource, saes: SAERegistry, models: ModelRegistry):
+    def __init__(self, settings: Settings, startup: ModelSource, saes: SAERegistry, models: ModelRegistry, calibrations: CalibrationBook):
         self.paths = PathPolicy(settings.home, settings.allowed_paths, local_files(startup))
-        self.saes, self.models = saes, models
+        self.saes, self.models, self.calibrations = saes, models, calibrations
 
     def sae(self, path: str | None, repo: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
         """A local `path` inside the allowed directories, or a hub `repo` with `path` inside it;
@@ -40,7 +41,9 @@ class ClientRegistrations:
             return self.saes.register(None, repo, path, revision)
         if not path:
             raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
-        return self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
+        registered = self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
+        self.calibrations.import_shipped(registered[0])  # a calibration.json shipped beside the weights
+        return registered
 
     def model(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
         """A local source only inside the allowed directories, else a hub id looked up on the hub

@@ -9,6 +9,8 @@ possibly loaded), then what depends on the model, then admission.
 
 from __future__ import annotations
 
+from functools import partial
+
 from anyio import to_thread
 from pydantic import BaseModel
 
@@ -191,7 +193,7 @@ class Serving:
         """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
         `read` and by monitoring when it is on) and admit them."""
         reads = self._engine_reads(read)
-        monitored = self.state.monitor.read_for(self.state.steering.attached)
+        monitored = self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
         if monitored is not None:
             reads += (monitored[0],)
         rows = build_rows(lm, prompts, generation_options(body, body.n or 1), self.settings.default_max_tokens, param, plan.edit, constraint, reads)
@@ -233,6 +235,7 @@ class Serving:
             prompt_tokens=len(prompts[0]),
             max_tokens=budget,
             max_entries=self.settings.sae_activations_max_entries,
+            calibration=partial(self.state.calibrations.table, model=lm.name),
         )
 
     @staticmethod

@@ -39,6 +39,7 @@ from millm.errors import (
     describe,
 )
 from millm.interp.steering import Attached
+from millm.service.calibration import CalibrationBook
 from millm.service.checkpoints import (
     check_memory,
     check_quantization,
@@ -116,9 +117,12 @@ class ServerState:
         self.circuits = CircuitBook(self.store)
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
+        self.calibrations = CalibrationBook(self.store)
+        for info in list(self.saes.infos.values()):  # SAEs registered before they shipped a calibration
+            self.calibrations.import_shipped(info)
         self.monitor = Monitor(self.store, settings.monitoring_history)
         self.models = ModelRegistry(self.store, settings.hub_dir)
-        self.registrations = ClientRegistrations(settings, source, self.saes, self.models)
+        self.registrations = ClientRegistrations(settings, source, self.saes, self.models, self.calibrations)
         self.startup_name = settings.served_model_name or source.name
         self.models.ensure(self.startup_name, source)
         self.slot = ModelSlot()
