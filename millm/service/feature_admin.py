@@ -24,6 +24,7 @@ from millm.interp.labels import (
     read_document,
 )
 from millm.interp.steering import check_feature
+from millm.service.calibration import FeatureFigures
 from millm.service.decoders import Decoder, decoder_of, neighbours
 from millm.service.label_search import FeatureMatch
 from millm.service.state import ServerState
@@ -49,6 +50,13 @@ class LabelsCleared(BaseModel):
     deleted: int
 
 
+class FeatureHit(FeatureMatch):
+    """A search result with its calibration figures, when the SAE is calibrated on the model."""
+
+    frequency: float | None = None  # fraction of read positions where it fires (its density)
+    max_activation: float | None = None
+
+
 class FeatureSearch(BaseModel):
     """Labelled features ranked by relevance to `query` (all, by index, when it is empty)."""
 
@@ -57,7 +65,8 @@ class FeatureSearch(BaseModel):
     query: str
     labels: int  # how many features of the SAE have a label
     has_labels: bool  # whether any has
-    data: list[FeatureMatch]
+    calibrated_on: str | None  # the model whose calibration gave the figures (null: none)
+    data: list[FeatureHit]
 
 
 class Neighbour(BaseModel):
@@ -79,6 +88,8 @@ class FeatureDetail(BaseModel):
     detail: dict[str, Any] | None
     decoder_norm: float
     neighbours: list[Neighbour]
+    calibrated_on: str | None  # the model whose calibration gave `calibration` (null: not calibrated)
+    calibration: FeatureFigures | None  # frequency, mean, max, quantiles and top examples
 
 
 # labels ------------------------------------------------------------------------------------------------
@@ -125,7 +136,19 @@ def search_features(state: ServerState, sae_id: str, query: str, limit: int) -> 
     state.saes.get(sae_id)
     found = state.labels.search(sae_id, query, limit)
     total = state.labels.count(sae_id)
-    return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, data=found)
+    model = calibration_model(state, sae_id)
+    figures = state.calibrations.figures(sae_id, model, [hit.index for hit in found]) if model is not None else {}
+    data = [
+        FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max) if (f := figures.get(hit.index)) else FeatureHit(**hit.model_dump())
+        for hit in found
+    ]
+    return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, calibrated_on=model, data=data)
+
+
+def calibration_model(state: ServerState, sae_id: str) -> str | None:
+    """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
+    model = state.lm.name if state.lm is not None else state.expected_name
+    return model if state.calibrations.summary(sae_id, model) is not None else None
 
 
 # feature details ------------------------------------------------------------------------------------------
@@ -142,14 +165,16 @@ def _detail(state: ServerState, sae_id: str, index: int, k: int, decoder: Decode
     entry = dict(entries.get(index) or {})
     label, source = entry.pop("label", None), entry.pop("source", None)
     near = [Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label")) for i, c in neighbours(decoder, index, k)]
+    model = calibration_model(state, sae_id)
+    figures = state.calibrations.figures(sae_id, model, [index]).get(index) if model is not None else None
     return FeatureDetail(
         sae_id=sae_id, index=index, label=label, source=source, detail=entry if label is not None else None,
-        decoder_norm=float(decoder.norms[index]), neighbours=near,
+        decoder_norm=float(decoder.norms[index]), neighbours=near, calibrated_on=model, calibration=figures,
     )
 
 
 async def feature_detail(state: ServerState, sae_id: str, index: int, k: int) -> FeatureDetail:
-    """A feature's label, decoder norm and its k nearest features by decoder cosine."""
+    """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
     info = state.saes.get(sae_id)
     check_feature(info, index, param="index")
     decoder = state.decoders.get(sae_id) or await in_passing_thread(_load_decoder, state, sae_id)

@@ -157,6 +157,22 @@ def test_figures_equal_numpy_over_the_captured_activations(server, calibrated, o
     assert fired_any > d_sae // 2  # a TopK SAE with k=8 of 128 spreads over most features
 
 
+def test_label_search_and_feature_details_carry_the_calibration(server, calibrated):
+    process, sae = server["process"], server["ids"]["main"]
+    found = api(process, "GET", f"/api/saes/{sae}/features", params={"q": "paris", "limit": 5}).json()
+    assert found["calibrated_on"] == MODEL and found["data"]
+    figures = {f["index"]: f for f in figures_of(process, sae, [hit["index"] for hit in found["data"]])}
+    for hit in found["data"]:
+        assert (hit["frequency"], hit["max_activation"]) == (figures[hit["index"]]["frequency"], figures[hit["index"]]["max"])
+    index = found["data"][0]["index"]
+    detail = api(process, "GET", f"/api/saes/{sae}/features/{index}").json()
+    assert detail["calibrated_on"] == MODEL and detail["calibration"] == figures[index]
+    bare = api(process, "GET", f"/api/saes/{server['ids']['loose']}/features/0").json()  # never calibrated
+    assert bare["calibrated_on"] is None and bare["calibration"] is None
+    unfound = api(process, "GET", f"/api/saes/{server['ids']['loose']}/features", params={"q": "paris", "limit": 1}).json()
+    assert unfound["calibrated_on"] is None and unfound["data"][0]["frequency"] is None
+
+
 def test_top_examples_are_the_largest_activations_with_their_text(server, calibrated, offline):
     d_sae = offline["acts"][0].shape[1]
     figures = figures_of(server["process"], server["ids"]["main"], list(range(d_sae)))
