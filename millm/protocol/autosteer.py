@@ -47,10 +47,11 @@ class AutoSteerRequest(BaseModel):
     fluency_tolerance: Annotated[float, Field(ge=0, le=20)] = Field(
         1.0, description="How far (nats per token) a setting's fluency may fall below the unsteered answers' and still count as fluent."
     )
-    rank_by: Literal["judge", "affinity"] = Field(
-        "judge",
-        description="Which signal ranks the fluent settings: the judge's P(yes), or the affinity (how much likelier the "
-        "unsteered model finds the answer when told the goal than when told something neutral).",
+    rank_by: Literal["affinity", "judge"] = Field(
+        "affinity",
+        description="Which signal ranks the fluent settings: the affinity (how much likelier the unsteered model finds "
+        "the answer when told the goal than when told something neutral), or the yes/no judge's P(yes). On the demo "
+        "model the affinity picked the demo profiles' features and the judge did not (docs/discovery.md).",
     )
     save_as: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = Field(
         None, description="Save the best setting as a profile with this name (only when it beats the unsteered answers)."

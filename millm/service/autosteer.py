@@ -61,6 +61,18 @@ SKIPPED_POSITIONS = 1  # the attention sink (see feature_reads.py)
 # told something neutral (a pointwise mutual information per token). The neutral message cancels
 # what any system message does to an answer's likelihood.
 GOAL_SYSTEM = "You {goal}."
+# Words that say how to steer rather than what towards ("talk about Italian food"): left out of
+# the label search, where "talk" found a "me / talk / chat" feature ahead of the food ones on the
+# demo SAE.
+INSTRUCTION_WORDS = frozenset(
+    ["a", "an", "the", "about", "like", "more", "less", "always", "often", "be", "sound", "sounds", "talk", "talks", "speak", "speaks", "write", "writes", "answer", "answers", "respond", "reply", "in", "on", "of", "and", "or", "to", "with", "as", "style", "way", "tone", "mention", "mentions", "discuss", "discusses", "use", "uses", "you", "your"]
+)
+
+
+def search_words(goal: str) -> str:
+    """The goal without its instruction words, for the label search (the goal itself when nothing else is left)."""
+    kept = [word for word in goal.split() if word.lower().strip(".,!?;:'\"") not in INSTRUCTION_WORDS]
+    return " ".join(kept) or goal
 CONTROL_SYSTEM = "You are a helpful assistant."
 
 
@@ -165,7 +177,7 @@ def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int,
     included that were not found (evidence: none)."""
     body = prep.body
     sae_id = prep.attached.info.id
-    from_labels = [(hit.index, "labels", hit.score or 0.0) for hit in state.labels.search(sae_id, body.goal, body.candidates)]
+    from_labels = [(hit.index, "labels", hit.score or 0.0) for hit in state.labels.search(sae_id, search_words(body.goal), body.candidates)]
     from_contrast: list[tuple[int, str, float]] = []
     if body.examples:
         from_contrast = contrast_candidates(state, prep, handle)

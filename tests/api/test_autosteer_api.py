@@ -50,7 +50,7 @@ def finished(server, job_id: str, timeout: float = 240) -> dict:
 
 @pytest.fixture(scope="module")
 def result(server):
-    body = {"goal": "paris", "probe_prompts": PROBES, "candidates": 2, "strengths": [3.0, 9.0], "max_tokens": 6, "save_as": "auto-paris"}
+    body = {"goal": "paris", "probe_prompts": PROBES, "candidates": 2, "strengths": [3.0, 9.0], "max_tokens": 6, "save_as": "auto-paris", "rank_by": "judge"}
     response = post(server, "/api/autosteer", body)
     assert response.status_code == 202, response.text
     job = finished(server, response.json()["id"])
@@ -137,12 +137,14 @@ def test_affinity_is_the_log_likelihood_gain_of_being_told_the_goal(tiny_dirs, t
 
 
 def test_rank_by_affinity_orders_the_fluent_settings_by_it(server):
-    body = {"goal": "paris", "probe_prompts": PROBES, "candidates": 2, "strengths": [3.0, 9.0], "max_tokens": 6, "rank_by": "affinity"}
+    body = {"goal": "talk about paris", "probe_prompts": PROBES, "candidates": 2, "strengths": [3.0, 9.0], "max_tokens": 6}
     job = finished(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
     got = job["result"]
     keys = [(not s["fluent"], -s["affinity_lift"], -s["fluency"]) for s in got["settings"]]
-    assert got["rank_by"] == "affinity" and keys == sorted(keys)
+    assert got["rank_by"] == "affinity" and keys == sorted(keys)  # the default
+    hits = api(server, "GET", f"/api/saes/{server.sae_id}/features", params={"q": "paris", "limit": 2}).json()["data"]
+    assert [c["index"] for c in got["candidates"]] == [h["index"] for h in hits]  # "talk about" is left out of the search
     best = got["best"]
     assert best is None or (best["fluent"] and best["affinity_lift"] > 0 and best == got["settings"][0])
 

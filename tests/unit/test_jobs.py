@@ -103,3 +103,11 @@ def test_only_the_last_kept_ended_jobs_are_remembered():
         wait_ended(book, view.id)
         ids.append(view.id)
     assert [v.id for v in book.all()] == list(reversed(ids))[:3]
+
+
+def test_autosteer_searches_labels_without_the_goals_instruction_words():
+    from millm.service.autosteer import search_words
+
+    assert search_words("talk about Italian food") == "Italian food"
+    assert search_words("Talk like a pirate!") == "pirate!"
+    assert search_words("write about") == "write about"  # nothing else left: the goal itself
