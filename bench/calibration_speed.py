@@ -3,23 +3,25 @@
 One demo server per scheduler policy (serial, the default; and continuous batching), each with
 its default settings otherwise (MILLM_JOB_SHARE 0.25 unless --share). In each:
 
-1. decode alone: a greedy streamed chat completion (--tokens tokens), --repeats times; decode
-   tok/s excludes the first token, time to first token is reported too;
-2. calibration alone: POST /api/saes/sae_dd8838d57250/calibrate {"corpus": "demo"} with nothing
+1. calibration alone: POST /api/saes/sae_dd8838d57250/calibrate {"corpus": "demo"} with nothing
    else running; tokens/s = the corpus's tokens / the job's wall time (started -> finished);
-3. decode while a calibration runs: a new calibration is started and, once it has done its
-   first texts, the same streams run back to back; the job's progress during them is recorded
-   (texts/s), then the job is cancelled.
+2. --repeats pairs, back to back: a greedy streamed chat completion (--tokens tokens) alone, then
+   the same stream while a calibration runs (started just before, past its first texts, and
+   cancelled after). Pairing keeps the two sides of each ratio seconds apart, so a machine
+   that gets busier or quieter during the run (it is shared) moves both alike.
 
-The figures are medians of the repeats. The goal: decode while calibrating >= 0.7x alone.
+Decode tok/s excludes the first token; time to first token is reported too, and the
+calibration's own progress during the busy streams (tokens/s). Figures are medians; the ratio
+is the median of the pairs' ratios. The goal: decode while calibrating >= 0.7x alone.
 
-    .venv/bin/python bench/calibration_speed.py [--tokens 128] [--repeats 5] [--policies serial,batched] [--share 0.25]
+    .venv/bin/python bench/calibration_speed.py [--tokens 128] [--repeats 7] [--policies serial,batched] [--share 0.25] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -81,72 +83,76 @@ def calibration_alone(base_url: str) -> dict:
     return {"tokens": summary["tokens"], "texts": summary["texts"], "wall_s": wall, "tokens_per_s": summary["tokens"] / wall}
 
 
-def decode_alone(base_url: str, tokens: int, repeats: int) -> list[tuple[float, float]]:
-    return [stream_chat(base_url, tokens) for _ in range(repeats)]
-
-
-def decode_while_calibrating(base_url: str, tokens: int, repeats: int) -> tuple[list[tuple[float, float]], float]:
-    """Streams while a calibration runs; also the job's texts/s over the streams."""
+def stream_while_calibrating(base_url: str, tokens: int, tokens_per_text: float) -> tuple[float, float, float]:
+    """One stream while a calibration runs: (decode tok/s, time to first token, the calibration's tokens/s meanwhile)."""
     job_id = start_calibration(base_url)
-    while job(base_url, job_id)["progress"]["done"] < 5:
-        time.sleep(0.2)
+    while job(base_url, job_id)["progress"]["done"] < 3:
+        time.sleep(0.1)
     before, began = job(base_url, job_id)["progress"]["done"], time.monotonic()
-    results = [stream_chat(base_url, tokens) for _ in range(repeats)]
+    speed, ttft = stream_chat(base_url, tokens)
     state = job(base_url, job_id)
-    rate = (state["progress"]["done"] - before) / (time.monotonic() - began)
-    ran_throughout = state["state"] == "running"
+    rate = (state["progress"]["done"] - before) / (time.monotonic() - began) * tokens_per_text
     httpx.delete(f"{base_url}/api/jobs/{job_id}", timeout=30)
     while job(base_url, job_id)["state"] == "running":
-        time.sleep(0.2)
-    assert ran_throughout, "the calibration ended before the streams did: use fewer --repeats or --tokens"
-    return results, rate
+        time.sleep(0.1)
+    assert state["state"] == "running", "the calibration ended before the stream did"
+    return speed, ttft, rate
 
 
 def run_policy(policy: str, args) -> dict:
     env = {"MILLM_JOB_SHARE": str(args.share)}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     if policy == "batched":
         env["ENABLE_CONTINUOUS_BATCHING"] = "true"
     home = Path(tempfile.mkdtemp(prefix=f"millm-bench-cal-{policy}-"))
     server = ServerProcess(home, ["--log-level", "warning"], env=env).wait_ready(timeout=900)
     try:
         stream_chat(server.base_url, 16)  # warm-up
-        alone = decode_alone(server.base_url, args.tokens, args.repeats)
         calibration = calibration_alone(server.base_url)
-        busy, rate = decode_while_calibrating(server.base_url, args.tokens, args.repeats)
+        tokens_per_text = calibration["tokens"] / calibration["texts"]
+        pairs = []
+        for _ in range(args.repeats):
+            alone = stream_chat(server.base_url, args.tokens)
+            busy = stream_while_calibrating(server.base_url, args.tokens, tokens_per_text)
+            pairs.append((alone, busy))
     finally:
         server.stop()
-    texts_per_token = calibration["texts"] / calibration["tokens"]
     return {
         "policy": policy,
         "calibration": calibration,
-        "decode_alone": statistics.median(s for s, _ in alone),
-        "ttft_alone": statistics.median(t for _, t in alone),
-        "decode_busy": statistics.median(s for s, _ in busy),
-        "ttft_busy": statistics.median(t for _, t in busy),
-        "calibration_busy_tokens_per_s": rate / texts_per_token,
-        "raw": {"alone": alone, "busy": busy},
+        "decode_alone": statistics.median(a[0] for a, _ in pairs),
+        "ttft_alone": statistics.median(a[1] for a, _ in pairs),
+        "decode_busy": statistics.median(b[0] for _, b in pairs),
+        "ttft_busy": statistics.median(b[1] for _, b in pairs),
+        "ratio": statistics.median(b[0] / a[0] for a, b in pairs),
+        "calibration_busy_tokens_per_s": statistics.median(b[2] for _, b in pairs),
+        "pairs": [[[round(x, 3) for x in a], [round(x, 3) for x in b]] for a, b in pairs],
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--policies", default="serial,batched")
     parser.add_argument("--share", type=float, default=0.25, help="MILLM_JOB_SHARE")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: torch's own)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     rows = [run_policy(policy, args) for policy in args.policies.split(",")]
+    load_after = os.getloadavg()[0]
 
     print(f"\n{MODEL}, demo SAE {SAE} (layer 12), demo corpus; chat stream of {args.tokens} greedy tokens, "
-          f"median of {args.repeats}; MILLM_JOB_SHARE {args.share}")
+          f"median of {args.repeats} pairs; MILLM_JOB_SHARE {args.share}; OMP_NUM_THREADS {args.threads or 'default'}; "
+          f"load average {load_before:.1f} -> {load_after:.1f}")
     print("| policy | calibration alone tok/s (tokens, s) | decode alone tok/s | decode while calibrating tok/s | ratio | TTFT alone / busy s | calibration while streaming tok/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         c = r["calibration"]
         print(f"| {r['policy']} | {c['tokens_per_s']:.0f} ({c['tokens']}, {c['wall_s']:.0f}) | {r['decode_alone']:.1f} | {r['decode_busy']:.1f} | "
-              f"{r['decode_busy'] / r['decode_alone']:.2f} | {r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | {r['calibration_busy_tokens_per_s']:.0f} |")
-    print(json.dumps([{k: v for k, v in r.items() if k != "raw"} | {"raw": {k: [[round(x, 3) for x in p] for p in v] for k, v in r["raw"].items()}}
-                      for r in rows]))
+              f"{r['ratio']:.2f} | {r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | {r['calibration_busy_tokens_per_s']:.0f} |")
+    print(json.dumps(rows))
     return 0
 
 

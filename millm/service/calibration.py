@@ -184,9 +184,11 @@ class CalibrationBook:
         if row is None:
             return None
         with self._lock:
-            self._parsed[key] = row.figures
-            while len(self._parsed) > PARSED_KEPT:
-                self._parsed.popitem(last=False)
+            current = self._tables.get(key)
+            if current is not None and current.created_at == row.created_at:  # not one replaced meanwhile
+                self._parsed[key] = row.figures
+                while len(self._parsed) > PARSED_KEPT:
+                    self._parsed.popitem(last=False)
         return row.figures["features"]
 
     # changing --------------------------------------------------------------------------------

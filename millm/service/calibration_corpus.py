@@ -106,11 +106,11 @@ def request_entries(request: CalibrateRequest) -> list[Entry]:
     return entries
 
 
-def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo) -> Corpus:
+def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo, context_length: int) -> Corpus:
     """Every text of a checked request (check_source: texts, then conversations) or of the shipped
-    corpus (in file order) as token ids, cut to max_tokens_per_text."""
+    corpus (in file order) as token ids, cut to max_tokens_per_text (and the model's context length)."""
     entries = shipped_entries(info) if request.corpus is not None else request_entries(request)
-    limit = request.max_tokens_per_text
+    limit = min(request.max_tokens_per_text, context_length)
     out: list[np.ndarray] = []
     truncated = 0
     for where, content in entries:

@@ -57,7 +57,7 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
             param="sae_id",
             code="sae_not_attached",
         )
-    corpus = corpus_ids(lm.tokenizer, request, info)
+    corpus = corpus_ids(lm.tokenizer, request, info, lm.context_length)
     check_size(corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts")
     claim = state.calibrations.claim(sae_id, lm.name)
     run = CalibrationRun(state, attached, lm.name, lm.system_fingerprint, lm.tokenizer, corpus, request, claim)
