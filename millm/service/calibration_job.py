@@ -1,8 +1,8 @@
 """The calibration job: every text read once through the attached SAE, folded into per-feature figures.
 
-The job's thread never touches torch. Each engine call (a few short texts, one forward pass
-each, GROUP_TOKENS at most) goes to the scheduler thread through passes_blocking with a
-discovery read whose `summarise` runs there: it takes the positions where features fired out
+The job's thread never touches torch. Each engine call (one text, or a few very short ones,
+one forward pass each) goes to the scheduler thread through passes_blocking with a discovery
+read whose `summarise` runs there: it takes the positions where features fired out
 of the dense activations and folds them into the job's Accumulator (numpy). Between calls the
 job reports progress (unit: texts), yields to serving (JobHandle.pace) and looks for a cancel.
 At the end, on the job's thread: the quantiles (numpy), the snippets (the tokenizer's decode,
@@ -33,7 +33,9 @@ from millm.store.calibrations import CalibrationRow
 if TYPE_CHECKING:
     from millm.service.state import ServerState
 
-GROUP_TOKENS = 256  # texts per engine call: up to this many tokens (one text at least), so a pass stays short
+# Texts per engine call: up to this many tokens (one text at least). A request arriving meanwhile
+# waits for the whole call, so calls stay short; only very short texts share one.
+GROUP_TOKENS = 64
 BEFORE, AFTER = 16, 4  # tokens of context around a top example's token
 # Candidates kept per top example asked for: a snippet equal to one already chosen is skipped
 # (a repeated prompt, like a persona system prompt, would otherwise fill the list with copies).
