@@ -17,8 +17,11 @@ Two stages, each rerunnable alone:
     .venv/bin/python scripts/build_demo_calibration.py                      # both stages
     .venv/bin/python scripts/build_demo_calibration.py --stages calibrate
 
-Timings on the 2-core development machine (shared with other work): corpus ~10 min (the model
-writing 200 answers), calibrate ~2 min.
+Timings on the 2-core development machine, shared with other work, run with OMP_NUM_THREADS=1
+(with torch's default of 2 threads on the busy cores the answers came 4x slower): corpus 9 min
+(the model writing 200 answers), calibrate 5 min.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/build_demo_calibration.py
 """
 
 from __future__ import annotations
@@ -239,6 +242,7 @@ def readme_section(document: dict) -> str:
     lines = [json.loads(line) for line in (SAE_DIR / CORPUS_FILE).read_text().splitlines() if line.strip()]
     by_source = {source: sum(1 for line in lines if line["source"] == source) for source in ("chat", "stdlib-docstrings", "stdlib-code")}
     s = document["summary"]
+    threads = f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} on a shared machine" if os.environ.get("OMP_NUM_THREADS") else ""
     return f"""{README_HEADING}
 
 `calibration_corpus.jsonl` ({len(lines)} texts) is the corpus `POST /api/saes/{SAE_ID}/calibrate` reads
@@ -262,7 +266,7 @@ Both are made by `scripts/build_demo_calibration.py` (seeded, offline).
 
 The calibration read {s['texts']} texts, {s['tokens']:,} tokens ({s['positions']:,} positions: each text's first
 is not read), every text within 256 tokens ({s['truncated_texts']} cut), on `millm serve` with its default
-settings (`{s['model_fingerprint']}`) in {s['duration_s']:.0f} s; {s['features_fired']} of {s['d_sae']} features fired.
+settings (`{s['model_fingerprint']}`{threads}) in {s['duration_s']:.0f} s; {s['features_fired']} of {s['d_sae']} features fired.
 Per feature it keeps the firing frequency, mean and max activation, p50/p90/p99 over the positions
 where the feature fired, the {s['top_examples']} top activating snippets, and the quantile grid that
 percentiles are read from (see docs/discovery.md).
