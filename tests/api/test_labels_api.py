@@ -253,7 +253,7 @@ def test_the_routes_are_in_the_openapi_schema(server):
     assert set(body) == {"application/json", "text/csv"}
     assert {ref["$ref"].rsplit("/", 1)[1] for ref in body["application/json"]["schema"]["anyOf"]} == {
         "NeuronpediaExplanations", "NeuronpediaFeatures", "MistudioLabels", "PlainLabels"}
-    for name in ("FeatureDetail", "FeatureSearch", "FeatureMatch", "LabelImport", "Neighbour"):
+    for name in ("FeatureDetail", "FeatureSearch", "FeatureHit", "LabelImport", "Neighbour"):
         assert name in schema["components"]["schemas"]
 
 

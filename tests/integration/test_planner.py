@@ -12,6 +12,7 @@ from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
 from millm.interp.steering import InvalidFeatureIndex
 from millm.service.documents import CircuitBook, ClusterBook
+from millm.service.labels import LabelBook
 from millm.service.plans import BaseUnfit, DialLimits, Planner
 from millm.service.profiles import ProfileBook
 from millm.service.saes import SAERegistry
@@ -26,7 +27,7 @@ from tests.support.tiny_saes import build_saelens
 @pytest.fixture
 def world(llama_lm, tmp_path):
     store = Store(database_url(tmp_path, None))
-    registry = SAERegistry(store, tmp_path / "hub")
+    registry = SAERegistry(store, tmp_path / "hub", LabelBook(store))
     steering = Steering(store, registry, ProfileBook(store))
     ids = {}
     for layer in (1, 2):
