@@ -106,7 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url")
     parser.add_argument("--out", type=Path, default=Path("autosteer_demo.json"))
+    parser.add_argument("--concepts", nargs="+", choices=sorted(CONCEPTS), default=list(CONCEPTS), help="run only these (each takes minutes)")
     args = parser.parse_args()
+    concepts = {name: CONCEPTS[name] for name in args.concepts}
     server = None
     base_url = args.base_url
     if base_url is None:
@@ -115,7 +117,7 @@ def main() -> None:
     rows, results = [], {}
     try:
         with httpx.Client(base_url=base_url, timeout=600) as client:
-            for concept, (goal, feature, examples) in CONCEPTS.items():
+            for concept, (goal, feature, examples) in concepts.items():
                 result, seconds = run_job(client, {"goal": goal, "examples": examples, "include": [feature]})
                 results[concept] = result
                 rows.append(summary(concept, feature, result, seconds))
@@ -126,7 +128,7 @@ def main() -> None:
             server.stop()
     print("| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best | time |")
     print("|---|---|---|---|---|---|---:|")
-    for row, (concept, (_, feature, _)) in zip(rows, CONCEPTS.items(), strict=True):
+    for row, (concept, (_, feature, _)) in zip(rows, concepts.items(), strict=False):  # a run stopped early has fewer rows
         found = ", ".join(f"#{i}" + ("*" if source == "contrast" else "") for i, _, source in row["found"])
         cells = [f"{show(row[s]['best'], f)} – {row[s]['verdict']} | {show(row[s]['profile_best'], f)}" for s, f in SIGNALS.items()]
         print(f"| {concept} (#{feature}) | {found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | {cells[0]} | {cells[1]} | {row['seconds']} s |")
