@@ -14,6 +14,7 @@ from millm.engine.detokenize import IncrementalDetokenizer
 from millm.engine.jobs import GenerationJob, ResidualsRead, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, taps
+from millm.engine.residual import Stacked
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
 
@@ -102,7 +103,7 @@ def prefill_rows(lm: LoadedModel, rows: list[RowState]):
         for row in rows:
             shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.captures)
         readers = taps([(shared[i], 0, len(r.spec.prompt_ids)) for i, r in enumerate(firsts)])
-    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers)
+    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers, [len(r.spec.prompt_ids) for r in firsts])
     batch, logits = lm.runner.prefill([list(r.spec.prompt_ids) for r in firsts], capacity)
     for row in rows:
         row.fed = len(row.spec.prompt_ids)
@@ -128,7 +129,7 @@ class Lane:
         self.rows: list[RowState] = []
         self.batch = None
         self.logits: torch.Tensor | None = None
-        self.edits: dict = {}
+        self.edits: Stacked | None = None
         self.reading = False
         self.open: dict[GenerationJob, int] = {}  # job -> rows still generating
 
@@ -154,7 +155,7 @@ class Lane:
 
     def reset(self) -> None:
         """Drop every row (after a failure the lane starts empty)."""
-        self.rows, self.batch, self.logits, self.edits, self.open = [], None, None, {}, {}
+        self.rows, self.batch, self.logits, self.edits, self.open = [], None, None, None, {}
 
     def _restack(self) -> None:
         self.edits = self.lm.residual.stack([row.spec.edit for row in self.rows])
