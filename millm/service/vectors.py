@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from millm.engine.loader import LoadedModel
-from millm.errors import Conflict, InvalidRequest, NotFound
+from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
 from millm.interp.steering import residual_point
 from millm.interp.vector_file import VectorFile, file_of, values_of
 from millm.protocol.vectors import VectorDeleted, VectorList, VectorView
@@ -23,6 +23,7 @@ from millm.service.books import Book, unique_name
 from millm.store.database import Store
 from millm.store.vectors import delete_vector, insert_vector, vector_rows
 
+NOT_APPLICABLE = "vector_not_applicable"
 MAX_VECTORS = 1000  # stored vectors (each d_model float32 in memory: 16 MB at d_model 4096)
 PREFIX = "vec_"
 
@@ -103,27 +104,35 @@ class VectorBook(Book):
         return file_of(row, row["unit"])
 
     # plans --------------------------------------------------------------------------------------------------
-    def vector(self, vector_id: str, lm: LoadedModel) -> tuple[int, torch.Tensor]:
-        """The VectorResolver of plans: (the engine's residual point, the unit direction float32 [d_model])
-        of a vector by id or name on the loaded model; 400 vector_not_found when none is stored, and 400
-        vector_not_applicable when it was trained on another model (name or width) or its layer is past the model's depth."""
+    @property
+    def revision(self) -> int:
+        """Moves with every change to the vectors (part of a cached plan's state stamp)."""
+        return self.shelf.revision
+
+    def vector(self, vector_id: str, lm: LoadedModel | None) -> tuple[int, torch.Tensor] | None:
+        """The VectorResolver of plans (service/resolution.py): (the engine's residual point, the unit
+        direction float32 [d_model] on the model's device) of a vector by id or name; None when none is
+        stored; 400 vector_not_applicable when it was trained on another model (name or width) or its
+        layer is past the model's depth; 503 model_not_loaded with no model."""
         shelf = self.shelf
         row = shelf.get(vector_id)
         if row is None:
-            raise InvalidRequest(f"no steering vector named or with id {vector_id!r}", param="vector_id", code="vector_not_found")
+            return None
+        if lm is None:
+            raise ModelNotLoaded(f"no model is loaded to apply steering vector {row['name']!r} ({row['id']}) to", param="vector_id")
         width = model_width(lm)
         if row["model"] != lm.name or row["d_model"] != width:
             raise InvalidRequest(
                 f"steering vector {row['name']!r} ({row['id']}) was trained on model {row['model']!r} (d_model {row['d_model']}), "
                 f"not on the loaded model {lm.name!r} (d_model {width}); a vector applies only to the model it was trained on",
                 param="vector_id",
-                code="vector_not_applicable",
+                code=NOT_APPLICABLE,
             )
         depth = int(lm.model.config.num_hidden_layers)
         if not 0 <= row["layer"] < depth:
             raise InvalidRequest(
                 f"steering vector {row['name']!r} ({row['id']}) is at layer {row['layer']}, past {lm.name}'s {depth} layers",
                 param="vector_id",
-                code="vector_not_applicable",
+                code=NOT_APPLICABLE,
             )
-        return residual_point(row["layer"], row["hook_point"]), shelf.documents[row["id"]]["tensor"]
+        return residual_point(row["layer"], row["hook_point"]), shelf.documents[row["id"]]["tensor"].to(lm.device)
