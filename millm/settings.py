@@ -113,13 +113,13 @@ class Settings(BaseSettings):
     discovery_max_texts: int = env_field(
         64,
         "MILLM_DISCOVERY_MAX_TEXTS",
-        "Most texts (or conversations) in one set of a contrast; past it, 400 naming the set before anything runs.",
+        "Most texts (or conversations) in one set of a contrast, or pairs in a vector training; past it, 400 naming the set before anything runs.",
         ge=1,
     )
     discovery_max_tokens: int = env_field(
         16384,
         "MILLM_DISCOVERY_MAX_TOKENS",
-        "Most tokens one inspect or contrast request reads, all its texts together (texts x tokens); "
+        "Most tokens one inspect, contrast or vector-training request reads, all its texts together (texts x tokens); "
         "past it, 400 naming the field before any forward pass.",
         ge=2,
     )
@@ -127,7 +127,7 @@ class Settings(BaseSettings):
         1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
     )
     max_jobs: int = env_field(
-        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer) that may run at once; past it, 503 queue_full.", ge=1, le=16
+        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer, vector training) that may run at once; past it, 503 queue_full.", ge=1, le=16
     )
     job_share: float = env_field(
         0.25,

@@ -16,6 +16,12 @@ from millm.interp.intensity import STRENGTH_LIMIT, clamp_strength
 from millm.interp.sae import SAE
 
 
+def residual_point(layer: int, hook_point: str) -> int:
+    """The engine's residual point of a hook point at a layer: after block L for resid_post, after
+    block L-1 for resid_pre (before block 0, EMBEDDINGS, for resid_pre of layer 0)."""
+    return layer if hook_point == "resid_post" else (layer - 1 if layer > 0 else EMBEDDINGS)
+
+
 @dataclass(frozen=True)
 class Attached:
     """An SAE attached to the loaded model: its weights and where it reads/steers."""
@@ -26,8 +32,8 @@ class Attached:
 
     @property
     def point(self) -> int:
-        """The engine's residual point: after block L for resid_post, after block L-1 for resid_pre."""
-        return self.layer if self.info.hook_point == "resid_post" else (self.layer - 1 if self.layer > 0 else EMBEDDINGS)
+        """The engine's residual point of the SAE's hook point at its layer (see residual_point)."""
+        return residual_point(self.layer, self.info.hook_point)
 
 
 def pick_attached(attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = "") -> Attached:

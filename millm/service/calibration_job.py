@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,7 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
     return view
 
 
-def groups(texts: list[np.ndarray], budget: int = GROUP_TOKENS) -> list[list[int]]:
+def groups(texts: Sequence[Sized], budget: int = GROUP_TOKENS) -> list[list[int]]:
     """Consecutive text indices in runs of at most `budget` tokens (a longer text alone)."""
     out: list[list[int]] = []
     tokens = budget

@@ -160,6 +160,11 @@ def _load_decoder(state: ServerState, sae_id: str) -> Decoder:
     return state.decoders.keep(sae_id, decoder_of(sae))
 
 
+async def sae_decoder(state: ServerState, sae_id: str) -> Decoder:
+    """The SAE's decoder from the cache, read into it first (on a passing thread) when it is not there."""
+    return state.decoders.get(sae_id) or await in_passing_thread(_load_decoder, state, sae_id)
+
+
 def _detail(state: ServerState, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
     entries = state.labels.entries(sae_id)
     entry = dict(entries.get(index) or {})
@@ -177,5 +182,5 @@ async def feature_detail(state: ServerState, sae_id: str, index: int, k: int) ->
     """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
     info = state.saes.get(sae_id)
     check_feature(info, index, param="index")
-    decoder = state.decoders.get(sae_id) or await in_passing_thread(_load_decoder, state, sae_id)
+    decoder = await sae_decoder(state, sae_id)
     return await to_thread.run_sync(_detail, state, sae_id, index, k, decoder)

@@ -59,6 +59,7 @@ from millm.service.saes import SAERegistry
 from millm.service.slot import ModelSlot, current_lease, request_scope
 from millm.service.steering import Steering
 from millm.service.threads import in_passing_thread
+from millm.service.vectors import VectorBook
 from millm.settings import Settings
 from millm.store.database import Store, database_url
 
@@ -118,6 +119,7 @@ class ServerState:
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
         self.calibrations = CalibrationBook(self.store)
+        self.vectors = VectorBook(self.store)
         for info in list(self.saes.infos.values()):  # SAEs registered before they shipped a calibration
             self.calibrations.import_shipped(info)
         self.monitor = Monitor(self.store, settings.monitoring_history)

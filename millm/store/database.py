@@ -2,7 +2,7 @@
 
 What survives a restart: registered SAEs, which are attached where, the live steering values
 and whether steering is enabled, profiles (with the active one), clusters and circuits, and
-registered models (with the steering lock). The schema carries a
+registered models (with the steering lock), and steering vectors. The schema carries a
 version; `migrate` upgrades older databases in place and never drops a user's rows.
 """
 
@@ -20,6 +20,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -32,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -123,10 +124,31 @@ calibrations_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it. Versions 2, 3 and 4 only add
-# tables (clusters and circuits; registered models; feature labels and calibrations), which
-# create_all makes; no existing table changes, so every row of the older version is kept as it is.
-MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: []}
+# Steering vectors (service/vectors.py): the unit direction as d_model little-endian float32 bytes
+# (read back bit for bit), its trained length and where and on which model it was trained.
+vectors_table = Table(
+    "millm_vectors",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("description", Text, nullable=False),
+    Column("model", String(200), nullable=False),  # the served model name it was trained on
+    Column("d_model", Integer, nullable=False),
+    Column("layer", Integer, nullable=False),
+    Column("hook_point", String(32), nullable=False),
+    Column("method", String(32), nullable=False),
+    Column("pairs", Integer, nullable=False),
+    Column("norm", Float, nullable=False),
+    Column("agreement", Float, nullable=True),  # null for an imported vector
+    Column("unit", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it. Versions 2 to 5 only add
+# tables (clusters and circuits; registered models; feature labels and calibrations; steering
+# vectors), which create_all makes; no existing table changes, so every row of the older version
+# is kept as it is.
+MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: [], 5: []}
 
 
 def database_url(home: Path, url: str | None) -> str:

@@ -236,7 +236,7 @@ def test_a_schema_2_database_migrates_keeping_its_rows(tmp_path):
     old.set_setting("schema_version", 2)
     old.close()
     new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION == 4
+    assert new.get_setting("schema_version") == SCHEMA_VERSION == 5
     assert [p["name"] for p in new.profiles()] == ["kept"] and new.models() == []
     new.put_model("m", "/x", {"kind": "directory"}, 1.0)
     assert new.models() == [{"name": "m", "reference": "/x", "info": {"kind": "directory"}, "registered_at": 1.0}]

@@ -64,7 +64,7 @@ def test_a_schema_1_database_migrates_keeping_profiles(tmp_path):
     old.set_setting("schema_version", 1)
     old.close()
     new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION == 4
+    assert new.get_setting("schema_version") == SCHEMA_VERSION == 5
     assert [p["name"] for p in new.profiles()] == ["kept"]
     assert new.get_setting("active_profile") == "prof_old"
     assert new.documents("clusters") == [] and new.documents("circuits") == []
