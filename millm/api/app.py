@@ -21,6 +21,7 @@ from millm.api import (
     model_admin,
     models,
     monitoring,
+    probes,
 )
 from millm.api.access import AccessGuard, Keys
 from millm.api.body_limit import BodyLimit
@@ -99,4 +100,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(discovery.router, tags=["Discovery"])
     app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
+    app.include_router(probes.router, tags=["Probes"])
     app.include_router(health.router, tags=["Health"])

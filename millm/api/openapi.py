@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
 from millm.interp.labels import document_schemas as label_document_schemas
+from millm.interp.probes import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.protocol import field_policy
 from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
@@ -66,6 +67,8 @@ RAW_BODIES = {
     "/api/profiles/import": ["ProfileDocument", "ProfileBundle"],
     "/api/clusters/import": ["ClusterDefinition", "ClusterBundle"],
     "/api/circuits/import": ["CircuitDefinition"],
+    "/api/probes/import": ["ProbeDocument", "ProbeBundle"],
+    "/api/probes": ["ProbeDocument"],
 }
 # PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format, or CSV.
 LABELS_PATH = "/api/saes/{sae_id}/labels"
@@ -131,6 +134,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
         ],
     )
     _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
+    _narrow(schemas["ProbeUpdate"], properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})})
     _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
     _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
     _narrow(
@@ -157,6 +161,7 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
     schemas["SchemaSubset"] = SUBSET_SCHEMA
     schemas.update(DOCUMENT_SCHEMAS)
     schemas.update(label_document_schemas())
+    schemas.update(PROBE_SCHEMAS)
     _requests(schemas, settings)
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():

@@ -2,7 +2,7 @@
 
 What survives a restart: registered SAEs, which are attached where, the live steering values
 and whether steering is enabled, profiles (with the active one), clusters and circuits, and
-registered models (with the steering lock). The schema carries a
+registered models (with the steering lock), and probes (with which are active). The schema carries a
 version; `migrate` upgrades older databases in place and never drops a user's rows.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -32,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Engine
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = MetaData()
 
@@ -123,10 +124,23 @@ calibrations_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it. Versions 2, 3 and 4 only add
-# tables (clusters and circuits; registered models; feature labels and calibrations), which
-# create_all makes; no existing table changes, so every row of the older version is kept as it is.
-MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: []}
+# Probes: a named detector (the versioned probe document, as JSON) and whether it is active,
+# i.e. watches every generation request.
+probes_table = Table(
+    "millm_probes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("document", Text, nullable=False),
+    Column("active", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+# version -> statements that bring a database from version-1 to it. Versions 2 to 5 only add
+# tables (clusters and circuits; registered models; feature labels and calibrations; probes),
+# which create_all makes; no existing table changes, so every row of the older version is kept as it is.
+MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: [], 5: []}
 
 
 def database_url(home: Path, url: str | None) -> str:
