@@ -11,11 +11,13 @@ import secrets
 import torch
 
 from millm.engine.detokenize import IncrementalDetokenizer
-from millm.engine.jobs import GenerationJob, ResidualsRead, RowFinished, RowSpec, TextDelta
+from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
-from millm.engine.reading import Capture, taps
+from millm.engine.reading import Capture, Reader, taps
+from millm.engine.residual import ResidualEdit, Stacked, combined
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
+from millm.engine.watching import WatchState
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -41,12 +43,37 @@ class RowState:
         self.finish_reason: str | None = None
         self.constraint = lm.grammar.matcher(spec.constraint) if spec.constraint is not None else None
         self.captures = [Capture(read, len(spec.prompt_ids)) for read in spec.reads]
+        self.watches = [WatchState(watch, len(spec.prompt_ids)) for watch in spec.watches]
+        self.readers: list[Reader] = [*self.captures, *self.watches]
         self.fed = 0  # positions fed to the model so far (the prompt, then each sampled token but the last)
+        self._edits: dict[tuple[int, ...], ResidualEdit | None] = {(): spec.edit}
 
-    def read_results(self) -> list[ResidualsRead]:
-        """What this row's reads captured, once it has finished."""
+    def end_events(self) -> list[Event]:
+        """What a finished row reports: each watch's verdict, each read's capture, then RowFinished."""
+        assert self.finish_reason is not None
         tokens = list(self.spec.prompt_ids) + self.generated
-        return [capture.result(self.index, tokens) for capture in self.captures]
+        verdicts = [watch.verdict(self.index, tokens, self.fed) for watch in self.watches]
+        reads = [capture.result(self.index, tokens) for capture in self.captures]
+        return [*verdicts, *reads, RowFinished(self.index, self.finish_reason, len(self.generated))]
+
+    def edit(self) -> ResidualEdit | None:
+        """The edit of the position this row feeds next: its own, plus each steer watch steering there.
+
+        The same combination is the same object every time, so a lane restacks only on a change."""
+        if not self.watches:
+            return self.spec.edit
+        active = tuple(i for i, watch in enumerate(self.watches) if watch.steers(self.fed))
+        if active not in self._edits:
+            edit = self.spec.edit
+            for i in active:
+                edit = combined(edit, self.watches[i].watch.edit)
+            self._edits[active] = edit
+        return self._edits[active]
+
+    @property
+    def aborted(self) -> bool:
+        """Whether an abort watch fired: the row ends before sampling again."""
+        return any(watch.aborts for watch in self.watches)
 
     def choose(self, logits: torch.Tensor) -> int:
         """Sample this row's next token from its logits `[V]` (within its grammar, if it has one)."""
@@ -76,6 +103,14 @@ class RowState:
             return text + self._finish("length")
         return text
 
+    def abort(self) -> str:
+        """End the row for an abort watch; return the text it still held (the trigger token's included)."""
+        text = self.stopper.push(self.detokenizer.flush())
+        if self.stopper.matched is None:
+            text += self.stopper.flush()
+        self.finish_reason = "content_filter"
+        return text
+
     def _finish(self, reason: str) -> str:
         # Whatever the detokenizer still holds may itself complete a stop string.
         text = self.stopper.push(self.detokenizer.flush())
@@ -97,12 +132,12 @@ def prefill_rows(lm: LoadedModel, rows: list[RowState]):
             firsts.append(row)
     capacity = max(len(r.spec.prompt_ids) for r in firsts) + max(row.spec.max_tokens for row in rows)
     readers = None
-    if any(row.captures for row in rows):  # rows sharing a prefill share what it reads
-        shared: list[list[Capture]] = [[] for _ in firsts]
+    if any(row.readers for row in rows):  # rows sharing a prefill share what it reads; each keeps its own
+        shared: list[list[Reader]] = [[] for _ in firsts]
         for row in rows:
-            shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.captures)
+            shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.readers)
         readers = taps([(shared[i], 0, len(r.spec.prompt_ids)) for i, r in enumerate(firsts)])
-    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers)
+    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers, [len(r.spec.prompt_ids) for r in firsts])
     batch, logits = lm.runner.prefill([list(r.spec.prompt_ids) for r in firsts], capacity)
     for row in rows:
         row.fed = len(row.spec.prompt_ids)
@@ -128,8 +163,10 @@ class Lane:
         self.rows: list[RowState] = []
         self.batch = None
         self.logits: torch.Tensor | None = None
-        self.edits: dict = {}
+        self.edits: Stacked | None = None
+        self.stacked: list[ResidualEdit | None] = []  # the rows' edits that `edits` stacks
         self.reading = False
+        self.watching = False
         self.open: dict[GenerationJob, int] = {}  # job -> rows still generating
 
     @property
@@ -150,15 +187,24 @@ class Lane:
             self.rows = self.rows + rows
         for job in jobs:
             self.open[job] = len(job.rows)
-        self._restack()
+        self._restack([row.edit() for row in self.rows])
 
     def reset(self) -> None:
         """Drop every row (after a failure the lane starts empty)."""
-        self.rows, self.batch, self.logits, self.edits, self.open = [], None, None, {}, {}
+        self.rows, self.batch, self.logits, self.edits, self.stacked, self.open = [], None, None, None, [], {}
 
-    def _restack(self) -> None:
-        self.edits = self.lm.residual.stack([row.spec.edit for row in self.rows])
-        self.reading = any(row.captures for row in self.rows)
+    def _restack(self, edits: list[ResidualEdit | None]) -> None:
+        self.stacked = edits
+        self.edits = self.lm.residual.stack(edits)
+        self.reading = any(row.readers for row in self.rows)
+        self.watching = any(row.watches for row in self.rows)
+
+    def _finish(self, row: RowState, ended: list[tuple[GenerationJob, str]]) -> None:
+        for event in row.end_events():
+            row.job.emit(event)
+        self.open[row.job] -= 1
+        if self.open[row.job] == 0:
+            ended.append((row.job, "served"))
 
     def step(self) -> list[tuple[GenerationJob, str]]:
         """Sample one token for every row, emit, drop finished and cancelled rows, run the next
@@ -169,19 +215,18 @@ class Lane:
             if row.job.cancelled.is_set():
                 tokens.append(-1)
                 continue
-            assert self.logits is not None  # a lane with rows holds their logits
-            token = row.choose(self.logits[i])
-            tokens.append(token)
-            text = row.accept(token)
+            if row.aborted:  # a watch fired during the last forward pass: no token follows
+                tokens.append(-1)
+                text = row.abort()
+            else:
+                assert self.logits is not None  # a lane with rows holds their logits
+                token = row.choose(self.logits[i])
+                tokens.append(token)
+                text = row.accept(token)
             if text:
                 row.job.emit(TextDelta(row.index, text))
             if row.finish_reason is not None:
-                for read in row.read_results():
-                    row.job.emit(read)
-                row.job.emit(RowFinished(row.index, row.finish_reason, len(row.generated)))
-                self.open[row.job] -= 1
-                if self.open[row.job] == 0:
-                    ended.append((row.job, "served"))
+                self._finish(row, ended)
         for job, _ in ended:
             del self.open[job]
         keep = [i for i, row in enumerate(self.rows) if row.finish_reason is None and not row.job.cancelled.is_set()]
@@ -192,8 +237,12 @@ class Lane:
             self.lm.runner.select_rows(self.batch, keep)
             self.rows = [self.rows[i] for i in keep]
             tokens = [tokens[i] for i in keep]
-            self._restack()
-        readers = taps([(row.captures, row.fed, 1) for row in self.rows]) if self.reading else None
+            self._restack([row.edit() for row in self.rows])
+        elif self.watching:  # a steer watch that fired (or ran out) changes its row's edit from here
+            edits = [row.edit() for row in self.rows]
+            if any(new is not old for new, old in zip(edits, self.stacked, strict=True)):
+                self._restack(edits)
+        readers = taps([(row.readers, row.fed, 1) for row in self.rows]) if self.reading else None
         self.lm.residual.install(self.edits, readers)
         self.logits = self.lm.runner.step(self.batch, torch.tensor(tokens, device=self.lm.device))
         for row in self.rows:

@@ -36,6 +36,28 @@ class ResidualRead:
 
 
 @dataclass(frozen=True)
+class Watch:
+    """A probe over one row: a score per position of the residual at `point` BEFORE that point's edits."""
+
+    name: str
+    point: int
+    # `[n, d]` float32 (on the model's device) -> `[n]` float32; runs on the scheduler thread.
+    score: Callable[[torch.Tensor], torch.Tensor] = field(compare=False)
+    threshold: float  # fires at positions where score >= threshold
+    action: Literal["report", "steer", "abort"] = "report"
+    edit: ResidualEdit | None = None  # action "steer": what is added once it fires
+    tokens: int | None = None  # action "steer": for this many positions (None: the rest of the row)
+
+    def __post_init__(self) -> None:
+        if self.action not in ("report", "steer", "abort"):
+            raise ValueError(f"unknown watch action {self.action!r}")
+        if (self.action == "steer") != (self.edit is not None):
+            raise ValueError("a watch carries an edit exactly when its action is steer")
+        if self.tokens is not None and (self.action != "steer" or self.tokens < 1):
+            raise ValueError("tokens is a positive count, and only for a steer watch")
+
+
+@dataclass(frozen=True)
 class RowSpec:
     """One sequence to generate: a prompt, how to sample, when to stop."""
 
@@ -47,6 +69,7 @@ class RowSpec:
     edit: ResidualEdit | None = None  # steering: vectors added to the residual stream
     constraint: GrammarSpec | None = None  # structured output: the JSON Schema every token must keep
     reads: tuple[ResidualRead, ...] = ()  # residuals to capture (SAE activations, monitoring)
+    watches: tuple[Watch, ...] = ()  # probes scored at every position fed, which may steer or end the row
 
 
 @dataclass(frozen=True)
@@ -62,7 +85,7 @@ class RowFinished:
     """A row is done; completion_tokens counts every token it sampled, EOS included."""
 
     row: int
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "content_filter" (an abort watch fired)
     completion_tokens: int
 
 
@@ -77,6 +100,23 @@ class ResidualsRead:
     token_ids: tuple[int, ...]
     residuals: torch.Tensor
     encoded: Any = None  # the read's `encode` of the residuals, when it has one
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """What one watch saw over a row, emitted for every watch when the row ends (before its
+    ResidualsRead and RowFinished events); positions are absolute over prompt then generated tokens."""
+
+    row: int
+    name: str
+    action: str  # report | steer | abort
+    fired: bool
+    first_position: int | None  # where it first fired
+    peak: float | None  # the largest score seen, and where
+    peak_position: int | None
+    positions: tuple[int, ...]  # every position where it fired (the first 256)
+    token_ids: tuple[int, ...]  # the token at each of those positions
+    acted_at: int | None  # steer: the first position steered; abort: the position that ended the row
 
 
 @dataclass(frozen=True)
@@ -119,7 +159,7 @@ class LikelihoodsReady:
     token_logprobs: list[list[float]]
 
 
-Event = TextDelta | RowFinished | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady | LikelihoodsReady
+Event = TextDelta | RowFinished | ProbeVerdict | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady | LikelihoodsReady
 
 
 class JobControl:

@@ -1,12 +1,16 @@
 """Capturing residual vectors for a row while it runs: the engine's half of SAE reads.
 
-A row's `ResidualRead`s name a point, a side of the point's additions and the positions
+A row's `ResidualRead`s name a point, a side of the point's edits and the positions
 wanted. A `Capture` keeps the vectors of the wanted positions (float32, on the CPU) as the
 row's forward passes go by; `taps` turns the rows of one forward pass into the residual
-editor's readers. Encoding the vectors with an SAE happens outside the engine.
+editor's readers. Any `Reader` rides the same taps (a watch's scorer does). Encoding the
+vectors with an SAE happens outside the engine.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -14,11 +18,22 @@ from millm.engine.jobs import ResidualRead, ResidualsRead
 from millm.engine.residual import Tap
 
 
+class Reader(Protocol):
+    """Something that sees one row's residual at a point, before or after the point's edits."""
+
+    point: int
+    after_edit: bool
+
+    def take(self, first: int, hidden: torch.Tensor) -> None:
+        """See the row's real columns `[T, d]`, whose first is at absolute position `first`."""
+
+
 class Capture:
     """The positions one read wants of one row, and the vectors kept so far."""
 
     def __init__(self, read: ResidualRead, prompt_length: int):
         self.read, self.prompt_length = read, prompt_length
+        self.point, self.after_edit = read.point, read.after_edit
         self.positions: list[int] = []
         self.vectors: list[torch.Tensor] = []
 
@@ -54,18 +69,19 @@ class Capture:
         return ResidualsRead(row, self.read.tag, tuple(self.positions), tuple(tokens[p] for p in self.positions), residuals, encoded)
 
 
-def taps(columns: list[tuple[list[Capture], int, int]]) -> dict[int, Tap]:
-    """Readers for one forward pass. `columns[i]` is batch row i's captures, the position of its
-    first real column and how many real columns it has (they are the row's last columns)."""
-    points = {capture.read.point for captures, _, _ in columns for capture in captures}
+def taps(columns: list[tuple[Sequence[Reader], int, int]]) -> dict[int, Tap]:
+    """Taps for one forward pass. `columns[i]` is batch row i's readers (Captures, or any
+    Reader), the position of its first real column and how many real columns it has (they are
+    the row's last columns)."""
+    points = {reader.point for readers, _, _ in columns for reader in readers}
 
     def reader(point: int) -> Tap:
         def tap(before: torch.Tensor, after: torch.Tensor) -> None:
-            for i, (captures, first, count) in enumerate(columns):
-                for capture in captures:
-                    if capture.read.point == point:
-                        hidden = after if capture.read.after_edit else before
-                        capture.take(first, hidden[i, hidden.shape[1] - count :])
+            for i, (readers, first, count) in enumerate(columns):
+                for one in readers:
+                    if one.point == point:
+                        hidden = after if one.after_edit else before
+                        one.take(first, hidden[i, hidden.shape[1] - count :])
 
         return tap
 

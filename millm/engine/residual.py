@@ -1,39 +1,53 @@
-"""Per-row additions to the residual stream: the engine's half of steering.
+"""Per-row edits of the residual stream: the engine's half of steering.
 
 A row may carry a `ResidualEdit`: vectors to add to the residual stream after given decoder
-blocks, at every position. The engine installs one forward hook per edited point (once, then
-kept) and, whenever the rows of the running batch change, stacks each row's vector into a
-`[B, 1, d]` tensor, zeros for rows without one. Adding zeros leaves a row bit-identical to an
-unsteered run, so steered and unsteered rows can share a batch; a forward pass with no edits
-(embeddings, scoring) runs as if no hook existed.
+blocks, at every position, and *operations* (functions of the row's residual) applied after a
+point's additions. The engine installs one forward hook per edited point (once, then kept) and,
+whenever the rows of the running batch change, stacks each row's vector into a `[B, 1, d]`
+tensor, zeros for rows without one. Adding zeros leaves a row bit-identical to an unsteered
+run, so steered and unsteered rows can share a batch; a forward pass with no edits (embeddings,
+scoring) runs as if no hook existed. Operations are kept per batch row and run on that row's
+slice only, so rows without one are untouched, and a point without any runs exactly the
+additions-only code.
 
 A lane may also install *taps*: readers that see a point's residual before and after its
-additions (what `return_sae_activations` and monitoring encode). What the vectors are
-(Σ s_i · W_dec[i] of attached SAEs) and what a read residual means is decided outside the engine.
+edits (what `return_sae_activations` and monitoring encode). What the vectors and operations
+are (Σ s_i · W_dec[i] of attached SAEs, clamps of a feature) and what a read residual means is
+decided outside the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 EMBEDDINGS = -1  # the residual before block 0 (resid_pre of layer 0)
-# A reader of one point: called with the residual `[B, T, d]` before and after the point's additions.
+# A reader of one point: called with the residual `[B, T, d]` before and after the point's edits.
 Tap = Callable[[torch.Tensor, torch.Tensor], None]
+# One row's residual at a point, `[T, d]` in the model's dtype, after the point's additions ->
+# the rewritten residual `[T, d]`. Runs inside the forward hook on the scheduler thread, once per
+# forward pass for each row that carries it (prefill: the row's prompt positions; decode: 1).
+Operation = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, eq=False)
 class ResidualEdit:
-    """Immutable: ((after_block, vector[d]), ...); after_block -1 means before block 0."""
+    """Immutable: ((after_block, vector[d]), ...) and ((after_block, operation), ...), the
+    operations applied in order after the point's additions; after_block -1 means before block 0."""
 
     additions: tuple[tuple[int, torch.Tensor], ...]
+    operations: tuple[tuple[int, Operation], ...] = ()
 
     @property
     def points(self) -> set[int]:
-        """Where this edit adds something."""
-        return {point for point, _ in self.additions}
+        """Where this edit adds or rewrites something."""
+        return {point for point, _ in self.additions} | {point for point, _ in self.operations}
+
+    def operations_at(self, point: int) -> tuple[Operation, ...]:
+        """This edit's operations at `point`, in the order they apply."""
+        return tuple(op for p, op in self.operations if p == point)
 
     def vector(self, point: int) -> torch.Tensor | None:
         """The sum of this edit's vectors at `point`, or None."""
@@ -41,6 +55,22 @@ class ResidualEdit:
         if not vectors:
             return None
         return vectors[0] if len(vectors) == 1 else torch.stack(vectors).sum(0)
+
+
+def combined(a: ResidualEdit | None, b: ResidualEdit | None) -> ResidualEdit | None:
+    """The edit doing both: `a`'s additions and `b`'s, then `a`'s operations and `b`'s (None if neither)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return ResidualEdit(a.additions + b.additions, a.operations + b.operations)
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A batch's edits ready for the hooks: additions `[B, 1, d]` per point, and per point the
+    batch rows that carry operations with the operations in order."""
+
+    additions: dict[int, torch.Tensor] = field(default_factory=dict)
+    operations: dict[int, tuple[tuple[int, tuple[Operation, ...]], ...]] = field(default_factory=dict)
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -62,7 +92,8 @@ class ResidualEditor:
     def __init__(self, model, dtype: torch.dtype, device: torch.device):
         self.layers = decoder_layers(model)
         self.dtype, self.device = dtype, device
-        self._current: dict[int, torch.Tensor] = {}
+        self._current = Stacked()
+        self._real: list[int] | None = None  # real (last) columns of each batch row; None: every column
         self._taps: dict[int, Tap] = {}
         self._hooks: dict[int, object] = {}
 
@@ -75,12 +106,30 @@ class ResidualEditor:
             self._hooks[point] = self.layers[point].register_forward_hook(self._make_post_hook(point))
 
     def _edited(self, point: int, hidden: torch.Tensor) -> torch.Tensor | None:
-        """The residual after this point's additions (None: unchanged), reporting both to a tap."""
-        delta = self._current.get(point)
+        """The residual after this point's edits (None: unchanged), reporting both to a tap."""
+        delta = self._current.additions.get(point)
         edited = None if delta is None else hidden + delta[: hidden.shape[0]]
+        operated = self._current.operations.get(point)
+        if operated:
+            edited = self._operate(hidden if edited is None else edited, operated, fresh=edited is not None)
         tap = self._taps.get(point)
         if tap is not None:
             tap(hidden, hidden if edited is None else edited)
+        return edited
+
+    def _operate(self, hidden: torch.Tensor, rows: tuple[tuple[int, tuple[Operation, ...]], ...], fresh: bool) -> torch.Tensor:
+        """`hidden` with each listed row's real columns rewritten by its operations, in order."""
+        # The forward's own tensor stays as it was: a tap reads it as the residual before the edits.
+        edited = hidden if fresh else hidden.clone()
+        width = hidden.shape[1]
+        for row, operations in rows:
+            # Only the row's real columns: a padding column's residual is meaningless, and an
+            # operation that saw it would get a different input alone than in a batch.
+            start = width - self._real[row] if self._real is not None else 0
+            part = edited[row, start:]
+            for operation in operations:
+                part = operation(part)
+            edited[row, start:] = part
         return edited
 
     def _make_post_hook(self, point: int):
@@ -102,21 +151,31 @@ class ResidualEditor:
             return (edited, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": edited}
 
-    def stack(self, edits: list[ResidualEdit | None]) -> dict[int, torch.Tensor]:
-        """The rows' vectors stacked per point, `[B, 1, d]` (zeros for rows without an edit)."""
-        points = set().union(*(edit.points for edit in edits if edit is not None)) if edits else set()
-        current = {}
-        for point in points:
+    def stack(self, edits: list[ResidualEdit | None]) -> Stacked:
+        """The rows' vectors stacked per point, `[B, 1, d]` (zeros for rows without an edit), and
+        the rows' operations per point."""
+        present = [edit for edit in edits if edit is not None]
+        additions = {}
+        for point in {point for edit in present for point, _ in edit.additions}:
             self._hook(point)
             vectors = [edit.vector(point) if edit is not None else None for edit in edits]
             zeros = torch.zeros(next(v for v in vectors if v is not None).shape[-1])
             stacked = torch.stack([(zeros if v is None else v).float().to(self.device) for v in vectors])
-            current[point] = stacked.to(self.dtype)[:, None, :]
-        return current
+            additions[point] = stacked.to(self.dtype)[:, None, :]
+        operations = {}
+        for point in {point for edit in present for point, _ in edit.operations}:
+            self._hook(point)
+            rows = [(i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None]
+            operations[point] = tuple((i, ops) for i, ops in rows if ops)
+        return Stacked(additions, operations)
 
-    def install(self, stacked: dict[int, torch.Tensor], taps: dict[int, Tap] | None = None) -> None:
-        """Make `stack(...)`'s result the additions of the next forward passes, and `taps` their readers."""
-        self._current = stacked
+    def install(self, stacked: Stacked | None, taps: dict[int, Tap] | None = None, real: list[int] | None = None) -> None:
+        """Make `stack(...)`'s result the edits of the next forward passes, and `taps` their readers.
+
+        `real`: how many of each batch row's last columns are real tokens (a left-padded prefill),
+        so operations rewrite only those; None when every column is real (a decode step)."""
+        self._current = stacked if stacked is not None else Stacked()
+        self._real = real
         taps = taps or {}
         for point in taps:
             self._hook(point)
@@ -128,5 +187,6 @@ class ResidualEditor:
 
     def clear(self) -> None:
         """No additions and no readers: the next forward passes are unsteered and unread."""
-        self._current = {}
+        self._current = Stacked()
+        self._real = None
         self._taps = {}

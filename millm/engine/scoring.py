@@ -66,7 +66,7 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
                 return
             captures = [Capture(read, len(prompt)) for read in job.reads]
             if captures or job.edit is not None:  # read the residuals of this very pass
-                lm.residual.install(lm.residual.stack([job.edit]) if job.edit is not None else {}, taps([(captures, 0, len(prompt))]))
+                lm.residual.install(lm.residual.stack([job.edit]) if job.edit is not None else None, taps([(captures, 0, len(prompt))]))
             _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
             results.append(logits[0].float().cpu())
             reads.extend(capture.result(index, prompt) for capture in captures)

@@ -9,6 +9,7 @@ import torch
 
 from millm.engine.jobs import LikelihoodJob, LikelihoodsReady
 from millm.engine.likelihood import continuation_logprobs, run_likelihood
+from millm.engine.residual import Stacked
 
 
 def reference(tiny_dirs, sequence: list[int], start: int) -> list[float]:
@@ -36,7 +37,7 @@ def test_a_likelihood_job_answers_every_sequence_and_ignores_steering_left_insta
     sequences = [[5, 17, 33, 2, 48], [9, 9, 40, 12]]
     events = []
     vector = torch.ones(llama_lm.model.config.hidden_size) * 50.0
-    llama_lm.residual.install({0: vector[None, None, :]})  # a previous job's steering must not leak in
+    llama_lm.residual.install(Stacked({0: vector[None, None, :]}))  # a previous job's steering must not leak in
     run_likelihood(llama_lm, LikelihoodJob(sequences=sequences, starts=[2, 1], emit=events.append, cancelled=threading.Event()))
     assert len(events) == 1 and isinstance(events[0], LikelihoodsReady)
     assert events[0].token_logprobs[0] == pytest.approx(reference(tiny_dirs, sequences[0], 2), abs=1e-4)
