@@ -34,6 +34,7 @@ from millm.protocol.requests import (
 from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
 from millm.protocol.schema_subset import SUBSET_SCHEMA
 from millm.service.activations import READ_SCHEMA
+from millm.service.probe_watches import MAX_REQUEST_PROBES
 from millm.service.scoring import scoring_schema_rules
 from millm.service.structured import NAME as SCHEMA_NAME
 from millm.service.structured import response_format_schema_rules
@@ -90,6 +91,8 @@ def _narrow(component: dict, properties: dict | None = None, rules: list[dict] |
 
 
 def _requests(schemas: dict, settings: Settings) -> None:
+    probes = nullable({"type": "array", "maxItems": MAX_REQUEST_PROBES, "items": {"anyOf": [
+        {"type": "string", "minLength": 1, "description": "a saved probe's name or id"}, _ref("InlineProbe")]}})
     read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
         "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
     single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
@@ -103,6 +106,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "tools": nullable({"type": "array", "items": TOOL_SCHEMA}),
             "tool_choice": nullable(TOOL_CHOICE_SCHEMA),
             "return_sae_activations": read,
+            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
         },
         rules=[
@@ -121,6 +125,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "stop": STOP_SCHEMA,
             "logprobs": nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}),
             "return_sae_activations": read,
+            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
             "prompt": PROMPT_SCHEMA,
         },

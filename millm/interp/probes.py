@@ -29,7 +29,9 @@ import torch
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import models_json_schema
 
+from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.residual import EMBEDDINGS
+from millm.engine.watching import KEPT_POSITIONS
 from millm.errors import InvalidProbe, InvalidRequest
 from millm.interp.document_schemas import (
     MAX_BUNDLE,
@@ -59,7 +61,6 @@ MAX_WIDTH = 65_536  # weights of a linear probe (a residual this wide is far pas
 # extremes of a sample rather than a level of it.
 PERCENTILE_RANGE = (1, 99)
 PERCENTILE_RULE = "a whole percent from 1 to 99 (a calibration keeps each feature's quantiles at whole percents)"
-KEPT_POSITIONS = 256  # firing positions a verdict lists (the first ones), as the engine keeps them
 ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -167,6 +168,19 @@ def validate_probe(doc, prefix: str = "") -> dict:
     return _validated(ProbeDocument, doc, "probe", prefix).model_dump(exclude_none=True)
 
 
+class InlineProbe(Strict):
+    """A probe defined in a request's `probes` field: a detector, and a name for its verdicts (optional)."""
+
+    name: ProfileName | None = None
+    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
+    detector: Detector
+
+
+def validate_inline(doc, prefix: str) -> dict:
+    """A request's inline probe {name?, description?, detector}, or InvalidProbe naming every problem under `prefix`."""
+    return _validated(InlineProbe, doc, "probe", prefix).model_dump(exclude_none=True)
+
+
 def validate_probe_import(payload) -> list[dict]:
     """One document or a bundle -> the canonical documents; any problem refuses the whole payload."""
     if isinstance(payload, dict) and payload.get("kind") == PROBE_BUNDLE_KIND:
@@ -231,6 +245,11 @@ class Scorer:
     point: int
     score: Score
     threshold: float
+
+
+def watch_of(probe: Scorer) -> Watch:
+    """A probe as the engine's report Watch: scored at every position a row feeds, acting on nothing."""
+    return Watch(probe.name, probe.point, probe.score, probe.threshold, "report")
 
 
 @dataclass(frozen=True)
@@ -342,12 +361,29 @@ def verdict_of(scores: torch.Tensor, threshold: float, positions: tuple[int, ...
     )
 
 
-def offline_verdict(probe: Scorer, residuals: torch.Tensor, positions: tuple[int, ...], token_ids: tuple[int, ...]) -> Verdict:
-    """A probe's verdict over residuals captured at its point (before that point's edits), one row's positions in order."""
-    return verdict_of(probe.score(residuals), probe.threshold, positions, token_ids)
+def offline_verdict(probe: Scorer, residuals: torch.Tensor, positions: tuple[int, ...], token_ids: tuple[int, ...],
+                    prompt_length: int | None = None) -> Verdict:
+    """A probe's verdict over residuals captured at its point (before that point's edits), one row's
+    positions in order from 0. With `prompt_length`, scored as the engine's forward passes fed them
+    (the prompt at once, then one position per step): the same shapes, so the same bits."""
+    if prompt_length is None:
+        scores = probe.score(residuals)
+    else:
+        parts = [residuals[:prompt_length]] + [residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])]
+        scores = torch.cat([probe.score(part) for part in parts if part.shape[0]])
+    return verdict_of(scores, probe.threshold, positions, token_ids)
+
+
+def verdict_fields(verdict: ProbeVerdict) -> dict:
+    """An engine ProbeVerdict's figures as JSON (token ids only: their text is the caller's to decode)."""
+    return {
+        "name": verdict.name, "action": verdict.action, "fired": verdict.fired, "first_position": verdict.first_position,
+        "peak": verdict.peak, "peak_position": verdict.peak_position, "positions": list(verdict.positions),
+        "token_ids": list(verdict.token_ids), "acted_at": verdict.acted_at,
+    }
 
 
 # Component name -> schema, for the served OpenAPI schema (nested models are components too).
 PROBE_SCHEMAS: dict[str, dict] = models_json_schema(
-    [(model, "validation") for model in (ProbeDocument, ProbeBundle)], ref_template="#/components/schemas/{model}"
+    [(model, "validation") for model in (ProbeDocument, ProbeBundle, InlineProbe)], ref_template="#/components/schemas/{model}"
 )[1]["$defs"]
