@@ -110,10 +110,11 @@ class LinearTraining(Strict):
     model: Annotated[str, Field(min_length=1)]  # the served model's name its residuals were read on
     positives: NonNegative  # texts of each class
     negatives: NonNegative
-    held_out: NonNegative  # texts kept out of the fit, on which accuracy and auc are measured
-    accuracy: Annotated[float, Field(ge=0, le=1)]
-    auc: Annotated[float, Field(ge=0, le=1)] | None = None  # None: one class only in the held-out texts
-    pooling: Literal["mean"] = "mean"
+    held_out: NonNegative  # texts kept out of the fit, on which the figures below are measured
+    accuracy: Annotated[float, Field(ge=0, le=1)]  # per text: sigmoid(mean of its positions' w·x + b) >= 0.5
+    auc: Annotated[float, Field(ge=0, le=1)] | None = None
+    position_accuracy: Annotated[float, Field(ge=0, le=1)] | None = None  # per position, labelled by its text
+    position_auc: Annotated[float, Field(ge=0, le=1)] | None = None
     seed: NonNegative = 0
     trained_at: Finite
 

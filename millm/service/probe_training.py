@@ -1,26 +1,32 @@
-"""Training a linear probe from labelled texts, as a job: residuals read, pooled, fitted, measured, stored.
+"""Training a linear probe from labelled texts, as a job: residuals read, fitted, measured, stored.
 
-What one example is. Each text is one example: its residual at the probe's point, averaged over
-every position but the first (the attention sink, see feature_reads.py). The label belongs to
-the text, not to each of its tokens: labelling every position with its text's class would call
-"The" positive in a positive text, weigh a long text as many examples, and let positions of one
-text fall on both sides of the held-out split (a held-out score that measured memory, not
-generalisation). And the probe is linear, so nothing is lost at run time: w·mean(x) + b is the
-mean of the per-position logits w·x_t + b, so the per-position scores a Watch computes are
-exactly what the pooled example decomposes into.
+What one example is. Every position of a text but the first (the attention sink, see
+feature_reads.py) is an example, labelled with its text's class, and weighted 1 / (the text's
+positions) so that each text counts once however long it is. The other choice, one example per
+text (its mean residual), fits a classifier of whole texts; but a probe runs per position (a
+Watch scores every position a row feeds), and a text-level fit says nothing about single
+positions: on the demo model, trained on the same 16 conversations (pirate answers against plain
+ones), a mean-pooled probe told a new plain answer from a pirate one as texts (0.07 against 0.93)
+but fired at 23 positions of the plain one, chat template included; the per-position fit fired
+at 4, and at p >= 0.9 at 8 positions of the pirate answer (" pirate", " ship", " sailing", " seas"
+among them) and 1 of the plain one. Positions shared by both classes (the chat
+template, "the") get both labels and end up near the base rate, as a per-position detector
+should. The split is by text, never by position: positions of one text are never on both sides.
 
 How it is fitted. A seeded, stratified split keeps `held_out` of the texts out of the fit
-(scikit-learn's train_test_split: each class in both parts); on the rest, a StandardScaler and
-scikit-learn's LogisticRegression (L2, C = 1, lbfgs). The scaler is folded into the stored
-weights (w = coef / scale, b = intercept - Σ coef · mean / scale), so the probe reads the raw
-residual. Held-out accuracy (p >= 0.5) and ROC AUC (sklearn.metrics) are computed with the
-stored weights on the held-out texts, reported in the job's result and stored with the probe.
+(scikit-learn's train_test_split: each class on both sides); on the training texts' positions, a
+StandardScaler and scikit-learn's LogisticRegression (L2, C = 1, lbfgs, the weights above). The
+scaler is folded into the stored weights (w = coef / scale, b = intercept - Σ coef · mean /
+scale), so the probe reads the raw residual. Measured with the stored weights on the held-out
+texts (sklearn.metrics): `accuracy` and `auc` per text, a text's probability being
+sigmoid(mean over its positions of w·x + b); `position_accuracy` and `position_auc` over every
+held-out position, labelled by its text. Accuracies are at p >= 0.5.
 
 Where it runs. The route checks and tokenises (a worker thread); the job's thread submits the
 forward passes (unsteered, never monitored) to the scheduler thread through passes_blocking,
-where each text's pooled residual is taken; the fit is numpy and scikit-learn on the job's
-thread, with their thread pools held to one thread (an idle pool on another live thread slows
-every decode step).
+whose reads hand back each text's residuals as numpy; the fit is numpy and scikit-learn on the
+job's thread, with their thread pools held to one thread (an idle pool on another live thread
+slows every decode step).
 """
 
 from __future__ import annotations
@@ -147,14 +153,14 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     return state.jobs.start("probe-training", description, len(examples.prompts), "texts", run)
 
 
-def pooled_read(point: int) -> ResidualRead:
-    """A read of every prompt position at `point` whose encode, on the scheduler thread, is the
-    text's mean residual over all but the first position (float64 numpy `[d]`)."""
+def positions_read(point: int) -> ResidualRead:
+    """A read of every prompt position at `point` whose encode, on the scheduler thread, hands
+    back the text's residuals at all but the first position (float32 numpy `[positions, d]`)."""
 
-    def pool(residuals: torch.Tensor) -> np.ndarray:
-        return residuals[SKIPPED_POSITIONS:].double().mean(dim=0).numpy()
+    def positions(residuals: torch.Tensor) -> np.ndarray:
+        return residuals[SKIPPED_POSITIONS:].float().numpy().copy()
 
-    return ResidualRead(point, False, "prompt", TAG, encode=pool)
+    return ResidualRead(point, False, "prompt", TAG, encode=positions)
 
 
 @dataclass
@@ -170,8 +176,8 @@ class TrainingRun:
     examples: Examples
 
     def __call__(self, handle: JobHandle) -> dict:
-        pooled: list[np.ndarray] = []
-        read = pooled_read(self.point)
+        residuals: list[np.ndarray] = []
+        read = positions_read(self.point)
         texts = [np.asarray(ids) for ids in self.examples.prompts]
         for group in groups(texts, GROUP_TOKENS):
             handle.check()
@@ -180,11 +186,11 @@ class TrainingRun:
             if answered is None:
                 handle.check()  # cancelled while it ran
                 raise JobCancelled()
-            pooled += [capture.encoded for capture in sorted(answered.reads, key=lambda capture: capture.row)]
+            residuals += [capture.encoded for capture in sorted(answered.reads, key=lambda capture: capture.row)]
             handle.advance(len(group))
             handle.pace(time.monotonic() - began)
         handle.check()
-        fitted = fit(np.stack(pooled), self.examples)
+        fitted = fit(residuals, self.examples)
         handle.check()
         row = self.state.probes.create(self._document(fitted))
         return {"probe": probe_view(row), "metrics": fitted.metrics(self.examples)}
@@ -193,7 +199,8 @@ class TrainingRun:
         examples, body = self.examples, self.body
         negatives = len(examples.prompts) - examples.positives
         training = {"model": self.model, "positives": examples.positives, "negatives": negatives, "held_out": int(examples.test.size),
-                    "accuracy": fitted.accuracy, "auc": fitted.auc, "pooling": "mean", "seed": body.seed, "trained_at": time.time()}
+                    "accuracy": fitted.accuracy, "auc": fitted.auc, "position_accuracy": fitted.position_accuracy,
+                    "position_auc": fitted.position_auc, "seed": body.seed, "trained_at": time.time()}
         description = body.description if body.description is not None else (
             f"linear probe trained on {examples.positives} positive and {negatives} negative texts")
         detector = {"type": "linear", "layer": self.layer, "hook_point": self.hook_point, "weights": fitted.weights,
@@ -207,16 +214,20 @@ class Fitted:
 
     weights: list[float]
     bias: float
-    accuracy: float
-    auc: float | None
-    train_accuracy: float
+    accuracy: float  # per held-out text
+    auc: float
+    position_accuracy: float  # per held-out position, labelled by its text
+    position_auc: float
+    train_accuracy: float  # per training text
+    positions: int  # training positions
 
     def metrics(self, examples: Examples) -> dict:
         """The job result's figures: held-out accuracy and AUC, and which texts were held out."""
         positives = examples.positives
         return {
-            "accuracy": self.accuracy, "auc": self.auc, "train_accuracy": self.train_accuracy, "decision": DECISION,
-            "train": int(examples.train.size), "held_out": int(examples.test.size),
+            "accuracy": self.accuracy, "auc": self.auc, "position_accuracy": self.position_accuracy, "position_auc": self.position_auc,
+            "train_accuracy": self.train_accuracy, "decision": DECISION,
+            "train": int(examples.train.size), "held_out": int(examples.test.size), "train_positions": self.positions,
             "held_out_texts": {
                 "positive": [int(i) for i in examples.test if i < positives],
                 "negative": [int(i - positives) for i in examples.test if i >= positives],
@@ -224,32 +235,48 @@ class Fitted:
         }
 
 
-def probabilities(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
-    """sigmoid(x·w + b) per row (float64)."""
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x), without overflow (float64)."""
     from scipy.special import expit
 
-    return expit(x @ weights + bias)
+    return expit(logits)
 
 
-def fit(pooled: np.ndarray, examples: Examples) -> Fitted:
-    """Logistic regression on the standardised pooled residuals of the training texts, folded back to raw-residual weights and measured on the held-out texts."""
+def text_probabilities(residuals: list[np.ndarray], weights: np.ndarray, bias: float) -> np.ndarray:
+    """Each text's probability: sigmoid of the mean of its positions' logits w·x + b (float64)."""
+    return sigmoid(np.array([float(np.mean(x.astype(np.float64) @ weights + bias)) for x in residuals]))
+
+
+def fit(residuals: list[np.ndarray], examples: Examples) -> Fitted:
+    """Logistic regression on the standardised residuals of the training texts' positions (each
+    labelled by its text, each text weighing one), folded back to raw-residual weights and
+    measured on the held-out texts."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, roc_auc_score
     from sklearn.preprocessing import StandardScaler
     from threadpoolctl import threadpool_limits
 
-    y = examples.labels
-    x_train, y_train, x_test, y_test = pooled[examples.train], y[examples.train], pooled[examples.test], y[examples.test]
+    labels = examples.labels
+    train = [residuals[i] for i in examples.train]
+    x = np.concatenate(train).astype(np.float64)
+    y = np.concatenate([np.full(len(r), labels[i]) for i, r in zip(examples.train, train, strict=True)])
+    weight = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in train])
     with threadpool_limits(limits=1):
-        scaler = StandardScaler().fit(x_train)
-        model = LogisticRegression(max_iter=1000).fit(scaler.transform(x_train), y_train)
+        scaler = StandardScaler().fit(x, sample_weight=weight)
+        model = LogisticRegression(max_iter=2000).fit(scaler.transform(x), y, sample_weight=weight / weight.mean())
     coef = model.coef_[0] / scaler.scale_
     bias = float(model.intercept_[0] - np.sum(model.coef_[0] * scaler.mean_ / scaler.scale_))
-    held = probabilities(x_test, coef, bias)
-    trained = probabilities(x_train, coef, bias)
-    auc = float(roc_auc_score(y_test, held)) if len(set(y_test.tolist())) == 2 else None
+
+    held = [residuals[i] for i in examples.test]
+    held_labels = labels[examples.test]
+    texts = text_probabilities(held, coef, bias)
+    positions = sigmoid(np.concatenate(held).astype(np.float64) @ coef + bias)
+    position_labels = np.concatenate([np.full(len(r), label) for r, label in zip(held, held_labels, strict=True)])
+    trained = text_probabilities(train, coef, bias)
     return Fitted(
         weights=[float(w) for w in coef], bias=bias,
-        accuracy=float(accuracy_score(y_test, held >= DECISION)), auc=auc,
-        train_accuracy=float(accuracy_score(y_train, trained >= DECISION)),
+        accuracy=float(accuracy_score(held_labels, texts >= DECISION)), auc=float(roc_auc_score(held_labels, texts)),
+        position_accuracy=float(accuracy_score(position_labels, positions >= DECISION)),
+        position_auc=float(roc_auc_score(position_labels, positions)),
+        train_accuracy=float(accuracy_score(labels[examples.train], trained >= DECISION)), positions=int(x.shape[0]),
     )

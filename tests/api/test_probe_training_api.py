@@ -44,7 +44,7 @@ def server(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs):
-    """Each text's residual after a block, averaged over every position but the first (a stock transformers model and a hook)."""
+    """Each text's residuals after a block at every position but the first (a stock transformers model and a hook)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
@@ -53,16 +53,16 @@ def offline(tiny_dirs):
     for i, layer in enumerate(model.model.layers):
         layer.register_forward_hook(lambda module, args, output, i=i: captured.__setitem__(i, output[0] if isinstance(output, tuple) else output))
 
-    def pooled(ids: list[int], block: int) -> np.ndarray:
+    def read(ids: list[int], block: int) -> np.ndarray:
         with torch.no_grad():
             model(torch.tensor([ids]))
-        return captured[block][0, 1:].double().mean(dim=0).numpy()
+        return captured[block][0, 1:].double().numpy()
 
-    def texts(items: list[str], block: int) -> np.ndarray:
-        return np.stack([pooled(tokenizer(text)["input_ids"], block) for text in items])
+    def texts(items: list[str], block: int) -> list[np.ndarray]:
+        return [read(tokenizer(text)["input_ids"], block) for text in items]
 
-    def chats(items: list[list[dict]], block: int) -> np.ndarray:
-        return np.stack([pooled(chat_prompt_ids(tokenizer, messages), block) for messages in items])
+    def chats(items: list[list[dict]], block: int) -> list[np.ndarray]:
+        return [read(chat_prompt_ids(tokenizer, messages), block) for messages in items]
 
     return {"texts": texts, "chats": chats}
 
@@ -86,11 +86,24 @@ def train(server, body: dict) -> dict:
     return job
 
 
-def held_out_figures(x: np.ndarray, labels: np.ndarray, test: list[int], detector: dict) -> tuple[float, float]:
-    """Accuracy at p >= 0.5 and ROC AUC of the stored weights on the held-out texts."""
-    logits = x[test] @ np.asarray(detector["weights"]) + detector["bias"]
-    p = 1 / (1 + np.exp(-logits))
-    return accuracy_score(labels[test], p >= 0.5), roc_auc_score(labels[test], p)
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def held_out_figures(x: list[np.ndarray], labels: np.ndarray, test: list[int], detector: dict) -> dict:
+    """With the stored weights on the held-out texts: accuracy (p >= 0.5) and ROC AUC per text (the
+    sigmoid of the mean of its positions' logits) and per position (labelled by its text)."""
+    w, b = np.asarray(detector["weights"]), detector["bias"]
+    texts = sigmoid(np.array([np.mean(x[i] @ w + b) for i in test]))
+    positions = sigmoid(np.concatenate([x[i] @ w + b for i in test]))
+    position_labels = np.concatenate([np.full(len(x[i]), labels[i]) for i in test])
+    return {"accuracy": accuracy_score(labels[test], texts >= 0.5), "auc": roc_auc_score(labels[test], texts),
+            "position_accuracy": accuracy_score(position_labels, positions >= 0.5), "position_auc": roc_auc_score(position_labels, positions)}
+
+
+def assert_figures(result: dict, want: dict) -> None:
+    assert result["accuracy"] == want["accuracy"] and result["position_accuracy"] == pytest.approx(want["position_accuracy"], abs=1e-12)
+    assert result["auc"] == pytest.approx(want["auc"], abs=1e-9) and result["position_auc"] == pytest.approx(want["position_auc"], abs=1e-9)
 
 
 def test_held_out_accuracy_and_auc_equal_a_computation_on_captured_residuals(server, offline):
@@ -107,15 +120,17 @@ def test_held_out_accuracy_and_auc_equal_a_computation_on_captured_residuals(ser
     detector = probe["document"]["detector"]
     assert (detector["type"], detector["layer"], detector["hook_point"], detector["threshold"]) == ("linear", 2, "resid_post", 0.6)
     assert len(detector["weights"]) == 64
-    x = np.concatenate([offline["texts"](SEA, 2), offline["texts"](OFFICE, 2)])
-    accuracy, auc = held_out_figures(x, labels, held, detector)
-    assert result["accuracy"] == accuracy and result["auc"] == pytest.approx(auc, abs=1e-9)
-    train_p = 1 / (1 + np.exp(-(x[sorted(train_idx.tolist())] @ np.asarray(detector["weights"]) + detector["bias"])))
-    assert result["train_accuracy"] == accuracy_score(labels[sorted(train_idx.tolist())], train_p >= 0.5) == 1.0  # 64 dimensions, 12 texts
+    x = offline["texts"](SEA, 2) + offline["texts"](OFFICE, 2)
+    assert_figures(result, held_out_figures(x, labels, held, detector))
+    assert result["train_positions"] == sum(len(x[i]) for i in train_idx)
+    trained = sorted(train_idx.tolist())
+    train_p = sigmoid(np.array([np.mean(x[i] @ np.asarray(detector["weights"]) + detector["bias"]) for i in trained]))
+    assert result["train_accuracy"] == accuracy_score(labels[trained], train_p >= 0.5)
 
     training = detector["training"]
-    assert training["model"] == MODEL and (training["positives"], training["negatives"], training["held_out"]) == (8, 8, 4)
-    assert (training["accuracy"], training["auc"], training["pooling"], training["seed"]) == (result["accuracy"], result["auc"], "mean", 7)
+    assert training["model"] == MODEL and (training["positives"], training["negatives"], training["held_out"], training["seed"]) == (8, 8, 4, 7)
+    assert {k: training[k] for k in ("accuracy", "auc", "position_accuracy", "position_auc")} == {
+        k: result[k] for k in ("accuracy", "auc", "position_accuracy", "position_auc")}
     stored = api(server, "GET", "/api/probes/sea-talk").json()
     assert stored == probe and stored["active"] is False
     assert probe["document"]["description"] == "linear probe trained on 8 positive and 8 negative texts"
@@ -128,12 +143,11 @@ def test_an_sae_names_where_to_read_and_conversations_are_examples(server, offli
     result, detector = job["result"]["metrics"], job["result"]["probe"]["document"]["detector"]
     assert (detector["layer"], detector["hook_point"]) == (1, "resid_post")
     conversations = body["positive"]["conversations"]
-    x = np.concatenate([offline["chats"](conversations, 1), offline["texts"](OFFICE[:4], 1)])
+    x = offline["chats"](conversations, 1) + offline["texts"](OFFICE[:4], 1)
     labels = np.array([1] * 4 + [0] * 4)
     held = result["held_out_texts"]["positive"] + [i + 4 for i in result["held_out_texts"]["negative"]]
     assert len(held) == 4 and len(result["held_out_texts"]["positive"]) == 2
-    accuracy, auc = held_out_figures(x, labels, held, detector)
-    assert result["accuracy"] == accuracy and result["auc"] == pytest.approx(auc, abs=1e-9)
+    assert_figures(result, held_out_figures(x, labels, held, detector))
 
 
 @pytest.mark.parametrize(
