@@ -111,8 +111,8 @@ class LinearTraining(Strict):
     positives: NonNegative  # texts of each class
     negatives: NonNegative
     held_out: NonNegative  # texts kept out of the fit, on which the figures below are measured
-    accuracy: Annotated[float, Field(ge=0, le=1)]  # per text: sigmoid(mean of its positions' w·x + b) >= 0.5
-    auc: Annotated[float, Field(ge=0, le=1)] | None = None
+    accuracy: Annotated[float, Field(ge=0, le=1)]  # of its verdict per text: fired (at `threshold`) or not
+    auc: Annotated[float, Field(ge=0, le=1)] | None = None  # of each text's largest probability
     position_accuracy: Annotated[float, Field(ge=0, le=1)] | None = None  # per position, labelled by its text
     position_auc: Annotated[float, Field(ge=0, le=1)] | None = None
     seed: NonNegative = 0
@@ -248,9 +248,12 @@ class Scorer:
     threshold: float
 
 
+SKIPPED = 1  # a probe never scores position 0: the attention sink (see service/feature_reads.py), as trained
+
+
 def watch_of(probe: Scorer) -> Watch:
-    """A probe as the engine's report Watch: scored at every position a row feeds, acting on nothing."""
-    return Watch(probe.name, probe.point, probe.score, probe.threshold, "report")
+    """A probe as the engine's report Watch: scored at every position a row feeds but the first, acting on nothing."""
+    return Watch(probe.name, probe.point, probe.score, probe.threshold, "report", skip=SKIPPED)
 
 
 @dataclass(frozen=True)
@@ -365,14 +368,16 @@ def verdict_of(scores: torch.Tensor, threshold: float, positions: tuple[int, ...
 def offline_verdict(probe: Scorer, residuals: torch.Tensor, positions: tuple[int, ...], token_ids: tuple[int, ...],
                     prompt_length: int | None = None) -> Verdict:
     """A probe's verdict over residuals captured at its point (before that point's edits), one row's
-    positions in order from 0. With `prompt_length`, scored as the engine's forward passes fed them
-    (the prompt at once, then one position per step): the same shapes, so the same bits."""
+    positions in order from 0 (position 0 is not scored, as a watch leaves it out). With
+    `prompt_length`, scored as the engine's forward passes fed them (the prompt at once, then one
+    position per step): the same shapes, so the same bits."""
     if prompt_length is None:
         scores = probe.score(residuals)
     else:
         parts = [residuals[:prompt_length]] + [residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])]
         scores = torch.cat([probe.score(part) for part in parts if part.shape[0]])
-    return verdict_of(scores, probe.threshold, positions, token_ids)
+    kept = [i for i, position in enumerate(positions) if position >= SKIPPED]
+    return verdict_of(scores[kept], probe.threshold, tuple(positions[i] for i in kept), tuple(token_ids[i] for i in kept))
 
 
 def verdict_fields(verdict: ProbeVerdict) -> dict:

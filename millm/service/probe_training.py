@@ -17,10 +17,11 @@ How it is fitted. A seeded, stratified split keeps `held_out` of the texts out o
 (scikit-learn's train_test_split: each class on both sides); on the training texts' positions, a
 StandardScaler and scikit-learn's LogisticRegression (L2, C = 1, lbfgs, the weights above). The
 scaler is folded into the stored weights (w = coef / scale, b = intercept - Σ coef · mean /
-scale), so the probe reads the raw residual. Measured with the stored weights on the held-out
-texts (sklearn.metrics): `accuracy` and `auc` per text, a text's probability being
-sigmoid(mean over its positions of w·x + b); `position_accuracy` and `position_auc` over every
-held-out position, labelled by its text. Accuracies are at p >= 0.5.
+scale), so the probe reads the raw residual. Measured with the stored weights and threshold on
+the held-out texts (sklearn.metrics), as the probe is used: `accuracy` is how often its verdict
+(fired: some position's probability at or above the threshold) matches the text's class, `auc`
+ranks the texts by their largest probability; `position_accuracy` and `position_auc` are over
+every held-out position, labelled by its text.
 
 Where it runs. The route checks and tokenises (a worker thread); the job's thread submits the
 forward passes (unsteered, never monitored) to the scheduler thread through passes_blocking,
@@ -56,7 +57,6 @@ from millm.service.state import ServerState
 
 MIN_PER_CLASS = 2  # one text of each class in the fit and one in the held-out part
 TAG = "probe-training"
-DECISION = 0.5  # the probability accuracy is measured at
 
 
 class ProbeTrainRequest(BaseModel):
@@ -190,7 +190,7 @@ class TrainingRun:
             handle.advance(len(group))
             handle.pace(time.monotonic() - began)
         handle.check()
-        fitted = fit(residuals, self.examples)
+        fitted = fit(residuals, self.examples, self.body.threshold)
         handle.check()
         row = self.state.probes.create(self._document(fitted))
         return {"probe": probe_view(row), "metrics": fitted.metrics(self.examples)}
@@ -214,11 +214,12 @@ class Fitted:
 
     weights: list[float]
     bias: float
-    accuracy: float  # per held-out text
-    auc: float
+    threshold: float
+    accuracy: float  # of the verdict on each held-out text
+    auc: float  # of each held-out text's largest probability
     position_accuracy: float  # per held-out position, labelled by its text
     position_auc: float
-    train_accuracy: float  # per training text
+    train_accuracy: float  # of the verdict on each training text
     positions: int  # training positions
 
     def metrics(self, examples: Examples) -> dict:
@@ -226,7 +227,7 @@ class Fitted:
         positives = examples.positives
         return {
             "accuracy": self.accuracy, "auc": self.auc, "position_accuracy": self.position_accuracy, "position_auc": self.position_auc,
-            "train_accuracy": self.train_accuracy, "decision": DECISION,
+            "train_accuracy": self.train_accuracy, "threshold": self.threshold,
             "train": int(examples.train.size), "held_out": int(examples.test.size), "train_positions": self.positions,
             "held_out_texts": {
                 "positive": [int(i) for i in examples.test if i < positives],
@@ -235,22 +236,22 @@ class Fitted:
         }
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """1 / (1 + e^-x), without overflow (float64)."""
+def probabilities(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
+    """sigmoid(w·x + b) per position (float64, without overflow)."""
     from scipy.special import expit
 
-    return expit(logits)
+    return expit(x.astype(np.float64) @ weights + bias)
 
 
-def text_probabilities(residuals: list[np.ndarray], weights: np.ndarray, bias: float) -> np.ndarray:
-    """Each text's probability: sigmoid of the mean of its positions' logits w·x + b (float64)."""
-    return sigmoid(np.array([float(np.mean(x.astype(np.float64) @ weights + bias)) for x in residuals]))
+def peaks(residuals: list[np.ndarray], weights: np.ndarray, bias: float) -> np.ndarray:
+    """Each text's largest probability over its positions: it fires where this reaches the threshold."""
+    return np.array([probabilities(x, weights, bias).max() for x in residuals])
 
 
-def fit(residuals: list[np.ndarray], examples: Examples) -> Fitted:
+def fit(residuals: list[np.ndarray], examples: Examples, threshold: float) -> Fitted:
     """Logistic regression on the standardised residuals of the training texts' positions (each
     labelled by its text, each text weighing one), folded back to raw-residual weights and
-    measured on the held-out texts."""
+    measured on the held-out texts as the probe is used (fired or not at `threshold`)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score, roc_auc_score
     from sklearn.preprocessing import StandardScaler
@@ -269,14 +270,13 @@ def fit(residuals: list[np.ndarray], examples: Examples) -> Fitted:
 
     held = [residuals[i] for i in examples.test]
     held_labels = labels[examples.test]
-    texts = text_probabilities(held, coef, bias)
-    positions = sigmoid(np.concatenate(held).astype(np.float64) @ coef + bias)
+    texts = peaks(held, coef, bias)
+    positions = probabilities(np.concatenate(held), coef, bias)
     position_labels = np.concatenate([np.full(len(r), label) for r, label in zip(held, held_labels, strict=True)])
-    trained = text_probabilities(train, coef, bias)
     return Fitted(
-        weights=[float(w) for w in coef], bias=bias,
-        accuracy=float(accuracy_score(held_labels, texts >= DECISION)), auc=float(roc_auc_score(held_labels, texts)),
-        position_accuracy=float(accuracy_score(position_labels, positions >= DECISION)),
+        weights=[float(w) for w in coef], bias=bias, threshold=threshold,
+        accuracy=float(accuracy_score(held_labels, texts >= threshold)), auc=float(roc_auc_score(held_labels, texts)),
+        position_accuracy=float(accuracy_score(position_labels, positions >= threshold)),
         position_auc=float(roc_auc_score(position_labels, positions)),
-        train_accuracy=float(accuracy_score(labels[examples.train], trained >= DECISION)), positions=int(x.shape[0]),
+        train_accuracy=float(accuracy_score(labels[examples.train], peaks(train, coef, bias) >= threshold)), positions=int(x.shape[0]),
     )

@@ -91,14 +91,15 @@ def sigmoid(x):
 
 
 def held_out_figures(x: list[np.ndarray], labels: np.ndarray, test: list[int], detector: dict) -> dict:
-    """With the stored weights on the held-out texts: accuracy (p >= 0.5) and ROC AUC per text (the
-    sigmoid of the mean of its positions' logits) and per position (labelled by its text)."""
-    w, b = np.asarray(detector["weights"]), detector["bias"]
-    texts = sigmoid(np.array([np.mean(x[i] @ w + b) for i in test]))
+    """With the stored weights and threshold on the held-out texts: the verdict's accuracy per text
+    (fired: its largest probability reaches the threshold) and the AUC of those largest
+    probabilities; accuracy and AUC per position (labelled by its text)."""
+    w, b, threshold = np.asarray(detector["weights"]), detector["bias"], detector["threshold"]
+    texts = np.array([sigmoid(x[i] @ w + b).max() for i in test])
     positions = sigmoid(np.concatenate([x[i] @ w + b for i in test]))
     position_labels = np.concatenate([np.full(len(x[i]), labels[i]) for i in test])
-    return {"accuracy": accuracy_score(labels[test], texts >= 0.5), "auc": roc_auc_score(labels[test], texts),
-            "position_accuracy": accuracy_score(position_labels, positions >= 0.5), "position_auc": roc_auc_score(position_labels, positions)}
+    return {"accuracy": accuracy_score(labels[test], texts >= threshold), "auc": roc_auc_score(labels[test], texts),
+            "position_accuracy": accuracy_score(position_labels, positions >= threshold), "position_auc": roc_auc_score(position_labels, positions)}
 
 
 def assert_figures(result: dict, want: dict) -> None:
@@ -115,7 +116,7 @@ def test_held_out_accuracy_and_auc_equal_a_computation_on_captured_residuals(ser
     train_idx, test_idx = train_test_split(np.arange(16), test_size=0.25, stratify=labels, random_state=7)
     held = sorted(test_idx.tolist())
     assert result["held_out_texts"] == {"positive": [i for i in held if i < 8], "negative": [i - 8 for i in held if i >= 8]}
-    assert (result["train"], result["held_out"], result["decision"]) == (12, 4, 0.5)
+    assert (result["train"], result["held_out"], result["threshold"]) == (12, 4, 0.6)
 
     detector = probe["document"]["detector"]
     assert (detector["type"], detector["layer"], detector["hook_point"], detector["threshold"]) == ("linear", 2, "resid_post", 0.6)
@@ -124,8 +125,8 @@ def test_held_out_accuracy_and_auc_equal_a_computation_on_captured_residuals(ser
     assert_figures(result, held_out_figures(x, labels, held, detector))
     assert result["train_positions"] == sum(len(x[i]) for i in train_idx)
     trained = sorted(train_idx.tolist())
-    train_p = sigmoid(np.array([np.mean(x[i] @ np.asarray(detector["weights"]) + detector["bias"]) for i in trained]))
-    assert result["train_accuracy"] == accuracy_score(labels[trained], train_p >= 0.5)
+    train_peaks = np.array([sigmoid(x[i] @ np.asarray(detector["weights"]) + detector["bias"]).max() for i in trained])
+    assert result["train_accuracy"] == accuracy_score(labels[trained], train_peaks >= 0.6)
 
     training = detector["training"]
     assert training["model"] == MODEL and (training["positives"], training["negatives"], training["held_out"], training["seed"]) == (8, 8, 4, 7)

@@ -76,8 +76,9 @@ def split(scores: list[float], gap: float) -> float:
 
 
 def expected(scores: list[float], threshold: float, token_ids: list[int], tokenizer) -> dict:
-    hits = [p for p, s in enumerate(scores) if s >= threshold]
-    peak = max(range(len(scores)), key=lambda p: (scores[p], -p))
+    """The verdict over every position but the first (the attention sink, which a probe never scores)."""
+    hits = [p for p, s in enumerate(scores) if s >= threshold and p >= 1]
+    peak = max(range(1, len(scores)), key=lambda p: (scores[p], -p))
     return {"fired": bool(hits), "first_position": hits[0] if hits else None, "peak_position": peak, "positions": hits,
             "tokens": [{"id": token_ids[p], "text": tokenizer.decode([token_ids[p]])} for p in hits]}
 
@@ -97,7 +98,7 @@ def test_verdicts_equal_offline_verdicts_on_captured_residuals(quiet, offline):
     feature_scores = acts[:, index].tolist()
     weights = torch.randn(64, generator=torch.Generator().manual_seed(9)) / 8
     linear_scores = torch.sigmoid(resid @ weights - 0.1).tolist()
-    thresholds = {"feat": split(feature_scores, FEATURE_GAP), "lin": split(linear_scores, LINEAR_GAP)}
+    thresholds = {"feat": split(feature_scores[1:], FEATURE_GAP), "lin": split(linear_scores[1:], LINEAR_GAP)}
     probes = [
         {"name": "feat", "detector": {"type": "feature", "sae_id": quiet.sae, "index": index, "threshold": thresholds["feat"]}},
         {"name": "lin", "detector": {"type": "linear", "layer": LAYER, "weights": weights.tolist(), "bias": -0.1, "threshold": thresholds["lin"]}},
@@ -115,7 +116,7 @@ def test_verdicts_equal_offline_verdicts_on_captured_residuals(quiet, offline):
         want = expected(scores, thresholds[name], ids, offline["tokenizer"])
         assert {key: entry[key] for key in want} == want, name
         assert 0 < len(entry["positions"]) < len(ids)
-        assert entry["peak"] == pytest.approx(max(scores), rel=1e-4, abs=1e-5)
+        assert entry["peak"] == pytest.approx(max(scores[1:]), rel=1e-4, abs=1e-5)
         assert (entry["index"], entry["action"], entry["acted_at"], entry["source"], entry["threshold"]) == (0, "report", None, "request", thresholds[name])
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from millm.engine.jobs import ProbeVerdict, ResidualRead, ResidualsRead
+from millm.engine.jobs import ProbeVerdict, ResidualRead, ResidualsRead, Watch
 from millm.engine.residual import ResidualEdit
 from millm.interp.formats import read_sae
 from millm.interp.probes import ModelShape, Scorer, offline_verdict, scorer, watch_of
@@ -95,3 +95,16 @@ def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals
         assert (verdict.fired, verdict.first_position, verdict.peak, verdict.peak_position, verdict.positions, verdict.token_ids) == (
             want.fired, want.first_position, want.peak, want.peak_position, want.positions, want.token_ids), probe.name
         assert (verdict.action, verdict.acted_at) == ("report", None)
+        assert verdict.peak_position >= 1 and 0 not in verdict.positions  # the attention sink is never scored
+
+
+def test_a_watch_leaves_out_the_positions_it_skips(llama_lm):
+    """Scores that peak at position 0: skipped, the verdict starts at position 1; not skipped, at 0."""
+    prompt = prompt_ids(llama_lm, PROMPT)
+    peaked = lambda h: torch.arange(h.shape[0], 0, -1, dtype=torch.float32)  # largest at a pass's first position
+    for skip, first in ((0, 0), (1, 1)):
+        watch = Watch("w", LAYER, peaked, 1.0, "report", skip=skip)
+        outcome = generate(llama_lm, [replace(row(prompt, 4), watches=(watch,))])
+        verdict = verdicts(outcome)["w"]
+        assert (verdict.first_position, verdict.peak_position, verdict.positions[0]) == (first, first, first)
+        assert verdict.peak == float(len(prompt) - first)
