@@ -85,6 +85,10 @@ class ProbeBook(Book):
         """The active probes' rows, by name."""
         return [dict(row) for row in self.shelf.rows if row["active"]]
 
+    def any_active(self) -> bool:
+        """Whether a probe is active, from the shelf in memory (never the store: the event loop asks)."""
+        return any(row["active"] for row in self._shelf.rows)
+
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
         """Import one document or a bundle atomically (inactive); on_conflict 'fail' (409) or 'rename' (name-2, ...)."""
         docs = validate_probe_import(payload)

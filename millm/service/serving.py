@@ -47,7 +47,7 @@ from millm.service.generation import (
     completion_budget,
 )
 from millm.service.prechecks import precheck
-from millm.service.probe_watches import NO_PROBES, ProbeSet, watch_request
+from millm.service.probe_watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.prompts import completion_prompts, conversation_prompts
 from millm.service.replies import Reply, Report
 from millm.service.scoring import (
@@ -141,7 +141,7 @@ class Serving:
             await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
         scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
         report = Report(ignored, plan, body.seed, scope, structured)
-        probes = await to_thread.run_sync(watch_request, self.state, lm, checked.probes)
+        probes = await self._watch(lm, checked.probes)
         return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read, probes)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
@@ -168,7 +168,7 @@ class Serving:
             return Reply(Report(ignored, seed=body.seed), body=scored_body)
         plan = await to_thread.run_sync(self.state.planner.plan_for, None, None)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
-        probes = await to_thread.run_sync(watch_request, self.state, lm, checked.probes)
+        probes = await self._watch(lm, checked.probes)
         return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read, probes)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
@@ -241,6 +241,12 @@ class Serving:
             max_entries=self.settings.sae_activations_max_entries,
             calibration=partial(self.state.calibrations.table, model=lm.name),
         )
+
+    async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
+        """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
+        if not asked and not self.state.probes.any_active():
+            return NO_PROBES
+        return await to_thread.run_sync(watch_request, self.state, lm, asked)
 
     @staticmethod
     def _engine_reads(read: ActivationRead | None) -> tuple:
