@@ -88,6 +88,7 @@ class ResponseFormatUnsupported(InvalidRequest, status=400, code="response_forma
 
 class InvalidFeatureIndex(InvalidRequest, status=400, code="invalid_feature_index", type="invalid_request_error"): """A feature index past the SAE's width; a steering base that no longer fits."""
 class InvalidProfile(InvalidRequest, status=400, code="invalid_profile", type="invalid_request_error"): """A profile document that does not follow the format; the message lists every problem."""
+class InvalidProbe(InvalidRequest, status=400, code="invalid_probe", type="invalid_request_error"): """A probe document that does not follow the format; the message lists every problem."""
 class InvalidDocument(InvalidRequest, status=400, code="invalid_document", type="invalid_request_error"): """A miStudio document that does not follow its format; the message lists every problem."""
 class SAEFormatError(InvalidRequest, status=400, code="invalid_sae", type="invalid_request_error"): """An SAE file millm cannot use, with the reason."""
 class UnsupportedQuantization(MillmError, status=400, code="unsupported_quantization", type="invalid_request_error"): """The named model's weights are quantized in a way this server cannot run."""

@@ -127,7 +127,7 @@ class Settings(BaseSettings):
         1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
     )
     max_jobs: int = env_field(
-        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer, vector training) that may run at once; past it, 503 queue_full.", ge=1, le=16
+        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer, probe and vector training) that may run at once; past it, 503 queue_full.", ge=1, le=16
     )
     job_share: float = env_field(
         0.25,

@@ -21,6 +21,7 @@ from millm.api import (
     model_admin,
     models,
     monitoring,
+    probes,
     vectors,
 )
 from millm.api.access import AccessGuard, Keys
@@ -101,4 +102,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(vectors.router, tags=["Steering vectors"])
+    app.include_router(probes.router, tags=["Probes"])
     app.include_router(health.router, tags=["Health"])

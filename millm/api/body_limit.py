@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from millm.api.errors import error_response
 from millm.errors import DocumentTooLarge, RequestTooLarge
 
-IMPORT_PATHS = frozenset({"/api/profiles/import", "/api/clusters/import", "/api/circuits/import", "/api/vectors/import"})
+IMPORT_PATHS = frozenset({"/api/profiles/import", "/api/clusters/import", "/api/circuits/import", "/api/vectors/import", "/api/probes/import"})
 IMPORT_PATTERNS = (re.compile(r"^/api/saes/[^/]+/labels/?$"),)  # PUT and PATCH of an SAE's feature labels
 
 

@@ -1,4 +1,4 @@
-"""/api/jobs: long work (calibration, AutoSteer, vector training) as jobs with progress, an ETA and cancellation."""
+"""/api/jobs: long work (calibration, AutoSteer, probe and vector training) as jobs with progress, an ETA and cancellation."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
 from millm.interp.labels import document_schemas as label_document_schemas
+from millm.interp.probes import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.protocol import field_policy
 from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
@@ -33,6 +34,7 @@ from millm.protocol.requests import (
 from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
 from millm.protocol.schema_subset import SUBSET_SCHEMA
 from millm.service.activations import READ_SCHEMA
+from millm.service.probe_watches import MAX_REQUEST_PROBES
 from millm.service.scoring import scoring_schema_rules
 from millm.service.structured import NAME as SCHEMA_NAME
 from millm.service.structured import response_format_schema_rules
@@ -66,6 +68,8 @@ RAW_BODIES = {
     "/api/profiles/import": ["ProfileDocument", "ProfileBundle"],
     "/api/clusters/import": ["ClusterDefinition", "ClusterBundle"],
     "/api/circuits/import": ["CircuitDefinition"],
+    "/api/probes/import": ["ProbeDocument", "ProbeBundle"],
+    "/api/probes": ["ProbeDocument"],
 }
 # PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format, or CSV.
 LABELS_PATH = "/api/saes/{sae_id}/labels"
@@ -87,6 +91,8 @@ def _narrow(component: dict, properties: dict | None = None, rules: list[dict] |
 
 
 def _requests(schemas: dict, settings: Settings) -> None:
+    probes = nullable({"type": "array", "maxItems": MAX_REQUEST_PROBES, "items": {"anyOf": [
+        {"type": "string", "minLength": 1, "description": "a saved probe's name or id"}, _ref("InlineProbe")]}})
     read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
         "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
     single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
@@ -100,6 +106,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "tools": nullable({"type": "array", "items": TOOL_SCHEMA}),
             "tool_choice": nullable(TOOL_CHOICE_SCHEMA),
             "return_sae_activations": read,
+            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
         },
         rules=[
@@ -118,6 +125,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "stop": STOP_SCHEMA,
             "logprobs": nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}),
             "return_sae_activations": read,
+            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
             "prompt": PROMPT_SCHEMA,
         },
@@ -131,6 +139,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
         ],
     )
     _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
+    _narrow(schemas["ProbeUpdate"], properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})})
     _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
     _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
     _narrow(
@@ -157,6 +166,7 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
     schemas["SchemaSubset"] = SUBSET_SCHEMA
     schemas.update(DOCUMENT_SCHEMAS)
     schemas.update(label_document_schemas())
+    schemas.update(PROBE_SCHEMAS)
     _requests(schemas, settings)
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():

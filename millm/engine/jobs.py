@@ -47,6 +47,9 @@ class Watch:
     action: Literal["report", "steer", "abort"] = "report"
     edit: ResidualEdit | None = None  # action "steer": what is added once it fires
     tokens: int | None = None  # action "steer": for this many positions (None: the rest of the row)
+    # Positions from the row's start that are never scored: 1 leaves out the attention sink at
+    # position 0, whose residual (tens of times the others' norm) makes a probe's score meaningless there.
+    skip: int = 0
 
     def __post_init__(self) -> None:
         if self.action not in ("report", "steer", "abort"):

@@ -37,6 +37,8 @@ class WatchState:
         threshold = self.watch.threshold
         for offset, score in enumerate(scores):
             position = first + offset
+            if position < self.watch.skip:
+                continue
             if self.peak is None or score > self.peak:
                 self.peak, self.peak_position = score, position
             if score >= threshold:

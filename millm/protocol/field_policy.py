@@ -67,6 +67,12 @@ MATRIX: dict[str, dict[str, Rule]] = {
         EMBEDDINGS: no("embeddings are never steered"),
     },
     "return_sae_activations": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings are never read through an SAE")},
+    # Beyond the page's table (issue 16): the spec says probes record nothing on scoring requests.
+    "probes": {
+        CHAT: Rule(NOT_ON_SCORING, "scoring is never probed"),
+        COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never probed"),
+        EMBEDDINGS: no("embeddings are never probed"),
+    },
     "steering": {e: no("per-request steering values are not implemented yet") for e in ENDPOINTS},
     "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
     # Beyond the page's table (issue 9): real clients always send tools, so chat honours them.
@@ -100,6 +106,7 @@ NEUTRAL: dict[str, Any] = {
     "functions": [],
     "echo": False,
     "best_of": 1,
+    "probes": [],
 }
 
 

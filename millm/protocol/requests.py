@@ -167,6 +167,8 @@ class SamplingFields(GenerationFields):
     user: str | None = None
     # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
     return_sae_activations: dict | None = None
+    # miLLM: probes watching this request's rows, by name or inline (checked in service/probe_watches.py)
+    probes: list[str | dict[str, Any]] | None = None
 
 
 class JsonSchemaFormat(OpenBody):

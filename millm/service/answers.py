@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from millm.engine.jobs import JobFailed, ResidualsRead, RowFinished, TextDelta
+from millm.engine.jobs import JobFailed, ProbeVerdict, ResidualsRead, RowFinished, TextDelta
 from millm.errors import MillmError
 from millm.protocol.responses import (
     AssistantMessage,
@@ -32,6 +32,7 @@ from millm.protocol.responses import (
 )
 from millm.service.activations import ActivationRead, activations_block
 from millm.service.generation import JobStream
+from millm.service.probe_watches import NO_PROBES, ProbeSet
 from millm.service.tools import CallHoldback, ToolPlan, read_answer
 
 
@@ -59,16 +60,19 @@ class Collected:
     completion_tokens: int = 0
     reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
     row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
+    verdicts: list[ProbeVerdict] = field(default_factory=list)  # every watch's, each row's
+    probes: dict | None = None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
 
 
-def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = False) -> dict | None:
-    """The body's `millm` object (None when the request asked for nothing)."""
-    if read is None or not captured:
-        return None
-    return {"sae_activations": activations_block(read, captured[0], unsteered=unsteered)}  # encoded on the scheduler thread
+def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = False, probes: dict | None = None) -> dict | None:
+    """The body's `millm` object: the probes' verdicts and the SAE read (None when there is neither)."""
+    block = dict(probes or {})
+    if read is not None and captured:
+        block["sae_activations"] = activations_block(read, captured[0], unsteered=unsteered)  # encoded on the scheduler thread
+    return block or None
 
 
-async def collect(stream: JobStream, rows: int) -> Collected:
+async def collect(stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES) -> Collected:
     """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
     result = Collected(texts=[""] * rows, finish_reasons=[None] * rows, row_tokens=[0] * rows)
     try:
@@ -81,10 +85,13 @@ async def collect(stream: JobStream, rows: int) -> Collected:
                 result.row_tokens[event.row] = event.completion_tokens
             elif isinstance(event, ResidualsRead):
                 result.reads.append(event)
+            elif isinstance(event, ProbeVerdict):
+                result.verdicts.append(event)
             elif isinstance(event, JobFailed):
                 raise event.error
     finally:
         stream.cancel()
+    result.probes = await probes.block(result.verdicts)
     return result
 
 
@@ -124,7 +131,7 @@ class ChatShape(Shape):
         choices = [self.choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)]
         return ChatCompletion(
             id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads),
+            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def choice(self, index: int, text: str, reason: str | None) -> ChatChoice:
@@ -186,7 +193,7 @@ class CompletionShape(Shape):
         choices = [CompletionChoice(index=i, text=text, finish_reason=result.finish_reasons[i]) for i, text in enumerate(result.texts)]
         return Completion(
             id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads),
+            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def chunk(self, meta, choices, **extra):
@@ -200,15 +207,18 @@ class CompletionShape(Shape):
 
 
 async def chunks(
-    stream: JobStream, shape: Shape, meta: Meta, prompt_tokens: int, rows: int, include_usage: bool, read: ActivationRead | None
+    stream: JobStream, shape: Shape, meta: Meta, prompt_tokens: int, rows: int, include_usage: bool, read: ActivationRead | None,
+    probes: ProbeSet = NO_PROBES,
 ) -> AsyncIterator[WireModel | MillmError]:
     """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or the error that ended it.
 
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as
-    OpenAI does. A request's SAE activations come last, in a chunk with no choices.
+    OpenAI does. Then the probe-verdict chunk (no choices; `millm.probes`, every row's), when
+    probes watched the request; a request's SAE activations come last, in a chunk with no choices.
     """
     finished = completion_tokens = 0
     captured: list[ResidualsRead] = []
+    verdicts: list[ProbeVerdict] = []
     try:
         for choices in shape.opening():
             yield shape.chunk(meta, choices)
@@ -226,11 +236,16 @@ async def chunks(
                 yield shape.chunk(meta, [closing[-1]], usage=Usage.of(prompt_tokens, completion_tokens) if last else None)
             elif isinstance(event, ResidualsRead):
                 captured.append(event)
+            elif isinstance(event, ProbeVerdict):
+                verdicts.append(event)
             elif isinstance(event, JobFailed):
                 yield event.error
                 return
         if include_usage:
             yield shape.chunk(meta, [], usage=Usage.of(prompt_tokens, completion_tokens))
+        watched = await probes.block(verdicts)
+        if watched is not None:
+            yield shape.chunk(meta, [], millm=watched)
         block = millm_block(read, captured)
         if block is not None:
             yield shape.chunk(meta, [], millm=block)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -14,11 +14,13 @@ from millm.engine.jobs import (
     Event,
     GenerationJob,
     JobFailed,
+    ProbeVerdict,
     ResidualRead,
     ResidualsRead,
     RowFinished,
     RowSpec,
     ScoresReady,
+    Watch,
 )
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
@@ -67,8 +69,9 @@ def build_rows(
     edit: ResidualEdit | None = None,
     constraint: GrammarSpec | None = None,
     reads: tuple[ResidualRead, ...] = (),
+    watches: tuple[Watch, ...] = (),
 ) -> list[RowSpec]:
-    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit`."""
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit` and watched by `watches`."""
     rows = []
     for prompt in prompts:
         budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)
@@ -83,25 +86,36 @@ def build_rows(
                     edit=edit,
                     constraint=constraint,
                     reads=reads,
+                    watches=watches,
                 )
             )
     return rows
 
 
-class JobStream:
-    """Bridges the scheduler thread to the event loop: the engine emits, a coroutine iterates."""
+Monitored = Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]  # a row's monitoring capture, with its active probes' verdicts
 
-    def __init__(self, rows: list[RowSpec], on_monitored: Callable[[ResidualsRead], None] | None = None):
+
+class JobStream:
+    """Bridges the scheduler thread to the event loop: the engine emits, a coroutine iterates.
+
+    Monitoring's capture of a row goes to `on_monitored` instead, with the verdicts of the probes
+    named in `monitored_probes` (the active ones), which the engine emits just before it."""
+
+    def __init__(self, rows: list[RowSpec], on_monitored: Monitored | None = None, monitored_probes: frozenset[str] = frozenset()):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._open_rows = len(rows)
         self._on_monitored = on_monitored
+        self._monitored_probes = monitored_probes
+        self._verdicts: dict[int, list[ProbeVerdict]] = {}  # row -> active probes' verdicts (scheduler thread only)
         self.job = GenerationJob(rows=rows, emit=self._emit)
 
     def _emit(self, event: Event) -> None:
+        if isinstance(event, ProbeVerdict) and self._on_monitored is not None and event.name in self._monitored_probes:
+            self._verdicts.setdefault(event.row, []).append(event)  # and to the client, below
         if isinstance(event, ResidualsRead) and event.tag == "monitoring":
             if self._on_monitored is not None:  # straight to the monitor's worker, not the client
-                self._on_monitored(event)
+                self._on_monitored(event, self._verdicts.pop(event.row, []))
             return
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)

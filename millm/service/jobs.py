@@ -1,4 +1,4 @@
-"""Long work as jobs (calibration, AutoSteer, vector training): progress, an ETA, cancellation, a bounded number at once.
+"""Long work as jobs (calibration, AutoSteer, probe and vector training): progress, an ETA, cancellation, a bounded number at once.
 
 A job's work function runs on its own thread and never touches torch: every forward pass and
 every SAE encode it needs is submitted to the scheduler thread as a small engine job (see

@@ -4,7 +4,8 @@ The Monitor is the one owner of monitoring state. A monitored generation row car
 ResidualRead (pre_steering, at the watched SAE's point) whose encode runs on the scheduler
 thread when the row finishes (torch work on another live thread slows every decode step);
 the encoded capture is handed to the monitor's worker thread, which keeps a record (bounded
-history), updates per-feature statistics and pushes the record to every live subscriber. An
+history), updates per-feature statistics and pushes the record to every live subscriber. A
+record carries the verdicts of the active probes on its row (`probes`), when any watched it. An
 unmonitored request carries no read at all. Scoring and embeddings are never monitored.
 
 Monitoring must never block or slow generation, so the hand-over never waits: past WORK_BACKLOG
@@ -21,16 +22,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
+from millm.engine.jobs import PositionWord, ProbeVerdict, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.document_schemas import Indices, validate_field
+from millm.interp.probes import verdict_fields
 from millm.interp.steering import Attached, check_feature
 from millm.service.activations import add_percentiles, encode_rows, percentiles_block
 from millm.service.calibration_stats import PercentileTable
@@ -86,6 +88,7 @@ class Pending:
     top_k: int
     percentiles: bool = False  # asked for
     table: PercentileTable | None = None  # the SAE's calibration on the model, when there is one
+    probes: list[dict] = field(default_factory=list)  # the active probes' verdicts on this row (verdict_fields)
 
 
 @dataclass
@@ -180,10 +183,11 @@ class Monitor:
     # requests ------------------------------------------------------------------------------------
     def read_for(
         self, attached: dict[str, Attached], calibration: Callable[[str], PercentileTable | None] | None = None
-    ) -> tuple[ResidualRead, Callable[[ResidualsRead], None]] | None:
+    ) -> tuple[ResidualRead, Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]] | None:
         """For a generation starting now: the read to add to its rows and the callback that hands
-        each finished row's capture to the worker (None when monitoring is off or reads nothing);
-        `calibration` gives an SAE's percentile table on the model, for `percentiles`."""
+        each finished row's capture (with its active probes' verdicts) to the worker (None when
+        monitoring is off or reads nothing); `calibration` gives an SAE's percentile table on the
+        model, for `percentiles`."""
         config = self.config
         if not config["enabled"]:
             return None
@@ -201,8 +205,9 @@ class Monitor:
         asked = bool(config.get("percentiles"))
         table = calibration(chosen.info.id) if asked and calibration is not None else None
 
-        def hand_over(captured: ResidualsRead) -> None:
-            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k, asked, table))
+        def hand_over(captured: ResidualsRead, verdicts: Sequence[ProbeVerdict] = ()) -> None:
+            probes = [verdict_fields(verdict) for verdict in verdicts]
+            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k, asked, table, probes))
 
         return read, hand_over
 
@@ -256,6 +261,8 @@ class Monitor:
         }
         if pending.percentiles:
             record["percentiles"] = percentiles_block(pending.attached.info.id, pending.table)
+        if pending.probes:
+            record["probes"] = pending.probes
         with self._lock:
             record["id"] = next(self._record_ids)  # never reused, so `after` polling survives a reset
             self.records.append(record)

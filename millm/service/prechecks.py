@@ -20,6 +20,7 @@ from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.activations import ReadRequest, parse_read
+from millm.service.probe_watches import Asked, parse_probes
 from millm.service.prompts import listed_inputs
 from millm.service.state import ServerState
 
@@ -31,6 +32,7 @@ class Prechecked:
     strict: bool
     dial: Dial | None = None
     read: ReadRequest | None = None  # return_sae_activations, its syntax checked
+    probes: tuple[Asked, ...] = ()  # the probes the request names or defines
 
 
 async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: bool = False) -> Prechecked:
@@ -47,7 +49,9 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
         await to_thread.run_sync(state.profiles.find, profile)
     asked = getattr(body, "return_sae_activations", None)
     read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
-    return Prechecked(strict, dial, read)
+    probes = getattr(body, "probes", None)
+    watched = await to_thread.run_sync(parse_probes, state, probes) if probes and not scoring else ()
+    return Prechecked(strict, dial, read, watched)
 
 
 def check_rows(body: BaseModel, cap: int) -> None:

@@ -47,6 +47,7 @@ from millm.service.generation import (
     completion_budget,
 )
 from millm.service.prechecks import precheck
+from millm.service.probe_watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.prompts import completion_prompts, conversation_prompts
 from millm.service.replies import Reply, Report
 from millm.service.scoring import (
@@ -140,7 +141,8 @@ class Serving:
             await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
         scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
         report = Report(ignored, plan, body.seed, scope, structured)
-        return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read)
+        probes = await self._watch(lm, checked.probes)
+        return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read, probes)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
@@ -166,7 +168,8 @@ class Serving:
             return Reply(Report(ignored, seed=body.seed), body=scored_body)
         plan = await to_thread.run_sync(self.state.planner.plan_for, None, None)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
-        return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read)
+        probes = await self._watch(lm, checked.probes)
+        return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read, probes)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
         """Embed each input (never steered)."""
@@ -174,14 +177,14 @@ class Serving:
 
     # steps -------------------------------------------------------------------------------------------
     async def _generate(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, shape: Shape,
-                        meta: Meta, report: Report, constraint, read: ActivationRead | None) -> Reply:
-        """Admit the rows (steered by the report's plan) and answer whole or as a stream."""
-        stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read)
+                        meta: Meta, report: Report, constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> Reply:
+        """Admit the rows (steered by the report's plan, watched by `probes`) and answer whole or as a stream."""
+        stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read, probes)
         prompt_tokens = sum(map(len, prompts))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read))
-        result = await collect(stream, rows)
+            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read, probes))
+        result = await collect(stream, rows, probes)
         if report.structured is not None:
             for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
                 if reason == "stop":
@@ -189,15 +192,16 @@ class Serving:
         return Reply(report, body=shape.whole(meta, result, prompt_tokens, read))
 
     def _start(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan,
-               constraint, read: ActivationRead | None) -> tuple[JobStream, int]:
+               constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> tuple[JobStream, int]:
         """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
-        `read` and by monitoring when it is on) and admit them."""
+        `read` and by monitoring when it is on, watched by `probes`) and admit them."""
         reads = self._engine_reads(read)
         monitored = self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
         if monitored is not None:
             reads += (monitored[0],)
-        rows = build_rows(lm, prompts, generation_options(body, body.n or 1), self.settings.default_max_tokens, param, plan.edit, constraint, reads)
-        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None)
+        options = generation_options(body, body.n or 1)
+        rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads, probes.watches)
+        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
         self.state.submit(stream.job)
         return stream, len(rows)
 
@@ -237,6 +241,12 @@ class Serving:
             max_entries=self.settings.sae_activations_max_entries,
             calibration=partial(self.state.calibrations.table, model=lm.name),
         )
+
+    async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
+        """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
+        if not asked and not self.state.probes.any_active():
+            return NO_PROBES
+        return await to_thread.run_sync(watch_request, self.state, lm, asked)
 
     @staticmethod
     def _engine_reads(read: ActivationRead | None) -> tuple:

@@ -53,6 +53,7 @@ from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
+from millm.service.probes import ProbeBook
 from millm.service.profiles import ProfileBook
 from millm.service.registrations import ClientRegistrations
 from millm.service.saes import SAERegistry
@@ -113,6 +114,7 @@ class ServerState:
         self.saes = SAERegistry(self.store, settings.hub_dir, self.labels)
         self.decoders = DecoderCache()
         self.profiles = ProfileBook(self.store)
+        self.probes = ProbeBook(self.store)
         self.steering = Steering(self.store, self.saes, self.profiles)
         self.clusters = ClusterBook(self.store, settings.steering_intensity_max)
         self.circuits = CircuitBook(self.store)

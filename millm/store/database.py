@@ -1,9 +1,9 @@
 """Persistence: SQLite under the data directory by default, any SQLAlchemy URL (Postgres) by DATABASE_URL.
 
 What survives a restart: registered SAEs, which are attached where, the live steering values
-and whether steering is enabled, profiles (with the active one), clusters and circuits, and
-registered models (with the steering lock), and steering vectors. The schema carries a
-version; `migrate` upgrades older databases in place and never drops a user's rows.
+and whether steering is enabled, profiles (with the active one), clusters and circuits,
+registered models (with the steering lock), probes (with which are active) and steering
+vectors. The schema carries a version; `migrate` upgrades older databases in place and never drops a user's rows.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -144,10 +145,23 @@ vectors_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# Probes: a named detector (the versioned probe document, as JSON) and whether it is active,
+# i.e. watches every generation request.
+probes_table = Table(
+    "millm_probes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("document", Text, nullable=False),
+    Column("active", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 # version -> statements that bring a database from version-1 to it. Versions 2 to 5 only add
 # tables (clusters and circuits; registered models; feature labels and calibrations; steering
-# vectors), which create_all makes; no existing table changes, so every row of the older version
-# is kept as it is.
+# vectors and probes), which create_all makes; no existing table changes, so every row of the
+# older version is kept as it is.
 MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: [], 5: []}
 
 

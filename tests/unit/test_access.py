@@ -45,6 +45,9 @@ from millm.settings import key_setting
         ("POST", "/api/saes/sae_1/contrast", INFERENCE),
         ("POST", "/api/compare", INFERENCE),
         ("POST", "/api/saes/sae_1/calibrate", ADMIN),
+        ("GET", "/api/probes", READ),
+        ("POST", "/api/probes/train", ADMIN),
+        ("POST", "/api/probes/p/activate", ADMIN),
         ("POST", "/api/saes/sae_1/inspect/x", ADMIN),
         ("DELETE", "/api/compare", ADMIN),
         ("DELETE", "/api/jobs/job_1", ADMIN),
@@ -171,5 +174,6 @@ def test_body_caps_by_route():
     assert body_cap("/v1/chat/completions", 100, 50) == (100, RequestTooLarge, "MAX_REQUEST_BYTES")
     assert body_cap("/api/clusters/import", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
     assert body_cap("/api/profiles/import", 100, 500)[0] == 500
+    assert body_cap("/api/probes/import", 100, 500)[0] == 500
     assert body_cap("/api/saes/sae_0123456789ab/labels", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
     assert body_cap("/api/saes/sae_0123456789ab/features", 100, 50)[0] == 100

@@ -28,6 +28,7 @@ EXAMPLES = {
     "profile": "p",
     "steering_intensity": 1.0,
     "return_sae_activations": {"positions": "last"},
+    "probes": ["pirate"],
     "steering": {"x": 1},
     "dimensions": 8,
     "tools": [{"type": "function", "function": {"name": "f"}}],

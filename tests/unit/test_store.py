@@ -69,3 +69,21 @@ def test_a_schema_1_database_migrates_keeping_profiles(tmp_path):
     assert new.get_setting("active_profile") == "prof_old"
     assert new.documents("clusters") == [] and new.documents("circuits") == []
     new.close()
+
+
+def test_a_schema_4_database_gains_the_probes_table_keeping_everything(tmp_path):
+    from millm.store.probes import insert_probes, probe_rows
+
+    url = database_url(tmp_path, None)
+    old = Store(url)
+    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
+    with old.transaction() as conn:  # a version-4 database has no probes table
+        conn.exec_driver_sql("DROP TABLE millm_probes")
+    old.set_setting("schema_version", 4)
+    old.close()
+    new = Store(url)
+    assert new.get_setting("schema_version") == 5
+    assert [p["name"] for p in new.profiles()] == ["kept"]
+    insert_probes(new, [("probe_1", {"name": "p", "detector": {}})])
+    assert [(r["name"], r["active"]) for r in probe_rows(new)] == [("p", False)]
+    new.close()

@@ -1,0 +1,99 @@
+"""/api/probes: saved probes (CRUD, import, export, which are active) and training a linear probe (a job)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from millm.api.deps import state_of
+from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
+from millm.service import probe_admin as admin
+from millm.service.jobs import JobView
+from millm.service.probe_training import ProbeTrainRequest, start_training
+
+router = APIRouter()
+
+
+class ProbeUpdate(BaseModel):
+    """The fields given replace the stored ones (null keeps them); the result is validated whole."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: ProfileName | None = None
+    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] | None = None
+    # Validated with the whole document (whose refusals name the field as the document's pages do);
+    # the served schema states the detector's format (api/openapi.py).
+    detector: dict | None = None
+
+
+# Literal paths first: "export", "import", "train" must not be read as a probe's key.
+@router.get("/api/probes", summary="List probes")
+def list_probes(request: Request):
+    """Every saved probe, with whether it is active."""
+    return admin.list_probes(state_of(request))
+
+
+@router.post("/api/probes", summary="Create a probe", status_code=201)
+def create_probe(request: Request, payload: Annotated[dict, Body()]):
+    """A new probe from a millm.probe document (kind and version may be left out); 409 probe_exists when the name is taken."""
+    return admin.create_probe(state_of(request), payload)
+
+
+@router.get("/api/probes/export", summary="Export every probe as a bundle")
+def export_all(request: Request):
+    """A millm.probe-bundle document of all probes."""
+    return admin.export_probes(state_of(request))
+
+
+@router.post("/api/probes/import", summary="Import a probe document or a bundle", status_code=201)
+def import_probes(request: Request, payload: Annotated[dict, Body()], on_conflict: Literal["fail", "rename"] = "fail"):
+    """Validated whole: a bad document refuses the import and nothing is stored. Imported probes are inactive."""
+    return admin.import_probes(state_of(request), payload, on_conflict)
+
+
+@router.post("/api/probes/train", summary="Train a linear probe from labelled texts (a job)", status_code=202, response_model=JobView,
+             responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}})
+def train(body: ProbeTrainRequest, request: Request) -> JSONResponse:
+    """Read each text's residual (mean over its positions but the first), fit a logistic regression on a seeded
+    stratified split, and store the probe with its held-out accuracy and AUC (in the job's result too)."""
+    view = start_training(state_of(request), body)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.get("/api/probes/{key}", summary="One probe")
+def get_probe(key: str, request: Request):
+    """A probe by id or name."""
+    return admin.get_probe(state_of(request), key)
+
+
+@router.put("/api/probes/{key}", summary="Update a probe")
+def update_probe(key: str, body: ProbeUpdate, request: Request):
+    """Replace the given fields; the result is validated whole (an active probe must still fit the loaded model)."""
+    return admin.update_probe(state_of(request), key, body.model_dump(exclude_none=True))
+
+
+@router.delete("/api/probes/{key}", summary="Delete a probe")
+def delete_probe(key: str, request: Request):
+    """Remove a probe; an active one stops watching requests."""
+    return admin.delete_probe(state_of(request), key)
+
+
+@router.get("/api/probes/{key}/export", summary="Export a probe document")
+def export_probe(key: str, request: Request):
+    """The versioned millm.probe document."""
+    return admin.export_probe(state_of(request), key)
+
+
+@router.post("/api/probes/{key}/activate", summary="Make a probe watch every generation request")
+def activate_probe(key: str, request: Request):
+    """Checked against the loaded model first (its SAE attached, its percentile calibrated, its width and layer)."""
+    return admin.activate_probe(state_of(request), key)
+
+
+@router.post("/api/probes/{key}/deactivate", summary="Stop a probe watching requests")
+def deactivate_probe(key: str, request: Request):
+    """Requests admitted from now on are not watched by it (unless they name it)."""
+    return admin.deactivate_probe(state_of(request), key)
