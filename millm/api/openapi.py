@@ -90,6 +90,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
     read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
         "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
     single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
+    own_steering = nullable(_ref("SteeringSpec"))
     _narrow(schemas["TextPart"], properties=TEXT_PART_SCHEMA["properties"], required=TEXT_PART_SCHEMA["required"])
     _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
     _narrow(
@@ -101,10 +102,12 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "tool_choice": nullable(TOOL_CHOICE_SCHEMA),
             "return_sae_activations": read,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
+            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,
             *TOP_LOGPROBS_RULES,
+            when(sent("profile"), absent_or_null("steering")),  # each replaces the base: one or the other
             *field_policy.schema_rules(CHAT, CHAT_SCORING),
             *scoring_schema_rules(CHAT_SCORING),
             *response_format_schema_rules(CHAT_SCORING),
@@ -120,6 +123,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "return_sae_activations": read,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
             "prompt": PROMPT_SCHEMA,
+            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,

@@ -167,6 +167,8 @@ class SamplingFields(GenerationFields):
     user: str | None = None
     # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
     return_sae_activations: dict | None = None
+    # miLLM: this request's own steering, a profile document's steering part (checked in service/prechecks.py)
+    steering: dict | None = None
 
 
 class JsonSchemaFormat(OpenBody):

@@ -19,6 +19,7 @@ from millm.engine.jobs import (
     RowFinished,
     RowSpec,
     ScoresReady,
+    Watch,
 )
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
@@ -67,8 +68,9 @@ def build_rows(
     edit: ResidualEdit | None = None,
     constraint: GrammarSpec | None = None,
     reads: tuple[ResidualRead, ...] = (),
+    watches: tuple[Watch, ...] = (),
 ) -> list[RowSpec]:
-    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit`."""
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit` and watched by `watches`."""
     rows = []
     for prompt in prompts:
         budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)
@@ -83,6 +85,7 @@ def build_rows(
                     edit=edit,
                     constraint=constraint,
                     reads=reads,
+                    watches=watches,
                 )
             )
     return rows
