@@ -252,7 +252,7 @@ def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1
     partly applied profile would pass for the whole one. Clamps, ablations and caps are not
     scaled by the dial: their value is a level to hold, not a push (interp.steering.FeatureOp.scaled).
     """
-    refusals = Refusals(f"profile {document['name']!r}", "profile")
+    refusals = Refusals(f"profile {document['name']!r}", "profile", code="profile_not_applicable")
     return resolve_spec(document, attached, scale, resolvers or Resolvers(), refusals)
 
 
