@@ -153,6 +153,17 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
         # As SAE.pre_activation computes it, for the held columns only (normalisation is none here).
         return (x if b_dec is None else x - b_dec) @ w_enc + b_enc
 
+    if not bool(ablated.any()):
+        # Every feature is held at every position: one system for all of them, inverted once here.
+        inverse_t = torch.linalg.inv(coupling).T
+
+        def hold_all(residual: torch.Tensor) -> torch.Tensor:
+            x = residual.float()
+            push = (targets - pre_of(x)) @ inverse_t
+            return (x + push @ w_dec).to(residual.dtype)
+
+        return hold_all
+
     def operation(residual: torch.Tensor) -> torch.Tensor:
         x = residual.float()
         pre = pre_of(x)
