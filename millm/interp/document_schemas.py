@@ -307,8 +307,18 @@ class SteeringSpec(Document):
     abort: AbortEntries = []
 
 
+# _version_1_only_adds below, as JSON Schema.
+VERSION_1_RULE: dict[str, Any] = {"if": {"required": ["version"], "properties": {"version": {"const": 1}}}, "then": {"properties": {
+    "vectors": {"maxItems": 0},
+    "abort": {"maxItems": 0},
+    "steering": {"items": {"properties": {"when": {"type": "null"}, "features": {"items": {"properties": {"op": {"const": "add"}}}}}}},
+}}}
+
+
 class ProfileDocument(SteeringSpec):
     """A millm.profile document: a named steering spec (version 1: features only, all added)."""
+
+    model_config = ConfigDict(json_schema_extra={"allOf": [VERSION_1_RULE]})
 
     kind: ProfileKind = PROFILE_KIND
     version: Version = VERSION
