@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import state_of
-from millm.interp.document_schemas import MAX_DESCRIPTION
+from millm.interp.document_schemas import MAX_DESCRIPTION, AbortEntries, SteeringEntries, VectorEntries
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
-from millm.interp.steering import STRENGTH_LIMIT
+from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
 from millm.protocol.schema_rules import sent
 from millm.service import steering_admin as admin
 from millm.service.paths import HUB_ID_PATTERN
@@ -27,9 +27,19 @@ class StrictBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-# The limits below are stated in the schema only: check_strength and validate_profile enforce them,
-# with messages that name the limit (a pydantic bound would answer first, in its own words).
+# The limits below are stated in the schema only: check_strength, feature_op and validate_profile
+# enforce them, with messages that name the limit (a pydantic bound would answer first, in its own words).
 STRENGTH_RANGE = {"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT}
+VALUE_RANGE = {"minimum": 0}
+NUMBER = {"type": "number"}
+NULL = {"type": "null"}
+# Which fields each op takes (feature_op checks the same): add a strength, clamp and cap a value, ablate neither.
+OP_RULES: dict[str, Any] = {"allOf": [
+    {"if": {"properties": {"op": {"const": "add"}}}, "then": {"required": ["strength"], "properties": {"strength": NUMBER, "value": NULL}}},
+    {"if": {"required": ["op"], "properties": {"op": {"enum": ["clamp", "cap"]}}},
+     "then": {"required": ["value"], "properties": {"value": NUMBER, "strength": NULL}}},
+    {"if": {"required": ["op"], "properties": {"op": {"const": "ablate"}}}, "then": {"properties": {"strength": NULL, "value": NULL}}},
+]}
 
 
 class RegisterSAE(StrictBody):
@@ -49,22 +59,30 @@ class AttachSAE(StrictBody):
     layer: Annotated[int, Field(ge=0)] | None = None
 
 
-class Strength(StrictBody):
-    """One feature's strength, within ±200 (0 clears it)."""
+class FeatureSetting(StrictBody):
+    """One feature's op: add `strength` (within ±200; 0 clears it, the default op), clamp at `value`
+    (its activation, >= 0), ablate, or cap at `value` (the residual's component along its decoder row)."""
 
-    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
+    model_config = ConfigDict(json_schema_extra=OP_RULES)
+    op: Op = Field("add", description=f"One of {', '.join(OPS)}.")
+    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)] | None = None
+    value: Annotated[float, Field(json_schema_extra=VALUE_RANGE)] | None = None
+
+    def checked(self, prefix: str = "") -> FeatureOp:
+        """The FeatureOp it says, or a 400 naming the field."""
+        return feature_op(self.op, self.strength, self.value, prefix)
 
 
-class FeatureStrength(StrictBody):
-    """A feature of an SAE and its strength."""
+class FeatureStrength(FeatureSetting):
+    """A feature of an SAE and its op."""
 
+    model_config = ConfigDict(json_schema_extra=OP_RULES)
     sae_id: str
     index: Annotated[int, Field(ge=0)]
-    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
 
 
 class ManyStrengths(StrictBody):
-    """Set many strengths in one change; `replace` clears every other live value first."""
+    """Set many features in one change; `replace` clears every other live value first."""
 
     features: list[FeatureStrength]
     replace: bool = False
@@ -74,23 +92,14 @@ ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME_PA
 Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTION})]
 
 
-class ProfileFeature(StrictBody):
-    index: Annotated[int, Field(ge=0)]
-    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)]
-
-
-class ProfileEntry(StrictBody):
-    sae_id: Annotated[str, Field(min_length=1)]
-    layer: Annotated[int, Field(ge=0)] | None = None
-    features: list[ProfileFeature]
-
-
 class ProfileCreate(StrictBody):
-    """A new profile: its name, description and steering entries (one per SAE)."""
+    """A new profile: its name, description and what it steers (the entries of a profile document, version 2)."""
 
     name: ProfileName
     description: Description | None = None
-    steering: list[ProfileEntry] | None = None
+    steering: SteeringEntries | None = None
+    vectors: VectorEntries | None = None
+    abort: AbortEntries | None = None
 
 
 class ProfileUpdate(StrictBody):
@@ -98,7 +107,9 @@ class ProfileUpdate(StrictBody):
 
     name: ProfileName | None = None
     description: Description | None = None
-    steering: list[ProfileEntry] | None = None
+    steering: SteeringEntries | None = None
+    vectors: VectorEntries | None = None
+    abort: AbortEntries | None = None
 
 
 class SaveCurrent(StrictBody):
@@ -153,34 +164,34 @@ def detach_sae(sae_id: str, request: Request):
 # steering ------------------------------------------------------------------------------------------
 @router.get("/api/steering", summary="Live steering state")
 def get_steering(request: Request):
-    """Enabled, version, active profile, and every SAE's strengths."""
+    """Enabled, version, active profile, and every SAE's features (op with strength or value)."""
     return admin.steering_view(state_of(request))
 
 
-@router.put("/api/steering/saes/{sae_id}/features/{index}", summary="Set one feature's strength")
-def set_feature(sae_id: str, index: int, body: Strength, request: Request):
-    """Strength within ±200 (0 clears); 400 invalid_feature_index past the SAE's width."""
-    return admin.set_strengths(state_of(request), {(sae_id, index): body.strength})
+@router.put("/api/steering/saes/{sae_id}/features/{index}", summary="Set one feature's op (add, clamp, ablate, cap)")
+def set_feature(sae_id: str, index: int, body: FeatureSetting, request: Request):
+    """add a strength within ±200 (0 clears), clamp or cap at a value >= 0, or ablate; 400 invalid_feature_index past the SAE's width."""
+    return admin.set_features(state_of(request), {(sae_id, index): body.checked()})
 
 
 @router.delete("/api/steering/saes/{sae_id}/features/{index}", summary="Clear one feature")
 def clear_feature(sae_id: str, index: int, request: Request):
-    """Remove one feature's live strength."""
-    return admin.set_strengths(state_of(request), {(sae_id, index): None})
+    """Remove one feature's live value."""
+    return admin.set_features(state_of(request), {(sae_id, index): None})
 
 
-@router.post("/api/steering/features", summary="Set many strengths at once")
+@router.post("/api/steering/features", summary="Set many features at once")
 def set_features(body: ManyStrengths, request: Request):
     """All or nothing: every entry is checked before any is applied."""
-    changes: dict[tuple[str, int], float | None] = {(f.sae_id, f.index): f.strength for f in body.features}
+    changes = {(f.sae_id, f.index): f.checked(f"features[{n}].") for n, f in enumerate(body.features)}
     admin.check_distinct(changes, len(body.features))
-    return admin.set_strengths(state_of(request), changes, clear=body.replace)
+    return admin.set_features(state_of(request), changes, clear=body.replace)
 
 
-@router.delete("/api/steering/features", summary="Clear all live strengths (or one SAE's)")
+@router.delete("/api/steering/features", summary="Clear all live values (or one SAE's)")
 def clear_features(request: Request, sae_id: str | None = None):
-    """Remove every live strength, or only those of `sae_id`."""
-    return admin.set_strengths(state_of(request), {}, clear=sae_id if sae_id is not None else True)
+    """Remove every live value, or only those of `sae_id`."""
+    return admin.set_features(state_of(request), {}, clear=sae_id if sae_id is not None else True)
 
 
 @router.post("/api/steering/enable", summary="Turn global steering on")

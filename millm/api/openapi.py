@@ -96,6 +96,9 @@ def _requests(schemas: dict, settings: Settings) -> None:
     read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
         "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
     single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
+    # profile and steering exclude each other, which the schema does not state: one more conditional
+    # here and schemathesis can no longer generate chat bodies (it stays in the field's description).
+    own_steering = {**nullable(_ref("SteeringSpec")), "description": "miLLM: this request's own steering (not with profile)."}
     _narrow(schemas["TextPart"], properties=TEXT_PART_SCHEMA["properties"], required=TEXT_PART_SCHEMA["required"])
     _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
     _narrow(
@@ -108,6 +111,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "return_sae_activations": read,
             "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
+            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,
@@ -128,6 +132,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
             "prompt": PROMPT_SCHEMA,
+            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,

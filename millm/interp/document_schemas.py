@@ -3,8 +3,10 @@
 profiles.py and mistudio.py validate with these models, listing every problem with its JSON
 location (`steering[0].features[3].strength: ...`); SCHEMAS states the same models as JSON Schema
 for the served OpenAPI schema. What JSON Schema cannot say is checked by validators on the fields
-concerned: names unique within a bundle, feature indices unique within an entry, an SAE named once
-per profile, and `lo <= hi` in an intensity range. The fuzz test checks that what these schemas
+concerned: names unique within a bundle, feature indices unique within an entry, an SAE (or a
+vector) named once per profile and condition, a probe once in `abort`, a version 1 profile holding
+only added features, and `lo <= hi` in an intensity range. A feature's or vector's `op` picks its
+model (absent: add), so each op's fields are stated as JSON Schema too. The fuzz test checks that what these schemas
 allow, the validators accept. miStudio models keep unknown keys (the stored document is the raw
 one); profile documents drop them (the stored document is the canonical form).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator, model_validator
 from pydantic.json_schema import models_json_schema
 from pydantic_core import ErrorDetails, PydanticCustomError
 
@@ -24,13 +26,14 @@ from millm.interp.steering import STRENGTH_LIMIT
 # The kinds and versions as types (the models' fields) and as values; mypy checks that they agree.
 ProfileKind = Literal["millm.profile"]
 BundleKind = Literal["millm.profile-bundle"]
-ProfileVersion = Literal[1]
+ProfileVersion = Literal[1, 2]
 PROFILE_KIND: ProfileKind = "millm.profile"
 BUNDLE_KIND: BundleKind = "millm.profile-bundle"
-VERSION: ProfileVersion = 1
+VERSION: ProfileVersion = 2  # what millm writes; version 1 documents are read as version 2 (every feature added)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,119}$"
 MAX_DESCRIPTION = 2000
 MAX_BUNDLE = 500
+MAX_REFERENCE = 200  # a probe name or a vector id
 
 ClusterKind = Literal["mistudio.cluster-definition"]
 ClusterBundleKind = Literal["mistudio.cluster-bundle"]
@@ -164,7 +167,7 @@ class Document(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
-Version = Annotated[ProfileVersion, no_bools(str(VERSION))]
+Version = Annotated[ProfileVersion, no_bools("1 or 2")]
 Sign = Annotated[Literal[1, -1], no_bools("1 or -1")]
 Rung = Annotated[Literal[0, 1, 2, 3], no_bools("0, 1, 2 or 3")]
 ProfileName = Annotated[
@@ -174,29 +177,162 @@ SourceHint = Annotated[str, Field(pattern="^hf:"), said("must look like hf:repo/
 
 
 # ---- millm profiles -----------------------------------------------------------------------------
-class ProfileDocumentFeature(Document):
-    """A feature of the entry's SAE and its strength (within ±200)."""
+Strength = Annotated[float, Field(ge=-STRENGTH_LIMIT, le=STRENGTH_LIMIT)]
+Level = Annotated[float, Field(ge=0)]
+# A field that belongs to other operators: null or absent, else refused in words that say which.
+NoStrength = Annotated[None, said("strength is for op add only (clamp and cap take value, ablate takes neither)")]
+NoValue = Annotated[None, said("value is for op clamp and cap only (add takes strength, ablate takes neither)")]
+ProbeName = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
+Reference = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
+
+
+class When(Document):
+    """A condition: apply the entry from the position after `probe` first fires, for `tokens` positions (null: the rest of the row)."""
+
+    probe: ProbeName
+    tokens: Annotated[int, Field(gt=0)] | None = None
+
+
+class FeatureAdd(Document):
+    """Add strength · W_dec[index] at every position (the default op; strength within ±200)."""
 
     index: NonNegative
-    strength: Annotated[float, Field(ge=-STRENGTH_LIMIT, le=STRENGTH_LIMIT)]
+    op: Literal["add"] = "add"
+    strength: Strength
+    value: NoValue = None
+
+
+class FeatureClamp(Document):
+    """Hold the feature's encoded activation at `value` at every position."""
+
+    index: NonNegative
+    op: Literal["clamp"]
+    value: Level
+    strength: NoStrength = None
+
+
+class FeatureAblate(Document):
+    """Hold the feature's encoded activation at 0 wherever it fires."""
+
+    index: NonNegative
+    op: Literal["ablate"]
+    strength: NoStrength = None
+    value: NoValue = None
+
+
+class FeatureCap(Document):
+    """Limit the residual's component along the feature's unit decoder row to at most `value`."""
+
+    index: NonNegative
+    op: Literal["cap"]
+    value: Level
+    strength: NoStrength = None
+
+
+def _op(default: str):
+    # Absent means the default op; anything but an object is checked as the default (and refused as
+    # "must be an object"). A model (when a document is dumped) says its own op.
+    def tag(item: Any) -> Any:
+        if isinstance(item, BaseModel):
+            return getattr(item, "op", default)
+        return item.get("op", default) if isinstance(item, dict) else default
+
+    return tag
+
+
+ProfileFeature = Annotated[
+    Annotated[FeatureAdd, Tag("add")] | Annotated[FeatureClamp, Tag("clamp")] | Annotated[FeatureAblate, Tag("ablate")] | Annotated[FeatureCap, Tag("cap")],
+    Discriminator(_op("add"), custom_error_type="op", custom_error_message="op must be one of add, clamp, ablate, cap"),
+]
+
+
+def _condition(when: When | None) -> str:
+    return "" if when is None else f" (when {when.probe})"
 
 
 class ProfileDocumentEntry(Document):
-    """One SAE's features; `layer` when it is attached elsewhere than its own hook layer."""
+    """One SAE's features; `layer` when it is attached elsewhere than its own hook layer; `when` to apply them only once a probe fires."""
 
     sae_id: Annotated[str, Field(min_length=1)]
     layer: NonNegative | None = None
-    features: Annotated[list[ProfileDocumentFeature], unique(lambda f: f.index, "feature {twice} appears twice")]
+    features: Annotated[list[ProfileFeature], unique(lambda f: f.index, "feature {twice} appears twice")]
+    when: When | None = None
 
 
-class ProfileDocument(Document):
-    """A millm.profile document: a named set of feature strengths."""
+class VectorAdd(Document):
+    """Add strength · the vector's unit direction at every position."""
+
+    vector_id: Reference
+    op: Literal["add"] = "add"
+    strength: Strength
+    value: NoValue = None
+    when: When | None = None
+
+
+class VectorCap(Document):
+    """Limit the residual's component along the vector's unit direction to at most `value`."""
+
+    vector_id: Reference
+    op: Literal["cap"]
+    value: Level
+    strength: NoStrength = None
+    when: When | None = None
+
+
+VectorEntry = Annotated[
+    Annotated[VectorAdd, Tag("add")] | Annotated[VectorCap, Tag("cap")],
+    Discriminator(_op("add"), custom_error_type="op", custom_error_message="a vector's op must be add or cap"),
+]
+
+
+class AbortEntry(Document):
+    """A probe whose firing ends the row (finish_reason content_filter)."""
+
+    probe: ProbeName
+
+
+SteeringEntries = Annotated[
+    list[ProfileDocumentEntry], unique(lambda e: e.sae_id + _condition(e.when), "{twice} appears twice; give one entry per SAE (and condition)")
+]
+VectorEntries = Annotated[list[VectorEntry], unique(lambda v: v.vector_id + _condition(v.when), "{twice} appears twice; give one entry per vector (and condition)")]
+AbortEntries = Annotated[list[AbortEntry], unique(lambda a: a.probe, "probe {twice} appears twice in abort")]
+
+
+class SteeringSpec(Document):
+    """What steers: SAE features (`steering`), steering vectors (`vectors`) and probes that end the row (`abort`).
+    A profile document's steering part, and the body of a request's own `steering` field."""
+
+    steering: SteeringEntries = []
+    vectors: VectorEntries = []
+    abort: AbortEntries = []
+
+
+# _version_1_only_adds below, as JSON Schema.
+VERSION_1_RULE: dict[str, Any] = {"if": {"required": ["version"], "properties": {"version": {"const": 1}}}, "then": {"properties": {
+    "vectors": {"maxItems": 0},
+    "abort": {"maxItems": 0},
+    "steering": {"items": {"properties": {"when": {"type": "null"}, "features": {"items": {"properties": {"op": {"const": "add"}}}}}}},
+}}}
+
+
+class ProfileDocument(SteeringSpec):
+    """A millm.profile document: a named steering spec (version 1: features only, all added)."""
+
+    model_config = ConfigDict(json_schema_extra={"allOf": [VERSION_1_RULE]})
 
     kind: ProfileKind = PROFILE_KIND
     version: Version = VERSION
     name: ProfileName
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
-    steering: Annotated[list[ProfileDocumentEntry], unique(lambda e: e.sae_id, "{twice} appears twice; give one entry per SAE")] = []
+
+    @model_validator(mode="after")
+    def _version_1_only_adds(self):
+        # A version 1 document meant "add every feature"; what came with version 2 is refused there, not reread.
+        if self.version == 1:
+            newer = any(not isinstance(f, FeatureAdd) for e in self.steering for f in e.features)
+            if newer or self.vectors or self.abort or any(e.when is not None for e in self.steering):
+                raise refusal("document_rule", "version 1 documents only add features: op, when, vectors and abort need version 2")
+        return self
 
 
 class ProfileBundle(Document):
@@ -353,6 +489,6 @@ def inline(schema: dict) -> dict:
 
 # Component name -> schema, for the served OpenAPI schema (nested models are components too).
 SCHEMAS: dict[str, dict] = models_json_schema(
-    [(model, "validation") for model in (ProfileDocument, ProfileBundle, ClusterDefinition, ClusterBundle, CircuitDefinition)],
+    [(model, "validation") for model in (ProfileDocument, ProfileBundle, SteeringSpec, ClusterDefinition, ClusterBundle, CircuitDefinition)],
     ref_template="#/components/schemas/{model}",
 )[1]["$defs"]

@@ -1,11 +1,20 @@
 """Profile documents: the versioned JSON a profile is stored, exported and imported as.
 
-    {"kind": "millm.profile", "version": 1, "name": "...", "description": "...",
-     "steering": [{"sae_id": "sae_...", "layer": 15, "features": [{"index": 12, "strength": 8.0}]}]}
+    {"kind": "millm.profile", "version": 2, "name": "...", "description": "...",
+     "steering": [{"sae_id": "sae_...", "layer": 15,
+                   "features": [{"index": 12, "op": "add", "strength": 8.0},
+                                {"index": 7, "op": "clamp", "value": 3.0},
+                                {"index": 9, "op": "ablate"}, {"index": 11, "op": "cap", "value": 5.0}],
+                   "when": {"probe": "mentions-dinner", "tokens": null}}],
+     "vectors": [{"vector_id": "vec_...", "op": "add", "strength": 8.0}],
+     "abort": [{"probe": "some-probe"}]}
 
-A bundle is {"kind": "millm.profile-bundle", "version": 1, "profiles": [<document>, ...]}.
-The format is the pydantic models in document_schemas.py. Validation is pure and whole: a document
-is accepted entirely or refused with every problem's location, so an import never stores half of
+Version 1 is the same without `op` (every feature is added), `when`, `vectors` and `abort`: it
+is read as version 2 with op "add" on every feature, which means exactly what it meant, and
+written back as version 2 (`canonical` always writes the current version). A bundle is
+{"kind": "millm.profile-bundle", "version": 2, "profiles": [<document>, ...]}. The format is
+the pydantic models in document_schemas.py. Validation is pure and whole: a document is
+accepted entirely or refused with every problem's location, so an import never stores half of
 anything.
 """
 
@@ -17,13 +26,20 @@ from millm.interp.document_schemas import (
     VERSION,
     ProfileBundle,
     ProfileDocument,
+    SteeringSpec,
     validate_document,
+    validate_field,
 )
+
+OPTIONAL_LISTS = ("vectors", "abort")  # left out of the stored form when empty: a features-only profile reads as before
 
 
 def canonical(doc: ProfileDocument) -> dict:
-    """The stored form of a valid document: kind and version filled, floats for strengths, no unknown keys."""
-    return doc.model_dump(exclude_none=True)  # layer is the only optional field: absent rather than null
+    """The stored form of a valid document: kind and the current version, every feature's op, floats, no unknown keys."""
+    dumped = doc.model_dump(exclude_none=True)  # optional fields (layer, when, tokens) absent rather than null
+    stored = {"kind": dumped["kind"], "version": VERSION, "name": dumped["name"], "description": dumped["description"], "steering": dumped["steering"]}
+    stored.update({key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]})
+    return stored
 
 
 def validate_profile(doc) -> dict:
@@ -38,9 +54,15 @@ def validate_import(payload) -> list[dict]:
     return [validate_profile(payload)]
 
 
-def profile_strengths(doc: dict) -> dict[str, dict[int, float]]:
-    """sae_id -> {feature: strength} of a (valid) document."""
-    return {entry["sae_id"]: {f["index"]: f["strength"] for f in entry["features"]} for entry in doc["steering"]}
+def validate_spec(value, param: str = "steering") -> dict:
+    """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
+    dumped = validate_field(SteeringSpec, value, param).model_dump(exclude_none=True)
+    return {"steering": dumped["steering"], **{key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]}}
+
+
+def outdated(doc: dict) -> bool:
+    """Whether a stored document was written in an older version (and is read through `validate_profile`)."""
+    return doc.get("version") != VERSION
 
 
 def bundle(docs: list[dict]) -> dict:

@@ -1,19 +1,26 @@
-"""Steering math: feature strengths on attached SAEs -> the residual additions a request carries.
+"""Steering math: feature operators on attached SAEs -> the residual edit a request carries.
 
-delta_L = Σ_i s_i · W_dec[i], summed over every attached SAE hooked at the same point, added
+add: delta_L = Σ_i s_i · W_dec[i], summed over every attached SAE hooked at the same point, added
 at every position. Strengths are limited to ±200; the sum is computed in float32 and only then
-cast to the model's dtype by the engine.
+cast to the model's dtype by the engine. clamp, ablate and cap are operations on the residual
+(operators.py), applied after the point's additions: per SAE, in id order, its caps and then its
+clamps and ablations (held together).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from millm.engine.residual import EMBEDDINGS, ResidualEdit
+from millm.engine.residual import EMBEDDINGS, Operation, ResidualEdit
 from millm.errors import InvalidFeatureIndex, InvalidRequest
 from millm.interp.formats import SAEInfo
 from millm.interp.intensity import STRENGTH_LIMIT, clamp_strength
+from millm.interp.operators import Held, feature_cap, hold
 from millm.interp.sae import SAE
+
+Op = Literal["add", "clamp", "ablate", "cap"]
+OPS: tuple[Op, ...] = ("add", "clamp", "ablate", "cap")
 
 
 def residual_point(layer: int, hook_point: str) -> int:
@@ -34,6 +41,31 @@ class Attached:
     def point(self) -> int:
         """The engine's residual point of the SAE's hook point at its layer (see residual_point)."""
         return residual_point(self.layer, self.info.hook_point)
+
+
+@dataclass(frozen=True)
+class FeatureOp:
+    """What steering does to one feature: add `strength`·W_dec[f], or clamp / cap at `value`, or ablate."""
+
+    op: Op = "add"
+    strength: float = 0.0  # add only
+    value: float | None = None  # clamp and cap only
+
+    @classmethod
+    def of(cls, feature: dict) -> FeatureOp:
+        """From a (valid) document's feature: {"index", "op"?, "strength"?, "value"?}."""
+        return cls(feature.get("op", "add"), float(feature.get("strength") or 0.0), feature.get("value"))
+
+    def to_dict(self) -> dict:
+        """As documents and the API write it: op with its strength or value."""
+        if self.op == "add":
+            return {"op": "add", "strength": self.strength}
+        return {"op": self.op} if self.op == "ablate" else {"op": self.op, "value": self.value}
+
+    def scaled(self, scale: float) -> FeatureOp:
+        """Through the dial: an add's strength times `scale` (clamped to ±200); other ops unchanged,
+        since their value is a level to hold, not a push to make stronger."""
+        return FeatureOp("add", clamp_strength(self.strength * scale)) if self.op == "add" else self
 
 
 def pick_attached(attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = "") -> Attached:
@@ -71,6 +103,34 @@ def check_feature(info: SAEInfo, index: int, param: str = "index") -> int:
     return index
 
 
+def check_value(op: str, value: float | None, param: str = "value") -> float | None:
+    """The value an op needs (clamp and cap: a finite number >= 0; add and ablate: none), or a 400 naming `param`."""
+    if op in ("add", "ablate"):
+        if value is not None:
+            raise InvalidRequest(f"{param} is for op clamp and cap only ({op} takes {'strength' if op == 'add' else 'neither'})", param=param)
+        return None
+    if value is None:
+        raise InvalidRequest(f"op {op} needs {param} (the {'target activation' if op == 'clamp' else 'largest component'}, >= 0)", param=param)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise InvalidRequest(f"{param} must be a finite number >= 0, got {value!r}", param=param)
+    return float(value)
+
+
+def feature_op(op: str, strength: float | None, value: float | None, prefix: str = "") -> FeatureOp:
+    """A checked operator from its parts: add needs `strength` (±200), clamp and cap need `value`
+    (>= 0), ablate takes neither; a 400 naming the field (`prefix` leads its name) otherwise."""
+    if op not in OPS:
+        raise InvalidRequest(f"{prefix}op must be one of {', '.join(OPS)}, got {op!r}", param=f"{prefix}op")
+    if op != "add" and strength is not None:
+        raise InvalidRequest(f"{prefix}strength is for op add only (op {op} takes {'value' if op != 'ablate' else 'neither'})", param=f"{prefix}strength")
+    checked = check_value(op, value, param=f"{prefix}value")
+    if op == "add":
+        if strength is None:
+            raise InvalidRequest(f"op add needs {prefix}strength (within ±{STRENGTH_LIMIT:g})", param=f"{prefix}strength")
+        return FeatureOp("add", check_strength(strength, param=f"{prefix}strength"))
+    return FeatureOp(op, 0.0, checked)
+
+
 def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, Attached]) -> ResidualEdit | None:
     """The residual additions for these strengths through the attached SAEs (None: nothing to add).
 
@@ -84,3 +144,29 @@ def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, At
             continue
         additions.append((target.point, target.sae.direction(active)))
     return ResidualEdit(tuple(additions)) if additions else None
+
+
+def feature_edit(features: dict[str, dict[int, FeatureOp]], attached: dict[str, Attached], param: str = "steering") -> ResidualEdit | None:
+    """The edit of these feature operators through the attached SAEs (None: nothing to do).
+
+    Adds are `steering_edit`'s (so add-only steering is exactly what it always was); the other
+    ops become operations: per SAE in id order, its caps (by index) and then one hold of its
+    clamps and ablations. SAEs that are not attached are skipped, as by steering_edit; an op
+    that cannot be honoured on its SAE is a 400 naming `param` (operators.py says when).
+    """
+    adds = {sae_id: {i: f.strength for i, f in ops.items() if f.op == "add"} for sae_id, ops in features.items()}
+    added = steering_edit(adds, attached)
+    operations: list[tuple[int, Operation]] = []
+    for sae_id, ops in sorted(features.items()):
+        target = attached.get(sae_id)
+        if target is None:
+            continue
+        for index, f in sorted(ops.items()):
+            if f.op == "cap":
+                operations.append((target.point, feature_cap(target.sae, sae_id, index, float(f.value or 0.0), param)))
+        held = [Held(index, float(f.value or 0.0)) for index, f in sorted(ops.items()) if f.op in ("clamp", "ablate")]
+        if held:
+            operations.append((target.point, hold(target.sae, sae_id, held, param)))
+    if not operations:
+        return added
+    return ResidualEdit(added.additions if added is not None else (), tuple(operations))

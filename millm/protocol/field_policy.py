@@ -73,7 +73,11 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never probed"),
         EMBEDDINGS: no("embeddings are never probed"),
     },
-    "steering": {e: no("per-request steering values are not implemented yet") for e in ENDPOINTS},
+    "steering": {
+        CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
+        COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never steered"),
+        EMBEDDINGS: no("embeddings are never steered"),
+    },
     "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
     # Beyond the page's table (issue 9): real clients always send tools, so chat honours them.
     "tools": {

@@ -169,6 +169,8 @@ class SamplingFields(GenerationFields):
     return_sae_activations: dict | None = None
     # miLLM: probes watching this request's rows, by name or inline (checked in service/probe_watches.py)
     probes: list[str | dict[str, Any]] | None = None
+    # miLLM: this request's own steering, a profile document's steering part (checked in service/prechecks.py)
+    steering: dict | None = None
 
 
 class JsonSchemaFormat(OpenBody):

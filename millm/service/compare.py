@@ -76,7 +76,7 @@ async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Rep
 def variant_rows(lm: LoadedModel, prompt: list[int], options: GenerationOptions, plans: list[Plan], default_max_tokens: int) -> list[RowSpec]:
     """One row per plan, in order: the same prompt, sampling and seed (choice 0's), each steered by its plan."""
     one = replace(options, n=1)
-    return [build_rows(lm, [prompt], one, default_max_tokens, "messages", plan.edit)[0] for plan in plans]
+    return [build_rows(lm, [prompt], one, default_max_tokens, "messages", plan.edit, watches=plan.watches)[0] for plan in plans]
 
 
 def variant_info(index: int, variant: Resolved) -> VariantInfo:

@@ -24,6 +24,7 @@ logged once per state, so the operator sees why requests fail).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -32,11 +33,12 @@ from dataclasses import dataclass
 
 from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
-from millm.interp.intensity import Dial, applied_strength, circuit_lambda, cluster_lambda
+from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
 from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
-from millm.interp.steering import Attached, InvalidFeatureIndex, steering_edit
+from millm.interp.steering import Attached, FeatureOp, InvalidFeatureIndex, feature_edit
 from millm.service.books import Shelf
 from millm.service.documents import CircuitBook, ClusterBook, stored_document
+from millm.service.resolution import Refusals, resolve_spec
 from millm.service.steering import NO_STEERING, Plan, Steering, profile_edit
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ class Snapshot:
     enabled: bool
     active: dict | None
     attached: dict[str, Attached]
-    strengths: dict[str, dict[int, float]]
+    features: dict[str, dict[int, FeatureOp]]
     profiles: Shelf
     clusters: Shelf
     circuits: Shelf
@@ -143,6 +145,12 @@ class Planner:
         if kind == "profile":
             return self.plan_for(key, dial)
         return self._cached((kind, key, dial), lambda now: self._request_base(now, kind, key, dial))
+
+    def plan_for_spec(self, spec: dict, dial: Dial | None) -> Plan:
+        """A request's own `steering` (a valid, canonical spec) steering it alone, through the dial,
+        whatever the active base and the enabled flag; 400 naming the entry when it does not fit."""
+        key = json.dumps(spec, sort_keys=True)  # the spec is the key: equal requests share one plan
+        return self._cached(("spec", key, dial), lambda now: self._spec(now, spec, dial))
 
     def _cached(self, key: tuple, resolve: Callable[[Snapshot], Plan]) -> Plan:
         """The plan kept for `key` in the current state, else `resolve`d from a snapshot and kept."""
@@ -197,17 +205,19 @@ class Planner:
     def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
         """The state's stamp and the books' shelves it names (call under the steering lock).
 
-        The version moves with every stored steering change, `changes` also with a restore, and a
-        book's revision with every write through it (a profile edited or deleted, a cluster's dial).
+        The version moves with every stored steering change, `changes` also with a restore (and a
+        model's unload), a book's revision with every write through it (a profile edited or deleted,
+        a cluster's dial), and the probes' and vectors' revisions with every change to them.
         """
         shelves = (self.steering.profiles.shelf, self.clusters.shelf, self.circuits.shelf)
-        return (self.steering.version, self.steering.changes, *(shelf.revision for shelf in shelves)), shelves
+        books = (shelf.revision for shelf in shelves)
+        return (self.steering.version, self.steering.changes, *books, *self.steering.resolvers.revision), shelves
 
     def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
         """Copies of what the steering lock guards (call under it): plans are then made without it."""
         steering = self.steering
-        strengths = {sae_id: dict(features) for sae_id, features in steering.strengths.items()}
-        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), strengths, *shelves)
+        features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
+        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), features, *shelves)
 
     def _now(self) -> Snapshot:
         with self.steering.lock:
@@ -260,34 +270,43 @@ class Planner:
         if profile is not None:
             would_steer = now.profiles.get(profile) is not None and bool(now.attached)
         else:
-            base = now.active is not None or bool(now.strengths)
+            base = now.active is not None or bool(now.features)
             would_steer = bool(now.attached) and now.enabled and base
         return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0 if would_steer else None)
 
     def _own_profile(self, now: Snapshot, key: str, dial: Dial | None) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, key)
-        if not now.attached:
+        if not now.attached and not _needs_no_sae(row["document"]):
             return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
         scale = self._scale(dial)
-        edit = profile_edit(row["document"], now.attached, scale)
-        return Plan(edit, "profile", (("name", row["name"]), ("scope", "request")), intensity=scale if dial and edit else None)
+        steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
+        params = (("name", row["name"]), ("scope", "request"))
+        return Plan(steered.edit, "profile", params, intensity=scale if dial and steered.edit else None, watches=steered.watches)
 
     def _active_profile(self, now: Snapshot, profile_id: str, dial: Dial | None) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, profile_id)
         scale = self._scale(dial)
-        edit = profile_edit(row["document"], now.attached, scale)
-        if edit is None:
+        steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
+        if steered.edit is None and not steered.watches:
             return NO_STEERING
-        return Plan(edit, "profile", (("name", row["name"]), ("version", now.version)), intensity=scale if dial else None)
+        params = (("name", row["name"]), ("version", now.version))
+        return Plan(steered.edit, "profile", params, intensity=scale if dial else None, watches=steered.watches)
+
+    def _spec(self, now: Snapshot, spec: dict, dial: Dial | None) -> Plan:
+        if dial is not None and dial.off:
+            return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0)
+        scale = self._scale(dial)
+        steered = resolve_spec(spec, now.attached, scale, self.steering.resolvers, Refusals("steering", "steering", "sae_not_attached"))
+        return Plan(steered.edit, "request", (("scope", "request"),), intensity=scale if dial and steered.edit else None, watches=steered.watches)
 
     def _live(self, now: Snapshot, dial: Dial | None) -> Plan:
         scale = self._scale(dial)
-        unattached = sorted(set(now.strengths) - set(now.attached))
+        unattached = sorted(set(now.features) - set(now.attached))
         if unattached and self._first_time("live", now.stamp):
             # Kept for a later attach by design, but a request is steered without them: say so once.
             log.warning("live steering values of %s are not applied: not attached", ", ".join(unattached))
-        strengths = {sae: {i: applied_strength(s, 1, scale) for i, s in features.items()} for sae, features in now.strengths.items()}
-        edit = steering_edit(strengths, now.attached)
+        scaled = {sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()}
+        edit = feature_edit(scaled, now.attached)
         if edit is None:
             return NO_STEERING
         return Plan(edit, "live", (("version", now.version),), intensity=scale if dial else None)
@@ -325,6 +344,11 @@ class Planner:
             return NO_STEERING
         params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
         return Plan(edit, "circuit", params, intensity=intensity if dial else None, rung=status.rung if status.mode == "full" else None)
+
+
+def _needs_no_sae(document: dict) -> bool:
+    """Whether a profile steers through vectors or probes alone (no SAE entry), so it applies with no SAE attached."""
+    return not document.get("steering") and bool(document.get("vectors") or document.get("abort"))
 
 
 def bound_layers(status: CircuitStatus) -> list[int]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
+from millm.interp.profiles import validate_spec
 from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.activations import ReadRequest, parse_read
 from millm.service.probe_watches import Asked, parse_probes
@@ -33,6 +34,7 @@ class Prechecked:
     dial: Dial | None = None
     read: ReadRequest | None = None  # return_sae_activations, its syntax checked
     probes: tuple[Asked, ...] = ()  # the probes the request names or defines
+    spec: dict | None = None  # the request's own `steering`, validated and canonical
 
 
 async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: bool = False) -> Prechecked:
@@ -44,6 +46,7 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
     raw_dial = getattr(body, "steering_intensity", None)
     dial = parse_dial(raw_dial) if raw_dial is not None else None
     profile = getattr(body, "profile", None)
+    spec = own_steering(body, profile)
     if profile is not None and not scoring and not (dial is not None and dial.off):
         # "off" turns steering off without looking at the base, an unknown profile included.
         await to_thread.run_sync(state.profiles.find, profile)
@@ -51,7 +54,17 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
     read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
     probes = getattr(body, "probes", None)
     watched = await to_thread.run_sync(parse_probes, state, probes) if probes and not scoring else ()
-    return Prechecked(strict, dial, read, watched)
+    return Prechecked(strict, dial, read, watched, spec)
+
+
+def own_steering(body: BaseModel, profile: str | None) -> dict | None:
+    """The request's `steering` checked whole (400 naming the entry), refused beside a `profile`: each replaces the base, so only one can."""
+    raw = getattr(body, "steering", None)
+    if raw is None:
+        return None
+    if profile is not None:
+        raise InvalidRequest("send either profile or steering: each replaces the steering base for this request, so they cannot be combined", param="steering")
+    return validate_spec(raw)
 
 
 def check_rows(body: BaseModel, cap: int) -> None:

@@ -2,17 +2,21 @@
 
 Reads come from memory (a `Shelf`, see books.py) filled from the store at start and refreshed
 from it after every write through the book, so a request naming a profile never reads or parses
-the database.
+the database. Documents stored in an older version are upgraded when the book opens (written
+back as the current version, meaning exactly what they meant; see interp/profiles.py).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 
-from millm.errors import Conflict, NotFound
-from millm.interp.profiles import validate_import, validate_profile
+from millm.errors import Conflict, InvalidProfile, NotFound
+from millm.interp.profiles import outdated, validate_import, validate_profile
 from millm.service.books import Book, unique_names
 from millm.store.database import Store
+
+log = logging.getLogger(__name__)
 
 
 class ProfileBook(Book):
@@ -20,6 +24,7 @@ class ProfileBook(Book):
 
     def __init__(self, store: Store):
         self.store = store
+        upgrade_stored(store)
         super().__init__()
 
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
@@ -80,3 +85,22 @@ class ProfileBook(Book):
     def _refuse_taken(self, name: str) -> None:
         if name in self.shelf.by_name:
             raise Conflict(f"a profile named {name!r} exists", param="name", code="profile_exists")
+
+
+def upgrade_stored(store: Store) -> None:
+    """Rewrite stored documents of an older version as the current one, in one transaction.
+
+    A document that no longer validates (edited in the database by hand) is left exactly as it
+    is and logged: nothing stored is lost, and requests naming it are refused as before.
+    """
+    upgraded = {}
+    for row in store.profiles():
+        if not outdated(row["document"]):
+            continue
+        try:
+            upgraded[row["id"]] = validate_profile(row["document"])
+        except InvalidProfile as exc:
+            log.warning("profile %s (%s) was kept as stored: it cannot be upgraded (%s)", row["id"], row["name"], exc.message)
+    if upgraded:
+        store.upgrade_profiles(upgraded)
+        log.info("upgraded %d stored profile documents to the current version", len(upgraded))

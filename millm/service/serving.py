@@ -46,7 +46,7 @@ from millm.service.generation import (
     build_rows,
     completion_budget,
 )
-from millm.service.prechecks import precheck
+from millm.service.prechecks import Prechecked, precheck
 from millm.service.probe_watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.prompts import completion_prompts, conversation_prompts
 from millm.service.replies import Reply, Report
@@ -135,7 +135,7 @@ class Serving:
         read = self._read(lm, body, checked.read, prompts, "messages")
         if temperature is not None:
             return await self._chat_scoring(lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read)
-        plan = await to_thread.run_sync(self.state.planner.plan_for, body.profile, checked.dial)
+        plan = await to_thread.run_sync(self._plan, body.profile, checked)
         constraint = structured.spec if structured is not None else tools.grammar() if tools is not None else None
         if constraint is not None:
             await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
@@ -166,7 +166,7 @@ class Serving:
                                      choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
                                      millm=millm_block(read, answered.reads, unsteered=True))
             return Reply(Report(ignored, seed=body.seed), body=scored_body)
-        plan = await to_thread.run_sync(self.state.planner.plan_for, None, None)
+        plan = await to_thread.run_sync(self._plan, None, checked)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
         probes = await self._watch(lm, checked.probes)
         return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read, probes)
@@ -200,7 +200,8 @@ class Serving:
         if monitored is not None:
             reads += (monitored[0],)
         options = generation_options(body, body.n or 1)
-        rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads, probes.watches)
+        rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads,
+                          probes.watches + plan.watches)
         stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
         self.state.submit(stream.job)
         return stream, len(rows)
@@ -225,6 +226,12 @@ class Serving:
                                 choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
                                 millm=millm_block(read, captured, unsteered=True))
         return Reply(report, body=scored)
+
+    def _plan(self, profile: str | None, checked: Prechecked) -> Plan:
+        """The request's steering plan: its own `steering` if sent, else its profile or the base, through its dial."""
+        if checked.spec is not None:
+            return self.state.planner.plan_for_spec(checked.spec, checked.dial)
+        return self.state.planner.plan_for(profile, checked.dial)
 
     def _read(self, lm: LoadedModel, body: SamplingFields, asked: ReadRequest | None, prompts: list[list[int]], param: str) -> ActivationRead | None:
         """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""

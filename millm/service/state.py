@@ -56,6 +56,7 @@ from millm.service.plans import DialLimits, Planner
 from millm.service.probes import ProbeBook
 from millm.service.profiles import ProfileBook
 from millm.service.registrations import ClientRegistrations
+from millm.service.resolution import Resolvers
 from millm.service.saes import SAERegistry
 from millm.service.slot import ModelSlot, current_lease, request_scope
 from millm.service.steering import Steering
@@ -116,6 +117,7 @@ class ServerState:
         self.profiles = ProfileBook(self.store)
         self.probes = ProbeBook(self.store)
         self.steering = Steering(self.store, self.saes, self.profiles)
+        self.steering.resolvers = Resolvers(model=lambda: self.slot.lm)  # the probe and vector books join here
         self.clusters = ClusterBook(self.store, settings.steering_intensity_max)
         self.circuits = CircuitBook(self.store)
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)

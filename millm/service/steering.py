@@ -1,4 +1,4 @@
-"""The steering state: attached SAEs, live feature strengths, on/off, the active base, a version.
+"""The steering state: attached SAEs, live feature values (add, clamp, ablate, cap), on/off, the active base, a version.
 
 One owner (ServerState holds one Steering). Every change bumps the version and is stored, so
 the state survives a restart. A request never reads this state while it runs: at admission it
@@ -12,14 +12,14 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from millm.engine.jobs import Watch
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest, MillmError, ModelNotLoaded, describe
 from millm.interp.formats import SAEInfo
-from millm.interp.intensity import applied_strength
-from millm.interp.profiles import profile_strengths
-from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
+from millm.interp.steering import Attached, FeatureOp, check_feature, check_strength, check_value, feature_edit
 from millm.service.profiles import ProfileBook
+from millm.service.resolution import Refusals, Resolvers, Steered, resolve_spec
 from millm.service.saes import SAERegistry
 from millm.store.database import Store
 
@@ -28,14 +28,21 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Plan:
-    """What a request is steered by: the engine's edit, what it is (X-miLLM-Steering), the
-    resolved dial to echo (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung)."""
+    """What a request is steered by: the engine's edit and the watches of its conditions (each row
+    carries both), what it is (X-miLLM-Steering), the resolved dial to echo
+    (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung)."""
 
     edit: ResidualEdit | None
-    kind: str  # none | live | profile | cluster | circuit
+    kind: str  # none | live | profile | cluster | circuit | request
     params: tuple[tuple[str, object], ...] = ()
     intensity: float | None = None
     rung: int | None = None
+    watches: tuple[Watch, ...] = ()
+
+    @property
+    def steers(self) -> bool:
+        """Whether anything changes a row: an edit, or a condition that may."""
+        return self.edit is not None or bool(self.watches)
 
 
 NO_STEERING = Plan(None, "none")
@@ -51,8 +58,13 @@ class Steering:
         self.version: int = store.get_setting("steering_version", 0)
         legacy = store.get_setting("active_profile")  # schema 1 kept only a profile id
         self.active: dict | None = store.get_setting("active_base", {"kind": "profile", "id": legacy} if legacy else None)
-        self.strengths: dict[str, dict[int, float]] = store.strengths()
+        self.features: dict[str, dict[int, FeatureOp]] = {
+            sae_id: {index: FeatureOp(row["op"], row["strength"], row["value"]) for index, row in rows.items()}
+            for sae_id, rows in store.live_features().items()
+        }
         self.attached: dict[str, Attached] = {}
+        # How specs reach probes, vectors and the loaded model: ServerState wires them in.
+        self.resolvers = Resolvers()
         self.attach_errors: dict[str, str] = {}
         # In memory only: moves with every version and also when a restore re-creates attachments
         # (which leaves the version as it is), so a plan cached for one state is never served in another.
@@ -122,31 +134,51 @@ class Steering:
                 log.warning("could not re-attach %s: %s", sae_id, describe(exc))
 
     # live values ---------------------------------------------------------------------------------------
-    def set_strengths(self, changes: dict[tuple[str, int], float | None], clear: str | bool = False) -> int:
-        """Apply validated changes atomically (None or 0 removes a feature); returns the new version."""
-        for (sae_id, index), strength in changes.items():
+    def set_features(self, changes: dict[tuple[str, int], FeatureOp | float | None], clear: str | bool = False) -> int:
+        """Apply validated changes atomically (a number is an add's strength; None, or an add of 0,
+        removes a feature); returns the new version. An op the attached SAE cannot honour is a 400."""
+        wanted = {key: _live_op(value) for key, value in changes.items()}
+        for (sae_id, index), op in wanted.items():
             check_feature(self.registry.get(sae_id), index)
-            if strength is not None:
-                check_strength(strength)
+            if op is not None:
+                if op.op == "add":
+                    check_strength(op.strength)
+                check_value(op.op, op.value)
         with self.lock:
+            self._check_honoured(wanted)
             if clear is True:
-                self.strengths = {}
+                self.features = {}
             elif isinstance(clear, str):
-                self.strengths.pop(clear, None)
-            normalised = {key: (None if not value else float(value)) for key, value in changes.items()}
-            for (sae_id, index), strength in normalised.items():
-                features = self.strengths.setdefault(sae_id, {})
-                if strength is None:
+                self.features.pop(clear, None)
+            for (sae_id, index), op in wanted.items():
+                features = self.features.setdefault(sae_id, {})
+                if op is None:
                     features.pop(index, None)
                 else:
-                    features[index] = strength
+                    features[index] = op
                 if not features:
-                    self.strengths.pop(sae_id, None)
+                    self.features.pop(sae_id, None)
             version = self.version + 1
-            self.store.write_strengths(normalised, version, clear=clear)
+            stored = {key: None if op is None else {"op": op.op, "strength": op.strength, "value": op.value} for key, op in wanted.items()}
+            self.store.write_features(stored, version, clear=clear)
             self.version = version
             self.changes += 1
             return version
+
+    def _check_honoured(self, wanted: dict[tuple[str, int], FeatureOp | None]) -> None:
+        """Each attached SAE's live ops as they would be after the change, built once: a clamp its SAE
+        cannot hold is refused now rather than at every request (an SAE attached later is checked then)."""
+        touched = {sae_id for sae_id, _ in wanted}
+        for sae_id in sorted(touched & set(self.attached)):
+            after = dict(self.features.get(sae_id, {}))
+            for (owner, index), op in wanted.items():
+                if owner != sae_id:
+                    continue
+                if op is None:
+                    after.pop(index, None)
+                else:
+                    after[index] = op
+            feature_edit({sae_id: after}, self.attached, param="op")
 
     def set_enabled(self, enabled: bool) -> int:
         """Turn global steering on or off; returns the new version."""
@@ -195,9 +227,9 @@ class Steering:
         return previous["id"] if previous is not None else None
 
     # plans ------------------------------------------------------------------------------------------
-    def resolve(self, document: dict, scale: float = 1.0) -> ResidualEdit | None:
-        """A profile's edit through the attached SAEs, its strengths times `scale` (the dial); see profile_edit."""
-        return profile_edit(document, self.attached, scale)
+    def resolve(self, document: dict, scale: float = 1.0) -> Steered:
+        """A profile through the attached SAEs and the resolvers, its add strengths times `scale` (the dial); see profile_edit."""
+        return profile_edit(document, self.attached, scale, self.resolvers)
 
     def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
         """Whether live-value changes affect new requests right now, and if not, why."""
@@ -212,38 +244,26 @@ class Steering:
         return True, "live for every request admitted from now on"
 
 
-def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1.0) -> ResidualEdit | None:
-    """A profile's edit through these attached SAEs, its strengths times `scale` (the dial).
+def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1.0, resolvers: Resolvers | None = None) -> Steered:
+    """A profile's edit and watches through these attached SAEs, its add strengths times `scale` (the dial).
 
-    Every SAE it names must be attached at the profile's layer and every index fit, else 400:
-    an entry is never left out, or a partly applied profile would pass for the whole one.
+    Every SAE it names must be attached at the profile's layer, every index fit, every op be
+    honoured and every probe and vector be known, else 400: an entry is never left out, or a
+    partly applied profile would pass for the whole one. Clamps, ablations and caps are not
+    scaled by the dial: their value is a level to hold, not a push (interp.steering.FeatureOp.scaled).
     """
-    strengths = profile_strengths(document)
-    layers = {entry["sae_id"]: entry.get("layer") for entry in document["steering"]}
-    usable = {}
-    for sae_id, features in strengths.items():
-        checked = _check_entry(attached, document["name"], sae_id, layers[sae_id], features)
-        usable[sae_id] = {index: applied_strength(value, 1, scale) for index, value in checked.items()}
-    return steering_edit(usable, attached)
+    refusals = Refusals(f"profile {document['name']!r}", "profile", code="profile_not_applicable")
+    return resolve_spec(document, attached, scale, resolvers or Resolvers(), refusals)
 
 
-def _check_entry(attached: dict[str, Attached], name: str, sae_id: str, layer: int | None, features: dict[int, float]) -> dict[int, float]:
-    target = attached.get(sae_id)
-    if target is None:
-        raise InvalidRequest(
-            f"profile {name!r} steers {sae_id}, which is not attached (attached: {sorted(attached) or 'none'})",
-            param="profile",
-            code="profile_not_applicable",
-        )
-    if layer is not None and layer != target.layer:
-        raise InvalidRequest(
-            f"profile {name!r} was made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}",
-            param="profile",
-            code="profile_not_applicable",
-        )
-    for index in features:
-        check_feature(target.info, index, param="profile")
-    return features
+def _live_op(value: FeatureOp | float | None) -> FeatureOp | None:
+    """A live change as an op: a bare number is an add's strength; an add of 0 (or None) removes the feature."""
+    if value is None:
+        return None
+    op = value if isinstance(value, FeatureOp) else FeatureOp("add", value)
+    if op.op == "add" and not op.strength:
+        return None
+    return op
 
 
 def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:

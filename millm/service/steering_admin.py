@@ -8,8 +8,11 @@ calls these from plain (threadpool) route functions, never on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from millm.errors import Conflict, InvalidRequest
 from millm.interp.profiles import bundle, validate_profile
+from millm.interp.steering import FeatureOp
 from millm.service.state import ServerState
 
 
@@ -38,7 +41,7 @@ def delete_sae(state: ServerState, sae_id: str) -> dict:
         # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
         if sae_id in state.steering.attached or sae_id in state.store.attachments():
             raise Conflict(f"{sae_id} is attached (or re-attaches when the model loads); detach it first", param="sae_id", code="sae_attached")
-        state.steering.set_strengths({}, clear=sae_id)
+        state.steering.set_features({}, clear=sae_id)
         state.saes.forget(sae_id)
         state.decoders.drop(sae_id)
     return {"id": sae_id, "deleted": True}
@@ -57,19 +60,19 @@ def detach_sae(state: ServerState, sae_id: str) -> dict:
 
 # live steering ---------------------------------------------------------------------------------------
 def steering_view(state: ServerState) -> dict:
-    """The live state: enabled, version, the active base, and per SAE its strengths and attachment."""
+    """The live state: enabled, version, the active base, and per SAE its features (op with strength or value) and attachment."""
     steering = state.steering
     with steering.lock:
         active = state.planner.active_fit()  # with whether it still fits the attached SAEs
         saes = []
-        for sae_id in sorted(set(steering.strengths) | set(steering.attached)):
+        for sae_id in sorted(set(steering.features) | set(steering.attached)):
             attached = steering.attached.get(sae_id)
-            features = steering.strengths.get(sae_id, {})
+            features = steering.features.get(sae_id, {})
             saes.append({
                 "sae_id": sae_id,
                 "attached": attached is not None,
                 "layer": attached.layer if attached else None,
-                "features": [{"index": i, "strength": s} for i, s in sorted(features.items())],
+                "features": [{"index": i, **op.to_dict()} for i, op in sorted(features.items())],
             })
         live, reason = steering.live_now()
         return {
@@ -93,11 +96,11 @@ def change_view(state: ServerState, sae_ids: set[str]) -> dict:
         return {"live": live, "reason": reason, "steering": steering_view(state)}
 
 
-def set_strengths(state: ServerState, changes: dict[tuple[str, int], float | None], clear: str | bool = False) -> dict:
-    """Apply strength changes all or nothing (None clears a feature); `clear` first clears all or one SAE's."""
+def set_features(state: ServerState, changes: Mapping[tuple[str, int], FeatureOp | None], clear: str | bool = False) -> dict:
+    """Apply feature changes all or nothing (None, or an add of 0, clears a feature); `clear` first clears all or one SAE's."""
     if isinstance(clear, str):
         state.saes.get(clear)
-    state.steering.set_strengths(changes, clear=clear)
+    state.steering.set_features(dict(changes), clear=clear)
     touched = {sae_id for sae_id, _ in changes} | ({clear} if isinstance(clear, str) else set())
     return change_view(state, touched)
 
@@ -132,17 +135,17 @@ def create_profile(state: ServerState, document: dict) -> dict:
 
 
 def save_current(state: ServerState, name: str, description: str) -> dict:
-    """A new profile holding the live strengths (with each SAE's attached, or else its own, layer)."""
+    """A new profile holding the live values, ops included (with each SAE's attached, or else its own, layer)."""
     steering = state.steering
     with steering.lock:
         entries = []
-        for sae_id, features in sorted(steering.strengths.items()):
+        for sae_id, features in sorted(steering.features.items()):
             attached = steering.attached.get(sae_id)
             layer = attached.layer if attached else state.saes.get(sae_id).layer
             entries.append({
                 "sae_id": sae_id,
                 **({"layer": layer} if layer is not None else {}),
-                "features": [{"index": i, "strength": s} for i, s in sorted(features.items())],
+                "features": [{"index": i, **op.to_dict()} for i, op in sorted(features.items())],
             })
         return create_profile(state, {"name": name, "description": description, "steering": entries})
 

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     insert,
+    inspect,
     select,
     update,
 )
@@ -57,12 +59,17 @@ attachments_table = Table(
     Column("sae_id", String(64), ForeignKey("millm_saes.id"), primary_key=True),
     Column("layer", Integer, nullable=False),
 )
+# The live steering values: one row per (SAE, feature), its op and what the op takes (add: a
+# strength; clamp and cap: a value; ablate: neither). `strength` is 0 for the ops other than add:
+# it was NOT NULL before ops existed, and SQLite cannot drop that in place.
 strengths_table = Table(
     "millm_strengths",
     metadata,
     Column("sae_id", String(64), primary_key=True),
     Column("feature", Integer, primary_key=True),
     Column("strength", Float, nullable=False),
+    Column("op", String(16), nullable=False, server_default="add"),
+    Column("value", Float, nullable=True),
 )
 profiles_table = Table(
     "millm_profiles",
@@ -158,11 +165,29 @@ probes_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# version -> statements that bring a database from version-1 to it. Versions 2 to 5 only add
-# tables (clusters and circuits; registered models; feature labels and calibrations; steering
-# vectors and probes), which create_all makes; no existing table changes, so every row of the
-# older version is kept as it is.
-MIGRATIONS: dict[int, list[str]] = {2: [], 3: [], 4: [], 5: []}
+# version -> statements that bring a database from version-1 to it. Versions 2 to 4 only add
+# tables (clusters and circuits; registered models; feature labels and calibrations), which
+# create_all makes; no existing table changes, so every row of the older version is kept as it is.
+# Version 5 adds the steering vectors' and probes' tables and gives each live steering value its
+# op: the rows stored before are adds, as they meant. each live steering value its op: the rows stored before are adds, as they meant.
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """ALTER TABLE ... ADD COLUMN, skipped where the column is there already (create_all made the
+    table in its current shape, because the older database lacked it)."""
+
+    table: str
+    column: str
+    definition: str
+
+
+MIGRATIONS: dict[int, list[str | AddColumn]] = {
+    2: [],
+    3: [],
+    4: [],
+    5: [AddColumn("millm_strengths", "op", "VARCHAR(16) DEFAULT 'add' NOT NULL"), AddColumn("millm_strengths", "value", "FLOAT")],
+}
 
 
 def database_url(home: Path, url: str | None) -> str:
@@ -185,8 +210,12 @@ class Store:
             version = self._get(conn, "schema_version")
             current = int(version) if version is not None else SCHEMA_VERSION
             for target in range(current + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS.get(target, []):
-                    conn.exec_driver_sql(statement)
+                for step in MIGRATIONS.get(target, []):
+                    if isinstance(step, AddColumn):
+                        if step.column in {column["name"] for column in inspect(conn).get_columns(step.table)}:
+                            continue
+                        step = f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.definition}"
+                    conn.exec_driver_sql(step)
             self._set(conn, "schema_version", str(SCHEMA_VERSION))
 
     @contextmanager
@@ -257,26 +286,27 @@ class Store:
                 conn.execute(insert(attachments_table).values(sae_id=sae_id, layer=layer))
 
     # live steering values --------------------------------------------------------------------------
-    def strengths(self) -> dict[str, dict[int, float]]:
-        """sae_id -> {feature: strength}."""
-        result: dict[str, dict[int, float]] = {}
+    def live_features(self) -> dict[str, dict[int, dict]]:
+        """sae_id -> {feature: {"op", "strength", "value"}}."""
+        result: dict[str, dict[int, dict]] = {}
         with self.engine.connect() as conn:
             for row in conn.execute(select(strengths_table)):
-                result.setdefault(row.sae_id, {})[row.feature] = row.strength
+                result.setdefault(row.sae_id, {})[row.feature] = {"op": row.op, "strength": row.strength, "value": row.value}
         return result
 
-    def write_strengths(self, changes: dict[tuple[str, int], float | None], version: int, clear: str | bool = False) -> None:
-        """Apply changes ((sae, feature) -> strength, None removes), optionally clearing first, atomically."""
+    def write_features(self, changes: dict[tuple[str, int], dict | None], version: int, clear: str | bool = False) -> None:
+        """Apply changes ((sae, feature) -> {"op", "strength", "value"}, None removes), optionally clearing first, atomically."""
         with self.transaction() as conn:
             if clear is True:
                 conn.execute(delete(strengths_table))
             elif isinstance(clear, str):
                 conn.execute(delete(strengths_table).where(strengths_table.c.sae_id == clear))
-            for (sae_id, feature), strength in changes.items():
+            for (sae_id, feature), setting in changes.items():
                 where = (strengths_table.c.sae_id == sae_id) & (strengths_table.c.feature == feature)
                 conn.execute(delete(strengths_table).where(where))
-                if strength is not None:
-                    conn.execute(insert(strengths_table).values(sae_id=sae_id, feature=feature, strength=strength))
+                if setting is not None:
+                    conn.execute(insert(strengths_table).values(
+                        sae_id=sae_id, feature=feature, op=setting["op"], strength=setting.get("strength") or 0.0, value=setting.get("value")))
             self._set(conn, "steering_version", json.dumps(version))
 
     # profiles ----------------------------------------------------------------------------------------
@@ -320,6 +350,13 @@ class Store:
                 .where(profiles_table.c.id == profile_id)
                 .values(name=document["name"], document=json.dumps(document), updated_at=time.time())
             )
+
+    def upgrade_profiles(self, documents: dict[str, dict]) -> None:
+        """Rewrite the documents of these profiles (id -> document) in one transaction, keeping
+        their names and times: a format upgrade changes no profile's content or history."""
+        with self.transaction() as conn:
+            for profile_id, document in documents.items():
+                conn.execute(update(profiles_table).where(profiles_table.c.id == profile_id).values(document=json.dumps(document)))
 
     def delete_profile(self, profile_id: str) -> None:
         """Remove a profile."""

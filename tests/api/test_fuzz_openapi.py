@@ -73,6 +73,10 @@ STATE_REFUSALS = (
     "name sae_id to watch",
     "from the Hugging Face hub",
     "past the width",
+    "no probe is named",  # this server keeps no probes or steering vectors (a request's `steering` may name them)
+    "no steering vector has the id",
+    "nearly orthogonal",  # a clamp the attached (random) SAE cannot hold: its weights decide, not the request
+    "cannot be held together",
 )
 
 
@@ -178,6 +182,15 @@ def pin(case, server) -> None:
         for key in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(key), int) and not isinstance(body[key], bool):
                 body[key] = min(body[key], MAX_TOKENS)
+        own = body.get("steering")
+        if isinstance(own, dict) and isinstance(own.get("steering"), list):
+            for i, entry in enumerate(own["steering"]):  # the attached SAEs, and indices within their width
+                if isinstance(entry, dict):
+                    entry.pop("layer", None)
+                    entry["sae_id"] = server.sae_ids[i % len(server.sae_ids)]
+                    for feature in entry.get("features") or []:
+                        if isinstance(feature, dict) and isinstance(feature.get("index"), int):
+                            feature["index"] %= 128
         read = body.get("return_sae_activations")
         if isinstance(read, dict):
             read["sae_id"] = server.sae_ids[0]

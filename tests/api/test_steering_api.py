@@ -62,7 +62,7 @@ def test_set_one_many_clear_and_versions(server, ids):
     cleared = api(server, "DELETE", f"/api/steering/saes/{a}/features/3").json()
     assert {f["index"] for s in cleared["steering"]["saes"] if s["sae_id"] == a for f in s["features"]} == {4}
     replaced = api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": b, "index": 1, "strength": 2}], "replace": True}).json()
-    assert [(s["sae_id"], s["features"]) for s in replaced["steering"]["saes"] if s["features"]] == [(b, [{"index": 1, "strength": 2.0}])]
+    assert [(s["sae_id"], s["features"]) for s in replaced["steering"]["saes"] if s["features"]] == [(b, [{"index": 1, "op": "add", "strength": 2.0}])]
     empty = api(server, "DELETE", "/api/steering/features").json()
     assert all(not s["features"] for s in empty["steering"]["saes"])
     assert empty["steering"]["version"] == v0 + 5
@@ -204,7 +204,7 @@ def test_profiles_crud_activate_export_import(server, ids):
     made = api(server, "POST", "/api/profiles", json={"name": "two-layers", "description": "d", "steering": [
         {"sae_id": a, "layer": 1, "features": [{"index": 0, "strength": 60}]},
         {"sae_id": b, "layer": 2, "features": [{"index": 3, "strength": 20}]}]}).json()
-    assert made["active"] is False and made["document"]["version"] == 1
+    assert made["active"] is False and made["document"]["version"] == 2
     error(api(server, "POST", "/api/profiles", json={"name": "two-layers", "steering": []}), 409, "profile_exists")
     listed = [p["name"] for p in api(server, "GET", "/api/profiles").json()["data"]]
     assert "two-layers" in listed
@@ -245,12 +245,12 @@ def test_save_current_and_activation_checks(server, ids):
     a, b = ids
     api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 5, "strength": 3}, {"sae_id": b, "index": 6, "strength": -4}]})
     saved = api(server, "POST", "/api/profiles/save-current", json={"name": "snapshot"}).json()
-    assert saved["document"]["steering"] == [
-        {"sae_id": a, "layer": 1, "features": [{"index": 5, "strength": 3.0}]},
-        {"sae_id": b, "layer": 2, "features": [{"index": 6, "strength": -4.0}]},
+    assert saved["document"]["version"] == 2 and saved["document"]["steering"] == [
+        {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
+        {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
     ] or saved["document"]["steering"] == [
-        {"sae_id": b, "layer": 2, "features": [{"index": 6, "strength": -4.0}]},
-        {"sae_id": a, "layer": 1, "features": [{"index": 5, "strength": 3.0}]},
+        {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
+        {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
     ]
     api(server, "POST", "/api/profiles", json=profile_doc("foreign", "sae_ffffffffffff"))
     body = error(api(server, "POST", "/api/profiles/foreign/activate"), 400, "profile_not_applicable")

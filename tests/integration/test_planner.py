@@ -118,7 +118,7 @@ def test_circuit_without_declared_range_min_equals_off(world):
 
 def test_profile_and_live_bases_follow_the_cluster_rule_defaults(world):
     steering, _, _, planner, ids = world
-    steering.set_strengths({(ids[1], 2): 100.0})
+    steering.set_features({(ids[1], 2): 100.0})
     assert torch.allclose(planner.plan_for(None, parse_dial("min")).edit.vector(1), vector(steering, ids[1], {2: 50.0}), atol=1e-5)
     assert torch.allclose(planner.plan_for(None, parse_dial(1.9)).edit.vector(1), vector(steering, ids[1], {2: 190.0}), atol=1e-5)
     assert torch.allclose(planner.plan_for(None, parse_dial("max")).edit.vector(1), vector(steering, ids[1], {2: 200.0}), atol=1e-5)
@@ -127,7 +127,7 @@ def test_profile_and_live_bases_follow_the_cluster_rule_defaults(world):
     steering.set_enabled(False)
     assert planner.plan_for(None, parse_dial(1.0)).intensity is None  # disabled, dial-only: omitted
     steering.set_enabled(True)
-    steering.set_strengths({}, clear=True)
+    steering.set_features({}, clear=True)
     assert planner.plan_for(None, parse_dial(1.0)).intensity is None  # empty base: omitted
 
 
@@ -216,11 +216,11 @@ def statements(store):
 
 def test_plans_are_kept_while_nothing_changes_and_made_afresh_after_any_change(world):
     steering, _, _, planner, ids = world
-    steering.set_strengths({(ids[1], 2): 10.0})
+    steering.set_features({(ids[1], 2): 10.0})
     first = planner.plan_for(None, None)
     assert planner.plan_for(None, None) is first
     assert planner.plan_for(None, parse_dial(0.5)) is planner.plan_for(None, parse_dial(0.5))
-    steering.set_strengths({(ids[1], 2): 30.0})
+    steering.set_features({(ids[1], 2): 30.0})
     assert torch.allclose(planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {2: 30.0}), atol=1e-5)
     # A per-request profile edited or deleted through its book moves no steering version: still seen at once.
     steering.profiles.create({"name": "mine", "steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": 5}]}]})
@@ -235,7 +235,7 @@ def test_plans_are_kept_while_nothing_changes_and_made_afresh_after_any_change(w
 
 def test_a_restore_after_a_reload_is_planned_afresh(world, llama_lm):
     steering, _, _, planner, ids = world
-    steering.set_strengths({(ids[1], 2): 10.0})
+    steering.set_features({(ids[1], 2): 10.0})
     assert planner.plan_for(None, None).kind == "live"
     steering.detach_all()  # the model went away
     assert planner.plan_for(None, None).kind == "none"
@@ -251,7 +251,7 @@ def test_planning_reads_no_database(world):
     (cluster_row,) = clusters.import_raw(raw(cluster()), "fail")
     circuit_row = circuits.import_raw(raw(circuit()), "fail")
     profile = steering.profiles.create({"name": "own", "steering": [{"sae_id": ids[1], "features": [{"index": 1, "strength": 3}]}]})
-    steering.set_strengths({(ids[1], 2): 10.0})
+    steering.set_features({(ids[1], 2): 10.0})
     sent = statements(steering.store)
     plans = [planner.plan_for(None, None), planner.plan_for("own", parse_dial(0.5))]
     for kind, base in (("cluster", cluster_row), ("circuit", circuit_row), ("profile", profile)):
@@ -283,7 +283,7 @@ def test_an_unfit_base_is_refused_every_time_and_logged_once_per_state(world, ca
 
 def test_live_values_of_a_detached_sae_are_logged_once(world, caplog):
     steering, _, _, planner, ids = world
-    steering.set_strengths({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
+    steering.set_features({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
     steering.detach(ids[2])
     caplog.set_level(logging.WARNING, logger="millm.service.plans")
     plans = [planner.plan_for(None, None), planner.plan_for(None, parse_dial(0.5)), planner.plan_for(None, None)]

@@ -23,11 +23,11 @@ def postgres():
 
 def test_store_round_trip_on_postgres(postgres):
     store = Store(postgres.url)
-    store.write_strengths({("sae_x", 1): 2.5}, version=3)
+    store.write_features({("sae_x", 1): {"op": "add", "strength": 2.5}, ("sae_x", 2): {"op": "cap", "value": 4.0}}, version=3)
     store.insert_profiles([("prof_pg", {"name": "pg-profile", "steering": []})])
     store.close()
     again = Store(postgres.url)
-    assert again.strengths()["sae_x"] == {1: 2.5}
+    assert again.live_features()["sae_x"] == {1: {"op": "add", "strength": 2.5, "value": None}, 2: {"op": "cap", "strength": 0.0, "value": 4.0}}
     assert [p["name"] for p in again.profiles()] == ["pg-profile"]
     assert again.get_setting("steering_version") == 3
     again.close()
@@ -61,7 +61,7 @@ def test_server_state_lives_in_postgres(postgres, tiny_dirs, tmp_path):
     try:
         state = httpx.get(f"{second.base_url}/api/steering").json()
         mine = [(s["attached"], s["features"]) for s in state["saes"] if s["sae_id"] == sae]
-        assert mine == [(True, [{"index": 4, "strength": 6.0}])]
+        assert mine == [(True, [{"index": 4, "op": "add", "strength": 6.0}])]
         assert "shared" in [p["name"] for p in httpx.get(f"{second.base_url}/api/profiles").json()["data"]]
     finally:
         second.stop()

@@ -19,7 +19,8 @@ SPEC = Path("/work/shared/spec/openai-api.md")  # the project's spec, where this
 
 # Codes the table has no row for: a raise site narrows the code of the class that carries the
 # status and type (e.g. NotFound(..., code="profile_not_found")).
-NARROWED = {"profile_not_found": NotFound, "profile_not_applicable": InvalidRequest, "no_chat_template": InvalidRequest}
+NARROWED = {"profile_not_found": NotFound, "profile_not_applicable": InvalidRequest, "no_chat_template": InvalidRequest,
+            "operator_not_applicable": InvalidRequest, "probe_not_found": InvalidRequest, "vector_not_found": InvalidRequest}
 ROWS = {code: (status, type_) for code, status, type_, _ in table()}
 
 

@@ -98,7 +98,7 @@ def test_the_spec_table_rows():
         "n": (NOT_STREAMING, ABOVE_ONE, ABOVE_ONE),
         "max_completion_tokens": ("honoured", "honoured", "refused"),
         "profile": (NOT_ON_SCORING, "refused", "refused"),
-        "steering": ("refused", "refused", "refused"),
+        "steering": (NOT_ON_SCORING, NOT_ON_SCORING, "refused"),  # issue 16: a request's own steering
         "dimensions": ("refused", "refused", "refused"),
         # Beyond the page (issue 9): chat honours tools, except on scoring requests.
         "tools": (NOT_ON_SCORING, "refused", "refused"),

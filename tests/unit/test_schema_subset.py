@@ -68,7 +68,7 @@ def test_limits():
 
 
 def test_broken_schemas():
-    for schema, message in [({"type": "text"}, "unknown type"), ({"$ref": "#/$defs/missing"}, "names no entry"), ({"required": "a"}, "list of property names"), ([1], "must be an object")]:
+    for schema, message in [({"type": "text"}, "unknown type"), ({"type": [{}]}, "unknown type"), ({"$ref": "#/$defs/missing"}, "names no entry"), ({"required": "a"}, "list of property names"), ([1], "must be an object")]:
         with pytest.raises(ResponseFormatUnsupported, match=message):
             check_schema(schema)
 

@@ -1,8 +1,11 @@
 """The store on SQLite: rows survive reopening, changes are atomic, migration keeps data."""
 
+import json
+
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from millm.service.profiles import ProfileBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
 
 
@@ -21,14 +24,14 @@ def test_everything_survives_reopening(tmp_path):
     store = Store(database_url(tmp_path, None))
     store.add_sae(INFO)
     store.set_attachment("sae_1", 1)
-    store.write_strengths({("sae_1", 3): 5.0, ("sae_1", 4): -2.0}, version=7)
+    store.write_features({("sae_1", 3): add(5.0), ("sae_1", 4): {"op": "clamp", "value": 2.5}}, version=7)
     store.insert_profiles([("prof_1", {"name": "p", "steering": []})])
     store.set_setting("active_profile", "prof_1")
     store.close()
     again = Store(database_url(tmp_path, None))
     assert again.saes() == [INFO]
     assert again.attachments() == {"sae_1": 1}
-    assert again.strengths() == {"sae_1": {3: 5.0, 4: -2.0}}
+    assert again.live_features() == {"sae_1": {3: add(5.0), 4: {"op": "clamp", "strength": 0.0, "value": 2.5}}}
     assert again.get_setting("steering_version") == 7
     assert [p["name"] for p in again.profiles()] == ["p"]
     assert again.get_setting("active_profile") == "prof_1"
@@ -36,14 +39,18 @@ def test_everything_survives_reopening(tmp_path):
     again.close()
 
 
+def add(strength: float) -> dict:
+    return {"op": "add", "strength": strength, "value": None}
+
+
 def test_strength_changes_and_clears(store):
-    store.write_strengths({("a", 1): 1.0, ("b", 2): 2.0}, version=1)
-    store.write_strengths({("a", 1): None, ("a", 5): 3.0}, version=2)
-    assert store.strengths() == {"a": {5: 3.0}, "b": {2: 2.0}}
-    store.write_strengths({}, version=3, clear="a")
-    assert store.strengths() == {"b": {2: 2.0}}
-    store.write_strengths({}, version=4, clear=True)
-    assert store.strengths() == {}
+    store.write_features({("a", 1): add(1.0), ("b", 2): add(2.0)}, version=1)
+    store.write_features({("a", 1): None, ("a", 5): add(3.0), ("b", 3): {"op": "ablate"}}, version=2)
+    assert store.live_features() == {"a": {5: add(3.0)}, "b": {2: add(2.0), 3: {"op": "ablate", "strength": 0.0, "value": None}}}
+    store.write_features({}, version=3, clear="a")
+    assert set(store.live_features()) == {"b"}
+    store.write_features({}, version=4, clear=True)
+    assert store.live_features() == {}
 
 
 def test_profile_insert_is_all_or_nothing(store):
@@ -87,3 +94,50 @@ def test_a_schema_4_database_gains_the_probes_table_keeping_everything(tmp_path)
     insert_probes(new, [("probe_1", {"name": "p", "detector": {}})])
     assert [(r["name"], r["active"]) for r in probe_rows(new)] == [("p", False)]
     new.close()
+
+
+V1_PROFILE = {"kind": "millm.profile", "version": 1, "name": "old-calm", "description": "written by schema 4",
+              "steering": [{"sae_id": "sae_1", "layer": 3, "features": [{"index": 2, "strength": 8.0}, {"index": 5, "strength": -1.5}]}]}
+
+
+def schema_4_database(url: str) -> None:
+    """A database as schema 4 left it: live values without ops, a version 1 profile stored as it was written."""
+    made = Store(url)
+    with made.transaction() as conn:
+        conn.exec_driver_sql("DROP TABLE millm_strengths")
+        conn.exec_driver_sql("CREATE TABLE millm_strengths (sae_id VARCHAR(64) NOT NULL, feature INTEGER NOT NULL, "
+                             "strength FLOAT NOT NULL, PRIMARY KEY (sae_id, feature))")
+        conn.exec_driver_sql("INSERT INTO millm_strengths (sae_id, feature, strength) VALUES ('sae_1', 2, 8.0), ('sae_1', 9, -40.0)")
+        conn.exec_driver_sql("INSERT INTO millm_profiles (id, name, document, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                             ("prof_v1", "old-calm", json.dumps(V1_PROFILE), 100.0, 200.0))
+    made.set_setting("schema_version", 4)
+    made.close()
+
+
+def test_a_schema_4_database_keeps_its_live_values_as_adds_and_its_profiles_as_version_2(tmp_path):
+    url = database_url(tmp_path, None)
+    schema_4_database(url)
+    store = Store(url)
+    assert store.get_setting("schema_version") == 5
+    assert store.live_features() == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
+    book = ProfileBook(store)
+    (row,) = store.profiles()
+    assert (row["id"], row["name"], row["created_at"], row["updated_at"]) == ("prof_v1", "old-calm", 100.0, 200.0)  # history kept
+    expected = {**V1_PROFILE, "version": 2, "steering": [{"sae_id": "sae_1", "layer": 3, "features": [
+        {"index": 2, "op": "add", "strength": 8.0}, {"index": 5, "op": "add", "strength": -1.5}]}]}
+    assert row["document"] == expected  # the same entries, each feature an add, written back as version 2
+    assert book.find("old-calm")["document"] == expected
+    store.close()
+    again = Store(url)  # reopening changes nothing more
+    ProfileBook(again)
+    assert again.profiles()[0]["document"] == expected and again.live_features() == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
+    again.close()
+
+
+def test_a_stored_document_that_cannot_be_upgraded_is_kept_as_it_is(tmp_path):
+    store = Store(database_url(tmp_path, None))
+    broken = {**V1_PROFILE, "steering": [{"sae_id": "sae_1", "features": [{"index": 2, "strength": 900}]}]}  # edited by hand
+    store.insert_profiles([("prof_x", broken)])
+    ProfileBook(store)
+    assert store.profiles()[0]["document"] == broken
+    store.close()
