@@ -8,9 +8,13 @@ the callers run it on a worker thread.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from millm.engine.loader import LoadedModel
 from millm.interp.probes import Grids, ModelShape, Scorer, scorer
-from millm.service.state import ServerState
+
+if TYPE_CHECKING:  # the state holds the probe book, whose conditions bind through here
+    from millm.service.state import ServerState
 
 
 def model_shape(lm: LoadedModel) -> ModelShape:

@@ -21,9 +21,11 @@ from anyio import to_thread
 
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.loader import LoadedModel
-from millm.errors import InvalidRequest, MillmError, NotFound
-from millm.interp.probes import validate_inline, verdict_fields, watch_of
-from millm.service.probe_binding import bind
+from millm.engine.residual import ResidualEdit
+from millm.errors import InvalidRequest, MillmError, ModelNotLoaded, NotFound
+from millm.interp.probes import SKIPPED, scorer, validate_inline, verdict_fields, watch_of
+from millm.interp.steering import Attached
+from millm.service.probe_binding import bind, grids_on, model_shape
 
 if TYPE_CHECKING:
     from millm.service.state import ServerState
@@ -82,6 +84,12 @@ class ProbeSet:
         """Names of the active probes among the watches (monitoring records their verdicts)."""
         return frozenset(name for name, source in self.sources.items() if source == "active")
 
+    def with_conditions(self, conditions: tuple[Watch, ...], tokenizer: object) -> ProbeSet:
+        """These watches and a plan's conditions (`when`, `abort`), whose verdicts say `source: condition`."""
+        if not conditions:
+            return self
+        return ProbeSet(self.watches + conditions, self.sources, self.skipped, tokenizer)
+
     def entries(self, verdicts: list[ProbeVerdict]) -> list[dict]:
         """One entry per verdict, by row then watch order, with each firing token's text. Blocking (decoding)."""
         order = {watch.name: i for i, watch in enumerate(self.watches)}
@@ -136,3 +144,27 @@ def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...])
     if not watches and not skipped:
         return NO_PROBES
     return ProbeSet(tuple(watches), sources, tuple(skipped), lm.tokenizer)
+
+
+class ProbeConditions:
+    """The probe book as the plans' ProbeResolver: a saved probe's watch for a spec's `when` or `abort`."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    @property
+    def revision(self) -> int:
+        """Moves with every change to the probes (plans resolved before it are made afresh)."""
+        return self.state.probes.shelf.revision
+
+    def watch(self, name: str, attached: dict[str, Attached], action: str, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
+        """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such probe;
+        a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
+        row = self.state.probes.shelf.get(name)
+        if row is None:
+            return None
+        lm = self.state.slot.lm
+        if lm is None:
+            raise ModelNotLoaded(f"probe {name!r} needs the loaded model to watch it; load one first")
+        probe = scorer(name, row["document"]["detector"], attached, grids_on(self.state, lm.name), model_shape(lm), "detector")
+        return Watch(name, probe.point, probe.score, probe.threshold, action, edit=edit, tokens=tokens, skip=SKIPPED)  # type: ignore[arg-type]

@@ -179,6 +179,7 @@ class Serving:
     async def _generate(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, shape: Shape,
                         meta: Meta, report: Report, constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> Reply:
         """Admit the rows (steered by the report's plan, watched by `probes`) and answer whole or as a stream."""
+        probes = probes.with_conditions(report.plan.watches, lm.tokenizer)
         stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read, probes)
         prompt_tokens = sum(map(len, prompts))
         if body.stream:
@@ -201,7 +202,7 @@ class Serving:
             reads += (monitored[0],)
         options = generation_options(body, body.n or 1)
         rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads,
-                          probes.watches + plan.watches)
+                          probes.watches)
         stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
         self.state.submit(stream.job)
         return stream, len(rows)

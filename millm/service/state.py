@@ -53,6 +53,7 @@ from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
+from millm.service.probe_watches import ProbeConditions
 from millm.service.probes import ProbeBook
 from millm.service.profiles import ProfileBook
 from millm.service.registrations import ClientRegistrations
@@ -117,13 +118,13 @@ class ServerState:
         self.profiles = ProfileBook(self.store)
         self.probes = ProbeBook(self.store)
         self.steering = Steering(self.store, self.saes, self.profiles)
-        self.steering.resolvers = Resolvers(model=lambda: self.slot.lm)  # the probe and vector books join here
         self.clusters = ClusterBook(self.store, settings.steering_intensity_max)
         self.circuits = CircuitBook(self.store)
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
         self.calibrations = CalibrationBook(self.store)
         self.vectors = VectorBook(self.store)
+        self.steering.resolvers = Resolvers(ProbeConditions(self), self.vectors, lambda: self.slot.lm)
         for info in list(self.saes.infos.values()):  # SAEs registered before they shipped a calibration
             self.calibrations.import_shipped(info)
         self.monitor = Monitor(self.store, settings.monitoring_history)
