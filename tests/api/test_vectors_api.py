@@ -293,3 +293,36 @@ def test_vectors_survive_a_restart(tiny_dirs, tmp_path_factory, server, mean_vec
         assert exported(second, "kept")["norm"] == again["norm"]
     finally:
         second.stop()
+
+
+# plans ---------------------------------------------------------------------------------------------------------
+def test_a_vector_in_a_request_steers_like_the_feature_built_on_it(server, mean_vector):
+    """The vector's unit direction is feature BUILT's decoder row (to float32 rounding): adding either at
+    strength 20 at layer 1 reads the same activations after the edit, and the answers are the same tokens."""
+    read = {"sae_id": server.saes["here"], "features": [BUILT, 3, 40], "top_k": 3, "positions": "all"}
+    body = {"model": MODEL, "prompt": "The cat runs quickly.", "max_tokens": 6, "temperature": 0, "return_sae_activations": read}
+    by_vector = post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": mean_vector["id"], "strength": 20.0}]}})
+    by_feature = post(server, "/v1/completions", {**body, "steering": {"steering": [{"sae_id": server.saes["here"], "features": [{"index": BUILT, "strength": 20.0}]}]}})
+    plain = post(server, "/v1/completions", body)
+    assert by_vector.status_code == 200 and by_feature.status_code == 200, (by_vector.text, by_feature.text)
+
+    def values(answer) -> list[tuple[int, int, float]]:
+        return [(p["token_id"], f["index"], f["value"]) for p in answer.json()["millm"]["sae_activations"]["positions"] for f in p["features"]]
+
+    steered, reference, unsteered = values(by_vector), values(by_feature), values(plain)
+    assert [(t, i) for t, i, _ in steered] == [(t, i) for t, i, _ in reference]
+    assert [v for *_, v in steered] == pytest.approx([v for *_, v in reference], abs=1e-3)
+    assert max(abs(a[2] - b[2]) for a, b in zip(steered, unsteered, strict=False)) > 1.0  # and it did steer
+    assert by_vector.headers["x-millm-steering"].startswith("request")
+
+
+def test_a_vector_of_another_model_or_unknown_is_refused_in_a_request(server, mean_vector):
+    body = {"model": MODEL, "prompt": "The cat", "max_tokens": 2}
+    unknown = error(post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": "vec_000000000000", "strength": 5.0}]}}), 400, "vector_not_found")
+    assert "vectors[0]" in unknown["message"]
+    document = exported(server, mean_vector["id"])
+    foreign = post(server, "/api/vectors/import", {**document, "name": "foreign", "model": "another-model"})
+    assert foreign.status_code == 201, foreign.text
+    refused = error(post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": foreign.json()["id"], "strength": 5.0}]}}), 400, "vector_not_applicable")
+    assert "another-model" in refused["message"]
+    api(server, "DELETE", f"/api/vectors/{foreign.json()['id']}")
