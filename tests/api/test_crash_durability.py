@@ -299,7 +299,10 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
                 continue
             if write.kind.startswith("profile"):
                 row = profiles[name]
-                expected = {"kind": "millm.profile", "version": 1, "description": "", **sent}
+                # Sent as version 1: stored as its version 2 form, every feature an add (same meaning).
+                expected = {"kind": "millm.profile", "description": "", **sent, "version": 2, "steering": [
+                    {**entry, "features": [{"index": f["index"], "op": "add", "strength": f["strength"]} for f in entry["features"]]}
+                    for entry in sent["steering"]]}
                 if row["document"] != expected:
                     problems.append(f"profile {name} ({write.label()}): stored {row['document']!r} != sent {expected!r}")
                 if write.acked and row["id"] != write.answer.get(name):

@@ -51,7 +51,7 @@ def test_profile_writes_are_visible_at_once_and_after_a_restart(store):
     again = ProfileBook(store)  # a restart: a new book over the same store
     assert again.all() == book.all()
     assert [r["name"] for r in again.all()] == ["beta", "delta", "gamma"]
-    assert again.find("delta")["document"]["steering"][0]["features"] == [{"index": 3, "strength": 2.0}]
+    assert again.find("delta")["document"]["steering"][0]["features"] == [{"index": 3, "op": "add", "strength": 2.0}]
 
 
 def test_a_deleted_profile_is_never_served(store):
