@@ -15,6 +15,8 @@ from millm.errors import MillmError
 if TYPE_CHECKING:
     import torch
 
+# What a watch does when it fires: nothing but report, steer the row from the next position, or end it.
+WatchAction = Literal["report", "steer", "abort"]
 # Which positions a read keeps: these words, or an absolute (start, end) range.
 PositionWord = Literal["last", "prompt", "completion", "all"]
 
@@ -44,7 +46,7 @@ class Watch:
     # `[n, d]` float32 (on the model's device) -> `[n]` float32; runs on the scheduler thread.
     score: Callable[[torch.Tensor], torch.Tensor] = field(compare=False)
     threshold: float  # fires at positions where score >= threshold
-    action: Literal["report", "steer", "abort"] = "report"
+    action: WatchAction = "report"
     edit: ResidualEdit | None = None  # action "steer": what is added once it fires
     tokens: int | None = None  # action "steer": for this many positions (None: the rest of the row)
     # Positions from the row's start that are never scored: 1 leaves out the attention sink at

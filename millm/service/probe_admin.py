@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from millm.interp.probes import probe_bundle
-from millm.service.probe_binding import bind_probe
+from millm.service.probe_binding import bind
 from millm.service.state import ServerState
 
 
@@ -75,3 +75,13 @@ def activate_probe(state: ServerState, key: str) -> dict:
 def deactivate_probe(state: ServerState, key: str) -> dict:
     """Stop a probe watching requests."""
     return {"probe": probe_view(state.probes.set_active(key, False))}
+
+
+def bind_probe(state: ServerState, document: dict, param: str) -> bool:
+    """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
+    False when no model is loaded to check it against."""
+    lm = state.lm
+    if lm is None:
+        return False
+    bind(dict(state.steering.attached), state.calibrations, lm, document["name"], document["detector"], param)
+    return True

@@ -8,13 +8,10 @@ the callers run it on a worker thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from millm.engine.loader import LoadedModel
 from millm.interp.probes import Grids, ModelShape, Scorer, scorer
-
-if TYPE_CHECKING:  # the state holds the probe book, whose conditions bind through here
-    from millm.service.state import ServerState
+from millm.interp.steering import Attached
+from millm.service.calibration import CalibrationBook
 
 
 def model_shape(lm: LoadedModel) -> ModelShape:
@@ -23,26 +20,16 @@ def model_shape(lm: LoadedModel) -> ModelShape:
     return ModelShape(lm.name, int(config.hidden_size), int(config.num_hidden_layers))
 
 
-def grids_on(state: ServerState, model: str) -> Grids:
+def grids_on(calibrations: CalibrationBook, model: str) -> Grids:
     """Each SAE's calibration grids on `model` (None: not calibrated), for percentile thresholds."""
 
     def grids(sae_id: str):
-        table = state.calibrations.table(sae_id, model)
+        table = calibrations.table(sae_id, model)
         return None if table is None else table.grids
 
     return grids
 
 
-def bind(state: ServerState, lm: LoadedModel, name: str, detector: dict, param: str) -> Scorer:
-    """The detector as a Scorer on `lm` and the SAEs attached now (a 400 naming `param` when it does not fit)."""
-    return scorer(name, detector, dict(state.steering.attached), grids_on(state, lm.name), model_shape(lm), param)
-
-
-def bind_probe(state: ServerState, document: dict, param: str) -> bool:
-    """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
-    False when no model is loaded to check it against."""
-    lm = state.lm
-    if lm is None:
-        return False
-    bind(state, lm, document["name"], document["detector"], param)
-    return True
+def bind(attached: dict[str, Attached], calibrations: CalibrationBook, lm: LoadedModel, name: str, detector: dict, param: str) -> Scorer:
+    """The detector as a Scorer on `lm` and these attached SAEs (a 400 naming `param` when it does not fit)."""
+    return scorer(name, detector, attached, grids_on(calibrations, lm.name), model_shape(lm), param)

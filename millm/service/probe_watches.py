@@ -21,11 +21,9 @@ from anyio import to_thread
 
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.loader import LoadedModel
-from millm.engine.residual import ResidualEdit
-from millm.errors import InvalidRequest, MillmError, ModelNotLoaded, NotFound
-from millm.interp.probes import SKIPPED, scorer, validate_inline, verdict_fields, watch_of
-from millm.interp.steering import Attached
-from millm.service.probe_binding import bind, grids_on, model_shape
+from millm.errors import InvalidRequest, MillmError, NotFound
+from millm.interp.probes import validate_inline, verdict_fields, watch_of
+from millm.service.probe_binding import bind
 
 if TYPE_CHECKING:
     from millm.service.state import ServerState
@@ -122,8 +120,9 @@ def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...])
     """The request's probes and the active ones, bound to `lm` as report watches (a 400 naming the
     request's probe that does not fit; active ones that do not fit are skipped). Blocking: a worker thread."""
     watches, sources = [], {}
+    attached = dict(state.steering.attached)  # one view of the SAEs for every probe of the request
     for probe in asked:
-        watches.append(watch_of(bind(state, lm, probe.name, probe.detector, f"{probe.param}.detector")))
+        watches.append(watch_of(bind(attached, state.calibrations, lm, probe.name, probe.detector, f"{probe.param}.detector")))
         sources[probe.name] = "request"
     skipped = []
     saved = {probe.name for probe in asked if probe.saved}
@@ -136,7 +135,7 @@ def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...])
             where = next(probe.param for probe in asked if probe.name == name)
             raise InvalidRequest(f"{where} is named like the active probe {name!r}; give the inline probe another name", param=f"{where}.name")
         try:
-            watches.append(watch_of(bind(state, lm, name, row["document"]["detector"], "detector")))
+            watches.append(watch_of(bind(attached, state.calibrations, lm, name, row["document"]["detector"], "detector")))
         except MillmError as exc:
             skipped.append({"name": name, "reason": exc.message})
             continue
@@ -145,26 +144,3 @@ def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...])
         return NO_PROBES
     return ProbeSet(tuple(watches), sources, tuple(skipped), lm.tokenizer)
 
-
-class ProbeConditions:
-    """The probe book as the plans' ProbeResolver: a saved probe's watch for a spec's `when` or `abort`."""
-
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    @property
-    def revision(self) -> int:
-        """Moves with every change to the probes (plans resolved before it are made afresh)."""
-        return self.state.probes.shelf.revision
-
-    def watch(self, name: str, attached: dict[str, Attached], action: str, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
-        """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such probe;
-        a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
-        row = self.state.probes.shelf.get(name)
-        if row is None:
-            return None
-        lm = self.state.slot.lm
-        if lm is None:
-            raise ModelNotLoaded(f"probe {name!r} needs the loaded model to watch it; load one first")
-        probe = scorer(name, row["document"]["detector"], attached, grids_on(self.state, lm.name), model_shape(lm), "detector")
-        return Watch(name, probe.point, probe.score, probe.threshold, action, edit=edit, tokens=tokens, skip=SKIPPED)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import torch
 
-from millm.engine.jobs import Watch
+from millm.engine.jobs import Watch, WatchAction
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import Operation, ResidualEdit
 from millm.errors import InvalidRequest, MillmError
@@ -44,7 +44,7 @@ class ProbeResolver(Protocol):
         """Moves with every change to the probes, so plans resolved before it are not reused."""
         ...
 
-    def watch(self, name: str, attached: dict[str, Attached], action: str, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
+    def watch(self, name: str, attached: dict[str, Attached], action: WatchAction, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
         """The watch of probe `name` over these attached SAEs doing `action` (report, steer, abort)
         with `edit` for `tokens` positions; None when there is no such probe; a MillmError when it
         cannot watch here (its SAE not attached, say)."""
@@ -204,7 +204,7 @@ def _vector(resolvers: Resolvers, vector_id: str, lm: LoadedModel | None, where:
     return found
 
 
-def _watch(resolvers: Resolvers, probe: str, attached: dict[str, Attached], action: str, edit: ResidualEdit | None,
+def _watch(resolvers: Resolvers, probe: str, attached: dict[str, Attached], action: WatchAction, edit: ResidualEdit | None,
            tokens: int | None, where: str, refusals: Refusals) -> Watch:
     found = None
     if resolvers.probes is not None:

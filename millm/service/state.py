@@ -53,7 +53,7 @@ from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
 from millm.service.plans import DialLimits, Planner
-from millm.service.probe_watches import ProbeConditions
+from millm.service.probe_conditions import ProbeConditions
 from millm.service.probes import ProbeBook
 from millm.service.profiles import ProfileBook
 from millm.service.registrations import ClientRegistrations
@@ -124,7 +124,7 @@ class ServerState:
         self.planner = Planner(self.steering, self.clusters, self.circuits, limits)
         self.calibrations = CalibrationBook(self.store)
         self.vectors = VectorBook(self.store)
-        self.steering.resolvers = Resolvers(ProbeConditions(self), self.vectors, lambda: self.slot.lm)
+        self.steering.resolvers = Resolvers(ProbeConditions(self.probes, self.calibrations, lambda: self.slot.lm), self.vectors, lambda: self.slot.lm)
         for info in list(self.saes.infos.values()):  # SAEs registered before they shipped a calibration
             self.calibrations.import_shipped(info)
         self.monitor = Monitor(self.store, settings.monitoring_history)
