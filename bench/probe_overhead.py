@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,16 +30,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from decode_speed import PROMPT  # noqa: E402
+from steering_speed import demo_model_and_sae  # noqa: E402
 
 from millm.engine.generate import run_job  # noqa: E402
 from millm.engine.jobs import GenerationJob, ResidualRead, ResidualsRead, RowFinished, RowSpec, TextDelta, Watch  # noqa: E402
-from millm.engine.loader import load_model  # noqa: E402
 from millm.engine.sampling import SamplingParams  # noqa: E402
-from millm.engine.sources import demo_source  # noqa: E402
 from millm.engine.watching import WatchState  # noqa: E402
-from millm.interp.formats import read_sae  # noqa: E402
 from millm.interp.steering import Attached, steering_edit  # noqa: E402
-from millm.service.demo import DEMO_SAE  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -100,11 +96,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
-    lm = load_model(demo_source(), dtype=args.dtype, device="cpu", cache_root=home / "cache")
-    lm = replace(lm, eos_token_ids=frozenset())  # decode a fixed count
-    info, sae = read_sae(DEMO_SAE)
-    sae.to(lm.device)
+    lm, info, sae = demo_model_and_sae(args.dtype)
     point = info.layer
     edit = steering_edit({info.id: {i: 4.0 for i in range(8)}}, {info.id: Attached(info, sae, point)})
     direction = sae.W_dec[100].float()

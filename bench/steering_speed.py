@@ -53,6 +53,16 @@ def decode_rate(lm, prompt_ids, tokens, edit) -> float:
     return (count[0] - 1) / (marks[-1] - marks[0])
 
 
+def demo_model_and_sae(dtype: str):
+    """The demo model in process (EOS ignored: rows decode a fixed count) and the demo SAE on its device."""
+    home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
+    lm = load_model(demo_source(), dtype=dtype, device="cpu", cache_root=home / "cache")
+    lm = replace(lm, eos_token_ids=frozenset())
+    info, sae = read_sae(DEMO_SAE)
+    sae.to(lm.device)
+    return lm, info, sae
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
@@ -61,11 +71,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1, help="steer at this many layers (the SAE's, then neighbours)")
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
-    lm = load_model(demo_source(), dtype=args.dtype, device="cpu", cache_root=home / "cache")
-    lm = replace(lm, eos_token_ids=frozenset())  # decode a fixed count
-    info, sae = read_sae(DEMO_SAE)
-    sae.to(lm.device)
+    lm, info, sae = demo_model_and_sae(args.dtype)
     attached = {}
     for offset in range(args.layers):
         layer = (info.layer + offset) % lm.model.config.num_hidden_layers
