@@ -23,6 +23,7 @@ from millm.api import (
     monitoring,
     probes,
     vectors,
+    workbench,
 )
 from millm.api.access import AccessGuard, Keys
 from millm.api.body_limit import BodyLimit
@@ -104,3 +105,5 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(vectors.router, tags=["Steering vectors"])
     app.include_router(probes.router, tags=["Probes"])
     app.include_router(health.router, tags=["Health"])
+    app.include_router(workbench.router)
+    workbench.mount_assets(app)

@@ -1,0 +1,136 @@
+// Small pieces every view uses: the html tag, loading/acting state, error messages, tables,
+// file import/export, and the server context (which model is loaded, which SAEs are attached).
+
+import { h, createContext } from "preact";
+import { useCallback, useContext, useEffect, useRef, useState } from "preact/hooks";
+import htm from "htm";
+
+export const html = htm.bind(h);
+
+/** What the shell knows about the server: readiness, the served model, attached SAEs. */
+export const ServerContext = createContext({ ready: false, model: null, saes: [], attached: [], refresh: () => {} });
+export const useServer = () => useContext(ServerContext);
+
+/** Runs `load()` now and whenever `deps` change: {value, error, loading, reload}. */
+export function useLoad(load, deps = []) {
+  const [state, setState] = useState({ value: undefined, error: null, loading: true });
+  const generation = useRef(0);
+  const reload = useCallback(async () => {
+    const mine = ++generation.current;
+    setState((s) => ({ ...s, loading: true }));
+    try {
+      const value = await load();
+      if (mine === generation.current) setState({ value, error: null, loading: false });
+    } catch (error) {
+      if (mine === generation.current) setState((s) => ({ value: s.value, error, loading: false }));
+    }
+  }, deps);
+  useEffect(() => {
+    reload();
+  }, [reload]);
+  return { ...state, reload };
+}
+
+/** An action's busy flag and error: `run(fn)` shows the error instead of dropping it. */
+export function useAction() {
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState(null);
+  const run = useCallback(async (fn) => {
+    setBusy(true);
+    setError(null);
+    try {
+      return await fn();
+    } catch (err) {
+      if (err?.name !== "AbortError") setError(err);
+      return undefined;
+    } finally {
+      setBusy(false);
+    }
+  }, []);
+  return { busy, error, run, setError };
+}
+
+/** An error as a readable line: the API's code and message (never a silent no-op). */
+export function ErrorNote({ error }) {
+  if (!error) return null;
+  const status = error.status ? `${error.status} ` : "";
+  const code = error.code ? `${error.code}: ` : "";
+  return html`<p class="error" role="alert">${status}${code}${error.message || String(error)}</p>`;
+}
+
+/** A polite status line (shown while loading, or a short confirmation). */
+export const Note = ({ children }) => html`<p class="note" role="status">${children}</p>`;
+
+/** A panel with a heading and optional actions on the right. */
+export function Panel({ title, actions, children, id }) {
+  return html`<section class="panel" id=${id} aria-label=${title}>
+    <header class="panel-head"><h2>${title}</h2><div class="actions">${actions}</div></header>
+    ${children}
+  </section>`;
+}
+
+/** A plain table: `columns` are [heading, row => cell] pairs. */
+export function Table({ columns, rows, empty = "Nothing yet.", rowKey = (r, i) => i, label }) {
+  if (!rows?.length) return html`<p class="empty">${empty}</p>`;
+  return html`<div class="table-wrap"><table aria-label=${label}>
+    <thead><tr>${columns.map(([head]) => html`<th scope="col">${head}</th>`)}</tr></thead>
+    <tbody>${rows.map((row, i) => html`<tr key=${rowKey(row, i)}>${columns.map(([, cell]) => html`<td>${cell(row, i)}</td>`)}</tr>`)}</tbody>
+  </table></div>`;
+}
+
+/** A number to a few significant digits (null as an em dash). */
+export function num(value, digits = 4) {
+  if (value === null || value === undefined) return "—";
+  if (typeof value !== "number") return String(value);
+  if (Number.isInteger(value)) return String(value);
+  return String(Number(value.toPrecision(digits)));
+}
+
+/** Saves `text` as a file the user downloads. */
+export function download(text, filename, type = "application/json") {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = Object.assign(document.createElement("a"), { href: url, download: filename });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+/** A file picker that hands the chosen file's text to `onText`. */
+export function FileImport({ label, onText, accept = ".json,application/json" }) {
+  const read = async (event) => {
+    const file = event.target.files?.[0];
+    if (file) onText(await file.text(), file.name);
+    event.target.value = "";
+  };
+  return html`<label class="file-button">${label}<input type="file" accept=${accept} onChange=${read} /></label>`;
+}
+
+/** A link to a feature's card. */
+export const FeatureLink = ({ sae, index, children }) =>
+  html`<a href=${`#/features/${encodeURIComponent(sae)}/${index}`} class="feature-link">#${index}${children ? html` ${children}` : ""}</a>`;
+
+/** A select of the attached SAEs (the value is the SAE id). */
+export function SaePicker({ value, onChange, label = "SAE" }) {
+  const { attached } = useServer();
+  if (!attached.length) return html`<span class="note">No SAE is attached (Models & SAEs).</span>`;
+  return html`<label class="inline">${label}
+    <select value=${value} onChange=${(e) => onChange(e.target.value)}>
+      ${attached.map((s) => html`<option value=${s.id}>${s.id} · layer ${s.attached_layer}</option>`)}
+    </select></label>`;
+}
+
+/** The SAE a view works on: the first attached one until the user picks another. */
+export function useSae() {
+  const { attached } = useServer();
+  const [chosen, setChosen] = useState(null);
+  const sae = attached.find((s) => s.id === chosen) ? chosen : attached[0]?.id ?? null;
+  return [sae, setChosen];
+}
+
+/** A progress bar with its figures. */
+export function Progress({ done, total, unit }) {
+  const pct = total ? Math.round((100 * done) / total) : 0;
+  return html`<span class="progress"><progress max=${total || 1} value=${done || 0} aria-label=${`${pct}%`}></progress>
+    <span>${done ?? 0}/${total ?? "?"} ${unit || ""} (${pct}%)</span></span>`;
+}

@@ -1,0 +1,3 @@
+// placeholder while the view is written
+import { html } from "../ui.js";
+export default function View() { return html`<p>probes</p>`; }

@@ -1,0 +1,156 @@
+// Models, SAEs and jobs: registered models with their state (load, unload, lock), SAEs (register,
+// attach, detach), and the jobs list (calibration, AutoSteer, training) with progress and cancel.
+
+import { useEffect, useState } from "preact/hooks";
+import * as api from "../api.js";
+import { ErrorNote, FeatureLink, Note, Panel, Progress, Table, html, num, useAction, useLoad, useSae, SaePicker, useServer } from "../ui.js";
+
+function Models() {
+  const server = useServer();
+  const list = useLoad(() => api.models.list());
+  const act = useAction();
+  const [source, setSource] = useState("");
+  const run = (fn) => act.run(async () => { await fn(); await list.reload(); server.refresh(); });
+  const models = list.value?.data || [];
+  return html`<${Panel} title="Models" actions=${html`<button class="secondary" onClick=${list.reload}>Refresh</button>`}>
+    <${ErrorNote} error=${list.error || act.error} />
+    <${Table} label="Registered models" rows=${models} rowKey=${(m) => m.id} empty="No model is registered."
+      columns=${[
+        ["Model", (m) => html`<strong>${m.id}</strong><div class="meta">${m.source}</div>`],
+        ["State", (m) => html`<span class=${`badge ${m.state === "loaded" ? "good" : m.state === "failed" ? "bad" : ""}`}>${m.state}</span>
+          ${m.locked ? html` <span class="badge">locked</span>` : null}${m.error ? html`<div class="error">${m.error}</div>` : null}`],
+        ["Size", (m) => html`${m.parameters ? `${num(m.parameters / 1e6, 3)}M` : "—"} ${m.quantization || ""}
+          ${m.loaded ? html`<div class="meta">${m.loaded.device} · ${m.loaded.dtype} · ${m.loaded.max_model_len} tokens</div>` : null}`],
+        ["", (m) => html`<div class="actions">
+          ${m.state === "loaded"
+            ? html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.models.unload(m.id))}>Unload</button>`
+            : html`<button disabled=${act.busy || m.state === "loading"} onClick=${() => run(() => api.models.load(m.id))}>Load</button>`}
+          ${m.locked
+            ? html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.models.unlock(m.id))}>Unlock</button>`
+            : html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.models.lock(m.id))}>Lock</button>`}
+        </div>`],
+      ]} />
+    <form class="row" onSubmit=${(e) => { e.preventDefault(); run(() => api.models.register({ source })).then(() => setSource("")); }}>
+      <label class="grow">Register a model (checkpoint folder, .gguf file or hub id)
+        <input value=${source} onInput=${(e) => setSource(e.target.value)} placeholder="/models/my-checkpoint" name="model-source" /></label>
+      <button type="submit" disabled=${act.busy || !source}>Register</button>
+    </form>
+  <//>`;
+}
+
+function Saes() {
+  const server = useServer();
+  const act = useAction();
+  const [path, setPath] = useState("");
+  const run = (fn) => act.run(async () => { await fn(); await server.refresh(); });
+  return html`<${Panel} title="SAEs" actions=${html`<button class="secondary" onClick=${server.refresh}>Refresh</button>`}>
+    <${ErrorNote} error=${act.error} />
+    <${Table} label="Registered SAEs" rows=${server.saes} rowKey=${(s) => s.id} empty="No SAE is registered."
+      columns=${[
+        ["SAE", (s) => html`<strong class="mono">${s.id}</strong><div class="meta">${s.path}</div>`],
+        ["Kind", (s) => html`${s.architecture} · ${s.d_sae} features · layer ${s.layer}${s.k ? ` · k ${s.k}` : ""}
+          <div class="meta">${s.model_name || ""}${s.has_labels ? " · labelled" : " · no labels"}</div>`],
+        ["Attached", (s) => s.attached ? html`<span class="badge good">layer ${s.attached_layer}</span>` : html`<span class="badge">no</span>`],
+        ["", (s) => html`<div class="actions">${s.attached
+          ? html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.saes.detach(s.id))}>Detach</button>`
+          : html`<button disabled=${act.busy} onClick=${() => run(() => api.saes.attach(s.id))}>Attach</button>`}</div>`],
+      ]} />
+    <form class="row" onSubmit=${(e) => { e.preventDefault(); run(() => api.saes.register({ path })).then(() => setPath("")); }}>
+      <label class="grow">Register an SAE (a local folder)
+        <input value=${path} onInput=${(e) => setPath(e.target.value)} placeholder="/saes/my-sae" name="sae-path" /></label>
+      <button type="submit" disabled=${act.busy || !path}>Register</button>
+    </form>
+  <//>`;
+}
+
+const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+
+/** The jobs list, polled every second while one runs. */
+function Jobs({ reloadSignal }) {
+  const list = useLoad(() => api.jobs.list(), [reloadSignal]);
+  const act = useAction();
+  const jobs = list.value?.data || [];
+  const running = jobs.some((j) => !ENDED.has(j.state));
+  useEffect(() => {
+    if (!running) return undefined;
+    const timer = setInterval(list.reload, 1000);
+    return () => clearInterval(timer);
+  }, [running, list.reload]);
+  return html`<${Panel} title="Jobs" actions=${html`<button class="secondary" onClick=${list.reload}>Refresh</button>`}>
+    <${ErrorNote} error=${list.error || act.error} />
+    <${Table} label="Jobs" rows=${jobs} rowKey=${(j) => j.id} empty="No job has run since the server started."
+      columns=${[
+        ["Job", (j) => html`<strong>${j.kind}</strong> <span class="mono meta">${j.id}</span><div class="meta">${j.description}</div>`],
+        ["Progress", (j) => html`<${Progress} done=${j.progress.done} total=${j.progress.total} unit=${j.progress.unit} />
+          ${j.eta_s != null && !ENDED.has(j.state) ? html`<div class="meta">about ${Math.ceil(j.eta_s)} s left</div>` : null}`],
+        ["State", (j) => html`<span class=${`badge ${j.state === "succeeded" ? "good" : j.state === "failed" ? "bad" : ""}`} data-state=${j.state}>${j.state}</span>
+          ${j.error ? html`<div class="error">${j.error.code}: ${j.error.message}</div>` : null}
+          ${j.result ? html`<${JobResult} job=${j} />` : null}`],
+        ["", (j) => ENDED.has(j.state) ? null
+          : html`<button class="danger" disabled=${act.busy} onClick=${() => act.run(async () => { await api.jobs.cancel(j.id); await list.reload(); })}>Cancel</button>`],
+      ]} />
+  <//>`;
+}
+
+function JobResult({ job }) {
+  const r = job.result;
+  if (job.kind === "autosteer") {
+    return html`<div class="meta">${r.best
+      ? html`best: <${FeatureLink} sae=${r.sae_id} index=${r.best.index} /> at ${num(r.best.strength)} (affinity lift ${num(r.best.affinity_lift, 3)})`
+      : `no setting beat the unsteered answers${r.note ? `: ${r.note}` : ""}`}${r.saved_profile ? html` · saved as profile <strong>${r.saved_profile.name || r.saved_profile}</strong>` : null}</div>`;
+  }
+  if (job.kind === "calibration") return html`<div class="meta">${r.texts} texts, ${r.positions} positions, ${r.features_fired} features fired</div>`;
+  return html`<details class="meta"><summary>result</summary><pre>${JSON.stringify(r, null, 1).slice(0, 2000)}</pre></details>`;
+}
+
+/** Starts a calibration job on the shipped corpus or on texts typed here (one per line). */
+function Calibrate({ onStarted }) {
+  const [sae, setSae] = useSae();
+  const [texts, setTexts] = useState("");
+  const act = useAction();
+  const start = (body) => act.run(async () => { await api.saes.calibrate(sae, body); onStarted(); });
+  const lines = texts.split("\n").map((t) => t.trim()).filter(Boolean);
+  return html`<${Panel} title="Calibrate an SAE">
+    <p class="note">Reads a corpus through the SAE and keeps each feature's density, quantiles and top examples (a job).</p>
+    <div class="row"><${SaePicker} value=${sae} onChange=${setSae} /></div>
+    <label>Texts, one per line (leave empty to use the corpus the SAE ships)
+      <textarea value=${texts} onInput=${(e) => setTexts(e.target.value)} name="calibration-texts"></textarea></label>
+    <div class="row">
+      <button disabled=${!sae || act.busy} onClick=${() => start(lines.length ? { texts: lines } : { corpus: "demo" })}>
+        ${lines.length ? `Calibrate on ${lines.length} texts` : "Calibrate on the shipped corpus"}</button>
+    </div>
+    <${ErrorNote} error=${act.error} />
+  <//>`;
+}
+
+/** Starts AutoSteer for a goal; the job's result names the best feature and strength. */
+function AutoSteer({ onStarted }) {
+  const [sae, setSae] = useSae();
+  const [goal, setGoal] = useState("");
+  const [saveAs, setSaveAs] = useState("");
+  const act = useAction();
+  const start = (e) => {
+    e.preventDefault();
+    act.run(async () => {
+      await api.autosteer({ goal, sae_id: sae, ...(saveAs ? { save_as: saveAs } : {}) });
+      onStarted();
+    });
+  };
+  return html`<${Panel} title="AutoSteer">
+    <p class="note">Searches for a feature and strength that reach a goal, judged by the unsteered model (a job).</p>
+    <form onSubmit=${start}>
+      <div class="row"><${SaePicker} value=${sae} onChange=${setSae} /></div>
+      <label>Goal <input value=${goal} onInput=${(e) => setGoal(e.target.value)} placeholder="talk like a pirate" name="goal" /></label>
+      <label>Save the best setting as a profile named (optional) <input value=${saveAs} onInput=${(e) => setSaveAs(e.target.value)} name="save-as" /></label>
+      <button type="submit" disabled=${!sae || !goal || act.busy}>Start AutoSteer</button>
+    </form>
+    <${ErrorNote} error=${act.error} />
+  <//>`;
+}
+
+export default function SystemView() {
+  const [started, setStarted] = useState(0);
+  const onStarted = () => setStarted((n) => n + 1);
+  return html`<${Models} /><${Saes} /><div class="wide"><${Jobs} reloadSignal=${started} /></div>
+    <${Calibrate} onStarted=${onStarted} /><${AutoSteer} onStarted=${onStarted} />`;
+}

@@ -1,0 +1,91 @@
+"""The workbench's browser tests: Debian's Chromium (Playwright) against live servers on the tiny
+Llama with a TopK SAE attached at layer 1 (its file ships labels: "feature N paris" for every
+tenth feature, "feature N river" for the others)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.api.clients import api
+from tests.support.browser import SIZES, PageErrors, browser
+from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
+
+LAYER = 1
+WIDTH = 128  # the tiny SAE's features
+
+
+class Workbench:
+    """A live server with the tiny SAE attached: its URL, the SAE's id, and the process."""
+
+    def __init__(self, process: ServerProcess, sae: str):
+        self.process, self.sae = process, sae
+        self.base_url = process.base_url
+        self.url = f"{process.base_url}/ui"
+
+    def api(self, method: str, path: str, **kwargs):
+        """A direct API call (to set up or check what the page did)."""
+        return api(self.process, method, path, **kwargs)
+
+
+def start_workbench(tiny_dirs, home: Path, sae_dir: Path, env: dict[str, str] | None = None, key: str | None = None) -> Workbench:
+    """A server on the tiny Llama with the SAE at `sae_dir` registered and attached."""
+    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env=env).wait_ready()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    sae = api(process, "POST", "/api/saes", json={"path": str(sae_dir)}, headers=headers).json()["id"]
+    attached = api(process, "POST", f"/api/saes/{sae}/attach", headers=headers)
+    assert attached.status_code == 200, attached.text
+    return Workbench(process, sae)
+
+
+@pytest.fixture(scope="session")
+def tiny_sae(tmp_path_factory) -> Path:
+    """The TopK SAE the workbench tests attach (labels shipped)."""
+    return build_saelens(tmp_path_factory.mktemp("ui-sae") / "topk", layer=LAYER, architecture="topk", seed=91)
+
+
+@pytest.fixture(scope="module")
+def workbench(tiny_dirs, tiny_sae, tmp_path_factory):
+    """A server of this test module's own (tests change its state)."""
+    bench = start_workbench(tiny_dirs, tmp_path_factory.mktemp("ui-home"), tiny_sae)
+    try:
+        yield bench
+    finally:
+        bench.process.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for the whole run."""
+    with browser() as instance:
+        yield instance
+
+
+@pytest.fixture(params=["wide"])
+def page(request, chromium):
+    """A fresh page (own storage) at 1280×800; the test fails if the page threw an uncaught error."""
+    context = chromium.new_context(viewport=SIZES[request.param])
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    errors = PageErrors().watch(page)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+@pytest.fixture
+def shoot():
+    """`shoot(page, name)` saves a screenshot when MILLM_UI_SCREENSHOTS names a folder (scripts/workbench-screenshots)."""
+    folder = os.environ.get("MILLM_UI_SCREENSHOTS")
+
+    def take(page, name: str) -> None:
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=False)
+
+    return take
