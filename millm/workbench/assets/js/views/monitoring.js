@@ -100,17 +100,18 @@ function Chart({ records, features }) {
   const key = features.join(",");
   const data = () => [records.map((r) => r.id), ...features.map((index) => records.map((r) => peaks(r).get(index) ?? 0))];
   useEffect(() => {
-    if (!box.current) return undefined;
+    const element = box.current;
+    if (!element) return undefined;
     const options = {
-      width: box.current.clientWidth || 600,
+      width: element.clientWidth || 600,
       height: 260,
       scales: { x: { time: false } },
       axes: [{ label: "record (request)" }, { label: "peak activation" }],
       series: [{ label: "record" }, ...features.map((index, i) => ({ label: `#${index}`, stroke: COLOURS[i], width: 2, points: { show: true, size: 5 } }))],
     };
-    plot.current = new uPlot(options, data(), box.current);
-    const resize = new ResizeObserver(() => plot.current?.setSize({ width: box.current.clientWidth, height: 260 }));
-    resize.observe(box.current);
+    plot.current = new uPlot(options, data(), element);
+    const resize = new ResizeObserver(() => plot.current?.setSize({ width: element.clientWidth, height: 260 }));
+    resize.observe(element);
     return () => { resize.disconnect(); plot.current?.destroy(); plot.current = null; };
   }, [key]);
   useEffect(() => { plot.current?.setData(data()); }, [records, key]);
