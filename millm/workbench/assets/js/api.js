@@ -148,6 +148,8 @@ export const saes = {
   attach: (id, body = {}) => post(`/api/saes/${enc(id)}/attach`, body),
   detach: (id) => post(`/api/saes/${enc(id)}/detach`),
   remove: (id) => del(`/api/saes/${enc(id)}`),
+  /** Every label of the SAE, `{"<index>": "label"}` (the JSON export). */
+  labels: (id) => get(`/api/saes/${enc(id)}/labels`),
   search: (id, q, limit = 50) => get(`/api/saes/${enc(id)}/features`, { q, limit }),
   feature: (id, index, k = 10) => get(`/api/saes/${enc(id)}/features/${index}`, { k }),
   calibration: (id, features) => get(`/api/saes/${enc(id)}/calibration`, { features: features?.join(",") }),

@@ -4,6 +4,7 @@
 import { h, createContext } from "preact";
 import { useCallback, useContext, useEffect, useRef, useState } from "preact/hooks";
 import htm from "htm";
+import * as api from "./api.js";
 
 export const html = htm.bind(h);
 
@@ -133,4 +134,16 @@ export function Progress({ done, total, unit }) {
   const pct = total ? Math.round((100 * done) / total) : 0;
   return html`<span class="progress"><progress max=${total || 1} value=${done || 0} aria-label=${`${pct}%`}></progress>
     <span>${done ?? 0}/${total ?? "?"} ${unit || ""} (${pct}%)</span></span>`;
+}
+
+const labelCache = new Map();
+/** An SAE's labels as `{index: label}` (one export request per SAE per page load; {} until it arrives or when it fails). */
+export function useLabels(sae) {
+  const [labels, setLabels] = useState(() => labelCache.get(sae) || {});
+  useEffect(() => {
+    if (!sae) return;
+    if (!labelCache.has(sae)) labelCache.set(sae, api.saes.labels(sae).catch(() => ({})));
+    Promise.resolve(labelCache.get(sae)).then((value) => setLabels(value || {}));
+  }, [sae]);
+  return labels;
 }

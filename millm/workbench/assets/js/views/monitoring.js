@@ -5,7 +5,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import uPlot from "uplot";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useServer } from "../ui.js";
+import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLabels, useLoad, useServer } from "../ui.js";
 
 const POSITIONS = ["completion", "prompt", "all", "last"];
 const MAX_POINTS = 200; // requests kept on the chart
@@ -71,8 +71,7 @@ function Settings({ settings, onChanged }) {
         <button type="button" class="danger" onClick=${reset} disabled=${act.busy}>Reset records and statistics</button></div>
     </form>
     <${ErrorNote} error=${act.error} />
-    <p class="meta">Reads ${settings.reading ? `${settings.reading.sae_id} at layer ${settings.reading.layer}` : "nothing (no SAE attached)"},
-      ${settings.read_point}; ${settings.requests} requests and ${settings.positions_read} positions recorded;
+    <p class="meta">Reads ${settings.reading ? `${settings.reading.sae_id} at layer ${settings.reading.layer}` : "nothing (no SAE attached)"}, ${settings.read_point}; ${settings.requests} requests and ${settings.positions_read} positions recorded;
       history ${settings.history.records}/${settings.history.max}; queue ${settings.queue.pending}/${settings.queue.max}, ${settings.queue.dropped} dropped.</p>
   <//>`;
 }
@@ -94,10 +93,10 @@ function chartedFeatures(watched, records) {
   return [...seen.entries()].sort((a, b) => b[1] - a[1] || a[0] - b[0]).slice(0, MAX_SERIES).map(([index]) => index).sort((a, b) => a - b);
 }
 
-function Chart({ records, features }) {
+function Chart({ records, features, labels }) {
   const box = useRef(null);
   const plot = useRef(null);
-  const key = features.join(",");
+  const key = `${features.join(",")}|${Object.keys(labels).length}`;
   const data = () => [records.map((r) => r.id), ...features.map((index) => records.map((r) => peaks(r).get(index) ?? 0))];
   useEffect(() => {
     const element = box.current;
@@ -106,8 +105,8 @@ function Chart({ records, features }) {
       width: element.clientWidth || 600,
       height: 260,
       scales: { x: { time: false } },
-      axes: [{ label: "record (request)" }, { label: "peak activation" }],
-      series: [{ label: "record" }, ...features.map((index, i) => ({ label: `#${index}`, stroke: COLOURS[i], width: 2, points: { show: true, size: 5 } }))],
+      axes: [{ label: "record (request)", incrs: [1, 2, 5, 10, 20, 50, 100] }, { label: "peak activation" }],
+      series: [{ label: "record" }, ...features.map((index, i) => ({ label: labels[index] ? `#${index} ${labels[index]}` : `#${index}`, stroke: COLOURS[i], width: 2, points: { show: true, size: 5 } }))],
     };
     plot.current = new uPlot(options, data(), element);
     const resize = new ResizeObserver(() => plot.current?.setSize({ width: element.clientWidth, height: 260 }));
@@ -150,11 +149,11 @@ function useLiveRecords(onRecord) {
   return { records, setRecords, error, connected };
 }
 
-function Stats({ stats }) {
+function Stats({ stats, labels }) {
   return html`<${Table} label="Feature statistics" rows=${stats?.features || []} rowKey=${(f) => f.index}
     empty="No statistics yet: monitoring records generation requests while it is on."
     columns=${[
-      ["Feature", (f) => html`<${FeatureLink} sae=${stats.sae_id || ""} index=${f.index} />`],
+      ["Feature", (f) => html`<${FeatureLink} sae=${stats.sae_id || ""} index=${f.index} /> <span class="meta">${labels[f.index] || ""}</span>`],
       ["Fired at", (f) => html`<span class="num">${f.count}</span>`],
       ["Mean when fired", (f) => num(f.mean)],
       ["Max", (f) => num(f.max)],
@@ -182,19 +181,20 @@ export default function MonitoringView() {
   const features = chartedFeatures(watched, live.records);
   const sae = settings.value?.reading?.sae_id || server.attached[0]?.id || "";
   const latest = live.records.slice(-8).reverse();
+  const labels = useLabels(sae);
   return html`
     <${ErrorNote} error=${settings.error} />
     ${settings.value ? html`<${Settings} settings=${settings.value} onChanged=${changed} />` : html`<${Note}>Loading…<//>`}
     <${Panel} title="Live chart" actions=${html`<span class=${`badge ${live.connected ? "good" : ""}`} data-testid="feed">${live.connected ? "live" : "connecting…"}</span>
         <span class="meta" data-testid="points">${live.records.length} requests</span>`}>
       <${ErrorNote} error=${live.error} />
-      <${Chart} records=${live.records} features=${features} />
+      <${Chart} records=${live.records} features=${features} labels=${labels} />
       <p class="meta">Each point is one request: the feature's largest activation over its recorded positions (0 where it was not among them).
         ${watched?.length ? "" : ` No features are watched, so the chart shows the ${MAX_SERIES} seen most often.`}</p>
     <//>
     <${Panel} title="Statistics since the last reset" actions=${html`<button class="secondary" onClick=${stats.reload}>Refresh</button>`}>
       <${ErrorNote} error=${stats.error} />
-      <${Stats} stats=${stats.value && { ...stats.value, sae_id: sae }} />
+      <${Stats} stats=${stats.value && { ...stats.value, sae_id: sae }} labels=${labels} />
     <//>
     <${Panel} title="Latest records">
       <${Table} label="Latest records" rows=${latest} rowKey=${(r) => r.id} empty="No record yet."
@@ -202,7 +202,7 @@ export default function MonitoringView() {
           ["Record", (r) => html`${r.id} <span class="meta mono">${r.request_id}</span>`],
           ["Positions", (r) => r.positions.length],
           ["Strongest", (r) => {
-            const top = [...peaks(r).entries()].sort((a, b) => b[1] - a[1]).slice(0, 3);
+            const top = [...peaks(r).entries()].filter(([, value]) => value > 0).sort((a, b) => b[1] - a[1]).slice(0, 3);
             return top.map(([index, value]) => html`<span class="chip"><${FeatureLink} sae=${r.sae_id} index=${index} /> ${num(value, 3)}</span> `);
           }],
           ["Probes", (r) => (r.probes || []).map((p) => html`<span class=${`badge ${p.fired ? "bad" : ""}`}>${p.name}${p.fired ? ` fired @${p.first_position}` : ""}</span> `)],
