@@ -210,6 +210,11 @@ function FeatureCard({ sae, index, steering }) {
   const f = detail.value;
   const figure = calib.value?.features?.[0];
   const set = (strength) => steer.run(() => steering.apply(() => api.steering.set(sae, i, { op: "add", strength })));
+  useEffect(() => {
+    // On a narrow window the card sits below the search results: bring a newly opened card into view.
+    const card = document.getElementById("feature-card");
+    if (card && card.getBoundingClientRect().top > innerHeight / 2) card.scrollIntoView({ block: "start" });
+  }, [sae, index]);
   return html`<${Panel} title=${`Feature #${index}`} id="feature-card"
     actions=${html`<span class="mono meta">${sae}</span>`}>
     ${!valid ? html`<p class="error" role="alert">“${index}” is not a feature index (a whole number from 0).</p>` : null}
@@ -221,7 +226,7 @@ function FeatureCard({ sae, index, steering }) {
       ${f.detail?.example ? html`<p class="meta">Example: <${ExampleText} text=${f.detail.example} /></p>` : null}
 
       <h3>Steer</h3>
-      <${StrengthControl} index=${i} strength=${live?.op === "add" ? live.strength : 0} onSet=${set} busy=${steer.busy} />
+      <${StrengthControl} key=${`${sae}:${i}`} index=${i} strength=${live?.op === "add" ? live.strength : 0} onSet=${set} busy=${steer.busy} />
       <p class="meta" role="status">${live
         ? live.op === "add" ? `Live: add ${num(live.strength)}` : `Live: ${live.op}${live.value != null ? ` at ${num(live.value)}` : ""} (moving the slider replaces it with add)`
         : "Not steered (0 clears)."}${steering.state && !steering.state.live ? ` — ${steering.state.live_reason}` : ""}</p>

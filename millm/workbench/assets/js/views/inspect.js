@@ -1,7 +1,7 @@
 // Inspect: which features of an attached SAE fire on a text (or the chat's conversation), a per-token
 // heat map of one feature, and the contrast of two sets of texts (POST /api/saes/{id}/inspect, /contrast).
 
-import { useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
 import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useSae } from "../ui.js";
 
@@ -97,6 +97,12 @@ function Inspect() {
     if (input) read(input, { sort: value, sae: result.sae });
   };
   const chosen = result?.activations?.index;
+  const heat = useRef(null);
+  useEffect(() => {
+    // On a narrow window the heat map sits below the table: bring a newly chosen feature's map into view.
+    const box = heat.current?.getBoundingClientRect();
+    if (chosen != null && box && box.top > innerHeight) heat.current.scrollIntoView({ block: "nearest" });
+  }, [chosen, result]);
 
   return html`<${Panel} title="Inspect a text">
     <form class="inspect-form" onSubmit=${submit} aria-label="Inspect">
@@ -111,7 +117,7 @@ function Inspect() {
           <div class="row"><button type="button" class="secondary" onClick=${useChat}>Use the chat's conversation</button>
             ${noChat ? html`<span class="note" role="status">The chat has no conversation yet (start one in <a href="#/chat">Chat & compare</a>).</span>` : null}</div>`}
       <div class="row">
-        <label class="inline">Top features <input type="number" min="1" max="256" step="1" value=${topK} onInput=${(e) => setTopK(e.target.value)} name="top-k" /></label>
+        <label class="inline">Features to list <input type="number" min="1" max="256" step="1" value=${topK} onInput=${(e) => setTopK(e.target.value)} name="top-k" /></label>
         <label class="inline">Sort by
           <select value=${sort} onChange=${(e) => resort(e.target.value)} name="sort">
             <option value="max">max</option><option value="mean">mean</option><option value="count">count</option>
@@ -133,20 +139,20 @@ function Inspect() {
           <h3>Top features</h3>
           <${Table} label="Top features" rows=${result.features} rowKey=${(f) => f.index} empty="No feature fired."
             columns=${[
+              ["", (f) => html`<button class=${`heat-button${chosen === f.index ? "" : " secondary"}`} aria-pressed=${chosen === f.index ? "true" : "false"}
+                disabled=${act.busy} onClick=${() => showFeature(f.index)} aria-label=${`Heat map of #${f.index}`} title="Show its heat map">Map</button>`],
               ["Feature", (f) => html`<${FeatureLink} sae=${result.sae} index=${f.index} />`],
               ["Label", (f) => f.label ?? html`<span class="empty">no label</span>`],
               ["Max", (f) => html`<span class="num">${num(f.max, 4)}</span>`],
               ["Mean", (f) => html`<span class="num">${num(f.mean, 4)}</span>`],
               ["Count", (f) => html`<span class="num">${f.count}</span>`],
-              ["", (f) => html`<button class=${`heat-button${chosen === f.index ? "" : " secondary"}`} aria-pressed=${chosen === f.index ? "true" : "false"}
-                disabled=${act.busy} onClick=${() => showFeature(f.index)} aria-label=${`Heat map of #${f.index}`}>Heat map</button>`],
             ]} />
         </section>
-        <section aria-label="Heat map">
+        <section aria-label="Heat map" ref=${heat}>
           <h3>Heat map</h3>
           ${result.activations
             ? html`<${HeatMap} activations=${result.activations} prompt=${result.prompt_tokens} />`
-            : html`<p class="note">Choose a feature (its “Heat map” button, or type its index above) to see its activation at every token.</p>`}
+            : html`<p class="note">Choose a feature (its “Map” button, or type its index above) to see its activation at every token.</p>`}
         </section>
       </div>` : null}
   <//>`;
@@ -194,7 +200,7 @@ function Contrast() {
           <select value=${aggregate} onChange=${(e) => setAggregate(e.target.value)} name="aggregate">
             <option value="max">max over its tokens</option><option value="mean">mean over its tokens</option>
           </select></label>
-        <label class="inline">Top features per side <input type="number" min="1" max="256" step="1" value=${topK} onInput=${(e) => setTopK(e.target.value)} name="contrast-top-k" /></label>
+        <label class="inline">Features per side <input type="number" min="1" max="256" step="1" value=${topK} onInput=${(e) => setTopK(e.target.value)} name="contrast-top-k" /></label>
         <button type="submit" disabled=${act.busy || !sae || !lines(a).length || !lines(b).length}>Contrast</button>
       </div>
     </form>
