@@ -175,7 +175,8 @@ function documents(plural) {
     list: () => get(`/api/${plural}`),
     get: (key) => get(`/api/${plural}/${enc(key)}`),
     exportText: (key) => request("GET", `/api/${plural}/${enc(key)}/export`, { text: true }),
-    importText: (text) => request("POST", `/api/${plural}/import`, { body: text }),
+    /** `query`: `{on_conflict: "rename" | "fail"}` (each kind has its own default). */
+    importText: (text, query) => request("POST", `/api/${plural}/import`, { body: text, query }),
     activate: (key, body) => post(`/api/${plural}/${enc(key)}/activate`, body),
     deactivate: () => post(`/api/${plural}/deactivate`),
     remove: (key) => del(`/api/${plural}/${enc(key)}`),
@@ -204,7 +205,8 @@ export const probes = {
   activate: (key) => post(`/api/probes/${enc(key)}/activate`),
   deactivate: (key) => post(`/api/probes/${enc(key)}/deactivate`),
   exportText: (key) => request("GET", `/api/probes/${enc(key)}/export`, { text: true }),
-  importText: (text) => request("POST", "/api/probes/import", { body: text }),
+  exportAllText: () => request("GET", "/api/probes/export", { text: true }),
+  importText: (text, query) => request("POST", "/api/probes/import", { body: text, query }),
   train: (body) => post("/api/probes/train", body),
 };
 export const vectors = {

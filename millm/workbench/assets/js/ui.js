@@ -147,3 +147,15 @@ export function useLabels(sae) {
   }, [sae]);
   return labels;
 }
+
+/** A delete button that asks once more: the first press arms it (same button, so focus stays), the second acts. */
+export function ConfirmButton({ label, confirm, onConfirm, disabled }) {
+  const [armed, setArmed] = useState(false);
+  const press = () => {
+    if (!armed) return setArmed(true);
+    setArmed(false);
+    return onConfirm();
+  };
+  return html`<button class="danger" disabled=${disabled} onClick=${press}>${armed ? confirm : label}</button>${
+    armed ? html`<button class="secondary" onClick=${() => setArmed(false)}>Keep</button>` : null}`;
+}
