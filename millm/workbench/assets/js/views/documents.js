@@ -7,7 +7,7 @@
 
 import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, html, num, useAction, useLoad, useServer } from "../ui.js";
+import { ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, html, num, useAction, useLabels, useLoad, useServer } from "../ui.js";
 
 // The dial's envelope when a document declares no range: [0, STEERING_INTENSITY_MAX], whose
 // default (and largest allowed value) is 2. A server configured lower refuses past it with a 400,
@@ -41,6 +41,18 @@ function opText(f) {
   return `${op} ${num(f.value)}`;
 }
 
+/** One SAE's features in a profile, each with its label, and the entry's condition. */
+function SteeringEntry({ entry: e }) {
+  const labels = useLabels(e.sae_id);
+  return html`<li>
+    <span class="mono meta-inline">${e.sae_id}${e.layer != null ? ` @${e.layer}` : ""}</span>
+    ${e.features.map((f) => html` <span class="chip"><${FeatureLink} sae=${e.sae_id} index=${f.index} /> ${opText(f)}</span>${
+      labels[f.index] ? html` <span class="meta-inline">${labels[f.index]}</span>` : null}`)}
+    ${e.features.length ? null : html` <span class="note">no features</span>`}
+    ${e.when ? html`<div class="meta">when probe <strong>${e.when.probe}</strong> fires${e.when.tokens ? `, for ${e.when.tokens} tokens` : ""}</div>` : null}
+  </li>`;
+}
+
 /** What a profile document steers: per SAE its features, conditions, vectors and abort probes. */
 function Steers({ doc }) {
   const entries = doc.steering || [];
@@ -48,12 +60,7 @@ function Steers({ doc }) {
   const aborts = doc.abort || [];
   if (!entries.length && !vectors.length && !aborts.length) return html`<span class="note">nothing</span>`;
   return html`<ul class="steers">
-    ${entries.map((e) => html`<li>
-      <span class="mono meta-inline">${e.sae_id}${e.layer != null ? ` @${e.layer}` : ""}</span>
-      ${e.features.map((f) => html` <span class="chip"><${FeatureLink} sae=${e.sae_id} index=${f.index} /> ${opText(f)}</span>`)}
-      ${e.features.length ? null : html` <span class="note">no features</span>`}
-      ${e.when ? html`<div class="meta">when probe <strong>${e.when.probe}</strong> fires${e.when.tokens ? `, for ${e.when.tokens} tokens` : ""}</div>` : null}
-    </li>`)}
+    ${entries.map((e) => html`<${SteeringEntry} entry=${e} />`)}
     ${vectors.map((v) => html`<li><span class="chip">vector <span class="mono">${v.vector_id}</span> ${opText(v)}</span>
       ${v.when ? html`<div class="meta">when probe <strong>${v.when.probe}</strong> fires</div>` : null}</li>`)}
     ${aborts.map((a) => html`<li><span class="chip bad">ends the answer</span> when probe <strong>${a.probe}</strong> fires</li>`)}
@@ -141,6 +148,7 @@ function ProfileForm({ profile, onSaved, onCancel }) {
   // The attached SAEs may arrive after the form opens: until one is chosen, the first choice.
   const [chosen, setSae] = useState(null);
   const sae = choices.includes(chosen) ? chosen : choices[0] || "";
+  const labels = useLabels(sae);
   const act = useAction();
   const rows = entries[sae] || [emptyRow()];
   const setRows = (next) => setEntries({ ...entries, [sae]: next });
@@ -191,7 +199,7 @@ function ProfileForm({ profile, onSaved, onCancel }) {
           : html`<label>${r.op === "add" ? "Strength" : "Value"}
               <input type="number" step="any" min=${r.op === "add" ? -STRENGTH_LIMIT : 0} max=${r.op === "add" ? STRENGTH_LIMIT : undefined}
                 value=${r.amount} onInput=${(e) => edit(i, { amount: e.target.value })} /></label>`}
-        ${r.index !== "" ? html`<${FeatureLink} sae=${sae} index=${r.index}>card<//>` : null}
+        ${r.index !== "" ? html`<${FeatureLink} sae=${sae} index=${r.index}>${labels[r.index] || "card"}<//>` : null}
         <button type="button" class="secondary" onClick=${() => setRows(rows.filter((_, j) => j !== i))}
           aria-label=${`Remove feature ${i + 1}`}>Remove</button>
       </fieldset>`)}

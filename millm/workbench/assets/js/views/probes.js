@@ -9,7 +9,7 @@ import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
 import {
   ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Progress, SaePicker, Table,
-  download, html, num, useAction, useLoad, useSae, useServer,
+  download, html, num, useAction, useLabels, useLoad, useSae, useServer,
 } from "../ui.js";
 import { fileName, usePanelActions } from "./documents.js";
 
@@ -19,8 +19,10 @@ const numberOrNull = (text) => (text === "" ? null : Number(text));
 
 /** What a probe's detector reads and where it fires. */
 function Detector({ d }) {
+  const labels = useLabels(d.sae_id);
   if (d.type === "feature") {
-    return html`<div><span class="badge">feature</span> <${FeatureLink} sae=${d.sae_id} index=${d.index} /> of <span class="mono meta-inline">${d.sae_id}</span></div>
+    return html`<div><span class="badge">feature</span> <${FeatureLink} sae=${d.sae_id} index=${d.index} /> of <span class="mono meta-inline">${d.sae_id}</span>
+        ${labels[d.index] ? html` <span class="meta-inline">(${labels[d.index]})</span>` : null}</div>
       <div class="meta">fires at ${d.percentile != null ? `its ${d.percentile}th calibrated percentile` : `activation ≥ ${num(d.threshold)}`}</div>`;
   }
   if (d.type === "weighted") {
@@ -125,6 +127,7 @@ function NewProbe({ args, changed }) {
   const [notice, setNotice] = useState("");
   const act = useAction();
   const { attached } = useServer();
+  const labels = useLabels(sae);
   useEffect(() => { if (args[0]) setSae(args[0]); }, [args[0]]);
   const profile = profileName.trim() || (name.trim() ? `${name.trim()}-${action}` : "");
   const layer = attached.find((s) => s.id === sae)?.attached_layer;
@@ -174,7 +177,7 @@ function NewProbe({ args, changed }) {
       <div class="row">
         <${SaePicker} value=${sae} onChange=${setSae} />
         <label class="inline">Feature index <input type="number" min="0" step="1" value=${index} onInput=${(e) => setIndex(e.target.value)} name="probe-index" required /></label>
-        ${index !== "" && sae ? html`<${FeatureLink} sae=${sae} index=${index}>card<//>` : null}
+        ${index !== "" && sae ? html`<${FeatureLink} sae=${sae} index=${index}>${labels[index] || "card"}<//>` : null}
       </div>
       <fieldset class="choice">
         <legend>Fires at</legend>
