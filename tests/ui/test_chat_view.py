@@ -11,6 +11,7 @@ import re
 from playwright.sync_api import expect
 
 from tests.api.clients import MODEL
+from tests.support.browser import SIZES
 
 
 def open_chat(workbench, page, *, max_tokens: int, seed: int | None = None):
@@ -190,6 +191,11 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page, sho
         expect(row).to_contain_text("abort")
         expect(row).to_contain_text(f"ended the answer at position {position}")
         shoot(page, "chat-probes")
+
+        # on a narrow window the answer, its headers and verdicts fit without a sideways scroll
+        page.set_viewport_size(SIZES["narrow"])
+        expect(note).to_be_visible()
+        assert page.evaluate("document.documentElement.scrollWidth") <= SIZES["narrow"]["width"]
     finally:
         workbench.api("DELETE", "/api/profiles/stop-at-boat")
         workbench.api("DELETE", "/api/probes/boat-stop")
