@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import settings
 
 from tests.support import server as server_support
 from tests.support import tiny_models
+from tests.support.browser import SIZES, PageErrors, browser
 from tests.support.server import ServerProcess
 
 TINY_NAME = "tiny-llama"
@@ -79,3 +81,37 @@ def demo_server(tmp_path_factory):
         yield server.wait_ready(timeout=600)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for the whole run."""
+    with browser() as instance:
+        yield instance
+
+
+@pytest.fixture(params=["wide"])
+def page(request, chromium):
+    """A fresh page (own storage) at 1280×800; the test fails if the page threw an uncaught error."""
+    context = chromium.new_context(viewport=SIZES[request.param])
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    errors = PageErrors().watch(page)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+@pytest.fixture
+def shoot():
+    """`shoot(page, name)` saves a screenshot when MILLM_UI_SCREENSHOTS names a folder (scripts/workbench-screenshots)."""
+    folder = os.environ.get("MILLM_UI_SCREENSHOTS")
+
+    def take(page, name: str) -> None:
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=False)
+
+    return take

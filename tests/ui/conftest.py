@@ -4,13 +4,11 @@ tenth feature, "feature N river" for the others)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.api.clients import api
-from tests.support.browser import SIZES, PageErrors, browser
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -55,37 +53,3 @@ def workbench(tiny_dirs, tiny_sae, tmp_path_factory):
         yield bench
     finally:
         bench.process.stop()
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """One headless Chromium for the whole run."""
-    with browser() as instance:
-        yield instance
-
-
-@pytest.fixture(params=["wide"])
-def page(request, chromium):
-    """A fresh page (own storage) at 1280×800; the test fails if the page threw an uncaught error."""
-    context = chromium.new_context(viewport=SIZES[request.param])
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    errors = PageErrors().watch(page)
-    try:
-        yield page
-    finally:
-        context.close()
-    assert not errors, errors
-
-
-@pytest.fixture
-def shoot():
-    """`shoot(page, name)` saves a screenshot when MILLM_UI_SCREENSHOTS names a folder (scripts/workbench-screenshots)."""
-    folder = os.environ.get("MILLM_UI_SCREENSHOTS")
-
-    def take(page, name: str) -> None:
-        if folder:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=False)
-
-    return take

@@ -52,3 +52,31 @@ def test_a_refused_action_shows_the_apis_message(workbench, page):
     alert = page.get_by_role("region", name="SAEs").get_by_role("alert")
     expect(alert).to_have_text(re.compile(r"^403 path_not_allowed: path '/nowhere/at/all' .+"))
     expect(page.get_by_role("form", name="API key")).to_have_count(0)  # not a key problem: no key form
+
+
+def test_autosteer_started_here_ends_with_its_verdict(workbench, page):
+    page.goto(f"{workbench.url}#/system")
+    page.get_by_label("Goal").fill("talk about paris")
+    page.get_by_role("button", name="Start AutoSteer").click()
+    job = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text="autosteer")
+    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=300_000)
+    (listed,) = [j for j in workbench.api("GET", "/api/jobs").json()["data"] if j["kind"] == "autosteer"]
+    result = listed["result"]
+    assert result["goal"] == "talk about paris" and result["sae_id"] == workbench.sae
+    if result["best"]:
+        expect(job).to_contain_text(f"best: #{result['best']['index']} at")
+    else:
+        expect(job).to_contain_text("no setting beat the unsteered answers")
+
+
+def test_a_running_job_is_cancelled_from_the_page(workbench, page):
+    texts = [f"Text number {i} about the river and the city of Paris, again and again." * 4 for i in range(400)]
+    started = workbench.api("POST", f"/api/saes/{workbench.sae}/calibrate", json={"texts": texts})
+    assert started.status_code == 202, started.text
+    job_id = started.json()["id"]
+    page.goto(f"{workbench.url}#/system")
+    row = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text=job_id)
+    row.get_by_role("button", name="Cancel").click()
+    expect(row.locator("[data-state]")).to_have_text("cancelled", timeout=60_000)
+    assert workbench.api("GET", f"/api/jobs/{job_id}").json()["state"] == "cancelled"
+    expect(row.get_by_role("button", name="Cancel")).to_have_count(0)

@@ -1,0 +1,229 @@
+"""Acceptance: the workbench on the demo model (SmolLM2-135M-Instruct, its SAE and profiles), one
+test per view, each checking what the page shows against the API. With MILLM_UI_SCREENSHOTS set
+(scripts/workbench-screenshots) each test also leaves the screenshot docs/ui.md shows.
+
+These tests start a demo server of their own: they change steering, probes, monitoring and the
+calibration, which the other acceptance tests must not see."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from playwright.sync_api import expect
+
+from tests.support.server import ServerProcess
+from tests.ui.test_chat_view import finished, say
+
+pytestmark = pytest.mark.acceptance
+MODEL = "SmolLM2-135M-Instruct"
+SAE = "sae_dd8838d57250"
+PIRATE, FRANCE, ITALIAN, MUSIC = 1403, 619, 1496, 1822
+WEEKEND = "Tell me about your weekend."
+
+
+class Demo:
+    """The demo server's URLs and a direct API call."""
+
+    def __init__(self, process: ServerProcess):
+        self.process, self.base_url, self.url = process, process.base_url, f"{process.base_url}/ui"
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """A call the page did not make (setting up, or checking what the page did)."""
+        return httpx.request(method, f"{self.base_url}{path}", timeout=300, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    process = ServerProcess(tmp_path_factory.mktemp("ui-demo-home"), [])
+    try:
+        yield Demo(process.wait_ready(timeout=600))
+    finally:
+        process.stop()
+
+
+def show(page, locator) -> None:
+    """Scrolls the view so that `locator` starts at the top of the window (for the screenshot)."""
+    locator.evaluate("element => element.scrollIntoView({block: 'start'})")
+
+
+def test_chat_with_a_profile_and_a_probe(demo, page, shoot):
+    probe = {"name": "pirate-talk", "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30}}
+    assert demo.api("POST", "/api/probes", json=probe).status_code == 201
+    page.goto(f"{demo.url}#/chat")
+    expect(page.get_by_role("status", name="Model state")).to_contain_text(f"{MODEL} · ready")
+    page.get_by_label("Max tokens").fill("40")
+    page.get_by_label("Temperature").fill("0")
+    steering = page.get_by_role("group", name="Steering of this chat")
+    steering.get_by_role("combobox", name="Steered by").select_option("profile")
+    steering.get_by_role("combobox", name="Profile").select_option("pirate")
+    page.get_by_label("Watch with pirate-talk").check()
+    say(page, WEEKEND)
+    answer = finished(page.get_by_role("article", name="Answer 1"))
+    direct = demo.api("POST", "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
+        "profile": "pirate", "probes": ["pirate-talk"]})
+    body = direct.json()
+    assert answer.locator(".text").text_content() == body["choices"][0]["message"]["content"]
+    assert "pirate" in body["choices"][0]["message"]["content"]
+    (verdict,) = body["millm"]["probes"]
+    assert verdict["fired"]
+    row = answer.get_by_role("table", name="Probe verdicts").get_by_role("row").filter(has_text="pirate-talk")
+    expect(row).to_contain_text("fired")
+    expect(row.get_by_role("listitem").first).to_contain_text(f"position {verdict['first_position']}")
+    shoot(page, "chat")
+
+
+def test_compare_unsteered_and_pirate_side_by_side(demo, page, shoot):
+    page.goto(f"{demo.url}#/chat")
+    page.get_by_label("Max tokens").fill("40")
+    page.get_by_label("Temperature").fill("0")
+    page.get_by_role("switch", name="Compare").check()
+    for n, profile in ((2, "pirate"), (3, "italian-food")):
+        if n > 2:
+            page.get_by_role("button", name="Add a variant").click()
+        variant = page.get_by_role("group", name=f"Variant {n}")
+        variant.get_by_role("combobox", name="Steered by").select_option("profile")
+        variant.get_by_role("combobox", name="Profile").select_option(profile)
+    say(page, WEEKEND)
+    turn = finished(page.get_by_role("region", name="Comparison 1"))
+    direct = demo.api("POST", "/api/compare", json={
+        "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
+        "seed": int(demo_seed(turn)), "variants": ["unsteered", {"profile": "pirate"}, {"profile": "italian-food"}]}).json()["variants"]
+    texts = {v["label"]: turn.get_by_role("article", name=v["label"], exact=True).locator(".text").text_content() for v in direct}
+    assert texts == {v["label"]: v["text"] for v in direct}
+    assert len(set(texts.values())) == 3 and "pirate" in texts["pirate"]
+    shoot(page, "compare")
+
+
+def demo_seed(turn) -> str:
+    """The seed the comparison ran with, as its X-miLLM-Seed header shows it."""
+    cell = turn.get_by_role("table", name="Response headers").get_by_role("row").filter(
+        has=turn.page.get_by_role("rowheader", name="X-miLLM-Seed", exact=True)).get_by_role("cell")
+    return re.match(r"\d+", cell.text_content()).group(0)
+
+
+def test_search_a_feature_read_its_card_and_steer_it(demo, page, shoot):
+    page.goto(f"{demo.url}#/features")
+    page.get_by_label("Search labels").fill("pirate")
+    page.get_by_role("button", name="Search", exact=True).click()
+    results = page.get_by_role("table", name="Search results")
+    expect(results.get_by_role("row").nth(1)).to_contain_text(f"#{PIRATE}")
+    results.get_by_role("link", name=f"#{PIRATE}", exact=True).click()
+    card = page.get_by_role("region", name=f"Feature #{PIRATE}")
+    figure = demo.api("GET", f"/api/saes/{SAE}/calibration", params={"features": str(PIRATE)}).json()["features"][0]
+    figures = card.get_by_label("Feature figures")
+    expect(figures).to_contain_text(str(figure["p99"]))
+    expect(figures).to_contain_text(str(figure["p90"]))
+    expect(card.locator("mark").first).to_have_text(" pirate")
+    card.get_by_label(f"Steer #{PIRATE}", exact=True).fill("40")
+    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(re.compile(r"^Live: add 40\b"))
+    try:
+        live = demo.api("GET", "/api/steering").json()
+        assert [(f["index"], f["strength"]) for s in live["saes"] for f in s["features"]] == [(PIRATE, 40.0)]
+        shoot(page, "features")
+        show(page, page.get_by_role("region", name="Live steering"))
+        shoot(page, "live-steering")
+    finally:
+        demo.api("DELETE", "/api/steering/features")
+
+
+def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
+    text = "Arr, the pirate ship sailed the seven seas to a bay in Italy for pasta."
+    page.goto(f"{demo.url}#/inspect")
+    page.get_by_label("Text to inspect").fill(text)
+    page.get_by_label("Features to list").fill("8")
+    page.get_by_label("Heat map of feature", exact=True).fill(str(PIRATE))
+    page.get_by_role("button", name="Inspect", exact=True).click()
+    direct = demo.api("POST", f"/api/saes/{SAE}/inspect", json={"text": text, "top_k": 8, "feature": PIRATE}).json()
+    table = page.get_by_role("table", name="Top features")
+    expect(table.get_by_role("row")).to_have_count(9)
+    expect(table.get_by_role("row").nth(1)).to_contain_text(f"#{direct['features'][0]['index']}")
+    heat = page.get_by_role("group", name=f"Heat map of feature #{PIRATE}")
+    expect(heat.locator("span[aria-label]")).to_have_count(len(direct["tokens"]))
+    shoot(page, "inspect")
+
+    pirate = ["Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!", "The captain buried his treasure on the island."]
+    plain = ["The train leaves the station at nine.", "She bought apples and bread at the market.", "The meeting was moved to Thursday afternoon."]
+    page.get_by_label("Set A").fill("\n".join(pirate))
+    page.get_by_label("Set B").fill("\n".join(plain))
+    page.get_by_label("Features per side").fill("5")
+    page.get_by_role("button", name="Contrast", exact=True).click()
+    ranked = demo.api("POST", f"/api/saes/{SAE}/contrast", json={"a": {"texts": pirate}, "b": {"texts": plain}, "top_k": 5}).json()
+    favouring_a = page.get_by_role("table", name="Favouring A")
+    expect(favouring_a.get_by_role("row").nth(1)).to_contain_text(f"#{ranked['favouring_a'][0]['index']}")
+    show(page, page.get_by_role("region", name="Contrast two sets of texts"))
+    shoot(page, "contrast")
+
+
+def test_profiles_activate_and_deactivate(demo, page, shoot):
+    page.goto(f"{demo.url}#/documents")
+    panel = page.get_by_role("region", name="Profiles")
+    rows = panel.get_by_role("table", name="Profiles").get_by_role("row")
+    for name in ("pirate", "france", "italian-food", "music"):
+        expect(rows.filter(has_text=name).first).to_be_visible()
+    rows.filter(has_text="music").first.get_by_role("button", name="Activate").click()
+    expect(page.get_by_label("Steering base now")).to_contain_text("The base is profile music")
+    try:
+        assert demo.api("GET", "/api/steering").json()["active_profile"]["name"] == "music"
+        shoot(page, "profiles")
+    finally:
+        demo.api("POST", "/api/profiles/deactivate")
+
+
+def test_probes_list(demo, page, shoot):
+    if demo.api("GET", "/api/probes/pirate-talk").status_code == 404:
+        demo.api("POST", "/api/probes", json={"name": "pirate-talk", "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30}})
+    page.goto(f"{demo.url}#/probes")
+    table = page.get_by_role("region", name="Probes", exact=True).get_by_role("table", name="Probes")
+    row = table.get_by_role("row").filter(has=page.get_by_text("pirate-talk", exact=True))
+    expect(row).to_contain_text(f"#{PIRATE}")
+    row.get_by_role("button", name="Activate").click()
+    expect(row.get_by_role("button", name="Deactivate")).to_be_visible()
+    assert demo.api("GET", "/api/probes/pirate-talk").json()["active"] is True
+    shoot(page, "probes")
+
+
+def test_monitoring_charts_live_requests(demo, page, shoot):
+    demo.api("PUT", "/api/monitoring", json={"enabled": True, "features": [PIRATE, FRANCE, ITALIAN, MUSIC], "top_k": 5, "positions": "completion"})
+    page.goto(f"{demo.url}#/monitoring")
+    expect(page.get_by_test_id("feed")).to_have_text("live")
+    questions = ["Tell me about pirates.", "What should I cook tonight in Rome?", "What is the capital of France?", "Sing me a song about the sea."]
+    for n, question in enumerate(questions, start=1):
+        reply = demo.api("POST", "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0})
+        assert reply.status_code == 200
+        expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
+    stats = demo.api("GET", "/api/monitoring/stats").json()
+    assert stats["requests"] == len(questions)
+    expect(page.get_by_role("table", name="Feature statistics").get_by_role("row")).to_have_count(5)
+    shoot(page, "monitoring")
+
+
+def test_narrow_window(demo, chromium, shoot):
+    context = chromium.new_context(viewport={"width": 420, "height": 860})
+    try:
+        page = context.new_page()
+        page.goto(f"{demo.url}#/features/{SAE}/{PIRATE}")
+        card = page.get_by_role("region", name=f"Feature #{PIRATE}")
+        expect(card).to_contain_text("pirate")
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        show(page, card)
+        shoot(page, "narrow")
+    finally:
+        context.close()
+
+
+def test_models_saes_and_a_calibration_job(demo, page, shoot):
+    page.goto(f"{demo.url}#/system")
+    expect(page.get_by_role("table", name="Registered models").get_by_role("row").filter(has_text=MODEL)).to_contain_text("loaded")
+    expect(page.get_by_role("table", name="Registered SAEs").get_by_role("row").filter(has_text=SAE)).to_contain_text("layer 12")
+    texts = ["Arr, the pirate ship sailed the seven seas.", "Paris is the capital of France.", "Pasta and pizza from Naples.",
+             "A melody, a song, a rhythm.", "The meeting was moved to Thursday.", "The river runs to the sea."]
+    page.get_by_label("Texts, one per line").fill("\n".join(texts))
+    page.get_by_role("button", name=f"Calibrate on {len(texts)} texts").click()
+    job = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text="calibration")
+    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=300_000)
+    expect(job).to_contain_text(f"{len(texts)}/{len(texts)} texts (100%)")
+    assert demo.api("GET", f"/api/saes/{SAE}/calibration").json()["summary"]["texts"] == len(texts)
+    shoot(page, "system")
