@@ -69,7 +69,7 @@ def firing_in_the_answer(workbench, messages: list[dict], max_tokens: int) -> tu
     return index, position, activation
 
 
-def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, page, shoot):
+def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, page):
     open_chat(workbench, page, max_tokens=12, seed=7)
     say(page, "Tell me about the river.")
     answer = finished(page.get_by_role("article", name="Answer 1"))
@@ -90,7 +90,6 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     expect(value(headers, "X-miLLM-Ignored-Fields")).to_contain_text("not sent")
     expect(value(headers, "X-miLLM-Circuit-Rung")).to_contain_text("not sent")
     assert conversation(page) == [*messages, {"role": "assistant", "content": text}]
-    shoot(page, "chat")
 
     # the conversation survives a reload (this tab's session), and a new one starts empty
     page.reload()
@@ -100,7 +99,7 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     assert conversation(page) == []
 
 
-def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(workbench, page, shoot):
+def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(workbench, page):
     open_chat(workbench, page, max_tokens=16, seed=3)
     page.get_by_role("switch", name="Compare").check()
     variant = page.get_by_role("group", name="Variant 2")
@@ -129,7 +128,6 @@ def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(wor
     expect(value(headers, "X-miLLM-Seed")).to_have_text(direct.headers["x-millm-seed"])
     expect(turn).to_contain_text("/api/compare does not run probes")
     assert conversation(page) == [*messages, {"role": "assistant", "content": unsteered["text"]}]
-    shoot(page, "compare")
 
 
 def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
@@ -160,7 +158,7 @@ def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
         workbench.api("DELETE", "/api/probes/tiny-fires")
 
 
-def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page, shoot):
+def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
     messages = [{"role": "user", "content": "Tell me a story about a boat."}]
     index, position, activation = firing_in_the_answer(workbench, messages, 20)
     probe = {"name": "boat-stop", "detector": {"type": "feature", "sae_id": workbench.sae, "index": index, "threshold": activation / 2}}
@@ -190,7 +188,6 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page, sho
         row = answer.get_by_role("table", name="Probe verdicts").get_by_role("row").filter(has_text="boat-stop")
         expect(row).to_contain_text("abort")
         expect(row).to_contain_text(f"ended the answer at position {position}")
-        shoot(page, "chat-probes")
 
         # on a narrow window the answer, its headers and verdicts fit without a sideways scroll
         page.set_viewport_size(SIZES["narrow"])

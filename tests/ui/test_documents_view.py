@@ -34,7 +34,7 @@ def open_view(workbench, page):
     expect(page.get_by_role("status", name="Model state")).to_contain_text("ready")
 
 
-def test_import_a_profile_file_and_activate_it(workbench, page, tmp_path, shoot):
+def test_import_a_profile_file_and_activate_it(workbench, page, tmp_path):
     path = write(tmp_path, "river-run.profile.json", profile_document(workbench.sae, "river-run"))
     open_view(workbench, page)
     panel = page.get_by_role("region", name="Profiles")
@@ -53,7 +53,6 @@ def test_import_a_profile_file_and_activate_it(workbench, page, tmp_path, shoot)
     assert steering["active_base"]["fits"] is True
     listed = {p["name"]: p["active"] for p in workbench.api("GET", "/api/profiles").json()["data"]}
     assert listed["river-run"] is True
-    shoot(page, "profiles")
 
     row.get_by_role("button", name="Deactivate").click()
     expect(row.locator("[data-active]")).to_have_text("inactive")
@@ -117,7 +116,7 @@ def test_create_edit_export_and_delete_a_profile(workbench, page):
     assert workbench.api("GET", "/api/profiles/made-here").status_code == 404
 
 
-def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(workbench, page, tmp_path, shoot):
+def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(workbench, page, tmp_path):
     cluster_file = write(tmp_path, "ui-cluster.json", cluster(name="ui-cluster", intensity_range=[0.5, 1.5]))
     open_view(workbench, page)
     clusters = page.get_by_role("region", name="Clusters")
@@ -168,7 +167,6 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(wo
     assert now["steering"]["steering"] is True and now["steering"]["mode"] == "full" and now["steering"]["rung_header"] is True
     assert workbench.api("GET", "/api/steering").json()["source"] == "circuit"
     clusters.evaluate("section => section.scrollIntoView()")  # the shot shows both panels from the top
-    shoot(page, "clusters-circuits")
 
     # below rung 2 the API wants an acknowledgement: refused (its message shown) until it is given
     weak_file = write(tmp_path, "weak.json", circuit(name="ui-weak", rungs=(0, 1), layers=(1, 1), n_features=(128, 128)))

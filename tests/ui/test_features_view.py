@@ -40,7 +40,7 @@ def clean(workbench):
     workbench.api("POST", "/api/steering/enable")
 
 
-def test_search_lists_features_in_the_apis_ranking(workbench, page, shoot):
+def test_search_lists_features_in_the_apis_ranking(workbench, page):
     expected = workbench.api("GET", f"/api/saes/{workbench.sae}/features", params={"q": "paris", "limit": 50}).json()["data"]
     assert {f["index"] for f in expected} == set(range(0, 128, 10))  # the "paris" features, ranked by the API
     page.goto(f"{workbench.url}#/features")
@@ -50,7 +50,6 @@ def test_search_lists_features_in_the_apis_ranking(workbench, page, shoot):
     expect(cells(table, 1)).to_have_text([f"#{f['index']}" for f in expected])
     expect(cells(table, 2)).to_have_text([f["label"] for f in expected])
     assert numbers(cells(table, 3)) == pytest.approx([f["score"] for f in expected], rel=1e-3)
-    shoot(page, "features")
     # a result opens its card
     table.get_by_role("link", name=f"#{expected[1]['index']}", exact=True).click()
     card = page.get_by_role("region", name=f"Feature #{expected[1]['index']}")
@@ -68,7 +67,7 @@ def wait_for_job(workbench, job_id: str, timeout: float = 180) -> dict:
     raise AssertionError(f"job {job_id} did not end in {timeout} s")
 
 
-def test_a_card_shows_label_neighbours_and_the_calibrated_figures(workbench, page, shoot):
+def test_a_card_shows_label_neighbours_and_the_calibrated_figures(workbench, page):
     sae = workbench.sae
     detail = workbench.api("GET", f"/api/saes/{sae}/features/10", params={"k": 10}).json()
     page.goto(f"{workbench.url}#/features/{sae}/10")
@@ -103,7 +102,6 @@ def test_a_card_shows_label_neighbours_and_the_calibrated_figures(workbench, pag
     snippets = card.locator(".snippets li")
     expect(snippets).to_have_count(len(fired["top_examples"]))
     expect(snippets.first.locator("mark")).to_have_text(fired["top_examples"][0]["token"])
-    shoot(page, "feature-card")
 
 
 def test_the_steer_slider_and_number_set_the_live_value(workbench, page, clean):

@@ -43,7 +43,7 @@ def assert_table_is(table, features: list[dict]) -> None:
     assert [int(n) for n in numbers(cells(table, 6))] == [f["count"] for f in features]
 
 
-def test_top_features_and_the_heat_map_are_the_apis(workbench, page, shoot):
+def test_top_features_and_the_heat_map_are_the_apis(workbench, page):
     page.goto(f"{workbench.url}#/inspect")
     page.get_by_label("Text to inspect").fill(TEXT)
     page.get_by_label("Features to list").fill("8")
@@ -79,7 +79,6 @@ def test_top_features_and_the_heat_map_are_the_apis(workbench, page, shoot):
     assert spaces
     for i in spaces:
         expect(spans.nth(i)).to_have_text("·" * len(values[i]["token"]))
-    shoot(page, "inspect")
 
 
 def test_the_chats_conversation_is_inspected_as_messages(workbench, page):
@@ -103,7 +102,7 @@ def test_without_a_conversation_the_page_says_so(workbench, page):
     expect(page.get_by_label("Text to inspect")).to_be_visible()
 
 
-def test_contrast_ranks_features_as_the_api_does(workbench, page, shoot):
+def test_contrast_ranks_features_as_the_api_does(workbench, page):
     body = {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "aggregate": "mean", "top_k": 10}
     answer = workbench.api("POST", f"/api/saes/{workbench.sae}/contrast", json=body)
     assert answer.status_code == 200, answer.text
@@ -127,7 +126,6 @@ def test_contrast_ranks_features_as_the_api_does(workbench, page, shoot):
         expect(cells(table, 6)).to_have_text([f"{f['fired_a']} / {f['fired_b']}" for f in rows])
     expect(page.get_by_role("status").filter(has_text="A: 3 texts")).to_contain_text("B: 4 texts")
     page.get_by_role("region", name="Contrast two sets of texts").evaluate("panel => panel.scrollIntoView()")
-    shoot(page, "contrast")
 
 
 def test_a_refused_read_shows_the_apis_message(workbench, page):
