@@ -144,15 +144,23 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
     expect(heat.locator("span[aria-label]")).to_have_count(len(direct["tokens"]))
     shoot(page, "inspect")
 
-    pirate = ["Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!", "The captain buried his treasure on the island."]
-    plain = ["The train leaves the station at nine.", "She bought apples and bread at the market.", "The meeting was moved to Thursday afternoon."]
+    # the sets of docs/discovery.md's contrast example, by the mean: the pirate features #85 and #1403 lead
+    pirate = ["Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!",
+              "The captain buried his treasure on the island.", "Shiver me timbers, the crew wants rum.",
+              "Walk the plank, ye scurvy dog!", "The pirates raided the merchant galleon at dawn."]
+    plain = ["The train leaves the station at nine.", "She bought apples and bread at the market.",
+             "The meeting was moved to Thursday afternoon.", "He repaired the bicycle in the garage.",
+             "The library opens early on weekdays.", "Rain is expected later this evening."]
     page.get_by_label("Set A").fill("\n".join(pirate))
     page.get_by_label("Set B").fill("\n".join(plain))
+    page.get_by_label("A text's value").select_option("mean")
     page.get_by_label("Features per side").fill("5")
     page.get_by_role("button", name="Contrast", exact=True).click()
-    ranked = demo.api("POST", f"/api/saes/{SAE}/contrast", json={"a": {"texts": pirate}, "b": {"texts": plain}, "top_k": 5}).json()
+    ranked = demo.api("POST", f"/api/saes/{SAE}/contrast", json={"a": {"texts": pirate}, "b": {"texts": plain}, "aggregate": "mean", "top_k": 5}).json()
+    assert [f["index"] for f in ranked["favouring_a"][:2]] == [85, PIRATE]
     favouring_a = page.get_by_role("table", name="Favouring A")
-    expect(favouring_a.get_by_role("row").nth(1)).to_contain_text(f"#{ranked['favouring_a'][0]['index']}")
+    expect(favouring_a.get_by_role("row").nth(1)).to_contain_text("#85")
+    expect(favouring_a.get_by_role("row").nth(2)).to_contain_text(f"#{PIRATE}")
     show(page, page.get_by_role("region", name="Contrast two sets of texts"))
     shoot(page, "contrast")
 
