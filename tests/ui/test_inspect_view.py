@@ -137,3 +137,20 @@ def test_a_refused_read_shows_the_apis_message(workbench, page):
     page.get_by_label("Heat map of feature", exact=True).fill("999")
     page.get_by_role("button", name="Inspect", exact=True).click()
     expect(page.get_by_role("region", name="Inspect a text").get_by_role("alert")).to_have_text(f"400 {error['code']}: {error['message']}")
+
+
+def test_a_text_read_under_a_profile_is_the_apis_steered_read(workbench, page):
+    profile = {"name": "river-up", "steering": [{"sae_id": workbench.sae, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 80}]}]}
+    assert workbench.api("POST", "/api/profiles", json=profile).status_code == 201
+    try:
+        steered = inspect(workbench, {"text": TEXT, "top_k": 6, "steering": {"profile": "river-up"}})
+        assert steered["steered"] and steered["features"] != inspect(workbench, {"text": TEXT, "top_k": 6})["features"]
+        page.goto(f"{workbench.url}#/inspect")
+        page.get_by_label("Text to inspect").fill(TEXT)
+        page.get_by_label("Features to list").fill("6")
+        page.get_by_label("Steering").select_option("profile:river-up")
+        page.get_by_role("button", name="Inspect", exact=True).click()
+        expect(page.get_by_role("status").filter(has_text="sorted by")).to_contain_text("steered (profile river-up)")
+        assert_table_is(page.get_by_role("table", name="Top features"), steered["features"])
+    finally:
+        workbench.api("DELETE", "/api/profiles/river-up")

@@ -159,3 +159,23 @@ export function ConfirmButton({ label, confirm, onConfirm, disabled }) {
   return html`<button class="danger" disabled=${disabled} onClick=${press}>${armed ? confirm : label}</button>${
     armed ? html`<button class="secondary" onClick=${() => setArmed(false)}>Keep</button>` : null}`;
 }
+
+/** A file name for an exported document: its name, kept to safe characters. */
+export function fileName(name, kind) {
+  return `${String(name).replace(/[^A-Za-z0-9._-]+/g, "_")}.${kind}.json`;
+}
+
+/** A panel's actions: each one reloads every panel (`changed`), and its confirmation is shown
+ *  until another change, here or in another panel, makes it stale. */
+export function usePanelActions(version, changed) {
+  const act = useAction();
+  const [notice, setNotice] = useState(null);
+  const say = (text) => setNotice({ text, at: version + 1 }); // the version this action's change brings
+  const run = (fn) => act.run(async () => {
+    setNotice(null);
+    const message = await fn();
+    changed();
+    if (message) say(message);
+  });
+  return { act, run, say, notice: notice && notice.at >= version ? notice.text : "" };
+}

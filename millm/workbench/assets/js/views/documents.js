@@ -7,7 +7,10 @@
 
 import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, html, num, useAction, useLabels, useLoad, useServer } from "../ui.js";
+import {
+  ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, fileName, html, num, useAction, useLabels, useLoad,
+  usePanelActions, useServer,
+} from "../ui.js";
 
 // The dial's envelope when a document declares no range: [0, STEERING_INTENSITY_MAX], whose
 // default (and largest allowed value) is 2. A server configured lower refuses past it with a 400,
@@ -25,11 +28,6 @@ const RUNG_MEANING = {
 };
 
 const OPS = ["add", "clamp", "cap", "ablate"];
-
-/** A file name for an exported document: its name, kept to safe characters. */
-export function fileName(name, kind) {
-  return `${String(name).replace(/[^A-Za-z0-9._-]+/g, "_")}.${kind}.json`;
-}
 
 const signed = (x) => (x > 0 ? `+${num(x)}` : x < 0 ? `−${num(-x)}` : "0");
 
@@ -77,21 +75,6 @@ function ConflictPicker({ value, onChange }) {
       <option value="rename">rename the import (name-2)</option>
       <option value="fail">refuse the import</option>
     </select></label>`;
-}
-
-/** A panel's actions: each one reloads every panel (`changed`), and its confirmation is shown
- *  until another change, here or in another panel, makes it stale. */
-export function usePanelActions(version, changed) {
-  const act = useAction();
-  const [notice, setNotice] = useState(null);
-  const say = (text) => setNotice({ text, at: version + 1 }); // the version this action's change brings
-  const run = (fn) => act.run(async () => {
-    setNotice(null);
-    const message = await fn();
-    changed();
-    if (message) say(message);
-  });
-  return { act, run, say, notice: notice && notice.at >= version ? notice.text : "" };
 }
 
 /** The steering base now (GET /api/steering): which document, whether it still fits. */

@@ -3,7 +3,7 @@
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useSae } from "../ui.js";
+import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae } from "../ui.js";
 
 const CONVERSATION_STORE = "millm.conversation"; // written by the chat view: [{role, content}, ...]
 
@@ -52,8 +52,16 @@ function HeatMap({ activations, prompt }) {
   </div>`;
 }
 
+/** The inspect body's `steering` for the select's value: none, "live", or "profile:<name>". */
+function steeringOf(choice) {
+  if (choice === "live") return { steering: "live" };
+  if (choice.startsWith("profile:")) return { steering: { profile: choice.slice("profile:".length) } };
+  return {};
+}
+
 /** Paste a text or take the chat's conversation; the features that fire on it, and one feature's heat map. */
 function Inspect() {
+  const profiles = useLoad(() => api.profiles.list());
   const [sae, setSae] = useSae();
   const [text, setText] = useState("");
   const [messages, setMessages] = useState(null);
@@ -73,7 +81,7 @@ function Inspect() {
       top_k: Number(overrides.topK ?? topK) || 20,
       sort: overrides.sort ?? sort,
       ...(String(f).trim() !== "" ? { feature: Number(f) } : {}),
-      ...((overrides.steered ?? steered) === "live" ? { steering: "live" } : {}),
+      ...steeringOf(overrides.steered ?? steered),
     };
     const answer = await api.saes.inspect(overrides.sae ?? sae, body);
     setResult({ ...answer, sae: overrides.sae ?? sae });
@@ -126,14 +134,15 @@ function Inspect() {
         <label class="inline">Steering
           <select value=${steered} onChange=${(e) => setSteered(e.target.value)} name="steering">
             <option value="none">unsteered</option><option value="live">live (as a /v1 request now)</option>
+            ${(profiles.value?.data || []).map((p) => html`<option value=${`profile:${p.name}`}>profile ${p.name}</option>`)}
           </select></label>
         <button type="submit" disabled=${act.busy || !sae || (!messages && !text.trim())}>Inspect</button>
       </div>
     </form>
-    <${ErrorNote} error=${act.error} />
+    <${ErrorNote} error=${act.error || profiles.error} />
     ${act.busy ? html`<${Note}>Reading…<//>` : null}
     ${result ? html`
-      <p class="meta" role="status">${result.tokens.length} tokens read of ${result.prompt_tokens} · layer ${result.layer} · ${result.steered ? `steered (${result.steering.kind})` : "unsteered"} · sorted by ${result.sort}</p>
+      <p class="meta" role="status">${result.tokens.length} tokens read of ${result.prompt_tokens} · layer ${result.layer} · ${result.steered ? `steered (${result.steering.kind}${result.steering.params?.name ? ` ${result.steering.params.name}` : ""})` : "unsteered"} · sorted by ${result.sort}</p>
       <div class="contrast-sides">
         <section aria-label="Top features of the text">
           <h3>Top features</h3>

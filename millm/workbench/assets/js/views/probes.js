@@ -9,9 +9,8 @@ import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
 import {
   ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Progress, SaePicker, Table,
-  download, html, num, useAction, useLabels, useLoad, useSae, useServer,
+  download, fileName, html, num, useAction, useLabels, useLoad, usePanelActions, useSae, useServer,
 } from "../ui.js";
-import { fileName, usePanelActions } from "./documents.js";
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
 const lines = (text) => text.split("\n").map((t) => t.trim()).filter(Boolean);
