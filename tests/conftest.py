@@ -83,9 +83,10 @@ def demo_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
-    """One headless Chromium for the whole run."""
+    """A headless Chromium per test module. Not one per session: Playwright's sync API keeps an
+    event loop running on the main thread while it is open, and later tests call asyncio.run()."""
     with browser() as instance:
         yield instance
 

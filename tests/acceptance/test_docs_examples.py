@@ -11,7 +11,10 @@ What a Python example prints is checked wherever the docs show it, in one of two
 - a comment at the end of a one-line `print(...)` call: `print(x)  # what it prints`; every line
   that call writes must read so;
 - a fence with no language right after the example (only blank lines between): the example's
-  whole output, line for line.
+  whole output, line for line. Greedy bf16 text can differ between CPU kinds (their bf16 matmul
+  kernels differ: AVX-512 on AMD Zen 4, AMX on recent Intel Xeons), so such a fence may be
+  followed by alternatives, each a line `*Printed on <which CPU> ...:*` and its own fence; the
+  output must then read as one of them.
 Lines are compared after collapsing runs of whitespace, with two allowances for values that
 vary from run to run: generated ids (`chatcmpl-…`, `cmpl-…`, `call_…`) match any id of their
 kind, and a decimal number matches within 1 in its last shown digit plus 2% (activations and
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- example: ([a-z ]+) -->\n)?```(python|bash)\n(.*?)```", re.S)
 OUTPUT_BLOCK = re.compile(r"\s*```\n(.*?)```", re.S)  # a fence with no language, right after the example
+ALTERNATIVE = re.compile(r"\s*\*Printed on [^\n]*:\*\n\s*```\n(.*?)```", re.S)  # the same output on another CPU kind
 BASE = "http://127.0.0.1:8000"
 GENERATED_ID = re.compile(r"\b(chatcmpl-|cmpl-|call_)[0-9a-f]+\b")
 NUMBER = re.compile(r"-?\d+(?:\.(\d+))?")
@@ -54,7 +58,12 @@ def examples():
                 continue
             flags = marker.split()
             shown = OUTPUT_BLOCK.match(text, match.end()) if language == "python" else None
-            output = shown.group(1) if shown else None
+            output = None
+            if shown:
+                output = [shown.group(1)]
+                while other := ALTERNATIVE.match(text, shown.end()):
+                    output.append(other.group(1))
+                    shown = other
             yield pytest.param(language, code, output, "error" in flags, "keyed" in flags, id=f"{path.name}-{number}-{language}")
 
 
@@ -97,12 +106,17 @@ def run_python(code: str) -> tuple[str, list[tuple[int, str]]]:
     return whole.getvalue(), calls
 
 
-def check_output(code: str, output: str | None) -> None:
-    """What the example printed against what the docs show after it and in its print comments."""
+def reads_as(shown: str, printed: str) -> bool:
+    """Whether a whole output reads as a fence the docs show, line for line."""
+    want, got = shown.splitlines(), printed.splitlines()
+    return len(want) == len(got) and all(map(same_line, want, got))
+
+
+def check_output(code: str, output: list[str] | None) -> None:
+    """What the example printed against what the docs show after it (any of its CPU alternatives) and in its print comments."""
     printed, calls = run_python(code)
     if output is not None:
-        want, got = output.splitlines(), printed.splitlines()
-        assert len(want) == len(got) and all(map(same_line, want, got)), f"the docs show\n{output}\nit printed\n{printed}"
+        assert any(reads_as(shown, printed) for shown in output), f"the docs show\n{chr(10).join(output)}\nit printed\n{printed}"
     for line, shown in print_comments(code).items():
         lines = [text for at, text in calls if at == line]
         assert lines, f"line {line} of the example never printed (the docs show {shown!r})"
