@@ -2,12 +2,14 @@
 test per view, each checking what the page shows against the API. With MILLM_UI_SCREENSHOTS set
 (scripts/workbench-screenshots) each test also leaves the screenshot docs/ui.md shows.
 
-These tests start a demo server of their own: they change steering, probes, monitoring and the
-calibration, which the other acceptance tests must not see."""
+These tests start a demo server of their own (from the demo server's converted checkpoint): they
+change steering, probes, monitoring and the calibration, which the other acceptance tests must not
+see."""
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import httpx
 import pytest
@@ -35,8 +37,10 @@ class Demo:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    process = ServerProcess(tmp_path_factory.mktemp("ui-demo-home"), [])
+def demo(demo_server, tmp_path_factory):
+    home = tmp_path_factory.mktemp("ui-demo-home")
+    shutil.copytree(demo_server.log_path.parent / "cache", home / "cache")  # the converted checkpoint: no second conversion
+    process = ServerProcess(home, [])
     try:
         yield Demo(process.wait_ready(timeout=600))
     finally:

@@ -45,11 +45,38 @@ def tiny_sae(tmp_path_factory) -> Path:
     return build_saelens(tmp_path_factory.mktemp("ui-sae") / "topk", layer=LAYER, architecture="topk", seed=91)
 
 
-@pytest.fixture(scope="module")
-def workbench(tiny_dirs, tiny_sae, tmp_path_factory):
-    """A server of this test module's own (tests change its state)."""
+@pytest.fixture(scope="session")
+def shared_workbench(tiny_dirs, tiny_sae, tmp_path_factory):
+    """One server for the workbench modules (a start costs about 10 s); `workbench` resets it per module."""
     bench = start_workbench(tiny_dirs, tmp_path_factory.mktemp("ui-home"), tiny_sae)
     try:
         yield bench
     finally:
         bench.process.stop()
+
+
+def reset(bench: Workbench) -> None:
+    """The server as a fresh one is, but for its jobs' history: nothing steers, watches or is stored
+    beyond the attached SAE and its shipped labels."""
+    for kind in ("profiles", "clusters", "circuits"):
+        bench.api("POST", f"/api/{kind}/deactivate")
+        for document in bench.api("GET", f"/api/{kind}").json()["data"]:
+            assert bench.api("DELETE", f"/api/{kind}/{document['id']}").status_code == 200
+    for kind in ("probes", "vectors"):
+        for document in bench.api("GET", f"/api/{kind}").json()["data"]:
+            assert bench.api("DELETE", f"/api/{kind}/{document['id']}").status_code == 200
+    if not bench.api("GET", f"/api/saes/{bench.sae}").json()["attached"]:
+        assert bench.api("POST", f"/api/saes/{bench.sae}/attach").status_code == 200
+    bench.api("DELETE", "/api/steering/features")
+    bench.api("POST", "/api/steering/enable")
+    bench.api("DELETE", f"/api/saes/{bench.sae}/calibration")
+    settings = {"enabled": False, "sae_id": None, "features": None, "top_k": 5, "positions": "completion", "percentiles": False}
+    assert bench.api("PUT", "/api/monitoring", json=settings).status_code == 200, "monitoring settings"
+    bench.api("POST", "/api/monitoring/reset")
+
+
+@pytest.fixture(scope="module")
+def workbench(shared_workbench):
+    """The shared server, reset to a fresh one's state before each test module."""
+    reset(shared_workbench)
+    return shared_workbench
