@@ -61,10 +61,12 @@ def serve(settings: Settings) -> int:
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
     from millm.errors import ModelSourceError
+    from millm.service.engines import check_engine_setting
     from millm.service.state import ServerState
 
     settings.home.mkdir(parents=True, exist_ok=True)
     try:
+        check_engine_setting(settings.engine)
         source = resolve_source(settings.model, settings.hub_dir)
     except ModelSourceError as exc:
         print(f"millm: {exc}", file=sys.stderr)

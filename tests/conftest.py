@@ -58,6 +58,23 @@ def llama_lm(tiny_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf(tiny_dirs, tmp_path_factory) -> Path:
+    """The tiny Llama written as GGUF files beside each other: tiny-llama.F32.gguf (the same weights
+    exactly) and tiny-llama.Q8_0.gguf, in one folder; returns the F32 file."""
+    from tests.support.tiny_gguf import write_llama_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    write_llama_gguf(tiny_dirs["llama"], folder / "tiny-llama.Q8_0.gguf", "Q8_0")
+    return write_llama_gguf(tiny_dirs["llama"], folder / "tiny-llama.F32.gguf", "F32")
+
+
+@pytest.fixture(scope="session")
+def cpp_lm(tiny_gguf, tmp_path_factory):
+    """The tiny Llama's F32 GGUF file on llama.cpp, in this process (float32 keys and values)."""
+    return load_tiny(tiny_gguf, tmp_path_factory.mktemp("home"), engine="llama.cpp", sequences=16)
+
+
+@pytest.fixture(scope="session")
 def gemma2_lm(tiny_dirs, tmp_path_factory):
     """The tiny Gemma2, loaded in this process."""
     return load_tiny(tiny_dirs["gemma2"], tmp_path_factory.mktemp("home"))

@@ -7,6 +7,7 @@ states and a KVBatch, not on a request, so rows of different requests can share 
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import torch
 
@@ -14,7 +15,7 @@ from millm.engine.detokenize import IncrementalDetokenizer
 from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, Reader, taps
-from millm.engine.residual import ResidualEdit, Stacked, combined
+from millm.engine.residual import ResidualEdit, combined
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
 from millm.engine.watching import WatchState
@@ -163,7 +164,7 @@ class Lane:
         self.rows: list[RowState] = []
         self.batch = None
         self.logits: torch.Tensor | None = None
-        self.edits: Stacked | None = None
+        self.edits: Any = None  # the editor's stack of the rows' edits
         self.stacked: list[ResidualEdit | None] = []  # the rows' edits that `edits` stacks
         self.reading = False
         self.watching = False

@@ -20,9 +20,7 @@ def continuation_logprobs(lm: LoadedModel, sequence: list[int], start: int) -> l
         raise ValueError(f"start {start} must be within 1..{len(sequence)}")
     if start == len(sequence):
         return []
-    hidden, _ = lm.runner.hidden_states([sequence])
-    head = lm.model.get_output_embeddings()
-    logits = head(hidden[0, start - 1 : len(sequence) - 1]).float()
+    logits = lm.runner.prompt_logits(sequence, start)
     targets = torch.tensor(sequence[start:], dtype=torch.long, device=logits.device)
     picked = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
     return picked.cpu().tolist()

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.residual import ResidualEditor
+from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError, describe
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ class LoadedModel:
 
     name: str
     source: ModelSource
-    model: PreTrainedModel
+    model: PreTrainedModel | None  # None on llama.cpp, which holds the weights itself
+    config: PretrainedConfig  # the architecture (hidden size, layers), whichever engine runs it
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
@@ -53,8 +54,9 @@ class LoadedModel:
     revision: str | None
     quantization: str | None
     runner: Runner  # how forward passes run (see runners.py)
-    residual: ResidualEditor  # per-row residual additions (steering)
+    residual: Editor  # per-row residual additions (steering): ResidualEditor, or ControlVectors on llama.cpp
     grammar: GrammarSupport  # constrained decoding (structured output); its tokenizer is built on first use
+    vocab_size: int  # rows of the output layer: every id the model can score or emit
     engine: str = "transformers"
     parameters: int = 0  # weights of the checkpoint as loaded (before any kernel repacking)
 
@@ -71,9 +73,9 @@ class LoadedModel:
         return f"millm:{self.name}@{revision}:{self.dtype_name}/{quantization}:{self.engine}"
 
     @property
-    def vocab_size(self) -> int:
-        """Rows of the output embedding: every id the model can score or emit."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
+    def reads_residuals(self) -> bool:
+        """Whether the engine can read the residual stream (SAE reads, monitoring, probes)."""
+        return self.engine == "transformers"
 
 
 def pick_device(name: str) -> torch.device:
@@ -128,7 +130,7 @@ def gguf_file_type(path: Path) -> str | None:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
@@ -201,7 +203,7 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
         model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ is typed for tensors and modules only
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-        meta = {"source": str(gguf_path), "sha256": _sha256(gguf_path), "file_type": gguf_file_type(gguf_path)}
+        meta = {"source": str(gguf_path), "sha256": file_sha256(gguf_path), "file_type": gguf_file_type(gguf_path)}
         (staging / GGUF_META).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -239,12 +241,12 @@ def context_window(config, max_model_len: int | None) -> int:
     return max_model_len
 
 
-def eos_token_ids(model, tokenizer) -> frozenset[int]:
+def eos_token_ids(config, generation_config, tokenizer) -> frozenset[int]:
     """Every id that ends a generation: the generation config's, the config's and the tokenizer's."""
     ids: set[int] = set()
     for value in (
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
+        getattr(generation_config, "eos_token_id", None),
+        getattr(config, "eos_token_id", None),
         getattr(tokenizer, "eos_token_id", None),
     ):
         if isinstance(value, int):
@@ -262,9 +264,17 @@ def load_model(
     cache_root: Path,
     max_model_len: int | None = None,
     served_name: str | None = None,
+    engine: str = "transformers",
+    sequences: int = 64,
 ) -> LoadedModel:
-    """Load weights and tokenizer, place them on the device and describe the result."""
+    """Load weights and tokenizer, place them on the device and describe the result (on llama.cpp
+    for engine="llama.cpp", with `sequences` rows at most at once)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if engine == "llama.cpp":
+        from millm.engine.loader_llamacpp import load_with_llamacpp
+
+        return load_with_llamacpp(source, dtype=dtype, max_model_len=max_model_len, served_name=served_name, sequences=sequences)
 
     torch_device = pick_device(device)
     revision = source.revision
@@ -295,19 +305,22 @@ def load_model(
     with torch.inference_mode():
         runner = make_runner(model, torch_device, torch_dtype, q4_weights)
     log.info("model runs on %s (%s): %s runner, kernels: %s", torch_device, torch_dtype, runner.name, runner.kernels)
+    vocab_size = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(
         name=served_name or source.name,
         source=source,
         model=model,
+        config=model.config,
         tokenizer=tokenizer,
         device=torch_device,
         dtype=torch_dtype,
         context_length=context_window(model.config, max_model_len),
-        eos_token_ids=eos_token_ids(model, tokenizer),
+        eos_token_ids=eos_token_ids(model.config, getattr(model, "generation_config", None), tokenizer),
         revision=revision,
         quantization=quantization,
         runner=runner,
         residual=ResidualEditor(model, torch_dtype, torch_device),
-        grammar=GrammarSupport(tokenizer, int(model.get_output_embeddings().weight.shape[0])),
+        grammar=GrammarSupport(tokenizer, vocab_size),
+        vocab_size=vocab_size,
         parameters=parameters,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -71,6 +72,17 @@ class Stacked:
 
     additions: dict[int, torch.Tensor] = field(default_factory=dict)
     operations: dict[int, tuple[tuple[int, tuple[Operation, ...]], ...]] = field(default_factory=dict)
+
+
+class Editor(Protocol):
+    """What the engine asks of a residual editor (ResidualEditor; ControlVectors on llama.cpp).
+    What `stack` returns is the editor's own and only ever goes back to its `install`, hence Any."""
+
+    def stack(self, edits: list[ResidualEdit | None]) -> Any: ...
+
+    def install(self, stacked: Any, taps: dict[int, Tap] | None = None, real: list[int] | None = None) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -28,7 +30,20 @@ class HFBatch:
     mask: torch.Tensor  # [B, T] int64, 0 over left padding
 
 
-class HFRunner:
+class HeadOverHidden:
+    """prompt_logits for runners over a transformers model: the output layer over hidden_states."""
+
+    model: Any
+    hidden_states: Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
+
+    def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1); only those go through the head."""
+        hidden, _ = self.hidden_states([sequence])
+        head = self.model.get_output_embeddings()
+        return head(hidden[0, start - 1 : len(sequence) - 1]).float()
+
+
+class HFRunner(HeadOverHidden):
     """Prefill / step / select over the model's own forward (Gemma2, and every other family)."""
 
     name = "transformers"

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, padded_prefill_mask, positions
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
+from millm.engine.runner_hf import HeadOverHidden
 
 
 class KVBuffer:
@@ -148,7 +149,7 @@ class LlamaBatch:
     padded: bool
 
 
-class LlamaRunner:
+class LlamaRunner(HeadOverHidden):
     """Prefill / step / select for Llama-architecture models, through the lean forward."""
 
     name = "llama-lean"

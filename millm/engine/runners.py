@@ -19,7 +19,7 @@ from millm.engine.runner_llama import LlamaRunner
 
 
 class Runner(Protocol):
-    """What the engine asks of a runner (HFRunner, LlamaRunner). A batch is the runner's own
+    """What the engine asks of a runner (HFRunner, LlamaRunner, LlamaCppRunner). A batch is the runner's own
     (HFBatch, LlamaBatch) and only ever goes back to the runner that made it, hence Any."""
 
     name: str
@@ -35,6 +35,8 @@ class Runner(Protocol):
     def merge(self, a: Any, b: Any, room: int) -> Any: ...
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor: ...
 
 
 def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False) -> Runner:

@@ -119,6 +119,7 @@ def inference_stats(state: ServerState) -> dict:
     scheduler = state.scheduler
     body: dict = {
         "backend": None,
+        "engine": None,
         "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
         "queue_depth": 0,
         "running_rows": 0,
@@ -130,6 +131,7 @@ def inference_stats(state: ServerState) -> dict:
     body["continuous_batching"]["unavailable"] = scheduler.batching_unavailable
     body.update(
         backend=scheduler.backend,
+        engine=scheduler.lm.engine,
         queue_depth=scheduler.queue_depth,
         running_rows=scheduler.running_rows,
         batch_size=scheduler.batch_rows,

@@ -16,7 +16,7 @@ from millm.service.calibration import CalibrationBook
 
 def model_shape(lm: LoadedModel) -> ModelShape:
     """What a linear probe must fit: the model's served name, residual width and depth."""
-    config = lm.model.config
+    config = lm.config
     return ModelShape(lm.name, int(config.hidden_size), int(config.num_hidden_layers))
 
 

@@ -14,6 +14,7 @@ from functools import partial
 from anyio import to_thread
 from pydantic import BaseModel
 
+from millm.engine.control_vectors import engine_cannot
 from millm.engine.jobs import Ranking
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
@@ -197,7 +198,9 @@ class Serving:
         """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
         `read` and by monitoring when it is on, watched by `probes`) and admit them."""
         reads = self._engine_reads(read)
-        monitored = self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
+        # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
+        # nothing for such a model (its status says so) rather than refuse every request.
+        monitored = None if not lm.reads_residuals else self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
         if monitored is not None:
             reads += (monitored[0],)
         options = generation_options(body, body.n or 1)
@@ -238,6 +241,8 @@ class Serving:
         """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
         if asked is None:
             return None
+        if not lm.reads_residuals:
+            raise engine_cannot("return_sae_activations (it reads the residual stream)", "return_sae_activations")
         refuse_multi_row_reads(body, len(prompts))
         scoring = bool(getattr(body, "scoring", False))
         budget = 0 if scoring else completion_budget(lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param)
@@ -252,6 +257,10 @@ class Serving:
 
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
+        if not lm.reads_residuals:  # probes read the residual stream: named ones are refused, active ones do not watch
+            if asked:
+                raise engine_cannot("probes (they read the residual stream)", "probes")
+            return NO_PROBES
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
         return await to_thread.run_sync(watch_request, self.state, lm, asked)

@@ -41,13 +41,16 @@ from millm.errors import (
 from millm.interp.steering import Attached
 from millm.service.calibration import CalibrationBook
 from millm.service.checkpoints import (
+    DeviceMemory,
     check_memory,
     check_quantization,
     element_bytes,
+    free_bytes,
     inspect,
 )
 from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
+from millm.service.engines import LLAMACPP, choose_engine
 from millm.service.jobs import JobBook
 from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
@@ -71,6 +74,7 @@ log = logging.getLogger(__name__)
 LOCK_KEY = "model_lock"
 ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before answering model_busy
 JOBS_KEPT = 50  # ended jobs remembered for GET /api/jobs
+LLAMACPP_SEQUENCES = 256  # llama.cpp's own bound on sequences in one context
 SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
 
 
@@ -304,10 +308,18 @@ class ServerState:
         except (ModelSourceError, OSError) as exc:
             raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
         self.models.note(name, source, checkpoint)
-        check_quantization(name, checkpoint)
         needed = checkpoint.parameters * element_bytes(device, self.settings.dtype)
         reclaimable = self._weights_bytes if current_device == device else 0
-        check_memory(name, needed, device, reclaimable, self.settings.memory_limit_bytes, current)
+        limit = self.settings.memory_limit_bytes
+        try:
+            engine = choose_engine(self.settings.engine, source, lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits, needed)
+        except ModelSourceError as exc:
+            raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
+        if engine == LLAMACPP:  # llama.cpp keeps the file's own types: the file is what it holds
+            needed = source.gguf_path.stat().st_size
+        else:
+            check_quantization(name, checkpoint)
+        check_memory(name, needed, device, reclaimable, limit, current)
 
         if current is not None:
             self._unload(Transition(loading=name, unloading=current))
@@ -324,6 +336,9 @@ class ServerState:
                 # --max-model-len is about the start-up model; a registered model keeps its own window.
                 max_model_len=self.settings.max_model_len if name == self.startup_name else None,
                 served_name=name,
+                engine=engine,
+                # every row at once: the batch, a serial lane beside it, and scoring between steps
+                sequences=min(LLAMACPP_SEQUENCES, self.settings.max_batch_size + 2 * self.settings.max_rows_per_request),
             )
         except Exception as exc:  # ModelSourceError says what; anything else (out of memory, ...) is named
             message = str(exc) if isinstance(exc, ModelSourceError) else f"could not load model {name!r}: {describe(exc)}"

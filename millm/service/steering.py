@@ -268,8 +268,8 @@ def _live_op(value: FeatureOp | float | None) -> FeatureOp | None:
 
 def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:
     """d_in against the model's hidden size, layer against its depth: 400 with the figures."""
-    hidden = lm.model.config.hidden_size
-    depth = lm.model.config.num_hidden_layers
+    hidden = lm.config.hidden_size
+    depth = lm.config.num_hidden_layers
     if info.d_in != hidden:
         raise InvalidRequest(
             f"{info.id} reads vectors of width d_in={info.d_in}, but {lm.name} has hidden size {hidden}",

@@ -69,7 +69,7 @@ def prepare(state: ServerState, body: TrainVectorRequest) -> Prepared:
         raise ModelNotLoaded("no model is loaded to read the pairs with; load one first", param="model")
     if body.model is not None and body.model != lm.name:
         raise InvalidRequest(f"model {body.model!r} is not the loaded model ({lm.name!r}); load it first", param="model")
-    depth = int(lm.model.config.num_hidden_layers)
+    depth = int(lm.config.num_hidden_layers)
     if body.layer >= depth:
         raise InvalidRequest(f"layer {body.layer} does not exist in {lm.name}, which has {depth} layers (0..{depth - 1})", param="layer")
     entries = [(f"pairs[{i}].{which}", getattr(pair, which)) for which in ("positive", "negative") for i, pair in enumerate(body.pairs)]

@@ -30,7 +30,7 @@ PREFIX = "vec_"
 
 def model_width(lm: LoadedModel) -> int:
     """The model's residual width (what an SAE's d_in and a vector's d_model must equal)."""
-    return int(lm.model.config.hidden_size)
+    return int(lm.config.hidden_size)
 
 
 class VectorBook(Book):
@@ -128,7 +128,7 @@ class VectorBook(Book):
                 param="vector_id",
                 code=NOT_APPLICABLE,
             )
-        depth = int(lm.model.config.num_hidden_layers)
+        depth = int(lm.config.num_hidden_layers)
         if not 0 <= row["layer"] < depth:
             raise InvalidRequest(
                 f"steering vector {row['name']!r} ({row['id']}) is at layer {row['layer']}, past {lm.name}'s {depth} layers",

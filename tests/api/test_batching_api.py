@@ -16,6 +16,7 @@ from tests.api.clients import MODEL, post, sse_events
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
+LONG = 400  # tokens: a steered row that outlasts a scoring and an embedding request beside it
 TOPICS = ["the sea", "a city at night", "old trees", "the moon", "a quiet street", "winter"]
 
 
@@ -89,16 +90,16 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
     scoring = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "logprobs": 5}
     reference_scores = post(server, "/v1/completions", scoring).json()["choices"][0]["logprobs"]
     reference_vector = post(server, "/v1/embeddings", {"model": MODEL, "input": prompt}).json()["data"][0]["embedding"]
-    plain = streamed_text(server, chat("the sea", max_tokens=60))[0]
-    steered_alone, _, headers = streamed_text(server, chat("the sea", max_tokens=60, profile="loud"))
+    plain = streamed_text(server, chat("the sea", max_tokens=LONG))[0]
+    steered_alone, _, headers = streamed_text(server, chat("the sea", max_tokens=LONG, profile="loud"))
     assert steered_alone != plain and headers["x-millm-steering"].startswith("profile")
 
     # Scoring and embeddings run between batch steps, so they are "beside" the steered row only if
     # it joined the batch before they were sent and is still there once both have answered (it is
-    # the only generation in flight, and a row never rejoins). A 60-token row on the tiny model
-    # can finish first, so try a few times; at least one try must hold the row across both.
+    # the only generation in flight, and a row never rejoins). The row is long so that a slow CI
+    # machine's round trips fit inside it (60 tokens did not, in CI); a few tries for the rest.
     def steered(into: dict):
-        into["steered"] = streamed_text(server, chat("the sea", max_tokens=60, profile="loud"))[0]
+        into["steered"] = streamed_text(server, chat("the sea", max_tokens=LONG, profile="loud"))[0]
 
     beside = False
     for _ in range(5):

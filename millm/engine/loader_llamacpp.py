@@ -1,0 +1,76 @@
+"""Loading a .gguf file onto llama.cpp: the weights stay quantised, millm keeps its tokenizer and loop.
+
+The tokenizer and the architecture's description come from the file's metadata through
+transformers (the same conversion the dequantising path uses, so token ids, the chat template
+and the special tokens are the ones the transformers engine would see); the weights are read by
+llama.cpp alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from millm.engine.constraints import GrammarSupport
+from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256, gguf_file_type
+from millm.engine.runner_llamacpp import LlamaCppRunner
+from millm.engine.sources import ModelSource
+from millm.errors import MillmError, ModelSourceError, describe
+
+log = logging.getLogger(__name__)
+
+
+def load_with_llamacpp(
+    source: ModelSource, *, dtype: str, max_model_len: int | None, served_name: str | None, sequences: int
+) -> LoadedModel:
+    """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not source.gguf_file:
+        raise ModelSourceError(
+            f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one; use --engine transformers or auto"
+        )
+    if dtype not in ("auto", "float32"):
+        raise ModelSourceError(
+            f"--dtype {dtype} does not apply to llama.cpp, which computes in the file's own types; use auto, or float32 "
+            "(keys and values kept in float32)"
+        )
+    path = source.gguf_path
+    try:
+        config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+    except Exception as exc:
+        raise ModelSourceError(f"could not read the metadata of {path}: {describe(exc)}") from exc
+    context = context_window(config, max_model_len)
+    threads = torch.get_num_threads()
+    try:
+        runner = LlamaCppRunner(
+            path, context=context, sequences=sequences, threads=threads, file_type=gguf_file_type(path), exact_kv=dtype == "float32"
+        )
+    except (ModelSourceError, MillmError):
+        raise
+    except Exception as exc:
+        raise ModelSourceError(f"llama.cpp could not load {path}: {describe(exc)}") from exc
+    log.info("model runs on llama.cpp: %s", runner.kernels)
+    return LoadedModel(
+        name=served_name or source.name,
+        source=source,
+        model=None,
+        config=config,
+        tokenizer=tokenizer,
+        device=runner.device,
+        dtype=torch.float32,  # what the runner hands back (logits, hidden states); the weights keep the file's types
+        context_length=context,
+        eos_token_ids=eos_token_ids(config, None, tokenizer),
+        revision=file_sha256(path)[:8],
+        quantization=gguf_file_type(path),
+        runner=runner,
+        residual=runner.editor,
+        # transformers' reading of a GPT-2-style GGUF vocabulary may add a token the file lacks
+        # (<|endoftext|>); the grammar must know every id the tokenizer has, the mask is cut to the logits.
+        grammar=GrammarSupport(tokenizer, max(runner.vocab_size, len(tokenizer))),
+        vocab_size=runner.vocab_size,
+        engine="llama.cpp",
+        parameters=int(runner.lib.llama_model_n_params(runner.model)),
+    )

@@ -1,0 +1,286 @@
+"""The llama.cpp runner: a GGUF file executed by llama.cpp, millm's own decode loop on top.
+
+The weights stay quantised in llama.cpp's memory; millm keeps everything above the forward pass
+(sampling, penalties, seeds, stop strings, grammars, cancellation, continuous batching), because
+this runner answers the same prefill / step / select_rows / merge as the transformers runners,
+with next-token logits as float32 tensors. Rows are llama.cpp sequences in one context whose KV
+cells are shared by all of them (`kv_unified`): a row joining is a new sequence, a row leaving
+is `llama_memory_seq_rm`, n choices of one prompt are `llama_memory_seq_cp` of its prefill, and
+merging two batches is just listing their sequences together (no padding, no copies).
+
+Steering is llama.cpp's control vectors (control_vectors.py): rows are decoded in groups of
+equal edits, the group's vector applied before its decode. Everything runs on the scheduler
+thread, the only thread that touches the context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from millm.engine.control_vectors import ControlVectors, Vector
+from millm.errors import InsufficientMemory, ModelSourceError
+
+log = logging.getLogger(__name__)
+GGML_F32 = 0  # ggml_type
+
+
+def bindings():
+    """llama-cpp-python's low-level module, or a clear error saying how to install it."""
+    try:
+        import llama_cpp
+        import llama_cpp._logger  # routes llama.cpp's own log through a level we set
+    except ImportError:
+        raise ModelSourceError(
+            "--engine llama.cpp needs llama-cpp-python, which is not installed: run ./scripts/setup.sh, or "
+            "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF\" pip install 'millm[gguf]'"
+        ) from None
+    logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)  # llama.cpp's load chatter otherwise goes to stderr
+    return llama_cpp
+
+
+class CppBatch:
+    """A batch's rows: one llama.cpp sequence each, and how many positions each has been fed."""
+
+    def __init__(self, seqs: list[int], fed: list[int]):
+        self.seqs, self.fed = seqs, fed
+
+
+class Sequences:
+    """Sequence ids of one context: handed out to batches, taken back (and their KV cells freed)
+    once the batch holding them is gone or lets them go. A batch dropped without a word (a lane
+    reset, a scoring pass) is noticed through a weak reference the next time ids are needed."""
+
+    def __init__(self, lib, memory, count: int):
+        self.lib, self.memory, self.count = lib, memory, count
+        self._owner: dict[int, weakref.ref] = {}
+
+    def _reclaim(self) -> None:
+        for seq, owner in list(self._owner.items()):
+            batch = owner()
+            if batch is None or seq not in batch.seqs:
+                self.free(seq)
+
+    def in_use(self) -> int:
+        """Sequences held by live batches (the others' KV cells are freed first)."""
+        self._reclaim()
+        return len(self._owner)
+
+    def take(self, batch: CppBatch, rows: int) -> list[int]:
+        """`rows` unused sequence ids, now owned by `batch`."""
+        self._reclaim()
+        free = [seq for seq in range(self.count) if seq not in self._owner][:rows]
+        if len(free) < rows:
+            raise InsufficientMemory(
+                f"llama.cpp's context has {self.count} sequences and {len(self._owner)} are in use; "
+                f"{rows} more were needed (fewer concurrent rows, or a larger MAX_BATCH_SIZE at start-up)"
+            )
+        for seq in free:
+            self._owner[seq] = weakref.ref(batch)
+        return free
+
+    def adopt(self, batch: CppBatch) -> None:
+        """`batch` now owns all its sequences (after a merge)."""
+        for seq in batch.seqs:
+            self._owner[seq] = weakref.ref(batch)
+
+    def free(self, seq: int) -> None:
+        """Forget a sequence and free its KV cells."""
+        self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self._owner.pop(seq, None)
+
+
+class LlamaCppRunner:
+    """Prefill / step / select / merge over a llama.cpp context (CPU, or the GPU llama.cpp was built for)."""
+
+    name = "llama.cpp"
+    mergeable = True
+
+    def __init__(self, path: Path, *, context: int, sequences: int, threads: int, file_type: str | None, exact_kv: bool = False):
+        lib = self.lib = bindings()
+        lib.llama_backend_init()
+        model_params = lib.llama_model_default_params()
+        model_params.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
+        self.model = lib.llama_model_load_from_file(str(path).encode(), model_params)
+        if not self.model:
+            raise ModelSourceError(f"llama.cpp could not load {path} (see the server log for llama.cpp's reason)")
+        params = lib.llama_context_default_params()
+        params.n_ctx = context
+        params.n_batch = params.n_ubatch = min(512, context)
+        params.n_seq_max = sequences
+        params.kv_unified = True  # one pool of KV cells for every row: a row can use the whole window
+        params.n_threads = params.n_threads_batch = threads
+        params.no_perf = True
+        if exact_kv:  # float32 asked for: keys and values kept in float32 too (llama.cpp's default is float16)
+            params.type_k = params.type_v = GGML_F32
+            params.flash_attn_type = 0  # disabled: its CPU kernel rounds queries to float16
+        self.ctx = lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            lib.llama_model_free(self.model)
+            raise InsufficientMemory(f"llama.cpp could not create a context of {context} positions for {path}")
+        vocab = lib.llama_model_get_vocab(self.model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
+        self.width = int(lib.llama_model_n_embd(self.model))
+        self.layers = int(lib.llama_model_n_layer(self.model))
+        self.context = int(lib.llama_n_ctx(self.ctx))
+        self.chunk = int(lib.llama_n_batch(self.ctx))
+        self.sequences = Sequences(lib, lib.llama_get_memory(self.ctx), sequences)
+        self.editor = ControlVectors(self.layers, self.width)
+        self._batch = lib.llama_batch_init(self.chunk, 0, 1)
+        self._applied: Vector | None = None
+        self.kernels = f"ggml ({file_type or 'unrecorded'}, {threads} threads)"
+        self.device = torch.device("cpu")
+
+    def close(self) -> None:
+        """Free the context and the weights (the runner is unusable afterwards)."""
+        if self.ctx:
+            self.lib.llama_batch_free(self._batch)
+            self.lib.llama_free(self.ctx)
+            self.lib.llama_model_free(self.model)
+            self.ctx = self.model = None
+
+    def __del__(self):
+        self.close()
+
+    # one decode ----------------------------------------------------------------------------
+    def _apply(self, vector: Vector | None) -> None:
+        if vector is self._applied:
+            return
+        lib = self.lib
+        if vector is None:
+            lib.llama_set_adapter_cvec(self.ctx, None, 0, self.width, -1, -1)
+        else:
+            data = vector.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            if lib.llama_set_adapter_cvec(self.ctx, data, vector.data.size, self.width, vector.start, vector.end) != 0:
+                raise RuntimeError("llama.cpp refused the control vector")
+        self._applied = vector
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]], outputs: np.ndarray, slots: list[int]) -> None:
+        """Decode (seq, pos, token, wants_logits) entries in chunks; the logits of the k-th entry
+        that wants them go to `outputs[slots[k]]`."""
+        lib, batch = self.lib, self._batch
+        done = 0
+        for start in range(0, len(entries), self.chunk):
+            part = entries[start : start + self.chunk]
+            for i, (seq, pos, token, wants) in enumerate(part):
+                batch.token[i] = token
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = wants
+            batch.n_tokens = len(part)
+            status = lib.llama_decode(self.ctx, batch)
+            if status == 1:
+                raise InsufficientMemory(
+                    f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "
+                    "concurrent rows, shorter prompts or max_tokens, or a larger --max-model-len"
+                )
+            if status != 0:
+                raise RuntimeError(f"llama_decode failed with status {status}")
+            wanted = sum(1 for entry in part if entry[3])
+            if wanted:
+                logits = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(wanted * self.vocab_size,))
+                outputs[slots[done : done + wanted]] = logits.reshape(wanted, self.vocab_size)
+                done += wanted
+
+    def _run(self, batch: CppBatch, tokens: list[list[int]], last_only: bool = True) -> np.ndarray:
+        """Feed each row its tokens (rows grouped by control vector); logits of each row's last
+        token `[B, V]`, or with last_only=False of every token, rows back to back."""
+        counts = [len(t) if not last_only else 1 for t in tokens]
+        offsets = np.cumsum([0, *counts])
+        outputs = np.empty((int(offsets[-1]), self.vocab_size), dtype=np.float32)
+        for vector, rows in self.editor.groups(len(tokens)):
+            self._apply(vector)
+            entries, slots = [], []
+            for row in rows:
+                seq, fed = batch.seqs[row], batch.fed[row]
+                for j, token in enumerate(tokens[row]):
+                    wants = not last_only or j == len(tokens[row]) - 1
+                    entries.append((seq, fed + j, token, wants))
+                    if wants:
+                        slots.append(int(offsets[row]) + (j if not last_only else 0))
+                batch.fed[row] += len(tokens[row])
+            self._decode(entries, outputs, slots)
+        return outputs
+
+    # the runner interface ------------------------------------------------------------------
+    def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[CppBatch, torch.Tensor]:
+        """Run the prompts as new sequences; returns the batch and next-token logits `[B, V]`."""
+        batch = CppBatch([], [0] * len(prompts))
+        batch.seqs = self.sequences.take(batch, len(prompts))
+        return batch, torch.from_numpy(self._run(batch, prompts))
+
+    def step(self, batch: CppBatch, next_ids: torch.Tensor) -> torch.Tensor:
+        """Feed each row its newest token; returns the next-token logits `[B, V]`."""
+        return torch.from_numpy(self._run(batch, [[int(t)] for t in next_ids.tolist()]))
+
+    def select_rows(self, batch: CppBatch, indices: list[int]) -> None:
+        """Keep (or repeat: a copy of the sequence) rows by index, in the given order; freed rows leave the KV cache."""
+        seqs, fed, used = [], [], set()
+        for index in indices:
+            seq = batch.seqs[index]
+            if seq in used:
+                copy = self.sequences.take(batch, 1)[0]
+                self.lib.llama_memory_seq_cp(self.sequences.memory, seq, copy, -1, -1)
+                seq = copy
+            used.add(seq)
+            seqs.append(seq)
+            fed.append(batch.fed[index])
+        for seq in set(batch.seqs) - used:
+            self.sequences.free(seq)
+        batch.seqs, batch.fed = seqs, fed
+
+    def merge(self, a: CppBatch, b: CppBatch, room: int) -> CppBatch:
+        """One batch of a's rows then b's: the sequences already share the context."""
+        a.seqs, a.fed = a.seqs + b.seqs, a.fed + b.fed
+        b.seqs, b.fed = [], []
+        self.sequences.adopt(a)
+        return a
+
+    def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final normalised hidden states `[B, T, d]` of right-padded prompts (zeros past each end), with their mask."""
+        lib = self.lib
+        width = max(len(p) for p in prompts)
+        hidden = torch.zeros(len(prompts), width, self.width)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        lib.llama_set_embeddings(self.ctx, True)
+        try:
+            for row, prompt in enumerate(prompts):
+                batch = CppBatch([], [0])
+                batch.seqs = self.sequences.take(batch, 1)
+                self._embed(batch.seqs[0], prompt, hidden[row])
+                self.sequences.free(batch.seqs[0])
+                mask[row, : len(prompt)] = 1
+        finally:
+            lib.llama_set_embeddings(self.ctx, False)
+        return hidden, mask
+
+    def _embed(self, seq: int, prompt: list[int], into: torch.Tensor) -> None:
+        lib, batch = self.lib, self._batch
+        self._apply(None)  # never steered: what is read is the model's own
+        for start in range(0, len(prompt), self.chunk):
+            part = prompt[start : start + self.chunk]
+            for i, token in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, start + i, 1, True
+                batch.seq_id[i][0] = seq
+            batch.n_tokens = len(part)
+            if lib.llama_decode(self.ctx, batch) != 0:
+                raise InsufficientMemory(f"llama.cpp's KV cache ({self.context} positions) cannot hold this input")
+            values = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(len(part) * self.width,))
+            into[start : start + len(part)] = torch.from_numpy(values.reshape(len(part), self.width).copy())
+
+    def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1), unsteered."""
+        self.editor.clear()
+        batch = CppBatch([], [0])
+        batch.seqs = self.sequences.take(batch, 1)
+        try:
+            logits = self._run(batch, [sequence[:-1]], last_only=False)
+        finally:
+            self.sequences.free(batch.seqs[0])
+        return torch.from_numpy(logits[start - 1 :])

@@ -1,0 +1,132 @@
+"""A live server on the tiny Llama's GGUF file with --engine llama.cpp: the OpenAI surface over
+millm's own loop (seeds, stops, structured output, a forced tool call, scoring, embeddings,
+continuous batching), steering through an attached SAE as control vectors, and 400s naming what
+llama.cpp cannot do (residual reads, probes, a clamp, a layer without a control vector)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.api.clients import api, error, post, sdk
+from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
+
+MODEL = "tiny-llama.F32"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gguf, tmp_path_factory):
+    home = tmp_path_factory.mktemp("cpp-home")
+    saes = tmp_path_factory.mktemp("cpp-saes")
+    args = ["--model", str(tiny_gguf), "--engine", "llama.cpp", "--dtype", "float32"]
+    process = ServerProcess(home, args)
+    try:
+        process.wait_ready()
+        process.sae_at = {layer: build_saelens(saes / f"layer{layer}", layer=layer, seed=layer) for layer in (0, 1)}
+        yield process
+    finally:
+        process.stop()
+
+
+def chat(content: str, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 24, "temperature": 0, **extra}
+
+
+def answer(server, body: dict) -> tuple[str, httpx.Response]:
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"], response
+
+
+def test_chat_runs_on_llamacpp_and_says_so(server):
+    text, response = answer(server, chat("Tell me about the sea."))
+    assert text and response.json()["system_fingerprint"].endswith("float32/F32:llama.cpp")
+    streamed = sdk(server).chat.completions.create(**chat("Tell me about the sea."), stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == text
+    health = api(server, "GET", "/api/health/inference").json()
+    assert health["engine"] == "llama.cpp"
+
+
+def test_seeds_stops_and_n(server):
+    body = chat("Tell me about the moon.", temperature=1.0, seed=5, max_tokens=16)
+    first, response = answer(server, body)
+    assert answer(server, body)[0] == first and response.headers["x-millm-seed"].startswith("5")
+    whole = answer(server, chat("Tell me about the moon."))[0]
+    stop = whole[4:7]
+    cut = post(server, "/v1/chat/completions", chat("Tell me about the moon.", stop=[stop])).json()["choices"][0]
+    assert cut["message"]["content"] == whole[: whole.index(stop)] and cut["finish_reason"] == "stop"
+    several = post(server, "/v1/chat/completions", chat("Hi", n=3, temperature=1.0, seed=9)).json()["choices"]
+    assert len(several) == 3
+
+
+def test_structured_output_and_a_forced_tool_call_parse(server):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False}
+    body = chat("Name a city.", max_tokens=60, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    text, _ = answer(server, body)
+    assert set(json.loads(text)) == {"city"}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {"day": {"type": "integer"}}, "required": ["day"]}}}
+    forced = {**chat("Weather?", max_tokens=60), "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "weather"}}}
+    call = post(server, "/v1/chat/completions", forced).json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "weather" and isinstance(json.loads(call["function"]["arguments"])["day"], int)
+
+
+def test_scoring_and_embeddings(server):
+    scored = post(server, "/v1/completions", {"model": MODEL, "prompt": "The cat", "max_tokens": 1, "logprobs": 3, "temperature": 0, "return_tokens_as_token_ids": True}).json()
+    logprobs = scored["choices"][0]["logprobs"]
+    top = logprobs["top_logprobs"][0]
+    assert len(top) == 3 and max(top.values()) == logprobs["token_logprobs"][0] < 0
+    vectors = post(server, "/v1/embeddings", {"model": MODEL, "input": ["a", "the cat"]}).json()["data"]
+    assert len(vectors) == 2 and len(vectors[0]["embedding"]) == 64
+
+
+def test_an_oversized_prompt_is_a_400_with_both_counts(server):
+    body = chat("word " * 1500, max_tokens=1000)
+    refused = error(post(server, "/v1/chat/completions", body), 400, "context_length_exceeded")
+    assert "2048" in refused["message"]
+
+
+def test_concurrent_requests_each_get_their_own_answer(server):
+    topics = ["the sea", "a city", "old trees", "winter"]
+    solo = [answer(server, chat(f"Tell me about {t}."))[0] for t in topics]
+    with ThreadPoolExecutor(len(topics)) as pool:
+        together = list(pool.map(lambda t: answer(server, chat(f"Tell me about {t}."))[0], topics))
+    assert together == solo
+
+
+def test_steering_through_an_attached_sae_and_what_is_refused(server):
+    plain = answer(server, chat("Tell me about the sea."))[0]
+    sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    try:
+        feature = {"features": [{"sae_id": sae, "index": 3, "strength": 80.0}]}
+        assert post(server, "/api/steering/features", feature).status_code == 200
+        steered, response = answer(server, chat("Tell me about the sea."))
+        assert steered != plain and response.headers["x-millm-steering"] != "none"
+        read = chat("Hi", return_sae_activations={"top_k": 2})
+        refused = error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")
+        assert refused["param"] == "return_sae_activations" and "--engine transformers" in refused["message"]
+        probe = chat("Hi", probes=[{"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0}}])
+        assert error(post(server, "/v1/chat/completions", probe), 400)["param"] == "probes"
+        clamp = api(server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"op": "cap", "value": 1.0})
+        assert clamp.status_code == 200, clamp.text
+        assert "steering operation" in error(post(server, "/v1/chat/completions", chat("Hi")), 400, "field_not_honoured")["message"]
+    finally:
+        api(server, "DELETE", "/api/steering/features")
+        post(server, f"/api/saes/{sae}/detach", {})
+    assert answer(server, chat("Tell me about the sea."))[0] == plain
+
+
+def test_an_sae_on_block_0_cannot_steer_here(server):
+    sae = post(server, "/api/saes", {"path": str(server.sae_at[0])}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    try:
+        assert post(server, "/api/steering/features", {"features": [{"sae_id": sae, "index": 1, "strength": 50.0}]}).status_code == 200
+        refused = error(post(server, "/v1/chat/completions", chat("Hi")), 400, "field_not_honoured")
+        assert "after block 0" in refused["message"]
+    finally:
+        api(server, "DELETE", "/api/steering/features")
+        post(server, f"/api/saes/{sae}/detach", {})
