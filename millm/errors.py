@@ -101,6 +101,7 @@ class DocumentTooLarge(RequestTooLarge, status=413, code="document_too_large", t
 class ClientGone(MillmError, status=499, code="client_closed_request", type="invalid_request_error"): """The client disconnected before its answer was ready (nginx's 499); nobody reads it."""
 # ---- what the server holds
 class NotFound(MillmError, status=404, code="not_found", type="invalid_request_error"): """A management resource (SAE, profile, ...) that does not exist; the raise site's code names which."""
+class AmbiguousModelName(MillmError, status=400, code="AMBIGUOUS_MODEL_NAME", type="invalid_request_error"): """A bare repository name while several of its quantisations (repo:QUANT) are registered."""
 class ModelNotFound(MillmError, status=404, code="model_not_found", type="invalid_request_error"): """The request names a model this server does not know."""
 class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
 # Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
+from millm.engine.gguf_meta import gguf_file_type
 from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner
 from millm.engine.sources import ModelSource
@@ -112,22 +113,6 @@ def pick_dtype(name: str, device: torch.device, q4_weights: bool = False) -> tor
     except RuntimeError as exc:
         raise ModelSourceError(f"dtype {name} is not supported on {device}: {exc}") from None
     return dtype
-
-
-def gguf_file_type(path: Path) -> str | None:
-    """The quantization named by a GGUF file's general.file_type (e.g. Q4_1), if recorded."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    field_ = reader.fields.get("general.file_type")
-    if field_ is None:
-        return None
-    value = int(field_.contents())
-    try:
-        name = gguf.LlamaFileType(value).name
-    except ValueError:
-        return None
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 def file_sha256(path: Path) -> str:

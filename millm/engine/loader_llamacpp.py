@@ -13,7 +13,8 @@ import logging
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256, gguf_file_type
+from millm.engine.gguf_meta import gguf_file_type
+from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256
 from millm.engine.runner_llamacpp import LlamaCppRunner
 from millm.engine.sources import ModelSource
 from millm.errors import MillmError, ModelSourceError, describe

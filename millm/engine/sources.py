@@ -25,6 +25,8 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?:\.?[\w\-][\w.\-]*|\.\.[\w.\-]+)$")
 # What a causal LM needs from a hub snapshot; skips other frameworks' weights and big extras.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
+# A quantisation tag at the end of a GGUF file's name: .Q4_K_M, -q8_0, .F16, .BF16, .IQ4_XS, ...
+QUANT_SUFFIX = re.compile(r"(?P<repo>.+?)[.-](?P<quant>(?:[QqIi][A-Za-z]*\d[A-Za-z0-9_]*)|[Bb]?[Ff](?:16|32))")
 SourceKind = Literal["demo", "directory", "gguf", "hub"]
 
 
@@ -74,7 +76,7 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
                 "a .gguf file or a Hugging Face hub id"
             )
         path = path.resolve()
-        return ModelSource("gguf", reference, path.parent, path.name, path.stem, "local", None)
+        return ModelSource("gguf", reference, path.parent, path.name, gguf_name(path), "local", None)
     if HUB_ID.match(reference) and not reference.startswith((".", "/", "~")):
         return _hub_source(reference, hub_download_dir)
     raise ModelSourceError(
@@ -97,12 +99,24 @@ def demo_source() -> ModelSource:
     return ModelSource("demo", DEMO_MODEL_NAME, directory, DEMO_GGUF, DEMO_MODEL_NAME, DEMO_OWNER, None)
 
 
+def gguf_name(path: Path) -> str:
+    """A GGUF file's model name, `repo:QUANT` (the spec's Models API): the file name without its
+    quantisation tag, and the tag (`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct:Q4_1`).
+    Without a tag in the name, the file's own general.file_type gives it."""
+    match = QUANT_SUFFIX.fullmatch(path.stem)
+    if match:
+        return f"{match['repo']}:{match['quant'].upper()}"
+    from millm.engine.gguf_meta import gguf_file_type
+
+    return f"{path.stem}:{gguf_file_type(path) or 'GGUF'}"
+
+
 def _directory_source(reference: str, directory: Path) -> ModelSource:
     if (directory / "config.json").is_file():
         return ModelSource("directory", reference, directory, None, directory.name, "local", None)
     ggufs = sorted(directory.glob("*.gguf"))
     if len(ggufs) == 1:
-        return ModelSource("gguf", reference, directory, ggufs[0].name, ggufs[0].stem, "local", None)
+        return ModelSource("gguf", reference, directory, ggufs[0].name, gguf_name(ggufs[0]), "local", None)
     if ggufs:
         names = ", ".join(p.name for p in ggufs)
         raise ModelSourceError(f"directory {reference!r} holds several .gguf files ({names}); name one")

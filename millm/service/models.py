@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from millm.engine.sources import ModelSource, resolve_source
-from millm.errors import Conflict, InvalidRequest, ModelNotFound, ModelSourceError
+from millm.errors import AmbiguousModelName, Conflict, InvalidRequest, ModelNotFound, ModelSourceError
 from millm.service.checkpoints import Checkpoint, inspect
 from millm.store.database import Store
 
@@ -99,6 +99,21 @@ class ModelRegistry:
         """The registration of `name`, if any."""
         with self._lock:
             return self._entries.get(name)
+
+    def canonical(self, name: str) -> str:
+        """The registered name `name` means: itself, or for a bare repository name the one
+        `repo:QUANT` registered (400 AMBIGUOUS_MODEL_NAME naming the tags when there are several)."""
+        with self._lock:
+            if name in self._entries or ":" in name:
+                return name
+            tagged = sorted(entry for entry in self._entries if entry.partition(":")[0] == name and ":" in entry)
+        if len(tagged) > 1:
+            tags = ", ".join(entry.partition(":")[2] for entry in tagged)
+            raise AmbiguousModelName(
+                f"model {name!r} has several quantizations registered ({tags}): name one as {name}:TAG, e.g. {tagged[0]!r}",
+                param="model",
+            )
+        return tagged[0] if tagged else name
 
     def get(self, name: str) -> RegisteredModel:
         """The registration of `name`, or 404 model_not_found naming what is registered."""

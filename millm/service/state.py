@@ -194,7 +194,9 @@ class ServerState:
 
     async def acquire(self, name: str) -> LoadedModel:
         """The model `name`, held by this request until it ends; when it is registered but not
-        loaded, it is loaded first (on a worker thread), replacing the loaded model."""
+        loaded, it is loaded first (on a worker thread), replacing the loaded model. A bare
+        repository name means its one registered quantisation (repo:QUANT)."""
+        name = self.models.canonical(name)
         lease = self._lease(name)
         if lease is None:
             await in_passing_thread(self.load, name)
@@ -237,6 +239,7 @@ class ServerState:
     def load(self, name: str) -> LoadedModel:
         """Make `name` the loaded model (blocking). Everything that can refuse runs before the
         loaded model is unloaded; a failure after that is a 500 model_load_failed."""
+        name = self.models.canonical(name)
         self.models.get(name)
         if not self._switching.acquire(blocking=False):
             raise ModelBusy(self._busy_message(self.transition), param="model")
@@ -265,6 +268,7 @@ class ServerState:
 
     def unload(self, name: str) -> bool:
         """Unload `name` if it is the loaded model (blocking, graceful); returns whether it was loaded."""
+        name = self.models.canonical(name)
         self.models.get(name)
         if not self._switching.acquire(blocking=False):
             raise ModelBusy(self._busy_message(self.transition), param="model")

@@ -15,7 +15,7 @@ from tests.api.clients import api, error, post, sdk
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
-MODEL = "tiny-llama.F32"
+MODEL = "tiny-llama:F32"  # repo:QUANT, from the file name tiny-llama.F32.gguf
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +130,22 @@ def test_an_sae_on_block_0_cannot_steer_here(server):
     finally:
         api(server, "DELETE", "/api/steering/features")
         post(server, f"/api/saes/{sae}/detach", {})
+
+
+def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
+    assert answer(server, {**chat("Hi"), "model": "tiny-llama"})[0]  # a bare name while one exists
+    q8 = tiny_gguf.parent / "tiny-llama.Q8_0.gguf"
+    registered = post(server, "/api/models", {"source": str(q8)})
+    assert registered.status_code == 201, registered.text
+    assert registered.json()["id"] == "tiny-llama:Q8_0"
+    post(server, "/api/models/tiny-llama:F32/unlock", {})  # attaching SAEs above locked the server to it
+    listed = {m["id"] for m in api(server, "GET", "/v1/models").json()["data"]}
+    assert {"tiny-llama:F32", "tiny-llama:Q8_0"} <= listed
+    ambiguous = error(post(server, "/v1/chat/completions", {**chat("Hi"), "model": "tiny-llama"}), 400, "AMBIGUOUS_MODEL_NAME")
+    assert "F32, Q8_0" in ambiguous["message"] and ambiguous["param"] == "model"
+    try:
+        text, response = answer(server, {**chat("Tell me about the sea."), "model": "tiny-llama:Q8_0"})
+        assert response.json()["model"] == "tiny-llama:Q8_0" and response.json()["system_fingerprint"].endswith("/Q8_0:llama.cpp")
+    finally:
+        assert post(server, "/api/models/tiny-llama:F32/load", {}).status_code == 200
+    assert answer(server, chat("Hi"))[0]
