@@ -259,7 +259,7 @@ def load_model(
     if engine == "llama.cpp":
         from millm.engine.loader_llamacpp import load_with_llamacpp
 
-        return load_with_llamacpp(source, dtype=dtype, max_model_len=max_model_len, served_name=served_name, sequences=sequences)
+        return load_with_llamacpp(source, dtype=dtype, cache_root=cache_root, max_model_len=max_model_len, served_name=served_name, sequences=sequences)
 
     torch_device = pick_device(device)
     revision = source.revision

@@ -8,26 +8,51 @@ llama.cpp alone.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.gguf_meta import gguf_file_type
-from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256
+from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256, gguf_cache_key
 from millm.engine.runner_llamacpp import LlamaCppRunner
 from millm.engine.sources import ModelSource
 from millm.errors import MillmError, ModelSourceError, describe
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 
-def load_with_llamacpp(
-    source: ModelSource, *, dtype: str, max_model_len: int | None, served_name: str | None, sequences: int
-) -> LoadedModel:
-    """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
+def file_metadata(source: ModelSource, cache: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
+    """The file's architecture, tokenizer and facts (hash, file type), read once and kept under
+    `cache` (reading a large vocabulary from GGUF metadata takes seconds; a changed file is read again)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    entry = cache / gguf_cache_key(source.gguf_path)
+    facts = entry / "millm-gguf-meta.json"
+    if not facts.is_file():
+        staging = cache / f".{entry.name}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
+        AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
+        meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": gguf_file_type(source.gguf_path)}
+        (staging / facts.name).write_text(json.dumps(meta, indent=2))
+        shutil.rmtree(entry, ignore_errors=True)
+        staging.rename(entry)
+    return AutoConfig.from_pretrained(str(entry)), AutoTokenizer.from_pretrained(str(entry)), json.loads(facts.read_text())
+
+
+def load_with_llamacpp(
+    source: ModelSource, *, dtype: str, cache_root: Path, max_model_len: int | None, served_name: str | None, sequences: int
+) -> LoadedModel:
+    """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
     if not source.gguf_file:
         raise ModelSourceError(
             f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one; use --engine transformers or auto"
@@ -39,15 +64,14 @@ def load_with_llamacpp(
         )
     path = source.gguf_path
     try:
-        config = AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
-        tokenizer = AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+        config, tokenizer, meta = file_metadata(source, cache_root / "gguf-meta")
     except Exception as exc:
         raise ModelSourceError(f"could not read the metadata of {path}: {describe(exc)}") from exc
     context = context_window(config, max_model_len)
     threads = torch.get_num_threads()
     try:
         runner = LlamaCppRunner(
-            path, context=context, sequences=sequences, threads=threads, file_type=gguf_file_type(path), exact_kv=dtype == "float32"
+            path, context=context, sequences=sequences, threads=threads, file_type=meta["file_type"], exact_kv=dtype == "float32"
         )
     except (ModelSourceError, MillmError):
         raise
@@ -64,8 +88,8 @@ def load_with_llamacpp(
         dtype=torch.float32,  # what the runner hands back (logits, hidden states); the weights keep the file's types
         context_length=context,
         eos_token_ids=eos_token_ids(config, None, tokenizer),
-        revision=file_sha256(path)[:8],
-        quantization=gguf_file_type(path),
+        revision=meta["sha256"][:8],
+        quantization=meta["file_type"],
         runner=runner,
         residual=runner.editor,
         # transformers' reading of a GPT-2-style GGUF vocabulary may add a token the file lacks

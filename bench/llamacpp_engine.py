@@ -1,0 +1,145 @@
+"""The llama.cpp engine against llama-cpp-python and against millm's transformers engine, one run, one table.
+
+On the demo's own Q4_1 GGUF file:
+(a) millm on llama.cpp (--engine llama.cpp) through HTTP streaming, one stream;
+(b) llama-cpp-python's own create_completion (streaming) on the same file and thread count, in a
+    process of its own that imports nothing else (the reference: llama.cpp as its users run it);
+(c) millm on transformers (the default engine) through HTTP streaming;
+then on (a)'s server: 8 concurrent streams (continuous batching) in aggregate, the same single
+stream with one feature steered (a control vector), and each server's resident memory after
+load (VmRSS, before any request) beside (b)'s process. Decode tok/s excludes the first token;
+each single-stream figure is the best of --repeats runs.
+
+    .venv/bin/python bench/llamacpp_engine.py [--tokens 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.decode_speed import PROMPT, http_run  # noqa: E402
+from millm.engine.sources import demo_source  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+PIRATE = 1403  # the demo SAE's pirate feature (the demo's pirate profile steers it at 40)
+
+REFERENCE = """
+import json, resource, sys, time
+from llama_cpp import Llama
+path, threads, tokens, repeats, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+llm = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
+rates = []
+for _ in range(repeats + 1):
+    start, first, count = time.perf_counter(), None, 0
+    for piece in llm.create_completion(prompt, max_tokens=tokens, temperature=0, repeat_penalty=1.0, stream=True):
+        if piece["choices"][0]["finish_reason"] is not None:
+            continue
+        count += 1
+        first = first or time.perf_counter()
+    rates.append((count - 1) / (time.perf_counter() - first))
+print(json.dumps({"tok_s": max(rates[1:]), "rss": rss, "tokens": count}))
+"""
+
+
+def rss(server: ServerProcess) -> int:
+    """The server process's resident memory now, in bytes."""
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
+
+
+def best(run, repeats: int) -> float:
+    run()  # warm-up
+    return max(run()[1] for _ in range(repeats))
+
+
+def aggregate(base_url: str, streams: int, tokens: int) -> float:
+    """Tokens per second of `streams` concurrent streams together (first token to last)."""
+    with ThreadPoolExecutor(streams) as pool:
+        start = time.perf_counter()
+        results = list(pool.map(lambda _: http_run(base_url, MODEL, tokens), range(streams)))
+        elapsed = time.perf_counter() - start
+    return sum(r[2] for r in results) / elapsed
+
+
+def steer(base_url: str, strength: float) -> None:
+    """Set (or with 0, clear) the pirate feature live on the demo SAE."""
+    sae = httpx.get(f"{base_url}/api/saes", timeout=30).json()["data"][0]["id"]
+    body = {"features": [{"sae_id": sae, "index": PIRATE, "strength": strength}]}
+    httpx.post(f"{base_url}/api/steering/features", json=body, timeout=30).raise_for_status()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    threads = torch.get_num_threads()
+    source = demo_source()
+    path = source.directory / source.gguf_file
+    rows = []
+
+    home = Path(tempfile.mkdtemp(prefix="millm-bench-cpp-"))
+    env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": "8"}
+    server = ServerProcess(home, ["--engine", "llama.cpp", "--log-level", "warning"], env=env).wait_ready(timeout=600)
+    try:
+        time.sleep(2)
+        cpp_rss = rss(server)
+        single = best(lambda: http_run(server.base_url, MODEL, args.tokens), args.repeats)
+        aggregate(server.base_url, 2, 16)  # warm-up of the batched path
+        eight = aggregate(server.base_url, 8, args.tokens)
+        steer(server.base_url, 40.0)
+        steered = best(lambda: http_run(server.base_url, MODEL, args.tokens), args.repeats)
+        steer(server.base_url, 0.0)
+    finally:
+        server.stop()
+
+    reference = json.loads(subprocess.run(
+        [sys.executable, "-c", REFERENCE, str(path), str(threads), str(args.tokens), str(args.repeats), PROMPT],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()[-1])
+
+    home = Path(tempfile.mkdtemp(prefix="millm-bench-hf-"))
+    server = ServerProcess(home, ["--log-level", "warning"]).wait_ready(timeout=600)
+    try:
+        time.sleep(2)
+        hf_rss = rss(server)
+        hf = best(lambda: http_run(server.base_url, MODEL, args.tokens), args.repeats)
+    finally:
+        server.stop()
+
+    size = path.stat().st_size
+    rows = [
+        ("(a) millm, --engine llama.cpp, HTTP stream", single, cpp_rss, f"{single / reference['tok_s']:.2f}x (b), {single / hf:.2f}x (c)"),
+        ("(b) llama-cpp-python create_completion", reference["tok_s"], reference["rss"], ""),
+        ("(c) millm, --engine transformers, HTTP stream", hf, hf_rss, ""),
+        ("(a) 8 concurrent streams, aggregate", eight, None, f"{eight / single:.2f}x (a)"),
+        ("(a) one feature steered (control vector)", steered, None, f"{steered / single:.2f}x (a)"),
+    ]
+    print(f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, {threads} threads, best of {args.repeats}")
+    print(f"| {'path':<46} | tok/s  | RSS after load | ratio |")
+    print(f"|{'-' * 48}|--------|----------------|-------|")
+    for name, rate, memory, ratio in rows:
+        shown = f"{memory / 2**20:8.0f} MiB" if memory else ""
+        print(f"| {name:<46} | {rate:6.1f} | {shown:>14} | {ratio} |")
+    print("\ngoals: (a) >= 0.9x (b), (a) >= 1.5x (c); 8 streams >= 3x (a); steered >= 0.95x (a); "
+          f"(a)'s RSS under 2x the file ({2 * size / 2**20:.0f} MiB) plus the runtime's baseline")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

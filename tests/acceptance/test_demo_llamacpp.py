@@ -1,0 +1,52 @@
+"""Acceptance: the demo started with --engine llama.cpp answers sensibly and its profiles steer,
+through control vectors on the demo's own Q4_1 file."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.api.clients import error, post, sdk
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.acceptance
+MODEL = "SmolLM2-135M-Instruct"
+WEEKEND = [{"role": "user", "content": "Tell me about your weekend."}]
+
+
+@pytest.fixture(scope="module")
+def cpp_demo(tmp_path_factory):
+    server = ServerProcess(tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"])
+    try:
+        yield server.wait_ready(timeout=600)
+    finally:
+        server.stop()
+
+
+def answer(server, messages, **extra) -> str:
+    response = sdk(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0, extra_body=extra or None)
+    assert response.system_fingerprint.endswith("/Q4_1:llama.cpp")
+    return response.choices[0].message.content
+
+
+def test_paris(cpp_demo):
+    # "What is the capital of France?" itself gets "L'Étoile, la Marseillaise, ..." here: llama.cpp
+    # rounds activations to 8 bits in its Q4_1 products, and the model's top two first tokens are
+    # 0.3 apart (docs/engine.md, the llama.cpp engine). llama-cpp-python answers the same.
+    assert "Paris" in answer(cpp_demo, [{"role": "user", "content": "Which city is the capital of France?"}])
+
+
+@pytest.mark.parametrize("profile, words", [("pirate", ["pirate", "ship", "sea"]), ("france", ["French", "France", "Paris"])])
+def test_demo_profiles_steer_on_llamacpp(cpp_demo, profile, words):
+    plain = answer(cpp_demo, WEEKEND)
+    steered = answer(cpp_demo, WEEKEND, profile=profile)
+    assert steered != plain
+    assert any(word in steered for word in words), steered
+    assert not any(word in plain for word in words if word != "sea")
+
+
+def test_reads_are_refused_by_name(cpp_demo):
+    body = {"model": MODEL, "messages": WEEKEND, "max_tokens": 8, "return_sae_activations": {"top_k": 3}}
+    refused = error(post(cpp_demo, "/v1/chat/completions", body), 400, "field_not_honoured")
+    assert refused["param"] == "return_sae_activations"
+    assert httpx.get(f"{cpp_demo.base_url}/api/health/inference").json()["engine"] == "llama.cpp"
