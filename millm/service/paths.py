@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import TypeGuard
 
-from millm.engine.sources import DEMO_MODEL_NAME, HUB_ID
+from millm.engine.sources import DEMO_MODEL_NAME, HUB_GGUF_ID, HUB_ID
 from millm.errors import PathNotAllowed
 
 HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
@@ -41,9 +41,10 @@ def climbs(relative: str) -> bool:
     return any(part == ".." for part in PurePosixPath(relative.replace("\\", "/")).parts)
 
 
-def is_hub_id(reference: str) -> bool:
-    """A Hugging Face hub id (owner/name) that names no local path (`.`/`..` segments excluded)."""
-    return bool(HUB_ID.match(reference)) and not reference.startswith((".", "/", "~")) and not climbs(reference) and all(
+def is_hub_id(reference: str, quantised: bool = False) -> bool:
+    """A Hugging Face hub id (owner/name; with `quantised` also owner/name:QUANT, one GGUF file of
+    a model repository) that names no local path (`.`/`..` segments excluded)."""
+    return bool(HUB_ID.match(reference) or (quantised and HUB_GGUF_ID.match(reference))) and not reference.startswith((".", "/", "~")) and not climbs(reference) and all(
         part not in (".", "..") for part in reference.split("/")
     )
 
@@ -85,6 +86,6 @@ class PathPolicy:
             return True
         if inside(resolved(reference), self.roots):
             return True
-        if is_hub_id(reference):
+        if is_hub_id(reference, quantised=True):
             return False
         raise self.refusal(reference, param)

@@ -14,7 +14,6 @@ from functools import partial
 from anyio import to_thread
 from pydantic import BaseModel
 
-from millm.engine.control_vectors import engine_cannot
 from millm.engine.jobs import Ranking
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
@@ -47,7 +46,7 @@ from millm.service.generation import (
     build_rows,
     completion_budget,
 )
-from millm.service.prechecks import Prechecked, precheck
+from millm.service.prechecks import Prechecked, precheck, refuse_residual_reads
 from millm.service.probe_watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.prompts import completion_prompts, conversation_prompts
 from millm.service.replies import Reply, Report
@@ -242,7 +241,7 @@ class Serving:
         if asked is None:
             return None
         if not lm.reads_residuals:
-            raise engine_cannot("return_sae_activations (it reads the residual stream)", "return_sae_activations")
+            refuse_residual_reads(read=True, probes=False)
         refuse_multi_row_reads(body, len(prompts))
         scoring = bool(getattr(body, "scoring", False))
         budget = 0 if scoring else completion_budget(lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param)
@@ -258,8 +257,7 @@ class Serving:
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
         if not lm.reads_residuals:  # probes read the residual stream: named ones are refused, active ones do not watch
-            if asked:
-                raise engine_cannot("probes (they read the residual stream)", "probes")
+            refuse_residual_reads(read=False, probes=bool(asked))
             return NO_PROBES
         if not asked and not self.state.probes.any_active():
             return NO_PROBES

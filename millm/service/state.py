@@ -50,7 +50,7 @@ from millm.service.checkpoints import (
 )
 from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.engines import LLAMACPP, choose_engine
+from millm.service.engines import LLAMACPP, TRANSFORMERS, choose_engine
 from millm.service.jobs import JobBook
 from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
@@ -300,6 +300,30 @@ class ServerState:
             with self._mutex:
                 self.transition = None
 
+    def engine_for(self, name: str) -> str:
+        """The engine that runs `name`: the loaded model's own, else the one a load would pick now
+        (blocking: it reads the file's metadata), so a request can be refused before any load."""
+        name = self.models.canonical(name)
+        lm = self.slot.lm
+        if lm is not None and lm.name == name:
+            return lm.engine
+        try:
+            source = self.models.source(name)
+            if not source.gguf_file:  # only a .gguf file can run on llama.cpp
+                return TRANSFORMERS
+            checkpoint = inspect(source)
+            device = pick_device(self.settings.device)
+            reclaimable = self._weights_bytes if lm is not None and lm.device == device else 0
+            return self._choose_engine(source, checkpoint, device, reclaimable)
+        except (ModelSourceError, OSError):
+            return TRANSFORMERS  # the load itself reports what is wrong with the source
+
+    def _choose_engine(self, source: ModelSource, checkpoint, device, reclaimable: int) -> str:
+        """--engine applied to `source`; auto asks whether its dequantised weights fit on `device`."""
+        needed = checkpoint.parameters * element_bytes(device, self.settings.dtype)
+        limit = self.settings.memory_limit_bytes
+        return choose_engine(self.settings.engine, source, lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits, needed)
+
     def _replace(self, name: str, startup: bool) -> LoadedModel:
         # Only names are kept here: a reference to the outgoing model would keep its weights alive.
         current = self.slot.lm.name if self.slot.lm is not None else None
@@ -316,7 +340,7 @@ class ServerState:
         reclaimable = self._weights_bytes if current_device == device else 0
         limit = self.settings.memory_limit_bytes
         try:
-            engine = choose_engine(self.settings.engine, source, lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits, needed)
+            engine = self._choose_engine(source, checkpoint, device, reclaimable)
         except ModelSourceError as exc:
             raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
         if engine == LLAMACPP:  # llama.cpp keeps the file's own types: the file is what it holds

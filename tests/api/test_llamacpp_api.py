@@ -143,6 +143,11 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
     assert {"tiny-llama:F32", "tiny-llama:Q8_0"} <= listed
     ambiguous = error(post(server, "/v1/chat/completions", {**chat("Hi"), "model": "tiny-llama"}), 400, "AMBIGUOUS_MODEL_NAME")
     assert "F32, Q8_0" in ambiguous["message"] and ambiguous["param"] == "model"
+    # A read of the residual stream on a model llama.cpp would run is refused from the file, before any load.
+    read = {**chat("Hi"), "model": "tiny-llama:Q8_0", "return_sae_activations": {"top_k": 2}}
+    assert error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")["param"] == "return_sae_activations"
+    states = {m["id"]: m["state"] for m in api(server, "GET", "/api/models").json()["data"]}
+    assert states["tiny-llama:F32"] == "loaded" and states["tiny-llama:Q8_0"] == "ready"
     try:
         text, response = answer(server, {**chat("Tell me about the sea."), "model": "tiny-llama:Q8_0"})
         assert response.json()["model"] == "tiny-llama:Q8_0" and response.json()["system_fingerprint"].endswith("/Q8_0:llama.cpp")

@@ -1,5 +1,6 @@
 """Resolving --model (directory, .gguf, hub id, demo) and loading it: clear errors, never a hang."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -39,13 +40,30 @@ def test_hub_id_from_the_local_cache_records_its_commit(tiny_dirs, tmp_path, mon
     assert lm.system_fingerprint == f"millm:acme/tiny-llama@{COMMIT}:float32/FP32:transformers"
 
 
+def test_one_quantisation_of_a_hub_gguf_repository_from_the_local_cache(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub_cache(tmp_path / "downloads", "acme/tiny-llama-GGUF", tiny_gguf.parent)
+    for reference in ("acme/tiny-llama-GGUF:Q8_0", "acme/tiny-llama-GGUF:q8_0"):
+        source = resolve_source(reference, tmp_path / "downloads", local=False)
+        assert (source.kind, source.gguf_file, source.revision) == ("hub", "tiny-llama.Q8_0.gguf", COMMIT)
+        assert source.name == source.reference == "acme/tiny-llama-GGUF:Q8_0" and source.owned_by == "acme/tiny-llama-GGUF"
+    lm = load_model(resolve_source("acme/tiny-llama-GGUF:F32", tmp_path / "downloads"), dtype="float32", device="cpu", cache_root=tmp_path / "cache")
+    # A GGUF model's revision is its file's hash, as for a local file: the hub commit holds every quantisation.
+    assert re.fullmatch(r"millm:acme/tiny-llama-GGUF:F32@[0-9a-f]{8}:float32/F32:transformers", lm.system_fingerprint)
+    with pytest.raises(ModelSourceError, match="acme/tiny-llama-GGUF:Q4_K_M is not in the local Hugging Face cache"):
+        resolve_source("acme/tiny-llama-GGUF:Q4_K_M", tmp_path / "downloads")
+    with pytest.raises(ModelSourceError, match=r"acme/tiny-llama-GGUF:QUANT \(e\.g\."):
+        resolve_source("acme/tiny-llama-GGUF", tmp_path / "downloads")  # no config.json: a GGUF repository needs its tag
+
+
 def test_hub_id_offline_and_not_cached_names_the_id(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelSourceError, match="acme/absent-model"):
         resolve_source("acme/absent-model", tmp_path)
 
 
-def test_hub_unreachable_fails_fast_naming_the_id(tmp_path):
+@pytest.mark.parametrize("reference", ["acme/absent-model", "acme/absent-model-GGUF:Q4_K_M"])
+def test_hub_unreachable_fails_fast_naming_the_id(reference, tmp_path):
     # A closed local port stands in for an unreachable hub: the answer must come at once.
     env_setup = (
         "import os, sys; os.environ.pop('HF_HUB_OFFLINE', None); "
@@ -54,11 +72,11 @@ def test_hub_unreachable_fails_fast_naming_the_id(tmp_path):
     )
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-c", env_setup, "serve", "--model", "acme/absent-model", "--home", str(tmp_path)],
+        [sys.executable, "-c", env_setup, "serve", "--model", reference, "--home", str(tmp_path)],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
-    assert "acme/absent-model" in result.stderr and "Traceback" not in result.stderr
+    assert reference.partition(":")[0] in result.stderr and "Traceback" not in result.stderr
     assert time.monotonic() - started < 60
 
 
