@@ -149,7 +149,7 @@ def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
     others.sort(key=_last_used, reverse=True)
     stale = others[max(keep - 1, 0):]
     for entry in stale:
-        log.info("deleting the dequantised copy %s (least recently used; %d kept)", entry, keep)
+        log.info("deleting the cached copy %s (least recently used; %d kept)", entry, keep)
         shutil.rmtree(entry, ignore_errors=True)
     return stale
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,7 @@ import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.gguf_meta import gguf_file_type
-from millm.engine.loader import LoadedModel, context_window, eos_token_ids, file_sha256, gguf_cache_key
+from millm.engine.loader import GGUF_META, LoadedModel, context_window, eos_token_ids, evict_gguf_copies, file_sha256, gguf_cache_key
 from millm.engine.runner_llamacpp import LlamaCppRunner
 from millm.engine.sources import ModelSource
 from millm.errors import MillmError, ModelSourceError, describe
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Metadata entries are small (a tokenizer and a config), so more are kept than dequantised copies.
+GGUF_META_ENTRIES = 8
+
 
 def file_metadata(source: ModelSource, cache: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
     """The file's architecture, tokenizer and facts (hash, file type), read once and kept under
@@ -35,7 +40,7 @@ def file_metadata(source: ModelSource, cache: Path) -> tuple[PretrainedConfig, P
     from transformers import AutoConfig, AutoTokenizer
 
     entry = cache / gguf_cache_key(source.gguf_path)
-    facts = entry / "millm-gguf-meta.json"
+    facts = entry / GGUF_META
     if not facts.is_file():
         staging = cache / f".{entry.name}.partial"
         shutil.rmtree(staging, ignore_errors=True)
@@ -46,6 +51,9 @@ def file_metadata(source: ModelSource, cache: Path) -> tuple[PretrainedConfig, P
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
+    now = time.time_ns()
+    os.utime(facts, ns=(now, now))  # this use makes it the most recent
+    evict_gguf_copies(cache, GGUF_META_ENTRIES, current=entry)
     return AutoConfig.from_pretrained(str(entry)), AutoTokenizer.from_pretrained(str(entry)), json.loads(facts.read_text())
 
 
