@@ -26,6 +26,8 @@ import torch
 from millm.engine.control_vectors import ControlVectors, Vector
 from millm.errors import InsufficientMemory, ModelSourceError
 
+# Tokens per llama_decode micro-batch; llama.cpp's output buffer holds this many rows of logits.
+MICRO_BATCH = 512
 log = logging.getLogger(__name__)
 GGML_F32 = 0  # ggml_type
 
@@ -111,7 +113,7 @@ class LlamaCppRunner:
             raise ModelSourceError(f"llama.cpp could not load {path} (see the server log for llama.cpp's reason)")
         params = lib.llama_context_default_params()
         params.n_ctx = context
-        params.n_batch = params.n_ubatch = min(512, context)
+        params.n_batch = params.n_ubatch = min(MICRO_BATCH, context)
         params.n_seq_max = sequences
         params.kv_unified = True  # one pool of KV cells for every row: a row can use the whole window
         params.n_threads = params.n_threads_batch = threads

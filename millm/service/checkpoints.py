@@ -33,12 +33,23 @@ SAFETENSORS_WRONG_LENGTH = ("invalid header length", "incomplete metadata", "Inv
 
 
 @dataclass(frozen=True)
+class GGUFShape:
+    """What sizes llama.cpp's buffers for a GGUF file, from its metadata: the trained window,
+    the key and value elements one token keeps over all layers, and the vocabulary."""
+
+    context_length: int | None
+    kv_elements_per_token: int | None
+    vocab_size: int | None
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """A checkpoint's figures, read from its headers."""
 
     parameters: int  # elements of every weight tensor
     stored_bytes: int  # bytes of tensor data in the weight files
     config: dict  # config.json ({} for GGUF files, whose metadata is their own)
+    gguf: GGUFShape | None = None  # what a GGUF file's metadata says about its KV cache and output
 
     @property
     def quantization(self) -> dict | None:
@@ -50,8 +61,9 @@ def inspect(source: ModelSource) -> Checkpoint:
     """Read the headers of a checkpoint; ModelSourceError naming the file that is not whole."""
     if source.gguf_file:
         path = source.directory / source.gguf_file
-        parameters, stored = _gguf(path)
-        return Checkpoint(parameters, stored, {})
+        stat = path.stat()
+        parameters, shape = _gguf_read(path, stat.st_size, stat.st_mtime_ns)
+        return Checkpoint(parameters, stat.st_size, {}, shape)
     config = _config(source.directory)
     parameters = stored = 0
     for path in _weight_files(source.directory):
@@ -117,27 +129,46 @@ def _safetensors(path: Path) -> tuple[int, int]:
         raise ModelSourceError(f"{path.name} in {path.parent} is not a valid safetensors file ({reason})") from None
 
 
-def _gguf(path: Path) -> tuple[int, int]:
-    """(elements, file bytes) of a GGUF file, from its tensor table."""
-    stat = path.stat()
-    return _gguf_elements(path, stat.st_size, stat.st_mtime_ns), stat.st_size
-
-
 @functools.lru_cache(maxsize=8)
-def _gguf_elements(path: Path, size: int, mtime_ns: int) -> int:
+def _gguf_read(path: Path, size: int, mtime_ns: int) -> tuple[int, GGUFShape]:
+    """(weight elements, shape) of a GGUF file, from its tensor table and metadata."""
     # GGUFReader walks every metadata value one by one (a vocabulary is 100k+ of them: seconds),
     # so a file that has not changed since (same size and mtime) is read once per process, not at
     # registering and again at every load. The reader maps the file and reads no tensor data.
     from gguf import GGUFReader
 
     try:
-        return sum(int(tensor.n_elements) for tensor in GGUFReader(path).tensors)
+        reader = GGUFReader(path)
+        return sum(int(tensor.n_elements) for tensor in reader.tensors), _gguf_shape(reader)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:
         with path.open("rb") as handle:
             if handle.read(4) != b"GGUF":
                 raise ModelSourceError(f"{path.name} in {path.parent} is not a GGUF file") from None
         # The reader fails on a tensor whose data runs past the end of the file, or on a table it cannot walk.
         raise ModelSourceError(f"{path.name} in {path.parent} is not a whole GGUF file (truncated or corrupt: {exc})") from None
+
+
+def _gguf_shape(reader) -> GGUFShape:
+    """The KV cache's and the output's figures from llama.cpp's metadata keys ({arch}.block_count, ...);
+    None where the file does not say (then nothing is counted for it)."""
+
+    def value(key: str):
+        field = reader.fields.get(key)
+        return field.contents() if field is not None else None
+
+    arch = value("general.architecture")
+    layers, heads, kv_heads, width = (value(f"{arch}.{key}") for key in
+                                      ("block_count", "attention.head_count", "attention.head_count_kv", "embedding_length"))
+    if isinstance(heads, list):  # per-layer counts (some architectures vary them)
+        heads = max(heads) or None
+    per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads if kv_heads is not None else heads] * (layers or 0)
+    key_length = value(f"{arch}.attention.key_length") or (width // heads if width and heads else None)
+    value_length = value(f"{arch}.attention.value_length") or key_length
+    kv = sum(int(n) * (key_length + value_length) for n in per_layer if n) if key_length else None
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else None)
+    context = value(f"{arch}.context_length")
+    return GGUFShape(int(context) if context else None, kv or None, int(vocab) if vocab else None)
 
 
 def check_quantization(name: str, checkpoint: Checkpoint) -> None:
@@ -220,8 +251,9 @@ def human(count: int) -> str:
     return f"{count} B"
 
 
-def check_memory(name: str, needed: int, device: torch.device, reclaimable: int, limit: int | None, loaded: str | None) -> DeviceMemory:
-    """The device's figures; 503 insufficient_memory (with them) when the weights do not fit."""
+def check_memory(name: str, needed: int, device: torch.device, reclaimable: int, limit: int | None, loaded: str | None,
+                 what: str = "its weights") -> DeviceMemory:
+    """The device's figures; 503 insufficient_memory (with them) when `what` (the weights) does not fit."""
     memory = DeviceMemory(str(device), needed, free_bytes(device), reclaimable, limit)
     if memory.fits:
         return memory
@@ -233,6 +265,6 @@ def check_memory(name: str, needed: int, device: torch.device, reclaimable: int,
         reasons.append(f"MILLM_MEMORY_LIMIT_BYTES caps a model's weights at {limit} bytes ({human(limit)})")
     kept = f"; {loaded!r} stays loaded" if loaded else ""
     raise InsufficientMemoryToLoad(
-        f"model {name!r} needs {human(needed)} on {device} for its weights, but {' and '.join(reasons)}{kept}",
+        f"model {name!r} needs {human(needed)} on {device} for {what}, but {' and '.join(reasons)}{kept}",
         [memory.to_dict()],
     )

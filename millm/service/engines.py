@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from millm.engine.runner_llamacpp import MICRO_BATCH
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError
+from millm.service.checkpoints import GGUFShape
 
 TRANSFORMERS, LLAMACPP = "transformers", "llama.cpp"
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip install "millm[gguf]" (./scripts/setup.sh does it)'
@@ -41,3 +44,41 @@ def choose_engine(setting: str, source: ModelSource, fits: Callable[[int], bool]
     if source.gguf_file and llamacpp_installed() and not fits(dequantised_bytes):
         return LLAMACPP
     return TRANSFORMERS
+
+
+# A window lowered to fit memory stops here: below it a chat with a system prompt and a long
+# answer no longer fits, and the user is better told to free memory or pick a smaller file.
+MIN_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class LlamaCppSizing:
+    """What a GGUF file needs on llama.cpp, whose buffers are allocated whole at load."""
+
+    context: int | None  # the window to load with; None: the model's own (its metadata names none)
+    needed: int  # bytes: the file, the KV cache for `context`, and one micro-batch of logits
+    lowered_from: int | None  # the model's own window when it had to be lowered to fit
+
+    def describe(self) -> str:
+        """What `needed` holds, for the insufficient-memory message."""
+        return f"its file and a {self.context}-token KV cache" if self.context else "its file"
+
+
+def llamacpp_sizing(file_bytes: int, shape: GGUFShape | None, asked: int | None, exact_kv: bool,
+                    fits: Callable[[int], bool]) -> LlamaCppSizing:
+    """The window and bytes a GGUF file gets on llama.cpp. An asked window (--max-model-len) is
+    kept as asked; otherwise the model's own, halved (not below MIN_CONTEXT) until its KV cache fits
+    beside the file: a Llama-3.1-8B's 131,072-token window alone is a 16 GiB float16 KV cache."""
+    per_token = (shape.kv_elements_per_token or 0) * (4 if exact_kv else 2) if shape else 0
+    output = MICRO_BATCH * (shape.vocab_size or 0) * 4 if shape else 0
+
+    def needed(context: int | None) -> int:
+        return file_bytes + (context or 0) * per_token + output
+
+    native = shape.context_length if shape else None
+    if asked is not None or native is None:
+        return LlamaCppSizing(asked, needed(asked), None)
+    context = native
+    while context > MIN_CONTEXT and not fits(needed(context)):
+        context = max(MIN_CONTEXT, context // 2)
+    return LlamaCppSizing(context, needed(context), native if context != native else None)

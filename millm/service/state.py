@@ -19,6 +19,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,7 +51,7 @@ from millm.service.checkpoints import (
 )
 from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.engines import LLAMACPP, TRANSFORMERS, choose_engine
+from millm.service.engines import LLAMACPP, TRANSFORMERS, choose_engine, llamacpp_sizing
 from millm.service.jobs import JobBook
 from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
@@ -321,8 +322,12 @@ class ServerState:
     def _choose_engine(self, source: ModelSource, checkpoint, device, reclaimable: int) -> str:
         """--engine applied to `source`; auto asks whether its dequantised weights fit on `device`."""
         needed = checkpoint.parameters * element_bytes(device, self.settings.dtype)
+        return choose_engine(self.settings.engine, source, self._fits(device, reclaimable), needed)
+
+    def _fits(self, device, reclaimable: int) -> Callable[[int], bool]:
+        """Whether n bytes fit on `device` now (what unloading the loaded model releases counted, the cap applied)."""
         limit = self.settings.memory_limit_bytes
-        return choose_engine(self.settings.engine, source, lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits, needed)
+        return lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits
 
     def _replace(self, name: str, startup: bool) -> LoadedModel:
         # Only names are kept here: a reference to the outgoing model would keep its weights alive.
@@ -343,11 +348,19 @@ class ServerState:
             engine = self._choose_engine(source, checkpoint, device, reclaimable)
         except ModelSourceError as exc:
             raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
-        if engine == LLAMACPP:  # llama.cpp keeps the file's own types: the file is what it holds
-            needed = source.gguf_path.stat().st_size
+        # --max-model-len is about the start-up model; a registered model keeps its own window.
+        window = self.settings.max_model_len if name == self.startup_name else None
+        what = "its weights"
+        if engine == LLAMACPP:  # the file's own types, and a KV cache allocated whole at load
+            sizing = llamacpp_sizing(checkpoint.stored_bytes, checkpoint.gguf, window, self.settings.dtype == "float32",
+                                     self._fits(device, reclaimable))
+            needed, window, what = sizing.needed, sizing.context, sizing.describe()
+            if sizing.lowered_from is not None:
+                log.warning("model %r: its %d-token window does not fit in memory beside the file; loading it with %d tokens "
+                            "(--max-model-len sets it)", name, sizing.lowered_from, sizing.context)
         else:
             check_quantization(name, checkpoint)
-        check_memory(name, needed, device, reclaimable, limit, current)
+        check_memory(name, needed, device, reclaimable, limit, current, what)
 
         if current is not None:
             self._unload(Transition(loading=name, unloading=current))
@@ -361,8 +374,7 @@ class ServerState:
                 dtype=self.settings.dtype,
                 device=self.settings.device,
                 cache_root=self.settings.cache_dir,
-                # --max-model-len is about the start-up model; a registered model keeps its own window.
-                max_model_len=self.settings.max_model_len if name == self.startup_name else None,
+                max_model_len=window,
                 served_name=name,
                 engine=engine,
                 # every row at once: the batch, a serial lane beside it, and scoring between steps

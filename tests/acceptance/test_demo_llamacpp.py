@@ -1,5 +1,5 @@
 """Acceptance: the demo started with --engine llama.cpp answers sensibly and its profiles steer,
-through control vectors on the demo's own Q4_1 file."""
+through control vectors on the demo's own Q4_1 file; under a memory cap its window is lowered to fit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ WEEKEND = [{"role": "user", "content": "Tell me about your weekend."}]
 
 @pytest.fixture(scope="module")
 def cpp_demo(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"])
+    # 300 MiB holds the file (94 MiB), a micro-batch of logits (96 MiB) and a 4,096-token float16
+    # KV cache (90 MiB): 280 MiB; not the 8,192 tokens the model was trained for (180 MiB: 370 MiB).
+    server = ServerProcess(tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"],
+                           env={"MILLM_MEMORY_LIMIT_BYTES": str(300 * 2**20)})
     try:
         yield server.wait_ready(timeout=600)
     finally:
@@ -50,3 +53,9 @@ def test_reads_are_refused_by_name(cpp_demo):
     refused = error(post(cpp_demo, "/v1/chat/completions", body), 400, "field_not_honoured")
     assert refused["param"] == "return_sae_activations"
     assert httpx.get(f"{cpp_demo.base_url}/api/health/inference").json()["engine"] == "llama.cpp"
+
+
+def test_the_window_was_lowered_to_fit_the_memory_cap(cpp_demo):
+    card = httpx.get(f"{cpp_demo.base_url}/v1/models/{MODEL}").json()
+    assert card["max_model_len"] == 4096
+    assert "its 8192-token window does not fit in memory beside the file; loading it with 4096 tokens" in cpp_demo.log

@@ -1,7 +1,8 @@
 """Which engine a model gets (--engine and memory), GGUF names (repo:QUANT) and what a bare
 repository name means when several quantisations are registered; which file of a hub GGUF
-repository a tag names."""
+repository a tag names; the window and memory a GGUF file gets on llama.cpp."""
 
+import json
 import re
 import shutil
 
@@ -9,7 +10,8 @@ import pytest
 
 from millm.engine.sources import QUANT_SUFFIX, pick_quant, resolve_source
 from millm.errors import AmbiguousModelName, ModelSourceError
-from millm.service.engines import LLAMACPP, TRANSFORMERS, choose_engine
+from millm.service.checkpoints import GGUFShape, inspect
+from millm.service.engines import LLAMACPP, MIN_CONTEXT, TRANSFORMERS, choose_engine, llamacpp_sizing
 from millm.service.models import ModelRegistry
 from millm.store.database import Store, database_url
 
@@ -88,3 +90,36 @@ def test_a_hub_repository_s_file_is_picked_by_its_tag(files, quant, found):
 def test_a_tag_that_names_no_single_file_is_refused_saying_why(files, message):
     with pytest.raises(ModelSourceError, match=re.escape(message)):
         pick_quant("acme/m-GGUF", files, "Q4_K_M")
+
+
+GIB = 2**30
+# A Llama-3.1-8B Q4_K_M: 32 layers x 8 KV heads x (128 + 128) key and value elements per token.
+LLAMA_8B = GGUFShape(context_length=131072, kv_elements_per_token=32 * 8 * 256, vocab_size=128256)
+FILE_8B = 4_920_739_232
+
+
+def test_a_window_whose_kv_cache_does_not_fit_is_halved_until_it_does():
+    sizing = llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: n <= 12 * GIB)
+    # 131072 tokens: 16 GiB of float16 keys and values; 65536: 8 GiB; 32768: 4 GiB, beside a 4.6 GiB file.
+    assert (sizing.context, sizing.lowered_from) == (32768, 131072)
+    assert sizing.needed == FILE_8B + 32768 * 32 * 8 * 256 * 2 + 512 * 128256 * 4
+    assert sizing.describe() == "its file and a 32768-token KV cache"
+
+
+def test_a_window_that_fits_or_was_asked_for_is_kept():
+    assert llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: True).context == 131072
+    asked = llamacpp_sizing(FILE_8B, LLAMA_8B, 8192, True, lambda n: False)  # asked: kept, and checked as asked
+    assert (asked.context, asked.lowered_from, asked.needed) == (8192, None, FILE_8B + 8192 * 65536 * 4 + 512 * 128256 * 4)
+
+
+def test_a_window_is_never_lowered_below_4096_tokens():
+    sizing = llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: False)
+    assert (sizing.context, sizing.lowered_from) == (MIN_CONTEXT, 131072) == (4096, 131072)
+
+
+def test_the_tiny_gguf_s_shape_is_read_from_its_metadata(tiny_gguf, tiny_dirs):
+    config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
+    shape = inspect(resolve_source(str(tiny_gguf), tiny_gguf.parent)).gguf
+    head = config["hidden_size"] // config["num_attention_heads"]
+    assert shape.kv_elements_per_token == config["num_hidden_layers"] * config["num_key_value_heads"] * 2 * head
+    assert (shape.context_length, shape.vocab_size) == (config["max_position_embeddings"], config["vocab_size"])
