@@ -176,11 +176,13 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
     if _offline():
         raise ModelSourceError(f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
     with _hub_errors(repo_id):
-        files = HfApi().list_repo_files(repo_id)
+        # model_info lists the files in one request; list_repo_files retries a refused connection for ~25 s.
+        info = HfApi().model_info(repo_id)
+        files = [sibling.rfilename for sibling in info.siblings or []]
         found = pick_quant(repo_id, files, quant)
         if found is None:
             raise ModelSourceError(f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})")
-        path = Path(hf_hub_download(repo_id, found, cache_dir=download_dir))
+        path = Path(hf_hub_download(repo_id, found, revision=info.sha, cache_dir=download_dir))
     return _hub_gguf(repo_id, path)
 
 

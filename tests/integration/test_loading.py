@@ -78,7 +78,7 @@ def test_hub_unreachable_fails_fast_naming_the_id(reference, tmp_path):
     )
     assert result.returncode == 2
     assert reference.partition(":")[0] in result.stderr and "Traceback" not in result.stderr
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 30  # the hub client retrying a refused connection takes longer
 
 
 @pytest.mark.parametrize(
