@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STORED_DTYPE_TAGS = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16"}
 GGUF_META = "millm-gguf.json"
+DEQUANTISED = "gguf"  # the folder of the cache root holding dequantised copies of GGUF files
 # A dequantised copy takes 4 bytes a parameter (0.5 GB for the 135M demo, 28 GB for a 7B model)
 # and the server runs one model at a time, so the cache keeps the copies of the two models used
 # last (switching between two .gguf models converts neither again) and deletes the rest, least
@@ -265,7 +266,7 @@ def load_model(
     revision = source.revision
     try:
         if source.gguf_file:
-            directory, meta = gguf_checkpoint(source, cache_root / "gguf")
+            directory, meta = gguf_checkpoint(source, cache_root / DEQUANTISED)
             revision = meta["sha256"][:8]
             quantization = meta.get("file_type")
         else:

@@ -20,7 +20,7 @@ import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.gguf_meta import gguf_file_type
-from millm.engine.loader import GGUF_META, LoadedModel, context_window, eos_token_ids, evict_gguf_copies, file_sha256, gguf_cache_key
+from millm.engine.loader import DEQUANTISED, GGUF_META, LoadedModel, context_window, eos_token_ids, evict_gguf_copies, file_sha256, gguf_cache_key
 from millm.engine.runner_llamacpp import LlamaCppRunner
 from millm.engine.sources import ModelSource
 from millm.errors import MillmError, ModelSourceError, describe
@@ -34,20 +34,30 @@ log = logging.getLogger(__name__)
 GGUF_META_ENTRIES = 8
 
 
-def file_metadata(source: ModelSource, cache: Path) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
+def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = None) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
     """The file's architecture, tokenizer and facts (hash, file type), read once and kept under
-    `cache` (reading a large vocabulary from GGUF metadata takes seconds; a changed file is read again)."""
+    `cache` (reading a large vocabulary from GGUF metadata takes seconds; a changed file is read
+    again), from the transformers engine's dequantised copies under `dequantised` when one is there."""
     from transformers import AutoConfig, AutoTokenizer
 
-    entry = cache / gguf_cache_key(source.gguf_path)
+    key = gguf_cache_key(source.gguf_path)
+    entry = cache / key
     facts = entry / GGUF_META
     if not facts.is_file():
         staging = cache / f".{entry.name}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
-        AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
-        meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": gguf_file_type(source.gguf_path)}
+        # The transformers engine's dequantised copy of this very file holds the same config and
+        # tokenizer, already converted: reading them there takes a second instead of ~20.
+        copy = dequantised / key if dequantised is not None else None
+        if copy is not None and (copy / GGUF_META).is_file():
+            AutoConfig.from_pretrained(str(copy)).save_pretrained(str(staging))
+            AutoTokenizer.from_pretrained(str(copy)).save_pretrained(str(staging))
+            meta = json.loads((copy / GGUF_META).read_text())
+        else:
+            AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
+            AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
+            meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": gguf_file_type(source.gguf_path)}
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
@@ -72,7 +82,7 @@ def load_with_llamacpp(
         )
     path = source.gguf_path
     try:
-        config, tokenizer, meta = file_metadata(source, cache_root / "gguf-meta")
+        config, tokenizer, meta = file_metadata(source, cache_root / "gguf-meta", cache_root / DEQUANTISED)
     except Exception as exc:
         raise ModelSourceError(f"could not read the metadata of {path}: {describe(exc)}") from exc
     context = context_window(config, max_model_len)

@@ -3,6 +3,8 @@ through control vectors on the demo's own Q4_1 file; under a memory cap its wind
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
 
@@ -15,10 +17,13 @@ WEEKEND = [{"role": "user", "content": "Tell me about your weekend."}]
 
 
 @pytest.fixture(scope="module")
-def cpp_demo(tmp_path_factory):
+def cpp_demo(demo_server, tmp_path_factory):
+    home = tmp_path_factory.mktemp("cpp-demo-home")
+    # The demo's dequantised copy holds the file's tokenizer already converted (no 20 s GGUF read).
+    shutil.copytree(demo_server.log_path.parent / "cache", home / "cache")
     # 300 MiB holds the file (94 MiB), a micro-batch of logits (96 MiB) and a 4,096-token float16
     # KV cache (90 MiB): 280 MiB; not the 8,192 tokens the model was trained for (180 MiB: 370 MiB).
-    server = ServerProcess(tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"],
+    server = ServerProcess(home, ["--engine", "llama.cpp"],
                            env={"MILLM_MEMORY_LIMIT_BYTES": str(300 * 2**20)})
     try:
         yield server.wait_ready(timeout=600)

@@ -1,6 +1,7 @@
 """Resolving --model (directory, .gguf, hub id, demo) and loading it: clear errors, never a hang."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -158,3 +159,22 @@ def test_gguf_metadata_entries_are_bounded(tiny_gguf, tmp_path, monkeypatch):
         config, tokenizer, facts = loader_llamacpp.file_metadata(resolve_source(str(path), tmp_path), cache)
         assert facts["source"] == str(path) and config.num_hidden_layers == 3 and len(tokenizer) >= 400
     assert [json.loads((entry / "millm-gguf.json").read_text())["file_type"] for entry in cache.iterdir()] == ["Q8_0"]
+
+
+def test_gguf_metadata_comes_from_a_dequantised_copy_of_the_same_file(tiny_gguf, tmp_path):
+    from millm.engine import loader_llamacpp
+    from millm.engine.loader import gguf_checkpoint
+
+    path = tmp_path / "files" / "tiny-llama.F32.gguf"
+    path.parent.mkdir()
+    shutil.copy2(tiny_gguf, path)
+    source = resolve_source(str(path), tmp_path)
+    copy, meta = gguf_checkpoint(source, tmp_path / "cache" / "gguf")
+    # The same size and time keep the file's cache key, but nothing in it parses any more: the
+    # metadata can only come from the dequantised copy.
+    stat = path.stat()
+    path.write_bytes(b"\0" * stat.st_size)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    config, tokenizer, facts = loader_llamacpp.file_metadata(source, tmp_path / "cache" / "gguf-meta", tmp_path / "cache" / "gguf")
+    assert facts == meta and config.num_hidden_layers == 3
+    assert tokenizer.get_vocab() == loader_llamacpp.file_metadata(resolve_source(str(tiny_gguf), tmp_path), tmp_path / "direct")[1].get_vocab()
