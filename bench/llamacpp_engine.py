@@ -7,8 +7,11 @@ On the demo's own Q4_1 GGUF file:
 (c) millm on transformers (the default engine) through HTTP streaming;
 then on (a)'s server: 8 concurrent streams (continuous batching) in aggregate, the same single
 stream with one feature steered (a control vector), and each server's resident memory after
-load (VmRSS, before any request) beside (b)'s process. Decode tok/s excludes the first token;
-each single-stream figure is the best of --repeats runs.
+load (VmRSS, before any request) beside (b)'s process and beside millm's runtime alone (a process
+importing what the server imports, no model: the "runtime's baseline"). (a) and (b) both hold a
+2,048-token window (--max-model-len 2048 for (a); llama.cpp allocates its KV cache whole, so the
+window is part of the memory figure). Decode tok/s excludes the first token; each single-stream
+figure is the best of --repeats runs.
 
     .venv/bin/python bench/llamacpp_engine.py [--tokens 128] [--repeats 3]
 """
@@ -56,6 +59,13 @@ print(json.dumps({"tok_s": max(rates[1:]), "rss": rss, "tokens": count}))
 """
 
 
+BASELINE = """
+import millm.api.app, millm.engine.loader_llamacpp, millm.engine.runner_llamacpp, llama_cpp, torch, transformers
+print(int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024)
+"""
+WINDOW = 2048  # (b)'s n_ctx
+
+
 def rss(server: ServerProcess) -> int:
     """The server process's resident memory now, in bytes."""
     status = Path(f"/proc/{server.process.pid}/status").read_text()
@@ -95,7 +105,7 @@ def main() -> int:
 
     home = Path(tempfile.mkdtemp(prefix="millm-bench-cpp-"))
     env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": "8"}
-    server = ServerProcess(home, ["--engine", "llama.cpp", "--log-level", "warning"], env=env).wait_ready(timeout=600)
+    server = ServerProcess(home, ["--engine", "llama.cpp", "--max-model-len", str(WINDOW), "--log-level", "warning"], env=env).wait_ready(timeout=600)
     try:
         time.sleep(2)
         cpp_rss = rss(server)
@@ -122,6 +132,7 @@ def main() -> int:
     finally:
         server.stop()
 
+    baseline = int(subprocess.run([sys.executable, "-c", BASELINE], capture_output=True, text=True, check=True).stdout.split()[-1])
     size = path.stat().st_size
     rows = [
         ("(a) millm, --engine llama.cpp, HTTP stream", single, cpp_rss, f"{single / reference['tok_s']:.2f}x (b), {single / hf:.2f}x (c)"),
@@ -136,8 +147,10 @@ def main() -> int:
     for name, rate, memory, ratio in rows:
         shown = f"{memory / 2**20:8.0f} MiB" if memory else ""
         print(f"| {name:<46} | {rate:6.1f} | {shown:>14} | {ratio} |")
-    print("\ngoals: (a) >= 0.9x (b), (a) >= 1.5x (c); 8 streams >= 3x (a); steered >= 0.95x (a); "
-          f"(a)'s RSS under 2x the file ({2 * size / 2**20:.0f} MiB) plus the runtime's baseline")
+    goal = 2 * size + baseline
+    print(f"\nmillm's runtime alone (imports, no model): {baseline / 2**20:.0f} MiB; (a)'s RSS goal, 2x the file plus that: "
+          f"{goal / 2**20:.0f} MiB; (a) holds {cpp_rss / 2**20:.0f} MiB ({cpp_rss / goal:.2f}x the goal)")
+    print("goals: (a) >= 0.9x (b), (a) >= 1.5x (c); 8 streams >= 3x (a); steered >= 0.95x (a)")
     return 0
 
 
