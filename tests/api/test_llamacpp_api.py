@@ -146,6 +146,10 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
     # A read of the residual stream on a model llama.cpp would run is refused from the file, before any load.
     read = {**chat("Hi"), "model": "tiny-llama:Q8_0", "return_sae_activations": {"top_k": 2}}
     assert error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")["param"] == "return_sae_activations"
+    sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
+    probe = {**chat("Hi"), "model": "tiny-llama:Q8_0",
+             "probes": [{"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0}}]}
+    assert error(post(server, "/v1/chat/completions", probe), 400, "field_not_honoured")["param"] == "probes"
     states = {m["id"]: m["state"] for m in api(server, "GET", "/api/models").json()["data"]}
     assert states["tiny-llama:F32"] == "loaded" and states["tiny-llama:Q8_0"] == "ready"
     try:
