@@ -182,7 +182,8 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
         found = pick_quant(repo_id, files, quant)
         if found is None:
             raise ModelSourceError(f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})")
-        path = Path(hf_hub_download(repo_id, found, revision=info.sha, cache_dir=download_dir))
+        # The default revision, so refs/main is written and an offline restart finds the file in the cache.
+        path = Path(hf_hub_download(repo_id, found, cache_dir=download_dir))
     return _hub_gguf(repo_id, path)
 
 
