@@ -42,12 +42,15 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def load_tiny(directory: Path, home: Path, **kwargs):
-    """An in-process LoadedModel of a tiny checkpoint (float32, CPU)."""
+def load_tiny(directory: Path, home: Path, engine: str = "transformers", **kwargs):
+    """An in-process LoadedModel of a tiny checkpoint (float32; transformers on the CPU, or llama.cpp)."""
     from millm.engine.loader import load_model
+    from millm.engine.loader_llamacpp import load_with_llamacpp
     from millm.engine.sources import resolve_source
 
     source = resolve_source(str(directory), home / "hub")
+    if engine == "llama.cpp":
+        return load_with_llamacpp(source, dtype="float32", cache_root=home / "cache", **kwargs)
     return load_model(source, dtype="float32", device="cpu", cache_root=home / "cache", **kwargs)
 
 

@@ -250,17 +250,10 @@ def load_model(
     cache_root: Path,
     max_model_len: int | None = None,
     served_name: str | None = None,
-    engine: str = "transformers",
-    sequences: int = 64,
 ) -> LoadedModel:
-    """Load weights and tokenizer, place them on the device and describe the result (on llama.cpp
-    for engine="llama.cpp", with `sequences` rows at most at once)."""
+    """Load weights and tokenizer for transformers, place them on the device and describe the
+    result (loader_llamacpp.load_with_llamacpp is the llama.cpp engine's counterpart)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    if engine == "llama.cpp":
-        from millm.engine.loader_llamacpp import load_with_llamacpp
-
-        return load_with_llamacpp(source, dtype=dtype, cache_root=cache_root, max_model_len=max_model_len, served_name=served_name, sequences=sequences)
 
     torch_device = pick_device(device)
     revision = source.revision

@@ -68,7 +68,7 @@ def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = N
 
 
 def load_with_llamacpp(
-    source: ModelSource, *, dtype: str, cache_root: Path, max_model_len: int | None, served_name: str | None, sequences: int
+    source: ModelSource, *, dtype: str, cache_root: Path, sequences: int, max_model_len: int | None = None, served_name: str | None = None
 ) -> LoadedModel:
     """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
     if not source.gguf_file:

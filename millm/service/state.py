@@ -27,6 +27,7 @@ from enum import StrEnum
 import torch
 
 from millm.engine.loader import LoadedModel, load_model, pick_device
+from millm.engine.loader_llamacpp import load_with_llamacpp
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
 from millm.errors import (
@@ -369,17 +370,13 @@ class ServerState:
         with self._mutex:
             self.last_name = name
         try:
-            lm = load_model(
-                source,
-                dtype=self.settings.dtype,
-                device=self.settings.device,
-                cache_root=self.settings.cache_dir,
-                max_model_len=window,
-                served_name=name,
-                engine=engine,
+            dtype, cache = self.settings.dtype, self.settings.cache_dir
+            if engine == LLAMACPP:
                 # every row at once: the batch, a serial lane beside it, and scoring between steps
-                sequences=min(LLAMACPP_SEQUENCES, self.settings.max_batch_size + 2 * self.settings.max_rows_per_request),
-            )
+                sequences = min(LLAMACPP_SEQUENCES, self.settings.max_batch_size + 2 * self.settings.max_rows_per_request)
+                lm = load_with_llamacpp(source, dtype=dtype, cache_root=cache, sequences=sequences, max_model_len=window, served_name=name)
+            else:
+                lm = load_model(source, dtype=dtype, device=self.settings.device, cache_root=cache, max_model_len=window, served_name=name)
         except Exception as exc:  # ModelSourceError says what; anything else (out of memory, ...) is named
             message = str(exc) if isinstance(exc, ModelSourceError) else f"could not load model {name!r}: {describe(exc)}"
             unloaded = f" ({current!r} was unloaded before the failure; no model is loaded now)" if current else ""
