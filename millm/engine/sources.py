@@ -170,7 +170,7 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
             snapshot = Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=["*.gguf"]))
         except (LocalEntryNotFoundError, OSError, ValueError):
             continue
-        found = pick_quant(repo_id, [path.name for path in snapshot.glob("*.gguf")], quant)
+        found = pick_quant(repo_id, [str(path.relative_to(snapshot)) for path in snapshot.rglob("*.gguf")], quant)  # subfolders too
         if found is not None:
             return _hub_gguf(repo_id, snapshot / found)
     if _offline():
@@ -189,7 +189,9 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
 
 def _hub_gguf(repo_id: str, path: Path) -> ModelSource:
     tag = quant_tag(path.name)
-    revision = path.parent.name if re.fullmatch(r"[0-9a-f]{40}", path.parent.name) else None
+    # The commit is the snapshot folder's name, also for a file in a subfolder of the repository.
+    after = path.parts[path.parts.index("snapshots") + 1:] if "snapshots" in path.parts else ()
+    revision = after[0] if after and re.fullmatch(r"[0-9a-f]{40}", after[0]) else None
     return ModelSource("hub", f"{repo_id}:{tag}", path.parent, path.name, f"{repo_id}:{tag}", repo_id, revision)
 
 

@@ -52,6 +52,12 @@ def test_one_quantisation_of_a_hub_gguf_repository_from_the_local_cache(tiny_ggu
     lm = load_model(resolve_source("acme/tiny-llama-GGUF:F32", tmp_path / "downloads"), dtype="float32", device="cpu", cache_root=tmp_path / "cache")
     # A GGUF model's revision is its file's hash, as for a local file: the hub commit holds every quantisation.
     assert re.fullmatch(r"millm:acme/tiny-llama-GGUF:F32@[0-9a-f]{8}:float32/F32:transformers", lm.system_fingerprint)
+    # Repositories keep quantisations in subfolders too.
+    nested = fake_hub_cache(tmp_path / "nested", "acme/nested-GGUF", tiny_gguf.parent) / "snapshots" / COMMIT
+    (nested / "Q8_0").mkdir()
+    (nested / "tiny-llama.Q8_0.gguf").rename(nested / "Q8_0" / "tiny-llama.Q8_0.gguf")
+    source = resolve_source("acme/nested-GGUF:Q8_0", tmp_path / "nested")
+    assert (source.directory, source.gguf_file, source.revision) == (nested / "Q8_0", "tiny-llama.Q8_0.gguf", COMMIT)
     with pytest.raises(ModelSourceError, match="acme/tiny-llama-GGUF:Q4_K_M is not in the local Hugging Face cache"):
         resolve_source("acme/tiny-llama-GGUF:Q4_K_M", tmp_path / "downloads")
     with pytest.raises(ModelSourceError, match=r"acme/tiny-llama-GGUF:QUANT \(e\.g\."):
