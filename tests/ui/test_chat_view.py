@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from tests.api.clients import MODEL
@@ -36,6 +37,18 @@ def value(table, name: str):
 
 def conversation(page) -> list[dict]:
     return json.loads(page.evaluate("sessionStorage.getItem('millm.conversation')"))
+
+
+def expect_conversation(page, expected: list[dict]) -> None:
+    """Wait until this tab's stored conversation is `expected`: the page saves it in an effect,
+    after the render a locator sees, so reading it at once can race the save."""
+    try:
+        page.wait_for_function(
+            "want => JSON.stringify(JSON.parse(sessionStorage.getItem('millm.conversation') || 'null')) === JSON.stringify(want)",
+            arg=expected, timeout=5_000,
+        )
+    except PlaywrightTimeout:
+        assert conversation(page) == expected  # the difference, as pytest shows it
 
 
 def finished(locator):
@@ -89,14 +102,14 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     expect(value(headers, "X-miLLM-Steering")).to_have_text(direct.headers["x-millm-steering"])
     expect(value(headers, "X-miLLM-Ignored-Fields")).to_contain_text("not sent")
     expect(value(headers, "X-miLLM-Circuit-Rung")).to_contain_text("not sent")
-    assert conversation(page) == [*messages, {"role": "assistant", "content": text}]
+    expect_conversation(page, [*messages, {"role": "assistant", "content": text}])
 
     # the conversation survives a reload (this tab's session), and a new one starts empty
     page.reload()
     expect(page.get_by_role("article", name="Answer 1").locator(".text")).to_have_text(text)
     page.get_by_role("button", name="New conversation").click()
     expect(page.get_by_role("article")).to_have_count(0)
-    assert conversation(page) == []
+    expect_conversation(page, [])
 
 
 def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(workbench, page):
@@ -127,7 +140,7 @@ def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(wor
     expect(value(headers, "X-miLLM-Steering")).to_have_text("compare;variants=2")
     expect(value(headers, "X-miLLM-Seed")).to_have_text(direct.headers["x-millm-seed"])
     expect(turn).to_contain_text("/api/compare does not run probes")
-    assert conversation(page) == [*messages, {"role": "assistant", "content": unsteered["text"]}]
+    expect_conversation(page, [*messages, {"role": "assistant", "content": unsteered["text"]}])
 
 
 def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
@@ -228,7 +241,7 @@ def test_api_errors_are_shown_as_the_apis_messages(workbench, page):
     assert refused.status_code == 400
     error = refused.json()["error"]
     expect(form.get_by_role("alert")).to_have_text(f"400 context_length_exceeded: {error['message']}")
-    assert conversation(page) == []
+    expect_conversation(page, [])
 
 
 def test_stop_ends_the_stream_and_keeps_the_text_so_far(workbench, page):
@@ -240,6 +253,7 @@ def test_stop_ends_the_stream_and_keeps_the_text_so_far(workbench, page):
     finished(answer)
     expect(answer).to_contain_text("Stopped: the stream was aborted here")
     kept = answer.locator(".text").text_content()
-    assert kept and conversation(page)[-1] == {"role": "assistant", "content": kept}
+    assert kept
+    expect_conversation(page, [{"role": "user", "content": "Tell me everything."}, {"role": "assistant", "content": kept}])
     expect(page.get_by_role("button", name="Send")).to_be_disabled()  # nothing typed yet
     expect(page.get_by_role("button", name="Stop")).to_be_disabled()
