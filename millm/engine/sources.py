@@ -111,8 +111,9 @@ def demo_source() -> ModelSource:
 
 
 def quant_tag(file_name: str) -> str | None:
-    """The quantisation tag in a GGUF file's name, upper-cased (`model.q4_k_m.gguf` -> `Q4_K_M`), or None."""
-    match = QUANT_SUFFIX.fullmatch(Path(file_name).stem)
+    """The quantisation tag in a GGUF file's name, upper-cased (`model.q4_k_m.gguf` -> `Q4_K_M`;
+    a part of a split file, `m.Q4_K_M-00001-of-00002.gguf`, carries its whole's tag), or None."""
+    match = QUANT_SUFFIX.fullmatch(SPLIT_PART.sub("", Path(file_name).stem))
     return match["quant"].upper() if match else None
 
 
@@ -143,7 +144,7 @@ def _directory_source(reference: str, directory: Path) -> ModelSource:
 def pick_quant(repo_id: str, files: list[str], quant: str) -> str | None:
     """The one file of `files` (a hub repository's) holding quantisation `quant`; None when none
     does; ModelSourceError for a split file set or several candidates, naming them."""
-    tagged = [name for name in files if name.lower().endswith(".gguf") and quant_tag(SPLIT_PART.sub("", Path(name).stem) + ".gguf") == quant.upper()]
+    tagged = [name for name in files if name.lower().endswith(".gguf") and quant_tag(name) == quant.upper()]
     split = sorted(name for name in tagged if SPLIT_PART.search(Path(name).stem))
     if split:
         raise ModelSourceError(

@@ -13,10 +13,13 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from millm.engine.runner_llamacpp import MICRO_BATCH
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError
-from millm.service.checkpoints import GGUFShape
+from millm.service.checkpoints import Checkpoint, DeviceMemory, GGUFShape, element_bytes, free_bytes
+from millm.settings import Settings
 
 TRANSFORMERS, LLAMACPP = "transformers", "llama.cpp"
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip install "millm[gguf]" (./scripts/setup.sh does it)'
@@ -82,3 +85,31 @@ def llamacpp_sizing(file_bytes: int, shape: GGUFShape | None, asked: int | None,
     while context > MIN_CONTEXT and not fits(needed(context)):
         context = max(MIN_CONTEXT, context // 2)
     return LlamaCppSizing(context, needed(context), native if context != native else None)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How a model would be loaded now: its engine, the bytes to check, the window to load with."""
+
+    engine: str
+    needed: int  # bytes the load needs on the device
+    what: str  # what `needed` holds, for the insufficient-memory message
+    window: int | None  # --max-model-len, or the llama.cpp window that fits; None: the model's own
+    lowered_from: int | None = None  # the model's own window when it had to be lowered to fit
+
+
+def plan_load(settings: Settings, source: ModelSource, checkpoint: Checkpoint, device: torch.device, reclaimable: int,
+              window: int | None) -> LoadPlan:
+    """--engine applied to `source` and what the load needs: dequantised weights on transformers;
+    on llama.cpp the file, its KV cache and logits (the window lowered to fit when not asked)."""
+    limit = settings.memory_limit_bytes
+
+    def fits(n: int) -> bool:
+        return DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits
+
+    weights = checkpoint.parameters * element_bytes(device, settings.dtype)
+    engine = choose_engine(settings.engine, source, fits, weights)
+    if engine == TRANSFORMERS:
+        return LoadPlan(engine, weights, "its weights", window)
+    sizing = llamacpp_sizing(checkpoint.stored_bytes, checkpoint.gguf, window, settings.dtype == "float32", fits)
+    return LoadPlan(engine, sizing.needed, sizing.describe(), sizing.context, sizing.lowered_from)

@@ -19,7 +19,6 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -43,16 +42,13 @@ from millm.errors import (
 from millm.interp.steering import Attached
 from millm.service.calibration import CalibrationBook
 from millm.service.checkpoints import (
-    DeviceMemory,
     check_memory,
     check_quantization,
-    element_bytes,
-    free_bytes,
     inspect,
 )
 from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.engines import LLAMACPP, TRANSFORMERS, choose_engine, llamacpp_sizing
+from millm.service.engines import LLAMACPP, TRANSFORMERS, plan_load
 from millm.service.jobs import JobBook
 from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
@@ -313,22 +309,11 @@ class ServerState:
             source = self.models.source(name)
             if not source.gguf_file:  # only a .gguf file can run on llama.cpp
                 return TRANSFORMERS
-            checkpoint = inspect(source)
             device = pick_device(self.settings.device)
             reclaimable = self._weights_bytes if lm is not None and lm.device == device else 0
-            return self._choose_engine(source, checkpoint, device, reclaimable)
+            return plan_load(self.settings, source, inspect(source), device, reclaimable, None).engine
         except (ModelSourceError, OSError):
             return TRANSFORMERS  # the load itself reports what is wrong with the source
-
-    def _choose_engine(self, source: ModelSource, checkpoint, device, reclaimable: int) -> str:
-        """--engine applied to `source`; auto asks whether its dequantised weights fit on `device`."""
-        needed = checkpoint.parameters * element_bytes(device, self.settings.dtype)
-        return choose_engine(self.settings.engine, source, self._fits(device, reclaimable), needed)
-
-    def _fits(self, device, reclaimable: int) -> Callable[[int], bool]:
-        """Whether n bytes fit on `device` now (what unloading the loaded model releases counted, the cap applied)."""
-        limit = self.settings.memory_limit_bytes
-        return lambda n: DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits
 
     def _replace(self, name: str, startup: bool) -> LoadedModel:
         # Only names are kept here: a reference to the outgoing model would keep its weights alive.
@@ -342,26 +327,20 @@ class ServerState:
         except (ModelSourceError, OSError) as exc:
             raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
         self.models.note(name, source, checkpoint)
-        needed = checkpoint.parameters * element_bytes(device, self.settings.dtype)
         reclaimable = self._weights_bytes if current_device == device else 0
-        limit = self.settings.memory_limit_bytes
+        # --max-model-len is about the start-up model; a registered model keeps its own window.
+        asked = self.settings.max_model_len if name == self.startup_name else None
         try:
-            engine = self._choose_engine(source, checkpoint, device, reclaimable)
+            plan = plan_load(self.settings, source, checkpoint, device, reclaimable, asked)
         except ModelSourceError as exc:
             raise ModelLoadFailed(f"could not load model {name!r}: {exc}{kept}", param="model") from None
-        # --max-model-len is about the start-up model; a registered model keeps its own window.
-        window = self.settings.max_model_len if name == self.startup_name else None
-        what = "its weights"
-        if engine == LLAMACPP:  # the file's own types, and a KV cache allocated whole at load
-            sizing = llamacpp_sizing(checkpoint.stored_bytes, checkpoint.gguf, window, self.settings.dtype == "float32",
-                                     self._fits(device, reclaimable))
-            needed, window, what = sizing.needed, sizing.context, sizing.describe()
-            if sizing.lowered_from is not None:
-                log.warning("model %r: its %d-token window does not fit in memory beside the file; loading it with %d tokens "
-                            "(--max-model-len sets it)", name, sizing.lowered_from, sizing.context)
-        else:
+        engine, needed, window = plan.engine, plan.needed, plan.window
+        if plan.lowered_from is not None:
+            log.warning("model %r: its %d-token window does not fit in memory beside the file; loading it with %d tokens "
+                        "(--max-model-len sets it)", name, plan.lowered_from, plan.window)
+        if engine == TRANSFORMERS:
             check_quantization(name, checkpoint)
-        check_memory(name, needed, device, reclaimable, limit, current, what)
+        check_memory(name, needed, device, reclaimable, self.settings.memory_limit_bytes, current, plan.what)
 
         if current is not None:
             self._unload(Transition(loading=name, unloading=current))
