@@ -34,10 +34,12 @@ log = logging.getLogger(__name__)
 GGUF_META_ENTRIES = 8
 
 
-def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = None) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
+def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = None,
+                  keep: int = GGUF_META_ENTRIES) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
     """The file's architecture, tokenizer and facts (hash, file type), read once and kept under
     `cache` (reading a large vocabulary from GGUF metadata takes seconds; a changed file is read
-    again), from the transformers engine's dequantised copies under `dequantised` when one is there."""
+    again), from the transformers engine's dequantised copies under `dequantised` when one is there;
+    the entries of the `keep` files used last are kept."""
     from transformers import AutoConfig, AutoTokenizer
 
     key = gguf_cache_key(source.gguf_path)
@@ -63,7 +65,7 @@ def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = N
         staging.rename(entry)
     now = time.time_ns()
     os.utime(facts, ns=(now, now))  # this use makes it the most recent
-    evict_gguf_copies(cache, GGUF_META_ENTRIES, current=entry)
+    evict_gguf_copies(cache, keep, current=entry)
     return AutoConfig.from_pretrained(str(entry)), AutoTokenizer.from_pretrained(str(entry)), json.loads(facts.read_text())
 
 

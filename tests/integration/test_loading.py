@@ -156,13 +156,12 @@ def test_stored_quantization_tag(config, tag):
     assert stored_quantization(holder) == tag
 
 
-def test_gguf_metadata_entries_are_bounded(tiny_gguf, tmp_path, monkeypatch):
+def test_gguf_metadata_entries_are_bounded(tiny_gguf, tmp_path):
     from millm.engine import loader_llamacpp
 
-    monkeypatch.setattr(loader_llamacpp, "GGUF_META_ENTRIES", 1)
     cache = tmp_path / "gguf-meta"
     for path in (tiny_gguf, tiny_gguf.parent / "tiny-llama.Q8_0.gguf"):
-        config, tokenizer, facts = loader_llamacpp.file_metadata(resolve_source(str(path), tmp_path), cache)
+        config, tokenizer, facts = loader_llamacpp.file_metadata(resolve_source(str(path), tmp_path), cache, keep=1)
         assert facts["source"] == str(path) and config.num_hidden_layers == 3 and len(tokenizer) >= 400
     assert [json.loads((entry / "millm-gguf.json").read_text())["file_type"] for entry in cache.iterdir()] == ["Q8_0"]
 
