@@ -46,12 +46,11 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from millm.engine.batch import left_pad, padded_prefill_mask, positions
+from millm.engine.batch import left_pad
 from millm.engine.generate import run_job
 from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import load_model
 from millm.engine.prompts import chat_prompt_ids
-from millm.engine.runner_llama import KVBuffer
 from millm.engine.sampling import SamplingParams
 from millm.engine.sources import demo_source
 
@@ -181,15 +180,10 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
     Returns (resid [B, T, d] at `layer` or None, logits [B, T, V] or None, mask [B, T]); rows are
     left-padded. `replace(resid, mask) -> resid` swaps layer `layer`'s output (the SAE splice).
     """
-    inner = lm.model.model
-    ids, mask = left_pad(seqs, lm.device)
-    rows, width = ids.shape
-    cfg = lm.model.config
-    kv = KVBuffer(len(inner.layers), rows, cfg.num_key_value_heads, width,
-                  inner.layers[0].self_attn.head_dim, lm.dtype, lm.device)
-    attn = None if bool(mask.all()) else padded_prefill_mask(mask)
-    rope = lm.runner.rope(positions(mask))
+    from millm.engine.residual import decoder_layers
+
     captured = {}
+    _, mask = left_pad(seqs, lm.device)
 
     def hook(_module, _inputs, output):
         captured["resid"] = output
@@ -199,14 +193,12 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
             raise _Stop
         return None
 
-    handle = inner.layers[layer].register_forward_hook(hook) if layer is not None else None
+    handle = decoder_layers(lm.model)[layer].register_forward_hook(hook) if layer is not None else None
     out = None
     try:
-        x = inner.embed_tokens(ids)
-        for block in inner.layers:
-            x = block(x, attention_mask=attn, position_embeddings=rope, cache=kv)
+        hidden, _ = lm.runner.hidden_states(seqs)
         if logits:
-            out = lm.model.lm_head(inner.norm(x)).float()
+            out = lm.runner.head_logits(hidden)
     except _Stop:
         pass
     finally:

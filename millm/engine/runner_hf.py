@@ -40,7 +40,9 @@ class HeadOverHidden:
         """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1); only those go through the head."""
         hidden, _ = self.hidden_states([sequence])
         head = self.model.get_output_embeddings()
-        return head(hidden[0, start - 1 : len(sequence) - 1]).float()
+        logits = head(hidden[0, start - 1 : len(sequence) - 1]).float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)  # as the model's own forward does after its head
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 class HFRunner(HeadOverHidden):

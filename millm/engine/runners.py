@@ -15,12 +15,12 @@ import torch
 
 from millm.engine.kernels import KernelPlan
 from millm.engine.runner_hf import HFRunner
-from millm.engine.runner_llama import LlamaRunner
+from millm.engine.runner_lean import LeanRunner
 
 
 class Runner(Protocol):
-    """What the engine asks of a runner (HFRunner, LlamaRunner, LlamaCppRunner). A batch is the runner's own
-    (HFBatch, LlamaBatch) and only ever goes back to the runner that made it, hence Any."""
+    """What the engine asks of a runner (LeanRunner, HFRunner, LlamaCppRunner). A batch is the runner's own
+    (LeanBatch, HFBatch) and only ever goes back to the runner that made it, hence Any."""
 
     name: str
     kernels: str
@@ -41,7 +41,7 @@ class Runner(Protocol):
 
 def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False) -> Runner:
     """The fastest faithful runner for this model on this device."""
-    runner_type = LlamaRunner if LlamaRunner.supports(model) else HFRunner
+    runner_type = LeanRunner if LeanRunner.supports(model) else HFRunner
     if device.type != "cpu":
         return runner_type(model, device, dtype, None, None)
     body = KernelPlan(device, dtype, int4=q4_weights)

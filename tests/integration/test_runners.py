@@ -5,9 +5,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from millm.engine.runner_hf import HFRunner
-from millm.engine.runner_llama import KVBuffer, LlamaRunner
+from millm.engine.runner_lean import KVBuffer, LeanRunner
 from millm.engine.runners import make_runner
 from tests.integration.engine_helpers import prompt_ids
+from tests.support import tiny_models
 
 
 def stock(lm, dtype=torch.float32):
@@ -19,9 +20,11 @@ def stock_last_logits(model, prompt):
         return model(torch.tensor([prompt])).logits[0, -1].float()
 
 
-def test_runner_choice(llama_lm, gemma2_lm):
-    assert isinstance(llama_lm.runner, LlamaRunner) and llama_lm.runner.kernels == "prepacked x12"
-    assert isinstance(gemma2_lm.runner, HFRunner)
+def test_runner_choice(llama_lm, gemma2_lm, tiny_dirs, tmp_path):
+    assert isinstance(llama_lm.runner, LeanRunner) and llama_lm.runner.kernels == "prepacked x12"
+    assert llama_lm.runner.name == "lean (llama)" and gemma2_lm.runner.name == "lean (gemma2)"
+    phi3 = AutoModelForCausalLM.from_pretrained(str(tiny_models.build_phi3(tmp_path / "phi3", tiny_dirs["tokenizer"])), dtype=torch.float32)
+    assert isinstance(make_runner(phi3, torch.device("cpu"), torch.float32), HFRunner)
 
 
 @pytest.mark.parametrize("model", ["llama_lm", "gemma2_lm"])

@@ -135,6 +135,7 @@ def build_qwen2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = Qwen2Config(**_common(vocab), initializer_range=0.2, use_sliding_window=False)
     model = Qwen2ForCausalLM(config).eval()
+    _jitter(model, "bias", std=0.1)
     return _save(model, tokenizer_dir, directory)
 
 
@@ -153,3 +154,95 @@ TOOLS_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def _jitter(model, part: str, mean: float = 0.0, std: float = 0.3) -> None:
+    """Random values for parameters whose name contains `part` (biases and norms start constant, which would hide their handling)."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if part in name:
+                parameter.normal_(mean, std)
+
+
+def _vocab(tokenizer_dir: Path) -> int:
+    return len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+
+
+def build_gemma3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 4-layer Gemma 3 text model (QK-norm, sliding window of 8 on layers 0-2, local and global RoPE, tied head)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        **{**_common(_vocab(tokenizer_dir)), "num_hidden_layers": 4, "tie_word_embeddings": True},
+        head_dim=16,
+        sliding_window=8,
+        sliding_window_pattern=4,
+        query_pre_attn_scalar=16,
+        initializer_range=0.2,
+    )
+    model = Gemma3ForCausalLM(config).eval()
+    _jitter(model, "norm")  # Gemma's norms scale by 1 + w
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_qwen3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Qwen 3 (QK-norm, no biases) with random weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(**_common(_vocab(tokenizer_dir)), head_dim=16, initializer_range=0.2, use_sliding_window=False)
+    model = Qwen3ForCausalLM(config).eval()
+    _jitter(model, "norm", mean=1.0)
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer GPT-2 (learned positions, LayerNorm, biases, tied head) with random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=_vocab(tokenizer_dir), n_embd=64, n_layer=3, n_head=4, n_positions=CONTEXT,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, initializer_range=0.2,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    _jitter(model, "bias", std=0.1)
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_gpt_neox(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer GPT-NeoX (Pythia's layout: parallel residual, a quarter of each head rotated) with random weights."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(seed)
+    config = GPTNeoXConfig(
+        vocab_size=_vocab(tokenizer_dir), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, max_position_embeddings=CONTEXT, rotary_pct=0.25, use_parallel_residual=True,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False, initializer_range=0.2,
+    )
+    model = GPTNeoXForCausalLM(config).eval()
+    _jitter(model, "bias", std=0.1)
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_phi3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 2-layer Phi-3 with a sliding window: a family the lean runner leaves to transformers' forward."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Phi3Config(**{**_common(_vocab(tokenizer_dir)), "num_hidden_layers": 2}, sliding_window=16, initializer_range=0.2)
+    model = Phi3ForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
+# Every family the lean runner serves, by fixture name: its builder.
+FAMILIES = {
+    "llama": build_llama,
+    "gemma2": build_gemma2,
+    "gemma3": build_gemma3,
+    "qwen2": build_qwen2,
+    "qwen3": build_qwen3,
+    "gpt2": build_gpt2,
+    "gpt_neox": build_gpt_neox,
+}

@@ -1,0 +1,317 @@
+"""The lean runner: own KV buffer, RoPE tables, fused projections, for every family in families.py.
+
+Decoding one token is ~60 small ops per layer; transformers' generic forward adds its own
+bookkeeping (mask building, a KV cache that grows by concatenation, output wrappers). This
+runner keeps the decoder-layer *modules* (so forward hooks on a family's decoder blocks still
+see and may replace each block's output, which steering relies on) but gives each block a
+forward with one GEMM for q|k|v and one for gate|up (or the plain MLP's first projection),
+writes keys and values into a preallocated buffer, reads RoPE from tables computed once by the
+model's own rotary embedding, and applies the output layer to the last position only. What
+differs between families (norm placement, soft-capping, QK-norm, sliding windows, partial or
+no RoPE, parallel residual) is read from the model once (`families.layout`). Greedy tokens and
+logits equal transformers' in float32 for every family (tested).
+
+Sliding-window layers keep every position in the buffer (so rows can join, leave and be cut
+exactly as on full layers) and attend over the last `window` positions only: a band mask in a
+prefill, the buffer's last `window` columns in a decode step. Rows are left-padded and their
+real tokens contiguous, so a column distance is a position distance in every row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, padded_prefill_mask, positions
+from millm.engine.families import AttentionLayout, BlockLayout, ModelLayout, Rotary, layout, supported
+from millm.engine.kernels import KernelPlan, dense_linear, install_linear
+
+
+class KVBuffer:
+    """Keys and values of every layer, `[layers, B, kv_heads, capacity, head_dim]`, filled left to right."""
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (layers, rows, kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+        self.last_layer = layers - 1
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
+        """Write this step's keys/values for `layer`; return views of everything written so far."""
+        end = self.length + keys.shape[2]
+        if end > self.keys.shape[3]:
+            raise RuntimeError(f"KV buffer overflow: {end} positions, capacity {self.keys.shape[3]}")
+        layer_keys, layer_values = self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        layer_keys[:, :, self.length :].copy_(keys)
+        layer_values[:, :, self.length :].copy_(values)
+        if layer == self.last_layer:
+            self.length = end
+        return layer_keys, layer_values
+
+    def select_rows(self, index: torch.Tensor, start: int = 0) -> None:
+        """Keep (or repeat) rows by index, dropping the first `start` positions of every row."""
+        self.keys = self.keys[:, index, :, start:].contiguous()
+        self.values = self.values[:, index, :, start:].contiguous()
+        self.length -= start
+
+    @classmethod
+    def merged(cls, a: KVBuffer, b: KVBuffer, room: int) -> KVBuffer:
+        """A buffer holding a's rows then b's, right-aligned at the longer length, with `room` free positions."""
+        length = max(a.length, b.length)
+        layers, rows_a, kv_heads, _, head_dim = a.keys.shape
+        rows = rows_a + b.keys.shape[1]
+        merged = cls(layers, rows, kv_heads, length + room, head_dim, a.keys.dtype, a.keys.device)
+        for source, rows_slice in ((a, slice(0, rows_a)), (b, slice(rows_a, rows))):
+            offset = length - source.length
+            merged.keys[:, rows_slice, :, offset:length] = source.keys[:, :, :, : source.length]
+            merged.values[:, rows_slice, :, offset:length] = source.values[:, :, :, : source.length]
+        merged.length = length
+        return merged
+
+
+class RopeTable:
+    """cos/sin per position, computed by the model's own rotary embedding (so any rope scaling holds)."""
+
+    def __init__(self, rotary: Rotary, dtype, device, length: int = 4096):
+        self.rotary, self.dtype, self.device = rotary, dtype, device
+        self._grow(length)
+
+    def _grow(self, length: int) -> None:
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(probe, torch.arange(length, device=self.device)[None])
+        self.cos, self.sin = cos[0], sin[0]
+
+    def __call__(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) `[B, T, rotary_dim]` for position ids `[B, T]`."""
+        needed = int(pos.max()) + 1
+        if needed > self.cos.shape[0]:
+            self._grow(max(needed, 2 * self.cos.shape[0]))
+        return self.cos[pos], self.sin[pos]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE (rotate_half convention) to the first cos.shape[-1] dims of x (all of them but in GPT-NeoX)."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat((rotate(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+    half = width // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@dataclass(frozen=True)
+class Masks:
+    """Attention masks of one forward pass, `[B, 1, Tq, Tk]` bool (True: seen). None: plain causal
+    (every key seen in a decode step). In a decode step the sliding layers cut the keys themselves."""
+
+    full: torch.Tensor | None
+    sliding: torch.Tensor | None
+
+
+def prefill_masks(mask: torch.Tensor, window: int | None) -> Masks:
+    """Masks for a prefill of left-padded rows (`mask` [B, T], 0 over padding)."""
+    padded = not bool(mask.all())
+    full = padded_prefill_mask(mask) if padded else None
+    width = mask.shape[1]
+    if window is None or (not padded and width <= window):
+        return Masks(full, full)
+    columns = torch.arange(width, device=mask.device)
+    band = (columns[:, None] - columns[None, :]) < window  # query - key < window
+    causal = full if full is not None else torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()[None, None]
+    return Masks(full, causal & band[None, None])
+
+
+def decode_masks(mask: torch.Tensor, padded: bool) -> Masks:
+    """Masks for one new token per row."""
+    full = mask.bool()[:, None, None, :] if padded else None
+    return Masks(full, full)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, spec: AttentionLayout) -> torch.Tensor:
+    """Attention of queries `[B, H, Tq, D]` over keys/values `[B, KV, Tk, D]` as the family computes it."""
+    width = q.shape[2]
+    if spec.window is not None and width == 1 and k.shape[2] > spec.window:
+        k, v = k[:, :, -spec.window :], v[:, :, -spec.window :]
+        mask = None if mask is None else mask[..., -spec.window :]
+    if spec.softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and width > 1, scale=spec.scaling, enable_gqa=True)
+    # SDPA has no soft-capping: Gemma 2's eager attention, scores capped by tanh before the mask.
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * spec.scaling
+    scores = torch.tanh(scores / spec.softcap) * spec.softcap
+    if mask is None and width > 1:
+        mask = torch.ones(width, k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - width)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
+def fuse_block(block: BlockLayout, plan: KernelPlan) -> None:
+    """Give a decoder block a fused forward; the module (and hooks on it) stays."""
+    # PyTorch's CPU attention kernel is several times slower in bf16 than in float32 for a
+    # one-token query (570 vs 130 us at 8 rows x 150 positions, measured), and upcasting
+    # the cached keys/values is cheap next to it: decode steps attend in float32 on the CPU.
+    upcast_decode = plan.device.type == "cpu" and plan.dtype != torch.float32
+    spec = block.attention
+    heads, kv_heads, head_dim = spec.heads, spec.kv_heads, spec.head_dim
+    split = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv, out = plan.linear(*spec.qkv), plan.linear(*spec.out)
+    mlp_in, mlp_out = plan.linear(*block.mlp_in), plan.linear(*block.mlp_out)
+    inner = block.mlp_out[0].shape[1]
+    act, gated = block.act, block.gated
+    attn_norm, attn_out_norm = block.attn_norm, block.attn_out_norm
+    mlp_norm, mlp_out_norm = block.mlp_norm, block.mlp_out_norm
+    q_norm, k_norm = spec.q_norm, spec.k_norm
+    index, window, rope, parallel = block.index, spec.window, spec.rope, block.parallel
+
+    def attention(x, masks: Masks, ropes, cache):
+        rows, width, _ = x.shape
+        q, k, v = qkv(x).split(split, dim=-1)
+        q = q.view(rows, width, heads, head_dim)
+        k = k.view(rows, width, kv_heads, head_dim)
+        if q_norm is not None and k_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.view(rows, width, kv_heads, head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = ropes[rope]
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k, v = cache.update(k, v, index)
+        if width == 1 and upcast_decode:
+            q, k, v = q.float(), k.float(), v.float()
+        o = attend(q, k, v, masks.sliding if window is not None else masks.full, spec).to(x.dtype)
+        o = out(o.transpose(1, 2).reshape(rows, width, heads * head_dim))
+        return o if attn_out_norm is None else attn_out_norm(o)
+
+    def mlp(x):
+        h = mlp_in(x)
+        if gated:
+            g, u = h.split([inner, inner], dim=-1)
+            h = act(g) * u
+        else:
+            h = act(h)
+        h = mlp_out(h)
+        return h if mlp_out_norm is None else mlp_out_norm(h)
+
+    def forward(hidden_states, attention_mask=None, position_embeddings=None, cache=None, **_):
+        x = hidden_states
+        a = attention(attn_norm(x), attention_mask, position_embeddings, cache)
+        if parallel:
+            return mlp(mlp_norm(x)) + a + x
+        x = x + a
+        return x + mlp(mlp_norm(x))
+
+    block.module.forward = forward
+    # The separate projections are no longer read; drop their weights rather than hold them twice.
+    for linear in block.spent:
+        linear.weight = torch.nn.Parameter(linear.weight.new_empty(0), requires_grad=False)  # type: ignore[operator]  # nn.Module types .weight loosely; these are Linear/Conv1D weights
+
+
+@dataclass
+class LeanBatch:
+    """A batch's KV buffer and its 2-D mask (0 over left padding)."""
+
+    kv: KVBuffer
+    mask: torch.Tensor
+    padded: bool
+
+
+class LeanRunner:
+    """Prefill / step / select / merge for every family `families.layout` knows, through the fused blocks."""
+
+    mergeable = True
+
+    @staticmethod
+    def supports(model) -> bool:
+        """Whether the lean runner serves this model."""
+        return supported(model.config)
+
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, body: KernelPlan | None, head: KernelPlan | None):
+        self.model, self.device, self.dtype = model, device, dtype
+        found = layout(model)
+        if found is None:
+            raise ValueError(f"the lean runner does not serve {model.config.model_type}")
+        self.layout: ModelLayout = found
+        self.name = f"lean ({found.family})"
+        body = body or KernelPlan(device, dtype, int4=False)
+        lm_head = found.head
+        head_fn = head.linear(lm_head.weight, lm_head.bias) if head is not None else dense_linear(lm_head.weight, lm_head.bias)
+        for block in found.blocks:
+            fuse_block(block, body)
+        head_dtype = head.dtype if head is not None else dtype
+        install_linear(lm_head, lambda x: head_fn(x.to(head_dtype)))
+        model.to(dtype)
+        self.kernels = body.description
+        self.ropes = {name: RopeTable(fn, dtype, device) for name, fn in found.rotary.items()}
+        first = found.blocks[0].attention
+        self.kv_heads, self.head_dim = first.kv_heads, first.head_dim
+        windows = {b.attention.window for b in found.blocks if b.attention.window is not None}
+        self.window = min(windows) if windows else None
+
+    def rope(self, pos: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every RoPE table's (cos, sin) for position ids `[B, T]`."""
+        return {name: table(pos) for name, table in self.ropes.items()}
+
+    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: KVBuffer) -> torch.Tensor:
+        x = self.layout.embed(ids, pos)
+        ropes = self.rope(pos)
+        for block in self.layout.blocks:
+            x = block.module(x, attention_mask=masks, position_embeddings=ropes, cache=kv)
+        return x
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
+        logits = self.layout.head(hidden).float()
+        cap = self.layout.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: KVBuffer) -> torch.Tensor:
+        x = self._hidden(ids, pos, masks, kv)
+        return self.head_logits(self.layout.final_norm(x[:, -1:]))[:, -1]
+
+    def _buffer(self, rows: int, capacity: int) -> KVBuffer:
+        return KVBuffer(len(self.layout.blocks), rows, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+
+    def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
+        ids, mask = left_pad(prompts, self.device)
+        x = self._hidden(ids, positions(mask), prefill_masks(mask, self.window), self._buffer(*ids.shape))
+        return self.layout.final_norm(x), mask
+
+    def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1); only those go through the head."""
+        hidden, _ = self.hidden_states([sequence])
+        return self.head_logits(hidden[0, start - 1 : len(sequence) - 1])
+
+    def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LeanBatch, torch.Tensor]:
+        """Run the prompts into a buffer holding `capacity` positions; returns the batch and logits `[B, V]`."""
+        ids, mask = left_pad(prompts, self.device)
+        kv = self._buffer(ids.shape[0], capacity)
+        logits = self._logits(ids, positions(mask), prefill_masks(mask, self.window), kv)
+        return LeanBatch(kv, mask, not bool(mask.all())), logits
+
+    def step(self, batch: LeanBatch, next_ids: torch.Tensor) -> torch.Tensor:
+        """Feed each row its newest token; returns the next-token logits `[B, V]`."""
+        batch.mask = extend_mask(batch.mask)
+        pos = batch.mask.sum(-1, keepdim=True) - 1
+        return self._logits(next_ids.view(-1, 1), pos, decode_masks(batch.mask, batch.padded), batch.kv)
+
+    def select_rows(self, batch: LeanBatch, indices: list[int]) -> None:
+        """Keep (or repeat) rows by index, in the given order; padding no row needs any more is cut."""
+        index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
+        mask = batch.mask[index]
+        start = leading_padding(mask)
+        batch.kv.select_rows(index, start)
+        batch.mask = mask[:, start:]
+        batch.padded = not bool(batch.mask.all())
+
+    def merge(self, a: LeanBatch, b: LeanBatch, room: int) -> LeanBatch:
+        """One batch of a's rows then b's (left-padded to a common length), with `room` positions to grow."""
+        kv = KVBuffer.merged(a.kv, b.kv, room)
+        mask = torch.cat([left_pad_mask(a.mask, kv.length), left_pad_mask(b.mask, kv.length)])
+        return LeanBatch(kv, mask, not bool(mask.all()))
