@@ -17,6 +17,7 @@ import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.gguf_meta import gguf_file_type
+from millm.engine.prompts import template_variables
 from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner
 from millm.engine.sources import ModelSource
@@ -73,6 +74,12 @@ class LoadedModel:
         revision = self.revision or UNRECORDED
         quantization = self.quantization or UNRECORDED
         return f"millm:{self.name}@{revision}:{self.dtype_name}/{quantization}:{self.engine}"
+
+    @property
+    def template_variables(self) -> frozenset[str] | None:
+        """The extra variables its chat template reads (chat_template_kwargs), or None where the
+        engine takes none: on llama.cpp (the spec's GGUF rule), chat_template_kwargs is reported ignored."""
+        return template_variables(self.tokenizer) if self.engine == "transformers" else None
 
     @property
     def reads_residuals(self) -> bool:

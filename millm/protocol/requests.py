@@ -189,6 +189,15 @@ class ResponseFormat(OpenBody):
     json_schema: JsonSchemaFormat | None = None
 
 
+# Names in a chat template's namespace that millm fills from the request (or that are options of
+# transformers' apply_chat_template rather than template variables).
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize",
+     "return_dict", "return_assistant_tokens_mask", "padding", "truncation", "max_length", "return_tensors",
+     "tokenizer_kwargs", "bos_token", "eos_token", "pad_token", "unk_token", "raise_exception"}
+)
+
+
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions (generation, or chat scoring with logprobs / allowed_token_ids)."""
 
@@ -204,6 +213,21 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None
     return_tokens_as_token_ids: bool | None = None
+    # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see RESERVED_TEMPLATE_VARIABLES.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs_leave_millms_own_alone(cls, value):
+        # These are what millm itself hands the template (or apply_chat_template's own options):
+        # a request that set them would silently replace the conversation, its tools or its turn.
+        taken = [key for key in value or {} if key in RESERVED_TEMPLATE_VARIABLES]
+        if taken:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {', '.join(taken)}: millm renders these itself from the request",
+                param=f"chat_template_kwargs.{taken[0]}",
+            )
+        return value
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):

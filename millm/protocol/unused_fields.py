@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
+from millm.engine.prompts import template_source
 from millm.errors import UnusedFieldsRefused
 from millm.protocol.field_policy import is_neutral
 
@@ -35,10 +36,18 @@ def percent_encode(name: str) -> str:
 
 def template_reads(tokenizer) -> set[str]:
     """Which optional message keys the model's chat template mentions (none for the generic fallback)."""
-    source = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(source, dict):
-        source = " ".join(source.values())
+    source = template_source(tokenizer)
     return {key for key in TEMPLATE_KEYS if re.search(rf"""(\.{key}\b|\[\s*['"]{key}['"]\s*\])""", source)}
+
+
+def template_kwargs_unused(kwargs: dict | None, variables: frozenset[str] | None) -> list[str]:
+    """chat_template_kwargs keys the template will not read: all of them when the engine renders
+    no variables (`variables` None: llama.cpp), else those the template never mentions."""
+    if not kwargs:
+        return []
+    if variables is None:
+        return ["chat_template_kwargs"]
+    return [f"chat_template_kwargs.{key}" for key in kwargs if key not in variables]
 
 
 def _extras(node, path: str) -> list[str]:

@@ -58,16 +58,24 @@ def conversation_prompts(lm: LoadedModel, body: ChatCompletionRequest, tools: To
     a failure names which conversation."""
     conversations = [("messages", body.messages)]
     conversations += [(f"extra_messages[{i}]", msgs) for i, msgs in enumerate(body.extra_messages or [])]
-    return [conversation_ids(lm, messages, param, tools) for param, messages in conversations]
+    variables = template_kwargs(lm, body.chat_template_kwargs)
+    return [conversation_ids(lm, messages, param, tools, variables) for param, messages in conversations]
 
 
-def conversation_ids(lm: LoadedModel, messages: list[ChatMessage], param: str = "messages", tools: ToolPlan | None = None) -> list[int]:
-    """Token ids of one conversation through the model's chat template, with the offered tools;
-    a failure names `param`."""
+def template_kwargs(lm: LoadedModel, sent: dict[str, Any] | None) -> dict[str, Any]:
+    """The chat_template_kwargs the model's template reads (the others are reported as ignored)."""
+    readable = lm.template_variables or frozenset()
+    return {key: value for key, value in (sent or {}).items() if key in readable}
+
+
+def conversation_ids(lm: LoadedModel, messages: list[ChatMessage], param: str = "messages", tools: ToolPlan | None = None,
+                     variables: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of one conversation through the model's chat template, with the offered tools
+    and extra template `variables`; a failure names `param`."""
     native = template_takes_tools(lm.tokenizer)
     listed = [tool.as_template() for tool in tools.tools] if native and tools is not None and tools.offered else None
     try:
-        prompt = chat_prompt_ids(lm.tokenizer, tool_messages(template_messages(messages, param), tools, native), listed)
+        prompt = chat_prompt_ids(lm.tokenizer, tool_messages(template_messages(messages, param), tools, native), listed, variables)
     except MillmError as exc:
         if param != "messages" and exc.param == "messages":  # the template's own complaint
             exc.param = param

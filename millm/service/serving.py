@@ -28,7 +28,7 @@ from millm.protocol.requests import (
 )
 from millm.protocol.responses import ChatCompletion, Completion, Usage
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.protocol.unused_fields import handle_unused, template_reads, unused_locations
+from millm.protocol.unused_fields import handle_unused, template_kwargs_unused, template_reads, unused_locations
 from millm.service.activations import ActivationRead, ReadRequest, plan_read, refuse
 from millm.service.answers import (
     ChatShape,
@@ -99,6 +99,7 @@ def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel,
     reads = template_reads(lm.tokenizer) | {"tool_calls"}
     sent = body.model_dump(exclude_unset=True)
     locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
+    locations += template_kwargs_unused(getattr(body, "chat_template_kwargs", None), lm.template_variables)
     return handle_unused(locations, strict)
 
 

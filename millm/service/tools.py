@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from millm.engine.constraints import COMPACT, GrammarSpec
+from millm.engine.prompts import template_source
 from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_rules import any_of, equals, when
@@ -215,10 +216,7 @@ def offer_decision(plan: ToolPlan | None, native: bool, parameters: int, setting
 
 def template_takes_tools(tokenizer) -> bool:
     """Whether the model's chat template renders a `tools` list itself."""
-    source = getattr(tokenizer, "chat_template", None) or ""
-    if isinstance(source, dict):
-        source = " ".join(source.values())
-    return re.search(r"\btools\b", source) is not None
+    return re.search(r"\btools\b", template_source(tokenizer)) is not None
 
 
 def tool_messages(messages: list[dict], plan: ToolPlan | None, native: bool) -> list[dict]:

@@ -170,3 +170,38 @@ def test_no_template_model_uses_the_generic_fallback(tiny_dirs, tmp_path):
         assert response.usage.prompt_tokens == len(expected)
     finally:
         server.stop()
+
+
+def prompt_tokens_of(lm, **variables) -> int:
+    rendered = lm.tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=False, **variables)
+    return len(lm.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def test_chat_template_kwargs_reach_the_template(llama_server, llama_lm):
+    """The tiny template reads `enable_thinking` as Qwen 3's does (an empty thought block when false)."""
+    off = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}})
+    on = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": True}})
+    assert off.status_code == on.status_code == 200
+    assert off.json()["usage"]["prompt_tokens"] == prompt_tokens_of(llama_lm, enable_thinking=False)
+    assert on.json()["usage"]["prompt_tokens"] == prompt_tokens_of(llama_lm)
+    assert prompt_tokens_of(llama_lm, enable_thinking=False) > prompt_tokens_of(llama_lm)  # the block is really there
+    assert "x-millm-ignored-fields" not in off.headers
+
+
+def test_chat_template_kwargs_the_template_does_not_read_are_reported(llama_server, llama_lm):
+    response = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1,
+                                                           "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low"}})
+    assert response.status_code == 200
+    assert response.headers["x-millm-ignored-fields"] == '"chat_template_kwargs.reasoning_effort"'
+    assert response.json()["usage"]["prompt_tokens"] == prompt_tokens_of(llama_lm, enable_thinking=False)
+    strict = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1, "chat_template_kwargs": {"reasoning_effort": "low"}},
+                  headers={"X-miLLM-Strict": "true"})
+    assert strict.status_code == 400 and strict.json()["error"]["param"] == "chat_template_kwargs.reasoning_effort"
+
+
+@pytest.mark.parametrize("key", ["messages", "add_generation_prompt", "bos_token"])
+def test_chat_template_kwargs_may_not_replace_what_millm_renders(llama_server, key):
+    response = post(llama_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 1, "chat_template_kwargs": {key: []}})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == f"chat_template_kwargs.{key}" and key in error["message"]

@@ -51,6 +51,14 @@ def test_chat_runs_on_llamacpp_and_says_so(server):
     assert health["engine"] == "llama.cpp"
 
 
+def test_chat_template_kwargs_are_reported_on_llamacpp(server):
+    """The spec's GGUF rule: accepted, not passed to the template, and named as ignored."""
+    plain = answer(server, chat("Tell me about the sea."))[1]
+    text, response = answer(server, chat("Tell me about the sea.", chat_template_kwargs={"enable_thinking": False}))
+    assert response.headers["x-millm-ignored-fields"] == '"chat_template_kwargs"'
+    assert response.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+
+
 def test_seeds_stops_and_n(server):
     body = chat("Tell me about the moon.", temperature=1.0, seed=5, max_tokens=16)
     first, response = answer(server, body)

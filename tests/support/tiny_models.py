@@ -17,7 +17,10 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    # Qwen 3's switch, read from chat_template_kwargs: an empty thought block when thinking is off.
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+    "{% endif %}"
 )
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>"]
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
