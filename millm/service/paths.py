@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import TypeGuard
 
-from millm.engine.sources import DEMO_MODEL_NAME, HUB_GGUF_ID, HUB_ID
+from millm.engine.sources import HUB_GGUF_ID, HUB_ID, PACKAGED
 from millm.errors import PathNotAllowed
 
 HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
@@ -82,7 +82,7 @@ class PathPolicy:
         Inside the roots it is whatever it names (a directory, a .gguf file, or a hub id if no
         such path exists); outside, only a hub id, looked up on the hub and never on disk.
         """
-        if reference == DEMO_MODEL_NAME:
+        if reference in PACKAGED:
             return True
         if inside(resolved(reference), self.roots):
             return True

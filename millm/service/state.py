@@ -370,10 +370,10 @@ class ServerState:
             max_batch=self.settings.max_batch_size,
         )
         self.steering.restore(lm)
-        if source.kind == "demo":
-            from millm.service.demo import install_demo
+        if source.kind in ("demo", "packaged"):
+            from millm.service.demo import install_shipped
 
-            install_demo(self, lm)
+            install_shipped(self, lm)
         with self._mutex:
             self.errors.pop(name, None)
             self._weights_bytes = needed

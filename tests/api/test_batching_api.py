@@ -81,6 +81,7 @@ def test_concurrent_streams_each_equal_their_solo_answer(server):
     assert max(sizes) >= 2
     health = inference(server)
     assert health["backend"] == "batched" and health["continuous_batching"]["enabled"] is True
+    assert health["runner"] == "lean (llama)"
     assert health["jobs"]["batched"]["served"] == before + len(TOPICS)
     assert health["queue_depth"] == 0 and health["running_rows"] == 0
 
