@@ -1,10 +1,19 @@
 #!/usr/bin/env python
-"""Train millm's demo sparse autoencoder: a TopK SAE on SmolLM2-135M-Instruct's residual stream.
+"""Train a small TopK sparse autoencoder (SAE) on the residual stream of one of millm's packaged models.
+
+    --model SmolLM2-135M-Instruct   (default) millm's demo SAE, millm/demo/sae/smollm2-135m-topk,
+                                    on block 12 of 30 of the chat model
+    --model gemma3-270m             millm/demo/sae/gemma3-270m-topk, on block 9 of 18 of Gemma 3 270M
+                                    (a base model: no chat template, so no chat answers, no profiles)
+
+What differs between the two is one `ModelSpec` each in MODELS (output folder, default layer, the
+token that opens every window, whether the model writes chat answers, token budgets, steering notes).
 
 Plain torch, seeded, CPU only, and offline: the corpus is built from text that is already on the
-machine (Python's standard library, the virtualenv's installed packages, Debian's /usr/share/doc)
-plus chat answers that the demo model itself writes to a fixed list of prompts. Stages (each
-caches its result under --work, so a later stage can be rerun alone):
+machine (Python's standard library, the virtualenv's installed packages, Debian's /usr/share/doc),
+for the chat model plus chat answers that the model itself writes to a fixed list of prompts.
+Stages (each caches its result under --work, so a later stage can be rerun alone; use a separate
+--work per model):
 
     corpus   build the token sequences (train / held-out split by document)     -> corpus.json
     acts     capture resid_post of block --layer from the float32 model          -> acts_*.npy
@@ -12,14 +21,23 @@ caches its result under --work, so a later stage can be rerun alone):
     export   write cfg.json + sae_weights.safetensors (decoder rows unit norm)
     eval     held-out FVU, L0, dead features, next-token CE clean / spliced / ablated
     labels   feature_labels.json (auto labels from top tokens) and README.md
-    profiles check the steering profiles in millm/demo/profiles (stamp their sae_id, generate
-             unsteered / steered answers in float32 and auto dtype, write profiles/README.md)
+    steer    greedy completions of the model's steering prompt, unsteered and with each of
+             --steer-features at each of --steer-strengths                   -> steer.json, README.md
+    profiles (chat model only) check the steering profiles in millm/demo/profiles (stamp their
+             sae_id, generate unsteered / steered answers in float32 and auto dtype, write
+             profiles/README.md)
 
-    .venv/bin/python scripts/train_demo_sae.py                 # all stages but profiles
+    .venv/bin/python scripts/train_demo_sae.py                 # all stages but steer and profiles
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
+    .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3
+    .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3 \
+        --stages steer --steer-features 12,345 --steer-strengths 2000,4000
 
-Timings on the 2-core development machine (shared with a test run): corpus ~40 min (almost all of
-it the model writing 1,040 chat answers), acts ~4 min, train ~8 min, eval ~5 min, labels ~1 min.
+Each stage's wall time is kept in --work/timings.json and printed in the README. On the 2-core
+development machine (shared with a test run):
+  SmolLM2-135M-Instruct: corpus ~40 min (almost all of it the model writing 1,040 chat answers),
+      acts ~4 min, train ~8 min, eval ~5 min, labels ~1 min.
+  gemma3-270m: GEMMA_TIMINGS
 """
 
 from __future__ import annotations

