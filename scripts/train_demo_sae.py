@@ -55,6 +55,8 @@ import re
 import sys
 import sysconfig
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,27 +71,92 @@ from millm.engine.generate import run_job
 from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import load_model
 from millm.engine.prompts import chat_prompt_ids
+from millm.engine.residual import ResidualEdit, decoder_layers
 from millm.engine.sampling import SamplingParams
-from millm.engine.sources import demo_source
+from millm.engine.sources import GEMMA3_MODEL_NAME, resolve_source
+from millm.settings import DEMO_MODEL_NAME
 
 log = logging.getLogger("train_demo_sae")
 
 SEED = 1234
-MODEL_NAME = "SmolLM2-135M-Instruct"
-OUT_DIR = REPO / "millm" / "demo" / "sae" / "smollm2-135m-topk"
+SAE_DIR = REPO / "millm" / "demo" / "sae"
 PROFILES_DIR = REPO / "millm" / "demo" / "profiles"
 
-# Corpus: plain-text documents are cut into windows of CHUNK tokens, each opened by <|endoftext|>
-# (as in the model's pre-training packing); position 0 of every sequence is an attention sink with
-# a huge residual norm (~25,000 from layer 11 on) and is never used for training or evaluation.
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the script does differently per model; everything else is shared."""
+
+    name: str  # --model, as `millm serve --model` takes it
+    title: str  # the README's heading, after the folder name
+    model_note: str  # what the README says after the model's name
+    out_dir: Path  # where the SAE is written
+    layer: int  # default --layer (resid_post of this block)
+    n_layers: int  # decoder blocks (checked against the loaded model)
+    d_in: int  # hidden size (checked against the loaded model)
+    # The token that opens every plain-text window (as in the model's pre-training packing). Position
+    # 0 of every sequence is an attention sink with a huge residual norm and is never trained on.
+    doc_start: str
+    doc_start_is_bos: bool  # doc_start is the tokenizer's BOS token (cfg.json's prepend_bos)
+    # The token opening a chat conversation; None for a base model without a chat template: then the
+    # corpus has no chat answers (plain text only) and the `profiles` stage does not apply.
+    chat_start: str | None
+    budgets: dict[str, int]  # tokens wanted per plain-text source (before the held-out split)
+    steer_prompt: str  # the steer stage's prompt (a user turn for a chat model, a text to continue otherwise)
+    steering_note: str  # the README's "Steering with it" paragraph
+
+    @property
+    def chat_answers(self) -> bool:
+        return self.chat_start is not None
+
+    def prompt_ids(self, tok, text: str) -> list[int]:
+        """`text` as the model is prompted: a user turn in its chat template, or a document opened by `doc_start`."""
+        if self.chat_answers:
+            return chat_prompt_ids(tok, [{"role": "user", "content": text}])
+        return [tok.convert_tokens_to_ids(self.doc_start)] + tok(text, add_special_tokens=False)["input_ids"]
+
+
+MODELS = {
+    DEMO_MODEL_NAME: ModelSpec(
+        name=DEMO_MODEL_NAME,
+        title="millm's demo sparse autoencoder",
+        model_note="",
+        out_dir=SAE_DIR / "smollm2-135m-topk",
+        layer=12,
+        n_layers=30,
+        d_in=576,
+        doc_start="<|endoftext|>",
+        doc_start_is_bos=False,
+        chat_start="<|im_start|>",
+        budgets={"stdlib-docstrings": 70_000, "stdlib-code": 40_000, "package-readmes": 55_000, "usr-share-doc": 75_000},
+        steer_prompt="Tell me about your weekend.",
+        steering_note="""Topic and persona features (see `millm/demo/profiles/`) show plainly at strengths of about 15-50
+(a tenth to a third of the residual norm); around 80 most features make the answer repeat one
+phrase, and from about 120 the text falls apart. Position 0 is not a place to read features from
+(see above). Code and punctuation features are plentiful too (a third of the corpus is code and
+technical docs); for chat demos, prefer features whose label ends in `(chat)`.""",
+    ),
+    GEMMA3_MODEL_NAME: ModelSpec(
+        name=GEMMA3_MODEL_NAME,
+        title="a small sparse autoencoder for Gemma 3 270M",
+        model_note=" (Google's Gemma 3 270M base model, from its packaged Q4_K_M GGUF file dequantised to float32)",
+        out_dir=SAE_DIR / "gemma3-270m-topk",
+        layer=9,
+        n_layers=18,
+        d_in=640,
+        doc_start="<bos>",
+        doc_start_is_bos=True,
+        chat_start=None,
+        budgets={"stdlib-docstrings": 40_000, "stdlib-code": 25_000, "package-readmes": 35_000, "usr-share-doc": 35_000},
+        steer_prompt="My favourite thing to do on the weekend is",
+        steering_note="GEMMA_STEERING_NOTE",
+    ),
+}
+
+# Corpus: plain-text documents are cut into windows of CHUNK tokens, each opened by the model's
+# document-start token (ModelSpec.doc_start).
 CHUNK = 127
 HELDOUT_PERCENT = 10
-BUDGETS = {  # tokens wanted per source (before the held-out split)
-    "stdlib-docstrings": 70_000,
-    "stdlib-code": 40_000,
-    "package-readmes": 55_000,
-    "usr-share-doc": 75_000,
-}
 CHUNKS_PER_DOC = {"stdlib-docstrings": 3, "stdlib-code": 1, "package-readmes": 6, "usr-share-doc": 2}
 CHAT_MAX_TOKENS = 160
 CHAT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5)
@@ -183,8 +250,37 @@ N_TOPIC_PROMPTS = 960
 # Model access
 # ----------------------------------------------------------------------------------------------
 
-def load(dtype: str, work: Path):
-    return load_model(demo_source(), dtype=dtype, device="cpu", cache_root=work / "cache")
+def load(spec: ModelSpec, dtype: str, work: Path):
+    lm = load_model(resolve_source(spec.name, work / "hub"), dtype=dtype, device="cpu", cache_root=work / "cache")
+    d_model, n_layers = lm.model.config.hidden_size, len(decoder_layers(lm.model))
+    if (d_model, n_layers) != (spec.d_in, spec.n_layers):
+        raise SystemExit(f"{spec.name}: hidden size {d_model} and {n_layers} layers, expected {spec.d_in} and {spec.n_layers}")
+    return lm
+
+
+def load_tokenizer(spec: ModelSpec, work: Path):
+    """The model's tokenizer from the dequantised copy under --work/cache (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    gguf = resolve_source(spec.name, work / "hub").gguf_file
+    for meta in sorted((work / "cache" / "gguf").glob("*/millm-gguf.json")):
+        if Path(json.loads(meta.read_text())["source"]).name == gguf:
+            return AutoTokenizer.from_pretrained(str(meta.parent))
+    raise SystemExit(f"no converted copy of {gguf} under {work / 'cache'}: run the corpus stage first")
+
+
+@contextmanager
+def timed(work: Path, stage: str, cache: Path | None = None):
+    """Record the stage's wall time in --work/timings.json, unless its result was already cached."""
+    fresh = cache is None or not cache.is_file()
+    t0 = time.time()
+    yield
+    if fresh:
+        path = work / "timings.json"
+        timings = json.loads(path.read_text()) if path.is_file() else {}
+        timings[stage] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(timings, indent=1) + "\n")
+        log.info("stage %s took %.0fs", stage, timings[stage])
 
 
 class _Stop(Exception):
@@ -198,8 +294,6 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
     Returns (resid [B, T, d] at `layer` or None, logits [B, T, V] or None, mask [B, T]); rows are
     left-padded. `replace(resid, mask) -> resid` swaps layer `layer`'s output (the SAE splice).
     """
-    from millm.engine.residual import decoder_layers
-
     captured = {}
     _, mask = left_pad(seqs, lm.device)
 
@@ -226,8 +320,8 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
 
 
 def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_tokens: int,
-                   seeds: list[int] | None = None) -> list[tuple[str, str]]:
-    """millm's own decode loop; returns (text, finish_reason) per prompt."""
+                   seeds: list[int] | None = None, edits: list[ResidualEdit | None] | None = None) -> list[tuple[str, str]]:
+    """millm's own decode loop (steered rows carry a ResidualEdit, as in serving); returns (text, finish_reason) per prompt."""
     texts = [""] * len(prompts)
     finish = [""] * len(prompts)
 
@@ -238,7 +332,8 @@ def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_t
             finish[event.row] = event.finish_reason
 
     rows = [RowSpec(prompt_ids=tuple(p), sampling=sampling, max_tokens=max_tokens,
-                    seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)]
+                    seed=None if seeds is None else seeds[i], edit=None if edits is None else edits[i])
+            for i, p in enumerate(prompts)]
     run_job(lm, GenerationJob(rows=rows, emit=emit))
     return list(zip(texts, finish))
 
@@ -377,13 +472,16 @@ def is_heldout(doc_id: str) -> bool:
     return int(hashlib.sha256(doc_id.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT
 
 
-def build_corpus(work: Path) -> dict:
+def build_corpus(work: Path, spec: ModelSpec) -> dict:
     path = work / "corpus.json"
     if path.is_file():
-        return json.loads(path.read_text())
-    lm = load("float32", work)
+        corpus = json.loads(path.read_text())
+        if corpus.get("model", DEMO_MODEL_NAME) != spec.name:
+            raise SystemExit(f"{path} was built for {corpus.get('model', DEMO_MODEL_NAME)}, not {spec.name}: use another --work")
+        return corpus
+    lm = load(spec, "float32", work)
     tok = lm.tokenizer
-    sep = tok.convert_tokens_to_ids("<|endoftext|>")
+    sep = tok.convert_tokens_to_ids(spec.doc_start)
     rng = random.Random(SEED)
     sequences = []  # {"source", "doc", "ids", "heldout"}
     manifest = {}
@@ -399,7 +497,7 @@ def build_corpus(work: Path) -> dict:
                 seen.add(digest)
                 unique.append((doc_id, text))
         rng.shuffle(unique)
-        budget, used, files = BUDGETS[source], 0, []
+        budget, used, files = spec.budgets[source], 0, []
         for doc_id, text in unique:
             if used >= budget:
                 break
@@ -417,7 +515,18 @@ def build_corpus(work: Path) -> dict:
         manifest[source] = {"documents_available": len(unique), "documents_used": len(files),
                             "tokens": used, "files": files}
         log.info("%s: %d tokens from %d of %d documents", source, used, len(files), len(unique))
+    if spec.chat_answers:
+        sequences += chat_sequences(work, lm, manifest)
+    corpus = {"model": spec.name, "sequences": sequences, "manifest": manifest}
+    path.write_text(json.dumps(corpus))
+    (work / "chat_answers.partial.jsonl").unlink(missing_ok=True)
+    return corpus
 
+
+def chat_sequences(work: Path, lm, manifest: dict) -> list[dict]:
+    """Conversations whose answers the (chat) model writes itself; fills manifest["chat"]."""
+    tok = lm.tokenizer
+    sequences = []
     conversations = chat_prompts()
     t0 = time.time()
     answers = []
@@ -453,26 +562,24 @@ def build_corpus(work: Path) -> dict:
                                      "presence_penalty": CHAT_SAMPLING.presence_penalty,
                                      "max_tokens": CHAT_MAX_TOKENS, "seed": f"{SEED} + conversation index"},
                         "dtype": "float32"}
-    corpus = {"sequences": sequences, "manifest": manifest}
-    path.write_text(json.dumps(corpus))
-    partial.unlink(missing_ok=True)
-    return corpus
+    return sequences
 
 
 # ----------------------------------------------------------------------------------------------
 # Stage 2: activations
 # ----------------------------------------------------------------------------------------------
 
-def capture(work: Path, corpus: dict, layer: int) -> None:
+def capture(work: Path, corpus: dict, layer: int, spec: ModelSpec) -> None:
     if (work / "acts_train.npy").is_file():
         return
-    lm = load("float32", work)
+    lm = load(spec, "float32", work)
     seqs = corpus["sequences"]
+    sink_norms = []  # residual norm at position 0 (the attention sink), for the README
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))
     for split in ("train", "heldout"):
         chosen = [i for i in order if seqs[i]["heldout"] == (split == "heldout")]
         n = sum(len(seqs[i]["ids"]) - 1 for i in chosen)
-        acts = np.lib.format.open_memmap(work / f"acts_{split}.npy", mode="w+", dtype=np.float32, shape=(n, 576))
+        acts = np.lib.format.open_memmap(work / f"acts_{split}.npy", mode="w+", dtype=np.float32, shape=(n, spec.d_in))
         where = np.zeros((n, 2), dtype=np.int32)  # (sequence index, position)
         row, t0 = 0, time.time()
         with torch.inference_mode():
@@ -483,6 +590,7 @@ def capture(work: Path, corpus: dict, layer: int) -> None:
                 for r, i in enumerate(batch):
                     length = len(seqs[i]["ids"])
                     x = resid[r, width - length + 1:]  # drop the left padding and position 0
+                    sink_norms.append(float(resid[r, width - length].norm()))
                     acts[row:row + len(x)] = x.float().numpy()
                     where[row:row + len(x), 0] = i
                     where[row:row + len(x), 1] = np.arange(1, length)
@@ -492,6 +600,8 @@ def capture(work: Path, corpus: dict, layer: int) -> None:
         acts.flush()
         np.save(work / f"where_{split}.npy", where)
         log.info("acts %s: %d tokens in %.0fs", split, n, time.time() - t0)
+    meta = {"layer": layer, "position0_median_norm": float(np.median(sink_norms))}
+    (work / "acts_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -619,7 +729,7 @@ def train_sae(work: Path, args) -> dict:
     return result
 
 
-def export(result: dict, layer: int, out: Path) -> dict[str, torch.Tensor]:
+def export(result: dict, layer: int, out: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
     from safetensors.torch import save_file
 
     s = result["state"]
@@ -636,12 +746,12 @@ def export(result: dict, layer: int, out: Path) -> dict[str, torch.Tensor]:
     hp = result["hparams"]
     cfg = {
         "architecture": "topk",
-        "d_in": 576,
+        "d_in": int(w_dec.shape[1]),
         "d_sae": hp["d_sae"],
         "k": hp["k"],
         "activation_fn_str": "topk",
         "activation_fn_kwargs": {"k": hp["k"]},
-        "model_name": MODEL_NAME,
+        "model_name": spec.name,
         "model_from_pretrained_kwargs": {},
         "hook_name": f"blocks.{layer}.hook_resid_post",
         "hook_layer": layer,
@@ -652,7 +762,7 @@ def export(result: dict, layer: int, out: Path) -> dict[str, torch.Tensor]:
         "dtype": "float32",
         "device": "cpu",
         "context_size": CHUNK + 1,
-        "prepend_bos": False,
+        "prepend_bos": spec.doc_start_is_bos,
         "dataset_path": "offline mix, see README.md",
         "sae_lens_training_version": None,
         "seed": SEED,
@@ -680,7 +790,7 @@ def load_exported(out: Path) -> TopKSAE:
 # Stage 4: held-out evaluation
 # ----------------------------------------------------------------------------------------------
 
-def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
+def evaluate(work: Path, corpus: dict, layer: int, out: Path, spec: ModelSpec) -> dict:
     sae = load_exported(out)
     acts = torch.from_numpy(np.load(work / "acts_heldout.npy"))
     norms = acts.norm(dim=1)
@@ -702,8 +812,11 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
 
     # Next-token cross-entropy on held-out sequences: clean, SAE reconstruction spliced in at
     # every position but 0, and the layer's output zero-ablated at those positions (for scale).
-    lm = load("float32", work)
+    lm = load(spec, "float32", work)
     seqs = [s for s in corpus["sequences"] if s["heldout"]]
+    # Rows per batch: 16, fewer when the logits [rows, T, V] would pass ~1.5 GB (Gemma's vocabulary is 262k).
+    longest = max(len(s["ids"]) for s in seqs)
+    rows = max(1, min(16, int(1.5e9 // (longest * lm.model.config.vocab_size * 4))))
     seqs.sort(key=lambda s: len(s["ids"]))
 
     def splice(resid, mask):
@@ -721,8 +834,8 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path) -> dict:
     by_source: dict[str, dict[str, list]] = {}
     t0 = time.time()
     with torch.inference_mode():
-        for start in range(0, len(seqs), 16):
-            batch = seqs[start:start + 16]
+        for start in range(0, len(seqs), rows):
+            batch = seqs[start:start + rows]
             ids = [s["ids"] for s in batch]
             for name, fn in (("clean", None), ("spliced", splice), ("zero_ablated", ablate)):
                 _, logits, mask = forward(lm, ids, layer=layer if fn else None, replace=fn, logits=True)
@@ -757,11 +870,9 @@ def _show(piece: str) -> str:
     return piece.replace("\n", "\\n").replace("\t", "\\t")
 
 
-def make_labels(work: Path, corpus: dict, out: Path, top_n: int = 200) -> dict:
+def make_labels(work: Path, corpus: dict, out: Path, spec: ModelSpec, top_n: int = 200) -> dict:
     sae = load_exported(out)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(next((work / "cache" / "gguf").glob("*/millm-gguf.json")).parent))
+    tok = load_tokenizer(spec, work)
     seqs = corpus["sequences"]
     d_sae = sae.W_dec.shape[0]
     best_v = torch.full((d_sae, top_n), -1.0)
@@ -824,7 +935,15 @@ def make_labels(work: Path, corpus: dict, out: Path, top_n: int = 200) -> dict:
     return labels
 
 
-def write_readme(out: Path, corpus: dict, result: dict, metrics: dict, layer: int, labels: dict) -> None:
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+STAGE_NOTES = {"corpus": " (reading and tokenising the text, loading the model, any chat answers)"}
+
+
+def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: dict, metrics: dict, layer: int,
+                 labels: dict) -> None:
     m, hp, man = metrics, result["hparams"], corpus["manifest"]
     seqs = corpus["sequences"]
     tokens = {src: [0, 0] for src in man}
@@ -835,10 +954,23 @@ def write_readme(out: Path, corpus: dict, result: dict, metrics: dict, layer: in
         f"| {src} | {a + b:,} | {100 * (a + b) / total:.0f}% | {a:,} | {b:,} |" for src, (a, b) in tokens.items())
     weights = out / "sae_weights.safetensors"
     packages = ", ".join(sorted((d.removeprefix("package:") for d, _ in man["package-readmes"]["files"]), key=str.lower))
-    text = f"""# smollm2-135m-topk: millm's demo sparse autoencoder
+    sink_norm = _read_json(work / "acts_meta.json").get("position0_median_norm")
+    sink = f"a residual norm near {float(f'{sink_norm:.2g}'):,.0f}" if sink_norm else "a huge residual norm"
+    openers = f"`{spec.chat_start}` in chat, `{spec.doc_start}` before plain text" if spec.chat_answers else f"`{spec.doc_start}`"
+    chat = "chat" in man
+    chat_text = f"""- **chat**: {man['chat']['conversations']} conversations in the model's own chat template (system prompt,
+  user turn, assistant turn, `<|im_end|>` tokens included). The user turns are a fixed list in the
+  script: {N_TOPIC_PROMPTS} topic x template pairs drawn with seed {SEED} (everyday topics: places,
+  food, animals, nature, science, sport, arts, code, ...; one in twelve with a persona system prompt)
+  and {len(EXTRA_PROMPTS)} hand-written prompts (greetings, translations, code, maths, styles). The
+  answers were generated by the demo model itself through millm's decode loop in float32,
+  temperature {CHAT_SAMPLING.temperature}, top_p {CHAT_SAMPLING.top_p}, presence penalty
+  {CHAT_SAMPLING.presence_penalty}, at most {CHAT_MAX_TOKENS} tokens, seed {SEED} + conversation index.
+""" if chat else ""
+    text = f"""# {out.name}: {spec.title}
 
-A TopK sparse autoencoder (SAE) on the residual stream of **{MODEL_NAME}** after block
-**{layer}** of 30 (`resid_post`, `blocks.{layer}.hook_resid_post`; in millm: the output of
+A TopK sparse autoencoder (SAE) on the residual stream of **{spec.name}**{spec.model_note} after block
+**{layer}** of {spec.n_layers} (`resid_post`, `blocks.{layer}.hook_resid_post`; in millm: the output of
 `model.model.layers[{layer}]`), trained by `scripts/train_demo_sae.py` on this repository's
 development machine (2 CPU cores, no GPU) in {result['seconds'] / 60:.1f} minutes. SAELens layout:
 `cfg.json`, `sae_weights.safetensors`, plus `feature_labels.json`.
@@ -846,7 +978,7 @@ Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors
 
 ## Architecture
 
-- d_in = 576, d_sae = {hp['d_sae']}, k = {hp['k']}, float32, {weights.stat().st_size / 1e6:.1f} MB.
+- d_in = {spec.d_in}, d_sae = {hp['d_sae']}, k = {hp['k']}, float32, {weights.stat().st_size / 1e6:.1f} MB.
 - Encode: `pre = (x - b_dec) @ W_enc + b_enc` (`apply_b_dec_to_input: true`); keep the k largest
   of `ReLU(pre)`, zero elsewhere. Decode: `f @ W_dec + b_dec`.
 - **Decoder rows have unit L2 norm** (kept so during training, exactly renormalised at export), so a
@@ -855,26 +987,18 @@ Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors
 - `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
   divided by a constant {result['scale']:.4f}, the root mean square per dimension; that constant is
   folded into `b_enc` and `b_dec` at export, so nothing needs scaling at inference.)
-- Position 0 of every sequence (`<|im_start|>` in chat, `<|endoftext|>` before plain text) is an
-  attention sink with a residual norm near 25,000 at this layer; it was never trained on, and
+- Position 0 of every sequence ({openers}) is an
+  attention sink with {sink} at this layer; it was never trained on, and
   feature activations there mean nothing. Tokens with a norm above 8x the median ({result['dropped_outliers']}
   of the training tokens) were dropped as well.
 
-## Training data ({total:,} tokens, all found offline on the machine or written by the model)
+## Training data ({total:,} tokens, all found offline on the machine{' or written by the model' if chat else ''})
 
 | source | tokens | share | train | held out |
 | --- | ---: | ---: | ---: | ---: |
 {rows}
 
-- **chat**: {man['chat']['conversations']} conversations in the model's own chat template (system prompt,
-  user turn, assistant turn, `<|im_end|>` tokens included). The user turns are a fixed list in the
-  script: {N_TOPIC_PROMPTS} topic x template pairs drawn with seed {SEED} (everyday topics: places,
-  food, animals, nature, science, sport, arts, code, ...; one in twelve with a persona system prompt)
-  and {len(EXTRA_PROMPTS)} hand-written prompts (greetings, translations, code, maths, styles). The
-  answers were generated by the demo model itself through millm's decode loop in float32,
-  temperature {CHAT_SAMPLING.temperature}, top_p {CHAT_SAMPLING.top_p}, presence penalty
-  {CHAT_SAMPLING.presence_penalty}, at most {CHAT_MAX_TOKENS} tokens, seed {SEED} + conversation index.
-- **stdlib-docstrings**: module, class and function docstrings of the CPython
+{chat_text}- **stdlib-docstrings**: module, class and function docstrings of the CPython
   {sys.version.split()[0]} standard library (parsed with `ast`, tests and idlelib excluded).
 - **stdlib-code**: one {CHUNK}-token window of source from each of {man['stdlib-code']['documents_used']} standard-library modules.
 - **package-readmes**: the long descriptions (READMEs) in the `METADATA` of the packages installed in
@@ -883,7 +1007,7 @@ Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors
   ({man['usr-share-doc']['documents_used']} files; copyright files, changelogs and NEWS skipped).
 
 Plain-text documents were tokenised whole, then up to a few random windows of {CHUNK} tokens were taken
-from each (each window opened by `<|endoftext|>`); chat conversations are whole sequences. Identical
+from each (each window opened by `{spec.doc_start}`){'; chat conversations are whole sequences' if chat else ''}. Identical
 documents were counted once. The held-out split is by document (sha256 of its id, {HELDOUT_PERCENT}%),
 so no held-out text was seen in training. The exact file list is in `corpus_manifest.json`.
 
@@ -915,49 +1039,93 @@ Cross-entropy by source (clean -> spliced): """ + ", ".join(
 
 `feature_labels.json` holds every feature that fired at least once on the corpus ({len(labels)} of
 {hp['d_sae']}): `label` is **generated automatically** (the three tokens with the largest summed
-activation among the feature's top 200 activations, plus `(chat)`, `(code)` or `(docs)` when 70% of those
+activation among the feature's top 200 activations, plus {'`(chat)`, ' if chat else ''}`(code)` or `(docs)` when 70% of those
 come from one kind of text), `top_tokens` (up to 10), `example` (the context of its largest activation,
 the token marked `[[like this]]`), `frequency` (fraction of corpus tokens on which it is active) and
 `max_activation`. No label was written or checked by hand; read them as hints.
 
 ## Steering with it
 
-Topic and persona features (see `millm/demo/profiles/`) show plainly at strengths of about 15-50
-(a tenth to a third of the residual norm); around 80 most features make the answer repeat one
-phrase, and from about 120 the text falls apart. Position 0 is not a place to read features from
-(see above). Code and punctuation features are plentiful too (a third of the corpus is code and
-technical docs); for chat demos, prefer features whose label ends in `(chat)`.
-"""
+{spec.steering_note}
+""" + steer_section(work) + cost_section(work)
     (out / "README.md").write_text(text)
 
 
+def steer_section(work: Path) -> str:
+    """The last steer stage's completions (--work/steer.json), if any."""
+    steer = _read_json(work / "steer.json")
+    if not steer:
+        return ""
+
+    def quote(text: str) -> str:
+        return "> " + text.strip().replace("\n", "\n> ")
+
+    lines = ["", f"Prompt `{steer['prompt']!r}`, greedy decoding, {steer['max_tokens']} tokens at most, through millm's own",
+             f"decode loop in {steer['dtype']} (the vector added to block {steer['layer']}'s output at every position,",
+             "as `millm serve` steers). Unsteered:", "", quote(steer["unsteered"]), ""]
+    for row in steer["steered"]:
+        lines += [f"Feature {row['index']} (\"{row['label']}\") at strength {row['strength']:g}:", "", quote(row["text"]), ""]
+    return "\n".join(lines)
+
+
+def cost_section(work: Path) -> str:
+    timings = _read_json(work / "timings.json")
+    if not timings:
+        return ""
+    rows = "\n".join(f"| {stage}{STAGE_NOTES.get(stage, '')} | {sec:,.0f} s ({sec / 60:.1f} min) |"
+                     for stage, sec in timings.items())
+    return f"""
+## Cost
+
+Wall time of each stage on the development machine (2 CPU cores, no GPU, shared with other work), as the
+script measured it (`timings.json` in its work folder):
+
+| stage | wall time |
+| --- | ---: |
+{rows}
+| all | {sum(timings.values()) / 60:.1f} min |
+"""
+
+
 # ----------------------------------------------------------------------------------------------
-# Stage 6: steering profiles
+# Stage 6: steering (steer: any model; profiles: the chat model's demo profiles)
 # ----------------------------------------------------------------------------------------------
 
-STEER_PROMPT = [{"role": "user", "content": "Tell me about your weekend."}]
+def steered_texts(lm, layer: int, w_dec: torch.Tensor, prompt_ids: list[int], feature_sets: list[list[dict]],
+                  max_tokens: int = 60) -> list[str]:
+    """Greedy completions of one prompt, a row per feature set ([] = unsteered); a row adds
+    sum(strength * W_dec[index]) to block `layer`'s output at every position, prompt and generated
+    tokens alike (a ResidualEdit, as `millm serve` steers)."""
+    edits = [ResidualEdit(((layer, sum(f["strength"] * w_dec[f["index"]] for f in feats)),)) if feats else None
+             for feats in feature_sets]
+    outs = generate_texts(lm, [prompt_ids] * len(feature_sets), SamplingParams(temperature=0.0), max_tokens, edits=edits)
+    return [text for text, _ in outs]
 
 
-def steering_hook(w_dec: torch.Tensor, features: list[dict]):
-    vector = sum(f["strength"] * w_dec[f["index"]] for f in features)
+def steer(work: Path, out: Path, layer: int, spec: ModelSpec, features: list[int], strengths: list[float],
+          prompt: str, dtype: str = "float32", max_tokens: int = 40) -> dict:
+    """The prompt unsteered and steered by each feature at each strength -> --work/steer.json."""
+    from safetensors.torch import load_file
 
-    def hook(_module, _inputs, output):
-        return output + vector.to(output.dtype)
+    w_dec = load_file(str(out / "sae_weights.safetensors"))["W_dec"]
+    labels = json.loads((out / "feature_labels.json").read_text())
+    lm = load(spec, dtype, work)
+    ids = spec.prompt_ids(lm.tokenizer, prompt)
+    grid = [(i, s) for i in features for s in strengths]
+    texts = steered_texts(lm, layer, w_dec, ids, [[]] + [[{"index": i, "strength": s}] for i, s in grid], max_tokens)
+    result = {"prompt": prompt, "dtype": dtype, "layer": layer, "max_tokens": max_tokens, "unsteered": texts[0],
+              "steered": [{"index": i, "label": labels.get(str(i), {}).get("label", "?"), "strength": s, "text": t}
+                          for (i, s), t in zip(grid, texts[1:], strict=True)]}
+    log.info("unsteered: %r", texts[0])
+    for row in result["steered"]:
+        log.info("#%d %r x %g: %r", row["index"], row["label"], row["strength"], row["text"])
+    (work / "steer.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    return result
 
-    return hook
 
-
-def steered_answer(lm, layer: int, w_dec, features, messages=STEER_PROMPT, max_tokens: int = 60) -> str:
-    handle = lm.model.model.layers[layer].register_forward_hook(steering_hook(w_dec, features)) if features else None
-    try:
-        ids = chat_prompt_ids(lm.tokenizer, messages)
-        return generate_texts(lm, [ids], SamplingParams(temperature=0.0), max_tokens)[0][0]
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
-def check_profiles(work: Path, out: Path, layer: int) -> None:
+def check_profiles(work: Path, out: Path, layer: int, spec: ModelSpec) -> None:
+    if not spec.chat_answers:
+        raise SystemExit(f"the demo profiles are chat prompts for {DEMO_MODEL_NAME}; {spec.name} has no chat template")
     from safetensors.torch import load_file
 
     ident = sae_id(out / "sae_weights.safetensors")
@@ -972,11 +1140,11 @@ def check_profiles(work: Path, out: Path, layer: int) -> None:
         profiles.append(prof)
     answers = {}
     for dtype in ("float32", "auto"):
-        lm = load(dtype, work)
-        answers[dtype] = {"(unsteered)": steered_answer(lm, layer, w_dec, [])}
-        for prof in profiles:
-            feats = prof["steering"][0]["features"]
-            answers[dtype][prof["name"]] = steered_answer(lm, layer, w_dec, feats)
+        lm = load(spec, dtype, work)
+        ids = spec.prompt_ids(lm.tokenizer, spec.steer_prompt)
+        names = ["(unsteered)"] + [prof["name"] for prof in profiles]
+        feature_sets = [[]] + [prof["steering"][0]["features"] for prof in profiles]
+        answers[dtype] = dict(zip(names, steered_texts(lm, layer, w_dec, ids, feature_sets), strict=True))
         for name, text in answers[dtype].items():
             log.info("[%s] %s: %r", dtype, name, text)
         del lm
@@ -989,7 +1157,7 @@ def check_profiles(work: Path, out: Path, layer: int) -> None:
         f"strength is in residual-norm units; the residual norm there is ~150) to the output of layer {layer}",
         "at every position, prompt and generated tokens alike.",
         "",
-        f"Prompt: `{json.dumps(STEER_PROMPT)}`; greedy decoding, 60 tokens at most, through millm's own",
+        f"Prompt: `{json.dumps([{'role': 'user', 'content': spec.steer_prompt}])}`; greedy decoding, 60 tokens at most, through millm's own",
         "decode loop with `dtype=\"auto\"` (the server's default: bfloat16 activations, int4 weights on the CPU).",
         "The same check in float32 gives a visibly similar effect for every profile (listed below too).",
         "Regenerate with `.venv/bin/python scripts/train_demo_sae.py --stages profiles`.",
@@ -1019,9 +1187,10 @@ def check_profiles(work: Path, out: Path, layer: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/sae-work"), help="scratch directory (caches)")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    parser.add_argument("--layer", type=int, default=12)
+    parser.add_argument("--model", default=DEMO_MODEL_NAME, choices=sorted(MODELS))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/sae-work"), help="scratch directory (caches), one per model")
+    parser.add_argument("--out", type=Path, help="default: the model's folder under millm/demo/sae")
+    parser.add_argument("--layer", type=int, help="default: 12 for SmolLM2, 9 for gemma3-270m")
     parser.add_argument("--d-sae", type=int, default=2048)
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -1030,30 +1199,51 @@ def main() -> None:
     parser.add_argument("--dead-after", type=int, default=200_000)
     parser.add_argument("--aux-coef", type=float, default=1 / 32)
     parser.add_argument("--stages", default="corpus,acts,train,export,eval,labels")
+    parser.add_argument("--steer-features", default="", help="steer stage: feature indices, comma-separated")
+    parser.add_argument("--steer-strengths", default="", help="steer stage: strengths, comma-separated")
+    parser.add_argument("--steer-prompt", help="steer stage: default the model's steering prompt")
+    parser.add_argument("--steer-dtype", default="float32", help="steer stage: float32 or auto (as served)")
     args = parser.parse_args()
+    spec = MODELS[args.model]
+    out = args.out or spec.out_dir
+    layer = spec.layer if args.layer is None else args.layer
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("millm").setLevel(logging.WARNING)
     torch.manual_seed(SEED)
     random.seed(SEED)
-    args.work.mkdir(parents=True, exist_ok=True)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
     stages = args.stages.split(",")
-    corpus = build_corpus(args.work)
+    with timed(work, "corpus", work / "corpus.json"):
+        corpus = build_corpus(work, spec)
     if "acts" in stages:
-        capture(args.work, corpus, args.layer)
+        with timed(work, "acts", work / "acts_train.npy"):
+            capture(work, corpus, layer, spec)
     if "train" in stages or "export" in stages:
-        result = train_sae(args.work, args)
-        export(result, args.layer, args.out)
-        (args.out / "corpus_manifest.json").write_text(json.dumps(corpus["manifest"], indent=1) + "\n")
+        with timed(work, "train", work / "sae_train.pt"):
+            result = train_sae(work, args)
+        with timed(work, "export"):
+            export(result, layer, out, spec)
+            (out / "corpus_manifest.json").write_text(json.dumps(corpus["manifest"], indent=1) + "\n")
     if "eval" in stages:
-        metrics = evaluate(args.work, corpus, args.layer, args.out)
-        (args.work / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        with timed(work, "eval"):
+            metrics = evaluate(work, corpus, layer, out, spec)
+            (work / "metrics.json").write_text(json.dumps(metrics, indent=1))
     if "labels" in stages:
-        labels = make_labels(args.work, corpus, args.out)
-        result = torch.load(args.work / "sae_train.pt")
-        metrics = json.loads((args.work / "metrics.json").read_text())
-        write_readme(args.out, corpus, result, metrics, args.layer, labels)
+        with timed(work, "labels"):
+            make_labels(work, corpus, out, spec)
+    if "steer" in stages:
+        with timed(work, "steer"):
+            steer(work, out, layer, spec, [int(i) for i in args.steer_features.split(",") if i],
+                  [float(x) for x in args.steer_strengths.split(",") if x], args.steer_prompt or spec.steer_prompt,
+                  args.steer_dtype)
+    if "labels" in stages or "steer" in stages:
+        labels = json.loads((out / "feature_labels.json").read_text())
+        result = torch.load(work / "sae_train.pt")
+        metrics = json.loads((work / "metrics.json").read_text())
+        write_readme(work, out, spec, corpus, result, metrics, layer, labels)
     if "profiles" in stages:
-        check_profiles(args.work, args.out, args.layer)
+        check_profiles(work, out, layer, spec)
 
 
 if __name__ == "__main__":

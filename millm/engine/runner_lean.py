@@ -30,46 +30,109 @@ from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 
 
 class KVBuffer:
-    """Keys and values of every layer, `[layers, B, kv_heads, capacity, head_dim]`, filled left to right."""
+    """Keys and values of a group of layers, `[layers, B, kv_heads, capacity, head_dim]`, filled left to right.
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+    With `keep` (sliding-window layers), only the newest columns are held: when a write would
+    overflow, the last `keep` columns move to the front of a buffer of 2 × keep, so a row's
+    memory stays bounded by its window however long it runs. `dropped` counts the columns let go;
+    `dropped + length` is the batch's width, as on a full buffer.
+    """
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device, keep: int | None = None):
         shape = (layers, rows, kv_heads, capacity, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0
-        self.last_layer = layers - 1
+        self.dropped = 0
+        self.keep = keep
+
+    @property
+    def width(self) -> int:
+        """Columns of the batch this buffer stands for (held or let go)."""
+        return self.dropped + self.length
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
-        """Write this step's keys/values for `layer`; return views of everything written so far."""
+        """Write this step's keys/values for `layer` (an index in this group); return views of every held column."""
         end = self.length + keys.shape[2]
+        if end > self.keys.shape[3] and layer == 0 and self.keep is not None and self.length > self.keep:
+            self._compact()
+            end = self.length + keys.shape[2]
         if end > self.keys.shape[3]:
             raise RuntimeError(f"KV buffer overflow: {end} positions, capacity {self.keys.shape[3]}")
         layer_keys, layer_values = self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
         layer_keys[:, :, self.length :].copy_(keys)
         layer_values[:, :, self.length :].copy_(values)
-        if layer == self.last_layer:
+        if layer == self.keys.shape[0] - 1:
             self.length = end
         return layer_keys, layer_values
 
+    def _compact(self) -> None:
+        """Hold only the last `keep` columns, at the front of a buffer with room for `keep` more."""
+        assert self.keep is not None
+        layers, rows, kv_heads, _, head_dim = self.keys.shape
+        kept = slice(self.length - self.keep, self.length)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((layers, rows, kv_heads, 2 * self.keep, head_dim))
+            new[:, :, :, : self.keep] = old[:, :, :, kept]
+            setattr(self, name, new)
+        self.dropped += self.length - self.keep
+        self.length = self.keep
+
     def select_rows(self, index: torch.Tensor, start: int = 0) -> None:
-        """Keep (or repeat) rows by index, dropping the first `start` positions of every row."""
-        self.keys = self.keys[:, index, :, start:].contiguous()
-        self.values = self.values[:, index, :, start:].contiguous()
-        self.length -= start
+        """Keep (or repeat) rows by index, dropping the first `start` columns of the batch."""
+        cut = max(0, start - self.dropped)  # only columns this buffer still holds
+        self.keys = self.keys[:, index, :, cut:].contiguous()
+        self.values = self.values[:, index, :, cut:].contiguous()
+        self.dropped = max(0, self.dropped - start)
+        self.length -= cut
 
     @classmethod
     def merged(cls, a: KVBuffer, b: KVBuffer, room: int) -> KVBuffer:
-        """A buffer holding a's rows then b's, right-aligned at the longer length, with `room` free positions."""
+        """A buffer holding a's rows then b's, right-aligned at the wider batch, with `room` free positions.
+
+        A windowed buffer holds the more columns of the two; a row whose own buffer let some of
+        them go gets zeros there, which lie outside its window and are never attended."""
+        width = max(a.width, b.width)
         length = max(a.length, b.length)
         layers, rows_a, kv_heads, _, head_dim = a.keys.shape
         rows = rows_a + b.keys.shape[1]
-        merged = cls(layers, rows, kv_heads, length + room, head_dim, a.keys.dtype, a.keys.device)
+        capacity = length + (room if a.keep is None else min(room, a.keep))
+        merged = cls(layers, rows, kv_heads, capacity, head_dim, a.keys.dtype, a.keys.device, a.keep)
         for source, rows_slice in ((a, slice(0, rows_a)), (b, slice(rows_a, rows))):
-            offset = length - source.length
+            offset = length - source.length  # a source's held columns are the batch's last ones, right-aligned
             merged.keys[:, rows_slice, :, offset:length] = source.keys[:, :, :, : source.length]
             merged.values[:, rows_slice, :, offset:length] = source.values[:, :, :, : source.length]
-        merged.length = length
+        merged.length, merged.dropped = length, width - length
         return merged
+
+
+class LayerCache:
+    """Every layer's keys and values: one buffer for the global layers, one per sliding window
+    (layer `i` lives in group `where[i][0]` at index `where[i][1]`)."""
+
+    def __init__(self, groups: list[KVBuffer], where: list[tuple[int, int]]):
+        self.groups, self.where = groups, where
+
+    @property
+    def length(self) -> int:
+        """Columns of the batch (every group stands for the same ones)."""
+        return self.groups[0].width
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
+        """Write `layer`'s keys/values for this step; return every column its group holds."""
+        group, index = self.where[layer]
+        return self.groups[group].update(keys, values, index)
+
+    def select_rows(self, index: torch.Tensor, start: int = 0) -> None:
+        """Keep (or repeat) rows by index, dropping the batch's first `start` columns."""
+        for group in self.groups:
+            group.select_rows(index, start)
+
+    @classmethod
+    def merged(cls, a: LayerCache, b: LayerCache, room: int) -> LayerCache:
+        """a's rows then b's, right-aligned, with `room` positions to grow."""
+        return cls([KVBuffer.merged(x, y, room) for x, y in zip(a.groups, b.groups, strict=True)], a.where)
 
 
 class RopeTable:
@@ -214,9 +277,9 @@ def fuse_block(block: BlockLayout, plan: KernelPlan) -> None:
 
 @dataclass
 class LeanBatch:
-    """A batch's KV buffer and its 2-D mask (0 over left padding)."""
+    """A batch's KV caches and its 2-D mask (0 over left padding)."""
 
-    kv: KVBuffer
+    kv: LayerCache
     mask: torch.Tensor
     padded: bool
 
@@ -251,13 +314,24 @@ class LeanRunner:
         first = found.blocks[0].attention
         self.kv_heads, self.head_dim = first.kv_heads, first.head_dim
         windows = {b.attention.window for b in found.blocks if b.attention.window is not None}
-        self.window = min(windows) if windows else None
+        if len(windows) > 1:
+            raise ValueError(f"the lean runner takes one sliding window per model, not {sorted(windows)}")
+        self.window = next(iter(windows), None)
+        # Layers grouped by window (None: global), each group one buffer; where[i] = (group, index in it).
+        by_window: dict[int | None, list[int]] = {}
+        for block in found.blocks:
+            by_window.setdefault(block.attention.window, []).append(block.index)
+        self.groups = sorted(by_window.items(), key=lambda item: item[0] is not None)
+        self.where = [(0, 0)] * len(found.blocks)
+        for group, (_, layers) in enumerate(self.groups):
+            for index, layer in enumerate(layers):
+                self.where[layer] = (group, index)
 
     def rope(self, pos: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Every RoPE table's (cos, sin) for position ids `[B, T]`."""
         return {name: table(pos) for name, table in self.ropes.items()}
 
-    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: KVBuffer) -> torch.Tensor:
+    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache) -> torch.Tensor:
         x = self.layout.embed(ids, pos)
         ropes = self.rope(pos)
         for block in self.layout.blocks:
@@ -270,17 +344,23 @@ class LeanRunner:
         cap = self.layout.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: KVBuffer) -> torch.Tensor:
+    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache) -> torch.Tensor:
         x = self._hidden(ids, pos, masks, kv)
         return self.head_logits(self.layout.final_norm(x[:, -1:]))[:, -1]
 
-    def _buffer(self, rows: int, capacity: int) -> KVBuffer:
-        return KVBuffer(len(self.layout.blocks), rows, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+    def _buffer(self, rows: int, capacity: int, width: int) -> LayerCache:
+        """Empty caches for `rows` rows; a sliding group holds at most `width` (this prefill) or 2 × window columns."""
+        groups = []
+        for keep, layers in self.groups:
+            held = capacity if keep is None else min(capacity, max(width, 2 * keep))
+            groups.append(KVBuffer(len(layers), rows, self.kv_heads, held, self.head_dim, self.dtype, self.device, keep))
+        return LayerCache(groups, self.where)
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
         ids, mask = left_pad(prompts, self.device)
-        x = self._hidden(ids, positions(mask), prefill_masks(mask, self.window), self._buffer(*ids.shape))
+        rows, width = ids.shape
+        x = self._hidden(ids, positions(mask), prefill_masks(mask, self.window), self._buffer(rows, width, width))
         return self.layout.final_norm(x), mask
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
@@ -291,7 +371,7 @@ class LeanRunner:
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LeanBatch, torch.Tensor]:
         """Run the prompts into a buffer holding `capacity` positions; returns the batch and logits `[B, V]`."""
         ids, mask = left_pad(prompts, self.device)
-        kv = self._buffer(ids.shape[0], capacity)
+        kv = self._buffer(ids.shape[0], capacity, ids.shape[1])
         logits = self._logits(ids, positions(mask), prefill_masks(mask, self.window), kv)
         return LeanBatch(kv, mask, not bool(mask.all())), logits
 
@@ -312,6 +392,6 @@ class LeanRunner:
 
     def merge(self, a: LeanBatch, b: LeanBatch, room: int) -> LeanBatch:
         """One batch of a's rows then b's (left-padded to a common length), with `room` positions to grow."""
-        kv = KVBuffer.merged(a.kv, b.kv, room)
+        kv = LayerCache.merged(a.kv, b.kv, room)
         mask = torch.cat([left_pad_mask(a.mask, kv.length), left_pad_mask(b.mask, kv.length)])
         return LeanBatch(kv, mask, not bool(mask.all()))

@@ -203,3 +203,21 @@ def test_scoring_beside_a_steered_batch_stays_unsteered(family, tmp_path):
     assert torch.equal(got, want), name
     assert steered.outcome.texts[0] == steered_alone
     assert next(e for e in vectors.outcome.events if isinstance(e, EmbeddingsReady)).vectors.isfinite().all()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"], indirect=True)  # the families with sliding-window layers
+def test_sliding_layers_hold_a_bounded_number_of_columns(family):
+    """Gemma's sliding-window layers keep at most twice the window, however long a row runs;
+    global layers keep everything. The tokens stay transformers' own (checked above, past the window)."""
+    name, _, lm = family
+    runner = lm.runner
+    prompt = prompt_ids(lm, LONG)
+    steps = 4 * runner.window
+    with torch.inference_mode():
+        batch, logits = runner.prefill([prompt, prompt_ids(lm, SHORT)], capacity=len(prompt) + steps)
+        for _ in range(steps):
+            logits = runner.step(batch, logits.argmax(-1))
+    full, sliding = batch.kv.groups
+    assert full.keep is None and full.length == len(prompt) + steps
+    assert sliding.keep == runner.window and sliding.keys.shape[3] == 2 * runner.window
+    assert sliding.dropped + sliding.length == full.length and sliding.dropped > 0
