@@ -31,13 +31,15 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
     .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3
     .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3 \
-        --stages steer --steer-features 12,345 --steer-strengths 2000,4000
+        --stages steer --steer-features 1346 --steer-strengths 500,700
 
 Each stage's wall time is kept in --work/timings.json and printed in the README. On the 2-core
 development machine (shared with a test run):
   SmolLM2-135M-Instruct: corpus ~40 min (almost all of it the model writing 1,040 chat answers),
       acts ~4 min, train ~8 min, eval ~5 min, labels ~1 min.
-  gemma3-270m: GEMMA_TIMINGS
+  gemma3-270m (135,763 tokens, no chat answers): first load ~1.5 min (assembling the packaged GGUF
+      file and converting it, once per --work), corpus ~0.5 min, acts ~2.5 min, train ~3 min,
+      eval ~4.5 min (the 262k-token vocabulary makes the head costly), labels ~0.3 min; ~12 min in all.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ sys.path.insert(0, str(REPO))
 from millm.engine.batch import left_pad
 from millm.engine.generate import run_job
 from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
-from millm.engine.loader import load_model
+from millm.engine.loader import DEQUANTISED, GGUF_META, gguf_cache_key, load_model
 from millm.engine.prompts import chat_prompt_ids
 from millm.engine.residual import ResidualEdit, decoder_layers
 from millm.engine.sampling import SamplingParams
@@ -104,6 +106,11 @@ class ModelSpec:
     budgets: dict[str, int]  # tokens wanted per plain-text source (before the held-out split)
     steer_prompt: str  # the steer stage's prompt (a user turn for a chat model, a text to continue otherwise)
     steering_note: str  # the README's "Steering with it" paragraph
+    # False: decoder rows of unit norm (a strength is in residual-norm units). True: rows of norm
+    # `scale` (the training normalisation), feature activations in training units, so strengths of a
+    # few units steer. Gemma 3's residual norm (~6,000) would need strengths past millm's ±200
+    # steering range with unit rows; the SAE computes the same reconstruction either way.
+    decoder_rows_scaled: bool = False
 
     @property
     def chat_answers(self) -> bool:
@@ -149,7 +156,18 @@ technical docs); for chat demos, prefer features whose label ends in `(chat)`.""
         chat_start=None,
         budgets={"stdlib-docstrings": 40_000, "stdlib-code": 25_000, "package-readmes": 35_000, "usr-share-doc": 35_000},
         steer_prompt="My favourite thing to do on the weekend is",
-        steering_note="GEMMA_STEERING_NOTE",
+        decoder_rows_scaled=True,
+        steering_note="""Decoder rows have norm {scale:.1f} (see Architecture), so a strength of 1 moves the residual by
+{scale:.0f}. Most of the residual's norm here is a fixed offset (mostly dimensions 163 and 87); what
+varies from token to token has a norm of about 1,500 (6 strength units), and that is the scale that
+matters. In a sweep of 11 features at 2-16 units (500-4,000 in the residual) on the prompt below,
+features showed at about 1.2-2.8; by about 4 most made the text repeat or drift, and from about 8 it
+fell apart. The corpus is code and technical documentation only (a base model: no chat answers), so
+most features are about code, markup and software, and few carry an everyday concept; feature 1346
+("read / reading / write") is one: at 2 it turns completions to reading books (also for "After
+dinner, I usually": "take a book from the bottom of the bookbag ..."). Position 0 (`<bos>`) is not a
+place to read features from (see above). Features 468, 1647 and 1790 (labelled after the `'` of
+"don't", their largest activation) are dense: each fires on about half of all tokens.""",
     ),
 }
 
@@ -250,8 +268,24 @@ N_TOPIC_PROMPTS = 960
 # Model access
 # ----------------------------------------------------------------------------------------------
 
+FIRST_LOAD = "first load"  # timings.json's entry for the one-time assembly and conversion of the GGUF file
+_first_load_seconds = [0.0]  # spent in it during this run, so the stage it happened in can leave it out
+
+
+def converted_dir(source, work: Path) -> Path:
+    """Where millm keeps the dequantised (float32 safetensors + tokenizer) copy of the model's GGUF file."""
+    return work / "cache" / DEQUANTISED / gguf_cache_key(source.gguf_path)
+
+
 def load(spec: ModelSpec, dtype: str, work: Path):
-    lm = load_model(resolve_source(spec.name, work / "hub"), dtype=dtype, device="cpu", cache_root=work / "cache")
+    t0 = time.time()
+    source = resolve_source(spec.name, work / "hub")  # a chunked package's file is assembled on first use
+    first = not (converted_dir(source, work) / GGUF_META).is_file()
+    lm = load_model(source, dtype=dtype, device="cpu", cache_root=work / "cache")
+    if first:
+        seconds = time.time() - t0
+        _first_load_seconds[0] += seconds
+        _record_time(work, FIRST_LOAD, seconds)
     d_model, n_layers = lm.model.config.hidden_size, len(decoder_layers(lm.model))
     if (d_model, n_layers) != (spec.d_in, spec.n_layers):
         raise SystemExit(f"{spec.name}: hidden size {d_model} and {n_layers} layers, expected {spec.d_in} and {spec.n_layers}")
@@ -262,25 +296,29 @@ def load_tokenizer(spec: ModelSpec, work: Path):
     """The model's tokenizer from the dequantised copy under --work/cache (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    gguf = resolve_source(spec.name, work / "hub").gguf_file
-    for meta in sorted((work / "cache" / "gguf").glob("*/millm-gguf.json")):
-        if Path(json.loads(meta.read_text())["source"]).name == gguf:
-            return AutoTokenizer.from_pretrained(str(meta.parent))
-    raise SystemExit(f"no converted copy of {gguf} under {work / 'cache'}: run the corpus stage first")
+    directory = converted_dir(resolve_source(spec.name, work / "hub"), work)
+    if not (directory / GGUF_META).is_file():
+        raise SystemExit(f"no converted copy of {spec.name}'s GGUF file under {work / 'cache'}: run the corpus stage first")
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def _record_time(work: Path, stage: str, seconds: float) -> None:
+    path = work / "timings.json"
+    timings = json.loads(path.read_text()) if path.is_file() else {}
+    timings[stage] = round(seconds, 1)
+    path.write_text(json.dumps(timings, indent=1) + "\n")
+    log.info("%s took %.0fs", stage, seconds)
 
 
 @contextmanager
 def timed(work: Path, stage: str, cache: Path | None = None):
-    """Record the stage's wall time in --work/timings.json, unless its result was already cached."""
+    """Record the stage's wall time in --work/timings.json (less any first load of the model, which
+    is kept on its own), unless its result was already cached."""
     fresh = cache is None or not cache.is_file()
-    t0 = time.time()
+    t0, once = time.time(), _first_load_seconds[0]
     yield
     if fresh:
-        path = work / "timings.json"
-        timings = json.loads(path.read_text()) if path.is_file() else {}
-        timings[stage] = round(time.time() - t0, 1)
-        path.write_text(json.dumps(timings, indent=1) + "\n")
-        log.info("stage %s took %.0fs", stage, timings[stage])
+        _record_time(work, stage, time.time() - t0 - (_first_load_seconds[0] - once))
 
 
 class _Stop(Exception):
@@ -735,12 +773,12 @@ def export(result: dict, layer: int, out: Path, spec: ModelSpec) -> dict[str, to
     s = result["state"]
     scale = result["scale"]
     w_dec = s["W_dec"] / s["W_dec"].norm(dim=1, keepdim=True)
-    tensors = {
-        "W_enc": s["W_enc"].contiguous().float(),
-        "b_enc": (s["b_enc"] * scale).contiguous().float(),
-        "W_dec": w_dec.contiguous().float(),
-        "b_dec": (s["b_dec"] * scale).contiguous().float(),
-    }
+    if spec.decoder_rows_scaled:  # activations stay in training units; the scale goes into the decoder
+        weights = {"W_enc": s["W_enc"] / scale, "b_enc": s["b_enc"], "W_dec": w_dec * scale}
+    else:  # activations in residual units; unit decoder rows
+        weights = {"W_enc": s["W_enc"], "b_enc": s["b_enc"] * scale, "W_dec": w_dec}
+    tensors = {name: tensor.contiguous().float() for name, tensor in weights.items()}
+    tensors["b_dec"] = (s["b_dec"] * scale).contiguous().float()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "sae_weights.safetensors"))
     hp = result["hparams"]
@@ -758,7 +796,7 @@ def export(result: dict, layer: int, out: Path, spec: ModelSpec) -> dict[str, to
         "hook_head_index": None,
         "apply_b_dec_to_input": True,
         "normalize_activations": "none",
-        "decoder_rows_unit_norm": True,
+        "decoder_rows_unit_norm": not spec.decoder_rows_scaled,
         "dtype": "float32",
         "device": "cpu",
         "context_size": CHUNK + 1,
@@ -796,19 +834,27 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path, spec: ModelSpec) -
     norms = acts.norm(dim=1)
     keep = norms < 8 * norms.median()
     x = acts[keep]
-    sq_err, l0, active = 0.0, 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.bool)
+    sq_err, l0, active = torch.zeros(x.shape[1], dtype=torch.float64), 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.bool)
     with torch.no_grad():
         for start in range(0, len(x), 8192):
             xb = x[start:start + 8192]
             recon, _, values, index = sae(xb)
-            sq_err += float((xb - recon).pow(2).sum())
+            sq_err += (xb - recon).double().pow(2).sum(0)
             l0 += float((values > 0).sum())
             active[index[values > 0]] = True
-    total_var = float((x - x.mean(0)).pow(2).sum())
+    centred = x - x.mean(0)
+    var = centred.double().pow(2).sum(0)  # per dimension
+    # One dimension can carry much of the variance (Gemma 3: dimension 163, about half of it); the FVU
+    # without it shows how well the rest is reconstructed.
+    top = int(var.argmax())
+    rest = torch.arange(x.shape[1]) != top
     metrics = {"heldout_tokens": len(x), "heldout_outliers_dropped": int((~keep).sum()),
-               "fvu": sq_err / total_var, "mean_l0": l0 / len(x),
+               "fvu": float(sq_err.sum() / var.sum()), "mean_l0": l0 / len(x),
                "dead_features": int((~active).sum()), "d_sae": int(sae.W_dec.shape[0]),
-               "mean_resid_norm": float(norms[keep].mean())}
+               "mean_resid_norm": float(norms[keep].mean()), "mean_centred_norm": float(centred.norm(dim=1).mean()),
+               "mean_vector_norm": float(x.mean(0).norm()),
+               "top_variance_dim": top, "top_dim_variance_share": float(var[top] / var.sum()),
+               "fvu_without_top_dim": float(sq_err[rest].sum() / var[rest].sum())}
 
     # Next-token cross-entropy on held-out sequences: clean, SAE reconstruction spliced in at
     # every position but 0, and the layer's output zero-ablated at those positions (for scale).
@@ -939,7 +985,10 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-STAGE_NOTES = {"corpus": " (reading and tokenising the text, loading the model, any chat answers)"}
+STAGE_NOTES = {
+    FIRST_LOAD: " (once per work folder: assembling the GGUF file of a chunked package, converting it to a float32 copy)",
+    "corpus": " (reading and tokenising the text, loading the model, any chat answers)",
+}
 
 
 def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: dict, metrics: dict, layer: int,
@@ -958,6 +1007,29 @@ def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: d
     sink = f"a residual norm near {float(f'{sink_norm:.2g}'):,.0f}" if sink_norm else "a huge residual norm"
     openers = f"`{spec.chat_start}` in chat, `{spec.doc_start}` before plain text" if spec.chat_answers else f"`{spec.doc_start}`"
     chat = "chat" in man
+    centred_note = fvu_rest_row = ""
+    if "mean_centred_norm" in m:
+        centred_note = (f"; the mean residual has norm {m['mean_vector_norm']:.0f}, and a token's distance from it "
+                        f"(what varies from token to token) is about {m['mean_centred_norm']:.0f}")
+        fvu_rest_row = (f"| ... leaving out dimension {m['top_variance_dim']} ({100 * m['top_dim_variance_share']:.0f}% of the "
+                        f"variance) | {m['fvu_without_top_dim']:.3f} |\n")
+    scale = result["scale"]
+    if spec.decoder_rows_scaled:
+        decoder_text = f"""- **Decoder rows have L2 norm {scale:.2f}** (unit norm during training, exactly renormalised, then
+  multiplied by the training scale below at export), so a steering strength `s` moves the residual by
+  `{scale:.0f} * s`, and feature activations are in the units the SAE was trained in. The residual
+  norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens{centred_note}: with unit rows, steering would
+  need strengths in the hundreds or thousands, past millm's ±200 steering range.
+- `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
+  divided by a constant {scale:.4f}, the root mean square per dimension; at export that constant went
+  into `W_dec` (times it), `W_enc` (divided by it) and `b_dec`, so nothing needs scaling at inference.)"""
+    else:
+        decoder_text = f"""- **Decoder rows have unit L2 norm** (kept so during training, exactly renormalised at export), so a
+  steering strength is in residual-norm units: adding `s * W_dec[i]` moves the residual by `s`.
+  The residual norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens{centred_note}.
+- `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
+  divided by a constant {scale:.4f}, the root mean square per dimension; that constant is
+  folded into `b_enc` and `b_dec` at export, so nothing needs scaling at inference.)"""
     chat_text = f"""- **chat**: {man['chat']['conversations']} conversations in the model's own chat template (system prompt,
   user turn, assistant turn, `<|im_end|>` tokens included). The user turns are a fixed list in the
   script: {N_TOPIC_PROMPTS} topic x template pairs drawn with seed {SEED} (everyday topics: places,
@@ -981,12 +1053,7 @@ Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors
 - d_in = {spec.d_in}, d_sae = {hp['d_sae']}, k = {hp['k']}, float32, {weights.stat().st_size / 1e6:.1f} MB.
 - Encode: `pre = (x - b_dec) @ W_enc + b_enc` (`apply_b_dec_to_input: true`); keep the k largest
   of `ReLU(pre)`, zero elsewhere. Decode: `f @ W_dec + b_dec`.
-- **Decoder rows have unit L2 norm** (kept so during training, exactly renormalised at export), so a
-  steering strength is in residual-norm units: adding `s * W_dec[i]` moves the residual by `s`.
-  The residual norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens.
-- `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
-  divided by a constant {result['scale']:.4f}, the root mean square per dimension; that constant is
-  folded into `b_enc` and `b_dec` at export, so nothing needs scaling at inference.)
+{decoder_text}
 - Position 0 of every sequence ({openers}) is an
   attention sink with {sink} at this layer; it was never trained on, and
   feature activations there mean nothing. Tokens with a norm above 8x the median ({result['dropped_outliers']}
@@ -1025,7 +1092,7 @@ removed; `b_dec` initialised at the activations' median.
 | figure | value |
 | --- | ---: |
 | fraction of variance unexplained (FVU) | {m['fvu']:.3f} |
-| mean L0 (active features per token) | {m['mean_l0']:.1f} |
+{fvu_rest_row}| mean L0 (active features per token) | {m['mean_l0']:.1f} |
 | dead features (never active on held-out) | {m['dead_features']} of {m['d_sae']} |
 | next-token cross-entropy, clean | {m['ce_clean']:.3f} |
 | ... with the SAE reconstruction spliced in at layer {layer} | {m['ce_spliced']:.3f} (+{m['ce_increase']:.3f}) |
@@ -1046,7 +1113,7 @@ the token marked `[[like this]]`), `frequency` (fraction of corpus tokens on whi
 
 ## Steering with it
 
-{spec.steering_note}
+{spec.steering_note.format(scale=result['scale'])}
 """ + steer_section(work) + cost_section(work)
     (out / "README.md").write_text(text)
 
@@ -1072,8 +1139,9 @@ def cost_section(work: Path) -> str:
     timings = _read_json(work / "timings.json")
     if not timings:
         return ""
+    order = [FIRST_LOAD, "corpus", "acts", "train", "export", "eval", "labels", "steer", "profiles"]
     rows = "\n".join(f"| {stage}{STAGE_NOTES.get(stage, '')} | {sec:,.0f} s ({sec / 60:.1f} min) |"
-                     for stage, sec in timings.items())
+                     for stage, sec in sorted(timings.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
     return f"""
 ## Cost
 

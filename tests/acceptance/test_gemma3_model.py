@@ -17,15 +17,18 @@ pytestmark = pytest.mark.acceptance
 MODEL = GEMMA3_MODEL_NAME
 CAPITALS = "The capital of France is Paris. The capital of Germany is"
 WEEKEND = "My favourite thing to do on the weekend is"
-# Found by scripts/train_demo_sae.py --model gemma3-270m (see the SAE's README).
-FEATURE, STRENGTH, WORDS = None, None, ()
-READ_FEATURE = None
+# From scripts/train_demo_sae.py --model gemma3-270m (see the SAE's README): feature 1346 ("read /
+# reading / write") turns the weekend to books at strength 2 (its decoder rows have norm 249.7);
+# feature 1647 is dense: it fires on every token after <bos> of the Paris sentence.
+SAE_ID, LAYER = "sae_8ad4d6ad7946", 9
+READING, STRENGTH = 1346, 2.0
+DENSE = 1647
 
 
 @pytest.fixture(scope="module")
 def gemma3_server(tmp_path_factory):
-    """`millm serve --model gemma3-270m` (float32 on the lean runner, continuous batching on by default)."""
-    server = ServerProcess(tmp_path_factory.mktemp("gemma3-home"), ["--model", MODEL])
+    """`millm serve --model gemma3-270m` (float32 on the lean runner) with continuous batching on."""
+    server = ServerProcess(tmp_path_factory.mktemp("gemma3-home"), ["--model", MODEL], env={"ENABLE_CONTINUOUS_BATCHING": "true"})
     try:
         yield server.wait_ready(timeout=600)
     finally:
@@ -47,13 +50,47 @@ def test_a_sensible_greedy_answer_on_the_lean_runner(gemma3_server):
     assert health["runner"] == "lean (gemma3_text)" and health["continuous_batching"]["unavailable"] is None
 
 
+def steering(strength: float = STRENGTH) -> dict:
+    return {"steering": {"steering": [{"sae_id": SAE_ID, "features": [{"index": READING, "strength": strength}]}]}}
+
+
+def test_the_shipped_sae_is_attached_with_labels(gemma3_server):
+    saes = httpx.get(f"{gemma3_server.base_url}/api/saes", timeout=30).json()["data"]
+    assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [(SAE_ID, True, LAYER, 2048)]
+    found = httpx.get(f"{gemma3_server.base_url}/api/saes/{SAE_ID}/features", params={"q": "reading"}, timeout=30).json()["data"]
+    assert READING in [f["index"] for f in found]
+
+
+def test_a_feature_steers_the_completion(gemma3_server):
+    plain = complete(gemma3_server, WEEKEND, 16)
+    steered = complete(gemma3_server, WEEKEND, 16, **steering())
+    assert plain.startswith(" to go to the beach") and "read" not in plain
+    assert steered.startswith(" to read a book"), steered
+
+
+def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
+    body = {"model": MODEL, "prompt": "The capital of France is Paris.", "max_tokens": 1, "temperature": 0,
+            "return_sae_activations": {"sae_id": SAE_ID, "positions": "all", "top_k": 32}}
+    response = post(gemma3_server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    block = response.json()["millm"]["sae_activations"]
+    assert block["layer"] == LAYER
+    after_bos = [p for p in block["positions"] if p["position"] > 0]
+    assert len(after_bos) == response.json()["usage"]["prompt_tokens"] - 1
+    for entry in after_bos:
+        assert len(entry["features"]) == 32  # a TopK SAE with k = 32: every active feature is listed
+        values = {f["index"]: f["value"] for f in entry["features"]}
+        assert values.get(DENSE, 0.0) > 0.5, entry
+
+
 def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
-    """Prompts and answers run past nothing here (the window is 512), but the rows really share batches."""
-    prompts = [CAPITALS, WEEKEND, "def fibonacci(n):", "Once upon a time, in a small village,"]
-    solo = [complete(gemma3_server, p, 24) for p in prompts]
+    """Rows of several requests, one of them steered, share batches and answer as they do alone (float32)."""
+    requests = [(CAPITALS, {}), (WEEKEND, {}), (WEEKEND, steering()), ("def fibonacci(n):", {}), ("Once upon a time, in a small village,", {})]
+    solo = [complete(gemma3_server, p, 24, **extra) for p, extra in requests]
     before = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()["jobs"]["batched"]["served"]
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda p: complete(gemma3_server, p, 24), prompts))
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(lambda request: complete(gemma3_server, request[0], 24, **request[1]), requests))
     assert together == solo  # float32: a row's tokens do not depend on its batch
+    assert together[2] != together[1]  # the steered row stayed steered beside its unsteered twin
     health = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()
-    assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(prompts)
+    assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(requests)
