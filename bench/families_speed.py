@@ -14,7 +14,7 @@ Goals (issue 19): a ≥ 2 × b, c ≥ 4 × a. Every measurement runs in its own 
 OpenMP pools of two threads in one process slow each other, see docs/engine.md), with the model
 loaded on a thread that ends before decoding starts, as the server does.
 
-    .venv/bin/python bench/families_speed.py [--tokens 64] [--families llama,gemma2,...] [--real demo,gemma3]
+    .venv/bin/python bench/families_speed.py [--tokens 64] [--families llama,gemma2,...] [--real demo,gemma3-270m]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+FAMILY_NAMES = ("llama", "llama3", "mistral", "gemma2", "gemma3", "qwen2", "qwen3", "gpt2", "gpt_neox")  # tests/support/tiny_models.FAMILIES
 PROMPT = "Here is a list of the numbers from 1 to 300, separated by commas: 1, 2, 3,"
 STREAMS = 8
 
@@ -46,7 +47,7 @@ def _source(model: str, work: Path):
                 tiny_models.build_tokenizer(work / "tokenizer")
             tiny_models.FAMILIES[model](directory, work / "tokenizer")
         return resolve_source(str(directory), work / "hub")
-    return resolve_source({"demo": "SmolLM2-135M-Instruct", "gemma3": "gemma3-270m"}[model], work / "hub")
+    return resolve_source({"demo": "SmolLM2-135M-Instruct", "gemma3-270m": "gemma3-270m"}[model], work / "hub")
 
 
 def _dtype(model: str) -> str:
@@ -68,7 +69,7 @@ def _load(model: str, work: Path):
     return out["lm"]
 
 
-def measure_millm(model: str, work: Path, tokens: int, path: str) -> dict:
+def measure_millm(model: str, work: Path, tokens: int, path: str, repeats: int) -> dict:
     from millm.engine.jobs import GenerationJob, RowFinished, RowSpec, TextDelta
     from millm.engine.prompts import completion_prompt_ids
     from millm.engine.sampling import SamplingParams
@@ -102,7 +103,7 @@ def measure_millm(model: str, work: Path, tokens: int, path: str) -> dict:
 
         run_once()  # warm-up
         best = 0.0
-        for _ in range(2):
+        for _ in range(repeats):
             _, total, seconds = run_once()
             best = max(best, (total - 1) / seconds if streams == 1 else total / seconds)
     finally:
@@ -110,7 +111,7 @@ def measure_millm(model: str, work: Path, tokens: int, path: str) -> dict:
     return {"tok_s": best, "runner": lm.runner.name}
 
 
-def measure_generate(model: str, work: Path, tokens: int) -> dict:
+def measure_generate(model: str, work: Path, tokens: int, repeats: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -125,7 +126,7 @@ def measure_generate(model: str, work: Path, tokens: int) -> dict:
     ids = AutoTokenizer.from_pretrained(str(directory))(PROMPT, return_tensors="pt")["input_ids"]
     best = 0.0
     with torch.inference_mode():
-        for _ in range(3):  # the first is a warm-up
+        for _ in range(repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
             model_.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - start
@@ -137,15 +138,19 @@ def measure_generate(model: str, work: Path, tokens: int) -> dict:
 
 def one(args) -> None:
     work = Path(args.work)
-    result = measure_generate(args.model, work, args.tokens) if args.path == "b" else measure_millm(args.model, work, args.tokens, args.path)
+    if args.path == "b":
+        result = measure_generate(args.model, work, args.tokens, args.repeats)
+    else:
+        result = measure_millm(args.model, work, args.tokens, args.path, args.repeats)
     print(json.dumps(result))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--families", default="llama,gemma2,gemma3,qwen2,qwen3,gpt2,gpt_neox")
-    parser.add_argument("--real", default="demo,gemma3")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure after a warm-up (the best is kept)")
+    parser.add_argument("--families", default=",".join(FAMILY_NAMES))
+    parser.add_argument("--real", default="demo,gemma3-270m")
     parser.add_argument("--work", default=None, help="where tiny checkpoints and caches go (default: a temporary folder)")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,13 +159,13 @@ def main() -> None:
         return one(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="millm-families-"))
     models = [m for m in args.families.split(",") if m] + [m for m in args.real.split(",") if m]
-    print(f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of 2 after a warm-up\n")
+    print(f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of {args.repeats} after a warm-up\n")
     print("| model | runner | (a) millm 1 stream | (b) `generate` | a/b | (c) 8 streams batched | (d) 8 streams serial | c/a | c/d |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
         got = {}
         for path in "abcd":
-            command = [sys.executable, __file__, "--one", model, path, "--tokens", str(args.tokens), "--work", str(work)]
+            command = [sys.executable, __file__, "--one", model, path, "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--work", str(work)]
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             got[path] = json.loads(out)
         a, b, c, d = (got[p]["tok_s"] for p in "abcd")

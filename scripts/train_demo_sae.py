@@ -18,7 +18,8 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
     corpus   build the token sequences (train / held-out split by document)     -> corpus.json
     acts     capture resid_post of block --layer from the float32 model          -> acts_*.npy
     train    train the TopK SAE                                                   -> sae_train.pt
-    export   write cfg.json + sae_weights.safetensors (decoder rows unit norm)
+    export   write cfg.json + sae_weights.safetensors (decoder rows of unit norm, or of the
+             training scale's norm for gemma3-270m: see ModelSpec.decoder_rows_scaled)
     eval     held-out FVU, L0, dead features, next-token CE clean / spliced / ablated
     labels   feature_labels.json (auto labels from top tokens) and README.md
     steer    greedy completions of the model's steering prompt, unsteered and with each of
@@ -31,7 +32,7 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
     .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3
     .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3 \
-        --stages steer --steer-features 1346 --steer-strengths 500,700
+        --stages steer --steer-features 1346 --steer-strengths 1.5,2,2.8
 
 Each stage's wall time is kept in --work/timings.json and printed in the README. On the 2-core
 development machine (shared with a test run):

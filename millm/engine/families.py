@@ -107,9 +107,9 @@ def _rotary_of_kind(rotary_emb, kind: str) -> Rotary:
 
 def _window(config, index: int) -> int | None:
     types = getattr(config, "layer_types", None)
-    if types is not None and types[index] == SLIDING:
-        return config.sliding_window
-    return None
+    if types is not None:
+        return config.sliding_window if types[index] == SLIDING else None
+    return getattr(config, "sliding_window", None)  # Mistral: one window for every layer, when set
 
 
 def _llama_like(model, family: str) -> ModelLayout:

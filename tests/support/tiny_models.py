@@ -189,6 +189,28 @@ def build_gemma3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     return _save(model, tokenizer_dir, directory)
 
 
+def build_llama3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Llama with Llama 3.1's RoPE scaling (`rope_type: llama3`, theta 500,000) and random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    config = LlamaConfig(**_common(_vocab(tokenizer_dir)), initializer_range=0.2, rope_parameters=rope)
+    model = LlamaForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
+def build_mistral(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A 3-layer Mistral whose every layer has a sliding window of 8, with random weights."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(**_common(_vocab(tokenizer_dir)), head_dim=16, sliding_window=8, initializer_range=0.2)
+    model = MistralForCausalLM(config).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
 def build_qwen3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     """A 3-layer Qwen 3 (QK-norm, no biases) with random weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -242,6 +264,8 @@ def build_phi3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 # Every family the lean runner serves, by fixture name: its builder.
 FAMILIES = {
     "llama": build_llama,
+    "llama3": build_llama3,
+    "mistral": build_mistral,
     "gemma2": build_gemma2,
     "gemma3": build_gemma3,
     "qwen2": build_qwen2,
