@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from millm.engine.sources import resolve_source
 from millm.errors import InvalidRequest
@@ -35,18 +36,17 @@ def state(tiny_dirs, tmp_path_factory):
 
 
 def offline_max(state, texts: list[str]) -> np.ndarray:
-    """Each text's per-feature max over positions 1.. of an encode of layer 1's output (a hook on the loaded model)."""
+    """Each text's per-feature max over positions 1.. of an encode of layer 1's output, read from a
+    stock transformers copy of the model (the served one runs the lean runner's fused blocks)."""
     lm, sae = state.lm, read_sae(state.sae_dir)[1]
+    model = AutoModelForCausalLM.from_pretrained(str(lm.source.directory), dtype=torch.float32).eval()
     captured = {}
-    hook = lm.model.model.layers[1].register_forward_hook(lambda m, a, out: captured.update(h=(out[0] if isinstance(out, tuple) else out)[0]))
-    try:
-        rows = []
-        for text in texts:
-            with torch.no_grad():
-                lm.model(torch.tensor([lm.tokenizer(text)["input_ids"]]))
-                rows.append(sae.encode(captured["h"])[1:].max(0).values.double().numpy())
-    finally:
-        hook.remove()
+    model.model.layers[1].register_forward_hook(lambda m, a, out: captured.update(h=(out[0] if isinstance(out, tuple) else out)[0]))
+    rows = []
+    for text in texts:
+        with torch.no_grad():
+            model(torch.tensor([lm.tokenizer(text)["input_ids"]]))
+            rows.append(sae.encode(captured["h"])[1:].max(0).values.double().numpy())
     return np.stack(rows)
 
 
