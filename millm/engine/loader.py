@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.gguf_meta import gguf_file_type
 from millm.engine.prompts import template_variables
 from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner
-from millm.engine.sources import ModelSource
+from millm.engine.sources import ModelSource, file_quantization
 from millm.errors import ModelSourceError, describe
 
 if TYPE_CHECKING:
@@ -196,7 +195,7 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
         model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ is typed for tensors and modules only
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-        meta = {"source": str(gguf_path), "sha256": file_sha256(gguf_path), "file_type": gguf_file_type(gguf_path)}
+        meta = {"source": str(gguf_path), "sha256": file_sha256(gguf_path), "file_type": file_quantization(gguf_path)}
         (staging / GGUF_META).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)

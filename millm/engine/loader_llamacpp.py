@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.gguf_meta import gguf_file_type
 from millm.engine.loader import DEQUANTISED, GGUF_META, LoadedModel, context_window, eos_token_ids, evict_gguf_copies, file_sha256, gguf_cache_key
 from millm.engine.runner_llamacpp import LlamaCppRunner
-from millm.engine.sources import ModelSource
+from millm.engine.sources import ModelSource, file_quantization
 from millm.errors import MillmError, ModelSourceError, describe
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = N
         else:
             AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
             AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
-            meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": gguf_file_type(source.gguf_path)}
+            meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": file_quantization(source.gguf_path)}
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)

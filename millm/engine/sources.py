@@ -158,6 +158,15 @@ def quant_tag(file_name: str) -> str | None:
     return match["quant"].upper() if match else None
 
 
+def file_quantization(path: Path) -> str | None:
+    """A GGUF file's quantisation: the tag in its name (what its model name shows), else its header's
+    general.file_type. The header is read only without a tag: gguf's reader parses all metadata
+    first, 25 s for Gemma 3's 262,144-token vocabulary."""
+    from millm.engine.gguf_meta import gguf_file_type
+
+    return quant_tag(path.name) or gguf_file_type(path)
+
+
 def gguf_name(path: Path) -> str:
     """A GGUF file's model name, `repo:QUANT` (the spec's Models API): the file name without its
     quantisation tag, and the tag (`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct:Q4_1`).
