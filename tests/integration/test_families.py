@@ -10,17 +10,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, ResidualRead, ResidualsRead, RowSpec, ScoresReady, ScoringJob
-from millm.engine.residual import decoder_layers
 from millm.engine.runner_lean import LeanRunner
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
-from millm.interp.formats import read_sae
-from millm.interp.steering import Attached, steering_edit
+from millm.interp.steering import steering_edit
 from tests.conftest import load_tiny
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.integration.test_batching import Watched, submit
+from tests.integration.test_steering_engine import attach, residuals
 from tests.support import tiny_models
-from tests.support.tiny_saes import build_saelens
 
 SHORT = "The cat"
 LONG = "Seven apples were on the table near the old town and a river runs through it"
@@ -122,30 +120,6 @@ def test_staggered_jobs_in_the_scheduler_equal_their_solo_runs(family):
         scheduler.shutdown(timeout=30)
 
 
-def attach(tmp_path, name, layer, seed):
-    info, sae = read_sae(build_saelens(tmp_path / name, layer=layer, seed=seed))
-    return Attached(info, sae, layer)
-
-
-def block_outputs(lm, prompt, edit, points):
-    """Block outputs at `points` during a prefill steered by `edit`."""
-    seen, handles = {}, []
-    with torch.inference_mode():
-        lm.residual.set_rows([edit])  # the steering hooks first, so the capture sees their result
-        for point in points:
-            def hook(module, args, output, point=point):
-                seen[point] = output.detach().clone()
-
-            handles.append(decoder_layers(lm.model)[point].register_forward_hook(hook))
-        try:
-            lm.runner.prefill([prompt], capacity=len(prompt) + 1)
-        finally:
-            for handle in handles:
-                handle.remove()
-            lm.residual.clear()
-    return seen
-
-
 def test_the_steering_delta_is_the_weighted_decoder_sum(family, tmp_path):
     name, _, lm = family
     a, b = attach(tmp_path, "a", layer=0, seed=1), attach(tmp_path, "b", layer=2, seed=2)
@@ -153,11 +127,11 @@ def test_the_steering_delta_is_the_weighted_decoder_sum(family, tmp_path):
     edit = steering_edit(strengths, {a.info.id: a, b.info.id: b})
     only_a = steering_edit({a.info.id: strengths[a.info.id]}, {a.info.id: a})
     prompt = prompt_ids(lm, LONG)
-    plain = block_outputs(lm, prompt, None, [0, 2])
-    steered = block_outputs(lm, prompt, edit, [0, 2])
+    plain = residuals(lm, prompt, None, [0, 2])
+    steered = residuals(lm, prompt, edit, [0, 2])
     expected_a = 4.0 * a.sae.W_dec[3] - 2.5 * a.sae.W_dec[9]
     assert float((steered[0] - plain[0] - expected_a).abs().max()) < 1e-5, name
-    after_a = block_outputs(lm, prompt, only_a, [2])
+    after_a = residuals(lm, prompt, only_a, [2])
     assert float((steered[2] - after_a[2] - 6.0 * b.sae.W_dec[7]).abs().max()) < 1e-5, name
     assert float((steered[2] - plain[2]).abs().max()) > 0.1  # a's delta travelled on through the blocks
 
