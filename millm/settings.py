@@ -95,6 +95,21 @@ class Settings(BaseSettings):
     max_batch_size: int = env_field(
         16, "MAX_BATCH_SIZE", "Rows a continuous batch steps together; later requests wait in the queue.", ge=1
     )
+    prefix_cache_bytes: int | None = env_field(
+        None,
+        "PREFIX_CACHE_BYTES",
+        "Bytes of keys and values of earlier prompts and answers kept for later requests that start the same "
+        "way, under the same steering (least recently used dropped first); 0 turns the cache off. Default: an "
+        "eighth of the device memory free once the model is loaded, at most 4 GiB.",
+        ge=0,
+    )
+    prefill_chunk_tokens: int = env_field(
+        512,
+        "PREFILL_CHUNK_TOKENS",
+        "Prompt tokens a joining request prefills between two decode steps of the running ones, so they keep "
+        "streaming while a long prompt joins (alone, a prompt is prefilled in one pass).",
+        ge=16,
+    )
     graceful_unload_timeout: float = env_field(
         30.0,
         "GRACEFUL_UNLOAD_TIMEOUT",

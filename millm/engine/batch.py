@@ -31,19 +31,6 @@ def extend_mask(mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1)
 
 
-def padded_prefill_mask(mask: torch.Tensor) -> torch.Tensor:
-    """A `[B, 1, T, T]` boolean mask: causal, padding keys hidden, each position sees itself.
-
-    A padding query would otherwise see no key at all and SDPA would return NaN there, which
-    the cache would then carry into every later step.
-    """
-    width = mask.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
-    allowed = causal[None] & mask.bool()[:, None, :]
-    allowed |= torch.eye(width, dtype=torch.bool, device=mask.device)[None]
-    return allowed[:, None]
-
-
 def left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     """`mask` widened to `width` columns by adding padding (zeros) on the left."""
     extra = width - mask.shape[1]

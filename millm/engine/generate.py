@@ -7,6 +7,8 @@ states and a KVBatch, not on a request, so rows of different requests can share 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -14,8 +16,11 @@ import torch
 from millm.engine.detokenize import IncrementalDetokenizer
 from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
+from millm.engine.prefix_cache import PrefixCache, steering_key
 from millm.engine.reading import Capture, Reader, taps
 from millm.engine.residual import ResidualEdit, combined
+from millm.engine.runner_lean import RowKV
+from millm.engine.runners import advance_prefill, begin_prefill
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
 from millm.engine.watching import WatchState
@@ -47,6 +52,7 @@ class RowState:
         self.watches = [WatchState(watch, len(spec.prompt_ids)) for watch in spec.watches]
         self.readers: list[Reader] = [*self.captures, *self.watches]
         self.fed = 0  # positions fed to the model so far (the prompt, then each sampled token but the last)
+        self.cached = 0  # prompt positions taken from a prefix cache
         self._edits: dict[tuple[int, ...], ResidualEdit | None] = {(): spec.edit}
 
     def end_events(self) -> list[Event]:
@@ -55,7 +61,7 @@ class RowState:
         tokens = list(self.spec.prompt_ids) + self.generated
         verdicts = [watch.verdict(self.index, tokens, self.fed) for watch in self.watches]
         reads = [capture.result(self.index, tokens) for capture in self.captures]
-        return [*verdicts, *reads, RowFinished(self.index, self.finish_reason, len(self.generated))]
+        return [*verdicts, *reads, RowFinished(self.index, self.finish_reason, len(self.generated), self.cached)]
 
     def edit(self) -> ResidualEdit | None:
         """The edit of the position this row feeds next: its own, plus each steer watch steering there.
@@ -122,45 +128,109 @@ class RowState:
         return text + self.stopper.flush()
 
 
-def prefill_rows(lm: LoadedModel, rows: list[RowState]):
-    """Prefill each distinct (prompt, steering) once, then give every row (n choices share one) its copy."""
-    distinct: dict[tuple, int] = {}
-    firsts: list[RowState] = []
-    for row in rows:
-        key = (row.spec.prompt_ids, id(row.spec.edit))
-        if key not in distinct:
-            distinct[key] = len(distinct)
-            firsts.append(row)
-    capacity = max(len(r.spec.prompt_ids) for r in firsts) + max(row.spec.max_tokens for row in rows)
-    readers = None
-    if any(row.readers for row in rows):  # rows sharing a prefill share what it reads; each keeps its own
-        shared: list[list[Reader]] = [[] for _ in firsts]
-        for row in rows:
-            shared[distinct[(row.spec.prompt_ids, id(row.spec.edit))]].extend(row.readers)
-        readers = taps([(shared[i], 0, len(r.spec.prompt_ids)) for i, r in enumerate(firsts)])
-    lm.residual.install(lm.residual.stack([r.spec.edit for r in firsts]), readers, [len(r.spec.prompt_ids) for r in firsts])
-    batch, logits = lm.runner.prefill([list(r.spec.prompt_ids) for r in firsts], capacity)
-    for row in rows:
-        row.fed = len(row.spec.prompt_ids)
-    order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in rows]
-    if order != list(range(len(distinct))):
-        lm.runner.select_rows(batch, order)
-        logits = logits[torch.tensor(order, device=logits.device)]
-    return batch, logits
+def reusable(spec: RowSpec, exact: bool) -> int:
+    """How many of a row's first prompt positions may come from a prefix cache: never the last
+    (its logits are needed), none a read wants, none for a watched row (a probe scores every
+    position), and none for a seeded row unless the model computes in float32, where a restored
+    prefix gives the very tokens of a recomputed one (in bf16 arithmetic depends on shape)."""
+    if spec.watches or (spec.seed is not None and not exact):
+        return 0
+    return min([len(spec.prompt_ids) - 1, *(read.first_position(len(spec.prompt_ids)) for read in spec.reads)])
+
+
+class Joining:
+    """Jobs joining a lane: their rows, and the one prefill they share, run a chunk at a time.
+
+    Each distinct (prompt, steering) is prefilled once and every row (n choices share one) gets
+    its copy. With a prefix cache, a prefill first takes what the cache holds of its prompt under
+    its steering, and when done gives the cache its whole blocks."""
+
+    def __init__(self, lm: LoadedModel, cache: PrefixCache | None, jobs: tuple[GenerationJob, ...]):
+        self.lm, self.cache, self.jobs = lm, cache, jobs
+        self.rows = [RowState(i, spec, lm, job) for job in jobs for i, spec in enumerate(job.rows)]
+        distinct: dict[tuple, int] = {}
+        self.firsts: list[RowState] = []
+        for row in self.rows:
+            key = (row.spec.prompt_ids, id(row.spec.edit))
+            if key not in distinct:
+                distinct[key] = len(distinct)
+                self.firsts.append(row)
+        self.order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in self.rows]
+        self.readers: list[Sequence[Reader]] = [[] for _ in self.firsts]  # rows sharing a prefill share what it reads
+        limits = [len(first.spec.prompt_ids) - 1 for first in self.firsts]
+        exact = lm.dtype == torch.float32
+        for row, i in zip(self.rows, self.order, strict=True):
+            self.readers[i] = [*self.readers[i], *row.readers]
+            limits[i] = min(limits[i], reusable(row.spec, exact))
+        self.steering = [steering_key(first.spec.edit) for first in self.firsts]
+        prompts = [list(first.spec.prompt_ids) for first in self.firsts]
+        capacity = max(map(len, prompts)) + max(row.spec.max_tokens for row in self.rows)
+        self.prefill = begin_prefill(lm.runner, prompts, capacity, self._restored(prompts, limits))
+        for row, i in zip(self.rows, self.order, strict=True):
+            row.fed = len(row.spec.prompt_ids)
+            row.cached = self.prefill.reused[i]
+        if cache is not None:
+            for i, steering in enumerate(self.steering):
+                if steering is not None:
+                    cache.record(self.prefill.reused[i])
+        self.edits = lm.residual.stack([first.spec.edit for first in self.firsts])
+
+    def _restored(self, prompts: list[list[int]], limits: list[int]) -> list[RowKV | None] | None:
+        if self.cache is None:
+            return None
+        restored: list[RowKV | None] = []
+        for prompt, key, limit in zip(prompts, self.steering, limits, strict=True):
+            chain = self.cache.lookup(prompt, key, limit) if key is not None and limit > 0 else []
+            restored.append(self.cache.restore(chain) if chain else None)
+        return restored
+
+    def advance(self, tokens: int | None):
+        """Prefill the next `tokens` columns (None: the rest); when done, store the prompts' blocks
+        and return the joining batch with every row's logits `[rows, V]`, else None."""
+        prefill = self.prefill
+        start = prefill.done
+        end = prefill.width if tokens is None else min(prefill.width, start + tokens)
+        firsts = [max(start, prefill.width - n) for n in prefill.lengths]  # each row's first column in this chunk
+        real = [max(0, end - first) for first in firsts]
+        readers = None
+        if any(self.readers):
+            columns = [(readers, first - (prefill.width - n), count)
+                       for readers, first, n, count in zip(self.readers, firsts, prefill.lengths, real, strict=True)]
+            readers = taps(columns)
+        self.lm.residual.install(self.edits, readers, real)
+        logits = advance_prefill(self.lm.runner, prefill, end - start)
+        if logits is None:
+            return None
+        self._store()
+        batch = prefill.batch
+        if self.order != list(range(len(self.firsts))):
+            self.lm.runner.select_rows(batch, self.order)
+            logits = logits[torch.tensor(self.order, device=logits.device)]
+        return batch, logits
+
+    def _store(self) -> None:
+        if self.cache is None:
+            return
+        runner = self.lm.runner
+        for i, (first, key) in enumerate(zip(self.firsts, self.steering, strict=True)):
+            if key is not None:
+                self.cache.store(first.spec.prompt_ids, key, partial(runner.row_kv, self.prefill.batch, i))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
 
 
 class Lane:
     """Rows stepping together over one KV batch; jobs join after their own prefill and leave when done.
 
     Run serially, a lane holds one job's rows. Under continuous batching the scheduler keeps one
-    lane for all batched jobs: jobs that arrive between two steps are prefilled together, apart
-    from the running rows (a prompt never waits for other rows' generation), then their cache is
-    merged into the lane's, left-padded to a common length. Each row keeps its own sampler, stop matcher, grammar and residual edit, so rows of
-    different requests with different parameters and steering share one forward pass.
+    lane for all batched jobs: jobs that arrive between two steps are admitted together and
+    prefilled apart from the running rows (a prompt never waits for other rows' generation), a
+    chunk between two steps when rows are running (so they keep flowing), then their cache is
+    merged into the lane's, left-padded to a common length. Each row keeps its own sampler, stop
+    matcher, grammar and residual edit, so rows of different requests with different parameters
+    and steering share one forward pass.
     """
 
-    def __init__(self, lm: LoadedModel):
-        self.lm = lm
+    def __init__(self, lm: LoadedModel, cache: PrefixCache | None = None):
+        self.lm, self.cache = lm, cache
         self.rows: list[RowState] = []
         self.batch = None
         self.logits: torch.Tensor | None = None
@@ -169,16 +239,34 @@ class Lane:
         self.reading = False
         self.watching = False
         self.open: dict[GenerationJob, int] = {}  # job -> rows still generating
+        self.joining: Joining | None = None
 
     @property
     def jobs(self) -> list[GenerationJob]:
         """Jobs with rows still in the lane."""
         return list(self.open)
 
-    def join(self, *jobs: GenerationJob) -> None:
-        """Prefill the jobs' rows (together, in one forward pass) and add them to the lane."""
-        rows = [RowState(i, spec, self.lm, job) for job in jobs for i, spec in enumerate(job.rows)]
-        batch, logits = prefill_rows(self.lm, rows)
+    def admit(self, *jobs: GenerationJob) -> None:
+        """Start the jobs' prefill (what a prefix cache holds of it is restored now, the rest is
+        computed by `advance`); one joining set at a time."""
+        assert self.joining is None, "a lane admits the next jobs once the last ones have joined"
+        self.joining = Joining(self.lm, self.cache, jobs)
+
+    def advance(self, tokens: int | None = None) -> list[tuple[GenerationJob, str]]:
+        """Prefill the next `tokens` columns of the joining jobs (None: all); once done they join
+        the running rows. Returns the joining jobs that ended: all of them `cancelled` when every
+        one was cancelled before its prefill finished."""
+        joining = self.joining
+        assert joining is not None, "advance follows admit"
+        if all(job.cancelled.is_set() for job in joining.jobs):
+            self.joining = None
+            return [(job, "cancelled") for job in joining.jobs]
+        done = joining.advance(tokens)
+        if done is None:
+            return []
+        self.joining = None
+        batch, logits = done
+        rows = joining.rows
         if self.batch is None:
             self.batch, self.logits, self.rows = batch, logits, rows
         else:
@@ -186,12 +274,19 @@ class Lane:
             self.batch = self.lm.runner.merge(self.batch, batch, room)
             self.logits = torch.cat([self.logits, logits])
             self.rows = self.rows + rows
-        for job in jobs:
+        for job in joining.jobs:
             self.open[job] = len(job.rows)
         self._restack([row.edit() for row in self.rows])
+        return []
+
+    def join(self, *jobs: GenerationJob) -> None:
+        """Prefill the jobs' rows (together, in one pass) and add them to the lane."""
+        self.admit(*jobs)
+        while self.joining is not None:
+            self.advance()
 
     def reset(self) -> None:
-        """Drop every row (after a failure the lane starts empty)."""
+        """Drop every running row (after a failure the lane starts empty; a joining set is not touched)."""
         self.rows, self.batch, self.logits, self.edits, self.stacked, self.open = [], None, None, None, [], {}
 
     def _restack(self, edits: list[ResidualEdit | None]) -> None:
@@ -200,12 +295,23 @@ class Lane:
         self.reading = any(row.readers for row in self.rows)
         self.watching = any(row.watches for row in self.rows)
 
-    def _finish(self, row: RowState, ended: list[tuple[GenerationJob, str]]) -> None:
+    def _finish(self, i: int, row: RowState, ended: list[tuple[GenerationJob, str]]) -> None:
+        self._remember(i, row)
         for event in row.end_events():
             row.job.emit(event)
         self.open[row.job] -= 1
         if self.open[row.job] == 0:
             ended.append((row.job, "served"))
+
+    def _remember(self, i: int, row: RowState) -> None:
+        """Give the prefix cache a finished row's prompt and answer (all it fed), so the next turn
+        of its conversation reuses both; not a watched row, whose steering may have changed midway."""
+        if self.cache is None or row.watches:
+            return
+        key = steering_key(row.spec.edit)
+        if key is not None:
+            tokens = (list(row.spec.prompt_ids) + row.generated)[: row.fed]
+            self.cache.store(tokens, key, partial(self.lm.runner.row_kv, self.batch, i))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
 
     def step(self) -> list[tuple[GenerationJob, str]]:
         """Sample one token for every row, emit, drop finished and cancelled rows, run the next
@@ -227,7 +333,7 @@ class Lane:
             if text:
                 row.job.emit(TextDelta(row.index, text))
             if row.finish_reason is not None:
-                self._finish(row, ended)
+                self._finish(i, row, ended)
         for job, _ in ended:
             del self.open[job]
         keep = [i for i, row in enumerate(self.rows) if row.finish_reason is None and not row.job.cancelled.is_set()]
@@ -252,11 +358,11 @@ class Lane:
 
 
 @torch.inference_mode()
-def run_job(lm: LoadedModel, job: GenerationJob) -> str:
+def run_job(lm: LoadedModel, job: GenerationJob, cache: PrefixCache | None = None) -> str:
     """Generate every row of the job to completion, emitting text and finish events as they happen;
     returns `served`, or `cancelled` when the client went away first."""
     try:
-        lane = Lane(lm)
+        lane = Lane(lm, cache)
         lane.join(job)
         outcome = "cancelled"
         while lane.rows:

@@ -36,6 +36,17 @@ class ResidualRead:
     # is the asker's own business, hence Any.
     encode: Callable[[torch.Tensor], Any] | None = field(default=None, compare=False)
 
+    def first_position(self, prompt_length: int) -> int:
+        """The first position this read wants (a prefix cache may only skip the ones before it)."""
+        spec = self.positions
+        if spec == "all" or spec == "prompt":
+            return 0
+        if spec == "completion":
+            return prompt_length
+        if spec == "last":
+            return prompt_length - 1
+        return spec[0]
+
 
 @dataclass(frozen=True)
 class Watch:
@@ -92,6 +103,7 @@ class RowFinished:
     row: int
     finish_reason: str  # "stop" | "length" | "content_filter" (an abort watch fired)
     completion_tokens: int
+    cached_tokens: int = 0  # prompt positions taken from the prefix cache instead of computed
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, padded_prefill_mask, positions
+from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
 from millm.engine.families import AttentionLayout, BlockLayout, ModelLayout, Rotary, layout, supported
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 
@@ -173,17 +173,21 @@ class Masks:
     sliding: torch.Tensor | None
 
 
-def prefill_masks(mask: torch.Tensor, window: int | None) -> Masks:
-    """Masks for a prefill of left-padded rows (`mask` [B, T], 0 over padding)."""
+def prefill_masks(mask: torch.Tensor, window: int | None, start: int = 0) -> Masks:
+    """Masks for a prefill of left-padded rows (`mask` [B, T], 0 over padding) whose queries are
+    columns `start`..T (a chunk after `start` columns already in the cache; 0: the whole prompt)."""
     padded = not bool(mask.all())
-    full = padded_prefill_mask(mask) if padded else None
     width = mask.shape[1]
-    if window is None or (not padded and width <= window):
-        return Masks(full, full)
-    columns = torch.arange(width, device=mask.device)
-    band = (columns[:, None] - columns[None, :]) < window  # query - key < window
-    causal = full if full is not None else torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()[None, None]
-    return Masks(full, causal & band[None, None])
+    if start == 0 and not padded and (window is None or width <= window):
+        return Masks(None, None)  # plain causal: SDPA's own (top-left aligned, right for a square)
+    queries = torch.arange(start, width, device=mask.device)[:, None]
+    keys = torch.arange(width, device=mask.device)[None]
+    # Causal, padding keys hidden, and each position sees itself: a padding query would otherwise
+    # see no key at all and SDPA would return NaN there, which the cache would carry on.
+    full = ((keys <= queries)[None] & mask.bool()[:, None, :]) | (keys == queries)[None]
+    if window is None:
+        return Masks(full[:, None], full[:, None])
+    return Masks(full[:, None], (full & ((queries - keys) < window)[None])[:, None])
 
 
 def decode_masks(mask: torch.Tensor, padded: bool) -> Masks:
@@ -284,10 +288,38 @@ class LeanBatch:
     padded: bool
 
 
+# Per row, per KV group (LeanRunner.groups): keys and values `[layers, kv_heads, T, head_dim]`
+# of the row's first T positions, as a prefix cache hands them back.
+RowKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class LeanPrefill:
+    """Joining rows being prefilled, a chunk of columns at a time: their batch, their left-padded
+    ids, and `done`, the columns already in the cache (restored from a prefix cache, or computed)."""
+
+    batch: LeanBatch
+    ids: torch.Tensor
+    lengths: list[int]  # each row's prompt length (its real columns are the last ones)
+    done: int
+    reused: list[int]  # positions each row took from restored KV instead of computing
+
+    @property
+    def width(self) -> int:
+        """Columns of the joining batch."""
+        return self.ids.shape[1]
+
+    @property
+    def finished(self) -> bool:
+        """Whether every column is in the cache."""
+        return self.done >= self.width
+
+
 class LeanRunner:
     """Prefill / step / select / merge for every family `families.layout` knows, through the fused blocks."""
 
     mergeable = True
+    chunked = True  # prefills in chunks, from restored KV (begin / advance / row_kv)
 
     @staticmethod
     def supports(model) -> bool:
@@ -344,8 +376,8 @@ class LeanRunner:
         cap = self.layout.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache) -> torch.Tensor:
-        x = self._hidden(ids, pos, masks, kv)
+    def _last_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits `[B, V]` of each row's last column of block outputs `[B, T, d]`."""
         return self.head_logits(self.layout.final_norm(x[:, -1:]))[:, -1]
 
     def _buffer(self, rows: int, capacity: int, width: int) -> LayerCache:
@@ -370,16 +402,62 @@ class LeanRunner:
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LeanBatch, torch.Tensor]:
         """Run the prompts into a buffer holding `capacity` positions; returns the batch and logits `[B, V]`."""
+        prefill = self.begin(prompts, capacity)
+        logits = self.advance(prefill, None)
+        assert logits is not None  # one pass covers every column
+        return prefill.batch, logits
+
+    def begin(self, prompts: list[list[int]], capacity: int, restored: list[RowKV | None] | None = None) -> LeanPrefill:
+        """A prefill of left-padded prompts, nothing computed yet; row i may bring the KV of its
+        first positions (`restored[i]`), and keeps as many of them as every row can skip together:
+        the columns before the widest remaining part, which all rows then compute as one block."""
         ids, mask = left_pad(prompts, self.device)
-        kv = self._buffer(ids.shape[0], capacity, ids.shape[1])
-        logits = self._logits(ids, positions(mask), prefill_masks(mask, self.window), kv)
-        return LeanBatch(kv, mask, not bool(mask.all())), logits
+        rows, width = ids.shape
+        lengths = [len(p) for p in prompts]
+        offered = [0 if kv is None else kv[0][0].shape[2] for kv in (restored or [None] * rows)]
+        done = width - max(n - r for n, r in zip(lengths, offered, strict=True))
+        kv = self._buffer(rows, capacity, width)
+        reused = [max(0, done - (width - n)) for n in lengths]
+        for row, parts in enumerate(restored or []):
+            if parts is None or reused[row] == 0:
+                continue
+            first = width - lengths[row]
+            for group, (keys, values) in zip(kv.groups, parts, strict=True):
+                group.keys[:, row, :, first:done] = keys[:, :, : reused[row]]
+                group.values[:, row, :, first:done] = values[:, :, : reused[row]]
+        for group in kv.groups:
+            group.length = done
+        return LeanPrefill(LeanBatch(kv, mask, not bool(mask.all())), ids, lengths, done, reused)
+
+    def advance(self, prefill: LeanPrefill, tokens: int | None) -> torch.Tensor | None:
+        """Compute the next `tokens` columns (None: all that are left); the last chunk returns the logits `[B, V]`."""
+        start = prefill.done
+        end = prefill.width if tokens is None else min(prefill.width, start + tokens)
+        mask = prefill.batch.mask[:, :end]
+        pos = positions(mask)[:, start:]
+        x = self._hidden(prefill.ids[:, start:end], pos, prefill_masks(mask, self.window, start), prefill.batch.kv)
+        prefill.done = end
+        return self._last_logits(x) if prefill.finished else None
+
+    def row_kv(self, batch: LeanBatch, row: int, start: int, end: int) -> RowKV | None:
+        """Copies of one row's keys and values at its positions start..end, or None where a sliding
+        group has already let some of them go."""
+        width = batch.kv.length
+        first = width - int(batch.mask[row].sum())  # the row's position 0
+        parts = []
+        for group in batch.kv.groups:
+            held = first + start - group.dropped
+            if held < 0:
+                return None
+            columns = slice(held, held + end - start)
+            parts.append((group.keys[:, row, :, columns].clone(), group.values[:, row, :, columns].clone()))
+        return parts
 
     def step(self, batch: LeanBatch, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed each row its newest token; returns the next-token logits `[B, V]`."""
         batch.mask = extend_mask(batch.mask)
         pos = batch.mask.sum(-1, keepdim=True) - 1
-        return self._logits(next_ids.view(-1, 1), pos, decode_masks(batch.mask, batch.padded), batch.kv)
+        return self._last_logits(self._hidden(next_ids.view(-1, 1), pos, decode_masks(batch.mask, batch.padded), batch.kv))
 
     def select_rows(self, batch: LeanBatch, indices: list[int]) -> None:
         """Keep (or repeat) rows by index, in the given order; padding no row needs any more is cut."""

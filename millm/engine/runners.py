@@ -9,13 +9,14 @@ file's own codes. On CUDA the model runs as loaded.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from millm.engine.kernels import KernelPlan
 from millm.engine.runner_hf import HFRunner
-from millm.engine.runner_lean import LeanRunner
+from millm.engine.runner_lean import LeanPrefill, LeanRunner, RowKV
 
 
 class Runner(Protocol):
@@ -37,6 +38,51 @@ class Runner(Protocol):
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor: ...
+
+
+@dataclass
+class WholePrefill:
+    """A prefill on a runner that takes no chunks and no restored KV: one pass over every prompt."""
+
+    prompts: list[list[int]]
+    capacity: int
+    batch: Any = None
+    done: int = 0
+    lengths: list[int] = field(init=False)
+    reused: list[int] = field(init=False)
+
+    def __post_init__(self):
+        self.lengths = [len(p) for p in self.prompts]
+        self.reused = [0] * len(self.prompts)
+
+    @property
+    def width(self) -> int:
+        """Columns of the joining batch."""
+        return max(self.lengths)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the pass has run."""
+        return self.batch is not None
+
+
+Prefill = LeanPrefill | WholePrefill
+
+
+def begin_prefill(runner: Runner, prompts: list[list[int]], capacity: int, restored: list[RowKV | None] | None = None) -> Prefill:
+    """A prefill of these prompts; on a chunked runner rows may bring their first positions' KV."""
+    if getattr(runner, "chunked", False):
+        return runner.begin(prompts, capacity, restored)  # type: ignore[attr-defined]  # chunked runners have begin (LeanRunner)
+    return WholePrefill(prompts, capacity)
+
+
+def advance_prefill(runner: Runner, prefill: Prefill, tokens: int | None) -> torch.Tensor | None:
+    """Compute the next `tokens` columns (None, or a runner without chunks: all); the last pass returns logits `[B, V]`."""
+    if isinstance(prefill, WholePrefill):
+        prefill.batch, logits = runner.prefill(prefill.prompts, prefill.capacity)
+        prefill.done = prefill.width
+        return logits
+    return runner.advance(prefill, tokens)  # type: ignore[attr-defined]  # a LeanPrefill comes from a LeanRunner
 
 
 def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False) -> Runner:

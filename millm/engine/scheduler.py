@@ -26,6 +26,7 @@ from millm.engine.generate import Lane, run_job
 from millm.engine.jobs import EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
 from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
+from millm.engine.prefix_cache import PrefixCache
 from millm.engine.scoring import run_scoring
 from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
 
@@ -41,9 +42,9 @@ def out_of_memory(exc: Exception) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
-# Each kind of job to its runner (the job argument is the key's type); generation returns its outcome.
+# Each kind of job but generation to its runner (the job argument is the key's type).
 RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {
-    GenerationJob: run_job, EmbeddingJob: run_embedding, ScoringJob: run_scoring, LikelihoodJob: run_likelihood
+    EmbeddingJob: run_embedding, ScoringJob: run_scoring, LikelihoodJob: run_likelihood
 }
 OUTCOMES = ("served", "cancelled", "failed")
 
@@ -51,9 +52,15 @@ OUTCOMES = ("served", "cancelled", "failed")
 class Scheduler:
     """Owns the model's compute: admits jobs up to a bound and runs them, serially or batched."""
 
-    def __init__(self, lm: LoadedModel, max_pending: int, *, batching: bool = False, max_batch: int = 16):
+    def __init__(self, lm: LoadedModel, max_pending: int, *, batching: bool = False, max_batch: int = 16,
+                 prefix_cache_bytes: int = 0, prefill_chunk: int | None = None):
         self.lm = lm
         self.max_pending = max_pending
+        # A prefix cache needs a runner that restores KV into a prefill (the lean one); it belongs
+        # to this model and goes with it.
+        chunked = getattr(lm.runner, "chunked", False)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if chunked and prefix_cache_bytes > 0 else None
+        self.prefill_chunk = prefill_chunk if chunked else None
         mergeable = getattr(lm.runner, "mergeable", False)
         self.batching, self.max_batch = batching and mergeable, max_batch
         self.batching_unavailable = None
@@ -188,7 +195,7 @@ class Scheduler:
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
         try:
-            outcome = RUNS[type(job)](self.lm, job)
+            outcome = run_job(self.lm, job, self.prefix_cache) if isinstance(job, GenerationJob) else RUNS[type(job)](self.lm, job)
             self._ended(job, backend, outcome)
         except Exception as exc:  # the job fails; the scheduler serves the next one
             job.fail(self._as_error(exc))
@@ -224,8 +231,8 @@ class Scheduler:
                         break
                     serial_free = False
                 else:
-                    # A job wider than the batch bound still runs, alone.
-                    if rows and rows + len(job.rows) > self.max_batch:
+                    # One joining set at a time; a job wider than the batch bound still runs, alone.
+                    if batch.joining is not None or (rows and rows + len(job.rows) > self.max_batch):
                         break
                     rows += len(job.rows)
             taken.append(self._queue.popleft())
@@ -251,7 +258,7 @@ class Scheduler:
             elif job.cancelled.is_set():
                 self._ended(job, "batched", "cancelled")
             elif self._needs_serial(job):
-                serial = self._join(Lane(self.lm), [job], "serial")
+                serial = self._join(Lane(self.lm, self.prefix_cache), [job], "serial")
             else:
                 joining.append(job)
         if joining:
@@ -259,17 +266,34 @@ class Scheduler:
         return serial
 
     def _join(self, lane: Lane, jobs: list[GenerationJob], backend: str) -> Lane | None:
+        """Admit jobs to a lane (their prefill then runs by `_advance`); None if they failed at once."""
         for job in jobs:
             self._started(job)
         try:
-            lane.join(*jobs)
+            lane.admit(*jobs)
         except Exception as exc:  # the joining jobs fail; the lane's rows are untouched
-            error = self._as_error(exc)
-            for job in jobs:
-                job.fail(error)
-                self._ended(job, backend, "failed")
+            self._fail_joining(jobs, exc, backend)
             return None
         return lane
+
+    def _advance(self, lane: Lane, backend: str, running: bool) -> None:
+        """The next chunk of a lane's joining prefill (all of it when no row is running anywhere)."""
+        assert lane.joining is not None
+        jobs = lane.joining.jobs
+        try:
+            ended = lane.advance(self.prefill_chunk if running else None)
+        except Exception as exc:  # the joining jobs fail; the lane's rows are untouched
+            lane.joining = None
+            self._fail_joining(jobs, exc, backend)
+            return
+        for job, outcome in ended:
+            self._ended(job, backend, outcome)
+
+    def _fail_joining(self, jobs, exc: Exception, backend: str) -> None:
+        error = self._as_error(exc)
+        for job in jobs:
+            job.fail(error)
+            self._ended(job, backend, "failed")
 
     def _step(self, lane: Lane, backend: str) -> None:
         """One step of a lane; a failure fails every job in it and empties it."""
@@ -287,15 +311,15 @@ class Scheduler:
 
     @torch.inference_mode()
     def _loop_batched(self) -> None:
-        batch = self._batch_lane = Lane(self.lm)
+        batch = self._batch_lane = Lane(self.lm, self.prefix_cache)
         serial: Lane | None = None
         while True:
             with self._wake:
-                while not self._queue and not self._stopping and not batch.rows and serial is None:
+                while not self._queue and not self._stopping and not batch.rows and batch.joining is None and serial is None:
                     self._wake.wait()
                 if self._stopping:
                     self._fail_queued()
-                    if self._stop_error is not None or not (batch.rows or serial is not None):
+                    if self._stop_error is not None or not (batch.rows or batch.joining or serial is not None):
                         break
                     taken = []
                 else:
@@ -303,16 +327,24 @@ class Scheduler:
             lane = self._start(taken, batch)
             if lane is not None:
                 serial = self._serial_lane = lane
+            # A joining prefill runs a chunk between two steps while rows are running, else whole.
+            running = bool(batch.rows) or (serial is not None and bool(serial.rows))
+            if batch.joining is not None:
+                self._advance(batch, "batched", running)
             if batch.rows:
                 self._step(batch, "batched")
             if serial is not None:
-                self._step(serial, "serial")
-                if not serial.rows:
+                if serial.joining is not None:
+                    self._advance(serial, "serial", running)
+                if serial.rows:
+                    self._step(serial, "serial")
+                if not serial.rows and serial.joining is None:
                     serial = self._serial_lane = None
         for lane, backend in ((batch, "batched"), (serial, "serial")):
             if lane is None:
                 continue
-            for job in lane.jobs:
+            joining = lane.joining.jobs if lane.joining is not None else ()
+            for job in [*lane.jobs, *joining]:
                 job.fail(self._stop_error or ServerShuttingDown("the server shut down"))
                 self._ended(job, backend, "failed")
         self.lm.residual.clear()

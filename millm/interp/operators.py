@@ -46,6 +46,7 @@ from itertools import combinations
 
 import torch
 
+from millm.engine.prefix_cache import digest, keyed
 from millm.engine.residual import Operation
 from millm.errors import InvalidRequest
 from millm.interp.sae import SAE, JumpReLUSAE, TopKSAE
@@ -162,7 +163,7 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
             push = (targets - pre_of(x)) @ inverse_t
             return (x + push @ w_dec).to(residual.dtype)
 
-        return hold_all
+        return keyed(hold_all, ("hold", sae_id, tuple(held)))
 
     def operation(residual: torch.Tensor) -> torch.Tensor:
         x = residual.float()
@@ -182,7 +183,8 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
             held_now = held_now | woken
         return edited.to(residual.dtype)
 
-    return operation
+    # An SAE's id is its file's content hash: the same id and holds are the same operation.
+    return keyed(operation, ("hold", sae_id, tuple(held)))
 
 
 def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -209,7 +211,7 @@ def cap(direction: torch.Tensor, value: float, what: str = "the direction", para
         excess = torch.relu(x @ unit - value)
         return (x - excess[:, None] * unit).to(residual.dtype)
 
-    return operation
+    return keyed(operation, ("cap", digest(unit), value))
 
 
 def feature_cap(sae: SAE, sae_id: str, index: int, value: float, param: str = "steering") -> Operation:

@@ -36,17 +36,25 @@ def now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(WireModel):
+    """What OpenAI reports of the prompt's tokens: how many came from the prefix cache."""
+
+    cached_tokens: int
+
+
 class Usage(WireModel):
     """Token counts of one request."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        """Usage with its total."""
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        """Usage with its total; `cached_tokens` of the prompt tokens were reused, not computed."""
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
 
 
 class FunctionCall(WireModel):

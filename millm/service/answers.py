@@ -60,6 +60,8 @@ class Collected:
     completion_tokens: int = 0
     reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
     row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
+    row_cached: list[int] = field(default_factory=list)  # prompt tokens each row took from the prefix cache
+    choices: int = 1  # rows per prompt (n), which share one prefill and so one count of cached tokens
     verdicts: list[ProbeVerdict] = field(default_factory=list)  # every watch's, each row's
     probes: dict | None = None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
 
@@ -72,9 +74,15 @@ def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = F
     return block or None
 
 
-async def collect(stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES) -> Collected:
+def cached_tokens(by_row: dict[int, int] | list[int], choices: int) -> int:
+    """The request's prompt tokens taken from the prefix cache: each prompt's once (its n rows share one prefill)."""
+    rows = by_row.items() if isinstance(by_row, dict) else enumerate(by_row)
+    return sum(cached for row, cached in rows if row % choices == 0)
+
+
+async def collect(stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES, choices: int = 1) -> Collected:
     """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
-    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows, row_tokens=[0] * rows)
+    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows, row_tokens=[0] * rows, row_cached=[0] * rows, choices=choices)
     try:
         async for event in stream.events():
             if isinstance(event, TextDelta):
@@ -83,6 +91,7 @@ async def collect(stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES) ->
                 result.finish_reasons[event.row] = event.finish_reason
                 result.completion_tokens += event.completion_tokens
                 result.row_tokens[event.row] = event.completion_tokens
+                result.row_cached[event.row] = event.cached_tokens
             elif isinstance(event, ResidualsRead):
                 result.reads.append(event)
             elif isinstance(event, ProbeVerdict):
@@ -131,7 +140,7 @@ class ChatShape(Shape):
         choices = [self.choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)]
         return ChatCompletion(
             id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads, probes=result.probes),
+            usage=Usage.of(prompt_tokens, result.completion_tokens, cached_tokens(result.row_cached, result.choices)), millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def choice(self, index: int, text: str, reason: str | None) -> ChatChoice:
@@ -193,7 +202,7 @@ class CompletionShape(Shape):
         choices = [CompletionChoice(index=i, text=text, finish_reason=result.finish_reasons[i]) for i, text in enumerate(result.texts)]
         return Completion(
             id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens), millm=millm_block(read, result.reads, probes=result.probes),
+            usage=Usage.of(prompt_tokens, result.completion_tokens, cached_tokens(result.row_cached, result.choices)), millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def chunk(self, meta, choices, **extra):
@@ -208,7 +217,7 @@ class CompletionShape(Shape):
 
 async def chunks(
     stream: JobStream, shape: Shape, meta: Meta, prompt_tokens: int, rows: int, include_usage: bool, read: ActivationRead | None,
-    probes: ProbeSet = NO_PROBES,
+    probes: ProbeSet = NO_PROBES, choices: int = 1,
 ) -> AsyncIterator[WireModel | MillmError]:
     """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or the error that ended it.
 
@@ -217,11 +226,12 @@ async def chunks(
     probes watched the request; a request's SAE activations come last, in a chunk with no choices.
     """
     finished = completion_tokens = 0
+    cached: dict[int, int] = {}
     captured: list[ResidualsRead] = []
     verdicts: list[ProbeVerdict] = []
     try:
-        for choices in shape.opening():
-            yield shape.chunk(meta, choices)
+        for opening in shape.opening():
+            yield shape.chunk(meta, opening)
         async for event in stream.events():
             if isinstance(event, TextDelta):
                 for choice in shape.delta(event.row, event.text):
@@ -229,11 +239,12 @@ async def chunks(
             elif isinstance(event, RowFinished):
                 finished += 1
                 completion_tokens += event.completion_tokens
+                cached[event.row] = event.cached_tokens
                 last = finished == rows and not include_usage
                 closing = shape.finish(event.row, event.finish_reason)
                 for choice in closing[:-1]:
                     yield shape.chunk(meta, [choice])
-                yield shape.chunk(meta, [closing[-1]], usage=Usage.of(prompt_tokens, completion_tokens) if last else None)
+                yield shape.chunk(meta, [closing[-1]], usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices)) if last else None)
             elif isinstance(event, ResidualsRead):
                 captured.append(event)
             elif isinstance(event, ProbeVerdict):
@@ -242,7 +253,7 @@ async def chunks(
                 yield event.error
                 return
         if include_usage:
-            yield shape.chunk(meta, [], usage=Usage.of(prompt_tokens, completion_tokens))
+            yield shape.chunk(meta, [], usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices)))
         watched = await probes.block(verdicts)
         if watched is not None:
             yield shape.chunk(meta, [], millm=watched)

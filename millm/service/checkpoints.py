@@ -241,6 +241,16 @@ def free_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+PREFIX_CACHE_SHARE, PREFIX_CACHE_MOST = 8, 4 << 30
+
+
+def prefix_cache_budget(configured: int | None, device: torch.device) -> int:
+    """PREFIX_CACHE_BYTES, or by default an eighth of what the device has free now (at most 4 GiB)."""
+    if configured is not None:
+        return configured
+    return min(PREFIX_CACHE_MOST, free_bytes(device) // PREFIX_CACHE_SHARE)
+
+
 def human(count: int) -> str:
     """Bytes in binary units, e.g. 1.5 GiB."""
     value = float(count)

@@ -85,22 +85,23 @@ def variant_info(index: int, variant: Resolved) -> VariantInfo:
 
 
 def comparison(meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved], result: Collected) -> Comparison:
-    """The whole answer: each variant's text and usage (its prompt counted), and totals (the prompt counted once)."""
+    """The whole answer: each variant's text and usage (its prompt counted), and totals (the prompt
+    counted once, and as cached as the variant that reused the most of it)."""
     variants = [
         VariantAnswer(
             index=i, label=variant.label, steering=variant.steering, text=result.texts[i],
-            finish_reason=result.finish_reasons[i], usage=Usage.of(prompt_tokens, result.row_tokens[i]),
+            finish_reason=result.finish_reasons[i], usage=Usage.of(prompt_tokens, result.row_tokens[i], result.row_cached[i]),
         )
         for i, variant in enumerate(resolved)
     ]
     return Comparison(id=meta.id, created=meta.created, model=meta.model, seed=seed, variants=variants,
-                      usage=Usage.of(prompt_tokens, result.completion_tokens))
+                      usage=Usage.of(prompt_tokens, result.completion_tokens, max(result.row_cached, default=0)))
 
 
 async def compare_events(stream: JobStream, meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved]) -> AsyncIterator[WireModel | MillmError]:
     """The stream: what each variant is, text deltas tagged with the variant, a finish event per
     variant with its usage, the totals; or the error that ended it. Closing it cancels the job."""
-    completion_tokens = 0
+    completion_tokens = cached = 0
     try:
         infos = [variant_info(i, variant) for i, variant in enumerate(resolved)]
         yield CompareStart(id=meta.id, created=meta.created, model=meta.model, seed=seed, variants=infos)
@@ -109,10 +110,12 @@ async def compare_events(stream: JobStream, meta: Meta, seed: int, prompt_tokens
                 yield CompareDelta(variant=event.row, delta=event.text)
             elif isinstance(event, RowFinished):
                 completion_tokens += event.completion_tokens
-                yield CompareFinish(variant=event.row, finish_reason=event.finish_reason, usage=Usage.of(prompt_tokens, event.completion_tokens))
+                cached = max(cached, event.cached_tokens)
+                yield CompareFinish(variant=event.row, finish_reason=event.finish_reason,
+                                    usage=Usage.of(prompt_tokens, event.completion_tokens, event.cached_tokens))
             elif isinstance(event, JobFailed):
                 yield event.error
                 return
-        yield CompareUsage(usage=Usage.of(prompt_tokens, completion_tokens))
+        yield CompareUsage(usage=Usage.of(prompt_tokens, completion_tokens, cached))
     finally:
         stream.cancel()

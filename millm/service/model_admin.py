@@ -126,6 +126,8 @@ def inference_stats(state: ServerState) -> dict:
         "running_rows": 0,
         "batch_size": 0,
         "jobs": {},
+        "prefix_cache": None,
+        "prefill_chunk_tokens": None,
     }
     if scheduler is None:
         return body
@@ -138,5 +140,17 @@ def inference_stats(state: ServerState) -> dict:
         running_rows=scheduler.running_rows,
         batch_size=scheduler.batch_rows,
         jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
+        prefix_cache=prefix_cache_stats(scheduler),
+        prefill_chunk_tokens=scheduler.prefill_chunk,
     )
     return body
+
+
+def prefix_cache_stats(scheduler) -> dict:
+    """The prefix cache's counters, or why there is none."""
+    cache = scheduler.prefix_cache
+    if cache is not None:
+        return {"enabled": True, "unavailable": None, **cache.snapshot()}
+    if getattr(scheduler.lm.runner, "chunked", False):
+        return {"enabled": False, "unavailable": "PREFIX_CACHE_BYTES is 0"}
+    return {"enabled": False, "unavailable": f"the {scheduler.lm.runner.name} runner cannot restore a prefix's keys and values"}

@@ -182,11 +182,11 @@ class Serving:
         """Admit the rows (steered by the report's plan, watched by `probes`) and answer whole or as a stream."""
         probes = probes.with_conditions(report.plan.watches, lm.tokenizer)
         stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read, probes)
-        prompt_tokens = sum(map(len, prompts))
+        prompt_tokens, choices = sum(map(len, prompts)), body.n or 1
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read, probes))
-        result = await collect(stream, rows, probes)
+            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read, probes, choices))
+        result = await collect(stream, rows, probes, choices)
         if report.structured is not None:
             for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
                 if reason == "stop":

@@ -45,6 +45,7 @@ from millm.service.checkpoints import (
     check_memory,
     check_quantization,
     inspect,
+    prefix_cache_budget,
 )
 from millm.service.decoders import DecoderCache
 from millm.service.documents import CircuitBook, ClusterBook
@@ -368,6 +369,8 @@ class ServerState:
             self.settings.max_pending_requests,
             batching=self.settings.enable_continuous_batching,
             max_batch=self.settings.max_batch_size,
+            prefix_cache_bytes=prefix_cache_budget(self.settings.prefix_cache_bytes, lm.device),
+            prefill_chunk=self.settings.prefill_chunk_tokens,
         )
         self.steering.restore(lm)
         if source.kind in ("demo", "packaged"):

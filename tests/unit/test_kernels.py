@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from millm.engine.kernels import KernelPlan, int4_linear, prepack_supported, prepacked_linear, q4_1_codes
+from millm.engine.kernels import DENSE_ROWS, KernelPlan, int4_linear, prepack_supported, prepacked_linear, q4_1_codes
 
 
 def q4_1_weight(out_features=64, in_features=128, seed=0):
@@ -66,3 +66,19 @@ def test_plan_takes_int4_only_for_q4_weights_in_bfloat16():
     fp32 = KernelPlan(torch.device("cpu"), torch.float32, int4=True)
     fp32.linear(weight)
     assert fp32.counts["int4"] == 0 and fp32.description == "prepacked x1"
+
+
+@pytest.mark.skipif(not prepack_supported(torch.bfloat16), reason="bf16 pre-packing needs AVX-512 or AVX-NE-CONVERT")
+def test_a_wide_pass_runs_on_the_bf16_copy_of_the_int4_weights():
+    weight, _ = q4_1_weight()
+    codes = q4_1_codes(weight)
+    plain, dense = int4_linear(*codes, 64), int4_linear(*codes, 64, dense=True)
+    narrow = torch.randn(1, DENSE_ROWS - 1, 128).to(torch.bfloat16)
+    assert torch.equal(dense(narrow), plain(narrow))  # decoding stays on the int4 kernel
+    wide = torch.randn(2, DENSE_ROWS, 128)
+    got, int4 = dense(wide.to(torch.bfloat16)).float(), plain(wide.to(torch.bfloat16)).float()
+    assert not torch.equal(got, int4)  # another kernel ran
+    # The same weights to bf16 rounding: as close to the float32 product as the int4 kernel is.
+    want = F.linear(wide, weight)
+    assert (got - want).abs().max() <= 2 * (int4 - want).abs().max() + 1e-3
+    assert torch.allclose(got, want, atol=0.05 * want.abs().max().item(), rtol=0.02)

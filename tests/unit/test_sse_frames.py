@@ -52,7 +52,7 @@ def test_last_finish_chunk_carries_usage():
     assert [c["choices"][0]["index"] for c in out[:-1]] == [0, 1, 1, 0, 0]
     assert "usage" not in out[2]
     assert out[4]["choices"][0]["finish_reason"] == "length"
-    assert out[4]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    assert out[4]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 0}}
     assert out[5] == "[DONE]"
 
 
