@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from millm.engine.generate import Lane
-from millm.engine.jobs import GenerationJob, ResidualRead, ResidualsRead, RowFinished, RowSpec, TextDelta
+from millm.engine.jobs import GenerationJob, ResidualRead, ResidualsRead, RowFinished, RowSpec
 from millm.engine.prefix_cache import BLOCK_TOKENS, PrefixCache, keyed, steering_key
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
