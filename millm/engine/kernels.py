@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 Q4_GROUP = 32
-# Rows in one pass from which an int4 weight's bf16 copy is faster than the int4 kernel (about 8
-# on a 2-core Zen 4, measured; 16 leaves decoding batches of up to 15 rows on the int4 kernel).
-DENSE_ROWS = 16
+# Rows in one pass from which an int4 weight's bf16 copy runs it. The copy is faster from about 8
+# rows (2-core Zen 4, measured), but below 256 a prefill takes a fraction of a second either way,
+# and keeping those passes on the int4 kernel keeps short prompts' bf16 results exactly what they
+# were (greedy bf16 text follows the kernel's rounding, and the docs print such text).
+DENSE_ROWS = 256
 
 
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
@@ -82,7 +84,7 @@ def int4_linear(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, out
     The kernel is built for decoding: it reads 4 bits a weight, but its matmul over many rows
     is 2.5-3x slower than oneDNN's bf16 GEMM (measured at 64-2,000 rows). With `dense`, those same
     weights (dequantised as the kernel does, rounded to bf16) are also kept pre-packed, 2 bytes a
-    weight more, and a pass of DENSE_ROWS rows or more (a prefill) runs on them.
+    weight more, and a pass of DENSE_ROWS rows or more (a long prefill) runs on them.
     """
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     scales_and_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
