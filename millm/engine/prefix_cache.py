@@ -171,12 +171,6 @@ class PrefixCache:
         self.bytes -= block.size
         self.counters.evictions += 1
 
-    def clear(self) -> None:
-        """Drop every block."""
-        self._entries.clear()
-        self._lru.clear()
-        self.bytes = 0
-
     def snapshot(self) -> dict:
         """Counters, bytes held and the budget, for /api/health/inference."""
         c = self.counters
