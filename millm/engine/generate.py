@@ -184,19 +184,19 @@ class Joining:
             restored.append(self.cache.restore(chain) if chain else None)
         return restored
 
-    def advance(self, tokens: int | None):
-        """Prefill the next `tokens` columns (None: the rest); when done, store the prompts' blocks
-        and return the joining batch with every row's logits `[rows, V]`, else None."""
+    def advance(self, tokens: int | None) -> tuple[Any, torch.Tensor] | None:
+        """Prefill the next `tokens` columns (None, or a runner without chunks: the rest); when done,
+        store the prompts' blocks and return the joining batch with every row's logits `[rows, V]`."""
         prefill = self.prefill
         start = prefill.done
-        end = prefill.width if tokens is None else min(prefill.width, start + tokens)
+        chunked = tokens is not None and getattr(self.lm.runner, "chunked", False)
+        end = min(prefill.width, start + tokens) if chunked and tokens is not None else prefill.width
         firsts = [max(start, prefill.width - n) for n in prefill.lengths]  # each row's first column in this chunk
         real = [max(0, end - first) for first in firsts]
         readers = None
         if any(self.readers):
-            columns = [(readers, first - (prefill.width - n), count)
-                       for readers, first, n, count in zip(self.readers, firsts, prefill.lengths, real, strict=True)]
-            readers = taps(columns)
+            readers = taps([(wanted, first - (prefill.width - n), count)
+                            for wanted, first, n, count in zip(self.readers, firsts, prefill.lengths, real, strict=True)])
         self.lm.residual.install(self.edits, readers, real)
         logits = advance_prefill(self.lm.runner, prefill, end - start)
         if logits is None:
