@@ -92,7 +92,12 @@ def next_token(
         )
     if params.greedy:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    scaled = logits / params.temperature
+    if not bool(torch.isfinite(scaled.max())):
+        # A tiny temperature overflows float32 (or is 0 there): the same distribution, shifted to a
+        # top of 0 and scaled in float64, where every positive temperature is a number.
+        scaled = (logits.double() - logits.max()) / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         probs = probs * top_p_mask(probs, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -171,7 +171,10 @@ def test_a_small_model_without_a_tools_template_answers_auto_as_text_and_says_so
     auto = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "auto"})
     assert auto.status_code == 200 and auto.headers["x-millm-ignored-fields"] == '"tools", "tool_choice"'
     assert auto.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
-    assert auto.json()["usage"] == plain.json()["usage"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [auto.json()["usage"][k] for k in counts] == [plain.json()["usage"][k] for k in counts]
+    # the same prompt: the second request reuses the first's cached prefix
+    assert auto.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     strict = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS}, headers={"X-miLLM-Strict": "true"})
     assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"
     forced = post(llama_server, "/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required"})

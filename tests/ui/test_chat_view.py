@@ -111,6 +111,13 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     expect(page.get_by_role("article")).to_have_count(0)
     expect_conversation(page, [])
 
+    # the same question again: the server's prefix cache supplies most of the prompt, and the turn says how much
+    say(page, "Tell me about the river.")
+    again = finished(page.get_by_role("article", name="Answer 1"))
+    expect(again).to_contain_text(re.compile(rf"{usage['prompt_tokens']} prompt \(\d+ cached\) \+"))
+    cached = int(re.search(r"\((\d+) cached\)", again.text_content()).group(1))
+    assert 0 < cached < usage["prompt_tokens"] and cached % 16 == 0
+
 
 def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(workbench, page):
     open_chat(workbench, page, max_tokens=16, seed=3)

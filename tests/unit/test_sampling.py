@@ -78,3 +78,14 @@ def test_same_seed_same_draws_different_seed_differs():
     draw = lambda seed: [next_token(logits, params, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(20)]
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
+
+
+@pytest.mark.parametrize("temperature", [7.2e-155, 1e-300, 5e-324])
+def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature):
+    # logits / 7e-155 overflows to inf, and softmax of several infs is NaN (multinomial then raised).
+    logits = torch.tensor([1.5, 3.0, -2.0, 2.9])
+    generator = torch.Generator().manual_seed(0)
+    draws = {next_token(logits, SamplingParams(temperature=temperature), generator) for _ in range(20)}
+    assert draws == {1}
+    tied = torch.tensor([3.0, 3.0, -1.0])
+    assert {next_token(tied, SamplingParams(temperature=temperature), generator) for _ in range(40)} == {0, 1}

@@ -364,11 +364,17 @@ function ProbeVerdicts({ meta }) {
     ]} />`;
 }
 
+// The prompt tokens the server's prefix cache supplied (usage.prompt_tokens_details.cached_tokens), when any.
+function cachedNote(usage) {
+  const cached = usage.prompt_tokens_details?.cached_tokens;
+  return cached ? ` (${cached} cached)` : "";
+}
+
 function Finish({ meta }) {
   if (meta.pending) return null;
   if (meta.stopped) return html`<p class="meta stopped">Stopped: the stream was aborted here; the text so far is kept.</p>`;
   if (!meta.finish_reason) return null;
-  const usage = meta.usage ? ` · ${meta.usage.prompt_tokens} prompt + ${meta.usage.completion_tokens} completion tokens` : "";
+  const usage = meta.usage ? ` · ${meta.usage.prompt_tokens} prompt${cachedNote(meta.usage)} + ${meta.usage.completion_tokens} completion tokens` : "";
   if (meta.finish_reason === "content_filter") {
     const by = (meta.probes || []).find((v) => v.action === "abort" && v.acted_at != null);
     return html`<p class="aborted" role="note"><strong>finish_reason: content_filter</strong> — ended by the abort probe
