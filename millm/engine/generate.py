@@ -15,11 +15,11 @@ import torch
 
 from millm.engine.detokenize import IncrementalDetokenizer
 from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TextDelta
+from millm.engine.kv_cache import RowKV
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import PrefixCache, steering_key
 from millm.engine.reading import Capture, Reader, taps
 from millm.engine.residual import ResidualEdit, combined
-from millm.engine.runner_lean import RowKV
 from millm.engine.runners import advance_prefill, begin_prefill
 from millm.engine.sampling import next_token
 from millm.engine.stopping import StopMatcher
@@ -188,9 +188,7 @@ class Joining:
         """Prefill the next `tokens` columns (None, or a runner without chunks: the rest); when done,
         store the prompts' blocks and return the joining batch with every row's logits `[rows, V]`."""
         prefill = self.prefill
-        start = prefill.done
-        chunked = tokens is not None and getattr(self.lm.runner, "chunked", False)
-        end = min(prefill.width, start + tokens) if chunked and tokens is not None else prefill.width
+        start, end = prefill.done, prefill.span(tokens)
         firsts = [max(start, prefill.width - n) for n in prefill.lengths]  # each row's first column in this chunk
         real = [max(0, end - first) for first in firsts]
         readers = None

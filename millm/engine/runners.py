@@ -15,8 +15,9 @@ from typing import Any, Protocol
 import torch
 
 from millm.engine.kernels import KernelPlan
+from millm.engine.kv_cache import RowKV
 from millm.engine.runner_hf import HFRunner
-from millm.engine.runner_lean import LeanPrefill, LeanRunner, RowKV
+from millm.engine.runner_lean import LeanPrefill, LeanRunner
 
 
 class Runner(Protocol):
@@ -64,6 +65,10 @@ class WholePrefill:
     def finished(self) -> bool:
         """Whether the pass has run."""
         return self.batch is not None
+
+    def span(self, tokens: int | None) -> int:
+        """Where the next pass ends: always the last column (one pass, whatever `tokens` says)."""
+        return self.width
 
 
 Prefill = LeanPrefill | WholePrefill

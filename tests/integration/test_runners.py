@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from millm.engine.kv_cache import KVBuffer
 from millm.engine.runner_hf import HFRunner
-from millm.engine.runner_lean import KVBuffer, LeanRunner
+from millm.engine.runner_lean import LeanRunner
 from millm.engine.runners import make_runner
 from tests.integration.engine_helpers import prompt_ids
 from tests.support import tiny_models
