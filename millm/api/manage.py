@@ -110,6 +110,12 @@ class ProfileUpdate(StrictBody):
     steering: SteeringEntries | None = None
     vectors: VectorEntries | None = None
     abort: AbortEntries | None = None
+    revision: int | None = Field(
+        None,
+        ge=1,
+        description="The profile's revision as you read it: the update is refused (409 revision_conflict) if anyone, "
+        "through any replica, changed the profile since. Without it, the fields given land on the profile as stored when the update commits.",
+    )
 
 
 class SaveCurrent(StrictBody):
@@ -256,7 +262,8 @@ def get_profile(key: str, request: Request):
 @router.put("/api/profiles/{key}", summary="Update a profile")
 def update_profile(key: str, body: ProfileUpdate, request: Request):
     """Replace the given fields; the result is validated whole."""
-    return admin.update_profile(state_of(request), key, body.model_dump(exclude_none=True))
+    changes = body.model_dump(exclude_none=True, exclude={"revision"})
+    return admin.update_profile(state_of(request), key, changes, body.revision)
 
 
 @router.delete("/api/profiles/{key}", summary="Delete a profile")

@@ -95,8 +95,13 @@ class Book(ABC):
         return [dict(row) for row in self.shelf.rows]
 
     def find(self, key: str) -> dict:
-        """A row by id or name, or the book's 404."""
-        return dict(self.find_in(self.shelf, key))
+        """A row by id or name, or the book's 404. A miss reads the store once more first: another
+        replica may have created the row a moment ago, before its notice arrived here."""
+        shelf = self.shelf
+        if shelf.get(key) is None:
+            self.refresh()
+            shelf = self.shelf
+        return dict(self.find_in(shelf, key))
 
     def find_in(self, shelf: Shelf, key: str) -> dict:
         """A row of this shelf by id or name (shared: read it, never change it), or the book's 404."""
@@ -113,6 +118,11 @@ class Book(ABC):
                 if self._stale:
                     self._reload()
         return self._shelf
+
+    def refresh(self) -> None:
+        """Read the whole table again: another replica changed it (service/replication.py)."""
+        with self._writing:
+            self._reload()
 
     def _reload(self) -> None:
         self._shelf = Shelf.of(self._rows(), self._shelf.revision + 1, self._parse, self._order)

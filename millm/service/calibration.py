@@ -131,7 +131,20 @@ class CalibrationBook:
         self._tables: dict[tuple[str, str], PercentileTable] = {}
         self._parsed: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._running: dict[tuple[str, str], dict] = {}
-        for row in all_calibrations(store):
+        self.reload()
+
+    def reload(self) -> None:
+        """Read every stored calibration's summary again (at start, and when another replica saved or deleted one)."""
+        rows = all_calibrations(self.store)
+        with self._lock:
+            for key in set(self._summaries) - {(row.sae_id, row.model) for row in rows}:
+                self._summaries.pop(key, None)
+                self._tables.pop(key, None)
+                self._parsed.pop(key, None)
+        for row in rows:
+            known = self.table(row.sae_id, row.model)
+            if known is not None and known.created_at == row.created_at:
+                continue  # the same calibration: its grids stand
             try:
                 self._remember(row)
             except (ValidationError, KeyError, ValueError) as exc:

@@ -76,6 +76,13 @@ class LabelBook:
         self._sets: OrderedDict[str, _LabelSet] = OrderedDict()
         self._generation: dict[str, int] = {}
 
+    def reload(self) -> None:
+        """Forget every label set read so far: another replica changed labels (each is read again when asked for)."""
+        with self._lock:
+            for sae_id in self._sets:
+                self._generation[sae_id] = self._generation.get(sae_id, 0) + 1
+            self._sets.clear()
+
     # reads ----------------------------------------------------------------------------------------
     def _set(self, sae_id: str) -> _LabelSet:
         with self._lock:

@@ -110,7 +110,11 @@ def readiness(state: ServerState) -> tuple[dict, bool]:
     error = state.load_error
     if error:
         body["error"] = error
-    return body, status is ModelStatus.LOADED
+    in_step, why = state.replication.in_step()
+    if status is ModelStatus.LOADED and not in_step:
+        # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
+        body.update(status="out_of_step", error=why)
+    return body, status is ModelStatus.LOADED and in_step
 
 
 def inference_stats(state: ServerState) -> dict:
@@ -128,6 +132,7 @@ def inference_stats(state: ServerState) -> dict:
         "jobs": {},
         "prefix_cache": None,
         "prefill_chunk_tokens": None,
+        "replica": state.replication.view(),
     }
     if scheduler is None:
         return body

@@ -85,10 +85,17 @@ class ModelRegistry:
         self.hub_dir = hub_dir
         self._lock = threading.Lock()
         self._entries: dict[str, RegisteredModel] = {}
-        for row in store.models():
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the registrations again (at start, and when another replica changed one)."""
+        entries = {}
+        for row in self.store.models():
             info = dict(row["info"])
             kind, owned_by = info.pop("kind", "directory"), info.pop("owned_by", "local")
-            self._entries[row["name"]] = RegisteredModel(row["name"], row["reference"], kind, owned_by, row["registered_at"], info)
+            entries[row["name"]] = RegisteredModel(row["name"], row["reference"], kind, owned_by, row["registered_at"], info)
+        with self._lock:
+            self._entries = entries
 
     def all(self) -> list[RegisteredModel]:
         """Every registration, oldest first."""

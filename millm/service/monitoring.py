@@ -36,6 +36,7 @@ from millm.interp.probes import verdict_fields
 from millm.interp.steering import Attached, check_feature
 from millm.service.activations import add_percentiles, encode_rows, percentiles_block
 from millm.service.calibration_stats import PercentileTable
+from millm.store.changes import Topic
 from millm.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,14 @@ class Monitor:
             self._choose(config, attached, strict=True)
         with self._lock:
             self.config = config
-        self.store.set_setting(SETTING, config)
+        self.store.set_setting(SETTING, config, topic=Topic.MONITORING)
         return self.describe(attached)
+
+    def reload(self) -> None:
+        """Read the stored settings again: another replica changed them."""
+        config = self._stored()
+        with self._lock:
+            self.config = config
 
     def _choose(self, config: dict, attached: dict[str, Attached], strict: bool) -> Attached | None:
         """The attached SAE monitoring reads through, or None (a 400 when `strict`)."""

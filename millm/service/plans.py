@@ -29,7 +29,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
@@ -96,6 +96,7 @@ class Snapshot:
     active: dict | None
     attached: dict[str, Attached]
     features: dict[str, dict[int, FeatureOp]]
+    stored: frozenset[str]  # the SAEs the store says are attached (on any replica)
     profiles: Shelf
     clusters: Shelf
     circuits: Shelf
@@ -153,16 +154,18 @@ class Planner:
         return self._cached(("spec", key, dial), lambda now: self._spec(now, spec, dial))
 
     def _cached(self, key: tuple, resolve: Callable[[Snapshot], Plan]) -> Plan:
-        """The plan kept for `key` in the current state, else `resolve`d from a snapshot and kept."""
+        """The plan kept for `key` in the current state, else `resolve`d from a snapshot and kept;
+        marked `unsynced` while this replica is out of step with the shared store."""
         with self.steering.lock:  # held only to read one consistent state
             stamp, shelves = self._stamp()
             plan = self.plans.get((stamp, *key))
-            if plan is not None:
-                return plan
-            now = self._snapshot(stamp, shelves)
-        plan = resolve(now)
-        self.plans.put((stamp, *key), plan)
-        return plan
+            if plan is None:
+                now = self._snapshot(stamp, shelves)
+        if plan is None:
+            plan = resolve(now)
+            self.plans.put((stamp, *key), plan)
+        in_step, _ = self.steering.replica.in_step()
+        return plan if in_step else replace(plan, params=(*plan.params, ("unsynced", True)))
 
     def _refusing_unfit(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
         try:
@@ -217,7 +220,7 @@ class Planner:
         """Copies of what the steering lock guards (call under it): plans are then made without it."""
         steering = self.steering
         features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
-        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), features, *shelves)
+        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), features, frozenset(steering.stored), *shelves)
 
     def _now(self) -> Snapshot:
         with self.steering.lock:
@@ -307,9 +310,11 @@ class Planner:
             log.warning("live steering values of %s are not applied: not attached", ", ".join(unattached))
         scaled = {sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()}
         edit = feature_edit(scaled, now.attached)
+        # Attached in the shared state, not here (another model, a path or file this replica lacks): said, not hidden.
+        missing = (("unattached", " ".join(s for s in unattached if s in now.stored)),) if set(unattached) & now.stored else ()
         if edit is None:
-            return NO_STEERING
-        return Plan(edit, "live", (("version", now.version),), intensity=scale if dial else None)
+            return Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing)) if missing else NO_STEERING
+        return Plan(edit, "live", (("version", now.version), *missing), intensity=scale if dial else None)
 
     def _cluster(self, now: Snapshot, cluster_id: str, dial: Dial | None) -> Plan:
         row = self.clusters.find_in(now.clusters, cluster_id)

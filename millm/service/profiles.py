@@ -49,15 +49,20 @@ class ProfileBook(Book):
             self.store.insert_profiles([(profile_id, doc)])
         return self.find(profile_id)
 
-    def update(self, key: str, changes: dict) -> dict:
-        """Replace fields of a profile's document (name, description, steering); validated whole."""
+    def update(self, key: str, changes: dict, revision: int | None = None) -> dict:
+        """Replace fields of a profile's document (name, description, steering), applied to the stored
+        document as the write commits and validated whole; with `revision`, 409 revision_conflict
+        unless nobody changed the profile since that revision was read."""
         with self.writing() as touched:
             row = self.find(key)
-            doc = validate_profile({**row["document"], **changes})
-            if doc["name"] != row["name"]:
-                self._refuse_taken(doc["name"])
+            if "name" in changes and changes["name"] != row["name"]:
+                self._refuse_taken(changes["name"])
+
+            def change(stored: dict) -> dict:
+                return validate_profile({**stored, **changes})
+
             touched.add(row["id"])
-            self.store.replace_profile(row["id"], doc)
+            self.store.update_profile(row["id"], change, revision)
         return self.find(row["id"])
 
     def delete(self, key: str) -> dict:

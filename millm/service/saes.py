@@ -26,6 +26,10 @@ class SAERegistry:
         for info in self.infos.values():  # registered before labels were stored: their own labels, once
             labels.seed_quietly(info)
 
+    def reload(self) -> None:
+        """Read the registrations again: another replica registered or forgot one."""
+        self.infos = {d["id"]: SAEInfo(**d) for d in self.store.saes()}
+
     def get(self, sae_id: str) -> SAEInfo:
         """The SAE's info, or 404 sae_not_found."""
         info = self.infos.get(sae_id)

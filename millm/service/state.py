@@ -22,6 +22,7 @@ import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 import torch
 
@@ -54,11 +55,13 @@ from millm.service.jobs import JobBook
 from millm.service.labels import LabelBook
 from millm.service.models import ModelRegistry, ModelState, RegisteredModel
 from millm.service.monitoring import Monitor
+from millm.service.paths import inside, resolved
 from millm.service.plans import DialLimits, Planner
 from millm.service.probe_conditions import ProbeConditions
 from millm.service.probes import ProbeBook
 from millm.service.profiles import ProfileBook
 from millm.service.registrations import ClientRegistrations
+from millm.service.replication import Replication
 from millm.service.resolution import Resolvers
 from millm.service.saes import SAERegistry
 from millm.service.slot import ModelSlot, current_lease, request_scope
@@ -66,11 +69,14 @@ from millm.service.steering import Steering
 from millm.service.threads import in_passing_thread
 from millm.service.vectors import VectorBook
 from millm.settings import Settings
+from millm.store.changes import Topic
 from millm.store.database import Store, database_url
+from millm.store.single_process import claim_sqlite
 
 log = logging.getLogger(__name__)
 
 LOCK_KEY = "model_lock"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "demo"  # the demo SAEs and profiles inside the package
 ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before answering model_busy
 JOBS_KEPT = 50  # ended jobs remembered for GET /api/jobs
 LLAMACPP_SEQUENCES = 256  # llama.cpp's own bound on sequences in one context
@@ -114,13 +120,16 @@ class ServerState:
         self.settings = settings
         self.source = source
         settings.home.mkdir(parents=True, exist_ok=True)
-        self.store = Store(database_url(settings.home, settings.database_url))
+        url = database_url(settings.home, settings.database_url)
+        self._claim = claim_sqlite(url)  # DatabaseInUse when another server holds this SQLite file
+        self.store = Store(url)
+        self.replication = Replication(self.store)
         self.labels = LabelBook(self.store)
         self.saes = SAERegistry(self.store, settings.hub_dir, self.labels)
         self.decoders = DecoderCache()
         self.profiles = ProfileBook(self.store)
         self.probes = ProbeBook(self.store)
-        self.steering = Steering(self.store, self.saes, self.profiles)
+        self.steering = Steering(self.store, self.saes, self.profiles, self.replication)
         self.clusters = ClusterBook(self.store, settings.steering_intensity_max)
         self.circuits = CircuitBook(self.store)
         limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min, settings.steering_intensity_max)
@@ -144,6 +153,57 @@ class ServerState:
         self.errors: dict[str, str] = {}  # model -> why its last load failed
         self._weights_bytes = 0  # the loaded model's estimated weights, released by unloading it
         self.locked: str | None = self._restore_lock()
+        self._attachments_stale = False  # another replica changed the attachments; see _settle_attachments
+        self._follow_other_replicas()
+
+    def _follow_other_replicas(self) -> None:
+        """What to read again when another replica changes a part of the shared state (the order
+        of a full reload: registrations before the documents and the steering that name them)."""
+        on = self.replication.on
+        on(Topic.SAES, self.saes.reload)
+        on(Topic.LABELS, self.labels.reload)
+        on(Topic.CALIBRATIONS, self.calibrations.reload)
+        on(Topic.MODELS, self.models.reload)
+        on(Topic.VECTORS, self.vectors.refresh)
+        on(Topic.PROBES, self.probes.refresh)
+        on(Topic.PROFILES, self.profiles.refresh)
+        on(Topic.CLUSTERS, self.clusters.refresh)
+        on(Topic.CIRCUITS, self.circuits.refresh)
+        on(Topic.STEERING, self._steering_changed)
+        on(Topic.MONITORING, self.monitor.reload)
+        self.replication.start()
+
+    def _steering_changed(self) -> None:
+        """Another replica changed the steering state: read it, then attach or detach here to match."""
+        self.steering.reload()
+        self._attachments_stale = True
+        self._settle_attachments()
+
+    def _settle_attachments(self) -> None:
+        """Bring this process's attachments in line with the stored ones, unless a model change holds
+        the slot: whoever releases it next calls this again (a flag and a try-lock, so no change is
+        missed and the notice thread never waits behind a model load)."""
+        while self._attachments_stale and self._switching.acquire(blocking=False):
+            try:
+                self._attachments_stale = False
+                lm = self.slot.lm
+                self.steering.restore(lm, self._may_read)
+                if lm is not None and self.steering.attached:
+                    with self._mutex:
+                        self._set_lock(lm.name)
+            finally:
+                self._switching.release()
+
+    def _may_read(self, path: str) -> None:
+        """403 path_not_allowed unless this replica may read an SAE file at `path` (another replica's
+        allowed paths may differ); the SAEs that ship with millm are always readable."""
+        if not inside(resolved(path), (SHIPPED_DIR,)):
+            self.registrations.paths.local(path, "path")
+
+    def _release_switching(self) -> None:
+        """End a model change or an attach, then apply attachment changes that arrived meanwhile."""
+        self._switching.release()
+        self._settle_attachments()
 
     def _restore_lock(self) -> str | None:
         locked = self.store.get_setting(LOCK_KEY)
@@ -245,7 +305,7 @@ class ServerState:
         try:
             return self._switch(name, startup=False)
         finally:
-            self._switching.release()
+            self._release_switching()
 
     def load_in_background(self) -> threading.Thread:
         """Start the start-up load without blocking the server's start; readiness reports progress."""
@@ -257,7 +317,7 @@ class ServerState:
             except MillmError as exc:
                 log.error("model %r failed to load: %s", self.startup_name, exc.message)
             finally:
-                self._switching.release()
+                self._release_switching()
 
         with self._mutex:
             self.transition = Transition(loading=self.startup_name, startup=True)
@@ -279,7 +339,7 @@ class ServerState:
         finally:
             with self._mutex:
                 self.transition = None
-            self._switching.release()
+            self._release_switching()
 
     def _switch(self, name: str, startup: bool) -> LoadedModel:
         with self._mutex:
@@ -372,7 +432,7 @@ class ServerState:
             prefix_cache_bytes=prefix_cache_budget(self.settings.prefix_cache_bytes, lm.device),
             prefill_chunk=self.settings.prefill_chunk_tokens,
         )
-        self.steering.restore(lm)
+        self.steering.restore(lm, self._may_read)
         if source.kind in ("demo", "packaged"):
             from millm.service.demo import install_shipped
 
@@ -498,7 +558,7 @@ class ServerState:
                 self._set_lock(lm.name)
             return attached
         finally:
-            self._switching.release()
+            self._release_switching()
 
     # registrations ------------------------------------------------------------------------------------
     def _state_of(self, name: str) -> ModelState:
@@ -552,4 +612,6 @@ class ServerState:
         if scheduler is not None:
             scheduler.shutdown(timeout=SCHEDULER_STOP_S)  # a thread that does not stop is logged; the process is ending
         self.monitor.close()
+        self.replication.close()
         self.store.close()
+        self._claim.release()

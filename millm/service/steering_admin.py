@@ -65,15 +65,18 @@ def steering_view(state: ServerState) -> dict:
     with steering.lock:
         active = state.planner.active_fit()  # with whether it still fits the attached SAEs
         saes = []
-        for sae_id in sorted(set(steering.features) | set(steering.attached)):
+        for sae_id in sorted(set(steering.features) | set(steering.attached) | set(steering.attach_errors)):
             attached = steering.attached.get(sae_id)
             features = steering.features.get(sae_id, {})
-            saes.append({
+            entry = {
                 "sae_id": sae_id,
                 "attached": attached is not None,
                 "layer": attached.layer if attached else None,
                 "features": [{"index": i, **op.to_dict()} for i, op in sorted(features.items())],
-            })
+            }
+            if sae_id in steering.attach_errors:  # attached in the store, not in this process: why
+                entry["attach_error"] = steering.attach_errors[sae_id]
+            saes.append(entry)
         live, reason = steering.live_now()
         return {
             "enabled": steering.enabled,
@@ -150,15 +153,16 @@ def save_current(state: ServerState, name: str, description: str) -> dict:
         return create_profile(state, {"name": name, "description": description, "steering": entries})
 
 
-def update_profile(state: ServerState, key: str, changes: dict) -> dict:
-    """Replace fields of a profile; the active one must stay applicable (checked before storing)."""
+def update_profile(state: ServerState, key: str, changes: dict, revision: int | None = None) -> dict:
+    """Replace fields of a profile (409 revision_conflict when `revision` is not the stored one); the
+    active one must stay applicable (checked before storing)."""
     steering = state.steering
     with steering.lock:
         row = state.profiles.find(key)
         active = row["id"] == steering.active_profile
         if active:
             steering.resolve(validate_profile({**row["document"], **changes}))
-        row = state.profiles.update(key, changes)
+        row = state.profiles.update(key, changes, revision)
         if active:
             steering.bump()
         return profile_view(state, row)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 
-from millm.store.database import Store, calibrations_table
+from millm.store.changes import Topic
+from millm.store.database import Store, calibrations_table, upsert
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,12 @@ class CalibrationRow:
 def put_calibration(store: Store, row: CalibrationRow) -> None:
     """Store a calibration, replacing the one of the same SAE and model in the same transaction."""
     table = calibrations_table
-    with store.transaction() as conn:
-        conn.execute(delete(table).where((table.c.sae_id == row.sae_id) & (table.c.model == row.model)))
-        conn.execute(
-            insert(table).values(
-                sae_id=row.sae_id, model=row.model, summary=json.dumps(row.summary),
-                figures=json.dumps(row.figures, separators=(",", ":")), created_at=row.created_at,
-            )
-        )
+    with store.transaction(Topic.CALIBRATIONS) as conn:
+        values = {
+            "sae_id": row.sae_id, "model": row.model, "summary": json.dumps(row.summary),
+            "figures": json.dumps(row.figures, separators=(",", ":")), "created_at": row.created_at,
+        }
+        upsert(conn, table, values)
 
 
 def get_calibration(store: Store, sae_id: str, model: str) -> CalibrationRow | None:
@@ -53,7 +52,7 @@ def all_calibrations(store: Store) -> list[CalibrationRow]:
 def delete_calibration(store: Store, sae_id: str, model: str) -> bool:
     """Forget a calibration; returns whether one was stored."""
     table = calibrations_table
-    with store.transaction() as conn:
+    with store.transaction(Topic.CALIBRATIONS) as conn:
         result = conn.execute(delete(table).where((table.c.sae_id == sae_id) & (table.c.model == model)))
     return bool(result.rowcount)
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Connection
 
+from millm.store.changes import Topic
 from millm.store.database import Store, feature_labels_table, settings_table
 
 table = feature_labels_table
@@ -70,7 +71,7 @@ class LabelStore:
 
     def replace(self, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
         """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before, labels now)."""
-        with self.store.transaction() as conn:
+        with self.store.transaction(Topic.LABELS) as conn:
             before = self._count(conn, sae_id)
             conn.execute(delete(table).where(table.c.sae_id == sae_id))
             self._insert(conn, sae_id, rows)
@@ -80,7 +81,7 @@ class LabelStore:
         """Set the labels of `rows`' features, keeping the others; (labels overwritten, labels now)."""
         features = [row[0] for row in rows]
         overwritten = 0
-        with self.store.transaction() as conn:
+        with self.store.transaction(Topic.LABELS) as conn:
             for start in range(0, len(features), CHUNK):
                 where = (table.c.sae_id == sae_id) & table.c.feature.in_(features[start:start + CHUNK])
                 overwritten += conn.execute(delete(table).where(where)).rowcount or 0
@@ -89,14 +90,14 @@ class LabelStore:
 
     def clear(self, sae_id: str) -> int:
         """Remove every label of an SAE; how many there were."""
-        with self.store.transaction() as conn:
+        with self.store.transaction(Topic.LABELS) as conn:
             return conn.execute(delete(table).where(table.c.sae_id == sae_id)).rowcount or 0
 
     def seed(self, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> bool:
         """Store `rows` as the SAE's labels only the first time it is seeded and while it has none;
         whether they were stored. The mark stays, so labels a user cleared are not brought back."""
         key = _seed_key(sae_id)
-        with self.store.transaction() as conn:
+        with self.store.transaction(Topic.LABELS) as conn:
             if conn.execute(select(settings_table.c.key).where(settings_table.c.key == key)).first() is not None:
                 return False
             seeded = self._count(conn, sae_id) == 0 and bool(rows)

@@ -11,6 +11,7 @@ import time
 
 from sqlalchemy import delete, insert, select, update
 
+from millm.store.changes import Topic
 from millm.store.database import Store, probes_table
 
 table = probes_table
@@ -37,13 +38,13 @@ def insert_probes(store: Store, rows: list[tuple[str, dict]], active: bool = Fal
         {"id": pid, "name": doc["name"], "document": json.dumps(doc), "active": active, "created_at": now, "updated_at": now}
         for pid, doc in rows
     ]
-    with store.transaction() as conn:
+    with store.transaction(Topic.PROBES) as conn:
         conn.execute(insert(table), values)
 
 
 def replace_probe(store: Store, probe_id: str, document: dict) -> None:
     """Overwrite a probe's document (its name may change; whether it is active does not)."""
-    with store.transaction() as conn:
+    with store.transaction(Topic.PROBES) as conn:
         conn.execute(
             update(table).where(table.c.id == probe_id).values(name=document["name"], document=json.dumps(document), updated_at=time.time())
         )
@@ -51,11 +52,11 @@ def replace_probe(store: Store, probe_id: str, document: dict) -> None:
 
 def set_probe_active(store: Store, probe_id: str, active: bool) -> None:
     """Make a probe active (it watches every generation request) or not."""
-    with store.transaction() as conn:
+    with store.transaction(Topic.PROBES) as conn:
         conn.execute(update(table).where(table.c.id == probe_id).values(active=active, updated_at=time.time()))
 
 
 def delete_probe(store: Store, probe_id: str) -> None:
     """Remove a probe."""
-    with store.transaction() as conn:
+    with store.transaction(Topic.PROBES) as conn:
         conn.execute(delete(table).where(table.c.id == probe_id))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import delete, insert, select
 
+from millm.store.changes import Topic
 from millm.store.database import Store, vectors_table
 
 table = vectors_table
@@ -23,11 +24,11 @@ def vector_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
 
 def insert_vector(store: Store, row: dict) -> None:
     """Store a vector (row: the table's columns, `unit` a float32 array of d_model values)."""
-    with store.transaction() as conn:
+    with store.transaction(Topic.VECTORS) as conn:
         conn.execute(insert(table).values({**row, "unit": np.ascontiguousarray(row["unit"], dtype=FLOAT32).tobytes()}))
 
 
 def delete_vector(store: Store, vector_id: str) -> None:
     """Forget a vector."""
-    with store.transaction() as conn:
+    with store.transaction(Topic.VECTORS) as conn:
         conn.execute(delete(table).where(table.c.id == vector_id))

@@ -1,7 +1,7 @@
 """The VectorBook over a real store and the tiny Llama loaded in this process: the plan resolver's
 point (Attached.point's rule), tensor and revision, its refusals (another model by name or width, a
 layer past the model, no model), None for an unknown or deleted vector, names kept unique, the bound, and a schema-4 database
-migrating to 5 with its rows kept."""
+migrating with its rows kept."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from millm.interp.formats import SAEInfo
 from millm.interp.steering import Attached
 from millm.service.vectors import VectorBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
+from tests.support.old_schemas import build, old_rows
 
 
 def meta(name: str, model: str = "tiny-llama", d_model: int = 64, layer: int = 1, hook_point: str = "resid_post") -> dict:
@@ -102,17 +103,12 @@ def test_names_are_unique_and_the_book_is_bounded(store):
     assert full.value.code == "vectors_full" and len(book.all()) == 3
 
 
-def test_a_schema_4_database_migrates_to_5_keeping_its_rows(tmp_path):
+def test_a_schema_4_database_migrates_keeping_its_rows(tmp_path):
     url = database_url(tmp_path, None)
-    old = Store(url)
-    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
-    with old.transaction() as conn:  # make it look like a schema-4 database
-        conn.exec_driver_sql("DROP TABLE millm_vectors")
-    old.set_setting("schema_version", 4)
-    old.close()
+    build(url, 4, old_rows(4))  # the tables and rows as schema 4's code left them
     new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION == 5
-    assert [p["name"] for p in new.profiles()] == ["kept"]
+    assert new.get_setting("schema_version") == SCHEMA_VERSION == 6
+    assert [p["name"] for p in new.profiles()] == ["calm", "river-run", "ünïcode ✓"]
     book = VectorBook(new)
     assert book.all() == []
     book.create(meta("fresh"), unit())

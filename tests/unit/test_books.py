@@ -6,7 +6,6 @@ import threading
 
 import pytest
 from sqlalchemy import event
-from sqlalchemy.exc import IntegrityError
 
 from millm.errors import Conflict, NotFound
 from millm.interp.profiles import validate_profile
@@ -87,13 +86,14 @@ def test_rows_handed_out_are_copies(store):
     assert book.find("alpha")["name"] == "alpha" and book.all()[0]["id"].startswith("prof_")
 
 
-def test_a_write_that_fails_in_the_store_makes_the_book_read_it_again(store):
+def test_a_name_taken_outside_the_book_is_refused_by_the_store_and_then_found(store):
     book = ProfileBook(store)
     # A row the book did not write (another process, say): the book does not know its name...
     store.insert_profiles([("prof_outside", validate_profile(profile("outside")))])
-    with pytest.raises(IntegrityError):  # ...so the store refuses the duplicate
+    with pytest.raises(Conflict) as refused:  # ...so the store's unique name refuses the duplicate
         book.create(profile("outside"))
-    # After a failure the book cannot know what was stored: the next read reads the store.
+    assert refused.value.code == "profile_exists"
+    # A name the shelf lacks is looked up in the store once more before a 404 (another replica's row).
     assert book.find("outside")["id"] == "prof_outside"
     with pytest.raises(Conflict):
         book.create(profile("outside"))

@@ -16,7 +16,7 @@ from millm.errors import Conflict, InsufficientMemoryToLoad, InvalidRequest, Mod
 from millm.service.checkpoints import Checkpoint, DeviceMemory, check_memory, check_quantization, inspect
 from millm.service.models import ModelRegistry
 from millm.service.slot import ModelSlot, current_lease, request_scope
-from millm.store.database import SCHEMA_VERSION, Store, database_url
+from millm.store.database import Store, database_url
 from tests.support import model_dirs
 from tests.support.postgres import PostgresServer, binaries
 
@@ -225,22 +225,6 @@ def test_the_start_up_model_is_registered_and_follows_the_operator(tiny_dirs, tm
     moved = registry.ensure("served", source(tiny_dirs["gemma2"], tmp_path))
     assert moved.reference == str(tiny_dirs["gemma2"]) and moved.registered_at == first.registered_at
     store.close()
-
-
-def test_a_schema_2_database_migrates_keeping_its_rows(tmp_path):
-    url = database_url(tmp_path, None)
-    old = Store(url)
-    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
-    with old.transaction() as conn:  # make it look like a schema-2 database
-        conn.exec_driver_sql("DROP TABLE millm_models")
-    old.set_setting("schema_version", 2)
-    old.close()
-    new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION == 5
-    assert [p["name"] for p in new.profiles()] == ["kept"] and new.models() == []
-    new.put_model("m", "/x", {"kind": "directory"}, 1.0)
-    assert new.models() == [{"name": "m", "reference": "/x", "info": {"kind": "directory"}, "registered_at": 1.0}]
-    new.close()
 
 
 @pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries are not installed")

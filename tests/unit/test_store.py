@@ -3,10 +3,11 @@
 import json
 
 import pytest
-from sqlalchemy.exc import IntegrityError
 
+from millm.errors import Conflict
 from millm.service.profiles import ProfileBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
+from tests.support.old_schemas import build
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def test_everything_survives_reopening(tmp_path):
     store = Store(database_url(tmp_path, None))
     store.add_sae(INFO)
     store.set_attachment("sae_1", 1)
-    store.write_features({("sae_1", 3): add(5.0), ("sae_1", 4): {"op": "clamp", "value": 2.5}}, version=7)
+    store.write_features({("sae_1", 3): add(5.0), ("sae_1", 4): {"op": "clamp", "value": 2.5}})
     store.insert_profiles([("prof_1", {"name": "p", "steering": []})])
     store.set_setting("active_profile", "prof_1")
     store.close()
@@ -32,7 +33,7 @@ def test_everything_survives_reopening(tmp_path):
     assert again.saes() == [INFO]
     assert again.attachments() == {"sae_1": 1}
     assert again.live_features() == {"sae_1": {3: add(5.0), 4: {"op": "clamp", "strength": 0.0, "value": 2.5}}}
-    assert again.get_setting("steering_version") == 7
+    assert again.get_setting("steering_version") == 2  # one version per change: the attach, then the values
     assert [p["name"] for p in again.profiles()] == ["p"]
     assert again.get_setting("active_profile") == "prof_1"
     assert again.get_setting("schema_version") == SCHEMA_VERSION
@@ -44,56 +45,23 @@ def add(strength: float) -> dict:
 
 
 def test_strength_changes_and_clears(store):
-    store.write_features({("a", 1): add(1.0), ("b", 2): add(2.0)}, version=1)
-    store.write_features({("a", 1): None, ("a", 5): add(3.0), ("b", 3): {"op": "ablate"}}, version=2)
+    store.write_features({("a", 1): add(1.0), ("b", 2): add(2.0)})
+    store.write_features({("a", 1): None, ("a", 5): add(3.0), ("b", 3): {"op": "ablate"}})
     assert store.live_features() == {"a": {5: add(3.0)}, "b": {2: add(2.0), 3: {"op": "ablate", "strength": 0.0, "value": None}}}
-    store.write_features({}, version=3, clear="a")
+    store.write_features({}, clear="a")
     assert set(store.live_features()) == {"b"}
-    store.write_features({}, version=4, clear=True)
+    store.write_features({}, clear=True)
     assert store.live_features() == {}
 
 
 def test_profile_insert_is_all_or_nothing(store):
     store.insert_profiles([("prof_1", {"name": "taken", "steering": []})])
-    with pytest.raises(IntegrityError):
+    with pytest.raises(Conflict):
         store.insert_profiles([("prof_2", {"name": "fresh", "steering": []}), ("prof_3", {"name": "taken", "steering": []})])
     assert [p["name"] for p in store.profiles()] == ["taken"]
 
 
-def test_a_schema_1_database_migrates_keeping_profiles(tmp_path):
-    url = database_url(tmp_path, None)
-    old = Store(url)
-    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
-    old.set_setting("active_profile", "prof_old")
-    with old.transaction() as conn:  # make it look like a schema-1 database
-        conn.exec_driver_sql("DROP TABLE millm_clusters")
-        conn.exec_driver_sql("DROP TABLE millm_circuits")
-    old.set_setting("schema_version", 1)
-    old.close()
-    new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION == 5
-    assert [p["name"] for p in new.profiles()] == ["kept"]
-    assert new.get_setting("active_profile") == "prof_old"
-    assert new.documents("clusters") == [] and new.documents("circuits") == []
-    new.close()
-
-
-def test_a_schema_4_database_gains_the_probes_table_keeping_everything(tmp_path):
-    from millm.store.probes import insert_probes, probe_rows
-
-    url = database_url(tmp_path, None)
-    old = Store(url)
-    old.insert_profiles([("prof_old", {"name": "kept", "steering": []})])
-    with old.transaction() as conn:  # a version-4 database has no probes table
-        conn.exec_driver_sql("DROP TABLE millm_probes")
-    old.set_setting("schema_version", 4)
-    old.close()
-    new = Store(url)
-    assert new.get_setting("schema_version") == 5
-    assert [p["name"] for p in new.profiles()] == ["kept"]
-    insert_probes(new, [("probe_1", {"name": "p", "detector": {}})])
-    assert [(r["name"], r["active"]) for r in probe_rows(new)] == [("p", False)]
-    new.close()
+# Every earlier schema version upgrading with its rows: tests/integration/test_migrations.py.
 
 
 V1_PROFILE = {"kind": "millm.profile", "version": 1, "name": "old-calm", "description": "written by schema 4",
@@ -102,23 +70,17 @@ V1_PROFILE = {"kind": "millm.profile", "version": 1, "name": "old-calm", "descri
 
 def schema_4_database(url: str) -> None:
     """A database as schema 4 left it: live values without ops, a version 1 profile stored as it was written."""
-    made = Store(url)
-    with made.transaction() as conn:
-        conn.exec_driver_sql("DROP TABLE millm_strengths")
-        conn.exec_driver_sql("CREATE TABLE millm_strengths (sae_id VARCHAR(64) NOT NULL, feature INTEGER NOT NULL, "
-                             "strength FLOAT NOT NULL, PRIMARY KEY (sae_id, feature))")
-        conn.exec_driver_sql("INSERT INTO millm_strengths (sae_id, feature, strength) VALUES ('sae_1', 2, 8.0), ('sae_1', 9, -40.0)")
-        conn.exec_driver_sql("INSERT INTO millm_profiles (id, name, document, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
-                             ("prof_v1", "old-calm", json.dumps(V1_PROFILE), 100.0, 200.0))
-    made.set_setting("schema_version", 4)
-    made.close()
+    build(url, 4, {
+        "millm_strengths": [{"sae_id": "sae_1", "feature": 2, "strength": 8.0}, {"sae_id": "sae_1", "feature": 9, "strength": -40.0}],
+        "millm_profiles": [{"id": "prof_v1", "name": "old-calm", "document": json.dumps(V1_PROFILE), "created_at": 100.0, "updated_at": 200.0}],
+    })
 
 
 def test_a_schema_4_database_keeps_its_live_values_as_adds_and_its_profiles_as_version_2(tmp_path):
     url = database_url(tmp_path, None)
     schema_4_database(url)
     store = Store(url)
-    assert store.get_setting("schema_version") == 5
+    assert store.get_setting("schema_version") == SCHEMA_VERSION == 6
     assert store.live_features() == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
     book = ProfileBook(store)
     (row,) = store.profiles()

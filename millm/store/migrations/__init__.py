@@ -1,0 +1,1 @@
+"""Alembic's environment and one revision per schema version (versions/); Store.migrate runs them."""
