@@ -174,10 +174,17 @@ class ServerState:
         self.replication.start()
 
     def _steering_changed(self) -> None:
-        """Another replica changed the steering state: read it, then attach or detach here to match."""
+        """Another replica changed the steering state: read it, then attach or detach here to match.
+        Attaching loads an SAE (torch work), so it runs on a thread that ends with it, never on the
+        long-lived listener thread (an idle OpenMP pool there would slow decoding; see threads.py)."""
+        before = dict(self.steering.stored)
         self.steering.reload()
+        if self.steering.stored == before and not self._attachments_stale:
+            return
         self._attachments_stale = True
-        self._settle_attachments()
+        worker = threading.Thread(target=self._settle_attachments, name="millm-attach-sync", daemon=True)
+        worker.start()
+        worker.join()
 
     def _settle_attachments(self) -> None:
         """Bring this process's attachments in line with the stored ones, unless a model change holds

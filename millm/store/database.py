@@ -11,7 +11,6 @@ and never drops a user's rows.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,8 +20,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import (
     Boolean,
     Column,
@@ -38,9 +35,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     insert,
-    inspect,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -50,15 +45,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 
 from millm.errors import Conflict, NotFound, StoreUnavailable, VersionConflict
 from millm.store.changes import Topic, announce
-
-# The newest schema version; Alembic's head revision is its number in four digits ("0006").
-SCHEMA_VERSION = 6
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-# Any constant works, as long as every replica takes the same one: the ASCII of "millm".
-MIGRATION_LOCK = 0x6D696C6C6D
-# Alembic's `op` and `context` are module globals: two migrations at once in one process (two
-# Stores opened by two threads) would run each other's steps on the wrong connection.
-_migrating = threading.Lock()
+from millm.store.migrating import SCHEMA_VERSION, one_migration_at_a_time, upgrade_to_head
 
 metadata = MetaData()
 
@@ -194,67 +181,6 @@ probes_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# The tables each schema version added, as the scheme before Alembic made them: how a database it
-# made is recognised, and which version one is whose schema_version row was never written (its
-# first start stopped between creating the tables and writing the row).
-LEGACY_TABLES: dict[int, set[str]] = {
-    1: {"millm_settings", "millm_saes", "millm_attachments", "millm_strengths", "millm_profiles"},
-    2: {"millm_clusters", "millm_circuits"},
-    3: {"millm_models"},
-    4: {"millm_feature_labels", "millm_calibrations"},
-    5: {"millm_vectors", "millm_probes"},
-}
-
-
-def revision_of(version: int) -> str:
-    """The Alembic revision id of a schema version."""
-    return f"{version:04d}"
-
-
-def alembic_config(conn: Connection) -> Config:
-    """Alembic's configuration, built in code (no alembic.ini), running on `conn`."""
-    config = Config()
-    # ConfigParser reads % as interpolation, and the install path may hold one.
-    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-    config.attributes["connection"] = conn
-    return config
-
-
-def hold_migration_lock(conn: Connection) -> None:
-    """Make starts that race on one database migrate one after another, until this transaction ends."""
-    if conn.dialect.name == "postgresql":
-        # Replicas starting together on an empty database: the second waits here, then finds the
-        # schema at head and has nothing to do.
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-    elif conn.dialect.name == "sqlite":
-        # pysqlite opens no transaction before DDL, so without this each CREATE would commit alone;
-        # IMMEDIATE also takes the write lock before the schema is read.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def legacy_version(conn: Connection) -> int | None:
-    """The schema version of a database the scheme before Alembic made; None for an empty database or one Alembic versions."""
-    tables = set(inspect(conn).get_table_names())
-    if "alembic_version" in tables or not tables & set().union(*LEGACY_TABLES.values()):
-        return None
-    stored = None
-    if "millm_settings" in tables:
-        stored = conn.execute(select(settings_table.c.value).where(settings_table.c.key == "schema_version")).scalar()
-    return int(stored) if stored is not None else version_by_shape(tables)
-
-
-def version_by_shape(tables: set[str]) -> int:
-    """The newest version whose tables are all in `tables`."""
-    version = 0
-    for number, added in sorted(LEGACY_TABLES.items()):
-        if not added <= tables:
-            break
-        version = number
-    if version == 0:
-        raise RuntimeError(f"the database has some of millm's tables ({', '.join(sorted(tables))}) but not all of any schema version's")
-    return version
-
-
 def database_url(home: Path, url: str | None) -> str:
     """DATABASE_URL when given, else a SQLite file in the data directory."""
     return url or f"sqlite:///{home / 'millm.db'}"
@@ -320,13 +246,8 @@ class Store:
         # where unavailable_as_503 would call SQLite's "table already exists" a connection problem.
         with unavailable_as_503():
             conn = self.engine.connect()
-        with _migrating, conn, conn.begin():
-            hold_migration_lock(conn)
-            config = alembic_config(conn)
-            legacy = legacy_version(conn)
-            if legacy is not None:
-                command.stamp(config, revision_of(legacy))
-            command.upgrade(config, "head")
+        with conn, conn.begin(), one_migration_at_a_time(conn):
+            upgrade_to_head(conn)
             # Kept for older code and tools that read the version from the settings.
             if self._get(conn, "schema_version") != str(SCHEMA_VERSION):
                 self._set(conn, "schema_version", str(SCHEMA_VERSION))

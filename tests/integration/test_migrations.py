@@ -16,7 +16,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, select, text
 
-from millm.store.database import MIGRATION_LOCK, MIGRATIONS_DIR, SCHEMA_VERSION, Store, metadata, revision_of
+from millm.store.database import Store, metadata
+from millm.store.migrating import MIGRATION_LOCK, MIGRATIONS_DIR, SCHEMA_VERSION, revision_of
 from tests.support.old_schemas import LEGACY_VERSIONS, build, old_rows, upgraded
 from tests.support.postgres import PostgresServer, binaries
 

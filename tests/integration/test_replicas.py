@@ -14,16 +14,18 @@ import time
 import httpx
 import pytest
 
+from millm.store.database import database_url
+from millm.store.single_process import claim_sqlite
 from tests.api.clients import MODEL, api, error
 from tests.support.postgres import PostgresServer, binaries
 from tests.support.server import ServerProcess
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.tiny_saes import build_saelens
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries are not installed")
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
-PROPAGATION_S = 5.0  # the bound a test waits for a change to reach another replica (measured: milliseconds; docs/scaling.md)
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +75,6 @@ def cluster(tiny_dirs, postgres, proxy, saes, tmp_path_factory):
     finally:
         for replica in replicas.values():
             replica.stop()
-
-
-def until(check, timeout: float = PROPAGATION_S, interval: float = 0.02):
-    """`check()`'s first truthy value within `timeout`, else fail with its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: last {value!r}")
-        time.sleep(interval)
 
 
 def steering(server) -> dict:
@@ -298,8 +288,7 @@ def test_two_servers_on_one_sqlite_file_are_refused(tiny_dirs, tmp_path):
         assert httpx.get(f"{first.base_url}/api/health/ready").status_code == 200
     finally:
         first.stop()
-    again = ServerProcess(tmp_path / "home", ["--model", str(tiny_dirs["llama"])]).wait_ready()  # the lock went with the first
-    again.stop()
+    claim_sqlite(database_url(tmp_path / "home", None)).release()  # the lock went with the first process
 
 
 def test_notices_name_their_topic_and_origin():

@@ -1,6 +1,7 @@
 """The store on SQLite: rows survive reopening, changes are atomic, migration keeps data."""
 
 import json
+import os
 
 import pytest
 
@@ -103,3 +104,19 @@ def test_a_stored_document_that_cannot_be_upgraded_is_kept_as_it_is(tmp_path):
     ProfileBook(store)
     assert store.profiles()[0]["document"] == broken
     store.close()
+
+
+def test_one_process_holds_a_sqlite_file_and_the_lock_goes_with_it(tmp_path):
+    from millm.store.single_process import DatabaseInUse, claim_sqlite
+
+    url = database_url(tmp_path, None)
+    held = claim_sqlite(url)
+    # flock is per open file: a second claim, even from this process, is refused while the first is held.
+    with pytest.raises(DatabaseInUse, match=rf"another millm server \(pid {os.getpid()}\) is using the SQLite database"):
+        claim_sqlite(url)
+    held.release()
+    claim_sqlite(url).release()
+    shared = "postgresql+psycopg://u@h/db"  # a server database is shared by design: any number of claims
+    first, second = claim_sqlite(shared), claim_sqlite(shared)
+    first.release(), second.release()
+    assert [p.name for p in tmp_path.glob("*.lock")] == ["millm.db.lock"]  # only the SQLite file got a lock file

@@ -50,7 +50,8 @@ function Saes() {
         ["SAE", (s) => html`<strong class="mono">${s.id}</strong><div class="meta">${s.path}</div>`],
         ["Kind", (s) => html`${s.architecture} · ${s.d_sae} features · layer ${s.layer}${s.k ? ` · k ${s.k}` : ""}
           <div class="meta">${s.model_name || ""}${s.has_labels ? " · labelled" : " · no labels"}</div>`],
-        ["Attached", (s) => s.attached ? html`<span class="badge good">layer ${s.attached_layer}</span>` : html`<span class="badge">no</span>`],
+        ["Attached", (s) => s.attached ? html`<span class="badge good">layer ${s.attached_layer}</span>`
+          : html`<span class="badge">no</span>${s.attach_error ? html`<div class="error">${s.attach_error}</div>` : null}`],
         ["", (s) => html`<div class="actions">${s.attached
           ? html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.saes.detach(s.id))}>Detach</button>`
           : html`<button disabled=${act.busy} onClick=${() => run(() => api.saes.attach(s.id))}>Attach</button>`}</div>`],
