@@ -82,6 +82,10 @@ class Replication:
 
     def _listening(self) -> None:
         # LISTEN is in place: whatever commits from now on is noticed, so a full read now misses nothing.
+        # The pool's idle connections may be as dead as the lost one (a silent peer never says so):
+        # the reload reads through fresh ones.
+        if self.counters.reloads or self.counters.losses:
+            self.store.engine.dispose()
         try:
             for reload in self._reloads.values():
                 reload()
@@ -101,6 +105,9 @@ class Replication:
             if self._connected or self._lost_at is None:
                 self._lost_at = time.time()
                 self.counters.losses += 1
+                # Idle pool connections go too: a write now connects afresh, and fails in seconds
+                # (connect_timeout) rather than waiting on a connection as dead as this one.
+                self.store.engine.dispose()
                 log.warning("lost the connection to the shared database (%s); this replica reports itself out of step until it reconnects", reason)
             self._connected, self._reason = False, reason
             self.generation += 1

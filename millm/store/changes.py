@@ -13,6 +13,8 @@ SQLite has no notices and needs none: one process owns the file (see single_proc
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from enum import StrEnum
@@ -24,7 +26,11 @@ from sqlalchemy.engine import Connection, make_url
 log = logging.getLogger(__name__)
 
 CHANNEL = "millm_changes"
-PING_S = 1.0  # with no notice for this long, the connection is checked: a dead peer is found within about this
+PING_S = 1.0  # with no notice for this long, the connection is checked
+PING_DEADLINE_S = 3.0  # a check unanswered for this long counts as a lost connection
+# libpq's own limits, so that a silent partition (no reset, no FIN) is found in seconds rather than
+# after TCP's retransmissions give up (minutes): connecting, unacknowledged data, idle keepalives.
+LIVENESS = {"connect_timeout": 5, "tcp_user_timeout": 5000, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 1, "keepalives_count": 3}
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between reconnection attempts, the last repeated
 
 
@@ -109,8 +115,9 @@ class ChangeListener:
 
     def _listen(self) -> None:
         import psycopg
+        from psycopg.conninfo import make_conninfo
 
-        self._conn = conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+        self._conn = conn = psycopg.connect(make_conninfo(self.dsn, **LIVENESS), autocommit=True)
         conn.execute(f"LISTEN {CHANNEL}")
         self.on_listening()
         while not self._stop.is_set():
@@ -123,7 +130,29 @@ class ChangeListener:
                 if self._stop.is_set():
                     return
             if quiet:
-                conn.execute("SELECT 1")  # raises if the server or the path to it is gone
+                self._ping(conn)
+
+    def _ping(self, conn) -> None:
+        """SELECT 1, raising if the server or the path to it is gone, or gives no answer within
+        PING_DEADLINE_S (a hung server or a path that swallows data while its TCP still
+        acknowledges it: no timeout of libpq's fires then). A late answer is cut off by shutting
+        the socket down under the waiting call, which then raises like any lost connection."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            _shut_down(conn.fileno())
+
+        timer = threading.Timer(PING_DEADLINE_S, expire)
+        timer.start()
+        try:
+            conn.execute("SELECT 1")
+        except Exception as exc:
+            if expired.is_set():
+                raise ConnectionError(f"no answer from the database within {PING_DEADLINE_S:g} s") from exc
+            raise
+        finally:
+            timer.cancel()
 
     def _deliver(self, topic: Topic, origin: str) -> None:
         try:
@@ -138,6 +167,16 @@ class ChangeListener:
                 conn.close()
             except Exception:
                 log.debug("closing the LISTEN connection failed", exc_info=True)
+
+
+def _shut_down(fd: int) -> None:
+    """Shut a socket down for reading and writing through a duplicate of its descriptor (the
+    owner's blocked call returns with an error; the owner still closes its own descriptor)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        log.debug("shutting down an unanswered LISTEN connection failed", exc_info=True)
 
 
 def _reason(exc: BaseException) -> str:

@@ -40,11 +40,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from millm.errors import Conflict, NotFound, StoreUnavailable, VersionConflict
-from millm.store.changes import Topic, announce
+from millm.store.changes import LIVENESS, Topic, announce
 from millm.store.migrating import SCHEMA_VERSION, one_migration_at_a_time, upgrade_to_head
 
 metadata = MetaData()
@@ -237,7 +237,9 @@ class Store:
 
     def __init__(self, url: str):
         self.url = url
-        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True)
+        # On PostgreSQL the pool's connections get the listener's limits: a write never hangs on a dead peer.
+        connect_args = LIVENESS if make_url(url).get_backend_name() == "postgresql" else {}
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, connect_args=connect_args)
         self.migrate()
 
     def migrate(self) -> None:

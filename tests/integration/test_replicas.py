@@ -336,3 +336,20 @@ def test_a_replica_serving_another_model_does_not_attach_it(fresh, tiny_dirs, po
         assert state["live"] is False and state["live_reason"] == "no SAE is attached"
     finally:
         other.stop()
+
+
+def test_a_replica_whose_database_goes_silent_finds_out_and_catches_up(fresh, proxy):
+    replicas, ids, _ = fresh
+    a, b = replicas["a"], replicas["b"]
+    proxy.freeze()  # B's connections stay open but nothing comes back: no reset tells it anything
+    try:
+        until(lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 503, timeout=15)
+        assert "no answer" in httpx.get(f"{b.base_url}/api/health/ready", timeout=30).json()["error"]
+        started = time.monotonic()
+        error(api(b, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 1}), 503, "store_unavailable")
+        assert time.monotonic() - started < 10  # refused, not left waiting on a dead connection
+        changed = api(a, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 11}).json()["steering"]
+    finally:
+        proxy.restore()
+    until(lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 200, timeout=20)
+    assert shared_values(b) == shared_values(a) and shared_values(b)[0] >= changed["version"]

@@ -21,6 +21,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self._cut = False
+        self._frozen: set[socket.socket] = set()  # connections that relay nothing any more
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -45,11 +46,11 @@ class TcpProxy:
             for source, target in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                target.sendall(data)
+                if source not in self._frozen:  # frozen: bytes are taken (TCP acknowledges them) and dropped
+                    target.sendall(data)
         except OSError:
             pass
         finally:
@@ -69,8 +70,15 @@ class TcpProxy:
             except OSError:
                 pass
 
+    def freeze(self) -> None:
+        """Keep every connection open but relay nothing, and refuse new ones: a peer that has gone
+        silent (a hung server, a path that swallows data), which no reset or FIN reveals."""
+        with self._lock:
+            self._cut = True
+            self._frozen.update(self._open)
+
     def restore(self) -> None:
-        """Relay new connections again."""
+        """Relay new connections again (frozen ones stay dead: their lost bytes cannot be replayed)."""
         with self._lock:
             self._cut = False
 
