@@ -125,6 +125,9 @@ class ModelRegistry:
     def get(self, name: str) -> RegisteredModel:
         """The registration of `name`, or 404 model_not_found naming what is registered."""
         entry = self.find(name)
+        if entry is None:  # registered through another replica a moment ago, before its notice?
+            self.reload()
+            entry = self.find(name)
         if entry is None:
             known = ", ".join(repr(e.name) for e in self.all()) or "none"
             raise ModelNotFound(f"The model {name!r} does not exist on this server (registered: {known})", param="model")

@@ -31,8 +31,12 @@ class SAERegistry:
         self.infos = {d["id"]: SAEInfo(**d) for d in self.store.saes()}
 
     def get(self, sae_id: str) -> SAEInfo:
-        """The SAE's info, or 404 sae_not_found."""
+        """The SAE's info, or 404 sae_not_found. An id not known here is looked up in the store once
+        more first: another replica may have registered it a moment ago, before its notice arrived."""
         info = self.infos.get(sae_id)
+        if info is None:
+            self.reload()
+            info = self.infos.get(sae_id)
         if info is None:
             raise NotFound(f"no SAE {sae_id!r} is registered", param="sae_id", code="sae_not_found")
         return info

@@ -8,7 +8,8 @@ for, so none runs on a half-moved model.
 Why this file is longer than ~400 lines: one mutex guards the slot's transition, the load
 errors and the steering lock together, and every method here reads or changes them under it.
 Split across files, those invariants (a locked server never loads another model; a model is
-freed only once nothing can reach it) would have to be read in several places. What does not
+freed only once nothing can reach it; another replica's attach lands only between model
+changes, see _settle_attachments) would have to be read in several places. What does not
 touch them lives elsewhere: the slot (slot.py), registrations (registrations.py, models.py),
 presentation (model_admin.py).
 """

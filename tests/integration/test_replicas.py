@@ -353,3 +353,17 @@ def test_a_replica_whose_database_goes_silent_finds_out_and_catches_up(fresh, pr
         proxy.restore()
     until(lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 200, timeout=20)
     assert shared_values(b) == shared_values(a) and shared_values(b)[0] >= changed["version"]
+
+
+def test_what_one_replica_registers_is_found_on_another_at_once(fresh, tmp_path, tiny_dirs):
+    replicas, _, _ = fresh
+    a, b = replicas["a"], replicas["b"]
+    sae = api(a, "POST", "/api/saes", json={"path": str(build_saelens(tmp_path / "new-sae", layer=0, seed=77))}).json()["id"]
+    found = api(b, "GET", f"/api/saes/{sae}")  # no wait for the notice: a miss reads the store once more
+    assert found.status_code == 200 and found.json()["layer"] == 0
+    registered = api(a, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"]), "name": "second-model"})
+    assert registered.status_code in (200, 201), registered.text
+    assert api(b, "GET", "/api/models/second-model").status_code == 200
+    assert api(b, "DELETE", f"/api/saes/{sae}").status_code == 200
+    assert api(a, "DELETE", "/api/models/second-model").status_code == 200
+    until(lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404)  # forgotten through B, gone on A too
