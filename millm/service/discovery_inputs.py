@@ -44,7 +44,7 @@ NOT_STEERED = Steered(None)
 # before the model ---------------------------------------------------------------------------------------
 def registered_sae(state: ServerState, sae_id: str, feature: int | None = None) -> SAEInfo:
     """The SAE (404 sae_not_found) and, when asked, a feature within its width (400 invalid_feature_index)."""
-    info = state.saes.get(sae_id)
+    info = state.saes.get(sae_id, read_through=False)  # on the event loop: memory only
     if feature is not None:
         check_feature(info, feature, param="feature")
     return info

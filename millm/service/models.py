@@ -122,10 +122,12 @@ class ModelRegistry:
             )
         return tagged[0] if tagged else name
 
-    def get(self, name: str) -> RegisteredModel:
-        """The registration of `name`, or 404 model_not_found naming what is registered."""
+    def get(self, name: str, read_through: bool = True) -> RegisteredModel:
+        """The registration of `name`, or 404 model_not_found naming what is registered. A name not
+        known here is looked up in the store once more first (registered through another replica a
+        moment ago, before its notice arrived?), unless `read_through` is False: the event loop never reads the store."""
         entry = self.find(name)
-        if entry is None:  # registered through another replica a moment ago, before its notice?
+        if entry is None and read_through:
             self.reload()
             entry = self.find(name)
         if entry is None:

@@ -30,11 +30,12 @@ class SAERegistry:
         """Read the registrations again: another replica registered or forgot one."""
         self.infos = {d["id"]: SAEInfo(**d) for d in self.store.saes()}
 
-    def get(self, sae_id: str) -> SAEInfo:
+    def get(self, sae_id: str, read_through: bool = True) -> SAEInfo:
         """The SAE's info, or 404 sae_not_found. An id not known here is looked up in the store once
-        more first: another replica may have registered it a moment ago, before its notice arrived."""
+        more first (another replica may have registered it a moment ago, before its notice arrived),
+        unless `read_through` is False: the event loop never reads the store."""
         info = self.infos.get(sae_id)
-        if info is None:
+        if info is None and read_through:
             self.reload()
             info = self.infos.get(sae_id)
         if info is None:

@@ -273,8 +273,8 @@ class ServerState:
         return lease.lm
 
     def _lease(self, name: str):
-        """A lease on `name` if it is loaded; None if it has to be loaded; else the refusal."""
-        self.models.get(name)
+        """A lease on `name` if it is loaded; None if it has to be loaded; else the refusal (on the event loop: memory only)."""
+        self.models.get(name, read_through=False)
         with self._mutex:
             if self.locked is not None and name != self.locked:
                 raise self._locked_refusal(name)
