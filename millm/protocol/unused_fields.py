@@ -47,7 +47,7 @@ def template_kwargs_unused(kwargs: dict | None, variables: frozenset[str] | None
         return []
     if variables is None:
         return ["chat_template_kwargs"]
-    return [f"chat_template_kwargs.{key}" for key in kwargs if key not in variables]
+    return [percent_encode(f"chat_template_kwargs.{key}") for key in kwargs if key not in variables]  # a key may hold anything
 
 
 def _extras(node, path: str) -> list[str]:

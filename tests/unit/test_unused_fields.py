@@ -2,8 +2,9 @@
 
 import pytest
 
+from millm.api.headers import string_list
 from millm.protocol.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from millm.protocol.unused_fields import template_reads, unused_locations
+from millm.protocol.unused_fields import template_kwargs_unused, template_reads, unused_locations
 
 USER = {"role": "user", "content": "hi"}
 
@@ -49,3 +50,10 @@ def test_template_reads(llama_lm):
 
     assert template_reads(Tokenizer()) == {"name", "tool_calls"}
     assert template_reads(llama_lm.tokenizer) == set()
+
+
+def test_unused_template_kwargs_are_named_in_printable_ascii():
+    # A key may hold anything (found by the fuzzer: a control character made the header fail to serialise).
+    unused = template_kwargs_unused({"è\x10": 1, "enable_thinking": True}, frozenset({"enable_thinking"}))
+    assert unused == ["chat_template_kwargs.%C3%A8%10"]
+    assert string_list(unused, 1024) == '"chat_template_kwargs.%C3%A8%10"'
