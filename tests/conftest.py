@@ -11,6 +11,7 @@ from hypothesis import settings
 from tests.support import server as server_support
 from tests.support import tiny_models
 from tests.support.browser import SIZES, PageErrors, browser
+from tests.support.postgres import PostgresServer, binaries
 from tests.support.server import ServerProcess
 
 TINY_NAME = "tiny-llama"
@@ -136,3 +137,15 @@ def shoot():
             page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=False)
 
     return take
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A throwaway PostgreSQL cluster for one module (skipped where the server binaries are missing)."""
+    if binaries() is None:
+        pytest.skip("PostgreSQL binaries are not installed")
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()

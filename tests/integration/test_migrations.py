@@ -19,20 +19,11 @@ from sqlalchemy import create_engine, inspect, select, text
 from millm.store.database import Store, metadata
 from millm.store.migrating import MIGRATION_LOCK, MIGRATIONS_DIR, SCHEMA_VERSION, revision_of
 from tests.support.old_schemas import LEGACY_VERSIONS, build, old_rows, upgraded
-from tests.support.postgres import PostgresServer, binaries
+from tests.support.postgres import PostgresServer
 
 HEAD = revision_of(SCHEMA_VERSION)
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    if binaries() is None:
-        pytest.skip("PostgreSQL binaries are not installed")
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def admin(server: PostgresServer, statement: str) -> None:

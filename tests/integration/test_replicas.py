@@ -17,7 +17,7 @@ import pytest
 from millm.store.database import database_url
 from millm.store.single_process import claim_sqlite
 from tests.api.clients import MODEL, api, error
-from tests.support.postgres import PostgresServer, binaries
+from tests.support.postgres import binaries
 from tests.support.server import ServerProcess
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.tiny_saes import build_saelens
@@ -28,13 +28,6 @@ pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries 
 USER = [{"role": "user", "content": "Tell me about the city."}]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

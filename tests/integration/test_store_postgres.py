@@ -5,20 +5,13 @@ import pytest
 
 from millm.store.database import Store
 from millm.store.labels import LabelStore
-from tests.support.postgres import PostgresServer, binaries
+from tests.support.postgres import binaries
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
 pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries are not installed")
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_store_round_trip_on_postgres(postgres):
