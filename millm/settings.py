@@ -172,6 +172,15 @@ class Settings(BaseSettings):
         "(on), never (off: answered as text, tools reported ignored), or only for models of 1B parameters "
         "and more (auto; smaller ones did not follow the format in our measurements).",
     )
+    responses_max_stored: int = env_field(
+        10_000,
+        "MILLM_RESPONSES_MAX_STORED",
+        "Most /v1/responses answers kept for GET and previous_response_id (oldest dropped first); 0 keeps none.",
+        ge=0,
+    )
+    responses_retention_days: float = env_field(
+        30.0, "MILLM_RESPONSES_RETENTION_DAYS", "How long a stored /v1/responses answer is kept (OpenAI keeps 30 days).", gt=0
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -22,6 +22,7 @@ from millm.api import (
     models,
     monitoring,
     probes,
+    responses_api,
     vectors,
     workbench,
 )
@@ -91,6 +92,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     """Every router, and the OpenAPI schema that describes them."""
     install_openapi(app, settings)
     app.include_router(completions.router, tags=["OpenAI"])
+    app.include_router(responses_api.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(labels.router, tags=["Feature labels"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from millm.service.responses_api import ResponsesApi
 from millm.service.serving import Serving
 from millm.service.state import ServerState
 from millm.settings import Settings
@@ -22,3 +23,8 @@ def serving(request: Request) -> Serving:
 def settings_of(request: Request) -> Settings:
     """The server's settings (read-only)."""
     return request.app.state.settings
+
+
+def responses_api(request: Request) -> ResponsesApi:
+    """The Responses API service over this app's chat serving and store (a light view, made per request)."""
+    return ResponsesApi(serving(request), state_of(request).store)

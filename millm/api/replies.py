@@ -61,11 +61,21 @@ async def frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator
         await chunks.aclose()  # type: ignore[attr-defined]  # an async generator: closing it cancels the job
 
 
-def respond(reply: Reply, ignored_cap: int) -> JSONResponse | StreamingResponse:
-    """The HTTP response of a served request."""
+async def event_frames(events: AsyncIterator[WireModel]) -> AsyncIterator[str]:
+    """Typed events as the Responses API frames them: `event:` names each, and no [DONE] ends them."""
+    try:
+        async for event in events:
+            payload = event.model_dump()
+            yield f"event: {payload['type']}\n{sse(payload)}"
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]  # an async generator: closing it cancels the job
+
+
+def respond(reply: Reply, ignored_cap: int, framing=frames) -> JSONResponse | StreamingResponse:
+    """The HTTP response of a served request; a stream is framed by `framing`."""
     headers = report_headers(reply.report, ignored_cap)
     if reply.chunks is not None:
-        return StreamingResponse(frames(reply.chunks), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        return StreamingResponse(framing(reply.chunks), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
     assert reply.body is not None
     return JSONResponse(reply.body.model_dump(), headers=headers)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from pydantic import BaseModel
@@ -96,6 +98,29 @@ def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] 
         conversations += [(f"extra_messages[{c}]", msgs) for c, msgs in enumerate(getattr(body, "extra_messages", None) or [])]
         found += _message_keys(conversations, reads or set())
     return [percent_encode(loc) for loc in dict.fromkeys(found)]
+
+
+def as_is(location: str) -> str | None:
+    """A location in a body the client sent as it is."""
+    return location
+
+
+@dataclass(frozen=True)
+class SentAs:
+    """How a request another endpoint translated was sent (/v1/responses said as a chat request):
+    the locations its own body ignores, and where a chat location came from (None: not from this
+    request, e.g. an earlier turn of previous_response_id, so not reported again)."""
+
+    ignored: tuple[str, ...] = ()
+    locate: Callable[[str], str | None] = as_is
+
+    def merge(self, locations: list[str]) -> list[str]:
+        """The sender's own ignored locations, then `locations` in the sender's words."""
+        located = [self.locate(location) for location in locations]
+        return list(dict.fromkeys([*self.ignored, *(where for where in located if where is not None)]))
+
+
+AS_SENT = SentAs()
 
 
 def handle_unused(locations: list[str], strict: bool) -> tuple[str, ...]:

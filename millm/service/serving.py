@@ -28,7 +28,7 @@ from millm.protocol.requests import (
 )
 from millm.protocol.responses import ChatCompletion, Completion, Usage
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.protocol.unused_fields import handle_unused, template_kwargs_unused, template_reads, unused_locations
+from millm.protocol.unused_fields import AS_SENT, SentAs, handle_unused, template_kwargs_unused, template_reads, unused_locations
 from millm.service.activations import ActivationRead, ReadRequest, plan_read, refuse
 from millm.service.answers import (
     ChatShape,
@@ -93,14 +93,16 @@ def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
         raise refuse("several prompts have several position axes; send one prompt")
 
 
-def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under X-miLLM-Strict)."""
+def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = (),
+                  sent_as: SentAs = AS_SENT) -> tuple[str, ...]:
+    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under
+    X-miLLM-Strict), in the words of the body the client sent (`sent_as`)."""
     # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
     reads = template_reads(lm.tokenizer) | {"tool_calls"}
     sent = body.model_dump(exclude_unset=True)
     locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
     locations += template_kwargs_unused(getattr(body, "chat_template_kwargs", None), lm.template_variables)
-    return handle_unused(locations, strict)
+    return handle_unused(sent_as.merge(locations), strict)
 
 
 class Serving:
@@ -111,8 +113,9 @@ class Serving:
         self.settings = state.settings
 
     # routes ------------------------------------------------------------------------------------------
-    async def chat(self, body: ChatCompletionRequest, strict: bool) -> Reply:
-        """Answer (or continue, or score) a conversation and each extra_messages conversation."""
+    async def chat(self, body: ChatCompletionRequest, strict: bool, sent_as: SentAs = AS_SENT) -> Reply:
+        """Answer (or continue, or score) a conversation and each extra_messages conversation;
+        `sent_as` names ignored fields in the words of the body a translated request came in."""
         structured = parse_response_format(body)
         if structured is not None:
             refuse_combinations(body, self.settings.enable_continuous_batching)
@@ -130,7 +133,7 @@ class Serving:
                 code="no_chat_template",
             )
         tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools)
-        ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused))
+        ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
         meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "messages")

@@ -181,6 +181,18 @@ probes_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# Stored Responses API answers (store/responses.py): the response object and the conversation it
+# answered (input items, earlier turns included), both as JSON, for GET and previous_response_id.
+responses_table = Table(
+    "millm_responses",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("response", Text, nullable=False),
+    Column("items", Text, nullable=False),
+)
+
+
 def database_url(home: Path, url: str | None) -> str:
     """DATABASE_URL when given, else a SQLite file in the data directory."""
     return url or f"sqlite:///{home / 'millm.db'}"
