@@ -113,15 +113,15 @@ def open_store(url: str, caplog) -> list[str]:
 def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
     script = ScriptDirectory(str(MIGRATIONS_DIR))
     chain = [(rev.revision, rev.down_revision) for rev in reversed(list(script.walk_revisions()))]
-    assert chain == [("0001", None), ("0002", "0001"), ("0003", "0002"), ("0004", "0003"), ("0005", "0004"), ("0006", "0005")]
-    assert script.get_heads() == [HEAD] == ["0006"]
+    assert chain == [("0001", None), ("0002", "0001"), ("0003", "0002"), ("0004", "0003"), ("0005", "0004"), ("0006", "0005"), ("0007", "0006")]
+    assert script.get_heads() == [HEAD] == ["0007"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
-    assert open_store(url, caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, 7)]
+    assert open_store(url, caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, SCHEMA_VERSION + 1)]
     rows = snapshot(url)
     assert rows["alembic_version"] == [{"version_num": HEAD}]
-    assert rows["millm_settings"] == [{"key": "schema_version", "value": "6"}, {"key": "steering_version", "value": "0"}]
+    assert rows["millm_settings"] == [{"key": "schema_version", "value": str(SCHEMA_VERSION)}, {"key": "steering_version", "value": "0"}]
     assert all(rows[name] == [] for name in metadata.tables if name != "millm_settings")
     assert schema_diff(url) == []
     assert open_store(url, caplog) == [] and snapshot(url) == rows
@@ -135,7 +135,7 @@ def test_an_old_database_is_upgraded_in_place_keeping_every_row(url, version, ca
         f"upgrade {revision_of(v)} -> {revision_of(v + 1)}" for v in range(version, SCHEMA_VERSION)
     ]
     after = snapshot(url)
-    assert after == {**in_order(upgraded(version, rows)), "alembic_version": [{"version_num": "0006"}]}
+    assert after == {**in_order(upgraded(version, rows)), "alembic_version": [{"version_num": HEAD}]}
     # The values the newest code reads back, spelled out once more for what schema 6 added.
     assert [(p["id"], p["name"], p["created_at"], p["version"]) for p in after["millm_profiles"]] == [
         ("prof_1", "calm", 1764000010.25, 1), ("prof_2", "river-run", 1764000020.25, 1), ("prof_3", "ünïcode ✓", 1764000030.25, 1)
@@ -167,7 +167,7 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
     # The old scheme made the tables, then wrote the row: a first start that stopped in between.
     rows = old_rows(3)
     build(url, 3, rows, schema_version_row=False)
-    assert open_store(url, caplog) == ["stamp_revision  -> 0003", "upgrade 0003 -> 0004", "upgrade 0004 -> 0005", "upgrade 0005 -> 0006"]
+    assert open_store(url, caplog) == ["stamp_revision  -> 0003", "upgrade 0003 -> 0004", "upgrade 0004 -> 0005", "upgrade 0005 -> 0006", "upgrade 0006 -> 0007"]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 
 
@@ -212,10 +212,10 @@ def test_replicas_starting_together_on_an_empty_postgres_migrate_once(postgres_u
     for store in stores:
         store.close()
     assert errors == [] and len(stores) == 2
-    assert steps(caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, 7)]
+    assert steps(caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, SCHEMA_VERSION + 1)]
     rows = snapshot(url)
     assert rows["alembic_version"] == [{"version_num": HEAD}]
-    assert rows["millm_settings"] == [{"key": "schema_version", "value": "6"}, {"key": "steering_version", "value": "0"}]
+    assert rows["millm_settings"] == [{"key": "schema_version", "value": str(SCHEMA_VERSION)}, {"key": "steering_version", "value": "0"}]
 
 
 # A replica: ready once imported, migrates when told to go, then says how many steps it ran.
@@ -248,7 +248,7 @@ def test_two_replica_processes_starting_together_migrate_once(postgres_url):
         replica.stdin.flush()
     outputs = [replica.communicate(timeout=60)[0].strip() for replica in replicas]
     assert [replica.returncode for replica in replicas] == [0, 0]
-    assert sorted(int(out) for out in outputs) == [0, 6]  # one made the schema, the other found it made
+    assert sorted(int(out) for out in outputs) == [0, SCHEMA_VERSION]  # one made the schema, the other found it made
     assert snapshot(postgres_url)["alembic_version"] == [{"version_num": HEAD}]
 
 

@@ -26,6 +26,8 @@ from sqlalchemy import (
     insert,
 )
 
+from millm.store.migrating import SCHEMA_VERSION
+
 LEGACY_VERSIONS = (1, 2, 3, 4, 5)
 
 
@@ -267,7 +269,7 @@ def build(url: str, version: int, rows: dict[str, list[dict]], schema_version_ro
 
 def upgraded(version: int, rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """What `rows` of schema `version` must read as at the newest schema: the same rows, the new
-    columns at their defaults, schema_version 6 and a steering_version (0 where there was none)."""
+    columns at their defaults, the newest schema_version and a steering_version (0 where there was none)."""
     expected = copy.deepcopy(rows)
     for row in expected.get("millm_attachments", []):
         row["model"] = None
@@ -277,7 +279,7 @@ def upgraded(version: int, rows: dict[str, list[dict]]) -> dict[str, list[dict]]
         for row in expected.get("millm_strengths", []):
             row.update(op="add", value=None)
     settings = {row["key"]: row["value"] for row in expected.get("millm_settings", [])}
-    settings["schema_version"] = "6"
+    settings["schema_version"] = str(SCHEMA_VERSION)
     settings.setdefault("steering_version", "0")
     expected["millm_settings"] = [{"key": key, "value": value} for key, value in settings.items()]
     return expected
