@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Alembic narrates every start (its set-up and each migration step) at info: warnings and errors only.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level.upper())))
+    # The MCP SDK logs each stateless /mcp call's transport ending at info; uvicorn's access line says enough.
+    logging.getLogger("mcp").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level.upper())))
     if args.command == "serve":
         return serve(settings)
     return 2

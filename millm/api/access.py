@@ -2,7 +2,8 @@
 
 Routes fall in four classes (`route_class`): health probes and the schema are open; `/v1` is
 inference, and so are the `/api` POSTs that only read the model (inspect, contrast, compare);
-`/api` read with GET/HEAD/OPTIONS; every other `/api` method changes state (admin).
+`/api` read with GET/HEAD/OPTIONS; every other `/api` method changes state (admin), and so
+does any method on `/mcp`, whose tools steer.
 
 | route class | keys accepted                                  | with no key configured |
 |-------------|------------------------------------------------|------------------------|
@@ -31,6 +32,7 @@ from millm.errors import CrossSiteRequest, InvalidAPIKey
 
 OPEN, INFERENCE, READ, ADMIN = "open", "inference", "read", "admin"
 OPEN_PATHS = frozenset({"/api/health", "/api/health/ready"})
+MCP_PATH = "/mcp"  # where app.py mounts the MCP server (api/mcp_server.py)
 # POST routes under /api that read the model without changing any state (discovery reads and
 # side-by-side generation): inference, like /v1, so the API key opens them.
 INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare)$")
@@ -47,6 +49,8 @@ def route_class(method: str, path: str) -> str:
         return OPEN
     if path == "/v1" or path.startswith("/v1/"):
         return INFERENCE
+    if path == MCP_PATH or path.startswith(MCP_PATH + "/"):
+        return ADMIN  # one endpoint for every tool, reads and steering alike: the key of the strongest
     if path == "/api" or path.startswith("/api/"):
         if method.upper() == "POST" and INFERENCE_POSTS.match(path):
             return INFERENCE
@@ -183,7 +187,7 @@ def open_routes_warning(host: str, api_key: SecretStr | None, admin_key: SecretS
     if api_key is None:
         open_parts.append("/v1 (no MILLM_API_KEY)")
     if admin_key is None:
-        open_parts.append("every state-changing /api route (no MILLM_ADMIN_KEY)")
+        open_parts.append("every state-changing /api route and /mcp (no MILLM_ADMIN_KEY)")
     if not open_parts:
         return None
     return (

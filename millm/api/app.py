@@ -29,6 +29,7 @@ from millm.api import (
 from millm.api.access import AccessGuard, Keys
 from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
+from millm.api.mcp_server import build_mcp
 from millm.api.openapi import install_openapi
 from millm.service.serving import Serving
 from millm.service.state import ServerState
@@ -60,7 +61,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI):
         if load_model:
             state.load_in_background()
-        yield
+        async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
+            yield
         state.close()
 
     app = FastAPI(
@@ -78,6 +80,9 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.add_middleware(BodyLimit, request_cap=state.settings.max_request_bytes, import_cap=state.settings.max_import_bytes)
     app.add_middleware(AccessGuard, keys=Keys.of(state.settings.api_key, state.settings.admin_key))
     include_routes(app, state.settings)
+    # Not in include_routes: the MCP endpoint serves this state and is no part of the OpenAPI document.
+    mcp = build_mcp(state, app)
+    app.router.routes.append(mcp.route)
     return app
 
 

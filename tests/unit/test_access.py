@@ -51,6 +51,10 @@ from millm.settings import key_setting
         ("POST", "/api/saes/sae_1/inspect/x", ADMIN),
         ("DELETE", "/api/compare", ADMIN),
         ("DELETE", "/api/jobs/job_1", ADMIN),
+        ("POST", "/mcp", ADMIN),  # every tool, reads included: one endpoint, the strongest key
+        ("GET", "/mcp", ADMIN),
+        ("DELETE", "/mcp/", ADMIN),
+        ("POST", "/mcpx", OPEN),
     ],
 )
 def test_route_classes(method, path, kind):
