@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
@@ -10,12 +10,16 @@ from millm.api.completions import ignored_cap, strict
 from millm.api.deps import responses_api
 from millm.api.replies import event_frames, respond, unless_client_leaves
 from millm.protocol.field_policy import check_responses_fields
-from millm.protocol.responses_api import DeletedResponse, InputItemList, ResponsesRequest
+from millm.protocol.responses_api import DeletedResponse, InputItemList, Response, ResponsesRequest
 
 router = APIRouter()
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "The response object; with stream: true, the Responses event sequence (response.created ... response.completed)",
+    "content": {"text/event-stream": {}}}}
 
 
-@router.post("/v1/responses", summary="OpenAI Responses API: a response to input items (streaming and non-streaming)")
+@router.post("/v1/responses", summary="OpenAI Responses API: a response to input items (streaming and non-streaming)",
+             response_model=Response, responses=STREAM_RESPONSE)
 async def create_response(body: ResponsesRequest, request: Request):
     """Answer the input (continuing previous_response_id's conversation) as chat completions would, steered alike."""
     check_responses_fields(body.model_dump(exclude_unset=True))

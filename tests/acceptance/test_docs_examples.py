@@ -16,7 +16,7 @@ What a Python example prints is checked wherever the docs show it, in one of two
   followed by alternatives, each a line `*Printed on <which CPU> ...:*` and its own fence; the
   output must then read as one of them.
 Lines are compared after collapsing runs of whitespace, with two allowances for values that
-vary from run to run: generated ids (`chatcmpl-…`, `cmpl-…`, `call_…`) match any id of their
+vary from run to run: generated ids (`chatcmpl-…`, `cmpl-…`, `call_…`, `resp_…`, `msg_…`, `fc_…`) match any id of their
 kind, and a decimal number matches within 1 in its last shown digit plus 2% (activations and
 logprobs move a little between machines); whole numbers (indices, positions, counts) and all
 other text must be equal. Output the docs show only in prose or tables (README's steering
@@ -45,7 +45,7 @@ FENCE = re.compile(r"(?:<!-- example: ([a-z ]+) -->\n)?```(python|bash)\n(.*?)``
 OUTPUT_BLOCK = re.compile(r"\s*```\n(.*?)```", re.S)  # a fence with no language, right after the example
 ALTERNATIVE = re.compile(r"\s*\*Printed on [^\n]*:\*\n\s*```\n(.*?)```", re.S)  # the same output on another CPU kind
 BASE = "http://127.0.0.1:8000"
-GENERATED_ID = re.compile(r"\b(chatcmpl-|cmpl-|call_)[0-9a-f]+\b")
+GENERATED_ID = re.compile(r"\b(chatcmpl-|cmpl-|call_|resp_|msg_|fc_)[0-9a-f]+\b")
 NUMBER = re.compile(r"-?\d+(?:\.(\d+))?")
 
 

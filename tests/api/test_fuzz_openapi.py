@@ -179,7 +179,7 @@ def pin(case, server) -> None:
         return
     if case.path.startswith("/v1/"):
         body["model"] = MODEL
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if isinstance(body.get(key), int) and not isinstance(body[key], bool):
                 body[key] = min(body[key], MAX_TOKENS)
         own = body.get("steering")
