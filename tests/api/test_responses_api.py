@@ -199,6 +199,17 @@ def test_steering_and_sae_reads_work_as_on_chat(server):
         mine = respond(server, **ask, return_sae_activations=read).json()["millm"]["sae_activations"]
         theirs = chat(server, messages=[{"role": "user", "content": ASK}], max_tokens=8, temperature=0, return_sae_activations=read).json()["millm"]["sae_activations"]
         assert mine == theirs and mine["positions"]
+        # Probes (inline) give chat's verdicts; streamed, the SAE read and the verdicts arrive in the last event's response.
+        probes = [{"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 0.5}}]
+        verdicts = respond(server, **ask, probes=probes).json()["millm"]["probes"]
+        assert verdicts == chat(server, messages=[{"role": "user", "content": ASK}], max_tokens=8, temperature=0, probes=probes).json()["millm"]["probes"]
+        last = events_of(respond(server, **ask, probes=probes, return_sae_activations=read, stream=True).text)[-1]
+        assert last["type"] == "response.incomplete" and last["response"]["millm"]["probes"] == verdicts
+        streamed = last["response"]["millm"]["sae_activations"]
+        # The streamed read runs on another forward path (cached prefix): the same features, values to float32 rounding.
+        for got, want in zip(streamed["positions"], mine["positions"], strict=True):
+            assert [f["index"] for f in got["features"]] == [f["index"] for f in want["features"]]
+            assert [f["value"] for f in got["features"]] == pytest.approx([f["value"] for f in want["features"]], rel=1e-5)
     finally:
         api(server, "DELETE", "/api/steering/features")
 
@@ -333,3 +344,16 @@ def test_an_agent_with_one_function_tool_runs_against_millm(agent_server):
     # The second turn answered the conversation with the tool's output in it: more input than the first.
     assert result.raw_responses[1].usage.input_tokens > result.raw_responses[0].usage.input_tokens
     assert time.monotonic() - began < 60
+
+
+def test_langchain_with_use_responses_api(server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="not-needed", model=MODEL, use_responses_api=True, max_tokens=6,
+                     temperature=0, max_retries=0)
+    message = llm.invoke(ASK)
+    same = chat(server, messages=[{"role": "user", "content": ASK}], max_tokens=6, temperature=0).json()
+    assert message.text == same["choices"][0]["message"]["content"] != ""
+    assert message.usage_metadata["input_tokens"] == same["usage"]["prompt_tokens"]
+    called = llm.model_copy(update={"max_tokens": 80}).bind_tools([CHAT_WEATHER], tool_choice="get_weather").invoke(ASK)
+    assert [call["name"] for call in called.tool_calls] == ["get_weather"] and "city" in called.tool_calls[0]["args"]

@@ -20,7 +20,8 @@ SPEC = Path("/work/shared/spec/openai-api.md")  # the project's spec, where this
 # Codes the table has no row for: a raise site narrows the code of the class that carries the
 # status and type (e.g. NotFound(..., code="profile_not_found")).
 NARROWED = {"profile_not_found": NotFound, "profile_not_applicable": InvalidRequest, "no_chat_template": InvalidRequest,
-            "operator_not_applicable": InvalidRequest, "probe_not_found": InvalidRequest, "vector_not_found": InvalidRequest}
+            "operator_not_applicable": InvalidRequest, "probe_not_found": InvalidRequest, "vector_not_found": InvalidRequest,
+            "response_not_found": NotFound}
 ROWS = {code: (status, type_) for code, status, type_, _ in table()}
 # The one code the spec spells in capitals ("returns 400 AMBIGUOUS_MODEL_NAME"): kept verbatim so a
 # client comparing against the spec's text matches; every other code is lower snake case.
