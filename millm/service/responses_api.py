@@ -61,8 +61,9 @@ class ResponsesApi:
             previous, items = found
             earlier = items + [item for item in previous["output"]]
         new = stored_items(body)
-        built = conversation(body.instructions, ITEMS.validate_python(earlier) + (body.input if isinstance(body.input, list) else ITEMS.validate_python(new)),
-                             len(earlier))
+        # This request's items as sent (their indices are what errors and reports name; stored ones drop reasoning).
+        sent = body.input if isinstance(body.input, list) else ITEMS.validate_python(new)
+        built = conversation(body.instructions, ITEMS.validate_python(earlier) + sent, len(earlier))
         ignored = own_ignored(body, built)
         handle_unused(ignored, strict)  # strict: refused before anything runs
         chat = chat_request(body, built)

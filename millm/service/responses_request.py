@@ -41,22 +41,16 @@ HOSTED_TOOLS_WHY = "millm runs no hosted tools (web search, file search, compute
 
 
 # input items -> chat messages ------------------------------------------------------------------------
-def part_text(parts: str | list[ContentPart], where: str | None) -> str:
-    """A content list's text, joined by newlines as chat joins text parts; other kinds are refused."""
+def chat_content(parts: str | list[ContentPart]) -> str | list[dict]:
+    """Content as chat's: text kinds (and a refusal's text) become text parts; any other kind is passed
+    on as it is, for the chat path to refuse naming the part, as it refuses chat's own image parts."""
     if isinstance(parts, str):
         return parts
-    texts = []
-    for k, part in enumerate(parts):
-        if part.type in TEXT_PARTS and part.text is not None:
-            texts.append(part.text)
-        elif part.type == "refusal" and part.refusal is not None:
-            texts.append(part.refusal)
-        else:
-            raise FieldNotHonoured(
-                f"content part of type {part.type!r} cannot be honoured: this model reads text only",
-                param=f"{where or EARLIER}.content[{k}]",
-            )
-    return "\n".join(texts)
+    chat_parts = []
+    for part in parts:
+        text = part.refusal if part.type == "refusal" else part.text if part.type in TEXT_PARTS else None
+        chat_parts.append({"type": "text", "text": text} if text is not None else {"type": part.type})
+    return chat_parts
 
 
 @dataclass
@@ -90,11 +84,11 @@ def conversation(instructions: str | None, items: list, first_new: int) -> Conve
     for n, item in enumerate(items):
         where = f"input[{n - first_new}]" if n >= first_new else None
         if isinstance(item, MessageItem):
-            built.add({"role": item.role, "content": part_text(item.content, where)}, where)
+            built.add({"role": item.role, "content": chat_content(item.content)}, where)
         elif isinstance(item, FunctionCallItem):
             built.call(item, where)
         elif isinstance(item, FunctionCallOutputItem):
-            built.add({"role": "tool", "tool_call_id": item.call_id, "content": part_text(item.output, where)}, where)
+            built.add({"role": "tool", "tool_call_id": item.call_id, "content": chat_content(item.output)}, where)
         elif isinstance(item, OtherItem) and item.type == "reasoning":
             # Another model's reasoning, echoed back by an agent loop: nothing this model can read.
             if where is not None:
@@ -228,7 +222,6 @@ def in_responses_words(error: MillmError, where: list[str | None]) -> MillmError
     if error.param is not None:
         error.param = relocate(error.param, where)
     return error
-
 
 
 def sent_as(ignored: list[str], where: list[str | None]) -> SentAs:
