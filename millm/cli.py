@@ -66,6 +66,10 @@ def serve(settings: Settings) -> int:
     from millm.store.single_process import DatabaseInUse
 
     settings.home.mkdir(parents=True, exist_ok=True)
+    if settings.reproducible:
+        from millm.engine.numerics import fix_cpu_numerics
+
+        fix_cpu_numerics()
     try:
         check_engine_setting(settings.engine)
         source = resolve_source(settings.model, settings.hub_dir)

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         "Compute dtype; auto = bfloat16 on CUDA cards with bf16 support and for Q4_1 GGUF files "
         "on the CPU (int4 kernels), else float32.",
     )
+    reproducible: bool = env_field(
+        False,
+        "MILLM_REPRODUCIBLE",
+        "Numbers that are the same on every x86 CPU: float32 on the CPU, transformers engine, kernels whose "
+        "rounding does not depend on the CPU kind (slower; for tests and examples that compare exact text).",
+    )
     engine: Literal["auto", "transformers", "llama.cpp"] = env_field(
         "auto",
         "MILLM_ENGINE",
@@ -256,6 +262,19 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute_paths(cls, value: list[Path]) -> list[Path]:
         return [path.expanduser().resolve() for path in value]
+
+    @model_validator(mode="after")
+    def _reproducible_numerics(self):
+        # Only float32 on the CPU, on kernels millm chooses, can be made the same on every CPU kind.
+        if not self.reproducible:
+            return self
+        for name, value, allowed, fixed in (("MILLM_DTYPE", self.dtype, ("auto", "float32"), "float32"),
+                                            ("MILLM_ENGINE", self.engine, ("auto", "transformers"), "transformers"),
+                                            ("MILLM_DEVICE", self.device, ("auto", "cpu"), "cpu")):
+            if value not in allowed:
+                raise ValueError(f"MILLM_REPRODUCIBLE runs {fixed} only; {name} {value!r} cannot be reproduced across CPUs")
+        self.dtype, self.engine, self.device = "float32", "transformers", "cpu"
+        return self
 
     @model_validator(mode="after")
     def _keys_from_files(self):

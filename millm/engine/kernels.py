@@ -109,10 +109,12 @@ def int4_linear(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, out
 class KernelPlan:
     """Which kernel each linear weight gets on this device and dtype."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, int4: bool):
+    def __init__(self, device: torch.device, dtype: torch.dtype, int4: bool, fixed: bool = False):
+        """`fixed`: the plain kernel for every weight (its results do not depend on the CPU kind)."""
         self.device = device
         self.dtype = dtype
-        self.int4 = int4 and device.type == "cpu" and dtype == torch.bfloat16
+        self.fixed = fixed
+        self.int4 = int4 and device.type == "cpu" and dtype == torch.bfloat16 and not fixed
         self.counts = {"int4": 0, "prepacked": 0, "dense": 0}
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
@@ -122,7 +124,7 @@ class KernelPlan:
             return int4_linear(*found, weight.shape[0], dense=prepack_supported(torch.bfloat16))
         weight = weight.detach().to(self.dtype)
         bias = None if bias is None else bias.detach().to(self.dtype)
-        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and prepack_supported(self.dtype):
+        if not self.fixed and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and prepack_supported(self.dtype):
             self.counts["prepacked"] += 1
             return prepacked_linear(weight, bias)
         self.counts["dense"] += 1

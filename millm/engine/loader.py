@@ -131,9 +131,10 @@ def file_sha256(path: Path) -> str:
 
 
 def gguf_cache_key(gguf_path: Path) -> str:
-    """The cache entry's name: the file's path, size and modification time (a changed file is converted again)."""
+    """The cache entry's name: the file's real path (links resolved: the same file reached another way is
+    the same entry), size and modification time (a changed file is converted again)."""
     stat = gguf_path.stat()
-    return hashlib.sha256(f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    return hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
 
 
 def _last_used(entry: Path) -> int:
@@ -256,9 +257,11 @@ def load_model(
     cache_root: Path,
     max_model_len: int | None = None,
     served_name: str | None = None,
+    reproducible: bool = False,
 ) -> LoadedModel:
     """Load weights and tokenizer for transformers, place them on the device and describe the
-    result (loader_llamacpp.load_with_llamacpp is the llama.cpp engine's counterpart)."""
+    result (loader_llamacpp.load_with_llamacpp is the llama.cpp engine's counterpart). With
+    `reproducible`, every linear runs on the plain float32 kernel (engine/numerics.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_device = pick_device(device)
@@ -288,7 +291,7 @@ def load_model(
     model.requires_grad_(False)
     parameters = sum(p.numel() for p in model.parameters())  # counted before the runner repacks them
     with torch.inference_mode():
-        runner = make_runner(model, torch_device, torch_dtype, q4_weights)
+        runner = make_runner(model, torch_device, torch_dtype, q4_weights, fixed_kernels=reproducible)
     log.info("model runs on %s (%s): %s runner, kernels: %s", torch_device, torch_dtype, runner.name, runner.kernels)
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(

@@ -90,11 +90,12 @@ def advance_prefill(runner: Runner, prefill: Prefill, tokens: int | None) -> tor
     return runner.advance(prefill, tokens)  # type: ignore[attr-defined]  # a LeanPrefill comes from a LeanRunner
 
 
-def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False) -> Runner:
-    """The fastest faithful runner for this model on this device."""
+def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False, fixed_kernels: bool = False) -> Runner:
+    """The fastest faithful runner for this model on this device (with `fixed_kernels`, plain ones
+    whose rounding does not depend on the CPU kind: engine/numerics.py)."""
     runner_type = LeanRunner if LeanRunner.supports(model) else HFRunner
     if device.type != "cpu":
         return runner_type(model, device, dtype, None, None)
-    body = KernelPlan(device, dtype, int4=q4_weights)
-    head = KernelPlan(device, torch.float32, int4=False)
+    body = KernelPlan(device, dtype, int4=q4_weights, fixed=fixed_kernels)
+    head = KernelPlan(device, torch.float32, int4=False, fixed=fixed_kernels)
     return runner_type(model, device, dtype, body, head)

@@ -125,6 +125,7 @@ def inference_stats(state: ServerState) -> dict:
         "backend": None,
         "engine": None,
         "runner": None,
+        "numerics": "reproducible" if settings.reproducible else "fast",
         "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
         "queue_depth": 0,
         "running_rows": 0,

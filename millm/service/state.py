@@ -424,7 +424,8 @@ class ServerState:
                 sequences = min(LLAMACPP_SEQUENCES, self.settings.max_batch_size + 2 * self.settings.max_rows_per_request)
                 lm = load_with_llamacpp(source, dtype=dtype, cache_root=cache, sequences=sequences, max_model_len=window, served_name=name)
             else:
-                lm = load_model(source, dtype=dtype, device=self.settings.device, cache_root=cache, max_model_len=window, served_name=name)
+                lm = load_model(source, dtype=dtype, device=self.settings.device, cache_root=cache, max_model_len=window, served_name=name,
+                                reproducible=self.settings.reproducible)
         except Exception as exc:  # ModelSourceError says what; anything else (out of memory, ...) is named
             message = str(exc) if isinstance(exc, ModelSourceError) else f"could not load model {name!r}: {describe(exc)}"
             unloaded = f" ({current!r} was unloaded before the failure; no model is loaded now)" if current else ""

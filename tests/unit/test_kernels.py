@@ -82,3 +82,13 @@ def test_a_wide_pass_runs_on_the_bf16_copy_of_the_int4_weights():
     want = F.linear(wide, weight)
     assert (got - want).abs().max() <= 2 * (int4 - want).abs().max() + 1e-3
     assert torch.allclose(got, want, atol=0.05 * want.abs().max().item(), rtol=0.02)
+
+
+def test_a_fixed_plan_gives_every_weight_the_plain_kernel():
+    """--reproducible: no oneDNN pre-packing and no int4 kernel, whose rounding follows the CPU kind."""
+    weight = torch.randn(64, 64)
+    fixed = KernelPlan(torch.device("cpu"), torch.float32, int4=True, fixed=True)
+    x = torch.randn(3, 64)
+    assert torch.equal(fixed.linear(weight)(x), torch.nn.functional.linear(x, weight))
+    assert fixed.counts == {"int4": 0, "prepacked": 0, "dense": 1} and not fixed.int4
+
