@@ -3,13 +3,11 @@ through control vectors on the demo's own Q4_1 file; under a memory cap its wind
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import pytest
 
 from tests.api.clients import error, post, sdk
-from tests.support.server import ServerProcess
+from tests.support.model_cache import start_sharing
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"
@@ -17,16 +15,14 @@ WEEKEND = [{"role": "user", "content": "Tell me about your weekend."}]
 
 
 @pytest.fixture(scope="module")
-def cpp_demo(demo_server, tmp_path_factory):
-    home = tmp_path_factory.mktemp("cpp-demo-home")
+def cpp_demo(tmp_path_factory):
     # The demo's dequantised copy holds the file's tokenizer already converted (no 20 s GGUF read).
-    shutil.copytree(demo_server.log_path.parent / "cache", home / "cache")
     # 300 MiB holds the file (94 MiB), a micro-batch of logits (96 MiB) and a 4,096-token float16
     # KV cache (90 MiB): 280 MiB; not the 8,192 tokens the model was trained for (180 MiB: 370 MiB).
-    server = ServerProcess(home, ["--engine", "llama.cpp"],
+    server = start_sharing("demo", tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"],
                            env={"MILLM_MEMORY_LIMIT_BYTES": str(300 * 2**20)})
     try:
-        yield server.wait_ready(timeout=600)
+        yield server
     finally:
         server.stop()
 

@@ -22,18 +22,28 @@ def test_demo_sae_is_attached_with_labels(demo_server):
     assert 1403 in [f["index"] for f in found]
 
 
-@pytest.mark.parametrize(
-    "profile, words",
-    # italian-food: on an AMD Zen 4 the answer names Margherita, prosciutto and mozzarella; on an
-    # Intel Xeon with AMX (other bf16 kernels) the greedy text turns to a recipe with cheese instead.
-    [("pirate", ["pirate", "ship", "sea"]), ("italian-food", ["Margherita", "mozzarella", "prosciutto", "recipe", "cheese"]), ("music", ["melody", "song", "music"]), ("france", ["French", "France", "Paris"])],
-)
-def test_demo_profiles_change_the_answer_plainly(demo_server, profile, words):
+# What each profile is about (its description's words and their kin). The greedy text differs between
+# CPU kinds (bf16 kernels), so the test asks that the steered answer talks about the topic more
+# than the plain one does, not for any one word.
+TOPICS = {
+    "pirate": ["pirate", "ship", "sea", "sail", "captain", "treasure", "crew"],
+    "italian-food": ["Italian", "Italy", "pasta", "pizza", "Margherita", "mozzarella", "prosciutto", "cheese", "recipe", "tomato", "dish", "cook"],
+    "music": ["melody", "melodies", "song", "music", "sing", "tune", "rhythm"],
+    "france": ["French", "France", "Paris", "Bordeaux", "café", "cafe"],
+}
+
+
+def topic_words(text: str, profile: str) -> int:
+    """How many times the text names the profile's topic."""
+    return sum(text.lower().count(word.lower()) for word in TOPICS[profile])
+
+
+@pytest.mark.parametrize("profile", TOPICS)
+def test_demo_profiles_change_the_answer_plainly(demo_server, profile):
     plain = answer(demo_server)
     steered = answer(demo_server, profile=profile)
     assert steered != plain
-    assert any(word in steered for word in words), steered
-    assert not any(word in plain for word in words if word not in ("music", "sea"))
+    assert topic_words(steered, profile) >= topic_words(plain, profile) + 2, (steered, plain)
 
 
 def test_unsteered_by_default(demo_server):

@@ -9,12 +9,12 @@ see."""
 from __future__ import annotations
 
 import re
-import shutil
 
 import httpx
 import pytest
 from playwright.sync_api import expect
 
+from tests.support.model_cache import start_sharing
 from tests.support.server import ServerProcess
 from tests.ui.test_chat_view import finished, say
 
@@ -37,12 +37,10 @@ class Demo:
 
 
 @pytest.fixture(scope="module")
-def demo(demo_server, tmp_path_factory):
-    home = tmp_path_factory.mktemp("ui-demo-home")
-    shutil.copytree(demo_server.log_path.parent / "cache", home / "cache")  # the converted checkpoint: no second conversion
-    process = ServerProcess(home, [])
+def demo(tmp_path_factory):
+    process = start_sharing("demo", tmp_path_factory.mktemp("ui-demo-home"), [])  # the converted checkpoint: no second conversion
     try:
-        yield Demo(process.wait_ready(timeout=600))
+        yield Demo(process)
     finally:
         process.stop()
 
@@ -148,7 +146,8 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
     expect(heat.locator("span[aria-label]")).to_have_count(len(direct["tokens"]))
     shoot(page, "inspect")
 
-    # the sets of docs/discovery.md's contrast example, by the mean: the pirate features #85 and #1403 lead
+    # the sets of docs/discovery.md's contrast example, by the mean: the pirate feature #1403 is among the two that lead
+    # (#85 "chef / Captain / pirate" beside it on the CPU kinds tried)
     pirate = ["Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!",
               "The captain buried his treasure on the island.", "Shiver me timbers, the crew wants rum.",
               "Walk the plank, ye scurvy dog!", "The pirates raided the merchant galleon at dawn."]
@@ -161,10 +160,11 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
     page.get_by_label("Features per side").fill("5")
     page.get_by_role("button", name="Contrast", exact=True).click()
     ranked = demo.api("POST", f"/api/saes/{SAE}/contrast", json={"a": {"texts": pirate}, "b": {"texts": plain}, "aggregate": "mean", "top_k": 5}).json()
-    assert [f["index"] for f in ranked["favouring_a"][:2]] == [85, PIRATE]
+    first, second = (f["index"] for f in ranked["favouring_a"][:2])
+    assert PIRATE in (first, second)
     favouring_a = page.get_by_role("table", name="Favouring A")
-    expect(favouring_a.get_by_role("row").nth(1)).to_contain_text("#85")
-    expect(favouring_a.get_by_role("row").nth(2)).to_contain_text(f"#{PIRATE}")
+    expect(favouring_a.get_by_role("row").nth(1)).to_contain_text(f"#{first}")
+    expect(favouring_a.get_by_role("row").nth(2)).to_contain_text(f"#{second}")
     show(page, page.get_by_role("region", name="Contrast two sets of texts"))
     shoot(page, "contrast")
 
