@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from tests.support.zygote import ForkedServer, Zygote
+
 TEST_ROOT: Path | None = None  # pytest's base temporary folder, set by the session fixture in conftest.py
+_zygote: Zygote | None = None
+
+
+def zygote() -> Zygote:
+    """This pytest process's zygote, started on first use (MILLM_TEST_FORK=0: none, every server a new interpreter)."""
+    global _zygote
+    if _zygote is None:
+        _zygote = Zygote(Path(tempfile.mkdtemp(prefix="millm-zygote-")))  # short: a Unix socket's path is at most 107 bytes
+        atexit.register(_zygote.stop)
+    return _zygote
 
 
 def free_port() -> int:
@@ -23,9 +37,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m millm serve ...` in a subprocess, with its log kept for failure messages."""
+    """`millm serve ...` in a process of its own, forked from the zygote (tests/support/zygote.py)
+    or, with `fork=False`, `python -m millm serve ...`; its log is kept for failure messages."""
 
-    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None, allowed: list[Path] | None = None):
+    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None, allowed: list[Path] | None = None, fork: bool = True):
         """`allowed` are the MILLM_ALLOWED_PATHS; by default the session's temporary folder
         (`TEST_ROOT`), where tests build the checkpoints and SAEs they register over HTTP."""
         self.port = free_port()
@@ -41,8 +56,13 @@ class ServerProcess:
             "MILLM_ALLOWED_PATHS": allowed_paths,
             **(env or {}),
         }
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        self.log_path.write_text("")
+        self.process: ForkedServer | subprocess.Popen
+        if fork and os.environ.get("MILLM_TEST_FORK", "1") != "0" and zygote().can_fork(environment):
+            self.process = ForkedServer(zygote(), command[3:], environment, self.log_path)
+        else:
+            with self.log_path.open("w") as log:
+                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
 
     @property
     def log(self) -> str:
@@ -72,4 +92,3 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self._log.close()
