@@ -261,14 +261,15 @@ LONG_CALL = {"type": "function", "name": "record", "parameters": {
 
 
 def test_a_failure_partway_is_an_error_event_then_failed(server):
-    # A forced call that cannot close before ~800 tokens (some 20 s of constrained decoding here) is still running when an unload with a
-    # 0.5 s grace fails it (model_busy), as it fails chat's streams.
+    # A forced call that cannot close before ~800 tokens runs to its budget, the whole window the prompt leaves (about 1,700 tokens:
+    # 6 s of constrained decoding on the fastest CPU tried, an AMD Zen 5), so it is still running when an unload with a 0.5 s grace
+    # fails it (model_busy), as it fails chat's streams.
     events: list[dict] = []
     started = threading.Event()
 
     def read():
         with httpx.stream("POST", f"{server.base_url}/v1/responses", timeout=120,
-                          json={"model": MODEL, "input": ASK, "max_output_tokens": 600, "stream": True, "tools": [LONG_CALL],
+                          json={"model": MODEL, "input": ASK, "max_output_tokens": tiny_models.CONTEXT - 400, "stream": True, "tools": [LONG_CALL],
                                 "tool_choice": "required"}) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -279,7 +280,6 @@ def test_a_failure_partway_is_an_error_event_then_failed(server):
     reader = threading.Thread(target=read)
     reader.start()
     assert started.wait(60)
-    time.sleep(0.3)
     assert api(server, "POST", f"/api/models/{MODEL}/unload").status_code == 200
     reader.join(60)
     assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error", "response.failed"], events[-3:]
