@@ -62,7 +62,7 @@ def test_chat_with_a_profile_and_a_probe(demo, page, shoot):
     steering.get_by_role("combobox", name="Profile").select_option("pirate")
     page.get_by_label("Watch with pirate-talk").check()
     say(page, WEEKEND)
-    answer = finished(page.get_by_role("article", name="Answer 1"))
+    answer = finished(page.get_by_role("article", name="Answer 1"), timeout_ms=300_000)
     direct = demo.api("POST", "/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
         "profile": "pirate", "probes": ["pirate-talk"]})
@@ -89,7 +89,7 @@ def test_compare_unsteered_and_pirate_side_by_side(demo, page, shoot):
         variant.get_by_role("combobox", name="Steered by").select_option("profile")
         variant.get_by_role("combobox", name="Profile").select_option(profile)
     say(page, WEEKEND)
-    turn = finished(page.get_by_role("region", name="Comparison 1"))
+    turn = finished(page.get_by_role("region", name="Comparison 1"), timeout_ms=300_000)
     direct = demo.api("POST", "/api/compare", json={
         "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
         "seed": int(demo_seed(turn)), "variants": ["unsteered", {"profile": "pirate"}, {"profile": "italian-food"}]}).json()["variants"]

@@ -51,8 +51,9 @@ def expect_conversation(page, expected: list[dict]) -> None:
         assert conversation(page) == expected  # the difference, as pytest shows it
 
 
-def finished(locator):
-    expect(locator).to_have_attribute("aria-busy", "false", timeout=60_000)
+def finished(locator, timeout_ms: int = 60_000):
+    """The locator once its turn has stopped streaming."""
+    expect(locator).to_have_attribute("aria-busy", "false", timeout=timeout_ms)
     return locator
 
 
