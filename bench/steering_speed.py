@@ -31,7 +31,7 @@ from millm.engine.sampling import SamplingParams  # noqa: E402
 from millm.engine.sources import demo_source  # noqa: E402
 from millm.interp.formats import read_sae  # noqa: E402
 from millm.interp.steering import Attached, steering_edit  # noqa: E402
-from millm.service.demo import DEMO_SAE  # noqa: E402
+from millm.service.models.shipped import DEMO_SAE  # noqa: E402
 
 
 def decode_rate(lm, prompt_ids, tokens, edit) -> float:

@@ -61,7 +61,7 @@ def serve(settings: Settings) -> int:
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
     from millm.errors import ModelSourceError, StoreUnavailable
-    from millm.service.engines import check_engine_setting
+    from millm.service.models.engines import check_engine_setting
     from millm.service.state import ServerState
     from millm.store.single_process import DatabaseInUse
 

@@ -31,7 +31,7 @@ from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
 from millm.api.mcp_server import build_mcp
 from millm.api.openapi import install_openapi
-from millm.service.serving import Serving
+from millm.service.serving.serving import Serving
 from millm.service.state import ServerState
 from millm.settings import Settings
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Request
 
 from millm.api.deps import state_of
 from millm.protocol.autosteer import AutoSteerRequest
-from millm.service.autosteer import start_autosteer
-from millm.service.jobs import JobView
+from millm.service.runtime.jobs import JobView
+from millm.service.training.autosteer import start_autosteer
 
 router = APIRouter()
 

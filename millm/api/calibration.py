@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import state_of
-from millm.service import calibration_admin as admin
-from millm.service.calibration import CalibrationView
-from millm.service.calibration_corpus import CalibrateRequest
-from millm.service.jobs import JobView
+from millm.service.features.calibrations import CalibrationView
+from millm.service.manage import calibrations as admin
+from millm.service.runtime.jobs import JobView
+from millm.service.training.corpus import CalibrateRequest
 
 router = APIRouter()
 

@@ -10,7 +10,7 @@ from millm.api.deps import settings_of, state_of
 from millm.api.headers import STRICT_HEADER, strict_mode
 from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.compare import CompareRequest, Comparison
-from millm.service.compare import compare
+from millm.service.discovery.compare import compare
 
 router = APIRouter()
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The comparison; with stream: true, server-sent events (compare.start, "

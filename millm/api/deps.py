@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from millm.service.responses_api import ResponsesApi
-from millm.service.serving import Serving
+from millm.service.responses.api import ResponsesApi
+from millm.service.serving.serving import Serving
 from millm.service.state import ServerState
 from millm.settings import Settings
 

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Request
 from millm.api.deps import state_of
 from millm.api.replies import unless_client_leaves
 from millm.protocol.discovery import ContrastRequest, ContrastResponse, InspectRequest, InspectResponse
-from millm.service.contrast import contrast_sets
-from millm.service.inspection import inspect_text
+from millm.service.discovery.contrast import contrast_sets
+from millm.service.discovery.inspection import inspect_text
 
 router = APIRouter()
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import state_of
-from millm.service import base_admin as bases
+from millm.service.manage import bases
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import state_of
-from millm.service import model_admin
+from millm.service.manage import models as model_admin
 
 router = APIRouter()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import state_of
-from millm.service.jobs import JobView
+from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
 

@@ -11,8 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import state_of
 from millm.interp.labels import ExportFormat, LabelFormat
-from millm.service import feature_admin as features
-from millm.service.feature_admin import FeatureDetail, FeatureSearch, LabelImport, LabelsCleared
+from millm.service.manage import features
+from millm.service.manage.features import FeatureDetail, FeatureSearch, LabelImport, LabelsCleared
 
 router = APIRouter()
 

@@ -14,9 +14,9 @@ from millm.interp.document_schemas import MAX_DESCRIPTION, AbortEntries, Steerin
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
 from millm.protocol.schema_rules import sent
-from millm.service import steering_admin as admin
-from millm.service.paths import HUB_ID_PATTERN
-from millm.service.threads import in_passing_thread
+from millm.service.manage import steering as admin
+from millm.service.models.paths import HUB_ID_PATTERN
+from millm.service.runtime.threads import in_passing_thread
 
 router = APIRouter()
 

@@ -46,11 +46,11 @@ from millm.api.replies import report_headers
 from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
-from millm.service import feature_admin as features
-from millm.service import steering_admin as admin
-from millm.service.compare import compare
-from millm.service.contrast import contrast_sets
-from millm.service.inspection import inspect_text
+from millm.service.discovery.compare import compare
+from millm.service.discovery.contrast import contrast_sets
+from millm.service.discovery.inspection import inspect_text
+from millm.service.manage import features
+from millm.service.manage import steering as admin
 from millm.service.state import ServerState
 
 log = logging.getLogger(__name__)

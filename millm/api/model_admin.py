@@ -14,7 +14,7 @@ from pydantic import Field
 
 from millm.api.deps import state_of
 from millm.api.manage import StrictBody
-from millm.service import model_admin
+from millm.service.manage import models as model_admin
 
 router = APIRouter()
 

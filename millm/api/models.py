@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import state_of
-from millm.service import model_admin
+from millm.service.manage import models as model_admin
 
 router = APIRouter()
 

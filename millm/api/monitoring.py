@@ -11,8 +11,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import state_of
-from millm.service import monitor_admin
-from millm.service.monitoring import MAX_TOP_K, PositionWord
+from millm.service.features.monitoring import MAX_TOP_K, PositionWord
+from millm.service.manage import monitoring as monitor_admin
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0

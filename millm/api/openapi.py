@@ -33,12 +33,12 @@ from millm.protocol.requests import (
 )
 from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
 from millm.protocol.schema_subset import SUBSET_SCHEMA
-from millm.service.activations import READ_SCHEMA
-from millm.service.probe_watches import MAX_REQUEST_PROBES
-from millm.service.scoring import scoring_schema_rules
-from millm.service.structured import NAME as SCHEMA_NAME
-from millm.service.structured import response_format_schema_rules
-from millm.service.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
+from millm.service.probes.watches import MAX_REQUEST_PROBES
+from millm.service.serving.activations import READ_SCHEMA
+from millm.service.serving.scoring import scoring_schema_rules
+from millm.service.serving.structured import NAME as SCHEMA_NAME
+from millm.service.serving.structured import response_format_schema_rules
+from millm.service.serving.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
 from millm.settings import Settings
 
 ERROR_SCHEMA = {

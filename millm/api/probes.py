@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import state_of
 from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
-from millm.service import probe_admin as admin
-from millm.service.jobs import JobView
-from millm.service.probe_training import ProbeTrainRequest, start_training
+from millm.service.manage import probes as admin
+from millm.service.runtime.jobs import JobView
+from millm.service.training.probes import ProbeTrainRequest, start_training
 
 router = APIRouter()
 

@@ -18,7 +18,7 @@ from millm.errors import ClientGone, MillmError
 from millm.interp.intensity import echo
 from millm.interp.mistudio import RUNG_LANGUAGE
 from millm.protocol.responses import WireModel
-from millm.service.replies import Reply, Report
+from millm.service.serving.replies import Reply, Report
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 T = TypeVar("T")

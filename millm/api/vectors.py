@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse
 from millm.api.deps import state_of
 from millm.interp.vector_file import VectorFile
 from millm.protocol.vectors import ExplainK, TrainVectorRequest, VectorDeleted, VectorExplanation, VectorList, VectorView
-from millm.service.jobs import JobView
-from millm.service.vector_explain import explain_vector
-from millm.service.vector_training import start_training
+from millm.service.discovery.vector_explain import explain_vector
+from millm.service.runtime.jobs import JobView
+from millm.service.training.vectors import start_training
 
 router = APIRouter()
 

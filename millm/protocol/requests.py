@@ -165,11 +165,11 @@ class SamplingFields(GenerationFields):
     stream_options: StreamOptions | None = None
     n: Choices | None = None
     user: str | None = None
-    # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/activations.py)
+    # miLLM: this request's activations of an attached SAE (checked against the SAEs in service/serving/activations.py)
     return_sae_activations: dict | None = None
-    # miLLM: probes watching this request's rows, by name or inline (checked in service/probe_watches.py)
+    # miLLM: probes watching this request's rows, by name or inline (checked in service/probes/watches.py)
     probes: list[str | dict[str, Any]] | None = None
-    # miLLM: this request's own steering, a profile document's steering part (checked in service/prechecks.py)
+    # miLLM: this request's own steering, a profile document's steering part (checked in service/serving/prechecks.py)
     steering: dict | None = None
 
 
@@ -206,7 +206,7 @@ class ChatCompletionRequest(SamplingFields):
     profile: str | None = None  # miLLM: a saved steering profile for this request only
     steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None  # checked in service/tools.py (one message per malformed tool)
+    tools: list[Any] | None = None  # checked in service/serving/tools.py (one message per malformed tool)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None

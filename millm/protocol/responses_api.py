@@ -3,7 +3,7 @@
 The Responses API says the same things as chat completions in other words: `input` items
 instead of messages, `instructions` instead of a system message, `max_output_tokens`,
 `text.format` instead of `response_format`, flat function tools. millm serves it by saying it
-as a chat request (service/responses_api.py), so these models only describe the wire.
+as a chat request (service/responses/api.py), so these models only describe the wire.
 """
 
 from __future__ import annotations

@@ -42,33 +42,33 @@ from millm.errors import (
     describe,
 )
 from millm.interp.steering import Attached
-from millm.service.calibration import CalibrationBook
-from millm.service.checkpoints import (
+from millm.service.features.calibrations import CalibrationBook
+from millm.service.features.labels import LabelBook
+from millm.service.features.monitoring import Monitor
+from millm.service.models.checkpoints import (
     check_memory,
     check_quantization,
     inspect,
     prefix_cache_budget,
 )
-from millm.service.decoders import DecoderCache
-from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.engines import LLAMACPP, TRANSFORMERS, plan_load
-from millm.service.jobs import JobBook
-from millm.service.labels import LabelBook
-from millm.service.models import ModelRegistry, ModelState, RegisteredModel
-from millm.service.monitoring import Monitor
-from millm.service.paths import inside, resolved
-from millm.service.plans import DialLimits, Planner
-from millm.service.probe_conditions import ProbeConditions
-from millm.service.probes import ProbeBook
-from millm.service.profiles import ProfileBook
-from millm.service.registrations import ClientRegistrations
-from millm.service.replication import Replication
-from millm.service.resolution import Resolvers
-from millm.service.saes import SAERegistry
-from millm.service.slot import ModelSlot, current_lease, request_scope
-from millm.service.steering import Steering
-from millm.service.threads import in_passing_thread
-from millm.service.vectors import VectorBook
+from millm.service.models.engines import LLAMACPP, TRANSFORMERS, plan_load
+from millm.service.models.paths import inside, resolved
+from millm.service.models.registrations import ClientRegistrations
+from millm.service.models.registry import ModelRegistry, ModelState, RegisteredModel
+from millm.service.models.slot import ModelSlot, current_lease, request_scope
+from millm.service.probes.book import ProbeBook
+from millm.service.probes.conditions import ProbeConditions
+from millm.service.runtime.jobs import JobBook
+from millm.service.runtime.replication import Replication
+from millm.service.runtime.threads import in_passing_thread
+from millm.service.steering.decoders import DecoderCache
+from millm.service.steering.documents import CircuitBook, ClusterBook
+from millm.service.steering.live import Steering
+from millm.service.steering.plans import DialLimits, Planner
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.resolution import Resolvers
+from millm.service.steering.saes import SAERegistry
+from millm.service.steering.vectors import VectorBook
 from millm.settings import Settings
 from millm.store.changes import Topic
 from millm.store.database import Store, database_url
@@ -443,7 +443,7 @@ class ServerState:
         )
         self.steering.restore(lm, self._may_read)
         if source.kind in ("demo", "packaged"):
-            from millm.service.demo import install_shipped
+            from millm.service.models.shipped import install_shipped
 
             install_shipped(self, lm)
         with self._mutex:

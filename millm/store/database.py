@@ -148,7 +148,7 @@ calibrations_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# Steering vectors (service/vectors.py): the unit direction as d_model little-endian float32 bytes
+# Steering vectors (service/steering/vectors.py): the unit direction as d_model little-endian float32 bytes
 # (read back bit for bit), its trained length and where and on which model it was trained.
 vectors_table = Table(
     "millm_vectors",

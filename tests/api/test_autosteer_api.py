@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
-from millm.service.judge import QUESTION, judge_tokens
+from millm.service.discovery.judge import QUESTION, judge_tokens
 from tests.api.clients import MODEL, api, error, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
+from millm.interp.calibration_stats import pack_grids
 from millm.interp.formats import read_sae
-from millm.service.calibration_stats import pack_grids
 from tests.api.clients import MODEL, api, error, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens

@@ -12,7 +12,7 @@ import pytest
 
 from millm.errors import InvalidRequest
 from millm.protocol.compare import CompareRequest
-from millm.service.prechecks import check_rows
+from millm.service.serving.prechecks import check_rows
 from tests.api.clients import MODEL, api, error, post, sse_events
 from tests.support.mistudio_docs import cluster, raw
 from tests.support.server import ServerProcess

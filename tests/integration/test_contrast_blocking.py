@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from millm.engine.sources import resolve_source
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
-from millm.service.contrast import contrast_prompts_blocking
+from millm.service.discovery.contrast import contrast_prompts_blocking
 from millm.service.state import ServerState
 from millm.settings import Settings
 from tests.support.tiny_saes import build_saelens

@@ -17,13 +17,13 @@ from millm.errors import InvalidRequest
 from millm.interp.intensity import parse_dial
 from millm.interp.profiles import validate_spec
 from millm.interp.steering import steering_edit
-from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.labels import LabelBook
-from millm.service.plans import DialLimits, Planner
-from millm.service.profiles import ProfileBook
-from millm.service.resolution import Resolvers
-from millm.service.saes import SAERegistry
-from millm.service.steering import Steering
+from millm.service.features.labels import LabelBook
+from millm.service.steering.documents import CircuitBook, ClusterBook
+from millm.service.steering.live import Steering
+from millm.service.steering.plans import DialLimits, Planner
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.resolution import Resolvers
+from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.support.tiny_saes import build_saelens, sae_tensors

@@ -11,12 +11,12 @@ from millm.interp.binding import circuit_bindings, circuit_mode
 from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
 from millm.interp.steering import InvalidFeatureIndex
-from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.labels import LabelBook
-from millm.service.plans import BaseUnfit, DialLimits, Planner
-from millm.service.profiles import ProfileBook
-from millm.service.saes import SAERegistry
-from millm.service.steering import Steering
+from millm.service.features.labels import LabelBook
+from millm.service.steering.documents import CircuitBook, ClusterBook
+from millm.service.steering.live import Steering
+from millm.service.steering.plans import BaseUnfit, DialLimits, Planner
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from tests.integration.engine_helpers import prompt_ids
 from tests.integration.test_steering_engine import residuals
@@ -270,7 +270,7 @@ def test_an_unfit_base_is_refused_every_time_and_logged_once_per_state(world, ca
     (row,) = clusters.import_raw(raw(cluster(name="layer-two", layer=2)), "fail")
     steering.set_active("cluster", row["id"])
     steering.detach(ids[2])
-    caplog.set_level(logging.WARNING, logger="millm.service.plans")
+    caplog.set_level(logging.WARNING, logger="millm.service.steering.plans")
     for _ in range(3):
         with pytest.raises(BaseUnfit):
             planner.plan_for(None, None)
@@ -287,7 +287,7 @@ def test_live_values_of_a_detached_sae_are_logged_once(world, caplog):
     steering, _, _, planner, ids = world
     steering.set_features({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
     steering.detach(ids[2])
-    caplog.set_level(logging.WARNING, logger="millm.service.plans")
+    caplog.set_level(logging.WARNING, logger="millm.service.steering.plans")
     plans = [planner.plan_for(None, None), planner.plan_for(None, parse_dial(0.5)), planner.plan_for(None, None)]
     assert [p.edit.points for p in plans] == [{1}, {1}, {1}]
     logged = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]

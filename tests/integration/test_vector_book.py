@@ -13,7 +13,7 @@ from millm.engine.residual import EMBEDDINGS
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
 from millm.interp.formats import SAEInfo
 from millm.interp.steering import Attached
-from millm.service.vectors import VectorBook
+from millm.service.steering.vectors import VectorBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
 from tests.support.old_schemas import build, old_rows
 

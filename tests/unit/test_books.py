@@ -9,9 +9,9 @@ from sqlalchemy import event
 
 from millm.errors import Conflict, NotFound
 from millm.interp.profiles import validate_profile
-from millm.service.books import NAME_LIMIT, unique_name, unique_names
-from millm.service.documents import CircuitBook, ClusterBook
-from millm.service.profiles import ProfileBook
+from millm.service.steering.books import NAME_LIMIT, unique_name, unique_names
+from millm.service.steering.documents import CircuitBook, ClusterBook
+from millm.service.steering.profiles import ProfileBook
 from millm.store.database import Store, database_url
 from tests.support.mistudio_docs import circuit, cluster, raw
 

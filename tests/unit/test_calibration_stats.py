@@ -7,9 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from millm.errors import InvalidRequest
-from millm.service.calibration_corpus import CalibrateRequest, check_source
-from millm.service.calibration_job import groups
-from millm.service.calibration_stats import (
+from millm.interp.calibration_stats import (
     LEVELS,
     Accumulator,
     FiringValues,
@@ -20,6 +18,8 @@ from millm.service.calibration_stats import (
     quantile_grid,
     unpack_grids,
 )
+from millm.service.training.calibration import groups
+from millm.service.training.corpus import CalibrateRequest, check_source
 
 
 def sparse_texts(seed: int, texts: int = 12, d_sae: int = 40, width: int = 30):

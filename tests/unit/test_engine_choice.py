@@ -10,9 +10,9 @@ import pytest
 
 from millm.engine.sources import QUANT_SUFFIX, pick_quant, resolve_source
 from millm.errors import AmbiguousModelName, ModelSourceError
-from millm.service.checkpoints import GGUFShape, inspect
-from millm.service.engines import LLAMACPP, MIN_CONTEXT, TRANSFORMERS, choose_engine, llamacpp_sizing
-from millm.service.models import ModelRegistry
+from millm.service.models.checkpoints import GGUFShape, inspect
+from millm.service.models.engines import LLAMACPP, MIN_CONTEXT, TRANSFORMERS, choose_engine, llamacpp_sizing
+from millm.service.models.registry import ModelRegistry
 from millm.store.database import Store, database_url
 
 

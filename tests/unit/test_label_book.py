@@ -12,9 +12,9 @@ import torch
 from millm.errors import SAEFormatError
 from millm.interp.formats import read_sae
 from millm.interp.labels import LabelDocument, read_document
-from millm.service.decoders import DecoderCache, decoder_of, neighbours
-from millm.service.label_search import LabelIndex, fts_query
-from millm.service.labels import LabelBook
+from millm.service.features.label_search import LabelIndex, fts_query
+from millm.service.features.labels import LabelBook
+from millm.service.steering.decoders import DecoderCache, decoder_of, neighbours
 from millm.store.database import Store, database_url
 from millm.store.labels import LabelStore
 from tests.support.tiny_saes import build_saelens
@@ -214,7 +214,7 @@ def test_a_search_holding_an_index_survives_a_write(store):
 
 
 def test_sae_registered_before_labels_were_stored_get_their_own_at_start(store, tmp_path):
-    from millm.service.saes import SAERegistry
+    from millm.service.steering.saes import SAERegistry
 
     info, _ = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
     store.add_sae(info.to_dict())  # as an older version left it: registered, no labels stored

@@ -13,9 +13,9 @@ from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, JobFailed
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import resolve_source
 from millm.errors import Conflict, InsufficientMemoryToLoad, InvalidRequest, ModelNotFound, ModelSourceError, UnsupportedQuantization
-from millm.service.checkpoints import Checkpoint, DeviceMemory, check_memory, check_quantization, inspect
-from millm.service.models import ModelRegistry
-from millm.service.slot import ModelSlot, current_lease, request_scope
+from millm.service.models.checkpoints import Checkpoint, DeviceMemory, check_memory, check_quantization, inspect
+from millm.service.models.registry import ModelRegistry
+from millm.service.models.slot import ModelSlot, current_lease, request_scope
 from millm.store.database import Store, database_url
 from tests.support import model_dirs
 from tests.support.postgres import PostgresServer, binaries

@@ -10,7 +10,7 @@ from millm.engine.jobs import ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
 from millm.interp.steering import Attached
-from millm.service.monitoring import Monitor
+from millm.service.features.monitoring import Monitor
 from millm.store.database import Store, database_url
 from tests.support.tiny_saes import build_saelens
 
@@ -65,7 +65,7 @@ def test_past_its_bound_the_queue_drops_and_counts(monitored, caplog):
         hand_over(capture())
         wait_until(lambda: monitor.describe(attached)["queue"]["pending"] == 0)  # the worker holds it
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="millm.service.monitoring"):
+        with caplog.at_level(logging.WARNING, logger="millm.service.features.monitoring"):
             for row in range(BACKLOG + 4):
                 hand_over(capture(row))
         assert time.monotonic() - started < 1.0  # never waits for the stalled worker

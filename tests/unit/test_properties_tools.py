@@ -12,7 +12,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from millm.service.tools import OPEN, CallHoldback
+from millm.service.serving.tools import OPEN, CallHoldback
 
 # Pieces of the markup (and of near misses) make partial and complete openings frequent.
 PIECES = [OPEN, "<tool_call", "<tool", "<", "tool_call>", "</tool_call>", "<tool_cal>", "{\"name\": \"f\"}", "a", " ", "\n", "é"]

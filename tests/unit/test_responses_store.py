@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from millm.service.responses_request import relocate
+from millm.service.responses.request import relocate
 from millm.store.database import Store, database_url
 from millm.store.responses import delete_response, load_response, save_response
 

@@ -4,7 +4,7 @@
 import pytest
 
 from millm.protocol.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
-from millm.service.structured import ConstrainedOutputInvalid, Structured, validate_output
+from millm.service.serving.structured import ConstrainedOutputInvalid, Structured, validate_output
 
 SUPPORTED_EXAMPLES = [
     {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False},

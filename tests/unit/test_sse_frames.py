@@ -7,8 +7,8 @@ from millm.api.replies import frames as sse_frames
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemory
-from millm.service.answers import ChatShape, CompletionShape, Meta, chunks
-from millm.service.generation import JobStream
+from millm.service.serving.answers import ChatShape, CompletionShape, Meta, chunks
+from millm.service.serving.generation import JobStream
 
 ROW = RowSpec(prompt_ids=(1, 2), sampling=SamplingParams(), max_tokens=4)
 

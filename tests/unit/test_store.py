@@ -6,7 +6,7 @@ import os
 import pytest
 
 from millm.errors import Conflict
-from millm.service.profiles import ProfileBook
+from millm.service.steering.profiles import ProfileBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
 from tests.support.old_schemas import build
 

@@ -7,7 +7,7 @@ import pytest
 from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.service.tools import CallHoldback, parse_tools, read_answer, tool_messages
+from millm.service.serving.tools import CallHoldback, parse_tools, read_answer, tool_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
@@ -112,7 +112,7 @@ def test_messages_for_a_template_without_tools():
 
 
 def test_forced_grammars_close_objects_that_say_nothing_of_other_keys():
-    from millm.service.tools import closed
+    from millm.service.serving.tools import closed
 
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {"type": "string"}}},
                                                "open": {"type": "object", "properties": {}, "additionalProperties": True}},

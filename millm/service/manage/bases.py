@@ -1,0 +1,210 @@
+"""The management of imported miStudio documents (clusters and circuits) as steering bases.
+
+Clusters and circuits share their life cycle (list, get, export byte for byte, delete,
+deactivate), so one set of functions serves both, parameterised by the kind; what differs
+(a cluster's persistent dial and binding, a circuit's rung and layer bindings) has its own.
+Check-then-change steps hold the steering lock.
+"""
+
+from __future__ import annotations
+
+import json
+
+from millm.errors import InvalidRequest
+from millm.interp.binding import cluster_binding
+from millm.interp.mistudio import RUNG_LANGUAGE, authored_intensity, declared_range
+from millm.service.state import ServerState
+from millm.service.steering.documents import DocumentBook
+from millm.service.steering.plans import circuit_status
+
+KINDS = ("cluster", "circuit")
+
+
+def book(state: ServerState, kind: str) -> DocumentBook:
+    """The store's book of this kind."""
+    return state.clusters if kind == "cluster" else state.circuits
+
+
+def is_active(state: ServerState, kind: str, base_id: str) -> bool:
+    """Whether this cluster/circuit is the global steering base."""
+    return state.steering.active == {"kind": kind, "id": base_id}
+
+
+def view(state: ServerState, kind: str, row: dict) -> dict:
+    """A cluster's or circuit's view."""
+    return cluster_view(state, row) if kind == "cluster" else circuit_view(state, row)
+
+
+def list_bases(state: ServerState, kind: str) -> dict:
+    """Every imported document of this kind."""
+    with state.steering.lock:
+        return {"object": "list", "data": [view(state, kind, row) for row in book(state, kind).all()]}
+
+
+def get_base(state: ServerState, kind: str, key: str) -> dict:
+    """One document by id or name."""
+    with state.steering.lock:
+        return view(state, kind, book(state, kind).find(key))
+
+
+def export_base(state: ServerState, kind: str, key: str) -> str:
+    """The document byte for byte as imported (unknown keys included)."""
+    return book(state, kind).find(key)["raw"]
+
+
+def delete_base(state: ServerState, kind: str, key: str) -> dict:
+    """Remove a document; deleting the active one deactivates it."""
+    with state.steering.lock:
+        row = book(state, kind).find(key)
+        if is_active(state, kind, row["id"]):
+            state.steering.set_active(None, None)
+        book(state, kind).delete(row["id"])
+    return {"id": row["id"], "name": row["name"], "deleted": True}
+
+
+def deactivate_base(state: ServerState, kind: str) -> dict:
+    """Back to the live values as the base, if one of this kind was active."""
+    return {"deactivated": state.steering.deactivate(kind)}
+
+
+# clusters ------------------------------------------------------------------------------------------
+def cluster_view(state: ServerState, row: dict) -> dict:
+    """A cluster: name, members, declared range, persistent dial, whether active."""
+    document = state.clusters.document(row)
+    sae = document.get("sae") or {}
+    declared = declared_range(document)
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "active": is_active(state, "cluster", row["id"]),
+        "intensity": row["intensity"],
+        "intensity_range": list(declared) if declared else None,
+        "authored_intensity": authored_intensity(document),
+        "sae": {"layer": sae.get("layer"), "n_features": sae.get("n_features"), "mistudio_sae_id": sae.get("mistudio_sae_id") or sae.get("sae_id")},
+        "members": [
+            {"feature_idx": m["feature_idx"], "strength": m["strength"], "sign": m.get("sign", 1), "label": m.get("label")}
+            for m in document["members"]
+        ],
+        "created_at": row["created_at"],
+    }
+
+
+def import_clusters(state: ServerState, raw: bytes, on_conflict: str, activate: bool) -> dict:
+    """Import a definition or a bundle; `activate` makes the (first) one the base, all or nothing."""
+    with state.steering.lock:
+        # An import that is to be activated must bind first: a refused activation stores nothing either.
+        check = (lambda definitions: cluster_binding(definitions[0], state.steering.attached)) if activate else None
+        rows = state.clusters.import_raw(raw, on_conflict, check)
+        result: dict = {"object": "list"}
+        if activate:
+            result["activation"] = activate_cluster_row(state, rows[0])
+        result["data"] = [cluster_view(state, row) for row in rows]
+        return result
+
+
+def set_cluster_intensity(state: ServerState, key: str, intensity: float) -> dict:
+    """A cluster's persistent dial within [0, max]; an active cluster's change is live at once."""
+    with state.steering.lock:
+        row = state.clusters.set_intensity(key, intensity)
+        if is_active(state, "cluster", row["id"]):
+            state.steering.bump()
+        return cluster_view(state, row)
+
+
+def activate_cluster_row(state: ServerState, row: dict) -> dict:
+    """Check the cluster against the attached SAE (400 with the figures), then make it the base."""
+    binding = cluster_binding(state.clusters.document(row), state.steering.attached)
+    state.steering.set_active("cluster", row["id"])
+    return {"binding": binding.to_dict(), "live": state.steering.enabled}
+
+
+def activate_cluster(state: ServerState, key: str) -> dict:
+    """Make a cluster the base (n_features and layer checked against the attached SAE first)."""
+    with state.steering.lock:
+        row = state.clusters.find(key)
+        activation = activate_cluster_row(state, row)
+        return {**cluster_view(state, row), **activation}
+
+
+# circuits --------------------------------------------------------------------------------------------
+def steering_status(state: ServerState, row: dict | None) -> dict:
+    """Whether and how a circuit is steering now: mode, bindings, rung and its language."""
+    if row is None:
+        return {"steering": False, "mode": "none", "reason": "no active circuit"}
+    try:
+        document = state.circuits.document(row)
+        status = circuit_status(document, state.steering)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return {"steering": False, "mode": "none", "reason": "the stored definition cannot be parsed"}
+    active = is_active(state, "circuit", row["id"])
+    steering = active and state.steering.enabled and status.mode != "none"
+    reason = (
+        "not the active circuit" if not active
+        else "steering is disabled" if not state.steering.enabled
+        else "no SAE is attached on any member layer" if status.mode == "none"
+        else "served by its bound layers as a cluster (slice_fallback)" if status.mode == "slice_fallback"
+        else "every member layer is bound"
+    )
+    return {
+        "steering": steering,
+        "mode": status.mode,
+        "reason": reason,
+        "bindings": [b.to_dict() for b in status.bindings.values()],
+        "rung": status.rung,
+        "language": RUNG_LANGUAGE[status.rung],
+        # The rung header (and its language) is promised only while a circuit genuinely steers in full.
+        "rung_header": steering and status.mode == "full",
+    }
+
+
+def circuit_view(state: ServerState, row: dict) -> dict:
+    """A circuit's summary and how it would bind now."""
+    document = state.circuits.document(row)
+    status = steering_status(state, row)
+    declared = declared_range(document)
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "active": is_active(state, "circuit", row["id"]),
+        "rung": status.get("rung"),
+        "language": status.get("language"),
+        "layers": sorted({ref["layer"] for ref in document["saes"]}),
+        "members": len(document["members"]),
+        "edges": len(document.get("edges") or []),
+        "intensity_range": list(declared) if declared else None,
+        "authored_intensity": authored_intensity(document),
+        "steering": status,
+        "created_at": row["created_at"],
+    }
+
+
+def import_circuit(state: ServerState, raw: bytes, on_conflict: str) -> dict:
+    """Import one circuit definition, validated whole and stored byte for byte."""
+    row = state.circuits.import_raw(raw, on_conflict)
+    with state.steering.lock:
+        return circuit_view(state, row)
+
+
+def active_circuit(state: ServerState) -> dict:
+    """The active circuit (or None) and whether it steers now."""
+    with state.steering.lock:
+        active = state.steering.active
+        row = state.circuits.find(active["id"]) if active and active["kind"] == "circuit" else None
+        return {"circuit": circuit_view(state, row) if row else None, "steering": steering_status(state, row)}
+
+
+def activate_circuit(state: ServerState, key: str, acknowledge_rung: bool) -> dict:
+    """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not causal)."""
+    with state.steering.lock:
+        row = state.circuits.find(key)
+        level = state.circuits.rung(state.circuits.document(row))
+        if level < 2 and not acknowledge_rung:
+            raise InvalidRequest(
+                f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its edges are not causally validated; "
+                "send {\"acknowledge_rung\": true} to activate it anyway",
+                param="acknowledge_rung",
+                code="rung_not_acknowledged",
+            )
+        state.planner.check_fits("circuit", row["id"])  # a circuit none of whose layers binds would refuse every request
+        state.steering.set_active("circuit", row["id"])
+        return circuit_view(state, row)

@@ -1,0 +1,186 @@
+"""Feature labels and feature details, as the API presents them.
+
+Imports, exports, clears and searches are store and SQLite work: the API calls them from plain
+(worker-pool) route functions. A feature's details need the SAE's decoder: read once per SAE on a
+passing thread (torch), then numpy on a worker thread (decoders.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from anyio import to_thread
+from pydantic import BaseModel
+
+from millm.interp.formats import SAEInfo
+from millm.interp.labels import (
+    ExportFormat,
+    check_width,
+    export_csv,
+    export_json,
+    export_mistudio,
+    export_neuronpedia,
+    read_document,
+)
+from millm.interp.steering import check_feature
+from millm.service.features.calibrations import FeatureFigures
+from millm.service.features.label_search import FeatureMatch
+from millm.service.runtime.threads import in_passing_thread
+from millm.service.state import ServerState
+from millm.service.steering.decoders import Decoder, decoder_of, neighbours
+
+
+class LabelImport(BaseModel):
+    """What a PUT or PATCH of labels did."""
+
+    sae_id: str
+    format: str  # the document's format, as detected or as forced
+    source: str  # what the store records: neuronpedia, mistudio or plain
+    imported: int  # labels the document brought
+    replaced: int  # PUT: labels stored before (all gone now); PATCH: stored labels the document overwrote
+    skipped: int  # entries with an empty label (never stored)
+    total: int  # labels the SAE has now
+
+
+class LabelsCleared(BaseModel):
+    """What DELETE /api/saes/{id}/labels removed."""
+
+    sae_id: str
+    deleted: int
+
+
+class FeatureHit(FeatureMatch):
+    """A search result with its calibration figures, when the SAE is calibrated on the model."""
+
+    frequency: float | None = None  # fraction of read positions where it fires (its density)
+    max_activation: float | None = None
+
+
+class FeatureSearch(BaseModel):
+    """Labelled features ranked by relevance to `query` (all, by index, when it is empty)."""
+
+    object: str = "list"
+    sae_id: str
+    query: str
+    labels: int  # how many features of the SAE have a label
+    has_labels: bool  # whether any has
+    calibrated_on: str | None  # the model whose calibration gave the figures (null: none)
+    data: list[FeatureHit]
+
+
+class Neighbour(BaseModel):
+    """A feature near another: its index, the cosine of their decoder rows, and its label."""
+
+    index: int
+    cosine: float
+    label: str | None
+
+
+class FeatureDetail(BaseModel):
+    """One feature: its label (with source and detail), decoder norm and nearest features by decoder cosine."""
+
+    object: str = "feature"
+    sae_id: str
+    index: int
+    label: str | None
+    source: str | None
+    detail: dict[str, Any] | None
+    decoder_norm: float
+    neighbours: list[Neighbour]
+    calibrated_on: str | None  # the model whose calibration gave `calibration` (null: not calibrated)
+    calibration: FeatureFigures | None  # frequency, mean, max, quantiles and top examples
+
+
+# labels ------------------------------------------------------------------------------------------------
+def import_labels(state: ServerState, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool) -> LabelImport:
+    """Read a labels document (any accepted format), check it against the SAE's width, and replace
+    the SAE's set with it or merge it in; all or nothing."""
+    info = state.saes.get(sae_id)
+    document = read_document(raw, content_type, fmt)
+    check_width(document, info.d_sae)
+    counts = state.labels.replace(sae_id, document) if replace else state.labels.merge(sae_id, document)
+    return LabelImport(sae_id=sae_id, format=document.format, source=document.source, **vars(counts))
+
+
+def export_labels(state: ServerState, sae_id: str, fmt: ExportFormat, detail: bool) -> tuple[str, str]:
+    """(media type, body) of the SAE's labels in `fmt`; each re-imports to the same set."""
+    info = state.saes.get(sae_id)
+    labels = state.labels.labels(sae_id)
+    if fmt == "csv":
+        return "text/csv; charset=utf-8", export_csv(labels)
+    if fmt == "neuronpedia":
+        model_id, layer = _neuronpedia_ids(info)
+        return "application/json", json.dumps(export_neuronpedia(labels, model_id, layer))
+    if fmt == "mistudio":
+        return "application/json", json.dumps(export_mistudio(labels))
+    return "application/json", json.dumps(export_json(labels, detail))
+
+
+def _neuronpedia_ids(info: SAEInfo) -> tuple[str | None, str]:
+    """(modelId, layer) for a Neuronpedia export: from the SAE's neuronpedia_id when it has one."""
+    if info.neuronpedia_id and "/" in info.neuronpedia_id:
+        model_id, layer = info.neuronpedia_id.split("/", 1)
+        return model_id, layer
+    return info.model_name, info.id
+
+
+def clear_labels(state: ServerState, sae_id: str) -> LabelsCleared:
+    """Remove every label of the SAE."""
+    state.saes.get(sae_id)
+    return LabelsCleared(sae_id=sae_id, deleted=state.labels.clear(sae_id))
+
+
+def search_features(state: ServerState, sae_id: str, query: str, limit: int) -> FeatureSearch:
+    """The SAE's labelled features ranked by relevance to `query`."""
+    state.saes.get(sae_id)
+    found = state.labels.search(sae_id, query, limit)
+    total = state.labels.count(sae_id)
+    model = calibration_model(state, sae_id)
+    figures = state.calibrations.figures(sae_id, model, [hit.index for hit in found]) if model is not None else {}
+    data = [
+        FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max) if (f := figures.get(hit.index)) else FeatureHit(**hit.model_dump())
+        for hit in found
+    ]
+    return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, calibrated_on=model, data=data)
+
+
+def calibration_model(state: ServerState, sae_id: str) -> str | None:
+    """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
+    model = state.lm.name if state.lm is not None else state.expected_name
+    return model if state.calibrations.summary(sae_id, model) is not None else None
+
+
+# feature details ------------------------------------------------------------------------------------------
+def _load_decoder(state: ServerState, sae_id: str) -> Decoder:
+    """The SAE's decoder from its attached copy, else from its file (torch: runs on a passing thread)."""
+    with state.steering.lock:
+        attached = state.steering.attached.get(sae_id)
+    sae = attached.sae if attached is not None else state.saes.load(sae_id)
+    return state.decoders.keep(sae_id, decoder_of(sae))
+
+
+async def sae_decoder(state: ServerState, sae_id: str) -> Decoder:
+    """The SAE's decoder from the cache, read into it first (on a passing thread) when it is not there."""
+    return state.decoders.get(sae_id) or await in_passing_thread(_load_decoder, state, sae_id)
+
+
+def _detail(state: ServerState, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
+    entries = state.labels.entries(sae_id)
+    entry = dict(entries.get(index) or {})
+    label, source = entry.pop("label", None), entry.pop("source", None)
+    near = [Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label")) for i, c in neighbours(decoder, index, k)]
+    model = calibration_model(state, sae_id)
+    figures = state.calibrations.figures(sae_id, model, [index]).get(index) if model is not None else None
+    return FeatureDetail(
+        sae_id=sae_id, index=index, label=label, source=source, detail=entry if label is not None else None,
+        decoder_norm=float(decoder.norms[index]), neighbours=near, calibrated_on=model, calibration=figures,
+    )
+
+
+async def feature_detail(state: ServerState, sae_id: str, index: int, k: int) -> FeatureDetail:
+    """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
+    info = state.saes.get(sae_id)
+    check_feature(info, index, param="index")
+    decoder = await sae_decoder(state, sae_id)
+    return await to_thread.run_sync(_detail, state, sae_id, index, k, decoder)

@@ -1,0 +1,52 @@
+"""Registrations clients ask for over HTTP: SAEs and models, their paths confined first.
+
+The registries themselves also serve the server's own registrations (the demo SAE from the
+package, the start-up model), which no confinement applies to; this is the clients' door.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from millm.engine.sources import ModelSource
+from millm.errors import InvalidRequest
+from millm.interp.formats import SAEInfo
+from millm.service.features.calibrations import CalibrationBook
+from millm.service.models.paths import PathPolicy, is_hub_id
+from millm.service.models.registry import ModelRegistry, RegisteredModel, canonical_reference
+from millm.service.steering.saes import SAERegistry
+from millm.settings import Settings
+
+
+def local_files(source: ModelSource) -> Path | None:
+    """The start-up model's checkpoint directory or .gguf file, when it is local."""
+    return Path(canonical_reference(source)) if source.kind in ("directory", "gguf") else None
+
+
+class ClientRegistrations:
+    """Register what a client names, after the path policy has let it through (blocking calls)."""
+
+    def __init__(self, settings: Settings, startup: ModelSource, saes: SAERegistry, models: ModelRegistry, calibrations: CalibrationBook):
+        self.paths = PathPolicy(settings.home, settings.allowed_paths, local_files(startup))
+        self.saes, self.models, self.calibrations = saes, models, calibrations
+
+    def sae(self, path: str | None, repo: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
+        """A local `path` inside the allowed directories, or a hub `repo` with `path` inside it;
+        403 path_not_allowed before anything is read."""
+        if repo:
+            if not is_hub_id(repo):
+                raise InvalidRequest(f"repo {repo!r} is not a Hugging Face hub id (owner/name)", param="repo")
+            self.paths.hub_part(path, "path")
+            self.paths.hub_part(revision, "revision")
+            return self.saes.register(None, repo, path, revision)
+        if not path:
+            raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
+        registered = self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
+        self.calibrations.import_shipped(registered[0])  # a calibration.json shipped beside the weights
+        return registered
+
+    def model(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
+        """A local source only inside the allowed directories, else a hub id looked up on the hub
+        alone; 403 path_not_allowed otherwise."""
+        local = self.paths.model_reference(reference, "source")
+        return self.models.register(reference, name, local=local)

@@ -1,0 +1,50 @@
+"""The packaged models' set-up: on the first start with a packaged model (the demo, gemma3-270m),
+register and attach the SAE shipped for it and import its profiles. Done once per model
+(remembered in the store), so a user's later detach or deleted profile stays as the user left it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from millm.engine.loader import LoadedModel
+from millm.engine.sources import GEMMA3_MODEL_NAME
+from millm.errors import MillmError
+from millm.settings import DEMO_MODEL_NAME
+
+log = logging.getLogger(__name__)
+
+DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+DEMO_SAE = DEMO_DIR / "sae" / "smollm2-135m-topk"
+DEMO_PROFILES = DEMO_DIR / "profiles"
+GEMMA3_SAE = DEMO_DIR / "sae" / "gemma3-270m-topk"
+# Each packaged model: its SAE, its profiles (or None), and the store setting that says it was set up.
+SHIPPED = {
+    DEMO_MODEL_NAME: (DEMO_SAE, DEMO_PROFILES, "demo_installed"),
+    GEMMA3_MODEL_NAME: (GEMMA3_SAE, None, "gemma3_installed"),
+}
+
+
+def install_shipped(state, lm: LoadedModel) -> None:
+    """Register + attach the SAE shipped for this packaged model and import its profiles, once per data directory."""
+    if lm.source.name not in SHIPPED:
+        return
+    sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
+    if state.store.get_setting(setting, False) or not sae_dir.is_dir():
+        return
+    try:
+        info, _ = state.saes.register(str(sae_dir), None, None, None)
+        state.calibrations.import_shipped(info)  # the demo SAE ships calibrated on the demo model
+        if info.id not in state.steering.attached:
+            state.steering.attach(lm, info.id, None)
+        taken = {row["name"] for row in state.profiles.all()}
+        for path in sorted(profiles_dir.glob("*.json")) if profiles_dir is not None else []:
+            document = json.loads(path.read_text())
+            if document.get("name") not in taken:
+                state.profiles.import_documents(document, on_conflict="fail")
+    except MillmError as exc:
+        log.error("the SAE shipped for %s could not be set up: %s", lm.source.name, exc.message)
+        return
+    state.store.set_setting(setting, True)
+    log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)

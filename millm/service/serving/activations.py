@@ -1,0 +1,243 @@
+"""Per-request SAE activations (`return_sae_activations`): what a request may read, and its answer.
+
+`plan_read` checks a request's read against the attached SAEs and the spec's limits before
+anything is generated; the engine captures the residuals at the SAE's point (before or after
+that point's steering delta); `activations_block` encodes them with the SAE's own activation
+function, in chunks, and keeps the top_k features per position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+
+from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
+from millm.errors import InvalidRequest
+from millm.interp.calibration_stats import PercentileTable
+from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
+from millm.interp.steering import Attached, check_feature, pick_attached
+from millm.service.features.calibrations import PERCENTILES_NOTE
+
+PARAM = "return_sae_activations"
+ReadPoint = Literal["post_steering", "pre_steering"]
+ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
+NOTES = {
+    "post_steering": (
+        "post_steering is what the model computed at this layer for this request, after this layer's "
+        "steering delta; it is not an unsteered counterfactual: steering at earlier layers and tokens "
+        "generated under steering still shape the residual here."
+    ),
+    "pre_steering": (
+        "pre_steering is the residual before this layer's own steering delta; it is not an unsteered "
+        "counterfactual either: steering at earlier layers and tokens generated under steering still "
+        "shape the residual here."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ActivationRead:
+    """A checked read: the SAE, the candidate features, how many to keep, where and which side."""
+
+    attached: Attached
+    features: tuple[int, ...] | None
+    top_k: int
+    positions: PositionWord | tuple[int, int]
+    read_point: ReadPoint
+    percentiles: bool = False  # each entry's percentile asked for
+    table: PercentileTable | None = None  # the SAE's calibration on this model, when there is one
+
+    def engine_read(self) -> ResidualRead:
+        """What the engine captures for it (and encodes, on its own thread)."""
+        return ResidualRead(
+            self.attached.point, self.read_point == "post_steering", self.positions, "activations", encode=self.encode
+        )
+
+    def encode(self, residuals: torch.Tensor) -> list[list[dict]]:
+        """Top features of each captured position (with their percentiles when asked)."""
+        rows = encode_rows(self.attached.sae, residuals, self.features, self.top_k)
+        return add_percentiles(rows, self.table) if self.percentiles else rows
+
+
+def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
+    """A 400 naming return_sae_activations."""
+    return InvalidRequest(f"{PARAM}: {message}", param=PARAM, code=code)
+
+
+def worst_case_positions(positions: PositionWord | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
+    """Positions a read may return at most, counting max_tokens in full (the spec's rule)."""
+    if positions == "last":
+        return 1
+    if positions == "prompt":
+        return prompt_tokens
+    if positions == "completion":
+        return max_tokens
+    if positions == "all":
+        return prompt_tokens + max_tokens
+    start, end = positions
+    return end - start
+
+
+class PositionRange(BaseModel):
+    """A half-open range of absolute positions, over prompt then generated tokens."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    start: NonNegative
+    end: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PositionRange:
+        if self.end <= self.start:
+            raise refusal("range_order", "0 <= start < end, got start {start} and end {end}", start=self.start, end=self.end)
+        return self
+
+
+Positions = Annotated[
+    Annotated[PositionWord, said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
+    | Annotated[PositionRange, Tag("range")],
+    Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
+]
+
+
+class ReadRequest(BaseModel):
+    """What to read: an attached SAE, candidate features, top_k per position, positions and read point."""
+
+    # Parsed before any model is held (its syntax is the request's alone); plan_read binds it to an SAE.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    sae_id: str | None = None
+    features: Annotated[Indices, Field(min_length=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] = 8
+    positions: Positions = "completion"
+    read_point: ReadPoint = "post_steering"
+    percentiles: bool = Field(
+        False,
+        description="Add each entry's percentile among the feature's firing activations in the SAE's calibration on this model (null when not calibrated).",
+    )
+
+    @field_validator("top_k")
+    @classmethod
+    def _within_setting(cls, top_k: int, info: ValidationInfo) -> int:
+        # The limit is a server setting, so it comes as validation context (the served schema states it too).
+        limit = (info.context or {}).get("max_top_k")
+        if limit is not None and top_k > limit:
+            raise refusal("top_k_over_limit", "at most SAE_ACTIVATIONS_MAX_TOP_K ({limit})", limit=limit)
+        return top_k
+
+    @property
+    def span(self) -> PositionWord | tuple[int, int]:
+        """The positions as the engine takes them: a word, or (start, end)."""
+        return self.positions if isinstance(self.positions, str) else (self.positions.start, self.positions.end)
+
+
+# What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
+# attached, their widths and the top_k and size limits are the server's state and settings.
+READ_SCHEMA = inline(ReadRequest.model_json_schema())
+
+
+def parse_read(request: dict, max_top_k: int) -> ReadRequest:
+    """Check what depends on the request alone (keys, types, top_k's limit, positions, read point): a 400 naming the field."""
+    return validate_field(ReadRequest, request, PARAM, context={"max_top_k": max_top_k})
+
+
+def plan_read(
+    asked: ReadRequest,
+    attached: dict[str, Attached],
+    *,
+    prompt_tokens: int,
+    max_tokens: int,
+    max_entries: int,
+    calibration: Callable[[str], PercentileTable | None] | None = None,
+) -> ActivationRead:
+    """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming
+    what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`."""
+    chosen = pick_attached(attached, asked.sae_id, PARAM, prefix=f"{PARAM}: ")
+    features = None if asked.features is None else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
+    worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
+    if worst > max_entries:
+        raise refuse(
+            f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
+            f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
+        )
+    table = calibration(chosen.info.id) if asked.percentiles and calibration is not None else None
+    return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table)
+
+
+def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
+    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
+    for entries in rows:
+        for entry in entries:
+            entry["percentile"] = table.of(entry["index"], entry["value"]) if table is not None else None
+    return rows
+
+
+def percentiles_block(sae_id: str, table: PercentileTable | None) -> dict:
+    """What a block with percentiles says about them: calibrated or not, and what they mean."""
+    if table is None:
+        return {
+            "calibrated": False,
+            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; POST /api/saes/{sae_id}/calibrate makes a calibration.",
+        }
+    return {"calibrated": True, "calibrated_at": table.created_at, "note": PERCENTILES_NOTE}
+
+
+def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+    """Per position, the top_k largest activations among the candidates.
+
+    Without `features`, inactive features (value 0) are left out; with them, every listed
+    feature competes, so a requested feature that did not fire is reported with 0.
+    """
+    if features is not None:
+        index = torch.tensor(features, dtype=torch.long)
+        values = activations[:, index]
+    else:
+        index, values = None, activations
+    k = min(top_k, values.shape[-1])
+    top = torch.topk(values, k, dim=-1)
+    rows = []
+    for value_row, slot_row in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        entries = []
+        for value, slot in zip(value_row, slot_row, strict=True):
+            if features is None and value <= 0.0:
+                continue
+            entries.append({"index": int(index[slot]) if index is not None else int(slot), "value": float(value)})
+        rows.append(entries)
+    return rows
+
+
+def encode_rows(sae, residuals: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+    """Encode captured residuals `[n, d]` with the SAE's own activation, in chunks, keeping the
+    top features of each position (`features == ()`: none, only the positions)."""
+    out: list[list[dict]] = []
+    if features == ():
+        return [[] for _ in range(residuals.shape[0])]
+    with torch.inference_mode():
+        for start in range(0, residuals.shape[0], ENCODE_CHUNK):
+            chunk = residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)
+            out.extend(top_features(sae.encode(chunk).float().cpu(), features, top_k))
+    return out
+
+
+def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:
+    """The response's `millm.sae_activations` object (from the engine's encode of the capture)."""
+    per_position = captured.encoded
+    block = {
+        "sae_id": read.attached.info.id,
+        "layer": read.attached.layer,
+        "read_point": "unsteered" if unsteered else read.read_point,
+        "positions": [
+            {"position": position, "token_id": token_id, "features": features}
+            for position, token_id, features in zip(captured.positions, captured.token_ids, per_position, strict=True)
+        ],
+        "note": NOTES[read.read_point] if not unsteered else (
+            "a scoring pass is never steered: this is the unsteered model's residual at this layer."
+        ),
+    }
+    if read.percentiles:
+        block["percentiles"] = percentiles_block(read.attached.info.id, read.table)
+    return block

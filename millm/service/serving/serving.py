@@ -1,0 +1,282 @@
+"""Serving /v1/chat/completions and /v1/completions: a validated body becomes prompts, a steering
+plan and engine rows (or a scoring job); the engine's events become typed bodies.
+
+One method per route, each returning a Reply: the body (or its chunks) and a Report of how the
+request was served, which the API turns into the X-miLLM-* headers. The order of the checks is
+the order a client would fix them: request-only refusals before the model is acquired (and
+possibly loaded), then what depends on the model, then admission.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from anyio import to_thread
+from pydantic import BaseModel
+
+from millm.engine.jobs import Ranking
+from millm.engine.loader import LoadedModel
+from millm.engine.prompts import has_chat_template
+from millm.engine.sampling import SamplingParams
+from millm.errors import InvalidRequest, MillmError
+from millm.protocol.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerationFields,
+    SamplingFields,
+)
+from millm.protocol.responses import ChatCompletion, Completion, Usage
+from millm.protocol.schema_subset import ResponseFormatUnsupported
+from millm.protocol.unused_fields import AS_SENT, SentAs, handle_unused, template_kwargs_unused, template_reads, unused_locations
+from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
+from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read, refuse
+from millm.service.serving.answers import (
+    ChatShape,
+    CompletionShape,
+    Meta,
+    Shape,
+    chunks,
+    collect,
+    millm_block,
+)
+from millm.service.serving.embeddings import embed
+from millm.service.serving.generation import (
+    GenerationOptions,
+    JobStream,
+    build_rows,
+    completion_budget,
+)
+from millm.service.serving.prechecks import Prechecked, precheck, refuse_residual_reads
+from millm.service.serving.prompts import completion_prompts, conversation_prompts
+from millm.service.serving.replies import Reply, Report
+from millm.service.serving.scoring import (
+    InvalidScoringRequest,
+    chat_choice,
+    check_allowed,
+    check_scoring,
+    completion_choice,
+    score_and_read,
+)
+from millm.service.serving.structured import (
+    parse_response_format,
+    refuse_combinations,
+    validate_output,
+)
+from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
+from millm.service.state import ServerState
+from millm.service.steering.live import Plan
+
+
+def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
+    """The engine's view of the sampling fields (`n` choices per prompt), with OpenAI's defaults filled in."""
+    sampling = SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+    )
+    return GenerationOptions(
+        max_tokens=body.token_budget, n=n, sampling=sampling, stop=body.stop_sequences, seed=body.seed
+    )
+
+
+def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
+    """return_sae_activations reads one row: there is no single position axis across several."""
+    if body.return_sae_activations is None:
+        return
+    if (body.n or 1) > 1:
+        raise refuse("n > 1 has several position axes; ask with n: 1")
+    if getattr(body, "extra_messages", None):
+        raise refuse("extra_messages rows have several position axes; ask without extra_messages")
+    if prompts > 1:
+        raise refuse("several prompts have several position axes; send one prompt")
+
+
+def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = (),
+                  sent_as: SentAs = AS_SENT) -> tuple[str, ...]:
+    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under
+    X-miLLM-Strict), in the words of the body the client sent (`sent_as`)."""
+    # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
+    reads = template_reads(lm.tokenizer) | {"tool_calls"}
+    sent = body.model_dump(exclude_unset=True)
+    locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
+    locations += template_kwargs_unused(getattr(body, "chat_template_kwargs", None), lm.template_variables)
+    return handle_unused(sent_as.merge(locations), strict)
+
+
+class Serving:
+    """The OpenAI generation routes over the server state."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.settings = state.settings
+
+    # routes ------------------------------------------------------------------------------------------
+    async def chat(self, body: ChatCompletionRequest, strict: bool, sent_as: SentAs = AS_SENT) -> Reply:
+        """Answer (or continue, or score) a conversation and each extra_messages conversation;
+        `sent_as` names ignored fields in the words of the body a translated request came in."""
+        structured = parse_response_format(body)
+        if structured is not None:
+            refuse_combinations(body, self.settings.enable_continuous_batching)
+        tools = parse_tools(body)
+        if tools is not None and tools.offered and structured is not None:
+            raise ResponseFormatUnsupported("response_format cannot be combined with tools: both would shape the same answer")
+        temperature = check_scoring(body) if body.scoring else None
+        refuse_multi_row_reads(body, 1)
+        checked = await precheck(self.state, body, strict, body.scoring)
+        lm = await self.state.acquire(body.model)
+        if body.scoring and not has_chat_template(lm.tokenizer):
+            raise InvalidRequest(
+                f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
+                param="messages",
+                code="no_chat_template",
+            )
+        tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools)
+        ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
+        prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
+        meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
+        read = self._read(lm, body, checked.read, prompts, "messages")
+        if temperature is not None:
+            return await self._chat_scoring(lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read)
+        plan = await to_thread.run_sync(self._plan, body.profile, checked)
+        constraint = structured.spec if structured is not None else tools.grammar() if tools is not None else None
+        if constraint is not None:
+            await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
+        scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
+        report = Report(ignored, plan, body.seed, scope, structured)
+        probes = await self._watch(lm, checked.probes)
+        return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read, probes)
+
+    async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
+        """Continue each prompt verbatim (one choice per prompt), or score its next token."""
+        temperature = check_scoring(body) if body.scoring else None
+        checked = await precheck(self.state, body, strict, body.scoring)
+        lm = await self.state.acquire(body.model)
+        ignored = unused_fields(strict, body, body.scoring, lm)
+        error = InvalidScoringRequest if body.scoring else InvalidRequest
+        prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
+        meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
+        read = self._read(lm, body, checked.read, prompts, "prompt")
+        if temperature is not None:
+            allowed = check_allowed(lm, body.allowed_token_ids)
+            ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.logprobs or 0)
+            answered = await score_and_read(self.state, prompts, ranking, self._engine_reads(read))
+            by_id = bool(body.return_tokens_as_token_ids)
+            choices = [
+                completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id) for i, scored in enumerate(answered.scored)
+            ]
+            scored_body = Completion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
+                                     choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                                     millm=millm_block(read, answered.reads, unsteered=True))
+            return Reply(Report(ignored, seed=body.seed), body=scored_body)
+        plan = await to_thread.run_sync(self._plan, None, checked)
+        report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
+        probes = await self._watch(lm, checked.probes)
+        return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read, probes)
+
+    async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
+        """Embed each input (never steered)."""
+        return await embed(self.state, body, strict)
+
+    # steps -------------------------------------------------------------------------------------------
+    async def _generate(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, shape: Shape,
+                        meta: Meta, report: Report, constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> Reply:
+        """Admit the rows (steered by the report's plan, watched by `probes`) and answer whole or as a stream."""
+        probes = probes.with_conditions(report.plan.watches, lm.tokenizer)
+        stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read, probes)
+        prompt_tokens, choices = sum(map(len, prompts)), body.n or 1
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read, probes, choices))
+        result = await collect(stream, rows, probes, choices)
+        if report.structured is not None:
+            for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
+                if reason == "stop":
+                    validate_output(report.structured, text, index)
+        return Reply(report, body=shape.whole(meta, result, prompt_tokens, read))
+
+    def _start(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan,
+               constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> tuple[JobStream, int]:
+        """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
+        `read` and by monitoring when it is on, watched by `probes`) and admit them."""
+        reads = self._engine_reads(read)
+        # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
+        # nothing for such a model (its status says so) rather than refuse every request.
+        monitored = None if not lm.reads_residuals else self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
+        if monitored is not None:
+            reads += (monitored[0],)
+        options = generation_options(body, body.n or 1)
+        rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads,
+                          probes.watches)
+        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
+        self.state.submit(stream.job)
+        return stream, len(rows)
+
+    async def _chat_scoring(self, lm: LoadedModel, body: ChatCompletionRequest, prompts: list[list[int]], meta: Meta,
+                            temperature: float, report: Report, read: ActivationRead | None) -> Reply:
+        """Score each conversation one at a time; a failing one fails the request, naming its index."""
+        allowed = check_allowed(lm, body.allowed_token_ids)
+        ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.top_logprobs or 0)
+        choices, captured = [], []
+        for index, prompt in enumerate(prompts):
+            try:
+                answered = await score_and_read(self.state, [prompt], ranking, self._engine_reads(read))
+                captured += answered.reads
+                by_id = bool(body.return_tokens_as_token_ids)
+                choices.append(chat_choice(lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id))
+            except MillmError as exc:
+                if len(prompts) > 1:
+                    exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
+                raise
+        scored = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
+                                choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                                millm=millm_block(read, captured, unsteered=True))
+        return Reply(report, body=scored)
+
+    def _plan(self, profile: str | None, checked: Prechecked) -> Plan:
+        """The request's steering plan: its own `steering` if sent, else its profile or the base, through its dial."""
+        if checked.spec is not None:
+            return self.state.planner.plan_for_spec(checked.spec, checked.dial)
+        return self.state.planner.plan_for(profile, checked.dial)
+
+    def _read(self, lm: LoadedModel, body: SamplingFields, asked: ReadRequest | None, prompts: list[list[int]], param: str) -> ActivationRead | None:
+        """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
+        if asked is None:
+            return None
+        if not lm.reads_residuals:
+            refuse_residual_reads(read=True, probes=False)
+        refuse_multi_row_reads(body, len(prompts))
+        scoring = bool(getattr(body, "scoring", False))
+        budget = 0 if scoring else completion_budget(lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param)
+        return plan_read(
+            asked,
+            self.state.steering.attached,
+            prompt_tokens=len(prompts[0]),
+            max_tokens=budget,
+            max_entries=self.settings.sae_activations_max_entries,
+            calibration=partial(self.state.calibrations.table, model=lm.name),
+        )
+
+    async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
+        """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
+        if not lm.reads_residuals:  # probes read the residual stream: named ones are refused, active ones do not watch
+            refuse_residual_reads(read=False, probes=bool(asked))
+            return NO_PROBES
+        if not asked and not self.state.probes.any_active():
+            return NO_PROBES
+        return await to_thread.run_sync(watch_request, self.state, lm, asked)
+
+    @staticmethod
+    def _engine_reads(read: ActivationRead | None) -> tuple:
+        return (read.engine_read(),) if read is not None else ()
+
+    def _seed_scope(self, batch_shaped: bool) -> str:
+        """The promise X-miLLM-Seed states: extra_messages rows hold for the same batch composition;
+        with continuous batching enabled the spec's promise is best-effort (the seeded request itself
+        still runs on the serial path, in its own forward passes)."""
+        if batch_shaped:
+            return "batch-shape"
+        return "best-effort" if self.settings.enable_continuous_batching else "request"
+
+

@@ -1,0 +1,361 @@
+"""A request's steering plan: its base (own profile, active profile/cluster/circuit, live values)
+through the intensity dial, resolved once at admission into an immutable Plan.
+
+The base is the request's `profile` if given, else the active profile, cluster or circuit,
+else the live values (when steering is enabled). `steering_intensity` 0 / "off" turns steering
+off for the request without looking at the base. Profiles and live values declare no range,
+so they follow the cluster rule with the defaults; clusters the cluster rule; circuits in full
+the circuit rule, and in slice_fallback the cluster rule (0.5 floor included).
+
+An active base that no longer fits the attached SAEs (one detached or replaced, an index past
+the width, a circuit none of whose layers binds) refuses the request with 400
+invalid_feature_index naming the base and the entry; it is never served unsteered, or with some
+entries left out, as if it were steered. A circuit with only some layers bound is the spec's
+slice_fallback, which its X-miLLM-Steering header names.
+
+Planning reads memory only: the steering state is snapshotted under its lock (nothing else is
+done while it is held) and profiles, clusters and circuits come from the books' shelves. A plan
+is resolved once per state and reused from a small cache while nothing it depends on changes:
+the key holds the steering version, the steering's in-memory change count and each book's
+revision, so any change, through whichever route, makes the next request resolve afresh.
+Refusals are never cached: an active base that no longer fits refuses every request (and is
+logged once per state, so the operator sees why requests fail).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from millm.errors import InvalidRequest, MillmError, describe
+from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
+from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
+from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
+from millm.interp.steering import Attached, FeatureOp, InvalidFeatureIndex, feature_edit
+from millm.service.steering.books import Shelf
+from millm.service.steering.documents import CircuitBook, ClusterBook, stored_document
+from millm.service.steering.live import NO_STEERING, Plan, Steering, profile_edit
+from millm.service.steering.resolution import Refusals, resolve_spec
+
+log = logging.getLogger(__name__)
+PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
+
+
+class BaseUnfit(InvalidFeatureIndex):
+    """400 invalid_feature_index: the active profile, cluster or circuit no longer fits the attached
+    SAEs (one detached or replaced, an index past the width), naming the base and the entry."""
+
+    def __init__(self, kind: str, name: str, problem: str):
+        super().__init__(
+            f"the active {kind} {name!r} no longer fits the attached SAEs: {problem}. Requests are refused rather "
+            f"than served unsteered; attach the SAEs it was made for, or deactivate it (POST /api/{kind}s/deactivate)",
+            param="steering",
+        )
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class DialLimits:
+    """The configured envelope: CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and the maximum."""
+
+    cluster_min: float = 0.5
+    circuit_min: float = 0.0
+    maximum: float = 2.0
+
+
+@dataclass(frozen=True)
+class CircuitStatus:
+    """Whether and how a circuit steers now (GET /api/circuits/active)."""
+
+    mode: str  # full | slice_fallback | none
+    bindings: dict[int, LayerBinding]
+    rung: int
+
+
+def circuit_status(document: dict, steering: Steering) -> CircuitStatus:
+    """Bind a circuit's layers to the attached SAEs and say how it would be served."""
+    return _circuit_status(document, steering.attached)
+
+
+def _circuit_status(document: dict, attached: dict[str, Attached]) -> CircuitStatus:
+    bindings = circuit_bindings(document, attached)
+    return CircuitStatus(circuit_mode(bindings, circuit_members(document)), bindings, rung(document))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What plans are made from, copied under the steering lock and then read without it."""
+
+    stamp: tuple[int, ...]  # moves with every change a plan depends on (see Planner._stamp)
+    version: int
+    enabled: bool
+    active: dict | None
+    attached: dict[str, Attached]
+    features: dict[str, dict[int, FeatureOp]]
+    stored: frozenset[str]  # the SAEs the store says are attached (on any replica)
+    profiles: Shelf
+    clusters: Shelf
+    circuits: Shelf
+
+
+class PlanCache:
+    """Resolved plans by (state stamp, profile, dial): a small LRU shared by request handlers."""
+
+    def __init__(self, size: int = PLANS_KEPT):
+        self.size = size
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Plan | None:
+        """The plan kept under this key, if any."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key: tuple, plan: Plan) -> None:
+        """Keep a plan, dropping the least recently used past the size (older states go first)."""
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+
+class Planner:
+    """Resolves plans from the steering state and the imported documents."""
+
+    def __init__(self, steering: Steering, clusters: ClusterBook, circuits: CircuitBook, limits: DialLimits):
+        self.steering, self.clusters, self.circuits, self.limits = steering, clusters, circuits, limits
+        self.plans = PlanCache()
+        self._logged: dict[str, tuple] = {}  # topic -> the state stamp it was last logged in
+
+    def plan_for(self, profile: str | None, dial: Dial | None) -> Plan:
+        """The immutable plan of one request, from memory: resolved once per state, then reused."""
+        return self._cached((profile, dial), lambda now: self._refusing_unfit(now, profile, dial))
+
+    def plan_for_base(self, kind: str, key: str, dial: Dial | None) -> Plan:
+        """A profile, cluster or circuit (by name or id) steering one request only, whatever the
+        active base and the enabled flag, through the dial (None: a cluster's stored intensity, a
+        circuit's authored one); 404 for an unknown one, 400 when it does not fit the attached SAEs."""
+        if kind == "profile":
+            return self.plan_for(key, dial)
+        return self._cached((kind, key, dial), lambda now: self._request_base(now, kind, key, dial))
+
+    def plan_for_spec(self, spec: dict, dial: Dial | None) -> Plan:
+        """A request's own `steering` (a valid, canonical spec) steering it alone, through the dial,
+        whatever the active base and the enabled flag; 400 naming the entry when it does not fit."""
+        key = json.dumps(spec, sort_keys=True)  # the spec is the key: equal requests share one plan
+        return self._cached(("spec", key, dial), lambda now: self._spec(now, spec, dial))
+
+    def _cached(self, key: tuple, resolve: Callable[[Snapshot], Plan]) -> Plan:
+        """The plan kept for `key` in the current state, else `resolve`d from a snapshot and kept;
+        marked `unsynced` while this replica is out of step with the shared store."""
+        with self.steering.lock:  # held only to read one consistent state
+            stamp, shelves = self._stamp()
+            plan = self.plans.get((stamp, *key))
+            if plan is None:
+                now = self._snapshot(stamp, shelves)
+        if plan is None:
+            plan = resolve(now)
+            self.plans.put((stamp, *key), plan)
+        in_step, _ = self.steering.replica.in_step()
+        return plan if in_step else replace(plan, params=(*plan.params, ("unsynced", True)))
+
+    def _refusing_unfit(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
+        try:
+            return self._resolve(now, profile, dial)
+        except BaseUnfit as exc:  # refused each time, never cached; logged once per state
+            if self._first_time("unfit", now.stamp):
+                log.warning("refusing steered requests: %s", exc.message)
+            raise
+
+    def _request_base(self, now: Snapshot, kind: str, key: str, dial: Dial | None) -> Plan:
+        try:
+            return self._cluster(now, key, dial) if kind == "cluster" else self._circuit(now, key, dial)
+        except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
+            raise InvalidRequest(f"the stored definition of {kind} {key!r} cannot be read ({describe(exc)})", param=kind) from None
+
+    def active_fit(self) -> dict | None:
+        """The active base (kind, id, name) and whether it fits the attached SAEs now, with the
+        problem when it does not; None while the live values are the base."""
+        now = self._now()
+        active = now.active
+        if active is None:
+            return None
+        view = {"kind": active["kind"], "id": active["id"], "name": self._name(now, active), "fits": True, "problem": None}
+        try:
+            self._active_base(now, active, None)
+        except BaseUnfit as exc:
+            view.update(fits=False, problem=exc.problem)
+        return view
+
+    def check_fits(self, kind: str, base_id: str) -> None:
+        """400 invalid_feature_index if this base would not fit the attached SAEs as the active one."""
+        now = self._now()
+        try:
+            self._active_base(now, {"kind": kind, "id": base_id}, None)
+        except BaseUnfit as exc:
+            name = self._name(now, {"kind": kind, "id": base_id}) or base_id
+            raise InvalidFeatureIndex(f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind) from None
+
+    # the state ------------------------------------------------------------------------------------------
+    def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
+        """The state's stamp and the books' shelves it names (call under the steering lock).
+
+        The version moves with every stored steering change, `changes` also with a restore (and a
+        model's unload), a book's revision with every write through it (a profile edited or deleted,
+        a cluster's dial), and the probes' and vectors' revisions with every change to them.
+        """
+        shelves = (self.steering.profiles.shelf, self.clusters.shelf, self.circuits.shelf)
+        books = (shelf.revision for shelf in shelves)
+        return (self.steering.version, self.steering.changes, *books, *self.steering.resolvers.revision), shelves
+
+    def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
+        """Copies of what the steering lock guards (call under it): plans are then made without it."""
+        steering = self.steering
+        features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
+        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), features, frozenset(steering.stored), *shelves)
+
+    def _now(self) -> Snapshot:
+        with self.steering.lock:
+            return self._snapshot(*self._stamp())
+
+    def _first_time(self, topic: str, stamp: tuple[int, ...]) -> bool:
+        """Whether `topic` was not yet logged in this state: one log line per change, not per request."""
+        if self._logged.get(topic) == stamp:
+            return False
+        self._logged[topic] = stamp
+        return True
+
+    def _name(self, now: Snapshot, active: dict) -> str | None:
+        shelf = {"profile": now.profiles, "cluster": now.clusters, "circuit": now.circuits}[active["kind"]]
+        row = shelf.get(active["id"])
+        return row["name"] if row is not None else None
+
+    # resolving ------------------------------------------------------------------------------------------
+    def _resolve(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
+        if dial is not None and dial.off:
+            return self._off(now, profile)
+        if profile is not None:
+            return self._own_profile(now, profile, dial)
+        if not now.enabled:
+            return NO_STEERING
+        if now.active is not None:
+            return self._active_base(now, now.active, dial)
+        return self._live(now, dial)
+
+    def _active_base(self, now: Snapshot, active: dict, dial: Dial | None) -> Plan:
+        """The active profile, cluster or circuit through the dial; BaseUnfit (400) when it no longer
+        fits the attached SAEs: never served unsteered (or partly steered) as if it were steered."""
+        kind, base_id = active["kind"], active["id"]
+        try:
+            if kind == "profile":
+                return self._active_profile(now, base_id, dial)
+            if kind == "cluster":
+                return self._cluster(now, base_id, dial)
+            return self._circuit(now, base_id, dial)
+        except MillmError as exc:
+            raise BaseUnfit(kind, self._name(now, active) or base_id, exc.message) from None
+        except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
+            raise BaseUnfit(kind, self._name(now, active) or base_id, f"its stored definition cannot be read ({describe(exc)})") from None
+
+    def _scale(self, dial: Dial | None) -> float:
+        return 1.0 if dial is None else cluster_lambda(dial, None, self.limits.cluster_min, self.limits.maximum)
+
+    def _off(self, now: Snapshot, profile: str | None) -> Plan:
+        # The base is not validated; the echo says only whether the dial changed anything.
+        if profile is not None:
+            would_steer = now.profiles.get(profile) is not None and bool(now.attached)
+        else:
+            base = now.active is not None or bool(now.features)
+            would_steer = bool(now.attached) and now.enabled and base
+        return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0 if would_steer else None)
+
+    def _own_profile(self, now: Snapshot, key: str, dial: Dial | None) -> Plan:
+        row = self.steering.profiles.find_in(now.profiles, key)
+        if not now.attached and not _needs_no_sae(row["document"]):
+            return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
+        scale = self._scale(dial)
+        steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
+        params = (("name", row["name"]), ("scope", "request"))
+        return Plan(steered.edit, "profile", params, intensity=scale if dial and steered.edit else None, watches=steered.watches)
+
+    def _active_profile(self, now: Snapshot, profile_id: str, dial: Dial | None) -> Plan:
+        row = self.steering.profiles.find_in(now.profiles, profile_id)
+        scale = self._scale(dial)
+        steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
+        if steered.edit is None and not steered.watches:
+            return NO_STEERING
+        params = (("name", row["name"]), ("version", now.version))
+        return Plan(steered.edit, "profile", params, intensity=scale if dial else None, watches=steered.watches)
+
+    def _spec(self, now: Snapshot, spec: dict, dial: Dial | None) -> Plan:
+        if dial is not None and dial.off:
+            return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0)
+        scale = self._scale(dial)
+        steered = resolve_spec(spec, now.attached, scale, self.steering.resolvers, Refusals("steering", "steering", "sae_not_attached"))
+        return Plan(steered.edit, "request", (("scope", "request"),), intensity=scale if dial and steered.edit else None, watches=steered.watches)
+
+    def _live(self, now: Snapshot, dial: Dial | None) -> Plan:
+        scale = self._scale(dial)
+        unattached = sorted(set(now.features) - set(now.attached))
+        if unattached and self._first_time("live", now.stamp):
+            # Kept for a later attach by design, but a request is steered without them: say so once.
+            log.warning("live steering values of %s are not applied: not attached", ", ".join(unattached))
+        scaled = {sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()}
+        edit = feature_edit(scaled, now.attached)
+        # Attached in the shared state, not here (another model, a path or file this replica lacks): said, not hidden.
+        missing = (("unattached", " ".join(s for s in unattached if s in now.stored)),) if set(unattached) & now.stored else ()
+        if edit is None:
+            return Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing)) if missing else NO_STEERING
+        return Plan(edit, "live", (("version", now.version), *missing), intensity=scale if dial else None)
+
+    def _cluster(self, now: Snapshot, cluster_id: str, dial: Dial | None) -> Plan:
+        row = self.clusters.find_in(now.clusters, cluster_id)
+        document = stored_document(now.clusters, row)
+        binding = cluster_binding(document, now.attached)
+        if dial is None:
+            intensity = row["intensity"]
+        else:
+            intensity = cluster_lambda(dial, declared_range(document), self.limits.cluster_min, self.limits.maximum)
+        members = [Member(binding.layer, m.feature_idx, m.strength, m.sign) for m in cluster_members(document)]
+        edit = members_edit(members, {binding.layer: binding}, now.attached, intensity)
+        if edit is None:
+            return NO_STEERING
+        return Plan(edit, "cluster", (("name", row["name"]), ("version", now.version)), intensity=intensity if dial else None)
+
+    def _circuit(self, now: Snapshot, circuit_id: str, dial: Dial | None) -> Plan:
+        row = self.circuits.find_in(now.circuits, circuit_id)
+        document = stored_document(now.circuits, row)
+        status = _circuit_status(document, now.attached)
+        if status.mode == "none":
+            details = "; ".join(f"layer {layer}: {b.detail}" for layer, b in status.bindings.items())
+            raise InvalidFeatureIndex(f"none of its member layers binds to an attached SAE ({details})", param="steering")
+        declared = declared_range(document)
+        if dial is None:
+            intensity = authored_intensity(document)
+        elif status.mode == "full":
+            intensity = circuit_lambda(dial, declared, self.limits.circuit_min, self.limits.maximum)
+        else:
+            intensity = cluster_lambda(dial, declared, self.limits.cluster_min, self.limits.maximum)
+        edit = members_edit(circuit_members(document), status.bindings, now.attached, intensity)
+        if edit is None:
+            return NO_STEERING
+        params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
+        return Plan(edit, "circuit", params, intensity=intensity if dial else None, rung=status.rung if status.mode == "full" else None)
+
+
+def _needs_no_sae(document: dict) -> bool:
+    """Whether a profile steers through vectors or probes alone (no SAE entry), so it applies with no SAE attached."""
+    return not document.get("steering") and bool(document.get("vectors") or document.get("abort"))
+
+
+def bound_layers(status: CircuitStatus) -> list[int]:
+    """The layers of a circuit that bind now."""
+    return [layer for layer, binding in status.bindings.items() if binding.status in BOUND]
