@@ -61,8 +61,8 @@ def serve(settings: Settings) -> int:
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
     from millm.errors import ModelSourceError, StoreUnavailable
+    from millm.service.composition import build_state
     from millm.service.models.engines import check_engine_setting
-    from millm.service.state import ServerState
     from millm.store.single_process import DatabaseInUse
 
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def serve(settings: Settings) -> int:
         print(f"millm: {exc}", file=sys.stderr)
         return 2
     try:
-        state = ServerState(settings, source)
+        state = build_state(settings, source)
     except (DatabaseInUse, StoreUnavailable) as exc:
         print(f"millm: {exc}", file=sys.stderr)
         return 2

@@ -31,8 +31,8 @@ from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
 from millm.api.mcp_server import build_mcp
 from millm.api.openapi import install_openapi
+from millm.service.composition import ServerState
 from millm.service.serving.serving import Serving
-from millm.service.state import ServerState
 from millm.settings import Settings
 
 SUMMARY = "OpenAI-compatible inference server with SAE feature steering."
@@ -50,7 +50,7 @@ class RequestScope:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with self.state.request_scope():
+        with self.state.switch.request_scope():
             await self.app(scope, receive, send)
 
 
@@ -60,7 +60,7 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if load_model:
-            state.load_in_background()
+            state.switch.load_in_background()
         async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
             yield
         state.close()

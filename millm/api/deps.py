@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from millm.service.composition import ServerState
 from millm.service.responses.api import ResponsesApi
 from millm.service.serving.serving import Serving
-from millm.service.state import ServerState
 from millm.settings import Settings
 
 

@@ -157,7 +157,7 @@ async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = Non
     """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model,
     which is then locked for steering (see /api/models/{name}/unlock)."""
     state = state_of(request)
-    attached = await in_passing_thread(state.attach_sae, sae_id, body.layer if body else None)  # torch work: a passing thread
+    attached = await in_passing_thread(state.switch.attach_sae, sae_id, body.layer if body else None)  # torch work: a passing thread
     return await run_in_threadpool(admin.attached_view, state, sae_id, layer=attached.layer)
 
 

@@ -46,12 +46,12 @@ from millm.api.replies import report_headers
 from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
+from millm.service.composition import ServerState
 from millm.service.discovery.compare import compare
 from millm.service.discovery.contrast import contrast_sets
 from millm.service.discovery.inspection import inspect_text
 from millm.service.manage import features
 from millm.service.manage import steering as admin
-from millm.service.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ async def run_tool(state: ServerState, tool: Tool, arguments: dict) -> types.Cal
     try:
         # The SDK serves calls on its own tasks, outside the HTTP request's scope: this call's
         # model leases are its own, returned when it ends.
-        with state.request_scope():
+        with state.switch.request_scope():
             params, body = bind(tool, arguments)
             answer = await tool.call(state, params, body)
     except MillmError as exc:

@@ -4,6 +4,8 @@ scheduler thread, and its refusals."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from millm.engine.sources import resolve_source
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
+from millm.service.composition import build_state
 from millm.service.discovery.contrast import contrast_prompts_blocking
-from millm.service.state import ServerState
 from millm.settings import Settings
 from tests.support.tiny_saes import build_saelens
 
@@ -25,12 +27,11 @@ B = ["Paris reads a small autoencoder.", "Sparse codes count quickly.", "My frie
 def state(tiny_dirs, tmp_path_factory):
     home = tmp_path_factory.mktemp("contrast-blocking")
     settings = Settings.model_validate({"MILLM_HOME": home / "home", "MILLM_DTYPE": "float32", "MILLM_DEVICE": "cpu"})
-    server = ServerState(settings, resolve_source(str(tiny_dirs["llama"]), home / "hub"))
-    server.load_in_background().join(120)
+    server = build_state(settings, resolve_source(str(tiny_dirs["llama"]), home / "hub"))
+    server.switch.load_in_background().join(120)
     sae_dir = build_saelens(home / "sae", layer=1, architecture="jumprelu", seed=21)
     info, _ = server.saes.register(str(sae_dir), None, None, None)
-    server.attach_sae(info.id, None)
-    server.sae_dir = sae_dir
+    server.switch.attach_sae(info.id, None)
     yield server
     server.close()
 
@@ -38,7 +39,8 @@ def state(tiny_dirs, tmp_path_factory):
 def offline_max(state, texts: list[str]) -> np.ndarray:
     """Each text's per-feature max over positions 1.. of an encode of layer 1's output, read from a
     stock transformers copy of the model (the served one runs the lean runner's fused blocks)."""
-    lm, sae = state.lm, read_sae(state.sae_dir)[1]
+    lm = state.switch.lm
+    sae = read_sae(Path(state.saes.infos[next(iter(state.steering.attached))].path))[1]
     model = AutoModelForCausalLM.from_pretrained(str(lm.source.directory), dtype=torch.float32).eval()
     captured = {}
     model.model.layers[1].register_forward_hook(lambda m, a, out: captured.update(h=(out[0] if isinstance(out, tuple) else out)[0]))
@@ -51,7 +53,7 @@ def offline_max(state, texts: list[str]) -> np.ndarray:
 
 
 def test_the_same_statistics_as_numpy_on_an_offline_read(state):
-    lm = state.lm
+    lm = state.switch.lm
     attached = next(iter(state.steering.attached.values()))
     ids_a, ids_b = ([lm.tokenizer(t)["input_ids"] for t in texts] for texts in (A, B))
     result = contrast_prompts_blocking(state, lm.name, attached, ids_a, ids_b, top_k=4)
@@ -71,6 +73,6 @@ def test_the_same_statistics_as_numpy_on_an_offline_read(state):
 def test_a_prompt_without_a_read_position_is_refused(state):
     attached = next(iter(state.steering.attached.values()))
     with pytest.raises(InvalidRequest, match=r"b\[1\] is 1 token long"):
-        contrast_prompts_blocking(state, state.lm.name, attached, [[1, 5, 6]], [[1, 7, 8], [1]])
+        contrast_prompts_blocking(state, state.switch.lm.name, attached, [[1, 5, 6]], [[1, 7, 8], [1]])
     with pytest.raises(InvalidRequest, match="3 in all"):
-        contrast_prompts_blocking(state, state.lm.name, attached, [[1, 5, 6]], [[1, 7, 8]])
+        contrast_prompts_blocking(state, state.switch.lm.name, attached, [[1, 5, 6]], [[1, 7, 8]])

@@ -7,23 +7,23 @@ import threading
 
 import pytest
 
-import millm.service.state as state_module
 from millm.engine.jobs import GenerationJob
 from millm.engine.sources import resolve_source
 from millm.errors import ModelBusy
-from millm.service.state import ServerState
+from millm.service.composition import build_state
+from millm.service.models import unloading
 from millm.settings import Settings
 from tests.integration.engine_helpers import prompt_ids, row
 
 
 @pytest.fixture
 def state(tiny_dirs, tmp_path, monkeypatch):
-    monkeypatch.setattr(state_module, "SCHEDULER_STOP_S", 0.3)  # how long this test waits for a stuck thread
+    monkeypatch.setattr(unloading, "SCHEDULER_STOP_S", 0.3)  # how long this test waits for a stuck thread
     settings = Settings.model_validate(
         {"MILLM_HOME": tmp_path / "home", "MILLM_DTYPE": "float32", "MILLM_DEVICE": "cpu", "GRACEFUL_UNLOAD_TIMEOUT": 0.2}
     )
-    server = ServerState(settings, resolve_source(str(tiny_dirs["llama"]), tmp_path / "hub"))
-    server.load_in_background().join(120)
+    server = build_state(settings, resolve_source(str(tiny_dirs["llama"]), tmp_path / "hub"))
+    server.switch.load_in_background().join(120)
     yield server
     server.close()
 
@@ -40,19 +40,19 @@ def stuck_in_the_model(lm, gate: threading.Event, started: threading.Event):
 
 
 def test_a_stuck_scheduler_keeps_the_model_and_a_later_unload_frees_it(state):
-    lm = state.lm
+    lm = state.switch.lm
     assert lm is not None
     gate, started = threading.Event(), threading.Event()
     hook = stuck_in_the_model(lm, gate, started)
-    state.scheduler.submit(GenerationJob(rows=[row(prompt_ids(lm, "The cat"), 5)], emit=lambda event: None))
+    state.switch.scheduler.submit(GenerationJob(rows=[row(prompt_ids(lm, "The cat"), 5)], emit=lambda event: None))
     assert started.wait(30)
     try:
         with pytest.raises(ModelBusy, match="did not stop within 0.3 s"):
-            state.unload(lm.name)
-        assert state.lm is lm and state.scheduler.thread_alive  # not freed under a running thread
+            state.switch.unload(lm.name)
+        assert state.switch.lm is lm and state.switch.scheduler.thread_alive  # not freed under a running thread
     finally:
         gate.set()
         hook.remove()
-    assert state.unload(lm.name) is True
-    assert state.lm is None and state.scheduler is None
+    assert state.switch.unload(lm.name) is True
+    assert state.switch.lm is None and state.switch.scheduler is None
     assert prompt_ids(lm, "still usable")  # the object itself was never torn down under the thread

@@ -35,6 +35,7 @@ from millm.protocol.compare import (
 )
 from millm.protocol.responses import Usage, WireModel
 from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.service.composition import ServerState
 from millm.service.discovery.variants import Resolved, find_bases, resolve_variants
 from millm.service.serving.answers import Collected, Meta, collect
 from millm.service.serving.generation import SEED_SPACE, GenerationOptions, JobStream, build_rows
@@ -42,7 +43,6 @@ from millm.service.serving.prechecks import check_rows
 from millm.service.serving.prompts import conversation_ids
 from millm.service.serving.replies import Reply, Report
 from millm.service.serving.serving import generation_options, unused_fields
-from millm.service.state import ServerState
 from millm.service.steering.live import Plan
 
 # The seed's promise: the same body and seed give the same texts, rows batched as they were.
@@ -56,7 +56,7 @@ async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Rep
         handle_unused(unused_locations(body, reads=set(TEMPLATE_KEYS)), True)
     books = {"profile": state.profiles, "cluster": state.clusters, "circuit": state.circuits}
     await to_thread.run_sync(find_bases, books, body.variants)
-    lm = await state.acquire(body.model or state.expected_name)
+    lm = await state.switch.acquire(body.model or state.switch.expected_name)
     ignored = unused_fields(strict, body, False, lm)
     prompt = await to_thread.run_sync(conversation_ids, lm, body.messages)
     resolved = await to_thread.run_sync(resolve_variants, state.planner, body.variants)
@@ -64,7 +64,7 @@ async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Rep
     options = replace(generation_options(body), seed=seed)
     rows = variant_rows(lm, prompt, options, [variant.plan for variant in resolved], state.settings.default_max_tokens)
     stream = JobStream(rows)
-    state.submit(stream.job)
+    state.switch.submit(stream.job)
     meta = Meta.new("cmp", lm.name, lm.system_fingerprint)
     report = Report(ignored, Plan(None, "compare", (("variants", len(resolved)),)), seed, SEED_SCOPE)
     if body.stream:

@@ -27,6 +27,7 @@ from millm.errors import InvalidRequest
 from millm.interp.separation import MIN_TEXTS, favouring, separation
 from millm.interp.steering import Attached
 from millm.protocol.discovery import Aggregate, ContrastFeature, ContrastRequest, ContrastResponse, SetRead, SteeringUsed
+from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     MIN_TOKENS,
     attached_sae,
@@ -42,7 +43,6 @@ from millm.service.discovery.inputs import (
 from millm.service.discovery.reads import discovery_read, read_passes
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobCancelled
-from millm.service.state import ServerState
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ async def contrast_sets(state: ServerState, sae_id: str, body: ContrastRequest) 
     info = registered_sae(state, sae_id)
     check_set_sizes({"a": body.a, "b": body.b}, state.settings.discovery_max_texts)
     await to_thread.run_sync(check_steering_request, state, body.steering)
-    lm = await state.acquire(model_to_read(state, body.model))
+    lm = await state.switch.acquire(model_to_read(state, body.model))
     attached = attached_sae(state, info, lm)
     a, b, read_a, read_b = await to_thread.run_sync(contrast_prompts, lm, body, state.settings.discovery_max_tokens)
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)

@@ -22,9 +22,9 @@ from millm.interp.formats import SAEInfo
 from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
 from millm.protocol.discovery import DiscoveryMessage, SteerWith, TextSet
+from millm.service.composition import ServerState
 from millm.service.discovery.reads import SKIPPED_POSITIONS
 from millm.service.serving.prompts import template_messages, token_ids
-from millm.service.state import ServerState
 
 MIN_TOKENS = SKIPPED_POSITIONS + 1  # a text needs one position after the skipped attention sink
 
@@ -100,9 +100,9 @@ def model_to_read(state: ServerState, asked: str | None) -> str:
     """The model a read uses: the one asked for, else the loaded one (503 model_not_loaded when none is)."""
     if asked is not None:
         return asked
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
-        raise ModelNotLoaded(f"no model is loaded to read with (the server is {state.status.value}); retry once one is", param="model")
+        raise ModelNotLoaded(f"no model is loaded to read with (the server is {state.switch.status.value}); retry once one is", param="model")
     return lm.name
 
 

@@ -26,6 +26,7 @@ from millm.protocol.discovery import (
     SteeringUsed,
     TokenRead,
 )
+from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     Steered,
     attached_sae,
@@ -40,7 +41,6 @@ from millm.service.discovery.inputs import (
     text_prompt,
 )
 from millm.service.discovery.reads import discovery_read, read_passes
-from millm.service.state import ServerState
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ async def inspect_text(state: ServerState, sae_id: str, body: InspectRequest) ->
     """POST /api/saes/{id}/inspect: the features that fire on the text, with labels, and the asked feature per token."""
     info = registered_sae(state, sae_id, body.feature)
     await to_thread.run_sync(check_steering_request, state, body.steering)
-    lm = await state.acquire(model_to_read(state, body.model))
+    lm = await state.switch.acquire(model_to_read(state, body.model))
     attached = attached_sae(state, info, lm)
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)

@@ -56,7 +56,7 @@ async def read_passes(state, prompts: list[list[int]], reads: tuple[ResidualRead
     """One pass per prompt on the scheduler thread for the request holding the model's lease; the reads' summaries come back in `ScoresReady.reads`."""
     result = OneResult(ScoresReady)
     job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, edit=edit)
-    state.submit(job)
+    state.switch.submit(job)
     try:
         return await result.wait()
     finally:

@@ -18,9 +18,9 @@ from millm.interp.formats import SAEInfo
 from millm.interp.steering import residual_point
 from millm.interp.vectors import decompose
 from millm.protocol.vectors import ExplainedFeature, VectorExplanation
+from millm.service.composition import ServerState
 from millm.service.discovery.inputs import label_of
 from millm.service.manage.features import sae_decoder
-from millm.service.state import ServerState
 from millm.service.steering.decoders import Decoder
 
 MISMATCH = "vector_sae_mismatch"

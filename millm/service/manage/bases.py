@@ -13,7 +13,7 @@ import json
 from millm.errors import InvalidRequest
 from millm.interp.binding import cluster_binding
 from millm.interp.mistudio import RUNG_LANGUAGE, authored_intensity, declared_range
-from millm.service.state import ServerState
+from millm.service.composition import ServerState
 from millm.service.steering.documents import DocumentBook
 from millm.service.steering.plans import circuit_status
 

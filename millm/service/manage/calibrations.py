@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from millm.errors import InvalidRequest, NotFound
 from millm.interp.steering import check_feature
+from millm.service.composition import ServerState
 from millm.service.features.calibrations import CalibrationView
 from millm.service.runtime.jobs import JobView
-from millm.service.state import ServerState
 from millm.service.training.calibration import start_calibration
 from millm.service.training.corpus import CalibrateRequest
 
@@ -36,7 +36,7 @@ def view(state: ServerState, sae_id: str, model: str | None, features: str | Non
     """The calibration of `sae_id` on `model` (default: the server's model), with the figures of
     `features`; 404 calibration_not_found when there is none."""
     info = state.saes.get(sae_id)
-    name = model or state.expected_name
+    name = model or state.switch.expected_name
     indices = parse_features(features)
     for index in indices or []:
         check_feature(info, index, param="features")
@@ -54,7 +54,7 @@ def delete(state: ServerState, sae_id: str, model: str | None) -> dict:
     """Forget the calibration of `sae_id` on `model` (default: the server's model); the one the SAE
     ships for that model, if any, takes its place again. 404 when there is none to forget."""
     info = state.saes.get(sae_id)
-    name = model or state.expected_name
+    name = model or state.switch.expected_name
     if not state.calibrations.delete(sae_id, name):
         raise not_calibrated(sae_id, name)
     restored = state.calibrations.import_shipped(info, name)

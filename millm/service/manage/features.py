@@ -24,10 +24,10 @@ from millm.interp.labels import (
     read_document,
 )
 from millm.interp.steering import check_feature
+from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
 from millm.service.features.label_search import FeatureMatch
 from millm.service.runtime.threads import in_passing_thread
-from millm.service.state import ServerState
 from millm.service.steering.decoders import Decoder, decoder_of, neighbours
 
 
@@ -147,7 +147,7 @@ def search_features(state: ServerState, sae_id: str, query: str, limit: int) -> 
 
 def calibration_model(state: ServerState, sae_id: str) -> str | None:
     """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
-    model = state.lm.name if state.lm is not None else state.expected_name
+    model = state.switch.lm.name if state.switch.lm is not None else state.switch.expected_name
     return model if state.calibrations.summary(sae_id, model) is not None else None
 
 

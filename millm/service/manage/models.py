@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from millm.errors import ModelNotFound
 from millm.protocol.responses import ModelCard, ModelList
+from millm.service.composition import ServerState
 from millm.service.models.registry import AVAILABLE
+from millm.service.models.transitions import ModelStatus, ModelView
 from millm.service.runtime.threads import in_passing_thread
-from millm.service.state import ModelStatus, ModelView, ServerState
 
 
 def model_view(view: ModelView) -> dict:
@@ -27,47 +28,47 @@ def model_view(view: ModelView) -> dict:
 
 def get_model(state: ServerState, name: str) -> dict:
     """One registered model and its state."""
-    return model_view(state.view(name))
+    return model_view(state.switch.view(name))
 
 
 def list_registered(state: ServerState) -> dict:
     """Every registered model and the steering lock."""
-    return {"object": "list", "locked": state.locked, "data": [model_view(view) for view in state.views()]}
+    return {"object": "list", "locked": state.switch.locked, "data": [model_view(view) for view in state.switch.views()]}
 
 
 def register_model(state: ServerState, source: str, name: str | None) -> tuple[dict, bool]:
     """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
     entry, created = state.registrations.model(source, name)
-    return model_view(state.view(entry.name)), created
+    return model_view(state.switch.view(entry.name)), created
 
 
 async def load_model(state: ServerState, name: str) -> dict:
     """Load a model (replacing the loaded one) and say whether the active base still fits."""
-    await in_passing_thread(state.load, name)
-    return {**model_view(state.view(name)), "active_base": state.planner.active_fit()}
+    await in_passing_thread(state.switch.load, name)
+    return {**model_view(state.switch.view(name)), "active_base": state.planner.active_fit()}
 
 
 async def unload_model(state: ServerState, name: str) -> dict:
     """Unload a model gracefully."""
-    was = await in_passing_thread(state.unload, name)
-    return {**model_view(state.view(name)), "was_loaded": was, "active_base": state.planner.active_fit()}
+    was = await in_passing_thread(state.switch.unload, name)
+    return {**model_view(state.switch.view(name)), "was_loaded": was, "active_base": state.planner.active_fit()}
 
 
 def lock_model(state: ServerState, name: str) -> dict:
     """Serve only this model."""
-    state.lock(name)
-    return model_view(state.view(name))
+    state.switch.lock_to(name)
+    return model_view(state.switch.view(name))
 
 
 def unlock_model(state: ServerState, name: str) -> dict:
     """Release the steering lock (refused while SAEs are attached)."""
-    was = state.unlock(name)
-    return {**model_view(state.view(name)), "was_locked": was}
+    was = state.switch.unlock(name)
+    return {**model_view(state.switch.view(name)), "was_locked": was}
 
 
 def delete_model(state: ServerState, name: str) -> dict:
     """Forget a registration (refused while loaded or locked)."""
-    state.forget(name)
+    state.switch.forget(name)
     return {"id": name, "object": "model", "deleted": True}
 
 
@@ -84,8 +85,8 @@ def listed(state: ServerState) -> ModelList:
     """Registered models that are available (ready, loading, loaded, unloading); under a steering
     lock only the locked model, so a steered server presents one stable id. A model whose load
     failed is not available."""
-    views = [view for view in state.views() if view.state in AVAILABLE]
-    locked = state.locked
+    views = [view for view in state.switch.views() if view.state in AVAILABLE]
+    locked = state.switch.locked
     if locked is not None:
         views = [view for view in views if view.entry.name == locked]
     return ModelList(data=[model_card(view) for view in views])
@@ -102,12 +103,12 @@ def listed_card(state: ServerState, model_id: str) -> ModelCard:
 # health ----------------------------------------------------------------------------------------------
 def readiness(state: ServerState) -> tuple[dict, bool]:
     """The model's state (and load error, if any), and whether requests can be served now."""
-    status = state.status
-    lm = state.lm
-    body = {"status": "ready" if status is ModelStatus.LOADED else status.value, "model": state.expected_name}
+    status = state.switch.status
+    lm = state.switch.lm
+    body = {"status": "ready" if status is ModelStatus.LOADED else status.value, "model": state.switch.expected_name}
     if lm is not None:
         body["system_fingerprint"] = lm.system_fingerprint
-    error = state.load_error
+    error = state.switch.load_error
     if error:
         body["error"] = error
     in_step, why = state.replication.in_step()
@@ -120,7 +121,7 @@ def readiness(state: ServerState) -> tuple[dict, bool]:
 def inference_stats(state: ServerState) -> dict:
     """Which backend serves generation, what waits and runs now, and jobs per backend."""
     settings = state.settings
-    scheduler = state.scheduler
+    scheduler = state.switch.scheduler
     body: dict = {
         "backend": None,
         "engine": None,

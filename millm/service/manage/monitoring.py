@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm.service.state import ServerState
+from millm.service.composition import ServerState
 
 
 def describe(state: ServerState) -> dict:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from millm.interp.probes import probe_bundle
+from millm.service.composition import ServerState
 from millm.service.probes.binding import bind
-from millm.service.state import ServerState
 
 
 def probe_view(row: dict) -> dict:
@@ -80,7 +80,7 @@ def deactivate_probe(state: ServerState, key: str) -> dict:
 def bind_probe(state: ServerState, document: dict, param: str) -> bool:
     """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
     False when no model is loaded to check it against."""
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
         return False
     bind(dict(state.steering.attached), state.calibrations, lm, document["name"], document["detector"], param)

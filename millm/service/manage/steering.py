@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from millm.errors import Conflict, InvalidRequest
 from millm.interp.profiles import bundle, validate_profile
 from millm.interp.steering import FeatureOp
-from millm.service.state import ServerState
+from millm.service.composition import ServerState
 
 
 # SAEs ------------------------------------------------------------------------------------------------

@@ -11,7 +11,12 @@ from pathlib import Path
 from millm.engine.loader import LoadedModel
 from millm.engine.sources import GEMMA3_MODEL_NAME
 from millm.errors import MillmError
+from millm.service.features.calibrations import CalibrationBook
+from millm.service.steering.live import Steering
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.saes import SAERegistry
 from millm.settings import DEMO_MODEL_NAME
+from millm.store.database import Store
 
 log = logging.getLogger(__name__)
 
@@ -26,25 +31,33 @@ SHIPPED = {
 }
 
 
-def install_shipped(state, lm: LoadedModel) -> None:
-    """Register + attach the SAE shipped for this packaged model and import its profiles, once per data directory."""
-    if lm.source.name not in SHIPPED:
-        return
-    sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
-    if state.store.get_setting(setting, False) or not sae_dir.is_dir():
-        return
-    try:
-        info, _ = state.saes.register(str(sae_dir), None, None, None)
-        state.calibrations.import_shipped(info)  # the demo SAE ships calibrated on the demo model
-        if info.id not in state.steering.attached:
-            state.steering.attach(lm, info.id, None)
-        taken = {row["name"] for row in state.profiles.all()}
-        for path in sorted(profiles_dir.glob("*.json")) if profiles_dir is not None else []:
-            document = json.loads(path.read_text())
-            if document.get("name") not in taken:
-                state.profiles.import_documents(document, on_conflict="fail")
-    except MillmError as exc:
-        log.error("the SAE shipped for %s could not be set up: %s", lm.source.name, exc.message)
-        return
-    state.store.set_setting(setting, True)
-    log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)
+class Shipped:
+    """Sets up the packaged models' SAEs and profiles through the books that keep them."""
+
+    def __init__(self, store: Store, saes: SAERegistry, calibrations: CalibrationBook, steering: Steering,
+                 profiles: ProfileBook):
+        self.store, self.saes, self.calibrations = store, saes, calibrations
+        self.steering, self.profiles = steering, profiles
+
+    def install(self, lm: LoadedModel) -> None:
+        """Register + attach the SAE shipped for this packaged model and import its profiles, once per data directory."""
+        if lm.source.name not in SHIPPED:
+            return
+        sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
+        if self.store.get_setting(setting, False) or not sae_dir.is_dir():
+            return
+        try:
+            info, _ = self.saes.register(str(sae_dir), None, None, None)
+            self.calibrations.import_shipped(info)  # the demo SAE ships calibrated on the demo model
+            if info.id not in self.steering.attached:
+                self.steering.attach(lm, info.id, None)
+            taken = {row["name"] for row in self.profiles.all()}
+            for path in sorted(profiles_dir.glob("*.json")) if profiles_dir is not None else []:
+                document = json.loads(path.read_text())
+                if document.get("name") not in taken:
+                    self.profiles.import_documents(document, on_conflict="fail")
+        except MillmError as exc:
+            log.error("the SAE shipped for %s could not be set up: %s", lm.source.name, exc.message)
+            return
+        self.store.set_setting(setting, True)
+        log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)

@@ -53,6 +53,10 @@ class ModelSlot:
         self.serving = False  # leases already taken may still submit
         self.leases = 0
 
+    def loaded(self) -> LoadedModel | None:
+        """The loaded model, if any (what plans bind probes and vectors to)."""
+        return self.lm
+
     def fill(self, lm: LoadedModel, scheduler: Scheduler) -> None:
         """A model has loaded: requests may lease it."""
         with self._cond:
@@ -64,7 +68,7 @@ class ModelSlot:
         """A lease on the loaded model if it is `name` and the slot is open, recorded in the request's scope."""
         held = _held.get()
         if held is None:
-            raise RuntimeError("a model lease needs a request scope (ServerState.request_scope)")
+            raise RuntimeError("a model lease needs a request scope (ModelSwitch.request_scope)")
         with self._cond:
             if not self.open or self.lm is None or self.lm.name != name:
                 return None

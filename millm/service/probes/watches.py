@@ -26,7 +26,7 @@ from millm.interp.probes import validate_inline, verdict_fields, watch_of
 from millm.service.probes.binding import bind
 
 if TYPE_CHECKING:
-    from millm.service.state import ServerState
+    from millm.service.composition import ServerState
 
 PARAM = "probes"
 MAX_REQUEST_PROBES = 16  # probes one request may name or define (each scores every position of every row)

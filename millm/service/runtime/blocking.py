@@ -71,10 +71,10 @@ class _Collector:
 
 def _run(state, model: str, job, collector: _Collector, cancel: threading.Event | None) -> None:
     """Submit `job` under a fresh lease on `model` and wait for its end (or cancellation)."""
-    with state.request_scope():
-        if state.slot.lease(model) is None:
+    with state.switch.request_scope():
+        if state.switch.slot.lease(model) is None:
             raise ModelNotLoaded(f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)")
-        state.submit(job)
+        state.switch.submit(job)
         while not collector.done.wait(WAIT_SLICE_S):
             if cancel is not None and cancel.is_set():
                 job.cancel()  # the scheduler drops it at its next look; what it emits after is ignored

@@ -11,11 +11,11 @@ from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
 from millm.protocol.requests import EmbeddingRequest
 from millm.protocol.responses import Embedding, EmbeddingList, EmbeddingUsage
 from millm.protocol.unused_fields import handle_unused, unused_locations
+from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult
 from millm.service.serving.prechecks import precheck
 from millm.service.serving.prompts import embedding_inputs
 from millm.service.serving.replies import Reply, Report
-from millm.service.state import ServerState
 
 
 def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str:
@@ -36,11 +36,11 @@ async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Rep
     await precheck(state, body, strict)
     # What embeddings ignore does not depend on the model: reported (or refused) before it is held.
     ignored = handle_unused(unused_locations(body), strict)
-    lm = await state.acquire(body.model)
+    lm = await state.switch.acquire(body.model)
     prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
     result = OneResult(EmbeddingsReady)
     job = EmbeddingJob(prompts=prompts, emit=result.emit)
-    state.submit(job)
+    state.switch.submit(job)
     try:
         vectors = (await result.wait()).vectors
     finally:

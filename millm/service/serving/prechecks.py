@@ -23,11 +23,11 @@ from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.interp.profiles import validate_spec
 from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.service.composition import ServerState
 from millm.service.models.engines import LLAMACPP
 from millm.service.probes.watches import Asked, parse_probes
 from millm.service.serving.activations import ReadRequest, parse_read
 from millm.service.serving.prompts import listed_inputs
-from millm.service.state import ServerState
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
     watched = await to_thread.run_sync(parse_probes, state, probes) if probes and not scoring else ()
     model = getattr(body, "model", None)
     reads = read is not None or bool(watched)
-    if reads and model is not None and await to_thread.run_sync(state.engine_for, model) == LLAMACPP:
+    if reads and model is not None and await to_thread.run_sync(state.switch.engine_for, model) == LLAMACPP:
         refuse_residual_reads(read is not None, bool(watched))
     return Prechecked(strict, dial, read, watched, spec)
 

@@ -24,8 +24,8 @@ from millm.protocol.responses import (
     TopLogprob,
 )
 from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
+from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult
-from millm.service.state import ServerState
 
 
 def check_scoring(body: SamplingFields) -> float:
@@ -75,7 +75,7 @@ async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: 
     """Each prompt's ranked next token (ranked on the scheduler thread) and what `reads` captured of its pass."""
     result = OneResult(ScoresReady)
     job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking)
-    state.submit(job)
+    state.switch.submit(job)
     try:
         return await result.wait()
     finally:

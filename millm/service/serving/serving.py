@@ -29,6 +29,7 @@ from millm.protocol.requests import (
 from millm.protocol.responses import ChatCompletion, Completion, Usage
 from millm.protocol.schema_subset import ResponseFormatUnsupported
 from millm.protocol.unused_fields import AS_SENT, SentAs, handle_unused, template_kwargs_unused, template_reads, unused_locations
+from millm.service.composition import ServerState
 from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read, refuse
 from millm.service.serving.answers import (
@@ -64,7 +65,6 @@ from millm.service.serving.structured import (
     validate_output,
 )
 from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
-from millm.service.state import ServerState
 from millm.service.steering.live import Plan
 
 
@@ -125,7 +125,7 @@ class Serving:
         temperature = check_scoring(body) if body.scoring else None
         refuse_multi_row_reads(body, 1)
         checked = await precheck(self.state, body, strict, body.scoring)
-        lm = await self.state.acquire(body.model)
+        lm = await self.state.switch.acquire(body.model)
         if body.scoring and not has_chat_template(lm.tokenizer):
             raise InvalidRequest(
                 f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
@@ -152,7 +152,7 @@ class Serving:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
         temperature = check_scoring(body) if body.scoring else None
         checked = await precheck(self.state, body, strict, body.scoring)
-        lm = await self.state.acquire(body.model)
+        lm = await self.state.switch.acquire(body.model)
         ignored = unused_fields(strict, body, body.scoring, lm)
         error = InvalidScoringRequest if body.scoring else InvalidRequest
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
@@ -210,7 +210,7 @@ class Serving:
         rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads,
                           probes.watches)
         stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
-        self.state.submit(stream.job)
+        self.state.switch.submit(stream.job)
         return stream, len(rows)
 
     async def _chat_scoring(self, lm: LoadedModel, body: ChatCompletionRequest, prompts: list[list[int]], meta: Meta,

@@ -60,7 +60,8 @@ class Steering:
     replica's change arrives as a notice (service/runtime/replication.py), on which `reload` reads it too.
     `lock` guards the copy against the model-load and the notice threads."""
 
-    def __init__(self, store: Store, registry: SAERegistry, profiles: ProfileBook, replica: InStep | None = None):
+    def __init__(self, store: Store, registry: SAERegistry, profiles: ProfileBook, replica: InStep | None = None,
+                 resolvers: Resolvers | None = None):
         self.store, self.registry, self.profiles = store, registry, profiles
         self.replica = replica or ALWAYS_IN_STEP
         self.version, self.enabled = 0, True
@@ -68,8 +69,7 @@ class Steering:
         self.features: dict[str, dict[int, FeatureOp]] = {}
         self.stored: dict[str, tuple[int, str | None]] = {}  # the stored attachments: sae_id -> (layer, model)
         self.attached: dict[str, Attached] = {}  # those this process has attached to its loaded model
-        # How specs reach probes, vectors and the loaded model: ServerState wires them in.
-        self.resolvers = Resolvers()
+        self.resolvers = resolvers or Resolvers()  # how specs reach probes, vectors and the loaded model
         self.attach_errors: dict[str, str] = {}
         # In memory only: moves with every reload and also when attachments change here without a
         # stored change (a restore, an unload), so a plan cached for one state is never served in another.

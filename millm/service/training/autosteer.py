@@ -98,7 +98,7 @@ class Prepared:
 
 def start_autosteer(state, body: AutoSteerRequest) -> JobView:
     """Check the request against the loaded model and start the job (its view is the answer)."""
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to steer; load one first")
     attached = pick_attached(state.steering.attached, body.sae_id, "sae_id")

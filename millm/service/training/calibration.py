@@ -32,7 +32,7 @@ from millm.service.training.corpus import CalibrateRequest, Corpus, check_size, 
 from millm.store.calibrations import CalibrationRow
 
 if TYPE_CHECKING:
-    from millm.service.state import ServerState
+    from millm.service.composition import ServerState
 
 # Texts per engine call: up to this many tokens (one text at least). A request arriving meanwhile
 # waits for the whole call, so calls stay short; only very short texts share one.
@@ -49,7 +49,7 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
     MILLM_CALIBRATION_MAX_TOKENS), then start the calibration job and return it."""
     info = state.saes.get(sae_id)
     check_source(request)
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to calibrate the SAE on; load one and attach the SAE first")
     with state.steering.lock:

@@ -46,13 +46,13 @@ from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
 from millm.interp.probes import HookPoint, point_of
 from millm.interp.steering import pick_attached
 from millm.protocol.discovery import TextSet
+from millm.service.composition import ServerState
 from millm.service.discovery.inputs import check_total, set_prompts
 from millm.service.discovery.reads import SKIPPED_POSITIONS
 from millm.service.manage.probes import probe_view
 from millm.service.probes.binding import model_shape
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobCancelled, JobHandle, JobView
-from millm.service.state import ServerState
 from millm.service.training.calibration import GROUP_TOKENS, groups
 
 MIN_PER_CLASS = 2  # one text of each class in the fit and one in the held-out part
@@ -131,7 +131,7 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     if body.name in state.probes.shelf.by_name:
         raise Conflict(f"a probe named {body.name!r} exists; choose another name", param="name", code="probe_exists")
     check_sizes(body, settings.discovery_max_texts)
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to read the texts with; load one first")
     shape = model_shape(lm)

@@ -33,7 +33,7 @@ from millm.service.steering.vectors import model_width
 from millm.service.training.calibration import groups
 
 if TYPE_CHECKING:
-    from millm.service.state import ServerState
+    from millm.service.composition import ServerState
 
 TAG = "vectors"
 
@@ -64,7 +64,7 @@ def prepare(state: ServerState, body: TrainVectorRequest) -> Prepared:
         raise InvalidRequest("method pca needs at least 2 pairs (one difference has no principal direction of its own)", param="pairs")
     if body.name in state.vectors.shelf.by_name:
         raise Conflict(f"a steering vector named {body.name!r} exists; choose another name", param="name", code="vector_exists")
-    lm = state.lm
+    lm = state.switch.lm
     if lm is None:
         raise ModelNotLoaded("no model is loaded to read the pairs with; load one first", param="model")
     if body.model is not None and body.model != lm.name:

@@ -1,0 +1,132 @@
+"""The composition root: every part of the server's state made once, in dependency order, and
+wired by its constructor (no part is patched in after it is made).
+
+`ServerState` is what the routes' facades are built over; it owns nothing itself. What each part
+owns: the store (the database), replication (other replicas' changes), the books (SAEs, labels,
+calibrations, profiles, probes, vectors, clusters, circuits), the live steering and its planner,
+the model switch (the served model, its slot and lock), the monitor and the jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from millm.engine.sources import ModelSource
+from millm.service.features.calibrations import CalibrationBook
+from millm.service.features.labels import LabelBook
+from millm.service.features.monitoring import Monitor
+from millm.service.models.registrations import ClientRegistrations
+from millm.service.models.registry import ModelRegistry
+from millm.service.models.shipped import Shipped
+from millm.service.models.slot import ModelSlot
+from millm.service.models.switch import ModelSwitch
+from millm.service.probes.book import ProbeBook
+from millm.service.probes.conditions import ProbeConditions
+from millm.service.runtime.jobs import JobBook
+from millm.service.runtime.replication import Replication
+from millm.service.steering.decoders import DecoderCache
+from millm.service.steering.documents import CircuitBook, ClusterBook
+from millm.service.steering.live import Steering
+from millm.service.steering.plans import DialLimits, Planner
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.resolution import Resolvers
+from millm.service.steering.saes import SAERegistry
+from millm.service.steering.vectors import VectorBook
+from millm.settings import Settings
+from millm.store.changes import Topic
+from millm.store.database import Store, database_url
+from millm.store.single_process import SqliteClaim, claim_sqlite
+
+JOBS_KEPT = 50  # ended jobs remembered for GET /api/jobs
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The server's parts, made once by build_state; the facades call them."""
+
+    settings: Settings
+    source: ModelSource
+    claim: SqliteClaim
+    store: Store
+    replication: Replication
+    labels: LabelBook
+    saes: SAERegistry
+    decoders: DecoderCache
+    profiles: ProfileBook
+    probes: ProbeBook
+    vectors: VectorBook
+    calibrations: CalibrationBook
+    steering: Steering
+    clusters: ClusterBook
+    circuits: CircuitBook
+    planner: Planner
+    monitor: Monitor
+    models: ModelRegistry
+    registrations: ClientRegistrations
+    switch: ModelSwitch
+    jobs: JobBook
+
+    def close(self) -> None:
+        """Stop the jobs and the scheduler (queued requests are answered with an error), then the store."""
+        self.jobs.cancel_all()
+        self.switch.close()
+        self.monitor.close()
+        self.replication.close()
+        self.store.close()
+        self.claim.release()
+
+
+def build_state(settings: Settings, source: ModelSource) -> ServerState:
+    """Make every part once, each from the parts it needs, and follow the other replicas."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    url = database_url(settings.home, settings.database_url)
+    claim = claim_sqlite(url)  # DatabaseInUse when another server holds this SQLite file
+    store = Store(url)
+    replication = Replication(store)
+    labels = LabelBook(store)
+    saes = SAERegistry(store, settings.hub_dir, labels)
+    profiles = ProfileBook(store)
+    probes = ProbeBook(store)
+    vectors = VectorBook(store)
+    calibrations = CalibrationBook(store)
+    slot = ModelSlot()
+    resolvers = Resolvers(ProbeConditions(probes, calibrations, slot.loaded), vectors, slot.loaded)
+    steering = Steering(store, saes, profiles, replication, resolvers)
+    clusters = ClusterBook(store, settings.steering_intensity_max)
+    circuits = CircuitBook(store)
+    limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min,
+                        settings.steering_intensity_max)
+    for info in list(saes.infos.values()):  # SAEs registered before they shipped a calibration
+        calibrations.import_shipped(info)
+    models = ModelRegistry(store, settings.hub_dir)
+    registrations = ClientRegistrations(settings, source, saes, models, calibrations)
+    shipped = Shipped(store, saes, calibrations, steering, profiles)
+    switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
+    state = ServerState(
+        settings=settings, source=source, claim=claim, store=store, replication=replication,
+        labels=labels, saes=saes, decoders=DecoderCache(), profiles=profiles, probes=probes,
+        vectors=vectors, calibrations=calibrations, steering=steering, clusters=clusters,
+        circuits=circuits, planner=Planner(steering, clusters, circuits, limits),
+        monitor=Monitor(store, settings.monitoring_history), models=models,
+        registrations=registrations, switch=switch,
+        jobs=JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, switch.generating),
+    )
+    follow_other_replicas(state)
+    return state
+
+
+def follow_other_replicas(state: ServerState) -> None:
+    """What to read again when another replica changes a part of the shared state (the order of a
+    full reload: registrations before the documents and the steering that name them)."""
+    on = state.replication.on
+    on(Topic.SAES, state.saes.reload)
+    on(Topic.LABELS, state.labels.reload)
+    on(Topic.CALIBRATIONS, state.calibrations.reload)
+    on(Topic.MODELS, state.models.reload)
+    on(Topic.VECTORS, state.vectors.refresh)
+    on(Topic.PROBES, state.probes.refresh)
+    on(Topic.PROFILES, state.profiles.refresh)
+    on(Topic.CLUSTERS, state.clusters.refresh)
+    on(Topic.CIRCUITS, state.circuits.refresh)
+    on(Topic.STEERING, state.switch.steering_changed)
+    on(Topic.MONITORING, state.monitor.reload)
+    state.replication.start()
