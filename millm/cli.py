@@ -62,6 +62,7 @@ def serve(settings: Settings) -> int:
     from millm.engine.sources import resolve_source
     from millm.errors import ModelSourceError, StoreUnavailable
     from millm.service.composition import build_state
+    from millm.service.facades import build_facades
     from millm.service.models.engines import check_engine_setting
     from millm.store.single_process import DatabaseInUse
 
@@ -81,7 +82,7 @@ def serve(settings: Settings) -> int:
     except (DatabaseInUse, StoreUnavailable) as exc:
         print(f"millm: {exc}", file=sys.stderr)
         return 2
-    app = create_app(state)
+    app = create_app(build_facades(state))
     log = logging.getLogger("millm")
     log.info("data directory: %s", settings.home)
     warning = open_routes_warning(settings.host, settings.api_key, settings.admin_key)

@@ -31,39 +31,40 @@ from millm.api.body_limit import BodyLimit
 from millm.api.errors import install_error_handlers
 from millm.api.mcp_server import build_mcp
 from millm.api.openapi import install_openapi
-from millm.service.composition import ServerState
-from millm.service.serving.serving import Serving
+from millm.service.facades import Facades
+from millm.service.models.switch import ModelSwitch
 from millm.settings import Settings
 
 SUMMARY = "OpenAI-compatible inference server with SAE feature steering."
 
 
 class RequestScope:
-    """Opens the state's request scope around every HTTP request (pure ASGI, so a streamed
+    """Opens the switch's request scope around every HTTP request (pure ASGI, so a streamed
     response is still inside it until its last byte): the model a request leased is returned
     only when the exchange has really ended, which is what an unload waits for."""
 
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
+    def __init__(self, app, requests: ModelSwitch):
+        self.app, self.requests = app, requests
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with self.state.switch.request_scope():
+        with self.requests.request_scope():
             await self.app(scope, receive, send)
 
 
-def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
-    """An app serving `state`; with load_model the model loads in the background at start-up."""
+def create_app(service: Facades, load_model: bool = True) -> FastAPI:
+    """An app serving the service's facades; with load_model the model loads in the background at start-up."""
+    settings = service.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if load_model:
-            state.switch.load_in_background()
+            service.models.load_at_start()
         async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
             yield
-        state.close()
+        service.close()
 
     app = FastAPI(
         title="millm",
@@ -71,17 +72,16 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         summary=SUMMARY,
         lifespan=lifespan,
     )
-    app.state.millm = state
-    app.state.settings = state.settings
-    app.state.serving = Serving(state)
+    app.state.facades = service
+    app.state.settings = settings
     install_error_handlers(app)
     # The last added runs first: keys and origins, then the body cap, then the request scope.
-    app.add_middleware(RequestScope, state=state)
-    app.add_middleware(BodyLimit, request_cap=state.settings.max_request_bytes, import_cap=state.settings.max_import_bytes)
-    app.add_middleware(AccessGuard, keys=Keys.of(state.settings.api_key, state.settings.admin_key))
-    include_routes(app, state.settings)
-    # Not in include_routes: the MCP endpoint serves this state and is no part of the OpenAPI document.
-    mcp = build_mcp(state, app)
+    app.add_middleware(RequestScope, requests=service.requests)
+    app.add_middleware(BodyLimit, request_cap=settings.max_request_bytes, import_cap=settings.max_import_bytes)
+    app.add_middleware(AccessGuard, keys=Keys.of(settings.api_key, settings.admin_key))
+    include_routes(app, settings)
+    # Not in include_routes: the MCP endpoint serves these facades and is no part of the OpenAPI document.
+    mcp = build_mcp(service, app)
     app.router.routes.append(mcp.route)
     return app
 

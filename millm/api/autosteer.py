@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.protocol.autosteer import AutoSteerRequest
 from millm.service.runtime.jobs import JobView
-from millm.service.training.autosteer import start_autosteer
 
 router = APIRouter()
 
@@ -15,4 +14,4 @@ router = APIRouter()
 @router.post("/api/autosteer", summary="Find a steering setting for a goal (a job)", status_code=202, response_model=JobView)
 def autosteer(body: AutoSteerRequest, request: Request) -> JobView:
     """Start AutoSteer; follow it at GET /api/jobs/{id}, whose result ranks the settings (AutoSteerResult)."""
-    return start_autosteer(state_of(request), body)
+    return facades(request).training.autosteer(body)

@@ -7,9 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.service.features.calibrations import CalibrationView
-from millm.service.manage import calibrations as admin
 from millm.service.runtime.jobs import JobView
 from millm.service.training.corpus import CalibrateRequest
 
@@ -26,7 +25,7 @@ router = APIRouter()
 def calibrate(sae_id: str, body: CalibrateRequest, request: Request) -> JSONResponse:
     """Read the demo corpus or the texts and conversations sent through the attached SAE: per feature,
     firing frequency, mean and max activation, p50/p90/p99 where it fires, and the top snippets."""
-    view = admin.start(state_of(request), sae_id, body)
+    view = facades(request).calibrations.start(sae_id, body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
 
@@ -38,7 +37,7 @@ def get_calibration(
     model: Annotated[str | None, Query(description="The served model name (default: the server's model).")] = None,
 ) -> CalibrationView:
     """The calibration's summary, and the figures and top examples of `features`; 404 calibration_not_found when there is none."""
-    return admin.view(state_of(request), sae_id, model, features)
+    return facades(request).calibrations.view(sae_id, model, features)
 
 
 @router.delete("/api/saes/{sae_id}/calibration", summary="Forget an SAE's calibration on a model")
@@ -48,4 +47,4 @@ def delete_calibration(
     model: Annotated[str | None, Query(description="The served model name (default: the server's model).")] = None,
 ) -> dict:
     """Forget the calibration (percentiles read null from then on); 404 calibration_not_found when there is none."""
-    return admin.delete(state_of(request), sae_id, model)
+    return facades(request).calibrations.delete(sae_id, model)

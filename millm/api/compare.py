@@ -6,11 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from millm.api.deps import settings_of, state_of
+from millm.api.deps import facades, settings_of
 from millm.api.headers import STRICT_HEADER, strict_mode
 from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.compare import CompareRequest, Comparison
-from millm.service.discovery.compare import compare
 
 router = APIRouter()
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The comparison; with stream: true, server-sent events (compare.start, "
@@ -22,5 +21,5 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The co
              response_model=Comparison, responses=STREAM_RESPONSE)
 async def compare_variants(body: CompareRequest, request: Request):
     """Generate the conversation unsteered, live, under a profile, features, a cluster or a circuit, side by side."""
-    reply = await unless_client_leaves(request, compare(state_of(request), body, strict_mode(request.headers.get(STRICT_HEADER))))
+    reply = await unless_client_leaves(request, facades(request).discovery.compare(body, strict_mode(request.headers.get(STRICT_HEADER))))
     return respond(reply, settings_of(request).ignored_fields_header_max_bytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from millm.api.deps import serving, settings_of
+from millm.api.deps import facades, settings_of
 from millm.api.headers import STRICT_HEADER, strict_mode
 from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, check_fields
@@ -31,7 +31,7 @@ def ignored_cap(request: Request) -> int:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
     check_fields(body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream))
-    reply = await unless_client_leaves(request, serving(request).chat(body, strict(request)))
+    reply = await unless_client_leaves(request, facades(request).serving.chat(body, strict(request)))
     return respond(reply, ignored_cap(request))
 
 
@@ -39,7 +39,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     """Continue each prompt verbatim (one choice per prompt), or score its next token."""
     check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
-    reply = await unless_client_leaves(request, serving(request).complete(body, strict(request)))
+    reply = await unless_client_leaves(request, facades(request).serving.complete(body, strict(request)))
     return respond(reply, ignored_cap(request))
 
 
@@ -47,5 +47,5 @@ async def completions(body: CompletionRequest, request: Request):
 async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
     check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
-    reply = await unless_client_leaves(request, serving(request).embed(body, strict(request)))
+    reply = await unless_client_leaves(request, facades(request).serving.embed(body, strict(request)))
     return respond(reply, ignored_cap(request))

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.service.manage import bases
 
 router = APIRouter()
@@ -37,38 +37,38 @@ class CircuitActivation(BaseModel):
 async def import_clusters(request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False):
     """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering base."""
     raw = await request.body()
-    return await run_in_threadpool(bases.import_clusters, state_of(request), raw, on_conflict, activate)
+    return await run_in_threadpool(facades(request).bases.import_clusters, raw, on_conflict, activate)
 
 
 @router.put("/api/clusters/{key}/intensity", summary="Set a cluster's persistent dial")
 def set_cluster_intensity(key: str, body: Intensity, request: Request):
     """Bounds [0, max]; survives restarts."""
-    return bases.set_cluster_intensity(state_of(request), key, body.intensity)
+    return facades(request).bases.set_cluster_intensity(key, body.intensity)
 
 
 @router.post("/api/clusters/{key}/activate", summary="Make a cluster the steering base")
 def activate_cluster(key: str, request: Request):
     """n_features against the SAE's width and the layer are checked first."""
-    return bases.activate_cluster(state_of(request), key)
+    return facades(request).bases.activate_cluster(key)
 
 
 @router.post("/api/circuits/import", summary="Import a circuit definition", status_code=201)
 async def import_circuit(request: Request, on_conflict: Literal["rename", "fail"] = "rename"):
     """Validated whole (1 MB cap); stored byte for byte."""
     raw = await request.body()
-    return await run_in_threadpool(bases.import_circuit, state_of(request), raw, on_conflict)
+    return await run_in_threadpool(facades(request).bases.import_circuit, raw, on_conflict)
 
 
 @router.get("/api/circuits/active", summary="The active circuit and whether it steers now")
 def active_circuit(request: Request):
     """`steering` says whether and how it steers: read it (not the row) before describing evidence."""
-    return bases.active_circuit(state_of(request))
+    return facades(request).bases.active_circuit()
 
 
 @router.post("/api/circuits/{key}/activate", summary="Make a circuit the steering base")
 def activate_circuit(key: str, request: Request, body: CircuitActivation | None = None):
     """Below rung 2 only with acknowledge_rung: true (its evidence is not causal)."""
-    return bases.activate_circuit(state_of(request), key, bool(body and body.acknowledge_rung))
+    return facades(request).bases.activate_circuit(key, bool(body and body.acknowledge_rung))
 
 
 def add_shared_routes(kind: str) -> None:
@@ -77,23 +77,23 @@ def add_shared_routes(kind: str) -> None:
 
     @router.get(f"/api/{plural}", summary=f"List {plural}", name=f"list_{plural}")
     def list_all(request: Request):
-        return bases.list_bases(state_of(request), kind)
+        return facades(request).bases.list_bases(kind)
 
     @router.post(f"/api/{plural}/deactivate", summary=f"Deactivate the active {kind}", name=f"deactivate_{kind}")
     def deactivate(request: Request):
-        return bases.deactivate_base(state_of(request), kind)
+        return facades(request).bases.deactivate_base(kind)
 
     @router.get(f"/api/{plural}/{{key}}", summary=f"One {kind}", name=f"get_{kind}")
     def get_one(key: str, request: Request):
-        return bases.get_base(state_of(request), kind, key)
+        return facades(request).bases.get_base(kind, key)
 
     @router.get(f"/api/{plural}/{{key}}/export", summary=f"The {kind} document, byte for byte as imported", name=f"export_{kind}")
     def export(key: str, request: Request):
-        return Response(bases.export_base(state_of(request), kind, key), media_type="application/json")
+        return Response(facades(request).bases.export_base(kind, key), media_type="application/json")
 
     @router.delete(f"/api/{plural}/{{key}}", summary=f"Delete a {kind}", name=f"delete_{kind}")
     def delete(key: str, request: Request):
-        return bases.delete_base(state_of(request), kind, key)
+        return facades(request).bases.delete_base(kind, key)
 
     list_all.__doc__ = f"Every imported {kind}."
     deactivate.__doc__ = f"Back to the live values as the base, if a {kind} was active."

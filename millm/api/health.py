@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from millm.api.deps import state_of
-from millm.service.manage import models as model_admin
+from millm.api.deps import facades
 
 router = APIRouter()
 
@@ -20,11 +19,11 @@ async def health():
 @router.get("/api/health/ready", summary="Readiness: 200 once a model is loaded, else 503")
 def ready(request: Request):
     """Whether requests can be served now, with the model's state (and load error, if any)."""
-    body, ready_now = model_admin.readiness(state_of(request))
+    body, ready_now = facades(request).models.readiness()
     return JSONResponse(body, status_code=200 if ready_now else 503)
 
 
 @router.get("/api/health/inference", summary="Scheduler state: backend, queue depth, batch size, requests per backend")
 def inference(request: Request):
     """Which backend serves generation, what waits and runs now, and jobs served / cancelled / failed per backend."""
-    return model_admin.inference_stats(state_of(request))
+    return facades(request).models.inference_stats()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
@@ -13,16 +13,16 @@ router = APIRouter()
 @router.get("/api/jobs", summary="Jobs, newest first")
 def list_jobs(request: Request) -> dict:
     """Every job the server remembers (the last 50 ended ones and all running ones)."""
-    return {"object": "list", "data": [view.model_dump() for view in state_of(request).jobs.all()]}
+    return {"object": "list", "data": [view.model_dump() for view in facades(request).jobs.all()]}
 
 
 @router.get("/api/jobs/{job_id}", summary="One job: state, progress, ETA, result", response_model=JobView)
 def get_job(job_id: str, request: Request) -> JobView:
     """The job's state, progress (done/total), when it started, its ETA, and its result or error once ended."""
-    return state_of(request).jobs.get(job_id)
+    return facades(request).jobs.get(job_id)
 
 
 @router.delete("/api/jobs/{job_id}", summary="Cancel a job", response_model=JobView)
 def cancel_job(job_id: str, request: Request) -> JobView:
     """Ask a running job to stop; it ends as `cancelled` within a forward pass. An ended job is returned unchanged."""
-    return state_of(request).jobs.cancel(job_id)
+    return facades(request).jobs.cancel(job_id)

@@ -9,9 +9,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.interp.labels import ExportFormat, LabelFormat
-from millm.service.manage import features
 from millm.service.manage.features import FeatureDetail, FeatureSearch, LabelImport, LabelsCleared
 
 router = APIRouter()
@@ -27,7 +26,7 @@ EXPORT_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The la
 
 async def _import(request: Request, sae_id: str, fmt: str | None, replace: bool) -> LabelImport:
     raw = await request.body()  # capped by MAX_IMPORT_BYTES before it is read (body_limit.py)
-    return await run_in_threadpool(features.import_labels, state_of(request), sae_id, raw, request.headers.get("content-type"), fmt, replace)
+    return await run_in_threadpool(facades(request).features.import_labels, sae_id, raw, request.headers.get("content-type"), fmt, replace)
 
 
 @router.put("/api/saes/{sae_id}/labels", summary="Replace an SAE's feature labels", response_model=LabelImport)
@@ -52,7 +51,7 @@ def get_labels(
 ) -> Response:
     """json: {index: label}; csv: index,label; neuronpedia: the explanation export list; mistudio: its
     explanations.json. Each re-imports (PUT) to the same set."""
-    media_type, body = features.export_labels(state_of(request), sae_id, fmt, detail)
+    media_type, body = facades(request).features.export_labels(sae_id, fmt, detail)
     disposition = f'attachment; filename="{sae_id}-labels-{fmt}.{EXPORTS[fmt]}"'
     return Response(body, media_type=media_type, headers={"content-disposition": disposition})
 
@@ -60,7 +59,7 @@ def get_labels(
 @router.delete("/api/saes/{sae_id}/labels", summary="Clear an SAE's feature labels", response_model=LabelsCleared)
 def delete_labels(sae_id: str, request: Request) -> LabelsCleared:
     """Remove every label of the SAE (its own feature_labels.json is not imported again)."""
-    return features.clear_labels(state_of(request), sae_id)
+    return facades(request).features.clear_labels(sae_id)
 
 
 @router.get("/api/saes/{sae_id}/features", summary="Search an SAE's features by label, ranked", response_model=FeatureSearch)
@@ -72,12 +71,12 @@ def search_features(
 ) -> FeatureSearch:
     """Labelled features ranked by relevance of their label, top tokens and example to `q` (score: larger
     is better); an empty `q` lists every labelled feature by index."""
-    return features.search_features(state_of(request), sae_id, q, limit)
+    return facades(request).features.search_features(sae_id, q, limit)
 
 
 @router.get("/api/saes/{sae_id}/features/{index}", summary="One feature: label, decoder norm, nearest features", response_model=FeatureDetail)
 async def feature_detail(sae_id: str, index: int, request: Request, k: Annotated[int, Query(ge=1, le=100)] = 10) -> FeatureDetail:
     """The feature's label (with its source and detail), ||W_dec[index]||, and the `k` features whose
     decoder rows have the highest cosine with its own."""
-    return await features.feature_detail(state_of(request), sae_id, index, k)
+    return await facades(request).features.feature_detail(sae_id, index, k)
 

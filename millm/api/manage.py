@@ -9,14 +9,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.interp.document_schemas import MAX_DESCRIPTION, AbortEntries, SteeringEntries, VectorEntries
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
 from millm.protocol.schema_rules import sent
-from millm.service.manage import steering as admin
+from millm.service.manage.steering import check_distinct
 from millm.service.models.paths import HUB_ID_PATTERN
-from millm.service.runtime.threads import in_passing_thread
 
 router = APIRouter()
 
@@ -129,118 +128,118 @@ class SaveCurrent(StrictBody):
 @router.post("/api/saes", summary="Register an SAE (local path or hub repo)")
 async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
-    state = state_of(request)
-    info, created = await in_passing_thread(state.registrations.sae, body.path, body.repo, body.revision)
-    return JSONResponse(await run_in_threadpool(admin.sae_view, state, info.id), status_code=201 if created else 200)
+    steering = facades(request).steering
+    info, created = await steering.register_sae(body.path, body.repo, body.revision)
+    return JSONResponse(await run_in_threadpool(steering.sae_view, info.id), status_code=201 if created else 200)
 
 
 @router.get("/api/saes", summary="List registered SAEs")
 def list_saes(request: Request):
     """Every registered SAE."""
-    return {"object": "list", "data": admin.list_saes(state_of(request))}
+    return {"object": "list", "data": facades(request).steering.list_saes()}
 
 
 @router.get("/api/saes/{sae_id}", summary="One SAE")
 def get_sae(sae_id: str, request: Request):
     """An SAE's info and attachment."""
-    return admin.sae_view(state_of(request), sae_id)
+    return facades(request).steering.sae_view(sae_id)
 
 
 @router.delete("/api/saes/{sae_id}", summary="Forget an SAE (detach it first)")
 def delete_sae(sae_id: str, request: Request):
     """Remove the registration and its live strengths; profiles naming it are kept."""
-    return admin.delete_sae(state_of(request), sae_id)
+    return facades(request).steering.delete_sae(sae_id)
 
 
 @router.post("/api/saes/{sae_id}/attach", summary="Attach an SAE to the loaded model (and lock the server to it)")
 async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = None):
     """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model,
     which is then locked for steering (see /api/models/{name}/unlock)."""
-    state = state_of(request)
-    attached = await in_passing_thread(state.switch.attach_sae, sae_id, body.layer if body else None)  # torch work: a passing thread
-    return await run_in_threadpool(admin.attached_view, state, sae_id, layer=attached.layer)
+    steering = facades(request).steering
+    attached = await steering.attach_sae(sae_id, body.layer if body else None)
+    return await run_in_threadpool(steering.attached_view, sae_id, layer=attached.layer)
 
 
 @router.post("/api/saes/{sae_id}/detach", summary="Detach an SAE")
 def detach_sae(sae_id: str, request: Request):
     """Stop steering and reading through it; its live strengths are kept for a later attach."""
-    return admin.detach_sae(state_of(request), sae_id)
+    return facades(request).steering.detach_sae(sae_id)
 
 
 # steering ------------------------------------------------------------------------------------------
 @router.get("/api/steering", summary="Live steering state")
 def get_steering(request: Request):
     """Enabled, version, active profile, and every SAE's features (op with strength or value)."""
-    return admin.steering_view(state_of(request))
+    return facades(request).steering.steering_view()
 
 
 @router.put("/api/steering/saes/{sae_id}/features/{index}", summary="Set one feature's op (add, clamp, ablate, cap)")
 def set_feature(sae_id: str, index: int, body: FeatureSetting, request: Request):
     """add a strength within ±200 (0 clears), clamp or cap at a value >= 0, or ablate; 400 invalid_feature_index past the SAE's width."""
-    return admin.set_features(state_of(request), {(sae_id, index): body.checked()})
+    return facades(request).steering.set_features({(sae_id, index): body.checked()})
 
 
 @router.delete("/api/steering/saes/{sae_id}/features/{index}", summary="Clear one feature")
 def clear_feature(sae_id: str, index: int, request: Request):
     """Remove one feature's live value."""
-    return admin.set_features(state_of(request), {(sae_id, index): None})
+    return facades(request).steering.set_features({(sae_id, index): None})
 
 
 @router.post("/api/steering/features", summary="Set many features at once")
 def set_features(body: ManyStrengths, request: Request):
     """All or nothing: every entry is checked before any is applied."""
     changes = {(f.sae_id, f.index): f.checked(f"features[{n}].") for n, f in enumerate(body.features)}
-    admin.check_distinct(changes, len(body.features))
-    return admin.set_features(state_of(request), changes, clear=body.replace)
+    check_distinct(changes, len(body.features))
+    return facades(request).steering.set_features(changes, clear=body.replace)
 
 
 @router.delete("/api/steering/features", summary="Clear all live values (or one SAE's)")
 def clear_features(request: Request, sae_id: str | None = None):
     """Remove every live value, or only those of `sae_id`."""
-    return admin.set_features(state_of(request), {}, clear=sae_id if sae_id is not None else True)
+    return facades(request).steering.set_features({}, clear=sae_id if sae_id is not None else True)
 
 
 @router.post("/api/steering/enable", summary="Turn global steering on")
 def enable(request: Request):
     """Requests admitted from now on are steered by the base (active profile or live values)."""
-    return admin.set_enabled(state_of(request), True)
+    return facades(request).steering.set_enabled(True)
 
 
 @router.post("/api/steering/disable", summary="Turn global steering off")
 def disable(request: Request):
     """Requests admitted from now on are unsteered (a request's own profile still applies)."""
-    return admin.set_enabled(state_of(request), False)
+    return facades(request).steering.set_enabled(False)
 
 
 # profiles --------------------------------------------------------------------------------------------
 @router.get("/api/profiles", summary="List profiles")
 def list_profiles(request: Request):
     """Every saved profile."""
-    return {"object": "list", "data": admin.list_profiles(state_of(request))}
+    return {"object": "list", "data": facades(request).steering.list_profiles()}
 
 
 @router.post("/api/profiles", summary="Create a profile", status_code=201)
 def create_profile(body: ProfileCreate, request: Request):
     """A new profile from name, description and steering entries."""
-    return admin.create_profile(state_of(request), body.model_dump(exclude_none=True))
+    return facades(request).steering.create_profile(body.model_dump(exclude_none=True))
 
 
 @router.post("/api/profiles/save-current", summary="Save the live values as a profile", status_code=201)
 def save_current(body: SaveCurrent, request: Request):
     """A new profile holding the live strengths (with each attached SAE's layer)."""
-    return admin.save_current(state_of(request), body.name, body.description)
+    return facades(request).steering.save_current(body.name, body.description)
 
 
 @router.post("/api/profiles/deactivate", summary="Deactivate the active profile")
 def deactivate_profile(request: Request):
     """The live values become the steering base again."""
-    return admin.deactivate_profile(state_of(request))
+    return facades(request).steering.deactivate_profile()
 
 
 @router.get("/api/profiles/export", summary="Export every profile as a bundle")
 def export_all(request: Request):
     """A millm.profile-bundle document of all profiles."""
-    return admin.export_profiles(state_of(request))
+    return facades(request).steering.export_profiles()
 
 
 @router.post("/api/profiles/import", summary="Import a profile document or a bundle", status_code=201)
@@ -250,35 +249,35 @@ def import_profiles(
     on_conflict: Literal["fail", "rename"] = "fail",
 ):
     """Validated whole: a bad document refuses the import and nothing is stored."""
-    return admin.import_profiles(state_of(request), payload, on_conflict)
+    return facades(request).steering.import_profiles(payload, on_conflict)
 
 
 @router.get("/api/profiles/{key}", summary="One profile")
 def get_profile(key: str, request: Request):
     """A profile by id or name."""
-    return admin.get_profile(state_of(request), key)
+    return facades(request).steering.get_profile(key)
 
 
 @router.put("/api/profiles/{key}", summary="Update a profile")
 def update_profile(key: str, body: ProfileUpdate, request: Request):
     """Replace the given fields; the result is validated whole."""
     changes = body.model_dump(exclude_none=True, exclude={"revision"})
-    return admin.update_profile(state_of(request), key, changes, body.revision)
+    return facades(request).steering.update_profile(key, changes, body.revision)
 
 
 @router.delete("/api/profiles/{key}", summary="Delete a profile")
 def delete_profile(key: str, request: Request):
     """Remove a profile; deleting the active one deactivates it."""
-    return admin.delete_profile(state_of(request), key)
+    return facades(request).steering.delete_profile(key)
 
 
 @router.post("/api/profiles/{key}/activate", summary="Make a profile the global steering base")
 def activate_profile(key: str, request: Request):
     """Checked against the attached SAEs first (400 naming the misfit)."""
-    return admin.activate_profile(state_of(request), key)
+    return facades(request).steering.activate_profile(key)
 
 
 @router.get("/api/profiles/{key}/export", summary="Export a profile document")
 def export_profile(key: str, request: Request):
     """The versioned millm.profile document."""
-    return admin.get_profile(state_of(request), key)["document"]
+    return facades(request).steering.get_profile(key)["document"]

@@ -46,12 +46,7 @@ from millm.api.replies import report_headers
 from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
-from millm.service.composition import ServerState
-from millm.service.discovery.compare import compare
-from millm.service.discovery.contrast import contrast_sets
-from millm.service.discovery.inspection import inspect_text
-from millm.service.manage import features
-from millm.service.manage import steering as admin
+from millm.service.facades import Facades
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +115,8 @@ class Profile(Params):
     key: Annotated[str, Field(description="The profile's name or id (list_profiles).")]
 
 
-# A tool's work: (state, its parameters, its body or None) -> what the route answers, or a Result.
-Call = Callable[[ServerState, Any, Any], Awaitable[Any]]
+# A tool's work: (the facades, its parameters, its body or None) -> what the route answers, or a Result.
+Call = Callable[[Facades, Any, Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -152,63 +147,63 @@ def blocking(function: Callable[..., Any], *args: Any) -> Awaitable[Any]:
     return to_thread.run_sync(partial(function, *args))
 
 
-async def _list_saes(state: ServerState, _: NoParams, __: None) -> dict:
-    return {"object": "list", "data": await blocking(admin.list_saes, state)}
+async def _list_saes(f: Facades, _: NoParams, __: None) -> dict:
+    return {"object": "list", "data": await blocking(f.steering.list_saes)}
 
 
-async def _search(state: ServerState, p: Search, _: None) -> Any:
-    return await blocking(features.search_features, state, p.sae_id, p.q, p.limit)
+async def _search(f: Facades, p: Search, _: None) -> Any:
+    return await blocking(f.features.search_features, p.sae_id, p.q, p.limit)
 
 
-async def _feature(state: ServerState, p: FeatureDetail, _: None) -> Any:
-    return await features.feature_detail(state, p.sae_id, p.index, p.k)
+async def _feature(f: Facades, p: FeatureDetail, _: None) -> Any:
+    return await f.features.feature_detail(p.sae_id, p.index, p.k)
 
 
-async def _inspect(state: ServerState, p: Sae, body: InspectRequest) -> Any:
-    return await inspect_text(state, p.sae_id, body)
+async def _inspect(f: Facades, p: Sae, body: InspectRequest) -> Any:
+    return await f.discovery.inspect(p.sae_id, body)
 
 
-async def _contrast(state: ServerState, p: Sae, body: ContrastRequest) -> Any:
-    return await contrast_sets(state, p.sae_id, body)
+async def _contrast(f: Facades, p: Sae, body: ContrastRequest) -> Any:
+    return await f.discovery.contrast(p.sae_id, body)
 
 
-async def _steering(state: ServerState, _: NoParams, __: None) -> dict:
-    return await blocking(admin.steering_view, state)
+async def _steering(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.steering.steering_view)
 
 
-async def _set_feature(state: ServerState, p: Feature, body: FeatureSetting) -> dict:
-    return await blocking(lambda: admin.set_features(state, {(p.sae_id, p.index): body.checked()}))
+async def _set_feature(f: Facades, p: Feature, body: FeatureSetting) -> dict:
+    return await blocking(lambda: f.steering.set_features({(p.sae_id, p.index): body.checked()}))
 
 
-async def _clear_feature(state: ServerState, p: Feature, _: None) -> dict:
-    return await blocking(admin.set_features, state, {(p.sae_id, p.index): None})
+async def _clear_feature(f: Facades, p: Feature, _: None) -> dict:
+    return await blocking(f.steering.set_features, {(p.sae_id, p.index): None})
 
 
-async def _clear_steering(state: ServerState, p: ClearAll, _: None) -> dict:
-    return await blocking(admin.set_features, state, {}, p.sae_id if p.sae_id is not None else True)
+async def _clear_steering(f: Facades, p: ClearAll, _: None) -> dict:
+    return await blocking(f.steering.set_features, {}, p.sae_id if p.sae_id is not None else True)
 
 
-async def _profiles(state: ServerState, _: NoParams, __: None) -> dict:
-    return {"object": "list", "data": await blocking(admin.list_profiles, state)}
+async def _profiles(f: Facades, _: NoParams, __: None) -> dict:
+    return {"object": "list", "data": await blocking(f.steering.list_profiles)}
 
 
-async def _activate(state: ServerState, p: Profile, _: None) -> dict:
-    return await blocking(admin.activate_profile, state, p.key)
+async def _activate(f: Facades, p: Profile, _: None) -> dict:
+    return await blocking(f.steering.activate_profile, p.key)
 
 
-async def _deactivate(state: ServerState, _: NoParams, __: None) -> dict:
-    return await blocking(admin.deactivate_profile, state)
+async def _deactivate(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.steering.deactivate_profile)
 
 
-async def _compare(state: ServerState, _: NoParams, body: CompareRequest) -> Result:
+async def _compare(f: Facades, _: NoParams, body: CompareRequest) -> Result:
     # No X-miLLM-Strict header here: fields the comparison ignores are reported, in _meta, as over HTTP.
-    reply = await compare(state, body, strict=False)
+    reply = await f.discovery.compare(body, strict=False)
     assert reply.body is not None  # stream is not an argument of this tool
-    return Result(reply.body.model_dump(), report_headers(reply.report, state.settings.ignored_fields_header_max_bytes))
+    return Result(reply.body.model_dump(), report_headers(reply.report, f.settings.ignored_fields_header_max_bytes))
 
 
-async def _monitoring_stats(state: ServerState, _: NoParams, __: None) -> dict:
-    return await blocking(state.monitor.statistics)
+async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.monitoring.statistics)
 
 
 TOOLS = (
@@ -330,14 +325,14 @@ def error_result(error: MillmError) -> types.CallToolResult:
     return text_result({**error_body(error), "status": error.status}, error=True)
 
 
-async def run_tool(state: ServerState, tool: Tool, arguments: dict) -> types.CallToolResult:
+async def run_tool(service: Facades, tool: Tool, arguments: dict) -> types.CallToolResult:
     """Call one tool; every failure, expected or not, is a tool error in the route's shape."""
     try:
         # The SDK serves calls on its own tasks, outside the HTTP request's scope: this call's
         # model leases are its own, returned when it ends.
-        with state.switch.request_scope():
+        with service.requests.request_scope():
             params, body = bind(tool, arguments)
-            answer = await tool.call(state, params, body)
+            answer = await tool.call(service, params, body)
     except MillmError as exc:
         return error_result(exc)
     except Exception as exc:  # the HTTP error handler's last resort, as a tool error
@@ -356,8 +351,8 @@ class McpEndpoint:
     sessions: StreamableHTTPSessionManager
 
 
-def build_mcp(state: ServerState, app: FastAPI) -> McpEndpoint:
-    """The MCP server over `state`, its tools' schemas read from `app`'s OpenAPI document."""
+def build_mcp(service: Facades, app: FastAPI) -> McpEndpoint:
+    """The MCP server over the service's facades (the routes' own), its tools' schemas read from `app`'s OpenAPI document."""
     by_name = {tool.name: tool for tool in TOOLS}
     cache: dict[str, list[types.Tool]] = {}
 
@@ -371,7 +366,7 @@ def build_mcp(state: ServerState, app: FastAPI) -> McpEndpoint:
         tool = by_name.get(params.name)
         if tool is None:
             return error_result(NotFound(f"no tool named {params.name!r}; the tools are {', '.join(by_name)}", param="name", code="tool_not_found"))
-        return await run_tool(state, tool, dict(params.arguments or {}))
+        return await run_tool(service, tool, dict(params.arguments or {}))
 
     server: Server = Server("millm", version=__version__, instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool)
     sessions = StreamableHTTPSessionManager(
@@ -380,7 +375,7 @@ def build_mcp(state: ServerState, app: FastAPI) -> McpEndpoint:
         stateless=True,
         # Keys and other sites' pages are refused before this (AccessGuard); bodies are capped by BodyLimit.
         security_settings=None,
-        max_request_body_size=state.settings.max_request_bytes,
+        max_request_body_size=service.settings.max_request_bytes,
     )
     # POST only: a stateless server pushes nothing, so it offers no GET stream (the spec's 405), which
     # would otherwise stay open, idle, until the client leaves; DELETE ends sessions it does not keep.

@@ -12,9 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.api.manage import StrictBody
-from millm.service.manage import models as model_admin
 
 router = APIRouter()
 
@@ -30,47 +29,47 @@ class RegisterModel(StrictBody):
 @router.post("/api/models", summary="Register a model (checkpoint directory, .gguf file or hub id)")
 def register_model(body: RegisterModel, request: Request):
     """Resolve and check the files; 201 when new, 200 when the same name and source were registered already."""
-    view, created = model_admin.register_model(state_of(request), body.source, body.name)
+    view, created = facades(request).models.register_model(body.source, body.name)
     return JSONResponse(view, status_code=201 if created else 200)
 
 
 @router.get("/api/models", summary="List registered models with their states")
 def list_models(request: Request):
     """Every registered model (ready, loading, loaded, unloading or error) and the steering lock."""
-    return model_admin.list_registered(state_of(request))
+    return facades(request).models.list_registered()
 
 
 @router.post("/api/models/{name:path}/load", summary="Load a model (replacing the loaded one)")
 async def load_model(name: str, request: Request):
     """Checks first (quantization, memory), then unloads the loaded model gracefully, then loads."""
-    return await model_admin.load_model(state_of(request), name)
+    return await facades(request).models.load_model(name)
 
 
 @router.post("/api/models/{name:path}/unload", summary="Unload a model")
 async def unload_model(name: str, request: Request):
     """Refuse new requests at once, let running ones finish (GRACEFUL_UNLOAD_TIMEOUT), free the weights."""
-    return await model_admin.unload_model(state_of(request), name)
+    return await facades(request).models.unload_model(name)
 
 
 @router.post("/api/models/{name:path}/lock", summary="Lock the server to a model for steering")
 def lock_model(name: str, request: Request):
     """Only this model is listed and served; requests naming another get 409 model_locked."""
-    return model_admin.lock_model(state_of(request), name)
+    return facades(request).models.lock_model(name)
 
 
 @router.post("/api/models/{name:path}/unlock", summary="Release the steering lock")
 def unlock_model(name: str, request: Request):
     """Refused (409 sae_attached) while SAEs are attached: steering is bound to this model."""
-    return model_admin.unlock_model(state_of(request), name)
+    return facades(request).models.unlock_model(name)
 
 
 @router.get("/api/models/{name:path}", summary="One registered model")
 def get_model(name: str, request: Request):
     """A model's registration and state."""
-    return model_admin.get_model(state_of(request), name)
+    return facades(request).models.get_model(name)
 
 
 @router.delete("/api/models/{name:path}", summary="Forget a model (unload it first)")
 def delete_model(name: str, request: Request):
     """Remove the registration; 409 while it is loaded or locked. Its files are left alone."""
-    return model_admin.delete_model(state_of(request), name)
+    return facades(request).models.delete_model(name)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from millm.api.deps import state_of
-from millm.service.manage import models as model_admin
+from millm.api.deps import facades
 
 router = APIRouter()
 
@@ -13,10 +12,10 @@ router = APIRouter()
 @router.get("/v1/models", summary="List available models")
 def list_models(request: Request):
     """The models clients can name in requests."""
-    return model_admin.listed(state_of(request)).model_dump()
+    return facades(request).models.listed().model_dump()
 
 
 @router.get("/v1/models/{model_id:path}", summary="Model metadata")
 def get_model(model_id: str, request: Request):
     """One model's card; 404 model_not_found for a name that is not listed."""
-    return model_admin.listed_card(state_of(request), model_id).model_dump()
+    return facades(request).models.listed_card(model_id).model_dump()

@@ -10,9 +10,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.service.features.monitoring import MAX_TOP_K, PositionWord
-from millm.service.manage import monitoring as monitor_admin
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0
@@ -39,49 +38,49 @@ class MonitoringSettings(BaseModel):
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")
 def get_monitoring(request: Request):
     """Whether monitoring is on, the SAE and features it watches, and how much it has recorded."""
-    return monitor_admin.describe(state_of(request))
+    return facades(request).monitoring.describe()
 
 
 @router.put("/api/monitoring", summary="Change monitoring settings (validated whole)")
 def put_monitoring(settings: MonitoringSettings, request: Request):
     """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles; stored across restarts."""
-    return monitor_admin.configure(state_of(request), settings.model_dump(exclude_unset=True))
+    return facades(request).monitoring.configure(settings.model_dump(exclude_unset=True))
 
 
 @router.post("/api/monitoring/enable", summary="Turn monitoring on")
 def enable(request: Request):
     """Monitor every generation from now on (400 when no SAE can be read through)."""
-    return monitor_admin.configure(state_of(request), {"enabled": True})
+    return facades(request).monitoring.configure({"enabled": True})
 
 
 @router.post("/api/monitoring/disable", summary="Turn monitoring off")
 def disable(request: Request):
     """Stop monitoring; records and statistics stay until reset."""
-    return monitor_admin.configure(state_of(request), {"enabled": False})
+    return facades(request).monitoring.configure({"enabled": False})
 
 
 @router.get("/api/monitoring/records", summary="Per-request records, oldest first")
 def records(request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None):
     """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
-    return {"object": "list", "data": state_of(request).monitor.recent(limit, after)}
+    return {"object": "list", "data": facades(request).monitoring.recent(limit, after)}
 
 
 @router.get("/api/monitoring/stats", summary="Per-feature statistics since the last reset")
 def stats(request: Request):
     """For each feature that fired: count, mean and max value when active, fraction of positions active."""
-    return state_of(request).monitor.statistics()
+    return facades(request).monitoring.statistics()
 
 
 @router.post("/api/monitoring/reset", summary="Forget records and statistics")
 def reset(request: Request):
     """Clear history and statistics (settings stay)."""
-    return monitor_admin.reset(state_of(request))
+    return facades(request).monitoring.reset()
 
 
 @router.get("/api/monitoring/stream", summary="Live feed of records (server-sent events)")
 async def stream(request: Request):
     """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to chart."""
-    monitor = state_of(request).monitor
+    monitor = facades(request).monitoring
     subscriber = monitor.subscribe()
 
     async def frames():

@@ -8,11 +8,10 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
-from millm.service.manage import probes as admin
 from millm.service.runtime.jobs import JobView
-from millm.service.training.probes import ProbeTrainRequest, start_training
+from millm.service.training.probes import ProbeTrainRequest
 
 router = APIRouter()
 
@@ -33,25 +32,25 @@ class ProbeUpdate(BaseModel):
 @router.get("/api/probes", summary="List probes")
 def list_probes(request: Request):
     """Every saved probe, with whether it is active."""
-    return admin.list_probes(state_of(request))
+    return facades(request).probes.list_probes()
 
 
 @router.post("/api/probes", summary="Create a probe", status_code=201)
 def create_probe(request: Request, payload: Annotated[dict, Body()]):
     """A new probe from a millm.probe document (kind and version may be left out); 409 probe_exists when the name is taken."""
-    return admin.create_probe(state_of(request), payload)
+    return facades(request).probes.create_probe(payload)
 
 
 @router.get("/api/probes/export", summary="Export every probe as a bundle")
 def export_all(request: Request):
     """A millm.probe-bundle document of all probes."""
-    return admin.export_probes(state_of(request))
+    return facades(request).probes.export_probes()
 
 
 @router.post("/api/probes/import", summary="Import a probe document or a bundle", status_code=201)
 def import_probes(request: Request, payload: Annotated[dict, Body()], on_conflict: Literal["fail", "rename"] = "fail"):
     """Validated whole: a bad document refuses the import and nothing is stored. Imported probes are inactive."""
-    return admin.import_probes(state_of(request), payload, on_conflict)
+    return facades(request).probes.import_probes(payload, on_conflict)
 
 
 @router.post("/api/probes/train", summary="Train a linear probe from labelled texts (a job)", status_code=202, response_model=JobView,
@@ -59,41 +58,41 @@ def import_probes(request: Request, payload: Annotated[dict, Body()], on_conflic
 def train(body: ProbeTrainRequest, request: Request) -> JSONResponse:
     """Read each text's residual (mean over its positions but the first), fit a logistic regression on a seeded
     stratified split, and store the probe with its held-out accuracy and AUC (in the job's result too)."""
-    view = start_training(state_of(request), body)
+    view = facades(request).training.train_probe(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
 
 @router.get("/api/probes/{key}", summary="One probe")
 def get_probe(key: str, request: Request):
     """A probe by id or name."""
-    return admin.get_probe(state_of(request), key)
+    return facades(request).probes.get_probe(key)
 
 
 @router.put("/api/probes/{key}", summary="Update a probe")
 def update_probe(key: str, body: ProbeUpdate, request: Request):
     """Replace the given fields; the result is validated whole (an active probe must still fit the loaded model)."""
-    return admin.update_probe(state_of(request), key, body.model_dump(exclude_none=True))
+    return facades(request).probes.update_probe(key, body.model_dump(exclude_none=True))
 
 
 @router.delete("/api/probes/{key}", summary="Delete a probe")
 def delete_probe(key: str, request: Request):
     """Remove a probe; an active one stops watching requests."""
-    return admin.delete_probe(state_of(request), key)
+    return facades(request).probes.delete_probe(key)
 
 
 @router.get("/api/probes/{key}/export", summary="Export a probe document")
 def export_probe(key: str, request: Request):
     """The versioned millm.probe document."""
-    return admin.export_probe(state_of(request), key)
+    return facades(request).probes.export_probe(key)
 
 
 @router.post("/api/probes/{key}/activate", summary="Make a probe watch every generation request")
 def activate_probe(key: str, request: Request):
     """Checked against the loaded model first (its SAE attached, its percentile calibrated, its width and layer)."""
-    return admin.activate_probe(state_of(request), key)
+    return facades(request).probes.activate_probe(key)
 
 
 @router.post("/api/probes/{key}/deactivate", summary="Stop a probe watching requests")
 def deactivate_probe(key: str, request: Request):
     """Requests admitted from now on are not watched by it (unless they name it)."""
-    return admin.deactivate_probe(state_of(request), key)
+    return facades(request).probes.deactivate_probe(key)

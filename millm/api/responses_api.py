@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 
 from millm.api.completions import ignored_cap, strict
-from millm.api.deps import responses_api
+from millm.api.deps import facades
 from millm.api.replies import event_frames, respond, unless_client_leaves
 from millm.protocol.field_policy import check_responses_fields
 from millm.protocol.responses_api import DeletedResponse, InputItemList, Response, ResponsesRequest
@@ -23,20 +23,20 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
 async def create_response(body: ResponsesRequest, request: Request):
     """Answer the input (continuing previous_response_id's conversation) as chat completions would, steered alike."""
     check_responses_fields(body.model_dump(exclude_unset=True))
-    reply = await unless_client_leaves(request, responses_api(request).create(body, strict(request)))
+    reply = await unless_client_leaves(request, facades(request).responses.create(body, strict(request)))
     return respond(reply, ignored_cap(request), framing=event_frames)
 
 
 @router.get("/v1/responses/{response_id}", summary="A stored response")
 async def get_response(response_id: str, request: Request) -> dict:
     """The response object as it was when it finished (404 once deleted or past the retention)."""
-    return await responses_api(request).get(response_id)
+    return await facades(request).responses.get(response_id)
 
 
 @router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
 async def delete_response(response_id: str, request: Request) -> DeletedResponse:
     """Forget a stored response; previous_response_id can no longer name it."""
-    return await responses_api(request).delete(response_id)
+    return await facades(request).responses.delete(response_id)
 
 
 @router.get("/v1/responses/{response_id}/input_items", summary="The conversation a stored response answered")
@@ -48,4 +48,4 @@ async def input_items(
     after: str | None = None,
 ) -> InputItemList:
     """Its input items, earlier turns of previous_response_id included, newest first unless order=asc."""
-    return await responses_api(request).input_items(response_id, limit, order, after)
+    return await facades(request).responses.input_items(response_id, limit, order, after)

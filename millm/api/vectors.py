@@ -8,12 +8,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from millm.api.deps import state_of
+from millm.api.deps import facades
 from millm.interp.vector_file import VectorFile
 from millm.protocol.vectors import ExplainK, TrainVectorRequest, VectorDeleted, VectorExplanation, VectorList, VectorView
-from millm.service.discovery.vector_explain import explain_vector
 from millm.service.runtime.jobs import JobView
-from millm.service.training.vectors import start_training
 
 router = APIRouter()
 
@@ -28,38 +26,38 @@ router = APIRouter()
 def train_vector(body: TrainVectorRequest, request: Request) -> JSONResponse:
     """Read each pair's texts unsteered at the layer, pool each text's residuals (the mean over every
     position but the first), and store the difference of means (or the first principal direction) as a unit vector and its norm."""
-    view = start_training(state_of(request), body)
+    view = facades(request).training.train_vector(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
 
 @router.get("/api/vectors", summary="Steering vectors, oldest first", response_model=VectorList)
 def list_vectors(request: Request) -> VectorList:
     """Every stored vector (without its values: export one for them)."""
-    return state_of(request).vectors.list()
+    return facades(request).vectors.list()
 
 
 @router.post("/api/vectors/import", summary="Import a steering-vector file", status_code=201, response_model=VectorView)
 def import_vector(body: VectorFile, request: Request, on_conflict: Literal["fail", "rename"] = "fail") -> VectorView:
     """A millm.steering-vector file (as exported), stored bit for bit; a taken name is 409 vector_exists, or renamed (name-2, ...)."""
-    return state_of(request).vectors.import_file(body, on_conflict)
+    return facades(request).vectors.import_file(body, on_conflict)
 
 
 @router.get("/api/vectors/{key}", summary="One steering vector", response_model=VectorView)
 def get_vector(key: str, request: Request) -> VectorView:
     """A vector by id or name (404 vector_not_found)."""
-    return state_of(request).vectors.get(key)
+    return facades(request).vectors.get(key)
 
 
 @router.delete("/api/vectors/{key}", summary="Delete a steering vector", response_model=VectorDeleted)
 def delete_vector(key: str, request: Request) -> VectorDeleted:
     """Forget a vector; plans resolved from now on refuse it."""
-    return state_of(request).vectors.delete(key)
+    return facades(request).vectors.delete(key)
 
 
 @router.get("/api/vectors/{key}/export", summary="A steering vector as a file", response_model=VectorFile)
 def export_vector(key: str, request: Request) -> JSONResponse:
     """The millm.steering-vector file: metadata and the unit direction's d_model values; it imports bit for bit."""
-    document = state_of(request).vectors.export(key)
+    document = facades(request).vectors.export(key)
     return JSONResponse(document, headers={"Content-Disposition": f'attachment; filename="{document["name"]}.json"'})
 
 
@@ -72,4 +70,4 @@ async def explain(
 ) -> VectorExplanation:
     """The k features whose decoder rows have the largest |cosine| with the vector, with labels, and the fraction
     of the vector they explain (least-squares projection onto their rows' span); an SAE at another point is refused."""
-    return await explain_vector(state_of(request), key, sae_id, k)
+    return await facades(request).discovery.explain_vector(key, sae_id, k)

@@ -20,191 +20,180 @@ from millm.service.steering.plans import circuit_status
 KINDS = ("cluster", "circuit")
 
 
-def book(state: ServerState, kind: str) -> DocumentBook:
-    """The store's book of this kind."""
-    return state.clusters if kind == "cluster" else state.circuits
+class BaseManagement:
+    """Imported clusters and circuits as steering bases, as the API presents them."""
 
+    def __init__(self, state: ServerState):
+        self.state = state
 
-def is_active(state: ServerState, kind: str, base_id: str) -> bool:
-    """Whether this cluster/circuit is the global steering base."""
-    return state.steering.active == {"kind": kind, "id": base_id}
+    def book(self, kind: str) -> DocumentBook:
+        """The store's book of this kind."""
+        return self.state.clusters if kind == "cluster" else self.state.circuits
 
+    def is_active(self, kind: str, base_id: str) -> bool:
+        """Whether this cluster/circuit is the global steering base."""
+        return self.state.steering.active == {"kind": kind, "id": base_id}
 
-def view(state: ServerState, kind: str, row: dict) -> dict:
-    """A cluster's or circuit's view."""
-    return cluster_view(state, row) if kind == "cluster" else circuit_view(state, row)
+    def view(self, kind: str, row: dict) -> dict:
+        """A cluster's or circuit's view."""
+        return self.cluster_view(row) if kind == "cluster" else self.circuit_view(row)
 
+    def list_bases(self, kind: str) -> dict:
+        """Every imported document of this kind."""
+        with self.state.steering.lock:
+            return {"object": "list", "data": [self.view(kind, row) for row in self.book(kind).all()]}
 
-def list_bases(state: ServerState, kind: str) -> dict:
-    """Every imported document of this kind."""
-    with state.steering.lock:
-        return {"object": "list", "data": [view(state, kind, row) for row in book(state, kind).all()]}
+    def get_base(self, kind: str, key: str) -> dict:
+        """One document by id or name."""
+        with self.state.steering.lock:
+            return self.view(kind, self.book(kind).find(key))
 
+    def export_base(self, kind: str, key: str) -> str:
+        """The document byte for byte as imported (unknown keys included)."""
+        return self.book(kind).find(key)["raw"]
 
-def get_base(state: ServerState, kind: str, key: str) -> dict:
-    """One document by id or name."""
-    with state.steering.lock:
-        return view(state, kind, book(state, kind).find(key))
+    def delete_base(self, kind: str, key: str) -> dict:
+        """Remove a document; deleting the active one deactivates it."""
+        with self.state.steering.lock:
+            row = self.book(kind).find(key)
+            if self.is_active(kind, row["id"]):
+                self.state.steering.set_active(None, None)
+            self.book(kind).delete(row["id"])
+        return {"id": row["id"], "name": row["name"], "deleted": True}
 
+    def deactivate_base(self, kind: str) -> dict:
+        """Back to the live values as the base, if one of this kind was active."""
+        return {"deactivated": self.state.steering.deactivate(kind)}
 
-def export_base(state: ServerState, kind: str, key: str) -> str:
-    """The document byte for byte as imported (unknown keys included)."""
-    return book(state, kind).find(key)["raw"]
+    # clusters ------------------------------------------------------------------------------------------
+    def cluster_view(self, row: dict) -> dict:
+        """A cluster: name, members, declared range, persistent dial, whether active."""
+        document = self.state.clusters.document(row)
+        sae = document.get("sae") or {}
+        declared = declared_range(document)
+        return {
+            "id": row["id"],
+            "name": row["name"],
+            "active": self.is_active("cluster", row["id"]),
+            "intensity": row["intensity"],
+            "intensity_range": list(declared) if declared else None,
+            "authored_intensity": authored_intensity(document),
+            "sae": {"layer": sae.get("layer"), "n_features": sae.get("n_features"), "mistudio_sae_id": sae.get("mistudio_sae_id") or sae.get("sae_id")},
+            "members": [
+                {"feature_idx": m["feature_idx"], "strength": m["strength"], "sign": m.get("sign", 1), "label": m.get("label")}
+                for m in document["members"]
+            ],
+            "created_at": row["created_at"],
+        }
 
+    def import_clusters(self, raw: bytes, on_conflict: str, activate: bool) -> dict:
+        """Import a definition or a bundle; `activate` makes the (first) one the base, all or nothing."""
+        with self.state.steering.lock:
+            # An import that is to be activated must bind first: a refused activation stores nothing either.
+            check = (lambda definitions: cluster_binding(definitions[0], self.state.steering.attached)) if activate else None
+            rows = self.state.clusters.import_raw(raw, on_conflict, check)
+            result: dict = {"object": "list"}
+            if activate:
+                result["activation"] = self.activate_cluster_row(rows[0])
+            result["data"] = [self.cluster_view(row) for row in rows]
+            return result
 
-def delete_base(state: ServerState, kind: str, key: str) -> dict:
-    """Remove a document; deleting the active one deactivates it."""
-    with state.steering.lock:
-        row = book(state, kind).find(key)
-        if is_active(state, kind, row["id"]):
-            state.steering.set_active(None, None)
-        book(state, kind).delete(row["id"])
-    return {"id": row["id"], "name": row["name"], "deleted": True}
+    def set_cluster_intensity(self, key: str, intensity: float) -> dict:
+        """A cluster's persistent dial within [0, max]; an active cluster's change is live at once."""
+        with self.state.steering.lock:
+            row = self.state.clusters.set_intensity(key, intensity)
+            if self.is_active("cluster", row["id"]):
+                self.state.steering.bump()
+            return self.cluster_view(row)
 
+    def activate_cluster_row(self, row: dict) -> dict:
+        """Check the cluster against the attached SAE (400 with the figures), then make it the base."""
+        binding = cluster_binding(self.state.clusters.document(row), self.state.steering.attached)
+        self.state.steering.set_active("cluster", row["id"])
+        return {"binding": binding.to_dict(), "live": self.state.steering.enabled}
 
-def deactivate_base(state: ServerState, kind: str) -> dict:
-    """Back to the live values as the base, if one of this kind was active."""
-    return {"deactivated": state.steering.deactivate(kind)}
+    def activate_cluster(self, key: str) -> dict:
+        """Make a cluster the base (n_features and layer checked against the attached SAE first)."""
+        with self.state.steering.lock:
+            row = self.state.clusters.find(key)
+            activation = self.activate_cluster_row(row)
+            return {**self.cluster_view(row), **activation}
 
+    # circuits --------------------------------------------------------------------------------------------
+    def steering_status(self, row: dict | None) -> dict:
+        """Whether and how a circuit is steering now: mode, bindings, rung and its language."""
+        if row is None:
+            return {"steering": False, "mode": "none", "reason": "no active circuit"}
+        try:
+            document = self.state.circuits.document(row)
+            status = circuit_status(document, self.state.steering)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return {"steering": False, "mode": "none", "reason": "the stored definition cannot be parsed"}
+        active = self.is_active("circuit", row["id"])
+        steering = active and self.state.steering.enabled and status.mode != "none"
+        reason = (
+            "not the active circuit" if not active
+            else "steering is disabled" if not self.state.steering.enabled
+            else "no SAE is attached on any member layer" if status.mode == "none"
+            else "served by its bound layers as a cluster (slice_fallback)" if status.mode == "slice_fallback"
+            else "every member layer is bound"
+        )
+        return {
+            "steering": steering,
+            "mode": status.mode,
+            "reason": reason,
+            "bindings": [b.to_dict() for b in status.bindings.values()],
+            "rung": status.rung,
+            "language": RUNG_LANGUAGE[status.rung],
+            # The rung header (and its language) is promised only while a circuit genuinely steers in full.
+            "rung_header": steering and status.mode == "full",
+        }
 
-# clusters ------------------------------------------------------------------------------------------
-def cluster_view(state: ServerState, row: dict) -> dict:
-    """A cluster: name, members, declared range, persistent dial, whether active."""
-    document = state.clusters.document(row)
-    sae = document.get("sae") or {}
-    declared = declared_range(document)
-    return {
-        "id": row["id"],
-        "name": row["name"],
-        "active": is_active(state, "cluster", row["id"]),
-        "intensity": row["intensity"],
-        "intensity_range": list(declared) if declared else None,
-        "authored_intensity": authored_intensity(document),
-        "sae": {"layer": sae.get("layer"), "n_features": sae.get("n_features"), "mistudio_sae_id": sae.get("mistudio_sae_id") or sae.get("sae_id")},
-        "members": [
-            {"feature_idx": m["feature_idx"], "strength": m["strength"], "sign": m.get("sign", 1), "label": m.get("label")}
-            for m in document["members"]
-        ],
-        "created_at": row["created_at"],
-    }
+    def circuit_view(self, row: dict) -> dict:
+        """A circuit's summary and how it would bind now."""
+        document = self.state.circuits.document(row)
+        status = self.steering_status(row)
+        declared = declared_range(document)
+        return {
+            "id": row["id"],
+            "name": row["name"],
+            "active": self.is_active("circuit", row["id"]),
+            "rung": status.get("rung"),
+            "language": status.get("language"),
+            "layers": sorted({ref["layer"] for ref in document["saes"]}),
+            "members": len(document["members"]),
+            "edges": len(document.get("edges") or []),
+            "intensity_range": list(declared) if declared else None,
+            "authored_intensity": authored_intensity(document),
+            "steering": status,
+            "created_at": row["created_at"],
+        }
 
+    def import_circuit(self, raw: bytes, on_conflict: str) -> dict:
+        """Import one circuit definition, validated whole and stored byte for byte."""
+        row = self.state.circuits.import_raw(raw, on_conflict)
+        with self.state.steering.lock:
+            return self.circuit_view(row)
 
-def import_clusters(state: ServerState, raw: bytes, on_conflict: str, activate: bool) -> dict:
-    """Import a definition or a bundle; `activate` makes the (first) one the base, all or nothing."""
-    with state.steering.lock:
-        # An import that is to be activated must bind first: a refused activation stores nothing either.
-        check = (lambda definitions: cluster_binding(definitions[0], state.steering.attached)) if activate else None
-        rows = state.clusters.import_raw(raw, on_conflict, check)
-        result: dict = {"object": "list"}
-        if activate:
-            result["activation"] = activate_cluster_row(state, rows[0])
-        result["data"] = [cluster_view(state, row) for row in rows]
-        return result
+    def active_circuit(self) -> dict:
+        """The active circuit (or None) and whether it steers now."""
+        with self.state.steering.lock:
+            active = self.state.steering.active
+            row = self.state.circuits.find(active["id"]) if active and active["kind"] == "circuit" else None
+            return {"circuit": self.circuit_view(row) if row else None, "steering": self.steering_status(row)}
 
-
-def set_cluster_intensity(state: ServerState, key: str, intensity: float) -> dict:
-    """A cluster's persistent dial within [0, max]; an active cluster's change is live at once."""
-    with state.steering.lock:
-        row = state.clusters.set_intensity(key, intensity)
-        if is_active(state, "cluster", row["id"]):
-            state.steering.bump()
-        return cluster_view(state, row)
-
-
-def activate_cluster_row(state: ServerState, row: dict) -> dict:
-    """Check the cluster against the attached SAE (400 with the figures), then make it the base."""
-    binding = cluster_binding(state.clusters.document(row), state.steering.attached)
-    state.steering.set_active("cluster", row["id"])
-    return {"binding": binding.to_dict(), "live": state.steering.enabled}
-
-
-def activate_cluster(state: ServerState, key: str) -> dict:
-    """Make a cluster the base (n_features and layer checked against the attached SAE first)."""
-    with state.steering.lock:
-        row = state.clusters.find(key)
-        activation = activate_cluster_row(state, row)
-        return {**cluster_view(state, row), **activation}
-
-
-# circuits --------------------------------------------------------------------------------------------
-def steering_status(state: ServerState, row: dict | None) -> dict:
-    """Whether and how a circuit is steering now: mode, bindings, rung and its language."""
-    if row is None:
-        return {"steering": False, "mode": "none", "reason": "no active circuit"}
-    try:
-        document = state.circuits.document(row)
-        status = circuit_status(document, state.steering)
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return {"steering": False, "mode": "none", "reason": "the stored definition cannot be parsed"}
-    active = is_active(state, "circuit", row["id"])
-    steering = active and state.steering.enabled and status.mode != "none"
-    reason = (
-        "not the active circuit" if not active
-        else "steering is disabled" if not state.steering.enabled
-        else "no SAE is attached on any member layer" if status.mode == "none"
-        else "served by its bound layers as a cluster (slice_fallback)" if status.mode == "slice_fallback"
-        else "every member layer is bound"
-    )
-    return {
-        "steering": steering,
-        "mode": status.mode,
-        "reason": reason,
-        "bindings": [b.to_dict() for b in status.bindings.values()],
-        "rung": status.rung,
-        "language": RUNG_LANGUAGE[status.rung],
-        # The rung header (and its language) is promised only while a circuit genuinely steers in full.
-        "rung_header": steering and status.mode == "full",
-    }
-
-
-def circuit_view(state: ServerState, row: dict) -> dict:
-    """A circuit's summary and how it would bind now."""
-    document = state.circuits.document(row)
-    status = steering_status(state, row)
-    declared = declared_range(document)
-    return {
-        "id": row["id"],
-        "name": row["name"],
-        "active": is_active(state, "circuit", row["id"]),
-        "rung": status.get("rung"),
-        "language": status.get("language"),
-        "layers": sorted({ref["layer"] for ref in document["saes"]}),
-        "members": len(document["members"]),
-        "edges": len(document.get("edges") or []),
-        "intensity_range": list(declared) if declared else None,
-        "authored_intensity": authored_intensity(document),
-        "steering": status,
-        "created_at": row["created_at"],
-    }
-
-
-def import_circuit(state: ServerState, raw: bytes, on_conflict: str) -> dict:
-    """Import one circuit definition, validated whole and stored byte for byte."""
-    row = state.circuits.import_raw(raw, on_conflict)
-    with state.steering.lock:
-        return circuit_view(state, row)
-
-
-def active_circuit(state: ServerState) -> dict:
-    """The active circuit (or None) and whether it steers now."""
-    with state.steering.lock:
-        active = state.steering.active
-        row = state.circuits.find(active["id"]) if active and active["kind"] == "circuit" else None
-        return {"circuit": circuit_view(state, row) if row else None, "steering": steering_status(state, row)}
-
-
-def activate_circuit(state: ServerState, key: str, acknowledge_rung: bool) -> dict:
-    """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not causal)."""
-    with state.steering.lock:
-        row = state.circuits.find(key)
-        level = state.circuits.rung(state.circuits.document(row))
-        if level < 2 and not acknowledge_rung:
-            raise InvalidRequest(
-                f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its edges are not causally validated; "
-                "send {\"acknowledge_rung\": true} to activate it anyway",
-                param="acknowledge_rung",
-                code="rung_not_acknowledged",
-            )
-        state.planner.check_fits("circuit", row["id"])  # a circuit none of whose layers binds would refuse every request
-        state.steering.set_active("circuit", row["id"])
-        return circuit_view(state, row)
+    def activate_circuit(self, key: str, acknowledge_rung: bool) -> dict:
+        """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not causal)."""
+        with self.state.steering.lock:
+            row = self.state.circuits.find(key)
+            level = self.state.circuits.rung(self.state.circuits.document(row))
+            if level < 2 and not acknowledge_rung:
+                raise InvalidRequest(
+                    f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its edges are not causally validated; "
+                    "send {\"acknowledge_rung\": true} to activate it anyway",
+                    param="acknowledge_rung",
+                    code="rung_not_acknowledged",
+                )
+            self.state.planner.check_fits("circuit", row["id"])  # a circuit none of whose layers binds would refuse every request
+            self.state.steering.set_active("circuit", row["id"])
+            return self.circuit_view(row)

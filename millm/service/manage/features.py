@@ -93,28 +93,6 @@ class FeatureDetail(BaseModel):
 
 
 # labels ------------------------------------------------------------------------------------------------
-def import_labels(state: ServerState, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool) -> LabelImport:
-    """Read a labels document (any accepted format), check it against the SAE's width, and replace
-    the SAE's set with it or merge it in; all or nothing."""
-    info = state.saes.get(sae_id)
-    document = read_document(raw, content_type, fmt)
-    check_width(document, info.d_sae)
-    counts = state.labels.replace(sae_id, document) if replace else state.labels.merge(sae_id, document)
-    return LabelImport(sae_id=sae_id, format=document.format, source=document.source, **vars(counts))
-
-
-def export_labels(state: ServerState, sae_id: str, fmt: ExportFormat, detail: bool) -> tuple[str, str]:
-    """(media type, body) of the SAE's labels in `fmt`; each re-imports to the same set."""
-    info = state.saes.get(sae_id)
-    labels = state.labels.labels(sae_id)
-    if fmt == "csv":
-        return "text/csv; charset=utf-8", export_csv(labels)
-    if fmt == "neuronpedia":
-        model_id, layer = _neuronpedia_ids(info)
-        return "application/json", json.dumps(export_neuronpedia(labels, model_id, layer))
-    if fmt == "mistudio":
-        return "application/json", json.dumps(export_mistudio(labels))
-    return "application/json", json.dumps(export_json(labels, detail))
 
 
 def _neuronpedia_ids(info: SAEInfo) -> tuple[str | None, str]:
@@ -125,62 +103,84 @@ def _neuronpedia_ids(info: SAEInfo) -> tuple[str | None, str]:
     return info.model_name, info.id
 
 
-def clear_labels(state: ServerState, sae_id: str) -> LabelsCleared:
-    """Remove every label of the SAE."""
-    state.saes.get(sae_id)
-    return LabelsCleared(sae_id=sae_id, deleted=state.labels.clear(sae_id))
+class FeatureManagement:
+    """Feature labels and details as the API presents them."""
 
+    def __init__(self, state: ServerState):
+        self.state = state
 
-def search_features(state: ServerState, sae_id: str, query: str, limit: int) -> FeatureSearch:
-    """The SAE's labelled features ranked by relevance to `query`."""
-    state.saes.get(sae_id)
-    found = state.labels.search(sae_id, query, limit)
-    total = state.labels.count(sae_id)
-    model = calibration_model(state, sae_id)
-    figures = state.calibrations.figures(sae_id, model, [hit.index for hit in found]) if model is not None else {}
-    data = [
-        FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max) if (f := figures.get(hit.index)) else FeatureHit(**hit.model_dump())
-        for hit in found
-    ]
-    return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, calibrated_on=model, data=data)
+    def import_labels(self, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool) -> LabelImport:
+        """Read a labels document (any accepted format), check it against the SAE's width, and replace
+        the SAE's set with it or merge it in; all or nothing."""
+        info = self.state.saes.get(sae_id)
+        document = read_document(raw, content_type, fmt)
+        check_width(document, info.d_sae)
+        counts = self.state.labels.replace(sae_id, document) if replace else self.state.labels.merge(sae_id, document)
+        return LabelImport(sae_id=sae_id, format=document.format, source=document.source, **vars(counts))
 
+    def export_labels(self, sae_id: str, fmt: ExportFormat, detail: bool) -> tuple[str, str]:
+        """(media type, body) of the SAE's labels in `fmt`; each re-imports to the same set."""
+        info = self.state.saes.get(sae_id)
+        labels = self.state.labels.labels(sae_id)
+        if fmt == "csv":
+            return "text/csv; charset=utf-8", export_csv(labels)
+        if fmt == "neuronpedia":
+            model_id, layer = _neuronpedia_ids(info)
+            return "application/json", json.dumps(export_neuronpedia(labels, model_id, layer))
+        if fmt == "mistudio":
+            return "application/json", json.dumps(export_mistudio(labels))
+        return "application/json", json.dumps(export_json(labels, detail))
 
-def calibration_model(state: ServerState, sae_id: str) -> str | None:
-    """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
-    model = state.switch.lm.name if state.switch.lm is not None else state.switch.expected_name
-    return model if state.calibrations.summary(sae_id, model) is not None else None
+    def clear_labels(self, sae_id: str) -> LabelsCleared:
+        """Remove every label of the SAE."""
+        self.state.saes.get(sae_id)
+        return LabelsCleared(sae_id=sae_id, deleted=self.state.labels.clear(sae_id))
 
+    def search_features(self, sae_id: str, query: str, limit: int) -> FeatureSearch:
+        """The SAE's labelled features ranked by relevance to `query`."""
+        self.state.saes.get(sae_id)
+        found = self.state.labels.search(sae_id, query, limit)
+        total = self.state.labels.count(sae_id)
+        model = self.calibration_model(sae_id)
+        figures = self.state.calibrations.figures(sae_id, model, [hit.index for hit in found]) if model is not None else {}
+        data = [
+            FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max) if (f := figures.get(hit.index)) else FeatureHit(**hit.model_dump())
+            for hit in found
+        ]
+        return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, calibrated_on=model, data=data)
 
-# feature details ------------------------------------------------------------------------------------------
-def _load_decoder(state: ServerState, sae_id: str) -> Decoder:
-    """The SAE's decoder from its attached copy, else from its file (torch: runs on a passing thread)."""
-    with state.steering.lock:
-        attached = state.steering.attached.get(sae_id)
-    sae = attached.sae if attached is not None else state.saes.load(sae_id)
-    return state.decoders.keep(sae_id, decoder_of(sae))
+    def calibration_model(self, sae_id: str) -> str | None:
+        """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
+        model = self.state.switch.lm.name if self.state.switch.lm is not None else self.state.switch.expected_name
+        return model if self.state.calibrations.summary(sae_id, model) is not None else None
 
+    # feature details ------------------------------------------------------------------------------------------
+    def _load_decoder(self, sae_id: str) -> Decoder:
+        """The SAE's decoder from its attached copy, else from its file (torch: runs on a passing thread)."""
+        with self.state.steering.lock:
+            attached = self.state.steering.attached.get(sae_id)
+        sae = attached.sae if attached is not None else self.state.saes.load(sae_id)
+        return self.state.decoders.keep(sae_id, decoder_of(sae))
 
-async def sae_decoder(state: ServerState, sae_id: str) -> Decoder:
-    """The SAE's decoder from the cache, read into it first (on a passing thread) when it is not there."""
-    return state.decoders.get(sae_id) or await in_passing_thread(_load_decoder, state, sae_id)
+    async def sae_decoder(self, sae_id: str) -> Decoder:
+        """The SAE's decoder from the cache, read into it first (on a passing thread) when it is not there."""
+        return self.state.decoders.get(sae_id) or await in_passing_thread(self._load_decoder, sae_id)
 
+    def _detail(self, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
+        entries = self.state.labels.entries(sae_id)
+        entry = dict(entries.get(index) or {})
+        label, source = entry.pop("label", None), entry.pop("source", None)
+        near = [Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label")) for i, c in neighbours(decoder, index, k)]
+        model = self.calibration_model(sae_id)
+        figures = self.state.calibrations.figures(sae_id, model, [index]).get(index) if model is not None else None
+        return FeatureDetail(
+            sae_id=sae_id, index=index, label=label, source=source, detail=entry if label is not None else None,
+            decoder_norm=float(decoder.norms[index]), neighbours=near, calibrated_on=model, calibration=figures,
+        )
 
-def _detail(state: ServerState, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
-    entries = state.labels.entries(sae_id)
-    entry = dict(entries.get(index) or {})
-    label, source = entry.pop("label", None), entry.pop("source", None)
-    near = [Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label")) for i, c in neighbours(decoder, index, k)]
-    model = calibration_model(state, sae_id)
-    figures = state.calibrations.figures(sae_id, model, [index]).get(index) if model is not None else None
-    return FeatureDetail(
-        sae_id=sae_id, index=index, label=label, source=source, detail=entry if label is not None else None,
-        decoder_norm=float(decoder.norms[index]), neighbours=near, calibrated_on=model, calibration=figures,
-    )
-
-
-async def feature_detail(state: ServerState, sae_id: str, index: int, k: int) -> FeatureDetail:
-    """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
-    info = state.saes.get(sae_id)
-    check_feature(info, index, param="index")
-    decoder = await sae_decoder(state, sae_id)
-    return await to_thread.run_sync(_detail, state, sae_id, index, k, decoder)
+    async def feature_detail(self, sae_id: str, index: int, k: int) -> FeatureDetail:
+        """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
+        info = self.state.saes.get(sae_id)
+        check_feature(info, index, param="index")
+        decoder = await self.sae_decoder(sae_id)
+        return await to_thread.run_sync(self._detail, sae_id, index, k, decoder)

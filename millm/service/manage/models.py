@@ -26,52 +26,6 @@ def model_view(view: ModelView) -> dict:
     return body
 
 
-def get_model(state: ServerState, name: str) -> dict:
-    """One registered model and its state."""
-    return model_view(state.switch.view(name))
-
-
-def list_registered(state: ServerState) -> dict:
-    """Every registered model and the steering lock."""
-    return {"object": "list", "locked": state.switch.locked, "data": [model_view(view) for view in state.switch.views()]}
-
-
-def register_model(state: ServerState, source: str, name: str | None) -> tuple[dict, bool]:
-    """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
-    entry, created = state.registrations.model(source, name)
-    return model_view(state.switch.view(entry.name)), created
-
-
-async def load_model(state: ServerState, name: str) -> dict:
-    """Load a model (replacing the loaded one) and say whether the active base still fits."""
-    await in_passing_thread(state.switch.load, name)
-    return {**model_view(state.switch.view(name)), "active_base": state.planner.active_fit()}
-
-
-async def unload_model(state: ServerState, name: str) -> dict:
-    """Unload a model gracefully."""
-    was = await in_passing_thread(state.switch.unload, name)
-    return {**model_view(state.switch.view(name)), "was_loaded": was, "active_base": state.planner.active_fit()}
-
-
-def lock_model(state: ServerState, name: str) -> dict:
-    """Serve only this model."""
-    state.switch.lock_to(name)
-    return model_view(state.switch.view(name))
-
-
-def unlock_model(state: ServerState, name: str) -> dict:
-    """Release the steering lock (refused while SAEs are attached)."""
-    was = state.switch.unlock(name)
-    return {**model_view(state.switch.view(name)), "was_locked": was}
-
-
-def delete_model(state: ServerState, name: str) -> dict:
-    """Forget a registration (refused while loaded or locked)."""
-    state.switch.forget(name)
-    return {"id": name, "object": "model", "deleted": True}
-
-
 # the OpenAI model list -----------------------------------------------------------------------------
 def model_card(view: ModelView) -> ModelCard:
     """OpenAI's model object, plus vLLM's max_model_len while the model is loaded."""
@@ -79,78 +33,6 @@ def model_card(view: ModelView) -> ModelCard:
         id=view.entry.name, created=int(view.entry.registered_at), owned_by=view.entry.owned_by,
         max_model_len=view.lm.context_length if view.lm is not None else None,
     )
-
-
-def listed(state: ServerState) -> ModelList:
-    """Registered models that are available (ready, loading, loaded, unloading); under a steering
-    lock only the locked model, so a steered server presents one stable id. A model whose load
-    failed is not available."""
-    views = [view for view in state.switch.views() if view.state in AVAILABLE]
-    locked = state.switch.locked
-    if locked is not None:
-        views = [view for view in views if view.entry.name == locked]
-    return ModelList(data=[model_card(view) for view in views])
-
-
-def listed_card(state: ServerState, model_id: str) -> ModelCard:
-    """One listed model's card; 404 model_not_found for a name that is not listed."""
-    for card in listed(state).data:
-        if card.id == model_id:
-            return card
-    raise ModelNotFound(f"The model {model_id!r} does not exist on this server", param="model")
-
-
-# health ----------------------------------------------------------------------------------------------
-def readiness(state: ServerState) -> tuple[dict, bool]:
-    """The model's state (and load error, if any), and whether requests can be served now."""
-    status = state.switch.status
-    lm = state.switch.lm
-    body = {"status": "ready" if status is ModelStatus.LOADED else status.value, "model": state.switch.expected_name}
-    if lm is not None:
-        body["system_fingerprint"] = lm.system_fingerprint
-    error = state.switch.load_error
-    if error:
-        body["error"] = error
-    in_step, why = state.replication.in_step()
-    if status is ModelStatus.LOADED and not in_step:
-        # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
-        body.update(status="out_of_step", error=why)
-    return body, status is ModelStatus.LOADED and in_step
-
-
-def inference_stats(state: ServerState) -> dict:
-    """Which backend serves generation, what waits and runs now, and jobs per backend."""
-    settings = state.settings
-    scheduler = state.switch.scheduler
-    body: dict = {
-        "backend": None,
-        "engine": None,
-        "runner": None,
-        "numerics": "reproducible" if settings.reproducible else "fast",
-        "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
-        "queue_depth": 0,
-        "running_rows": 0,
-        "batch_size": 0,
-        "jobs": {},
-        "prefix_cache": None,
-        "prefill_chunk_tokens": None,
-        "replica": state.replication.view(),
-    }
-    if scheduler is None:
-        return body
-    body["continuous_batching"]["unavailable"] = scheduler.batching_unavailable
-    body.update(
-        backend=scheduler.backend,
-        engine=scheduler.lm.engine,
-        runner=scheduler.lm.runner.name,
-        queue_depth=scheduler.queue_depth,
-        running_rows=scheduler.running_rows,
-        batch_size=scheduler.batch_rows,
-        jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
-        prefix_cache=prefix_cache_stats(scheduler),
-        prefill_chunk_tokens=scheduler.prefill_chunk,
-    )
-    return body
 
 
 def prefix_cache_stats(scheduler) -> dict:
@@ -161,3 +43,120 @@ def prefix_cache_stats(scheduler) -> dict:
     if getattr(scheduler.lm.runner, "chunked", False):
         return {"enabled": False, "unavailable": "PREFIX_CACHE_BYTES is 0"}
     return {"enabled": False, "unavailable": f"the {scheduler.lm.runner.name} runner cannot restore a prefix's keys and values"}
+
+
+class ModelManagement:
+    """Models as the API presents them: registrations, loads, locks, the OpenAI list, readiness and statistics."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def get_model(self, name: str) -> dict:
+        """One registered model and its self.state."""
+        return model_view(self.state.switch.view(name))
+
+    def list_registered(self) -> dict:
+        """Every registered model and the steering lock."""
+        return {"object": "list", "locked": self.state.switch.locked, "data": [model_view(view) for view in self.state.switch.views()]}
+
+    def register_model(self, source: str, name: str | None) -> tuple[dict, bool]:
+        """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
+        entry, created = self.state.registrations.model(source, name)
+        return model_view(self.state.switch.view(entry.name)), created
+
+    async def load_model(self, name: str) -> dict:
+        """Load a model (replacing the loaded one) and say whether the active base still fits."""
+        await in_passing_thread(self.state.switch.load, name)
+        return {**model_view(self.state.switch.view(name)), "active_base": self.state.planner.active_fit()}
+
+    async def unload_model(self, name: str) -> dict:
+        """Unload a model gracefully."""
+        was = await in_passing_thread(self.state.switch.unload, name)
+        return {**model_view(self.state.switch.view(name)), "was_loaded": was, "active_base": self.state.planner.active_fit()}
+
+    def lock_model(self, name: str) -> dict:
+        """Serve only this model."""
+        self.state.switch.lock_to(name)
+        return model_view(self.state.switch.view(name))
+
+    def unlock_model(self, name: str) -> dict:
+        """Release the steering lock (refused while SAEs are attached)."""
+        was = self.state.switch.unlock(name)
+        return {**model_view(self.state.switch.view(name)), "was_locked": was}
+
+    def delete_model(self, name: str) -> dict:
+        """Forget a registration (refused while loaded or locked)."""
+        self.state.switch.forget(name)
+        return {"id": name, "object": "model", "deleted": True}
+
+    def listed(self) -> ModelList:
+        """Registered models that are available (ready, loading, loaded, unloading); under a steering
+        lock only the locked model, so a steered server presents one stable id. A model whose load
+        failed is not available."""
+        views = [view for view in self.state.switch.views() if view.state in AVAILABLE]
+        locked = self.state.switch.locked
+        if locked is not None:
+            views = [view for view in views if view.entry.name == locked]
+        return ModelList(data=[model_card(view) for view in views])
+
+    def listed_card(self, model_id: str) -> ModelCard:
+        """One listed model's card; 404 model_not_found for a name that is not listed."""
+        for card in self.listed().data:
+            if card.id == model_id:
+                return card
+        raise ModelNotFound(f"The model {model_id!r} does not exist on this server", param="model")
+
+    # health ----------------------------------------------------------------------------------------------
+    def readiness(self) -> tuple[dict, bool]:
+        """The model's state (and load error, if any), and whether requests can be served now."""
+        status = self.state.switch.status
+        lm = self.state.switch.lm
+        body = {"status": "ready" if status is ModelStatus.LOADED else status.value, "model": self.state.switch.expected_name}
+        if lm is not None:
+            body["system_fingerprint"] = lm.system_fingerprint
+        error = self.state.switch.load_error
+        if error:
+            body["error"] = error
+        in_step, why = self.state.replication.in_step()
+        if status is ModelStatus.LOADED and not in_step:
+            # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
+            body.update(status="out_of_step", error=why)
+        return body, status is ModelStatus.LOADED and in_step
+
+    def inference_stats(self) -> dict:
+        """Which backend serves generation, what waits and runs now, and jobs per backend."""
+        settings = self.state.settings
+        scheduler = self.state.switch.scheduler
+        body: dict = {
+            "backend": None,
+            "engine": None,
+            "runner": None,
+            "numerics": "reproducible" if settings.reproducible else "fast",
+            "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
+            "queue_depth": 0,
+            "running_rows": 0,
+            "batch_size": 0,
+            "jobs": {},
+            "prefix_cache": None,
+            "prefill_chunk_tokens": None,
+            "replica": self.state.replication.view(),
+        }
+        if scheduler is None:
+            return body
+        body["continuous_batching"]["unavailable"] = scheduler.batching_unavailable
+        body.update(
+            backend=scheduler.backend,
+            engine=scheduler.lm.engine,
+            runner=scheduler.lm.runner.name,
+            queue_depth=scheduler.queue_depth,
+            running_rows=scheduler.running_rows,
+            batch_size=scheduler.batch_rows,
+            jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
+            prefix_cache=prefix_cache_stats(scheduler),
+            prefill_chunk_tokens=scheduler.prefill_chunk,
+        )
+        return body
+
+    def load_at_start(self) -> None:
+        """Start the start-up model's load in the background (readiness reports its progress)."""
+        self.state.switch.load_in_background()

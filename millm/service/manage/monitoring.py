@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 from millm.service.composition import ServerState
+from millm.service.features.monitoring import Subscriber
 
 
-def describe(state: ServerState) -> dict:
-    """Whether monitoring is on, the SAE and features it watches, and how much it has recorded."""
-    with state.steering.lock:
-        return state.monitor.describe(state.steering.attached)
+class MonitorManagement:
+    """Monitoring as the API presents and changes it."""
 
+    def __init__(self, state: ServerState):
+        self.state = state
 
-def configure(state: ServerState, changes: dict) -> dict:
-    """Change any of enabled, sae_id, features, top_k, positions (validated whole, stored)."""
-    with state.steering.lock:
-        return state.monitor.configure(changes, state.steering.attached, state.saes.get)
+    def describe(self) -> dict:
+        """Whether monitoring is on, the SAE and features it watches, and how much it has recorded."""
+        with self.state.steering.lock:
+            return self.state.monitor.describe(self.state.steering.attached)
 
+    def configure(self, changes: dict) -> dict:
+        """Change any of enabled, sae_id, features, top_k, positions (validated whole, stored)."""
+        with self.state.steering.lock:
+            return self.state.monitor.configure(changes, self.state.steering.attached, self.state.saes.get)
 
-def reset(state: ServerState) -> dict:
-    """Forget records and statistics (settings stay)."""
-    state.monitor.reset()
-    return {"reset": True, **state.monitor.statistics()}
+    def reset(self) -> dict:
+        """Forget records and statistics (settings stay)."""
+        self.state.monitor.reset()
+        return {"reset": True, **self.state.monitor.statistics()}
+
+    def recent(self, limit: int, after: int | None) -> list[dict]:
+        """The last `limit` records, or those after record id `after`."""
+        return self.state.monitor.recent(limit, after)
+
+    def statistics(self) -> dict:
+        """Per-feature statistics since the last reset."""
+        return self.state.monitor.statistics()
+
+    def subscribe(self) -> Subscriber:
+        """A live feed of new records (unsubscribe when done)."""
+        return self.state.monitor.subscribe()
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """End a live feed."""
+        self.state.monitor.unsubscribe(subscriber)

@@ -13,75 +13,71 @@ def probe_view(row: dict) -> dict:
             "created_at": row["created_at"], "updated_at": row["updated_at"]}
 
 
-def list_probes(state: ServerState) -> dict:
-    """Every saved probe, by name."""
-    return {"object": "list", "data": [probe_view(row) for row in state.probes.all()]}
+class ProbeManagement:
+    """Probes as the API presents them."""
 
+    def __init__(self, state: ServerState):
+        self.state = state
 
-def get_probe(state: ServerState, key: str) -> dict:
-    """A probe by id or name (404 probe_not_found)."""
-    return probe_view(state.probes.find(key))
+    def list_probes(self) -> dict:
+        """Every saved probe, by name."""
+        return {"object": "list", "data": [probe_view(row) for row in self.state.probes.all()]}
 
+    def get_probe(self, key: str) -> dict:
+        """A probe by id or name (404 probe_not_found)."""
+        return probe_view(self.state.probes.find(key))
 
-def create_probe(state: ServerState, document: dict) -> dict:
-    """A new probe from a probe document (kind and version may be left out)."""
-    return probe_view(state.probes.create(document))
+    def create_probe(self, document: dict) -> dict:
+        """A new probe from a probe document (kind and version may be left out)."""
+        return probe_view(self.state.probes.create(document))
 
+    def update_probe(self, key: str, changes: dict) -> dict:
+        """Replace the fields given (name, description, detector); the result is validated whole, and an
+        active probe must still fit the loaded model."""
+        with self.state.probes.writing():  # no activation or other write between the check and the update
+            row = self.state.probes.find(key)
+            if row["active"] and "detector" in changes:
+                self.bind_probe({**row["document"], **changes}, "detector")
+            return probe_view(self.state.probes.update(key, changes))
 
-def update_probe(state: ServerState, key: str, changes: dict) -> dict:
-    """Replace the fields given (name, description, detector); the result is validated whole, and an
-    active probe must still fit the loaded model."""
-    with state.probes.writing():  # no activation or other write between the check and the update
-        row = state.probes.find(key)
-        if row["active"] and "detector" in changes:
-            bind_probe(state, {**row["document"], **changes}, "detector")
-        return probe_view(state.probes.update(key, changes))
+    def delete_probe(self, key: str) -> dict:
+        """Remove a probe (an active one stops watching requests)."""
+        row = self.state.probes.delete(key)
+        return {"id": row["id"], "name": row["name"], "deleted": True}
 
+    def import_probes(self, payload, on_conflict: str) -> dict:
+        """Import a probe document or a bundle, all or nothing (imported probes are inactive)."""
+        return {"object": "list", "data": [probe_view(row) for row in self.state.probes.import_documents(payload, on_conflict)]}
 
-def delete_probe(state: ServerState, key: str) -> dict:
-    """Remove a probe (an active one stops watching requests)."""
-    row = state.probes.delete(key)
-    return {"id": row["id"], "name": row["name"], "deleted": True}
+    def export_probes(self) -> dict:
+        """A millm.probe-bundle of every probe."""
+        return probe_bundle([row["document"] for row in self.state.probes.all()])
 
+    def export_probe(self, key: str) -> dict:
+        """One probe's millm.probe document."""
+        return self.state.probes.find(key)["document"]
 
-def import_probes(state: ServerState, payload, on_conflict: str) -> dict:
-    """Import a probe document or a bundle, all or nothing (imported probes are inactive)."""
-    return {"object": "list", "data": [probe_view(row) for row in state.probes.import_documents(payload, on_conflict)]}
+    def activate_probe(self, key: str) -> dict:
+        """Make a probe watch every chat and text completion admitted from now on; checked against the
+        loaded model first (its SAE attached, its percentile calibrated) when one is loaded."""
+        with self.state.probes.writing():
+            row = self.state.probes.find(key)
+            checked = self.bind_probe(row["document"], "detector")
+            row = self.state.probes.set_active(row["id"], True)
+        reason = "it watches every chat and text completion admitted from now on" if checked else (
+            "no model is loaded: it is checked against the model's SAEs and calibrations once one is, and skipped where it does not fit"
+        )
+        return {"probe": probe_view(row), "checked": checked, "reason": reason}
 
+    def deactivate_probe(self, key: str) -> dict:
+        """Stop a probe watching requests."""
+        return {"probe": probe_view(self.state.probes.set_active(key, False))}
 
-def export_probes(state: ServerState) -> dict:
-    """A millm.probe-bundle of every probe."""
-    return probe_bundle([row["document"] for row in state.probes.all()])
-
-
-def export_probe(state: ServerState, key: str) -> dict:
-    """One probe's millm.probe document."""
-    return state.probes.find(key)["document"]
-
-
-def activate_probe(state: ServerState, key: str) -> dict:
-    """Make a probe watch every chat and text completion admitted from now on; checked against the
-    loaded model first (its SAE attached, its percentile calibrated) when one is loaded."""
-    with state.probes.writing():
-        row = state.probes.find(key)
-        checked = bind_probe(state, row["document"], "detector")
-        row = state.probes.set_active(row["id"], True)
-    reason = "it watches every chat and text completion admitted from now on" if checked else (
-        "no model is loaded: it is checked against the model's SAEs and calibrations once one is, and skipped where it does not fit"
-    )
-    return {"probe": probe_view(row), "checked": checked, "reason": reason}
-
-
-def deactivate_probe(state: ServerState, key: str) -> dict:
-    """Stop a probe watching requests."""
-    return {"probe": probe_view(state.probes.set_active(key, False))}
-
-
-def bind_probe(state: ServerState, document: dict, param: str) -> bool:
-    """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
-    False when no model is loaded to check it against."""
-    lm = state.switch.lm
-    if lm is None:
-        return False
-    bind(dict(state.steering.attached), state.calibrations, lm, document["name"], document["detector"], param)
-    return True
+    def bind_probe(self, document: dict, param: str) -> bool:
+        """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
+        False when no model is loaded to check it against."""
+        lm = self.state.switch.lm
+        if lm is None:
+            return False
+        bind(dict(self.state.steering.attached), self.state.calibrations, lm, document["name"], document["detector"], param)
+        return True
