@@ -38,7 +38,7 @@ from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_lo
 from millm.service.composition import ServerState
 from millm.service.discovery.variants import Resolved, find_bases, resolve_variants
 from millm.service.serving.answers import Collected, Meta, collect
-from millm.service.serving.generation import SEED_SPACE, GenerationOptions, JobStream, build_rows
+from millm.service.serving.generation import SEED_SPACE, GenerationOptions, JobStream, RowFill, build_rows
 from millm.service.serving.prechecks import check_rows
 from millm.service.serving.prompts import conversation_ids
 from millm.service.serving.replies import Reply, Report
@@ -76,7 +76,7 @@ async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Rep
 def variant_rows(lm: LoadedModel, prompt: list[int], options: GenerationOptions, plans: list[Plan], default_max_tokens: int) -> list[RowSpec]:
     """One row per plan, in order: the same prompt, sampling and seed (choice 0's), each steered by its plan."""
     one = replace(options, n=1)
-    return [build_rows(lm, [prompt], one, default_max_tokens, "messages", plan.edit, watches=plan.watches)[0] for plan in plans]
+    return [build_rows(lm, [prompt], one, default_max_tokens, "messages", RowFill(plan.edit, watches=plan.watches))[0] for plan in plans]
 
 
 def variant_info(index: int, variant: Resolved) -> VariantInfo:

@@ -33,6 +33,7 @@ from millm.protocol.responses import (
 from millm.service.probes.watches import NO_PROBES, ProbeSet
 from millm.service.serving.activations import ActivationRead, activations_block
 from millm.service.serving.generation import JobStream
+from millm.service.serving.replies import Admitted
 from millm.service.serving.tools import CallHoldback, ToolPlan, read_answer
 
 
@@ -215,16 +216,15 @@ class CompletionShape(Shape):
         return [CompletionChoice(index=row, text="", finish_reason=reason)]
 
 
-async def chunks(
-    stream: JobStream, shape: Shape, meta: Meta, prompt_tokens: int, rows: int, include_usage: bool, read: ActivationRead | None,
-    probes: ProbeSet = NO_PROBES, choices: int = 1,
-) -> AsyncIterator[WireModel | MillmError]:
+async def chunks(stream: JobStream, rows: int, admitted: Admitted, shape: Shape, meta: Meta) -> AsyncIterator[WireModel | MillmError]:
     """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or the error that ended it.
 
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as
     OpenAI does. Then the probe-verdict chunk (no choices; `millm.probes`, every row's), when
     probes watched the request; a request's SAE activations come last, in a chunk with no choices.
     """
+    prompt_tokens, include_usage, choices = admitted.prompt_tokens, admitted.include_usage, admitted.choices
+    read, probes = admitted.read, admitted.probes
     finished = completion_tokens = 0
     cached: dict[int, int] = {}
     captured: list[ResidualsRead] = []

@@ -60,18 +60,20 @@ def row_seed(seed: int | None, choice: int) -> int | None:
     return None if seed is None else (seed + choice) % SEED_SPACE
 
 
-def build_rows(
-    lm: LoadedModel,
-    prompts: list[list[int]],
-    options: GenerationOptions,
-    default_max_tokens: int,
-    param: str,
-    edit: ResidualEdit | None = None,
-    constraint: GrammarSpec | None = None,
-    reads: tuple[ResidualRead, ...] = (),
-    watches: tuple[Watch, ...] = (),
-) -> list[RowSpec]:
-    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all steered by `edit` and watched by `watches`."""
+@dataclass(frozen=True)
+class RowFill:
+    """What every row of a request carries beside its prompt: the steering edit, the output
+    constraint, the residual reads and the watches."""
+
+    edit: ResidualEdit | None = None
+    constraint: GrammarSpec | None = None
+    reads: tuple[ResidualRead, ...] = ()
+    watches: tuple[Watch, ...] = ()
+
+
+def build_rows(lm: LoadedModel, prompts: list[list[int]], options: GenerationOptions, default_max_tokens: int,
+               param: str, fill: RowFill = RowFill()) -> list[RowSpec]:
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all filled alike."""
     rows = []
     for prompt in prompts:
         budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)
@@ -83,10 +85,10 @@ def build_rows(
                     max_tokens=budget,
                     stop=options.stop,
                     seed=row_seed(options.seed, choice),
-                    edit=edit,
-                    constraint=constraint,
-                    reads=reads,
-                    watches=watches,
+                    edit=fill.edit,
+                    constraint=fill.constraint,
+                    reads=fill.reads,
+                    watches=fill.watches,
                 )
             )
     return rows

@@ -9,6 +9,7 @@ possibly loaded), then what depends on the model, then admission.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from anyio import to_thread
@@ -45,12 +46,13 @@ from millm.service.serving.embeddings import embed
 from millm.service.serving.generation import (
     GenerationOptions,
     JobStream,
+    RowFill,
     build_rows,
     completion_budget,
 )
 from millm.service.serving.prechecks import Prechecked, precheck, refuse_residual_reads
 from millm.service.serving.prompts import completion_prompts, conversation_prompts
-from millm.service.serving.replies import Reply, Report
+from millm.service.serving.replies import Admitted, Reply, Report
 from millm.service.serving.scoring import (
     InvalidScoringRequest,
     chat_choice,
@@ -146,7 +148,8 @@ class Serving:
         scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
         report = Report(ignored, plan, body.seed, scope, structured)
         probes = await self._watch(lm, checked.probes)
-        return await self._generate(lm, body, prompts, "messages", ChatShape(tools), meta, report, constraint, read, probes)
+        admitted = Admitted(lm, body, prompts, "messages", report, constraint, read, probes)
+        return await self._generate(admitted, ChatShape(tools), meta)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
@@ -173,43 +176,45 @@ class Serving:
         plan = await to_thread.run_sync(self._plan, None, checked)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
         probes = await self._watch(lm, checked.probes)
-        return await self._generate(lm, body, prompts, "prompt", CompletionShape(), meta, report, None, read, probes)
+        admitted = Admitted(lm, body, prompts, "prompt", report, None, read, probes)
+        return await self._generate(admitted, CompletionShape(), meta)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
         """Embed each input (never steered)."""
         return await embed(self.state, body, strict)
 
     # steps -------------------------------------------------------------------------------------------
-    async def _generate(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, shape: Shape,
-                        meta: Meta, report: Report, constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> Reply:
-        """Admit the rows (steered by the report's plan, watched by `probes`) and answer whole or as a stream."""
-        probes = probes.with_conditions(report.plan.watches, lm.tokenizer)
-        stream, rows = self._start(lm, body, prompts, param, report.plan, constraint, read, probes)
-        prompt_tokens, choices = sum(map(len, prompts)), body.n or 1
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return Reply(report, chunks=chunks(stream, shape, meta, prompt_tokens, rows, include_usage, read, probes, choices))
-        result = await collect(stream, rows, probes, choices)
+    async def _generate(self, admitted: Admitted, shape: Shape, meta: Meta) -> Reply:
+        """Admit the rows (steered by the report's plan, watched by its probes and the plan's
+        conditions) and answer whole or as a stream."""
+        probes = admitted.probes.with_conditions(admitted.report.plan.watches, admitted.lm.tokenizer)
+        admitted = replace(admitted, probes=probes)
+        stream, rows = self._start(admitted)
+        report = admitted.report
+        if admitted.body.stream:
+            return Reply(report, chunks=chunks(stream, rows, admitted, shape, meta))
+        result = await collect(stream, rows, probes, admitted.choices)
         if report.structured is not None:
             for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
                 if reason == "stop":
                     validate_output(report.structured, text, index)
-        return Reply(report, body=shape.whole(meta, result, prompt_tokens, read))
+        return Reply(report, body=shape.whole(meta, result, admitted.prompt_tokens, admitted.read))
 
-    def _start(self, lm: LoadedModel, body: SamplingFields, prompts: list[list[int]], param: str, plan: Plan,
-               constraint, read: ActivationRead | None, probes: ProbeSet = NO_PROBES) -> tuple[JobStream, int]:
-        """Build the rows for these prompts (steered by `plan`, constrained by `constraint`, read by
-        `read` and by monitoring when it is on, watched by `probes`) and admit them."""
-        reads = self._engine_reads(read)
+    def _start(self, admitted: Admitted) -> tuple[JobStream, int]:
+        """Build the request's rows (read by monitoring too when it is on) and admit them."""
+        lm, probes = admitted.lm, admitted.probes
+        reads = self._engine_reads(admitted.read)
         # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
         # nothing for such a model (its status says so) rather than refuse every request.
-        monitored = None if not lm.reads_residuals else self.state.monitor.read_for(self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
+        monitored = None if not lm.reads_residuals else self.state.monitor.read_for(
+            self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
         if monitored is not None:
             reads += (monitored[0],)
-        options = generation_options(body, body.n or 1)
-        rows = build_rows(lm, prompts, options, self.settings.default_max_tokens, param, plan.edit, constraint, reads,
-                          probes.watches)
-        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None, monitored_probes=probes.active)
+        options = generation_options(admitted.body, admitted.choices)
+        fill = RowFill(admitted.report.plan.edit, admitted.constraint, reads, probes.watches)
+        rows = build_rows(lm, admitted.prompts, options, self.settings.default_max_tokens, admitted.param, fill)
+        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None,
+                           monitored_probes=probes.active)
         self.state.switch.submit(stream.job)
         return stream, len(rows)
 
