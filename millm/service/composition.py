@@ -103,7 +103,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
     state = ServerState(
         settings=settings, source=source, claim=claim, store=store, replication=replication,
-        labels=labels, saes=saes, decoders=DecoderCache(), profiles=profiles, probes=probes,
+        labels=labels, saes=saes, decoders=DecoderCache(steering, saes), profiles=profiles, probes=probes,
         vectors=vectors, calibrations=calibrations, steering=steering, clusters=clusters,
         circuits=circuits, planner=Planner(steering, clusters, circuits, limits),
         monitor=Monitor(store, settings.monitoring_history), models=models,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
@@ -15,6 +16,9 @@ from millm.interp.labels import LabelDocument, read_document
 from millm.service.features.label_search import LabelIndex, fts_query
 from millm.service.features.labels import LabelBook
 from millm.service.steering.decoders import DecoderCache, decoder_of, neighbours
+from millm.service.steering.live import Steering
+from millm.service.steering.profiles import ProfileBook
+from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from millm.store.labels import LabelStore
 from tests.support.tiny_saes import build_saelens
@@ -187,12 +191,18 @@ def test_neighbours_are_the_highest_decoder_cosines(tmp_path):
     assert len(neighbours(decoder, 0, 1000)) == 127
 
 
-def test_the_decoder_cache_is_bounded(tmp_path):
-    cache = DecoderCache(kept=2)
-    _, sae = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
+def test_the_decoder_cache_is_bounded_and_reads_a_registered_sae_from_its_file(tmp_path, store):
+    saes = SAERegistry(store, tmp_path / "hub", LabelBook(store))
+    cache = DecoderCache(Steering(store, saes, ProfileBook(store)), saes, kept=2)
+    directory = build_saelens(tmp_path / "sae", d_sae=16)
+    _, sae = read_sae(directory)
     for name in ("a", "b", "c"):
         cache.keep(name, decoder_of(sae))
     assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
+    info, _ = saes.register(str(directory), None, None, None)
+    decoder = asyncio.run(cache.of(info.id))  # not attached: read from the file, then kept
+    assert decoder.norms.shape == (16,) and cache.get(info.id) is decoder and cache.get("b") is None
+    assert decoder.norms[3] == pytest.approx(float(sae.W_dec[3].float().norm()), rel=1e-5)
 
 
 def test_the_store_merges_past_one_in_list(store):

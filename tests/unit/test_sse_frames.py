@@ -7,8 +7,10 @@ from millm.api.replies import frames as sse_frames
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemory
+from millm.protocol.requests import CompletionRequest
 from millm.service.serving.answers import ChatShape, CompletionShape, Meta, chunks
 from millm.service.serving.generation import JobStream
+from millm.service.serving.replies import Admitted, Report
 
 ROW = RowSpec(prompt_ids=(1, 2), sampling=SamplingParams(), max_tokens=4)
 
@@ -28,12 +30,20 @@ def frames(make_stream, events, rows=1):
 META = Meta(id="chatcmpl-x", model="m", fingerprint="fp", created=1)
 
 
+def admitted(prompt_tokens: int, include_usage: bool) -> Admitted:
+    """A streamed request of `prompt_tokens` prompt tokens (chunks reads no model: none is loaded here)."""
+    body = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": include_usage}}
+    )
+    return Admitted(lm=None, body=body, prompts=[[0] * prompt_tokens], param="prompt", report=Report())
+
+
 def chat_chunks(stream, meta, prompt_tokens, rows, include_usage):
-    return chunks(stream, ChatShape(), meta, prompt_tokens, rows, include_usage, None)
+    return chunks(stream, rows, admitted(prompt_tokens, include_usage), ChatShape(), meta)
 
 
 def completion_chunks(stream, meta, prompt_tokens, rows, include_usage):
-    return chunks(stream, CompletionShape(), meta, prompt_tokens, rows, include_usage, None)
+    return chunks(stream, rows, admitted(prompt_tokens, include_usage), CompletionShape(), meta)
 
 
 def test_failure_after_the_stream_started_is_an_error_event_then_done():

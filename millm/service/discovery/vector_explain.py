@@ -20,7 +20,6 @@ from millm.interp.vectors import decompose
 from millm.protocol.vectors import ExplainedFeature, VectorExplanation
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import label_of
-from millm.service.manage.features import FeatureManagement
 from millm.service.steering.decoders import Decoder
 
 MISMATCH = "vector_sae_mismatch"
@@ -79,5 +78,5 @@ async def explain_vector(state: ServerState, key: str, sae_id: str | None, k: in
     row = state.vectors.find(key)  # memory (the book's shelf)
     info = state.saes.get(sae_id) if sae_id is not None else _sae_at_point(state, row)
     layer = check_same_point(row, info, _where(state, info))
-    decoder = await FeatureManagement(state).sae_decoder(info.id)
+    decoder = await state.decoders.of(info.id)
     return await to_thread.run_sync(_explanation, state, row, info, layer, decoder, k)

@@ -283,3 +283,21 @@ def shipped_row(document: dict, info: SAEInfo) -> CalibrationRow:
         raise ValueError(f"it has figures for {len(figures['features'])} features, the SAE has {info.d_sae}")
     CalibrationSummary.model_validate(document["summary"])
     return CalibrationRow(info.id, str(document["model"]), document["summary"], figures, float(document["created_at"]))
+
+
+def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
+    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
+    for entries in rows:
+        for entry in entries:
+            entry["percentile"] = table.of(entry["index"], entry["value"]) if table is not None else None
+    return rows
+
+
+def percentiles_block(sae_id: str, table: PercentileTable | None) -> dict:
+    """What a block with percentiles says about them: calibrated or not, and what they mean."""
+    if table is None:
+        return {
+            "calibrated": False,
+            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; POST /api/saes/{sae_id}/calibrate makes a calibration.",
+        }
+    return {"calibrated": True, "calibrated_at": table.created_at, "note": PERCENTILES_NOTE}

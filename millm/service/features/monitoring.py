@@ -34,8 +34,9 @@ from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
 from millm.interp.document_schemas import Indices, validate_field
 from millm.interp.probes import verdict_fields
+from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature
-from millm.service.serving.activations import add_percentiles, encode_rows, percentiles_block
+from millm.service.features.calibrations import add_percentiles, percentiles_block
 from millm.store.changes import Topic
 from millm.store.database import Store
 

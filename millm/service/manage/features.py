@@ -27,8 +27,7 @@ from millm.interp.steering import check_feature
 from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
 from millm.service.features.label_search import FeatureMatch
-from millm.service.runtime.threads import in_passing_thread
-from millm.service.steering.decoders import Decoder, decoder_of, neighbours
+from millm.service.steering.decoders import Decoder, neighbours
 
 
 class LabelImport(BaseModel):
@@ -155,17 +154,6 @@ class FeatureManagement:
         return model if self.state.calibrations.summary(sae_id, model) is not None else None
 
     # feature details ------------------------------------------------------------------------------------------
-    def _load_decoder(self, sae_id: str) -> Decoder:
-        """The SAE's decoder from its attached copy, else from its file (torch: runs on a passing thread)."""
-        with self.state.steering.lock:
-            attached = self.state.steering.attached.get(sae_id)
-        sae = attached.sae if attached is not None else self.state.saes.load(sae_id)
-        return self.state.decoders.keep(sae_id, decoder_of(sae))
-
-    async def sae_decoder(self, sae_id: str) -> Decoder:
-        """The SAE's decoder from the cache, read into it first (on a passing thread) when it is not there."""
-        return self.state.decoders.get(sae_id) or await in_passing_thread(self._load_decoder, sae_id)
-
     def _detail(self, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
         entries = self.state.labels.entries(sae_id)
         entry = dict(entries.get(index) or {})
@@ -182,5 +170,5 @@ class FeatureManagement:
         """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
         info = self.state.saes.get(sae_id)
         check_feature(info, index, param="index")
-        decoder = await self.sae_decoder(sae_id)
+        decoder = await self.state.decoders.of(sae_id)
         return await to_thread.run_sync(self._detail, sae_id, index, k, decoder)

@@ -5,12 +5,7 @@ from __future__ import annotations
 from millm.interp.probes import probe_bundle
 from millm.service.composition import ServerState
 from millm.service.probes.binding import bind
-
-
-def probe_view(row: dict) -> dict:
-    """A stored probe as the API shows it."""
-    return {"id": row["id"], "object": "probe", "name": row["name"], "active": row["active"], "document": row["document"],
-            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+from millm.service.probes.book import probe_view
 
 
 class ProbeManagement:

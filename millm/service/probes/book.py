@@ -106,3 +106,9 @@ class ProbeBook(Book):
     def _refuse_taken(self, name: str) -> None:
         if name in self.shelf.by_name:
             raise Conflict(f"a probe named {name!r} exists", param="name", code="probe_exists")
+
+
+def probe_view(row: dict) -> dict:
+    """A stored probe as the API shows it."""
+    return {"id": row["id"], "object": "probe", "name": row["name"], "active": row["active"], "document": row["document"],
+            "created_at": row["created_at"], "updated_at": row["updated_at"]}

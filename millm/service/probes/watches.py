@@ -15,7 +15,6 @@ Verdicts come from the engine when each row ends; their tokens are decoded on a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from anyio import to_thread
 
@@ -23,10 +22,10 @@ from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest, MillmError, NotFound
 from millm.interp.probes import validate_inline, verdict_fields, watch_of
+from millm.interp.steering import Attached
+from millm.service.features.calibrations import CalibrationBook
 from millm.service.probes.binding import bind
-
-if TYPE_CHECKING:
-    from millm.service.composition import ServerState
+from millm.service.probes.book import ProbeBook
 
 PARAM = "probes"
 MAX_REQUEST_PROBES = 16  # probes one request may name or define (each scores every position of every row)
@@ -42,7 +41,7 @@ class Asked:
     saved: bool  # a saved probe named (else defined inline)
 
 
-def parse_probes(state: ServerState, raw: list | None) -> tuple[Asked, ...]:
+def parse_probes(probes: ProbeBook, raw: list | None) -> tuple[Asked, ...]:
     """The request's `probes`: names of saved probes (404 probe_not_found naming the entry) or inline
     definitions (400 naming the field), each name once. Blocking (the probe book): a worker thread."""
     if not raw:
@@ -54,7 +53,7 @@ def parse_probes(state: ServerState, raw: list | None) -> tuple[Asked, ...]:
         where = f"{PARAM}[{i}]"
         if isinstance(item, str):
             try:
-                row = state.probes.find(item)
+                row = probes.find(item)
             except NotFound as exc:
                 exc.param = where
                 raise
@@ -116,17 +115,17 @@ class ProbeSet:
 NO_PROBES = ProbeSet()
 
 
-def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
+def watch_request(probes: ProbeBook, calibrations: CalibrationBook, attached: dict[str, Attached], lm: LoadedModel,
+                  asked: tuple[Asked, ...]) -> ProbeSet:
     """The request's probes and the active ones, bound to `lm` as report watches (a 400 naming the
     request's probe that does not fit; active ones that do not fit are skipped). Blocking: a worker thread."""
     watches, sources = [], {}
-    attached = dict(state.steering.attached)  # one view of the SAEs for every probe of the request
     for probe in asked:
-        watches.append(watch_of(bind(attached, state.calibrations, lm, probe.name, probe.detector, f"{probe.param}.detector")))
+        watches.append(watch_of(bind(attached, calibrations, lm, probe.name, probe.detector, f"{probe.param}.detector")))
         sources[probe.name] = "request"
     skipped = []
     saved = {probe.name for probe in asked if probe.saved}
-    for row in state.probes.active():
+    for row in probes.active():
         name = row["name"]
         if name in saved:
             sources[name] = "active"  # named and active: one watch, recorded by monitoring
@@ -135,7 +134,7 @@ def watch_request(state: ServerState, lm: LoadedModel, asked: tuple[Asked, ...])
             where = next(probe.param for probe in asked if probe.name == name)
             raise InvalidRequest(f"{where} is named like the active probe {name!r}; give the inline probe another name", param=f"{where}.name")
         try:
-            watches.append(watch_of(bind(attached, state.calibrations, lm, name, row["document"]["detector"], "detector")))
+            watches.append(watch_of(bind(attached, calibrations, lm, name, row["document"]["detector"], "detector")))
         except MillmError as exc:
             skipped.append({"name": name, "reason": exc.message})
             continue

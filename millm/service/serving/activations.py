@@ -19,12 +19,12 @@ from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
 from millm.interp.document_schemas import Indices, NonNegative, inline, refusal, said, validate_field
+from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature, pick_attached
-from millm.service.features.calibrations import PERCENTILES_NOTE
+from millm.service.features.calibrations import add_percentiles, percentiles_block
 
 PARAM = "return_sae_activations"
 ReadPoint = Literal["post_steering", "pre_steering"]
-ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
 NOTES = {
     "post_steering": (
         "post_steering is what the model computed at this layer for this request, after this layer's "
@@ -166,61 +166,6 @@ def plan_read(
         )
     table = calibration(chosen.info.id) if asked.percentiles and calibration is not None else None
     return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table)
-
-
-def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
-    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
-    for entries in rows:
-        for entry in entries:
-            entry["percentile"] = table.of(entry["index"], entry["value"]) if table is not None else None
-    return rows
-
-
-def percentiles_block(sae_id: str, table: PercentileTable | None) -> dict:
-    """What a block with percentiles says about them: calibrated or not, and what they mean."""
-    if table is None:
-        return {
-            "calibrated": False,
-            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; POST /api/saes/{sae_id}/calibrate makes a calibration.",
-        }
-    return {"calibrated": True, "calibrated_at": table.created_at, "note": PERCENTILES_NOTE}
-
-
-def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
-    """Per position, the top_k largest activations among the candidates.
-
-    Without `features`, inactive features (value 0) are left out; with them, every listed
-    feature competes, so a requested feature that did not fire is reported with 0.
-    """
-    if features is not None:
-        index = torch.tensor(features, dtype=torch.long)
-        values = activations[:, index]
-    else:
-        index, values = None, activations
-    k = min(top_k, values.shape[-1])
-    top = torch.topk(values, k, dim=-1)
-    rows = []
-    for value_row, slot_row in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-        entries = []
-        for value, slot in zip(value_row, slot_row, strict=True):
-            if features is None and value <= 0.0:
-                continue
-            entries.append({"index": int(index[slot]) if index is not None else int(slot), "value": float(value)})
-        rows.append(entries)
-    return rows
-
-
-def encode_rows(sae, residuals: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
-    """Encode captured residuals `[n, d]` with the SAE's own activation, in chunks, keeping the
-    top features of each position (`features == ()`: none, only the positions)."""
-    out: list[list[dict]] = []
-    if features == ():
-        return [[] for _ in range(residuals.shape[0])]
-    with torch.inference_mode():
-        for start in range(0, residuals.shape[0], ENCODE_CHUNK):
-            chunk = residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)
-            out.extend(top_features(sae.encode(chunk).float().cpu(), features, top_k))
-    return out
 
 
 def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:

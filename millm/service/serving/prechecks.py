@@ -57,7 +57,7 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
     asked = getattr(body, "return_sae_activations", None)
     read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
     probes = getattr(body, "probes", None)
-    watched = await to_thread.run_sync(parse_probes, state, probes) if probes and not scoring else ()
+    watched = await to_thread.run_sync(parse_probes, state.probes, probes) if probes and not scoring else ()
     model = getattr(body, "model", None)
     reads = read is not None or bool(watched)
     if reads and model is not None and await to_thread.run_sync(state.switch.engine_for, model) == LLAMACPP:

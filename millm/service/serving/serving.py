@@ -270,7 +270,8 @@ class Serving:
             return NO_PROBES
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
-        return await to_thread.run_sync(watch_request, self.state, lm, asked)
+        attached = dict(self.state.steering.attached)  # one view of the SAEs for every probe of the request
+        return await to_thread.run_sync(watch_request, self.state.probes, self.state.calibrations, attached, lm, asked)
 
     @staticmethod
     def _engine_reads(read: ActivationRead | None) -> tuple:

@@ -16,6 +16,9 @@ import numpy as np
 import torch
 
 from millm.interp.sae import SAE
+from millm.service.runtime.threads import in_passing_thread
+from millm.service.steering.live import Steering
+from millm.service.steering.saes import SAERegistry
 
 DECODERS_KEPT = 4
 
@@ -52,8 +55,8 @@ def neighbours(decoder: Decoder, index: int, k: int) -> list[tuple[int, float]]:
 class DecoderCache:
     """The decoders of the last few SAEs asked about (bounded, least recently used first out)."""
 
-    def __init__(self, kept: int = DECODERS_KEPT):
-        self.kept = kept
+    def __init__(self, steering: Steering, saes: SAERegistry, kept: int = DECODERS_KEPT):
+        self.steering, self.saes, self.kept = steering, saes, kept
         self._lock = threading.Lock()
         self._decoders: OrderedDict[str, Decoder] = OrderedDict()
 
@@ -73,6 +76,17 @@ class DecoderCache:
             while len(self._decoders) > self.kept:
                 self._decoders.popitem(last=False)
         return decoder
+
+    async def of(self, sae_id: str) -> Decoder:
+        """The SAE's decoder, read into the cache first (on a passing thread) when it is not there."""
+        return self.get(sae_id) or await in_passing_thread(self._load, sae_id)
+
+    def _load(self, sae_id: str) -> Decoder:
+        """From the SAE's attached copy, else from its file (torch: runs on a passing thread)."""
+        with self.steering.lock:
+            attached = self.steering.attached.get(sae_id)
+        sae = attached.sae if attached is not None else self.saes.load(sae_id)
+        return self.keep(sae_id, decoder_of(sae))
 
     def drop(self, sae_id: str) -> None:
         """Forget an SAE's decoder."""

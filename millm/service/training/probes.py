@@ -49,8 +49,8 @@ from millm.protocol.discovery import TextSet
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import check_total, set_prompts
 from millm.service.discovery.reads import SKIPPED_POSITIONS
-from millm.service.manage.probes import probe_view
 from millm.service.probes.binding import model_shape
+from millm.service.probes.book import probe_view
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobCancelled, JobHandle, JobView
 from millm.service.training.calibration import GROUP_TOKENS, groups
