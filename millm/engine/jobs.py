@@ -32,7 +32,7 @@ class ResidualRead:
     tag: str  # who asked: "activations" or "monitoring"
     # Turns the captured vectors `[n, d]` into what the asker wants (an SAE encode). It runs on
     # the scheduler thread because torch work on any other live thread slows every decode step
-    # (an idle OpenMP pool of another thread cost 35% of decode speed, measured). What it returns
+    # (an idle OpenMP pool of another thread slows decoding; docs/engine.md). What it returns
     # is the asker's own business, hence Any.
     encode: Callable[[torch.Tensor], Any] | None = field(default=None, compare=False)
 

@@ -1,9 +1,9 @@
 """Faster matrix-vector kernels for linear layers on the CPU, chosen once at load.
 
-Decoding one token reads every weight once, so the kernel's bandwidth sets the speed. Measured
-on a 2-core Zen 4 (SmolLM2-135M, see docs/engine.md): MKL's default fp32 GEMV reads ~12 GB/s,
-oneDNN with a pre-packed (reordered) weight ~19 GB/s in fp32 and about twice the speed in
-bf16, and PyTorch's int4 weight-only kernel over the GGUF file's own 4-bit codes faster still.
+Decoding one token reads every weight once, so the kernel's bandwidth sets the speed: oneDNN
+with a pre-packed (reordered) weight reads faster than MKL's default fp32 GEMV, bf16 faster
+still, and PyTorch's int4 weight-only kernel over the GGUF file's own 4-bit codes fastest (the
+figures, with the machine they were measured on, are in docs/engine.md).
 
 Every kernel here is a function `x -> x @ W.T (+ b)`; modules keep their identity (names,
 hooks), only their forward changes.
@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 Q4_GROUP = 32
-# Rows in one pass from which an int4 weight's bf16 copy runs it. The copy is faster from about 8
-# rows (2-core Zen 4, measured), but below 256 a prefill takes a fraction of a second either way,
+# Rows in one pass from which an int4 weight's bf16 copy runs it. The copy is faster from a few
+# rows on (docs/engine.md), but below 256 a prefill takes a fraction of a second either way,
 # and keeping those passes on the int4 kernel keeps short prompts' bf16 results exactly what they
 # were (greedy bf16 text follows the kernel's rounding, and the docs print such text).
 DENSE_ROWS = 256
@@ -82,7 +82,7 @@ def int4_linear(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, out
     bf16, which rounds the file's fp16 d and m slightly (the codes are the file's own).
 
     The kernel is built for decoding: it reads 4 bits a weight, but its matmul over many rows
-    is 2.5-3x slower than oneDNN's bf16 GEMM (measured at 64-2,000 rows). With `dense`, those same
+    is slower than oneDNN's bf16 GEMM (docs/engine.md). With `dense`, those same
     weights (dequantised as the kernel does, rounded to bf16) are also kept pre-packed, 2 bytes a
     weight more, and a pass of DENSE_ROWS rows or more (a long prefill) runs on them.
     """

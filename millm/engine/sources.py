@@ -161,7 +161,7 @@ def quant_tag(file_name: str) -> str | None:
 def file_quantization(path: Path) -> str | None:
     """A GGUF file's quantisation: the tag in its name (what its model name shows), else its header's
     general.file_type. The header is read only without a tag: gguf's reader parses all metadata
-    first, 25 s for Gemma 3's 262,144-token vocabulary."""
+    first, which takes long for a large vocabulary such as Gemma 3's."""
     from millm.engine.gguf_meta import gguf_file_type
 
     return quant_tag(path.name) or gguf_file_type(path)

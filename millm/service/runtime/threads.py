@@ -3,8 +3,7 @@
 PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that ever ran a
 parallel region, for as long as that thread lives. A thread-pool worker (or the event loop)
 that once ran torch work keeps such an idle pool, and while it exists every decode step on the
-scheduler thread ran 35% slower on this 2-core machine (measured: 60 -> 39 tok/s, back to 64
-once the other thread exited). So torch work that is not a forward pass (loading a model or an
+scheduler thread runs markedly slower (docs/engine.md has the measurement). So torch work that is not a forward pass (loading a model or an
 SAE, moving weights) runs on a fresh thread that exits afterwards, never on a pool thread.
 
 Fresh threads are bounded: at most MAX_PASSING_THREADS run at once, and a call past that is
