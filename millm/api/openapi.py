@@ -13,7 +13,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from millm.interp.document_schemas import SCHEMAS as DOCUMENT_SCHEMAS
+from millm.interp.document_json_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
 from millm.interp.labels import document_schemas as label_document_schemas
 from millm.interp.probes import PROBE_DETECTORS, PROBE_SCHEMAS

@@ -21,15 +21,7 @@ anything.
 from __future__ import annotations
 
 from millm.errors import InvalidProfile
-from millm.interp.document_schemas import (
-    BUNDLE_KIND,
-    VERSION,
-    ProfileBundle,
-    ProfileDocument,
-    SteeringSpec,
-    validate_document,
-    validate_field,
-)
+from millm.interp.document_schemas import BUNDLE_KIND, VERSION, ProfileBundle, ProfileDocument, SteeringSpec, validate_document, validate_field
 
 OPTIONAL_LISTS = ("vectors", "abort")  # left out of the stored form when empty: a features-only profile reads as before
 

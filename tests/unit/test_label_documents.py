@@ -7,17 +7,8 @@ import json
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidRequest
-from millm.interp.labels import (
-    Label,
-    LabelDocument,
-    check_width,
-    detect_format,
-    export_csv,
-    export_json,
-    export_mistudio,
-    export_neuronpedia,
-    read_document,
-)
+from millm.interp.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
+from millm.interp.labels import Label, LabelDocument, check_width, detect_format, read_document
 
 NEURONPEDIA = [
     {"modelId": "gemma-2-2b", "layer": "20-gemmascope-res-16k", "index": "4691", "description": " LaTeX formatting elements",

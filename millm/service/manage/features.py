@@ -14,15 +14,8 @@ from anyio import to_thread
 from pydantic import BaseModel
 
 from millm.interp.formats import SAEInfo
-from millm.interp.labels import (
-    ExportFormat,
-    check_width,
-    export_csv,
-    export_json,
-    export_mistudio,
-    export_neuronpedia,
-    read_document,
-)
+from millm.interp.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
+from millm.interp.labels import ExportFormat, check_width, read_document
 from millm.interp.steering import check_feature
 from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
