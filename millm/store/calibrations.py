@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 
 from millm.store.changes import Topic
-from millm.store.database import Store, calibrations_table, upsert
+from millm.store.database import Store, upsert
+from millm.store.schema import calibrations_table
 
 
 @dataclass(frozen=True)

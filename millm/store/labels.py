@@ -16,7 +16,9 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.engine import Connection
 
 from millm.store.changes import Topic
-from millm.store.database import Store, feature_labels_table, settings_table
+from millm.store.database import Store
+from millm.store.schema import feature_labels_table, settings_table
+from millm.store.settings import get_setting, set_setting
 
 table = feature_labels_table
 CHUNK = 500  # features per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits
@@ -37,75 +39,67 @@ def _seed_key(sae_id: str) -> str:
     return f"labels_seeded:{sae_id}"
 
 
-class LabelStore:
-    """The labels table over a Store: reads, and writes that are each one transaction."""
+def label_rows(store: Store, sae_id: str) -> list[LabelRow]:
+    """Every stored label of an SAE, by feature."""
+    query = select(table).where(table.c.sae_id == sae_id).order_by(table.c.feature)
+    with store.engine.connect() as conn:
+        return [LabelRow(r.feature, r.label, r.source, json.loads(r.detail), r.updated_at) for r in conn.execute(query)]
 
-    def __init__(self, store: Store):
-        self.store = store
+def label_count(store: Store, sae_id: str) -> int:
+    """How many features of an SAE have a stored label."""
+    with store.engine.connect() as conn:
+        return _count(conn, sae_id)
 
-    def rows(self, sae_id: str) -> list[LabelRow]:
-        """Every stored label of an SAE, by feature."""
-        query = select(table).where(table.c.sae_id == sae_id).order_by(table.c.feature)
-        with self.store.engine.connect() as conn:
-            return [LabelRow(r.feature, r.label, r.source, json.loads(r.detail), r.updated_at) for r in conn.execute(query)]
+def _count(conn: Connection, sae_id: str) -> int:
+    return int(conn.execute(select(func.count()).select_from(table).where(table.c.sae_id == sae_id)).scalar_one())
 
-    def count(self, sae_id: str) -> int:
-        """How many features of an SAE have a stored label."""
-        with self.store.engine.connect() as conn:
-            return self._count(conn, sae_id)
+def _insert(conn: Connection, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> None:
+    if not rows:
+        return
+    now = time.time()
+    values = [
+        {"sae_id": sae_id, "feature": feature, "label": label, "source": source, "detail": json.dumps(detail), "updated_at": now}
+        for feature, label, source, detail in rows
+    ]
+    conn.execute(insert(table), values)
 
-    @staticmethod
-    def _count(conn: Connection, sae_id: str) -> int:
-        return int(conn.execute(select(func.count()).select_from(table).where(table.c.sae_id == sae_id)).scalar_one())
+def replace_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
+    """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before, labels now)."""
+    with store.transaction(Topic.LABELS) as conn:
+        before = _count(conn, sae_id)
+        conn.execute(delete(table).where(table.c.sae_id == sae_id))
+        _insert(conn, sae_id, rows)
+        return before, _count(conn, sae_id)
 
-    @staticmethod
-    def _insert(conn: Connection, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> None:
-        if not rows:
-            return
-        now = time.time()
-        values = [
-            {"sae_id": sae_id, "feature": feature, "label": label, "source": source, "detail": json.dumps(detail), "updated_at": now}
-            for feature, label, source, detail in rows
-        ]
-        conn.execute(insert(table), values)
+def merge_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
+    """Set the labels of `rows`' features, keeping the others; (labels overwritten, labels now)."""
+    features = [row[0] for row in rows]
+    overwritten = 0
+    with store.transaction(Topic.LABELS) as conn:
+        for start in range(0, len(features), CHUNK):
+            where = (table.c.sae_id == sae_id) & table.c.feature.in_(features[start:start + CHUNK])
+            overwritten += conn.execute(delete(table).where(where)).rowcount or 0
+        _insert(conn, sae_id, rows)
+        return overwritten, _count(conn, sae_id)
 
-    def replace(self, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
-        """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before, labels now)."""
-        with self.store.transaction(Topic.LABELS) as conn:
-            before = self._count(conn, sae_id)
-            conn.execute(delete(table).where(table.c.sae_id == sae_id))
-            self._insert(conn, sae_id, rows)
-            return before, self._count(conn, sae_id)
+def clear_labels(store: Store, sae_id: str) -> int:
+    """Remove every label of an SAE; how many there were."""
+    with store.transaction(Topic.LABELS) as conn:
+        return conn.execute(delete(table).where(table.c.sae_id == sae_id)).rowcount or 0
 
-    def merge(self, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
-        """Set the labels of `rows`' features, keeping the others; (labels overwritten, labels now)."""
-        features = [row[0] for row in rows]
-        overwritten = 0
-        with self.store.transaction(Topic.LABELS) as conn:
-            for start in range(0, len(features), CHUNK):
-                where = (table.c.sae_id == sae_id) & table.c.feature.in_(features[start:start + CHUNK])
-                overwritten += conn.execute(delete(table).where(where)).rowcount or 0
-            self._insert(conn, sae_id, rows)
-            return overwritten, self._count(conn, sae_id)
+def seed_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> bool:
+    """Store `rows` as the SAE's labels only the first time it is seeded and while it has none;
+    whether they were stored. The mark stays, so labels a user cleared are not brought back."""
+    key = _seed_key(sae_id)
+    with store.transaction(Topic.LABELS) as conn:
+        if conn.execute(select(settings_table.c.key).where(settings_table.c.key == key)).first() is not None:
+            return False
+        seeded = _count(conn, sae_id) == 0 and bool(rows)
+        if seeded:
+            _insert(conn, sae_id, rows)
+        set_setting(store, key, True, conn=conn)
+        return seeded
 
-    def clear(self, sae_id: str) -> int:
-        """Remove every label of an SAE; how many there were."""
-        with self.store.transaction(Topic.LABELS) as conn:
-            return conn.execute(delete(table).where(table.c.sae_id == sae_id)).rowcount or 0
-
-    def seed(self, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> bool:
-        """Store `rows` as the SAE's labels only the first time it is seeded and while it has none;
-        whether they were stored. The mark stays, so labels a user cleared are not brought back."""
-        key = _seed_key(sae_id)
-        with self.store.transaction(Topic.LABELS) as conn:
-            if conn.execute(select(settings_table.c.key).where(settings_table.c.key == key)).first() is not None:
-                return False
-            seeded = self._count(conn, sae_id) == 0 and bool(rows)
-            if seeded:
-                self._insert(conn, sae_id, rows)
-            self.store.set_setting(key, True, conn=conn)
-            return seeded
-
-    def seeded(self, sae_id: str) -> bool:
-        """Whether the SAE's own labels were offered to the store already."""
-        return bool(self.store.get_setting(_seed_key(sae_id), False))
+def labels_seeded(store: Store, sae_id: str) -> bool:
+    """Whether the SAE's own labels were offered to the store already."""
+    return bool(get_setting(store, _seed_key(sae_id), False))

@@ -12,7 +12,8 @@ import time
 from sqlalchemy import delete, insert, select, update
 
 from millm.store.changes import Topic
-from millm.store.database import Store, probes_table
+from millm.store.database import Store
+from millm.store.schema import probes_table
 
 table = probes_table
 

@@ -6,7 +6,8 @@ import numpy as np
 from sqlalchemy import delete, insert, select
 
 from millm.store.changes import Topic
-from millm.store.database import Store, vectors_table
+from millm.store.database import Store
+from millm.store.schema import vectors_table
 
 table = vectors_table
 FLOAT32 = np.dtype("<f4")  # the stored byte order, whatever the machine's

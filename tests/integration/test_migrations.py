@@ -16,8 +16,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, select, text
 
-from millm.store.database import Store, metadata
+from millm.store.database import Store
 from millm.store.migrating import MIGRATION_LOCK, MIGRATIONS_DIR, SCHEMA_VERSION, revision_of
+from millm.store.schema import metadata
+from millm.store.settings import get_setting
+from millm.store.steering import write_features
 from tests.support.old_schemas import LEGACY_VERSIONS, build, old_rows, upgraded
 from tests.support.postgres import PostgresServer
 
@@ -156,9 +159,9 @@ def test_a_database_that_never_steered_gets_steering_version_0(url, caplog):
     open_store(url, caplog)
     store = Store(url)
     try:
-        assert store.get_setting("steering_version") == 0 and store.get_setting("active_profile") == "prof_2"
-        assert store.write_features({("sae_a", 3): {"op": "add", "strength": 1.0}}) == 1
-        assert store.get_setting("steering_version") == 1
+        assert get_setting(store, "steering_version") == 0 and get_setting(store, "active_profile") == "prof_2"
+        assert write_features(store, {("sae_a", 3): {"op": "add", "strength": 1.0}}) == 1
+        assert get_setting(store, "steering_version") == 1
     finally:
         store.close()
 

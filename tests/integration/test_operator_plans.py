@@ -25,6 +25,8 @@ from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Resolvers
 from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
+from millm.store.profiles import profile_rows
+from millm.store.steering import live_features
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.support.tiny_saes import build_saelens, sae_tensors
 
@@ -204,7 +206,7 @@ def test_a_stored_version_1_profile_steers_exactly_as_before(llama_lm, tmp_path)
         {"index": 2, "strength": 8.0}, {"index": 5, "strength": -1.5}]}]}
     made = make_world(llama_lm, tmp_path, v1_profile=v1)
     try:
-        stored = made.store.profiles()[0]["document"]
+        stored = profile_rows(made.store)[0]["document"]
         assert stored["version"] == 2 and [f["op"] for f in stored["steering"][0]["features"]] == ["add", "add"]
         plan = made.planner.plan_for("old", None)
         expected = steering_edit({made.ids[1]: {2: 8.0, 5: -1.5}}, made.steering.attached)
@@ -222,7 +224,7 @@ def test_live_values_take_ops_and_refuse_what_the_attached_sae_cannot_hold(llama
     assert plan.kind == "live" and torch.equal(plan.edit.vector(1), 10.0 * sae.W_dec[3]) and len(plan.edit.operations) == 1
     outcome, _ = run(llama_lm, plan.edit)
     assert float((sae.encode(captured(outcome, "after"))[:, 5] - 1.5).abs().max()) < 1e-4
-    assert steering.store.live_features()[world.ids[1]][5] == {"op": "clamp", "strength": 0.0, "value": 1.5}
+    assert live_features(steering.store)[world.ids[1]][5] == {"op": "clamp", "strength": 0.0, "value": 1.5}
     orthogonal = int(torch.nn.functional.cosine_similarity(sae.W_enc.T, sae.W_dec, dim=1).abs().argmin())
     sae.W_dec[orthogonal] = 0.0  # a dead feature
     version = steering.version

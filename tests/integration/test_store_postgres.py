@@ -4,7 +4,10 @@ import httpx
 import pytest
 
 from millm.store.database import Store
-from millm.store.labels import LabelStore
+from millm.store.labels import clear_labels, label_count, label_rows, labels_seeded, merge_labels, replace_labels, seed_labels
+from millm.store.profiles import insert_profiles, profile_rows
+from millm.store.settings import get_setting
+from millm.store.steering import live_features, write_features
 from tests.support.postgres import binaries
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
@@ -16,26 +19,26 @@ pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries 
 
 def test_store_round_trip_on_postgres(postgres):
     store = Store(postgres.url)
-    version = store.write_features({("sae_x", 1): {"op": "add", "strength": 2.5}, ("sae_x", 2): {"op": "cap", "value": 4.0}})
-    store.insert_profiles([("prof_pg", {"name": "pg-profile", "steering": []})])
+    version = write_features(store, {("sae_x", 1): {"op": "add", "strength": 2.5}, ("sae_x", 2): {"op": "cap", "value": 4.0}})
+    insert_profiles(store, [("prof_pg", {"name": "pg-profile", "steering": []})])
     store.close()
     again = Store(postgres.url)
-    assert again.live_features()["sae_x"] == {1: {"op": "add", "strength": 2.5, "value": None}, 2: {"op": "cap", "strength": 0.0, "value": 4.0}}
-    assert [p["name"] for p in again.profiles()] == ["pg-profile"]
-    assert again.get_setting("steering_version") == version == 1
+    assert live_features(again)["sae_x"] == {1: {"op": "add", "strength": 2.5, "value": None}, 2: {"op": "cap", "strength": 0.0, "value": 4.0}}
+    assert [p["name"] for p in profile_rows(again)] == ["pg-profile"]
+    assert get_setting(again, "steering_version") == version == 1
     again.close()
 
 
 def test_label_store_on_postgres(postgres):
-    labels = LabelStore(Store(postgres.url))
+    labels = Store(postgres.url)
     rows = [(i, f"label {i}", "plain", {"top_tokens": [f"t{i}"]}) for i in range(1200)]  # more than one IN (...) chunk
-    assert labels.replace("sae_pg", rows) == (0, 1200)
-    assert labels.merge("sae_pg", [(i, "new", "neuronpedia", {}) for i in range(1100, 1300)]) == (100, 1300)
-    again = LabelStore(Store(postgres.url))
-    stored = again.rows("sae_pg")
+    assert replace_labels(labels, "sae_pg", rows) == (0, 1200)
+    assert merge_labels(labels, "sae_pg", [(i, "new", "neuronpedia", {}) for i in range(1100, 1300)]) == (100, 1300)
+    again = Store(postgres.url)
+    stored = label_rows(again, "sae_pg")
     assert len(stored) == 1300 and (stored[5].label, stored[5].detail, stored[1150].source) == ("label 5", {"top_tokens": ["t5"]}, "neuronpedia")
-    assert again.seed("sae_pg", rows[:1]) is False and again.seeded("sae_pg")  # labels were there: kept, and seeded once
-    assert again.clear("sae_pg") == 1300 and again.count("sae_pg") == 0
+    assert seed_labels(again, "sae_pg", rows[:1]) is False and labels_seeded(again, "sae_pg")  # labels were there: kept, and seeded once
+    assert clear_labels(again, "sae_pg") == 1300 and label_count(again, "sae_pg") == 0
 
 
 def test_server_state_lives_in_postgres(postgres, tiny_dirs, tmp_path):

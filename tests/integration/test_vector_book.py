@@ -15,6 +15,8 @@ from millm.interp.formats import SAEInfo
 from millm.interp.steering import Attached
 from millm.service.steering.vectors import VectorBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
+from millm.store.profiles import profile_rows
+from millm.store.settings import get_setting
 from tests.support.old_schemas import build, old_rows
 
 
@@ -107,8 +109,8 @@ def test_a_schema_4_database_migrates_keeping_its_rows(tmp_path):
     url = database_url(tmp_path, None)
     build(url, 4, old_rows(4))  # the tables and rows as schema 4's code left them
     new = Store(url)
-    assert new.get_setting("schema_version") == SCHEMA_VERSION
-    assert [p["name"] for p in new.profiles()] == ["calm", "river-run", "ünïcode ✓"]
+    assert get_setting(new, "schema_version") == SCHEMA_VERSION
+    assert [p["name"] for p in profile_rows(new)] == ["calm", "river-run", "ünïcode ✓"]
     book = VectorBook(new)
     assert book.all() == []
     book.create(meta("fresh"), unit())

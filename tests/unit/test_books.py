@@ -13,6 +13,8 @@ from millm.service.steering.books import NAME_LIMIT, unique_name, unique_names
 from millm.service.steering.documents import CircuitBook, ClusterBook
 from millm.service.steering.profiles import ProfileBook
 from millm.store.database import Store, database_url
+from millm.store.documents import insert_documents
+from millm.store.profiles import insert_profiles
 from tests.support.mistudio_docs import circuit, cluster, raw
 
 
@@ -89,7 +91,7 @@ def test_rows_handed_out_are_copies(store):
 def test_a_name_taken_outside_the_book_is_refused_by_the_store_and_then_found(store):
     book = ProfileBook(store)
     # A row the book did not write (another process, say): the book does not know its name...
-    store.insert_profiles([("prof_outside", validate_profile(profile("outside")))])
+    insert_profiles(store, [("prof_outside", validate_profile(profile("outside")))])
     with pytest.raises(Conflict) as refused:  # ...so the store's unique name refuses the duplicate
         book.create(profile("outside"))
     assert refused.value.code == "profile_exists"
@@ -142,7 +144,7 @@ def test_circuits_survive_a_restart_byte_for_byte(store):
 
 def test_a_damaged_stored_document_still_raises_where_it_is_used(store):
     book = ClusterBook(store, 2.0)
-    store.insert_documents("clusters", [{"id": "clu_bad", "name": "bad", "raw": "{not json", "intensity": 1.0}])
+    insert_documents(store, "clusters", [{"id": "clu_bad", "name": "bad", "raw": "{not json", "intensity": 1.0}])
     again = ClusterBook(store, 2.0)  # starts fine, and serves the row...
     row = again.find("bad")
     with pytest.raises(ValueError):  # ...whose document is refused where it is read, as before

@@ -20,7 +20,8 @@ from millm.service.steering.live import Steering
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
-from millm.store.labels import LabelStore
+from millm.store.labels import label_rows, labels_seeded, merge_labels, replace_labels
+from millm.store.saes import add_sae
 from tests.support.tiny_saes import build_saelens
 
 
@@ -171,7 +172,7 @@ def test_an_sae_file_with_labels_past_its_width_is_refused(store, tmp_path):
     info, _ = read_sae(directory)
     with pytest.raises(SAEFormatError, match=r"feature_labels.json: entry '16': feature 16 is past the SAE's width \(16 features"):
         LabelBook(store).seed(info)
-    assert not LabelStore(store).seeded(info.id)
+    assert not labels_seeded(store, info.id)
 
 
 def test_neighbours_are_the_highest_decoder_cosines(tmp_path):
@@ -206,10 +207,9 @@ def test_the_decoder_cache_is_bounded_and_reads_a_registered_sae_from_its_file(t
 
 
 def test_the_store_merges_past_one_in_list(store):
-    labels = LabelStore(store)
-    assert labels.replace("sae_a", [(i, f"l{i}", "plain", {}) for i in range(1200)]) == (0, 1200)
-    assert labels.merge("sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]) == (100, 1300)
-    rows = labels.rows("sae_a")
+    assert replace_labels(store, "sae_a", [(i, f"l{i}", "plain", {}) for i in range(1200)]) == (0, 1200)
+    assert merge_labels(store, "sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]) == (100, 1300)
+    rows = label_rows(store, "sae_a")
     assert [r.feature for r in rows] == list(range(1300)) and (rows[1150].label, rows[1150].detail) == ("new", {"method": "m"})
 
 
@@ -227,6 +227,6 @@ def test_sae_registered_before_labels_were_stored_get_their_own_at_start(store, 
     from millm.service.steering.saes import SAERegistry
 
     info, _ = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
-    store.add_sae(info.to_dict())  # as an older version left it: registered, no labels stored
+    add_sae(store, info.to_dict())  # as an older version left it: registered, no labels stored
     registry = SAERegistry(store, tmp_path / "hub", LabelBook(store))
     assert len(registry.labels(info.id)) == 16 and registry.labels(info.id)[3]["source"] == "sae_file"

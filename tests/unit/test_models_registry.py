@@ -17,6 +17,7 @@ from millm.service.models.checkpoints import Checkpoint, DeviceMemory, check_mem
 from millm.service.models.registry import ModelRegistry
 from millm.service.models.slot import ModelSlot, current_lease, request_scope
 from millm.store.database import Store, database_url
+from millm.store.settings import get_setting, set_setting
 from tests.support import model_dirs
 from tests.support.postgres import PostgresServer, binaries
 
@@ -233,11 +234,11 @@ def test_registrations_on_postgres(tiny_dirs, tmp_path):
     try:
         store = Store(postgres.url)
         entry, _ = ModelRegistry(store, tmp_path / "hub").register(str(tiny_dirs["llama"]), "pg-model")
-        store.set_setting("model_lock", "pg-model")
+        set_setting(store, "model_lock", "pg-model")
         store.close()
         again = Store(postgres.url)
         assert ModelRegistry(again, tmp_path / "hub").get("pg-model") == entry
-        assert again.get_setting("model_lock") == "pg-model"
+        assert get_setting(again, "model_lock") == "pg-model"
         again.close()
     finally:
         postgres.stop()

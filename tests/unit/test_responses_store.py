@@ -7,7 +7,7 @@ import pytest
 
 from millm.service.responses.request import relocate
 from millm.store.database import Store, database_url
-from millm.store.responses import delete_response, load_response, save_response
+from millm.store.responses_api import delete_response, load_response, save_response
 
 DAY = 86400.0
 

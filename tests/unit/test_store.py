@@ -8,6 +8,10 @@ import pytest
 from millm.errors import Conflict
 from millm.service.steering.profiles import ProfileBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
+from millm.store.profiles import insert_profiles, profile_rows
+from millm.store.saes import add_sae, sae_rows
+from millm.store.settings import get_setting, set_setting
+from millm.store.steering import attachments, live_features, set_attachment, write_features
 from tests.support.old_schemas import build
 
 
@@ -24,20 +28,20 @@ INFO = {"id": "sae_1", "format": "saelens", "path": "/x", "architecture": "topk"
 
 def test_everything_survives_reopening(tmp_path):
     store = Store(database_url(tmp_path, None))
-    store.add_sae(INFO)
-    store.set_attachment("sae_1", 1)
-    store.write_features({("sae_1", 3): add(5.0), ("sae_1", 4): {"op": "clamp", "value": 2.5}})
-    store.insert_profiles([("prof_1", {"name": "p", "steering": []})])
-    store.set_setting("active_profile", "prof_1")
+    add_sae(store, INFO)
+    set_attachment(store, "sae_1", 1)
+    write_features(store, {("sae_1", 3): add(5.0), ("sae_1", 4): {"op": "clamp", "value": 2.5}})
+    insert_profiles(store, [("prof_1", {"name": "p", "steering": []})])
+    set_setting(store, "active_profile", "prof_1")
     store.close()
     again = Store(database_url(tmp_path, None))
-    assert again.saes() == [INFO]
-    assert again.attachments() == {"sae_1": 1}
-    assert again.live_features() == {"sae_1": {3: add(5.0), 4: {"op": "clamp", "strength": 0.0, "value": 2.5}}}
-    assert again.get_setting("steering_version") == 2  # one version per change: the attach, then the values
-    assert [p["name"] for p in again.profiles()] == ["p"]
-    assert again.get_setting("active_profile") == "prof_1"
-    assert again.get_setting("schema_version") == SCHEMA_VERSION
+    assert sae_rows(again) == [INFO]
+    assert attachments(again) == {"sae_1": 1}
+    assert live_features(again) == {"sae_1": {3: add(5.0), 4: {"op": "clamp", "strength": 0.0, "value": 2.5}}}
+    assert get_setting(again, "steering_version") == 2  # one version per change: the attach, then the values
+    assert [p["name"] for p in profile_rows(again)] == ["p"]
+    assert get_setting(again, "active_profile") == "prof_1"
+    assert get_setting(again, "schema_version") == SCHEMA_VERSION
     again.close()
 
 
@@ -46,20 +50,20 @@ def add(strength: float) -> dict:
 
 
 def test_strength_changes_and_clears(store):
-    store.write_features({("a", 1): add(1.0), ("b", 2): add(2.0)})
-    store.write_features({("a", 1): None, ("a", 5): add(3.0), ("b", 3): {"op": "ablate"}})
-    assert store.live_features() == {"a": {5: add(3.0)}, "b": {2: add(2.0), 3: {"op": "ablate", "strength": 0.0, "value": None}}}
-    store.write_features({}, clear="a")
-    assert set(store.live_features()) == {"b"}
-    store.write_features({}, clear=True)
-    assert store.live_features() == {}
+    write_features(store, {("a", 1): add(1.0), ("b", 2): add(2.0)})
+    write_features(store, {("a", 1): None, ("a", 5): add(3.0), ("b", 3): {"op": "ablate"}})
+    assert live_features(store) == {"a": {5: add(3.0)}, "b": {2: add(2.0), 3: {"op": "ablate", "strength": 0.0, "value": None}}}
+    write_features(store, {}, clear="a")
+    assert set(live_features(store)) == {"b"}
+    write_features(store, {}, clear=True)
+    assert live_features(store) == {}
 
 
 def test_profile_insert_is_all_or_nothing(store):
-    store.insert_profiles([("prof_1", {"name": "taken", "steering": []})])
+    insert_profiles(store, [("prof_1", {"name": "taken", "steering": []})])
     with pytest.raises(Conflict):
-        store.insert_profiles([("prof_2", {"name": "fresh", "steering": []}), ("prof_3", {"name": "taken", "steering": []})])
-    assert [p["name"] for p in store.profiles()] == ["taken"]
+        insert_profiles(store, [("prof_2", {"name": "fresh", "steering": []}), ("prof_3", {"name": "taken", "steering": []})])
+    assert [p["name"] for p in profile_rows(store)] == ["taken"]
 
 
 # Every earlier schema version upgrading with its rows: tests/integration/test_migrations.py.
@@ -81,10 +85,10 @@ def test_a_schema_4_database_keeps_its_live_values_as_adds_and_its_profiles_as_v
     url = database_url(tmp_path, None)
     schema_4_database(url)
     store = Store(url)
-    assert store.get_setting("schema_version") == SCHEMA_VERSION
-    assert store.live_features() == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
+    assert get_setting(store, "schema_version") == SCHEMA_VERSION
+    assert live_features(store) == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
     book = ProfileBook(store)
-    (row,) = store.profiles()
+    (row,) = profile_rows(store)
     assert (row["id"], row["name"], row["created_at"], row["updated_at"]) == ("prof_v1", "old-calm", 100.0, 200.0)  # history kept
     expected = {**V1_PROFILE, "version": 2, "steering": [{"sae_id": "sae_1", "layer": 3, "features": [
         {"index": 2, "op": "add", "strength": 8.0}, {"index": 5, "op": "add", "strength": -1.5}]}]}
@@ -93,16 +97,16 @@ def test_a_schema_4_database_keeps_its_live_values_as_adds_and_its_profiles_as_v
     store.close()
     again = Store(url)  # reopening changes nothing more
     ProfileBook(again)
-    assert again.profiles()[0]["document"] == expected and again.live_features() == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
+    assert profile_rows(again)[0]["document"] == expected and live_features(again) == {"sae_1": {2: add(8.0), 9: add(-40.0)}}
     again.close()
 
 
 def test_a_stored_document_that_cannot_be_upgraded_is_kept_as_it_is(tmp_path):
     store = Store(database_url(tmp_path, None))
     broken = {**V1_PROFILE, "steering": [{"sae_id": "sae_1", "features": [{"index": 2, "strength": 900}]}]}  # edited by hand
-    store.insert_profiles([("prof_x", broken)])
+    insert_profiles(store, [("prof_x", broken)])
     ProfileBook(store)
-    assert store.profiles()[0]["document"] == broken
+    assert profile_rows(store)[0]["document"] == broken
     store.close()
 
 

@@ -22,7 +22,15 @@ from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels
 from millm.interp.labels import Label, LabelDocument
 from millm.service.features.label_search import FeatureMatch, LabelIndex, fts_query, search_texts
 from millm.store.database import Store
-from millm.store.labels import LabelRow, LabelStore
+from millm.store.labels import (
+    LabelRow,
+    clear_labels,
+    label_rows,
+    labels_seeded,
+    merge_labels,
+    replace_labels,
+    seed_labels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +78,7 @@ class LabelBook:
     """Feature labels of every SAE: import (replace or merge), export, clear, read and ranked search."""
 
     def __init__(self, store: Store, kept: int = LABEL_SETS_KEPT):
-        self.store = LabelStore(store)
+        self.store = store
         self.kept = kept
         self._lock = threading.Lock()
         self._sets: OrderedDict[str, _LabelSet] = OrderedDict()
@@ -91,7 +99,7 @@ class LabelBook:
                 self._sets.move_to_end(sae_id)
                 return cached
             generation = self._generation.get(sae_id, 0)
-        fresh = _LabelSet(self.store.rows(sae_id))
+        fresh = _LabelSet(label_rows(self.store, sae_id))
         with self._lock:
             if self._generation.get(sae_id, 0) != generation:
                 return fresh  # a write landed meanwhile: use what was read, keep nothing
@@ -137,7 +145,7 @@ class LabelBook:
     def replace(self, sae_id: str, document: LabelDocument) -> ImportCounts:
         """The document's labels become the SAE's whole set (one transaction)."""
         try:
-            before, total = self.store.replace(sae_id, _rows(document))
+            before, total = replace_labels(self.store, sae_id, _rows(document))
         finally:
             self._changed(sae_id)
         return ImportCounts(len(document.labels), before, document.skipped, total)
@@ -145,7 +153,7 @@ class LabelBook:
     def merge(self, sae_id: str, document: LabelDocument) -> ImportCounts:
         """The document's labels replace those of the same features; the others stay (one transaction)."""
         try:
-            overwritten, total = self.store.merge(sae_id, _rows(document))
+            overwritten, total = merge_labels(self.store, sae_id, _rows(document))
         finally:
             self._changed(sae_id)
         return ImportCounts(len(document.labels), overwritten, document.skipped, total)
@@ -153,20 +161,20 @@ class LabelBook:
     def clear(self, sae_id: str) -> int:
         """Remove every label of the SAE; how many there were."""
         try:
-            return self.store.clear(sae_id)
+            return clear_labels(self.store, sae_id)
         finally:
             self._changed(sae_id)
 
     def seed(self, info: SAEInfo) -> None:
         """Offer the SAE's own labels to the store (once per SAE; kept only while it has none).
         Raises SAEFormatError when the file's labels are unreadable; call before registering."""
-        if not info.has_labels or self.store.seeded(info.id):
+        if not info.has_labels or labels_seeded(self.store, info.id):
             return
         rows = file_rows(read_labels(info))
         past = [row[0] for row in rows if row[0] >= info.d_sae]
         if past:
             raise SAEFormatError(f"{LABELS_FILE}: entry '{past[0]}': feature {past[0]} is past the SAE's width ({info.d_sae} features: 0..{info.d_sae - 1})")
-        if self.store.seed(info.id, rows):
+        if seed_labels(self.store, info.id, rows):
             self._changed(info.id)
             log.info("%s: %d labels imported from its feature_labels.json", info.id, len(rows))
 

@@ -39,6 +39,7 @@ from millm.interp.steering import Attached, check_feature
 from millm.service.features.calibrations import add_percentiles, percentiles_block
 from millm.store.changes import Topic
 from millm.store.database import Store
+from millm.store.settings import get_setting, set_setting
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class Monitor:
     def _stored(self) -> dict:
         """The stored settings; the defaults when none are stored or they no longer validate."""
         try:
-            return MonitoringConfig.model_validate(self.store.get_setting(SETTING) or {}).model_dump()
+            return MonitoringConfig.model_validate(get_setting(self.store, SETTING) or {}).model_dump()
         except ValidationError as error:
             log.warning("stored monitoring settings are not valid (%s); monitoring starts from the defaults", error)
             return MonitoringConfig().model_dump()
@@ -149,7 +150,7 @@ class Monitor:
             self._choose(config, attached, strict=True)
         with self._lock:
             self.config = config
-        self.store.set_setting(SETTING, config, topic=Topic.MONITORING)
+        set_setting(self.store, SETTING, config, topic=Topic.MONITORING)
         return self.describe(attached)
 
     def reload(self) -> None:

@@ -16,6 +16,7 @@ from millm.interp.profiles import bundle, validate_profile
 from millm.interp.steering import Attached, FeatureOp
 from millm.service.composition import ServerState
 from millm.service.runtime.threads import in_passing_thread
+from millm.store.steering import attachments
 
 # SAEs ------------------------------------------------------------------------------------------------
 
@@ -52,7 +53,7 @@ class SteeringManagement:
         self.state.saes.get(sae_id)
         with self.state.steering.lock:
             # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
-            if sae_id in self.state.steering.attached or sae_id in self.state.store.attachments():
+            if sae_id in self.state.steering.attached or sae_id in attachments(self.state.store):
                 raise Conflict(f"{sae_id} is attached (or re-attaches when the model loads); detach it first", param="sae_id", code="sae_attached")
             self.state.steering.set_features({}, clear=sae_id)
             self.state.saes.forget(sae_id)

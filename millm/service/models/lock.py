@@ -7,6 +7,7 @@ import logging
 
 from millm.errors import Conflict, ModelLocked
 from millm.store.database import Store
+from millm.store.settings import get_setting, set_setting
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ class SteeringLock:
 
     def __init__(self, store: Store, startup_name: str):
         self.store = store
-        self.name: str | None = store.get_setting(LOCK_KEY)
+        self.name: str | None = get_setting(store, LOCK_KEY)
         if self.name is not None and self.name != startup_name:
             # The operator's --model is explicit; a lock left by an earlier run on another model yields to it.
             log.warning("steering lock on %r released: this server was started with %r", self.name, startup_name)
@@ -28,7 +29,7 @@ class SteeringLock:
         """Change the lock, stored."""
         if self.name != name:
             self.name = name
-            self.store.set_setting(LOCK_KEY, name)
+            set_setting(self.store, LOCK_KEY, name)
 
     def refuses(self, name: str) -> ModelLocked | None:
         """The refusal of a request or a load for `name`, if the lock is on another model."""

@@ -19,6 +19,7 @@ from millm.engine.sources import ModelSource, resolve_source
 from millm.errors import AmbiguousModelName, Conflict, InvalidRequest, ModelNotFound, ModelSourceError
 from millm.service.models.checkpoints import Checkpoint, inspect
 from millm.store.database import Store
+from millm.store.models import model_rows, put_model, remove_model
 
 MAX_NAME = 200
 
@@ -90,7 +91,7 @@ class ModelRegistry:
     def reload(self) -> None:
         """Read the registrations again (at start, and when another replica changed one)."""
         entries = {}
-        for row in self.store.models():
+        for row in model_rows(self.store):
             info = dict(row["info"])
             kind, owned_by = info.pop("kind", "directory"), info.pop("owned_by", "local")
             entries[row["name"]] = RegisteredModel(row["name"], row["reference"], kind, owned_by, row["registered_at"], info)
@@ -190,12 +191,12 @@ class ModelRegistry:
         """Remove a registration (the caller checks it is not loaded or locked)."""
         self.get(name)
         with self._lock:
-            self.store.remove_model(name)
+            remove_model(self.store, name)
             self._entries.pop(name, None)
 
     def _put(self, name: str, source: ModelSource, reference: str, info: dict, registered_at: float) -> RegisteredModel:
         stored = {"kind": source.kind, "owned_by": source.owned_by, **info}
-        self.store.put_model(name, reference, stored, registered_at)
+        put_model(self.store, name, reference, stored, registered_at)
         entry = RegisteredModel(name, reference, source.kind, source.owned_by, registered_at, info)
         self._entries[name] = entry
         return entry

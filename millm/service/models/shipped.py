@@ -17,6 +17,7 @@ from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.saes import SAERegistry
 from millm.settings import DEMO_MODEL_NAME
 from millm.store.database import Store
+from millm.store.settings import get_setting, set_setting
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Shipped:
         if lm.source.name not in SHIPPED:
             return
         sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
-        if self.store.get_setting(setting, False) or not sae_dir.is_dir():
+        if get_setting(self.store, setting, False) or not sae_dir.is_dir():
             return
         try:
             info, _ = self.saes.register(str(sae_dir), None, None, None)
@@ -59,5 +60,5 @@ class Shipped:
         except MillmError as exc:
             log.error("the SAE shipped for %s could not be set up: %s", lm.source.name, exc.message)
             return
-        self.store.set_setting(setting, True)
+        set_setting(self.store, setting, True)
         log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)

@@ -41,6 +41,7 @@ from millm.service.runtime.threads import in_passing_thread
 from millm.service.steering.live import Steering
 from millm.settings import Settings
 from millm.store.database import Store
+from millm.store.steering import attachments
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ class ModelSwitch:
         """Release the lock on `name`; refused while SAEs are attached (steering is bound to it)."""
         self.models.get(name)
         with self._mutex:
-            attached = sorted(set(self.store.attachments()) | set(self.steering.attached))
+            attached = sorted(set(attachments(self.store)) | set(self.steering.attached))
             return self.lock.unlock(name, attached)
 
     # attachments ------------------------------------------------------------------------------------

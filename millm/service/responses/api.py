@@ -4,7 +4,7 @@ A Responses request becomes a ChatCompletionRequest (service/responses/request.p
 `Serving.chat`, and its answer (or its stream of chunks) becomes a response object or the
 Responses event sequence (service/responses/answer.py).
 
-Stored responses (store/responses.py) hold the response object and the whole conversation it
+Stored responses (store/responses_api.py) hold the response object and the whole conversation it
 answered, so `previous_response_id` continues one with a single read, on any replica.
 """
 
@@ -30,7 +30,7 @@ from millm.service.responses.request import ITEMS, chat_request, conversation, i
 from millm.service.serving.replies import Reply
 from millm.service.serving.serving import Serving
 from millm.store.database import Store
-from millm.store.responses import delete_response, load_response, save_response
+from millm.store.responses_api import delete_response, load_response, save_response
 
 
 def not_found(response_id: str, param: str | None = None) -> NotFound:

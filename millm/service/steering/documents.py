@@ -15,6 +15,7 @@ from millm.interp.mistudio import (
 )
 from millm.service.steering.books import Book, Shelf, unique_names
 from millm.store.database import Store
+from millm.store.documents import delete_document, document_rows, insert_documents, set_cluster_intensity
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class DocumentBook(Book):
         super().__init__()
 
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
-        return self.store.documents(self.table, ids)
+        return document_rows(self.store, self.table, ids)
 
     def _order(self, row: dict) -> object:
         return row["created_at"]  # the store's order (oldest first)
@@ -81,7 +82,7 @@ class DocumentBook(Book):
         with self.writing() as touched:
             row = self.find(key)
             touched.add(row["id"])
-            self.store.delete_document(self.table, row["id"])
+            delete_document(self.store, self.table, row["id"])
         return row
 
     def _names(self, wanted: list[str], on_conflict: str) -> list[str]:
@@ -116,7 +117,7 @@ class ClusterBook(DocumentBook):
                 intensity = min(authored_intensity(definition), self.maximum)
                 rows.append({"id": "clu_" + uuid.uuid4().hex[:12], "name": name, "raw": text, "intensity": intensity})
             touched.update(row["id"] for row in rows)
-            self.store.insert_documents(self.table, rows)
+            insert_documents(self.store, self.table, rows)
         return [self.find(row["id"]) for row in rows]
 
     def set_intensity(self, key: str, intensity) -> dict:
@@ -127,7 +128,7 @@ class ClusterBook(DocumentBook):
         with self.writing() as touched:
             row = self.find(key)
             touched.add(row["id"])
-            self.store.set_cluster_intensity(row["id"], float(intensity))
+            set_cluster_intensity(self.store, row["id"], float(intensity))
         return self.find(row["id"])
 
 
@@ -145,7 +146,7 @@ class CircuitBook(DocumentBook):
             text = raw.decode("utf-8") if name == document["name"] else json.dumps({**document, "name": name})
             row = {"id": "cir_" + uuid.uuid4().hex[:12], "name": name, "raw": text}
             touched.add(row["id"])
-            self.store.insert_documents(self.table, [row])
+            insert_documents(self.store, self.table, [row])
         return self.find(row["id"])
 
     @staticmethod

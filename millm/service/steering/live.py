@@ -24,7 +24,8 @@ from millm.interp.steering import Attached, FeatureOp, check_feature, check_stre
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Refusals, Resolvers, Steered, resolve_spec
 from millm.service.steering.saes import SAERegistry
-from millm.store.database import SteeringRows, SteeringWriter, Store
+from millm.store.database import Store
+from millm.store.steering import SteeringRows, SteeringWriter, steering_change, steering_state
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Steering:
     def reload(self) -> None:
         """Read the stored state again (after a change here, or a notice of one elsewhere)."""
         with self.lock:
-            self._apply(self.store.steering_state())
+            self._apply(steering_state(self.store))
 
     def _apply(self, rows: SteeringRows) -> None:
         self.version, self.enabled, self.active = rows.version, rows.enabled, rows.active
@@ -95,7 +96,7 @@ class Steering:
     @contextmanager
     def _change(self) -> Iterator[SteeringWriter]:
         """One stored change (call under the lock): its writes commit with the next version, then the state is read back."""
-        with self.store.steering_change() as change:
+        with steering_change(self.store) as change:
             yield change
         self.reload()
 

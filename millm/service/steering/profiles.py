@@ -15,6 +15,7 @@ from millm.errors import Conflict, InvalidProfile, NotFound
 from millm.interp.profiles import outdated, validate_import, validate_profile
 from millm.service.steering.books import Book, unique_names
 from millm.store.database import Store
+from millm.store.profiles import delete_profile, insert_profiles, profile_rows, update_profile, upgrade_profiles
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class ProfileBook(Book):
         super().__init__()
 
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
-        return self.store.profiles(ids)  # documents parsed by the store
+        return profile_rows(self.store, ids)  # documents parsed by the store
 
     def _parse(self, row: dict) -> dict:
         return row["document"]
@@ -46,7 +47,7 @@ class ProfileBook(Book):
         with self.writing() as touched:
             self._refuse_taken(doc["name"])
             touched.add(profile_id)
-            self.store.insert_profiles([(profile_id, doc)])
+            insert_profiles(self.store, [(profile_id, doc)])
         return self.find(profile_id)
 
     def update(self, key: str, changes: dict, revision: int | None = None) -> dict:
@@ -62,7 +63,7 @@ class ProfileBook(Book):
                 return validate_profile({**stored, **changes})
 
             touched.add(row["id"])
-            self.store.update_profile(row["id"], change, revision)
+            update_profile(self.store, row["id"], change, revision)
         return self.find(row["id"])
 
     def delete(self, key: str) -> dict:
@@ -70,7 +71,7 @@ class ProfileBook(Book):
         with self.writing() as touched:
             row = self.find(key)
             touched.add(row["id"])
-            self.store.delete_profile(row["id"])
+            delete_profile(self.store, row["id"])
         return row
 
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
@@ -83,7 +84,7 @@ class ProfileBook(Book):
                 raise Conflict(f"profiles already exist with these names: {clashes}; import with on_conflict=rename", code="profile_exists")
             names = unique_names([d["name"] for d in docs], taken)
             rows = [("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
-            self.store.insert_profiles(rows)
+            insert_profiles(self.store, rows)
             touched.update(pid for pid, _ in rows)
         return [self.find(pid) for pid, _ in rows]
 
@@ -99,7 +100,7 @@ def upgrade_stored(store: Store) -> None:
     is and logged: nothing stored is lost, and requests naming it are refused as before.
     """
     upgraded = {}
-    for row in store.profiles():
+    for row in profile_rows(store):
         if not outdated(row["document"]):
             continue
         try:
@@ -107,5 +108,5 @@ def upgrade_stored(store: Store) -> None:
         except InvalidProfile as exc:
             log.warning("profile %s (%s) was kept as stored: it cannot be upgraded (%s)", row["id"], row["name"], exc.message)
     if upgraded:
-        store.upgrade_profiles(upgraded)
+        upgrade_profiles(store, upgraded)
         log.info("upgraded %d stored profile documents to the current version", len(upgraded))

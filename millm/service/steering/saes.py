@@ -10,6 +10,7 @@ from millm.interp.formats import LABELS_FILE, SAEInfo, read_sae
 from millm.interp.sae import SAE
 from millm.service.features.labels import LabelBook
 from millm.store.database import Store
+from millm.store.saes import add_sae, remove_sae, sae_rows
 
 log = logging.getLogger(__name__)
 HUB_SAE_PATTERNS = ["cfg.json", "sae_weights.safetensors", LABELS_FILE, "params.npz"]
@@ -22,13 +23,13 @@ class SAERegistry:
         self.store = store
         self.hub_dir = hub_dir
         self.book = labels
-        self.infos: dict[str, SAEInfo] = {d["id"]: SAEInfo(**d) for d in store.saes()}
+        self.infos: dict[str, SAEInfo] = {d["id"]: SAEInfo(**d) for d in sae_rows(store)}
         for info in self.infos.values():  # registered before labels were stored: their own labels, once
             labels.seed_quietly(info)
 
     def reload(self) -> None:
         """Read the registrations again: another replica registered or forgot one."""
-        self.infos = {d["id"]: SAEInfo(**d) for d in self.store.saes()}
+        self.infos = {d["id"]: SAEInfo(**d) for d in sae_rows(self.store)}
 
     def get(self, sae_id: str, read_through: bool = True) -> SAEInfo:
         """The SAE's info, or 404 sae_not_found. An id not known here is looked up in the store once
@@ -60,7 +61,7 @@ class SAERegistry:
         if info.id in self.infos:
             return self.infos[info.id], False
         self.book.seed(info)  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
-        self.store.add_sae(info.to_dict())
+        add_sae(self.store, info.to_dict())
         self.infos[info.id] = info
         return info, True
 
@@ -68,7 +69,7 @@ class SAERegistry:
         """Remove the registration (the caller checks it is not attached). Its labels are kept, keyed by
         the id (a hash of the weights): registering the same file again finds them."""
         self.get(sae_id)
-        self.store.remove_sae(sae_id)
+        remove_sae(self.store, sae_id)
         self.infos.pop(sae_id, None)
 
     def labels(self, sae_id: str) -> dict[int, dict]:

@@ -13,7 +13,8 @@ import time
 
 from sqlalchemy import delete, func, insert, select
 
-from millm.store.database import Store, responses_table
+from millm.store.database import Store
+from millm.store.schema import responses_table
 
 table = responses_table
 

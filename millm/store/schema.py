@@ -1,0 +1,153 @@
+"""The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
+Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
+this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
+probes, responses_api) read and write them."""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Column, Float, ForeignKey, Integer, LargeBinary, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+settings_table = Table(
+    "millm_settings",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+saes_table = Table(
+    "millm_saes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("info", Text, nullable=False),  # JSON of SAEInfo
+    Column("registered_at", Float, nullable=False),
+)
+# Which SAE is attached at which layer, and on which served model (`model`; NULL in rows from
+# before schema 6: they attach on whichever model loads, as they did then). A replica serving
+# another model does not attach it.
+attachments_table = Table(
+    "millm_attachments",
+    metadata,
+    Column("sae_id", String(64), ForeignKey("millm_saes.id"), primary_key=True),
+    Column("layer", Integer, nullable=False),
+    Column("model", String(200), nullable=True),
+)
+# The live steering values: one row per (SAE, feature), its op and what the op takes (add: a
+# strength; clamp and cap: a value; ablate: neither). `strength` is 0 for the ops other than add:
+# it was NOT NULL before ops existed, and SQLite cannot drop that in place.
+strengths_table = Table(
+    "millm_strengths",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("feature", Integer, primary_key=True),
+    Column("strength", Float, nullable=False),
+    Column("op", String(16), nullable=False, server_default="add"),
+    Column("value", Float, nullable=True),
+)
+profiles_table = Table(
+    "millm_profiles",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("document", Text, nullable=False),  # the versioned profile document, as JSON
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    # Optimistic concurrency: every write of the row adds one, and a write that names the version
+    # it read is refused (409) when another writer got there first.
+    Column("version", Integer, nullable=False, server_default="1"),
+)
+
+clusters_table = Table(
+    "millm_clusters",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("raw", Text, nullable=False),  # the document exactly as imported
+    Column("intensity", Float, nullable=False),  # the persistent dial
+    Column("created_at", Float, nullable=False),
+)
+circuits_table = Table(
+    "millm_circuits",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("raw", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+models_table = Table(
+    "millm_models",
+    metadata,
+    Column("name", String(200), primary_key=True),  # the name clients send as `model`
+    Column("reference", Text, nullable=False),  # what was registered: a path, a .gguf file or a hub id
+    Column("info", Text, nullable=False),  # JSON: kind, owned_by, and what inspection found
+    Column("registered_at", Float, nullable=False),
+)
+
+# Feature labels: one row per (SAE, feature); `detail` keeps what the source said beside the
+# label (explainer model, type, top tokens, an example), as JSON.
+feature_labels_table = Table(
+    "millm_feature_labels",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("feature", Integer, primary_key=True),
+    Column("label", Text, nullable=False),
+    Column("source", String(64), nullable=False),  # neuronpedia | mistudio | plain | sae_file
+    Column("detail", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+# A calibration of one SAE on one model's residuals: what the corpus was (`summary`, JSON) and
+# every feature's figures (`figures`, JSON).
+calibrations_table = Table(
+    "millm_calibrations",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("summary", Text, nullable=False),
+    Column("figures", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# Steering vectors (service/steering/vectors.py): the unit direction as d_model little-endian float32 bytes
+# (read back bit for bit), its trained length and where and on which model it was trained.
+vectors_table = Table(
+    "millm_vectors",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("description", Text, nullable=False),
+    Column("model", String(200), nullable=False),  # the served model name it was trained on
+    Column("d_model", Integer, nullable=False),
+    Column("layer", Integer, nullable=False),
+    Column("hook_point", String(32), nullable=False),
+    Column("method", String(32), nullable=False),
+    Column("pairs", Integer, nullable=False),
+    Column("norm", Float, nullable=False),
+    Column("agreement", Float, nullable=True),  # null for an imported vector
+    Column("unit", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# Probes: a named detector (the versioned probe document, as JSON) and whether it is active,
+# i.e. watches every generation request.
+probes_table = Table(
+    "millm_probes",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("document", Text, nullable=False),
+    Column("active", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+# Stored Responses API answers (store/responses_api.py): the response object and the conversation it
+# answered (input items, earlier turns included), both as JSON, for GET and previous_response_id.
+responses_table = Table(
+    "millm_responses",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("response", Text, nullable=False),
+    Column("items", Text, nullable=False),
+)
