@@ -9,30 +9,15 @@ from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
+from millm.protocol.documents import CircuitActivation, Intensity
 from millm.service.manage import bases
 
 router = APIRouter()
 
 
-class Intensity(BaseModel):
-    """A cluster's persistent dial, within [0, max]."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    intensity: float
-
-
-class CircuitActivation(BaseModel):
-    """Activating a circuit below rung 2 needs an explicit acknowledgement."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-    acknowledge_rung: bool = False
-
-
-# kind-specific routes come first: "/active" and "/deactivate" must not be read as keys.
 @router.post("/api/clusters/import", summary="Import a cluster definition or bundle", status_code=201)
 async def import_clusters(request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False):
     """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering base."""

@@ -2,126 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
-from millm.interp.document_schemas import MAX_DESCRIPTION, AbortEntries, SteeringEntries, VectorEntries
-from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
-from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
-from millm.protocol.schema_rules import sent
+from millm.protocol.steering import AttachSAE, FeatureSetting, ManyStrengths, ProfileCreate, ProfileUpdate, RegisterSAE, SaveCurrent
 from millm.service.manage.steering import check_distinct
-from millm.service.models.paths import HUB_ID_PATTERN
 
 router = APIRouter()
-
-
-class StrictBody(BaseModel):
-    """Strict bodies: unknown fields are refused here, where nothing needs to be reported."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-# The limits below are stated in the schema only: check_strength, feature_op and validate_profile
-# enforce them, with messages that name the limit (a pydantic bound would answer first, in its own words).
-STRENGTH_RANGE = {"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT}
-VALUE_RANGE = {"minimum": 0}
-NUMBER = {"type": "number"}
-NULL = {"type": "null"}
-# Which fields each op takes (feature_op checks the same): add a strength, clamp and cap a value, ablate neither.
-OP_RULES: dict[str, Any] = {"allOf": [
-    {"if": {"properties": {"op": {"const": "add"}}}, "then": {"required": ["strength"], "properties": {"strength": NUMBER, "value": NULL}}},
-    {"if": {"required": ["op"], "properties": {"op": {"enum": ["clamp", "cap"]}}},
-     "then": {"required": ["value"], "properties": {"value": NUMBER, "strength": NULL}}},
-    {"if": {"required": ["op"], "properties": {"op": {"const": "ablate"}}}, "then": {"properties": {"strength": NULL, "value": NULL}}},
-]}
-
-
-class RegisterSAE(StrictBody):
-    """A local SAE (`path`) or one on the Hugging Face hub (`repo`, `path` inside it, `revision`)."""
-
-    # A local path, or a hub repo (and the path inside it, which may be empty).
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}}, sent("repo")]})
-    path: str | None = Field(None, description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.")
-    repo: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = Field(None, description="A Hugging Face hub repository, owner/name.")
-    revision: str | None = None
-
-
-class AttachSAE(StrictBody):
-    """Attach at the SAE's own hook layer, or at `layer`."""
-
-    layer: Annotated[int, Field(ge=0)] | None = None
-
-
-class FeatureSetting(StrictBody):
-    """One feature's op: add `strength` (within ±200; 0 clears it, the default op), clamp at `value`
-    (its activation, >= 0), ablate, or cap at `value` (the residual's component along its decoder row)."""
-
-    model_config = ConfigDict(json_schema_extra=OP_RULES)
-    op: Op = Field("add", description=f"One of {', '.join(OPS)}.")
-    strength: Annotated[float, Field(json_schema_extra=STRENGTH_RANGE)] | None = None
-    value: Annotated[float, Field(json_schema_extra=VALUE_RANGE)] | None = None
-
-    def checked(self, prefix: str = "") -> FeatureOp:
-        """The FeatureOp it says, or a 400 naming the field."""
-        return feature_op(self.op, self.strength, self.value, prefix)
-
-
-class FeatureStrength(FeatureSetting):
-    """A feature of an SAE and its op."""
-
-    model_config = ConfigDict(json_schema_extra=OP_RULES)
-    sae_id: str
-    index: Annotated[int, Field(ge=0)]
-
-
-class ManyStrengths(StrictBody):
-    """Set many features in one change; `replace` clears every other live value first."""
-
-    features: list[FeatureStrength]
-    replace: bool = False
-
-
-ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME_PATTERN}, description="1-120 letters, digits, space, '.', '_', '-'.")]
-Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTION})]
-
-
-class ProfileCreate(StrictBody):
-    """A new profile: its name, description and what it steers (the entries of a profile document, version 2)."""
-
-    name: ProfileName
-    description: Description | None = None
-    steering: SteeringEntries | None = None
-    vectors: VectorEntries | None = None
-    abort: AbortEntries | None = None
-
-
-class ProfileUpdate(StrictBody):
-    """The fields given replace the stored ones (null keeps them); the result is validated whole."""
-
-    name: ProfileName | None = None
-    description: Description | None = None
-    steering: SteeringEntries | None = None
-    vectors: VectorEntries | None = None
-    abort: AbortEntries | None = None
-    revision: int | None = Field(
-        None,
-        ge=1,
-        description="The profile's revision as you read it: the update is refused (409 revision_conflict) if anyone, "
-        "through any replica, changed the profile since. Without it, the fields given land on the profile as stored when the update commits.",
-    )
-
-
-class SaveCurrent(StrictBody):
-    """Save the live steering values as a new profile."""
-
-    name: ProfileName
-    description: Description = ""
 
 
 # SAEs ------------------------------------------------------------------------------------------------

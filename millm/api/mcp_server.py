@@ -41,11 +41,11 @@ from starlette.routing import Route
 from millm import __version__
 from millm.api.access import MCP_PATH
 from millm.api.errors import error_body, validation_error
-from millm.api.manage import FeatureSetting
 from millm.api.replies import report_headers
 from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
+from millm.protocol.steering import FeatureSetting
 from millm.service.facades import Facades
 
 log = logging.getLogger(__name__)

@@ -6,24 +6,13 @@ they run on a worker thread and the route answers when they are done.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field
 
 from millm.api.deps import facades
-from millm.api.manage import StrictBody
+from millm.protocol.models import RegisterModel
 
 router = APIRouter()
-
-
-class RegisterModel(StrictBody):
-    """A checkpoint directory, a .gguf file or a Hugging Face hub id; `name` defaults to the source's."""
-
-    source: Annotated[str, Field(min_length=1, description="A checkpoint directory or .gguf file (inside the data directory or MILLM_ALLOWED_PATHS), or a hub id.")]
-    # check_name's rule (1-200 printable characters, no surrounding spaces), stated in ASCII for generators.
-    name: Annotated[str, Field(json_schema_extra={"pattern": r"^[!-~](?:[ -~]{0,198}[!-~])?$"})] | None = None
 
 
 @router.post("/api/models", summary="Register a model (checkpoint directory, .gguf file or hub id)")

@@ -8,31 +8,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import facades
-from millm.service.features.monitoring import MAX_TOP_K, PositionWord
+from millm.protocol.monitoring import MonitoringSettings
 
 router = APIRouter()
 KEEPALIVE_SECONDS = 15.0
-
-
-class MonitoringSettings(BaseModel):
-    """Fields to change; those left out keep their value."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    # Absent keeps the stored value; only sae_id and features take null (the only SAE; all features).
-    # enabled, top_k and positions may be left out but not be null: pydantic has no typed spelling
-    # for that, so their None defaults (never validated, dropped by exclude_unset) are ignored for mypy.
-    enabled: bool = None  # type: ignore[assignment]  # absent, never null (see above)
-    sae_id: str | None = Field(None, description="The attached SAE to read through (default: the only one attached).")
-    features: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Features to watch; null = all.")
-    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")  # type: ignore[assignment]  # absent, never null
-    positions: PositionWord = Field(None, description="last, prompt, completion (default) or all.")  # type: ignore[arg-type]  # absent, never null
-    percentiles: bool = Field(  # type: ignore[assignment]  # absent, never null
-        None, description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated)."
-    )
 
 
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")

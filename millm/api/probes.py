@@ -6,26 +6,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.deps import facades
-from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
+from millm.protocol.probes import ProbeUpdate
 from millm.service.runtime.jobs import JobView
 from millm.service.training.probes import ProbeTrainRequest
 
 router = APIRouter()
-
-
-class ProbeUpdate(BaseModel):
-    """The fields given replace the stored ones (null keeps them); the result is validated whole."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    name: ProfileName | None = None
-    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] | None = None
-    # Validated with the whole document (whose refusals name the field as the document's pages do);
-    # the served schema states the detector's format (api/openapi.py).
-    detector: dict | None = None
 
 
 # Literal paths first: "export", "import", "train" must not be read as a probe's key.

@@ -17,7 +17,7 @@ from millm.api.headers import item, seed_header, string_list, token
 from millm.errors import ClientGone, MillmError
 from millm.interp.intensity import echo
 from millm.interp.mistudio import RUNG_LANGUAGE
-from millm.protocol.responses import WireModel
+from millm.protocol.completion_objects import WireModel
 from millm.service.serving.replies import Reply, Report
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

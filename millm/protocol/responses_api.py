@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
+from millm.protocol.completion_objects import WireModel
 from millm.protocol.requests import OpenBody, Seed, Temperature, TokenCount, TopP
-from millm.protocol.responses import WireModel
 
 # OpenAI's limits on metadata: 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512

@@ -4,7 +4,7 @@ the scheduler's figures. Loads and unloads block, so they run on a passing threa
 from __future__ import annotations
 
 from millm.errors import ModelNotFound
-from millm.protocol.responses import ModelCard, ModelList
+from millm.protocol.completion_objects import ModelCard, ModelList
 from millm.service.composition import ServerState
 from millm.service.models.registry import AVAILABLE
 from millm.service.models.transitions import ModelStatus, ModelView

@@ -16,8 +16,6 @@ from typing import TypeGuard
 from millm.engine.sources import HUB_GGUF_ID, HUB_ID, PACKAGED
 from millm.errors import PathNotAllowed
 
-HUB_ID_PATTERN = HUB_ID.pattern  # for request schemas, which do not reach into the engine
-
 
 def resolved(path: str | Path) -> Path | None:
     """The absolute path with `~`, `..` and symlinks resolved (the file need not exist); None for

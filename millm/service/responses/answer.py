@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from millm.errors import MillmError
-from millm.protocol.responses import ChatCompletion, ChatCompletionChunk
+from millm.protocol.completion_objects import ChatCompletion, ChatCompletionChunk
 from millm.protocol.responses_api import (
     Event,
     FunctionCallOutput,

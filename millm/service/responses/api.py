@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from anyio import to_thread
 
 from millm.errors import InvalidRequest, MillmError, NotFound
-from millm.protocol.responses import ChatCompletion
+from millm.protocol.completion_objects import ChatCompletion
 from millm.protocol.responses_api import (
     DeletedResponse,
     Event,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from millm.engine.jobs import JobFailed, ProbeVerdict, ResidualsRead, RowFinished, TextDelta
 from millm.errors import MillmError
-from millm.protocol.responses import (
+from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,

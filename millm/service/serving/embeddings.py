@@ -8,8 +8,8 @@ import numpy as np
 from anyio import to_thread
 
 from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
+from millm.protocol.completion_objects import Embedding, EmbeddingList, EmbeddingUsage
 from millm.protocol.requests import EmbeddingRequest
-from millm.protocol.responses import Embedding, EmbeddingList, EmbeddingUsage
 from millm.protocol.unused_fields import handle_unused, unused_locations
 from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult

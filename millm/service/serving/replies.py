@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from millm.engine.constraints import GrammarSpec
 from millm.engine.loader import LoadedModel
 from millm.errors import MillmError
+from millm.protocol.completion_objects import WireModel
 from millm.protocol.requests import SamplingFields
-from millm.protocol.responses import WireModel
 from millm.service.probes.watches import NO_PROBES, ProbeSet
 from millm.service.serving.activations import ActivationRead
 from millm.service.serving.structured import Structured

@@ -13,8 +13,7 @@ from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
 from millm.errors import InvalidRequest, InvalidScoringRequest
-from millm.protocol.requests import SamplingFields
-from millm.protocol.responses import (
+from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
     ChatLogprobs,
@@ -23,6 +22,7 @@ from millm.protocol.responses import (
     TokenLogprob,
     TopLogprob,
 )
+from millm.protocol.requests import SamplingFields
 from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
 from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult

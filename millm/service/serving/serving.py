@@ -20,6 +20,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
 from millm.engine.sampling import SamplingParams
 from millm.errors import InvalidRequest, MillmError
+from millm.protocol.completion_objects import ChatCompletion, Completion, Usage
 from millm.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -27,7 +28,6 @@ from millm.protocol.requests import (
     GenerationFields,
     SamplingFields,
 )
-from millm.protocol.responses import ChatCompletion, Completion, Usage
 from millm.protocol.schema_subset import ResponseFormatUnsupported
 from millm.protocol.unused_fields import AS_SENT, SentAs, handle_unused, template_kwargs_unused, template_reads, unused_locations
 from millm.service.composition import ServerState
