@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Integer, String, cast, delete, insert, select, update
@@ -33,10 +33,13 @@ class SteeringRows:
 
 @dataclass(frozen=True)
 class SteeringWriter:
-    """The writes of one steering change, inside its transaction; `version` is the state's new version."""
+    """The writes of one steering change, inside its transaction; `version` is the state's new
+    version. `written` records each write as it was stored, so the writer's own copy of the state
+    can take the change without reading the whole state back."""
 
     conn: Connection
     version: int
+    written: list[tuple] = field(default_factory=list)
 
     def features(self, changes: dict[tuple[str, int], dict | None], clear: str | bool = False) -> None:
         """Apply live-value changes ((sae, feature) -> {"op", "strength", "value"}, None removes), optionally clearing first."""
@@ -51,16 +54,19 @@ class SteeringWriter:
             if setting is not None:
                 conn.execute(insert(strengths_table).values(
                     sae_id=sae_id, feature=feature, op=setting["op"], strength=setting.get("strength") or 0.0, value=setting.get("value")))
+        self.written.append(("features", changes, clear))
 
     def attachment(self, sae_id: str, layer: int | None, model: str | None = None) -> None:
         """Attach (layer, on `model`) or detach (None) an SAE."""
         self.conn.execute(delete(attachments_table).where(attachments_table.c.sae_id == sae_id))
         if layer is not None:
             self.conn.execute(insert(attachments_table).values(sae_id=sae_id, layer=layer, model=model))
+        self.written.append(("attachment", sae_id, layer, model))
 
     def setting(self, key: str, value: Any) -> None:
         """One of the steering settings (enabled, the active base), as JSON; None removes it."""
         write_raw(self.conn, key, None if value is None else json.dumps(value))
+        self.written.append(("setting", key, value))
 
 
 def attachments(store: Store) -> dict[str, int]:

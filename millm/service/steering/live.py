@@ -1,6 +1,6 @@
 """The steering state: attached SAEs, live feature values (add, clamp, ablate, cap), on/off, the active base, a version.
 
-One owner (ServerState holds one Steering). Every change is stored with the next version, so
+One owner (the composition root makes one Steering). Every change is stored with the next version, so
 the state survives a restart and is shared by replicas on one PostgreSQL database. A request never reads this state while it runs: at admission it
 takes an immutable plan (`plan_for`), so an operator's change is live for every request
 admitted after it and a per-request profile can never undo one.
@@ -20,7 +20,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, describe
 from millm.interp.formats import SAEInfo
-from millm.interp.steering import Attached, FeatureOp, check_feature, check_strength, check_value, feature_edit
+from millm.interp.steering import Attached, FeatureOp, check_feature, feature_edit, feature_op
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Refusals, Resolvers, Steered, resolve_spec
 from millm.service.steering.saes import SAERegistry
@@ -57,7 +57,8 @@ class Steering:
 
     The store holds the state (shared by every replica on one PostgreSQL); this is this process's
     copy of it: every change is one store transaction that takes the next version, after which
-    the state is read back whole, so it also carries what other replicas changed. Another
+    this copy takes the change as written (read back whole only when another replica's change
+    came in between, so it also carries what other replicas changed). Another
     replica's change arrives as a notice (service/runtime/replication.py), on which `reload` reads it too.
     `lock` guards the copy against the model-load and the notice threads."""
 
@@ -95,10 +96,51 @@ class Steering:
 
     @contextmanager
     def _change(self) -> Iterator[SteeringWriter]:
-        """One stored change (call under the lock): its writes commit with the next version, then the state is read back."""
+        """One stored change (call under the lock): its writes commit with the next version, and
+        this copy takes them as written. When the version moved by more than one, another replica
+        wrote in between (its notice may not have arrived yet): then the whole state is read back."""
         with steering_change(self.store) as change:
             yield change
-        self.reload()
+        if change.version != self.version + 1:
+            self.reload()
+            return
+        # New dicts, never edits of the old ones: a reader holding the old state keeps one moment.
+        features = {sae_id: dict(ops) for sae_id, ops in self.features.items()}
+        stored = dict(self.stored)
+        for write in change.written:
+            self._take(write, features, stored)
+        self.features, self.stored = features, stored
+        self.version = change.version
+        self.changes += 1
+
+    def _take(self, write: tuple, features: dict[str, dict[int, FeatureOp]],
+              stored: dict[str, tuple[int, str | None]]) -> None:
+        """One write of this process's change, applied to the new copy as the store now holds it."""
+        kind, *args = write
+        if kind == "features":
+            changes, clear = args
+            if clear is True:
+                features.clear()
+            elif isinstance(clear, str):
+                features.pop(clear, None)
+            for (sae_id, index), setting in changes.items():
+                ops = features.setdefault(sae_id, {})
+                if setting is None:
+                    ops.pop(index, None)
+                else:
+                    ops[index] = FeatureOp(setting["op"], setting.get("strength") or 0.0, setting.get("value"))
+                if not ops:
+                    del features[sae_id]
+        elif kind == "attachment":
+            sae_id, layer, model = args
+            if layer is None:
+                stored.pop(sae_id, None)
+            else:
+                stored[sae_id] = (layer, model)
+        elif args[0] == "steering_enabled":
+            self.enabled = bool(args[1])
+        elif args[0] == "active_base":
+            self.active = args[1]
 
     def bump(self) -> int:
         """A new version with no other change: something plans depend on changed (an active profile was edited)."""
@@ -183,12 +225,8 @@ class Steering:
         """Apply validated changes atomically (a number is an add's strength; None, or an add of 0,
         removes a feature); returns the new version. An op the attached SAE cannot honour is a 400."""
         wanted = {key: _live_op(value) for key, value in changes.items()}
-        for (sae_id, index), op in wanted.items():
+        for sae_id, index in wanted:  # the op's own fields were checked where it was made (feature_op)
             check_feature(self.registry.get(sae_id), index)
-            if op is not None:
-                if op.op == "add":
-                    check_strength(op.strength)
-                check_value(op.op, op.value)
         with self.lock:
             self._check_honoured(wanted)
             stored = {key: None if op is None else {"op": op.op, "strength": op.strength, "value": op.value} for key, op in wanted.items()}
@@ -308,10 +346,11 @@ def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1
 
 
 def _live_op(value: FeatureOp | float | None) -> FeatureOp | None:
-    """A live change as an op: a bare number is an add's strength; an add of 0 (or None) removes the feature."""
+    """A live change as an op: a bare number is an add's strength (checked by feature_op, the one
+    check of an op's fields); an add of 0 (or None) removes the feature."""
     if value is None:
         return None
-    op = value if isinstance(value, FeatureOp) else FeatureOp("add", value)
+    op = value if isinstance(value, FeatureOp) else feature_op("add", value, None)
     if op.op == "add" and not op.strength:
         return None
     return op
