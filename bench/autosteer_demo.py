@@ -32,26 +32,54 @@ sys.path.insert(0, str(ROOT))
 from tests.support.server import ServerProcess  # noqa: E402
 
 CONCEPTS = {
-    "pirate": ("talk like a pirate", 1403, [
-        "Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!",
-        "The captain buried his treasure on the island.", "Shiver me timbers, the crew wants rum.",
-        "Walk the plank, ye scurvy dog!", "The pirates raided the merchant galleon at dawn.",
-    ]),
-    "italian-food": ("talk about Italian food", 1496, [
-        "A plate of spaghetti with fresh tomato sauce and basil.", "The pizza came out of the wood oven bubbling.",
-        "She made lasagna with layers of ricotta and mozzarella.", "Risotto needs patience and a good parmesan.",
-        "Tiramisu is soaked in espresso and dusted with cocoa.", "We ordered gnocchi and a glass of Chianti.",
-    ]),
-    "france": ("talk about France", 619, [
-        "We walked along the Seine to the Eiffel Tower.", "The French bakery sold croissants and baguettes.",
-        "Paris in spring is full of cafes and flowers.", "They drove through Provence to the Riviera.",
-        "The Louvre holds the Mona Lisa.", "Bordeaux is famous for its French wine.",
-    ]),
-    "music": ("talk about music", 1822, [
-        "The orchestra played a symphony by Beethoven.", "She sang a beautiful melody on the guitar.",
-        "The band released a new album of songs.", "He practises the piano every evening.",
-        "The concert ended with a drum solo.", "Jazz musicians improvise over the chords.",
-    ]),
+    "pirate": (
+        "talk like a pirate",
+        1403,
+        [
+            "Arr, the pirate ship sailed the seven seas.",
+            "Ahoy matey, hoist the Jolly Roger!",
+            "The captain buried his treasure on the island.",
+            "Shiver me timbers, the crew wants rum.",
+            "Walk the plank, ye scurvy dog!",
+            "The pirates raided the merchant galleon at dawn.",
+        ],
+    ),
+    "italian-food": (
+        "talk about Italian food",
+        1496,
+        [
+            "A plate of spaghetti with fresh tomato sauce and basil.",
+            "The pizza came out of the wood oven bubbling.",
+            "She made lasagna with layers of ricotta and mozzarella.",
+            "Risotto needs patience and a good parmesan.",
+            "Tiramisu is soaked in espresso and dusted with cocoa.",
+            "We ordered gnocchi and a glass of Chianti.",
+        ],
+    ),
+    "france": (
+        "talk about France",
+        619,
+        [
+            "We walked along the Seine to the Eiffel Tower.",
+            "The French bakery sold croissants and baguettes.",
+            "Paris in spring is full of cafes and flowers.",
+            "They drove through Provence to the Riviera.",
+            "The Louvre holds the Mona Lisa.",
+            "Bordeaux is famous for its French wine.",
+        ],
+    ),
+    "music": (
+        "talk about music",
+        1822,
+        [
+            "The orchestra played a symphony by Beethoven.",
+            "She sang a beautiful melody on the guitar.",
+            "The band released a new album of songs.",
+            "He practises the piano every evening.",
+            "The concert ended with a drum solo.",
+            "Jazz musicians improvise over the chords.",
+        ],
+    ),
 }
 
 
@@ -83,16 +111,33 @@ def summary(concept: str, profile_feature: int, result: dict, seconds: float) ->
     """One table row: what was found, and per signal the best found setting and the profile feature's best."""
     found = [c for c in result["candidates"] if c["source"] != "given"]
     found_indices = [c["index"] for c in found]
-    row = {"concept": concept, "seconds": round(seconds), "found": [(c["index"], c["label"], c["source"]) for c in found],
-           "profile_found": profile_feature in found_indices}
+    row = {
+        "concept": concept,
+        "seconds": round(seconds),
+        "found": [(c["index"], c["label"], c["source"]) for c in found],
+        "profile_found": profile_feature in found_indices,
+    }
     for signal, field in SIGNALS.items():
         order = ranked(result["settings"], signal)
         best = next((s for s in order if s["fluent"] and s[field] > 0), None)
         profile_best = next((s for s in order if s["index"] == profile_feature), None)
         picked_profile = best is not None and best["index"] == profile_feature
-        as_good = best is not None and profile_best is not None and (best["fluent"], best[field]) >= (profile_best["fluent"], profile_best[field])
-        row[signal] = {"best": best, "profile_best": profile_best,
-                       "verdict": "picks it" if picked_profile else ("another, as good by this signal" if as_good else ("none beats unsteered" if best is None else "another, worse"))}
+        as_good = (
+            best is not None
+            and profile_best is not None
+            and (best["fluent"], best[field]) >= (profile_best["fluent"], profile_best[field])
+        )
+        row[signal] = {
+            "best": best,
+            "profile_best": profile_best,
+            "verdict": "picks it"
+            if picked_profile
+            else (
+                "another, as good by this signal"
+                if as_good
+                else ("none beats unsteered" if best is None else "another, worse")
+            ),
+        }
     return row
 
 
@@ -103,35 +148,61 @@ def show(setting: dict | None, field: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base-url")
     parser.add_argument("--out", type=Path, default=Path("autosteer_demo.json"))
-    parser.add_argument("--concepts", nargs="+", choices=sorted(CONCEPTS), default=list(CONCEPTS), help="run only these (each takes minutes)")
+    parser.add_argument(
+        "--concepts",
+        nargs="+",
+        choices=sorted(CONCEPTS),
+        default=list(CONCEPTS),
+        help="run only these (each takes minutes)",
+    )
     args = parser.parse_args()
     concepts = {name: CONCEPTS[name] for name in args.concepts}
     server = None
     base_url = args.base_url
     if base_url is None:
-        server = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-")), ["--log-level", "warning"]).wait_ready(timeout=600)
+        server = ServerProcess(
+            Path(tempfile.mkdtemp(prefix="millm-bench-")), ["--log-level", "warning"]
+        ).wait_ready(timeout=600)
         base_url = server.base_url
     rows, results = [], {}
     try:
         with httpx.Client(base_url=base_url, timeout=600) as client:
             for concept, (goal, feature, examples) in concepts.items():
-                result, seconds = run_job(client, {"goal": goal, "examples": examples, "include": [feature]})
+                result, seconds = run_job(
+                    client, {"goal": goal, "examples": examples, "include": [feature]}
+                )
                 results[concept] = result
                 rows.append(summary(concept, feature, result, seconds))
-                print(f"{concept}: {rows[-1]['judge']['verdict']} / {rows[-1]['affinity']['verdict']} in {seconds:.0f} s", file=sys.stderr)
+                print(
+                    f"{concept}: {rows[-1]['judge']['verdict']} / {rows[-1]['affinity']['verdict']} in {seconds:.0f} s",
+                    file=sys.stderr,
+                )
                 args.out.write_text(json.dumps({"rows": rows, "results": results}, indent=1))
     finally:
         if server is not None:
             server.stop()
-    print("| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best | time |")
+    print(
+        "| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best | time |"
+    )
     print("|---|---|---|---|---|---|---:|")
-    for row, (concept, (_, feature, _)) in zip(rows, concepts.items(), strict=False):  # a run stopped early has fewer rows
-        found = ", ".join(f"#{i}" + ("*" if source == "contrast" else "") for i, _, source in row["found"])
-        cells = [f"{show(row[s]['best'], f)} – {row[s]['verdict']} | {show(row[s]['profile_best'], f)}" for s, f in SIGNALS.items()]
-        print(f"| {concept} (#{feature}) | {found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | {cells[0]} | {cells[1]} | {row['seconds']} s |")
+    for row, (concept, (_, feature, _)) in zip(
+        rows, concepts.items(), strict=False
+    ):  # a run stopped early has fewer rows
+        found = ", ".join(
+            f"#{i}" + ("*" if source == "contrast" else "") for i, _, source in row["found"]
+        )
+        cells = [
+            f"{show(row[s]['best'], f)} – {row[s]['verdict']} | {show(row[s]['profile_best'], f)}"
+            for s, f in SIGNALS.items()
+        ]
+        print(
+            f"| {concept} (#{feature}) | {found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | {cells[0]} | {cells[1]} | {row['seconds']} s |"
+        )
 
 
 if __name__ == "__main__":

@@ -37,22 +37,34 @@ from tests.support.server import ServerProcess  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 SAE = "sae_dd8838d57250"
-SETTLE_S = 2.0  # after a cancel, the engine call in flight ends before the next "alone" stream starts
-MESSAGES = [{"role": "user", "content": "Count from 1 to 300, separated by commas, and say nothing else."}]
+SETTLE_S = (
+    2.0  # after a cancel, the engine call in flight ends before the next "alone" stream starts
+)
+MESSAGES = [
+    {"role": "user", "content": "Count from 1 to 300, separated by commas, and say nothing else."}
+]
 
 
 def stream_chat(base_url: str, tokens: int) -> tuple[float, float]:
     """(decode tok/s with the first token excluded, time to first token in s) of one greedy chat stream."""
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.perf_counter()
     first = end = None
     used = 0
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=600) as response:
+    with httpx.stream(
+        "POST", f"{base_url}/v1/chat/completions", json=body, timeout=600
+    ) as response:
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
-            chunk = json.loads(line[len("data: "):])
+            chunk = json.loads(line[len("data: ") :])
             now = time.perf_counter()
             if chunk.get("usage"):
                 used = chunk["usage"]["completion_tokens"]
@@ -68,7 +80,9 @@ def job(base_url: str, job_id: str) -> dict:
 
 
 def start_calibration(base_url: str) -> str:
-    response = httpx.post(f"{base_url}/api/saes/{SAE}/calibrate", json={"corpus": "demo"}, timeout=300)
+    response = httpx.post(
+        f"{base_url}/api/saes/{SAE}/calibrate", json={"corpus": "demo"}, timeout=300
+    )
     response.raise_for_status()
     return response.json()["id"]
 
@@ -81,10 +95,17 @@ def calibration_alone(base_url: str) -> dict:
     assert state["state"] == "succeeded", state
     wall = state["finished_at"] - state["started_at"]
     summary = state["result"]
-    return {"tokens": summary["tokens"], "texts": summary["texts"], "wall_s": wall, "tokens_per_s": summary["tokens"] / wall}
+    return {
+        "tokens": summary["tokens"],
+        "texts": summary["texts"],
+        "wall_s": wall,
+        "tokens_per_s": summary["tokens"] / wall,
+    }
 
 
-def stream_while_calibrating(base_url: str, tokens: int, tokens_per_text: float) -> tuple[float, float, float]:
+def stream_while_calibrating(
+    base_url: str, tokens: int, tokens_per_text: float
+) -> tuple[float, float, float]:
     """One stream while a calibration runs: (decode tok/s, time to first token, the calibration's tokens/s meanwhile)."""
     job_id = start_calibration(base_url)
     while job(base_url, job_id)["progress"]["done"] < 3:
@@ -134,26 +155,39 @@ def run_policy(policy: str, args) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--policies", default="serial,batched")
     parser.add_argument("--share", type=float, default=0.25, help="MILLM_JOB_SHARE")
-    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: torch's own)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of the servers (default: torch's own)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     rows = [run_policy(policy, args) for policy in args.policies.split(",")]
     load_after = os.getloadavg()[0]
 
-    print(f"\n{MODEL}, demo SAE {SAE} (layer 12), demo corpus; chat stream of {args.tokens} greedy tokens, "
-          f"median of {args.repeats} pairs; MILLM_JOB_SHARE {args.share}; OMP_NUM_THREADS {args.threads or 'default'}; "
-          f"load average {load_before:.1f} -> {load_after:.1f}")
-    print("| policy | calibration alone tok/s (tokens, s) | decode alone tok/s | decode while calibrating tok/s | ratio | TTFT alone / busy s | calibration while streaming tok/s |")
+    print(
+        f"\n{MODEL}, demo SAE {SAE} (layer 12), demo corpus; chat stream of {args.tokens} greedy tokens, "
+        f"median of {args.repeats} pairs; MILLM_JOB_SHARE {args.share}; OMP_NUM_THREADS {args.threads or 'default'}; "
+        f"load average {load_before:.1f} -> {load_after:.1f}"
+    )
+    print(
+        "| policy | calibration alone tok/s (tokens, s) | decode alone tok/s | decode while calibrating tok/s | ratio | TTFT alone / busy s | calibration while streaming tok/s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         c = r["calibration"]
-        print(f"| {r['policy']} | {c['tokens_per_s']:.0f} ({c['tokens']}, {c['wall_s']:.0f}) | {r['decode_alone']:.1f} | {r['decode_busy']:.1f} | "
-              f"{r['ratio']:.2f} | {r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | {r['calibration_busy_tokens_per_s']:.0f} |")
+        print(
+            f"| {r['policy']} | {c['tokens_per_s']:.0f} ({c['tokens']}, {c['wall_s']:.0f}) | {r['decode_alone']:.1f} | {r['decode_busy']:.1f} | "
+            f"{r['ratio']:.2f} | {r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | {r['calibration_busy_tokens_per_s']:.0f} |"
+        )
     print(json.dumps(rows))
     return 0
 

@@ -94,11 +94,15 @@ def serve(home: Path, batched: bool, max_batch: int) -> ServerProcess:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--levels", default="1,2,4,8,16")
-    parser.add_argument("--home", type=Path, default=None, help="data directory (default: a temporary one)")
+    parser.add_argument(
+        "--home", type=Path, default=None, help="data directory (default: a temporary one)"
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     home = args.home or Path(tempfile.mkdtemp(prefix="millm-bench-"))
@@ -113,9 +117,15 @@ def main() -> int:
         finally:
             server.stop()
 
-    print(f"\n{MODEL} (demo, auto dtype), {args.tokens} greedy tokens per stream, best of {args.repeats}")
-    print("| streams | serial tok/s | batched tok/s | batched/serial | serial TTFT p50/p95 ms | batched TTFT p50/p95 ms |")
-    print("|--------:|-------------:|--------------:|---------------:|-----------------------:|------------------------:|")
+    print(
+        f"\n{MODEL} (demo, auto dtype), {args.tokens} greedy tokens per stream, best of {args.repeats}"
+    )
+    print(
+        "| streams | serial tok/s | batched tok/s | batched/serial | serial TTFT p50/p95 ms | batched TTFT p50/p95 ms |"
+    )
+    print(
+        "|--------:|-------------:|--------------:|---------------:|-----------------------:|------------------------:|"
+    )
     for level in levels:
         s, b = results["serial"][level], results["batched"][level]
         print(
@@ -125,10 +135,14 @@ def main() -> int:
     single_off, single_on = results["serial"][levels[0]].tok_s, results["batched"][levels[0]].tok_s
     if 8 in results["batched"]:
         eight = results["batched"][8].tok_s
-        print(f"\nbatched aggregate at 8 streams / single stream (batching on) = {eight / single_on:.2f}x (goal >= 4)")
+        print(
+            f"\nbatched aggregate at 8 streams / single stream (batching on) = {eight / single_on:.2f}x (goal >= 4)"
+        )
     print(f"single stream, batching on / off = {single_on / single_off:.2f} (goal >= 0.95)")
-    print(f"median TTFT, 1 stream: serial {statistics.median(results['serial'][levels[0]].ttft_ms):.0f} ms, "
-          f"batched {statistics.median(results['batched'][levels[0]].ttft_ms):.0f} ms")
+    print(
+        f"median TTFT, 1 stream: serial {statistics.median(results['serial'][levels[0]].ttft_ms):.0f} ms, "
+        f"batched {statistics.median(results['batched'][levels[0]].ttft_ms):.0f} ms"
+    )
     return 0
 
 

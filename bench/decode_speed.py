@@ -60,7 +60,9 @@ def engine_run(lm, prompt_ids: list[int], tokens: int) -> tuple[float, float, in
             marks.append(time.perf_counter())
             finished.append(event.completion_tokens)
 
-    spec = RowSpec(prompt_ids=tuple(prompt_ids), sampling=SamplingParams(temperature=0.0), max_tokens=tokens)
+    spec = RowSpec(
+        prompt_ids=tuple(prompt_ids), sampling=SamplingParams(temperature=0.0), max_tokens=tokens
+    )
     start = time.perf_counter()
     run_job(lm, GenerationJob(rows=[spec], emit=emit))
     first, end = marks[0], marks[-1]
@@ -98,7 +100,9 @@ def http_run(base_url: str, model: str, tokens: int) -> tuple[float, float, int]
     start = time.perf_counter()
     first = None
     usage = None
-    for chunk in client.completions.create(model=model, prompt=PROMPT, max_tokens=tokens, temperature=0, stream=True):
+    for chunk in client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=tokens, temperature=0, stream=True
+    ):
         if first is None and chunk.choices and chunk.choices[0].text:
             first = time.perf_counter()
         if chunk.usage:
@@ -135,11 +139,15 @@ def start_server(dtype: str, home: Path):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--home", type=Path, default=None, help="data directory (default: a temporary one)")
+    parser.add_argument(
+        "--home", type=Path, default=None, help="data directory (default: a temporary one)"
+    )
     args = parser.parse_args()
 
     home = args.home or Path(tempfile.mkdtemp(prefix="millm-bench-"))
@@ -151,19 +159,41 @@ def main() -> int:
 
     dtype = lm.dtype_name
     checkpoint = next((home / "cache" / "gguf").glob("*/model.safetensors")).parent
-    figures = [measure(f"(a) millm engine, in-process, {dtype} ({lm.runner.kernels.split(' ')[0]})", lambda: engine_run(lm_no_eos, prompt_ids, args.tokens), args.repeats)]
+    figures = [
+        measure(
+            f"(a) millm engine, in-process, {dtype} ({lm.runner.kernels.split(' ')[0]})",
+            lambda: engine_run(lm_no_eos, prompt_ids, args.tokens),
+            args.repeats,
+        )
+    ]
     lm = lm_no_eos = None  # free the engine's copy before loading the stock one
     stock = stock_model(checkpoint, getattr(torch, dtype))
-    figures.append(measure(f"(b) transformers generate, {dtype}", lambda: generate_run(stock, prompt_ids, args.tokens), args.repeats))
+    figures.append(
+        measure(
+            f"(b) transformers generate, {dtype}",
+            lambda: generate_run(stock, prompt_ids, args.tokens),
+            args.repeats,
+        )
+    )
     if dtype != "float32":
         stock = stock_model(checkpoint, torch.float32)
-        figures.append(measure("(b') transformers generate, float32", lambda: generate_run(stock, prompt_ids, args.tokens), args.repeats))
+        figures.append(
+            measure(
+                "(b') transformers generate, float32",
+                lambda: generate_run(stock, prompt_ids, args.tokens),
+                args.repeats,
+            )
+        )
     stock = None
 
     server = start_server(args.dtype, home)
     try:
         figures.append(
-            measure(f"(c) millm over HTTP (openai SDK stream), {dtype}", lambda: http_run(server.base_url, "SmolLM2-135M-Instruct", args.tokens), args.repeats)
+            measure(
+                f"(c) millm over HTTP (openai SDK stream), {dtype}",
+                lambda: http_run(server.base_url, "SmolLM2-135M-Instruct", args.tokens),
+                args.repeats,
+            )
         )
     finally:
         server.stop()
@@ -180,18 +210,28 @@ def main() -> int:
         if not f16.exists():
             convert(source.directory / source.gguf_file, f16)
         llm = Llama(str(f16), n_ctx=1024, n_threads=os.cpu_count(), verbose=False)
-        figures.append(measure("(d) llama.cpp, F16 GGUF of the same weights", lambda: llama_cpp_run(llm, args.tokens), args.repeats))
+        figures.append(
+            measure(
+                "(d) llama.cpp, F16 GGUF of the same weights",
+                lambda: llama_cpp_run(llm, args.tokens),
+                args.repeats,
+            )
+        )
 
     reference = max(figures[1].tok_s)
-    print(f"\nSmolLM2-135M-Instruct (dequantised Q4_1), {args.tokens} new tokens, greedy, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, best of {args.repeats}")
+    print(
+        f"\nSmolLM2-135M-Instruct (dequantised Q4_1), {args.tokens} new tokens, greedy, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, best of {args.repeats}"
+    )
     print(f"| {'path':<52} | TTFT ms  | tok/s   | median  | vs (b) | tokens |")
     print(f"|{'-' * 54}|----------|---------|---------|--------|--------|")
     for figure in figures:
         print(figure.row(reference))
     engine = max(figures[0].tok_s)
     http = max(next(f for f in figures if f.path.startswith("(c)")).tok_s)
-    print(f"\n(a)/(b) = {engine / reference:.2f}  (goal >= 2.0);  (c)/(a) = {http / engine:.2f}  (goal >= 0.95)")
+    print(
+        f"\n(a)/(b) = {engine / reference:.2f}  (goal >= 2.0);  (c)/(a) = {http / engine:.2f}  (goal >= 0.95)"
+    )
     return 0
 
 

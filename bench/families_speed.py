@@ -31,7 +31,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FAMILY_NAMES = ("llama", "llama3", "mistral", "gemma2", "gemma3", "qwen2", "qwen3", "gpt2", "gpt_neox")  # tests/support/tiny_models.FAMILIES
+FAMILY_NAMES = (
+    "llama",
+    "llama3",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "qwen2",
+    "qwen3",
+    "gpt2",
+    "gpt_neox",
+)  # tests/support/tiny_models.FAMILIES
 PROMPT = "Here is a list of the numbers from 1 to 300, separated by commas: 1, 2, 3,"
 STREAMS = 8
 
@@ -47,7 +57,9 @@ def _source(model: str, work: Path):
                 tiny_models.build_tokenizer(work / "tokenizer")
             tiny_models.FAMILIES[model](directory, work / "tokenizer")
         return resolve_source(str(directory), work / "hub")
-    return resolve_source({"demo": "SmolLM2-135M-Instruct", "gemma3-270m": "gemma3-270m"}[model], work / "hub")
+    return resolve_source(
+        {"demo": "SmolLM2-135M-Instruct", "gemma3-270m": "gemma3-270m"}[model], work / "hub"
+    )
 
 
 def _dtype(model: str) -> str:
@@ -61,7 +73,9 @@ def _load(model: str, work: Path):
     out = {}
 
     def run():
-        out["lm"] = load_model(_source(model, work), dtype=_dtype(model), device="cpu", cache_root=work / "cache")
+        out["lm"] = load_model(
+            _source(model, work), dtype=_dtype(model), device="cpu", cache_root=work / "cache"
+        )
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -76,11 +90,14 @@ def measure_millm(model: str, work: Path, tokens: int, path: str, repeats: int) 
     from millm.engine.scheduler import Scheduler
 
     lm = _load(model, work)
-    lm.eos_token_ids = frozenset()  # every row decodes all its tokens, as generate's min_new_tokens makes it
+    lm.eos_token_ids = (
+        frozenset()
+    )  # every row decodes all its tokens, as generate's min_new_tokens makes it
     prompt = tuple(completion_prompt_ids(lm.tokenizer, PROMPT))
     streams = 1 if path == "a" else STREAMS
     scheduler = Scheduler(lm, 64, batching=path != "d", max_batch=STREAMS)
     try:
+
         def run_once() -> tuple[float, int, float]:
             done = threading.Semaphore(0)
             firsts: list[float] = []
@@ -93,7 +110,9 @@ def measure_millm(model: str, work: Path, tokens: int, path: str, repeats: int) 
                     counts.append(event.completion_tokens)
                     done.release()
 
-            row = RowSpec(prompt_ids=prompt, sampling=SamplingParams(temperature=0.0), max_tokens=tokens)
+            row = RowSpec(
+                prompt_ids=prompt, sampling=SamplingParams(temperature=0.0), max_tokens=tokens
+            )
             start = time.perf_counter()
             for _ in range(streams):
                 scheduler.submit(GenerationJob(rows=[row], emit=emit))
@@ -131,7 +150,9 @@ def measure_generate(model: str, work: Path, tokens: int, repeats: int) -> dict:
             model_.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - start
             start = time.perf_counter()
-            model_.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+            model_.generate(
+                ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
+            )
             best = max(best, (tokens - 1) / (time.perf_counter() - start - first))
     return {"tok_s": best, "dtype": str(dtype).removeprefix("torch.")}
 
@@ -146,12 +167,23 @@ def one(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure after a warm-up (the best is kept)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per figure after a warm-up (the best is kept)",
+    )
     parser.add_argument("--families", default=",".join(FAMILY_NAMES))
     parser.add_argument("--real", default="demo,gemma3-270m")
-    parser.add_argument("--work", default=None, help="where tiny checkpoints and caches go (default: a temporary folder)")
+    parser.add_argument(
+        "--work",
+        default=None,
+        help="where tiny checkpoints and caches go (default: a temporary folder)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -159,18 +191,41 @@ def main() -> None:
         return one(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="millm-families-"))
     models = [m for m in args.families.split(",") if m] + [m for m in args.real.split(",") if m]
-    print(f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of {args.repeats} after a warm-up\n")
-    print("| model | runner | (a) millm 1 stream | (b) `generate` | a/b | (c) 8 streams batched | (d) 8 streams serial | c/a | c/d |")
+    print(
+        f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of {args.repeats} after a warm-up\n"
+    )
+    print(
+        "| model | runner | (a) millm 1 stream | (b) `generate` | a/b | (c) 8 streams batched | (d) 8 streams serial | c/a | c/d |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
         got = {}
         for path in "abcd":
-            command = [sys.executable, __file__, "--one", model, path, "--tokens", str(args.tokens), "--repeats", str(args.repeats), "--work", str(work)]
-            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                model,
+                path,
+                "--tokens",
+                str(args.tokens),
+                "--repeats",
+                str(args.repeats),
+                "--work",
+                str(work),
+            ]
+            out = (
+                subprocess.run(command, capture_output=True, text=True, check=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             got[path] = json.loads(out)
         a, b, c, d = (got[p]["tok_s"] for p in "abcd")
         name = f"{model} ({got['b']['dtype']})"
-        print(f"| {name} | {got['a']['runner']} | {a:.1f} | {b:.1f} | {a / b:.2f}× | {c:.1f} | {d:.1f} | {c / a:.2f}× | {c / d:.2f}× |", flush=True)
+        print(
+            f"| {name} | {got['a']['runner']} | {a:.1f} | {b:.1f} | {a / b:.2f}× | {c:.1f} | {d:.1f} | {c / a:.2f}× | {c / d:.2f}× |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

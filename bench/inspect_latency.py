@@ -41,22 +41,32 @@ PARAGRAPH = (
     "clouds gathered over the hills, and the fishermen hurried to bring their boats in before the rain."
 )
 PIRATE = [
-    "Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!",
-    "The captain buried his treasure on the island.", "Shiver me timbers, the crew wants rum.",
-    "Walk the plank, ye scurvy dog!", "The pirates raided the merchant galleon at dawn.",
-    "Yo ho ho, a pirate's life for me.", "The parrot squawked on the pirate's shoulder.",
+    "Arr, the pirate ship sailed the seven seas.",
+    "Ahoy matey, hoist the Jolly Roger!",
+    "The captain buried his treasure on the island.",
+    "Shiver me timbers, the crew wants rum.",
+    "Walk the plank, ye scurvy dog!",
+    "The pirates raided the merchant galleon at dawn.",
+    "Yo ho ho, a pirate's life for me.",
+    "The parrot squawked on the pirate's shoulder.",
 ]
 NEUTRAL = [
-    "The train leaves the station at nine.", "She bought apples and bread at the market.",
-    "The meeting was moved to Thursday afternoon.", "He repaired the bicycle in the garage.",
-    "The library opens early on weekdays.", "Rain is expected later this evening.",
-    "They painted the kitchen a light blue.", "The report is due at the end of the month.",
+    "The train leaves the station at nine.",
+    "She bought apples and bread at the market.",
+    "The meeting was moved to Thursday afternoon.",
+    "He repaired the bicycle in the garage.",
+    "The library opens early on weekdays.",
+    "Rain is expected later this evening.",
+    "They painted the kitchen a light blue.",
+    "The report is due at the end of the month.",
 ]
 
 
 def prompt_tokens(client: httpx.Client, text: str) -> int:
     """How many tokens the server encodes `text` into (one generated token, no inspect)."""
-    response = client.post("/v1/completions", json={"model": MODEL, "prompt": text, "max_tokens": 1, "temperature": 0})
+    response = client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": text, "max_tokens": 1, "temperature": 0}
+    )
     response.raise_for_status()
     return response.json()["usage"]["prompt_tokens"]
 
@@ -95,26 +105,42 @@ def score_body(prompt: str | list[str]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--base-url", default=None, help="a running demo server (default: start one)")
-    parser.add_argument("--home", type=Path, default=None, help="data directory of the started server (default: a temporary one)")
+    parser.add_argument(
+        "--base-url", default=None, help="a running demo server (default: start one)"
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="data directory of the started server (default: a temporary one)",
+    )
     args = parser.parse_args()
 
     server = None
     base_url = args.base_url
     if base_url is None:
-        server = ServerProcess(args.home or Path(tempfile.mkdtemp(prefix="millm-bench-")), ["--log-level", "warning"]).wait_ready(timeout=600)
+        server = ServerProcess(
+            args.home or Path(tempfile.mkdtemp(prefix="millm-bench-")), ["--log-level", "warning"]
+        ).wait_ready(timeout=600)
         base_url = server.base_url
     inspect_path, contrast_path = f"/api/saes/{SAE}/inspect", f"/api/saes/{SAE}/contrast"
     try:
         with httpx.Client(base_url=base_url, timeout=600) as client:
-            text = text_of(client, args.tokens)  # also warms the model up: the first runs below are the reads' own
+            text = text_of(
+                client, args.tokens
+            )  # also warms the model up: the first runs below are the reads' own
             reads = {
                 "inspect": (inspect_path, {"text": text, "top_k": 20, "feature": 1403}),
                 "scoring, same text": ("/v1/completions", score_body(text)),
-                "contrast": (contrast_path, {"a": {"texts": PIRATE}, "b": {"texts": NEUTRAL}, "top_k": 20}),
+                "contrast": (
+                    contrast_path,
+                    {"a": {"texts": PIRATE}, "b": {"texts": NEUTRAL}, "top_k": 20},
+                ),
                 "scoring, same 16 texts": ("/v1/completions", score_body(PIRATE + NEUTRAL)),
             }
             first = {name: timed(client, *reads[name]) for name in ("inspect", "contrast")}
@@ -130,15 +156,24 @@ def main() -> int:
         "inspect": first["inspect"][1]["prompt_tokens"],
         "contrast": first["contrast"][1]["a"]["tokens"] + first["contrast"][1]["b"]["tokens"],
     }
-    tokens["scoring, same text"], tokens["scoring, same 16 texts"] = tokens["inspect"], tokens["contrast"]
-    print(f"\n{MODEL}, demo SAE {SAE} (layer 12, 2048 features); seconds from request to parsed answer")
-    print("inspect: top_k 20 and feature 1403 per token; contrast: 8 pirate + 8 neutral short texts, top_k 20;")
+    tokens["scoring, same text"], tokens["scoring, same 16 texts"] = (
+        tokens["inspect"],
+        tokens["contrast"],
+    )
+    print(
+        f"\n{MODEL}, demo SAE {SAE} (layer 12, 2048 features); seconds from request to parsed answer"
+    )
+    print(
+        "inspect: top_k 20 and feature 1403 per token; contrast: 8 pirate + 8 neutral short texts, top_k 20;"
+    )
     print("scoring: /v1/completions with logprobs (the same forward passes, no SAE read)")
     print("| request | tokens | first run | median | range |")
     print("|---|---:|---:|---:|---:|")
     for name, seconds in times.items():
         once = f"{first[name][0]:.3f}" if name in first else "–"
-        print(f"| {name} | {tokens[name]} | {once} | {statistics.median(seconds):.3f} ({len(seconds)} runs) | {min(seconds):.3f}–{max(seconds):.3f} |")
+        print(
+            f"| {name} | {tokens[name]} | {once} | {statistics.median(seconds):.3f} ({len(seconds)} runs) | {min(seconds):.3f}–{max(seconds):.3f} |"
+        )
     return 0
 
 

@@ -69,7 +69,10 @@ WINDOW = 2048  # (b)'s n_ctx
 def rss(server: ServerProcess) -> int:
     """The server process's resident memory now, in bytes."""
     status = Path(f"/proc/{server.process.pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
+        * 1024
+    )
 
 
 def best(run, repeats: int) -> float:
@@ -94,7 +97,9 @@ def steer(base_url: str, strength: float) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -105,7 +110,11 @@ def main() -> int:
 
     home = Path(tempfile.mkdtemp(prefix="millm-bench-cpp-"))
     env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": "8"}
-    server = ServerProcess(home, ["--engine", "llama.cpp", "--max-model-len", str(WINDOW), "--log-level", "warning"], env=env).wait_ready(timeout=600)
+    server = ServerProcess(
+        home,
+        ["--engine", "llama.cpp", "--max-model-len", str(WINDOW), "--log-level", "warning"],
+        env=env,
+    ).wait_ready(timeout=600)
     try:
         time.sleep(2)
         cpp_rss = rss(server)
@@ -118,10 +127,25 @@ def main() -> int:
     finally:
         server.stop()
 
-    reference = json.loads(subprocess.run(
-        [sys.executable, "-c", REFERENCE, str(path), str(threads), str(args.tokens), str(args.repeats), PROMPT],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip().splitlines()[-1])
+    reference = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                REFERENCE,
+                str(path),
+                str(threads),
+                str(args.tokens),
+                str(args.repeats),
+                PROMPT,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
     home = Path(tempfile.mkdtemp(prefix="millm-bench-hf-"))
     server = ServerProcess(home, ["--log-level", "warning"]).wait_ready(timeout=600)
@@ -132,24 +156,37 @@ def main() -> int:
     finally:
         server.stop()
 
-    baseline = int(subprocess.run([sys.executable, "-c", BASELINE], capture_output=True, text=True, check=True).stdout.split()[-1])
+    baseline = int(
+        subprocess.run(
+            [sys.executable, "-c", BASELINE], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
     size = path.stat().st_size
     rows = [
-        ("(a) millm, --engine llama.cpp, HTTP stream", single, cpp_rss, f"{single / reference['tok_s']:.2f}x (b), {single / hf:.2f}x (c)"),
+        (
+            "(a) millm, --engine llama.cpp, HTTP stream",
+            single,
+            cpp_rss,
+            f"{single / reference['tok_s']:.2f}x (b), {single / hf:.2f}x (c)",
+        ),
         ("(b) llama-cpp-python create_completion", reference["tok_s"], reference["rss"], ""),
         ("(c) millm, --engine transformers, HTTP stream", hf, hf_rss, ""),
         ("(a) 8 concurrent streams, aggregate", eight, None, f"{eight / single:.2f}x (a)"),
         ("(a) one feature steered (control vector)", steered, None, f"{steered / single:.2f}x (a)"),
     ]
-    print(f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, {threads} threads, best of {args.repeats}")
+    print(
+        f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, {threads} threads, best of {args.repeats}"
+    )
     print(f"| {'path':<46} | tok/s  | RSS after load | ratio |")
     print(f"|{'-' * 48}|--------|----------------|-------|")
     for name, rate, memory, ratio in rows:
         shown = f"{memory / 2**20:8.0f} MiB" if memory else ""
         print(f"| {name:<46} | {rate:6.1f} | {shown:>14} | {ratio} |")
     goal = 2 * size + baseline
-    print(f"\nmillm's runtime alone (imports, no model): {baseline / 2**20:.0f} MiB; (a)'s RSS goal, 2x the file plus that: "
-          f"{goal / 2**20:.0f} MiB; (a) holds {cpp_rss / 2**20:.0f} MiB ({cpp_rss / goal:.2f}x the goal)")
+    print(
+        f"\nmillm's runtime alone (imports, no model): {baseline / 2**20:.0f} MiB; (a)'s RSS goal, 2x the file plus that: "
+        f"{goal / 2**20:.0f} MiB; (a) holds {cpp_rss / 2**20:.0f} MiB ({cpp_rss / goal:.2f}x the goal)"
+    )
     print("goals: (a) >= 0.9x (b), (a) >= 1.5x (c); 8 streams >= 3x (a); steered >= 0.95x (a)")
     return 0
 

@@ -68,7 +68,9 @@ print(json.dumps({"tok_s": 128 / (time.perf_counter() - start), "calls_per_decod
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     import torch
@@ -78,14 +80,23 @@ def main() -> int:
     results: dict[str, list[dict]] = {"off": [], "idle": []}
     for _ in range(args.runs):
         for mode in results:
-            out = subprocess.run([sys.executable, "-c", RUN, path, mode, str(threads)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, "-c", RUN, path, mode, str(threads)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\ndemo Q4_1 file, 128 greedy tokens, {threads} threads, {args.runs} runs per mode (alternating)")
+    print(
+        f"\ndemo Q4_1 file, 128 greedy tokens, {threads} threads, {args.runs} runs per mode (alternating)"
+    )
     print("| cb_eval | median tok/s | best tok/s | callback calls per decode |")
     print("|---|---|---|---|")
     for mode, runs in results.items():
         rates = [r["tok_s"] for r in runs]
-        print(f"| {mode} | {statistics.median(rates):.1f} | {max(rates):.1f} | {runs[0]['calls_per_decode']:.0f} |")
+        print(
+            f"| {mode} | {statistics.median(rates):.1f} | {max(rates):.1f} | {runs[0]['calls_per_decode']:.0f} |"
+        )
     return 0
 
 

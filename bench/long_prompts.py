@@ -108,26 +108,95 @@ PARAGRAPHS = [
     "team will get a walkthrough of every change before customers see it.",
 ]
 QUESTIONS = [
-    "What is the main point of this note?", "Can you summarise this in one sentence?", "What should I remember from this?",
-    "Is there anything surprising here?", "Which detail here matters most?",
+    "What is the main point of this note?",
+    "Can you summarise this in one sentence?",
+    "What should I remember from this?",
+    "Is there anything surprising here?",
+    "Which detail here matters most?",
 ]
 TOOLS = [
-    {"type": "function", "function": {"name": "web_search", "description": "Search the web and return the top results with titles, links and snippets.",
-     "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "What to search for"},
-                                                      "count": {"type": "integer", "description": "How many results, 1-10"}}, "required": ["query"]}}},
-    {"type": "function", "function": {"name": "get_current_weather", "description": "The current weather and the forecast for a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                                                      "days": {"type": "integer", "description": "Days of forecast, 0-7"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
-     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "The current date and time in a time zone.",
-     "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "description": "An IANA name such as Europe/Paris"}}, "required": ["timezone"]}}},
-    {"type": "function", "function": {"name": "fetch_url", "description": "Download a web page and return its readable text.",
-     "parameters": {"type": "object", "properties": {"url": {"type": "string"}, "max_chars": {"type": "integer"}}, "required": ["url"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "web_search",
+            "description": "Search the web and return the top results with titles, links and snippets.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What to search for"},
+                    "count": {"type": "integer", "description": "How many results, 1-10"},
+                },
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_current_weather",
+            "description": "The current weather and the forecast for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "description": "Days of forecast, 0-7"},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression exactly.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The current date and time in a time zone.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "timezone": {
+                        "type": "string",
+                        "description": "An IANA name such as Europe/Paris",
+                    }
+                },
+                "required": ["timezone"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "fetch_url",
+            "description": "Download a web page and return its readable text.",
+            "parameters": {
+                "type": "object",
+                "properties": {"url": {"type": "string"}, "max_chars": {"type": "integer"}},
+                "required": ["url"],
+            },
+        },
+    },
 ]
 SIZES = {  # full / --quick
-    "history": (2000, 300), "answer": (48, 8), "system": (1500, 200), "long": (4000, 300), "alone": (24, 8),
-    "chunks": ("64,128,256,512,100000", "64,100000"), "sizes": ("500,2000,4000", "64,200"), "repeats": (3, 1),
+    "history": (2000, 300),
+    "answer": (48, 8),
+    "system": (1500, 200),
+    "long": (4000, 300),
+    "alone": (24, 8),
+    "chunks": ("64,128,256,512,100000", "64,100000"),
+    "sizes": ("500,2000,4000", "64,200"),
+    "repeats": (3, 1),
 }
 
 
@@ -144,7 +213,12 @@ def _load(work: Path, before: bool = False):
     out = {}
 
     def run():
-        out["lm"] = load_model(resolve_source(MODEL, work / "hub"), dtype="auto", device="cpu", cache_root=work / "cache")
+        out["lm"] = load_model(
+            resolve_source(MODEL, work / "hub"),
+            dtype="auto",
+            device="cpu",
+            cache_root=work / "cache",
+        )
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -201,7 +275,12 @@ def _tokens(tokenizer, messages, tools=None) -> list[int]:
     """A conversation's prompt ids as the server renders it: tools in the template when it takes
     them, else in a system message (millm.service.serving.tools, the server's own path)."""
     from millm.engine.prompts import chat_prompt_ids
-    from millm.service.serving.tools import ToolPlan, parse_tool, template_takes_tools, tool_messages
+    from millm.service.serving.tools import (
+        ToolPlan,
+        parse_tool,
+        template_takes_tools,
+        tool_messages,
+    )
 
     if not tools:
         return chat_prompt_ids(tokenizer, messages)
@@ -229,7 +308,9 @@ def long_ids(tokenizer, n: int, nonce: str) -> list[int]:
     ids: list[int] = []
     count = 8
     while len(ids) < n:
-        ids = completion_prompt_ids(tokenizer, f"Document {nonce}.\n\n" + "\n\n".join(_text(nonce, count)))
+        ids = completion_prompt_ids(
+            tokenizer, f"Document {nonce}.\n\n" + "\n\n".join(_text(nonce, count))
+        )
         count *= 2
     return ids[:n]
 
@@ -237,14 +318,32 @@ def long_ids(tokenizer, n: int, nonce: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------- 1
 def conversation(tokenizer, seed, target: int) -> list[dict]:
     """A chat of notes and answers whose rendered prompt (with a last question) reaches `target` tokens."""
-    messages = [{"role": "system", "content": f"Session {seed}. You are a careful assistant. The user shares notes; answer briefly and refer to notes by number."}]
+    messages = [
+        {
+            "role": "system",
+            "content": f"Session {seed}. You are a careful assistant. The user shares notes; answer briefly and refer to notes by number.",
+        }
+    ]
     paragraphs = _text(seed, 400)
     k = 0
-    question = {"role": "user", "content": "Given all the notes so far, which one mentions a river, and what happened there?"}
+    question = {
+        "role": "user",
+        "content": "Given all the notes so far, which one mentions a river, and what happened there?",
+    }
     while len(_tokens(tokenizer, [*messages, question])) < target:
         note, reply = paragraphs[2 * k], paragraphs[2 * k + 1]
-        messages.append({"role": "user", "content": f"Here is note {k + 1}:\n{note}\n{QUESTIONS[k % len(QUESTIONS)]}"})
-        messages.append({"role": "assistant", "content": "In short: " + " ".join(reply.split(". ")[:2]).rstrip(".") + "."})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Here is note {k + 1}:\n{note}\n{QUESTIONS[k % len(QUESTIONS)]}",
+            }
+        )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "In short: " + " ".join(reply.split(". ")[:2]).rstrip(".") + ".",
+            }
+        )
         k += 1
     return [*messages, question]
 
@@ -260,12 +359,26 @@ def measure_turns(args, cache_on: bool) -> dict:
             messages = conversation(lm.tokenizer, seed, args.history)
             first_ids = _tokens(lm.tokenizer, messages)
             turn1 = Request(scheduler, first_ids, args.answer).wait()
-            follow = [*messages, {"role": "assistant", "content": turn1.text},
-                      {"role": "user", "content": "Thanks. And which note is about bread, in one sentence?"}]
+            follow = [
+                *messages,
+                {"role": "assistant", "content": turn1.text},
+                {
+                    "role": "user",
+                    "content": "Thanks. And which note is about bread, in one sentence?",
+                },
+            ]
             second_ids = _tokens(lm.tokenizer, follow)
             turn2 = Request(scheduler, second_ids, args.answer).wait()
             if seed != "warm-up":
-                runs.append({"history": len(first_ids), "prompt": len(second_ids), "turn1": turn1.ttft, "turn2": turn2.ttft, "cached": turn2.cached})
+                runs.append(
+                    {
+                        "history": len(first_ids),
+                        "prompt": len(second_ids),
+                        "turn1": turn1.ttft,
+                        "turn2": turn2.ttft,
+                        "cached": turn2.cached,
+                    }
+                )
         snapshot = scheduler.prefix_cache.snapshot() if scheduler.prefix_cache is not None else None
     finally:
         scheduler.shutdown(timeout=60)
@@ -275,12 +388,14 @@ def measure_turns(args, cache_on: bool) -> dict:
 # ---------------------------------------------------------------------------------------------- 2
 def webui_system(tokenizer, seed, target: int) -> str:
     """An Open WebUI-style RAG system prompt of about `target` tokens (retrieved sources in a context block)."""
-    head = (f"Current date: 2025-03-{10 + zlib.crc32(str(seed).encode()) % 18:02d}. You are a helpful assistant.\n\n### Task:\n"
-            "Respond to the user query using the provided context, incorporating inline citations in the format "
-            "[id] **only when the <source> tag includes an explicit id attribute**.\n\n### Guidelines:\n"
-            "- If you don't know the answer, clearly state that.\n- If uncertain, ask the user for clarification.\n"
-            "- Respond in the same language as the user's query.\n- Do not cite if the <source> tag does not contain an id.\n\n"
-            "### Context:\n<context>\n")
+    head = (
+        f"Current date: 2025-03-{10 + zlib.crc32(str(seed).encode()) % 18:02d}. You are a helpful assistant.\n\n### Task:\n"
+        "Respond to the user query using the provided context, incorporating inline citations in the format "
+        "[id] **only when the <source> tag includes an explicit id attribute**.\n\n### Guidelines:\n"
+        "- If you don't know the answer, clearly state that.\n- If uncertain, ask the user for clarification.\n"
+        "- Respond in the same language as the user's query.\n- Do not cite if the <source> tag does not contain an id.\n\n"
+        "### Context:\n<context>\n"
+    )
     sources: list[str] = []
     paragraphs = _text(f"sources-{seed}", 400)
     while True:
@@ -300,15 +415,34 @@ def measure_webui(args) -> dict:
     try:
         for seed in ["warm-up", *range(args.repeats)]:
             system = {"role": "system", "content": webui_system(lm.tokenizer, seed, args.system)}
-            ids = _tokens(lm.tokenizer, [system, {"role": "user", "content": "What does the museum exhibition cover?"}], TOOLS)
-            other = _tokens(lm.tokenizer, [system, {"role": "user", "content": "When does the train from the coast arrive?"}], TOOLS)
+            ids = _tokens(
+                lm.tokenizer,
+                [system, {"role": "user", "content": "What does the museum exhibition cover?"}],
+                TOOLS,
+            )
+            other = _tokens(
+                lm.tokenizer,
+                [system, {"role": "user", "content": "When does the train from the coast arrive?"}],
+                TOOLS,
+            )
             first = Request(scheduler, ids, args.answer).wait()
             repeat = Request(scheduler, ids, args.answer).wait()
             new = Request(scheduler, other, args.answer).wait()
             if seed != "warm-up":
-                runs.append({"system": len(lm.tokenizer(system["content"], add_special_tokens=False)["input_ids"]), "prompt": len(ids),
-                             "first": first.ttft, "repeat": repeat.ttft, "repeat_cached": repeat.cached,
-                             "new": new.ttft, "new_prompt": len(other), "new_cached": new.cached})
+                runs.append(
+                    {
+                        "system": len(
+                            lm.tokenizer(system["content"], add_special_tokens=False)["input_ids"]
+                        ),
+                        "prompt": len(ids),
+                        "first": first.ttft,
+                        "repeat": repeat.ttft,
+                        "repeat_cached": repeat.cached,
+                        "new": new.ttft,
+                        "new_prompt": len(other),
+                        "new_cached": new.cached,
+                    }
+                )
     finally:
         scheduler.shutdown(timeout=60)
     return {"runs": runs}
@@ -330,7 +464,9 @@ def measure_join(args, chunk: int) -> dict:
     lm.eos_token_ids = frozenset()  # the stream runs until cancelled
     n = min(args.long, lm.context_length - 8)
     stream_ids = tuple(completion_prompt_ids(lm.tokenizer, STREAM_PROMPT))
-    scheduler = Scheduler(lm, 64, batching=True, max_batch=8, prefix_cache_bytes=args.cache_bytes, prefill_chunk=chunk)
+    scheduler = Scheduler(
+        lm, 64, batching=True, max_batch=8, prefix_cache_bytes=args.cache_bytes, prefill_chunk=chunk
+    )
 
     def once(nonce) -> dict:
         prompt = long_ids(lm.tokenizer, n, nonce)
@@ -347,7 +483,9 @@ def measure_join(args, chunk: int) -> dict:
 
         # Enough tokens to outlast the join: one step per chunk, with room to spare.
         budget = args.alone + 2 * math.ceil(n / chunk) + 32
-        stream = GenerationJob(rows=[RowSpec(prompt_ids=stream_ids, sampling=_greedy(), max_tokens=budget)], emit=emit)
+        stream = GenerationJob(
+            rows=[RowSpec(prompt_ids=stream_ids, sampling=_greedy(), max_tokens=budget)], emit=emit
+        )
         scheduler.submit(stream)
         if not ready.wait(600):
             raise RuntimeError("the stream produced no tokens")
@@ -362,16 +500,27 @@ def measure_join(args, chunk: int) -> dict:
         # Every gap that ends after the submission, up to the step that gave the long prompt its
         # first token (the stream's token of that step comes within a millisecond of it).
         window = [b - a for a, b in gaps if start < b <= end + SAME_STEP]
-        return {"alone": alone, "window": window, "ttft": joined.ttft, "outlasted": not over or over[0] > end}
+        return {
+            "alone": alone,
+            "window": window,
+            "ttft": joined.ttft,
+            "outlasted": not over or over[0] > end,
+        }
 
     try:
         once("warm-up")
         runs = [once(i) for i in range(args.repeats)]
     finally:
         scheduler.shutdown(timeout=60)
-    return {"chunk": chunk, "tokens": n, "context": lm.context_length, "alone": [g for r in runs for g in r["alone"]],
-            "window": [g for r in runs for g in r["window"]], "ttft": [r["ttft"] for r in runs],
-            "outlasted": all(r["outlasted"] for r in runs)}
+    return {
+        "chunk": chunk,
+        "tokens": n,
+        "context": lm.context_length,
+        "alone": [g for r in runs for g in r["alone"]],
+        "window": [g for r in runs for g in r["window"]],
+        "ttft": [r["ttft"] for r in runs],
+        "outlasted": all(r["outlasted"] for r in runs),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- 4
@@ -397,7 +546,12 @@ def measure_prefill(args, before: bool) -> dict:
                 lm.runner.prefill([prompt], len(prompt) + 1)
                 best = min(best, time.perf_counter() - start)
             rates[size] = len(prompt) / best
-    return {"rates": rates, "kernels": lm.runner.kernels, "threads": torch.get_num_threads(), "dense_rows": kernels.DENSE_ROWS}
+    return {
+        "rates": rates,
+        "kernels": lm.runner.kernels,
+        "threads": torch.get_num_threads(),
+        "dense_rows": kernels.DENSE_ROWS,
+    }
 
 
 LLAMA = """
@@ -428,10 +582,27 @@ def measure_llama(args, threads: int) -> dict:
 
     source = demo_source()
     path = source.directory / source.gguf_file
-    command = [sys.executable, "-c", LLAMA, str(path), str(threads), str(Path(args.work) / "prefill_ids.json"), args.sizes,
-               str(args.repeats), str(LLAMA_UBATCH)]
-    result = json.loads(_check(subprocess.run(command, capture_output=True, text=True)).stdout.strip().splitlines()[-1])
-    return {"rates": {int(k): v for k, v in result["rates"].items()}, "file": path.name, "size": path.stat().st_size}
+    command = [
+        sys.executable,
+        "-c",
+        LLAMA,
+        str(path),
+        str(threads),
+        str(Path(args.work) / "prefill_ids.json"),
+        args.sizes,
+        str(args.repeats),
+        str(LLAMA_UBATCH),
+    ]
+    result = json.loads(
+        _check(subprocess.run(command, capture_output=True, text=True))
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    return {
+        "rates": {int(k): v for k, v in result["rates"].items()},
+        "file": path.name,
+        "size": path.stat().st_size,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -451,16 +622,41 @@ def one(args) -> None:
 def _check(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-6000:])
-        raise SystemExit(f"a measurement failed (exit {done.returncode}): {' '.join(done.args[:6])} ...")
+        raise SystemExit(
+            f"a measurement failed (exit {done.returncode}): {' '.join(done.args[:6])} ..."
+        )
     return done
 
 
 def run(args, section: str, variant: str) -> dict:
     """One measurement in a process of its own; its JSON result."""
-    command = [sys.executable, __file__, "--one", section, variant, "--work", args.work, "--repeats", str(args.repeats),
-               "--cache-bytes", str(args.cache_bytes), "--history", str(args.history), "--answer", str(args.answer),
-               "--system", str(args.system), "--long", str(args.long), "--alone", str(args.alone), "--sizes", args.sizes,
-               "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        section,
+        variant,
+        "--work",
+        args.work,
+        "--repeats",
+        str(args.repeats),
+        "--cache-bytes",
+        str(args.cache_bytes),
+        "--history",
+        str(args.history),
+        "--answer",
+        str(args.answer),
+        "--system",
+        str(args.system),
+        "--long",
+        str(args.long),
+        "--alone",
+        str(args.alone),
+        "--sizes",
+        args.sizes,
+        "--threads",
+        str(args.threads),
+    ]
     environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     done = _check(subprocess.run(command, capture_output=True, text=True, env=environment))
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -476,18 +672,29 @@ def median(values) -> float:
 
 def section1(args) -> None:
     off, on = run(args, "1", "off"), run(args, "1", "on")
-    t_off, t_on = median([r["turn2"] for r in off["runs"]]), median([r["turn2"] for r in on["runs"]])
+    t_off, t_on = (
+        median([r["turn2"] for r in off["runs"]]),
+        median([r["turn2"] for r in on["runs"]]),
+    )
     r = on["runs"][0]
-    print(f"\n### 1. Second chat turn over a long history (serial policy, median of {len(on['runs'])} conversations)\n")
-    print("| history (turn 1 prompt) | turn 2 prompt | turn 1 TTFT (cold) | turn 2 TTFT, cache off | turn 2 TTFT, cache on | cached tokens (on) | on / off | goal |")
+    print(
+        f"\n### 1. Second chat turn over a long history (serial policy, median of {len(on['runs'])} conversations)\n"
+    )
+    print(
+        "| history (turn 1 prompt) | turn 2 prompt | turn 1 TTFT (cold) | turn 2 TTFT, cache off | turn 2 TTFT, cache on | cached tokens (on) | on / off | goal |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     ratio = t_on / t_off
-    print(f"| {r['history']} tok | {r['prompt']} tok | {ms(median([x['turn1'] for x in on['runs']]))} | {ms(t_off)} | {ms(t_on)} | "
-          f"{median([x['cached'] for x in on['runs']]):.0f} | {ratio:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |")
+    print(
+        f"| {r['history']} tok | {r['prompt']} tok | {ms(median([x['turn1'] for x in on['runs']]))} | {ms(t_off)} | {ms(t_on)} | "
+        f"{median([x['cached'] for x in on['runs']]):.0f} | {ratio:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |"
+    )
     if on["cache"]:
         c = on["cache"]
-        print(f"\nprefix cache after the run: {c['blocks']} blocks of {c['block_tokens']} tokens, {c['bytes'] / 2**20:.1f} MiB of "
-              f"{c['budget_bytes'] / 2**20:.0f} MiB; {c['hits']}/{c['lookups']} lookups hit, {c['tokens_reused']} tokens reused")
+        print(
+            f"\nprefix cache after the run: {c['blocks']} blocks of {c['block_tokens']} tokens, {c['bytes'] / 2**20:.1f} MiB of "
+            f"{c['budget_bytes'] / 2**20:.0f} MiB; {c['hits']}/{c['lookups']} lookups hit, {c['tokens_reused']} tokens reused"
+        )
     sys.stdout.flush()
 
 
@@ -495,12 +702,18 @@ def section2(args) -> None:
     got = run(args, "2", "on")["runs"]
     r = got[0]
     first, repeat, new = (median([x[k] for x in got]) for k in ("first", "repeat", "new"))
-    print(f"\n### 2. Open WebUI-shaped request: long system prompt + 5 tools + short user message (median of {len(got)})\n")
-    print("| system prompt | prompt (with tools) | first TTFT | repeat TTFT | cached | repeat / first | new user message TTFT | cached | new / first | goal (repeat) |")
+    print(
+        f"\n### 2. Open WebUI-shaped request: long system prompt + 5 tools + short user message (median of {len(got)})\n"
+    )
+    print(
+        "| system prompt | prompt (with tools) | first TTFT | repeat TTFT | cached | repeat / first | new user message TTFT | cached | new / first | goal (repeat) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     ratio = repeat / first
-    print(f"| {r['system']} tok | {r['prompt']} tok | {ms(first)} | {ms(repeat)} | {r['repeat_cached']} | {ratio:.2f}× | {ms(new)} | "
-          f"{r['new_cached']} | {new / first:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |")
+    print(
+        f"| {r['system']} tok | {r['prompt']} tok | {ms(first)} | {ms(repeat)} | {r['repeat_cached']} | {ratio:.2f}× | {ms(new)} | "
+        f"{r['new_cached']} | {new / first:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |"
+    )
     sys.stdout.flush()
 
 
@@ -508,18 +721,28 @@ def section3(args) -> None:
     chunks = [int(c) for c in args.chunks.split(",")]
     results = [run(args, "3", str(c)) for c in chunks]
     n, context = results[0]["tokens"], results[0]["context"]
-    fitted = "" if n == args.long else f" (the largest the model's {context}-token window allows; {args.long} asked)"
-    print(f"\n### 3. A running stream while a {n}-token prompt joins{fitted} (continuous batching on; gaps pooled over {args.repeats} joins)\n")
-    print("| PREFILL_CHUNK_TOKENS | stream gap alone (median) | gaps in window | p95 gap in window | max gap in window | p95 / median | "
-          f"{n}-token TTFT | goal p95 ≤ 3× median |")
+    fitted = (
+        ""
+        if n == args.long
+        else f" (the largest the model's {context}-token window allows; {args.long} asked)"
+    )
+    print(
+        f"\n### 3. A running stream while a {n}-token prompt joins{fitted} (continuous batching on; gaps pooled over {args.repeats} joins)\n"
+    )
+    print(
+        "| PREFILL_CHUNK_TOKENS | stream gap alone (median) | gaps in window | p95 gap in window | max gap in window | p95 / median | "
+        f"{n}-token TTFT | goal p95 ≤ 3× median |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for result in results:
         alone, window = median(result["alone"]), result["window"]
         high = p95(window)
         label = f"{result['chunk']}" + (" (off)" if result["chunk"] >= n else "")
         note = "" if result["outlasted"] else " (stream ended early)"
-        print(f"| {label} | {ms(alone)} | {len(window)} | {ms(high)} | {ms(max(window))} | {high / alone:.1f}× | "
-              f"{median(result['ttft']):.2f} s{note} | {'✓' if high <= 3 * alone else '✗'} |")
+        print(
+            f"| {label} | {ms(alone)} | {len(window)} | {ms(high)} | {ms(max(window))} | {high / alone:.1f}× | "
+            f"{median(result['ttft']):.2f} s{note} | {'✓' if high <= 3 * alone else '✗'} |"
+        )
     sys.stdout.flush()
 
 
@@ -527,21 +750,31 @@ def section4(args) -> None:
     after, before = run(args, "4", "after"), run(args, "4", "before")
     llama = measure_llama(args, args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"\n### 4. Prefill tokens/s, one row, best of {args.repeats} ({after['threads']} threads; millm kernels: {after['kernels']})\n")
-    print(f"| prompt | before (int4 kernel every pass) | after (bf16 prepacked from {after['dense_rows']} rows) | after / before | "
-          f"llama-cpp-python ({llama['file']}, n_ubatch {LLAMA_UBATCH}) | after / llama.cpp | goal after ≥ 2× before (at 2,000) |")
+    print(
+        f"\n### 4. Prefill tokens/s, one row, best of {args.repeats} ({after['threads']} threads; millm kernels: {after['kernels']})\n"
+    )
+    print(
+        f"| prompt | before (int4 kernel every pass) | after (bf16 prepacked from {after['dense_rows']} rows) | after / before | "
+        f"llama-cpp-python ({llama['file']}, n_ubatch {LLAMA_UBATCH}) | after / llama.cpp | goal after ≥ 2× before (at 2,000) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for size in sizes:
         a, b, c = after["rates"][str(size)], before["rates"][str(size)], llama["rates"][size]
         goal = ("✓" if a >= 2 * b else "✗") if size == 2000 else ""
-        print(f"| {size} tok | {b:.0f} | {a:.0f} | {a / b:.2f}× | {c:.0f} | {a / c:.2f}× | {goal} |")
+        print(
+            f"| {size} tok | {b:.0f} | {a:.0f} | {a / b:.2f}× | {c:.0f} | {a / c:.2f}× | {goal} |"
+        )
     sys.stdout.flush()
 
 
 def machine(args) -> str:
     cpu = platform.processor() or "?"
     with contextlib.suppress(OSError, StopIteration):
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     versions = []
     for name in ("torch", "transformers", "llama_cpp_python"):
         try:
@@ -549,25 +782,77 @@ def machine(args) -> str:
         except metadata.PackageNotFoundError:
             versions.append(f"{name} (not installed)")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{MODEL} (Q4_1 GGUF, dtype auto), {cpu}, {os.cpu_count()} cores, {args.threads} threads; {', '.join(versions)}; "
-            f"Python {platform.python_version()}; load average {load:.2f} at start; prefix cache budget {args.cache_bytes / 2**20:.0f} MiB")
+    return (
+        f"{MODEL} (Q4_1 GGUF, dtype auto), {cpu}, {os.cpu_count()} cores, {args.threads} threads; {', '.join(versions)}; "
+        f"Python {platform.python_version()}; load average {load:.2f} at start; prefix cache budget {args.cache_bytes / 2**20:.0f} MiB"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes and one repeat: checks the script end to end")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and one repeat: checks the script end to end",
+    )
     parser.add_argument("--only", choices="1234", help="run one section")
-    parser.add_argument("--repeats", type=int, default=None, help="distinct prompts per figure of 1-3, timed runs per figure of 4 (default 3; 1 with --quick)")
-    parser.add_argument("--history", type=int, default=None, help="1: tokens of the conversation before turn 2 (default 2000)")
-    parser.add_argument("--answer", type=int, default=None, help="1, 2: greedy tokens per answer (default 48)")
-    parser.add_argument("--system", type=int, default=None, help="2: tokens of the system prompt, before the tools (default 1500)")
-    parser.add_argument("--long", type=int, default=None, help="3: tokens of the joining prompt (default 4000)")
-    parser.add_argument("--alone", type=int, default=None, help="3: stream gaps timed before the long prompt joins (default 24)")
-    parser.add_argument("--chunks", default=None, help="3: PREFILL_CHUNK_TOKENS values, comma-separated (default 64,128,256,512,100000)")
-    parser.add_argument("--sizes", default=None, help="4: prompt lengths, comma-separated (default 500,2000,4000)")
-    parser.add_argument("--cache-bytes", type=int, default=GIB, help="PREFIX_CACHE_BYTES where the cache is on (default 1 GiB)")
-    parser.add_argument("--threads", type=int, default=None, help="4: llama.cpp's threads (default: torch's thread count)")
-    parser.add_argument("--work", default=None, help="where the dequantised checkpoint goes (default: a temporary folder)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="distinct prompts per figure of 1-3, timed runs per figure of 4 (default 3; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=None,
+        help="1: tokens of the conversation before turn 2 (default 2000)",
+    )
+    parser.add_argument(
+        "--answer", type=int, default=None, help="1, 2: greedy tokens per answer (default 48)"
+    )
+    parser.add_argument(
+        "--system",
+        type=int,
+        default=None,
+        help="2: tokens of the system prompt, before the tools (default 1500)",
+    )
+    parser.add_argument(
+        "--long", type=int, default=None, help="3: tokens of the joining prompt (default 4000)"
+    )
+    parser.add_argument(
+        "--alone",
+        type=int,
+        default=None,
+        help="3: stream gaps timed before the long prompt joins (default 24)",
+    )
+    parser.add_argument(
+        "--chunks",
+        default=None,
+        help="3: PREFILL_CHUNK_TOKENS values, comma-separated (default 64,128,256,512,100000)",
+    )
+    parser.add_argument(
+        "--sizes", default=None, help="4: prompt lengths, comma-separated (default 500,2000,4000)"
+    )
+    parser.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=GIB,
+        help="PREFIX_CACHE_BYTES where the cache is on (default 1 GiB)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="4: llama.cpp's threads (default: torch's thread count)",
+    )
+    parser.add_argument(
+        "--work",
+        default=None,
+        help="where the dequantised checkpoint goes (default: a temporary folder)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("SECTION", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     pick = 1 if args.quick else 0
@@ -582,11 +867,15 @@ def main() -> None:
         return one(args)
     args.work = args.work or tempfile.mkdtemp(prefix="millm-long-prompts-")
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    print(f"## Long prompts{' (--quick: sizes too small to read figures from)' if args.quick else ''}\n")
+    print(
+        f"## Long prompts{' (--quick: sizes too small to read figures from)' if args.quick else ''}\n"
+    )
     print(machine(args))
     if hasattr(os, "getloadavg") and os.getloadavg()[0] > 0.5:
-        print(f"\n**The machine is busy (load average {os.getloadavg()[0]:.1f}): other processes share the cores, and two OpenMP "
-              "threads under contention slow down many times over; rerun when it is quiet.**")
+        print(
+            f"\n**The machine is busy (load average {os.getloadavg()[0]:.1f}): other processes share the cores, and two OpenMP "
+            "threads under contention slow down many times over; rerun when it is quiet.**"
+        )
     sections = {"1": section1, "2": section2, "3": section3, "4": section4}
     for key, section in sections.items():
         if args.only in (None, key):

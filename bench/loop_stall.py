@@ -90,18 +90,35 @@ def summary(values: list[float]) -> str:
 # documents ------------------------------------------------------------------------------------------
 def profile_doc(name: str, sae_id: str, index: int) -> dict:
     """A one-feature profile on the demo SAE."""
-    features = [{"index": index % WIDTH, "strength": 4.0}, {"index": (index * 7 + 1) % WIDTH, "strength": -2.0}]
-    return {"kind": "millm.profile", "version": 1, "name": name, "steering": [{"sae_id": sae_id, "layer": LAYER, "features": features}]}
+    features = [
+        {"index": index % WIDTH, "strength": 4.0},
+        {"index": (index * 7 + 1) % WIDTH, "strength": -2.0},
+    ]
+    return {
+        "kind": "millm.profile",
+        "version": 1,
+        "name": name,
+        "steering": [{"sae_id": sae_id, "layer": LAYER, "features": features}],
+    }
 
 
 def cluster_doc(name: str, index: int) -> dict:
     """A three-member miStudio cluster on the demo SAE's layer and width."""
-    members = [{"feature_idx": (index * 13 + k) % WIDTH, "strength": 3.0, "sign": 1, "label": f"f{k}"} for k in range(3)]
+    members = [
+        {"feature_idx": (index * 13 + k) % WIDTH, "strength": 3.0, "sign": 1, "label": f"f{k}"}
+        for k in range(3)
+    ]
     return {
         "kind": "mistudio.cluster-definition",
         "schema_version": "1",
         "name": name,
-        "sae": {"mistudio_sae_id": "bench", "layer": LAYER, "hook_type": "resid_post", "n_features": WIDTH, "d_model": D_MODEL},
+        "sae": {
+            "mistudio_sae_id": "bench",
+            "layer": LAYER,
+            "hook_type": "resid_post",
+            "n_features": WIDTH,
+            "d_model": D_MODEL,
+        },
         "members": members,
         "budget": {"B": 1.0, "intensity": 1.0},
     }
@@ -111,13 +128,21 @@ def populate(client: httpx.Client, profiles: int, clusters: int) -> tuple[str, s
     """Import the profiles and clusters, activate the first cluster; returns (SAE id, cluster id)."""
     (sae_id,) = [s["id"] for s in client.get("/api/saes").json()["data"] if s["attached"]]
     for start in range(0, profiles, 500):
-        docs = [profile_doc(f"bench-{i}", sae_id, i) for i in range(start, min(profiles, start + 500))]
+        docs = [
+            profile_doc(f"bench-{i}", sae_id, i) for i in range(start, min(profiles, start + 500))
+        ]
         bundle = {"kind": "millm.profile-bundle", "version": 1, "profiles": docs}
         client.post("/api/profiles/import", json=bundle).raise_for_status()
     cluster_ids = []
     for start in range(0, clusters, 50):
-        definitions = [cluster_doc(f"bench-cluster-{i}", i) for i in range(start, min(clusters, start + 50))]
-        bundle = {"kind": "mistudio.cluster-bundle", "schema_version": "1", "definitions": definitions}
+        definitions = [
+            cluster_doc(f"bench-cluster-{i}", i) for i in range(start, min(clusters, start + 50))
+        ]
+        bundle = {
+            "kind": "mistudio.cluster-bundle",
+            "schema_version": "1",
+            "definitions": definitions,
+        }
         response = client.post("/api/clusters/import", content=json.dumps(bundle))
         response.raise_for_status()
         cluster_ids += [row["id"] for row in response.json()["data"]]
@@ -130,7 +155,9 @@ async def one_chat(client: httpx.AsyncClient, tokens: int, profile: str | None) 
     """One streamed chat completion; its completion tokens."""
     body = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Write the numbers from 1 to 200, separated by commas."}],
+        "messages": [
+            {"role": "user", "content": "Write the numbers from 1 to 200, separated by commas."}
+        ],
         "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
@@ -149,7 +176,9 @@ async def one_chat(client: httpx.AsyncClient, tokens: int, profile: str | None) 
     return used
 
 
-async def streamer(client: httpx.AsyncClient, number: int, tokens: int, profiles: int, deadline: float, done: list) -> None:
+async def streamer(
+    client: httpx.AsyncClient, number: int, tokens: int, profiles: int, deadline: float, done: list
+) -> None:
     """Requests back to back until the deadline; every other streamer sends its own profile."""
     turn = 0
     while time.monotonic() < deadline:
@@ -158,17 +187,44 @@ async def streamer(client: httpx.AsyncClient, number: int, tokens: int, profiles
         turn += 1
 
 
-async def writer(client: httpx.AsyncClient, sae_id: str, cluster_id: str, pause: float, deadline: float, latencies: dict) -> None:
+async def writer(
+    client: httpx.AsyncClient,
+    sae_id: str,
+    cluster_id: str,
+    pause: float,
+    deadline: float,
+    latencies: dict,
+) -> None:
     """Steering changes through the API, one after another, until the deadline; latencies by step."""
     turn = 0
     while time.monotonic() < deadline:
         name = f"writer-{turn}"
         steps = [
-            ("strength", "PUT", f"/api/steering/saes/{sae_id}/features/{turn % WIDTH}", {"json": {"strength": 1.0 + turn % 5}}),
-            ("dial", "PUT", f"/api/clusters/{cluster_id}/intensity", {"json": {"intensity": 0.5 + (turn % 2) * 0.5}}),
-            ("profile+", "POST", "/api/profiles", {"json": {"name": name, "steering": profile_doc(name, sae_id, turn)["steering"]}}),
+            (
+                "strength",
+                "PUT",
+                f"/api/steering/saes/{sae_id}/features/{turn % WIDTH}",
+                {"json": {"strength": 1.0 + turn % 5}},
+            ),
+            (
+                "dial",
+                "PUT",
+                f"/api/clusters/{cluster_id}/intensity",
+                {"json": {"intensity": 0.5 + (turn % 2) * 0.5}},
+            ),
+            (
+                "profile+",
+                "POST",
+                "/api/profiles",
+                {"json": {"name": name, "steering": profile_doc(name, sae_id, turn)["steering"]}},
+            ),
             ("profile-", "DELETE", f"/api/profiles/{name}", {}),
-            ("cluster+", "POST", "/api/clusters/import", {"content": json.dumps(cluster_doc(f"writer-cluster-{turn}", turn))}),
+            (
+                "cluster+",
+                "POST",
+                "/api/clusters/import",
+                {"content": json.dumps(cluster_doc(f"writer-cluster-{turn}", turn))},
+            ),
         ]
         for step, method, path, kwargs in steps:
             start = time.monotonic()
@@ -192,18 +248,30 @@ async def load(base_url: str, args, sae_id: str, cluster_id: str) -> dict:
         deadline = start + args.seconds
         done: list[int] = []
         writes: dict[str, list[float]] = {}
-        tasks = [streamer(client, n, args.tokens, args.profiles, deadline, done) for n in range(args.streams)]
+        tasks = [
+            streamer(client, n, args.tokens, args.profiles, deadline, done)
+            for n in range(args.streams)
+        ]
         if not args.no_writer:
             tasks.append(writer(client, sae_id, cluster_id, args.write_pause, deadline, writes))
         await asyncio.gather(*tasks)
-        return {"tokens": sum(done), "requests": len(done), "wall": time.monotonic() - start, "writes": writes}
+        return {
+            "tokens": sum(done),
+            "requests": len(done),
+            "wall": time.monotonic() - start,
+            "writes": writes,
+        }
 
 
 # the run ---------------------------------------------------------------------------------------------
 def serve(root: Path, home: Path, streams: int, threads: int) -> ServerProcess:
     """`millm serve` of the checkout at `root` (python -m millm imports the current directory's)."""
     os.chdir(root)
-    env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": str(streams), "PYTHONPATH": str(root)}
+    env = {
+        "ENABLE_CONTINUOUS_BATCHING": "1",
+        "MAX_BATCH_SIZE": str(streams),
+        "PYTHONPATH": str(root),
+    }
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return ServerProcess(home, ["--log-level", "warning"], env=env).wait_ready(timeout=600)
@@ -211,22 +279,42 @@ def serve(root: Path, home: Path, streams: int, threads: int) -> ServerProcess:
 
 def commit_of(root: Path) -> str:
     """The checkout's commit (with + when its tree has changes)."""
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True).stdout
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout
     return head + ("+" if dirty.strip() else "")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to serve (default: this one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the checkout to serve (default: this one)"
+    )
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=40.0, help="load duration")
-    parser.add_argument("--idle", type=float, default=5.0, help="probe-only seconds before the load")
+    parser.add_argument(
+        "--idle", type=float, default=5.0, help="probe-only seconds before the load"
+    )
     parser.add_argument("--profiles", type=int, default=300)
     parser.add_argument("--clusters", type=int, default=150)
-    parser.add_argument("--write-pause", type=float, default=0.02, help="seconds between the writer's steps")
-    parser.add_argument("--threads", type=int, default=1, help="the server's OMP_NUM_THREADS (0: the default)")
+    parser.add_argument(
+        "--write-pause", type=float, default=0.02, help="seconds between the writer's steps"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="the server's OMP_NUM_THREADS (0: the default)"
+    )
     parser.add_argument("--no-writer", action="store_true")
     args = parser.parse_args()
     root = args.root.resolve()
@@ -240,7 +328,14 @@ def main() -> int:
     try:
         with httpx.Client(base_url=server.base_url, timeout=600) as client:
             sae_id, cluster_id = populate(client, args.profiles, args.clusters)
-        asyncio.run(load(server.base_url, argparse.Namespace(**{**vars(args), "seconds": 3}), sae_id, cluster_id))  # warm-up
+        asyncio.run(
+            load(
+                server.base_url,
+                argparse.Namespace(**{**vars(args), "seconds": 3}),
+                sae_id,
+                cluster_id,
+            )
+        )  # warm-up
         prober = context.Process(target=probe, args=(server.base_url, stop, results))
         prober.start()
         time.sleep(args.idle)
@@ -259,15 +354,28 @@ def main() -> int:
     loaded = [ms for t, ms in samples if loaded_from <= t < loaded_to]
     threads = f"OMP_NUM_THREADS={args.threads}" if args.threads else "default threads"
     print(f"\nserved: {root} @ {commit_of(root)}; {MODEL} (demo), continuous batching, {threads}")
-    print(f"load: {args.streams} streams x {args.tokens} tokens, {args.seconds:g} s, {args.profiles} profiles, {args.clusters} clusters "
-          f"(one active), writer {'off' if args.no_writer else f'pause {args.write_pause * 1000:g} ms'}")
+    print(
+        f"load: {args.streams} streams x {args.tokens} tokens, {args.seconds:g} s, {args.profiles} profiles, {args.clusters} clusters "
+        f"(one active), writer {'off' if args.no_writer else f'pause {args.write_pause * 1000:g} ms'}"
+    )
     print(f"probe idle   {summary(idle)}")
     print(f"probe loaded {summary(loaded)}")
-    print(f"decode       {outcome['tokens'] / outcome['wall']:.1f} tok/s ({outcome['tokens']} tokens, {outcome['requests']} requests, {outcome['wall']:.1f} s)")
+    print(
+        f"decode       {outcome['tokens'] / outcome['wall']:.1f} tok/s ({outcome['tokens']} tokens, {outcome['requests']} requests, {outcome['wall']:.1f} s)"
+    )
     print(f"writes       {summary([ms for step in outcome['writes'].values() for ms in step])}")
     if outcome["writes"]:
-        print("  by step    " + ", ".join(f"{step} {percentile(ms, 0.5):.0f}/{max(ms):.0f}" for step, ms in outcome["writes"].items()) + " ms (p50/max)")
-    print(f"machine      {os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes count)")
+        print(
+            "  by step    "
+            + ", ".join(
+                f"{step} {percentile(ms, 0.5):.0f}/{max(ms):.0f}"
+                for step, ms in outcome["writes"].items()
+            )
+            + " ms (p50/max)"
+        )
+    print(
+        f"machine      {os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes count)"
+    )
     return 0
 
 

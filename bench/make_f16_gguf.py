@@ -15,7 +15,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-SKIP_KEYS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture", "general.file_type"}
+SKIP_KEYS = {
+    "GGUF.version",
+    "GGUF.tensor_count",
+    "GGUF.kv_count",
+    "general.architecture",
+    "general.file_type",
+}
 
 
 def copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> None:

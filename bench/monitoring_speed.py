@@ -29,14 +29,26 @@ PROMPT = "Here is a list of the numbers from 1 to 300, separated by commas: 1, 2
 MODES = {
     "off": {"enabled": False},
     "on, 0 features": {"enabled": True, "features": [], "positions": "all"},
-    "on, 16 features": {"enabled": True, "features": list(range(0, 2048, 128)), "positions": "all", "top_k": 16},
+    "on, 16 features": {
+        "enabled": True,
+        "features": list(range(0, 2048, 128)),
+        "positions": "all",
+        "top_k": 16,
+    },
     "on, all features (top 8)": {"enabled": True, "features": None, "positions": "all", "top_k": 8},
 }
 
 
 def decode_speed(base_url: str, tokens: int) -> float:
     """Streamed decode tok/s of one greedy completion, first token excluded."""
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     first = end = None
     used = 0
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=600) as response:
@@ -53,10 +65,14 @@ def decode_speed(base_url: str, tokens: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--home", type=Path, default=None, help="data directory (default: a temporary one)")
+    parser.add_argument(
+        "--home", type=Path, default=None, help="data directory (default: a temporary one)"
+    )
     args = parser.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix="millm-bench-"))
 
@@ -74,15 +90,19 @@ def main() -> int:
         server.stop()
 
     off = max(results["off"])
-    print(f"\n{MODEL}, demo SAE (layer 12, 2048 features), {args.tokens} greedy tokens, positions: all, best of {args.repeats}")
+    print(
+        f"\n{MODEL}, demo SAE (layer 12, 2048 features), {args.tokens} greedy tokens, positions: all, best of {args.repeats}"
+    )
     print("| monitoring | decode tok/s | vs off |")
     print("|---|---:|---:|")
     for mode, speeds in results.items():
         print(f"| {mode} | {max(speeds):.1f} | {max(speeds) / off:.3f} |")
     sixteen = max(results["on, 16 features"])
     print({m: [round(x, 1) for x in v] for m, v in results.items()})
-    print(f"\n16 features: {100 * (1 - sixteen / off):.1f}% slower than off (goal <= 10%); "
-          f"{stats['requests']} requests, {stats['positions_read']} positions recorded")
+    print(
+        f"\n16 features: {100 * (1 - sixteen / off):.1f}% slower than off (goal <= 10%); "
+        f"{stats['requests']} requests, {stats['positions_read']} positions recorded"
+    )
     return 0
 
 

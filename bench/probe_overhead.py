@@ -33,7 +33,15 @@ from decode_speed import PROMPT  # noqa: E402
 from steering_speed import demo_model_and_sae  # noqa: E402
 
 from millm.engine.generate import run_job  # noqa: E402
-from millm.engine.jobs import GenerationJob, ResidualRead, ResidualsRead, RowFinished, RowSpec, TextDelta, Watch  # noqa: E402
+from millm.engine.jobs import (  # noqa: E402
+    GenerationJob,
+    ResidualRead,
+    ResidualsRead,
+    RowFinished,
+    RowSpec,
+    TextDelta,
+    Watch,
+)
 from millm.engine.sampling import SamplingParams  # noqa: E402
 from millm.engine.watching import WatchState  # noqa: E402
 from millm.interp.steering import Attached, steering_edit  # noqa: E402
@@ -85,12 +93,20 @@ def completion_scores(lm, spec: RowSpec, point: int, probe: Probe) -> torch.Tens
     """The probe's scores over an unwatched run's completion."""
     captured = []
     reading = replace(spec, reads=(ResidualRead(point, False, "completion", "bench"),))
-    run_job(lm, GenerationJob(rows=[reading], emit=lambda e: captured.append(e) if isinstance(e, ResidualsRead) else None))
+    run_job(
+        lm,
+        GenerationJob(
+            rows=[reading],
+            emit=lambda e: captured.append(e) if isinstance(e, ResidualsRead) else None,
+        ),
+    )
     return probe(captured[0].residuals.to(lm.device, lm.model.dtype).float())
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
@@ -98,7 +114,9 @@ def main() -> int:
 
     lm, info, sae = demo_model_and_sae(args.dtype)
     point = info.layer
-    edit = steering_edit({info.id: {i: 4.0 for i in range(8)}}, {info.id: Attached(info, sae, point)})
+    edit = steering_edit(
+        {info.id: {i: 4.0 for i in range(8)}}, {info.id: Attached(info, sae, point)}
+    )
     direction = sae.W_dec[100].float()
     probe = Probe((direction / direction.norm()).to(lm.device), 0.5)
     prompt_ids = tuple(lm.tokenizer(PROMPT)["input_ids"])
@@ -119,15 +137,23 @@ def main() -> int:
             probed.append(decode_rate(lm, watched, rows))
         table.append((rows, bare, probed))
 
-    print(f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens per row, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs, "
-          f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
-    print("| rows | no watch best / median tok/s | report + steer watch best / median tok/s | watched / plain (medians) |")
+    print(
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens per row, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs, "
+        f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        "| rows | no watch best / median tok/s | report + steer watch best / median tok/s | watched / plain (medians) |"
+    )
     print("|---|---|---|---|")
     for rows, bare, probed in table:
         ratio = statistics.median(probed) / statistics.median(bare)
-        print(f"| {rows} | {max(bare):.1f} / {statistics.median(bare):.1f} | {max(probed):.1f} / {statistics.median(probed):.1f} | {ratio:.3f} |")
-    print(f"\none watch on one decode position: {scoring_cost(lm, report):.1f} µs (best of 5 x 1000)")
+        print(
+            f"| {rows} | {max(bare):.1f} / {statistics.median(bare):.1f} | {max(probed):.1f} / {statistics.median(probed):.1f} | {ratio:.3f} |"
+        )
+    print(
+        f"\none watch on one decode position: {scoring_cost(lm, report):.1f} µs (best of 5 x 1000)"
+    )
     print("(goal >= 0.9)")
     return 0
 

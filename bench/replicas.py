@@ -136,14 +136,23 @@ def build_tiny(work: Path, seed: int) -> tuple[Path, Path]:
     return model, sae
 
 
-def start_replicas(count: int, work: Path, model: Path | None, sae: Path, url: str) -> list[Replica]:
+def start_replicas(
+    count: int, work: Path, model: Path | None, sae: Path, url: str
+) -> list[Replica]:
     """`count` servers on one database, started together, each waited for; stopped again if any fails."""
     args = ["--model", str(model)] if model is not None else []
     allowed = [work, sae] + ([model] if model is not None else [])
     servers = []
     try:
         for n in range(count):
-            servers.append(ServerProcess(work / f"home-{NAMES[n].lower()}", args, env={"DATABASE_URL": url}, allowed=allowed))
+            servers.append(
+                ServerProcess(
+                    work / f"home-{NAMES[n].lower()}",
+                    args,
+                    env={"DATABASE_URL": url},
+                    allowed=allowed,
+                )
+            )
         for server in servers:
             server.wait_ready(timeout=600)
     except BaseException:
@@ -162,10 +171,16 @@ def attach_everywhere(replicas: list[Replica], sae: Path) -> tuple[str, int]:
     info = registered.json()
     sae_id = info["id"]
     attached = a.client.post(f"/api/saes/{sae_id}/attach")
-    if attached.status_code != 200 and not is_attached(a, sae_id):  # the demo's own SAE is attached already
+    if attached.status_code != 200 and not is_attached(
+        a, sae_id
+    ):  # the demo's own SAE is attached already
         raise RuntimeError(f"attaching {sae_id} on A: {attached.status_code} {attached.text}")
     for replica in replicas:
-        until(lambda r=replica: is_attached(r, sae_id), timeout=60, what=f"{sae_id} attached on {replica.name}")
+        until(
+            lambda r=replica: is_attached(r, sae_id),
+            timeout=60,
+            what=f"{sae_id} attached on {replica.name}",
+        )
     return sae_id, int(info["d_sae"])
 
 
@@ -179,7 +194,9 @@ def put(replica: Replica, sae_id: str, index: int, strength: float) -> tuple[flo
     """(wall clock before sending, write ms, the change's version)."""
     wall = time.time()
     start = time.perf_counter()
-    response = replica.client.put(f"/api/steering/saes/{sae_id}/features/{index}", json={"strength": strength})
+    response = replica.client.put(
+        f"/api/steering/saes/{sae_id}/features/{index}", json={"strength": strength}
+    )
     write_ms = (time.perf_counter() - start) * 1000
     if response.status_code != 200:
         raise RuntimeError(f"PUT on {replica.name}: {response.status_code} {response.text}")
@@ -187,7 +204,9 @@ def put(replica: Replica, sae_id: str, index: int, strength: float) -> tuple[flo
     return wall, write_ms, int(body["steering"]["version"])
 
 
-def watch(replica: Replica, version: int, since: float, wall: float, write_ms: float, applied_target: int) -> Timing:
+def watch(
+    replica: Replica, version: int, since: float, wall: float, write_ms: float, applied_target: int
+) -> Timing:
     """Poll `replica` (its own client, no sleep) until its version reaches `version`, then read
     when its listener applied the change (`changes_applied` >= `applied_target`)."""
     polls, visible_ms = 0, None
@@ -222,10 +241,16 @@ def settle(replicas: list[Replica], clear: str | None = None) -> int:
     """Clear the live values of SAE `clear` through A (when given), wait until every replica has
     A's version and its listener has counted the notice; that version."""
     if clear is not None:
-        replicas[0].client.delete("/api/steering/features", params={"sae_id": clear}).raise_for_status()
+        replicas[0].client.delete(
+            "/api/steering/features", params={"sae_id": clear}
+        ).raise_for_status()
     version = replicas[0].get("/api/steering")["version"]
     for replica in replicas:
-        until(lambda r=replica: r.get("/api/steering")["version"] >= version, timeout=60, what=f"version {version} on {replica.name}")
+        until(
+            lambda r=replica: r.get("/api/steering")["version"] >= version,
+            timeout=60,
+            what=f"version {version} on {replica.name}",
+        )
     time.sleep(0.3)  # a listener counts a notice just after its reload makes the version visible
     return version
 
@@ -243,8 +268,13 @@ def sequential(replicas: list[Replica], sae_id: str, d_sae: int, changes: int, r
             expected[index] = strength
             wall, write_ms, version = put(a, sae_id, index, strength)
             since = time.perf_counter()
-            jobs = [pool.submit(watch, r, version, since, wall, write_ms, applied0[r.name] + k) for r in others[1:]]
-            timings[others[0].name].append(watch(others[0], version, since, wall, write_ms, applied0[others[0].name] + k))
+            jobs = [
+                pool.submit(watch, r, version, since, wall, write_ms, applied0[r.name] + k)
+                for r in others[1:]
+            ]
+            timings[others[0].name].append(
+                watch(others[0], version, since, wall, write_ms, applied0[others[0].name] + k)
+            )
             for replica, job in zip(others[1:], jobs, strict=True):
                 timings[replica.name].append(job.result())
     settle(replicas)
@@ -302,7 +332,11 @@ def concurrent(replicas: list[Replica], sae_id: str, d_sae: int, changes: int, s
     reached = {}
     for replica in replicas:
         with contextlib.suppress(RuntimeError):
-            until(lambda r=replica: r.get("/api/steering")["version"] >= target, timeout=10, what=f"version {target} on {replica.name}")
+            until(
+                lambda r=replica: r.get("/api/steering")["version"] >= target,
+                timeout=10,
+                what=f"version {target} on {replica.name}",
+            )
         reached[replica.name] = replica.get("/api/steering")["version"]
     applied = {r.name: r.health()["changes_applied"] - applied0[r.name] for r in replicas}
     finals = {r.name: features_of(r, sae_id) for r in replicas}
@@ -328,17 +362,27 @@ def column(timings: list[Timing], attribute: str) -> list[float]:
     return [v for t in timings if (v := getattr(t, attribute)) is not None]
 
 
-def lost(finals: dict[str, dict[int, float]], expected: dict[int, float], reference: str) -> list[str]:
+def lost(
+    finals: dict[str, dict[int, float]], expected: dict[int, float], reference: str
+) -> list[str]:
     """What differs: each replica's final values against the reference replica's, and those against the client's."""
     problems = []
     want = finals[reference]
     for name, values in finals.items():
         if values != want:
             diff = sorted(i for i in set(values) | set(want) if values.get(i) != want.get(i))
-            problems.append(f"{name} differs from {reference} at {len(diff)} feature(s) ({diff[:8]})")
-    wrong = sorted(i for i in set(want) | set(expected) if want.get(i) is None or expected.get(i) is None or abs(want[i] - expected[i]) > 1e-4)
+            problems.append(
+                f"{name} differs from {reference} at {len(diff)} feature(s) ({diff[:8]})"
+            )
+    wrong = sorted(
+        i
+        for i in set(want) | set(expected)
+        if want.get(i) is None or expected.get(i) is None or abs(want[i] - expected[i]) > 1e-4
+    )
     if wrong:
-        problems.append(f"{reference} differs from the last strengths the client set at {len(wrong)} feature(s) ({wrong[:8]})")
+        problems.append(
+            f"{reference} differs from the last strengths the client set at {len(wrong)} feature(s) ({wrong[:8]})"
+        )
     return problems
 
 
@@ -346,18 +390,30 @@ def fmt(value: float) -> str:
     return f"{value:.2f}" if value == value else "–"
 
 
-def print_sequential(timings, applied, finals, expected, idle, changes: int, names: list[str]) -> bool:
+def print_sequential(
+    timings, applied, finals, expected, idle, changes: int, names: list[str]
+) -> bool:
     others = names[1:]
     header = ["ms", "write on A"]
     for name in others:
-        header += [f"visible on {name}", f"applied on {name} (server clock, from before the PUT)", f"applied on {name}, from A's response",
-                   f"GETs on {name} until visible (count)"]
+        header += [
+            f"visible on {name}",
+            f"applied on {name} (server clock, from before the PUT)",
+            f"applied on {name}, from A's response",
+            f"GETs on {name} until visible (count)",
+        ]
     print(f"### 1. {changes} changes through A, one at a time\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     writes = quantiles(column(timings[others[0]], "write_ms"))
-    per = {n: [quantiles(column(timings[n], a)) for a in ("visible_ms", "applied_ms", "after_response_ms")] + [quantiles([float(t.polls) for t in timings[n]])]
-           for n in others}
+    per = {
+        n: [
+            quantiles(column(timings[n], a))
+            for a in ("visible_ms", "applied_ms", "after_response_ms")
+        ]
+        + [quantiles([float(t.polls) for t in timings[n]])]
+        for n in others
+    }
     for row, label in enumerate(("p50", "p90", "p99", "max")):
         cells = [label, fmt(writes[row])]
         for name in others:
@@ -366,11 +422,17 @@ def print_sequential(timings, applied, finals, expected, idle, changes: int, nam
         print("| " + " | ".join(cells) + " |")
     missing = {n: sum(t.visible_ms is None for t in timings[n]) for n in others}
     print()
-    floors = ", ".join(f"{n} p50 {fmt(quantiles(idle[n])[0])} / max {fmt(quantiles(idle[n])[3])}" for n in others)
-    print(f"one GET /api/steering with nothing changing ({len(idle[others[0]])} in a row, before the changes; the floor of \"visible\"), ms: {floors}")
+    floors = ", ".join(
+        f"{n} p50 {fmt(quantiles(idle[n])[0])} / max {fmt(quantiles(idle[n])[3])}" for n in others
+    )
+    print(
+        f'one GET /api/steering with nothing changing ({len(idle[others[0]])} in a row, before the changes; the floor of "visible"), ms: {floors}'
+    )
     counters = ", ".join(f"{n} {applied[n]}" for n in names)
     ok_counts = applied[names[0]] == 0 and all(applied[n] == changes for n in others)
-    print(f"changes_applied during the run: {counters} (expected: A 0, every other {changes}) {'✓' if ok_counts else '✗'}")
+    print(
+        f"changes_applied during the run: {counters} (expected: A 0, every other {changes}) {'✓' if ok_counts else '✗'}"
+    )
     problems = lost(finals, expected, names[0])
     if any(missing.values()):
         late = ", ".join(f"{n} {c}" for n, c in missing.items())
@@ -380,10 +442,14 @@ def print_sequential(timings, applied, finals, expected, idle, changes: int, nam
     return ok_counts and not problems
 
 
-def print_concurrent(results, failures, initial, reached, applied, finals, expected, changes: int, names: list[str]) -> bool:
+def print_concurrent(
+    results, failures, initial, reached, applied, finals, expected, changes: int, names: list[str]
+) -> bool:
     half = changes // 2
     print(f"\n### 2. {2 * half} changes at once: A and B {half} each, from two threads\n")
-    print("| direction | changes timed | write p50 / p90 / p99 / max | visible on the other p50 / p90 / p99 / max | applied on the other p50 / p90 / p99 / max | GETs until visible p50 / max |")
+    print(
+        "| direction | changes timed | write p50 / p90 / p99 / max | visible on the other p50 / p90 / p99 / max | applied on the other p50 / p90 / p99 / max | GETs until visible p50 / max |"
+    )
     print("|---|---|---|---|---|---|")
     for direction, timings in results.items():
         cells = [direction, str(len(timings))]
@@ -395,14 +461,22 @@ def print_concurrent(results, failures, initial, reached, applied, finals, expec
     target = initial + 2 * half
     print()
     ok_versions = all(v == target for v in reached.values())
-    print(f"final version: initial {initial} + {2 * half} changes = {target}; replicas: "
-          + ", ".join(f"{n} {v}" for n, v in reached.items()) + f" {'✓' if ok_versions else '✗'}")
+    print(
+        f"final version: initial {initial} + {2 * half} changes = {target}; replicas: "
+        + ", ".join(f"{n} {v}" for n, v in reached.items())
+        + f" {'✓' if ok_versions else '✗'}"
+    )
     want = {n: (half if n in names[:2] else 2 * half) for n in names}
     ok_counts = applied == want
-    print("changes_applied during the run: " + ", ".join(f"{n} {applied[n]}" for n in names)
-          + f" (expected: A and B {half} each, the other's; any other {2 * half}) {'✓' if ok_counts else '✗'}")
+    print(
+        "changes_applied during the run: "
+        + ", ".join(f"{n} {applied[n]}" for n in names)
+        + f" (expected: A and B {half} each, the other's; any other {2 * half}) {'✓' if ok_counts else '✗'}"
+    )
     problems = failures + lost(finals, expected, names[0])
-    verdict = "none: every replica ends with the same values, each thread's last strength per feature"
+    verdict = (
+        "none: every replica ends with the same values, each thread's last strength per feature"
+    )
     print(f"lost changes: {'; '.join(problems) if problems else verdict}")
     return ok_versions and ok_counts and not problems
 
@@ -410,7 +484,11 @@ def print_concurrent(results, failures, initial, reached, applied, finals, expec
 def machine(args, pg_bin: Path) -> str:
     cpu = platform.processor() or "?"
     with contextlib.suppress(OSError, StopIteration):
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     versions = []
     for name in ("millm", "torch", "transformers", "sqlalchemy", "psycopg", "uvicorn", "httpx"):
         try:
@@ -419,21 +497,53 @@ def machine(args, pg_bin: Path) -> str:
             versions.append(f"{name} (not installed)")
     postgres = "PostgreSQL ?"
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        postgres = subprocess.run([str(pg_bin / "postgres"), "--version"], capture_output=True, text=True, check=True).stdout.strip()
+        postgres = subprocess.run(
+            [str(pg_bin / "postgres"), "--version"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    model = "the demo model (SmolLM2-135M-Instruct)" if args.model == "demo" else (args.model or "the tests' tiny Llama (3 layers, d_model 64)")
-    return (f"{args.replicas} replicas serving {model}, one PostgreSQL on this machine; {cpu}, {os.cpu_count()} cores; "
-            f"{postgres}; {', '.join(versions)}; Python {platform.python_version()}; load average {load:.2f} at start")
+    model = (
+        "the demo model (SmolLM2-135M-Instruct)"
+        if args.model == "demo"
+        else (args.model or "the tests' tiny Llama (3 layers, d_model 64)")
+    )
+    return (
+        f"{args.replicas} replicas serving {model}, one PostgreSQL on this machine; {cpu}, {os.cpu_count()} cores; "
+        f"{postgres}; {', '.join(versions)}; Python {platform.python_version()}; load average {load:.2f} at start"
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--changes", type=int, default=None, help="steering changes per part (default 200; 20 with --quick)")
-    parser.add_argument("--replicas", type=int, default=2, help="millm processes on the database (default 2; at least 2)")
-    parser.add_argument("--model", default=None, help="a checkpoint folder, or 'demo' (default: the tests' tiny Llama, built here)")
-    parser.add_argument("--sae", default=None, help="the SAE to steer through (default: a tiny one for the tiny model, the demo SAE for the demo)")
-    parser.add_argument("--seed", type=int, default=0, help="features and strengths (and the tiny model's weights)")
-    parser.add_argument("--quick", action="store_true", help="20 changes: checks the script end to end")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--changes",
+        type=int,
+        default=None,
+        help="steering changes per part (default 200; 20 with --quick)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=2,
+        help="millm processes on the database (default 2; at least 2)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a checkpoint folder, or 'demo' (default: the tests' tiny Llama, built here)",
+    )
+    parser.add_argument(
+        "--sae",
+        default=None,
+        help="the SAE to steer through (default: a tiny one for the tiny model, the demo SAE for the demo)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="features and strengths (and the tiny model's weights)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="20 changes: checks the script end to end"
+    )
     args = parser.parse_args()
     if args.changes is None:
         args.changes = 20 if args.quick else 200
@@ -458,7 +568,9 @@ def main() -> int:
                 parser.error("--model PATH needs --sae PATH (an SAE for that model)")
             model, sae = Path(args.model).resolve(), Path(args.sae)
         sae = sae.resolve()
-        print(f"## Replicas: propagation of steering changes{' (--quick: too few changes to read figures from)' if args.quick else ''}\n")
+        print(
+            f"## Replicas: propagation of steering changes{' (--quick: too few changes to read figures from)' if args.quick else ''}\n"
+        )
         print(machine(args, pg_bin))
         postgres = PostgresServer()
         replicas = start_replicas(args.replicas, work, model, sae, postgres.url)
@@ -466,20 +578,35 @@ def main() -> int:
         sae_id, d_sae = attach_everywhere(replicas, sae)
         rng = random.Random(args.seed)
         sequential(replicas, sae_id, d_sae, 3, rng)  # warm-up: connections, first reloads
-        print(f"\nSAE {sae_id} ({d_sae} features) attached on every replica; replica ids "
-              + ", ".join(f"{r.name} {r.health()['replica_id']}" for r in replicas) + "\n")
+        print(
+            f"\nSAE {sae_id} ({d_sae} features) attached on every replica; replica ids "
+            + ", ".join(f"{r.name} {r.health()['replica_id']}" for r in replicas)
+            + "\n"
+        )
 
-        ok = print_sequential(*sequential(replicas, sae_id, d_sae, args.changes, rng), args.changes, names)
-        ok = print_concurrent(*concurrent(replicas, sae_id, d_sae, args.changes, args.seed), args.changes, names) and ok
+        ok = print_sequential(
+            *sequential(replicas, sae_id, d_sae, args.changes, rng), args.changes, names
+        )
+        ok = (
+            print_concurrent(
+                *concurrent(replicas, sae_id, d_sae, args.changes, args.seed), args.changes, names
+            )
+            and ok
+        )
         losses = {r.name: r.health()["connection_losses"] for r in replicas}
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        print(f"\nconnection losses: {', '.join(f'{n} {v}' for n, v in losses.items())}; load average {load:.2f} at the end; "
-              f"{time.perf_counter() - began:.0f} s in all")
+        print(
+            f"\nconnection losses: {', '.join(f'{n} {v}' for n, v in losses.items())}; load average {load:.2f} at the end; "
+            f"{time.perf_counter() - began:.0f} s in all"
+        )
         return 0 if ok else 1
     except BaseException:
         for replica in replicas:
             tail = replica.server.log.splitlines()[-20:]
-            print(f"\n--- replica {replica.name}'s log, last lines ---\n" + "\n".join(tail), file=sys.stderr)
+            print(
+                f"\n--- replica {replica.name}'s log, last lines ---\n" + "\n".join(tail),
+                file=sys.stderr,
+            )
         raise
     finally:
         for replica in replicas:

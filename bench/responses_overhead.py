@@ -63,9 +63,16 @@ def streamed(client: httpx.Client, path: str, body: dict) -> tuple[float, float,
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            event = json.loads(line[len("data: "):])
-            piece = event.get("delta") if event.get("type") == "response.output_text.delta" else (
-                (event.get("choices") or [{}])[0].get("delta", {}).get("content") if "choices" in event else None)
+            event = json.loads(line[len("data: ") :])
+            piece = (
+                event.get("delta")
+                if event.get("type") == "response.output_text.delta"
+                else (
+                    (event.get("choices") or [{}])[0].get("delta", {}).get("content")
+                    if "choices" in event
+                    else None
+                )
+            )
             if piece:
                 first = first if first is not None else (time.perf_counter() - began) * 1000
                 text += piece
@@ -78,46 +85,98 @@ def summary(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the demo model)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a model folder (default: the demo model)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as home:
-        server = ServerProcess(Path(home), ["--model", str(args.model)] if args.model else [], allowed=[Path(home)]).wait_ready()
+        server = ServerProcess(
+            Path(home), ["--model", str(args.model)] if args.model else [], allowed=[Path(home)]
+        ).wait_ready()
         try:
             client = httpx.Client(base_url=server.base_url, timeout=300)
             model = client.get("/v1/models").json()["data"][0]["id"]
-            chat = {"model": model, "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
-                    "max_tokens": args.tokens, "temperature": 0, "seed": 1}
-            resp = {"model": model, "instructions": SYSTEM, "input": QUESTION, "max_output_tokens": args.tokens, "temperature": 0, "seed": 1}
-            timed(client, "/v1/chat/completions", chat)  # warm-up: the first request pays for lazy set-up
+            chat = {
+                "model": model,
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": QUESTION},
+                ],
+                "max_tokens": args.tokens,
+                "temperature": 0,
+                "seed": 1,
+            }
+            resp = {
+                "model": model,
+                "instructions": SYSTEM,
+                "input": QUESTION,
+                "max_output_tokens": args.tokens,
+                "temperature": 0,
+                "seed": 1,
+            }
+            timed(
+                client, "/v1/chat/completions", chat
+            )  # warm-up: the first request pays for lazy set-up
             timed(client, "/v1/responses", resp)
-            rows: dict[str, dict[str, list[float]]] = {k: {"chat": [], "responses": []} for k in ("whole", "first text", "stream end", "continue")}
+            rows: dict[str, dict[str, list[float]]] = {
+                k: {"chat": [], "responses": []}
+                for k in ("whole", "first text", "stream end", "continue")
+            }
             for i in range(args.requests):
                 order = ("chat", "responses") if i % 2 == 0 else ("responses", "chat")
                 texts = {}
                 for kind in order:
                     if kind == "chat":
                         ms, body = timed(client, "/v1/chat/completions", chat)
-                        texts[kind] = (body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
+                        texts[kind] = (
+                            body["choices"][0]["message"]["content"],
+                            body["usage"]["prompt_tokens"],
+                            body["usage"]["completion_tokens"],
+                        )
                         first, end, streamed_text = streamed(client, "/v1/chat/completions", chat)
-                        turn = {**chat, "messages": [*chat["messages"], {"role": "assistant", "content": texts[kind][0]}, {"role": "user", "content": FOLLOW_UP}]}
+                        turn = {
+                            **chat,
+                            "messages": [
+                                *chat["messages"],
+                                {"role": "assistant", "content": texts[kind][0]},
+                                {"role": "user", "content": FOLLOW_UP},
+                            ],
+                        }
                         more, _ = timed(client, "/v1/chat/completions", turn)
                     else:
                         ms, body = timed(client, "/v1/responses", resp)
-                        texts[kind] = (body["output"][0]["content"][0]["text"], body["usage"]["input_tokens"], body["usage"]["output_tokens"])
+                        texts[kind] = (
+                            body["output"][0]["content"][0]["text"],
+                            body["usage"]["input_tokens"],
+                            body["usage"]["output_tokens"],
+                        )
                         first, end, streamed_text = streamed(client, "/v1/responses", resp)
-                        more, _ = timed(client, "/v1/responses", {**resp, "input": FOLLOW_UP, "previous_response_id": body["id"]})
+                        more, _ = timed(
+                            client,
+                            "/v1/responses",
+                            {**resp, "input": FOLLOW_UP, "previous_response_id": body["id"]},
+                        )
                     assert streamed_text == texts[kind][0], (kind, streamed_text, texts[kind][0])
-                    for name, value in (("whole", ms), ("first text", first), ("stream end", end), ("continue", more)):
+                    for name, value in (
+                        ("whole", ms),
+                        ("first text", first),
+                        ("stream end", end),
+                        ("continue", more),
+                    ):
                         rows[name][kind].append(value)
                 assert texts["chat"] == texts["responses"], texts
         finally:
             server.stop()
 
-    print(f"{platform.processor() or platform.machine()}, {args.requests} pairs, {args.tokens} tokens, model {model}")
+    print(
+        f"{platform.processor() or platform.machine()}, {args.requests} pairs, {args.tokens} tokens, model {model}"
+    )
     print("| request | chat p50 / p90 / max | responses p50 / p90 / max | p50 difference |")
     print("|---|---|---|---|")
     for name, kinds in rows.items():

@@ -48,7 +48,12 @@ def decode_rate(lm, prompt_ids, tokens, edit) -> float:
             marks.append(time.perf_counter())
             count.append(event.completion_tokens)
 
-    spec = RowSpec(prompt_ids=tuple(prompt_ids), sampling=SamplingParams(temperature=0.0), max_tokens=tokens, edit=edit)
+    spec = RowSpec(
+        prompt_ids=tuple(prompt_ids),
+        sampling=SamplingParams(temperature=0.0),
+        max_tokens=tokens,
+        edit=edit,
+    )
     run_job(lm, GenerationJob(rows=[spec], emit=emit))
     return (count[0] - 1) / (marks[-1] - marks[0])
 
@@ -64,11 +69,18 @@ def demo_model_and_sae(dtype: str):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--layers", type=int, default=1, help="steer at this many layers (the SAE's, then neighbours)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=1,
+        help="steer at this many layers (the SAE's, then neighbours)",
+    )
     args = parser.parse_args()
 
     lm, info, sae = demo_model_and_sae(args.dtype)
@@ -87,12 +99,16 @@ def main() -> int:
         plain.append(decode_rate(lm, prompt_ids, args.tokens, None))
         steered.append(decode_rate(lm, prompt_ids, args.tokens, edit))
 
-    print(f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs")
+    print(
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs"
+    )
     print("| path | best tok/s | median tok/s |")
     print("|---|---|---|")
     print(f"| unsteered | {max(plain):.1f} | {statistics.median(plain):.1f} |")
-    print(f"| steered (8 features at {args.layers} layer{'s' if args.layers > 1 else ''}) | {max(steered):.1f} | {statistics.median(steered):.1f} |")
+    print(
+        f"| steered (8 features at {args.layers} layer{'s' if args.layers > 1 else ''}) | {max(steered):.1f} | {statistics.median(steered):.1f} |"
+    )
     ratio = statistics.median(steered) / statistics.median(plain)
     print(f"\nsteered / unsteered (medians) = {ratio:.3f}  (goal >= 0.98)")
     return 0

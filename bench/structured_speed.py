@@ -36,14 +36,23 @@ SCHEMA = {
     "properties": {
         "title": {"type": "string", "maxLength": 80},
         "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
-        "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "action", "documentary"]}, "maxItems": 3},
+        "genres": {
+            "type": "array",
+            "items": {"enum": ["drama", "comedy", "action", "documentary"]},
+            "maxItems": 3,
+        },
         "summary": {"type": "string", "maxLength": 300},
         "rating": {"type": "number", "minimum": 0, "maximum": 10},
     },
     "required": ["title", "year", "genres", "summary", "rating"],
     "additionalProperties": False,
 }
-MESSAGES = [{"role": "user", "content": "Describe the film Casablanca as JSON with title, year, genres, summary and rating."}]
+MESSAGES = [
+    {
+        "role": "user",
+        "content": "Describe the film Casablanca as JSON with title, year, genres, summary and rating.",
+    }
+]
 
 
 def run(lm, prompt, tokens, constraint) -> tuple[float, int]:
@@ -57,13 +66,20 @@ def run(lm, prompt, tokens, constraint) -> tuple[float, int]:
             marks.append(time.perf_counter())
             counts.append(event.completion_tokens)
 
-    spec = RowSpec(prompt_ids=tuple(prompt), sampling=SamplingParams(temperature=0.0), max_tokens=tokens, constraint=constraint)
+    spec = RowSpec(
+        prompt_ids=tuple(prompt),
+        sampling=SamplingParams(temperature=0.0),
+        max_tokens=tokens,
+        constraint=constraint,
+    )
     run_job(lm, GenerationJob(rows=[spec], emit=emit))
     return (counts[0] - 1) / (marks[-1] - marks[0]), counts[0]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
@@ -88,17 +104,27 @@ def main() -> int:
         constrained.append(rate)
         lengths.append(count)
     free_lm = replace(lm, eos_token_ids=frozenset())
-    free = [run(free_lm, prompt, int(statistics.median(lengths)), None)[0] for _ in range(args.repeats)]
+    free = [
+        run(free_lm, prompt, int(statistics.median(lengths)), None)[0] for _ in range(args.repeats)
+    ]
 
-    print(f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), greedy, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {args.repeats} runs each")
+    print(
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), greedy, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {args.repeats} runs each"
+    )
     print("| measure | best | median |")
     print("|---|---|---|")
     print(f"| llguidance tokenizer set-up, once per model (s) | {setup_s:.2f} | - |")
-    print(f"| schema compile + first mask (ms) | {min(compiles):.2f} | {statistics.median(compiles):.2f} |")
+    print(
+        f"| schema compile + first mask (ms) | {min(compiles):.2f} | {statistics.median(compiles):.2f} |"
+    )
     print(f"| unconstrained decode (tok/s) | {max(free):.1f} | {statistics.median(free):.1f} |")
-    print(f"| constrained decode, {int(statistics.median(lengths))}-token document (tok/s) | {max(constrained):.1f} | {statistics.median(constrained):.1f} |")
-    print(f"\nconstrained / unconstrained (medians) = {statistics.median(constrained) / statistics.median(free):.3f}")
+    print(
+        f"| constrained decode, {int(statistics.median(lengths))}-token document (tok/s) | {max(constrained):.1f} | {statistics.median(constrained):.1f} |"
+    )
+    print(
+        f"\nconstrained / unconstrained (medians) = {statistics.median(constrained) / statistics.median(free):.3f}"
+    )
     return 0
 
 

@@ -29,14 +29,25 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
         shown = "per-user data folder" if name == "home" else default
         help_text = f"{description} [env: {env}; default: {shown}]"
         if annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
-            parser.add_argument(flag, dest=name, default=None, choices=choices, metavar=None if choices else env, help=help_text)
+            parser.add_argument(
+                flag,
+                dest=name,
+                default=None,
+                choices=choices,
+                metavar=None if choices else env,
+                help=help_text,
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with its `serve` sub-command."""
-    parser = argparse.ArgumentParser(prog="millm", description="OpenAI-compatible server with SAE feature steering.")
+    parser = argparse.ArgumentParser(
+        prog="millm", description="OpenAI-compatible server with SAE feature steering."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
@@ -49,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from the environment, overridden by the options given on the command line."""
-    given = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in Settings.model_fields
+        if getattr(args, name, None) is not None
+    }
     return settings_with(given)
 
 
@@ -103,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         for error in exc.errors():
             env = str(error["loc"][0]) if error["loc"] else ""
             if env in flags:
-                print(f"millm: invalid value for {flags[env]} (env {env}): {error['msg']}", file=sys.stderr)
+                print(
+                    f"millm: invalid value for {flags[env]} (env {env}): {error['msg']}",
+                    file=sys.stderr,
+                )
             else:  # a rule across settings (the keys); pydantic prefixes its message
                 print(f"millm: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
@@ -111,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Alembic narrates every start (its set-up and each migration step) at info: warnings and errors only.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level.upper())))
+    logging.getLogger("alembic").setLevel(
+        max(logging.WARNING, logging.getLevelName(settings.log_level.upper()))
+    )
     # The MCP SDK logs each stateless /mcp call's transport ending at info; uvicorn's access line says enough.
-    logging.getLogger("mcp").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level.upper())))
+    logging.getLogger("mcp").setLevel(
+        max(logging.WARNING, logging.getLevelName(settings.log_level.upper()))
+    )
     if args.command == "serve":
         return serve(settings)
     return 2

@@ -20,7 +20,14 @@ class MillmError(Exception):
     code: str = "internal_error"
     type: str = "server_error"
 
-    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, type: str | None = None, **kwargs):
+    def __init_subclass__(
+        cls,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        **kwargs,
+    ):
         super().__init_subclass__(**kwargs)
         if status is None and code is None and type is None:
             return  # a subclass that changes behaviour only (a message, extra fields), not the row
@@ -48,6 +55,8 @@ def table() -> list[tuple[str, int, str, type[MillmError]]]:
 
 
 # The table. Request errors (400-413) first, then the server's state (404/409/500/503).
+# One row a class, read down the columns: the formatter leaves it as written.
+# fmt: off
 # ---- the request itself is wrong; retrying it unchanged can never succeed
 class InvalidRequest(MillmError, status=400, code="invalid_parameter", type="invalid_request_error"): """A field out of range, of the wrong type, or a rule across fields."""
 class FieldNotHonoured(InvalidRequest, status=400, code="field_not_honoured", type="invalid_request_error"): """An output-changing field this endpoint or engine cannot honour."""
@@ -120,6 +129,7 @@ class ServerShuttingDown(MillmError, status=503, code="server_shutting_down", ty
 class StoreUnavailable(MillmError, status=503, code="store_unavailable", type="server_error"): """The database cannot be reached now; nothing was changed."""
 # The spec types this invalid_request_error: the request names something that does not fit.
 class InsufficientMemory(MillmError, status=503, code="insufficient_memory", type="invalid_request_error"): """A device ran out of memory."""
+# fmt: on
 
 
 class InsufficientMemoryToLoad(InsufficientMemory):

@@ -48,7 +48,9 @@ class Settings(BaseSettings):
         "Model to load: the demo name, a packaged model (gemma3-270m), a checkpoint directory, a .gguf file or a Hugging Face hub id.",
     )
     served_model_name: str | None = env_field(
-        None, "MILLM_SERVED_MODEL_NAME", "Name clients use for the model (default: derived from --model)."
+        None,
+        "MILLM_SERVED_MODEL_NAME",
+        "Name clients use for the model (default: derived from --model).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = env_field(
         "auto",
@@ -69,7 +71,9 @@ class Settings(BaseSettings):
         "needs millm[gguf]), or auto = transformers unless a .gguf file's dequantised weights would not fit "
         "in memory and llama.cpp is installed.",
     )
-    device: str = env_field("auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.")
+    device: str = env_field(
+        "auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
+    )
     max_model_len: int | None = env_field(
         None, "MILLM_MAX_MODEL_LEN", "Context window in tokens (default: the model's own).", ge=16
     )
@@ -99,7 +103,10 @@ class Settings(BaseSettings):
         "seeded requests still run on the serial path and response_format is refused.",
     )
     max_batch_size: int = env_field(
-        16, "MAX_BATCH_SIZE", "Rows a continuous batch steps together; later requests wait in the queue.", ge=1
+        16,
+        "MAX_BATCH_SIZE",
+        "Rows a continuous batch steps together; later requests wait in the queue.",
+        ge=1,
     )
     prefix_cache_bytes: int | None = env_field(
         None,
@@ -130,7 +137,10 @@ class Settings(BaseSettings):
         ge=1,
     )
     sae_activations_max_top_k: int = env_field(
-        64, "SAE_ACTIVATIONS_MAX_TOP_K", "Largest top_k a return_sae_activations request may ask for.", ge=1
+        64,
+        "SAE_ACTIVATIONS_MAX_TOP_K",
+        "Largest top_k a return_sae_activations request may ask for.",
+        ge=1,
     )
     sae_activations_max_entries: int = env_field(
         65536,
@@ -152,10 +162,17 @@ class Settings(BaseSettings):
         ge=2,
     )
     monitoring_history: int = env_field(
-        1000, "MONITORING_HISTORY", "Per-request monitoring records kept (oldest dropped first).", ge=1
+        1000,
+        "MONITORING_HISTORY",
+        "Per-request monitoring records kept (oldest dropped first).",
+        ge=1,
     )
     max_jobs: int = env_field(
-        2, "MILLM_MAX_JOBS", "Jobs (calibration, AutoSteer, probe and vector training) that may run at once; past it, 503 queue_full.", ge=1, le=16
+        2,
+        "MILLM_MAX_JOBS",
+        "Jobs (calibration, AutoSteer, probe and vector training) that may run at once; past it, 503 queue_full.",
+        ge=1,
+        le=16,
     )
     job_share: float = env_field(
         0.25,
@@ -174,7 +191,7 @@ class Settings(BaseSettings):
     prompted_tools: Literal["auto", "on", "off"] = env_field(
         "auto",
         "MILLM_PROMPTED_TOOLS",
-        "For models whose chat template takes no tools: offer tool_choice \"auto\" tools in a system message "
+        'For models whose chat template takes no tools: offer tool_choice "auto" tools in a system message '
         "(on), never (off: answered as text, tools reported ignored), or only for models of 1B parameters "
         "and more (auto; smaller ones did not follow the format in our measurements).",
     )
@@ -185,22 +202,37 @@ class Settings(BaseSettings):
         ge=0,
     )
     responses_retention_days: float = env_field(
-        30.0, "MILLM_RESPONSES_RETENTION_DAYS", "How long a stored /v1/responses answer is kept (OpenAI keeps 30 days).", gt=0
+        30.0,
+        "MILLM_RESPONSES_RETENTION_DAYS",
+        "How long a stored /v1/responses answer is kept (OpenAI keeps 30 days).",
+        gt=0,
     )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",
-        "Cap of the X-miLLM-Ignored-Fields header; past it the last entry is \"+N more\".",
+        'Cap of the X-miLLM-Ignored-Fields header; past it the last entry is "+N more".',
         ge=64,
     )
     cluster_intensity_min: float = env_field(
-        0.5, "CLUSTER_INTENSITY_MIN", "Floor of the cluster dial's \"min\" when a cluster declares no intensity_range.", ge=0, le=2
+        0.5,
+        "CLUSTER_INTENSITY_MIN",
+        'Floor of the cluster dial\'s "min" when a cluster declares no intensity_range.',
+        ge=0,
+        le=2,
     )
     circuit_intensity_min: float = env_field(
-        0.0, "CIRCUIT_INTENSITY_MIN", "Floor of the circuit dial when a circuit declares no intensity_range.", ge=0, le=2
+        0.0,
+        "CIRCUIT_INTENSITY_MIN",
+        "Floor of the circuit dial when a circuit declares no intensity_range.",
+        ge=0,
+        le=2,
     )
     steering_intensity_max: float = env_field(
-        2.0, "STEERING_INTENSITY_MAX", "The configured maximum of the intensity dial (within the [0, 2] envelope).", ge=0, le=2
+        2.0,
+        "STEERING_INTENSITY_MAX",
+        "The configured maximum of the intensity dial (within the [0, 2] envelope).",
+        ge=0,
+        le=2,
     )
     database_url: str | None = env_field(
         None,
@@ -216,13 +248,17 @@ class Settings(BaseSettings):
         "Key clients send as 'Authorization: Bearer <key>' for /v1 (unset: /v1 is open). "
         "Prefer MILLM_API_KEY_FILE: a command-line key shows in process listings.",
     )
-    api_key_file: Path | None = env_field(None, "MILLM_API_KEY_FILE", "File holding MILLM_API_KEY (first line).")
+    api_key_file: Path | None = env_field(
+        None, "MILLM_API_KEY_FILE", "File holding MILLM_API_KEY (first line)."
+    )
     admin_key: SecretStr | None = env_field(
         None,
         "MILLM_ADMIN_KEY",
         "Key for every /api route that changes state; it also opens /v1 (unset: those routes are open).",
     )
-    admin_key_file: Path | None = env_field(None, "MILLM_ADMIN_KEY_FILE", "File holding MILLM_ADMIN_KEY (first line).")
+    admin_key_file: Path | None = env_field(
+        None, "MILLM_ADMIN_KEY_FILE", "File holding MILLM_ADMIN_KEY (first line)."
+    )
     allowed_paths: Annotated[list[Path], NoDecode] = env_field(
         [],
         "MILLM_ALLOWED_PATHS",
@@ -230,7 +266,10 @@ class Settings(BaseSettings):
         "over HTTP (SAE and model registration) may be read; --model is always allowed.",
     )
     max_request_bytes: int = env_field(
-        4 * 1024 * 1024, "MAX_REQUEST_BYTES", "Largest request body; past it, 413 before the body is read.", ge=1024
+        4 * 1024 * 1024,
+        "MAX_REQUEST_BYTES",
+        "Largest request body; past it, 413 before the body is read.",
+        ge=1024,
     )
     max_import_bytes: int = env_field(
         1_000_000,
@@ -268,11 +307,15 @@ class Settings(BaseSettings):
         # Only float32 on the CPU, on kernels millm chooses, can be made the same on every CPU kind.
         if not self.reproducible:
             return self
-        for name, value, allowed, fixed in (("MILLM_DTYPE", self.dtype, ("auto", "float32"), "float32"),
-                                            ("MILLM_ENGINE", self.engine, ("auto", "transformers"), "transformers"),
-                                            ("MILLM_DEVICE", self.device, ("auto", "cpu"), "cpu")):
+        for name, value, allowed, fixed in (
+            ("MILLM_DTYPE", self.dtype, ("auto", "float32"), "float32"),
+            ("MILLM_ENGINE", self.engine, ("auto", "transformers"), "transformers"),
+            ("MILLM_DEVICE", self.device, ("auto", "cpu"), "cpu"),
+        ):
             if value not in allowed:
-                raise ValueError(f"MILLM_REPRODUCIBLE runs {fixed} only; {name} {value!r} cannot be reproduced across CPUs")
+                raise ValueError(
+                    f"MILLM_REPRODUCIBLE runs {fixed} only; {name} {value!r} cannot be reproduced across CPUs"
+                )
         self.dtype, self.engine, self.device = "float32", "transformers", "cpu"
         return self
 
@@ -280,9 +323,15 @@ class Settings(BaseSettings):
     def _keys_from_files(self):
         self.api_key = key_setting(self.api_key, self.api_key_file, "MILLM_API_KEY")
         self.admin_key = key_setting(self.admin_key, self.admin_key_file, "MILLM_ADMIN_KEY")
-        if self.api_key is not None and self.admin_key is not None and self.api_key.get_secret_value() == self.admin_key.get_secret_value():
+        if (
+            self.api_key is not None
+            and self.admin_key is not None
+            and self.api_key.get_secret_value() == self.admin_key.get_secret_value()
+        ):
             # One key for both would let every chat client change what all the others get.
-            raise ValueError("MILLM_API_KEY and MILLM_ADMIN_KEY must differ (the admin key alone opens /v1 too)")
+            raise ValueError(
+                "MILLM_API_KEY and MILLM_ADMIN_KEY must differ (the admin key alone opens /v1 too)"
+            )
         return self
 
     @property
@@ -304,7 +353,9 @@ def key_setting(key: SecretStr | None, file: Path | None, env: str) -> SecretStr
         try:
             lines = file.expanduser().read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{env}_FILE {str(file)!r} cannot be read ({type(exc).__name__})") from None
+            raise ValueError(
+                f"{env}_FILE {str(file)!r} cannot be read ({type(exc).__name__})"
+            ) from None
         key = SecretStr(lines[0].strip() if lines else "")
     if key is None:
         return None
@@ -329,5 +380,12 @@ def settings_options() -> list[tuple[str, str, object, str]]:
     for name, info in Settings.model_fields.items():
         extra = info.json_schema_extra
         env = extra.get("env") if isinstance(extra, dict) else None
-        rows.append((name, env if isinstance(env, str) else name.upper(), info.default, info.description or ""))
+        rows.append(
+            (
+                name,
+                env if isinstance(env, str) else name.upper(),
+                info.default,
+                info.description or "",
+            )
+        )
     return rows

@@ -88,7 +88,9 @@ def gemma2_lm(tiny_dirs, tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_server(tiny_dirs, tmp_path_factory):
     """A live server on the tiny Llama (context 128 tokens)."""
-    server = ServerProcess(tmp_path_factory.mktemp("server-home"), ["--model", str(tiny_dirs["llama"])])
+    server = ServerProcess(
+        tmp_path_factory.mktemp("server-home"), ["--model", str(tiny_dirs["llama"])]
+    )
     try:
         yield server.wait_ready()
     finally:
@@ -159,7 +161,9 @@ def pytest_collection_modifyitems(items):
     name says the operation), and pytest-xdist, which ./scripts/test runs, tells tests apart by id."""
     for item in items:
         if not item.nodeid.endswith(item.name):
-            item._id = f"{item.nodeid.rpartition('::')[0]}::{item.name}"  # pytest 9 keeps the id here
+            item._id = (
+                f"{item.nodeid.rpartition('::')[0]}::{item.name}"  # pytest 9 keeps the id here
+            )
 
 
 # Skips this suite expects on some machines, by the start of their reason; any other skip fails the
@@ -175,7 +179,9 @@ unknown_skips: list[str] = []
 def pytest_runtest_logreport(report):
     """Collect skips whose reason is not a known one."""
     if report.skipped and not hasattr(report, "wasxfail"):
-        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr).removeprefix("Skipped: ")
+        reason = str(
+            report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        ).removeprefix("Skipped: ")
         if not reason.startswith(tuple(KNOWN_SKIPS)):
             unknown_skips.append(f"{report.nodeid}: {reason}")
 
@@ -189,6 +195,8 @@ def pytest_sessionfinish(session):
 def pytest_terminal_summary(terminalreporter):
     """Name the unknown skips that failed the run."""
     if unknown_skips:
-        terminalreporter.section("skips that are not known (tests/conftest.py KNOWN_SKIPS)", red=True)
+        terminalreporter.section(
+            "skips that are not known (tests/conftest.py KNOWN_SKIPS)", red=True
+        )
         for line in unknown_skips:
             terminalreporter.line(line)

@@ -41,8 +41,6 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OWN_SITE = frozenset({"same-origin", "none"})
 
 
-
-
 def route_class(method: str, path: str) -> str:
     """open, inference, read or admin for this method and path."""
     if path in OPEN_PATHS:
@@ -50,7 +48,9 @@ def route_class(method: str, path: str) -> str:
     if path == "/v1" or path.startswith("/v1/"):
         return INFERENCE
     if path == MCP_PATH or path.startswith(MCP_PATH + "/"):
-        return ADMIN  # one endpoint for every tool, reads and steering alike: the key of the strongest
+        return (
+            ADMIN  # one endpoint for every tool, reads and steering alike: the key of the strongest
+        )
     if path == "/api" or path.startswith("/api/"):
         if method.upper() == "POST" and INFERENCE_POSTS.match(path):
             return INFERENCE
@@ -80,7 +80,9 @@ class Keys:
 
     def accepted(self, kind: str) -> dict[str, bytes]:
         """The keys that open a route class (empty: the class is open)."""
-        configured = {name: key for name, key in (("api", self.api), ("admin", self.admin)) if key is not None}
+        configured = {
+            name: key for name, key in (("api", self.api), ("admin", self.admin)) if key is not None
+        }
         if kind == INFERENCE:
             return configured if self.api is not None else {}
         if kind == ADMIN:
@@ -94,7 +96,9 @@ class Keys:
         digest = _digest(presented)
         found = None
         for name, key in (("api", self.api), ("admin", self.admin)):
-            if key is not None and hmac.compare_digest(digest, key):  # no early exit: both are always compared
+            if key is not None and hmac.compare_digest(
+                digest, key
+            ):  # no early exit: both are always compared
                 found = name
         return found
 
@@ -139,9 +143,13 @@ def check_same_site(headers: dict[str, str]) -> None:
     origin = headers.get("origin")
     if origin is None:
         return  # not a browser, or a browser that sent Sec-Fetch-Site: same-origin/none above
-    own = {_host(headers.get("host", ""))} | {_host(h) for h in headers.get("x-forwarded-host", "").split(",") if h.strip()}
+    own = {_host(headers.get("host", ""))} | {
+        _host(h) for h in headers.get("x-forwarded-host", "").split(",") if h.strip()
+    }
     if origin.strip().lower() == "null" or _host(urlsplit(origin.strip()).netloc) not in own:
-        raise CrossSiteRequest(f"this route changes server state and refuses requests from pages of another origin ({origin})")
+        raise CrossSiteRequest(
+            f"this route changes server state and refuses requests from pages of another origin ({origin})"
+        )
 
 
 class AccessGuard:
@@ -155,7 +163,10 @@ class AccessGuard:
             await self.app(scope, receive, send)
             return
         kind = route_class(scope["method"], scope["path"])
-        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in scope["headers"]
+        }
         try:
             check_key(self.keys, kind, headers.get("authorization"))
             if kind == ADMIN:
@@ -179,7 +190,9 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve to any interface
 
 
-def open_routes_warning(host: str, api_key: SecretStr | None, admin_key: SecretStr | None) -> str | None:
+def open_routes_warning(
+    host: str, api_key: SecretStr | None, admin_key: SecretStr | None
+) -> str | None:
     """The start-up warning for a server reachable from other machines with routes open to anyone."""
     if is_loopback(host):
         return None

@@ -77,7 +77,9 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
     install_error_handlers(app)
     # The last added runs first: keys and origins, then the body cap, then the request scope.
     app.add_middleware(RequestScope, requests=service.requests)
-    app.add_middleware(BodyLimit, request_cap=settings.max_request_bytes, import_cap=settings.max_import_bytes)
+    app.add_middleware(
+        BodyLimit, request_cap=settings.max_request_bytes, import_cap=settings.max_import_bytes
+    )
     app.add_middleware(AccessGuard, keys=Keys.of(settings.api_key, settings.admin_key))
     include_routes(app, settings)
     # Not in include_routes: the MCP endpoint serves these facades and is no part of the OpenAPI document.

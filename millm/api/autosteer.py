@@ -11,7 +11,12 @@ from millm.service.runtime.jobs import JobView
 router = APIRouter()
 
 
-@router.post("/api/autosteer", summary="Find a steering setting for a goal (a job)", status_code=202, response_model=JobView)
+@router.post(
+    "/api/autosteer",
+    summary="Find a steering setting for a goal (a job)",
+    status_code=202,
+    response_model=JobView,
+)
 def autosteer(body: AutoSteerRequest, request: Request) -> JobView:
     """Start AutoSteer; follow it at GET /api/jobs/{id}, whose result ranks the settings (AutoSteerResult)."""
     return facades(request).training.autosteer(body)

@@ -16,8 +16,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from millm.api.errors import error_response
 from millm.errors import DocumentTooLarge, RequestTooLarge
 
-IMPORT_PATHS = frozenset({"/api/profiles/import", "/api/clusters/import", "/api/circuits/import", "/api/vectors/import", "/api/probes/import"})
-IMPORT_PATTERNS = (re.compile(r"^/api/saes/[^/]+/labels/?$"),)  # PUT and PATCH of an SAE's feature labels
+IMPORT_PATHS = frozenset(
+    {
+        "/api/profiles/import",
+        "/api/clusters/import",
+        "/api/circuits/import",
+        "/api/vectors/import",
+        "/api/probes/import",
+    }
+)
+IMPORT_PATTERNS = (
+    re.compile(r"^/api/saes/[^/]+/labels/?$"),
+)  # PUT and PATCH of an SAE's feature labels
 
 
 class BodyOverCap(StarletteHTTPException):
@@ -29,7 +39,9 @@ class BodyOverCap(StarletteHTTPException):
         self.error = error
 
 
-def body_cap(path: str, request_cap: int, import_cap: int) -> tuple[int, type[RequestTooLarge], str]:
+def body_cap(
+    path: str, request_cap: int, import_cap: int
+) -> tuple[int, type[RequestTooLarge], str]:
     """The cap on this path's body, the error past it, and the setting that sets it."""
     if path in IMPORT_PATHS or any(pattern.match(path) for pattern in IMPORT_PATTERNS):
         return import_cap, DocumentTooLarge, "MAX_IMPORT_BYTES"
@@ -59,7 +71,9 @@ class BodyLimit:
         cap, error, setting = body_cap(scope["path"], self.request_cap, self.import_cap)
 
         def refusal(size: str) -> RequestTooLarge:
-            return error(f"the request body is {size}; this route takes at most {cap} bytes ({setting})")
+            return error(
+                f"the request body is {size}; this route takes at most {cap} bytes ({setting})"
+            )
 
         declared = _declared_length(scope)
         if declared is not None and declared > cap:

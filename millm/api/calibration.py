@@ -29,12 +29,21 @@ def calibrate(sae_id: str, body: CalibrateRequest, request: Request) -> JSONResp
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
 
-@router.get("/api/saes/{sae_id}/calibration", summary="An SAE's calibration on a model", response_model=CalibrationView)
+@router.get(
+    "/api/saes/{sae_id}/calibration",
+    summary="An SAE's calibration on a model",
+    response_model=CalibrationView,
+)
 def get_calibration(
     sae_id: str,
     request: Request,
-    features: Annotated[str | None, Query(description="Comma-separated feature indices whose figures to return (e.g. 12,40).")] = None,
-    model: Annotated[str | None, Query(description="The served model name (default: the server's model).")] = None,
+    features: Annotated[
+        str | None,
+        Query(description="Comma-separated feature indices whose figures to return (e.g. 12,40)."),
+    ] = None,
+    model: Annotated[
+        str | None, Query(description="The served model name (default: the server's model).")
+    ] = None,
 ) -> CalibrationView:
     """The calibration's summary, and the figures and top examples of `features`; 404 calibration_not_found when there is none."""
     return facades(request).calibrations.view(sae_id, model, features)
@@ -44,7 +53,9 @@ def get_calibration(
 def delete_calibration(
     sae_id: str,
     request: Request,
-    model: Annotated[str | None, Query(description="The served model name (default: the server's model).")] = None,
+    model: Annotated[
+        str | None, Query(description="The served model name (default: the server's model).")
+    ] = None,
 ) -> dict:
     """Forget the calibration (percentiles read null from then on); 404 calibration_not_found when there is none."""
     return facades(request).calibrations.delete(sae_id, model)

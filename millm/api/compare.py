@@ -12,14 +12,25 @@ from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.compare import CompareRequest, Comparison
 
 router = APIRouter()
-STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The comparison; with stream: true, server-sent events (compare.start, "
-                              "compare.delta, compare.finish, compare.usage, then [DONE])",
-                         "content": {"text/event-stream": {}}}}
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The comparison; with stream: true, server-sent events (compare.start, "
+        "compare.delta, compare.finish, compare.usage, then [DONE])",
+        "content": {"text/event-stream": {}},
+    }
+}
 
 
-@router.post("/api/compare", summary="One conversation under several steering variants, generated together",
-             response_model=Comparison, responses=STREAM_RESPONSE)
+@router.post(
+    "/api/compare",
+    summary="One conversation under several steering variants, generated together",
+    response_model=Comparison,
+    responses=STREAM_RESPONSE,
+)
 async def compare_variants(body: CompareRequest, request: Request):
     """Generate the conversation unsteered, live, under a profile, features, a cluster or a circuit, side by side."""
-    reply = await unless_client_leaves(request, facades(request).discovery.compare(body, strict_mode(request.headers.get(STRICT_HEADER))))
+    reply = await unless_client_leaves(
+        request,
+        facades(request).discovery.compare(body, strict_mode(request.headers.get(STRICT_HEADER))),
+    )
     return respond(reply, settings_of(request).ignored_fields_header_max_bytes)

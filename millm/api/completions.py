@@ -27,19 +27,32 @@ def ignored_cap(request: Request) -> int:
     return settings_of(request).ignored_fields_header_max_bytes
 
 
-@router.post("/v1/chat/completions", summary="Chat completion (streaming and non-streaming), or chat scoring")
+@router.post(
+    "/v1/chat/completions", summary="Chat completion (streaming and non-streaming), or chat scoring"
+)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
-    check_fields(body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream))
-    reply = await unless_client_leaves(request, facades(request).serving.chat(body, strict(request)))
+    check_fields(
+        body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream)
+    )
+    reply = await unless_client_leaves(
+        request, facades(request).serving.chat(body, strict(request))
+    )
     return respond(reply, ignored_cap(request))
 
 
 @router.post("/v1/completions", summary="Text completion (no chat template), or scoring mode")
 async def completions(body: CompletionRequest, request: Request):
     """Continue each prompt verbatim (one choice per prompt), or score its next token."""
-    check_fields(body.model_dump(exclude_unset=True), COMPLETIONS, scoring=body.scoring, streaming=bool(body.stream))
-    reply = await unless_client_leaves(request, facades(request).serving.complete(body, strict(request)))
+    check_fields(
+        body.model_dump(exclude_unset=True),
+        COMPLETIONS,
+        scoring=body.scoring,
+        streaming=bool(body.stream),
+    )
+    reply = await unless_client_leaves(
+        request, facades(request).serving.complete(body, strict(request))
+    )
     return respond(reply, ignored_cap(request))
 
 
@@ -47,5 +60,7 @@ async def completions(body: CompletionRequest, request: Request):
 async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
     check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
-    reply = await unless_client_leaves(request, facades(request).serving.embed(body, strict(request)))
+    reply = await unless_client_leaves(
+        request, facades(request).serving.embed(body, strict(request))
+    )
     return respond(reply, ignored_cap(request))

@@ -10,18 +10,31 @@ from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
 from millm.api.replies import unless_client_leaves
-from millm.protocol.discovery import ContrastRequest, ContrastResponse, InspectRequest, InspectResponse
+from millm.protocol.discovery import (
+    ContrastRequest,
+    ContrastResponse,
+    InspectRequest,
+    InspectResponse,
+)
 
 router = APIRouter()
 
 
-@router.post("/api/saes/{sae_id}/inspect", summary="The features that fire on a text or conversation", response_model=InspectResponse)
+@router.post(
+    "/api/saes/{sae_id}/inspect",
+    summary="The features that fire on a text or conversation",
+    response_model=InspectResponse,
+)
 async def inspect(sae_id: str, body: InspectRequest, request: Request) -> InspectResponse:
     """Top features over the read positions (max, mean, count), with labels, and one feature's activation per token; unsteered unless `steering` asks."""
     return await unless_client_leaves(request, facades(request).discovery.inspect(sae_id, body))
 
 
-@router.post("/api/saes/{sae_id}/contrast", summary="The features that separate two sets of texts", response_model=ContrastResponse)
+@router.post(
+    "/api/saes/{sae_id}/contrast",
+    summary="The features that separate two sets of texts",
+    response_model=ContrastResponse,
+)
 async def contrast(sae_id: str, body: ContrastRequest, request: Request) -> ContrastResponse:
     """Per feature: each set's mean per-text value, the difference and Cohen's d; the top_k favouring each set, with labels."""
     return await unless_client_leaves(request, facades(request).discovery.contrast(sae_id, body))

@@ -18,11 +18,17 @@ from millm.service.manage import bases
 router = APIRouter()
 
 
-@router.post("/api/clusters/import", summary="Import a cluster definition or bundle", status_code=201)
-async def import_clusters(request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False):
+@router.post(
+    "/api/clusters/import", summary="Import a cluster definition or bundle", status_code=201
+)
+async def import_clusters(
+    request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False
+):
     """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering base."""
     raw = await request.body()
-    return await run_in_threadpool(facades(request).bases.import_clusters, raw, on_conflict, activate)
+    return await run_in_threadpool(
+        facades(request).bases.import_clusters, raw, on_conflict, activate
+    )
 
 
 @router.put("/api/clusters/{key}/intensity", summary="Set a cluster's persistent dial")
@@ -64,7 +70,11 @@ def add_shared_routes(kind: str) -> None:
     def list_all(request: Request):
         return facades(request).bases.list_bases(kind)
 
-    @router.post(f"/api/{plural}/deactivate", summary=f"Deactivate the active {kind}", name=f"deactivate_{kind}")
+    @router.post(
+        f"/api/{plural}/deactivate",
+        summary=f"Deactivate the active {kind}",
+        name=f"deactivate_{kind}",
+    )
     def deactivate(request: Request):
         return facades(request).bases.deactivate_base(kind)
 
@@ -72,9 +82,15 @@ def add_shared_routes(kind: str) -> None:
     def get_one(key: str, request: Request):
         return facades(request).bases.get_base(kind, key)
 
-    @router.get(f"/api/{plural}/{{key}}/export", summary=f"The {kind} document, byte for byte as imported", name=f"export_{kind}")
+    @router.get(
+        f"/api/{plural}/{{key}}/export",
+        summary=f"The {kind} document, byte for byte as imported",
+        name=f"export_{kind}",
+    )
     def export(key: str, request: Request):
-        return Response(facades(request).bases.export_base(kind, key), media_type="application/json")
+        return Response(
+            facades(request).bases.export_base(kind, key), media_type="application/json"
+        )
 
     @router.delete(f"/api/{plural}/{{key}}", summary=f"Delete a {kind}", name=f"delete_{kind}")
     def delete(key: str, request: Request):

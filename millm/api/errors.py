@@ -15,8 +15,16 @@ from millm.errors import InvalidRequest, MillmError, describe
 log = logging.getLogger(__name__)
 
 # 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error parsing the body").
-HTTP_CODES = {400: "invalid_parameter", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 415: "unsupported_media_type"}
-HTTP_MESSAGES = {"There was an error parsing the body": "the request body could not be read as JSON (is it UTF-8?)"}
+HTTP_CODES = {
+    400: "invalid_parameter",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+HTTP_MESSAGES = {
+    "There was an error parsing the body": "the request body could not be read as JSON (is it UTF-8?)"
+}
 
 
 def error_body(error: MillmError) -> dict:
@@ -54,9 +62,15 @@ def field_path(loc: tuple) -> str | None:
 def validation_error(exc: RequestValidationError) -> InvalidRequest:
     """The first validation problem as a 400 naming the field."""
     errors = exc.errors()
-    first: dict[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    first: dict[str, Any] = (
+        errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    )
     if first.get("type") == "json_invalid":
-        return InvalidRequest(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
+        return InvalidRequest(
+            f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(
+                ": "
+            )
+        )
     param = field_path(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid value")
     if first.get("type") == "missing":
@@ -95,7 +109,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(carried, MillmError):
             return error_response(carried)
         detail = str(exc.detail)
-        error = MillmError(HTTP_MESSAGES.get(detail, detail), code=HTTP_CODES.get(exc.status_code, "http_error"))
+        error = MillmError(
+            HTTP_MESSAGES.get(detail, detail), code=HTTP_CODES.get(exc.status_code, "http_error")
+        )
         error.status = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         response = error_response(error)

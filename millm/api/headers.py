@@ -5,7 +5,9 @@ from __future__ import annotations
 import http_sfv
 
 from millm.errors import InvalidRequest
-from millm.protocol.unused_fields import percent_encode  # one encoding for every name a header carries
+from millm.protocol.unused_fields import (
+    percent_encode,
+)  # one encoding for every name a header carries
 
 STRICT_HEADER = "X-miLLM-Strict"
 
@@ -70,5 +72,7 @@ def strict_mode(value: str | None) -> bool:
     if normalised in ("false", "0"):
         return False
     raise InvalidRequest(
-        f"{STRICT_HEADER} must be true, 1, false or 0, got {value!r}", param=STRICT_HEADER, code="invalid_header"
+        f"{STRICT_HEADER} must be true, 1, false or 0, got {value!r}",
+        param=STRICT_HEADER,
+        code="invalid_header",
     )

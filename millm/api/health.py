@@ -23,7 +23,10 @@ def ready(request: Request):
     return JSONResponse(body, status_code=200 if ready_now else 503)
 
 
-@router.get("/api/health/inference", summary="Scheduler state: backend, queue depth, batch size, requests per backend")
+@router.get(
+    "/api/health/inference",
+    summary="Scheduler state: backend, queue depth, batch size, requests per backend",
+)
 def inference(request: Request):
     """Which backend serves generation, what waits and runs now, and jobs served / cancelled / failed per backend."""
     return facades(request).models.inference_stats()

@@ -16,7 +16,9 @@ def list_jobs(request: Request) -> dict:
     return {"object": "list", "data": [view.model_dump() for view in facades(request).jobs.all()]}
 
 
-@router.get("/api/jobs/{job_id}", summary="One job: state, progress, ETA, result", response_model=JobView)
+@router.get(
+    "/api/jobs/{job_id}", summary="One job: state, progress, ETA, result", response_model=JobView
+)
 def get_job(job_id: str, request: Request) -> JobView:
     """The job's state, progress (done/total), when it started, its ETA, and its result or error once ended."""
     return facades(request).jobs.get(job_id)

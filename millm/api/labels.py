@@ -15,39 +15,80 @@ from millm.service.manage.features import FeatureDetail, FeatureSearch, LabelImp
 
 router = APIRouter()
 
-FORMAT = Query(alias="format", description="Force the document's format; by default it is detected (text/csv or non-JSON: CSV).")
+FORMAT = Query(
+    alias="format",
+    description="Force the document's format; by default it is detected (text/csv or non-JSON: CSV).",
+)
 EXPORTS = {"json": "json", "csv": "csv", "neuronpedia": "json", "mistudio": "json"}
-EXPORT_RESPONSE: dict[int | str, dict[str, Any]] = {200: {"description": "The labels in the asked format", "content": {
-    "application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/PlainLabels"}, {"$ref": "#/components/schemas/NeuronpediaExplanations"},
-                                              {"$ref": "#/components/schemas/MistudioLabels"}]}},
-    "text/csv": {"schema": {"type": "string"}},
-}}}
+EXPORT_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The labels in the asked format",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"$ref": "#/components/schemas/PlainLabels"},
+                        {"$ref": "#/components/schemas/NeuronpediaExplanations"},
+                        {"$ref": "#/components/schemas/MistudioLabels"},
+                    ]
+                }
+            },
+            "text/csv": {"schema": {"type": "string"}},
+        },
+    }
+}
 
 
 async def _import(request: Request, sae_id: str, fmt: str | None, replace: bool) -> LabelImport:
     raw = await request.body()  # capped by MAX_IMPORT_BYTES before it is read (body_limit.py)
-    return await run_in_threadpool(facades(request).features.import_labels, sae_id, raw, request.headers.get("content-type"), fmt, replace)
+    return await run_in_threadpool(
+        facades(request).features.import_labels,
+        sae_id,
+        raw,
+        request.headers.get("content-type"),
+        fmt,
+        replace,
+    )
 
 
-@router.put("/api/saes/{sae_id}/labels", summary="Replace an SAE's feature labels", response_model=LabelImport)
-async def put_labels(sae_id: str, request: Request, fmt: Annotated[LabelFormat | None, FORMAT] = None) -> LabelImport:
+@router.put(
+    "/api/saes/{sae_id}/labels",
+    summary="Replace an SAE's feature labels",
+    response_model=LabelImport,
+)
+async def put_labels(
+    sae_id: str, request: Request, fmt: Annotated[LabelFormat | None, FORMAT] = None
+) -> LabelImport:
     """The document (Neuronpedia export or feature answer, miStudio explanations, {index: label} JSON, or
     index,label CSV) becomes the SAE's whole set of labels; refused whole (400) if any entry is bad."""
     return await _import(request, sae_id, fmt, replace=True)
 
 
-@router.patch("/api/saes/{sae_id}/labels", summary="Merge feature labels into an SAE's set", response_model=LabelImport)
-async def patch_labels(sae_id: str, request: Request, fmt: Annotated[LabelFormat | None, FORMAT] = None) -> LabelImport:
+@router.patch(
+    "/api/saes/{sae_id}/labels",
+    summary="Merge feature labels into an SAE's set",
+    response_model=LabelImport,
+)
+async def patch_labels(
+    sae_id: str, request: Request, fmt: Annotated[LabelFormat | None, FORMAT] = None
+) -> LabelImport:
     """The document's labels replace those of the same features; the others stay."""
     return await _import(request, sae_id, fmt, replace=False)
 
 
-@router.get("/api/saes/{sae_id}/labels", summary="Export an SAE's feature labels", responses=EXPORT_RESPONSE)
+@router.get(
+    "/api/saes/{sae_id}/labels", summary="Export an SAE's feature labels", responses=EXPORT_RESPONSE
+)
 def get_labels(
     sae_id: str,
     request: Request,
     fmt: Annotated[ExportFormat, Query(alias="format")] = "json",
-    detail: Annotated[bool, Query(description="json only: each value an object with the label and what its source said beside it")] = False,
+    detail: Annotated[
+        bool,
+        Query(
+            description="json only: each value an object with the label and what its source said beside it"
+        ),
+    ] = False,
 ) -> Response:
     """json: {index: label}; csv: index,label; neuronpedia: the explanation export list; mistudio: its
     explanations.json. Each re-imports (PUT) to the same set."""
@@ -56,17 +97,31 @@ def get_labels(
     return Response(body, media_type=media_type, headers={"content-disposition": disposition})
 
 
-@router.delete("/api/saes/{sae_id}/labels", summary="Clear an SAE's feature labels", response_model=LabelsCleared)
+@router.delete(
+    "/api/saes/{sae_id}/labels",
+    summary="Clear an SAE's feature labels",
+    response_model=LabelsCleared,
+)
 def delete_labels(sae_id: str, request: Request) -> LabelsCleared:
     """Remove every label of the SAE (its own feature_labels.json is not imported again)."""
     return facades(request).features.clear_labels(sae_id)
 
 
-@router.get("/api/saes/{sae_id}/features", summary="Search an SAE's features by label, ranked", response_model=FeatureSearch)
+@router.get(
+    "/api/saes/{sae_id}/features",
+    summary="Search an SAE's features by label, ranked",
+    response_model=FeatureSearch,
+)
 def search_features(
     sae_id: str,
     request: Request,
-    q: Annotated[str, Query(max_length=1000, description="Free text; its words are matched (prefixes too) and ranked by BM25")] = "",
+    q: Annotated[
+        str,
+        Query(
+            max_length=1000,
+            description="Free text; its words are matched (prefixes too) and ranked by BM25",
+        ),
+    ] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> FeatureSearch:
     """Labelled features ranked by relevance of their label, top tokens and example to `q` (score: larger
@@ -74,9 +129,14 @@ def search_features(
     return facades(request).features.search_features(sae_id, q, limit)
 
 
-@router.get("/api/saes/{sae_id}/features/{index}", summary="One feature: label, decoder norm, nearest features", response_model=FeatureDetail)
-async def feature_detail(sae_id: str, index: int, request: Request, k: Annotated[int, Query(ge=1, le=100)] = 10) -> FeatureDetail:
+@router.get(
+    "/api/saes/{sae_id}/features/{index}",
+    summary="One feature: label, decoder norm, nearest features",
+    response_model=FeatureDetail,
+)
+async def feature_detail(
+    sae_id: str, index: int, request: Request, k: Annotated[int, Query(ge=1, le=100)] = 10
+) -> FeatureDetail:
     """The feature's label (with its source and detail), ||W_dec[index]||, and the `k` features whose
     decoder rows have the highest cosine with its own."""
     return await facades(request).features.feature_detail(sae_id, index, k)
-

@@ -9,7 +9,15 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
-from millm.protocol.steering import AttachSAE, FeatureSetting, ManyStrengths, ProfileCreate, ProfileUpdate, RegisterSAE, SaveCurrent
+from millm.protocol.steering import (
+    AttachSAE,
+    FeatureSetting,
+    ManyStrengths,
+    ProfileCreate,
+    ProfileUpdate,
+    RegisterSAE,
+    SaveCurrent,
+)
 from millm.service.manage.steering import check_distinct
 
 router = APIRouter()
@@ -21,7 +29,9 @@ async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
     steering = facades(request).steering
     info, created = await steering.register_sae(body.path, body.repo, body.revision)
-    return JSONResponse(await run_in_threadpool(steering.sae_view, info.id), status_code=201 if created else 200)
+    return JSONResponse(
+        await run_in_threadpool(steering.sae_view, info.id), status_code=201 if created else 200
+    )
 
 
 @router.get("/api/saes", summary="List registered SAEs")
@@ -42,7 +52,10 @@ def delete_sae(sae_id: str, request: Request):
     return facades(request).steering.delete_sae(sae_id)
 
 
-@router.post("/api/saes/{sae_id}/attach", summary="Attach an SAE to the loaded model (and lock the server to it)")
+@router.post(
+    "/api/saes/{sae_id}/attach",
+    summary="Attach an SAE to the loaded model (and lock the server to it)",
+)
 async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = None):
     """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model,
     which is then locked for steering (see /api/models/{name}/unlock)."""
@@ -64,7 +77,10 @@ def get_steering(request: Request):
     return facades(request).steering.steering_view()
 
 
-@router.put("/api/steering/saes/{sae_id}/features/{index}", summary="Set one feature's op (add, clamp, ablate, cap)")
+@router.put(
+    "/api/steering/saes/{sae_id}/features/{index}",
+    summary="Set one feature's op (add, clamp, ablate, cap)",
+)
 def set_feature(sae_id: str, index: int, body: FeatureSetting, request: Request):
     """add a strength within ±200 (0 clears), clamp or cap at a value >= 0, or ablate; 400 invalid_feature_index past the SAE's width."""
     return facades(request).steering.set_features({(sae_id, index): body.checked()})
@@ -79,7 +95,9 @@ def clear_feature(sae_id: str, index: int, request: Request):
 @router.post("/api/steering/features", summary="Set many features at once")
 def set_features(body: ManyStrengths, request: Request):
     """All or nothing: every entry is checked before any is applied."""
-    changes = {(f.sae_id, f.index): f.checked(f"features[{n}].") for n, f in enumerate(body.features)}
+    changes = {
+        (f.sae_id, f.index): f.checked(f"features[{n}].") for n, f in enumerate(body.features)
+    }
     check_distinct(changes, len(body.features))
     return facades(request).steering.set_features(changes, clear=body.replace)
 
@@ -115,7 +133,9 @@ def create_profile(body: ProfileCreate, request: Request):
     return facades(request).steering.create_profile(body.model_dump(exclude_none=True))
 
 
-@router.post("/api/profiles/save-current", summary="Save the live values as a profile", status_code=201)
+@router.post(
+    "/api/profiles/save-current", summary="Save the live values as a profile", status_code=201
+)
 def save_current(body: SaveCurrent, request: Request):
     """A new profile holding the live strengths (with each attached SAE's layer)."""
     return facades(request).steering.save_current(body.name, body.description)
@@ -133,7 +153,9 @@ def export_all(request: Request):
     return facades(request).steering.export_profiles()
 
 
-@router.post("/api/profiles/import", summary="Import a profile document or a bundle", status_code=201)
+@router.post(
+    "/api/profiles/import", summary="Import a profile document or a bundle", status_code=201
+)
 def import_profiles(
     request: Request,
     payload: Annotated[dict, Body()],

@@ -41,7 +41,9 @@ def disable(request: Request):
 
 
 @router.get("/api/monitoring/records", summary="Per-request records, oldest first")
-def records(request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None):
+def records(
+    request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None
+):
     """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
     return {"object": "list", "data": facades(request).monitoring.recent(limit, after)}
 
@@ -79,4 +81,6 @@ async def stream(request: Request):
         finally:
             monitor.unsubscribe(subscriber)
 
-    return StreamingResponse(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

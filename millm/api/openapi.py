@@ -44,21 +44,25 @@ from millm.settings import Settings
 ERROR_SCHEMA = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "param", "code"],
-        "properties": {
-            "message": {"type": "string"},
-            "type": {"type": "string"},
-            "param": {"type": ["string", "null"]},
-            "code": {"type": "string"},
-        },
-    }},
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
 }
 ERROR_RESPONSE = {
     "description": "An error, in OpenAI's shape: the status and `code` say which (see docs/openai-api.md)",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
 }
+
+
 def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -73,13 +77,38 @@ RAW_BODIES = {
 }
 # PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format, or CSV.
 LABELS_PATH = "/api/saes/{sae_id}/labels"
-LABELS_BODY = {"required": True, "content": {
-    "application/json": {"schema": {"anyOf": [_ref(name) for name in ("NeuronpediaExplanations", "NeuronpediaFeatures", "MistudioLabels", "PlainLabels")]}},
-    "text/csv": {"schema": {"type": "string", "description": "index,label rows; an optional header row whose first cell is index"}},
-}}
+LABELS_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "anyOf": [
+                    _ref(name)
+                    for name in (
+                        "NeuronpediaExplanations",
+                        "NeuronpediaFeatures",
+                        "MistudioLabels",
+                        "PlainLabels",
+                    )
+                ]
+            }
+        },
+        "text/csv": {
+            "schema": {
+                "type": "string",
+                "description": "index,label rows; an optional header row whose first cell is index",
+            }
+        },
+    },
+}
 
 
-def _narrow(component: dict, properties: dict | None = None, rules: list[dict] | None = None, required: list[str] | None = None) -> None:
+def _narrow(
+    component: dict,
+    properties: dict | None = None,
+    rules: list[dict] | None = None,
+    required: list[str] | None = None,
+) -> None:
     """Replace some properties' schemas and add cross-field rules to a component."""
     for name, schema in (properties or {}).items():
         title = component["properties"].get(name, {}).get("title")
@@ -91,15 +120,48 @@ def _narrow(component: dict, properties: dict | None = None, rules: list[dict] |
 
 
 def _requests(schemas: dict, settings: Settings) -> None:
-    probes = nullable({"type": "array", "maxItems": MAX_REQUEST_PROBES, "items": {"anyOf": [
-        {"type": "string", "minLength": 1, "description": "a saved probe's name or id"}, _ref("InlineProbe")]}})
-    read = nullable({**READ_SCHEMA, "properties": {**READ_SCHEMA["properties"], "top_k": {
-        "type": "integer", "minimum": 1, "maximum": settings.sae_activations_max_top_k}}})
-    single_read = [when(sent("return_sae_activations"), {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]})]
+    probes = nullable(
+        {
+            "type": "array",
+            "maxItems": MAX_REQUEST_PROBES,
+            "items": {
+                "anyOf": [
+                    {"type": "string", "minLength": 1, "description": "a saved probe's name or id"},
+                    _ref("InlineProbe"),
+                ]
+            },
+        }
+    )
+    read = nullable(
+        {
+            **READ_SCHEMA,
+            "properties": {
+                **READ_SCHEMA["properties"],
+                "top_k": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": settings.sae_activations_max_top_k,
+                },
+            },
+        }
+    )
+    single_read = [
+        when(
+            sent("return_sae_activations"),
+            {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]},
+        )
+    ]
     # profile and steering exclude each other, which the schema does not state: one more conditional
     # here and schemathesis can no longer generate chat bodies (it stays in the field's description).
-    own_steering = {**nullable(_ref("SteeringSpec")), "description": "miLLM: this request's own steering (not with profile)."}
-    _narrow(schemas["TextPart"], properties=TEXT_PART_SCHEMA["properties"], required=TEXT_PART_SCHEMA["required"])
+    own_steering = {
+        **nullable(_ref("SteeringSpec")),
+        "description": "miLLM: this request's own steering (not with profile).",
+    }
+    _narrow(
+        schemas["TextPart"],
+        properties=TEXT_PART_SCHEMA["properties"],
+        required=TEXT_PART_SCHEMA["required"],
+    )
     _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
     _narrow(
         schemas["ChatCompletionRequest"],
@@ -127,7 +189,9 @@ def _requests(schemas: dict, settings: Settings) -> None:
         schemas["CompletionRequest"],
         properties={
             "stop": STOP_SCHEMA,
-            "logprobs": nullable({"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}),
+            "logprobs": nullable(
+                {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}
+            ),
             "return_sae_activations": read,
             "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
@@ -139,14 +203,39 @@ def _requests(schemas: dict, settings: Settings) -> None:
             *field_policy.schema_rules(COMPLETIONS, COMPLETION_SCORING),
             *scoring_schema_rules(COMPLETION_SCORING),
             # One prompt: several have several position axes.
-            when(sent("return_sae_activations"), {"properties": {"prompt": {"anyOf": [
-                {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"type": "array", "maxItems": 1}]}}}),
+            when(
+                sent("return_sae_activations"),
+                {
+                    "properties": {
+                        "prompt": {
+                            "anyOf": [
+                                {"type": "string"},
+                                {"type": "array", "items": {"type": "integer"}},
+                                {"type": "array", "maxItems": 1},
+                            ]
+                        }
+                    }
+                },
+            ),
         ],
     )
-    _narrow(schemas["CompareRequest"], properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)}, rules=BUDGET_RULES)
-    _narrow(schemas["ProbeUpdate"], properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})})
-    _narrow(schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES)
-    _narrow(schemas["EmbeddingRequest"], properties={"input": PROMPT_SCHEMA}, rules=field_policy.schema_rules(EMBEDDINGS))
+    _narrow(
+        schemas["CompareRequest"],
+        properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)},
+        rules=BUDGET_RULES,
+    )
+    _narrow(
+        schemas["ProbeUpdate"],
+        properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})},
+    )
+    _narrow(
+        schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES
+    )
+    _narrow(
+        schemas["EmbeddingRequest"],
+        properties={"input": PROMPT_SCHEMA},
+        rules=field_policy.schema_rules(EMBEDDINGS),
+    )
     _narrow(
         schemas["ResponseFormat"],
         properties={"type": {"enum": ["text", "json_object", "json_schema"]}},
@@ -154,7 +243,10 @@ def _requests(schemas: dict, settings: Settings) -> None:
     )
     _narrow(
         schemas["JsonSchemaFormat"],
-        properties={"name": {"type": "string", "pattern": SCHEMA_NAME.pattern}, "schema": _ref("SchemaSubset")},
+        properties={
+            "name": {"type": "string", "pattern": SCHEMA_NAME.pattern},
+            "schema": _ref("SchemaSubset"),
+        },
         required=["name", "schema"],
     )
 
@@ -163,7 +255,9 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
     """The app's OpenAPI schema with the rules above (built once, then cached on the app)."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
@@ -180,7 +274,10 @@ def openapi_schema(app: FastAPI, settings: Settings) -> dict:
             responses["default"] = ERROR_RESPONSE
             if path in RAW_BODIES and method == "post":
                 body = {"anyOf": [_ref(name) for name in RAW_BODIES[path]]}
-                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                }
             if path == LABELS_PATH and method in ("put", "patch"):
                 operation["requestBody"] = LABELS_BODY
     app.openapi_schema = schema

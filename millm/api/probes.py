@@ -35,13 +35,22 @@ def export_all(request: Request):
 
 
 @router.post("/api/probes/import", summary="Import a probe document or a bundle", status_code=201)
-def import_probes(request: Request, payload: Annotated[dict, Body()], on_conflict: Literal["fail", "rename"] = "fail"):
+def import_probes(
+    request: Request,
+    payload: Annotated[dict, Body()],
+    on_conflict: Literal["fail", "rename"] = "fail",
+):
     """Validated whole: a bad document refuses the import and nothing is stored. Imported probes are inactive."""
     return facades(request).probes.import_probes(payload, on_conflict)
 
 
-@router.post("/api/probes/train", summary="Train a linear probe from labelled texts (a job)", status_code=202, response_model=JobView,
-             responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}})
+@router.post(
+    "/api/probes/train",
+    summary="Train a linear probe from labelled texts (a job)",
+    status_code=202,
+    response_model=JobView,
+    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
+)
 def train(body: ProbeTrainRequest, request: Request) -> JSONResponse:
     """Read each text's residual (mean over its positions but the first), fit a logistic regression on a seeded
     stratified split, and store the probe with its held-out accuracy and AUC (in the job's result too)."""

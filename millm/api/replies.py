@@ -33,7 +33,11 @@ def report_headers(report: Report, ignored_cap: int) -> dict[str, str]:
         headers["X-miLLM-Ignored-Fields"] = ignored
     if report.structured is not None:
         structured = report.structured
-        headers["X-miLLM-Constrained"] = token("json_object") if structured.mode == "json_object" else token("json_schema", name=structured.name)
+        headers["X-miLLM-Constrained"] = (
+            token("json_object")
+            if structured.mode == "json_object"
+            else token("json_schema", name=structured.name)
+        )
     if report.seed is not None:
         headers["X-miLLM-Seed"] = seed_header(report.seed, report.seed_scope)
     plan = report.plan
@@ -75,7 +79,11 @@ def respond(reply: Reply, ignored_cap: int, framing=frames) -> JSONResponse | St
     """The HTTP response of a served request; a stream is framed by `framing`."""
     headers = report_headers(reply.report, ignored_cap)
     if reply.chunks is not None:
-        return StreamingResponse(framing(reply.chunks), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        return StreamingResponse(
+            framing(reply.chunks),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **headers},
+        )
     assert reply.body is not None
     return JSONResponse(reply.body.model_dump(), headers=headers)
 

@@ -13,17 +13,26 @@ from millm.protocol.field_policy import check_responses_fields
 from millm.protocol.responses_api import DeletedResponse, InputItemList, Response, ResponsesRequest
 
 router = APIRouter()
-STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
-    "description": "The response object; with stream: true, the Responses event sequence (response.created ... response.completed)",
-    "content": {"text/event-stream": {}}}}
+STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The response object; with stream: true, the Responses event sequence (response.created ... response.completed)",
+        "content": {"text/event-stream": {}},
+    }
+}
 
 
-@router.post("/v1/responses", summary="OpenAI Responses API: a response to input items (streaming and non-streaming)",
-             response_model=Response, responses=STREAM_RESPONSE)
+@router.post(
+    "/v1/responses",
+    summary="OpenAI Responses API: a response to input items (streaming and non-streaming)",
+    response_model=Response,
+    responses=STREAM_RESPONSE,
+)
 async def create_response(body: ResponsesRequest, request: Request):
     """Answer the input (continuing previous_response_id's conversation) as chat completions would, steered alike."""
     check_responses_fields(body.model_dump(exclude_unset=True))
-    reply = await unless_client_leaves(request, facades(request).responses.create(body, strict(request)))
+    reply = await unless_client_leaves(
+        request, facades(request).responses.create(body, strict(request))
+    )
     return respond(reply, ignored_cap(request), framing=event_frames)
 
 
@@ -39,7 +48,9 @@ async def delete_response(response_id: str, request: Request) -> DeletedResponse
     return await facades(request).responses.delete(response_id)
 
 
-@router.get("/v1/responses/{response_id}/input_items", summary="The conversation a stored response answered")
+@router.get(
+    "/v1/responses/{response_id}/input_items", summary="The conversation a stored response answered"
+)
 async def input_items(
     response_id: str,
     request: Request,

@@ -10,7 +10,14 @@ from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
 from millm.interp.vector_file import VectorFile
-from millm.protocol.vectors import ExplainK, TrainVectorRequest, VectorDeleted, VectorExplanation, VectorList, VectorView
+from millm.protocol.vectors import (
+    ExplainK,
+    TrainVectorRequest,
+    VectorDeleted,
+    VectorExplanation,
+    VectorList,
+    VectorView,
+)
 from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
@@ -21,7 +28,11 @@ router = APIRouter()
     summary="Train a steering vector from contrasting prompt pairs (a job)",
     status_code=202,
     response_model=JobView,
-    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}; its result is the stored vector"}},
+    responses={
+        202: {
+            "description": "The job, started: follow it at GET /api/jobs/{id}; its result is the stored vector"
+        }
+    },
 )
 def train_vector(body: TrainVectorRequest, request: Request) -> JSONResponse:
     """Read each pair's texts unsteered at the layer, pool each text's residuals (the mean over every
@@ -36,8 +47,15 @@ def list_vectors(request: Request) -> VectorList:
     return facades(request).vectors.list()
 
 
-@router.post("/api/vectors/import", summary="Import a steering-vector file", status_code=201, response_model=VectorView)
-def import_vector(body: VectorFile, request: Request, on_conflict: Literal["fail", "rename"] = "fail") -> VectorView:
+@router.post(
+    "/api/vectors/import",
+    summary="Import a steering-vector file",
+    status_code=201,
+    response_model=VectorView,
+)
+def import_vector(
+    body: VectorFile, request: Request, on_conflict: Literal["fail", "rename"] = "fail"
+) -> VectorView:
     """A millm.steering-vector file (as exported), stored bit for bit; a taken name is 409 vector_exists, or renamed (name-2, ...)."""
     return facades(request).vectors.import_file(body, on_conflict)
 
@@ -48,24 +66,36 @@ def get_vector(key: str, request: Request) -> VectorView:
     return facades(request).vectors.get(key)
 
 
-@router.delete("/api/vectors/{key}", summary="Delete a steering vector", response_model=VectorDeleted)
+@router.delete(
+    "/api/vectors/{key}", summary="Delete a steering vector", response_model=VectorDeleted
+)
 def delete_vector(key: str, request: Request) -> VectorDeleted:
     """Forget a vector; plans resolved from now on refuse it."""
     return facades(request).vectors.delete(key)
 
 
-@router.get("/api/vectors/{key}/export", summary="A steering vector as a file", response_model=VectorFile)
+@router.get(
+    "/api/vectors/{key}/export", summary="A steering vector as a file", response_model=VectorFile
+)
 def export_vector(key: str, request: Request) -> JSONResponse:
     """The millm.steering-vector file: metadata and the unit direction's d_model values; it imports bit for bit."""
     document = facades(request).vectors.export(key)
-    return JSONResponse(document, headers={"Content-Disposition": f'attachment; filename="{document["name"]}.json"'})
+    return JSONResponse(
+        document, headers={"Content-Disposition": f'attachment; filename="{document["name"]}.json"'}
+    )
 
 
-@router.get("/api/vectors/{key}/explain", summary="The SAE features a steering vector is made of", response_model=VectorExplanation)
+@router.get(
+    "/api/vectors/{key}/explain",
+    summary="The SAE features a steering vector is made of",
+    response_model=VectorExplanation,
+)
 async def explain(
     key: str,
     request: Request,
-    sae_id: Annotated[str | None, Query(description="The SAE (default: the one attached at the vector's point).")] = None,
+    sae_id: Annotated[
+        str | None, Query(description="The SAE (default: the one attached at the vector's point).")
+    ] = None,
     k: Annotated[ExplainK, Query()] = 10,
 ) -> VectorExplanation:
     """The k features whose decoder rows have the largest |cosine| with the vector, with labels, and the fraction

@@ -33,7 +33,9 @@ def page() -> tuple[str, str]:
     found = IMPORT_MAP.search(html)
     hashes = ""
     if found:
-        digest = base64.b64encode(hashlib.sha256(found.group(1).encode("utf-8")).digest()).decode("ascii")
+        digest = base64.b64encode(hashlib.sha256(found.group(1).encode("utf-8")).digest()).decode(
+            "ascii"
+        )
         hashes = f" 'sha256-{digest}'"
     policy = (
         "default-src 'self'; "
@@ -49,12 +51,15 @@ def page() -> tuple[str, str]:
 async def workbench():
     """The workbench page."""
     html, policy = page()
-    return HTMLResponse(html, headers={
-        "Content-Security-Policy": policy,
-        "Cache-Control": "no-cache",
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-    })
+    return HTMLResponse(
+        html,
+        headers={
+            "Content-Security-Policy": policy,
+            "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+        },
+    )
 
 
 @router.api_route("/", methods=["GET", "HEAD"])
@@ -69,10 +74,15 @@ async def landing():
         '<li><a href="/docs">API reference</a> (<a href="/openapi.json">openapi.json</a>)</li>'
         '<li><a href="/api/health/ready">Readiness</a></li>'
         "</ul>",
-        headers={"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'", "Cache-Control": "no-cache"},
+        headers={
+            "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+            "Cache-Control": "no-cache",
+        },
     )
 
 
 def mount_assets(app) -> None:
     """The page's scripts, styles and vendored libraries under /ui/assets."""
-    app.mount("/ui/assets", StaticFiles(directory=ASSETS, follow_symlink=False), name="workbench-assets")
+    app.mount(
+        "/ui/assets", StaticFiles(directory=ASSETS, follow_symlink=False), name="workbench-assets"
+    )

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def left_pad(prompts: list[list[int]], device: torch.device, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    prompts: list[list[int]], device: torch.device, pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Input ids and attention mask for prompts of different lengths, padded on the left."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -28,7 +30,9 @@ def positions(mask: torch.Tensor, last: int | None = None) -> torch.Tensor:
 
 def extend_mask(mask: torch.Tensor) -> torch.Tensor:
     """The mask after every row receives one more real token."""
-    return torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1)
+    return torch.cat(
+        [mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1
+    )
 
 
 def left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -36,7 +40,9 @@ def left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     extra = width - mask.shape[1]
     if extra == 0:
         return mask
-    return torch.cat([torch.zeros((mask.shape[0], extra), dtype=mask.dtype, device=mask.device), mask], dim=1)
+    return torch.cat(
+        [torch.zeros((mask.shape[0], extra), dtype=mask.dtype, device=mask.device), mask], dim=1
+    )
 
 
 def leading_padding(mask: torch.Tensor) -> int:

@@ -46,7 +46,9 @@ class GrammarSupport:
             if self._built is None:
                 import llguidance.hf
 
-                self._built = llguidance.hf.from_tokenizer(self._tokenizer, n_vocab=self._vocab_size)
+                self._built = llguidance.hf.from_tokenizer(
+                    self._tokenizer, n_vocab=self._vocab_size
+                )
             return self._built
 
     def grammar(self, spec: GrammarSpec):
@@ -64,7 +66,11 @@ class GrammarSupport:
         try:
             grammar = self.grammar(spec)
         except Exception as exc:  # the library's own refusal of a schema
-            raise InvalidRequest(f"{spec.param}: the schema cannot be compiled: {exc}", param=spec.param, code="response_format_unsupported") from None
+            raise InvalidRequest(
+                f"{spec.param}: the schema cannot be compiled: {exc}",
+                param=spec.param,
+                code="response_format_unsupported",
+            ) from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequest(
@@ -89,7 +95,9 @@ class RowConstraint:
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits with every token the grammar forbids set to -inf."""
         self._fill(self._matcher, self._bits, 0)
-        allowed = np.unpackbits(self._bits[0].numpy().view(np.uint8), bitorder="little")[: self._vocab_size]
+        allowed = np.unpackbits(self._bits[0].numpy().view(np.uint8), bitorder="little")[
+            : self._vocab_size
+        ]
         mask = torch.from_numpy(allowed.astype(bool)).to(logits.device)
         return logits.masked_fill(~mask[: logits.shape[-1]], float("-inf"))
 

@@ -46,7 +46,9 @@ class ControlVectors:
 
     def __init__(self, layers: int, width: int):
         self.layers, self.width = layers, width
-        self._vectors: dict[int, Vector | None] = {}  # id(edit) -> its vector; kept while the edit lives
+        self._vectors: dict[
+            int, Vector | None
+        ] = {}  # id(edit) -> its vector; kept while the edit lives
         self._edits: dict[int, ResidualEdit] = {}
         self.current: list[Vector | None] = []
 
@@ -58,7 +60,9 @@ class ControlVectors:
         if key in self._vectors and self._edits[key] is edit:
             return self._vectors[key]
         if edit.operations:
-            raise engine_cannot("a steering operation (a clamp or another function of the residual)")
+            raise engine_cannot(
+                "a steering operation (a clamp or another function of the residual)"
+            )
         data = np.zeros((self.layers - 1, self.width), dtype=np.float32)
         points = sorted(edit.points)
         if not points:
@@ -66,7 +70,9 @@ class ControlVectors:
         for point in points:
             if not 1 <= point < self.layers:
                 where = "before block 0" if point < 0 else f"after block {point}"
-                raise engine_cannot(f"steering {where} (llama.cpp adds control vectors after blocks 1..{self.layers - 1} only)")
+                raise engine_cannot(
+                    f"steering {where} (llama.cpp adds control vectors after blocks 1..{self.layers - 1} only)"
+                )
             vector = edit.vector(point)
             assert vector is not None  # an addition's point has a vector
             data[point - 1] = vector.detach().float().cpu().numpy()
@@ -81,10 +87,18 @@ class ControlVectors:
         """Each row's control vector (a 400 if any edit cannot be one)."""
         return [self.vector(edit) for edit in edits]
 
-    def install(self, stacked: list[Vector | None] | None, taps: dict[int, Tap] | None = None, real: list[int] | None = None) -> None:
+    def install(
+        self,
+        stacked: list[Vector | None] | None,
+        taps: dict[int, Tap] | None = None,
+        real: list[int] | None = None,
+    ) -> None:
         """Use these rows' vectors for the next decodes; readers cannot be served here."""
         if taps:
-            raise engine_cannot("reading the residual stream (return_sae_activations, monitoring, probes)", "return_sae_activations")
+            raise engine_cannot(
+                "reading the residual stream (return_sae_activations, monitoring, probes)",
+                "return_sae_activations",
+            )
         self.current = list(stacked or [])
 
     def set_rows(self, edits: list[ResidualEdit | None]) -> None:
@@ -100,5 +114,7 @@ class ControlVectors:
         by_vector: dict[int, tuple[Vector | None, list[int]]] = {}
         for row in range(rows):
             vector = self.current[row] if row < len(self.current) else None
-            by_vector.setdefault(id(vector) if vector is not None else 0, (vector, []))[1].append(row)
+            by_vector.setdefault(id(vector) if vector is not None else 0, (vector, []))[1].append(
+                row
+            )
         return sorted(by_vector.values(), key=lambda group: group[0] is not None)

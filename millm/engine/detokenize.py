@@ -22,7 +22,9 @@ class IncrementalDetokenizer:
         self._read = len(context)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self._tokenizer.decode(
+            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
 
     def push(self, token_id: int) -> str:
         """Add one generated token; return the new text it completes (maybe empty)."""

@@ -62,7 +62,9 @@ class BlockLayout:
     attn_out_norm: torch.nn.Module | None = None  # Gemma 2/3: normalise each half's output
     mlp_out_norm: torch.nn.Module | None = None
     parallel: bool = False  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-    spent: list[torch.nn.Module] = field(default_factory=list)  # modules whose weights the fused kernels replace
+    spent: list[torch.nn.Module] = field(
+        default_factory=list
+    )  # modules whose weights the fused kernels replace
 
 
 @dataclass
@@ -92,7 +94,10 @@ def _cat(*parts: Weights) -> Weights:
     biases = [b for _, b in parts]
     if all(b is None for b in biases):
         return weight, None
-    filled = [b if b is not None else w.new_zeros(w.shape[0]) for (w, _), b in zip(parts, biases, strict=True)]
+    filled = [
+        b if b is not None else w.new_zeros(w.shape[0])
+        for (w, _), b in zip(parts, biases, strict=True)
+    ]
     return weight, torch.cat(filled)
 
 
@@ -118,8 +123,12 @@ def _llama_like(model, family: str) -> ModelLayout:
     blocks = []
     for index, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma 2/3 normalise each half's output too
-        layer_type = (getattr(config, "layer_types", None) or ["full_attention"] * len(inner.layers))[index]
+        sandwich = hasattr(
+            layer, "pre_feedforward_layernorm"
+        )  # Gemma 2/3 normalise each half's output too
+        layer_type = (
+            getattr(config, "layer_types", None) or ["full_attention"] * len(inner.layers)
+        )[index]
         attention = AttentionLayout(
             qkv=_cat(_linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)),
             out=_linear(attn.o_proj),
@@ -139,14 +148,24 @@ def _llama_like(model, family: str) -> ModelLayout:
                 index=index,
                 attention=attention,
                 attn_norm=layer.input_layernorm,
-                mlp_norm=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+                mlp_norm=layer.pre_feedforward_layernorm
+                if sandwich
+                else layer.post_attention_layernorm,
                 attn_out_norm=layer.post_attention_layernorm if sandwich else None,
                 mlp_out_norm=layer.post_feedforward_layernorm if sandwich else None,
                 act=mlp.act_fn,
                 mlp_in=_cat(_linear(mlp.gate_proj), _linear(mlp.up_proj)),
                 mlp_out=_linear(mlp.down_proj),
                 gated=True,
-                spent=[attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj],
+                spent=[
+                    attn.q_proj,
+                    attn.k_proj,
+                    attn.v_proj,
+                    attn.o_proj,
+                    mlp.gate_proj,
+                    mlp.up_proj,
+                    mlp.down_proj,
+                ],
             )
         )
     if family == "gemma3_text":  # local and global layers rotate by different bases
@@ -206,8 +225,14 @@ def _gpt2(model) -> ModelLayout:
 
 def _neox_qkv(module, heads: int, head_dim: int) -> Weights:
     """GPT-NeoX interleaves q, k and v per head; regroup its rows as q|k|v."""
-    weight = module.weight.view(heads, 3, head_dim, -1).transpose(0, 1).reshape(3 * heads * head_dim, -1)
-    bias = None if module.bias is None else module.bias.view(heads, 3, head_dim).transpose(0, 1).reshape(-1)
+    weight = (
+        module.weight.view(heads, 3, head_dim, -1).transpose(0, 1).reshape(3 * heads * head_dim, -1)
+    )
+    bias = (
+        None
+        if module.bias is None
+        else module.bias.view(heads, 3, head_dim).transpose(0, 1).reshape(-1)
+    )
     return weight, bias
 
 

@@ -83,9 +83,13 @@ class RowSpec:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     edit: ResidualEdit | None = None  # steering: vectors added to the residual stream
-    constraint: GrammarSpec | None = None  # structured output: the JSON Schema every token must keep
+    constraint: GrammarSpec | None = (
+        None  # structured output: the JSON Schema every token must keep
+    )
     reads: tuple[ResidualRead, ...] = ()  # residuals to capture (SAE activations, monitoring)
-    watches: tuple[Watch, ...] = ()  # probes scored at every position fed, which may steer or end the row
+    watches: tuple[
+        Watch, ...
+    ] = ()  # probes scored at every position fed, which may steer or end the row
 
 
 @dataclass(frozen=True)
@@ -133,7 +137,9 @@ class ProbeVerdict:
     peak_position: int | None
     positions: tuple[int, ...]  # every position where it fired (the first 256)
     token_ids: tuple[int, ...]  # the token at each of those positions
-    acted_at: int | None  # steer: the first position steered; abort: the position that ended the row
+    acted_at: (
+        int | None
+    )  # steer: the first position steered; abort: the position that ended the row
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,9 @@ class ScoresReady:
 
     logits: list
     reads: list = field(default_factory=list)  # ResidualsRead, row = prompt index
-    scored: list = field(default_factory=list)  # Scored of each prompt, when the job asked for a ranking
+    scored: list = field(
+        default_factory=list
+    )  # Scored of each prompt, when the job asked for a ranking
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,16 @@ class LikelihoodsReady:
     token_logprobs: list[list[float]]
 
 
-Event = TextDelta | RowFinished | ProbeVerdict | ResidualsRead | JobFailed | EmbeddingsReady | ScoresReady | LikelihoodsReady
+Event = (
+    TextDelta
+    | RowFinished
+    | ProbeVerdict
+    | ResidualsRead
+    | JobFailed
+    | EmbeddingsReady
+    | ScoresReady
+    | LikelihoodsReady
+)
 
 
 class JobControl:

@@ -75,7 +75,14 @@ def q4_1_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return codes.to(torch.int32).reshape(out_features, in_features), scale, low
 
 
-def int4_linear(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, out_features: int, *, dense: bool = False) -> LinearFn:
+def int4_linear(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    low: torch.Tensor,
+    out_features: int,
+    *,
+    dense: bool = False,
+) -> LinearFn:
     """PyTorch's CPU int4 weight-only kernel over Q4_1 codes (bf16 activations; bf16 block scales).
 
     The kernel computes w = (q - 8) * s + z per block, so s = d and z = m + 8d; its scales are
@@ -87,13 +94,19 @@ def int4_linear(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, out
     weight more, and a pass of DENSE_ROWS rows or more (a long prefill) runs on them.
     """
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    scales_and_zeros = torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    scales_and_zeros = (
+        torch.stack([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    )
     op = torch.ops.aten._weight_int4pack_mm_for_cpu
     wide = None
     if dense:
         step, zero = scales_and_zeros.float().unbind(-1)  # [groups, out] each
         blocks = codes.reshape(out_features, -1, Q4_GROUP).float() - 8
-        weight = (blocks * step.T[..., None] + zero.T[..., None]).reshape(out_features, -1).to(torch.bfloat16)
+        weight = (
+            (blocks * step.T[..., None] + zero.T[..., None])
+            .reshape(out_features, -1)
+            .to(torch.bfloat16)
+        )
         wide = prepacked_linear(weight)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +137,12 @@ class KernelPlan:
             return int4_linear(*found, weight.shape[0], dense=prepack_supported(torch.bfloat16))
         weight = weight.detach().to(self.dtype)
         bias = None if bias is None else bias.detach().to(self.dtype)
-        if not self.fixed and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16) and prepack_supported(self.dtype):
+        if (
+            not self.fixed
+            and self.device.type == "cpu"
+            and self.dtype in (torch.float32, torch.bfloat16)
+            and prepack_supported(self.dtype)
+        ):
             self.counts["prepacked"] += 1
             return prepacked_linear(weight, bias)
         self.counts["dense"] += 1

@@ -19,7 +19,17 @@ class KVBuffer:
     `dropped + length` is the batch's width, as on a full buffer.
     """
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device, keep: int | None = None):
+    def __init__(
+        self,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype,
+        device,
+        keep: int | None = None,
+    ):
         shape = (layers, rows, kv_heads, capacity, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -35,11 +45,18 @@ class KVBuffer:
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
         """Write this step's keys/values for `layer` (an index in this group); return views of every held column."""
         end = self.length + keys.shape[2]
-        if end > self.keys.shape[3] and layer == 0 and self.keep is not None and self.length > self.keep:
+        if (
+            end > self.keys.shape[3]
+            and layer == 0
+            and self.keep is not None
+            and self.length > self.keep
+        ):
             self._compact()
             end = self.length + keys.shape[2]
         if end > self.keys.shape[3]:
-            raise RuntimeError(f"KV buffer overflow: {end} positions, capacity {self.keys.shape[3]}")
+            raise RuntimeError(
+                f"KV buffer overflow: {end} positions, capacity {self.keys.shape[3]}"
+            )
         layer_keys, layer_values = self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
         layer_keys[:, :, self.length :].copy_(keys)
         layer_values[:, :, self.length :].copy_(values)
@@ -79,9 +96,13 @@ class KVBuffer:
         layers, rows_a, kv_heads, _, head_dim = a.keys.shape
         rows = rows_a + b.keys.shape[1]
         capacity = length + (room if a.keep is None else min(room, a.keep))
-        merged = cls(layers, rows, kv_heads, capacity, head_dim, a.keys.dtype, a.keys.device, a.keep)
+        merged = cls(
+            layers, rows, kv_heads, capacity, head_dim, a.keys.dtype, a.keys.device, a.keep
+        )
         for source, rows_slice in ((a, slice(0, rows_a)), (b, slice(rows_a, rows))):
-            offset = length - source.length  # a source's held columns are the batch's last ones, right-aligned
+            offset = (
+                length - source.length
+            )  # a source's held columns are the batch's last ones, right-aligned
             merged.keys[:, rows_slice, :, offset:length] = source.keys[:, :, :, : source.length]
             merged.values[:, rows_slice, :, offset:length] = source.values[:, :, :, : source.length]
         merged.length, merged.dropped = length, width - length
@@ -113,4 +134,6 @@ class LayerCache:
     @classmethod
     def merged(cls, a: LayerCache, b: LayerCache, room: int) -> LayerCache:
         """a's rows then b's, right-aligned, with `room` positions to grow."""
-        return cls([KVBuffer.merged(x, y, room) for x, y in zip(a.groups, b.groups, strict=True)], a.where)
+        return cls(
+            [KVBuffer.merged(x, y, room) for x, y in zip(a.groups, b.groups, strict=True)], a.where
+        )

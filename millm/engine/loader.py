@@ -93,12 +93,16 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ModelSourceError(f"device {name!r} is not a torch device (use auto, cpu, cuda or cuda:N)") from None
+        raise ModelSourceError(
+            f"device {name!r} is not a torch device (use auto, cpu, cuda or cuda:N)"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ModelSourceError(f"device {name!r} was asked for but CUDA is not available here")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ModelSourceError(f"device {name!r} does not exist ({torch.cuda.device_count()} CUDA devices)")
+            raise ModelSourceError(
+                f"device {name!r} does not exist ({torch.cuda.device_count()} CUDA devices)"
+            )
     elif device.type != "cpu":
         raise ModelSourceError(f"device {name!r} is not supported (use auto, cpu, cuda or cuda:N)")
     return device
@@ -134,7 +138,9 @@ def gguf_cache_key(gguf_path: Path) -> str:
     """The cache entry's name: the file's real path (links resolved: the same file reached another way is
     the same entry), size and modification time (a changed file is converted again)."""
     stat = gguf_path.stat()
-    return hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    return hashlib.sha256(
+        f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:20]
 
 
 def _last_used(entry: Path) -> int:
@@ -151,18 +157,23 @@ def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
     and anything this cache did not write are left alone.
     """
     others = [
-        entry for entry in cache_root.iterdir()
-        if entry != current and GGUF_CACHE_KEY.fullmatch(entry.name) and (entry / GGUF_META).is_file()
+        entry
+        for entry in cache_root.iterdir()
+        if entry != current
+        and GGUF_CACHE_KEY.fullmatch(entry.name)
+        and (entry / GGUF_META).is_file()
     ]
     others.sort(key=_last_used, reverse=True)
-    stale = others[max(keep - 1, 0):]
+    stale = others[max(keep - 1, 0) :]
     for entry in stale:
         log.info("deleting the cached copy %s (least recently used; %d kept)", entry, keep)
         shutil.rmtree(entry, ignore_errors=True)
     return stale
 
 
-def gguf_checkpoint(source: ModelSource, cache_root: Path, keep: int = GGUF_CACHE_ENTRIES) -> tuple[Path, dict]:
+def gguf_checkpoint(
+    source: ModelSource, cache_root: Path, keep: int = GGUF_CACHE_ENTRIES
+) -> tuple[Path, dict]:
     """A dequantised safetensors copy of a .gguf file, converted once and kept under the data dir
     while it is among the `keep` copies used last."""
     gguf_path = source.gguf_path
@@ -196,7 +207,11 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
         model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ is typed for tensors and modules only
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-        meta = {"source": str(gguf_path), "sha256": file_sha256(gguf_path), "file_type": file_quantization(gguf_path)}
+        meta = {
+            "source": str(gguf_path),
+            "sha256": file_sha256(gguf_path),
+            "file_type": file_quantization(gguf_path),
+        }
         (staging / GGUF_META).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -211,7 +226,9 @@ def stored_quantization(config) -> str | None:
     if quant:
         quant = quant if isinstance(quant, dict) else quant.to_dict()
         method = str(quant.get("quant_method", "")).upper() or None
-        bits = quant.get("bits") or (4 if quant.get("load_in_4bit") else 8 if quant.get("load_in_8bit") else None)
+        bits = quant.get("bits") or (
+            4 if quant.get("load_in_4bit") else 8 if quant.get("load_in_8bit") else None
+        )
         return f"{method}-{bits}bit" if method and bits else method
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if stored is None:
@@ -225,7 +242,9 @@ def context_window(config, max_model_len: int | None) -> int:
     native = next((getattr(config, a) for a in attrs if getattr(config, a, None)), None)
     if max_model_len is None:
         if native is None:
-            raise ModelSourceError("the model's config names no context window; pass --max-model-len")
+            raise ModelSourceError(
+                "the model's config names no context window; pass --max-model-len"
+            )
         return int(native)
     if native is not None and max_model_len > native:
         raise ModelSourceError(
@@ -289,10 +308,20 @@ def load_model(
     model.to(torch_device)  # type: ignore[arg-type]  # transformers wraps to() with functools.wraps(Module.to), whose stub loses the bound self
     model.eval()
     model.requires_grad_(False)
-    parameters = sum(p.numel() for p in model.parameters())  # counted before the runner repacks them
+    parameters = sum(
+        p.numel() for p in model.parameters()
+    )  # counted before the runner repacks them
     with torch.inference_mode():
-        runner = make_runner(model, torch_device, torch_dtype, q4_weights, fixed_kernels=reproducible)
-    log.info("model runs on %s (%s): %s runner, kernels: %s", torch_device, torch_dtype, runner.name, runner.kernels)
+        runner = make_runner(
+            model, torch_device, torch_dtype, q4_weights, fixed_kernels=reproducible
+        )
+    log.info(
+        "model runs on %s (%s): %s runner, kernels: %s",
+        torch_device,
+        torch_dtype,
+        runner.name,
+        runner.kernels,
+    )
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(
         name=served_name or source.name,
@@ -303,7 +332,9 @@ def load_model(
         device=torch_device,
         dtype=torch_dtype,
         context_length=context_window(model.config, max_model_len),
-        eos_token_ids=eos_token_ids(model.config, getattr(model, "generation_config", None), tokenizer),
+        eos_token_ids=eos_token_ids(
+            model.config, getattr(model, "generation_config", None), tokenizer
+        ),
         revision=revision,
         quantization=quantization,
         runner=runner,

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.loader import DEQUANTISED, GGUF_META, LoadedModel, context_window, eos_token_ids, evict_gguf_copies, file_sha256, gguf_cache_key
+from millm.engine.loader import (
+    DEQUANTISED,
+    GGUF_META,
+    LoadedModel,
+    context_window,
+    eos_token_ids,
+    evict_gguf_copies,
+    file_sha256,
+    gguf_cache_key,
+)
 from millm.engine.runner_llamacpp import LlamaCppRunner
 from millm.engine.sources import ModelSource, file_quantization
 from millm.errors import MillmError, ModelSourceError, describe
@@ -33,8 +42,9 @@ log = logging.getLogger(__name__)
 GGUF_META_ENTRIES = 8
 
 
-def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = None,
-                  keep: int = GGUF_META_ENTRIES) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
+def file_metadata(
+    source: ModelSource, cache: Path, dequantised: Path | None = None, keep: int = GGUF_META_ENTRIES
+) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, dict]:
     """The file's architecture, tokenizer and facts (hash, file type), read once and kept under
     `cache` (reading a large vocabulary from GGUF metadata takes seconds; a changed file is read
     again), from the transformers engine's dequantised copies under `dequantised` when one is there;
@@ -56,20 +66,38 @@ def file_metadata(source: ModelSource, cache: Path, dequantised: Path | None = N
             AutoTokenizer.from_pretrained(str(copy)).save_pretrained(str(staging))
             meta = json.loads((copy / GGUF_META).read_text())
         else:
-            AutoConfig.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
-            AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file).save_pretrained(str(staging))
-            meta = {"source": str(source.gguf_path), "sha256": file_sha256(source.gguf_path), "file_type": file_quantization(source.gguf_path)}
+            AutoConfig.from_pretrained(
+                str(source.directory), gguf_file=source.gguf_file
+            ).save_pretrained(str(staging))
+            AutoTokenizer.from_pretrained(
+                str(source.directory), gguf_file=source.gguf_file
+            ).save_pretrained(str(staging))
+            meta = {
+                "source": str(source.gguf_path),
+                "sha256": file_sha256(source.gguf_path),
+                "file_type": file_quantization(source.gguf_path),
+            }
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
     now = time.time_ns()
     os.utime(facts, ns=(now, now))  # this use makes it the most recent
     evict_gguf_copies(cache, keep, current=entry)
-    return AutoConfig.from_pretrained(str(entry)), AutoTokenizer.from_pretrained(str(entry)), json.loads(facts.read_text())
+    return (
+        AutoConfig.from_pretrained(str(entry)),
+        AutoTokenizer.from_pretrained(str(entry)),
+        json.loads(facts.read_text()),
+    )
 
 
 def load_with_llamacpp(
-    source: ModelSource, *, dtype: str, cache_root: Path, sequences: int, max_model_len: int | None = None, served_name: str | None = None
+    source: ModelSource,
+    *,
+    dtype: str,
+    cache_root: Path,
+    sequences: int,
+    max_model_len: int | None = None,
+    served_name: str | None = None,
 ) -> LoadedModel:
     """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
     if not source.gguf_file:
@@ -83,14 +111,21 @@ def load_with_llamacpp(
         )
     path = source.gguf_path
     try:
-        config, tokenizer, meta = file_metadata(source, cache_root / "gguf-meta", cache_root / DEQUANTISED)
+        config, tokenizer, meta = file_metadata(
+            source, cache_root / "gguf-meta", cache_root / DEQUANTISED
+        )
     except Exception as exc:
         raise ModelSourceError(f"could not read the metadata of {path}: {describe(exc)}") from exc
     context = context_window(config, max_model_len)
     threads = torch.get_num_threads()
     try:
         runner = LlamaCppRunner(
-            path, context=context, sequences=sequences, threads=threads, file_type=meta["file_type"], exact_kv=dtype == "float32"
+            path,
+            context=context,
+            sequences=sequences,
+            threads=threads,
+            file_type=meta["file_type"],
+            exact_kv=dtype == "float32",
         )
     except (ModelSourceError, MillmError):
         raise

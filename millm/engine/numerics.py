@@ -26,4 +26,6 @@ def fix_cpu_numerics() -> None:
     # ATen reads the variable once, at the first dispatch; after that the CPU's own capability stays.
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != "DEFAULT":
-        raise RuntimeError(f"reproducible numerics must be fixed before torch's first operation (ATen already runs {capability} code)")
+        raise RuntimeError(
+            f"reproducible numerics must be fixed before torch's first operation (ATen already runs {capability} code)"
+        )

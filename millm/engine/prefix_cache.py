@@ -45,7 +45,9 @@ def keyed(operation: Operation, key: Hashable) -> Operation:
 def digest(tensor: torch.Tensor) -> str:
     """A short content hash of a tensor (its float32 values and shape)."""
     data = tensor.detach().float().cpu().contiguous()
-    return hashlib.blake2b(data.numpy().tobytes() + str(tuple(data.shape)).encode(), digest_size=16).hexdigest()
+    return hashlib.blake2b(
+        data.numpy().tobytes() + str(tuple(data.shape)).encode(), digest_size=16
+    ).hexdigest()
 
 
 def steering_key(edit: ResidualEdit | None) -> tuple | None:
@@ -98,7 +100,9 @@ class PrefixCache:
     def __init__(self, budget: int, block_tokens: int = BLOCK_TOKENS):
         self.budget, self.block_tokens = budget, block_tokens
         self._entries: dict[tuple, Block] = {}
-        self._lru: OrderedDict[int, Block] = OrderedDict()  # serial -> block, least recently used first
+        self._lru: OrderedDict[int, Block] = (
+            OrderedDict()
+        )  # serial -> block, least recently used first
         self._serial = 0
         self.bytes = 0
         self.counters = Counters()
@@ -108,7 +112,9 @@ class PrefixCache:
         chain: list[Block] = []
         step = self.block_tokens
         for start in range(0, limit - step + 1, step):
-            found = self._entries.get((chain[-1].serial if chain else 0, steering, tuple(tokens[start : start + step])))
+            found = self._entries.get(
+                (chain[-1].serial if chain else 0, steering, tuple(tokens[start : start + step]))
+            )
             if found is None:
                 break
             chain.append(found)
@@ -125,9 +131,17 @@ class PrefixCache:
     def restore(self, chain: list[Block]) -> KV:
         """The chain's KV joined along positions, per group."""
         groups = len(chain[0].kv)
-        return [(torch.cat([b.kv[g][0] for b in chain], dim=2), torch.cat([b.kv[g][1] for b in chain], dim=2)) for g in range(groups)]
+        return [
+            (
+                torch.cat([b.kv[g][0] for b in chain], dim=2),
+                torch.cat([b.kv[g][1] for b in chain], dim=2),
+            )
+            for g in range(groups)
+        ]
 
-    def store(self, tokens: Sequence[int], steering: tuple, kv_of: Callable[[int, int], KV | None]) -> None:
+    def store(
+        self, tokens: Sequence[int], steering: tuple, kv_of: Callable[[int, int], KV | None]
+    ) -> None:
         """Store every whole block of `tokens` not yet cached; `kv_of(start, end)` copies a span's KV
         (None: not available, and nothing from there on is stored). Then evict down to the budget."""
         parent: Block | None = None
@@ -141,7 +155,9 @@ class PrefixCache:
                 if kv is None:
                     break
                 self._serial += 1
-                size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+                size = sum(
+                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv
+                )
                 block = Block(self._serial, parent, index, kv, size)
                 self._entries[index] = block
                 self._lru[block.serial] = block
@@ -160,7 +176,9 @@ class PrefixCache:
             self._drop(next(iter(self._lru.values())))
 
     def _drop(self, block: Block) -> None:
-        for serial in list(block.children):  # a child of a dropped block could never be reached again
+        for serial in list(
+            block.children
+        ):  # a child of a dropped block could never be reached again
             child = self._lru.get(serial)
             if child is not None:
                 self._drop(child)
@@ -175,7 +193,13 @@ class PrefixCache:
         """Counters, bytes held and the budget, for /api/health/inference."""
         c = self.counters
         return {
-            "budget_bytes": self.budget, "bytes": self.bytes, "blocks": len(self._lru), "block_tokens": self.block_tokens,
-            "lookups": c.lookups, "hits": c.hits, "tokens_reused": c.tokens_reused, "tokens_stored": c.tokens_stored,
+            "budget_bytes": self.budget,
+            "bytes": self.bytes,
+            "blocks": len(self._lru),
+            "block_tokens": self.block_tokens,
+            "lookups": c.lookups,
+            "hits": c.hits,
+            "tokens_reused": c.tokens_reused,
+            "tokens_stored": c.tokens_stored,
             "evictions": c.evictions,
         }

@@ -62,22 +62,39 @@ def template_variables(tokenizer) -> frozenset[str]:
     return _variables(template_source(tokenizer))
 
 
-def _apply_template(tokenizer, messages: list[dict], tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> str:
+def _apply_template(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    variables: dict[str, Any] | None = None,
+) -> str:
     template = None if has_chat_template(tokenizer) else FALLBACK_CHAT_TEMPLATE
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False, **(variables or {})
+            messages,
+            tools=tools,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
+            **(variables or {}),
         )
     except Exception as exc:  # jinja2 errors, including the template's own raise_exception()
         message = str(exc).strip() or type(exc).__name__
-        raise InvalidRequest(f"the model's chat template refused these messages: {message}", param="messages") from None
+        raise InvalidRequest(
+            f"the model's chat template refused these messages: {message}", param="messages"
+        ) from None
 
 
 # Stands in for a lone partial answer while the template renders it (private-use characters).
 PARTIAL_MARK = "\ue000millm-partial\ue000"
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> str:
+def render_chat(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    variables: dict[str, Any] | None = None,
+) -> str:
     """The prompt text for a conversation (with `tools` for templates that take them, and extra
     template `variables` such as enable_thinking); a trailing assistant message without tool calls is continued."""
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
@@ -88,7 +105,13 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     return _apply_template(tokenizer, messages, tools, variables)
 
 
-def _lone_partial(tokenizer, message: dict, partial: str, tools: list[dict] | None, variables: dict[str, Any] | None) -> str:
+def _lone_partial(
+    tokenizer,
+    message: dict,
+    partial: str,
+    tools: list[dict] | None,
+    variables: dict[str, Any] | None,
+) -> str:
     # Nothing precedes the partial, and templates render no empty conversation: render the turn
     # with a mark for its content and cut there, so the template's own opening (a default
     # system prompt, the assistant header) comes first, as vLLM's continue_final_message does.
@@ -103,9 +126,16 @@ def _lone_partial(tokenizer, message: dict, partial: str, tools: list[dict] | No
     return rendered[:cut] + partial
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> list[int]:
+def chat_prompt_ids(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    variables: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids of a rendered conversation; the template already carries any BOS it needs."""
-    return tokenizer(render_chat(tokenizer, messages, tools, variables), add_special_tokens=False)["input_ids"]
+    return tokenizer(render_chat(tokenizer, messages, tools, variables), add_special_tokens=False)[
+        "input_ids"
+    ]
 
 
 def completion_prompt_ids(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:

@@ -57,7 +57,11 @@ class Capture:
         if self.read.positions == "last":  # only the newest position read counts
             wanted = wanted[-1:]
             self.positions, self.vectors = [], []
-        rows = hidden[wanted[0] : wanted[-1] + 1] if len(wanted) == wanted[-1] - wanted[0] + 1 else hidden[wanted]
+        rows = (
+            hidden[wanted[0] : wanted[-1] + 1]
+            if len(wanted) == wanted[-1] - wanted[0] + 1
+            else hidden[wanted]
+        )
         self.positions.extend(first + i for i in wanted)
         self.vectors.append(rows.detach().float().cpu().clone())
 
@@ -66,7 +70,14 @@ class Capture:
         width = self.vectors[0].shape[-1] if self.vectors else 0
         residuals = torch.cat(self.vectors) if self.vectors else torch.zeros(0, width)
         encoded = self.read.encode(residuals) if self.read.encode is not None else None
-        return ResidualsRead(row, self.read.tag, tuple(self.positions), tuple(tokens[p] for p in self.positions), residuals, encoded)
+        return ResidualsRead(
+            row,
+            self.read.tag,
+            tuple(self.positions),
+            tuple(tokens[p] for p in self.positions),
+            residuals,
+            encoded,
+        )
 
 
 def taps(columns: list[tuple[Sequence[Reader], int, int]]) -> dict[int, Tap]:

@@ -71,7 +71,9 @@ class Stacked:
     batch rows that carry operations with the operations in order."""
 
     additions: dict[int, torch.Tensor] = field(default_factory=dict)
-    operations: dict[int, tuple[tuple[int, tuple[Operation, ...]], ...]] = field(default_factory=dict)
+    operations: dict[int, tuple[tuple[int, tuple[Operation, ...]], ...]] = field(
+        default_factory=dict
+    )
 
 
 class Editor(Protocol):
@@ -80,14 +82,22 @@ class Editor(Protocol):
 
     def stack(self, edits: list[ResidualEdit | None]) -> Any: ...
 
-    def install(self, stacked: Any, taps: dict[int, Tap] | None = None, real: list[int] | None = None) -> None: ...
+    def install(
+        self, stacked: Any, taps: dict[int, Tap] | None = None, real: list[int] | None = None
+    ) -> None: ...
 
     def clear(self) -> None: ...
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
     """The decoder blocks of a transformers causal LM, wherever its family keeps them."""
-    for path in ("model.layers", "model.language_model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+    for path in (
+        "model.layers",
+        "model.language_model.layers",
+        "transformer.h",
+        "gpt_neox.layers",
+        "model.decoder.layers",
+    ):
         module = model
         for part in path.split("."):
             module = getattr(module, part, None)
@@ -105,7 +115,9 @@ class ResidualEditor:
         self.layers = decoder_layers(model)
         self.dtype, self.device = dtype, device
         self._current = Stacked()
-        self._real: list[int] | None = None  # real (last) columns of each batch row; None: every column
+        self._real: list[int] | None = (
+            None  # real (last) columns of each batch row; None: every column
+        )
         self._taps: dict[int, Tap] = {}
         self._hooks: dict[int, object] = {}
 
@@ -113,9 +125,13 @@ class ResidualEditor:
         if point in self._hooks:
             return
         if point == EMBEDDINGS:
-            self._hooks[point] = self.layers[0].register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+            self._hooks[point] = self.layers[0].register_forward_pre_hook(
+                self._pre_hook, with_kwargs=True
+            )
         else:
-            self._hooks[point] = self.layers[point].register_forward_hook(self._make_post_hook(point))
+            self._hooks[point] = self.layers[point].register_forward_hook(
+                self._make_post_hook(point)
+            )
 
     def _edited(self, point: int, hidden: torch.Tensor) -> torch.Tensor | None:
         """The residual after this point's edits (None: unchanged), reporting both to a tap."""
@@ -123,13 +139,17 @@ class ResidualEditor:
         edited = None if delta is None else hidden + delta[: hidden.shape[0]]
         operated = self._current.operations.get(point)
         if operated:
-            edited = self._operate(hidden if edited is None else edited, operated, fresh=edited is not None)
+            edited = self._operate(
+                hidden if edited is None else edited, operated, fresh=edited is not None
+            )
         tap = self._taps.get(point)
         if tap is not None:
             tap(hidden, hidden if edited is None else edited)
         return edited
 
-    def _operate(self, hidden: torch.Tensor, rows: tuple[tuple[int, tuple[Operation, ...]], ...], fresh: bool) -> torch.Tensor:
+    def _operate(
+        self, hidden: torch.Tensor, rows: tuple[tuple[int, tuple[Operation, ...]], ...], fresh: bool
+    ) -> torch.Tensor:
         """`hidden` with each listed row's real columns rewritten by its operations, in order."""
         # The forward's own tensor stays as it was: a tap reads it as the residual before the edits.
         edited = hidden if fresh else hidden.clone()
@@ -146,7 +166,9 @@ class ResidualEditor:
 
     def _make_post_hook(self, point: int):
         def hook(module, args, output):
-            hidden = output[0] if isinstance(output, tuple) else output  # some families return (hidden, ...)
+            hidden = (
+                output[0] if isinstance(output, tuple) else output
+            )  # some families return (hidden, ...)
             edited = self._edited(point, hidden)
             if edited is None:
                 return None
@@ -172,16 +194,25 @@ class ResidualEditor:
             self._hook(point)
             vectors = [edit.vector(point) if edit is not None else None for edit in edits]
             zeros = torch.zeros(next(v for v in vectors if v is not None).shape[-1])
-            stacked = torch.stack([(zeros if v is None else v).float().to(self.device) for v in vectors])
+            stacked = torch.stack(
+                [(zeros if v is None else v).float().to(self.device) for v in vectors]
+            )
             additions[point] = stacked.to(self.dtype)[:, None, :]
         operations = {}
         for point in {point for edit in present for point, _ in edit.operations}:
             self._hook(point)
-            rows = [(i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None]
+            rows = [
+                (i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None
+            ]
             operations[point] = tuple((i, ops) for i, ops in rows if ops)
         return Stacked(additions, operations)
 
-    def install(self, stacked: Stacked | None, taps: dict[int, Tap] | None = None, real: list[int] | None = None) -> None:
+    def install(
+        self,
+        stacked: Stacked | None,
+        taps: dict[int, Tap] | None = None,
+        real: list[int] | None = None,
+    ) -> None:
         """Make `stack(...)`'s result the edits of the next forward passes, and `taps` their readers.
 
         `real`: how many of each batch row's last columns are real tokens (a left-padded prefill),

@@ -19,7 +19,9 @@ def pad_left(states: torch.Tensor, width: int) -> torch.Tensor:
     extra = width - states.shape[2]
     if extra == 0:
         return states
-    return torch.cat([states.new_zeros(states.shape[0], states.shape[1], extra, states.shape[3]), states], dim=2)
+    return torch.cat(
+        [states.new_zeros(states.shape[0], states.shape[1], extra, states.shape[3]), states], dim=2
+    )
 
 
 @dataclass
@@ -41,7 +43,9 @@ class HeadOverHidden:
         hidden, _ = self.hidden_states([sequence])
         head = self.model.get_output_embeddings()
         logits = head(hidden[0, start - 1 : len(sequence) - 1]).float()
-        cap = getattr(self.model.config, "final_logit_softcapping", None)  # as the model's own forward does after its head
+        cap = getattr(
+            self.model.config, "final_logit_softcapping", None
+        )  # as the model's own forward does after its head
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
@@ -50,7 +54,14 @@ class HFRunner(HeadOverHidden):
 
     name = "transformers"
 
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, body: KernelPlan | None, head: KernelPlan | None):
+    def __init__(
+        self,
+        model,
+        device: torch.device,
+        dtype: torch.dtype,
+        body: KernelPlan | None,
+        head: KernelPlan | None,
+    ):
         self.model, self.device, self.dtype = model, device, dtype
         lm_head = model.get_output_embeddings()
         if body is not None:
@@ -67,7 +78,9 @@ class HFRunner(HeadOverHidden):
         layers = DynamicCache(config=model.config).layers
         self.mergeable = all(type(layer) is DynamicLayer for layer in layers)
 
-    def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def _logits(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -108,12 +121,17 @@ class HFRunner(HeadOverHidden):
         for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
             # As in select_rows: typed as a union with optional keys, here always filled DynamicLayers.
             layer_a.keys = torch.cat([pad_left(layer_a.keys, width), pad_left(layer_b.keys, width)])  # type: ignore[union-attr, arg-type]
-            layer_a.values = torch.cat([pad_left(layer_a.values, width), pad_left(layer_b.values, width)])  # type: ignore[union-attr, arg-type]
-        return HFBatch(a.cache, torch.cat([left_pad_mask(a.mask, width), left_pad_mask(b.mask, width)]))
+            values = [pad_left(layer_a.values, width), pad_left(layer_b.values, width)]  # type: ignore[union-attr, arg-type]
+            layer_a.values = torch.cat(values)  # type: ignore[union-attr]
+        return HFBatch(
+            a.cache, torch.cat([left_pad_mask(a.mask, width), left_pad_mask(b.mask, width)])
+        )
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
         input_ids, mask = left_pad(prompts, self.device)
         body = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        out = body(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
+        out = body(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions(mask), use_cache=False
+        )
         return out.last_hidden_state, mask

@@ -26,7 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
-from millm.engine.families import AttentionLayout, BlockLayout, ModelLayout, Rotary, layout, supported
+from millm.engine.families import (
+    AttentionLayout,
+    BlockLayout,
+    ModelLayout,
+    Rotary,
+    layout,
+    supported,
+)
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 from millm.engine.kv_cache import KVBuffer, LayerCache, RowKV
 

@@ -42,7 +42,9 @@ def bindings():
             "--engine llama.cpp needs llama-cpp-python, which is not installed: run ./scripts/setup.sh, or "
             "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF\" pip install 'millm[gguf]'"
         ) from None
-    logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)  # llama.cpp's load chatter otherwise goes to stderr
+    logging.getLogger("llama-cpp-python").setLevel(
+        logging.WARNING
+    )  # llama.cpp's load chatter otherwise goes to stderr
     return llama_cpp
 
 
@@ -103,19 +105,32 @@ class LlamaCppRunner:
     name = "llama.cpp"
     mergeable = True
 
-    def __init__(self, path: Path, *, context: int, sequences: int, threads: int, file_type: str | None, exact_kv: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        context: int,
+        sequences: int,
+        threads: int,
+        file_type: str | None,
+        exact_kv: bool = False,
+    ):
         lib = self.lib = bindings()
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
         model_params.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
         self.model = lib.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
-            raise ModelSourceError(f"llama.cpp could not load {path} (see the server log for llama.cpp's reason)")
+            raise ModelSourceError(
+                f"llama.cpp could not load {path} (see the server log for llama.cpp's reason)"
+            )
         params = lib.llama_context_default_params()
         params.n_ctx = context
         params.n_batch = params.n_ubatch = min(MICRO_BATCH, context)
         params.n_seq_max = sequences
-        params.kv_unified = True  # one pool of KV cells for every row: a row can use the whole window
+        params.kv_unified = (
+            True  # one pool of KV cells for every row: a row can use the whole window
+        )
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
         if exact_kv:  # float32 asked for: keys and values kept in float32 too (llama.cpp's default is float16)
@@ -124,7 +139,9 @@ class LlamaCppRunner:
         self.ctx = lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             lib.llama_model_free(self.model)
-            raise InsufficientMemory(f"llama.cpp could not create a context of {context} positions for {path}")
+            raise InsufficientMemory(
+                f"llama.cpp could not create a context of {context} positions for {path}"
+            )
         vocab = lib.llama_model_get_vocab(self.model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
         self.width = int(lib.llama_model_n_embd(self.model))
@@ -158,11 +175,18 @@ class LlamaCppRunner:
             lib.llama_set_adapter_cvec(self.ctx, None, 0, self.width, -1, -1)
         else:
             data = vector.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            if lib.llama_set_adapter_cvec(self.ctx, data, vector.data.size, self.width, vector.start, vector.end) != 0:
+            if (
+                lib.llama_set_adapter_cvec(
+                    self.ctx, data, vector.data.size, self.width, vector.start, vector.end
+                )
+                != 0
+            ):
                 raise RuntimeError("llama.cpp refused the control vector")
         self._applied = vector
 
-    def _decode(self, entries: list[tuple[int, int, int, bool]], outputs: np.ndarray, slots: list[int]) -> None:
+    def _decode(
+        self, entries: list[tuple[int, int, int, bool]], outputs: np.ndarray, slots: list[int]
+    ) -> None:
         """Decode (seq, pos, token, wants_logits) entries in chunks; the logits of the k-th entry
         that wants them go to `outputs[slots[k]]`."""
         lib, batch = self.lib, self._batch
@@ -186,7 +210,9 @@ class LlamaCppRunner:
                 raise RuntimeError(f"llama_decode failed with status {status}")
             wanted = sum(1 for entry in part if entry[3])
             if wanted:
-                logits = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(wanted * self.vocab_size,))
+                logits = np.ctypeslib.as_array(
+                    lib.llama_get_logits(self.ctx), shape=(wanted * self.vocab_size,)
+                )
                 outputs[slots[done : done + wanted]] = logits.reshape(wanted, self.vocab_size)
                 done += wanted
 
@@ -268,13 +294,24 @@ class LlamaCppRunner:
         for start in range(0, len(prompt), self.chunk):
             part = prompt[start : start + self.chunk]
             for i, token in enumerate(part):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, start + i, 1, True
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = (
+                    token,
+                    start + i,
+                    1,
+                    True,
+                )
                 batch.seq_id[i][0] = seq
             batch.n_tokens = len(part)
             if lib.llama_decode(self.ctx, batch) != 0:
-                raise InsufficientMemory(f"llama.cpp's KV cache ({self.context} positions) cannot hold this input")
-            values = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(len(part) * self.width,))
-            into[start : start + len(part)] = torch.from_numpy(values.reshape(len(part), self.width).copy())
+                raise InsufficientMemory(
+                    f"llama.cpp's KV cache ({self.context} positions) cannot hold this input"
+                )
+            values = np.ctypeslib.as_array(
+                lib.llama_get_embeddings(self.ctx), shape=(len(part) * self.width,)
+            )
+            into[start : start + len(part)] = torch.from_numpy(
+                values.reshape(len(part), self.width).copy()
+            )
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
         """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1), unsteered."""

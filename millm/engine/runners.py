@@ -74,7 +74,12 @@ class WholePrefill:
 Prefill = LeanPrefill | WholePrefill
 
 
-def begin_prefill(runner: Runner, prompts: list[list[int]], capacity: int, restored: list[RowKV | None] | None = None) -> Prefill:
+def begin_prefill(
+    runner: Runner,
+    prompts: list[list[int]],
+    capacity: int,
+    restored: list[RowKV | None] | None = None,
+) -> Prefill:
     """A prefill of these prompts; on a chunked runner rows may bring their first positions' KV."""
     if getattr(runner, "chunked", False):
         return runner.begin(prompts, capacity, restored)  # type: ignore[attr-defined]  # chunked runners have begin (LeanRunner)
@@ -90,7 +95,13 @@ def advance_prefill(runner: Runner, prefill: Prefill, tokens: int | None) -> tor
     return runner.advance(prefill, tokens)  # type: ignore[attr-defined]  # a LeanPrefill comes from a LeanRunner
 
 
-def make_runner(model, device: torch.device, dtype: torch.dtype, q4_weights: bool = False, fixed_kernels: bool = False) -> Runner:
+def make_runner(
+    model,
+    device: torch.device,
+    dtype: torch.dtype,
+    q4_weights: bool = False,
+    fixed_kernels: bool = False,
+) -> Runner:
     """The fastest faithful runner for this model on this device (with `fixed_kernels`, plain ones
     whose rounding does not depend on the CPU kind: engine/numerics.py)."""
     runner_type = LeanRunner if LeanRunner.supports(model) else HFRunner

@@ -52,7 +52,11 @@ def penalty_factors(counts: torch.Tensor, presence: float, frequency: float) -> 
 
 
 def apply_repetition_penalty(
-    logits: torch.Tensor, token_ids: torch.Tensor, counts: torch.Tensor, presence: float, frequency: float
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    counts: torch.Tensor,
+    presence: float,
+    frequency: float,
 ) -> torch.Tensor:
     """Return logits with the penalty applied to `token_ids` (unique ids seen, with their counts)."""
     if token_ids.numel() == 0:

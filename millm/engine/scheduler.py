@@ -28,7 +28,14 @@ from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import PrefixCache
 from millm.engine.scoring import run_scoring
-from millm.errors import GenerationFailed, InsufficientMemory, MillmError, QueueFull, ServerShuttingDown, describe
+from millm.errors import (
+    GenerationFailed,
+    InsufficientMemory,
+    MillmError,
+    QueueFull,
+    ServerShuttingDown,
+    describe,
+)
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,12 @@ class Scored:
     ranked: list[tuple[int, float]]  # candidates, most probable first (the first `top` asked for)
 
 
-def score(logits: torch.Tensor, allowed: list[int] | tuple[int, ...] | None, temperature: float, top: int | None = None) -> Scored:
+def score(
+    logits: torch.Tensor,
+    allowed: list[int] | tuple[int, ...] | None,
+    temperature: float,
+    top: int | None = None,
+) -> Scored:
     """Rank the candidates of one next-token logits vector `[V]` (float32); keep the first `top` (None: all)."""
     logits = logits.float()
     if temperature > 0:
@@ -39,10 +44,13 @@ def score(logits: torch.Tensor, allowed: list[int] | tuple[int, ...] | None, tem
     values = logits[ids]
     if bool(torch.isnan(values).any()) or bool(torch.isposinf(values).any()):
         raise NonFiniteLogits(
-            "the model produced NaN or +inf logits " + ("on an allowed token" if allowed else "in its next-token distribution")
+            "the model produced NaN or +inf logits "
+            + ("on an allowed token" if allowed else "in its next-token distribution")
         )
     logprobs = torch.log_softmax(values, dim=-1)
-    order = torch.argsort(logprobs, descending=True, stable=True)[: max(1, top) if top is not None else None]
+    order = torch.argsort(logprobs, descending=True, stable=True)[
+        : max(1, top) if top is not None else None
+    ]
     ranked = list(zip(ids[order].tolist(), logprobs[order].tolist(), strict=True))
     return Scored(ranked[0][0], ranked[0][1], ranked)
 
@@ -66,7 +74,10 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
                 return
             captures = [Capture(read, len(prompt)) for read in job.reads]
             if captures or job.edit is not None:  # read the residuals of this very pass
-                lm.residual.install(lm.residual.stack([job.edit]) if job.edit is not None else None, taps([(captures, 0, len(prompt))]))
+                lm.residual.install(
+                    lm.residual.stack([job.edit]) if job.edit is not None else None,
+                    taps([(captures, 0, len(prompt))]),
+                )
             _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
             results.append(logits[0].float().cpu())
             reads.extend(capture.result(index, prompt) for capture in captures)
@@ -79,4 +90,3 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
 def rank(logits: torch.Tensor, ranking: Ranking) -> Scored:
     """`score` with a job's ranking."""
     return score(logits, ranking.allowed, ranking.temperature, ranking.top)
-

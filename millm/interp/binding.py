@@ -38,7 +38,12 @@ class LayerBinding:
 
     def to_dict(self) -> dict:
         """For responses."""
-        return {"layer": self.layer, "status": self.status, "sae_id": self.sae_id, "detail": self.detail}
+        return {
+            "layer": self.layer,
+            "status": self.status,
+            "sae_id": self.sae_id,
+            "detail": self.detail,
+        }
 
 
 def bind_layer(layer: int, ref: dict, attached: dict[str, Attached]) -> LayerBinding:
@@ -50,15 +55,35 @@ def bind_layer(layer: int, ref: dict, attached: dict[str, Attached]) -> LayerBin
     if d_model is not None:
         here = [a for a in here if a.info.d_in == d_model] or here
         if here[0].info.d_in != d_model:
-            return LayerBinding(layer, "block", None, f"d_model {d_model} but the SAE at layer {layer} reads d_in={here[0].info.d_in}")
+            return LayerBinding(
+                layer,
+                "block",
+                None,
+                f"d_model {d_model} but the SAE at layer {layer} reads d_in={here[0].info.d_in}",
+            )
     if n_features is None:
         chosen = here[0]
-        return LayerBinding(layer, "warn", chosen.info.id, f"n_features not declared; bound to {chosen.info.id} ({chosen.info.d_sae} features) unchecked")
+        return LayerBinding(
+            layer,
+            "warn",
+            chosen.info.id,
+            f"n_features not declared; bound to {chosen.info.id} ({chosen.info.d_sae} features) unchecked",
+        )
     matching = [a for a in here if a.info.d_sae == n_features]
     if not matching:
         widths = ", ".join(f"{a.info.id}: {a.info.d_sae}" for a in here)
-        return LayerBinding(layer, "block", None, f"n_features {n_features} but the SAE at layer {layer} has another width ({widths})")
-    return LayerBinding(layer, "bind", matching[0].info.id, f"bound to {matching[0].info.id} ({n_features} features)")
+        return LayerBinding(
+            layer,
+            "block",
+            None,
+            f"n_features {n_features} but the SAE at layer {layer} has another width ({widths})",
+        )
+    return LayerBinding(
+        layer,
+        "bind",
+        matching[0].info.id,
+        f"bound to {matching[0].info.id} ({n_features} features)",
+    )
 
 
 def cluster_binding(document: dict, attached: dict[str, Attached]) -> LayerBinding:
@@ -76,7 +101,10 @@ def cluster_binding(document: dict, attached: dict[str, Attached]) -> LayerBindi
             )
     binding = bind_layer(layer, ref, attached)
     if binding.status not in BOUND or binding.sae_id is None:  # a bound layer always names its SAE
-        raise InvalidRequest(f"cluster {document['name']!r} cannot steer here: {binding.detail}", code="cluster_not_applicable")
+        raise InvalidRequest(
+            f"cluster {document['name']!r} cannot steer here: {binding.detail}",
+            code="cluster_not_applicable",
+        )
     width = attached[binding.sae_id].info.d_sae
     for member in document["members"]:
         if member["feature_idx"] >= width:
@@ -104,7 +132,12 @@ def circuit_mode(bindings: dict[int, LayerBinding], members: list[Member]) -> st
     return "slice_fallback" if bound else "none"
 
 
-def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attached: dict[str, Attached], intensity: float) -> ResidualEdit | None:
+def members_edit(
+    members: list[Member],
+    bindings: dict[int, LayerBinding],
+    attached: dict[str, Attached],
+    intensity: float,
+) -> ResidualEdit | None:
     """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths,
     summed per feature and the sum clamped to ±200.
 
@@ -114,7 +147,9 @@ def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attac
     strengths: dict[str, dict[int, float]] = {}
     for number, member in enumerate(members):
         binding = bindings.get(member.layer) if member.layer is not None else None
-        if binding is None or binding.status not in BOUND or binding.sae_id is None:  # bound: it names its SAE
+        if (
+            binding is None or binding.status not in BOUND or binding.sae_id is None
+        ):  # bound: it names its SAE
             continue
         width = attached[binding.sae_id].info.d_sae
         if member.feature_idx >= width:
@@ -126,5 +161,7 @@ def members_edit(members: list[Member], bindings: dict[int, LayerBinding], attac
         features = strengths.setdefault(binding.sae_id, {})
         # Members on one feature add up; steering_edit clamps the sum once, so the order they are listed in
         # cannot change it (a running clamp would: 150, 150, -150 gave 50, not 150).
-        features[member.feature_idx] = features.get(member.feature_idx, 0.0) + applied_strength(member.strength, member.sign, intensity)
+        features[member.feature_idx] = features.get(member.feature_idx, 0.0) + applied_strength(
+            member.strength, member.sign, intensity
+        )
     return steering_edit(strengths, attached)

@@ -67,7 +67,9 @@ class FiringValues:
         return features, values
 
 
-def quantile_grid(features: np.ndarray, values: np.ndarray, d_sae: int, levels: np.ndarray = LEVELS) -> np.ndarray:
+def quantile_grid(
+    features: np.ndarray, values: np.ndarray, d_sae: int, levels: np.ndarray = LEVELS
+) -> np.ndarray:
     """Per feature, numpy's linear quantiles of its values at `levels` (percent): `[d_sae, len(levels)]`, NaN for a feature without values."""
     order = np.lexsort((values, features))  # by feature, then value
     ordered = values[order].astype(np.float64)
@@ -101,14 +103,27 @@ def pack_grids(grids: np.ndarray) -> dict:
     """Quantile grids `[d_sae, 101]` as JSON: exact float32, little-endian, base64 (NaN rows: never fired);
     a third of the size of the numbers written out, and runs of equal quantiles stay equal."""
     data = np.ascontiguousarray(grids, dtype="<f4")
-    return {"dtype": "float32", "shape": list(data.shape), "levels": "0..100", "base64": base64.b64encode(data.tobytes()).decode("ascii")}
+    return {
+        "dtype": "float32",
+        "shape": list(data.shape),
+        "levels": "0..100",
+        "base64": base64.b64encode(data.tobytes()).decode("ascii"),
+    }
 
 
 def unpack_grids(packed: dict) -> np.ndarray:
     """The grids `pack_grids` wrote (ValueError when they are not such)."""
-    if packed.get("dtype") != "float32" or len(packed.get("shape", [])) != 2 or packed["shape"][1] != len(LEVELS):
+    if (
+        packed.get("dtype") != "float32"
+        or len(packed.get("shape", [])) != 2
+        or packed["shape"][1] != len(LEVELS)
+    ):
         raise ValueError("grids are not float32 [d_sae, 101]")
-    return np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f4").reshape(packed["shape"]).astype(np.float32)
+    return (
+        np.frombuffer(base64.b64decode(packed["base64"]), dtype="<f4")
+        .reshape(packed["shape"])
+        .astype(np.float32)
+    )
 
 
 @dataclass(frozen=True)
@@ -137,7 +152,9 @@ class TopActivations:
         self.texts = np.full((d_sae, n), -1, np.int32)
         self.positions = np.full((d_sae, n), -1, np.int32)
 
-    def offer(self, features: np.ndarray, values: np.ndarray, text: int, positions: np.ndarray) -> None:
+    def offer(
+        self, features: np.ndarray, values: np.ndarray, text: int, positions: np.ndarray
+    ) -> None:
         """Consider one text's firings; only features whose table they would enter are touched."""
         if self.n == 0:
             return
@@ -149,12 +166,18 @@ class TopActivations:
         n = self.n
         all_f = np.concatenate((np.repeat(touched, n), features))
         all_v = np.concatenate((self.values[touched].ravel(), values))
-        all_t = np.concatenate((self.texts[touched].ravel(), np.full(features.shape[0], text, np.int32)))
+        all_t = np.concatenate(
+            (self.texts[touched].ravel(), np.full(features.shape[0], text, np.int32))
+        )
         all_p = np.concatenate((self.positions[touched].ravel(), positions.astype(np.int32)))
-        order = np.lexsort((-all_v, all_f))  # stable: the table's own entries stay ahead of equal new ones
+        order = np.lexsort(
+            (-all_v, all_f)
+        )  # stable: the table's own entries stay ahead of equal new ones
         ranked = all_f[order]
         rank = np.arange(ranked.shape[0]) - np.searchsorted(ranked, ranked, side="left")
-        keep = order[rank < n]  # exactly n per touched feature (its old row had n), in feature order
+        keep = order[
+            rank < n
+        ]  # exactly n per touched feature (its old row had n), in feature order
         self.values[touched] = all_v[keep].reshape(-1, n)
         self.texts[touched] = all_t[keep].reshape(-1, n)
         self.positions[touched] = all_p[keep].reshape(-1, n)
@@ -184,16 +207,22 @@ class Accumulator:
 
     def __init__(self, d_sae: int, top_n: int, limit: int = MAX_FIRING_VALUES, seed: int = 0):
         self.d_sae = d_sae
-        self.totals = Totals(np.zeros(d_sae, np.int64), np.zeros(d_sae, np.float64), np.zeros(d_sae, np.float32))
+        self.totals = Totals(
+            np.zeros(d_sae, np.int64), np.zeros(d_sae, np.float64), np.zeros(d_sae, np.float32)
+        )
         self.firing = FiringValues(limit, seed)
         self.top = TopActivations(d_sae, top_n)
 
-    def add(self, text: int, read: int, positions: np.ndarray, features: np.ndarray, values: np.ndarray) -> None:
+    def add(
+        self, text: int, read: int, positions: np.ndarray, features: np.ndarray, values: np.ndarray
+    ) -> None:
         """One text: `read` positions were read; the features fired at `positions` with `values`."""
         totals = self.totals
         totals.positions += read
         totals.counts += np.bincount(features, minlength=self.d_sae)
-        totals.sums += np.bincount(features, weights=values.astype(np.float64), minlength=self.d_sae)
+        totals.sums += np.bincount(
+            features, weights=values.astype(np.float64), minlength=self.d_sae
+        )
         np.maximum.at(totals.maxima, features, values)
         self.firing.add(features, values)
         self.top.offer(features, values, text, positions)

@@ -26,6 +26,16 @@ def inline(schema: dict) -> dict:
 
 # Component name -> schema, for the served OpenAPI schema (nested models are components too).
 SCHEMAS: dict[str, dict] = models_json_schema(
-    [(model, "validation") for model in (ProfileDocument, ProfileBundle, SteeringSpec, ClusterDefinition, ClusterBundle, CircuitDefinition)],
+    [
+        (model, "validation")
+        for model in (
+            ProfileDocument,
+            ProfileBundle,
+            SteeringSpec,
+            ClusterDefinition,
+            ClusterBundle,
+            CircuitDefinition,
+        )
+    ],
     ref_template="#/components/schemas/{model}",
 )[1]["$defs"]

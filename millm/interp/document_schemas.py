@@ -18,7 +18,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    WrapValidator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from millm.errors import InvalidRequest

@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from millm.errors import SAEFormatError
@@ -39,16 +46,21 @@ def _architecture(value: Any) -> Any:
 class SAELensConfig(BaseModel):
     """The cfg.json keys millm uses; the many others SAELens writes are accepted and ignored."""
 
-    architecture: Annotated[Literal["standard", "jumprelu", "topk"], BeforeValidator(_architecture)] = "standard"
+    architecture: Annotated[
+        Literal["standard", "jumprelu", "topk"], BeforeValidator(_architecture)
+    ] = "standard"
     d_in: PositiveInt
     d_sae: PositiveInt
     hook_name: str | None = None
-    hook_layer: Annotated[int, Field(strict=True, ge=0)] | None = None  # older files name no hook_name
+    hook_layer: Annotated[int, Field(strict=True, ge=0)] | None = (
+        None  # older files name no hook_name
+    )
     k: PositiveInt | None = None  # TopK only
     apply_b_dec_to_input: bool | None = True  # null reads as false, as before
     # Early SAELens wrote normalize_activations as a bool: false (or null) means none.
     normalize_activations: Annotated[
-        Literal["none", "expected_average_only_in", "constant_norm_rescale", "layer_norm"], BeforeValidator(lambda v: v or "none")
+        Literal["none", "expected_average_only_in", "constant_norm_rescale", "layer_norm"],
+        BeforeValidator(lambda v: v or "none"),
     ] = "none"
     norm_scaling_factor: float | None = None
     model_name: str | None = None
@@ -67,12 +79,16 @@ class SAELensConfig(BaseModel):
             for key, value in inner.items() if isinstance(inner, dict) else ():
                 if config.get(key) is None:
                     config[key] = value
-        config["norm_scaling_factor"] = config.get("norm_scaling_factor") or config.get("scaling_factor")
+        config["norm_scaling_factor"] = config.get("norm_scaling_factor") or config.get(
+            "scaling_factor"
+        )
         return config
 
 
 CONFIG = TypeAdapter(SAELensConfig)
-LABELS = TypeAdapter(dict[int, Any])  # feature index (a string of digits in JSON) -> entry or bare label
+LABELS = TypeAdapter(
+    dict[int, Any]
+)  # feature index (a string of digits in JSON) -> entry or bare label
 
 
 def _validated(adapter: TypeAdapter, path: Path) -> Any:
@@ -80,14 +96,22 @@ def _validated(adapter: TypeAdapter, path: Path) -> Any:
     try:
         return adapter.validate_json(path.read_bytes())
     except ValidationError as exc:
-        raise SAEFormatError(f"{path.name}: " + "; ".join(map(_problem, exc.errors(include_url=False)))) from None
+        raise SAEFormatError(
+            f"{path.name}: " + "; ".join(map(_problem, exc.errors(include_url=False)))
+        ) from None
 
 
 def _problem(error: ErrorDetails) -> str:
     """One pydantic error as 'd_sae: Input should be greater than 0 (got 0)'."""
     where = ".".join(str(part) for part in error["loc"] if part != "[key]")
-    shown = error["type"] not in ("missing", "json_invalid") and not isinstance(error["input"], (dict, list))
-    return (f"{where}: " if where else "") + error["msg"] + (f" (got {error['input']!r})" if shown else "")
+    shown = error["type"] not in ("missing", "json_invalid") and not isinstance(
+        error["input"], (dict, list)
+    )
+    return (
+        (f"{where}: " if where else "")
+        + error["msg"]
+        + (f" (got {error['input']!r})" if shown else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +173,9 @@ def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], meani
         raise SAEFormatError(
             f"{name} is transposed: expected {meaning} = {list(shape)}, got {list(tensor.shape)}"
         )
-    raise SAEFormatError(f"{name} has shape {list(tensor.shape)}, expected {meaning} = {list(shape)}")
+    raise SAEFormatError(
+        f"{name} has shape {list(tensor.shape)}, expected {meaning} = {list(shape)}"
+    )
 
 
 def _weights(tensors: dict[str, torch.Tensor], d_in: int, d_sae: int, source: str) -> SAEWeights:
@@ -160,7 +186,9 @@ def _weights(tensors: dict[str, torch.Tensor], d_in: int, d_sae: int, source: st
     _expect_shape("W_dec", tensors["W_dec"], (d_sae, d_in), "[d_sae, d_in]")
     _expect_shape("b_enc", tensors["b_enc"], (d_sae,), "[d_sae]")
     _expect_shape("b_dec", tensors["b_dec"], (d_in,), "[d_in]")
-    return SAEWeights(*(tensors[n].float().contiguous() for n in ("W_enc", "b_enc", "W_dec", "b_dec")))
+    return SAEWeights(
+        *(tensors[n].float().contiguous() for n in ("W_enc", "b_enc", "W_dec", "b_dec"))
+    )
 
 
 def _threshold(tensors: dict[str, torch.Tensor], d_sae: int, source: str) -> torch.Tensor:
@@ -191,7 +219,9 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise SAEFormatError(f"{weights_path.name} is not a readable safetensors file: {exc}") from None
+        raise SAEFormatError(
+            f"{weights_path.name} is not a readable safetensors file: {exc}"
+        ) from None
     weights = _weights(tensors, config.d_in, config.d_sae, SAELENS_WEIGHTS)
     normalisation = config.normalize_activations
     if normalisation == "expected_average_only_in":
@@ -199,14 +229,25 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
         # into the weights when it is published; at run time the SAE itself is the identity.
         factor = config.norm_scaling_factor
         if factor:
-            weights.W_enc, weights.W_dec, weights.b_dec = weights.W_enc * factor, weights.W_dec / factor, weights.b_dec / factor
+            weights.W_enc, weights.W_dec, weights.b_dec = (
+                weights.W_enc * factor,
+                weights.W_dec / factor,
+                weights.b_dec / factor,
+            )
         normalisation = "none"
-    options: dict[str, Any] = {"apply_b_dec_to_input": bool(config.apply_b_dec_to_input), "normalize_activations": normalisation}
+    options: dict[str, Any] = {
+        "apply_b_dec_to_input": bool(config.apply_b_dec_to_input),
+        "normalize_activations": normalisation,
+    }
     if config.architecture == "jumprelu":
-        sae: SAE = JumpReLUSAE(weights, _threshold(tensors, config.d_sae, SAELENS_WEIGHTS), **options)
+        sae: SAE = JumpReLUSAE(
+            weights, _threshold(tensors, config.d_sae, SAELENS_WEIGHTS), **options
+        )
     elif config.architecture == "topk":
         if config.k is None or config.k > config.d_sae:
-            raise SAEFormatError(f"{SAELENS_CONFIG}: k: a topk SAE needs k between 1 and d_sae ({config.d_sae}), got {config.k!r}")
+            raise SAEFormatError(
+                f"{SAELENS_CONFIG}: k: a topk SAE needs k between 1 and d_sae ({config.d_sae}), got {config.k!r}"
+            )
         sae = TopKSAE(weights, config.k, **options)
     else:
         sae = StandardSAE(weights, **options)
@@ -219,7 +260,9 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
         hook_name=config.hook_name or None,
         k=config.k if config.architecture == "topk" else None,
         has_labels=(directory / LABELS_FILE).is_file(),
-        **config.model_dump(include={"architecture", "d_in", "d_sae", "model_name", "neuronpedia_id"}),
+        **config.model_dump(
+            include={"architecture", "d_in", "d_sae", "model_name", "neuronpedia_id"}
+        ),
     )
     return info, sae
 
@@ -228,10 +271,16 @@ def read_gemma_scope(path: Path) -> tuple[SAEInfo, SAE]:
     """A Gemma Scope params.npz (JumpReLU); width from the shapes, layer from the path's layer_N."""
     try:
         with np.load(path) as archive:
-            arrays = {name: torch.from_numpy(np.asarray(archive[name], dtype=np.float32)) for name in archive.files}
+            arrays = {
+                name: torch.from_numpy(np.asarray(archive[name], dtype=np.float32))
+                for name in archive.files
+            }
     except (OSError, ValueError) as exc:
         raise SAEFormatError(f"{path.name} is not a readable .npz file: {exc}") from None
-    tensors = {{"w_enc": "W_enc", "w_dec": "W_dec"}.get(name, name): value for name, value in arrays.items()}
+    tensors = {
+        {"w_enc": "W_enc", "w_dec": "W_dec"}.get(name, name): value
+        for name, value in arrays.items()
+    }
     for name in ("b_enc", "b_dec"):
         if name not in tensors:
             raise SAEFormatError(f"{path.name} has no array {name!r} (found: {sorted(arrays)})")
@@ -261,12 +310,16 @@ def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
             return read_saelens(path)
         if (path / GEMMA_SCOPE_FILE).is_file():
             return read_gemma_scope(path / GEMMA_SCOPE_FILE)
-        raise SAEFormatError(f"{path} holds neither a SAELens SAE (cfg.json + {SAELENS_WEIGHTS}) nor a {GEMMA_SCOPE_FILE}")
+        raise SAEFormatError(
+            f"{path} holds neither a SAELens SAE (cfg.json + {SAELENS_WEIGHTS}) nor a {GEMMA_SCOPE_FILE}"
+        )
     if path.is_file() and path.suffix == ".npz":
         return read_gemma_scope(path)
     if path.is_file() and path.name in (SAELENS_CONFIG, SAELENS_WEIGHTS):
         return read_saelens(path.parent)
-    raise SAEFormatError(f"{path} is not an SAE: give a SAELens directory or a Gemma Scope params.npz")
+    raise SAEFormatError(
+        f"{path} is not an SAE: give a SAELens directory or a Gemma Scope params.npz"
+    )
 
 
 def read_labels(info: SAEInfo) -> dict[int, dict]:
@@ -276,4 +329,7 @@ def read_labels(info: SAEInfo) -> dict[int, dict]:
     if not path.is_file():
         return {}
     labels = _validated(LABELS, path)
-    return {index: entry if isinstance(entry, dict) else {"label": str(entry)} for index, entry in labels.items()}
+    return {
+        index: entry if isinstance(entry, dict) else {"label": str(entry)}
+        for index, entry in labels.items()
+    }

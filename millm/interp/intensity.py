@@ -28,7 +28,9 @@ SYMBOLS = ("off", "min", "max")
 
 
 # What parse_dial accepts, as JSON Schema (for the served OpenAPI schema).
-DIAL_SCHEMA = {"anyOf": [{"type": "number", "minimum": 0, "maximum": ENVELOPE_MAX}, {"enum": list(SYMBOLS)}]}
+DIAL_SCHEMA = {
+    "anyOf": [{"type": "number", "minimum": 0, "maximum": ENVELOPE_MAX}, {"enum": list(SYMBOLS)}]
+}
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,12 @@ def parse_dial(raw) -> Dial:
             f"steering_intensity must be a number from 0 to 2 or one of off, min, max; got {raw!r}",
             param="steering_intensity",
         )
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or not 0 <= raw <= ENVELOPE_MAX:
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, (int, float))
+        or not math.isfinite(raw)
+        or not 0 <= raw <= ENVELOPE_MAX
+    ):
         raise InvalidRequest(
             f"steering_intensity must be a number from 0 to {ENVELOPE_MAX:g} or one of off, min, max; got {raw!r}",
             param="steering_intensity",
@@ -61,7 +68,9 @@ def parse_dial(raw) -> Dial:
     return Dial(value=float(raw))
 
 
-def declared_bounds(declared: tuple[float, float] | None, floor: float, ceiling: float) -> tuple[float, float]:
+def declared_bounds(
+    declared: tuple[float, float] | None, floor: float, ceiling: float
+) -> tuple[float, float]:
     """The usable [lo, hi]: a declared range intersected with [0, ceiling], else [floor, ceiling]."""
     if declared is None:
         return min(floor, ceiling), ceiling
@@ -70,7 +79,14 @@ def declared_bounds(declared: tuple[float, float] | None, floor: float, ceiling:
     return lo, max(lo, hi)
 
 
-def dial_lambda(dial: Dial, declared: tuple[float, float] | None, floor: float, maximum: float, *, clamp_low: bool) -> float:
+def dial_lambda(
+    dial: Dial,
+    declared: tuple[float, float] | None,
+    floor: float,
+    maximum: float,
+    *,
+    clamp_low: bool,
+) -> float:
     """λ for a dial: symbols to the range's ends, numbers capped at the top, and with `clamp_low` raised to the floor too."""
     if dial.off:
         return 0.0
@@ -81,12 +97,16 @@ def dial_lambda(dial: Dial, declared: tuple[float, float] | None, floor: float, 
 
 
 # The spec names the two rules; plans.py reads better saying which one it applies.
-def cluster_lambda(dial: Dial, declared: tuple[float, float] | None, cluster_min: float, maximum: float) -> float:
+def cluster_lambda(
+    dial: Dial, declared: tuple[float, float] | None, cluster_min: float, maximum: float
+) -> float:
     """λ under the cluster rule: numbers capped above only (dialling below the floor is honoured)."""
     return dial_lambda(dial, declared, cluster_min, maximum, clamp_low=False)
 
 
-def circuit_lambda(dial: Dial, declared: tuple[float, float] | None, circuit_min: float, maximum: float) -> float:
+def circuit_lambda(
+    dial: Dial, declared: tuple[float, float] | None, circuit_min: float, maximum: float
+) -> float:
     """λ under the circuit rule: clamped at both ends; only an exact 0 / "off" is below the floor."""
     return dial_lambda(dial, declared, circuit_min, maximum, clamp_low=True)
 
@@ -104,4 +124,6 @@ def applied_strength(strength: float, sign: int, intensity: float) -> float:
 def echo(value: float) -> str:
     """How a resolved λ is written in X-miLLM-Steering-Intensity (an RFC 8941 decimal)."""
     rounded = round(value, 3)
-    return f"{rounded:.3f}".rstrip("0").rstrip(".") if rounded != int(rounded) else f"{int(rounded)}.0"
+    return (
+        f"{rounded:.3f}".rstrip("0").rstrip(".") if rounded != int(rounded) else f"{int(rounded)}.0"
+    )

@@ -25,7 +25,9 @@ def export_csv(labels: list[Label]) -> str:
     return out.getvalue()
 
 
-def export_neuronpedia(labels: list[Label], model_id: str | None, layer: str | None) -> list[dict[str, Any]]:
+def export_neuronpedia(
+    labels: list[Label], model_id: str | None, layer: str | None
+) -> list[dict[str, Any]]:
     """Neuronpedia's export list: one explanation per feature (the label), with its explainer when known."""
     return [
         {
@@ -44,7 +46,16 @@ def export_mistudio(labels: list[Label]) -> dict[str, Any]:
     """miStudio's explanations.json shape: one explanation per feature."""
     return {
         "explanations": [
-            {"feature_index": x.index, "explanations": [{"description": x.label, "method": x.detail.get("method"), "score": x.detail.get("score")}]}
+            {
+                "feature_index": x.index,
+                "explanations": [
+                    {
+                        "description": x.label,
+                        "method": x.detail.get("method"),
+                        "score": x.detail.get("score"),
+                    }
+                ],
+            }
             for x in labels
         ]
     }

@@ -23,7 +23,6 @@ RUNG_LANGUAGE = {
 }
 
 
-
 def cluster_definitions(doc) -> list[dict]:
     """The definitions of a cluster document or bundle, all valid, or InvalidDocument listing every problem."""
     if isinstance(doc, dict) and doc.get("kind") == CLUSTER_BUNDLE_KIND:
@@ -73,7 +72,10 @@ class Member:
 def cluster_members(doc: dict) -> list[Member]:
     """A cluster's members, at the cluster's layer."""
     layer = (doc.get("sae") or {}).get("layer")
-    return [Member(layer, m["feature_idx"], float(m["strength"]), int(m.get("sign", 1))) for m in doc["members"]]
+    return [
+        Member(layer, m["feature_idx"], float(m["strength"]), int(m.get("sign", 1)))
+        for m in doc["members"]
+    ]
 
 
 def circuit_members(doc: dict) -> list[Member]:
@@ -85,5 +87,12 @@ def circuit_members(doc: dict) -> list[Member]:
         else:
             subs = member["expanded_members"]
         for sub in subs:
-            found.append(Member(member["layer"], sub["feature_idx"], float(sub["strength"]), int(sub.get("sign", 1))))
+            found.append(
+                Member(
+                    member["layer"],
+                    sub["feature_idx"],
+                    float(sub["strength"]),
+                    int(sub.get("sign", 1)),
+                )
+            )
     return found

@@ -8,7 +8,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
-from millm.interp.document_schemas import CircuitKind, ClusterBundleKind, ClusterKind, Document, MistudioVersion, NonNegative, Rung, Sign, SourceHint, _ordered
+from millm.interp.document_schemas import (
+    CircuitKind,
+    ClusterBundleKind,
+    ClusterKind,
+    Document,
+    MistudioVersion,
+    NonNegative,
+    Rung,
+    Sign,
+    SourceHint,
+    _ordered,
+)
 
 
 # ---- miStudio cluster and circuit definitions (shared/spec/formats.md) --------------------------
@@ -42,7 +53,14 @@ class MistudioBudget(Document):
     """The authored intensity and, when declared, the range its dial spans."""
 
     intensity: Annotated[float, Field(ge=0, le=2)] = 1.0
-    intensity_range: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=2, max_length=2), AfterValidator(_ordered)] | None = None
+    intensity_range: (
+        Annotated[
+            list[Annotated[float, Field(ge=0)]],
+            Field(min_length=2, max_length=2),
+            AfterValidator(_ordered),
+        ]
+        | None
+    ) = None
 
 
 class MistudioProvenance(Document):
@@ -109,8 +127,13 @@ def _member_kind(member: Any) -> str:
 
 
 CircuitMember = Annotated[
-    Annotated[CircuitFeatureRef, Tag("feature_ref")] | Annotated[CircuitClusterRef, Tag("cluster_ref")],
-    Discriminator(_member_kind, custom_error_type="member_kind", custom_error_message="member_kind must be feature_ref or cluster_ref"),
+    Annotated[CircuitFeatureRef, Tag("feature_ref")]
+    | Annotated[CircuitClusterRef, Tag("cluster_ref")],
+    Discriminator(
+        _member_kind,
+        custom_error_type="member_kind",
+        custom_error_message="member_kind must be feature_ref or cluster_ref",
+    ),
 ]
 
 

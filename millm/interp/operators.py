@@ -86,7 +86,10 @@ def check_holdable(sae: SAE, sae_id: str, held: list[Held], param: str) -> None:
             param,
         )
     if len(held) > MAX_HELD:
-        raise _refuse(f"{len(held)} features of {sae_id} are clamped or ablated; at most {MAX_HELD} may be held on one SAE", param)
+        raise _refuse(
+            f"{len(held)} features of {sae_id} are clamped or ablated; at most {MAX_HELD} may be held on one SAE",
+            param,
+        )
     if isinstance(sae, JumpReLUSAE):
         for h in held:
             threshold = float(sae.threshold[h.index])
@@ -98,7 +101,9 @@ def check_holdable(sae: SAE, sae_id: str, held: list[Held], param: str) -> None:
                 )
     cosines = _cosines(sae, [h.index for h in held])
     for h, cosine in zip(held, cosines.diagonal().tolist(), strict=True):
-        if not abs(cosine) >= HOLD_COSINE_MIN:  # NaN too: a zero row (a dead feature) has no direction
+        if (
+            not abs(cosine) >= HOLD_COSINE_MIN
+        ):  # NaN too: a zero row (a dead feature) has no direction
             raise _refuse(
                 f"feature {h.index} of {sae_id} has an encoder nearly orthogonal to its decoder (cosine {cosine:.3g}): "
                 "holding its activation would need a push out of all proportion; use add or cap on it",
@@ -169,7 +174,9 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
         x = residual.float()
         pre = pre_of(x)
         held_now = always | (ablated & ~silent(x, pre))
-        aims = torch.where(ablated, -ROUNDING * x.norm(dim=1, keepdim=True) * encoder_norms, targets)  # [T, k]
+        aims = torch.where(
+            ablated, -ROUNDING * x.norm(dim=1, keepdim=True) * encoder_norms, targets
+        )  # [T, k]
         edited = x
         for _ in range(len(held) + 1):  # each round may only add ablated features, so this ends
             rows = held_now[:, :, None]
@@ -199,7 +206,9 @@ def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tens
     return lambda x, pre: pre <= 0
 
 
-def cap(direction: torch.Tensor, value: float, what: str = "the direction", param: str = "steering") -> Operation:
+def cap(
+    direction: torch.Tensor, value: float, what: str = "the direction", param: str = "steering"
+) -> Operation:
     """The Operation limiting the residual's component along `direction` (made unit) to at most `value`."""
     norm = float(direction.float().norm())
     if not norm > 0:
@@ -214,6 +223,8 @@ def cap(direction: torch.Tensor, value: float, what: str = "the direction", para
     return keyed(operation, ("cap", digest(unit), value))
 
 
-def feature_cap(sae: SAE, sae_id: str, index: int, value: float, param: str = "steering") -> Operation:
+def feature_cap(
+    sae: SAE, sae_id: str, index: int, value: float, param: str = "steering"
+) -> Operation:
     """cap along feature `index`'s unit decoder row."""
     return cap(sae.W_dec[index], value, f"the decoder row of feature {index} of {sae_id}", param)

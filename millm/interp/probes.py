@@ -33,7 +33,18 @@ from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.residual import EMBEDDINGS
 from millm.engine.watching import KEPT_POSITIONS
 from millm.errors import InvalidProbe, InvalidRequest
-from millm.interp.document_schemas import MAX_BUNDLE, MAX_DESCRIPTION, Document, NonNegative, ProfileName, no_bools, problems, refusal, said, unique
+from millm.interp.document_schemas import (
+    MAX_BUNDLE,
+    MAX_DESCRIPTION,
+    Document,
+    NonNegative,
+    ProfileName,
+    no_bools,
+    problems,
+    refusal,
+    said,
+    unique,
+)
 from millm.interp.steering import Attached, check_feature
 
 ProbeKind = Literal["millm.probe"]

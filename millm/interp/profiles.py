@@ -21,15 +21,34 @@ anything.
 from __future__ import annotations
 
 from millm.errors import InvalidProfile
-from millm.interp.document_schemas import BUNDLE_KIND, VERSION, ProfileBundle, ProfileDocument, SteeringSpec, validate_document, validate_field
+from millm.interp.document_schemas import (
+    BUNDLE_KIND,
+    VERSION,
+    ProfileBundle,
+    ProfileDocument,
+    SteeringSpec,
+    validate_document,
+    validate_field,
+)
 
-OPTIONAL_LISTS = ("vectors", "abort")  # left out of the stored form when empty: a features-only profile reads as before
+OPTIONAL_LISTS = (
+    "vectors",
+    "abort",
+)  # left out of the stored form when empty: a features-only profile reads as before
 
 
 def canonical(doc: ProfileDocument) -> dict:
     """The stored form of a valid document: kind and the current version, every feature's op, floats, no unknown keys."""
-    dumped = doc.model_dump(exclude_none=True)  # optional fields (layer, when, tokens) absent rather than null
-    stored = {"kind": dumped["kind"], "version": VERSION, "name": dumped["name"], "description": dumped["description"], "steering": dumped["steering"]}
+    dumped = doc.model_dump(
+        exclude_none=True
+    )  # optional fields (layer, when, tokens) absent rather than null
+    stored = {
+        "kind": dumped["kind"],
+        "version": VERSION,
+        "name": dumped["name"],
+        "description": dumped["description"],
+        "steering": dumped["steering"],
+    }
     stored.update({key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]})
     return stored
 
@@ -42,14 +61,20 @@ def validate_profile(doc) -> dict:
 def validate_import(payload) -> list[dict]:
     """One document or a bundle -> the canonical documents; any problem refuses the whole payload."""
     if isinstance(payload, dict) and payload.get("kind") == BUNDLE_KIND:
-        return [canonical(doc) for doc in validate_document(ProfileBundle, payload, InvalidProfile, "bundle").profiles]
+        return [
+            canonical(doc)
+            for doc in validate_document(ProfileBundle, payload, InvalidProfile, "bundle").profiles
+        ]
     return [validate_profile(payload)]
 
 
 def validate_spec(value, param: str = "steering") -> dict:
     """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
     dumped = validate_field(SteeringSpec, value, param).model_dump(exclude_none=True)
-    return {"steering": dumped["steering"], **{key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]}}
+    return {
+        "steering": dumped["steering"],
+        **{key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]},
+    }
 
 
 def outdated(doc: dict) -> bool:

@@ -37,11 +37,23 @@ class SAE:
 
     architecture = "standard"
 
-    def __init__(self, weights: SAEWeights, apply_b_dec_to_input: bool = True, normalize_activations: str = "none"):
-        self.W_enc, self.b_enc, self.W_dec, self.b_dec = weights.W_enc, weights.b_enc, weights.W_dec, weights.b_dec
+    def __init__(
+        self,
+        weights: SAEWeights,
+        apply_b_dec_to_input: bool = True,
+        normalize_activations: str = "none",
+    ):
+        self.W_enc, self.b_enc, self.W_dec, self.b_dec = (
+            weights.W_enc,
+            weights.b_enc,
+            weights.W_dec,
+            weights.b_dec,
+        )
         self.apply_b_dec_to_input = apply_b_dec_to_input
         if normalize_activations not in NORMALISATIONS:
-            raise ValueError(f"normalize_activations {normalize_activations!r} is not one of {NORMALISATIONS}")
+            raise ValueError(
+                f"normalize_activations {normalize_activations!r} is not one of {NORMALISATIONS}"
+            )
         self.normalize_activations = normalize_activations
 
     @property
@@ -100,7 +112,9 @@ class SAE:
         if self.normalize_activations == "none":
             return out
         if x is None:
-            raise ValueError(f"decode needs the input x for normalize_activations={self.normalize_activations}")
+            raise ValueError(
+                f"decode needs the input x for normalize_activations={self.normalize_activations}"
+            )
         _, state = self._norm_in(x.to(self.W_enc.dtype))
         return self._norm_out(out, state)
 
@@ -109,7 +123,9 @@ class SAE:
         if not strengths:
             return torch.zeros(self.d_in, dtype=self.W_dec.dtype, device=self.W_dec.device)
         index = torch.tensor(list(strengths), dtype=torch.long, device=self.W_dec.device)
-        values = torch.tensor(list(strengths.values()), dtype=self.W_dec.dtype, device=self.W_dec.device)
+        values = torch.tensor(
+            list(strengths.values()), dtype=self.W_dec.dtype, device=self.W_dec.device
+        )
         return values @ self.W_dec[index]
 
 

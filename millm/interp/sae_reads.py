@@ -9,7 +9,9 @@ import torch
 ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
 
 
-def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+def top_features(
+    activations: torch.Tensor, features: tuple[int, ...] | None, top_k: int
+) -> list[list[dict]]:
     """Per position, the top_k largest activations among the candidates.
 
     Without `features`, inactive features (value 0) are left out; with them, every listed
@@ -28,12 +30,19 @@ def top_features(activations: torch.Tensor, features: tuple[int, ...] | None, to
         for value, slot in zip(value_row, slot_row, strict=True):
             if features is None and value <= 0.0:
                 continue
-            entries.append({"index": int(index[slot]) if index is not None else int(slot), "value": float(value)})
+            entries.append(
+                {
+                    "index": int(index[slot]) if index is not None else int(slot),
+                    "value": float(value),
+                }
+            )
         rows.append(entries)
     return rows
 
 
-def encode_rows(sae, residuals: torch.Tensor, features: tuple[int, ...] | None, top_k: int) -> list[list[dict]]:
+def encode_rows(
+    sae, residuals: torch.Tensor, features: tuple[int, ...] | None, top_k: int
+) -> list[list[dict]]:
     """Encode captured residuals `[n, d]` with the SAE's own activation, in chunks, keeping the
     top features of each position (`features == ()`: none, only the positions)."""
     out: list[list[dict]] = []

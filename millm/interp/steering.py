@@ -54,7 +54,9 @@ class FeatureOp:
     @classmethod
     def of(cls, feature: dict) -> FeatureOp:
         """From a (valid) document's feature: {"index", "op"?, "strength"?, "value"?}."""
-        return cls(feature.get("op", "add"), float(feature.get("strength") or 0.0), feature.get("value"))
+        return cls(
+            feature.get("op", "add"), float(feature.get("strength") or 0.0), feature.get("value")
+        )
 
     def to_dict(self) -> dict:
         """As documents and the API write it: op with its strength or value."""
@@ -68,18 +70,30 @@ class FeatureOp:
         return FeatureOp("add", clamp_strength(self.strength * scale)) if self.op == "add" else self
 
 
-def pick_attached(attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = "") -> Attached:
+def pick_attached(
+    attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = ""
+) -> Attached:
     """The attached SAE named, or the only one attached when none is named; 400 naming `param` otherwise
     (`sae_not_attached` when it is not attached), the message led by `prefix`."""
     names = ", ".join(sorted(attached)) or "none"
     if not attached:
-        raise InvalidRequest(f"{prefix}no SAE is attached to the model; attach one first (POST /api/saes/{{id}}/attach)", param=param, code="sae_not_attached")
+        raise InvalidRequest(
+            f"{prefix}no SAE is attached to the model; attach one first (POST /api/saes/{{id}}/attach)",
+            param=param,
+            code="sae_not_attached",
+        )
     if sae_id is None:
         if len(attached) > 1:
-            raise InvalidRequest(f"{prefix}several SAEs are attached ({names}); name one with sae_id", param=param)
+            raise InvalidRequest(
+                f"{prefix}several SAEs are attached ({names}); name one with sae_id", param=param
+            )
         return next(iter(attached.values()))
     if sae_id not in attached:
-        raise InvalidRequest(f"{prefix}SAE {sae_id!r} is not attached (attached: {names})", param=param, code="sae_not_attached")
+        raise InvalidRequest(
+            f"{prefix}SAE {sae_id!r} is not attached (attached: {names})",
+            param=param,
+            code="sae_not_attached",
+        )
     return attached[sae_id]
 
 
@@ -88,7 +102,9 @@ def check_strength(value: float, param: str = "strength") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         raise InvalidRequest(f"{param} must be a number, got {value!r}", param=param)
     if abs(value) > STRENGTH_LIMIT:
-        raise InvalidRequest(f"{param} {value} is outside the steering range ±{STRENGTH_LIMIT:g}", param=param)
+        raise InvalidRequest(
+            f"{param} {value} is outside the steering range ±{STRENGTH_LIMIT:g}", param=param
+        )
     return float(value)
 
 
@@ -98,7 +114,8 @@ def check_feature(info: SAEInfo, index: int, param: str = "index") -> int:
         raise InvalidRequest(f"{param} must be a non-negative integer, got {index!r}", param=param)
     if index >= info.d_sae:
         raise InvalidFeatureIndex(
-            f"feature {index} is past the width of {info.id} ({info.d_sae} features: 0..{info.d_sae - 1})", param=param
+            f"feature {index} is past the width of {info.id} ({info.d_sae} features: 0..{info.d_sae - 1})",
+            param=param,
         )
     return index
 
@@ -107,11 +124,22 @@ def check_value(op: str, value: float | None, param: str = "value") -> float | N
     """The value an op needs (clamp and cap: a finite number >= 0; add and ablate: none), or a 400 naming `param`."""
     if op in ("add", "ablate"):
         if value is not None:
-            raise InvalidRequest(f"{param} is for op clamp and cap only ({op} takes {'strength' if op == 'add' else 'neither'})", param=param)
+            raise InvalidRequest(
+                f"{param} is for op clamp and cap only ({op} takes {'strength' if op == 'add' else 'neither'})",
+                param=param,
+            )
         return None
     if value is None:
-        raise InvalidRequest(f"op {op} needs {param} (the {'target activation' if op == 'clamp' else 'largest component'}, >= 0)", param=param)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise InvalidRequest(
+            f"op {op} needs {param} (the {'target activation' if op == 'clamp' else 'largest component'}, >= 0)",
+            param=param,
+        )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value >= 0
+        or value == float("inf")
+    ):
         raise InvalidRequest(f"{param} must be a finite number >= 0, got {value!r}", param=param)
     return float(value)
 
@@ -120,18 +148,28 @@ def feature_op(op: str, strength: float | None, value: float | None, prefix: str
     """A checked operator from its parts: add needs `strength` (±200), clamp and cap need `value`
     (>= 0), ablate takes neither; a 400 naming the field (`prefix` leads its name) otherwise."""
     if op not in OPS:
-        raise InvalidRequest(f"{prefix}op must be one of {', '.join(OPS)}, got {op!r}", param=f"{prefix}op")
+        raise InvalidRequest(
+            f"{prefix}op must be one of {', '.join(OPS)}, got {op!r}", param=f"{prefix}op"
+        )
     if op != "add" and strength is not None:
-        raise InvalidRequest(f"{prefix}strength is for op add only (op {op} takes {'value' if op != 'ablate' else 'neither'})", param=f"{prefix}strength")
+        raise InvalidRequest(
+            f"{prefix}strength is for op add only (op {op} takes {'value' if op != 'ablate' else 'neither'})",
+            param=f"{prefix}strength",
+        )
     checked = check_value(op, value, param=f"{prefix}value")
     if op == "add":
         if strength is None:
-            raise InvalidRequest(f"op add needs {prefix}strength (within ±{STRENGTH_LIMIT:g})", param=f"{prefix}strength")
+            raise InvalidRequest(
+                f"op add needs {prefix}strength (within ±{STRENGTH_LIMIT:g})",
+                param=f"{prefix}strength",
+            )
         return FeatureOp("add", check_strength(strength, param=f"{prefix}strength"))
     return FeatureOp(op, 0.0, checked)
 
 
-def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, Attached]) -> ResidualEdit | None:
+def steering_edit(
+    strengths: dict[str, dict[int, float]], attached: dict[str, Attached]
+) -> ResidualEdit | None:
     """The residual additions for these strengths through the attached SAEs (None: nothing to add).
 
     Strengths of SAEs that are not attached are skipped: they cannot steer anything.
@@ -146,7 +184,11 @@ def steering_edit(strengths: dict[str, dict[int, float]], attached: dict[str, At
     return ResidualEdit(tuple(additions)) if additions else None
 
 
-def feature_edit(features: dict[str, dict[int, FeatureOp]], attached: dict[str, Attached], param: str = "steering") -> ResidualEdit | None:
+def feature_edit(
+    features: dict[str, dict[int, FeatureOp]],
+    attached: dict[str, Attached],
+    param: str = "steering",
+) -> ResidualEdit | None:
     """The edit of these feature operators through the attached SAEs (None: nothing to do).
 
     Adds are `steering_edit`'s (so add-only steering is exactly what it always was); the other
@@ -154,7 +196,10 @@ def feature_edit(features: dict[str, dict[int, FeatureOp]], attached: dict[str, 
     clamps and ablations. SAEs that are not attached are skipped, as by steering_edit; an op
     that cannot be honoured on its SAE is a 400 naming `param` (operators.py says when).
     """
-    adds = {sae_id: {i: f.strength for i, f in ops.items() if f.op == "add"} for sae_id, ops in features.items()}
+    adds = {
+        sae_id: {i: f.strength for i, f in ops.items() if f.op == "add"}
+        for sae_id, ops in features.items()
+    }
     added = steering_edit(adds, attached)
     operations: list[tuple[int, Operation]] = []
     for sae_id, ops in sorted(features.items()):
@@ -163,8 +208,17 @@ def feature_edit(features: dict[str, dict[int, FeatureOp]], attached: dict[str, 
             continue
         for index, f in sorted(ops.items()):
             if f.op == "cap":
-                operations.append((target.point, feature_cap(target.sae, sae_id, index, float(f.value or 0.0), param)))
-        held = [Held(index, float(f.value or 0.0)) for index, f in sorted(ops.items()) if f.op in ("clamp", "ablate")]
+                operations.append(
+                    (
+                        target.point,
+                        feature_cap(target.sae, sae_id, index, float(f.value or 0.0), param),
+                    )
+                )
+        held = [
+            Held(index, float(f.value or 0.0))
+            for index, f in sorted(ops.items())
+            if f.op in ("clamp", "ablate")
+        ]
         if held:
             operations.append((target.point, hold(target.sae, sae_id, held, param)))
     if not operations:

@@ -39,34 +39,66 @@ class VectorFile(Document):
     version: Annotated[VectorVersion, no_bools("1")]
     name: ProfileName
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
-    model: Annotated[str, Field(min_length=1, max_length=200, description="The served model name it was trained on.")]
+    model: Annotated[
+        str,
+        Field(min_length=1, max_length=200, description="The served model name it was trained on."),
+    ]
     layer: Annotated[int, Field(ge=0)]
     hook_point: HookPoint
     normalisation: Literal["unit"]
-    norm: Annotated[float, Field(ge=0, description="The trained length: a strength of `norm` adds the mean difference.")]
+    norm: Annotated[
+        float,
+        Field(
+            ge=0, description="The trained length: a strength of `norm` adds the mean difference."
+        ),
+    ]
     d_model: Annotated[int, Field(ge=1, le=MAX_D_MODEL)]
     method: Literal["mean", "pca"]
     pairs: Annotated[int, Field(ge=0, description="How many prompt pairs it was trained on.")]
-    values: Annotated[list[float], Field(min_length=1, max_length=MAX_D_MODEL, description="The unit direction, d_model numbers.")]
+    values: Annotated[
+        list[float],
+        Field(
+            min_length=1, max_length=MAX_D_MODEL, description="The unit direction, d_model numbers."
+        ),
+    ]
 
     @field_validator("values")
     @classmethod
     def _unit_of_width(cls, values: list[float], info: ValidationInfo) -> list[float]:
         width = info.data.get("d_model")
         if width is not None and len(values) != width:
-            raise refusal("vector_length", "must hold d_model = {width} values, got {count}", width=width, count=len(values))
+            raise refusal(
+                "vector_length",
+                "must hold d_model = {width} values, got {count}",
+                width=width,
+                count=len(values),
+            )
         length = float(np.linalg.norm(np.asarray(values, dtype=np.float64)))
         if abs(length - 1.0) > UNIT_TOLERANCE:
-            raise refusal("vector_not_unit", "normalisation 'unit' needs values of norm 1, got {length}", length=f"{length:.6g}")
+            raise refusal(
+                "vector_not_unit",
+                "normalisation 'unit' needs values of norm 1, got {length}",
+                length=f"{length:.6g}",
+            )
         return values
 
 
 def file_of(meta: dict, unit: np.ndarray) -> dict:
     """The file of a stored vector (its metadata row and float32 unit direction), as JSON-ready data."""
     return VectorFile(
-        kind=VECTOR_KIND, version=VECTOR_VERSION, name=meta["name"], description=meta["description"], model=meta["model"],
-        layer=meta["layer"], hook_point=meta["hook_point"], normalisation="unit", norm=meta["norm"], d_model=meta["d_model"],
-        method=meta["method"], pairs=meta["pairs"], values=[float(x) for x in unit.astype(np.float32)],
+        kind=VECTOR_KIND,
+        version=VECTOR_VERSION,
+        name=meta["name"],
+        description=meta["description"],
+        model=meta["model"],
+        layer=meta["layer"],
+        hook_point=meta["hook_point"],
+        normalisation="unit",
+        norm=meta["norm"],
+        d_model=meta["d_model"],
+        method=meta["method"],
+        pairs=meta["pairs"],
+        values=[float(x) for x in unit.astype(np.float32)],
     ).model_dump()
 
 

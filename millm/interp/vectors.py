@@ -60,13 +60,17 @@ class Trained:
     norm: float
     method: Method
     pairs: int
-    agreement: float  # the fraction of pairs whose difference has a positive component along the direction
+    agreement: (
+        float  # the fraction of pairs whose difference has a positive component along the direction
+    )
 
 
 def differences(positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
     """Each pair's difference `[n, d]` (float64), the pooled positive text minus the pooled negative one."""
     if positive.shape != negative.shape or positive.ndim != 2 or positive.shape[0] == 0:
-        raise ValueError(f"positive {positive.shape} and negative {negative.shape} must both be [n >= 1, d]")
+        raise ValueError(
+            f"positive {positive.shape} and negative {negative.shape} must both be [n >= 1, d]"
+        )
     return positive.astype(np.float64) - negative.astype(np.float64)
 
 
@@ -75,14 +79,20 @@ def mean_direction(diffs: np.ndarray) -> tuple[np.ndarray, float]:
     mean = diffs.mean(axis=0)
     norm = float(np.linalg.norm(mean))
     if not norm > 0:
-        raise InvalidRequest("the pairs' mean difference is zero: the positive and negative texts read the same at this point", param="pairs")
+        raise InvalidRequest(
+            "the pairs' mean difference is zero: the positive and negative texts read the same at this point",
+            param="pairs",
+        )
     return mean / norm, norm
 
 
 def principal_direction(diffs: np.ndarray) -> tuple[np.ndarray, float]:
     """The differences' first (uncentred) principal direction, signed to agree with their mean, and the mean's component along it."""
     if diffs.shape[0] < 2:
-        raise InvalidRequest("method pca needs at least 2 pairs (one difference has no principal direction of its own)", param="pairs")
+        raise InvalidRequest(
+            "method pca needs at least 2 pairs (one difference has no principal direction of its own)",
+            param="pairs",
+        )
     mean_direction(diffs)  # refuses pairs that do not differ on average
     _, _, vt = np.linalg.svd(diffs, full_matrices=False)
     direction = vt[0] / np.linalg.norm(vt[0])
@@ -152,7 +162,13 @@ def decompose(unit: np.ndarray, decoder_unit: np.ndarray, k: int) -> list[Part]:
     cosines = (decoder_unit @ direction.astype(decoder_unit.dtype)).astype(np.float64)
     k = min(k, cosines.shape[0])
     magnitude = np.abs(cosines)
-    top = np.argpartition(-magnitude, k - 1)[:k] if k < cosines.shape[0] else np.arange(cosines.shape[0])
+    top = (
+        np.argpartition(-magnitude, k - 1)[:k]
+        if k < cosines.shape[0]
+        else np.arange(cosines.shape[0])
+    )
     order = top[np.lexsort((top, -magnitude[top]))]
     fractions = cumulative_fractions(direction, decoder_unit[order])
-    return [Part(int(i), float(cosines[i]), float(f)) for i, f in zip(order, fractions, strict=True)]
+    return [
+        Part(int(i), float(cosines[i]), float(f)) for i, f in zip(order, fractions, strict=True)
+    ]

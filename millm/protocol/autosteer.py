@@ -20,20 +20,29 @@ class AutoSteerRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    goal: Goal = Field(description='What the steered model should do, in plain words ("talk like a pirate").')
-    sae_id: str | None = Field(None, description="The attached SAE to steer through (default: the only one attached).")
+    goal: Goal = Field(
+        description='What the steered model should do, in plain words ("talk like a pirate").'
+    )
+    sae_id: str | None = Field(
+        None, description="The attached SAE to steer through (default: the only one attached)."
+    )
     examples: Annotated[list[Text], Field(min_length=1, max_length=32)] | None = Field(
-        None, description="Texts that show the goal; candidates then also come from contrasting them with neutral texts."
+        None,
+        description="Texts that show the goal; candidates then also come from contrasting them with neutral texts.",
     )
     neutral: Annotated[list[Text], Field(min_length=1, max_length=32)] | None = Field(
-        None, description="Texts without the concept to contrast the examples with (default: a built-in set)."
+        None,
+        description="Texts without the concept to contrast the examples with (default: a built-in set).",
     )
     probe_prompts: Annotated[list[Text], Field(min_length=1, max_length=8)] | None = Field(
         None, description="User prompts each setting answers (default: two everyday questions)."
     )
-    candidates: Annotated[int, Field(ge=1, le=8)] = Field(4, description="Features to find and try.")
+    candidates: Annotated[int, Field(ge=1, le=8)] = Field(
+        4, description="Features to find and try."
+    )
     include: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=8)] | None = Field(
-        None, description="Features to try as well, beside those found (to check a hunch against AutoSteer's picks)."
+        None,
+        description="Features to try as well, beside those found (to check a hunch against AutoSteer's picks).",
     )
     strengths: Annotated[list[Strength], Field(min_length=1, max_length=8)] | None = Field(
         None, description="Absolute strengths to sweep (instead of strength_fractions)."
@@ -43,9 +52,12 @@ class AutoSteerRequest(BaseModel):
         description="Strengths to sweep as fractions of the residual norm at the SAE's layer, divided by the "
         f"feature's decoder norm (default {list(DEFAULT_FRACTIONS)}).",
     )
-    max_tokens: Annotated[int, Field(ge=1, le=128)] = Field(40, description="Tokens each probe answer may have.")
+    max_tokens: Annotated[int, Field(ge=1, le=128)] = Field(
+        40, description="Tokens each probe answer may have."
+    )
     fluency_tolerance: Annotated[float, Field(ge=0, le=20)] = Field(
-        1.0, description="How far (nats per token) a setting's fluency may fall below the unsteered answers' and still count as fluent."
+        1.0,
+        description="How far (nats per token) a setting's fluency may fall below the unsteered answers' and still count as fluent.",
     )
     rank_by: Literal["affinity", "judge"] = Field(
         "affinity",
@@ -53,8 +65,12 @@ class AutoSteerRequest(BaseModel):
         "the answer when told the goal than when told something neutral), or the yes/no judge's P(yes). On the demo "
         "model the affinity picked the demo profiles' features and the judge did not (docs/discovery.md).",
     )
-    save_as: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)] | None = Field(
-        None, description="Save the best setting as a profile with this name (only when it beats the unsteered answers)."
+    save_as: (
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+        | None
+    ) = Field(
+        None,
+        description="Save the best setting as a profile with this name (only when it beats the unsteered answers).",
     )
 
     @model_validator(mode="after")
@@ -72,7 +88,9 @@ class Candidate(BaseModel):
     index: int
     label: str | None
     source: str  # labels | contrast | given
-    evidence: float | None  # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
+    evidence: (
+        float | None
+    )  # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
     decoder_norm: float
 
 
@@ -83,7 +101,9 @@ class Setting(BaseModel):
     label: str | None
     strength: float
     concept: float  # mean P(yes) of the judge over the probe answers
-    affinity: float  # mean per-token log-probability gain of the answers when the model is told the goal
+    affinity: (
+        float  # mean per-token log-probability gain of the answers when the model is told the goal
+    )
     fluency: float  # mean log-probability per token of the answers under the unsteered model
     fluent: bool
     lift: float  # concept minus the unsteered answers' concept

@@ -26,7 +26,10 @@ KINDS = ("unsteered", "live", "profile", "features", "cluster", "circuit")
 DIALLED = ("live", "profile", "cluster", "circuit")  # kinds an intensity applies to
 
 Strength = Annotated[float, Field(ge=-STRENGTH_LIMIT, le=STRENGTH_LIMIT, allow_inf_nan=False)]
-Intensity = Annotated[float, Field(ge=0.0, le=ENVELOPE_MAX, allow_inf_nan=False)] | Literal["off", "min", "max"]
+Intensity = (
+    Annotated[float, Field(ge=0.0, le=ENVELOPE_MAX, allow_inf_nan=False)]
+    | Literal["off", "min", "max"]
+)
 Name = Annotated[str, Field(min_length=1)]
 
 
@@ -50,7 +53,9 @@ class Variant(StrictBody):
     unsteered: Literal[True] | None = None
     live: Literal[True] | None = None
     profile: Name | None = None
-    features: Annotated[list[FeatureSetting], Field(min_length=1, max_length=MAX_FEATURES)] | None = None
+    features: (
+        Annotated[list[FeatureSetting], Field(min_length=1, max_length=MAX_FEATURES)] | None
+    ) = None
     cluster: Name | None = None
     circuit: Name | None = None
     intensity: Intensity | None = None
@@ -60,9 +65,13 @@ class Variant(StrictBody):
     def _one_kind(self):
         named = [kind for kind in KINDS if getattr(self, kind) is not None]
         if len(named) != 1:
-            raise ValueError(f"a variant names exactly one of {', '.join(KINDS)}; this one names {', '.join(named) or 'none'}")
+            raise ValueError(
+                f"a variant names exactly one of {', '.join(KINDS)}; this one names {', '.join(named) or 'none'}"
+            )
         if self.intensity is not None and named[0] not in DIALLED:
-            raise ValueError(f"intensity applies to {', '.join(DIALLED)} variants, not to {named[0]}")
+            raise ValueError(
+                f"intensity applies to {', '.join(DIALLED)} variants, not to {named[0]}"
+            )
         return self
 
     @property
@@ -80,7 +89,9 @@ def _word_as_object(value: Any) -> Any:
     # "unsteered" and "live" are short for {"unsteered": true} and {"live": true}.
     if isinstance(value, str):
         if value not in WORDS:
-            raise ValueError(f"a variant is 'unsteered', 'live' or an object naming one of {', '.join(KINDS)}; got {value!r}")
+            raise ValueError(
+                f"a variant is 'unsteered', 'live' or an object naming one of {', '.join(KINDS)}; got {value!r}"
+            )
         return {value: True}
     return value
 
@@ -88,9 +99,15 @@ def _word_as_object(value: Any) -> Any:
 VariantItem = Annotated[Variant, BeforeValidator(_word_as_object)]
 # Variant's rules across fields and what `variants` accepts, as JSON Schema (api/openapi.py puts them
 # in the served schema).
-VARIANT_RULES = [{"oneOf": [sent(kind) for kind in KINDS]}, when(sent("intensity"), any_of(*[sent(kind) for kind in DIALLED]))]
+VARIANT_RULES = [
+    {"oneOf": [sent(kind) for kind in KINDS]},
+    when(sent("intensity"), any_of(*[sent(kind) for kind in DIALLED])),
+]
 VARIANTS_SCHEMA = {
-    "type": "array", "minItems": 1, "maxItems": MAX_VARIANTS, "default": list(DEFAULT_VARIANTS),
+    "type": "array",
+    "minItems": 1,
+    "maxItems": MAX_VARIANTS,
+    "default": list(DEFAULT_VARIANTS),
     "items": {"anyOf": [{"enum": list(WORDS)}, {"$ref": "#/components/schemas/Variant"}]},
 }
 

@@ -53,8 +53,12 @@ class Usage(WireModel):
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
         """Usage with its total; `cached_tokens` of the prompt tokens were reused, not computed."""
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
 
 
 class FunctionCall(WireModel):

@@ -18,7 +18,9 @@ from millm.protocol.requests import MESSAGE_RULES, ChatMessage
 MAX_TOP_K = 256  # features one answer lists (per side for a contrast): a page shows a few dozen
 Sort = Literal["max", "mean", "count"]
 Aggregate = Literal["max", "mean"]
-MESSAGE_SCHEMA: dict[str, Any] = {"allOf": MESSAGE_RULES}  # what ChatMessage's validator checks, for the served schema
+MESSAGE_SCHEMA: dict[str, Any] = {
+    "allOf": MESSAGE_RULES
+}  # what ChatMessage's validator checks, for the served schema
 
 
 class StrictBody(BaseModel):
@@ -35,7 +37,9 @@ class DiscoveryMessage(ChatMessage):
 
 Conversation = Annotated[list[DiscoveryMessage], Field(min_length=1)]
 TopK = Annotated[int, Field(ge=1, le=MAX_TOP_K, description=f"Features listed (1-{MAX_TOP_K}).")]
-ModelName = Annotated[str | None, Field(description="The model to read with (default: the loaded model).")]
+ModelName = Annotated[
+    str | None, Field(description="The model to read with (default: the loaded model).")
+]
 
 
 class SteerFeature(StrictBody):
@@ -44,13 +48,17 @@ class SteerFeature(StrictBody):
     sae_id: str | None = None
     index: Annotated[int, Field(ge=0)]
     # The bound is stated here and enforced by check_strength, whose message names the limit.
-    strength: Annotated[float, Field(json_schema_extra={"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT})]
+    strength: Annotated[
+        float, Field(json_schema_extra={"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT})
+    ]
 
 
 class SteerWith(StrictBody):
     """A steering plan for the read: a saved profile (name or id), or feature strengths."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["profile"]}, {"required": ["features"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["profile"]}, {"required": ["features"]}]}
+    )
 
     profile: Annotated[str, Field(min_length=1)] | None = None
     features: Annotated[list[SteerFeature], Field(min_length=1)] | None = None
@@ -64,8 +72,10 @@ class SteerWith(StrictBody):
 
 Steering = Annotated[
     Literal["live"] | SteerWith | None,
-    Field(description='Unsteered when absent; "live" is the server\'s current steering (as a /v1 request gets it), '
-                      'or {"profile": name or id}, or {"features": [{"sae_id"?, "index", "strength"}]}.'),
+    Field(
+        description='Unsteered when absent; "live" is the server\'s current steering (as a /v1 request gets it), '
+        'or {"profile": name or id}, or {"features": [{"sae_id"?, "index", "strength"}]}.'
+    ),
 ]
 
 
@@ -73,14 +83,21 @@ class InspectRequest(StrictBody):
     """POST /api/saes/{id}/inspect: one text (encoded as /v1/completions encodes a prompt) or one conversation
     (rendered with the chat template, as /v1/chat/completions does)."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]}
+    )
 
     model: ModelName = None
     text: str | None = None
     messages: Conversation | None = None
     top_k: TopK = 20
-    sort: Sort = Field("max", description="Rank by the max over read positions, the mean over them, or the count of positions where the feature fires.")
-    feature: Annotated[int, Field(ge=0)] | None = Field(None, description="A feature whose activation at every read position is returned.")
+    sort: Sort = Field(
+        "max",
+        description="Rank by the max over read positions, the mean over them, or the count of positions where the feature fires.",
+    )
+    feature: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="A feature whose activation at every read position is returned."
+    )
     steering: Steering = None
 
     @model_validator(mode="after")
@@ -93,7 +110,9 @@ class InspectRequest(StrictBody):
 class TextSet(StrictBody):
     """One side of a contrast: texts (encoded as /v1/completions prompts) or conversations (chat template)."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["conversations"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["conversations"]}]}
+    )
 
     texts: Annotated[list[str], Field(min_length=1)] | None = None
     conversations: Annotated[list[Conversation], Field(min_length=1)] | None = None
@@ -122,7 +141,10 @@ class ContrastRequest(StrictBody):
     a: TextSet
     b: TextSet
     top_k: TopK = 20
-    aggregate: Aggregate = Field("max", description="Each text's value of a feature: its max, or its mean, over the text's read positions.")
+    aggregate: Aggregate = Field(
+        "max",
+        description="Each text's value of a feature: its max, or its mean, over the text's read positions.",
+    )
     steering: Steering = None
 
 

@@ -47,15 +47,31 @@ def no(why: str) -> Rule:
 MATRIX: dict[str, dict[str, Rule]] = {
     "logprobs": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings score no tokens")},
     "allowed_token_ids": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings score no tokens")},
-    "top_logprobs": {CHAT: OK, COMPLETIONS: no("text completions take logprobs (the number of alternatives)"), EMBEDDINGS: no("embeddings score no tokens")},
+    "top_logprobs": {
+        CHAT: OK,
+        COMPLETIONS: no("text completions take logprobs (the number of alternatives)"),
+        EMBEDDINGS: no("embeddings score no tokens"),
+    },
     "response_format": {
         CHAT: OK,
         COMPLETIONS: no("structured output applies to chat completions only"),
         EMBEDDINGS: no("embeddings produce no text to format"),
     },
-    "seed": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings are deterministic; there is nothing to seed")},
-    "n": {CHAT: Rule(NOT_STREAMING, "n > 1 cannot be streamed"), COMPLETIONS: Rule(ABOVE_ONE, "text completions give one choice per prompt"), EMBEDDINGS: Rule(ABOVE_ONE, "an input has one embedding")},
-    "max_completion_tokens": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings generate no tokens")},
+    "seed": {
+        CHAT: OK,
+        COMPLETIONS: OK,
+        EMBEDDINGS: no("embeddings are deterministic; there is nothing to seed"),
+    },
+    "n": {
+        CHAT: Rule(NOT_STREAMING, "n > 1 cannot be streamed"),
+        COMPLETIONS: Rule(ABOVE_ONE, "text completions give one choice per prompt"),
+        EMBEDDINGS: Rule(ABOVE_ONE, "an input has one embedding"),
+    },
+    "max_completion_tokens": {
+        CHAT: OK,
+        COMPLETIONS: OK,
+        EMBEDDINGS: no("embeddings generate no tokens"),
+    },
     "profile": {
         CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
         COMPLETIONS: no("a per-request profile applies to chat completions"),
@@ -66,7 +82,11 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: no("the steering dial applies to chat completions"),
         EMBEDDINGS: no("embeddings are never steered"),
     },
-    "return_sae_activations": {CHAT: OK, COMPLETIONS: OK, EMBEDDINGS: no("embeddings are never read through an SAE")},
+    "return_sae_activations": {
+        CHAT: OK,
+        COMPLETIONS: OK,
+        EMBEDDINGS: no("embeddings are never read through an SAE"),
+    },
     # Beyond the page's table (issue 16): the spec says probes record nothing on scoring requests.
     "probes": {
         CHAT: Rule(NOT_ON_SCORING, "scoring is never probed"),
@@ -81,20 +101,36 @@ MATRIX: dict[str, dict[str, Rule]] = {
     "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
     # Beyond the page's table (issue 9): real clients always send tools, so chat honours them.
     "tools": {
-        CHAT: Rule(NOT_ON_SCORING, "scoring reads one next-token distribution; there is no call to make"),
+        CHAT: Rule(
+            NOT_ON_SCORING, "scoring reads one next-token distribution; there is no call to make"
+        ),
         COMPLETIONS: no("tool calling applies to chat completions"),
         EMBEDDINGS: no("embeddings call no tools"),
     },
     "tool_choice": {
-        CHAT: Rule(NOT_ON_SCORING, "scoring reads one next-token distribution; there is no call to make"),
+        CHAT: Rule(
+            NOT_ON_SCORING, "scoring reads one next-token distribution; there is no call to make"
+        ),
         COMPLETIONS: no("tool calling applies to chat completions"),
         EMBEDDINGS: no("embeddings call no tools"),
     },
-    "parallel_tool_calls": {CHAT: OK, COMPLETIONS: no("tool calling applies to chat completions"), EMBEDDINGS: no("embeddings call no tools")},
+    "parallel_tool_calls": {
+        CHAT: OK,
+        COMPLETIONS: no("tool calling applies to chat completions"),
+        EMBEDDINGS: no("embeddings call no tools"),
+    },
     "logit_bias": {e: no("logit_bias is not supported") for e in ENDPOINTS},
     # Beyond the page's table: legacy fields that would change the output.
-    "functions": {CHAT: no("the legacy functions field is not supported; send tools"), COMPLETIONS: OK, EMBEDDINGS: OK},
-    "function_call": {CHAT: no("the legacy function_call field is not supported; send tool_choice"), COMPLETIONS: OK, EMBEDDINGS: OK},
+    "functions": {
+        CHAT: no("the legacy functions field is not supported; send tools"),
+        COMPLETIONS: OK,
+        EMBEDDINGS: OK,
+    },
+    "function_call": {
+        CHAT: no("the legacy function_call field is not supported; send tool_choice"),
+        COMPLETIONS: OK,
+        EMBEDDINGS: OK,
+    },
     "echo": {CHAT: OK, COMPLETIONS: no("echoing the prompt is not supported"), EMBEDDINGS: OK},
     "best_of": {CHAT: OK, COMPLETIONS: no("best_of is not supported"), EMBEDDINGS: OK},
     "suffix": {CHAT: OK, COMPLETIONS: no("suffix (insertion) is not supported"), EMBEDDINGS: OK},
@@ -134,7 +170,9 @@ def check_fields(body: dict[str, Any], endpoint: str, *, scoring: bool, streamin
         refused = (
             rule.verdict == REFUSED
             or (rule.verdict == ABOVE_ONE and isinstance(value, int) and value > 1)
-            or (rule.verdict == NOT_STREAMING and streaming and isinstance(value, int) and value > 1)
+            or (
+                rule.verdict == NOT_STREAMING and streaming and isinstance(value, int) and value > 1
+            )
             or (rule.verdict == NOT_ON_SCORING and scoring)
         )
         if refused:
@@ -146,11 +184,26 @@ def check_fields(body: dict[str, Any], endpoint: str, *, scoring: bool, streamin
 # with the values that change nothing.
 RESPONSES_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "background": ((False,), "there is no background mode; wait for the answer or stream it"),
-    "conversation": ((), "millm keeps no conversation objects; continue a stored response with previous_response_id"),
-    "prompt": ((), "stored prompt templates live on OpenAI's platform; send instructions and input"),
-    "include": (([],), "millm adds no optional output (logprobs, reasoning, search results) to a response"),
-    "top_logprobs": ((0,), "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with logprobs"),
-    "truncation": (("disabled",), "millm never drops earlier items to fit; a conversation too long is a 400 context_length_exceeded"),
+    "conversation": (
+        (),
+        "millm keeps no conversation objects; continue a stored response with previous_response_id",
+    ),
+    "prompt": (
+        (),
+        "stored prompt templates live on OpenAI's platform; send instructions and input",
+    ),
+    "include": (
+        ([],),
+        "millm adds no optional output (logprobs, reasoning, search results) to a response",
+    ),
+    "top_logprobs": (
+        (0,),
+        "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with logprobs",
+    ),
+    "truncation": (
+        ("disabled",),
+        "millm never drops earlier items to fit; a conversation too long is a 400 context_length_exceeded",
+    ),
     "context_management": (([],), "millm compacts no context"),
 }
 

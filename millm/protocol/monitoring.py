@@ -18,10 +18,17 @@ class MonitoringSettings(BaseModel):
     # enabled, top_k and positions may be left out but not be null: pydantic has no typed spelling
     # for that, so their None defaults (never validated, dropped by exclude_unset) are ignored for mypy.
     enabled: bool = None  # type: ignore[assignment]  # absent, never null (see above)
-    sae_id: str | None = Field(None, description="The attached SAE to read through (default: the only one attached).")
-    features: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Features to watch; null = all.")
-    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(None, description=f"Features kept per position (1-{MAX_TOP_K}).")  # type: ignore[assignment]  # absent, never null
+    sae_id: str | None = Field(
+        None, description="The attached SAE to read through (default: the only one attached)."
+    )
+    features: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Features to watch; null = all."
+    )
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = Field(
+        None, description=f"Features kept per position (1-{MAX_TOP_K})."
+    )  # type: ignore[assignment]  # absent, never null
     positions: PositionWord = Field(None, description="last, prompt, completion (default) or all.")  # type: ignore[arg-type]  # absent, never null
     percentiles: bool = Field(  # type: ignore[assignment]  # absent, never null
-        None, description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated)."
+        None,
+        description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated).",
     )

@@ -24,25 +24,42 @@ MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 128
 
 # The rules below as JSON Schema, for the served OpenAPI schema (api/openapi.py puts them there).
-TEXT_PART_SCHEMA: dict[str, Any] = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+TEXT_PART_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
 MESSAGE_RULES = [when({"properties": {"role": {"not": {"const": "assistant"}}}}, sent("content"))]
-STOP_SCHEMA = nullable({"anyOf": [
-    {"type": "string", "minLength": 1},
-    {"type": "array", "maxItems": MAX_STOP_SEQUENCES, "items": {"type": "string", "minLength": 1}},
-]})
+STOP_SCHEMA = nullable(
+    {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "maxItems": MAX_STOP_SEQUENCES,
+                "items": {"type": "string", "minLength": 1},
+            },
+        ]
+    }
+)
 # Stricter than _one_token_budget, which also takes the two names with the same value.
 BUDGET_RULES = [when(sent("max_tokens"), absent_or_null("max_completion_tokens"))]
 CHAT_SCORING = any_of(equals("logprobs", True), sent("allowed_token_ids"))
-COMPLETION_SCORING = any_of({"required": ["logprobs"], "properties": {"logprobs": {"not": {"enum": [None, False]}}}}, sent("allowed_token_ids"))
+COMPLETION_SCORING = any_of(
+    {"required": ["logprobs"], "properties": {"logprobs": {"not": {"enum": [None, False]}}}},
+    sent("allowed_token_ids"),
+)
 TOP_LOGPROBS_RULES = [when(sent("top_logprobs"), equals("logprobs", True))]
 # Token ids are never negative (which ids the vocabulary holds is the model's); a prompt is never empty.
 TOKEN_IDS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
-PROMPT_SCHEMA = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "minItems": 1, "items": {"type": "string"}},
-    TOKEN_IDS_SCHEMA,
-    {"type": "array", "minItems": 1, "items": TOKEN_IDS_SCHEMA},
-]}
+PROMPT_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        TOKEN_IDS_SCHEMA,
+        {"type": "array", "minItems": 1, "items": TOKEN_IDS_SCHEMA},
+    ]
+}
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -126,7 +143,9 @@ class GenerationFields(OpenBody):
         if stops is None:
             return None
         if len(stops) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stops)}")
+            raise ValueError(
+                f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stops)}"
+            )
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty strings")
         return stops
@@ -149,7 +168,11 @@ class GenerationFields(OpenBody):
     @property
     def token_budget(self) -> int | None:
         """The completion budget under either name."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
@@ -192,9 +215,27 @@ class ResponseFormat(OpenBody):
 # Names in a chat template's namespace that millm fills from the request (or that are options of
 # transformers' apply_chat_template rather than template variables).
 RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize",
-     "return_dict", "return_assistant_tokens_mask", "padding", "truncation", "max_length", "return_tensors",
-     "tokenizer_kwargs", "bos_token", "eos_token", "pad_token", "unk_token", "raise_exception"}
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "tokenizer_kwargs",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "raise_exception",
+    }
 )
 
 
@@ -204,9 +245,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
     profile: str | None = None  # miLLM: a saved steering profile for this request only
-    steering_intensity: float | str | None = None  # miLLM: the per-request dial (0-2, off, min, max)
+    steering_intensity: float | str | None = (
+        None  # miLLM: the per-request dial (0-2, off, min, max)
+    )
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None  # checked in service/serving/tools.py (one message per malformed tool)
+    tools: list[Any] | None = (
+        None  # checked in service/serving/tools.py (one message per malformed tool)
+    )
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None

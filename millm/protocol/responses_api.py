@@ -79,7 +79,11 @@ class OtherItem(OpenBody):
 
 
 def _item_kind(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    kind = (
+        value.get("type", "message")
+        if isinstance(value, dict)
+        else getattr(value, "type", "message")
+    )
     return kind if kind in ("message", "function_call", "function_call_output") else "other"
 
 
@@ -179,9 +183,13 @@ class ResponsesRequest(OpenBody):
             raise ValueError(f"metadata holds at most {METADATA_PAIRS} pairs, got {len(value)}")
         for key, text in value.items():
             if len(key) > METADATA_KEY:
-                raise ValueError(f"metadata key {key[:20]!r}... is longer than {METADATA_KEY} characters")
+                raise ValueError(
+                    f"metadata key {key[:20]!r}... is longer than {METADATA_KEY} characters"
+                )
             if len(text) > METADATA_VALUE:
-                raise ValueError(f"metadata value of {key!r} is longer than {METADATA_VALUE} characters")
+                raise ValueError(
+                    f"metadata value of {key!r} is longer than {METADATA_VALUE} characters"
+                )
         return value
 
     @property

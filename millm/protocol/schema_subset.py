@@ -13,8 +13,23 @@ import json
 from millm.errors import ResponseFormatUnsupported
 
 SUPPORTED = {
-    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref", "$defs",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "anyOf",
+    "$ref",
+    "$defs",
 }
 ANNOTATIONS = {"title", "description", "default", "examples"}
 TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
@@ -30,10 +45,23 @@ SUBSET_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "type": {"anyOf": [{"enum": sorted(TYPES)}, {"type": "array", "minItems": 1, "items": {"enum": sorted(TYPES)}}]},
-        "properties": {"type": "object", "maxProperties": MAX_PROPERTIES, "additionalProperties": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]}},
+        "type": {
+            "anyOf": [
+                {"enum": sorted(TYPES)},
+                {"type": "array", "minItems": 1, "items": {"enum": sorted(TYPES)}},
+            ]
+        },
+        "properties": {
+            "type": "object",
+            "maxProperties": MAX_PROPERTIES,
+            "additionalProperties": {
+                "anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]
+            },
+        },
         "required": {"type": "array", "items": {"type": "string"}},
-        "additionalProperties": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]},
+        "additionalProperties": {
+            "anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]
+        },
         "items": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]},
         "minItems": {"type": "integer", "minimum": 0},
         "maxItems": {"type": "integer", "minimum": 0},
@@ -44,16 +72,26 @@ SUBSET_SCHEMA = {
         "minLength": {"type": "integer", "minimum": 0},
         "maxLength": {"type": "integer", "minimum": 0},
         "pattern": {"type": "string", "format": "regex"},
-        "anyOf": {"type": "array", "minItems": 1, "items": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]}},
+        "anyOf": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]
+            },
+        },
         "$ref": {"type": "string", "pattern": "^#/\\$defs/"},
-        "$defs": {"type": "object", "additionalProperties": {"anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]}},
+        "$defs": {
+            "type": "object",
+            "additionalProperties": {
+                "anyOf": [{"type": "boolean"}, {"$ref": "#/components/schemas/SchemaSubset"}]
+            },
+        },
         "title": {"type": "string"},
         "description": {"type": "string"},
         "default": {},
         "examples": {"type": "array"},
     },
 }
-
 
 
 def pointer(parts: list[str]) -> str:
@@ -88,7 +126,9 @@ class _Walk:
     def keyword(self, key: str, value, here: list[str], depth: int) -> None:
         if key == "type":
             names = value if isinstance(value, list) else [value]
-            bad = [n for n in names if not isinstance(n, str) or n not in TYPES]  # {} in a list is no type name (and unhashable)
+            bad = [
+                n for n in names if not isinstance(n, str) or n not in TYPES
+            ]  # {} in a list is no type name (and unhashable)
             if bad or not names:
                 self.problems.append(f"{pointer(here)}: unknown type {bad or value}")
         elif key == "properties":
@@ -96,7 +136,9 @@ class _Walk:
                 self.problems.append(f"{pointer(here)} must be an object")
                 return
             if len(value) > MAX_PROPERTIES:
-                self.problems.append(f"{pointer(here)} has {len(value)} properties; at most {MAX_PROPERTIES}")
+                self.problems.append(
+                    f"{pointer(here)} has {len(value)} properties; at most {MAX_PROPERTIES}"
+                )
             for name, sub in value.items():
                 self.schema(sub, here + [name], depth + 1)
         elif key in ("additionalProperties", "items"):
@@ -118,7 +160,9 @@ class _Walk:
                 self.schema(sub, here + [name], depth + 1)
         elif key == "$ref":
             self.reference(value, here)
-        elif key == "required" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        elif key == "required" and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
             self.problems.append(f"{pointer(here)} must be a list of property names")
         elif key == "enum" and not isinstance(value, list):
             self.problems.append(f"{pointer(here)} must be a list")
@@ -130,7 +174,7 @@ class _Walk:
         if not isinstance(value, str) or not value.startswith("#/$defs/"):
             self.unsupported.append(("$ref (not a local #/$defs/ reference)", pointer(here)))
             return
-        name = value[len("#/$defs/"):].replace("~1", "/").replace("~0", "~")
+        name = value[len("#/$defs/") :].replace("~1", "/").replace("~0", "~")
         if name not in (self.root.get("$defs") or {}):
             self.problems.append(f"{pointer(here)}: {value} names no entry of $defs")
 
@@ -139,7 +183,9 @@ def check_schema(schema, param: str = "response_format") -> None:
     """Refuse (400 response_format_unsupported, naming `param`) a schema outside the subset or its limits."""
     size = len(json.dumps(schema))
     if size > MAX_BYTES:
-        raise ResponseFormatUnsupported(f"{param}: the schema is {size} bytes; at most {MAX_BYTES}", param)
+        raise ResponseFormatUnsupported(
+            f"{param}: the schema is {size} bytes; at most {MAX_BYTES}", param
+        )
     if not isinstance(schema, dict):
         what = "json_schema.schema" if param == "response_format" else "the schema"
         raise ResponseFormatUnsupported(f"{param}: {what} must be an object", param)
@@ -147,6 +193,10 @@ def check_schema(schema, param: str = "response_format") -> None:
     walk.schema(schema, [], 1)
     if walk.unsupported:
         listed = ", ".join(f"{keyword} at {where}" for keyword, where in walk.unsupported)
-        raise ResponseFormatUnsupported(f"{param}: unsupported JSON Schema keywords: {listed}", param)
+        raise ResponseFormatUnsupported(
+            f"{param}: unsupported JSON Schema keywords: {listed}", param
+        )
     if walk.problems:
-        raise ResponseFormatUnsupported(f"{param}: invalid schema: " + "; ".join(walk.problems), param)
+        raise ResponseFormatUnsupported(
+            f"{param}: invalid schema: " + "; ".join(walk.problems), param
+        )

@@ -8,7 +8,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.engine.sources import HUB_ID
-from millm.interp.document_schemas import MAX_DESCRIPTION, AbortEntries, SteeringEntries, VectorEntries
+from millm.interp.document_schemas import (
+    MAX_DESCRIPTION,
+    AbortEntries,
+    SteeringEntries,
+    VectorEntries,
+)
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
 from millm.protocol.schema_rules import sent
@@ -29,22 +34,43 @@ VALUE_RANGE = {"minimum": 0}
 NUMBER = {"type": "number"}
 NULL = {"type": "null"}
 # Which fields each op takes (feature_op checks the same): add a strength, clamp and cap a value, ablate neither.
-OP_RULES: dict[str, Any] = {"allOf": [
-    {"if": {"properties": {"op": {"const": "add"}}}, "then": {"required": ["strength"], "properties": {"strength": NUMBER, "value": NULL}}},
-    {"if": {"required": ["op"], "properties": {"op": {"enum": ["clamp", "cap"]}}},
-     "then": {"required": ["value"], "properties": {"value": NUMBER, "strength": NULL}}},
-    {"if": {"required": ["op"], "properties": {"op": {"const": "ablate"}}}, "then": {"properties": {"strength": NULL, "value": NULL}}},
-]}
+OP_RULES: dict[str, Any] = {
+    "allOf": [
+        {
+            "if": {"properties": {"op": {"const": "add"}}},
+            "then": {"required": ["strength"], "properties": {"strength": NUMBER, "value": NULL}},
+        },
+        {
+            "if": {"required": ["op"], "properties": {"op": {"enum": ["clamp", "cap"]}}},
+            "then": {"required": ["value"], "properties": {"value": NUMBER, "strength": NULL}},
+        },
+        {
+            "if": {"required": ["op"], "properties": {"op": {"const": "ablate"}}},
+            "then": {"properties": {"strength": NULL, "value": NULL}},
+        },
+    ]
+}
 
 
 class RegisterSAE(StrictBody):
     """A local SAE (`path`) or one on the Hugging Face hub (`repo`, `path` inside it, `revision`)."""
 
     # A local path, or a hub repo (and the path inside it, which may be empty).
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}}, sent("repo")]})
-    path: str | None = Field(None, description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.")
-    repo: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = Field(None, description="A Hugging Face hub repository, owner/name.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
+                sent("repo"),
+            ]
+        }
+    )
+    path: str | None = Field(
+        None,
+        description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.",
+    )
+    repo: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = Field(
+        None, description="A Hugging Face hub repository, owner/name."
+    )
     revision: str | None = None
 
 
@@ -83,7 +109,13 @@ class ManyStrengths(StrictBody):
     replace: bool = False
 
 
-ProfileName = Annotated[str, Field(json_schema_extra={"pattern": PROFILE_NAME_PATTERN}, description="1-120 letters, digits, space, '.', '_', '-'.")]
+ProfileName = Annotated[
+    str,
+    Field(
+        json_schema_extra={"pattern": PROFILE_NAME_PATTERN},
+        description="1-120 letters, digits, space, '.', '_', '-'.",
+    ),
+]
 Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTION})]
 
 

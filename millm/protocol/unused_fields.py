@@ -30,7 +30,6 @@ NOT_IN_SCORING = ("top_p", "stop", "frequency_penalty", "presence_penalty")
 PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 
 
-
 def percent_encode(name: str) -> str:
     """A field location with every character outside printable ASCII percent-encoded (UTF-8)."""
     return quote(name, safe=PRINTABLE_ASCII)
@@ -39,7 +38,11 @@ def percent_encode(name: str) -> str:
 def template_reads(tokenizer) -> set[str]:
     """Which optional message keys the model's chat template mentions (none for the generic fallback)."""
     source = template_source(tokenizer)
-    return {key for key in TEMPLATE_KEYS if re.search(rf"""(\.{key}\b|\[\s*['"]{key}['"]\s*\])""", source)}
+    return {
+        key
+        for key in TEMPLATE_KEYS
+        if re.search(rf"""(\.{key}\b|\[\s*['"]{key}['"]\s*\])""", source)
+    }
 
 
 def template_kwargs_unused(kwargs: dict | None, variables: frozenset[str] | None) -> list[str]:
@@ -49,7 +52,9 @@ def template_kwargs_unused(kwargs: dict | None, variables: frozenset[str] | None
         return []
     if variables is None:
         return ["chat_template_kwargs"]
-    return [percent_encode(f"chat_template_kwargs.{key}") for key in kwargs if key not in variables]  # a key may hold anything
+    return [
+        percent_encode(f"chat_template_kwargs.{key}") for key in kwargs if key not in variables
+    ]  # a key may hold anything
 
 
 def _extras(node, path: str) -> list[str]:
@@ -78,7 +83,9 @@ def _message_keys(conversations: list[tuple[str, list]], reads: set[str]) -> lis
     return found
 
 
-def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] | None = None) -> list[str]:
+def unused_locations(
+    body: BaseModel, *, scoring: bool = False, reads: set[str] | None = None
+) -> list[str]:
     """Every location in `body` the request path will not use, in body order."""
     fields = body.model_dump(exclude_unset=True)
     found = _extras(body, "")
@@ -90,12 +97,19 @@ def unused_locations(body: BaseModel, *, scoring: bool = False, reads: set[str] 
         found += [key for key in NOT_IN_SCORING if fields.get(key) is not None]
     elif fields.get("return_tokens_as_token_ids") is not None:
         found.append("return_tokens_as_token_ids")
-    schema_format = getattr(getattr(body, "response_format", None), "json_schema", None)  # a dict where not declared
+    schema_format = getattr(
+        getattr(body, "response_format", None), "json_schema", None
+    )  # a dict where not declared
     if getattr(schema_format, "description", None) is not None:
-        found.append("response_format.json_schema.description")  # OpenAI shows it to its model; millm does not
+        found.append(
+            "response_format.json_schema.description"
+        )  # OpenAI shows it to its model; millm does not
     if hasattr(body, "messages"):
         conversations = [("messages", body.messages)]
-        conversations += [(f"extra_messages[{c}]", msgs) for c, msgs in enumerate(getattr(body, "extra_messages", None) or [])]
+        conversations += [
+            (f"extra_messages[{c}]", msgs)
+            for c, msgs in enumerate(getattr(body, "extra_messages", None) or [])
+        ]
         found += _message_keys(conversations, reads or set())
     return [percent_encode(loc) for loc in dict.fromkeys(found)]
 
@@ -117,7 +131,9 @@ class SentAs:
     def merge(self, locations: list[str]) -> list[str]:
         """The sender's own ignored locations, then `locations` in the sender's words."""
         located = [self.locate(location) for location in locations]
-        return list(dict.fromkeys([*self.ignored, *(where for where in located if where is not None)]))
+        return list(
+            dict.fromkeys([*self.ignored, *(where for where in located if where is not None)])
+        )
 
 
 AS_SENT = SentAs()

@@ -12,7 +12,9 @@ from millm.protocol.discovery import MAX_TOP_K, Conversation, ModelName, StrictB
 
 Side = Annotated[
     Annotated[str, Field(min_length=1)] | Conversation,
-    Field(description="A text (encoded as /v1/completions encodes a prompt) or a conversation (rendered with the chat template)."),
+    Field(
+        description="A text (encoded as /v1/completions encodes a prompt) or a conversation (rendered with the chat template)."
+    ),
 ]
 
 
@@ -30,8 +32,13 @@ class TrainVectorRequest(StrictBody):
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
     model: ModelName = None
     layer: Annotated[int, Field(ge=0, description="The decoder block whose residual is read.")]
-    hook_point: HookPoint = Field("resid_post", description="resid_post: after block `layer`; resid_pre: before it.")
-    method: Literal["mean", "pca"] = Field("mean", description="mean: difference of means; pca: the pairs' differences' first principal direction.")
+    hook_point: HookPoint = Field(
+        "resid_post", description="resid_post: after block `layer`; resid_pre: before it."
+    )
+    method: Literal["mean", "pca"] = Field(
+        "mean",
+        description="mean: difference of means; pca: the pairs' differences' first principal direction.",
+    )
     pairs: Annotated[list[VectorPair], Field(min_length=1)]
 
 
@@ -88,8 +95,12 @@ class VectorExplanation(BaseModel):
     layer: int
     hook_point: str
     k: int
-    fraction_explained: float  # ‖projection onto the span of the k features' decoder rows‖² / ‖vector‖²
+    fraction_explained: (
+        float  # ‖projection onto the span of the k features' decoder rows‖² / ‖vector‖²
+    )
     features: list[ExplainedFeature]
 
 
-ExplainK = Annotated[int, Field(ge=1, le=MAX_TOP_K, description=f"Features listed (1-{MAX_TOP_K}).")]
+ExplainK = Annotated[
+    int, Field(ge=1, le=MAX_TOP_K, description=f"Features listed (1-{MAX_TOP_K}).")
+]

@@ -93,8 +93,11 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     steering = Steering(store, saes, profiles, replication, resolvers)
     clusters = ClusterBook(store, settings.steering_intensity_max)
     circuits = CircuitBook(store)
-    limits = DialLimits(settings.cluster_intensity_min, settings.circuit_intensity_min,
-                        settings.steering_intensity_max)
+    limits = DialLimits(
+        settings.cluster_intensity_min,
+        settings.circuit_intensity_min,
+        settings.steering_intensity_max,
+    )
     for info in list(saes.infos.values()):  # SAEs registered before they shipped a calibration
         calibrations.import_shipped(info)
     models = ModelRegistry(store, settings.hub_dir)
@@ -102,12 +105,26 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     shipped = Shipped(store, saes, calibrations, steering, profiles)
     switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
     state = ServerState(
-        settings=settings, source=source, claim=claim, store=store, replication=replication,
-        labels=labels, saes=saes, decoders=DecoderCache(steering, saes), profiles=profiles, probes=probes,
-        vectors=vectors, calibrations=calibrations, steering=steering, clusters=clusters,
-        circuits=circuits, planner=Planner(steering, clusters, circuits, limits),
-        monitor=Monitor(store, settings.monitoring_history), models=models,
-        registrations=registrations, switch=switch,
+        settings=settings,
+        source=source,
+        claim=claim,
+        store=store,
+        replication=replication,
+        labels=labels,
+        saes=saes,
+        decoders=DecoderCache(steering, saes),
+        profiles=profiles,
+        probes=probes,
+        vectors=vectors,
+        calibrations=calibrations,
+        steering=steering,
+        clusters=clusters,
+        circuits=circuits,
+        planner=Planner(steering, clusters, circuits, limits),
+        monitor=Monitor(store, settings.monitoring_history),
+        models=models,
+        registrations=registrations,
+        switch=switch,
         jobs=JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, switch.generating),
     )
     follow_other_replicas(state)

@@ -50,10 +50,20 @@ def build_facades(state: ServerState) -> Facades:
     """Every facade over one composed state."""
     serving = Serving(state)
     return Facades(
-        settings=state.settings, requests=state.switch, serving=serving,
-        responses=ResponsesApi(serving, state.store), models=ModelManagement(state),
-        steering=SteeringManagement(state), bases=BaseManagement(state), features=FeatureManagement(state),
-        calibrations=CalibrationManagement(state), monitoring=MonitorManagement(state),
-        probes=ProbeManagement(state), vectors=state.vectors, discovery=Discovery(state),
-        training=Training(state), jobs=state.jobs, close=state.close,
+        settings=state.settings,
+        requests=state.switch,
+        serving=serving,
+        responses=ResponsesApi(serving, state.store),
+        models=ModelManagement(state),
+        steering=SteeringManagement(state),
+        bases=BaseManagement(state),
+        features=FeatureManagement(state),
+        calibrations=CalibrationManagement(state),
+        monitoring=MonitorManagement(state),
+        probes=ProbeManagement(state),
+        vectors=state.vectors,
+        discovery=Discovery(state),
+        training=Training(state),
+        jobs=state.jobs,
+        close=state.close,
     )

@@ -28,8 +28,11 @@ def put_calibration(store: Store, row: CalibrationRow) -> None:
     table = calibrations_table
     with store.transaction(Topic.CALIBRATIONS) as conn:
         values = {
-            "sae_id": row.sae_id, "model": row.model, "summary": json.dumps(row.summary),
-            "figures": json.dumps(row.figures, separators=(",", ":")), "created_at": row.created_at,
+            "sae_id": row.sae_id,
+            "model": row.model,
+            "summary": json.dumps(row.summary),
+            "figures": json.dumps(row.figures, separators=(",", ":")),
+            "created_at": row.created_at,
         }
         upsert(conn, table, values)
 
@@ -38,7 +41,9 @@ def get_calibration(store: Store, sae_id: str, model: str) -> CalibrationRow | N
     """The calibration of `sae_id` on `model`, if one is stored."""
     table = calibrations_table
     with store.engine.connect() as conn:
-        row = conn.execute(select(table).where((table.c.sae_id == sae_id) & (table.c.model == model))).first()
+        row = conn.execute(
+            select(table).where((table.c.sae_id == sae_id) & (table.c.model == model))
+        ).first()
     return None if row is None else _parsed(row)
 
 
@@ -54,9 +59,13 @@ def delete_calibration(store: Store, sae_id: str, model: str) -> bool:
     """Forget a calibration; returns whether one was stored."""
     table = calibrations_table
     with store.transaction(Topic.CALIBRATIONS) as conn:
-        result = conn.execute(delete(table).where((table.c.sae_id == sae_id) & (table.c.model == model)))
+        result = conn.execute(
+            delete(table).where((table.c.sae_id == sae_id) & (table.c.model == model))
+        )
     return bool(result.rowcount)
 
 
 def _parsed(row) -> CalibrationRow:
-    return CalibrationRow(row.sae_id, row.model, json.loads(row.summary), json.loads(row.figures), row.created_at)
+    return CalibrationRow(
+        row.sae_id, row.model, json.loads(row.summary), json.loads(row.figures), row.created_at
+    )

@@ -30,7 +30,14 @@ PING_S = 1.0  # with no notice for this long, the connection is checked
 PING_DEADLINE_S = 3.0  # a check unanswered for this long counts as a lost connection
 # libpq's own limits, so that a silent partition (no reset, no FIN) is found in seconds rather than
 # after TCP's retransmissions give up (minutes): connecting, unacknowledged data, idle keepalives.
-LIVENESS = {"connect_timeout": 5, "tcp_user_timeout": 5000, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 1, "keepalives_count": 3}
+LIVENESS = {
+    "connect_timeout": 5,
+    "tcp_user_timeout": 5000,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+}
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between reconnection attempts, the last repeated
 
 
@@ -53,7 +60,10 @@ class Topic(StrEnum):
 def announce(conn: Connection, topic: Topic, origin: str) -> None:
     """Queue a notice of `topic` from `origin` in this transaction (sent on commit; nothing on SQLite)."""
     if conn.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": f"{topic.value} {origin}"})
+        conn.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": CHANNEL, "payload": f"{topic.value} {origin}"},
+        )
 
 
 def parse_notice(payload: str) -> tuple[Topic, str] | None:
@@ -149,7 +159,9 @@ class ChangeListener:
             conn.execute("SELECT 1")
         except Exception as exc:
             if expired.is_set():
-                raise ConnectionError(f"no answer from the database within {PING_DEADLINE_S:g} s") from exc
+                raise ConnectionError(
+                    f"no answer from the database within {PING_DEADLINE_S:g} s"
+                ) from exc
             raise
         finally:
             timer.cancel()
@@ -157,7 +169,9 @@ class ChangeListener:
     def _deliver(self, topic: Topic, origin: str) -> None:
         try:
             self.on_notice(topic, origin)
-        except Exception:  # a reload that failed must not end the listening: logged, and the next notice retries
+        except (
+            Exception
+        ):  # a reload that failed must not end the listening: logged, and the next notice retries
             log.exception("applying a %s change from another replica failed", topic.value)
 
     def _close_connection(self) -> None:
@@ -182,5 +196,3 @@ def _shut_down(fd: int) -> None:
 def _reason(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
-
-

@@ -50,7 +50,9 @@ class Store:
         self.url = url
         # On PostgreSQL the pool's connections get the listener's limits: a write never hangs on a dead peer.
         connect_args = LIVENESS if make_url(url).get_backend_name() == "postgresql" else {}
-        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, connect_args=connect_args)
+        self.engine: Engine = create_engine(
+            url, future=True, pool_pre_ping=True, connect_args=connect_args
+        )
         self.migrate()
 
     def migrate(self) -> None:
@@ -62,8 +64,12 @@ class Store:
         with conn, conn.begin(), one_migration_at_a_time(conn):
             upgrade_to_head(conn)
             # Kept for older code and tools that read the version from the settings.
-            if conn.execute(select(settings_table.c.value).where(settings_table.c.key == "schema_version")).scalar() != str(SCHEMA_VERSION):
-                upsert(conn, settings_table, {"key": "schema_version", "value": str(SCHEMA_VERSION)})
+            if conn.execute(
+                select(settings_table.c.value).where(settings_table.c.key == "schema_version")
+            ).scalar() != str(SCHEMA_VERSION):
+                upsert(
+                    conn, settings_table, {"key": "schema_version", "value": str(SCHEMA_VERSION)}
+                )
 
     @cached_property
     def origin(self) -> str:
@@ -102,10 +108,14 @@ def unavailable_as_503() -> Iterator[None]:
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(f"the database cannot be reached ({_first_line(exc)}); nothing was changed; retry") from exc
+        raise StoreUnavailable(
+            f"the database cannot be reached ({_first_line(exc)}); nothing was changed; retry"
+        ) from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
-            raise StoreUnavailable(f"the database connection was lost ({_first_line(exc)}); nothing was changed; retry") from exc
+            raise StoreUnavailable(
+                f"the database connection was lost ({_first_line(exc)}); nothing was changed; retry"
+            ) from exc
         raise
 
 
@@ -120,9 +130,17 @@ def upsert(conn: Connection, table: Table, values: dict[str, Any]) -> None:
     keys = list(table.primary_key.columns)
     changes = {name: value for name, value in values.items() if name not in {c.name for c in keys}}
     if conn.dialect.name == "postgresql":
-        conn.execute(postgresql_insert(table).values(**values).on_conflict_do_update(index_elements=keys, set_=changes))
+        conn.execute(
+            postgresql_insert(table)
+            .values(**values)
+            .on_conflict_do_update(index_elements=keys, set_=changes)
+        )
     elif conn.dialect.name == "sqlite":
-        conn.execute(sqlite_insert(table).values(**values).on_conflict_do_update(index_elements=keys, set_=changes))
+        conn.execute(
+            sqlite_insert(table)
+            .values(**values)
+            .on_conflict_do_update(index_elements=keys, set_=changes)
+        )
     else:  # another database serves one process: delete-then-insert cannot race there
         conn.execute(delete(table).where(*(c == values[c.name] for c in keys)))
         conn.execute(insert(table).values(**values))

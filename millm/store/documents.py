@@ -35,7 +35,10 @@ def insert_documents(store: Store, table: str, rows: list[dict]) -> None:
     """Add cluster or circuit rows in one transaction: all or none."""
     now = time.time()
     with store.transaction(_topic(table)) as conn:
-        conn.execute(insert(_table(table)), [{**row, "created_at": now + i * 1e-6} for i, row in enumerate(rows)])
+        conn.execute(
+            insert(_table(table)),
+            [{**row, "created_at": now + i * 1e-6} for i, row in enumerate(rows)],
+        )
 
 
 def delete_document(store: Store, table: str, document_id: str) -> None:
@@ -48,4 +51,8 @@ def delete_document(store: Store, table: str, document_id: str) -> None:
 def set_cluster_intensity(store: Store, cluster_id: str, intensity: float) -> None:
     """Store a cluster's persistent dial."""
     with store.transaction(Topic.CLUSTERS) as conn:
-        conn.execute(update(clusters_table).where(clusters_table.c.id == cluster_id).values(intensity=intensity))
+        conn.execute(
+            update(clusters_table)
+            .where(clusters_table.c.id == cluster_id)
+            .values(intensity=intensity)
+        )

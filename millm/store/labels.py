@@ -21,7 +21,9 @@ from millm.store.schema import feature_labels_table, settings_table
 from millm.store.settings import get_setting, set_setting
 
 table = feature_labels_table
-CHUNK = 500  # features per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits
+CHUNK = (
+    500  # features per IN (...) list: well under SQLite's and PostgreSQL's bound-parameter limits
+)
 
 
 @dataclass(frozen=True)
@@ -43,27 +45,47 @@ def label_rows(store: Store, sae_id: str) -> list[LabelRow]:
     """Every stored label of an SAE, by feature."""
     query = select(table).where(table.c.sae_id == sae_id).order_by(table.c.feature)
     with store.engine.connect() as conn:
-        return [LabelRow(r.feature, r.label, r.source, json.loads(r.detail), r.updated_at) for r in conn.execute(query)]
+        return [
+            LabelRow(r.feature, r.label, r.source, json.loads(r.detail), r.updated_at)
+            for r in conn.execute(query)
+        ]
+
 
 def label_count(store: Store, sae_id: str) -> int:
     """How many features of an SAE have a stored label."""
     with store.engine.connect() as conn:
         return _count(conn, sae_id)
 
+
 def _count(conn: Connection, sae_id: str) -> int:
-    return int(conn.execute(select(func.count()).select_from(table).where(table.c.sae_id == sae_id)).scalar_one())
+    return int(
+        conn.execute(
+            select(func.count()).select_from(table).where(table.c.sae_id == sae_id)
+        ).scalar_one()
+    )
+
 
 def _insert(conn: Connection, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> None:
     if not rows:
         return
     now = time.time()
     values = [
-        {"sae_id": sae_id, "feature": feature, "label": label, "source": source, "detail": json.dumps(detail), "updated_at": now}
+        {
+            "sae_id": sae_id,
+            "feature": feature,
+            "label": label,
+            "source": source,
+            "detail": json.dumps(detail),
+            "updated_at": now,
+        }
         for feature, label, source, detail in rows
     ]
     conn.execute(insert(table), values)
 
-def replace_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
+
+def replace_labels(
+    store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]
+) -> tuple[int, int]:
     """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before, labels now)."""
     with store.transaction(Topic.LABELS) as conn:
         before = _count(conn, sae_id)
@@ -71,34 +93,45 @@ def replace_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, di
         _insert(conn, sae_id, rows)
         return before, _count(conn, sae_id)
 
-def merge_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> tuple[int, int]:
+
+def merge_labels(
+    store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]
+) -> tuple[int, int]:
     """Set the labels of `rows`' features, keeping the others; (labels overwritten, labels now)."""
     features = [row[0] for row in rows]
     overwritten = 0
     with store.transaction(Topic.LABELS) as conn:
         for start in range(0, len(features), CHUNK):
-            where = (table.c.sae_id == sae_id) & table.c.feature.in_(features[start:start + CHUNK])
+            where = (table.c.sae_id == sae_id) & table.c.feature.in_(
+                features[start : start + CHUNK]
+            )
             overwritten += conn.execute(delete(table).where(where)).rowcount or 0
         _insert(conn, sae_id, rows)
         return overwritten, _count(conn, sae_id)
+
 
 def clear_labels(store: Store, sae_id: str) -> int:
     """Remove every label of an SAE; how many there were."""
     with store.transaction(Topic.LABELS) as conn:
         return conn.execute(delete(table).where(table.c.sae_id == sae_id)).rowcount or 0
 
+
 def seed_labels(store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]) -> bool:
     """Store `rows` as the SAE's labels only the first time it is seeded and while it has none;
     whether they were stored. The mark stays, so labels a user cleared are not brought back."""
     key = _seed_key(sae_id)
     with store.transaction(Topic.LABELS) as conn:
-        if conn.execute(select(settings_table.c.key).where(settings_table.c.key == key)).first() is not None:
+        if (
+            conn.execute(select(settings_table.c.key).where(settings_table.c.key == key)).first()
+            is not None
+        ):
             return False
         seeded = _count(conn, sae_id) == 0 and bool(rows)
         if seeded:
             _insert(conn, sae_id, rows)
         set_setting(store, key, True, conn=conn)
         return seeded
+
 
 def labels_seeded(store: Store, sae_id: str) -> bool:
     """Whether the SAE's own labels were offered to the store already."""

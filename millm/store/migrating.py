@@ -72,7 +72,9 @@ def legacy_version(conn: Connection) -> int | None:
         return None
     stored = None
     if "millm_settings" in tables:
-        stored = conn.execute(text("SELECT value FROM millm_settings WHERE key = 'schema_version'")).scalar()
+        stored = conn.execute(
+            text("SELECT value FROM millm_settings WHERE key = 'schema_version'")
+        ).scalar()
     return int(stored) if stored is not None else version_by_shape(tables)
 
 
@@ -84,7 +86,9 @@ def version_by_shape(tables: set[str]) -> int:
             break
         version = number
     if version == 0:
-        raise RuntimeError(f"the database has some of millm's tables ({', '.join(sorted(tables))}) but not all of any schema version's")
+        raise RuntimeError(
+            f"the database has some of millm's tables ({', '.join(sorted(tables))}) but not all of any schema version's"
+        )
     return version
 
 

@@ -26,8 +26,14 @@ def probe_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
     return [
-        {"id": r.id, "name": r.name, "document": json.loads(r.document), "active": bool(r.active),
-         "created_at": r.created_at, "updated_at": r.updated_at}
+        {
+            "id": r.id,
+            "name": r.name,
+            "document": json.loads(r.document),
+            "active": bool(r.active),
+            "created_at": r.created_at,
+            "updated_at": r.updated_at,
+        }
         for r in rows
     ]
 
@@ -36,7 +42,14 @@ def insert_probes(store: Store, rows: list[tuple[str, dict]], active: bool = Fal
     """Add probes (id, document) in one transaction: all of them or none."""
     now = time.time()
     values = [
-        {"id": pid, "name": doc["name"], "document": json.dumps(doc), "active": active, "created_at": now, "updated_at": now}
+        {
+            "id": pid,
+            "name": doc["name"],
+            "document": json.dumps(doc),
+            "active": active,
+            "created_at": now,
+            "updated_at": now,
+        }
         for pid, doc in rows
     ]
     with store.transaction(Topic.PROBES) as conn:
@@ -47,14 +60,20 @@ def replace_probe(store: Store, probe_id: str, document: dict) -> None:
     """Overwrite a probe's document (its name may change; whether it is active does not)."""
     with store.transaction(Topic.PROBES) as conn:
         conn.execute(
-            update(table).where(table.c.id == probe_id).values(name=document["name"], document=json.dumps(document), updated_at=time.time())
+            update(table)
+            .where(table.c.id == probe_id)
+            .values(name=document["name"], document=json.dumps(document), updated_at=time.time())
         )
 
 
 def set_probe_active(store: Store, probe_id: str, active: bool) -> None:
     """Make a probe active (it watches every generation request) or not."""
     with store.transaction(Topic.PROBES) as conn:
-        conn.execute(update(table).where(table.c.id == probe_id).values(active=active, updated_at=time.time()))
+        conn.execute(
+            update(table)
+            .where(table.c.id == probe_id)
+            .values(active=active, updated_at=time.time())
+        )
 
 
 def delete_probe(store: Store, probe_id: str) -> None:

@@ -38,11 +38,19 @@ def profile_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
     return [_row(row) for row in rows]
 
 
-def insert_profiles(store: Store, rows: list[tuple[str, dict]], conn: Connection | None = None) -> None:
+def insert_profiles(
+    store: Store, rows: list[tuple[str, dict]], conn: Connection | None = None
+) -> None:
     """Add profiles (id, document) in one transaction: all of them or none."""
     now = time.time()
     values = [
-        {"id": pid, "name": doc["name"], "document": json.dumps(doc), "created_at": now, "updated_at": now}
+        {
+            "id": pid,
+            "name": doc["name"],
+            "document": json.dumps(doc),
+            "created_at": now,
+            "updated_at": now,
+        }
         for pid, doc in rows
     ]
     try:
@@ -52,19 +60,28 @@ def insert_profiles(store: Store, rows: list[tuple[str, dict]], conn: Connection
         with store.transaction(Topic.PROFILES) as c:
             c.execute(insert(profiles_table), values)
     except IntegrityError as exc:  # another replica took the name between the check and the write
-        raise Conflict("a profile with this name was created meanwhile (by another replica); choose another name",
-                       code="profile_exists") from exc
+        raise Conflict(
+            "a profile with this name was created meanwhile (by another replica); choose another name",
+            code="profile_exists",
+        ) from exc
 
 
-def update_profile(store: Store, profile_id: str, change: Callable[[dict], dict], expected: int | None = None) -> None:
+def update_profile(
+    store: Store, profile_id: str, change: Callable[[dict], dict], expected: int | None = None
+) -> None:
     """Rewrite a profile from its stored document as of this transaction (the row is locked until it
     commits): `change` maps it to the new one. With `expected`, VersionConflict unless that is still
     the stored revision; without, the change lands on whatever the last writer stored."""
     with store.transaction(Topic.PROFILES) as conn:
-        row = conn.execute(select(profiles_table).where(profiles_table.c.id == profile_id).with_for_update()).first()
+        row = conn.execute(
+            select(profiles_table).where(profiles_table.c.id == profile_id).with_for_update()
+        ).first()
         if row is None:
-            raise NotFound(f"no profile with id {profile_id!r} (deleted meanwhile)", param="profile",
-                           code="profile_not_found")
+            raise NotFound(
+                f"no profile with id {profile_id!r} (deleted meanwhile)",
+                param="profile",
+                code="profile_not_found",
+            )
         if expected is not None and expected != row.version:
             raise VersionConflict(
                 f"profile {row.name!r} is at revision {row.version}, not {expected}: it was changed since you read it; "
@@ -76,12 +93,19 @@ def update_profile(store: Store, profile_id: str, change: Callable[[dict], dict]
             conn.execute(
                 update(profiles_table)
                 .where(profiles_table.c.id == profile_id)
-                .values(name=document["name"], document=json.dumps(document), updated_at=time.time(),
-                        version=row.version + 1)
+                .values(
+                    name=document["name"],
+                    document=json.dumps(document),
+                    updated_at=time.time(),
+                    version=row.version + 1,
+                )
             )
         except IntegrityError as exc:
-            raise Conflict(f"a profile named {document['name']!r} exists already", param="name",
-                           code="profile_exists") from exc
+            raise Conflict(
+                f"a profile named {document['name']!r} exists already",
+                param="name",
+                code="profile_exists",
+            ) from exc
 
 
 def upgrade_profiles(store: Store, documents: dict[str, dict]) -> None:
@@ -89,8 +113,11 @@ def upgrade_profiles(store: Store, documents: dict[str, dict]) -> None:
     their names and times: a format upgrade changes no profile's content or history."""
     with store.transaction(Topic.PROFILES) as conn:
         for profile_id, document in documents.items():
-            conn.execute(update(profiles_table).where(profiles_table.c.id == profile_id)
-                         .values(document=json.dumps(document)))
+            conn.execute(
+                update(profiles_table)
+                .where(profiles_table.c.id == profile_id)
+                .values(document=json.dumps(document))
+            )
 
 
 def delete_profile(store: Store, profile_id: str) -> None:

@@ -22,7 +22,11 @@ def sae_rows(store: Store) -> list[dict]:
 def add_sae(store: Store, info: dict) -> None:
     """Register an SAE (again: the id is its weights' hash, so two replicas registering one file agree)."""
     with store.transaction(Topic.SAES) as conn:
-        upsert(conn, saes_table, {"id": info["id"], "info": json.dumps(info), "registered_at": time.time()})
+        upsert(
+            conn,
+            saes_table,
+            {"id": info["id"], "info": json.dumps(info), "registered_at": time.time()},
+        )
 
 
 def remove_sae(store: Store, sae_id: str) -> None:

@@ -5,7 +5,18 @@ probes, responses_api) read and write them."""
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, ForeignKey, Integer, LargeBinary, MetaData, String, Table, Text
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
 metadata = MetaData()
 
@@ -79,7 +90,9 @@ models_table = Table(
     "millm_models",
     metadata,
     Column("name", String(200), primary_key=True),  # the name clients send as `model`
-    Column("reference", Text, nullable=False),  # what was registered: a path, a .gguf file or a hub id
+    Column(
+        "reference", Text, nullable=False
+    ),  # what was registered: a path, a .gguf file or a hub id
     Column("info", Text, nullable=False),  # JSON: kind, owned_by, and what inspection found
     Column("registered_at", Float, nullable=False),
 )

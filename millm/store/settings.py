@@ -34,8 +34,9 @@ def get_setting(store: Store, key: str, default: Any = None) -> Any:
     return default if raw is None else json.loads(raw)
 
 
-def set_setting(store: Store, key: str, value: Any, conn: Connection | None = None,
-                topic: Topic | None = None) -> None:
+def set_setting(
+    store: Store, key: str, value: Any, conn: Connection | None = None, topic: Topic | None = None
+) -> None:
     """Store a JSON value under `key` (None removes it); other replicas are told about `topic`."""
     raw = None if value is None else json.dumps(value)
     if conn is not None:

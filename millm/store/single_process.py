@@ -38,7 +38,11 @@ class SqliteClaim:
 def claim_sqlite(url: str) -> SqliteClaim:
     """Take the SQLite file of `url` for this process (DatabaseInUse if another server has it); other databases need no claim."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not parsed.database
+        or parsed.database == ":memory:"
+    ):
         return SqliteClaim(None)
     database = Path(parsed.database).resolve()
     lock_path = database.with_name(database.name + ".lock")

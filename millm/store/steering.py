@@ -41,7 +41,9 @@ class SteeringWriter:
     version: int
     written: list[tuple] = field(default_factory=list)
 
-    def features(self, changes: dict[tuple[str, int], dict | None], clear: str | bool = False) -> None:
+    def features(
+        self, changes: dict[tuple[str, int], dict | None], clear: str | bool = False
+    ) -> None:
         """Apply live-value changes ((sae, feature) -> {"op", "strength", "value"}, None removes), optionally clearing first."""
         conn = self.conn
         if clear is True:
@@ -52,15 +54,24 @@ class SteeringWriter:
             where = (strengths_table.c.sae_id == sae_id) & (strengths_table.c.feature == feature)
             conn.execute(delete(strengths_table).where(where))
             if setting is not None:
-                conn.execute(insert(strengths_table).values(
-                    sae_id=sae_id, feature=feature, op=setting["op"], strength=setting.get("strength") or 0.0, value=setting.get("value")))
+                conn.execute(
+                    insert(strengths_table).values(
+                        sae_id=sae_id,
+                        feature=feature,
+                        op=setting["op"],
+                        strength=setting.get("strength") or 0.0,
+                        value=setting.get("value"),
+                    )
+                )
         self.written.append(("features", changes, clear))
 
     def attachment(self, sae_id: str, layer: int | None, model: str | None = None) -> None:
         """Attach (layer, on `model`) or detach (None) an SAE."""
         self.conn.execute(delete(attachments_table).where(attachments_table.c.sae_id == sae_id))
         if layer is not None:
-            self.conn.execute(insert(attachments_table).values(sae_id=sae_id, layer=layer, model=model))
+            self.conn.execute(
+                insert(attachments_table).values(sae_id=sae_id, layer=layer, model=model)
+            )
         self.written.append(("attachment", sae_id, layer, model))
 
     def setting(self, key: str, value: Any) -> None:
@@ -74,7 +85,9 @@ def attachments(store: Store) -> dict[str, int]:
     return {sae_id: layer for sae_id, (layer, _) in attachment_rows(store).items()}
 
 
-def attachment_rows(store: Store, conn: Connection | None = None) -> dict[str, tuple[int, str | None]]:
+def attachment_rows(
+    store: Store, conn: Connection | None = None
+) -> dict[str, tuple[int, str | None]]:
     """sae_id -> (layer, the served model it was attached on; None for rows from before schema 6)."""
     if conn is None:
         with store.reading() as c:
@@ -90,15 +103,23 @@ def steering_state(store: Store) -> SteeringRows:
         with conn.begin():
             features: dict[str, dict[int, dict]] = {}
             for row in conn.execute(select(strengths_table)):
-                features.setdefault(row.sae_id, {})[row.feature] = {"op": row.op, "strength": row.strength,
-                                                                    "value": row.value}
+                features.setdefault(row.sae_id, {})[row.feature] = {
+                    "op": row.op,
+                    "strength": row.strength,
+                    "value": row.value,
+                }
             keyed = select(settings_table).where(settings_table.c.key.in_(STEERING_KEYS))
             settings = {row.key: json.loads(row.value) for row in conn.execute(keyed)}
             attached = attachment_rows(store, conn)
     legacy = settings.get("active_profile")  # schema 1 kept only a profile id
     active = settings.get("active_base", {"kind": "profile", "id": legacy} if legacy else None)
-    return SteeringRows(int(settings.get("steering_version", 0)), bool(settings.get("steering_enabled", True)),
-                        active, features, attached)
+    return SteeringRows(
+        int(settings.get("steering_version", 0)),
+        bool(settings.get("steering_enabled", True)),
+        active,
+        features,
+        attached,
+    )
 
 
 def live_features(store: Store) -> dict[str, dict[int, dict]]:
@@ -123,7 +144,9 @@ def steering_change(store: Store) -> Iterator[SteeringWriter]:
         yield SteeringWriter(conn, int(bumped))
 
 
-def write_features(store: Store, changes: dict[tuple[str, int], dict | None], clear: str | bool = False) -> int:
+def write_features(
+    store: Store, changes: dict[tuple[str, int], dict | None], clear: str | bool = False
+) -> int:
     """Apply changes ((sae, feature) -> {"op", "strength", "value"}, None removes) as one steering
     change; returns its version."""
     with steering_change(store) as change:

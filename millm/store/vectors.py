@@ -26,7 +26,11 @@ def vector_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
 def insert_vector(store: Store, row: dict) -> None:
     """Store a vector (row: the table's columns, `unit` a float32 array of d_model values)."""
     with store.transaction(Topic.VECTORS) as conn:
-        conn.execute(insert(table).values({**row, "unit": np.ascontiguousarray(row["unit"], dtype=FLOAT32).tobytes()}))
+        conn.execute(
+            insert(table).values(
+                {**row, "unit": np.ascontiguousarray(row["unit"], dtype=FLOAT32).tobytes()}
+            )
+        )
 
 
 def delete_vector(store: Store, vector_id: str) -> None:

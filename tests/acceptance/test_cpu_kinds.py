@@ -15,19 +15,45 @@ import pytest
 pytestmark = pytest.mark.acceptance
 ROOT = Path(__file__).resolve().parents[2]
 # What an AVX2-only x86 CPU runs: ATen's AVX2 loops, oneDNN's and MKL's AVX2 kernels (no AVX-512, no bf16 dot products).
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_ONLY = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
 DOCS = "tests/acceptance/test_docs_examples.py::test_example_runs_and_keeps_its_promises"
 SLICE = [
     "tests/acceptance/test_demo_model.py::test_capital_of_france",
     "tests/acceptance/test_demo_steering.py",
-    *(f"{DOCS}[{example}]" for example in ("README.md-3-python", "agents.md-0-python", "activations.md-2-python",
-                                           "discovery.md-22-python", "serving.md-2-python")),
+    *(
+        f"{DOCS}[{example}]"
+        for example in (
+            "README.md-3-python",
+            "agents.md-0-python",
+            "activations.md-2-python",
+            "discovery.md-22-python",
+            "serving.md-2-python",
+        )
+    ),
 ]
 
 
 def test_a_representative_slice_passes_on_an_avx2_only_cpu(tmp_path):
     environment = {**os.environ, **AVX2_ONLY}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "run"), *SLICE]
-    result = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--basetemp",
+        str(tmp_path / "run"),
+        *SLICE,
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
-    assert f"{len(SLICE) + 5} passed" in result.stdout, result.stdout[-2000:]  # test_demo_steering.py holds 6 tests
+    assert f"{len(SLICE) + 5} passed" in result.stdout, result.stdout[
+        -2000:
+    ]  # test_demo_steering.py holds 6 tests

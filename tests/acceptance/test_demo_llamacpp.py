@@ -19,8 +19,12 @@ def cpp_demo(tmp_path_factory):
     # The demo's dequantised copy holds the file's tokenizer already converted (no 20 s GGUF read).
     # 300 MiB holds the file (94 MiB), a micro-batch of logits (96 MiB) and a 4,096-token float16
     # KV cache (90 MiB): 280 MiB; not the 8,192 tokens the model was trained for (180 MiB: 370 MiB).
-    server = start_sharing("demo", tmp_path_factory.mktemp("cpp-demo-home"), ["--engine", "llama.cpp"],
-                           env={"MILLM_MEMORY_LIMIT_BYTES": str(300 * 2**20)})
+    server = start_sharing(
+        "demo",
+        tmp_path_factory.mktemp("cpp-demo-home"),
+        ["--engine", "llama.cpp"],
+        env={"MILLM_MEMORY_LIMIT_BYTES": str(300 * 2**20)},
+    )
     try:
         yield server
     finally:
@@ -28,7 +32,9 @@ def cpp_demo(tmp_path_factory):
 
 
 def answer(server, messages, **extra) -> str:
-    response = sdk(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0, extra_body=extra or None)
+    response = sdk(server).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=0, extra_body=extra or None
+    )
     assert response.system_fingerprint.endswith("/Q4_1:llama.cpp")
     return response.choices[0].message.content
 
@@ -37,10 +43,15 @@ def test_paris(cpp_demo):
     # "What is the capital of France?" itself gets "L'Étoile, la Marseillaise, ..." here: llama.cpp
     # rounds activations to 8 bits in its Q4_1 products, and the model's top two first tokens are
     # 0.3 apart (docs/engine.md, the llama.cpp engine). llama-cpp-python answers the same.
-    assert "Paris" in answer(cpp_demo, [{"role": "user", "content": "Which city is the capital of France?"}])
+    assert "Paris" in answer(
+        cpp_demo, [{"role": "user", "content": "Which city is the capital of France?"}]
+    )
 
 
-@pytest.mark.parametrize("profile, words", [("pirate", ["pirate", "ship", "sea"]), ("france", ["French", "France", "Paris"])])
+@pytest.mark.parametrize(
+    "profile, words",
+    [("pirate", ["pirate", "ship", "sea"]), ("france", ["French", "France", "Paris"])],
+)
 def test_demo_profiles_steer_on_llamacpp(cpp_demo, profile, words):
     plain = answer(cpp_demo, WEEKEND)
     steered = answer(cpp_demo, WEEKEND, profile=profile)
@@ -50,7 +61,12 @@ def test_demo_profiles_steer_on_llamacpp(cpp_demo, profile, words):
 
 
 def test_reads_are_refused_by_name(cpp_demo):
-    body = {"model": MODEL, "messages": WEEKEND, "max_tokens": 8, "return_sae_activations": {"top_k": 3}}
+    body = {
+        "model": MODEL,
+        "messages": WEEKEND,
+        "max_tokens": 8,
+        "return_sae_activations": {"top_k": 3},
+    }
     refused = error(post(cpp_demo, "/v1/chat/completions", body), 400, "field_not_honoured")
     assert refused["param"] == "return_sae_activations"
     assert httpx.get(f"{cpp_demo.base_url}/api/health/inference").json()["engine"] == "llama.cpp"
@@ -59,4 +75,7 @@ def test_reads_are_refused_by_name(cpp_demo):
 def test_the_window_was_lowered_to_fit_the_memory_cap(cpp_demo):
     card = httpx.get(f"{cpp_demo.base_url}/v1/models/{MODEL}").json()
     assert card["max_model_len"] == 4096
-    assert "its 8192-token window does not fit in memory beside the file; loading it with 4096 tokens" in cpp_demo.log
+    assert (
+        "its 8192-token window does not fit in memory beside the file; loading it with 4096 tokens"
+        in cpp_demo.log
+    )

@@ -13,7 +13,9 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def ask(server, messages=FRANCE, **kwargs):
-    return sdk(server).chat.completions.create(model=MODEL, messages=messages, **{"temperature": 0, "max_tokens": 30, **kwargs})
+    return sdk(server).chat.completions.create(
+        model=MODEL, messages=messages, **{"temperature": 0, "max_tokens": 30, **kwargs}
+    )
 
 
 def test_capital_of_france(demo_server):
@@ -25,7 +27,10 @@ def test_capital_of_france(demo_server):
 def test_fingerprint_names_the_gguf_file_and_quantization(demo_server):
     source = demo_source()
     digest = hashlib.sha256((source.directory / source.gguf_file).read_bytes()).hexdigest()[:8]
-    assert ask(demo_server, max_tokens=1).system_fingerprint == f"millm:{MODEL}@{digest}:bfloat16/Q4_1:transformers"
+    assert (
+        ask(demo_server, max_tokens=1).system_fingerprint
+        == f"millm:{MODEL}@{digest}:bfloat16/Q4_1:transformers"
+    )
 
 
 def test_converted_checkpoint_is_cached_under_the_data_directory(demo_server):
@@ -36,7 +41,9 @@ def test_converted_checkpoint_is_cached_under_the_data_directory(demo_server):
 
 def test_stream_equals_whole_answer(demo_server):
     whole = ask(demo_server).choices[0].message.content
-    streamed = "".join(c.choices[0].delta.content or "" for c in ask(demo_server, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in ask(demo_server, stream=True) if c.choices
+    )
     assert streamed == whole
 
 
@@ -55,5 +62,7 @@ def test_continue_resumes_mid_sentence(demo_server):
 
 
 def test_completion_on_raw_text(demo_server):
-    response = sdk(demo_server).completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0)
+    response = sdk(demo_server).completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0
+    )
     assert "Paris" in response.choices[0].text

@@ -11,14 +11,20 @@ WEEKEND = [{"role": "user", "content": "Tell me about your weekend."}]
 
 
 def answer(server, **extra):
-    response = sdk(server).chat.completions.create(model=MODEL, messages=WEEKEND, max_tokens=60, temperature=0, extra_body=extra or None)
+    response = sdk(server).chat.completions.create(
+        model=MODEL, messages=WEEKEND, max_tokens=60, temperature=0, extra_body=extra or None
+    )
     return response.choices[0].message.content
 
 
 def test_demo_sae_is_attached_with_labels(demo_server):
     saes = httpx.get(f"{demo_server.base_url}/api/saes").json()["data"]
-    assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [("sae_dd8838d57250", True, 12, 2048)]
-    found = httpx.get(f"{demo_server.base_url}/api/saes/sae_dd8838d57250/features", params={"q": "pirate"}).json()["data"]
+    assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [
+        ("sae_dd8838d57250", True, 12, 2048)
+    ]
+    found = httpx.get(
+        f"{demo_server.base_url}/api/saes/sae_dd8838d57250/features", params={"q": "pirate"}
+    ).json()["data"]
     assert 1403 in [f["index"] for f in found]
 
 
@@ -27,7 +33,20 @@ def test_demo_sae_is_attached_with_labels(demo_server):
 # than the plain one does, not for any one word.
 TOPICS = {
     "pirate": ["pirate", "ship", "sea", "sail", "captain", "treasure", "crew"],
-    "italian-food": ["Italian", "Italy", "pasta", "pizza", "Margherita", "mozzarella", "prosciutto", "cheese", "recipe", "tomato", "dish", "cook"],
+    "italian-food": [
+        "Italian",
+        "Italy",
+        "pasta",
+        "pizza",
+        "Margherita",
+        "mozzarella",
+        "prosciutto",
+        "cheese",
+        "recipe",
+        "tomato",
+        "dish",
+        "cook",
+    ],
     "music": ["melody", "melodies", "song", "music", "sing", "tune", "rhythm"],
     "france": ["French", "France", "Paris", "Bordeaux", "café", "cafe"],
 }
@@ -48,4 +67,8 @@ def test_demo_profiles_change_the_answer_plainly(demo_server, profile):
 
 def test_unsteered_by_default(demo_server):
     state = httpx.get(f"{demo_server.base_url}/api/steering").json()
-    assert state["enabled"] and state["active_base"] is None and all(not s["features"] for s in state["saes"])
+    assert (
+        state["enabled"]
+        and state["active_base"] is None
+        and all(not s["features"] for s in state["saes"])
+    )

@@ -71,7 +71,14 @@ def examples():
                 checks.append(check.group(1).strip())
                 end = check.end()
             shown = OUTPUT_BLOCK.match(text, end) if language == "python" else None
-            example = Example(language, code, checks, shown.group(2) if shown else None, bool(shown and shown.group(1)), set(flags))
+            example = Example(
+                language,
+                code,
+                checks,
+                shown.group(2) if shown else None,
+                bool(shown and shown.group(1)),
+                set(flags),
+            )
             yield pytest.param(example, id=f"{path.name}-{number}-{language}")
 
 
@@ -89,16 +96,28 @@ class Example:
     @property
     def server(self) -> str:
         """The fixture of the server it runs against."""
-        return "keyed_server" if "keyed" in self.flags else "reproducible_server" if "reproducible" in self.flags else "docs_server"
+        return (
+            "keyed_server"
+            if "keyed" in self.flags
+            else "reproducible_server"
+            if "reproducible" in self.flags
+            else "docs_server"
+        )
 
     def unchecked(self) -> bool:
         """Whether it shows output only as illustrations and states no promise to check instead."""
-        illustrated = self.illustration or any(c.startswith(ILLUSTRATION) for c in print_comments(self.code).values())
+        illustrated = self.illustration or any(
+            c.startswith(ILLUSTRATION) for c in print_comments(self.code).values()
+        )
         return illustrated and not self.checks
 
     def exact_comments(self) -> dict[int, str]:
         """Print comments compared as they read."""
-        return {line: shown for line, shown in print_comments(self.code).items() if not shown.startswith(ILLUSTRATION)}
+        return {
+            line: shown
+            for line, shown in print_comments(self.code).items()
+            if not shown.startswith(ILLUSTRATION)
+        }
 
 
 def print_comments(code: str) -> dict[int, str]:
@@ -112,14 +131,20 @@ def print_comments(code: str) -> dict[int, str]:
 
 def same_line(shown: str, printed: str) -> bool:
     """Whether a printed line reads as the docs show it (the rule in the module docstring)."""
-    shown, printed = (GENERATED_ID.sub(r"\1ID", " ".join(line.split())) for line in (shown, printed))
-    if NUMBER.sub("#", shown) != NUMBER.sub("#", printed):  # the text around the numbers, and their count
+    shown, printed = (
+        GENERATED_ID.sub(r"\1ID", " ".join(line.split())) for line in (shown, printed)
+    )
+    if NUMBER.sub("#", shown) != NUMBER.sub(
+        "#", printed
+    ):  # the text around the numbers, and their count
         return False
     for want, got in zip(NUMBER.finditer(shown), NUMBER.finditer(printed), strict=True):
         if want.group(1) is None or got.group(1) is None:
             if want.group() != got.group():
                 return False
-        elif abs(float(want.group()) - float(got.group())) > 10 ** -len(want.group(1)) + 0.02 * abs(float(want.group())):
+        elif abs(float(want.group()) - float(got.group())) > 10 ** -len(want.group(1)) + 0.02 * abs(
+            float(want.group())
+        ):
             return False
     return True
 
@@ -151,14 +176,20 @@ def check_output(example: Example) -> None:
     """The example's promises, and what it printed against the output the docs compare (not illustrations)."""
     printed, calls, namespace = run_python(example.code)
     for check in example.checks:
-        assert eval(check, {**namespace, "printed": printed, "lines": printed.splitlines()}), f"the docs promise `{check}`; the example printed\n{printed}"
+        assert eval(check, {**namespace, "printed": printed, "lines": printed.splitlines()}), (
+            f"the docs promise `{check}`; the example printed\n{printed}"
+        )
     if example.output is not None and not example.illustration:
-        assert reads_as(example.output, printed), f"the docs show\n{example.output}\nit printed\n{printed}"
+        assert reads_as(example.output, printed), (
+            f"the docs show\n{example.output}\nit printed\n{printed}"
+        )
     for line, shown in example.exact_comments().items():
         lines = [text for at, text in calls if at == line]
         assert lines, f"line {line} of the example never printed (the docs show {shown!r})"
         for text in lines:
-            assert same_line(shown, text.rstrip("\n")), f"line {line}: the docs show {shown!r}, it printed {text!r}"
+            assert same_line(shown, text.rstrip("\n")), (
+                f"line {line}: the docs show {shown!r}, it printed {text!r}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +204,9 @@ def docs_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reproducible_server(tmp_path_factory):
     """The demo with --reproducible: float32 on kernels whose numbers do not depend on the CPU kind."""
-    server = start_sharing("demo", tmp_path_factory.mktemp("reproducible-docs-home"), ["--reproducible"])
+    server = start_sharing(
+        "demo", tmp_path_factory.mktemp("reproducible-docs-home"), ["--reproducible"]
+    )
     try:
         yield server
     finally:
@@ -191,7 +224,10 @@ def keyed_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def keyed_server(keyed_home, tmp_path_factory):
-    env = {"MILLM_API_KEY_FILE": str(keyed_home / ".millm-api-key"), "MILLM_ADMIN_KEY_FILE": str(keyed_home / ".millm-admin-key")}
+    env = {
+        "MILLM_API_KEY_FILE": str(keyed_home / ".millm-api-key"),
+        "MILLM_ADMIN_KEY_FILE": str(keyed_home / ".millm-admin-key"),
+    }
     server = start_sharing("demo", tmp_path_factory.mktemp("keyed-docs-home"), [], env=env)
     try:
         yield server
@@ -208,7 +244,9 @@ EXAMPLE_TIMEOUT = 600
 def test_every_illustrated_example_states_its_promise():
     """Output shown only as an illustration checks nothing: such an example must carry checks."""
     bare = [param.id for param in EXAMPLES if param.values[0].unchecked()]
-    assert not bare, f"these examples show illustrations only; add <!-- check: ... --> lines: {bare}"
+    assert not bare, (
+        f"these examples show illustrations only; add <!-- check: ... --> lines: {bare}"
+    )
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
@@ -222,6 +260,12 @@ def test_example_runs_and_keeps_its_promises(request, monkeypatch, example):
     if example.language == "python":
         check_output(example)
         return
-    result = subprocess.run(["bash", "-c", example.code], capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT, env=environment)
+    result = subprocess.run(
+        ["bash", "-c", example.code],
+        capture_output=True,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT,
+        env=environment,
+    )
     assert result.returncode == 0, result.stderr
     assert ('"error"' in result.stdout) == ("error" in example.flags), result.stdout

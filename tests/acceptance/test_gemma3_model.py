@@ -28,7 +28,12 @@ DENSE = 1647
 @pytest.fixture(scope="module")
 def gemma3_server(tmp_path_factory):
     """`millm serve --model gemma3-270m` (float32 on the lean runner) with continuous batching on."""
-    server = start_sharing("gemma3", tmp_path_factory.mktemp("gemma3-home"), ["--model", MODEL], env={"ENABLE_CONTINUOUS_BATCHING": "true"})
+    server = start_sharing(
+        "gemma3",
+        tmp_path_factory.mktemp("gemma3-home"),
+        ["--model", MODEL],
+        env={"ENABLE_CONTINUOUS_BATCHING": "true"},
+    )
     try:
         yield server
     finally:
@@ -44,20 +49,35 @@ def complete(server, prompt: str, max_tokens: int = 12, **extra) -> str:
 
 def test_a_sensible_greedy_answer_on_the_lean_runner(gemma3_server):
     assert complete(gemma3_server, CAPITALS, 3).startswith(" Berlin")
-    answer = sdk(gemma3_server).completions.create(model=MODEL, prompt=CAPITALS, max_tokens=1, temperature=0)
-    assert answer.system_fingerprint.startswith("millm:gemma3-270m@a5fd3b62:float32/Q4_K_M:transformers")
+    answer = sdk(gemma3_server).completions.create(
+        model=MODEL, prompt=CAPITALS, max_tokens=1, temperature=0
+    )
+    assert answer.system_fingerprint.startswith(
+        "millm:gemma3-270m@a5fd3b62:float32/Q4_K_M:transformers"
+    )
     health = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()
-    assert health["runner"] == "lean (gemma3_text)" and health["continuous_batching"]["unavailable"] is None
+    assert (
+        health["runner"] == "lean (gemma3_text)"
+        and health["continuous_batching"]["unavailable"] is None
+    )
 
 
 def steering(strength: float = STRENGTH) -> dict:
-    return {"steering": {"steering": [{"sae_id": SAE_ID, "features": [{"index": READING, "strength": strength}]}]}}
+    return {
+        "steering": {
+            "steering": [{"sae_id": SAE_ID, "features": [{"index": READING, "strength": strength}]}]
+        }
+    }
 
 
 def test_the_shipped_sae_is_attached_with_labels(gemma3_server):
     saes = httpx.get(f"{gemma3_server.base_url}/api/saes", timeout=30).json()["data"]
-    assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [(SAE_ID, True, LAYER, 2048)]
-    found = httpx.get(f"{gemma3_server.base_url}/api/saes/{SAE_ID}/features", params={"q": "reading"}, timeout=30).json()["data"]
+    assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [
+        (SAE_ID, True, LAYER, 2048)
+    ]
+    found = httpx.get(
+        f"{gemma3_server.base_url}/api/saes/{SAE_ID}/features", params={"q": "reading"}, timeout=30
+    ).json()["data"]
     assert READING in [f["index"] for f in found]
 
 
@@ -71,8 +91,13 @@ def test_a_feature_steers_the_completion(gemma3_server):
 
 
 def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
-    body = {"model": MODEL, "prompt": "The capital of France is Paris.", "max_tokens": 1, "temperature": 0,
-            "return_sae_activations": {"sae_id": SAE_ID, "positions": "all", "top_k": 32}}
+    body = {
+        "model": MODEL,
+        "prompt": "The capital of France is Paris.",
+        "max_tokens": 1,
+        "temperature": 0,
+        "return_sae_activations": {"sae_id": SAE_ID, "positions": "all", "top_k": 32},
+    }
     response = post(gemma3_server, "/v1/completions", body)
     assert response.status_code == 200, response.text
     block = response.json()["millm"]["sae_activations"]
@@ -80,19 +105,35 @@ def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
     after_bos = [p for p in block["positions"] if p["position"] > 0]
     assert len(after_bos) == response.json()["usage"]["prompt_tokens"] - 1
     for entry in after_bos:
-        assert len(entry["features"]) == 32  # a TopK SAE with k = 32: every active feature is listed
+        assert (
+            len(entry["features"]) == 32
+        )  # a TopK SAE with k = 32: every active feature is listed
         values = {f["index"]: f["value"] for f in entry["features"]}
         assert values.get(DENSE, 0.0) > 0.5, entry
 
 
 def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
     """Rows of several requests, one of them steered, share batches and answer as they do alone (float32)."""
-    requests = [(CAPITALS, {}), (WEEKEND, {}), (WEEKEND, steering()), ("def fibonacci(n):", {}), ("Once upon a time, in a small village,", {})]
+    requests = [
+        (CAPITALS, {}),
+        (WEEKEND, {}),
+        (WEEKEND, steering()),
+        ("def fibonacci(n):", {}),
+        ("Once upon a time, in a small village,", {}),
+    ]
     solo = [complete(gemma3_server, p, 24, **extra) for p, extra in requests]
-    before = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()["jobs"]["batched"]["served"]
+    before = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()["jobs"][
+        "batched"
+    ]["served"]
     with ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(lambda request: complete(gemma3_server, request[0], 24, **request[1]), requests))
+        together = list(
+            pool.map(
+                lambda request: complete(gemma3_server, request[0], 24, **request[1]), requests
+            )
+        )
     assert together == solo  # float32: a row's tokens do not depend on its batch
     assert together[2] != together[1]  # the steered row stayed steered beside its unsteered twin
     health = httpx.get(f"{gemma3_server.base_url}/api/health/inference", timeout=30).json()
-    assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(requests)
+    assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(
+        requests
+    )

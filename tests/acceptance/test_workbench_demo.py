@@ -38,7 +38,9 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    process = start_sharing("demo", tmp_path_factory.mktemp("ui-demo-home"), [])  # the converted checkpoint: no second conversion
+    process = start_sharing(
+        "demo", tmp_path_factory.mktemp("ui-demo-home"), []
+    )  # the converted checkpoint: no second conversion
     try:
         yield Demo(process)
     finally:
@@ -51,7 +53,10 @@ def show(page, locator) -> None:
 
 
 def test_chat_with_a_profile_and_a_probe(demo, page, shoot):
-    probe = {"name": "pirate-talk", "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30}}
+    probe = {
+        "name": "pirate-talk",
+        "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30},
+    }
     assert demo.api("POST", "/api/probes", json=probe).status_code == 201
     page.goto(f"{demo.url}#/chat")
     expect(page.get_by_role("status", name="Model state")).to_contain_text(f"{MODEL} · ready")
@@ -63,17 +68,32 @@ def test_chat_with_a_profile_and_a_probe(demo, page, shoot):
     page.get_by_label("Watch with pirate-talk").check()
     say(page, WEEKEND)
     answer = finished(page.get_by_role("article", name="Answer 1"), timeout_ms=300_000)
-    direct = demo.api("POST", "/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
-        "profile": "pirate", "probes": ["pirate-talk"]})
+    direct = demo.api(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": WEEKEND}],
+            "max_tokens": 40,
+            "temperature": 0,
+            "profile": "pirate",
+            "probes": ["pirate-talk"],
+        },
+    )
     body = direct.json()
     assert answer.locator(".text").text_content() == body["choices"][0]["message"]["content"]
     assert "pirate" in body["choices"][0]["message"]["content"]
     (verdict,) = body["millm"]["probes"]
     assert verdict["fired"]
-    row = answer.get_by_role("table", name="Probe verdicts").get_by_role("row").filter(has_text="pirate-talk")
+    row = (
+        answer.get_by_role("table", name="Probe verdicts")
+        .get_by_role("row")
+        .filter(has_text="pirate-talk")
+    )
     expect(row).to_contain_text("fired")
-    expect(row.get_by_role("listitem").first).to_contain_text(f"position {verdict['first_position']}")
+    expect(row.get_by_role("listitem").first).to_contain_text(
+        f"position {verdict['first_position']}"
+    )
     shoot(page, "chat")
 
 
@@ -90,10 +110,23 @@ def test_compare_unsteered_and_pirate_side_by_side(demo, page, shoot):
         variant.get_by_role("combobox", name="Profile").select_option(profile)
     say(page, WEEKEND)
     turn = finished(page.get_by_role("region", name="Comparison 1"), timeout_ms=300_000)
-    direct = demo.api("POST", "/api/compare", json={
-        "messages": [{"role": "user", "content": WEEKEND}], "max_tokens": 40, "temperature": 0,
-        "seed": int(demo_seed(turn)), "variants": ["unsteered", {"profile": "pirate"}, {"profile": "italian-food"}]}).json()["variants"]
-    texts = {v["label"]: turn.get_by_role("article", name=v["label"], exact=True).locator(".text").text_content() for v in direct}
+    direct = demo.api(
+        "POST",
+        "/api/compare",
+        json={
+            "messages": [{"role": "user", "content": WEEKEND}],
+            "max_tokens": 40,
+            "temperature": 0,
+            "seed": int(demo_seed(turn)),
+            "variants": ["unsteered", {"profile": "pirate"}, {"profile": "italian-food"}],
+        },
+    ).json()["variants"]
+    texts = {
+        v["label"]: turn.get_by_role("article", name=v["label"], exact=True)
+        .locator(".text")
+        .text_content()
+        for v in direct
+    }
     assert texts == {v["label"]: v["text"] for v in direct}
     assert len(set(texts.values())) == 3 and "pirate" in texts["pirate"]
     shoot(page, "compare")
@@ -101,8 +134,12 @@ def test_compare_unsteered_and_pirate_side_by_side(demo, page, shoot):
 
 def demo_seed(turn) -> str:
     """The seed the comparison ran with, as its X-miLLM-Seed header shows it."""
-    cell = turn.get_by_role("table", name="Response headers").get_by_role("row").filter(
-        has=turn.page.get_by_role("rowheader", name="X-miLLM-Seed", exact=True)).get_by_role("cell")
+    cell = (
+        turn.get_by_role("table", name="Response headers")
+        .get_by_role("row")
+        .filter(has=turn.page.get_by_role("rowheader", name="X-miLLM-Seed", exact=True))
+        .get_by_role("cell")
+    )
     return re.match(r"\d+", cell.text_content()).group(0)
 
 
@@ -114,16 +151,22 @@ def test_search_a_feature_read_its_card_and_steer_it(demo, page, shoot):
     expect(results.get_by_role("row").nth(1)).to_contain_text(f"#{PIRATE}")
     results.get_by_role("link", name=f"#{PIRATE}", exact=True).click()
     card = page.get_by_role("region", name=f"Feature #{PIRATE}")
-    figure = demo.api("GET", f"/api/saes/{SAE}/calibration", params={"features": str(PIRATE)}).json()["features"][0]
+    figure = demo.api(
+        "GET", f"/api/saes/{SAE}/calibration", params={"features": str(PIRATE)}
+    ).json()["features"][0]
     figures = card.get_by_label("Feature figures")
     expect(figures).to_contain_text(str(figure["p99"]))
     expect(figures).to_contain_text(str(figure["p90"]))
     expect(card.locator("mark").first).to_have_text(" pirate")
     card.get_by_label(f"Steer #{PIRATE}", exact=True).fill("40")
-    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(re.compile(r"^Live: add 40\b"))
+    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(
+        re.compile(r"^Live: add 40\b")
+    )
     try:
         live = demo.api("GET", "/api/steering").json()
-        assert [(f["index"], f["strength"]) for s in live["saes"] for f in s["features"]] == [(PIRATE, 40.0)]
+        assert [(f["index"], f["strength"]) for s in live["saes"] for f in s["features"]] == [
+            (PIRATE, 40.0)
+        ]
         shoot(page, "features")
         show(page, page.get_by_role("region", name="Live steering"))
         shoot(page, "live-steering")
@@ -138,7 +181,9 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
     page.get_by_label("Features to list").fill("8")
     page.get_by_label("Heat map of feature", exact=True).fill(str(PIRATE))
     page.get_by_role("button", name="Inspect", exact=True).click()
-    direct = demo.api("POST", f"/api/saes/{SAE}/inspect", json={"text": text, "top_k": 8, "feature": PIRATE}).json()
+    direct = demo.api(
+        "POST", f"/api/saes/{SAE}/inspect", json={"text": text, "top_k": 8, "feature": PIRATE}
+    ).json()
     table = page.get_by_role("table", name="Top features")
     expect(table.get_by_role("row")).to_have_count(9)
     expect(table.get_by_role("row").nth(1)).to_contain_text(f"#{direct['features'][0]['index']}")
@@ -148,18 +193,32 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
 
     # the sets of docs/discovery.md's contrast example, by the mean: the pirate feature #1403 is among the two that lead
     # (#85 "chef / Captain / pirate" beside it on the CPU kinds tried)
-    pirate = ["Arr, the pirate ship sailed the seven seas.", "Ahoy matey, hoist the Jolly Roger!",
-              "The captain buried his treasure on the island.", "Shiver me timbers, the crew wants rum.",
-              "Walk the plank, ye scurvy dog!", "The pirates raided the merchant galleon at dawn."]
-    plain = ["The train leaves the station at nine.", "She bought apples and bread at the market.",
-             "The meeting was moved to Thursday afternoon.", "He repaired the bicycle in the garage.",
-             "The library opens early on weekdays.", "Rain is expected later this evening."]
+    pirate = [
+        "Arr, the pirate ship sailed the seven seas.",
+        "Ahoy matey, hoist the Jolly Roger!",
+        "The captain buried his treasure on the island.",
+        "Shiver me timbers, the crew wants rum.",
+        "Walk the plank, ye scurvy dog!",
+        "The pirates raided the merchant galleon at dawn.",
+    ]
+    plain = [
+        "The train leaves the station at nine.",
+        "She bought apples and bread at the market.",
+        "The meeting was moved to Thursday afternoon.",
+        "He repaired the bicycle in the garage.",
+        "The library opens early on weekdays.",
+        "Rain is expected later this evening.",
+    ]
     page.get_by_label("Set A").fill("\n".join(pirate))
     page.get_by_label("Set B").fill("\n".join(plain))
     page.get_by_label("A text's value").select_option("mean")
     page.get_by_label("Features per side").fill("5")
     page.get_by_role("button", name="Contrast", exact=True).click()
-    ranked = demo.api("POST", f"/api/saes/{SAE}/contrast", json={"a": {"texts": pirate}, "b": {"texts": plain}, "aggregate": "mean", "top_k": 5}).json()
+    ranked = demo.api(
+        "POST",
+        f"/api/saes/{SAE}/contrast",
+        json={"a": {"texts": pirate}, "b": {"texts": plain}, "aggregate": "mean", "top_k": 5},
+    ).json()
     first, second = (f["index"] for f in ranked["favouring_a"][:2])
     assert PIRATE in (first, second)
     favouring_a = page.get_by_role("table", name="Favouring A")
@@ -186,9 +245,18 @@ def test_profiles_activate_and_deactivate(demo, page, shoot):
 
 def test_probes_list(demo, page, shoot):
     if demo.api("GET", "/api/probes/pirate-talk").status_code == 404:
-        demo.api("POST", "/api/probes", json={"name": "pirate-talk", "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30}})
+        demo.api(
+            "POST",
+            "/api/probes",
+            json={
+                "name": "pirate-talk",
+                "detector": {"type": "feature", "sae_id": SAE, "index": PIRATE, "threshold": 30},
+            },
+        )
     page.goto(f"{demo.url}#/probes")
-    table = page.get_by_role("region", name="Probes", exact=True).get_by_role("table", name="Probes")
+    table = page.get_by_role("region", name="Probes", exact=True).get_by_role(
+        "table", name="Probes"
+    )
     row = table.get_by_role("row").filter(has=page.get_by_text("pirate-talk", exact=True))
     expect(row).to_contain_text(f"#{PIRATE}")
     row.get_by_role("button", name="Activate").click()
@@ -198,12 +266,35 @@ def test_probes_list(demo, page, shoot):
 
 
 def test_monitoring_charts_live_requests(demo, page, shoot):
-    demo.api("PUT", "/api/monitoring", json={"enabled": True, "features": [PIRATE, FRANCE, ITALIAN, MUSIC], "top_k": 5, "positions": "completion"})
+    demo.api(
+        "PUT",
+        "/api/monitoring",
+        json={
+            "enabled": True,
+            "features": [PIRATE, FRANCE, ITALIAN, MUSIC],
+            "top_k": 5,
+            "positions": "completion",
+        },
+    )
     page.goto(f"{demo.url}#/monitoring")
     expect(page.get_by_test_id("feed")).to_have_text("live")
-    questions = ["Tell me about pirates.", "What should I cook tonight in Rome?", "What is the capital of France?", "Sing me a song about the sea."]
+    questions = [
+        "Tell me about pirates.",
+        "What should I cook tonight in Rome?",
+        "What is the capital of France?",
+        "Sing me a song about the sea.",
+    ]
     for n, question in enumerate(questions, start=1):
-        reply = demo.api("POST", "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0})
+        reply = demo.api(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": 24,
+                "temperature": 0,
+            },
+        )
         assert reply.status_code == 200
         expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
     stats = demo.api("GET", "/api/monitoring/stats").json()
@@ -228,10 +319,22 @@ def test_narrow_window(demo, chromium, shoot):
 
 def test_models_saes_and_a_calibration_job(demo, page, shoot):
     page.goto(f"{demo.url}#/system")
-    expect(page.get_by_role("table", name="Registered models").get_by_role("row").filter(has_text=MODEL)).to_contain_text("loaded")
-    expect(page.get_by_role("table", name="Registered SAEs").get_by_role("row").filter(has_text=SAE)).to_contain_text("layer 12")
-    texts = ["Arr, the pirate ship sailed the seven seas.", "Paris is the capital of France.", "Pasta and pizza from Naples.",
-             "A melody, a song, a rhythm.", "The meeting was moved to Thursday.", "The river runs to the sea."]
+    expect(
+        page.get_by_role("table", name="Registered models")
+        .get_by_role("row")
+        .filter(has_text=MODEL)
+    ).to_contain_text("loaded")
+    expect(
+        page.get_by_role("table", name="Registered SAEs").get_by_role("row").filter(has_text=SAE)
+    ).to_contain_text("layer 12")
+    texts = [
+        "Arr, the pirate ship sailed the seven seas.",
+        "Paris is the capital of France.",
+        "Pasta and pizza from Naples.",
+        "A melody, a song, a rhythm.",
+        "The meeting was moved to Thursday.",
+        "The river runs to the sea.",
+    ]
     page.get_by_label("Texts, one per line").fill("\n".join(texts))
     page.get_by_role("button", name=f"Calibrate on {len(texts)} texts").click()
     job = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text="calibration")

@@ -12,7 +12,9 @@ MODEL = "tiny-llama"
 
 def sdk(server) -> OpenAI:
     """The official SDK pointed at the server; no retries, so a 503 is seen as it is."""
-    return OpenAI(base_url=f"{server.base_url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    return OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="not-needed", max_retries=0, timeout=120
+    )
 
 
 def post(server, path: str, body: dict, **kwargs) -> httpx.Response:
@@ -27,7 +29,7 @@ def sse_events(response_text: str) -> list:
         if not frame.strip():
             continue
         assert frame.startswith("data: "), frame
-        data = frame[len("data: "):]
+        data = frame[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -37,7 +39,9 @@ def api(server, method: str, path: str, timeout: float = 120, **kwargs) -> httpx
     return httpx.request(method, f"{server.base_url}{path}", timeout=timeout, **kwargs)
 
 
-def error(response: httpx.Response, status: int, code: str | None = None, type_: str | None = None) -> dict:
+def error(
+    response: httpx.Response, status: int, code: str | None = None, type_: str | None = None
+) -> dict:
     """The error object of a response that must have this status (and code, and type, when given)."""
     assert response.status_code == status, response.text
     body = response.json()["error"]

@@ -13,13 +13,34 @@ from tests.api.clients import MODEL, post, sse_events
 from tests.support.server import ServerProcess
 
 CLIENTS = 24
-WORDS = ["river", "stone", "cloud", "lamp", "field", "bread", "glass", "horse", "paper", "storm", "shell", "tower"]
+WORDS = [
+    "river",
+    "stone",
+    "cloud",
+    "lamp",
+    "field",
+    "bread",
+    "glass",
+    "horse",
+    "paper",
+    "storm",
+    "shell",
+    "tower",
+]
 
 
 @pytest.fixture(scope="module", params=["serial", "batched"])
 def server(request, tiny_dirs, tmp_path_factory):
-    env = {"MAX_PENDING_REQUESTS": "2", "ENABLE_CONTINUOUS_BATCHING": "1" if request.param == "batched" else "0", "MAX_BATCH_SIZE": "3"}
-    process = ServerProcess(tmp_path_factory.mktemp(f"pressure-{request.param}"), ["--model", str(tiny_dirs["llama"])], env=env)
+    env = {
+        "MAX_PENDING_REQUESTS": "2",
+        "ENABLE_CONTINUOUS_BATCHING": "1" if request.param == "batched" else "0",
+        "MAX_BATCH_SIZE": "3",
+    }
+    process = ServerProcess(
+        tmp_path_factory.mktemp(f"pressure-{request.param}"),
+        ["--model", str(tiny_dirs["llama"])],
+        env=env,
+    )
     try:
         yield process.wait_ready()
     finally:
@@ -28,7 +49,13 @@ def server(request, tiny_dirs, tmp_path_factory):
 
 def body(i: int) -> dict:
     words = f"{WORDS[i % len(WORDS)]} {WORDS[(i * 5 + 1) % len(WORDS)]} {i}"
-    return {"model": MODEL, "prompt": f"Write about {words}:", "max_tokens": 40, "temperature": 0, "stream": True}
+    return {
+        "model": MODEL,
+        "prompt": f"Write about {words}:",
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 def run(server, i: int) -> tuple[int, str | None, str]:
@@ -40,7 +67,11 @@ def run(server, i: int) -> tuple[int, str | None, str]:
     events = sse_events(response.text)
     assert events[-1] == "[DONE]", f"stream {i} was cut: {response.text[-300:]}"
     assert not any(isinstance(e, dict) and "error" in e for e in events), response.text
-    finishes = [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"] and e["choices"][0]["finish_reason"]]
+    finishes = [
+        e["choices"][0]["finish_reason"]
+        for e in events[:-1]
+        if e["choices"] and e["choices"][0]["finish_reason"]
+    ]
     assert len(finishes) == 1
     return 200, None, "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
 
@@ -51,7 +82,9 @@ def test_overload_is_refused_at_once_and_every_admitted_stream_is_whole(server):
         results = list(pool.map(lambda i: run(server, i), range(CLIENTS)))
     refused = [i for i, (status, _, _) in enumerate(results) if status != 200]
     served = [i for i, (status, _, _) in enumerate(results) if status == 200]
-    assert refused and served, results[:3]  # the bound was really reached, and work still went through
+    assert refused and served, results[
+        :3
+    ]  # the bound was really reached, and work still went through
     for i in refused:
         assert results[i][:2] == (503, "queue_full")
     for i in served:

@@ -34,7 +34,11 @@ def server(tiny_dirs, tmp_path_factory):
         process.wait_ready()
         sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
         assert post(process, f"/api/saes/{sae}/attach", {}).status_code == 200
-        profile = {"name": "loud", "description": "t", "steering": [{"sae_id": sae, "features": [{"index": 0, "strength": 60.0}]}]}
+        profile = {
+            "name": "loud",
+            "description": "t",
+            "steering": [{"sae_id": sae, "features": [{"index": 0, "strength": 60.0}]}],
+        }
         assert post(process, "/api/profiles", profile).status_code == 201
         yield process
     finally:
@@ -42,7 +46,13 @@ def server(tiny_dirs, tmp_path_factory):
 
 
 def chat(topic: str, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": f"Tell me about {topic}."}], "max_tokens": 24, "temperature": 0, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Tell me about {topic}."}],
+        "max_tokens": 24,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def streamed_text(server, body: dict) -> tuple[str, list, httpx.Headers]:
@@ -51,7 +61,9 @@ def streamed_text(server, body: dict) -> tuple[str, list, httpx.Headers]:
     assert response.status_code == 200, response.text
     events = sse_events(response.text)
     assert events[-1] == "[DONE]"
-    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+    text = "".join(
+        e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]
+    )
     return text, events, response.headers
 
 
@@ -90,9 +102,13 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
     prompt = "The quiet street"
     scoring = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "logprobs": 5}
     reference_scores = post(server, "/v1/completions", scoring).json()["choices"][0]["logprobs"]
-    reference_vector = post(server, "/v1/embeddings", {"model": MODEL, "input": prompt}).json()["data"][0]["embedding"]
+    reference_vector = post(server, "/v1/embeddings", {"model": MODEL, "input": prompt}).json()[
+        "data"
+    ][0]["embedding"]
     plain = streamed_text(server, chat("the sea", max_tokens=LONG))[0]
-    steered_alone, _, headers = streamed_text(server, chat("the sea", max_tokens=LONG, profile="loud"))
+    steered_alone, _, headers = streamed_text(
+        server, chat("the sea", max_tokens=LONG, profile="loud")
+    )
     assert steered_alone != plain and headers["x-millm-steering"].startswith("profile")
 
     # Scoring and embeddings run between batch steps, so they are "beside" the steered row only if
@@ -111,7 +127,9 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
         while (joined := inference(server)["batch_size"]) == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         scored = post(server, "/v1/completions", scoring)
-        vector = post(server, "/v1/embeddings", {"model": MODEL, "input": prompt}).json()["data"][0]["embedding"]
+        vector = post(server, "/v1/embeddings", {"model": MODEL, "input": prompt}).json()["data"][
+            0
+        ]["embedding"]
         still = inference(server)["batch_size"]
         thread.join(60)
         assert scored.headers["x-millm-steering"] == "none"
@@ -121,7 +139,9 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
         if joined >= 1 and still >= 1:
             beside = True
             break
-    assert beside, "the steered row left the batch before scoring and embeddings answered, in every try"
+    assert beside, (
+        "the steered row left the batch before scoring and embeddings answered, in every try"
+    )
 
 
 def test_seeded_requests_take_the_serial_path_with_a_best_effort_promise(server):
@@ -139,35 +159,54 @@ def test_seeded_requests_take_the_serial_path_with_a_best_effort_promise(server)
 
 
 def test_response_format_is_refused_while_batching_is_enabled(server):
-    response = post(server, "/v1/chat/completions", chat("winter", response_format={"type": "json_object"}))
+    response = post(
+        server, "/v1/chat/completions", chat("winter", response_format={"type": "json_object"})
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["code"] == "response_format_unsupported" and "continuous batching" in error["message"]
-    assert post(server, "/v1/chat/completions", chat("winter", response_format={"type": "text"})).status_code == 200
+    assert (
+        error["code"] == "response_format_unsupported" and "continuous batching" in error["message"]
+    )
+    assert (
+        post(
+            server, "/v1/chat/completions", chat("winter", response_format={"type": "text"})
+        ).status_code
+        == 200
+    )
 
 
 def test_a_client_leaving_mid_stream_frees_its_row_and_the_others_finish(server):
     expected = streamed_text(server, chat("old trees", max_tokens=80))[0]
     before = inference(server)["jobs"]["batched"]["cancelled"]
     kept = {}
-    thread = threading.Thread(target=lambda: kept.setdefault("text", streamed_text(server, chat("old trees", max_tokens=80))[0]))
+    thread = threading.Thread(
+        target=lambda: kept.setdefault(
+            "text", streamed_text(server, chat("old trees", max_tokens=80))[0]
+        )
+    )
     thread.start()
     body = {**chat("a city at night", max_tokens=1000), "stream": True}
-    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
         for i, _ in enumerate(response.iter_lines()):
             if i >= 6:
                 break  # leave mid-stream
     thread.join(60)
     assert kept["text"] == expected
     deadline = time.monotonic() + 30
-    while inference(server)["jobs"]["batched"]["cancelled"] == before and time.monotonic() < deadline:
+    while (
+        inference(server)["jobs"]["batched"]["cancelled"] == before and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert inference(server)["jobs"]["batched"]["cancelled"] == before + 1
 
 
 def test_sae_activation_requests_take_the_serial_path(server):
     before = inference(server)["jobs"]
-    body = chat("the sea", max_tokens=6, return_sae_activations={"positions": "completion", "top_k": 2})
+    body = chat(
+        "the sea", max_tokens=6, return_sae_activations={"positions": "completion", "top_k": 2}
+    )
     response = post(server, "/v1/chat/completions", body)
     assert response.status_code == 200, response.text
     assert len(response.json()["millm"]["sae_activations"]["positions"]) == 5

@@ -22,13 +22,37 @@ from tests.support.tiny_saes import build_saelens
 
 LAYER = 1
 CAP = 30_000  # MILLM_CALIBRATION_MAX_TOKENS of the server under test
-SUBJECTS = ["The old river", "A small cat", "Paris", "My friend", "Every feature", "The capital", "Sparse codes", "The model"]
-ENDINGS = ["runs quickly to the sea.", "is the city of France.", "counts one two three four five.", "reads a naïve café menu.",
-           "steers über the hills.", "writes 数字 again and again, then stops."]
-TEXTS = [f"{s} {e}" * (1 + i % 3) for i, (s, e) in enumerate(zip(SUBJECTS * 2, ENDINGS * 3, strict=False))]
+SUBJECTS = [
+    "The old river",
+    "A small cat",
+    "Paris",
+    "My friend",
+    "Every feature",
+    "The capital",
+    "Sparse codes",
+    "The model",
+]
+ENDINGS = [
+    "runs quickly to the sea.",
+    "is the city of France.",
+    "counts one two three four five.",
+    "reads a naïve café menu.",
+    "steers über the hills.",
+    "writes 数字 again and again, then stops.",
+]
+TEXTS = [
+    f"{s} {e}" * (1 + i % 3)
+    for i, (s, e) in enumerate(zip(SUBJECTS * 2, ENDINGS * 3, strict=False))
+]
 CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris is the capital."}],
-    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hello! How are you today?"}],
+    [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris is the capital."},
+    ],
+    [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Hello! How are you today?"},
+    ],
 ]
 TOP = 3
 
@@ -45,7 +69,9 @@ def sae_dirs(tmp_path_factory):
 
 
 def start_server(home, tiny_dirs) -> ServerProcess:
-    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env={"MILLM_CALIBRATION_MAX_TOKENS": str(CAP)})
+    process = ServerProcess(
+        home, ["--model", str(tiny_dirs["llama"])], env={"MILLM_CALIBRATION_MAX_TOKENS": str(CAP)}
+    )
     return process.wait_ready()
 
 
@@ -71,7 +97,9 @@ def offline(tiny_dirs, sae_dirs):
     """Each text's SAE activations `[positions, d_sae]` at every position (stock transformers model, a hook, the SAE's encode)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
     sae = read_sae(sae_dirs["main"])[1]
     captured = {}
@@ -109,15 +137,26 @@ def calibrate(process, sae_id: str, body: dict) -> httpx.Response:
 def calibrated(server):
     """The main SAE calibrated on TEXTS and CONVERSATIONS: the finished job."""
     process, sae = server["process"], server["ids"]["main"]
-    response = calibrate(process, sae, {"texts": TEXTS, "conversations": CONVERSATIONS, "top_examples": TOP})
+    response = calibrate(
+        process, sae, {"texts": TEXTS, "conversations": CONVERSATIONS, "top_examples": TOP}
+    )
     assert response.status_code == 202, response.text
     started = response.json()
-    assert started["kind"] == "calibration" and started["state"] == "running" and started["progress"]["unit"] == "texts"
+    assert (
+        started["kind"] == "calibration"
+        and started["state"] == "running"
+        and started["progress"]["unit"] == "texts"
+    )
     return wait_job(process, started["id"])
 
 
 def figures_of(process, sae_id: str, features: list[int]) -> list[dict]:
-    response = api(process, "GET", f"/api/saes/{sae_id}/calibration", params={"features": ",".join(map(str, features))})
+    response = api(
+        process,
+        "GET",
+        f"/api/saes/{sae_id}/calibration",
+        params={"features": ",".join(map(str, features))},
+    )
     assert response.status_code == 200, response.text
     return response.json()["features"]
 
@@ -127,9 +166,13 @@ def test_the_job_runs_to_the_end_and_reports_its_progress(server, calibrated, of
     total = len(TEXTS) + len(CONVERSATIONS)
     assert calibrated["progress"] == {"done": total, "total": total, "unit": "texts"}
     summary = calibrated["result"]
-    assert summary["texts"] == total and summary["model"] == MODEL and summary["corpus"] == "request"
+    assert (
+        summary["texts"] == total and summary["model"] == MODEL and summary["corpus"] == "request"
+    )
     assert summary["tokens"] == sum(map(len, offline["prompts"]))
-    assert summary["positions"] == summary["tokens"] - total  # each text's first position is not read
+    assert (
+        summary["positions"] == summary["tokens"] - total
+    )  # each text's first position is not read
     assert summary["sample_rate"] == 1.0 and "where the feature fired" in summary["quantiles"]
     stored = api(server["process"], "GET", f"/api/saes/{server['ids']['main']}/calibration").json()
     assert stored["summary"] == summary and stored["features"] is None
@@ -153,23 +196,39 @@ def test_figures_equal_numpy_over_the_captured_activations(server, calibrated, o
         fired_any += 1
         assert got["mean"] == pytest.approx(on.mean(), rel=1e-4)
         want = np.quantile(on, [0.5, 0.9, 0.99])
-        assert [got["p50"], got["p90"], got["p99"]] == pytest.approx(want.tolist(), rel=1e-4, abs=1e-5)
+        assert [got["p50"], got["p90"], got["p99"]] == pytest.approx(
+            want.tolist(), rel=1e-4, abs=1e-5
+        )
     assert fired_any > d_sae // 2  # a TopK SAE with k=8 of 128 spreads over most features
 
 
 def test_label_search_and_feature_details_carry_the_calibration(server, calibrated):
     process, sae = server["process"], server["ids"]["main"]
-    found = api(process, "GET", f"/api/saes/{sae}/features", params={"q": "paris", "limit": 5}).json()
+    found = api(
+        process, "GET", f"/api/saes/{sae}/features", params={"q": "paris", "limit": 5}
+    ).json()
     assert found["calibrated_on"] == MODEL and found["data"]
-    figures = {f["index"]: f for f in figures_of(process, sae, [hit["index"] for hit in found["data"]])}
+    figures = {
+        f["index"]: f for f in figures_of(process, sae, [hit["index"] for hit in found["data"]])
+    }
     for hit in found["data"]:
-        assert (hit["frequency"], hit["max_activation"]) == (figures[hit["index"]]["frequency"], figures[hit["index"]]["max"])
+        assert (hit["frequency"], hit["max_activation"]) == (
+            figures[hit["index"]]["frequency"],
+            figures[hit["index"]]["max"],
+        )
     index = found["data"][0]["index"]
     detail = api(process, "GET", f"/api/saes/{sae}/features/{index}").json()
     assert detail["calibrated_on"] == MODEL and detail["calibration"] == figures[index]
-    bare = api(process, "GET", f"/api/saes/{server['ids']['loose']}/features/0").json()  # never calibrated
+    bare = api(
+        process, "GET", f"/api/saes/{server['ids']['loose']}/features/0"
+    ).json()  # never calibrated
     assert bare["calibrated_on"] is None and bare["calibration"] is None
-    unfound = api(process, "GET", f"/api/saes/{server['ids']['loose']}/features", params={"q": "paris", "limit": 1}).json()
+    unfound = api(
+        process,
+        "GET",
+        f"/api/saes/{server['ids']['loose']}/features",
+        params={"q": "paris", "limit": 1},
+    ).json()
     assert unfound["calibrated_on"] is None and unfound["data"][0]["frequency"] is None
 
 
@@ -180,13 +239,24 @@ def test_top_examples_are_the_largest_activations_with_their_text(server, calibr
 
     def snippet(t: int, p: int) -> tuple[str, str, str]:
         ids = offline["prompts"][t]
-        return tokenizer.decode(ids[max(0, p - 16) : p]), tokenizer.decode(ids[p : p + 1]), tokenizer.decode(ids[p + 1 : p + 5])
+        return (
+            tokenizer.decode(ids[max(0, p - 16) : p]),
+            tokenizer.decode(ids[p : p + 1]),
+            tokenizer.decode(ids[p + 1 : p + 5]),
+        )
 
     repeats = 0
     for f, got in enumerate(figures):
-        ranked = sorted((-float(acts[p, f]), t, p) for t, acts in enumerate(offline["acts"]) for p in range(1, acts.shape[0]) if acts[p, f] > 0)
+        ranked = sorted(
+            (-float(acts[p, f]), t, p)
+            for t, acts in enumerate(offline["acts"])
+            for p in range(1, acts.shape[0])
+            if acts[p, f] > 0
+        )
         want, seen = [], set()
-        for value, t, p in ranked[: TOP * 4]:  # the largest first; a snippet already listed is skipped
+        for value, t, p in ranked[
+            : TOP * 4
+        ]:  # the largest first; a snippet already listed is skipped
             if snippet(t, p) not in seen:
                 seen.add(snippet(t, p))
                 want.append((-value, t, p))
@@ -194,10 +264,16 @@ def test_top_examples_are_the_largest_activations_with_their_text(server, calibr
         want = want[:TOP]
         examples = got["top_examples"]
         assert [(e["text_index"], e["position"]) for e in examples] == [(t, p) for _, t, p in want]
-        assert [e["activation"] for e in examples] == pytest.approx([v for v, _, _ in want], rel=1e-4)
+        assert [e["activation"] for e in examples] == pytest.approx(
+            [v for v, _, _ in want], rel=1e-4
+        )
         for example in examples:
-            assert (example["before"], example["token"], example["after"]) == snippet(example["text_index"], example["position"])
-            assert example["display"] == f"{example['before']}[[{example['token']}]]{example['after']}"
+            assert (example["before"], example["token"], example["after"]) == snippet(
+                example["text_index"], example["position"]
+            )
+            assert (
+                example["display"] == f"{example['before']}[[{example['token']}]]{example['after']}"
+            )
     assert repeats > 0  # texts sharing a prefix repeat snippets, so the rule was exercised
 
 
@@ -217,40 +293,101 @@ def test_percentiles_in_return_sae_activations_when_asked(server, calibrated, of
     process, ids = server["process"], server["ids"]
     # A text the corpus has no prefix of: its activations are none of the calibration's own values,
     # so the reference (over activations that differ from the server's in the last bits) is stable.
-    body = {"model": MODEL, "prompt": "Hello! The cat writes quickly, then über the capital.", "max_tokens": 3, "temperature": 0}
-    answer = post(process, "/v1/completions", {**body, "return_sae_activations": {"sae_id": ids["main"], "positions": "prompt", "top_k": 4, "percentiles": True}}).json()
+    body = {
+        "model": MODEL,
+        "prompt": "Hello! The cat writes quickly, then über the capital.",
+        "max_tokens": 3,
+        "temperature": 0,
+    }
+    answer = post(
+        process,
+        "/v1/completions",
+        {
+            **body,
+            "return_sae_activations": {
+                "sae_id": ids["main"],
+                "positions": "prompt",
+                "top_k": 4,
+                "percentiles": True,
+            },
+        },
+    ).json()
     block = answer["millm"]["sae_activations"]
-    assert block["percentiles"]["calibrated"] is True and block["percentiles"]["calibrated_at"] == calibrated["result"]["created_at"]
+    assert (
+        block["percentiles"]["calibrated"] is True
+        and block["percentiles"]["calibrated_at"] == calibrated["result"]["created_at"]
+    )
     entries = [entry for position in block["positions"][1:] for entry in position["features"]]
     assert entries and all(0 <= e["percentile"] <= 100 for e in entries)
     for entry in entries:
-        assert entry["percentile"] == pytest.approx(percentile_reference(offline, entry["index"], entry["value"]), abs=0.05)
-    plain = post(process, "/v1/completions", {**body, "return_sae_activations": {"sae_id": ids["main"], "positions": "prompt", "top_k": 4}}).json()
+        assert entry["percentile"] == pytest.approx(
+            percentile_reference(offline, entry["index"], entry["value"]), abs=0.05
+        )
+    plain = post(
+        process,
+        "/v1/completions",
+        {
+            **body,
+            "return_sae_activations": {"sae_id": ids["main"], "positions": "prompt", "top_k": 4},
+        },
+    ).json()
     block = plain["millm"]["sae_activations"]
-    assert "percentiles" not in block and all("percentile" not in e for p in block["positions"] for e in p["features"])
+    assert "percentiles" not in block and all(
+        "percentile" not in e for p in block["positions"] for e in p["features"]
+    )
 
 
 def test_percentiles_are_null_for_an_uncalibrated_sae(server, calibrated):
     process, ids = server["process"], server["ids"]
     ask = {"sae_id": ids["plain"], "positions": "prompt", "top_k": 2, "percentiles": True}
-    answer = post(process, "/v1/completions", {"model": MODEL, "prompt": "Paris is", "max_tokens": 1, "temperature": 0, "return_sae_activations": ask}).json()
+    answer = post(
+        process,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "Paris is",
+            "max_tokens": 1,
+            "temperature": 0,
+            "return_sae_activations": ask,
+        },
+    ).json()
     block = answer["millm"]["sae_activations"]
-    assert block["percentiles"]["calibrated"] is False and "not calibrated" in block["percentiles"]["note"]
+    assert (
+        block["percentiles"]["calibrated"] is False
+        and "not calibrated" in block["percentiles"]["note"]
+    )
     entries = [e for p in block["positions"] for e in p["features"]]
     assert entries and all(e["percentile"] is None for e in entries)
 
 
 def test_monitoring_records_carry_percentiles_when_asked(server, calibrated):
     process, ids = server["process"], server["ids"]
-    settings = {"enabled": True, "sae_id": ids["main"], "positions": "all", "top_k": 3, "percentiles": True}
+    settings = {
+        "enabled": True,
+        "sae_id": ids["main"],
+        "positions": "all",
+        "top_k": 3,
+        "percentiles": True,
+    }
     configured = api(process, "PUT", "/api/monitoring", json=settings)
-    assert configured.status_code == 200 and configured.json()["percentiles"] is True, configured.text
+    assert configured.status_code == 200 and configured.json()["percentiles"] is True, (
+        configured.text
+    )
     try:
         last = api(process, "GET", "/api/monitoring/records", params={"limit": 1}).json()["data"]
         after = last[-1]["id"] if last else 0
-        assert post(process, "/v1/completions", {"model": MODEL, "prompt": TEXTS[1], "max_tokens": 3, "temperature": 0}).status_code == 200
+        assert (
+            post(
+                process,
+                "/v1/completions",
+                {"model": MODEL, "prompt": TEXTS[1], "max_tokens": 3, "temperature": 0},
+            ).status_code
+            == 200
+        )
         for _ in range(100):
-            records = api(process, "GET", "/api/monitoring/records", params={"after": after}).json()["data"]
+            records = api(
+                process, "GET", "/api/monitoring/records", params={"after": after}
+            ).json()["data"]
             if records:
                 break
             time.sleep(0.05)
@@ -265,7 +402,9 @@ def test_monitoring_records_carry_percentiles_when_asked(server, calibrated):
 def test_cancelling_keeps_the_earlier_calibration(server, calibrated):
     process, sae = server["process"], server["ids"]["main"]
     before = api(process, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
-    many = [f"{SUBJECTS[i % 8]} {ENDINGS[i % 6]}" for i in range(1800)]  # ~27,000 tokens: seconds of work
+    many = [
+        f"{SUBJECTS[i % 8]} {ENDINGS[i % 6]}" for i in range(1800)
+    ]  # ~27,000 tokens: seconds of work
     started = calibrate(process, sae, {"texts": many})
     assert started.status_code == 202, started.text
     job_id = started.json()["id"]
@@ -287,20 +426,46 @@ def test_cancelling_keeps_the_earlier_calibration(server, calibrated):
 @pytest.mark.parametrize(
     "sae, body, status, code, needle",
     [
-        ("loose", {"texts": ["A river."]}, 400, "sae_not_attached", "is not attached to the loaded model"),
+        (
+            "loose",
+            {"texts": ["A river."]},
+            400,
+            "sae_not_attached",
+            "is not attached to the loaded model",
+        ),
         ("sae_000000000000", {"texts": ["A river."]}, 404, "sae_not_found", "no SAE"),
         ("main", {"texts": []}, 400, "invalid_parameter", "at least one text"),
         ("main", {}, 400, "invalid_parameter", "give corpus"),
-        ("loose", {}, 400, "invalid_parameter", "give corpus"),  # the body is checked before the attachment
+        (
+            "loose",
+            {},
+            400,
+            "invalid_parameter",
+            "give corpus",
+        ),  # the body is checked before the attachment
         ("main", {"texts": [""]}, 400, "invalid_parameter", "texts[0]"),
         ("main", {"texts": ["a"], "colour": "blue"}, 400, "invalid_parameter", "colour"),
         ("main", {"texts": "A river."}, 400, "invalid_parameter", "texts"),
         ("main", {"texts": ["a"], "top_examples": 50}, 400, "invalid_parameter", "top_examples"),
         ("main", {"corpus": "demo", "texts": ["a"]}, 400, "invalid_parameter", "not both"),
         ("main", {"corpus": "demo"}, 400, "invalid_parameter", "ships no calibration corpus"),
-        ("main", {"conversations": [[{"role": "tool", "content": "x"}]]}, 400, "invalid_parameter", "role"),
-        ("main", {"texts": ["The old river runs quickly to the sea. " * 60] * 80, "max_tokens_per_text": 1000}, 400, "invalid_parameter",
-         f"MILLM_CALIBRATION_MAX_TOKENS ({CAP})"),
+        (
+            "main",
+            {"conversations": [[{"role": "tool", "content": "x"}]]},
+            400,
+            "invalid_parameter",
+            "role",
+        ),
+        (
+            "main",
+            {
+                "texts": ["The old river runs quickly to the sea. " * 60] * 80,
+                "max_tokens_per_text": 1000,
+            },
+            400,
+            "invalid_parameter",
+            f"MILLM_CALIBRATION_MAX_TOKENS ({CAP})",
+        ),
     ],
 )
 def test_refusals_before_anything_runs(server, sae, body, status, code, needle):
@@ -308,16 +473,43 @@ def test_refusals_before_anything_runs(server, sae, body, status, code, needle):
     before = len(api(server["process"], "GET", "/api/jobs").json()["data"])
     response = calibrate(server["process"], sae_id, body)
     assert needle in error(response, status, code)["message"]
-    assert len(api(server["process"], "GET", "/api/jobs").json()["data"]) == before  # no job was started
+    assert (
+        len(api(server["process"], "GET", "/api/jobs").json()["data"]) == before
+    )  # no job was started
 
 
 def test_reading_refusals(server, calibrated):
     process, ids = server["process"], server["ids"]
-    assert "POST /api/saes" in error(api(process, "GET", f"/api/saes/{ids['plain']}/calibration"), 404, "calibration_not_found")["message"]
-    assert error(api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "1,x"}), 400)["param"] == "features"
-    error(api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "128"}), 400, "invalid_feature_index")
-    error(api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"model": "other"}), 404, "calibration_not_found")
-    error(api(process, "DELETE", f"/api/saes/{ids['plain']}/calibration"), 404, "calibration_not_found")
+    assert (
+        "POST /api/saes"
+        in error(
+            api(process, "GET", f"/api/saes/{ids['plain']}/calibration"),
+            404,
+            "calibration_not_found",
+        )["message"]
+    )
+    assert (
+        error(
+            api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "1,x"}),
+            400,
+        )["param"]
+        == "features"
+    )
+    error(
+        api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "128"}),
+        400,
+        "invalid_feature_index",
+    )
+    error(
+        api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"model": "other"}),
+        404,
+        "calibration_not_found",
+    )
+    error(
+        api(process, "DELETE", f"/api/saes/{ids['plain']}/calibration"),
+        404,
+        "calibration_not_found",
+    )
 
 
 def shipped_calibration(sae_id: str, d_sae: int) -> dict:
@@ -327,40 +519,105 @@ def shipped_calibration(sae_id: str, d_sae: int) -> dict:
     features = []
     for j in range(d_sae):
         fired = j != 3
-        features.append({"index": j, "count": 10 * fired, "frequency": 0.1 * fired, "mean": 5.5 if fired else None, "max": 10.0 * fired,
-                         "p50": 5.5 if fired else None, "p90": 9.1 if fired else None, "p99": 9.91 if fired else None, "top_examples": []})
-    summary = {"sae_id": sae_id, "model": MODEL, "created_at": 1.0, "corpus": "demo", "texts": 1, "tokens": 101, "positions": 100,
-               "truncated_texts": 0, "max_tokens_per_text": 256, "top_examples": 0, "d_sae": d_sae, "features_fired": d_sae - 1,
-               "sample_rate": 1.0, "duration_s": 0.1}
-    return {"kind": "millm.calibration", "version": 1, "sae_id": sae_id, "model": MODEL, "created_at": 1.0,
-            "summary": summary, "figures": {"features": features, "grids": pack_grids(grids)}}
+        features.append(
+            {
+                "index": j,
+                "count": 10 * fired,
+                "frequency": 0.1 * fired,
+                "mean": 5.5 if fired else None,
+                "max": 10.0 * fired,
+                "p50": 5.5 if fired else None,
+                "p90": 9.1 if fired else None,
+                "p99": 9.91 if fired else None,
+                "top_examples": [],
+            }
+        )
+    summary = {
+        "sae_id": sae_id,
+        "model": MODEL,
+        "created_at": 1.0,
+        "corpus": "demo",
+        "texts": 1,
+        "tokens": 101,
+        "positions": 100,
+        "truncated_texts": 0,
+        "max_tokens_per_text": 256,
+        "top_examples": 0,
+        "d_sae": d_sae,
+        "features_fired": d_sae - 1,
+        "sample_rate": 1.0,
+        "duration_s": 0.1,
+    }
+    return {
+        "kind": "millm.calibration",
+        "version": 1,
+        "sae_id": sae_id,
+        "model": MODEL,
+        "created_at": 1.0,
+        "summary": summary,
+        "figures": {"features": features, "grids": pack_grids(grids)},
+    }
 
 
-def test_a_shipped_calibration_is_imported_restored_by_delete_and_everything_survives_a_restart(server, calibrated, sae_dirs, tiny_dirs):
+def test_a_shipped_calibration_is_imported_restored_by_delete_and_everything_survives_a_restart(
+    server, calibrated, sae_dirs, tiny_dirs
+):
     process, ids = server["process"], server["ids"]
     shipped_dir = sae_dirs["shipped"]
     info = read_sae(shipped_dir)[0]
-    (shipped_dir / "calibration.json").write_text(json.dumps(shipped_calibration(info.id, info.d_sae)))
+    (shipped_dir / "calibration.json").write_text(
+        json.dumps(shipped_calibration(info.id, info.d_sae))
+    )
     registered = post(process, "/api/saes", {"path": str(shipped_dir)})
     assert registered.status_code == 201, registered.text
-    shipped = api(process, "GET", f"/api/saes/{info.id}/calibration", params={"features": "2,3"}).json()
+    shipped = api(
+        process, "GET", f"/api/saes/{info.id}/calibration", params={"features": "2,3"}
+    ).json()
     assert shipped["summary"]["created_at"] == 1.0
     assert [f["p90"] for f in shipped["features"]] == [9.1, None]
     # A calibration of its own replaces it; DELETE brings the shipped one back.
     assert post(process, f"/api/saes/{info.id}/attach", {}).status_code == 200
-    assert wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:2]}).json()["id"])["state"] == "succeeded"
+    assert (
+        wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:2]}).json()["id"])["state"]
+        == "succeeded"
+    )
     own = api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]
     assert own["created_at"] > 1.0 and own["texts"] == 2
     deleted = api(process, "DELETE", f"/api/saes/{info.id}/calibration")
     assert deleted.status_code == 200 and deleted.json()["restored_shipped"] is True
-    assert api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["created_at"] == 1.0
-    assert wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:3]}).json()["id"])["state"] == "succeeded"
+    assert (
+        api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["created_at"]
+        == 1.0
+    )
+    assert (
+        wait_job(process, calibrate(process, info.id, {"texts": TEXTS[:3]}).json()["id"])["state"]
+        == "succeeded"
+    )
 
-    main = api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}).json()
+    main = api(
+        process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}
+    ).json()
     process.stop()
     server["process"] = process = start_server(server["home"], tiny_dirs)
-    assert api(process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}).json() == main
-    assert api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["texts"] == 3  # not the shipped one
+    assert (
+        api(
+            process, "GET", f"/api/saes/{ids['main']}/calibration", params={"features": "0,5"}
+        ).json()
+        == main
+    )
+    assert (
+        api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["texts"] == 3
+    )  # not the shipped one
     ask = {"sae_id": ids["main"], "positions": "prompt", "top_k": 2, "percentiles": True}
-    answer = post(process, "/v1/completions", {"model": MODEL, "prompt": TEXTS[0], "max_tokens": 1, "temperature": 0, "return_sae_activations": ask})
+    answer = post(
+        process,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": TEXTS[0],
+            "max_tokens": 1,
+            "temperature": 0,
+            "return_sae_activations": ask,
+        },
+    )
     assert answer.json()["millm"]["sae_activations"]["percentiles"]["calibrated"] is True

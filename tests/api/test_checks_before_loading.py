@@ -12,10 +12,17 @@ USER = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    process = ServerProcess(tmp_path_factory.mktemp("precheck-home"), ["--model", str(tiny_dirs["llama"])])
+    process = ServerProcess(
+        tmp_path_factory.mktemp("precheck-home"), ["--model", str(tiny_dirs["llama"])]
+    )
     try:
         process.wait_ready()
-        assert api(process, "POST", "/api/models", json={"source": str(tiny_dirs["llama-plain"])}).status_code == 201
+        assert (
+            api(
+                process, "POST", "/api/models", json={"source": str(tiny_dirs["llama-plain"])}
+            ).status_code
+            == 201
+        )
         yield process
     finally:
         process.stop()
@@ -28,19 +35,61 @@ def states(server) -> dict[str, str]:
 CHAT = {"model": OTHER, "messages": USER, "max_tokens": 2}
 CASES = [
     ("/v1/chat/completions", CHAT, {"X-miLLM-Strict": "yes"}, 400, "invalid_header"),
-    ("/v1/chat/completions", {**CHAT, "user": "u1"}, {"X-miLLM-Strict": "true"}, 400, "unused_fields_refused"),
-    ("/v1/chat/completions", {**CHAT, "colour": "blue"}, {"X-miLLM-Strict": "1"}, 400, "unused_fields_refused"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "user": "u1"},
+        {"X-miLLM-Strict": "true"},
+        400,
+        "unused_fields_refused",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "colour": "blue"},
+        {"X-miLLM-Strict": "1"},
+        400,
+        "unused_fields_refused",
+    ),
     ("/v1/chat/completions", {**CHAT, "steering_intensity": "loud"}, {}, 400, "invalid_parameter"),
     ("/v1/chat/completions", {**CHAT, "steering_intensity": 2.5}, {}, 400, "invalid_parameter"),
     ("/v1/chat/completions", {**CHAT, "profile": "no-such-profile"}, {}, 404, "profile_not_found"),
     ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, {}, 400, "invalid_parameter"),
-    ("/v1/chat/completions", {**CHAT, "return_sae_activations": {"colour": 1}}, {}, 400, "invalid_parameter"),
-    ("/v1/chat/completions", {**CHAT, "return_sae_activations": {"positions": "middle"}}, {}, 400, "invalid_parameter"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "return_sae_activations": {"colour": 1}},
+        {},
+        400,
+        "invalid_parameter",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "return_sae_activations": {"positions": "middle"}},
+        {},
+        400,
+        "invalid_parameter",
+    ),
     ("/v1/chat/completions", {**CHAT, "n": 2, "stream": True}, {}, 400, "field_not_honoured"),
-    ("/v1/completions", {"model": OTHER, "prompt": "a", "response_format": {"type": "json_object"}}, {}, 400, "field_not_honoured"),
-    ("/v1/completions", {"model": OTHER, "prompt": "a", "foo": 1}, {"X-miLLM-Strict": "true"}, 400, "unused_fields_refused"),
+    (
+        "/v1/completions",
+        {"model": OTHER, "prompt": "a", "response_format": {"type": "json_object"}},
+        {},
+        400,
+        "field_not_honoured",
+    ),
+    (
+        "/v1/completions",
+        {"model": OTHER, "prompt": "a", "foo": 1},
+        {"X-miLLM-Strict": "true"},
+        400,
+        "unused_fields_refused",
+    ),
     ("/v1/embeddings", {"model": OTHER, "input": "a", "seed": 3}, {}, 400, "field_not_honoured"),
-    ("/v1/embeddings", {"model": OTHER, "input": "a", "user": "u"}, {"X-miLLM-Strict": "true"}, 400, "unused_fields_refused"),
+    (
+        "/v1/embeddings",
+        {"model": OTHER, "input": "a", "user": "u"},
+        {"X-miLLM-Strict": "true"},
+        400,
+        "unused_fields_refused",
+    ),
 ]
 
 
@@ -48,11 +97,21 @@ CASES = [
 def test_a_bad_request_never_moves_a_model(server, path, body, headers, status, code):
     error(api(server, "POST", path, json=body, headers=headers), status, code)
     assert states(server) == {MODEL: "loaded", OTHER: "ready"}
-    answer = api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
+    answer = api(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "max_tokens": 2},
+    )
     assert answer.status_code == 200, answer.text
 
 
 def test_a_good_request_for_the_other_model_does_load_it(server):
     # The control: the same requests, corrected, would have loaded the other model.
-    assert api(server, "POST", "/v1/chat/completions", json=CHAT, headers={"X-miLLM-Strict": "true"}).status_code == 200
+    assert (
+        api(
+            server, "POST", "/v1/chat/completions", json=CHAT, headers={"X-miLLM-Strict": "true"}
+        ).status_code
+        == 200
+    )
     assert states(server) == {MODEL: "ready", OTHER: "loaded"}

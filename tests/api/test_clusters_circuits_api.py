@@ -24,7 +24,12 @@ def server(tiny_dirs, home, tmp_path_factory):
     try:
         process.wait_ready()
         for layer in (1, 2):
-            sae = api(process, "POST", "/api/saes", json={"path": str(build_saelens(base / f"l{layer}", layer=layer, seed=60 + layer))}).json()["id"]
+            sae = api(
+                process,
+                "POST",
+                "/api/saes",
+                json={"path": str(build_saelens(base / f"l{layer}", layer=layer, seed=60 + layer))},
+            ).json()["id"]
             api(process, "POST", f"/api/saes/{sae}/attach")
         yield process
     finally:
@@ -41,25 +46,46 @@ def clean(server):
 
 
 def chat(server, **extra):
-    response = api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 10, "temperature": 0, **extra})
+    response = api(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "max_tokens": 10, "temperature": 0, **extra},
+    )
     assert response.status_code == 200, response.text
     return response
 
 
 def import_cluster(server, doc, **params):
-    return api(server, "POST", "/api/clusters/import", content=raw(doc), params=params, headers={"content-type": "application/json"})
+    return api(
+        server,
+        "POST",
+        "/api/clusters/import",
+        content=raw(doc),
+        params=params,
+        headers={"content-type": "application/json"},
+    )
 
 
 def test_cluster_import_export_is_byte_for_byte(server, clean):
     body = raw(cluster(name="exported-one"))
-    created = api(server, "POST", "/api/clusters/import", content=body, headers={"content-type": "application/json"})
+    created = api(
+        server,
+        "POST",
+        "/api/clusters/import",
+        content=body,
+        headers={"content-type": "application/json"},
+    )
     assert created.status_code == 201
     row = created.json()["data"][0]
     exported = api(server, "GET", f"/api/clusters/{row['id']}/export")
     assert exported.content == body
     assert json.loads(exported.content)["x_unknown_top"] == {"kept": [1, 2, 3]}
     got = api(server, "GET", "/api/clusters/exported-one").json()
-    assert got["members"][1] == {"feature_idx": 7, "strength": 20.0, "sign": -1, "label": "bank"} and got["intensity"] == 1.0
+    assert (
+        got["members"][1] == {"feature_idx": 7, "strength": 20.0, "sign": -1, "label": "bank"}
+        and got["intensity"] == 1.0
+    )
     assert "exported-one" in [c["name"] for c in api(server, "GET", "/api/clusters").json()["data"]]
     assert api(server, "DELETE", "/api/clusters/exported-one").json()["deleted"]
     error(api(server, "GET", "/api/clusters/exported-one"), 404, "cluster_not_found")
@@ -71,35 +97,68 @@ def test_conflicts_bundles_caps_and_refusals(server, clean):
     assert renamed["name"] == "dup-2" and renamed["id"] != first["id"]
     error(import_cluster(server, cluster(name="dup"), on_conflict="fail"), 409, "name_exists")
     before = len(api(server, "GET", "/api/clusters").json()["data"])
-    bundle = {"kind": "mistudio.cluster-bundle", "schema_version": "1", "definitions": [cluster(name="b1"), {**cluster(name="b2"), "members": []}]}
+    bundle = {
+        "kind": "mistudio.cluster-bundle",
+        "schema_version": "1",
+        "definitions": [cluster(name="b1"), {**cluster(name="b2"), "members": []}],
+    }
     body = error(api(server, "POST", "/api/clusters/import", json=bundle), 400, "invalid_document")
     assert "definitions[1].members" in body["message"]
-    assert len(api(server, "GET", "/api/clusters").json()["data"]) == before  # nothing half-imported
+    assert (
+        len(api(server, "GET", "/api/clusters").json()["data"]) == before
+    )  # nothing half-imported
     good = {**bundle, "definitions": [cluster(name="b1"), cluster(name="b2")]}
-    assert [c["name"] for c in api(server, "POST", "/api/clusters/import", json=good).json()["data"]] == ["b1", "b2"]
+    assert [
+        c["name"] for c in api(server, "POST", "/api/clusters/import", json=good).json()["data"]
+    ] == ["b1", "b2"]
     huge = cluster(name="huge", extra={"narrative": "x" * 9000, "padding": "y" * 1_000_001})
     error(import_cluster(server, huge), 413, "document_too_large")
-    error(api(server, "POST", "/api/clusters/import", content=b"{nope", headers={"content-type": "application/json"}), 400)
+    error(
+        api(
+            server,
+            "POST",
+            "/api/clusters/import",
+            content=b"{nope",
+            headers={"content-type": "application/json"},
+        ),
+        400,
+    )
 
 
 def test_dial_bounds_and_activation_figures(server, clean):
     row = import_cluster(server, cluster(name="dialled")).json()["data"][0]
-    assert api(server, "PUT", f"/api/clusters/{row['id']}/intensity", json={"intensity": 1.5}).json()["intensity"] == 1.5
+    assert (
+        api(server, "PUT", f"/api/clusters/{row['id']}/intensity", json={"intensity": 1.5}).json()[
+            "intensity"
+        ]
+        == 1.5
+    )
     error(api(server, "PUT", f"/api/clusters/{row['id']}/intensity", json={"intensity": 2.5}), 400)
     error(api(server, "PUT", f"/api/clusters/{row['id']}/intensity", json={"intensity": -0.1}), 400)
     narrow = import_cluster(server, cluster(name="narrow", n_features=64)).json()["data"][0]
-    body = error(api(server, "POST", f"/api/clusters/{narrow['id']}/activate"), 400, "cluster_not_applicable")
+    body = error(
+        api(server, "POST", f"/api/clusters/{narrow['id']}/activate"), 400, "cluster_not_applicable"
+    )
     assert "n_features 64" in body["message"] and "128" in body["message"]
     nowhere = import_cluster(server, cluster(name="nowhere", layer=0)).json()["data"][0]
-    assert "no SAE is attached at layer 0" in error(api(server, "POST", f"/api/clusters/{nowhere['id']}/activate"), 400)["message"]
-    past = import_cluster(server, cluster(name="past", members=[{"feature_idx": 500, "strength": 1}])).json()["data"][0]
+    assert (
+        "no SAE is attached at layer 0"
+        in error(api(server, "POST", f"/api/clusters/{nowhere['id']}/activate"), 400)["message"]
+    )
+    past = import_cluster(
+        server, cluster(name="past", members=[{"feature_idx": 500, "strength": 1}])
+    ).json()["data"][0]
     error(api(server, "POST", f"/api/clusters/{past['id']}/activate"), 400, "invalid_feature_index")
     assert api(server, "GET", "/api/steering").json()["active_base"] is None
 
 
 def test_an_import_whose_activation_is_refused_stores_nothing(server, clean):
     before = api(server, "GET", "/api/clusters").json()["data"]
-    body = error(import_cluster(server, cluster(name="unbindable", layer=0), activate="true"), 400, "cluster_not_applicable")
+    body = error(
+        import_cluster(server, cluster(name="unbindable", layer=0), activate="true"),
+        400,
+        "cluster_not_applicable",
+    )
     assert "no SAE is attached at layer 0" in body["message"]
     assert api(server, "GET", "/api/clusters").json()["data"] == before
     error(api(server, "GET", "/api/clusters/unbindable"), 404, "cluster_not_found")
@@ -108,32 +167,92 @@ def test_an_import_whose_activation_is_refused_stores_nothing(server, clean):
 def test_cluster_steering_and_the_per_request_dial(server, clean):
     sae = clean[1]
     plain = chat(server).json()["choices"][0]["message"]["content"]
-    row = import_cluster(server, cluster(name="steer-me", intensity_range=[0.5, 1.5]), activate="true").json()["data"][0]
+    row = import_cluster(
+        server, cluster(name="steer-me", intensity_range=[0.5, 1.5]), activate="true"
+    ).json()["data"][0]
     assert row["active"] is True
     dialled = chat(server, steering_intensity=1.8)
     assert dialled.headers["x-millm-steering-intensity"] == "1.5"  # capped at the declared maximum
     assert dialled.headers["x-millm-steering"].startswith('cluster;name="steer-me"')
     # The same applied strengths set as live values give the same text: the deltas are equal.
     api(server, "POST", "/api/clusters/deactivate")
-    api(server, "POST", "/api/steering/features", json={"features": [
-        {"sae_id": sae, "index": 3, "strength": 15.0}, {"sae_id": sae, "index": 7, "strength": -30.0}, {"sae_id": sae, "index": 9, "strength": 200.0}]})
-    assert chat(server).json()["choices"][0]["message"]["content"] == dialled.json()["choices"][0]["message"]["content"]
+    api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={
+            "features": [
+                {"sae_id": sae, "index": 3, "strength": 15.0},
+                {"sae_id": sae, "index": 7, "strength": -30.0},
+                {"sae_id": sae, "index": 9, "strength": 200.0},
+            ]
+        },
+    )
+    assert (
+        chat(server).json()["choices"][0]["message"]["content"]
+        == dialled.json()["choices"][0]["message"]["content"]
+    )
     assert "x-millm-steering-intensity" not in chat(server).headers  # no dial, no echo
     api(server, "DELETE", "/api/steering/features")
     api(server, "POST", f"/api/clusters/{row['id']}/activate")
     off = chat(server, steering_intensity="off")
-    assert off.json()["choices"][0]["message"]["content"] == plain and off.headers["x-millm-steering-intensity"] == "0.0"
+    assert (
+        off.json()["choices"][0]["message"]["content"] == plain
+        and off.headers["x-millm-steering-intensity"] == "0.0"
+    )
     assert chat(server, steering_intensity="min").headers["x-millm-steering-intensity"] == "0.5"
-    error(api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "steering_intensity": 2.5}), 400, "invalid_parameter")
-    error(api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "steering_intensity": "loud"}), 400, "invalid_parameter")
-    scoring = api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 1, "logprobs": True, "steering_intensity": 1})
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "steering_intensity": 2.5},
+        ),
+        400,
+        "invalid_parameter",
+    )
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "steering_intensity": "loud"},
+        ),
+        400,
+        "invalid_parameter",
+    )
+    scoring = api(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 1,
+            "logprobs": True,
+            "steering_intensity": 1,
+        },
+    )
     error(scoring, 400, "field_not_honoured")
-    error(api(server, "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "steering_intensity": 1}), 400, "field_not_honoured")
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "x", "steering_intensity": 1},
+        ),
+        400,
+        "field_not_honoured",
+    )
     api(server, "POST", "/api/steering/disable")
-    assert "x-millm-steering-intensity" not in chat(server, steering_intensity=1.0).headers  # disabled, dial-only
+    assert (
+        "x-millm-steering-intensity" not in chat(server, steering_intensity=1.0).headers
+    )  # disabled, dial-only
 
 
-def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_percent_encoded(server, clean):
+def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_percent_encoded(
+    server, clean
+):
     # RFC 8941 strings are printable ASCII; a name like this one made every completion a 500 before.
     row = import_cluster(server, cluster(name="café 水"), activate="true").json()["data"][0]
     assert row["active"] is True and row["name"] == "café 水"
@@ -144,7 +263,14 @@ def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_pe
 
 
 def import_circuit(server, doc, **params):
-    return api(server, "POST", "/api/circuits/import", content=raw(doc), params=params, headers={"content-type": "application/json"})
+    return api(
+        server,
+        "POST",
+        "/api/circuits/import",
+        content=raw(doc),
+        params=params,
+        headers={"content-type": "application/json"},
+    )
 
 
 def test_circuit_rung_activation_and_header(server, clean):
@@ -155,17 +281,28 @@ def test_circuit_rung_activation_and_header(server, clean):
     assert row["rung"] == 2 and row["language"] == "causally validated (edge)"
     assert api(server, "GET", f"/api/circuits/{row['id']}/export").content == raw(doc)
     weak = import_circuit(server, circuit(name="weak", rungs=(1, 3))).json()
-    body = error(api(server, "POST", f"/api/circuits/{weak['id']}/activate"), 400, "rung_not_acknowledged")
+    body = error(
+        api(server, "POST", f"/api/circuits/{weak['id']}/activate"), 400, "rung_not_acknowledged"
+    )
     assert "rung 1" in body["message"]
     api(server, "POST", f"/api/circuits/{weak['id']}/activate", json={"acknowledge_rung": True})
     weak_response = chat(server)
-    assert weak_response.headers["x-millm-circuit-rung"] == '1;language="suggested (attribution-supported)"'
+    assert (
+        weak_response.headers["x-millm-circuit-rung"]
+        == '1;language="suggested (attribution-supported)"'
+    )
     api(server, "POST", f"/api/circuits/{row['id']}/activate")
     active = api(server, "GET", "/api/circuits/active").json()
-    assert active["circuit"]["name"] == "causal" and active["steering"]["steering"] is True and active["steering"]["mode"] == "full"
+    assert (
+        active["circuit"]["name"] == "causal"
+        and active["steering"]["steering"] is True
+        and active["steering"]["mode"] == "full"
+    )
     response = chat(server, steering_intensity=0.1)
     assert response.headers["x-millm-circuit-rung"] == '2;language="causally validated (edge)"'
-    assert response.headers["x-millm-steering-intensity"] == "0.5"  # clamped up to the declared floor
+    assert (
+        response.headers["x-millm-steering-intensity"] == "0.5"
+    )  # clamped up to the declared floor
     assert response.headers["x-millm-steering"].startswith('circuit;name="causal";mode="full"')
     off = chat(server, steering_intensity=0)
     assert "x-millm-circuit-rung" not in off.headers  # not steering: no rung
@@ -175,7 +312,11 @@ def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
     sliced = import_circuit(server, circuit(name="sliced", n_features=(128, 64))).json()
     api(server, "POST", f"/api/circuits/{sliced['id']}/activate")
     status = api(server, "GET", "/api/circuits/active").json()["steering"]
-    assert status["mode"] == "slice_fallback" and status["steering"] is True and status["rung_header"] is False
+    assert (
+        status["mode"] == "slice_fallback"
+        and status["steering"] is True
+        and status["rung_header"] is False
+    )
     assert [b["status"] for b in status["bindings"]] == ["bind", "block"]
     response = chat(server, steering_intensity="min")
     assert "x-millm-circuit-rung" not in response.headers
@@ -183,11 +324,16 @@ def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
     far = import_circuit(server, circuit(name="far", layers=(0, 0))).json()
     assert api(server, "GET", f"/api/circuits/{far['id']}").json()["steering"]["mode"] == "none"
     # Active, it would refuse every request (nothing binds): activation says so and changes nothing.
-    body = error(api(server, "POST", f"/api/circuits/{far['id']}/activate"), 400, "invalid_feature_index")
+    body = error(
+        api(server, "POST", f"/api/circuits/{far['id']}/activate"), 400, "invalid_feature_index"
+    )
     assert "'far'" in body["message"] and "no SAE is attached at layer 0" in body["message"]
     assert api(server, "GET", "/api/circuits/active").json()["circuit"]["name"] == "sliced"
     api(server, "POST", "/api/circuits/deactivate")
-    assert api(server, "GET", "/api/circuits/active").json() == {"circuit": None, "steering": {"steering": False, "mode": "none", "reason": "no active circuit"}}
+    assert api(server, "GET", "/api/circuits/active").json() == {
+        "circuit": None,
+        "steering": {"steering": False, "mode": "none", "reason": "no active circuit"},
+    }
 
 
 def test_documents_and_dials_survive_a_restart(server, clean, home, tiny_dirs):
@@ -201,4 +347,6 @@ def test_documents_and_dials_survive_a_restart(server, clean, home, tiny_dirs):
     server.wait_ready()
     assert api(server, "GET", "/api/clusters/persisted").json()["intensity"] == 0.7
     assert api(server, "GET", "/api/steering").json()["active_base"]["name"] == "persisted"
-    assert [c["id"] for c in api(server, "GET", "/api/circuits").json()["data"]] == [c["id"] for c in circuits_before]
+    assert [c["id"] for c in api(server, "GET", "/api/circuits").json()["data"]] == [
+        c["id"] for c in circuits_before
+    ]

@@ -6,7 +6,9 @@ from tests.api.clients import MODEL, post, sdk, sse_events
 
 
 def complete(server, **kwargs):
-    return sdk(server).completions.create(model=MODEL, **{"temperature": 0, "max_tokens": 16, **kwargs})
+    return sdk(server).completions.create(
+        model=MODEL, **{"temperature": 0, "max_tokens": 16, **kwargs}
+    )
 
 
 def test_one_choice_per_prompt_each_as_if_alone(llama_server):
@@ -17,14 +19,18 @@ def test_one_choice_per_prompt_each_as_if_alone(llama_server):
     for i, prompt in enumerate(prompts):
         alone = complete(llama_server, prompt=prompt)
         assert together.choices[i].text == alone.choices[0].text
-    assert together.usage.prompt_tokens == sum(complete(llama_server, prompt=p).usage.prompt_tokens for p in prompts)
+    assert together.usage.prompt_tokens == sum(
+        complete(llama_server, prompt=p).usage.prompt_tokens for p in prompts
+    )
     assert together.system_fingerprint.startswith("millm:tiny-llama@")
 
 
 def test_prompt_is_verbatim_with_bos(llama_server, llama_lm):
     response = complete(llama_server, prompt="The cat runs", max_tokens=1)
     assert response.usage.prompt_tokens == len(llama_lm.tokenizer("The cat runs")["input_ids"])
-    without = complete(llama_server, prompt="The cat runs", max_tokens=1, extra_body={"add_special_tokens": False})
+    without = complete(
+        llama_server, prompt="The cat runs", max_tokens=1, extra_body={"add_special_tokens": False}
+    )
     assert without.usage.prompt_tokens == response.usage.prompt_tokens - 1
 
 
@@ -48,7 +54,17 @@ def test_each_prompt_is_seeded_separately_and_n_above_one_is_refused(llama_serve
 
 
 def test_streamed_multi_prompt_completion(llama_server):
-    response = post(llama_server, "/v1/completions", {"model": MODEL, "prompt": ["The cat", "A river"], "max_tokens": 6, "temperature": 0, "stream": True})
+    response = post(
+        llama_server,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": ["The cat", "A river"],
+            "max_tokens": 6,
+            "temperature": 0,
+            "stream": True,
+        },
+    )
     events = sse_events(response.text)
     assert events[-1] == "[DONE]"
     texts = {0: "", 1: ""}
@@ -66,7 +82,14 @@ def test_streamed_multi_prompt_completion(llama_server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_seed_is_reproducible(llama_server, stream):
-    body = {"model": MODEL, "prompt": "Every feature", "temperature": 1.0, "seed": 99, "max_tokens": 30, "stream": stream}
+    body = {
+        "model": MODEL,
+        "prompt": "Every feature",
+        "temperature": 1.0,
+        "seed": 99,
+        "max_tokens": 30,
+        "stream": stream,
+    }
     a, b = post(llama_server, "/v1/completions", body), post(llama_server, "/v1/completions", body)
     assert a.text.count("text") > 0
     if stream:

@@ -19,8 +19,15 @@ GAP = 0.01  # the threshold sits at least this far from every activation (server
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    sae_dir = build_saelens(tmp_path_factory.mktemp("conditions-sae") / "sae", layer=LAYER, architecture="standard", seed=71)
-    process = ServerProcess(tmp_path_factory.mktemp("conditions-home"), ["--model", str(tiny_dirs["llama"])]).wait_ready()
+    sae_dir = build_saelens(
+        tmp_path_factory.mktemp("conditions-sae") / "sae",
+        layer=LAYER,
+        architecture="standard",
+        seed=71,
+    )
+    process = ServerProcess(
+        tmp_path_factory.mktemp("conditions-home"), ["--model", str(tiny_dirs["llama"])]
+    ).wait_ready()
     try:
         process.sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
         assert post(process, f"/api/saes/{process.sae}/attach", {}).status_code == 200
@@ -31,10 +38,16 @@ def server(tiny_dirs, tmp_path_factory):
 
 def read(server, features: list[int] | None, extra: dict | None = None) -> dict:
     """A completion with every position's activations of `features` (all positions, read after steering)."""
-    ask = {"sae_id": server.sae, "top_k": 1 if features is None else len(features), "positions": "all"}
+    ask = {
+        "sae_id": server.sae,
+        "top_k": 1 if features is None else len(features),
+        "positions": "all",
+    }
     if features is not None:
         ask["features"] = features
-    answer = post(server, "/v1/completions", {**BODY, **(extra or {}), "return_sae_activations": ask})
+    answer = post(
+        server, "/v1/completions", {**BODY, **(extra or {}), "return_sae_activations": ask}
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -43,7 +56,9 @@ def values(body: dict, feature: int) -> dict[int, float]:
     """Position -> the feature's activation (0 where it is not listed)."""
     out = {}
     for entry in body["millm"]["sae_activations"]["positions"]:
-        out[entry["position"]] = next((f["value"] for f in entry["features"] if f["index"] == feature), 0.0)
+        out[entry["position"]] = next(
+            (f["value"] for f in entry["features"] if f["index"] == feature), 0.0
+        )
     return out
 
 
@@ -57,24 +72,51 @@ def firing(server):
     every other value, a saved probe firing there first, and the unsteered answer."""
     plain = read(server, None)
     prompt_length = plain["usage"]["prompt_tokens"]
-    candidates = {f["index"] for entry in plain["millm"]["sae_activations"]["positions"] if entry["position"] >= prompt_length for f in entry["features"]}
+    candidates = {
+        f["index"]
+        for entry in plain["millm"]["sae_activations"]["positions"]
+        if entry["position"] >= prompt_length
+        for f in entry["features"]
+    }
     for feature in sorted(candidates):
         body = read(server, [feature])
         by_position = {p: v for p, v in values(body, feature).items() if p >= 1}
         peak_position = max(by_position, key=by_position.get)
         ordered = sorted(by_position.values(), reverse=True)
-        if peak_position >= prompt_length and ordered[0] - ordered[1] > 2 * GAP and peak_position < max(by_position):
+        if (
+            peak_position >= prompt_length
+            and ordered[0] - ordered[1] > 2 * GAP
+            and peak_position < max(by_position)
+        ):
             threshold = (ordered[0] + ordered[1]) / 2
-            probe = {"name": f"fires-{feature}", "detector": {"type": "feature", "sae_id": server.sae, "index": feature, "threshold": threshold}}
+            probe = {
+                "name": f"fires-{feature}",
+                "detector": {
+                    "type": "feature",
+                    "sae_id": server.sae,
+                    "index": feature,
+                    "threshold": threshold,
+                },
+            }
             assert post(server, "/api/probes", probe).status_code == 201
-            return {"feature": feature, "position": peak_position, "prompt_length": prompt_length, "plain": body, "probe": probe["name"]}
+            return {
+                "feature": feature,
+                "position": peak_position,
+                "prompt_length": prompt_length,
+                "plain": body,
+                "probe": probe["name"],
+            }
     pytest.fail("no feature peaks at a generated position")
 
 
 def test_a_report_probe_fires_first_at_the_peak(server, firing):
     body = post(server, "/v1/completions", {**BODY, "probes": [firing["probe"]]}).json()
     (verdict,) = body["millm"]["probes"]
-    assert verdict["fired"] and verdict["first_position"] == firing["position"] and verdict["positions"] == [firing["position"]]
+    assert (
+        verdict["fired"]
+        and verdict["first_position"] == firing["position"]
+        and verdict["positions"] == [firing["position"]]
+    )
 
 
 def test_abort_ends_the_row_at_the_firing_position(server, firing):
@@ -84,18 +126,34 @@ def test_abort_ends_the_row_at_the_firing_position(server, firing):
     assert choice["finish_reason"] == "content_filter"
     kept = firing["position"] - firing["prompt_length"] + 1  # the trigger token included
     assert body["usage"]["completion_tokens"] == kept
-    assert tokens(body) == tokens(firing["plain"])[: firing["position"] + 1]  # read up to the trigger, which was fed
+    assert (
+        tokens(body) == tokens(firing["plain"])[: firing["position"] + 1]
+    )  # read up to the trigger, which was fed
     (verdict,) = body["millm"]["probes"]
-    assert verdict["action"] == "abort" and verdict["acted_at"] == firing["position"] and verdict["source"] == "condition"
+    assert (
+        verdict["action"] == "abort"
+        and verdict["acted_at"] == firing["position"]
+        and verdict["source"] == "condition"
+    )
 
 
 def test_when_steers_only_after_the_firing_position(server, firing):
     steer = firing["feature"]
-    steering = {"steering": [{"sae_id": server.sae, "features": [{"index": steer, "strength": 60.0}], "when": {"probe": firing["probe"]}}]}
+    steering = {
+        "steering": [
+            {
+                "sae_id": server.sae,
+                "features": [{"index": steer, "strength": 60.0}],
+                "when": {"probe": firing["probe"]},
+            }
+        ]
+    }
     body = read(server, [steer], {"steering": steering})
     p = firing["position"]
     plain_values, steered_values = values(firing["plain"], steer), values(body, steer)
-    assert tokens(body)[: p + 2] == tokens(firing["plain"])[: p + 2]  # token p+1 comes from the logits at p, still unsteered
+    assert (
+        tokens(body)[: p + 2] == tokens(firing["plain"])[: p + 2]
+    )  # token p+1 comes from the logits at p, still unsteered
     for position in range(1, p + 1):
         assert steered_values[position] == pytest.approx(plain_values[position], abs=1e-4)
     # The read is after the edit: from p+1 the feature's activation moves (a random SAE's encoder may

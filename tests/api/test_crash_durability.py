@@ -31,7 +31,9 @@ from tests.support.mistudio_docs import cluster, raw
 from tests.support.server import ServerProcess
 
 SEED = int(os.environ.get("MILLM_CRASH_SEED", "20240611"))
-CYCLES = int(os.environ.get("MILLM_CRASH_CYCLES", "2"))  # each restart costs ~8-15 s on a 2-core machine
+CYCLES = int(
+    os.environ.get("MILLM_CRASH_CYCLES", "2")
+)  # each restart costs ~8-15 s on a 2-core machine
 WRITERS = 4
 CHATTERS = 2
 KILL_AFTER = (1.5, 3.0)  # seconds after the writers start, drawn per cycle
@@ -85,16 +87,31 @@ def profile_entries(rng: random.Random) -> list[dict]:
         entry = {"sae_id": f"sae_{sae:012x}"}
         if rng.random() < 0.7:
             entry["layer"] = rng.randint(0, 30)
-        entry["features"] = [{"index": i, "strength": round(rng.uniform(-200, 200), 3)} for i in rng.sample(range(128), rng.randint(1, 5))]
+        entry["features"] = [
+            {"index": i, "strength": round(rng.uniform(-200, 200), 3)}
+            for i in rng.sample(range(128), rng.randint(1, 5))
+        ]
         entries.append(entry)
     return entries
 
 
 def cluster_doc(name: str, rng: random.Random) -> dict:
-    members = [{"feature_idx": i, "strength": round(rng.uniform(0, 150), 2), "sign": rng.choice([1, -1]), "label": f"m{i}"}
-               for i in rng.sample(range(128), rng.randint(1, 6))]
-    return cluster(name=name, layer=rng.randint(0, 2), members=members, intensity=round(rng.uniform(0, INTENSITY_MAX), 3),
-                   extra={"x_crash_note": name, "narrative": "n" * rng.randint(0, 300)})
+    members = [
+        {
+            "feature_idx": i,
+            "strength": round(rng.uniform(0, 150), 2),
+            "sign": rng.choice([1, -1]),
+            "label": f"m{i}",
+        }
+        for i in rng.sample(range(128), rng.randint(1, 6))
+    ]
+    return cluster(
+        name=name,
+        layer=rng.randint(0, 2),
+        members=members,
+        intensity=round(rng.uniform(0, INTENSITY_MAX), 3),
+        extra={"x_crash_note": name, "narrative": "n" * rng.randint(0, 300)},
+    )
 
 
 class Writer(threading.Thread):
@@ -102,7 +119,13 @@ class Writer(threading.Thread):
 
     def __init__(self, server, ledger: Ledger, cycle: int, index: int, stop: threading.Event):
         super().__init__(name=f"writer-{cycle}-{index}", daemon=True)
-        self.server, self.ledger, self.cycle, self.index, self.stop = server, ledger, cycle, index, stop
+        self.server, self.ledger, self.cycle, self.index, self.stop = (
+            server,
+            ledger,
+            cycle,
+            index,
+            stop,
+        )
         self.rng = random.Random(SEED * 1000 + cycle * 10 + index)
         self.count = 0
 
@@ -112,8 +135,13 @@ class Writer(threading.Thread):
 
     def own_clusters(self) -> list[tuple[str, str]]:
         """(name, id) of acknowledged clusters created by this writer's index, in any cycle."""
-        return [(name, cid) for w in self.ledger.acked() if w.writer == self.index and w.kind in ("cluster", "cluster_bundle")
-                for name, cid in w.answer.items() if not name.startswith("@")]
+        return [
+            (name, cid)
+            for w in self.ledger.acked()
+            if w.writer == self.index and w.kind in ("cluster", "cluster_bundle")
+            for name, cid in w.answer.items()
+            if not name.startswith("@")
+        ]
 
     def next_write(self) -> tuple[Write, str, str, dict]:
         """The next write and how to send it: method, path, request keyword arguments."""
@@ -121,13 +149,30 @@ class Writer(threading.Thread):
         owned = self.own_clusters()
         if choice < 0.25:
             name = self.fresh()
-            body = {"name": name, "description": f"desc {name} " + "d" * rng.randint(0, 500), "steering": profile_entries(rng)}
-            return Write(self.cycle, self.index, "profile", [name], [body]), "POST", "/api/profiles", {"json": body}
+            body = {
+                "name": name,
+                "description": f"desc {name} " + "d" * rng.randint(0, 500),
+                "steering": profile_entries(rng),
+            }
+            return (
+                Write(self.cycle, self.index, "profile", [name], [body]),
+                "POST",
+                "/api/profiles",
+                {"json": body},
+            )
         if choice < 0.45:
             docs = []
             for _ in range(rng.randint(2, 3)):
                 name = self.fresh()
-                docs.append({"kind": "millm.profile", "version": 1, "name": name, "description": f"bundled {name}", "steering": profile_entries(rng)})
+                docs.append(
+                    {
+                        "kind": "millm.profile",
+                        "version": 1,
+                        "name": name,
+                        "description": f"bundled {name}",
+                        "steering": profile_entries(rng),
+                    }
+                )
             bundle = {"kind": "millm.profile-bundle", "version": 1, "profiles": docs}
             write = Write(self.cycle, self.index, "profile_bundle", [d["name"] for d in docs], docs)
             return write, "POST", "/api/profiles/import", {"json": bundle}
@@ -136,12 +181,36 @@ class Writer(threading.Thread):
             doc = cluster_doc(name, rng)
             body = raw(doc)
             write = Write(self.cycle, self.index, "cluster", [name], [body])
-            return write, "POST", "/api/clusters/import", {"content": body, "params": {"on_conflict": "fail"}, "headers": {"content-type": "application/json"}}
+            return (
+                write,
+                "POST",
+                "/api/clusters/import",
+                {
+                    "content": body,
+                    "params": {"on_conflict": "fail"},
+                    "headers": {"content-type": "application/json"},
+                },
+            )
         if choice < 0.85:
             definitions = [cluster_doc(self.fresh(), rng) for _ in range(rng.randint(2, 3))]
-            bundle = {"kind": "mistudio.cluster-bundle", "schema_version": "1", "definitions": definitions}
-            write = Write(self.cycle, self.index, "cluster_bundle", [d["name"] for d in definitions], definitions)
-            return write, "POST", "/api/clusters/import", {"json": bundle, "params": {"on_conflict": "fail"}}
+            bundle = {
+                "kind": "mistudio.cluster-bundle",
+                "schema_version": "1",
+                "definitions": definitions,
+            }
+            write = Write(
+                self.cycle,
+                self.index,
+                "cluster_bundle",
+                [d["name"] for d in definitions],
+                definitions,
+            )
+            return (
+                write,
+                "POST",
+                "/api/clusters/import",
+                {"json": bundle, "params": {"on_conflict": "fail"}},
+            )
         name, cid = rng.choice(owned)
         value = round(rng.uniform(0, INTENSITY_MAX), 3)
         write = Write(self.cycle, self.index, "intensity", [name], value)
@@ -151,11 +220,16 @@ class Writer(threading.Thread):
         with httpx.Client(base_url=self.server.base_url, timeout=60) as client:
             while not self.stop.is_set():
                 write, method, path, kwargs = self.next_write()
-                self.ledger.add(write)  # entered before it is sent: a write in flight at the kill is a "maybe"
+                self.ledger.add(
+                    write
+                )  # entered before it is sent: a write in flight at the kill is a "maybe"
                 try:
                     response = client.request(method, path, **kwargs)
                 except httpx.HTTPError as exc:
-                    write.failure, write.failed_at = f"{type(exc).__name__}: {exc}", time.monotonic()
+                    write.failure, write.failed_at = (
+                        f"{type(exc).__name__}: {exc}",
+                        time.monotonic(),
+                    )
                     return  # the server is gone (or the connection broke): this writer is done
                 write.status = response.status_code
                 if not response.is_success:
@@ -179,7 +253,12 @@ class Chatter(threading.Thread):
         self.refused: list[str] = []
 
     def run(self) -> None:
-        body = {"model": MODEL, "messages": USER, "max_tokens": 8 + 4 * self.index, "temperature": 0.7}
+        body = {
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 8 + 4 * self.index,
+            "temperature": 0.7,
+        }
         with httpx.Client(base_url=self.server.base_url, timeout=60) as client:
             while not self.stop.is_set():
                 try:
@@ -210,7 +289,9 @@ def crash_cycle(server: ServerProcess, ledger: Ledger, cycle: int, delay: float)
         thread.start()
     began = time.monotonic()
     time.sleep(delay)
-    while len(ledger.acked(cycle)) < MIN_ACKED and time.monotonic() - began < delay + MAX_EXTRA_WAIT:
+    while (
+        len(ledger.acked(cycle)) < MIN_ACKED and time.monotonic() - began < delay + MAX_EXTRA_WAIT
+    ):
         time.sleep(0.05)
     killed_at = time.monotonic()
     server.process.kill()  # SIGKILL: no shutdown hooks, no flush, no rollback
@@ -243,7 +324,11 @@ def allowed_intensities(ledger: Ledger) -> dict[str, set[float]]:
             for name, definition in zip(write.names, write.sent, strict=True):
                 doc = json.loads(definition) if isinstance(definition, bytes) else definition
                 acknowledged = write.answer.get("@intensity:" + name)
-                allowed[name] = {acknowledged} if acknowledged is not None else {min(doc["budget"]["intensity"], INTENSITY_MAX)}
+                allowed[name] = (
+                    {acknowledged}
+                    if acknowledged is not None
+                    else {min(doc["budget"]["intensity"], INTENSITY_MAX)}
+                )
         elif write.kind == "intensity":
             (name,) = write.names
             if write.acked:
@@ -262,10 +347,14 @@ def verify(server: ServerProcess, ledger: Ledger, home) -> dict:
 
 def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> dict:
     listed = client.get("/api/profiles")
-    assert listed.status_code == 200, f"listing profiles after the restart: {listed.status_code} {listed.text[:500]}"
+    assert listed.status_code == 200, (
+        f"listing profiles after the restart: {listed.status_code} {listed.text[:500]}"
+    )
     profiles = {row["name"]: row for row in listed.json()["data"]}
     listed = client.get("/api/clusters")
-    assert listed.status_code == 200, f"listing clusters after the restart: {listed.status_code} {listed.text[:500]}"
+    assert listed.status_code == 200, (
+        f"listing clusters after the restart: {listed.status_code} {listed.text[:500]}"
+    )
     clusters = {row["name"]: row for row in listed.json()["data"]}
     exports: dict[str, bytes] = {}
     for name, row in clusters.items():
@@ -276,13 +365,23 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
         try:
             json.loads(exported.content)
         except ValueError as exc:
-            problems.append(f"cluster {name}: export is not JSON ({exc}): {exported.content[:200]!r}")
+            problems.append(
+                f"cluster {name}: export is not JSON ({exc}): {exported.content[:200]!r}"
+            )
         exports[name] = exported.content
 
-    sent_profiles = {w_name for w in ledger.writes if w.kind.startswith("profile") for w_name in w.names}
-    sent_clusters = {w_name for w in ledger.writes if w.kind.startswith("cluster") for w_name in w.names}
-    problems += [f"profile {n}: stored but never sent" for n in sorted(set(profiles) - sent_profiles)]
-    problems += [f"cluster {n}: stored but never sent" for n in sorted(set(clusters) - sent_clusters)]
+    sent_profiles = {
+        w_name for w in ledger.writes if w.kind.startswith("profile") for w_name in w.names
+    }
+    sent_clusters = {
+        w_name for w in ledger.writes if w.kind.startswith("cluster") for w_name in w.names
+    }
+    problems += [
+        f"profile {n}: stored but never sent" for n in sorted(set(profiles) - sent_profiles)
+    ]
+    problems += [
+        f"cluster {n}: stored but never sent" for n in sorted(set(clusters) - sent_clusters)
+    ]
 
     checked = {"acked_profiles": 0, "acked_clusters": 0, "dials": 0}
     for write in ledger.writes:
@@ -291,7 +390,9 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
         table = profiles if write.kind.startswith("profile") else clusters
         present = [name for name in write.names if name in table]
         if write.acked and len(present) != len(write.names):
-            problems.append(f"LOST {write.label()}: missing {sorted(set(write.names) - set(present))}")
+            problems.append(
+                f"LOST {write.label()}: missing {sorted(set(write.names) - set(present))}"
+            )
         elif present and len(present) != len(write.names):
             problems.append(f"HALF-WRITTEN {write.label()}: only {present} of {write.names} stored")
         for name, sent in zip(write.names, write.sent, strict=True):
@@ -300,27 +401,56 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
             if write.kind.startswith("profile"):
                 row = profiles[name]
                 # Sent as version 1: stored as its version 2 form, every feature an add (same meaning).
-                expected = {"kind": "millm.profile", "description": "", **sent, "version": 2, "steering": [
-                    {**entry, "features": [{"index": f["index"], "op": "add", "strength": f["strength"]} for f in entry["features"]]}
-                    for entry in sent["steering"]]}
+                expected = {
+                    "kind": "millm.profile",
+                    "description": "",
+                    **sent,
+                    "version": 2,
+                    "steering": [
+                        {
+                            **entry,
+                            "features": [
+                                {"index": f["index"], "op": "add", "strength": f["strength"]}
+                                for f in entry["features"]
+                            ],
+                        }
+                        for entry in sent["steering"]
+                    ],
+                }
                 if row["document"] != expected:
-                    problems.append(f"profile {name} ({write.label()}): stored {row['document']!r} != sent {expected!r}")
+                    problems.append(
+                        f"profile {name} ({write.label()}): stored {row['document']!r} != sent {expected!r}"
+                    )
                 if write.acked and row["id"] != write.answer.get(name):
-                    problems.append(f"profile {name}: id {row['id']} != acknowledged {write.answer.get(name)}")
+                    problems.append(
+                        f"profile {name}: id {row['id']} != acknowledged {write.answer.get(name)}"
+                    )
                 checked["acked_profiles"] += write.acked
             else:
                 row, exported = clusters[name], exports.get(name)
                 if write.kind == "cluster" and exported != sent:
-                    problems.append(f"cluster {name} ({write.label()}): export is not byte-for-byte what was sent")
-                if write.kind == "cluster_bundle" and exported is not None and json.loads(exported) != sent:
-                    problems.append(f"cluster {name} ({write.label()}): export {exported[:200]!r} != the definition sent")
+                    problems.append(
+                        f"cluster {name} ({write.label()}): export is not byte-for-byte what was sent"
+                    )
+                if (
+                    write.kind == "cluster_bundle"
+                    and exported is not None
+                    and json.loads(exported) != sent
+                ):
+                    problems.append(
+                        f"cluster {name} ({write.label()}): export {exported[:200]!r} != the definition sent"
+                    )
                 if write.acked and row["id"] != write.answer.get(name):
-                    problems.append(f"cluster {name}: id {row['id']} != acknowledged {write.answer.get(name)}")
+                    problems.append(
+                        f"cluster {name}: id {row['id']} != acknowledged {write.answer.get(name)}"
+                    )
                 checked["acked_clusters"] += write.acked
     for name, values in allowed_intensities(ledger).items():
         if name in clusters:
             if clusters[name]["intensity"] not in values:
-                problems.append(f"cluster {name}: intensity {clusters[name]['intensity']} not among the allowed {sorted(values)}")
+                problems.append(
+                    f"cluster {name}: intensity {clusters[name]['intensity']} not among the allowed {sorted(values)}"
+                )
             checked["dials"] += 1
 
     with sqlite3.connect(f"file:{home / 'millm.db'}?mode=ro", uri=True) as db:
@@ -328,11 +458,19 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
     if integrity != [("ok",)]:
         problems.append(f"PRAGMA integrity_check: {integrity}")
 
-    answer = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 8, "temperature": 0})
+    answer = client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "max_tokens": 8, "temperature": 0},
+    )
     if answer.status_code != 200 or not answer.json()["choices"][0]["message"]["content"]:
-        problems.append(f"chat completion after the restart: {answer.status_code} {answer.text[:300]}")
+        problems.append(
+            f"chat completion after the restart: {answer.status_code} {answer.text[:300]}"
+        )
 
-    assert not problems, f"{len(problems)} durability problem(s) after kill -9 and restart:\n" + "\n".join(problems[:40])
+    assert not problems, (
+        f"{len(problems)} durability problem(s) after kill -9 and restart:\n"
+        + "\n".join(problems[:40])
+    )
     return {**checked, "profiles_stored": len(profiles), "clusters_stored": len(clusters)}
 
 
@@ -350,9 +488,15 @@ def test_kill_9_under_load_keeps_every_acknowledged_write(tiny_dirs, tmp_path):
             server = start(home, tiny_dirs)
             checking = time.monotonic()
             summary.update(verify(server, ledger, home))
-            summary["seconds"] = {"writes+kill": round(restart - began, 1), "restart": round(checking - restart, 1), "verify": round(time.monotonic() - checking, 1)}
+            summary["seconds"] = {
+                "writes+kill": round(restart - began, 1),
+                "restart": round(checking - restart, 1),
+                "verify": round(time.monotonic() - checking, 1),
+            }
             report.append(summary)
-            assert summary["acked"] >= MIN_ACKED // 2, f"too few writes acknowledged to mean much: {summary}"
+            assert summary["acked"] >= MIN_ACKED // 2, (
+                f"too few writes acknowledged to mean much: {summary}"
+            )
     finally:
         if server.process.poll() is None:
             server.stop()

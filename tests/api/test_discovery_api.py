@@ -22,8 +22,19 @@ BUILT = 7  # the feature built to fire on MARK only
 MARK = " café"  # one token of the tiny tokenizer, in set a's texts only
 MAX_TEXTS, MAX_TOKENS = 6, 250  # the server's caps, small so refusals are cheap to reach
 TEXT = "My friend reads the city of France quickly."
-SET_A = ["The cat runs café quickly.", "My friend reads the café.", "A river is a café.", "Every feature counts café twice."]
-SET_B = ["The cat runs quickly.", "My friend reads the city.", "A river is a model.", "Every feature counts twice.", "Paris is naïve."]
+SET_A = [
+    "The cat runs café quickly.",
+    "My friend reads the café.",
+    "A river is a café.",
+    "Every feature counts café twice.",
+]
+SET_B = [
+    "The cat runs quickly.",
+    "My friend reads the city.",
+    "A river is a model.",
+    "Every feature counts twice.",
+    "Paris is naïve.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +42,9 @@ def offline(tiny_dirs):
     """The stock model and tokenizer, with a hook at LAYER that adds `delta` and keeps the result."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
     hooked = {"delta": None}
 
@@ -68,21 +81,37 @@ def sae_dir(tmp_path_factory, offline):
         for position in range(1, len(ids)):
             rows.append(torch.cat([centred[position], torch.ones(1)]))
             targets.append(10.0 + i if ids[position] == mark[0] else -1.0)
-    solution = torch.linalg.lstsq(torch.stack(rows).double(), torch.tensor(targets).double().unsqueeze(1)).solution[:, 0].float()
+    solution = (
+        torch.linalg.lstsq(torch.stack(rows).double(), torch.tensor(targets).double().unsqueeze(1))
+        .solution[:, 0]
+        .float()
+    )
     tensors["W_enc"][:, BUILT], tensors["b_enc"][BUILT] = solution[:-1], solution[-1]
-    return build_saelens(tmp_path_factory.mktemp("discovery-sae") / "sae", layer=LAYER, architecture="standard", tensors=tensors)
+    return build_saelens(
+        tmp_path_factory.mktemp("discovery-sae") / "sae",
+        layer=LAYER,
+        architecture="standard",
+        tensors=tensors,
+    )
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, sae_dir):
-    env = {"MILLM_DISCOVERY_MAX_TEXTS": str(MAX_TEXTS), "MILLM_DISCOVERY_MAX_TOKENS": str(MAX_TOKENS)}
-    process = ServerProcess(tmp_path_factory.mktemp("discovery-home"), ["--model", str(tiny_dirs["llama"])], env=env)
+    env = {
+        "MILLM_DISCOVERY_MAX_TEXTS": str(MAX_TEXTS),
+        "MILLM_DISCOVERY_MAX_TOKENS": str(MAX_TOKENS),
+    }
+    process = ServerProcess(
+        tmp_path_factory.mktemp("discovery-home"), ["--model", str(tiny_dirs["llama"])], env=env
+    )
     try:
         process.wait_ready()
         process.sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
         assert post(process, f"/api/saes/{process.sae}/attach", {}).status_code == 200
         spare = build_saelens(tmp_path_factory.mktemp("discovery-spare") / "sae", layer=2, seed=9)
-        process.spare = post(process, "/api/saes", {"path": str(spare)}).json()["id"]  # registered, never attached
+        process.spare = post(process, "/api/saes", {"path": str(spare)}).json()[
+            "id"
+        ]  # registered, never attached
         yield process
     finally:
         process.stop()
@@ -122,10 +151,17 @@ def test_inspect_aggregates_equal_an_offline_encode(server, offline, encode, sor
     ids = tokenizer(TEXT)["input_ids"]
     acts = encode(ids)
     got = answer(server, "inspect", {"text": TEXT, "top_k": 12, "sort": sort})
-    assert got["object"] == "sae.inspect" and got["model"] == MODEL and got["sae_id"] == server.sae and got["layer"] == LAYER
+    assert (
+        got["object"] == "sae.inspect"
+        and got["model"] == MODEL
+        and got["sae_id"] == server.sae
+        and got["layer"] == LAYER
+    )
     assert got["steered"] is False and got["steering"] == {"kind": "none", "params": {}}
     assert got["prompt_tokens"] == len(ids)
-    assert [(t["position"], t["token_id"]) for t in got["tokens"]] == [(p, ids[p]) for p in range(1, len(ids))]
+    assert [(t["position"], t["token_id"]) for t in got["tokens"]] == [
+        (p, ids[p]) for p in range(1, len(ids))
+    ]
     assert [t["token"] for t in got["tokens"]] == [tokenizer.decode([i]) for i in ids[1:]]
     assert [f["index"] for f in got["features"]] == expected_ranking(acts, sort, 12)
     for feature in got["features"]:
@@ -134,7 +170,9 @@ def test_inspect_aggregates_equal_an_offline_encode(server, offline, encode, sor
         assert feature["mean"] == pytest.approx(float(column.mean()), rel=1e-4, abs=1e-4)
         assert feature["count"] == int((column > 0).sum())
         assert feature["max_position"] == 1 + int(column.argmax())
-        assert feature["label"] == f"feature {feature['index']} " + ("paris" if feature["index"] % 10 == 0 else "river")
+        assert feature["label"] == f"feature {feature['index']} " + (
+            "paris" if feature["index"] % 10 == 0 else "river"
+        )
     assert "activations" not in got or got["activations"] is None
 
 
@@ -145,20 +183,33 @@ def test_per_token_activations_of_a_chosen_feature(server, offline, encode):
     chosen = int(acts.max(0).values.argmax())
     got = answer(server, "inspect", {"text": TEXT, "feature": chosen, "top_k": 1})["activations"]
     assert got["index"] == chosen and got["label"].startswith(f"feature {chosen} ")
-    assert [(v["position"], v["token"]) for v in got["values"]] == [(p, tokenizer.decode([ids[p]])) for p in range(1, len(ids))]
-    assert [v["value"] for v in got["values"]] == pytest.approx(acts[:, chosen].tolist(), rel=1e-4, abs=1e-4)
-    quiet = int((acts > 0).sum(0).argmin())  # a feature that fires at few or no positions is still listed per token
+    assert [(v["position"], v["token"]) for v in got["values"]] == [
+        (p, tokenizer.decode([ids[p]])) for p in range(1, len(ids))
+    ]
+    assert [v["value"] for v in got["values"]] == pytest.approx(
+        acts[:, chosen].tolist(), rel=1e-4, abs=1e-4
+    )
+    quiet = int(
+        (acts > 0).sum(0).argmin()
+    )  # a feature that fires at few or no positions is still listed per token
     values = answer(server, "inspect", {"text": TEXT, "feature": quiet})["activations"]["values"]
-    assert [v["value"] for v in values] == pytest.approx(acts[:, quiet].tolist(), rel=1e-4, abs=1e-4)
+    assert [v["value"] for v in values] == pytest.approx(
+        acts[:, quiet].tolist(), rel=1e-4, abs=1e-4
+    )
 
 
 def test_messages_are_rendered_with_the_chat_template(server, offline, encode):
     tokenizer, _ = offline
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
     got = answer(server, "inspect", {"messages": messages, "top_k": 5, "feature": 3})
     assert got["prompt_tokens"] == len(ids) and [t["token_id"] for t in got["tokens"]] == ids[1:]
-    assert [v["value"] for v in got["activations"]["values"]] == pytest.approx(encode(ids)[:, 3].tolist(), rel=1e-4, abs=1e-4)
+    assert [v["value"] for v in got["activations"]["values"]] == pytest.approx(
+        encode(ids)[:, 3].tolist(), rel=1e-4, abs=1e-4
+    )
 
 
 def test_steered_only_when_asked_and_by_the_plan_asked_for(server, offline, encode):
@@ -172,37 +223,58 @@ def test_steered_only_when_asked_and_by_the_plan_asked_for(server, offline, enco
         return got, [v["value"] for v in got["activations"]["values"]]
 
     by_features, read = values({"steering": {"features": [{"index": 5, "strength": 4.0}]}})
-    assert by_features["steered"] is True and by_features["steering"] == {"kind": "features", "params": {"features": 1}}
+    assert by_features["steered"] is True and by_features["steering"] == {
+        "kind": "features",
+        "params": {"features": 1},
+    }
     assert read == pytest.approx(steered[:, 5].tolist(), rel=1e-4, abs=1e-4)
 
     live = api(server, "PUT", f"/api/steering/saes/{server.sae}/features/5", json={"strength": 4.0})
     assert live.status_code == 200, live.text
-    profile = post(server, "/api/profiles", {"name": "discovery-five", "steering": [{"sae_id": server.sae, "features": [{"index": 5, "strength": 4.0}]}]})
+    profile = post(
+        server,
+        "/api/profiles",
+        {
+            "name": "discovery-five",
+            "steering": [{"sae_id": server.sae, "features": [{"index": 5, "strength": 4.0}]}],
+        },
+    )
     assert profile.status_code == 201, profile.text
     try:
         unasked, read = values({})  # live steering is on, but a read is unsteered unless it asks
-        assert unasked["steered"] is False and read == pytest.approx(plain[:, 5].tolist(), rel=1e-4, abs=1e-4)
+        assert unasked["steered"] is False and read == pytest.approx(
+            plain[:, 5].tolist(), rel=1e-4, abs=1e-4
+        )
         as_live, read = values({"steering": "live"})
         assert as_live["steered"] is True and as_live["steering"]["kind"] == "live"
         assert read == pytest.approx(steered[:, 5].tolist(), rel=1e-4, abs=1e-4)
         by_profile, read = values({"steering": {"profile": "discovery-five"}})
-        assert by_profile["steering"] == {"kind": "profile", "params": {"name": "discovery-five", "scope": "request"}}
+        assert by_profile["steering"] == {
+            "kind": "profile",
+            "params": {"name": "discovery-five", "scope": "request"},
+        }
         assert read == pytest.approx(steered[:, 5].tolist(), rel=1e-4, abs=1e-4)
     finally:
         api(server, "DELETE", f"/api/steering/saes/{server.sae}/features/5")
         api(server, "DELETE", f"/api/profiles/{profile.json()['id']}")
     off, read = values({"steering": "live"})  # nothing live any more: the live plan steers nothing
-    assert off["steered"] is False and read == pytest.approx(plain[:, 5].tolist(), rel=1e-4, abs=1e-4)
+    assert off["steered"] is False and read == pytest.approx(
+        plain[:, 5].tolist(), rel=1e-4, abs=1e-4
+    )
 
 
 # contrast -----------------------------------------------------------------------------------------------
 def per_text(tokenizer, encode, texts: list[str], aggregate: str) -> np.ndarray:
     rows = [encode(tokenizer(text)["input_ids"]) for text in texts]
-    return np.stack([(r.max(0).values if aggregate == "max" else r.mean(0)).double().numpy() for r in rows])
+    return np.stack(
+        [(r.max(0).values if aggregate == "max" else r.mean(0)).double().numpy() for r in rows]
+    )
 
 
 def numpy_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    pooled = np.sqrt(((len(a) - 1) * a.var(0, ddof=1) + (len(b) - 1) * b.var(0, ddof=1)) / (len(a) + len(b) - 2))
+    pooled = np.sqrt(
+        ((len(a) - 1) * a.var(0, ddof=1) + (len(b) - 1) * b.var(0, ddof=1)) / (len(a) + len(b) - 2)
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         return (a.mean(0) - b.mean(0)) / pooled
 
@@ -210,11 +282,24 @@ def numpy_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("aggregate", ["max", "mean"])
 def test_contrast_ranks_the_feature_built_for_set_a_first(server, offline, encode, aggregate):
     tokenizer, _ = offline
-    a, b = per_text(tokenizer, encode, SET_A, aggregate), per_text(tokenizer, encode, SET_B, aggregate)
-    assert (a[:, BUILT] > 1).all() and (b[:, BUILT] == 0).all()  # the construction: it fires on MARK only
+    a, b = (
+        per_text(tokenizer, encode, SET_A, aggregate),
+        per_text(tokenizer, encode, SET_B, aggregate),
+    )
+    assert (a[:, BUILT] > 1).all() and (
+        b[:, BUILT] == 0
+    ).all()  # the construction: it fires on MARK only
     d = numpy_d(a, b)
-    got = answer(server, "contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "aggregate": aggregate, "top_k": 5})
-    assert got["object"] == "sae.contrast" and got["aggregate"] == aggregate and got["steered"] is False
+    got = answer(
+        server,
+        "contrast",
+        {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "aggregate": aggregate, "top_k": 5},
+    )
+    assert (
+        got["object"] == "sae.contrast"
+        and got["aggregate"] == aggregate
+        and got["steered"] is False
+    )
     assert got["a"]["texts"] == len(SET_A) and got["b"]["texts"] == len(SET_B)
     assert got["a"]["tokens"] == sum(len(tokenizer(t)["input_ids"]) for t in SET_A)
     first = got["favouring_a"][0]
@@ -227,7 +312,9 @@ def test_contrast_ranks_the_feature_built_for_set_a_first(server, offline, encod
         listed = got[side]
         assert 0 < len(listed) <= 5
         finite = np.where(np.isfinite(d), d, 0)
-        order = sorted((i for i in range(d.shape[0]) if sign * finite[i] > 0), key=lambda i: -sign * finite[i])
+        order = sorted(
+            (i for i in range(d.shape[0]) if sign * finite[i] > 0), key=lambda i: -sign * finite[i]
+        )
         assert [f["index"] for f in listed] == order[:5]
         for feature in listed:
             i = feature["index"]
@@ -242,12 +329,31 @@ def test_contrast_of_conversations(server, offline, encode):
     def chat(text: str) -> list[dict]:
         return [{"role": "user", "content": text}]
 
-    got = answer(server, "contrast", {"a": {"conversations": [chat(t) for t in SET_A]}, "b": {"conversations": [chat(t) for t in SET_B]}, "top_k": 3})
-    rendered = [tokenizer.apply_chat_template(chat(t), add_generation_prompt=True, tokenize=False) for t in SET_A + SET_B]
-    rows = [encode(tokenizer(r, add_special_tokens=False)["input_ids"]).max(0).values.double().numpy() for r in rendered]
+    got = answer(
+        server,
+        "contrast",
+        {
+            "a": {"conversations": [chat(t) for t in SET_A]},
+            "b": {"conversations": [chat(t) for t in SET_B]},
+            "top_k": 3,
+        },
+    )
+    rendered = [
+        tokenizer.apply_chat_template(chat(t), add_generation_prompt=True, tokenize=False)
+        for t in SET_A + SET_B
+    ]
+    rows = [
+        encode(tokenizer(r, add_special_tokens=False)["input_ids"]).max(0).values.double().numpy()
+        for r in rendered
+    ]
     d = numpy_d(np.stack(rows[: len(SET_A)]), np.stack(rows[len(SET_A) :]))
-    finite = np.where(np.isfinite(d), d, 0)  # (BUILT was fitted on the plain texts: in chat turns it is one feature among others)
-    for side, best in (("favouring_a", int(finite.argmax())), ("favouring_b", int(finite.argmin()))):
+    finite = np.where(
+        np.isfinite(d), d, 0
+    )  # (BUILT was fitted on the plain texts: in chat turns it is one feature among others)
+    for side, best in (
+        ("favouring_a", int(finite.argmax())),
+        ("favouring_b", int(finite.argmin())),
+    ):
         assert got[side][0]["index"] == best
         assert got[side][0]["effect_size"] == pytest.approx(d[best], rel=1e-4)
 
@@ -257,10 +363,20 @@ def test_contrast_steered_when_asked(server, offline, encode):
     strengths = {9: 3.0}
 
     def values(texts: list[str]) -> np.ndarray:
-        return np.stack([encode(tokenizer(t)["input_ids"], strengths).max(0).values.double().numpy() for t in texts])
+        return np.stack(
+            [
+                encode(tokenizer(t)["input_ids"], strengths).max(0).values.double().numpy()
+                for t in texts
+            ]
+        )
 
     d = numpy_d(values(SET_A), values(SET_B))
-    body = {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "top_k": 2, "steering": {"features": [{"index": 9, "strength": 3.0}]}}
+    body = {
+        "a": {"texts": SET_A},
+        "b": {"texts": SET_B},
+        "top_k": 2,
+        "steering": {"features": [{"index": 9, "strength": 3.0}]},
+    }
     got = answer(server, "contrast", body)
     assert got["steered"] is True and got["steering"]["kind"] == "features"
     top = got["favouring_a"][0]
@@ -269,15 +385,25 @@ def test_contrast_steered_when_asked(server, offline, encode):
 
 
 def test_reads_are_never_monitored(server):
-    assert api(server, "PUT", "/api/monitoring", json={"enabled": True, "positions": "all"}).status_code == 200
+    assert (
+        api(
+            server, "PUT", "/api/monitoring", json={"enabled": True, "positions": "all"}
+        ).status_code
+        == 200
+    )
     api(server, "POST", "/api/monitoring/reset")
     try:
         answer(server, "inspect", {"text": TEXT})
         answer(server, "contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B}})
-        generated = post(server, "/v1/completions", {"model": MODEL, "prompt": "The cat", "max_tokens": 2})
+        generated = post(
+            server, "/v1/completions", {"model": MODEL, "prompt": "The cat", "max_tokens": 2}
+        )
         assert generated.status_code == 200
         deadline = time.monotonic() + 10
-        while not (records := api(server, "GET", "/api/monitoring/records").json()["data"]) and time.monotonic() < deadline:
+        while (
+            not (records := api(server, "GET", "/api/monitoring/records").json()["data"])
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert len(records) == 1  # the completion, and nothing of the reads
     finally:
@@ -292,7 +418,9 @@ def test_routes_are_in_the_openapi_schema(server):
 
 
 # refusals -----------------------------------------------------------------------------------------------
-LONG = " ".join(["one two three four five"] * 50)  # 252 tokens: over MAX_TOKENS, within the context window
+LONG = " ".join(
+    ["one two three four five"] * 50
+)  # 252 tokens: over MAX_TOKENS, within the context window
 
 
 @pytest.mark.parametrize(
@@ -300,51 +428,178 @@ LONG = " ".join(["one two three four five"] * 50)  # 252 tokens: over MAX_TOKENS
     [
         ("inspect", {"text": TEXT, "feature": 128}, 400, "invalid_feature_index", "feature"),
         ("inspect", {}, 400, "invalid_parameter", None),
-        ("inspect", {"text": TEXT, "messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_parameter", None),
+        (
+            "inspect",
+            {"text": TEXT, "messages": [{"role": "user", "content": "hi"}]},
+            400,
+            "invalid_parameter",
+            None,
+        ),
         ("inspect", {"text": TEXT, "top_k": 0}, 400, "invalid_parameter", "top_k"),
         ("inspect", {"text": TEXT, "top_k": 257}, 400, "invalid_parameter", "top_k"),
         ("inspect", {"text": TEXT, "sort": "median"}, 400, "invalid_parameter", "sort"),
         ("inspect", {"text": TEXT, "colour": "blue"}, 400, "invalid_parameter", "colour"),
-        ("inspect", {"text": ""}, 400, "invalid_parameter", "text"),  # the BOS alone: nothing after the skipped position
+        (
+            "inspect",
+            {"text": ""},
+            400,
+            "invalid_parameter",
+            "text",
+        ),  # the BOS alone: nothing after the skipped position
         ("inspect", {"text": LONG}, 400, "invalid_parameter", "text"),
         ("inspect", {"text": TEXT, "model": "no-such-model"}, 404, "model_not_found", "model"),
         ("inspect", {"text": TEXT, "steering": "on"}, 400, "invalid_parameter", "steering"),
-        ("inspect", {"text": TEXT, "steering": {"profile": "nobody"}}, 404, "profile_not_found", "steering.profile"),
-        ("inspect", {"text": TEXT, "steering": {"features": [{"index": 128, "strength": 1.0}]}}, 400, "invalid_feature_index", "steering.features[0].index"),
-        ("inspect", {"text": TEXT, "steering": {"features": [{"index": 1, "strength": 500.0}]}}, 400, "invalid_parameter", "steering.features[0].strength"),
-        ("inspect", {"text": TEXT, "steering": {"features": [{"sae_id": "SPARE", "index": 1, "strength": 1.0}]}}, 400, "sae_not_attached", "steering.features[0].sae_id"),
-        ("inspect", {"text": TEXT, "steering": {"features": [{"sae_id": "sae_000000000000", "index": 1, "strength": 1.0}]}}, 404, "sae_not_found", "steering.features[0].sae_id"),
-        ("inspect", {"text": TEXT, "steering": {"features": [{"index": 1, "strength": 1.0}, {"index": 1, "strength": 2.0}]}}, 400, "invalid_parameter", "steering.features[1]"),
-        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": []}}, 400, "invalid_parameter", "b.texts"),
+        (
+            "inspect",
+            {"text": TEXT, "steering": {"profile": "nobody"}},
+            404,
+            "profile_not_found",
+            "steering.profile",
+        ),
+        (
+            "inspect",
+            {"text": TEXT, "steering": {"features": [{"index": 128, "strength": 1.0}]}},
+            400,
+            "invalid_feature_index",
+            "steering.features[0].index",
+        ),
+        (
+            "inspect",
+            {"text": TEXT, "steering": {"features": [{"index": 1, "strength": 500.0}]}},
+            400,
+            "invalid_parameter",
+            "steering.features[0].strength",
+        ),
+        (
+            "inspect",
+            {
+                "text": TEXT,
+                "steering": {"features": [{"sae_id": "SPARE", "index": 1, "strength": 1.0}]},
+            },
+            400,
+            "sae_not_attached",
+            "steering.features[0].sae_id",
+        ),
+        (
+            "inspect",
+            {
+                "text": TEXT,
+                "steering": {
+                    "features": [{"sae_id": "sae_000000000000", "index": 1, "strength": 1.0}]
+                },
+            },
+            404,
+            "sae_not_found",
+            "steering.features[0].sae_id",
+        ),
+        (
+            "inspect",
+            {
+                "text": TEXT,
+                "steering": {
+                    "features": [{"index": 1, "strength": 1.0}, {"index": 1, "strength": 2.0}]
+                },
+            },
+            400,
+            "invalid_parameter",
+            "steering.features[1]",
+        ),
+        (
+            "contrast",
+            {"a": {"texts": SET_A}, "b": {"texts": []}},
+            400,
+            "invalid_parameter",
+            "b.texts",
+        ),
         ("contrast", {"a": {"texts": SET_A}, "b": {}}, 400, "invalid_parameter", "b"),
-        ("contrast", {"a": {"texts": ["The cat runs."]}, "b": {"texts": ["A river is."]}}, 400, "invalid_parameter", "a"),
-        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B * 2}}, 400, "invalid_parameter", "b.texts"),
-        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": ["The cat runs.", ""]}}, 400, "invalid_parameter", "b.texts[1]"),
-        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": [" ".join(["one two three four five"] * 10)] * 5}}, 400, "invalid_parameter", "b.texts[4]"),
-        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "aggregate": "count"}, 400, "invalid_parameter", "aggregate"),
-        ("contrast", {"a": {"conversations": [[]]}, "b": {"texts": SET_B}}, 400, "invalid_parameter", "a.conversations[0]"),
+        (
+            "contrast",
+            {"a": {"texts": ["The cat runs."]}, "b": {"texts": ["A river is."]}},
+            400,
+            "invalid_parameter",
+            "a",
+        ),
+        (
+            "contrast",
+            {"a": {"texts": SET_A}, "b": {"texts": SET_B * 2}},
+            400,
+            "invalid_parameter",
+            "b.texts",
+        ),
+        (
+            "contrast",
+            {"a": {"texts": SET_A}, "b": {"texts": ["The cat runs.", ""]}},
+            400,
+            "invalid_parameter",
+            "b.texts[1]",
+        ),
+        (
+            "contrast",
+            {
+                "a": {"texts": SET_A},
+                "b": {"texts": [" ".join(["one two three four five"] * 10)] * 5},
+            },
+            400,
+            "invalid_parameter",
+            "b.texts[4]",
+        ),
+        (
+            "contrast",
+            {"a": {"texts": SET_A}, "b": {"texts": SET_B}, "aggregate": "count"},
+            400,
+            "invalid_parameter",
+            "aggregate",
+        ),
+        (
+            "contrast",
+            {"a": {"conversations": [[]]}, "b": {"texts": SET_B}},
+            400,
+            "invalid_parameter",
+            "a.conversations[0]",
+        ),
     ],
 )
 def test_refusals(server, route, body, status, code, param):
     body = {**body}
     if "steering" in body and isinstance(body["steering"], dict) and "features" in body["steering"]:
-        body["steering"] = {"features": [{**f, "sae_id": server.spare} if f.get("sae_id") == "SPARE" else f for f in body["steering"]["features"]]}
+        body["steering"] = {
+            "features": [
+                {**f, "sae_id": server.spare} if f.get("sae_id") == "SPARE" else f
+                for f in body["steering"]["features"]
+            ]
+        }
     found = error(post(server, f"/api/saes/{server.sae}/{route}", body), status, code)
     if param is not None:
         assert found["param"] == param, found
 
 
 def test_unknown_and_unattached_saes(server):
-    for route, body in (("inspect", {"text": TEXT}), ("contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B}})):
+    for route, body in (
+        ("inspect", {"text": TEXT}),
+        ("contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B}}),
+    ):
         error(post(server, f"/api/saes/sae_000000000000/{route}", body), 404, "sae_not_found")
-        refused = error(post(server, f"/api/saes/{server.spare}/{route}", body), 400, "sae_not_attached")
+        refused = error(
+            post(server, f"/api/saes/{server.spare}/{route}", body), 400, "sae_not_attached"
+        )
         assert refused["param"] == "sae_id" and "attach it first" in refused["message"]
 
 
 def test_total_tokens_message_names_the_cap(server):
-    refused = error(post(server, f"/api/saes/{server.sae}/inspect", {"text": LONG}), 400, "invalid_parameter")
-    assert "MILLM_DISCOVERY_MAX_TOKENS" in refused["message"] and str(MAX_TOKENS) in refused["message"]
-    too_many = error(post(server, f"/api/saes/{server.sae}/contrast", {"a": {"texts": SET_A}, "b": {"texts": SET_B * 2}}), 400)
+    refused = error(
+        post(server, f"/api/saes/{server.sae}/inspect", {"text": LONG}), 400, "invalid_parameter"
+    )
+    assert (
+        "MILLM_DISCOVERY_MAX_TOKENS" in refused["message"] and str(MAX_TOKENS) in refused["message"]
+    )
+    too_many = error(
+        post(
+            server,
+            f"/api/saes/{server.sae}/contrast",
+            {"a": {"texts": SET_A}, "b": {"texts": SET_B * 2}},
+        ),
+        400,
+    )
     assert "MILLM_DISCOVERY_MAX_TEXTS" in too_many["message"]
     short = error(post(server, f"/api/saes/{server.sae}/inspect", {"text": ""}), 400)
     assert "at least 2 tokens" in short["message"]

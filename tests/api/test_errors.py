@@ -59,26 +59,45 @@ def test_missing_model_is_400(llama_server):
 def test_body_that_is_not_json(llama_server):
     import httpx
 
-    response = httpx.post(f"{llama_server.base_url}{CHAT}", content=b"{nope", headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{llama_server.base_url}{CHAT}",
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
     error = error_of(response, 400)
     assert "not valid JSON" in error["message"]
 
 
 def test_both_budgets_differ_names_both(llama_server):
-    error = error_of(post(llama_server, CHAT, {"model": MODEL, "messages": USER, "max_tokens": 5, "max_completion_tokens": 6}), 400)
+    error = error_of(
+        post(
+            llama_server,
+            CHAT,
+            {"model": MODEL, "messages": USER, "max_tokens": 5, "max_completion_tokens": 6},
+        ),
+        400,
+    )
     assert "max_tokens" in error["message"] and "max_completion_tokens" in error["message"]
 
 
 def test_equal_budgets_and_max_completion_tokens_alone_are_honoured(llama_server):
-    both = post(llama_server, CHAT, {"model": MODEL, "messages": USER, "max_tokens": 4, "max_completion_tokens": 4}).json()
-    alone = post(llama_server, CHAT, {"model": MODEL, "messages": USER, "max_completion_tokens": 3}).json()
+    both = post(
+        llama_server,
+        CHAT,
+        {"model": MODEL, "messages": USER, "max_tokens": 4, "max_completion_tokens": 4},
+    ).json()
+    alone = post(
+        llama_server, CHAT, {"model": MODEL, "messages": USER, "max_completion_tokens": 3}
+    ).json()
     assert both["usage"]["completion_tokens"] <= 4 and alone["usage"]["completion_tokens"] <= 3
     if alone["choices"][0]["finish_reason"] == "length":
         assert alone["usage"]["completion_tokens"] == 3
 
 
 def test_n_with_stream_is_refused(llama_server):
-    error = error_of(post(llama_server, CHAT, {"model": MODEL, "messages": USER, "n": 2, "stream": True}), 400)
+    error = error_of(
+        post(llama_server, CHAT, {"model": MODEL, "messages": USER, "n": 2, "stream": True}), 400
+    )
     assert error["param"] == "n" and error["code"] == "field_not_honoured"
 
 
@@ -91,7 +110,9 @@ def test_unknown_model_is_404_model_not_found(llama_server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_context_length_exceeded_before_any_stream(llama_server, stream):
-    response = post(llama_server, CHAT, {"model": MODEL, "messages": USER, "max_tokens": 5000, "stream": stream})
+    response = post(
+        llama_server, CHAT, {"model": MODEL, "messages": USER, "max_tokens": 5000, "stream": stream}
+    )
     error = error_of(response, 400)
     assert error["code"] == "context_length_exceeded"
     assert "2048" in error["message"] and "5000" in error["message"]
@@ -99,13 +120,17 @@ def test_context_length_exceeded_before_any_stream(llama_server, stream):
 
 
 def test_prompt_alone_past_the_window(llama_server):
-    error = error_of(post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": "word " * 2100}), 400)
+    error = error_of(
+        post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": "word " * 2100}), 400
+    )
     assert error["code"] == "context_length_exceeded" and "2048" in error["message"]
 
 
 def test_default_budget_shrinks_to_the_window(llama_server):
     prompt = [1] + [300] * 2039  # 2040 tokens: the default budget (512) shrinks to the 8 left
-    response = post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": prompt, "temperature": 0}).json()
+    response = post(
+        llama_server, COMPLETIONS, {"model": MODEL, "prompt": prompt, "temperature": 0}
+    ).json()
     assert response["usage"]["prompt_tokens"] == 2040
     assert response["usage"]["completion_tokens"] <= 8
     if response["choices"][0]["finish_reason"] == "length":
@@ -113,24 +138,54 @@ def test_default_budget_shrinks_to_the_window(llama_server):
 
 
 def test_token_ids_outside_vocabulary(llama_server):
-    error = error_of(post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": [1, 2, 100000]}), 400)
+    error = error_of(
+        post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": [1, 2, 100000]}), 400
+    )
     assert error["param"] == "prompt" and "100000" in error["message"]
 
 
 def test_prompt_that_tokenises_to_nothing(llama_server):
-    error = error_of(post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": "", "add_special_tokens": False}), 400)
+    error = error_of(
+        post(
+            llama_server, COMPLETIONS, {"model": MODEL, "prompt": "", "add_special_tokens": False}
+        ),
+        400,
+    )
     assert error["param"] == "prompt"
 
 
 def test_output_changing_field_not_honoured(llama_server):
-    error = error_of(post(llama_server, CHAT, {"model": MODEL, "messages": USER, "logit_bias": {"5": 100}}), 400)
+    error = error_of(
+        post(llama_server, CHAT, {"model": MODEL, "messages": USER, "logit_bias": {"5": 100}}), 400
+    )
     assert error["code"] == "field_not_honoured" and error["param"] == "logit_bias"
-    ok = post(llama_server, CHAT, {"model": MODEL, "messages": USER, "max_tokens": 1, "logit_bias": {}, "tools": [], "response_format": {"type": "text"}, "logprobs": False, "n": 1})
+    ok = post(
+        llama_server,
+        CHAT,
+        {
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 1,
+            "logit_bias": {},
+            "tools": [],
+            "response_format": {"type": "text"},
+            "logprobs": False,
+            "n": 1,
+        },
+    )
     assert ok.status_code == 200
 
 
 def test_image_content_is_not_honoured(llama_server):
-    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+            ],
+        }
+    ]
     error = error_of(post(llama_server, CHAT, {"model": MODEL, "messages": messages}), 400)
     assert error["param"] == "messages[0].content[1]" and error["code"] == "field_not_honoured"
 

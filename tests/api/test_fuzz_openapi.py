@@ -41,10 +41,18 @@ SEED = int(os.environ.get("MILLM_FUZZ_SEED", "20261130"))
 EXAMPLES = int(os.environ.get("MILLM_FUZZ_EXAMPLES", "25"))
 MIN_CASES = 2000
 RESPONSE_BOUND_S = 30.0
-MAX_TOKENS = 8  # generation stays fast; the model's context (128) and a test's time are what bound it
+MAX_TOKENS = (
+    8  # generation stays fast; the model's context (128) and a test's time are what bound it
+)
 NAMED_5XX = {
     500: {"constrained_output_invalid", "model_load_failed", "non_finite_logits"},
-    503: {"model_not_loaded", "queue_full", "model_busy", "insufficient_memory", "server_shutting_down"},
+    503: {
+        "model_not_loaded",
+        "queue_full",
+        "model_busy",
+        "insufficient_memory",
+        "server_shutting_down",
+    },
 }
 # Operations whose schema-valid bodies the server used to refuse almost always (issue 13).
 TIGHTENED = {
@@ -59,7 +67,13 @@ TIGHTENED = {
     "POST /api/models": 0.9,
     "PUT /api/monitoring": 0.75,
 }
-ACCEPTED = {401, 403, 404, 409, 429}  # schemathesis's own reading: valid data, but not this id or key
+ACCEPTED = {
+    401,
+    403,
+    404,
+    409,
+    429,
+}  # schemathesis's own reading: valid data, but not this id or key
 # 400s that the server's state decides, not the request: the model's window and vocabulary, which
 # SAEs are attached where, and a hub this machine cannot reach. Counted apart, like a 404.
 STATE_REFUSALS = (
@@ -85,18 +99,47 @@ def fuzzed(tiny_dirs, tmp_path_factory):
     """A server with two SAEs attached, a profile, a cluster and a circuit, and what it stored at the start."""
     base = tmp_path_factory.mktemp("fuzz-saes")
     env = {"MILLM_DEFAULT_MAX_TOKENS": str(MAX_TOKENS), "MILLM_LOG_LEVEL": "warning"}
-    process = ServerProcess(tmp_path_factory.mktemp("fuzz-home"), ["--model", str(tiny_dirs["llama"])], env=env)
+    process = ServerProcess(
+        tmp_path_factory.mktemp("fuzz-home"), ["--model", str(tiny_dirs["llama"])], env=env
+    )
     try:
         process.wait_ready()
         ids = []
         for layer in (1, 2):
-            sae = api(process, "POST", "/api/saes", json={"path": str(build_saelens(base / f"l{layer}", layer=layer, seed=90 + layer))}).json()["id"]
+            sae = api(
+                process,
+                "POST",
+                "/api/saes",
+                json={"path": str(build_saelens(base / f"l{layer}", layer=layer, seed=90 + layer))},
+            ).json()["id"]
             api(process, "POST", f"/api/saes/{sae}/attach")
             ids.append(sae)
-        api(process, "POST", "/api/profiles", json={"name": "fuzz-kept", "steering": [{"sae_id": ids[0], "layer": 1, "features": [{"index": 3, "strength": 5}]}]})
+        api(
+            process,
+            "POST",
+            "/api/profiles",
+            json={
+                "name": "fuzz-kept",
+                "steering": [
+                    {"sae_id": ids[0], "layer": 1, "features": [{"index": 3, "strength": 5}]}
+                ],
+            },
+        )
         json_type = {"content-type": "application/json"}
-        api(process, "POST", "/api/clusters/import", content=raw(cluster(name="fuzz-cluster")), headers=json_type)
-        api(process, "POST", "/api/circuits/import", content=raw(circuit(name="fuzz-circuit")), headers=json_type)
+        api(
+            process,
+            "POST",
+            "/api/clusters/import",
+            content=raw(cluster(name="fuzz-cluster")),
+            headers=json_type,
+        )
+        api(
+            process,
+            "POST",
+            "/api/circuits/import",
+            content=raw(circuit(name="fuzz-circuit")),
+            headers=json_type,
+        )
         api(process, "POST", "/api/vectors/import", json=vector_file("fuzz-vector"))
         process.sae_ids = ids
         process.before = stored(process)
@@ -109,14 +152,28 @@ def fuzzed(tiny_dirs, tmp_path_factory):
 
 def vector_file(name: str) -> dict:
     """A steering-vector file for the tiny model (d_model 64): a unit vector along the first axis."""
-    return {"kind": "millm.steering-vector", "version": 1, "name": name, "model": MODEL, "layer": 1, "hook_point": "resid_post",
-            "normalisation": "unit", "norm": 2.0, "d_model": 64, "method": "mean", "pairs": 0, "values": [1.0] + [0.0] * 63}
+    return {
+        "kind": "millm.steering-vector",
+        "version": 1,
+        "name": name,
+        "model": MODEL,
+        "layer": 1,
+        "hook_point": "resid_post",
+        "normalisation": "unit",
+        "norm": 2.0,
+        "d_model": 64,
+        "method": "mean",
+        "pairs": 0,
+        "values": [1.0] + [0.0] * 63,
+    }
 
 
 def stored(server) -> dict:
     """What the server keeps: profiles (with documents), SAEs, clusters, circuits, models, vectors, by id."""
     return {
-        "profiles": {p["id"]: p["document"] for p in api(server, "GET", "/api/profiles").json()["data"]},
+        "profiles": {
+            p["id"]: p["document"] for p in api(server, "GET", "/api/profiles").json()["data"]
+        },
         "saes": {s["id"] for s in api(server, "GET", "/api/saes").json()["data"]},
         "clusters": {c["id"] for c in api(server, "GET", "/api/clusters").json()["data"]},
         "circuits": {c["id"] for c in api(server, "GET", "/api/circuits").json()["data"]},
@@ -131,15 +188,24 @@ schema = schemathesis.openapi.from_dict(served_openapi(Settings()))
 schema.config.seed = SEED
 schema.config.update(request_timeout=RESPONSE_BOUND_S + 30)
 schema.config.output.sanitization.update(enabled=False)
-schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=EXAMPLES, no_shrink=True, database="none")
-schema = schema.exclude(path="/api/monitoring/stream")  # an endless feed: no response ever completes
+schema.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+    max_examples=EXAMPLES,
+    no_shrink=True,
+    database="none",
+)
+schema = schema.exclude(
+    path="/api/monitoring/stream"
+)  # an endless feed: no response ever completes
 
 
 @schemathesis.check
 def millm_invariants(ctx, response, case):
     """No unnamed 5xx, every error in the API's shape, no response slower than the bound."""
     elapsed = response.elapsed
-    assert elapsed < RESPONSE_BOUND_S, f"{case.operation.label} answered in {elapsed:.1f} s (bound {RESPONSE_BOUND_S} s)"
+    assert elapsed < RESPONSE_BOUND_S, (
+        f"{case.operation.label} answered in {elapsed:.1f} s (bound {RESPONSE_BOUND_S} s)"
+    )
     if response.status_code < 400:
         return None
     body = json.loads(response.content)
@@ -149,7 +215,9 @@ def millm_invariants(ctx, response, case):
     assert all(isinstance(error[key], str) for key in ("message", "type", "code")), error
     assert error["param"] is None or isinstance(error["param"], str), error
     if response.status_code >= 500:
-        assert error["code"] in NAMED_5XX.get(response.status_code, set()), f"an unnamed {response.status_code}: {error}"
+        assert error["code"] in NAMED_5XX.get(response.status_code, set()), (
+            f"an unnamed {response.status_code}: {error}"
+        )
     return None
 
 
@@ -174,7 +242,9 @@ def pin(case, server) -> None:
     if case.query:
         case.query = whole_numbers(case.query)
     if case.path == "/api/clusters/import" and case.query:
-        case.query["activate"] = False  # binding to the attached SAEs is the server's state (tested elsewhere)
+        case.query["activate"] = (
+            False  # binding to the attached SAEs is the server's state (tested elsewhere)
+        )
     if not isinstance(body, dict):
         return
     if case.path.startswith("/v1/"):
@@ -184,7 +254,9 @@ def pin(case, server) -> None:
                 body[key] = min(body[key], MAX_TOKENS)
         own = body.get("steering")
         if isinstance(own, dict) and isinstance(own.get("steering"), list):
-            for i, entry in enumerate(own["steering"]):  # the attached SAEs, and indices within their width
+            for i, entry in enumerate(
+                own["steering"]
+            ):  # the attached SAEs, and indices within their width
                 if isinstance(entry, dict):
                     entry.pop("layer", None)
                     entry["sae_id"] = server.sae_ids[i % len(server.sae_ids)]
@@ -232,27 +304,53 @@ def test_the_server_is_alive_and_nothing_stored_was_lost(fuzzed):
             lost.append(f"profile {key}: {after['profiles'].get(key)}")
     assert not lost, f"lost without a request that removed it (seed {SEED}): {lost}"
     if MODEL in after["models"]:  # a fuzzed request may have unloaded it: a request loads it again
-        answer = api(fuzzed, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=300)
-        assert answer.status_code in (200, 400), answer.text  # 400: an active base a fuzzed request left unfit
+        answer = api(
+            fuzzed,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            timeout=300,
+        )
+        assert answer.status_code in (200, 400), (
+            answer.text
+        )  # 400: an active base a fuzzed request left unfit
         if answer.status_code == 400:
             assert answer.json()["error"]["code"] == "invalid_feature_index", answer.text
 
 
 def test_enough_cases_ran_and_valid_bodies_are_accepted(fuzzed):
     runs = collections.Counter((label, mode) for label, mode, _, _ in fuzzed.seen)
-    print(f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over {len({label for label, _, _, _ in fuzzed.seen})} operations")
+    print(
+        f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over {len({label for label, _, _, _ in fuzzed.seen})} operations"
+    )
     assert len(fuzzed.seen) >= MIN_CASES, runs
     rates = {}
     for label in TIGHTENED:
-        cases = [(status, why) for seen, mode, status, why in fuzzed.seen if seen == label and mode == "positive"]
-        by_state = [why for status, why in cases if status == 400 and any(text in why for text in STATE_REFUSALS)]
-        statuses = [status for status, why in cases if not (status == 400 and any(text in why for text in STATE_REFUSALS))]
-        refusals = collections.Counter(why for status, why in cases if status == 400 and why not in by_state)
+        cases = [
+            (status, why)
+            for seen, mode, status, why in fuzzed.seen
+            if seen == label and mode == "positive"
+        ]
+        by_state = [
+            why
+            for status, why in cases
+            if status == 400 and any(text in why for text in STATE_REFUSALS)
+        ]
+        statuses = [
+            status
+            for status, why in cases
+            if not (status == 400 and any(text in why for text in STATE_REFUSALS))
+        ]
+        refusals = collections.Counter(
+            why for status, why in cases if status == 400 and why not in by_state
+        )
         assert statuses, f"no schema-valid case for {label}"
         accepted = sum(1 for s in statuses if s < 300 or s in ACCEPTED)
         rates[label] = (accepted / len(statuses), len(statuses), collections.Counter(statuses))
-        print(f"  {label}: {accepted}/{len(statuses)} schema-valid bodies accepted {dict(collections.Counter(statuses))}"
-              f" (+{len(by_state)} refused by the server's state)")
+        print(
+            f"  {label}: {accepted}/{len(statuses)} schema-valid bodies accepted {dict(collections.Counter(statuses))}"
+            f" (+{len(by_state)} refused by the server's state)"
+        )
         for why, count in refusals.most_common(5):
             print(f"      {count} x 400: {why}")
     low = {label: rate for label, rate in rates.items() if rate[0] < TIGHTENED[label]}

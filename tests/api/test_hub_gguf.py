@@ -24,24 +24,53 @@ def test_one_quantisation_is_downloaded_served_and_found_offline_later(tiny_gguf
     home = tmp_path / "home"
     args = ["--model", "acme/tiny-llama-GGUF:q8_0", "--engine", "llama.cpp"]
     with LocalHub("acme/tiny-llama-GGUF", files) as hub:
-        server = ServerProcess(home, args, env={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")})
+        server = ServerProcess(
+            home,
+            args,
+            env={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")},
+        )
         try:
             server.wait_ready()
-            assert [m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]] == [MODEL]
-            answer = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
-            assert answer.status_code == 200 and answer.json()["system_fingerprint"].endswith("/Q8_0:llama.cpp"), answer.text
-            registered = post(server, "/api/models", {"source": "acme/tiny-llama-GGUF:F32"})  # over HTTP: a hub id, never a path
-            assert registered.status_code == 201 and registered.json()["id"] == "acme/tiny-llama-GGUF:F32", registered.text
-            bare = {"model": "acme/tiny-llama-GGUF", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+            assert [m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]] == [
+                MODEL
+            ]
+            answer = post(
+                server,
+                "/v1/chat/completions",
+                {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            )
+            assert answer.status_code == 200 and answer.json()["system_fingerprint"].endswith(
+                "/Q8_0:llama.cpp"
+            ), answer.text
+            registered = post(
+                server, "/api/models", {"source": "acme/tiny-llama-GGUF:F32"}
+            )  # over HTTP: a hub id, never a path
+            assert (
+                registered.status_code == 201
+                and registered.json()["id"] == "acme/tiny-llama-GGUF:F32"
+            ), registered.text
+            bare = {
+                "model": "acme/tiny-llama-GGUF",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            }
             error(post(server, "/v1/chat/completions", bare), 400, "AMBIGUOUS_MODEL_NAME")
         finally:
             server.stop()
-        downloads = [line for line in hub.requests if line.startswith("GET") and "/resolve/" in line]
-        assert downloads == [f"GET /acme/tiny-llama-GGUF/resolve/main/tiny-llama.{tag}.gguf" for tag in ("Q8_0", "F32")]  # those files only
+        downloads = [
+            line for line in hub.requests if line.startswith("GET") and "/resolve/" in line
+        ]
+        assert downloads == [
+            f"GET /acme/tiny-llama-GGUF/resolve/main/tiny-llama.{tag}.gguf"
+            for tag in ("Q8_0", "F32")
+        ]  # those files only
     # The hub is gone and the process offline: the download is found in MILLM_HOME/hub.
     server = ServerProcess(home, args, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     try:
         server.wait_ready()
-        assert {m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]} == {MODEL, "acme/tiny-llama-GGUF:F32"}
+        assert {m["id"] for m in httpx.get(f"{server.base_url}/v1/models").json()["data"]} == {
+            MODEL,
+            "acme/tiny-llama-GGUF:F32",
+        }
     finally:
         server.stop()

@@ -26,14 +26,23 @@ def server(tiny_gguf, tmp_path_factory):
     process = ServerProcess(home, args)
     try:
         process.wait_ready()
-        process.sae_at = {layer: build_saelens(saes / f"layer{layer}", layer=layer, seed=layer) for layer in (0, 1)}
+        process.sae_at = {
+            layer: build_saelens(saes / f"layer{layer}", layer=layer, seed=layer)
+            for layer in (0, 1)
+        }
         yield process
     finally:
         process.stop()
 
 
 def chat(content: str, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 24, "temperature": 0, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 24,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def answer(server, body: dict) -> tuple[str, httpx.Response]:
@@ -46,7 +55,9 @@ def test_chat_runs_on_llamacpp_and_says_so(server):
     text, response = answer(server, chat("Tell me about the sea."))
     assert text and response.json()["system_fingerprint"].endswith("float32/F32:llama.cpp")
     streamed = sdk(server).chat.completions.create(**chat("Tell me about the sea."), stream=True)
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == text
+    assert (
+        "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == text
+    )
     health = api(server, "GET", "/api/health/inference").json()
     assert health["engine"] == "llama.cpp"
 
@@ -54,7 +65,9 @@ def test_chat_runs_on_llamacpp_and_says_so(server):
 def test_chat_template_kwargs_are_reported_on_llamacpp(server):
     """The spec's GGUF rule: accepted, not passed to the template, and named as ignored."""
     plain = answer(server, chat("Tell me about the sea."))[1]
-    text, response = answer(server, chat("Tell me about the sea.", chat_template_kwargs={"enable_thinking": False}))
+    text, response = answer(
+        server, chat("Tell me about the sea.", chat_template_kwargs={"enable_thinking": False})
+    )
     assert response.headers["x-millm-ignored-fields"] == '"chat_template_kwargs"'
     assert response.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
 
@@ -65,29 +78,75 @@ def test_seeds_stops_and_n(server):
     assert answer(server, body)[0] == first and response.headers["x-millm-seed"].startswith("5")
     whole = answer(server, chat("Tell me about the moon."))[0]
     stop = whole[4:7]
-    cut = post(server, "/v1/chat/completions", chat("Tell me about the moon.", stop=[stop])).json()["choices"][0]
-    assert cut["message"]["content"] == whole[: whole.index(stop)] and cut["finish_reason"] == "stop"
-    several = post(server, "/v1/chat/completions", chat("Hi", n=3, temperature=1.0, seed=9)).json()["choices"]
+    cut = post(server, "/v1/chat/completions", chat("Tell me about the moon.", stop=[stop])).json()[
+        "choices"
+    ][0]
+    assert (
+        cut["message"]["content"] == whole[: whole.index(stop)] and cut["finish_reason"] == "stop"
+    )
+    several = post(server, "/v1/chat/completions", chat("Hi", n=3, temperature=1.0, seed=9)).json()[
+        "choices"
+    ]
     assert len(several) == 3
 
 
 def test_structured_output_and_a_forced_tool_call_parse(server):
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False}
-    body = chat("Name a city.", max_tokens=60, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    body = chat(
+        "Name a city.",
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
     text, _ = answer(server, body)
     assert set(json.loads(text)) == {"city"}
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {"day": {"type": "integer"}}, "required": ["day"]}}}
-    forced = {**chat("Weather?", max_tokens=60), "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "weather"}}}
-    call = post(server, "/v1/chat/completions", forced).json()["choices"][0]["message"]["tool_calls"][0]
-    assert call["function"]["name"] == "weather" and isinstance(json.loads(call["function"]["arguments"])["day"], int)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"day": {"type": "integer"}},
+                "required": ["day"],
+            },
+        },
+    }
+    forced = {
+        **chat("Weather?", max_tokens=60),
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "weather"}},
+    }
+    call = post(server, "/v1/chat/completions", forced).json()["choices"][0]["message"][
+        "tool_calls"
+    ][0]
+    assert call["function"]["name"] == "weather" and isinstance(
+        json.loads(call["function"]["arguments"])["day"], int
+    )
 
 
 def test_scoring_and_embeddings(server):
-    scored = post(server, "/v1/completions", {"model": MODEL, "prompt": "The cat", "max_tokens": 1, "logprobs": 3, "temperature": 0, "return_tokens_as_token_ids": True}).json()
+    scored = post(
+        server,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "The cat",
+            "max_tokens": 1,
+            "logprobs": 3,
+            "temperature": 0,
+            "return_tokens_as_token_ids": True,
+        },
+    ).json()
     logprobs = scored["choices"][0]["logprobs"]
     top = logprobs["top_logprobs"][0]
     assert len(top) == 3 and max(top.values()) == logprobs["token_logprobs"][0] < 0
-    vectors = post(server, "/v1/embeddings", {"model": MODEL, "input": ["a", "the cat"]}).json()["data"]
+    vectors = post(server, "/v1/embeddings", {"model": MODEL, "input": ["a", "the cat"]}).json()[
+        "data"
+    ]
     assert len(vectors) == 2 and len(vectors[0]["embedding"]) == 64
 
 
@@ -116,12 +175,30 @@ def test_steering_through_an_attached_sae_and_what_is_refused(server):
         assert steered != plain and response.headers["x-millm-steering"] != "none"
         read = chat("Hi", return_sae_activations={"top_k": 2})
         refused = error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")
-        assert refused["param"] == "return_sae_activations" and "--engine transformers" in refused["message"]
-        probe = chat("Hi", probes=[{"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0}}])
+        assert (
+            refused["param"] == "return_sae_activations"
+            and "--engine transformers" in refused["message"]
+        )
+        probe = chat(
+            "Hi",
+            probes=[
+                {
+                    "name": "p",
+                    "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0},
+                }
+            ],
+        )
         assert error(post(server, "/v1/chat/completions", probe), 400)["param"] == "probes"
-        clamp = api(server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"op": "cap", "value": 1.0})
+        clamp = api(
+            server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"op": "cap", "value": 1.0}
+        )
         assert clamp.status_code == 200, clamp.text
-        assert "steering operation" in error(post(server, "/v1/chat/completions", chat("Hi")), 400, "field_not_honoured")["message"]
+        assert (
+            "steering operation"
+            in error(post(server, "/v1/chat/completions", chat("Hi")), 400, "field_not_honoured")[
+                "message"
+            ]
+        )
     finally:
         api(server, "DELETE", "/api/steering/features")
         post(server, f"/api/saes/{sae}/detach", {})
@@ -132,7 +209,14 @@ def test_an_sae_on_block_0_cannot_steer_here(server):
     sae = post(server, "/api/saes", {"path": str(server.sae_at[0])}).json()["id"]
     assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
     try:
-        assert post(server, "/api/steering/features", {"features": [{"sae_id": sae, "index": 1, "strength": 50.0}]}).status_code == 200
+        assert (
+            post(
+                server,
+                "/api/steering/features",
+                {"features": [{"sae_id": sae, "index": 1, "strength": 50.0}]},
+            ).status_code
+            == 200
+        )
         refused = error(post(server, "/v1/chat/completions", chat("Hi")), 400, "field_not_honoured")
         assert "after block 0" in refused["message"]
     finally:
@@ -146,23 +230,47 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
     registered = post(server, "/api/models", {"source": str(q8)})
     assert registered.status_code == 201, registered.text
     assert registered.json()["id"] == "tiny-llama:Q8_0"
-    post(server, "/api/models/tiny-llama:F32/unlock", {})  # attaching SAEs above locked the server to it
+    post(
+        server, "/api/models/tiny-llama:F32/unlock", {}
+    )  # attaching SAEs above locked the server to it
     listed = {m["id"] for m in api(server, "GET", "/v1/models").json()["data"]}
     assert {"tiny-llama:F32", "tiny-llama:Q8_0"} <= listed
-    ambiguous = error(post(server, "/v1/chat/completions", {**chat("Hi"), "model": "tiny-llama"}), 400, "AMBIGUOUS_MODEL_NAME")
+    ambiguous = error(
+        post(server, "/v1/chat/completions", {**chat("Hi"), "model": "tiny-llama"}),
+        400,
+        "AMBIGUOUS_MODEL_NAME",
+    )
     assert "F32, Q8_0" in ambiguous["message"] and ambiguous["param"] == "model"
     # A read of the residual stream on a model llama.cpp would run is refused from the file, before any load.
     read = {**chat("Hi"), "model": "tiny-llama:Q8_0", "return_sae_activations": {"top_k": 2}}
-    assert error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")["param"] == "return_sae_activations"
+    assert (
+        error(post(server, "/v1/chat/completions", read), 400, "field_not_honoured")["param"]
+        == "return_sae_activations"
+    )
     sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
-    probe = {**chat("Hi"), "model": "tiny-llama:Q8_0",
-             "probes": [{"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0}}]}
-    assert error(post(server, "/v1/chat/completions", probe), 400, "field_not_honoured")["param"] == "probes"
+    probe = {
+        **chat("Hi"),
+        "model": "tiny-llama:Q8_0",
+        "probes": [
+            {
+                "name": "p",
+                "detector": {"type": "feature", "sae_id": sae, "index": 3, "threshold": 1.0},
+            }
+        ],
+    }
+    assert (
+        error(post(server, "/v1/chat/completions", probe), 400, "field_not_honoured")["param"]
+        == "probes"
+    )
     states = {m["id"]: m["state"] for m in api(server, "GET", "/api/models").json()["data"]}
     assert states["tiny-llama:F32"] == "loaded" and states["tiny-llama:Q8_0"] == "ready"
     try:
-        text, response = answer(server, {**chat("Tell me about the sea."), "model": "tiny-llama:Q8_0"})
-        assert response.json()["model"] == "tiny-llama:Q8_0" and response.json()["system_fingerprint"].endswith("/Q8_0:llama.cpp")
+        text, response = answer(
+            server, {**chat("Tell me about the sea."), "model": "tiny-llama:Q8_0"}
+        )
+        assert response.json()["model"] == "tiny-llama:Q8_0" and response.json()[
+            "system_fingerprint"
+        ].endswith("/Q8_0:llama.cpp")
     finally:
         assert post(server, "/api/models/tiny-llama:F32/load", {}).status_code == 200
     assert answer(server, chat("Hi"))[0]

@@ -23,11 +23,25 @@ from tests.support.tiny_saes import build_saelens
 
 ADMIN_KEY = "sk-test-admin-mcp-4c1d"
 MESSAGES = [{"role": "user", "content": "Tell me about the river."}]
-PARIS = 10  # build_saelens labels every tenth feature "feature N paris", the others "feature N river"
+PARIS = (
+    10  # build_saelens labels every tenth feature "feature N paris", the others "feature N river"
+)
 STRENGTH = 150.0
 TOOLS = {
-    "list_saes", "search_features", "get_feature", "inspect_text", "contrast_texts", "get_steering", "set_feature", "clear_feature",
-    "clear_steering", "list_profiles", "activate_profile", "deactivate_profile", "compare", "monitoring_stats",
+    "list_saes",
+    "search_features",
+    "get_feature",
+    "inspect_text",
+    "contrast_texts",
+    "get_steering",
+    "set_feature",
+    "clear_feature",
+    "clear_steering",
+    "list_profiles",
+    "activate_profile",
+    "deactivate_profile",
+    "compare",
+    "monitoring_stats",
 }
 
 
@@ -43,14 +57,26 @@ def rest(server, method: str, path: str, **kwargs) -> httpx.Response:
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
     """The tiny Llama in float32 (greedy answers are exact) behind an admin key, one SAE attached, one profile saved."""
-    process = ServerProcess(tmp_path_factory.mktemp("mcp-home"), ["--model", str(tiny_dirs["llama"]), "--dtype", "float32"],
-                            env={"MILLM_ADMIN_KEY": ADMIN_KEY})
+    process = ServerProcess(
+        tmp_path_factory.mktemp("mcp-home"),
+        ["--model", str(tiny_dirs["llama"]), "--dtype", "float32"],
+        env={"MILLM_ADMIN_KEY": ADMIN_KEY},
+    )
     try:
         process.wait_ready()
         sae_dir = build_saelens(tmp_path_factory.mktemp("mcp-sae") / "sae", layer=1, seed=5)
         process.sae = rest(process, "POST", "/api/saes", json={"path": str(sae_dir)}).json()["id"]
         assert rest(process, "POST", f"/api/saes/{process.sae}/attach").status_code == 200
-        profile = {"name": "paris-push", "steering": [{"sae_id": process.sae, "layer": 1, "features": [{"index": PARIS, "strength": STRENGTH}]}]}
+        profile = {
+            "name": "paris-push",
+            "steering": [
+                {
+                    "sae_id": process.sae,
+                    "layer": 1,
+                    "features": [{"index": PARIS, "strength": STRENGTH}],
+                }
+            ],
+        }
         assert rest(process, "POST", "/api/profiles", json=profile).status_code == 201
         yield process
     finally:
@@ -65,12 +91,18 @@ def sae(server):
     return server.sae
 
 
-def session(server, work: Callable[[ClientSession], Awaitable[Any]], key: str | None = ADMIN_KEY) -> Any:
+def session(
+    server, work: Callable[[ClientSession], Awaitable[Any]], key: str | None = ADMIN_KEY
+) -> Any:
     """`work` run on one MCP session with the server (the SDK's client, as an agent connects)."""
 
     async def run():
         http = httpx2.AsyncClient(headers=bearer(key), timeout=httpx2.Timeout(30, read=120))
-        async with http, streamable_http_client(f"{server.base_url}/mcp", http_client=http) as (read, write), ClientSession(read, write) as mcp:
+        async with (
+            http,
+            streamable_http_client(f"{server.base_url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as mcp,
+        ):
             await mcp.initialize()
             return await work(mcp)
 
@@ -102,7 +134,14 @@ def refused(server, tool: str, status: int, code: str, **arguments) -> dict:
 
 def chat(server, **extra) -> tuple[str, str]:
     """A greedy chat completion's text and its X-miLLM-Steering header."""
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, "seed": 3, **extra}
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "temperature": 0,
+        "seed": 3,
+        **extra,
+    }
     response = rest(server, "POST", "/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"], response.headers["x-millm-steering"]
@@ -113,33 +152,92 @@ def test_tools_are_listed_with_their_routes_schemas(server):
     assert {tool.name for tool in listed} == TOOLS
     tools = {tool.name: tool for tool in listed}
     for tool in listed:
-        assert tool.description and tool.input_schema["type"] == "object" and tool.input_schema["additionalProperties"] is False
-        assert "#/components" not in json.dumps(tool.input_schema)  # every reference resolves inside the schema
+        assert (
+            tool.description
+            and tool.input_schema["type"] == "object"
+            and tool.input_schema["additionalProperties"] is False
+        )
+        assert "#/components" not in json.dumps(
+            tool.input_schema
+        )  # every reference resolves inside the schema
     inspect = tools["inspect_text"].input_schema
-    assert inspect["required"] == ["sae_id"] and {"text", "messages", "top_k", "sort", "feature", "steering"} <= set(inspect["properties"])
-    assert inspect["properties"]["top_k"]["maximum"] == 256 and inspect["oneOf"] == [{"required": ["text"]}, {"required": ["messages"]}]
+    assert inspect["required"] == ["sae_id"] and {
+        "text",
+        "messages",
+        "top_k",
+        "sort",
+        "feature",
+        "steering",
+    } <= set(inspect["properties"])
+    assert inspect["properties"]["top_k"]["maximum"] == 256 and inspect["oneOf"] == [
+        {"required": ["text"]},
+        {"required": ["messages"]},
+    ]
     assert {"DiscoveryMessage", "SteerWith"} <= set(inspect["$defs"])
     steer = tools["set_feature"].input_schema
-    assert steer["required"] == ["sae_id", "index"] and steer["properties"]["strength"]["anyOf"][0]["maximum"] == 200
+    assert (
+        steer["required"] == ["sae_id", "index"]
+        and steer["properties"]["strength"]["anyOf"][0]["maximum"] == 200
+    )
     compare = tools["compare"].input_schema
     assert "stream" not in compare["properties"] and compare["required"] == ["messages"]
     limit = tools["search_features"].input_schema["properties"]["limit"]
-    assert (limit["type"], limit["minimum"], limit["maximum"], limit["default"]) == ("integer", 1, 1000, 50)
+    assert (limit["type"], limit["minimum"], limit["maximum"], limit["default"]) == (
+        "integer",
+        1,
+        1000,
+        50,
+    )
     assert tools["get_steering"].input_schema["properties"] == {}
-    assert tools["search_features"].annotations.read_only_hint and not tools["set_feature"].annotations.read_only_hint
+    assert (
+        tools["search_features"].annotations.read_only_hint
+        and not tools["set_feature"].annotations.read_only_hint
+    )
 
 
 def test_reads_answer_as_their_routes(server, sae):
     found = call(server, "search_features", sae_id=sae, q="paris", limit=5)
-    assert found == rest(server, "GET", f"/api/saes/{sae}/features", params={"q": "paris", "limit": 5}).json()
-    assert [hit["index"] % 10 for hit in found["data"]] == [0] * 5 and all("paris" in hit["label"] for hit in found["data"])
+    assert (
+        found
+        == rest(
+            server, "GET", f"/api/saes/{sae}/features", params={"q": "paris", "limit": 5}
+        ).json()
+    )
+    assert [hit["index"] % 10 for hit in found["data"]] == [0] * 5 and all(
+        "paris" in hit["label"] for hit in found["data"]
+    )
     assert call(server, "list_saes")["data"][0]["id"] == sae
     detail = call(server, "get_feature", sae_id=sae, index=PARIS, k=3)
-    assert detail == rest(server, "GET", f"/api/saes/{sae}/features/{PARIS}", params={"k": 3}).json()
-    inspected = call(server, "inspect_text", sae_id=sae, text="The river runs through Paris.", top_k=4, feature=PARIS)
-    assert inspected == rest(server, "POST", f"/api/saes/{sae}/inspect", json={"text": "The river runs through Paris.", "top_k": 4, "feature": PARIS}).json()
-    assert inspected["object"] == "sae.inspect" and len(inspected["features"]) == 4 and inspected["activations"]["index"] == PARIS
-    sets = {"a": {"texts": ["Paris in spring.", "The Seine at night."]}, "b": {"texts": ["A list of numbers.", "Seven, eight, nine."]}, "top_k": 3}
+    assert (
+        detail == rest(server, "GET", f"/api/saes/{sae}/features/{PARIS}", params={"k": 3}).json()
+    )
+    inspected = call(
+        server,
+        "inspect_text",
+        sae_id=sae,
+        text="The river runs through Paris.",
+        top_k=4,
+        feature=PARIS,
+    )
+    assert (
+        inspected
+        == rest(
+            server,
+            "POST",
+            f"/api/saes/{sae}/inspect",
+            json={"text": "The river runs through Paris.", "top_k": 4, "feature": PARIS},
+        ).json()
+    )
+    assert (
+        inspected["object"] == "sae.inspect"
+        and len(inspected["features"]) == 4
+        and inspected["activations"]["index"] == PARIS
+    )
+    sets = {
+        "a": {"texts": ["Paris in spring.", "The Seine at night."]},
+        "b": {"texts": ["A list of numbers.", "Seven, eight, nine."]},
+        "top_k": 3,
+    }
     contrast = call(server, "contrast_texts", sae_id=sae, **sets)
     assert contrast == rest(server, "POST", f"/api/saes/{sae}/contrast", json=sets).json()
 
@@ -152,27 +250,49 @@ def test_a_feature_set_over_mcp_steers_the_next_completion_until_cleared(server,
     version = changed["steering"]["version"]
     seen = call(server, "get_steering")
     assert seen == rest(server, "GET", "/api/steering").json()
-    assert [(s["sae_id"], s["features"]) for s in seen["saes"]] == [(sae, [{"index": PARIS, "op": "add", "strength": STRENGTH}])]
+    assert [(s["sae_id"], s["features"]) for s in seen["saes"]] == [
+        (sae, [{"index": PARIS, "op": "add", "strength": STRENGTH}])
+    ]
     steered, header = chat(server)
     assert header == f"live;version={version}" and steered != plain
     # Read through the SAE, the live steering is exactly the feature at its strength, and not the unsteered model.
     text = {"sae_id": sae, "text": "Tell me about the river.", "feature": PARIS, "top_k": 3}
-    values = lambda steering: [v["value"] for v in call(server, "inspect_text", **text, steering=steering)["activations"]["values"]]
+    values = lambda steering: [
+        v["value"]
+        for v in call(server, "inspect_text", **text, steering=steering)["activations"]["values"]
+    ]
     live_read = values("live")
-    assert live_read == values({"features": [{"index": PARIS, "strength": STRENGTH}]}) and live_read != values(None)
+    assert live_read == values(
+        {"features": [{"index": PARIS, "strength": STRENGTH}]}
+    ) and live_read != values(None)
     compared = call(server, "compare", messages=MESSAGES, max_tokens=8, temperature=0, seed=3)
     unsteered, live = compared["variants"]
-    assert (unsteered["label"], unsteered["steering"]["kind"], unsteered["text"]) == ("unsteered", "none", plain)
+    assert (unsteered["label"], unsteered["steering"]["kind"], unsteered["text"]) == (
+        "unsteered",
+        "none",
+        plain,
+    )
     assert (live["label"], live["steering"]["kind"], live["text"]) == ("live", "live", steered)
     cleared = call(server, "clear_feature", sae_id=sae, index=PARIS)
-    assert cleared["steering"]["version"] == version + 1 and all(not s["features"] for s in cleared["steering"]["saes"])
+    assert cleared["steering"]["version"] == version + 1 and all(
+        not s["features"] for s in cleared["steering"]["saes"]
+    )
     assert chat(server) == (plain, "none")
 
 
 def test_compare_reports_what_its_route_sends_as_headers(server, sae):
-    result = session(server, lambda mcp: mcp.call_tool("compare", {"messages": MESSAGES, "max_tokens": 4, "seed": 11, "variants": ["unsteered"]}))
+    result = session(
+        server,
+        lambda mcp: mcp.call_tool(
+            "compare",
+            {"messages": MESSAGES, "max_tokens": 4, "seed": 11, "variants": ["unsteered"]},
+        ),
+    )
     assert not result.is_error and [v["label"] for v in answer(result)["variants"]] == ["unsteered"]
-    assert result.meta["X-miLLM-Seed"] == '11;scope="batch-shape"' and result.meta["X-miLLM-Steering"] == "compare;variants=1"
+    assert (
+        result.meta["X-miLLM-Seed"] == '11;scope="batch-shape"'
+        and result.meta["X-miLLM-Steering"] == "compare;variants=1"
+    )
 
 
 def test_clear_steering_and_profiles(server, sae):
@@ -191,11 +311,16 @@ def test_clear_steering_and_profiles(server, sae):
 
 
 def test_monitoring_stats(server, sae):
-    assert rest(server, "PUT", "/api/monitoring", json={"enabled": True, "sae_id": sae}).status_code == 200
+    assert (
+        rest(server, "PUT", "/api/monitoring", json={"enabled": True, "sae_id": sae}).status_code
+        == 200
+    )
     try:
         chat(server, max_tokens=2)
         deadline = time.monotonic() + 30
-        while (stats := call(server, "monitoring_stats"))["requests"] < 1 and time.monotonic() < deadline:
+        while (stats := call(server, "monitoring_stats"))[
+            "requests"
+        ] < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert stats == rest(server, "GET", "/api/monitoring/stats").json()
         assert stats["requests"] == 1 and stats["positions_read"] > 0 and stats["features"]
@@ -204,25 +329,45 @@ def test_monitoring_stats(server, sae):
 
 
 def test_refusals_are_tool_errors_in_the_routes_shape(server, sae):
-    over = refused(server, "set_feature", 400, "invalid_parameter", sae_id=sae, index=3, strength=500)
-    http = error(rest(server, "PUT", f"/api/steering/saes/{sae}/features/3", json={"strength": 500}), 400)
+    over = refused(
+        server, "set_feature", 400, "invalid_parameter", sae_id=sae, index=3, strength=500
+    )
+    http = error(
+        rest(server, "PUT", f"/api/steering/saes/{sae}/features/3", json={"strength": 500}), 400
+    )
     assert over == http and "±200" in over["message"]
     refused(server, "set_feature", 400, "invalid_feature_index", sae_id=sae, index=128, strength=1)
     refused(server, "set_feature", 404, "sae_not_found", sae_id="sae_nope", index=1, strength=1)
     typo = refused(server, "set_feature", 400, "invalid_parameter", sae_id=sae, index=1, strenght=1)
-    assert typo == error(rest(server, "PUT", f"/api/steering/saes/{sae}/features/1", json={"strenght": 1}), 400)
+    assert typo == error(
+        rest(server, "PUT", f"/api/steering/saes/{sae}/features/1", json={"strenght": 1}), 400
+    )
     assert typo["param"] == "strenght"
-    both = refused(server, "inspect_text", 400, "invalid_parameter", sae_id=sae, text="x", messages=MESSAGES)
+    both = refused(
+        server, "inspect_text", 400, "invalid_parameter", sae_id=sae, text="x", messages=MESSAGES
+    )
     assert "give either text or messages" in both["message"]
     refused(server, "inspect_text", 404, "sae_not_found", sae_id="sae_nope", text="x")
     refused(server, "activate_profile", 404, "profile_not_found", key="nobody")
-    assert refused(server, "compare", 400, "invalid_parameter", messages=MESSAGES, stream=True)["param"] == "stream"
-    assert refused(server, "search_features", 400, "invalid_parameter", sae_id=sae, limit=0)["param"] == "limit"
+    assert (
+        refused(server, "compare", 400, "invalid_parameter", messages=MESSAGES, stream=True)[
+            "param"
+        ]
+        == "stream"
+    )
+    assert (
+        refused(server, "search_features", 400, "invalid_parameter", sae_id=sae, limit=0)["param"]
+        == "limit"
+    )
     refused(server, "no_such_tool", 404, "tool_not_found")
-    assert all(not s["features"] for s in call(server, "get_steering")["saes"])  # nothing refused changed anything
+    assert all(
+        not s["features"] for s in call(server, "get_steering")["saes"]
+    )  # nothing refused changed anything
 
     async def errors_then_more(mcp: ClientSession):
-        first = await mcp.call_tool("set_feature", {"sae_id": "sae_nope", "index": 1, "strength": 1})
+        first = await mcp.call_tool(
+            "set_feature", {"sae_id": "sae_nope", "index": 1, "strength": 1}
+        )
         return first, await mcp.list_tools()
 
     first, listed = session(server, errors_then_more)  # a refusal leaves the session usable
@@ -230,21 +375,47 @@ def test_refusals_are_tool_errors_in_the_routes_shape(server, sae):
 
 
 def test_the_admin_key_opens_mcp(server, sae):
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                  "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
     headers = {"accept": "application/json, text/event-stream"}
     for key in (None, "sk-wrong"):
-        response = httpx.post(f"{server.base_url}/mcp", json=initialize, headers={**headers, **bearer(key)}, timeout=30)
+        response = httpx.post(
+            f"{server.base_url}/mcp",
+            json=initialize,
+            headers={**headers, **bearer(key)},
+            timeout=30,
+        )
         body = error(response, 401, "invalid_api_key", "invalid_request_error")
-        assert response.headers["www-authenticate"] == 'Bearer realm="millm"' and (key is not None or "MILLM_ADMIN_KEY" in body["message"])
-    with pytest.raises(BaseExceptionGroup) as failed:  # the SDK's client, refused, cannot even initialise
+        assert response.headers["www-authenticate"] == 'Bearer realm="millm"' and (
+            key is not None or "MILLM_ADMIN_KEY" in body["message"]
+        )
+    with pytest.raises(
+        BaseExceptionGroup
+    ) as failed:  # the SDK's client, refused, cannot even initialise
         session(server, lambda mcp: mcp.list_tools(), key=None)
     assert failed.group_contains(MCPError, depth=2)
-    cross = httpx.post(f"{server.base_url}/mcp", json=initialize, headers={**headers, **bearer(), "origin": "https://evil.example"}, timeout=30)
+    cross = httpx.post(
+        f"{server.base_url}/mcp",
+        json=initialize,
+        headers={**headers, **bearer(), "origin": "https://evil.example"},
+        timeout=30,
+    )
     error(cross, 403, "cross_site_request")
-    opened = httpx.post(f"{server.base_url}/mcp", json=initialize, headers={**headers, **bearer()}, timeout=30)
+    opened = httpx.post(
+        f"{server.base_url}/mcp", json=initialize, headers={**headers, **bearer()}, timeout=30
+    )
     assert opened.status_code == 200 and opened.json()["result"]["serverInfo"]["name"] == "millm"
     # Stateless: no stream to open and no session to end.
     for method in ("GET", "DELETE"):
-        response = httpx.request(method, f"{server.base_url}/mcp", headers={**headers, **bearer()}, timeout=30)
+        response = httpx.request(
+            method, f"{server.base_url}/mcp", headers={**headers, **bearer()}, timeout=30
+        )
         assert error(response, 405, "method_not_allowed") and response.headers["allow"] == "POST"

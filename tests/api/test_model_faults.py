@@ -16,7 +16,9 @@ from tests.support import model_dirs
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
-SLOW = "slow"  # the tiny Llama without an end-of-sequence token: every generation runs to max_tokens
+SLOW = (
+    "slow"  # the tiny Llama without an end-of-sequence token: every generation runs to max_tokens
+)
 OTHER = "tiny-gemma2"
 USER = [{"role": "user", "content": "Tell me a long story."}]
 LIMIT = 2_000_000  # MILLM_MEMORY_LIMIT_BYTES: the tiny models (~0.65 MB) fit, the wide one (~2.7 MB) does not
@@ -41,7 +43,12 @@ def chat(server, model, **extra):
 
 
 def register(server, directory, name=None):
-    return api(server, "POST", "/api/models", json={"source": str(directory), **({"name": name} if name else {})})
+    return api(
+        server,
+        "POST",
+        "/api/models",
+        json={"source": str(directory), **({"name": name} if name else {})},
+    )
 
 
 def wait_for(predicate, timeout=60.0):
@@ -64,8 +71,16 @@ class Stream(threading.Thread):
         self.text = ""
 
     def run(self):
-        body = {"model": SLOW, "messages": USER, "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
-        with httpx.stream("POST", f"{self.server.base_url}/v1/chat/completions", json=body, timeout=GRACEFUL) as response:
+        body = {
+            "model": SLOW,
+            "messages": USER,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{self.server.base_url}/v1/chat/completions", json=body, timeout=GRACEFUL
+        ) as response:
             self.status = response.status_code
             for chunk in response.iter_text():
                 self.text += chunk
@@ -105,8 +120,16 @@ def dirs(tiny_dirs, tmp_path_factory):
         "mismatch": model_dirs.with_config(llama, base / "mismatch", intermediate_size=96),
         "huge": model_dirs.huge(llama, base / "huge", elements=2**38),
         "wide": model_dirs.wide_llama(base / "wide", tiny_dirs["tokenizer"]),
-        "q2": model_dirs.with_config(llama, base / "q2", quantization_config={"quant_method": "gptq", "bits": 2, "group_size": 128}),
-        "bnb": model_dirs.with_config(llama, base / "bnb", quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
+        "q2": model_dirs.with_config(
+            llama,
+            base / "q2",
+            quantization_config={"quant_method": "gptq", "bits": 2, "group_size": 128},
+        ),
+        "bnb": model_dirs.with_config(
+            llama,
+            base / "bnb",
+            quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True},
+        ),
     }
 
 
@@ -126,7 +149,15 @@ def server(dirs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def stored(server, dirs):
     """What must never be lost: a profile and two registrations besides the start-up model."""
-    assert api(server, "POST", "/api/profiles", json={"name": "keep-me", "description": "", "steering": []}).status_code == 201
+    assert (
+        api(
+            server,
+            "POST",
+            "/api/profiles",
+            json={"name": "keep-me", "description": "", "steering": []},
+        ).status_code
+        == 201
+    )
     assert register(server, dirs["other"]).status_code == 201
     assert register(server, dirs["third"]).status_code == 201
     return {"profiles": ["keep-me"], "models": [SLOW, OTHER, "third"]}
@@ -146,7 +177,12 @@ def nothing_lost(server, stored):
 
 
 def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored, tmp_path):
-    sae = api(server, "POST", "/api/saes", json={"path": str(build_saelens(tmp_path / "sae", layer=1, seed=4))}).json()["id"]
+    sae = api(
+        server,
+        "POST",
+        "/api/saes",
+        json={"path": str(build_saelens(tmp_path / "sae", layer=1, seed=4))},
+    ).json()["id"]
     stream = Stream(server)
     stream.start()
     assert stream.started.wait(60) and stream.status == 200
@@ -163,7 +199,9 @@ def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored
         "an unload": api(server, "POST", f"/api/models/{SLOW}/unload"),
         "an SAE attach": api(server, "POST", f"/api/saes/{sae}/attach"),
     }
-    assert stream.is_alive(), "the stream ended before the refusals were checked; they prove nothing"
+    assert stream.is_alive(), (
+        "the stream ended before the refusals were checked; they prove nothing"
+    )
     for what, response in refusals.items():
         body = error(response, 503, "model_busy", "server_error")
         assert "retry" in body["message"], what
@@ -172,15 +210,25 @@ def test_unload_lets_running_requests_finish_and_refuses_new_ones(server, stored
     load.join(GRACEFUL)
     events = stream.events()
     assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1]), events[-3:]
-    assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-2]["usage"]["completion_tokens"] == LONG
+    assert (
+        events[-2]["choices"][0]["finish_reason"] == "length"
+        and events[-2]["usage"]["completion_tokens"] == LONG
+    )
     assert load.response.status_code == 200 and load.response.json()["state"] == "loaded"
     assert states(server)[SLOW] == "ready" and chat(server, OTHER).status_code == 200
-    assert api(server, "GET", f"/api/saes/{sae}").json()["attached"] is False and api(server, "GET", "/api/models").json()["locked"] is None
+    assert (
+        api(server, "GET", f"/api/saes/{sae}").json()["attached"] is False
+        and api(server, "GET", "/api/models").json()["locked"] is None
+    )
     nothing_lost(server, stored)
 
 
 def test_corrupt_directories_are_refused_at_registration(server, dirs, stored):
-    for key, words in [("garbage", "is not valid JSON"), ("truncated", "is truncated"), ("no-weights", "has no weight files")]:
+    for key, words in [
+        ("garbage", "is not valid JSON"),
+        ("truncated", "is truncated"),
+        ("no-weights", "has no weight files"),
+    ]:
         body = error(register(server, dirs[key]), 400, "invalid_model_source")
         assert words in body["message"] and str(dirs[key]) in body["message"], body
     assert not any(name in states(server) for name in ("garbage-config", "truncated", "no-weights"))
@@ -193,14 +241,18 @@ def test_files_broken_after_registration_are_refused_before_the_unload(server, d
     model_dirs.truncate(dirs["later-broken"])
     body = error(chat(server, "later-broken"), 500, "model_load_failed", "server_error")
     assert "is truncated" in body["message"] and f"{SLOW!r} stays loaded" in body["message"]
-    assert error(chat(server, "later-broken", stream=True), 500, "model_load_failed", "server_error")
+    assert error(
+        chat(server, "later-broken", stream=True), 500, "model_load_failed", "server_error"
+    )
     assert states(server)["later-broken"] == "ready" and states(server)[SLOW] == "loaded"
     assert chat(server, SLOW).status_code == 200
     nothing_lost(server, stored)
 
 
 def test_a_load_that_fails_after_the_unload(server, dirs, stored):
-    assert register(server, dirs["mismatch"]).status_code == 201  # its headers are whole; only loading finds the misfit
+    assert (
+        register(server, dirs["mismatch"]).status_code == 201
+    )  # its headers are whole; only loading finds the misfit
     body = error(chat(server, "mismatch"), 500, "model_load_failed", "server_error")
     assert "could not load model" in body["message"] and "mismatch" in body["message"]
     assert f"{SLOW!r} was unloaded before the failure" in body["message"]
@@ -208,7 +260,11 @@ def test_a_load_that_fails_after_the_unload(server, dirs, stored):
     view = api(server, "GET", "/api/models/mismatch").json()
     assert view["state"] == "error" and "could not load model" in view["error"]
     ready = api(server, "GET", "/api/health/ready")
-    assert ready.status_code == 503 and ready.json()["status"] == "error" and ready.json()["model"] == "mismatch"
+    assert (
+        ready.status_code == 503
+        and ready.json()["status"] == "error"
+        and ready.json()["model"] == "mismatch"
+    )
     assert "mismatch" not in [m["id"] for m in api(server, "GET", "/v1/models").json()["data"]]
     # A failed model is not reloaded by every request that names it; the message says how to retry.
     again = error(chat(server, "mismatch"), 503, "model_not_loaded", "server_error")
@@ -224,7 +280,11 @@ def test_insufficient_memory_is_refused_before_the_unload_with_the_figures(serve
     assert register(server, dirs["huge"]).status_code == 201
     body = error(chat(server, "huge"), 503, "insufficient_memory")
     [figures] = body["devices"]
-    assert figures["device"] == "cpu" and figures["needed_bytes"] == 2**40 and figures["limit_bytes"] == LIMIT
+    assert (
+        figures["device"] == "cpu"
+        and figures["needed_bytes"] == 2**40
+        and figures["limit_bytes"] == LIMIT
+    )
     assert figures["reclaimable_bytes"] == slow_bytes and 0 < figures["free_bytes"] < 2**40
     assert "cpu has" in body["message"] and f"{SLOW!r} stays loaded" in body["message"]
 
@@ -232,7 +292,9 @@ def test_insufficient_memory_is_refused_before_the_unload_with_the_figures(serve
     body = error(chat(server, "wide", stream=True), 503, "insufficient_memory")
     [figures] = body["devices"]
     assert figures["needed_bytes"] == model_dirs.parameters(dirs["wide"]) * 4 > LIMIT
-    assert figures["needed_bytes"] < figures["free_bytes"] + figures["reclaimable_bytes"]  # only the cap refuses it
+    assert (
+        figures["needed_bytes"] < figures["free_bytes"] + figures["reclaimable_bytes"]
+    )  # only the cap refuses it
     assert "MILLM_MEMORY_LIMIT_BYTES" in body["message"] and "cpu has" not in body["message"]
     error(api(server, "POST", "/api/models/wide/load"), 503, "insufficient_memory")
     assert states(server)[SLOW] == "loaded" and states(server)["wide"] == "ready"
@@ -243,22 +305,34 @@ def test_insufficient_memory_is_refused_before_the_unload_with_the_figures(serve
 def test_unsupported_quantization_is_refused_before_the_unload(server, dirs, stored):
     for key, words in [("q2", "gptq 2-bit"), ("bnb", "bitsandbytes 4-bit")]:
         registered = register(server, dirs[key])
-        assert registered.status_code == 201 and registered.json()["quantization"] in ("gptq", "bitsandbytes")
+        assert registered.status_code == 201 and registered.json()["quantization"] in (
+            "gptq",
+            "bitsandbytes",
+        )
         body = error(chat(server, key), 400, "unsupported_quantization")
         assert words in body["message"] and body["param"] == "model"
-    assert "2-bit" in error(api(server, "POST", "/api/models/q2/load"), 400, "unsupported_quantization")["message"]
+    assert (
+        "2-bit"
+        in error(api(server, "POST", "/api/models/q2/load"), 400, "unsupported_quantization")[
+            "message"
+        ]
+    )
     assert states(server)[SLOW] == "loaded" and chat(server, SLOW).status_code == 200
     nothing_lost(server, stored)
 
 
 def test_requests_running_past_the_graceful_timeout_end_with_model_busy(dirs, tmp_path):
-    server = ServerProcess(tmp_path / "home", ["--model", str(dirs["slow"])], env={"GRACEFUL_UNLOAD_TIMEOUT": "0.5"}).wait_ready()
+    server = ServerProcess(
+        tmp_path / "home", ["--model", str(dirs["slow"])], env={"GRACEFUL_UNLOAD_TIMEOUT": "0.5"}
+    ).wait_ready()
     try:
         stream = Stream(server)
         stream.start()
         assert stream.started.wait(60) and stream.status == 200
         queued = Call(lambda: chat(server, SLOW, max_tokens=LONG, n=4))
-        assert wait_for(lambda: api(server, "GET", "/api/health/inference").json()["queue_depth"] == 1)
+        assert wait_for(
+            lambda: api(server, "GET", "/api/health/inference").json()["queue_depth"] == 1
+        )
         began = time.monotonic()
         unloaded = api(server, "POST", f"/api/models/{SLOW}/unload")
         assert unloaded.status_code == 200 and unloaded.json()["was_loaded"] is True
@@ -267,8 +341,13 @@ def test_requests_running_past_the_graceful_timeout_end_with_model_busy(dirs, tm
         queued.join(60)
         events = stream.events()
         assert events[-1] == "[DONE]"
-        assert events[-2]["error"]["code"] == "model_busy" and "GRACEFUL_UNLOAD_TIMEOUT" in events[-2]["error"]["message"]
-        assert not any(e["choices"][0].get("finish_reason") for e in events[:-2] if e.get("choices"))
+        assert (
+            events[-2]["error"]["code"] == "model_busy"
+            and "GRACEFUL_UNLOAD_TIMEOUT" in events[-2]["error"]["message"]
+        )
+        assert not any(
+            e["choices"][0].get("finish_reason") for e in events[:-2] if e.get("choices")
+        )
         error(queued.response, 503, "model_busy", "server_error")
         answer = chat(server, SLOW)  # the next request loads the model again
         assert answer.status_code == 200 and json.loads(answer.text)["model"] == SLOW

@@ -26,12 +26,18 @@ def listed(server) -> list[str]:
 
 
 def chat(server, model, **extra):
-    return post(server, "/v1/chat/completions", {"model": model, "messages": USER, "max_tokens": 3, "temperature": 0, **extra})
+    return post(
+        server,
+        "/v1/chat/completions",
+        {"model": model, "messages": USER, "max_tokens": 3, "temperature": 0, **extra},
+    )
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    process = ServerProcess(tmp_path_factory.mktemp("models-home"), ["--model", str(tiny_dirs["llama"])])
+    process = ServerProcess(
+        tmp_path_factory.mktemp("models-home"), ["--model", str(tiny_dirs["llama"])]
+    )
     try:
         yield process.wait_ready()
     finally:
@@ -61,8 +67,16 @@ def test_the_start_up_model_is_registered_under_its_served_name(server, tiny_dir
     body = api(server, "GET", "/api/models").json()
     assert body["object"] == "list" and body["locked"] is None
     first = body["data"][0]
-    assert first["id"] == MODEL and first["state"] == "loaded" and first["source"] == str(tiny_dirs["llama"])
-    assert first["kind"] == "directory" and first["loaded"]["max_model_len"] == 2048 and first["loaded"]["device"] == "cpu"
+    assert (
+        first["id"] == MODEL
+        and first["state"] == "loaded"
+        and first["source"] == str(tiny_dirs["llama"])
+    )
+    assert (
+        first["kind"] == "directory"
+        and first["loaded"]["max_model_len"] == 2048
+        and first["loaded"]["device"] == "cpu"
+    )
     assert first["loaded"]["system_fingerprint"].startswith(f"millm:{MODEL}@")
     assert api(server, "GET", f"/api/models/{MODEL}").json()["state"] == "loaded"
     error(api(server, "GET", "/api/models/no-such-model"), 404, "model_not_found")
@@ -73,21 +87,34 @@ def test_register_then_list_get_and_register_again(server, gemma, tiny_dirs):
     assert gemma["parameters"] > 100_000 and "loaded" not in gemma and "error" not in gemma
     again = api(server, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"])})
     assert again.status_code == 200 and again.json()["id"] == GEMMA
-    clash = api(server, "POST", "/api/models", json={"source": str(tiny_dirs["llama-plain"]), "name": GEMMA})
+    clash = api(
+        server, "POST", "/api/models", json={"source": str(tiny_dirs["llama-plain"]), "name": GEMMA}
+    )
     assert "already registered" in error(clash, 409, "model_exists")["message"]
     assert states(server) == {MODEL: "loaded", GEMMA: "ready"}
     assert listed(server) == [MODEL, GEMMA]  # ready models are available too
     card = api(server, "GET", f"/v1/models/{GEMMA}").json()
     assert card["id"] == GEMMA and card["object"] == "model" and card["owned_by"] == "local"
-    assert "max_model_len" not in card and "max_model_len" in api(server, "GET", f"/v1/models/{MODEL}").json()
+    assert (
+        "max_model_len" not in card
+        and "max_model_len" in api(server, "GET", f"/v1/models/{MODEL}").json()
+    )
 
 
 def test_registration_refusals(server, tmp_path):
     missing = api(server, "POST", "/api/models", json={"source": str(tmp_path / "nothing-here")})
     assert str(tmp_path / "nothing-here") in error(missing, 400, "invalid_model_source")["message"]
     (tmp_path / "empty").mkdir()
-    error(api(server, "POST", "/api/models", json={"source": str(tmp_path / "empty")}), 400, "invalid_model_source")
-    error(api(server, "POST", "/api/models", json={"source": str(tmp_path), "colour": "red"}), 400, "invalid_parameter")
+    error(
+        api(server, "POST", "/api/models", json={"source": str(tmp_path / "empty")}),
+        400,
+        "invalid_model_source",
+    )
+    error(
+        api(server, "POST", "/api/models", json={"source": str(tmp_path), "colour": "red"}),
+        400,
+        "invalid_parameter",
+    )
     error(api(server, "POST", "/api/models", json={}), 400, "invalid_parameter")
 
 
@@ -103,7 +130,9 @@ def test_a_request_naming_another_registered_model_loads_it(server, gemma):
     embedded = post(server, "/v1/embeddings", {"model": MODEL, "input": "The cat"})
     assert embedded.status_code == 200 and embedded.json()["model"] == MODEL
     assert states(server)[MODEL] == "loaded"
-    completed = post(server, "/v1/completions", {"model": GEMMA, "prompt": "The cat", "max_tokens": 2})
+    completed = post(
+        server, "/v1/completions", {"model": GEMMA, "prompt": "The cat", "max_tokens": 2}
+    )
     assert completed.status_code == 200 and completed.json()["model"] == GEMMA
     # An unknown name is still a 404, and loads nothing.
     error(chat(server, "gpt-4o"), 404, "model_not_found")
@@ -112,8 +141,14 @@ def test_a_request_naming_another_registered_model_loads_it(server, gemma):
 
 def test_load_and_unload_by_the_management_api(server, gemma):
     loaded = api(server, "POST", f"/api/models/{GEMMA}/load")
-    assert loaded.status_code == 200 and loaded.json()["state"] == "loaded" and loaded.json()["loaded"]["dtype"] == "float32"
-    assert api(server, "POST", f"/api/models/{GEMMA}/load").json()["state"] == "loaded"  # already loaded: no change
+    assert (
+        loaded.status_code == 200
+        and loaded.json()["state"] == "loaded"
+        and loaded.json()["loaded"]["dtype"] == "float32"
+    )
+    assert (
+        api(server, "POST", f"/api/models/{GEMMA}/load").json()["state"] == "loaded"
+    )  # already loaded: no change
     unloaded = api(server, "POST", f"/api/models/{GEMMA}/unload").json()
     assert unloaded["was_loaded"] is True and unloaded["state"] == "ready"
     assert states(server) == {MODEL: "ready", GEMMA: "ready"}
@@ -129,12 +164,21 @@ def test_load_and_unload_by_the_management_api(server, gemma):
 
 def test_delete_refuses_the_loaded_model(server, tiny_dirs):
     error(api(server, "DELETE", f"/api/models/{MODEL}"), 409, "model_loaded")
-    created = api(server, "POST", "/api/models", json={"source": str(tiny_dirs["llama-plain"]), "name": "plain"})
+    created = api(
+        server,
+        "POST",
+        "/api/models",
+        json={"source": str(tiny_dirs["llama-plain"]), "name": "plain"},
+    )
     assert created.status_code == 201 and created.json()["id"] == "plain"
     assert chat(server, "plain").status_code == 200
     error(api(server, "DELETE", "/api/models/plain"), 409, "model_loaded")
     api(server, "POST", "/api/models/plain/unload")
-    assert api(server, "DELETE", "/api/models/plain").json() == {"id": "plain", "object": "model", "deleted": True}
+    assert api(server, "DELETE", "/api/models/plain").json() == {
+        "id": "plain",
+        "object": "model",
+        "deleted": True,
+    }
     error(api(server, "GET", "/api/models/plain"), 404, "model_not_found")
     error(chat(server, "plain"), 404, "model_not_found")
     assert "plain" not in listed(server)
@@ -172,7 +216,12 @@ def test_locking_a_model_that_is_not_loaded(server, gemma):
 
 
 def test_attaching_an_sae_locks_and_unlock_waits_for_detach(server, gemma, tmp_path):
-    sae = api(server, "POST", "/api/saes", json={"path": str(build_saelens(tmp_path / "sae", layer=1, seed=8))}).json()["id"]
+    sae = api(
+        server,
+        "POST",
+        "/api/saes",
+        json={"path": str(build_saelens(tmp_path / "sae", layer=1, seed=8))},
+    ).json()["id"]
     assert api(server, "POST", f"/api/saes/{sae}/attach").status_code == 200
     assert api(server, "GET", "/api/models").json()["locked"] == MODEL and listed(server) == [MODEL]
     error(chat(server, GEMMA), 409, "model_locked")
@@ -194,7 +243,10 @@ def test_registrations_and_the_lock_survive_a_restart(tiny_dirs, tmp_path):
     home = tmp_path / "home"
     first = ServerProcess(home, ["--model", str(tiny_dirs["llama"])]).wait_ready()
     try:
-        assert api(first, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"])}).status_code == 201
+        assert (
+            api(first, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"])}).status_code
+            == 201
+        )
         assert api(first, "POST", f"/api/models/{MODEL}/lock").status_code == 200
         created = api(first, "GET", f"/api/models/{GEMMA}").json()["created"]
     finally:
@@ -203,7 +255,10 @@ def test_registrations_and_the_lock_survive_a_restart(tiny_dirs, tmp_path):
     try:
         body = api(second, "GET", "/api/models").json()
         assert body["locked"] == MODEL
-        assert [(m["id"], m["state"]) for m in body["data"]] == [(MODEL, "loaded"), (GEMMA, "ready")]
+        assert [(m["id"], m["state"]) for m in body["data"]] == [
+            (MODEL, "loaded"),
+            (GEMMA, "ready"),
+        ]
         assert api(second, "GET", f"/api/models/{GEMMA}").json()["created"] == created
         error(chat(second, GEMMA), 409, "model_locked")
         assert api(second, "POST", f"/api/models/{MODEL}/unlock").status_code == 200

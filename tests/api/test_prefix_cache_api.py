@@ -43,8 +43,15 @@ def servers(tiny_dirs, tmp_path_factory):
     sae_dir = build_saelens(tmp_path_factory.mktemp("prefix-sae") / "sae", layer=1, seed=SAE_SEED)
     processes: dict[str, ServerProcess] = {}
     try:
-        for name, env in SERVERS.items():  # all started before any is awaited: they load side by side
-            processes[name] = ServerProcess(tmp_path_factory.mktemp(f"prefix-{name}"), ["--model", str(tiny_dirs["llama"])], env={**ONE_THREAD, **env})
+        for (
+            name,
+            env,
+        ) in SERVERS.items():  # all started before any is awaited: they load side by side
+            processes[name] = ServerProcess(
+                tmp_path_factory.mktemp(f"prefix-{name}"),
+                ["--model", str(tiny_dirs["llama"])],
+                env={**ONE_THREAD, **env},
+            )
         for name, process in processes.items():
             process.wait_ready()
             if name != "batched":
@@ -85,7 +92,13 @@ def sae_id(server) -> str:
 
 
 def chat(content: str, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def answer(server, body: dict, path: str = "/v1/chat/completions") -> dict:
@@ -134,7 +147,11 @@ def test_a_repeated_request_reuses_whole_blocks_and_answers_the_same(servers, wh
     assert after["hits"] == before["hits"] + 1
     assert after["tokens_reused"] == before["tokens_reused"] + reused
     # The repeat's prompt and answer were stored by the first: nothing new.
-    assert (after["tokens_stored"], after["blocks"], after["bytes"]) == (before["tokens_stored"], before["blocks"], before["bytes"])
+    assert (after["tokens_stored"], after["blocks"], after["bytes"]) == (
+        before["tokens_stored"],
+        before["blocks"],
+        before["bytes"],
+    )
     assert 0 < after["bytes"] <= after["budget_bytes"]
 
 
@@ -143,14 +160,28 @@ def test_a_finished_answer_is_reused_token_for_token(server):
     a continuation sent as token ids reuses all of its whole blocks, the answer's included."""
     prompt = [1, *range(40, 80)]
     read = {"positions": "completion", "top_k": 1}
-    first = answer(server, {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "return_sae_activations": read}, "/v1/completions")
+    first = answer(
+        server,
+        {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": 40,
+            "temperature": 0,
+            "return_sae_activations": read,
+        },
+        "/v1/completions",
+    )
     assert cached(first) == 0
     generated = first["usage"]["completion_tokens"]
     assert generated >= 2 * BLOCK, first["choices"][0]  # long enough to fill blocks past the prompt
     # The read's positions are the fed answer tokens, with their ids.
     fed = prompt + [p["token_id"] for p in first["millm"]["sae_activations"]["positions"]]
     assert len(fed) == len(prompt) + generated - 1
-    second = answer(server, {"model": MODEL, "prompt": [*fed, 50, 51, 52], "max_tokens": 4, "temperature": 0}, "/v1/completions")
+    second = answer(
+        server,
+        {"model": MODEL, "prompt": [*fed, 50, 51, 52], "max_tokens": 4, "temperature": 0},
+        "/v1/completions",
+    )
     assert cached(second) == whole_blocks(len(fed))
     assert cached(second) > len(prompt) + BLOCK
 
@@ -160,12 +191,22 @@ def test_the_next_chat_turn_reuses_the_answer(server):
     model's plain answers are byte-level noise that does not re-tokenize to the ids it generated,
     so the turns are steered (the same steering both times) to an answer that does: a repeated word."""
     index, strength = REPEATING
-    steering = {"steering": {"steering": [{"sae_id": sae_id(server), "features": [{"index": index, "strength": strength}]}]}}
+    steering = {
+        "steering": {
+            "steering": [
+                {"sae_id": sae_id(server), "features": [{"index": index, "strength": strength}]}
+            ]
+        }
+    }
     question = "Tell me about the sea."
     first = answer(server, chat(question, max_tokens=48, **steering))
     prompt_tokens, generated = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
     assert cached(first) == 0 and generated == 48
-    history = [{"role": "user", "content": question}, {"role": "assistant", "content": text(first)}, {"role": "user", "content": "And then?"}]
+    history = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": text(first)},
+        {"role": "user", "content": "And then?"},
+    ]
     second = answer(server, {**chat(question, max_tokens=4, **steering), "messages": history})
     assert second["usage"]["prompt_tokens"] > prompt_tokens + generated
     assert cached(second) == whole_blocks(prompt_tokens + generated - 1)
@@ -173,7 +214,12 @@ def test_the_next_chat_turn_reuses_the_answer(server):
 
 
 def put_live(server, strength: float, index: int = 0) -> dict:
-    response = api(server, "PUT", f"/api/steering/saes/{sae_id(server)}/features/{index}", json={"strength": strength})
+    response = api(
+        server,
+        "PUT",
+        f"/api/steering/saes/{sae_id(server)}/features/{index}",
+        json={"strength": strength},
+    )
     assert response.status_code == 200 and response.json()["live"] is True, response.text
     return response.json()
 
@@ -181,7 +227,9 @@ def put_live(server, strength: float, index: int = 0) -> dict:
 def test_steered_rows_keep_their_own_cache(server, off):
     body = chat("The capital steers the city of France. " * 3, max_tokens=12)
     plain = answer(server, body)
-    assert cached(answer(server, body)) == reusable(plain["usage"]["prompt_tokens"]) > 0  # unsteered blocks are there
+    assert (
+        cached(answer(server, body)) == reusable(plain["usage"]["prompt_tokens"]) > 0
+    )  # unsteered blocks are there
     reuse = reusable(plain["usage"]["prompt_tokens"])
     try:
         version = put_live(server, 60)["steering"]["version"]
@@ -205,7 +253,11 @@ def test_steered_rows_keep_their_own_cache(server, off):
         assert cached(back) == reuse and text(back) == text(steered)
 
         # A request's own steering replaces the live steering: its own cache too.
-        own = {"steering": {"steering": [{"sae_id": sae_id(server), "features": [{"index": 5, "strength": 40}]}]}}
+        own = {
+            "steering": {
+                "steering": [{"sae_id": sae_id(server), "features": [{"index": 5, "strength": 40}]}]
+            }
+        }
         mine = answer(server, {**body, **own})
         assert mine["headers"]["x-millm-steering"].startswith("request")
         assert cached(mine) == 0
@@ -222,7 +274,11 @@ def test_a_streamed_usage_chunk_reports_the_same_cached_tokens(server):
     answer(server, body)
     whole = answer(server, body)
     assert cached(whole) == reusable(whole["usage"]["prompt_tokens"]) > 0
-    response = post(server, "/v1/chat/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
+    response = post(
+        server,
+        "/v1/chat/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
     assert response.status_code == 200, response.text
     events = sse_events(response.text)
     assert events[-1] == "[DONE]"
@@ -230,7 +286,9 @@ def test_a_streamed_usage_chunk_reports_the_same_cached_tokens(server):
     assert usage["choices"] == []
     assert usage["usage"] == whole["usage"]
     assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] == cached(whole)
-    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+    streamed = "".join(
+        e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]
+    )
     assert streamed == text(whole)
 
 
@@ -265,22 +323,31 @@ def test_sae_reads_stay_exact_and_prompt_reads_never_use_the_cache(server, off):
     prompt_tokens = cold["usage"]["prompt_tokens"]
     assert cached(cold) == 0
     warm = answer(server, {**body, "return_sae_activations": completion})
-    assert cached(warm) == reusable(prompt_tokens) > 0  # a completion read may start from cached positions
+    assert (
+        cached(warm) == reusable(prompt_tokens) > 0
+    )  # a completion read may start from cached positions
     assert warm["millm"]["sae_activations"] == cold["millm"]["sae_activations"]
     assert text(warm) == text(cold)
 
-    everything = answer(server, {**body, "return_sae_activations": {"positions": "all", "top_k": 4}})
+    everything = answer(
+        server, {**body, "return_sae_activations": {"positions": "all", "top_k": 4}}
+    )
     assert cached(everything) == 0  # the prompt's positions are read: computed, not restored
     positions = everything["millm"]["sae_activations"]["positions"]
     assert [p["position"] for p in positions] == list(range(prompt_tokens + 5))
     assert positions[prompt_tokens:] == cold["millm"]["sae_activations"]["positions"]
     reference = answer(off, {**body, "return_sae_activations": {"positions": "all", "top_k": 4}})
     assert reference["millm"]["sae_activations"]["positions"] == positions
-    prompt_only = answer(server, {**body, "return_sae_activations": {"positions": "prompt", "top_k": 4}})
+    prompt_only = answer(
+        server, {**body, "return_sae_activations": {"positions": "prompt", "top_k": 4}}
+    )
     assert cached(prompt_only) == 0
     assert prompt_only["millm"]["sae_activations"]["positions"] == positions[:prompt_tokens]
     # A range starting at 20 may take only the positions before it: one block.
-    ranged = answer(server, {**body, "return_sae_activations": {"positions": {"start": 20, "end": 24}, "top_k": 4}})
+    ranged = answer(
+        server,
+        {**body, "return_sae_activations": {"positions": {"start": 20, "end": 24}, "top_k": 4}},
+    )
     assert cached(ranged) == BLOCK
     assert ranged["millm"]["sae_activations"]["positions"] == positions[20:24]
 
@@ -288,16 +355,30 @@ def test_sae_reads_stay_exact_and_prompt_reads_never_use_the_cache(server, off):
 def timed_stream(server, body: dict, into: dict, started: threading.Event | None = None) -> None:
     """Stream a chat answer, keeping each event's arrival time (time.monotonic)."""
     events = []
-    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/chat/completions", json={**body, "stream": True}, timeout=120
+    ) as response:
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            events.append((time.monotonic(), json.loads(line[len("data: "):])))
-            if started is not None and sum(1 for _, e in events if e["choices"] and e["choices"][0]["delta"].get("content")) >= 3:
+            events.append((time.monotonic(), json.loads(line[len("data: ") :])))
+            if (
+                started is not None
+                and sum(
+                    1 for _, e in events if e["choices"] and e["choices"][0]["delta"].get("content")
+                )
+                >= 3
+            ):
                 started.set()
     into["events"] = events
-    into["text"] = "".join(e["choices"][0]["delta"].get("content") or "" for _, e in events if e["choices"])
-    into["finish"] = next(e["choices"][0]["finish_reason"] for _, e in reversed(events) if e["choices"] and e["choices"][0].get("finish_reason"))
+    into["text"] = "".join(
+        e["choices"][0]["delta"].get("content") or "" for _, e in events if e["choices"]
+    )
+    into["finish"] = next(
+        e["choices"][0]["finish_reason"]
+        for _, e in reversed(events)
+        if e["choices"] and e["choices"][0].get("finish_reason")
+    )
 
 
 def test_a_long_prompt_joins_in_chunks_while_the_running_stream_flows(batched, off):
@@ -305,11 +386,16 @@ def test_a_long_prompt_joins_in_chunks_while_the_running_stream_flows(batched, o
     assert health["prefill_chunk_tokens"] == 16 and health["backend"] == "batched"
     running = chat("Tell me about the sea.", max_tokens=200)
     joining = chat(" ".join([SENTENCE] * 24), max_tokens=8)
-    solo_running, solo_joining = text(answer(off, running)), text(answer(off, joining))  # never cached, never batched
+    solo_running, solo_joining = (
+        text(answer(off, running)),
+        text(answer(off, joining)),
+    )  # never cached, never batched
 
     streams: dict = {"running": {}, "joining": {}}
     started = threading.Event()
-    thread = threading.Thread(target=timed_stream, args=(batched, running, streams["running"], started))
+    thread = threading.Thread(
+        target=timed_stream, args=(batched, running, streams["running"], started)
+    )
     thread.start()
     assert started.wait(60)
     timed_stream(batched, joining, streams["joining"])
@@ -323,8 +409,17 @@ def test_a_long_prompt_joins_in_chunks_while_the_running_stream_flows(batched, o
     # In chunks of 16 the running row steps once per chunk.
     joined = [t for t, e in streams["joining"]["events"] if e["choices"]]
     submitted = joined[0]
-    first_token = next(t for t, e in streams["joining"]["events"][1:] if e["choices"] and (e["choices"][0]["delta"].get("content") or e["choices"][0]["finish_reason"]))
-    flowing = [t for t, e in streams["running"]["events"] if e["choices"] and e["choices"][0]["delta"].get("content")]
+    first_token = next(
+        t
+        for t, e in streams["joining"]["events"][1:]
+        if e["choices"]
+        and (e["choices"][0]["delta"].get("content") or e["choices"][0]["finish_reason"])
+    )
+    flowing = [
+        t
+        for t, e in streams["running"]["events"]
+        if e["choices"] and e["choices"][0]["delta"].get("content")
+    ]
     assert flowing[-1] > first_token, "the running stream ended before the long prompt joined"
     prompt_tokens = answer(batched, joining)["usage"]["prompt_tokens"]
     chunks = math.ceil(prompt_tokens / 16)
@@ -346,7 +441,18 @@ def test_the_cache_goes_with_an_unload(server):
     assert loaded.status_code == 200, loaded.text
     fresh = counters(server)
     assert fresh["enabled"] is True
-    assert {k: fresh[k] for k in ("bytes", "blocks", "lookups", "hits", "tokens_reused", "tokens_stored", "evictions")} == dict.fromkeys(
+    assert {
+        k: fresh[k]
+        for k in (
+            "bytes",
+            "blocks",
+            "lookups",
+            "hits",
+            "tokens_reused",
+            "tokens_stored",
+            "evictions",
+        )
+    } == dict.fromkeys(
         ("bytes", "blocks", "lookups", "hits", "tokens_reused", "tokens_stored", "evictions"), 0
     )
     first = answer(server, body)

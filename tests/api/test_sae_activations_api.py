@@ -20,12 +20,17 @@ STRENGTHS = {"standard": {3: 6.0}, "jumprelu": {5: -4.0, 9: 3.0}, "topk": {1: 5.
 @pytest.fixture(scope="module")
 def sae_dirs(tmp_path_factory):
     base = tmp_path_factory.mktemp("act-saes")
-    return {arch: build_saelens(base / arch, layer=layer, architecture=arch, seed=40 + layer) for arch, layer in ARCHITECTURES.items()}
+    return {
+        arch: build_saelens(base / arch, layer=layer, architecture=arch, seed=40 + layer)
+        for arch, layer in ARCHITECTURES.items()
+    }
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, sae_dirs):
-    process = ServerProcess(tmp_path_factory.mktemp("act-home"), ["--model", str(tiny_dirs["llama"])])
+    process = ServerProcess(
+        tmp_path_factory.mktemp("act-home"), ["--model", str(tiny_dirs["llama"])]
+    )
     try:
         process.wait_ready()
         ids = {}
@@ -33,7 +38,10 @@ def server(tiny_dirs, tmp_path_factory, sae_dirs):
             ids[arch] = post(process, "/api/saes", {"path": str(directory)}).json()["id"]
             assert post(process, f"/api/saes/{ids[arch]}/attach", {}).status_code == 200
             for index, strength in STRENGTHS[arch].items():
-                response = httpx.put(f"{process.base_url}/api/steering/saes/{ids[arch]}/features/{index}", json={"strength": strength})
+                response = httpx.put(
+                    f"{process.base_url}/api/steering/saes/{ids[arch]}/features/{index}",
+                    json={"strength": strength},
+                )
                 assert response.status_code == 200, response.text
         process.ids = ids
         yield process
@@ -46,7 +54,9 @@ def offline(tiny_dirs, sae_dirs):
     """A stock transformers model with the same steering added by hooks, capturing each SAE's layer."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
     saes = {arch: read_sae(directory)[1] for arch, directory in sae_dirs.items()}
     captured = {}
 
@@ -81,14 +91,28 @@ def read(server, body: dict, path: str = "/v1/completions") -> dict:
 
 @pytest.mark.parametrize("read_point", ["post_steering", "pre_steering"])
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_values_equal_an_offline_encode_of_the_captured_residuals(server, offline, arch, read_point):
+def test_values_equal_an_offline_encode_of_the_captured_residuals(
+    server, offline, arch, read_point
+):
     body = {
-        "model": MODEL, "prompt": "The old river", "max_tokens": 6, "temperature": 0,
-        "return_sae_activations": {"sae_id": server.ids[arch], "positions": "all", "top_k": 6, "read_point": read_point},
+        "model": MODEL,
+        "prompt": "The old river",
+        "max_tokens": 6,
+        "temperature": 0,
+        "return_sae_activations": {
+            "sae_id": server.ids[arch],
+            "positions": "all",
+            "top_k": 6,
+            "read_point": read_point,
+        },
     }
     answer = read(server, body)
     block = answer["millm"]["sae_activations"]
-    assert block["sae_id"] == server.ids[arch] and block["layer"] == ARCHITECTURES[arch] and block["read_point"] == read_point
+    assert (
+        block["sae_id"] == server.ids[arch]
+        and block["layer"] == ARCHITECTURES[arch]
+        and block["read_point"] == read_point
+    )
     assert answer["choices"][0]["finish_reason"] == "length"
     positions = block["positions"]
     prompt_tokens = answer["usage"]["prompt_tokens"]
@@ -107,10 +131,23 @@ def test_values_equal_an_offline_encode_of_the_captured_residuals(server, offlin
 def test_pre_and_post_differ_by_exactly_this_layers_delta(server):
     """With steering at this layer the two read points differ; the unsteered scoring read equals neither when steering is on."""
     base = {"model": MODEL, "prompt": "The old river", "max_tokens": 2, "temperature": 0}
-    ask = {"sae_id": server.ids["standard"], "positions": "prompt", "features": [3, 4, 5], "top_k": 3}
-    post_read = read(server, {**base, "return_sae_activations": {**ask, "read_point": "post_steering"}})["millm"]["sae_activations"]
-    pre_read = read(server, {**base, "return_sae_activations": {**ask, "read_point": "pre_steering"}})["millm"]["sae_activations"]
-    scored = post(server, "/v1/completions", {**base, "max_tokens": 1, "logprobs": 1, "return_sae_activations": ask})
+    ask = {
+        "sae_id": server.ids["standard"],
+        "positions": "prompt",
+        "features": [3, 4, 5],
+        "top_k": 3,
+    }
+    post_read = read(
+        server, {**base, "return_sae_activations": {**ask, "read_point": "post_steering"}}
+    )["millm"]["sae_activations"]
+    pre_read = read(
+        server, {**base, "return_sae_activations": {**ask, "read_point": "pre_steering"}}
+    )["millm"]["sae_activations"]
+    scored = post(
+        server,
+        "/v1/completions",
+        {**base, "max_tokens": 1, "logprobs": 1, "return_sae_activations": ask},
+    )
     assert scored.status_code == 200 and scored.headers["x-millm-steering"] == "none"
     unsteered = scored.json()["millm"]["sae_activations"]
     assert unsteered["read_point"] == "unsteered"
@@ -126,22 +163,37 @@ def test_positions_words_and_ranges(server):
     sae = server.ids["topk"]
 
     def positions(spec):
-        answer = read(server, {**base, "return_sae_activations": {"sae_id": sae, "positions": spec, "top_k": 2}})
-        return answer["usage"]["prompt_tokens"], [p["position"] for p in answer["millm"]["sae_activations"]["positions"]]
+        answer = read(
+            server,
+            {**base, "return_sae_activations": {"sae_id": sae, "positions": spec, "top_k": 2}},
+        )
+        return answer["usage"]["prompt_tokens"], [
+            p["position"] for p in answer["millm"]["sae_activations"]["positions"]
+        ]
 
     prompt_tokens, last = positions("last")
     assert last == [prompt_tokens + 5 - 2]
     assert positions("prompt")[1] == list(range(prompt_tokens))
     assert positions("completion")[1] == list(range(prompt_tokens, prompt_tokens + 4))
     assert positions({"start": 1, "end": 3})[1] == [1, 2]
-    assert positions({"start": prompt_tokens + 2, "end": 10_000})[1] == list(range(prompt_tokens + 2, prompt_tokens + 4))
+    assert positions({"start": prompt_tokens + 2, "end": 10_000})[1] == list(
+        range(prompt_tokens + 2, prompt_tokens + 4)
+    )
 
 
 def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
     body = {
-        "model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0,
-        "stream": True, "stream_options": {"include_usage": True},
-        "return_sae_activations": {"sae_id": server.ids["jumprelu"], "positions": "completion", "top_k": 3},
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_sae_activations": {
+            "sae_id": server.ids["jumprelu"],
+            "positions": "completion",
+            "top_k": 3,
+        },
     }
     events = sse_events(post(server, "/v1/chat/completions", body).text)
     assert events[-1] == "[DONE]"
@@ -151,7 +203,15 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
     whole = read(server, {**body, "stream": False}, "/v1/chat/completions")
     assert whole["millm"] == final["millm"]
     assert "not an unsteered counterfactual" in whole["millm"]["sae_activations"]["note"]
-    plain = read(server, {k: v for k, v in body.items() if k not in ("return_sae_activations", "stream", "stream_options")}, "/v1/chat/completions")
+    plain = read(
+        server,
+        {
+            k: v
+            for k, v in body.items()
+            if k not in ("return_sae_activations", "stream", "stream_options")
+        },
+        "/v1/chat/completions",
+    )
     assert "millm" not in plain
 
 
@@ -163,9 +223,21 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
         ({}, {}, "several SAEs are attached"),
         ({}, {"sae_id": "sae_000000000000"}, "is not attached"),
         ({}, {"sae_id": "SAE", "features": [128]}, "past the width"),
-        ({}, {"sae_id": "SAE", "top_k": 65}, "top_k: at most SAE_ACTIVATIONS_MAX_TOP_K (64), got 65"),
-        ({"max_tokens": 1100}, {"sae_id": "SAE", "top_k": 64, "positions": "all"}, "SAE_ACTIVATIONS_MAX_ENTRIES (65536)"),
-        ({}, {"sae_id": "SAE", "positions": "middle"}, "positions: one of last, prompt, completion, all"),
+        (
+            {},
+            {"sae_id": "SAE", "top_k": 65},
+            "top_k: at most SAE_ACTIVATIONS_MAX_TOP_K (64), got 65",
+        ),
+        (
+            {"max_tokens": 1100},
+            {"sae_id": "SAE", "top_k": 64, "positions": "all"},
+            "SAE_ACTIVATIONS_MAX_ENTRIES (65536)",
+        ),
+        (
+            {},
+            {"sae_id": "SAE", "positions": "middle"},
+            "positions: one of last, prompt, completion, all",
+        ),
         ({}, {"sae_id": "SAE", "positions": {"start": 5, "end": 5}}, "positions: 0 <= start < end"),
         ({}, {"sae_id": "SAE", "read_point": "inside"}, "read_point"),
         ({}, {"sae_id": "SAE", "colour": "blue"}, "return_sae_activations.colour: unknown key"),
@@ -173,7 +245,13 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
 )
 def test_refusals_before_anything_is_generated(server, extra, ask, needle):
     ask = {k: (server.ids["topk"] if v == "SAE" else v) for k, v in ask.items()}
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra, "return_sae_activations": ask}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        **extra,
+        "return_sae_activations": ask,
+    }
     response = post(server, "/v1/chat/completions", body)
     assert response.status_code == 400, response.text[:300]
     error = response.json()["error"]
@@ -184,7 +262,17 @@ def test_refusals_before_anything_is_generated(server, extra, ask, needle):
 
 
 def test_several_prompts_and_embeddings_are_refused(server):
-    several = post(server, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "return_sae_activations": {"sae_id": server.ids["topk"]}})
+    several = post(
+        server,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": ["a", "b"],
+            "return_sae_activations": {"sae_id": server.ids["topk"]},
+        },
+    )
     assert several.status_code == 400 and "several prompts" in several.json()["error"]["message"]
-    embedded = post(server, "/v1/embeddings", {"model": MODEL, "input": "a", "return_sae_activations": {}})
+    embedded = post(
+        server, "/v1/embeddings", {"model": MODEL, "input": "a", "return_sae_activations": {}}
+    )
     assert embedded.status_code == 400 and embedded.json()["error"]["code"] == "field_not_honoured"

@@ -9,7 +9,9 @@ from tests.support.tiny_saes import build_gemma_scope, build_saelens, sae_tensor
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    process = ServerProcess(tmp_path_factory.mktemp("saes-home"), ["--model", str(tiny_dirs["llama"])])
+    process = ServerProcess(
+        tmp_path_factory.mktemp("saes-home"), ["--model", str(tiny_dirs["llama"])]
+    )
     try:
         yield process.wait_ready()
     finally:
@@ -25,7 +27,11 @@ def files(tmp_path_factory):
         "gemma": build_gemma_scope(base / "layer_2" / "width" / "params.npz", seed=3),
         "wide": build_saelens(base / "wide", d_in=32, layer=1, seed=4),
         "deep": build_saelens(base / "deep", layer=7, seed=5),
-        "broken": build_saelens(base / "broken", architecture="standard", tensors={k: v for k, v in sae_tensors(64, 128).items() if k != "b_enc"}),
+        "broken": build_saelens(
+            base / "broken",
+            architecture="standard",
+            tensors={k: v for k, v in sae_tensors(64, 128).items() if k != "b_enc"},
+        ),
     }
 
 
@@ -43,25 +49,49 @@ def test_register_is_idempotent_by_content(server, files):
     ids = [s["id"] for s in api(server, "GET", "/api/saes").json()["data"]]
     assert ids.count(first.json()["id"]) == 1
     got = api(server, "GET", f"/api/saes/{first.json()['id']}").json()
-    assert got["architecture"] == "topk" and got["d_sae"] == 128 and got["layer"] == 1 and got["attached"] is False
+    assert (
+        got["architecture"] == "topk"
+        and got["d_sae"] == 128
+        and got["layer"] == 1
+        and got["attached"] is False
+    )
 
 
 def test_gemma_scope_registers_with_its_layer(server, files):
     info = register(server, files["gemma"])
-    assert info["format"] == "gemma_scope" and info["architecture"] == "jumprelu" and info["layer"] == 2
+    assert (
+        info["format"] == "gemma_scope"
+        and info["architecture"] == "jumprelu"
+        and info["layer"] == 2
+    )
 
 
 def test_malformed_file_is_a_400_naming_the_problem(server, files):
-    body = error(api(server, "POST", "/api/saes", json={"path": str(files["broken"])}), 400, "invalid_sae")
+    body = error(
+        api(server, "POST", "/api/saes", json={"path": str(files["broken"])}), 400, "invalid_sae"
+    )
     assert "has no tensor 'b_enc'" in body["message"]
-    missing = error(api(server, "POST", "/api/saes", json={"path": str(files["broken"].parent / "nowhere")}), 400)
-    assert "no file or directory" in missing["message"]  # inside the allowed folders, existence is told
+    missing = error(
+        api(server, "POST", "/api/saes", json={"path": str(files["broken"].parent / "nowhere")}),
+        400,
+    )
+    assert (
+        "no file or directory" in missing["message"]
+    )  # inside the allowed folders, existence is told
     error(api(server, "POST", "/api/saes", json={}), 400)
     error(api(server, "POST", "/api/saes", json={"path": 5}), 400)
 
 
 def test_hub_sae_offline_is_a_clear_400(server):
-    body = error(api(server, "POST", "/api/saes", json={"repo": "acme/no-such-saes", "path": "layer_1/width_16k"}), 400)
+    body = error(
+        api(
+            server,
+            "POST",
+            "/api/saes",
+            json={"repo": "acme/no-such-saes", "path": "layer_1/width_16k"},
+        ),
+        400,
+    )
     assert "acme/no-such-saes" in body["message"]
 
 
@@ -106,10 +136,15 @@ def test_delete_refuses_an_attached_sae(server, files):
 
 def test_feature_label_search(server, files):
     sae = register(server, files["topk"])["id"]
-    found = api(server, "GET", f"/api/saes/{sae}/features", params={"q": "PARIS", "limit": 3}).json()
+    found = api(
+        server, "GET", f"/api/saes/{sae}/features", params={"q": "PARIS", "limit": 3}
+    ).json()
     assert [f["index"] for f in found["data"]] == [0, 10, 20]
     assert all("paris" in f["label"] for f in found["data"])
-    assert len(api(server, "GET", f"/api/saes/{sae}/features", params={"limit": 1000}).json()["data"]) == 128
+    assert (
+        len(api(server, "GET", f"/api/saes/{sae}/features", params={"limit": 1000}).json()["data"])
+        == 128
+    )
     gemma = register(server, files["gemma"])["id"]
     empty = api(server, "GET", f"/api/saes/{gemma}/features", params={"q": "x"}).json()
     assert empty["has_labels"] is False and empty["data"] == []
@@ -124,6 +159,8 @@ def test_hub_sae_from_the_local_hub_cache(server, files):
     shutil.copytree(files["relu"], repo / "snapshots" / commit / "layer_2" / "width_128")
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text(commit)
-    response = api(server, "POST", "/api/saes", json={"repo": "acme/tiny-saes", "path": "layer_2/width_128"})
+    response = api(
+        server, "POST", "/api/saes", json={"repo": "acme/tiny-saes", "path": "layer_2/width_128"}
+    )
     assert response.status_code in (200, 201), response.text
     assert response.json()["architecture"] == "standard" and response.json()["layer"] == 2

@@ -48,8 +48,17 @@ def test_models_list_and_get(llama_server):
 
 def test_openapi_schema_lists_the_surface(llama_server):
     schema = httpx.get(f"{llama_server.base_url}/openapi.json").json()
-    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/api/health", "/api/health/ready",
-                 "/api/health/inference", "/api/models", "/api/monitoring", "/api/monitoring/stream"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/api/health",
+        "/api/health/ready",
+        "/api/health/inference",
+        "/api/models",
+        "/api/monitoring",
+        "/api/monitoring/stream",
+    ):
         assert path in schema["paths"]
 
 
@@ -60,7 +69,12 @@ def test_model_that_fails_to_load(tiny_dirs, tmp_path):
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     server = ServerProcess(tmp_path / "home", ["--model", str(broken)])
     try:
-        assert wait_for(lambda: httpx.get(f"{server.base_url}/api/health/ready").json().get("status") == "error", 120)
+        assert wait_for(
+            lambda: (
+                httpx.get(f"{server.base_url}/api/health/ready").json().get("status") == "error"
+            ),
+            120,
+        )
         ready = httpx.get(f"{server.base_url}/api/health/ready")
         assert ready.status_code == 503 and "could not load model" in ready.json()["error"]
         response = post(server, "/v1/chat/completions", {"model": "broken-model", "messages": USER})
@@ -90,7 +104,14 @@ def test_queue_full_at_once_and_everything_admitted_completes(small_queue_server
 
     def call(i):
         stream = i % 2 == 1
-        body = {"model": MODEL, "messages": USER, "max_tokens": 200, "temperature": 0, "n": 1 if stream else 4, "stream": stream}
+        body = {
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 200,
+            "temperature": 0,
+            "n": 1 if stream else 4,
+            "stream": stream,
+        }
         response = post(small_queue_server, "/v1/chat/completions", body)
         results.append(response)
 
@@ -106,22 +127,37 @@ def test_queue_full_at_once_and_everything_admitted_completes(small_queue_server
             assert response.json()["error"]["code"] == "queue_full"
         elif response.headers["content-type"].startswith("text/event-stream"):
             frames = [f[6:] for f in response.text.split("\n\n") if f]
-            assert frames[-1] == "[DONE]" and json.loads(frames[-2])["usage"]["completion_tokens"] > 0
+            assert (
+                frames[-1] == "[DONE]" and json.loads(frames[-2])["usage"]["completion_tokens"] > 0
+            )
         else:
             choices = response.json()["choices"]
-            assert len(choices) == 4 and all(c["finish_reason"] in ("stop", "length") for c in choices)
+            assert len(choices) == 4 and all(
+                c["finish_reason"] in ("stop", "length") for c in choices
+            )
     # The server serves normally afterwards.
-    assert post(small_queue_server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2}).status_code == 200
+    assert (
+        post(
+            small_queue_server,
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": USER, "max_tokens": 2},
+        ).status_code
+        == 200
+    )
 
 
 def test_stream_disconnect_cancels_the_generation(llama_server):
     before = inference_stats(llama_server)["jobs"]["serial"]["cancelled"]
     body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
         lines = response.iter_lines()
         for _ in range(6):
             next(lines)
-    assert wait_for(lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1)
+    assert wait_for(
+        lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1
+    )
     assert wait_for(lambda: inference_stats(llama_server)["running_rows"] == 0)
 
 
@@ -130,5 +166,7 @@ def test_non_stream_disconnect_cancels_the_generation(llama_server):
     body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "n": 8}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=0.5)
-    assert wait_for(lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1)
+    assert wait_for(
+        lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1
+    )
     assert wait_for(lambda: inference_stats(llama_server)["running_rows"] == 0)

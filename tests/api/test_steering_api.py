@@ -20,7 +20,10 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def saes(tmp_path_factory):
     base = tmp_path_factory.mktemp("steer-saes")
-    return {"a": build_saelens(base / "a", layer=1, seed=11), "b": build_saelens(base / "b", layer=2, architecture="standard", seed=12)}
+    return {
+        "a": build_saelens(base / "a", layer=1, seed=11),
+        "b": build_saelens(base / "b", layer=2, architecture="standard", seed=12),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,12 @@ def ids(server):
 
 
 def greedy(server, **extra):
-    response = api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 12, "temperature": 0, **extra})
+    response = api(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "max_tokens": 12, "temperature": 0, **extra},
+    )
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"], response.headers["x-millm-steering"]
 
@@ -56,13 +64,35 @@ def test_set_one_many_clear_and_versions(server, ids):
     v0 = api(server, "GET", "/api/steering").json()["version"]
     one = api(server, "PUT", f"/api/steering/saes/{a}/features/3", json={"strength": 12.5}).json()
     assert one["live"] is True and one["steering"]["version"] == v0 + 1
-    many = api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 4, "strength": -3}, {"sae_id": b, "index": 7, "strength": 8}]}).json()
-    state = {s["sae_id"]: {f["index"]: f["strength"] for f in s["features"]} for s in many["steering"]["saes"]}
+    many = api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={
+            "features": [
+                {"sae_id": a, "index": 4, "strength": -3},
+                {"sae_id": b, "index": 7, "strength": 8},
+            ]
+        },
+    ).json()
+    state = {
+        s["sae_id"]: {f["index"]: f["strength"] for f in s["features"]}
+        for s in many["steering"]["saes"]
+    }
     assert state == {a: {3: 12.5, 4: -3.0}, b: {7: 8.0}}
     cleared = api(server, "DELETE", f"/api/steering/saes/{a}/features/3").json()
-    assert {f["index"] for s in cleared["steering"]["saes"] if s["sae_id"] == a for f in s["features"]} == {4}
-    replaced = api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": b, "index": 1, "strength": 2}], "replace": True}).json()
-    assert [(s["sae_id"], s["features"]) for s in replaced["steering"]["saes"] if s["features"]] == [(b, [{"index": 1, "op": "add", "strength": 2.0}])]
+    assert {
+        f["index"] for s in cleared["steering"]["saes"] if s["sae_id"] == a for f in s["features"]
+    } == {4}
+    replaced = api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={"features": [{"sae_id": b, "index": 1, "strength": 2}], "replace": True},
+    ).json()
+    assert [
+        (s["sae_id"], s["features"]) for s in replaced["steering"]["saes"] if s["features"]
+    ] == [(b, [{"index": 1, "op": "add", "strength": 2.0}])]
     empty = api(server, "DELETE", "/api/steering/features").json()
     assert all(not s["features"] for s in empty["steering"]["saes"])
     assert empty["steering"]["version"] == v0 + 5
@@ -71,12 +101,36 @@ def test_set_one_many_clear_and_versions(server, ids):
 def test_limits_are_refused_and_nothing_changes(server, ids):
     a, _ = ids
     before = api(server, "GET", "/api/steering").json()
-    body = error(api(server, "PUT", f"/api/steering/saes/{a}/features/3", json={"strength": 200.5}), 400)
+    body = error(
+        api(server, "PUT", f"/api/steering/saes/{a}/features/3", json={"strength": 200.5}), 400
+    )
     assert "±200" in body["message"]
-    body = error(api(server, "PUT", f"/api/steering/saes/{a}/features/128", json={"strength": 1}), 400, "invalid_feature_index")
+    body = error(
+        api(server, "PUT", f"/api/steering/saes/{a}/features/128", json={"strength": 1}),
+        400,
+        "invalid_feature_index",
+    )
     assert "128 features" in body["message"]
-    error(api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 1, "strength": 1}, {"sae_id": a, "index": 500, "strength": 1}]}), 400, "invalid_feature_index")
-    error(api(server, "PUT", "/api/steering/saes/sae_nope/features/1", json={"strength": 1}), 404, "sae_not_found")
+    error(
+        api(
+            server,
+            "POST",
+            "/api/steering/features",
+            json={
+                "features": [
+                    {"sae_id": a, "index": 1, "strength": 1},
+                    {"sae_id": a, "index": 500, "strength": 1},
+                ]
+            },
+        ),
+        400,
+        "invalid_feature_index",
+    )
+    error(
+        api(server, "PUT", "/api/steering/saes/sae_nope/features/1", json={"strength": 1}),
+        404,
+        "sae_not_found",
+    )
     error(api(server, "PUT", f"/api/steering/saes/{a}/features/1", json={"strength": "3"}), 400)
     assert api(server, "GET", "/api/steering").json() == before
 
@@ -103,7 +157,9 @@ def test_change_on_a_detached_sae_is_stored_but_not_live(server, ids):
     a, _ = ids
     api(server, "POST", f"/api/saes/{a}/detach")
     try:
-        response = api(server, "PUT", f"/api/steering/saes/{a}/features/5", json={"strength": 9}).json()
+        response = api(
+            server, "PUT", f"/api/steering/saes/{a}/features/5", json={"strength": 9}
+        ).json()
         assert response["live"] is False and "not attached" in response["reason"]
     finally:
         api(server, "POST", f"/api/saes/{a}/attach")
@@ -128,27 +184,79 @@ def test_per_request_profile(server, ids):
     assert text == live_steered and header == 'profile;name="loud";scope="request"'
     assert greedy(server, profile=created.json()["id"])[0] == live_steered
     assert greedy(server)[0] == plain  # nothing global changed
-    body = error(api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "profile": "ghost"}), 404, "profile_not_found")
+    body = error(
+        api(
+            server,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "profile": "ghost"},
+        ),
+        404,
+        "profile_not_found",
+    )
     assert "ghost" in body["message"]
     api(server, "POST", "/api/profiles", json=profile_doc("too-wide", a, index=127))
-    api(server, "PUT", "/api/profiles/too-wide", json={"steering": [{"sae_id": a, "features": [{"index": 127, "strength": 1}]}]})
+    api(
+        server,
+        "PUT",
+        "/api/profiles/too-wide",
+        json={"steering": [{"sae_id": a, "features": [{"index": 127, "strength": 1}]}]},
+    )
     api(server, "POST", "/api/profiles", json=profile_doc("wrong-layer", a, layer=2))
-    error(api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "profile": "wrong-layer"}), 400, "profile_not_applicable")
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "profile": "wrong-layer"},
+        ),
+        400,
+        "profile_not_applicable",
+    )
     api(server, "POST", "/api/profiles", json=profile_doc("other-sae", "sae_000000000000"))
-    error(api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "profile": "other-sae"}), 400, "profile_not_applicable")
-    error(api(server, "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", "profile": "loud"}), 400, "field_not_honoured")
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "profile": "other-sae"},
+        ),
+        400,
+        "profile_not_applicable",
+    )
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "x", "profile": "loud"},
+        ),
+        400,
+        "field_not_honoured",
+    )
 
 
 def test_operator_change_during_a_profile_request_stays_live(server, ids):
     """Two clients: one streams with a profile while the operator changes the live values."""
     a, _ = ids
-    api(server, "POST", "/api/profiles", json=profile_doc("stream-profile", a, index=2, strength=30))
+    api(
+        server, "POST", "/api/profiles", json=profile_doc("stream-profile", a, index=2, strength=30)
+    )
     started = threading.Event()
     chunks = []
 
     def stream():
-        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "temperature": 0, "stream": True, "profile": "stream-profile"}
-        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+        body = {
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+            "profile": "stream-profile",
+        }
+        with httpx.stream(
+            "POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120
+        ) as response:
             for line in response.iter_lines():
                 if line:
                     chunks.append(line)
@@ -162,7 +270,9 @@ def test_operator_change_during_a_profile_request_stays_live(server, ids):
     assert chunks[-1] == "data: [DONE]"
     assert change["live"] is True
     state = api(server, "GET", "/api/steering").json()
-    assert {f["index"]: f["strength"] for s in state["saes"] if s["sae_id"] == a for f in s["features"]} == {9: 7.0}
+    assert {
+        f["index"]: f["strength"] for s in state["saes"] if s["sae_id"] == a for f in s["features"]
+    } == {9: 7.0}
     assert greedy(server)[1] == f"live;version={change['steering']['version']}"
 
 
@@ -185,12 +295,24 @@ def test_embeddings_are_never_steered(server, ids):
     body = {"model": MODEL, "input": ["The cat runs", "Paris"]}
     plain = api(server, "POST", "/v1/embeddings", json=body).json()
     plain_text, _ = greedy(server)
-    api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 0, "strength": 150}, {"sae_id": b, "index": 3, "strength": -150}]})
+    api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={
+            "features": [
+                {"sae_id": a, "index": 0, "strength": 150},
+                {"sae_id": b, "index": 3, "strength": -150},
+            ]
+        },
+    )
     assert greedy(server)[0] != plain_text  # generation is steered at both layers
     steered = api(server, "POST", "/v1/embeddings", json=body)
     assert steered.headers["x-millm-steering"] == "none"
     assert steered.json()["data"] == plain["data"]  # bit-identical floats
-    base64 = api(server, "POST", "/v1/embeddings", json={**body, "encoding_format": "base64"}).json()
+    base64 = api(
+        server, "POST", "/v1/embeddings", json={**body, "encoding_format": "base64"}
+    ).json()
     import base64 as b64
     import struct
 
@@ -201,11 +323,25 @@ def test_embeddings_are_never_steered(server, ids):
 def test_profiles_crud_activate_export_import(server, ids):
     a, b = ids
     plain, _ = greedy(server)
-    made = api(server, "POST", "/api/profiles", json={"name": "two-layers", "description": "d", "steering": [
-        {"sae_id": a, "layer": 1, "features": [{"index": 0, "strength": 60}]},
-        {"sae_id": b, "layer": 2, "features": [{"index": 3, "strength": 20}]}]}).json()
+    made = api(
+        server,
+        "POST",
+        "/api/profiles",
+        json={
+            "name": "two-layers",
+            "description": "d",
+            "steering": [
+                {"sae_id": a, "layer": 1, "features": [{"index": 0, "strength": 60}]},
+                {"sae_id": b, "layer": 2, "features": [{"index": 3, "strength": 20}]},
+            ],
+        },
+    ).json()
     assert made["active"] is False and made["document"]["version"] == 2
-    error(api(server, "POST", "/api/profiles", json={"name": "two-layers", "steering": []}), 409, "profile_exists")
+    error(
+        api(server, "POST", "/api/profiles", json={"name": "two-layers", "steering": []}),
+        409,
+        "profile_exists",
+    )
     listed = [p["name"] for p in api(server, "GET", "/api/profiles").json()["data"]]
     assert "two-layers" in listed
     activated = api(server, "POST", "/api/profiles/two-layers/activate").json()
@@ -214,12 +350,23 @@ def test_profiles_crud_activate_export_import(server, ids):
     assert text != plain and header.startswith('profile;name="two-layers";version=')
     changed = api(server, "PUT", "/api/profiles/two-layers", json={"description": "new"}).json()
     assert changed["document"]["description"] == "new" and changed["active"] is True
-    error(api(server, "PUT", "/api/profiles/two-layers", json={"steering": [{"sae_id": a, "features": [{"index": 999, "strength": 1}]}]}), 400, "invalid_feature_index")
+    error(
+        api(
+            server,
+            "PUT",
+            "/api/profiles/two-layers",
+            json={"steering": [{"sae_id": a, "features": [{"index": 999, "strength": 1}]}]},
+        ),
+        400,
+        "invalid_feature_index",
+    )
     exported = api(server, "GET", "/api/profiles/two-layers/export").json()
     assert exported["kind"] == "millm.profile" and exported["description"] == "new"
     assert api(server, "POST", "/api/profiles/deactivate").json()["deactivated"] == made["id"]
     assert greedy(server)[0] == plain
-    imported = api(server, "POST", "/api/profiles/import", params={"on_conflict": "rename"}, json=exported).json()
+    imported = api(
+        server, "POST", "/api/profiles/import", params={"on_conflict": "rename"}, json=exported
+    ).json()
     assert imported["data"][0]["name"] == "two-layers-2"
     assert imported["data"][0]["document"]["steering"] == exported["steering"]
     error(api(server, "POST", "/api/profiles/import", json=exported), 409, "profile_exists")
@@ -231,9 +378,17 @@ def test_profiles_crud_activate_export_import(server, ids):
 def test_bad_import_is_refused_whole(server, ids):
     a, _ = ids
     before = api(server, "GET", "/api/profiles").json()["data"]
-    bundle = {"kind": "millm.profile-bundle", "version": 1, "profiles": [
-        {"name": "fine-one", "steering": []},
-        {"name": "broken-one", "steering": [{"sae_id": a, "features": [{"index": 1, "strength": 900}]}]}]}
+    bundle = {
+        "kind": "millm.profile-bundle",
+        "version": 1,
+        "profiles": [
+            {"name": "fine-one", "steering": []},
+            {
+                "name": "broken-one",
+                "steering": [{"sae_id": a, "features": [{"index": 1, "strength": 900}]}],
+            },
+        ],
+    }
     body = error(api(server, "POST", "/api/profiles/import", json=bundle), 400, "invalid_profile")
     assert "profiles[1].steering[0].features[0].strength" in body["message"]
     assert api(server, "GET", "/api/profiles").json()["data"] == before
@@ -243,45 +398,101 @@ def test_bad_import_is_refused_whole(server, ids):
 
 def test_save_current_and_activation_checks(server, ids):
     a, b = ids
-    api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 5, "strength": 3}, {"sae_id": b, "index": 6, "strength": -4}]})
+    api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={
+            "features": [
+                {"sae_id": a, "index": 5, "strength": 3},
+                {"sae_id": b, "index": 6, "strength": -4},
+            ]
+        },
+    )
     saved = api(server, "POST", "/api/profiles/save-current", json={"name": "snapshot"}).json()
-    assert saved["document"]["version"] == 2 and saved["document"]["steering"] == [
-        {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
-        {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
-    ] or saved["document"]["steering"] == [
-        {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
-        {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
-    ]
+    assert (
+        saved["document"]["version"] == 2
+        and saved["document"]["steering"]
+        == [
+            {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
+            {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
+        ]
+        or saved["document"]["steering"]
+        == [
+            {"sae_id": b, "layer": 2, "features": [{"index": 6, "op": "add", "strength": -4.0}]},
+            {"sae_id": a, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 3.0}]},
+        ]
+    )
     api(server, "POST", "/api/profiles", json=profile_doc("foreign", "sae_ffffffffffff"))
-    body = error(api(server, "POST", "/api/profiles/foreign/activate"), 400, "profile_not_applicable")
+    body = error(
+        api(server, "POST", "/api/profiles/foreign/activate"), 400, "profile_not_applicable"
+    )
     assert "not attached" in body["message"]
     assert api(server, "GET", "/api/steering").json()["active_profile"] is None
     api(server, "POST", "/api/profiles/snapshot/activate")
-    live_change = api(server, "PUT", f"/api/steering/saes/{a}/features/1", json={"strength": 2}).json()
+    live_change = api(
+        server, "PUT", f"/api/steering/saes/{a}/features/1", json={"strength": 2}
+    ).json()
     assert live_change["live"] is False and "profile is active" in live_change["reason"]
     api(server, "DELETE", "/api/profiles/snapshot")
     assert api(server, "GET", "/api/steering").json()["active_profile"] is None
 
 
 def test_embeddings_shape_usage_and_refusals(server, llama_lm):
-    response = api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "The cat runs"}).json()
+    response = api(
+        server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "The cat runs"}
+    ).json()
     assert response["object"] == "list" and len(response["data"][0]["embedding"]) == 64
-    assert response["usage"]["prompt_tokens"] == len(llama_lm.tokenizer("The cat runs")["input_ids"]) == response["usage"]["total_tokens"]
-    ids_in = api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": llama_lm.tokenizer("The cat runs")["input_ids"]}).json()
+    assert (
+        response["usage"]["prompt_tokens"]
+        == len(llama_lm.tokenizer("The cat runs")["input_ids"])
+        == response["usage"]["total_tokens"]
+    )
+    ids_in = api(
+        server,
+        "POST",
+        "/v1/embeddings",
+        json={"model": MODEL, "input": llama_lm.tokenizer("The cat runs")["input_ids"]},
+    ).json()
     assert ids_in["data"][0]["embedding"] == response["data"][0]["embedding"]
-    body = error(api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": [1] * 3000}), 400, "context_length_exceeded")
+    body = error(
+        api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": [1] * 3000}),
+        400,
+        "context_length_exceeded",
+    )
     assert "2048" in body["message"] and "3000" in body["message"]
-    error(api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 8}), 400, "field_not_honoured")
+    error(
+        api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "x", "dimensions": 8}),
+        400,
+        "field_not_honoured",
+    )
     error(api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": []}), 400)
-    error(api(server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "x", "encoding_format": "hex"}), 400)
-    error(api(server, "POST", "/v1/embeddings", json={"model": "nope", "input": "x"}), 404, "model_not_found")
+    error(
+        api(
+            server,
+            "POST",
+            "/v1/embeddings",
+            json={"model": MODEL, "input": "x", "encoding_format": "hex"},
+        ),
+        400,
+    )
+    error(
+        api(server, "POST", "/v1/embeddings", json={"model": "nope", "input": "x"}),
+        404,
+        "model_not_found",
+    )
     sdk_vectors = sdk(server).embeddings.create(model=MODEL, input=["The cat runs"])
     assert sdk_vectors.data[0].embedding == response["data"][0]["embedding"]
 
 
 def test_state_survives_a_restart(server, ids, home, tiny_dirs):
     a, b = ids
-    api(server, "POST", "/api/steering/features", json={"features": [{"sae_id": a, "index": 11, "strength": 13}]})
+    api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={"features": [{"sae_id": a, "index": 11, "strength": 13}]},
+    )
     api(server, "POST", "/api/profiles", json=profile_doc("kept-after-restart", a, layer=1))
     api(server, "POST", "/api/steering/disable")
     before = api(server, "GET", "/api/steering").json()
@@ -293,4 +504,6 @@ def test_state_survives_a_restart(server, ids, home, tiny_dirs):
     after = api(server, "GET", "/api/steering").json()
     assert after == before
     assert api(server, "GET", "/api/profiles").json()["data"] == profiles_before
-    assert {s["id"]: s["attached_layer"] for s in api(server, "GET", "/api/saes").json()["data"]} == {a: 1, b: 2}
+    assert {
+        s["id"]: s["attached_layer"] for s in api(server, "GET", "/api/saes").json()["data"]
+    } == {a: 1, b: 2}

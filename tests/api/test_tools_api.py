@@ -16,12 +16,35 @@ from tests.support import tiny_models
 from tests.support.server import ServerProcess
 
 TOOLS_MODEL = "tiny-tools"
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Time in a zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 8}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -42,7 +65,11 @@ def tools_server(tiny_dirs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompted_server(tiny_dirs, tmp_path_factory):
     """The tiny Llama (its template takes no tools) with tools offered in a system message even though it is small."""
-    process = ServerProcess(tmp_path_factory.mktemp("prompted-home"), ["--model", str(tiny_dirs["llama"])], env={"MILLM_PROMPTED_TOOLS": "on"})
+    process = ServerProcess(
+        tmp_path_factory.mktemp("prompted-home"),
+        ["--model", str(tiny_dirs["llama"])],
+        env={"MILLM_PROMPTED_TOOLS": "on"},
+    )
     try:
         yield process.wait_ready()
     finally:
@@ -57,7 +84,11 @@ def target(request, tools_server, prompted_server):
 
 def chat(target, **fields):
     server, model = target
-    response = post(server, "/v1/chat/completions", {"model": model, "messages": ASK, "max_tokens": 200, **fields})
+    response = post(
+        server,
+        "/v1/chat/completions",
+        {"model": model, "messages": ASK, "max_tokens": 200, **fields},
+    )
     return response
 
 
@@ -68,7 +99,9 @@ def assert_valid(call: dict) -> dict:
     return arguments
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
 def test_forced_calls_always_parse_and_validate(target, choice):
     response = chat(target, tools=TOOLS, tool_choice=choice, n=3, temperature=1.0, seed=5)
     assert response.status_code == 200, response.text
@@ -83,12 +116,17 @@ def test_forced_calls_always_parse_and_validate(target, choice):
 
 def test_auto_answers_text_or_valid_calls(target):
     for seed in range(3):
-        entry = chat(target, tools=TOOLS, temperature=1.0, seed=seed, max_tokens=40).json()["choices"][0]
+        entry = chat(target, tools=TOOLS, temperature=1.0, seed=seed, max_tokens=40).json()[
+            "choices"
+        ][0]
         if entry["finish_reason"] == "tool_calls":
             for call in entry["message"]["tool_calls"]:
                 assert_valid(call)
         else:
-            assert isinstance(entry["message"]["content"], str) and "tool_calls" not in entry["message"]
+            assert (
+                isinstance(entry["message"]["content"], str)
+                and "tool_calls" not in entry["message"]
+            )
 
 
 def test_none_offers_no_tools_and_answers_text(target):
@@ -100,13 +138,23 @@ def test_none_offers_no_tools_and_answers_text(target):
 
 
 def test_a_full_round_trip(target):
-    first = chat(target, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0).json()
+    first = chat(
+        target,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+    ).json()
     message = first["choices"][0]["message"]
     [call] = message["tool_calls"]
-    history = ASK + [message, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature": 21})}]
+    history = ASK + [
+        message,
+        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature": 21})},
+    ]
     second = chat(target, messages=history, tools=TOOLS, temperature=0, max_tokens=12)
     assert second.status_code == 200, second.text
-    assert "tool_calls" not in second.headers.get("x-millm-ignored-fields", "")  # the earlier call was rendered
+    assert "tool_calls" not in second.headers.get(
+        "x-millm-ignored-fields", ""
+    )  # the earlier call was rendered
     assert second.json()["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
 
 
@@ -126,7 +174,8 @@ def test_streamed_calls_reassemble_to_the_whole_answer(target):
             slot["arguments"] += piece.get("function", {}).get("arguments") or ""
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and content == ""
     assert [calls[i] for i in sorted(calls)] == [
-        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole["message"]["tool_calls"]
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in whole["message"]["tool_calls"]
     ]
 
 
@@ -134,8 +183,24 @@ def test_an_open_webui_shaped_request_streams(target):
     """Many tools, no tool_choice, streaming (12 here: the tiny tokenizer spends ~120 tokens per tool;
     the acceptance test sends full-size tools to the demo model)."""
     server, model = target
-    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}} for i in range(12)]
-    body = {"model": model, "messages": ASK, "tools": tools, "stream": True, "max_tokens": 16, "stream_options": {"include_usage": True}}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"t{i}",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+        for i in range(12)
+    ]
+    body = {
+        "model": model,
+        "messages": ASK,
+        "tools": tools,
+        "stream": True,
+        "max_tokens": 16,
+        "stream_options": {"include_usage": True},
+    }
     response = post(server, "/v1/chat/completions", body)
     assert response.status_code == 200, response.text
     assert "x-millm-ignored-fields" not in response.headers
@@ -155,12 +220,25 @@ def test_langchain_bind_tools_and_structured_output(target):
         city: str = Field(max_length=12, description="the city")
         unit: Literal["celsius", "fahrenheit"]
 
-    llm = ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="not-needed", model=model, temperature=0, max_tokens=200, max_retries=0)
+    llm = ChatOpenAI(
+        base_url=f"{server.base_url}/v1",
+        api_key="not-needed",
+        model=model,
+        temperature=0,
+        max_tokens=200,
+        max_retries=0,
+    )
     message = llm.bind_tools([Weather], tool_choice="Weather").invoke("Weather in Paris?")
-    assert len(message.tool_calls) == 1, (message.content, message.invalid_tool_calls, message.response_metadata)
+    assert len(message.tool_calls) == 1, (
+        message.content,
+        message.invalid_tool_calls,
+        message.response_metadata,
+    )
     [call] = message.tool_calls
     assert call["name"] == "Weather" and Weather(**call["args"])
-    structured = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Paris?")
+    structured = llm.with_structured_output(Weather, method="function_calling").invoke(
+        "Weather in Paris?"
+    )
     assert isinstance(structured, Weather) and len(structured.city) <= 12
 
 
@@ -168,28 +246,84 @@ def test_a_small_model_without_a_tools_template_answers_auto_as_text_and_says_so
     """MILLM_PROMPTED_TOOLS=auto (the default): under 1B parameters, auto tools are not offered."""
     base = {"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0}
     plain = post(llama_server, "/v1/chat/completions", base)
-    auto = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "auto"})
-    assert auto.status_code == 200 and auto.headers["x-millm-ignored-fields"] == '"tools", "tool_choice"'
+    auto = post(
+        llama_server, "/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "auto"}
+    )
+    assert (
+        auto.status_code == 200
+        and auto.headers["x-millm-ignored-fields"] == '"tools", "tool_choice"'
+    )
     assert auto.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")
     assert [auto.json()["usage"][k] for k in counts] == [plain.json()["usage"][k] for k in counts]
     # the same prompt: the second request reuses the first's cached prefix
-    assert auto.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    strict = post(llama_server, "/v1/chat/completions", {**base, "tools": TOOLS}, headers={"X-miLLM-Strict": "true"})
+    assert (
+        auto.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= plain.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
+    strict = post(
+        llama_server,
+        "/v1/chat/completions",
+        {**base, "tools": TOOLS},
+        headers={"X-miLLM-Strict": "true"},
+    )
     assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"
-    forced = post(llama_server, "/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required"})
-    assert forced.json()["choices"][0]["finish_reason"] == "tool_calls" and "x-millm-ignored-fields" not in forced.headers
+    forced = post(
+        llama_server,
+        "/v1/chat/completions",
+        {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required"},
+    )
+    assert (
+        forced.json()["choices"][0]["finish_reason"] == "tool_calls"
+        and "x-millm-ignored-fields" not in forced.headers
+    )
 
 
 @pytest.mark.parametrize(
     "path, fields, status, code, needle",
     [
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}]},
-         400, "response_format_unsupported", "not at /not"),
-        ("/v1/chat/completions", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "ghost"}}}, 400, "invalid_parameter", "ghost"),
-        ("/v1/chat/completions", {"tools": TOOLS, "response_format": {"type": "json_object"}}, 400, "response_format_unsupported", "tools"),
-        ("/v1/chat/completions", {"tools": TOOLS, "logprobs": True, "max_tokens": 1}, 400, "field_not_honoured", "scoring"),
-        ("/v1/completions", {"prompt": "x", "tools": TOOLS}, 400, "field_not_honoured", "chat completions"),
+        (
+            "/v1/chat/completions",
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "not": {}}},
+                    }
+                ]
+            },
+            400,
+            "response_format_unsupported",
+            "not at /not",
+        ),
+        (
+            "/v1/chat/completions",
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "ghost"}}},
+            400,
+            "invalid_parameter",
+            "ghost",
+        ),
+        (
+            "/v1/chat/completions",
+            {"tools": TOOLS, "response_format": {"type": "json_object"}},
+            400,
+            "response_format_unsupported",
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            {"tools": TOOLS, "logprobs": True, "max_tokens": 1},
+            400,
+            "field_not_honoured",
+            "scoring",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "tools": TOOLS},
+            400,
+            "field_not_honoured",
+            "chat completions",
+        ),
     ],
 )
 def test_refusals(llama_server, path, fields, status, code, needle):

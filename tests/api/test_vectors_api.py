@@ -29,7 +29,10 @@ PAIRS = [
     ("A river is a café.", "A river is a model."),
     ("Every feature counts café twice.", "Every feature counts twice."),
 ]
-CHAT = ([{"role": "user", "content": "Tell me about the café."}], [{"role": "user", "content": "Tell me about the river."}])
+CHAT = (
+    [{"role": "user", "content": "Tell me about the café."}],
+    [{"role": "user", "content": "Tell me about the river."}],
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,9 @@ def offline(tiny_dirs):
     text's mean residual over every position but the first (float64)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
     kept = {}
 
@@ -59,7 +64,9 @@ def offline(tiny_dirs):
 def separation(offline):
     """The text pairs' pooled differences `[n, 64]`, measured offline."""
     tokenizer, pooled = offline
-    return np.stack([pooled(tokenizer(p)["input_ids"]) - pooled(tokenizer(n)["input_ids"]) for p, n in PAIRS])
+    return np.stack(
+        [pooled(tokenizer(p)["input_ids"]) - pooled(tokenizer(n)["input_ids"]) for p, n in PAIRS]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +79,32 @@ def sae_dirs(tmp_path_factory, separation):
     base = tmp_path_factory.mktemp("vector-saes")
     return {
         "here": build_saelens(base / "here", layer=LAYER, architecture="standard", tensors=tensors),
-        "pre_next": build_saelens(base / "pre-next", layer=LAYER + 1, hook_point="resid_pre", architecture="standard",
-                                  tensors={**tensors, "b_enc": tensors["b_enc"] + 1.0}),  # another file: another SAE id
+        "pre_next": build_saelens(
+            base / "pre-next",
+            layer=LAYER + 1,
+            hook_point="resid_pre",
+            architecture="standard",
+            tensors={**tensors, "b_enc": tensors["b_enc"] + 1.0},
+        ),  # another file: another SAE id
         "elsewhere": build_saelens(base / "elsewhere", layer=LAYER + 1, seed=4),
     }
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, sae_dirs):
-    env = {"MILLM_DISCOVERY_MAX_TEXTS": str(MAX_TEXTS), "MILLM_DISCOVERY_MAX_TOKENS": str(MAX_TOKENS)}
-    process = ServerProcess(tmp_path_factory.mktemp("vectors-home"), ["--model", str(tiny_dirs["llama"])], env=env)
+    env = {
+        "MILLM_DISCOVERY_MAX_TEXTS": str(MAX_TEXTS),
+        "MILLM_DISCOVERY_MAX_TOKENS": str(MAX_TOKENS),
+    }
+    process = ServerProcess(
+        tmp_path_factory.mktemp("vectors-home"), ["--model", str(tiny_dirs["llama"])], env=env
+    )
     try:
         process.wait_ready()
-        process.saes = {name: post(process, "/api/saes", {"path": str(path)}).json()["id"] for name, path in sae_dirs.items()}
+        process.saes = {
+            name: post(process, "/api/saes", {"path": str(path)}).json()["id"]
+            for name, path in sae_dirs.items()
+        }
         assert post(process, f"/api/saes/{process.saes['here']}/attach", {}).status_code == 200
         yield process
     finally:
@@ -109,7 +129,12 @@ def trained(server, body: dict) -> dict:
 
 
 def pair_body(name: str, **extra) -> dict:
-    return {"name": name, "layer": LAYER, "pairs": [{"positive": p, "negative": n} for p, n in PAIRS], **extra}
+    return {
+        "name": name,
+        "layer": LAYER,
+        "pairs": [{"positive": p, "negative": n} for p, n in PAIRS],
+        **extra,
+    }
 
 
 def exported(server, key: str) -> dict:
@@ -124,23 +149,44 @@ def mean_vector(server):
 
 
 # training ----------------------------------------------------------------------------------------------------
-def test_training_stores_the_difference_of_means_of_pooled_residuals(server, mean_vector, separation):
+def test_training_stores_the_difference_of_means_of_pooled_residuals(
+    server, mean_vector, separation
+):
     expected = separation.mean(0)
     vector = mean_vector
-    assert vector["id"].startswith("vec_") and vector["object"] == "vector" and vector["name"] == "cafe"
-    assert (vector["model"], vector["d_model"], vector["layer"], vector["hook_point"]) == (MODEL, 64, LAYER, "resid_post")
-    assert (vector["method"], vector["pairs"], vector["description"]) == ("mean", 4, "café against not")
+    assert (
+        vector["id"].startswith("vec_")
+        and vector["object"] == "vector"
+        and vector["name"] == "cafe"
+    )
+    assert (vector["model"], vector["d_model"], vector["layer"], vector["hook_point"]) == (
+        MODEL,
+        64,
+        LAYER,
+        "resid_post",
+    )
+    assert (vector["method"], vector["pairs"], vector["description"]) == (
+        "mean",
+        4,
+        "café against not",
+    )
     assert vector["norm"] == pytest.approx(float(np.linalg.norm(expected)), rel=1e-4)
     assert vector["agreement"] == pytest.approx(float(np.mean(separation @ expected > 0)))
     document = exported(server, vector["id"])
     values = np.asarray(document["values"])
     np.testing.assert_allclose(values, expected / np.linalg.norm(expected), atol=1e-5)
     np.testing.assert_allclose(vector["norm"] * values, expected, atol=1e-4 * vector["norm"])
-    assert api(server, "GET", f"/api/vectors/{vector['id']}").json() == vector == api(server, "GET", "/api/vectors/cafe").json()
+    assert (
+        api(server, "GET", f"/api/vectors/{vector['id']}").json()
+        == vector
+        == api(server, "GET", "/api/vectors/cafe").json()
+    )
     assert vector in api(server, "GET", "/api/vectors").json()["data"]
 
 
-def test_pca_is_the_uncentred_principal_direction_of_the_pairs_differences(server, offline, separation):
+def test_pca_is_the_uncentred_principal_direction_of_the_pairs_differences(
+    server, offline, separation
+):
     tokenizer, pooled = offline
     chat = pooled(chat_prompt_ids(tokenizer, CHAT[0])) - pooled(chat_prompt_ids(tokenizer, CHAT[1]))
     diffs = np.vstack([separation, chat])
@@ -152,7 +198,9 @@ def test_pca_is_the_uncentred_principal_direction_of_the_pairs_differences(serve
     values = np.asarray(exported(server, vector["id"])["values"])
     assert values.shape == (64,) and (vector["method"], vector["pairs"]) == ("pca", 5)
     np.testing.assert_allclose(values, top, atol=1e-4)
-    assert vector["norm"] == pytest.approx(float(diffs.mean(0) @ top), rel=1e-4) and vector["norm"] > 0
+    assert (
+        vector["norm"] == pytest.approx(float(diffs.mean(0) @ top), rel=1e-4) and vector["norm"] > 0
+    )
 
 
 # explaining -----------------------------------------------------------------------------------------------------
@@ -162,40 +210,94 @@ def projection_fraction(vector: np.ndarray, rows: np.ndarray) -> float:
     return float(projection @ projection / (vector @ vector))
 
 
-def test_explain_ranks_first_the_feature_built_on_the_separating_direction(server, mean_vector, sae_dirs):
+def test_explain_ranks_first_the_feature_built_on_the_separating_direction(
+    server, mean_vector, sae_dirs
+):
     got = api(server, "GET", f"/api/vectors/{mean_vector['id']}/explain", params={"k": 4})
     assert got.status_code == 200, got.text
     explained = got.json()
-    assert explained["object"] == "vector.explanation" and explained["sae_id"] == server.saes["here"] and explained["k"] == 4
+    assert (
+        explained["object"] == "vector.explanation"
+        and explained["sae_id"] == server.saes["here"]
+        and explained["k"] == 4
+    )
     first = explained["features"][0]
     assert first["index"] == BUILT and first["cosine"] == pytest.approx(1.0, abs=1e-5)
-    assert first["label"] == f"feature {BUILT} river" and first["cumulative"] == pytest.approx(1.0, abs=1e-5)
+    assert first["label"] == f"feature {BUILT} river" and first["cumulative"] == pytest.approx(
+        1.0, abs=1e-5
+    )
     values = np.asarray(exported(server, mean_vector["id"])["values"])
     decoder = read_sae(sae_dirs["here"])[1].W_dec.detach().double().numpy()
     unit_rows = decoder / np.linalg.norm(decoder, axis=1, keepdims=True)
     cosines = unit_rows @ values
-    assert [f["index"] for f in explained["features"]] == sorted(range(128), key=lambda i: -abs(cosines[i]))[:4]
+    assert [f["index"] for f in explained["features"]] == sorted(
+        range(128), key=lambda i: -abs(cosines[i])
+    )[:4]
     for feature in explained["features"]:
         assert feature["cosine"] == pytest.approx(float(cosines[feature["index"]]), abs=1e-5)
 
     # A vector the SAE only partly explains: the pairs' PCA direction, over the first three features.
     pca = exported(server, "cafe-pca")
-    part = api(server, "GET", "/api/vectors/cafe-pca/explain", params={"k": 3, "sae_id": server.saes["here"]}).json()
+    part = api(
+        server,
+        "GET",
+        "/api/vectors/cafe-pca/explain",
+        params={"k": 3, "sae_id": server.saes["here"]},
+    ).json()
     shown = [f["index"] for f in part["features"]]
     expected = projection_fraction(np.asarray(pca["values"]), unit_rows[shown])
     assert 0.5 < expected < 0.9999  # a fraction, not a foregone 1
     assert part["fraction_explained"] == pytest.approx(expected, abs=1e-5)
-    assert [f["cumulative"] for f in part["features"]] == pytest.approx([projection_fraction(np.asarray(pca["values"]), unit_rows[shown[: j + 1]]) for j in range(3)], abs=1e-5)
+    assert [f["cumulative"] for f in part["features"]] == pytest.approx(
+        [
+            projection_fraction(np.asarray(pca["values"]), unit_rows[shown[: j + 1]])
+            for j in range(3)
+        ],
+        abs=1e-5,
+    )
 
 
-def test_an_sae_reading_the_same_residual_explains_and_one_elsewhere_is_refused(server, mean_vector):
-    same = api(server, "GET", f"/api/vectors/{mean_vector['id']}/explain", params={"k": 1, "sae_id": server.saes["pre_next"]})
+def test_an_sae_reading_the_same_residual_explains_and_one_elsewhere_is_refused(
+    server, mean_vector
+):
+    same = api(
+        server,
+        "GET",
+        f"/api/vectors/{mean_vector['id']}/explain",
+        params={"k": 1, "sae_id": server.saes["pre_next"]},
+    )
     assert same.status_code == 200, same.text  # resid_pre of layer 2 is resid_post of layer 1
-    assert same.json()["features"][0]["index"] == BUILT and same.json()["hook_point"] == "resid_pre" and same.json()["layer"] == LAYER + 1
-    refused = error(api(server, "GET", f"/api/vectors/{mean_vector['id']}/explain", params={"sae_id": server.saes["elsewhere"]}), 400, "vector_sae_mismatch")
-    assert refused["param"] == "sae_id" and "layer 2" in refused["message"] and "layer 1" in refused["message"]
-    assert error(api(server, "GET", "/api/vectors/cafe/explain", params={"sae_id": "sae_000000000000"}), 404, "sae_not_found")["param"] == "sae_id"
-    error(api(server, "GET", "/api/vectors/cafe/explain", params={"k": 0}), 400, "invalid_parameter")
+    assert (
+        same.json()["features"][0]["index"] == BUILT
+        and same.json()["hook_point"] == "resid_pre"
+        and same.json()["layer"] == LAYER + 1
+    )
+    refused = error(
+        api(
+            server,
+            "GET",
+            f"/api/vectors/{mean_vector['id']}/explain",
+            params={"sae_id": server.saes["elsewhere"]},
+        ),
+        400,
+        "vector_sae_mismatch",
+    )
+    assert (
+        refused["param"] == "sae_id"
+        and "layer 2" in refused["message"]
+        and "layer 1" in refused["message"]
+    )
+    assert (
+        error(
+            api(server, "GET", "/api/vectors/cafe/explain", params={"sae_id": "sae_000000000000"}),
+            404,
+            "sae_not_found",
+        )["param"]
+        == "sae_id"
+    )
+    error(
+        api(server, "GET", "/api/vectors/cafe/explain", params={"k": 0}), 400, "invalid_parameter"
+    )
 
 
 # files ---------------------------------------------------------------------------------------------------------
@@ -203,18 +305,38 @@ def test_export_then_import_is_bit_for_bit(server, mean_vector):
     response = api(server, "GET", f"/api/vectors/{mean_vector['id']}/export")
     assert response.headers["content-disposition"] == 'attachment; filename="cafe.json"'
     document = response.json()
-    assert document["kind"] == "millm.steering-vector" and document["version"] == 1 and document["normalisation"] == "unit"
-    assert error(post(server, "/api/vectors/import", document), 409, "vector_exists")["param"] == "name"
+    assert (
+        document["kind"] == "millm.steering-vector"
+        and document["version"] == 1
+        and document["normalisation"] == "unit"
+    )
+    assert (
+        error(post(server, "/api/vectors/import", document), 409, "vector_exists")["param"]
+        == "name"
+    )
     imported = post(server, "/api/vectors/import?on_conflict=rename", document)
     assert imported.status_code == 201, imported.text
     copy = imported.json()
-    assert copy["name"] == "cafe-2" and copy["id"] != mean_vector["id"] and copy["agreement"] is None
+    assert (
+        copy["name"] == "cafe-2" and copy["id"] != mean_vector["id"] and copy["agreement"] is None
+    )
     again = exported(server, copy["id"])
     assert {**again, "name": "cafe"} == document
-    assert np.asarray(again["values"], dtype=np.float32).tobytes() == np.asarray(document["values"], dtype=np.float32).tobytes()
+    assert (
+        np.asarray(again["values"], dtype=np.float32).tobytes()
+        == np.asarray(document["values"], dtype=np.float32).tobytes()
+    )
     deleted = api(server, "DELETE", f"/api/vectors/{copy['id']}")
-    assert deleted.json() == {"id": copy["id"], "object": "vector.deleted", "name": "cafe-2", "deleted": True}
-    assert error(api(server, "GET", f"/api/vectors/{copy['id']}"), 404, "vector_not_found")["param"] == "vector_id"
+    assert deleted.json() == {
+        "id": copy["id"],
+        "object": "vector.deleted",
+        "name": "cafe-2",
+        "deleted": True,
+    }
+    assert (
+        error(api(server, "GET", f"/api/vectors/{copy['id']}"), 404, "vector_not_found")["param"]
+        == "vector_id"
+    )
 
 
 @pytest.mark.parametrize(
@@ -233,7 +355,11 @@ def test_a_bad_file_is_refused_naming_the_field(server, mean_vector, change, par
         change = {"values": document["values"][:-1]}
     elif change.get("values") == "scale":
         change = {"values": [2 * v for v in document["values"]]}
-    body = error(post(server, "/api/vectors/import", {**document, **change, "name": "bad"}), 400, type_="invalid_request_error")
+    body = error(
+        post(server, "/api/vectors/import", {**document, **change, "name": "bad"}),
+        400,
+        type_="invalid_request_error",
+    )
     assert body["param"] == param, body
 
 
@@ -242,8 +368,17 @@ def test_nan_and_infinity_in_a_file_are_refused(server, mean_vector):
     text = json.dumps({**document, "name": "bad"})
     for spelled, param in (("NaN", "values[3]"), ("Infinity", "values[3]")):
         values = list(document["values"])
-        raw = text.replace(json.dumps(values), json.dumps(values[:3])[:-1] + f", {spelled}, " + json.dumps(values[4:])[1:])
-        response = api(server, "POST", "/api/vectors/import", content=raw.encode(), headers={"content-type": "application/json"})
+        raw = text.replace(
+            json.dumps(values),
+            json.dumps(values[:3])[:-1] + f", {spelled}, " + json.dumps(values[4:])[1:],
+        )
+        response = api(
+            server,
+            "POST",
+            "/api/vectors/import",
+            content=raw.encode(),
+            headers={"content-type": "application/json"},
+        )
         assert error(response, 400)["param"] == param, response.text
     assert "bad" not in [v["name"] for v in api(server, "GET", "/api/vectors").json()["data"]]
 
@@ -256,18 +391,54 @@ LONGER = " ".join(["The cat runs café quickly."] * 320)  # past the context win
 @pytest.mark.parametrize(
     "change, status, param, code",
     [
-        ({"pairs": [{"positive": "café is here.", "negative": "it is here."}] * (MAX_TEXTS + 1)}, 400, "pairs", "invalid_parameter"),
-        ({"pairs": [{"positive": "The cat runs café quickly.", "negative": "The cat runs quickly."}], "method": "pca"}, 400, "pairs", "invalid_parameter"),
+        (
+            {"pairs": [{"positive": "café is here.", "negative": "it is here."}] * (MAX_TEXTS + 1)},
+            400,
+            "pairs",
+            "invalid_parameter",
+        ),
+        (
+            {
+                "pairs": [
+                    {"positive": "The cat runs café quickly.", "negative": "The cat runs quickly."}
+                ],
+                "method": "pca",
+            },
+            400,
+            "pairs",
+            "invalid_parameter",
+        ),
         ({"layer": 3}, 400, "layer", "invalid_parameter"),
         ({"hook_point": "attn_out"}, 400, "hook_point", "invalid_parameter"),
         ({"name": "cafe"}, 409, "name", "vector_exists"),
-        ({"pairs": [{"positive": "The cat runs quickly.", "negative": LONG}]}, 400, "pairs[0].negative", "invalid_parameter"),
-        ({"pairs": [{"positive": LONGER, "negative": "The cat."}]}, 400, "pairs[0].positive", "context_length_exceeded"),
-        ({"pairs": [{"positive": [{"role": "wizard", "content": "hi"}], "negative": "The cat."}]}, 400, "pairs[0].positive", "invalid_parameter"),
+        (
+            {"pairs": [{"positive": "The cat runs quickly.", "negative": LONG}]},
+            400,
+            "pairs[0].negative",
+            "invalid_parameter",
+        ),
+        (
+            {"pairs": [{"positive": LONGER, "negative": "The cat."}]},
+            400,
+            "pairs[0].positive",
+            "context_length_exceeded",
+        ),
+        (
+            {
+                "pairs": [
+                    {"positive": [{"role": "wizard", "content": "hi"}], "negative": "The cat."}
+                ]
+            },
+            400,
+            "pairs[0].positive",
+            "invalid_parameter",
+        ),
         ({"model": "another-model"}, 400, "model", "invalid_parameter"),
     ],
 )
-def test_a_training_request_is_refused_before_any_pass(server, mean_vector, change, status, param, code):
+def test_a_training_request_is_refused_before_any_pass(
+    server, mean_vector, change, status, param, code
+):
     response = post(server, "/api/vectors/train", {**pair_body("refused"), **change})
     assert error(response, status, code)["param"] == param, response.text
     assert "refused" not in [v["name"] for v in api(server, "GET", "/api/vectors").json()["data"]]
@@ -299,30 +470,89 @@ def test_vectors_survive_a_restart(tiny_dirs, tmp_path_factory, server, mean_vec
 def test_a_vector_in_a_request_steers_like_the_feature_built_on_it(server, mean_vector):
     """The vector's unit direction is feature BUILT's decoder row (to float32 rounding): adding either at
     strength 20 at layer 1 reads the same activations after the edit, and the answers are the same tokens."""
-    read = {"sae_id": server.saes["here"], "features": [BUILT, 3, 40], "top_k": 3, "positions": "all"}
-    body = {"model": MODEL, "prompt": "The cat runs quickly.", "max_tokens": 6, "temperature": 0, "return_sae_activations": read}
-    by_vector = post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": mean_vector["id"], "strength": 20.0}]}})
-    by_feature = post(server, "/v1/completions", {**body, "steering": {"steering": [{"sae_id": server.saes["here"], "features": [{"index": BUILT, "strength": 20.0}]}]}})
+    read = {
+        "sae_id": server.saes["here"],
+        "features": [BUILT, 3, 40],
+        "top_k": 3,
+        "positions": "all",
+    }
+    body = {
+        "model": MODEL,
+        "prompt": "The cat runs quickly.",
+        "max_tokens": 6,
+        "temperature": 0,
+        "return_sae_activations": read,
+    }
+    by_vector = post(
+        server,
+        "/v1/completions",
+        {**body, "steering": {"vectors": [{"vector_id": mean_vector["id"], "strength": 20.0}]}},
+    )
+    by_feature = post(
+        server,
+        "/v1/completions",
+        {
+            **body,
+            "steering": {
+                "steering": [
+                    {
+                        "sae_id": server.saes["here"],
+                        "features": [{"index": BUILT, "strength": 20.0}],
+                    }
+                ]
+            },
+        },
+    )
     plain = post(server, "/v1/completions", body)
-    assert by_vector.status_code == 200 and by_feature.status_code == 200, (by_vector.text, by_feature.text)
+    assert by_vector.status_code == 200 and by_feature.status_code == 200, (
+        by_vector.text,
+        by_feature.text,
+    )
 
     def values(answer) -> list[tuple[int, int, float]]:
-        return [(p["token_id"], f["index"], f["value"]) for p in answer.json()["millm"]["sae_activations"]["positions"] for f in p["features"]]
+        return [
+            (p["token_id"], f["index"], f["value"])
+            for p in answer.json()["millm"]["sae_activations"]["positions"]
+            for f in p["features"]
+        ]
 
     steered, reference, unsteered = values(by_vector), values(by_feature), values(plain)
     assert [(t, i) for t, i, _ in steered] == [(t, i) for t, i, _ in reference]
     assert [v for *_, v in steered] == pytest.approx([v for *_, v in reference], abs=1e-3)
-    assert max(abs(a[2] - b[2]) for a, b in zip(steered, unsteered, strict=False)) > 1.0  # and it did steer
+    assert (
+        max(abs(a[2] - b[2]) for a, b in zip(steered, unsteered, strict=False)) > 1.0
+    )  # and it did steer
     assert by_vector.headers["x-millm-steering"].startswith("request")
 
 
 def test_a_vector_of_another_model_or_unknown_is_refused_in_a_request(server, mean_vector):
     body = {"model": MODEL, "prompt": "The cat", "max_tokens": 2}
-    unknown = error(post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": "vec_000000000000", "strength": 5.0}]}}), 400, "vector_not_found")
+    unknown = error(
+        post(
+            server,
+            "/v1/completions",
+            {**body, "steering": {"vectors": [{"vector_id": "vec_000000000000", "strength": 5.0}]}},
+        ),
+        400,
+        "vector_not_found",
+    )
     assert "vectors[0]" in unknown["message"]
     document = exported(server, mean_vector["id"])
-    foreign = post(server, "/api/vectors/import", {**document, "name": "foreign", "model": "another-model"})
+    foreign = post(
+        server, "/api/vectors/import", {**document, "name": "foreign", "model": "another-model"}
+    )
     assert foreign.status_code == 201, foreign.text
-    refused = error(post(server, "/v1/completions", {**body, "steering": {"vectors": [{"vector_id": foreign.json()["id"], "strength": 5.0}]}}), 400, "vector_not_applicable")
+    refused = error(
+        post(
+            server,
+            "/v1/completions",
+            {
+                **body,
+                "steering": {"vectors": [{"vector_id": foreign.json()["id"], "strength": 5.0}]},
+            },
+        ),
+        400,
+        "vector_not_applicable",
+    )
     assert "another-model" in refused["message"]
     api(server, "DELETE", f"/api/vectors/{foreign.json()['id']}")

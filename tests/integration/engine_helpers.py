@@ -31,7 +31,14 @@ class Outcome:
 
 
 def row(prompt, max_tokens=20, sampling=GREEDY, stop=(), seed=None, edit=None) -> RowSpec:
-    return RowSpec(prompt_ids=tuple(prompt), sampling=sampling, max_tokens=max_tokens, stop=tuple(stop), seed=seed, edit=edit)
+    return RowSpec(
+        prompt_ids=tuple(prompt),
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=tuple(stop),
+        seed=seed,
+        edit=edit,
+    )
 
 
 def generate(lm, rows: list[RowSpec]) -> Outcome:

@@ -9,7 +9,17 @@ import threading
 import pytest
 import torch
 
-from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, GenerationJob, JobFailed, RowFinished, RowSpec, ScoresReady, ScoringJob, TextDelta
+from millm.engine.jobs import (
+    EmbeddingJob,
+    EmbeddingsReady,
+    GenerationJob,
+    JobFailed,
+    RowFinished,
+    RowSpec,
+    ScoresReady,
+    ScoringJob,
+    TextDelta,
+)
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
@@ -18,7 +28,12 @@ from tests.conftest import load_tiny
 from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
 from tests.support import tiny_models
 
-PROMPTS = ["The cat", "A river runs through the old town and", "Once", "Seven apples were on the table near the"]
+PROMPTS = [
+    "The cat",
+    "A river runs through the old town and",
+    "Once",
+    "Seven apples were on the table near the",
+]
 
 
 class Watched:
@@ -130,7 +145,9 @@ def test_cancelling_one_job_leaves_the_others_whole(llama_lm, batched):
     assert kept.done.wait(30)
     assert kept.outcome.texts[0] == expected and kept.outcome.finish == {0: "length"}
     assert scheduler.wait_idle(10)
-    assert scheduler.stats["batched"]["cancelled"] == 1 and scheduler.stats["batched"]["served"] == 1
+    assert (
+        scheduler.stats["batched"]["cancelled"] == 1 and scheduler.stats["batched"]["served"] == 1
+    )
     assert not doomed.outcome.finish  # a cancelled row reports nothing more
 
 
@@ -163,7 +180,9 @@ def test_scoring_and_embeddings_beside_a_steered_batch_stay_unsteered(llama_lm, 
     want = next(e for e in reference_scores.outcome.events if isinstance(e, ScoresReady)).logits[0]
     assert torch.equal(got, want)
     got_v = next(e for e in vectors.outcome.events if isinstance(e, EmbeddingsReady)).vectors
-    want_v = next(e for e in reference_vectors.outcome.events if isinstance(e, EmbeddingsReady)).vectors
+    want_v = next(
+        e for e in reference_vectors.outcome.events if isinstance(e, EmbeddingsReady)
+    ).vectors
     assert torch.equal(got_v, want_v)
     assert steered.outcome.texts[0] == steered_alone  # and the batch's steered row stayed steered
 
@@ -178,9 +197,13 @@ def test_batch_bound_makes_later_jobs_wait_in_the_queue(llama_lm, batched):
     assert all(job.outcome.tokens == {0: 30} for job in jobs)
 
 
-def test_models_on_transformers_forward_with_sliding_windows_stay_serial_and_say_why(tiny_dirs, tmp_path_factory, batched):
+def test_models_on_transformers_forward_with_sliding_windows_stay_serial_and_say_why(
+    tiny_dirs, tmp_path_factory, batched
+):
     """Phi-3 runs on transformers' own forward, whose sliding-window cache layers cannot be merged."""
-    directory = tiny_models.build_phi3(tmp_path_factory.mktemp("phi3") / "tiny-phi3", tiny_dirs["tokenizer"])
+    directory = tiny_models.build_phi3(
+        tmp_path_factory.mktemp("phi3") / "tiny-phi3", tiny_dirs["tokenizer"]
+    )
     lm = load_tiny(directory, tmp_path_factory.mktemp("home"))
     scheduler = batched(lm)
     assert scheduler.backend == "serial" and "cannot merge" in scheduler.batching_unavailable
@@ -201,14 +224,20 @@ def test_shutdown_with_an_error_answers_running_and_queued_jobs(llama_lm):
 
 
 @pytest.mark.parametrize("batching", [False, True])
-def test_running_the_device_out_of_memory_answers_insufficient_memory_and_serving_goes_on(llama_lm, batching):
+def test_running_the_device_out_of_memory_answers_insufficient_memory_and_serving_goes_on(
+    llama_lm, batching
+):
     """A budget whose KV buffer cannot be allocated: a real allocator failure, named by device."""
     scheduler = Scheduler(llama_lm, 8, batching=batching)
     try:
         huge = submit(scheduler, [row(prompt_ids(llama_lm, "The cat"), 10**13)])
         assert huge.done.wait(30)
         [failure] = huge.outcome.failed
-        assert (failure.status, failure.code, failure.type) == (503, "insufficient_memory", "invalid_request_error")
+        assert (failure.status, failure.code, failure.type) == (
+            503,
+            "insufficient_memory",
+            "invalid_request_error",
+        )
         assert failure.message.startswith("cpu ran out of memory")
         after = submit(scheduler, [row(prompt_ids(llama_lm, "The cat"), 5)])
         assert after.done.wait(30) and after.outcome.tokens == {0: 5}
@@ -223,8 +252,15 @@ def test_monitoring_reads_in_a_batch_equal_their_solo_reads(llama_lm, batched):
     lm = llama_lm
     read = ResidualRead(1, False, "all", "monitoring")
     specs = [
-        RowSpec(tuple(prompt_ids(lm, "The cat")), SamplingParams(temperature=0.0), 12, reads=(read,)),
-        RowSpec(tuple(prompt_ids(lm, "A river runs through the old town and")), SamplingParams(temperature=0.0), 8, reads=(read,)),
+        RowSpec(
+            tuple(prompt_ids(lm, "The cat")), SamplingParams(temperature=0.0), 12, reads=(read,)
+        ),
+        RowSpec(
+            tuple(prompt_ids(lm, "A river runs through the old town and")),
+            SamplingParams(temperature=0.0),
+            8,
+            reads=(read,),
+        ),
     ]
 
     def captured(outcome):

@@ -24,8 +24,11 @@ KEYWORD_SCHEMAS = {
     **{f"supported-{i}": schema for i, schema in enumerate(SUPPORTED_EXAMPLES)},
     "nested-judge": {
         "type": "object",
-        "properties": {"label": {"enum": ["humor", "not_humor"]}, "score": {"type": "integer", "minimum": 0, "maximum": 10},
-                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2}},
+        "properties": {
+            "label": {"enum": ["humor", "not_humor"]},
+            "score": {"type": "integer", "minimum": 0, "maximum": 10},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
+        },
         "required": ["label", "score"],
         "additionalProperties": False,
     },
@@ -48,7 +51,9 @@ def constrained_outcomes(request):
             spec = GrammarSpec(json.dumps(KEYWORD_SCHEMAS[name]))
             prompt = prompt_ids(lm, "Answer in JSON:")
             rows = [row(prompt, MAX_TOKENS, SAMPLED, seed=seed) for seed in range(ROWS)]
-            made[model, name] = generate(lm, [type(r)(**{**r.__dict__, "constraint": spec}) for r in rows])
+            made[model, name] = generate(
+                lm, [type(r)(**{**r.__dict__, "constraint": spec}) for r in rows]
+            )
         return made[model, name]
 
     return outcome
@@ -75,7 +80,12 @@ def test_every_keyword_gives_valid_documents(name, model, constrained_outcomes):
 def test_most_schemas_close_their_documents(constrained_outcomes):
     """Random tiny models still close most documents within 120 tokens (a schema counts when any
     row on either model closed one)."""
-    closed = {name for name in KEYWORD_SCHEMAS for model in MODELS if "stop" in constrained_outcomes(model, name).finish.values()}
+    closed = {
+        name
+        for name in KEYWORD_SCHEMAS
+        for model in MODELS
+        if "stop" in constrained_outcomes(model, name).finish.values()
+    }
     assert len(closed) >= len(KEYWORD_SCHEMAS) * 0.6, sorted(set(KEYWORD_SCHEMAS) - closed)
 
 

@@ -9,7 +9,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, ResidualRead, ResidualsRead, RowSpec, ScoresReady, ScoringJob
+from millm.engine.jobs import (
+    EmbeddingJob,
+    EmbeddingsReady,
+    ResidualRead,
+    ResidualsRead,
+    RowSpec,
+    ScoresReady,
+    ScoringJob,
+)
 from millm.engine.runner_lean import LeanRunner
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
@@ -32,7 +40,9 @@ def family(request, tiny_dirs, tmp_path_factory):
     if name in tiny_dirs:
         directory = tiny_dirs[name]
     else:
-        directory = tiny_models.FAMILIES[name](tmp_path_factory.mktemp(name) / f"tiny-{name}", tiny_dirs["tokenizer"])
+        directory = tiny_models.FAMILIES[name](
+            tmp_path_factory.mktemp(name) / f"tiny-{name}", tiny_dirs["tokenizer"]
+        )
     return name, directory, load_tiny(directory, tmp_path_factory.mktemp("home"))
 
 
@@ -63,7 +73,13 @@ def test_the_lean_runner_serves_the_family_with_stock_numbers(family):
             want = reference(torch.tensor([prompt])).logits[0, -1]
             assert float((logits[index] - want).abs().max()) < 1e-4, (name, index)
             tokens, _ = greedy_run(lm.runner, prompt, STEPS)
-            generated = reference.generate(torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False, eos_token_id=None, pad_token_id=0)
+            generated = reference.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=STEPS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             assert tokens == generated[0, len(prompt) :].tolist(), (name, index)
         start = 3
         scored = lm.runner.prompt_logits(prompts[1], start)  # what scoring reads
@@ -97,7 +113,9 @@ def test_a_row_joining_a_running_batch_equals_its_solo_run(family):
             logits = runner.step(batch, torch.tensor([tokens[-1] for tokens in rows]))
     assert got_a == solo_a and got_b == solo_b, name
     for together, alone in ((seen_a, logits_a), (seen_b, logits_b)):
-        assert max(float((x - y).abs().max()) for x, y in zip(together, alone, strict=True)) < 1e-4, name
+        assert (
+            max(float((x - y).abs().max()) for x, y in zip(together, alone, strict=True)) < 1e-4
+        ), name
 
 
 def test_staggered_jobs_in_the_scheduler_equal_their_solo_runs(family):
@@ -133,7 +151,9 @@ def test_the_steering_delta_is_the_weighted_decoder_sum(family, tmp_path):
     assert float((steered[0] - plain[0] - expected_a).abs().max()) < 1e-5, name
     after_a = residuals(lm, prompt, only_a, [2])
     assert float((steered[2] - after_a[2] - 6.0 * b.sae.W_dec[7]).abs().max()) < 1e-5, name
-    assert float((steered[2] - plain[2]).abs().max()) > 0.1  # a's delta travelled on through the blocks
+    assert (
+        float((steered[2] - plain[2]).abs().max()) > 0.1
+    )  # a's delta travelled on through the blocks
 
 
 def test_reads_equal_an_offline_encode(family, tmp_path):
@@ -142,13 +162,19 @@ def test_reads_equal_an_offline_encode(family, tmp_path):
     target = attach(tmp_path, "read", layer=1, seed=3)
     prompt = prompt_ids(lm, LONG)
     read = ResidualRead(1, False, "all", "activations", encode=target.sae.encode)
-    outcome = generate(lm, [RowSpec(tuple(prompt), SamplingParams(temperature=0.0), 6, reads=(read,))])
+    outcome = generate(
+        lm, [RowSpec(tuple(prompt), SamplingParams(temperature=0.0), 6, reads=(read,))]
+    )
     captured = next(e for e in outcome.events if isinstance(e, ResidualsRead))
     sequence = list(captured.token_ids)
     with torch.inference_mode():
-        hidden = stock(directory)(torch.tensor([sequence]), output_hidden_states=True).hidden_states[2][0]
+        hidden = stock(directory)(
+            torch.tensor([sequence]), output_hidden_states=True
+        ).hidden_states[2][0]
     offline = target.sae.encode(hidden[list(captured.positions)])
-    assert len(captured.positions) == len(prompt) + 5  # the prompt and every generated token but the last
+    assert (
+        len(captured.positions) == len(prompt) + 5
+    )  # the prompt and every generated token but the last
     assert float((captured.encoded - offline).abs().max()) < 1e-4, name
     assert int((offline > 0).sum()) > 0
 
@@ -176,10 +202,16 @@ def test_scoring_beside_a_steered_batch_stays_unsteered(family, tmp_path):
     want = next(e for e in reference.outcome.events if isinstance(e, ScoresReady)).logits[0]
     assert torch.equal(got, want), name
     assert steered.outcome.texts[0] == steered_alone
-    assert next(e for e in vectors.outcome.events if isinstance(e, EmbeddingsReady)).vectors.isfinite().all()
+    assert (
+        next(e for e in vectors.outcome.events if isinstance(e, EmbeddingsReady))
+        .vectors.isfinite()
+        .all()
+    )
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral"], indirect=True)  # the families with sliding-window layers
+@pytest.mark.parametrize(
+    "family", ["gemma2", "gemma3", "mistral"], indirect=True
+)  # the families with sliding-window layers
 def test_sliding_layers_hold_a_bounded_number_of_columns(family):
     """Sliding-window layers keep at most twice the window, however long a row runs; global layers
     (none in Mistral) keep everything. The tokens stay transformers' own (checked above, past the window)."""
@@ -188,10 +220,17 @@ def test_sliding_layers_hold_a_bounded_number_of_columns(family):
     prompt = prompt_ids(lm, LONG)
     steps = 4 * runner.window
     with torch.inference_mode():
-        batch, logits = runner.prefill([prompt, prompt_ids(lm, SHORT)], capacity=len(prompt) + steps)
+        batch, logits = runner.prefill(
+            [prompt, prompt_ids(lm, SHORT)], capacity=len(prompt) + steps
+        )
         for _ in range(steps):
             logits = runner.step(batch, logits.argmax(-1))
     [sliding] = [group for group in batch.kv.groups if group.keep is not None]
-    assert [group.length for group in batch.kv.groups if group.keep is None] == ([] if name == "mistral" else [len(prompt) + steps])
+    assert [group.length for group in batch.kv.groups if group.keep is None] == (
+        [] if name == "mistral" else [len(prompt) + steps]
+    )
     assert sliding.keep == runner.window and sliding.keys.shape[3] == 2 * runner.window
-    assert batch.kv.length == sliding.dropped + sliding.length == len(prompt) + steps and sliding.dropped > 0
+    assert (
+        batch.kv.length == sliding.dropped + sliding.length == len(prompt) + steps
+        and sliding.dropped > 0
+    )

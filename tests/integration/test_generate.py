@@ -25,10 +25,14 @@ def reference_greedy(lm, prompt, max_new_tokens):
     """transformers' own generate, greedy, on a stock copy of the same checkpoint: tokens after the prompt."""
     with torch.inference_mode():
         out = stock_model(str(lm.source.directory)).generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(lm.eos_token_ids), pad_token_id=0,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(lm.eos_token_ids),
+            pad_token_id=0,
         )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("model", ["llama_lm", "gemma2_lm"])
@@ -45,7 +49,10 @@ def test_greedy_matches_transformers_generate(model, request):
 @pytest.mark.parametrize("model", ["llama_lm", "gemma2_lm"])
 def test_left_padded_rows_equal_their_solo_runs(model, request):
     lm = request.getfixturevalue(model)
-    short, long = prompt_ids(lm, "Hello"), prompt_ids(lm, "My friend answers the city of France quickly")
+    short, long = (
+        prompt_ids(lm, "Hello"),
+        prompt_ids(lm, "My friend answers the city of France quickly"),
+    )
     together = generate(lm, [row(short, 40), row(long, 40)])
     assert together.texts[0] == generate(lm, [row(short, 40)]).texts[0]
     assert together.texts[1] == generate(lm, [row(long, 40)]).texts[0]
@@ -90,12 +97,16 @@ def test_generation_config_eos_ends_with_stop(tiny_dirs, tmp_path, llama_lm):
     prompt = prompt_ids(llama_lm, "Paris is")
     free = reference_greedy(llama_lm, prompt, 12)
     eos = free[4]
-    variant = load_tiny(with_extra_eos(tmp_path / "eos", tiny_dirs["llama"], [eos]), tmp_path / "home")
+    variant = load_tiny(
+        with_extra_eos(tmp_path / "eos", tiny_dirs["llama"], [eos]), tmp_path / "home"
+    )
     out = generate(variant, [row(prompt, 12)])
     stop_at = free.index(eos)
     assert out.finish[0] == "stop"
     assert out.tokens[0] == stop_at + 1  # the EOS token counts as generated
-    assert out.texts.get(0, "") == llama_lm.tokenizer.decode(free[:stop_at], skip_special_tokens=True)
+    assert out.texts.get(0, "") == llama_lm.tokenizer.decode(
+        free[:stop_at], skip_special_tokens=True
+    )
 
 
 def test_cancel_stops_generation(llama_lm):

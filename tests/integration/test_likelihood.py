@@ -15,7 +15,9 @@ from millm.engine.residual import Stacked
 def reference(tiny_dirs, sequence: list[int], start: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
     with torch.inference_mode():
         logits = model(torch.tensor([sequence])).logits[0].float()
     logprobs = torch.log_softmax(logits, dim=-1)
@@ -33,12 +35,25 @@ def test_continuation_logprobs_match_a_plain_forward_pass(llama_lm, tiny_dirs):
         continuation_logprobs(llama_lm, sequence, 0)
 
 
-def test_a_likelihood_job_answers_every_sequence_and_ignores_steering_left_installed(llama_lm, tiny_dirs):
+def test_a_likelihood_job_answers_every_sequence_and_ignores_steering_left_installed(
+    llama_lm, tiny_dirs
+):
     sequences = [[5, 17, 33, 2, 48], [9, 9, 40, 12]]
     events = []
     vector = torch.ones(llama_lm.model.config.hidden_size) * 50.0
-    llama_lm.residual.install(Stacked({0: vector[None, None, :]}))  # a previous job's steering must not leak in
-    run_likelihood(llama_lm, LikelihoodJob(sequences=sequences, starts=[2, 1], emit=events.append, cancelled=threading.Event()))
+    llama_lm.residual.install(
+        Stacked({0: vector[None, None, :]})
+    )  # a previous job's steering must not leak in
+    run_likelihood(
+        llama_lm,
+        LikelihoodJob(
+            sequences=sequences, starts=[2, 1], emit=events.append, cancelled=threading.Event()
+        ),
+    )
     assert len(events) == 1 and isinstance(events[0], LikelihoodsReady)
-    assert events[0].token_logprobs[0] == pytest.approx(reference(tiny_dirs, sequences[0], 2), abs=1e-4)
-    assert events[0].token_logprobs[1] == pytest.approx(reference(tiny_dirs, sequences[1], 1), abs=1e-4)
+    assert events[0].token_logprobs[0] == pytest.approx(
+        reference(tiny_dirs, sequences[0], 2), abs=1e-4
+    )
+    assert events[0].token_logprobs[1] == pytest.approx(
+        reference(tiny_dirs, sequences[1], 1), abs=1e-4
+    )

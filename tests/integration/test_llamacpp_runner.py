@@ -17,7 +17,12 @@ from millm.engine.sampling import SamplingParams
 from millm.errors import FieldNotHonoured
 from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
 
-PROMPTS = ["The cat", "A river runs through the old town and", "Once", "Seven apples were on the table near the"]
+PROMPTS = [
+    "The cat",
+    "A river runs through the old town and",
+    "Once",
+    "Seven apples were on the table near the",
+]
 TOLERANCE = 1e-4
 
 
@@ -37,7 +42,9 @@ def logits_of(lm, prompts: list[list[int]], edit: ResidualEdit | None = None) ->
 
 def test_the_model_is_described_as_the_file_says(cpp_lm):
     assert cpp_lm.engine == "llama.cpp" and cpp_lm.model is None and cpp_lm.quantization == "F32"
-    assert cpp_lm.vocab_size == cpp_lm.tokenizer.vocab_size + 0 or cpp_lm.vocab_size == len(cpp_lm.tokenizer)
+    assert cpp_lm.vocab_size == cpp_lm.tokenizer.vocab_size + 0 or cpp_lm.vocab_size == len(
+        cpp_lm.tokenizer
+    )
     assert cpp_lm.context_length == 2048 and cpp_lm.config.num_hidden_layers == 3
     assert cpp_lm.system_fingerprint.endswith("float32/F32:llama.cpp")
     assert not cpp_lm.reads_residuals
@@ -45,7 +52,9 @@ def test_the_model_is_described_as_the_file_says(cpp_lm):
 
 def test_greedy_tokens_and_logits_equal_the_transformers_runner(cpp_lm, llama_lm):
     prompts = [prompt_ids(cpp_lm, text) for text in PROMPTS]
-    assert prompts == [prompt_ids(llama_lm, text) for text in PROMPTS]  # one tokenizer, read from the file
+    assert prompts == [
+        prompt_ids(llama_lm, text) for text in PROMPTS
+    ]  # one tokenizer, read from the file
     gap = (logits_of(cpp_lm, prompts[:1]) - logits_of(llama_lm, prompts[:1])).abs().max().item()
     assert gap < TOLERANCE
     ours = generate(cpp_lm, [row(p, max_tokens=32) for p in prompts])
@@ -58,7 +67,10 @@ def test_rows_joining_a_running_batch_equal_their_solo_runs(cpp_lm):
     prompts = [prompt_ids(cpp_lm, text) for text in PROMPTS]
     solo = [generate(cpp_lm, [row(p, max_tokens=24)]).texts[0] for p in prompts]
     outcomes = [Outcome() for _ in prompts]
-    jobs = [GenerationJob(rows=[row(p, max_tokens=24)], emit=o.record) for p, o in zip(prompts, outcomes, strict=True)]
+    jobs = [
+        GenerationJob(rows=[row(p, max_tokens=24)], emit=o.record)
+        for p, o in zip(prompts, outcomes, strict=True)
+    ]
     lane = Lane(cpp_lm)
     with torch.inference_mode():
         lane.join(jobs[0], jobs[1])
@@ -78,7 +90,9 @@ def test_n_copies_seeds_and_stops(cpp_lm):
     hot = SamplingParams(temperature=1.0)
     first = generate(cpp_lm, [row(prompt, sampling=hot, seed=s) for s in (11, 12)])
     again = generate(cpp_lm, [row(prompt, sampling=hot, seed=s) for s in (11, 12)])
-    assert first.texts == again.texts and first.texts[0] != first.texts[1]  # one prefill, two sequences
+    assert (
+        first.texts == again.texts and first.texts[0] != first.texts[1]
+    )  # one prefill, two sequences
     whole = generate(cpp_lm, [row(prompt, max_tokens=24)]).texts[0]
     stop = whole[5:8]
     cut = generate(cpp_lm, [row(prompt, max_tokens=24, stop=[stop])])
@@ -102,8 +116,13 @@ def test_steering_delta_equals_the_transformers_runner(cpp_lm, llama_lm):
 def test_steered_and_unsteered_rows_share_a_batch_and_keep_their_own_answers(cpp_lm):
     prompts = [prompt_ids(cpp_lm, text) for text in PROMPTS[:3]]
     edits = [None, edit_at(cpp_lm, 1), edit_at(cpp_lm, 2, seed=5)]
-    solo = [generate(cpp_lm, [row(p, max_tokens=20, edit=e)]).texts[0] for p, e in zip(prompts, edits, strict=True)]
-    together = generate(cpp_lm, [row(p, max_tokens=20, edit=e) for p, e in zip(prompts, edits, strict=True)])
+    solo = [
+        generate(cpp_lm, [row(p, max_tokens=20, edit=e)]).texts[0]
+        for p, e in zip(prompts, edits, strict=True)
+    ]
+    together = generate(
+        cpp_lm, [row(p, max_tokens=20, edit=e) for p, e in zip(prompts, edits, strict=True)]
+    )
     assert [together.texts[i] for i in range(3)] == solo
     assert len(set(solo)) == 3
 
@@ -115,7 +134,9 @@ def test_what_a_control_vector_cannot_do_is_refused_by_name(cpp_lm):
         (edit_at(cpp_lm, -1), "before block 0"),
         (ResidualEdit((), ((1, lambda h: h.clamp(max=1.0)),)), "steering operation"),
     ]:
-        with pytest.raises(FieldNotHonoured, match=words) as refused:  # the scheduler answers the job with it
+        with pytest.raises(
+            FieldNotHonoured, match=words
+        ) as refused:  # the scheduler answers the job with it
             generate(cpp_lm, [row(prompt, edit=edit)])
         assert "--engine transformers" in refused.value.message
     read = ResidualRead(1, False, "prompt", "test", encode=lambda residuals: residuals)
@@ -134,7 +155,12 @@ def test_embeddings_and_likelihoods_equal_the_transformers_runner(cpp_lm, llama_
         assert mine.shape == (len(prompt), cpp_lm.config.hidden_size)
         assert (mine - other.float()).abs().max().item() < TOLERANCE
     sequence = prompts[1]
-    gap = (cpp_lm.runner.prompt_logits(sequence, 2) - llama_lm.runner.prompt_logits(sequence, 2)).abs().max().item()
+    gap = (
+        (cpp_lm.runner.prompt_logits(sequence, 2) - llama_lm.runner.prompt_logits(sequence, 2))
+        .abs()
+        .max()
+        .item()
+    )
     assert gap < TOLERANCE
 
 

@@ -27,8 +27,6 @@ from tests.support.postgres import PostgresServer
 HEAD = revision_of(SCHEMA_VERSION)
 
 
-
-
 def admin(server: PostgresServer, statement: str) -> None:
     engine = create_engine(server.url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -60,7 +58,10 @@ def snapshot(url: str) -> dict[str, list[dict]]:
     try:
         with engine.connect() as conn:
             rows = {name: _rows(conn, table) for name, table in metadata.tables.items()}
-            rows["alembic_version"] = [dict(row._mapping) for row in conn.execute(text("SELECT version_num FROM alembic_version"))]
+            rows["alembic_version"] = [
+                dict(row._mapping)
+                for row in conn.execute(text("SELECT version_num FROM alembic_version"))
+            ]
     finally:
         engine.dispose()
     return rows
@@ -69,7 +70,10 @@ def snapshot(url: str) -> dict[str, list[dict]]:
 def _rows(conn, table) -> list[dict]:
     # Sorted here, not by ORDER BY: PostgreSQL's collation may order text otherwise than Python.
     keys = [column.name for column in table.primary_key.columns]
-    return sorted((dict(row._mapping) for row in conn.execute(select(table))), key=lambda row: [row[k] for k in keys])
+    return sorted(
+        (dict(row._mapping) for row in conn.execute(select(table))),
+        key=lambda row: [row[k] for k in keys],
+    )
 
 
 def in_order(rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
@@ -102,7 +106,11 @@ def table_names(url: str) -> set[str]:
 
 def steps(caplog) -> list[str]:
     """The migration steps Alembic ran, as 'upgrade 0004 -> 0005' (without the revision's title)."""
-    return [r.getMessage().removeprefix("Running ").split(",")[0] for r in caplog.records if r.getMessage().startswith("Running ")]
+    return [
+        r.getMessage().removeprefix("Running ").split(",")[0]
+        for r in caplog.records
+        if r.getMessage().startswith("Running ")
+    ]
 
 
 def open_store(url: str, caplog) -> list[str]:
@@ -116,15 +124,29 @@ def open_store(url: str, caplog) -> list[str]:
 def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
     script = ScriptDirectory(str(MIGRATIONS_DIR))
     chain = [(rev.revision, rev.down_revision) for rev in reversed(list(script.walk_revisions()))]
-    assert chain == [("0001", None), ("0002", "0001"), ("0003", "0002"), ("0004", "0003"), ("0005", "0004"), ("0006", "0005"), ("0007", "0006")]
+    assert chain == [
+        ("0001", None),
+        ("0002", "0001"),
+        ("0003", "0002"),
+        ("0004", "0003"),
+        ("0005", "0004"),
+        ("0006", "0005"),
+        ("0007", "0006"),
+    ]
     assert script.get_heads() == [HEAD] == ["0007"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
-    assert open_store(url, caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, SCHEMA_VERSION + 1)]
+    assert open_store(url, caplog) == [
+        f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}"
+        for v in range(1, SCHEMA_VERSION + 1)
+    ]
     rows = snapshot(url)
     assert rows["alembic_version"] == [{"version_num": HEAD}]
-    assert rows["millm_settings"] == [{"key": "schema_version", "value": str(SCHEMA_VERSION)}, {"key": "steering_version", "value": "0"}]
+    assert rows["millm_settings"] == [
+        {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+        {"key": "steering_version", "value": "0"},
+    ]
     assert all(rows[name] == [] for name in metadata.tables if name != "millm_settings")
     assert schema_diff(url) == []
     assert open_store(url, caplog) == [] and snapshot(url) == rows
@@ -138,17 +160,32 @@ def test_an_old_database_is_upgraded_in_place_keeping_every_row(url, version, ca
         f"upgrade {revision_of(v)} -> {revision_of(v + 1)}" for v in range(version, SCHEMA_VERSION)
     ]
     after = snapshot(url)
-    assert after == {**in_order(upgraded(version, rows)), "alembic_version": [{"version_num": HEAD}]}
+    assert after == {
+        **in_order(upgraded(version, rows)),
+        "alembic_version": [{"version_num": HEAD}],
+    }
     # The values the newest code reads back, spelled out once more for what schema 6 added.
-    assert [(p["id"], p["name"], p["created_at"], p["version"]) for p in after["millm_profiles"]] == [
-        ("prof_1", "calm", 1764000010.25, 1), ("prof_2", "river-run", 1764000020.25, 1), ("prof_3", "ünïcode ✓", 1764000030.25, 1)
+    assert [
+        (p["id"], p["name"], p["created_at"], p["version"]) for p in after["millm_profiles"]
+    ] == [
+        ("prof_1", "calm", 1764000010.25, 1),
+        ("prof_2", "river-run", 1764000020.25, 1),
+        ("prof_3", "ünïcode ✓", 1764000030.25, 1),
     ]
     assert after["millm_attachments"] == [{"sae_id": "sae_a", "layer": 1, "model": None}]
     ops = [(s["sae_id"], s["feature"], s["op"], s["value"]) for s in after["millm_strengths"]]
     if version == 5:
-        assert ops == [("sae_a", 3, "add", None), ("sae_a", 11, "clamp", 2.5), ("sae_b", 0, "ablate", None)]
+        assert ops == [
+            ("sae_a", 3, "add", None),
+            ("sae_a", 11, "clamp", 2.5),
+            ("sae_b", 0, "ablate", None),
+        ]
     else:  # every value stored before ops existed was an add
-        assert ops == [("sae_a", 3, "add", None), ("sae_a", 11, "add", None), ("sae_b", 0, "add", None)]
+        assert ops == [
+            ("sae_a", 3, "add", None),
+            ("sae_a", 11, "add", None),
+            ("sae_b", 0, "add", None),
+        ]
     assert schema_diff(url) == []
     assert open_store(url, caplog) == [] and snapshot(url) == after
 
@@ -159,7 +196,10 @@ def test_a_database_that_never_steered_gets_steering_version_0(url, caplog):
     open_store(url, caplog)
     store = Store(url)
     try:
-        assert get_setting(store, "steering_version") == 0 and get_setting(store, "active_profile") == "prof_2"
+        assert (
+            get_setting(store, "steering_version") == 0
+            and get_setting(store, "active_profile") == "prof_2"
+        )
         assert write_features(store, {("sae_a", 3): {"op": "add", "strength": 1.0}}) == 1
         assert get_setting(store, "steering_version") == 1
     finally:
@@ -170,7 +210,13 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
     # The old scheme made the tables, then wrote the row: a first start that stopped in between.
     rows = old_rows(3)
     build(url, 3, rows, schema_version_row=False)
-    assert open_store(url, caplog) == ["stamp_revision  -> 0003", "upgrade 0003 -> 0004", "upgrade 0004 -> 0005", "upgrade 0005 -> 0006", "upgrade 0006 -> 0007"]
+    assert open_store(url, caplog) == [
+        "stamp_revision  -> 0003",
+        "upgrade 0003 -> 0004",
+        "upgrade 0004 -> 0005",
+        "upgrade 0005 -> 0006",
+        "upgrade 0006 -> 0007",
+    ]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 
 
@@ -185,11 +231,24 @@ def test_a_migration_that_fails_changes_nothing(url, caplog):
     before = table_names(url)
     with pytest.raises(Exception, match="millm_vectors"):
         open_store(url, caplog)
-    assert table_names(url) == before and "alembic_version" not in before and "millm_probes" not in before
+    assert (
+        table_names(url) == before
+        and "alembic_version" not in before
+        and "millm_probes" not in before
+    )
     engine = create_engine(url)
     with engine.connect() as conn:
-        assert [c["name"] for c in inspect(conn).get_columns("millm_strengths")] == ["sae_id", "feature", "strength"]
-        assert conn.execute(text("SELECT value FROM millm_settings WHERE key = 'schema_version'")).scalar() == "4"
+        assert [c["name"] for c in inspect(conn).get_columns("millm_strengths")] == [
+            "sae_id",
+            "feature",
+            "strength",
+        ]
+        assert (
+            conn.execute(
+                text("SELECT value FROM millm_settings WHERE key = 'schema_version'")
+            ).scalar()
+            == "4"
+        )
     engine.dispose()
 
 
@@ -215,10 +274,16 @@ def test_replicas_starting_together_on_an_empty_postgres_migrate_once(postgres_u
     for store in stores:
         store.close()
     assert errors == [] and len(stores) == 2
-    assert steps(caplog) == [f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}" for v in range(1, SCHEMA_VERSION + 1)]
+    assert steps(caplog) == [
+        f"upgrade {'' if v == 1 else revision_of(v - 1)} -> {revision_of(v)}"
+        for v in range(1, SCHEMA_VERSION + 1)
+    ]
     rows = snapshot(url)
     assert rows["alembic_version"] == [{"version_num": HEAD}]
-    assert rows["millm_settings"] == [{"key": "schema_version", "value": str(SCHEMA_VERSION)}, {"key": "steering_version", "value": "0"}]
+    assert rows["millm_settings"] == [
+        {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+        {"key": "steering_version", "value": "0"},
+    ]
 
 
 # A replica: ready once imported, migrates when told to go, then says how many steps it ran.
@@ -240,7 +305,13 @@ print(sum(message.startswith("Running upgrade") for message in ran))
 def test_two_replica_processes_starting_together_migrate_once(postgres_url):
     root = Path(__file__).resolve().parents[2]
     replicas = [
-        subprocess.Popen([sys.executable, "-c", REPLICA, postgres_url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, postgres_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
         for _ in range(2)
     ]
     for replica in replicas:
@@ -251,7 +322,10 @@ def test_two_replica_processes_starting_together_migrate_once(postgres_url):
         replica.stdin.flush()
     outputs = [replica.communicate(timeout=60)[0].strip() for replica in replicas]
     assert [replica.returncode for replica in replicas] == [0, 0]
-    assert sorted(int(out) for out in outputs) == [0, SCHEMA_VERSION]  # one made the schema, the other found it made
+    assert sorted(int(out) for out in outputs) == [
+        0,
+        SCHEMA_VERSION,
+    ]  # one made the schema, the other found it made
     assert snapshot(postgres_url)["alembic_version"] == [{"version_num": HEAD}]
 
 

@@ -31,7 +31,12 @@ def world(llama_lm, tmp_path):
     steering = Steering(store, registry, ProfileBook(store))
     ids = {}
     for layer in (1, 2):
-        info, _ = registry.register(str(build_saelens(tmp_path / f"sae{layer}", layer=layer, seed=40 + layer)), None, None, None)
+        info, _ = registry.register(
+            str(build_saelens(tmp_path / f"sae{layer}", layer=layer, seed=40 + layer)),
+            None,
+            None,
+            None,
+        )
         steering.attach(llama_lm, info.id, None)
         ids[layer] = info.id
     clusters, circuits = ClusterBook(store, 2.0), CircuitBook(store)
@@ -51,13 +56,21 @@ def test_cluster_plan_is_clamped_sign_strength_lambda(world):
     steering.set_active("cluster", row["id"])
     plan = planner.plan_for(None, parse_dial(1.8))  # capped at the declared 1.5
     assert plan.kind == "cluster" and plan.intensity == 1.5
-    expected = vector(steering, ids[1], {3: 15.0, 7: -30.0, 9: 200.0})  # 150 * 1.5 = 225 -> clamped to 200
+    expected = vector(
+        steering, ids[1], {3: 15.0, 7: -30.0, 9: 200.0}
+    )  # 150 * 1.5 = 225 -> clamped to 200
     assert torch.allclose(plan.edit.vector(1), expected, atol=1e-5)
     plan = planner.plan_for(None, None)  # no dial: the cluster's persistent dial (1.0)
     assert plan.intensity is None
-    assert torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {3: 10.0, 7: -20.0, 9: 150.0}), atol=1e-5)
+    assert torch.allclose(
+        plan.edit.vector(1), vector(steering, ids[1], {3: 10.0, 7: -20.0, 9: 150.0}), atol=1e-5
+    )
     clusters.set_intensity(row["id"], 0.5)
-    assert torch.allclose(planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {3: 5.0, 7: -10.0, 9: 75.0}), atol=1e-5)
+    assert torch.allclose(
+        planner.plan_for(None, None).edit.vector(1),
+        vector(steering, ids[1], {3: 5.0, 7: -10.0, 9: 75.0}),
+        atol=1e-5,
+    )
 
 
 def test_circuit_in_full_steers_both_layers_and_reports_its_rung(world, llama_lm):
@@ -103,7 +116,10 @@ def test_circuit_bindings_and_slice_fallback(world, llama_lm):
     # Nothing binds any more: refused (naming the circuit and each layer), never served unsteered.
     with pytest.raises(BaseUnfit, match="none of its member layers binds") as refused:
         planner.plan_for(None, parse_dial(1.0))
-    assert refused.value.code == "invalid_feature_index" and "layer 1: no SAE is attached" in refused.value.message
+    assert (
+        refused.value.code == "invalid_feature_index"
+        and "layer 1: no SAE is attached" in refused.value.message
+    )
     assert planner.active_fit()["fits"] is False
     assert planner.plan_for(None, parse_dial("off")).edit is None  # off never looks at the base
 
@@ -119,9 +135,21 @@ def test_circuit_without_declared_range_min_equals_off(world):
 def test_profile_and_live_bases_follow_the_cluster_rule_defaults(world):
     steering, _, _, planner, ids = world
     steering.set_features({(ids[1], 2): 100.0})
-    assert torch.allclose(planner.plan_for(None, parse_dial("min")).edit.vector(1), vector(steering, ids[1], {2: 50.0}), atol=1e-5)
-    assert torch.allclose(planner.plan_for(None, parse_dial(1.9)).edit.vector(1), vector(steering, ids[1], {2: 190.0}), atol=1e-5)
-    assert torch.allclose(planner.plan_for(None, parse_dial("max")).edit.vector(1), vector(steering, ids[1], {2: 200.0}), atol=1e-5)
+    assert torch.allclose(
+        planner.plan_for(None, parse_dial("min")).edit.vector(1),
+        vector(steering, ids[1], {2: 50.0}),
+        atol=1e-5,
+    )
+    assert torch.allclose(
+        planner.plan_for(None, parse_dial(1.9)).edit.vector(1),
+        vector(steering, ids[1], {2: 190.0}),
+        atol=1e-5,
+    )
+    assert torch.allclose(
+        planner.plan_for(None, parse_dial("max")).edit.vector(1),
+        vector(steering, ids[1], {2: 200.0}),
+        atol=1e-5,
+    )
     plan = planner.plan_for(None, parse_dial(0))
     assert plan.edit is None and plan.intensity == 0.0  # the dial changed steering: echoed
     steering.set_enabled(False)
@@ -134,24 +162,42 @@ def test_profile_and_live_bases_follow_the_cluster_rule_defaults(world):
 def test_off_never_validates_the_base(world):
     steering, _, _, planner, ids = world
     # A valid document, but feature 999 is past the attached SAE's width (128).
-    steering.profiles.create({"name": "too-wide", "steering": [{"sae_id": ids[1], "features": [{"index": 999, "strength": 1}]}]})
+    steering.profiles.create(
+        {
+            "name": "too-wide",
+            "steering": [{"sae_id": ids[1], "features": [{"index": 999, "strength": 1}]}],
+        }
+    )
     with pytest.raises(InvalidFeatureIndex):
         planner.plan_for("too-wide", parse_dial(0.01))
     plan = planner.plan_for("too-wide", parse_dial("off"))
     assert plan.edit is None and plan.intensity == 0.0
-    assert planner.plan_for("ghost", parse_dial(0)).intensity is None  # unknown profile: no echo, no 404
+    assert (
+        planner.plan_for("ghost", parse_dial(0)).intensity is None
+    )  # unknown profile: no echo, no 404
 
 
 def test_an_active_profile_that_stops_fitting_is_refused_not_trimmed(world, llama_lm):
     steering, _, _, planner, ids = world
-    row = steering.profiles.create({"name": "both-layers", "steering": [
-        {"sae_id": ids[1], "layer": 1, "features": [{"index": 3, "strength": 10}]},
-        {"sae_id": ids[2], "layer": 2, "features": [{"index": 4, "strength": 20}]},
-    ]})
+    row = steering.profiles.create(
+        {
+            "name": "both-layers",
+            "steering": [
+                {"sae_id": ids[1], "layer": 1, "features": [{"index": 3, "strength": 10}]},
+                {"sae_id": ids[2], "layer": 2, "features": [{"index": 4, "strength": 20}]},
+            ],
+        }
+    )
     steering.activate_profile(row["id"])
     full = planner.plan_for(None, None)
     assert full.edit.points == {1, 2}
-    assert planner.active_fit() == {"kind": "profile", "id": row["id"], "name": "both-layers", "fits": True, "problem": None}
+    assert planner.active_fit() == {
+        "kind": "profile",
+        "id": row["id"],
+        "name": "both-layers",
+        "fits": True,
+        "problem": None,
+    }
     steering.detach(ids[2])
     # Before: served with layer 1 only, as if it were the whole profile. Now: a 400 naming both.
     with pytest.raises(BaseUnfit) as refused:
@@ -161,7 +207,9 @@ def test_an_active_profile_that_stops_fitting_is_refused_not_trimmed(world, llam
     fit = planner.active_fit()
     assert fit["fits"] is False and ids[2] in fit["problem"]
     steering.set_enabled(False)
-    assert planner.plan_for(None, None).kind == "none"  # steering off: nothing is claimed, nothing refused
+    assert (
+        planner.plan_for(None, None).kind == "none"
+    )  # steering off: nothing is claimed, nothing refused
     steering.set_enabled(True)
     steering.attach(llama_lm, ids[2], None)
     again = planner.plan_for(None, None)
@@ -199,18 +247,26 @@ def test_members_on_one_feature_are_summed_then_clamped_to_the_steering_range(wo
         {"feature_idx": 9, "strength": 150.0},  # 300 in sum -> 200
         {"feature_idx": 3, "strength": 150.0},
         {"feature_idx": 3, "strength": 150.0},
-        {"feature_idx": 3, "strength": 150.0, "sign": -1},  # 150 in sum, whatever the order (not 200 - 150)
+        {
+            "feature_idx": 3,
+            "strength": 150.0,
+            "sign": -1,
+        },  # 150 in sum, whatever the order (not 200 - 150)
     ]
     (row,) = clusters.import_raw(raw(cluster(members=members)), "fail")
     steering.set_active("cluster", row["id"])
     plan = planner.plan_for(None, parse_dial(1.0))
-    assert torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {9: 200.0, 3: 150.0}), atol=1e-5)
+    assert torch.allclose(
+        plan.edit.vector(1), vector(steering, ids[1], {9: 200.0, 3: 150.0}), atol=1e-5
+    )
 
 
 def statements(store):
     """A list that every SQL statement the store sends from now on is appended to."""
     sent = []
-    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *rest: sent.append(sql))
+    event.listen(
+        store.engine, "before_cursor_execute", lambda conn, cursor, sql, *rest: sent.append(sql)
+    )
     return sent
 
 
@@ -221,12 +277,27 @@ def test_plans_are_kept_while_nothing_changes_and_made_afresh_after_any_change(w
     assert planner.plan_for(None, None) is first
     assert planner.plan_for(None, parse_dial(0.5)) is planner.plan_for(None, parse_dial(0.5))
     steering.set_features({(ids[1], 2): 30.0})
-    assert torch.allclose(planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {2: 30.0}), atol=1e-5)
+    assert torch.allclose(
+        planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {2: 30.0}), atol=1e-5
+    )
     # A per-request profile edited or deleted through its book moves no steering version: still seen at once.
-    steering.profiles.create({"name": "mine", "steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": 5}]}]})
-    assert torch.allclose(planner.plan_for("mine", None).edit.vector(2), vector(steering, ids[2], {4: 5.0}), atol=1e-5)
-    steering.profiles.update("mine", {"steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": -8}]}]})
-    assert torch.allclose(planner.plan_for("mine", None).edit.vector(2), vector(steering, ids[2], {4: -8.0}), atol=1e-5)
+    steering.profiles.create(
+        {
+            "name": "mine",
+            "steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": 5}]}],
+        }
+    )
+    assert torch.allclose(
+        planner.plan_for("mine", None).edit.vector(2), vector(steering, ids[2], {4: 5.0}), atol=1e-5
+    )
+    steering.profiles.update(
+        "mine", {"steering": [{"sae_id": ids[2], "features": [{"index": 4, "strength": -8}]}]}
+    )
+    assert torch.allclose(
+        planner.plan_for("mine", None).edit.vector(2),
+        vector(steering, ids[2], {4: -8.0}),
+        atol=1e-5,
+    )
     steering.profiles.delete("mine")
     for _ in range(2):
         with pytest.raises(NotFound):
@@ -243,26 +314,40 @@ def test_a_restore_after_a_reload_is_planned_afresh(world, llama_lm):
     steering.restore(llama_lm)  # reloaded: the same attachments again, the version unchanged
     assert steering.version == version
     plan = planner.plan_for(None, None)
-    assert plan.kind == "live" and torch.allclose(plan.edit.vector(1), vector(steering, ids[1], {2: 10.0}), atol=1e-5)
+    assert plan.kind == "live" and torch.allclose(
+        plan.edit.vector(1), vector(steering, ids[1], {2: 10.0}), atol=1e-5
+    )
 
 
 def test_planning_reads_no_database(world):
     steering, clusters, circuits, planner, ids = world
     (cluster_row,) = clusters.import_raw(raw(cluster()), "fail")
     circuit_row = circuits.import_raw(raw(circuit()), "fail")
-    profile = steering.profiles.create({"name": "own", "steering": [{"sae_id": ids[1], "features": [{"index": 1, "strength": 3}]}]})
+    profile = steering.profiles.create(
+        {"name": "own", "steering": [{"sae_id": ids[1], "features": [{"index": 1, "strength": 3}]}]}
+    )
     steering.set_features({(ids[1], 2): 10.0})
     sent = statements(steering.store)
     plans = [planner.plan_for(None, None), planner.plan_for("own", parse_dial(0.5))]
     for kind, base in (("cluster", cluster_row), ("circuit", circuit_row), ("profile", profile)):
         steering.set_active(kind, base["id"])
         before = len(sent)
-        plans += [planner.plan_for(None, None), planner.plan_for(None, parse_dial("max")), planner.plan_for("own", None)]
+        plans += [
+            planner.plan_for(None, None),
+            planner.plan_for(None, parse_dial("max")),
+            planner.plan_for("own", None),
+        ]
         assert len(sent) == before  # each of them made afresh (a new version), none read the store
-    assert [p.kind for p in plans] == ["live", "profile"] + ["cluster"] * 2 + ["profile"] + ["circuit"] * 2 + ["profile"] + ["profile"] * 3
+    assert [p.kind for p in plans] == ["live", "profile"] + ["cluster"] * 2 + ["profile"] + [
+        "circuit"
+    ] * 2 + ["profile"] + ["profile"] * 3
     # only set_active's writes and its read-back of the steering tables
     steering_reads = ("FROM MILLM_STRENGTHS", "FROM MILLM_SETTINGS", "FROM MILLM_ATTACHMENTS")
-    assert all(sql.lstrip().upper().startswith(("INSERT", "DELETE", "UPDATE")) or any(t in sql.upper() for t in steering_reads) for sql in sent)
+    assert all(
+        sql.lstrip().upper().startswith(("INSERT", "DELETE", "UPDATE"))
+        or any(t in sql.upper() for t in steering_reads)
+        for sql in sent
+    )
 
 
 def test_an_unfit_base_is_refused_every_time_and_logged_once_per_state(world, caplog):
@@ -288,7 +373,11 @@ def test_live_values_of_a_detached_sae_are_logged_once(world, caplog):
     steering.set_features({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
     steering.detach(ids[2])
     caplog.set_level(logging.WARNING, logger="millm.service.steering.plans")
-    plans = [planner.plan_for(None, None), planner.plan_for(None, parse_dial(0.5)), planner.plan_for(None, None)]
+    plans = [
+        planner.plan_for(None, None),
+        planner.plan_for(None, parse_dial(0.5)),
+        planner.plan_for(None, None),
+    ]
     assert [p.edit.points for p in plans] == [{1}, {1}, {1}]
     logged = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
     assert logged == [f"live steering values of {ids[2]} are not applied: not attached"]

@@ -39,7 +39,9 @@ class Trace:
                 self.logits.append(lane.logits.clone())
                 lane.step()
             lm.residual.clear()
-        self.cached = {e.row: e.cached_tokens for e in self.outcome.events if isinstance(e, RowFinished)}
+        self.cached = {
+            e.row: e.cached_tokens for e in self.outcome.events if isinstance(e, RowFinished)
+        }
 
     @property
     def texts(self) -> dict[int, str]:
@@ -67,9 +69,15 @@ def edit_of(lm, seed: int = 0) -> ResidualEdit:
 KINDS = {
     "plain": lambda lm, p: [row(p, 12)],
     "steered": lambda lm, p: [row(p, 12, edit=edit_of(lm))],
-    "operated": lambda lm, p: [row(p, 12, edit=ResidualEdit((), ((1, cap(torch.ones(lm.model.config.hidden_size), 0.1)),)))],
+    "operated": lambda lm, p: [
+        row(p, 12, edit=ResidualEdit((), ((1, cap(torch.ones(lm.model.config.hidden_size), 0.1)),)))
+    ],
     "seeded": lambda lm, p: [row(p, 12, sampling=SamplingParams(temperature=1.0), seed=7)],
-    "batched": lambda lm, p: [row(p, 12), row(p[:-3], 9, edit=edit_of(lm)), row(prompt_ids(lm, "Once upon a time"), 6)],
+    "batched": lambda lm, p: [
+        row(p, 12),
+        row(p[:-3], 9, edit=edit_of(lm)),
+        row(prompt_ids(lm, "Once upon a time"), 6),
+    ],
 }
 
 
@@ -79,7 +87,9 @@ def test_a_cache_hit_gives_the_tokens_and_logits_of_a_whole_prefill(llama_lm, ki
     whole = Trace(llama_lm, None, KINDS[kind](llama_lm, p))
     cache = PrefixCache(BIG)
     first = Trace(llama_lm, cache, KINDS[kind](llama_lm, p))
-    again = Trace(llama_lm, cache, KINDS[kind](llama_lm, p))  # new edit objects, equal content: a hit
+    again = Trace(
+        llama_lm, cache, KINDS[kind](llama_lm, p)
+    )  # new edit objects, equal content: a hit
     assert first.cached[0] == 0 and again.cached[0] > 0
     assert again.cached[0] % BLOCK_TOKENS == 0 and again.cached[0] < len(p)
     assert_same(first, whole)
@@ -95,7 +105,9 @@ def test_a_steered_row_never_reuses_unsteered_kv_nor_another_steering(llama_lm):
         steered = Trace(llama_lm, cache, [row(p, 8, edit=edit_of(llama_lm, seed))])
         assert steered.cached[0] == 0 and cache.counters.hits == hits
         assert_same(steered, Trace(llama_lm, None, [row(p, 8, edit=edit_of(llama_lm, seed))]))
-    assert Trace(llama_lm, cache, [row(p, 8, edit=edit_of(llama_lm, 2))]).cached[0] > 0  # the same steering again does hit
+    assert (
+        Trace(llama_lm, cache, [row(p, 8, edit=edit_of(llama_lm, 2))]).cached[0] > 0
+    )  # the same steering again does hit
     assert Trace(llama_lm, cache, [row(p, 8)]).cached[0] > 0  # and unsteered rows still share
 
 
@@ -104,10 +116,15 @@ def test_steering_keys_follow_content_and_refuse_unkeyed_operations(llama_lm):
     assert steering_key(None) == ()
     assert steering_key(edit_of(llama_lm, 3)) == steering_key(edit_of(llama_lm, 3))
     assert steering_key(edit_of(llama_lm, 3)) != steering_key(edit_of(llama_lm, 4))
-    assert steering_key(ResidualEdit((), ((1, cap(torch.ones(d), 0.1)),))) != steering_key(ResidualEdit((), ((1, cap(torch.ones(d), 0.2)),)))
+    assert steering_key(ResidualEdit((), ((1, cap(torch.ones(d), 0.1)),))) != steering_key(
+        ResidualEdit((), ((1, cap(torch.ones(d), 0.2)),))
+    )
     unkeyed = ResidualEdit((), ((1, lambda x: x * 0.5),))
     assert steering_key(unkeyed) is None
-    assert steering_key(ResidualEdit((), ((1, keyed(lambda x: x * 0.5, "half")),))) == ((), ((1, "half"),))
+    assert steering_key(ResidualEdit((), ((1, keyed(lambda x: x * 0.5, "half")),))) == (
+        (),
+        ((1, "half"),),
+    )
     cache = PrefixCache(BIG)
     p = prompt(llama_lm)
     for _ in range(2):
@@ -134,14 +151,27 @@ def test_reads_of_prompt_positions_are_recomputed_and_completion_reads_are_ident
     Trace(llama_lm, cache, [row(p, 6)])
 
     def read(positions) -> RowSpec:
-        return RowSpec(prompt_ids=tuple(p), sampling=SamplingParams(temperature=0.0), max_tokens=6,
-                       reads=(ResidualRead(1, False, positions, "activations"),))
+        return RowSpec(
+            prompt_ids=tuple(p),
+            sampling=SamplingParams(temperature=0.0),
+            max_tokens=6,
+            reads=(ResidualRead(1, False, positions, "activations"),),
+        )
 
     def captured(trace: Trace) -> ResidualsRead:
         return next(e for e in trace.outcome.events if isinstance(e, ResidualsRead))
 
-    for positions, reused in (("prompt", False), ("all", False), ((20, 30), True), ("completion", True), ("last", True)):
-        hit, whole = Trace(llama_lm, cache, [read(positions)]), Trace(llama_lm, None, [read(positions)])
+    for positions, reused in (
+        ("prompt", False),
+        ("all", False),
+        ((20, 30), True),
+        ("completion", True),
+        ("last", True),
+    ):
+        hit, whole = (
+            Trace(llama_lm, cache, [read(positions)]),
+            Trace(llama_lm, None, [read(positions)]),
+        )
         assert (hit.cached[0] > 0) is reused, positions
         if isinstance(positions, tuple):
             assert hit.cached[0] <= positions[0]
@@ -150,13 +180,19 @@ def test_reads_of_prompt_positions_are_recomputed_and_completion_reads_are_ident
 
 
 def test_a_tiny_budget_evicts_without_corrupting_running_rows(llama_lm):
-    texts = [TEXT, TEXT + " a loaf", "Seven apples were on the table near the window of the small kitchen at the end of the hall"]
+    texts = [
+        TEXT,
+        TEXT + " a loaf",
+        "Seven apples were on the table near the window of the small kitchen at the end of the hall",
+    ]
     specs = [row(prompt(llama_lm, text), 10) for text in texts]
     solo = [Trace(llama_lm, None, [spec]).texts[0] for spec in specs]
     probe = PrefixCache(BIG)
     Trace(llama_lm, probe, [specs[0]])
     block = probe.bytes // probe.counters.tokens_stored * BLOCK_TOKENS
-    scheduler = Scheduler(llama_lm, 64, batching=True, max_batch=8, prefix_cache_bytes=2 * block)  # every prompt evicts
+    scheduler = Scheduler(
+        llama_lm, 64, batching=True, max_batch=8, prefix_cache_bytes=2 * block
+    )  # every prompt evicts
     cache = scheduler.prefix_cache
     assert cache is not None
     try:
@@ -165,7 +201,15 @@ def test_a_tiny_budget_evicts_without_corrupting_running_rows(llama_lm):
             outcomes = [Outcome() for _ in specs]
             done = [threading.Event() for _ in specs]
             for spec, outcome, event in zip(specs, outcomes, done, strict=True):
-                scheduler.submit(GenerationJob(rows=[spec], emit=lambda e, o=outcome, d=event: (o.record(e), isinstance(e, RowFinished) and d.set())))
+                scheduler.submit(
+                    GenerationJob(
+                        rows=[spec],
+                        emit=lambda e, o=outcome, d=event: (
+                            o.record(e),
+                            isinstance(e, RowFinished) and d.set(),
+                        ),
+                    )
+                )
             assert all(event.wait(60) for event in done)
             results.append([outcome.texts[0] for outcome in outcomes])
     finally:
@@ -176,8 +220,12 @@ def test_a_tiny_budget_evicts_without_corrupting_running_rows(llama_lm):
 
 def test_sliding_window_layers_restore_exactly(tmp_path):
     tiny_models.build_tokenizer(tmp_path / "tokenizer")
-    lm = load_tiny(tiny_models.build_gemma3(tmp_path / "gemma3", tmp_path / "tokenizer"), tmp_path / "home")
-    assert lm.runner.window is not None and lm.runner.window < 2 * BLOCK_TOKENS  # the prefix is longer than the window
+    lm = load_tiny(
+        tiny_models.build_gemma3(tmp_path / "gemma3", tmp_path / "tokenizer"), tmp_path / "home"
+    )
+    assert (
+        lm.runner.window is not None and lm.runner.window < 2 * BLOCK_TOKENS
+    )  # the prefix is longer than the window
     p = prompt(lm)
     cache = PrefixCache(BIG)
     Trace(lm, cache, [row(p, 10)])
@@ -191,7 +239,9 @@ def test_a_long_prompt_joins_a_chunk_at_a_time_while_the_batch_streams(llama_lm)
     short = prompt_ids(llama_lm, "Once upon a time")
     solo_long = Trace(llama_lm, None, [row(long_prompt, 5)]).texts[0]
     solo_short = Trace(llama_lm, None, [row(short, 60)]).texts[0]
-    scheduler = Scheduler(llama_lm, 64, batching=True, max_batch=8, prefix_cache_bytes=0, prefill_chunk=16)
+    scheduler = Scheduler(
+        llama_lm, 64, batching=True, max_batch=8, prefix_cache_bytes=0, prefill_chunk=16
+    )
 
     def sampled() -> int:
         """Tokens the running row has sampled so far (read on the scheduler thread, or between its steps)."""
@@ -207,6 +257,7 @@ def test_a_long_prompt_joins_a_chunk_at_a_time_while_the_batch_streams(llama_lm)
                 marks[name] = sampled()  # the joining row's first event: its prefill is over
             if isinstance(event, RowFinished):
                 done.set()
+
         return emit
 
     try:
@@ -216,7 +267,9 @@ def test_a_long_prompt_joins_a_chunk_at_a_time_while_the_batch_streams(llama_lm)
         while sampled() < 2:
             threading.Event().wait(0.001)
         marks["submitted"] = sampled()
-        scheduler.submit(GenerationJob(rows=[row(long_prompt, 5)], emit=watch(joining, joining_done, "joined")))
+        scheduler.submit(
+            GenerationJob(rows=[row(long_prompt, 5)], emit=watch(joining, joining_done, "joined"))
+        )
         assert joining_done.wait(60) and running_done.wait(60)
     finally:
         scheduler.shutdown(timeout=30)

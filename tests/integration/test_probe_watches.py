@@ -24,7 +24,11 @@ PROMPT = "The river runs to the sea and"
 
 @pytest.fixture(scope="module")
 def attached(tmp_path_factory) -> dict[str, Attached]:
-    info, sae = read_sae(build_saelens(tmp_path_factory.mktemp("watch-sae") / "sae", layer=LAYER, architecture="topk", seed=31))
+    info, sae = read_sae(
+        build_saelens(
+            tmp_path_factory.mktemp("watch-sae") / "sae", layer=LAYER, architecture="topk", seed=31
+        )
+    )
     return {info.id: Attached(info, sae, LAYER)}
 
 
@@ -57,8 +61,23 @@ def probes(llama_lm, attached, residuals: torch.Tensor, prompt_length: int) -> l
     weights = torch.randn(residuals.shape[1], generator=torch.Generator().manual_seed(3)) / 8
     detectors = {
         "feature": {"type": "feature", "sae_id": sae_id, "index": index, "threshold": 1.0},
-        "weighted": {"type": "weighted", "sae_id": sae_id, "features": [{"index": index, "weight": 1.5}, {"index": (index + 1) % 128, "weight": -0.5}], "threshold": 0.0},
-        "linear": {"type": "linear", "layer": LAYER, "hook_point": "resid_post", "weights": weights.tolist(), "bias": 0.0, "threshold": 0.5},
+        "weighted": {
+            "type": "weighted",
+            "sae_id": sae_id,
+            "features": [
+                {"index": index, "weight": 1.5},
+                {"index": (index + 1) % 128, "weight": -0.5},
+            ],
+            "threshold": 0.0,
+        },
+        "linear": {
+            "type": "linear",
+            "layer": LAYER,
+            "hook_point": "resid_post",
+            "weights": weights.tolist(),
+            "bias": 0.0,
+            "threshold": 0.5,
+        },
     }
     bound = []
     for name, detector in detectors.items():
@@ -68,43 +87,84 @@ def probes(llama_lm, attached, residuals: torch.Tensor, prompt_length: int) -> l
     return bound
 
 
-def offline_verdict_scores(probe: Scorer, residuals: torch.Tensor, prompt_length: int) -> torch.Tensor:
-    parts = [residuals[:prompt_length]] + [residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])]
+def offline_verdict_scores(
+    probe: Scorer, residuals: torch.Tensor, prompt_length: int
+) -> torch.Tensor:
+    parts = [residuals[:prompt_length]] + [
+        residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])
+    ]
     return torch.cat([probe.score(part) for part in parts])
 
 
 @pytest.mark.parametrize("steered", [False, True], ids=["unsteered", "steered-at-the-point"])
-def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals(llama_lm, attached, steered):
+def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals(
+    llama_lm, attached, steered
+):
     prompt = prompt_ids(llama_lm, PROMPT)
     [(_, target)] = attached.items()
     edit = ResidualEdit(((LAYER, target.sae.direction({3: 6.0, 40: -4.0})),)) if steered else None
     plain = generate(llama_lm, [capture_all(row(prompt, BUDGET, edit=edit))])
     before = captured(plain)
     watched_probes = probes(llama_lm, attached, before.residuals, len(prompt))
-    watched = generate(llama_lm, [replace(capture_all(row(prompt, BUDGET, edit=edit)), watches=tuple(watch_of(p) for p in watched_probes))])
+    watched = generate(
+        llama_lm,
+        [
+            replace(
+                capture_all(row(prompt, BUDGET, edit=edit)),
+                watches=tuple(watch_of(p) for p in watched_probes),
+            )
+        ],
+    )
 
-    assert watched.texts == plain.texts and watched.finish == plain.finish  # a report watch changes nothing generated
+    assert (
+        watched.texts == plain.texts and watched.finish == plain.finish
+    )  # a report watch changes nothing generated
     again = captured(watched)
     assert torch.equal(again.residuals, before.residuals)
     got = verdicts(watched)
     assert set(got) == {"feature", "weighted", "linear"}
     for probe in watched_probes:
-        want = offline_verdict(probe, again.residuals, again.positions, again.token_ids, prompt_length=len(prompt))
+        want = offline_verdict(
+            probe, again.residuals, again.positions, again.token_ids, prompt_length=len(prompt)
+        )
         verdict = got[probe.name]
-        assert verdict.fired and 0 < len(verdict.positions) < len(again.positions), probe.name  # the threshold splits the row
-        assert (verdict.fired, verdict.first_position, verdict.peak, verdict.peak_position, verdict.positions, verdict.token_ids) == (
-            want.fired, want.first_position, want.peak, want.peak_position, want.positions, want.token_ids), probe.name
+        assert verdict.fired and 0 < len(verdict.positions) < len(again.positions), (
+            probe.name
+        )  # the threshold splits the row
+        assert (
+            verdict.fired,
+            verdict.first_position,
+            verdict.peak,
+            verdict.peak_position,
+            verdict.positions,
+            verdict.token_ids,
+        ) == (
+            want.fired,
+            want.first_position,
+            want.peak,
+            want.peak_position,
+            want.positions,
+            want.token_ids,
+        ), probe.name
         assert (verdict.action, verdict.acted_at) == ("report", None)
-        assert verdict.peak_position >= 1 and 0 not in verdict.positions  # the attention sink is never scored
+        assert (
+            verdict.peak_position >= 1 and 0 not in verdict.positions
+        )  # the attention sink is never scored
 
 
 def test_a_watch_leaves_out_the_positions_it_skips(llama_lm):
     """Scores that peak at position 0: skipped, the verdict starts at position 1; not skipped, at 0."""
     prompt = prompt_ids(llama_lm, PROMPT)
-    peaked = lambda h: torch.arange(h.shape[0], 0, -1, dtype=torch.float32)  # largest at a pass's first position
+    peaked = lambda h: torch.arange(
+        h.shape[0], 0, -1, dtype=torch.float32
+    )  # largest at a pass's first position
     for skip, first in ((0, 0), (1, 1)):
         watch = Watch("w", LAYER, peaked, 1.0, "report", skip=skip)
         outcome = generate(llama_lm, [replace(row(prompt, 4), watches=(watch,))])
         verdict = verdicts(outcome)["w"]
-        assert (verdict.first_position, verdict.peak_position, verdict.positions[0]) == (first, first, first)
+        assert (verdict.first_position, verdict.peak_position, verdict.positions[0]) == (
+            first,
+            first,
+            first,
+        )
         assert verdict.peak == float(len(prompt) - first)

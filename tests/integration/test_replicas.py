@@ -28,8 +28,6 @@ pytestmark = pytest.mark.skipif(binaries() is None, reason="PostgreSQL binaries 
 USER = [{"role": "user", "content": "Tell me about the city."}]
 
 
-
-
 @pytest.fixture(scope="module")
 def proxy(postgres):
     relay = TcpProxy(postgres.port)
@@ -41,7 +39,10 @@ def proxy(postgres):
 def saes(tmp_path_factory):
     base = tmp_path_factory.mktemp("replica-saes")
     # `private` lies outside the folder replica C may read (see cluster): C cannot attach it.
-    return {"shared": build_saelens(base / "shared" / "a", layer=1, seed=31), "private": build_saelens(tmp_path_factory.mktemp("a-only") / "b", layer=2, seed=32)}
+    return {
+        "shared": build_saelens(base / "shared" / "a", layer=1, seed=31),
+        "private": build_saelens(tmp_path_factory.mktemp("a-only") / "b", layer=2, seed=32),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,12 @@ def cluster(tiny_dirs, postgres, proxy, saes, tmp_path_factory):
     replicas = {
         "a": ServerProcess(homes["a"], args, env={"DATABASE_URL": url}),
         "b": ServerProcess(homes["b"], args, env={"DATABASE_URL": through_proxy}),
-        "c": ServerProcess(homes["c"], args, env={"DATABASE_URL": url}, allowed=[saes["shared"].parent, tiny_dirs["llama"]]),
+        "c": ServerProcess(
+            homes["c"],
+            args,
+            env={"DATABASE_URL": url},
+            allowed=[saes["shared"].parent, tiny_dirs["llama"]],
+        ),
     }
     try:
         for replica in replicas.values():
@@ -75,7 +81,12 @@ def steering(server) -> dict:
 
 
 def greedy(server) -> tuple[str, str]:
-    response = api(server, "POST", "/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 12, "temperature": 0})
+    response = api(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "max_tokens": 12, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"], response.headers["x-millm-steering"]
 
@@ -113,30 +124,48 @@ def test_a_strength_set_on_a_steers_b_and_c_as_on_a(fresh):
     replicas, ids, _ = fresh
     unsteered = {name: greedy(replica)[0] for name, replica in replicas.items()}
     assert len(set(unsteered.values())) == 1
-    changed = api(replicas["a"], "PUT", f"/api/steering/saes/{ids['shared']}/features/5", json={"strength": 40}).json()
+    changed = api(
+        replicas["a"],
+        "PUT",
+        f"/api/steering/saes/{ids['shared']}/features/5",
+        json={"strength": 40},
+    ).json()
     assert changed["live"] is True
     version = changed["steering"]["version"]
     answers = {}
     for name, replica in replicas.items():
         state = until(at_version(replica, version))
         mine = next(s for s in state["saes"] if s["sae_id"] == ids["shared"])
-        assert mine["features"] == [{"index": 5, "op": "add", "strength": 40.0}] and state["live"] is True, name
+        assert (
+            mine["features"] == [{"index": 5, "op": "add", "strength": 40.0}]
+            and state["live"] is True
+        ), name
         answers[name] = greedy(replica)
     assert answers["a"][0] != unsteered["a"]  # the strength changes the answer
-    assert answers["b"] == answers["c"] == answers["a"] == (answers["a"][0], f"live;version={version}")
+    assert (
+        answers["b"] == answers["c"] == answers["a"] == (answers["a"][0], f"live;version={version}")
+    )
 
 
 def test_a_value_on_an_sae_c_cannot_load_is_reported_on_c_not_skipped(fresh):
     replicas, ids, _ = fresh
     unsteered = greedy(replicas["c"])[0]
-    version = api(replicas["a"], "PUT", f"/api/steering/saes/{ids['private']}/features/2", json={"strength": 30}).json()["steering"]["version"]
+    version = api(
+        replicas["a"],
+        "PUT",
+        f"/api/steering/saes/{ids['private']}/features/2",
+        json={"strength": 30},
+    ).json()["steering"]["version"]
     c = replicas["c"]
     state = until(at_version(c, version))
     private = next(s for s in state["saes"] if s["sae_id"] == ids["private"])
     assert private["attached"] is False and "outside the directories" in private["attach_error"]
     assert steering(replicas["b"])["live"] is True
     answer, header = greedy(c)
-    assert header == f'none;reason="live values\' SAEs not attached here";unattached="{ids["private"]}"'
+    assert (
+        header
+        == f'none;reason="live values\' SAEs not attached here";unattached="{ids["private"]}"'
+    )
     assert answer == unsteered  # C does not steer with it, and says so
     steered, header = greedy(replicas["b"])
     assert header == f"live;version={version}" and steered != unsteered
@@ -144,10 +173,17 @@ def test_a_value_on_an_sae_c_cannot_load_is_reported_on_c_not_skipped(fresh):
 
 def test_a_profile_created_on_b_is_activated_on_c_and_steers_a(fresh):
     replicas, ids, _ = fresh
-    document = {"name": "made-on-b", "steering": [{"sae_id": ids["shared"], "layer": 1, "features": [{"index": 9, "strength": 35}]}]}
+    document = {
+        "name": "made-on-b",
+        "steering": [
+            {"sae_id": ids["shared"], "layer": 1, "features": [{"index": 9, "strength": 35}]}
+        ],
+    }
     created = api(replicas["b"], "POST", "/api/profiles", json=document)
     assert created.status_code == 201, created.text
-    activated = api(replicas["c"], "POST", "/api/profiles/made-on-b/activate")  # at once: no wait for the notice
+    activated = api(
+        replicas["c"], "POST", "/api/profiles/made-on-b/activate"
+    )  # at once: no wait for the notice
     assert activated.status_code == 200, activated.text
     version = activated.json()["steering"]["version"]
     for name, replica in replicas.items():
@@ -164,11 +200,19 @@ def test_two_replicas_writing_different_features_at_once_lose_nothing(fresh):
 
     def write(replica, indices):
         for index in indices:
-            response = api(replica, "PUT", f"/api/steering/saes/{sae}/features/{index}", json={"strength": index + 1})
+            response = api(
+                replica,
+                "PUT",
+                f"/api/steering/saes/{sae}/features/{index}",
+                json={"strength": index + 1},
+            )
             if response.status_code != 200:
                 failures.append(response.text)
 
-    threads = [threading.Thread(target=write, args=(replicas[name], range(start, 64, 3))) for start, name in enumerate("abc")]
+    threads = [
+        threading.Thread(target=write, args=(replicas[name], range(start, 64, 3)))
+        for start, name in enumerate("abc")
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -187,17 +231,35 @@ def test_one_profile_changed_on_two_replicas_conflicts_by_revision_and_never_mer
     replicas, ids, _ = fresh
     a, b = replicas["a"], replicas["b"]
     entry = {"sae_id": ids["shared"], "layer": 1, "features": [{"index": 1, "strength": 2}]}
-    created = api(a, "POST", "/api/profiles", json={"name": "contested", "description": "v1", "steering": [entry]}).json()
+    created = api(
+        a,
+        "POST",
+        "/api/profiles",
+        json={"name": "contested", "description": "v1", "steering": [entry]},
+    ).json()
     assert created["revision"] == 1
     won = api(a, "PUT", "/api/profiles/contested", json={"description": "from a", "revision": 1})
     assert won.status_code == 200 and won.json()["revision"] == 2
-    late = error(api(b, "PUT", "/api/profiles/contested", json={"description": "from b", "revision": 1}), 409, "revision_conflict")
+    late = error(
+        api(b, "PUT", "/api/profiles/contested", json={"description": "from b", "revision": 1}),
+        409,
+        "revision_conflict",
+    )
     assert "revision 2, not 1" in late["message"]
     # Without a revision, each update lands on the stored profile: fields one writer did not send are the other's.
-    api(b, "PUT", "/api/profiles/contested", json={"steering": [{**entry, "features": [{"index": 3, "strength": 4}]}]})
-    stored = until(lambda: (row := api(a, "GET", "/api/profiles/contested").json())["revision"] == 3 and row)
+    api(
+        b,
+        "PUT",
+        "/api/profiles/contested",
+        json={"steering": [{**entry, "features": [{"index": 3, "strength": 4}]}]},
+    )
+    stored = until(
+        lambda: (row := api(a, "GET", "/api/profiles/contested").json())["revision"] == 3 and row
+    )
     assert stored["document"]["description"] == "from a"
-    assert stored["document"]["steering"][0]["features"] == [{"index": 3, "op": "add", "strength": 4.0}]
+    assert stored["document"]["steering"][0]["features"] == [
+        {"index": 3, "op": "add", "strength": 4.0}
+    ]
     api(a, "DELETE", "/api/profiles/contested")
 
 
@@ -217,7 +279,11 @@ def test_a_replica_killed_mid_write_catches_up_on_restart(fresh, tiny_dirs, post
         index = 0
         while not stop.is_set():
             try:
-                httpx.put(f"{c.base_url}/api/steering/saes/{sae}/features/{index % 50}", json={"strength": 7}, timeout=5)
+                httpx.put(
+                    f"{c.base_url}/api/steering/saes/{sae}/features/{index % 50}",
+                    json={"strength": 7},
+                    timeout=5,
+                )
             except httpx.HTTPError:
                 return
             index += 1
@@ -230,14 +296,26 @@ def test_a_replica_killed_mid_write_catches_up_on_restart(fresh, tiny_dirs, post
     stop.set()
     writer.join()
     a = replicas["a"]
-    api(a, "POST", "/api/steering/features", json={"features": [{"sae_id": sae, "index": 60, "strength": -9}]})
+    api(
+        a,
+        "POST",
+        "/api/steering/features",
+        json={"features": [{"sae_id": sae, "index": 60, "strength": -9}]},
+    )
     api(a, "POST", "/api/profiles", json={"name": "while-c-was-down", "steering": []})
     allowed = [saes["shared"].parent, tiny_dirs["llama"]]
-    restarted = ServerProcess(homes["c"], ["--model", str(tiny_dirs["llama"])], env={"DATABASE_URL": postgres.url}, allowed=allowed)
+    restarted = ServerProcess(
+        homes["c"],
+        ["--model", str(tiny_dirs["llama"])],
+        env={"DATABASE_URL": postgres.url},
+        allowed=allowed,
+    )
     replicas["c"] = restarted
     restarted.wait_ready()
     assert shared_values(restarted) == shared_values(a)
-    assert "while-c-was-down" in [p["name"] for p in api(restarted, "GET", "/api/profiles").json()["data"]]
+    assert "while-c-was-down" in [
+        p["name"] for p in api(restarted, "GET", "/api/profiles").json()["data"]
+    ]
     for feature in next(s for s in steering(a)["saes"] if s["sae_id"] == sae)["features"]:
         assert feature["strength"] in (7.0, -9.0)  # each write whole or not at all
     api(a, "DELETE", "/api/profiles/while-c-was-down")
@@ -250,14 +328,23 @@ def test_a_replica_cut_off_from_the_database_claims_nothing_then_catches_up(fres
     try:
         until(lambda: httpx.get(f"{b.base_url}/api/health/ready").status_code == 503)
         ready = httpx.get(f"{b.base_url}/api/health/ready").json()
-        assert ready["status"] == "out_of_step" and "out of step with the shared database" in ready["error"]
+        assert (
+            ready["status"] == "out_of_step"
+            and "out of step with the shared database" in ready["error"]
+        )
         state = steering(b)
         assert state["live"] is False and "out of step" in state["live_reason"]
         _, header = greedy(b)  # it still answers, with the state it last read, and says so
         assert header.endswith(";unsynced")
-        refused = error(api(b, "PUT", f"/api/steering/saes/{ids['shared']}/features/4", json={"strength": 3}), 503, "store_unavailable")
+        refused = error(
+            api(b, "PUT", f"/api/steering/saes/{ids['shared']}/features/4", json={"strength": 3}),
+            503,
+            "store_unavailable",
+        )
         assert "nothing was changed" in refused["message"]
-        changed = api(a, "PUT", f"/api/steering/saes/{ids['shared']}/features/8", json={"strength": 25}).json()["steering"]
+        changed = api(
+            a, "PUT", f"/api/steering/saes/{ids['shared']}/features/8", json={"strength": 25}
+        ).json()["steering"]
         inference = api(b, "GET", "/api/health/inference").json()["replica"]
         assert inference["in_step"] is False and inference["shared"] is True
     finally:
@@ -265,7 +352,9 @@ def test_a_replica_cut_off_from_the_database_claims_nothing_then_catches_up(fres
     until(lambda: httpx.get(f"{b.base_url}/api/health/ready").status_code == 200, timeout=15)
     state = steering(b)
     assert state["version"] >= changed["version"] and state["live"] is True
-    assert next(s for s in state["saes"] if s["sae_id"] == ids["shared"])["features"] == [{"index": 8, "op": "add", "strength": 25.0}]
+    assert next(s for s in state["saes"] if s["sae_id"] == ids["shared"])["features"] == [
+        {"index": 8, "op": "add", "strength": 25.0}
+    ]
     assert greedy(b)[1] == f"live;version={state['version']}"
     assert api(b, "GET", "/api/health/inference").json()["replica"]["reloads"] >= 2
 
@@ -281,7 +370,9 @@ def test_two_servers_on_one_sqlite_file_are_refused(tiny_dirs, tmp_path):
         assert httpx.get(f"{first.base_url}/api/health/ready").status_code == 200
     finally:
         first.stop()
-    claim_sqlite(database_url(tmp_path / "home", None)).release()  # the lock went with the first process
+    claim_sqlite(
+        database_url(tmp_path / "home", None)
+    ).release()  # the lock went with the first process
 
 
 def test_notices_name_their_topic_and_origin():
@@ -297,19 +388,45 @@ def test_documents_labels_and_monitoring_set_on_one_replica_are_read_on_the_othe
     replicas, ids, _ = fresh
     a, b, c = replicas["a"], replicas["b"], replicas["c"]
     sae = ids["shared"]
-    imported = api(a, "POST", "/api/clusters/import", content=raw(cluster(name="shared-cluster", n_features=128)), headers={"content-type": "application/json"})
+    imported = api(
+        a,
+        "POST",
+        "/api/clusters/import",
+        content=raw(cluster(name="shared-cluster", n_features=128)),
+        headers={"content-type": "application/json"},
+    )
     assert imported.status_code == 201, imported.text
-    assert api(b, "PUT", "/api/clusters/shared-cluster/intensity", json={"intensity": 0.75}).status_code == 200
+    assert (
+        api(
+            b, "PUT", "/api/clusters/shared-cluster/intensity", json={"intensity": 0.75}
+        ).status_code
+        == 200
+    )
     until(lambda: api(c, "GET", "/api/clusters/shared-cluster").json().get("intensity") == 0.75)
-    assert api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"] == []  # C now holds the set in memory
-    labels = api(b, "PUT", f"/api/saes/{sae}/labels", content=b'{"4": "zanzibar spice routes"}', headers={"content-type": "application/json"})
+    assert (
+        api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"] == []
+    )  # C now holds the set in memory
+    labels = api(
+        b,
+        "PUT",
+        f"/api/saes/{sae}/labels",
+        content=b'{"4": "zanzibar spice routes"}',
+        headers={"content-type": "application/json"},
+    )
     assert labels.status_code == 200, labels.text
-    found = until(lambda: api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"])
+    found = until(
+        lambda: api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"]
+    )
     assert [(f["index"], f["label"]) for f in found] == [(4, "zanzibar spice routes")]
-    assert api(c, "PUT", "/api/monitoring", json={"sae_id": sae, "features": [4, 5]}).status_code == 200
+    assert (
+        api(c, "PUT", "/api/monitoring", json={"sae_id": sae, "features": [4, 5]}).status_code
+        == 200
+    )
     until(lambda: api(a, "GET", "/api/monitoring").json()["features"] == [4, 5])
     for replica in (a, b, c):
-        assert until(lambda r=replica: api(r, "GET", "/api/health/inference").json()["replica"]["in_step"])
+        assert until(
+            lambda r=replica: api(r, "GET", "/api/health/inference").json()["replica"]["in_step"]
+        )
     api(a, "DELETE", "/api/clusters/shared-cluster")
     api(a, "DELETE", f"/api/saes/{sae}/labels")
     api(a, "PUT", "/api/monitoring", json={"features": []})
@@ -317,14 +434,21 @@ def test_documents_labels_and_monitoring_set_on_one_replica_are_read_on_the_othe
 
 def test_a_replica_serving_another_model_does_not_attach_it(fresh, tiny_dirs, postgres, tmp_path):
     replicas, ids, _ = fresh
-    other = ServerProcess(tmp_path / "home-d", ["--model", str(tiny_dirs["llama-plain"])], env={"DATABASE_URL": postgres.url}).wait_ready()
+    other = ServerProcess(
+        tmp_path / "home-d",
+        ["--model", str(tiny_dirs["llama-plain"])],
+        env={"DATABASE_URL": postgres.url},
+    ).wait_ready()
     try:
         views = {s["id"]: s for s in api(other, "GET", "/api/saes").json()["data"]}
         served = httpx.get(f"{other.base_url}/api/health/ready").json()["model"]
         assert served != MODEL
         for key in ("shared", "private"):
             assert views[ids[key]]["attached"] is False
-            assert views[ids[key]]["attach_error"] == f"attached on model {MODEL!r}; this replica serves {served!r}"
+            assert (
+                views[ids[key]]["attach_error"]
+                == f"attached on model {MODEL!r}; this replica serves {served!r}"
+            )
         state = steering(other)
         assert state["live"] is False and state["live_reason"] == "no SAE is attached"
     finally:
@@ -336,27 +460,52 @@ def test_a_replica_whose_database_goes_silent_finds_out_and_catches_up(fresh, pr
     a, b = replicas["a"], replicas["b"]
     proxy.freeze()  # B's connections stay open but nothing comes back: no reset tells it anything
     try:
-        until(lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 503, timeout=15)
-        assert "no answer" in httpx.get(f"{b.base_url}/api/health/ready", timeout=30).json()["error"]
+        until(
+            lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 503,
+            timeout=15,
+        )
+        assert (
+            "no answer" in httpx.get(f"{b.base_url}/api/health/ready", timeout=30).json()["error"]
+        )
         started = time.monotonic()
-        error(api(b, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 1}), 503, "store_unavailable")
+        error(
+            api(b, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 1}),
+            503,
+            "store_unavailable",
+        )
         assert time.monotonic() - started < 10  # refused, not left waiting on a dead connection
-        changed = api(a, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 11}).json()["steering"]
+        changed = api(
+            a, "PUT", f"/api/steering/saes/{ids['shared']}/features/6", json={"strength": 11}
+        ).json()["steering"]
     finally:
         proxy.restore()
-    until(lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 200, timeout=20)
+    until(
+        lambda: httpx.get(f"{b.base_url}/api/health/ready", timeout=30).status_code == 200,
+        timeout=20,
+    )
     assert shared_values(b) == shared_values(a) and shared_values(b)[0] >= changed["version"]
 
 
 def test_what_one_replica_registers_is_found_on_another_at_once(fresh, tmp_path, tiny_dirs):
     replicas, _, _ = fresh
     a, b = replicas["a"], replicas["b"]
-    sae = api(a, "POST", "/api/saes", json={"path": str(build_saelens(tmp_path / "new-sae", layer=0, seed=77))}).json()["id"]
-    found = api(b, "GET", f"/api/saes/{sae}")  # no wait for the notice: a miss reads the store once more
+    sae = api(
+        a,
+        "POST",
+        "/api/saes",
+        json={"path": str(build_saelens(tmp_path / "new-sae", layer=0, seed=77))},
+    ).json()["id"]
+    found = api(
+        b, "GET", f"/api/saes/{sae}"
+    )  # no wait for the notice: a miss reads the store once more
     assert found.status_code == 200 and found.json()["layer"] == 0
-    registered = api(a, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"]), "name": "second-model"})
+    registered = api(
+        a, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"]), "name": "second-model"}
+    )
     assert registered.status_code in (200, 201), registered.text
     assert api(b, "GET", "/api/models/second-model").status_code == 200
     assert api(b, "DELETE", f"/api/saes/{sae}").status_code == 200
     assert api(a, "DELETE", "/api/models/second-model").status_code == 200
-    until(lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404)  # forgotten through B, gone on A too
+    until(
+        lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404
+    )  # forgotten through B, gone on A too

@@ -14,8 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CAPS = {
     "none": {},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "sse4.2, one thread": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1"},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "sse4.2, one thread": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "OMP_NUM_THREADS": "1",
+    },
 }
 # Loads the checkpoint as the server does under --reproducible, prefills a prompt and decodes 24
 # greedy tokens; prints a digest of every logit it saw and the tokens.
@@ -46,8 +55,14 @@ def runs(tiny_dirs, tmp_path_factory) -> dict[str, str]:
     out = {}
     for name, caps in CAPS.items():
         environment = {**os.environ, "HF_HUB_OFFLINE": "1", **caps}
-        result = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_dirs["llama"]), str(home)], cwd=ROOT, env=environment,
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(tiny_dirs["llama"]), str(home)],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         out[name] = result.stdout.strip().splitlines()[-1]
     return out

@@ -56,7 +56,9 @@ def test_an_operation_rewrites_every_position_after_the_additions(llama_lm):
     reads = reads_of(outcome)
     before, after = reads["before"].residuals, reads["after"].residuals
     assert before.shape[0] == len(prompt) + 11  # the last sampled token is never fed
-    for part in chunks(len(prompt), before.shape[0]):  # the same shapes as the hook saw: the same bits
+    for part in chunks(
+        len(prompt), before.shape[0]
+    ):  # the same shapes as the hook saw: the same bits
         assert torch.equal(after[part], operation(before[part] + vector))
     assert torch.allclose(after @ u, torch.full((after.shape[0],), 25.0), atol=1e-4)
     plain = generate(lm, [row(prompt, 12)]).texts[0]
@@ -71,7 +73,9 @@ def test_operations_apply_in_order_and_combined_keeps_both_edits(llama_lm):
     b = ResidualEdit((), ((POINT, second),))
     edit = combined(a, b)
     assert combined(None, None) is None and combined(a, None) is a and combined(None, b) is b
-    assert edit is not None and edit.points == {POINT} and edit.operations_at(POINT) == (first, second)
+    assert (
+        edit is not None and edit.points == {POINT} and edit.operations_at(POINT) == (first, second)
+    )
     prompt = prompt_ids(lm, "A river")
     reads = reads_of(generate(lm, [with_reads(row(prompt, 6, edit=edit))]))
     before, after = reads["before"].residuals, reads["after"].residuals
@@ -84,7 +88,9 @@ def test_an_operation_at_another_point_leaves_this_one_alone(llama_lm):
     edit = ResidualEdit((), ((2, clamp_along(direction(lm, 3), 9.0)),))
     prompt = prompt_ids(lm, "Once upon")
     reads = reads_of(generate(lm, [with_reads(row(prompt, 6, edit=edit))]))
-    assert torch.equal(reads["before"].residuals, reads["after"].residuals)  # point 1 has nothing to do
+    assert torch.equal(
+        reads["before"].residuals, reads["after"].residuals
+    )  # point 1 has nothing to do
     assert edit.points == {2} and edit.operations_at(POINT) == ()
 
 
@@ -97,7 +103,9 @@ def test_additions_alone_are_exactly_the_added_vector(llama_lm):
     reads = reads_of(outcome)
     assert torch.equal(reads["after"].residuals, reads["before"].residuals + vector)
     # The same additions spelled with an empty operations tuple run the same code to the same bits.
-    again = generate(lm, [with_reads(row(prompt, 10, edit=ResidualEdit(((POINT, vector),), operations=())))])
+    again = generate(
+        lm, [with_reads(row(prompt, 10, edit=ResidualEdit(((POINT, vector),), operations=())))]
+    )
     assert again.texts == outcome.texts
     assert torch.equal(reads_of(again)["after"].residuals, reads["after"].residuals)
 
@@ -112,7 +120,10 @@ def test_rows_with_and_without_operations_share_a_batch(llama_lm):
         return clamp(h)
 
     vector = torch.linspace(-1, 1, lm.model.config.hidden_size)
-    short, long = prompt_ids(lm, "The cat"), prompt_ids(lm, "Seven apples were on the table near the")
+    short, long = (
+        prompt_ids(lm, "The cat"),
+        prompt_ids(lm, "Seven apples were on the table near the"),
+    )
     specs = [
         with_reads(row(short, 10, edit=ResidualEdit(((POINT, vector),), ((POINT, recording),)))),
         with_reads(row(long, 10)),
@@ -126,11 +137,15 @@ def test_rows_with_and_without_operations_share_a_batch(llama_lm):
     # In the batch the short row is left-padded, yet its operation still sees only its own positions.
     assert seen[0] == (len(short), lm.model.config.hidden_size) and len(seen) == 10
     untouched = reads_of(together, 1)
-    assert torch.equal(untouched["after"].residuals, untouched["before"].residuals)  # no edit: not even a copy differs
+    assert torch.equal(
+        untouched["after"].residuals, untouched["before"].residuals
+    )  # no edit: not even a copy differs
     added = reads_of(together, 2)
     assert torch.equal(added["after"].residuals, added["before"].residuals + vector)
     for index, alone in enumerate(solo):
         assert together.texts[index] == alone.texts[0]
         for tag in ("before", "after"):
             # A batch's matrix products have other shapes than a row's own, so not the same bits.
-            assert torch.allclose(reads_of(together, index)[tag].residuals, reads_of(alone)[tag].residuals, atol=1e-5)
+            assert torch.allclose(
+                reads_of(together, index)[tag].residuals, reads_of(alone)[tag].residuals, atol=1e-5
+            )

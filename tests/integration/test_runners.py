@@ -24,7 +24,9 @@ def stock_last_logits(model, prompt):
 def test_runner_choice(llama_lm, gemma2_lm, tiny_dirs, tmp_path):
     assert isinstance(llama_lm.runner, LeanRunner) and llama_lm.runner.kernels == "prepacked x12"
     assert llama_lm.runner.name == "lean (llama)" and gemma2_lm.runner.name == "lean (gemma2)"
-    phi3 = AutoModelForCausalLM.from_pretrained(str(tiny_models.build_phi3(tmp_path / "phi3", tiny_dirs["tokenizer"])), dtype=torch.float32)
+    phi3 = AutoModelForCausalLM.from_pretrained(
+        str(tiny_models.build_phi3(tmp_path / "phi3", tiny_dirs["tokenizer"])), dtype=torch.float32
+    )
     assert isinstance(make_runner(phi3, torch.device("cpu"), torch.float32), HFRunner)
 
 
@@ -32,7 +34,10 @@ def test_runner_choice(llama_lm, gemma2_lm, tiny_dirs, tmp_path):
 def test_prefill_of_padded_rows_equals_stock_logits(model, request):
     lm = request.getfixturevalue(model)
     reference = stock(lm)
-    prompts = [prompt_ids(lm, "Hello"), prompt_ids(lm, "My friend answers the city of France quickly")]
+    prompts = [
+        prompt_ids(lm, "Hello"),
+        prompt_ids(lm, "My friend answers the city of France quickly"),
+    ]
     with torch.inference_mode():
         _, logits = lm.runner.prefill(prompts, capacity=64)
     for row, prompt in enumerate(prompts):
@@ -51,7 +56,9 @@ def test_steering_hook_on_a_layer_sees_and_changes_its_output(llama_lm):
     reference = stock(llama_lm)
     with torch.inference_mode():
         _, plain = llama_lm.runner.prefill([prompt], capacity=16)
-        handles = [m.model.layers[1].register_forward_hook(add_delta) for m in (llama_lm.model, reference)]
+        handles = [
+            m.model.layers[1].register_forward_hook(add_delta) for m in (llama_lm.model, reference)
+        ]
         try:
             _, steered = llama_lm.runner.prefill([prompt, prompt], capacity=16)
             reference_steered = reference(torch.tensor([prompt])).logits[0, -1]
@@ -72,7 +79,9 @@ def q4_1_checkpoint(source_dir, target_dir):
                 w = module.weight.reshape(module.out_features, -1, 32)
                 low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
                 scale = (high - low) / 15
-                module.weight.copy_((low + scale * torch.round((w - low) / scale)).reshape_as(module.weight))
+                module.weight.copy_(
+                    (low + scale * torch.round((w - low) / scale)).reshape_as(module.weight)
+                )
     model.save_pretrained(str(target_dir))
     return target_dir
 
@@ -80,7 +89,9 @@ def q4_1_checkpoint(source_dir, target_dir):
 def test_int4_runner_on_q4_1_weights(tiny_dirs, tmp_path):
     directory = q4_1_checkpoint(tiny_dirs["llama"], tmp_path / "q4")
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
-    reference = stock_last_logits(AutoModelForCausalLM.from_pretrained(str(directory)).eval(), [1, 40, 50, 60])
+    reference = stock_last_logits(
+        AutoModelForCausalLM.from_pretrained(str(directory)).eval(), [1, 40, 50, 60]
+    )
     with torch.inference_mode():
         runner = make_runner(model, torch.device("cpu"), torch.bfloat16, q4_weights=True)
         _, logits = runner.prefill([[1, 40, 50, 60]], capacity=8)
@@ -90,8 +101,12 @@ def test_int4_runner_on_q4_1_weights(tiny_dirs, tmp_path):
 
 
 def test_bfloat16_runner_keeps_a_float32_head(tiny_dirs):
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32).eval()
-    reference = stock_last_logits(AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"])).eval(), [1, 40, 50])
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
+    reference = stock_last_logits(
+        AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"])).eval(), [1, 40, 50]
+    )
     with torch.inference_mode():
         runner = make_runner(model, torch.device("cpu"), torch.bfloat16)
         _, logits = runner.prefill([[1, 40, 50]], capacity=8)
@@ -100,7 +115,9 @@ def test_bfloat16_runner_keeps_a_float32_head(tiny_dirs):
 
 
 def test_kv_buffer_refuses_to_overflow():
-    buffer = KVBuffer(layers=1, rows=1, kv_heads=1, capacity=2, head_dim=4, dtype=torch.float32, device="cpu")
+    buffer = KVBuffer(
+        layers=1, rows=1, kv_heads=1, capacity=2, head_dim=4, dtype=torch.float32, device="cpu"
+    )
     buffer.update(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), 0)
     with pytest.raises(RuntimeError, match="overflow"):
         buffer.update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), 0)

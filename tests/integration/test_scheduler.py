@@ -123,7 +123,9 @@ def test_shutdown_reports_that_the_thread_stopped(llama_lm, batching):
     assert not scheduler.thread_alive
 
 
-def test_shutdown_of_a_stuck_thread_returns_false_and_logs_the_thread_and_where_it_is(llama_lm, caplog):
+def test_shutdown_of_a_stuck_thread_returns_false_and_logs_the_thread_and_where_it_is(
+    llama_lm, caplog
+):
     scheduler = Scheduler(llama_lm, max_pending=4)
     gate, started = threading.Event(), threading.Event()
     try:

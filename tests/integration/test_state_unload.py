@@ -18,9 +18,16 @@ from tests.integration.engine_helpers import prompt_ids, row
 
 @pytest.fixture
 def state(tiny_dirs, tmp_path, monkeypatch):
-    monkeypatch.setattr(unloading, "SCHEDULER_STOP_S", 0.3)  # how long this test waits for a stuck thread
+    monkeypatch.setattr(
+        unloading, "SCHEDULER_STOP_S", 0.3
+    )  # how long this test waits for a stuck thread
     settings = Settings.model_validate(
-        {"MILLM_HOME": tmp_path / "home", "MILLM_DTYPE": "float32", "MILLM_DEVICE": "cpu", "GRACEFUL_UNLOAD_TIMEOUT": 0.2}
+        {
+            "MILLM_HOME": tmp_path / "home",
+            "MILLM_DTYPE": "float32",
+            "MILLM_DEVICE": "cpu",
+            "GRACEFUL_UNLOAD_TIMEOUT": 0.2,
+        }
     )
     server = build_state(settings, resolve_source(str(tiny_dirs["llama"]), tmp_path / "hub"))
     server.switch.load_in_background().join(120)
@@ -44,12 +51,16 @@ def test_a_stuck_scheduler_keeps_the_model_and_a_later_unload_frees_it(state):
     assert lm is not None
     gate, started = threading.Event(), threading.Event()
     hook = stuck_in_the_model(lm, gate, started)
-    state.switch.scheduler.submit(GenerationJob(rows=[row(prompt_ids(lm, "The cat"), 5)], emit=lambda event: None))
+    state.switch.scheduler.submit(
+        GenerationJob(rows=[row(prompt_ids(lm, "The cat"), 5)], emit=lambda event: None)
+    )
     assert started.wait(30)
     try:
         with pytest.raises(ModelBusy, match="did not stop within 0.3 s"):
             state.switch.unload(lm.name)
-        assert state.switch.lm is lm and state.switch.scheduler.thread_alive  # not freed under a running thread
+        assert (
+            state.switch.lm is lm and state.switch.scheduler.thread_alive
+        )  # not freed under a running thread
     finally:
         gate.set()
         hook.remove()

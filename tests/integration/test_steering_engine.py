@@ -11,7 +11,15 @@ from tests.support.tiny_saes import build_saelens
 
 
 def attach(tmp_path, name, layer, hook_point="resid_post", seed=0, architecture="topk"):
-    info, sae = read_sae(build_saelens(tmp_path / name, layer=layer, hook_point=hook_point, seed=seed, architecture=architecture))
+    info, sae = read_sae(
+        build_saelens(
+            tmp_path / name,
+            layer=layer,
+            hook_point=hook_point,
+            seed=seed,
+            architecture=architecture,
+        )
+    )
     return Attached(info, sae, layer)
 
 
@@ -20,8 +28,10 @@ def capture(lm, points):
     seen, handles = {}, []
     layers = decoder_layers(lm.model)
     for point in points:
+
         def hook(module, args, output, point=point):
             seen[point] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+
         handles.append(layers[point].register_forward_hook(hook))
     return seen, handles
 
@@ -53,8 +63,12 @@ def test_delta_after_the_hook_is_the_weighted_decoder_sum(model, request, tmp_pa
     # At layer 0 the only difference is the added delta, at every position.
     assert torch.allclose(steered[0] - plain[0], expected_a.expand_as(plain[0]), atol=1e-5)
     # Layer 2's output = its (changed) input's result + b's delta: compare against an edit with only a.
-    only_a = residuals(lm, prompt, steering_edit({a.info.id: strengths[a.info.id]}, {a.info.id: a}), [2])
-    assert torch.allclose(steered[2] - only_a[2], (6.0 * b.sae.W_dec[7]).expand_as(plain[2]), atol=1e-5)
+    only_a = residuals(
+        lm, prompt, steering_edit({a.info.id: strengths[a.info.id]}, {a.info.id: a}), [2]
+    )
+    assert torch.allclose(
+        steered[2] - only_a[2], (6.0 * b.sae.W_dec[7]).expand_as(plain[2]), atol=1e-5
+    )
 
 
 def test_resid_pre_steers_the_previous_block_output(llama_lm, tmp_path):
@@ -73,14 +87,18 @@ def test_resid_pre_of_layer_zero_steers_the_embeddings(llama_lm, tmp_path):
     embed = llama_lm.model.model.embed_tokens
     with torch.inference_mode():
         llama_lm.residual.set_rows([edit])  # installs the steering pre-hook first
-        handle = decoder_layers(llama_lm.model)[0].register_forward_pre_hook(lambda m, args: captured.setdefault("x", args[0].clone()))
+        handle = decoder_layers(llama_lm.model)[0].register_forward_pre_hook(
+            lambda m, args: captured.setdefault("x", args[0].clone())
+        )
         try:
             llama_lm.runner.prefill([prompt], capacity=len(prompt) + 1)
         finally:
             handle.remove()
             llama_lm.residual.clear()
         plain = embed(torch.tensor([prompt]))
-    assert torch.allclose(captured["x"] - plain, (3.0 * pre0.sae.W_dec[5]).expand_as(plain), atol=1e-5)
+    assert torch.allclose(
+        captured["x"] - plain, (3.0 * pre0.sae.W_dec[5]).expand_as(plain), atol=1e-5
+    )
 
 
 def test_steering_changes_greedy_text_and_zero_strength_does_not(llama_lm, tmp_path):

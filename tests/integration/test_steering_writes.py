@@ -21,8 +21,12 @@ def world(llama_lm, tmp_path):
     steering = Steering(store, registry, ProfileBook(store))
     ids = []
     for layer in (1, 2):
-        info, _ = registry.register(str(build_saelens(tmp_path / f"sae{layer}", layer=layer, seed=60 + layer)),
-                                    None, None, None)
+        info, _ = registry.register(
+            str(build_saelens(tmp_path / f"sae{layer}", layer=layer, seed=60 + layer)),
+            None,
+            None,
+            None,
+        )
         steering.attach(llama_lm, info.id, None)
         ids.append(info.id)
     yield store, registry, steering, ids
@@ -41,9 +45,15 @@ def fresh(store: Store, registry: SAERegistry) -> tuple:
 def whole_reads(store: Store) -> list[str]:
     """SELECTs of the live values table from now on (the whole-state read is the one that makes them)."""
     seen: list[str] = []
-    event.listen(store.engine, "before_cursor_execute",
-                 lambda conn, cursor, statement, *rest: seen.append(statement)
-                 if statement.lstrip().upper().startswith("SELECT") and "millm_strengths" in statement else None)
+    event.listen(
+        store.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *rest: (
+            seen.append(statement)
+            if statement.lstrip().upper().startswith("SELECT") and "millm_strengths" in statement
+            else None
+        ),
+    )
     return seen
 
 
@@ -52,8 +62,12 @@ def test_each_write_is_taken_as_written_without_reading_the_state_back(world, ll
     reads = whole_reads(store)
     writes = [
         lambda: steering.set_features({(first, 3): 12.5, (first, 4): FeatureOp("cap", value=2.0)}),
-        lambda: steering.set_features({(second, 5): FeatureOp("cap", value=1.0), (second, 6): FeatureOp("ablate")}),
-        lambda: steering.set_features({(first, 3): None, (first, 4): 0.0}),  # both cleared: the SAE's entry goes
+        lambda: steering.set_features(
+            {(second, 5): FeatureOp("cap", value=1.0), (second, 6): FeatureOp("ablate")}
+        ),
+        lambda: steering.set_features(
+            {(first, 3): None, (first, 4): 0.0}
+        ),  # both cleared: the SAE's entry goes
         lambda: steering.set_features({(first, 7): -30.0}, clear=second),
         lambda: steering.set_enabled(False),
         lambda: steering.set_active("profile", "prof_x"),
@@ -76,9 +90,13 @@ def test_each_write_is_taken_as_written_without_reading_the_state_back(world, ll
 
 def test_a_write_after_another_replicas_reads_the_whole_state(world):
     store, registry, steering, (first, second) = world
-    write_features(store, {(second, 9): {"op": "add", "strength": 4.0, "value": None}})  # another replica's write
+    write_features(
+        store, {(second, 9): {"op": "add", "strength": 4.0, "value": None}}
+    )  # another replica's write
     reads = whole_reads(store)
     steering.set_features({(first, 2): 8.0})
     assert reads, "the version moved by two: the copy must read what the other replica wrote"
     assert as_read(steering) == fresh(store, registry)
-    assert steering.features[second][9] == FeatureOp("add", 4.0) and steering.features[first][2] == FeatureOp("add", 8.0)
+    assert steering.features[second][9] == FeatureOp("add", 4.0) and steering.features[first][
+        2
+    ] == FeatureOp("add", 8.0)

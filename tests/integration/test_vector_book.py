@@ -20,9 +20,25 @@ from millm.store.settings import get_setting
 from tests.support.old_schemas import build, old_rows
 
 
-def meta(name: str, model: str = "tiny-llama", d_model: int = 64, layer: int = 1, hook_point: str = "resid_post") -> dict:
-    return {"name": name, "description": "", "model": model, "d_model": d_model, "layer": layer, "hook_point": hook_point,
-            "method": "mean", "pairs": 3, "norm": 2.5, "agreement": 1.0}
+def meta(
+    name: str,
+    model: str = "tiny-llama",
+    d_model: int = 64,
+    layer: int = 1,
+    hook_point: str = "resid_post",
+) -> dict:
+    return {
+        "name": name,
+        "description": "",
+        "model": model,
+        "d_model": d_model,
+        "layer": layer,
+        "hook_point": hook_point,
+        "method": "mean",
+        "pairs": 3,
+        "norm": 2.5,
+        "agreement": 1.0,
+    }
 
 
 def unit(d: int = 64, seed: int = 0) -> np.ndarray:
@@ -51,13 +67,29 @@ def test_the_resolver_gives_the_point_and_the_stored_direction(store, llama_lm):
     row = book.create(meta("post-1"), values)
     assert book.revision > revision  # a cached plan naming vectors is resolved again
     point, tensor = resolved(book, row["id"], llama_lm)
-    assert point == 1 and tensor.dtype == torch.float32 and tensor.numpy().tobytes() == values.tobytes()
+    assert (
+        point == 1
+        and tensor.dtype == torch.float32
+        and tensor.numpy().tobytes() == values.tobytes()
+    )
     assert resolved(book, "post-1", llama_lm)[1] is tensor  # by name too, the same read-only tensor
     with pytest.raises(ModelNotLoaded):
         book.vector("post-1", None)
     for layer, hook_point in ((0, "resid_pre"), (2, "resid_pre"), (0, "resid_post")):
-        info = SAEInfo(id="sae_x", format="saelens", path="", architecture="standard", d_in=64, d_sae=8, layer=layer, hook_point=hook_point, hook_name=None)
-        created = book.create(meta(f"{hook_point}-{layer}", layer=layer, hook_point=hook_point), values)
+        info = SAEInfo(
+            id="sae_x",
+            format="saelens",
+            path="",
+            architecture="standard",
+            d_in=64,
+            d_sae=8,
+            layer=layer,
+            hook_point=hook_point,
+            hook_name=None,
+        )
+        created = book.create(
+            meta(f"{hook_point}-{layer}", layer=layer, hook_point=hook_point), values
+        )
         assert resolved(book, created["id"], llama_lm)[0] == Attached(info, None, layer).point
     assert resolved(book, "resid_pre-0", llama_lm)[0] == EMBEDDINGS
 
@@ -65,17 +97,29 @@ def test_the_resolver_gives_the_point_and_the_stored_direction(store, llama_lm):
 @pytest.mark.parametrize(
     "change, phrase",
     [
-        ({"model": "gemma-2-2b"}, "trained on model 'gemma-2-2b' (d_model 64), not on the loaded model 'tiny-llama' (d_model 64)"),
-        ({"d_model": 32}, "trained on model 'tiny-llama' (d_model 32), not on the loaded model 'tiny-llama' (d_model 64)"),
+        (
+            {"model": "gemma-2-2b"},
+            "trained on model 'gemma-2-2b' (d_model 64), not on the loaded model 'tiny-llama' (d_model 64)",
+        ),
+        (
+            {"d_model": 32},
+            "trained on model 'tiny-llama' (d_model 32), not on the loaded model 'tiny-llama' (d_model 64)",
+        ),
         ({"layer": 3}, "at layer 3, past tiny-llama's 3 layers"),
     ],
 )
-def test_a_vector_of_another_model_is_refused_naming_it_and_both_models(store, llama_lm, change, phrase):
+def test_a_vector_of_another_model_is_refused_naming_it_and_both_models(
+    store, llama_lm, change, phrase
+):
     book = VectorBook(store)
     row = book.create({**meta("elsewhere"), **change}, unit(change.get("d_model", 64)))
     with pytest.raises(InvalidRequest) as refused:
         book.vector(row["id"], llama_lm)
-    assert refused.value.status == 400 and refused.value.code == "vector_not_applicable" and refused.value.param == "vector_id"
+    assert (
+        refused.value.status == 400
+        and refused.value.code == "vector_not_applicable"
+        and refused.value.param == "vector_id"
+    )
     assert phrase in refused.value.message and f"'elsewhere' ({row['id']})" in refused.value.message
 
 
@@ -83,7 +127,10 @@ def test_unknown_and_deleted_vectors_are_refused_and_kept_ones_survive_a_new_boo
     book = VectorBook(store)
     kept, gone = book.create(meta("kept"), unit(seed=1)), book.create(meta("gone"), unit(seed=2))
     assert book.delete("gone").id == gone["id"]
-    assert book.vector(gone["id"], llama_lm) is None and book.vector("vec_000000000000", llama_lm) is None  # the planner says vector_not_found
+    assert (
+        book.vector(gone["id"], llama_lm) is None
+        and book.vector("vec_000000000000", llama_lm) is None
+    )  # the planner says vector_not_found
     with pytest.raises(NotFound):
         book.get(gone["id"])
     again = VectorBook(store)  # what a restart reads

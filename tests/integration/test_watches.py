@@ -9,7 +9,14 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from millm.engine.jobs import GenerationJob, ProbeVerdict, ResidualRead, ResidualsRead, RowFinished, Watch
+from millm.engine.jobs import (
+    GenerationJob,
+    ProbeVerdict,
+    ResidualRead,
+    ResidualsRead,
+    RowFinished,
+    Watch,
+)
 from millm.engine.residual import ResidualEdit
 from millm.engine.scheduler import Scheduler
 from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
@@ -22,12 +29,20 @@ BUDGET = 16
 
 def before_reads(spec, points=(POINT,)):
     """The row, reading its residual before and after the edits of each point at every position."""
-    reads = tuple(ResidualRead(p, after, "all", f"{p}-{'after' if after else 'before'}") for p in points for after in (False, True))
+    reads = tuple(
+        ResidualRead(p, after, "all", f"{p}-{'after' if after else 'before'}")
+        for p in points
+        for after in (False, True)
+    )
     return replace(spec, reads=reads)
 
 
 def read(outcome, tag, index=0) -> torch.Tensor:
-    return next(e for e in outcome.events if isinstance(e, ResidualsRead) and e.row == index and e.tag == tag).residuals
+    return next(
+        e
+        for e in outcome.events
+        if isinstance(e, ResidualsRead) and e.row == index and e.tag == tag
+    ).residuals
 
 
 def verdicts(outcome, index=0) -> list[ProbeVerdict]:
@@ -55,10 +70,19 @@ class Setup:
 
     def offline(self, before: torch.Tensor) -> torch.Tensor:
         """The scores the engine computes, forward pass by forward pass (the same shapes: the same bits)."""
-        return torch.cat([self.score(before[part]) for part in chunks(len(self.prompt), before.shape[0])])
+        return torch.cat(
+            [self.score(before[part]) for part in chunks(len(self.prompt), before.shape[0])]
+        )
 
     def watch(self, action="report", threshold=None, **kwargs) -> Watch:
-        return Watch("probe", POINT, self.score, self.threshold if threshold is None else threshold, action, **kwargs)
+        return Watch(
+            "probe",
+            POINT,
+            self.score,
+            self.threshold if threshold is None else threshold,
+            action,
+            **kwargs,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +96,9 @@ def setup(llama_lm) -> Setup:
         u = u / u.norm()
         scores = before @ u
         p = int(scores.argmax())
-        if len(prompt) + 2 <= p <= before.shape[0] - 4:  # a record high after the prompt, with room after it
+        if (
+            len(prompt) + 2 <= p <= before.shape[0] - 4
+        ):  # a record high after the prompt, with room after it
             gap = float(scores[p] - scores[:p].max())
             if gap > 0.05:
                 s = Setup(prompt, plain, u, scores, p, float(scores[p]) - gap / 2)
@@ -95,7 +121,9 @@ def test_watch_rejects_inconsistent_fields():
 
 def test_a_report_verdict_equals_the_offline_scores_and_changes_nothing(llama_lm, setup):
     threshold = float(setup.scores.median())  # fires at many positions, prompt and completion
-    spec = replace(before_reads(row(setup.prompt, BUDGET)), watches=(setup.watch("report", threshold),))
+    spec = replace(
+        before_reads(row(setup.prompt, BUDGET)), watches=(setup.watch("report", threshold),)
+    )
     outcome = generate(llama_lm, [spec])
     assert outcome.texts == setup.plain.texts and outcome.finish == {0: "length"}
     assert torch.equal(read(outcome, f"{POINT}-before"), read(setup.plain, f"{POINT}-before"))
@@ -105,7 +133,9 @@ def test_a_report_verdict_equals_the_offline_scores_and_changes_nothing(llama_lm
     assert verdict.fired and verdict.action == "report" and verdict.name == "probe"
     assert verdict.first_position == fired[0] and list(verdict.positions) == fired
     assert list(verdict.token_ids) == [tokens[i] for i in fired]
-    assert verdict.peak == float(setup.scores.max()) and verdict.peak_position == int(setup.scores.argmax())
+    assert verdict.peak == float(setup.scores.max()) and verdict.peak_position == int(
+        setup.scores.argmax()
+    )
     assert verdict.acted_at is None
     # Events end with the verdict, then the reads, then RowFinished.
     kinds = [type(e).__name__ for e in outcome.events if type(e).__name__ != "TextDelta"]
@@ -114,9 +144,16 @@ def test_a_report_verdict_equals_the_offline_scores_and_changes_nothing(llama_lm
 
 def test_a_report_watch_that_never_fires_says_so(llama_lm, setup):
     spec = row(setup.prompt, BUDGET, edit=None)
-    outcome = generate(llama_lm, [replace(spec, watches=(setup.watch("report", float(setup.scores.max()) + 1.0),))])
+    outcome = generate(
+        llama_lm, [replace(spec, watches=(setup.watch("report", float(setup.scores.max()) + 1.0),))]
+    )
     [verdict] = verdicts(outcome)
-    assert not verdict.fired and verdict.first_position is None and verdict.positions == () and verdict.acted_at is None
+    assert (
+        not verdict.fired
+        and verdict.first_position is None
+        and verdict.positions == ()
+        and verdict.acted_at is None
+    )
     assert verdict.peak == pytest.approx(float(setup.scores.max()), abs=1e-6)
 
 
@@ -124,7 +161,10 @@ def test_a_report_watch_that_never_fires_says_so(llama_lm, setup):
 def test_a_steer_watch_steers_from_the_position_after_it_fires(llama_lm, setup, tokens):
     vector = torch.linspace(-6, 6, llama_lm.model.config.hidden_size)
     edit = ResidualEdit(((EDIT_POINT, vector),))
-    spec = replace(before_reads(row(setup.prompt, BUDGET), (POINT, EDIT_POINT)), watches=(setup.watch("steer", edit=edit, tokens=tokens),))
+    spec = replace(
+        before_reads(row(setup.prompt, BUDGET), (POINT, EDIT_POINT)),
+        watches=(setup.watch("steer", edit=edit, tokens=tokens),),
+    )
     outcome = generate(llama_lm, [spec])
     p = setup.p
     for tag in (f"{POINT}-before", f"{EDIT_POINT}-before", f"{EDIT_POINT}-after"):
@@ -134,7 +174,9 @@ def test_a_steer_watch_steers_from_the_position_after_it_fires(llama_lm, setup, 
     total = before.shape[0]
     end = total if tokens is None else p + 1 + tokens
     assert torch.equal(after[p + 1 : end], before[p + 1 : end] + vector)
-    assert torch.equal(after[end:], before[end:])  # after the window the row's own edit (none) again
+    assert torch.equal(
+        after[end:], before[end:]
+    )  # after the window the row's own edit (none) again
     assert torch.equal(after[: p + 1], before[: p + 1])
     # The token sampled from position p's logits is still the unwatched one; what follows is steered.
     generated = len(setup.prompt)
@@ -142,12 +184,21 @@ def test_a_steer_watch_steers_from_the_position_after_it_fires(llama_lm, setup, 
     plain_tokens = _tokens(setup.plain)
     assert _tokens(outcome)[: p + 2] == plain_tokens[: p + 2]
     [verdict] = verdicts(outcome)
-    assert verdict.fired and verdict.first_position == p and verdict.acted_at == p + 1 and p + 1 > generated
+    assert (
+        verdict.fired
+        and verdict.first_position == p
+        and verdict.acted_at == p + 1
+        and p + 1 > generated
+    )
 
 
-def test_a_steer_watch_firing_in_the_prompt_steers_from_the_first_generated_position(llama_lm, setup):
+def test_a_steer_watch_firing_in_the_prompt_steers_from_the_first_generated_position(
+    llama_lm, setup
+):
     vector = torch.linspace(-6, 6, llama_lm.model.config.hidden_size)
-    watch = setup.watch("steer", threshold=float(setup.scores[0]), edit=ResidualEdit(((EDIT_POINT, vector),)))
+    watch = setup.watch(
+        "steer", threshold=float(setup.scores[0]), edit=ResidualEdit(((EDIT_POINT, vector),))
+    )
     spec = replace(before_reads(row(setup.prompt, BUDGET), (EDIT_POINT,)), watches=(watch,))
     outcome = generate(llama_lm, [spec])
     n = len(setup.prompt)
@@ -163,7 +214,9 @@ def test_an_abort_watch_ends_the_row_at_the_firing_step(llama_lm, setup):
     outcome = generate(llama_lm, [replace(spec, watches=(setup.watch("abort"),))])
     kept = setup.p - len(setup.prompt) + 1  # every token up to and including the one fed at p
     assert outcome.finish == {0: "content_filter"} and outcome.tokens == {0: kept}
-    assert outcome.texts[0] == generate(llama_lm, [row(setup.prompt, kept)]).texts[0]  # the trigger token's text stays
+    assert (
+        outcome.texts[0] == generate(llama_lm, [row(setup.prompt, kept)]).texts[0]
+    )  # the trigger token's text stays
     [verdict] = verdicts(outcome)
     assert verdict.fired and verdict.first_position == setup.p and verdict.acted_at == setup.p
     assert verdict.positions == (setup.p,) and verdict.peak == float(setup.scores[setup.p])
@@ -172,7 +225,11 @@ def test_an_abort_watch_ends_the_row_at_the_firing_step(llama_lm, setup):
 def test_an_abort_watch_firing_in_the_prompt_samples_nothing(llama_lm, setup):
     watch = setup.watch("abort", threshold=float(setup.scores[: len(setup.prompt)].min()))
     outcome = generate(llama_lm, [replace(row(setup.prompt, BUDGET), watches=(watch,))])
-    assert outcome.finish == {0: "content_filter"} and outcome.tokens == {0: 0} and outcome.texts.get(0, "") == ""
+    assert (
+        outcome.finish == {0: "content_filter"}
+        and outcome.tokens == {0: 0}
+        and outcome.texts.get(0, "") == ""
+    )
     [verdict] = verdicts(outcome)
     assert verdict.first_position == 0 and verdict.acted_at == 0
     assert list(verdict.positions) == list(range(len(setup.prompt)))  # the whole prompt was scored
@@ -180,12 +237,24 @@ def test_an_abort_watch_firing_in_the_prompt_samples_nothing(llama_lm, setup):
 
 def test_rows_sharing_a_prefill_keep_their_own_watches(llama_lm, setup):
     base = row(setup.prompt, BUDGET)
-    outcome = generate(llama_lm, [replace(base, watches=(setup.watch("abort"),)), replace(base, watches=(setup.watch("report"),)), base])
+    outcome = generate(
+        llama_lm,
+        [
+            replace(base, watches=(setup.watch("abort"),)),
+            replace(base, watches=(setup.watch("report"),)),
+            base,
+        ],
+    )
     assert outcome.finish == {0: "content_filter", 1: "length", 2: "length"}
     assert outcome.texts[1] == outcome.texts[2] == setup.plain.texts[0]
-    assert [v.action for v in verdicts(outcome, 0)] == ["abort"] and [v.action for v in verdicts(outcome, 1)] == ["report"]
+    assert [v.action for v in verdicts(outcome, 0)] == ["abort"] and [
+        v.action for v in verdicts(outcome, 1)
+    ] == ["report"]
     assert verdicts(outcome, 2) == []
-    assert verdicts(outcome, 1)[0].first_position == setup.p and verdicts(outcome, 1)[0].acted_at is None
+    assert (
+        verdicts(outcome, 1)[0].first_position == setup.p
+        and verdicts(outcome, 1)[0].acted_at is None
+    )
 
 
 def test_watched_and_plain_rows_in_a_continuous_batch_equal_their_solo_runs(llama_lm, setup):
@@ -203,7 +272,10 @@ def test_watched_and_plain_rows_in_a_continuous_batch_equal_their_solo_runs(llam
     try:
         outcomes = [Outcome() for _ in specs]
         peak = [0]
-        done = [_done_when_finished(o, lambda: peak.__setitem__(0, max(peak[0], scheduler.batch_rows))) for o in outcomes]
+        done = [
+            _done_when_finished(o, lambda: peak.__setitem__(0, max(peak[0], scheduler.batch_rows)))
+            for o in outcomes
+        ]
         for spec, (emit, started, _) in zip(specs, done, strict=True):
             scheduler.submit(GenerationJob(rows=[spec], emit=emit))
             assert started.wait(30)  # the next job joins a batch already stepping
@@ -212,12 +284,25 @@ def test_watched_and_plain_rows_in_a_continuous_batch_equal_their_solo_runs(llam
     finally:
         scheduler.shutdown(timeout=30)
     for alone, batched in zip(solo, outcomes, strict=True):
-        assert batched.texts == alone.texts and batched.finish == alone.finish and batched.tokens == alone.tokens
+        assert (
+            batched.texts == alone.texts
+            and batched.finish == alone.finish
+            and batched.tokens == alone.tokens
+        )
         for mine, theirs in zip(verdicts(batched), verdicts(alone), strict=True):
-            assert (mine.first_position, mine.positions, mine.acted_at, mine.peak_position) == (theirs.first_position, theirs.positions, theirs.acted_at, theirs.peak_position)
-            assert mine.peak == pytest.approx(theirs.peak, abs=1e-4)  # a batch's products have other shapes
+            assert (mine.first_position, mine.positions, mine.acted_at, mine.peak_position) == (
+                theirs.first_position,
+                theirs.positions,
+                theirs.acted_at,
+                theirs.peak_position,
+            )
+            assert mine.peak == pytest.approx(
+                theirs.peak, abs=1e-4
+            )  # a batch's products have other shapes
     assert outcomes[2].finish == {0: "content_filter"}
-    assert scheduler.stats["batched"]["served"] == 4 and peak[0] >= 2  # they really shared the batch
+    assert (
+        scheduler.stats["batched"]["served"] == 4 and peak[0] >= 2
+    )  # they really shared the batch
 
 
 def _done_when_finished(outcome: Outcome, observe):

@@ -9,8 +9,15 @@ from pathlib import Path
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling Google's hosts, which this
 # machine's closed network refuses; the sandbox needs a non-root user.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 SIZES = {"wide": {"width": 1280, "height": 800}, "narrow": {"width": 420, "height": 860}}
 
 
@@ -18,7 +25,9 @@ def chromium_path() -> str:
     """Debian's chromium (scripts/setup.sh installs it), or a clear failure naming the fix."""
     path = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
     if path is None:
-        raise RuntimeError("chromium is not installed: run ./scripts/setup.sh (it installs Debian's chromium)")
+        raise RuntimeError(
+            "chromium is not installed: run ./scripts/setup.sh (it installs Debian's chromium)"
+        )
     return path
 
 
@@ -28,7 +37,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=FLAGS)
+        instance = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=FLAGS
+        )
         try:
             yield instance
         finally:

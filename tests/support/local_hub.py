@@ -49,17 +49,28 @@ class LocalHub:
         self.requests.append(f"{handler.command} {path}")
         if path.startswith(f"/api/models/{self.repo_id}"):
             files = sorted(p.name for p in self.folder.iterdir() if p.is_file())
-            info = {"id": self.repo_id, "modelId": self.repo_id, "sha": COMMIT, "private": False,
-                    "siblings": [{"rfilename": name} for name in files]}
-            return self.send(handler, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+            info = {
+                "id": self.repo_id,
+                "modelId": self.repo_id,
+                "sha": COMMIT,
+                "private": False,
+                "siblings": [{"rfilename": name} for name in files],
+            }
+            return self.send(
+                handler, json.dumps(info).encode(), {"Content-Type": "application/json"}, body
+            )
         prefix = f"/{self.repo_id}/resolve/"
         if path.startswith(prefix):
-            _, _, name = path[len(prefix):].partition("/")
+            _, _, name = path[len(prefix) :].partition("/")
             file = self.folder / name
             if file.is_file():
                 data = file.read_bytes()
                 etag = hashlib.sha256(data).hexdigest()
-                headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}
+                headers = {
+                    "X-Repo-Commit": COMMIT,
+                    "ETag": f'"{etag}"',
+                    "Content-Type": "application/octet-stream",
+                }
                 return self.send(handler, data, headers, body)
         handler.send_response(404)
         handler.send_header("X-Error-Code", "EntryNotFound")
@@ -67,7 +78,9 @@ class LocalHub:
         handler.end_headers()
 
     @staticmethod
-    def send(handler: BaseHTTPRequestHandler, data: bytes, headers: dict[str, str], body: bool) -> None:
+    def send(
+        handler: BaseHTTPRequestHandler, data: bytes, headers: dict[str, str], body: bool
+    ) -> None:
         handler.send_response(200)
         for key, value in headers.items():
             handler.send_header(key, value)

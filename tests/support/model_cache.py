@@ -26,7 +26,9 @@ def shared_folder(name: str) -> Path:
     return root / hashlib.sha256(str(CHECKOUT).encode()).hexdigest()[:12] / name
 
 
-def start_sharing(name: str, home: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> ServerProcess:
+def start_sharing(
+    name: str, home: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 600
+) -> ServerProcess:
     """A ready server on a new data directory `home` whose converted models are `name`'s shared ones."""
     shared = shared_folder(name)
     home.mkdir(parents=True, exist_ok=True)
@@ -34,7 +36,9 @@ def start_sharing(name: str, home: Path, args: list[str], env: dict[str, str] | 
         (shared / part).mkdir(parents=True, exist_ok=True)
         (home / part).symlink_to(shared / part, target_is_directory=True)
     with (shared.parent / f"{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, by this process or at its death
+        fcntl.flock(
+            lock, fcntl.LOCK_EX
+        )  # released when the file closes, by this process or at its death
         server = ServerProcess(home, args, env=env)
         try:
             return server.wait_ready(timeout=timeout)

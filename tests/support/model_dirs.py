@@ -72,7 +72,15 @@ def huge(model_dir: Path, directory: Path, elements: int) -> Path:
     """A copy whose weight file declares one float32 tensor of `elements` elements; the file is
     sparse (the size its header promises, no data written), so it is whole but fits no machine."""
     copy_of(model_dir, directory)
-    header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [elements], "data_offsets": [0, elements * 4]}}).encode()
+    header = json.dumps(
+        {
+            "model.embed_tokens.weight": {
+                "dtype": "F32",
+                "shape": [elements],
+                "data_offsets": [0, elements * 4],
+            }
+        }
+    ).encode()
     header += b" " * (-len(header) % 8)
     path = directory / SAFETENSORS
     with path.open("wb") as handle:
@@ -90,7 +98,9 @@ def wide_llama(directory: Path, tokenizer_dir: Path, intermediate_size: int = 10
 
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     torch.manual_seed(3)
-    config = LlamaConfig(**{**_common(vocab), "intermediate_size": intermediate_size}, initializer_range=0.2)
+    config = LlamaConfig(
+        **{**_common(vocab), "intermediate_size": intermediate_size}, initializer_range=0.2
+    )
     return _save(LlamaForCausalLM(config).eval(), tokenizer_dir, directory)
 
 

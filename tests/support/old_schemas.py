@@ -47,7 +47,12 @@ def old_metadata(version: int) -> MetaData:
 
 
 def _first_tables(metadata: MetaData, with_ops: bool) -> None:
-    Table("millm_settings", metadata, Column("key", String(64), primary_key=True), Column("value", Text, nullable=False))
+    Table(
+        "millm_settings",
+        metadata,
+        Column("key", String(64), primary_key=True),
+        Column("value", Text, nullable=False),
+    )
     Table(
         "millm_saes",
         metadata,
@@ -62,7 +67,14 @@ def _first_tables(metadata: MetaData, with_ops: bool) -> None:
         Column("layer", Integer, nullable=False),
     )
     # Schema 5 declared op and value in the table (create_all made them for a new database).
-    ops = [Column("op", String(16), nullable=False, server_default="add"), Column("value", Float, nullable=True)] if with_ops else []
+    ops = (
+        [
+            Column("op", String(16), nullable=False, server_default="add"),
+            Column("value", Float, nullable=True),
+        ]
+        if with_ops
+        else []
+    )
     Table(
         "millm_strengths",
         metadata,
@@ -171,18 +183,42 @@ T0 = 1_764_000_000.0
 
 
 def _sae(sae_id: str, layer: int) -> dict:
-    info = {"id": sae_id, "format": "saelens", "path": f"/saes/{sae_id}", "architecture": "topk", "d_in": 4, "d_sae": 8, "layer": layer}
+    info = {
+        "id": sae_id,
+        "format": "saelens",
+        "path": f"/saes/{sae_id}",
+        "architecture": "topk",
+        "d_in": 4,
+        "d_sae": 8,
+        "layer": layer,
+    }
     return {"id": sae_id, "info": json.dumps(info), "registered_at": T0 + layer}
 
 
 def _profile(number: int, name: str, steering: list[dict]) -> dict:
-    document = {"format": "millm.profile", "version": 1, "name": name, "description": f"profile {number}", "steering": steering}
-    return {"id": f"prof_{number}", "name": name, "document": json.dumps(document), "created_at": T0 + 10 * number + 0.25, "updated_at": T0 + 10 * number + 0.75}
+    document = {
+        "format": "millm.profile",
+        "version": 1,
+        "name": name,
+        "description": f"profile {number}",
+        "steering": steering,
+    }
+    return {
+        "id": f"prof_{number}",
+        "name": name,
+        "document": json.dumps(document),
+        "created_at": T0 + 10 * number + 0.25,
+        "updated_at": T0 + 10 * number + 0.75,
+    }
 
 
 def _settings(version: int, steered: bool) -> list[dict]:
     # Schema 1 kept the active profile as `active_profile`; from schema 2 on it is `active_base`.
-    active = ("active_profile", json.dumps("prof_2")) if version == 1 else ("active_base", json.dumps({"kind": "profile", "id": "prof_2"}))
+    active = (
+        ("active_profile", json.dumps("prof_2"))
+        if version == 1
+        else ("active_base", json.dumps({"kind": "profile", "id": "prof_2"}))
+    )
     rows = [("steering_enabled", json.dumps(True)), active]
     if steered:
         rows.append(("steering_version", json.dumps(7)))
@@ -214,42 +250,130 @@ def old_rows(version: int, steered: bool = True) -> dict[str, list[dict]]:
         "millm_profiles": [
             _profile(1, "calm", [{"sae_id": "sae_a", "features": [{"index": 3, "strength": 4.0}]}]),
             _profile(2, "river-run", []),
-            _profile(3, "ünïcode ✓", [{"sae_id": "sae_b", "features": [{"index": 0, "strength": -1.0}]}]),
+            _profile(
+                3, "ünïcode ✓", [{"sae_id": "sae_b", "features": [{"index": 0, "strength": -1.0}]}]
+            ),
         ],
     }
     if version >= 2:
         rows["millm_clusters"] = [
-            {"id": "clu_1", "name": "rivers", "raw": json.dumps({"name": "rivers", "members": [1, 2]}), "intensity": 0.5, "created_at": T0 + 100},
-            {"id": "clu_2", "name": "mountains", "raw": json.dumps({"name": "mountains", "members": []}), "intensity": 1.0, "created_at": T0 + 101},
+            {
+                "id": "clu_1",
+                "name": "rivers",
+                "raw": json.dumps({"name": "rivers", "members": [1, 2]}),
+                "intensity": 0.5,
+                "created_at": T0 + 100,
+            },
+            {
+                "id": "clu_2",
+                "name": "mountains",
+                "raw": json.dumps({"name": "mountains", "members": []}),
+                "intensity": 1.0,
+                "created_at": T0 + 101,
+            },
         ]
-        rows["millm_circuits"] = [{"id": "cir_1", "name": "flow", "raw": json.dumps({"name": "flow", "layers": {"1": ["rivers"]}}), "created_at": T0 + 102}]
+        rows["millm_circuits"] = [
+            {
+                "id": "cir_1",
+                "name": "flow",
+                "raw": json.dumps({"name": "flow", "layers": {"1": ["rivers"]}}),
+                "created_at": T0 + 102,
+            }
+        ]
     if version >= 3:
         rows["millm_models"] = [
-            {"name": "tiny", "reference": "/models/tiny", "info": json.dumps({"kind": "transformers", "owned_by": "me"}), "registered_at": T0 + 200}
+            {
+                "name": "tiny",
+                "reference": "/models/tiny",
+                "info": json.dumps({"kind": "transformers", "owned_by": "me"}),
+                "registered_at": T0 + 200,
+            }
         ]
     if version >= 4:
         rows["millm_feature_labels"] = [
-            {"sae_id": "sae_a", "feature": 3, "label": "water", "source": "neuronpedia", "detail": json.dumps({"top_tokens": ["river"]}), "updated_at": T0 + 300},
-            {"sae_id": "sae_a", "feature": 11, "label": "stone", "source": "plain", "detail": "{}", "updated_at": T0 + 301},
+            {
+                "sae_id": "sae_a",
+                "feature": 3,
+                "label": "water",
+                "source": "neuronpedia",
+                "detail": json.dumps({"top_tokens": ["river"]}),
+                "updated_at": T0 + 300,
+            },
+            {
+                "sae_id": "sae_a",
+                "feature": 11,
+                "label": "stone",
+                "source": "plain",
+                "detail": "{}",
+                "updated_at": T0 + 301,
+            },
         ]
         rows["millm_calibrations"] = [
-            {"sae_id": "sae_a", "model": "tiny", "summary": json.dumps({"tokens": 4096}), "figures": json.dumps({"3": [0.5, 1.5]}), "created_at": T0 + 302}
+            {
+                "sae_id": "sae_a",
+                "model": "tiny",
+                "summary": json.dumps({"tokens": 4096}),
+                "figures": json.dumps({"3": [0.5, 1.5]}),
+                "created_at": T0 + 302,
+            }
         ]
     if version >= 5:
         rows["millm_vectors"] = [
-            {"id": "vec_1", "name": "calmer", "description": "calm minus angry", "model": "tiny", "d_model": 4, "layer": 1, "hook_point": "resid_post",
-             "method": "mean_difference", "pairs": 16, "norm": 3.5, "agreement": 0.875, "unit": bytes(range(16)), "created_at": T0 + 400},
-            {"id": "vec_2", "name": "imported", "description": "", "model": "tiny", "d_model": 4, "layer": 2, "hook_point": "resid_post",
-             "method": "imported", "pairs": 0, "norm": 1.0, "agreement": None, "unit": b"\x00\x00\x80\x3f" * 4, "created_at": T0 + 401},
+            {
+                "id": "vec_1",
+                "name": "calmer",
+                "description": "calm minus angry",
+                "model": "tiny",
+                "d_model": 4,
+                "layer": 1,
+                "hook_point": "resid_post",
+                "method": "mean_difference",
+                "pairs": 16,
+                "norm": 3.5,
+                "agreement": 0.875,
+                "unit": bytes(range(16)),
+                "created_at": T0 + 400,
+            },
+            {
+                "id": "vec_2",
+                "name": "imported",
+                "description": "",
+                "model": "tiny",
+                "d_model": 4,
+                "layer": 2,
+                "hook_point": "resid_post",
+                "method": "imported",
+                "pairs": 0,
+                "norm": 1.0,
+                "agreement": None,
+                "unit": b"\x00\x00\x80\x3f" * 4,
+                "created_at": T0 + 401,
+            },
         ]
         rows["millm_probes"] = [
-            {"id": "prb_1", "name": "water-watch", "document": json.dumps({"kind": "feature", "feature": 3}), "active": True, "created_at": T0 + 500, "updated_at": T0 + 501},
-            {"id": "prb_2", "name": "idle", "document": json.dumps({"kind": "weighted"}), "active": False, "created_at": T0 + 502, "updated_at": T0 + 503},
+            {
+                "id": "prb_1",
+                "name": "water-watch",
+                "document": json.dumps({"kind": "feature", "feature": 3}),
+                "active": True,
+                "created_at": T0 + 500,
+                "updated_at": T0 + 501,
+            },
+            {
+                "id": "prb_2",
+                "name": "idle",
+                "document": json.dumps({"kind": "weighted"}),
+                "active": False,
+                "created_at": T0 + 502,
+                "updated_at": T0 + 503,
+            },
         ]
     return rows
 
 
-def build(url: str, version: int, rows: dict[str, list[dict]], schema_version_row: bool = True) -> None:
+def build(
+    url: str, version: int, rows: dict[str, list[dict]], schema_version_row: bool = True
+) -> None:
     """Make the tables of schema `version` at `url`, store `rows` (table -> rows) and the
     schema_version setting as that version wrote it; without `schema_version_row`, a database
     whose first start stopped before writing it."""
@@ -262,7 +386,11 @@ def build(url: str, version: int, rows: dict[str, list[dict]], schema_version_ro
                 if rows.get(table.name):
                     conn.execute(insert(table), rows[table.name])
             if schema_version_row:
-                conn.execute(insert(metadata.tables["millm_settings"]).values(key="schema_version", value=str(version)))
+                conn.execute(
+                    insert(metadata.tables["millm_settings"]).values(
+                        key="schema_version", value=str(version)
+                    )
+                )
     finally:
         engine.dispose()
 

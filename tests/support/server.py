@@ -16,7 +16,9 @@ import httpx
 
 from tests.support.zygote import ForkedServer, Zygote
 
-TEST_ROOT: Path | None = None  # pytest's base temporary folder, set by the session fixture in conftest.py
+TEST_ROOT: Path | None = (
+    None  # pytest's base temporary folder, set by the session fixture in conftest.py
+)
 _zygote: Zygote | None = None
 
 
@@ -24,7 +26,9 @@ def zygote() -> Zygote:
     """This pytest process's zygote, started on first use (MILLM_TEST_FORK=0: none, every server a new interpreter)."""
     global _zygote
     if _zygote is None:
-        _zygote = Zygote(Path(tempfile.mkdtemp(prefix="millm-zygote-")))  # short: a Unix socket's path is at most 107 bytes
+        _zygote = Zygote(
+            Path(tempfile.mkdtemp(prefix="millm-zygote-"))
+        )  # short: a Unix socket's path is at most 107 bytes
         atexit.register(_zygote.stop)
     return _zygote
 
@@ -40,15 +44,34 @@ class ServerProcess:
     """`millm serve ...` in a process of its own, forked from the zygote (tests/support/zygote.py)
     or, with `fork=False`, `python -m millm serve ...`; its log is kept for failure messages."""
 
-    def __init__(self, home: Path, args: list[str], env: dict[str, str] | None = None, allowed: list[Path] | None = None, fork: bool = True):
+    def __init__(
+        self,
+        home: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        allowed: list[Path] | None = None,
+        fork: bool = True,
+    ):
         """`allowed` are the MILLM_ALLOWED_PATHS; by default the session's temporary folder
         (`TEST_ROOT`), where tests build the checkpoints and SAEs they register over HTTP."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = home / f"server-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "millm", "serve", "--port", str(self.port), "--home", str(home), *args]
-        allowed_paths = os.pathsep.join(str(p) for p in (allowed if allowed is not None else [TEST_ROOT or home.parent]))
+        command = [
+            sys.executable,
+            "-m",
+            "millm",
+            "serve",
+            "--port",
+            str(self.port),
+            "--home",
+            str(home),
+            *args,
+        ]
+        allowed_paths = os.pathsep.join(
+            str(p) for p in (allowed if allowed is not None else [TEST_ROOT or home.parent])
+        )
         environment = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
@@ -58,11 +81,17 @@ class ServerProcess:
         }
         self.log_path.write_text("")
         self.process: ForkedServer | subprocess.Popen
-        if fork and os.environ.get("MILLM_TEST_FORK", "1") != "0" and zygote().can_fork(environment):
+        if (
+            fork
+            and os.environ.get("MILLM_TEST_FORK", "1") != "0"
+            and zygote().can_fork(environment)
+        ):
             self.process = ForkedServer(zygote(), command[3:], environment, self.log_path)
         else:
             with self.log_path.open("w") as log:
-                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+                self.process = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=environment
+                )
 
     @property
     def log(self) -> str:

@@ -49,7 +49,9 @@ class TcpProxy:
     def _pump(self, source: socket.socket, target: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                if source not in self._frozen:  # frozen: bytes are taken (TCP acknowledges them) and dropped
+                if (
+                    source not in self._frozen
+                ):  # frozen: bytes are taken (TCP acknowledges them) and dropped
                     target.sendall(data)
         except OSError:
             pass

@@ -21,7 +21,11 @@ TYPES = {"F32": (0, None), "Q8_0": (7, "Q8_0")}  # file_type id, tensor quantisa
 def permute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
     """Rows of a q/k projection from rotate-half order to llama.cpp's interleaved pairs."""
     rows = weight.shape[0]
-    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def write_llama_gguf(checkpoint: Path, target: Path, quant: str = "F32") -> Path:
@@ -32,7 +36,10 @@ def write_llama_gguf(checkpoint: Path, target: Path, quant: str = "F32") -> Path
     config = json.loads((checkpoint / "config.json").read_text())
     tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
     template = json.loads((checkpoint / "tokenizer_config.json").read_text()).get("chat_template")
-    weights = {k: v.to(torch.float32).numpy() for k, v in load_file(str(checkpoint / "model.safetensors")).items()}
+    weights = {
+        k: v.to(torch.float32).numpy()
+        for k, v in load_file(str(checkpoint / "model.safetensors")).items()
+    }
     file_type, tensor_quant = TYPES[quant]
 
     writer = gguf.GGUFWriter(str(target), "llama")
@@ -45,7 +52,11 @@ def write_llama_gguf(checkpoint: Path, target: Path, quant: str = "F32") -> Path
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_dimension_count(config["hidden_size"] // heads)
-    writer.add_rope_freq_base(float(config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(
+        float(
+            config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)
+        )
+    )
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(file_type)
@@ -81,7 +92,10 @@ def write_llama_gguf(checkpoint: Path, target: Path, quant: str = "F32") -> Path
         src = f"model.layers.{i}."
         add(f"blk.{i}.attn_norm.weight", weights[src + "input_layernorm.weight"])
         add(f"blk.{i}.attn_q.weight", permute_rope(weights[src + "self_attn.q_proj.weight"], heads))
-        add(f"blk.{i}.attn_k.weight", permute_rope(weights[src + "self_attn.k_proj.weight"], kv_heads))
+        add(
+            f"blk.{i}.attn_k.weight",
+            permute_rope(weights[src + "self_attn.k_proj.weight"], kv_heads),
+        )
         add(f"blk.{i}.attn_v.weight", weights[src + "self_attn.v_proj.weight"])
         add(f"blk.{i}.attn_output.weight", weights[src + "self_attn.o_proj.weight"])
         add(f"blk.{i}.ffn_norm.weight", weights[src + "post_attention_layernorm.weight"])

@@ -29,11 +29,31 @@ CONTEXT = 2048
 
 def corpus() -> list[str]:
     """A fixed, varied English corpus (with some non-ASCII) to train the BPE tokenizer on."""
-    subjects = ["The cat", "A river", "Paris", "My friend", "The model", "Every feature", "The capital", "Sparse codes"]
+    subjects = [
+        "The cat",
+        "A river",
+        "Paris",
+        "My friend",
+        "The model",
+        "Every feature",
+        "The capital",
+        "Sparse codes",
+    ]
     verbs = ["runs", "is", "becomes", "answers", "steers", "reads", "writes", "counts"]
-    objects = ["quickly", "the city of France", "a small autoencoder", "one two three four five", "naïve café", "über", "数字"]
+    objects = [
+        "quickly",
+        "the city of France",
+        "a small autoencoder",
+        "one two three four five",
+        "naïve café",
+        "über",
+        "数字",
+    ]
     lines = [f"{s} {v} {o}." for s in subjects for v in verbs for o in objects]
-    lines += ["Hello! How are you today? I am fine, thank you.", "What is the capital of France? Paris."]
+    lines += [
+        "Hello! How are you today? I am fine, thank you.",
+        "What is the capital of France? Paris.",
+    ]
     return lines * 3
 
 
@@ -148,7 +168,7 @@ TOOLS_TEMPLATE = (
     "{{ bos_token }}"
     "{%- if tools %}<|im_start|>system\nYou may call these tools:\n<tools>\n"
     "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
-    "Call one with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.<|im_end|>\n{% endif %}"
+    'Call one with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>\n{% endif %}'
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
     "{% for call in message.tool_calls %}<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
@@ -194,9 +214,17 @@ def build_llama3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}
-    config = LlamaConfig(**_common(_vocab(tokenizer_dir)), initializer_range=0.2, rope_parameters=rope)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = LlamaConfig(
+        **_common(_vocab(tokenizer_dir)), initializer_range=0.2, rope_parameters=rope
+    )
     model = LlamaForCausalLM(config).eval()
     return _save(model, tokenizer_dir, directory)
 
@@ -206,7 +234,9 @@ def build_mistral(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(seed)
-    config = MistralConfig(**_common(_vocab(tokenizer_dir)), head_dim=16, sliding_window=8, initializer_range=0.2)
+    config = MistralConfig(
+        **_common(_vocab(tokenizer_dir)), head_dim=16, sliding_window=8, initializer_range=0.2
+    )
     model = MistralForCausalLM(config).eval()
     return _save(model, tokenizer_dir, directory)
 
@@ -216,7 +246,12 @@ def build_qwen3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(**_common(_vocab(tokenizer_dir)), head_dim=16, initializer_range=0.2, use_sliding_window=False)
+    config = Qwen3Config(
+        **_common(_vocab(tokenizer_dir)),
+        head_dim=16,
+        initializer_range=0.2,
+        use_sliding_window=False,
+    )
     model = Qwen3ForCausalLM(config).eval()
     _jitter(model, "norm", mean=1.0)
     return _save(model, tokenizer_dir, directory)
@@ -228,8 +263,15 @@ def build_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=_vocab(tokenizer_dir), n_embd=64, n_layer=3, n_head=4, n_positions=CONTEXT,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, initializer_range=0.2,
+        vocab_size=_vocab(tokenizer_dir),
+        n_embd=64,
+        n_layer=3,
+        n_head=4,
+        n_positions=CONTEXT,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        initializer_range=0.2,
     )
     model = GPT2LMHeadModel(config).eval()
     _jitter(model, "bias", std=0.1)
@@ -242,9 +284,19 @@ def build_gpt_neox(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     config = GPTNeoXConfig(
-        vocab_size=_vocab(tokenizer_dir), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, max_position_embeddings=CONTEXT, rotary_pct=0.25, use_parallel_residual=True,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False, initializer_range=0.2,
+        vocab_size=_vocab(tokenizer_dir),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=CONTEXT,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
     )
     model = GPTNeoXForCausalLM(config).eval()
     _jitter(model, "bias", std=0.1)
@@ -256,7 +308,11 @@ def build_phi3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     from transformers import Phi3Config, Phi3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Phi3Config(**{**_common(_vocab(tokenizer_dir)), "num_hidden_layers": 2}, sliding_window=16, initializer_range=0.2)
+    config = Phi3Config(
+        **{**_common(_vocab(tokenizer_dir)), "num_hidden_layers": 2},
+        sliding_window=16,
+        initializer_range=0.2,
+    )
     model = Phi3ForCausalLM(config).eval()
     return _save(model, tokenizer_dir, directory)
 

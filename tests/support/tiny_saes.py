@@ -10,7 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 
-def sae_tensors(d_in: int, d_sae: int, seed: int = 0, unit_decoder: bool = True) -> dict[str, torch.Tensor]:
+def sae_tensors(
+    d_in: int, d_sae: int, seed: int = 0, unit_decoder: bool = True
+) -> dict[str, torch.Tensor]:
     """W_enc [d_in, d_sae], b_enc, W_dec [d_sae, d_in] (unit rows), b_dec."""
     generator = torch.Generator().manual_seed(seed)
     w_dec = torch.randn(d_sae, d_in, generator=generator)
@@ -53,21 +55,40 @@ def build_saelens(
     if tensors is None and architecture == "topk":
         cfg["k"] = 8
     if tensors is None and architecture == "jumprelu":
-        weights["threshold"] = torch.rand(d_sae, generator=torch.Generator().manual_seed(seed + 1)) * 0.2
+        weights["threshold"] = (
+            torch.rand(d_sae, generator=torch.Generator().manual_seed(seed + 1)) * 0.2
+        )
     cfg.update(config or {})
     (directory / "cfg.json").write_text(json.dumps(cfg))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(directory / "sae_weights.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in weights.items()}, str(directory / "sae_weights.safetensors")
+    )
     if labels:
-        entries = {str(i): {"label": f"feature {i} " + ("paris" if i % 10 == 0 else "river"), "top_tokens": [f"tok{i}"]} for i in range(d_sae)}
+        entries = {
+            str(i): {
+                "label": f"feature {i} " + ("paris" if i % 10 == 0 else "river"),
+                "top_tokens": [f"tok{i}"],
+            }
+            for i in range(d_sae)
+        }
         (directory / "feature_labels.json").write_text(json.dumps(entries))
     return directory
 
 
-def build_gemma_scope(path: Path, *, d_in: int = 64, d_sae: int = 128, seed: int = 0, lower_case: bool = False) -> Path:
+def build_gemma_scope(
+    path: Path, *, d_in: int = 64, d_sae: int = 128, seed: int = 0, lower_case: bool = False
+) -> Path:
     """A Gemma Scope params.npz (JumpReLU with threshold) at path (put layer_N in the path)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = sae_tensors(d_in, d_sae, seed)
-    arrays = {("w_enc" if lower_case else "W_enc"): weights["W_enc"], ("w_dec" if lower_case else "W_dec"): weights["W_dec"]}
-    arrays.update(b_enc=weights["b_enc"], b_dec=weights["b_dec"], threshold=torch.rand(d_sae, generator=torch.Generator().manual_seed(seed + 1)) * 0.2)
+    arrays = {
+        ("w_enc" if lower_case else "W_enc"): weights["W_enc"],
+        ("w_dec" if lower_case else "W_dec"): weights["W_dec"],
+    }
+    arrays.update(
+        b_enc=weights["b_enc"],
+        b_dec=weights["b_dec"],
+        threshold=torch.rand(d_sae, generator=torch.Generator().manual_seed(seed + 1)) * 0.2,
+    )
     np.savez(path, **{k: v.numpy() for k, v in arrays.items()})
     return path

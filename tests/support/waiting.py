@@ -9,7 +9,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def until(check: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, what: str = "") -> T:
+def until(
+    check: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, what: str = ""
+) -> T:
     """`check()`'s first truthy value within `timeout` seconds, else AssertionError with its last value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -17,5 +19,7 @@ def until(check: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what or 'the condition'}: not within {timeout} s (last {value!r})")
+            raise AssertionError(
+                f"{what or 'the condition'}: not within {timeout} s (last {value!r})"
+            )
         time.sleep(interval)

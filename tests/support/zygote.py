@@ -33,9 +33,26 @@ from pathlib import Path
 # What a server imports on its way to serving: millm's app (torch, transformers, FastAPI, the MCP
 # SDK, every route), the server, and the model classes transformers imports lazily at the first load
 # (about 4 s: its generation and masking code, torch._dynamo), for every family the tests build.
-PRELOADED = ["millm.api.app", "millm.cli", "uvicorn", "transformers.modeling_gguf_pytorch_utils",
-             *(f"transformers.models.{family}.modeling_{family}" for family in
-               ("llama", "gemma2", "gemma3", "mistral", "qwen2", "qwen3", "phi3", "gpt2", "gpt_neox"))]
+PRELOADED = [
+    "millm.api.app",
+    "millm.cli",
+    "uvicorn",
+    "transformers.modeling_gguf_pytorch_utils",
+    *(
+        f"transformers.models.{family}.modeling_{family}"
+        for family in (
+            "llama",
+            "gemma2",
+            "gemma3",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "phi3",
+            "gpt2",
+            "gpt_neox",
+        )
+    ),
+]
 
 
 def serve_forever(path: str) -> None:
@@ -104,7 +121,17 @@ def _fork(spawn: dict, listener: socket.socket, main) -> int:
 # Variables read when a library loads (OpenMP's thread count, the hub's endpoint and offline switch),
 # not when it first computes: a server whose environment differs from the zygote's in one of them
 # cannot be forked from it and starts as a new interpreter.
-READ_AT_IMPORT = ("OMP_", "MKL_NUM_THREADS", "OPENBLAS_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH_", "PYTORCH_")
+READ_AT_IMPORT = (
+    "OMP_",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "TORCH_",
+    "PYTORCH_",
+)
 
 
 class Zygote:
@@ -113,13 +140,21 @@ class Zygote:
     def __init__(self, folder: Path):
         self.path = str(folder / "zygote.sock")
         self.environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.support.zygote", self.path], env=self.environment,
-                                        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2])
-        assert self.process.stdout is not None and self.process.stdout.readline().strip() == b"ready", "the zygote did not start"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.zygote", self.path],
+            env=self.environment,
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert (
+            self.process.stdout is not None and self.process.stdout.readline().strip() == b"ready"
+        ), "the zygote did not start"
 
     def can_fork(self, environment: dict[str, str]) -> bool:
         """Whether a server with this environment behaves forked as it would started anew."""
-        names = {name for name in {*environment, *self.environment} if name.startswith(READ_AT_IMPORT)}
+        names = {
+            name for name in {*environment, *self.environment} if name.startswith(READ_AT_IMPORT)
+        }
         return all(environment.get(name) == self.environment.get(name) for name in names)
 
     def ask(self, request: dict) -> dict:
@@ -142,7 +177,9 @@ class ForkedServer:
 
     def __init__(self, zygote: Zygote, argv: list[str], env: dict[str, str], log: Path):
         self.zygote = zygote
-        self.pid = zygote.ask({"spawn": {"argv": argv, "env": env, "log": str(log), "cwd": os.getcwd()}})["pid"]
+        self.pid = zygote.ask(
+            {"spawn": {"argv": argv, "env": env, "log": str(log), "cwd": os.getcwd()}}
+        )["pid"]
         self.returncode: int | None = None
 
     def poll(self) -> int | None:

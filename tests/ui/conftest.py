@@ -29,11 +29,15 @@ class Workbench:
         return api(self.process, method, path, **kwargs)
 
 
-def start_workbench(tiny_dirs, home: Path, sae_dir: Path, env: dict[str, str] | None = None, key: str | None = None) -> Workbench:
+def start_workbench(
+    tiny_dirs, home: Path, sae_dir: Path, env: dict[str, str] | None = None, key: str | None = None
+) -> Workbench:
     """A server on the tiny Llama with the SAE at `sae_dir` registered and attached."""
     process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env=env).wait_ready()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    sae = api(process, "POST", "/api/saes", json={"path": str(sae_dir)}, headers=headers).json()["id"]
+    sae = api(process, "POST", "/api/saes", json={"path": str(sae_dir)}, headers=headers).json()[
+        "id"
+    ]
     attached = api(process, "POST", f"/api/saes/{sae}/attach", headers=headers)
     assert attached.status_code == 200, attached.text
     return Workbench(process, sae)
@@ -42,7 +46,9 @@ def start_workbench(tiny_dirs, home: Path, sae_dir: Path, env: dict[str, str] | 
 @pytest.fixture(scope="session")
 def tiny_sae(tmp_path_factory) -> Path:
     """The TopK SAE the workbench tests attach (labels shipped)."""
-    return build_saelens(tmp_path_factory.mktemp("ui-sae") / "topk", layer=LAYER, architecture="topk", seed=91)
+    return build_saelens(
+        tmp_path_factory.mktemp("ui-sae") / "topk", layer=LAYER, architecture="topk", seed=91
+    )
 
 
 @pytest.fixture(scope="session")
@@ -70,8 +76,17 @@ def reset(bench: Workbench) -> None:
     bench.api("DELETE", "/api/steering/features")
     bench.api("POST", "/api/steering/enable")
     bench.api("DELETE", f"/api/saes/{bench.sae}/calibration")
-    settings = {"enabled": False, "sae_id": None, "features": None, "top_k": 5, "positions": "completion", "percentiles": False}
-    assert bench.api("PUT", "/api/monitoring", json=settings).status_code == 200, "monitoring settings"
+    settings = {
+        "enabled": False,
+        "sae_id": None,
+        "features": None,
+        "top_k": 5,
+        "positions": "completion",
+        "percentiles": False,
+    }
+    assert bench.api("PUT", "/api/monitoring", json=settings).status_code == 200, (
+        "monitoring settings"
+    )
     bench.api("POST", "/api/monitoring/reset")
 
 

@@ -32,7 +32,11 @@ def say(page, text: str) -> None:
 
 def value(table, name: str):
     """The value cell of the row `name` in a name/value table (Response headers, Steering applied)."""
-    return table.get_by_role("row").filter(has=table.page.get_by_role("rowheader", name=name, exact=True)).get_by_role("cell")
+    return (
+        table.get_by_role("row")
+        .filter(has=table.page.get_by_role("rowheader", name=name, exact=True))
+        .get_by_role("cell")
+    )
 
 
 def conversation(page) -> list[dict]:
@@ -45,7 +49,8 @@ def expect_conversation(page, expected: list[dict]) -> None:
     try:
         page.wait_for_function(
             "want => JSON.stringify(JSON.parse(sessionStorage.getItem('millm.conversation') || 'null')) === JSON.stringify(want)",
-            arg=expected, timeout=5_000,
+            arg=expected,
+            timeout=5_000,
         )
     except PlaywrightTimeout:
         assert conversation(page) == expected  # the difference, as pytest shows it
@@ -57,11 +62,18 @@ def finished(locator, timeout_ms: int = 60_000):
     return locator
 
 
-def firing_in_the_answer(workbench, messages: list[dict], max_tokens: int) -> tuple[int, int, float]:
+def firing_in_the_answer(
+    workbench, messages: list[dict], max_tokens: int
+) -> tuple[int, int, float]:
     """A feature of the tiny SAE that is silent over the prompt and fires in the greedy answer:
     (index, first position, its activation there), read where probes read (before steering)."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "return_sae_activations": {"positions": "all", "top_k": 8, "read_point": "pre_steering"}}
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_sae_activations": {"positions": "all", "top_k": 8, "read_point": "pre_steering"},
+    }
     answer = workbench.api("POST", "/v1/chat/completions", json=body).json()
     prompt = answer["usage"]["prompt_tokens"]
     seen_in_prompt: set[int] = set()
@@ -76,7 +88,11 @@ def firing_in_the_answer(workbench, messages: list[dict], max_tokens: int) -> tu
                 seen_in_prompt.add(feature["index"])
             elif feature["index"] not in seen_in_prompt:
                 first.setdefault(feature["index"], (entry["position"], feature["value"]))
-    candidates = sorted((position, index, activation) for index, (position, activation) in first.items() if index not in seen_in_prompt)
+    candidates = sorted(
+        (position, index, activation)
+        for index, (position, activation) in first.items()
+        if index not in seen_in_prompt
+    )
     assert candidates, "no feature fires in the answer only"
     position, index, activation = candidates[len(candidates) // 2]
     assert position > prompt  # a few tokens into the answer, not its first
@@ -89,14 +105,18 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     answer = finished(page.get_by_role("article", name="Answer 1"))
 
     messages = [{"role": "user", "content": "Tell me about the river."}]
-    direct = workbench.api("POST", "/v1/chat/completions", json={
-        "model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0, "seed": 7})
+    direct = workbench.api(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0, "seed": 7},
+    )
     choice, usage = direct.json()["choices"][0], direct.json()["usage"]
     text = choice["message"]["content"]
     assert text
     assert answer.locator(".text").text_content() == text
     expect(answer).to_contain_text(
-        f"finish_reason: {choice['finish_reason']} · {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens")
+        f"finish_reason: {choice['finish_reason']} · {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+    )
 
     headers = answer.get_by_role("table", name="Response headers")
     expect(value(headers, "X-miLLM-Seed")).to_have_text('7;scope="request"')
@@ -130,17 +150,32 @@ def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(wor
     turn = finished(page.get_by_role("region", name="Comparison 1"))
 
     messages = [{"role": "user", "content": "Where does the river go?"}]
-    direct = workbench.api("POST", "/api/compare", json={
-        "messages": messages, "max_tokens": 16, "temperature": 0, "seed": 3,
-        "variants": ["unsteered", {"features": [{"sae_id": workbench.sae, "index": 5, "strength": 200}]}]})
+    direct = workbench.api(
+        "POST",
+        "/api/compare",
+        json={
+            "messages": messages,
+            "max_tokens": 16,
+            "temperature": 0,
+            "seed": 3,
+            "variants": [
+                "unsteered",
+                {"features": [{"sae_id": workbench.sae, "index": 5, "strength": 200}]},
+            ],
+        },
+    )
     unsteered, steered = direct.json()["variants"]
     assert (unsteered["label"], steered["label"]) == ("unsteered", "features 5:+200")
     assert unsteered["text"] != steered["text"]
     for answer in (unsteered, steered):
         shown = turn.get_by_role("article", name=answer["label"], exact=True)
         assert shown.locator(".text").text_content() == answer["text"]
-        expect(value(shown.get_by_role("table", name="Steering applied"), "kind")).to_have_text(answer["steering"]["kind"])
-    applied = turn.get_by_role("article", name="features 5:+200").get_by_role("table", name="Steering applied")
+        expect(value(shown.get_by_role("table", name="Steering applied"), "kind")).to_have_text(
+            answer["steering"]["kind"]
+        )
+    applied = turn.get_by_role("article", name="features 5:+200").get_by_role(
+        "table", name="Steering applied"
+    )
     expect(value(applied, "features")).to_have_text("#5 +200")
     expect(value(applied, "scope")).to_have_text("request")
 
@@ -154,26 +189,50 @@ def test_compare_shows_unsteered_beside_a_feature_variant_as_the_api_answers(wor
 def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
     messages = [{"role": "user", "content": "Name a city by the sea."}]
     index, position, activation = firing_in_the_answer(workbench, messages, 16)
-    probe = {"name": "tiny-fires", "detector": {"type": "feature", "sae_id": workbench.sae, "index": index, "threshold": activation / 2}}
+    probe = {
+        "name": "tiny-fires",
+        "detector": {
+            "type": "feature",
+            "sae_id": workbench.sae,
+            "index": index,
+            "threshold": activation / 2,
+        },
+    }
     assert workbench.api("POST", "/api/probes", json=probe).status_code == 201
     assert workbench.api("POST", "/api/probes/tiny-fires/activate").status_code == 200
     try:
         open_chat(workbench, page, max_tokens=16)
-        expect(page.get_by_role("group", name="Probes on this chat")).to_contain_text("Active (watch every request): tiny-fires")
+        expect(page.get_by_role("group", name="Probes on this chat")).to_contain_text(
+            "Active (watch every request): tiny-fires"
+        )
         say(page, messages[0]["content"])
         answer = finished(page.get_by_role("article", name="Answer 1"))
-        direct = workbench.api("POST", "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0}).json()
+        direct = workbench.api(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0},
+        ).json()
         (verdict,) = direct["millm"]["probes"]
-        assert verdict["fired"] and verdict["first_position"] == position and verdict["source"] == "active"
+        assert (
+            verdict["fired"]
+            and verdict["first_position"] == position
+            and verdict["source"] == "active"
+        )
         prompt = direct["usage"]["prompt_tokens"]
 
-        row = answer.get_by_role("table", name="Probe verdicts").get_by_role("row").filter(has_text="tiny-fires")
+        row = (
+            answer.get_by_role("table", name="Probe verdicts")
+            .get_by_role("row")
+            .filter(has_text="tiny-fires")
+        )
         expect(row).to_contain_text("active")
         expect(row).to_contain_text("report")
         expect(row).to_contain_text("fired")
-        first = f'position {position} (answer token {position - prompt + 1}) {json.dumps(verdict["tokens"][0]["text"], ensure_ascii=False)}'
+        first = f"position {position} (answer token {position - prompt + 1}) {json.dumps(verdict['tokens'][0]['text'], ensure_ascii=False)}"
         expect(row.get_by_role("listitem").first).to_have_text(first)
-        expect(row.get_by_role("listitem")).to_have_count(min(len(verdict["positions"]), 8) + (len(verdict["positions"]) > 8))
+        expect(row.get_by_role("listitem")).to_have_count(
+            min(len(verdict["positions"]), 8) + (len(verdict["positions"]) > 8)
+        )
         assert answer.locator(".text").text_content() == direct["choices"][0]["message"]["content"]
     finally:
         workbench.api("DELETE", "/api/probes/tiny-fires")
@@ -182,7 +241,15 @@ def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
 def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
     messages = [{"role": "user", "content": "Tell me a story about a boat."}]
     index, position, activation = firing_in_the_answer(workbench, messages, 20)
-    probe = {"name": "boat-stop", "detector": {"type": "feature", "sae_id": workbench.sae, "index": index, "threshold": activation / 2}}
+    probe = {
+        "name": "boat-stop",
+        "detector": {
+            "type": "feature",
+            "sae_id": workbench.sae,
+            "index": index,
+            "threshold": activation / 2,
+        },
+    }
     assert workbench.api("POST", "/api/probes", json=probe).status_code == 201
     profile = {"name": "stop-at-boat", "steering": [], "abort": [{"probe": "boat-stop"}]}
     assert workbench.api("POST", "/api/profiles", json=profile).status_code == 201
@@ -194,8 +261,17 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
         say(page, messages[0]["content"])
         answer = finished(page.get_by_role("article", name="Answer 1"))
 
-        direct = workbench.api("POST", "/v1/chat/completions", json={
-            "model": MODEL, "messages": messages, "max_tokens": 20, "temperature": 0, "profile": "stop-at-boat"})
+        direct = workbench.api(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": 20,
+                "temperature": 0,
+                "profile": "stop-at-boat",
+            },
+        )
         choice, prompt = direct.json()["choices"][0], direct.json()["usage"]["prompt_tokens"]
         assert choice["finish_reason"] == "content_filter"
         assert answer.locator(".text").text_content() == choice["message"]["content"]
@@ -204,9 +280,17 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
 
         note = answer.get_by_role("note")
         expect(note).to_contain_text("finish_reason: content_filter")
-        expect(note).to_contain_text(f"ended by the abort probe boat-stop at position {position} (answer token {position - prompt + 1})")
-        expect(value(answer.get_by_role("table", name="Response headers"), "X-miLLM-Steering")).to_have_text(direct.headers["x-millm-steering"])
-        row = answer.get_by_role("table", name="Probe verdicts").get_by_role("row").filter(has_text="boat-stop")
+        expect(note).to_contain_text(
+            f"ended by the abort probe boat-stop at position {position} (answer token {position - prompt + 1})"
+        )
+        expect(
+            value(answer.get_by_role("table", name="Response headers"), "X-miLLM-Steering")
+        ).to_have_text(direct.headers["x-millm-steering"])
+        row = (
+            answer.get_by_role("table", name="Probe verdicts")
+            .get_by_role("row")
+            .filter(has_text="boat-stop")
+        )
         expect(row).to_contain_text("abort")
         expect(row).to_contain_text(f"ended the answer at position {position}")
 
@@ -221,7 +305,10 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
 
 def test_api_errors_are_shown_as_the_apis_messages(workbench, page):
     # a profile deleted after the page listed it: /api/compare's 404 for that variant
-    profile = {"name": "gone-soon", "steering": [{"sae_id": workbench.sae, "features": [{"index": 3, "strength": 10}]}]}
+    profile = {
+        "name": "gone-soon",
+        "steering": [{"sae_id": workbench.sae, "features": [{"index": 3, "strength": 10}]}],
+    }
     assert workbench.api("POST", "/api/profiles", json=profile).status_code == 201
     open_chat(workbench, page, max_tokens=8)
     page.get_by_role("switch", name="Compare").check()
@@ -230,25 +317,41 @@ def test_api_errors_are_shown_as_the_apis_messages(workbench, page):
     variant.get_by_role("combobox", name="Profile").select_option("gone-soon")
     assert workbench.api("DELETE", "/api/profiles/gone-soon").status_code == 200
     say(page, "Hello")
-    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0,
-            "variants": ["unsteered", {"profile": "gone-soon"}]}
+    body = {
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "variants": ["unsteered", {"profile": "gone-soon"}],
+    }
     refused = workbench.api("POST", "/api/compare", json=body)
     assert refused.status_code == 404
     error = refused.json()["error"]
     form = page.get_by_role("region", name="Conversation")
     expect(form.get_by_role("alert")).to_have_text(f"404 {error['code']}: {error['message']}")
-    expect(page.get_by_role("textbox", name="Message")).to_have_value("Hello")  # the turn goes back to the box
+    expect(page.get_by_role("textbox", name="Message")).to_have_value(
+        "Hello"
+    )  # the turn goes back to the box
     expect(page.get_by_role("region", name="Comparison 1")).to_have_count(0)
 
     # a chat budget past the context window: the 400 the API gives that request
     page.get_by_role("switch", name="Compare").uncheck()
     page.get_by_label("Max tokens").fill("100000")
     page.get_by_role("button", name="Send").click()
-    refused = workbench.api("POST", "/v1/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 100000, "temperature": 0})
+    refused = workbench.api(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 100000,
+            "temperature": 0,
+        },
+    )
     assert refused.status_code == 400
     error = refused.json()["error"]
-    expect(form.get_by_role("alert")).to_have_text(f"400 context_length_exceeded: {error['message']}")
+    expect(form.get_by_role("alert")).to_have_text(
+        f"400 context_length_exceeded: {error['message']}"
+    )
     expect_conversation(page, [])
 
 
@@ -256,12 +359,20 @@ def test_stop_ends_the_stream_and_keeps_the_text_so_far(workbench, page):
     open_chat(workbench, page, max_tokens=1900)
     say(page, "Tell me everything.")  # greedy, 912 tokens on the tiny model: seconds to stop it in
     answer = page.get_by_role("article", name="Answer 1")
-    expect(answer.locator(".text")).to_have_text(re.compile(r"[^\s▍]"))  # some text besides the cursor
+    expect(answer.locator(".text")).to_have_text(
+        re.compile(r"[^\s▍]")
+    )  # some text besides the cursor
     page.get_by_role("button", name="Stop").click()
     finished(answer)
     expect(answer).to_contain_text("Stopped: the stream was aborted here")
     kept = answer.locator(".text").text_content()
     assert kept
-    expect_conversation(page, [{"role": "user", "content": "Tell me everything."}, {"role": "assistant", "content": kept}])
+    expect_conversation(
+        page,
+        [
+            {"role": "user", "content": "Tell me everything."},
+            {"role": "assistant", "content": kept},
+        ],
+    )
     expect(page.get_by_role("button", name="Send")).to_be_disabled()  # nothing typed yet
     expect(page.get_by_role("button", name="Stop")).to_be_disabled()

@@ -14,9 +14,22 @@ from tests.support.mistudio_docs import circuit, cluster
 
 
 def profile_document(sae: str, name: str) -> dict:
-    return {"kind": "millm.profile", "version": 2, "name": name, "description": "rivers, gently",
-            "steering": [{"sae_id": sae, "layer": 1, "features": [{"index": 3, "op": "add", "strength": 12.0},
-                                                                  {"index": 30, "op": "add", "strength": -4.5}]}]}
+    return {
+        "kind": "millm.profile",
+        "version": 2,
+        "name": name,
+        "description": "rivers, gently",
+        "steering": [
+            {
+                "sae_id": sae,
+                "layer": 1,
+                "features": [
+                    {"index": 3, "op": "add", "strength": 12.0},
+                    {"index": 30, "op": "add", "strength": -4.5},
+                ],
+            }
+        ],
+    }
 
 
 def write(tmp_path: Path, name: str, doc) -> Path:
@@ -40,7 +53,9 @@ def test_import_a_profile_file_and_activate_it(workbench, page, tmp_path):
     panel = page.get_by_role("region", name="Profiles")
     panel.get_by_label("Import a profile file").set_input_files(path)
     expect(panel.get_by_text("Imported river-run from river-run.profile.json.")).to_be_visible()
-    row = panel.get_by_role("table", name="Profiles").get_by_role("row").filter(has_text="river-run")
+    row = (
+        panel.get_by_role("table", name="Profiles").get_by_role("row").filter(has_text="river-run")
+    )
     expect(row).to_contain_text("#3 +12")
     expect(row).to_contain_text("#30 −4.5")
     expect(row.locator("[data-active]")).to_have_text("inactive")
@@ -78,23 +93,40 @@ def test_create_edit_export_and_delete_a_profile(workbench, page):
     second.get_by_label("Value").fill("3")
     form.get_by_role("button", name="Create profile").click()
 
-    row = panel.get_by_role("table", name="Profiles").get_by_role("row").filter(has_text="made-here")
+    row = (
+        panel.get_by_role("table", name="Profiles").get_by_role("row").filter(has_text="made-here")
+    )
     expect(row).to_contain_text("#5 +7.5")
     expect(row).to_contain_text("#11 cap 3")
     expect(form).to_have_count(0)
     stored = workbench.api("GET", "/api/profiles/made-here").json()["document"]
     assert stored["description"] == "made in the form"
-    assert stored["steering"] == [{"sae_id": workbench.sae, "layer": 1, "features": [
-        {"index": 5, "op": "add", "strength": 7.5}, {"index": 11, "op": "cap", "value": 3.0}]}]
+    assert stored["steering"] == [
+        {
+            "sae_id": workbench.sae,
+            "layer": 1,
+            "features": [
+                {"index": 5, "op": "add", "strength": 7.5},
+                {"index": 11, "op": "cap", "value": 3.0},
+            ],
+        }
+    ]
 
     row.get_by_role("button", name="Edit").click()
     edit = panel.get_by_role("form", name="Edit profile made-here")
-    expect(edit.get_by_role("group", name="Feature 1").get_by_label("Strength")).to_have_value("7.5")
+    expect(edit.get_by_role("group", name="Feature 1").get_by_label("Strength")).to_have_value(
+        "7.5"
+    )
     edit.get_by_role("group", name="Feature 1").get_by_label("Strength").fill("-20")
     edit.get_by_role("button", name="Save changes").click()
     expect(row).to_contain_text("#5 −20")
-    features = workbench.api("GET", "/api/profiles/made-here").json()["document"]["steering"][0]["features"]
-    assert features == [{"index": 5, "op": "add", "strength": -20.0}, {"index": 11, "op": "cap", "value": 3.0}]
+    features = workbench.api("GET", "/api/profiles/made-here").json()["document"]["steering"][0][
+        "features"
+    ]
+    assert features == [
+        {"index": 5, "op": "add", "strength": -20.0},
+        {"index": 11, "op": "cap", "value": 3.0},
+    ]
 
     with page.expect_download() as download:
         row.get_by_role("button", name="Export").click()
@@ -116,12 +148,20 @@ def test_create_edit_export_and_delete_a_profile(workbench, page):
     assert workbench.api("GET", "/api/profiles/made-here").status_code == 404
 
 
-def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(workbench, page, tmp_path):
-    cluster_file = write(tmp_path, "ui-cluster.json", cluster(name="ui-cluster", intensity_range=[0.5, 1.5]))
+def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
+    workbench, page, tmp_path
+):
+    cluster_file = write(
+        tmp_path, "ui-cluster.json", cluster(name="ui-cluster", intensity_range=[0.5, 1.5])
+    )
     open_view(workbench, page)
     clusters = page.get_by_role("region", name="Clusters")
     clusters.get_by_label("Import a cluster file").set_input_files(cluster_file)
-    row = clusters.get_by_role("table", name="Clusters").get_by_role("row").filter(has_text="ui-cluster")
+    row = (
+        clusters.get_by_role("table", name="Clusters")
+        .get_by_role("row")
+        .filter(has_text="ui-cluster")
+    )
     dial = row.get_by_role("slider", name="Intensity of ui-cluster")
     declared = workbench.api("GET", "/api/clusters/ui-cluster").json()["intensity_range"]
     assert declared == [0.5, 1.5]
@@ -144,10 +184,18 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(wo
     assert workbench.api("GET", "/api/steering").json()["source"] == "cluster"
     assert workbench.api("GET", "/api/clusters/ui-cluster").json()["active"] is True
 
-    circuit_file = write(tmp_path, "ui-circuit.json", circuit(name="ui-circuit", layers=(1, 1), n_features=(128, 128)))
+    circuit_file = write(
+        tmp_path,
+        "ui-circuit.json",
+        circuit(name="ui-circuit", layers=(1, 1), n_features=(128, 128)),
+    )
     circuits = page.get_by_role("region", name="Circuits")
     circuits.get_by_label("Import a circuit file").set_input_files(circuit_file)
-    crow = circuits.get_by_role("table", name="Circuits").get_by_role("row").filter(has_text="ui-circuit")
+    crow = (
+        circuits.get_by_role("table", name="Circuits")
+        .get_by_role("row")
+        .filter(has_text="ui-circuit")
+    )
     stored = workbench.api("GET", "/api/circuits/ui-circuit").json()
     assert (stored["rung"], stored["language"]) == (2, "causally validated (edge)")
     expect(crow.locator(".rung")).to_have_text("rung 2")
@@ -157,24 +205,40 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(wo
 
     crow.get_by_role("button", name="Activate").click()
     expect(crow.locator("[data-active]")).to_have_text("active")
-    expect(row.locator("[data-active]")).to_have_text("inactive")  # the cluster is no longer the base
+    expect(row.locator("[data-active]")).to_have_text(
+        "inactive"
+    )  # the cluster is no longer the base
     active = page.get_by_label("Active circuit")
     expect(active.locator("[data-steering]")).to_have_text("steers now")
     expect(active).to_contain_text("mode full: every member layer is bound")
     expect(active).to_contain_text('X-miLLM-Circuit-Rung: 2;language="causally validated (edge)"')
     now = workbench.api("GET", "/api/circuits/active").json()
     assert now["circuit"]["name"] == "ui-circuit"
-    assert now["steering"]["steering"] is True and now["steering"]["mode"] == "full" and now["steering"]["rung_header"] is True
+    assert (
+        now["steering"]["steering"] is True
+        and now["steering"]["mode"] == "full"
+        and now["steering"]["rung_header"] is True
+    )
     assert workbench.api("GET", "/api/steering").json()["source"] == "circuit"
-    clusters.evaluate("section => section.scrollIntoView()")  # the shot shows both panels from the top
+    clusters.evaluate(
+        "section => section.scrollIntoView()"
+    )  # the shot shows both panels from the top
 
     # below rung 2 the API wants an acknowledgement: refused (its message shown) until it is given
-    weak_file = write(tmp_path, "weak.json", circuit(name="ui-weak", rungs=(0, 1), layers=(1, 1), n_features=(128, 128)))
+    weak_file = write(
+        tmp_path,
+        "weak.json",
+        circuit(name="ui-weak", rungs=(0, 1), layers=(1, 1), n_features=(128, 128)),
+    )
     circuits.get_by_label("Import a circuit file").set_input_files(weak_file)
-    weak = circuits.get_by_role("table", name="Circuits").get_by_role("row").filter(has_text="ui-weak")
+    weak = (
+        circuits.get_by_role("table", name="Circuits").get_by_role("row").filter(has_text="ui-weak")
+    )
     expect(weak.locator(".rung-language")).to_have_text("associated")
     weak.get_by_role("button", name="Activate").click()
-    expect(circuits.get_by_role("alert")).to_contain_text("400 rung_not_acknowledged: circuit 'ui-weak' is at rung 0 (associated)")
+    expect(circuits.get_by_role("alert")).to_contain_text(
+        "400 rung_not_acknowledged: circuit 'ui-weak' is at rung 0 (associated)"
+    )
     assert workbench.api("GET", "/api/circuits/active").json()["circuit"]["name"] == "ui-circuit"
     weak.get_by_label("Acknowledge rung 0: not causally validated").check()
     weak.get_by_role("button", name="Activate").click()
@@ -185,7 +249,11 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(wo
     weak.get_by_role("button", name="Deactivate").click()
     expect(page.get_by_label("Active circuit")).to_have_text("No circuit is active.")
     assert workbench.api("GET", "/api/steering").json()["source"] == "live"
-    for plural, name in (("clusters", "ui-cluster"), ("circuits", "ui-circuit"), ("circuits", "ui-weak")):
+    for plural, name in (
+        ("clusters", "ui-cluster"),
+        ("circuits", "ui-circuit"),
+        ("circuits", "ui-weak"),
+    ):
         assert workbench.api("DELETE", f"/api/{plural}/{name}").status_code == 200
 
 
@@ -196,17 +264,30 @@ def test_a_bad_import_shows_the_apis_message_and_changes_nothing(workbench, page
     profiles = page.get_by_role("region", name="Profiles")
     too_strong = profile_document(workbench.sae, "too-strong")
     too_strong["steering"][0]["features"][0]["strength"] = 900
-    profiles.get_by_label("Import a profile file").set_input_files(write(tmp_path, "too-strong.json", too_strong))
+    profiles.get_by_label("Import a profile file").set_input_files(
+        write(tmp_path, "too-strong.json", too_strong)
+    )
     expect(profiles.get_by_role("alert")).to_have_text(
-        "400 invalid_profile: invalid profile: steering[0].features[0].strength: Input should be less than or equal to 200, got 900")
+        "400 invalid_profile: invalid profile: steering[0].features[0].strength: Input should be less than or equal to 200, got 900"
+    )
 
     clusters = page.get_by_role("region", name="Clusters")
-    clusters.get_by_label("Import a cluster file").set_input_files(write(tmp_path, "empty.json", cluster(name="no-members", members=[{}])))
-    expect(clusters.get_by_role("alert")).to_contain_text("400 invalid_document: invalid cluster definition: members[0].feature_idx: required")
+    clusters.get_by_label("Import a cluster file").set_input_files(
+        write(tmp_path, "empty.json", cluster(name="no-members", members=[{}]))
+    )
+    expect(clusters.get_by_role("alert")).to_contain_text(
+        "400 invalid_document: invalid cluster definition: members[0].feature_idx: required"
+    )
 
     circuits = page.get_by_role("region", name="Circuits")
-    circuits.get_by_label("Import a circuit file").set_input_files(write(tmp_path, "not-json.json", "{not json"))
+    circuits.get_by_label("Import a circuit file").set_input_files(
+        write(tmp_path, "not-json.json", "{not json")
+    )
     expect(circuits.get_by_role("alert")).to_contain_text("400 ")
 
     assert {plural: names(workbench, plural) for plural in before} == before
-    expect(profiles.get_by_role("table", name="Profiles").get_by_role("row").filter(has_text="too-strong")).to_have_count(0)
+    expect(
+        profiles.get_by_role("table", name="Profiles")
+        .get_by_role("row")
+        .filter(has_text="too-strong")
+    ).to_have_count(0)

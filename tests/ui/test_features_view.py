@@ -10,7 +10,10 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-TEXTS = [f"The river {i} runs through Paris and meets the sea at dawn, past {i} bridges." for i in range(10)]
+TEXTS = [
+    f"The river {i} runs through Paris and meets the sea at dawn, past {i} bridges."
+    for i in range(10)
+]
 
 
 def cells(table, column: int):
@@ -41,8 +44,12 @@ def clean(workbench):
 
 
 def test_search_lists_features_in_the_apis_ranking(workbench, page):
-    expected = workbench.api("GET", f"/api/saes/{workbench.sae}/features", params={"q": "paris", "limit": 50}).json()["data"]
-    assert {f["index"] for f in expected} == set(range(0, 128, 10))  # the "paris" features, ranked by the API
+    expected = workbench.api(
+        "GET", f"/api/saes/{workbench.sae}/features", params={"q": "paris", "limit": 50}
+    ).json()["data"]
+    assert {f["index"] for f in expected} == set(
+        range(0, 128, 10)
+    )  # the "paris" features, ranked by the API
     page.goto(f"{workbench.url}#/features")
     page.get_by_label("Search labels").fill("paris")
     page.get_by_role("button", name="Search", exact=True).click()
@@ -75,29 +82,51 @@ def test_a_card_shows_label_neighbours_and_the_calibrated_figures(workbench, pag
     expect(card.locator(".feature-label")).to_contain_text("feature 10 paris")
     neighbours = card.get_by_role("table", name="Nearest neighbours")
     expect(cells(neighbours, 1)).to_have_text([f"#{n['index']}" for n in detail["neighbours"]])
-    assert numbers(cells(neighbours, 3)) == pytest.approx([n["cosine"] for n in detail["neighbours"]], abs=1e-3)
+    assert numbers(cells(neighbours, 3)) == pytest.approx(
+        [n["cosine"] for n in detail["neighbours"]], abs=1e-3
+    )
     figures = card.get_by_label("Feature figures")
-    expect(figures.locator("div", has=page.locator("dt", has_text="Decoder norm")).locator(".num")).to_have_text(
-        re.compile(r"^[\d.]+$"))
+    expect(
+        figures.locator("div", has=page.locator("dt", has_text="Decoder norm")).locator(".num")
+    ).to_have_text(re.compile(r"^[\d.]+$"))
     if workbench.api("GET", f"/api/saes/{sae}/calibration").status_code == 404:
         expect(card.get_by_role("note")).to_contain_text("no calibration")
-        expect(card.get_by_role("link", name="Models, SAEs & jobs")).to_have_attribute("href", "#/system")
+        expect(card.get_by_role("link", name="Models, SAEs & jobs")).to_have_attribute(
+            "href", "#/system"
+        )
 
     started = workbench.api("POST", f"/api/saes/{sae}/calibrate", json={"texts": TEXTS})
     assert started.status_code == 202, started.text
     assert wait_for_job(workbench, started.json()["id"])["state"] == "succeeded"
-    everything = workbench.api("GET", f"/api/saes/{sae}/calibration", params={"features": ",".join(map(str, range(128)))}).json()
-    fired = max(everything["features"], key=lambda f: f["count"])  # a feature with quantiles to show
+    everything = workbench.api(
+        "GET", f"/api/saes/{sae}/calibration", params={"features": ",".join(map(str, range(128)))}
+    ).json()
+    fired = max(
+        everything["features"], key=lambda f: f["count"]
+    )  # a feature with quantiles to show
     page.goto(f"{workbench.url}#/features/{sae}/{fired['index']}")
     card = page.get_by_role("region", name=f"Feature #{fired['index']}")
     figures = card.get_by_label("Feature figures")
 
     def figure(name: str):
-        return figures.locator("div", has=page.locator("dt", has_text=re.compile(f"^{re.escape(name)}"))).locator(".num")
+        return figures.locator(
+            "div", has=page.locator("dt", has_text=re.compile(f"^{re.escape(name)}"))
+        ).locator(".num")
 
     expect(figure("p50")).to_have_text(re.compile(r"\d"))
-    for key, name in [("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "Max"), ("mean", "Mean"), ("frequency", "Density")]:
-        assert float(figure(name).inner_text()) == fired[key], (name, figure(name).inner_text(), fired[key])
+    for key, name in [
+        ("p50", "p50"),
+        ("p90", "p90"),
+        ("p99", "p99"),
+        ("max", "Max"),
+        ("mean", "Mean"),
+        ("frequency", "Density"),
+    ]:
+        assert float(figure(name).inner_text()) == fired[key], (
+            name,
+            figure(name).inner_text(),
+            fired[key],
+        )
     assert int(figure("Fired at").inner_text()) == fired["count"]
     snippets = card.locator(".snippets li")
     expect(snippets).to_have_count(len(fired["top_examples"]))
@@ -109,13 +138,17 @@ def test_the_steer_slider_and_number_set_the_live_value(workbench, page, clean):
     page.goto(f"{workbench.url}#/features/{sae}/20")
     card = page.get_by_role("region", name="Feature #20")
     card.get_by_label("Steer #20", exact=True).fill("40")
-    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(re.compile(r"^Live: add 40\b"))
+    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(
+        re.compile(r"^Live: add 40\b")
+    )
     assert live(workbench)[20] == {"index": 20, "op": "add", "strength": 40.0}
 
     number = card.get_by_label("Strength of #20", exact=True)
     number.fill("-12.5")
     number.press("Enter")
-    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(re.compile(r"^Live: add -12.5\b"))
+    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(
+        re.compile(r"^Live: add -12.5\b")
+    )
     assert live(workbench)[20]["strength"] == -12.5
     table = page.get_by_role("table", name="Live steering")
     row = table.get_by_role("row").filter(has_text="#20")
@@ -137,21 +170,29 @@ def test_the_steer_slider_and_number_set_the_live_value(workbench, page, clean):
 def test_remove_and_clear_all_in_the_live_table(workbench, page, clean):
     sae = workbench.sae
     for index, strength in [(30, 5.0), (31, -7.0), (32, 9.0)]:
-        workbench.api("PUT", f"/api/steering/saes/{sae}/features/{index}", json={"strength": strength})
-    workbench.api("PUT", f"/api/steering/saes/{sae}/features/33", json={"op": "cap", "value": 2.5}).raise_for_status()
+        workbench.api(
+            "PUT", f"/api/steering/saes/{sae}/features/{index}", json={"strength": strength}
+        )
+    workbench.api(
+        "PUT", f"/api/steering/saes/{sae}/features/33", json={"op": "cap", "value": 2.5}
+    ).raise_for_status()
     page.goto(f"{workbench.url}#/features")
     table = page.get_by_role("table", name="Live steering")
     expect(cells(table, 1).locator("a")).to_have_text(["#30", "#31", "#32", "#33"])
     expect(table.get_by_role("row").filter(has_text="#33")).to_contain_text("cap")
     expect(table.get_by_label("cap value of #33")).to_have_value("2.5")
-    expect(cells(table, 1).nth(0)).to_contain_text("feature 30 paris")  # labels fetched per live feature
+    expect(cells(table, 1).nth(0)).to_contain_text(
+        "feature 30 paris"
+    )  # labels fetched per live feature
 
     table.get_by_role("button", name="Remove #31").click()
     expect(cells(table, 1).locator("a")).to_have_text(["#30", "#32", "#33"])
     assert sorted(live(workbench)) == [30, 32, 33]
 
     page.get_by_role("button", name="Clear all").click()
-    expect(page.get_by_role("region", name="Live steering")).to_contain_text("No feature is steered live")
+    expect(page.get_by_role("region", name="Live steering")).to_contain_text(
+        "No feature is steered live"
+    )
     assert live(workbench) == {}
 
 
@@ -170,7 +211,9 @@ def test_enable_disable_and_save_the_live_values_as_a_profile(workbench, page, c
 
     page.get_by_label("Save the live values as a profile named").fill("saved-from-the-page")
     page.get_by_role("button", name="Save as profile").click()
-    expect(page.get_by_role("status").filter(has_text="Saved profile")).to_contain_text("saved-from-the-page")
+    expect(page.get_by_role("status").filter(has_text="Saved profile")).to_contain_text(
+        "saved-from-the-page"
+    )
     profiles = {p["name"]: p for p in workbench.api("GET", "/api/profiles").json()["data"]}
     steering = profiles["saved-from-the-page"]["document"]["steering"]
     assert steering[0]["sae_id"] == sae
@@ -180,7 +223,8 @@ def test_enable_disable_and_save_the_live_values_as_a_profile(workbench, page, c
     page.get_by_label("Save the live values as a profile named").fill("saved-from-the-page")
     page.get_by_role("button", name="Save as profile").click()
     expect(page.get_by_role("region", name="Live steering").get_by_role("alert")).to_have_text(
-        "409 profile_exists: a profile named 'saved-from-the-page' exists")
+        "409 profile_exists: a profile named 'saved-from-the-page' exists"
+    )
 
 
 def test_make_a_probe_from_a_card(workbench, page):
@@ -196,7 +240,12 @@ def test_make_a_probe_from_a_card(workbench, page):
     expect(form.get_by_role("status")).to_contain_text("Probe “paris-50” saved")
     expect(form.get_by_role("link", name="Open Probes")).to_have_attribute("href", "#/probes")
     probes = {p["name"]: p for p in workbench.api("GET", "/api/probes").json()["data"]}
-    assert probes["paris-50"]["document"]["detector"] == {"type": "feature", "sae_id": sae, "index": 50, "threshold": 2.5}
+    assert probes["paris-50"]["document"]["detector"] == {
+        "type": "feature",
+        "sae_id": sae,
+        "index": 50,
+        "threshold": 2.5,
+    }
     assert probes["paris-50"]["active"] is False
 
 

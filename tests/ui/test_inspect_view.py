@@ -11,10 +11,21 @@ import pytest
 from playwright.sync_api import expect
 
 TEXT = "The river runs through Paris.\nBoats pass under  the bridges at dawn."
-CONVERSATION = [{"role": "user", "content": "Tell me about the river in Paris."},
-                {"role": "assistant", "content": "The Seine runs through Paris under many bridges."}]
-SET_A = ["The river runs through Paris.", "Boats sail down the river at dawn.", "The bridges of Paris cross the river."]
-SET_B = ["I bought bread and cheese.", "The meeting is on Thursday.", "She repaired the old bicycle.", "Rain is expected tonight."]
+CONVERSATION = [
+    {"role": "user", "content": "Tell me about the river in Paris."},
+    {"role": "assistant", "content": "The Seine runs through Paris under many bridges."},
+]
+SET_A = [
+    "The river runs through Paris.",
+    "Boats sail down the river at dawn.",
+    "The bridges of Paris cross the river.",
+]
+SET_B = [
+    "I bought bread and cheese.",
+    "The meeting is on Thursday.",
+    "She repaired the old bicycle.",
+    "Rain is expected tonight.",
+]
 
 
 def cells(table, column: int):
@@ -39,7 +50,9 @@ def assert_table_is(table, features: list[dict]) -> None:
     expect(cells(table, 2)).to_have_text([f"#{f['index']}" for f in features])
     expect(cells(table, 3)).to_have_text([f["label"] for f in features])
     assert numbers(cells(table, 4)) == pytest.approx([f["max"] for f in features], rel=1e-3)
-    assert numbers(cells(table, 5)) == pytest.approx([f["mean"] for f in features], rel=1e-3, abs=1e-6)
+    assert numbers(cells(table, 5)) == pytest.approx(
+        [f["mean"] for f in features], rel=1e-3, abs=1e-6
+    )
     assert [int(n) for n in numbers(cells(table, 6))] == [f["count"] for f in features]
 
 
@@ -49,12 +62,16 @@ def test_top_features_and_the_heat_map_are_the_apis(workbench, page):
     page.get_by_label("Features to list").fill("8")
     page.get_by_role("button", name="Inspect", exact=True).click()
     table = page.get_by_role("table", name="Top features")
-    assert_table_is(table, inspect(workbench, {"text": TEXT, "top_k": 8, "sort": "max"})["features"])
+    assert_table_is(
+        table, inspect(workbench, {"text": TEXT, "top_k": 8, "sort": "max"})["features"]
+    )
 
     # another order re-reads the same text
     page.get_by_label("Sort by").select_option("count")
     expected = inspect(workbench, {"text": TEXT, "top_k": 8, "sort": "count"})["features"]
-    expect(page.get_by_role("status").filter(has_text="sorted by")).to_contain_text("sorted by count")
+    expect(page.get_by_role("status").filter(has_text="sorted by")).to_contain_text(
+        "sorted by count"
+    )
     assert_table_is(table, expected)
 
     # a feature's heat map: one span per read token, each with the API's activation
@@ -70,7 +87,9 @@ def test_top_features_and_the_heat_map_are_the_apis(workbench, page):
     shown = [float(re.search(r" = (\S+)$", title).group(1)) for title in titles]
     assert shown == [v["value"] for v in values]
     peak = max(range(len(values)), key=lambda i: values[i]["value"])
-    assert float(spans.nth(peak).get_attribute("aria-label").rsplit(": ", 1)[1]) == pytest.approx(values[peak]["value"], rel=1e-3)
+    assert float(spans.nth(peak).get_attribute("aria-label").rsplit(": ", 1)[1]) == pytest.approx(
+        values[peak]["value"], rel=1e-3
+    )
     # white space is visible: the line break shows as ↵, and a token of spaces as dots
     breaks = [i for i, v in enumerate(values) if "\n" in v["token"]]
     assert breaks, [v["token"] for v in values]
@@ -91,8 +110,10 @@ def test_the_chats_conversation_is_inspected_as_messages(workbench, page):
     page.get_by_label("Features to list").fill("6")
     page.get_by_label("Sort by").select_option("mean")
     page.get_by_role("button", name="Inspect", exact=True).click()
-    assert_table_is(page.get_by_role("table", name="Top features"),
-                    inspect(workbench, {"messages": CONVERSATION, "top_k": 6, "sort": "mean"})["features"])
+    assert_table_is(
+        page.get_by_role("table", name="Top features"),
+        inspect(workbench, {"messages": CONVERSATION, "top_k": 6, "sort": "mean"})["features"],
+    )
 
 
 def test_without_a_conversation_the_page_says_so(workbench, page):
@@ -122,35 +143,61 @@ def test_contrast_ranks_features_as_the_api_does(workbench, page):
                 assert cell == ("∞" if sign > 0 else "−∞")
             else:
                 assert float(cell.replace("−", "-")) == pytest.approx(f["effect_size"], rel=1e-3)
-        assert numbers(cells(table, 4)) == pytest.approx([f["difference"] for f in rows], rel=1e-3, abs=1e-6)
+        assert numbers(cells(table, 4)) == pytest.approx(
+            [f["difference"] for f in rows], rel=1e-3, abs=1e-6
+        )
         expect(cells(table, 6)).to_have_text([f"{f['fired_a']} / {f['fired_b']}" for f in rows])
     expect(page.get_by_role("status").filter(has_text="A: 3 texts")).to_contain_text("B: 4 texts")
-    page.get_by_role("region", name="Contrast two sets of texts").evaluate("panel => panel.scrollIntoView()")
+    page.get_by_role("region", name="Contrast two sets of texts").evaluate(
+        "panel => panel.scrollIntoView()"
+    )
 
 
 def test_a_refused_read_shows_the_apis_message(workbench, page):
-    answer = workbench.api("POST", f"/api/saes/{workbench.sae}/inspect", json={"text": TEXT, "top_k": 20, "sort": "max", "feature": 999})
+    answer = workbench.api(
+        "POST",
+        f"/api/saes/{workbench.sae}/inspect",
+        json={"text": TEXT, "top_k": 20, "sort": "max", "feature": 999},
+    )
     assert answer.status_code == 400
     error = answer.json()["error"]
     page.goto(f"{workbench.url}#/inspect")
     page.get_by_label("Text to inspect").fill(TEXT)
     page.get_by_label("Heat map of feature", exact=True).fill("999")
     page.get_by_role("button", name="Inspect", exact=True).click()
-    expect(page.get_by_role("region", name="Inspect a text").get_by_role("alert")).to_have_text(f"400 {error['code']}: {error['message']}")
+    expect(page.get_by_role("region", name="Inspect a text").get_by_role("alert")).to_have_text(
+        f"400 {error['code']}: {error['message']}"
+    )
 
 
 def test_a_text_read_under_a_profile_is_the_apis_steered_read(workbench, page):
-    profile = {"name": "river-up", "steering": [{"sae_id": workbench.sae, "layer": 1, "features": [{"index": 5, "op": "add", "strength": 80}]}]}
+    profile = {
+        "name": "river-up",
+        "steering": [
+            {
+                "sae_id": workbench.sae,
+                "layer": 1,
+                "features": [{"index": 5, "op": "add", "strength": 80}],
+            }
+        ],
+    }
     assert workbench.api("POST", "/api/profiles", json=profile).status_code == 201
     try:
-        steered = inspect(workbench, {"text": TEXT, "top_k": 6, "steering": {"profile": "river-up"}})
-        assert steered["steered"] and steered["features"] != inspect(workbench, {"text": TEXT, "top_k": 6})["features"]
+        steered = inspect(
+            workbench, {"text": TEXT, "top_k": 6, "steering": {"profile": "river-up"}}
+        )
+        assert (
+            steered["steered"]
+            and steered["features"] != inspect(workbench, {"text": TEXT, "top_k": 6})["features"]
+        )
         page.goto(f"{workbench.url}#/inspect")
         page.get_by_label("Text to inspect").fill(TEXT)
         page.get_by_label("Features to list").fill("6")
         page.get_by_label("Steering").select_option("profile:river-up")
         page.get_by_role("button", name="Inspect", exact=True).click()
-        expect(page.get_by_role("status").filter(has_text="sorted by")).to_contain_text("steered (profile river-up)")
+        expect(page.get_by_role("status").filter(has_text="sorted by")).to_contain_text(
+            "steered (profile river-up)"
+        )
         assert_table_is(page.get_by_role("table", name="Top features"), steered["features"])
     finally:
         workbench.api("DELETE", "/api/profiles/river-up")

@@ -12,7 +12,16 @@ WATCHED = [3, 17, 42]
 
 
 def generate(workbench, text: str) -> None:
-    reply = post(workbench.process, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 6, "temperature": 0})
+    reply = post(
+        workbench.process,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 6,
+            "temperature": 0,
+        },
+    )
     assert reply.status_code == 200, reply.text
 
 
@@ -26,15 +35,26 @@ def test_settings_made_on_the_page_are_the_apis(workbench, page):
     page.get_by_role("button", name="Turn on").click()
     expect(page.get_by_test_id("monitoring-state")).to_have_text("on")
     settings = workbench.api("GET", "/api/monitoring").json()
-    assert (settings["enabled"], settings["features"], settings["top_k"], settings["positions"]) == (True, WATCHED, 4, "all")
+    assert (
+        settings["enabled"],
+        settings["features"],
+        settings["top_k"],
+        settings["positions"],
+    ) == (True, WATCHED, 4, "all")
 
 
 def test_the_live_chart_receives_a_point_per_request(workbench, page):
     workbench.api("POST", "/api/monitoring/reset")
-    workbench.api("PUT", "/api/monitoring", json={"enabled": True, "features": WATCHED, "top_k": 4, "positions": "all"})
+    workbench.api(
+        "PUT",
+        "/api/monitoring",
+        json={"enabled": True, "features": WATCHED, "top_k": 4, "positions": "all"},
+    )
     page.goto(f"{workbench.url}#/monitoring")
     expect(page.get_by_test_id("feed")).to_have_text("live")
-    for n, text in enumerate(["Tell me about the river.", "Paris in the spring", "Count to five"], start=1):
+    for n, text in enumerate(
+        ["Tell me about the river.", "Paris in the spring", "Count to five"], start=1
+    ):
         generate(workbench, text)
         expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
     # uPlot drew one series per watched feature (its legend names them) on its canvas
@@ -46,7 +66,9 @@ def test_the_live_chart_receives_a_point_per_request(workbench, page):
     assert stats["requests"] == 3
     table = page.get_by_role("table", name="Feature statistics")
     for feature in stats["features"]:
-        row = table.get_by_role("row").filter(has=page.get_by_role("link", name=f"#{feature['index']}", exact=True))
+        row = table.get_by_role("row").filter(
+            has=page.get_by_role("link", name=f"#{feature['index']}", exact=True)
+        )
         expect(row).to_contain_text(str(feature["count"]))
         if feature["max"]:
             expect(row).to_contain_text(str(float(f"{feature['max']:.4g}")).removesuffix(".0"))
@@ -57,7 +79,9 @@ def test_turning_monitoring_off_and_a_refused_setting(workbench, page):
     page.goto(f"{workbench.url}#/monitoring")
     page.get_by_label("Top features per position").fill("65")
     page.get_by_role("button", name="Save settings").click()
-    expect(page.get_by_role("region", name="Monitoring settings").get_by_role("alert")).to_contain_text("400 invalid_parameter: top_k")
+    expect(
+        page.get_by_role("region", name="Monitoring settings").get_by_role("alert")
+    ).to_contain_text("400 invalid_parameter: top_k")
     assert workbench.api("GET", "/api/monitoring").json()["top_k"] != 65
     page.get_by_role("button", name="Turn off").click()
     expect(page.get_by_test_id("monitoring-state")).to_have_text("off")

@@ -21,7 +21,11 @@ def test_the_page_is_served_with_a_strict_policy(workbench):
     page = httpx.get(workbench.url, timeout=30)
     assert page.status_code == 200
     policy = page.headers["content-security-policy"]
-    assert "script-src 'self' 'sha256-" in policy and "connect-src 'self'" in policy and "unsafe-inline" not in policy
+    assert (
+        "script-src 'self' 'sha256-" in policy
+        and "connect-src 'self'" in policy
+        and "unsafe-inline" not in policy
+    )
     assert page.headers["cache-control"] == "no-cache"
     vendored = httpx.get(f"{workbench.base_url}/ui/assets/vendor/preact.mjs", timeout=30)
     assert vendored.status_code == 200 and "javascript" in vendored.headers["content-type"]
@@ -33,10 +37,16 @@ def test_every_tab_opens_and_asks_only_this_server(workbench, page):
     page.on("request", lambda request: requested.append(request.url))
     page.goto(workbench.url)
     for tab in TABS:
-        page.get_by_role("navigation", name="Views").get_by_role("link").nth(TABS.index(tab)).click()
+        page.get_by_role("navigation", name="Views").get_by_role("link").nth(
+            TABS.index(tab)
+        ).click()
         expect(page).to_have_url(re.compile(f"#/{tab}$"))
         expect(page.locator("main#view")).not_to_be_empty()
-    foreign = [url for url in requested if not url.startswith(workbench.base_url) and not url.startswith("data:")]
+    foreign = [
+        url
+        for url in requested
+        if not url.startswith(workbench.base_url) and not url.startswith("data:")
+    ]
     assert requested and not foreign, foreign
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-POSITIVE = [f"The river {i} floods the valley and the water rises over the banks." for i in range(4)]
+POSITIVE = [
+    f"The river {i} floods the valley and the water rises over the banks." for i in range(4)
+]
 NEGATIVE = [f"Paris number {i} is a city of cafes, museums and long evenings." for i in range(4)]
 
 
@@ -20,7 +22,9 @@ def open_view(workbench, page):
 
 
 def probe_rows(page, name: str):
-    table = page.get_by_role("region", name="Probes", exact=True).get_by_role("table", name="Probes")
+    table = page.get_by_role("region", name="Probes", exact=True).get_by_role(
+        "table", name="Probes"
+    )
     return table.get_by_role("row").filter(has=page.get_by_text(name, exact=True))
 
 
@@ -44,7 +48,12 @@ def test_a_feature_threshold_probe_made_in_the_form(workbench, page):
     expect(row).to_contain_text("fires at activation ≥ 0.5")
     expect(row).to_contain_text("report")
     stored = workbench.api("GET", "/api/probes/river-3").json()
-    assert stored["document"]["detector"] == {"type": "feature", "sae_id": workbench.sae, "index": 3, "threshold": 0.5}
+    assert stored["document"]["detector"] == {
+        "type": "feature",
+        "sae_id": workbench.sae,
+        "index": 3,
+        "threshold": 0.5,
+    }
     assert stored["active"] is False
 
     row.get_by_role("button", name="Activate").click()
@@ -67,10 +76,20 @@ def test_a_feature_threshold_probe_made_in_the_form(workbench, page):
     expect(form.get_by_text("Created probe bend, profile bend-steer.")).to_be_visible()
     expect(probe_rows(page, "bend")).to_contain_text("steer #7 for 5 tokens via profile bend-steer")
     assert workbench.api("GET", "/api/probes/bend").json()["document"]["detector"] == {
-        "type": "feature", "sae_id": workbench.sae, "index": 20, "percentile": 90}
+        "type": "feature",
+        "sae_id": workbench.sae,
+        "index": 20,
+        "percentile": 90,
+    }
     profile = workbench.api("GET", "/api/profiles/bend-steer").json()["document"]
-    assert profile["steering"] == [{"sae_id": workbench.sae, "layer": 1, "features": [{"index": 7, "op": "add", "strength": 12.0}],
-                                    "when": {"probe": "bend", "tokens": 5}}]
+    assert profile["steering"] == [
+        {
+            "sae_id": workbench.sae,
+            "layer": 1,
+            "features": [{"index": 7, "op": "add", "strength": 12.0}],
+            "when": {"probe": "bend", "tokens": 5},
+        }
+    ]
 
     row.get_by_role("button", name="Delete").click()
     row.get_by_role("button", name="Delete river-3?").click()
@@ -94,7 +113,9 @@ def test_train_a_linear_probe_from_examples(workbench, page):
     expect(metrics).to_contain_text("6 to fit, 2 held out")
     expect(job).to_contain_text("8/8 texts (100%)")
     ended = workbench.api("GET", "/api/jobs").json()["data"]
-    result = next(j for j in ended if j["kind"] == "probe-training" and "river-talk" in j["description"])["result"]
+    result = next(
+        j for j in ended if j["kind"] == "probe-training" and "river-talk" in j["description"]
+    )["result"]
     assert result["probe"]["name"] == "river-talk"
 
     row = probe_rows(page, "river-talk")
@@ -107,15 +128,26 @@ def test_train_a_linear_probe_from_examples(workbench, page):
 
 
 def test_import_and_export_a_probe_file(workbench, page, tmp_path):
-    doc = {"kind": "millm.probe", "version": 1, "name": "imported-paris", "description": "every tenth feature",
-           "detector": {"type": "weighted", "sae_id": workbench.sae, "features": [{"index": 10, "weight": 1.0}, {"index": 20, "weight": 0.5}],
-                        "threshold": 2.0}}
+    doc = {
+        "kind": "millm.probe",
+        "version": 1,
+        "name": "imported-paris",
+        "description": "every tenth feature",
+        "detector": {
+            "type": "weighted",
+            "sae_id": workbench.sae,
+            "features": [{"index": 10, "weight": 1.0}, {"index": 20, "weight": 0.5}],
+            "threshold": 2.0,
+        },
+    }
     path = tmp_path / "imported-paris.probe.json"
     path.write_text(json.dumps(doc))
     open_view(workbench, page)
     panel = page.get_by_role("region", name="Probes", exact=True)
     panel.get_by_label("Import a probe file").set_input_files(path)
-    expect(panel.get_by_text("Imported imported-paris from imported-paris.probe.json (inactive).")).to_be_visible()
+    expect(
+        panel.get_by_text("Imported imported-paris from imported-paris.probe.json (inactive).")
+    ).to_be_visible()
     row = probe_rows(page, "imported-paris")
     expect(row).to_contain_text("weighted sum of 2 features")
     expect(row).to_contain_text("#20 ×0.5")
@@ -137,8 +169,18 @@ def test_import_and_export_a_probe_file(workbench, page, tmp_path):
 
 def test_a_bad_probe_file_shows_the_apis_message_and_changes_nothing(workbench, page, tmp_path):
     before = probe_names(workbench)
-    both = {"kind": "millm.probe", "version": 1, "name": "both-ways",
-            "detector": {"type": "feature", "sae_id": workbench.sae, "index": 3, "threshold": 1.0, "percentile": 90}}
+    both = {
+        "kind": "millm.probe",
+        "version": 1,
+        "name": "both-ways",
+        "detector": {
+            "type": "feature",
+            "sae_id": workbench.sae,
+            "index": 3,
+            "threshold": 1.0,
+            "percentile": 90,
+        },
+    }
     path = tmp_path / "both.json"
     path.write_text(json.dumps(both))
     open_view(workbench, page)

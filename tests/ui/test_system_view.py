@@ -23,7 +23,11 @@ def test_the_page_shows_the_model_and_the_attached_sae(workbench, page):
 
 def test_detach_and_attach_go_through_the_api(workbench, page):
     page.goto(f"{workbench.url}#/system")
-    row = page.get_by_role("table", name="Registered SAEs").get_by_role("row").filter(has_text=workbench.sae)
+    row = (
+        page.get_by_role("table", name="Registered SAEs")
+        .get_by_role("row")
+        .filter(has_text=workbench.sae)
+    )
     row.get_by_role("button", name="Detach").click()
     expect(row.get_by_role("button", name="Attach")).to_be_visible()
     assert workbench.api("GET", f"/api/saes/{workbench.sae}").json()["attached"] is False
@@ -37,7 +41,11 @@ def test_a_calibration_started_here_reaches_100_percent(workbench, page):
     page.get_by_label("Texts, one per line").fill("\n".join(TEXTS))
     page.get_by_role("button", name=f"Calibrate on {len(TEXTS)} texts").click()
     # the server is shared with other modules' jobs: this one is the calibration over these texts
-    job = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text=f"over {len(TEXTS)} texts")
+    job = (
+        page.get_by_role("table", name="Jobs")
+        .get_by_role("row")
+        .filter(has_text=f"over {len(TEXTS)} texts")
+    )
     expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
     expect(job).to_contain_text(f"{len(TEXTS)}/{len(TEXTS)} texts (100%)")
     expect(job.get_by_role("progressbar")).to_have_attribute("value", str(len(TEXTS)))
@@ -51,7 +59,9 @@ def test_a_refused_action_shows_the_apis_message(workbench, page):
     page.get_by_role("button", name="Register").last.click()
     alert = page.get_by_role("region", name="SAEs").get_by_role("alert")
     expect(alert).to_have_text(re.compile(r"^403 path_not_allowed: path '/nowhere/at/all' .+"))
-    expect(page.get_by_role("form", name="API key")).to_have_count(0)  # not a key problem: no key form
+    expect(page.get_by_role("form", name="API key")).to_have_count(
+        0
+    )  # not a key problem: no key form
 
 
 def test_autosteer_started_here_ends_with_its_verdict(workbench, page):
@@ -60,7 +70,9 @@ def test_autosteer_started_here_ends_with_its_verdict(workbench, page):
     page.get_by_role("button", name="Start AutoSteer").click()
     job = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text="autosteer")
     expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=300_000)
-    (listed,) = [j for j in workbench.api("GET", "/api/jobs").json()["data"] if j["kind"] == "autosteer"]
+    (listed,) = [
+        j for j in workbench.api("GET", "/api/jobs").json()["data"] if j["kind"] == "autosteer"
+    ]
     result = listed["result"]
     assert result["goal"] == "talk about paris" and result["sae_id"] == workbench.sae
     if result["best"]:
@@ -70,7 +82,10 @@ def test_autosteer_started_here_ends_with_its_verdict(workbench, page):
 
 
 def test_a_running_job_is_cancelled_from_the_page(workbench, page):
-    texts = [f"Text number {i} about the river and the city of Paris, again and again." * 4 for i in range(400)]
+    texts = [
+        f"Text number {i} about the river and the city of Paris, again and again." * 4
+        for i in range(400)
+    ]
     started = workbench.api("POST", f"/api/saes/{workbench.sae}/calibrate", json={"texts": texts})
     assert started.status_code == 202, started.text
     job_id = started.json()["id"]

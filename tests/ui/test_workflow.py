@@ -22,19 +22,38 @@ def test_search_steer_with_the_slider_and_compare(workbench, page):
     results.get_by_role("link", name="#10", exact=True).click()
     card = page.get_by_role("region", name="Feature #10")
     expect(card).to_contain_text("feature 10 paris")
-    card.get_by_label("Steer #10", exact=True).fill(str(STRENGTH))  # the range input, as a drag leaves it
-    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(re.compile(rf"^Live: add {STRENGTH}\b"))
+    card.get_by_label("Steer #10", exact=True).fill(
+        str(STRENGTH)
+    )  # the range input, as a drag leaves it
+    expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(
+        re.compile(rf"^Live: add {STRENGTH}\b")
+    )
     live = workbench.api("GET", "/api/steering").json()
-    assert [(f["index"], f["strength"]) for s in live["saes"] for f in s["features"]] == [(10, float(STRENGTH))]
+    assert [(f["index"], f["strength"]) for s in live["saes"] for f in s["features"]] == [
+        (10, float(STRENGTH))
+    ]
     try:
         open_chat(workbench, page, max_tokens=12, seed=5)
         page.get_by_role("switch", name="Compare").check()  # unsteered beside live, by default
         say(page, "Tell me about the river.")
         turn = finished(page.get_by_role("region", name="Comparison 1"))
-        direct = workbench.api("POST", "/api/compare", json={
-            "messages": [{"role": "user", "content": "Tell me about the river."}],
-            "max_tokens": 12, "temperature": 0, "seed": 5, "variants": ["unsteered", "live"]}).json()["variants"]
-        shown = {v["label"]: turn.get_by_role("article", name=v["label"], exact=True).locator(".text").text_content() for v in direct}
+        direct = workbench.api(
+            "POST",
+            "/api/compare",
+            json={
+                "messages": [{"role": "user", "content": "Tell me about the river."}],
+                "max_tokens": 12,
+                "temperature": 0,
+                "seed": 5,
+                "variants": ["unsteered", "live"],
+            },
+        ).json()["variants"]
+        shown = {
+            v["label"]: turn.get_by_role("article", name=v["label"], exact=True)
+            .locator(".text")
+            .text_content()
+            for v in direct
+        }
         assert shown == {v["label"]: v["text"] for v in direct}
         assert shown["unsteered"] != shown["live"]
     finally:

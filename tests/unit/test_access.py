@@ -85,7 +85,12 @@ NONE = Keys.of(None, None)
         (BOTH, READ, None, False),
         (BOTH, OPEN, None, True),
         (API_ONLY, INFERENCE, API, True),
-        (API_ONLY, ADMIN, None, True),  # no admin key: state-changing routes stay open (and start-up warns)
+        (
+            API_ONLY,
+            ADMIN,
+            None,
+            True,
+        ),  # no admin key: state-changing routes stay open (and start-up warns)
         (API_ONLY, READ, None, False),
         (ADMIN_ONLY, INFERENCE, None, True),
         (ADMIN_ONLY, ADMIN, None, False),
@@ -110,7 +115,15 @@ def test_the_api_key_at_an_admin_route_is_told_what_it_needs():
 
 @pytest.mark.parametrize(
     "header, token",
-    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("BEARER abc", "abc"), ("Basic abc", None), ("Bearer", None), ("", None), (None, None)],
+    [
+        ("Bearer abc", "abc"),
+        ("bearer  abc ", "abc"),
+        ("BEARER abc", "abc"),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("", None),
+        (None, None),
+    ],
 )
 def test_bearer_tokens(header, token):
     assert bearer(header) == token
@@ -121,15 +134,32 @@ def test_bearer_tokens(header, token):
     [
         ({}, True),  # curl, the SDK: no browser headers
         ({"host": "127.0.0.1:8000"}, True),
-        ({"sec-fetch-site": "same-origin", "origin": "http://127.0.0.1:8000", "host": "127.0.0.1:8000"}, True),
+        (
+            {
+                "sec-fetch-site": "same-origin",
+                "origin": "http://127.0.0.1:8000",
+                "host": "127.0.0.1:8000",
+            },
+            True,
+        ),
         ({"sec-fetch-site": "none"}, True),
         ({"sec-fetch-site": "cross-site"}, False),
         ({"sec-fetch-site": "same-site"}, False),  # another port on localhost is the same site
         ({"origin": "http://evil.example", "host": "127.0.0.1:8000"}, False),
         ({"origin": "null", "host": "127.0.0.1:8000"}, False),
         ({"origin": "http://localhost:3000", "host": "localhost:8000"}, False),
-        ({"origin": "https://millm.example.org", "host": "millm.example.org"}, True),  # behind a TLS proxy
-        ({"origin": "https://millm.example.org", "host": "10.0.0.5:8000", "x-forwarded-host": "millm.example.org"}, True),
+        (
+            {"origin": "https://millm.example.org", "host": "millm.example.org"},
+            True,
+        ),  # behind a TLS proxy
+        (
+            {
+                "origin": "https://millm.example.org",
+                "host": "10.0.0.5:8000",
+                "x-forwarded-host": "millm.example.org",
+            },
+            True,
+        ),
     ],
 )
 def test_same_site_checks(headers, allowed):
@@ -153,10 +183,14 @@ def test_same_site_checks(headers, allowed):
     ],
 )
 def test_start_up_warning(host, api, admin, warns):
-    warning = open_routes_warning(host, SecretStr(api) if api else None, SecretStr(admin) if admin else None)
+    warning = open_routes_warning(
+        host, SecretStr(api) if api else None, SecretStr(admin) if admin else None
+    )
     assert (warning is not None) == warns
     if warning:
-        assert ("/v1" in warning) == (api is None) and ("state-changing" in warning) == (admin is None)
+        assert ("/v1" in warning) == (api is None) and ("state-changing" in warning) == (
+            admin is None
+        )
 
 
 def test_keys_from_files(tmp_path):
@@ -179,5 +213,9 @@ def test_body_caps_by_route():
     assert body_cap("/api/clusters/import", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
     assert body_cap("/api/profiles/import", 100, 500)[0] == 500
     assert body_cap("/api/probes/import", 100, 500)[0] == 500
-    assert body_cap("/api/saes/sae_0123456789ab/labels", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
+    assert body_cap("/api/saes/sae_0123456789ab/labels", 100, 50) == (
+        50,
+        DocumentTooLarge,
+        "MAX_IMPORT_BYTES",
+    )
     assert body_cap("/api/saes/sae_0123456789ab/features", 100, 50)[0] == 100

@@ -26,13 +26,18 @@ def store(tmp_path):
 
 
 def profile(name, strength=1.0):
-    return {"name": name, "steering": [{"sae_id": "sae_x", "features": [{"index": 3, "strength": strength}]}]}
+    return {
+        "name": name,
+        "steering": [{"sae_id": "sae_x", "features": [{"index": 3, "strength": strength}]}],
+    }
 
 
 def statements(store):
     """A list that every SQL statement the store sends from now on is appended to."""
     sent = []
-    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *rest: sent.append(sql))
+    event.listen(
+        store.engine, "before_cursor_execute", lambda conn, cursor, sql, *rest: sent.append(sql)
+    )
     return sent
 
 
@@ -41,18 +46,29 @@ def test_profile_writes_are_visible_at_once_and_after_a_restart(store):
     created = book.create(profile("alpha"))
     assert book.find("alpha") == created and book.find(created["id"]) == created
     book.create(profile("omega"))
-    book.update("alpha", {"name": "zeta", "description": "renamed"})  # moves to its new place by name
+    book.update(
+        "alpha", {"name": "zeta", "description": "renamed"}
+    )  # moves to its new place by name
     assert [r["name"] for r in book.all()] == ["omega", "zeta"]
     book.delete("omega")
     book.update("zeta", {"name": "beta"})
     assert book.find(created["id"])["document"]["description"] == "renamed"
     with pytest.raises(NotFound):
         book.find("alpha")
-    book.import_documents({"kind": "millm.profile-bundle", "version": 1, "profiles": [profile("gamma"), profile("delta", 2.0)]}, "fail")
+    book.import_documents(
+        {
+            "kind": "millm.profile-bundle",
+            "version": 1,
+            "profiles": [profile("gamma"), profile("delta", 2.0)],
+        },
+        "fail",
+    )
     again = ProfileBook(store)  # a restart: a new book over the same store
     assert again.all() == book.all()
     assert [r["name"] for r in again.all()] == ["beta", "delta", "gamma"]
-    assert again.find("delta")["document"]["steering"][0]["features"] == [{"index": 3, "op": "add", "strength": 2.0}]
+    assert again.find("delta")["document"]["steering"][0]["features"] == [
+        {"index": 3, "op": "add", "strength": 2.0}
+    ]
 
 
 def test_a_deleted_profile_is_never_served(store):
@@ -64,7 +80,9 @@ def test_a_deleted_profile_is_never_served(store):
         with pytest.raises(NotFound):
             book.find(key)
     assert book.all() == [] and ProfileBook(store).all() == []
-    assert book.shelf.revision > shelf.revision and shelf.get("gone") is not None  # a held shelf is a snapshot
+    assert (
+        book.shelf.revision > shelf.revision and shelf.get("gone") is not None
+    )  # a held shelf is a snapshot
 
 
 def test_reads_do_not_touch_the_store(store):
@@ -74,7 +92,9 @@ def test_reads_do_not_touch_the_store(store):
     for _ in range(3):
         book.find("alpha"), book.all()
     assert sent == []
-    book.create(profile("beta"))  # a write: its insert, then its row read back (by id, not the table)
+    book.create(
+        profile("beta")
+    )  # a write: its insert, then its row read back (by id, not the table)
     selects = [sql for sql in sent if "SELECT" in sql]
     assert len(sent) >= 2 and len(selects) == 1 and "WHERE millm_profiles.id IN" in selects[0]
     assert [r["name"] for r in book.all()] == ["alpha", "beta"]
@@ -124,9 +144,16 @@ def test_cluster_writes_dial_and_delete(store):
     assert book.document(row)["members"][2]["strength"] == 150.0
     later = book.import_raw(raw(cluster(name="lake")), "fail")[0]
     assert book.set_intensity("river", 0.25)["intensity"] == 0.25
-    assert [r["name"] for r in book.all()] == ["river", "lake"] == [r["name"] for r in ClusterBook(store, 2.0).all()]
+    assert (
+        [r["name"] for r in book.all()]
+        == ["river", "lake"]
+        == [r["name"] for r in ClusterBook(store, 2.0).all()]
+    )
     book.delete(later["id"])
-    assert book.find("river")["intensity"] == 0.25 and ClusterBook(store, 2.0).find("river")["intensity"] == 0.25
+    assert (
+        book.find("river")["intensity"] == 0.25
+        and ClusterBook(store, 2.0).find("river")["intensity"] == 0.25
+    )
     book.delete(row["id"])
     with pytest.raises(NotFound):
         book.find("river")
@@ -138,13 +165,18 @@ def test_circuits_survive_a_restart_byte_for_byte(store):
     body = raw(circuit(name="loop"))
     row = book.import_raw(body, "fail")
     again = CircuitBook(store)
-    assert again.find("loop")["raw"].encode() == body and again.document(again.find("loop"))["name"] == "loop"
+    assert (
+        again.find("loop")["raw"].encode() == body
+        and again.document(again.find("loop"))["name"] == "loop"
+    )
     assert again.find(row["id"]) == row
 
 
 def test_a_damaged_stored_document_still_raises_where_it_is_used(store):
     book = ClusterBook(store, 2.0)
-    insert_documents(store, "clusters", [{"id": "clu_bad", "name": "bad", "raw": "{not json", "intensity": 1.0}])
+    insert_documents(
+        store, "clusters", [{"id": "clu_bad", "name": "bad", "raw": "{not json", "intensity": 1.0}]
+    )
     again = ClusterBook(store, 2.0)  # starts fine, and serves the row...
     row = again.find("bad")
     with pytest.raises(ValueError):  # ...whose document is refused where it is read, as before
@@ -169,7 +201,9 @@ def test_one_rename_rule_for_profiles_clusters_and_circuits(store):
     long = "p" * NAME_LIMIT
     profiles.create(profile(long))
     (renamed,) = profiles.import_documents(profile(long), "rename")
-    assert renamed["name"] == "p" * 118 + "-2"  # still a valid profile name: it exports and imports again
+    assert (
+        renamed["name"] == "p" * 118 + "-2"
+    )  # still a valid profile name: it exports and imports again
     assert validate_profile(renamed["document"])["name"] == renamed["name"]
     clusters.import_raw(raw(cluster(name="dup")), "fail")
     assert [r["name"] for r in clusters.import_raw(raw(cluster(name="dup")), "rename")] == ["dup-2"]

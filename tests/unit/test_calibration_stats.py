@@ -38,7 +38,13 @@ def fold(texts, top_n: int, limit: int = 1 << 24) -> Accumulator:
     accumulator = Accumulator(texts[0].shape[1], top_n, limit=limit)
     for t, dense in enumerate(texts):
         rows, features = np.nonzero(dense)
-        accumulator.add(t, dense.shape[0], (rows + 1).astype(np.int32), features.astype(np.int32), dense[rows, features])
+        accumulator.add(
+            t,
+            dense.shape[0],
+            (rows + 1).astype(np.int32),
+            features.astype(np.int32),
+            dense[rows, features],
+        )
     return accumulator
 
 
@@ -92,14 +98,23 @@ def test_top_activations_equal_a_brute_force_ranking_with_earlier_ties_first(top
     texts = sparse_texts(2)
     accumulator = fold(texts, top_n)
     for feature in range(texts[0].shape[1]):
-        entries = [(-float(dense[p, feature]), t, p + 1) for t, dense in enumerate(texts) for p in range(dense.shape[0]) if dense[p, feature] > 0]
-        want = [(t, p, -v) for v, t, p in sorted(entries)[:top_n]]  # value desc, then text, then position
+        entries = [
+            (-float(dense[p, feature]), t, p + 1)
+            for t, dense in enumerate(texts)
+            for p in range(dense.shape[0])
+            if dense[p, feature] > 0
+        ]
+        want = [
+            (t, p, -v) for v, t, p in sorted(entries)[:top_n]
+        ]  # value desc, then text, then position
         assert accumulator.top.of(feature) == [(t, p, pytest.approx(v)) for t, p, v in want]
 
 
 def test_top_activations_keep_fewer_for_rare_features_and_none_when_asked_for_none():
     table = TopActivations(d_sae=4, n=3)
-    table.offer(np.array([2, 2], np.int32), np.array([1.0, 4.0], np.float32), 0, np.array([5, 6], np.int32))
+    table.offer(
+        np.array([2, 2], np.int32), np.array([1.0, 4.0], np.float32), 0, np.array([5, 6], np.int32)
+    )
     assert table.of(2) == [(0, 6, 4.0), (0, 5, 1.0)] and table.of(0) == []
     empty = TopActivations(d_sae=4, n=0)
     empty.offer(np.array([1], np.int32), np.array([1.0], np.float32), 0, np.array([1], np.int32))
@@ -133,7 +148,9 @@ def test_firing_values_are_kept_whole_under_the_bound_then_sampled_uniformly():
     sampled = FiringValues(limit=10_000, seed=5)
     for _ in range(10):
         chunk_f = rng.integers(0, 3, 8_000).astype(np.int32)
-        chunk_v = (rng.exponential(1.0, 8_000) * (1 + chunk_f)).astype(np.float32)  # feature f has scale 1 + f
+        chunk_v = (rng.exponential(1.0, 8_000) * (1 + chunk_f)).astype(
+            np.float32
+        )  # feature f has scale 1 + f
         sampled.add(chunk_f, chunk_v)
     kept_f, kept_v = sampled.arrays()
     assert kept_f.shape[0] <= 10_000 and sampled.sample_rate == 0.125
@@ -168,7 +185,9 @@ def test_request_bodies_refused(body, needle):
 
 
 def test_request_defaults():
-    request = CalibrateRequest.model_validate({"texts": ["a"], "conversations": [[{"role": "user", "content": "hi"}]]})
+    request = CalibrateRequest.model_validate(
+        {"texts": ["a"], "conversations": [[{"role": "user", "content": "hi"}]]}
+    )
     assert (request.top_examples, request.max_tokens_per_text, request.corpus) == (5, 256, None)
 
 
@@ -185,11 +204,19 @@ def test_grids_pack_exactly_and_keep_never_fired_rows():
 
 @pytest.mark.parametrize(
     "body, param, needle",
-    [({}, "texts", "give corpus"), ({"texts": [], "conversations": []}, "texts", "at least one text"), ({"corpus": "demo", "texts": ["a"]}, "corpus", "not both")],
+    [
+        ({}, "texts", "give corpus"),
+        ({"texts": [], "conversations": []}, "texts", "at least one text"),
+        ({"corpus": "demo", "texts": ["a"]}, "corpus", "not both"),
+    ],
 )
 def test_a_request_names_one_source(body, param, needle):
     with pytest.raises(InvalidRequest) as caught:
         check_source(CalibrateRequest.model_validate(body))
     assert caught.value.param == param and needle in caught.value.message
     check_source(CalibrateRequest.model_validate({"corpus": "demo"}))
-    check_source(CalibrateRequest.model_validate({"texts": [], "conversations": [[{"role": "user", "content": "hi"}]]}))
+    check_source(
+        CalibrateRequest.model_validate(
+            {"texts": [], "conversations": [[{"role": "user", "content": "hi"}]]}
+        )
+    )

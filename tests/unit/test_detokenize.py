@@ -11,7 +11,9 @@ def tokenizer(tiny_dirs):
     return AutoTokenizer.from_pretrained(str(tiny_dirs["tokenizer"]))
 
 
-@pytest.mark.parametrize("text", ["Hello! How are you today?", "naïve café über 数字 ✓", "  spaced   out\n\nlines"])
+@pytest.mark.parametrize(
+    "text", ["Hello! How are you today?", "naïve café über 数字 ✓", "  spaced   out\n\nlines"]
+)
 def test_deltas_concatenate_to_full_decode(tokenizer, text):
     prompt = tokenizer("The cat runs", add_special_tokens=True)["input_ids"]
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -11,7 +11,13 @@ import pytest
 from millm.engine.sources import QUANT_SUFFIX, pick_quant, resolve_source
 from millm.errors import AmbiguousModelName, ModelSourceError
 from millm.service.models.checkpoints import GGUFShape, inspect
-from millm.service.models.engines import LLAMACPP, MIN_CONTEXT, TRANSFORMERS, choose_engine, llamacpp_sizing
+from millm.service.models.engines import (
+    LLAMACPP,
+    MIN_CONTEXT,
+    TRANSFORMERS,
+    choose_engine,
+    llamacpp_sizing,
+)
 from millm.service.models.registry import ModelRegistry
 from millm.store.database import Store, database_url
 
@@ -39,14 +45,18 @@ def test_a_name_without_a_tag_has_none(stem):
 def test_gguf_sources_are_named_repo_quant(tiny_gguf, tmp_path):
     assert resolve_source(str(tiny_gguf), tmp_path).name == "tiny-llama:F32"
     untagged = shutil.copy(tiny_gguf, tmp_path / "plain.gguf")
-    assert resolve_source(str(untagged), tmp_path).name == "plain:F32"  # the file's own general.file_type
+    assert (
+        resolve_source(str(untagged), tmp_path).name == "plain:F32"
+    )  # the file's own general.file_type
 
 
 def test_auto_keeps_transformers_while_the_weights_fit(tiny_gguf, tiny_dirs, tmp_path):
     gguf = resolve_source(str(tiny_gguf), tmp_path)
     checkpoint = resolve_source(str(tiny_dirs["llama"]), tmp_path)
     assert choose_engine("auto", gguf, lambda n: True, 10) == TRANSFORMERS
-    assert choose_engine("auto", gguf, lambda n: n < 10, 10) == LLAMACPP  # the setup installs llama-cpp-python
+    assert (
+        choose_engine("auto", gguf, lambda n: n < 10, 10) == LLAMACPP
+    )  # the setup installs llama-cpp-python
     assert choose_engine("auto", checkpoint, lambda n: False, 10) == TRANSFORMERS
     assert choose_engine("transformers", gguf, lambda n: False, 10) == TRANSFORMERS
     assert choose_engine("llama.cpp", gguf, lambda n: True, 10) == LLAMACPP
@@ -71,7 +81,11 @@ def test_a_bare_repository_name_means_its_one_quantisation(tiny_gguf, tmp_path):
     "files, quant, found",
     [
         (["README.md", "m.Q4_K_M.gguf", "m.Q8_0.gguf"], "Q4_K_M", "m.Q4_K_M.gguf"),
-        (["m-q4_k_m.gguf", "m-q8_0.gguf"], "Q4_K_M", "m-q4_k_m.gguf"),  # tags are matched case-blind
+        (
+            ["m-q4_k_m.gguf", "m-q8_0.gguf"],
+            "Q4_K_M",
+            "m-q4_k_m.gguf",
+        ),  # tags are matched case-blind
         (["m.Q4_K_M.gguf"], "Q5_K_M", None),
         (["m.F16.gguf", "m.BF16.gguf"], "F16", "m.F16.gguf"),
     ],
@@ -108,8 +122,14 @@ def test_a_window_whose_kv_cache_does_not_fit_is_halved_until_it_does():
 
 def test_a_window_that_fits_or_was_asked_for_is_kept():
     assert llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: True).context == 131072
-    asked = llamacpp_sizing(FILE_8B, LLAMA_8B, 8192, True, lambda n: False)  # asked: kept, and checked as asked
-    assert (asked.context, asked.lowered_from, asked.needed) == (8192, None, FILE_8B + 8192 * 65536 * 4 + 512 * 128256 * 4)
+    asked = llamacpp_sizing(
+        FILE_8B, LLAMA_8B, 8192, True, lambda n: False
+    )  # asked: kept, and checked as asked
+    assert (asked.context, asked.lowered_from, asked.needed) == (
+        8192,
+        None,
+        FILE_8B + 8192 * 65536 * 4 + 512 * 128256 * 4,
+    )
 
 
 def test_a_window_is_never_lowered_below_4096_tokens():
@@ -121,5 +141,11 @@ def test_the_tiny_gguf_s_shape_is_read_from_its_metadata(tiny_gguf, tiny_dirs):
     config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
     shape = inspect(resolve_source(str(tiny_gguf), tiny_gguf.parent)).gguf
     head = config["hidden_size"] // config["num_attention_heads"]
-    assert shape.kv_elements_per_token == config["num_hidden_layers"] * config["num_key_value_heads"] * 2 * head
-    assert (shape.context_length, shape.vocab_size) == (config["max_position_embeddings"], config["vocab_size"])
+    assert (
+        shape.kv_elements_per_token
+        == config["num_hidden_layers"] * config["num_key_value_heads"] * 2 * head
+    )
+    assert (shape.context_length, shape.vocab_size) == (
+        config["max_position_embeddings"],
+        config["vocab_size"],
+    )

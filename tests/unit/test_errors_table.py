@@ -19,9 +19,15 @@ SPEC = Path("/work/shared/spec/openai-api.md")  # the project's spec, where this
 
 # Codes the table has no row for: a raise site narrows the code of the class that carries the
 # status and type (e.g. NotFound(..., code="profile_not_found")).
-NARROWED = {"profile_not_found": NotFound, "profile_not_applicable": InvalidRequest, "no_chat_template": InvalidRequest,
-            "operator_not_applicable": InvalidRequest, "probe_not_found": InvalidRequest, "vector_not_found": InvalidRequest,
-            "response_not_found": NotFound}
+NARROWED = {
+    "profile_not_found": NotFound,
+    "profile_not_applicable": InvalidRequest,
+    "no_chat_template": InvalidRequest,
+    "operator_not_applicable": InvalidRequest,
+    "probe_not_found": InvalidRequest,
+    "vector_not_found": InvalidRequest,
+    "response_not_found": NotFound,
+}
 ROWS = {code: (status, type_) for code, status, type_, _ in table()}
 # The one code the spec spells in capitals ("returns 400 AMBIGUOUS_MODEL_NAME"): kept verbatim so a
 # client comparing against the spec's text matches; every other code is lower snake case.
@@ -70,7 +76,11 @@ def check_row(situation: str, status: str, code: str) -> None:
 def source_codes() -> set[str]:
     """Every code="..." a raise site under millm/ passes."""
     root = Path(__file__).resolve().parents[2] / "millm"
-    return {m for path in root.rglob("*.py") for m in re.findall(r'code="([a-zA-Z_]+)"', path.read_text())}
+    return {
+        m
+        for path in root.rglob("*.py")
+        for m in re.findall(r'code="([a-zA-Z_]+)"', path.read_text())
+    }
 
 
 def test_every_row_of_the_docs_table_is_a_row_of_the_error_table():
@@ -116,6 +126,7 @@ def test_subclasses_of_invalid_request_are_400():
 
 def test_a_row_is_all_three_or_nothing():
     with pytest.raises(TypeError, match="status, code and type together"):
+
         class Partial(MillmError, code="partial"):
             pass
 
@@ -126,9 +137,21 @@ def test_rows_are_real_classes_raised_and_caught_with_their_body():
     assert isinstance(info.value, QueueFull)
     assert (info.value.status, info.value.to_dict()) == (
         503,
-        {"message": "the queue is full", "type": "server_error", "param": "x", "code": "queue_full"},
+        {
+            "message": "the queue is full",
+            "type": "server_error",
+            "param": "x",
+            "code": "queue_full",
+        },
     )
     narrowed = NotFound("no such profile", code="profile_not_found")
-    assert (narrowed.status, narrowed.code, NotFound.code) == (404, "profile_not_found", "not_found")
+    assert (narrowed.status, narrowed.code, NotFound.code) == (
+        404,
+        "profile_not_found",
+        "not_found",
+    )
     tight = InsufficientMemoryToLoad("too big", [{"device": "cpu", "needed": 2, "free": 1}])
-    assert tight.to_dict()["devices"] == [{"device": "cpu", "needed": 2, "free": 1}] and tight.status == 503
+    assert (
+        tight.to_dict()["devices"] == [{"device": "cpu", "needed": 2, "free": 1}]
+        and tight.status == 503
+    )

@@ -51,7 +51,9 @@ def cells():
 
 def refused(field, endpoint, *, scoring=False, streaming=False):
     try:
-        check_fields({"model": "m", field: EXAMPLES[field]}, endpoint, scoring=scoring, streaming=streaming)
+        check_fields(
+            {"model": "m", field: EXAMPLES[field]}, endpoint, scoring=scoring, streaming=streaming
+        )
     except FieldNotHonoured as error:
         assert error.param == field and error.status == 400 and error.code == "field_not_honoured"
         assert field in error.message
@@ -66,16 +68,22 @@ def test_every_row_has_an_example():
 @pytest.mark.parametrize("field, endpoint, rule", list(cells()))
 def test_each_cell(field, endpoint, rule):
     if rule.verdict == HONOURED:
-        assert not refused(field, endpoint) and not refused(field, endpoint, scoring=True, streaming=True)
+        assert not refused(field, endpoint) and not refused(
+            field, endpoint, scoring=True, streaming=True
+        )
     elif rule.verdict == REFUSED:
         assert refused(field, endpoint) and refused(field, endpoint, scoring=True)
     elif rule.verdict == ABOVE_ONE:
         assert refused(field, endpoint)
         check_fields({field: 1}, endpoint, scoring=False, streaming=False)
     elif rule.verdict == NOT_STREAMING:
-        assert refused(field, endpoint, streaming=True) and not refused(field, endpoint, streaming=False)
+        assert refused(field, endpoint, streaming=True) and not refused(
+            field, endpoint, streaming=False
+        )
     elif rule.verdict == NOT_ON_SCORING:
-        assert refused(field, endpoint, scoring=True) and not refused(field, endpoint, scoring=False)
+        assert refused(field, endpoint, scoring=True) and not refused(
+            field, endpoint, scoring=False
+        )
     else:
         pytest.fail(f"unknown verdict {rule.verdict}")
 
@@ -98,7 +106,11 @@ def test_the_spec_table_rows():
         "n": (NOT_STREAMING, ABOVE_ONE, ABOVE_ONE),
         "max_completion_tokens": ("honoured", "honoured", "refused"),
         "profile": (NOT_ON_SCORING, "refused", "refused"),
-        "steering": (NOT_ON_SCORING, NOT_ON_SCORING, "refused"),  # issue 16: a request's own steering
+        "steering": (
+            NOT_ON_SCORING,
+            NOT_ON_SCORING,
+            "refused",
+        ),  # issue 16: a request's own steering
         "dimensions": ("refused", "refused", "refused"),
         # Beyond the page (issue 9): chat honours tools, except on scoring requests.
         "tools": (NOT_ON_SCORING, "refused", "refused"),
@@ -111,4 +123,8 @@ def test_the_spec_table_rows():
 
 
 def test_true_is_not_a_neutral_one():
-    assert not is_neutral("n", True) and not is_neutral("logprobs", 0) and is_neutral("logprobs", False)
+    assert (
+        not is_neutral("n", True)
+        and not is_neutral("logprobs", 0)
+        and is_neutral("logprobs", False)
+    )

@@ -31,7 +31,11 @@ def cached_copy(cache, source, used_at_ns):
     entry = cache / gguf_cache_key(source.directory / source.gguf_file)
     entry.mkdir(parents=True)
     (entry / "model.safetensors").write_bytes(b"\0" * 4096)
-    meta = {"source": str(source.directory / source.gguf_file), "sha256": f"{source.name:0<64}", "file_type": "Q4_1"}
+    meta = {
+        "source": str(source.directory / source.gguf_file),
+        "sha256": f"{source.name:0<64}",
+        "file_type": "Q4_1",
+    }
     (entry / GGUF_META).write_text(json.dumps(meta))
     os.utime(entry / GGUF_META, ns=(used_at_ns, used_at_ns))
     return entry
@@ -50,9 +54,15 @@ def test_the_least_recently_used_copies_are_deleted_and_the_used_one_kept(tmp_pa
     # Using m1 again makes it the most recent: with 2 kept, m1 and the next most recent (m3) stay.
     assert GGUF_CACHE_ENTRIES == 2
     path, meta = gguf_checkpoint(sources[1], cache)
-    assert path == entries[1] and meta["file_type"] == "Q4_1" and meta["sha256"].startswith("m1.gguf")
-    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted([entries[1].name, entries[3].name, "notes"])
-    assert partial.is_dir() and foreign.is_dir()  # a conversion in progress and what the cache did not write
+    assert (
+        path == entries[1] and meta["file_type"] == "Q4_1" and meta["sha256"].startswith("m1.gguf")
+    )
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted(
+        [entries[1].name, entries[3].name, "notes"]
+    )
+    assert (
+        partial.is_dir() and foreign.is_dir()
+    )  # a conversion in progress and what the cache did not write
     assert (entries[1] / "model.safetensors").stat().st_size == 4096  # the kept copy is whole
 
 

@@ -43,10 +43,16 @@ def test_percent_encoding_outside_printable_ascii():
 def test_items():
     assert seed_header(7, "request") == '7;scope="request"'
     assert token("live", version=3) == "live;version=3"
-    assert token("profile", name='a "b"', scope="request") == 'profile;name="a \\"b\\"";scope="request"'
+    assert (
+        token("profile", name='a "b"', scope="request")
+        == 'profile;name="a \\"b\\"";scope="request"'
+    )
 
 
-@pytest.mark.parametrize("value, strict", [(None, False), ("true", True), ("1", True), ("TRUE", True), ("false", False), ("0", False)])
+@pytest.mark.parametrize(
+    "value, strict",
+    [(None, False), ("true", True), ("1", True), ("TRUE", True), ("false", False), ("0", False)],
+)
 def test_strict_values(value, strict):
     assert strict_mode(value) is strict
 

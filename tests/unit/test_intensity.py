@@ -19,7 +19,17 @@ from millm.interp.steering import STRENGTH_LIMIT as STEERING_LIMIT
 CLUSTER_MIN, CIRCUIT_MIN, MAX = 0.5, 0.0, 2.0
 
 
-@pytest.mark.parametrize("raw, dial", [(0, Dial(value=0.0)), (1.5, Dial(value=1.5)), (2, Dial(value=2.0)), ("off", Dial(symbol="off")), ("min", Dial(symbol="min")), ("max", Dial(symbol="max"))])
+@pytest.mark.parametrize(
+    "raw, dial",
+    [
+        (0, Dial(value=0.0)),
+        (1.5, Dial(value=1.5)),
+        (2, Dial(value=2.0)),
+        ("off", Dial(symbol="off")),
+        ("min", Dial(symbol="min")),
+        ("max", Dial(symbol="max")),
+    ],
+)
 def test_parse(raw, dial):
     assert parse_dial(raw) == dial
 
@@ -78,13 +88,31 @@ def test_circuit_rule(dial, declared, expected):
 
 @pytest.mark.parametrize(
     "strength, sign, intensity, expected",
-    [(10, 1, 1.5, 15.0), (10, -1, 1.5, -15.0), (150, 1, 2.0, 200.0), (-150, 1, 2.0, -200.0), (300, -1, 1.0, -200.0), (40, 1, 0.0, 0.0)],
+    [
+        (10, 1, 1.5, 15.0),
+        (10, -1, 1.5, -15.0),
+        (150, 1, 2.0, 200.0),
+        (-150, 1, 2.0, -200.0),
+        (300, -1, 1.0, -200.0),
+        (40, 1, 0.0, 0.0),
+    ],
 )
 def test_applied_strength_is_clamped(strength, sign, intensity, expected):
     assert applied_strength(strength, sign, intensity) == expected
 
 
-@pytest.mark.parametrize("value, expected", [(0.0, 0.0), (199.5, 199.5), (200.0, 200.0), (200.5, 200.0), (-200.5, -200.0), (1e9, 200.0), (-1e9, -200.0)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.0, 0.0),
+        (199.5, 199.5),
+        (200.0, 200.0),
+        (200.5, 200.0),
+        (-200.5, -200.0),
+        (1e9, 200.0),
+        (-1e9, -200.0),
+    ],
+)
 def test_clamp_strength(value, expected):
     assert clamp_strength(value) == expected
     assert STRENGTH_LIMIT == STEERING_LIMIT == 200.0  # one limit, whichever module it is read from
@@ -94,16 +122,27 @@ def test_clamp_strength(value, expected):
 @pytest.mark.parametrize("declared", [None, (0.5, 1.5), (0.2, 5.0)])
 def test_the_two_rules_differ_only_in_the_low_clamp(dial, declared):
     parsed = parse_dial(dial)
-    assert cluster_lambda(parsed, declared, 0.5, MAX) == dial_lambda(parsed, declared, 0.5, MAX, clamp_low=False)
-    assert circuit_lambda(parsed, declared, 0.5, MAX) == dial_lambda(parsed, declared, 0.5, MAX, clamp_low=True)
+    assert cluster_lambda(parsed, declared, 0.5, MAX) == dial_lambda(
+        parsed, declared, 0.5, MAX, clamp_low=False
+    )
+    assert circuit_lambda(parsed, declared, 0.5, MAX) == dial_lambda(
+        parsed, declared, 0.5, MAX, clamp_low=True
+    )
     # With the same floor, the rules agree wherever the number is not below the range.
     lo = declared[0] if declared else 0.5
     if parsed.symbol or parsed.value == 0 or parsed.value >= lo:
-        assert cluster_lambda(parsed, declared, 0.5, MAX) == circuit_lambda(parsed, declared, 0.5, MAX)
+        assert cluster_lambda(parsed, declared, 0.5, MAX) == circuit_lambda(
+            parsed, declared, 0.5, MAX
+        )
     else:
-        assert (cluster_lambda(parsed, declared, 0.5, MAX), circuit_lambda(parsed, declared, 0.5, MAX)) == (parsed.value, lo)
+        assert (
+            cluster_lambda(parsed, declared, 0.5, MAX),
+            circuit_lambda(parsed, declared, 0.5, MAX),
+        ) == (parsed.value, lo)
 
 
-@pytest.mark.parametrize("value, text", [(1.5, "1.5"), (0.5, "0.5"), (2.0, "2.0"), (0.0, "0.0"), (1.23456, "1.235")])
+@pytest.mark.parametrize(
+    "value, text", [(1.5, "1.5"), (0.5, "0.5"), (2.0, "2.0"), (0.0, "0.0"), (1.23456, "1.235")]
+)
 def test_echo(value, text):
     assert echo(value) == text

@@ -41,7 +41,9 @@ def test_a_job_reports_progress_and_eta_then_its_result():
     assert running.eta_s is not None and running.eta_s >= 0
     go.set()
     ended = wait_ended(book, view.id)
-    assert ended.state is JobState.SUCCEEDED and ended.result == {"answer": 42} and ended.eta_s is None
+    assert (
+        ended.state is JobState.SUCCEEDED and ended.result == {"answer": 42} and ended.eta_s is None
+    )
     assert ended.finished_at is not None and ended.finished_at >= ended.started_at
 
 
@@ -72,7 +74,12 @@ def test_a_failing_job_keeps_the_error_in_the_api_shape():
     view = book.start("test", "fails", 1, "texts", work)
     ended = wait_ended(book, view.id)
     assert ended.state is JobState.FAILED
-    assert ended.error == {"message": "texts[3] is empty", "type": "invalid_request_error", "param": "texts", "code": "invalid_parameter"}
+    assert ended.error == {
+        "message": "texts[3] is empty",
+        "type": "invalid_request_error",
+        "param": "texts",
+        "code": "invalid_parameter",
+    }
 
 
 def test_pace_waits_three_times_the_work_at_a_quarter_share_only_while_serving():

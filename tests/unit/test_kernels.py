@@ -4,7 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from millm.engine.kernels import DENSE_ROWS, KernelPlan, int4_linear, prepack_supported, prepacked_linear, q4_1_codes
+from millm.engine.kernels import (
+    DENSE_ROWS,
+    KernelPlan,
+    int4_linear,
+    prepack_supported,
+    prepacked_linear,
+    q4_1_codes,
+)
 
 
 def q4_1_weight(out_features=64, in_features=128, seed=0):
@@ -15,7 +22,9 @@ def q4_1_weight(out_features=64, in_features=128, seed=0):
     codes[..., 0], codes[..., 1] = 0, 15  # Q4_1 puts the block's minimum at 0 and maximum at 15
     d = (torch.rand(out_features, blocks, 1, generator=generator) * 0.01 + 0.001).half().float()
     m = (torch.randn(out_features, blocks, 1, generator=generator) * 0.05).half().float()
-    return (m + d * codes).reshape(out_features, in_features), codes.reshape(out_features, in_features)
+    return (m + d * codes).reshape(out_features, in_features), codes.reshape(
+        out_features, in_features
+    )
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -28,7 +37,9 @@ def test_prepacked_equals_dense(dtype, tolerance, rows):
     x = torch.randn(rows, 5, 64, dtype=dtype)
     got = prepacked_linear(weight, bias)(x)
     assert got.shape == (rows, 5, 96)
-    assert torch.allclose(got.float(), F.linear(x, weight, bias).float(), atol=tolerance, rtol=tolerance)
+    assert torch.allclose(
+        got.float(), F.linear(x, weight, bias).float(), atol=tolerance, rtol=tolerance
+    )
 
 
 def test_q4_1_codes_are_recovered_exactly():
@@ -68,7 +79,9 @@ def test_plan_takes_int4_only_for_q4_weights_in_bfloat16():
     assert fp32.counts["int4"] == 0 and fp32.description == "prepacked x1"
 
 
-@pytest.mark.skipif(not prepack_supported(torch.bfloat16), reason="bf16 pre-packing needs AVX-512 or AVX-NE-CONVERT")
+@pytest.mark.skipif(
+    not prepack_supported(torch.bfloat16), reason="bf16 pre-packing needs AVX-512 or AVX-NE-CONVERT"
+)
 def test_a_wide_pass_runs_on_the_bf16_copy_of_the_int4_weights():
     weight, _ = q4_1_weight()
     codes = q4_1_codes(weight)
@@ -91,4 +104,3 @@ def test_a_fixed_plan_gives_every_weight_the_plain_kernel():
     x = torch.randn(3, 64)
     assert torch.equal(fixed.linear(weight)(x), torch.nn.functional.linear(x, weight))
     assert fixed.counts == {"int4": 0, "prepacked": 0, "dense": 1} and not fixed.int4
-

@@ -33,7 +33,9 @@ def store(tmp_path):
 
 
 def plain(labels: dict[int, str | dict]) -> LabelDocument:
-    return read_document(json.dumps({str(k): v for k, v in labels.items()}).encode(), "application/json")
+    return read_document(
+        json.dumps({str(k): v for k, v in labels.items()}).encode(), "application/json"
+    )
 
 
 @pytest.mark.parametrize(
@@ -41,7 +43,10 @@ def plain(labels: dict[int, str | dict]) -> LabelDocument:
     [
         ("pirate", '"pirate"*'),
         ("Pirate  SHIP", '"pirate"* OR "ship"*'),
-        ('a "quoted" *star NEAR(x, y) AND OR -not', '"a"* OR "quoted"* OR "star"* OR "near"* OR "x"* OR "y"* OR "and"* OR "or"* OR "not"*'),
+        (
+            'a "quoted" *star NEAR(x, y) AND OR -not',
+            '"a"* OR "quoted"* OR "star"* OR "near"* OR "x"* OR "y"* OR "and"* OR "or"* OR "not"*',
+        ),
         ("snake_case café", '"snake"* OR "case"* OR "café"*'),
         ("ship ship", '"ship"*'),
         ("", None),
@@ -57,7 +62,12 @@ RANKED = [
     (1, "cargo ship", "x", ("", "")),
     (2, "music and melody", "x", ("", "")),
     (3, "ship of the line", "x", ("", "")),
-    (4, "weather", "x", ("", "pirates sail the seas")),  # the word only in an example: ranks, below a label
+    (
+        4,
+        "weather",
+        "x",
+        ("", "pirates sail the seas"),
+    ),  # the word only in an example: ranks, below a label
 ]
 
 
@@ -66,10 +76,14 @@ def test_search_ranks_by_relevance():
     # A query matching all of one label's words ranks it first; the partial matches follow, the non-matches never come.
     found = index.search("pirate captain ship", 10)
     assert found[0].index == 0 and {f.index for f in found} == {0, 1, 3, 4}
-    assert [f.score for f in found] == sorted((f.score for f in found), reverse=True)  # larger is better
+    assert [f.score for f in found] == sorted(
+        (f.score for f in found), reverse=True
+    )  # larger is better
     # A word in some labels ranks those, and only those.
     assert {f.index for f in index.search("ship", 10)} == {0, 1, 3}
-    assert [f.index for f in index.search("melody ship", 10)][0] == 2 and 4 not in [f.index for f in index.search("melody ship", 10)]
+    assert [f.index for f in index.search("melody ship", 10)][0] == 2 and 4 not in [
+        f.index for f in index.search("melody ship", 10)
+    ]
     # Stemming and prefixes: "pirates" and "pir" find "pirate"; a word in the label outranks one in the other text.
     assert [f.index for f in index.search("pirates", 10)] == [0, 4]
     assert [f.index for f in index.search("pir", 10)] == [0, 4]
@@ -78,7 +92,26 @@ def test_search_ranks_by_relevance():
     index.close()
 
 
-@pytest.mark.parametrize("query", ['"', '"pirate', "pirate*", "*", "NEAR(pirate ship)", "pirate AND", "OR", "(", ")", "^ship", "ship:", "col:pirate", "'; DROP TABLE labels; --", "\x00", "é" * 3])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '"pirate',
+        "pirate*",
+        "*",
+        "NEAR(pirate ship)",
+        "pirate AND",
+        "OR",
+        "(",
+        ")",
+        "^ship",
+        "ship:",
+        "col:pirate",
+        "'; DROP TABLE labels; --",
+        "\x00",
+        "é" * 3,
+    ],
+)
 def test_fts_syntax_in_the_query_never_errors(query):
     index = LabelIndex(RANKED)
     index.search(query, 10)
@@ -91,7 +124,11 @@ def test_replace_merge_and_clear_count_and_persist(store, tmp_path):
     assert (counts.imported, counts.replaced, counts.skipped, counts.total) == (2, 0, 1, 2)
     counts = book.merge("sae_a", plain({2: "TWO", 5: "five"}))
     assert (counts.imported, counts.replaced, counts.total) == (2, 1, 3)
-    assert {i: e["label"] for i, e in book.entries("sae_a").items()} == {1: "one", 2: "TWO", 5: "five"}
+    assert {i: e["label"] for i, e in book.entries("sae_a").items()} == {
+        1: "one",
+        2: "TWO",
+        5: "five",
+    }
     counts = book.replace("sae_a", plain({9: "nine"}))
     assert (counts.replaced, counts.total) == (3, 1)
     assert book.entries("sae_b") == {}
@@ -113,7 +150,10 @@ def test_a_write_is_seen_by_the_next_search(store):
 def test_an_empty_query_lists_every_label_by_index(store):
     book = LabelBook(store)
     book.replace("sae_a", plain({7: "seven", 2: "two", 4: "four"}))
-    assert [(f.index, f.score, f.source) for f in book.search("sae_a", "", 2)] == [(2, None, "plain"), (4, None, "plain")]
+    assert [(f.index, f.score, f.source) for f in book.search("sae_a", "", 2)] == [
+        (2, None, "plain"),
+        (4, None, "plain"),
+    ]
     assert [f.index for f in book.search("sae_a", " ** ", 10)] == [2, 4, 7]
 
 
@@ -129,7 +169,9 @@ def test_kept_sets_are_bounded(store):
 
 def test_searches_from_several_threads(store):
     book = LabelBook(store)
-    book.replace("sae_a", plain({i: f"label {i} {'pirate' if i % 3 == 0 else 'sea'}" for i in range(300)}))
+    book.replace(
+        "sae_a", plain({i: f"label {i} {'pirate' if i % 3 == 0 else 'sea'}" for i in range(300)})
+    )
     errors: list[BaseException] = []
 
     def search():
@@ -152,7 +194,11 @@ def test_an_sae_files_labels_are_seeded_once(store, tmp_path):
     book = LabelBook(store)
     book.seed(info)
     entries = book.entries(info.id)
-    assert len(entries) == 16 and entries[10] == {"label": "feature 10 paris", "top_tokens": ["tok10"], "source": "sae_file"}
+    assert len(entries) == 16 and entries[10] == {
+        "label": "feature 10 paris",
+        "top_tokens": ["tok10"],
+        "source": "sae_file",
+    }
     book.clear(info.id)
     book.seed(info)  # cleared by a user: not brought back
     assert book.count(info.id) == 0
@@ -170,7 +216,10 @@ def test_an_sae_file_with_labels_past_its_width_is_refused(store, tmp_path):
     directory = build_saelens(tmp_path / "sae", d_sae=16)
     (directory / "feature_labels.json").write_text(json.dumps({"3": "x", "16": "too far"}))
     info, _ = read_sae(directory)
-    with pytest.raises(SAEFormatError, match=r"feature_labels.json: entry '16': feature 16 is past the SAE's width \(16 features"):
+    with pytest.raises(
+        SAEFormatError,
+        match=r"feature_labels.json: entry '16': feature 16 is past the SAE's width \(16 features",
+    ):
         LabelBook(store).seed(info)
     assert not labels_seeded(store, info.id)
 
@@ -187,7 +236,9 @@ def test_neighbours_are_the_highest_decoder_cosines(tmp_path):
     found = neighbours(decoder, 7, 10)
     assert [i for i, _ in found] == expected
     assert np.allclose([c for _, c in found], cosines[expected].numpy(), atol=1e-5)
-    assert decoder.norms[7] == pytest.approx(float(rows[7].norm()), rel=1e-6) and decoder.norms[5] == 0
+    assert (
+        decoder.norms[7] == pytest.approx(float(rows[7].norm()), rel=1e-6) and decoder.norms[5] == 0
+    )
     assert [c for i, c in neighbours(decoder, 5, 127)] == [0.0] * 127
     assert len(neighbours(decoder, 0, 1000)) == 127
 
@@ -207,10 +258,18 @@ def test_the_decoder_cache_is_bounded_and_reads_a_registered_sae_from_its_file(t
 
 
 def test_the_store_merges_past_one_in_list(store):
-    assert replace_labels(store, "sae_a", [(i, f"l{i}", "plain", {}) for i in range(1200)]) == (0, 1200)
-    assert merge_labels(store, "sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]) == (100, 1300)
+    assert replace_labels(store, "sae_a", [(i, f"l{i}", "plain", {}) for i in range(1200)]) == (
+        0,
+        1200,
+    )
+    assert merge_labels(
+        store, "sae_a", [(i, "new", "mistudio", {"method": "m"}) for i in range(1100, 1300)]
+    ) == (100, 1300)
     rows = label_rows(store, "sae_a")
-    assert [r.feature for r in rows] == list(range(1300)) and (rows[1150].label, rows[1150].detail) == ("new", {"method": "m"})
+    assert [r.feature for r in rows] == list(range(1300)) and (
+        rows[1150].label,
+        rows[1150].detail,
+    ) == ("new", {"method": "m"})
 
 
 def test_a_search_holding_an_index_survives_a_write(store):
@@ -218,7 +277,9 @@ def test_a_search_holding_an_index_survives_a_write(store):
     book.replace("sae_a", plain({1: "pirate ship"}))
     book.search("sae_a", "pirate", 5)
     held = book._set("sae_a").index
-    book.merge("sae_a", plain({2: "pirate radio"}))  # drops the cached set while a search may still hold its index
+    book.merge(
+        "sae_a", plain({2: "pirate radio"})
+    )  # drops the cached set while a search may still hold its index
     assert held is not None and [f.index for f in held.search("pirate", 5)] == [1]
     assert sorted(f.index for f in book.search("sae_a", "pirate", 5)) == [1, 2]
 
@@ -229,4 +290,6 @@ def test_sae_registered_before_labels_were_stored_get_their_own_at_start(store, 
     info, _ = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
     add_sae(store, info.to_dict())  # as an older version left it: registered, no labels stored
     registry = SAERegistry(store, tmp_path / "hub", LabelBook(store))
-    assert len(registry.labels(info.id)) == 16 and registry.labels(info.id)[3]["source"] == "sae_file"
+    assert (
+        len(registry.labels(info.id)) == 16 and registry.labels(info.id)[3]["source"] == "sae_file"
+    )

@@ -22,7 +22,9 @@ def test_a_tool_takes_its_routes_parameters_and_body(tool):
     for name, param in route_params.items():
         theirs, mine = param["schema"], ours[name]
         assert bounds(theirs) == bounds(mine), name
-        assert param.get("required", False) == (name in tool.params.model_json_schema().get("required", []))
+        assert param.get("required", False) == (
+            name in tool.params.model_json_schema().get("required", [])
+        )
     assert ("requestBody" in operation) == (tool.body is not None)
     schema = input_schema(OPENAPI, tool)
     body = set(tool.body.model_fields) - tool.omit if tool.body is not None else set()
@@ -35,7 +37,11 @@ def test_a_tool_takes_its_routes_parameters_and_body(tool):
 
 def bounds(schema: dict) -> dict:
     # FastAPI leaves out a default of null; pydantic states it.
-    return {key: schema[key] for key in BOUNDS if key in schema and not (key == "default" and schema[key] is None)}
+    return {
+        key: schema[key]
+        for key in BOUNDS
+        if key in schema and not (key == "default" and schema[key] is None)
+    }
 
 
 def _refs(node):

@@ -12,8 +12,21 @@ import pytest
 from millm.engine.jobs import EmbeddingJob, EmbeddingsReady, JobFailed
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import resolve_source
-from millm.errors import Conflict, InsufficientMemoryToLoad, InvalidRequest, ModelNotFound, ModelSourceError, UnsupportedQuantization
-from millm.service.models.checkpoints import Checkpoint, DeviceMemory, check_memory, check_quantization, inspect
+from millm.errors import (
+    Conflict,
+    InsufficientMemoryToLoad,
+    InvalidRequest,
+    ModelNotFound,
+    ModelSourceError,
+    UnsupportedQuantization,
+)
+from millm.service.models.checkpoints import (
+    Checkpoint,
+    DeviceMemory,
+    check_memory,
+    check_quantization,
+    inspect,
+)
 from millm.service.models.registry import ModelRegistry
 from millm.service.models.slot import ModelSlot, current_lease, request_scope
 from millm.store.database import Store, database_url
@@ -45,11 +58,15 @@ def _bad_header(directory):
 
 def _header_lies(directory):
     header = json.dumps({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 32]}}).encode()
-    (directory / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 32)
+    (directory / "model.safetensors").write_bytes(
+        len(header).to_bytes(8, "little") + header + b"\0" * 32
+    )
 
 
 def _index_names_a_missing_shard(directory):
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00002-of-00002.safetensors"}}))
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-00002-of-00002.safetensors"}})
+    )
 
 
 def _config_is_a_list(directory):
@@ -60,11 +77,23 @@ def _config_is_a_list(directory):
     "spoil, words",
     [
         (model_dirs.truncate, "is truncated: the file has"),
-        (lambda d: model_dirs.truncate(d, keep=0.001), "bytes, not the size its header describes"),  # cut inside the header
-        (lambda d: (d / "model.safetensors").open("ab").write(b"\0" * 8), "is truncated: the file has"),  # bytes past its data
+        (
+            lambda d: model_dirs.truncate(d, keep=0.001),
+            "bytes, not the size its header describes",
+        ),  # cut inside the header
+        (
+            lambda d: (d / "model.safetensors").open("ab").write(b"\0" * 8),
+            "is truncated: the file has",
+        ),  # bytes past its data
         (_bad_header, "is not a valid safetensors file (header too large)"),
-        (_header_lies, "is not a valid safetensors file (invalid shape, data type, or offset for tensor)"),
-        (_index_names_a_missing_shard, "lacks weight files its model.safetensors.index.json names: model-00002-of-00002"),
+        (
+            _header_lies,
+            "is not a valid safetensors file (invalid shape, data type, or offset for tensor)",
+        ),
+        (
+            _index_names_a_missing_shard,
+            "lacks weight files its model.safetensors.index.json names: model-00002-of-00002",
+        ),
         (_config_is_a_list, "config.json in"),
         (lambda d: (d / "config.json").write_text("{ nope"), "is not valid JSON"),
         (lambda d: (d / "model.safetensors").unlink(), "has no weight files"),
@@ -84,7 +113,11 @@ def write_gguf(path):
     writer.add_block_count(1)
     writer.add_token_list(["a", "bb", "ccc"])  # an array of strings: the parser must walk it
     writer.add_tensor("dense", np.ones((4, 8), dtype=np.float32))
-    writer.add_tensor("quantized", gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor(
+        "quantized",
+        gguf.quants.quantize(np.ones((2, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+    )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -95,15 +128,25 @@ def write_gguf(path):
 def test_gguf_tensor_table_matches_the_gguf_library(tmp_path):
     path = write_gguf(tmp_path / "m.gguf")
     checkpoint = inspect(source(path, tmp_path))
-    assert checkpoint.parameters == sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors) == 32 + 128
+    assert (
+        checkpoint.parameters
+        == sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+        == 32 + 128
+    )
     assert checkpoint.config == {}
 
 
 @pytest.mark.parametrize(
     "spoil, words",
     [
-        (lambda data: data[:-40], r"is not a whole GGUF file \(truncated or corrupt: "),  # the last tensor's data cut short
-        (lambda data: data[:200], r"is not a whole GGUF file \(truncated or corrupt: "),  # cut inside the metadata
+        (
+            lambda data: data[:-40],
+            r"is not a whole GGUF file \(truncated or corrupt: ",
+        ),  # the last tensor's data cut short
+        (
+            lambda data: data[:200],
+            r"is not a whole GGUF file \(truncated or corrupt: ",
+        ),  # cut inside the metadata
         (lambda data: b"GGML" + data[4:], "is not a GGUF file$"),
         (lambda data: b"", "is not a GGUF file$"),
     ],
@@ -121,9 +164,15 @@ def test_gguf_files_that_are_not_whole(tmp_path, spoil, words):
 @pytest.mark.parametrize(
     "quantization, words",
     [
-        ({"quant_method": "gptq", "bits": 2, "group_size": 128}, "gptq 2-bit, which this server cannot run: 2-bit and narrower"),
+        (
+            {"quant_method": "gptq", "bits": 2, "group_size": 128},
+            "gptq 2-bit, which this server cannot run: 2-bit and narrower",
+        ),
         ({"quant_method": "aqlm", "weight_bits": 1}, "aqlm 1-bit"),
-        ({"load_in_4bit": True}, "bitsandbytes 4-bit, which this server cannot run: miLLM's engine runs float weights"),
+        (
+            {"load_in_4bit": True},
+            "bitsandbytes 4-bit, which this server cannot run: miLLM's engine runs float weights",
+        ),
         ({"quant_method": "awq", "bits": 4}, "awq 4-bit"),
         ({"quant_method": "fp8"}, "quantized as fp8,"),
         ("int4", "quantization_config that is not an object"),
@@ -132,7 +181,11 @@ def test_gguf_files_that_are_not_whole(tmp_path, spoil, words):
 def test_quantized_transformers_checkpoints_are_refused(quantization, words):
     with pytest.raises(UnsupportedQuantization) as caught:
         check_quantization("m", Checkpoint(10, 40, {"quantization_config": quantization}))
-    assert words in caught.value.message and caught.value.status == 400 and caught.value.param == "model"
+    assert (
+        words in caught.value.message
+        and caught.value.status == 400
+        and caught.value.param == "model"
+    )
 
 
 def test_float_checkpoints_and_gguf_files_pass_the_quantization_check():
@@ -166,9 +219,17 @@ def test_check_memory_reports_the_figures_of_the_device():
     error = caught.value
     assert (error.status, error.code) == (503, "insufficient_memory")
     [figures] = error.to_dict()["devices"]
-    assert figures["needed_bytes"] == 2**50 and figures["reclaimable_bytes"] == 123 and figures["limit_bytes"] == 10**6
+    assert (
+        figures["needed_bytes"] == 2**50
+        and figures["reclaimable_bytes"] == 123
+        and figures["limit_bytes"] == 10**6
+    )
     assert 0 < figures["free_bytes"] <= psutil.virtual_memory().total
-    assert "cpu has" in error.message and "MILLM_MEMORY_LIMIT_BYTES caps" in error.message and "'old' stays loaded" in error.message
+    assert (
+        "cpu has" in error.message
+        and "MILLM_MEMORY_LIMIT_BYTES caps" in error.message
+        and "'old' stays loaded" in error.message
+    )
 
 
 # the registry --------------------------------------------------------------------------------------------
@@ -199,7 +260,11 @@ def test_registration_refusals(tiny_dirs, tmp_path):
     store = Store(database_url(tmp_path, None))
     registry = ModelRegistry(store, tmp_path / "hub")
     garbage = model_dirs.garbage_config(tiny_dirs["llama"], tmp_path / "garbage")
-    for reference in (str(garbage), str(tmp_path / "missing"), str(tiny_dirs["llama"] / "config.json")):
+    for reference in (
+        str(garbage),
+        str(tmp_path / "missing"),
+        str(tiny_dirs["llama"] / "config.json"),
+    ):
         with pytest.raises(InvalidRequest) as caught:
             registry.register(reference, None)
         assert caught.value.code == "invalid_model_source" and reference in caught.value.message
@@ -224,7 +289,9 @@ def test_the_start_up_model_is_registered_and_follows_the_operator(tiny_dirs, tm
     first = registry.ensure("served", source(tiny_dirs["llama"], tmp_path))
     assert registry.ensure("served", source(tiny_dirs["llama"], tmp_path)) == first
     moved = registry.ensure("served", source(tiny_dirs["gemma2"], tmp_path))
-    assert moved.reference == str(tiny_dirs["gemma2"]) and moved.registered_at == first.registered_at
+    assert (
+        moved.reference == str(tiny_dirs["gemma2"]) and moved.registered_at == first.registered_at
+    )
     store.close()
 
 
@@ -233,7 +300,9 @@ def test_registrations_on_postgres(tiny_dirs, tmp_path):
     postgres = PostgresServer()
     try:
         store = Store(postgres.url)
-        entry, _ = ModelRegistry(store, tmp_path / "hub").register(str(tiny_dirs["llama"]), "pg-model")
+        entry, _ = ModelRegistry(store, tmp_path / "hub").register(
+            str(tiny_dirs["llama"]), "pg-model"
+        )
         set_setting(store, "model_lock", "pg-model")
         store.close()
         again = Store(postgres.url)

@@ -33,7 +33,9 @@ def monitored(tmp_path):
 
 def capture(row: int = 0) -> ResidualsRead:
     """A finished row's capture, encoded already (as the scheduler thread hands it over)."""
-    return ResidualsRead(row, "monitoring", (7,), (42,), None, encoded=[[{"index": 3, "value": 1.5}]])
+    return ResidualsRead(
+        row, "monitoring", (7,), (42,), None, encoded=[[{"index": 3, "value": 1.5}]]
+    )
 
 
 def wait_until(condition, timeout=10.0):
@@ -48,14 +50,18 @@ def test_settings_are_refused_by_location_and_change_nothing(monitored):
     before = monitor.describe(attached)
     for changes, param, needle in [
         ({"top_k": 65}, "top_k", "less than or equal to 64, got 65"),
-        ({"positions": "middle"}, "positions", "got \"middle\""),
+        ({"positions": "middle"}, "positions", 'got "middle"'),
         ({"enabled": 1}, "enabled", "valid boolean"),
         ({"features": [1, -1]}, "features[1]", "greater than or equal to 0"),
         ({"colour": "blue"}, "colour", "unknown key"),
     ]:
         with pytest.raises(InvalidRequest) as info:
             monitor.configure(changes, attached, lambda _: None)
-        assert info.value.param == param and info.value.message.startswith(f"{param}: ") and needle in info.value.message
+        assert (
+            info.value.param == param
+            and info.value.message.startswith(f"{param}: ")
+            and needle in info.value.message
+        )
     assert monitor.describe(attached) == before
 
 
@@ -63,13 +69,19 @@ def test_past_its_bound_the_queue_drops_and_counts(monitored, caplog):
     monitor, hand_over, attached = monitored
     with monitor._lock:  # holding the monitor's lock stalls its worker, as a slow record would
         hand_over(capture())
-        wait_until(lambda: monitor.describe(attached)["queue"]["pending"] == 0)  # the worker holds it
+        wait_until(
+            lambda: monitor.describe(attached)["queue"]["pending"] == 0
+        )  # the worker holds it
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="millm.service.features.monitoring"):
             for row in range(BACKLOG + 4):
                 hand_over(capture(row))
         assert time.monotonic() - started < 1.0  # never waits for the stalled worker
-        assert monitor.describe(attached)["queue"] == {"pending": BACKLOG, "max": BACKLOG, "dropped": 4}
+        assert monitor.describe(attached)["queue"] == {
+            "pending": BACKLOG,
+            "max": BACKLOG,
+            "dropped": 4,
+        }
     monitor.flush()
     assert monitor.statistics()["requests"] == 1 + BACKLOG
     warnings = [r for r in caplog.records if "monitoring cannot keep up" in r.getMessage()]

@@ -21,7 +21,11 @@ def matched(seed: int = 0) -> SAEWeights:
 def saes():
     weights = matched()
     threshold = torch.rand(128, generator=torch.Generator().manual_seed(3)) * 0.2
-    return {"standard": StandardSAE(weights), "jumprelu": JumpReLUSAE(weights, threshold), "topk": TopKSAE(weights, 8)}
+    return {
+        "standard": StandardSAE(weights),
+        "jumprelu": JumpReLUSAE(weights, threshold),
+        "topk": TopKSAE(weights, 8),
+    }
 
 
 def residual(rows: int = 12, seed: int = 1) -> torch.Tensor:
@@ -35,7 +39,10 @@ def test_clamps_read_back_their_targets_together_at_every_position(kind):
     edited = hold(sae, "s", [Held(i, t) for i, t in targets.items()])(residual())
     read = sae.encode(edited)
     for index, target in targets.items():
-        assert torch.allclose(read[:, index], torch.full((12,), target), atol=1e-4), (index, read[:, index])
+        assert torch.allclose(read[:, index], torch.full((12,), target), atol=1e-4), (
+            index,
+            read[:, index],
+        )
 
 
 def test_one_clamp_is_the_closed_form():
@@ -51,7 +58,9 @@ def test_ablate_zeroes_where_it_fires_and_leaves_silent_positions_bit_identical(
     sae = saes()[kind]
     x = residual(rows=40)
     before = sae.encode(x)
-    index = int((before > 0).sum(0).argmax())  # a feature that fires at some positions and not at others
+    index = int(
+        (before > 0).sum(0).argmax()
+    )  # a feature that fires at some positions and not at others
     firing = before[:, index] > 0
     assert 0 < int(firing.sum()) < 40
     edited = hold(sae, "s", [Held(index, 0.0)])(x)
@@ -77,7 +86,9 @@ def test_an_ablated_feature_another_clamp_would_wake_is_held_at_zero():
 def test_topk_holds_the_pre_activation_and_reads_the_target_where_it_ranks():
     sae = saes()["topk"]
     x = residual(rows=30)
-    target = float(sae.pre_activation(x).topk(8).values[:, -1].median())  # about the 8th largest: kept at some positions only
+    target = float(
+        sae.pre_activation(x).topk(8).values[:, -1].median()
+    )  # about the 8th largest: kept at some positions only
     edited = hold(sae, "s", [Held(4, target)])(x)
     pre = sae.pre_activation(edited)
     assert torch.allclose(pre[:, 4], torch.full((30,), target), atol=1e-4)
@@ -136,7 +147,9 @@ def test_a_feature_whose_encoder_misses_its_decoder_is_refused():
     cosine = torch.nn.functional.cosine_similarity(weights.W_enc.T, weights.W_dec, dim=1)
     index = int(cosine.abs().argmin())
     assert abs(float(cosine[index])) < HOLD_COSINE_MIN
-    with pytest.raises(InvalidRequest, match=f"feature {index} of s has an encoder nearly orthogonal"):
+    with pytest.raises(
+        InvalidRequest, match=f"feature {index} of s has an encoder nearly orthogonal"
+    ):
         hold(StandardSAE(weights), "s", [Held(index, 1.0)])
 
 

@@ -57,12 +57,36 @@ def test_the_refusal_reads_the_same_whether_the_file_exists(tree):
     assert messages[0] == messages[1]
 
 
-@pytest.mark.parametrize("value, bad", [("sae/layer_3", False), ("", False), ("../x", True), ("a/../../b", True), ("/etc", True), ("~/x", True), ("C:/x", True), ("a/..", True)])
+@pytest.mark.parametrize(
+    "value, bad",
+    [
+        ("sae/layer_3", False),
+        ("", False),
+        ("../x", True),
+        ("a/../../b", True),
+        ("/etc", True),
+        ("~/x", True),
+        ("C:/x", True),
+        ("a/..", True),
+    ],
+)
 def test_paths_inside_a_repository_may_not_climb(value, bad):
     assert climbs(value) == bad
 
 
-@pytest.mark.parametrize("value, hub", [("owner/name", True), ("Owner/na.me-1", True), ("owner/..", False), ("../name", False), ("./name", False), ("/a/b", False), ("a/b/c", False), ("name", False)])
+@pytest.mark.parametrize(
+    "value, hub",
+    [
+        ("owner/name", True),
+        ("Owner/na.me-1", True),
+        ("owner/..", False),
+        ("../name", False),
+        ("./name", False),
+        ("/a/b", False),
+        ("a/b/c", False),
+        ("name", False),
+    ],
+)
 def test_hub_ids(value, hub):
     assert is_hub_id(value) == hub
 
@@ -70,7 +94,9 @@ def test_hub_ids(value, hub):
 def test_model_references(tree):
     root, policy = tree
     assert policy.model_reference(str(root / "allowed" / "sae")) is True  # local, inside
-    assert policy.model_reference("SmolLM2-135M-Instruct") is True  # the demo ships with the package
+    assert (
+        policy.model_reference("SmolLM2-135M-Instruct") is True
+    )  # the demo ships with the package
     assert policy.model_reference("owner/name") is False  # a hub id: looked up on the hub only
     with pytest.raises(PathNotAllowed):
         policy.model_reference(str(root / "outside"))

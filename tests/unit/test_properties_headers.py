@@ -23,7 +23,9 @@ THOUSANDTHS = st.integers(-999_999_999_999_999, 999_999_999_999_999)
 ASCII = st.text(PRINTABLE_ASCII, max_size=12)
 TOKENS = st.from_regex(r"[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]{0,8}", fullmatch=True)
 # Names from documents may hold anything; "%" is left out so that decoding is unambiguous.
-ANY_TEXT = st.text(st.characters(blacklist_characters="%", blacklist_categories=("Cs",)), max_size=12)
+ANY_TEXT = st.text(
+    st.characters(blacklist_characters="%", blacklist_categories=("Cs",)), max_size=12
+)
 
 
 @st.composite
@@ -86,7 +88,10 @@ def more(count: int) -> list[str]:
 
 
 # The count is drawn first so that long lists, which the cap cuts, are common.
-@given(st.integers(0, 60).flatmap(lambda n: st.lists(ASCII, min_size=n, max_size=n)), st.integers(64, 400))  # 64: the setting's least
+@given(
+    st.integers(0, 60).flatmap(lambda n: st.lists(ASCII, min_size=n, max_size=n)),
+    st.integers(64, 400),
+)  # 64: the setting's least
 def test_a_string_list_fits_its_cap_keeps_the_longest_prefix_and_counts_the_rest(entries, cap):
     header = string_list(entries, cap)
     if not entries:

@@ -17,17 +17,34 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from millm.errors import InvalidRequest
-from millm.interp.intensity import DIAL_SCHEMA, ENVELOPE_MAX, Dial, applied_strength, circuit_lambda, cluster_lambda, echo, parse_dial
+from millm.interp.intensity import (
+    DIAL_SCHEMA,
+    ENVELOPE_MAX,
+    Dial,
+    applied_strength,
+    circuit_lambda,
+    cluster_lambda,
+    echo,
+    parse_dial,
+)
 
 DIALS = st.floats(0, ENVELOPE_MAX)
-SETTINGS = st.floats(0, ENVELOPE_MAX)  # CLUSTER/CIRCUIT_INTENSITY_MIN and STEERING_INTENSITY_MAX: 0–2
+SETTINGS = st.floats(
+    0, ENVELOPE_MAX
+)  # CLUSTER/CIRCUIT_INTENSITY_MIN and STEERING_INTENSITY_MAX: 0–2
 # A document declares [lo, hi] with 0 <= lo <= hi (mistudio.py); hi may pass the envelope.
 DECLARED = st.none() | st.tuples(st.floats(0, 5), st.floats(0, 5)).map(sorted).map(tuple)
 STRENGTHS = st.floats(-1e6, 1e6)
 SIGNS = st.sampled_from([1, -1])
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-3, 3) | st.sampled_from(["off", "min", "max", "MAX", "", "1"]),
-    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2),
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5)
+    | st.floats(-3, 3)
+    | st.sampled_from(["off", "min", "max", "MAX", "", "1"]),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2)
+    ),
     max_leaves=3,
 )
 RULES = {"cluster": cluster_lambda, "circuit": circuit_lambda}
@@ -62,7 +79,9 @@ def test_parse_dial_refuses_non_finite_numbers(raw):
 
 
 @given(st.sampled_from(sorted(RULES)), DIALS, DIALS, DECLARED, SETTINGS, SETTINGS)
-def test_lambda_is_within_zero_and_the_maximum_and_monotone_in_the_dial(rule, a, b, declared, floor, maximum):
+def test_lambda_is_within_zero_and_the_maximum_and_monotone_in_the_dial(
+    rule, a, b, declared, floor, maximum
+):
     low, high = sorted((a, b))
     resolve = RULES[rule]
     first, second = (resolve(Dial(value=v), declared, floor, maximum) for v in (low, high))
@@ -70,16 +89,22 @@ def test_lambda_is_within_zero_and_the_maximum_and_monotone_in_the_dial(rule, a,
 
 
 @given(DIALS, DECLARED, SETTINGS, SETTINGS)
-def test_cluster_rule_caps_above_only_and_symbols_go_to_the_range_ends(value, declared, floor, maximum):
+def test_cluster_rule_caps_above_only_and_symbols_go_to_the_range_ends(
+    value, declared, floor, maximum
+):
     lo, hi = bounds(declared, floor, maximum)
-    assert cluster_lambda(Dial(value=value), declared, floor, maximum) == min(value, hi)  # below the floor is honoured
+    assert cluster_lambda(Dial(value=value), declared, floor, maximum) == min(
+        value, hi
+    )  # below the floor is honoured
     assert cluster_lambda(Dial(symbol="min"), declared, floor, maximum) == lo
     assert cluster_lambda(Dial(symbol="max"), declared, floor, maximum) == hi
     assert cluster_lambda(Dial(symbol="off"), declared, floor, maximum) == 0.0
 
 
 @given(DIALS, DECLARED, SETTINGS, SETTINGS)
-def test_circuit_rule_clamps_at_both_ends_and_only_zero_goes_below_the_floor(value, declared, floor, maximum):
+def test_circuit_rule_clamps_at_both_ends_and_only_zero_goes_below_the_floor(
+    value, declared, floor, maximum
+):
     lo, hi = bounds(declared, floor, maximum)
     resolved = circuit_lambda(Dial(value=value), declared, floor, maximum)
     assert resolved == (0.0 if value == 0 else min(max(value, lo), hi))
@@ -89,7 +114,9 @@ def test_circuit_rule_clamps_at_both_ends_and_only_zero_goes_below_the_floor(val
 
 
 @given(STRENGTHS, SIGNS, DIALS, DIALS)
-def test_applied_strength_is_the_clamped_product_monotone_in_lambda_and_odd_in_the_sign(strength, sign, a, b):
+def test_applied_strength_is_the_clamped_product_monotone_in_lambda_and_odd_in_the_sign(
+    strength, sign, a, b
+):
     low, high = sorted((a, b))
     applied = applied_strength(strength, sign, low)
     assert -200.0 <= applied <= 200.0

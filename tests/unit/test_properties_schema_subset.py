@@ -12,31 +12,99 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from millm.errors import ResponseFormatUnsupported
-from millm.protocol.schema_subset import ANNOTATIONS, MAX_DEPTH, SUBSET_SCHEMA, SUPPORTED, TYPES, check_schema
+from millm.protocol.schema_subset import (
+    ANNOTATIONS,
+    MAX_DEPTH,
+    SUBSET_SCHEMA,
+    SUPPORTED,
+    TYPES,
+    check_schema,
+)
 
 # Property and $defs names include keyword look-alikes and the characters pointers escape.
-NAMES = st.one_of(st.sampled_from(["not", "type", "format", "a/b", "c~d", "~1"]), st.text("ab/~ é", min_size=1, max_size=4))
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=4))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=3)
+NAMES = st.one_of(
+    st.sampled_from(["not", "type", "format", "a/b", "c~d", "~1"]),
+    st.text("ab/~ é", min_size=1, max_size=4),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2)
+    ),
+    max_leaves=3,
+)
 COUNTS = st.integers(0, 50)
 BOUNDS = st.one_of(st.integers(-100, 100), st.floats(-1e6, 1e6, allow_nan=False))
 KEYWORDS = {
-    "type": st.one_of(st.sampled_from(sorted(TYPES)), st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=3, unique=True)),
-    "minItems": COUNTS, "maxItems": COUNTS, "minLength": COUNTS, "maxLength": COUNTS,
-    "minimum": BOUNDS, "maximum": BOUNDS,
-    "enum": st.lists(JSON, min_size=1, max_size=3), "const": JSON,
+    "type": st.one_of(
+        st.sampled_from(sorted(TYPES)),
+        st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=3, unique=True),
+    ),
+    "minItems": COUNTS,
+    "maxItems": COUNTS,
+    "minLength": COUNTS,
+    "maxLength": COUNTS,
+    "minimum": BOUNDS,
+    "maximum": BOUNDS,
+    "enum": st.lists(JSON, min_size=1, max_size=3),
+    "const": JSON,
     "pattern": st.sampled_from(["^[a-z]+$", "a|b", "[0-9]{2}", ""]),
     "required": st.lists(NAMES, max_size=3),
-    "title": st.text(max_size=5), "description": st.text(max_size=5), "default": JSON, "examples": st.lists(JSON, max_size=2),
+    "title": st.text(max_size=5),
+    "description": st.text(max_size=5),
+    "default": JSON,
+    "examples": st.lists(JSON, max_size=2),
 }
-assert set(KEYWORDS) == (SUPPORTED | ANNOTATIONS) - {"properties", "additionalProperties", "items", "anyOf", "$ref", "$defs"}
+assert set(KEYWORDS) == (SUPPORTED | ANNOTATIONS) - {
+    "properties",
+    "additionalProperties",
+    "items",
+    "anyOf",
+    "$ref",
+    "$defs",
+}
 # Every keyword of JSON Schema 2020-12 outside the subset (and one made up): each must be refused.
 REFUSED = [
-    "multipleOf", "exclusiveMinimum", "exclusiveMaximum", "not", "allOf", "oneOf", "if", "then", "else",
-    "format", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems", "unevaluatedItems",
-    "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired",
-    "dependentSchemas", "unevaluatedProperties", "$schema", "$id", "$anchor", "$dynamicRef", "$comment",
-    "contentEncoding", "contentMediaType", "readOnly", "deprecated", "x-made-up",
+    "multipleOf",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "not",
+    "allOf",
+    "oneOf",
+    "if",
+    "then",
+    "else",
+    "format",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "prefixItems",
+    "unevaluatedItems",
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedProperties",
+    "$schema",
+    "$id",
+    "$anchor",
+    "$dynamicRef",
+    "$comment",
+    "contentEncoding",
+    "contentMediaType",
+    "readOnly",
+    "deprecated",
+    "x-made-up",
 ]
 
 
@@ -54,7 +122,12 @@ def schemas(refs: list[str]):
     def extend(inner):
         # true/false are schemas too, wherever a subschema stands
         sub = inner | st.booleans()
-        nested = {"properties": st.dictionaries(NAMES, sub, max_size=3), "additionalProperties": sub, "items": sub, "anyOf": st.lists(sub, min_size=1, max_size=3)}
+        nested = {
+            "properties": st.dictionaries(NAMES, sub, max_size=3),
+            "additionalProperties": sub,
+            "items": sub,
+            "anyOf": st.lists(sub, min_size=1, max_size=3),
+        }
         return st.fixed_dictionaries({}, optional={**KEYWORDS, **nested})
 
     return st.recursive(leaf, extend, max_leaves=5)
@@ -86,12 +159,19 @@ def places(schema, path=()):
         yield from places(sub, (*path, "anyOf", str(i)))
 
 
-SERVED = Draft202012Validator({"$ref": "#/components/schemas/SchemaSubset", "components": {"schemas": {"SchemaSubset": SUBSET_SCHEMA}}})
+SERVED = Draft202012Validator(
+    {
+        "$ref": "#/components/schemas/SchemaSubset",
+        "components": {"schemas": {"SchemaSubset": SUBSET_SCHEMA}},
+    }
+)
 
 
 @given(documents())
 def test_schemas_of_supported_keywords_are_accepted_and_match_the_served_subset(schema):
-    assert max(len(path) for path, _ in places(schema)) < MAX_DEPTH  # within the limits by construction
+    assert (
+        max(len(path) for path, _ in places(schema)) < MAX_DEPTH
+    )  # within the limits by construction
     check_schema(schema)
     assert not [error.message for error in SERVED.iter_errors(schema)]
 
@@ -99,7 +179,9 @@ def test_schemas_of_supported_keywords_are_accepted_and_match_the_served_subset(
 @given(documents(), st.data())
 def test_a_refused_keyword_anywhere_is_refused_naming_its_pointer(schema, data):
     found = list(places(schema))
-    chosen = data.draw(st.lists(st.sampled_from(range(len(found))), min_size=1, max_size=3, unique=True))
+    chosen = data.draw(
+        st.lists(st.sampled_from(range(len(found))), min_size=1, max_size=3, unique=True)
+    )
     named = []
     for index in chosen:
         path, node = found[index]

@@ -30,7 +30,9 @@ def cases(draw):
     text = draw(texts)
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=8)))
     bounds = [0, *cuts, len(text)]
-    pieces = st.tuples(st.integers(0, len(text)), st.integers(1, 4)).map(lambda at: text[at[0] : at[0] + at[1]])
+    pieces = st.tuples(st.integers(0, len(text)), st.integers(1, 4)).map(
+        lambda at: text[at[0] : at[0] + at[1]]
+    )
     stops = draw(st.lists(st.one_of(pieces, st.text(ALPHABET, max_size=4)), max_size=4))
     if stops and draw(st.booleans()):  # a stop string inside another one
         outer = draw(st.sampled_from(stops))
@@ -51,7 +53,9 @@ def reference(text: str, stops: list[str]) -> tuple[str, bool]:
 
 def held_length(text: str, stops: list[str]) -> int:
     """The longest suffix of `text` that is a proper prefix of a stop string: all that may be held."""
-    return max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+    return max(
+        (k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0
+    )
 
 
 def stream(stops: list[str], deltas: list[str]) -> tuple[str, bool]:

@@ -15,7 +15,20 @@ from hypothesis import strategies as st
 from millm.service.serving.tools import OPEN, CallHoldback
 
 # Pieces of the markup (and of near misses) make partial and complete openings frequent.
-PIECES = [OPEN, "<tool_call", "<tool", "<", "tool_call>", "</tool_call>", "<tool_cal>", "{\"name\": \"f\"}", "a", " ", "\n", "é"]
+PIECES = [
+    OPEN,
+    "<tool_call",
+    "<tool",
+    "<",
+    "tool_call>",
+    "</tool_call>",
+    "<tool_cal>",
+    '{"name": "f"}',
+    "a",
+    " ",
+    "\n",
+    "é",
+]
 
 
 @st.composite

@@ -8,8 +8,17 @@ from millm.service.serving.activations import parse_read
 
 def test_defaults_duplicates_and_spans():
     read = parse_read({}, 64)
-    assert (read.sae_id, read.features, read.top_k, read.span, read.read_point) == (None, None, 8, "completion", "post_steering")
-    read = parse_read({"features": [3, 3, 1], "positions": {"start": 1, "end": 4}, "read_point": "pre_steering"}, 64)
+    assert (read.sae_id, read.features, read.top_k, read.span, read.read_point) == (
+        None,
+        None,
+        8,
+        "completion",
+        "post_steering",
+    )
+    read = parse_read(
+        {"features": [3, 3, 1], "positions": {"start": 1, "end": 4}, "read_point": "pre_steering"},
+        64,
+    )
     assert read.features == [3, 1] and read.span == (1, 4) and read.read_point == "pre_steering"
 
 
@@ -22,12 +31,32 @@ def test_defaults_duplicates_and_spans():
         ({"features": []}, "return_sae_activations.features", "at least 1 item"),
         ({"features": [2, True]}, "return_sae_activations.features[1]", "valid integer, got true"),
         ({"top_k": 2.0}, "return_sae_activations.top_k", "valid integer, got 2.0"),
-        ({"top_k": 65}, "return_sae_activations.top_k", "at most SAE_ACTIVATIONS_MAX_TOP_K (64), got 65"),
-        ({"positions": "middle"}, "return_sae_activations.positions", 'one of last, prompt, completion, all or {"start", "end"}, got "middle"'),
-        ({"positions": {"start": 5, "end": 5}}, "return_sae_activations.positions", "0 <= start < end, got start 5 and end 5"),
+        (
+            {"top_k": 65},
+            "return_sae_activations.top_k",
+            "at most SAE_ACTIVATIONS_MAX_TOP_K (64), got 65",
+        ),
+        (
+            {"positions": "middle"},
+            "return_sae_activations.positions",
+            'one of last, prompt, completion, all or {"start", "end"}, got "middle"',
+        ),
+        (
+            {"positions": {"start": 5, "end": 5}},
+            "return_sae_activations.positions",
+            "0 <= start < end, got start 5 and end 5",
+        ),
         ({"positions": {"start": 5}}, "return_sae_activations.positions.end", "required"),
-        ({"read_point": "inside"}, "return_sae_activations.read_point", "'post_steering' or 'pre_steering'"),
-        ({"top_k": 0, "read_point": "inside"}, "return_sae_activations.top_k", "(and 1 more problem)"),
+        (
+            {"read_point": "inside"},
+            "return_sae_activations.read_point",
+            "'post_steering' or 'pre_steering'",
+        ),
+        (
+            {"top_k": 0, "read_point": "inside"},
+            "return_sae_activations.top_k",
+            "(and 1 more problem)",
+        ),
     ],
 )
 def test_refusals_name_the_field(asked, param, needle):

@@ -55,5 +55,12 @@ def test_taps_pick_each_rows_real_columns_and_side():
     pre = torch.zeros(2, 3, 1)
     post = torch.arange(6, dtype=torch.float32).view(2, 3, 1)
     reader(pre, post)  # row 0 is left-padded by one column
-    assert before.result(0, [1, 2]).residuals.flatten().tolist() == [1.0, 2.0]  # after_edit=True reads post
-    assert after.result(1, [1, 2, 3]).residuals.flatten().tolist() == [0.0, 0.0, 0.0]  # after_edit=False reads pre
+    assert before.result(0, [1, 2]).residuals.flatten().tolist() == [
+        1.0,
+        2.0,
+    ]  # after_edit=True reads post
+    assert after.result(1, [1, 2, 3]).residuals.flatten().tolist() == [
+        0.0,
+        0.0,
+        0.0,
+    ]  # after_edit=False reads pre

@@ -20,7 +20,11 @@ def store(tmp_path):
 
 
 def response(n: int) -> dict:
-    return {"id": f"resp_{n}", "object": "response", "output": [{"type": "message", "content": [{"type": "output_text", "text": str(n)}]}]}
+    return {
+        "id": f"resp_{n}",
+        "object": "response",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": str(n)}]}],
+    }
 
 
 def test_a_response_and_its_conversation_come_back_as_stored(store):
@@ -41,24 +45,32 @@ def test_past_the_count_the_oldest_go_first(store):
 def test_past_the_retention_a_response_is_gone_and_swept(store):
     save_response(store, response(1), [], keep=10, retention_s=DAY)
     time.sleep(0.05)
-    assert load_response(store, "resp_1", retention_s=0.01) is None  # too old to answer, even before a sweep
+    assert (
+        load_response(store, "resp_1", retention_s=0.01) is None
+    )  # too old to answer, even before a sweep
     save_response(store, response(2), [], keep=10, retention_s=0.01)  # the next write sweeps it
-    assert load_response(store, "resp_1", DAY) is None and load_response(store, "resp_2", DAY) is not None
+    assert (
+        load_response(store, "resp_1", DAY) is None
+        and load_response(store, "resp_2", DAY) is not None
+    )
 
 
-@pytest.mark.parametrize("chat, responses", [
-    ("messages[2].content[0]", "input[1].content[0]"),
-    ("messages[2].tool_call_id", "input[1].call_id"),
-    ("messages[0]", "instructions"),
-    ("messages[1]", "previous_response_id"),
-    ("messages", "input"),
-    ("response_format.json_schema.schema", "text.format.schema"),
-    ("response_format", "text.format"),
-    ("max_completion_tokens", "max_output_tokens"),
-    ("tools[3].function.parameters", "tools[3].parameters"),
-    ("tools[3].function", "tools[3]"),
-    ("tool_choice", "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "chat, responses",
+    [
+        ("messages[2].content[0]", "input[1].content[0]"),
+        ("messages[2].tool_call_id", "input[1].call_id"),
+        ("messages[0]", "instructions"),
+        ("messages[1]", "previous_response_id"),
+        ("messages", "input"),
+        ("response_format.json_schema.schema", "text.format.schema"),
+        ("response_format", "text.format"),
+        ("max_completion_tokens", "max_output_tokens"),
+        ("tools[3].function.parameters", "tools[3].parameters"),
+        ("tools[3].function", "tools[3]"),
+        ("tool_choice", "tool_choice"),
+    ],
+)
 def test_chat_locations_in_responses_words(chat, responses):
     # messages[0] came from instructions, [1] from an earlier turn, [2] from input[1].
     assert relocate(chat, ["instructions", None, "input[1]"]) == responses

@@ -62,7 +62,9 @@ def test_constant_norm_rescale_scales_in_and_out():
     coeff = 64**0.5 / X.norm(dim=-1, keepdim=True)
     expected_f = torch.relu((X * coeff - w.b_dec) @ w.W_enc + w.b_enc)
     assert torch.allclose(sae.encode(X), expected_f, atol=1e-5)
-    assert torch.allclose(sae.decode(expected_f, X), (expected_f @ w.W_dec + w.b_dec) / coeff, atol=1e-5)
+    assert torch.allclose(
+        sae.decode(expected_f, X), (expected_f @ w.W_dec + w.b_dec) / coeff, atol=1e-5
+    )
 
 
 def test_layer_norm_normalisation():

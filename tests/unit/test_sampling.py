@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from millm.engine.sampling import SamplingParams, apply_repetition_penalty, next_token, penalty_factors, top_p_mask
+from millm.engine.sampling import (
+    SamplingParams,
+    apply_repetition_penalty,
+    next_token,
+    penalty_factors,
+    top_p_mask,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,14 +33,21 @@ def test_penalty_factor_mapping(presence, frequency, count, factor):
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([2.0, -2.0, 5.0, 1.0])
-    out = apply_repetition_penalty(logits, torch.tensor([0, 1]), torch.tensor([1, 1]), presence=1.0, frequency=0.0)
+    out = apply_repetition_penalty(
+        logits, torch.tensor([0, 1]), torch.tensor([1, 1]), presence=1.0, frequency=0.0
+    )
     assert out.tolist() == pytest.approx([2.0 / 1.1, -2.0 * 1.1, 5.0, 1.0])
     assert logits.tolist() == [2.0, -2.0, 5.0, 1.0]  # input untouched
 
 
 @pytest.mark.parametrize(
     "top_p, kept",
-    [(0.0, [True, False, False]), (0.5, [True, False, False]), (0.6, [True, True, False]), (0.81, [True, True, True])],
+    [
+        (0.0, [True, False, False]),
+        (0.5, [True, False, False]),
+        (0.6, [True, True, False]),
+        (0.81, [True, True, True]),
+    ],
 )
 def test_top_p_mask_keeps_smallest_set_reaching_mass(top_p, kept):
     probs = torch.tensor([0.3, 0.5, 0.2])  # sorted: 0.5 (id 1), 0.3 (id 0), 0.2 (id 2)
@@ -58,7 +71,10 @@ def _frequencies(logits, params, draws=4000, seed=0):
     return (counts / draws).tolist()
 
 
-@pytest.mark.parametrize("temperature, expected", [(1.0, [0.25, 0.75]), (2.0, [1 / (1 + math.sqrt(3)), math.sqrt(3) / (1 + math.sqrt(3))])])
+@pytest.mark.parametrize(
+    "temperature, expected",
+    [(1.0, [0.25, 0.75]), (2.0, [1 / (1 + math.sqrt(3)), math.sqrt(3) / (1 + math.sqrt(3))])],
+)
 def test_temperature_divides_logits(temperature, expected):
     logits = torch.tensor([0.0, math.log(3.0)])
     freq = _frequencies(logits, SamplingParams(temperature=temperature))
@@ -75,7 +91,11 @@ def test_top_p_never_samples_outside_nucleus():
 def test_same_seed_same_draws_different_seed_differs():
     logits = torch.zeros(50)
     params = SamplingParams(temperature=1.0)
-    draw = lambda seed: [next_token(logits, params, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(20)]
+    draw = lambda seed: [
+        next_token(logits, params, g)
+        for g in [torch.Generator().manual_seed(seed)]
+        for _ in range(20)
+    ]
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
 
@@ -85,7 +105,11 @@ def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature
     # logits / 7e-155 overflows to inf, and softmax of several infs is NaN (multinomial then raised).
     logits = torch.tensor([1.5, 3.0, -2.0, 2.9])
     generator = torch.Generator().manual_seed(0)
-    draws = {next_token(logits, SamplingParams(temperature=temperature), generator) for _ in range(20)}
+    draws = {
+        next_token(logits, SamplingParams(temperature=temperature), generator) for _ in range(20)
+    }
     assert draws == {1}
     tied = torch.tensor([3.0, 3.0, -1.0])
-    assert {next_token(tied, SamplingParams(temperature=temperature), generator) for _ in range(40)} == {0, 1}
+    assert {
+        next_token(tied, SamplingParams(temperature=temperature), generator) for _ in range(40)
+    } == {0, 1}

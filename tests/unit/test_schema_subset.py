@@ -1,13 +1,17 @@
 """The JSON Schema subset: supported keywords pass, every other keyword is named with its pointer."""
 
-
 import pytest
 
 from millm.protocol.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
 from millm.service.serving.structured import ConstrainedOutputInvalid, Structured, validate_output
 
 SUPPORTED_EXAMPLES = [
-    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    },
     {"type": "object", "additionalProperties": {"type": "integer"}},
     {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 3},
     {"type": ["string", "null"], "minLength": 1, "maxLength": 5, "pattern": "^[a-z]+$"},
@@ -35,28 +39,56 @@ def test_supported(schema):
         ({"oneOf": [{"type": "string"}]}, ["oneOf at /oneOf"]),
         ({"if": {}, "then": {}, "else": {}}, ["if at /if", "then at /then", "else at /else"]),
         ({"type": "string", "format": "email"}, ["format at /format"]),
-        ({"type": "object", "patternProperties": {"^x": {}}}, ["patternProperties at /patternProperties"]),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, ["dependentRequired at /dependentRequired"]),
-        ({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}, ["$schema at /$schema"]),
-        ({"$ref": "https://example.com/schema.json"}, ["$ref (not a local #/$defs/ reference) at /$ref"]),
+        (
+            {"type": "object", "patternProperties": {"^x": {}}},
+            ["patternProperties at /patternProperties"],
+        ),
+        (
+            {"type": "object", "dependentRequired": {"a": ["b"]}},
+            ["dependentRequired at /dependentRequired"],
+        ),
+        (
+            {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"},
+            ["$schema at /$schema"],
+        ),
+        (
+            {"$ref": "https://example.com/schema.json"},
+            ["$ref (not a local #/$defs/ reference) at /$ref"],
+        ),
         ({"type": "array", "items": [{"type": "string"}]}, ["items (array form) at /items"]),
-        ({"type": "object", "properties": {"a/b": {"type": "number", "multipleOf": 2}, "c~d": {"not": {}}}},
-         ["multipleOf at /properties/a~1b/multipleOf", "not at /properties/c~0d/not"]),
-        ({"anyOf": [{"type": "string"}, {"type": "array", "items": {"uniqueItems": True}}]}, ["uniqueItems at /anyOf/1/items/uniqueItems"]),
+        (
+            {
+                "type": "object",
+                "properties": {"a/b": {"type": "number", "multipleOf": 2}, "c~d": {"not": {}}},
+            },
+            ["multipleOf at /properties/a~1b/multipleOf", "not at /properties/c~0d/not"],
+        ),
+        (
+            {"anyOf": [{"type": "string"}, {"type": "array", "items": {"uniqueItems": True}}]},
+            ["uniqueItems at /anyOf/1/items/uniqueItems"],
+        ),
     ],
 )
 def test_refused_keywords_are_named_with_pointers(schema, named):
     with pytest.raises(ResponseFormatUnsupported) as info:
         check_schema(schema)
-    assert info.value.status == 400 and info.value.code == "response_format_unsupported" and info.value.param == "response_format"
+    assert (
+        info.value.status == 400
+        and info.value.code == "response_format_unsupported"
+        and info.value.param == "response_format"
+    )
     for entry in named:
         assert entry in info.value.message
 
 
 def test_limits():
-    check_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(256)}})
+    check_schema(
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(256)}}
+    )
     with pytest.raises(ResponseFormatUnsupported, match="257 properties; at most 256"):
-        check_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(257)}})
+        check_schema(
+            {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(257)}}
+        )
     deep = {"type": "string"}
     for _ in range(MAX_DEPTH - 1):
         deep = {"type": "array", "items": deep}
@@ -68,12 +100,27 @@ def test_limits():
 
 
 def test_broken_schemas():
-    for schema, message in [({"type": "text"}, "unknown type"), ({"type": [{}]}, "unknown type"), ({"$ref": "#/$defs/missing"}, "names no entry"), ({"required": "a"}, "list of property names"), ([1], "must be an object")]:
+    for schema, message in [
+        ({"type": "text"}, "unknown type"),
+        ({"type": [{}]}, "unknown type"),
+        ({"$ref": "#/$defs/missing"}, "names no entry"),
+        ({"required": "a"}, "list of property names"),
+        ([1], "must be an object"),
+    ]:
         with pytest.raises(ResponseFormatUnsupported, match=message):
             check_schema(schema)
 
 
-JUDGE = Structured("json_schema", "judge_v1", {"type": "object", "properties": {"label": {"enum": ["humor", "not_humor"]}}, "required": ["label"], "additionalProperties": False})
+JUDGE = Structured(
+    "json_schema",
+    "judge_v1",
+    {
+        "type": "object",
+        "properties": {"label": {"enum": ["humor", "not_humor"]}},
+        "required": ["label"],
+        "additionalProperties": False,
+    },
+)
 
 
 def test_validation_step_passes_valid_documents():

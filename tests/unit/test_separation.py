@@ -23,7 +23,9 @@ def test_each_column_equals_the_textbook_formula():
     rng = np.random.default_rng(7)
     a, b = rng.gamma(2.0, 1.5, size=(9, 5)), rng.gamma(1.0, 1.0, size=(6, 5))
     d = cohens_d(a, b)
-    assert d == pytest.approx([textbook_d(list(a[:, j]), list(b[:, j])) for j in range(5)], rel=1e-12)
+    assert d == pytest.approx(
+        [textbook_d(list(a[:, j]), list(b[:, j])) for j in range(5)], rel=1e-12
+    )
     found = separation(a, b)
     assert found.mean_a == pytest.approx(a.mean(0)) and found.mean_b == pytest.approx(b.mean(0))
     assert found.difference == pytest.approx(a.mean(0) - b.mean(0))
@@ -31,7 +33,9 @@ def test_each_column_equals_the_textbook_formula():
 
 def test_one_text_in_a_set_uses_the_other_sets_variance():
     a, b = [[4.0]], [[1.0], [2.0], [3.0]]
-    assert cohens_d(np.array(a), np.array(b))[0] == pytest.approx(textbook_d([4.0], [1.0, 2.0, 3.0]))
+    assert cohens_d(np.array(a), np.array(b))[0] == pytest.approx(
+        textbook_d([4.0], [1.0, 2.0, 3.0])
+    )
     assert cohens_d(np.array(a), np.array(b))[0] == pytest.approx(2.0)  # (4 - 2) / sd 1
 
 
@@ -70,5 +74,7 @@ def test_favouring_ranks_by_effect_size_then_difference_then_index():
     assert 4 not in for_a and 4 not in for_b  # d == 0: favours neither
     assert list(favouring(found, 1)[0]) == [for_a[0]]
     # Infinite effects come first; equal effects go to the larger |difference|.
-    tied = separation(np.array([[3.0, 1.0, 2.0], [3.0, 2.0, 4.0]]), np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 2.0]]))
+    tied = separation(
+        np.array([[3.0, 1.0, 2.0], [3.0, 2.0, 4.0]]), np.array([[0.0, 0.0, 0.0], [0.0, 1.0, 2.0]])
+    )
     assert list(favouring(tied, 3)[0]) == [0, 2, 1]

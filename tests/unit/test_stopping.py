@@ -21,7 +21,12 @@ def run(stops, deltas):
     "stops, deltas, emitted, matched",
     [
         ([], ["a", "b"], ["a", "b", ""], None),
-        (["END"], ["hello ", "E", "N", "D", "more"], ["hello ", "", "", ""], "END"),  # split across 3 tokens
+        (
+            ["END"],
+            ["hello ", "E", "N", "D", "more"],
+            ["hello ", "", "", ""],
+            "END",
+        ),  # split across 3 tokens
         (["END"], ["hello E", "NX"], ["hello ", "ENX", ""], None),  # a false start is released
         (["END"], ["xxENDyy"], ["xx"], "END"),  # stop inside one token; text after it dropped
         (["\n\n", "."], ["a.b\n\n"], ["a"], "."),  # earliest stop wins

@@ -27,13 +27,23 @@ async def until(condition, seconds: float = 10.0) -> None:
 def test_past_the_bound_a_call_is_refused_at_once_with_503_queue_full():
     async def scenario():
         gate, started = threading.Event(), threading.Semaphore(0)
-        running = [asyncio.ensure_future(in_passing_thread(held, gate, started)) for _ in range(MAX_PASSING_THREADS)]
+        running = [
+            asyncio.ensure_future(in_passing_thread(held, gate, started))
+            for _ in range(MAX_PASSING_THREADS)
+        ]
         for _ in range(MAX_PASSING_THREADS):
             await until(lambda: started.acquire(blocking=False))
         with pytest.raises(QueueFull) as refused:
             await in_passing_thread(held, gate, started)
-        assert (refused.value.status, refused.value.code, refused.value.type) == (503, "queue_full", "server_error")
-        assert f"{MAX_PASSING_THREADS} blocking operations" in refused.value.message and "held" in refused.value.message
+        assert (refused.value.status, refused.value.code, refused.value.type) == (
+            503,
+            "queue_full",
+            "server_error",
+        )
+        assert (
+            f"{MAX_PASSING_THREADS} blocking operations" in refused.value.message
+            and "held" in refused.value.message
+        )
         gate.set()
         threads = await asyncio.gather(*running)
         assert len({t.ident for t in threads}) == MAX_PASSING_THREADS
@@ -41,7 +51,9 @@ def test_past_the_bound_a_call_is_refused_at_once_with_503_queue_full():
             thread.join(5)
             assert not thread.is_alive()
         # Every slot came back: the bound is full again, not smaller.
-        again = await asyncio.gather(*(in_passing_thread(lambda: 7) for _ in range(MAX_PASSING_THREADS)))
+        again = await asyncio.gather(
+            *(in_passing_thread(lambda: 7) for _ in range(MAX_PASSING_THREADS))
+        )
         assert again == [7] * MAX_PASSING_THREADS
 
     asyncio.run(scenario())
@@ -65,7 +77,10 @@ def test_a_cancelled_caller_keeps_its_slot_until_the_thread_ends():
         first = asyncio.ensure_future(in_passing_thread(held, gate, started))
         await until(lambda: started.acquire(blocking=False))
         first.cancel()  # the client went away; the work cannot be stopped and still holds a thread
-        others = [asyncio.ensure_future(in_passing_thread(held, gate, started)) for _ in range(MAX_PASSING_THREADS - 1)]
+        others = [
+            asyncio.ensure_future(in_passing_thread(held, gate, started))
+            for _ in range(MAX_PASSING_THREADS - 1)
+        ]
         for _ in others:
             await until(lambda: started.acquire(blocking=False))
         with pytest.raises(QueueFull):

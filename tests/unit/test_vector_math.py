@@ -21,7 +21,11 @@ D = 16
 def pairs(n: int, seed: int = 0, shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     negative = rng.normal(size=(n, D))
-    positive = negative + (shift if shift is not None else rng.normal(size=D)) + 0.1 * rng.normal(size=(n, D))
+    positive = (
+        negative
+        + (shift if shift is not None else rng.normal(size=D))
+        + 0.1 * rng.normal(size=(n, D))
+    )
     return positive, negative
 
 
@@ -31,7 +35,9 @@ def test_mean_is_the_difference_of_means_as_a_unit_vector_and_its_norm():
     expected = positive.mean(axis=0) - negative.mean(axis=0)
     assert trained.unit.dtype == np.float32 and trained.unit.shape == (D,)
     assert trained.norm == pytest.approx(float(np.linalg.norm(expected)), rel=1e-12)
-    np.testing.assert_allclose(trained.norm * trained.unit.astype(np.float64), expected, rtol=0, atol=1e-6 * trained.norm)
+    np.testing.assert_allclose(
+        trained.norm * trained.unit.astype(np.float64), expected, rtol=0, atol=1e-6 * trained.norm
+    )
     assert abs(float(np.linalg.norm(trained.unit.astype(np.float64))) - 1.0) < 1e-6
     assert trained.pairs == 5 and trained.method == "mean"
     assert trained.agreement == pytest.approx(float(np.mean((positive - negative) @ expected > 0)))
@@ -105,7 +111,9 @@ def test_decompose_ranks_by_absolute_cosine_with_signed_cosines():
     assert [p.index for p in parts] == expected
     for part in parts:
         assert part.cosine == pytest.approx(float(cosines[part.index]), abs=1e-6)
-    assert parts[-1].cumulative == pytest.approx(projection_fraction(unit.astype(np.float64), rows[expected]), abs=1e-6)
+    assert parts[-1].cumulative == pytest.approx(
+        projection_fraction(unit.astype(np.float64), rows[expected]), abs=1e-6
+    )
     assert set(expected[:2]) == {5, 9} and parts[1].cumulative == pytest.approx(1.0, abs=1e-6)
 
 
@@ -113,8 +121,17 @@ def test_decompose_ranks_by_absolute_cosine_with_signed_cosines():
 def stored(d: int = D, seed: int = 1) -> tuple[dict, np.ndarray]:
     unit = np.random.default_rng(seed).normal(size=d).astype(np.float32)
     unit /= np.linalg.norm(unit)
-    meta = {"name": "pirate", "description": "", "model": "tiny-llama", "layer": 1, "hook_point": "resid_post",
-            "norm": 3.0517578125e-05 + 2.5, "d_model": d, "method": "mean", "pairs": 4}
+    meta = {
+        "name": "pirate",
+        "description": "",
+        "model": "tiny-llama",
+        "layer": 1,
+        "hook_point": "resid_post",
+        "norm": 3.0517578125e-05 + 2.5,
+        "d_model": d,
+        "method": "mean",
+        "pairs": 4,
+    }
     return meta, unit
 
 
@@ -124,7 +141,12 @@ def test_a_file_reads_back_bit_for_bit_through_json():
     document = validate_field(VectorFile, json.loads(text))
     assert values_of(document).tobytes() == unit.tobytes()
     assert document.norm == meta["norm"]
-    assert json.dumps(file_of({**meta, **document.model_dump(exclude={"values"})}, values_of(document))) == text
+    assert (
+        json.dumps(
+            file_of({**meta, **document.model_dump(exclude={"values"})}, values_of(document))
+        )
+        == text
+    )
 
 
 @pytest.mark.parametrize(

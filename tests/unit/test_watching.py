@@ -25,7 +25,12 @@ def test_report_verdict_lists_firings_peak_and_tokens():
     state = WatchState(Watch("w", 0, first_column, 1.0), 3)
     feed(state, [0.0, 1.5, 0.2, 3.0, 1.0, -4.0], 3)
     verdict = state.verdict(7, [10, 11, 12, 13, 14, 15, 16], fed=6)
-    assert (verdict.row, verdict.fired, verdict.first_position, verdict.acted_at) == (7, True, 1, None)
+    assert (verdict.row, verdict.fired, verdict.first_position, verdict.acted_at) == (
+        7,
+        True,
+        1,
+        None,
+    )
     assert verdict.positions == (1, 3, 4) and verdict.token_ids == (11, 13, 14)
     assert (verdict.peak, verdict.peak_position) == (3.0, 3)
 
@@ -56,5 +61,10 @@ def test_a_watch_that_never_fires_reports_its_peak_only():
     state = WatchState(Watch("w", 0, first_column, 9.0, "abort"), 2)
     feed(state, [1.0, 2.0, 0.5], 2)
     verdict = state.verdict(0, [1, 2, 3], fed=3)
-    assert not state.aborts and not verdict.fired and verdict.positions == () and verdict.acted_at is None
+    assert (
+        not state.aborts
+        and not verdict.fired
+        and verdict.positions == ()
+        and verdict.acted_at is None
+    )
     assert (verdict.peak, verdict.peak_position) == (2.0, 1)

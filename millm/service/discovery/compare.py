@@ -38,7 +38,13 @@ from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_lo
 from millm.service.composition import ServerState
 from millm.service.discovery.variants import Resolved, find_bases, resolve_variants
 from millm.service.serving.answers import Collected, Meta, collect
-from millm.service.serving.generation import SEED_SPACE, GenerationOptions, JobStream, RowFill, build_rows
+from millm.service.serving.generation import (
+    SEED_SPACE,
+    GenerationOptions,
+    JobStream,
+    RowFill,
+    build_rows,
+)
 from millm.service.serving.prechecks import check_rows
 from millm.service.serving.prompts import conversation_ids
 from millm.service.serving.replies import Reply, Report
@@ -52,7 +58,9 @@ SEED_SCOPE = "batch-shape"
 async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Reply:
     """Generate the conversation under every variant together; the whole answer or its events."""
     check_rows(body, state.settings.max_rows_per_request)
-    if strict:  # as if the template read every optional message key: what is left is unused on any model
+    if (
+        strict
+    ):  # as if the template read every optional message key: what is left is unused on any model
         handle_unused(unused_locations(body, reads=set(TEMPLATE_KEYS)), True)
     books = {"profile": state.profiles, "cluster": state.clusters, "circuit": state.circuits}
     await to_thread.run_sync(find_bases, books, body.variants)
@@ -62,21 +70,45 @@ async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Rep
     resolved = await to_thread.run_sync(resolve_variants, state.planner, body.variants)
     seed = body.seed if body.seed is not None else secrets.randbelow(SEED_SPACE)
     options = replace(generation_options(body), seed=seed)
-    rows = variant_rows(lm, prompt, options, [variant.plan for variant in resolved], state.settings.default_max_tokens)
+    rows = variant_rows(
+        lm,
+        prompt,
+        options,
+        [variant.plan for variant in resolved],
+        state.settings.default_max_tokens,
+    )
     stream = JobStream(rows)
     state.switch.submit(stream.job)
     meta = Meta.new("cmp", lm.name, lm.system_fingerprint)
-    report = Report(ignored, Plan(None, "compare", (("variants", len(resolved)),)), seed, SEED_SCOPE)
+    report = Report(
+        ignored, Plan(None, "compare", (("variants", len(resolved)),)), seed, SEED_SCOPE
+    )
     if body.stream:
         return Reply(report, chunks=compare_events(stream, meta, seed, len(prompt), resolved))
     result = await collect(stream, len(rows))
     return Reply(report, body=comparison(meta, seed, len(prompt), resolved, result))
 
 
-def variant_rows(lm: LoadedModel, prompt: list[int], options: GenerationOptions, plans: list[Plan], default_max_tokens: int) -> list[RowSpec]:
+def variant_rows(
+    lm: LoadedModel,
+    prompt: list[int],
+    options: GenerationOptions,
+    plans: list[Plan],
+    default_max_tokens: int,
+) -> list[RowSpec]:
     """One row per plan, in order: the same prompt, sampling and seed (choice 0's), each steered by its plan."""
     one = replace(options, n=1)
-    return [build_rows(lm, [prompt], one, default_max_tokens, "messages", RowFill(plan.edit, watches=plan.watches))[0] for plan in plans]
+    return [
+        build_rows(
+            lm,
+            [prompt],
+            one,
+            default_max_tokens,
+            "messages",
+            RowFill(plan.edit, watches=plan.watches),
+        )[0]
+        for plan in plans
+    ]
 
 
 def variant_info(index: int, variant: Resolved) -> VariantInfo:
@@ -84,35 +116,54 @@ def variant_info(index: int, variant: Resolved) -> VariantInfo:
     return VariantInfo(index=index, label=variant.label, steering=variant.steering)
 
 
-def comparison(meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved], result: Collected) -> Comparison:
+def comparison(
+    meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved], result: Collected
+) -> Comparison:
     """The whole answer: each variant's text and usage (its prompt counted), and totals (the prompt
     counted once, and as cached as the variant that reused the most of it)."""
     variants = [
         VariantAnswer(
-            index=i, label=variant.label, steering=variant.steering, text=result.texts[i],
-            finish_reason=result.finish_reasons[i], usage=Usage.of(prompt_tokens, result.row_tokens[i], result.row_cached[i]),
+            index=i,
+            label=variant.label,
+            steering=variant.steering,
+            text=result.texts[i],
+            finish_reason=result.finish_reasons[i],
+            usage=Usage.of(prompt_tokens, result.row_tokens[i], result.row_cached[i]),
         )
         for i, variant in enumerate(resolved)
     ]
-    return Comparison(id=meta.id, created=meta.created, model=meta.model, seed=seed, variants=variants,
-                      usage=Usage.of(prompt_tokens, result.completion_tokens, max(result.row_cached, default=0)))
+    return Comparison(
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        seed=seed,
+        variants=variants,
+        usage=Usage.of(prompt_tokens, result.completion_tokens, max(result.row_cached, default=0)),
+    )
 
 
-async def compare_events(stream: JobStream, meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved]) -> AsyncIterator[WireModel | MillmError]:
+async def compare_events(
+    stream: JobStream, meta: Meta, seed: int, prompt_tokens: int, resolved: list[Resolved]
+) -> AsyncIterator[WireModel | MillmError]:
     """The stream: what each variant is, text deltas tagged with the variant, a finish event per
     variant with its usage, the totals; or the error that ended it. Closing it cancels the job."""
     completion_tokens = cached = 0
     try:
         infos = [variant_info(i, variant) for i, variant in enumerate(resolved)]
-        yield CompareStart(id=meta.id, created=meta.created, model=meta.model, seed=seed, variants=infos)
+        yield CompareStart(
+            id=meta.id, created=meta.created, model=meta.model, seed=seed, variants=infos
+        )
         async for event in stream.events():
             if isinstance(event, TextDelta):
                 yield CompareDelta(variant=event.row, delta=event.text)
             elif isinstance(event, RowFinished):
                 completion_tokens += event.completion_tokens
                 cached = max(cached, event.cached_tokens)
-                yield CompareFinish(variant=event.row, finish_reason=event.finish_reason,
-                                    usage=Usage.of(prompt_tokens, event.completion_tokens, event.cached_tokens))
+                yield CompareFinish(
+                    variant=event.row,
+                    finish_reason=event.finish_reason,
+                    usage=Usage.of(prompt_tokens, event.completion_tokens, event.cached_tokens),
+                )
             elif isinstance(event, JobFailed):
                 yield event.error
                 return

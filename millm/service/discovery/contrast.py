@@ -26,7 +26,14 @@ from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest
 from millm.interp.separation import MIN_TEXTS, favouring, separation
 from millm.interp.steering import Attached
-from millm.protocol.discovery import Aggregate, ContrastFeature, ContrastRequest, ContrastResponse, SetRead, SteeringUsed
+from millm.protocol.discovery import (
+    Aggregate,
+    ContrastFeature,
+    ContrastRequest,
+    ContrastResponse,
+    SetRead,
+    SteeringUsed,
+)
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     MIN_TOKENS,
@@ -72,8 +79,14 @@ def per_text(answered: ScoresReady, count: int) -> list[np.ndarray]:
     return [by_row[row] for row in range(count)]
 
 
-def contrast_result(labels: Callable[[str], dict[int, dict]], sae_id: str, a: list[np.ndarray], b: list[np.ndarray],
-                    aggregate: Aggregate, top_k: int) -> ContrastResult:
+def contrast_result(
+    labels: Callable[[str], dict[int, dict]],
+    sae_id: str,
+    a: list[np.ndarray],
+    b: list[np.ndarray],
+    aggregate: Aggregate,
+    top_k: int,
+) -> ContrastResult:
     """The statistics of two sets of per-text aggregates and the top_k features favouring each (numpy; blocking: labels)."""
     set_a, set_b = np.stack(a), np.stack(b)
     found = separation(set_a, set_b)
@@ -83,13 +96,25 @@ def contrast_result(labels: Callable[[str], dict[int, dict]], sae_id: str, a: li
     def entry(index: int) -> ContrastFeature:
         d = float(found.effect_size[index])
         return ContrastFeature(
-            index=index, label=label_of(names, index),
-            mean_a=float(found.mean_a[index]), mean_b=float(found.mean_b[index]), difference=float(found.difference[index]),
-            effect_size=d if math.isfinite(d) else None, fired_a=int(fired_a[index]), fired_b=int(fired_b[index]),
+            index=index,
+            label=label_of(names, index),
+            mean_a=float(found.mean_a[index]),
+            mean_b=float(found.mean_b[index]),
+            difference=float(found.difference[index]),
+            effect_size=d if math.isfinite(d) else None,
+            fired_a=int(fired_a[index]),
+            fired_b=int(fired_b[index]),
         )
 
     for_a, for_b = favouring(found, top_k)
-    return ContrastResult(sae_id, aggregate, len(a), len(b), [entry(int(i)) for i in for_a], [entry(int(i)) for i in for_b])
+    return ContrastResult(
+        sae_id,
+        aggregate,
+        len(a),
+        len(b),
+        [entry(int(i)) for i in for_a],
+        [entry(int(i)) for i in for_b],
+    )
 
 
 def contrast_prompts_blocking(
@@ -109,22 +134,39 @@ def contrast_prompts_blocking(
     for name, prompts in (("a", a), ("b", b)):
         for i, prompt in enumerate(prompts):
             if len(prompt) < MIN_TOKENS:
-                raise InvalidRequest(f"{name}[{i}] is {len(prompt)} token{'s' if len(prompt) != 1 else ''} long; a contrast text needs at least {MIN_TOKENS}", param=f"{name}[{i}]")
+                raise InvalidRequest(
+                    f"{name}[{i}] is {len(prompt)} token{'s' if len(prompt) != 1 else ''} long; a contrast text needs at least {MIN_TOKENS}",
+                    param=f"{name}[{i}]",
+                )
     if not a or not b or len(a) + len(b) < MIN_TEXTS:
-        raise InvalidRequest(f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and {len(b)}", param="b")
-    answered = passes_blocking(state, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel)
+        raise InvalidRequest(
+            f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and {len(b)}",
+            param="b",
+        )
+    answered = passes_blocking(
+        state, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel
+    )
     if answered is None:
         raise JobCancelled()
     values = per_text(answered, len(a) + len(b))
-    return contrast_result(state.saes.labels, attached.info.id, values[: len(a)], values[len(a) :], aggregate, top_k)
+    return contrast_result(
+        state.saes.labels, attached.info.id, values[: len(a)], values[len(a) :], aggregate, top_k
+    )
 
 
-def contrast_prompts(lm: LoadedModel, body: ContrastRequest, cap: int) -> tuple[list[list[int]], list[list[int]], SetRead, SetRead]:
+def contrast_prompts(
+    lm: LoadedModel, body: ContrastRequest, cap: int
+) -> tuple[list[list[int]], list[list[int]], SetRead, SetRead]:
     """Both sets' token ids, each text readable, all within MILLM_DISCOVERY_MAX_TOKENS (blocking: tokenising)."""
     a, b = set_prompts(lm, "a", body.a), set_prompts(lm, "b", body.b)
     check_total(a + b, cap)
     ids_a, ids_b = [ids for _, ids in a], [ids for _, ids in b]
-    return ids_a, ids_b, SetRead(texts=len(a), tokens=sum(map(len, ids_a))), SetRead(texts=len(b), tokens=sum(map(len, ids_b)))
+    return (
+        ids_a,
+        ids_b,
+        SetRead(texts=len(a), tokens=sum(map(len, ids_a))),
+        SetRead(texts=len(b), tokens=sum(map(len, ids_b))),
+    )
 
 
 async def contrast_sets(state: ServerState, sae_id: str, body: ContrastRequest) -> ContrastResponse:
@@ -134,15 +176,32 @@ async def contrast_sets(state: ServerState, sae_id: str, body: ContrastRequest) 
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
     attached = attached_sae(state, info, lm)
-    a, b, read_a, read_b = await to_thread.run_sync(contrast_prompts, lm, body, state.settings.discovery_max_tokens)
+    a, b, read_a, read_b = await to_thread.run_sync(
+        contrast_prompts, lm, body, state.settings.discovery_max_tokens
+    )
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)
-    answered = await read_passes(state, a + b, (aggregate_read(attached, body.aggregate),), steered.edit)
+    answered = await read_passes(
+        state, a + b, (aggregate_read(attached, body.aggregate),), steered.edit
+    )
     values = per_text(answered, len(a) + len(b))
     result = await to_thread.run_sync(
-        contrast_result, state.saes.labels, info.id, values[: len(a)], values[len(a) :], body.aggregate, body.top_k
+        contrast_result,
+        state.saes.labels,
+        info.id,
+        values[: len(a)],
+        values[len(a) :],
+        body.aggregate,
+        body.top_k,
     )
     return ContrastResponse(
-        model=lm.name, sae_id=info.id, layer=attached.layer, aggregate=body.aggregate,
-        steered=steered.edit is not None, steering=SteeringUsed(kind=steered.kind, params=steered.params),
-        a=read_a, b=read_b, favouring_a=result.favouring_a, favouring_b=result.favouring_b,
+        model=lm.name,
+        sae_id=info.id,
+        layer=attached.layer,
+        aggregate=body.aggregate,
+        steered=steered.edit is not None,
+        steering=SteeringUsed(kind=steered.kind, params=steered.params),
+        a=read_a,
+        b=read_b,
+        favouring_a=result.favouring_a,
+        favouring_b=result.favouring_b,
     )

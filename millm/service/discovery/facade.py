@@ -4,7 +4,12 @@ a vector. Each reads through attached SAEs on the loaded model; none changes wha
 from __future__ import annotations
 
 from millm.protocol.compare import CompareRequest
-from millm.protocol.discovery import ContrastRequest, ContrastResponse, InspectRequest, InspectResponse
+from millm.protocol.discovery import (
+    ContrastRequest,
+    ContrastResponse,
+    InspectRequest,
+    InspectResponse,
+)
 from millm.protocol.vectors import VectorExplanation
 from millm.service.composition import ServerState
 from millm.service.discovery.compare import compare

@@ -91,7 +91,9 @@ def check_steering_request(state: ServerState, steering: str | SteerWith | None)
         check_strength(entry.strength, param=f"{where}.strength")
         key = (entry.sae_id, entry.index)
         if key in seen:
-            raise InvalidRequest(f"{where} names a feature listed before it; list each feature once", param=where)
+            raise InvalidRequest(
+                f"{where} names a feature listed before it; list each feature once", param=where
+            )
         seen.add(key)
 
 
@@ -102,7 +104,10 @@ def model_to_read(state: ServerState, asked: str | None) -> str:
         return asked
     lm = state.switch.lm
     if lm is None:
-        raise ModelNotLoaded(f"no model is loaded to read with (the server is {state.switch.status.value}); retry once one is", param="model")
+        raise ModelNotLoaded(
+            f"no model is loaded to read with (the server is {state.switch.status.value}); retry once one is",
+            param="model",
+        )
     return lm.name
 
 
@@ -128,7 +133,9 @@ def conversation_prompt(lm: LoadedModel, messages: list[DiscoveryMessage], param
     try:
         ids = chat_prompt_ids(lm.tokenizer, template_messages(list(messages), param))
     except MillmError as exc:
-        if exc.param == "messages" and param != "messages":  # the template's own complaint: say which conversation
+        if (
+            exc.param == "messages" and param != "messages"
+        ):  # the template's own complaint: say which conversation
             exc.param, exc.message = param, f"{param}: {exc.message}"
         raise
     if not ids:
@@ -139,7 +146,9 @@ def conversation_prompt(lm: LoadedModel, messages: list[DiscoveryMessage], param
 def check_readable(lm: LoadedModel, ids: list[int], param: str) -> list[int]:
     """A text that fits the context window and has a position to read after the skipped first one."""
     if len(ids) > lm.context_length:
-        raise ContextLengthExceeded(limit=lm.context_length, prompt_tokens=len(ids), max_tokens=0, param=param)
+        raise ContextLengthExceeded(
+            limit=lm.context_length, prompt_tokens=len(ids), max_tokens=0, param=param
+        )
     if len(ids) < MIN_TOKENS:
         raise InvalidRequest(
             f"{param} is {len(ids)} token{'s' if len(ids) != 1 else ''} long; a read skips the first position (an attention sink), "
@@ -165,27 +174,43 @@ def check_total(prompts: Iterable[tuple[str, list[int]]], cap: int) -> None:
 def set_prompts(lm: LoadedModel, name: str, texts: TextSet) -> list[tuple[str, list[int]]]:
     """Each entry of a set as (its field path, its readable token ids)."""
     if texts.texts is not None:
-        entries = [(f"{name}.texts[{i}]", text_prompt(lm, text, f"{name}.texts[{i}]")) for i, text in enumerate(texts.texts)]
+        entries = [
+            (f"{name}.texts[{i}]", text_prompt(lm, text, f"{name}.texts[{i}]"))
+            for i, text in enumerate(texts.texts)
+        ]
     else:
         entries = [
-            (f"{name}.conversations[{i}]", conversation_prompt(lm, messages, f"{name}.conversations[{i}]"))
+            (
+                f"{name}.conversations[{i}]",
+                conversation_prompt(lm, messages, f"{name}.conversations[{i}]"),
+            )
             for i, messages in enumerate(texts.conversations or [])
         ]
     return [(param, check_readable(lm, ids, param)) for param, ids in entries]
 
 
-def resolve_steering(state: ServerState, steering: str | SteerWith | None, attached: Attached) -> Steered:
+def resolve_steering(
+    state: ServerState, steering: str | SteerWith | None, attached: Attached
+) -> Steered:
     """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile; or
     feature strengths on attached SAEs (the inspected one by default). Blocking: a worker thread."""
     if steering is None:
         return NOT_STEERED
     if steering == "live":
         plan = state.planner.plan_for(None, None)
-        return Steered(plan.edit, plan.kind, _params(plan.params)) if plan.edit is not None else NOT_STEERED
+        return (
+            Steered(plan.edit, plan.kind, _params(plan.params))
+            if plan.edit is not None
+            else NOT_STEERED
+        )
     assert isinstance(steering, SteerWith)
     if steering.profile is not None:
         plan = state.planner.plan_for(steering.profile, None)
-        return Steered(plan.edit, plan.kind, _params(plan.params)) if plan.edit is not None else NOT_STEERED
+        return (
+            Steered(plan.edit, plan.kind, _params(plan.params))
+            if plan.edit is not None
+            else NOT_STEERED
+        )
     attachments = dict(state.steering.attached)
     strengths: dict[str, dict[int, float]] = {}
     for i, entry in enumerate(steering.features or []):
@@ -198,7 +223,9 @@ def resolve_steering(state: ServerState, steering: str | SteerWith | None, attac
                 code="sae_not_attached",
             )
         check_feature(target.info, entry.index, param=f"steering.features[{i}].index")
-        strengths.setdefault(sae_id, {})[entry.index] = check_strength(entry.strength, param=f"steering.features[{i}].strength")
+        strengths.setdefault(sae_id, {})[entry.index] = check_strength(
+            entry.strength, param=f"steering.features[{i}].strength"
+        )
     edit = steering_edit(strengths, attachments)
     if edit is None:
         return NOT_STEERED
@@ -213,4 +240,6 @@ def label_of(labels: dict[int, dict], index: int) -> str | None:
 
 
 def _params(params: tuple[tuple[str, object], ...]) -> dict[str, str | int | float]:
-    return {key: value if isinstance(value, (str, int, float)) else str(value) for key, value in params}
+    return {
+        key: value if isinstance(value, (str, int, float)) else str(value) for key, value in params
+    }

@@ -76,44 +76,75 @@ def ranked(summary: Summary, sort: str, top_k: int) -> np.ndarray:
     """The indices of the features that fired, top_k by `sort` (ties: the larger max, then the lower index)."""
     fired = np.flatnonzero(summary.count > 0)
     key = {"max": summary.max, "mean": summary.mean, "count": summary.count}[sort][fired]
-    order = np.lexsort((fired, -summary.max[fired], -key))  # lexsort: the last key is the primary one
+    order = np.lexsort(
+        (fired, -summary.max[fired], -key)
+    )  # lexsort: the last key is the primary one
     return fired[order][:top_k]
 
 
 def token_strings(lm: LoadedModel, ids: list[int]) -> list[str]:
     """Each token decoded on its own (special tokens by name)."""
-    return lm.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return lm.tokenizer.batch_decode(
+        [[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
-def answer(state: ServerState, lm: LoadedModel, attached: Attached, prompt: list[int], summary: Summary,
-           body: InspectRequest, steered: Steered) -> InspectResponse:
+def answer(
+    state: ServerState,
+    lm: LoadedModel,
+    attached: Attached,
+    prompt: list[int],
+    summary: Summary,
+    body: InspectRequest,
+    steered: Steered,
+) -> InspectResponse:
     """The response: ranking, labels and token strings (blocking: labels may come from the store)."""
     labels = state.saes.labels(attached.info.id)
     strings = token_strings(lm, prompt)
     features = [
         InspectFeature(
-            index=int(i), label=label_of(labels, int(i)), max=float(summary.max[i]), mean=float(summary.mean[i]),
-            count=int(summary.count[i]), max_position=int(summary.peak[i]),
+            index=int(i),
+            label=label_of(labels, int(i)),
+            max=float(summary.max[i]),
+            mean=float(summary.mean[i]),
+            count=int(summary.count[i]),
+            max_position=int(summary.peak[i]),
         )
         for i in ranked(summary, body.sort, body.top_k)
     ]
     trace = None
     if body.feature is not None and summary.trace is not None:
-        values = [FeatureValue(position=p, token=strings[p], value=float(v)) for p, v in zip(summary.positions, summary.trace.tolist(), strict=True)]
-        trace = FeatureTrace(index=body.feature, label=label_of(labels, body.feature), values=values)
+        values = [
+            FeatureValue(position=p, token=strings[p], value=float(v))
+            for p, v in zip(summary.positions, summary.trace.tolist(), strict=True)
+        ]
+        trace = FeatureTrace(
+            index=body.feature, label=label_of(labels, body.feature), values=values
+        )
     return InspectResponse(
-        model=lm.name, sae_id=attached.info.id, layer=attached.layer, sort=body.sort,
-        steered=steered.edit is not None, steering=SteeringUsed(kind=steered.kind, params=steered.params),
+        model=lm.name,
+        sae_id=attached.info.id,
+        layer=attached.layer,
+        sort=body.sort,
+        steered=steered.edit is not None,
+        steering=SteeringUsed(kind=steered.kind, params=steered.params),
         prompt_tokens=len(prompt),
-        tokens=[TokenRead(position=p, token_id=prompt[p], token=strings[p]) for p in summary.positions],
-        features=features, activations=trace,
+        tokens=[
+            TokenRead(position=p, token_id=prompt[p], token=strings[p]) for p in summary.positions
+        ],
+        features=features,
+        activations=trace,
     )
 
 
 def inspect_prompt(lm: LoadedModel, body: InspectRequest, cap: int) -> list[int]:
     """The text's or conversation's token ids, readable and within MILLM_DISCOVERY_MAX_TOKENS."""
     param = "text" if body.text is not None else "messages"
-    ids = text_prompt(lm, body.text, param) if body.text is not None else conversation_prompt(lm, body.messages or [], param)
+    ids = (
+        text_prompt(lm, body.text, param)
+        if body.text is not None
+        else conversation_prompt(lm, body.messages or [], param)
+    )
     check_readable(lm, ids, param)
     check_total([(param, ids)], cap)
     return ids
@@ -127,5 +158,9 @@ async def inspect_text(state: ServerState, sae_id: str, body: InspectRequest) ->
     attached = attached_sae(state, info, lm)
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)
-    answered = await read_passes(state, [prompt], (discovery_read(attached, summarise(body.feature)),), steered.edit)
-    return await to_thread.run_sync(answer, state, lm, attached, prompt, answered.reads[0].encoded, body, steered)
+    answered = await read_passes(
+        state, [prompt], (discovery_read(attached, summarise(body.feature)),), steered.edit
+    )
+    return await to_thread.run_sync(
+        answer, state, lm, attached, prompt, answered.reads[0].encoded, body, steered
+    )

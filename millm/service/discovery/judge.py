@@ -72,5 +72,8 @@ def judge_for(tokenizer, goal: str) -> Judge:
     """A judge for `goal`, or 400 when the tokenizer cannot tell a yes from a no by the first token."""
     yes, no = judge_tokens(tokenizer)
     if not yes or not no:
-        raise InvalidRequest("this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge AutoSteer's settings", param="goal")
+        raise InvalidRequest(
+            "this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge AutoSteer's settings",
+            param="goal",
+        )
     return Judge(goal, yes, no)

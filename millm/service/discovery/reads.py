@@ -39,7 +39,9 @@ def encode_dense(sae: SAE, residuals: torch.Tensor) -> torch.Tensor:
     return torch.cat(out) if out else torch.zeros(0, sae.d_sae)
 
 
-def discovery_read(attached: Attached, summarise: Callable[[torch.Tensor, tuple[int, ...]], Any]) -> ResidualRead:
+def discovery_read(
+    attached: Attached, summarise: Callable[[torch.Tensor, tuple[int, ...]], Any]
+) -> ResidualRead:
     """A read of every prompt position but the first at the SAE's point (after any edit there),
     whose dense activations `[n, d_sae]` and the positions they are at go to `summarise`, on the scheduler thread."""
 
@@ -52,7 +54,12 @@ def discovery_read(attached: Attached, summarise: Callable[[torch.Tensor, tuple[
     return ResidualRead(attached.point, True, "prompt", TAG, encode=encode)
 
 
-async def read_passes(state, prompts: list[list[int]], reads: tuple[ResidualRead, ...], edit: ResidualEdit | None = None) -> ScoresReady:
+async def read_passes(
+    state,
+    prompts: list[list[int]],
+    reads: tuple[ResidualRead, ...],
+    edit: ResidualEdit | None = None,
+) -> ScoresReady:
     """One pass per prompt on the scheduler thread for the request holding the model's lease; the reads' summaries come back in `ScoresReady.reads`."""
     result = OneResult(ScoresReady)
     job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, edit=edit)

@@ -60,7 +60,9 @@ def resolve_variants(planner: Planner, variants: list[Variant]) -> list[Resolved
     return resolved
 
 
-def resolve_variant(planner: Planner, attached: dict[str, Attached], variant: Variant, where: str = "variant") -> Resolved:
+def resolve_variant(
+    planner: Planner, attached: dict[str, Attached], variant: Variant, where: str = "variant"
+) -> Resolved:
     """One variant's plan and description (its refusals name `where`)."""
     dial = dial_of(variant)
     if variant.unsteered:
@@ -82,7 +84,9 @@ def dial_of(variant: Variant) -> Dial | None:
     return None if variant.intensity is None else parse_dial(variant.intensity)
 
 
-def features_edit(attached: dict[str, Attached], settings: list[FeatureSetting], where: str) -> tuple[ResidualEdit | None, list[AppliedFeature]]:
+def features_edit(
+    attached: dict[str, Attached], settings: list[FeatureSetting], where: str
+) -> tuple[ResidualEdit | None, list[AppliedFeature]]:
     """The residual edit of these feature strengths (None when all are 0) and the features as applied.
 
     Each index must fit its SAE's width (400 invalid_feature_index); a feature listed twice is a
@@ -96,9 +100,14 @@ def features_edit(attached: dict[str, Attached], settings: list[FeatureSetting],
         index = check_feature(target.info, setting.index, param=f"{entry}.index")
         features = strengths.setdefault(target.info.id, {})
         if index in features:
-            raise InvalidRequest(f"feature {index} of {target.info.id} is listed twice; list each feature once", param=entry)
+            raise InvalidRequest(
+                f"feature {index} of {target.info.id} is listed twice; list each feature once",
+                param=entry,
+            )
         features[index] = setting.strength
-        applied.append(AppliedFeature(sae_id=target.info.id, index=index, strength=setting.strength))
+        applied.append(
+            AppliedFeature(sae_id=target.info.id, index=index, strength=setting.strength)
+        )
     return steering_edit(strengths, attached), applied
 
 
@@ -107,8 +116,16 @@ def describe(plan: Plan, features: list[AppliedFeature] | None = None) -> Applie
     params = dict(plan.params)
     name = params.pop("name", None)
     return AppliedSteering(
-        kind=plan.kind, name=None if name is None else str(name), intensity=plan.intensity, rung=plan.rung, features=features,
-        params={key: value for key, value in params.items() if isinstance(value, (str, int, float, bool))},
+        kind=plan.kind,
+        name=None if name is None else str(name),
+        intensity=plan.intensity,
+        rung=plan.rung,
+        features=features,
+        params={
+            key: value
+            for key, value in params.items()
+            if isinstance(value, (str, int, float, bool))
+        },
     )
 
 

@@ -27,7 +27,9 @@ MISMATCH = "vector_sae_mismatch"
 
 def _where(state: ServerState, info: SAEInfo) -> int | None:
     """The layer an SAE reads: where it is attached, else its file's hook layer (None: neither says)."""
-    attached = dict(state.steering.attached).get(info.id)  # a copy, not the lock: this runs on the event loop
+    attached = dict(state.steering.attached).get(
+        info.id
+    )  # a copy, not the lock: this runs on the event loop
     return attached.layer if attached is not None else info.layer
 
 
@@ -47,7 +49,10 @@ def _sae_at_point(state: ServerState, row: dict) -> SAEInfo:
 def check_same_point(row: dict, info: SAEInfo, layer: int | None) -> int:
     """The SAE's layer when it reads the vector's residual (point and width); 400 vector_sae_mismatch naming sae_id otherwise."""
     if layer is None:
-        raise InvalidRequest(f"{info.id} names no layer (its file has no hook layer) and is not attached; attach it at a layer first", param="sae_id")
+        raise InvalidRequest(
+            f"{info.id} names no layer (its file has no hook layer) and is not attached; attach it at a layer first",
+            param="sae_id",
+        )
     if residual_point(layer, info.hook_point) != residual_point(row["layer"], row["hook_point"]):
         raise InvalidRequest(
             f"{info.id} reads layer {layer} ({info.hook_point}), but vector {row['name']!r} was trained at layer {row['layer']} "
@@ -57,23 +62,40 @@ def check_same_point(row: dict, info: SAEInfo, layer: int | None) -> int:
         )
     if info.d_in != row["d_model"]:
         raise InvalidRequest(
-            f"{info.id} reads vectors of width {info.d_in}, but vector {row['name']!r} has d_model {row['d_model']}", param="sae_id", code=MISMATCH
+            f"{info.id} reads vectors of width {info.d_in}, but vector {row['name']!r} has d_model {row['d_model']}",
+            param="sae_id",
+            code=MISMATCH,
         )
     return layer
 
 
-def _explanation(state: ServerState, row: dict, info: SAEInfo, layer: int, decoder: Decoder, k: int) -> VectorExplanation:
+def _explanation(
+    state: ServerState, row: dict, info: SAEInfo, layer: int, decoder: Decoder, k: int
+) -> VectorExplanation:
     """The decomposition and the labels (numpy and a store read: a worker thread)."""
     parts = decompose(row["unit"], decoder.unit, k)
     labels = state.labels.entries(info.id)
-    features = [ExplainedFeature(index=p.index, label=label_of(labels, p.index), cosine=p.cosine, cumulative=p.cumulative) for p in parts]
+    features = [
+        ExplainedFeature(
+            index=p.index, label=label_of(labels, p.index), cosine=p.cosine, cumulative=p.cumulative
+        )
+        for p in parts
+    ]
     return VectorExplanation(
-        vector_id=row["id"], name=row["name"], sae_id=info.id, layer=layer, hook_point=info.hook_point, k=len(parts),
-        fraction_explained=parts[-1].cumulative, features=features,
+        vector_id=row["id"],
+        name=row["name"],
+        sae_id=info.id,
+        layer=layer,
+        hook_point=info.hook_point,
+        k=len(parts),
+        fraction_explained=parts[-1].cumulative,
+        features=features,
     )
 
 
-async def explain_vector(state: ServerState, key: str, sae_id: str | None, k: int) -> VectorExplanation:
+async def explain_vector(
+    state: ServerState, key: str, sae_id: str | None, k: int
+) -> VectorExplanation:
     """The vector's top-k features by |cosine| over the SAE's decoder, with labels and the fraction they explain."""
     row = state.vectors.find(key)  # memory (the book's shelf)
     info = state.saes.get(sae_id) if sae_id is not None else _sae_at_point(state, row)

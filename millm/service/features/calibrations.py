@@ -32,7 +32,9 @@ from millm.store.database import Store
 
 log = logging.getLogger(__name__)
 
-SHIPPED_FILE = "calibration.json"  # a calibration shipped in an SAE's folder, imported on registration
+SHIPPED_FILE = (
+    "calibration.json"  # a calibration shipped in an SAE's folder, imported on registration
+)
 SHIPPED_KIND = "millm.calibration"
 SHIPPED_VERSION = 1
 PARSED_KEPT = 4  # calibrations whose figures stay parsed in memory
@@ -57,7 +59,9 @@ PERCENTILES_NOTE = (
 class TopExample(BaseModel):
     """One of a feature's largest activations: where (text and token position) and the text around it."""
 
-    text_index: int  # the text's index in the calibration's corpus (texts first, then conversations)
+    text_index: (
+        int  # the text's index in the calibration's corpus (texts first, then conversations)
+    )
     position: int  # the token's position in that text
     activation: float
     before: str  # up to 16 tokens before it
@@ -92,7 +96,9 @@ class CalibrationSummary(BaseModel):
     model: str  # the served model name it was read on
     model_fingerprint: str | None = None
     created_at: float
-    corpus: str  # "demo" (the corpus shipped with the SAE) or "request" (texts and conversations sent)
+    corpus: (
+        str  # "demo" (the corpus shipped with the SAE) or "request" (texts and conversations sent)
+    )
     texts: int
     tokens: int  # tokens fed (each text cut to max_tokens_per_text)
     positions: int  # positions read: every token but each text's first
@@ -101,7 +107,9 @@ class CalibrationSummary(BaseModel):
     top_examples: int
     d_sae: int
     features_fired: int
-    sample_rate: float  # 1.0: every firing value went into the quantiles; less: a uniform sample of them
+    sample_rate: (
+        float  # 1.0: every firing value went into the quantiles; less: a uniform sample of them
+    )
     duration_s: float
     quantiles: str = QUANTILES_NOTE
     examples: str = TOP_EXAMPLES_NOTE
@@ -148,7 +156,12 @@ class CalibrationBook:
             try:
                 self._remember(row)
             except (ValidationError, KeyError, ValueError) as exc:
-                log.warning("stored calibration of %s on %s is unreadable (%s); it is ignored", row.sae_id, row.model, exc)
+                log.warning(
+                    "stored calibration of %s on %s is unreadable (%s); it is ignored",
+                    row.sae_id,
+                    row.model,
+                    exc,
+                )
 
     def _remember(self, row: CalibrationRow) -> None:
         summary = CalibrationSummary.model_validate(row.summary)
@@ -176,13 +189,17 @@ class CalibrationBook:
         table = self.table(sae_id, model)
         return None if table is None else table.of(feature, value)
 
-    def figures(self, sae_id: str, model: str, indices: list[int] | None = None) -> dict[int, FeatureFigures]:
+    def figures(
+        self, sae_id: str, model: str, indices: list[int] | None = None
+    ) -> dict[int, FeatureFigures]:
         """Figures of the features asked for (all when None; indices past the width are left out);
         empty when not calibrated. Reads the store: call it from a worker thread."""
         stored = self._stored_features(sae_id, model)
         if stored is None:
             return {}
-        wanted = range(len(stored)) if indices is None else [i for i in indices if 0 <= i < len(stored)]
+        wanted = (
+            range(len(stored)) if indices is None else [i for i in indices if 0 <= i < len(stored)]
+        )
         return {i: FeatureFigures.model_validate(stored[i]) for i in wanted}
 
     def _stored_features(self, sae_id: str, model: str) -> list[dict] | None:
@@ -198,7 +215,9 @@ class CalibrationBook:
             return None
         with self._lock:
             current = self._tables.get(key)
-            if current is not None and current.created_at == row.created_at:  # not one replaced meanwhile
+            if (
+                current is not None and current.created_at == row.created_at
+            ):  # not one replaced meanwhile
                 self._parsed[key] = row.figures
                 while len(self._parsed) > PARSED_KEPT:
                     self._parsed.popitem(last=False)
@@ -246,7 +265,11 @@ class CalibrationBook:
         """Store the calibration shipped in an SAE's folder (`calibration.json`) for the model it names
         (only if that is `model`, when given) unless one is stored already; returns whether it was."""
         row = self.shipped(info)
-        if row is None or (model is not None and row.model != model) or self.summary(row.sae_id, row.model) is not None:
+        if (
+            row is None
+            or (model is not None and row.model != model)
+            or self.summary(row.sae_id, row.model) is not None
+        ):
             return False
         self.save(row)
         log.info("imported the calibration of %s on %s shipped with the SAE", row.sae_id, row.model)
@@ -262,14 +285,26 @@ class CalibrationBook:
         try:
             return shipped_row(json.loads(path.read_text()), info)
         except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
-            log.warning("%s is not a calibration of %s millm can read (%s); it is not imported", path, info.id, exc)
+            log.warning(
+                "%s is not a calibration of %s millm can read (%s); it is not imported",
+                path,
+                info.id,
+                exc,
+            )
             return None
 
 
 def shipped_document(row: CalibrationRow) -> dict:
     """A stored calibration as the file shipped beside an SAE."""
-    return {"kind": SHIPPED_KIND, "version": SHIPPED_VERSION, "sae_id": row.sae_id, "model": row.model,
-            "created_at": row.created_at, "summary": row.summary, "figures": row.figures}
+    return {
+        "kind": SHIPPED_KIND,
+        "version": SHIPPED_VERSION,
+        "sae_id": row.sae_id,
+        "model": row.model,
+        "created_at": row.created_at,
+        "summary": row.summary,
+        "figures": row.figures,
+    }
 
 
 def shipped_row(document: dict, info: SAEInfo) -> CalibrationRow:
@@ -279,17 +314,26 @@ def shipped_row(document: dict, info: SAEInfo) -> CalibrationRow:
     if document["sae_id"] != info.id:
         raise ValueError(f"it was made for {document['sae_id']}, not these weights ({info.id})")
     figures = document["figures"]
-    if len(figures["features"]) != info.d_sae or unpack_grids(figures["grids"]).shape[0] != info.d_sae:
-        raise ValueError(f"it has figures for {len(figures['features'])} features, the SAE has {info.d_sae}")
+    if (
+        len(figures["features"]) != info.d_sae
+        or unpack_grids(figures["grids"]).shape[0] != info.d_sae
+    ):
+        raise ValueError(
+            f"it has figures for {len(figures['features'])} features, the SAE has {info.d_sae}"
+        )
     CalibrationSummary.model_validate(document["summary"])
-    return CalibrationRow(info.id, str(document["model"]), document["summary"], figures, float(document["created_at"]))
+    return CalibrationRow(
+        info.id, str(document["model"]), document["summary"], figures, float(document["created_at"])
+    )
 
 
 def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
     """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
     for entries in rows:
         for entry in entries:
-            entry["percentile"] = table.of(entry["index"], entry["value"]) if table is not None else None
+            entry["percentile"] = (
+                table.of(entry["index"], entry["value"]) if table is not None else None
+            )
     return rows
 
 

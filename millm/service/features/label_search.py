@@ -58,7 +58,9 @@ def _texts(detail: dict[str, Any], keys: tuple[str, ...]) -> str:
 def search_texts(detail: dict[str, Any]) -> tuple[str, str]:
     """The text beside a label that a search reads: (top tokens, other explanations and a category;
     an example and a description)."""
-    return _texts(detail, ("top_tokens", "others", "category")), _texts(detail, ("example", "description"))
+    return _texts(detail, ("top_tokens", "others", "category")), _texts(
+        detail, ("example", "description")
+    )
 
 
 class LabelIndex:
@@ -69,9 +71,17 @@ class LabelIndex:
         self._lock = threading.Lock()
         # check_same_thread=False: worker-pool and job threads share it, one at a time under the lock.
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
-        self._db.execute("CREATE VIRTUAL TABLE labels USING fts5(label, also, context, source UNINDEXED, tokenize = 'porter unicode61')")
-        values = [(feature, label, source, also, context) for feature, label, source, (also, context) in rows]
-        self._db.executemany("INSERT INTO labels (rowid, label, source, also, context) VALUES (?, ?, ?, ?, ?)", values)
+        self._db.execute(
+            "CREATE VIRTUAL TABLE labels USING fts5(label, also, context, source UNINDEXED, tokenize = 'porter unicode61')"
+        )
+        values = [
+            (feature, label, source, also, context)
+            for feature, label, source, (also, context) in rows
+        ]
+        self._db.executemany(
+            "INSERT INTO labels (rowid, label, source, also, context) VALUES (?, ?, ?, ?, ?)",
+            values,
+        )
         self._db.commit()
 
     def search(self, query: str, limit: int) -> list[FeatureMatch]:
@@ -85,7 +95,9 @@ class LabelIndex:
         )
         with self._lock:
             found = self._db.execute(sql, (match, limit)).fetchall()
-        return [FeatureMatch(index=row[0], label=row[1], source=row[2], score=-row[3]) for row in found]
+        return [
+            FeatureMatch(index=row[0], label=row[1], source=row[2], score=-row[3]) for row in found
+        ]
 
     def close(self) -> None:
         """Free the table."""

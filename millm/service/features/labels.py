@@ -34,7 +34,9 @@ from millm.store.labels import (
 
 log = logging.getLogger(__name__)
 
-LABEL_SETS_KEPT = 8  # SAEs whose labels (and search index) stay in memory; the least recently used goes first
+LABEL_SETS_KEPT = (
+    8  # SAEs whose labels (and search index) stay in memory; the least recently used goes first
+)
 SAE_FILE = "sae_file"
 
 
@@ -47,7 +49,10 @@ class _LabelSet:
     entries: dict[int, dict] = field(default_factory=dict)
 
     def __post_init__(self):
-        self.entries = {row.feature: {"label": row.label, **row.detail, "source": row.source} for row in self.rows}
+        self.entries = {
+            row.feature: {"label": row.label, **row.detail, "source": row.source}
+            for row in self.rows
+        }
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,15 @@ class LabelBook:
         Safe to call from any thread (a job's included); does no torch work."""
         labels = self._set(sae_id)
         if fts_query(query) is None:
-            return [FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source) for r in labels.rows[:limit]]
+            return [
+                FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source)
+                for r in labels.rows[:limit]
+            ]
         with self._lock:
             if labels.index is None:
-                labels.index = LabelIndex([(r.feature, r.label, r.source, search_texts(r.detail)) for r in labels.rows])
+                labels.index = LabelIndex(
+                    [(r.feature, r.label, r.source, search_texts(r.detail)) for r in labels.rows]
+                )
             index = labels.index
         return index.search(query, limit)
 
@@ -173,7 +183,9 @@ class LabelBook:
         rows = file_rows(read_labels(info))
         past = [row[0] for row in rows if row[0] >= info.d_sae]
         if past:
-            raise SAEFormatError(f"{LABELS_FILE}: entry '{past[0]}': feature {past[0]} is past the SAE's width ({info.d_sae} features: 0..{info.d_sae - 1})")
+            raise SAEFormatError(
+                f"{LABELS_FILE}: entry '{past[0]}': feature {past[0]} is past the SAE's width ({info.d_sae} features: 0..{info.d_sae - 1})"
+            )
         if seed_labels(self.store, info.id, rows):
             self._changed(info.id)
             log.info("%s: %d labels imported from its feature_labels.json", info.id, len(rows))

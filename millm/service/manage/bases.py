@@ -41,7 +41,10 @@ class BaseManagement:
     def list_bases(self, kind: str) -> dict:
         """Every imported document of this kind."""
         with self.state.steering.lock:
-            return {"object": "list", "data": [self.view(kind, row) for row in self.book(kind).all()]}
+            return {
+                "object": "list",
+                "data": [self.view(kind, row) for row in self.book(kind).all()],
+            }
 
     def get_base(self, kind: str, key: str) -> dict:
         """One document by id or name."""
@@ -78,9 +81,18 @@ class BaseManagement:
             "intensity": row["intensity"],
             "intensity_range": list(declared) if declared else None,
             "authored_intensity": authored_intensity(document),
-            "sae": {"layer": sae.get("layer"), "n_features": sae.get("n_features"), "mistudio_sae_id": sae.get("mistudio_sae_id") or sae.get("sae_id")},
+            "sae": {
+                "layer": sae.get("layer"),
+                "n_features": sae.get("n_features"),
+                "mistudio_sae_id": sae.get("mistudio_sae_id") or sae.get("sae_id"),
+            },
             "members": [
-                {"feature_idx": m["feature_idx"], "strength": m["strength"], "sign": m.get("sign", 1), "label": m.get("label")}
+                {
+                    "feature_idx": m["feature_idx"],
+                    "strength": m["strength"],
+                    "sign": m.get("sign", 1),
+                    "label": m.get("label"),
+                }
                 for m in document["members"]
             ],
             "created_at": row["created_at"],
@@ -90,7 +102,11 @@ class BaseManagement:
         """Import a definition or a bundle; `activate` makes the (first) one the base, all or nothing."""
         with self.state.steering.lock:
             # An import that is to be activated must bind first: a refused activation stores nothing either.
-            check = (lambda definitions: cluster_binding(definitions[0], self.state.steering.attached)) if activate else None
+            check = (
+                (lambda definitions: cluster_binding(definitions[0], self.state.steering.attached))
+                if activate
+                else None
+            )
             rows = self.state.clusters.import_raw(raw, on_conflict, check)
             result: dict = {"object": "list"}
             if activate:
@@ -128,14 +144,22 @@ class BaseManagement:
             document = self.state.circuits.document(row)
             status = circuit_status(document, self.state.steering)
         except (json.JSONDecodeError, KeyError, TypeError):
-            return {"steering": False, "mode": "none", "reason": "the stored definition cannot be parsed"}
+            return {
+                "steering": False,
+                "mode": "none",
+                "reason": "the stored definition cannot be parsed",
+            }
         active = self.is_active("circuit", row["id"])
         steering = active and self.state.steering.enabled and status.mode != "none"
         reason = (
-            "not the active circuit" if not active
-            else "steering is disabled" if not self.state.steering.enabled
-            else "no SAE is attached on any member layer" if status.mode == "none"
-            else "served by its bound layers as a cluster (slice_fallback)" if status.mode == "slice_fallback"
+            "not the active circuit"
+            if not active
+            else "steering is disabled"
+            if not self.state.steering.enabled
+            else "no SAE is attached on any member layer"
+            if status.mode == "none"
+            else "served by its bound layers as a cluster (slice_fallback)"
+            if status.mode == "slice_fallback"
             else "every member layer is bound"
         )
         return {
@@ -179,8 +203,15 @@ class BaseManagement:
         """The active circuit (or None) and whether it steers now."""
         with self.state.steering.lock:
             active = self.state.steering.active
-            row = self.state.circuits.find(active["id"]) if active and active["kind"] == "circuit" else None
-            return {"circuit": self.circuit_view(row) if row else None, "steering": self.steering_status(row)}
+            row = (
+                self.state.circuits.find(active["id"])
+                if active and active["kind"] == "circuit"
+                else None
+            )
+            return {
+                "circuit": self.circuit_view(row) if row else None,
+                "steering": self.steering_status(row),
+            }
 
     def activate_circuit(self, key: str, acknowledge_rung: bool) -> dict:
         """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not causal)."""
@@ -190,10 +221,12 @@ class BaseManagement:
             if level < 2 and not acknowledge_rung:
                 raise InvalidRequest(
                     f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its edges are not causally validated; "
-                    "send {\"acknowledge_rung\": true} to activate it anyway",
+                    'send {"acknowledge_rung": true} to activate it anyway',
                     param="acknowledge_rung",
                     code="rung_not_acknowledged",
                 )
-            self.state.planner.check_fits("circuit", row["id"])  # a circuit none of whose layers binds would refuse every request
+            self.state.planner.check_fits(
+                "circuit", row["id"]
+            )  # a circuit none of whose layers binds would refuse every request
             self.state.steering.set_active("circuit", row["id"])
             return self.circuit_view(row)

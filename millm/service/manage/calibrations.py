@@ -20,10 +20,16 @@ def parse_features(text: str | None) -> list[int] | None:
     indices = []
     for part in (p.strip() for p in text.split(",")):
         if not part.isdigit():
-            raise InvalidRequest(f"features: {part!r} is not a feature index (give comma-separated integers, e.g. 1,2,3)", param="features")
+            raise InvalidRequest(
+                f"features: {part!r} is not a feature index (give comma-separated integers, e.g. 1,2,3)",
+                param="features",
+            )
         indices.append(int(part))
     if len(indices) > MAX_FEATURES_SHOWN:
-        raise InvalidRequest(f"features: at most {MAX_FEATURES_SHOWN} per request, got {len(indices)}", param="features")
+        raise InvalidRequest(
+            f"features: at most {MAX_FEATURES_SHOWN} per request, got {len(indices)}",
+            param="features",
+        )
     return list(dict.fromkeys(indices))
 
 
@@ -71,4 +77,10 @@ class CalibrationManagement:
         if not self.state.calibrations.delete(sae_id, name):
             raise not_calibrated(sae_id, name)
         restored = self.state.calibrations.import_shipped(info, name)
-        return {"object": "calibration", "sae_id": sae_id, "model": name, "deleted": True, "restored_shipped": restored}
+        return {
+            "object": "calibration",
+            "sae_id": sae_id,
+            "model": name,
+            "deleted": True,
+            "restored_shipped": restored,
+        }

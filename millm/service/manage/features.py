@@ -30,7 +30,9 @@ class LabelImport(BaseModel):
     format: str  # the document's format, as detected or as forced
     source: str  # what the store records: neuronpedia, mistudio or plain
     imported: int  # labels the document brought
-    replaced: int  # PUT: labels stored before (all gone now); PATCH: stored labels the document overwrote
+    replaced: (
+        int  # PUT: labels stored before (all gone now); PATCH: stored labels the document overwrote
+    )
     skipped: int  # entries with an empty label (never stored)
     total: int  # labels the SAE has now
 
@@ -80,7 +82,9 @@ class FeatureDetail(BaseModel):
     detail: dict[str, Any] | None
     decoder_norm: float
     neighbours: list[Neighbour]
-    calibrated_on: str | None  # the model whose calibration gave `calibration` (null: not calibrated)
+    calibrated_on: (
+        str | None
+    )  # the model whose calibration gave `calibration` (null: not calibrated)
     calibration: FeatureFigures | None  # frequency, mean, max, quantiles and top examples
 
 
@@ -101,14 +105,22 @@ class FeatureManagement:
     def __init__(self, state: ServerState):
         self.state = state
 
-    def import_labels(self, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool) -> LabelImport:
+    def import_labels(
+        self, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool
+    ) -> LabelImport:
         """Read a labels document (any accepted format), check it against the SAE's width, and replace
         the SAE's set with it or merge it in; all or nothing."""
         info = self.state.saes.get(sae_id)
         document = read_document(raw, content_type, fmt)
         check_width(document, info.d_sae)
-        counts = self.state.labels.replace(sae_id, document) if replace else self.state.labels.merge(sae_id, document)
-        return LabelImport(sae_id=sae_id, format=document.format, source=document.source, **vars(counts))
+        counts = (
+            self.state.labels.replace(sae_id, document)
+            if replace
+            else self.state.labels.merge(sae_id, document)
+        )
+        return LabelImport(
+            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
+        )
 
     def export_labels(self, sae_id: str, fmt: ExportFormat, detail: bool) -> tuple[str, str]:
         """(media type, body) of the SAE's labels in `fmt`; each re-imports to the same set."""
@@ -134,16 +146,33 @@ class FeatureManagement:
         found = self.state.labels.search(sae_id, query, limit)
         total = self.state.labels.count(sae_id)
         model = self.calibration_model(sae_id)
-        figures = self.state.calibrations.figures(sae_id, model, [hit.index for hit in found]) if model is not None else {}
+        figures = (
+            self.state.calibrations.figures(sae_id, model, [hit.index for hit in found])
+            if model is not None
+            else {}
+        )
         data = [
-            FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max) if (f := figures.get(hit.index)) else FeatureHit(**hit.model_dump())
+            FeatureHit(**hit.model_dump(), frequency=f.frequency, max_activation=f.max)
+            if (f := figures.get(hit.index))
+            else FeatureHit(**hit.model_dump())
             for hit in found
         ]
-        return FeatureSearch(sae_id=sae_id, query=query, labels=total, has_labels=total > 0, calibrated_on=model, data=data)
+        return FeatureSearch(
+            sae_id=sae_id,
+            query=query,
+            labels=total,
+            has_labels=total > 0,
+            calibrated_on=model,
+            data=data,
+        )
 
     def calibration_model(self, sae_id: str) -> str | None:
         """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
-        model = self.state.switch.lm.name if self.state.switch.lm is not None else self.state.switch.expected_name
+        model = (
+            self.state.switch.lm.name
+            if self.state.switch.lm is not None
+            else self.state.switch.expected_name
+        )
         return model if self.state.calibrations.summary(sae_id, model) is not None else None
 
     # feature details ------------------------------------------------------------------------------------------
@@ -151,12 +180,26 @@ class FeatureManagement:
         entries = self.state.labels.entries(sae_id)
         entry = dict(entries.get(index) or {})
         label, source = entry.pop("label", None), entry.pop("source", None)
-        near = [Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label")) for i, c in neighbours(decoder, index, k)]
+        near = [
+            Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label"))
+            for i, c in neighbours(decoder, index, k)
+        ]
         model = self.calibration_model(sae_id)
-        figures = self.state.calibrations.figures(sae_id, model, [index]).get(index) if model is not None else None
+        figures = (
+            self.state.calibrations.figures(sae_id, model, [index]).get(index)
+            if model is not None
+            else None
+        )
         return FeatureDetail(
-            sae_id=sae_id, index=index, label=label, source=source, detail=entry if label is not None else None,
-            decoder_norm=float(decoder.norms[index]), neighbours=near, calibrated_on=model, calibration=figures,
+            sae_id=sae_id,
+            index=index,
+            label=label,
+            source=source,
+            detail=entry if label is not None else None,
+            decoder_norm=float(decoder.norms[index]),
+            neighbours=near,
+            calibrated_on=model,
+            calibration=figures,
         )
 
     async def feature_detail(self, sae_id: str, index: int, k: int) -> FeatureDetail:

@@ -13,7 +13,12 @@ from millm.service.runtime.threads import in_passing_thread
 
 def model_view(view: ModelView) -> dict:
     """A registered model as the management API shows it."""
-    body = {"object": "model", **view.entry.to_dict(), "state": view.state.value, "locked": view.locked}
+    body = {
+        "object": "model",
+        **view.entry.to_dict(),
+        "state": view.state.value,
+        "locked": view.locked,
+    }
     if view.error is not None:
         body["error"] = view.error
     if view.lm is not None:
@@ -30,7 +35,9 @@ def model_view(view: ModelView) -> dict:
 def model_card(view: ModelView) -> ModelCard:
     """OpenAI's model object, plus vLLM's max_model_len while the model is loaded."""
     return ModelCard(
-        id=view.entry.name, created=int(view.entry.registered_at), owned_by=view.entry.owned_by,
+        id=view.entry.name,
+        created=int(view.entry.registered_at),
+        owned_by=view.entry.owned_by,
         max_model_len=view.lm.context_length if view.lm is not None else None,
     )
 
@@ -42,7 +49,10 @@ def prefix_cache_stats(scheduler) -> dict:
         return {"enabled": True, "unavailable": None, **cache.snapshot()}
     if getattr(scheduler.lm.runner, "chunked", False):
         return {"enabled": False, "unavailable": "PREFIX_CACHE_BYTES is 0"}
-    return {"enabled": False, "unavailable": f"the {scheduler.lm.runner.name} runner cannot restore a prefix's keys and values"}
+    return {
+        "enabled": False,
+        "unavailable": f"the {scheduler.lm.runner.name} runner cannot restore a prefix's keys and values",
+    }
 
 
 class ModelManagement:
@@ -57,7 +67,11 @@ class ModelManagement:
 
     def list_registered(self) -> dict:
         """Every registered model and the steering lock."""
-        return {"object": "list", "locked": self.state.switch.locked, "data": [model_view(view) for view in self.state.switch.views()]}
+        return {
+            "object": "list",
+            "locked": self.state.switch.locked,
+            "data": [model_view(view) for view in self.state.switch.views()],
+        }
 
     def register_model(self, source: str, name: str | None) -> tuple[dict, bool]:
         """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
@@ -67,12 +81,19 @@ class ModelManagement:
     async def load_model(self, name: str) -> dict:
         """Load a model (replacing the loaded one) and say whether the active base still fits."""
         await in_passing_thread(self.state.switch.load, name)
-        return {**model_view(self.state.switch.view(name)), "active_base": self.state.planner.active_fit()}
+        return {
+            **model_view(self.state.switch.view(name)),
+            "active_base": self.state.planner.active_fit(),
+        }
 
     async def unload_model(self, name: str) -> dict:
         """Unload a model gracefully."""
         was = await in_passing_thread(self.state.switch.unload, name)
-        return {**model_view(self.state.switch.view(name)), "was_loaded": was, "active_base": self.state.planner.active_fit()}
+        return {
+            **model_view(self.state.switch.view(name)),
+            "was_loaded": was,
+            "active_base": self.state.planner.active_fit(),
+        }
 
     def lock_model(self, name: str) -> dict:
         """Serve only this model."""
@@ -111,7 +132,10 @@ class ModelManagement:
         """The model's state (and load error, if any), and whether requests can be served now."""
         status = self.state.switch.status
         lm = self.state.switch.lm
-        body = {"status": "ready" if status is ModelStatus.LOADED else status.value, "model": self.state.switch.expected_name}
+        body = {
+            "status": "ready" if status is ModelStatus.LOADED else status.value,
+            "model": self.state.switch.expected_name,
+        }
         if lm is not None:
             body["system_fingerprint"] = lm.system_fingerprint
         error = self.state.switch.load_error
@@ -132,7 +156,11 @@ class ModelManagement:
             "engine": None,
             "runner": None,
             "numerics": "reproducible" if settings.reproducible else "fast",
-            "continuous_batching": {"enabled": settings.enable_continuous_batching, "max_batch_size": settings.max_batch_size, "unavailable": None},
+            "continuous_batching": {
+                "enabled": settings.enable_continuous_batching,
+                "max_batch_size": settings.max_batch_size,
+                "unavailable": None,
+            },
             "queue_depth": 0,
             "running_rows": 0,
             "batch_size": 0,

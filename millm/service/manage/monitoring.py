@@ -20,7 +20,9 @@ class MonitorManagement:
     def configure(self, changes: dict) -> dict:
         """Change any of enabled, sae_id, features, top_k, positions (validated whole, stored)."""
         with self.state.steering.lock:
-            return self.state.monitor.configure(changes, self.state.steering.attached, self.state.saes.get)
+            return self.state.monitor.configure(
+                changes, self.state.steering.attached, self.state.saes.get
+            )
 
     def reset(self) -> dict:
         """Forget records and statistics (settings stay)."""

@@ -29,7 +29,9 @@ class ProbeManagement:
     def update_probe(self, key: str, changes: dict) -> dict:
         """Replace the fields given (name, description, detector); the result is validated whole, and an
         active probe must still fit the loaded model."""
-        with self.state.probes.writing():  # no activation or other write between the check and the update
+        with (
+            self.state.probes.writing()
+        ):  # no activation or other write between the check and the update
             row = self.state.probes.find(key)
             if row["active"] and "detector" in changes:
                 self.bind_probe({**row["document"], **changes}, "detector")
@@ -42,7 +44,12 @@ class ProbeManagement:
 
     def import_probes(self, payload, on_conflict: str) -> dict:
         """Import a probe document or a bundle, all or nothing (imported probes are inactive)."""
-        return {"object": "list", "data": [probe_view(row) for row in self.state.probes.import_documents(payload, on_conflict)]}
+        return {
+            "object": "list",
+            "data": [
+                probe_view(row) for row in self.state.probes.import_documents(payload, on_conflict)
+            ],
+        }
 
     def export_probes(self) -> dict:
         """A millm.probe-bundle of every probe."""
@@ -59,8 +66,12 @@ class ProbeManagement:
             row = self.state.probes.find(key)
             checked = self.bind_probe(row["document"], "detector")
             row = self.state.probes.set_active(row["id"], True)
-        reason = "it watches every chat and text completion admitted from now on" if checked else (
-            "no model is loaded: it is checked against the model's SAEs and calibrations once one is, and skipped where it does not fit"
+        reason = (
+            "it watches every chat and text completion admitted from now on"
+            if checked
+            else (
+                "no model is loaded: it is checked against the model's SAEs and calibrations once one is, and skipped where it does not fit"
+            )
         )
         return {"probe": probe_view(row), "checked": checked, "reason": reason}
 
@@ -74,5 +85,12 @@ class ProbeManagement:
         lm = self.state.switch.lm
         if lm is None:
             return False
-        bind(dict(self.state.steering.attached), self.state.calibrations, lm, document["name"], document["detector"], param)
+        bind(
+            dict(self.state.steering.attached),
+            self.state.calibrations,
+            lm,
+            document["name"],
+            document["detector"],
+            param,
+        )
         return True

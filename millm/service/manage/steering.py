@@ -39,7 +39,11 @@ class SteeringManagement:
         steering = self.state.steering
         with steering.lock:
             attached = steering.attached.get(sae_id)
-            view = {**info.to_dict(), "attached": attached is not None, "attached_layer": attached.layer if attached else None}
+            view = {
+                **info.to_dict(),
+                "attached": attached is not None,
+                "attached_layer": attached.layer if attached else None,
+            }
             if sae_id in steering.attach_errors:
                 view["attach_error"] = steering.attach_errors[sae_id]
         return view
@@ -54,7 +58,11 @@ class SteeringManagement:
         with self.state.steering.lock:
             # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
             if sae_id in self.state.steering.attached or sae_id in attachments(self.state.store):
-                raise Conflict(f"{sae_id} is attached (or re-attaches when the model loads); detach it first", param="sae_id", code="sae_attached")
+                raise Conflict(
+                    f"{sae_id} is attached (or re-attaches when the model loads); detach it first",
+                    param="sae_id",
+                    code="sae_attached",
+                )
             self.state.steering.set_features({}, clear=sae_id)
             self.state.saes.forget(sae_id)
             self.state.decoders.drop(sae_id)
@@ -62,7 +70,12 @@ class SteeringManagement:
 
     def attached_view(self, sae_id: str, **extra) -> dict:
         """An SAE after an attach or detach: its view, the steering version and whether the active base still fits."""
-        return {**self.sae_view(sae_id), **extra, "steering_version": self.state.steering.version, "active_base": self.state.planner.active_fit()}
+        return {
+            **self.sae_view(sae_id),
+            **extra,
+            "steering_version": self.state.steering.version,
+            "active_base": self.state.planner.active_fit(),
+        }
 
     def detach_sae(self, sae_id: str) -> dict:
         """Stop steering and reading through an SAE (its live strengths are kept)."""
@@ -76,16 +89,22 @@ class SteeringManagement:
         with steering.lock:
             active = self.state.planner.active_fit()  # with whether it still fits the attached SAEs
             saes = []
-            for sae_id in sorted(set(steering.features) | set(steering.attached) | set(steering.attach_errors)):
+            for sae_id in sorted(
+                set(steering.features) | set(steering.attached) | set(steering.attach_errors)
+            ):
                 attached = steering.attached.get(sae_id)
                 features = steering.features.get(sae_id, {})
                 entry = {
                     "sae_id": sae_id,
                     "attached": attached is not None,
                     "layer": attached.layer if attached else None,
-                    "features": [{"index": i, **op.to_dict()} for i, op in sorted(features.items())],
+                    "features": [
+                        {"index": i, **op.to_dict()} for i, op in sorted(features.items())
+                    ],
                 }
-                if sae_id in steering.attach_errors:  # attached in the store, not in this process: why
+                if (
+                    sae_id in steering.attach_errors
+                ):  # attached in the store, not in this process: why
                     entry["attach_error"] = steering.attach_errors[sae_id]
                 saes.append(entry)
             live, reason = steering.live_now()
@@ -94,7 +113,9 @@ class SteeringManagement:
                 "version": steering.version,
                 "source": (active["kind"] if active else "live") if steering.enabled else "off",
                 "active_base": active,
-                "active_profile": {"id": active["id"], "name": active["name"]} if active and active["kind"] == "profile" else None,
+                "active_profile": {"id": active["id"], "name": active["name"]}
+                if active and active["kind"] == "profile"
+                else None,
                 "saes": saes,
                 "live": live,
                 "live_reason": reason,
@@ -103,12 +124,16 @@ class SteeringManagement:
     def change_view(self, sae_ids: set[str]) -> dict:
         """After a change: the new state and whether the change affects new requests now."""
         with self.state.steering.lock:
-            verdicts = [self.state.steering.live_now(sae_id) for sae_id in sorted(sae_ids)] or [self.state.steering.live_now()]
+            verdicts = [self.state.steering.live_now(sae_id) for sae_id in sorted(sae_ids)] or [
+                self.state.steering.live_now()
+            ]
             live = all(v[0] for v in verdicts)
             reason = next((v[1] for v in verdicts if not v[0]), verdicts[0][1])
             return {"live": live, "reason": reason, "steering": self.steering_view()}
 
-    def set_features(self, changes: Mapping[tuple[str, int], FeatureOp | None], clear: str | bool = False) -> dict:
+    def set_features(
+        self, changes: Mapping[tuple[str, int], FeatureOp | None], clear: str | bool = False
+    ) -> dict:
         """Apply feature changes all or nothing (None, or an add of 0, clears a feature); `clear` first clears all or one SAE's."""
         if isinstance(clear, str):
             self.state.saes.get(clear)
@@ -121,7 +146,11 @@ class SteeringManagement:
         self.state.steering.set_enabled(enabled)
         if enabled:
             return self.change_view(set())
-        return {"live": True, "reason": "steering is off for every request admitted from now on", "steering": self.steering_view()}
+        return {
+            "live": True,
+            "reason": "steering is off for every request admitted from now on",
+            "steering": self.steering_view(),
+        }
 
     # profiles --------------------------------------------------------------------------------------------
     def profile_view(self, row: dict) -> dict:
@@ -148,12 +177,18 @@ class SteeringManagement:
             for sae_id, features in sorted(steering.features.items()):
                 attached = steering.attached.get(sae_id)
                 layer = attached.layer if attached else self.state.saes.get(sae_id).layer
-                entries.append({
-                    "sae_id": sae_id,
-                    **({"layer": layer} if layer is not None else {}),
-                    "features": [{"index": i, **op.to_dict()} for i, op in sorted(features.items())],
-                })
-            return self.create_profile({"name": name, "description": description, "steering": entries})
+                entries.append(
+                    {
+                        "sae_id": sae_id,
+                        **({"layer": layer} if layer is not None else {}),
+                        "features": [
+                            {"index": i, **op.to_dict()} for i, op in sorted(features.items())
+                        ],
+                    }
+                )
+            return self.create_profile(
+                {"name": name, "description": description, "steering": entries}
+            )
 
     def update_profile(self, key: str, changes: dict, revision: int | None = None) -> dict:
         """Replace fields of a profile (409 revision_conflict when `revision` is not the stored one); the
@@ -191,15 +226,26 @@ class SteeringManagement:
         """Make a profile the global base (checked against the attached SAEs first)."""
         row = self.state.steering.activate_profile(key)
         live = self.state.steering.enabled
-        reason = "active for every request admitted from now on" if live else "steering is disabled; the profile applies once it is enabled"
-        return {"profile": self.profile_view(row), "live": live, "reason": reason, "steering": self.steering_view()}
+        reason = (
+            "active for every request admitted from now on"
+            if live
+            else "steering is disabled; the profile applies once it is enabled"
+        )
+        return {
+            "profile": self.profile_view(row),
+            "live": live,
+            "reason": reason,
+            "steering": self.steering_view(),
+        }
 
     def deactivate_profile(self) -> dict:
         """The live values become the base again."""
         previous = self.state.steering.deactivate_profile()
         return {"deactivated": previous, "steering": self.steering_view()}
 
-    async def register_sae(self, path: str | None, repo: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
+    async def register_sae(
+        self, path: str | None, repo: str | None, revision: str | None
+    ) -> tuple[SAEInfo, bool]:
         """Register an SAE file (a local path inside the allowed directories, or a hub repository);
         whether it was new. Reading the file is blocking work: a passing thread."""
         return await in_passing_thread(self.state.registrations.sae, path, repo, revision)

@@ -29,7 +29,12 @@ from millm.errors import (
 
 # How the safetensors library words a file whose length is not what its header says (newer
 # releases, then older ones).
-SAFETENSORS_WRONG_LENGTH = ("invalid header length", "incomplete metadata", "InvalidHeaderLength", "MetadataIncompleteBuffer")
+SAFETENSORS_WRONG_LENGTH = (
+    "invalid header length",
+    "incomplete metadata",
+    "InvalidHeaderLength",
+    "MetadataIncompleteBuffer",
+)
 
 
 @dataclass(frozen=True)
@@ -95,16 +100,24 @@ def _weight_files(directory: Path) -> list[Path]:
         index = directory / index_name
         if index.is_file():
             try:
-                names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+                names = sorted(
+                    set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+                )
             except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-                raise ModelSourceError(f"{index_name} in {directory} is not a valid weight index") from None
+                raise ModelSourceError(
+                    f"{index_name} in {directory} is not a valid weight index"
+                ) from None
             missing = [name for name in names if not (directory / name).is_file()]
             if missing:
-                raise ModelSourceError(f"{directory} lacks weight files its {index_name} names: {', '.join(missing[:5])}")
+                raise ModelSourceError(
+                    f"{directory} lacks weight files its {index_name} names: {', '.join(missing[:5])}"
+                )
             return [directory / name for name in names]
     files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
     if not files:
-        raise ModelSourceError(f"{directory} has no weight files (*.safetensors or pytorch_model*.bin)")
+        raise ModelSourceError(
+            f"{directory} has no weight files (*.safetensors or pytorch_model*.bin)"
+        )
     return files
 
 
@@ -125,8 +138,12 @@ def _safetensors(path: Path) -> tuple[int, int]:
     except SafetensorError as exc:
         reason = str(exc).removeprefix("Error while deserializing header: ")
         if reason.startswith(SAFETENSORS_WRONG_LENGTH):
-            raise ModelSourceError(f"{path.name} in {path.parent} is truncated: the file has {size} bytes, not the size its header describes") from None
-        raise ModelSourceError(f"{path.name} in {path.parent} is not a valid safetensors file ({reason})") from None
+            raise ModelSourceError(
+                f"{path.name} in {path.parent} is truncated: the file has {size} bytes, not the size its header describes"
+            ) from None
+        raise ModelSourceError(
+            f"{path.name} in {path.parent} is not a valid safetensors file ({reason})"
+        ) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -145,7 +162,9 @@ def _gguf_read(path: Path, size: int, mtime_ns: int) -> tuple[int, GGUFShape]:
             if handle.read(4) != b"GGUF":
                 raise ModelSourceError(f"{path.name} in {path.parent} is not a GGUF file") from None
         # The reader fails on a tensor whose data runs past the end of the file, or on a table it cannot walk.
-        raise ModelSourceError(f"{path.name} in {path.parent} is not a whole GGUF file (truncated or corrupt: {exc})") from None
+        raise ModelSourceError(
+            f"{path.name} in {path.parent} is not a whole GGUF file (truncated or corrupt: {exc})"
+        ) from None
 
 
 def _gguf_shape(reader) -> GGUFShape:
@@ -157,12 +176,25 @@ def _gguf_shape(reader) -> GGUFShape:
         return field.contents() if field is not None else None
 
     arch = value("general.architecture")
-    layers, heads, kv_heads, width = (value(f"{arch}.{key}") for key in
-                                      ("block_count", "attention.head_count", "attention.head_count_kv", "embedding_length"))
+    layers, heads, kv_heads, width = (
+        value(f"{arch}.{key}")
+        for key in (
+            "block_count",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "embedding_length",
+        )
+    )
     if isinstance(heads, list):  # per-layer counts (some architectures vary them)
         heads = max(heads) or None
-    per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads if kv_heads is not None else heads] * (layers or 0)
-    key_length = value(f"{arch}.attention.key_length") or (width // heads if width and heads else None)
+    per_layer = (
+        kv_heads
+        if isinstance(kv_heads, list)
+        else [kv_heads if kv_heads is not None else heads] * (layers or 0)
+    )
+    key_length = value(f"{arch}.attention.key_length") or (
+        width // heads if width and heads else None
+    )
     value_length = value(f"{arch}.attention.value_length") or key_length
     kv = sum(int(n) * (key_length + value_length) for n in per_layer if n) if key_length else None
     tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -182,9 +214,18 @@ def check_quantization(name: str, checkpoint: Checkpoint) -> None:
     if quant is None:
         return
     if not isinstance(quant, dict):
-        raise UnsupportedQuantization(f"model {name!r} has a quantization_config that is not an object", param="model")
-    method = str(quant.get("quant_method") or ("bitsandbytes" if quant.get("load_in_4bit") or quant.get("load_in_8bit") else "unnamed"))
-    bits = quant.get("bits") or quant.get("weight_bits") or (4 if quant.get("load_in_4bit") else 8 if quant.get("load_in_8bit") else None)
+        raise UnsupportedQuantization(
+            f"model {name!r} has a quantization_config that is not an object", param="model"
+        )
+    method = str(
+        quant.get("quant_method")
+        or ("bitsandbytes" if quant.get("load_in_4bit") or quant.get("load_in_8bit") else "unnamed")
+    )
+    bits = (
+        quant.get("bits")
+        or quant.get("weight_bits")
+        or (4 if quant.get("load_in_4bit") else 8 if quant.get("load_in_8bit") else None)
+    )
     described = f"{method} {bits}-bit" if isinstance(bits, (int, float)) else method
     if isinstance(bits, (int, float)) and bits <= 2:
         reason = "2-bit and narrower weights have no kernel here"
@@ -211,7 +252,9 @@ class DeviceMemory:
     def fits(self) -> bool:
         """Whether the weights fit beside what stays on the device (and under the cap)."""
         room = self.free_bytes + self.reclaimable_bytes
-        return self.needed_bytes <= room and (self.limit_bytes is None or self.needed_bytes <= self.limit_bytes)
+        return self.needed_bytes <= room and (
+            self.limit_bytes is None or self.needed_bytes <= self.limit_bytes
+        )
 
     def to_dict(self) -> dict:
         """JSON figures, as the error and the model view report them."""
@@ -261,18 +304,31 @@ def human(count: int) -> str:
     return f"{count} B"
 
 
-def check_memory(name: str, needed: int, device: torch.device, reclaimable: int, limit: int | None, loaded: str | None,
-                 what: str = "its weights") -> DeviceMemory:
+def check_memory(
+    name: str,
+    needed: int,
+    device: torch.device,
+    reclaimable: int,
+    limit: int | None,
+    loaded: str | None,
+    what: str = "its weights",
+) -> DeviceMemory:
     """The device's figures; 503 insufficient_memory (with them) when `what` (the weights) does not fit."""
     memory = DeviceMemory(str(device), needed, free_bytes(device), reclaimable, limit)
     if memory.fits:
         return memory
     reasons = []
     if needed > memory.free_bytes + reclaimable:
-        released = f" (plus {human(reclaimable)} that unloading {loaded!r} would release)" if loaded and reclaimable else ""
+        released = (
+            f" (plus {human(reclaimable)} that unloading {loaded!r} would release)"
+            if loaded and reclaimable
+            else ""
+        )
         reasons.append(f"{device} has {human(memory.free_bytes)} free{released}")
     if limit is not None and needed > limit:
-        reasons.append(f"MILLM_MEMORY_LIMIT_BYTES caps a model's weights at {limit} bytes ({human(limit)})")
+        reasons.append(
+            f"MILLM_MEMORY_LIMIT_BYTES caps a model's weights at {limit} bytes ({human(limit)})"
+        )
     kept = f"; {loaded!r} stays loaded" if loaded else ""
     raise InsufficientMemoryToLoad(
         f"model {name!r} needs {human(needed)} on {device} for {what}, but {' and '.join(reasons)}{kept}",

@@ -18,7 +18,13 @@ import torch
 from millm.engine.runner_llamacpp import MICRO_BATCH
 from millm.engine.sources import ModelSource
 from millm.errors import ModelSourceError
-from millm.service.models.checkpoints import Checkpoint, DeviceMemory, GGUFShape, element_bytes, free_bytes
+from millm.service.models.checkpoints import (
+    Checkpoint,
+    DeviceMemory,
+    GGUFShape,
+    element_bytes,
+    free_bytes,
+)
 from millm.settings import Settings
 
 TRANSFORMERS, LLAMACPP = "transformers", "llama.cpp"
@@ -33,16 +39,22 @@ def llamacpp_installed() -> bool:
 def check_engine_setting(engine: str) -> None:
     """At start-up: --engine llama.cpp needs llama-cpp-python (a clear message saying how to get it)."""
     if engine == LLAMACPP and not llamacpp_installed():
-        raise ModelSourceError(f"--engine llama.cpp needs llama-cpp-python, which is not installed: {INSTALL}")
+        raise ModelSourceError(
+            f"--engine llama.cpp needs llama-cpp-python, which is not installed: {INSTALL}"
+        )
 
 
-def choose_engine(setting: str, source: ModelSource, fits: Callable[[int], bool], dequantised_bytes: int) -> str:
+def choose_engine(
+    setting: str, source: ModelSource, fits: Callable[[int], bool], dequantised_bytes: int
+) -> str:
     """The engine for `source` under --engine `setting`; `fits(n)` says whether n bytes of weights fit."""
     if setting == TRANSFORMERS:
         return TRANSFORMERS
     if setting == LLAMACPP:
         if not source.gguf_file:
-            raise ModelSourceError(f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one")
+            raise ModelSourceError(
+                f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one"
+            )
         return LLAMACPP
     if source.gguf_file and llamacpp_installed() and not fits(dequantised_bytes):
         return LLAMACPP
@@ -67,8 +79,13 @@ class LlamaCppSizing:
         return f"its file and a {self.context}-token KV cache" if self.context else "its file"
 
 
-def llamacpp_sizing(file_bytes: int, shape: GGUFShape | None, asked: int | None, exact_kv: bool,
-                    fits: Callable[[int], bool]) -> LlamaCppSizing:
+def llamacpp_sizing(
+    file_bytes: int,
+    shape: GGUFShape | None,
+    asked: int | None,
+    exact_kv: bool,
+    fits: Callable[[int], bool],
+) -> LlamaCppSizing:
     """The window and bytes a GGUF file gets on llama.cpp. An asked window (--max-model-len) is
     kept as asked; otherwise the model's own, halved (not below MIN_CONTEXT) until its KV cache fits
     beside the file: a Llama-3.1-8B's 131,072-token window alone is a 16 GiB float16 KV cache."""
@@ -98,8 +115,14 @@ class LoadPlan:
     lowered_from: int | None = None  # the model's own window when it had to be lowered to fit
 
 
-def plan_load(settings: Settings, source: ModelSource, checkpoint: Checkpoint, device: torch.device, reclaimable: int,
-              window: int | None) -> LoadPlan:
+def plan_load(
+    settings: Settings,
+    source: ModelSource,
+    checkpoint: Checkpoint,
+    device: torch.device,
+    reclaimable: int,
+    window: int | None,
+) -> LoadPlan:
     """--engine applied to `source` and what the load needs: dequantised weights on transformers;
     on llama.cpp the file, its KV cache and logits (the window lowered to fit when not asked)."""
     limit = settings.memory_limit_bytes
@@ -111,5 +134,7 @@ def plan_load(settings: Settings, source: ModelSource, checkpoint: Checkpoint, d
     engine = choose_engine(settings.engine, source, fits, weights)
     if engine == TRANSFORMERS:
         return LoadPlan(engine, weights, "its weights", window)
-    sizing = llamacpp_sizing(checkpoint.stored_bytes, checkpoint.gguf, window, settings.dtype == "float32", fits)
+    sizing = llamacpp_sizing(
+        checkpoint.stored_bytes, checkpoint.gguf, window, settings.dtype == "float32", fits
+    )
     return LoadPlan(engine, sizing.needed, sizing.describe(), sizing.context, sizing.lowered_from)

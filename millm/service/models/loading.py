@@ -62,48 +62,92 @@ def engine_for(settings: Settings, models: ModelRegistry, name: str, outgoing: O
         if not source.gguf_file:  # only a .gguf file can run on llama.cpp
             return TRANSFORMERS
         device = pick_device(settings.device)
-        plan = plan_load(settings, source, inspect(source), device, outgoing.reclaimable(device), None)
+        plan = plan_load(
+            settings, source, inspect(source), device, outgoing.reclaimable(device), None
+        )
         return plan.engine
     except (ModelSourceError, OSError):
         return TRANSFORMERS  # the load itself reports what is wrong with the source
 
 
-def plan(settings: Settings, models: ModelRegistry, name: str, source: ModelSource,
-         asked_window: int | None, outgoing: Outgoing) -> Planned:
+def plan(
+    settings: Settings,
+    models: ModelRegistry,
+    name: str,
+    source: ModelSource,
+    asked_window: int | None,
+    outgoing: Outgoing,
+) -> Planned:
     """Everything that can refuse a load, before the outgoing model is touched (model_load_failed,
     or the memory and quantisation refusals)."""
     try:
         checkpoint = inspect(source)
         device = pick_device(settings.device)
     except (ModelSourceError, OSError) as exc:
-        raise ModelLoadFailed(f"could not load model {name!r}: {exc}{outgoing.kept}", param="model") from None
+        raise ModelLoadFailed(
+            f"could not load model {name!r}: {exc}{outgoing.kept}", param="model"
+        ) from None
     models.note(name, source, checkpoint)
     reclaimable = outgoing.reclaimable(device)
     try:
         load_plan = plan_load(settings, source, checkpoint, device, reclaimable, asked_window)
     except ModelSourceError as exc:
-        raise ModelLoadFailed(f"could not load model {name!r}: {exc}{outgoing.kept}", param="model") from None
+        raise ModelLoadFailed(
+            f"could not load model {name!r}: {exc}{outgoing.kept}", param="model"
+        ) from None
     if load_plan.lowered_from is not None:
-        log.warning("model %r: its %d-token window does not fit in memory beside the file; loading it "
-                    "with %d tokens (--max-model-len sets it)", name, load_plan.lowered_from, load_plan.window)
+        log.warning(
+            "model %r: its %d-token window does not fit in memory beside the file; loading it "
+            "with %d tokens (--max-model-len sets it)",
+            name,
+            load_plan.lowered_from,
+            load_plan.window,
+        )
     if load_plan.engine == TRANSFORMERS:
         check_quantization(name, checkpoint)
-    check_memory(name, load_plan.needed, device, reclaimable, settings.memory_limit_bytes, outgoing.name,
-                 load_plan.what)
+    check_memory(
+        name,
+        load_plan.needed,
+        device,
+        reclaimable,
+        settings.memory_limit_bytes,
+        outgoing.name,
+        load_plan.what,
+    )
     return Planned(name, source, load_plan)
 
 
 def load(settings: Settings, planned: Planned) -> LoadedModel:
     """Read the weights (ModelSourceError or anything else is raised as it came: the switch words it)."""
-    dtype, cache, window, name = settings.dtype, settings.cache_dir, planned.plan.window, planned.name
+    dtype, cache, window, name = (
+        settings.dtype,
+        settings.cache_dir,
+        planned.plan.window,
+        planned.name,
+    )
     if planned.plan.engine == LLAMACPP:
         # every row at once: the batch, a serial lane beside it, and scoring between steps
-        sequences = min(LLAMACPP_SEQUENCES, settings.max_batch_size + 2 * settings.max_rows_per_request)
-        lm = load_with_llamacpp(planned.source, dtype=dtype, cache_root=cache, sequences=sequences,
-                                max_model_len=window, served_name=name)
+        sequences = min(
+            LLAMACPP_SEQUENCES, settings.max_batch_size + 2 * settings.max_rows_per_request
+        )
+        lm = load_with_llamacpp(
+            planned.source,
+            dtype=dtype,
+            cache_root=cache,
+            sequences=sequences,
+            max_model_len=window,
+            served_name=name,
+        )
     else:
-        lm = load_model(planned.source, dtype=dtype, device=settings.device, cache_root=cache,
-                        max_model_len=window, served_name=name, reproducible=settings.reproducible)
+        lm = load_model(
+            planned.source,
+            dtype=dtype,
+            device=settings.device,
+            cache_root=cache,
+            max_model_len=window,
+            served_name=name,
+            reproducible=settings.reproducible,
+        )
     return lm
 
 
@@ -121,4 +165,8 @@ def scheduler_for(settings: Settings, lm: LoadedModel) -> Scheduler:
 
 def failure(name: str, exc: Exception) -> str:
     """Why a load failed, worded for the client: ModelSourceError says what; anything else is named."""
-    return str(exc) if isinstance(exc, ModelSourceError) else f"could not load model {name!r}: {describe(exc)}"
+    return (
+        str(exc)
+        if isinstance(exc, ModelSourceError)
+        else f"could not load model {name!r}: {describe(exc)}"
+    )

@@ -22,7 +22,11 @@ class SteeringLock:
         self.name: str | None = get_setting(store, LOCK_KEY)
         if self.name is not None and self.name != startup_name:
             # The operator's --model is explicit; a lock left by an earlier run on another model yields to it.
-            log.warning("steering lock on %r released: this server was started with %r", self.name, startup_name)
+            log.warning(
+                "steering lock on %r released: this server was started with %r",
+                self.name,
+                startup_name,
+            )
             self.set(None)
 
     def set(self, name: str | None) -> None:
@@ -44,8 +48,11 @@ class SteeringLock:
     def lock(self, name: str) -> None:
         """Serve only `name` (refused while locked to another)."""
         if self.name is not None and self.name != name:
-            raise ModelLocked(f"the server is locked to model {self.name!r} for steering; "
-                              f"unlock it before locking {name!r}", param="model")
+            raise ModelLocked(
+                f"the server is locked to model {self.name!r} for steering; "
+                f"unlock it before locking {name!r}",
+                param="model",
+            )
         self.set(name)
 
     def unlock(self, name: str, attached: list[str]) -> bool:
@@ -53,9 +60,15 @@ class SteeringLock:
         if self.name is None:
             return False
         if self.name != name:
-            raise ModelLocked(f"the server is locked to model {self.name!r}, not {name!r}", param="model")
+            raise ModelLocked(
+                f"the server is locked to model {self.name!r}, not {name!r}", param="model"
+            )
         if attached:
-            raise Conflict(f"model {name!r} stays locked while SAEs are attached ({', '.join(attached)}); "
-                           "detach them first", param="model", code="sae_attached")
+            raise Conflict(
+                f"model {name!r} stays locked while SAEs are attached ({', '.join(attached)}); "
+                "detach them first",
+                param="model",
+                code="sae_attached",
+            )
         self.set(None)
         return True

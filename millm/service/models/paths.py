@@ -34,7 +34,11 @@ def inside(path: Path | None, roots: tuple[Path, ...]) -> TypeGuard[Path]:
 def climbs(relative: str) -> bool:
     """Whether a path inside a repository is absolute or has a `..` segment (either way it may
     leave it), or holds a NUL byte (no path at all)."""
-    if "\x00" in relative or relative.startswith(("/", "\\", "~")) or ":" in relative.split("/", 1)[0]:
+    if (
+        "\x00" in relative
+        or relative.startswith(("/", "\\", "~"))
+        or ":" in relative.split("/", 1)[0]
+    ):
         return True
     return any(part == ".." for part in PurePosixPath(relative.replace("\\", "/")).parts)
 
@@ -42,8 +46,11 @@ def climbs(relative: str) -> bool:
 def is_hub_id(reference: str, quantised: bool = False) -> bool:
     """A Hugging Face hub id (owner/name; with `quantised` also owner/name:QUANT, one GGUF file of
     a model repository) that names no local path (`.`/`..` segments excluded)."""
-    return bool(HUB_ID.match(reference) or (quantised and HUB_GGUF_ID.match(reference))) and not reference.startswith((".", "/", "~")) and not climbs(reference) and all(
-        part not in (".", "..") for part in reference.split("/")
+    return (
+        bool(HUB_ID.match(reference) or (quantised and HUB_GGUF_ID.match(reference)))
+        and not reference.startswith((".", "/", "~"))
+        and not climbs(reference)
+        and all(part not in (".", "..") for part in reference.split("/"))
     )
 
 
@@ -51,7 +58,11 @@ class PathPolicy:
     """The allowed roots, and the checks that keep clients' paths inside them."""
 
     def __init__(self, home: Path, allowed: list[Path], startup_model: Path | None = None):
-        roots = [home, *allowed, *([startup_model] if startup_model is not None else [])]  # --model: the operator's own
+        roots = [
+            home,
+            *allowed,
+            *([startup_model] if startup_model is not None else []),
+        ]  # --model: the operator's own
         self.roots = tuple(dict.fromkeys(root for root in map(resolved, roots) if root is not None))
 
     def refusal(self, given: str, param: str) -> PathNotAllowed:

@@ -12,8 +12,9 @@ from millm.engine.sources import ModelSource
 from millm.errors import InvalidRequest
 from millm.interp.formats import SAEInfo
 from millm.service.features.calibrations import CalibrationBook
-from millm.service.models.paths import PathPolicy, is_hub_id
+from millm.service.models.paths import PathPolicy, inside, is_hub_id, resolved
 from millm.service.models.registry import ModelRegistry, RegisteredModel, canonical_reference
+from millm.service.models.shipped import SHIPPED_DIR
 from millm.service.steering.saes import SAERegistry
 from millm.settings import Settings
 
@@ -26,7 +27,14 @@ def local_files(source: ModelSource) -> Path | None:
 class ClientRegistrations:
     """Register what a client names, after the path policy has let it through (blocking calls)."""
 
-    def __init__(self, settings: Settings, startup: ModelSource, saes: SAERegistry, models: ModelRegistry, calibrations: CalibrationBook):
+    def __init__(
+        self,
+        settings: Settings,
+        startup: ModelSource,
+        saes: SAERegistry,
+        models: ModelRegistry,
+        calibrations: CalibrationBook,
+    ):
         self.paths = PathPolicy(settings.home, settings.allowed_paths, local_files(startup))
         self.saes, self.models, self.calibrations = saes, models, calibrations
 
@@ -35,14 +43,18 @@ class ClientRegistrations:
         403 path_not_allowed before anything is read."""
         if repo:
             if not is_hub_id(repo):
-                raise InvalidRequest(f"repo {repo!r} is not a Hugging Face hub id (owner/name)", param="repo")
+                raise InvalidRequest(
+                    f"repo {repo!r} is not a Hugging Face hub id (owner/name)", param="repo"
+                )
             self.paths.hub_part(path, "path")
             self.paths.hub_part(revision, "revision")
             return self.saes.register(None, repo, path, revision)
         if not path:
             raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
         registered = self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
-        self.calibrations.import_shipped(registered[0])  # a calibration.json shipped beside the weights
+        self.calibrations.import_shipped(
+            registered[0]
+        )  # a calibration.json shipped beside the weights
         return registered
 
     def model(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
@@ -50,3 +62,9 @@ class ClientRegistrations:
         alone; 403 path_not_allowed otherwise."""
         local = self.paths.model_reference(reference, "source")
         return self.models.register(reference, name, local=local)
+
+    def sae_readable(self, path: str) -> None:
+        """403 path_not_allowed unless this replica may read an SAE file at `path` (another
+        replica's allowed paths may differ); the SAEs that ship with millm are always readable."""
+        if not inside(resolved(path), (SHIPPED_DIR,)):
+            self.paths.local(path, "path")

@@ -16,7 +16,13 @@ from enum import StrEnum
 from pathlib import Path
 
 from millm.engine.sources import ModelSource, resolve_source
-from millm.errors import AmbiguousModelName, Conflict, InvalidRequest, ModelNotFound, ModelSourceError
+from millm.errors import (
+    AmbiguousModelName,
+    Conflict,
+    InvalidRequest,
+    ModelNotFound,
+    ModelSourceError,
+)
 from millm.service.models.checkpoints import Checkpoint, inspect
 from millm.store.database import Store
 from millm.store.models import model_rows, put_model, remove_model
@@ -94,7 +100,9 @@ class ModelRegistry:
         for row in model_rows(self.store):
             info = dict(row["info"])
             kind, owned_by = info.pop("kind", "directory"), info.pop("owned_by", "local")
-            entries[row["name"]] = RegisteredModel(row["name"], row["reference"], kind, owned_by, row["registered_at"], info)
+            entries[row["name"]] = RegisteredModel(
+                row["name"], row["reference"], kind, owned_by, row["registered_at"], info
+            )
         with self._lock:
             self._entries = entries
 
@@ -114,7 +122,9 @@ class ModelRegistry:
         with self._lock:
             if name in self._entries or ":" in name:
                 return name
-            tagged = sorted(entry for entry in self._entries if entry.partition(":")[0] == name and ":" in entry)
+            tagged = sorted(
+                entry for entry in self._entries if entry.partition(":")[0] == name and ":" in entry
+            )
         if len(tagged) > 1:
             tags = ", ".join(entry.partition(":")[2] for entry in tagged)
             raise AmbiguousModelName(
@@ -133,10 +143,15 @@ class ModelRegistry:
             entry = self.find(name)
         if entry is None:
             known = ", ".join(repr(e.name) for e in self.all()) or "none"
-            raise ModelNotFound(f"The model {name!r} does not exist on this server (registered: {known})", param="model")
+            raise ModelNotFound(
+                f"The model {name!r} does not exist on this server (registered: {known})",
+                param="model",
+            )
         return entry
 
-    def register(self, reference: str, name: str | None, local: bool = True) -> tuple[RegisteredModel, bool]:
+    def register(
+        self, reference: str, name: str | None, local: bool = True
+    ) -> tuple[RegisteredModel, bool]:
         """Resolve and inspect `reference` (blocking: a hub id may download); returns (entry, newly registered).
 
         The same name and reference again is not an error (200, as for SAEs); a name already
@@ -146,7 +161,9 @@ class ModelRegistry:
             source = resolve_source(reference, self.hub_dir, local=local)
             checkpoint = inspect(source)
         except ModelSourceError as exc:
-            raise InvalidRequest(f"cannot register {reference!r}: {exc}", param="source", code="invalid_model_source") from None
+            raise InvalidRequest(
+                f"cannot register {reference!r}: {exc}", param="source", code="invalid_model_source"
+            ) from None
         name = check_name(name if name is not None else source.name)
         reference = canonical_reference(source)
         with self._lock:
@@ -159,7 +176,9 @@ class ModelRegistry:
                     param="name",
                     code="model_exists",
                 )
-            entry = self._put(name, source, reference, describe_checkpoint(source, checkpoint), time.time())
+            entry = self._put(
+                name, source, reference, describe_checkpoint(source, checkpoint), time.time()
+            )
         return entry, True
 
     def ensure(self, name: str, source: ModelSource) -> RegisteredModel:
@@ -194,7 +213,9 @@ class ModelRegistry:
             remove_model(self.store, name)
             self._entries.pop(name, None)
 
-    def _put(self, name: str, source: ModelSource, reference: str, info: dict, registered_at: float) -> RegisteredModel:
+    def _put(
+        self, name: str, source: ModelSource, reference: str, info: dict, registered_at: float
+    ) -> RegisteredModel:
         stored = {"kind": source.kind, "owned_by": source.owned_by, **info}
         put_model(self.store, name, reference, stored, registered_at)
         entry = RegisteredModel(name, reference, source.kind, source.owned_by, registered_at, info)
@@ -213,4 +234,6 @@ class ModelState(StrEnum):
 
 
 # What /v1/models lists: every model a client may name and expect to be served once it is loaded.
-AVAILABLE = frozenset({ModelState.READY, ModelState.LOADING, ModelState.LOADED, ModelState.UNLOADING})
+AVAILABLE = frozenset(
+    {ModelState.READY, ModelState.LOADING, ModelState.LOADED, ModelState.UNLOADING}
+)

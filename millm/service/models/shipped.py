@@ -22,6 +22,7 @@ from millm.store.settings import get_setting, set_setting
 log = logging.getLogger(__name__)
 
 DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+SHIPPED_DIR = DEMO_DIR  # the SAEs and profiles inside the package: always readable
 DEMO_SAE = DEMO_DIR / "sae" / "smollm2-135m-topk"
 DEMO_PROFILES = DEMO_DIR / "profiles"
 GEMMA3_SAE = DEMO_DIR / "sae" / "gemma3-270m-topk"
@@ -35,8 +36,14 @@ SHIPPED = {
 class Shipped:
     """Sets up the packaged models' SAEs and profiles through the books that keep them."""
 
-    def __init__(self, store: Store, saes: SAERegistry, calibrations: CalibrationBook, steering: Steering,
-                 profiles: ProfileBook):
+    def __init__(
+        self,
+        store: Store,
+        saes: SAERegistry,
+        calibrations: CalibrationBook,
+        steering: Steering,
+        profiles: ProfileBook,
+    ):
         self.store, self.saes, self.calibrations = store, saes, calibrations
         self.steering, self.profiles = steering, profiles
 
@@ -49,7 +56,9 @@ class Shipped:
             return
         try:
             info, _ = self.saes.register(str(sae_dir), None, None, None)
-            self.calibrations.import_shipped(info)  # the demo SAE ships calibrated on the demo model
+            self.calibrations.import_shipped(
+                info
+            )  # the demo SAE ships calibrated on the demo model
             if info.id not in self.steering.attached:
                 self.steering.attach(lm, info.id, None)
             taken = {row["name"] for row in self.profiles.all()}

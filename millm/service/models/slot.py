@@ -95,7 +95,12 @@ class ModelSlot:
         or refused here.
         """
         with self._cond:
-            if not self.serving or lease.released or lease.generation != self.generation or self.scheduler is None:
+            if (
+                not self.serving
+                or lease.released
+                or lease.generation != self.generation
+                or self.scheduler is None
+            ):
                 return False
             self.scheduler.submit(job)
             return True

@@ -14,17 +14,22 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
-from millm.errors import Conflict, MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotLoaded
+from millm.errors import (
+    Conflict,
+    MillmError,
+    ModelBusy,
+    ModelLoadFailed,
+    ModelLocked,
+    ModelNotLoaded,
+)
 from millm.interp.steering import Attached
 from millm.service.models import loading, unloading
 from millm.service.models.loading import Outgoing
 from millm.service.models.lock import SteeringLock
-from millm.service.models.paths import inside, resolved
 from millm.service.models.registrations import ClientRegistrations
 from millm.service.models.registry import ModelRegistry, ModelState
 from millm.service.models.shipped import Shipped
@@ -45,7 +50,6 @@ from millm.store.steering import attachments
 
 log = logging.getLogger(__name__)
 
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "demo"  # the SAEs and profiles inside the package
 ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before answering model_busy
 
 
@@ -253,7 +257,7 @@ class ModelSwitch:
                 self.errors[name] = message
             raise ModelLoadFailed(message + unloaded, param="model") from exc
         scheduler = loading.scheduler_for(self.settings, lm)
-        self.steering.restore(lm, self._may_read)
+        self.steering.restore(lm, self.registrations.sae_readable)
         if source.kind in ("demo", "packaged"):
             self.shipped.install(lm)
         with self._mutex:
@@ -336,18 +340,12 @@ class ModelSwitch:
             try:
                 self._attachments_stale = False
                 lm = self.slot.lm
-                self.steering.restore(lm, self._may_read)
+                self.steering.restore(lm, self.registrations.sae_readable)
                 if lm is not None and self.steering.attached:
                     with self._mutex:
                         self.lock.set(lm.name)
             finally:
                 self._switching.release()
-
-    def _may_read(self, path: str) -> None:
-        """403 path_not_allowed unless this replica may read an SAE file at `path` (another replica's
-        allowed paths may differ); the SAEs that ship with millm are always readable."""
-        if not inside(resolved(path), (SHIPPED_DIR,)):
-            self.registrations.paths.local(path, "path")
 
     def _release_switching(self) -> None:
         """End a model change or an attach, then apply attachment changes that arrived meanwhile."""
@@ -355,14 +353,10 @@ class ModelSwitch:
         self.settle_attachments()
 
     # the registered models' views -------------------------------------------------------------------
-    def _state_of(self, name: str) -> ModelState:
-        """The model's state (the caller holds the mutex)."""
-        return state_of(name, self.transition, self.slot.lm, self.errors)
-
     def _view(self, entry) -> ModelView:
         """A model's view (the caller holds the mutex)."""
         lm = self.slot.lm if self.slot.lm is not None and self.slot.lm.name == entry.name else None
-        return ModelView(entry, self._state_of(entry.name), self.errors.get(entry.name), lm, self.locked == entry.name)
+        return ModelView(entry, state_of(entry.name, self.transition, self.slot.lm, self.errors), self.errors.get(entry.name), lm, self.locked == entry.name)
 
     def view(self, name: str) -> ModelView:
         """One registered model and its state (404 model_not_found if not registered)."""
@@ -382,7 +376,7 @@ class ModelSwitch:
         """Delete a registration; refused (409) while it is loaded or moving, or locked."""
         self.models.get(name)
         with self._mutex:
-            state = self._state_of(name)
+            state = state_of(name, self.transition, self.slot.lm, self.errors)
             if state in (ModelState.LOADED, ModelState.LOADING, ModelState.UNLOADING):
                 raise Conflict(f"model {name!r} is {state.value}; unload it first", param="model", code="model_loaded")
             if self.locked == name:

@@ -45,15 +45,18 @@ def busy_message(transition: Transition | None) -> str:
     if transition is None:
         return "a model change is in progress; retry once it finishes"
     if transition.unloading and transition.loading:
-        return (f"model {transition.unloading!r} is being unloaded to load {transition.loading!r}; "
-                "retry once it finishes")
+        return (
+            f"model {transition.unloading!r} is being unloaded to load {transition.loading!r}; "
+            "retry once it finishes"
+        )
     if transition.unloading:
         return f"model {transition.unloading!r} is being unloaded; retry once it finishes"
     return f"model {transition.loading!r} is being loaded; retry once it finishes"
 
 
-def state_of(name: str, transition: Transition | None, loaded: LoadedModel | None,
-             errors: dict[str, str]) -> ModelState:
+def state_of(
+    name: str, transition: Transition | None, loaded: LoadedModel | None, errors: dict[str, str]
+) -> ModelState:
     """A registered model's state, from the slot's transition, its model and the failed loads."""
     if transition is not None and transition.unloading == name:
         return ModelState.UNLOADING

@@ -16,7 +16,9 @@ from millm.service.models.slot import ModelSlot
 
 log = logging.getLogger(__name__)
 
-SCHEDULER_STOP_S = 30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
+SCHEDULER_STOP_S = (
+    30.0  # how long an unload waits for the scheduler thread to end after cancelling its jobs
+)
 
 
 def retire(slot: ModelSlot, name: str, timeout: float, before_free: Callable[[], None]) -> None:
@@ -34,7 +36,11 @@ def retire(slot: ModelSlot, name: str, timeout: float, before_free: Callable[[],
     if scheduler is not None:
         stop(scheduler, name, timeout)
     if not finished:
-        log.warning("unloading %s: requests still running after %g s were ended with model_busy", name, timeout)
+        log.warning(
+            "unloading %s: requests still running after %g s were ended with model_busy",
+            name,
+            timeout,
+        )
     before_free()
     lm, scheduler = slot.empty()
     cuda = lm is not None and lm.device.type == "cuda"

@@ -30,6 +30,13 @@ def grids_on(calibrations: CalibrationBook, model: str) -> Grids:
     return grids
 
 
-def bind(attached: dict[str, Attached], calibrations: CalibrationBook, lm: LoadedModel, name: str, detector: dict, param: str) -> Scorer:
+def bind(
+    attached: dict[str, Attached],
+    calibrations: CalibrationBook,
+    lm: LoadedModel,
+    name: str,
+    detector: dict,
+    param: str,
+) -> Scorer:
     """The detector as a Scorer on `lm` and these attached SAEs (a 400 naming `param` when it does not fit)."""
     return scorer(name, detector, attached, grids_on(calibrations, lm.name), model_shape(lm), param)

@@ -15,7 +15,13 @@ from millm.errors import Conflict, NotFound
 from millm.interp.probes import validate_probe, validate_probe_import
 from millm.service.steering.books import Book, unique_names
 from millm.store.database import Store
-from millm.store.probes import delete_probe, insert_probes, probe_rows, replace_probe, set_probe_active
+from millm.store.probes import (
+    delete_probe,
+    insert_probes,
+    probe_rows,
+    replace_probe,
+    set_probe_active,
+)
 
 ID_PREFIX = "probe_"
 
@@ -96,9 +102,14 @@ class ProbeBook(Book):
             taken = self.shelf.names()
             clashes = [d["name"] for d in docs if d["name"] in taken]
             if clashes and on_conflict == "fail":
-                raise Conflict(f"probes already exist with these names: {clashes}; import with on_conflict=rename", code="probe_exists")
+                raise Conflict(
+                    f"probes already exist with these names: {clashes}; import with on_conflict=rename",
+                    code="probe_exists",
+                )
             names = unique_names([d["name"] for d in docs], taken)
-            rows = [(new_id(), {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
+            rows = [
+                (new_id(), {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)
+            ]
             insert_probes(self.store, rows)
             touched.update(pid for pid, _ in rows)
         return [self.find(pid) for pid, _ in rows]
@@ -110,5 +121,12 @@ class ProbeBook(Book):
 
 def probe_view(row: dict) -> dict:
     """A stored probe as the API shows it."""
-    return {"id": row["id"], "object": "probe", "name": row["name"], "active": row["active"], "document": row["document"],
-            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+    return {
+        "id": row["id"],
+        "object": "probe",
+        "name": row["name"],
+        "active": row["active"],
+        "document": row["document"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }

@@ -19,7 +19,12 @@ from millm.service.probes.book import ProbeBook
 class ProbeConditions:
     """Saved probes as conditions: found by name in the book's shelf, bound when a plan is made."""
 
-    def __init__(self, probes: ProbeBook, calibrations: CalibrationBook, model: Callable[[], LoadedModel | None]):
+    def __init__(
+        self,
+        probes: ProbeBook,
+        calibrations: CalibrationBook,
+        model: Callable[[], LoadedModel | None],
+    ):
         self.probes, self.calibrations, self.model = probes, calibrations, model
 
     @property
@@ -27,7 +32,14 @@ class ProbeConditions:
         """Moves with every change to the probes (plans resolved before it are made afresh)."""
         return self.probes.shelf.revision
 
-    def watch(self, name: str, attached: dict[str, Attached], action: WatchAction, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
+    def watch(
+        self,
+        name: str,
+        attached: dict[str, Attached],
+        action: WatchAction,
+        edit: ResidualEdit | None,
+        tokens: int | None,
+    ) -> Watch | None:
         """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such probe;
         a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
         row = self.probes.shelf.get(name)
@@ -35,6 +47,17 @@ class ProbeConditions:
             return None
         lm = self.model()
         if lm is None:
-            raise ModelNotLoaded(f"probe {name!r} needs the loaded model to watch it; load one first")
+            raise ModelNotLoaded(
+                f"probe {name!r} needs the loaded model to watch it; load one first"
+            )
         probe = bind(attached, self.calibrations, lm, name, row["document"]["detector"], "detector")
-        return Watch(name, probe.point, probe.score, probe.threshold, action, edit=edit, tokens=tokens, skip=SKIPPED)
+        return Watch(
+            name,
+            probe.point,
+            probe.score,
+            probe.threshold,
+            action,
+            edit=edit,
+            tokens=tokens,
+            skip=SKIPPED,
+        )

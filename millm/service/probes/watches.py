@@ -28,7 +28,9 @@ from millm.service.probes.binding import bind
 from millm.service.probes.book import ProbeBook
 
 PARAM = "probes"
-MAX_REQUEST_PROBES = 16  # probes one request may name or define (each scores every position of every row)
+MAX_REQUEST_PROBES = (
+    16  # probes one request may name or define (each scores every position of every row)
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ def parse_probes(probes: ProbeBook, raw: list | None) -> tuple[Asked, ...]:
     if not raw:
         return ()
     if len(raw) > MAX_REQUEST_PROBES:
-        raise InvalidRequest(f"{PARAM} lists {len(raw)} probes; a request takes at most {MAX_REQUEST_PROBES}", param=PARAM)
+        raise InvalidRequest(
+            f"{PARAM} lists {len(raw)} probes; a request takes at most {MAX_REQUEST_PROBES}",
+            param=PARAM,
+        )
     asked: list[Asked] = []
     for i, item in enumerate(raw):
         where = f"{PARAM}[{i}]"
@@ -62,7 +67,9 @@ def parse_probes(probes: ProbeBook, raw: list | None) -> tuple[Asked, ...]:
             inline = validate_inline(item, where)
             name, detector = inline.get("name", where), inline["detector"]
         if any(a.name == name for a in asked):
-            raise InvalidRequest(f"{where} names probe {name!r}, listed before it; list each probe once", param=where)
+            raise InvalidRequest(
+                f"{where} names probe {name!r}, listed before it; list each probe once", param=where
+            )
         asked.append(Asked(name, detector, where, isinstance(item, str)))
     return tuple(asked)
 
@@ -93,13 +100,20 @@ class ProbeSet:
         thresholds = {watch.name: watch.threshold for watch in self.watches}
         decode = self.tokenizer.decode  # type: ignore[attr-defined]  # a transformers tokenizer
         out = []
-        for verdict in sorted(verdicts, key=lambda v: (v.row, order.get(v.name, len(order)), v.name)):
+        for verdict in sorted(
+            verdicts, key=lambda v: (v.row, order.get(v.name, len(order)), v.name)
+        ):
             fields = verdict_fields(verdict)
             token_ids = fields.pop("token_ids")
-            out.append({
-                "index": verdict.row, **fields, "threshold": thresholds.get(verdict.name), "source": self.sources.get(verdict.name, "condition"),
-                "tokens": [{"id": token, "text": decode([token])} for token in token_ids],
-            })
+            out.append(
+                {
+                    "index": verdict.row,
+                    **fields,
+                    "threshold": thresholds.get(verdict.name),
+                    "source": self.sources.get(verdict.name, "condition"),
+                    "tokens": [{"id": token, "text": decode([token])} for token in token_ids],
+                }
+            )
         return out
 
     async def block(self, verdicts: list[ProbeVerdict]) -> dict | None:
@@ -115,13 +129,29 @@ class ProbeSet:
 NO_PROBES = ProbeSet()
 
 
-def watch_request(probes: ProbeBook, calibrations: CalibrationBook, attached: dict[str, Attached], lm: LoadedModel,
-                  asked: tuple[Asked, ...]) -> ProbeSet:
+def watch_request(
+    probes: ProbeBook,
+    calibrations: CalibrationBook,
+    attached: dict[str, Attached],
+    lm: LoadedModel,
+    asked: tuple[Asked, ...],
+) -> ProbeSet:
     """The request's probes and the active ones, bound to `lm` as report watches (a 400 naming the
     request's probe that does not fit; active ones that do not fit are skipped). Blocking: a worker thread."""
     watches, sources = [], {}
     for probe in asked:
-        watches.append(watch_of(bind(attached, calibrations, lm, probe.name, probe.detector, f"{probe.param}.detector")))
+        watches.append(
+            watch_of(
+                bind(
+                    attached,
+                    calibrations,
+                    lm,
+                    probe.name,
+                    probe.detector,
+                    f"{probe.param}.detector",
+                )
+            )
+        )
         sources[probe.name] = "request"
     skipped = []
     saved = {probe.name for probe in asked if probe.saved}
@@ -132,9 +162,16 @@ def watch_request(probes: ProbeBook, calibrations: CalibrationBook, attached: di
             continue
         if name in sources:
             where = next(probe.param for probe in asked if probe.name == name)
-            raise InvalidRequest(f"{where} is named like the active probe {name!r}; give the inline probe another name", param=f"{where}.name")
+            raise InvalidRequest(
+                f"{where} is named like the active probe {name!r}; give the inline probe another name",
+                param=f"{where}.name",
+            )
         try:
-            watches.append(watch_of(bind(attached, calibrations, lm, name, row["document"]["detector"], "detector")))
+            watches.append(
+                watch_of(
+                    bind(attached, calibrations, lm, name, row["document"]["detector"], "detector")
+                )
+            )
         except MillmError as exc:
             skipped.append({"name": name, "reason": exc.message})
             continue
@@ -142,4 +179,3 @@ def watch_request(probes: ProbeBook, calibrations: CalibrationBook, attached: di
     if not watches and not skipped:
         return NO_PROBES
     return ProbeSet(tuple(watches), sources, tuple(skipped), lm.tokenizer)
-

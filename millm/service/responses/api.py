@@ -26,7 +26,15 @@ from millm.protocol.responses_api import (
 )
 from millm.protocol.unused_fields import handle_unused
 from millm.service.responses.answer import EventStream, echo, finish, output_of, usage_of
-from millm.service.responses.request import ITEMS, chat_request, conversation, in_responses_words, own_ignored, sent_as, stored_items
+from millm.service.responses.request import (
+    ITEMS,
+    chat_request,
+    conversation,
+    in_responses_words,
+    own_ignored,
+    sent_as,
+    stored_items,
+)
 from millm.service.serving.replies import Reply
 from millm.service.serving.serving import Serving
 from millm.store.database import Store
@@ -35,7 +43,11 @@ from millm.store.responses_api import delete_response, load_response, save_respo
 
 def not_found(response_id: str, param: str | None = None) -> NotFound:
     """404 for a response that was never stored, was deleted, or is past the retention."""
-    return NotFound(f"no stored response {response_id!r} (never stored, deleted, or past the retention)", param=param, code="response_not_found")
+    return NotFound(
+        f"no stored response {response_id!r} (never stored, deleted, or past the retention)",
+        param=param,
+        code="response_not_found",
+    )
 
 
 class ResponsesApi:
@@ -55,7 +67,9 @@ class ResponsesApi:
         """Answer the input (after the stored conversation of previous_response_id), store it unless asked not to."""
         earlier: list[dict] = []
         if body.previous_response_id is not None:
-            found = await to_thread.run_sync(load_response, self.store, body.previous_response_id, self.retention_s)
+            found = await to_thread.run_sync(
+                load_response, self.store, body.previous_response_id, self.retention_s
+            )
             if found is None:
                 raise not_found(body.previous_response_id, param="previous_response_id")
             previous, items = found
@@ -76,7 +90,9 @@ class ResponsesApi:
         response = echo(body, new_id("resp"), stored)
         conversation_items = earlier + new
         if reply.chunks is not None:
-            return Reply(reply.report, chunks=self._events(reply.chunks, response, where, conversation_items))
+            return Reply(
+                reply.report, chunks=self._events(reply.chunks, response, where, conversation_items)
+            )
         assert isinstance(reply.body, ChatCompletion)
         output, reason = output_of(reply.body)
         response.output = output
@@ -84,7 +100,9 @@ class ResponsesApi:
         await self._keep(response, conversation_items)
         return Reply(reply.report, body=response)
 
-    async def _events(self, chunks: AsyncIterator, response: Response, where: list[str | None], items: list[dict]) -> AsyncIterator[Event]:
+    async def _events(
+        self, chunks: AsyncIterator, response: Response, where: list[str | None], items: list[dict]
+    ) -> AsyncIterator[Event]:
         stream = EventStream(response, where)
         try:
             for event in stream.opening():
@@ -99,7 +117,9 @@ class ResponsesApi:
                 for event in stream.chunk(chunk):
                     yield event
             events, done = stream.closing()
-            await self._keep(done, items)  # stored before the client hears "completed", so it can continue at once
+            await self._keep(
+                done, items
+            )  # stored before the client hears "completed", so it can continue at once
             for event in events:
                 yield event
         finally:
@@ -107,8 +127,14 @@ class ResponsesApi:
 
     async def _keep(self, response: Response, items: list[dict]) -> None:
         if response.store:
-            await to_thread.run_sync(save_response, self.store, response.model_dump(), with_ids(items),
-                                     self.settings.responses_max_stored, self.retention_s)
+            await to_thread.run_sync(
+                save_response,
+                self.store,
+                response.model_dump(),
+                with_ids(items),
+                self.settings.responses_max_stored,
+                self.retention_s,
+            )
 
     async def get(self, response_id: str) -> dict:
         """A stored response object."""
@@ -123,7 +149,9 @@ class ResponsesApi:
             raise not_found(response_id)
         return DeletedResponse(id=response_id)
 
-    async def input_items(self, response_id: str, limit: int, order: str, after: str | None) -> InputItemList:
+    async def input_items(
+        self, response_id: str, limit: int, order: str, after: str | None
+    ) -> InputItemList:
         """A page of the conversation a stored response answered (earlier turns included)."""
         found = await to_thread.run_sync(load_response, self.store, response_id, self.retention_s)
         if found is None:
@@ -132,14 +160,25 @@ class ResponsesApi:
         if after is not None:
             ids = [item.get("id") for item in items]
             if after not in ids:
-                raise InvalidRequest(f"after: no input item {after!r} in response {response_id!r}", param="after")
-            items = items[ids.index(after) + 1:]
+                raise InvalidRequest(
+                    f"after: no input item {after!r} in response {response_id!r}", param="after"
+                )
+            items = items[ids.index(after) + 1 :]
         page = items[:limit]
-        return InputItemList(data=page, first_id=page[0]["id"] if page else None, last_id=page[-1]["id"] if page else None,
-                             has_more=len(items) > limit)
+        return InputItemList(
+            data=page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=len(items) > limit,
+        )
 
 
 def with_ids(items: list[dict]) -> list[dict]:
     """Items as stored: each with an id (OpenAI names input items too), so input_items can page by it."""
     prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
-    return [item if item.get("id") else {"id": new_id(prefixes.get(item.get("type", "message"), "item")), **item} for item in items]
+    return [
+        item
+        if item.get("id")
+        else {"id": new_id(prefixes.get(item.get("type", "message"), "item")), **item}
+        for item in items
+    ]

@@ -35,8 +35,16 @@ from millm.service.serving.structured import NAME
 ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 EARLIER = "previous_response_id"  # where a location of an earlier turn points in an error
 # Fields of the Responses body that change nothing on a local model (reported, refused under strict).
-NO_EFFECT = ("reasoning", "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "service_tier",
-             "max_tool_calls", "stream_options")
+NO_EFFECT = (
+    "reasoning",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "service_tier",
+    "max_tool_calls",
+    "stream_options",
+)
 HOSTED_TOOLS_WHY = "millm runs no hosted tools (web search, file search, computer use, MCP, code interpreter); send function tools"
 
 
@@ -48,8 +56,16 @@ def chat_content(parts: str | list[ContentPart]) -> str | list[dict]:
         return parts
     chat_parts = []
     for part in parts:
-        text = part.refusal if part.type == "refusal" else part.text if part.type in TEXT_PARTS else None
-        chat_parts.append({"type": "text", "text": text} if text is not None else {"type": part.type})
+        text = (
+            part.refusal
+            if part.type == "refusal"
+            else part.text
+            if part.type in TEXT_PARTS
+            else None
+        )
+        chat_parts.append(
+            {"type": "text", "text": text} if text is not None else {"type": part.type}
+        )
     return chat_parts
 
 
@@ -68,7 +84,11 @@ class Conversation:
 
     def call(self, item: FunctionCallItem, where: str | None) -> None:
         """A function call joins the assistant turn just before it (parallel calls are one chat turn)."""
-        call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+        call = {
+            "id": item.call_id,
+            "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments},
+        }
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
@@ -88,7 +108,14 @@ def conversation(instructions: str | None, items: list, first_new: int) -> Conve
         elif isinstance(item, FunctionCallItem):
             built.call(item, where)
         elif isinstance(item, FunctionCallOutputItem):
-            built.add({"role": "tool", "tool_call_id": item.call_id, "content": chat_content(item.output)}, where)
+            built.add(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.call_id,
+                    "content": chat_content(item.output),
+                },
+                where,
+            )
         elif isinstance(item, OtherItem) and item.type == "reasoning":
             # Another model's reasoning, echoed back by an agent loop: nothing this model can read.
             if where is not None:
@@ -108,9 +135,17 @@ def stored_items(body: ResponsesRequest) -> list[dict]:
     """This request's input as stored items: a string becomes a user message; reasoning items are dropped."""
     if isinstance(body.input, str):
         return [{"type": "message", "role": "user", "content": body.input}]
-    kept = [item for item in body.input if not (isinstance(item, OtherItem) and item.type == "reasoning")]
-    return [{"type": "message", **item.model_dump(exclude_none=True, by_alias=True)} if isinstance(item, MessageItem)
-            else item.model_dump(exclude_none=True, by_alias=True) for item in kept]
+    kept = [
+        item
+        for item in body.input
+        if not (isinstance(item, OtherItem) and item.type == "reasoning")
+    ]
+    return [
+        {"type": "message", **item.model_dump(exclude_none=True, by_alias=True)}
+        if isinstance(item, MessageItem)
+        else item.model_dump(exclude_none=True, by_alias=True)
+        for item in kept
+    ]
 
 
 # the other fields -----------------------------------------------------------------------------------
@@ -121,7 +156,10 @@ def chat_tools(body: ResponsesRequest) -> list[dict] | None:
     tools = []
     for i, tool in enumerate(body.tools):
         if tool.type != "function":
-            raise FieldNotHonoured(f"tools[{i}]: a {tool.type!r} tool cannot be honoured: {HOSTED_TOOLS_WHY}", param=f"tools[{i}].type")
+            raise FieldNotHonoured(
+                f"tools[{i}]: a {tool.type!r} tool cannot be honoured: {HOSTED_TOOLS_WHY}",
+                param=f"tools[{i}].type",
+            )
         if tool.name is None:
             raise InvalidRequest(f"tools[{i}].name is required", param=f"tools[{i}].name")
         function: dict[str, Any] = {"name": tool.name}
@@ -140,8 +178,8 @@ def chat_tool_choice(choice: str | dict | None) -> str | dict | None:
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise FieldNotHonoured(
-        f"tool_choice {choice!r} cannot be honoured: name a function tool ({{\"type\": \"function\", \"name\": ...}}) or send "
-        "\"auto\", \"none\" or \"required\"",
+        f'tool_choice {choice!r} cannot be honoured: name a function tool ({{"type": "function", "name": ...}}) or send '
+        '"auto", "none" or "required"',
         param="tool_choice",
     )
 
@@ -154,13 +192,29 @@ def chat_response_format(body: ResponsesRequest) -> dict | None:
     if fmt.type == "json_object":
         return {"type": "json_object"}
     if fmt.type != "json_schema":
-        raise ResponseFormatUnsupported(f"text.format: type {fmt.type!r} is not one of text, json_object, json_schema", param="text.format.type")
+        raise ResponseFormatUnsupported(
+            f"text.format: type {fmt.type!r} is not one of text, json_object, json_schema",
+            param="text.format.type",
+        )
     if fmt.name is None or not NAME.match(fmt.name):
-        raise ResponseFormatUnsupported("text.format.name is required: 1-64 letters, digits, '_' or '-'", param="text.format.name")
+        raise ResponseFormatUnsupported(
+            "text.format.name is required: 1-64 letters, digits, '_' or '-'",
+            param="text.format.name",
+        )
     if fmt.schema_ is None:
-        raise ResponseFormatUnsupported("text.format.schema is required for a json_schema format", param="text.format.schema")
-    spec = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict, "description": fmt.description}
-    return {"type": "json_schema", "json_schema": {key: value for key, value in spec.items() if value is not None}}
+        raise ResponseFormatUnsupported(
+            "text.format.schema is required for a json_schema format", param="text.format.schema"
+        )
+    spec = {
+        "name": fmt.name,
+        "schema": fmt.schema_,
+        "strict": fmt.strict,
+        "description": fmt.description,
+    }
+    return {
+        "type": "json_schema",
+        "json_schema": {key: value for key, value in spec.items() if value is not None},
+    }
 
 
 def own_ignored(body: ResponsesRequest, built: Conversation) -> list[str]:
@@ -170,21 +224,37 @@ def own_ignored(body: ResponsesRequest, built: Conversation) -> list[str]:
     if body.text is not None and body.text.verbosity is not None:
         found.append("text.verbosity")
     # An ignored item is named once, not again with each of its keys.
-    found = [location for location in found if not any(location.startswith(item + ".") for item in built.ignored)]
+    found = [
+        location
+        for location in found
+        if not any(location.startswith(item + ".") for item in built.ignored)
+    ]
     return list(dict.fromkeys([*found, *built.ignored]))
 
 
 def chat_request(body: ResponsesRequest, built: Conversation) -> ChatCompletionRequest:
     """The chat request that says what `body` says."""
-    request: dict[str, Any] = {"model": body.model, "messages": built.messages, "stream": bool(body.stream)}
+    request: dict[str, Any] = {
+        "model": body.model,
+        "messages": built.messages,
+        "stream": bool(body.stream),
+    }
     if body.stream:
         request["stream_options"] = {"include_usage": True}  # the completed event carries usage
     pairs = {
-        "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "tools": chat_tools(body), "tool_choice": chat_tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
-        "response_format": chat_response_format(body), "seed": body.seed, "profile": body.profile,
-        "steering_intensity": body.steering_intensity, "steering": body.steering,
-        "return_sae_activations": body.return_sae_activations, "probes": body.probes,
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tools": chat_tools(body),
+        "tool_choice": chat_tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": chat_response_format(body),
+        "seed": body.seed,
+        "profile": body.profile,
+        "steering_intensity": body.steering_intensity,
+        "steering": body.steering,
+        "return_sae_activations": body.return_sae_activations,
+        "probes": body.probes,
     }
     request.update({key: value for key, value in pairs.items() if value is not None})
     return ChatCompletionRequest.model_validate(request, strict=False)
@@ -196,13 +266,17 @@ RENAMES: list[tuple[re.Pattern, str | Callable[[re.Match], str]]] = [
     (re.compile(r"\bresponse_format\b"), "text.format"),
     (re.compile(r"\bmax_(completion_)?tokens\b"), "max_output_tokens"),
     (re.compile(r"\bmessages\b"), "input"),
-    (re.compile(r"(tools\[\d+\])\.function\b\.?"), lambda m: m.group(1) + ("." if m.group(0).endswith(".") else "")),
+    (
+        re.compile(r"(tools\[\d+\])\.function\b\.?"),
+        lambda m: m.group(1) + ("." if m.group(0).endswith(".") else ""),
+    ),
 ]
 MESSAGE = re.compile(r"messages\[(\d+)\](\.tool_call_id\b)?")
 
 
 def relocate(text: str, where: list[str | None]) -> str:
     """A chat location (or a message naming some) in the Responses body's words."""
+
     def message(m: re.Match) -> str:
         k = int(m.group(1))
         origin = where[k] if k < len(where) else None
@@ -226,6 +300,7 @@ def in_responses_words(error: MillmError, where: list[str | None]) -> MillmError
 
 def sent_as(ignored: list[str], where: list[str | None]) -> SentAs:
     """How chat names ignored fields of this request: in its words, and not at all for an earlier turn's."""
+
     def locate(location: str) -> str | None:
         moved = relocate(location, where)
         return None if moved.startswith(EARLIER) else moved

@@ -73,7 +73,9 @@ def _run(state, model: str, job, collector: _Collector, cancel: threading.Event 
     """Submit `job` under a fresh lease on `model` and wait for its end (or cancellation)."""
     with state.switch.request_scope():
         if state.switch.slot.lease(model) is None:
-            raise ModelNotLoaded(f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)")
+            raise ModelNotLoaded(
+                f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)"
+            )
         state.switch.submit(job)
         while not collector.done.wait(WAIT_SLICE_S):
             if cancel is not None and cancel.is_set():
@@ -101,7 +103,9 @@ def passes_blocking(
     return collector.scores
 
 
-def generate_blocking(state, model: str, rows: list[RowSpec], *, cancel: threading.Event | None = None) -> list[Generated]:
+def generate_blocking(
+    state, model: str, rows: list[RowSpec], *, cancel: threading.Event | None = None
+) -> list[Generated]:
     """Generate `rows` as one engine job (batched together) and return each row's text; rows
     cut short by `cancel` keep what they had."""
     collector = _Collector(rows=len(rows), generated=[Generated() for _ in rows])
@@ -111,7 +115,12 @@ def generate_blocking(state, model: str, rows: list[RowSpec], *, cancel: threadi
 
 
 def likelihoods_blocking(
-    state, model: str, sequences: list[list[int]], starts: list[int], *, cancel: threading.Event | None = None
+    state,
+    model: str,
+    sequences: list[list[int]],
+    starts: list[int],
+    *,
+    cancel: threading.Event | None = None,
 ) -> list[list[float]] | None:
     """Each sequence's continuation (from `starts[i]`) scored token by token by the unsteered
     model; None when `cancel` was set before it finished."""

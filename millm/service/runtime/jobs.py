@@ -62,7 +62,9 @@ class JobView(BaseModel):
     created_at: float
     started_at: float | None
     finished_at: float | None
-    eta_s: float | None  # seconds left at the pace so far (None until a unit is done, and once ended)
+    eta_s: (
+        float | None
+    )  # seconds left at the pace so far (None until a unit is done, and once ended)
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
@@ -88,10 +90,17 @@ class _Record:
             elapsed = time.time() - self.started_at
             eta = round(elapsed / self.done * max(self.total - self.done, 0), 1)
         return JobView(
-            id=self.id, kind=self.kind, description=self.description, state=self.state,
+            id=self.id,
+            kind=self.kind,
+            description=self.description,
+            state=self.state,
             progress=JobProgress(done=self.done, total=self.total, unit=self.unit),
-            created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
-            eta_s=eta, result=self.result, error=self.error,
+            created_at=self.created_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            eta_s=eta,
+            result=self.result,
+            error=self.error,
         )
 
 
@@ -132,7 +141,15 @@ class JobHandle:
                 record.logged_tenth, record.logged_at = tenth, time.monotonic()
                 view = record.view()
         if due:
-            log.info("%s %s: %d/%d %s, eta %s s", view.kind, view.id, view.progress.done, view.progress.total, view.progress.unit, view.eta_s)
+            log.info(
+                "%s %s: %d/%d %s, eta %s s",
+                view.kind,
+                view.id,
+                view.progress.done,
+                view.progress.total,
+                view.progress.unit,
+                view.eta_s,
+            )
 
     def pace(self, elapsed: float) -> None:
         """After a piece of scheduler work that took `elapsed` seconds: while requests are
@@ -153,7 +170,9 @@ class JobBook:
         self.lock = threading.Lock()
         self._records: OrderedDict[str, _Record] = OrderedDict()
 
-    def start(self, kind: str, description: str, total: int, unit: str, work: Callable[[JobHandle], dict]) -> JobView:
+    def start(
+        self, kind: str, description: str, total: int, unit: str, work: Callable[[JobHandle], dict]
+    ) -> JobView:
         """Start `work` on its own thread and return the new job; its return value becomes the result."""
         with self.lock:
             running = sum(1 for r in self._records.values() if r.state is JobState.RUNNING)
@@ -165,7 +184,12 @@ class JobBook:
             self._records[record.id] = record
             self._forget_old()
             view = record.view()
-        thread = threading.Thread(target=self._run, args=(record, work), name=f"millm-job[{kind}:{record.id}]", daemon=True)
+        thread = threading.Thread(
+            target=self._run,
+            args=(record, work),
+            name=f"millm-job[{kind}:{record.id}]",
+            daemon=True,
+        )
         thread.start()
         log.info("%s %s started: %s", kind, record.id, description)
         return view
@@ -180,14 +204,28 @@ class JobBook:
             result, state, error = None, JobState.FAILED, exc.to_dict()
         except Exception as exc:  # a bug in the work: the job fails, the server goes on
             log.exception("%s %s failed", record.kind, record.id)
-            result, state, error = None, JobState.FAILED, {"message": describe(exc), "type": "server_error", "param": None, "code": "job_failed"}
+            result, state, error = (
+                None,
+                JobState.FAILED,
+                {
+                    "message": describe(exc),
+                    "type": "server_error",
+                    "param": None,
+                    "code": "job_failed",
+                },
+            )
         if state is JobState.SUCCEEDED and record.cancel.is_set():
             state = JobState.CANCELLED  # cancelled after its last check: the result is not reported
             result = None
         with self.lock:
             record.state, record.result, record.error = state, result, error
             record.finished_at = time.time()
-        log.info("%s %s %s", record.kind, record.id, state.value + (f": {error['message']}" if error else ""))
+        log.info(
+            "%s %s %s",
+            record.kind,
+            record.id,
+            state.value + (f": {error['message']}" if error else ""),
+        )
 
     def _forget_old(self) -> None:
         """Under the lock: drop the oldest ended jobs past `kept`."""
@@ -200,7 +238,11 @@ class JobBook:
         with self.lock:
             record = self._records.get(job_id)
             if record is None:
-                raise NotFound(f"no job {job_id!r} (jobs are kept in memory: the last {self.kept}, until a restart)", param="job_id", code="job_not_found")
+                raise NotFound(
+                    f"no job {job_id!r} (jobs are kept in memory: the last {self.kept}, until a restart)",
+                    param="job_id",
+                    code="job_not_found",
+                )
             return record.view()
 
     def all(self) -> list[JobView]:

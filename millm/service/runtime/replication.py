@@ -24,7 +24,9 @@ from millm.store.database import Store
 
 log = logging.getLogger(__name__)
 
-FIRST_SYNC_S = 10.0  # how long the start waits for the first LISTEN before it goes on, reporting not in step
+FIRST_SYNC_S = (
+    10.0  # how long the start waits for the first LISTEN before it goes on, reporting not in step
+)
 
 
 @dataclass
@@ -45,12 +47,16 @@ class Replication:
         self.shared = store.shared
         self._reloads: dict[Topic, Callable[[], None]] = {}
         self._lock = threading.Lock()
-        self._connected = not self.shared  # before the first LISTEN a replica cannot know it is current
+        self._connected = (
+            not self.shared
+        )  # before the first LISTEN a replica cannot know it is current
         self._reason = "the change listener has not connected to the shared database yet"
         self._lost_at: float | None = None
         self._first = threading.Event()
         self.counters = ReplicaCounters()
-        self.generation = 0  # moves whenever being in step changes, so plans cached before are not reused
+        self.generation = (
+            0  # moves whenever being in step changes, so plans cached before are not reused
+        )
         self._listener: ChangeListener | None = None
 
     def on(self, topic: Topic, reload: Callable[[], None]) -> None:
@@ -64,7 +70,10 @@ class Replication:
         self._listener = ChangeListener(self.store.url, self._notice, self._listening, self._lost)
         self._listener.start()
         if not self._first.wait(FIRST_SYNC_S):
-            log.warning("the change listener has not connected within %g s; this replica reports itself out of step until it does", FIRST_SYNC_S)
+            log.warning(
+                "the change listener has not connected within %g s; this replica reports itself out of step until it does",
+                FIRST_SYNC_S,
+            )
 
     def close(self) -> None:
         """Stop listening."""
@@ -108,7 +117,10 @@ class Replication:
                 # Idle pool connections go too: a write now connects afresh, and fails in seconds
                 # (connect_timeout) rather than waiting on a connection as dead as this one.
                 self.store.engine.dispose()
-                log.warning("lost the connection to the shared database (%s); this replica reports itself out of step until it reconnects", reason)
+                log.warning(
+                    "lost the connection to the shared database (%s); this replica reports itself out of step until it reconnects",
+                    reason,
+                )
             self._connected, self._reason = False, reason
             self.generation += 1
         self._first.set()
@@ -119,7 +131,11 @@ class Replication:
         with self._lock:
             if self._connected:
                 return True, ""
-            since = f" since {time.strftime('%H:%M:%S', time.gmtime(self._lost_at))} UTC" if self._lost_at else ""
+            since = (
+                f" since {time.strftime('%H:%M:%S', time.gmtime(self._lost_at))} UTC"
+                if self._lost_at
+                else ""
+            )
             return False, (
                 f"this replica is out of step with the shared database{since} ({self._reason}): changes made through other "
                 "replicas may not have reached it; it serves with the state it last read until it reconnects and reloads"

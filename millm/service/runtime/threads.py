@@ -65,7 +65,9 @@ async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         loop.call_soon_threadsafe(settle, outcome)
 
     try:
-        threading.Thread(target=run, name=f"millm-{getattr(fn, '__name__', 'work')}", daemon=True).start()
+        threading.Thread(
+            target=run, name=f"millm-{getattr(fn, '__name__', 'work')}", daemon=True
+        ).start()
     except BaseException:
         _slots.release()  # no thread started (RuntimeError: can't start new thread): nothing holds the slot
         raise

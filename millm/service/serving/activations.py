@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
@@ -55,7 +64,11 @@ class ActivationRead:
     def engine_read(self) -> ResidualRead:
         """What the engine captures for it (and encodes, on its own thread)."""
         return ResidualRead(
-            self.attached.point, self.read_point == "post_steering", self.positions, "activations", encode=self.encode
+            self.attached.point,
+            self.read_point == "post_steering",
+            self.positions,
+            "activations",
+            encode=self.encode,
         )
 
     def encode(self, residuals: torch.Tensor) -> list[list[dict]]:
@@ -69,7 +82,9 @@ def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
     return InvalidRequest(f"{PARAM}: {message}", param=PARAM, code=code)
 
 
-def worst_case_positions(positions: PositionWord | tuple[int, int], prompt_tokens: int, max_tokens: int) -> int:
+def worst_case_positions(
+    positions: PositionWord | tuple[int, int], prompt_tokens: int, max_tokens: int
+) -> int:
     """Positions a read may return at most, counting max_tokens in full (the spec's rule)."""
     if positions == "last":
         return 1
@@ -94,12 +109,19 @@ class PositionRange(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> PositionRange:
         if self.end <= self.start:
-            raise refusal("range_order", "0 <= start < end, got start {start} and end {end}", start=self.start, end=self.end)
+            raise refusal(
+                "range_order",
+                "0 <= start < end, got start {start} and end {end}",
+                start=self.start,
+                end=self.end,
+            )
         return self
 
 
 Positions = Annotated[
-    Annotated[PositionWord, said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")]
+    Annotated[
+        PositionWord, said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")
+    ]
     | Annotated[PositionRange, Tag("range")],
     Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
 ]
@@ -127,13 +149,19 @@ class ReadRequest(BaseModel):
         # The limit is a server setting, so it comes as validation context (the served schema states it too).
         limit = (info.context or {}).get("max_top_k")
         if limit is not None and top_k > limit:
-            raise refusal("top_k_over_limit", "at most SAE_ACTIVATIONS_MAX_TOP_K ({limit})", limit=limit)
+            raise refusal(
+                "top_k_over_limit", "at most SAE_ACTIVATIONS_MAX_TOP_K ({limit})", limit=limit
+            )
         return top_k
 
     @property
     def span(self) -> PositionWord | tuple[int, int]:
         """The positions as the engine takes them: a word, or (start, end)."""
-        return self.positions if isinstance(self.positions, str) else (self.positions.start, self.positions.end)
+        return (
+            self.positions
+            if isinstance(self.positions, str)
+            else (self.positions.start, self.positions.end)
+        )
 
 
 # What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
@@ -158,7 +186,11 @@ def plan_read(
     """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming
     what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`."""
     chosen = pick_attached(attached, asked.sae_id, PARAM, prefix=f"{PARAM}: ")
-    features = None if asked.features is None else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
+    features = (
+        None
+        if asked.features is None
+        else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
+    )
     worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
     if worst > max_entries:
         raise refuse(
@@ -166,10 +198,14 @@ def plan_read(
             f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
         )
     table = calibration(chosen.info.id) if asked.percentiles and calibration is not None else None
-    return ActivationRead(chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table)
+    return ActivationRead(
+        chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table
+    )
 
 
-def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False) -> dict:
+def activations_block(
+    read: ActivationRead, captured: ResidualsRead, *, unsteered: bool = False
+) -> dict:
     """The response's `millm.sae_activations` object (from the engine's encode of the capture)."""
     per_position = captured.encoded
     block = {
@@ -178,9 +214,13 @@ def activations_block(read: ActivationRead, captured: ResidualsRead, *, unsteere
         "read_point": "unsteered" if unsteered else read.read_point,
         "positions": [
             {"position": position, "token_id": token_id, "features": features}
-            for position, token_id, features in zip(captured.positions, captured.token_ids, per_position, strict=True)
+            for position, token_id, features in zip(
+                captured.positions, captured.token_ids, per_position, strict=True
+            )
         ],
-        "note": NOTES[read.read_point] if not unsteered else (
+        "note": NOTES[read.read_point]
+        if not unsteered
+        else (
             "a scoring pass is never steered: this is the unsteered model's residual at this layer."
         ),
     }

@@ -61,17 +61,27 @@ class Collected:
     completion_tokens: int = 0
     reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
     row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
-    row_cached: list[int] = field(default_factory=list)  # prompt tokens each row took from the prefix cache
-    choices: int = 1  # rows per prompt (n), which share one prefill and so one count of cached tokens
+    row_cached: list[int] = field(
+        default_factory=list
+    )  # prompt tokens each row took from the prefix cache
+    choices: int = (
+        1  # rows per prompt (n), which share one prefill and so one count of cached tokens
+    )
     verdicts: list[ProbeVerdict] = field(default_factory=list)  # every watch's, each row's
-    probes: dict | None = None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
+    probes: dict | None = (
+        None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
+    )
 
 
-def millm_block(read: ActivationRead | None, captured: list, unsteered: bool = False, probes: dict | None = None) -> dict | None:
+def millm_block(
+    read: ActivationRead | None, captured: list, unsteered: bool = False, probes: dict | None = None
+) -> dict | None:
     """The body's `millm` object: the probes' verdicts and the SAE read (None when there is neither)."""
     block = dict(probes or {})
     if read is not None and captured:
-        block["sae_activations"] = activations_block(read, captured[0], unsteered=unsteered)  # encoded on the scheduler thread
+        block["sae_activations"] = activations_block(
+            read, captured[0], unsteered=unsteered
+        )  # encoded on the scheduler thread
     return block or None
 
 
@@ -81,9 +91,17 @@ def cached_tokens(by_row: dict[int, int] | list[int], choices: int) -> int:
     return sum(cached for row, cached in rows if row % choices == 0)
 
 
-async def collect(stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES, choices: int = 1) -> Collected:
+async def collect(
+    stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES, choices: int = 1
+) -> Collected:
     """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
-    result = Collected(texts=[""] * rows, finish_reasons=[None] * rows, row_tokens=[0] * rows, row_cached=[0] * rows, choices=choices)
+    result = Collected(
+        texts=[""] * rows,
+        finish_reasons=[None] * rows,
+        row_tokens=[0] * rows,
+        row_cached=[0] * rows,
+        choices=choices,
+    )
     try:
         async for event in stream.events():
             if isinstance(event, TextDelta):
@@ -109,7 +127,9 @@ class Shape(ABC):
     """How a row's text becomes choices, whole and streamed (a fresh one per request: tools hold text per row)."""
 
     @abstractmethod
-    def whole(self, meta: Meta, result: Collected, prompt_tokens: int, read: ActivationRead | None) -> WireModel:
+    def whole(
+        self, meta: Meta, result: Collected, prompt_tokens: int, read: ActivationRead | None
+    ) -> WireModel:
         """The whole body."""
 
     @abstractmethod
@@ -138,22 +158,41 @@ class ChatShape(Shape):
         self.holds: dict[int, CallHoldback] = {}
 
     def whole(self, meta, result, prompt_tokens, read):
-        choices = [self.choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)]
+        choices = [
+            self.choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)
+        ]
         return ChatCompletion(
-            id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens, cached_tokens(result.row_cached, result.choices)), millm=millm_block(read, result.reads, probes=result.probes),
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            system_fingerprint=meta.fingerprint,
+            choices=choices,
+            usage=Usage.of(
+                prompt_tokens,
+                result.completion_tokens,
+                cached_tokens(result.row_cached, result.choices),
+            ),
+            millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def choice(self, index: int, text: str, reason: str | None) -> ChatChoice:
         """A whole chat choice; with tools, its text read for calls."""
         if self.tools is None:
-            return ChatChoice(index=index, message=AssistantMessage(content=text), finish_reason=reason)
+            return ChatChoice(
+                index=index, message=AssistantMessage(content=text), finish_reason=reason
+            )
         answer = read_answer(self.tools, text, reason, index)
         calls = [tool_call(call) for call in answer.calls] or None
-        return ChatChoice(index=index, message=AssistantMessage(content=answer.content, tool_calls=calls), finish_reason=answer.finish_reason(reason))
+        return ChatChoice(
+            index=index,
+            message=AssistantMessage(content=answer.content, tool_calls=calls),
+            finish_reason=answer.finish_reason(reason),
+        )
 
     def chunk(self, meta, choices, **extra):
-        return ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra)
+        return ChatCompletionChunk(
+            id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra
+        )
 
     def opening(self):
         return [[ChunkChoice(index=0, delta=Delta(role="assistant", content=""))]]
@@ -183,7 +222,10 @@ class ChatShape(Shape):
         for k, call in enumerate(answer.calls):
             piece = StreamedToolCall(index=k, **tool_call(call).model_dump())
             choices.append(ChunkChoice(index=row, delta=Delta(tool_calls=[piece])))
-        return [*choices, ChunkChoice(index=row, delta=Delta(), finish_reason=answer.finish_reason(reason))]
+        return [
+            *choices,
+            ChunkChoice(index=row, delta=Delta(), finish_reason=answer.finish_reason(reason)),
+        ]
 
 
 def content(row: int, text: str) -> ChunkChoice:
@@ -200,14 +242,28 @@ class CompletionShape(Shape):
     """Text completion: text deltas per choice index, then finish chunks."""
 
     def whole(self, meta, result, prompt_tokens, read):
-        choices = [CompletionChoice(index=i, text=text, finish_reason=result.finish_reasons[i]) for i, text in enumerate(result.texts)]
+        choices = [
+            CompletionChoice(index=i, text=text, finish_reason=result.finish_reasons[i])
+            for i, text in enumerate(result.texts)
+        ]
         return Completion(
-            id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint, choices=choices,
-            usage=Usage.of(prompt_tokens, result.completion_tokens, cached_tokens(result.row_cached, result.choices)), millm=millm_block(read, result.reads, probes=result.probes),
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            system_fingerprint=meta.fingerprint,
+            choices=choices,
+            usage=Usage.of(
+                prompt_tokens,
+                result.completion_tokens,
+                cached_tokens(result.row_cached, result.choices),
+            ),
+            millm=millm_block(read, result.reads, probes=result.probes),
         )
 
     def chunk(self, meta, choices, **extra):
-        return Completion(id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra)
+        return Completion(
+            id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra
+        )
 
     def delta(self, row, text):
         return [CompletionChoice(index=row, text=text, finish_reason=None)]
@@ -216,14 +272,20 @@ class CompletionShape(Shape):
         return [CompletionChoice(index=row, text="", finish_reason=reason)]
 
 
-async def chunks(stream: JobStream, rows: int, admitted: Admitted, shape: Shape, meta: Meta) -> AsyncIterator[WireModel | MillmError]:
+async def chunks(
+    stream: JobStream, rows: int, admitted: Admitted, shape: Shape, meta: Meta
+) -> AsyncIterator[WireModel | MillmError]:
     """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or the error that ended it.
 
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as
     OpenAI does. Then the probe-verdict chunk (no choices; `millm.probes`, every row's), when
     probes watched the request; a request's SAE activations come last, in a chunk with no choices.
     """
-    prompt_tokens, include_usage, choices = admitted.prompt_tokens, admitted.include_usage, admitted.choices
+    prompt_tokens, include_usage, choices = (
+        admitted.prompt_tokens,
+        admitted.include_usage,
+        admitted.choices,
+    )
     read, probes = admitted.read, admitted.probes
     finished = completion_tokens = 0
     cached: dict[int, int] = {}
@@ -244,7 +306,13 @@ async def chunks(stream: JobStream, rows: int, admitted: Admitted, shape: Shape,
                 closing = shape.finish(event.row, event.finish_reason)
                 for choice in closing[:-1]:
                     yield shape.chunk(meta, [choice])
-                yield shape.chunk(meta, [closing[-1]], usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices)) if last else None)
+                yield shape.chunk(
+                    meta,
+                    [closing[-1]],
+                    usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices))
+                    if last
+                    else None,
+                )
             elif isinstance(event, ResidualsRead):
                 captured.append(event)
             elif isinstance(event, ProbeVerdict):
@@ -253,7 +321,11 @@ async def chunks(stream: JobStream, rows: int, admitted: Admitted, shape: Shape,
                 yield event.error
                 return
         if include_usage:
-            yield shape.chunk(meta, [], usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices)))
+            yield shape.chunk(
+                meta,
+                [],
+                usage=Usage.of(prompt_tokens, completion_tokens, cached_tokens(cached, choices)),
+            )
         watched = await probes.block(verdicts)
         if watched is not None:
             yield shape.chunk(meta, [], millm=watched)

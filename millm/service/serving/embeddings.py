@@ -25,10 +25,14 @@ def encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str
     return vector.tolist()
 
 
-def embedding_list(vectors: np.ndarray, encoding_format: str | None, model: str, tokens: int) -> EmbeddingList:
+def embedding_list(
+    vectors: np.ndarray, encoding_format: str | None, model: str, tokens: int
+) -> EmbeddingList:
     """The body: one entry per input, in order."""
     data = [Embedding(index=i, embedding=encode(v, encoding_format)) for i, v in enumerate(vectors)]
-    return EmbeddingList(data=data, model=model, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+    return EmbeddingList(
+        data=data, model=model, usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens)
+    )
 
 
 async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Reply:
@@ -46,5 +50,7 @@ async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Rep
     finally:
         job.cancel()
     tokens = sum(len(p) for p in prompts)
-    answer = await to_thread.run_sync(embedding_list, vectors.numpy(), body.encoding_format, lm.name, tokens)
+    answer = await to_thread.run_sync(
+        embedding_list, vectors.numpy(), body.encoding_format, lm.name, tokens
+    )
     return Reply(Report(ignored), body=answer)

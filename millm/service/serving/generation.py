@@ -41,17 +41,24 @@ class GenerationOptions:
     seed: int | None
 
 
-def completion_budget(lm: LoadedModel, prompt_tokens: int, max_tokens: int | None, default: int, param: str) -> int:
+def completion_budget(
+    lm: LoadedModel, prompt_tokens: int, max_tokens: int | None, default: int, param: str
+) -> int:
     """max_tokens for a prompt: the asked value if it fits the window, else a 400; a default shrinks to fit."""
     room = lm.context_length - prompt_tokens
     if max_tokens is not None:
         if max_tokens > room:
             raise ContextLengthExceeded(
-                limit=lm.context_length, prompt_tokens=prompt_tokens, max_tokens=max_tokens, param=param
+                limit=lm.context_length,
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                param=param,
             )
         return max_tokens
     if room < 1:
-        raise ContextLengthExceeded(limit=lm.context_length, prompt_tokens=prompt_tokens, max_tokens=None, param=param)
+        raise ContextLengthExceeded(
+            limit=lm.context_length, prompt_tokens=prompt_tokens, max_tokens=None, param=param
+        )
     return min(default, room)
 
 
@@ -71,8 +78,14 @@ class RowFill:
     watches: tuple[Watch, ...] = ()
 
 
-def build_rows(lm: LoadedModel, prompts: list[list[int]], options: GenerationOptions, default_max_tokens: int,
-               param: str, fill: RowFill = RowFill()) -> list[RowSpec]:
+def build_rows(
+    lm: LoadedModel,
+    prompts: list[list[int]],
+    options: GenerationOptions,
+    default_max_tokens: int,
+    param: str,
+    fill: RowFill = RowFill(),
+) -> list[RowSpec]:
     """One row per (prompt, choice), prompt-major, each with its own budget and seed, all filled alike."""
     rows = []
     for prompt in prompts:
@@ -94,7 +107,9 @@ def build_rows(lm: LoadedModel, prompts: list[list[int]], options: GenerationOpt
     return rows
 
 
-Monitored = Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]  # a row's monitoring capture, with its active probes' verdicts
+Monitored = Callable[
+    [ResidualsRead, Sequence[ProbeVerdict]], None
+]  # a row's monitoring capture, with its active probes' verdicts
 
 
 class JobStream:
@@ -103,17 +118,28 @@ class JobStream:
     Monitoring's capture of a row goes to `on_monitored` instead, with the verdicts of the probes
     named in `monitored_probes` (the active ones), which the engine emits just before it."""
 
-    def __init__(self, rows: list[RowSpec], on_monitored: Monitored | None = None, monitored_probes: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        rows: list[RowSpec],
+        on_monitored: Monitored | None = None,
+        monitored_probes: frozenset[str] = frozenset(),
+    ):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._open_rows = len(rows)
         self._on_monitored = on_monitored
         self._monitored_probes = monitored_probes
-        self._verdicts: dict[int, list[ProbeVerdict]] = {}  # row -> active probes' verdicts (scheduler thread only)
+        self._verdicts: dict[
+            int, list[ProbeVerdict]
+        ] = {}  # row -> active probes' verdicts (scheduler thread only)
         self.job = GenerationJob(rows=rows, emit=self._emit)
 
     def _emit(self, event: Event) -> None:
-        if isinstance(event, ProbeVerdict) and self._on_monitored is not None and event.name in self._monitored_probes:
+        if (
+            isinstance(event, ProbeVerdict)
+            and self._on_monitored is not None
+            and event.name in self._monitored_probes
+        ):
             self._verdicts.setdefault(event.row, []).append(event)  # and to the client, below
         if isinstance(event, ResidualsRead) and event.tag == "monitoring":
             if self._on_monitored is not None:  # straight to the monitor's worker, not the client

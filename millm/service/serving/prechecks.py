@@ -41,7 +41,9 @@ class Prechecked:
     spec: dict | None = None  # the request's own `steering`, validated and canonical
 
 
-async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: bool = False) -> Prechecked:
+async def precheck(
+    state: ServerState, body: BaseModel, strict: bool, scoring: bool = False
+) -> Prechecked:
     """The request-only refusals (400/404) in the order a client would fix them; returns what they parsed."""
     check_rows(body, state.settings.max_rows_per_request)
     if strict:
@@ -55,12 +57,22 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
         # "off" turns steering off without looking at the base, an unknown profile included.
         await to_thread.run_sync(state.profiles.find, profile)
     asked = getattr(body, "return_sae_activations", None)
-    read = parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
+    read = (
+        parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
+    )
     probes = getattr(body, "probes", None)
-    watched = await to_thread.run_sync(parse_probes, state.probes, probes) if probes and not scoring else ()
+    watched = (
+        await to_thread.run_sync(parse_probes, state.probes, probes)
+        if probes and not scoring
+        else ()
+    )
     model = getattr(body, "model", None)
     reads = read is not None or bool(watched)
-    if reads and model is not None and await to_thread.run_sync(state.switch.engine_for, model) == LLAMACPP:
+    if (
+        reads
+        and model is not None
+        and await to_thread.run_sync(state.switch.engine_for, model) == LLAMACPP
+    ):
         refuse_residual_reads(read is not None, bool(watched))
     return Prechecked(strict, dial, read, watched, spec)
 
@@ -68,7 +80,9 @@ async def precheck(state: ServerState, body: BaseModel, strict: bool, scoring: b
 def refuse_residual_reads(read: bool, probes: bool) -> None:
     """400 naming the field when a request reads the residual stream of a model whose engine does not hand it out."""
     if read:
-        raise engine_cannot("return_sae_activations (it reads the residual stream)", "return_sae_activations")
+        raise engine_cannot(
+            "return_sae_activations (it reads the residual stream)", "return_sae_activations"
+        )
     if probes:
         raise engine_cannot("probes (they read the residual stream)", "probes")
 
@@ -79,7 +93,10 @@ def own_steering(body: BaseModel, profile: str | None) -> dict | None:
     if raw is None:
         return None
     if profile is not None:
-        raise InvalidRequest("send either profile or steering: each replaces the steering base for this request, so they cannot be combined", param="steering")
+        raise InvalidRequest(
+            "send either profile or steering: each replaces the steering base for this request, so they cannot be combined",
+            param="steering",
+        )
     return validate_spec(raw)
 
 
@@ -90,7 +107,11 @@ def check_rows(body: BaseModel, cap: int) -> None:
     if variants is not None:  # POST /api/compare: one conversation, a row per variant
         units, param, what = len(variants), "variants", "variants"
     elif hasattr(body, "messages"):
-        units, param, what = 1 + len(getattr(body, "extra_messages", None) or []), "extra_messages", "conversations"
+        units, param, what = (
+            1 + len(getattr(body, "extra_messages", None) or []),
+            "extra_messages",
+            "conversations",
+        )
     elif hasattr(body, "prompt"):
         units, param, what = len(listed_inputs(body.prompt)), "prompt", "prompts"
     else:

@@ -51,12 +51,25 @@ def check_scoring(body: SamplingFields) -> float:
 
 def scoring_schema_rules(scoring: dict) -> list[dict]:
     """check_scoring's rules as JSON Schema (for the served OpenAPI schema), under the endpoint's scoring condition."""
-    return [when(scoring, {"allOf": [
-        any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
-        at_most("n", 1),
-        {"properties": {"stream": {"enum": [None, False]}}},
-        {"properties": {"temperature": {"anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]}}},
-    ]})]
+    return [
+        when(
+            scoring,
+            {
+                "allOf": [
+                    any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
+                    at_most("n", 1),
+                    {"properties": {"stream": {"enum": [None, False]}}},
+                    {
+                        "properties": {
+                            "temperature": {
+                                "anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]
+                            }
+                        }
+                    },
+                ]
+            },
+        )
+    ]
 
 
 def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | None:
@@ -66,12 +79,15 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
     bad = [t for t in allowed if not 0 <= t < lm.vocab_size]
     if bad:
         raise InvalidScoringRequest(
-            f"allowed_token_ids holds ids outside the vocabulary (0..{lm.vocab_size - 1}): {bad[:10]}", param="allowed_token_ids"
+            f"allowed_token_ids holds ids outside the vocabulary (0..{lm.vocab_size - 1}): {bad[:10]}",
+            param="allowed_token_ids",
         )
     return list(dict.fromkeys(allowed))
 
 
-async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: Ranking, reads: tuple = ()) -> ScoresReady:
+async def score_and_read(
+    state: ServerState, prompts: list[list[int]], ranking: Ranking, reads: tuple = ()
+) -> ScoresReady:
     """Each prompt's ranked next token (ranked on the scheduler thread) and what `reads` captured of its pass."""
     result = OneResult(ScoresReady)
     job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking)
@@ -84,7 +100,9 @@ async def score_and_read(state: ServerState, prompts: list[list[int]], ranking: 
 
 def token_text(lm: LoadedModel, token_id: int) -> str:
     """A single token decoded on its own (special tokens by name)."""
-    return lm.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)  # type: ignore[return-value]  # transformers types decode() as str | list[str]; one id list decodes to a str
+    return lm.tokenizer.decode(
+        [token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )  # type: ignore[return-value]  # transformers types decode() as str | list[str]; one id list decodes to a str
 
 
 def token_key(lm: LoadedModel, token_id: int, by_id: bool) -> str:
@@ -104,7 +122,15 @@ def merged(entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
     return sorted(totals.items(), key=lambda kv: -kv[1])
 
 
-def completion_choice(lm: LoadedModel, scored: Scored, index: int, prompt_text: str, logprobs: int | None, allowed, by_id: bool) -> CompletionChoice:
+def completion_choice(
+    lm: LoadedModel,
+    scored: Scored,
+    index: int,
+    prompt_text: str,
+    logprobs: int | None,
+    allowed,
+    by_id: bool,
+) -> CompletionChoice:
     """A legacy completions choice: the chosen token's text and, when asked, OpenAI's logprobs object."""
     text = token_text(lm, scored.chosen)
     if logprobs is None:
@@ -122,7 +148,14 @@ def completion_choice(lm: LoadedModel, scored: Scored, index: int, prompt_text: 
     return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
 
 
-def chat_choice(lm: LoadedModel, scored: Scored, index: int, logprobs: bool, top_logprobs: int | None, by_id: bool) -> ChatChoice:
+def chat_choice(
+    lm: LoadedModel,
+    scored: Scored,
+    index: int,
+    logprobs: bool,
+    top_logprobs: int | None,
+    by_id: bool,
+) -> ChatChoice:
     """A chat choice: the chosen token as the message and, with logprobs: true, OpenAI's chat logprobs."""
     text = token_text(lm, scored.chosen)
     message = AssistantMessage(content=text)
@@ -132,8 +165,18 @@ def chat_choice(lm: LoadedModel, scored: Scored, index: int, logprobs: bool, top
     check_reported(scored, shown)
     top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
     texts = {token_key(lm, t, by_id): token_text(lm, t) for t, _ in scored.ranked[:shown]}
-    alternatives = [TopLogprob(token=key, logprob=lp, bytes=list(texts[key].encode("utf-8"))) for key, lp in top]
+    alternatives = [
+        TopLogprob(token=key, logprob=lp, bytes=list(texts[key].encode("utf-8"))) for key, lp in top
+    ]
     chosen = TokenLogprob(
-        token=token_key(lm, scored.chosen, by_id), logprob=scored.chosen_logprob, bytes=list(text.encode("utf-8")), top_logprobs=alternatives
+        token=token_key(lm, scored.chosen, by_id),
+        logprob=scored.chosen_logprob,
+        bytes=list(text.encode("utf-8")),
+        top_logprobs=alternatives,
     )
-    return ChatChoice(index=index, message=message, logprobs=ChatLogprobs(content=[chosen]), finish_reason="length")
+    return ChatChoice(
+        index=index,
+        message=message,
+        logprobs=ChatLogprobs(content=[chosen]),
+        finish_reason="length",
+    )

@@ -29,7 +29,14 @@ from millm.protocol.requests import (
     SamplingFields,
 )
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.protocol.unused_fields import AS_SENT, SentAs, handle_unused, template_kwargs_unused, template_reads, unused_locations
+from millm.protocol.unused_fields import (
+    AS_SENT,
+    SentAs,
+    handle_unused,
+    template_kwargs_unused,
+    template_reads,
+    unused_locations,
+)
 from millm.service.composition import ServerState
 from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read, refuse
@@ -79,7 +86,11 @@ def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
         frequency_penalty=body.frequency_penalty or 0.0,
     )
     return GenerationOptions(
-        max_tokens=body.token_budget, n=n, sampling=sampling, stop=body.stop_sequences, seed=body.seed
+        max_tokens=body.token_budget,
+        n=n,
+        sampling=sampling,
+        stop=body.stop_sequences,
+        seed=body.seed,
     )
 
 
@@ -95,15 +106,25 @@ def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
         raise refuse("several prompts have several position axes; send one prompt")
 
 
-def unused_fields(strict: bool, body: BaseModel, scoring: bool, lm: LoadedModel, unused: tuple[str, ...] = (),
-                  sent_as: SentAs = AS_SENT) -> tuple[str, ...]:
+def unused_fields(
+    strict: bool,
+    body: BaseModel,
+    scoring: bool,
+    lm: LoadedModel,
+    unused: tuple[str, ...] = (),
+    sent_as: SentAs = AS_SENT,
+) -> tuple[str, ...]:
     """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under
     X-miLLM-Strict), in the words of the body the client sent (`sent_as`)."""
     # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
     reads = template_reads(lm.tokenizer) | {"tool_calls"}
     sent = body.model_dump(exclude_unset=True)
-    locations = unused_locations(body, scoring=scoring, reads=reads) + [field for field in unused if sent.get(field) is not None]
-    locations += template_kwargs_unused(getattr(body, "chat_template_kwargs", None), lm.template_variables)
+    locations = unused_locations(body, scoring=scoring, reads=reads) + [
+        field for field in unused if sent.get(field) is not None
+    ]
+    locations += template_kwargs_unused(
+        getattr(body, "chat_template_kwargs", None), lm.template_variables
+    )
     return handle_unused(sent_as.merge(locations), strict)
 
 
@@ -115,7 +136,9 @@ class Serving:
         self.settings = state.settings
 
     # routes ------------------------------------------------------------------------------------------
-    async def chat(self, body: ChatCompletionRequest, strict: bool, sent_as: SentAs = AS_SENT) -> Reply:
+    async def chat(
+        self, body: ChatCompletionRequest, strict: bool, sent_as: SentAs = AS_SENT
+    ) -> Reply:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in."""
         structured = parse_response_format(body)
@@ -123,7 +146,9 @@ class Serving:
             refuse_combinations(body, self.settings.enable_continuous_batching)
         tools = parse_tools(body)
         if tools is not None and tools.offered and structured is not None:
-            raise ResponseFormatUnsupported("response_format cannot be combined with tools: both would shape the same answer")
+            raise ResponseFormatUnsupported(
+                "response_format cannot be combined with tools: both would shape the same answer"
+            )
         temperature = check_scoring(body) if body.scoring else None
         refuse_multi_row_reads(body, 1)
         checked = await precheck(self.state, body, strict, body.scoring)
@@ -134,17 +159,29 @@ class Serving:
                 param="messages",
                 code="no_chat_template",
             )
-        tools, unused = offer_decision(tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools)
+        tools, unused = offer_decision(
+            tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools
+        )
         ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
         meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "messages")
         if temperature is not None:
-            return await self._chat_scoring(lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read)
+            return await self._chat_scoring(
+                lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read
+            )
         plan = await to_thread.run_sync(self._plan, body.profile, checked)
-        constraint = structured.spec if structured is not None else tools.grammar() if tools is not None else None
+        constraint = (
+            structured.spec
+            if structured is not None
+            else tools.grammar()
+            if tools is not None
+            else None
+        )
         if constraint is not None:
-            await to_thread.run_sync(lm.grammar.matcher, constraint)  # a schema the library refuses is a 400 now
+            await to_thread.run_sync(
+                lm.grammar.matcher, constraint
+            )  # a schema the library refuses is a 400 now
         scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
         report = Report(ignored, plan, body.seed, scope, structured)
         probes = await self._watch(lm, checked.probes)
@@ -163,15 +200,26 @@ class Serving:
         read = self._read(lm, body, checked.read, prompts, "prompt")
         if temperature is not None:
             allowed = check_allowed(lm, body.allowed_token_ids)
-            ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.logprobs or 0)
+            ranking = Ranking(
+                tuple(allowed) if allowed else None,
+                temperature,
+                None if allowed else body.logprobs or 0,
+            )
             answered = await score_and_read(self.state, prompts, ranking, self._engine_reads(read))
             by_id = bool(body.return_tokens_as_token_ids)
             choices = [
-                completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id) for i, scored in enumerate(answered.scored)
+                completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id)
+                for i, scored in enumerate(answered.scored)
             ]
-            scored_body = Completion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
-                                     choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
-                                     millm=millm_block(read, answered.reads, unsteered=True))
+            scored_body = Completion(
+                id=meta.id,
+                created=meta.created,
+                model=meta.model,
+                system_fingerprint=meta.fingerprint,
+                choices=choices,
+                usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                millm=millm_block(read, answered.reads, unsteered=True),
+            )
             return Reply(Report(ignored, seed=body.seed), body=scored_body)
         plan = await to_thread.run_sync(self._plan, None, checked)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
@@ -187,7 +235,9 @@ class Serving:
     async def _generate(self, admitted: Admitted, shape: Shape, meta: Meta) -> Reply:
         """Admit the rows (steered by the report's plan, watched by its probes and the plan's
         conditions) and answer whole or as a stream."""
-        probes = admitted.probes.with_conditions(admitted.report.plan.watches, admitted.lm.tokenizer)
+        probes = admitted.probes.with_conditions(
+            admitted.report.plan.watches, admitted.lm.tokenizer
+        )
         admitted = replace(admitted, probes=probes)
         stream, rows = self._start(admitted)
         report = admitted.report
@@ -195,7 +245,9 @@ class Serving:
             return Reply(report, chunks=chunks(stream, rows, admitted, shape, meta))
         result = await collect(stream, rows, probes, admitted.choices)
         if report.structured is not None:
-            for index, (text, reason) in enumerate(zip(result.texts, result.finish_reasons, strict=True)):
+            for index, (text, reason) in enumerate(
+                zip(result.texts, result.finish_reasons, strict=True)
+            ):
                 if reason == "stop":
                     validate_output(report.structured, text, index)
         return Reply(report, body=shape.whole(meta, result, admitted.prompt_tokens, admitted.read))
@@ -206,37 +258,71 @@ class Serving:
         reads = self._engine_reads(admitted.read)
         # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
         # nothing for such a model (its status says so) rather than refuse every request.
-        monitored = None if not lm.reads_residuals else self.state.monitor.read_for(
-            self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name))
+        monitored = (
+            None
+            if not lm.reads_residuals
+            else self.state.monitor.read_for(
+                self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name)
+            )
+        )
         if monitored is not None:
             reads += (monitored[0],)
         options = generation_options(admitted.body, admitted.choices)
         fill = RowFill(admitted.report.plan.edit, admitted.constraint, reads, probes.watches)
-        rows = build_rows(lm, admitted.prompts, options, self.settings.default_max_tokens, admitted.param, fill)
-        stream = JobStream(rows, on_monitored=monitored[1] if monitored is not None else None,
-                           monitored_probes=probes.active)
+        rows = build_rows(
+            lm, admitted.prompts, options, self.settings.default_max_tokens, admitted.param, fill
+        )
+        stream = JobStream(
+            rows,
+            on_monitored=monitored[1] if monitored is not None else None,
+            monitored_probes=probes.active,
+        )
         self.state.switch.submit(stream.job)
         return stream, len(rows)
 
-    async def _chat_scoring(self, lm: LoadedModel, body: ChatCompletionRequest, prompts: list[list[int]], meta: Meta,
-                            temperature: float, report: Report, read: ActivationRead | None) -> Reply:
+    async def _chat_scoring(
+        self,
+        lm: LoadedModel,
+        body: ChatCompletionRequest,
+        prompts: list[list[int]],
+        meta: Meta,
+        temperature: float,
+        report: Report,
+        read: ActivationRead | None,
+    ) -> Reply:
         """Score each conversation one at a time; a failing one fails the request, naming its index."""
         allowed = check_allowed(lm, body.allowed_token_ids)
-        ranking = Ranking(tuple(allowed) if allowed else None, temperature, None if allowed else body.top_logprobs or 0)
+        ranking = Ranking(
+            tuple(allowed) if allowed else None,
+            temperature,
+            None if allowed else body.top_logprobs or 0,
+        )
         choices, captured = [], []
         for index, prompt in enumerate(prompts):
             try:
-                answered = await score_and_read(self.state, [prompt], ranking, self._engine_reads(read))
+                answered = await score_and_read(
+                    self.state, [prompt], ranking, self._engine_reads(read)
+                )
                 captured += answered.reads
                 by_id = bool(body.return_tokens_as_token_ids)
-                choices.append(chat_choice(lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id))
+                choices.append(
+                    chat_choice(
+                        lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id
+                    )
+                )
             except MillmError as exc:
                 if len(prompts) > 1:
                     exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
                 raise
-        scored = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, system_fingerprint=meta.fingerprint,
-                                choices=choices, usage=Usage.of(sum(map(len, prompts)), len(prompts)),
-                                millm=millm_block(read, captured, unsteered=True))
+        scored = ChatCompletion(
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            system_fingerprint=meta.fingerprint,
+            choices=choices,
+            usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+            millm=millm_block(read, captured, unsteered=True),
+        )
         return Reply(report, body=scored)
 
     def _plan(self, profile: str | None, checked: Prechecked) -> Plan:
@@ -245,7 +331,14 @@ class Serving:
             return self.state.planner.plan_for_spec(checked.spec, checked.dial)
         return self.state.planner.plan_for(profile, checked.dial)
 
-    def _read(self, lm: LoadedModel, body: SamplingFields, asked: ReadRequest | None, prompts: list[list[int]], param: str) -> ActivationRead | None:
+    def _read(
+        self,
+        lm: LoadedModel,
+        body: SamplingFields,
+        asked: ReadRequest | None,
+        prompts: list[list[int]],
+        param: str,
+    ) -> ActivationRead | None:
         """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
         if asked is None:
             return None
@@ -253,7 +346,13 @@ class Serving:
             refuse_residual_reads(read=True, probes=False)
         refuse_multi_row_reads(body, len(prompts))
         scoring = bool(getattr(body, "scoring", False))
-        budget = 0 if scoring else completion_budget(lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param)
+        budget = (
+            0
+            if scoring
+            else completion_budget(
+                lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param
+            )
+        )
         return plan_read(
             asked,
             self.state.steering.attached,
@@ -265,13 +364,19 @@ class Serving:
 
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
-        if not lm.reads_residuals:  # probes read the residual stream: named ones are refused, active ones do not watch
+        if (
+            not lm.reads_residuals
+        ):  # probes read the residual stream: named ones are refused, active ones do not watch
             refuse_residual_reads(read=False, probes=bool(asked))
             return NO_PROBES
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
-        attached = dict(self.state.steering.attached)  # one view of the SAEs for every probe of the request
-        return await to_thread.run_sync(watch_request, self.state.probes, self.state.calibrations, attached, lm, asked)
+        attached = dict(
+            self.state.steering.attached
+        )  # one view of the SAEs for every probe of the request
+        return await to_thread.run_sync(
+            watch_request, self.state.probes, self.state.calibrations, attached, lm, asked
+        )
 
     @staticmethod
     def _engine_reads(read: ActivationRead | None) -> tuple:
@@ -284,5 +389,3 @@ class Serving:
         if batch_shaped:
             return "batch-shape"
         return "best-effort" if self.settings.enable_continuous_batching else "request"
-
-

@@ -28,7 +28,6 @@ NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON_OBJECT = {"type": "object"}
 
 
-
 @dataclass(frozen=True)
 class Structured:
     """A request's output constraint."""
@@ -51,12 +50,18 @@ def parse_response_format(body: ChatCompletionRequest) -> Structured | None:
     if fmt.type == "json_object":
         return Structured("json_object", None, JSON_OBJECT)
     if fmt.type != "json_schema":
-        raise ResponseFormatUnsupported(f"response_format: type {fmt.type!r} is not one of text, json_object, json_schema")
+        raise ResponseFormatUnsupported(
+            f"response_format: type {fmt.type!r} is not one of text, json_object, json_schema"
+        )
     spec = fmt.json_schema
     if spec is None:
-        raise ResponseFormatUnsupported("response_format: json_schema needs a json_schema object with name and schema")
+        raise ResponseFormatUnsupported(
+            "response_format: json_schema needs a json_schema object with name and schema"
+        )
     if spec.name is None or not NAME.match(spec.name):
-        raise ResponseFormatUnsupported("response_format: json_schema.name is required: 1-64 letters, digits, '_' or '-'")
+        raise ResponseFormatUnsupported(
+            "response_format: json_schema.name is required: 1-64 letters, digits, '_' or '-'"
+        )
     if spec.schema_ is None:
         raise ResponseFormatUnsupported("response_format: json_schema.schema is required")
     check_schema(spec.schema_)
@@ -71,26 +76,47 @@ def refuse_combinations(body: ChatCompletionRequest, batching: bool) -> None:
             "a grammar mask per row would stall every row of the batch"
         )
     if body.stream:
-        raise ResponseFormatUnsupported("response_format cannot be streamed: the document is validated when complete")
+        raise ResponseFormatUnsupported(
+            "response_format cannot be streamed: the document is validated when complete"
+        )
     if body.stop:
-        raise ResponseFormatUnsupported("response_format cannot be combined with stop: a stop string could cut a document and report it complete")
+        raise ResponseFormatUnsupported(
+            "response_format cannot be combined with stop: a stop string could cut a document and report it complete"
+        )
     if body.scoring:
-        raise ResponseFormatUnsupported("response_format cannot be combined with scoring (logprobs / allowed_token_ids)")
+        raise ResponseFormatUnsupported(
+            "response_format cannot be combined with scoring (logprobs / allowed_token_ids)"
+        )
 
 
-CONSTRAINED = {"required": ["response_format"], "properties": {"response_format": {"required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}
+CONSTRAINED = {
+    "required": ["response_format"],
+    "properties": {
+        "response_format": {
+            "required": ["type"],
+            "properties": {"type": {"enum": ["json_object", "json_schema"]}},
+        }
+    },
+}
 TOOLS_NOT_OFFERED = any_of(one_of_values("tools", [None, []]), equals("tool_choice", "none"))
 
 
 def response_format_schema_rules(scoring: dict) -> list[dict]:
     """refuse_combinations (and the tools rule of the chat route) as JSON Schema for the served
     OpenAPI schema; continuous batching is the server's setting, so it cannot be stated there."""
-    return [when(CONSTRAINED, {"allOf": [
-        {"properties": {"stream": {"enum": [None, False]}}},
-        absent_or_null("stop"),
-        {"not": scoring},
-        TOOLS_NOT_OFFERED,
-    ]})]
+    return [
+        when(
+            CONSTRAINED,
+            {
+                "allOf": [
+                    {"properties": {"stream": {"enum": [None, False]}}},
+                    absent_or_null("stop"),
+                    {"not": scoring},
+                    TOOLS_NOT_OFFERED,
+                ]
+            },
+        )
+    ]
 
 
 def validate_output(structured: Structured, text: str, index: int) -> None:
@@ -100,12 +126,18 @@ def validate_output(structured: Structured, text: str, index: int) -> None:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConstrainedOutputInvalid(f"choice {index}: the completed output is not valid JSON ({exc})") from None
+        raise ConstrainedOutputInvalid(
+            f"choice {index}: the completed output is not valid JSON ({exc})"
+        ) from None
     if structured.mode == "json_object":
         if not isinstance(document, dict):
-            raise ConstrainedOutputInvalid(f"choice {index}: the completed output is not a JSON object")
+            raise ConstrainedOutputInvalid(
+                f"choice {index}: the completed output is not a JSON object"
+            )
         return
     error = next(iter(Draft202012Validator(structured.schema).iter_errors(document)), None)
     if error is not None:
         where = "/" + "/".join(str(p) for p in error.absolute_path)
-        raise ConstrainedOutputInvalid(f"choice {index}: the completed output fails the schema at {where}: {error.message}")
+        raise ConstrainedOutputInvalid(
+            f"choice {index}: the completed output fails the schema at {where}: {error.message}"
+        )

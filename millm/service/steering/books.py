@@ -34,10 +34,19 @@ class Shelf:
     rows: tuple[dict, ...] = ()
     by_id: Mapping[str, dict] = field(default_factory=dict)
     by_name: Mapping[str, dict] = field(default_factory=dict)
-    documents: Mapping[str, dict] = field(default_factory=dict)  # id -> parsed document; absent if it does not parse
+    documents: Mapping[str, dict] = field(
+        default_factory=dict
+    )  # id -> parsed document; absent if it does not parse
 
     @classmethod
-    def of(cls, rows: list[dict], revision: int, parse: Parse, order: Order, parsed: Mapping[str, dict] | None = None) -> Shelf:
+    def of(
+        cls,
+        rows: list[dict],
+        revision: int,
+        parse: Parse,
+        order: Order,
+        parsed: Mapping[str, dict] | None = None,
+    ) -> Shelf:
         """A shelf of these rows; `parsed` holds documents already parsed (by id), the rest go through `parse`."""
         documents = dict(parsed or {})
         for row in rows:
@@ -46,7 +55,13 @@ class Shelf:
                 if document is not None:
                     documents[row["id"]] = document
         ordered = tuple(sorted(rows, key=order))
-        return cls(revision, ordered, {r["id"]: r for r in ordered}, {r["name"]: r for r in ordered}, documents)
+        return cls(
+            revision,
+            ordered,
+            {r["id"]: r for r in ordered},
+            {r["name"]: r for r in ordered},
+            documents,
+        )
 
     def updated(self, ids: set[str], fresh: list[dict], parse: Parse, order: Order) -> Shelf:
         """The next shelf: the rows of `ids` replaced by `fresh` (read back from the store; absent ones dropped)."""
@@ -149,7 +164,9 @@ class Book(ABC):
                 raise
             try:
                 if touched:
-                    self._shelf = self._shelf.updated(touched, self._rows(sorted(touched)), self._parse, self._order)
+                    self._shelf = self._shelf.updated(
+                        touched, self._rows(sorted(touched)), self._parse, self._order
+                    )
             except BaseException:
                 self._stale = True
                 raise

@@ -15,7 +15,12 @@ from millm.interp.mistudio import (
 )
 from millm.service.steering.books import Book, Shelf, unique_names
 from millm.store.database import Store
-from millm.store.documents import delete_document, document_rows, insert_documents, set_cluster_intensity
+from millm.store.documents import (
+    delete_document,
+    document_rows,
+    insert_documents,
+    set_cluster_intensity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,10 @@ def parse_raw(raw: bytes):
 def _refuse_clashes(wanted: list[str], taken: set[str], on_conflict: str) -> None:
     clashes = [name for name in wanted if name in taken]
     if clashes and on_conflict == "fail":
-        raise Conflict(f"these names exist already: {clashes}; import with on_conflict=rename", code="name_exists")
+        raise Conflict(
+            f"these names exist already: {clashes}; import with on_conflict=rename",
+            code="name_exists",
+        )
 
 
 def stored_document(shelf: Shelf, row: dict) -> dict:
@@ -66,12 +74,20 @@ class DocumentBook(Book):
     def _parse(self, row: dict) -> dict | None:
         try:
             return json.loads(row["raw"])
-        except ValueError as exc:  # a damaged row: parsed (and refused) again where it is used, as before
-            log.warning("the stored %s %r (%s) cannot be parsed: %s", self.kind, row["name"], row["id"], exc)
+        except (
+            ValueError
+        ) as exc:  # a damaged row: parsed (and refused) again where it is used, as before
+            log.warning(
+                "the stored %s %r (%s) cannot be parsed: %s", self.kind, row["name"], row["id"], exc
+            )
             return None
 
     def _missing(self, key: str) -> NotFound:
-        return NotFound(f"no {self.kind} named or with id {key!r}", param=self.kind, code=f"{self.kind}_not_found")
+        return NotFound(
+            f"no {self.kind} named or with id {key!r}",
+            param=self.kind,
+            code=f"{self.kind}_not_found",
+        )
 
     def document(self, row: dict) -> dict:
         """The parsed document of a row: from memory while the row is stored as it is (shared: read it, never change it)."""
@@ -113,9 +129,20 @@ class ClusterBook(DocumentBook):
             names = self._names([d["name"] for d in definitions], on_conflict)
             rows: list[dict] = []
             for definition, name in zip(definitions, names, strict=True):
-                text = raw.decode("utf-8") if single and name == definition["name"] else json.dumps({**definition, "name": name})
+                text = (
+                    raw.decode("utf-8")
+                    if single and name == definition["name"]
+                    else json.dumps({**definition, "name": name})
+                )
                 intensity = min(authored_intensity(definition), self.maximum)
-                rows.append({"id": "clu_" + uuid.uuid4().hex[:12], "name": name, "raw": text, "intensity": intensity})
+                rows.append(
+                    {
+                        "id": "clu_" + uuid.uuid4().hex[:12],
+                        "name": name,
+                        "raw": text,
+                        "intensity": intensity,
+                    }
+                )
             touched.update(row["id"] for row in rows)
             insert_documents(self.store, self.table, rows)
         return [self.find(row["id"]) for row in rows]
@@ -123,8 +150,15 @@ class ClusterBook(DocumentBook):
     def set_intensity(self, key: str, intensity) -> dict:
         """The persistent dial, within [0, max]."""
         row = self.find(key)  # an unknown key is a 404 before the value is checked
-        if isinstance(intensity, bool) or not isinstance(intensity, (int, float)) or not 0 <= intensity <= self.maximum:
-            raise InvalidRequest(f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}", param="intensity")
+        if (
+            isinstance(intensity, bool)
+            or not isinstance(intensity, (int, float))
+            or not 0 <= intensity <= self.maximum
+        ):
+            raise InvalidRequest(
+                f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}",
+                param="intensity",
+            )
         with self.writing() as touched:
             row = self.find(key)
             touched.add(row["id"])
@@ -143,7 +177,11 @@ class CircuitBook(DocumentBook):
         check_circuit(document)
         with self.writing() as touched:
             (name,) = self._names([document["name"]], on_conflict)
-            text = raw.decode("utf-8") if name == document["name"] else json.dumps({**document, "name": name})
+            text = (
+                raw.decode("utf-8")
+                if name == document["name"]
+                else json.dumps({**document, "name": name})
+            )
             row = {"id": "cir_" + uuid.uuid4().hex[:12], "name": name, "raw": text}
             touched.add(row["id"])
             insert_documents(self.store, self.table, [row])

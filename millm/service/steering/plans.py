@@ -32,9 +32,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from millm.errors import InvalidRequest, MillmError, describe
-from millm.interp.binding import BOUND, LayerBinding, circuit_bindings, circuit_mode, cluster_binding, members_edit
+from millm.interp.binding import (
+    BOUND,
+    LayerBinding,
+    circuit_bindings,
+    circuit_mode,
+    cluster_binding,
+    members_edit,
+)
 from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
-from millm.interp.mistudio import Member, authored_intensity, circuit_members, cluster_members, declared_range, rung
+from millm.interp.mistudio import (
+    Member,
+    authored_intensity,
+    circuit_members,
+    cluster_members,
+    declared_range,
+    rung,
+)
 from millm.interp.steering import Attached, FeatureOp, InvalidFeatureIndex, feature_edit
 from millm.service.steering.books import Shelf
 from millm.service.steering.documents import CircuitBook, ClusterBook, stored_document

@@ -15,7 +15,13 @@ from millm.errors import Conflict, InvalidProfile, NotFound
 from millm.interp.profiles import outdated, validate_import, validate_profile
 from millm.service.steering.books import Book, unique_names
 from millm.store.database import Store
-from millm.store.profiles import delete_profile, insert_profiles, profile_rows, update_profile, upgrade_profiles
+from millm.store.profiles import (
+    delete_profile,
+    insert_profiles,
+    profile_rows,
+    update_profile,
+    upgrade_profiles,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,9 @@ class ProfileBook(Book):
         return row["name"]  # the store's order (by name)
 
     def _missing(self, key: str) -> NotFound:
-        return NotFound(f"no profile named or with id {key!r}", param="profile", code="profile_not_found")
+        return NotFound(
+            f"no profile named or with id {key!r}", param="profile", code="profile_not_found"
+        )
 
     def create(self, document: dict) -> dict:
         """Store a new profile (409 if the name is taken)."""
@@ -81,9 +89,15 @@ class ProfileBook(Book):
             taken = self.shelf.names()
             clashes = [d["name"] for d in docs if d["name"] in taken]
             if clashes and on_conflict == "fail":
-                raise Conflict(f"profiles already exist with these names: {clashes}; import with on_conflict=rename", code="profile_exists")
+                raise Conflict(
+                    f"profiles already exist with these names: {clashes}; import with on_conflict=rename",
+                    code="profile_exists",
+                )
             names = unique_names([d["name"] for d in docs], taken)
-            rows = [("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name}) for doc, name in zip(docs, names, strict=True)]
+            rows = [
+                ("prof_" + uuid.uuid4().hex[:12], {**doc, "name": name})
+                for doc, name in zip(docs, names, strict=True)
+            ]
             insert_profiles(self.store, rows)
             touched.update(pid for pid, _ in rows)
         return [self.find(pid) for pid, _ in rows]
@@ -106,7 +120,12 @@ def upgrade_stored(store: Store) -> None:
         try:
             upgraded[row["id"]] = validate_profile(row["document"])
         except InvalidProfile as exc:
-            log.warning("profile %s (%s) was kept as stored: it cannot be upgraded (%s)", row["id"], row["name"], exc.message)
+            log.warning(
+                "profile %s (%s) was kept as stored: it cannot be upgraded (%s)",
+                row["id"],
+                row["name"],
+                exc.message,
+            )
     if upgraded:
         upgrade_profiles(store, upgraded)
         log.info("upgraded %d stored profile documents to the current version", len(upgraded))

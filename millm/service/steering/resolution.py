@@ -44,7 +44,14 @@ class ProbeResolver(Protocol):
         """Moves with every change to the probes, so plans resolved before it are not reused."""
         ...
 
-    def watch(self, name: str, attached: dict[str, Attached], action: WatchAction, edit: ResidualEdit | None, tokens: int | None) -> Watch | None:
+    def watch(
+        self,
+        name: str,
+        attached: dict[str, Attached],
+        action: WatchAction,
+        edit: ResidualEdit | None,
+        tokens: int | None,
+    ) -> Watch | None:
         """The watch of probe `name` over these attached SAEs doing `action` (report, steer, abort)
         with `edit` for `tokens` positions; None when there is no such probe; a MillmError when it
         cannot watch here (its SAE not attached, say)."""
@@ -80,7 +87,10 @@ class Resolvers:
     @property
     def revision(self) -> tuple[int, int]:
         """Part of a plan's state stamp."""
-        return (self.probes.revision if self.probes else 0, self.vectors.revision if self.vectors else 0)
+        return (
+            self.probes.revision if self.probes else 0,
+            self.vectors.revision if self.vectors else 0,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,9 @@ class Refusals:
 
     def refuse(self, where: str, problem: str, code: str | None = None) -> InvalidRequest:
         """A 400 naming the spec and the entry."""
-        return InvalidRequest(f"{self.who}: {where}: {problem}", param=self.param, code=code or self.code)
+        return InvalidRequest(
+            f"{self.who}: {where}: {problem}", param=self.param, code=code or self.code
+        )
 
 
 @dataclass
@@ -116,7 +128,13 @@ class _Part:
 Condition = tuple[str, int | None] | None  # (probe, tokens), or None: every position
 
 
-def resolve_spec(spec: dict, attached: dict[str, Attached], scale: float, resolvers: Resolvers, refusals: Refusals) -> Steered:
+def resolve_spec(
+    spec: dict,
+    attached: dict[str, Attached],
+    scale: float,
+    resolvers: Resolvers,
+    refusals: Refusals,
+) -> Steered:
     """A (valid, canonical) spec through the attached SAEs and the dial `scale` (adds only)."""
     parts: dict[Condition, _Part] = {}
     named: dict[Condition, str] = {}  # each condition's first entry, to name in a refusal
@@ -140,18 +158,51 @@ def resolve_spec(spec: dict, attached: dict[str, Attached], scale: float, resolv
             if entry.get("op", "add") == "add":
                 part.additions.append((point, applied_strength(entry["strength"], 1, scale) * unit))
             else:
-                part.caps.append((point, cap(unit, entry["value"], f"vector {entry['vector_id']}", refusals.param)))
+                part.caps.append(
+                    (
+                        point,
+                        cap(unit, entry["value"], f"vector {entry['vector_id']}", refusals.param),
+                    )
+                )
     edits = {condition: _edit(part, attached, refusals) for condition, part in parts.items()}
     watches = []
     for condition, edit in edits.items():
         if condition is not None:
             probe, tokens = condition
-            if edit is None:  # nothing to add once it fires (every strength 0): the verdict is still reported
-                watches.append(_watch(resolvers, probe, attached, "report", None, None, named[condition], refusals))
+            if (
+                edit is None
+            ):  # nothing to add once it fires (every strength 0): the verdict is still reported
+                watches.append(
+                    _watch(
+                        resolvers, probe, attached, "report", None, None, named[condition], refusals
+                    )
+                )
             else:
-                watches.append(_watch(resolvers, probe, attached, "steer", edit, tokens, named[condition], refusals))
+                watches.append(
+                    _watch(
+                        resolvers,
+                        probe,
+                        attached,
+                        "steer",
+                        edit,
+                        tokens,
+                        named[condition],
+                        refusals,
+                    )
+                )
     for number, entry in enumerate(spec.get("abort", [])):
-        watches.append(_watch(resolvers, entry["probe"], attached, "abort", None, None, f"abort[{number}]", refusals))
+        watches.append(
+            _watch(
+                resolvers,
+                entry["probe"],
+                attached,
+                "abort",
+                None,
+                None,
+                f"abort[{number}]",
+                refusals,
+            )
+        )
     return Steered(edits.get(None), tuple(watches))
 
 
@@ -160,14 +211,20 @@ def _condition(entry: dict) -> Condition:
     return None if when is None else (when["probe"], when.get("tokens"))
 
 
-def _entry_sae(attached: dict[str, Attached], entry: dict, where: str, refusals: Refusals) -> Attached:
+def _entry_sae(
+    attached: dict[str, Attached], entry: dict, where: str, refusals: Refusals
+) -> Attached:
     """The attached SAE an entry steers, at the layer it names, or the 400."""
     sae_id, layer = entry["sae_id"], entry.get("layer")
     target = attached.get(sae_id)
     if target is None:
-        raise refusals.refuse(where, f"{sae_id} is not attached (attached: {sorted(attached) or 'none'})")
+        raise refusals.refuse(
+            where, f"{sae_id} is not attached (attached: {sorted(attached) or 'none'})"
+        )
     if layer is not None and layer != target.layer:
-        raise refusals.refuse(where, f"made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}")
+        raise refusals.refuse(
+            where, f"made for {sae_id} at layer {layer}, but it is attached at layer {target.layer}"
+        )
     return target
 
 
@@ -186,12 +243,16 @@ def _edit(part: _Part, attached: dict[str, Attached], refusals: Refusals) -> Res
     except MillmError as exc:
         exc.message = f"{refusals.who}: {exc.message}"
         raise
-    additions = (features.additions if features else ()) + tuple((p, v) for p, v in part.additions if bool(v.any()))
+    additions = (features.additions if features else ()) + tuple(
+        (p, v) for p, v in part.additions if bool(v.any())
+    )
     operations = (features.operations if features else ()) + tuple(part.caps)
     return ResidualEdit(additions, operations) if additions or operations else None
 
 
-def _vector(resolvers: Resolvers, vector_id: str, lm: LoadedModel | None, where: str, refusals: Refusals) -> tuple[int, torch.Tensor]:
+def _vector(
+    resolvers: Resolvers, vector_id: str, lm: LoadedModel | None, where: str, refusals: Refusals
+) -> tuple[int, torch.Tensor]:
     found = None
     if resolvers.vectors is not None:
         try:
@@ -200,12 +261,22 @@ def _vector(resolvers: Resolvers, vector_id: str, lm: LoadedModel | None, where:
             exc.message = f"{refusals.who}: {where}: {exc.message}"
             raise
     if found is None:
-        raise refusals.refuse(where, f"no steering vector has the id {vector_id!r}", code="vector_not_found")
+        raise refusals.refuse(
+            where, f"no steering vector has the id {vector_id!r}", code="vector_not_found"
+        )
     return found
 
 
-def _watch(resolvers: Resolvers, probe: str, attached: dict[str, Attached], action: WatchAction, edit: ResidualEdit | None,
-           tokens: int | None, where: str, refusals: Refusals) -> Watch:
+def _watch(
+    resolvers: Resolvers,
+    probe: str,
+    attached: dict[str, Attached],
+    action: WatchAction,
+    edit: ResidualEdit | None,
+    tokens: int | None,
+    where: str,
+    refusals: Refusals,
+) -> Watch:
     found = None
     if resolvers.probes is not None:
         try:

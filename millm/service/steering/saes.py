@@ -24,7 +24,9 @@ class SAERegistry:
         self.hub_dir = hub_dir
         self.book = labels
         self.infos: dict[str, SAEInfo] = {d["id"]: SAEInfo(**d) for d in sae_rows(store)}
-        for info in self.infos.values():  # registered before labels were stored: their own labels, once
+        for (
+            info
+        ) in self.infos.values():  # registered before labels were stored: their own labels, once
             labels.seed_quietly(info)
 
     def reload(self) -> None:
@@ -54,13 +56,17 @@ class SAERegistry:
             )
         return sae
 
-    def register(self, path: str | None, repo: str | None, repo_path: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
+    def register(
+        self, path: str | None, repo: str | None, repo_path: str | None, revision: str | None
+    ) -> tuple[SAEInfo, bool]:
         """Read and validate an SAE from a local path or a hub repo; returns (info, newly registered)."""
         location = self._local(path) if path else self._download(repo, repo_path, revision)
         info, _ = read_sae(location)
         if info.id in self.infos:
             return self.infos[info.id], False
-        self.book.seed(info)  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
+        self.book.seed(
+            info
+        )  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
         add_sae(self.store, info.to_dict())
         self.infos[info.id] = info
         return info, True
@@ -86,18 +92,29 @@ class SAERegistry:
 
     def _download(self, repo: str | None, repo_path: str | None, revision: str | None) -> Path:
         if not repo:
-            raise InvalidRequest("give either path (a local SAE) or repo (+ path inside it) for a hub SAE", param="path")
+            raise InvalidRequest(
+                "give either path (a local SAE) or repo (+ path inside it) for a hub SAE",
+                param="path",
+            )
         from huggingface_hub import snapshot_download
 
         folder = (repo_path or "").strip("/")
         patterns = [f"{folder}/{name}" if folder else name for name in HUB_SAE_PATTERNS]
         if folder.endswith(".npz"):
-            patterns = [folder, f"{folder.rsplit('/', 1)[0]}/{LABELS_FILE}" if "/" in folder else LABELS_FILE]
+            patterns = [
+                folder,
+                f"{folder.rsplit('/', 1)[0]}/{LABELS_FILE}" if "/" in folder else LABELS_FILE,
+            ]
         try:
-            snapshot = Path(snapshot_download(repo, revision=revision, cache_dir=self.hub_dir, allow_patterns=patterns))
+            snapshot = Path(
+                snapshot_download(
+                    repo, revision=revision, cache_dir=self.hub_dir, allow_patterns=patterns
+                )
+            )
         except Exception as exc:  # offline, unknown repo, gated: all end here with the hub's reason
             raise InvalidRequest(
-                f"could not fetch {repo}/{folder} from the Hugging Face hub ({describe(exc)})", param="repo"
+                f"could not fetch {repo}/{folder} from the Hugging Face hub ({describe(exc)})",
+                param="repo",
             ) from None
         location = snapshot / folder if folder else snapshot
         if not location.exists():

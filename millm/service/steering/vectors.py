@@ -45,13 +45,19 @@ class VectorBook(Book):
         return vector_rows(self.store, ids)
 
     def _parse(self, row: dict) -> dict:
-        return {"tensor": torch.from_numpy(row["unit"].copy())}  # float32 [d_model], never written to
+        return {
+            "tensor": torch.from_numpy(row["unit"].copy())
+        }  # float32 [d_model], never written to
 
     def _order(self, row: dict) -> object:
         return row["created_at"]
 
     def _missing(self, key: str) -> NotFound:
-        return NotFound(f"no steering vector named or with id {key!r}", param="vector_id", code="vector_not_found")
+        return NotFound(
+            f"no steering vector named or with id {key!r}",
+            param="vector_id",
+            code="vector_not_found",
+        )
 
     # writes ----------------------------------------------------------------------------------------------
     def create(self, meta: dict, unit: np.ndarray, on_conflict: str = "fail") -> dict:
@@ -61,14 +67,24 @@ class VectorBook(Book):
         with self.writing() as touched:
             shelf = self.shelf
             if len(shelf.rows) >= self.limit:
-                raise Conflict(f"{len(shelf.rows)} steering vectors are stored, the most this server keeps; delete one first", code="vectors_full")
+                raise Conflict(
+                    f"{len(shelf.rows)} steering vectors are stored, the most this server keeps; delete one first",
+                    code="vectors_full",
+                )
             name = meta["name"]
             if name in shelf.by_name:
                 if on_conflict != "rename":
-                    raise Conflict(f"a steering vector named {name!r} exists; choose another name", param="name", code="vector_exists")
+                    raise Conflict(
+                        f"a steering vector named {name!r} exists; choose another name",
+                        param="name",
+                        code="vector_exists",
+                    )
                 name = unique_name(name, shelf.names())
             touched.add(vector_id)
-            insert_vector(self.store, {**meta, "name": name, "id": vector_id, "unit": unit, "created_at": time.time()})
+            insert_vector(
+                self.store,
+                {**meta, "name": name, "id": vector_id, "unit": unit, "created_at": time.time()},
+            )
         return self.find(vector_id)
 
     def import_file(self, document: VectorFile, on_conflict: str) -> VectorView:
@@ -88,7 +104,9 @@ class VectorBook(Book):
     @staticmethod
     def view(row: dict) -> VectorView:
         """A stored vector as the API shows it."""
-        return VectorView(**{key: value for key, value in row.items() if key in VectorView.model_fields})
+        return VectorView(
+            **{key: value for key, value in row.items() if key in VectorView.model_fields}
+        )
 
     def get(self, key: str) -> VectorView:
         """One vector by id or name (404 vector_not_found)."""
@@ -119,7 +137,10 @@ class VectorBook(Book):
         if row is None:
             return None
         if lm is None:
-            raise ModelNotLoaded(f"no model is loaded to apply steering vector {row['name']!r} ({row['id']}) to", param="vector_id")
+            raise ModelNotLoaded(
+                f"no model is loaded to apply steering vector {row['name']!r} ({row['id']}) to",
+                param="vector_id",
+            )
         width = model_width(lm)
         if row["model"] != lm.name or row["d_model"] != width:
             raise InvalidRequest(
@@ -135,4 +156,6 @@ class VectorBook(Book):
                 param="vector_id",
                 code=NOT_APPLICABLE,
             )
-        return residual_point(row["layer"], row["hook_point"]), shelf.documents[row["id"]]["tensor"].to(lm.device)
+        return residual_point(row["layer"], row["hook_point"]), shelf.documents[row["id"]][
+            "tensor"
+        ].to(lm.device)

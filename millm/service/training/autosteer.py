@@ -34,7 +34,14 @@ from millm.engine.sampling import SamplingParams
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.intensity import clamp_strength
 from millm.interp.steering import Attached, check_feature, pick_attached
-from millm.protocol.autosteer import DEFAULT_FRACTIONS, AutoSteerRequest, AutoSteerResult, Baseline, Candidate, Setting
+from millm.protocol.autosteer import (
+    DEFAULT_FRACTIONS,
+    AutoSteerRequest,
+    AutoSteerResult,
+    Baseline,
+    Candidate,
+    Setting,
+)
 from millm.service.discovery.contrast import contrast_prompts_blocking
 from millm.service.discovery.judge import Judge, judge_for
 from millm.service.runtime.blocking import generate_blocking, likelihoods_blocking, passes_blocking

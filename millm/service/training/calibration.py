@@ -28,7 +28,13 @@ from millm.service.discovery.reads import discovery_read
 from millm.service.features.calibrations import CalibrationSummary
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
-from millm.service.training.corpus import CalibrateRequest, Corpus, check_size, check_source, corpus_ids
+from millm.service.training.corpus import (
+    CalibrateRequest,
+    Corpus,
+    check_size,
+    check_source,
+    corpus_ids,
+)
 from millm.store.calibrations import CalibrationRow
 
 if TYPE_CHECKING:
@@ -41,7 +47,9 @@ BEFORE, AFTER = 16, 4  # tokens of context around a top example's token
 # Candidates kept per top example asked for: a snippet equal to one already chosen is skipped
 # (a repeated prompt, like a persona system prompt, would otherwise fill the list with copies).
 CANDIDATES = 4
-FIGURE_DIGITS = 6  # significant digits kept of each figure (the percentile grid is kept exact: float32)
+FIGURE_DIGITS = (
+    6  # significant digits kept of each figure (the percentile grid is kept exact: float32)
+)
 
 
 def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest) -> JobView:
@@ -51,7 +59,9 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
     check_source(request)
     lm = state.switch.lm
     if lm is None:
-        raise ModelNotLoaded("no model is loaded to calibrate the SAE on; load one and attach the SAE first")
+        raise ModelNotLoaded(
+            "no model is loaded to calibrate the SAE on; load one and attach the SAE first"
+        )
     with state.steering.lock:
         attached = state.steering.attached.get(sae_id)
     if attached is None:
@@ -61,10 +71,16 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
             code="sae_not_attached",
         )
     corpus = corpus_ids(lm.tokenizer, request, info, lm.context_length)
-    check_size(corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts")
+    check_size(
+        corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts"
+    )
     claim = state.calibrations.claim(sae_id, lm.name)
-    run = CalibrationRun(state, attached, lm.name, lm.system_fingerprint, lm.tokenizer, corpus, request, claim)
-    description = f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
+    run = CalibrationRun(
+        state, attached, lm.name, lm.system_fingerprint, lm.tokenizer, corpus, request, claim
+    )
+    description = (
+        f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
+    )
     try:
         view = state.jobs.start("calibration", description, len(corpus.texts), "texts", run)
     except BaseException:
@@ -126,7 +142,12 @@ class CalibrationRun:
             began = time.monotonic()
             read = discovery_read(self.attached, summariser(accumulator, group))
             prompts = [self.corpus.texts[i].tolist() for i in group]
-            if passes_blocking(self.state, self.model, prompts, (read,), cancel=handle.cancel_event) is None:
+            if (
+                passes_blocking(
+                    self.state, self.model, prompts, (read,), cancel=handle.cancel_event
+                )
+                is None
+            ):
                 handle.check()  # cancelled while it ran
             handle.advance(len(group))
             handle.pace(time.monotonic() - began)
@@ -154,27 +175,45 @@ class CalibrationRun:
         for j in range(accumulator.d_sae):
             count = int(arrays["count"][j])
             grid = arrays["grid"][j]
-            features.append({
-                "index": j,
-                "count": count,
-                "frequency": significant(arrays["frequency"][j], FIGURE_DIGITS),
-                "mean": None if count == 0 else significant(arrays["mean"][j], FIGURE_DIGITS),
-                "max": significant(arrays["max"][j], FIGURE_DIGITS),
-                "p50": quantile(grid, 50),
-                "p90": quantile(grid, 90),
-                "p99": quantile(grid, 99),
-                "top_examples": self._examples(accumulator.top.of(j)),
-            })
+            features.append(
+                {
+                    "index": j,
+                    "count": count,
+                    "frequency": significant(arrays["frequency"][j], FIGURE_DIGITS),
+                    "mean": None if count == 0 else significant(arrays["mean"][j], FIGURE_DIGITS),
+                    "max": significant(arrays["max"][j], FIGURE_DIGITS),
+                    "p50": quantile(grid, 50),
+                    "p90": quantile(grid, 90),
+                    "p99": quantile(grid, 99),
+                    "top_examples": self._examples(accumulator.top.of(j)),
+                }
+            )
         created = time.time()
         totals = accumulator.totals
         summary = CalibrationSummary(
-            sae_id=self.attached.info.id, model=self.model, model_fingerprint=self.fingerprint, created_at=created,
-            corpus=self.corpus.name, texts=len(self.corpus.texts), tokens=self.corpus.tokens, positions=totals.positions,
-            truncated_texts=self.corpus.truncated, max_tokens_per_text=self.request.max_tokens_per_text,
-            top_examples=self.request.top_examples, d_sae=accumulator.d_sae, features_fired=int((totals.counts > 0).sum()),
-            sample_rate=accumulator.firing.sample_rate, duration_s=round(duration, 1),
+            sae_id=self.attached.info.id,
+            model=self.model,
+            model_fingerprint=self.fingerprint,
+            created_at=created,
+            corpus=self.corpus.name,
+            texts=len(self.corpus.texts),
+            tokens=self.corpus.tokens,
+            positions=totals.positions,
+            truncated_texts=self.corpus.truncated,
+            max_tokens_per_text=self.request.max_tokens_per_text,
+            top_examples=self.request.top_examples,
+            d_sae=accumulator.d_sae,
+            features_fired=int((totals.counts > 0).sum()),
+            sample_rate=accumulator.firing.sample_rate,
+            duration_s=round(duration, 1),
         )
-        return CalibrationRow(self.attached.info.id, self.model, summary.model_dump(), {"features": features, "grids": pack_grids(arrays["grid"])}, created)
+        return CalibrationRow(
+            self.attached.info.id,
+            self.model,
+            summary.model_dump(),
+            {"features": features, "grids": pack_grids(arrays["grid"])},
+            created,
+        )
 
     def _examples(self, candidates: list[tuple[int, int, float]]) -> list[dict]:
         """The first `top_examples` candidates (largest first) whose snippets differ."""
@@ -194,7 +233,9 @@ class CalibrationRun:
         ids = self.corpus.texts[text]
         decode = self.tokenizer.decode
         return {
-            "text_index": text, "position": position, "activation": significant(value, FIGURE_DIGITS),
+            "text_index": text,
+            "position": position,
+            "activation": significant(value, FIGURE_DIGITS),
             "before": decode(ids[max(0, position - BEFORE) : position].tolist()),
             "token": decode(ids[position : position + 1].tolist()),
             "after": decode(ids[position + 1 : position + 1 + AFTER].tolist()),

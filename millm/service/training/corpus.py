@@ -43,21 +43,35 @@ class CalibrateRequest(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    corpus: Literal["demo"] | None = Field(None, description="\"demo\": the corpus shipped with the SAE (the demo SAE has one).")
-    texts: list[Annotated[str, Field(min_length=1)]] | None = Field(None, description="Plain texts, read as /v1/completions reads a prompt.")
-    conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = Field(
-        None, description="Conversations, rendered with the model's chat template as /v1/chat/completions renders them."
+    corpus: Literal["demo"] | None = Field(
+        None, description='"demo": the corpus shipped with the SAE (the demo SAE has one).'
     )
-    top_examples: Annotated[int, Field(ge=0, le=MAX_TOP_EXAMPLES)] = Field(5, description="Top activating snippets kept per feature.")
-    max_tokens_per_text: Annotated[int, Field(ge=2, le=MAX_TOKENS_PER_TEXT)] = Field(256, description="Each text is cut to this many tokens.")
+    texts: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="Plain texts, read as /v1/completions reads a prompt."
+    )
+    conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = Field(
+        None,
+        description="Conversations, rendered with the model's chat template as /v1/chat/completions renders them.",
+    )
+    top_examples: Annotated[int, Field(ge=0, le=MAX_TOP_EXAMPLES)] = Field(
+        5, description="Top activating snippets kept per feature."
+    )
+    max_tokens_per_text: Annotated[int, Field(ge=2, le=MAX_TOKENS_PER_TEXT)] = Field(
+        256, description="Each text is cut to this many tokens."
+    )
 
 
 def check_source(request: CalibrateRequest) -> None:
     """The shipped corpus, or texts and/or conversations (at least one text): a 400 naming the field otherwise."""
-    if request.corpus is not None and (request.texts is not None or request.conversations is not None):
+    if request.corpus is not None and (
+        request.texts is not None or request.conversations is not None
+    ):
         raise InvalidRequest("give corpus, or texts and/or conversations, not both", param="corpus")
     if request.corpus is None and not request.texts and not request.conversations:
-        raise InvalidRequest('give corpus ("demo"), or texts and/or conversations with at least one text', param="texts")
+        raise InvalidRequest(
+            'give corpus ("demo"), or texts and/or conversations with at least one text',
+            param="texts",
+        )
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,9 @@ class Corpus:
         return sum(len(ids) for ids in self.texts)
 
 
-Entry = tuple[str, str | list[CalibrationMessage]]  # where it came from (for messages), and a text or a conversation
+Entry = tuple[
+    str, str | list[CalibrationMessage]
+]  # where it came from (for messages), and a text or a conversation
 
 
 def shipped_entries(info: SAEInfo) -> list[Entry]:
@@ -82,7 +98,10 @@ def shipped_entries(info: SAEInfo) -> list[Entry]:
     folder = Path(info.path)
     path = (folder if folder.is_dir() else folder.parent) / CORPUS_FILE
     if not path.is_file():
-        raise InvalidRequest(f"SAE {info.id} ships no calibration corpus ({CORPUS_FILE}); send texts or conversations", param="corpus")
+        raise InvalidRequest(
+            f"SAE {info.id} ships no calibration corpus ({CORPUS_FILE}); send texts or conversations",
+            param="corpus",
+        )
     entries: list[Entry] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -91,18 +110,24 @@ def shipped_entries(info: SAEInfo) -> list[Entry]:
         try:
             entry = json.loads(line)
             if "messages" in entry:
-                entries.append((where, [CalibrationMessage.model_validate(m) for m in entry["messages"]]))
+                entries.append(
+                    (where, [CalibrationMessage.model_validate(m) for m in entry["messages"]])
+                )
             else:
                 entries.append((where, str(entry["text"])))
         except (ValueError, KeyError, TypeError, ValidationError) as exc:
-            raise InvalidRequest(f"{where} is not a text or a conversation ({exc})", param="corpus") from None
+            raise InvalidRequest(
+                f"{where} is not a text or a conversation ({exc})", param="corpus"
+            ) from None
     return entries
 
 
 def request_entries(request: CalibrateRequest) -> list[Entry]:
     """The request's texts, then its conversations."""
     entries: list[Entry] = [(f"texts[{i}]", text) for i, text in enumerate(request.texts or [])]
-    entries += [(f"conversations[{i}]", messages) for i, messages in enumerate(request.conversations or [])]
+    entries += [
+        (f"conversations[{i}]", messages) for i, messages in enumerate(request.conversations or [])
+    ]
     return entries
 
 
@@ -114,9 +139,15 @@ def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo, context_leng
     out: list[np.ndarray] = []
     truncated = 0
     for where, content in entries:
-        ids = completion_prompt_ids(tokenizer, content) if isinstance(content, str) else _rendered(tokenizer, content, where)
+        ids = (
+            completion_prompt_ids(tokenizer, content)
+            if isinstance(content, str)
+            else _rendered(tokenizer, content, where)
+        )
         if not ids:
-            raise InvalidRequest(f"{where} tokenises to nothing", param=where if request.corpus is None else "corpus")
+            raise InvalidRequest(
+                f"{where} tokenises to nothing", param=where if request.corpus is None else "corpus"
+            )
         truncated += len(ids) > limit
         out.append(np.asarray(ids[:limit], dtype=np.int32))
     return Corpus("demo" if request.corpus is not None else "request", out, truncated)
@@ -134,7 +165,10 @@ def _rendered(tokenizer, messages: list[CalibrationMessage], where: str) -> list
 
 def _template(message: CalibrationMessage) -> dict:
     """A message as the chat template takes it; `developer` is OpenAI's newer name for `system`."""
-    return {"role": "system" if message.role == "developer" else message.role, "content": message.content}
+    return {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": message.content,
+    }
 
 
 def check_size(corpus: Corpus, max_tokens: int, param: str) -> None:

@@ -68,19 +68,36 @@ class ProbeTrainRequest(BaseModel):
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] | None = None
     positive: TextSet = Field(description="Texts (or conversations) the probe should fire on.")
     negative: TextSet = Field(description="Texts (or conversations) it should not fire on.")
-    sae_id: str | None = Field(None, description="Read where this attached SAE reads (its layer and hook point).")
-    layer: Annotated[int, Field(ge=0)] | None = Field(None, description="Or read at this layer (with hook_point).")
-    hook_point: HookPoint | None = Field(None, description="resid_post (default) or resid_pre, with layer.")
-    held_out: Annotated[float, Field(ge=0.1, le=0.5)] = Field(0.25, description="Fraction of the texts kept out of the fit to measure it.")
-    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(0, description="Seeds the held-out split.")
-    threshold: Annotated[float, Field(gt=0, lt=1)] = Field(0.5, description="The probability at which the stored probe fires.")
+    sae_id: str | None = Field(
+        None, description="Read where this attached SAE reads (its layer and hook point)."
+    )
+    layer: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Or read at this layer (with hook_point)."
+    )
+    hook_point: HookPoint | None = Field(
+        None, description="resid_post (default) or resid_pre, with layer."
+    )
+    held_out: Annotated[float, Field(ge=0.1, le=0.5)] = Field(
+        0.25, description="Fraction of the texts kept out of the fit to measure it."
+    )
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(
+        0, description="Seeds the held-out split."
+    )
+    threshold: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.5, description="The probability at which the stored probe fires."
+    )
 
     @model_validator(mode="after")
     def _one_place(self) -> ProbeTrainRequest:
         if (self.sae_id is None) == (self.layer is None):
-            raise InvalidRequest("give sae_id (read where that SAE reads) or layer (and hook_point), one of them", param="layer")
+            raise InvalidRequest(
+                "give sae_id (read where that SAE reads) or layer (and hook_point), one of them",
+                param="layer",
+            )
         if self.hook_point is not None and self.layer is None:
-            raise InvalidRequest("hook_point goes with layer (an SAE brings its own)", param="hook_point")
+            raise InvalidRequest(
+                "hook_point goes with layer (an SAE brings its own)", param="hook_point"
+            )
         return self
 
 
@@ -99,8 +116,10 @@ def check_sizes(body: ProbeTrainRequest, cap: int) -> None:
     """Each class within MILLM_DISCOVERY_MAX_TEXTS and at least MIN_PER_CLASS (400 naming the set)."""
     for name, texts in (("positive", body.positive), ("negative", body.negative)):
         if texts.size > cap:
-            raise InvalidRequest(f"{name}.{texts.field} holds {texts.size} entries; a class takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
-                                 param=f"{name}.{texts.field}")
+            raise InvalidRequest(
+                f"{name}.{texts.field} holds {texts.size} entries; a class takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
+                param=f"{name}.{texts.field}",
+            )
         if texts.size < MIN_PER_CLASS:
             raise InvalidRequest(
                 f"{name}.{texts.field} holds {texts.size} entr{'y' if texts.size == 1 else 'ies'}; a probe needs at least {MIN_PER_CLASS} of each class "
@@ -115,12 +134,19 @@ def split(labels: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, n
 
     indices = np.arange(labels.shape[0])
     try:
-        train, test = train_test_split(indices, test_size=held_out, stratify=labels, random_state=seed)
+        train, test = train_test_split(
+            indices, test_size=held_out, stratify=labels, random_state=seed
+        )
     except ValueError as exc:
-        raise InvalidRequest(f"held_out {held_out} of {labels.shape[0]} texts cannot keep both classes on both sides ({exc}); send more texts",
-                             param="held_out") from None
+        raise InvalidRequest(
+            f"held_out {held_out} of {labels.shape[0]} texts cannot keep both classes on both sides ({exc}); send more texts",
+            param="held_out",
+        ) from None
     if len(set(labels[train].tolist())) < 2 or len(set(labels[test].tolist())) < 2:
-        raise InvalidRequest(f"held_out {held_out} of {labels.shape[0]} texts leaves one class out of a side; send more texts", param="held_out")
+        raise InvalidRequest(
+            f"held_out {held_out} of {labels.shape[0]} texts leaves one class out of a side; send more texts",
+            param="held_out",
+        )
     return np.sort(train), np.sort(test)
 
 
@@ -129,7 +155,11 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
     settings = state.settings
     if body.name in state.probes.shelf.by_name:
-        raise Conflict(f"a probe named {body.name!r} exists; choose another name", param="name", code="probe_exists")
+        raise Conflict(
+            f"a probe named {body.name!r} exists; choose another name",
+            param="name",
+            code="probe_exists",
+        )
     check_sizes(body, settings.discovery_max_texts)
     lm = state.switch.lm
     if lm is None:
@@ -142,13 +172,21 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
         assert body.layer is not None  # _one_place
         layer, hook_point = body.layer, body.hook_point or "resid_post"
         if layer >= shape.layers:
-            raise InvalidRequest(f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: 0..{shape.layers - 1})", param="layer")
-    positive, negative = set_prompts(lm, "positive", body.positive), set_prompts(lm, "negative", body.negative)
+            raise InvalidRequest(
+                f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: 0..{shape.layers - 1})",
+                param="layer",
+            )
+    positive, negative = (
+        set_prompts(lm, "positive", body.positive),
+        set_prompts(lm, "negative", body.negative),
+    )
     check_total(positive + negative, settings.discovery_max_tokens)
     labels = np.array([1] * len(positive) + [0] * len(negative))
     train, test = split(labels, body.held_out, body.seed)
     examples = Examples([ids for _, ids in positive + negative], labels, train, test, len(positive))
-    run = TrainingRun(state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples)
+    run = TrainingRun(
+        state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
+    )
     description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {len(negative)} negative texts"
     return state.jobs.start("probe-training", description, len(examples.prompts), "texts", run)
 
@@ -182,11 +220,20 @@ class TrainingRun:
         for group in groups(texts, GROUP_TOKENS):
             handle.check()
             began = time.monotonic()
-            answered = passes_blocking(self.state, self.model, [self.examples.prompts[i] for i in group], (read,), cancel=handle.cancel_event)
+            answered = passes_blocking(
+                self.state,
+                self.model,
+                [self.examples.prompts[i] for i in group],
+                (read,),
+                cancel=handle.cancel_event,
+            )
             if answered is None:
                 handle.check()  # cancelled while it ran
                 raise JobCancelled()
-            residuals += [capture.encoded for capture in sorted(answered.reads, key=lambda capture: capture.row)]
+            residuals += [
+                capture.encoded
+                for capture in sorted(answered.reads, key=lambda capture: capture.row)
+            ]
             handle.advance(len(group))
             handle.pace(time.monotonic() - began)
         handle.check()
@@ -198,13 +245,34 @@ class TrainingRun:
     def _document(self, fitted: Fitted) -> dict:
         examples, body = self.examples, self.body
         negatives = len(examples.prompts) - examples.positives
-        training = {"model": self.model, "positives": examples.positives, "negatives": negatives, "held_out": int(examples.test.size),
-                    "accuracy": fitted.accuracy, "auc": fitted.auc, "position_accuracy": fitted.position_accuracy,
-                    "position_auc": fitted.position_auc, "seed": body.seed, "trained_at": time.time()}
-        description = body.description if body.description is not None else (
-            f"linear probe trained on {examples.positives} positive and {negatives} negative texts")
-        detector = {"type": "linear", "layer": self.layer, "hook_point": self.hook_point, "weights": fitted.weights,
-                    "bias": fitted.bias, "threshold": body.threshold, "training": training}
+        training = {
+            "model": self.model,
+            "positives": examples.positives,
+            "negatives": negatives,
+            "held_out": int(examples.test.size),
+            "accuracy": fitted.accuracy,
+            "auc": fitted.auc,
+            "position_accuracy": fitted.position_accuracy,
+            "position_auc": fitted.position_auc,
+            "seed": body.seed,
+            "trained_at": time.time(),
+        }
+        description = (
+            body.description
+            if body.description is not None
+            else (
+                f"linear probe trained on {examples.positives} positive and {negatives} negative texts"
+            )
+        )
+        detector = {
+            "type": "linear",
+            "layer": self.layer,
+            "hook_point": self.hook_point,
+            "weights": fitted.weights,
+            "bias": fitted.bias,
+            "threshold": body.threshold,
+            "training": training,
+        }
         return {"name": body.name, "description": description, "detector": detector}
 
 
@@ -226,9 +294,15 @@ class Fitted:
         """The job result's figures: held-out accuracy and AUC, and which texts were held out."""
         positives = examples.positives
         return {
-            "accuracy": self.accuracy, "auc": self.auc, "position_accuracy": self.position_accuracy, "position_auc": self.position_auc,
-            "train_accuracy": self.train_accuracy, "threshold": self.threshold,
-            "train": int(examples.train.size), "held_out": int(examples.test.size), "train_positions": self.positions,
+            "accuracy": self.accuracy,
+            "auc": self.auc,
+            "position_accuracy": self.position_accuracy,
+            "position_auc": self.position_auc,
+            "train_accuracy": self.train_accuracy,
+            "threshold": self.threshold,
+            "train": int(examples.train.size),
+            "held_out": int(examples.test.size),
+            "train_positions": self.positions,
             "held_out_texts": {
                 "positive": [int(i) for i in examples.test if i < positives],
                 "negative": [int(i - positives) for i in examples.test if i >= positives],
@@ -260,11 +334,15 @@ def fit(residuals: list[np.ndarray], examples: Examples, threshold: float) -> Fi
     labels = examples.labels
     train = [residuals[i] for i in examples.train]
     x = np.concatenate(train).astype(np.float64)
-    y = np.concatenate([np.full(len(r), labels[i]) for i, r in zip(examples.train, train, strict=True)])
+    y = np.concatenate(
+        [np.full(len(r), labels[i]) for i, r in zip(examples.train, train, strict=True)]
+    )
     weight = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in train])
     with threadpool_limits(limits=1):
         scaler = StandardScaler().fit(x, sample_weight=weight)
-        model = LogisticRegression(max_iter=2000).fit(scaler.transform(x), y, sample_weight=weight / weight.mean())
+        model = LogisticRegression(max_iter=2000).fit(
+            scaler.transform(x), y, sample_weight=weight / weight.mean()
+        )
     coef = model.coef_[0] / scaler.scale_
     bias = float(model.intercept_[0] - np.sum(model.coef_[0] * scaler.mean_ / scaler.scale_))
 
@@ -272,11 +350,19 @@ def fit(residuals: list[np.ndarray], examples: Examples, threshold: float) -> Fi
     held_labels = labels[examples.test]
     texts = peaks(held, coef, bias)
     positions = probabilities(np.concatenate(held), coef, bias)
-    position_labels = np.concatenate([np.full(len(r), label) for r, label in zip(held, held_labels, strict=True)])
+    position_labels = np.concatenate(
+        [np.full(len(r), label) for r, label in zip(held, held_labels, strict=True)]
+    )
     return Fitted(
-        weights=[float(w) for w in coef], bias=bias, threshold=threshold,
-        accuracy=float(accuracy_score(held_labels, texts >= threshold)), auc=float(roc_auc_score(held_labels, texts)),
+        weights=[float(w) for w in coef],
+        bias=bias,
+        threshold=threshold,
+        accuracy=float(accuracy_score(held_labels, texts >= threshold)),
+        auc=float(roc_auc_score(held_labels, texts)),
         position_accuracy=float(accuracy_score(position_labels, positions >= threshold)),
         position_auc=float(roc_auc_score(position_labels, positions)),
-        train_accuracy=float(accuracy_score(labels[examples.train], peaks(train, coef, bias) >= threshold)), positions=int(x.shape[0]),
+        train_accuracy=float(
+            accuracy_score(labels[examples.train], peaks(train, coef, bias) >= threshold)
+        ),
+        positions=int(x.shape[0]),
     )

@@ -25,7 +25,12 @@ from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.steering import residual_point
 from millm.interp.vectors import pooled, train
 from millm.protocol.vectors import Side, TrainVectorRequest
-from millm.service.discovery.inputs import check_readable, check_total, conversation_prompt, text_prompt
+from millm.service.discovery.inputs import (
+    check_readable,
+    check_total,
+    conversation_prompt,
+    text_prompt,
+)
 from millm.service.discovery.reads import SKIPPED_POSITIONS
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
@@ -51,7 +56,11 @@ class Prepared:
 
 def side_ids(lm: LoadedModel, side: Side, param: str) -> list[int]:
     """One side of a pair as readable token ids: a text as a /v1/completions prompt, a conversation through the chat template."""
-    ids = text_prompt(lm, side, param) if isinstance(side, str) else conversation_prompt(lm, side, param)
+    ids = (
+        text_prompt(lm, side, param)
+        if isinstance(side, str)
+        else conversation_prompt(lm, side, param)
+    )
     return check_readable(lm, ids, param)
 
 
@@ -59,23 +68,51 @@ def prepare(state: ServerState, body: TrainVectorRequest) -> Prepared:
     """Everything the job needs, checked in the order a client would fix it (blocking: tokenising)."""
     cap = state.settings.discovery_max_texts
     if len(body.pairs) > cap:
-        raise InvalidRequest(f"pairs holds {len(body.pairs)} pairs; a training takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)", param="pairs")
+        raise InvalidRequest(
+            f"pairs holds {len(body.pairs)} pairs; a training takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
+            param="pairs",
+        )
     if body.method == "pca" and len(body.pairs) < 2:
-        raise InvalidRequest("method pca needs at least 2 pairs (one difference has no principal direction of its own)", param="pairs")
+        raise InvalidRequest(
+            "method pca needs at least 2 pairs (one difference has no principal direction of its own)",
+            param="pairs",
+        )
     if body.name in state.vectors.shelf.by_name:
-        raise Conflict(f"a steering vector named {body.name!r} exists; choose another name", param="name", code="vector_exists")
+        raise Conflict(
+            f"a steering vector named {body.name!r} exists; choose another name",
+            param="name",
+            code="vector_exists",
+        )
     lm = state.switch.lm
     if lm is None:
-        raise ModelNotLoaded("no model is loaded to read the pairs with; load one first", param="model")
+        raise ModelNotLoaded(
+            "no model is loaded to read the pairs with; load one first", param="model"
+        )
     if body.model is not None and body.model != lm.name:
-        raise InvalidRequest(f"model {body.model!r} is not the loaded model ({lm.name!r}); load it first", param="model")
+        raise InvalidRequest(
+            f"model {body.model!r} is not the loaded model ({lm.name!r}); load it first",
+            param="model",
+        )
     depth = int(lm.config.num_hidden_layers)
     if body.layer >= depth:
-        raise InvalidRequest(f"layer {body.layer} does not exist in {lm.name}, which has {depth} layers (0..{depth - 1})", param="layer")
-    entries = [(f"pairs[{i}].{which}", getattr(pair, which)) for which in ("positive", "negative") for i, pair in enumerate(body.pairs)]
+        raise InvalidRequest(
+            f"layer {body.layer} does not exist in {lm.name}, which has {depth} layers (0..{depth - 1})",
+            param="layer",
+        )
+    entries = [
+        (f"pairs[{i}].{which}", getattr(pair, which))
+        for which in ("positive", "negative")
+        for i, pair in enumerate(body.pairs)
+    ]
     texts = [(param, side_ids(lm, side, param)) for param, side in entries]
     check_total(texts, state.settings.discovery_max_tokens)
-    return Prepared(body, lm.name, model_width(lm), residual_point(body.layer, body.hook_point), [ids for _, ids in texts])
+    return Prepared(
+        body,
+        lm.name,
+        model_width(lm),
+        residual_point(body.layer, body.hook_point),
+        [ids for _, ids in texts],
+    )
 
 
 def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
@@ -83,17 +120,31 @@ def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
     prepared = prepare(state, body)
     tokens = sum(map(len, prepared.texts))
     description = f"train steering vector {body.name!r} on {prepared.model} at layer {body.layer} ({body.hook_point}) from {len(body.pairs)} pairs ({tokens} tokens)"
-    return state.jobs.start("vector", description, len(prepared.texts), "texts", lambda handle: run_training(state, prepared, handle))
+    return state.jobs.start(
+        "vector",
+        description,
+        len(prepared.texts),
+        "texts",
+        lambda handle: run_training(state, prepared, handle),
+    )
 
 
 def read_pooled(state: ServerState, prep: Prepared, handle: JobHandle) -> np.ndarray:
     """Every text's pooled residual at the point `[texts, d_model]` (float64), a few texts per engine call."""
-    read = ResidualRead(prep.point, False, "prompt", TAG, encode=lambda residuals: pooled(residuals, SKIPPED_POSITIONS))
+    read = ResidualRead(
+        prep.point,
+        False,
+        "prompt",
+        TAG,
+        encode=lambda residuals: pooled(residuals, SKIPPED_POSITIONS),
+    )
     out = np.zeros((len(prep.texts), prep.d_model))
     for group in groups(prep.texts):
         handle.check()
         began = time.monotonic()
-        answered = passes_blocking(state, prep.model, [prep.texts[i] for i in group], (read,), cancel=handle.cancel_event)
+        answered = passes_blocking(
+            state, prep.model, [prep.texts[i] for i in group], (read,), cancel=handle.cancel_event
+        )
         handle.check()
         assert answered is not None  # None only when cancelled, which check() raised for
         for captured in answered.reads:
@@ -111,7 +162,15 @@ def run_training(state: ServerState, prep: Prepared, handle: JobHandle) -> dict:
     handle.check()
     body = prep.body
     meta = {
-        "name": body.name, "description": body.description, "model": prep.model, "d_model": prep.d_model, "layer": body.layer,
-        "hook_point": body.hook_point, "method": body.method, "pairs": trained.pairs, "norm": trained.norm, "agreement": trained.agreement,
+        "name": body.name,
+        "description": body.description,
+        "model": prep.model,
+        "d_model": prep.d_model,
+        "layer": body.layer,
+        "hook_point": body.hook_point,
+        "method": body.method,
+        "pairs": trained.pairs,
+        "norm": trained.norm,
+        "agreement": trained.agreement,
     }
     return state.vectors.view(state.vectors.create(meta, trained.unit)).model_dump()

@@ -20,7 +20,11 @@ def upgrade() -> None:
     with op.batch_alter_table("millm_profiles") as batch:
         batch.add_column(sa.Column("version", sa.Integer, nullable=False, server_default="1"))
     # Bumping the version is an UPDATE ... SET value = value + 1, which needs the row to be there.
-    present = op.get_bind().execute(sa.select(settings.c.key).where(settings.c.key == "steering_version")).first()
+    present = (
+        op.get_bind()
+        .execute(sa.select(settings.c.key).where(settings.c.key == "steering_version"))
+        .first()
+    )
     if present is None:
         op.execute(settings.insert().values(key="steering_version", value="0"))
 
