@@ -23,8 +23,16 @@ from pathlib import Path
 CAPS = {
     "this CPU, uncapped": {},
     "AVX-512 without bf16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE)": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
-    "AVX2 only (an AMD without AVX-512)": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "SSE4.2 (ATen's portable loops)": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    "AVX2 only (an AMD without AVX-512)": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "SSE4.2 (ATen's portable loops)": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    },
 }
 RUN = """
 import hashlib, json, sys
@@ -56,7 +64,13 @@ print(json.dumps({"kernels": lm.runner.kernels, "capability": torch.backends.cpu
 def run(cache: Path, caps: dict[str, str], mode: str, tokens: int) -> dict:
     """One capped run in a new interpreter."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **caps}
-    result = subprocess.run([sys.executable, "-c", RUN, str(cache), mode, str(tokens)], env=environment, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", RUN, str(cache), mode, str(tokens)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -71,14 +85,24 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=60)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        rows = {name: (run(Path(cache), caps, "fast", args.tokens), run(Path(cache), caps, "reproducible", args.tokens)) for name, caps in CAPS.items()}
+        rows = {
+            name: (
+                run(Path(cache), caps, "fast", args.tokens),
+                run(Path(cache), caps, "reproducible", args.tokens),
+            )
+            for name, caps in CAPS.items()
+        }
     base_fast, base_exact = rows["this CPU, uncapped"]
-    print(f"| cap | ATen | linear kernels | greedy tokens part from uncapped at step (of {args.tokens}) | largest first-step logit difference | --reproducible: every logit equal |")
+    print(
+        f"| cap | ATen | linear kernels | greedy tokens part from uncapped at step (of {args.tokens}) | largest first-step logit difference | --reproducible: every logit equal |"
+    )
     print("|---|---|---|---|---|---|")
     for name, (fast, exact) in rows.items():
         gap = max(abs(x - y) for x, y in zip(fast["first"], base_fast["first"], strict=True))
-        print(f"| {name} | {fast['capability']} | {fast['kernels']} | {parted_at(fast['tokens'], base_fast['tokens'])} | {gap:.2e} | "
-              f"{'yes' if exact['digest'] == base_exact['digest'] else 'NO'} |")
+        print(
+            f"| {name} | {fast['capability']} | {fast['kernels']} | {parted_at(fast['tokens'], base_fast['tokens'])} | {gap:.2e} | "
+            f"{'yes' if exact['digest'] == base_exact['digest'] else 'NO'} |"
+        )
     print(f"\nuncapped: {base_fast['text']!r}\nreproducible: {base_exact['text']!r}")
 
 
