@@ -31,22 +31,34 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 from millm.errors import InvalidFeatureIndex, InvalidRequest
+from millm.interp.label_formats import (
+    DIGITS,
+    MISTUDIO,
+    NEURONPEDIA,
+    NEURONPEDIA_FEATURES,
+    PLAIN,
+    NeuronpediaFeature,
+)
 
 LabelFormat = Literal["neuronpedia", "neuronpedia_feature", "mistudio", "json", "csv"]
 ExportFormat = Literal["json", "csv", "neuronpedia", "mistudio"]
 FORMATS: tuple[str, ...] = ("neuronpedia", "neuronpedia_feature", "mistudio", "json", "csv")
-SOURCES = {"neuronpedia": "neuronpedia", "neuronpedia_feature": "neuronpedia", "mistudio": "mistudio", "json": "plain", "csv": "plain"}
+SOURCES = {
+    "neuronpedia": "neuronpedia",
+    "neuronpedia_feature": "neuronpedia",
+    "mistudio": "mistudio",
+    "json": "plain",
+    "csv": "plain",
+}
 CODE = "invalid_labels"
 PROBLEMS_SHOWN = 5  # a document with thousands of bad entries is described by its first few
-DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -78,97 +90,6 @@ def refused(message: str) -> InvalidRequest:
     return InvalidRequest(message, code=CODE)
 
 
-# ---- field types --------------------------------------------------------------------------------
-def _index(value: Any) -> int:
-    """A feature index: a whole number >= 0, or a string of digits (Neuronpedia writes them so)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str) and DIGITS.fullmatch(value.strip()):
-        return int(value.strip())
-    shown = json.dumps(value) if isinstance(value, (int, float, bool)) or value is None else repr(value)
-    raise PydanticCustomError("feature_index", "index {value} is not a number", {"value": shown[:40]})
-
-
-def _label_value(value: Any) -> Any:
-    """A plain document's value: a label, or an object with one."""
-    if isinstance(value, str):
-        return {"label": value}
-    if isinstance(value, dict):
-        return value
-    raise PydanticCustomError("label_value", "the value must be a label (a string) or an object with a string 'label'", {})
-
-
-Index = Annotated[int, BeforeValidator(_index)]
-
-
-class Loose(BaseModel):
-    """A document's object: the keys millm reads are typed, any others pass (and are kept where said)."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-
-class NeuronpediaExplanation(Loose):
-    """One explanation of Neuronpedia's export list."""
-
-    index: Index
-    description: str | None = None
-    explanationModelName: str | None = None
-    typeName: str | None = None
-    modelId: str | None = None
-    layer: str | int | None = None
-
-
-class NeuronpediaFeatureExplanation(Loose):
-    """An explanation inside Neuronpedia's per-feature answer."""
-
-    description: str | None = None
-    explanationModelName: str | None = None
-    typeName: str | None = None
-
-
-class NeuronpediaFeature(Loose):
-    """Neuronpedia's per-feature answer: the feature and its explanations."""
-
-    index: Index
-    explanations: list[NeuronpediaFeatureExplanation] = []
-    modelId: str | None = None
-    layer: str | int | None = None
-
-
-class MistudioExplanation(Loose):
-    """One explanation of a feature in miStudio's explanations.json."""
-
-    description: str | None = None
-    method: str | None = None
-    score: float | None = None
-    created_at: str | None = None
-
-
-class MistudioFeature(Loose):
-    """A feature of miStudio's explanations.json."""
-
-    feature_index: Index
-    explanations: list[MistudioExplanation] = []
-
-
-class MistudioLabels(Loose):
-    """miStudio's explanations.json (explanations/ in its Neuronpedia export package)."""
-
-    explanations: list[MistudioFeature]
-
-
-class PlainEntry(Loose):
-    """A plain document's value as an object: the label and whatever else the file says (kept as detail)."""
-
-    label: str
-
-
-NEURONPEDIA = TypeAdapter(list[NeuronpediaExplanation])
-NEURONPEDIA_FEATURES = TypeAdapter(list[NeuronpediaFeature])
-MISTUDIO = TypeAdapter(MistudioLabels)
-PLAIN = TypeAdapter(dict[Index, Annotated[PlainEntry, BeforeValidator(_label_value)]])
-
-
 # ---- problems, named by entry ----------------------------------------------------------------------
 def _entry(loc: tuple, plain: bool) -> tuple[str, str]:
     """('entry 12', 'explanations[0].description') from pydantic's location."""
@@ -194,7 +115,11 @@ def _problem(error: ErrorDetails, plain: bool) -> str:
     else:
         what = f"{path}: {error['msg']}" if path else error["msg"]
         value = error.get("input")
-        if error["type"] != "missing" and isinstance(value, (str, int, float)) and len(json.dumps(value)) <= 40:
+        if (
+            error["type"] != "missing"
+            and isinstance(value, (str, int, float))
+            and len(json.dumps(value)) <= 40
+        ):
             what += f" (got {json.dumps(value)})"
     return f"{entry}: {what}" if entry else what
 
@@ -206,23 +131,35 @@ def _validated(adapter: TypeAdapter, doc: Any, what: str, plain: bool = False) -
         errors = exc.errors(include_url=False)
         listed = "; ".join(_problem(e, plain) for e in errors[:PROBLEMS_SHOWN])
         more = len(errors) - PROBLEMS_SHOWN
-        raise refused(f"invalid {what}: {listed}" + (f" (and {more} more problems)" if more > 0 else "")) from None
+        raise refused(
+            f"invalid {what}: {listed}" + (f" (and {more} more problems)" if more > 0 else "")
+        ) from None
 
 
 # ---- choosing among explanations -------------------------------------------------------------------
-def _chosen(index: int, entry: str, explanations: list[tuple[str | None, dict[str, Any]]], context: dict[str, Any]) -> Label | None:
+def _chosen(
+    index: int,
+    entry: str,
+    explanations: list[tuple[str | None, dict[str, Any]]],
+    context: dict[str, Any],
+) -> Label | None:
     """The first non-empty description with its explainer's detail (others kept), or None when all are empty."""
     found = [(text.strip(), detail) for text, detail in explanations if text and text.strip()]
     if not found:
         return None
-    (label, detail), others = found[0], list(dict.fromkeys(text for text, _ in found[1:] if text != found[0][0]))
+    (label, detail), others = (
+        found[0],
+        list(dict.fromkeys(text for text, _ in found[1:] if text != found[0][0])),
+    )
     kept = {key: value for key, value in {**context, **detail}.items() if value is not None}
     if others:
         kept["others"] = others
     return Label(index, label, kept, entry)
 
 
-def _collected(groups: dict[int, tuple[str, list[tuple[str | None, dict[str, Any]]], dict[str, Any]]], fmt: str) -> LabelDocument:
+def _collected(
+    groups: dict[int, tuple[str, list[tuple[str | None, dict[str, Any]]], dict[str, Any]]], fmt: str
+) -> LabelDocument:
     labels, skipped = [], 0
     for index in sorted(groups):
         entry, explanations, context = groups[index]
@@ -242,18 +179,25 @@ def read_neuronpedia(doc: Any) -> LabelDocument:
     for position, item in enumerate(items):
         detail = {"explainer": item.explanationModelName, "type": item.typeName}
         context = {"model_id": item.modelId, "neuronpedia_layer": item.layer}
-        groups.setdefault(item.index, (f"entry {position}", [], context))[1].append((item.description, detail))
+        groups.setdefault(item.index, (f"entry {position}", [], context))[1].append(
+            (item.description, detail)
+        )
     return _collected(groups, "neuronpedia")
 
 
 def read_neuronpedia_features(doc: Any) -> LabelDocument:
     """Neuronpedia's per-feature answer, one object or a list of them."""
-    features = _validated(NEURONPEDIA_FEATURES, doc if isinstance(doc, list) else [doc], "Neuronpedia feature answer")
+    features = _validated(
+        NEURONPEDIA_FEATURES, doc if isinstance(doc, list) else [doc], "Neuronpedia feature answer"
+    )
     groups: dict[int, tuple[str, list, dict]] = {}
     for position, feature in enumerate(features):
         context = {"model_id": feature.modelId, "neuronpedia_layer": feature.layer}
         group = groups.setdefault(feature.index, (f"entry {position}", [], context))
-        group[1].extend((e.description, {"explainer": e.explanationModelName, "type": e.typeName}) for e in feature.explanations)
+        group[1].extend(
+            (e.description, {"explainer": e.explanationModelName, "type": e.typeName})
+            for e in feature.explanations
+        )
     return _collected(groups, "neuronpedia_feature")
 
 
@@ -263,7 +207,10 @@ def read_mistudio(doc: Any) -> LabelDocument:
     groups: dict[int, tuple[str, list, dict]] = {}
     for position, feature in enumerate(document.explanations):
         group = groups.setdefault(feature.feature_index, (f"entry {position}", [], {}))
-        group[1].extend((e.description, {"method": e.method, "score": e.score, "created_at": e.created_at}) for e in feature.explanations)
+        group[1].extend(
+            (e.description, {"method": e.method, "score": e.score, "created_at": e.created_at})
+            for e in feature.explanations
+        )
     return _collected(groups, "mistudio")
 
 
@@ -274,7 +221,9 @@ def read_plain(doc: Any) -> LabelDocument:
     for key in doc:
         index = int(key.strip())
         if index in keys:  # "5" and "05"
-            raise refused(f"invalid labels object: entry {key!r}: index {index} appears twice (also as {keys[index]!r})")
+            raise refused(
+                f"invalid labels object: entry {key!r}: index {index} appears twice (also as {keys[index]!r})"
+            )
         keys[index] = key
     labels, skipped = [], 0
     for index in sorted(entries):
@@ -289,7 +238,9 @@ def read_plain(doc: Any) -> LabelDocument:
 
 def read_csv(text: str) -> LabelDocument:
     """`index,label` rows (a first row whose first cell is `index` is a header); labels with commas are quoted."""
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)  # an unclosed quote is an error, not a label to the end
+    reader = csv.reader(
+        io.StringIO(text, newline=""), strict=True
+    )  # an unclosed quote is an error, not a label to the end
     labels: dict[int, Label] = {}
     skipped, first = 0, True
     try:
@@ -303,12 +254,18 @@ def read_csv(text: str) -> LabelDocument:
                 continue
             first = False
             if len(cells) < 2 or any(cells[2:]):
-                raise refused(f"invalid labels CSV: {where}: expected 2 cells (index,label), got {len(cells)}; quote a label that holds a comma")
+                raise refused(
+                    f"invalid labels CSV: {where}: expected 2 cells (index,label), got {len(cells)}; quote a label that holds a comma"
+                )
             if not DIGITS.fullmatch(cells[0]):
-                raise refused(f"invalid labels CSV: {where}: index {cells[0][:40]!r} is not a number")
+                raise refused(
+                    f"invalid labels CSV: {where}: index {cells[0][:40]!r} is not a number"
+                )
             index = int(cells[0])
             if index in labels:
-                raise refused(f"invalid labels CSV: {where}: index {index} appears twice (first in {labels[index].entry})")
+                raise refused(
+                    f"invalid labels CSV: {where}: index {index} appears twice (first in {labels[index].entry})"
+                )
             if not cells[1]:
                 skipped += 1
                 continue
@@ -318,7 +275,12 @@ def read_csv(text: str) -> LabelDocument:
     return LabelDocument("csv", [labels[i] for i in sorted(labels)], skipped)
 
 
-READERS = {"neuronpedia": read_neuronpedia, "neuronpedia_feature": read_neuronpedia_features, "mistudio": read_mistudio, "json": read_plain}
+READERS = {
+    "neuronpedia": read_neuronpedia,
+    "neuronpedia_feature": read_neuronpedia_features,
+    "mistudio": read_mistudio,
+    "json": read_plain,
+}
 
 
 # ---- which format -------------------------------------------------------------------------------------
@@ -326,23 +288,35 @@ def detect_format(doc: Any) -> str:
     """The JSON format of a parsed document, by its shape."""
     if isinstance(doc, list):
         first = doc[0] if doc else None
-        return "neuronpedia_feature" if isinstance(first, dict) and "explanations" in first else "neuronpedia"
+        return (
+            "neuronpedia_feature"
+            if isinstance(first, dict) and "explanations" in first
+            else "neuronpedia"
+        )
     if isinstance(doc, dict):
         if "explanations" in doc:
             return "neuronpedia_feature" if "index" in doc else "mistudio"
         return "json"
-    kind = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(type(doc), "null")
-    raise refused(f"a labels document is a JSON object or list (or index,label CSV); this one is {kind}")
+    kind = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(doc), "null"
+    )
+    raise refused(
+        f"a labels document is a JSON object or list (or index,label CSV); this one is {kind}"
+    )
 
 
 def _text(raw: bytes) -> str:
     try:
         return raw.decode("utf-8-sig")  # a spreadsheet's CSV often starts with a byte-order mark
     except UnicodeDecodeError as exc:
-        raise refused(f"the labels document is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise refused(
+            f"the labels document is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
-def read_document(raw: bytes, content_type: str | None = None, forced: str | None = None) -> LabelDocument:
+def read_document(
+    raw: bytes, content_type: str | None = None, forced: str | None = None
+) -> LabelDocument:
     """A labels document from a request body: `forced` names the format; else text/csv is CSV, a body
     that parses as JSON is JSON (its format by its shape), and any other body is CSV unless it was
     sent as application/json."""
@@ -377,12 +351,17 @@ def _schema(adapter: TypeAdapter) -> dict:
 def document_schemas() -> dict[str, dict]:
     """JSON Schemas of the JSON formats (components), for the served OpenAPI schema."""
     schemas: dict[str, dict] = {}
-    for name, adapter in (("NeuronpediaExplanations", NEURONPEDIA), ("NeuronpediaFeatures", TypeAdapter(NeuronpediaFeature | list[NeuronpediaFeature])),
-                          ("MistudioLabels", MISTUDIO)):
+    for name, adapter in (
+        ("NeuronpediaExplanations", NEURONPEDIA),
+        ("NeuronpediaFeatures", TypeAdapter(NeuronpediaFeature | list[NeuronpediaFeature])),
+        ("MistudioLabels", MISTUDIO),
+    ):
         schema = _schema(adapter)
         schemas.update(schema.pop("$defs", {}))
         schemas[name] = schema
-    index = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+$"}]}
+    index = {
+        "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": "^[0-9]+$"}]
+    }
     for model in ("NeuronpediaExplanation", "NeuronpediaFeature"):
         schemas[model]["properties"]["index"] = index
     schemas["MistudioFeature"]["properties"]["feature_index"] = index
@@ -390,6 +369,15 @@ def document_schemas() -> dict[str, dict]:
         "type": "object",
         "description": 'A plain {"<index>": label} object; a value may be an object with a "label".',
         "propertyNames": {"pattern": "^[0-9]+$"},
-        "additionalProperties": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["label"], "properties": {"label": {"type": "string"}}}]},
+        "additionalProperties": {
+            "anyOf": [
+                {"type": "string"},
+                {
+                    "type": "object",
+                    "required": ["label"],
+                    "properties": {"label": {"type": "string"}},
+                },
+            ]
+        },
     }
     return schemas
