@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from millm.interp.document_json_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
 from millm.interp.labels import document_schemas as label_document_schemas
-from millm.interp.probes import PROBE_DETECTORS, PROBE_SCHEMAS
+from millm.interp.probe_documents import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.protocol import field_policy
 from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS

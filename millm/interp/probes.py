@@ -1,4 +1,5 @@
-"""Probe documents and their maths: a named detector over one attached SAE or the raw residual.
+"""Probes' maths: a named detector over one attached SAE or the raw residual, scored and judged
+(its documents are in probe_documents.py).
 
     {"kind": "millm.probe", "version": 1, "name": "...", "description": "...", "detector": {...}}
 
@@ -22,181 +23,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
 
 import numpy as np
 import torch
-from pydantic import ConfigDict, Field, ValidationError, model_validator
-from pydantic.json_schema import models_json_schema
 
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.residual import EMBEDDINGS
 from millm.engine.watching import KEPT_POSITIONS
-from millm.errors import InvalidProbe, InvalidRequest
-from millm.interp.document_schemas import (
-    MAX_BUNDLE,
-    MAX_DESCRIPTION,
-    Document,
-    NonNegative,
-    ProfileName,
-    no_bools,
-    problems,
-    refusal,
-    said,
-    unique,
-)
+from millm.errors import InvalidRequest
+from millm.interp.sae_reads import ENCODE_CHUNK
 from millm.interp.steering import Attached, check_feature
 
-ProbeKind = Literal["millm.probe"]
-ProbeBundleKind = Literal["millm.probe-bundle"]
-ProbeVersion = Literal[1]
-PROBE_KIND: ProbeKind = "millm.probe"
-PROBE_BUNDLE_KIND: ProbeBundleKind = "millm.probe-bundle"
-PROBE_VERSION: ProbeVersion = 1
-HookPoint = Literal["resid_post", "resid_pre"]
-MAX_WEIGHTED = 64  # features of one weighted detector
-MAX_WIDTH = 65_536  # weights of a linear probe (a residual this wide is far past any served model)
-# The calibration keeps each feature's firing activations at every whole percent (exactly), so a
-# whole percent is a lookup; 0 and 100 would be one corpus's smallest and largest value, the
-# extremes of a sample rather than a level of it.
-PERCENTILE_RANGE = (1, 99)
-PERCENTILE_RULE = "a whole percent from 1 to 99 (a calibration keeps each feature's quantiles at whole percents)"
-ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
-
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-
-
-class Strict(Document):
-    """A probe document's parts refuse unknown keys: a misspelt hook_point must not pass for the default."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class FeatureDetector(Strict):
-    """One feature of one SAE against a raw activation or a calibrated percentile (exactly one)."""
-
-    type: Literal["feature"]
-    sae_id: Annotated[str, Field(min_length=1)]
-    index: NonNegative
-    threshold: Annotated[float, Field(gt=0)] | None = None  # an activation is never below 0: 0 would fire everywhere
-    percentile: Annotated[int, Field(ge=PERCENTILE_RANGE[0], le=PERCENTILE_RANGE[1]), said(PERCENTILE_RULE)] | None = None
-
-    @model_validator(mode="after")
-    def _one_threshold(self) -> FeatureDetector:
-        if (self.threshold is None) == (self.percentile is None):
-            raise refusal("threshold_or_percentile", "give threshold (an activation) or percentile (1-99), not both and not neither")
-        return self
-
-
-class WeightedFeature(Strict):
-    """A feature and its weight in a weighted sum."""
-
-    index: NonNegative
-    weight: Finite
-
-
-class WeightedDetector(Strict):
-    """Σ weight_i · activation_i over features of one SAE, against `threshold`."""
-
-    type: Literal["weighted"]
-    sae_id: Annotated[str, Field(min_length=1)]
-    features: Annotated[list[WeightedFeature], Field(min_length=1, max_length=MAX_WEIGHTED), unique(lambda f: f.index, "feature {twice} appears twice")]
-    threshold: Finite
-
-
-class LinearTraining(Strict):
-    """How a linear probe was trained (POST /api/probes/train writes it)."""
-
-    model: Annotated[str, Field(min_length=1)]  # the served model's name its residuals were read on
-    positives: NonNegative  # texts of each class
-    negatives: NonNegative
-    held_out: NonNegative  # texts kept out of the fit, on which the figures below are measured
-    accuracy: Annotated[float, Field(ge=0, le=1)]  # of its verdict per text: fired (at `threshold`) or not
-    auc: Annotated[float, Field(ge=0, le=1)] | None = None  # of each text's largest probability
-    position_accuracy: Annotated[float, Field(ge=0, le=1)] | None = None  # per position, labelled by its text
-    position_auc: Annotated[float, Field(ge=0, le=1)] | None = None
-    seed: NonNegative = 0
-    trained_at: Finite
-
-
-class LinearDetector(Strict):
-    """sigmoid(w·x + b) on the residual at `layer` (`hook_point`), against `threshold` (a probability)."""
-
-    type: Literal["linear"]
-    layer: NonNegative
-    hook_point: HookPoint = "resid_post"
-    weights: Annotated[list[Finite], Field(min_length=1, max_length=MAX_WIDTH)]
-    bias: Finite = 0.0
-    threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    training: LinearTraining | None = None
-
-
-Detector = Annotated[FeatureDetector | WeightedDetector | LinearDetector, Field(discriminator="type")]
-Part = TypeVar("Part", bound=Strict)
-PROBE_DETECTORS = ("FeatureDetector", "WeightedDetector", "LinearDetector")  # their schemas' names
-
-
-class ProbeDocument(Strict):
-    """A millm.probe document: a named detector."""
-
-    kind: ProbeKind = PROBE_KIND
-    version: Annotated[ProbeVersion, no_bools("1")] = PROBE_VERSION
-    name: ProfileName
-    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
-    detector: Detector
-
-
-class ProbeBundle(Strict):
-    """A millm.probe-bundle: 1-500 probes with distinct names."""
-
-    kind: ProbeBundleKind
-    version: Annotated[ProbeVersion, no_bools("1")] = PROBE_VERSION
-    probes: Annotated[list[ProbeDocument], Field(min_length=1, max_length=MAX_BUNDLE), unique(lambda p: p.name, "names appear twice: {twice}")]
-
-
-def _validated(model: type[Part], doc, what: str, prefix: str = "") -> Part:
-    """`doc` as `model`, or InvalidProbe listing every problem with its location (the first one's is the param)."""
-    try:
-        return model.model_validate(doc)
-    except ValidationError as exc:
-        found = problems(exc, doc, prefix)
-        raise InvalidProbe(f"invalid {what}: " + "; ".join(f"{where}: {problem}" for where, problem in found), param=found[0][0]) from None
-
-
-def validate_probe(doc, prefix: str = "") -> dict:
-    """A valid document in canonical form (kind and version filled), or InvalidProbe listing every
-    problem (locations led by `prefix`, e.g. "probes[2]" for a request's inline probe)."""
-    return _validated(ProbeDocument, doc, "probe", prefix).model_dump(exclude_none=True)
-
-
-class InlineProbe(Strict):
-    """A probe defined in a request's `probes` field: a detector, and a name for its verdicts (optional)."""
-
-    name: ProfileName | None = None
-    description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
-    detector: Detector
-
-
-def validate_inline(doc, prefix: str) -> dict:
-    """A request's inline probe {name?, description?, detector}, or InvalidProbe naming every problem under `prefix`."""
-    return _validated(InlineProbe, doc, "probe", prefix).model_dump(exclude_none=True)
-
-
-def validate_probe_import(payload) -> list[dict]:
-    """One document or a bundle -> the canonical documents; any problem refuses the whole payload."""
-    if isinstance(payload, dict) and payload.get("kind") == PROBE_BUNDLE_KIND:
-        bundle = _validated(ProbeBundle, payload, "probe bundle")
-        return [doc.model_dump(exclude_none=True) for doc in bundle.probes]
-    return [validate_probe(payload)]
-
-
-def probe_bundle(docs: list[dict]) -> dict:
-    """A bundle document holding these probes."""
-    return {"kind": PROBE_BUNDLE_KIND, "version": PROBE_VERSION, "probes": docs}
-
-
 # ---- scores ---------------------------------------------------------------------------------
-Score = Callable[[torch.Tensor], torch.Tensor]  # residuals [n, d] -> one score per position [n] (float32, CPU)
+Score = Callable[
+    [torch.Tensor], torch.Tensor
+]  # residuals [n, d] -> one score per position [n] (float32, CPU)
 
 
 def feature_score(attached: Attached, indices: list[int], weights: list[float] | None) -> Score:
@@ -211,7 +52,9 @@ def feature_score(attached: Attached, indices: list[int], weights: list[float] |
         out = []
         with torch.inference_mode():
             for start in range(0, residuals.shape[0], ENCODE_CHUNK):
-                acts = sae.encode(residuals[start : start + ENCODE_CHUNK].to(device=device, dtype=torch.float32))
+                acts = sae.encode(
+                    residuals[start : start + ENCODE_CHUNK].to(device=device, dtype=torch.float32)
+                )
                 picked = acts[:, index].float()
                 out.append((picked[:, 0] if weight is None else picked @ weight).cpu())
         return torch.cat(out) if out else torch.zeros(0)
@@ -269,7 +112,14 @@ class ModelShape:
 Grids = Callable[[str], "np.ndarray | None"]
 
 
-def scorer(name: str, detector: dict, attached: dict[str, Attached], grids: Grids, model: ModelShape, param: str) -> Scorer:
+def scorer(
+    name: str,
+    detector: dict,
+    attached: dict[str, Attached],
+    grids: Grids,
+    model: ModelShape,
+    param: str,
+) -> Scorer:
     """A valid detector bound to what is loaded: its SAE attached (or its layer inside the model),
     its features within the SAE's width, its percentile calibrated; a 400 naming `param` otherwise."""
     if detector["type"] == "linear":
@@ -279,20 +129,30 @@ def scorer(name: str, detector: dict, attached: dict[str, Attached], grids: Grid
         names = ", ".join(sorted(attached)) or "none"
         raise InvalidRequest(
             f"{param}: SAE {detector['sae_id']} is not attached (attached: {names}); attach it first (POST /api/saes/{detector['sae_id']}/attach)",
-            param=f"{param}.sae_id", code="sae_not_attached",
+            param=f"{param}.sae_id",
+            code="sae_not_attached",
         )
     if detector["type"] == "feature":
         index = check_feature(target.info, detector["index"], param=f"{param}.index")
         threshold = detector.get("threshold")
         if threshold is None:
-            threshold = _percentile_value(target, index, detector["percentile"], grids, model.name, param)
+            threshold = _percentile_value(
+                target, index, detector["percentile"], grids, model.name, param
+            )
         return Scorer(name, target.point, feature_score(target, [index], None), float(threshold))
-    indices = [check_feature(target.info, f["index"], param=f"{param}.features[{i}].index") for i, f in enumerate(detector["features"])]
+    indices = [
+        check_feature(target.info, f["index"], param=f"{param}.features[{i}].index")
+        for i, f in enumerate(detector["features"])
+    ]
     weights = [float(f["weight"]) for f in detector["features"]]
-    return Scorer(name, target.point, feature_score(target, indices, weights), float(detector["threshold"]))
+    return Scorer(
+        name, target.point, feature_score(target, indices, weights), float(detector["threshold"])
+    )
 
 
-def _percentile_value(target: Attached, index: int, percent: int, grids: Grids, model: str, param: str) -> float:
+def _percentile_value(
+    target: Attached, index: int, percent: int, grids: Grids, model: str, param: str
+) -> float:
     """The feature's activation at `percent` of its firing activations in the calibration on `model`."""
     sae_id = target.info.id
     grid = grids(sae_id)
@@ -300,13 +160,15 @@ def _percentile_value(target: Attached, index: int, percent: int, grids: Grids, 
         raise InvalidRequest(
             f"{param}: a percentile needs {sae_id} calibrated on {model!r}, and it is not; "
             f"calibrate it (POST /api/saes/{sae_id}/calibrate) or give a threshold",
-            param=f"{param}.percentile", code="not_calibrated",
+            param=f"{param}.percentile",
+            code="not_calibrated",
         )
     value = float(grid[index, percent])
     if math.isnan(value):
         raise InvalidRequest(
             f"{param}: feature {index} never fired in the calibration of {sae_id} on {model!r}, so it has no percentile; give a threshold",
-            param=f"{param}.percentile", code="not_calibrated",
+            param=f"{param}.percentile",
+            code="not_calibrated",
         )
     return value
 
@@ -317,7 +179,8 @@ def _linear_scorer(name: str, detector: dict, model: ModelShape, param: str) -> 
         raise InvalidRequest(
             f"{param}: this linear probe was trained on {training['model']!r}, not the loaded {model.name!r}; "
             "a residual direction of one model means nothing in another",
-            param=f"{param}.training.model", code="probe_model_mismatch",
+            param=f"{param}.training.model",
+            code="probe_model_mismatch",
         )
     if len(detector["weights"]) != model.hidden_size:
         raise InvalidRequest(
@@ -330,7 +193,12 @@ def _linear_scorer(name: str, detector: dict, model: ModelShape, param: str) -> 
             param=f"{param}.layer",
         )
     point = point_of(detector["layer"], detector["hook_point"])
-    return Scorer(name, point, linear_score(detector["weights"], float(detector["bias"])), float(detector["threshold"]))
+    return Scorer(
+        name,
+        point,
+        linear_score(detector["weights"], float(detector["bias"])),
+        float(detector["threshold"]),
+    )
 
 
 # ---- verdicts -----------------------------------------------------------------------------------
@@ -346,7 +214,9 @@ class Verdict:
     token_ids: tuple[int, ...]  # the token at each of them
 
 
-def verdict_of(scores: torch.Tensor, threshold: float, positions: tuple[int, ...], token_ids: tuple[int, ...]) -> Verdict:
+def verdict_of(
+    scores: torch.Tensor, threshold: float, positions: tuple[int, ...], token_ids: tuple[int, ...]
+) -> Verdict:
     """The verdict of per-position scores: fired where score >= threshold; the peak is the largest
     score (its first position on a tie)."""
     if scores.numel() == 0:
@@ -365,8 +235,13 @@ def verdict_of(scores: torch.Tensor, threshold: float, positions: tuple[int, ...
     )
 
 
-def offline_verdict(probe: Scorer, residuals: torch.Tensor, positions: tuple[int, ...], token_ids: tuple[int, ...],
-                    prompt_length: int | None = None) -> Verdict:
+def offline_verdict(
+    probe: Scorer,
+    residuals: torch.Tensor,
+    positions: tuple[int, ...],
+    token_ids: tuple[int, ...],
+    prompt_length: int | None = None,
+) -> Verdict:
     """A probe's verdict over residuals captured at its point (before that point's edits), one row's
     positions in order from 0 (position 0 is not scored, as a watch leaves it out). With
     `prompt_length`, scored as the engine's forward passes fed them (the prompt at once, then one
@@ -374,22 +249,29 @@ def offline_verdict(probe: Scorer, residuals: torch.Tensor, positions: tuple[int
     if prompt_length is None:
         scores = probe.score(residuals)
     else:
-        parts = [residuals[:prompt_length]] + [residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])]
+        parts = [residuals[:prompt_length]] + [
+            residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])
+        ]
         scores = torch.cat([probe.score(part) for part in parts if part.shape[0]])
     kept = [i for i, position in enumerate(positions) if position >= SKIPPED]
-    return verdict_of(scores[kept], probe.threshold, tuple(positions[i] for i in kept), tuple(token_ids[i] for i in kept))
+    return verdict_of(
+        scores[kept],
+        probe.threshold,
+        tuple(positions[i] for i in kept),
+        tuple(token_ids[i] for i in kept),
+    )
 
 
 def verdict_fields(verdict: ProbeVerdict) -> dict:
     """An engine ProbeVerdict's figures as JSON (token ids only: their text is the caller's to decode)."""
     return {
-        "name": verdict.name, "action": verdict.action, "fired": verdict.fired, "first_position": verdict.first_position,
-        "peak": verdict.peak, "peak_position": verdict.peak_position, "positions": list(verdict.positions),
-        "token_ids": list(verdict.token_ids), "acted_at": verdict.acted_at,
+        "name": verdict.name,
+        "action": verdict.action,
+        "fired": verdict.fired,
+        "first_position": verdict.first_position,
+        "peak": verdict.peak,
+        "peak_position": verdict.peak_position,
+        "positions": list(verdict.positions),
+        "token_ids": list(verdict.token_ids),
+        "acted_at": verdict.acted_at,
     }
-
-
-# Component name -> schema, for the served OpenAPI schema (nested models are components too).
-PROBE_SCHEMAS: dict[str, dict] = models_json_schema(
-    [(model, "validation") for model in (ProbeDocument, ProbeBundle, InlineProbe)], ref_template="#/components/schemas/{model}"
-)[1]["$defs"]

@@ -22,11 +22,11 @@ import torch
 from millm.engine.jobs import ResidualRead, ScoresReady, ScoringJob
 from millm.engine.residual import ResidualEdit
 from millm.interp.sae import SAE
+from millm.interp.sae_reads import ENCODE_CHUNK
 from millm.interp.steering import Attached
 from millm.service.serving.generation import OneResult
 
 SKIPPED_POSITIONS = 1  # the attention sink at position 0
-ENCODE_CHUNK = 256  # positions encoded at once: bounds the [chunk, d_sae] intermediate
 TAG = "discovery"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm.interp.probes import probe_bundle
+from millm.interp.probe_documents import probe_bundle
 from millm.service.composition import ServerState
 from millm.service.probes.binding import bind
 from millm.service.probes.book import probe_view

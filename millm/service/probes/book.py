@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 
 from millm.errors import Conflict, NotFound
-from millm.interp.probes import validate_probe, validate_probe_import
+from millm.interp.probe_documents import validate_probe, validate_probe_import
 from millm.service.steering.books import Book, unique_names
 from millm.store.database import Store
 from millm.store.probes import (

@@ -21,7 +21,8 @@ from anyio import to_thread
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest, MillmError, NotFound
-from millm.interp.probes import validate_inline, verdict_fields, watch_of
+from millm.interp.probe_documents import validate_inline
+from millm.interp.probes import verdict_fields, watch_of
 from millm.interp.steering import Attached
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.probes.binding import bind

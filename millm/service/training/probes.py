@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from millm.engine.jobs import ResidualRead
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
-from millm.interp.probes import HookPoint, point_of
+from millm.interp.probe_documents import HookPoint
+from millm.interp.probes import point_of
 from millm.interp.steering import pick_attached
 from millm.protocol.discovery import TextSet
 from millm.service.composition import ServerState
