@@ -113,7 +113,7 @@ def test_only_the_last_kept_ended_jobs_are_remembered():
 
 
 def test_autosteer_searches_labels_without_the_goals_instruction_words():
-    from millm.service.training.autosteer import search_words
+    from millm.service.training.autosteer_inputs import search_words
 
     assert search_words("talk about Italian food") == "Italian food"
     assert search_words("Talk like a pirate!") == "pirate!"

@@ -12,15 +12,13 @@ import torch
 from millm.engine.residual import EMBEDDINGS
 from millm.errors import InvalidFeatureIndex, InvalidProbe, InvalidRequest
 from millm.interp.formats import read_sae
+from millm.interp.probe_documents import probe_bundle, validate_probe, validate_probe_import
 from millm.interp.probes import (
     KEPT_POSITIONS,
     ModelShape,
     offline_verdict,
     point_of,
-    probe_bundle,
     scorer,
-    validate_probe,
-    validate_probe_import,
     verdict_of,
 )
 from millm.interp.steering import Attached

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -33,7 +32,7 @@ from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.interp.intensity import clamp_strength
-from millm.interp.steering import Attached, check_feature, pick_attached
+from millm.interp.steering import check_feature, pick_attached
 from millm.protocol.autosteer import (
     DEFAULT_FRACTIONS,
     AutoSteerRequest,
@@ -43,64 +42,20 @@ from millm.protocol.autosteer import (
     Setting,
 )
 from millm.service.discovery.contrast import contrast_prompts_blocking
-from millm.service.discovery.judge import Judge, judge_for
+from millm.service.discovery.judge import judge_for
 from millm.service.runtime.blocking import generate_blocking, likelihoods_blocking, passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
-
-DEFAULT_PROBES = ("Tell me about your weekend.", "What is your favourite hobby?")
-# Everyday sentences with no particular topic, for contrasting examples when none are given.
-NEUTRAL_TEXTS = (
-    "The meeting was moved to Thursday afternoon.",
-    "Please remember to bring the forms signed by Friday.",
-    "She opened the window because the room was warm.",
-    "The report has three sections and an appendix.",
-    "He walked to the station and caught the early train.",
-    "Our office is on the second floor, next to the lift.",
-    "The package should arrive within five working days.",
-    "They painted the kitchen a light shade of grey.",
-    "I need to update the spreadsheet before lunch.",
-    "The library closes at six on weekdays.",
-    "We talked about the schedule for next month.",
-    "The printer on this floor is out of paper again.",
+from millm.service.training.autosteer_inputs import (
+    CONTROL_SYSTEM,
+    DEFAULT_PROBES,
+    GOAL_SYSTEM,
+    NEUTRAL_TEXTS,
+    SKIPPED_POSITIONS,
+    Prepared,
+    primed_ids,
+    search_words,
 )
-SKIPPED_POSITIONS = 1  # the attention sink (see feature_reads.py)
-# Affinity: how much likelier the unsteered model finds an answer when told the goal than when
-# told something neutral (a pointwise mutual information per token). The neutral message cancels
-# what any system message does to an answer's likelihood.
-GOAL_SYSTEM = "You {goal}."
-# Words that say how to steer rather than what towards ("talk about Italian food"): left out of
-# the label search, where "talk" found a "me / talk / chat" feature ahead of the food ones on the
-# demo SAE.
-INSTRUCTION_WORDS = frozenset(
-    ["a", "an", "the", "about", "like", "more", "less", "always", "often", "be", "sound", "sounds", "talk", "talks", "speak", "speaks", "write", "writes", "answer", "answers", "respond", "reply", "in", "on", "of", "and", "or", "to", "with", "as", "style", "way", "tone", "mention", "mentions", "discuss", "discusses", "use", "uses", "you", "your"]
-)
-
-
-def search_words(goal: str) -> str:
-    """The goal without its instruction words, for the label search (the goal itself when nothing else is left)."""
-    kept = [word for word in goal.split() if word.lower().strip(".,!?;:'\"") not in INSTRUCTION_WORDS]
-    return " ".join(kept) or goal
-CONTROL_SYSTEM = "You are a helpful assistant."
-
-
-def primed_ids(tokenizer, system: str, probe: str) -> list[int]:
-    """A probe prompt's token ids after a system message."""
-    return chat_prompt_ids(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": probe}])
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What the job needs, checked before it starts."""
-
-    body: AutoSteerRequest
-    model: str
-    attached: Attached
-    judge: Judge
-    probes: tuple[str, ...]
-    probe_ids: tuple[tuple[int, ...], ...]
-    goal_ids: tuple[tuple[int, ...], ...]  # each probe after a system message stating the goal
-    control_ids: tuple[tuple[int, ...], ...]  # each probe after a neutral system message
-    tokenizer: object
+from millm.service.training.autosteer_ranking import Judged, judged_setting, lift, rank_settings
 
 
 def start_autosteer(state, body: AutoSteerRequest) -> JobView:
@@ -115,15 +70,28 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
         raise InvalidRequest("include names a feature twice", param="include")
     judge = judge_for(lm.tokenizer, body.goal)
     if body.save_as is not None and state.profiles.shelf.by_name.get(body.save_as) is not None:
-        raise Conflict(f"a profile named {body.save_as!r} exists; choose another save_as", param="save_as", code="profile_exists")
+        raise Conflict(
+            f"a profile named {body.save_as!r} exists; choose another save_as",
+            param="save_as",
+            code="profile_exists",
+        )
     probes = tuple(body.probe_prompts or DEFAULT_PROBES)
-    probe_ids = tuple(tuple(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": p}])) for p in probes)
-    goal_ids = tuple(tuple(primed_ids(lm.tokenizer, GOAL_SYSTEM.format(goal=body.goal), p)) for p in probes)
+    probe_ids = tuple(
+        tuple(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": p}])) for p in probes
+    )
+    goal_ids = tuple(
+        tuple(primed_ids(lm.tokenizer, GOAL_SYSTEM.format(goal=body.goal), p)) for p in probes
+    )
     control_ids = tuple(tuple(primed_ids(lm.tokenizer, CONTROL_SYSTEM, p)) for p in probes)
-    prepared = Prepared(body, lm.name, attached, judge, probes, probe_ids, goal_ids, control_ids, lm.tokenizer)
+    prepared = Prepared(
+        body, lm.name, attached, judge, probes, probe_ids, goal_ids, control_ids, lm.tokenizer
+    )
     sweep = len(body.strengths or body.strength_fractions or DEFAULT_FRACTIONS)
     return state.jobs.start(
-        "autosteer", f"AutoSteer {body.goal!r} through {attached.info.id}", (body.candidates + len(body.include or ())) * sweep, "settings",
+        "autosteer",
+        f"AutoSteer {body.goal!r} through {attached.info.id}",
+        (body.candidates + len(body.include or ())) * sweep,
+        "settings",
         lambda handle: run_autosteer(state, prepared, handle).model_dump(),
     )
 
@@ -142,27 +110,56 @@ def run_autosteer(state, prep: Prepared, handle: JobHandle) -> AutoSteerResult:
     residual_norm, vectors, norms = measure(state, prep, [c[0] for c in candidates], handle)
     labels = state.saes.labels(prep.attached.info.id)
     chosen = [
-        Candidate(index=i, label=label_of(labels, i), source=source, evidence=round(evidence, 4) if math.isfinite(evidence) else None, decoder_norm=round(norms[i], 4))
+        Candidate(
+            index=i,
+            label=label_of(labels, i),
+            source=source,
+            evidence=round(evidence, 4) if math.isfinite(evidence) else None,
+            decoder_norm=round(norms[i], 4),
+        )
         for i, source, evidence in candidates
     ]
     handle.set_total(sum(len(vectors[c.index]) for c in chosen))
     baseline_texts = generate(state, prep, [None] * len(prep.probes), handle)
     judged = judge_texts(state, prep, baseline_texts, handle)
-    baseline = Baseline(concept=round(judged.concept, 4), affinity=round(judged.affinity or 0.0, 4), fluency=round(judged.fluency or 0.0, 4), samples=baseline_texts)
+    baseline = Baseline(
+        concept=round(judged.concept, 4),
+        affinity=round(judged.affinity or 0.0, 4),
+        fluency=round(judged.fluency or 0.0, 4),
+        samples=baseline_texts,
+    )
     settings = []
     for candidate in chosen:
         for strength, vector in vectors[candidate.index]:
             edit = ResidualEdit(((prep.attached.point, vector),))
             texts = generate(state, prep, [edit] * len(prep.probes), handle)
-            settings.append(judged_setting(candidate, strength, texts, judge_texts(state, prep, texts, handle), baseline, body))
+            settings.append(
+                judged_setting(
+                    candidate,
+                    strength,
+                    texts,
+                    judge_texts(state, prep, texts, handle),
+                    baseline,
+                    body,
+                )
+            )
             handle.advance()
     ranked = rank_settings(settings, body.rank_by)
     best = next((s for s in ranked if s.fluent and lift(s, body.rank_by) > 0), None)
     result = AutoSteerResult(
-        goal=body.goal, sae_id=prep.attached.info.id, layer=prep.attached.layer, residual_norm=round(residual_norm, 3),
-        judge_prompt=prep.judge.shown_prompt(prep.tokenizer), goal_system=GOAL_SYSTEM.format(goal=body.goal), control_system=CONTROL_SYSTEM,
-        rank_by=body.rank_by, probe_prompts=list(prep.probes),
-        candidates=chosen, baseline=baseline, settings=ranked, best=best,
+        goal=body.goal,
+        sae_id=prep.attached.info.id,
+        layer=prep.attached.layer,
+        residual_norm=round(residual_norm, 3),
+        judge_prompt=prep.judge.shown_prompt(prep.tokenizer),
+        goal_system=GOAL_SYSTEM.format(goal=body.goal),
+        control_system=CONTROL_SYSTEM,
+        rank_by=body.rank_by,
+        probe_prompts=list(prep.probes),
+        candidates=chosen,
+        baseline=baseline,
+        settings=ranked,
+        best=best,
     )
     if body.save_as is not None:
         if best is None:
@@ -184,7 +181,10 @@ def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int,
     included that were not found (evidence: none)."""
     body = prep.body
     sae_id = prep.attached.info.id
-    from_labels = [(hit.index, "labels", hit.score or 0.0) for hit in state.labels.search(sae_id, search_words(body.goal), body.candidates)]
+    from_labels = [
+        (hit.index, "labels", hit.score or 0.0)
+        for hit in state.labels.search(sae_id, search_words(body.goal), body.candidates)
+    ]
     from_contrast: list[tuple[int, str, float]] = []
     if body.examples:
         from_contrast = contrast_candidates(state, prep, handle)
@@ -212,17 +212,34 @@ def contrast_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[
     """The features that most separate the examples from the neutral texts (unsteered), by effect size."""
     tokenizer = prep.tokenizer
     examples = [completion_prompt_ids(tokenizer, text) for text in prep.body.examples or ()]
-    neutral = [completion_prompt_ids(tokenizer, text) for text in prep.body.neutral or NEUTRAL_TEXTS]
+    neutral = [
+        completion_prompt_ids(tokenizer, text) for text in prep.body.neutral or NEUTRAL_TEXTS
+    ]
     started = time.monotonic()
     # Mean over positions: a concept feature fires in every example, at peaks that vary from text to
     # text, and Cohen's d on the max then ranks it low (the pirate feature on the demo SAE: 11th by max, 2nd by mean).
-    found = contrast_prompts_blocking(state, prep.model, prep.attached, examples, neutral, aggregate="mean", top_k=prep.body.candidates, cancel=handle.cancel_event)
+    found = contrast_prompts_blocking(
+        state,
+        prep.model,
+        prep.attached,
+        examples,
+        neutral,
+        aggregate="mean",
+        top_k=prep.body.candidates,
+        cancel=handle.cancel_event,
+    )
     handle.pace(time.monotonic() - started)
     # An infinite effect (both sets constant and different) is the strongest evidence there is.
-    return [(f.index, "contrast", f.effect_size if f.effect_size is not None else math.inf) for f in found.favouring_a if f.difference > 0]
+    return [
+        (f.index, "contrast", f.effect_size if f.effect_size is not None else math.inf)
+        for f in found.favouring_a
+        if f.difference > 0
+    ]
 
 
-def measure(state, prep: Prepared, indices: list[int], handle: JobHandle) -> tuple[float, dict[int, list[tuple[float, torch.Tensor]]], dict[int, float]]:
+def measure(
+    state, prep: Prepared, indices: list[int], handle: JobHandle
+) -> tuple[float, dict[int, list[tuple[float, torch.Tensor]]], dict[int, float]]:
     """The median residual norm at the SAE's point over the probe prompts (unsteered; measured on
     the scheduler thread), each candidate's decoder norm, and each candidate's sweep as
     (strength, strength * W_dec[i]).
@@ -237,7 +254,13 @@ def measure(state, prep: Prepared, indices: list[int], handle: JobHandle) -> tup
 
     read = ResidualRead(prep.attached.point, False, "prompt", "autosteer", encode=summarise)
     started = time.monotonic()
-    answer = passes_blocking(state, prep.model, [list(ids) for ids in prep.probe_ids], (read,), cancel=handle.cancel_event)
+    answer = passes_blocking(
+        state,
+        prep.model,
+        [list(ids) for ids in prep.probe_ids],
+        (read,),
+        cancel=handle.cancel_event,
+    )
     handle.check()
     handle.pace(time.monotonic() - started)
     assert answer is not None
@@ -250,15 +273,25 @@ def measure(state, prep: Prepared, indices: list[int], handle: JobHandle) -> tup
             strengths = [clamp_strength(s) for s in body.strengths]
         else:
             fractions = body.strength_fractions or DEFAULT_FRACTIONS
-            strengths = [round(clamp_strength(f * residual_norm / max(decoder_norms[i], 1e-6)), 2) for f in fractions]
+            strengths = [
+                round(clamp_strength(f * residual_norm / max(decoder_norms[i], 1e-6)), 2)
+                for f in fractions
+            ]
         sweeps[i] = [(s, (s * sae.W_dec[i].float()).cpu()) for s in strengths]
     return residual_norm, sweeps, decoder_norms
 
 
-def generate(state, prep: Prepared, edits: list[ResidualEdit | None], handle: JobHandle) -> list[str]:
+def generate(
+    state, prep: Prepared, edits: list[ResidualEdit | None], handle: JobHandle
+) -> list[str]:
     """Each probe prompt answered greedily with its edit (one engine job, rows batched together)."""
     rows = [
-        RowSpec(prompt_ids=ids, sampling=SamplingParams(temperature=0.0), max_tokens=prep.body.max_tokens, edit=edit)
+        RowSpec(
+            prompt_ids=ids,
+            sampling=SamplingParams(temperature=0.0),
+            max_tokens=prep.body.max_tokens,
+            edit=edit,
+        )
         for ids, edit in zip(prep.probe_ids, edits, strict=True)
     ]
     started = time.monotonic()
@@ -268,15 +301,6 @@ def generate(state, prep: Prepared, edits: list[ResidualEdit | None], handle: Jo
     return [g.text for g in generated]
 
 
-@dataclass(frozen=True)
-class Judged:
-    """What the unsteered model says of a setting's answers (None: every answer was empty)."""
-
-    concept: float
-    affinity: float | None
-    fluency: float | None
-
-
 def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> Judged:
     """Over `texts` (one answer per probe): the judge's mean P(yes); the affinity (mean per-token
     log-probability gain of the answers after the goal's system message over the neutral one);
@@ -284,43 +308,34 @@ def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> J
     tokenizer = prep.tokenizer
     questions = [prep.judge.prompt_ids(tokenizer, text) for text in texts]
     started = time.monotonic()
-    scores = passes_blocking(state, prep.model, questions, ranking=prep.judge.ranking, cancel=handle.cancel_event)
+    scores = passes_blocking(
+        state, prep.model, questions, ranking=prep.judge.ranking, cancel=handle.cancel_event
+    )
     handle.check()
     assert scores is not None
     concept = statistics.fmean(prep.judge.p_yes(scored) for scored in scores.scored)
     answers = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]  # type: ignore[operator]
     prompts = [*prep.probe_ids, *prep.goal_ids, *prep.control_ids]
     sequences = [list(ids) + answer for ids, answer in zip(prompts, answers * 3, strict=True)]
-    logprobs = likelihoods_blocking(state, prep.model, sequences, [len(ids) for ids in prompts], cancel=handle.cancel_event)
+    logprobs = likelihoods_blocking(
+        state, prep.model, sequences, [len(ids) for ids in prompts], cancel=handle.cancel_event
+    )
     handle.check()
     handle.pace(time.monotonic() - started)
     assert logprobs is not None
     n = len(texts)
     bare, primed, control = logprobs[:n], logprobs[n : 2 * n], logprobs[2 * n :]
     tokens = [lp for row in bare for lp in row]
-    gains = [g - c for grow, crow in zip(primed, control, strict=True) for g, c in zip(grow, crow, strict=True)]
-    return Judged(concept, statistics.fmean(gains) if gains else None, statistics.fmean(tokens) if tokens else None)
-
-
-def judged_setting(candidate: Candidate, strength: float, texts: list[str], judged: Judged, baseline: Baseline, body: AutoSteerRequest) -> Setting:
-    """A setting's figures beside the unsteered answers'; empty answers are neither fluent nor affine."""
-    fluent = judged.fluency is not None and judged.fluency >= baseline.fluency - body.fluency_tolerance
-    affinity = judged.affinity if judged.affinity is not None else -1e9
-    return Setting(
-        index=candidate.index, label=candidate.label, strength=strength, concept=round(judged.concept, 4),
-        affinity=round(affinity, 4), fluency=round(judged.fluency if judged.fluency is not None else -1e9, 4), fluent=fluent,
-        lift=round(judged.concept - baseline.concept, 4), affinity_lift=round(affinity - baseline.affinity, 4), samples=texts,
+    gains = [
+        g - c
+        for grow, crow in zip(primed, control, strict=True)
+        for g, c in zip(grow, crow, strict=True)
+    ]
+    return Judged(
+        concept,
+        statistics.fmean(gains) if gains else None,
+        statistics.fmean(tokens) if tokens else None,
     )
-
-
-def lift(setting: Setting, rank_by: str) -> float:
-    """How far the setting beats the unsteered answers on the ranking's signal."""
-    return setting.lift if rank_by == "judge" else setting.affinity_lift
-
-
-def rank_settings(settings: list[Setting], rank_by: str = "judge") -> list[Setting]:
-    """Fluent settings first, then by the chosen signal, then by fluency (all descending); ties keep the sweep's order."""
-    return sorted(settings, key=lambda s: (not s.fluent, -lift(s, rank_by), -s.fluency))
 
 
 def save_profile(state, prep: Prepared, best: Setting) -> dict:
@@ -331,7 +346,13 @@ def save_profile(state, prep: Prepared, best: Setting) -> dict:
         "name": prep.body.save_as,
         "description": f"AutoSteer for {prep.body.goal!r}: feature {best.index} ({best.label or 'unlabelled'}) at {best.strength}, "
         f"judge P(yes) {best.concept} vs {best.concept - best.lift:.4f} unsteered, affinity {best.affinity} vs {best.affinity - best.affinity_lift:.4f}",
-        "steering": [{"sae_id": prep.attached.info.id, "layer": prep.attached.layer, "features": [{"index": best.index, "strength": best.strength}]}],
+        "steering": [
+            {
+                "sae_id": prep.attached.info.id,
+                "layer": prep.attached.layer,
+                "features": [{"index": best.index, "strength": best.strength}],
+            }
+        ],
     }
     row = state.profiles.create(document)
     return {"id": row["id"], "name": row["name"]}
