@@ -23,10 +23,11 @@ from millm.service.probes.book import ProbeBook
 from millm.service.probes.conditions import ProbeConditions
 from millm.service.runtime.jobs import JobBook
 from millm.service.runtime.replication import Replication
+from millm.service.steering.base_fit import DialLimits
 from millm.service.steering.decoders import DecoderCache
 from millm.service.steering.documents import CircuitBook, ClusterBook
 from millm.service.steering.live import Steering
-from millm.service.steering.plans import DialLimits, Planner
+from millm.service.steering.plans import Planner
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Resolvers
 from millm.service.steering.saes import SAERegistry

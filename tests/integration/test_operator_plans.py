@@ -18,9 +18,10 @@ from millm.interp.intensity import parse_dial
 from millm.interp.profiles import validate_spec
 from millm.interp.steering import steering_edit
 from millm.service.features.labels import LabelBook
+from millm.service.steering.base_fit import DialLimits
 from millm.service.steering.documents import CircuitBook, ClusterBook
 from millm.service.steering.live import Steering
-from millm.service.steering.plans import DialLimits, Planner
+from millm.service.steering.plans import Planner
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Resolvers
 from millm.service.steering.saes import SAERegistry

@@ -12,9 +12,10 @@ from millm.interp.intensity import parse_dial
 from millm.interp.mistudio import circuit_members
 from millm.interp.steering import InvalidFeatureIndex
 from millm.service.features.labels import LabelBook
+from millm.service.steering.base_fit import BaseUnfit, DialLimits
 from millm.service.steering.documents import CircuitBook, ClusterBook
 from millm.service.steering.live import Steering
-from millm.service.steering.plans import BaseUnfit, DialLimits, Planner
+from millm.service.steering.plans import Planner
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.saes import SAERegistry
 from millm.store.database import Store, database_url

@@ -14,8 +14,8 @@ from millm.errors import InvalidRequest
 from millm.interp.binding import cluster_binding
 from millm.interp.mistudio import RUNG_LANGUAGE, authored_intensity, declared_range
 from millm.service.composition import ServerState
+from millm.service.steering.base_fit import circuit_status
 from millm.service.steering.documents import DocumentBook
-from millm.service.steering.plans import circuit_status
 
 KINDS = ("cluster", "circuit")
 

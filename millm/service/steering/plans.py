@@ -26,17 +26,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.binding import (
-    BOUND,
-    LayerBinding,
-    circuit_bindings,
-    circuit_mode,
     cluster_binding,
     members_edit,
 )
@@ -47,105 +41,30 @@ from millm.interp.mistudio import (
     circuit_members,
     cluster_members,
     declared_range,
-    rung,
 )
-from millm.interp.steering import Attached, FeatureOp, InvalidFeatureIndex, feature_edit
+from millm.interp.steering import InvalidFeatureIndex, feature_edit
+from millm.service.steering.base_fit import BaseUnfit, DialLimits, _circuit_status
 from millm.service.steering.books import Shelf
 from millm.service.steering.documents import CircuitBook, ClusterBook, stored_document
 from millm.service.steering.live import NO_STEERING, Plan, Steering, profile_edit
+from millm.service.steering.plan_cache import PlanCache, Snapshot
 from millm.service.steering.resolution import Refusals, resolve_spec
 
 log = logging.getLogger(__name__)
-PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
-
-
-class BaseUnfit(InvalidFeatureIndex):
-    """400 invalid_feature_index: the active profile, cluster or circuit no longer fits the attached
-    SAEs (one detached or replaced, an index past the width), naming the base and the entry."""
-
-    def __init__(self, kind: str, name: str, problem: str):
-        super().__init__(
-            f"the active {kind} {name!r} no longer fits the attached SAEs: {problem}. Requests are refused rather "
-            f"than served unsteered; attach the SAEs it was made for, or deactivate it (POST /api/{kind}s/deactivate)",
-            param="steering",
-        )
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class DialLimits:
-    """The configured envelope: CLUSTER_INTENSITY_MIN, CIRCUIT_INTENSITY_MIN and the maximum."""
-
-    cluster_min: float = 0.5
-    circuit_min: float = 0.0
-    maximum: float = 2.0
-
-
-@dataclass(frozen=True)
-class CircuitStatus:
-    """Whether and how a circuit steers now (GET /api/circuits/active)."""
-
-    mode: str  # full | slice_fallback | none
-    bindings: dict[int, LayerBinding]
-    rung: int
-
-
-def circuit_status(document: dict, steering: Steering) -> CircuitStatus:
-    """Bind a circuit's layers to the attached SAEs and say how it would be served."""
-    return _circuit_status(document, steering.attached)
-
-
-def _circuit_status(document: dict, attached: dict[str, Attached]) -> CircuitStatus:
-    bindings = circuit_bindings(document, attached)
-    return CircuitStatus(circuit_mode(bindings, circuit_members(document)), bindings, rung(document))
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What plans are made from, copied under the steering lock and then read without it."""
-
-    stamp: tuple[int, ...]  # moves with every change a plan depends on (see Planner._stamp)
-    version: int
-    enabled: bool
-    active: dict | None
-    attached: dict[str, Attached]
-    features: dict[str, dict[int, FeatureOp]]
-    stored: frozenset[str]  # the SAEs the store says are attached (on any replica)
-    profiles: Shelf
-    clusters: Shelf
-    circuits: Shelf
-
-
-class PlanCache:
-    """Resolved plans by (state stamp, profile, dial): a small LRU shared by request handlers."""
-
-    def __init__(self, size: int = PLANS_KEPT):
-        self.size = size
-        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple) -> Plan | None:
-        """The plan kept under this key, if any."""
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None:
-                self._plans.move_to_end(key)
-            return plan
-
-    def put(self, key: tuple, plan: Plan) -> None:
-        """Keep a plan, dropping the least recently used past the size (older states go first)."""
-        with self._lock:
-            self._plans[key] = plan
-            self._plans.move_to_end(key)
-            while len(self._plans) > self.size:
-                self._plans.popitem(last=False)
 
 
 class Planner:
     """Resolves plans from the steering state and the imported documents."""
 
-    def __init__(self, steering: Steering, clusters: ClusterBook, circuits: CircuitBook, limits: DialLimits):
-        self.steering, self.clusters, self.circuits, self.limits = steering, clusters, circuits, limits
+    def __init__(
+        self, steering: Steering, clusters: ClusterBook, circuits: CircuitBook, limits: DialLimits
+    ):
+        self.steering, self.clusters, self.circuits, self.limits = (
+            steering,
+            clusters,
+            circuits,
+            limits,
+        )
         self.plans = PlanCache()
         self._logged: dict[str, tuple] = {}  # topic -> the state stamp it was last logged in
 
@@ -191,9 +110,20 @@ class Planner:
 
     def _request_base(self, now: Snapshot, kind: str, key: str, dial: Dial | None) -> Plan:
         try:
-            return self._cluster(now, key, dial) if kind == "cluster" else self._circuit(now, key, dial)
-        except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
-            raise InvalidRequest(f"the stored definition of {kind} {key!r} cannot be read ({describe(exc)})", param=kind) from None
+            return (
+                self._cluster(now, key, dial)
+                if kind == "cluster"
+                else self._circuit(now, key, dial)
+            )
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:  # a stored definition that no longer parses
+            raise InvalidRequest(
+                f"the stored definition of {kind} {key!r} cannot be read ({describe(exc)})",
+                param=kind,
+            ) from None
 
     def active_fit(self) -> dict | None:
         """The active base (kind, id, name) and whether it fits the attached SAEs now, with the
@@ -202,7 +132,13 @@ class Planner:
         active = now.active
         if active is None:
             return None
-        view = {"kind": active["kind"], "id": active["id"], "name": self._name(now, active), "fits": True, "problem": None}
+        view = {
+            "kind": active["kind"],
+            "id": active["id"],
+            "name": self._name(now, active),
+            "fits": True,
+            "problem": None,
+        }
         try:
             self._active_base(now, active, None)
         except BaseUnfit as exc:
@@ -216,7 +152,9 @@ class Planner:
             self._active_base(now, {"kind": kind, "id": base_id}, None)
         except BaseUnfit as exc:
             name = self._name(now, {"kind": kind, "id": base_id}) or base_id
-            raise InvalidFeatureIndex(f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind) from None
+            raise InvalidFeatureIndex(
+                f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind
+            ) from None
 
     # the state ------------------------------------------------------------------------------------------
     def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
@@ -228,13 +166,27 @@ class Planner:
         """
         shelves = (self.steering.profiles.shelf, self.clusters.shelf, self.circuits.shelf)
         books = (shelf.revision for shelf in shelves)
-        return (self.steering.version, self.steering.changes, *books, *self.steering.resolvers.revision), shelves
+        return (
+            self.steering.version,
+            self.steering.changes,
+            *books,
+            *self.steering.resolvers.revision,
+        ), shelves
 
     def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
         """Copies of what the steering lock guards (call under it): plans are then made without it."""
         steering = self.steering
         features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
-        return Snapshot(stamp, steering.version, steering.enabled, steering.active, dict(steering.attached), features, frozenset(steering.stored), *shelves)
+        return Snapshot(
+            stamp,
+            steering.version,
+            steering.enabled,
+            steering.active,
+            dict(steering.attached),
+            features,
+            frozenset(steering.stored),
+            *shelves,
+        )
 
     def _now(self) -> Snapshot:
         with self.steering.lock:
@@ -248,7 +200,9 @@ class Planner:
         return True
 
     def _name(self, now: Snapshot, active: dict) -> str | None:
-        shelf = {"profile": now.profiles, "cluster": now.clusters, "circuit": now.circuits}[active["kind"]]
+        shelf = {"profile": now.profiles, "cluster": now.clusters, "circuit": now.circuits}[
+            active["kind"]
+        ]
         row = shelf.get(active["id"])
         return row["name"] if row is not None else None
 
@@ -276,11 +230,23 @@ class Planner:
             return self._circuit(now, base_id, dial)
         except MillmError as exc:
             raise BaseUnfit(kind, self._name(now, active) or base_id, exc.message) from None
-        except (ValueError, KeyError, TypeError) as exc:  # a stored definition that no longer parses
-            raise BaseUnfit(kind, self._name(now, active) or base_id, f"its stored definition cannot be read ({describe(exc)})") from None
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+        ) as exc:  # a stored definition that no longer parses
+            raise BaseUnfit(
+                kind,
+                self._name(now, active) or base_id,
+                f"its stored definition cannot be read ({describe(exc)})",
+            ) from None
 
     def _scale(self, dial: Dial | None) -> float:
-        return 1.0 if dial is None else cluster_lambda(dial, None, self.limits.cluster_min, self.limits.maximum)
+        return (
+            1.0
+            if dial is None
+            else cluster_lambda(dial, None, self.limits.cluster_min, self.limits.maximum)
+        )
 
     def _off(self, now: Snapshot, profile: str | None) -> Plan:
         # The base is not validated; the echo says only whether the dial changed anything.
@@ -289,7 +255,12 @@ class Planner:
         else:
             base = now.active is not None or bool(now.features)
             would_steer = bool(now.attached) and now.enabled and base
-        return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0 if would_steer else None)
+        return Plan(
+            None,
+            "none",
+            (("reason", "steering_intensity off"),),
+            intensity=0.0 if would_steer else None,
+        )
 
     def _own_profile(self, now: Snapshot, key: str, dial: Dial | None) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, key)
@@ -298,7 +269,13 @@ class Planner:
         scale = self._scale(dial)
         steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
         params = (("name", row["name"]), ("scope", "request"))
-        return Plan(steered.edit, "profile", params, intensity=scale if dial and steered.edit else None, watches=steered.watches)
+        return Plan(
+            steered.edit,
+            "profile",
+            params,
+            intensity=scale if dial and steered.edit else None,
+            watches=steered.watches,
+        )
 
     def _active_profile(self, now: Snapshot, profile_id: str, dial: Dial | None) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, profile_id)
@@ -307,28 +284,60 @@ class Planner:
         if steered.edit is None and not steered.watches:
             return NO_STEERING
         params = (("name", row["name"]), ("version", now.version))
-        return Plan(steered.edit, "profile", params, intensity=scale if dial else None, watches=steered.watches)
+        return Plan(
+            steered.edit,
+            "profile",
+            params,
+            intensity=scale if dial else None,
+            watches=steered.watches,
+        )
 
     def _spec(self, now: Snapshot, spec: dict, dial: Dial | None) -> Plan:
         if dial is not None and dial.off:
             return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0)
         scale = self._scale(dial)
-        steered = resolve_spec(spec, now.attached, scale, self.steering.resolvers, Refusals("steering", "steering", "sae_not_attached"))
-        return Plan(steered.edit, "request", (("scope", "request"),), intensity=scale if dial and steered.edit else None, watches=steered.watches)
+        steered = resolve_spec(
+            spec,
+            now.attached,
+            scale,
+            self.steering.resolvers,
+            Refusals("steering", "steering", "sae_not_attached"),
+        )
+        return Plan(
+            steered.edit,
+            "request",
+            (("scope", "request"),),
+            intensity=scale if dial and steered.edit else None,
+            watches=steered.watches,
+        )
 
     def _live(self, now: Snapshot, dial: Dial | None) -> Plan:
         scale = self._scale(dial)
         unattached = sorted(set(now.features) - set(now.attached))
         if unattached and self._first_time("live", now.stamp):
             # Kept for a later attach by design, but a request is steered without them: say so once.
-            log.warning("live steering values of %s are not applied: not attached", ", ".join(unattached))
-        scaled = {sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()}
+            log.warning(
+                "live steering values of %s are not applied: not attached", ", ".join(unattached)
+            )
+        scaled = {
+            sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()
+        }
         edit = feature_edit(scaled, now.attached)
         # Attached in the shared state, not here (another model, a path or file this replica lacks): said, not hidden.
-        missing = (("unattached", " ".join(s for s in unattached if s in now.stored)),) if set(unattached) & now.stored else ()
+        missing = (
+            (("unattached", " ".join(s for s in unattached if s in now.stored)),)
+            if set(unattached) & now.stored
+            else ()
+        )
         if edit is None:
-            return Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing)) if missing else NO_STEERING
-        return Plan(edit, "live", (("version", now.version), *missing), intensity=scale if dial else None)
+            return (
+                Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing))
+                if missing
+                else NO_STEERING
+            )
+        return Plan(
+            edit, "live", (("version", now.version), *missing), intensity=scale if dial else None
+        )
 
     def _cluster(self, now: Snapshot, cluster_id: str, dial: Dial | None) -> Plan:
         row = self.clusters.find_in(now.clusters, cluster_id)
@@ -337,20 +346,34 @@ class Planner:
         if dial is None:
             intensity = row["intensity"]
         else:
-            intensity = cluster_lambda(dial, declared_range(document), self.limits.cluster_min, self.limits.maximum)
-        members = [Member(binding.layer, m.feature_idx, m.strength, m.sign) for m in cluster_members(document)]
+            intensity = cluster_lambda(
+                dial, declared_range(document), self.limits.cluster_min, self.limits.maximum
+            )
+        members = [
+            Member(binding.layer, m.feature_idx, m.strength, m.sign)
+            for m in cluster_members(document)
+        ]
         edit = members_edit(members, {binding.layer: binding}, now.attached, intensity)
         if edit is None:
             return NO_STEERING
-        return Plan(edit, "cluster", (("name", row["name"]), ("version", now.version)), intensity=intensity if dial else None)
+        return Plan(
+            edit,
+            "cluster",
+            (("name", row["name"]), ("version", now.version)),
+            intensity=intensity if dial else None,
+        )
 
     def _circuit(self, now: Snapshot, circuit_id: str, dial: Dial | None) -> Plan:
         row = self.circuits.find_in(now.circuits, circuit_id)
         document = stored_document(now.circuits, row)
         status = _circuit_status(document, now.attached)
         if status.mode == "none":
-            details = "; ".join(f"layer {layer}: {b.detail}" for layer, b in status.bindings.items())
-            raise InvalidFeatureIndex(f"none of its member layers binds to an attached SAE ({details})", param="steering")
+            details = "; ".join(
+                f"layer {layer}: {b.detail}" for layer, b in status.bindings.items()
+            )
+            raise InvalidFeatureIndex(
+                f"none of its member layers binds to an attached SAE ({details})", param="steering"
+            )
         declared = declared_range(document)
         if dial is None:
             intensity = authored_intensity(document)
@@ -362,14 +385,15 @@ class Planner:
         if edit is None:
             return NO_STEERING
         params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
-        return Plan(edit, "circuit", params, intensity=intensity if dial else None, rung=status.rung if status.mode == "full" else None)
+        return Plan(
+            edit,
+            "circuit",
+            params,
+            intensity=intensity if dial else None,
+            rung=status.rung if status.mode == "full" else None,
+        )
 
 
 def _needs_no_sae(document: dict) -> bool:
     """Whether a profile steers through vectors or probes alone (no SAE entry), so it applies with no SAE attached."""
     return not document.get("steering") and bool(document.get("vectors") or document.get("abort"))
-
-
-def bound_layers(status: CircuitStatus) -> list[int]:
-    """The layers of a circuit that bind now."""
-    return [layer for layer, binding in status.bindings.items() if binding.status in BOUND]

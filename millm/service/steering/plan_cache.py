@@ -1,0 +1,55 @@
+"""What plans are made from and kept in: a snapshot of the steering state and the books, copied
+under the steering lock, and a small LRU of resolved plans by (state stamp, profile, dial)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from millm.interp.steering import Attached, FeatureOp
+from millm.service.steering.books import Shelf
+from millm.service.steering.live import Plan
+
+PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What plans are made from, copied under the steering lock and then read without it."""
+
+    stamp: tuple[int, ...]  # moves with every change a plan depends on (see Planner._stamp)
+    version: int
+    enabled: bool
+    active: dict | None
+    attached: dict[str, Attached]
+    features: dict[str, dict[int, FeatureOp]]
+    stored: frozenset[str]  # the SAEs the store says are attached (on any replica)
+    profiles: Shelf
+    clusters: Shelf
+    circuits: Shelf
+
+
+class PlanCache:
+    """Resolved plans by (state stamp, profile, dial): a small LRU shared by request handlers."""
+
+    def __init__(self, size: int = PLANS_KEPT):
+        self.size = size
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Plan | None:
+        """The plan kept under this key, if any."""
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key: tuple, plan: Plan) -> None:
+        """Keep a plan, dropping the least recently used past the size (older states go first)."""
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
