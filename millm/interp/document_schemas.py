@@ -1,7 +1,7 @@
 """The imported documents' formats as pydantic models: one definition validates them and states them.
 
-This module holds what every document shares (validation with JSON locations, field types) and
-millm's profiles; mistudio_schemas.py holds miStudio's definitions. profiles.py and mistudio.py
+This module holds millm's profiles; document_fields.py what every document shares (validation
+with JSON locations, field types); mistudio_schemas.py miStudio's definitions. profiles.py and mistudio.py
 validate with these models, listing every problem with its JSON location
 (`steering[0].features[3].strength: ...`); document_json_schemas.py states the same models as
 JSON Schema for the served OpenAPI schema. What JSON Schema cannot say is checked by validators on the fields
@@ -15,23 +15,18 @@ one); profile documents drop them (the stored document is the canonical form).
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
     Tag,
-    ValidationError,
-    WrapValidator,
     model_validator,
 )
-from pydantic_core import ErrorDetails, PydanticCustomError
 
-from millm.errors import InvalidRequest
+from millm.interp.document_fields import Document, NonNegative, no_bools, refusal, said, unique
 from millm.interp.steering import STRENGTH_LIMIT
 
 # The kinds and versions as types (the models' fields) and as values; mypy checks that they agree.
@@ -40,7 +35,9 @@ BundleKind = Literal["millm.profile-bundle"]
 ProfileVersion = Literal[1, 2]
 PROFILE_KIND: ProfileKind = "millm.profile"
 BUNDLE_KIND: BundleKind = "millm.profile-bundle"
-VERSION: ProfileVersion = 2  # what millm writes; version 1 documents are read as version 2 (every feature added)
+VERSION: ProfileVersion = (
+    2  # what millm writes; version 1 documents are read as version 2 (every feature added)
+)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._\-]{0,119}$"
 MAX_DESCRIPTION = 2000
 MAX_BUNDLE = 500
@@ -55,144 +52,31 @@ CLUSTER_BUNDLE_KIND: ClusterBundleKind = "mistudio.cluster-bundle"
 CIRCUIT_KIND: CircuitKind = "mistudio.circuit-definition"
 SCHEMA_VERSION: MistudioVersion = "1"
 
-Model = TypeVar("Model", bound=BaseModel)
-
-# pydantic's words for structure, said as the documents' pages say them.
-PHRASES = {
-    "missing": "required",
-    "model_type": "must be an object",
-    "dict_type": "must be an object",
-    "list_type": "must be a list",
-    "extra_forbidden": "unknown key",
-}
-SHOWN_VALUE = 40  # characters of a refused scalar value quoted back (a 10,000-character narrative is not)
-
-
-# ---- errors with their JSON location ------------------------------------------------------------
-def _where(error: ErrorDetails, doc: Any, prefix: str) -> str:
-    """pydantic's location as a JSON path ('steering[0].features[3].strength'), union tags left out."""
-    path, node, loc = prefix, doc, error["loc"]
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            path += f"[{part}]"
-            node = node[part] if isinstance(node, list) and part < len(node) else None
-        elif isinstance(node, dict) and (part in node or (error["type"] == "missing" and i == len(loc) - 1)):
-            path += f".{part}" if path else part
-            node = node.get(part)
-        # else: the tag of the union member pydantic tried, not a key of the document
-    return path or "document"
-
-
-def _what(error: ErrorDetails) -> str:
-    """What is wrong, with the refused value when it is a short scalar."""
-    phrase = PHRASES.get(error["type"], error["msg"])
-    value = error.get("input")
-    if error["type"] not in ("missing", "extra_forbidden") and (value is None or isinstance(value, (str, int, float))):
-        shown = json.dumps(value)
-        if len(shown) <= SHOWN_VALUE:
-            phrase += f", got {shown}"
-    return phrase
-
-
-def problems(error: ValidationError, doc: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """(JSON location, what is wrong) for each problem pydantic found in `doc`."""
-    return [(_where(e, doc, prefix), _what(e)) for e in error.errors()]
-
-
-def validate_document(model: type[Model], doc: Any, error: type[InvalidRequest], what: str) -> Model:
-    """`doc` as `model`, or `error` listing every problem with its location ("invalid <what>: ...")."""
-    try:
-        return model.model_validate(doc)
-    except ValidationError as exc:
-        listed = "; ".join(f"{where}: {problem}" for where, problem in problems(exc, doc))
-        raise error(f"invalid {what}: {listed}") from None
-
-
-def validate_field(model: type[Model], value: Any, param: str = "", context: dict | None = None) -> Model:
-    """A request's object as `model`, or a 400 naming the first problem's location (as request bodies are refused)."""
-    try:
-        return model.model_validate(value, context=context)
-    except ValidationError as exc:
-        (where, problem), *more = problems(exc, value, param)
-        if more:
-            problem += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''})"
-        raise InvalidRequest(f"{where}: {problem}", param=where) from None
-
-
-# ---- field types --------------------------------------------------------------------------------
-def refusal(code: str, message: str, **ctx) -> PydanticCustomError:
-    """A validator's refusal in pydantic's terms (a plain ValueError would read 'Value error, ...')."""
-    return PydanticCustomError(code, message, ctx)
-
-
-def said(phrase: str) -> WrapValidator:
-    """Annotated after a type: refused in one phrase (a pattern or several bounds say less than the rule's words)."""
-
-    def check(value, handler):
-        try:
-            return handler(value)
-        except ValidationError:
-            raise refusal("document_rule", phrase) from None
-
-    return WrapValidator(check)
-
-
-def no_bools(choices: str) -> WrapValidator:
-    """Annotated after a Literal of integers: true and false refused (pydantic lets true pass for 1)."""
-
-    def check(value, handler):
-        if isinstance(value, bool):
-            raise refusal("literal_error", f"Input should be {choices}")
-        return handler(value)
-
-    return WrapValidator(check)
-
-
-def unique(key, what: str):
-    """An after-validator refusing a list in which `key` of two items is the same."""
-
-    def check(items: list) -> list:
-        keys = [key(item) for item in items]
-        twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
-        if twice:
-            raise refusal("duplicate", what, twice=", ".join(map(str, twice)))
-        return items
-
-    return AfterValidator(check)
-
-
-def _ordered(pair: list[float]) -> list[float]:
-    if pair[0] > pair[1]:
-        raise refusal("range_order", "[lo, hi] with lo <= hi")
-    return pair
-
-
-NonNegative = Annotated[int, Field(ge=0)]
-Indices = Annotated[list[NonNegative], AfterValidator(lambda indices: list(dict.fromkeys(indices)))]  # first mention kept
-
-
-class Document(BaseModel):
-    """Strict JSON: no "5" for 5, no true for 1, no NaN. Unknown keys pass (callers keep the raw
-    miStudio document, and a profile's canonical form is dumped from the model, without them)."""
-
-    model_config = ConfigDict(strict=True, allow_inf_nan=False)
-
-
 Version = Annotated[ProfileVersion, no_bools("1 or 2")]
 Sign = Annotated[Literal[1, -1], no_bools("1 or -1")]
 Rung = Annotated[Literal[0, 1, 2, 3], no_bools("0, 1, 2 or 3")]
 ProfileName = Annotated[
-    str, Field(pattern=NAME_PATTERN), said("1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit")
+    str,
+    Field(pattern=NAME_PATTERN),
+    said(
+        "1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit"
+    ),
 ]
-SourceHint = Annotated[str, Field(pattern="^hf:"), said("must look like hf:repo/path (never a local path)")]
+SourceHint = Annotated[
+    str, Field(pattern="^hf:"), said("must look like hf:repo/path (never a local path)")
+]
 
 
 # ---- millm profiles -----------------------------------------------------------------------------
 Strength = Annotated[float, Field(ge=-STRENGTH_LIMIT, le=STRENGTH_LIMIT)]
 Level = Annotated[float, Field(ge=0)]
 # A field that belongs to other operators: null or absent, else refused in words that say which.
-NoStrength = Annotated[None, said("strength is for op add only (clamp and cap take value, ablate takes neither)")]
-NoValue = Annotated[None, said("value is for op clamp and cap only (add takes strength, ablate takes neither)")]
+NoStrength = Annotated[
+    None, said("strength is for op add only (clamp and cap take value, ablate takes neither)")
+]
+NoValue = Annotated[
+    None, said("value is for op clamp and cap only (add takes strength, ablate takes neither)")
+]
 ProbeName = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
 Reference = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
 
@@ -252,8 +136,15 @@ def _op(default: str):
 
 
 ProfileFeature = Annotated[
-    Annotated[FeatureAdd, Tag("add")] | Annotated[FeatureClamp, Tag("clamp")] | Annotated[FeatureAblate, Tag("ablate")] | Annotated[FeatureCap, Tag("cap")],
-    Discriminator(_op("add"), custom_error_type="op", custom_error_message="op must be one of add, clamp, ablate, cap"),
+    Annotated[FeatureAdd, Tag("add")]
+    | Annotated[FeatureClamp, Tag("clamp")]
+    | Annotated[FeatureAblate, Tag("ablate")]
+    | Annotated[FeatureCap, Tag("cap")],
+    Discriminator(
+        _op("add"),
+        custom_error_type="op",
+        custom_error_message="op must be one of add, clamp, ablate, cap",
+    ),
 ]
 
 
@@ -266,7 +157,9 @@ class ProfileDocumentEntry(Document):
 
     sae_id: Annotated[str, Field(min_length=1)]
     layer: NonNegative | None = None
-    features: Annotated[list[ProfileFeature], unique(lambda f: f.index, "feature {twice} appears twice")]
+    features: Annotated[
+        list[ProfileFeature], unique(lambda f: f.index, "feature {twice} appears twice")
+    ]
     when: When | None = None
 
 
@@ -292,7 +185,9 @@ class VectorCap(Document):
 
 VectorEntry = Annotated[
     Annotated[VectorAdd, Tag("add")] | Annotated[VectorCap, Tag("cap")],
-    Discriminator(_op("add"), custom_error_type="op", custom_error_message="a vector's op must be add or cap"),
+    Discriminator(
+        _op("add"), custom_error_type="op", custom_error_message="a vector's op must be add or cap"
+    ),
 ]
 
 
@@ -303,10 +198,22 @@ class AbortEntry(Document):
 
 
 SteeringEntries = Annotated[
-    list[ProfileDocumentEntry], unique(lambda e: e.sae_id + _condition(e.when), "{twice} appears twice; give one entry per SAE (and condition)")
+    list[ProfileDocumentEntry],
+    unique(
+        lambda e: e.sae_id + _condition(e.when),
+        "{twice} appears twice; give one entry per SAE (and condition)",
+    ),
 ]
-VectorEntries = Annotated[list[VectorEntry], unique(lambda v: v.vector_id + _condition(v.when), "{twice} appears twice; give one entry per vector (and condition)")]
-AbortEntries = Annotated[list[AbortEntry], unique(lambda a: a.probe, "probe {twice} appears twice in abort")]
+VectorEntries = Annotated[
+    list[VectorEntry],
+    unique(
+        lambda v: v.vector_id + _condition(v.when),
+        "{twice} appears twice; give one entry per vector (and condition)",
+    ),
+]
+AbortEntries = Annotated[
+    list[AbortEntry], unique(lambda a: a.probe, "probe {twice} appears twice in abort")
+]
 
 
 class SteeringSpec(Document):
@@ -319,11 +226,23 @@ class SteeringSpec(Document):
 
 
 # _version_1_only_adds below, as JSON Schema.
-VERSION_1_RULE: dict[str, Any] = {"if": {"required": ["version"], "properties": {"version": {"const": 1}}}, "then": {"properties": {
-    "vectors": {"maxItems": 0},
-    "abort": {"maxItems": 0},
-    "steering": {"items": {"properties": {"when": {"type": "null"}, "features": {"items": {"properties": {"op": {"const": "add"}}}}}}},
-}}}
+VERSION_1_RULE: dict[str, Any] = {
+    "if": {"required": ["version"], "properties": {"version": {"const": 1}}},
+    "then": {
+        "properties": {
+            "vectors": {"maxItems": 0},
+            "abort": {"maxItems": 0},
+            "steering": {
+                "items": {
+                    "properties": {
+                        "when": {"type": "null"},
+                        "features": {"items": {"properties": {"op": {"const": "add"}}}},
+                    }
+                }
+            },
+        }
+    },
+}
 
 
 class ProfileDocument(SteeringSpec):
@@ -341,8 +260,16 @@ class ProfileDocument(SteeringSpec):
         # A version 1 document meant "add every feature"; what came with version 2 is refused there, not reread.
         if self.version == 1:
             newer = any(not isinstance(f, FeatureAdd) for e in self.steering for f in e.features)
-            if newer or self.vectors or self.abort or any(e.when is not None for e in self.steering):
-                raise refusal("document_rule", "version 1 documents only add features: op, when, vectors and abort need version 2")
+            if (
+                newer
+                or self.vectors
+                or self.abort
+                or any(e.when is not None for e in self.steering)
+            ):
+                raise refusal(
+                    "document_rule",
+                    "version 1 documents only add features: op, when, vectors and abort need version 2",
+                )
         return self
 
 
@@ -351,4 +278,8 @@ class ProfileBundle(Document):
 
     kind: BundleKind
     version: Version = VERSION
-    profiles: Annotated[list[ProfileDocument], Field(min_length=1, max_length=MAX_BUNDLE), unique(lambda p: p.name, "names appear twice: {twice}")]
+    profiles: Annotated[
+        list[ProfileDocument],
+        Field(min_length=1, max_length=MAX_BUNDLE),
+        unique(lambda p: p.name, "names appear twice: {twice}"),
+    ]

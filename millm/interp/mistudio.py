@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.errors import InvalidDocument
-from millm.interp.document_schemas import CLUSTER_BUNDLE_KIND, validate_document
+from millm.interp.document_fields import validate_document
+from millm.interp.document_schemas import CLUSTER_BUNDLE_KIND
 from millm.interp.mistudio_schemas import CircuitDefinition, ClusterBundle, ClusterDefinition
 
 RUNG_LANGUAGE = {

@@ -8,17 +8,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
+from millm.interp.document_fields import Document, NonNegative, _ordered
 from millm.interp.document_schemas import (
     CircuitKind,
     ClusterBundleKind,
     ClusterKind,
-    Document,
     MistudioVersion,
-    NonNegative,
     Rung,
     Sign,
     SourceHint,
-    _ordered,
 )
 
 

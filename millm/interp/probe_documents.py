@@ -9,18 +9,16 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import models_json_schema
 
 from millm.errors import InvalidProbe
-from millm.interp.document_schemas import (
-    MAX_BUNDLE,
-    MAX_DESCRIPTION,
+from millm.interp.document_fields import (
     Document,
     NonNegative,
-    ProfileName,
     no_bools,
     problems,
     refusal,
     said,
     unique,
 )
+from millm.interp.document_schemas import MAX_BUNDLE, MAX_DESCRIPTION, ProfileName
 
 ProbeKind = Literal["millm.probe"]
 ProbeBundleKind = Literal["millm.probe-bundle"]

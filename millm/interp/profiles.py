@@ -21,14 +21,13 @@ anything.
 from __future__ import annotations
 
 from millm.errors import InvalidProfile
+from millm.interp.document_fields import validate_document, validate_field
 from millm.interp.document_schemas import (
     BUNDLE_KIND,
     VERSION,
     ProfileBundle,
     ProfileDocument,
     SteeringSpec,
-    validate_document,
-    validate_field,
 )
 
 OPTIONAL_LISTS = (

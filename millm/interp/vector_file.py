@@ -19,7 +19,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from millm.interp.document_schemas import MAX_DESCRIPTION, Document, ProfileName, no_bools, refusal
+from millm.interp.document_fields import Document, no_bools, refusal
+from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
 
 VectorKind = Literal["millm.steering-vector"]
 VectorVersion = Literal[1]

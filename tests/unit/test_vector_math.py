@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from millm.errors import InvalidRequest
-from millm.interp.document_schemas import validate_field
+from millm.interp.document_fields import validate_field
 from millm.interp.vector_file import VectorFile, file_of, values_of
 from millm.interp.vectors import cumulative_fractions, decompose, pooled, train
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from millm.engine.jobs import PositionWord, ProbeVerdict, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
-from millm.interp.document_schemas import Indices, validate_field
+from millm.interp.document_fields import Indices, validate_field
 from millm.interp.probes import verdict_fields
 from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature

@@ -27,8 +27,8 @@ from pydantic import (
 from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
+from millm.interp.document_fields import Indices, NonNegative, refusal, said, validate_field
 from millm.interp.document_json_schemas import inline
-from millm.interp.document_schemas import Indices, NonNegative, refusal, said, validate_field
 from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature, pick_attached
 from millm.service.features.calibrations import add_percentiles, percentiles_block
