@@ -1,4 +1,5 @@
-"""Monitoring's settings body (/api/monitoring)."""
+"""Monitoring's settings: as stored (MonitoringConfig) and the body that changes them
+(/api/monitoring)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,23 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm.service.features.monitoring import MAX_TOP_K, PositionWord
+from millm.engine.jobs import PositionWord
+from millm.interp.document_fields import Indices
+
+MAX_TOP_K = 64  # features kept per position
+
+
+class MonitoringConfig(BaseModel):
+    """The monitoring settings, as stored (PUT /api/monitoring changes any of them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    enabled: bool = False
+    sae_id: str | None = None  # None: the only attached SAE
+    features: Indices | None = None  # None: all features; []: positions only
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+    positions: PositionWord = "completion"
+    percentiles: bool = False  # add each entry's percentile in the SAE's calibration on the model
 
 
 class MonitoringSettings(BaseModel):

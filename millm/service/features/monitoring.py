@@ -25,17 +25,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from millm.engine.jobs import PositionWord, ProbeVerdict, ResidualRead, ResidualsRead
+from millm.engine.jobs import ProbeVerdict, ResidualRead, ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
-from millm.interp.document_fields import Indices, validate_field
+from millm.interp.document_fields import validate_field
 from millm.interp.probes import verdict_fields
 from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature
+from millm.protocol.monitoring import MonitoringConfig
 from millm.service.features.calibrations import add_percentiles, percentiles_block
 from millm.store.changes import Topic
 from millm.store.database import Store
@@ -44,24 +44,12 @@ from millm.store.settings import get_setting, set_setting
 log = logging.getLogger(__name__)
 
 SETTING = "monitoring"
-MAX_TOP_K = 64
 SUBSCRIBER_BACKLOG = 1000  # records a slow live client may fall behind before it misses some
 WORK_BACKLOG = 1000  # finished rows waiting for the worker before their records are dropped
-DROP_WARNING_S = 60.0  # at most one "records dropped" warning a minute: a flood must not flood the log
+DROP_WARNING_S = (
+    60.0  # at most one "records dropped" warning a minute: a flood must not flood the log
+)
 CLOSE_TIMEOUT_S = 10.0
-
-
-class MonitoringConfig(BaseModel):
-    """The monitoring settings, as stored (PUT /api/monitoring changes any of them)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    enabled: bool = False
-    sae_id: str | None = None  # None: the only attached SAE
-    features: Indices | None = None  # None: all features; []: positions only
-    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
-    positions: PositionWord = "completion"
-    percentiles: bool = False  # add each entry's percentile in the SAE's calibration on the model
 
 
 @dataclass
@@ -91,7 +79,9 @@ class Pending:
     top_k: int
     percentiles: bool = False  # asked for
     table: PercentileTable | None = None  # the SAE's calibration on the model, when there is one
-    probes: list[dict] = field(default_factory=list)  # the active probes' verdicts on this row (verdict_fields)
+    probes: list[dict] = field(
+        default_factory=list
+    )  # the active probes' verdicts on this row (verdict_fields)
 
 
 @dataclass
@@ -128,9 +118,14 @@ class Monitor:
     def _stored(self) -> dict:
         """The stored settings; the defaults when none are stored or they no longer validate."""
         try:
-            return MonitoringConfig.model_validate(get_setting(self.store, SETTING) or {}).model_dump()
+            return MonitoringConfig.model_validate(
+                get_setting(self.store, SETTING) or {}
+            ).model_dump()
         except ValidationError as error:
-            log.warning("stored monitoring settings are not valid (%s); monitoring starts from the defaults", error)
+            log.warning(
+                "stored monitoring settings are not valid (%s); monitoring starts from the defaults",
+                error,
+            )
             return MonitoringConfig().model_dump()
 
     def configure(self, changes: dict, attached: dict[str, Attached], known_sae) -> dict:
@@ -165,14 +160,25 @@ class Monitor:
         if sae_id is not None:
             found = attached.get(sae_id)
             if found is None and strict:
-                raise InvalidRequest(f"SAE {sae_id!r} is not attached; attach it before monitoring through it", param="sae_id", code="sae_not_attached")
+                raise InvalidRequest(
+                    f"SAE {sae_id!r} is not attached; attach it before monitoring through it",
+                    param="sae_id",
+                    code="sae_not_attached",
+                )
             return found
         if len(attached) == 1:
             return next(iter(attached.values()))
         if strict:
             if not attached:
-                raise InvalidRequest("no SAE is attached; attach one before enabling monitoring", param="sae_id", code="sae_not_attached")
-            raise InvalidRequest(f"several SAEs are attached ({', '.join(sorted(attached))}); name one with sae_id", param="sae_id")
+                raise InvalidRequest(
+                    "no SAE is attached; attach one before enabling monitoring",
+                    param="sae_id",
+                    code="sae_not_attached",
+                )
+            raise InvalidRequest(
+                f"several SAEs are attached ({', '.join(sorted(attached))}); name one with sae_id",
+                param="sae_id",
+            )
         return None
 
     def describe(self, attached: dict[str, Attached]) -> dict:
@@ -182,16 +188,24 @@ class Monitor:
         return {
             **config,
             "read_point": "pre_steering",
-            "reading": None if chosen is None or not config["enabled"] else {"sae_id": chosen.info.id, "layer": chosen.layer},
+            "reading": None
+            if chosen is None or not config["enabled"]
+            else {"sae_id": chosen.info.id, "layer": chosen.layer},
             "history": {"records": len(self.records), "max": self.records.maxlen},
             "requests": self.requests,
             "positions_read": self.positions_read,
-            "queue": {"pending": self._work.qsize(), "max": self._work.maxsize, "dropped": self.dropped},
+            "queue": {
+                "pending": self._work.qsize(),
+                "max": self._work.maxsize,
+                "dropped": self.dropped,
+            },
         }
 
     # requests ------------------------------------------------------------------------------------
     def read_for(
-        self, attached: dict[str, Attached], calibration: Callable[[str], PercentileTable | None] | None = None
+        self,
+        attached: dict[str, Attached],
+        calibration: Callable[[str], PercentileTable | None] | None = None,
     ) -> tuple[ResidualRead, Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]] | None:
         """For a generation starting now: the read to add to its rows and the callback that hands
         each finished row's capture (with its active probes' verdicts) to the worker (None when
@@ -207,7 +221,10 @@ class Monitor:
         request_id = f"req-{next(self._ids)}"
         top_k = config["top_k"]
         read = ResidualRead(
-            chosen.point, False, config["positions"], "monitoring",
+            chosen.point,
+            False,
+            config["positions"],
+            "monitoring",
             encode=partial(encode_rows, chosen.sae, features=features, top_k=top_k),
         )
 
@@ -216,7 +233,11 @@ class Monitor:
 
         def hand_over(captured: ResidualsRead, verdicts: Sequence[ProbeVerdict] = ()) -> None:
             probes = [verdict_fields(verdict) for verdict in verdicts]
-            self.submit(Pending(request_id, time.time(), captured, chosen, features, top_k, asked, table, probes))
+            self.submit(
+                Pending(
+                    request_id, time.time(), captured, chosen, features, top_k, asked, table, probes
+                )
+            )
 
         return read, hand_over
 
@@ -239,7 +260,9 @@ class Monitor:
             self._warned_at = now
         log.warning(
             "monitoring cannot keep up: dropped the record of %s, %d captures already waiting (%d dropped since the last reset)",
-            request_id, self._work.maxsize, dropped,
+            request_id,
+            self._work.maxsize,
+            dropped,
         )
 
     # the worker ----------------------------------------------------------------------------------
@@ -265,7 +288,9 @@ class Monitor:
             "read_point": "pre_steering",
             "positions": [
                 {"position": p, "token_id": t, "features": f}
-                for p, t, f in zip(pending.captured.positions, pending.captured.token_ids, rows, strict=True)
+                for p, t, f in zip(
+                    pending.captured.positions, pending.captured.token_ids, rows, strict=True
+                )
             ],
         }
         if pending.percentiles:
@@ -273,7 +298,9 @@ class Monitor:
         if pending.probes:
             record["probes"] = pending.probes
         with self._lock:
-            record["id"] = next(self._record_ids)  # never reused, so `after` polling survives a reset
+            record["id"] = next(
+                self._record_ids
+            )  # never reused, so `after` polling survives a reset
             self.records.append(record)
             self.requests += 1
             self.positions_read += len(rows)
@@ -316,13 +343,15 @@ class Monitor:
             features = []
             for index in indices:
                 s = self.stats.get(index, FeatureStats())
-                features.append({
-                    "index": index,
-                    "count": s.active,
-                    "mean": s.total / s.active if s.active else 0.0,
-                    "max": s.peak,
-                    "fraction_active": s.active / seen if seen else 0.0,
-                })
+                features.append(
+                    {
+                        "index": index,
+                        "count": s.active,
+                        "mean": s.total / s.active if s.active else 0.0,
+                        "max": s.peak,
+                        "fraction_active": s.active / seen if seen else 0.0,
+                    }
+                )
         return {"positions_read": seen, "requests": self.requests, "features": features}
 
     def reset(self) -> None:
@@ -337,7 +366,9 @@ class Monitor:
 
     def subscribe(self) -> Subscriber:
         """A live feed for the calling event loop."""
-        subscriber = Subscriber(asyncio.get_running_loop(), asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG))
+        subscriber = Subscriber(
+            asyncio.get_running_loop(), asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG)
+        )
         with self._lock:
             self._subscribers.append(subscriber)
         return subscriber
@@ -351,7 +382,9 @@ class Monitor:
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop the worker once it has recorded what is queued, and wait for it to end."""
         try:
-            self._work.put(None, timeout=timeout)  # waits only while the queue is full, for the worker to drain it
+            self._work.put(
+                None, timeout=timeout
+            )  # waits only while the queue is full, for the worker to drain it
         except queue.Full:
             log.warning("monitoring worker did not drain its queue within %.0f s", timeout)
         self.worker.join(timeout)
