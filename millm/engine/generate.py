@@ -6,126 +6,20 @@ states and a KVBatch, not on a request, so rows of different requests can share 
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 import torch
 
-from millm.engine.detokenize import IncrementalDetokenizer
-from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TextDelta
+from millm.engine.jobs import GenerationJob, RowSpec, TextDelta
 from millm.engine.kv_cache import RowKV
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import PrefixCache, steering_key
-from millm.engine.reading import Capture, Reader, taps
-from millm.engine.residual import ResidualEdit, combined
+from millm.engine.reading import Reader, taps
+from millm.engine.residual import ResidualEdit
+from millm.engine.rows import RowState
 from millm.engine.runners import advance_prefill, begin_prefill
-from millm.engine.sampling import next_token
-from millm.engine.stopping import StopMatcher
-from millm.engine.watching import WatchState
-
-
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
-    """A row's own random stream: seeded when asked, otherwise from the OS's entropy."""
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
-    return generator
-
-
-class RowState:
-    """One row's progress: tokens so far, text decoding, stop matching, penalties' counts."""
-
-    def __init__(self, index: int, spec: RowSpec, lm: LoadedModel, job: GenerationJob):
-        self.index = index
-        self.spec = spec
-        self.job = job
-        self.eos = lm.eos_token_ids
-        self.generator = make_generator(spec.seed, lm.device)
-        self.detokenizer = IncrementalDetokenizer(lm.tokenizer, list(spec.prompt_ids))
-        self.stopper = StopMatcher(spec.stop)
-        self.generated: list[int] = []
-        self.counts: dict[int, int] = {}
-        self.finish_reason: str | None = None
-        self.constraint = lm.grammar.matcher(spec.constraint) if spec.constraint is not None else None
-        self.captures = [Capture(read, len(spec.prompt_ids)) for read in spec.reads]
-        self.watches = [WatchState(watch, len(spec.prompt_ids)) for watch in spec.watches]
-        self.readers: list[Reader] = [*self.captures, *self.watches]
-        self.fed = 0  # positions fed to the model so far (the prompt, then each sampled token but the last)
-        self.cached = 0  # prompt positions taken from a prefix cache
-        self._edits: dict[tuple[int, ...], ResidualEdit | None] = {(): spec.edit}
-
-    def end_events(self) -> list[Event]:
-        """What a finished row reports: each watch's verdict, each read's capture, then RowFinished."""
-        assert self.finish_reason is not None
-        tokens = list(self.spec.prompt_ids) + self.generated
-        verdicts = [watch.verdict(self.index, tokens, self.fed) for watch in self.watches]
-        reads = [capture.result(self.index, tokens) for capture in self.captures]
-        return [*verdicts, *reads, RowFinished(self.index, self.finish_reason, len(self.generated), self.cached)]
-
-    def edit(self) -> ResidualEdit | None:
-        """The edit of the position this row feeds next: its own, plus each steer watch steering there.
-
-        The same combination is the same object every time, so a lane restacks only on a change."""
-        if not self.watches:
-            return self.spec.edit
-        active = tuple(i for i, watch in enumerate(self.watches) if watch.steers(self.fed))
-        if active not in self._edits:
-            edit = self.spec.edit
-            for i in active:
-                edit = combined(edit, self.watches[i].watch.edit)
-            self._edits[active] = edit
-        return self._edits[active]
-
-    @property
-    def aborted(self) -> bool:
-        """Whether an abort watch fired: the row ends before sampling again."""
-        return any(watch.aborts for watch in self.watches)
-
-    def choose(self, logits: torch.Tensor) -> int:
-        """Sample this row's next token from its logits `[V]` (within its grammar, if it has one)."""
-        if self.constraint is not None:
-            logits = self.constraint.mask(logits)
-        seen_ids = seen_counts = None
-        if self.spec.sampling.penalised and self.counts:
-            seen_ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
-            seen_counts = torch.tensor(list(self.counts.values()), device=logits.device)
-        return next_token(logits, self.spec.sampling, self.generator, seen_ids, seen_counts)
-
-    def accept(self, token: int) -> str:
-        """Record a sampled token; return the text it releases and set finish_reason when done."""
-        self.generated.append(token)
-        self.counts[token] = self.counts.get(token, 0) + 1
-        if self.constraint is not None:
-            self.constraint.advance(token)
-        if token in self.eos:
-            return self._finish("stop")
-        text = self.stopper.push(self.detokenizer.push(token))
-        if self.stopper.matched is not None:
-            self.finish_reason = "stop"
-            return text
-        if self.constraint is not None and self.constraint.finished:
-            return text + self._finish("stop")  # the document is closed: only EOS could follow
-        if len(self.generated) >= self.spec.max_tokens:
-            return text + self._finish("length")
-        return text
-
-    def abort(self) -> str:
-        """End the row for an abort watch; return the text it still held (the trigger token's included)."""
-        text = self.stopper.push(self.detokenizer.flush())
-        if self.stopper.matched is None:
-            text += self.stopper.flush()
-        self.finish_reason = "content_filter"
-        return text
-
-    def _finish(self, reason: str) -> str:
-        # Whatever the detokenizer still holds may itself complete a stop string.
-        text = self.stopper.push(self.detokenizer.flush())
-        if self.stopper.matched is not None:
-            self.finish_reason = "stop"
-            return text
-        self.finish_reason = reason
-        return text + self.stopper.flush()
 
 
 def reusable(spec: RowSpec, exact: bool) -> int:
@@ -135,7 +29,12 @@ def reusable(spec: RowSpec, exact: bool) -> int:
     prefix gives the very tokens of a recomputed one (in bf16 arithmetic depends on shape)."""
     if spec.watches or (spec.seed is not None and not exact):
         return 0
-    return min([len(spec.prompt_ids) - 1, *(read.first_position(len(spec.prompt_ids)) for read in spec.reads)])
+    return min(
+        [
+            len(spec.prompt_ids) - 1,
+            *(read.first_position(len(spec.prompt_ids)) for read in spec.reads),
+        ]
+    )
 
 
 class Joining:
@@ -156,7 +55,9 @@ class Joining:
                 distinct[key] = len(distinct)
                 self.firsts.append(row)
         self.order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in self.rows]
-        self.readers: list[Sequence[Reader]] = [[] for _ in self.firsts]  # rows sharing a prefill share what it reads
+        self.readers: list[Sequence[Reader]] = [
+            [] for _ in self.firsts
+        ]  # rows sharing a prefill share what it reads
         limits = [len(first.spec.prompt_ids) - 1 for first in self.firsts]
         exact = lm.dtype == torch.float32
         for row, i in zip(self.rows, self.order, strict=True):
@@ -189,12 +90,20 @@ class Joining:
         store the prompts' blocks and return the joining batch with every row's logits `[rows, V]`."""
         prefill = self.prefill
         start, end = prefill.done, prefill.span(tokens)
-        firsts = [max(start, prefill.width - n) for n in prefill.lengths]  # each row's first column in this chunk
+        firsts = [
+            max(start, prefill.width - n) for n in prefill.lengths
+        ]  # each row's first column in this chunk
         real = [max(0, end - first) for first in firsts]
         readers = None
         if any(self.readers):
-            readers = taps([(wanted, first - (prefill.width - n), count)
-                            for wanted, first, n, count in zip(self.readers, firsts, prefill.lengths, real, strict=True)])
+            readers = taps(
+                [
+                    (wanted, first - (prefill.width - n), count)
+                    for wanted, first, n, count in zip(
+                        self.readers, firsts, prefill.lengths, real, strict=True
+                    )
+                ]
+            )
         self.lm.residual.install(self.edits, readers, real)
         logits = advance_prefill(self.lm.runner, prefill, end - start)
         if logits is None:
@@ -212,7 +121,9 @@ class Joining:
         runner = self.lm.runner
         for i, (first, key) in enumerate(zip(self.firsts, self.steering, strict=True)):
             if key is not None:
-                self.cache.store(first.spec.prompt_ids, key, partial(runner.row_kv, self.prefill.batch, i))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
+                # a cache exists only beside a chunked runner, which has row_kv
+                row_kv = partial(runner.row_kv, self.prefill.batch, i)  # type: ignore[attr-defined]
+                self.cache.store(first.spec.prompt_ids, key, row_kv)
 
 
 class Lane:
@@ -285,7 +196,14 @@ class Lane:
 
     def reset(self) -> None:
         """Drop every running row (after a failure the lane starts empty; a joining set is not touched)."""
-        self.rows, self.batch, self.logits, self.edits, self.stacked, self.open = [], None, None, None, [], {}
+        self.rows, self.batch, self.logits, self.edits, self.stacked, self.open = (
+            [],
+            None,
+            None,
+            None,
+            [],
+            {},
+        )
 
     def _restack(self, edits: list[ResidualEdit | None]) -> None:
         self.stacked = edits
@@ -334,7 +252,11 @@ class Lane:
                 self._finish(i, row, ended)
         for job, _ in ended:
             del self.open[job]
-        keep = [i for i, row in enumerate(self.rows) if row.finish_reason is None and not row.job.cancelled.is_set()]
+        keep = [
+            i
+            for i, row in enumerate(self.rows)
+            if row.finish_reason is None and not row.job.cancelled.is_set()
+        ]
         if not keep:
             self.reset()
             return ended
@@ -343,7 +265,9 @@ class Lane:
             self.rows = [self.rows[i] for i in keep]
             tokens = [tokens[i] for i in keep]
             self._restack([row.edit() for row in self.rows])
-        elif self.watching:  # a steer watch that fired (or ran out) changes its row's edit from here
+        elif (
+            self.watching
+        ):  # a steer watch that fired (or ran out) changes its row's edit from here
             edits = [row.edit() for row in self.rows]
             if any(new is not old for new, old in zip(edits, self.stacked, strict=True)):
                 self._restack(edits)
