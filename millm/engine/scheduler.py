@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from millm.engine.embed import run_embedding
+from millm.engine.failures import as_error
 from millm.engine.generate import Lane, run_job
 from millm.engine.jobs import EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
 from millm.engine.likelihood import run_likelihood
@@ -29,29 +30,19 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import PrefixCache
 from millm.engine.scoring import run_scoring
 from millm.errors import (
-    GenerationFailed,
-    InsufficientMemory,
     MillmError,
     QueueFull,
     ServerShuttingDown,
-    describe,
 )
 
 log = logging.getLogger(__name__)
 
 Job = GenerationJob | EmbeddingJob | ScoringJob | LikelihoodJob
-# CUDA raises torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError saying so.
-CPU_OOM_MESSAGES = ("can't allocate memory", "not enough memory")
-
-
-def out_of_memory(exc: Exception) -> bool:
-    """Whether a device (CUDA or the CPU's allocator) ran out of memory."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in CPU_OOM_MESSAGES)
 # Each kind of job but generation to its runner (the job argument is the key's type).
 RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {
-    EmbeddingJob: run_embedding, ScoringJob: run_scoring, LikelihoodJob: run_likelihood
+    EmbeddingJob: run_embedding,
+    ScoringJob: run_scoring,
+    LikelihoodJob: run_likelihood,
 }
 OUTCOMES = ("served", "cancelled", "failed")
 
@@ -59,14 +50,24 @@ OUTCOMES = ("served", "cancelled", "failed")
 class Scheduler:
     """Owns the model's compute: admits jobs up to a bound and runs them, serially or batched."""
 
-    def __init__(self, lm: LoadedModel, max_pending: int, *, batching: bool = False, max_batch: int = 16,
-                 prefix_cache_bytes: int = 0, prefill_chunk: int | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        max_pending: int,
+        *,
+        batching: bool = False,
+        max_batch: int = 16,
+        prefix_cache_bytes: int = 0,
+        prefill_chunk: int | None = None,
+    ):
         self.lm = lm
         self.max_pending = max_pending
         # A prefix cache needs a runner that restores KV into a prefill (the lean one); it belongs
         # to this model and goes with it.
         chunked = getattr(lm.runner, "chunked", False)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if chunked and prefix_cache_bytes > 0 else None
+        self.prefix_cache = (
+            PrefixCache(prefix_cache_bytes) if chunked and prefix_cache_bytes > 0 else None
+        )
         self.prefill_chunk = prefill_chunk if chunked else None
         mergeable = getattr(lm.runner, "mergeable", False)
         self.batching, self.max_batch = batching and mergeable, max_batch
@@ -86,7 +87,9 @@ class Scheduler:
         self._serial_rows = 0
         self.stats = {backend: dict.fromkeys(OUTCOMES, 0) for backend in ("serial", "batched")}
         loop = self._loop_batched if self.batching else self._loop_serial
-        self._thread = threading.Thread(target=loop, name=f"millm-scheduler[{lm.name}]", daemon=True)
+        self._thread = threading.Thread(
+            target=loop, name=f"millm-scheduler[{lm.name}]", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -156,7 +159,12 @@ class Scheduler:
                 job.fail(error)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.error("%s did not stop within %s s and may still be using the model (do not free it); it is at:\n%s", self._describe_thread(), timeout, self._stack())
+            log.error(
+                "%s did not stop within %s s and may still be using the model (do not free it); it is at:\n%s",
+                self._describe_thread(),
+                timeout,
+                self._stack(),
+            )
             return False
         return True
 
@@ -171,12 +179,18 @@ class Scheduler:
     def _stack(self) -> str:
         # Where the thread is stuck is what the operator needs to know, and only this thread can say.
         frame = sys._current_frames().get(self._thread.ident or -1)
-        return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack: the thread has just ended)"
+        return (
+            "".join(traceback.format_stack(frame))
+            if frame is not None
+            else "(no stack: the thread has just ended)"
+        )
 
     # shared by both policies -------------------------------------------------------------------
     def _fail_queued(self) -> None:
         """Under the lock: answer every queued job (the scheduler is stopping)."""
-        error = self._stop_error or ServerShuttingDown("the server shut down before this request ran")
+        error = self._stop_error or ServerShuttingDown(
+            "the server shut down before this request ran"
+        )
         for job in self._queue:
             job.fail(error)
         self._queue.clear()
@@ -202,10 +216,14 @@ class Scheduler:
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
         try:
-            outcome = run_job(self.lm, job, self.prefix_cache) if isinstance(job, GenerationJob) else RUNS[type(job)](self.lm, job)
+            outcome = (
+                run_job(self.lm, job, self.prefix_cache)
+                if isinstance(job, GenerationJob)
+                else RUNS[type(job)](self.lm, job)
+            )
             self._ended(job, backend, outcome)
         except Exception as exc:  # the job fails; the scheduler serves the next one
-            job.fail(self._as_error(exc))
+            job.fail(as_error(self.lm.device, exc))
             self._ended(job, backend, "failed")
         finally:
             self._serial_rows = 0
@@ -239,7 +257,9 @@ class Scheduler:
                     serial_free = False
                 else:
                     # One joining set at a time; a job wider than the batch bound still runs, alone.
-                    if batch.joining is not None or (rows and rows + len(job.rows) > self.max_batch):
+                    if batch.joining is not None or (
+                        rows and rows + len(job.rows) > self.max_batch
+                    ):
                         break
                     rows += len(job.rows)
             taken.append(self._queue.popleft())
@@ -251,7 +271,9 @@ class Scheduler:
         # constrained rows are refused upstream under batching, and would still run alone here.
         # A request's own SAE read is served on the serial path, as the spec says.
         return job.serial or any(
-            spec.seed is not None or spec.constraint is not None or any(r.tag == "activations" for r in spec.reads)
+            spec.seed is not None
+            or spec.constraint is not None
+            or any(r.tag == "activations" for r in spec.reads)
             for spec in job.rows
         )
 
@@ -297,7 +319,7 @@ class Scheduler:
             self._ended(job, backend, outcome)
 
     def _fail_joining(self, jobs, exc: Exception, backend: str) -> None:
-        error = self._as_error(exc)
+        error = as_error(self.lm.device, exc)
         for job in jobs:
             job.fail(error)
             self._ended(job, backend, "failed")
@@ -307,7 +329,7 @@ class Scheduler:
         try:
             ended = lane.step()
         except Exception as exc:
-            error = self._as_error(exc)
+            error = as_error(self.lm.device, exc)
             ended = []
             for job in lane.jobs:
                 job.fail(error)
@@ -322,11 +344,19 @@ class Scheduler:
         serial: Lane | None = None
         while True:
             with self._wake:
-                while not self._queue and not self._stopping and not batch.rows and batch.joining is None and serial is None:
+                while (
+                    not self._queue
+                    and not self._stopping
+                    and not batch.rows
+                    and batch.joining is None
+                    and serial is None
+                ):
                     self._wake.wait()
                 if self._stopping:
                     self._fail_queued()
-                    if self._stop_error is not None or not (batch.rows or batch.joining or serial is not None):
+                    if self._stop_error is not None or not (
+                        batch.rows or batch.joining or serial is not None
+                    ):
                         break
                     taken = []
                 else:
@@ -355,14 +385,3 @@ class Scheduler:
                 job.fail(self._stop_error or ServerShuttingDown("the server shut down"))
                 self._ended(job, backend, "failed")
         self.lm.residual.clear()
-
-    def _as_error(self, exc: Exception) -> MillmError:
-        if isinstance(exc, MillmError):
-            return exc
-        if out_of_memory(exc):
-            return InsufficientMemory(
-                f"{self.lm.device} ran out of memory during generation: the prompt and its KV cache do "
-                "not fit beside the model; shorten the prompt or max_tokens"
-            )
-        log.exception("generation failed")
-        return GenerationFailed(f"generation failed: {describe(exc)}")
