@@ -7,7 +7,8 @@ import pytest
 from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.service.serving.tools import CallHoldback, parse_tools, read_answer, tool_messages
+from millm.service.serving.tool_answers import CallHoldback, read_answer
+from millm.service.serving.tools import parse_tools, tool_messages
 
 WEATHER = {
     "type": "function",

@@ -34,7 +34,8 @@ from millm.service.probes.watches import NO_PROBES, ProbeSet
 from millm.service.serving.activations import ActivationRead, activations_block
 from millm.service.serving.generation import JobStream
 from millm.service.serving.replies import Admitted
-from millm.service.serving.tools import CallHoldback, ToolPlan, read_answer
+from millm.service.serving.tool_answers import CallHoldback, read_answer
+from millm.service.serving.tools import ToolPlan
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
-from typing import TypeGuard
 
 from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.engine.prompts import template_source
@@ -30,10 +28,9 @@ from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_rules import any_of, equals, when
 from millm.protocol.schema_subset import check_schema
-from millm.service.serving.structured import NAME, ConstrainedOutputInvalid
+from millm.service.serving.structured import NAME
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
 ANY_OBJECT = {"type": "object"}
 TOOL_PROMPT = (
     "You can call functions. The functions you may call are listed below as JSON, one per line.\n"
@@ -60,18 +57,33 @@ TOOL_SCHEMA = {
         },
     },
 }
-TOOL_CHOICE_SCHEMA = {"anyOf": [
-    {"enum": ["none", "auto", "required"]},
-    {"type": "object", "required": ["type", "function"], "properties": {
-        "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "pattern": NAME.pattern}}},
-    }},
-]}
+TOOL_CHOICE_SCHEMA = {
+    "anyOf": [
+        {"enum": ["none", "auto", "required"]},
+        {
+            "type": "object",
+            "required": ["type", "function"],
+            "properties": {
+                "type": {"const": "function"},
+                "function": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string", "pattern": NAME.pattern}},
+                },
+            },
+        },
+    ]
+}
 # A choice that forces a call needs tools to call (which one it names is checked against them).
-TOOL_SCHEMA_RULES = [when(
-    any_of(equals("tool_choice", "required"), {"required": ["tool_choice"], "properties": {"tool_choice": {"type": "object"}}}),
-    {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
-)]
+TOOL_SCHEMA_RULES = [
+    when(
+        any_of(
+            equals("tool_choice", "required"),
+            {"required": ["tool_choice"], "properties": {"tool_choice": {"type": "object"}}},
+        ),
+        {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+    )
+]
 
 
 @dataclass(frozen=True)
@@ -114,18 +126,25 @@ class ToolPlan:
         """The JSON Schema a forced call must follow: the named tool's arguments, or any tool's call."""
         if self.mode == "forced":
             assert self.forced is not None  # a forced plan names its tool
-            return GrammarSpec(json.dumps(closed(self.by_name[self.forced].parameters)), COMPACT, "tools")
+            return GrammarSpec(
+                json.dumps(closed(self.by_name[self.forced].parameters)), COMPACT, "tools"
+            )
         if self.mode == "required":
             calls = [
                 {
                     "type": "object",
-                    "properties": {"name": {"const": tool.name}, "arguments": closed(tool.parameters)},
+                    "properties": {
+                        "name": {"const": tool.name},
+                        "arguments": closed(tool.parameters),
+                    },
                     "required": ["name", "arguments"],
                     "additionalProperties": False,
                 }
                 for tool in self.tools
             ]
-            return GrammarSpec(json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}), COMPACT, "tools")
+            return GrammarSpec(
+                json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}), COMPACT, "tools"
+            )
         return None
 
 
@@ -157,7 +176,9 @@ def parse_tools(body: ChatCompletionRequest) -> ToolPlan | None:
     choice = body.tool_choice
     if not raw:
         if choice not in (None, "none", "auto"):
-            raise InvalidRequest("tool_choice forces a call but no tools were sent", param="tool_choice")
+            raise InvalidRequest(
+                "tool_choice forces a call but no tools were sent", param="tool_choice"
+            )
         return None
     tools = tuple(parse_tool(entry, i) for i, entry in enumerate(raw))
     by_name = {tool.name: tool for tool in tools}
@@ -168,10 +189,17 @@ def parse_tools(body: ChatCompletionRequest) -> ToolPlan | None:
         return ToolPlan(tools, "auto", parallel=parallel, by_name=by_name)
     if choice in ("none", "required"):
         return ToolPlan(tools, choice, parallel=parallel, by_name=by_name)
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+    ):
         name = choice["function"].get("name")
         if not isinstance(name, str) or name not in by_name:
-            raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools sent", param="tool_choice")
+            raise InvalidRequest(
+                f"tool_choice names {name!r}, which is not among the tools sent",
+                param="tool_choice",
+            )
         return ToolPlan(tools, "forced", forced=name, parallel=parallel, by_name=by_name)
     raise InvalidRequest(
         'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
@@ -182,15 +210,26 @@ def parse_tools(body: ChatCompletionRequest) -> ToolPlan | None:
 def parse_tool(entry, index: int) -> Tool:
     """One `{"type": "function", "function": {name, description, parameters}}` entry, checked."""
     where = f"tools[{index}]"
-    if not isinstance(entry, dict) or entry.get("type") != "function" or not isinstance(entry.get("function"), dict):
-        raise InvalidRequest(f'{where} must be {{"type": "function", "function": {{...}}}}', param=where)
+    if (
+        not isinstance(entry, dict)
+        or entry.get("type") != "function"
+        or not isinstance(entry.get("function"), dict)
+    ):
+        raise InvalidRequest(
+            f'{where} must be {{"type": "function", "function": {{...}}}}', param=where
+        )
     function = entry["function"]
     name = function.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise InvalidRequest(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'", param=f"{where}.function.name")
+        raise InvalidRequest(
+            f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
+            param=f"{where}.function.name",
+        )
     description = function.get("description")
     if description is not None and not isinstance(description, str):
-        raise InvalidRequest(f"{where}.function.description must be a string", param=f"{where}.function.description")
+        raise InvalidRequest(
+            f"{where}.function.description must be a string", param=f"{where}.function.description"
+        )
     parameters = function.get("parameters")
     if parameters is None:
         parameters = ANY_OBJECT
@@ -202,7 +241,9 @@ def parse_tool(entry, index: int) -> Tool:
 PROMPTED_MIN_PARAMETERS = 1_000_000_000
 
 
-def offer_decision(plan: ToolPlan | None, native: bool, parameters: int, setting: str) -> tuple[ToolPlan | None, list[str]]:
+def offer_decision(
+    plan: ToolPlan | None, native: bool, parameters: int, setting: str
+) -> tuple[ToolPlan | None, list[str]]:
     """Whether an "auto" request's tools are offered to a model whose template takes none: by
     MILLM_PROMPTED_TOOLS (auto: from 1B parameters; SmolLM2-135M made 0 calls in 20 tool-needing
     prompts). Not offered, the answer is text and the tool fields are reported ignored."""
@@ -211,7 +252,11 @@ def offer_decision(plan: ToolPlan | None, native: bool, parameters: int, setting
     offer = setting == "on" or (setting == "auto" and parameters >= PROMPTED_MIN_PARAMETERS)
     if offer:
         return plan, []
-    return ToolPlan(plan.tools, "none", parallel=plan.parallel, by_name=plan.by_name), ["tools", "tool_choice", "parallel_tool_calls"]
+    return ToolPlan(plan.tools, "none", parallel=plan.parallel, by_name=plan.by_name), [
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    ]
 
 
 def template_takes_tools(tokenizer) -> bool:
@@ -234,7 +279,10 @@ def tool_messages(messages: list[dict], plan: ToolPlan | None, native: bool) -> 
                 message["content"] = (message.get("content") or "") + blocks
         if message["role"] == "tool" and not native:
             # A template without tools may refuse unknown roles: results go back as a user turn.
-            message = {"role": "user", "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"}
+            message = {
+                "role": "user",
+                "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>",
+            }
         out.append(message)
     if plan is not None and plan.offered and not native:
         listed = "\n".join(json.dumps(tool.as_template()["function"]) for tool in plan.tools)
@@ -263,104 +311,3 @@ def native_call(call: dict) -> dict:
 
 
 # answers ---------------------------------------------------------------------------------------
-@dataclass
-class ToolAnswer:
-    """A choice's message once its text is read: content (or None) and tool calls."""
-
-    content: str | None
-    calls: list[dict]
-
-    def finish_reason(self, engine_reason: str | None) -> str | None:
-        """tool_calls when calls were made, else what the engine said."""
-        return "tool_calls" if self.calls else engine_reason
-
-
-def new_call(name: str, arguments: dict) -> dict:
-    """An OpenAI tool call object."""
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-
-
-def valid_arguments(arguments: object, tool: Tool) -> TypeGuard[dict]:
-    """Whether `arguments` is an object that validates against the tool's schema."""
-    from jsonschema import Draft202012Validator
-
-    return isinstance(arguments, dict) and not any(Draft202012Validator(tool.parameters).iter_errors(arguments))
-
-
-def read_answer(plan: ToolPlan, text: str, engine_reason: str | None, index: int) -> ToolAnswer:
-    """Turn a finished choice's text into content and calls, by the plan's mode."""
-    if plan.constrained:
-        return read_forced(plan, text, engine_reason, index)
-    if not plan.offered:
-        return ToolAnswer(text, [])
-    calls, spans = [], []
-    for match in CALL_BLOCK.finditer(text):
-        try:
-            body = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(body, dict):
-            continue
-        name, arguments = body.get("name"), body.get("arguments", body.get("parameters", {}))
-        tool = plan.by_name.get(name) if isinstance(name, str) else None  # a name that is no string names no tool
-        if tool is None or not valid_arguments(arguments, tool):
-            continue
-        calls.append(new_call(tool.name, arguments))
-        spans.append(match.span())
-    if not plan.parallel:
-        calls, spans = calls[:1], spans[:1]
-    if not calls:
-        return ToolAnswer(text, [])
-    rest, last = [], 0
-    for start, end in spans:
-        rest.append(text[last:start])
-        last = end
-    rest.append(text[last:])
-    content = "".join(rest).strip()
-    return ToolAnswer(content or None, calls)
-
-
-def read_forced(plan: ToolPlan, text: str, engine_reason: str | None, index: int) -> ToolAnswer:
-    """A forced call: the grammar made the text one JSON document; a cut one stays text."""
-    if engine_reason != "stop":
-        return ToolAnswer(text, [])  # cut by max_tokens: no call to report, the partial text is kept
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConstrainedOutputInvalid(f"choice {index}: the forced tool call is not valid JSON ({exc})") from None
-    if plan.mode == "forced":
-        name, arguments = plan.forced, document
-    else:
-        name, arguments = document.get("name"), document.get("arguments")
-    tool = plan.by_name.get(name) if isinstance(name, str) else None  # a name that is no string names no tool
-    if tool is None or not valid_arguments(arguments, tool):
-        raise ConstrainedOutputInvalid(f"choice {index}: the forced call to {name!r} does not validate against its parameters")
-    return ToolAnswer(None, [new_call(tool.name, arguments)])
-
-
-class CallHoldback:
-    """Streaming under "auto": passes text through until a call may be starting, then holds the
-    rest, so a call's markup never reaches the client as content."""
-
-    def __init__(self):
-        self.held = ""
-        self.calling = False
-
-    def push(self, text: str) -> str:
-        """Text safe to stream now."""
-        if self.calling:
-            self.held += text
-            return ""
-        combined = self.held + text
-        at = combined.find(OPEN)
-        if at >= 0:
-            self.calling, self.held = True, combined[at:]
-            return combined[:at]
-        keep = next((n for n in range(min(len(OPEN) - 1, len(combined)), 0, -1) if OPEN.startswith(combined[-n:])), 0)
-        self.held = combined[len(combined) - keep :]
-        return combined[: len(combined) - keep]
-
-    def flush(self) -> str:
-        """Everything held (at the end of the choice)."""
-        held, self.held = self.held, ""
-        return held
