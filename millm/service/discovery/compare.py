@@ -49,7 +49,7 @@ from millm.service.serving.prechecks import check_rows
 from millm.service.serving.prompts import conversation_ids
 from millm.service.serving.replies import Reply, Report
 from millm.service.serving.serving import generation_options, unused_fields
-from millm.service.steering.live import Plan
+from millm.service.steering.plan import Plan
 
 # The seed's promise: the same body and seed give the same texts, rows batched as they were.
 SEED_SCOPE = "batch-shape"

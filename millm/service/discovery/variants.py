@@ -26,7 +26,7 @@ from millm.errors import InvalidRequest, MillmError
 from millm.interp.intensity import Dial, parse_dial
 from millm.interp.steering import Attached, check_feature, pick_attached, steering_edit
 from millm.protocol.compare import AppliedFeature, AppliedSteering, FeatureSetting, Variant
-from millm.service.steering.live import NO_STEERING, Plan
+from millm.service.steering.plan import NO_STEERING, Plan
 from millm.service.steering.plans import Planner
 
 

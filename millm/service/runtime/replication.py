@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from millm.store.changes import ChangeListener, Topic
 from millm.store.database import Store
@@ -161,3 +162,20 @@ class Replication:
 
 def _nothing() -> None:
     """A topic no part of this process keeps a copy of."""
+
+
+class InStep(Protocol):
+    """Whether this process's copy of the stored state is known to be current (service/runtime/replication.py)."""
+
+    def in_step(self) -> tuple[bool, str]:
+        """(True, "") when current; else False and why."""
+
+
+class _AlwaysInStep:
+    """One process on its own database: its copy is current by construction."""
+
+    def in_step(self) -> tuple[bool, str]:
+        return True, ""
+
+
+ALWAYS_IN_STEP = _AlwaysInStep()

@@ -14,7 +14,7 @@ from millm.protocol.requests import SamplingFields
 from millm.service.probes.watches import NO_PROBES, ProbeSet
 from millm.service.serving.activations import ActivationRead
 from millm.service.serving.structured import Structured
-from millm.service.steering.live import NO_STEERING, Plan
+from millm.service.steering.plan import NO_STEERING, Plan
 
 
 @dataclass(frozen=True)

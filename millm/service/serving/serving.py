@@ -74,7 +74,7 @@ from millm.service.serving.structured import (
     validate_output,
 )
 from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
-from millm.service.steering.live import Plan
+from millm.service.steering.plan import Plan
 
 
 def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:

@@ -12,15 +12,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
 
-from millm.engine.jobs import Watch
 from millm.engine.loader import LoadedModel
-from millm.engine.residual import ResidualEdit
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, describe
 from millm.interp.formats import SAEInfo
 from millm.interp.steering import Attached, FeatureOp, check_feature, feature_edit, feature_op
+from millm.service.runtime.replication import ALWAYS_IN_STEP, InStep
 from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Refusals, Resolvers, Steered, resolve_spec
 from millm.service.steering.saes import SAERegistry
@@ -28,28 +25,6 @@ from millm.store.database import Store
 from millm.store.steering import SteeringRows, SteeringWriter, steering_change, steering_state
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a request is steered by: the engine's edit and the watches of its conditions (each row
-    carries both), what it is (X-miLLM-Steering), the resolved dial to echo
-    (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung)."""
-
-    edit: ResidualEdit | None
-    kind: str  # none | live | profile | cluster | circuit | request
-    params: tuple[tuple[str, object], ...] = ()
-    intensity: float | None = None
-    rung: int | None = None
-    watches: tuple[Watch, ...] = ()
-
-    @property
-    def steers(self) -> bool:
-        """Whether anything changes a row: an edit, or a condition that may."""
-        return self.edit is not None or bool(self.watches)
-
-
-NO_STEERING = Plan(None, "none")
 
 
 class Steering:
@@ -62,16 +37,28 @@ class Steering:
     replica's change arrives as a notice (service/runtime/replication.py), on which `reload` reads it too.
     `lock` guards the copy against the model-load and the notice threads."""
 
-    def __init__(self, store: Store, registry: SAERegistry, profiles: ProfileBook, replica: InStep | None = None,
-                 resolvers: Resolvers | None = None):
+    def __init__(
+        self,
+        store: Store,
+        registry: SAERegistry,
+        profiles: ProfileBook,
+        replica: InStep | None = None,
+        resolvers: Resolvers | None = None,
+    ):
         self.store, self.registry, self.profiles = store, registry, profiles
         self.replica = replica or ALWAYS_IN_STEP
         self.version, self.enabled = 0, True
         self.active: dict | None = None
         self.features: dict[str, dict[int, FeatureOp]] = {}
-        self.stored: dict[str, tuple[int, str | None]] = {}  # the stored attachments: sae_id -> (layer, model)
-        self.attached: dict[str, Attached] = {}  # those this process has attached to its loaded model
-        self.resolvers = resolvers or Resolvers()  # how specs reach probes, vectors and the loaded model
+        self.stored: dict[
+            str, tuple[int, str | None]
+        ] = {}  # the stored attachments: sae_id -> (layer, model)
+        self.attached: dict[
+            str, Attached
+        ] = {}  # those this process has attached to its loaded model
+        self.resolvers = (
+            resolvers or Resolvers()
+        )  # how specs reach probes, vectors and the loaded model
         self.attach_errors: dict[str, str] = {}
         # In memory only: moves with every reload and also when attachments change here without a
         # stored change (a restore, an unload), so a plan cached for one state is never served in another.
@@ -88,7 +75,10 @@ class Steering:
     def _apply(self, rows: SteeringRows) -> None:
         self.version, self.enabled, self.active = rows.version, rows.enabled, rows.active
         self.features = {
-            sae_id: {index: FeatureOp(row["op"], row["strength"], row["value"]) for index, row in ops.items()}
+            sae_id: {
+                index: FeatureOp(row["op"], row["strength"], row["value"])
+                for index, row in ops.items()
+            }
             for sae_id, ops in rows.features.items()
         }
         self.stored = dict(rows.attachments)
@@ -113,8 +103,12 @@ class Steering:
         self.version = change.version
         self.changes += 1
 
-    def _take(self, write: tuple, features: dict[str, dict[int, FeatureOp]],
-              stored: dict[str, tuple[int, str | None]]) -> None:
+    def _take(
+        self,
+        write: tuple,
+        features: dict[str, dict[int, FeatureOp]],
+        stored: dict[str, tuple[int, str | None]],
+    ) -> None:
         """One write of this process's change, applied to the new copy as the store now holds it."""
         kind, *args = write
         if kind == "features":
@@ -128,7 +122,9 @@ class Steering:
                 if setting is None:
                     ops.pop(index, None)
                 else:
-                    ops[index] = FeatureOp(setting["op"], setting.get("strength") or 0.0, setting.get("value"))
+                    ops[index] = FeatureOp(
+                        setting["op"], setting.get("strength") or 0.0, setting.get("value")
+                    )
                 if not ops:
                     del features[sae_id]
         elif kind == "attachment":
@@ -149,7 +145,9 @@ class Steering:
         return change.version
 
     # attachments ----------------------------------------------------------------------------------
-    def attach(self, lm: LoadedModel | None, sae_id: str, layer: int | None, restoring: bool = False) -> Attached:
+    def attach(
+        self, lm: LoadedModel | None, sae_id: str, layer: int | None, restoring: bool = False
+    ) -> Attached:
         """Attach an SAE to the loaded model at its hook layer (or `layer`), after checking it fits.
 
         `restoring` re-creates a stored attachment here (after a load, or one made by another
@@ -160,11 +158,15 @@ class Steering:
         info = self.registry.get(sae_id)
         layer = info.layer if layer is None else layer
         if layer is None:
-            raise InvalidRequest(f"{sae_id} names no layer (its file has no hook layer); give layer", param="layer")
+            raise InvalidRequest(
+                f"{sae_id} names no layer (its file has no hook layer); give layer", param="layer"
+            )
         check_fits(info, layer, lm)
         sae = self.registry.load(sae_id).to(lm.device)
         with self.lock:
-            if not restoring:  # stored first: a write that fails leaves nothing attached here either
+            if (
+                not restoring
+            ):  # stored first: a write that fails leaves nothing attached here either
                 with self._change() as change:
                     change.attachment(sae_id, layer, lm.name)
             attached = Attached(info, sae, layer)
@@ -189,13 +191,17 @@ class Steering:
             self.attached.clear()
             self.changes += 1
 
-    def restore(self, lm: LoadedModel | None, may_read: Callable[[str], None] | None = None) -> None:
+    def restore(
+        self, lm: LoadedModel | None, may_read: Callable[[str], None] | None = None
+    ) -> None:
         """Make what is attached here match the stored attachments for `lm` (after a load, or another
         replica's attach or detach). An SAE this process cannot attach (another model's, a path it may
         not read, a file it lacks, a misfit) is recorded in `attach_errors`, never fatal."""
         with self.lock:
             stored = dict(self.stored)
-            for sae_id in [s for s, a in self.attached.items() if stored.get(s, (None,))[0] != a.layer]:
+            for sae_id in [
+                s for s, a in self.attached.items() if stored.get(s, (None,))[0] != a.layer
+            ]:
                 del self.attached[sae_id]
                 self.changes += 1
             for sae_id in [s for s in self.attach_errors if s not in stored]:
@@ -207,7 +213,10 @@ class Steering:
                 continue
             try:
                 if model is not None and model != lm.name:
-                    raise Conflict(f"attached on model {model!r}; this replica serves {lm.name!r}", param="sae_id")
+                    raise Conflict(
+                        f"attached on model {model!r}; this replica serves {lm.name!r}",
+                        param="sae_id",
+                    )
                 if may_read is not None:
                     may_read(self.registry.get(sae_id).path)
                 self.attach(lm, sae_id, layer, restoring=True)
@@ -221,15 +230,25 @@ class Steering:
             self.changes += 1  # the errors are part of what plans and views report
 
     # live values ---------------------------------------------------------------------------------------
-    def set_features(self, changes: dict[tuple[str, int], FeatureOp | float | None], clear: str | bool = False) -> int:
+    def set_features(
+        self, changes: dict[tuple[str, int], FeatureOp | float | None], clear: str | bool = False
+    ) -> int:
         """Apply validated changes atomically (a number is an add's strength; None, or an add of 0,
         removes a feature); returns the new version. An op the attached SAE cannot honour is a 400."""
         wanted = {key: _live_op(value) for key, value in changes.items()}
-        for sae_id, index in wanted:  # the op's own fields were checked where it was made (feature_op)
+        for (
+            sae_id,
+            index,
+        ) in wanted:  # the op's own fields were checked where it was made (feature_op)
             check_feature(self.registry.get(sae_id), index)
         with self.lock:
             self._check_honoured(wanted)
-            stored = {key: None if op is None else {"op": op.op, "strength": op.strength, "value": op.value} for key, op in wanted.items()}
+            stored = {
+                key: None
+                if op is None
+                else {"op": op.op, "strength": op.strength, "value": op.value}
+                for key, op in wanted.items()
+            }
             with self._change() as change:
                 change.features(stored, clear)
             return change.version
@@ -306,34 +325,28 @@ class Steering:
         if not self.enabled:
             return False, "steering is disabled"
         if self.active is not None:
-            return False, f"a {self.active['kind']} is active; live values apply once it is deactivated"
+            return (
+                False,
+                f"a {self.active['kind']} is active; live values apply once it is deactivated",
+            )
         if sae_id is not None and sae_id not in self.attached:
             if sae_id in self.attach_errors:
-                return False, f"{sae_id} is attached in the shared state but not on this replica: {self.attach_errors[sae_id]}"
+                return (
+                    False,
+                    f"{sae_id} is attached in the shared state but not on this replica: {self.attach_errors[sae_id]}",
+                )
             return False, f"{sae_id} is not attached"
         if sae_id is None and not self.attached:
             return False, "no SAE is attached"
         return True, "live for every request admitted from now on"
 
 
-class InStep(Protocol):
-    """Whether this process's copy of the stored state is known to be current (service/runtime/replication.py)."""
-
-    def in_step(self) -> tuple[bool, str]:
-        """(True, "") when current; else False and why."""
-
-
-class _AlwaysInStep:
-    """One process on its own database: its copy is current by construction."""
-
-    def in_step(self) -> tuple[bool, str]:
-        return True, ""
-
-
-ALWAYS_IN_STEP = _AlwaysInStep()
-
-
-def profile_edit(document: dict, attached: dict[str, Attached], scale: float = 1.0, resolvers: Resolvers | None = None) -> Steered:
+def profile_edit(
+    document: dict,
+    attached: dict[str, Attached],
+    scale: float = 1.0,
+    resolvers: Resolvers | None = None,
+) -> Steered:
     """A profile's edit and watches through these attached SAEs, its add strengths times `scale` (the dial).
 
     Every SAE it names must be attached at the profile's layer, every index fit, every op be

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from millm.interp.steering import Attached, FeatureOp
 from millm.service.steering.books import Shelf
-from millm.service.steering.live import Plan
+from millm.service.steering.plan import Plan
 
 PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
 

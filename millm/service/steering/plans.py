@@ -46,7 +46,8 @@ from millm.interp.steering import InvalidFeatureIndex, feature_edit
 from millm.service.steering.base_fit import BaseUnfit, DialLimits, _circuit_status
 from millm.service.steering.books import Shelf
 from millm.service.steering.documents import CircuitBook, ClusterBook, stored_document
-from millm.service.steering.live import NO_STEERING, Plan, Steering, profile_edit
+from millm.service.steering.live import Steering, profile_edit
+from millm.service.steering.plan import NO_STEERING, Plan
 from millm.service.steering.plan_cache import PlanCache, Snapshot
 from millm.service.steering.resolution import Refusals, resolve_spec
 
