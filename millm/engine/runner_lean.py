@@ -23,101 +23,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from millm.engine.attention import Masks, RopeTable, attend, decode_masks, prefill_masks, rotate
 from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
 from millm.engine.families import (
-    AttentionLayout,
     BlockLayout,
     ModelLayout,
-    Rotary,
     layout,
     supported,
 )
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 from millm.engine.kv_cache import KVBuffer, LayerCache, RowKV
-
-
-class RopeTable:
-    """cos/sin per position, computed by the model's own rotary embedding (so any rope scaling holds)."""
-
-    def __init__(self, rotary: Rotary, dtype, device, length: int = 4096):
-        self.rotary, self.dtype, self.device = rotary, dtype, device
-        self._grow(length)
-
-    def _grow(self, length: int) -> None:
-        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
-        cos, sin = self.rotary(probe, torch.arange(length, device=self.device)[None])
-        self.cos, self.sin = cos[0], sin[0]
-
-    def __call__(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) `[B, T, rotary_dim]` for position ids `[B, T]`."""
-        needed = int(pos.max()) + 1
-        if needed > self.cos.shape[0]:
-            self._grow(max(needed, 2 * self.cos.shape[0]))
-        return self.cos[pos], self.sin[pos]
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE (rotate_half convention) to the first cos.shape[-1] dims of x (all of them but in GPT-NeoX)."""
-    width = cos.shape[-1]
-    if width < x.shape[-1]:
-        return torch.cat((rotate(x[..., :width], cos, sin), x[..., width:]), dim=-1)
-    half = width // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-@dataclass(frozen=True)
-class Masks:
-    """Attention masks of one forward pass, `[B, 1, Tq, Tk]` bool (True: seen). None: plain causal
-    (every key seen in a decode step). In a decode step the sliding layers cut the keys themselves."""
-
-    full: torch.Tensor | None
-    sliding: torch.Tensor | None
-
-
-def prefill_masks(mask: torch.Tensor, window: int | None, start: int = 0) -> Masks:
-    """Masks for a prefill of left-padded rows (`mask` [B, T], 0 over padding) whose queries are
-    columns `start`..T (a chunk after `start` columns already in the cache; 0: the whole prompt)."""
-    padded = not bool(mask.all())
-    width = mask.shape[1]
-    if start == 0 and not padded and (window is None or width <= window):
-        return Masks(None, None)  # plain causal: SDPA's own (top-left aligned, right for a square)
-    queries = torch.arange(start, width, device=mask.device)[:, None]
-    keys = torch.arange(width, device=mask.device)[None]
-    # Causal, padding keys hidden, and each position sees itself: a padding query would otherwise
-    # see no key at all and SDPA would return NaN there, which the cache would carry on.
-    full = ((keys <= queries)[None] & mask.bool()[:, None, :]) | (keys == queries)[None]
-    if window is None:
-        return Masks(full[:, None], full[:, None])
-    return Masks(full[:, None], (full & ((queries - keys) < window)[None])[:, None])
-
-
-def decode_masks(mask: torch.Tensor, padded: bool) -> Masks:
-    """Masks for one new token per row."""
-    full = mask.bool()[:, None, None, :] if padded else None
-    return Masks(full, full)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, spec: AttentionLayout) -> torch.Tensor:
-    """Attention of queries `[B, H, Tq, D]` over keys/values `[B, KV, Tk, D]` as the family computes it."""
-    width = q.shape[2]
-    if spec.window is not None and width == 1 and k.shape[2] > spec.window:
-        k, v = k[:, :, -spec.window :], v[:, :, -spec.window :]
-        mask = None if mask is None else mask[..., -spec.window :]
-    if spec.softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and width > 1, scale=spec.scaling, enable_gqa=True)
-    # SDPA has no soft-capping: Gemma 2's eager attention, scores capped by tanh before the mask.
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * spec.scaling
-    scores = torch.tanh(scores / spec.softcap) * spec.softcap
-    if mask is None and width > 1:
-        mask = torch.ones(width, k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - width)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def fuse_block(block: BlockLayout, plan: KernelPlan) -> None:
@@ -228,7 +144,14 @@ class LeanRunner:
         """Whether the lean runner serves this model."""
         return supported(model.config)
 
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, body: KernelPlan | None, head: KernelPlan | None):
+    def __init__(
+        self,
+        model,
+        device: torch.device,
+        dtype: torch.dtype,
+        body: KernelPlan | None,
+        head: KernelPlan | None,
+    ):
         self.model, self.device, self.dtype = model, device, dtype
         found = layout(model)
         if found is None:
@@ -237,7 +160,11 @@ class LeanRunner:
         self.name = f"lean ({found.family})"
         body = body or KernelPlan(device, dtype, int4=False)
         lm_head = found.head
-        head_fn = head.linear(lm_head.weight, lm_head.bias) if head is not None else dense_linear(lm_head.weight, lm_head.bias)
+        head_fn = (
+            head.linear(lm_head.weight, lm_head.bias)
+            if head is not None
+            else dense_linear(lm_head.weight, lm_head.bias)
+        )
         for block in found.blocks:
             fuse_block(block, body)
         head_dtype = head.dtype if head is not None else dtype
@@ -249,7 +176,9 @@ class LeanRunner:
         self.kv_heads, self.head_dim = first.kv_heads, first.head_dim
         windows = {b.attention.window for b in found.blocks if b.attention.window is not None}
         if len(windows) > 1:
-            raise ValueError(f"the lean runner takes one sliding window per model, not {sorted(windows)}")
+            raise ValueError(
+                f"the lean runner takes one sliding window per model, not {sorted(windows)}"
+            )
         self.window = next(iter(windows), None)
         # Layers grouped by window (None: global), each group one buffer; where[i] = (group, index in it).
         by_window: dict[int | None, list[int]] = {}
@@ -265,7 +194,9 @@ class LeanRunner:
         """Every RoPE table's (cos, sin) for position ids `[B, T]`."""
         return {name: table(pos) for name, table in self.ropes.items()}
 
-    def _hidden(self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache) -> torch.Tensor:
+    def _hidden(
+        self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache
+    ) -> torch.Tensor:
         x = self.layout.embed(ids, pos)
         ropes = self.rope(pos)
         for block in self.layout.blocks:
@@ -287,14 +218,27 @@ class LeanRunner:
         groups = []
         for keep, layers in self.groups:
             held = capacity if keep is None else min(capacity, max(width, 2 * keep))
-            groups.append(KVBuffer(len(layers), rows, self.kv_heads, held, self.head_dim, self.dtype, self.device, keep))
+            groups.append(
+                KVBuffer(
+                    len(layers),
+                    rows,
+                    self.kv_heads,
+                    held,
+                    self.head_dim,
+                    self.dtype,
+                    self.device,
+                    keep,
+                )
+            )
         return LayerCache(groups, self.where)
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
         ids, mask = left_pad(prompts, self.device)
         rows, width = ids.shape
-        x = self._hidden(ids, positions(mask), prefill_masks(mask, self.window), self._buffer(rows, width, width))
+        x = self._hidden(
+            ids, positions(mask), prefill_masks(mask, self.window), self._buffer(rows, width, width)
+        )
         return self.layout.final_norm(x), mask
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
@@ -309,7 +253,9 @@ class LeanRunner:
         assert logits is not None  # one pass covers every column
         return prefill.batch, logits
 
-    def begin(self, prompts: list[list[int]], capacity: int, restored: list[RowKV | None] | None = None) -> LeanPrefill:
+    def begin(
+        self, prompts: list[list[int]], capacity: int, restored: list[RowKV | None] | None = None
+    ) -> LeanPrefill:
         """A prefill of left-padded prompts, nothing computed yet; row i may bring the KV of its
         first positions (`restored[i]`), and keeps as many of them as every row can skip together:
         the columns before the widest remaining part, which all rows then compute as one block."""
@@ -336,7 +282,12 @@ class LeanRunner:
         start, end = prefill.done, prefill.span(tokens)
         mask = prefill.batch.mask[:, :end]
         pos = positions(mask)[:, start:]
-        x = self._hidden(prefill.ids[:, start:end], pos, prefill_masks(mask, self.window, start), prefill.batch.kv)
+        x = self._hidden(
+            prefill.ids[:, start:end],
+            pos,
+            prefill_masks(mask, self.window, start),
+            prefill.batch.kv,
+        )
         prefill.done = end
         return self._last_logits(x) if prefill.finished else None
 
@@ -351,14 +302,20 @@ class LeanRunner:
             if held < 0:
                 return None
             columns = slice(held, held + end - start)
-            parts.append((group.keys[:, row, :, columns].clone(), group.values[:, row, :, columns].clone()))
+            parts.append(
+                (group.keys[:, row, :, columns].clone(), group.values[:, row, :, columns].clone())
+            )
         return parts
 
     def step(self, batch: LeanBatch, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed each row its newest token; returns the next-token logits `[B, V]`."""
         batch.mask = extend_mask(batch.mask)
         pos = batch.mask.sum(-1, keepdim=True) - 1
-        return self._last_logits(self._hidden(next_ids.view(-1, 1), pos, decode_masks(batch.mask, batch.padded), batch.kv))
+        return self._last_logits(
+            self._hidden(
+                next_ids.view(-1, 1), pos, decode_masks(batch.mask, batch.padded), batch.kv
+            )
+        )
 
     def select_rows(self, batch: LeanBatch, indices: list[int]) -> None:
         """Keep (or repeat) rows by index, in the given order; padding no row needs any more is cut."""
