@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: validate, serve, respond."""
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings: serve a body its model has
+checked (field policy and cross-field rules: protocol/requests.py), and respond."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from fastapi import APIRouter, Request
 from millm.api.deps import facades, settings_of
 from millm.api.headers import STRICT_HEADER, strict_mode
 from millm.api.replies import respond, unless_client_leaves
-from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, check_fields
 from millm.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -32,9 +32,6 @@ def ignored_cap(request: Request) -> int:
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
-    check_fields(
-        body.model_dump(exclude_unset=True), CHAT, scoring=body.scoring, streaming=bool(body.stream)
-    )
     reply = await unless_client_leaves(
         request, facades(request).serving.chat(body, strict(request))
     )
@@ -44,12 +41,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/v1/completions", summary="Text completion (no chat template), or scoring mode")
 async def completions(body: CompletionRequest, request: Request):
     """Continue each prompt verbatim (one choice per prompt), or score its next token."""
-    check_fields(
-        body.model_dump(exclude_unset=True),
-        COMPLETIONS,
-        scoring=body.scoring,
-        streaming=bool(body.stream),
-    )
     reply = await unless_client_leaves(
         request, facades(request).serving.complete(body, strict(request))
     )
@@ -59,7 +50,6 @@ async def completions(body: CompletionRequest, request: Request):
 @router.post("/v1/embeddings", summary="Text embeddings (always unsteered)")
 async def embeddings(body: EmbeddingRequest, request: Request):
     """Mean-pooled last hidden layer over each input's real tokens."""
-    check_fields(body.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False)
     reply = await unless_client_leaves(
         request, facades(request).serving.embed(body, strict(request))
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import http_sfv
 
 from millm.errors import InvalidRequest
-from millm.protocol.unused_fields import (
+from millm.protocol.field_policy import (
     percent_encode,
 )  # one encoding for every name a header carries
 

@@ -20,6 +20,7 @@ from millm.interp.probe_documents import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.protocol import field_policy
 from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
+from millm.protocol.request_rules import scoring_schema_rules
 from millm.protocol.requests import (
     BUDGET_RULES,
     CHAT_SCORING,
@@ -31,13 +32,12 @@ from millm.protocol.requests import (
     TOKEN_IDS_SCHEMA,
     TOP_LOGPROBS_RULES,
 )
+from millm.protocol.response_format import NAME as SCHEMA_NAME
+from millm.protocol.response_format import response_format_schema_rules
 from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
 from millm.protocol.schema_subset import SUBSET_SCHEMA
 from millm.service.probes.watches import MAX_REQUEST_PROBES
 from millm.service.serving.activations import READ_SCHEMA
-from millm.service.serving.scoring import scoring_schema_rules
-from millm.service.serving.structured import NAME as SCHEMA_NAME
-from millm.service.serving.structured import response_format_schema_rules
 from millm.service.serving.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
 from millm.settings import Settings
 

@@ -1,4 +1,4 @@
-"""POST /v1/responses, and GET / DELETE of stored responses: validate, serve, respond."""
+"""POST /v1/responses (a body its model has checked), and GET / DELETE of stored responses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request
 from millm.api.completions import ignored_cap, strict
 from millm.api.deps import facades
 from millm.api.replies import event_frames, respond, unless_client_leaves
-from millm.protocol.field_policy import check_responses_fields
 from millm.protocol.responses_api import DeletedResponse, InputItemList, Response, ResponsesRequest
 
 router = APIRouter()
@@ -29,7 +28,6 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
 )
 async def create_response(body: ResponsesRequest, request: Request):
     """Answer the input (continuing previous_response_id's conversation) as chat completions would, steered alike."""
-    check_responses_fields(body.model_dump(exclude_unset=True))
     reply = await unless_client_leaves(
         request, facades(request).responses.create(body, strict(request))
     )

@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from millm.interp.intensity import ENVELOPE_MAX, STRENGTH_LIMIT
 from millm.protocol.completion_objects import Usage, WireModel
-from millm.protocol.requests import ChatMessage, GenerationFields
+from millm.protocol.requests import ChatMessage, GenerationFields, RowCount
 from millm.protocol.schema_rules import any_of, sent, when
 
 MAX_VARIANTS = 8  # rows of one comparison: each is a row of the batch, decoded side by side
@@ -123,6 +123,11 @@ class CompareRequest(GenerationFields):
     variants: Annotated[list[VariantItem], Field(min_length=1, max_length=MAX_VARIANTS)] = Field(
         default_factory=lambda: list(DEFAULT_VARIANTS), validate_default=True
     )
+
+    @property
+    def row_count(self) -> RowCount:
+        """One conversation, a row per variant."""
+        return RowCount(len(self.variants), "variants", "variants")
 
     @field_validator("variants", mode="before")
     @classmethod

@@ -6,11 +6,35 @@ fields, so the field policy can report or refuse them instead of dropping them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from millm.errors import InvalidRequest
+from millm.protocol.body_fields import (
+    Choices,
+    OpenBody,
+    Penalty,
+    Seed,
+    Temperature,
+    TokenCount,
+    TokenIds,
+    TopN,
+    TopP,
+)
+from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, check_fields
+from millm.protocol.request_rules import (
+    check_scoring,
+    check_template_kwargs,
+    refuse_multi_row_reads,
+)
+from millm.protocol.response_format import (
+    ResponseFormat,
+    Structured,
+    refuse_combinations,
+    structured_of,
+)
 from millm.protocol.schema_rules import (
     absent_or_null,
     any_of,
@@ -21,7 +45,6 @@ from millm.protocol.schema_rules import (
 )
 
 MAX_STOP_SEQUENCES = 4
-MAX_CHOICES = 128
 
 # The rules below as JSON Schema, for the served OpenAPI schema (api/openapi.py puts them there).
 TEXT_PART_SCHEMA: dict[str, Any] = {
@@ -61,20 +84,14 @@ PROMPT_SCHEMA = {
     ]
 }
 
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(ge=0.0, le=1.0)]
-TopN = Annotated[int, Field(ge=0, le=20)]
-TokenIds = Annotated[list[int], Field(min_length=1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
-TokenCount = Annotated[int, Field(ge=1)]
-Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
 
+@dataclass(frozen=True)
+class RowCount:
+    """The rows a body makes before `n` multiplies them, and the field that made them (for a refusal)."""
 
-class OpenBody(BaseModel):
-    """Strict parsing that keeps unknown fields for the field policy."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
+    units: int
+    param: str
+    what: str
 
 
 class TextPart(OpenBody):
@@ -195,48 +212,10 @@ class SamplingFields(GenerationFields):
     # miLLM: this request's own steering, a profile document's steering part (checked in service/serving/prechecks.py)
     steering: dict | None = None
 
-
-class JsonSchemaFormat(OpenBody):
-    """response_format.json_schema: {name, strict, schema, description}."""
-
-    name: str | None = None
-    strict: bool | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
-    description: str | None = None
-
-
-class ResponseFormat(OpenBody):
-    """response_format: text, json_object or json_schema."""
-
-    type: str
-    json_schema: JsonSchemaFormat | None = None
-
-
-# Names in a chat template's namespace that millm fills from the request (or that are options of
-# transformers' apply_chat_template rather than template variables).
-RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {
-        "messages",
-        "tools",
-        "documents",
-        "add_generation_prompt",
-        "continue_final_message",
-        "chat_template",
-        "tokenize",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "tokenizer_kwargs",
-        "bos_token",
-        "eos_token",
-        "pad_token",
-        "unk_token",
-        "raise_exception",
-    }
-)
+    @property
+    def scoring_temperature(self) -> float:
+        """What scoring mode divides the logits by (0: no scaling); OpenAI's default is 1."""
+        return 1.0 if self.temperature is None else self.temperature
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -258,21 +237,16 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None
     return_tokens_as_token_ids: bool | None = None
-    # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see RESERVED_TEMPLATE_VARIABLES.
+    # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see check_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs_leave_millms_own_alone(cls, value):
-        # These are what millm itself hands the template (or apply_chat_template's own options):
-        # a request that set them would silently replace the conversation, its tools or its turn.
-        taken = [key for key in value or {} if key in RESERVED_TEMPLATE_VARIABLES]
-        if taken:
-            raise InvalidRequest(
-                f"chat_template_kwargs may not set {', '.join(taken)}: millm renders these itself from the request",
-                param=f"chat_template_kwargs.{taken[0]}",
-            )
+        check_template_kwargs(value)
         return value
+
+    _structured: Structured | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):
@@ -281,10 +255,49 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         return self
 
+    @model_validator(mode="after")
+    def _fields_honoured(self):
+        check_fields(
+            self.model_dump(exclude_unset=True),
+            CHAT,
+            scoring=self.scoring,
+            streaming=bool(self.stream),
+        )
+        return self
+
+    # After the field policy, in the order a client would fix them: the format, then scoring.
+    @model_validator(mode="after")
+    def _response_format_rules(self):
+        self._structured = structured_of(self.response_format)
+        if self._structured is not None:
+            refuse_combinations(self)
+        return self
+
+    @model_validator(mode="after")
+    def _scoring_rules(self):
+        if self.scoring:
+            check_scoring(self)
+        return self
+
+    @model_validator(mode="after")
+    def _one_read_row(self):
+        refuse_multi_row_reads(self, 1)
+        return self
+
     @property
     def scoring(self) -> bool:
         """Chat scoring: the next token's distribution instead of generated text."""
         return self.logprobs is True or self.allowed_token_ids is not None
+
+    @property
+    def row_count(self) -> RowCount:
+        """A row per conversation: `messages` and each of `extra_messages`."""
+        return RowCount(1 + len(self.extra_messages or []), "extra_messages", "conversations")
+
+    @property
+    def structured(self) -> Structured | None:
+        """The output constraint response_format asks for (None for text), checked while parsing."""
+        return self._structured
 
 
 class CompletionRequest(SamplingFields):
@@ -309,12 +322,47 @@ class CompletionRequest(SamplingFields):
         """Scoring mode: next-token log-probabilities instead of generated text."""
         return self.logprobs is not None or self.allowed_token_ids is not None
 
+    @property
+    def row_count(self) -> RowCount:
+        """A row per prompt."""
+        return RowCount(len(listed_inputs(self.prompt)), "prompt", "prompts")
+
     @field_validator("prompt")
     @classmethod
     def _non_empty_list(cls, value):
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be an empty list")
         return value
+
+    @model_validator(mode="after")
+    def _fields_honoured(self):
+        check_fields(
+            self.model_dump(exclude_unset=True),
+            COMPLETIONS,
+            scoring=self.scoring,
+            streaming=bool(self.stream),
+        )
+        return self
+
+    @model_validator(mode="after")
+    def _scoring_rules(self):
+        if self.scoring:
+            check_scoring(self)
+        return self
+
+    @model_validator(mode="after")
+    def _one_read_row(self):
+        refuse_multi_row_reads(self, len(listed_inputs(self.prompt)))
+        return self
+
+
+def listed_inputs(value) -> list:
+    """A prompt or input (a string, a token-id list, or a list of either) as a list of items."""
+    if isinstance(value, str):
+        return [value]
+    if value and all(isinstance(v, int) for v in value):
+        return [value]
+    return list(value)
 
 
 class EmbeddingRequest(OpenBody):
@@ -324,3 +372,10 @@ class EmbeddingRequest(OpenBody):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_honoured(self):
+        check_fields(
+            self.model_dump(exclude_unset=True), EMBEDDINGS, scoring=False, streaming=False
+        )
+        return self

@@ -12,10 +12,11 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from millm.protocol.body_fields import OpenBody, Seed, Temperature, TokenCount, TopP
 from millm.protocol.completion_objects import WireModel
-from millm.protocol.requests import OpenBody, Seed, Temperature, TokenCount, TopP
+from millm.protocol.field_policy import check_responses_fields
 
 # OpenAI's limits on metadata: 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -165,6 +166,11 @@ class ResponsesRequest(OpenBody):
     steering: dict | None = None
     return_sae_activations: dict | None = None
     probes: list[str | dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _fields_honoured(self):
+        check_responses_fields(self.model_dump(exclude_unset=True))
+        return self
 
     @field_validator("input")
     @classmethod

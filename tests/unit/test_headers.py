@@ -5,7 +5,7 @@ import pytest
 
 from millm.api.headers import seed_header, strict_mode, string_list, token
 from millm.errors import InvalidRequest
-from millm.protocol.unused_fields import percent_encode
+from millm.protocol.field_policy import percent_encode
 
 
 def parse_list(text: str) -> list[str]:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from millm.api.headers import item, string_list, token
-from millm.protocol.unused_fields import PRINTABLE_ASCII, percent_encode
+from millm.protocol.field_policy import PRINTABLE_ASCII, percent_encode
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)
 INTEGERS = st.integers(-999_999_999_999_999, 999_999_999_999_999)  # RFC 8941's integer range

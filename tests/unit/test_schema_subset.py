@@ -2,8 +2,10 @@
 
 import pytest
 
+from millm.errors import ConstrainedOutputInvalid
+from millm.protocol.response_format import Structured
 from millm.protocol.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
-from millm.service.serving.structured import ConstrainedOutputInvalid, Structured, validate_output
+from millm.service.serving.structured import validate_output
 
 SUPPORTED_EXAMPLES = [
     {

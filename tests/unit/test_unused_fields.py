@@ -3,8 +3,8 @@
 import pytest
 
 from millm.api.headers import string_list
+from millm.protocol.field_policy import template_kwargs_unused, template_reads, unused_locations
 from millm.protocol.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from millm.protocol.unused_fields import template_kwargs_unused, template_reads, unused_locations
 
 USER = {"role": "user", "content": "hi"}
 

@@ -34,7 +34,7 @@ from millm.protocol.compare import (
     VariantInfo,
 )
 from millm.protocol.completion_objects import Usage, WireModel
-from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.protocol.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.composition import ServerState
 from millm.service.discovery.variants import Resolved, find_bases, resolve_variants
 from millm.service.serving.answers import Collected, Meta, collect

@@ -16,6 +16,7 @@ from anyio import to_thread
 
 from millm.errors import InvalidRequest, MillmError, NotFound
 from millm.protocol.completion_objects import ChatCompletion
+from millm.protocol.field_policy import handle_unused
 from millm.protocol.responses_api import (
     DeletedResponse,
     Event,
@@ -24,7 +25,6 @@ from millm.protocol.responses_api import (
     ResponsesRequest,
     new_id,
 )
-from millm.protocol.unused_fields import handle_unused
 from millm.service.responses.answer import EventStream, echo, finish, output_of, usage_of
 from millm.service.responses.request import (
     ITEMS,
@@ -80,9 +80,10 @@ class ResponsesApi:
         built = conversation(body.instructions, ITEMS.validate_python(earlier) + sent, len(earlier))
         ignored = own_ignored(body, built)
         handle_unused(ignored, strict)  # strict: refused before anything runs
-        chat = chat_request(body, built)
         where = built.where
         try:
+            # The chat request's own rules run as it is made: their errors are said in this API's words too.
+            chat = chat_request(body, built)
             reply = await self.serving.chat(chat, strict, sent_as(ignored, where))
         except MillmError as error:
             raise in_responses_words(error, where) from None

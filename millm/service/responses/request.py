@@ -18,7 +18,9 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from millm.errors import FieldNotHonoured, InvalidRequest, MillmError, ResponseFormatUnsupported
+from millm.protocol.field_policy import SentAs, unused_locations
 from millm.protocol.requests import ChatCompletionRequest
+from millm.protocol.response_format import NAME
 from millm.protocol.responses_api import (
     TEXT_PARTS,
     ContentPart,
@@ -29,8 +31,6 @@ from millm.protocol.responses_api import (
     OtherItem,
     ResponsesRequest,
 )
-from millm.protocol.unused_fields import SentAs, unused_locations
-from millm.service.serving.structured import NAME
 
 ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 EARLIER = "previous_response_id"  # where a location of an earlier turn points in an error

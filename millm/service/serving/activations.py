@@ -25,15 +25,14 @@ from pydantic import (
 )
 
 from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
-from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import PercentileTable
 from millm.interp.document_fields import Indices, NonNegative, refusal, said, validate_field
 from millm.interp.document_json_schemas import inline
 from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature, pick_attached
+from millm.protocol.request_rules import READ_PARAM, refused_read
 from millm.service.features.calibrations import add_percentiles, percentiles_block
 
-PARAM = "return_sae_activations"
 ReadPoint = Literal["post_steering", "pre_steering"]
 NOTES = {
     "post_steering": (
@@ -75,11 +74,6 @@ class ActivationRead:
         """Top features of each captured position (with their percentiles when asked)."""
         rows = encode_rows(self.attached.sae, residuals, self.features, self.top_k)
         return add_percentiles(rows, self.table) if self.percentiles else rows
-
-
-def refuse(message: str, code: str = "invalid_parameter") -> InvalidRequest:
-    """A 400 naming return_sae_activations."""
-    return InvalidRequest(f"{PARAM}: {message}", param=PARAM, code=code)
 
 
 def worst_case_positions(
@@ -171,7 +165,7 @@ READ_SCHEMA = inline(ReadRequest.model_json_schema())
 
 def parse_read(request: dict, max_top_k: int) -> ReadRequest:
     """Check what depends on the request alone (keys, types, top_k's limit, positions, read point): a 400 naming the field."""
-    return validate_field(ReadRequest, request, PARAM, context={"max_top_k": max_top_k})
+    return validate_field(ReadRequest, request, READ_PARAM, context={"max_top_k": max_top_k})
 
 
 def plan_read(
@@ -185,15 +179,17 @@ def plan_read(
 ) -> ActivationRead:
     """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming
     what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`."""
-    chosen = pick_attached(attached, asked.sae_id, PARAM, prefix=f"{PARAM}: ")
+    chosen = pick_attached(attached, asked.sae_id, READ_PARAM, prefix=f"{READ_PARAM}: ")
     features = (
         None
         if asked.features is None
-        else tuple(check_feature(chosen.info, i, param=f"{PARAM}.features") for i in asked.features)
+        else tuple(
+            check_feature(chosen.info, i, param=f"{READ_PARAM}.features") for i in asked.features
+        )
     )
     worst = worst_case_positions(asked.span, prompt_tokens, max_tokens) * asked.top_k
     if worst > max_entries:
-        raise refuse(
+        raise refused_read(
             f"up to {worst} entries (positions x top_k, counting max_tokens in full) is over "
             f"SAE_ACTIVATIONS_MAX_ENTRIES ({max_entries}); narrow positions, top_k or max_tokens"
         )

@@ -9,8 +9,8 @@ from anyio import to_thread
 
 from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
 from millm.protocol.completion_objects import Embedding, EmbeddingList, EmbeddingUsage
+from millm.protocol.field_policy import handle_unused, unused_locations
 from millm.protocol.requests import EmbeddingRequest
-from millm.protocol.unused_fields import handle_unused, unused_locations
 from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult
 from millm.service.serving.prechecks import precheck

@@ -22,12 +22,12 @@ from millm.engine.control_vectors import engine_cannot
 from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.interp.profiles import validate_spec
-from millm.protocol.unused_fields import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.protocol.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.protocol.requests import RowCount
 from millm.service.composition import ServerState
 from millm.service.models.engines import LLAMACPP
 from millm.service.probes.watches import Asked, parse_probes
 from millm.service.serving.activations import ReadRequest, parse_read
-from millm.service.serving.prompts import listed_inputs
 
 
 @dataclass(frozen=True)
@@ -102,20 +102,11 @@ def own_steering(body: BaseModel, profile: str | None) -> dict | None:
 
 def check_rows(body: BaseModel, cap: int) -> None:
     """400 when the request's rows (conversations or prompts, times n; a comparison's variants) exceed `cap`, naming the field that multiplies them."""
-    n = getattr(body, "n", None) or 1
-    variants = getattr(body, "variants", None)
-    if variants is not None:  # POST /api/compare: one conversation, a row per variant
-        units, param, what = len(variants), "variants", "variants"
-    elif hasattr(body, "messages"):
-        units, param, what = (
-            1 + len(getattr(body, "extra_messages", None) or []),
-            "extra_messages",
-            "conversations",
-        )
-    elif hasattr(body, "prompt"):
-        units, param, what = len(listed_inputs(body.prompt)), "prompt", "prompts"
-    else:
+    rows: RowCount | None = getattr(body, "row_count", None)
+    if rows is None:
         return  # embeddings: one pass over all inputs, no rows
+    n = getattr(body, "n", None) or 1
+    units, param, what = rows.units, rows.param, rows.what
     if units * n > cap:
         raise InvalidRequest(
             f"this request makes {units * n} rows ({units} {what} x n={n}); this server takes at most {cap} per request "

@@ -17,6 +17,7 @@ from millm.protocol.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    listed_inputs,
 )
 from millm.service.serving.tools import ToolPlan, template_takes_tools, tool_messages
 
@@ -107,15 +108,6 @@ def conversation_ids(
     if not prompt:
         raise InvalidRequest(f"the rendered conversation {param} tokenises to nothing", param=param)
     return prompt
-
-
-def listed_inputs(value) -> list:
-    """A string, a token-id list, or a list of either, as a list of items."""
-    if isinstance(value, str):
-        return [value]
-    if value and all(isinstance(v, int) for v in value):
-        return [value]
-    return list(value)
 
 
 def token_ids(

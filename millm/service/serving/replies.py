@@ -11,9 +11,9 @@ from millm.engine.loader import LoadedModel
 from millm.errors import MillmError
 from millm.protocol.completion_objects import WireModel
 from millm.protocol.requests import SamplingFields
+from millm.protocol.response_format import Structured
 from millm.service.probes.watches import NO_PROBES, ProbeSet
 from millm.service.serving.activations import ActivationRead
-from millm.service.serving.structured import Structured
 from millm.service.steering.plan import NO_STEERING, Plan
 
 

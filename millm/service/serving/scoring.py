@@ -11,8 +11,8 @@ import math
 
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
-from millm.engine.scoring import MIN_TEMPERATURE, Scored, check_reported
-from millm.errors import InvalidRequest, InvalidScoringRequest
+from millm.engine.scoring import Scored, check_reported
+from millm.errors import InvalidScoringRequest
 from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
@@ -22,54 +22,8 @@ from millm.protocol.completion_objects import (
     TokenLogprob,
     TopLogprob,
 )
-from millm.protocol.requests import SamplingFields
-from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
 from millm.service.composition import ServerState
 from millm.service.serving.generation import OneResult
-
-
-def check_scoring(body: SamplingFields) -> float:
-    """The cross-field rules of scoring mode; returns the temperature to divide by (0 = none)."""
-    if body.token_budget != 1:
-        raise InvalidRequest(
-            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1): "
-            "one forward pass, nothing generated",
-            param="max_tokens",
-        )
-    if (body.n or 1) != 1:
-        raise InvalidRequest("scoring mode needs n: 1", param="n")
-    if body.stream:
-        raise InvalidRequest("scoring mode cannot be streamed", param="stream")
-    temperature = 1.0 if body.temperature is None else body.temperature
-    if 0 < temperature < MIN_TEMPERATURE:
-        raise InvalidRequest(
-            f"temperature {temperature} would overflow the logits in scoring mode; use 0 (no scaling) or at least {MIN_TEMPERATURE}",
-            param="temperature",
-        )
-    return temperature
-
-
-def scoring_schema_rules(scoring: dict) -> list[dict]:
-    """check_scoring's rules as JSON Schema (for the served OpenAPI schema), under the endpoint's scoring condition."""
-    return [
-        when(
-            scoring,
-            {
-                "allOf": [
-                    any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
-                    at_most("n", 1),
-                    {"properties": {"stream": {"enum": [None, False]}}},
-                    {
-                        "properties": {
-                            "temperature": {
-                                "anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]
-                            }
-                        }
-                    },
-                ]
-            },
-        )
-    ]
 
 
 def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | None:

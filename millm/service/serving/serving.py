@@ -21,15 +21,7 @@ from millm.engine.prompts import has_chat_template
 from millm.engine.sampling import SamplingParams
 from millm.errors import InvalidRequest, MillmError
 from millm.protocol.completion_objects import ChatCompletion, Completion, Usage
-from millm.protocol.requests import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    GenerationFields,
-    SamplingFields,
-)
-from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.protocol.unused_fields import (
+from millm.protocol.field_policy import (
     AS_SENT,
     SentAs,
     handle_unused,
@@ -37,9 +29,17 @@ from millm.protocol.unused_fields import (
     template_reads,
     unused_locations,
 )
+from millm.protocol.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerationFields,
+    SamplingFields,
+)
+from millm.protocol.response_format import refused_under_batching
 from millm.service.composition import ServerState
 from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
-from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read, refuse
+from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read
 from millm.service.serving.answers import (
     ChatShape,
     CompletionShape,
@@ -64,15 +64,10 @@ from millm.service.serving.scoring import (
     InvalidScoringRequest,
     chat_choice,
     check_allowed,
-    check_scoring,
     completion_choice,
     score_and_read,
 )
-from millm.service.serving.structured import (
-    parse_response_format,
-    refuse_combinations,
-    validate_output,
-)
+from millm.service.serving.structured import validate_output
 from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
 from millm.service.steering.plan import Plan
 
@@ -92,18 +87,6 @@ def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
         stop=body.stop_sequences,
         seed=body.seed,
     )
-
-
-def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
-    """return_sae_activations reads one row: there is no single position axis across several."""
-    if body.return_sae_activations is None:
-        return
-    if (body.n or 1) > 1:
-        raise refuse("n > 1 has several position axes; ask with n: 1")
-    if getattr(body, "extra_messages", None):
-        raise refuse("extra_messages rows have several position axes; ask without extra_messages")
-    if prompts > 1:
-        raise refuse("several prompts have several position axes; send one prompt")
 
 
 def unused_fields(
@@ -141,16 +124,11 @@ class Serving:
     ) -> Reply:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in."""
-        structured = parse_response_format(body)
-        if structured is not None:
-            refuse_combinations(body, self.settings.enable_continuous_batching)
+        # The body's own cross-field rules were checked while it was parsed (protocol/requests.py).
+        structured = body.structured
+        if structured is not None and self.settings.enable_continuous_batching:
+            raise refused_under_batching()
         tools = parse_tools(body)
-        if tools is not None and tools.offered and structured is not None:
-            raise ResponseFormatUnsupported(
-                "response_format cannot be combined with tools: both would shape the same answer"
-            )
-        temperature = check_scoring(body) if body.scoring else None
-        refuse_multi_row_reads(body, 1)
         checked = await precheck(self.state, body, strict, body.scoring)
         lm = await self.state.switch.acquire(body.model)
         if body.scoring and not has_chat_template(lm.tokenizer):
@@ -166,9 +144,9 @@ class Serving:
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
         meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "messages")
-        if temperature is not None:
+        if body.scoring:
             return await self._chat_scoring(
-                lm, body, prompts, meta, temperature, Report(ignored, seed=body.seed), read
+                lm, body, prompts, meta, Report(ignored, seed=body.seed), read
             )
         plan = await to_thread.run_sync(self._plan, body.profile, checked)
         constraint = (
@@ -190,7 +168,6 @@ class Serving:
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
-        temperature = check_scoring(body) if body.scoring else None
         checked = await precheck(self.state, body, strict, body.scoring)
         lm = await self.state.switch.acquire(body.model)
         ignored = unused_fields(strict, body, body.scoring, lm)
@@ -198,11 +175,11 @@ class Serving:
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
         meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "prompt")
-        if temperature is not None:
+        if body.scoring:
             allowed = check_allowed(lm, body.allowed_token_ids)
             ranking = Ranking(
                 tuple(allowed) if allowed else None,
-                temperature,
+                body.scoring_temperature,
                 None if allowed else body.logprobs or 0,
             )
             answered = await score_and_read(self.state, prompts, ranking, self._engine_reads(read))
@@ -286,7 +263,6 @@ class Serving:
         body: ChatCompletionRequest,
         prompts: list[list[int]],
         meta: Meta,
-        temperature: float,
         report: Report,
         read: ActivationRead | None,
     ) -> Reply:
@@ -294,7 +270,7 @@ class Serving:
         allowed = check_allowed(lm, body.allowed_token_ids)
         ranking = Ranking(
             tuple(allowed) if allowed else None,
-            temperature,
+            body.scoring_temperature,
             None if allowed else body.top_logprobs or 0,
         )
         choices, captured = [], []
@@ -344,7 +320,6 @@ class Serving:
             return None
         if not lm.reads_residuals:
             refuse_residual_reads(read=True, probes=False)
-        refuse_multi_row_reads(body, len(prompts))
         scoring = bool(getattr(body, "scoring", False))
         budget = (
             0

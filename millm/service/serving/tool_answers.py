@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from millm.service.serving.structured import ConstrainedOutputInvalid
+from millm.errors import ConstrainedOutputInvalid
 from millm.service.serving.tools import CLOSE, OPEN, Tool, ToolPlan
 
 CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)

@@ -26,9 +26,9 @@ from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.engine.prompts import template_source
 from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
+from millm.protocol.response_format import NAME
 from millm.protocol.schema_rules import any_of, equals, when
 from millm.protocol.schema_subset import check_schema
-from millm.service.serving.structured import NAME
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ANY_OBJECT = {"type": "object"}

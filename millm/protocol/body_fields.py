@@ -1,0 +1,26 @@
+"""What every request body shares: the base that parses strictly and keeps unknown fields, and
+the bounded field types (OpenAI's ranges)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CHOICES = 128
+
+
+class OpenBody(BaseModel):
+    """Strict parsing that keeps unknown fields for the field policy."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+TopN = Annotated[int, Field(ge=0, le=20)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+TokenCount = Annotated[int, Field(ge=1)]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]

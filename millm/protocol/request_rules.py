@@ -1,0 +1,119 @@
+"""Rules of the /v1 generation bodies that read the body alone and take more than a line:
+scoring mode's, return_sae_activations' one row, and the template variables a request may not
+set. The request models check them while parsing (protocol/requests.py); scoring's has its JSON
+Schema twin for the served OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from millm.engine.scoring import MIN_TEMPERATURE
+from millm.errors import InvalidRequest
+from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
+
+if TYPE_CHECKING:
+    from millm.protocol.requests import SamplingFields
+
+READ_PARAM = "return_sae_activations"
+
+# Names in a chat template's namespace that millm fills from the request (or that are options of
+# transformers' apply_chat_template rather than template variables).
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "tokenizer_kwargs",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "raise_exception",
+    }
+)
+
+
+def check_scoring(body: SamplingFields) -> None:
+    """The API page's scoring-mode rules: one forward pass (max_tokens 1, n 1), not streamed, and
+    a temperature that cannot overflow the logits."""
+    if body.token_budget != 1:
+        raise InvalidRequest(
+            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1): "
+            "one forward pass, nothing generated",
+            param="max_tokens",
+        )
+    if (body.n or 1) != 1:
+        raise InvalidRequest("scoring mode needs n: 1", param="n")
+    if body.stream:
+        raise InvalidRequest("scoring mode cannot be streamed", param="stream")
+    temperature = body.scoring_temperature
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InvalidRequest(
+            f"temperature {temperature} would overflow the logits in scoring mode; use 0 (no scaling) or at least {MIN_TEMPERATURE}",
+            param="temperature",
+        )
+
+
+def scoring_schema_rules(scoring: dict) -> list[dict]:
+    """check_scoring's rules as JSON Schema, under the endpoint's scoring condition."""
+    return [
+        when(
+            scoring,
+            {
+                "allOf": [
+                    any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
+                    at_most("n", 1),
+                    {"properties": {"stream": {"enum": [None, False]}}},
+                    {
+                        "properties": {
+                            "temperature": {
+                                "anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]
+                            }
+                        }
+                    },
+                ]
+            },
+        )
+    ]
+
+
+def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
+    """return_sae_activations reads one row: there is no single position axis across several."""
+    if body.return_sae_activations is None:
+        return
+    if (body.n or 1) > 1:
+        raise refused_read("n > 1 has several position axes; ask with n: 1")
+    if getattr(body, "extra_messages", None):
+        raise refused_read(
+            "extra_messages rows have several position axes; ask without extra_messages"
+        )
+    if prompts > 1:
+        raise refused_read("several prompts have several position axes; send one prompt")
+
+
+def refused_read(message: str, code: str = "invalid_parameter") -> InvalidRequest:
+    """A 400 naming return_sae_activations."""
+    return InvalidRequest(f"{READ_PARAM}: {message}", param=READ_PARAM, code=code)
+
+
+def check_template_kwargs(kwargs: dict | None) -> None:
+    """chat_template_kwargs may not set what millm itself hands the template (or
+    apply_chat_template's own options): it would silently replace the conversation, its tools or
+    its turn."""
+    taken = [key for key in kwargs or {} if key in RESERVED_TEMPLATE_VARIABLES]
+    if taken:
+        raise InvalidRequest(
+            f"chat_template_kwargs may not set {', '.join(taken)}: millm renders these itself from the request",
+            param=f"chat_template_kwargs.{taken[0]}",
+        )
