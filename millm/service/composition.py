@@ -126,7 +126,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         models=models,
         registrations=registrations,
         switch=switch,
-        jobs=JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, switch.generating),
+        jobs=JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, slot.generating),
     )
     follow_other_replicas(state)
     return state

@@ -163,6 +163,13 @@ def scheduler_for(settings: Settings, lm: LoadedModel) -> Scheduler:
     )
 
 
+def unloaded_before(outgoing: Outgoing) -> str:
+    """What a failed load's client is told of the model unloaded to make room, if one was."""
+    if outgoing.name is None:
+        return ""
+    return f" ({outgoing.name!r} was unloaded before the failure; no model is loaded now)"
+
+
 def failure(name: str, exc: Exception) -> str:
     """Why a load failed, worded for the client: ModelSourceError says what; anything else is named."""
     return (

@@ -57,6 +57,11 @@ class ModelSlot:
         """The loaded model, if any (what plans bind probes and vectors to)."""
         return self.lm
 
+    def generating(self) -> bool:
+        """Whether requests are generating now (a job then leaves them most of the scheduler)."""
+        scheduler = self.scheduler
+        return scheduler is not None and scheduler.running_rows > 0
+
     def fill(self, lm: LoadedModel, scheduler: Scheduler) -> None:
         """A model has loaded: requests may lease it."""
         with self._cond:

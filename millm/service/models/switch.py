@@ -1,13 +1,12 @@
 """The model switch: which model the slot holds, and the one mutex under which it changes.
 
 Model changes (load, unload, the start-up load) run one at a time on a worker thread, never on
-the event loop. Requests take a lease on the loaded model (see slot.py) that an unload waits
-for, so none runs on a half-moved model. One mutex guards the slot's transition, the load
-errors and the steering lock together, and every method here reads or changes them under it:
-a locked server never loads another model; a model is freed only once nothing can reach it;
-another replica's attach lands only between model changes (see settle_attachments). What does
-not touch those invariants lives beside it: the load's plan and checks (loading.py), the slot
-(slot.py), the values it reports (transitions.py)."""
+the event loop. Requests lease the loaded model (slot.py) and an unload waits for the leases, so
+none runs on a half-moved model. One mutex guards the slot's transition, the load errors and the
+steering lock together: a locked server never loads another model; a model is freed only once
+nothing can reach it; another replica's attach lands only between model changes (see
+settle_attachments). Beside it: the load's plan and checks (loading.py), the slot (slot.py),
+the values and refusals it reports (transitions.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler
 from millm.engine.sources import ModelSource
 from millm.errors import (
-    Conflict,
     MillmError,
     ModelBusy,
     ModelLoadFailed,
-    ModelLocked,
     ModelNotLoaded,
 )
 from millm.interp.steering import Attached
@@ -31,7 +28,7 @@ from millm.service.models import loading, unloading
 from millm.service.models.loading import Outgoing
 from millm.service.models.lock import SteeringLock
 from millm.service.models.registrations import ClientRegistrations
-from millm.service.models.registry import ModelRegistry, ModelState
+from millm.service.models.registry import ModelRegistry
 from millm.service.models.shipped import Shipped
 from millm.service.models.slot import ModelSlot, current_lease, request_scope
 from millm.service.models.transitions import (
@@ -40,6 +37,10 @@ from millm.service.models.transitions import (
     Transition,
     busy_message,
     state_of,
+    status_of,
+    unforgettable,
+    unleased,
+    view_of,
 )
 from millm.service.models.unloading import retire
 from millm.service.runtime.threads import in_passing_thread
@@ -56,21 +57,34 @@ ATTACH_WAIT_S = 10.0  # an attach waits this long behind another attach before a
 class ModelSwitch:
     """Loads, unloads and locks the served model; requests lease it and submit jobs through it."""
 
-    def __init__(self, settings: Settings, source: ModelSource, store: Store, models: ModelRegistry,
-                 steering: Steering, registrations: ClientRegistrations, shipped: Shipped, slot: ModelSlot):
-        self.settings, self.source, self.store = settings, source, store
-        self.models, self.steering, self.registrations, self.shipped = models, steering, registrations, shipped
-        self.slot = slot
+    def __init__(
+        self,
+        settings: Settings,
+        source: ModelSource,
+        store: Store,
+        models: ModelRegistry,
+        steering: Steering,
+        registrations: ClientRegistrations,
+        shipped: Shipped,
+        slot: ModelSlot,
+    ):
+        self.settings, self.source, self.store, self.slot = settings, source, store, slot
+        self.models, self.steering = models, steering
+        self.registrations, self.shipped = registrations, shipped
         self.startup_name = settings.served_model_name or source.name
         models.ensure(self.startup_name, source)
         self._mutex = threading.Lock()  # guards the fields below; never held across slow work
-        self._switching = threading.Lock()  # held for a whole model change; a second one is model_busy
+        self._switching = (
+            threading.Lock()
+        )  # held for a whole model change; a second one is model_busy
         self.transition: Transition | None = None
         self.last_name = self.startup_name  # the slot's model: loaded, moving, or last tried
         self.errors: dict[str, str] = {}  # model -> why its last load failed
         self._weights_bytes = 0  # the loaded model's estimated weights, released by unloading it
         self.lock = SteeringLock(store, self.startup_name)
-        self._attachments_stale = False  # another replica changed the attachments; see settle_attachments
+        self._attachments_stale = (
+            False  # another replica changed the attachments; see settle_attachments
+        )
 
     # what readiness, the views and the jobs read ------------------------------------------------------
     @property
@@ -97,17 +111,7 @@ class ModelSwitch:
     def status(self) -> ModelStatus:
         """Where the slot is now."""
         with self._mutex:
-            transition = self.transition
-            if transition is not None:
-                return ModelStatus.UNLOADING if transition.unloading else ModelStatus.LOADING
-            if self.slot.lm is not None:
-                return ModelStatus.LOADED
-            return ModelStatus.ERROR if self.last_name in self.errors else ModelStatus.UNLOADED
-
-    def generating(self) -> bool:
-        """Whether requests are generating now (a job then leaves them most of the scheduler)."""
-        scheduler = self.slot.scheduler
-        return scheduler is not None and scheduler.running_rows > 0
+            return status_of(self.transition, self.slot.lm, self.last_name, self.errors)
 
     # requests ---------------------------------------------------------------------------------------
     def request_scope(self) -> AbstractContextManager:
@@ -124,7 +128,9 @@ class ModelSwitch:
             await in_passing_thread(self.load, name)
             lease = self._lease(name)
             if lease is None:  # an unload began right after the load
-                raise ModelBusy(f"model {name!r} is being unloaded; retry once it finishes", param="model")
+                raise ModelBusy(
+                    f"model {name!r} is being unloaded; retry once it finishes", param="model"
+                )
         return lease.lm
 
     def _lease(self, name: str):
@@ -136,17 +142,8 @@ class ModelSwitch:
             lease = self.slot.lease(name)
             if lease is not None:
                 return lease
-            transition = self.transition
-            if transition is not None:
-                if transition.startup and transition.loading == name:
-                    raise ModelNotLoaded(f"model {name!r} is not loaded yet; retry once it has loaded", param="model")
-                raise ModelBusy(busy_message(transition), param="model")
-            if name in self.errors:
-                raise ModelNotLoaded(
-                    f"model {name!r} is not loaded: its last load failed ({self.errors[name]}); "
-                    f"it is not retried on demand: POST /api/models/{name}/load once it is fixed",
-                    param="model",
-                )
+            if (why := unleased(name, self.transition, self.errors)) is not None:
+                raise why
         return None
 
     def submit(self, job) -> None:
@@ -155,7 +152,9 @@ class ModelSwitch:
         if lease is None:
             raise RuntimeError("submit needs the model lease this request took with acquire()")
         if not self.slot.submit(lease, job):
-            raise ModelBusy(f"model {lease.lm.name!r} is being unloaded; retry once it finishes", param="model")
+            raise ModelBusy(
+                f"model {lease.lm.name!r} is being unloaded; retry once it finishes", param="model"
+            )
 
     def engine_for(self, name: str) -> str:
         """The engine that runs `name`: the loaded model's own, else the one a load would pick now
@@ -233,7 +232,9 @@ class ModelSwitch:
 
     def _outgoing(self) -> Outgoing:
         lm = self.slot.lm
-        return Outgoing(lm.name if lm else None, lm.device if lm else None, self._weights_bytes if lm else 0)
+        return Outgoing(
+            lm.name if lm else None, lm.device if lm else None, self._weights_bytes if lm else 0
+        )
 
     def _replace(self, name: str, startup: bool) -> LoadedModel:
         outgoing = self._outgoing()
@@ -249,13 +250,14 @@ class ModelSwitch:
             self.last_name = name
         try:
             lm = loading.load(self.settings, planned)
-        except Exception as exc:  # ModelSourceError says what; anything else (out of memory, ...) is named
+        except Exception as exc:  # out of memory, a bad file, ...: named, never a bare 500
             message = loading.failure(name, exc)
-            unloaded = f" ({outgoing.name!r} was unloaded before the failure; no model is loaded now)" if outgoing.name else ""
             log.error("model %r failed to load: %s", name, message)
             with self._mutex:
                 self.errors[name] = message
-            raise ModelLoadFailed(message + unloaded, param="model") from exc
+            raise ModelLoadFailed(
+                message + loading.unloaded_before(outgoing), param="model"
+            ) from exc
         scheduler = loading.scheduler_for(self.settings, lm)
         self.steering.restore(lm, self.registrations.sae_readable)
         if source.kind in ("demo", "packaged"):
@@ -277,7 +279,12 @@ class ModelSwitch:
             self.transition = transition
             self.last_name = name
         # stored attachments stay on unload: a reload of this model restores them
-        retire(self.slot, name, self.settings.graceful_unload_timeout, before_free=self.steering.detach_all)
+        retire(
+            self.slot,
+            name,
+            self.settings.graceful_unload_timeout,
+            before_free=self.steering.detach_all,
+        )
         with self._mutex:
             self._weights_bytes = 0
 
@@ -309,7 +316,9 @@ class ModelSwitch:
         try:
             lm = self.slot.lm
             if lm is not before:
-                raise ModelBusy("the loaded model changed while this attach waited; retry", param="sae_id")
+                raise ModelBusy(
+                    "the loaded model changed while this attach waited; retry", param="sae_id"
+                )
             if lm is None:  # what steering.attach would refuse first
                 raise ModelNotLoaded("no model is loaded to attach an SAE to")
             attached = self.steering.attach(lm, sae_id, layer)
@@ -328,7 +337,9 @@ class ModelSwitch:
         if self.steering.stored == before and not self._attachments_stale:
             return
         self._attachments_stale = True
-        worker = threading.Thread(target=self.settle_attachments, name="millm-attach-sync", daemon=True)
+        worker = threading.Thread(
+            target=self.settle_attachments, name="millm-attach-sync", daemon=True
+        )
         worker.start()
         worker.join()
 
@@ -353,34 +364,28 @@ class ModelSwitch:
         self.settle_attachments()
 
     # the registered models' views -------------------------------------------------------------------
-    def _view(self, entry) -> ModelView:
-        """A model's view (the caller holds the mutex)."""
-        lm = self.slot.lm if self.slot.lm is not None and self.slot.lm.name == entry.name else None
-        return ModelView(entry, state_of(entry.name, self.transition, self.slot.lm, self.errors), self.errors.get(entry.name), lm, self.locked == entry.name)
-
     def view(self, name: str) -> ModelView:
         """One registered model and its state (404 model_not_found if not registered)."""
         entry = self.models.get(name)
         with self._mutex:
-            return self._view(entry)
+            return view_of(entry, self.transition, self.slot.lm, self.errors, self.lock.name)
 
     def views(self) -> list[ModelView]:
         """Every registered model, oldest first."""
-        views = []
-        for entry in self.models.all():
-            with self._mutex:
-                views.append(self._view(entry))
-        return views
+        entries = self.models.all()  # read before the mutex: it may read the store
+        with self._mutex:
+            return [
+                view_of(e, self.transition, self.slot.lm, self.errors, self.lock.name)
+                for e in entries
+            ]
 
     def forget(self, name: str) -> None:
         """Delete a registration; refused (409) while it is loaded or moving, or locked."""
         self.models.get(name)
         with self._mutex:
             state = state_of(name, self.transition, self.slot.lm, self.errors)
-            if state in (ModelState.LOADED, ModelState.LOADING, ModelState.UNLOADING):
-                raise Conflict(f"model {name!r} is {state.value}; unload it first", param="model", code="model_loaded")
-            if self.locked == name:
-                raise ModelLocked(f"model {name!r} is locked for steering; unlock it first", param="model")
+            if (refusal := unforgettable(name, state, self.locked)) is not None:
+                raise refusal
             self.models.forget(name)
             self.errors.pop(name, None)
 
