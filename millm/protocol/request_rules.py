@@ -6,16 +6,29 @@ Schema twin for the served OpenAPI schema.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from millm.engine.scoring import MIN_TEMPERATURE
 from millm.errors import InvalidRequest
 from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
 
-if TYPE_CHECKING:
-    from millm.protocol.requests import SamplingFields
-
 READ_PARAM = "return_sae_activations"
+
+
+class GenerationBody(Protocol):
+    """What these rules read of a chat or text completion body (protocol/requests.py)."""
+
+    @property
+    def n(self) -> int | None: ...
+    @property
+    def stream(self) -> bool | None: ...
+    @property
+    def return_sae_activations(self) -> dict[str, Any] | None: ...
+    @property
+    def token_budget(self) -> int | None: ...
+    @property
+    def scoring_temperature(self) -> float: ...
+
 
 # Names in a chat template's namespace that millm fills from the request (or that are options of
 # transformers' apply_chat_template rather than template variables).
@@ -44,7 +57,7 @@ RESERVED_TEMPLATE_VARIABLES = frozenset(
 )
 
 
-def check_scoring(body: SamplingFields) -> None:
+def check_scoring(body: GenerationBody) -> None:
     """The API page's scoring-mode rules: one forward pass (max_tokens 1, n 1), not streamed, and
     a temperature that cannot overflow the logits."""
     if body.token_budget != 1:
@@ -88,7 +101,7 @@ def scoring_schema_rules(scoring: dict) -> list[dict]:
     ]
 
 
-def refuse_multi_row_reads(body: SamplingFields, prompts: int) -> None:
+def refuse_multi_row_reads(body: GenerationBody, prompts: int) -> None:
     """return_sae_activations reads one row: there is no single position axis across several."""
     if body.return_sae_activations is None:
         return

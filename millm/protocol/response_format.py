@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from pydantic import Field
 
@@ -20,9 +20,6 @@ from millm.engine.constraints import GrammarSpec
 from millm.protocol.body_fields import OpenBody
 from millm.protocol.schema_rules import absent_or_null, any_of, equals, one_of_values, when
 from millm.protocol.schema_subset import ResponseFormatUnsupported, check_schema
-
-if TYPE_CHECKING:
-    from millm.protocol.requests import ChatCompletionRequest
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON_OBJECT = {"type": "object"}
@@ -42,6 +39,21 @@ class ResponseFormat(OpenBody):
 
     type: str
     json_schema: JsonSchemaFormat | None = None
+
+
+class ChatBody(Protocol):
+    """What refuse_combinations reads of a chat completion body (protocol/requests.py)."""
+
+    @property
+    def stream(self) -> bool | None: ...
+    @property
+    def stop(self) -> str | list[str] | None: ...
+    @property
+    def scoring(self) -> bool: ...
+    @property
+    def tools(self) -> list[Any] | None: ...
+    @property
+    def tool_choice(self) -> str | dict[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,7 @@ def structured_of(fmt: ResponseFormat | None) -> Structured | None:
     return Structured("json_schema", spec.name, spec.schema_)
 
 
-def refuse_combinations(body: ChatCompletionRequest) -> None:
+def refuse_combinations(body: ChatBody) -> None:
     """Combinations that could cut or skip a document are refused before anything runs."""
     if body.stream:
         raise ResponseFormatUnsupported(
