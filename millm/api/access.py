@@ -37,6 +37,8 @@ MCP_PATH = "/mcp"  # where app.py mounts the MCP server (api/mcp_server.py)
 # side-by-side generation): inference, like /v1, so the API key opens them.
 INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare)$")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# vLLM's tokenizer routes (api/tokenizer.py) read the model as /v1 does.
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
 # Sec-Fetch-Site values of requests a page on this server itself (or no page: a typed URL) makes.
 OWN_SITE = frozenset({"same-origin", "none"})
 
@@ -45,7 +47,7 @@ def route_class(method: str, path: str) -> str:
     """open, inference, read or admin for this method and path."""
     if path in OPEN_PATHS:
         return OPEN
-    if path == "/v1" or path.startswith("/v1/"):
+    if path == "/v1" or path.startswith("/v1/") or path in TOKENIZER_PATHS:
         return INFERENCE
     if path == MCP_PATH or path.startswith(MCP_PATH + "/"):
         return (

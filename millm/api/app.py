@@ -23,6 +23,7 @@ from millm.api import (
     monitoring,
     probes,
     responses_api,
+    tokenizer,
     vectors,
     workbench,
 )
@@ -101,6 +102,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(completions.router, tags=["OpenAI"])
     app.include_router(responses_api.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
+    app.include_router(tokenizer.router, tags=["Tokenizer"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])

@@ -20,7 +20,7 @@ from millm.interp.probe_documents import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.protocol import field_policy
 from millm.protocol.compare import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
-from millm.protocol.request_rules import scoring_schema_rules
+from millm.protocol.request_rules import echo_schema_rules, scoring_schema_rules
 from millm.protocol.requests import (
     BUDGET_RULES,
     CHAT_SCORING,
@@ -202,6 +202,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             *BUDGET_RULES,
             *field_policy.schema_rules(COMPLETIONS, COMPLETION_SCORING),
             *scoring_schema_rules(COMPLETION_SCORING),
+            *echo_schema_rules(COMPLETION_SCORING),
             # One prompt: several have several position axes.
             when(
                 sent("return_sae_activations"),

@@ -165,6 +165,7 @@ class ScoresReady:
     scored: list = field(
         default_factory=list
     )  # Scored of each prompt, when the job asked for a ranking
+    echoed: list = field(default_factory=list)  # Echoed of each prompt, when the job asked for echo
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,8 @@ class ScoringJob(JobControl):
     ranking: Ranking | None = None  # rank each prompt's candidates here, on the scheduler thread
     # Discovery reads may ask for a steered pass (inspect with a plan); scoring proper never does.
     edit: ResidualEdit | None = None
+    # Also score each prompt's own tokens (echo), with the ranking's `top` alternatives at each.
+    echo: bool = False
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

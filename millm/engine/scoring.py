@@ -2,7 +2,8 @@
 
 `score` is pure over a logits vector: temperature divides the logits (0 = no scaling), the
 log-probabilities are normalised over the allowed ids only (or the whole vocabulary), and
-non-finite values that would reach the answer are refused rather than reported. It runs on the
+non-finite values that would reach the answer are refused rather than reported. With echo, the
+same pass also scores the prompt's own tokens (`echo_scores`), as OpenAI's legacy `echo` does. It runs on the
 scheduler thread, beside the forward pass, and turns only the candidates asked for into Python
 numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever it ran.
 """
@@ -55,6 +56,44 @@ def score(
     return Scored(ranked[0][0], ranked[0][1], ranked)
 
 
+@dataclass(frozen=True)
+class Echoed:
+    """A prompt's own tokens scored: log p(token_t | tokens before t) for t >= 1, and the `top`
+    most probable ids at each of those positions."""
+
+    token_logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+ECHO_CHUNK = 256  # positions turned into log-probabilities at once: [256, V] float32 at most
+
+
+def echo_scores(logits: torch.Tensor, prompt: list[int], ranking: Ranking) -> Echoed:
+    """Each prompt token's log-probability from the logits `[len - 1, V]` of the positions
+    before it, and the ranking's `top` alternatives there (temperature as in `score`)."""
+    targets = torch.tensor(prompt[1:], dtype=torch.long)
+    top = ranking.top or 0
+    picked: list[float] = []
+    alternatives: list[list[tuple[int, float]]] = []
+    for begin in range(0, logits.shape[0], ECHO_CHUNK):
+        block = logits[begin : begin + ECHO_CHUNK].float()
+        if ranking.temperature > 0:
+            block = block / ranking.temperature
+        if bool(torch.isnan(block).any()) or bool(torch.isposinf(block).any()):
+            raise NonFiniteLogits("the model produced NaN or +inf logits over the prompt")
+        logprobs = torch.log_softmax(block, dim=-1)
+        picked += logprobs.gather(1, targets[begin : begin + ECHO_CHUNK, None])[:, 0].tolist()
+        if top:
+            values, ids = torch.topk(logprobs, min(top, logprobs.shape[1]), dim=-1)
+            alternatives += [
+                list(zip(row_ids, row_values, strict=True))
+                for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+            ]
+        else:
+            alternatives += [[] for _ in range(block.shape[0])]
+    return Echoed(picked, alternatives)
+
+
 def check_reported(scored: Scored, reported: int) -> None:
     """A reported token (the chosen one, or one of the first `reported` candidates) must have a finite log-probability."""
     for token_id, logprob in [(scored.chosen, scored.chosen_logprob), *scored.ranked[:reported]]:
@@ -68,6 +107,7 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
     lm.residual.clear()
     results: list[torch.Tensor] = []
     reads: list[ResidualsRead] = []
+    echoed: list[Echoed] = []
     try:
         for index, prompt in enumerate(job.prompts):
             if job.cancelled.is_set():
@@ -78,13 +118,29 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
                     lm.residual.stack([job.edit]) if job.edit is not None else None,
                     taps([(captures, 0, len(prompt))]),
                 )
-            _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
-            results.append(logits[0].float().cpu())
+            before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
+            if job.echo and not captures:
+                # One pass over prompt + a placeholder: the last row predicts the next token.
+                every = lm.runner.prompt_logits([*prompt, 0], 1)
+                last, before = every[-1], every[:-1]
+            else:
+                _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+                last = logits[0]
+                if job.echo and len(prompt) > 1:  # the reads took the prefill; a second pass
+                    before = lm.runner.prompt_logits(prompt, 1)
+            results.append(last.float().cpu())
+            if job.echo:
+                ranking = job.ranking or Ranking(None, 0.0)
+                echoed.append(
+                    echo_scores(before.cpu(), prompt, ranking)
+                    if before is not None
+                    else Echoed([], [])
+                )
             reads.extend(capture.result(index, prompt) for capture in captures)
     finally:
         lm.residual.clear()
     scored = [rank(row, job.ranking) for row in results] if job.ranking is not None else []
-    job.emit(ScoresReady(results, reads, scored))
+    job.emit(ScoresReady(results, reads, scored, echoed))
 
 
 def rank(logits: torch.Tensor, ranking: Ranking) -> Scored:

@@ -106,8 +106,8 @@ class CompletionLogprobs(WireModel):
     """The legacy completions logprobs object."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # null for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

@@ -147,7 +147,12 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: OK,
         EMBEDDINGS: OK,
     },
-    "echo": {CHAT: OK, COMPLETIONS: no("echoing the prompt is not supported"), EMBEDDINGS: OK},
+    # Beyond the page (issue 34): echo scores the prompt's own tokens, as lm-evaluation-harness asks.
+    "echo": {
+        CHAT: no("chat completions do not echo; send the text to /v1/completions with echo: true"),
+        COMPLETIONS: OK,
+        EMBEDDINGS: OK,
+    },
     "best_of": {CHAT: OK, COMPLETIONS: no("best_of is not supported"), EMBEDDINGS: OK},
     "suffix": {CHAT: OK, COMPLETIONS: no("suffix (insertion) is not supported"), EMBEDDINGS: OK},
 }

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from millm.engine.scoring import MIN_TEMPERATURE
 from millm.errors import InvalidRequest
-from millm.protocol.schema_rules import NULL, any_of, at_most, equals, when
+from millm.protocol.schema_rules import NULL, absent_or_null, any_of, at_most, equals, when
 
 READ_PARAM = "return_sae_activations"
 
@@ -60,10 +60,11 @@ RESERVED_TEMPLATE_VARIABLES = frozenset(
 def check_scoring(body: GenerationBody) -> None:
     """The API page's scoring-mode rules: one forward pass (max_tokens 1, n 1), not streamed, and
     a temperature that cannot overflow the logits."""
-    if body.token_budget != 1:
+    echo = bool(getattr(body, "echo", None))
+    if body.token_budget not in ((0, 1) if echo else (1,)):
         raise InvalidRequest(
-            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1): "
-            "one forward pass, nothing generated",
+            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1), "
+            "or 0 with echo: true: one forward pass, nothing generated",
             param="max_tokens",
         )
     if (body.n or 1) != 1:
@@ -78,6 +79,39 @@ def check_scoring(body: GenerationBody) -> None:
         )
 
 
+class EchoBody(GenerationBody, Protocol):
+    """What check_echo reads of a text completion body."""
+
+    @property
+    def echo(self) -> bool | None: ...
+    @property
+    def scoring(self) -> bool: ...
+    @property
+    def allowed_token_ids(self) -> list[int] | None: ...
+
+
+def check_echo(body: EchoBody) -> None:
+    """echo (beyond the spec) scores the prompt's own tokens: with logprobs, and max_tokens 0
+    (the prompt alone) or 1 (the prompt and the next token), as lm-evaluation-harness asks."""
+    if body.token_budget == 0 and not body.echo:
+        raise InvalidRequest(
+            "max_tokens: 0 generates nothing; it is for echo: true with logprobs (the prompt scored)",
+            param="max_tokens",
+        )
+    if not body.echo:
+        return
+    if body.allowed_token_ids is not None:
+        raise InvalidRequest(
+            "echo cannot be combined with allowed_token_ids: the prompt's tokens are scored over the whole vocabulary",
+            param="echo",
+        )
+    if not body.scoring:
+        raise InvalidRequest(
+            "echo needs logprobs (0 to 20) with max_tokens 0 or 1: it returns the prompt's tokens scored",
+            param="echo",
+        )
+
+
 def scoring_schema_rules(scoring: dict) -> list[dict]:
     """check_scoring's rules as JSON Schema, under the endpoint's scoring condition."""
     return [
@@ -85,7 +119,11 @@ def scoring_schema_rules(scoring: dict) -> list[dict]:
             scoring,
             {
                 "allOf": [
-                    any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1)),
+                    any_of(
+                        equals("max_tokens", 1),
+                        equals("max_completion_tokens", 1),
+                        {"allOf": [equals("echo", True), equals("max_tokens", 0)]},
+                    ),
                     at_most("n", 1),
                     {"properties": {"stream": {"enum": [None, False]}}},
                     {
@@ -98,6 +136,14 @@ def scoring_schema_rules(scoring: dict) -> list[dict]:
                 ]
             },
         )
+    ]
+
+
+def echo_schema_rules(scoring: dict) -> list[dict]:
+    """check_echo's rules as JSON Schema, `scoring` being text completions' scoring condition."""
+    return [
+        when(equals("max_tokens", 0), equals("echo", True)),
+        when(equals("echo", True), {"allOf": [scoring, absent_or_null("allowed_token_ids")]}),
     ]
 
 

@@ -25,6 +25,7 @@ from millm.protocol.body_fields import (
 )
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, check_fields
 from millm.protocol.request_rules import (
+    check_echo,
     check_scoring,
     check_template_kwargs,
     refuse_multi_row_reads,
@@ -305,6 +306,9 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     add_special_tokens: bool | None = None
+    # 0 only with echo: the prompt scored, nothing generated (rule: check_echo).
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    echo: bool | None = None  # beyond the spec (issue 34): the prompt's tokens, scored
     logprobs: TopN | bool | None = None
     allowed_token_ids: TokenIds | None = None
     return_tokens_as_token_ids: bool | None = None
@@ -348,6 +352,11 @@ class CompletionRequest(SamplingFields):
     def _scoring_rules(self):
         if self.scoring:
             check_scoring(self)
+        return self
+
+    @model_validator(mode="after")
+    def _echo_rules(self):
+        check_echo(self)
         return self
 
     @model_validator(mode="after")

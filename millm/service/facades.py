@@ -19,6 +19,7 @@ from millm.service.models.switch import ModelSwitch
 from millm.service.responses.api import ResponsesApi
 from millm.service.runtime.jobs import JobBook
 from millm.service.serving.serving import Serving
+from millm.service.serving.tokenizer import Tokenizers
 from millm.service.steering.vectors import VectorBook
 from millm.service.training.facade import Training
 from millm.settings import Settings
@@ -31,6 +32,7 @@ class Facades:
     settings: Settings
     requests: ModelSwitch
     serving: Serving
+    tokenizers: Tokenizers
     responses: ResponsesApi
     models: ModelManagement
     steering: SteeringManagement
@@ -53,6 +55,7 @@ def build_facades(state: ServerState) -> Facades:
         settings=state.settings,
         requests=state.switch,
         serving=serving,
+        tokenizers=Tokenizers(state),
         responses=ResponsesApi(serving, state.store),
         models=ModelManagement(state),
         steering=SteeringManagement(state),

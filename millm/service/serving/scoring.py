@@ -8,11 +8,12 @@ OpenAI's legacy shape for completions and its chat shape (with bytes) for chat.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
-from millm.engine.scoring import Scored, check_reported
-from millm.errors import InvalidScoringRequest
+from millm.engine.scoring import Echoed, Scored, check_reported
+from millm.errors import InvalidScoringRequest, NonFiniteLogits
 from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
@@ -40,11 +41,16 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
 
 
 async def score_and_read(
-    state: ServerState, prompts: list[list[int]], ranking: Ranking, reads: tuple = ()
+    state: ServerState,
+    prompts: list[list[int]],
+    ranking: Ranking,
+    reads: tuple = (),
+    echo: bool = False,
 ) -> ScoresReady:
-    """Each prompt's ranked next token (ranked on the scheduler thread) and what `reads` captured of its pass."""
+    """Each prompt's ranked next token (ranked on the scheduler thread), with `echo` its own
+    tokens scored too, and what `reads` captured of its pass."""
     result = OneResult(ScoresReady)
-    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking)
+    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking, echo=echo)
     state.switch.submit(job)
     try:
         return await result.wait()
@@ -98,6 +104,43 @@ def completion_choice(
         token_logprobs=[scored.chosen_logprob],
         top_logprobs=[dict(top)],
         text_offset=[len(prompt_text)],
+    )
+    return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
+
+
+def echoed_choice(
+    lm: LoadedModel,
+    scored: Scored,
+    index: int,
+    prompt: tuple[list[int], str, Echoed],
+    logprobs: int,
+    by_id: bool,
+    generated: bool,
+) -> CompletionChoice:
+    """A legacy completions choice with echo: the prompt's tokens with their log-probabilities
+    (null for the first, which nothing predicts) and `logprobs` alternatives each, then the next
+    token when one was asked for (max_tokens 1); offsets count characters of the echoed text."""
+    ids, prompt_text, echoed = prompt
+    pieces = [token_text(lm, t) for t in ids]
+    keys = [f"token_id:{t}" for t in ids] if by_id else pieces
+    offsets = [0, *accumulate(map(len, pieces[:-1]))]
+    token_logprobs: list[float | None] = [None, *echoed.token_logprobs]
+    tops: list[dict[str, float] | None] = [None]
+    for position, alternatives in enumerate(echoed.top, start=1):
+        if echoed.token_logprobs[position - 1] == float("-inf"):
+            raise NonFiniteLogits(f"prompt token {position} ({ids[position]}) has a -inf logit")
+        tops.append(dict(merged([(token_key(lm, t, by_id), lp) for t, lp in alternatives])))
+    text = prompt_text
+    if generated:
+        check_reported(scored, logprobs)
+        keys.append(token_key(lm, scored.chosen, by_id))
+        token_logprobs.append(scored.chosen_logprob)
+        top = scored.ranked[:logprobs]
+        tops.append(dict(merged([(token_key(lm, t, by_id), lp) for t, lp in top])))
+        offsets.append(len(prompt_text))
+        text += token_text(lm, scored.chosen)
+    detail = CompletionLogprobs(
+        tokens=keys, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets
     )
     return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
 

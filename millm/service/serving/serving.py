@@ -65,6 +65,7 @@ from millm.service.serving.scoring import (
     chat_choice,
     check_allowed,
     completion_choice,
+    echoed_choice,
     score_and_read,
 )
 from millm.service.serving.structured import validate_output
@@ -182,10 +183,24 @@ class Serving:
                 body.scoring_temperature,
                 None if allowed else body.logprobs or 0,
             )
-            answered = await score_and_read(self.state, prompts, ranking, self._engine_reads(read))
+            echo = bool(body.echo)
+            answered = await score_and_read(
+                self.state, prompts, ranking, self._engine_reads(read), echo
+            )
             by_id = bool(body.return_tokens_as_token_ids)
+            generated = 0 if body.token_budget == 0 else 1
             choices = [
-                completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id)
+                echoed_choice(
+                    lm,
+                    scored,
+                    i,
+                    (prompts[i], texts[i], answered.echoed[i]),
+                    body.logprobs or 0,
+                    by_id,
+                    generated=bool(generated),
+                )
+                if echo
+                else completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id)
                 for i, scored in enumerate(answered.scored)
             ]
             scored_body = Completion(
@@ -194,7 +209,7 @@ class Serving:
                 model=meta.model,
                 system_fingerprint=meta.fingerprint,
                 choices=choices,
-                usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+                usage=Usage.of(sum(map(len, prompts)), generated * len(prompts)),
                 millm=millm_block(read, answered.reads, unsteered=True),
             )
             return Reply(Report(ignored, seed=body.seed), body=scored_body)

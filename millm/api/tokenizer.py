@@ -1,0 +1,30 @@
+"""vLLM's tokenizer routes (beyond the spec, issue 34): POST /tokenize, POST /detokenize and
+GET /tokenizer_info, for the named model or the loaded one; lm-evaluation-harness's remote
+tokenizer reads them. The API key opens them as it opens /v1."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from millm.api.deps import facades
+from millm.protocol.tokenizer import DetokenizeRequest, TokenizeRequest
+
+router = APIRouter()
+
+
+@router.post("/tokenize", summary="A text's token ids, as /v1/completions tokenises a prompt")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    """The ids, their count and the model's context window (`token_strs` when asked)."""
+    return (await facades(request).tokenizers.tokenize(body)).model_dump()
+
+
+@router.post("/detokenize", summary="Token ids back to text")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    """The text the ids decode to, special tokens included."""
+    return (await facades(request).tokenizers.detokenize(body)).model_dump()
+
+
+@router.get("/tokenizer_info", summary="The tokenizer's class, special tokens and chat template")
+async def tokenizer_info(request: Request, model: str | None = None) -> dict:
+    """What a client needs to tokenise and template as the server does."""
+    return (await facades(request).tokenizers.info(model)).model_dump()
