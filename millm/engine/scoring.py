@@ -119,14 +119,14 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
                     taps([(captures, 0, len(prompt))]),
                 )
             before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
-            if job.echo and not captures:
+            if job.echo and not captures and len(prompt) < lm.context_length:
                 # One pass over prompt + a placeholder: the last row predicts the next token.
                 every = lm.runner.prompt_logits([*prompt, 0], 1)
                 last, before = every[-1], every[:-1]
             else:
                 _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
                 last = logits[0]
-                if job.echo and len(prompt) > 1:  # the reads took the prefill; a second pass
+                if job.echo and len(prompt) > 1:  # reads, or no room for a placeholder: two passes
                     before = lm.runner.prompt_logits(prompt, 1)
             results.append(last.float().cpu())
             if job.echo:

@@ -121,3 +121,18 @@ def test_echo_on_chat_is_refused_naming_it(llama_server):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == ("echo", "field_not_honoured")
+
+
+def test_a_prompt_past_the_window_is_refused_and_one_filling_it_is_scored(llama_server, llama_lm):
+    window = llama_lm.context_length
+    filling = [5 + (i % 50) for i in range(window)]
+    body = echo(llama_server, prompt=filling, max_tokens=0).json()
+    assert len(body["choices"][0]["logprobs"]["token_logprobs"]) == window
+    response = post(
+        llama_server,
+        "/v1/completions",
+        {"model": MODEL, "prompt": [*filling, 5], "echo": True, "logprobs": 1, "max_tokens": 1},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")

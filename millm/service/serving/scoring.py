@@ -13,7 +13,7 @@ from itertools import accumulate
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import Echoed, Scored, check_reported
-from millm.errors import InvalidScoringRequest, NonFiniteLogits
+from millm.errors import ContextLengthExceeded, InvalidScoringRequest, NonFiniteLogits
 from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
@@ -38,6 +38,16 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
             param="allowed_token_ids",
         )
     return list(dict.fromkeys(allowed))
+
+
+def check_scored_lengths(lm: LoadedModel, prompts: list[list[int]], param: str) -> None:
+    """A scored prompt must fit the context window (the next token needs no position of its own)."""
+    for index, prompt in enumerate(prompts):
+        if len(prompt) > lm.context_length:
+            where = param if len(prompts) == 1 else f"{param}[{index}]"
+            raise ContextLengthExceeded(
+                limit=lm.context_length, prompt_tokens=len(prompt), max_tokens=0, param=where
+            )
 
 
 async def score_and_read(

@@ -64,6 +64,7 @@ from millm.service.serving.scoring import (
     InvalidScoringRequest,
     chat_choice,
     check_allowed,
+    check_scored_lengths,
     completion_choice,
     echoed_choice,
     score_and_read,
@@ -177,6 +178,7 @@ class Serving:
         meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "prompt")
         if body.scoring:
+            check_scored_lengths(lm, prompts, "prompt")
             allowed = check_allowed(lm, body.allowed_token_ids)
             ranking = Ranking(
                 tuple(allowed) if allowed else None,
@@ -291,6 +293,8 @@ class Serving:
         choices, captured = [], []
         for index, prompt in enumerate(prompts):
             try:
+                where = "messages" if index == 0 else f"extra_messages[{index - 1}]"
+                check_scored_lengths(lm, [prompt], where)
                 answered = await score_and_read(
                     self.state, [prompt], ranking, self._engine_reads(read)
                 )
