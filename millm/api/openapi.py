@@ -23,8 +23,8 @@ from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS
 from millm.protocol.request_rules import echo_schema_rules, scoring_schema_rules
 from millm.protocol.requests import (
     BUDGET_RULES,
-    CHAT_SCORING,
-    COMPLETION_SCORING,
+    CHAT_LOGPROBS,
+    COMPLETION_LOGPROBS,
     MESSAGE_RULES,
     PROMPT_SCHEMA,
     STOP_SCHEMA,
@@ -34,7 +34,7 @@ from millm.protocol.requests import (
 )
 from millm.protocol.response_format import NAME as SCHEMA_NAME
 from millm.protocol.response_format import response_format_schema_rules
-from millm.protocol.schema_rules import absent_or_null, at_most, nullable, sent, when
+from millm.protocol.schema_rules import absent_or_null, at_most, equals, nullable, sent, when
 from millm.protocol.schema_subset import SUBSET_SCHEMA
 from millm.service.probes.watches import MAX_REQUEST_PROBES
 from millm.service.serving.activations import READ_SCHEMA
@@ -178,9 +178,9 @@ def _requests(schemas: dict, settings: Settings) -> None:
         rules=[
             *BUDGET_RULES,
             *TOP_LOGPROBS_RULES,
-            *field_policy.schema_rules(CHAT, CHAT_SCORING),
-            *scoring_schema_rules(CHAT_SCORING),
-            *response_format_schema_rules(CHAT_SCORING),
+            *field_policy.schema_rules(CHAT),
+            *scoring_schema_rules(CHAT_LOGPROBS, field_policy.scoring_refusals(CHAT), exact=False),
+            *response_format_schema_rules(),
             *TOOL_SCHEMA_RULES,
             *single_read,
         ],
@@ -200,9 +200,13 @@ def _requests(schemas: dict, settings: Settings) -> None:
         },
         rules=[
             *BUDGET_RULES,
-            *field_policy.schema_rules(COMPLETIONS, COMPLETION_SCORING),
-            *scoring_schema_rules(COMPLETION_SCORING),
-            *echo_schema_rules(COMPLETION_SCORING),
+            *field_policy.schema_rules(COMPLETIONS),
+            *scoring_schema_rules(
+                COMPLETION_LOGPROBS,
+                field_policy.scoring_refusals(COMPLETIONS),
+                also=(equals("max_tokens", 0),),
+            ),
+            *echo_schema_rules(),
             # One prompt: several have several position axes.
             when(
                 sent("return_sae_activations"),

@@ -243,8 +243,10 @@ class Lane:
                 text = row.abort()
             else:
                 assert self.logits is not None  # a lane with rows holds their logits
-                token = row.choose(self.logits[i])
+                token, drawn = row.choose(self.logits[i])
                 tokens.append(token)
+                if drawn is not None:
+                    row.job.emit(drawn)
                 text = row.accept(token)
             if text:
                 row.job.emit(TextDelta(row.index, text))

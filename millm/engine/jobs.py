@@ -90,6 +90,9 @@ class RowSpec:
     watches: tuple[
         Watch, ...
     ] = ()  # probes scored at every position fed, which may steer or end the row
+    logprobs: int | None = (
+        None  # report each drawn token's log-probability, with this many alternatives
+    )
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,17 @@ class TextDelta:
 
     row: int
     text: str
+
+
+@dataclass(frozen=True)
+class TokenDrawn:
+    """A row's drawn token (EOS excluded) with its log-probability and the most probable
+    alternatives, for rows that ask (RowSpec.logprobs); it comes before the step's TextDelta."""
+
+    row: int
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -187,6 +201,7 @@ class LikelihoodsReady:
 
 Event = (
     TextDelta
+    | TokenDrawn
     | RowFinished
     | ProbeVerdict
     | ResidualsRead

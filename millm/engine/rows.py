@@ -8,11 +8,11 @@ import secrets
 import torch
 
 from millm.engine.detokenize import IncrementalDetokenizer
-from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec
+from millm.engine.jobs import Event, GenerationJob, RowFinished, RowSpec, TokenDrawn
 from millm.engine.loader import LoadedModel
 from millm.engine.reading import Capture, Reader
 from millm.engine.residual import ResidualEdit, combined
-from millm.engine.sampling import next_token
+from millm.engine.sampling import drawn_logprobs, next_token, penalised
 from millm.engine.stopping import StopMatcher
 from millm.engine.watching import WatchState
 
@@ -79,15 +79,22 @@ class RowState:
         """Whether an abort watch fired: the row ends before sampling again."""
         return any(watch.aborts for watch in self.watches)
 
-    def choose(self, logits: torch.Tensor) -> int:
-        """Sample this row's next token from its logits `[V]` (within its grammar, if it has one)."""
+    def choose(self, logits: torch.Tensor) -> tuple[int, TokenDrawn | None]:
+        """Sample this row's next token from its logits `[V]` (within its grammar, if it has one),
+        with its log-probabilities when the row asks for them (never for EOS)."""
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
         seen_ids = seen_counts = None
         if self.spec.sampling.penalised and self.counts:
             seen_ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
             seen_counts = torch.tensor(list(self.counts.values()), device=logits.device)
-        return next_token(logits, self.spec.sampling, self.generator, seen_ids, seen_counts)
+        sampling = self.spec.sampling
+        drawn = penalised(logits, sampling, seen_ids, seen_counts)
+        token = next_token(drawn, sampling, self.generator)  # penalised once, here
+        if self.spec.logprobs is None or token in self.eos:
+            return token, None
+        logprob, top = drawn_logprobs(drawn, sampling, token, self.spec.logprobs)
+        return token, TokenDrawn(self.index, token, logprob, tuple(top))
 
     def accept(self, token: int) -> str:
         """Record a sampled token; return the text it releases and set finish_reason when done."""

@@ -18,6 +18,7 @@ as in OpenAI's definition ("the text so far" of the completion).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,39 @@ def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return keep
 
 
+def penalised(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen_ids: torch.Tensor | None = None,
+    seen_counts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A row's float logits `[V]` with its repetition penalty applied (what the draw sees)."""
+    logits = logits.float()
+    if params.penalised and seen_ids is not None and seen_counts is not None:  # given together
+        logits = apply_repetition_penalty(
+            logits, seen_ids, seen_counts, params.presence_penalty, params.frequency_penalty
+        )
+    return logits
+
+
+def drawn_logprobs(
+    logits: torch.Tensor, params: SamplingParams, token: int, top: int
+) -> tuple[float, list[tuple[int, float]]]:
+    """The drawn token's log-probability and the `top` most probable, from the distribution it
+    was drawn from: the penalised logits `[V]` over the temperature (greedy and nucleus draws
+    read it unscaled and untruncated, as scoring mode does)."""
+    scaled = logits if params.greedy else logits / params.temperature
+    if not bool(torch.isfinite(scaled.max())):
+        scaled = (logits.double() - logits.max()) / (params.temperature or 1.0)
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    if not top:
+        return float(logprobs[token]), []
+    values, ids = torch.topk(logprobs, min(top, logprobs.shape[0]))
+    # A grammar's mask leaves some ids impossible (-inf): they are no alternatives.
+    pairs = [(t, v) for t, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -math.inf]
+    return float(logprobs[token]), pairs
+
+
 def next_token(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -89,11 +123,7 @@ def next_token(
     seen_counts: torch.Tensor | None = None,
 ) -> int:
     """Pick the next token id for one row from its float logits `[V]`."""
-    logits = logits.float()
-    if params.penalised and seen_ids is not None and seen_counts is not None:  # given together
-        logits = apply_repetition_penalty(
-            logits, seen_ids, seen_counts, params.presence_penalty, params.frequency_penalty
-        )
+    logits = penalised(logits, params, seen_ids, seen_counts)
     if params.greedy:
         return int(torch.argmax(logits))
     scaled = logits / params.temperature

@@ -143,7 +143,7 @@ class ChunkChoice(WireModel):
 
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

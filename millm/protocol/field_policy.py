@@ -238,22 +238,34 @@ def check_responses_fields(body: dict[str, Any]) -> None:
         raise FieldNotHonoured(f"{field} cannot be honoured here: {why}", param=field)
 
 
-def schema_rules(endpoint: str, scoring: dict | None = None) -> list[dict]:
+def neutral_only(field: str) -> dict:
+    """`field` is absent, null or its neutral value."""
+    return one_of_values(field, [None, NEUTRAL[field]] if field in NEUTRAL else [None])
+
+
+def schema_rules(endpoint: str) -> list[dict]:
     """The endpoint's column of the matrix as JSON Schema rules for the served OpenAPI schema:
-    a refused field may only be null or neutral; `scoring` is the endpoint's scoring condition."""
+    a refused field may only be null or neutral (those refused on scoring: scoring_refusals)."""
     rules = []
     for field, cells in MATRIX.items():
         verdict = cells[endpoint].verdict
-        neutral_only = one_of_values(field, [None, NEUTRAL[field]] if field in NEUTRAL else [None])
         if verdict == REFUSED:
-            rules.append(neutral_only)
+            rules.append(neutral_only(field))
         elif verdict == ABOVE_ONE:
             rules.append(at_most(field, 1))
         elif verdict == NOT_STREAMING:
             rules.append(when(equals("stream", True), at_most(field, 1)))
-        elif verdict == NOT_ON_SCORING and scoring is not None:
-            rules.append(when(scoring, neutral_only))
     return rules
+
+
+def scoring_refusals(endpoint: str) -> list[dict]:
+    """What the endpoint's scoring requests may not send, as JSON Schema conditions (the scoring
+    rules put them under one `if` per scoring case: schema tools handle few `if`s well)."""
+    return [
+        neutral_only(field)
+        for field, cells in MATRIX.items()
+        if cells[endpoint].verdict == NOT_ON_SCORING
+    ]
 
 
 # reported: fields a path does not use ------------------------------------------------------------
@@ -331,7 +343,10 @@ def unused_locations(
         found.append("stream_options")
     if scoring:
         found += [key for key in NOT_IN_SCORING if fields.get(key) is not None]
-    elif fields.get("return_tokens_as_token_ids") is not None:
+    elif (
+        fields.get("return_tokens_as_token_ids") is not None
+        and getattr(body, "drawn_logprobs", None) is None  # keys generated tokens' logprobs
+    ):
         found.append("return_tokens_as_token_ids")
     schema_format = getattr(
         getattr(body, "response_format", None), "json_schema", None

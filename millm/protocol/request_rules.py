@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from millm.engine.scoring import MIN_TEMPERATURE
 from millm.errors import InvalidRequest
-from millm.protocol.schema_rules import NULL, absent_or_null, any_of, at_most, equals, when
+from millm.protocol.schema_rules import NULL, absent_or_null, any_of, at_most, equals, sent, when
 
 READ_PARAM = "return_sae_activations"
 
@@ -85,65 +85,54 @@ class EchoBody(GenerationBody, Protocol):
     @property
     def echo(self) -> bool | None: ...
     @property
-    def scoring(self) -> bool: ...
-    @property
     def allowed_token_ids(self) -> list[int] | None: ...
 
 
 def check_echo(body: EchoBody) -> None:
-    """echo (beyond the spec) scores the prompt's own tokens: with logprobs, and max_tokens 0
-    (the prompt alone) or 1 (the prompt and the next token), as lm-evaluation-harness asks."""
+    """echo (beyond the spec) puts the prompt before the completion, and with logprobs its
+    tokens scored, as lm-evaluation-harness asks; max_tokens 0 is echo's alone (nothing generated)."""
     if body.token_budget == 0 and not body.echo:
         raise InvalidRequest(
-            "max_tokens: 0 generates nothing; it is for echo: true with logprobs (the prompt scored)",
+            "max_tokens: 0 generates nothing; it is for echo: true (the prompt, scored with logprobs)",
             param="max_tokens",
         )
-    if not body.echo:
-        return
-    if body.allowed_token_ids is not None:
+    if body.echo and body.allowed_token_ids is not None:
         raise InvalidRequest(
             "echo cannot be combined with allowed_token_ids: the prompt's tokens are scored over the whole vocabulary",
             param="echo",
         )
-    if not body.scoring:
-        raise InvalidRequest(
-            "echo needs logprobs (0 to 20) with max_tokens 0 or 1: it returns the prompt's tokens scored",
-            param="echo",
-        )
 
 
-def scoring_schema_rules(scoring: dict) -> list[dict]:
-    """check_scoring's rules as JSON Schema, under the endpoint's scoring condition."""
+def scoring_schema_rules(
+    logprobs: dict, refused: list[dict], also: tuple[dict, ...] = (), exact: bool = True
+) -> list[dict]:
+    """check_scoring's rules, and the fields `refused` on scoring, as JSON Schema. Scoring is
+    allowed_token_ids (one token), `logprobs` with a one-token budget (with a longer one the
+    tokens are generated: no rule), or one of `also` (text completions: max_tokens 0, echo's).
+    Not `exact`: any `logprobs` is said as scoring, stricter than the server (logprobs while
+    generating are served), because beside chat's other rules schemathesis's canonicaliser
+    gives up on the exact conditionals and the schema could no longer be fuzzed."""
+    temperature = {"anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]}
+    scored = [
+        at_most("n", 1),
+        {"properties": {"stream": {"enum": [None, False]}, "temperature": temperature}},
+        *refused,
+    ]
+    one_token = any_of(equals("max_tokens", 1), equals("max_completion_tokens", 1))
+    if not exact:
+        return [when(any_of(logprobs, sent("allowed_token_ids")), {"allOf": [one_token, *scored]})]
     return [
-        when(
-            scoring,
-            {
-                "allOf": [
-                    any_of(
-                        equals("max_tokens", 1),
-                        equals("max_completion_tokens", 1),
-                        {"allOf": [equals("echo", True), equals("max_tokens", 0)]},
-                    ),
-                    at_most("n", 1),
-                    {"properties": {"stream": {"enum": [None, False]}}},
-                    {
-                        "properties": {
-                            "temperature": {
-                                "anyOf": [NULL, {"const": 0}, {"minimum": MIN_TEMPERATURE}]
-                            }
-                        }
-                    },
-                ]
-            },
-        )
+        when(sent("allowed_token_ids"), {"allOf": [one_token, *scored]}),
+        when(logprobs, when(one_token, {"allOf": scored})),
+        *(when(condition, {"allOf": scored}) for condition in also),
     ]
 
 
-def echo_schema_rules(scoring: dict) -> list[dict]:
-    """check_echo's rules as JSON Schema, `scoring` being text completions' scoring condition."""
+def echo_schema_rules() -> list[dict]:
+    """check_echo's rules as JSON Schema."""
     return [
         when(equals("max_tokens", 0), equals("echo", True)),
-        when(equals("echo", True), {"allOf": [scoring, absent_or_null("allowed_token_ids")]}),
+        when(equals("echo", True), absent_or_null("allowed_token_ids")),
     ]
 
 

@@ -38,7 +38,6 @@ from millm.protocol.response_format import (
 )
 from millm.protocol.schema_rules import (
     absent_or_null,
-    any_of,
     equals,
     nullable,
     sent,
@@ -68,11 +67,13 @@ STOP_SCHEMA = nullable(
 )
 # Stricter than _one_token_budget, which also takes the two names with the same value.
 BUDGET_RULES = [when(sent("max_tokens"), absent_or_null("max_completion_tokens"))]
-CHAT_SCORING = any_of(equals("logprobs", True), sent("allowed_token_ids"))
-COMPLETION_SCORING = any_of(
-    {"required": ["logprobs"], "properties": {"logprobs": {"not": {"enum": [None, False]}}}},
-    sent("allowed_token_ids"),
-)
+# What asks for log-probabilities (scoring mode with one token, or alongside generated tokens:
+# protocol/request_rules.py says which in the schema).
+CHAT_LOGPROBS = equals("logprobs", True)
+COMPLETION_LOGPROBS = {
+    "required": ["logprobs"],
+    "properties": {"logprobs": {"not": {"enum": [None, False]}}},
+}
 TOP_LOGPROBS_RULES = [when(sent("top_logprobs"), equals("logprobs", True))]
 # Token ids are never negative (which ids the vocabulary holds is the model's); a prompt is never empty.
 TOKEN_IDS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
@@ -287,8 +288,16 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def scoring(self) -> bool:
-        """Chat scoring: the next token's distribution instead of generated text."""
-        return self.logprobs is True or self.allowed_token_ids is not None
+        """Chat scoring: the next token's distribution instead of generated text
+        (allowed_token_ids, or logprobs with max_tokens 1)."""
+        return self.allowed_token_ids is not None or (
+            self.logprobs is True and self.token_budget == 1
+        )
+
+    @property
+    def drawn_logprobs(self) -> int | None:
+        """Alternatives to report with each generated token (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs is True and not self.scoring else None
 
     @property
     def row_count(self) -> RowCount:
@@ -323,8 +332,18 @@ class CompletionRequest(SamplingFields):
 
     @property
     def scoring(self) -> bool:
-        """Scoring mode: next-token log-probabilities instead of generated text."""
-        return self.logprobs is not None or self.allowed_token_ids is not None
+        """Scoring mode: next-token log-probabilities instead of generated text
+        (allowed_token_ids, or logprobs with max_tokens 1; max_tokens 0 with echo)."""
+        return (
+            self.allowed_token_ids is not None
+            or self.token_budget == 0
+            or (self.logprobs is not None and self.token_budget == 1)
+        )
+
+    @property
+    def drawn_logprobs(self) -> int | None:
+        """Alternatives to report with each generated token (None: no logprobs)."""
+        return self.logprobs if not self.scoring else None
 
     @property
     def row_count(self) -> RowCount:

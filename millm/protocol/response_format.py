@@ -4,7 +4,7 @@
 `json_schema` to a document of the schema (also with `strict: false`). Every rule here reads the
 body alone, so the chat request model checks it while parsing (protocol/requests.py); whether
 the server batches continuously is the server's to say, and an answer is validated when it is
-complete (service/serving/structured.py).
+complete (service/serving/answers_read.py).
 """
 
 from __future__ import annotations
@@ -135,9 +135,11 @@ CONSTRAINED = {
 TOOLS_NOT_OFFERED = any_of(one_of_values("tools", [None, []]), equals("tool_choice", "none"))
 
 
-def response_format_schema_rules(scoring: dict) -> list[dict]:
+def response_format_schema_rules() -> list[dict]:
     """refuse_combinations as JSON Schema for the served OpenAPI schema; continuous batching is
-    the server's setting, so it cannot be stated there."""
+    the server's setting, so it cannot be stated there. Scoring is said as "no logprobs and no
+    allowed_token_ids", a little stricter than the server (logprobs while generating a document
+    are served): schema tools cannot generate from the exact `not` beside the other rules."""
     return [
         when(
             CONSTRAINED,
@@ -145,7 +147,8 @@ def response_format_schema_rules(scoring: dict) -> list[dict]:
                 "allOf": [
                     {"properties": {"stream": {"enum": [None, False]}}},
                     absent_or_null("stop"),
-                    {"not": scoring},
+                    {"properties": {"logprobs": {"enum": [None, False]}}},
+                    absent_or_null("allowed_token_ids"),
                     TOOLS_NOT_OFFERED,
                 ]
             },

@@ -94,15 +94,15 @@ def test_greedy_prompt_tokens_read_as_greedy_the_way_lm_eval_reads_them(llama_se
         ][0]["logprobs"]
         greedy.append(int(logprobs["tokens"][-1].removeprefix("token_id:")))
     logprobs = echo(llama_server, prompt=greedy).json()["choices"][0]["logprobs"]
-    for token, top in zip(logprobs["token_logprobs"][2:-1], logprobs["top_logprobs"][2:-1]):
+    for token, top in zip(
+        logprobs["token_logprobs"][2:-1], logprobs["top_logprobs"][2:-1], strict=True
+    ):
         assert token == max(top.values())
 
 
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"logprobs": None}, "echo"),  # echo returns the prompt scored: it needs logprobs
-        ({"max_tokens": 5}, "max_tokens"),  # scoring with echo: max_tokens 0 or 1
         ({"allowed_token_ids": [40, 41]}, "echo"),
         ({"echo": False, "max_tokens": 0}, "max_tokens"),  # max_tokens 0 is echo's alone
         ({"stream": True}, "stream"),
@@ -136,3 +136,14 @@ def test_a_prompt_past_the_window_is_refused_and_one_filling_it_is_scored(llama_
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+
+
+def test_echo_without_logprobs_puts_the_prompt_before_the_text(llama_server):
+    body = {"model": MODEL, "prompt": PROMPT, "echo": True, "max_tokens": 4, "temperature": 0}
+    echoed = post(llama_server, "/v1/completions", body).json()["choices"][0]
+    plain = post(llama_server, "/v1/completions", {**body, "echo": False}).json()["choices"][0]
+    assert echoed["text"] == PROMPT + plain["text"]
+    assert echoed["logprobs"] is None
+    nothing = post(llama_server, "/v1/completions", {**body, "max_tokens": 0}).json()
+    assert nothing["choices"][0]["text"] == PROMPT
+    assert nothing["usage"]["completion_tokens"] == 0

@@ -306,7 +306,12 @@ def test_a_requests_own_steering_steers_it_alone(server, sae):
     "extra, status, code, param",
     [
         ({"steering": {"steering": []}, "profile": "x"}, 400, "invalid_parameter", "steering"),
-        ({"steering": {"steering": []}, "logprobs": True}, 400, "field_not_honoured", "steering"),
+        (  # scoring mode (logprobs, one token) is never steered
+            {"steering": {"steering": []}, "logprobs": True, "max_tokens": 1},
+            400,
+            "field_not_honoured",
+            "steering",
+        ),
         (
             {
                 "steering": {

@@ -124,12 +124,10 @@ def test_add_special_tokens_false_scores_the_prompt_as_written(llama_server, lla
 @pytest.mark.parametrize(
     "extra, param, code",
     [
-        (
-            {"max_tokens": 5},
-            "max_tokens",
-            "invalid_parameter",
-        ),  # the behaviour change: logprobs with a longer budget
-        ({"max_tokens": None}, "max_tokens", "invalid_parameter"),
+        # allowed_token_ids is scoring's alone: a longer budget is refused. (logprobs with a longer
+        # budget generate, reporting each token's: tests/api/test_generation_logprobs.py.)
+        ({"max_tokens": 5, "allowed_token_ids": [40]}, "max_tokens", "invalid_parameter"),
+        ({"max_tokens": None, "allowed_token_ids": [40]}, "max_tokens", "invalid_parameter"),
         ({"n": 2}, "n", "field_not_honoured"),
         ({"stream": True}, "stream", "invalid_parameter"),
         ({"temperature": 0.0005}, "temperature", "invalid_parameter"),
@@ -228,7 +226,7 @@ def test_chat_allowed_without_logprobs_is_constrained(llama_server):
     [
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": True, "stream": True}, "stream"),
-        ({"logprobs": True, "max_tokens": 3}, "max_tokens"),
+        ({"allowed_token_ids": [40], "max_tokens": 3}, "max_tokens"),
         ({"logprobs": True, "profile": "x"}, "profile"),
         ({"logprobs": True, "n": 2}, "n"),
     ],

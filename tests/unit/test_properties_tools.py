@@ -12,7 +12,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from millm.service.serving.tool_answers import CallHoldback
+from millm.service.serving.answers_read import CallHoldback
 from millm.service.serving.tools import OPEN
 
 # Pieces of the markup (and of near misses) make partial and complete openings frequent.

@@ -7,7 +7,7 @@ import pytest
 from millm.errors import InvalidRequest
 from millm.protocol.requests import ChatCompletionRequest
 from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.service.serving.tool_answers import CallHoldback, read_answer
+from millm.service.serving.answers_read import CallHoldback, read_answer
 from millm.service.serving.tools import parse_tools, tool_messages
 
 WEATHER = {

@@ -37,13 +37,15 @@ from millm.protocol.completion_objects import Usage, WireModel
 from millm.protocol.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.composition import ServerState
 from millm.service.discovery.variants import Resolved, find_bases, resolve_variants
-from millm.service.serving.answers import Collected, Meta, collect
+from millm.service.serving.answers import Meta
 from millm.service.serving.generation import (
     SEED_SPACE,
+    Collected,
     GenerationOptions,
     JobStream,
     RowFill,
     build_rows,
+    collect,
 )
 from millm.service.serving.prechecks import check_rows
 from millm.service.serving.prompts import conversation_ids

@@ -12,7 +12,14 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from millm.engine.jobs import JobFailed, ProbeVerdict, ResidualsRead, RowFinished, TextDelta
+from millm.engine.jobs import (
+    JobFailed,
+    ProbeVerdict,
+    ResidualsRead,
+    RowFinished,
+    TextDelta,
+    TokenDrawn,
+)
 from millm.errors import MillmError
 from millm.protocol.completion_objects import (
     AssistantMessage,
@@ -22,6 +29,7 @@ from millm.protocol.completion_objects import (
     ChunkChoice,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     Delta,
     FunctionCall,
     StreamedToolCall,
@@ -30,11 +38,11 @@ from millm.protocol.completion_objects import (
     WireModel,
     now,
 )
-from millm.service.probes.watches import NO_PROBES, ProbeSet
+from millm.protocol.token_logprobs import TokenWords, joined
 from millm.service.serving.activations import ActivationRead, activations_block
-from millm.service.serving.generation import JobStream
+from millm.service.serving.answers_read import CallHoldback, read_answer
+from millm.service.serving.generation import Collected, JobStream
 from millm.service.serving.replies import Admitted
-from millm.service.serving.tool_answers import CallHoldback, read_answer
 from millm.service.serving.tools import ToolPlan
 
 
@@ -53,27 +61,6 @@ class Meta:
         return cls(f"{prefix}-{uuid.uuid4().hex}", model, fingerprint)
 
 
-@dataclass
-class Collected:
-    """A non-streamed answer, assembled from the engine's events."""
-
-    texts: list[str]
-    finish_reasons: list[str | None]
-    completion_tokens: int = 0
-    reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
-    row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
-    row_cached: list[int] = field(
-        default_factory=list
-    )  # prompt tokens each row took from the prefix cache
-    choices: int = (
-        1  # rows per prompt (n), which share one prefill and so one count of cached tokens
-    )
-    verdicts: list[ProbeVerdict] = field(default_factory=list)  # every watch's, each row's
-    probes: dict | None = (
-        None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
-    )
-
-
 def millm_block(
     read: ActivationRead | None, captured: list, unsteered: bool = False, probes: dict | None = None
 ) -> dict | None:
@@ -90,38 +77,6 @@ def cached_tokens(by_row: dict[int, int] | list[int], choices: int) -> int:
     """The request's prompt tokens taken from the prefix cache: each prompt's once (its n rows share one prefill)."""
     rows = by_row.items() if isinstance(by_row, dict) else enumerate(by_row)
     return sum(cached for row, cached in rows if row % choices == 0)
-
-
-async def collect(
-    stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES, choices: int = 1
-) -> Collected:
-    """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
-    result = Collected(
-        texts=[""] * rows,
-        finish_reasons=[None] * rows,
-        row_tokens=[0] * rows,
-        row_cached=[0] * rows,
-        choices=choices,
-    )
-    try:
-        async for event in stream.events():
-            if isinstance(event, TextDelta):
-                result.texts[event.row] += event.text
-            elif isinstance(event, RowFinished):
-                result.finish_reasons[event.row] = event.finish_reason
-                result.completion_tokens += event.completion_tokens
-                result.row_tokens[event.row] = event.completion_tokens
-                result.row_cached[event.row] = event.cached_tokens
-            elif isinstance(event, ResidualsRead):
-                result.reads.append(event)
-            elif isinstance(event, ProbeVerdict):
-                result.verdicts.append(event)
-            elif isinstance(event, JobFailed):
-                raise event.error
-    finally:
-        stream.cancel()
-    result.probes = await probes.block(result.verdicts)
-    return result
 
 
 class Shape(ABC):
@@ -149,12 +104,17 @@ class Shape(ABC):
     def finish(self, row: int, reason: str | None) -> list:
         """The choices that close a row; the last carries the finish reason."""
 
+    def with_logprobs(self, choice, row: int, drawn: list[TokenDrawn]):
+        """A streamed choice carrying the log-probabilities of the tokens drawn since the last."""
+        return choice
+
 
 class ChatShape(Shape):
     """Chat: a role chunk first, content deltas, a finish chunk; tool calls as OpenAI sends them."""
 
-    def __init__(self, tools: ToolPlan | None = None):
+    def __init__(self, tools: ToolPlan | None = None, words: TokenWords | None = None):
         self.tools = tools
+        self.words = words  # when the request asked for logprobs while generating
         self.texts: dict[int, str] = {}
         self.holds: dict[int, CallHoldback] = {}
 
@@ -162,6 +122,9 @@ class ChatShape(Shape):
         choices = [
             self.choice(i, text, result.finish_reasons[i]) for i, text in enumerate(result.texts)
         ]
+        if self.words is not None:
+            for choice in choices:
+                choice.logprobs = self.words.chat(result.drawn.get(choice.index, []))
         return ChatCompletion(
             id=meta.id,
             created=meta.created,
@@ -197,6 +160,11 @@ class ChatShape(Shape):
 
     def opening(self):
         return [[ChunkChoice(index=0, delta=Delta(role="assistant", content=""))]]
+
+    def with_logprobs(self, choice, row, drawn):
+        if self.words is not None:
+            choice.logprobs = self.words.chat(drawn)
+        return choice
 
     def delta(self, row, text):
         tools = self.tools
@@ -239,14 +207,48 @@ def tool_call(call: dict) -> ToolCall:
     return ToolCall(id=call["id"], function=FunctionCall(**call["function"]))
 
 
+@dataclass(frozen=True)
+class Echo:
+    """What echo puts before a prompt's completion: its text and, with logprobs, its tokens scored."""
+
+    text: str
+    logprobs: CompletionLogprobs | None = None
+
+
 class CompletionShape(Shape):
-    """Text completion: text deltas per choice index, then finish chunks."""
+    """Text completion: text deltas per choice index, then finish chunks; with echo, each row's
+    prompt first; with logprobs, the legacy object, offsets counting from the prompt's start."""
+
+    def __init__(
+        self,
+        prompt_texts: list[str] | None = None,
+        n: int = 1,
+        words: TokenWords | None = None,
+        echoes: list[Echo] | None = None,
+    ):
+        self.prompt_texts, self.n, self.words, self.echoes = prompt_texts or [], n, words, echoes
+        self.offsets: dict[int, int] = {}  # row -> where its next streamed token's text begins
+
+    def _start(self, row: int) -> int:
+        return len(self.prompt_texts[row // self.n]) if self.prompt_texts else 0
 
     def whole(self, meta, result, prompt_tokens, read):
-        choices = [
-            CompletionChoice(index=i, text=text, finish_reason=result.finish_reasons[i])
-            for i, text in enumerate(result.texts)
-        ]
+        choices = []
+        for i, text in enumerate(result.texts):
+            echo = self.echoes[i // self.n] if self.echoes else Echo("")
+            logprobs = None
+            if self.words is not None:
+                logprobs = self.words.legacy(result.drawn.get(i, []), self._start(i))
+                if echo.logprobs is not None:
+                    logprobs = joined(echo.logprobs, logprobs)
+            choices.append(
+                CompletionChoice(
+                    index=i,
+                    text=echo.text + text,
+                    logprobs=logprobs,
+                    finish_reason=result.finish_reasons[i],
+                )
+            )
         return Completion(
             id=meta.id,
             created=meta.created,
@@ -266,11 +268,34 @@ class CompletionShape(Shape):
             id=meta.id, created=meta.created, model=meta.model, choices=choices, **extra
         )
 
+    def opening(self):
+        if not self.echoes:
+            return []
+        return [
+            [
+                CompletionChoice(
+                    index=row,
+                    text=self.echoes[row // self.n].text,
+                    logprobs=self.echoes[row // self.n].logprobs if self.words else None,
+                    finish_reason=None,
+                )
+            ]
+            for row in range(len(self.echoes) * self.n)
+        ]
+
     def delta(self, row, text):
         return [CompletionChoice(index=row, text=text, finish_reason=None)]
 
     def finish(self, row, reason):
         return [CompletionChoice(index=row, text="", finish_reason=reason)]
+
+    def with_logprobs(self, choice, row, drawn):
+        if self.words is None:
+            return choice
+        start = self.offsets.get(row, self._start(row))
+        choice.logprobs = self.words.legacy(drawn, start)
+        self.offsets[row] = start + self.words.text_length(drawn)
+        return choice
 
 
 async def chunks(
@@ -290,14 +315,20 @@ async def chunks(
     read, probes = admitted.read, admitted.probes
     finished = completion_tokens = 0
     cached: dict[int, int] = {}
+    pending: dict[int, list[TokenDrawn]] = {}  # drawn tokens whose text is not out yet, by row
     captured: list[ResidualsRead] = []
     verdicts: list[ProbeVerdict] = []
     try:
         for opening in shape.opening():
             yield shape.chunk(meta, opening)
         async for event in stream.events():
-            if isinstance(event, TextDelta):
-                for choice in shape.delta(event.row, event.text):
+            if isinstance(event, TokenDrawn):
+                pending.setdefault(event.row, []).append(event)
+            elif isinstance(event, TextDelta):
+                sent = shape.delta(event.row, event.text)
+                if sent and event.row in pending:  # held text keeps its tokens for later
+                    sent[0] = shape.with_logprobs(sent[0], event.row, pending.pop(event.row))
+                for choice in sent:
                     yield shape.chunk(meta, [choice])
             elif isinstance(event, RowFinished):
                 finished += 1
@@ -305,6 +336,8 @@ async def chunks(
                 cached[event.row] = event.cached_tokens
                 last = finished == rows and not include_usage
                 closing = shape.finish(event.row, event.finish_reason)
+                if event.row in pending:
+                    closing[0] = shape.with_logprobs(closing[0], event.row, pending.pop(event.row))
                 for choice in closing[:-1]:
                     yield shape.chunk(meta, [choice])
                 yield shape.chunk(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from millm.engine.constraints import GrammarSpec
@@ -20,12 +20,15 @@ from millm.engine.jobs import (
     RowFinished,
     RowSpec,
     ScoresReady,
+    TextDelta,
+    TokenDrawn,
     Watch,
 )
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.errors import ContextLengthExceeded
+from millm.service.probes.watches import NO_PROBES, ProbeSet
 
 SEED_SPACE = 2**32
 
@@ -39,6 +42,7 @@ class GenerationOptions:
     sampling: SamplingParams
     stop: tuple[str, ...]
     seed: int | None
+    logprobs: int | None = None  # each drawn token's log-probability, with this many alternatives
 
 
 def completion_budget(
@@ -102,6 +106,7 @@ def build_rows(
                     constraint=fill.constraint,
                     reads=fill.reads,
                     watches=fill.watches,
+                    logprobs=options.logprobs,
                 )
             )
     return rows
@@ -193,3 +198,59 @@ class OneResult(Generic[Answer]):
         if not isinstance(event, self._answer):  # a job of this kind emits nothing else
             raise TypeError(f"expected {self._answer.__name__}, got {type(event).__name__}")
         return event
+
+
+@dataclass
+class Collected:
+    """A non-streamed answer, assembled from the engine's events."""
+
+    texts: list[str]
+    finish_reasons: list[str | None]
+    completion_tokens: int = 0
+    reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
+    row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
+    row_cached: list[int] = field(
+        default_factory=list
+    )  # prompt tokens each row took from the prefix cache
+    choices: int = (
+        1  # rows per prompt (n), which share one prefill and so one count of cached tokens
+    )
+    verdicts: list[ProbeVerdict] = field(default_factory=list)  # every watch's, each row's
+    probes: dict | None = (
+        None  # the `millm` keys the verdicts make (ProbeSet.block), once collected
+    )
+    drawn: dict[int, list[TokenDrawn]] = field(default_factory=dict)  # rows asking for logprobs
+
+
+async def collect(
+    stream: JobStream, rows: int, probes: ProbeSet = NO_PROBES, choices: int = 1
+) -> Collected:
+    """Run a job to the end; cancelling the awaiting task (the client left) cancels the job."""
+    result = Collected(
+        texts=[""] * rows,
+        finish_reasons=[None] * rows,
+        row_tokens=[0] * rows,
+        row_cached=[0] * rows,
+        choices=choices,
+    )
+    try:
+        async for event in stream.events():
+            if isinstance(event, TextDelta):
+                result.texts[event.row] += event.text
+            elif isinstance(event, TokenDrawn):
+                result.drawn.setdefault(event.row, []).append(event)
+            elif isinstance(event, RowFinished):
+                result.finish_reasons[event.row] = event.finish_reason
+                result.completion_tokens += event.completion_tokens
+                result.row_tokens[event.row] = event.completion_tokens
+                result.row_cached[event.row] = event.cached_tokens
+            elif isinstance(event, ResidualsRead):
+                result.reads.append(event)
+            elif isinstance(event, ProbeVerdict):
+                result.verdicts.append(event)
+            elif isinstance(event, JobFailed):
+                raise event.error
+    finally:
+        stream.cancel()
+    result.probes = await probes.block(result.verdicts)
+    return result

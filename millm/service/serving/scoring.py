@@ -1,4 +1,6 @@
-"""Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered.
+"""Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered,
+and the answers it makes (a completion per prompt, with echo its tokens scored too; a chat choice
+per conversation).
 
 The rules of the API page's "Scoring mode" and "Chat scoring" sections: one forward pass per
 prompt and nothing generated; max_tokens 1 and n 1; normalisation over allowed_token_ids;
@@ -7,24 +9,27 @@ OpenAI's legacy shape for completions and its chat shape (with bytes) for chat.
 
 from __future__ import annotations
 
-import math
-from itertools import accumulate
-
-from millm.engine.jobs import Ranking, ScoresReady, ScoringJob
+from millm.engine.jobs import Ranking, ScoresReady, ScoringJob, TokenDrawn
 from millm.engine.loader import LoadedModel
 from millm.engine.scoring import Echoed, Scored, check_reported
-from millm.errors import ContextLengthExceeded, InvalidScoringRequest, NonFiniteLogits
+from millm.errors import ContextLengthExceeded, InvalidScoringRequest, MillmError
 from millm.protocol.completion_objects import (
     AssistantMessage,
     ChatChoice,
+    ChatCompletion,
     ChatLogprobs,
+    Completion,
     CompletionChoice,
     CompletionLogprobs,
-    TokenLogprob,
-    TopLogprob,
+    Usage,
 )
+from millm.protocol.requests import ChatCompletionRequest, CompletionRequest
+from millm.protocol.token_logprobs import TokenWords, joined, merged, token_key, token_text
 from millm.service.composition import ServerState
+from millm.service.serving.activations import ActivationRead
+from millm.service.serving.answers import Echo, Meta, millm_block
 from millm.service.serving.generation import OneResult
+from millm.service.serving.replies import Reply, Report
 
 
 def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | None:
@@ -68,30 +73,6 @@ async def score_and_read(
         job.cancel()
 
 
-def token_text(lm: LoadedModel, token_id: int) -> str:
-    """A single token decoded on its own (special tokens by name)."""
-    return lm.tokenizer.decode(
-        [token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
-    )  # type: ignore[return-value]  # transformers types decode() as str | list[str]; one id list decodes to a str
-
-
-def token_key(lm: LoadedModel, token_id: int, by_id: bool) -> str:
-    """How a token is named in the response: its text, or token_id:<id>."""
-    return f"token_id:{token_id}" if by_id else token_text(lm, token_id)
-
-
-def merged(entries: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """Entries keyed by the same text share one: its log-probability is the total (logsumexp)."""
-    totals: dict[str, float] = {}
-    for key, logprob in entries:
-        if key in totals:
-            high, low = max(totals[key], logprob), min(totals[key], logprob)
-            totals[key] = high + math.log1p(math.exp(low - high)) if low != float("-inf") else high
-        else:
-            totals[key] = logprob
-    return sorted(totals.items(), key=lambda kv: -kv[1])
-
-
 def completion_choice(
     lm: LoadedModel,
     scored: Scored,
@@ -122,36 +103,26 @@ def echoed_choice(
     lm: LoadedModel,
     scored: Scored,
     index: int,
-    prompt: tuple[list[int], str, Echoed],
-    logprobs: int,
+    prompt: tuple[list[int], str, Echoed | None],
+    logprobs: int | None,
     by_id: bool,
     generated: bool,
 ) -> CompletionChoice:
-    """A legacy completions choice with echo: the prompt's tokens with their log-probabilities
-    (null for the first, which nothing predicts) and `logprobs` alternatives each, then the next
-    token when one was asked for (max_tokens 1); offsets count characters of the echoed text."""
+    """A legacy completions choice with echo: the prompt's text, then the next token's when one
+    was asked for (max_tokens 1); with logprobs, the prompt's tokens scored (null for the first,
+    which nothing predicts) and then the next token's, offsets counting the echoed text."""
     ids, prompt_text, echoed = prompt
-    pieces = [token_text(lm, t) for t in ids]
-    keys = [f"token_id:{t}" for t in ids] if by_id else pieces
-    offsets = [0, *accumulate(map(len, pieces[:-1]))]
-    token_logprobs: list[float | None] = [None, *echoed.token_logprobs]
-    tops: list[dict[str, float] | None] = [None]
-    for position, alternatives in enumerate(echoed.top, start=1):
-        if echoed.token_logprobs[position - 1] == float("-inf"):
-            raise NonFiniteLogits(f"prompt token {position} ({ids[position]}) has a -inf logit")
-        tops.append(dict(merged([(token_key(lm, t, by_id), lp) for t, lp in alternatives])))
-    text = prompt_text
+    text = prompt_text + (token_text(lm, scored.chosen) if generated else "")
+    if logprobs is None or echoed is None:
+        return CompletionChoice(index=index, text=text, finish_reason="length")
+    words = TokenWords(lm, by_id)
+    detail = words.prompt(ids, echoed)
     if generated:
         check_reported(scored, logprobs)
-        keys.append(token_key(lm, scored.chosen, by_id))
-        token_logprobs.append(scored.chosen_logprob)
-        top = scored.ranked[:logprobs]
-        tops.append(dict(merged([(token_key(lm, t, by_id), lp) for t, lp in top])))
-        offsets.append(len(prompt_text))
-        text += token_text(lm, scored.chosen)
-    detail = CompletionLogprobs(
-        tokens=keys, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets
-    )
+        drawn = TokenDrawn(
+            index, scored.chosen, scored.chosen_logprob, tuple(scored.ranked[:logprobs])
+        )
+        detail = joined(detail, words.legacy([drawn], len(prompt_text)))
     return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
 
 
@@ -170,20 +141,143 @@ def chat_choice(
         return ChatChoice(index=index, message=message, finish_reason="length")
     shown = min(top_logprobs or 0, len(scored.ranked))
     check_reported(scored, shown)
-    top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
-    texts = {token_key(lm, t, by_id): token_text(lm, t) for t, _ in scored.ranked[:shown]}
-    alternatives = [
-        TopLogprob(token=key, logprob=lp, bytes=list(texts[key].encode("utf-8"))) for key, lp in top
-    ]
-    chosen = TokenLogprob(
-        token=token_key(lm, scored.chosen, by_id),
-        logprob=scored.chosen_logprob,
-        bytes=list(text.encode("utf-8")),
-        top_logprobs=alternatives,
-    )
+    words = TokenWords(lm, by_id)
+    chosen = words.chat_entry(scored.chosen, scored.chosen_logprob, scored.ranked[:shown])
     return ChatChoice(
         index=index,
         message=message,
         logprobs=ChatLogprobs(content=[chosen]),
         finish_reason="length",
     )
+
+
+def logprob_words(
+    lm: LoadedModel, body: ChatCompletionRequest | CompletionRequest
+) -> TokenWords | None:
+    """How a generation's tokens are said in its logprobs, when it asked for them (None if not)."""
+    if body.drawn_logprobs is None:
+        return None
+    return TokenWords(lm, bool(body.return_tokens_as_token_ids))
+
+
+async def echoed_prompts(
+    state: ServerState,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    texts: list[str],
+    words: TokenWords | None,
+) -> list[Echo]:
+    """What echo puts before each generated completion: the prompt's text and, with logprobs,
+    its tokens scored by one unsteered pass (at the request's temperature, 0: unscaled)."""
+    if words is None:
+        return [Echo(text) for text in texts]
+    ranking = Ranking(None, body.scoring_temperature, body.logprobs or 0)
+    answered = await score_and_read(state, prompts, ranking, echo=True)
+    return [
+        Echo(text, words.prompt(ids, echoed))
+        for ids, text, echoed in zip(prompts, texts, answered.echoed, strict=True)
+    ]
+
+
+def engine_reads(read: ActivationRead | None) -> tuple:
+    """The request's SAE read as the engine takes it (none, or one)."""
+    return (read.engine_read(),) if read is not None else ()
+
+
+async def score_completions(
+    state: ServerState,
+    lm: LoadedModel,
+    body: CompletionRequest,
+    prompts_and_texts: tuple[list[list[int]], list[str]],
+    meta: Meta,
+    report: Report,
+    read: ActivationRead | None,
+) -> Reply:
+    """Score each prompt's next token (and with echo its own tokens) in one unsteered job."""
+    prompts, texts = prompts_and_texts
+    check_scored_lengths(lm, prompts, "prompt")
+    allowed = check_allowed(lm, body.allowed_token_ids)
+    ranking = Ranking(
+        tuple(allowed) if allowed else None,
+        body.scoring_temperature,
+        None if allowed else body.logprobs or 0,
+    )
+    echo = bool(body.echo)
+    answered = await score_and_read(
+        state,
+        prompts,
+        ranking,
+        engine_reads(read),
+        echo and body.logprobs is not None,
+    )
+    by_id = bool(body.return_tokens_as_token_ids)
+    generated = 0 if body.token_budget == 0 else 1
+    choices = [
+        echoed_choice(
+            lm,
+            scored,
+            i,
+            (prompts[i], texts[i], answered.echoed[i] if answered.echoed else None),
+            body.logprobs,
+            by_id,
+            generated=bool(generated),
+        )
+        if echo
+        else completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id)
+        for i, scored in enumerate(answered.scored)
+    ]
+    scored_body = Completion(
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        system_fingerprint=meta.fingerprint,
+        choices=choices,
+        usage=Usage.of(sum(map(len, prompts)), generated * len(prompts)),
+        millm=millm_block(read, answered.reads, unsteered=True),
+    )
+    return Reply(report, body=scored_body)
+
+
+async def score_chat(
+    state: ServerState,
+    lm: LoadedModel,
+    body: ChatCompletionRequest,
+    prompts: list[list[int]],
+    meta: Meta,
+    report: Report,
+    read: ActivationRead | None,
+) -> Reply:
+    """Score each conversation one at a time; a failing one fails the request, naming its index."""
+    allowed = check_allowed(lm, body.allowed_token_ids)
+    ranking = Ranking(
+        tuple(allowed) if allowed else None,
+        body.scoring_temperature,
+        None if allowed else body.top_logprobs or 0,
+    )
+    choices, captured = [], []
+    for index, prompt in enumerate(prompts):
+        try:
+            where = "messages" if index == 0 else f"extra_messages[{index - 1}]"
+            check_scored_lengths(lm, [prompt], where)
+            answered = await score_and_read(state, [prompt], ranking, engine_reads(read))
+            captured += answered.reads
+            by_id = bool(body.return_tokens_as_token_ids)
+            choices.append(
+                chat_choice(
+                    lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id
+                )
+            )
+        except MillmError as exc:
+            if len(prompts) > 1:
+                exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
+            raise
+    scored = ChatCompletion(
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        system_fingerprint=meta.fingerprint,
+        choices=choices,
+        usage=Usage.of(sum(map(len, prompts)), len(prompts)),
+        millm=millm_block(read, captured, unsteered=True),
+    )
+    return Reply(report, body=scored)

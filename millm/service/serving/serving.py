@@ -15,12 +15,10 @@ from functools import partial
 from anyio import to_thread
 from pydantic import BaseModel
 
-from millm.engine.jobs import Ranking
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
 from millm.engine.sampling import SamplingParams
-from millm.errors import InvalidRequest, MillmError
-from millm.protocol.completion_objects import ChatCompletion, Completion, Usage
+from millm.errors import InvalidRequest
 from millm.protocol.field_policy import (
     AS_SENT,
     SentAs,
@@ -46,15 +44,15 @@ from millm.service.serving.answers import (
     Meta,
     Shape,
     chunks,
-    collect,
-    millm_block,
 )
+from millm.service.serving.answers_read import validate_output
 from millm.service.serving.embeddings import embed
 from millm.service.serving.generation import (
     GenerationOptions,
     JobStream,
     RowFill,
     build_rows,
+    collect,
     completion_budget,
 )
 from millm.service.serving.prechecks import Prechecked, precheck, refuse_residual_reads
@@ -62,14 +60,12 @@ from millm.service.serving.prompts import completion_prompts, conversation_promp
 from millm.service.serving.replies import Admitted, Reply, Report
 from millm.service.serving.scoring import (
     InvalidScoringRequest,
-    chat_choice,
-    check_allowed,
-    check_scored_lengths,
-    completion_choice,
-    echoed_choice,
-    score_and_read,
+    echoed_prompts,
+    engine_reads,
+    logprob_words,
+    score_chat,
+    score_completions,
 )
-from millm.service.serving.structured import validate_output
 from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
 from millm.service.steering.plan import Plan
 
@@ -88,6 +84,7 @@ def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
         sampling=sampling,
         stop=body.stop_sequences,
         seed=body.seed,
+        logprobs=getattr(body, "drawn_logprobs", None),
     )
 
 
@@ -147,9 +144,8 @@ class Serving:
         meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "messages")
         if body.scoring:
-            return await self._chat_scoring(
-                lm, body, prompts, meta, Report(ignored, seed=body.seed), read
-            )
+            report = Report(ignored, seed=body.seed)
+            return await score_chat(self.state, lm, body, prompts, meta, report, read)
         plan = await to_thread.run_sync(self._plan, body.profile, checked)
         constraint = (
             structured.spec
@@ -166,7 +162,7 @@ class Serving:
         report = Report(ignored, plan, body.seed, scope, structured)
         probes = await self._watch(lm, checked.probes)
         admitted = Admitted(lm, body, prompts, "messages", report, constraint, read, probes)
-        return await self._generate(admitted, ChatShape(tools), meta)
+        return await self._generate(admitted, ChatShape(tools, logprob_words(lm, body)), meta)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
@@ -178,48 +174,20 @@ class Serving:
         meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "prompt")
         if body.scoring:
-            check_scored_lengths(lm, prompts, "prompt")
-            allowed = check_allowed(lm, body.allowed_token_ids)
-            ranking = Ranking(
-                tuple(allowed) if allowed else None,
-                body.scoring_temperature,
-                None if allowed else body.logprobs or 0,
+            report = Report(ignored, seed=body.seed)
+            return await score_completions(
+                self.state, lm, body, (prompts, texts), meta, report, read
             )
-            echo = bool(body.echo)
-            answered = await score_and_read(
-                self.state, prompts, ranking, self._engine_reads(read), echo
-            )
-            by_id = bool(body.return_tokens_as_token_ids)
-            generated = 0 if body.token_budget == 0 else 1
-            choices = [
-                echoed_choice(
-                    lm,
-                    scored,
-                    i,
-                    (prompts[i], texts[i], answered.echoed[i]),
-                    body.logprobs or 0,
-                    by_id,
-                    generated=bool(generated),
-                )
-                if echo
-                else completion_choice(lm, scored, i, texts[i], body.logprobs, allowed, by_id)
-                for i, scored in enumerate(answered.scored)
-            ]
-            scored_body = Completion(
-                id=meta.id,
-                created=meta.created,
-                model=meta.model,
-                system_fingerprint=meta.fingerprint,
-                choices=choices,
-                usage=Usage.of(sum(map(len, prompts)), generated * len(prompts)),
-                millm=millm_block(read, answered.reads, unsteered=True),
-            )
-            return Reply(Report(ignored, seed=body.seed), body=scored_body)
         plan = await to_thread.run_sync(self._plan, None, checked)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
         probes = await self._watch(lm, checked.probes)
         admitted = Admitted(lm, body, prompts, "prompt", report, None, read, probes)
-        return await self._generate(admitted, CompletionShape(), meta)
+        words = logprob_words(lm, body)
+        echoes = (
+            await echoed_prompts(self.state, body, prompts, texts, words) if body.echo else None
+        )
+        shape = CompletionShape(texts, admitted.choices, words, echoes)
+        return await self._generate(admitted, shape, meta)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
         """Embed each input (never steered)."""
@@ -249,7 +217,7 @@ class Serving:
     def _start(self, admitted: Admitted) -> tuple[JobStream, int]:
         """Build the request's rows (read by monitoring too when it is on) and admit them."""
         lm, probes = admitted.lm, admitted.probes
-        reads = self._engine_reads(admitted.read)
+        reads = engine_reads(admitted.read)
         # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
         # nothing for such a model (its status says so) rather than refuse every request.
         monitored = (
@@ -273,52 +241,6 @@ class Serving:
         )
         self.state.switch.submit(stream.job)
         return stream, len(rows)
-
-    async def _chat_scoring(
-        self,
-        lm: LoadedModel,
-        body: ChatCompletionRequest,
-        prompts: list[list[int]],
-        meta: Meta,
-        report: Report,
-        read: ActivationRead | None,
-    ) -> Reply:
-        """Score each conversation one at a time; a failing one fails the request, naming its index."""
-        allowed = check_allowed(lm, body.allowed_token_ids)
-        ranking = Ranking(
-            tuple(allowed) if allowed else None,
-            body.scoring_temperature,
-            None if allowed else body.top_logprobs or 0,
-        )
-        choices, captured = [], []
-        for index, prompt in enumerate(prompts):
-            try:
-                where = "messages" if index == 0 else f"extra_messages[{index - 1}]"
-                check_scored_lengths(lm, [prompt], where)
-                answered = await score_and_read(
-                    self.state, [prompt], ranking, self._engine_reads(read)
-                )
-                captured += answered.reads
-                by_id = bool(body.return_tokens_as_token_ids)
-                choices.append(
-                    chat_choice(
-                        lm, answered.scored[0], index, bool(body.logprobs), body.top_logprobs, by_id
-                    )
-                )
-            except MillmError as exc:
-                if len(prompts) > 1:
-                    exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
-                raise
-        scored = ChatCompletion(
-            id=meta.id,
-            created=meta.created,
-            model=meta.model,
-            system_fingerprint=meta.fingerprint,
-            choices=choices,
-            usage=Usage.of(sum(map(len, prompts)), len(prompts)),
-            millm=millm_block(read, captured, unsteered=True),
-        )
-        return Reply(report, body=scored)
 
     def _plan(self, profile: str | None, checked: Prechecked) -> Plan:
         """The request's steering plan: its own `steering` if sent, else its profile or the base, through its dial."""
@@ -371,10 +293,6 @@ class Serving:
         return await to_thread.run_sync(
             watch_request, self.state.probes, self.state.calibrations, attached, lm, asked
         )
-
-    @staticmethod
-    def _engine_reads(read: ActivationRead | None) -> tuple:
-        return (read.engine_read(),) if read is not None else ()
 
     def _seed_scope(self, batch_shaped: bool) -> str:
         """The promise X-miLLM-Seed states: extra_messages rows hold for the same batch composition;

@@ -1,5 +1,9 @@
-"""A tool-calling answer read back: the model's <tool_call> blocks as OpenAI tool calls (checked
-against the offered tools' schemas), whole or held back while streaming until a block closes."""
+"""A constrained answer read back. A response_format document, once complete, is validated with
+the jsonschema package: finish_reason "stop" then means "complete and valid", and a complete
+document that fails is a 500 constrained_output_invalid, never a 200 (what a request may ask
+for is checked while its body is parsed: protocol/response_format.py). A tool-calling answer's
+<tool_call> blocks become OpenAI tool calls (checked against the offered tools' schemas), whole
+or held back while streaming until a block closes."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from millm.errors import ConstrainedOutputInvalid
+from millm.protocol.response_format import Structured
 from millm.service.serving.tools import CLOSE, OPEN, Tool, ToolPlan
 
 CALL_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
@@ -139,3 +144,27 @@ class CallHoldback:
         """Everything held (at the end of the choice)."""
         held, self.held = self.held, ""
         return held
+
+
+def validate_output(structured: Structured, text: str, index: int) -> None:
+    """A complete document must parse and validate; otherwise 500 constrained_output_invalid."""
+    from jsonschema import Draft202012Validator
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConstrainedOutputInvalid(
+            f"choice {index}: the completed output is not valid JSON ({exc})"
+        ) from None
+    if structured.mode == "json_object":
+        if not isinstance(document, dict):
+            raise ConstrainedOutputInvalid(
+                f"choice {index}: the completed output is not a JSON object"
+            )
+        return
+    error = next(iter(Draft202012Validator(structured.schema).iter_errors(document)), None)
+    if error is not None:
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        raise ConstrainedOutputInvalid(
+            f"choice {index}: the completed output fails the schema at {where}: {error.message}"
+        )
