@@ -8,6 +8,7 @@ import torch
 from millm.engine.sampling import (
     SamplingParams,
     apply_repetition_penalty,
+    drawn_logprobs,
     next_token,
     penalty_factors,
     top_p_mask,
@@ -113,3 +114,23 @@ def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature
     assert {
         next_token(tied, SamplingParams(temperature=temperature), generator) for _ in range(40)
     } == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("temperature", "scale"), [(0.0, 1.0), (1.0, 1.0), (0.5, 0.5)]
+)  # greedy reads the logits unscaled
+def test_drawn_logprobs_are_of_the_tempered_distribution(temperature, scale):
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    logprob, top = drawn_logprobs(logits, SamplingParams(temperature=temperature), 1, 2)
+    expected = torch.log_softmax(logits / scale, -1)
+    assert logprob == pytest.approx(expected[1].item(), abs=1e-6)
+    assert [t for t, _ in top] == [0, 1]
+    assert [lp for _, lp in top] == pytest.approx(expected[:2].tolist(), abs=1e-6)
+
+
+def test_drawn_logprobs_leave_out_what_a_grammar_made_impossible():
+    masked = torch.tensor([1.0, float("-inf"), 0.0, float("-inf")])
+    logprob, top = drawn_logprobs(masked, SamplingParams(temperature=0.0), 0, 4)
+    assert [t for t, _ in top] == [0, 2]  # the -inf ids are no alternatives
+    assert logprob == pytest.approx(math.log(math.e / (math.e + 1)), abs=1e-6)
+    assert drawn_logprobs(masked, SamplingParams(), 2, 0)[1] == []  # no alternatives asked
