@@ -5,15 +5,17 @@ seeds, stops, steering deltas through control vectors, and clear refusals of wha
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
 from millm.engine.generate import Lane
-from millm.engine.jobs import GenerationJob, ResidualRead
+from millm.engine.jobs import GenerationJob, Ranking, ResidualRead, ScoringJob, TokenDrawn
 from millm.engine.reading import Capture, taps
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
+from millm.engine.scoring import run_scoring
 from millm.errors import FieldNotHonoured
 from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
 
@@ -181,3 +183,32 @@ def test_a_cancelled_job_and_a_dropped_batch_give_their_sequences_back(cpp_lm):
     assert run_job(cpp_lm, job) == "cancelled"
     logits_of(cpp_lm, [prompt])  # a scoring-style prefill whose batch is dropped at once
     assert cpp_lm.runner.sequences.in_use() == 0
+
+
+def test_echo_and_generation_logprobs_equal_the_transformers_runner(cpp_lm, llama_lm):
+    prompt = prompt_ids(cpp_lm, PROMPTS[0])
+
+    def echoed(lm):
+        answers = []
+        run_scoring(
+            lm,
+            ScoringJob(
+                prompts=[prompt], emit=answers.append, ranking=Ranking(None, 0.0, 2), echo=True
+            ),
+        )
+        return answers[0].echoed[0]
+
+    ours, theirs = echoed(cpp_lm), echoed(llama_lm)
+    assert len(ours.token_logprobs) == len(prompt) - 1
+    assert ours.token_logprobs == pytest.approx(theirs.token_logprobs, abs=TOLERANCE)
+    assert [[t for t, _ in top] for top in ours.top] == [[t for t, _ in top] for top in theirs.top]
+
+    def drawn(lm):
+        outcome = generate(lm, [replace(row(prompt, max_tokens=8), logprobs=2)])
+        return [event for event in outcome.events if isinstance(event, TokenDrawn)]
+
+    ours_drawn, theirs_drawn = drawn(cpp_lm), drawn(llama_lm)
+    assert [d.token for d in ours_drawn] == [d.token for d in theirs_drawn]
+    assert [d.logprob for d in ours_drawn] == pytest.approx(
+        [d.logprob for d in theirs_drawn], abs=TOLERANCE
+    )
