@@ -20,11 +20,10 @@ from millm.protocol.completion_objects import (
     ChatLogprobs,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     Usage,
 )
 from millm.protocol.requests import ChatCompletionRequest, CompletionRequest
-from millm.protocol.token_logprobs import TokenWords, joined, merged, token_key, token_text
+from millm.protocol.token_logprobs import TokenWords, joined, token_text
 from millm.service.composition import ServerState
 from millm.service.serving.activations import ActivationRead
 from millm.service.serving.answers import Echo, Meta, millm_block
@@ -89,14 +88,13 @@ def completion_choice(
     # With allowed_token_ids every listed token is returned; otherwise the `logprobs` most probable.
     shown = len(scored.ranked) if allowed else logprobs
     check_reported(scored, shown)
-    top = merged([(token_key(lm, t, by_id), lp) for t, lp in scored.ranked[:shown]])
-    detail = CompletionLogprobs(
-        tokens=[token_key(lm, scored.chosen, by_id)],
-        token_logprobs=[scored.chosen_logprob],
-        top_logprobs=[dict(top)],
-        text_offset=[len(prompt_text)],
-    )
+    detail = TokenWords(lm, by_id).legacy([scored_token(index, scored, shown)], len(prompt_text))
     return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
+
+
+def scored_token(row: int, scored: Scored, shown: int) -> TokenDrawn:
+    """A scored next token as a drawn one, with its first `shown` alternatives."""
+    return TokenDrawn(row, scored.chosen, scored.chosen_logprob, tuple(scored.ranked[:shown]))
 
 
 def echoed_choice(
@@ -119,9 +117,7 @@ def echoed_choice(
     detail = words.prompt(ids, echoed)
     if generated:
         check_reported(scored, logprobs)
-        drawn = TokenDrawn(
-            index, scored.chosen, scored.chosen_logprob, tuple(scored.ranked[:logprobs])
-        )
+        drawn = scored_token(index, scored, logprobs)
         detail = joined(detail, words.legacy([drawn], len(prompt_text)))
     return CompletionChoice(index=index, text=text, logprobs=detail, finish_reason="length")
 
