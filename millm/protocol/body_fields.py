@@ -1,8 +1,9 @@
-"""What every request body shares: the base that parses strictly and keeps unknown fields, and
-the bounded field types (OpenAI's ranges)."""
+"""What every request body shares: the base that parses strictly and keeps unknown fields, the
+bounded field types (OpenAI's ranges), and how a prompt field and a body's rows are counted."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,3 +25,21 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 TokenCount = Annotated[int, Field(ge=1)]
 Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
+
+
+@dataclass(frozen=True)
+class RowCount:
+    """The rows a body makes before `n` multiplies them, and the field that made them (for a refusal)."""
+
+    units: int
+    param: str
+    what: str
+
+
+def listed_inputs(value) -> list:
+    """A prompt or input (a string, a token-id list, or a list of either) as a list of items."""
+    if isinstance(value, str):
+        return [value]
+    if value and all(isinstance(v, int) for v in value):
+        return [value]
+    return list(value)

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from millm.interp.intensity import ENVELOPE_MAX, STRENGTH_LIMIT
+from millm.protocol.body_fields import RowCount
 from millm.protocol.completion_objects import Usage, WireModel
-from millm.protocol.requests import ChatMessage, GenerationFields, RowCount
+from millm.protocol.requests import ChatMessage, GenerationFields
 from millm.protocol.schema_rules import any_of, sent, when
 
 MAX_VARIANTS = 8  # rows of one comparison: each is a row of the batch, decoded side by side

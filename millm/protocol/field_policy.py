@@ -200,44 +200,6 @@ def check_fields(body: dict[str, Any], endpoint: str, *, scoring: bool, streamin
             raise FieldNotHonoured(f"{field} cannot be honoured here: {rule.why}", param=field)
 
 
-# /v1/responses (beyond the spec: issue 22) says chat's fields in other words and is checked as chat
-# once translated; these are the Responses API's own output-changing fields it cannot honour, each
-# with the values that change nothing.
-RESPONSES_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "background": ((False,), "there is no background mode; wait for the answer or stream it"),
-    "conversation": (
-        (),
-        "millm keeps no conversation objects; continue a stored response with previous_response_id",
-    ),
-    "prompt": (
-        (),
-        "stored prompt templates live on OpenAI's platform; send instructions and input",
-    ),
-    "include": (
-        ([],),
-        "millm adds no optional output (logprobs, reasoning, search results) to a response",
-    ),
-    "top_logprobs": (
-        (0,),
-        "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with logprobs",
-    ),
-    "truncation": (
-        ("disabled",),
-        "millm never drops earlier items to fit; a conversation too long is a 400 context_length_exceeded",
-    ),
-    "context_management": (([],), "millm compacts no context"),
-}
-
-
-def check_responses_fields(body: dict[str, Any]) -> None:
-    """400 field_not_honoured for the first Responses field whose value would change what millm cannot change."""
-    for field, (neutral, why) in RESPONSES_REFUSED.items():
-        value = body.get(field)
-        if value is None or any(value == n and type(value) is type(n) for n in neutral):
-            continue
-        raise FieldNotHonoured(f"{field} cannot be honoured here: {why}", param=field)
-
-
 def neutral_only(field: str) -> dict:
     """`field` is absent, null or its neutral value."""
     return one_of_values(field, [None, NEUTRAL[field]] if field in NEUTRAL else [None])

@@ -6,8 +6,7 @@ fields, so the field policy can report or refuse them instead of dropping them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -16,12 +15,14 @@ from millm.protocol.body_fields import (
     Choices,
     OpenBody,
     Penalty,
+    RowCount,
     Seed,
     Temperature,
     TokenCount,
     TokenIds,
     TopN,
     TopP,
+    listed_inputs,
 )
 from millm.protocol.field_policy import CHAT, COMPLETIONS, EMBEDDINGS, check_fields
 from millm.protocol.request_rules import (
@@ -85,15 +86,6 @@ PROMPT_SCHEMA = {
         {"type": "array", "minItems": 1, "items": TOKEN_IDS_SCHEMA},
     ]
 }
-
-
-@dataclass(frozen=True)
-class RowCount:
-    """The rows a body makes before `n` multiplies them, and the field that made them (for a refusal)."""
-
-    units: int
-    param: str
-    what: str
 
 
 class TextPart(OpenBody):
@@ -214,6 +206,24 @@ class SamplingFields(GenerationFields):
     # miLLM: this request's own steering, a profile document's steering part (checked in service/serving/prechecks.py)
     steering: dict | None = None
 
+    endpoint: ClassVar[str]  # the field policy's column (protocol/field_policy.py)
+
+    @model_validator(mode="after")
+    def _fields_honoured(self):
+        # First of a body's cross-field rules (parent validators run before a subclass's).
+        check_fields(
+            self.model_dump(exclude_unset=True),
+            self.endpoint,
+            scoring=self.scoring,
+            streaming=bool(self.stream),
+        )
+        return self
+
+    @property
+    def scoring(self) -> bool:
+        """Whether the body asks for scoring mode (each endpoint says when)."""
+        raise NotImplementedError
+
     @property
     def scoring_temperature(self) -> float:
         """What scoring mode divides the logits by (0: no scaling); OpenAI's default is 1."""
@@ -222,6 +232,8 @@ class SamplingFields(GenerationFields):
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions (generation, or chat scoring with logprobs / allowed_token_ids)."""
+
+    endpoint = CHAT
 
     messages: list[ChatMessage] = Field(min_length=1)
     extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
@@ -255,16 +267,6 @@ class ChatCompletionRequest(SamplingFields):
         # OpenAI's rule: alternatives are only returned alongside the chosen token's log-probability.
         if self.top_logprobs is not None and self.logprobs is not True:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
-        return self
-
-    @model_validator(mode="after")
-    def _fields_honoured(self):
-        check_fields(
-            self.model_dump(exclude_unset=True),
-            CHAT,
-            scoring=self.scoring,
-            streaming=bool(self.stream),
-        )
         return self
 
     # After the field policy, in the order a client would fix them: the format, then scoring.
@@ -313,6 +315,8 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions: prompt text (or token ids), one choice per prompt."""
 
+    endpoint = COMPLETIONS
+
     prompt: str | list[str] | list[int] | list[list[int]]
     add_special_tokens: bool | None = None
     # 0 only with echo: the prompt scored, nothing generated (rule: check_echo).
@@ -358,16 +362,6 @@ class CompletionRequest(SamplingFields):
         return value
 
     @model_validator(mode="after")
-    def _fields_honoured(self):
-        check_fields(
-            self.model_dump(exclude_unset=True),
-            COMPLETIONS,
-            scoring=self.scoring,
-            streaming=bool(self.stream),
-        )
-        return self
-
-    @model_validator(mode="after")
     def _scoring_rules(self):
         if self.scoring:
             check_scoring(self)
@@ -382,15 +376,6 @@ class CompletionRequest(SamplingFields):
     def _one_read_row(self):
         refuse_multi_row_reads(self, len(listed_inputs(self.prompt)))
         return self
-
-
-def listed_inputs(value) -> list:
-    """A prompt or input (a string, a token-id list, or a list of either) as a list of items."""
-    if isinstance(value, str):
-        return [value]
-    if value and all(isinstance(v, int) for v in value):
-        return [value]
-    return list(value)
 
 
 class EmbeddingRequest(OpenBody):

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from millm.errors import FieldNotHonoured
 from millm.protocol.body_fields import OpenBody, Seed, Temperature, TokenCount, TopP
 from millm.protocol.completion_objects import WireModel
-from millm.protocol.field_policy import check_responses_fields
 
 # OpenAI's limits on metadata: 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -124,6 +124,44 @@ class TextConfig(OpenBody):
     verbosity: str | None = None
 
 
+# /v1/responses (beyond the spec: issue 22) says chat's fields in other words and is checked as chat
+# once translated; these are the Responses API's own output-changing fields it cannot honour, each
+# with the values that change nothing.
+RESPONSES_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "background": ((False,), "there is no background mode; wait for the answer or stream it"),
+    "conversation": (
+        (),
+        "millm keeps no conversation objects; continue a stored response with previous_response_id",
+    ),
+    "prompt": (
+        (),
+        "stored prompt templates live on OpenAI's platform; send instructions and input",
+    ),
+    "include": (
+        ([],),
+        "millm adds no optional output (logprobs, reasoning, search results) to a response",
+    ),
+    "top_logprobs": (
+        (0,),
+        "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with logprobs",
+    ),
+    "truncation": (
+        ("disabled",),
+        "millm never drops earlier items to fit; a conversation too long is a 400 context_length_exceeded",
+    ),
+    "context_management": (([],), "millm compacts no context"),
+}
+
+
+def check_responses_fields(body: dict[str, Any]) -> None:
+    """400 field_not_honoured for the first Responses field whose value would change what millm cannot change."""
+    for field, (neutral, why) in RESPONSES_REFUSED.items():
+        value = body.get(field)
+        if value is None or any(value == n and type(value) is type(n) for n in neutral):
+            continue
+        raise FieldNotHonoured(f"{field} cannot be honoured here: {why}", param=field)
+
+
 class ResponsesRequest(OpenBody):
     """POST /v1/responses."""
 
@@ -151,7 +189,7 @@ class ResponsesRequest(OpenBody):
     max_tool_calls: int | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
-    # Fields that would change the output and are refused unless neutral (field_policy.RESPONSES_REFUSED).
+    # Fields that would change the output and are refused unless neutral (RESPONSES_REFUSED).
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None

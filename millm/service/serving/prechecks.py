@@ -22,8 +22,8 @@ from millm.engine.control_vectors import engine_cannot
 from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.interp.profiles import validate_spec
+from millm.protocol.body_fields import RowCount
 from millm.protocol.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
-from millm.protocol.requests import RowCount
 from millm.service.composition import ServerState
 from millm.service.models.engines import LLAMACPP
 from millm.service.probes.watches import Asked, parse_probes

@@ -13,11 +13,11 @@ from millm.errors import (
     InvalidRequest,
     MillmError,
 )
+from millm.protocol.body_fields import listed_inputs
 from millm.protocol.requests import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    listed_inputs,
 )
 from millm.service.serving.tools import ToolPlan, template_takes_tools, tool_messages
 
