@@ -6,7 +6,7 @@ fields, so the field policy can report or refuse them instead of dropping them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -219,10 +219,10 @@ class SamplingFields(GenerationFields):
         )
         return self
 
-    @property
-    def scoring(self) -> bool:
-        """Whether the body asks for scoring mode (each endpoint says when)."""
-        raise NotImplementedError
+    if TYPE_CHECKING:  # each endpoint's body says when it asks for scoring mode
+
+        @property
+        def scoring(self) -> bool: ...
 
     @property
     def scoring_temperature(self) -> float:
@@ -277,6 +277,8 @@ class ChatCompletionRequest(SamplingFields):
             refuse_combinations(self)
         return self
 
+    # Here, not on SamplingFields: a parent's validators run first, and a client fixes the
+    # format before the scoring fields (the order of a text completion's has no format).
     @model_validator(mode="after")
     def _scoring_rules(self):
         if self.scoring:
