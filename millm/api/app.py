@@ -24,6 +24,7 @@ from millm.api import (
     probes,
     responses_api,
     tokenizer,
+    variants,
     vectors,
     workbench,
 )
@@ -114,6 +115,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(vectors.router, tags=["Steering vectors"])
+    app.include_router(variants.router, tags=["Steered variants"])
     app.include_router(probes.router, tags=["Probes"])
     app.include_router(health.router, tags=["Health"])
     app.include_router(workbench.router)

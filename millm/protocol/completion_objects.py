@@ -216,14 +216,18 @@ class EmbeddingList(WireModel):
 
 
 class ModelCard(WireModel):
-    """OpenAI's model object, plus vLLM's max_model_len while the model is loaded."""
+    """OpenAI's model object, plus vLLM's max_model_len while the model is loaded; a steered
+    variant's also has vLLM's `parent` (its base, as vLLM lists a LoRA adapter) and a `millm` block
+    saying how it is steered."""
 
-    omit_when_none = frozenset({"max_model_len"})
+    omit_when_none = frozenset({"max_model_len", "parent", "millm"})
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
     max_model_len: int | None = None
+    parent: str | None = None
+    millm: dict | None = None
 
 
 class ModelList(WireModel):

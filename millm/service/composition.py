@@ -3,7 +3,7 @@ wired by its constructor (no part is patched in after it is made).
 
 `ServerState` is what the routes' facades are built over; it owns nothing itself. What each part
 owns: the store (the database), replication (other replicas' changes), the books (SAEs, labels,
-calibrations, profiles, probes, vectors, clusters, circuits), the live steering and its planner,
+calibrations, profiles, probes, vectors, clusters, circuits, variants), the live steering and its planner,
 the model switch (the served model, its slot and lock), the monitor and the jobs."""
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from millm.service.steering.profiles import ProfileBook
 from millm.service.steering.resolution import Resolvers
 from millm.service.steering.saes import SAERegistry
 from millm.service.steering.vectors import VectorBook
+from millm.service.variants.book import VariantBook
+from millm.service.variants.naming import VariantRouting
 from millm.settings import Settings
 from millm.store.changes import Topic
 from millm.store.database import Store, database_url
@@ -60,6 +62,7 @@ class ServerState:
     clusters: ClusterBook
     circuits: CircuitBook
     planner: Planner
+    variants: VariantRouting
     monitor: Monitor
     models: ModelRegistry
     registrations: ClientRegistrations
@@ -101,10 +104,12 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     )
     for info in list(saes.infos.values()):  # SAEs registered before they shipped a calibration
         calibrations.import_shipped(info)
-    models = ModelRegistry(store, settings.hub_dir)
+    variants = VariantBook(store)
+    models = ModelRegistry(store, settings.hub_dir, variants.has)
     registrations = ClientRegistrations(settings, source, saes, models, calibrations)
     shipped = Shipped(store, saes, calibrations, steering, profiles)
     switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
+    planner = Planner(steering, clusters, circuits, limits)
     state = ServerState(
         settings=settings,
         source=source,
@@ -121,7 +126,8 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         steering=steering,
         clusters=clusters,
         circuits=circuits,
-        planner=Planner(steering, clusters, circuits, limits),
+        planner=planner,
+        variants=VariantRouting(variants, planner),
         monitor=Monitor(store, settings.monitoring_history),
         models=models,
         registrations=registrations,
@@ -145,6 +151,7 @@ def follow_other_replicas(state: ServerState) -> None:
     on(Topic.PROFILES, state.profiles.refresh)
     on(Topic.CLUSTERS, state.clusters.refresh)
     on(Topic.CIRCUITS, state.circuits.refresh)
+    on(Topic.VARIANTS, state.variants.book.refresh)
     on(Topic.STEERING, state.switch.steering_changed)
     on(Topic.MONITORING, state.monitor.reload)
     state.replication.start()

@@ -22,6 +22,7 @@ from millm.service.serving.serving import Serving
 from millm.service.serving.tokenizer import Tokenizers
 from millm.service.steering.vectors import VectorBook
 from millm.service.training.facade import Training
+from millm.service.variants.facade import VariantManagement
 from millm.settings import Settings
 
 
@@ -42,6 +43,7 @@ class Facades:
     monitoring: MonitorManagement
     probes: ProbeManagement
     vectors: VectorBook
+    variants: VariantManagement
     discovery: Discovery
     training: Training
     jobs: JobBook
@@ -65,6 +67,7 @@ def build_facades(state: ServerState) -> Facades:
         monitoring=MonitorManagement(state),
         probes=ProbeManagement(state),
         vectors=state.vectors,
+        variants=VariantManagement(state),
         discovery=Discovery(state),
         training=Training(state),
         jobs=state.jobs,

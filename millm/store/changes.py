@@ -54,6 +54,7 @@ class Topic(StrEnum):
     VECTORS = "vectors"
     PROBES = "probes"
     MODELS = "models"
+    VARIANTS = "variants"
     MONITORING = "monitoring"  # which features monitoring watches (the records stay per replica)
 
 

@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api) read and write them."""
+probes, responses_api, variants) read and write them."""
 
 from __future__ import annotations
 
@@ -163,4 +163,17 @@ responses_table = Table(
     Column("created_at", Float, nullable=False, index=True),
     Column("response", Text, nullable=False),
     Column("items", Text, nullable=False),
+)
+
+# Steered variants (store/variants.py): a name clients use as a model, its base model and its
+# steering (a profile or a request's own steering, an intensity, how scoring runs), as JSON.
+variants_table = Table(
+    "millm_variants",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("base", String(400), nullable=False),  # the registered model it steers
+    Column("document", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -187,3 +187,101 @@ def test_local_chat_completions_generates_what_the_chat_route_answers(llama_serv
         )
         assert direct.status_code == 200, direct.text
         assert answer == [direct.json()["choices"][0]["message"]["content"]]
+
+
+@pytest.fixture(scope="module")
+def steered_server(tiny_dirs, tmp_path_factory):
+    """A server whose variant `pirate` steers one feature of an attached SAE, scoring steered."""
+    from tests.support.server import ServerProcess
+    from tests.support.tiny_saes import build_saelens
+
+    sae_dir = build_saelens(tmp_path_factory.mktemp("lm-eval-sae") / "a", layer=1, seed=21)
+    server = ServerProcess(
+        tmp_path_factory.mktemp("lm-eval-home"), ["--model", str(tiny_dirs["llama"])]
+    )
+    try:
+        server.wait_ready()
+        sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
+        assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+        steering = [{"sae_id": sae, "layer": 1, "features": [{"index": 3, "strength": 40.0}]}]
+        variant = {
+            "name": "pirate",
+            "base": MODEL,
+            "steering": {"steering": steering},
+            "scoring": "steered",
+        }
+        assert post(server, "/api/variants", variant).status_code == 201
+        yield server, sae_dir
+    finally:
+        server.stop()
+
+
+def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steering(
+    steered_server, tiny_dirs, tasks
+):
+    """lm-eval names the variant; its reference is lm-eval's own hf backend over transformers'
+    forward pass with the same feature's decoder row added after block 1 (a forward hook)."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    server, sae_dir = steered_server
+    served = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": f"{server.base_url}/v1/completions",
+            "model": "pirate",
+            "tokenizer_backend": "remote",
+            "max_length": 128,
+            "num_concurrent": 1,
+            "max_retries": 1,
+        },
+        tasks=["millm_choice", "millm_rolling"],
+        task_manager=tasks,
+        log_samples=True,
+    )
+    stock = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
+    direction = 40.0 * load_file(str(sae_dir / "sae_weights.safetensors"))["W_dec"][3]
+
+    def add(_module, _inputs, output):
+        if isinstance(output, tuple):
+            return (output[0] + direction, *output[1:])
+        return output + direction
+
+    stock.model.layers[1].register_forward_hook(add)
+    reference = lm_eval.simple_evaluate(
+        model=HFLM(
+            pretrained=stock,
+            tokenizer=str(tiny_dirs["llama"]),
+            device="cpu",
+            max_length=128,
+            add_bos_token=False,
+        ),
+        tasks=["millm_choice", "millm_rolling"],
+        task_manager=tasks,
+        log_samples=True,
+    )
+    for task in ("millm_choice", "millm_rolling"):
+        ours, theirs = (
+            [r[0] if isinstance(r, (list, tuple)) else r for d in responses(run, task) for r in d]
+            for run in (served, reference)
+        )
+        assert ours == pytest.approx(theirs, abs=1e-4), task
+    unsteered = post(
+        server,
+        "/v1/completions",
+        {"model": MODEL, "prompt": "The sky is blue", "echo": True, "logprobs": 1, "max_tokens": 0},
+    ).json()["choices"][0]["logprobs"]["token_logprobs"][1:]
+    steered = post(
+        server,
+        "/v1/completions",
+        {
+            "model": "pirate",
+            "prompt": "The sky is blue",
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 0,
+        },
+    ).json()["choices"][0]["logprobs"]["token_logprobs"][1:]
+    assert max(abs(a - b) for a, b in zip(steered, unsteered, strict=True)) > 1e-3

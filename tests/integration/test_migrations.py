@@ -132,8 +132,9 @@ def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
         ("0005", "0004"),
         ("0006", "0005"),
         ("0007", "0006"),
+        ("0008", "0007"),
     ]
-    assert script.get_heads() == [HEAD] == ["0007"]
+    assert script.get_heads() == [HEAD] == ["0008"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
@@ -216,6 +217,7 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
         "upgrade 0004 -> 0005",
         "upgrade 0005 -> 0006",
         "upgrade 0006 -> 0007",
+        "upgrade 0007 -> 0008",
     ]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 

@@ -42,6 +42,24 @@ def model_card(view: ModelView) -> ModelCard:
     )
 
 
+def variant_card(row: dict, base: ModelCard) -> ModelCard:
+    """A steered variant as a model: its base's card under its name, with the base as `parent` and its steering."""
+    document = row["document"]
+    steering = {
+        key: document[key]
+        for key in ("profile", "steering", "steering_intensity", "scoring", "description")
+        if document.get(key) is not None
+    }
+    return ModelCard(
+        id=row["name"],
+        created=int(row["created_at"]),
+        owned_by=base.owned_by,
+        max_model_len=base.max_model_len,
+        parent=base.id,
+        millm={"variant": row["id"], **steering},
+    )
+
+
 def prefix_cache_stats(scheduler) -> dict:
     """The prefix cache's counters, or why there is none."""
     cache = scheduler.prefix_cache
@@ -118,7 +136,13 @@ class ModelManagement:
         locked = self.state.switch.locked
         if locked is not None:
             views = [view for view in views if view.entry.name == locked]
-        return ModelList(data=[model_card(view) for view in views])
+        cards = {view.entry.name: model_card(view) for view in views}
+        variants = [
+            variant_card(row, cards[row["base"]])
+            for row in self.state.variants.book.all()
+            if row["base"] in cards
+        ]
+        return ModelList(data=[*cards.values(), *variants])
 
     def listed_card(self, model_id: str) -> ModelCard:
         """One listed model's card; 404 model_not_found for a name that is not listed."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -87,9 +88,13 @@ def describe_checkpoint(source: ModelSource, checkpoint: Checkpoint) -> dict:
 class ModelRegistry:
     """Registered models by name; every change is stored at once."""
 
-    def __init__(self, store: Store, hub_dir: Path):
+    def __init__(
+        self, store: Store, hub_dir: Path, variant_named: Callable[[str], bool] = lambda _: False
+    ):
         self.store = store
         self.hub_dir = hub_dir
+        # Models and steered variants share one namespace: a client names either as `model`.
+        self.variant_named = variant_named
         self._lock = threading.Lock()
         self._entries: dict[str, RegisteredModel] = {}
         self.reload()
@@ -165,6 +170,12 @@ class ModelRegistry:
                 f"cannot register {reference!r}: {exc}", param="source", code="invalid_model_source"
             ) from None
         name = check_name(name if name is not None else source.name)
+        if self.variant_named(name):
+            raise Conflict(
+                f"{name!r} names a steered variant (/api/variants), and clients name models and variants alike; give another name",
+                param="name",
+                code="model_exists",
+            )
         reference = canonical_reference(source)
         with self._lock:
             existing = self._entries.get(name)

@@ -37,6 +37,9 @@ def embedding_list(
 
 async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Reply:
     """Mean-pooled last hidden layer over each input's real tokens."""
+    # Embeddings are never steered: a variant's are its base's, answered under the variant's name.
+    named = state.variants.named(body.model)
+    body = state.variants.on_base(named, body)
     await precheck(state, body, strict)
     # What embeddings ignore does not depend on the model: reported (or refused) before it is held.
     ignored = handle_unused(unused_locations(body), strict)
@@ -51,6 +54,6 @@ async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Rep
         job.cancel()
     tokens = sum(len(p) for p in prompts)
     answer = await to_thread.run_sync(
-        embedding_list, vectors.numpy(), body.encoding_format, lm.name, tokens
+        embedding_list, vectors.numpy(), body.encoding_format, named.served, tokens
     )
     return Reply(Report(ignored), body=answer)

@@ -1,5 +1,5 @@
-"""Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered,
-and the answers it makes (a completion per prompt, with echo its tokens scored too; a chat choice
+"""Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered
+(but for a variant whose scoring is steered: service/variants/naming.py), and the answers it makes (a completion per prompt, with echo its tokens scored too; a chat choice
 per conversation).
 
 The rules of the API page's "Scoring mode" and "Chat scoring" sections: one forward pass per
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from millm.engine.jobs import Ranking, ScoresReady, ScoringJob, TokenDrawn
 from millm.engine.loader import LoadedModel
+from millm.engine.residual import ResidualEdit
 from millm.engine.scoring import Echoed, Scored, check_reported
 from millm.errors import ContextLengthExceeded, InvalidScoringRequest, MillmError
 from millm.protocol.completion_objects import (
@@ -60,11 +61,15 @@ async def score_and_read(
     ranking: Ranking,
     reads: tuple = (),
     echo: bool = False,
+    edit: ResidualEdit | None = None,
 ) -> ScoresReady:
     """Each prompt's ranked next token (ranked on the scheduler thread), with `echo` its own
-    tokens scored too, and what `reads` captured of its pass."""
+    tokens scored too, and what `reads` captured of its pass; unsteered unless `edit` (a variant
+    whose scoring is steered)."""
     result = OneResult(ScoresReady)
-    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, ranking=ranking, echo=echo)
+    job = ScoringJob(
+        prompts=prompts, emit=result.emit, reads=reads, ranking=ranking, echo=echo, edit=edit
+    )
     state.switch.submit(job)
     try:
         return await result.wait()
@@ -159,16 +164,17 @@ def logprob_words(
 async def echoed_prompts(
     state: ServerState,
     body: CompletionRequest,
-    prompts: list[list[int]],
-    texts: list[str],
+    prompts_and_texts: tuple[list[list[int]], list[str]],
     words: TokenWords | None,
+    edit: ResidualEdit | None,
 ) -> list[Echo]:
     """What echo puts before each generated completion: the prompt's text and, with logprobs,
-    its tokens scored by one unsteered pass (at the request's temperature, 0: unscaled)."""
+    its tokens scored by one pass (at the request's temperature, 0: unscaled), unsteered unless `edit`."""
+    prompts, texts = prompts_and_texts
     if words is None:
         return [Echo(text) for text in texts]
     ranking = Ranking(None, body.scoring_temperature, body.logprobs or 0)
-    answered = await score_and_read(state, prompts, ranking, echo=True)
+    answered = await score_and_read(state, prompts, ranking, echo=True, edit=edit)
     return [
         Echo(text, words.prompt(ids, echoed))
         for ids, text, echoed in zip(prompts, texts, answered.echoed, strict=True)
@@ -189,7 +195,8 @@ async def score_completions(
     report: Report,
     read: ActivationRead | None,
 ) -> Reply:
-    """Score each prompt's next token (and with echo its own tokens) in one unsteered job."""
+    """Score each prompt's next token (and with echo its own tokens) in one job, unsteered unless
+    the report's plan steers it (a variant whose scoring is steered)."""
     prompts, texts = prompts_and_texts
     check_scored_lengths(lm, prompts, "prompt")
     allowed = check_allowed(lm, body.allowed_token_ids)
@@ -205,6 +212,7 @@ async def score_completions(
         ranking,
         engine_reads(read),
         echo and body.logprobs is not None,
+        report.plan.edit,
     )
     by_id = bool(body.return_tokens_as_token_ids)
     generated = 0 if body.token_budget == 0 else 1
@@ -229,7 +237,7 @@ async def score_completions(
         system_fingerprint=meta.fingerprint,
         choices=choices,
         usage=Usage.of(sum(map(len, prompts)), generated * len(prompts)),
-        millm=millm_block(read, answered.reads, unsteered=True),
+        millm=millm_block(read, answered.reads, unsteered=report.plan.edit is None),
     )
     return Reply(report, body=scored_body)
 
@@ -255,7 +263,9 @@ async def score_chat(
         try:
             where = "messages" if index == 0 else f"extra_messages[{index - 1}]"
             check_scored_lengths(lm, [prompt], where)
-            answered = await score_and_read(state, [prompt], ranking, engine_reads(read))
+            answered = await score_and_read(
+                state, [prompt], ranking, engine_reads(read), edit=report.plan.edit
+            )
             captured += answered.reads
             by_id = bool(body.return_tokens_as_token_ids)
             choices.append(
@@ -274,6 +284,6 @@ async def score_chat(
         system_fingerprint=meta.fingerprint,
         choices=choices,
         usage=Usage.of(sum(map(len, prompts)), len(prompts)),
-        millm=millm_block(read, captured, unsteered=True),
+        millm=millm_block(read, captured, unsteered=report.plan.edit is None),
     )
     return Reply(report, body=scored)

@@ -67,7 +67,8 @@ from millm.service.serving.scoring import (
     score_completions,
 )
 from millm.service.serving.tools import offer_decision, parse_tools, template_takes_tools
-from millm.service.steering.plan import Plan
+from millm.service.steering.plan import NO_STEERING, Plan
+from millm.service.variants.naming import Named
 
 
 def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
@@ -124,6 +125,8 @@ class Serving:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in."""
         # The body's own cross-field rules were checked while it was parsed (protocol/requests.py).
+        named = self.state.variants.named(body.model)
+        body = self.state.variants.on_base(named, body)
         structured = body.structured
         if structured is not None and self.settings.enable_continuous_batching:
             raise refused_under_batching()
@@ -141,12 +144,13 @@ class Serving:
         )
         ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
-        meta = Meta.new("chatcmpl", lm.name, lm.system_fingerprint)
+        meta = Meta.new("chatcmpl", named.served, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "messages")
         if body.scoring:
-            report = Report(ignored, seed=body.seed)
+            plan = await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
+            report = Report(ignored, plan, seed=body.seed)
             return await score_chat(self.state, lm, body, prompts, meta, report, read)
-        plan = await to_thread.run_sync(self._plan, body.profile, checked)
+        plan = await to_thread.run_sync(self._plan, body.profile, checked, named)
         constraint = (
             structured.spec
             if structured is not None
@@ -166,25 +170,34 @@ class Serving:
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
+        named = self.state.variants.named(body.model)
+        body = self.state.variants.on_base(named, body)
         checked = await precheck(self.state, body, strict, body.scoring)
         lm = await self.state.switch.acquire(body.model)
         ignored = unused_fields(strict, body, body.scoring, lm)
         error = InvalidScoringRequest if body.scoring else InvalidRequest
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
-        meta = Meta.new("cmpl", lm.name, lm.system_fingerprint)
+        meta = Meta.new("cmpl", named.served, lm.system_fingerprint)
         read = self._read(lm, body, checked.read, prompts, "prompt")
+        scoring_plan = (  # what scores the prompt: scoring mode, or echo's prompt logprobs
+            await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
+            if body.scoring or body.echo
+            else NO_STEERING
+        )
         if body.scoring:
-            report = Report(ignored, seed=body.seed)
+            report = Report(ignored, scoring_plan, seed=body.seed)
             return await score_completions(
                 self.state, lm, body, (prompts, texts), meta, report, read
             )
-        plan = await to_thread.run_sync(self._plan, None, checked)
+        plan = await to_thread.run_sync(self._plan, None, checked, named)
         report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
         probes = await self._watch(lm, checked.probes)
         admitted = Admitted(lm, body, prompts, "prompt", report, None, read, probes)
         words = logprob_words(lm, body)
         echoes = (
-            await echoed_prompts(self.state, body, prompts, texts, words) if body.echo else None
+            await echoed_prompts(self.state, body, (prompts, texts), words, scoring_plan.edit)
+            if body.echo
+            else None
         )
         shape = CompletionShape(texts, admitted.choices, words, echoes)
         return await self._generate(admitted, shape, meta)
@@ -242,8 +255,11 @@ class Serving:
         self.state.switch.submit(stream.job)
         return stream, len(rows)
 
-    def _plan(self, profile: str | None, checked: Prechecked) -> Plan:
-        """The request's steering plan: its own `steering` if sent, else its profile or the base, through its dial."""
+    def _plan(self, profile: str | None, checked: Prechecked, named: Named) -> Plan:
+        """The request's steering plan: a variant's steering, else its own `steering` if sent, else
+        its profile or the base, through its dial."""
+        if named.variant is not None:
+            return self.state.variants.plan(named.variant, checked.dial)
         if checked.spec is not None:
             return self.state.planner.plan_for_spec(checked.spec, checked.dial)
         return self.state.planner.plan_for(profile, checked.dial)

@@ -1,6 +1,6 @@
 """The tokenizer routes (beyond the spec, issue 34): a text to ids, ids to text, and the
 tokenizer's facts, for the model a request names (the loaded one when it names none), held by
-the request like any /v1 request's model."""
+the request like any /v1 request's model. A variant's tokenizer is its base's."""
 
 from __future__ import annotations
 
@@ -64,8 +64,9 @@ class Tokenizers:
         self.state = state
 
     async def _held(self, model: str | None) -> LoadedModel:
-        """The named model (loaded first if registered and not loaded), or the loaded one."""
-        return await self.state.switch.acquire(model or self.state.switch.expected_name)
+        """The named model (a variant's base; loaded first if registered and not loaded), or the loaded one."""
+        named = self.state.variants.named(model or self.state.switch.expected_name)
+        return await self.state.switch.acquire(named.base)
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """POST /tokenize."""
@@ -77,4 +78,5 @@ class Tokenizers:
 
     async def info(self, model: str | None) -> TokenizerInfo:
         """GET /tokenizer_info."""
-        return info(await self._held(model))
+        answer = info(await self._held(model))
+        return answer.model_copy(update={"model": model}) if model else answer
