@@ -15,6 +15,7 @@ from millm.api.replies import report_headers
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
 from millm.protocol.steering import FeatureSetting
+from millm.protocol.variants import VariantBody
 from millm.service.facades import Facades
 
 
@@ -68,6 +69,12 @@ class ClearAll(Params):
     sae_id: Annotated[
         str | None, Field(description="Clear only this SAE's features (default: every SAE's).")
     ] = None
+
+
+class VariantKey(Params):
+    """A steered variant, by name or id."""
+
+    key: Annotated[str, Field(description="The variant's name or id (list_variants).")]
 
 
 class Profile(Params):
@@ -164,6 +171,18 @@ async def _compare(f: Facades, _: NoParams, body: CompareRequest) -> Result:
         reply.body.model_dump(),
         report_headers(reply.report, f.settings.ignored_fields_header_max_bytes),
     )
+
+
+async def _variants(f: Facades, _: NoParams, __: None) -> dict:
+    return (await blocking(f.variants.list)).model_dump()
+
+
+async def _create_variant(f: Facades, _: NoParams, body: VariantBody) -> dict:
+    return (await blocking(f.variants.create, body)).model_dump()
+
+
+async def _delete_variant(f: Facades, p: VariantKey, _: None) -> dict:
+    return (await blocking(f.variants.delete, p.key)).model_dump()
 
 
 async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
@@ -282,6 +301,30 @@ TOOLS = (
         body=CompareRequest,
         read_only=True,
         omit=frozenset({"stream"}),
+    ),
+    Tool(
+        "list_variants",
+        "Every steered variant (a name any /v1 client can use as a model: a base model and its steering), and whether it fits now.",
+        "get",
+        "/api/variants",
+        _variants,
+        read_only=True,
+    ),
+    Tool(
+        "create_variant",
+        "Name a base model under a steering (a saved profile or a request's own steering, an intensity): every /v1 client can then pick it as a model.",
+        "post",
+        "/api/variants",
+        _create_variant,
+        body=VariantBody,
+    ),
+    Tool(
+        "delete_variant",
+        "Forget a steered variant: requests naming it are refused from now on.",
+        "delete",
+        "/api/variants/{key}",
+        _delete_variant,
+        VariantKey,
     ),
     Tool(
         "monitoring_stats",

@@ -42,6 +42,9 @@ TOOLS = {
     "deactivate_profile",
     "compare",
     "monitoring_stats",
+    "list_variants",
+    "create_variant",
+    "delete_variant",
 }
 
 
@@ -308,6 +311,28 @@ def test_clear_steering_and_profiles(server, sae):
     assert chat(server)[1].startswith('profile;name="paris-push"')
     assert call(server, "deactivate_profile")["deactivated"]
     assert call(server, "get_steering")["active_profile"] is None and chat(server)[1] == "none"
+
+
+def test_a_variant_made_over_mcp_is_a_model_every_client_can_name(server, sae):
+    steering = {
+        "steering": [
+            {"sae_id": sae, "layer": 1, "features": [{"index": PARIS, "strength": STRENGTH}]}
+        ]
+    }
+    made = call(server, "create_variant", name="mcp-paris", base=MODEL, steering=steering)
+    assert made["name"] == "mcp-paris" and made["fits"] is True
+    try:
+        assert [v["name"] for v in call(server, "list_variants")["data"]] == ["mcp-paris"]
+        listed = rest(server, "GET", "/v1/models").json()["data"]
+        assert [card["parent"] for card in listed if card["id"] == "mcp-paris"] == [MODEL]
+        text, steered = chat(server, model="mcp-paris")
+        assert (text, steered.split(";")[0]) == (chat(server, steering=steering)[0], "request")
+        refused(
+            server, "create_variant", 400, "unknown_base", name="x", base="none", steering=steering
+        )
+    finally:
+        gone = call(server, "delete_variant", key="mcp-paris")
+    assert gone["deleted"] is True and call(server, "list_variants")["data"] == []
 
 
 def test_monitoring_stats(server, sae):

@@ -140,6 +140,13 @@ export const models = {
   remove: (name) => del(`/api/models/${enc(name)}`),
 };
 
+// Steered variants: names /v1 clients use as models (docs/variants.md)
+export const variants = {
+  list: () => get("/api/variants"),
+  create: (body) => post("/api/variants", body),
+  remove: (name) => del(`/api/variants/${enc(name)}`),
+};
+
 // SAEs (docs/steering.md) and their labels (docs/discovery.md, Labels)
 export const saes = {
   list: () => get("/api/saes"),

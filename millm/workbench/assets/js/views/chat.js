@@ -27,9 +27,12 @@ const KINDS = [
   ["profile", "a profile"],
   ["features", "features"],
 ];
-const WITH_INTENSITY = new Set(["live", "profile"]);
+// A chat may also name a steered variant (/api/variants) as its model: the variant's steering, the
+// dial still the chat's. Compare takes steerings, not model names, so it does not offer this kind.
+const CHAT_KINDS = [...KINDS, ["model", "a steered variant (a model name)"]];
+const WITH_INTENSITY = new Set(["live", "profile", "model"]);
 
-const newVariant = (kind) => ({ kind, profile: "", features: "", intensity: "", sae: "" });
+const newVariant = (kind) => ({ kind, profile: "", features: "", intensity: "", sae: "", model: "" });
 
 function loadLog() {
   try {
@@ -110,6 +113,10 @@ function chatSteering(v, attached) {
     if (!v.profile) throw new Error("choose a profile");
     return { profile: v.profile, ...dial };
   }
+  if (v.kind === "model") {
+    if (!v.model) throw new Error("choose a steered variant");
+    return { model: v.model, ...dial };
+  }
   const { sae, features } = featureEntries(v, attached);
   // A request's own steering needs its SAE named; with none attached the API says so.
   return { steering: { steering: [{ sae_id: sae ?? "", features }] } };
@@ -119,6 +126,7 @@ function describe(v) {
   const dial = intensityOf(v) === undefined ? "" : ` @ ${v.intensity.trim()}`;
   if (v.kind === "profile") return `profile ${v.profile}${dial}`;
   if (v.kind === "features") return `features ${v.features.trim()}`;
+  if (v.kind === "model") return `variant ${v.model}${dial}`;
   return `${v.kind}${dial}`;
 }
 
@@ -146,6 +154,7 @@ export default function ChatView() {
   const server = useServer();
   const profiles = useLoad(() => api.profiles.list());
   const probes = useLoad(() => api.probes.list());
+  const steered = useLoad(() => api.variants.list());
   const [log, setLog] = useState(loadLog);
   const [draft, setDraft] = useState("");
   const [settings, setSettings] = useState({ maxTokens: "128", temperature: "0.7", seed: "" });
@@ -264,7 +273,7 @@ export default function ChatView() {
         <${ErrorNote} error=${error} />
       </form>
     <//>
-    <${Panel} title="Settings" actions=${html`<button class="secondary" onClick=${() => { profiles.reload(); probes.reload(); }}>Reload profiles & probes</button>`}>
+    <${Panel} title="Settings" actions=${html`<button class="secondary" onClick=${() => { profiles.reload(); probes.reload(); steered.reload(); }}>Reload profiles, variants & probes</button>`}>
       <${ErrorNote} error=${profiles.error || probes.error} />
       <fieldset class="sampling"><legend>Sampling</legend>
         <label>Max tokens <input type="number" min="1" step="1" value=${settings.maxTokens} onInput=${set("maxTokens")} name="max_tokens" /></label>
@@ -273,7 +282,8 @@ export default function ChatView() {
       </fieldset>
       ${compare
         ? html`<${Variants} variants=${variants} setVariants=${setVariants} profiles=${profileNames} disabled=${busy} />`
-        : html`<${VariantEditor} legend="Steering of this chat" value=${steer} onChange=${setSteer} profiles=${profileNames} disabled=${busy} />
+        : html`<${VariantEditor} legend="Steering of this chat" value=${steer} onChange=${setSteer} profiles=${profileNames} disabled=${busy}
+            kinds=${CHAT_KINDS} models=${(steered.value?.data || []).map((v) => v.name)} />
           <${ProbeChoice} probes=${probeList} chosen=${watch} setChosen=${setWatch} disabled=${busy} />`}
     <//>
   </div>`;
@@ -429,13 +439,15 @@ function CompareTurn({ n, meta }) {
 }
 
 /** One variant: what steers it, and its dial where the API allows one. */
-function VariantEditor({ legend, value, onChange, profiles, disabled, onRemove }) {
+function VariantEditor({ legend, value, onChange, profiles, disabled, onRemove, kinds = KINDS, models = [] }) {
   const { attached } = useServer();
   const set = (key) => (e) => onChange({ ...value, [key]: e.target.value });
   return html`<fieldset class="variant" disabled=${disabled}><legend>${legend}</legend>
     <div class="row">
       <label>Steered by <select value=${value.kind} onChange=${set("kind")} name="kind" aria-label="Steered by">
-        ${KINDS.map(([kind, text]) => html`<option value=${kind}>${text}</option>`)}</select></label>
+        ${kinds.map(([kind, text]) => html`<option value=${kind}>${text}</option>`)}</select></label>
+      ${value.kind === "model" ? html`<label>Variant <select value=${value.model} onChange=${set("model")} name="model" aria-label="Steered variant">
+        <option value="">choose…</option>${models.map((name) => html`<option value=${name}>${name}</option>`)}</select></label>` : null}
       ${value.kind === "profile" ? html`<label>Profile <select value=${value.profile} onChange=${set("profile")} name="profile" aria-label="Profile">
         <option value="">choose…</option>${profiles.map((name) => html`<option value=${name}>${name}</option>`)}</select></label>` : null}
       ${WITH_INTENSITY.has(value.kind) ? html`<label>Intensity <input class="short" value=${value.intensity} onInput=${set("intensity")}
@@ -443,6 +455,7 @@ function VariantEditor({ legend, value, onChange, profiles, disabled, onRemove }
       ${onRemove ? html`<button type="button" class="secondary" onClick=${onRemove} aria-label=${`Remove ${legend}`}>Remove</button>` : null}
     </div>
     ${value.kind === "profile" && !profiles.length ? html`<p class="note">No profile is saved (Profiles, clusters, circuits).</p>` : null}
+    ${value.kind === "model" && !models.length ? html`<p class="note">No steered variant exists (Models, SAEs & jobs).</p>` : null}
     ${value.kind === "features" ? html`
       <label>Features (index:strength, ±200) <input value=${value.features} onInput=${set("features")} placeholder="12:40, 7:-20" name="features" /></label>
       ${attached.length > 1 ? html`<label>SAE <select value=${value.sae || attached[0].id} onChange=${set("sae")} name="sae" aria-label="SAE">

@@ -38,6 +38,58 @@ function Models() {
   <//>`;
 }
 
+/** What steers a variant, in a few words. */
+function variantSteering(v) {
+  const dial = v.steering_intensity == null ? "" : ` @ ${v.steering_intensity}`;
+  if (v.profile) return `profile ${v.profile}${dial}`;
+  const s = v.steering || {};
+  const features = (s.steering || []).reduce((n, entry) => n + entry.features.length, 0);
+  const parts = [features ? `${features} feature${features > 1 ? "s" : ""}` : null, s.vectors?.length ? `${s.vectors.length} vector(s)` : null];
+  return `${parts.filter(Boolean).join(" + ") || "nothing"}${dial}`;
+}
+
+/** Steered variants: a base model under a saved profile, listed in /v1/models for every client. */
+function Variants() {
+  const server = useServer();
+  const list = useLoad(() => api.variants.list());
+  const profiles = useLoad(() => api.profiles.list());
+  const act = useAction();
+  const [form, setForm] = useState({ name: "", profile: "", intensity: "", scoring: "unsteered" });
+  const set = (key) => (e) => setForm((f) => ({ ...f, [key]: e.target.value }));
+  const run = (fn) => act.run(async () => { await fn(); await list.reload(); });
+  const create = (e) => {
+    e.preventDefault();
+    const text = form.intensity.trim();
+    const dial = text === "" ? {} : { steering_intensity: /^[-+]?(\d+\.?\d*|\.\d+)$/.test(text) ? Number(text) : text };
+    run(() => api.variants.create({ name: form.name, base: server.model, profile: form.profile, scoring: form.scoring, ...dial }))
+      .then(() => setForm((f) => ({ ...f, name: "" })));
+  };
+  const variants = list.value?.data || [];
+  const names = (profiles.value?.data || []).map((p) => p.name);
+  return html`<${Panel} title="Steered variants" actions=${html`<button class="secondary" onClick=${() => { list.reload(); profiles.reload(); }}>Refresh</button>`}>
+    <p class="note">A variant is a model name for a base model under a steering: every OpenAI client lists it at /v1/models and can pick it.</p>
+    <${ErrorNote} error=${list.error || profiles.error || act.error} />
+    <${Table} label="Steered variants" rows=${variants} rowKey=${(v) => v.id} empty="No steered variant exists."
+      columns=${[
+        ["Variant", (v) => html`<strong>${v.name}</strong><div class="meta">of ${v.base}${v.description ? ` · ${v.description}` : ""}</div>`],
+        ["Steering", (v) => html`${variantSteering(v)}<div class="meta">scoring ${v.scoring}</div>`],
+        ["Fits", (v) => v.fits == null ? html`<span class="badge">base not loaded</span>`
+          : v.fits ? html`<span class="badge good">fits</span>` : html`<span class="badge bad">does not fit</span><div class="error">${v.problem}</div>`],
+        ["", (v) => html`<button class="danger" disabled=${act.busy} onClick=${() => run(() => api.variants.remove(v.name))}
+          aria-label=${`Delete variant ${v.name}`}>Delete</button>`],
+      ]} />
+    <form class="row" onSubmit=${create} aria-label="New steered variant">
+      <label>Name <input value=${form.name} onInput=${set("name")} placeholder="pirate" name="variant-name" /></label>
+      <label>Profile <select value=${form.profile} onChange=${set("profile")} name="variant-profile" aria-label="Variant profile">
+        <option value="">choose…</option>${names.map((name) => html`<option value=${name}>${name}</option>`)}</select></label>
+      <label>Intensity <input class="short" value=${form.intensity} onInput=${set("intensity")} placeholder="0–2, off, min, max" name="variant-intensity" /></label>
+      <label>Scoring <select value=${form.scoring} onChange=${set("scoring")} name="variant-scoring" aria-label="Variant scoring">
+        <option value="unsteered">unsteered</option><option value="steered">steered</option></select></label>
+      <button type="submit" disabled=${act.busy || !form.name || !form.profile || !server.model}>Create on ${server.model || "…"}</button>
+    </form>
+  <//>`;
+}
+
 function Saes() {
   const server = useServer();
   const act = useAction();
@@ -152,6 +204,6 @@ function AutoSteer({ onStarted }) {
 export default function SystemView() {
   const [started, setStarted] = useState(0);
   const onStarted = () => setStarted((n) => n + 1);
-  return html`<${Models} /><${Saes} /><div class="wide"><${Jobs} reloadSignal=${started} /></div>
+  return html`<${Models} /><${Saes} /><div class="wide"><${Variants} /></div><div class="wide"><${Jobs} reloadSignal=${started} /></div>
     <${Calibrate} onStarted=${onStarted} /><${AutoSteer} onStarted=${onStarted} />`;
 }
