@@ -15,6 +15,7 @@ from millm.service.manage.models import ModelManagement
 from millm.service.manage.monitoring import MonitorManagement
 from millm.service.manage.probes import ProbeManagement
 from millm.service.manage.steering import SteeringManagement
+from millm.service.manage.variants import VariantManagement
 from millm.service.models.switch import ModelSwitch
 from millm.service.responses.api import ResponsesApi
 from millm.service.runtime.jobs import JobBook
@@ -22,7 +23,6 @@ from millm.service.serving.serving import Serving
 from millm.service.serving.tokenizer import Tokenizers
 from millm.service.steering.vectors import VectorBook
 from millm.service.training.facade import Training
-from millm.service.variants.facade import VariantManagement
 from millm.settings import Settings
 
 

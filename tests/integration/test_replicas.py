@@ -432,6 +432,39 @@ def test_documents_labels_and_monitoring_set_on_one_replica_are_read_on_the_othe
     api(a, "PUT", "/api/monitoring", json={"features": []})
 
 
+def test_a_variant_made_on_b_is_a_model_on_a_and_c_until_a_deletes_it(fresh):
+    replicas, ids, _ = fresh
+    a, b, c = replicas["a"], replicas["b"], replicas["c"]
+    steering = [{"sae_id": ids["shared"], "layer": 1, "features": [{"index": 9, "strength": 35}]}]
+    made = api(
+        b,
+        "POST",
+        "/api/variants",
+        json={"name": "shared-variant", "base": MODEL, "steering": {"steering": steering}},
+    )
+    assert made.status_code == 201, made.text
+
+    def listed(server) -> bool:
+        return "shared-variant" in [
+            m["id"] for m in api(server, "GET", "/v1/models").json()["data"]
+        ]
+
+    until(lambda: listed(a) and listed(c))
+    body = {"messages": USER, "max_tokens": 12, "temperature": 0}
+    on_c = api(c, "POST", "/v1/chat/completions", json={"model": "shared-variant", **body})
+    own = api(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        json={"model": MODEL, "steering": {"steering": steering}, **body},
+    )
+    assert on_c.status_code == 200, on_c.text
+    assert on_c.json()["choices"][0]["message"] == own.json()["choices"][0]["message"]
+    assert api(a, "DELETE", "/api/variants/shared-variant").status_code == 200
+    until(lambda: not listed(c) and not listed(b))
+    error(api(c, "POST", "/v1/chat/completions", json={"model": "shared-variant", **body}), 404)
+
+
 def test_a_replica_serving_another_model_does_not_attach_it(fresh, tiny_dirs, postgres, tmp_path):
     replicas, ids, _ = fresh
     other = ServerProcess(

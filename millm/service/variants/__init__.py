@@ -1,3 +1,3 @@
 """Steered variants: names clients use as models, each a base model and its steering (book.py
-stores them, naming.py turns a request's model name into the base and the variant's plan,
-facade.py is what /api/variants and MCP call)."""
+stores them, naming.py turns a request's model name into the base and the variant's plans;
+/api/variants and MCP call service/manage/variants.py)."""
