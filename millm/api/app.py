@@ -14,6 +14,7 @@ from millm.api import (
     completions,
     discovery,
     documents,
+    evaluations,
     health,
     jobs,
     labels,
@@ -116,6 +117,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(vectors.router, tags=["Steering vectors"])
     app.include_router(variants.router, tags=["Steered variants"])
+    app.include_router(evaluations.router, tags=["Evaluations"])
     app.include_router(probes.router, tags=["Probes"])
     app.include_router(health.router, tags=["Health"])
     app.include_router(workbench.router)

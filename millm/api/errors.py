@@ -46,16 +46,24 @@ def _is_union_label(part: str) -> bool:
     return part in PRIMITIVE_LABELS or "[" in part or "(" in part or "-" in part
 
 
-def field_path(loc: tuple) -> str | None:
-    """Pydantic's location ('body', 'messages', 2, 'name') as 'messages[2].name'."""
-    path = ""
-    for part in loc:
+def field_path(loc: tuple, body: Any = None) -> str | None:
+    """Pydantic's location ('body', 'messages', 2, 'name') as 'messages[2].name'. With the body,
+    a discriminated union's tag ('candidates', 0, 'feature', 'strengths') is left out too: it is
+    a key the body's object does not have, before the end of the location."""
+    path, node = "", body
+    for i, part in enumerate(loc):
         if part == "body" and not path:
             continue
         if isinstance(part, int):
             path += f"[{part}]"
-        elif not _is_union_label(part):
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+        elif _is_union_label(part) or (
+            isinstance(node, dict) and part not in node and i < len(loc) - 1
+        ):
+            continue
+        else:
             path += f".{part}" if path else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
     return path or None
 
 
@@ -71,7 +79,7 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
                 ": "
             )
         )
-    param = field_path(tuple(first.get("loc", ())))
+    param = field_path(tuple(first.get("loc", ())), exc.body)
     message = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         message = f"{param} is required" if param else "a required field is missing"

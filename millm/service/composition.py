@@ -3,7 +3,7 @@ wired by its constructor (no part is patched in after it is made).
 
 `ServerState` is what the routes' facades are built over; it owns nothing itself. What each part
 owns: the store (the database), replication (other replicas' changes), the books (SAEs, labels,
-calibrations, profiles, probes, vectors, clusters, circuits, variants), the live steering and its planner,
+calibrations, profiles, probes, vectors, clusters, circuits, variants, evaluations), the live steering and its planner,
 the model switch (the served model, its slot and lock), the monitor and the jobs."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.engine.sources import ModelSource
+from millm.service.evaluation.book import EvaluationBook
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.features.labels import LabelBook
 from millm.service.features.monitoring import Monitor
@@ -63,6 +64,7 @@ class ServerState:
     circuits: CircuitBook
     planner: Planner
     variants: VariantRouting
+    evaluations: EvaluationBook
     monitor: Monitor
     models: ModelRegistry
     registrations: ClientRegistrations
@@ -128,6 +130,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         circuits=circuits,
         planner=planner,
         variants=VariantRouting(variants, planner),
+        evaluations=EvaluationBook(store),
         monitor=Monitor(store, settings.monitoring_history),
         models=models,
         registrations=registrations,

@@ -10,6 +10,7 @@ from millm.service.composition import ServerState
 from millm.service.discovery.facade import Discovery
 from millm.service.manage.bases import BaseManagement
 from millm.service.manage.calibrations import CalibrationManagement
+from millm.service.manage.evaluations import EvaluationManagement
 from millm.service.manage.features import FeatureManagement
 from millm.service.manage.models import ModelManagement
 from millm.service.manage.monitoring import MonitorManagement
@@ -44,6 +45,7 @@ class Facades:
     probes: ProbeManagement
     vectors: VectorBook
     variants: VariantManagement
+    evaluations: EvaluationManagement
     discovery: Discovery
     training: Training
     jobs: JobBook
@@ -68,6 +70,7 @@ def build_facades(state: ServerState) -> Facades:
         probes=ProbeManagement(state),
         vectors=state.vectors,
         variants=VariantManagement(state),
+        evaluations=EvaluationManagement(state),
         discovery=Discovery(state),
         training=Training(state),
         jobs=state.jobs,

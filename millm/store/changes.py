@@ -55,6 +55,7 @@ class Topic(StrEnum):
     PROBES = "probes"
     MODELS = "models"
     VARIANTS = "variants"
+    EVALUATIONS = "evaluations"
     MONITORING = "monitoring"  # which features monitoring watches (the records stay per replica)
 
 

@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api, variants) read and write them."""
+probes, responses_api, variants, evaluations) read and write them."""
 
 from __future__ import annotations
 
@@ -176,4 +176,14 @@ variants_table = Table(
     Column("document", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+)
+
+# Steering evaluations (store/evaluations.py): each run's whole result as JSON, newest first.
+evaluations_table = Table(
+    "millm_evaluations",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("concept", String(400), nullable=False),
+    Column("result", Text, nullable=False),
 )

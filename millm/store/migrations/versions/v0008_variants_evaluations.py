@@ -1,4 +1,5 @@
-"""Schema 8: steered variants, names clients use as models (a base model and its steering)."""
+"""Schema 8: steered variants (names clients use as models: a base model and its steering) and
+steering evaluations (each run's result)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -10,7 +11,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Create the variants' table (names unique: a client names a variant as it names a model)."""
+    """Create the variants' table (names unique: a client names a variant as it names a model) and the evaluations' table."""
     op.create_table(
         "millm_variants",
         sa.Column("id", sa.String(64), primary_key=True),
@@ -20,6 +21,14 @@ def upgrade() -> None:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
     )
+    op.create_table(
+        "millm_evaluations",
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("concept", sa.String(400), nullable=False),
+        sa.Column("result", sa.Text, nullable=False),
+    )
+    op.create_index("ix_millm_evaluations_created_at", "millm_evaluations", ["created_at"])
 
 
 def downgrade() -> None:
