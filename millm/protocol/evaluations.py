@@ -92,10 +92,12 @@ class EvaluationRequest(Body):
     )
     name: Annotated[str, StringConstraints(min_length=1, max_length=120)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=256)] = 48
-    judge: Literal["model", "remote"] = Field(
-        "model",
-        description="model: the loaded model, unsteered, through the scoring path; remote: the OpenAI-compatible "
-        "judge the operator configured (MILLM_JUDGE_BASE_URL, MILLM_JUDGE_MODEL).",
+    judge: Literal["likelihood", "rating", "remote"] = Field(
+        "likelihood",
+        description="likelihood: the loaded model's likelihoods, unsteered, read as the three ratings (for models "
+        "too small to answer a rating question); rating: the loaded model, unsteered, answering AxBench's rating "
+        "questions; remote: the OpenAI-compatible judge the operator configured (MILLM_JUDGE_BASE_URL, MILLM_JUDGE_MODEL) "
+        "answering them.",
     )
 
 

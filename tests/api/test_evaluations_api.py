@@ -151,10 +151,59 @@ def test_the_answers_are_the_v1_answers_under_the_same_steering(server, result, 
         )
 
 
-def test_ratings_are_the_models_scoring_over_the_digits(server, result, tokenizer):
-    prompts = result["rating_prompts"]
-    assert result["judge"] == {"kind": "model", "model": MODEL}
-    for point in (result["baseline"], result["candidates"][0]["points"][1]):
+@pytest.fixture(scope="module")
+def rated(server):
+    """A run whose judge is the model answering AxBench's rating questions."""
+    return evaluate(
+        server,
+        concept=CONCEPT,
+        instructions=INSTRUCTIONS,
+        max_tokens=MAX_TOKENS,
+        judge="rating",
+        candidates=[{"kind": "feature", "index": 3, "strengths": [40.0]}],
+    )
+
+
+def summed(server, tokenizer, system: str | None, instruction: str, text: str) -> tuple[float, int]:
+    """The answer's summed log-likelihood after the chat prompt, and its token count, from echo."""
+    messages = [{"role": "system", "content": system}] if system else []
+    prompt = chat_prompt_ids(tokenizer, [*messages, {"role": "user", "content": instruction}])
+    answer = tokenizer(text, add_special_tokens=False)["input_ids"]
+    body = {"model": MODEL, "prompt": prompt + answer, "echo": True, "logprobs": 0, "max_tokens": 0}
+    scored = post(server, "/v1/completions", body).json()["choices"][0]["logprobs"][
+        "token_logprobs"
+    ]
+    return sum(scored[len(prompt) :]), len(answer)
+
+
+def test_the_likelihood_judge_reads_the_models_posteriors(server, result, tokenizer):
+    judge = result["judge"]
+    assert judge["kind"] == "likelihood" and judge["model"] == MODEL
+    hypotheses = judge["instructions"]  # the run's, then the built-in ones
+    assert hypotheses[:2] == INSTRUCTIONS and len(hypotheses) == len(set(hypotheses)) > 2
+    reference = result["baseline"]["perplexity"]
+    for sample in result["candidates"][0]["points"][1]["samples"]:
+        instruction, text = INSTRUCTIONS[sample["instruction"]], sample["text"]
+        goal = summed(
+            server, tokenizer, judge["concept_system"].format(concept=CONCEPT), instruction, text
+        )[0]
+        neutral = summed(server, tokenizer, judge["neutral_system"], instruction, text)[0]
+        assert sample["concept"] == pytest.approx(2 / (1 + math.exp(neutral - goal)), abs=1e-3)
+        sums = [summed(server, tokenizer, None, h, text)[0] for h in hypotheses]
+        top = max(sums)
+        own = math.exp(sums[hypotheses.index(instruction)] - top) / sum(
+            math.exp(s - top) for s in sums
+        )
+        assert sample["instruction_score"] == pytest.approx(2 * own, abs=1e-3)
+        assert sample["fluency"] == pytest.approx(
+            2 * min(1.0, reference / sample["perplexity"]), abs=1e-3
+        )
+
+
+def test_ratings_are_the_models_scoring_over_the_digits(server, rated, tokenizer):
+    prompts = rated["rating_prompts"]
+    assert rated["judge"] == {"kind": "rating", "model": MODEL}
+    for point in (rated["baseline"], rated["candidates"][0]["points"][0]):
         for sample in point["samples"]:
             fields = {
                 "concept": CONCEPT,

@@ -1,17 +1,20 @@
-"""Who rates the answers: the loaded model, unsteered, or a remote OpenAI-compatible judge.
+"""Who rates the answers on AxBench's questions: the loaded model, unsteered, or a remote
+OpenAI-compatible judge (the likelihood judge, which reads the model's likelihoods instead of
+asking it, is likelihood_judge.py).
 
-The model judge asks each question through the chat template and reads the next token's
-distribution over the digits 0, 1 and 2 through the scoring path (never steered, so the judge
-cannot be swayed by the steering it rates). The remote judge asks POST {base}/chat/completions
-for one token with top_logprobs and reads the digits among them; a server that sends no
-logprobs is read by the digit its answer starts with. Both answer one rating per question, or
-None when the judge gave none of the digits any weight.
+The rating judge asks each question (scales.py) through the chat template and reads the next
+token's distribution over the digits 0, 1 and 2 through the scoring path (never steered, so the
+judge cannot be swayed by the steering it rates). The remote judge asks POST
+{base}/chat/completions for one token with top_logprobs and reads the digits among them; a
+server that sends no logprobs is read by the digit its answer starts with. A rating the judge
+could not give (no digit at all: a remote judge only) counts as 0, as AxBench's parser does.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 import httpx
@@ -19,7 +22,15 @@ import httpx
 from millm.engine.jobs import Ranking
 from millm.engine.prompts import chat_prompt_ids
 from millm.errors import GenerationFailed, InvalidRequest
-from millm.service.evaluation.scales import DIGITS, expected_rating
+from millm.service.evaluation.likelihood_judge import LikelihoodJudge
+from millm.service.evaluation.scales import (
+    DIGITS,
+    PROMPTS,
+    Answer,
+    Ratings,
+    expected_rating,
+    questions,
+)
 from millm.service.runtime.blocking import passes_blocking
 
 REMOTE_TIMEOUT_S = 60.0
@@ -39,45 +50,64 @@ def digit_tokens(tokenizer) -> tuple[int, ...]:
 
 
 class Judge(Protocol):
-    """Rates questions on the 0-2 scale."""
+    """Rates answers for a concept on AxBench's three 0-2 scales."""
 
     def describe(self) -> dict:
         """How the result names the judge."""
         ...
 
-    def rate(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
-        """Each question's expected rating (None: no digit had any weight)."""
+    def rate(
+        self, concept: str, answers: list[Answer], reference: float | None, cancel: threading.Event
+    ) -> list[Ratings]:
+        """Each answer's three ratings (`reference`: the unsteered answers' mean perplexity)."""
         ...
 
 
-class ModelJudge:
-    """The loaded model as its own judge."""
+class DigitJudge(ABC):
+    """A judge that answers AxBench's three questions per answer with a digit."""
+
+    @abstractmethod
+    def digits(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
+        """Each question's expected rating (None: no digit had any weight)."""
+
+    def rate(
+        self, concept: str, answers: list[Answer], reference: float | None, cancel: threading.Event
+    ) -> list[Ratings]:
+        """The three questions of every answer, asked in one go."""
+        asked = [questions(concept, a.instruction, a.text) for a in answers]
+        rated = self.digits([q[name] for q in asked for name in PROMPTS], cancel)
+        values = [r or 0.0 for r in rated]
+        return [(values[3 * i], values[3 * i + 1], values[3 * i + 2]) for i in range(len(answers))]
+
+
+class ModelJudge(DigitJudge):
+    """The loaded model answering the rating questions itself."""
 
     def __init__(self, state, model: str, tokenizer):
         self.state, self.model, self.tokenizer = state, model, tokenizer
-        self.digits = digit_tokens(tokenizer)
+        self.digit_ids = digit_tokens(tokenizer)
 
     def describe(self) -> dict:
         """How the result names its judge."""
-        return {"kind": "model", "model": self.model}
+        return {"kind": "rating", "model": self.model}
 
-    def rate(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
+    def digits(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
         """Each question's expected rating, in one scoring job."""
         prompts = [
             chat_prompt_ids(self.tokenizer, [{"role": "user", "content": q}]) for q in questions
         ]
-        ranking = Ranking(self.digits, 0.0, None)
+        ranking = Ranking(self.digit_ids, 0.0, None)
         answered = passes_blocking(self.state, self.model, prompts, ranking=ranking, cancel=cancel)
         if answered is None:
             return [None] * len(questions)
-        by_id = dict(zip(self.digits, DIGITS, strict=True))
+        by_id = dict(zip(self.digit_ids, DIGITS, strict=True))
         return [
             expected_rating({by_id[t]: math.exp(lp) for t, lp in scored.ranked if t in by_id})
             for scored in answered.scored
         ]
 
 
-class RemoteJudge:
+class RemoteJudge(DigitJudge):
     """An OpenAI-compatible chat completions server the operator configured."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None):
@@ -89,7 +119,7 @@ class RemoteJudge:
         """How the result names its judge (never its key)."""
         return {"kind": "remote", "model": self.model, "url": self.url}
 
-    def rate(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
+    def digits(self, questions: list[str], cancel: threading.Event) -> list[float | None]:
         """Each question's expected rating, one request at a time."""
         ratings: list[float | None] = []
         with httpx.Client(timeout=REMOTE_TIMEOUT_S, headers=self.headers) as client:
@@ -141,9 +171,14 @@ def read_remote(answer: dict) -> float | None:
     return float(text[0]) if text[:1] in DIGITS else None
 
 
-def judge_for(state, body_judge: str, model: str, tokenizer) -> Judge:
-    """The judge a request asked for: the model, or the configured remote one (400 naming `judge` when none is)."""
-    if body_judge == "model":
+def judge_for(
+    state, body_judge: str, model: str, tokenizer, instructions: tuple[str, ...]
+) -> Judge:
+    """The judge a request asked for: the model's likelihoods, the model's ratings, or the
+    configured remote one (400 naming `judge` when none is)."""
+    if body_judge == "likelihood":
+        return LikelihoodJudge(state, model, tokenizer, instructions)
+    if body_judge == "rating":
         return ModelJudge(state, model, tokenizer)
     settings = state.settings
     if not settings.judge_base_url or not settings.judge_model:

@@ -35,7 +35,7 @@ from millm.protocol.evaluations import (
     Sample,
 )
 from millm.service.evaluation.judges import Judge, judge_for
-from millm.service.evaluation.scales import PROMPTS, harmonic_mean, questions
+from millm.service.evaluation.scales import PROMPTS, Answer, harmonic_mean
 from millm.service.evaluation.sweep import UNSTEERED, Setting, Sweep, resolve
 from millm.service.runtime.blocking import generate_blocking, likelihoods_blocking
 from millm.service.runtime.jobs import JobCancelled, JobHandle, JobView
@@ -97,7 +97,8 @@ def start_evaluation(state, body: EvaluationRequest, book) -> JobView:
             f"({lm.context_length} tokens)",
             param="max_tokens",
         )
-    judge = judge_for(state, body.judge, lm.name, lm.tokenizer)
+    hypotheses = tuple(dict.fromkeys((*instructions, *DEFAULT_INSTRUCTIONS)))
+    judge = judge_for(state, body.judge, lm.name, lm.tokenizer, hypotheses)
     prep = Prepared(
         PREFIX + uuid.uuid4().hex[:12], body, lm.name, lm.tokenizer, instructions, sweeps, judge
     )
@@ -121,11 +122,11 @@ def run_evaluation(state, prep: Prepared, book, handle: JobHandle) -> Evaluation
     baseline: Point | None = None
     results = [CandidateResult(label=s.label, kind=s.kind, points=[]) for s in prep.sweeps]
     try:
-        baseline = measure(state, prep, UNSTEERED, handle)
+        baseline = measure(state, prep, UNSTEERED, handle, None)
         handle.advance()
         for sweep, result in zip(prep.sweeps, results, strict=True):
             for setting in sweep.settings:
-                result.points.append(measure(state, prep, setting, handle))
+                result.points.append(measure(state, prep, setting, handle, baseline.perplexity))
                 handle.advance()
     except JobCancelled:
         book.save(assemble(prep, baseline, results, handle.id, complete=False))
@@ -135,8 +136,11 @@ def run_evaluation(state, prep: Prepared, book, handle: JobHandle) -> Evaluation
     return finished
 
 
-def measure(state, prep: Prepared, setting: Setting, handle: JobHandle) -> Point:
-    """One setting's answers, rated and measured."""
+def measure(
+    state, prep: Prepared, setting: Setting, handle: JobHandle, reference: float | None
+) -> Point:
+    """One setting's answers, measured and rated; `reference` is the unsteered answers' mean
+    perplexity (None while measuring them: their own)."""
     tokenizer = prep.tokenizer
     bare = [prompt_of(tokenizer, text, None) for text in prep.instructions]
     prompts = (
@@ -157,39 +161,48 @@ def measure(state, prep: Prepared, setting: Setting, handle: JobHandle) -> Point
     started = time.monotonic()
     texts = [g.text for g in generate_blocking(state, prep.model, rows, cancel=handle.cancel_event)]
     handle.check()
-    asked = [
-        questions(prep.body.concept, i, t) for i, t in zip(prep.instructions, texts, strict=True)
-    ]
-    flat = [q[name] for q in asked for name in PROMPTS]
-    ratings = prep.judge.rate(flat, handle.cancel_event)
-    handle.check()
-    answers = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    tokens = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     scored = likelihoods_blocking(
         state,
         prep.model,
-        [ids + answer for ids, answer in zip(bare, answers, strict=True)],
+        [ids + answer for ids, answer in zip(bare, tokens, strict=True)],
         [len(ids) for ids in bare],
         cancel=handle.cancel_event,
     )
     handle.check()
-    handle.pace(time.monotonic() - started)
     assert scored is not None
-    samples = []
-    for index, text in enumerate(texts):
-        # A rating the judge could not give (no digit at all: a remote judge only) counts as 0, as AxBench's parser does.
-        concept, instruction, fluency = (r or 0.0 for r in ratings[3 * index : 3 * index + 3])
-        samples.append(
-            Sample(
-                instruction=index,
-                text=text,
-                concept=round(concept, 4),
-                instruction_score=round(instruction, 4),
-                fluency=round(fluency, 4),
-                harmonic_mean=round(harmonic_mean([concept, instruction, fluency]), 4),
-                perplexity=perplexity(scored[index]),
-            )
+    answers = [
+        Answer(instruction, text, answer, perplexity(logprobs))
+        for instruction, text, answer, logprobs in zip(
+            prep.instructions, texts, tokens, scored, strict=True
         )
+    ]
+    if reference is None:
+        reference = mean_perplexity(answers)
+    ratings = prep.judge.rate(prep.body.concept, answers, reference, handle.cancel_event)
+    handle.check()
+    handle.pace(time.monotonic() - started)
+    samples = [
+        Sample(
+            instruction=index,
+            text=answer.text,
+            concept=round(concept, 4),
+            instruction_score=round(instruction, 4),
+            fluency=round(fluency, 4),
+            harmonic_mean=round(harmonic_mean([concept, instruction, fluency]), 4),
+            perplexity=answer.perplexity,
+        )
+        for index, (answer, (concept, instruction, fluency)) in enumerate(
+            zip(answers, ratings, strict=True)
+        )
+    ]
     return point(setting.strength, samples)
+
+
+def mean_perplexity(answers: list[Answer]) -> float | None:
+    """The mean perplexity of the answers that have one."""
+    values = [a.perplexity for a in answers if a.perplexity is not None]
+    return statistics.fmean(values) if values else None
 
 
 def perplexity(logprobs: list[float]) -> float | None:

@@ -10,8 +10,21 @@ brings in the concept but loses the instruction or fluency scores near 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 DIGITS = ("0", "1", "2")
+Ratings = tuple[float, float, float]  # concept, instruction, fluency, each 0-2
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer to rate: its instruction, its text and tokens, and its perplexity."""
+
+    instruction: str
+    text: str
+    tokens: list[int]
+    perplexity: float | None
+
 
 CONCEPT = (
     'Text: """{text}"""\n\nHow much is this text about {concept}? 0 = not at all, 1 = in passing, '
