@@ -68,7 +68,7 @@ def reset(bench: Workbench) -> None:
         bench.api("POST", f"/api/{kind}/deactivate")
         for document in bench.api("GET", f"/api/{kind}").json()["data"]:
             assert bench.api("DELETE", f"/api/{kind}/{document['id']}").status_code == 200
-    for kind in ("probes", "vectors", "variants"):
+    for kind in ("probes", "vectors", "variants", "evaluations"):
         for document in bench.api("GET", f"/api/{kind}").json()["data"]:
             assert bench.api("DELETE", f"/api/{kind}/{document['id']}").status_code == 200
     if not bench.api("GET", f"/api/saes/{bench.sae}").json()["attached"]:

@@ -8,7 +8,7 @@ import re
 import httpx
 from playwright.sync_api import expect
 
-TABS = ["chat", "features", "inspect", "documents", "probes", "monitoring", "system"]
+TABS = ["chat", "features", "inspect", "documents", "probes", "monitoring", "evaluate", "system"]
 
 
 def test_the_landing_page_links_to_the_workbench(workbench):

@@ -229,6 +229,14 @@ export const jobs = {
 };
 export const autosteer = (body) => post("/api/autosteer", body);
 
+// Steering evaluations (docs/evaluation.md, A steering evaluation)
+export const evaluations = {
+  start: (body) => post("/api/evaluations", body),
+  list: () => get("/api/evaluations"),
+  get: (id) => get(`/api/evaluations/${enc(id)}`),
+  remove: (id) => del(`/api/evaluations/${enc(id)}`),
+};
+
 // Monitoring (docs/monitoring.md)
 export const monitoring = {
   get: () => get("/api/monitoring"),

@@ -12,6 +12,7 @@ import DocumentsView from "./views/documents.js";
 import ProbesView from "./views/probes.js";
 import MonitoringView from "./views/monitoring.js";
 import SystemView from "./views/system.js";
+import EvaluateView from "./views/evaluate.js";
 
 const TABS = [
   ["chat", "Chat & compare", ChatView],
@@ -20,6 +21,7 @@ const TABS = [
   ["documents", "Profiles, clusters, circuits", DocumentsView],
   ["probes", "Probes", ProbesView],
   ["monitoring", "Monitoring", MonitoringView],
+  ["evaluate", "Evaluate", EvaluateView],
   ["system", "Models, SAEs & jobs", SystemView],
 ];
 
