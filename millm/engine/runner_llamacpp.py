@@ -314,8 +314,9 @@ class LlamaCppRunner:
             )
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
-        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1), unsteered."""
-        self.editor.clear()
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1),
+        under the control vector installed for the first row: none unless a scoring job's edit
+        (a steered variant whose scoring is steered); likelihood and scoring jobs clear it first."""
         batch = CppBatch([], [0])
         batch.seqs = self.sequences.take(batch, 1)
         try:

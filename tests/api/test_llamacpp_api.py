@@ -274,3 +274,43 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
     finally:
         assert post(server, "/api/models/tiny-llama:F32/load", {}).status_code == 200
     assert answer(server, chat("Hi"))[0]
+
+
+def test_a_variant_scoring_steered_scores_under_its_control_vector(server, tiny_dirs):
+    """Echo's prompt logprobs of a steered-scoring variant on llama.cpp equal transformers' forward
+    with the same decoder row hooked in (F32 weights: the same numbers), and a base name's stay unsteered."""
+    from tests.support.steered_forward import steered_logprobs
+
+    sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    steering = [{"sae_id": sae, "features": [{"index": 3, "strength": 40.0}]}]
+    variant = {
+        "name": "cpp-steered",
+        "base": MODEL,
+        "steering": {"steering": steering},
+        "scoring": "steered",
+    }
+    assert post(server, "/api/variants", variant).status_code == 201
+    try:
+        prompt = "The capital of France is"
+        body = {
+            "prompt": prompt,
+            "echo": True,
+            "logprobs": 0,
+            "max_tokens": 0,
+            "return_tokens_as_token_ids": True,
+        }
+        steered = post(server, "/v1/completions", {"model": "cpp-steered", **body}).json()
+        plain = post(server, "/v1/completions", {"model": MODEL, **body}).json()
+        ids = [int(t.split(":")[1]) for t in steered["choices"][0]["logprobs"]["tokens"]]
+        expected = steered_logprobs(tiny_dirs["llama"], server.sae_at[1], ids, 1, 3, 40.0)
+        ours = steered["choices"][0]["logprobs"]["token_logprobs"][1:]
+        assert ours == pytest.approx(
+            [expected[i - 1, ids[i]].item() for i in range(1, len(ids))], abs=1e-3
+        )
+        assert plain["choices"][0]["logprobs"]["token_logprobs"][1:] != pytest.approx(
+            ours, abs=1e-3
+        )
+    finally:
+        api(server, "DELETE", "/api/variants/cpp-steered")
+        post(server, f"/api/saes/{sae}/detach", {})

@@ -221,10 +221,9 @@ def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steeri
 ):
     """lm-eval names the variant; its reference is lm-eval's own hf backend over transformers'
     forward pass with the same feature's decoder row added after block 1 (a forward hook)."""
-    import torch
     from lm_eval.models.huggingface import HFLM
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
+
+    from tests.support.steered_forward import hooked_model
 
     server, sae_dir = steered_server
     served = lm_eval.simple_evaluate(
@@ -241,15 +240,7 @@ def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steeri
         task_manager=tasks,
         log_samples=True,
     )
-    stock = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
-    direction = 40.0 * load_file(str(sae_dir / "sae_weights.safetensors"))["W_dec"][3]
-
-    def add(_module, _inputs, output):
-        if isinstance(output, tuple):
-            return (output[0] + direction, *output[1:])
-        return output + direction
-
-    stock.model.layers[1].register_forward_hook(add)
+    stock = hooked_model(tiny_dirs["llama"], sae_dir, layer=1, index=3, strength=40.0)
     reference = lm_eval.simple_evaluate(
         model=HFLM(
             pretrained=stock,

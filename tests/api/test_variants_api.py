@@ -6,12 +6,10 @@ kept across a restart."""
 from __future__ import annotations
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from tests.api.clients import MODEL, api, error, post
 from tests.support.server import ServerProcess
+from tests.support.steered_forward import steered_logprobs
 from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
@@ -82,25 +80,6 @@ def echo_logprobs(server, model: str) -> list[float]:
     return response.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
 
 
-def steered_forward(tiny_dirs, sae_dir, ids: list[int], strength: float) -> torch.Tensor:
-    """log-probabilities at every position of transformers' forward pass with strength × W_dec[INDEX]
-    added to block LAYER's output at every position: what the variant's steering is."""
-    stock = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
-    direction = load_file(str(sae_dir / "sae_weights.safetensors"))["W_dec"][INDEX]
-
-    def add(_module, _inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        hidden = hidden + strength * direction
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    handle = stock.model.layers[LAYER].register_forward_hook(add)
-    try:
-        with torch.inference_mode():
-            return torch.log_softmax(stock(torch.tensor([ids])).logits[0].float(), -1)
-    finally:
-        handle.remove()
-
-
 def test_a_variant_is_listed_as_a_model_with_its_base_as_parent(server, variant):
     assert variant["id"].startswith("var_") and variant["base"] == MODEL
     assert variant["scoring"] == "unsteered" and variant["fits"] is True
@@ -155,7 +134,7 @@ def test_scoring_a_variant_is_unsteered_unless_it_says_steered(
     ids = api(server, "POST", "/tokenize", json={"model": "pirate", "prompt": PROMPT}).json()[
         "tokens"
     ]
-    expected = steered_forward(tiny_dirs, sae_dir, ids, STRENGTH)
+    expected = steered_logprobs(tiny_dirs["llama"], sae_dir, ids, LAYER, INDEX, STRENGTH)
     assert steered == pytest.approx(
         [expected[i - 1, ids[i]].item() for i in range(1, len(ids))], abs=1e-4
     )
