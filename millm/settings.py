@@ -212,12 +212,8 @@ class Settings(BaseSettings):
         "MILLM_JUDGE_BASE_URL",
         "An OpenAI-compatible server (its /v1 URL) that steering evaluations may name as their judge (judge: remote).",
     )
-    judge_model: str | None = env_field(
-        None, "MILLM_JUDGE_MODEL", "The model the remote judge is asked by name."
-    )
-    judge_api_key: str | None = env_field(
-        None, "MILLM_JUDGE_API_KEY", "The remote judge's API key, sent as Authorization: Bearer."
-    )
+    judge_model: str | None = env_field(None, "MILLM_JUDGE_MODEL", "The remote judge's model.")
+    judge_api_key: str | None = env_field(None, "MILLM_JUDGE_API_KEY", "The remote judge's key.")
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",
