@@ -1,7 +1,8 @@
 """lm-evaluation-harness, unchanged, against a live millm (issue 34): `local-completions`
 (loglikelihood, loglikelihood_rolling, generate_until) with millm's remote tokenizer routes, and
 `local-chat-completions` (generate_until). Its numbers are held against lm-eval's own `hf`
-backend on the same weights, and its generations against millm's own answers."""
+backend on the same weights, and its generations against millm's own answers; on a steered
+variant (scoring steered), against the hf backend over the same weights with the steering hooked in."""
 
 from __future__ import annotations
 
@@ -219,7 +220,7 @@ def steered_server(tiny_dirs, tmp_path_factory):
 def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steering(
     steered_server, tiny_dirs, tasks
 ):
-    """lm-eval names the variant; its reference is lm-eval's own hf backend over transformers'
+    """lm-eval names the variant (loglikelihood, rolling and generate_until); its reference is lm-eval's own hf backend over transformers'
     forward pass with the same feature's decoder row added after block 1 (a forward hook)."""
     from lm_eval.models.huggingface import HFLM
 
@@ -236,10 +237,27 @@ def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steeri
             "num_concurrent": 1,
             "max_retries": 1,
         },
-        tasks=["millm_choice", "millm_rolling"],
+        tasks=["millm_choice", "millm_rolling", "millm_gen"],
         task_manager=tasks,
         log_samples=True,
     )
+    for doc, answer in zip(QUESTIONS, responses(served, "millm_gen"), strict=True):
+        direct = post(
+            server,
+            "/v1/completions",
+            {
+                "model": "pirate",
+                "prompt": doc["question"],
+                "max_tokens": MAX_GEN,
+                "temperature": 0,
+                "stop": ["\n"],
+                "add_special_tokens": False,
+            },
+        )
+        assert direct.status_code == 200 and direct.headers["x-millm-steering"].startswith(
+            "request;variant"
+        )
+        assert answer == [direct.json()["choices"][0]["text"]]
     stock = hooked_model(tiny_dirs["llama"], sae_dir, layer=1, index=3, strength=40.0)
     reference = lm_eval.simple_evaluate(
         model=HFLM(

@@ -302,3 +302,15 @@ def test_variants_are_kept_across_a_restart(tiny_dirs, tmp_path, sae_id, server)
         assert "kept" in [c["id"] for c in api(again, "GET", "/v1/models").json()["data"]]
     finally:
         again.stop()
+
+
+def test_a_variant_shares_the_prefix_cache_under_its_own_steering(server, variant):
+    long = [{"role": "user", "content": "Every feature counts quickly. " * 6 + "Tell me more."}]
+    first = chat(server, "pirate", messages=long)
+    again = chat(server, "pirate", messages=long)
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    # The base model's unsteered pass computes other keys and values: it never reuses the variant's.
+    base = chat(server, MODEL, messages=long)
+    assert base["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
