@@ -1,4 +1,5 @@
-"""POST /api/saes/{id}/inspect and /api/saes/{id}/contrast: discovery reads through an attached SAE.
+"""POST /api/saes/{id}/inspect and /api/saes/{id}/contrast: discovery reads through an attached SAE;
+POST /api/lens: the logit lens.
 
 Inference-class routes (the API key opens them, see access.py): they read the model and change
 nothing. The work runs on the scheduler thread; a client that leaves cancels it.
@@ -16,6 +17,7 @@ from millm.protocol.discovery import (
     InspectRequest,
     InspectResponse,
 )
+from millm.protocol.lens import LensRequest, LensResponse
 
 router = APIRouter()
 
@@ -38,3 +40,14 @@ async def inspect(sae_id: str, body: InspectRequest, request: Request) -> Inspec
 async def contrast(sae_id: str, body: ContrastRequest, request: Request) -> ContrastResponse:
     """Per feature: each set's mean per-text value, the difference and Cohen's d; the top_k favouring each set, with labels."""
     return await unless_client_leaves(request, facades(request).discovery.contrast(sae_id, body))
+
+
+@router.post(
+    "/api/lens",
+    summary="The logit lens: what each block's residual predicts at each position",
+    response_model=LensResponse,
+)
+async def lens(body: LensRequest, request: Request) -> LensResponse:
+    """Each chosen block's output through the model's final norm and head: the top tokens per position,
+    and the probability each block gives the model's final prediction; unsteered unless `steering` asks."""
+    return await unless_client_leaves(request, facades(request).discovery.lens(body))

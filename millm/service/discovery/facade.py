@@ -1,5 +1,5 @@
 """What discovery offers the routes: inspect a text, contrast two sets, compare steerings, explain
-a vector. Each reads through attached SAEs on the loaded model; none changes what is stored."""
+a vector, read a text through the logit lens. Each reads through attached SAEs on the loaded model; none changes what is stored."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from millm.protocol.discovery import (
     InspectRequest,
     InspectResponse,
 )
+from millm.protocol.lens import LensRequest, LensResponse
 from millm.protocol.vectors import VectorExplanation
 from millm.service.composition import ServerState
 from millm.service.discovery.compare import compare
 from millm.service.discovery.contrast import contrast_sets
 from millm.service.discovery.inspection import inspect_text
+from millm.service.discovery.lens import logit_lens
 from millm.service.discovery.vector_explain import explain_vector
 from millm.service.serving.replies import Reply
 
@@ -36,6 +38,10 @@ class Discovery:
     async def compare(self, body: CompareRequest, strict: bool) -> Reply:
         """One conversation generated under several steering variants."""
         return await compare(self.state, body, strict)
+
+    async def lens(self, body: LensRequest) -> LensResponse:
+        """POST /api/lens: what each block's residual predicts at each position."""
+        return await logit_lens(self.state, body)
 
     async def explain_vector(self, key: str, sae_id: str | None, k: int) -> VectorExplanation:
         """A steering vector decomposed over an SAE's decoder, with labels."""

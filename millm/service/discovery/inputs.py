@@ -190,7 +190,7 @@ def set_prompts(lm: LoadedModel, name: str, texts: TextSet) -> list[tuple[str, l
 
 
 def resolve_steering(
-    state: ServerState, steering: str | SteerWith | None, attached: Attached
+    state: ServerState, steering: str | SteerWith | None, attached: Attached | None
 ) -> Steered:
     """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile; or
     feature strengths on attached SAEs (the inspected one by default). Blocking: a worker thread."""
@@ -214,7 +214,12 @@ def resolve_steering(
     attachments = dict(state.steering.attached)
     strengths: dict[str, dict[int, float]] = {}
     for i, entry in enumerate(steering.features or []):
-        sae_id = entry.sae_id or attached.info.id
+        sae_id = entry.sae_id or (attached.info.id if attached is not None else None)
+        if sae_id is None:
+            raise InvalidRequest(
+                f"steering.features[{i}] names no SAE; give its sae_id",
+                param=f"steering.features[{i}].sae_id",
+            )
         target = attachments.get(sae_id)
         if target is None:
             raise InvalidRequest(
