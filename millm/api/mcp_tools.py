@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from millm.api.replies import report_headers
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
+from millm.protocol.lens import LensRequest
 from millm.protocol.steering import FeatureSetting
 from millm.protocol.variants import VariantBody
 from millm.service.facades import Facades
@@ -173,6 +174,10 @@ async def _compare(f: Facades, _: NoParams, body: CompareRequest) -> Result:
     )
 
 
+async def _lens(f: Facades, _: NoParams, body: LensRequest) -> Any:
+    return await f.discovery.lens(body)
+
+
 async def _variants(f: Facades, _: NoParams, __: None) -> dict:
     return (await blocking(f.variants.list)).model_dump()
 
@@ -301,6 +306,16 @@ TOOLS = (
         body=CompareRequest,
         read_only=True,
         omit=frozenset({"stream"}),
+    ),
+    Tool(
+        "logit_lens",
+        "What each block's residual stream predicts at each position of a text (the model's final norm and head applied), "
+        "beside the model's own prediction; optionally steered.",
+        "post",
+        "/api/lens",
+        _lens,
+        body=LensRequest,
+        read_only=True,
     ),
     Tool(
         "list_variants",

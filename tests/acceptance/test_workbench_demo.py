@@ -393,3 +393,24 @@ def test_an_evaluation_ranks_the_pirate_features_strengths_and_the_prompting_bas
     )
     show(page, result)
     shoot(page, "evaluate")
+
+
+def test_the_logit_lens_shows_paris_arriving_in_the_last_blocks(demo, page, shoot):
+    page.goto(f"{demo.url}#/inspect")
+    form = page.get_by_role("form", name="Logit lens")
+    form.get_by_label("Text").fill("The capital of France is")
+    form.get_by_role("button", name="Read").click()
+    grid = page.get_by_role("table", name="Logit lens")
+    expect(grid).to_be_visible(timeout=120_000)
+    expect(grid.get_by_role("row").nth(1).get_by_role("cell").last).to_have_text("Paris")
+    lens = demo.api(
+        "POST", "/api/lens", json={"text": "The capital of France is", "positions": "last"}
+    ).json()
+    (last,) = lens["predictions"]
+    assert last["final"]["token"] == " Paris"
+    # Early blocks give " Paris" almost nothing; the last blocks bring it in.
+    by_layer = {c["layer"]: c["final_probability"] for c in last["layers"]}
+    assert max(by_layer[layer] for layer in range(20)) < 0.01
+    assert by_layer[29] > by_layer[27] > by_layer[20]
+    show(page, page.get_by_role("region", name="Logit lens"))
+    shoot(page, "lens")

@@ -42,6 +42,7 @@ TOOLS = {
     "deactivate_profile",
     "compare",
     "monitoring_stats",
+    "logit_lens",
     "list_variants",
     "create_variant",
     "delete_variant",
@@ -243,6 +244,17 @@ def test_reads_answer_as_their_routes(server, sae):
     }
     contrast = call(server, "contrast_texts", sae_id=sae, **sets)
     assert contrast == rest(server, "POST", f"/api/saes/{sae}/contrast", json=sets).json()
+    lensed = call(server, "logit_lens", text="The river runs", positions="last", top_k=2)
+    assert (
+        lensed
+        == rest(
+            server,
+            "POST",
+            "/api/lens",
+            json={"text": "The river runs", "positions": "last", "top_k": 2},
+        ).json()
+    )
+    assert lensed["object"] == "lens" and len(lensed["predictions"]) == 1
 
 
 def test_a_feature_set_over_mcp_steers_the_next_completion_until_cleared(server, sae):

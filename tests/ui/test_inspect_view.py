@@ -201,3 +201,26 @@ def test_a_text_read_under_a_profile_is_the_apis_steered_read(workbench, page):
         assert_table_is(page.get_by_role("table", name="Top features"), steered["features"])
     finally:
         workbench.api("DELETE", "/api/profiles/river-up")
+
+
+def on_page(token: str) -> str:
+    """A token as the grid shows it: white space made visible when the token is nothing else."""
+    return token.replace(" ", "·").replace("\n", "↵") if not token.strip() else token.strip()
+
+
+def test_the_logit_lens_grid_shows_what_the_api_reads(workbench, page):
+    page.goto(f"{workbench.url}#/inspect")
+    form = page.get_by_role("form", name="Logit lens")
+    form.get_by_label("Text").fill("The river runs")
+    form.get_by_role("button", name="Read").click()
+    grid = page.get_by_role("table", name="Logit lens")
+    expect(grid).to_be_visible()
+    lens = workbench.api("POST", "/api/lens", json={"text": "The river runs", "top_k": 3}).json()
+    rows = grid.get_by_role("row")
+    expect(rows).to_have_count(
+        2 + len(lens["layers"])
+    )  # the tokens, the model's row, one per block
+    last = lens["predictions"][-1]
+    expect(rows.nth(1).get_by_role("cell").last).to_have_text(on_page(last["final"]["token"]))
+    top_block = [c for c in last["layers"] if c["layer"] == lens["layers"][-1]][0]
+    expect(rows.nth(2).get_by_role("cell").last).to_have_text(on_page(top_block["top"][0]["token"]))

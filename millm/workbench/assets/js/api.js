@@ -228,6 +228,7 @@ export const jobs = {
   cancel: (id) => del(`/api/jobs/${enc(id)}`),
 };
 export const autosteer = (body) => post("/api/autosteer", body);
+export const lens = (body) => post("/api/lens", body);
 
 // Steering evaluations (docs/evaluation.md, A steering evaluation)
 export const evaluations = {
