@@ -51,7 +51,7 @@ export default function LensPanel() {
       <label class="grow">Text <input value=${text} onInput=${(e) => setText(e.target.value)} name="lens-text" /></label>
       <label>Positions <select value=${positions} onChange=${(e) => setPositions(e.target.value)} aria-label="Positions">
         <option value="all">every token</option><option value="last">the last token</option></select></label>
-      <label>Steering <select value=${steering} onChange=${(e) => setSteering(e.target.value)} aria-label="Lens steering">
+      <label>Read <select value=${steering} onChange=${(e) => setSteering(e.target.value)} aria-label="Read the model">
         <option value="none">unsteered</option><option value="live">live (what /v1 gets now)</option></select></label>
       <button type="submit" disabled=${act.busy || !text.trim()}>Read</button>
     </form>
