@@ -23,11 +23,7 @@ MODEL = "SmolLM2-135M-Instruct"
 SAE = "sae_dd8838d57250"
 PIRATE, FRANCE, ITALIAN, MUSIC = 1403, 619, 1496, 1822
 WEEKEND = "Tell me about your weekend."
-EVALUATED = [
-    "Tell me about your day.",
-    "Describe your favourite meal.",
-    "What should I pack for a weekend trip?",
-]
+EVALUATED = ["Tell me about your day.", "What should I pack for a weekend trip?"]
 
 
 class Demo:
@@ -352,16 +348,17 @@ def test_models_saes_and_a_calibration_job(demo, page, shoot):
 def test_an_evaluation_ranks_the_pirate_features_strengths_and_the_prompting_baseline(
     demo, page, shoot
 ):
-    """The evaluation docs/evaluation.md shows, started from the page: the pirate feature at four
-    strengths and the prompting baseline over three instructions, judged by the demo model's likelihoods."""
+    """The evaluation docs/evaluation.md shows, started from the page: the pirate feature at three
+    strengths and the prompting baseline over two instructions, judged by the demo model's likelihoods."""
     page.goto(f"{demo.url}#/evaluate")
     expect(page.get_by_role("status", name="Model state")).to_contain_text(f"{MODEL} · ready")
     form = page.get_by_role("form", name="New evaluation")
     form.get_by_label("Concept").fill("pirates")
     form.get_by_label("Name (optional)").fill("pirate sweep")
     form.get_by_label("Feature").fill(str(PIRATE))
-    form.get_by_label("Strengths").fill("20, 40, 60, 80")
+    form.get_by_label("Strengths").fill("20, 40, 80")
     form.get_by_label("Instructions, one per line").fill("\n".join(EVALUATED))
+    form.get_by_label("Max tokens").fill("32")
     form.get_by_role("button", name="Start the evaluation").click()
     result = page.get_by_role("region", name="Evaluation: pirate sweep")
     expect(result).to_be_visible(timeout=300_000)
@@ -369,7 +366,7 @@ def test_an_evaluation_ranks_the_pirate_features_strengths_and_the_prompting_bas
     (summary,) = [e for e in stored if e["name"] == "pirate sweep"]
     full = demo.api("GET", f"/api/evaluations/{summary['id']}").json()
     feature, prompting = full["candidates"]
-    assert [p["strength"] for p in feature["points"]] == [20, 40, 60, 80]
+    assert [p["strength"] for p in feature["points"]] == [20, 40, 80]
     baseline, strongest = full["baseline"], feature["points"][-1]
     # What a demanding reader can check on any CPU: the steering brings the concept in and costs
     # fluency at its strongest, and both methods beat the unsteered answers overall.
@@ -383,11 +380,11 @@ def test_an_evaluation_ranks_the_pirate_features_strengths_and_the_prompting_bas
     assert labels.index("unsteered") > max(
         labels.index(feature["label"]), labels.index("prompting")
     )
-    assert feature["best"]["strength"] in (20, 40, 60)
+    assert feature["best"]["strength"] == 40
     expect(result.get_by_role("table", name="Ranking").get_by_role("row").nth(1)).to_contain_text(
         full["ranking"][0]["label"]
     )
-    result.get_by_role("button", name=f"Answers of {feature['label']} at 60").click()
+    result.get_by_role("button", name=f"Answers of {feature['label']} at 80").click()
     expect(result.get_by_role("region", name="Answers")).to_contain_text(
         feature["points"][2]["samples"][0]["text"].strip()[:40]
     )
