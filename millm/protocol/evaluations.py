@@ -146,26 +146,6 @@ class Ranked(BaseModel):
     fluency: float
 
 
-class EvaluationResult(BaseModel):
-    """A stored evaluation: what was asked, how it was judged, every point and the ranking."""
-
-    id: str
-    object: Literal["evaluation"] = "evaluation"
-    name: str | None
-    concept: str
-    model: str
-    created_at: float
-    job_id: str
-    complete: bool  # False when the job was cancelled: the points so far
-    judge: dict
-    rating_prompts: dict[str, str]
-    instructions: list[str]
-    max_tokens: int
-    baseline: Point | None
-    candidates: list[CandidateResult]
-    ranking: list[Ranked]
-
-
 class EvaluationSummary(BaseModel):
     """A stored evaluation in the list: what it compared and its ranking."""
 
@@ -175,8 +155,20 @@ class EvaluationSummary(BaseModel):
     concept: str
     model: str
     created_at: float
-    complete: bool
+    complete: bool  # False when the job was cancelled: the points so far
     ranking: list[Ranked]
+
+
+class EvaluationResult(EvaluationSummary):
+    """A stored evaluation whole: also how it was asked and judged, and every point."""
+
+    job_id: str
+    judge: dict
+    rating_prompts: dict[str, str]
+    instructions: list[str]
+    max_tokens: int
+    baseline: Point | None
+    candidates: list[CandidateResult]
 
 
 class EvaluationList(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 from openai import OpenAI
@@ -50,3 +51,22 @@ def error(
     if type_:
         assert body["type"] == type_, body
     return body
+
+
+def attach_sae(server, path) -> str:
+    """Register the SAE folder at `path` and attach it; its id."""
+    sae = post(server, "/api/saes", {"path": str(path)}).json()["id"]
+    attached = post(server, f"/api/saes/{sae}/attach", {})
+    assert attached.status_code == 200, attached.text
+    return sae
+
+
+def finished_job(server, job_id: str, timeout: float = 240) -> dict:
+    """The job's view once it is no longer running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api(server, "GET", f"/api/jobs/{job_id}").json()
+        if job["state"] != "running":
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not end")

@@ -4,14 +4,13 @@ judge and fluency numbers equal what the server's own routes and a stock forward
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
 from millm.service.discovery.judge import QUESTION, judge_tokens
-from tests.api.clients import MODEL, api, error, post
+from tests.api.clients import MODEL, api, attach_sae, error, finished_job, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -26,8 +25,7 @@ def server(tiny_dirs, tmp_path_factory):
     )
     try:
         process.wait_ready()
-        process.sae_id = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
-        assert post(process, f"/api/saes/{process.sae_id}/attach", {}).status_code == 200
+        process.sae_id = attach_sae(process, sae_dir)
         yield process
     finally:
         process.stop()
@@ -38,16 +36,6 @@ def tokenizer(tiny_dirs):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_dirs["tokenizer"]))
-
-
-def finished(server, job_id: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api(server, "GET", f"/api/jobs/{job_id}").json()
-        if job["state"] != "running":
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not end")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +51,7 @@ def result(server):
     }
     response = post(server, "/api/autosteer", body)
     assert response.status_code == 202, response.text
-    job = finished(server, response.json()["id"])
+    job = finished_job(server, response.json()["id"])
     assert job["state"] == "succeeded", job
     assert job["progress"] == {"done": 4, "total": 4, "unit": "settings"}
     return job["result"]
@@ -196,7 +184,7 @@ def test_rank_by_affinity_orders_the_fluent_settings_by_it(server):
         "strengths": [3.0, 9.0],
         "max_tokens": 6,
     }
-    job = finished(server, post(server, "/api/autosteer", body).json()["id"])
+    job = finished_job(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
     got = job["result"]
     keys = [(not s["fluent"], -s["affinity_lift"], -s["fluency"]) for s in got["settings"]]
@@ -261,7 +249,7 @@ def test_default_strengths_follow_the_residual_norm_and_included_features_are_tr
         "strength_fractions": [0.25],
         "max_tokens": 2,
     }
-    job = finished(server, post(server, "/api/autosteer", body).json()["id"])
+    job = finished_job(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
     got = job["result"]
     assert [(c["index"], c["source"], c["evidence"]) for c in got["candidates"]][1:] == [
@@ -285,7 +273,7 @@ def test_examples_add_contrast_candidates(server):
         "strengths": [2.0],
         "max_tokens": 2,
     }
-    job = finished(server, post(server, "/api/autosteer", body).json()["id"])
+    job = finished_job(server, post(server, "/api/autosteer", body).json()["id"])
     assert job["state"] == "succeeded", job
     contrast = post(
         server,
@@ -314,7 +302,7 @@ def test_a_job_can_be_cancelled(server):
     job_id = post(server, "/api/autosteer", body).json()["id"]
     cancelled = api(server, "DELETE", f"/api/jobs/{job_id}")
     assert cancelled.status_code == 200
-    assert finished(server, job_id)["state"] == "cancelled"
+    assert finished_job(server, job_id)["state"] == "cancelled"
 
 
 @pytest.mark.parametrize(
@@ -352,7 +340,7 @@ def test_a_taken_profile_name_is_refused_before_the_job_starts(server):
 
 
 def test_a_goal_no_label_matches_fails_the_job_with_the_reason(server):
-    job = finished(
+    job = finished_job(
         server,
         post(server, "/api/autosteer", {"goal": "qqqq", "probe_prompts": PROBES[:1]}).json()["id"],
     )

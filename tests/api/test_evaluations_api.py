@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from millm.engine.prompts import chat_prompt_ids
-from tests.api.clients import MODEL, api, error, post
+from tests.api.clients import MODEL, api, attach_sae, error, finished_job, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -40,8 +40,7 @@ def server(tiny_dirs, tmp_path_factory, llama_server):
     )
     try:
         process.wait_ready()
-        sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
-        assert post(process, f"/api/saes/{sae}/attach", {}).status_code == 200
+        attach_sae(process, sae_dir)
         yield process
     finally:
         process.stop()
@@ -52,20 +51,10 @@ def sae_id(server):
     return api(server, "GET", "/api/saes").json()["data"][0]["id"]
 
 
-def finished(server, job_id: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api(server, "GET", f"/api/jobs/{job_id}").json()
-        if job["state"] != "running":
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not end")
-
-
 def evaluate(server, **body) -> dict:
     started = post(server, "/api/evaluations", body)
     assert started.status_code == 202, started.text
-    job = finished(server, started.json()["id"])
+    job = finished_job(server, started.json()["id"])
     assert job["state"] == "succeeded", job
     return job["result"]
 
@@ -294,7 +283,7 @@ def test_a_cancelled_evaluation_keeps_the_points_it_measured(server):
         assert time.monotonic() < until_started
         time.sleep(0.05)
     assert api(server, "DELETE", f"/api/jobs/{job_id}").status_code == 200
-    assert finished(server, job_id)["state"] == "cancelled"
+    assert finished_job(server, job_id)["state"] == "cancelled"
     stored = [e for e in api(server, "GET", "/api/evaluations").json()["data"] if not e["complete"]]
     assert stored, "the cancelled evaluation was not stored"
     partial = api(server, "GET", f"/api/evaluations/{stored[0]['id']}").json()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.api.clients import MODEL, api, error, post
+from tests.api.clients import MODEL, api, attach_sae, error, post
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -24,9 +24,7 @@ def server(tiny_dirs, tmp_path_factory):
     )
     try:
         process.wait_ready()
-        sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
-        assert post(process, f"/api/saes/{sae}/attach", {}).status_code == 200
-        process.sae = sae
+        process.sae = attach_sae(process, sae_dir)
         yield process
     finally:
         process.stop()

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.api.clients import api, error, post, sdk
+from tests.api.clients import api, attach_sae, error, post, sdk
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -281,8 +281,7 @@ def test_a_variant_scoring_steered_scores_under_its_control_vector(server, tiny_
     with the same decoder row hooked in (F32 weights: the same numbers), and a base name's stay unsteered."""
     from tests.support.steered_forward import steered_logprobs
 
-    sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
-    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    sae = attach_sae(server, server.sae_at[1])
     steering = [{"sae_id": sae, "features": [{"index": 3, "strength": 40.0}]}]
     variant = {
         "name": "cpp-steered",

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.api.clients import MODEL, post
+from tests.api.clients import MODEL, attach_sae, post
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tasks read local JSON files; nothing is fetched
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -73,6 +73,18 @@ def tasks(tmp_path_factory) -> TaskManager:
     return TaskManager(include_path=str(folder))
 
 
+def completions_args(server, model: str) -> dict:
+    """local-completions against `server` naming `model`, tokenised by millm's /tokenize."""
+    return {
+        "base_url": f"{server.base_url}/v1/completions",
+        "model": model,
+        "tokenizer_backend": "remote",
+        "max_length": 128,
+        "num_concurrent": 1,
+        "max_retries": 1,
+    }
+
+
 def responses(result: dict, task: str) -> list:
     """Each document's filtered responses, in document order."""
     return [s["filtered_resps"] for s in sorted(result["samples"][task], key=lambda s: s["doc_id"])]
@@ -83,14 +95,7 @@ def served(llama_server, tasks):
     """The three kinds through local-completions, tokenised by millm's /tokenize."""
     return lm_eval.simple_evaluate(
         model="local-completions",
-        model_args={
-            "base_url": f"{llama_server.base_url}/v1/completions",
-            "model": MODEL,
-            "tokenizer_backend": "remote",
-            "max_length": 128,
-            "num_concurrent": 1,
-            "max_retries": 1,
-        },
+        model_args=completions_args(llama_server, MODEL),
         tasks=["millm_choice", "millm_rolling", "millm_gen"],
         task_manager=tasks,
         log_samples=True,
@@ -202,8 +207,7 @@ def steered_server(tiny_dirs, tmp_path_factory):
     )
     try:
         server.wait_ready()
-        sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
-        assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+        sae = attach_sae(server, sae_dir)
         steering = [{"sae_id": sae, "layer": 1, "features": [{"index": 3, "strength": 40.0}]}]
         variant = {
             "name": "pirate",
@@ -229,14 +233,7 @@ def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steeri
     server, sae_dir = steered_server
     served = lm_eval.simple_evaluate(
         model="local-completions",
-        model_args={
-            "base_url": f"{server.base_url}/v1/completions",
-            "model": "pirate",
-            "tokenizer_backend": "remote",
-            "max_length": 128,
-            "num_concurrent": 1,
-            "max_retries": 1,
-        },
+        model_args=completions_args(server, "pirate"),
         tasks=["millm_choice", "millm_rolling", "millm_gen"],
         task_manager=tasks,
         log_samples=True,

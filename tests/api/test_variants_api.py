@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.clients import MODEL, api, error, post
+from tests.api.clients import MODEL, api, attach_sae, error, post
 from tests.support.server import ServerProcess
 from tests.support.steered_forward import steered_logprobs
 from tests.support.tiny_saes import build_saelens
@@ -32,8 +32,7 @@ def server(tiny_dirs, home, sae_dir):
     process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
     try:
         process.wait_ready()
-        sae = api(process, "POST", "/api/saes", json={"path": str(sae_dir)}).json()["id"]
-        assert api(process, "POST", f"/api/saes/{sae}/attach").status_code == 200
+        attach_sae(process, sae_dir)
         yield process
     finally:
         process.stop()

@@ -26,6 +26,7 @@ from millm.protocol.discovery import (
     SteeringUsed,
     TokenRead,
 )
+from millm.protocol.lens import LensRequest
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     Steered,
@@ -137,7 +138,7 @@ def answer(
     )
 
 
-def inspect_prompt(lm: LoadedModel, body: InspectRequest, cap: int) -> list[int]:
+def inspect_prompt(lm: LoadedModel, body: InspectRequest | LensRequest, cap: int) -> list[int]:
     """The text's or conversation's token ids, readable and within MILLM_DISCOVERY_MAX_TOKENS."""
     param = "text" if body.text is not None else "messages"
     ids = (

@@ -20,31 +20,14 @@ from millm.protocol.lens import LensCell, LensPosition, LensRequest, LensRespons
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     Steered,
-    check_readable,
     check_steering_request,
-    check_total,
-    conversation_prompt,
     model_to_read,
     resolve_steering,
-    text_prompt,
 )
-from millm.service.discovery.inspection import token_strings
+from millm.service.discovery.inspection import inspect_prompt, token_strings
 from millm.service.discovery.reads import read_passes
 
 MAX_LENS_CELLS = 50_000  # blocks x positions in one answer, each with its top-k
-
-
-def lens_prompt(lm: LoadedModel, body: LensRequest, cap: int) -> list[int]:
-    """The text's or conversation's ids, readable and within MILLM_DISCOVERY_MAX_TOKENS."""
-    param = "text" if body.text is not None else "messages"
-    ids = (
-        text_prompt(lm, body.text, param)
-        if body.text is not None
-        else conversation_prompt(lm, body.messages or [], param)
-    )
-    check_readable(lm, ids, param)
-    check_total([(param, ids)], cap)
-    return ids
 
 
 def chosen_layers(lm: LoadedModel, body: LensRequest, positions: int) -> list[int]:
@@ -116,7 +99,7 @@ async def logit_lens(state: ServerState, body: LensRequest) -> LensResponse:
     lm = await state.switch.acquire(model_to_read(state, body.model))
     if not lm.reads_residuals:
         raise engine_cannot("the logit lens (it reads the residual stream)", "model")
-    prompt = await to_thread.run_sync(lens_prompt, lm, body, state.settings.discovery_max_tokens)
+    prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     layers = chosen_layers(lm, body, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
     try:
