@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 from openai import OpenAI
@@ -70,3 +73,20 @@ def finished_job(server, job_id: str, timeout: float = 240) -> dict:
             return job
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not end")
+
+
+@contextmanager
+def llama_with_sae(tiny_dirs, folder: Path, seed: int, env: dict | None = None) -> Iterator:
+    """A live server on the tiny Llama with a SAELens SAE on block 1 attached (`.sae`, `.sae_dir`)."""
+    from tests.support.server import ServerProcess
+    from tests.support.tiny_saes import build_saelens
+
+    sae_dir = build_saelens(folder / "sae", layer=1, seed=seed)
+    (folder / "home").mkdir(parents=True, exist_ok=True)
+    process = ServerProcess(folder / "home", ["--model", str(tiny_dirs["llama"])], env=env)
+    try:
+        process.wait_ready()
+        process.sae, process.sae_dir = attach_sae(process, sae_dir), sae_dir
+        yield process
+    finally:
+        process.stop()

@@ -10,25 +10,16 @@ import torch
 
 from millm.engine.prompts import chat_prompt_ids
 from millm.service.discovery.judge import QUESTION, judge_tokens
-from tests.api.clients import MODEL, api, attach_sae, error, finished_job, post
-from tests.support.server import ServerProcess
-from tests.support.tiny_saes import build_saelens
+from tests.api.clients import MODEL, api, error, finished_job, llama_with_sae, post
 
 PROBES = ["Tell me about rivers.", "Hello there"]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    sae_dir = build_saelens(tmp_path_factory.mktemp("autosteer-sae") / "sae", layer=1, seed=7)
-    process = ServerProcess(
-        tmp_path_factory.mktemp("autosteer-home"), ["--model", str(tiny_dirs["llama"])]
-    )
-    try:
-        process.wait_ready()
-        process.sae_id = attach_sae(process, sae_dir)
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("autosteer"), seed=7) as process:
+        process.sae_id = process.sae
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

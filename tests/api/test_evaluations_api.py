@@ -15,9 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from millm.engine.prompts import chat_prompt_ids
-from tests.api.clients import MODEL, api, attach_sae, error, finished_job, post
-from tests.support.server import ServerProcess
-from tests.support.tiny_saes import build_saelens
+from tests.api.clients import MODEL, api, error, finished_job, llama_with_sae, post
 
 CONCEPT = "rivers"
 INSTRUCTIONS = ["Tell me about the city.", "Describe your day."]
@@ -33,17 +31,9 @@ def tokenizer(tiny_dirs):
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, llama_server):
     """The tiny Llama with an SAE attached, whose remote judge is another server on the same weights."""
-    sae_dir = build_saelens(tmp_path_factory.mktemp("eval-sae") / "a", layer=1, seed=21)
     env = {"MILLM_JUDGE_BASE_URL": f"{llama_server.base_url}/v1", "MILLM_JUDGE_MODEL": MODEL}
-    process = ServerProcess(
-        tmp_path_factory.mktemp("eval-home"), ["--model", str(tiny_dirs["llama"])], env=env
-    )
-    try:
-        process.wait_ready()
-        attach_sae(process, sae_dir)
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("eval"), seed=21, env=env) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

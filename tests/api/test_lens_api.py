@@ -9,25 +9,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.api.clients import MODEL, api, attach_sae, error, post
+from tests.api.clients import MODEL, api, error, llama_with_sae, post
 from tests.support.server import ServerProcess
-from tests.support.tiny_saes import build_saelens
 
 TEXT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    sae_dir = build_saelens(tmp_path_factory.mktemp("lens-sae") / "a", layer=1, seed=5)
-    process = ServerProcess(
-        tmp_path_factory.mktemp("lens-home"), ["--model", str(tiny_dirs["llama"])]
-    )
-    try:
-        process.wait_ready()
-        process.sae = attach_sae(process, sae_dir)
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("lens"), seed=5) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def lens(server, **body) -> dict:

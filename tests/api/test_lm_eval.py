@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.api.clients import MODEL, attach_sae, post
+from tests.api.clients import MODEL, llama_with_sae, post
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tasks read local JSON files; nothing is fetched
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -198,17 +198,10 @@ def test_local_chat_completions_generates_what_the_chat_route_answers(llama_serv
 @pytest.fixture(scope="module")
 def steered_server(tiny_dirs, tmp_path_factory):
     """A server whose variant `pirate` steers one feature of an attached SAE, scoring steered."""
-    from tests.support.server import ServerProcess
-    from tests.support.tiny_saes import build_saelens
-
-    sae_dir = build_saelens(tmp_path_factory.mktemp("lm-eval-sae") / "a", layer=1, seed=21)
-    server = ServerProcess(
-        tmp_path_factory.mktemp("lm-eval-home"), ["--model", str(tiny_dirs["llama"])]
-    )
-    try:
-        server.wait_ready()
-        sae = attach_sae(server, sae_dir)
-        steering = [{"sae_id": sae, "layer": 1, "features": [{"index": 3, "strength": 40.0}]}]
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("lm-eval"), seed=21) as server:
+        steering = [
+            {"sae_id": server.sae, "layer": 1, "features": [{"index": 3, "strength": 40.0}]}
+        ]
         variant = {
             "name": "pirate",
             "base": MODEL,
@@ -216,9 +209,7 @@ def steered_server(tiny_dirs, tmp_path_factory):
             "scoring": "steered",
         }
         assert post(server, "/api/variants", variant).status_code == 201
-        yield server, sae_dir
-    finally:
-        server.stop()
+        yield server, server.sae_dir
 
 
 def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steering(

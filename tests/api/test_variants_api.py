@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.clients import MODEL, api, attach_sae, error, post
+from tests.api.clients import MODEL, api, error, llama_with_sae, post
 from tests.support.server import ServerProcess
 from tests.support.steered_forward import steered_logprobs
-from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
 PROMPT = "The capital of France is"
@@ -18,29 +17,20 @@ LAYER, INDEX, STRENGTH = 1, 3, 40.0
 
 
 @pytest.fixture(scope="module")
-def sae_dir(tmp_path_factory):
-    return build_saelens(tmp_path_factory.mktemp("variant-sae") / "a", layer=LAYER, seed=21)
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("variant-home")
-
-
-@pytest.fixture(scope="module")
-def server(tiny_dirs, home, sae_dir):
-    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
-    try:
-        process.wait_ready()
-        attach_sae(process, sae_dir)
+def server(tiny_dirs, tmp_path_factory):
+    """The tiny Llama with an SAE on block LAYER attached."""
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("variants"), seed=21) as process:
         yield process
-    finally:
-        process.stop()
+
+
+@pytest.fixture(scope="module")
+def sae_dir(server):
+    return server.sae_dir
 
 
 @pytest.fixture(scope="module")
 def sae_id(server):
-    return api(server, "GET", "/api/saes").json()["data"][0]["id"]
+    return server.sae
 
 
 def spec(sae_id: str, strength: float = STRENGTH, index: int = INDEX) -> dict:
