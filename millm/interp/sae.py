@@ -118,6 +118,16 @@ class SAE:
         _, state = self._norm_in(x.to(self.W_enc.dtype))
         return self._norm_out(out, state)
 
+    def output_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """`[..., 1]`: what decode multiplies a feature's W_dec row by at inputs x (1 unless a
+        run-time normalisation is undone on the way out)."""
+        _, state = self._norm_in(x.to(self.W_enc.dtype))
+        if self.normalize_activations == "constant_norm_rescale":
+            return 1 / state[0]
+        if self.normalize_activations == "layer_norm":
+            return state[1]
+        return torch.ones(*x.shape[:-1], 1, dtype=self.W_enc.dtype, device=x.device)
+
     def direction(self, strengths: dict[int, float]) -> torch.Tensor:
         """Σ s_i · W_dec[i]: the residual delta that steering adds (float32, `[d_in]`)."""
         if not strengths:
