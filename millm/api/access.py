@@ -35,7 +35,7 @@ OPEN_PATHS = frozenset({"/api/health", "/api/health/ready"})
 MCP_PATH = "/mcp"  # where app.py mounts the MCP server (api/mcp_server.py)
 # POST routes under /api that read the model without changing any state (discovery reads and
 # side-by-side generation): inference, like /v1, so the API key opens them.
-INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare|lens)$")
+INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare|lens|attribution)$")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # vLLM's tokenizer routes (api/tokenizer.py) read the model as /v1 does.
 TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from millm import __version__
 from millm.api import (
+    attribution,
     autosteer,
     calibration,
     compare,
@@ -113,6 +114,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
     app.include_router(discovery.router, tags=["Discovery"])
+    app.include_router(attribution.router, tags=["Discovery"])
     app.include_router(calibration.router, tags=["Discovery"])
     app.include_router(autosteer.router, tags=["Discovery"])
     app.include_router(vectors.router, tags=["Steering vectors"])

@@ -199,6 +199,13 @@ class LikelihoodsReady:
     token_logprobs: list[list[float]]
 
 
+@dataclass(frozen=True)
+class CallDone:
+    """What a CallJob's function returned."""
+
+    value: Any
+
+
 Event = (
     TextDelta
     | TokenDrawn
@@ -209,6 +216,7 @@ Event = (
     | EmbeddingsReady
     | ScoresReady
     | LikelihoodsReady
+    | CallDone
 )
 
 
@@ -289,5 +297,16 @@ class LikelihoodJob(JobControl):
 
     sequences: list[list[int]]
     starts: list[int]
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)  # identity: the scheduler keys running jobs by them
+class CallJob(JobControl):
+    """One step of longer model work that is neither generation nor a plain pass (an attribution
+    graph's backward passes): `call(lm)` runs on the scheduler thread with no steering installed,
+    and one CallDone event carries what it returns."""
+
+    call: Callable[[Any], Any]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)

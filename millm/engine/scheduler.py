@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
+from millm.engine.calls import run_call
 from millm.engine.embed import run_embedding
 from millm.engine.failures import as_error
 from millm.engine.generate import Lane, run_job
-from millm.engine.jobs import EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
+from millm.engine.jobs import CallJob, EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
 from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import PrefixCache
@@ -37,12 +38,13 @@ from millm.errors import (
 
 log = logging.getLogger(__name__)
 
-Job = GenerationJob | EmbeddingJob | ScoringJob | LikelihoodJob
+Job = GenerationJob | EmbeddingJob | ScoringJob | LikelihoodJob | CallJob
 # Each kind of job but generation to its runner (the job argument is the key's type).
 RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {
     EmbeddingJob: run_embedding,
     ScoringJob: run_scoring,
     LikelihoodJob: run_likelihood,
+    CallJob: run_call,
 }
 OUTCOMES = ("served", "cancelled", "failed")
 

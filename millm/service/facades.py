@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from millm.service.attribution.facade import Attribution
 from millm.service.composition import ServerState
 from millm.service.discovery.facade import Discovery
 from millm.service.manage.bases import BaseManagement
@@ -47,6 +48,7 @@ class Facades:
     variants: VariantManagement
     evaluations: EvaluationManagement
     discovery: Discovery
+    attribution: Attribution
     training: Training
     jobs: JobBook
     close: Callable[[], None]  # the state's close, for the app's shutdown
@@ -72,6 +74,7 @@ def build_facades(state: ServerState) -> Facades:
         variants=VariantManagement(state),
         evaluations=EvaluationManagement(state),
         discovery=Discovery(state),
+        attribution=Attribution(state),
         training=Training(state),
         jobs=state.jobs,
         close=state.close,

@@ -27,7 +27,9 @@ from millm.engine.residual import ResidualEdit
 from millm.interp.attribution.pruning import Pruned, partial_influence, prune, scores
 from millm.interp.attribution.replacement import ReplacementModel, Source, Trace
 
-EXACT = "transcoders"  # every MLP replaced: the graph is the linearised model's exact direct effects
+EXACT = (
+    "transcoders"  # every MLP replaced: the graph is the linearised model's exact direct effects
+)
 PATCHING = "attribution patching"  # some computation left non-linear: gradient x activation
 
 
@@ -83,6 +85,7 @@ class Graph:
     pruned: Pruned
     replacement_score: float
     completeness_score: float
+    errors: list[torch.Tensor]  # per source, what it missed at each position `[T, d]` (float64)
 
     @property
     def positions(self) -> int:
@@ -173,12 +176,6 @@ class Tracer:
             self.rows.append(self._rows([None])[0])
             self.row_nodes.append(self.columns)  # the target's own index comes after every source
 
-    @property
-    def done(self) -> bool:
-        """Whether expanding is over (the budget is spent or nothing more has influence)."""
-        assert self.expanded is not None
-        return int(self.expanded.sum()) >= min(self.budget.max_feature_nodes, len(self.expanded))
-
     def expand(self) -> int:
         """Compute the input rows of the next batch of most influential features; returns how many
         (0: nothing left with influence, and the tracer is done)."""
@@ -191,8 +188,7 @@ class Tracer:
         influence[self.expanded] = -1
         ranked = torch.argsort(influence, descending=True)[:size]
         ranked = ranked[influence[ranked] > 0]
-        if len(ranked) == 0:
-            self.expanded[:] = True  # nothing unexpanded matters to the target
+        if len(ranked) == 0:  # nothing unexpanded reaches the target
             return 0
         with torch.inference_mode(False), torch.enable_grad():
             rows = self._rows([int(i) for i in ranked])
@@ -247,9 +243,14 @@ class Tracer:
             pruned=pruned,
             replacement_score=replacement,
             completeness_score=completeness,
+            errors=[s.errors.detach().double().cpu() for s in self.trace.sources],
         )
         self.trace = None  # the pass and its autograd graph are freed here, on this thread
         return graph
+
+    def drop(self, lm: object = None) -> None:
+        """Let the pass go without a graph (a cancelled request); on the scheduler thread."""
+        self.trace = None
 
     def _influence(self) -> torch.Tensor:
         rows = torch.stack(self.rows).double()
@@ -277,7 +278,7 @@ class Tracer:
         )
         n = len(nodes)
         parts: list[torch.Tensor] = []
-        for index, source in enumerate(trace.sources):
+        for index in range(len(trace.sources)):
             grad = grads[index + 1]
             if grad is None:
                 parts.append(torch.zeros(n, len(found.writes[index]), dtype=self.model.dtype))

@@ -63,7 +63,10 @@ def threshold_of(scores: torch.Tensor, keep: float) -> float:
     if total <= 0:
         return float("inf")
     cumulative = torch.cumsum(ordered, dim=0) / total
-    index = min(int(torch.searchsorted(cumulative, torch.tensor(keep, dtype=cumulative.dtype))), len(ordered) - 1)
+    index = min(
+        int(torch.searchsorted(cumulative, torch.tensor(keep, dtype=cumulative.dtype))),
+        len(ordered) - 1,
+    )
     return float(ordered[index])
 
 
@@ -74,7 +77,9 @@ class Pruned:
     nodes: torch.Tensor  # [N] bool
     edges: torch.Tensor  # [N, N] bool, rows targets
     influence: torch.Tensor  # [N]
-    cumulative: torch.Tensor  # [N]: the share of total influence of the nodes at least this influential
+    cumulative: (
+        torch.Tensor
+    )  # [N]: the share of total influence of the nodes at least this influential
 
 
 def prune(

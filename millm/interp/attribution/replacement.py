@@ -119,7 +119,9 @@ class FrozenNorm:
         if theirs is None or not torch.allclose(mine, theirs, rtol=2e-2, atol=2e-2):
             raise ValueError(f"attribution does not know the normalisation {self.name}")
 
-    def __call__(self, x: torch.Tensor, frozen: bool = True, hold: Hold | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, frozen: bool = True, hold: Hold | None = None
+    ) -> torch.Tensor:
         """Normalise the last dimension; with `frozen` the scale is a constant (`hold`'s, if given)."""
         if self.layer_norm:
             x = x - x.mean(-1, keepdim=True)
@@ -133,8 +135,6 @@ class FrozenNorm:
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out
-
-
 
 
 @dataclass

@@ -1,0 +1,166 @@
+"""Body and answer of POST /api/attribution: an attribution graph for one prompt and target."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from millm.protocol.discovery import (
+    Conversation,
+    ModelName,
+    Steering,
+    SteeringUsed,
+    StrictBody,
+    TokenRead,
+)
+
+MAX_VERIFIED = 32
+TokenRef = Annotated[
+    str | Annotated[int, Field(ge=0)],
+    Field(description="A token: its id, or a string that encodes to exactly one token."),
+]
+Share = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class AttributionTarget(StrictBody):
+    """What the graph explains at the prompt's last position: a token's logit (minus the mean
+    logit), or with `versus` the difference of two logits."""
+
+    token: TokenRef
+    versus: TokenRef | None = None
+
+
+class AttributionRequest(StrictBody):
+    """A text (encoded as /v1/completions encodes a prompt) or a conversation (chat template)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]}
+    )
+
+    model: ModelName = None
+    text: str | None = None
+    messages: Conversation | None = None
+    target: AttributionTarget | None = Field(
+        None, description="Default: the token the model itself predicts there."
+    )
+    saes: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Attached SAEs whose features are the graph's nodes (default: every attached SAE).",
+    )
+    max_feature_nodes: Annotated[int, Field(ge=1)] = Field(
+        128, description="Features whose inputs are computed, most influential first."
+    )
+    node_threshold: Share = Field(
+        0.8, description="Pruning keeps the nodes carrying this share of influence."
+    )
+    edge_threshold: Share = Field(0.98, description="... and the edges carrying this share.")
+    max_edges: Annotated[int, Field(ge=1, le=20_000)] = Field(
+        2000, description="At most this many edges are returned, the strongest."
+    )
+    verify: Annotated[int, Field(ge=0, le=MAX_VERIFIED)] = Field(
+        8,
+        description="Top feature nodes ablated on the served model to check the graph's predictions.",
+    )
+    steering: Steering = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> AttributionRequest:
+        if (self.text is None) == (self.messages is None):
+            raise ValueError("give either text or messages")
+        return self
+
+
+NodeKind = Literal["feature", "error", "token", "target"]
+
+
+class GraphNode(BaseModel):
+    """One node. `id` is circuit-tracer's node id; `layer` the block after which it writes (-1:
+    the embeddings; the target: the number of blocks)."""
+
+    id: str
+    kind: NodeKind
+    layer: int
+    position: int
+    sae_id: str | None = None
+    feature: int | None = None
+    label: str | None = None
+    activation: float | None = None
+    token_id: int | None = None
+    token: str | None = None
+    influence: float = Field(
+        description="Share of the output's total influence reached by the nodes at least this influential (circuit-tracer's cumulative influence)."
+    )
+
+
+class GraphEdge(BaseModel):
+    """A direct effect: how much `source` adds to `target`'s value (a feature's pre-activation, the target's logit)."""
+
+    source: str
+    target: str
+    weight: float
+
+
+class TargetRead(BaseModel):
+    """The explained quantity: Σ coefficient · (logit − mean logit) over these tokens."""
+
+    token_ids: list[int]
+    tokens: list[str]
+    coefficients: list[float]
+    value: float = Field(description="In the replacement pass.")
+    probability: float = Field(description="Of the first token, in the replacement pass.")
+
+
+class SourceRead(BaseModel):
+    """A feature source of the graph."""
+
+    sae_id: str
+    layer: int
+    site: Literal["resid", "mlp"]
+    active_features: int
+
+
+class NodeCheck(BaseModel):
+    """A feature node ablated alone on the served model."""
+
+    node: str
+    label: str | None = None
+    predicted: float = Field(
+        description="The target's change the graph predicts (minus the node's total effect)."
+    )
+    measured: float = Field(description="The change the served model shows.")
+
+
+class Verification(BaseModel):
+    """Predicted against measured over the checked nodes."""
+
+    method: Literal["ablation"] = "ablation"
+    served_value: float = Field(description="The target's value in the served model.")
+    nodes: list[NodeCheck]
+    correlation: float | None
+    passed: bool
+    pass_correlation: float
+
+
+class AttributionGraph(BaseModel):
+    """A pruned attribution graph and how well it holds."""
+
+    object: Literal["attribution_graph"] = "attribution_graph"
+    id: str
+    model: str
+    method: Literal["transcoders", "attribution patching"]
+    steered: bool
+    steering: SteeringUsed
+    tokens: list[TokenRead]
+    target: TargetRead
+    sources: list[SourceRead]
+    expanded_features: int
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    replacement_score: float
+    completeness_score: float
+    node_threshold: float
+    edge_threshold: float
+    verification: Verification | None
+    seconds: float

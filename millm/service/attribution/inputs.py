@@ -1,0 +1,125 @@
+"""What a graph is made of, checked before any pass: its feature sources, its target and its size.
+
+Sources are attached SAEs (every one by default); one per block, since a node's id names its
+block; SAEs with a run-time input normalisation are refused, as the ablation check could not
+remove one feature's write exactly. The target's tokens must each be one token of the
+vocabulary. The size is refused before it starts when even one replica row of the pass would not
+fit MAX_GRAPH_BYTES beside the float32 copy of the weights the pass runs on; otherwise the pass
+takes as many replica rows (targets per backward pass) as fit, at most ROWS.
+"""
+
+from __future__ import annotations
+
+from millm.engine.loader import LoadedModel
+from millm.errors import InvalidRequest
+from millm.interp.attribution.graph import Budget, Target
+from millm.interp.attribution.replacement import Source
+from millm.protocol.attribution import AttributionRequest, AttributionTarget
+from millm.service.composition import ServerState
+
+MAX_FEATURE_NODES = 4096  # features expanded in one graph (each is a row of the adjacency)
+MAX_GRAPH_BYTES = 8 * 2**30  # the pass's weights copy and its retained activations
+ROWS = 32
+FLOAT = 4
+
+
+def feature_sources(state: ServerState, body: AttributionRequest, lm: LoadedModel) -> list[Source]:
+    """The attached SAEs the graph's features come from (400 naming `saes[i]` or `saes`)."""
+    attached = dict(state.steering.attached)
+    names = body.saes if body.saes is not None else sorted(attached)
+    if not names:
+        raise InvalidRequest(
+            f"no SAE is attached to {lm.name}: a graph's features come from attached SAEs (POST /api/saes/{{id}}/attach)",
+            param="saes",
+            code="sae_not_attached",
+        )
+    sources, layers = [], {}
+    for i, name in enumerate(names):
+        param = f"saes[{i}]" if body.saes is not None else "saes"
+        found = attached.get(name)
+        if found is None:
+            raise InvalidRequest(
+                f"SAE {name} is not attached to {lm.name}; attach it first (POST /api/saes/{name}/attach)",
+                param=param,
+                code="sae_not_attached",
+            )
+        if found.sae.normalize_activations != "none":
+            raise InvalidRequest(
+                f"SAE {name} normalises its input at run time ({found.sae.normalize_activations}); "
+                "a graph needs features whose writes are exactly a·W_dec",
+                param=param,
+            )
+        if found.point in layers:
+            raise InvalidRequest(
+                f"SAEs {layers[found.point]} and {name} both read after block {found.point}; a graph takes one source per block",
+                param=param,
+            )
+        layers[found.point] = name
+        sources.append(Source(name, found.sae, found.point, "resid"))
+    return sources
+
+
+def token_of(lm: LoadedModel, ref: int | str, param: str) -> int:
+    """A token id from an id or a string that encodes to exactly one token (400 naming `param`)."""
+    vocabulary = int(lm.config.vocab_size)
+    if isinstance(ref, int):
+        if ref >= vocabulary:
+            raise InvalidRequest(
+                f"{param} is token {ref}; {lm.name}'s vocabulary holds 0..{vocabulary - 1}",
+                param=param,
+            )
+        return ref
+    ids = lm.tokenizer.encode(ref, add_special_tokens=False)
+    if len(ids) != 1:
+        raise InvalidRequest(
+            f"{param} {ref!r} encodes to {len(ids)} tokens ({ids}); give one token, or its id",
+            param=param,
+        )
+    return int(ids[0])
+
+
+def target_of(lm: LoadedModel, asked: AttributionTarget | None) -> Target | None:
+    """The asked target (None: the model's own top token, found in the first step). Blocking: tokenizes."""
+    if asked is None:
+        return None
+    token = token_of(lm, asked.token, "target.token")
+    if asked.versus is None:
+        return Target((token,), (1.0,))
+    versus = token_of(lm, asked.versus, "target.versus")
+    if versus == token:
+        raise InvalidRequest(
+            "target.versus is the same token as target.token", param="target.versus"
+        )
+    return Target((token, versus), (1.0, -1.0))
+
+
+def budget_of(
+    body: AttributionRequest, lm: LoadedModel, sources: list[Source], positions: int
+) -> Budget:
+    """The graph's budget, with as many replica rows as fit (400 when even one does not)."""
+    if body.max_feature_nodes > MAX_FEATURE_NODES:
+        raise InvalidRequest(
+            f"max_feature_nodes is {body.max_feature_nodes}; the server's cap is {MAX_FEATURE_NODES}",
+            param="max_feature_nodes",
+        )
+    config = lm.config
+    width = int(config.hidden_size)
+    inner = int(getattr(config, "intermediate_size", None) or 4 * width)
+    blocks = int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    vocabulary = int(config.vocab_size)
+    weights = FLOAT * (blocks * (4 * width * width + 3 * width * inner) + vocabulary * width)
+    per_row = FLOAT * (
+        positions * blocks * (14 * width + 4 * inner + heads * positions)
+        + positions * sum(s.sae.d_sae * 2 for s in sources)
+        + 2 * vocabulary
+    )
+    rows = min(ROWS, body.max_feature_nodes, (MAX_GRAPH_BYTES - weights) // max(per_row, 1))
+    if rows < 1:
+        need = (weights + per_row) / 2**30
+        raise InvalidRequest(
+            f"this graph needs about {need:.1f} GiB ({positions} positions on {lm.name}); the cap is "
+            f"{MAX_GRAPH_BYTES / 2**30:.0f} GiB: give a shorter text",
+            param="messages" if body.messages is not None else "text",
+        )
+    return Budget(body.max_feature_nodes, body.node_threshold, body.edge_threshold, int(rows))

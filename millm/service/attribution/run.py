@@ -1,0 +1,123 @@
+"""POST /api/attribution: a graph computed in steps on the scheduler thread, then checked.
+
+The request's checks come first (inputs.py); then each step of the tracer (interp/attribution/
+graph.py) is one engine call, so serving goes on between a graph's backward passes; then the
+top features are ablated on the served model (verify.py) and the answer is said with token
+strings and labels (answer.py). Unsteered unless `steering` asks, in inspect's vocabulary. A
+client that leaves cancels the work; the pass it held is let go on the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from anyio import to_thread
+
+from millm.engine.control_vectors import engine_cannot
+from millm.engine.jobs import CallDone, CallJob
+from millm.engine.loader import LoadedModel
+from millm.errors import InvalidRequest
+from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
+from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
+from millm.interp.attribution.verify import Verification, verify
+from millm.protocol.attribution import AttributionGraph, AttributionRequest
+from millm.service.attribution.answer import graph_answer
+from millm.service.attribution.inputs import budget_of, feature_sources, target_of
+from millm.service.composition import ServerState
+from millm.service.discovery.inputs import (
+    Steered,
+    check_steering_request,
+    model_to_read,
+    resolve_steering,
+)
+from millm.service.discovery.inspection import inspect_prompt
+from millm.service.serving.generation import OneResult
+
+
+async def on_engine(state: ServerState, call) -> Any:
+    """Run `call(lm)` on the scheduler thread as one engine job; returns what it returns."""
+    result = OneResult(CallDone)
+    job = CallJob(call=call, emit=result.emit)
+    state.switch.submit(job)
+    try:
+        return (await result.wait()).value
+    finally:
+        job.cancel()
+
+
+def begin(
+    lm: LoadedModel,
+    prompt: list[int],
+    sources: list[Source],
+    target: Target | None,
+    budget: Budget,
+    steered: Steered,
+) -> Tracer:
+    """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
+    if target is None:
+        lm.residual.set_rows([steered.edit])
+        try:
+            top = int(lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1].argmax())
+        finally:
+            lm.residual.clear()
+        target = Target((top,), (1.0,))
+    model = ReplacementModel(lm.runner.layout)  # type: ignore[attr-defined]  # the lean runner's, checked before
+    plain = [plain_source(source, model.dtype) for source in sources]
+    tracer = Tracer(model, prompt, plain, target, budget, steered.edit)
+    tracer.start()
+    return tracer
+
+
+def checked(lm: LoadedModel, graph: Graph, count: int, steered: Steered) -> Verification | None:
+    """The last step: ablate the `count` most influential expanded features on the served model."""
+    if count == 0 or not graph.features:
+        return None
+    influence = graph.pruned.influence[: len(graph.features)]
+    top = [int(i) for i in influence.argsort(descending=True)[:count] if influence[i] > 0]
+    return verify(lm, graph, top, steered.edit)
+
+
+async def attribute(state: ServerState, body: AttributionRequest) -> AttributionGraph:
+    """The graph of the prompt's target, pruned and checked."""
+    await to_thread.run_sync(check_steering_request, state, body.steering)
+    lm = await state.switch.acquire(model_to_read(state, body.model))
+    if not lm.reads_residuals:
+        raise engine_cannot("an attribution graph (it differentiates the model)", "model")
+    if getattr(lm.runner, "layout", None) is None:
+        raise InvalidRequest(
+            f"attribution runs on the lean runner's families; {lm.name} ({lm.config.model_type}) runs on transformers' own forward",
+            param="model",
+        )
+    prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
+    sources = feature_sources(state, body, lm)
+    target = await to_thread.run_sync(target_of, lm, body.target)
+    budget = budget_of(body, lm, sources, len(prompt))
+    steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
+    started = time.monotonic()
+    tracer: Tracer | None = None
+    try:
+        tracer = await on_engine(
+            state, lambda lm: begin(lm, prompt, sources, target, budget, steered)
+        )
+        while await on_engine(state, lambda lm: tracer.expand()):
+            pass
+        graph: Graph = await on_engine(state, lambda lm: tracer.finish())
+        tracer = None
+    finally:
+        if tracer is not None:  # cancelled or failed mid-way: free the pass where torch runs
+            state.switch.submit(CallJob(call=tracer.drop, emit=lambda event: None))
+    verification = await on_engine(state, lambda lm: checked(lm, graph, body.verify, steered))
+    seconds = time.monotonic() - started
+    return await to_thread.run_sync(
+        graph_answer,
+        state,
+        lm,
+        graph,
+        verification,
+        body,
+        steered,
+        f"graph-{uuid.uuid4().hex[:12]}",
+        seconds,
+    )

@@ -1,0 +1,120 @@
+"""POST /api/attribution (issue 35) on a live server: the tiny Llama with a SAELens TopK SAE after
+block 1. The graph's target is the served model's own (its value the demeaned logit transformers
+computes), every edge joins listed nodes, the ablation check reports numbers the served model
+measured, the graph is kept and exported in circuit-tracer's JSON, and bad input is a 400 that
+names its field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.api.clients import api, error, llama_with_sae, post
+
+TEXT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs, tmp_path_factory):
+    with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("attribution"), seed=7) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def graph(server) -> dict:
+    answer = post(server, "/api/attribution", {"text": TEXT, "max_feature_nodes": 64, "verify": 6})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_the_target_is_the_models_own_prediction_and_its_demeaned_logit(graph, tiny_dirs):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
+    ids = [t["token_id"] for t in graph["tokens"]]
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, -1].double()
+    top = int(logits.argmax())
+    target = graph["target"]
+    assert target["token_ids"] == [top] and target["coefficients"] == [1.0]
+    assert target["value"] == pytest.approx(float(logits[top] - logits.mean()), abs=1e-4)
+    assert target["probability"] == pytest.approx(float(torch.softmax(logits, -1)[top]), abs=1e-4)
+    assert graph["method"] == "attribution patching" and graph["steered"] is False
+    assert graph["verification"]["served_value"] == pytest.approx(target["value"], abs=1e-4)
+
+
+def test_nodes_and_edges_form_one_pruned_graph(graph, server):
+    nodes = {n["id"]: n for n in graph["nodes"]}
+    kinds = {n["kind"] for n in graph["nodes"]}
+    assert {"feature", "token", "target"} <= kinds
+    assert sum(n["kind"] == "token" for n in graph["nodes"]) == len(graph["tokens"])
+    for edge in graph["edges"]:
+        assert edge["source"] in nodes and edge["target"] in nodes and edge["weight"] != 0
+    target = next(n for n in graph["nodes"] if n["kind"] == "target")
+    assert any(e["target"] == target["id"] for e in graph["edges"])
+    for node in graph["nodes"]:
+        if node["kind"] == "feature":
+            assert node["sae_id"] == server.sae and node["layer"] == 1
+            assert node["id"] == f"1_{node['feature']}_{node['position']}"
+            assert node["activation"] > 0
+    assert [s["sae_id"] for s in graph["sources"]] == [server.sae]
+    assert 0 < graph["replacement_score"] <= 1 and 0 < graph["completeness_score"] <= 1
+
+
+def test_the_check_ablates_the_top_features(graph):
+    check = graph["verification"]
+    assert 1 <= len(check["nodes"]) <= 6 and check["method"] == "ablation"
+    for node in check["nodes"]:
+        assert node["measured"] != 0 and node["predicted"] != 0
+    assert check["passed"] == (check["correlation"] is not None and check["correlation"] >= 0.7)
+
+
+def test_a_graph_is_kept_and_exports_as_circuit_tracer_writes_it(graph, server):
+    again = api(server, "GET", f"/api/attribution/{graph['id']}")
+    assert again.status_code == 200 and again.json() == graph
+    exported = api(server, "GET", f"/api/attribution/{graph['id']}/export").json()
+    assert set(exported) == {"metadata", "qParams", "nodes", "links"}
+    assert exported["metadata"]["slug"] == graph["id"]
+    assert exported["metadata"]["prompt_tokens"] == [t["token"] for t in graph["tokens"]]
+    ids = {n["node_id"] for n in exported["nodes"]}
+    assert all(link["source"] in ids and link["target"] in ids for link in exported["links"])
+    targets = [n for n in exported["nodes"] if n["is_target_logit"]]
+    assert len(targets) == 1 and targets[0]["feature_type"] == "logit"
+    assert {n["feature_type"] for n in exported["nodes"]} >= {"embedding", "cross layer transcoder"}
+    error(api(server, "GET", "/api/attribution/graph-nope"), 404, "graph_not_found")
+
+
+def test_a_logit_difference_target_and_a_steered_graph(server):
+    answer = post(
+        server,
+        "/api/attribution",
+        {
+            "text": TEXT,
+            "target": {"token": 5, "versus": 6},
+            "max_feature_nodes": 8,
+            "verify": 0,
+            "steering": {"features": [{"sae_id": server.sae, "index": 3, "strength": 8.0}]},
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["target"]["token_ids"] == [5, 6] and body["target"]["coefficients"] == [1.0, -1.0]
+    assert body["steered"] is True and body["verification"] is None
+    assert body["expanded_features"] <= 8
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"target": {"token": 10**7}}, "target.token"),
+        ({"target": {"token": "the capital"}}, "target.token"),
+        ({"target": {"token": 5, "versus": 5}}, "target.versus"),
+        ({"saes": ["nope"]}, "saes[0]"),
+        ({"max_feature_nodes": 100_000}, "max_feature_nodes"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, None),
+        ({"node_threshold": 0}, "node_threshold"),
+    ],
+)
+def test_bad_input_is_a_400_naming_its_field(server, body, param):
+    found = error(post(server, "/api/attribution", {"text": TEXT, **body}), 400)
+    if param is not None:
+        assert found["param"] == param, found
