@@ -85,7 +85,6 @@ class Graph:
     pruned: Pruned
     replacement_score: float
     completeness_score: float
-    errors: list[torch.Tensor]  # per source, what it missed at each position `[T, d]` (float64)
 
     @property
     def positions(self) -> int:
@@ -152,6 +151,8 @@ class Tracer:
     def __post_init__(self) -> None:
         # In the order the pass meets them: a block's transcoder before the SAE after that block.
         self.sources = sorted(self.sources, key=lambda s: (s.layer, s.site != "mlp"))
+        # The published linearisation for transcoders; the model's own gradients otherwise.
+        self.model.frozen = self.method == EXACT
 
     @property
     def columns(self) -> int:
@@ -243,7 +244,6 @@ class Tracer:
             pruned=pruned,
             replacement_score=replacement,
             completeness_score=completeness,
-            errors=[s.errors.detach().double().cpu() for s in self.trace.sources],
         )
         self.trace = None  # the pass and its autograd graph are freed here, on this thread
         return graph

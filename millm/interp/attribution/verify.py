@@ -7,8 +7,9 @@ and re-reading the target measures what the node does; the graph predicts minus 
 total effect on the target (its direct edge plus every path through expanded features, signed).
 As circuit-tracer's interventions do, the measuring passes hold each residual SAE's error at
 its clean value (another operation: the residual becomes the SAE's reconstruction of it plus
-that error, which changes nothing in the clean pass), so downstream features respond to the
-ablation while what they miss stays what the graph's error nodes hold.
+that error), so downstream features respond to the ablation while what they miss stays what
+the graph's error nodes hold. The errors are the served model's own: the clean pass records
+them (its operation changes nothing), since its kernels and precision are not the graph's.
 The graph passes when the predictions and measurements correlate (Pearson r at least
 PASS_CORRELATION over the checked nodes); a graph of fewer than 3 checked nodes has no
 correlation and passes when every sign agrees.
@@ -62,23 +63,28 @@ def total_effects(graph: Graph) -> torch.Tensor:
 
 
 def held_errors(graph: Graph) -> ResidualEdit:
-    """Operations holding every residual source's error at its clean value (identity on the clean pass)."""
-    operations = []
-    for source, errors in zip(graph.sources, graph.errors, strict=True):
-        if source.site == "resid":
-            operations.append((source.layer, _held(source.sae, errors)))
+    """Operations holding every residual source's error at the value the first pass they run in
+    (the clean one) records."""
+    operations = [
+        (source.layer, _held(source.sae, len(graph.prompt)))
+        for source in graph.sources
+        if source.site == "resid"
+    ]
     return ResidualEdit((), tuple(operations))
 
 
-def _held(sae, errors: torch.Tensor):
+def _held(sae, positions: int):
+    recorded: list[torch.Tensor] = []
+
     def operation(residual: torch.Tensor) -> torch.Tensor:
-        n = errors.shape[
-            0
-        ]  # the prompt's positions; a pass may run one more, which nothing reads back
-        x = residual[:n].to(sae.W_enc.dtype)
+        # The prompt's positions; a pass may run one more, which nothing reads back.
+        x = residual[:positions].to(sae.W_enc.dtype)
+        rebuilt = sae.decode(sae.encode(x), x)
+        if not recorded:
+            recorded.append(x - rebuilt)
+            return residual
         out = residual.clone()
-        rebuilt = sae.decode(sae.encode(x), x) + errors.to(device=x.device, dtype=x.dtype)
-        out[:n] = rebuilt.to(out.dtype)
+        out[:positions] = (rebuilt + recorded[0]).to(out.dtype)
         return out
 
     return operation
@@ -88,7 +94,7 @@ def served_value(
     lm: LoadedModel, prompt: list[int], target: Target, edit: ResidualEdit | None
 ) -> float:
     """The target's value in the served model (its own runner and kernels), under `edit`."""
-    lm.residual.set_rows([edit])
+    lm.residual.install(lm.residual.stack([edit]))
     try:
         logits = lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1]
     finally:

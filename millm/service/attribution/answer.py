@@ -82,7 +82,7 @@ def graph_answer(
     return AttributionGraph(
         id=graph_id,
         model=lm.name,
-        method=graph.method,  # type: ignore[arg-type]  # one of the two methods the tracer names
+        method=graph.method,
         steered=steered.edit is not None,
         steering=SteeringUsed(kind=steered.kind, params=steered.params),
         tokens=[

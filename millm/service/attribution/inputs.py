@@ -33,7 +33,8 @@ def feature_sources(state: ServerState, body: AttributionRequest, lm: LoadedMode
             param="saes",
             code="sae_not_attached",
         )
-    sources, layers = [], {}
+    sources: list[Source] = []
+    layers: dict[int, str] = {}
     for i, name in enumerate(names):
         param = f"saes[{i}]" if body.saes is not None else "saes"
         found = attached.get(name)

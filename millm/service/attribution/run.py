@@ -57,7 +57,7 @@ def begin(
 ) -> Tracer:
     """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
     if target is None:
-        lm.residual.set_rows([steered.edit])
+        lm.residual.install(lm.residual.stack([steered.edit]))
         try:
             top = int(lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1].argmax())
         finally:

@@ -17,6 +17,7 @@ from anyio import to_thread
 
 from millm.engine.loader import LoadedModel
 from millm.interp.steering import Attached
+from millm.protocol.attribution import AttributionRequest
 from millm.protocol.discovery import (
     FeatureTrace,
     FeatureValue,
@@ -138,7 +139,9 @@ def answer(
     )
 
 
-def inspect_prompt(lm: LoadedModel, body: InspectRequest | LensRequest, cap: int) -> list[int]:
+def inspect_prompt(
+    lm: LoadedModel, body: InspectRequest | LensRequest | AttributionRequest, cap: int
+) -> list[int]:
     """The text's or conversation's token ids, readable and within MILLM_DISCOVERY_MAX_TOKENS."""
     param = "text" if body.text is not None else "messages"
     ids = (

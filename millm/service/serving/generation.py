@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.jobs import (
+    CallDone,
     EmbeddingsReady,
     Event,
     GenerationJob,
@@ -170,7 +171,7 @@ class JobStream:
                 return
 
 
-Answer = TypeVar("Answer", EmbeddingsReady, ScoresReady)
+Answer = TypeVar("Answer", EmbeddingsReady, ScoresReady, CallDone)
 
 
 class OneResult(Generic[Answer]):
