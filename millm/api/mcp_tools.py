@@ -12,6 +12,7 @@ from anyio import to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from millm.api.replies import report_headers
+from millm.protocol.attribution import AttributionRequest
 from millm.protocol.compare import CompareRequest
 from millm.protocol.discovery import ContrastRequest, InspectRequest
 from millm.protocol.lens import LensRequest
@@ -178,6 +179,10 @@ async def _lens(f: Facades, _: NoParams, body: LensRequest) -> Any:
     return await f.discovery.lens(body)
 
 
+async def _attribution(f: Facades, _: NoParams, body: AttributionRequest) -> Any:
+    return await f.attribution.attribute(body)
+
+
 async def _variants(f: Facades, _: NoParams, __: None) -> dict:
     return (await blocking(f.variants.list)).model_dump()
 
@@ -315,6 +320,16 @@ TOOLS = (
         "/api/lens",
         _lens,
         body=LensRequest,
+        read_only=True,
+    ),
+    Tool(
+        "attribution_graph",
+        "Which features of the attached SAEs drove the model's next-token logit on a text (an attribution graph: "
+        "nodes, direct-effect edges, pruned by influence), with its top features ablated on the served model to check it.",
+        "post",
+        "/api/attribution",
+        _attribution,
+        body=AttributionRequest,
         read_only=True,
     ),
     Tool(

@@ -43,6 +43,7 @@ TOOLS = {
     "compare",
     "monitoring_stats",
     "logit_lens",
+    "attribution_graph",
     "list_variants",
     "create_variant",
     "delete_variant",
@@ -255,6 +256,13 @@ def test_reads_answer_as_their_routes(server, sae):
         ).json()
     )
     assert lensed["object"] == "lens" and len(lensed["predictions"]) == 1
+    asked = {"text": "The river runs", "max_feature_nodes": 8, "verify": 2}
+    traced = call(server, "attribution_graph", **asked)
+    direct = rest(server, "POST", "/api/attribution", json=asked).json()
+    assert traced["object"] == "attribution_graph" and traced["id"] != direct["id"]
+    for answer in (traced, direct):  # two computations of one graph: the same but for id and time
+        answer.pop("id"), answer.pop("seconds")
+    assert traced == direct
 
 
 def test_a_feature_set_over_mcp_steers_the_next_completion_until_cleared(server, sae):
