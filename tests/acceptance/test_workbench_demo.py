@@ -411,3 +411,34 @@ def test_the_logit_lens_shows_paris_arriving_in_the_last_blocks(demo, page, shoo
     assert by_layer[29] > by_layer[27] > by_layer[20]
     show(page, page.get_by_role("region", name="Logit lens"))
     shoot(page, "lens")
+
+
+def test_the_attribution_graph_traces_paris_and_its_check_holds(demo, page, shoot):
+    page.goto(f"{demo.url}#/inspect")
+    form = page.get_by_role("form", name="Attribution graph")
+    form.get_by_label("Text").fill("The capital of France is")
+    form.get_by_label("Features expanded").fill("64")
+    form.get_by_role("button", name="Trace").click()
+    summary = page.get_by_label("Graph summary")
+    expect(summary).to_contain_text("Paris", timeout=240_000)
+    expect(summary).to_contain_text("check passed")
+    picture = page.get_by_role("img", name="Attribution graph")
+    expect(picture).to_be_visible()
+    # The documented promise, on the graph the page drew: a Paris-related feature, a passing check.
+    traced = demo.api(
+        "POST",
+        "/api/attribution",
+        json={"text": "The capital of France is", "max_feature_nodes": 64},
+    ).json()
+    assert traced["target"]["tokens"] == [" Paris"]
+    paris = [n for n in traced["nodes"] if n["kind"] == "feature" and "Paris" in (n["label"] or "")]
+    assert paris, "no feature labelled with Paris carries the answer"
+    assert traced["verification"]["passed"] and traced["verification"]["correlation"] >= 0.7
+    picture.locator(f'circle[data-node="{paris[0]["id"]}"]').click()
+    card = page.get_by_label("Node")
+    expect(card).to_contain_text(paris[0]["label"])
+    card.get_by_role("checkbox").check()
+    page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
+    expect(page.get_by_text("ablated", exact=True)).to_be_visible(timeout=120_000)
+    show(page, page.get_by_role("region", name="Attribution graph"))
+    shoot(page, "attribution")

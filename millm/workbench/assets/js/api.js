@@ -229,6 +229,12 @@ export const jobs = {
 };
 export const autosteer = (body) => post("/api/autosteer", body);
 export const lens = (body) => post("/api/lens", body);
+// Attribution graphs (docs/attribution.md)
+export const attribution = {
+  trace: (body) => post("/api/attribution", body),
+  exportText: (id) => request("GET", `/api/attribution/${enc(id)}/export`, { text: true }),
+};
+export const completion = (body) => post("/v1/completions", body);
 
 // Steering evaluations (docs/evaluation.md, A steering evaluation)
 export const evaluations = {

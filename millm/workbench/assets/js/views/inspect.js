@@ -1,9 +1,10 @@
 // Inspect: which features of an attached SAE fire on a text (or the chat's conversation), a per-token
 // heat map of one feature, the contrast of two sets of texts (POST /api/saes/{id}/inspect, /contrast),
-// and the logit lens (lens.js).
+// the logit lens (lens.js) and attribution graphs (graph.js).
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
+import AttributionPanel from "./graph.js";
 import LensPanel from "./lens.js";
 import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae } from "../ui.js";
 
@@ -229,5 +230,5 @@ function Contrast() {
 
 /** The Inspect tab: inspect above, contrast below, each the full width. */
 export default function InspectView() {
-  return html`<div class="wide"><${Inspect} /></div><div class="wide"><${Contrast} /></div><div class="wide"><${LensPanel} /></div>`;
+  return html`<div class="wide"><${Inspect} /></div><div class="wide"><${Contrast} /></div><div class="wide"><${LensPanel} /></div><div class="wide"><${AttributionPanel} /></div>`;
 }

@@ -1,0 +1,148 @@
+// Attribution graphs (POST /api/attribution), a panel of the Inspect view: prompt tokens along the
+// bottom, the SAEs' blocks up the side, the explained logit at the top; nodes sized by influence,
+// edges drawn by weight (blue adds to its target, orange takes away). Click a node for its card;
+// pick features to ablate and see the model's next token move.
+
+import { useState } from "preact/hooks";
+import * as api from "../api.js";
+import { ErrorNote, FeatureLink, Panel, download, html, num, useAction } from "../ui.js";
+
+const WIDTH = 960;
+const ROW = 110;
+const EDGES_DRAWN = 160;
+const PER_CELL = 10; // feature nodes drawn in one (block, token) cell, the most influential
+
+const shown = (token) => (/^\s*$/.test(token) ? token.replace(/ /g, "·").replace(/\n/g, "↵") || "∅" : token.replace(/\n/g, "↵"));
+/** Node radius: the most influential (smallest cumulative share) are the largest. */
+const radius = (node) => (node.kind === "target" ? 8 : 3 + 9 * Math.max(0, 1 - node.influence));
+
+function layout(graph) {
+  const layers = [...new Set(graph.nodes.map((n) => n.layer))].sort((a, b) => a - b);
+  const height = ROW * (layers.length - 1) + 70;
+  const left = 70;
+  const column = (WIDTH - left - 10) / graph.tokens.length;
+  const y = (layer) => height - 40 - ROW * layers.indexOf(layer);
+  const cells = new Map();
+  for (const node of [...graph.nodes].sort((a, b) => a.influence - b.influence)) {
+    const key = `${node.layer}:${node.position}`;
+    if (!cells.has(key)) cells.set(key, []);
+    cells.get(key).push(node);
+  }
+  const at = new Map();
+  for (const nodes of cells.values()) {
+    const kept = nodes.slice(0, PER_CELL);
+    kept.forEach((node, i) => {
+      const spread = kept.length > 1 ? (i / (kept.length - 1) - 0.5) * column * 0.8 : 0;
+      at.set(node.id, { x: left + column * (node.position + 0.5) + spread, y: y(node.layer) - (i % 2) * 14 });
+    });
+  }
+  return { layers, height, left, y, at };
+}
+
+function GraphPicture({ graph, chosen, onChoose }) {
+  const { layers, height, y, at } = layout(graph);
+  const edges = graph.edges.filter((e) => at.has(e.source) && at.has(e.target)).slice(0, EDGES_DRAWN);
+  const strongest = Math.max(1e-9, ...edges.map((e) => Math.abs(e.weight)));
+  const name = (layer) => (layer === -1 ? "tokens" : layer === Math.max(...layers) ? "logit" : `block ${layer}`);
+  return html`<svg class="attribution-graph" viewBox=${`0 0 ${WIDTH} ${height}`} role="img" aria-label="Attribution graph">
+    ${layers.map((layer) => html`<g key=${`l${layer}`}><line x1="60" x2=${WIDTH} y1=${y(layer)} y2=${y(layer)} class="rule" />
+      <text x="4" y=${y(layer) + 4} class="axis">${name(layer)}</text></g>`)}
+    ${edges.map((e) => {
+      const a = at.get(e.source), b = at.get(e.target);
+      return html`<line key=${`${e.source}>${e.target}`} x1=${a.x} y1=${a.y} x2=${b.x} y2=${b.y}
+        class=${e.weight > 0 ? "edge up" : "edge down"} stroke-width=${(0.4 + 3.2 * Math.abs(e.weight) / strongest).toFixed(2)} />`;
+    })}
+    ${graph.nodes.filter((n) => at.has(n.id)).map((n) => {
+      const p = at.get(n.id);
+      const picked = chosen?.id === n.id;
+      if (n.kind === "token") {
+        return html`<text key=${n.id} x=${p.x} y=${p.y + 22} class="token" text-anchor="middle" onClick=${() => onChoose(n)}>${shown(n.token)}</text>`;
+      }
+      const title = n.kind === "feature" ? `#${n.feature} ${n.label || ""}` : n.kind === "error" ? "error (what the SAE misses)" : n.token;
+      return html`<circle key=${n.id} cx=${p.x} cy=${p.y} r=${radius(n)} class=${`node ${n.kind}${picked ? " picked" : ""}`}
+        data-node=${n.id} onClick=${() => onChoose(n)}><title>${title}</title></circle>`;
+    })}
+  </svg>`;
+}
+
+function NodeCard({ node, graph, ablate, onToggle }) {
+  if (!node) return html`<p class="note">Click a node for its card.</p>`;
+  const into = graph.edges.filter((e) => e.target === node.id).slice(0, 5);
+  const out = graph.edges.filter((e) => e.source === node.id).slice(0, 5);
+  const named = (id) => {
+    const n = graph.nodes.find((m) => m.id === id);
+    return n?.kind === "feature" ? `#${n.feature} ${n.label || ""} @${shown(graph.tokens[n.position].token)}` : n ? `${n.kind} ${shown(n.token || "")} @${n.position}` : id;
+  };
+  return html`<div class="node-card" aria-label="Node">
+    <p><strong>${node.kind}</strong> · ${node.kind === "token" ? "embedding" : `block ${node.layer}`} · position ${node.position} (${shown(graph.tokens[node.position]?.token ?? "")})</p>
+    ${node.kind === "feature" ? html`<p><${FeatureLink} sae=${node.sae_id} index=${node.feature}>${node.label || ""}<//> · activation ${num(node.activation, 3)}</p>
+      <label class="inline"><input type="checkbox" checked=${ablate.has(node.feature)} onChange=${() => onToggle(node)} /> ablate this feature</label>` : null}
+    <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
+    ${into.length ? html`<p>from: ${into.map((e) => html`<span class="pill">${named(e.source)} ${num(e.weight, 2)}</span>`)}</p>` : null}
+    ${out.length ? html`<p>to: ${out.map((e) => html`<span class="pill">${named(e.target)} ${num(e.weight, 2)}</span>`)}</p>` : null}
+  </div>`;
+}
+
+/** The next token's top candidates and a short continuation, with the chosen features ablated or not. */
+async function nextTokens(graph, text, features) {
+  const sae = graph.sources[0].sae_id;
+  const steering = features.length ? { steering: { steering: [{ sae_id: sae, features: features.map((index) => ({ index, op: "ablate" })) }] } } : {};
+  const answer = await api.completion({ model: graph.model, prompt: text, max_tokens: 6, temperature: 0, logprobs: 5, ...steering });
+  const top = answer.choices[0].logprobs.top_logprobs[0];
+  return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
+}
+
+function Ablation({ graph, text, ablate }) {
+  const [result, setResult] = useState(null);
+  const act = useAction();
+  const features = [...ablate];
+  const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, []), after: await nextTokens(graph, text, features) }));
+  const side = (label, r) => html`<div><h4>${label}</h4><p class="continuation">${JSON.stringify(r.text)}</p>
+    <ol>${r.top.map(([token, lp]) => html`<li>${shown(token)} ${num(Math.exp(lp), 3)}</li>`)}</ol></div>`;
+  return html`<div class="ablation">
+    <button type="button" onClick=${run} disabled=${act.busy || !features.length}>Ablate ${features.length} feature${features.length === 1 ? "" : "s"} (every position) and generate</button>
+    <${ErrorNote} error=${act.error} />
+    ${result ? html`<div class="cols">${side("as served", result.before)}${side("ablated", result.after)}</div>` : null}
+  </div>`;
+}
+
+export default function AttributionPanel() {
+  const [text, setText] = useState("The capital of France is");
+  const [nodes, setNodes] = useState(64);
+  const [graph, setGraph] = useState(null);
+  const [chosen, setChosen] = useState(null);
+  const [ablate, setAblate] = useState(new Set());
+  const act = useAction();
+  const run = (e) => {
+    e.preventDefault();
+    act.run(async () => {
+      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes) }));
+      setChosen(null);
+      setAblate(new Set());
+    });
+  };
+  const toggle = (node) => {
+    const next = new Set(ablate);
+    next.has(node.feature) ? next.delete(node.feature) : next.add(node.feature);
+    setAblate(next);
+  };
+  const check = graph?.verification;
+  return html`<${Panel} title="Attribution graph">
+    <p class="note">Which features of the attached SAEs drove the model's next token: each edge is a direct effect, each
+      node sized by its influence on the logit. The top features are ablated on the served model to check the graph.</p>
+    <form class="row" onSubmit=${run} aria-label="Attribution graph">
+      <label class="grow">Text <input value=${text} onInput=${(e) => setText(e.target.value)} name="graph-text" /></label>
+      <label>Features <input type="number" min="1" max="1024" value=${nodes} onInput=${(e) => setNodes(e.target.value)} aria-label="Features expanded" /></label>
+      <button type="submit" disabled=${act.busy || !text.trim()}>${act.busy ? "Tracing…" : "Trace"}</button>
+    </form>
+    <${ErrorNote} error=${act.error} />
+    ${graph ? html`<p class="meta" aria-label="Graph summary">${`${shown(graph.target.tokens[0])} (p ${num(graph.target.probability, 3)}) · ${graph.method} · `}
+        ${`${graph.expanded_features} features expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
+        ${check ? html`check <strong class=${check.passed ? "ok" : "bad"}>${check.passed ? "passed" : "failed"}</strong>${` (r ${check.correlation === null ? "—" : num(check.correlation, 2)} over ${check.nodes.length} ablations) · `}` : "not checked · "}
+        ${`${num(graph.seconds, 1)} s `}
+        <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
+      <div class="graph-with-card"><${GraphPicture} graph=${graph} chosen=${chosen} onChoose=${setChosen} />
+        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} /></div>
+      <${Ablation} graph=${graph} text=${text} ablate=${ablate} />` : null}
+  <//>`;
+}
