@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from millm.protocol.discovery import (
-    Conversation,
-    ModelName,
+    ReadOne,
     Steering,
     SteeringUsed,
     StrictBody,
@@ -31,16 +30,9 @@ class AttributionTarget(StrictBody):
     versus: TokenRef | None = None
 
 
-class AttributionRequest(StrictBody):
-    """A text (encoded as /v1/completions encodes a prompt) or a conversation (chat template)."""
+class AttributionRequest(ReadOne):
+    """POST /api/attribution: the graph of one text's or conversation's next-token logit."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]}
-    )
-
-    model: ModelName = None
-    text: str | None = None
-    messages: Conversation | None = None
     target: AttributionTarget | None = Field(
         None, description="Default: the token the model itself predicts there."
     )
@@ -64,12 +56,6 @@ class AttributionRequest(StrictBody):
         description="Top feature nodes ablated on the served model to check the graph's predictions.",
     )
     steering: Steering = None
-
-    @model_validator(mode="after")
-    def _one_input(self) -> AttributionRequest:
-        if (self.text is None) == (self.messages is None):
-            raise ValueError("give either text or messages")
-        return self
 
 
 NodeKind = Literal["feature", "error", "token", "target"]

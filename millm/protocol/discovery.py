@@ -79,9 +79,9 @@ Steering = Annotated[
 ]
 
 
-class InspectRequest(StrictBody):
-    """POST /api/saes/{id}/inspect: one text (encoded as /v1/completions encodes a prompt) or one conversation
-    (rendered with the chat template, as /v1/chat/completions does)."""
+class ReadOne(StrictBody):
+    """One text (encoded as /v1/completions encodes a prompt) or one conversation (rendered with the
+    chat template, as /v1/chat/completions does) read on a model: inspect, the lens, attribution."""
 
     model_config = ConfigDict(
         json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]}
@@ -90,6 +90,17 @@ class InspectRequest(StrictBody):
     model: ModelName = None
     text: str | None = None
     messages: Conversation | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ReadOne:
+        if (self.text is None) == (self.messages is None):
+            raise ValueError("give either text or messages")
+        return self
+
+
+class InspectRequest(ReadOne):
+    """POST /api/saes/{id}/inspect: the features that fire on one text or conversation."""
+
     top_k: TopK = 20
     sort: Sort = Field(
         "max",
@@ -99,12 +110,6 @@ class InspectRequest(StrictBody):
         None, description="A feature whose activation at every read position is returned."
     )
     steering: Steering = None
-
-    @model_validator(mode="after")
-    def _one_input(self) -> InspectRequest:
-        if (self.text is None) == (self.messages is None):
-            raise ValueError("give either text or messages")
-        return self
 
 
 class TextSet(StrictBody):

@@ -4,30 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from millm.protocol.discovery import (
-    Conversation,
-    ModelName,
+    ReadOne,
     Steering,
     SteeringUsed,
-    StrictBody,
     TokenRead,
 )
 
 MAX_LENS_TOP_K = 10
 
 
-class LensRequest(StrictBody):
-    """A text (encoded as /v1/completions encodes a prompt) or a conversation (chat template)."""
+class LensRequest(ReadOne):
+    """POST /api/lens: what each block predicts over one text or conversation."""
 
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]}
-    )
-
-    model: ModelName = None
-    text: str | None = None
-    messages: Conversation | None = None
     layers: (
         Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=256)] | None
     ) = Field(None, description="The blocks whose output is read (default: every block).")
@@ -37,12 +28,6 @@ class LensRequest(StrictBody):
     )
     top_k: Annotated[int, Field(ge=1, le=MAX_LENS_TOP_K)] = 3
     steering: Steering = None
-
-    @model_validator(mode="after")
-    def _one_input(self) -> LensRequest:
-        if (self.text is None) == (self.messages is None):
-            raise ValueError("give either text or messages")
-        return self
 
 
 class LensToken(BaseModel):
