@@ -224,3 +224,32 @@ def test_the_logit_lens_grid_shows_what_the_api_reads(workbench, page):
     expect(rows.nth(1).get_by_role("cell").last).to_have_text(on_page(last["final"]["token"]))
     top_block = [c for c in last["layers"] if c["layer"] == lens["layers"][-1]][0]
     expect(rows.nth(2).get_by_role("cell").last).to_have_text(on_page(top_block["top"][0]["token"]))
+
+
+def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, page):
+    page.goto(f"{workbench.url}#/inspect")
+    form = page.get_by_role("form", name="Attribution graph")
+    form.get_by_label("Text").fill("The river runs")
+    form.get_by_label("Features expanded").fill("16")
+    form.get_by_role("button", name="Trace").click()
+    picture = page.get_by_role("img", name="Attribution graph")
+    expect(picture).to_be_visible()
+    graph = workbench.api(
+        "POST", "/api/attribution", json={"text": "The river runs", "max_feature_nodes": 16}
+    ).json()
+    summary = page.get_by_label("Graph summary")
+    expect(summary).to_contain_text(f"{graph['expanded_features']} features expanded")
+    expect(summary).to_contain_text("passed" if graph["verification"]["passed"] else "failed")
+    features = [n for n in graph["nodes"] if n["kind"] == "feature"]
+    expect(picture.locator("circle.feature")).to_have_count(len(features))
+    expect(picture.locator("circle.target")).to_have_count(1)
+    expect(picture.locator("text.token")).to_have_count(len(graph["tokens"]))
+    top = min(features, key=lambda n: n["influence"])
+    picture.locator(f'circle[data-node="{top["id"]}"]').click()
+    card = page.get_by_label("Node")
+    expect(card).to_contain_text(f"position {top['position']}")
+    expect(card.get_by_role("link")).to_have_text(re.compile(f"^#{top['feature']}\\b"))
+    with page.expect_download() as download:
+        summary.get_by_role("button", name="export (circuit-tracer JSON)").click()
+    exported = json.loads(open(download.value.path()).read())
+    assert {n["node_id"] for n in exported["nodes"]} >= {top["id"]}
