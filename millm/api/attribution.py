@@ -1,7 +1,9 @@
-"""POST /api/attribution: an attribution graph; GET /api/attribution/{id} and its export.
+"""POST /api/attribution: an attribution graph; GET /api/attribution/{id} and its export; import of
+circuit-tracer's JSON; a profile of a graph's chosen features.
 
-POST is inference-class (the API key opens it, see access.py): it reads the model and changes
-nothing stored. The work runs on the scheduler thread in steps; a client that leaves cancels it.
+POST /api/attribution is inference-class (the API key opens it, see access.py): it reads the
+model and changes nothing stored; its work runs on the scheduler thread in steps, and a client
+that leaves cancels it. Import and profile are admin routes: they keep a graph or store a profile.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
 from millm.api.replies import unless_client_leaves
-from millm.protocol.attribution import AttributionGraph, AttributionRequest
+from millm.protocol.attribution import (
+    AttributionGraph,
+    AttributionRequest,
+    ImportedGraph,
+    SubgraphProfile,
+)
 
 router = APIRouter()
 
@@ -45,3 +52,23 @@ def graph(graph_id: str, request: Request) -> AttributionGraph:
 def export(graph_id: str, request: Request) -> dict[str, Any]:
     """metadata, qParams, nodes and links as circuit-tracer's create_graph_files writes them."""
     return facades(request).attribution.export(graph_id)
+
+
+@router.post(
+    "/api/attribution/import",
+    summary="Keep a graph from circuit-tracer's JSON (circuit-tracer, Neuronpedia, an export)",
+    response_model=AttributionGraph,
+)
+def import_graph(document: ImportedGraph, request: Request) -> AttributionGraph:
+    """The graph as millm shows it (method `imported`: no scores, no check), kept like a computed one."""
+    return facades(request).attribution.import_graph(document)
+
+
+@router.post(
+    "/api/attribution/{graph_id}/profile",
+    summary="A steering profile of a graph's chosen feature nodes",
+    status_code=201,
+)
+def subgraph_profile(graph_id: str, body: SubgraphProfile, request: Request) -> dict[str, Any]:
+    """Ablate (or add at a strength) the chosen nodes' features, stored as a millm.profile (version 2)."""
+    return facades(request).attribution.profile(graph_id, body)

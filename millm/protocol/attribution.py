@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.protocol.discovery import (
     ReadOne,
@@ -135,7 +135,7 @@ class AttributionGraph(BaseModel):
     object: Literal["attribution_graph"] = "attribution_graph"
     id: str
     model: str
-    method: Literal["transcoders", "attribution patching"]
+    method: Literal["transcoders", "attribution patching", "imported"]
     steered: bool
     steering: SteeringUsed
     tokens: list[TokenRead]
@@ -144,9 +144,74 @@ class AttributionGraph(BaseModel):
     expanded_features: int
     nodes: list[GraphNode]
     edges: list[GraphEdge]
-    replacement_score: float
-    completeness_score: float
+    replacement_score: float | None = Field(description="None for an imported graph.")
+    completeness_score: float | None
     node_threshold: float
     edge_threshold: float
     verification: Verification | None
     seconds: float
+
+
+class SubgraphProfile(StrictBody):
+    """POST /api/attribution/{id}/profile: a graph's chosen feature nodes as a steering profile
+    (features at several positions steer once: a profile steers every position)."""
+
+    name: str = Field(description="The profile's name (a profile's name rules).")
+    description: str | None = None
+    nodes: Annotated[list[str], Field(min_length=1, max_length=256)]
+    op: Literal["ablate", "add"] = "ablate"
+    strength: float | None = Field(None, description="With add: the strength (±200).")
+
+    @model_validator(mode="after")
+    def _strength_with_add(self) -> SubgraphProfile:
+        if (self.op == "add") != (self.strength is not None):
+            raise ValueError("give strength with op add, and only then")
+        return self
+
+
+class ImportedNode(BaseModel):
+    """A node of circuit-tracer's graph JSON (what millm reads of it; other fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node_id: str
+    feature: int | None = None
+    layer: str
+    ctx_idx: int
+    feature_type: str
+    token_prob: float = 0.0
+    is_target_logit: bool = False
+    clerp: str = ""
+    influence: float | None = None
+    activation: float | None = None
+
+
+class ImportedMetadata(BaseModel):
+    """circuit-tracer's graph metadata (what millm reads of it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    slug: str
+    scan: str | None = None
+    prompt_tokens: list[str]
+    node_threshold: float | None = None
+
+
+class ImportedLink(BaseModel):
+    """A link of circuit-tracer's graph JSON."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    source: str
+    target: str
+    weight: float
+
+
+class ImportedGraph(BaseModel):
+    """A graph file as circuit-tracer's create_graph_files writes it (and Neuronpedia serves it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    metadata: ImportedMetadata
+    nodes: Annotated[list[ImportedNode], Field(min_length=1)]
+    links: list[ImportedLink]

@@ -118,3 +118,57 @@ def test_bad_input_is_a_400_naming_its_field(server, body, param):
     found = error(post(server, "/api/attribution", {"text": TEXT, **body}), 400)
     if param is not None:
         assert found["param"] == param, found
+
+
+def test_an_export_imports_back_as_the_same_graph(graph, server):
+    exported = api(server, "GET", f"/api/attribution/{graph['id']}/export").json()
+    answer = post(server, "/api/attribution/import", exported)
+    assert answer.status_code == 200, answer.text
+    imported = answer.json()
+    assert imported["method"] == "imported" and imported["id"] != graph["id"]
+    assert imported["replacement_score"] is None and imported["verification"] is None
+    assert imported["tokens"] == graph["tokens"]
+    assert imported["target"]["token_ids"] == graph["target"]["token_ids"]
+    assert imported["target"]["tokens"] == graph["target"]["tokens"]
+
+    def shape(g):
+        return {
+            n["id"]: (n["kind"], n["layer"], n["position"], n["feature"], n["label"])
+            for n in g["nodes"]
+        }
+
+    assert shape(imported) == shape(graph)
+    assert imported["edges"] == graph["edges"]
+    assert api(server, "GET", f"/api/attribution/{imported['id']}").json() == imported
+
+
+def test_a_broken_graph_file_is_a_400_naming_the_link(graph, server):
+    exported = api(server, "GET", f"/api/attribution/{graph['id']}/export").json()
+    exported["links"][0]["source"] = "nowhere"
+    found = error(post(server, "/api/attribution/import", exported), 400)
+    assert found["param"] == "links[0].source"
+
+
+def test_chosen_feature_nodes_become_a_profile(graph, server):
+    features = [n for n in graph["nodes"] if n["kind"] == "feature"][:3]
+    answer = post(
+        server,
+        f"/api/attribution/{graph['id']}/profile",
+        {"name": "graph-path", "nodes": [n["id"] for n in features]},
+    )
+    assert answer.status_code == 201, answer.text
+    stored = api(server, "GET", "/api/profiles/graph-path").json()
+    (entry,) = stored["document"]["steering"]
+    assert entry["sae_id"] == server.sae
+    assert sorted(f["index"] for f in entry["features"]) == sorted({n["feature"] for n in features})
+    assert {f["op"] for f in entry["features"]} == {"ablate"}
+    token = next(n for n in graph["nodes"] if n["kind"] == "token")
+    for body, param in (
+        ({"name": "x", "nodes": [token["id"]]}, "nodes[0]"),
+        ({"name": "x", "nodes": ["9_9_9"]}, "nodes[0]"),
+        ({"name": "x", "nodes": [features[0]["id"]], "op": "add"}, None),
+    ):
+        found = error(post(server, f"/api/attribution/{graph['id']}/profile", body), 400)
+        if param:
+            assert found["param"] == param
+    api(server, "DELETE", "/api/profiles/graph-path")

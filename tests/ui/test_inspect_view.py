@@ -253,3 +253,32 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
         summary.get_by_role("button", name="export (circuit-tracer JSON)").click()
     exported = json.loads(open(download.value.path()).read())
     assert {n["node_id"] for n in exported["nodes"]} >= {top["id"]}
+
+
+def test_ticked_features_save_as_a_profile_and_a_graph_file_opens(workbench, page, tmp_path):
+    page.goto(f"{workbench.url}#/inspect")
+    form = page.get_by_role("form", name="Attribution graph")
+    form.get_by_label("Text").fill("The river runs")
+    form.get_by_role("button", name="Trace").click()
+    picture = page.get_by_role("img", name="Attribution graph")
+    expect(picture).to_be_visible()
+    picture.locator("circle.feature").first.click()
+    page.get_by_label("Node").get_by_role("checkbox").check()
+    page.get_by_label("Profile name").fill("from-the-graph")
+    page.get_by_role("button", name="Save as a profile that ablates them").click()
+    expect(page.get_by_text("Saved profile from-the-graph")).to_be_visible()
+    stored = workbench.api("GET", "/api/profiles/from-the-graph").json()
+    assert [f["op"] for f in stored["document"]["steering"][0]["features"]] == ["ablate"]
+    graph = workbench.api(
+        "POST", "/api/attribution", json={"text": "The river runs", "max_feature_nodes": 8}
+    ).json()
+    exported = workbench.api("GET", f"/api/attribution/{graph['id']}/export").text
+    path = tmp_path / "graph.json"
+    path.write_text(exported)
+    form.locator("input[type=file]").set_input_files(str(path))
+    summary = page.get_by_label("Graph summary")
+    expect(summary).to_contain_text("imported")
+    expect(picture.locator("circle.feature")).to_have_count(
+        sum(n["kind"] == "feature" for n in graph["nodes"])
+    )
+    workbench.api("DELETE", "/api/profiles/from-the-graph")

@@ -1,13 +1,20 @@
-"""What attribution offers the routes: compute a graph, read a recent one, export it."""
+"""What attribution offers the routes: compute a graph, read a recent one, export it, import one,
+make a profile of its chosen features."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from millm.protocol.attribution import AttributionGraph, AttributionRequest
+from millm.protocol.attribution import (
+    AttributionGraph,
+    AttributionRequest,
+    ImportedGraph,
+    SubgraphProfile,
+)
 from millm.service.attribution.book import GraphBook
 from millm.service.attribution.export import circuit_tracer_json
 from millm.service.attribution.run import attribute
+from millm.service.attribution.subgraph import imported_graph, profile_document
 from millm.service.composition import ServerState
 
 
@@ -31,3 +38,14 @@ class Attribution:
     def export(self, graph_id: str) -> dict[str, Any]:
         """A kept graph in circuit-tracer's JSON."""
         return circuit_tracer_json(self.book.get(graph_id))
+
+    def import_graph(self, document: ImportedGraph) -> AttributionGraph:
+        """Keep a graph read from circuit-tracer's JSON."""
+        graph = imported_graph(document)
+        self.book.add(graph)
+        return graph
+
+    def profile(self, graph_id: str, body: SubgraphProfile) -> dict:
+        """Store a profile steering the chosen feature nodes (blocking: a store write)."""
+        stored = self.state.profiles.create(profile_document(self.book.get(graph_id), body))
+        return {**stored, "active": False}  # a new profile is never the active one

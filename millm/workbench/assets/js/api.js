@@ -233,6 +233,8 @@ export const lens = (body) => post("/api/lens", body);
 export const attribution = {
   trace: (body) => post("/api/attribution", body),
   exportText: (id) => request("GET", `/api/attribution/${enc(id)}/export`, { text: true }),
+  importText: (text) => request("POST", "/api/attribution/import", { body: JSON.parse(text) }),
+  profile: (id, body) => post(`/api/attribution/${enc(id)}/profile`, body),
 };
 export const completion = (body) => post("/v1/completions", body);
 

@@ -5,7 +5,7 @@
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Panel, download, html, num, useAction } from "../ui.js";
+import { ErrorNote, FeatureLink, FileImport, Note, Panel, download, html, num, useAction } from "../ui.js";
 
 const WIDTH = 960;
 const ROW = 110;
@@ -92,16 +92,33 @@ async function nextTokens(graph, text, features) {
   return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
 }
 
+/** The ticked features saved as a profile that ablates them (POST /api/attribution/{id}/profile). */
+function SaveProfile({ graph, ablate }) {
+  const [name, setName] = useState("graph-path");
+  const [saved, setSaved] = useState(null);
+  const act = useAction();
+  const nodes = graph.nodes.filter((n) => n.kind === "feature" && ablate.has(n.feature)).map((n) => n.id);
+  const save = () => act.run(async () => setSaved(await api.attribution.profile(graph.id, { name, nodes })));
+  return html`<div class="row">
+    <label>Profile name <input value=${name} onInput=${(e) => setName(e.target.value)} aria-label="Profile name" /></label>
+    <button type="button" onClick=${save} disabled=${act.busy || !nodes.length || graph.method === "imported"}>Save as a profile that ablates them</button>
+    <${ErrorNote} error=${act.error} />
+    ${saved ? html`<${Note}>Saved profile ${saved.name}: activate it in Profiles to steer every request.<//>` : null}
+  </div>`;
+}
+
 function Ablation({ graph, text, ablate }) {
   const [result, setResult] = useState(null);
   const act = useAction();
   const features = [...ablate];
+  if (graph.method === "imported") return html`<${Note}>An imported graph: its features are not this server's to ablate.<//>`;
   const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, []), after: await nextTokens(graph, text, features) }));
   const side = (label, r) => html`<div><h4>${label}</h4><p class="continuation">${JSON.stringify(r.text)}</p>
     <ol>${r.top.map(([token, lp]) => html`<li>${shown(token)} ${num(Math.exp(lp), 3)}</li>`)}</ol></div>`;
   return html`<div class="ablation">
     <button type="button" onClick=${run} disabled=${act.busy || !features.length}>Ablate ${features.length} feature${features.length === 1 ? "" : "s"} (every position) and generate</button>
     <${ErrorNote} error=${act.error} />
+    <${SaveProfile} graph=${graph} ablate=${ablate} />
     ${result ? html`<div class="cols">${side("as served", result.before)}${side("ablated", result.after)}</div>` : null}
   </div>`;
 }
@@ -134,10 +151,11 @@ export default function AttributionPanel() {
       <label class="grow">Text <input value=${text} onInput=${(e) => setText(e.target.value)} name="graph-text" /></label>
       <label>Features <input type="number" min="1" max="1024" value=${nodes} onInput=${(e) => setNodes(e.target.value)} aria-label="Features expanded" /></label>
       <button type="submit" disabled=${act.busy || !text.trim()}>${act.busy ? "Tracing…" : "Trace"}</button>
+      <${FileImport} label="Open a graph file" onText=${(t) => act.run(async () => { setGraph(await api.attribution.importText(t)); setChosen(null); setAblate(new Set()); })} />
     </form>
     <${ErrorNote} error=${act.error} />
     ${graph ? html`<p class="meta" aria-label="Graph summary">${`${shown(graph.target.tokens[0])} (p ${num(graph.target.probability, 3)}) · ${graph.method} · `}
-        ${`${graph.expanded_features} features expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
+        ${graph.method === "imported" ? `${graph.expanded_features} features · ` : `${graph.expanded_features} features expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
         ${check ? html`check <strong class=${check.passed ? "ok" : "bad"}>${check.passed ? "passed" : "failed"}</strong>${` (r ${check.correlation === null ? "—" : num(check.correlation, 2)} over ${check.nodes.length} ablations) · `}` : "not checked · "}
         ${`${num(graph.seconds, 1)} s `}
         <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
