@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -251,7 +252,7 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
     expect(card.get_by_role("link")).to_have_text(re.compile(f"^#{top['feature']}\\b"))
     with page.expect_download() as download:
         summary.get_by_role("button", name="export (circuit-tracer JSON)").click()
-    exported = json.loads(open(download.value.path()).read())
+    exported = json.loads(Path(download.value.path()).read_text())
     assert {n["node_id"] for n in exported["nodes"]} >= {top["id"]}
 
 
