@@ -1,9 +1,9 @@
 """POST /api/attribution: an attribution graph; GET /api/attribution/{id} and its export; import of
-circuit-tracer's JSON; a profile of a graph's chosen features.
+circuit-tracer's JSON; a profile or a miStudio circuit of a graph's chosen features.
 
 POST /api/attribution is inference-class (the API key opens it, see access.py): it reads the
 model and changes nothing stored; its work runs on the scheduler thread in steps, and a client
-that leaves cancels it. Import and profile are admin routes: they keep a graph or store a profile.
+that leaves cancels it. Import, profile and circuit are admin routes: they keep a graph or store a document.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from millm.protocol.attribution import (
     AttributionGraph,
     AttributionRequest,
     ImportedGraph,
+    SubgraphCircuit,
     SubgraphProfile,
 )
 
@@ -72,3 +73,14 @@ def import_graph(document: ImportedGraph, request: Request) -> AttributionGraph:
 def subgraph_profile(graph_id: str, body: SubgraphProfile, request: Request) -> dict[str, Any]:
     """Ablate (or add at a strength) the chosen nodes' features, stored as a millm.profile (version 2)."""
     return facades(request).attribution.profile(graph_id, body)
+
+
+@router.post(
+    "/api/attribution/{graph_id}/circuit",
+    summary="A miStudio circuit of a graph's chosen feature nodes",
+    status_code=201,
+)
+def subgraph_circuit(graph_id: str, body: SubgraphCircuit, request: Request) -> dict[str, Any]:
+    """The chosen features as feature_ref members at one strength, the graph's edges between them
+    at rung 1 (attribution-supported), stored as an imported circuit (GET /api/circuits)."""
+    return facades(request).attribution.circuit(graph_id, body)

@@ -169,6 +169,17 @@ class SubgraphProfile(StrictBody):
         return self
 
 
+class SubgraphCircuit(StrictBody):
+    """POST /api/attribution/{id}/circuit: a graph's chosen feature nodes as a miStudio circuit."""
+
+    name: str = Field(description="The circuit's name.")
+    narrative: str | None = None
+    nodes: Annotated[list[str], Field(min_length=1, max_length=256)]
+    strength: Annotated[float, Field(ge=-300, le=300)] = Field(
+        description="Each member's strength (a circuit member's range; applied within ±200)."
+    )
+
+
 class ImportedNode(BaseModel):
     """A node of circuit-tracer's graph JSON (what millm reads of it; other fields are ignored)."""
 

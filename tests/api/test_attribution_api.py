@@ -172,3 +172,35 @@ def test_chosen_feature_nodes_become_a_profile(graph, server):
         if param:
             assert found["param"] == param
     api(server, "DELETE", "/api/profiles/graph-path")
+
+
+def test_chosen_feature_nodes_become_a_mistudio_circuit(graph, server):
+    features = [n for n in graph["nodes"] if n["kind"] == "feature"][:2]
+    answer = post(
+        server,
+        f"/api/attribution/{graph['id']}/circuit",
+        {"name": "graph-circuit", "nodes": [n["id"] for n in features], "strength": 12.0},
+    )
+    assert answer.status_code == 201, answer.text
+    exported = api(server, "GET", "/api/circuits/graph-circuit/export").json()
+    assert exported["kind"] == "mistudio.circuit-definition"
+    assert exported["saes"] == [{"mistudio_sae_id": server.sae, "layer": 1, "hook_type": "resid_post"}]
+    members = {(m["layer"], m["feature"]["feature_idx"]) for m in exported["members"]}
+    assert members == {(1, n["feature"]) for n in features}
+    assert all(m["feature"]["strength"] == 12.0 for m in exported["members"])
+    assert exported["provenance"]["source_note"] == f"millm attribution graph {graph['id']}"
+    taken = post(
+        server,
+        f"/api/attribution/{graph['id']}/circuit",
+        {"name": "graph-circuit", "nodes": [features[0]["id"]], "strength": 1.0},
+    )
+    error(taken, 409)
+    error(
+        post(
+            server,
+            f"/api/attribution/{graph['id']}/circuit",
+            {"name": "c2", "nodes": [features[0]["id"]], "strength": 400.0},
+        ),
+        400,
+    )
+    api(server, "DELETE", "/api/circuits/graph-circuit")

@@ -265,11 +265,17 @@ def test_ticked_features_save_as_a_profile_and_a_graph_file_opens(workbench, pag
     expect(picture).to_be_visible()
     picture.locator("circle.feature").first.click()
     page.get_by_label("Node").get_by_role("checkbox").check()
-    page.get_by_label("Profile name").fill("from-the-graph")
+    page.get_by_label("Profile or circuit name").fill("from-the-graph")
     page.get_by_role("button", name="Save as a profile that ablates them").click()
     expect(page.get_by_text("Saved profile from-the-graph")).to_be_visible()
     stored = workbench.api("GET", "/api/profiles/from-the-graph").json()
     assert [f["op"] for f in stored["document"]["steering"][0]["features"]] == ["ablate"]
+    page.get_by_label("Circuit strength").fill("15")
+    page.get_by_role("button", name="Save as a circuit").click()
+    expect(page.get_by_text("Saved circuit from-the-graph")).to_be_visible()
+    circuit = workbench.api("GET", "/api/circuits/from-the-graph/export").json()
+    assert [m["feature"]["strength"] for m in circuit["members"]] == [15.0]
+    workbench.api("DELETE", "/api/circuits/from-the-graph")
     graph = workbench.api(
         "POST", "/api/attribution", json={"text": "The river runs", "max_feature_nodes": 8}
     ).json()

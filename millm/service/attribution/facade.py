@@ -1,20 +1,22 @@
 """What attribution offers the routes: compute a graph, read a recent one, export it, import one,
-make a profile of its chosen features."""
+make a profile or a miStudio circuit of its chosen features."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from millm.protocol.attribution import (
     AttributionGraph,
     AttributionRequest,
     ImportedGraph,
+    SubgraphCircuit,
     SubgraphProfile,
 )
 from millm.service.attribution.book import GraphBook
 from millm.service.attribution.export import circuit_tracer_json
 from millm.service.attribution.run import attribute
-from millm.service.attribution.subgraph import imported_graph, profile_document
+from millm.service.attribution.subgraph import circuit_document, imported_graph, profile_document
 from millm.service.composition import ServerState
 
 
@@ -49,3 +51,8 @@ class Attribution:
         """Store a profile steering the chosen feature nodes (blocking: a store write)."""
         stored = self.state.profiles.create(profile_document(self.book.get(graph_id), body))
         return {**stored, "active": False}  # a new profile is never the active one
+
+    def circuit(self, graph_id: str, body: SubgraphCircuit) -> dict:
+        """Store a miStudio circuit of the chosen feature nodes (blocking: a store write)."""
+        document = circuit_document(self.book.get(graph_id), body)
+        return self.state.circuits.import_raw(json.dumps(document).encode(), on_conflict="fail")

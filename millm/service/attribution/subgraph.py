@@ -13,6 +13,7 @@ from millm.protocol.attribution import (
     GraphNode,
     ImportedGraph,
     ImportedNode,
+    SubgraphCircuit,
     SubgraphProfile,
     TargetRead,
 )
@@ -20,38 +21,108 @@ from millm.protocol.discovery import SteeringUsed, TokenRead
 
 KINDS = {"embedding": "token", "logit": "target", "mlp reconstruction error": "error"}
 OUTPUT = re.compile(r'^Output "(.*)" \(p=')
+MAX_CIRCUIT_EDGES = 200  # a circuit document holds at most this many edges
 
 
-def profile_document(graph: AttributionGraph, body: SubgraphProfile) -> dict:
-    """A millm.profile (version 2) steering the chosen feature nodes' features; 400 naming
-    `nodes[i]` for a node the graph lacks or one that is not a feature."""
+def chosen_features(graph: AttributionGraph, chosen: list[str]) -> list[GraphNode]:
+    """The graph's feature nodes named in `chosen`; 400 naming `nodes[i]` for a node the graph
+    lacks or one that is not a feature."""
     nodes = {n.id: n for n in graph.nodes}
-    by_sae: dict[str, dict[int, dict[str, object]]] = {}
-    for i, node_id in enumerate(body.nodes):
+    found = []
+    for i, node_id in enumerate(chosen):
         node = nodes.get(node_id)
         if node is None:
             raise InvalidRequest(f"graph {graph.id} has no node {node_id!r}", param=f"nodes[{i}]")
         if node.kind != "feature" or node.sae_id is None or node.feature is None:
             raise InvalidRequest(
-                f"node {node_id!r} is a {node.kind} node; a profile steers feature nodes",
+                f"node {node_id!r} is a {node.kind} node; only feature nodes steer",
                 param=f"nodes[{i}]",
             )
+        found.append(node)
+    return found
+
+
+def _described(graph: AttributionGraph, count: int, given: str | None, what: str) -> str:
+    if given is not None:
+        return given
+    target = "".join(graph.target.tokens)
+    return f"{what} {count} node(s) of attribution graph {graph.id} ({target!r})"
+
+
+def profile_document(graph: AttributionGraph, body: SubgraphProfile) -> dict:
+    """A millm.profile (version 2) steering the chosen feature nodes' features."""
+    by_sae: dict[str, dict[int, dict[str, object]]] = {}
+    for node in chosen_features(graph, body.nodes):
         entry: dict[str, object] = {"index": node.feature, "op": body.op}
         if body.op == "add":
             entry["strength"] = body.strength
-        by_sae.setdefault(node.sae_id, {})[node.feature] = entry
-    target = "".join(graph.target.tokens)
-    description = body.description
-    if description is None:
-        description = f"{body.op} the features of {len(body.nodes)} node(s) of attribution graph {graph.id} ({target!r})"
+        by_sae.setdefault(str(node.sae_id), {})[int(node.feature or 0)] = entry
     return {
         "kind": "millm.profile",
         "version": 2,
         "name": body.name,
-        "description": description,
+        "description": _described(
+            graph, len(body.nodes), body.description, f"{body.op} the features of"
+        ),
         "steering": [
             {"sae_id": sae, "features": list(features.values())} for sae, features in by_sae.items()
         ],
+    }
+
+
+def circuit_document(graph: AttributionGraph, body: SubgraphCircuit) -> dict:
+    """A mistudio.circuit-definition of the chosen feature nodes: one feature_ref member per
+    feature (at `strength`), the graph's edges between them at rung 1 (attribution-supported)."""
+    nodes = chosen_features(graph, body.nodes)
+    members: dict[tuple[int, int], dict] = {}
+    saes: dict[int, dict] = {}
+    for node in nodes:
+        feature = int(node.feature or 0)
+        members[(node.layer, feature)] = {
+            "layer": node.layer,
+            "member_kind": "feature_ref",
+            "feature": {
+                "feature_idx": feature,
+                "strength": body.strength,
+                "sign": 1,
+                **({"label": node.label} if node.label else {}),
+            },
+        }
+        saes[node.layer] = {
+            "mistudio_sae_id": node.sae_id,
+            "layer": node.layer,
+            "hook_type": "resid_post",
+        }
+    chosen = {n.id: n for n in nodes}
+    edges = [
+        {
+            "up": {
+                "layer": chosen[e.source].layer,
+                "feature_idx": chosen[e.source].feature,
+                "kind": "feature",
+            },
+            "down": {
+                "layer": chosen[e.target].layer,
+                "feature_idx": chosen[e.target].feature,
+                "kind": "feature",
+            },
+            "type": "computed",
+            "rung": 1,
+            "attribution": {"method": "raw", "score": e.weight},
+        }
+        for e in graph.edges
+        if e.source in chosen and e.target in chosen
+    ][:MAX_CIRCUIT_EDGES]
+    return {
+        "kind": "mistudio.circuit-definition",
+        "schema_version": "1",
+        "name": body.name,
+        "narrative": _described(graph, len(body.nodes), body.narrative, "the features of"),
+        "model": {"hf_id": graph.model},
+        "saes": list(saes.values()),
+        "members": list(members.values()),
+        "edges": edges,
+        "provenance": {"source_note": f"millm attribution graph {graph.id}"},
     }
 
 

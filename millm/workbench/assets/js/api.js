@@ -235,6 +235,7 @@ export const attribution = {
   exportText: (id) => request("GET", `/api/attribution/${enc(id)}/export`, { text: true }),
   importText: (text) => request("POST", "/api/attribution/import", { body: JSON.parse(text) }),
   profile: (id, body) => post(`/api/attribution/${enc(id)}/profile`, body),
+  circuit: (id, body) => post(`/api/attribution/${enc(id)}/circuit`, body),
 };
 export const completion = (body) => post("/v1/completions", body);
 

@@ -92,18 +92,24 @@ async function nextTokens(graph, text, features) {
   return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
 }
 
-/** The ticked features saved as a profile that ablates them (POST /api/attribution/{id}/profile). */
-function SaveProfile({ graph, ablate }) {
+/** The ticked features saved as a profile that ablates them, or as a miStudio circuit at one
+ * strength (POST /api/attribution/{id}/profile, /circuit). */
+function SaveSubgraph({ graph, ablate }) {
   const [name, setName] = useState("graph-path");
+  const [strength, setStrength] = useState(20);
   const [saved, setSaved] = useState(null);
   const act = useAction();
   const nodes = graph.nodes.filter((n) => n.kind === "feature" && ablate.has(n.feature)).map((n) => n.id);
-  const save = () => act.run(async () => setSaved(await api.attribution.profile(graph.id, { name, nodes })));
+  const off = act.busy || !nodes.length || graph.method === "imported";
+  const profile = () => act.run(async () => setSaved(["profile", await api.attribution.profile(graph.id, { name, nodes })]));
+  const circuit = () => act.run(async () => setSaved(["circuit", await api.attribution.circuit(graph.id, { name, nodes, strength: Number(strength) })]));
   return html`<div class="row">
-    <label>Profile name <input value=${name} onInput=${(e) => setName(e.target.value)} aria-label="Profile name" /></label>
-    <button type="button" onClick=${save} disabled=${act.busy || !nodes.length || graph.method === "imported"}>Save as a profile that ablates them</button>
+    <label>Name <input value=${name} onInput=${(e) => setName(e.target.value)} aria-label="Profile or circuit name" /></label>
+    <button type="button" onClick=${profile} disabled=${off}>Save as a profile that ablates them</button>
+    <label>Strength <input type="number" min="-300" max="300" value=${strength} onInput=${(e) => setStrength(e.target.value)} aria-label="Circuit strength" /></label>
+    <button type="button" onClick=${circuit} disabled=${off}>Save as a circuit</button>
     <${ErrorNote} error=${act.error} />
-    ${saved ? html`<${Note}>Saved profile ${saved.name}: activate it in Profiles to steer every request.<//>` : null}
+    ${saved ? html`<${Note}>Saved ${saved[0]} ${saved[1].name}: activate it under Profiles, clusters, circuits to steer every request.<//>` : null}
   </div>`;
 }
 
@@ -118,7 +124,7 @@ function Ablation({ graph, text, ablate }) {
   return html`<div class="ablation">
     <button type="button" onClick=${run} disabled=${act.busy || !features.length}>Ablate ${features.length} feature${features.length === 1 ? "" : "s"} (every position) and generate</button>
     <${ErrorNote} error=${act.error} />
-    <${SaveProfile} graph=${graph} ablate=${ablate} />
+    <${SaveSubgraph} graph=${graph} ablate=${ablate} />
     ${result ? html`<div class="cols">${side("as served", result.before)}${side("ablated", result.after)}</div>` : null}
   </div>`;
 }
