@@ -184,7 +184,9 @@ def test_chosen_feature_nodes_become_a_mistudio_circuit(graph, server):
     assert answer.status_code == 201, answer.text
     exported = api(server, "GET", "/api/circuits/graph-circuit/export").json()
     assert exported["kind"] == "mistudio.circuit-definition"
-    assert exported["saes"] == [{"mistudio_sae_id": server.sae, "layer": 1, "hook_type": "resid_post"}]
+    assert exported["saes"] == [
+        {"mistudio_sae_id": server.sae, "layer": 1, "hook_type": "resid_post"}
+    ]
     members = {(m["layer"], m["feature"]["feature_idx"]) for m in exported["members"]}
     assert members == {(1, n["feature"]) for n in features}
     assert all(m["feature"]["strength"] == 12.0 for m in exported["members"])
