@@ -20,6 +20,7 @@ from millm.protocol.attribution import (
     ImportedGraph,
     SubgraphCircuit,
     SubgraphProfile,
+    TranscoderRegistration,
 )
 
 router = APIRouter()
@@ -84,3 +85,31 @@ def subgraph_circuit(graph_id: str, body: SubgraphCircuit, request: Request) -> 
     """The chosen features as feature_ref members at one strength, the graph's edges between them
     at rung 1 (attribution-supported), stored as an imported circuit (GET /api/circuits)."""
     return facades(request).attribution.circuit(graph_id, body)
+
+
+@router.post(
+    "/api/transcoders",
+    summary="Register a transcoder set (circuit-tracer's format) as a source of attribution graphs",
+    status_code=201,
+)
+async def register_transcoders(body: TranscoderRegistration, request: Request) -> dict[str, Any]:
+    """Read a set from a directory the server may read, check it fits the loaded model, keep it in memory."""
+    return await facades(request).attribution.register_transcoders(body.path)
+
+
+@router.get("/api/transcoders", summary="The registered transcoder sets")
+def transcoder_sets(request: Request) -> dict[str, Any]:
+    """Every registered set: its blocks, widths, activation and hooks."""
+    return facades(request).attribution.transcoder_sets()
+
+
+@router.get("/api/transcoders/{set_id}", summary="A registered transcoder set")
+def transcoder_set(set_id: str, request: Request) -> dict[str, Any]:
+    """One set (404 transcoder_set_not_found)."""
+    return facades(request).attribution.transcoder_set(set_id)
+
+
+@router.delete("/api/transcoders/{set_id}", summary="Forget a transcoder set")
+def delete_transcoders(set_id: str, request: Request) -> dict[str, Any]:
+    """The set is no longer a source; graphs already made keep their nodes."""
+    return facades(request).attribution.delete_transcoders(set_id)

@@ -39,7 +39,11 @@ class AttributionRequest(ReadOne):
     saes: list[str] | None = Field(
         None,
         min_length=1,
-        description="Attached SAEs whose features are the graph's nodes (default: every attached SAE).",
+        description="Attached SAEs whose features are the graph's nodes (default: every attached SAE, unless `transcoders` is given).",
+    )
+    transcoders: str | None = Field(
+        None,
+        description="A registered transcoder set (POST /api/transcoders) whose features replace the MLPs: with one on every block, the graph is circuit-tracer's exact one.",
     )
     max_feature_nodes: Annotated[int, Field(ge=1)] = Field(
         128, description="Features whose inputs are computed, most influential first."
@@ -69,7 +73,12 @@ class GraphNode(BaseModel):
     kind: NodeKind
     layer: int
     position: int
-    sae_id: str | None = None
+    sae_id: str | None = Field(
+        None, description="The SAE, or transcoder_set/block, the feature belongs to."
+    )
+    site: Literal["resid", "mlp"] | None = Field(
+        None, description="resid: an SAE after its block; mlp: a transcoder of its block's MLP."
+    )
     feature: int | None = None
     label: str | None = None
     activation: float | None = None
@@ -226,3 +235,9 @@ class ImportedGraph(BaseModel):
     metadata: ImportedMetadata
     nodes: Annotated[list[ImportedNode], Field(min_length=1)]
     links: list[ImportedLink]
+
+
+class TranscoderRegistration(StrictBody):
+    """POST /api/transcoders: a transcoder set directory (circuit-tracer's config.yaml and files)."""
+
+    path: str = Field(description="Inside the data directory or MILLM_ALLOWED_PATHS.")

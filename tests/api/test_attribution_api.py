@@ -6,6 +6,8 @@ names its field."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -206,3 +208,77 @@ def test_chosen_feature_nodes_become_a_mistudio_circuit(graph, server):
         400,
     )
     api(server, "DELETE", "/api/circuits/graph-circuit")
+
+
+def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny_dirs, llama_lm):
+    """circuit-tracer's published setting: a transcoder on every block. The server's graph is the
+    in-process tracer's on the same files and weights (edge for edge), with method transcoders."""
+    from millm.interp.attribution.graph import Budget, Target, Tracer
+    from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
+    from millm.interp.transcoders import read_transcoder_set
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    directory = build_transcoder_set(TEST_ROOT / "transcoders-api", seed=11)
+    registered = post(server, "/api/transcoders", {"path": str(directory)})
+    assert registered.status_code == 201, registered.text
+    found = registered.json()
+    assert found["layers"] == [0, 1, 2] and found["architecture"] == "jumprelu"
+    listed = api(server, "GET", "/api/transcoders").json()["data"]
+    assert [s["id"] for s in listed] == [found["id"]]
+    answer = post(
+        server,
+        "/api/attribution",
+        {"text": TEXT, "transcoders": found["id"], "max_feature_nodes": 500, "verify": 4},
+    )
+    assert answer.status_code == 200, answer.text
+    graph = answer.json()
+    assert graph["method"] == "transcoders" and graph["verification"] is not None
+    assert [s["site"] for s in graph["sources"]] == ["mlp", "mlp", "mlp"]
+
+    ids = [t["token_id"] for t in graph["tokens"]]
+    model = ReplacementModel(llama_lm.runner.layout)
+    sets = read_transcoder_set(directory)
+    sources = [
+        plain_source(Source(f"{found['id']}/{layer}", sae, layer, "mlp"), torch.float32)
+        for layer, sae in sets.layers.items()
+    ]
+    tracer = Tracer(
+        model, ids, sources, Target(tuple(graph["target"]["token_ids"]), (1.0,)), Budget(500)
+    )
+    tracer.start()
+    while tracer.expand():
+        pass
+    mine = tracer.finish()
+    assert mine.method == "transcoders"
+    assert graph["target"]["value"] == pytest.approx(mine.target_value, abs=1e-4)
+    from millm.service.attribution.answer import node_ids
+
+    index = {node: i for i, node in enumerate(node_ids(mine, 3))}
+    assert graph["edges"]
+    for edge in graph["edges"]:
+        want = float(mine.adjacency[index[edge["target"]], index[edge["source"]]])
+        assert edge["weight"] == pytest.approx(want, abs=1e-4), (
+            edge,
+            len(mine.features),
+            graph["expanded_features"],
+        )
+    feature = next(n for n in graph["nodes"] if n["kind"] == "feature")
+    refused = post(
+        server, f"/api/attribution/{graph['id']}/profile", {"name": "tc", "nodes": [feature["id"]]}
+    )
+    assert error(refused, 400)["param"] == "nodes[0]"
+    assert api(server, "DELETE", f"/api/transcoders/{found['id']}").json()["deleted"] is True
+    gone = post(server, "/api/attribution", {"text": TEXT, "transcoders": found["id"]})
+    assert error(gone, 404, "transcoder_set_not_found")["param"] == "transcoders"
+
+
+def test_a_transcoder_set_outside_the_allowed_paths_is_refused(server, tmp_path_factory):
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    outside = build_transcoder_set(Path("/tmp") / f"outside-{tmp_path_factory.getbasetemp().name}")
+    error(post(server, "/api/transcoders", {"path": str(outside)}), 403, "path_not_allowed")
+    wide = build_transcoder_set(
+        tmp_path_factory.mktemp("wide-tc"), d_model=32
+    )  # another model's width
+    assert error(post(server, "/api/transcoders", {"path": str(wide)}), 400)["param"] == "path"

@@ -26,8 +26,10 @@ from millm.service.discovery.inspection import token_strings
 
 
 def node_ids(graph: Graph, blocks: int) -> list[str]:
-    """circuit-tracer's node id of every node: layer_feature_position, 0_layer_position for an
-    error, E_token_position, and (blocks + 1)_token_position for the target."""
+    """Every node's id, as circuit-tracer names nodes: layer_feature_position, E_token_position,
+    and (blocks + 1)_token_position for the target; but err_layer_position for an error node,
+    where circuit-tracer writes 0_layer_position, which is also the id of block 0's feature
+    `layer` at that position (a clash the tiny model's graphs meet)."""
     ids = []
     for node in range(graph.adjacency.shape[0]):
         kind, source, position = graph.kind(node)
@@ -35,7 +37,7 @@ def node_ids(graph: Graph, blocks: int) -> list[str]:
             feature = graph.features[node]
             ids.append(f"{graph.sources[source].layer}_{feature.index}_{position}")
         elif kind == "error":
-            ids.append(f"0_{graph.sources[source].layer}_{position}")
+            ids.append(f"err_{graph.sources[source].layer}_{position}")
         elif kind == "token":
             ids.append(f"E_{graph.prompt[position]}_{position}")
         else:
@@ -56,7 +58,7 @@ def graph_answer(
     """The response (blocking: decoding and the labels, which may come from the store)."""
     blocks = int(lm.config.num_hidden_layers)
     ids = node_ids(graph, blocks)
-    labels = {s.name: state.saes.labels(s.name) for s in graph.sources}
+    labels = {s.name: state.saes.labels(s.name) if s.site == "resid" else {} for s in graph.sources}
     said = dict(zip(graph.prompt, token_strings(lm, graph.prompt), strict=True))
     said.update(zip(graph.target.ids, token_strings(lm, list(graph.target.ids)), strict=True))
     pruned = graph.pruned
@@ -127,6 +129,7 @@ def _node(graph, node, node_id, kind, source, position, blocks, labels, said) ->
             layer=graph.sources[source].layer,
             position=position,
             sae_id=name,
+            site=graph.sources[source].site,
             feature=feature.index,
             label=label_of(labels[name], feature.index),
             activation=round(feature.activation, 6),
@@ -139,6 +142,7 @@ def _node(graph, node, node_id, kind, source, position, blocks, labels, said) ->
             layer=graph.sources[source].layer,
             position=position,
             sae_id=graph.sources[source].name,
+            site=graph.sources[source].site,
             influence=influence,
         )
     token = graph.prompt[position] if kind == "token" else graph.target.ids[0]

@@ -17,7 +17,9 @@ from millm.service.attribution.book import GraphBook
 from millm.service.attribution.export import circuit_tracer_json
 from millm.service.attribution.run import attribute
 from millm.service.attribution.subgraph import circuit_document, imported_graph, profile_document
+from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.composition import ServerState
+from millm.service.runtime.threads import in_passing_thread
 
 
 class Attribution:
@@ -26,10 +28,11 @@ class Attribution:
     def __init__(self, state: ServerState):
         self.state = state
         self.book = GraphBook()
+        self.transcoders = TranscoderBook()
 
     async def attribute(self, body: AttributionRequest) -> AttributionGraph:
         """POST /api/attribution: compute, check and keep a graph."""
-        graph = await attribute(self.state, body)
+        graph = await attribute(self.state, body, self.transcoders)
         self.book.add(graph)
         return graph
 
@@ -56,3 +59,21 @@ class Attribution:
         """Store a miStudio circuit of the chosen feature nodes (blocking: a store write)."""
         document = circuit_document(self.book.get(graph_id), body)
         return self.state.circuits.import_raw(json.dumps(document).encode(), on_conflict="fail")
+
+    async def register_transcoders(self, path: str) -> dict:
+        """POST /api/transcoders: read a set from an allowed directory and keep it."""
+        local = self.state.registrations.paths.local(path, "path")
+        registered = await in_passing_thread(self.transcoders.register, local, self.state.switch.lm)
+        return registered.view()
+
+    def transcoder_sets(self) -> dict:
+        """GET /api/transcoders."""
+        return {"object": "list", "data": [r.view() for r in self.transcoders.all()]}
+
+    def transcoder_set(self, set_id: str) -> dict:
+        """GET /api/transcoders/{id}."""
+        return self.transcoders.get(set_id).view()
+
+    def delete_transcoders(self, set_id: str) -> dict:
+        """DELETE /api/transcoders/{id}."""
+        return self.transcoders.delete(set_id)

@@ -1,6 +1,7 @@
 """What a graph is made of, checked before any pass: its feature sources, its target and its size.
 
-Sources are attached SAEs (every one by default); one per block, since a node's id names its
+Sources are a registered transcoder set's transcoders and attached SAEs (every attached SAE by
+default, none by default beside a transcoder set); one per block, since a node's id names its
 block; SAEs with a run-time input normalisation are refused, as the ablation check could not
 remove one feature's write exactly. The target's tokens must each be one token of the
 vocabulary. The size is refused before it starts when even one replica row of the pass would not
@@ -15,6 +16,7 @@ from millm.errors import InvalidRequest
 from millm.interp.attribution.graph import Budget, Target
 from millm.interp.attribution.replacement import Source
 from millm.protocol.attribution import AttributionRequest, AttributionTarget
+from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.composition import ServerState
 
 MAX_FEATURE_NODES = 4096  # features expanded in one graph (each is a row of the adjacency)
@@ -23,9 +25,35 @@ ROWS = 32
 FLOAT = 4
 
 
-def feature_sources(state: ServerState, body: AttributionRequest, lm: LoadedModel) -> list[Source]:
-    """The attached SAEs the graph's features come from (400 naming `saes[i]` or `saes`)."""
+def feature_sources(
+    state: ServerState, body: AttributionRequest, lm: LoadedModel, sets: TranscoderBook
+) -> list[Source]:
+    """The transcoders and attached SAEs the graph's features come from (400 naming
+    `transcoders`, `saes[i]` or `saes`); one source per block."""
+    transcoders = (
+        []
+        if body.transcoders is None
+        else sets.get(body.transcoders, "transcoders").sources(lm, "transcoders")
+    )
+    sources = sae_sources(state, body, lm, allow_none=bool(transcoders))
+    taken = {s.layer for s in transcoders}
+    for i, source in enumerate(sources):
+        if source.layer in taken:
+            raise InvalidRequest(
+                f"SAE {source.name} reads after block {source.layer}, which a transcoder of the set replaces; "
+                "a graph takes one source per block",
+                param=f"saes[{i}]" if body.saes is not None else "saes",
+            )
+    return transcoders + sources
+
+
+def sae_sources(
+    state: ServerState, body: AttributionRequest, lm: LoadedModel, allow_none: bool
+) -> list[Source]:
+    """The attached SAEs of the graph: the asked ones, or every one unless transcoders are given."""
     attached = dict(state.steering.attached)
+    if body.saes is None and allow_none:
+        return []
     names = body.saes if body.saes is not None else sorted(attached)
     if not names:
         raise InvalidRequest(

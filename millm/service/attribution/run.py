@@ -25,6 +25,7 @@ from millm.interp.attribution.verify import Verification, verify
 from millm.protocol.attribution import AttributionGraph, AttributionRequest
 from millm.service.attribution.answer import graph_answer
 from millm.service.attribution.inputs import budget_of, feature_sources, target_of
+from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.composition import ServerState
 from millm.service.discovery.inputs import (
     Steered,
@@ -79,7 +80,9 @@ def checked(lm: LoadedModel, graph: Graph, count: int, steered: Steered) -> Veri
     return verify(lm, graph, top, steered.edit)
 
 
-async def attribute(state: ServerState, body: AttributionRequest) -> AttributionGraph:
+async def attribute(
+    state: ServerState, body: AttributionRequest, sets: TranscoderBook
+) -> AttributionGraph:
     """The graph of the prompt's target, pruned and checked."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
@@ -91,7 +94,7 @@ async def attribute(state: ServerState, body: AttributionRequest) -> Attribution
             param="model",
         )
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
-    sources = feature_sources(state, body, lm)
+    sources = feature_sources(state, body, lm, sets)
     target = await to_thread.run_sync(target_of, lm, body.target)
     budget = budget_of(body, lm, sources, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)

@@ -38,6 +38,11 @@ def chosen_features(graph: AttributionGraph, chosen: list[str]) -> list[GraphNod
                 f"node {node_id!r} is a {node.kind} node; only feature nodes steer",
                 param=f"nodes[{i}]",
             )
+        if node.site != "resid":
+            raise InvalidRequest(
+                f"node {node_id!r} is a transcoder's feature; steering transcoder features is not offered yet",
+                param=f"nodes[{i}]",
+            )
         found.append(node)
     return found
 
@@ -172,6 +177,12 @@ def imported_graph(document: ImportedGraph) -> AttributionGraph:
     tokens = document.metadata.prompt_tokens
     nodes = [imported_node(node, tokens, f"nodes[{i}]") for i, node in enumerate(document.nodes)]
     ids = {n.id for n in nodes}
+    if len(ids) < len(nodes):
+        twice = sorted({n.id for n in nodes if sum(m.id == n.id for m in nodes) > 1})
+        raise InvalidRequest(
+            f"node ids {twice[:5]} name more than one node, so the links are ambiguous",
+            param="nodes",
+        )
     for i, link in enumerate(document.links):
         for end in ("source", "target"):
             if getattr(link, end) not in ids:

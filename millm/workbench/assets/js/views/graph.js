@@ -1,7 +1,8 @@
 // Attribution graphs (POST /api/attribution), a panel of the Inspect view: prompt tokens along the
 // bottom, the SAEs' blocks up the side, the explained logit at the top; nodes sized by influence,
 // edges drawn by weight (blue adds to its target, orange takes away). Click a node for its card;
-// pick features to ablate and see the model's next token move.
+// pick features (by node; a feature picked at one position is steered at every one) to ablate
+// and see the model's next token move. Transcoder features are drawn but not steered.
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
@@ -76,17 +77,27 @@ function NodeCard({ node, graph, ablate, onToggle }) {
   return html`<div class="node-card" aria-label="Node">
     <p><strong>${node.kind}</strong> · ${node.kind === "token" ? "embedding" : `block ${node.layer}`} · position ${node.position} (${shown(graph.tokens[node.position]?.token ?? "")})</p>
     ${node.kind === "feature" ? html`<p><${FeatureLink} sae=${node.sae_id} index=${node.feature}>${node.label || ""}<//> · activation ${num(node.activation, 3)}</p>
-      <label class="inline"><input type="checkbox" checked=${ablate.has(node.feature)} onChange=${() => onToggle(node)} /> ablate this feature</label>` : null}
+      ${node.site === "resid" ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
+        : html`<p class="note">A transcoder's feature: not steerable yet.</p>`}` : null}
     <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
     ${into.length ? html`<p>from: ${into.map((e) => html`<span class="pill">${named(e.source)} ${num(e.weight, 2)}</span>`)}</p>` : null}
     ${out.length ? html`<p>to: ${out.map((e) => html`<span class="pill">${named(e.target)} ${num(e.weight, 2)}</span>`)}</p>` : null}
   </div>`;
 }
 
-/** The next token's top candidates and a short continuation, with the chosen features ablated or not. */
-async function nextTokens(graph, text, features) {
-  const sae = graph.sources[0].sae_id;
-  const steering = features.length ? { steering: { steering: [{ sae_id: sae, features: features.map((index) => ({ index, op: "ablate" })) }] } } : {};
+/** The chosen nodes' features, one entry per SAE, as a request's `steering` that ablates them. */
+function ablating(graph, ids) {
+  const bySae = new Map();
+  for (const node of graph.nodes.filter((n) => ids.includes(n.id))) {
+    if (!bySae.has(node.sae_id)) bySae.set(node.sae_id, new Set());
+    bySae.get(node.sae_id).add(node.feature);
+  }
+  return { steering: [...bySae].map(([sae_id, features]) => ({ sae_id, features: [...features].map((index) => ({ index, op: "ablate" })) })) };
+}
+
+/** The next token's top candidates and a short continuation, with the chosen nodes' features ablated or not. */
+async function nextTokens(graph, text, ids) {
+  const steering = ids.length ? { steering: ablating(graph, ids) } : {};
   const answer = await api.completion({ model: graph.model, prompt: text, max_tokens: 6, temperature: 0, logprobs: 5, ...steering });
   const top = answer.choices[0].logprobs.top_logprobs[0];
   return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
@@ -99,7 +110,7 @@ function SaveSubgraph({ graph, ablate }) {
   const [strength, setStrength] = useState(20);
   const [saved, setSaved] = useState(null);
   const act = useAction();
-  const nodes = graph.nodes.filter((n) => n.kind === "feature" && ablate.has(n.feature)).map((n) => n.id);
+  const nodes = [...ablate];
   const off = act.busy || !nodes.length || graph.method === "imported";
   const profile = () => act.run(async () => setSaved(["profile", await api.attribution.profile(graph.id, { name, nodes })]));
   const circuit = () => act.run(async () => setSaved(["circuit", await api.attribution.circuit(graph.id, { name, nodes, strength: Number(strength) })]));
@@ -146,7 +157,7 @@ export default function AttributionPanel() {
   };
   const toggle = (node) => {
     const next = new Set(ablate);
-    next.has(node.feature) ? next.delete(node.feature) : next.add(node.feature);
+    next.has(node.id) ? next.delete(node.id) : next.add(node.id);
     setAblate(next);
   };
   const check = graph?.verification;

@@ -1,0 +1,181 @@
+"""Transcoder sets as circuit-tracer publishes them: one transcoder per block, each replacing its
+block's MLP (reading the MLP's normalised input, writing its output).
+
+A set is a directory with circuit-tracer's `config.yaml` (`model_kind: transcoder_set`,
+`feature_input_hook`, `feature_output_hook`, and either a `transcoders` list of files in block
+order or files `layer_{i}.safetensors` beside it). A safetensors file holds circuit-tracer's
+SingleLayerTranscoder: `W_enc` `[d_transcoder, d_model]`, `W_dec` `[d_transcoder, d_model]`,
+`b_enc`, `b_dec`, and `activation_function.threshold` for a JumpReLU (ReLU without it); an
+`.npz` file is Gemma Scope's (`W_enc` `[d_model, d_transcoder]`, `threshold`), as circuit-tracer's
+load_gemma_scope_transcoder reads it. Each becomes the SAE class of its activation (sae.py), with
+the encoder transposed to SAELens' layout and no b_dec subtracted from the input (circuit-tracer
+encodes x @ W_enc.T + b_enc). Skip connections (`W_skip`) and cross-layer transcoders are refused
+with a clear message: the replacement model has no place for them yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE
+
+# circuit-tracer's names for the MLP's normalised input and its output (TransformerLens hooks,
+# and the ones its nnsight configurations use).
+INPUT_HOOKS = ("mlp.hook_in", "ln2.hook_normalized")
+OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")
+MAX_LAYERS = 512
+
+
+class TranscoderFileError(ValueError):
+    """A transcoder set that cannot be read: the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class TranscoderSet:
+    """The transcoders of a set, by block, and what the set's files say of themselves."""
+
+    layers: dict[int, SAE]
+    d_model: int
+    d_transcoder: int
+    architecture: str
+    input_hook: str
+    output_hook: str
+
+
+def _config(directory: Path) -> dict:
+    path = directory / "config.yaml"
+    if not path.is_file():
+        raise TranscoderFileError(
+            f"{directory} has no config.yaml (circuit-tracer's transcoder set config)"
+        )
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TranscoderFileError(f"{path} is not YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise TranscoderFileError(f"{path} is not a mapping")
+    kind = config.get("model_kind")
+    if kind == "cross_layer_transcoder":
+        raise TranscoderFileError(
+            "cross-layer transcoders are not supported yet; give a transcoder_set"
+        )
+    if kind != "transcoder_set":
+        raise TranscoderFileError(f"{path}: model_kind is {kind!r}, not transcoder_set")
+    if config.get("feature_input_hook") not in INPUT_HOOKS:
+        raise TranscoderFileError(
+            f"{path}: feature_input_hook {config.get('feature_input_hook')!r} is not the MLP's input ({', '.join(INPUT_HOOKS)})"
+        )
+    if config.get("feature_output_hook") not in OUTPUT_HOOKS:
+        raise TranscoderFileError(
+            f"{path}: feature_output_hook {config.get('feature_output_hook')!r} is not the MLP's output ({', '.join(OUTPUT_HOOKS)})"
+        )
+    return config
+
+
+def _files(directory: Path, config: dict) -> dict[int, Path]:
+    listed = config.get("transcoders")
+    if listed is None:
+        found = {}
+        for path in directory.glob("layer_*.safetensors"):
+            try:
+                found[int(path.stem.removeprefix("layer_"))] = path
+            except ValueError:
+                continue
+        if not found:
+            raise TranscoderFileError(
+                f"{directory} lists no transcoders and holds no layer_*.safetensors"
+            )
+        return dict(sorted(found.items()))
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_LAYERS:
+        raise TranscoderFileError(
+            f"config.yaml: transcoders must be a list of 1..{MAX_LAYERS} files"
+        )
+    files = {}
+    for layer, entry in enumerate(listed):
+        if not isinstance(entry, str) or entry.startswith("hf://"):
+            raise TranscoderFileError(
+                f"config.yaml: transcoders[{layer}] is {entry!r}; give a file inside the set's directory (hub files: download the set first)"
+            )
+        path = (directory / entry).resolve()
+        if not path.is_relative_to(directory.resolve()):
+            raise TranscoderFileError(
+                f"config.yaml: transcoders[{layer}] leaves the set's directory"
+            )
+        files[layer] = path
+    return files
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise TranscoderFileError(f"{path} does not exist")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path) as data:
+                tensors = {
+                    k: torch.from_numpy(np.asarray(data[k], dtype=np.float32)) for k in data.files
+                }
+            tensors["W_enc"] = tensors["W_enc"].T.contiguous()  # Gemma Scope keeps [d_model, d]
+            if "threshold" in tensors:
+                tensors["activation_function.threshold"] = tensors.pop("threshold")
+            return tensors
+        return {k: v.float() for k, v in load_file(str(path)).items()}
+    except (OSError, ValueError, KeyError) as exc:
+        raise TranscoderFileError(f"{path} cannot be read: {exc}") from None
+
+
+def _transcoder(path: Path, layer: int) -> SAE:
+    tensors = _tensors(path)
+    missing = [k for k in ("W_enc", "W_dec", "b_enc", "b_dec") if k not in tensors]
+    if missing:
+        raise TranscoderFileError(f"{path} lacks {', '.join(missing)}")
+    if "W_skip" in tensors:
+        raise TranscoderFileError(
+            f"{path} has a skip connection (W_skip), which is not supported yet"
+        )
+    w_enc, w_dec = tensors["W_enc"], tensors["W_dec"]
+    width, d_model = w_enc.shape
+    shapes = {
+        "W_dec": (w_dec.shape, (width, d_model)),
+        "b_enc": (tensors["b_enc"].shape, (width,)),
+        "b_dec": (tensors["b_dec"].shape, (d_model,)),
+    }
+    for name, (shape, want) in shapes.items():
+        if tuple(shape) != want:
+            raise TranscoderFileError(
+                f"{path}: {name} is {tuple(shape)}, expected {want} (from W_enc {tuple(w_enc.shape)})"
+            )
+    weights = SAEWeights(w_enc.T.contiguous(), tensors["b_enc"], w_dec, tensors["b_dec"])
+    threshold = tensors.get("activation_function.threshold")
+    if threshold is None:
+        return StandardSAE(weights, apply_b_dec_to_input=False)
+    if tuple(threshold.shape) != (width,):
+        raise TranscoderFileError(
+            f"{path}: the threshold is {tuple(threshold.shape)}, expected ({width},)"
+        )
+    return JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False)
+
+
+def read_transcoder_set(directory: Path) -> TranscoderSet:
+    """The set in `directory` (TranscoderFileError saying what is wrong)."""
+    config = _config(directory)
+    layers = {layer: _transcoder(path, layer) for layer, path in _files(directory, config).items()}
+    widths = {sae.d_in for sae in layers.values()}
+    if len(widths) != 1:
+        raise TranscoderFileError(
+            f"{directory}: the transcoders read residuals of different widths {sorted(widths)}"
+        )
+    first = next(iter(layers.values()))
+    return TranscoderSet(
+        layers=layers,
+        d_model=first.d_in,
+        d_transcoder=max(sae.d_sae for sae in layers.values()),
+        architecture=first.architecture,
+        input_hook=config["feature_input_hook"],
+        output_hook=config["feature_output_hook"],
+    )

@@ -1,0 +1,66 @@
+"""Random transcoder sets in circuit-tracer's format, shaped for the tiny models (d_model 64)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+CONFIG = """model_kind: transcoder_set
+feature_input_hook: mlp.hook_in
+feature_output_hook: mlp.hook_out
+scan: tiny-transcoders
+"""
+
+
+def transcoder_tensors(
+    d_model: int, width: int, seed: int, jumprelu: bool
+) -> dict[str, torch.Tensor]:
+    """circuit-tracer's SingleLayerTranscoder state: W_enc and W_dec both [width, d_model]."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        "W_enc": torch.randn(width, d_model, generator=generator) * 0.3,
+        "W_dec": torch.randn(width, d_model, generator=generator) * 0.1,
+        "b_enc": torch.randn(width, generator=generator) * 0.1,
+        "b_dec": torch.randn(d_model, generator=generator) * 0.05,
+    }
+    if jumprelu:
+        tensors["activation_function.threshold"] = torch.rand(width, generator=generator) * 0.2
+    return tensors
+
+
+def build_transcoder_set(
+    directory: Path,
+    blocks: int = 3,
+    d_model: int = 64,
+    width: int = 48,
+    seed: int = 0,
+    jumprelu: bool = True,
+    config: str = CONFIG,
+) -> Path:
+    """layer_{i}.safetensors for every block and the config.yaml beside them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for layer in range(blocks):
+        save_file(
+            transcoder_tensors(d_model, width, seed + layer, jumprelu),
+            str(directory / f"layer_{layer}.safetensors"),
+        )
+    (directory / "config.yaml").write_text(config)
+    return directory
+
+
+def build_gemma_scope_npz(path: Path, d_model: int = 64, width: int = 48, seed: int = 0) -> Path:
+    """One Gemma Scope transcoder file: params.npz with W_enc [d_model, width] and a threshold."""
+    tensors = transcoder_tensors(d_model, width, seed, jumprelu=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path,
+        W_enc=tensors["W_enc"].T.numpy(),
+        W_dec=tensors["W_dec"].numpy(),
+        b_enc=tensors["b_enc"].numpy(),
+        b_dec=tensors["b_dec"].numpy(),
+        threshold=tensors["activation_function.threshold"].numpy(),
+    )
+    return path

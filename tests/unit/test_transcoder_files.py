@@ -1,0 +1,96 @@
+"""Transcoder sets in circuit-tracer's format (issue 35): each file encodes as circuit-tracer's
+SingleLayerTranscoder does (x @ W_enc.T + b_enc through ReLU or JumpReLU, decoded a @ W_dec +
+b_dec), Gemma Scope's npz files too, and what cannot be read is refused saying why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from millm.interp.transcoders import TranscoderFileError, read_transcoder_set
+from tests.support.tiny_transcoders import (
+    CONFIG,
+    build_gemma_scope_npz,
+    build_transcoder_set,
+)
+
+
+@pytest.mark.parametrize("jumprelu", [True, False])
+def test_each_layer_encodes_and_decodes_as_circuit_tracer(tmp_path, jumprelu):
+    directory = build_transcoder_set(tmp_path / "set", jumprelu=jumprelu)
+    found = read_transcoder_set(directory)
+    assert sorted(found.layers) == [0, 1, 2] and found.d_model == 64 and found.d_transcoder == 48
+    assert found.architecture == ("jumprelu" if jumprelu else "standard")
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    for layer, transcoder in found.layers.items():
+        raw = load_file(str(directory / f"layer_{layer}.safetensors"))
+        pre = x @ raw["W_enc"].T + raw["b_enc"]
+        want = torch.relu(pre)
+        if jumprelu:
+            want = want * (pre > raw["activation_function.threshold"])
+        got = transcoder.encode(x)
+        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.allclose(transcoder.decode(got), got @ raw["W_dec"] + raw["b_dec"], atol=1e-6)
+
+
+def test_a_listed_gemma_scope_file_reads_with_its_threshold(tmp_path):
+    path = build_gemma_scope_npz(tmp_path / "set" / "layer_0" / "params.npz")
+    (tmp_path / "set" / "config.yaml").write_text(CONFIG + "transcoders:\n  - layer_0/params.npz\n")
+    found = read_transcoder_set(tmp_path / "set")
+    (only,) = found.layers.values()
+    assert found.architecture == "jumprelu" and only.W_enc.shape == (64, 48)
+    assert path.is_file()
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda d: (d / "config.yaml").unlink(), "no config.yaml"),
+        (
+            lambda d: (d / "config.yaml").write_text("model_kind: cross_layer_transcoder\n"),
+            "cross-layer",
+        ),
+        (
+            lambda d: (d / "config.yaml").write_text(
+                CONFIG.replace("mlp.hook_in", "hook_resid_pre")
+            ),
+            "feature_input_hook",
+        ),
+        (
+            lambda d: (d / "config.yaml").write_text(
+                CONFIG + "transcoders:\n  - hf://a/b/layer_0.safetensors\n"
+            ),
+            "hub files",
+        ),
+        (
+            lambda d: (d / "config.yaml").write_text(
+                CONFIG + "transcoders:\n  - ../outside.safetensors\n"
+            ),
+            "leaves the set's directory",
+        ),
+        (
+            lambda d: save_file(
+                {**load_file(str(d / "layer_1.safetensors")), "W_skip": torch.zeros(64, 64)},
+                str(d / "layer_1.safetensors"),
+            ),
+            "skip connection",
+        ),
+        (
+            lambda d: save_file(
+                {
+                    k: v
+                    for k, v in load_file(str(d / "layer_2.safetensors")).items()
+                    if k != "b_dec"
+                },
+                str(d / "layer_2.safetensors"),
+            ),
+            "lacks b_dec",
+        ),
+    ],
+)
+def test_what_cannot_be_read_is_refused_saying_why(tmp_path, change, words):
+    directory = build_transcoder_set(tmp_path / "set")
+    change(directory)
+    with pytest.raises(TranscoderFileError, match=words):
+        read_transcoder_set(directory)
