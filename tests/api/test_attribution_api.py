@@ -85,23 +85,37 @@ def test_a_graph_is_kept_and_exports_as_circuit_tracer_writes_it(graph, server):
     error(api(server, "GET", "/api/attribution/graph-nope"), 404, "graph_not_found")
 
 
-def test_a_logit_difference_target_and_a_steered_graph(server):
-    answer = post(
-        server,
-        "/api/attribution",
-        {
-            "text": TEXT,
-            "target": {"token": 5, "versus": 6},
-            "max_feature_nodes": 8,
-            "verify": 0,
-            "steering": {"features": [{"sae_id": server.sae, "index": 3, "strength": 8.0}]},
-        },
-    )
+def test_a_logit_difference_target_and_a_steered_graph(server, tiny_dirs):
+    """The steered graph's target is the steered model's logit difference: the replacement pass
+    applies the steering as the served model does (transformers with the same vector added)."""
+    steering = {"features": [{"sae_id": server.sae, "index": 3, "strength": 8.0}]}
+    asked = {"text": TEXT, "target": {"token": 5, "versus": 6}, "max_feature_nodes": 8}
+    answer = post(server, "/api/attribution", {**asked, "verify": 2, "steering": steering})
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["target"]["token_ids"] == [5, 6] and body["target"]["coefficients"] == [1.0, -1.0]
-    assert body["steered"] is True and body["verification"] is None
-    assert body["expanded_features"] <= 8
+    assert body["steered"] is True and body["expanded_features"] <= 8
+    plain = post(server, "/api/attribution", {**asked, "verify": 0}).json()
+    assert plain["steered"] is False and plain["verification"] is None
+
+    from safetensors.torch import load_file
+
+    direction = 8.0 * load_file(str(server.sae_dir / "sae_weights.safetensors"))["W_dec"][3]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
+    ids = torch.tensor([[t["token_id"] for t in body["tokens"]]])
+
+    def push(module, args, output):
+        return (output[0] + direction, *output[1:]) if isinstance(output, tuple) else output + direction
+
+    with torch.inference_mode():
+        clean = model(ids).logits[0, -1].double()
+        handle = model.model.layers[1].register_forward_hook(push)
+        steered = model(ids).logits[0, -1].double()
+        handle.remove()
+    assert plain["target"]["value"] == pytest.approx(float(clean[5] - clean[6]), abs=1e-4)
+    assert body["target"]["value"] == pytest.approx(float(steered[5] - steered[6]), abs=1e-4)
+    assert body["verification"]["served_value"] == pytest.approx(body["target"]["value"], abs=1e-4)
+    assert abs(body["target"]["value"] - plain["target"]["value"]) > 1e-3
 
 
 @pytest.mark.parametrize(
