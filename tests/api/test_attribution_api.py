@@ -105,7 +105,11 @@ def test_a_logit_difference_target_and_a_steered_graph(server, tiny_dirs):
     ids = torch.tensor([[t["token_id"] for t in body["tokens"]]])
 
     def push(module, args, output):
-        return (output[0] + direction, *output[1:]) if isinstance(output, tuple) else output + direction
+        return (
+            (output[0] + direction, *output[1:])
+            if isinstance(output, tuple)
+            else output + direction
+        )
 
     with torch.inference_mode():
         clean = model(ids).logits[0, -1].double()

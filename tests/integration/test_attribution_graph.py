@@ -64,7 +64,7 @@ def test_the_replacement_pass_without_sources_gives_the_served_logits(llama_lm):
     with torch.inference_mode():
         served = llama_lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1]
     assert float((logits[0] - served).abs().max()) < 1e-4
-    assert torch.equal(logits[0], logits[1])  # replica rows are the same pass
+    assert torch.equal(logits[0], logits[1])  # rows of one pass are the same
 
 
 @pytest.mark.parametrize("kind, method", [("resid", PATCHING), ("mlp", EXACT)])

@@ -2,8 +2,10 @@
 
 `Tracer.start` runs the replacement pass (replacement.py) and the target's row: every node's
 direct effect on the target. Each `Tracer.expand` then takes the `batch` not yet expanded
-features of most influence on the target so far and computes their input rows, one backward
-pass for the lot (each replica row of the pass seeds one of them), until `max_feature_nodes`
+features of most influence on the target so far and computes their input rows, one batched
+backward pass for the lot (autograd's is_grads_batched: the backward runs under vmap, each
+batch row seeding one of them with a one-hot cotangent, over the one forward pass held since
+`start`, so the pass's activations are kept once, not once per row), until `max_feature_nodes`
 are expanded or no unexpanded feature has any influence left. `Tracer.finish` lays the expanded
 features, the error nodes, the tokens and the target out as one adjacency matrix and prunes it
 (pruning.py). Each step is short, so the service runs them as separate engine calls and serving
@@ -55,7 +57,7 @@ class Budget:
     max_feature_nodes: int = 256
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
-    batch: int = 32  # replica rows of the pass: targets per backward pass
+    batch: int = 32  # targets per (batched) backward pass
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,7 @@ class Tracer:
     def start(self) -> None:
         """The replacement pass and the target's row."""
         with torch.inference_mode(False), torch.enable_grad():
-            rows = max(1, min(self.budget.batch, self.budget.max_feature_nodes))
-            self.trace = self.model.trace(self.prompt, rows, self.sources, self.edit)
+            self.trace = self.model.trace(self.prompt, 1, self.sources, self.edit)
             self.nodes = _Nodes.of(self.trace)
             self.expanded = torch.zeros(len(self.nodes.features), dtype=torch.bool)
             self.rows.append(self._rows([None])[0])
@@ -182,7 +183,7 @@ class Tracer:
         (0: nothing left with influence, and the tracer is done)."""
         assert self.expanded is not None and self.trace is not None
         left = min(self.budget.max_feature_nodes, len(self.expanded)) - int(self.expanded.sum())
-        size = min(left, self.trace.z_embed.shape[0])
+        size = min(left, self.budget.batch)
         if size <= 0:
             return 0
         influence = self._influence()[: len(self.expanded)]
@@ -264,38 +265,52 @@ class Tracer:
         """One backward pass: the input rows `[columns]` of each node (None: the target)."""
         assert self.trace is not None and self.nodes is not None
         trace, found = self.trace, self.nodes
-        values = []
-        for replica, node in enumerate(nodes):
+        n = len(nodes)
+        # Row r of the batched backward seeds node r: a one-hot cotangent on its own output.
+        seeds: dict[int, torch.Tensor] = {}  # output index (-1: the target) -> `[n, *shape]`
+        for row, node in enumerate(nodes):
             if node is None:
-                values.append(self.target.value(trace.logits[replica]))
+                seeds.setdefault(-1, torch.zeros(n, dtype=self.model.dtype))[row] = 1.0
                 continue
             feature = found.features[node]
             pre = trace.sources[feature.source].pre
-            values.append(pre[replica, feature.position, feature.index])
+            seed = seeds.setdefault(feature.source, pre.new_zeros(n, *pre.shape))
+            seed[row, 0, feature.position, feature.index] = 1.0
+        outputs = [
+            self.target.value(trace.logits[0]) if index < 0 else trace.sources[index].pre
+            for index in seeds
+        ]
         points = [trace.z_embed] + [s.z for s in trace.sources]
-        grads = torch.autograd.grad(
-            torch.stack(values).sum(), points, retain_graph=True, allow_unused=True
-        )
-        n = len(nodes)
+        grads = [
+            None if grad is None else grad[:, 0]
+            for grad in torch.autograd.grad(
+                outputs,
+                points,
+                grad_outputs=list(seeds.values()),
+                retain_graph=True,
+                allow_unused=True,
+                is_grads_batched=True,
+            )
+        ]
         parts: list[torch.Tensor] = []
         for index in range(len(trace.sources)):
             grad = grads[index + 1]
             if grad is None:
                 parts.append(torch.zeros(n, len(found.writes[index]), dtype=self.model.dtype))
                 continue
-            at = grad[:n, found.positions[index]]  # [n, n_i, d]
+            at = grad[:, found.positions[index]]  # [n, n_i, d]
             parts.append((at * found.writes[index][None]).sum(-1))
         for index, source in enumerate(trace.sources):
             grad = grads[index + 1]
             parts.append(
                 torch.zeros(n, len(self.prompt), dtype=self.model.dtype)
                 if grad is None
-                else (grad[:n] * source.errors[None]).sum(-1)
+                else (grad * source.errors[None]).sum(-1)
             )
         token_grad = grads[0]
         parts.append(
             torch.zeros(n, len(self.prompt), dtype=self.model.dtype)
             if token_grad is None
-            else (token_grad[:n] * trace.embeddings[None]).sum(-1)
+            else (token_grad * trace.embeddings[None]).sum(-1)
         )
         return list(torch.cat(parts, dim=1).detach().cpu())

@@ -1,8 +1,8 @@
 """The replacement model: the served model's own weights, re-run with its features as nodes.
 
-One forward pass over a prompt, the prompt repeated in B identical rows so that one backward
-pass can seed B different targets (circuit-tracer's batching). At each feature source the
-computation is cut and re-expressed:
+One forward pass over a prompt (in `rows` identical rows if asked; the tracer runs one and
+batches its backward passes instead). At each feature source the computation is cut and
+re-expressed:
 
 - an SAE on the residual after block L replaces that residual with its reconstruction
   Σ a_i·W_dec[i] + b_dec plus an error node (what it misses), both constants;

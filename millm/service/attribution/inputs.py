@@ -4,9 +4,12 @@ Sources are a registered transcoder set's transcoders and attached SAEs (every a
 default, none by default beside a transcoder set); one per block, since a node's id names its
 block; SAEs with a run-time input normalisation are refused, as the ablation check could not
 remove one feature's write exactly. The target's tokens must each be one token of the
-vocabulary. The size is refused before it starts when even one replica row of the pass would not
-fit MAX_GRAPH_BYTES beside the float32 copy of the weights the pass runs on; otherwise the pass
-takes as many replica rows (targets per backward pass) as fit, at most ROWS.
+vocabulary. The size is estimated before anything runs: the float32 copy of the weights the pass
+runs on, the pass's activations (kept once for every backward pass), and per target of a batched
+backward pass about one block's share of them (the vmapped backward holds one op's batch at a
+time). A graph whose pass does not fit MAX_GRAPH_BYTES is refused; otherwise each backward pass
+takes as many targets as fit, at most ROWS (the bench's 64-token demo graphs peaked at 650-830
+MiB against an estimate of about 780).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def target_of(lm: LoadedModel, asked: AttributionTarget | None) -> Target | None
 def budget_of(
     body: AttributionRequest, lm: LoadedModel, sources: list[Source], positions: int
 ) -> Budget:
-    """The graph's budget, with as many replica rows as fit (400 when even one does not)."""
+    """The graph's budget, with as many targets per backward pass as fit (400 when the pass does not)."""
     if body.max_feature_nodes > MAX_FEATURE_NODES:
         raise InvalidRequest(
             f"max_feature_nodes is {body.max_feature_nodes}; the server's cap is {MAX_FEATURE_NODES}",
@@ -143,9 +146,10 @@ def budget_of(
         + positions * sum(s.sae.d_sae * 2 for s in sources)
         + 2 * vocabulary
     )
-    rows = min(ROWS, body.max_feature_nodes, (MAX_GRAPH_BYTES - weights) // max(per_row, 1))
+    per_target = max(per_row // blocks, 1)
+    rows = min(ROWS, body.max_feature_nodes, (MAX_GRAPH_BYTES - weights - per_row) // per_target)
     if rows < 1:
-        need = (weights + per_row) / 2**30
+        need = (weights + per_row + per_target) / 2**30
         raise InvalidRequest(
             f"this graph needs about {need:.1f} GiB ({positions} positions on {lm.name}); the cap is "
             f"{MAX_GRAPH_BYTES / 2**30:.0f} GiB: give a shorter text",
