@@ -49,4 +49,13 @@ apt_install() {  # apt_install PACKAGE WHY
 if [ "${1:-}" = "--browser" ]; then
     command -v chromium >/dev/null || apt_install chromium "the browser tests"
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_install postgresql "the PostgreSQL tests"
+    # circuit-tracer in an environment of its own, for the test that holds millm's attribution
+    # graphs against circuit-tracer's (it pins transformers below 5, which millm cannot share).
+    # nnsight 0.6: circuit-tracer 0.5.0 imports a module later nnsight releases moved.
+    if ! .venv-circuit-tracer/bin/python -c "import circuit_tracer, nnsight" 2>/dev/null; then
+        echo "setup: installing circuit-tracer into .venv-circuit-tracer for its comparison test (once)"
+        "$python" -m venv .venv-circuit-tracer
+        .venv-circuit-tracer/bin/python -m pip install --quiet --disable-pip-version-check \
+            "torch==${MILLM_TORCH_VERSION:-2.13.0}" circuit-tracer==0.5.0 nnsight==0.6.3
+    fi
 fi

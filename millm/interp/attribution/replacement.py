@@ -44,10 +44,10 @@ from millm.engine.residual import EMBEDDINGS, ResidualEdit
 from millm.interp.sae import SAE
 
 Site = Literal["resid", "mlp"]
-# Positions whose features are not nodes: the first is an attention sink in most models (its
-# residual tens of times the others' norm; discovery skips it too), where features mean nothing
-# and, as circuit-tracer's transcoders do (encode_sparse's zero_positions), its whole write is left
-# to the error node.
+# Positions whose writes are no node's: the first is an attention sink in most models (its
+# residual tens of times the others' norm; discovery skips it too), where features mean nothing.
+# As circuit-tracer does (its zero_positions: features and error vectors there set to 0), what
+# the sources write there stays in the pass as a constant of the graph, credited to no node.
 SINK_POSITIONS = 1
 
 
@@ -152,8 +152,8 @@ class FrozenNorm:
 @dataclass
 class SourceTrace:
     """What one source saw and wrote in a pass: pre-activations `[B, T, d_sae]` (with grad),
-    activations `[T, d_sae]`, the decoder's output scale `[T, 1]`, error vectors `[T, d]`, and
-    its injection point `z` `[B, T, d]`."""
+    activations `[T, d_sae]`, the decoder's output scale `[T, 1]`, its error nodes' writes
+    `[T, d]` (zero at the sink positions), and its injection point `z` `[B, T, d]`."""
 
     source: Source
     pre: torch.Tensor
@@ -347,7 +347,9 @@ class ReplacementModel:
         acts = acts.to(self.dtype)
         errors = actual[0] - reconstruction
         z = torch.zeros_like(actual, requires_grad=True)
-        traces.append(SourceTrace(source, pre, acts, scale, errors, z))
+        nodes = errors.clone()
+        nodes[:SINK_POSITIONS] = 0  # the sink's error node writes nothing (the pass keeps it)
+        traces.append(SourceTrace(source, pre, acts, scale, nodes, z))
         written = self.hold(lambda: reconstruction + errors)
         return written[None] + z + self._shift(len(traces), x_like=written)
 
