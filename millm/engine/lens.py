@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from millm.engine.families import layout
 from millm.engine.jobs import ResidualRead
 from millm.engine.loader import LoadedModel
 
@@ -38,20 +37,18 @@ class LensTable:
 def lens_reads(lm: LoadedModel, layers: list[int], top_k: int) -> tuple[ResidualRead, ...]:
     """Reads of every prompt position after each of `layers` (after any steering there); the last
     one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not know."""
-    found = layout(lm.model) if lm.model is not None else None
+    # The lean runner's own layout (its final norm) and head (its kernel and final soft-cap).
+    found = getattr(lm.runner, "layout", None)
     if found is None:
         raise ValueError(f"millm does not know the final norm and head of {lm.config.model_type}")
+    head_logits = lm.runner.head_logits  # type: ignore[attr-defined]  # a lean runner's, as found is
     last = int(lm.config.num_hidden_layers) - 1
     points = sorted(set(layers) | {last})
     kept: dict[int, torch.Tensor] = {}
 
     def logprobs(residuals: torch.Tensor) -> torch.Tensor:
         hidden = found.final_norm(residuals.to(device=lm.device, dtype=lm.dtype))
-        logits = found.head(hidden).float()
-        cap = found.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(head_logits(hidden), dim=-1)
 
     def table() -> LensTable:
         best_final = logprobs(kept[last]).max(dim=-1)

@@ -259,7 +259,7 @@ class Tracer:
         seed = torch.zeros(len(self.rows), dtype=torch.float64)
         seed[0] = 1.0
         nodes = torch.tensor(self.row_nodes)
-        return partial_influence(rows, nodes, seed, self.columns + 1)
+        return partial_influence(rows, nodes, seed)
 
     def _rows(self, nodes: list[int | None]) -> list[torch.Tensor]:
         """One backward pass: the input rows `[columns]` of each node (None: the target)."""

@@ -26,34 +26,32 @@ def normalised(matrix: torch.Tensor) -> torch.Tensor:
     return absolute / absolute.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
-def influence(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """weights @ (A + A² + ...) for an acyclic A (rows: targets)."""
-    step = weights @ matrix
-    total = step.clone()
-    for _ in range(MAX_DEPTH):
-        if not step.any():
-            return total
-        step = step @ matrix
-        total += step
-    raise RuntimeError("influence did not settle: the graph has a cycle")
-
-
-def partial_influence(
-    rows: torch.Tensor, row_nodes: torch.Tensor, seed: torch.Tensor, nodes: int
-) -> torch.Tensor:
-    """Influence on the output of every node when only some nodes' input rows are known:
-    `rows` `[R, nodes]` are the input edges of nodes `row_nodes` `[R]`, `seed` `[R]` their own
-    output weight (1 for the target's row)."""
-    shares = normalised(rows)
-    total = torch.zeros(nodes, dtype=rows.dtype)
-    flowing = seed.clone()
+def _paths(rows: torch.Tensor, row_nodes: torch.Tensor | None, seed: torch.Tensor) -> torch.Tensor:
+    """seed @ (A + A² + ...) over the known rows of an acyclic A: `rows` `[R, N]` are the inputs
+    of nodes `row_nodes` (None: every node, R = N), `seed` `[R]` what flows out of each row."""
+    total = torch.zeros(rows.shape[1], dtype=rows.dtype)
+    flowing = seed
     for _ in range(MAX_DEPTH):
         if not flowing.any():
             return total
-        step = flowing @ shares
+        step = flowing @ rows
         total += step
-        flowing = step[row_nodes]
+        flowing = step if row_nodes is None else step[row_nodes]
     raise RuntimeError("influence did not settle: the graph has a cycle")
+
+
+def influence(matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """weights @ (A + A² + ...) for an acyclic A (rows: targets)."""
+    return _paths(matrix, None, weights)
+
+
+def partial_influence(
+    rows: torch.Tensor, row_nodes: torch.Tensor, seed: torch.Tensor
+) -> torch.Tensor:
+    """Influence on the output of every node when only some nodes' input rows are known:
+    `rows` `[R, N]` are the input edges of nodes `row_nodes` `[R]`, `seed` `[R]` their own
+    output weight (1 for the target's row)."""
+    return _paths(normalised(rows), row_nodes, seed)
 
 
 def threshold_of(scores: torch.Tensor, keep: float) -> float:

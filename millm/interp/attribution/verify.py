@@ -24,6 +24,7 @@ import torch
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit, combined
 from millm.interp.attribution.graph import Graph, Target
+from millm.interp.attribution.pruning import influence
 
 PASS_CORRELATION = 0.7
 
@@ -49,17 +50,9 @@ class Verification:
 
 def total_effects(graph: Graph) -> torch.Tensor:
     """Every node's signed total effect on the target through the graph's (unpruned) edges."""
-    adjacency = graph.adjacency
-    flowing = torch.zeros(adjacency.shape[0], dtype=adjacency.dtype)
-    flowing[-1] = 1.0
-    total = torch.zeros_like(flowing)
-    for _ in range(adjacency.shape[0] + 1):
-        step = flowing @ adjacency
-        if not step.any():
-            break
-        total += step
-        flowing = step
-    return total
+    weights = torch.zeros(graph.adjacency.shape[0], dtype=graph.adjacency.dtype)
+    weights[-1] = 1.0
+    return influence(graph.adjacency, weights)
 
 
 def held_errors(graph: Graph) -> ResidualEdit:
@@ -90,16 +83,20 @@ def _held(sae, positions: int):
     return operation
 
 
+def served_logits(lm: LoadedModel, prompt: list[int], edit: ResidualEdit | None) -> torch.Tensor:
+    """The served model's (its own runner and kernels) next-token logits `[V]` after `prompt`, under `edit`."""
+    lm.residual.install(lm.residual.stack([edit]))
+    try:
+        return lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1]
+    finally:
+        lm.residual.clear()
+
+
 def served_value(
     lm: LoadedModel, prompt: list[int], target: Target, edit: ResidualEdit | None
 ) -> float:
-    """The target's value in the served model (its own runner and kernels), under `edit`."""
-    lm.residual.install(lm.residual.stack([edit]))
-    try:
-        logits = lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1]
-    finally:
-        lm.residual.clear()
-    return float(target.value(logits.double()))
+    """The target's value in the served model, under `edit`."""
+    return float(target.value(served_logits(lm, prompt, edit).double()))
 
 
 def removal(position: int, vector: torch.Tensor):

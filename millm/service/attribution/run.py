@@ -21,7 +21,7 @@ from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
 from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
 from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
-from millm.interp.attribution.verify import Verification, verify
+from millm.interp.attribution.verify import Verification, served_logits, verify
 from millm.protocol.attribution import AttributionGraph, AttributionRequest
 from millm.service.attribution.answer import graph_answer
 from millm.service.attribution.inputs import budget_of, feature_sources, target_of
@@ -58,12 +58,7 @@ def begin(
 ) -> Tracer:
     """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
     if target is None:
-        lm.residual.install(lm.residual.stack([steered.edit]))
-        try:
-            top = int(lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1].argmax())
-        finally:
-            lm.residual.clear()
-        target = Target((top,), (1.0,))
+        target = Target((int(served_logits(lm, prompt, steered.edit).argmax()),), (1.0,))
     model = ReplacementModel(lm.runner.layout)  # type: ignore[attr-defined]  # the lean runner's, checked before
     plain = [plain_source(source, model.dtype) for source in sources]
     tracer = Tracer(model, prompt, plain, target, budget, steered.edit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import Counter
 
 from millm.errors import InvalidRequest
 from millm.protocol.attribution import (
@@ -176,9 +177,10 @@ def imported_graph(document: ImportedGraph) -> AttributionGraph:
     """A kept graph from circuit-tracer's JSON (400 naming the node that cannot be read)."""
     tokens = document.metadata.prompt_tokens
     nodes = [imported_node(node, tokens, f"nodes[{i}]") for i, node in enumerate(document.nodes)]
-    ids = {n.id for n in nodes}
+    counts = Counter(n.id for n in nodes)
+    ids = set(counts)
     if len(ids) < len(nodes):
-        twice = sorted({n.id for n in nodes if sum(m.id == n.id for m in nodes) > 1})
+        twice = sorted(i for i, n in counts.items() if n > 1)
         raise InvalidRequest(
             f"node ids {twice[:5]} name more than one node, so the links are ambiguous",
             param="nodes",
