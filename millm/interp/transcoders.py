@@ -91,6 +91,12 @@ def _files(directory: Path, config: dict) -> dict[int, Path]:
             raise TranscoderFileError(
                 f"{directory} lists no transcoders and holds no layer_*.safetensors"
             )
+        missing = sorted(set(range(max(found) + 1)) - set(found))
+        if missing:  # a gap is a lost file, not a set without those blocks
+            names = ", ".join(f"layer_{i}.safetensors" for i in missing)
+            raise TranscoderFileError(
+                f"{directory} lacks {names} (its files run up to layer_{max(found)})"
+            )
         return dict(sorted(found.items()))
     if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_LAYERS:
         raise TranscoderFileError(

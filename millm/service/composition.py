@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.engine.sources import ModelSource
+from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.evaluation.book import EvaluationBook
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.features.labels import LabelBook
@@ -70,6 +71,7 @@ class ServerState:
     registrations: ClientRegistrations
     switch: ModelSwitch
     jobs: JobBook
+    transcoders: TranscoderBook
 
     def close(self) -> None:
         """Stop the jobs and the scheduler (queued requests are answered with an error), then the store."""
@@ -109,7 +111,8 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     variants = VariantBook(store)
     models = ModelRegistry(store, settings.hub_dir, variants.has)
     registrations = ClientRegistrations(settings, source, saes, models, calibrations)
-    shipped = Shipped(store, saes, calibrations, steering, profiles)
+    transcoders = TranscoderBook(store)
+    shipped = Shipped(store, saes, calibrations, steering, profiles, transcoders)
     switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
     planner = Planner(steering, clusters, circuits, limits)
     state = ServerState(
@@ -136,6 +139,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         registrations=registrations,
         switch=switch,
         jobs=JobBook(settings.max_jobs, JOBS_KEPT, settings.job_share, slot.generating),
+        transcoders=transcoders,
     )
     follow_other_replicas(state)
     return state
@@ -155,6 +159,7 @@ def follow_other_replicas(state: ServerState) -> None:
     on(Topic.CLUSTERS, state.clusters.refresh)
     on(Topic.CIRCUITS, state.circuits.refresh)
     on(Topic.VARIANTS, state.variants.book.refresh)
+    on(Topic.TRANSCODERS, state.transcoders.refresh)
     on(Topic.STEERING, state.switch.steering_changed)
     on(Topic.MONITORING, state.monitor.reload)
     state.replication.start()

@@ -56,6 +56,7 @@ class Topic(StrEnum):
     MODELS = "models"
     VARIANTS = "variants"
     EVALUATIONS = "evaluations"
+    TRANSCODERS = "transcoders"  # registered transcoder sets
     MONITORING = "monitoring"  # which features monitoring watches (the records stay per replica)
 
 

@@ -187,3 +187,13 @@ evaluations_table = Table(
     Column("concept", String(400), nullable=False),
     Column("result", Text, nullable=False),
 )
+
+# Transcoder sets registered for attribution (store/transcoders.py): where each lies; the files
+# are read again at start (a set is its directory, not a copy).
+transcoder_sets_table = Table(
+    "millm_transcoder_sets",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("path", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)

@@ -38,6 +38,10 @@ SLICE = [
 
 
 def test_a_representative_slice_passes_on_an_avx2_only_cpu(tmp_path):
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        pytest.skip("this CPU has no AVX-512: every test of this run is the slice, uncapped")
     environment = {**os.environ, **AVX2_ONLY}
     command = [
         sys.executable,

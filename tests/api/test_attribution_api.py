@@ -300,3 +300,52 @@ def test_a_transcoder_set_outside_the_allowed_paths_is_refused(server, tmp_path_
         tmp_path_factory.mktemp("wide-tc"), d_model=32
     )  # another model's width
     assert error(post(server, "/api/transcoders", {"path": str(wide)}), 400)["param"] == "path"
+
+
+def test_a_registered_set_is_kept_across_restarts_and_refused_by_name_once_its_files_go(
+    tiny_dirs, tmp_path
+):
+    """The store remembers where a set lies; the files are read again at start. A set whose files
+    went is still listed, with the reason, refused by name (409) until it is deleted."""
+    from tests.support.server import TEST_ROOT, ServerProcess
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    directory = build_transcoder_set(TEST_ROOT / f"transcoders-kept-{tmp_path.name}", seed=12)
+    home = tmp_path / "home"
+
+    def started() -> ServerProcess:
+        process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
+        process.wait_ready()
+        return process
+
+    process = started()
+    try:
+        first = post(process, "/api/transcoders", {"path": str(directory)})
+        assert first.status_code == 201, first.text
+        again = post(process, "/api/transcoders", {"path": str(directory)})
+        assert again.json()["id"] == first.json()["id"]  # registering again is one set
+        set_id = first.json()["id"]
+    finally:
+        process.stop()
+    process = started()
+    try:
+        listed = api(process, "GET", "/api/transcoders").json()["data"]
+        assert [(s["id"], s["layers"]) for s in listed] == [(set_id, [0, 1, 2])]
+        body = {"text": TEXT, "transcoders": set_id, "max_feature_nodes": 32, "verify": 0}
+        graph = post(process, "/api/attribution", body)
+        assert graph.status_code == 200, graph.text
+        assert graph.json()["method"] == "transcoders"
+    finally:
+        process.stop()
+    (directory / "layer_1.safetensors").unlink()
+    process = started()
+    try:
+        (listed,) = api(process, "GET", "/api/transcoders").json()["data"]
+        assert listed["id"] == set_id and "layer_1.safetensors" in listed["error"]
+        refused = post(process, "/api/attribution", body)
+        assert "layer_1.safetensors" in error(refused, 409, "transcoder_set_unreadable")["message"]
+        assert error(refused, 409)["param"] == "transcoders"
+        assert api(process, "DELETE", f"/api/transcoders/{set_id}").json()["deleted"] is True
+        assert api(process, "GET", "/api/transcoders").json()["data"] == []
+    finally:
+        process.stop()

@@ -87,6 +87,7 @@ def test_a_listed_gemma_scope_file_reads_with_its_threshold(tmp_path):
             ),
             "lacks b_dec",
         ),
+        (lambda d: (d / "layer_1.safetensors").unlink(), "lacks layer_1.safetensors"),
     ],
 )
 def test_what_cannot_be_read_is_refused_saying_why(tmp_path, change, words):

@@ -17,7 +17,6 @@ from millm.service.attribution.book import GraphBook
 from millm.service.attribution.export import circuit_tracer_json
 from millm.service.attribution.run import attribute
 from millm.service.attribution.subgraph import circuit_document, imported_graph, profile_document
-from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.composition import ServerState
 from millm.service.runtime.threads import in_passing_thread
 
@@ -28,7 +27,7 @@ class Attribution:
     def __init__(self, state: ServerState):
         self.state = state
         self.book = GraphBook()
-        self.transcoders = TranscoderBook()
+        self.transcoders = state.transcoders
 
     async def attribute(self, body: AttributionRequest) -> AttributionGraph:
         """POST /api/attribution: compute, check and keep a graph."""
@@ -68,11 +67,11 @@ class Attribution:
 
     def transcoder_sets(self) -> dict:
         """GET /api/transcoders."""
-        return {"object": "list", "data": [r.view() for r in self.transcoders.all()]}
+        return {"object": "list", "data": self.transcoders.sets()}
 
     def transcoder_set(self, set_id: str) -> dict:
         """GET /api/transcoders/{id}."""
-        return self.transcoders.get(set_id).view()
+        return self.transcoders.view(set_id)
 
     def delete_transcoders(self, set_id: str) -> dict:
         """DELETE /api/transcoders/{id}."""

@@ -1,17 +1,18 @@
 """Transcoder sets registered for attribution: read from a directory the operator allows (the
-same path confinement as SAEs), checked against the loaded model, kept in memory.
+same path confinement as SAEs), checked against the loaded model, remembered in the store.
 
 A set fits the loaded model when it reads residuals of the model's width and has no block past
 its depth; it is checked at registration and again when a graph uses it (the model may have
-changed since). Sets live in memory, at most SETS_KEPT: a restart forgets them (register again);
-they are graph sources only: inspecting, calibrating or steering a transcoder's features is
-not offered yet.
+changed since). The store keeps where each set lies; the book reads the files when it is made,
+after a registration and when another replica registers one, and keeps the sets in memory (at
+most SETS_KEPT), so a graph request never reads a file. A set whose files can no longer be read
+stays registered and is refused by name, with the reason, until it is deleted. Transcoders are
+graph sources: inspecting, calibrating or steering their features is not offered yet.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from millm.engine.loader import LoadedModel
 from millm.errors import Conflict, InvalidRequest, NotFound
 from millm.interp.attribution.replacement import Source
 from millm.interp.transcoders import TranscoderFileError, TranscoderSet, read_transcoder_set
+from millm.service.steering.books import Book
+from millm.store.database import Store
+from millm.store.transcoders import (
+    delete_transcoder_set,
+    insert_transcoder_set,
+    transcoder_set_rows,
+)
 
 SETS_KEPT = 8
 
@@ -79,56 +87,108 @@ def set_id(path: Path) -> str:
     return "tc_" + digest.hexdigest()[:12]
 
 
-class TranscoderBook:
-    """The registered sets, bounded, thread-safe."""
+def read_set(path: Path) -> TranscoderSet:
+    """The set at `path`, or a 400 naming `path` that says why it cannot be read."""
+    try:
+        return read_transcoder_set(path)
+    except (TranscoderFileError, OSError) as exc:
+        raise InvalidRequest(f"the transcoder set cannot be read: {exc}", param="path") from None
 
-    def __init__(self, kept: int = SETS_KEPT):
-        self.kept = kept
-        self._sets: dict[str, Registered] = {}
-        self._lock = threading.Lock()
 
-    def register(self, path: Path, lm: LoadedModel | None) -> Registered:
-        """Read and keep the set at `path` (blocking torch work: a passing thread); 400 naming
-        `path` for a set that cannot be read or does not fit the loaded model; 409 past the bound."""
+class TranscoderBook(Book):
+    """The registered sets: their rows in the store, their transcoders in memory."""
+
+    def __init__(self, store: Store, kept: int = SETS_KEPT):
+        self.store, self.kept = store, kept
+        super().__init__()
+
+    # Book ----------------------------------------------------------------------------------------------
+    def _rows(self, ids: list[str] | None = None) -> list[dict]:
+        return [row | {"name": row["id"]} for row in transcoder_set_rows(self.store, ids)]
+
+    def _parse(self, row: dict) -> dict | None:
+        path = Path(row["path"])
         try:
-            found = read_transcoder_set(path)
-            key = set_id(path)
-        except (TranscoderFileError, OSError) as exc:
-            raise InvalidRequest(
-                f"the transcoder set cannot be read: {exc}", param="path"
-            ) from None
+            return {"set": Registered(row["id"], path, read_set(path))}
+        except InvalidRequest as exc:  # moved or changed since: kept, refused by name
+            return {"error": exc.message}
+
+    def _order(self, row: dict) -> object:
+        return row["created_at"]
+
+    def _missing(self, key: str) -> NotFound:
+        return NotFound(
+            f"no transcoder set {key!r} is registered (GET /api/transcoders lists them)",
+            param="set_id",
+            code="transcoder_set_not_found",
+        )
+
+    # reads and writes ----------------------------------------------------------------------------------
+    def register(self, path: Path, lm: LoadedModel | None) -> Registered:
+        """Read, check and store the set at `path` (blocking: a passing thread); 400 naming `path`
+        for a set that cannot be read or does not fit the loaded model; 409 past the bound.
+        Registering a set again returns it as registered."""
+        found = read_set(path)
         if lm is not None:
             check_fit(found, lm, "path")
-        registered = Registered(key, path, found)
-        with self._lock:
-            if key not in self._sets and len(self._sets) >= self.kept:
+        key = set_id(path)
+        with self.writing() as touched:
+            new = key not in self.shelf.by_id
+            if new and len(self.shelf.rows) >= self.kept:
                 raise Conflict(
                     f"{self.kept} transcoder sets are registered already; delete one first",
                     param="path",
                 )
-            self._sets[key] = registered
-        return registered
+            touched.add(key)  # read back, so a set registered again is read again
+            if new:
+                insert_transcoder_set(self.store, key, str(path))
+        return self.get(key, "path")
 
     def get(self, set_id: str, param: str = "set_id") -> Registered:
-        """A registered set, or 404 transcoder_set_not_found."""
-        with self._lock:
-            found = self._sets.get(set_id)
-        if found is None:
+        """A registered set (404 transcoder_set_not_found; 409 when its files cannot be read now)."""
+        shelf = self.shelf
+        if shelf.by_id.get(set_id) is None:
             raise NotFound(
-                f"no transcoder set {set_id!r} is registered (they are kept in memory: register it again after a restart)",
+                f"no transcoder set {set_id!r} is registered (GET /api/transcoders lists them)",
                 param=param,
                 code="transcoder_set_not_found",
             )
-        return found
+        document = shelf.documents[set_id]
+        if "error" in document:
+            raise Conflict(
+                f"transcoder set {set_id} is registered but {document['error']}; register it again or delete it",
+                param=param,
+                code="transcoder_set_unreadable",
+            )
+        return document["set"]
 
-    def all(self) -> list[Registered]:
-        """Every registered set."""
-        with self._lock:
-            return list(self._sets.values())
+    def sets(self) -> list[dict]:
+        """Every registered set as GET /api/transcoders lists it (an unreadable one with its reason)."""
+        shelf = self.shelf
+        views = []
+        for row in shelf.rows:
+            document = shelf.documents[row["id"]]
+            if "error" in document:
+                views.append(
+                    {
+                        "id": row["id"],
+                        "object": "transcoder_set",
+                        "path": row["path"],
+                        "error": document["error"],
+                    }
+                )
+            else:
+                views.append(document["set"].view())
+        return views
+
+    def view(self, set_id: str) -> dict:
+        """One set as GET /api/transcoders/{id} shows it."""
+        return next(v for v in self.sets() if v["id"] == self.find(set_id)["id"])
 
     def delete(self, set_id: str) -> dict:
-        """Forget a set."""
-        found = self.get(set_id)
-        with self._lock:
-            self._sets.pop(found.id, None)
-        return {"id": found.id, "object": "transcoder_set", "deleted": True}
+        """Forget a set (its files stay)."""
+        key = self.find(set_id)["id"]
+        with self.writing() as touched:
+            touched.add(key)
+            delete_transcoder_set(self.store, key)
+        return {"id": key, "object": "transcoder_set", "deleted": True}

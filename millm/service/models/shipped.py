@@ -1,6 +1,7 @@
 """The packaged models' set-up: on the first start with a packaged model (the demo, gemma3-270m),
-register and attach the SAE shipped for it and import its profiles. Done once per model
-(remembered in the store), so a user's later detach or deleted profile stays as the user left it."""
+register and attach the SAE shipped for it, import its profiles and register its transcoder set.
+Done once per model (remembered in the store), so a user's later detach, deleted profile or
+deleted set stays as the user left it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from millm.engine.loader import LoadedModel
 from millm.engine.sources import GEMMA3_MODEL_NAME
 from millm.errors import MillmError
+from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.steering.live import Steering
 from millm.service.steering.profiles import ProfileBook
@@ -26,6 +28,14 @@ SHIPPED_DIR = DEMO_DIR  # the SAEs and profiles inside the package: always reada
 DEMO_SAE = DEMO_DIR / "sae" / "smollm2-135m-topk"
 DEMO_PROFILES = DEMO_DIR / "profiles"
 GEMMA3_SAE = DEMO_DIR / "sae" / "gemma3-270m-topk"
+# The transcoder sets shipped for packaged models, and the setting that says one was registered
+# (its own: data directories set up before the set shipped get it on their next start).
+SHIPPED_TRANSCODERS = {
+    DEMO_MODEL_NAME: (
+        DEMO_DIR / "transcoders" / "smollm2-135m-jumprelu",
+        "demo_transcoders_installed",
+    ),
+}
 # Each packaged model: its SAE, its profiles (or None), and the store setting that says it was set up.
 SHIPPED = {
     DEMO_MODEL_NAME: (DEMO_SAE, DEMO_PROFILES, "demo_installed"),
@@ -43,12 +53,14 @@ class Shipped:
         calibrations: CalibrationBook,
         steering: Steering,
         profiles: ProfileBook,
+        transcoders: TranscoderBook,
     ):
         self.store, self.saes, self.calibrations = store, saes, calibrations
-        self.steering, self.profiles = steering, profiles
+        self.steering, self.profiles, self.transcoders = steering, profiles, transcoders
 
     def install(self, lm: LoadedModel) -> None:
         """Register + attach the SAE shipped for this packaged model and import its profiles, once per data directory."""
+        self.install_transcoders(lm)
         if lm.source.name not in SHIPPED:
             return
         sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
@@ -71,3 +83,20 @@ class Shipped:
             return
         set_setting(self.store, setting, True)
         log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)
+
+    def install_transcoders(self, lm: LoadedModel) -> None:
+        """Register the transcoder set shipped for this packaged model, once per data directory."""
+        directory, setting = SHIPPED_TRANSCODERS.get(lm.source.name, (None, ""))
+        if directory is None or get_setting(self.store, setting, False) or not directory.is_dir():
+            return
+        try:
+            registered = self.transcoders.register(directory, lm)
+        except MillmError as exc:
+            log.error(
+                "the transcoder set shipped for %s could not be registered: %s",
+                lm.source.name,
+                exc.message,
+            )
+            return
+        set_setting(self.store, setting, True)
+        log.info("shipped transcoder set %s registered for %s", registered.id, lm.source.name)
