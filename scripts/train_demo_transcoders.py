@@ -103,10 +103,15 @@ def mlp_hooks(model, on_mlp):
     return handles
 
 
+def split_sequences(corpus: dict, split: str) -> list[dict]:
+    """The split's sequences, shortest first (fewer pads in a batch): the order of the activation files."""
+    chosen = [s for s in corpus["sequences"] if s["heldout"] == (split == "heldout")]
+    return sorted(chosen, key=lambda s: len(s["ids"]))
+
+
 def split_rows(corpus: dict, split: str) -> list[list[int]]:
-    """The split's sequences, shortest first (fewer pads in a batch)."""
-    rows = [s["ids"] for s in corpus["sequences"] if s["heldout"] == (split == "heldout")]
-    return sorted(rows, key=len)
+    """The token ids of split_sequences."""
+    return [s["ids"] for s in split_sequences(corpus, split)]
 
 
 def batches(rows: list[list[int]], size: int = 16):
@@ -360,6 +365,61 @@ completeness scores).
 """)
 
 
+def make_labels(work: Path, corpus: dict, sets: list[dict], top_n: int = 200) -> None:
+    """layer_{i}.labels.json: each live feature labelled as the demo SAE's are (the tokens it fires
+    on most, over every captured token), with the tokens its write promotes most through the
+    final norm's scale and the unembedding (its `promotes`)."""
+    tok = sae_script.load_tokenizer(SPEC, work)
+    model = hf_model(work)
+    unembed = model.lm_head.weight.float() * model.model.norm.weight.float()  # [V, d]
+    where, seqs = [], []
+    for split in ("train", "heldout"):
+        for s in split_sequences(corpus, split):
+            where += [(len(seqs), p) for p in range(1, len(s["ids"]))]
+            seqs.append(s)
+    for layer, t in enumerate(sets):
+        x = torch.cat([torch.from_numpy(np.load(work / f"{split}_in_{layer}.npy")[:].astype(np.float32))
+                       for split in ("train", "heldout")])
+        acts = encode(t, x)
+        counts = (acts > 0).sum(0)
+        values, rows = acts.topk(min(top_n, len(acts)), dim=0)  # [top_n, width]
+        promoted = (t["W_dec"].float() @ unembed.T).topk(5, dim=1).indices
+        labels = {}
+        for j in range(acts.shape[1]):
+            if counts[j] == 0:
+                continue
+            score: dict[str, float] = {}
+            sources: dict[str, int] = {}
+            for v, g in zip(values[:, j].tolist(), rows[:, j].tolist()):
+                if v <= 0:
+                    break
+                s, p = where[g]
+                token = sae_script._show(tok.decode([seqs[s]["ids"][p]]))
+                score[token] = score.get(token, 0.0) + v
+                sources[seqs[s]["source"]] = sources.get(seqs[s]["source"], 0) + 1
+            top_tokens = [w for w, _ in sorted(score.items(), key=lambda kv: -kv[1])][:10]
+            words: list[str] = []
+            for w in top_tokens:
+                w = w.strip() or repr(w)
+                if w.lower() not in [x.lower() for x in words]:
+                    words.append(w)
+                if len(words) == 3:
+                    break
+            label = " / ".join(words)
+            main_source, hits = max(sources.items(), key=lambda kv: kv[1])
+            if hits >= 0.7 * sum(sources.values()):
+                label += f" ({ {'chat': 'chat', 'stdlib-code': 'code'}.get(main_source, 'docs') })"
+            s, p = where[rows[0, j]]
+            ids = seqs[s]["ids"]
+            example = tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6])
+            labels[str(j)] = {"label": label, "top_tokens": top_tokens, "example": example,
+                              "promotes": [sae_script._show(tok.decode([i])) for i in promoted[j].tolist()],
+                              "frequency": round(float(counts[j]) / len(acts), 6),
+                              "max_activation": round(float(values[0, j]), 3)}
+        (OUT / f"layer_{layer}.labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
+        log.info("labels: block %d, %d live features", layer, len(labels))
+
+
 def _version(name: str) -> str:
     from importlib.metadata import version
 
@@ -393,6 +453,11 @@ def main() -> None:
     states = [train_layer(work, layer, args) for layer in range(N_LAYERS)]
     seconds["train"] = time.time() - t0
     export(states, OUT)
+    from safetensors.torch import load_file
+
+    t0 = time.time()
+    make_labels(work, corpus, [load_file(str(OUT / f"layer_{i}.safetensors")) for i in range(N_LAYERS)])
+    seconds["labels"] = time.time() - t0
     t0 = time.time()
     card(work, corpus, args, seconds)
     seconds["card"] = time.time() - t0

@@ -11,6 +11,9 @@ load_gemma_scope_transcoder reads it. Each becomes the SAE class of its activati
 the encoder transposed to SAELens' layout and no b_dec subtracted from the input (circuit-tracer
 encodes x @ W_enc.T + b_enc). Skip connections (`W_skip`) and cross-layer transcoders are refused
 with a clear message: the replacement model has no place for them yet.
+
+A transcoder file may have its features' labels beside it, in any labels document millm imports
+(labels.py): `layer_3.safetensors` -> `layer_3.labels.json`; graphs show them on their nodes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from millm.errors import InvalidRequest
+from millm.interp.labels import check_width, read_document
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE
 
 # circuit-tracer's names for the MLP's normalised input and its output (TransformerLens hooks,
@@ -46,6 +51,7 @@ class TranscoderSet:
     architecture: str
     input_hook: str
     output_hook: str
+    labels: dict[int, dict[int, dict]]  # block -> feature -> {"label", <what the document said>}
 
 
 def _config(directory: Path) -> dict:
@@ -167,10 +173,24 @@ def _transcoder(path: Path, layer: int) -> SAE:
     return JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False)
 
 
+def _labels(path: Path, width: int) -> dict[int, dict]:
+    """The labels beside a transcoder file (none when there is no such file)."""
+    found = path.with_suffix(".labels.json")
+    if not found.is_file():
+        return {}
+    try:
+        document = read_document(found.read_bytes(), "application/json")
+        check_width(document, width)
+    except InvalidRequest as exc:
+        raise TranscoderFileError(f"{found}: {exc.message}") from None
+    return {label.index: {**label.detail, "label": label.label} for label in document.labels}
+
+
 def read_transcoder_set(directory: Path) -> TranscoderSet:
     """The set in `directory` (TranscoderFileError saying what is wrong)."""
     config = _config(directory)
-    layers = {layer: _transcoder(path, layer) for layer, path in _files(directory, config).items()}
+    files = _files(directory, config)
+    layers = {layer: _transcoder(path, layer) for layer, path in files.items()}
     widths = {sae.d_in for sae in layers.values()}
     if len(widths) != 1:
         raise TranscoderFileError(
@@ -184,4 +204,5 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
         architecture=first.architecture,
         input_hook=config["feature_input_hook"],
         output_hook=config["feature_output_hook"],
+        labels={layer: _labels(path, layers[layer].d_sae) for layer, path in files.items()},
     )

@@ -237,7 +237,7 @@ def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny
     from tests.support.server import TEST_ROOT
     from tests.support.tiny_transcoders import build_transcoder_set
 
-    directory = build_transcoder_set(TEST_ROOT / "transcoders-api", seed=11)
+    directory = build_transcoder_set(TEST_ROOT / "transcoders-api", seed=11, labels=True)
     registered = post(server, "/api/transcoders", {"path": str(directory)})
     assert registered.status_code == 201, registered.text
     found = registered.json()
@@ -281,7 +281,11 @@ def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny
             len(mine.features),
             graph["expanded_features"],
         )
-    feature = next(n for n in graph["nodes"] if n["kind"] == "feature")
+    features = [n for n in graph["nodes"] if n["kind"] == "feature"]
+    assert features and all(
+        n["label"] == f"block {n['layer']} #{n['feature']}" for n in features
+    )  # the labels beside each transcoder file
+    feature = features[0]
     refused = post(
         server, f"/api/attribution/{graph['id']}/profile", {"name": "tc", "nodes": [feature["id"]]}
     )

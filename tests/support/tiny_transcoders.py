@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,19 @@ def build_transcoder_set(
     seed: int = 0,
     jumprelu: bool = True,
     config: str = CONFIG,
+    labels: bool = False,
 ) -> Path:
-    """layer_{i}.safetensors for every block and the config.yaml beside them."""
+    """layer_{i}.safetensors for every block and the config.yaml beside them; with `labels`,
+    layer_{i}.labels.json beside each (a plain map: feature j of block i is "block i #j")."""
     directory.mkdir(parents=True, exist_ok=True)
     for layer in range(blocks):
         save_file(
             transcoder_tensors(d_model, width, seed + layer, jumprelu),
             str(directory / f"layer_{layer}.safetensors"),
         )
+        if labels:
+            named = {str(j): f"block {layer} #{j}" for j in range(width)}
+            (directory / f"layer_{layer}.labels.json").write_text(json.dumps(named))
     (directory / "config.yaml").write_text(config)
     return directory
 

@@ -256,6 +256,43 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
     assert {n["node_id"] for n in exported["nodes"]} >= {top["id"]}
 
 
+def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
+    """The source picker lists the registered sets; a graph traced from one is the exact kind,
+    and its features' cards say they do not steer yet."""
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    directory = build_transcoder_set(TEST_ROOT / "transcoders-ui", seed=5)
+    registered = workbench.api("POST", "/api/transcoders", json={"path": str(directory)}).json()
+    try:
+        page.goto(f"{workbench.url}#/inspect")
+        form = page.get_by_role("form", name="Attribution graph")
+        form.get_by_label("Feature source").select_option(
+            label="transcoders transcoders-ui (3 blocks × 48)"
+        )
+        form.get_by_label("Text").fill("The river runs")
+        form.get_by_label("Features expanded").fill("16")
+        form.get_by_role("button", name="Trace").click()
+        summary = page.get_by_label("Graph summary")
+        expect(summary).to_contain_text("· transcoders ·")
+        graph = workbench.api(
+            "POST",
+            "/api/attribution",
+            json={
+                "text": "The river runs",
+                "max_feature_nodes": 16,
+                "transcoders": registered["id"],
+            },
+        ).json()
+        features = [n for n in graph["nodes"] if n["kind"] == "feature"]
+        picture = page.get_by_role("img", name="Attribution graph")
+        expect(picture.locator("circle.feature")).to_have_count(len(features))
+        picture.locator(f'circle[data-node="{features[0]["id"]}"]').click()
+        expect(page.get_by_label("Node")).to_contain_text("not steerable yet")
+    finally:
+        workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
+
+
 def test_ticked_features_save_as_a_profile_and_a_graph_file_opens(workbench, page, tmp_path):
     page.goto(f"{workbench.url}#/inspect")
     form = page.get_by_role("form", name="Attribution graph")

@@ -88,6 +88,10 @@ def test_a_listed_gemma_scope_file_reads_with_its_threshold(tmp_path):
             "lacks b_dec",
         ),
         (lambda d: (d / "layer_1.safetensors").unlink(), "lacks layer_1.safetensors"),
+        (
+            lambda d: (d / "layer_2.labels.json").write_text('{"48": "past the width"}'),
+            "layer_2.labels.json: .*feature 48 is past",
+        ),
     ],
 )
 def test_what_cannot_be_read_is_refused_saying_why(tmp_path, change, words):
@@ -95,3 +99,11 @@ def test_what_cannot_be_read_is_refused_saying_why(tmp_path, change, words):
     change(directory)
     with pytest.raises(TranscoderFileError, match=words):
         read_transcoder_set(directory)
+
+
+def test_labels_beside_a_transcoder_file_are_its_features_labels(tmp_path):
+    directory = build_transcoder_set(tmp_path / "set", labels=True)
+    (directory / "layer_2.labels.json").unlink()  # a block without labels has none
+    found = read_transcoder_set(directory)
+    assert found.labels[1][5]["label"] == "block 1 #5" and len(found.labels[0]) == 48
+    assert found.labels[2] == {}

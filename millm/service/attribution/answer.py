@@ -58,7 +58,10 @@ def graph_answer(
     """The response (blocking: decoding and the labels, which may come from the store)."""
     blocks = int(lm.config.num_hidden_layers)
     ids = node_ids(graph, blocks)
-    labels = {s.name: state.saes.labels(s.name) if s.site == "resid" else {} for s in graph.sources}
+    labels = {
+        s.name: state.saes.labels(s.name) if s.site == "resid" else state.transcoders.labels(s.name)
+        for s in graph.sources
+    }
     said = dict(zip(graph.prompt, token_strings(lm, graph.prompt), strict=True))
     said.update(zip(graph.target.ids, token_strings(lm, list(graph.target.ids)), strict=True))
     pruned = graph.pruned

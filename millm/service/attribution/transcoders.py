@@ -52,6 +52,7 @@ class Registered:
             "architecture": found.architecture,
             "feature_input_hook": found.input_hook,
             "feature_output_hook": found.output_hook,
+            "labelled_features": sum(len(labels) for labels in found.labels.values()),
         }
 
     def sources(self, lm: LoadedModel, param: str) -> list[Source]:
@@ -161,6 +162,14 @@ class TranscoderBook(Book):
                 code="transcoder_set_unreadable",
             )
         return document["set"]
+
+    def labels(self, source: str) -> dict[int, dict]:
+        """The labels of one transcoder of a graph (its source name: `<set id>/<block>`); none
+        when the set has none for it, or is gone or unreadable since the graph was made."""
+        set_id, _, layer = source.rpartition("/")
+        document = self.shelf.documents.get(set_id) or {}
+        found = document.get("set")
+        return found.transcoders.labels.get(int(layer), {}) if found is not None else {}
 
     def sets(self) -> list[dict]:
         """Every registered set as GET /api/transcoders lists it (an unreadable one with its reason)."""

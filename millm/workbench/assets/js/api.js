@@ -237,6 +237,7 @@ export const attribution = {
   profile: (id, body) => post(`/api/attribution/${enc(id)}/profile`, body),
   circuit: (id, body) => post(`/api/attribution/${enc(id)}/circuit`, body),
 };
+export const transcoders = { list: () => get("/api/transcoders") };
 export const completion = (body) => post("/v1/completions", body);
 
 // Steering evaluations (docs/evaluation.md, A steering evaluation)

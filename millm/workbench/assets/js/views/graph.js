@@ -2,11 +2,12 @@
 // bottom, the SAEs' blocks up the side, the explained logit at the top; nodes sized by influence,
 // edges drawn by weight (blue adds to its target, orange takes away). Click a node for its card;
 // pick features (by node; a feature picked at one position is steered at every one) to ablate
-// and see the model's next token move. Transcoder features are drawn but not steered.
+// and see the model's next token move. Transcoder features are drawn but not steered. The
+// features come from the attached SAEs or from a registered transcoder set (the exact kind).
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, FileImport, Note, Panel, download, html, num, useAction } from "../ui.js";
+import { ErrorNote, FeatureLink, FileImport, Note, Panel, download, html, num, useAction, useLoad } from "../ui.js";
 
 const WIDTH = 960;
 const ROW = 110;
@@ -16,6 +17,9 @@ const PER_CELL = 10; // feature nodes drawn in one (block, token) cell, the most
 const shown = (token) => (/^\s*$/.test(token) ? token.replace(/ /g, "·").replace(/\n/g, "↵") || "∅" : token.replace(/\n/g, "↵"));
 /** Node radius: the most influential (smallest cumulative share) are the largest. */
 const radius = (node) => (node.kind === "target" ? 8 : 3 + 9 * Math.max(0, 1 - node.influence));
+
+/** A transcoder set as the source picker names it: its folder, blocks and width. */
+const setName = (set) => `transcoders ${set.path.split("/").filter(Boolean).pop()} (${set.layers.length} blocks × ${set.d_transcoder})`;
 
 function layout(graph) {
   const layers = [...new Set(graph.nodes.map((n) => n.layer))].sort((a, b) => a - b);
@@ -143,6 +147,8 @@ function Ablation({ graph, text, ablate }) {
 export default function AttributionPanel() {
   const [text, setText] = useState("The capital of France is");
   const [nodes, setNodes] = useState(64);
+  const [source, setSource] = useState("");
+  const sets = useLoad(() => api.transcoders.list(), []);
   const [graph, setGraph] = useState(null);
   const [chosen, setChosen] = useState(null);
   const [ablate, setAblate] = useState(new Set());
@@ -150,7 +156,8 @@ export default function AttributionPanel() {
   const run = (e) => {
     e.preventDefault();
     act.run(async () => {
-      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes) }));
+      const from = source ? { transcoders: source } : {};
+      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes), ...from }));
       setChosen(null);
       setAblate(new Set());
     });
@@ -162,10 +169,15 @@ export default function AttributionPanel() {
   };
   const check = graph?.verification;
   return html`<${Panel} title="Attribution graph">
-    <p class="note">Which features of the attached SAEs drove the model's next token: each edge is a direct effect, each
-      node sized by its influence on the logit. The top features are ablated on the served model to check the graph.</p>
+    <p class="note">Which features drove the model's next token, from the attached SAEs or a transcoder set (one on every
+      block replaces the MLPs: the exact kind). Each edge is a direct effect, each node sized by its influence on the logit;
+      the top features are ablated on the served model to check the graph.</p>
     <form class="row" onSubmit=${run} aria-label="Attribution graph">
       <label class="grow">Text <input value=${text} onInput=${(e) => setText(e.target.value)} name="graph-text" /></label>
+      <label>Features from <select value=${source} onChange=${(e) => setSource(e.target.value)} aria-label="Feature source">
+        <option value="">attached SAEs</option>
+        ${(sets.value?.data ?? []).filter((s) => !s.error).map((s) => html`<option value=${s.id}>${setName(s)}</option>`)}
+      </select></label>
       <label>Features <input type="number" min="1" max="1024" value=${nodes} onInput=${(e) => setNodes(e.target.value)} aria-label="Features expanded" /></label>
       <button type="submit" disabled=${act.busy || !text.trim()}>${act.busy ? "Tracing…" : "Trace"}</button>
       <${FileImport} label="Open a graph file" onText=${(t) => act.run(async () => { setGraph(await api.attribution.importText(t)); setChosen(null); setAblate(new Set()); })} />
