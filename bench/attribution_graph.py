@@ -1,7 +1,9 @@
 """Time and memory of an attribution graph on the demo model, beside a plain forward pass.
 
 In process: the demo model (SmolLM2-135M-Instruct, the GGUF's weights as the server loads them,
-bf16 by default) and the demo SAE after block 12 (2048 features, TopK 32). For each prompt
+bf16 by default) and the demo SAE after block 12 (2048 features, TopK 32), or with
+--sources transcoders the demo transcoder set (320 JumpReLU features on each of the 30 blocks:
+the exact kind, attention and norms held). For each prompt
 length (the capital-of-France sentence, and a paragraph cut to --long tokens) and each
 --nodes budget, a graph is traced as POST /api/attribution traces it (replacement pass, the
 target's row, expansion by influence, pruning), then its top 8 features are ablated on the
@@ -12,6 +14,7 @@ reference in the same run is one served forward pass of the same prompt (the run
 prompt_logits).
 
     .venv/bin/python bench/attribution_graph.py [--dtype bfloat16] [--nodes 64 128 256] [--long 64] [--repeats 3]
+        [--sources sae|transcoders]
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ from millm.interp.attribution.replacement import (  # noqa: E402
 )
 from millm.interp.attribution.verify import verify  # noqa: E402
 from millm.interp.formats import read_saelens  # noqa: E402
+from millm.interp.transcoders import read_transcoder_set  # noqa: E402
 from millm.settings import DEMO_MODEL_NAME  # noqa: E402
 
 DEMO_SAE = ROOT / "millm" / "demo" / "sae" / "smollm2-135m-topk"
+DEMO_TRANSCODERS = ROOT / "millm" / "demo" / "transcoders" / "smollm2-135m-jumprelu"
 SHORT = "The capital of France is"
 PARAGRAPH = (
     "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over the "
@@ -77,17 +82,21 @@ class Peak:
         self.thread.join()
 
 
-def demo(dtype: str):
+def demo(dtype: str, kind: str):
+    """The demo model and the graph's feature sources (the demo SAE, or the demo transcoder set)."""
     home = Path.home() / ".cache" / "millm-bench"
     source = resolve_source(DEMO_MODEL_NAME, home / "hub")
     lm = load_model(source, dtype=dtype, device="cpu", cache_root=home / "cache")
-    return lm, read_saelens(DEMO_SAE)[1]
+    if kind == "transcoders":
+        found = read_transcoder_set(DEMO_TRANSCODERS).layers
+        return lm, [Source(f"demo/{layer}", sae, layer, "mlp") for layer, sae in found.items()]
+    return lm, [Source("demo", read_saelens(DEMO_SAE)[1], 12, "resid")]
 
 
-def graph_once(lm, sae, prompt: list[int], target: Target, nodes: int):
+def graph_once(lm, given: list[Source], prompt: list[int], target: Target, nodes: int):
     """One graph as the service computes it (a fresh replacement model: its weights copy included)."""
     model = ReplacementModel(lm.runner.layout)
-    sources = [plain_source(Source("demo", sae, 12, "resid"), model.dtype)]
+    sources = [plain_source(source, model.dtype) for source in given]
     tracer = Tracer(model, prompt, sources, target, Budget(nodes))
     tracer.start()
     while tracer.expand():
@@ -99,10 +108,10 @@ def graph_once(lm, sae, prompt: list[int], target: Target, nodes: int):
     return graph, checked
 
 
-def measure(dtype: str, text: str, cut: int, nodes: int, repeats: int) -> tuple:
+def measure(dtype: str, kind: str, text: str, cut: int, nodes: int, repeats: int) -> tuple:
     """In a fresh process (so the peak is this configuration's alone): the forward's median time,
     the graph's median time, the features expanded, the peak memory above the loaded model, r."""
-    lm, sae = demo(dtype)
+    lm, sources = demo(dtype, kind)
     prompt = lm.tokenizer(text)["input_ids"][:cut]
     with torch.inference_mode():
         top = int(lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1].argmax())
@@ -115,7 +124,7 @@ def measure(dtype: str, text: str, cut: int, nodes: int, repeats: int) -> tuple:
     with Peak() as peak:
         for _ in range(repeats):
             started = time.perf_counter()
-            graph, checked = graph_once(lm, sae, prompt, Target((top,), (1.0,)), nodes)
+            graph, checked = graph_once(lm, sources, prompt, Target((top,), (1.0,)), nodes)
             times.append(time.perf_counter() - started)
     return (
         len(prompt),
@@ -133,8 +142,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--long", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sources", choices=["sae", "transcoders"], default="sae")
     args = parser.parse_args()
-    print(f"demo model ({args.dtype}), demo SAE after block 12; {torch.get_num_threads()} threads")
+    what = "demo SAE after block 12" if args.sources == "sae" else "demo transcoder set (30 blocks)"
+    print(f"demo model ({args.dtype}), {what}; {torch.get_num_threads()} threads")
     print(
         "| prompt | tokens | nodes | forward (ms) | graph + check (s) | expanded | peak memory (MiB) | check r |"
     )
@@ -144,7 +155,7 @@ def main() -> None:
         for nodes in args.nodes:
             with context.Pool(1) as pool:
                 tokens, forward, graph, expanded, peak, r = pool.apply(
-                    measure, (args.dtype, text, cut, nodes, args.repeats)
+                    measure, (args.dtype, args.sources, text, cut, nodes, args.repeats)
                 )
             shown = "—" if r is None else f"{r:.2f}"
             print(

@@ -948,38 +948,43 @@ def make_labels(work: Path, corpus: dict, out: Path, spec: ModelSpec, top_n: int
     for j in range(d_sae):
         if counts[j] == 0:
             continue
-        vals, idx = best_v[j], best_i[j]
-        live = vals > 0
-        vals, idx = vals[live], idx[live]
-        score: dict[str, float] = {}
-        sources: dict[str, int] = {}
-        for v, g in zip(vals.tolist(), idx.tolist()):
-            s, p = where[g]
-            token = _show(tok.decode([seqs[s]["ids"][p]]))
-            score[token] = score.get(token, 0.0) + v
-            sources[seqs[s]["source"]] = sources.get(seqs[s]["source"], 0) + 1
-        top_tokens = [t for t, _ in sorted(score.items(), key=lambda kv: -kv[1])][:10]
-        words = []
-        for t in top_tokens:
-            w = t.strip() or repr(t)
-            if w.lower() not in [x.lower() for x in words]:
-                words.append(w)
-            if len(words) == 3:
-                break
-        label = " / ".join(words)
-        main_source, hits = max(sources.items(), key=lambda kv: kv[1])
-        if hits >= 0.7 * sum(sources.values()):
-            kind = {"chat": "chat", "stdlib-code": "code"}.get(main_source, "docs")
-            label += f" ({kind})"
-        s, p = where[idx[0]]
-        ids = seqs[s]["ids"]
-        example = (tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6]))
-        labels[str(j)] = {"label": label, "top_tokens": top_tokens, "example": example,
-                          "frequency": round(float(counts[j]) / n_tokens, 6),
-                          "max_activation": round(float(vals[0]), 3)}
+        labels[str(j)] = label_entry(tok, seqs, where, best_v[j], best_i[j], float(counts[j]) / n_tokens)
     (out / "feature_labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
     log.info("labels: %d live features of %d", len(labels), d_sae)
     return labels
+
+
+def label_entry(tok, seqs: list[dict], where, vals: torch.Tensor, idx: torch.Tensor, frequency: float) -> dict:
+    """One feature's auto label from its top examples (activations `vals` at rows `idx` of `where`,
+    (sequence, position) pairs): its three top tokens by summed activation, with the corpus source
+    most of them come from when it is 70% or more; its top tokens, best example and frequency."""
+    live = vals > 0
+    vals, idx = vals[live], idx[live]
+    score: dict[str, float] = {}
+    sources: dict[str, int] = {}
+    for v, g in zip(vals.tolist(), idx.tolist()):
+        s, p = where[g]
+        token = _show(tok.decode([seqs[s]["ids"][p]]))
+        score[token] = score.get(token, 0.0) + v
+        sources[seqs[s]["source"]] = sources.get(seqs[s]["source"], 0) + 1
+    top_tokens = [t for t, _ in sorted(score.items(), key=lambda kv: -kv[1])][:10]
+    words = []
+    for t in top_tokens:
+        w = t.strip() or repr(t)
+        if w.lower() not in [x.lower() for x in words]:
+            words.append(w)
+        if len(words) == 3:
+            break
+    label = " / ".join(words)
+    main_source, hits = max(sources.items(), key=lambda kv: kv[1])
+    if hits >= 0.7 * sum(sources.values()):
+        kind = {"chat": "chat", "stdlib-code": "code"}.get(main_source, "docs")
+        label += f" ({kind})"
+    s, p = where[idx[0]]
+    ids = seqs[s]["ids"]
+    example = (tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6]))
+    return {"label": label, "top_tokens": top_tokens, "example": example,
+            "frequency": round(frequency, 6), "max_activation": round(float(vals[0]), 3)}
 
 
 def _read_json(path: Path) -> dict:

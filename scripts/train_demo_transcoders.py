@@ -388,34 +388,9 @@ def make_labels(work: Path, corpus: dict, sets: list[dict], top_n: int = 200) ->
         for j in range(acts.shape[1]):
             if counts[j] == 0:
                 continue
-            score: dict[str, float] = {}
-            sources: dict[str, int] = {}
-            for v, g in zip(values[:, j].tolist(), rows[:, j].tolist()):
-                if v <= 0:
-                    break
-                s, p = where[g]
-                token = sae_script._show(tok.decode([seqs[s]["ids"][p]]))
-                score[token] = score.get(token, 0.0) + v
-                sources[seqs[s]["source"]] = sources.get(seqs[s]["source"], 0) + 1
-            top_tokens = [w for w, _ in sorted(score.items(), key=lambda kv: -kv[1])][:10]
-            words: list[str] = []
-            for w in top_tokens:
-                w = w.strip() or repr(w)
-                if w.lower() not in [x.lower() for x in words]:
-                    words.append(w)
-                if len(words) == 3:
-                    break
-            label = " / ".join(words)
-            main_source, hits = max(sources.items(), key=lambda kv: kv[1])
-            if hits >= 0.7 * sum(sources.values()):
-                label += f" ({ {'chat': 'chat', 'stdlib-code': 'code'}.get(main_source, 'docs') })"
-            s, p = where[rows[0, j]]
-            ids = seqs[s]["ids"]
-            example = tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6])
-            labels[str(j)] = {"label": label, "top_tokens": top_tokens, "example": example,
-                              "promotes": [sae_script._show(tok.decode([i])) for i in promoted[j].tolist()],
-                              "frequency": round(float(counts[j]) / len(acts), 6),
-                              "max_activation": round(float(values[0, j]), 3)}
+            entry = sae_script.label_entry(tok, seqs, where, values[:, j], rows[:, j], float(counts[j]) / len(acts))
+            entry["promotes"] = [sae_script._show(tok.decode([i])) for i in promoted[j].tolist()]
+            labels[str(j)] = entry
         (OUT / f"layer_{layer}.labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
         log.info("labels: block %d, %d live features", layer, len(labels))
 

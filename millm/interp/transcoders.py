@@ -9,7 +9,8 @@ SingleLayerTranscoder: `W_enc` `[d_transcoder, d_model]`, `W_dec` `[d_transcoder
 `.npz` file is Gemma Scope's (`W_enc` `[d_model, d_transcoder]`, `threshold`), as circuit-tracer's
 load_gemma_scope_transcoder reads it. Each becomes the SAE class of its activation (sae.py), with
 the encoder transposed to SAELens' layout and no b_dec subtracted from the input (circuit-tracer
-encodes x @ W_enc.T + b_enc). Skip connections (`W_skip`) and cross-layer transcoders are refused
+encodes x @ W_enc.T + b_enc). A skip connection (`W_skip` `[d_model, d_model]`, adding
+x @ W_skip.T to the output) is kept beside its transcoder; cross-layer transcoders are refused
 with a clear message: the replacement model has no place for them yet.
 
 A transcoder file may have its features' labels beside it, in any labels document millm imports
@@ -52,6 +53,7 @@ class TranscoderSet:
     input_hook: str
     output_hook: str
     labels: dict[int, dict[int, dict]]  # block -> feature -> {"label", <what the document said>}
+    skips: dict[int, torch.Tensor]  # block -> W_skip [d_model, d_model], for those that have one
 
 
 def _config(directory: Path) -> dict:
@@ -141,15 +143,12 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
         raise TranscoderFileError(f"{path} cannot be read: {exc}") from None
 
 
-def _transcoder(path: Path, layer: int) -> SAE:
+def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
+    """A transcoder file's SAE and its skip connection (None without one)."""
     tensors = _tensors(path)
     missing = [k for k in ("W_enc", "W_dec", "b_enc", "b_dec") if k not in tensors]
     if missing:
         raise TranscoderFileError(f"{path} lacks {', '.join(missing)}")
-    if "W_skip" in tensors:
-        raise TranscoderFileError(
-            f"{path} has a skip connection (W_skip), which is not supported yet"
-        )
     w_enc, w_dec = tensors["W_enc"], tensors["W_dec"]
     width, d_model = w_enc.shape
     shapes = {
@@ -157,20 +156,23 @@ def _transcoder(path: Path, layer: int) -> SAE:
         "b_enc": (tensors["b_enc"].shape, (width,)),
         "b_dec": (tensors["b_dec"].shape, (d_model,)),
     }
+    if "W_skip" in tensors:
+        shapes["W_skip"] = (tensors["W_skip"].shape, (d_model, d_model))
     for name, (shape, want) in shapes.items():
         if tuple(shape) != want:
             raise TranscoderFileError(
                 f"{path}: {name} is {tuple(shape)}, expected {want} (from W_enc {tuple(w_enc.shape)})"
             )
     weights = SAEWeights(w_enc.T.contiguous(), tensors["b_enc"], w_dec, tensors["b_dec"])
+    skip = tensors.get("W_skip")
     threshold = tensors.get("activation_function.threshold")
     if threshold is None:
-        return StandardSAE(weights, apply_b_dec_to_input=False)
+        return StandardSAE(weights, apply_b_dec_to_input=False), skip
     if tuple(threshold.shape) != (width,):
         raise TranscoderFileError(
             f"{path}: the threshold is {tuple(threshold.shape)}, expected ({width},)"
         )
-    return JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False)
+    return JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False), skip
 
 
 def _labels(path: Path, width: int) -> dict[int, dict]:
@@ -190,7 +192,8 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
     """The set in `directory` (TranscoderFileError saying what is wrong)."""
     config = _config(directory)
     files = _files(directory, config)
-    layers = {layer: _transcoder(path, layer) for layer, path in files.items()}
+    read = {layer: _transcoder(path, layer) for layer, path in files.items()}
+    layers = {layer: sae for layer, (sae, _) in read.items()}
     widths = {sae.d_in for sae in layers.values()}
     if len(widths) != 1:
         raise TranscoderFileError(
@@ -205,4 +208,5 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
         input_hook=config["feature_input_hook"],
         output_hook=config["feature_output_hook"],
         labels={layer: _labels(path, layers[layer].d_sae) for layer, path in files.items()},
+        skips={layer: skip for layer, (_, skip) in read.items() if skip is not None},
     )

@@ -41,7 +41,11 @@ def sources_of(kind: str, lm) -> list[Source]:
             Source("a", random_sae(width, 1, k=8), 0, "resid"),
             Source("b", random_sae(width, 2), 1, "resid"),
         ]
-    return [Source(f"t{i}", random_sae(width, 10 + i), i, "mlp") for i in range(blocks)]
+    skips = [None] * blocks
+    if kind == "mlp-skip":  # a skip connection beside each transcoder: a live linear path
+        generator = torch.Generator().manual_seed(99)
+        skips = [torch.randn(width, width, generator=generator) * 0.05 for _ in range(blocks)]
+    return [Source(f"t{i}", random_sae(width, 10 + i), i, "mlp", skips[i]) for i in range(blocks)]
 
 
 def traced(lm, kind: str, dtype=torch.float64):
@@ -67,7 +71,7 @@ def test_the_replacement_pass_without_sources_gives_the_served_logits(llama_lm):
     assert torch.equal(logits[0], logits[1])  # rows of one pass are the same
 
 
-@pytest.mark.parametrize("kind, method", [("resid", PATCHING), ("mlp", EXACT)])
+@pytest.mark.parametrize("kind, method", [("resid", PATCHING), ("mlp", EXACT), ("mlp-skip", EXACT)])
 def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, method):
     model, tracer, graph = traced(llama_lm, kind)
     assert graph.method == method

@@ -79,8 +79,9 @@ def their_index(found: dict, positions: int) -> dict[tuple, int]:
     return index
 
 
-def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path):
-    set_dir = build_transcoder_set(tmp_path / "set", seed=5)
+@pytest.mark.parametrize("skip", [False, True], ids=["plain", "skip-connections"])
+def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path, skip):
+    set_dir = build_transcoder_set(tmp_path / "set", seed=5, skip=skip)
     ids = prompt_ids(llama_lm, "The capital of France is")
     if ids[0] != BOS_ID:  # circuit-tracer starts a prompt with a special token
         ids = [BOS_ID, *ids]
@@ -92,7 +93,9 @@ def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path):
     transcoders = read_transcoder_set(set_dir)
     model = ReplacementModel(llama_lm.runner.layout)
     sources = [
-        plain_source(Source(f"set/{layer}", sae, layer, "mlp"), torch.float32)
+        plain_source(
+            Source(f"set/{layer}", sae, layer, "mlp", transcoders.skips.get(layer)), torch.float32
+        )
         for layer, sae in transcoders.layers.items()
     ]
     tracer = Tracer(model, ids, sources, Target((top,), (1.0,)), Budget(10_000))

@@ -17,9 +17,10 @@ scan: tiny-transcoders
 
 
 def transcoder_tensors(
-    d_model: int, width: int, seed: int, jumprelu: bool
+    d_model: int, width: int, seed: int, jumprelu: bool, skip: bool = False
 ) -> dict[str, torch.Tensor]:
-    """circuit-tracer's SingleLayerTranscoder state: W_enc and W_dec both [width, d_model]."""
+    """circuit-tracer's SingleLayerTranscoder state: W_enc and W_dec both [width, d_model]
+    (and W_skip [d_model, d_model] with `skip`)."""
     generator = torch.Generator().manual_seed(seed)
     tensors = {
         "W_enc": torch.randn(width, d_model, generator=generator) * 0.3,
@@ -29,6 +30,8 @@ def transcoder_tensors(
     }
     if jumprelu:
         tensors["activation_function.threshold"] = torch.rand(width, generator=generator) * 0.2
+    if skip:
+        tensors["W_skip"] = torch.randn(d_model, d_model, generator=generator) * 0.05
     return tensors
 
 
@@ -41,13 +44,14 @@ def build_transcoder_set(
     jumprelu: bool = True,
     config: str = CONFIG,
     labels: bool = False,
+    skip: bool = False,
 ) -> Path:
     """layer_{i}.safetensors for every block and the config.yaml beside them; with `labels`,
     layer_{i}.labels.json beside each (a plain map: feature j of block i is "block i #j")."""
     directory.mkdir(parents=True, exist_ok=True)
     for layer in range(blocks):
         save_file(
-            transcoder_tensors(d_model, width, seed + layer, jumprelu),
+            transcoder_tensors(d_model, width, seed + layer, jumprelu, skip),
             str(directory / f"layer_{layer}.safetensors"),
         )
         if labels:

@@ -71,10 +71,10 @@ def test_a_listed_gemma_scope_file_reads_with_its_threshold(tmp_path):
         ),
         (
             lambda d: save_file(
-                {**load_file(str(d / "layer_1.safetensors")), "W_skip": torch.zeros(64, 64)},
+                {**load_file(str(d / "layer_1.safetensors")), "W_skip": torch.zeros(64, 63)},
                 str(d / "layer_1.safetensors"),
             ),
-            "skip connection",
+            r"W_skip is \(64, 63\), expected \(64, 64\)",
         ),
         (
             lambda d: save_file(
@@ -107,3 +107,11 @@ def test_labels_beside_a_transcoder_file_are_its_features_labels(tmp_path):
     found = read_transcoder_set(directory)
     assert found.labels[1][5]["label"] == "block 1 #5" and len(found.labels[0]) == 48
     assert found.labels[2] == {}
+
+
+def test_a_skip_connection_is_kept_beside_its_transcoder(tmp_path):
+    directory = build_transcoder_set(tmp_path / "set", skip=True)
+    found = read_transcoder_set(directory)
+    assert sorted(found.skips) == [0, 1, 2]
+    stored = load_file(str(directory / "layer_1.safetensors"))["W_skip"]
+    assert torch.equal(found.skips[1], stored)

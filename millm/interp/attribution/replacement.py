@@ -54,12 +54,14 @@ SINK_POSITIONS = 1
 @dataclass(frozen=True)
 class Source:
     """A feature source: an SAE replacing the residual after block `layer` (site resid; layer -1:
-    before block 0), or a transcoder replacing block `layer`'s MLP output (site mlp)."""
+    before block 0), or a transcoder replacing block `layer`'s MLP output (site mlp), with its
+    skip connection when it has one (`skip`: W_skip `[d_model, d_model]`, adding read @ W_skip.T)."""
 
     name: str
     sae: SAE
     layer: int
     site: Site
+    skip: torch.Tensor | None = None
 
 
 def plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -69,12 +71,13 @@ def plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def plain_source(source: Source, dtype: torch.dtype) -> Source:
-    """The source with its SAE's tensors copied as `plain` tensors of `dtype`."""
+    """The source with its SAE's tensors (and skip connection) copied as `plain` tensors of `dtype`."""
     sae = copy.copy(source.sae)
     for name, value in vars(source.sae).items():
         if isinstance(value, torch.Tensor):
             setattr(sae, name, plain(value, dtype))
-    return replace(source, sae=sae)
+    skip = None if source.skip is None else plain(source.skip, dtype)
+    return replace(source, sae=sae, skip=skip)
 
 
 class Held:
@@ -335,7 +338,9 @@ class ReplacementModel:
         self, source: Source, read: torch.Tensor, actual: torch.Tensor, traces: list[SourceTrace]
     ) -> torch.Tensor:
         """A source reads `read` and stands in for `actual`: reconstruction + error, both constant,
-        plus its injection point."""
+        plus its injection point. A transcoder's skip connection stays a live linear path from
+        what it reads (circuit-tracer's `skip + (output - skip).detach()`); the error node is
+        what the features, b_dec and the skip leave out."""
         sae = source.sae
         dtype = sae.W_enc.dtype
         pre = sae.pre_activation(read.to(dtype)).to(self.dtype)
@@ -345,13 +350,17 @@ class ReplacementModel:
         scale = sae.output_scale(first).to(self.dtype)
         reconstruction = sae.decode(acts, first).to(self.dtype)
         acts = acts.to(self.dtype)
+        skip = None if source.skip is None else read @ source.skip.T
         errors = actual[0] - reconstruction
+        if skip is not None:
+            errors = errors - skip[0].detach()
         z = torch.zeros_like(actual, requires_grad=True)
         nodes = errors.clone()
         nodes[:SINK_POSITIONS] = 0  # the sink's error node writes nothing (the pass keeps it)
         traces.append(SourceTrace(source, pre, acts, scale, nodes, z))
         written = self.hold(lambda: reconstruction + errors)
-        return written[None] + z + self._shift(len(traces), x_like=written)
+        out = written[None] + z + self._shift(len(traces), x_like=written)
+        return out if skip is None else out + skip
 
     def _shift(self, point: int, x_like: torch.Tensor) -> torch.Tensor | float:
         shift = self.shifts.get(point)

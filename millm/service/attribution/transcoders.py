@@ -53,14 +53,16 @@ class Registered:
             "feature_input_hook": found.input_hook,
             "feature_output_hook": found.output_hook,
             "labelled_features": sum(len(labels) for labels in found.labels.values()),
+            "skip_connections": sorted(found.skips),
         }
 
     def sources(self, lm: LoadedModel, param: str) -> list[Source]:
         """One mlp source per block, after checking the set fits `lm` (400 naming `param`)."""
         check_fit(self.transcoders, lm, param)
+        found = self.transcoders
         return [
-            Source(f"{self.id}/{layer}", sae, layer, "mlp")
-            for layer, sae in sorted(self.transcoders.layers.items())
+            Source(f"{self.id}/{layer}", sae, layer, "mlp", found.skips.get(layer))
+            for layer, sae in sorted(found.layers.items())
         ]
 
 
