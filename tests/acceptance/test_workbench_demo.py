@@ -442,3 +442,45 @@ def test_the_attribution_graph_traces_paris_and_its_check_holds(demo, page, shoo
     expect(page.get_by_text("ablated", exact=True)).to_be_visible(timeout=120_000)
     show(page, page.get_by_role("region", name="Attribution graph"))
     shoot(page, "attribution")
+
+
+def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoot):
+    """The shipped transcoder set is registered at the first start; picked in the panel, it gives
+    the exact kind of graph (a transcoder on every block), with labelled features."""
+    (shipped,) = [
+        s
+        for s in demo.api("GET", "/api/transcoders").json()["data"]
+        if s["path"].endswith("smollm2-135m-jumprelu")
+    ]
+    assert shipped["layers"] == list(range(30)) and shipped["labelled_features"] > 9000
+    page.goto(f"{demo.url}#/inspect")
+    form = page.get_by_role("form", name="Attribution graph")
+    form.get_by_label("Feature source").select_option(
+        label="transcoders smollm2-135m-jumprelu (30 blocks × 320)"
+    )
+    form.get_by_label("Text").fill("The capital of France is")
+    form.get_by_label("Features expanded").fill("64")
+    form.get_by_role("button", name="Trace").click()
+    summary = page.get_by_label("Graph summary")
+    expect(summary).to_contain_text("Paris", timeout=240_000)
+    expect(summary).to_contain_text("· transcoders ·")
+    picture = page.get_by_role("img", name="Attribution graph")
+    expect(picture).to_be_visible()
+    traced = demo.api(
+        "POST",
+        "/api/attribution",
+        json={
+            "text": "The capital of France is",
+            "transcoders": shipped["id"],
+            "max_feature_nodes": 64,
+        },
+    ).json()
+    assert traced["target"]["tokens"] == [" Paris"] and traced["method"] == "transcoders"
+    features = [n for n in traced["nodes"] if n["kind"] == "feature"]
+    # Labelled from the files beside each transcoder (features that fired in the set's corpus).
+    assert features and sum(bool(n["label"]) for n in features) >= 0.9 * len(features)
+    top = min(features, key=lambda n: n["influence"])
+    picture.locator(f'circle[data-node="{top["id"]}"]').click()
+    expect(page.get_by_label("Node")).to_contain_text(top["label"])
+    show(page, page.get_by_role("region", name="Attribution graph"))
+    shoot(page, "attribution-transcoders")
