@@ -351,5 +351,7 @@ def test_a_registered_set_is_kept_across_restarts_and_refused_by_name_once_its_f
         assert error(refused, 409)["param"] == "transcoders"
         assert api(process, "DELETE", f"/api/transcoders/{set_id}").json()["deleted"] is True
         assert api(process, "GET", "/api/transcoders").json()["data"] == []
+        gone = api(process, "GET", f"/api/transcoders/{set_id}")  # none registered at all
+        assert error(gone, 404, "transcoder_set_not_found")["param"] == "set_id"
     finally:
         process.stop()

@@ -194,7 +194,8 @@ class TranscoderBook(Book):
 
     def view(self, set_id: str) -> dict:
         """One set as GET /api/transcoders/{id} shows it."""
-        return next(v for v in self.sets() if v["id"] == self.find(set_id)["id"])
+        key = self.find(set_id)["id"]  # the 404 first: no set may be registered at all
+        return next(v for v in self.sets() if v["id"] == key)
 
     def delete(self, set_id: str) -> dict:
         """Forget a set (its files stay)."""
