@@ -262,7 +262,7 @@ def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
     from tests.support.server import TEST_ROOT
     from tests.support.tiny_transcoders import build_transcoder_set
 
-    directory = build_transcoder_set(TEST_ROOT / "transcoders-ui", seed=5)
+    directory = build_transcoder_set(TEST_ROOT / "transcoders-ui", seed=5, labels=True)
     registered = workbench.api("POST", "/api/transcoders", json={"path": str(directory)}).json()
     try:
         page.goto(f"{workbench.url}#/inspect")
@@ -288,7 +288,10 @@ def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
         picture = page.get_by_role("img", name="Attribution graph")
         expect(picture.locator("circle.feature")).to_have_count(len(features))
         picture.locator(f'circle[data-node="{features[0]["id"]}"]').click()
-        expect(page.get_by_label("Node")).to_contain_text("not steerable yet")
+        card = page.get_by_label("Node")
+        expect(card).to_contain_text("not steerable yet")
+        expect(card).to_contain_text(f"#{features[0]['feature']} block {features[0]['layer']} #")
+        expect(card.get_by_role("link")).to_have_count(0)  # no SAE feature page to link to
     finally:
         workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
 

@@ -80,7 +80,8 @@ function NodeCard({ node, graph, ablate, onToggle }) {
   };
   return html`<div class="node-card" aria-label="Node">
     <p><strong>${node.kind}</strong> · ${node.kind === "token" ? "embedding" : `block ${node.layer}`} · position ${node.position} (${shown(graph.tokens[node.position]?.token ?? "")})</p>
-    ${node.kind === "feature" ? html`<p><${FeatureLink} sae=${node.sae_id} index=${node.feature}>${node.label || ""}<//> · activation ${num(node.activation, 3)}</p>
+    ${node.kind === "feature" ? html`<p>${node.site === "resid" ? html`<${FeatureLink} sae=${node.sae_id} index=${node.feature}>${node.label || ""}<//>`
+        : html`<strong>#${node.feature}</strong> ${node.label || ""} <span class="meta">(transcoder ${node.sae_id})</span>`} · activation ${num(node.activation, 3)}</p>
       ${node.site === "resid" ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
         : html`<p class="note">A transcoder's feature: not steerable yet.</p>`}` : null}
     <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
