@@ -119,10 +119,10 @@ class TranscoderBook(Book):
     def _order(self, row: dict) -> object:
         return row["created_at"]
 
-    def _missing(self, key: str) -> NotFound:
+    def _missing(self, key: str, param: str = "set_id") -> NotFound:
         return NotFound(
             f"no transcoder set {key!r} is registered (GET /api/transcoders lists them)",
-            param="set_id",
+            param=param,
             code="transcoder_set_not_found",
         )
 
@@ -151,11 +151,7 @@ class TranscoderBook(Book):
         """A registered set (404 transcoder_set_not_found; 409 when its files cannot be read now)."""
         shelf = self.shelf
         if shelf.by_id.get(set_id) is None:
-            raise NotFound(
-                f"no transcoder set {set_id!r} is registered (GET /api/transcoders lists them)",
-                param=param,
-                code="transcoder_set_not_found",
-            )
+            raise self._missing(set_id, param)
         document = shelf.documents[set_id]
         if "error" in document:
             raise Conflict(
