@@ -26,7 +26,7 @@ class ResidualRead:
     """Residual vectors to keep for one row at one point: which positions, and whether before or
     after the point's additions (a request's own SAE read, or monitoring's)."""
 
-    point: int  # after this block (-1: before block 0), where an SAE reads
+    point: int  # after this block (-1: before block 0; mlp_input(L): block L's MLP input)
     after_edit: bool  # post_steering: after this point's steering delta
     positions: PositionWord | tuple[int, int]  # a word, or (start, end)
     tag: str  # who asked: "activations" or "monitoring"

@@ -18,7 +18,7 @@ import torch
 from millm.engine.constraints import GrammarSupport
 from millm.engine.prompts import template_variables
 from millm.engine.residual import Editor, ResidualEditor
-from millm.engine.runners import Runner, make_runner
+from millm.engine.runners import Runner, make_runner, mlp_norms
 from millm.engine.sources import ModelSource, file_quantization
 from millm.errors import ModelSourceError, describe
 
@@ -338,7 +338,7 @@ def load_model(
         revision=revision,
         quantization=quantization,
         runner=runner,
-        residual=ResidualEditor(model, torch_dtype, torch_device),
+        residual=ResidualEditor(model, torch_dtype, torch_device, mlp_norms(runner)),
         grammar=GrammarSupport(tokenizer, vocab_size),
         vocab_size=vocab_size,
         parameters=parameters,

@@ -11,14 +11,20 @@ slice only, so rows without one are untouched, and a point without any runs exac
 additions-only code.
 
 A lane may also install *taps*: readers that see a point's residual before and after its
-edits (what `return_sae_activations` and monitoring encode). What the vectors and operations
+edits (what `return_sae_activations` and monitoring encode).
+
+Points are ints: EMBEDDINGS, the residual after block L (L), and block L's MLP input
+(`mlp_input(L)`: the output of the norm in front of its MLP, what a transcoder reads). An MLP
+input is tapped through a forward hook on that norm module, which the lean runner calls as a
+module too. A `SourcedOperation` reads another point of the same forward pass besides the one it
+rewrites: a transcoder's clamp reads its block's MLP input and rewrites the residual after it. What the vectors and operations
 are (Σ s_i · W_dec[i] of attached SAEs, clamps of a feature) and what a read residual means is
 decided outside the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +37,25 @@ Tap = Callable[[torch.Tensor, torch.Tensor], None]
 # the rewritten residual `[T, d]`. Runs inside the forward hook on the scheduler thread, once per
 # forward pass for each row that carries it (prefill: the row's prompt positions; decode: 1).
 Operation = Callable[[torch.Tensor], torch.Tensor]
+MLP_INPUTS = 1 << 20  # points from here on are MLP inputs: block (point - MLP_INPUTS)'s
+
+
+def mlp_input(block: int) -> int:
+    """The engine's point for block `block`'s MLP input."""
+    return MLP_INPUTS + block
+
+
+@dataclass(frozen=True, eq=False)
+class SourcedOperation:
+    """An operation that also reads the values at `source`, a point earlier in the same forward
+    pass: apply(row's residual `[T, d]`, the row's values at source `[T, d]`) -> residual."""
+
+    source: int
+    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    cache_key: Hashable  # what it does, so rows with equal operations share cached KV
+
+
+AnyOperation = Operation | SourcedOperation
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,14 +64,14 @@ class ResidualEdit:
     operations applied in order after the point's additions; after_block -1 means before block 0."""
 
     additions: tuple[tuple[int, torch.Tensor], ...]
-    operations: tuple[tuple[int, Operation], ...] = ()
+    operations: tuple[tuple[int, AnyOperation], ...] = ()
 
     @property
     def points(self) -> set[int]:
         """Where this edit adds or rewrites something."""
         return {point for point, _ in self.additions} | {point for point, _ in self.operations}
 
-    def operations_at(self, point: int) -> tuple[Operation, ...]:
+    def operations_at(self, point: int) -> tuple[AnyOperation, ...]:
         """This edit's operations at `point`, in the order they apply."""
         return tuple(op for p, op in self.operations if p == point)
 
@@ -71,9 +96,10 @@ class Stacked:
     batch rows that carry operations with the operations in order."""
 
     additions: dict[int, torch.Tensor] = field(default_factory=dict)
-    operations: dict[int, tuple[tuple[int, tuple[Operation, ...]], ...]] = field(
+    operations: dict[int, tuple[tuple[int, tuple[AnyOperation, ...]], ...]] = field(
         default_factory=dict
     )
+    sources: frozenset[int] = frozenset()  # points whose values a SourcedOperation reads
 
 
 class Editor(Protocol):
@@ -109,11 +135,22 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 
 class ResidualEditor:
-    """Owns the hooks and the current batch's stacked vectors (used only on the scheduler thread)."""
+    """Owns the hooks and the current batch's stacked vectors (used only on the scheduler thread).
 
-    def __init__(self, model, dtype: torch.dtype, device: torch.device):
+    `mlp_norms`: each block's norm in front of its MLP, where MLP inputs are tapped (None: the
+    runner does not know them, and MLP-input points are refused)."""
+
+    def __init__(
+        self,
+        model,
+        dtype: torch.dtype,
+        device: torch.device,
+        mlp_norms: Sequence[torch.nn.Module] | None = None,
+    ):
         self.layers = decoder_layers(model)
+        self.mlp_norms = list(mlp_norms) if mlp_norms is not None else None
         self.dtype, self.device = dtype, device
+        self._seen: dict[int, torch.Tensor] = {}  # this forward pass's values at the sources
         self._current = Stacked()
         self._real: list[int] | None = (
             None  # real (last) columns of each batch row; None: every column
@@ -127,6 +164,12 @@ class ResidualEditor:
         if point == EMBEDDINGS:
             self._hooks[point] = self.layers[0].register_forward_pre_hook(
                 self._pre_hook, with_kwargs=True
+            )
+        elif point >= MLP_INPUTS:
+            if self.mlp_norms is None:
+                raise ValueError("this runner cannot tap a block's MLP input")
+            self._hooks[point] = self.mlp_norms[point - MLP_INPUTS].register_forward_hook(
+                self._make_post_hook(point)
             )
         else:
             self._hooks[point] = self.layers[point].register_forward_hook(
@@ -145,10 +188,20 @@ class ResidualEditor:
         tap = self._taps.get(point)
         if tap is not None:
             tap(hidden, hidden if edited is None else edited)
+        if point in self._current.sources:
+            self._seen[point] = hidden if edited is None else edited
         return edited
 
+    @property
+    def taps_mlp_inputs(self) -> bool:
+        """Whether MLP-input points can be read and edited here."""
+        return self.mlp_norms is not None
+
     def _operate(
-        self, hidden: torch.Tensor, rows: tuple[tuple[int, tuple[Operation, ...]], ...], fresh: bool
+        self,
+        hidden: torch.Tensor,
+        rows: tuple[tuple[int, tuple[AnyOperation, ...]], ...],
+        fresh: bool,
     ) -> torch.Tensor:
         """`hidden` with each listed row's real columns rewritten by its operations, in order."""
         # The forward's own tensor stays as it was: a tap reads it as the residual before the edits.
@@ -160,7 +213,10 @@ class ResidualEditor:
             start = width - self._real[row] if self._real is not None else 0
             part = edited[row, start:]
             for operation in operations:
-                part = operation(part)
+                if isinstance(operation, SourcedOperation):
+                    part = operation.apply(part, self._seen[operation.source][row, start:])
+                else:
+                    part = operation(part)
             edited[row, start:] = part
         return edited
 
@@ -205,7 +261,15 @@ class ResidualEditor:
                 (i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None
             ]
             operations[point] = tuple((i, ops) for i, ops in rows if ops)
-        return Stacked(additions, operations)
+        sources = frozenset(
+            op.source
+            for edit in present
+            for _, op in edit.operations
+            if isinstance(op, SourcedOperation)
+        )
+        for point in sources:
+            self._hook(point)
+        return Stacked(additions, operations, sources)
 
     def install(
         self,
@@ -218,6 +282,7 @@ class ResidualEditor:
         `real`: how many of each batch row's last columns are real tokens (a left-padded prefill),
         so operations rewrite only those; None when every column is real (a decode step)."""
         self._current = stacked if stacked is not None else Stacked()
+        self._seen = {}
         self._real = real
         taps = taps or {}
         for point in taps:
@@ -231,5 +296,6 @@ class ResidualEditor:
     def clear(self) -> None:
         """No additions and no readers: the next forward passes are unsteered and unread."""
         self._current = Stacked()
+        self._seen = {}
         self._real = None
         self._taps = {}

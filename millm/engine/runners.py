@@ -110,3 +110,11 @@ def make_runner(
     body = KernelPlan(device, dtype, int4=q4_weights, fixed=fixed_kernels)
     head = KernelPlan(device, torch.float32, int4=False, fixed=fixed_kernels)
     return runner_type(model, device, dtype, body, head)
+
+
+def mlp_norms(runner: Runner) -> list[torch.nn.Module] | None:
+    """Each block's norm in front of its MLP where the runner knows them (the lean runner's
+    layout), for the residual editor's MLP-input taps; None elsewhere."""
+    if not isinstance(runner, LeanRunner):
+        return None
+    return [block.mlp_norm for block in runner.layout.blocks]

@@ -1,4 +1,5 @@
-"""Reading SAE files: a SAELens directory or a Gemma Scope `params.npz`, validated before use.
+"""Reading SAE files: a SAELens directory, a Gemma Scope `params.npz`, or one transcoder file of a
+circuit-tracer set (transcoders.py; hook point `mlp`), validated before use.
 
 Every problem a file can have (a missing tensor, a wrong or transposed shape, an unknown
 architecture, a hook point millm cannot steer) becomes an SAEFormatError whose message names
@@ -28,6 +29,12 @@ from pydantic_core import ErrorDetails
 
 from millm.errors import SAEFormatError
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
+from millm.interp.transcoders import (
+    TranscoderFileError,
+    block_labels,
+    read_block,
+    set_directory,
+)
 
 SAELENS_CONFIG = "cfg.json"
 SAELENS_WEIGHTS = "sae_weights.safetensors"
@@ -119,13 +126,13 @@ class SAEInfo:
     """What the registry records about an SAE file (JSON-serialisable)."""
 
     id: str
-    format: str  # "saelens" | "gemma_scope"
-    path: str  # the directory (SAELens) or the params.npz file
+    format: str  # "saelens" | "gemma_scope" | "transcoder"
+    path: str  # the directory (SAELens), the params.npz file, or the transcoder file
     architecture: str
     d_in: int
     d_sae: int
     layer: int | None
-    hook_point: str  # "resid_post" | "resid_pre"
+    hook_point: str  # "resid_post" | "resid_pre" | "mlp" (a transcoder: reads the MLP input, writes its output)
     hook_name: str | None
     k: int | None = None
     model_name: str | None = None
@@ -303,8 +310,33 @@ def read_gemma_scope(path: Path) -> tuple[SAEInfo, SAE]:
     return info, sae
 
 
+def read_transcoder(path: Path) -> tuple[SAEInfo, SAE]:
+    """One transcoder file of a circuit-tracer set, as an SAE hooked at its block's MLP."""
+    try:
+        found = read_block(path)
+    except TranscoderFileError as exc:
+        raise SAEFormatError(str(exc)) from None
+    sae = found.sae
+    info = SAEInfo(
+        id=content_id(path),
+        format="transcoder",
+        path=str(path),
+        architecture=sae.architecture,
+        d_in=sae.d_in,
+        d_sae=sae.d_sae,
+        layer=found.block,
+        hook_point="mlp",
+        hook_name=f"blocks.{found.block}.{found.input_hook}",
+        has_labels=path.with_suffix(".labels.json").is_file(),
+    )
+    return info, sae
+
+
 def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
-    """Read whichever format `path` holds (a SAELens directory, a params.npz or a folder with one)."""
+    """Read whichever format `path` holds (a SAELens directory, a params.npz or a folder with one,
+    a transcoder file of a set)."""
+    if set_directory(path) is not None:
+        return read_transcoder(path)
     if path.is_dir():
         if (path / SAELENS_CONFIG).is_file() or (path / SAELENS_WEIGHTS).is_file():
             return read_saelens(path)
@@ -318,12 +350,18 @@ def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
     if path.is_file() and path.name in (SAELENS_CONFIG, SAELENS_WEIGHTS):
         return read_saelens(path.parent)
     raise SAEFormatError(
-        f"{path} is not an SAE: give a SAELens directory or a Gemma Scope params.npz"
+        f"{path} is not an SAE: give a SAELens directory, a Gemma Scope params.npz or one "
+        "transcoder file of a set (beside its config.yaml)"
     )
 
 
 def read_labels(info: SAEInfo) -> dict[int, dict]:
     """The SAE's shipped feature labels (index -> {label, top_tokens, ...}), or {} when it has none."""
+    if info.format == "transcoder":
+        try:
+            return block_labels(Path(info.path), info.d_sae)
+        except TranscoderFileError as exc:
+            raise SAEFormatError(str(exc)) from None
     folder = Path(info.path) if info.format == "saelens" else Path(info.path).parent
     path = folder / LABELS_FILE
     if not path.is_file():

@@ -22,6 +22,13 @@ dtype out), so each runs once per forward pass, after the point's additions:
 - cap(u, v): the residual's component along the unit vector û may be at most v:
   x − max(0, x·û − v)·û. A feature's cap uses û = W_dec[f] / |W_dec[f]|.
 
+A transcoder's features read its block's MLP input and write into the residual after the block,
+so a push along W_dec[f] never changes what f reads: there is no system to solve. Its clamp
+replaces f's write, x' = x + (t − a_f)·W_dec[f] with a_f its activation at the MLP input (read in
+the same forward pass), and ablate removes it (− a_f·W_dec[f], nothing where f is silent), which
+is how circuit-tracer intervenes on a transcoder feature. Nothing is re-encoded afterwards, so
+neither the JumpReLU threshold nor the encoder's angle to the decoder limits a target.
+
 What the clamp promise depends on, decided here once (`hold`) rather than discovered mid-row:
 - JumpReLU: a feature reads 0 unless its pre-activation is above its threshold θ_f, so a
   target 0 < t <= θ_f can never be read back: refused (400 naming the feature and θ_f).
@@ -47,7 +54,7 @@ from itertools import combinations
 import torch
 
 from millm.engine.prefix_cache import digest, keyed
-from millm.engine.residual import Operation
+from millm.engine.residual import Operation, SourcedOperation
 from millm.errors import InvalidRequest
 from millm.interp.sae import SAE, JumpReLUSAE, TopKSAE
 
@@ -192,6 +199,39 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
 
     # An SAE's id is its file's content hash: the same id and holds are the same operation.
     return keyed(operation, ("hold", sae_id, tuple(held)))
+
+
+def _activations(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x `[T, d]` -> `[T, k]` the encoded activations of these features (float32)."""
+    index = torch.tensor(indices, dtype=torch.long, device=sae.W_enc.device)
+    if isinstance(sae, TopKSAE) or sae.normalize_activations != "none":
+        return lambda x: sae.encode(x)[:, index]  # a feature's value depends on the others
+    w_enc, b_enc = sae.W_enc[:, index].float(), sae.b_enc[index].float()
+    b_dec = sae.b_dec.float() if sae.apply_b_dec_to_input else None
+    threshold = sae.threshold[index].float() if isinstance(sae, JumpReLUSAE) else None
+
+    def activations(x: torch.Tensor) -> torch.Tensor:
+        pre = (x if b_dec is None else x - b_dec) @ w_enc + b_enc
+        return torch.relu(pre) if threshold is None else torch.relu(pre) * (pre > threshold)
+
+    return activations
+
+
+def transcoder_hold(sae: SAE, sae_id: str, held: list[Held], source: int) -> SourcedOperation:
+    """The operation replacing these transcoder features' writes by their targets (0: ablate), their
+    activations read at `source` (the block's MLP input) in the same forward pass."""
+    indices = [h.index for h in held]
+    activations = _activations(sae, indices)
+    w_dec = sae.W_dec[indices].float()  # [k, d]
+    targets = torch.tensor([h.target for h in held], dtype=torch.float32, device=w_dec.device)
+    ablated = targets == 0
+
+    def apply(residual: torch.Tensor, mlp_input: torch.Tensor) -> torch.Tensor:
+        now = activations(mlp_input.float())  # [T, k]
+        push = torch.where(ablated, -now, targets - now)
+        return (residual.float() + push @ w_dec).to(residual.dtype)
+
+    return SourcedOperation(source, apply, ("transcoder hold", sae_id, tuple(held)))
 
 
 def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -139,14 +139,19 @@ def scorer(
             threshold = _percentile_value(
                 target, index, detector["percentile"], grids, model.name, param
             )
-        return Scorer(name, target.point, feature_score(target, [index], None), float(threshold))
+        return Scorer(
+            name, target.read_point, feature_score(target, [index], None), float(threshold)
+        )
     indices = [
         check_feature(target.info, f["index"], param=f"{param}.features[{i}].index")
         for i, f in enumerate(detector["features"])
     ]
     weights = [float(f["weight"]) for f in detector["features"]]
     return Scorer(
-        name, target.point, feature_score(target, indices, weights), float(detector["threshold"])
+        name,
+        target.read_point,
+        feature_score(target, indices, weights),
+        float(detector["threshold"]),
     )
 
 

@@ -36,6 +36,8 @@ class SAE:
     """Base class: shared pre-activation, decode and normalisation; subclasses define the activation."""
 
     architecture = "standard"
+    # A transcoder's skip connection `[d_out, d_in]` (x @ W_skip.T joins its output); SAEs have none.
+    W_skip: torch.Tensor | None = None
 
     def __init__(
         self,

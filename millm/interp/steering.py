@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from millm.engine.residual import EMBEDDINGS, Operation, ResidualEdit
+from millm.engine.residual import EMBEDDINGS, AnyOperation, ResidualEdit, mlp_input
 from millm.errors import InvalidFeatureIndex, InvalidRequest
 from millm.interp.formats import SAEInfo
 from millm.interp.intensity import STRENGTH_LIMIT, clamp_strength
-from millm.interp.operators import Held, feature_cap, hold
+from millm.interp.operators import Held, feature_cap, hold, transcoder_hold
 from millm.interp.sae import SAE
 
 Op = Literal["add", "clamp", "ablate", "cap"]
@@ -24,9 +24,12 @@ OPS: tuple[Op, ...] = ("add", "clamp", "ablate", "cap")
 
 
 def residual_point(layer: int, hook_point: str) -> int:
-    """The engine's residual point of a hook point at a layer: after block L for resid_post, after
-    block L-1 for resid_pre (before block 0, EMBEDDINGS, for resid_pre of layer 0)."""
-    return layer if hook_point == "resid_post" else (layer - 1 if layer > 0 else EMBEDDINGS)
+    """The engine's residual point where a hook point at a layer writes: after block L for
+    resid_post and for mlp (a transcoder's output joins the residual after its block), after block
+    L-1 for resid_pre (before block 0, EMBEDDINGS, for resid_pre of layer 0)."""
+    if hook_point in ("resid_post", "mlp"):
+        return layer
+    return layer - 1 if layer > 0 else EMBEDDINGS
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,18 @@ class Attached:
 
     @property
     def point(self) -> int:
-        """The engine's residual point of the SAE's hook point at its layer (see residual_point)."""
+        """Where its steering writes: the engine's residual point of its hook point (residual_point)."""
         return residual_point(self.layer, self.info.hook_point)
+
+    @property
+    def transcoder(self) -> bool:
+        """Whether it reads its block's MLP input and writes the MLP's output (hook point mlp)."""
+        return self.info.hook_point == "mlp"
+
+    @property
+    def read_point(self) -> int:
+        """Where its features are read: its block's MLP input for a transcoder, else `point`."""
+        return mlp_input(self.layer) if self.transcoder else self.point
 
 
 @dataclass(frozen=True)
@@ -201,7 +214,7 @@ def feature_edit(
         for sae_id, ops in features.items()
     }
     added = steering_edit(adds, attached)
-    operations: list[tuple[int, Operation]] = []
+    operations: list[tuple[int, AnyOperation]] = []
     for sae_id, ops in sorted(features.items()):
         target = attached.get(sae_id)
         if target is None:
@@ -219,7 +232,10 @@ def feature_edit(
             for index, f in sorted(ops.items())
             if f.op in ("clamp", "ablate")
         ]
-        if held:
+        if held and target.transcoder:
+            operation = transcoder_hold(target.sae, sae_id, held, target.read_point)
+            operations.append((target.point, operation))
+        elif held:
             operations.append((target.point, hold(target.sae, sae_id, held, param)))
     if not operations:
         return added

@@ -15,6 +15,10 @@ with a clear message: the replacement model has no place for them yet.
 
 A transcoder file may have its features' labels beside it, in any labels document millm imports
 (labels.py): `layer_3.safetensors` -> `layer_3.labels.json`; graphs show them on their nodes.
+
+One file of a set is also an SAE of its own (`read_block`): registered by its path like any SAE,
+attached at its block, its features read at the MLP's input and written into the residual after
+the block (hook point `mlp`), so they are inspected, calibrated and steered as SAE features are.
 """
 
 from __future__ import annotations
@@ -175,8 +179,55 @@ def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
     return JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False), skip
 
 
-def _labels(path: Path, width: int) -> dict[int, dict]:
-    """The labels beside a transcoder file (none when there is no such file)."""
+@dataclass(frozen=True)
+class Block:
+    """One transcoder file of a set, as an SAE of its own: its block, weights and the set's hooks."""
+
+    block: int
+    sae: SAE
+    input_hook: str
+    path: Path
+
+
+SET_DEPTH = 3  # how far above a file its set's config.yaml may be (Gemma Scope: layer_i/width/params.npz)
+
+
+def set_directory(path: Path) -> Path | None:
+    """The directory of the transcoder set that file `path` belongs to (a config.yaml of a
+    transcoder kind at most SET_DEPTH folders up), or None: then it is not a transcoder."""
+    if not path.is_file():
+        return None
+    for directory in list(path.parents)[:SET_DEPTH]:
+        config = directory / "config.yaml"
+        if not config.is_file():
+            continue
+        try:
+            kind = (yaml.safe_load(config.read_text()) or {}).get("model_kind")
+        except (yaml.YAMLError, AttributeError, OSError, UnicodeDecodeError):
+            continue
+        if kind in ("transcoder_set", "cross_layer_transcoder"):
+            return directory
+    return None
+
+
+def read_block(path: Path) -> Block:
+    """The transcoder in file `path` of a set, with its block read from the set's config or file names."""
+    directory = set_directory(path)
+    if directory is None:
+        raise TranscoderFileError(f"{path} is not a file of a transcoder set (no config.yaml above it)")
+    config = _config(directory)
+    files = _files(directory, config)
+    block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
+    if block is None:
+        raise TranscoderFileError(f"{path.name} is not one of the transcoders {directory} lists")
+    sae, skip = _transcoder(path, block)
+    sae.W_skip = skip
+    return Block(block, sae, config["feature_input_hook"], path)
+
+
+def block_labels(path: Path, width: int) -> dict[int, dict]:
+    """The labels beside a transcoder file (none when there is no such file; TranscoderFileError
+    when they do not fit)."""
     found = path.with_suffix(".labels.json")
     if not found.is_file():
         return {}
@@ -207,6 +258,6 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
         architecture=first.architecture,
         input_hook=config["feature_input_hook"],
         output_hook=config["feature_output_hook"],
-        labels={layer: _labels(path, layers[layer].d_sae) for layer, path in files.items()},
+        labels={layer: block_labels(path, layers[layer].d_sae) for layer, path in files.items()},
         skips={layer: skip for layer, (_, skip) in read.items() if skip is not None},
     )

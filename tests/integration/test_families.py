@@ -19,6 +19,7 @@ from millm.engine.jobs import (
     ScoringJob,
 )
 from millm.engine.runner_lean import LeanRunner
+from millm.engine.residual import mlp_input
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
 from millm.interp.steering import steering_edit
@@ -177,6 +178,26 @@ def test_reads_equal_an_offline_encode(family, tmp_path):
     )  # the prompt and every generated token but the last
     assert float((captured.encoded - offline).abs().max()) < 1e-4, name
     assert int((offline > 0).sum()) > 0
+
+
+def test_mlp_input_reads_equal_the_stock_mlp_input(family):
+    """A read of block 1's MLP input (what a transcoder encodes), prompt and decode steps, equals
+    the input transformers' own MLP module receives."""
+    name, directory, lm = family
+    prompt = prompt_ids(lm, LONG)
+    read = ResidualRead(mlp_input(1), False, "all", "mlp-input")
+    outcome = generate(
+        lm, [RowSpec(tuple(prompt), SamplingParams(temperature=0.0), 6, reads=(read,))]
+    )
+    captured = next(e for e in outcome.events if isinstance(e, ResidualsRead))
+    reference, seen = stock(directory), {}
+    block = reference.get_decoder().layers[1] if name != "gpt2" else reference.transformer.h[1]
+    block.mlp.register_forward_hook(lambda m, args, out: seen.update(x=args[0][0]))
+    with torch.inference_mode():
+        reference(torch.tensor([list(captured.token_ids)]))
+    want = seen["x"][list(captured.positions)]
+    assert len(captured.positions) == len(prompt) + 5
+    assert float((captured.residuals - want).abs().max()) < 1e-4, name
 
 
 def test_scoring_beside_a_steered_batch_stays_unsteered(family, tmp_path):

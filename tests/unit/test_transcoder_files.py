@@ -115,3 +115,23 @@ def test_a_skip_connection_is_kept_beside_its_transcoder(tmp_path):
     assert sorted(found.skips) == [0, 1, 2]
     stored = load_file(str(directory / "layer_1.safetensors"))["W_skip"]
     assert torch.equal(found.skips[1], stored)
+
+
+def test_one_file_of_a_set_reads_as_an_sae_hooked_at_its_blocks_mlp(tmp_path):
+    from millm.interp.formats import read_sae
+
+    directory = build_transcoder_set(tmp_path / "set", labels=True)
+    info, sae = read_sae(directory / "layer_2.safetensors")
+    assert (info.format, info.hook_point, info.layer) == ("transcoder", "mlp", 2)
+    assert info.hook_name == "blocks.2.mlp.hook_in" and info.has_labels
+    assert torch.equal(sae.W_dec, read_transcoder_set(directory).layers[2].W_dec)
+    # A listed Gemma Scope file two folders below its set's config takes its place in the list.
+    path = build_gemma_scope_npz(tmp_path / "gs" / "layer_1" / "width_48" / "params.npz")
+    build_gemma_scope_npz(tmp_path / "gs" / "layer_0" / "width_48" / "params.npz", seed=1)
+    listed = "transcoders:\n  - layer_0/width_48/params.npz\n  - layer_1/width_48/params.npz\n"
+    (tmp_path / "gs" / "config.yaml").write_text(CONFIG + listed)
+    info, _ = read_sae(path)
+    assert (info.format, info.layer, info.architecture) == ("transcoder", 1, "jumprelu")
+    # Without a set's config above it, the same file is a Gemma Scope SAE of the residual.
+    (tmp_path / "gs" / "config.yaml").unlink()
+    assert read_sae(path)[0].format == "gemma_scope"

@@ -83,11 +83,14 @@ def sae_sources(
             )
         if found.point in layers:
             raise InvalidRequest(
-                f"SAEs {layers[found.point]} and {name} both read after block {found.point}; a graph takes one source per block",
+                f"SAEs {layers[found.point]} and {name} both write after block {found.point}; a graph takes one source per block",
                 param=param,
             )
         layers[found.point] = name
-        sources.append(Source(name, found.sae, found.point, "resid"))
+        if found.transcoder:
+            sources.append(Source(name, found.sae, found.layer, "mlp", found.sae.W_skip))
+        else:
+            sources.append(Source(name, found.sae, found.point, "resid"))
     return sources
 
 

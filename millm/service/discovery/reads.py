@@ -51,7 +51,7 @@ def discovery_read(
             positions = tuple(range(SKIPPED_POSITIONS, SKIPPED_POSITIONS + acts.shape[0]))
             return summarise(acts, positions)
 
-    return ResidualRead(attached.point, True, "prompt", TAG, encode=encode)
+    return ResidualRead(attached.read_point, True, "prompt", TAG, encode=encode)
 
 
 async def read_passes(

@@ -221,7 +221,7 @@ class Monitor:
         request_id = f"req-{next(self._ids)}"
         top_k = config["top_k"]
         read = ResidualRead(
-            chosen.point,
+            chosen.read_point,
             False,
             config["positions"],
             "monitoring",

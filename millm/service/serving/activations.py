@@ -63,7 +63,7 @@ class ActivationRead:
     def engine_read(self) -> ResidualRead:
         """What the engine captures for it (and encodes, on its own thread)."""
         return ResidualRead(
-            self.attached.point,
+            self.attached.read_point,
             self.read_point == "post_steering",
             self.positions,
             "activations",

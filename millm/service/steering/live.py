@@ -385,3 +385,10 @@ def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:
             param="layer",
             code="sae_model_mismatch",
         )
+    if info.hook_point == "mlp" and not getattr(lm.residual, "taps_mlp_inputs", False):
+        raise InvalidRequest(
+            f"{info.id} is a transcoder: it reads block {layer}'s MLP input, which {lm.name}'s "
+            f"{lm.runner.name} runner cannot tap (only the lean runner's families can)",
+            param="sae_id",
+            code="sae_model_mismatch",
+        )

@@ -168,6 +168,12 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     shape = model_shape(lm)
     if body.sae_id is not None:
         attached = pick_attached(dict(state.steering.attached), body.sae_id, "sae_id")
+        if attached.transcoder:
+            raise InvalidRequest(
+                f"{attached.info.id} is a transcoder: it reads block {attached.layer}'s MLP input, and a "
+                "probe reads the residual stream; give layer (and hook_point) instead",
+                param="sae_id",
+            )
         layer, hook_point = attached.layer, attached.info.hook_point
     else:
         assert body.layer is not None  # _one_place
