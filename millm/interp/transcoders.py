@@ -189,7 +189,9 @@ class Block:
     path: Path
 
 
-SET_DEPTH = 3  # how far above a file its set's config.yaml may be (Gemma Scope: layer_i/width/params.npz)
+SET_DEPTH = (
+    3  # how far above a file its set's config.yaml may be (Gemma Scope: layer_i/width/params.npz)
+)
 
 
 def set_directory(path: Path) -> Path | None:
@@ -214,7 +216,9 @@ def read_block(path: Path) -> Block:
     """The transcoder in file `path` of a set, with its block read from the set's config or file names."""
     directory = set_directory(path)
     if directory is None:
-        raise TranscoderFileError(f"{path} is not a file of a transcoder set (no config.yaml above it)")
+        raise TranscoderFileError(
+            f"{path} is not a file of a transcoder set (no config.yaml above it)"
+        )
     config = _config(directory)
     files = _files(directory, config)
     block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)

@@ -137,9 +137,7 @@ def drawn(answer: dict) -> tuple[list[int], list[float]]:
 
 
 @pytest.mark.parametrize("op", ["add", "clamp", "ablate"])
-def test_steering_writes_into_the_mlp_output_as_the_reference_does(
-    server, offline, transcoder, op
-):
+def test_steering_writes_into_the_mlp_output_as_the_reference_does(server, offline, transcoder, op):
     prompt = api(server, "POST", "/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
     prompt_ids = prompt["tokens"]
     feature = busiest(transcoder, offline, prompt_ids)

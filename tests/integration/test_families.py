@@ -18,8 +18,8 @@ from millm.engine.jobs import (
     ScoresReady,
     ScoringJob,
 )
-from millm.engine.runner_lean import LeanRunner
 from millm.engine.residual import mlp_input
+from millm.engine.runner_lean import LeanRunner
 from millm.engine.sampling import SamplingParams
 from millm.engine.scheduler import Scheduler
 from millm.interp.steering import steering_edit
