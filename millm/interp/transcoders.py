@@ -58,6 +58,7 @@ class TranscoderSet:
     output_hook: str
     labels: dict[int, dict[int, dict]]  # block -> feature -> {"label", <what the document said>}
     skips: dict[int, torch.Tensor]  # block -> W_skip [d_model, d_model], for those that have one
+    files: dict[int, Path]  # block -> its transcoder's file
 
 
 def _config(directory: Path) -> dict:
@@ -264,4 +265,5 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
         output_hook=config["feature_output_hook"],
         labels={layer: block_labels(path, layers[layer].d_sae) for layer, path in files.items()},
         skips={layer: skip for layer, (_, skip) in read.items() if skip is not None},
+        files=files,
     )

@@ -286,10 +286,20 @@ def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny
         n["label"] == f"block {n['layer']} #{n['feature']}" for n in features
     )  # the labels beside each transcoder file
     feature = features[0]
-    refused = post(
+    # A profile of a set's feature names its block's file, registered as an SAE on the way.
+    made = post(
         server, f"/api/attribution/{graph['id']}/profile", {"name": "tc", "nodes": [feature["id"]]}
     )
-    assert error(refused, 400)["param"] == "nodes[0]"
+    assert made.status_code == 201, made.text
+    (entry,) = made.json()["document"]["steering"]
+    block_file = directory / f"layer_{feature['layer']}.safetensors"
+    registered_sae = api(server, "GET", f"/api/saes/{entry['sae_id']}").json()
+    assert registered_sae["path"] == str(block_file.resolve())
+    assert registered_sae["format"] == "transcoder"
+    assert entry["features"] == [{"index": feature["feature"], "op": "ablate"}]
+    assert found["files"] == [
+        str((directory / f"layer_{i}.safetensors").resolve()) for i in range(3)
+    ]
     assert api(server, "DELETE", f"/api/transcoders/{found['id']}").json()["deleted"] is True
     gone = post(server, "/api/attribution", {"text": TEXT, "transcoders": found["id"]})
     assert error(gone, 404, "transcoder_set_not_found")["param"] == "transcoders"

@@ -257,8 +257,9 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
 
 
 def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
-    """The source picker lists the registered sets; a graph traced from one is the exact kind,
-    and its features' cards say they do not steer yet."""
+    """The source picker lists the registered sets; a graph traced from one is the exact kind;
+    a feature's card attaches its block's transcoder file as an SAE, then links to its feature
+    page and ablates it."""
     from tests.support.server import TEST_ROOT
     from tests.support.tiny_transcoders import build_transcoder_set
 
@@ -289,10 +290,24 @@ def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
         expect(picture.locator("circle.feature")).to_have_count(len(features))
         picture.locator(f'circle[data-node="{features[0]["id"]}"]').click()
         card = page.get_by_label("Node")
-        expect(card).to_contain_text("not steerable yet")
-        expect(card).to_contain_text(f"#{features[0]['feature']} block {features[0]['layer']} #")
-        expect(card.get_by_role("link")).to_have_count(0)  # no SAE feature page to link to
+        layer = features[0]["layer"]
+        expect(card).to_contain_text(f"#{features[0]['feature']} block {layer} #")
+        expect(card.get_by_role("link")).to_have_count(0)  # not an SAE yet: no feature page
+        card.get_by_role("button", name=f"Attach block {layer}'s transcoder to steer it").click()
+        expect(card.get_by_role("link")).to_have_count(1)
+        card.get_by_label("ablate this feature").check()
+        page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
+        expect(page.get_by_role("heading", name="ablated")).to_be_visible()
+        attached = [
+            s
+            for s in workbench.api("GET", "/api/saes").json()["data"]
+            if s["format"] == "transcoder" and s["attached"]
+        ]
+        assert [s["path"] for s in attached] == [registered["files"][layer]]
     finally:
+        for sae in workbench.api("GET", "/api/saes").json()["data"]:
+            if sae["format"] == "transcoder":
+                workbench.api("POST", f"/api/saes/{sae['id']}/detach")
         workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from millm.protocol.attribution import (
     AttributionGraph,
+    GraphNode,
     AttributionRequest,
     ImportedGraph,
     SubgraphCircuit,
@@ -50,14 +51,26 @@ class Attribution:
         return graph
 
     def profile(self, graph_id: str, body: SubgraphProfile) -> dict:
-        """Store a profile steering the chosen feature nodes (blocking: a store write)."""
-        stored = self.state.profiles.create(profile_document(self.book.get(graph_id), body))
+        """Store a profile steering the chosen feature nodes (blocking: store writes)."""
+        document = profile_document(self.book.get(graph_id), body, self._sae_of)
+        stored = self.state.profiles.create(document)
         return {**stored, "active": False}  # a new profile is never the active one
 
     def circuit(self, graph_id: str, body: SubgraphCircuit) -> dict:
-        """Store a miStudio circuit of the chosen feature nodes (blocking: a store write)."""
-        document = circuit_document(self.book.get(graph_id), body)
+        """Store a miStudio circuit of the chosen feature nodes (blocking: store writes)."""
+        document = circuit_document(self.book.get(graph_id), body, self._sae_of)
         return self.state.circuits.import_raw(json.dumps(document).encode(), on_conflict="fail")
+
+    def _sae_of(self, node: GraphNode, i: int) -> str:
+        """The SAE steering a chosen node's feature: the node's own, or for a feature of a
+        registered transcoder set its block's file, registered as an SAE here (blocking)."""
+        name = str(node.sae_id)
+        if node.site != "mlp" or "/" not in name:
+            return name
+        set_id, block = name.split("/", 1)
+        path = self.transcoders.get(set_id, param=f"nodes[{i}]").transcoders.files[int(block)]
+        info, _ = self.state.registrations.sae(str(path), None, None)
+        return info.id
 
     async def register_transcoders(self, path: str) -> dict:
         """POST /api/transcoders: read a set from an allowed directory and keep it."""

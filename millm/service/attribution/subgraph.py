@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 from millm.errors import InvalidRequest
 from millm.protocol.attribution import (
@@ -39,13 +40,13 @@ def chosen_features(graph: AttributionGraph, chosen: list[str]) -> list[GraphNod
                 f"node {node_id!r} is a {node.kind} node; only feature nodes steer",
                 param=f"nodes[{i}]",
             )
-        if node.site != "resid":
-            raise InvalidRequest(
-                f"node {node_id!r} is a transcoder's feature; steering transcoder features is not offered yet",
-                param=f"nodes[{i}]",
-            )
         found.append(node)
     return found
+
+
+# A chosen feature node and its place in `nodes` -> the id of the SAE that steers its feature
+# (a set's transcoder: its block's file, registered as an SAE on the way).
+SAEOf = Callable[[GraphNode, int], str]
 
 
 def _described(graph: AttributionGraph, count: int, given: str | None, what: str) -> str:
@@ -55,14 +56,14 @@ def _described(graph: AttributionGraph, count: int, given: str | None, what: str
     return f"{what} {count} node(s) of attribution graph {graph.id} ({target!r})"
 
 
-def profile_document(graph: AttributionGraph, body: SubgraphProfile) -> dict:
+def profile_document(graph: AttributionGraph, body: SubgraphProfile, sae_of: SAEOf) -> dict:
     """A millm.profile (version 2) steering the chosen feature nodes' features."""
     by_sae: dict[str, dict[int, dict[str, object]]] = {}
-    for node in chosen_features(graph, body.nodes):
+    for i, node in enumerate(chosen_features(graph, body.nodes)):
         entry: dict[str, object] = {"index": node.feature, "op": body.op}
         if body.op == "add":
             entry["strength"] = body.strength
-        by_sae.setdefault(str(node.sae_id), {})[int(node.feature or 0)] = entry
+        by_sae.setdefault(sae_of(node, i), {})[int(node.feature or 0)] = entry
     return {
         "kind": "millm.profile",
         "version": 2,
@@ -76,13 +77,13 @@ def profile_document(graph: AttributionGraph, body: SubgraphProfile) -> dict:
     }
 
 
-def circuit_document(graph: AttributionGraph, body: SubgraphCircuit) -> dict:
+def circuit_document(graph: AttributionGraph, body: SubgraphCircuit, sae_of: SAEOf) -> dict:
     """A mistudio.circuit-definition of the chosen feature nodes: one feature_ref member per
     feature (at `strength`), the graph's edges between them at rung 1 (attribution-supported)."""
     nodes = chosen_features(graph, body.nodes)
     members: dict[tuple[int, int], dict] = {}
     saes: dict[int, dict] = {}
-    for node in nodes:
+    for i, node in enumerate(nodes):
         feature = int(node.feature or 0)
         members[(node.layer, feature)] = {
             "layer": node.layer,
@@ -95,9 +96,9 @@ def circuit_document(graph: AttributionGraph, body: SubgraphCircuit) -> dict:
             },
         }
         saes[node.layer] = {
-            "mistudio_sae_id": node.sae_id,
+            "mistudio_sae_id": sae_of(node, i),
             "layer": node.layer,
-            "hook_type": "resid_post",
+            "hook_type": "resid_post" if node.site == "resid" else "mlp",
         }
     chosen = {n.id: n for n in nodes}
     edges = [

@@ -54,6 +54,7 @@ class Registered:
             "feature_output_hook": found.output_hook,
             "labelled_features": sum(len(labels) for labels in found.labels.values()),
             "skip_connections": sorted(found.skips),
+            "files": [str(found.files[layer]) for layer in sorted(found.files)],
         }
 
     def sources(self, lm: LoadedModel, param: str) -> list[Source]:

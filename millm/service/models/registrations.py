@@ -51,7 +51,7 @@ class ClientRegistrations:
             return self.saes.register(None, repo, path, revision)
         if not path:
             raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
-        registered = self.saes.register(str(self.paths.local(path, "path")), None, None, revision)
+        registered = self.saes.register(str(self.sae_readable(path)), None, None, revision)
         self.calibrations.import_shipped(
             registered[0]
         )  # a calibration.json shipped beside the weights
@@ -63,8 +63,11 @@ class ClientRegistrations:
         local = self.paths.model_reference(reference, "source")
         return self.models.register(reference, name, local=local)
 
-    def sae_readable(self, path: str) -> None:
-        """403 path_not_allowed unless this replica may read an SAE file at `path` (another
-        replica's allowed paths may differ); the SAEs that ship with millm are always readable."""
-        if not inside(resolved(path), (SHIPPED_DIR,)):
-            self.paths.local(path, "path")
+    def sae_readable(self, path: str) -> Path:
+        """`path` resolved, or 403 path_not_allowed unless this replica may read an SAE file there
+        (another replica's allowed paths may differ); what ships with millm is always readable
+        (the demo transcoder set's files register as SAEs)."""
+        found = resolved(path)
+        if found is not None and inside(found, (SHIPPED_DIR,)):
+            return found
+        return self.paths.local(path, "path")

@@ -70,7 +70,20 @@ function GraphPicture({ graph, chosen, onChoose }) {
   </svg>`;
 }
 
-function NodeCard({ node, graph, ablate, onToggle }) {
+/** The SAE a feature node steers as: its own, or for a transcoder set's feature its block's file once attached. */
+const steeredBy = (node, steerAs) => (node.sae_id?.includes("/") ? steerAs.get(node.sae_id) : node.sae_id);
+
+/** Register and attach the block's transcoder file of a set's feature node as an SAE; its id. */
+async function attachBlock(node, sets) {
+  const [setId, block] = node.sae_id.split("/");
+  const found = sets.find((s) => s.id === setId);
+  if (!found) throw new Error(`transcoder set ${setId} is no longer registered`);
+  const registered = await api.saes.register({ path: found.files[Number(block)] });
+  await api.saes.attach(registered.id);
+  return registered.id;
+}
+
+function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy }) {
   if (!node) return html`<p class="note">Click a node for its card.</p>`;
   const into = graph.edges.filter((e) => e.target === node.id).slice(0, 5);
   const out = graph.edges.filter((e) => e.source === node.id).slice(0, 5);
@@ -80,10 +93,10 @@ function NodeCard({ node, graph, ablate, onToggle }) {
   };
   return html`<div class="node-card" aria-label="Node">
     <p><strong>${node.kind}</strong> · ${node.kind === "token" ? "embedding" : `block ${node.layer}`} · position ${node.position} (${shown(graph.tokens[node.position]?.token ?? "")})</p>
-    ${node.kind === "feature" ? html`<p>${node.site === "resid" ? html`<${FeatureLink} sae=${node.sae_id} index=${node.feature}>${node.label || ""}<//>`
-        : html`<strong>#${node.feature}</strong> ${node.label || ""} <span class="meta">(transcoder ${node.sae_id})</span>`} · activation ${num(node.activation, 3)}</p>
-      ${node.site === "resid" ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
-        : html`<p class="note">A transcoder's feature: not steerable yet.</p>`}` : null}
+    ${node.kind === "feature" ? html`<p>${steeredBy(node, steerAs) ? html`<${FeatureLink} sae=${steeredBy(node, steerAs)} index=${node.feature}>${node.label || ""}<//>`
+        : html`<strong>#${node.feature}</strong> ${node.label || ""}`}${node.site === "mlp" ? html` <span class="meta">(transcoder, block ${node.layer})</span>` : null} · activation ${num(node.activation, 3)}</p>
+      ${steeredBy(node, steerAs) ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
+        : html`<button type="button" disabled=${busy} onClick=${() => onAttach(node)}>Attach block ${node.layer}'s transcoder to steer it</button>`}` : null}
     <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
     ${into.length ? html`<p>from: ${into.map((e) => html`<span class="pill">${named(e.source)} ${num(e.weight, 2)}</span>`)}</p>` : null}
     ${out.length ? html`<p>to: ${out.map((e) => html`<span class="pill">${named(e.target)} ${num(e.weight, 2)}</span>`)}</p>` : null}
@@ -91,18 +104,19 @@ function NodeCard({ node, graph, ablate, onToggle }) {
 }
 
 /** The chosen nodes' features, one entry per SAE, as a request's `steering` that ablates them. */
-function ablating(graph, ids) {
+function ablating(graph, ids, steerAs) {
   const bySae = new Map();
   for (const node of graph.nodes.filter((n) => ids.includes(n.id))) {
-    if (!bySae.has(node.sae_id)) bySae.set(node.sae_id, new Set());
-    bySae.get(node.sae_id).add(node.feature);
+    const sae = steeredBy(node, steerAs);
+    if (!bySae.has(sae)) bySae.set(sae, new Set());
+    bySae.get(sae).add(node.feature);
   }
   return { steering: [...bySae].map(([sae_id, features]) => ({ sae_id, features: [...features].map((index) => ({ index, op: "ablate" })) })) };
 }
 
 /** The next token's top candidates and a short continuation, with the chosen nodes' features ablated or not. */
-async function nextTokens(graph, text, ids) {
-  const steering = ids.length ? { steering: ablating(graph, ids) } : {};
+async function nextTokens(graph, text, ids, steerAs) {
+  const steering = ids.length ? { steering: ablating(graph, ids, steerAs) } : {};
   const answer = await api.completion({ model: graph.model, prompt: text, max_tokens: 6, temperature: 0, logprobs: 5, ...steering });
   const top = answer.choices[0].logprobs.top_logprobs[0];
   return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
@@ -129,12 +143,12 @@ function SaveSubgraph({ graph, ablate }) {
   </div>`;
 }
 
-function Ablation({ graph, text, ablate }) {
+function Ablation({ graph, text, ablate, steerAs }) {
   const [result, setResult] = useState(null);
   const act = useAction();
   const features = [...ablate];
   if (graph.method === "imported") return html`<${Note}>An imported graph: its features are not this server's to ablate.<//>`;
-  const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, []), after: await nextTokens(graph, text, features) }));
+  const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, [], steerAs), after: await nextTokens(graph, text, features, steerAs) }));
   const side = (label, r) => html`<div><h4>${label}</h4><p class="continuation">${JSON.stringify(r.text)}</p>
     <ol>${r.top.map(([token, lp]) => html`<li>${shown(token)} ${num(Math.exp(lp), 3)}</li>`)}</ol></div>`;
   return html`<div class="ablation">
@@ -153,7 +167,9 @@ export default function AttributionPanel() {
   const [graph, setGraph] = useState(null);
   const [chosen, setChosen] = useState(null);
   const [ablate, setAblate] = useState(new Set());
+  const [steerAs, setSteerAs] = useState(new Map());
   const act = useAction();
+  const attach = (node) => act.run(async () => setSteerAs(new Map(steerAs).set(node.sae_id, await attachBlock(node, sets.value?.data ?? []))));
   const run = (e) => {
     e.preventDefault();
     act.run(async () => {
@@ -190,7 +206,7 @@ export default function AttributionPanel() {
         ${`${num(graph.seconds, 1)} s `}
         <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
       <div class="graph-with-card"><${GraphPicture} graph=${graph} chosen=${chosen} onChoose=${setChosen} />
-        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} /></div>
-      <${Ablation} graph=${graph} text=${text} ablate=${ablate} />` : null}
+        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} /></div>
+      <${Ablation} graph=${graph} text=${text} ablate=${ablate} steerAs=${steerAs} />` : null}
   <//>`;
 }
