@@ -8,8 +8,8 @@ from typing import Any
 
 from millm.protocol.attribution import (
     AttributionGraph,
-    GraphNode,
     AttributionRequest,
+    GraphNode,
     ImportedGraph,
     SubgraphCircuit,
     SubgraphProfile,

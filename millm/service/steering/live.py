@@ -192,7 +192,7 @@ class Steering:
             self.changes += 1
 
     def restore(
-        self, lm: LoadedModel | None, may_read: Callable[[str], None] | None = None
+        self, lm: LoadedModel | None, may_read: Callable[[str], object] | None = None
     ) -> None:
         """Make what is attached here match the stored attachments for `lm` (after a load, or another
         replica's attach or detach). An SAE this process cannot attach (another model's, a path it may
