@@ -6,8 +6,8 @@ its depth; it is checked at registration and again when a graph uses it (the mod
 changed since). The store keeps where each set lies; the book reads the files when it is made,
 after a registration and when another replica registers one, and keeps the sets in memory (at
 most SETS_KEPT), so a graph request never reads a file. A set whose files can no longer be read
-stays registered and is refused by name, with the reason, until it is deleted. Transcoders are
-graph sources: inspecting, calibrating or steering their features is not offered yet.
+stays registered and is refused by name, with the reason, until it is deleted. Each file of a
+set is also an SAE of its own (interp/formats.py): that is how its features are read and steered.
 """
 
 from __future__ import annotations
