@@ -446,7 +446,8 @@ def test_the_attribution_graph_traces_paris_and_its_check_holds(demo, page, shoo
 
 def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoot):
     """The shipped transcoder set is registered at the first start; picked in the panel, it gives
-    the exact kind of graph (a transcoder on every block), with labelled features."""
+    the exact kind of graph (a transcoder on every block), with labelled features; the top
+    feature's block attaches from its card, and ablating it lowers " Paris"."""
     (shipped,) = [
         s
         for s in demo.api("GET", "/api/transcoders").json()["data"]
@@ -481,6 +482,24 @@ def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoo
     assert features and sum(bool(n["label"]) for n in features) >= 0.9 * len(features)
     top = min(features, key=lambda n: n["influence"])
     picture.locator(f'circle[data-node="{top["id"]}"]').click()
-    expect(page.get_by_label("Node")).to_contain_text(top["label"])
-    show(page, page.get_by_role("region", name="Attribution graph"))
-    shoot(page, "attribution-transcoders")
+    card = page.get_by_label("Node")
+    expect(card).to_contain_text(top["label"])
+    try:
+        card.get_by_role("button", name=f"Attach block {top['layer']}'s transcoder to steer it").click()
+        card.get_by_label("ablate this feature").check()
+        page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
+        ablated = page.locator(".ablation .cols > div").nth(1)
+        expect(ablated).to_contain_text("Paris", timeout=60_000)
+        served_p, ablated_p = (
+            float(side.locator("li", has_text="Paris").first.inner_text().split()[-1])
+            for side in page.locator(".ablation .cols > div").all()
+        )
+        assert ablated_p < served_p  # the graph's top feature carried " Paris"
+        show(page, page.get_by_role("region", name="Attribution graph"))
+        shoot(page, "attribution-transcoders")
+        show(page, page.locator(".ablation"))
+        shoot(page, "attribution-transcoders-ablated")
+    finally:
+        for sae in demo.api("GET", "/api/saes").json()["data"]:
+            if sae["format"] == "transcoder":
+                demo.api("POST", f"/api/saes/{sae['id']}/detach")
