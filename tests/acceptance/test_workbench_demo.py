@@ -485,7 +485,9 @@ def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoo
     card = page.get_by_label("Node")
     expect(card).to_contain_text(top["label"])
     try:
-        card.get_by_role("button", name=f"Attach block {top['layer']}'s transcoder to steer it").click()
+        card.get_by_role(
+            "button", name=f"Attach block {top['layer']}'s transcoder to steer it"
+        ).click()
         card.get_by_label("ablate this feature").check()
         page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
         ablated = page.locator(".ablation .cols > div").nth(1)

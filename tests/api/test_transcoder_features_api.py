@@ -224,3 +224,39 @@ def test_a_probe_cannot_read_where_a_transcoder_reads(server):
     refused = post(server, "/api/probes/train", body)
     assert "is a transcoder" in error(refused, 400)["message"]
     assert error(refused, 400)["param"] == "sae_id"
+
+
+def test_a_graph_steered_by_a_transcoder_clamp_is_the_clamped_models(server, offline, transcoder):
+    """The replacement pass applies the clamp as the served model does: its target is the
+    logit difference of the stock model whose MLP output the hook rewrites."""
+    prompt_ids = api(server, "POST", "/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
+    feature = busiest(transcoder, offline, prompt_ids["tokens"])
+    profile = {
+        "name": "tc-clamp",
+        "steering": [
+            {
+                "sae_id": server.ids[BLOCK],
+                "features": [{"index": feature, "op": "clamp", "value": 3.0}],
+            }
+        ],
+    }
+    assert post(server, "/api/profiles", profile).status_code == 201
+    steering = {"profile": "tc-clamp"}
+    asked = {"text": PROMPT, "target": {"token": 5, "versus": 6}, "max_feature_nodes": 8}
+    answer = post(server, "/api/attribution", {**asked, "verify": 2, "steering": steering})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    row = transcoder.W_dec[feature]
+
+    def clamp(mlp_input, output):
+        now = transcoder.encode(mlp_input[0])[:, feature]
+        return output + ((3.0 - now)[:, None] * row)[None]
+
+    ids = [t["token_id"] for t in body["tokens"]]
+    _, clean = offline(ids)
+    _, clamped = offline(ids, clamp)
+    want = float(clamped[-1, 5] - clamped[-1, 6])
+    assert body["steered"] is True
+    assert body["target"]["value"] == pytest.approx(want, abs=1e-4)
+    assert body["verification"]["served_value"] == pytest.approx(want, abs=1e-4)
+    assert abs(want - float(clean[-1, 5] - clean[-1, 6])) > 1e-3

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from millm.engine.attention import rotate
 from millm.engine.families import BlockLayout, ModelLayout
-from millm.engine.residual import EMBEDDINGS, ResidualEdit
+from millm.engine.residual import EMBEDDINGS, ResidualEdit, SourcedOperation, mlp_input
 from millm.interp.sae import SAE
 
 Site = Literal["resid", "mlp"]
@@ -190,6 +190,7 @@ class ReplacementModel:
         self.norms: dict[int, FrozenNorm] = {}
         self.weights: dict[int, torch.Tensor] = {}
         self.hold: Hold = _live
+        self.seen: dict[int, torch.Tensor] = {}  # this pass's MLP inputs, for a transcoder's clamp
         self.final_norm = self._norm(layout.final_norm)
         for block in layout.blocks:
             for module in (
@@ -305,11 +306,13 @@ class ReplacementModel:
         x = embeddings[None] + z_embed + self._shift(0, x_like=embeddings)
         by_place = {(s.layer, s.site): s for s in sources}
         traces: list[SourceTrace] = []
+        self.seen = {}
         x = self._after(EMBEDDINGS, x, by_place, traces, edit)
         for block in self.layout.blocks:
             a = self.attention(block, self.norm(block.attn_norm, x), pos)
             h = x if block.parallel else x + a
             mlp_in = self.norm(block.mlp_norm, h)
+            self.seen[mlp_input(block.index)] = mlp_in
             transcoder = by_place.get((block.index, "mlp"))
             if transcoder is None:
                 m = self.mlp(block, mlp_in)
@@ -331,7 +334,12 @@ class ReplacementModel:
             if vector is not None:
                 x = x + vector.to(device=x.device, dtype=x.dtype)
             for operation in edit.operations_at(point):
-                x = torch.stack([operation(row).to(x.dtype) for row in x])
+                if isinstance(operation, SourcedOperation):
+                    source = self.seen[operation.source]
+                    rows = [operation.apply(row, source[i]) for i, row in enumerate(x)]
+                else:
+                    rows = [operation(row) for row in x]
+                x = torch.stack([row.to(x.dtype) for row in rows])
         source = by_place.get((point, "resid"))
         return x if source is None else self._replace(source, x, x.detach(), traces)
 
