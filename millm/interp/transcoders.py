@@ -10,8 +10,14 @@ SingleLayerTranscoder: `W_enc` `[d_transcoder, d_model]`, `W_dec` `[d_transcoder
 load_gemma_scope_transcoder reads it. Each becomes the SAE class of its activation (sae.py), with
 the encoder transposed to SAELens' layout and no b_dec subtracted from the input (circuit-tracer
 encodes x @ W_enc.T + b_enc). A skip connection (`W_skip` `[d_model, d_model]`, adding
-x @ W_skip.T to the output) is kept beside its transcoder; cross-layer transcoders are refused
-with a clear message: the replacement model has no place for them yet.
+x @ W_skip.T to the output) is kept beside its transcoder.
+
+A cross-layer transcoder (`model_kind: cross_layer_transcoder`) is circuit-tracer's CLT in the
+layout its `to_safetensors` writes: `W_enc_{i}.safetensors` (`W_enc_{i}` `[d_transcoder,
+d_model]`, `b_enc_{i}`, `b_dec_{i}`, `threshold_{i}` for a JumpReLU) and `W_dec_{i}.safetensors`
+(`W_dec_{i}` `[d_transcoder, n_layers - i, d_model]`: block i's features write into the MLP
+output of every block from i on). Each block reads as a transcoder whose own write is
+`W_dec_{i}[:, 0]`; the whole decoder is kept in `cross`.
 
 A transcoder file may have its features' labels beside it, in any labels document millm imports
 (labels.py): `layer_3.safetensors` -> `layer_3.labels.json`; graphs show them on their nodes.
@@ -39,6 +45,7 @@ from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE
 # and the ones its nnsight configurations use).
 INPUT_HOOKS = ("mlp.hook_in", "ln2.hook_normalized")
 OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")
+KINDS = ("transcoder_set", "cross_layer_transcoder")
 MAX_LAYERS = 512
 
 
@@ -58,7 +65,11 @@ class TranscoderSet:
     output_hook: str
     labels: dict[int, dict[int, dict]]  # block -> feature -> {"label", <what the document said>}
     skips: dict[int, torch.Tensor]  # block -> W_skip [d_model, d_model], for those that have one
-    files: dict[int, Path]  # block -> its transcoder's file
+    files: dict[int, Path]  # block -> its transcoder's file (a CLT: its encoder's)
+    cross: dict[
+        int, torch.Tensor
+    ]  # a CLT's block -> W_dec [d_transcoder, n_layers - block, d_model]
+    kind: str = "transcoder_set"  # or "cross_layer_transcoder"
 
 
 def _config(directory: Path) -> dict:
@@ -74,12 +85,8 @@ def _config(directory: Path) -> dict:
     if not isinstance(config, dict):
         raise TranscoderFileError(f"{path} is not a mapping")
     kind = config.get("model_kind")
-    if kind == "cross_layer_transcoder":
-        raise TranscoderFileError(
-            "cross-layer transcoders are not supported yet; give a transcoder_set"
-        )
-    if kind != "transcoder_set":
-        raise TranscoderFileError(f"{path}: model_kind is {kind!r}, not transcoder_set")
+    if kind not in KINDS:
+        raise TranscoderFileError(f"{path}: model_kind is {kind!r}, not one of {', '.join(KINDS)}")
     if config.get("feature_input_hook") not in INPUT_HOOKS:
         raise TranscoderFileError(
             f"{path}: feature_input_hook {config.get('feature_input_hook')!r} is not the MLP's input ({', '.join(INPUT_HOOKS)})"
@@ -221,6 +228,11 @@ def read_block(path: Path) -> Block:
             f"{path} is not a file of a transcoder set (no config.yaml above it)"
         )
     config = _config(directory)
+    if config["model_kind"] == "cross_layer_transcoder":
+        raise TranscoderFileError(
+            f"{path.name} belongs to a cross-layer transcoder, whose features write into every later "
+            "block: not an SAE of one block. Register the set (POST /api/transcoders) for graphs"
+        )
     files = _files(directory, config)
     block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
     if block is None:
@@ -247,6 +259,8 @@ def block_labels(path: Path, width: int) -> dict[int, dict]:
 def read_transcoder_set(directory: Path) -> TranscoderSet:
     """The set in `directory` (TranscoderFileError saying what is wrong)."""
     config = _config(directory)
+    if config["model_kind"] == "cross_layer_transcoder":
+        return _cross_layer(directory, config)
     files = _files(directory, config)
     read = {layer: _transcoder(path, layer) for layer, path in files.items()}
     layers = {layer: sae for layer, (sae, _) in read.items()}
@@ -266,4 +280,79 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
         labels={layer: block_labels(path, layers[layer].d_sae) for layer, path in files.items()},
         skips={layer: skip for layer, (_, skip) in read.items() if skip is not None},
         files=files,
+        cross={},
+    )
+
+
+def _numbered(directory: Path, prefix: str) -> dict[int, Path]:
+    """`{prefix}{i}.safetensors` by i, every i up to the last present (a gap is a lost file)."""
+    found = {}
+    for path in directory.glob(f"{prefix}*.safetensors"):
+        number = path.stem.removeprefix(prefix)
+        if number.isdigit():
+            found[int(number)] = path
+    if not found or len(found) > MAX_LAYERS:
+        raise TranscoderFileError(f"{directory} holds no {prefix}*.safetensors (1..{MAX_LAYERS})")
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise TranscoderFileError(f"{directory} lacks {prefix}{missing[0]}.safetensors")
+    return dict(sorted(found.items()))
+
+
+def _cross_layer(directory: Path, config: dict) -> TranscoderSet:
+    """A CLT in circuit-tracer's layout (W_enc_{i}, W_dec_{i} files): each block as a transcoder
+    whose own write is its decoder's first slice, and the whole decoder in `cross`."""
+    encoders, decoders = _numbered(directory, "W_enc_"), _numbered(directory, "W_dec_")
+    blocks = len(encoders)
+    if len(decoders) != blocks:
+        raise TranscoderFileError(
+            f"{directory}: {blocks} encoder files but {len(decoders)} decoder files"
+        )
+    layers: dict[int, SAE] = {}
+    cross = {}
+    for i, path in encoders.items():
+        tensors = _tensors(path) | _tensors(decoders[i])
+        names = [f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}", f"W_dec_{i}"]
+        missing = [name for name in names if name not in tensors]
+        if missing:
+            raise TranscoderFileError(f"{directory}: block {i} lacks {', '.join(missing)}")
+        w_enc, b_enc, b_dec, w_dec = (tensors[name] for name in names)
+        width, d_model = w_enc.shape
+        shapes = {
+            f"b_enc_{i}": (b_enc.shape, (width,)),
+            f"b_dec_{i}": (b_dec.shape, (d_model,)),
+            f"W_dec_{i}": (w_dec.shape, (width, blocks - i, d_model)),
+        }
+        threshold = tensors.get(f"threshold_{i}")
+        if threshold is not None:
+            threshold = threshold.reshape(-1)
+            shapes[f"threshold_{i}"] = (threshold.shape, (width,))
+        for name, (shape, want) in shapes.items():
+            if tuple(shape) != want:
+                raise TranscoderFileError(f"{directory}: {name} is {tuple(shape)}, expected {want}")
+        weights = SAEWeights(w_enc.T.contiguous(), b_enc, w_dec[:, 0].contiguous(), b_dec)
+        layers[i] = (
+            StandardSAE(weights, apply_b_dec_to_input=False)
+            if threshold is None
+            else JumpReLUSAE(weights, threshold, apply_b_dec_to_input=False)
+        )
+        cross[i] = w_dec.contiguous()
+    widths = {sae.d_in for sae in layers.values()}
+    if len(widths) != 1:
+        raise TranscoderFileError(
+            f"{directory}: the blocks read residuals of different widths {sorted(widths)}"
+        )
+    first = layers[0]
+    return TranscoderSet(
+        layers=layers,
+        d_model=first.d_in,
+        d_transcoder=max(sae.d_sae for sae in layers.values()),
+        architecture=first.architecture,
+        input_hook=config["feature_input_hook"],
+        output_hook=config["feature_output_hook"],
+        labels={i: block_labels(path, layers[i].d_sae) for i, path in encoders.items()},
+        skips={},
+        files=encoders,
+        cross=cross,
+        kind="cross_layer_transcoder",
     )

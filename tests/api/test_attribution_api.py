@@ -365,3 +365,34 @@ def test_a_registered_set_is_kept_across_restarts_and_refused_by_name_once_its_f
         assert error(gone, 404, "transcoder_set_not_found")["param"] == "set_id"
     finally:
         process.stop()
+
+
+def test_a_cross_layer_transcoder_gives_an_exact_checked_graph(server):
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_clt
+
+    directory = build_clt(TEST_ROOT / "clt-api", seed=13)
+    registered = post(server, "/api/transcoders", {"path": str(directory)})
+    assert registered.status_code == 201, registered.text
+    found = registered.json()
+    assert found["kind"] == "cross_layer_transcoder" and found["layers"] == [0, 1, 2]
+    answer = post(
+        server,
+        "/api/attribution",
+        {"text": TEXT, "transcoders": found["id"], "max_feature_nodes": 64, "verify": 4},
+    )
+    assert answer.status_code == 200, answer.text
+    graph = answer.json()
+    assert graph["method"] == "transcoders" and [s["site"] for s in graph["sources"]] == ["mlp"] * 3
+    check = graph["verification"]
+    assert check["served_value"] == pytest.approx(graph["target"]["value"], abs=1e-4)
+    # The linearised model is exact here: each ablation moves the served target by what the
+    # graph predicts for it, to first order (the tiny features' writes are small).
+    assert len(check["nodes"]) == 4 and check["passed"] is True
+    feature = next(n for n in graph["nodes"] if n["kind"] == "feature")
+    refused = post(
+        server, f"/api/attribution/{graph['id']}/profile", {"name": "clt", "nodes": [feature["id"]]}
+    )
+    assert "cross-layer transcoder" in error(refused, 400)["message"]
+    assert error(refused, 400)["param"] == "nodes[0]"
+    assert api(server, "DELETE", f"/api/transcoders/{found['id']}").json()["deleted"] is True

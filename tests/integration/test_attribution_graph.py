@@ -41,6 +41,15 @@ def sources_of(kind: str, lm) -> list[Source]:
             Source("a", random_sae(width, 1, k=8), 0, "resid"),
             Source("b", random_sae(width, 2), 1, "resid"),
         ]
+    if kind == "clt":  # block i's features write into every block from i on
+        generator = torch.Generator().manual_seed(98)
+        sources = []
+        for i in range(blocks):
+            sae = random_sae(width, 20 + i)
+            cross = torch.randn(sae.d_sae, blocks - i, width, generator=generator) * 0.3
+            sae.W_dec = cross[:, 0].contiguous()
+            sources.append(Source(f"c{i}", sae, i, "mlp", cross=cross))
+        return sources
     skips = [None] * blocks
     if kind == "mlp-skip":  # a skip connection beside each transcoder: a live linear path
         generator = torch.Generator().manual_seed(99)
@@ -71,7 +80,9 @@ def test_the_replacement_pass_without_sources_gives_the_served_logits(llama_lm):
     assert torch.equal(logits[0], logits[1])  # rows of one pass are the same
 
 
-@pytest.mark.parametrize("kind, method", [("resid", PATCHING), ("mlp", EXACT), ("mlp-skip", EXACT)])
+@pytest.mark.parametrize(
+    "kind, method", [("resid", PATCHING), ("mlp", EXACT), ("mlp-skip", EXACT), ("clt", EXACT)]
+)
 def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, method):
     model, tracer, graph = traced(llama_lm, kind)
     assert graph.method == method
@@ -89,21 +100,26 @@ def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, 
         feature = graph.features[node]
         return float(trace.sources[feature.source].pre[0, feature.position, feature.index].detach())
 
-    def write(node: int) -> tuple[int, int, torch.Tensor]:
+    def write(node: int) -> tuple[int, dict[int, torch.Tensor]]:
+        """(position, {injection point: the vector the node writes there})."""
         kind_, source, position = graph.kind(node)
         if kind_ == "feature":
             feature = graph.features[node]
-            sae = sources[feature.source].sae
-            return feature.source + 1, position, feature.activation * sae.W_dec[feature.index]
+            place = sources[feature.source]
+            writes = feature.activation * place.decoder(torch.tensor([feature.index]))[0]
+            # Sources are in block order, so block j's injection point is j + 1.
+            return position, {feature.source + k + 1: v for k, v in enumerate(writes)}
         if kind_ == "error":
-            return source + 1, position, clean.sources[source].errors[position]
-        return 0, position, clean.embeddings[position]
+            return position, {source + 1: clean.sources[source].errors[position]}
+        return position, {0: clean.embeddings[position]}
 
-    def nudged(point: int, position: int, vector: torch.Tensor, sign: float) -> float:
-        shift = torch.zeros(len(prompt), vector.shape[0], dtype=torch.float64)
-        shift[position] = sign * STEP * vector
+    def nudged(position: int, vectors: dict[int, torch.Tensor], sign: float) -> float:
+        shifts = {}
+        for point, vector in vectors.items():
+            shifts[point] = torch.zeros(len(prompt), vector.shape[0], dtype=torch.float64)
+            shifts[point][position] = sign * STEP * vector
         with torch.inference_mode(False):
-            return model.trace(prompt, 1, sources, held=held.replaying(), shifts={point: shift})
+            return model.trace(prompt, 1, sources, held=held.replaying(), shifts=shifts)
 
     rng = random.Random(0)
     size = graph.adjacency.shape[0]
@@ -113,8 +129,8 @@ def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, 
         inputs = [s for s in range(size - 1) if graph.adjacency[target, s] != 0]
         assert inputs, target
         for source in rng.sample(inputs, min(6, len(inputs))):
-            point, position, vector = write(source)
-            up, down = nudged(point, position, vector, 1.0), nudged(point, position, vector, -1.0)
+            position, vectors = write(source)
+            up, down = nudged(position, vectors, 1.0), nudged(position, vectors, -1.0)
             difference = (value(up, target) - value(down, target)) / (2 * STEP)
             assert difference == pytest.approx(float(graph.adjacency[target, source]), abs=1e-4)
             checked += 1

@@ -19,7 +19,7 @@ from millm.interp.attribution.replacement import ReplacementModel, Source, plain
 from millm.interp.transcoders import read_transcoder_set
 from tests.integration.engine_helpers import prompt_ids
 from tests.support.tiny_models import BOS_ID
-from tests.support.tiny_transcoders import build_transcoder_set
+from tests.support.tiny_transcoders import build_clt, build_transcoder_set
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-circuit-tracer" / "bin" / "python"
@@ -79,9 +79,12 @@ def their_index(found: dict, positions: int) -> dict[tuple, int]:
     return index
 
 
-@pytest.mark.parametrize("skip", [False, True], ids=["plain", "skip-connections"])
-def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path, skip):
-    set_dir = build_transcoder_set(tmp_path / "set", seed=5, skip=skip)
+@pytest.mark.parametrize("kind", ["plain", "skip-connections", "cross-layer"])
+def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path, kind):
+    if kind == "cross-layer":
+        set_dir = build_clt(tmp_path / "clt", seed=6)
+    else:
+        set_dir = build_transcoder_set(tmp_path / "set", seed=5, skip=kind == "skip-connections")
     ids = prompt_ids(llama_lm, "The capital of France is")
     if ids[0] != BOS_ID:  # circuit-tracer starts a prompt with a special token
         ids = [BOS_ID, *ids]
@@ -94,7 +97,15 @@ def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path, skip):
     model = ReplacementModel(llama_lm.runner.layout)
     sources = [
         plain_source(
-            Source(f"set/{layer}", sae, layer, "mlp", transcoders.skips.get(layer)), torch.float32
+            Source(
+                f"set/{layer}",
+                sae,
+                layer,
+                "mlp",
+                transcoders.skips.get(layer),
+                transcoders.cross.get(layer),
+            ),
+            torch.float32,
         )
         for layer, sae in transcoders.layers.items()
     ]

@@ -1,6 +1,7 @@
 """Run by tests in circuit-tracer's own environment (circuit-tracer pins transformers below 5, so
 it cannot share millm's): the graph circuit-tracer computes for a prompt, a target token and a
-transcoder set in its format, written as JSON for the test to compare with millm's.
+transcoder set (or a cross-layer transcoder) in its format, written as JSON for the test to
+compare with millm's.
 
     python tests/support/circuit_tracer_graph.py MODEL_DIR SET_DIR IDS_JSON TARGET OUT_JSON
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 from circuit_tracer import ReplacementModel, attribute
+from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
 from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 
 
@@ -35,17 +37,22 @@ def main() -> None:
     model_dir, set_dir, ids_json, target, out = sys.argv[1:6]
     model_dir = readable(model_dir)
     config = yaml.safe_load((Path(set_dir) / "config.yaml").read_text())
-    files = sorted(Path(set_dir).glob("layer_*.safetensors"), key=lambda p: int(p.stem[6:]))
-    transcoders = load_transcoder_set(
-        {i: str(p) for i, p in enumerate(files)},
-        scan="tiny",
-        feature_input_hook=config["feature_input_hook"],
-        feature_output_hook=config["feature_output_hook"],
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        lazy_encoder=False,
-        lazy_decoder=False,
-    )
+    hooks = {
+        "feature_input_hook": config["feature_input_hook"],
+        "feature_output_hook": config["feature_output_hook"],
+    }
+    common = {"device": torch.device("cpu"), "dtype": torch.float32, "lazy_encoder": False}
+    if config["model_kind"] == "cross_layer_transcoder":
+        transcoders = load_clt(set_dir, scan="tiny", lazy_decoder=False, **hooks, **common)
+    else:
+        files = sorted(Path(set_dir).glob("layer_*.safetensors"), key=lambda p: int(p.stem[6:]))
+        transcoders = load_transcoder_set(
+            {i: str(p) for i, p in enumerate(files)},
+            scan="tiny",
+            lazy_decoder=False,
+            **hooks,
+            **common,
+        )
     model = ReplacementModel.from_pretrained_and_transcoders(
         model_dir, transcoders, backend="nnsight", device=torch.device("cpu"), dtype=torch.float32
     )

@@ -74,3 +74,38 @@ def build_gemma_scope_npz(path: Path, d_model: int = 64, width: int = 48, seed: 
         threshold=tensors["activation_function.threshold"].numpy(),
     )
     return path
+
+
+CLT_CONFIG = """model_kind: cross_layer_transcoder
+feature_input_hook: mlp.hook_in
+feature_output_hook: mlp.hook_out
+scan: tiny-clt
+"""
+
+
+def build_clt(
+    directory: Path,
+    blocks: int = 3,
+    d_model: int = 64,
+    width: int = 48,
+    seed: int = 0,
+    jumprelu: bool = True,
+) -> Path:
+    """A random cross-layer transcoder as circuit-tracer's CrossLayerTranscoder.to_safetensors
+    writes it: W_enc_{i} (W_enc, b_enc, b_dec, threshold) and W_dec_{i} `[width, blocks - i,
+    d_model]` files, and its config.yaml."""
+    directory.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(blocks):
+        encoder = {
+            f"W_enc_{i}": torch.randn(width, d_model, generator=generator) * 0.3,
+            f"b_enc_{i}": torch.randn(width, generator=generator) * 0.1,
+            f"b_dec_{i}": torch.randn(d_model, generator=generator) * 0.05,
+        }
+        if jumprelu:
+            encoder[f"threshold_{i}"] = torch.rand(width, generator=generator) * 0.2
+        save_file(encoder, str(directory / f"W_enc_{i}.safetensors"))
+        decoder = torch.randn(width, blocks - i, d_model, generator=generator) * 0.1
+        save_file({f"W_dec_{i}": decoder}, str(directory / f"W_dec_{i}.safetensors"))
+    (directory / "config.yaml").write_text(CLT_CONFIG)
+    return directory

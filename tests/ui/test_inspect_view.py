@@ -311,6 +311,30 @@ def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
         workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
 
 
+def test_a_cross_layer_transcoders_feature_is_drawn_not_steered(workbench, page):
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_clt
+
+    directory = build_clt(TEST_ROOT / "clt-ui", seed=8)
+    registered = workbench.api("POST", "/api/transcoders", json={"path": str(directory)}).json()
+    try:
+        page.goto(f"{workbench.url}#/inspect")
+        form = page.get_by_role("form", name="Attribution graph")
+        form.get_by_label("Feature source").select_option(
+            label="cross-layer transcoder clt-ui (3 blocks × 48)"
+        )
+        form.get_by_label("Text").fill("The river runs")
+        form.get_by_label("Features expanded").fill("8")
+        form.get_by_role("button", name="Trace").click()
+        expect(page.get_by_label("Graph summary")).to_contain_text("· transcoders ·")
+        page.get_by_role("img", name="Attribution graph").locator("circle.feature").first.click()
+        card = page.get_by_label("Node")
+        expect(card).to_contain_text("cross-layer transcoder's feature")
+        expect(card.get_by_role("button")).to_have_count(0)
+    finally:
+        workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
+
+
 def test_ticked_features_save_as_a_profile_and_a_graph_file_opens(workbench, page, tmp_path):
     page.goto(f"{workbench.url}#/inspect")
     form = page.get_by_role("form", name="Attribution graph")

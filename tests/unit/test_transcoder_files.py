@@ -48,8 +48,14 @@ def test_a_listed_gemma_scope_file_reads_with_its_threshold(tmp_path):
     [
         (lambda d: (d / "config.yaml").unlink(), "no config.yaml"),
         (
-            lambda d: (d / "config.yaml").write_text("model_kind: cross_layer_transcoder\n"),
-            "cross-layer",
+            lambda d: (d / "config.yaml").write_text("model_kind: sparse_coder\n"),
+            "model_kind is 'sparse_coder', not one of transcoder_set, cross_layer_transcoder",
+        ),
+        (  # a CLT's config beside a set's files: its W_enc_/W_dec_ files are missing
+            lambda d: (d / "config.yaml").write_text(
+                CONFIG.replace("transcoder_set", "cross_layer_transcoder")
+            ),
+            "holds no W_enc_",
         ),
         (
             lambda d: (d / "config.yaml").write_text(
@@ -135,3 +141,36 @@ def test_one_file_of_a_set_reads_as_an_sae_hooked_at_its_blocks_mlp(tmp_path):
     # Without a set's config above it, the same file is a Gemma Scope SAE of the residual.
     (tmp_path / "gs" / "config.yaml").unlink()
     assert read_sae(path)[0].format == "gemma_scope"
+
+
+def test_a_cross_layer_transcoder_reads_as_circuit_tracer_writes_it(tmp_path):
+    from tests.support.tiny_transcoders import build_clt
+
+    directory = build_clt(tmp_path / "clt", seed=4)
+    found = read_transcoder_set(directory)
+    assert found.kind == "cross_layer_transcoder" and sorted(found.layers) == [0, 1, 2]
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    for block, transcoder in found.layers.items():
+        encoder = load_file(str(directory / f"W_enc_{block}.safetensors"))
+        decoder = load_file(str(directory / f"W_dec_{block}.safetensors"))[f"W_dec_{block}"]
+        pre = x @ encoder[f"W_enc_{block}"].T + encoder[f"b_enc_{block}"]
+        want = torch.relu(pre) * (pre > encoder[f"threshold_{block}"])
+        assert torch.allclose(transcoder.encode(x), want, atol=1e-6)
+        assert found.cross[block].shape == (48, 3 - block, 64)
+        assert torch.equal(found.cross[block], decoder)
+        assert torch.equal(transcoder.W_dec, decoder[:, 0])  # its own block's write
+    # One of its files is not an SAE of one block.
+    from millm.errors import SAEFormatError
+    from millm.interp.formats import read_sae
+
+    with pytest.raises(SAEFormatError, match="cross-layer transcoder"):
+        read_sae(directory / "W_enc_1.safetensors")
+    # A lost decoder file or a decoder of the wrong depth is named.
+    (directory / "W_dec_2.safetensors").unlink()
+    with pytest.raises(TranscoderFileError, match="2 decoder files"):
+        read_transcoder_set(directory)
+    save_file({"W_dec_2": torch.zeros(48, 2, 64)}, str(directory / "W_dec_2.safetensors"))
+    with pytest.raises(
+        TranscoderFileError, match=r"W_dec_2 is \(48, 2, 64\), expected \(48, 1, 64\)"
+    ):
+        read_transcoder_set(directory)

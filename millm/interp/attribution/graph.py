@@ -12,9 +12,10 @@ features, the error nodes, the tokens and the target out as one adjacency matrix
 goes on between them.
 
 Nodes and their writes: a feature (source, position, index) writes a·W_dec[index] (times the
-decoder's output scale), an error node (source, position) its error vector, a token its
-embedding; a row's entries are those writes dotted with the gradient of the row's node at the
-place each is written. A feature's own value is its pre-activation; the target's is
+decoder's output scale; a cross-layer transcoder's feature writes a·W_dec[index, k] into the
+MLP output of each block from its own on), an error node (source, position) its error vector, a
+token its embedding; a row's entries are those writes dotted with the gradient of the row's node
+at the place each is written (summed over a feature's places). A feature's own value is its pre-activation; the target's is
 Σ c_i·(logit_i − mean logit) at the last position (circuit-tracer's demeaned logit, so a
 difference of two logits is c = (1, −1)).
 """
@@ -113,25 +114,32 @@ class _Nodes:
 
     features: list[FeatureNode]
     positions: list[torch.Tensor]  # per source: the positions of its active features
-    writes: list[torch.Tensor]  # per source: a·scale·W_dec rows of its active features `[n_i, d]`
+    # per source: a·scale·W_dec of its active features `[n_i, reach, d]`, slice k written where
+    # the source `lands[i][k]` (of the trace) is injected
+    writes: list[torch.Tensor]
+    lands: list[list[int]]
     offsets: list[int]  # per source: its first feature's column
 
     @classmethod
     def of(cls, trace: Trace) -> _Nodes:
         features: list[FeatureNode] = []
-        positions, writes, offsets = [], [], []
+        positions, writes, lands, offsets = [], [], [], []
+        mlp = {s.source.layer: i for i, s in enumerate(trace.sources) if s.source.site == "mlp"}
         for index, source in enumerate(trace.sources):
             where = source.acts.nonzero()
             offsets.append(len(features))
             values = source.acts[where[:, 0], where[:, 1]]
-            decoder = source.source.sae.W_dec.to(values.dtype)[where[:, 1]]
+            decoder = source.source.decoder(where[:, 1]).to(values.dtype)
             positions.append(where[:, 0])
-            writes.append(values[:, None] * source.scale[where[:, 0]] * decoder)
+            scale = source.scale[where[:, 0]][:, :, None]
+            writes.append(values[:, None, None] * scale * decoder)
+            layer, reach = source.source.layer, source.source.reach
+            lands.append([index] if reach == 1 else [mlp[layer + k] for k in range(reach)])
             features.extend(
                 FeatureNode(index, int(p), int(f), float(v))
                 for (p, f), v in zip(where.tolist(), values.tolist(), strict=True)
             )
-        return cls(features, positions, writes, offsets)
+        return cls(features, positions, writes, lands, offsets)
 
 
 @dataclass
@@ -294,12 +302,13 @@ class Tracer:
         ]
         parts: list[torch.Tensor] = []
         for index in range(len(trace.sources)):
-            grad = grads[index + 1]
-            if grad is None:
-                parts.append(torch.zeros(n, len(found.writes[index]), dtype=self.model.dtype))
-                continue
-            at = grad[:, found.positions[index]]  # [n, n_i, d]
-            parts.append((at * found.writes[index][None]).sum(-1))
+            part = torch.zeros(n, len(found.writes[index]), dtype=self.model.dtype)
+            for k, landed in enumerate(found.lands[index]):
+                grad = grads[landed + 1]
+                if grad is not None:
+                    at = grad[:, found.positions[index]]  # [n, n_i, d]
+                    part = part + (at * found.writes[index][None, :, k]).sum(-1)
+            parts.append(part)
         for index, source in enumerate(trace.sources):
             grad = grads[index + 1]
             parts.append(

@@ -6,7 +6,9 @@ re-expressed:
 
 - an SAE on the residual after block L replaces that residual with its reconstruction
   Σ a_i·W_dec[i] + b_dec plus an error node (what it misses), both constants;
-- a transcoder at block L replaces that block's MLP output the same way.
+- a transcoder at block L replaces that block's MLP output the same way; a cross-layer
+  transcoder's block-L features write into the MLP output of every block from L on, so a
+  block's reconstruction also holds what earlier blocks' features wrote into it.
 
 Feature activations are therefore leaves: their values are the model's, nothing upstream can
 change them in the linearised model, and a node's effect on a target is its write (a_i·W_dec[i],
@@ -55,13 +57,27 @@ SINK_POSITIONS = 1
 class Source:
     """A feature source: an SAE replacing the residual after block `layer` (site resid; layer -1:
     before block 0), or a transcoder replacing block `layer`'s MLP output (site mlp), with its
-    skip connection when it has one (`skip`: W_skip `[d_model, d_model]`, adding read @ W_skip.T)."""
+    skip connection when it has one (`skip`: W_skip `[d_model, d_model]`, adding read @ W_skip.T).
+    A cross-layer transcoder's block carries its whole decoder (`cross`: `[d_sae, K, d_model]`,
+    slice k written into block `layer + k`'s MLP output; slice 0 is `sae.W_dec`)."""
 
     name: str
     sae: SAE
     layer: int
     site: Site
     skip: torch.Tensor | None = None
+    cross: torch.Tensor | None = None
+
+    @property
+    def reach(self) -> int:
+        """How many blocks its features write into, from its own on."""
+        return 1 if self.cross is None else int(self.cross.shape[1])
+
+    def decoder(self, indices: torch.Tensor) -> torch.Tensor:
+        """These features' writes `[n, reach, d_model]` per unit of activation."""
+        if self.cross is None:
+            return self.sae.W_dec[indices][:, None]
+        return self.cross[indices]
 
 
 def plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -77,7 +93,8 @@ def plain_source(source: Source, dtype: torch.dtype) -> Source:
         if isinstance(value, torch.Tensor):
             setattr(sae, name, plain(value, dtype))
     skip = None if source.skip is None else plain(source.skip, dtype)
-    return replace(source, sae=sae, skip=skip)
+    cross = None if source.cross is None else plain(source.cross, dtype)
+    return replace(source, sae=sae, skip=skip, cross=cross)
 
 
 class Held:
@@ -191,6 +208,7 @@ class ReplacementModel:
         self.weights: dict[int, torch.Tensor] = {}
         self.hold: Hold = _live
         self.seen: dict[int, torch.Tensor] = {}  # this pass's MLP inputs, for a transcoder's clamp
+        self.pending: dict[int, torch.Tensor] = {}
         self.final_norm = self._norm(layout.final_norm)
         for block in layout.blocks:
             for module in (
@@ -307,6 +325,7 @@ class ReplacementModel:
         by_place = {(s.layer, s.site): s for s in sources}
         traces: list[SourceTrace] = []
         self.seen = {}
+        self.pending = {}  # block -> what earlier CLT blocks' features wrote into its MLP output
         x = self._after(EMBEDDINGS, x, by_place, traces, edit)
         for block in self.layout.blocks:
             a = self.attention(block, self.norm(block.attn_norm, x), pos)
@@ -358,6 +377,12 @@ class ReplacementModel:
         acts[:SINK_POSITIONS] = 0
         scale = sae.output_scale(first).to(self.dtype)
         reconstruction = sae.decode(acts, first).to(self.dtype)
+        if source.site == "mlp":
+            reconstruction = reconstruction + self.pending.pop(source.layer, 0.0)
+        if source.cross is not None:  # this block's features' writes into later blocks
+            for k in range(1, source.reach):
+                later = (acts @ source.cross[:, k].to(dtype)).to(self.dtype)
+                self.pending[source.layer + k] = self.pending.get(source.layer + k, 0.0) + later
         acts = acts.to(self.dtype)
         skip = None if source.skip is None else read @ source.skip.T
         errors = actual[0] - reconstruction

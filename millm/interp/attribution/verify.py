@@ -1,7 +1,8 @@
 """Checking a graph against the served model: ablate its top features, compare with the prediction.
 
 A feature node's write is a·W_dec[f] at one position (after its block: an SAE on that residual,
-or a transcoder's MLP output, which the block adds there). Removing it through a steering
+or a transcoder's MLP output, which the block adds there; a cross-layer transcoder's feature
+writes a·W_dec[f, k] after each block from its own on, and all of it is removed). Removing it through a steering
 operation (a ResidualEdit operation at that point, that position only) on the served runner
 and re-reading the target measures what the node does; the graph predicts minus the node's
 total effect on the target (its direct edge plus every path through expanded features, signed).
@@ -122,8 +123,13 @@ def verify(
         feature = graph.features[node]
         source = graph.sources[feature.source]
         # Sources carry no run-time normalisation (the service refuses them), so the write is a·W_dec.
-        vector = feature.activation * source.sae.W_dec[feature.index].double()
-        ablation = ResidualEdit((), ((source.layer, removal(feature.position, vector)),))
+        index = torch.tensor([feature.index], device=source.sae.W_dec.device)
+        vectors = feature.activation * source.decoder(index)[0].double()  # [reach, d]
+        removals = tuple(
+            (source.layer + k, removal(feature.position, vector))
+            for k, vector in enumerate(vectors)
+        )
+        ablation = ResidualEdit((), removals)
         measured = served_value(lm, graph.prompt, graph.target, combined(edit, ablation)) - clean
         checks.append(NodeCheck(node, -float(effects[node]), measured))
     return Verification(checks, clean, *verdict(checks))

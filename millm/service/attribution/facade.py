@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from millm.errors import InvalidRequest
 from millm.protocol.attribution import (
     AttributionGraph,
     AttributionRequest,
@@ -68,8 +69,14 @@ class Attribution:
         if node.site != "mlp" or "/" not in name:
             return name
         set_id, block = name.split("/", 1)
-        path = self.transcoders.get(set_id, param=f"nodes[{i}]").transcoders.files[int(block)]
-        info, _ = self.state.registrations.sae(str(path), None, None)
+        found = self.transcoders.get(set_id, param=f"nodes[{i}]").transcoders
+        if found.kind == "cross_layer_transcoder":
+            raise InvalidRequest(
+                f"node {node.id!r} is a cross-layer transcoder's feature, which writes into every "
+                "later block: steering it is not offered (a set's or an SAE's feature is)",
+                param=f"nodes[{i}]",
+            )
+        info, _ = self.state.registrations.sae(str(found.files[int(block)]), None, None)
         return info.id
 
     async def register_transcoders(self, path: str) -> dict:

@@ -5,7 +5,8 @@ default, none by default beside a transcoder set); one per block, since a node's
 block; SAEs with a run-time input normalisation are refused, as the ablation check could not
 remove one feature's write exactly. The target's tokens must each be one token of the
 vocabulary. The size is estimated before anything runs: the float32 copy of the weights the pass
-runs on, the pass's activations (kept once for every backward pass), and per target of a batched
+runs on (the model's and the sources', a cross-layer transcoder's whole decoder included), the
+pass's activations (kept once for every backward pass), and per target of a batched
 backward pass about one block's share of them (the vmapped backward holds one op's batch at a
 time). A graph whose pass does not fit MAX_GRAPH_BYTES is refused; otherwise each backward pass
 takes as many targets as fit, at most ROWS (the bench's 64-token demo graphs peaked at 650-830
@@ -26,6 +27,13 @@ MAX_FEATURE_NODES = 4096  # features expanded in one graph (each is a row of the
 MAX_GRAPH_BYTES = 8 * 2**30  # the pass's weights copy and its retained activations
 ROWS = 32
 FLOAT = 4
+
+
+def source_size(source: Source) -> int:
+    """How many numbers a source's tensors hold (the pass copies them)."""
+    sae = source.sae
+    extra = [t for t in (source.skip, source.cross) if t is not None]
+    return sae.W_enc.numel() + sae.W_dec.numel() + sum(t.numel() for t in extra)
 
 
 def feature_sources(
@@ -144,6 +152,7 @@ def budget_of(
     heads = int(config.num_attention_heads)
     vocabulary = int(config.vocab_size)
     weights = FLOAT * (blocks * (4 * width * width + 3 * width * inner) + vocabulary * width)
+    weights += FLOAT * sum(source_size(s) for s in sources)  # the sources' float32 copies
     per_row = FLOAT * (
         positions * blocks * (14 * width + 4 * inner + heads * positions)
         + positions * sum(s.sae.d_sae * 2 for s in sources)

@@ -45,6 +45,7 @@ class Registered:
         return {
             "id": self.id,
             "object": "transcoder_set",
+            "kind": found.kind,
             "path": str(self.path),
             "layers": sorted(found.layers),
             "d_model": found.d_model,
@@ -62,7 +63,14 @@ class Registered:
         check_fit(self.transcoders, lm, param)
         found = self.transcoders
         return [
-            Source(f"{self.id}/{layer}", sae, layer, "mlp", found.skips.get(layer))
+            Source(
+                f"{self.id}/{layer}",
+                sae,
+                layer,
+                "mlp",
+                found.skips.get(layer),
+                found.cross.get(layer),
+            )
             for layer, sae in sorted(found.layers.items())
         ]
 

@@ -19,7 +19,7 @@ const shown = (token) => (/^\s*$/.test(token) ? token.replace(/ /g, "·").replac
 const radius = (node) => (node.kind === "target" ? 8 : 3 + 9 * Math.max(0, 1 - node.influence));
 
 /** A transcoder set as the source picker names it: its folder, blocks and width. */
-const setName = (set) => `transcoders ${set.path.split("/").filter(Boolean).pop()} (${set.layers.length} blocks × ${set.d_transcoder})`;
+const setName = (set) => `${set.kind === "cross_layer_transcoder" ? "cross-layer transcoder" : "transcoders"} ${set.path.split("/").filter(Boolean).pop()} (${set.layers.length} blocks × ${set.d_transcoder})`;
 
 function layout(graph) {
   const layers = [...new Set(graph.nodes.map((n) => n.layer))].sort((a, b) => a - b);
@@ -83,7 +83,10 @@ async function attachBlock(node, sets) {
   return registered.id;
 }
 
-function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy }) {
+/** Whether a feature node comes from a registered cross-layer transcoder (it writes into every later block). */
+const crossLayer = (node, sets) => sets.find((s) => s.id === node.sae_id?.split("/")[0])?.kind === "cross_layer_transcoder";
+
+function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy, sets }) {
   if (!node) return html`<p class="note">Click a node for its card.</p>`;
   const into = graph.edges.filter((e) => e.target === node.id).slice(0, 5);
   const out = graph.edges.filter((e) => e.source === node.id).slice(0, 5);
@@ -96,6 +99,7 @@ function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy }) {
     ${node.kind === "feature" ? html`<p>${steeredBy(node, steerAs) ? html`<${FeatureLink} sae=${steeredBy(node, steerAs)} index=${node.feature}>${node.label || ""}<//>`
         : html`<strong>#${node.feature}</strong> ${node.label || ""}`}${node.site === "mlp" ? html` <span class="meta">(transcoder, block ${node.layer})</span>` : null} · activation ${num(node.activation, 3)}</p>
       ${steeredBy(node, steerAs) ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
+        : crossLayer(node, sets) ? html`<p class="note">A cross-layer transcoder's feature (it writes into every later block): drawn and checked, not steered.</p>`
         : html`<button type="button" disabled=${busy} onClick=${() => onAttach(node)}>Attach block ${node.layer}'s transcoder to steer it</button>`}` : null}
     <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
     ${into.length ? html`<p>from: ${into.map((e) => html`<span class="pill">${named(e.source)} ${num(e.weight, 2)}</span>`)}</p>` : null}
@@ -206,7 +210,7 @@ export default function AttributionPanel() {
         ${`${num(graph.seconds, 1)} s `}
         <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
       <div class="graph-with-card"><${GraphPicture} graph=${graph} chosen=${chosen} onChoose=${setChosen} />
-        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} /></div>
+        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} sets=${sets.value?.data ?? []} /></div>
       <${Ablation} graph=${graph} text=${text} ablate=${ablate} steerAs=${steerAs} />` : null}
   <//>`;
 }
