@@ -12,6 +12,9 @@ the encoder transposed to SAELens' layout and no b_dec subtracted from the input
 encodes x @ W_enc.T + b_enc). A skip connection (`W_skip` `[d_model, d_model]`, adding
 x @ W_skip.T to the output) is kept beside its transcoder.
 
+Gemma Scope 2's transcoder safetensors (`w_enc` `[d_model, d]`, `w_dec`, `threshold`,
+`affine_skip_connection`) are renamed as circuit-tracer's load_gemma_scope_2_transcoder does.
+
 A cross-layer transcoder (`model_kind: cross_layer_transcoder`) is circuit-tracer's CLT in the
 layout its `to_safetensors` writes: `W_enc_{i}.safetensors` (`W_enc_{i}` `[d_transcoder,
 d_model]`, `b_enc_{i}`, `b_dec_{i}`, `threshold_{i}` for a JumpReLU) and `W_dec_{i}.safetensors`
@@ -150,9 +153,25 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
             if "threshold" in tensors:
                 tensors["activation_function.threshold"] = tensors.pop("threshold")
             return tensors
-        return {k: v.float() for k, v in load_file(str(path)).items()}
+        tensors = {k: v.float() for k, v in load_file(str(path)).items()}
     except (OSError, ValueError, KeyError) as exc:
         raise TranscoderFileError(f"{path} cannot be read: {exc}") from None
+    return _gemma_scope_2(tensors) if "w_enc" in tensors else tensors
+
+
+def _gemma_scope_2(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gemma Scope 2's transcoder safetensors in circuit-tracer's names, as its
+    load_gemma_scope_2_transcoder reads them: w_enc `[d_model, d]` transposed, threshold, and
+    affine_skip_connection (added as x @ it) as W_skip `[d_model, d_model]` (added as x @ W_skip.T)."""
+    renamed = {
+        {"w_dec": "W_dec", "threshold": "activation_function.threshold"}.get(k, k): v
+        for k, v in tensors.items()
+        if k not in ("w_enc", "affine_skip_connection")
+    }
+    renamed["W_enc"] = tensors["w_enc"].T.contiguous()
+    if "affine_skip_connection" in tensors:
+        renamed["W_skip"] = tensors["affine_skip_connection"].T.contiguous()
+    return renamed
 
 
 def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:

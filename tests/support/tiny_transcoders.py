@@ -109,3 +109,22 @@ def build_clt(
         save_file({f"W_dec_{i}": decoder}, str(directory / f"W_dec_{i}.safetensors"))
     (directory / "config.yaml").write_text(CLT_CONFIG)
     return directory
+
+
+def build_gemma_scope_2_file(path: Path, d_model: int = 64, width: int = 48, seed: int = 0) -> Path:
+    """One Gemma Scope 2 transcoder: params.safetensors with w_enc [d_model, width], w_dec,
+    b_enc, b_dec, threshold and an affine_skip_connection [d_model, d_model]."""
+    tensors = transcoder_tensors(d_model, width, seed, jumprelu=True, skip=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {
+            "w_enc": tensors["W_enc"].T.contiguous(),
+            "w_dec": tensors["W_dec"],
+            "b_enc": tensors["b_enc"],
+            "b_dec": tensors["b_dec"],
+            "threshold": tensors["activation_function.threshold"],
+            "affine_skip_connection": tensors["W_skip"],
+        },
+        str(path),
+    )
+    return path

@@ -174,3 +174,23 @@ def test_a_cross_layer_transcoder_reads_as_circuit_tracer_writes_it(tmp_path):
         TranscoderFileError, match=r"W_dec_2 is \(48, 2, 64\), expected \(48, 1, 64\)"
     ):
         read_transcoder_set(directory)
+
+
+def test_a_gemma_scope_2_file_reads_as_circuit_tracers_loader_renames_it(tmp_path):
+    from tests.support.tiny_transcoders import build_gemma_scope_2_file
+
+    for block in range(2):
+        build_gemma_scope_2_file(
+            tmp_path / "gs2" / f"layer_{block}" / "params.safetensors", seed=block
+        )
+    listed = "".join(f"  - layer_{b}/params.safetensors\n" for b in range(2))
+    (tmp_path / "gs2" / "config.yaml").write_text(CONFIG + "transcoders:\n" + listed)
+    found = read_transcoder_set(tmp_path / "gs2")
+    raw = load_file(str(tmp_path / "gs2" / "layer_1" / "params.safetensors"))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    pre = x @ raw["w_enc"] + raw["b_enc"]
+    want = torch.relu(pre) * (pre > raw["threshold"])
+    assert torch.allclose(found.layers[1].encode(x), want, atol=1e-6)
+    assert torch.equal(found.layers[1].W_dec, raw["w_dec"])
+    # Gemma Scope 2 adds x @ affine_skip_connection; millm adds x @ W_skip.T: the same.
+    assert torch.allclose(x @ found.skips[1].T, x @ raw["affine_skip_connection"], atol=1e-6)
