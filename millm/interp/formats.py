@@ -29,12 +29,8 @@ from pydantic_core import ErrorDetails
 
 from millm.errors import SAEFormatError
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE, TopKSAE
-from millm.interp.transcoders import (
-    TranscoderFileError,
-    block_labels,
-    read_block,
-    set_directory,
-)
+from millm.interp.transcoder_files import TranscoderFileError, block_labels, set_directory
+from millm.interp.transcoders import read_block
 
 SAELENS_CONFIG = "cfg.json"
 SAELENS_WEIGHTS = "sae_weights.safetensors"
@@ -144,12 +140,14 @@ class SAEInfo:
         return asdict(self)
 
 
-def content_id(path: Path) -> str:
-    """sae_ + the first 12 hex digits of the weights file's SHA-256: the same file has the same id anywhere."""
+def content_id(path: Path, *also: Path) -> str:
+    """sae_ + the first 12 hex digits of the weights file's SHA-256 (and of the files `also` after
+    it, for weights kept in several): the same file has the same id anywhere."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
+    for part in (path, *also):
+        with part.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
     return "sae_" + digest.hexdigest()[:12]
 
 
@@ -318,7 +316,7 @@ def read_transcoder(path: Path) -> tuple[SAEInfo, SAE]:
         raise SAEFormatError(str(exc)) from None
     sae = found.sae
     info = SAEInfo(
-        id=content_id(path),
+        id=content_id(path, *found.also),
         format="transcoder",
         path=str(path),
         architecture=sae.architecture,

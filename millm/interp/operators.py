@@ -217,12 +217,16 @@ def _activations(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor], torch
     return activations
 
 
-def transcoder_hold(sae: SAE, sae_id: str, held: list[Held], source: int) -> SourcedOperation:
+def transcoder_hold(
+    sae: SAE, sae_id: str, held: list[Held], source: int, reach: int = 0
+) -> SourcedOperation:
     """The operation replacing these transcoder features' writes by their targets (0: ablate), their
-    activations read at `source` (the block's MLP input) in the same forward pass."""
+    activations read at `source` (the block's MLP input) in the same forward pass; `reach`: which
+    of a cross-layer transcoder's writes (into the MLP output that many blocks on)."""
     indices = [h.index for h in held]
     activations = _activations(sae, indices)
-    w_dec = sae.W_dec[indices].float()  # [k, d]
+    rows = sae.W_dec[indices] if sae.cross is None else sae.cross[indices, reach]
+    w_dec = rows.float()  # [k, d]
     targets = torch.tensor([h.target for h in held], dtype=torch.float32, device=w_dec.device)
     ablated = targets == 0
 
@@ -231,7 +235,7 @@ def transcoder_hold(sae: SAE, sae_id: str, held: list[Held], source: int) -> Sou
         push = torch.where(ablated, -now, targets - now)
         return (residual.float() + push @ w_dec).to(residual.dtype)
 
-    return SourcedOperation(source, apply, ("transcoder hold", sae_id, tuple(held)))
+    return SourcedOperation(source, apply, ("transcoder hold", sae_id, tuple(held), reach))
 
 
 def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

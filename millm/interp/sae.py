@@ -38,6 +38,9 @@ class SAE:
     architecture = "standard"
     # A transcoder's skip connection `[d_out, d_in]` (x @ W_skip.T joins its output); SAEs have none.
     W_skip: torch.Tensor | None = None
+    # A cross-layer transcoder block's whole decoder `[d_sae, K, d_in]`: slice k is written into
+    # the MLP output k blocks on (slice 0 is W_dec); SAEs and one-block transcoders have none.
+    cross: torch.Tensor | None = None
 
     def __init__(
         self,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from millm.engine.residual import EMBEDDINGS, AnyOperation, ResidualEdit, mlp_input
 from millm.errors import InvalidFeatureIndex, InvalidRequest
 from millm.interp.formats import SAEInfo
@@ -49,6 +51,21 @@ class Attached:
     def transcoder(self) -> bool:
         """Whether it reads its block's MLP input and writes the MLP's output (hook point mlp)."""
         return self.info.hook_point == "mlp"
+
+    @property
+    def reach(self) -> int:
+        """How many blocks its features write into, from its own on (a cross-layer transcoder's
+        block: every later one; anything else: 1)."""
+        return 1 if self.sae.cross is None else int(self.sae.cross.shape[1])
+
+    def directions(self, strengths: dict[int, float]) -> list[tuple[int, torch.Tensor]]:
+        """(point, Σ s_i · its write there) for each point its features write into."""
+        if self.sae.cross is None:
+            return [(self.point, self.sae.direction(strengths))]
+        index = torch.tensor(list(strengths), dtype=torch.long, device=self.sae.cross.device)
+        values = torch.tensor(list(strengths.values()), dtype=self.sae.cross.dtype)
+        rows = self.sae.cross[index]  # [n, reach, d]
+        return [(self.point + k, values.to(rows.device) @ rows[:, k]) for k in range(self.reach)]
 
     @property
     def read_point(self) -> int:
@@ -193,7 +210,7 @@ def steering_edit(
         active = {i: clamp_strength(s) for i, s in features.items() if s != 0}
         if target is None or not active:
             continue
-        additions.append((target.point, target.sae.direction(active)))
+        additions.extend(target.directions(active))
     return ResidualEdit(tuple(additions)) if additions else None
 
 
@@ -220,6 +237,13 @@ def feature_edit(
         if target is None:
             continue
         for index, f in sorted(ops.items()):
+            if f.op == "cap" and target.reach > 1:
+                raise InvalidRequest(
+                    f"feature {index} of {sae_id} (a cross-layer transcoder) writes into {target.reach} "
+                    "blocks: cap limits one direction at one point; use add, clamp or ablate",
+                    param=param,
+                    code="operator_not_applicable",
+                )
             if f.op == "cap":
                 operations.append(
                     (
@@ -233,8 +257,9 @@ def feature_edit(
             if f.op in ("clamp", "ablate")
         ]
         if held and target.transcoder:
-            operation = transcoder_hold(target.sae, sae_id, held, target.read_point)
-            operations.append((target.point, operation))
+            for k in range(target.reach):  # a cross-layer feature's every write
+                operation = transcoder_hold(target.sae, sae_id, held, target.read_point, k)
+                operations.append((target.point + k, operation))
         elif held:
             operations.append((target.point, hold(target.sae, sae_id, held, param)))
     if not operations:

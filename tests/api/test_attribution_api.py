@@ -389,10 +389,22 @@ def test_a_cross_layer_transcoder_gives_an_exact_checked_graph(server):
     # The linearised model is exact here: each ablation moves the served target by what the
     # graph predicts for it, to first order (the tiny features' writes are small).
     assert len(check["nodes"]) == 4 and check["passed"] is True
+    # A profile of its feature names the block's encoder file, registered as an SAE on the way.
     feature = next(n for n in graph["nodes"] if n["kind"] == "feature")
-    refused = post(
+    made = post(
         server, f"/api/attribution/{graph['id']}/profile", {"name": "clt", "nodes": [feature["id"]]}
     )
-    assert "cross-layer transcoder" in error(refused, 400)["message"]
-    assert error(refused, 400)["param"] == "nodes[0]"
+    assert made.status_code == 201, made.text
+    (entry,) = made.json()["document"]["steering"]
+    block_sae = api(server, "GET", f"/api/saes/{entry['sae_id']}").json()
+    assert block_sae["path"] == found["files"][feature["layer"]]
+    # One block of a CLT attached alone is no graph source: its writes land in blocks without one.
+    if feature["layer"] < 2:
+        assert post(server, f"/api/saes/{entry['sae_id']}/attach", {}).status_code == 200
+        try:
+            alone = post(server, "/api/attribution", {"text": TEXT, "saes": [entry["sae_id"]]})
+            assert "attach its blocks" in error(alone, 400)["message"]
+        finally:
+            post(server, f"/api/saes/{entry['sae_id']}/detach", {})
+    api(server, "DELETE", "/api/profiles/clt")
     assert api(server, "DELETE", f"/api/transcoders/{found['id']}").json()["deleted"] is True

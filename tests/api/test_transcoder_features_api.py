@@ -260,3 +260,86 @@ def test_a_graph_steered_by_a_transcoder_clamp_is_the_clamped_models(server, off
     assert body["target"]["value"] == pytest.approx(want, abs=1e-4)
     assert body["verification"]["served_value"] == pytest.approx(want, abs=1e-4)
     assert abs(want - float(clean[-1, 5] - clean[-1, 6])) > 1e-3
+
+
+@pytest.mark.parametrize("op", ["add", "clamp", "ablate"])
+def test_a_cross_layer_block_steers_every_block_it_writes_into(server, tiny_dirs, op):
+    """Block 1 of a CLT on the 3-block model writes into blocks 1 and 2: add, clamp and ablate
+    give a stock model's log-probabilities with both MLP outputs rewritten by hooks."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_clt
+
+    directory = build_clt(TEST_ROOT / "clt-steer", seed=21)
+    sae_id = post(server, "/api/saes", {"path": str(directory / "W_enc_1.safetensors")}).json()[
+        "id"
+    ]
+    assert post(server, f"/api/saes/{sae_id}/attach", {}).status_code == 200
+    try:
+        block = read_sae(directory / "W_enc_1.safetensors")[1]
+        prompt_ids = api(
+            server, "POST", "/tokenize", json={"model": MODEL, "prompt": PROMPT}
+        ).json()
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype=torch.float32)
+        layers = model.eval().model.layers
+        state: dict = {}
+
+        def read(module, args, output):
+            state["acts"] = block.encode(args[0][0])
+
+        layers[1].mlp.register_forward_hook(read)
+        with torch.no_grad():
+            model(torch.tensor([prompt_ids["tokens"]]))
+        feature = int((state["acts"] > 0).sum(0).argmax())
+        spec = {
+            "add": {"index": feature, "strength": 8.0},
+            "clamp": {"index": feature, "op": "clamp", "value": 3.0},
+            "ablate": {"index": feature, "op": "ablate"},
+        }[op]
+        body = {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 3,
+            "temperature": 0,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "steering": {"steering": [{"sae_id": sae_id, "features": [spec]}]},
+        }
+        answer = post(server, "/v1/completions", body)
+        assert answer.status_code == 200, answer.text
+        ids, values = drawn(answer.json())
+
+        def writer(k):
+            def write(module, args, output):
+                now = state["acts"][:, feature]
+                if op == "add":
+                    push = torch.full_like(now, 8.0)
+                else:
+                    push = (0.0 if op == "ablate" else 3.0) - now
+                return output + (push[:, None] * block.cross[feature, k])[None]
+
+            return write
+
+        for k in range(2):  # block 1 (the read's own hook runs first) and block 2
+            layers[1 + k].mlp.register_forward_hook(writer(k))
+        with torch.no_grad():
+            logits = model(torch.tensor([[*prompt_ids["tokens"], *ids]])).logits[0]
+        logprobs = torch.log_softmax(logits, -1)
+        start = len(prompt_ids["tokens"]) - 1
+        for step, (token, value) in enumerate(zip(ids, values, strict=True)):
+            assert int(logprobs[start + step].argmax()) == token
+            assert value == pytest.approx(float(logprobs[start + step, token]), abs=1e-4)
+        capped = {
+            **body,
+            "steering": {
+                "steering": [
+                    {"sae_id": sae_id, "features": [{"index": feature, "op": "cap", "value": 1.0}]}
+                ]
+            },
+        }
+        assert (
+            error(post(server, "/v1/completions", capped), 400)["code"] == "operator_not_applicable"
+        )
+    finally:
+        post(server, f"/api/saes/{sae_id}/detach", {})

@@ -311,7 +311,7 @@ def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
         workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
 
 
-def test_a_cross_layer_transcoders_feature_is_drawn_not_steered(workbench, page):
+def test_a_cross_layer_transcoders_feature_attaches_its_block_and_ablates(workbench, page):
     from tests.support.server import TEST_ROOT
     from tests.support.tiny_transcoders import build_clt
 
@@ -329,9 +329,15 @@ def test_a_cross_layer_transcoders_feature_is_drawn_not_steered(workbench, page)
         expect(page.get_by_label("Graph summary")).to_contain_text("· transcoders ·")
         page.get_by_role("img", name="Attribution graph").locator("circle.feature").first.click()
         card = page.get_by_label("Node")
-        expect(card).to_contain_text("cross-layer transcoder's feature")
-        expect(card.get_by_role("button")).to_have_count(0)
+        card.get_by_role("button", name=re.compile("Attach block .* to steer it")).click()
+        expect(card.get_by_role("link")).to_have_count(1)
+        card.get_by_label("ablate this feature").check()
+        page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
+        expect(page.get_by_role("heading", name="ablated")).to_be_visible()
     finally:
+        for sae in workbench.api("GET", "/api/saes").json()["data"]:
+            if sae["format"] == "transcoder":
+                workbench.api("POST", f"/api/saes/{sae['id']}/detach")
         workbench.api("DELETE", f"/api/transcoders/{registered['id']}")
 
 

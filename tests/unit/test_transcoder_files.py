@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from millm.interp.transcoders import TranscoderFileError, read_transcoder_set
+from millm.interp.transcoder_files import TranscoderFileError
+from millm.interp.transcoders import read_transcoder_set
 from tests.support.tiny_transcoders import (
     CONFIG,
     build_gemma_scope_npz,
@@ -159,12 +160,15 @@ def test_a_cross_layer_transcoder_reads_as_circuit_tracer_writes_it(tmp_path):
         assert found.cross[block].shape == (48, 3 - block, 64)
         assert torch.equal(found.cross[block], decoder)
         assert torch.equal(transcoder.W_dec, decoder[:, 0])  # its own block's write
-    # One of its files is not an SAE of one block.
+    # One block's encoder file is an SAE of its own, its whole decoder kept.
     from millm.errors import SAEFormatError
     from millm.interp.formats import read_sae
 
-    with pytest.raises(SAEFormatError, match="cross-layer transcoder"):
-        read_sae(directory / "W_enc_1.safetensors")
+    info, sae = read_sae(directory / "W_enc_1.safetensors")
+    assert (info.format, info.hook_point, info.layer) == ("transcoder", "mlp", 1)
+    assert torch.equal(sae.cross, found.cross[1]) and torch.equal(sae.W_dec, found.cross[1][:, 0])
+    with pytest.raises(SAEFormatError, match="not one of .* encoder files"):
+        read_sae(directory / "W_dec_1.safetensors")
     # A lost decoder file or a decoder of the wrong depth is named.
     (directory / "W_dec_2.safetensors").unlink()
     with pytest.raises(TranscoderFileError, match="2 decoder files"):

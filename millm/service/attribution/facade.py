@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from millm.errors import InvalidRequest
 from millm.protocol.attribution import (
     AttributionGraph,
     AttributionRequest,
@@ -70,12 +69,6 @@ class Attribution:
             return name
         set_id, block = name.split("/", 1)
         found = self.transcoders.get(set_id, param=f"nodes[{i}]").transcoders
-        if found.kind == "cross_layer_transcoder":
-            raise InvalidRequest(
-                f"node {node.id!r} is a cross-layer transcoder's feature, which writes into every "
-                "later block: steering it is not offered (a set's or an SAE's feature is)",
-                param=f"nodes[{i}]",
-            )
         info, _ = self.state.registrations.sae(str(found.files[int(block)]), None, None)
         return info.id
 

@@ -55,7 +55,22 @@ def feature_sources(
                 "a graph takes one source per block",
                 param=f"saes[{i}]" if body.saes is not None else "saes",
             )
-    return transcoders + sources
+    return reached(transcoders + sources, "saes")
+
+
+def reached(sources: list[Source], param: str) -> list[Source]:
+    """The sources, once every block a cross-layer transcoder's features write into has its own
+    MLP source (the pass puts those writes into that block's reconstruction); 400 otherwise."""
+    replaced = {s.layer for s in sources if s.site == "mlp"}
+    for source in (s for s in sources if s.reach > 1):
+        missing = sorted(set(range(source.layer, source.layer + source.reach)) - replaced)
+        if missing:
+            raise InvalidRequest(
+                f"{source.name} is a block of a cross-layer transcoder writing into blocks "
+                f"{source.layer}..{source.layer + source.reach - 1}; attach its blocks {missing} too",
+                param=param,
+            )
+    return sources
 
 
 def sae_sources(
@@ -96,7 +111,8 @@ def sae_sources(
             )
         layers[found.point] = name
         if found.transcoder:
-            sources.append(Source(name, found.sae, found.layer, "mlp", found.sae.W_skip))
+            source = Source(name, found.sae, found.layer, "mlp", found.sae.W_skip, found.sae.cross)
+            sources.append(source)
         else:
             sources.append(Source(name, found.sae, found.point, "resid"))
     return sources

@@ -19,7 +19,8 @@ from pathlib import Path
 from millm.engine.loader import LoadedModel
 from millm.errors import Conflict, InvalidRequest, NotFound
 from millm.interp.attribution.replacement import Source
-from millm.interp.transcoders import TranscoderFileError, TranscoderSet, read_transcoder_set
+from millm.interp.transcoder_files import TranscoderFileError, TranscoderSet
+from millm.interp.transcoders import read_transcoder_set
 from millm.service.steering.books import Book
 from millm.store.database import Store
 from millm.store.transcoders import (

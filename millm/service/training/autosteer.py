@@ -64,6 +64,12 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
     if lm is None:
         raise ModelNotLoaded("no model is loaded to steer; load one first")
     attached = pick_attached(state.steering.attached, body.sae_id, "sae_id")
+    if attached.reach > 1:
+        raise InvalidRequest(
+            f"{attached.info.id} is a block of a cross-layer transcoder, whose features write into "
+            "several blocks; AutoSteer sweeps one write per feature: steer it by hand",
+            param="sae_id",
+        )
     for i, index in enumerate(body.include or ()):
         check_feature(attached.info, index, param=f"include[{i}]")
     if body.include is not None and len(set(body.include)) != len(body.include):

@@ -83,10 +83,7 @@ async function attachBlock(node, sets) {
   return registered.id;
 }
 
-/** Whether a feature node comes from a registered cross-layer transcoder (it writes into every later block). */
-const crossLayer = (node, sets) => sets.find((s) => s.id === node.sae_id?.split("/")[0])?.kind === "cross_layer_transcoder";
-
-function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy, sets }) {
+function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy }) {
   if (!node) return html`<p class="note">Click a node for its card.</p>`;
   const into = graph.edges.filter((e) => e.target === node.id).slice(0, 5);
   const out = graph.edges.filter((e) => e.source === node.id).slice(0, 5);
@@ -99,7 +96,6 @@ function NodeCard({ node, graph, ablate, onToggle, steerAs, onAttach, busy, sets
     ${node.kind === "feature" ? html`<p>${steeredBy(node, steerAs) ? html`<${FeatureLink} sae=${steeredBy(node, steerAs)} index=${node.feature}>${node.label || ""}<//>`
         : html`<strong>#${node.feature}</strong> ${node.label || ""}`}${node.site === "mlp" ? html` <span class="meta">(transcoder, block ${node.layer})</span>` : null} · activation ${num(node.activation, 3)}</p>
       ${steeredBy(node, steerAs) ? html`<label class="inline"><input type="checkbox" checked=${ablate.has(node.id)} onChange=${() => onToggle(node)} /> ablate this feature</label>`
-        : crossLayer(node, sets) ? html`<p class="note">A cross-layer transcoder's feature (it writes into every later block): drawn and checked, not steered.</p>`
         : html`<button type="button" disabled=${busy} onClick=${() => onAttach(node)}>Attach block ${node.layer}'s transcoder to steer it</button>`}` : null}
     <p class="meta">cumulative influence ${num(node.influence, 3)}</p>
     ${into.length ? html`<p>from: ${into.map((e) => html`<span class="pill">${named(e.source)} ${num(e.weight, 2)}</span>`)}</p>` : null}
@@ -210,7 +206,7 @@ export default function AttributionPanel() {
         ${`${num(graph.seconds, 1)} s `}
         <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
       <div class="graph-with-card"><${GraphPicture} graph=${graph} chosen=${chosen} onChoose=${setChosen} />
-        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} sets=${sets.value?.data ?? []} /></div>
+        <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} /></div>
       <${Ablation} graph=${graph} text=${text} ablate=${ablate} steerAs=${steerAs} />` : null}
   <//>`;
 }

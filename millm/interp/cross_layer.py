@@ -1,0 +1,115 @@
+"""Cross-layer transcoders (`model_kind: cross_layer_transcoder`) in the layout circuit-tracer's
+CrossLayerTranscoder.to_safetensors writes: `W_enc_{i}.safetensors` (`W_enc_{i}` `[d_transcoder,
+d_model]`, `b_enc_{i}`, `b_dec_{i}`, `threshold_{i}` for a JumpReLU) and `W_dec_{i}.safetensors`
+(`W_dec_{i}` `[d_transcoder, n_layers - i, d_model]`): block i's features read block i's MLP
+input and write into the MLP output of every block from i on. Each block reads as a transcoder
+whose own write is `W_dec_{i}[:, 0]`, with its whole decoder kept (`SAE.cross`); one block's
+encoder file is an SAE of its own, as a set's file is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from millm.interp.sae import SAE, SAEWeights
+from millm.interp.transcoder_files import (
+    MAX_LAYERS,
+    Block,
+    TranscoderFileError,
+    TranscoderSet,
+    block_labels,
+    read_tensors,
+    sae_of,
+)
+
+
+def _numbered(directory: Path, prefix: str) -> dict[int, Path]:
+    """`{prefix}{i}.safetensors` by i, every i up to the last present (a gap is a lost file)."""
+    found = {}
+    for path in directory.glob(f"{prefix}*.safetensors"):
+        number = path.stem.removeprefix(prefix)
+        if number.isdigit():
+            found[int(number)] = path
+    if not found or len(found) > MAX_LAYERS:
+        raise TranscoderFileError(f"{directory} holds no {prefix}*.safetensors (1..{MAX_LAYERS})")
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise TranscoderFileError(f"{directory} lacks {prefix}{missing[0]}.safetensors")
+    return dict(sorted(found.items()))
+
+
+def _blocks(directory: Path) -> tuple[dict[int, Path], dict[int, Path]]:
+    """The encoder and decoder files by block, as many of each."""
+    encoders, decoders = _numbered(directory, "W_enc_"), _numbered(directory, "W_dec_")
+    if len(decoders) != len(encoders):
+        raise TranscoderFileError(
+            f"{directory}: {len(encoders)} encoder files but {len(decoders)} decoder files"
+        )
+    return encoders, decoders
+
+
+def _block(directory: Path, i: int, blocks: int, encoder: Path, decoder: Path) -> SAE:
+    """Block i of `blocks` as a transcoder whose `cross` is its whole decoder."""
+    tensors = read_tensors(encoder) | read_tensors(decoder)
+    names = [f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}", f"W_dec_{i}"]
+    missing = [name for name in names if name not in tensors]
+    if missing:
+        raise TranscoderFileError(f"{directory}: block {i} lacks {', '.join(missing)}")
+    w_enc, b_enc, b_dec, w_dec = (tensors[name] for name in names)
+    width, d_model = w_enc.shape
+    shapes = {
+        f"b_enc_{i}": (b_enc.shape, (width,)),
+        f"b_dec_{i}": (b_dec.shape, (d_model,)),
+        f"W_dec_{i}": (w_dec.shape, (width, blocks - i, d_model)),
+    }
+    threshold = tensors.get(f"threshold_{i}")
+    if threshold is not None:
+        threshold = threshold.reshape(-1)
+        shapes[f"threshold_{i}"] = (threshold.shape, (width,))
+    for name, (shape, want) in shapes.items():
+        if tuple(shape) != want:
+            raise TranscoderFileError(f"{directory}: {name} is {tuple(shape)}, expected {want}")
+    sae = sae_of(
+        SAEWeights(w_enc.T.contiguous(), b_enc, w_dec[:, 0].contiguous(), b_dec), threshold
+    )
+    sae.cross = w_dec.contiguous()
+    return sae
+
+
+def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
+    """The CLT in `directory`, every block."""
+    encoders, decoders = _blocks(directory)
+    layers = {
+        i: _block(directory, i, len(encoders), path, decoders[i]) for i, path in encoders.items()
+    }
+    widths = {sae.d_in for sae in layers.values()}
+    if len(widths) != 1:
+        raise TranscoderFileError(
+            f"{directory}: the blocks read residuals of different widths {sorted(widths)}"
+        )
+    first = layers[0]
+    return TranscoderSet(
+        layers=layers,
+        d_model=first.d_in,
+        d_transcoder=max(sae.d_sae for sae in layers.values()),
+        architecture=first.architecture,
+        input_hook=config["feature_input_hook"],
+        output_hook=config["feature_output_hook"],
+        labels={i: block_labels(path, layers[i].d_sae) for i, path in encoders.items()},
+        skips={},
+        files=encoders,
+        cross={i: sae.cross for i, sae in layers.items() if sae.cross is not None},
+        kind="cross_layer_transcoder",
+    )
+
+
+def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:
+    """One block of the CLT in `directory`, from its encoder file `path`."""
+    encoders, decoders = _blocks(directory)
+    block = next((b for b, p in encoders.items() if p.resolve() == path.resolve()), None)
+    if block is None:
+        raise TranscoderFileError(
+            f"{path.name} is not one of {directory}'s encoder files (W_enc_{{i}}.safetensors)"
+        )
+    sae = _block(directory, block, len(encoders), path, decoders[block])
+    return Block(block, sae, config["feature_input_hook"], path, (decoders[block],))
