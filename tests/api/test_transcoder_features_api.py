@@ -343,3 +343,21 @@ def test_a_cross_layer_block_steers_every_block_it_writes_into(server, tiny_dirs
         )
     finally:
         post(server, f"/api/saes/{sae_id}/detach", {})
+
+
+def test_a_feature_probe_on_a_transcoder_watches_the_mlp_input(server, offline, transcoder):
+    prompt_ids = api(server, "POST", "/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
+    feature = busiest(transcoder, offline, prompt_ids["tokens"])
+    detector = {"type": "feature", "sae_id": server.ids[BLOCK], "index": feature, "threshold": 0.01}
+    answer = completion(
+        server,
+        logprobs=1,
+        return_tokens_as_token_ids=True,
+        probes=[{"name": "tc", "detector": detector}],
+    )
+    (entry,) = answer["millm"]["probes"]
+    ids, _ = drawn(answer)
+    fed = [*prompt_ids["tokens"], *ids[:-1]]  # the last drawn token is never fed
+    mlp_input, _ = offline(fed)
+    scores = transcoder.encode(mlp_input)[:, feature]
+    assert entry["peak"] == pytest.approx(float(scores[1:].max()), rel=1e-4, abs=1e-5)
