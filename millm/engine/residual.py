@@ -58,6 +58,19 @@ class SourcedOperation:
 AnyOperation = Operation | SourcedOperation
 
 
+def run_operation(
+    operation: AnyOperation,
+    residual: torch.Tensor,
+    seen: dict[int, torch.Tensor],
+    row: int | tuple[int, slice],
+) -> torch.Tensor:
+    """One row's residual through `operation`; `seen[point][row]` is the row's values at a point
+    earlier in the pass, which a SourcedOperation reads."""
+    if isinstance(operation, SourcedOperation):
+        return operation.apply(residual, seen[operation.source][row])
+    return operation(residual)
+
+
 @dataclass(frozen=True, eq=False)
 class ResidualEdit:
     """Immutable: ((after_block, vector[d]), ...) and ((after_block, operation), ...), the
@@ -213,10 +226,7 @@ class ResidualEditor:
             start = width - self._real[row] if self._real is not None else 0
             part = edited[row, start:]
             for operation in operations:
-                if isinstance(operation, SourcedOperation):
-                    part = operation.apply(part, self._seen[operation.source][row, start:])
-                else:
-                    part = operation(part)
+                part = run_operation(operation, part, self._seen, (row, slice(start, None)))
             edited[row, start:] = part
         return edited
 

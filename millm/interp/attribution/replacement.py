@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from millm.engine.attention import rotate
 from millm.engine.families import BlockLayout, ModelLayout
-from millm.engine.residual import EMBEDDINGS, ResidualEdit, SourcedOperation, mlp_input
+from millm.engine.residual import EMBEDDINGS, ResidualEdit, mlp_input, run_operation
 from millm.interp.sae import SAE
 
 Site = Literal["resid", "mlp"]
@@ -353,11 +353,7 @@ class ReplacementModel:
             if vector is not None:
                 x = x + vector.to(device=x.device, dtype=x.dtype)
             for operation in edit.operations_at(point):
-                if isinstance(operation, SourcedOperation):
-                    source = self.seen[operation.source]
-                    rows = [operation.apply(row, source[i]) for i, row in enumerate(x)]
-                else:
-                    rows = [operation(row) for row in x]
+                rows = [run_operation(operation, r, self.seen, i) for i, r in enumerate(x)]
                 x = torch.stack([row.to(x.dtype) for row in rows])
         source = by_place.get((point, "resid"))
         return x if source is None else self._replace(source, x, x.detach(), traces)
