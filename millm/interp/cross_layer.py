@@ -17,7 +17,7 @@ from millm.interp.transcoder_files import (
     Block,
     TranscoderFileError,
     TranscoderSet,
-    block_labels,
+    assembled,
     read_tensors,
     sae_of,
 )
@@ -82,25 +82,8 @@ def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
     layers = {
         i: _block(directory, i, len(encoders), path, decoders[i]) for i, path in encoders.items()
     }
-    widths = {sae.d_in for sae in layers.values()}
-    if len(widths) != 1:
-        raise TranscoderFileError(
-            f"{directory}: the blocks read residuals of different widths {sorted(widths)}"
-        )
-    first = layers[0]
-    return TranscoderSet(
-        layers=layers,
-        d_model=first.d_in,
-        d_transcoder=max(sae.d_sae for sae in layers.values()),
-        architecture=first.architecture,
-        input_hook=config["feature_input_hook"],
-        output_hook=config["feature_output_hook"],
-        labels={i: block_labels(path, layers[i].d_sae) for i, path in encoders.items()},
-        skips={},
-        files=encoders,
-        cross={i: sae.cross for i, sae in layers.items() if sae.cross is not None},
-        kind="cross_layer_transcoder",
-    )
+    cross = {i: sae.cross for i, sae in layers.items() if sae.cross is not None}
+    return assembled(directory, config, layers, encoders, {}, cross)
 
 
 def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:

@@ -161,6 +161,37 @@ def block_labels(path: Path, width: int) -> dict[int, dict]:
     return {label.index: {**label.detail, "label": label.label} for label in document.labels}
 
 
+def assembled(
+    directory: Path,
+    config: dict,
+    layers: dict[int, SAE],
+    files: dict[int, Path],
+    skips: dict[int, torch.Tensor],
+    cross: dict[int, torch.Tensor],
+) -> TranscoderSet:
+    """The set of these blocks' transcoders (their labels read beside their files), once they all
+    read residuals of one width."""
+    widths = {sae.d_in for sae in layers.values()}
+    if len(widths) != 1:
+        raise TranscoderFileError(
+            f"{directory}: the transcoders read residuals of different widths {sorted(widths)}"
+        )
+    first = next(iter(layers.values()))
+    return TranscoderSet(
+        layers=layers,
+        d_model=first.d_in,
+        d_transcoder=max(sae.d_sae for sae in layers.values()),
+        architecture=first.architecture,
+        input_hook=config["feature_input_hook"],
+        output_hook=config["feature_output_hook"],
+        labels={block: block_labels(path, layers[block].d_sae) for block, path in files.items()},
+        skips=skips,
+        files=files,
+        cross=cross,
+        kind=config["model_kind"],
+    )
+
+
 def sae_of(weights: SAEWeights, threshold: torch.Tensor | None) -> SAE:
     """A transcoder's SAE: JumpReLU with a threshold, ReLU without; no b_dec subtracted from the
     input (circuit-tracer encodes x @ W_enc.T + b_enc)."""

@@ -30,7 +30,7 @@ from millm.interp.transcoder_files import (
     Block,
     TranscoderFileError,
     TranscoderSet,
-    block_labels,
+    assembled,
     read_config,
     read_tensors,
     sae_of,
@@ -134,21 +134,5 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
     files = _files(directory, config)
     read = {layer: _transcoder(path, layer) for layer, path in files.items()}
     layers = {layer: sae for layer, (sae, _) in read.items()}
-    widths = {sae.d_in for sae in layers.values()}
-    if len(widths) != 1:
-        raise TranscoderFileError(
-            f"{directory}: the transcoders read residuals of different widths {sorted(widths)}"
-        )
-    first = next(iter(layers.values()))
-    return TranscoderSet(
-        layers=layers,
-        d_model=first.d_in,
-        d_transcoder=max(sae.d_sae for sae in layers.values()),
-        architecture=first.architecture,
-        input_hook=config["feature_input_hook"],
-        output_hook=config["feature_output_hook"],
-        labels={layer: block_labels(path, layers[layer].d_sae) for layer, path in files.items()},
-        skips={layer: skip for layer, (_, skip) in read.items() if skip is not None},
-        files=files,
-        cross={},
-    )
+    skips = {layer: skip for layer, (_, skip) in read.items() if skip is not None}
+    return assembled(directory, config, layers, files, skips, {})
