@@ -1,8 +1,9 @@
 """Capturing residual vectors for a row while it runs: the engine's half of SAE reads.
 
 A row's `ResidualRead`s name a point, a side of the point's edits and the positions
-wanted. A `Capture` keeps the vectors of the wanted positions (float32, on the CPU) as the
-row's forward passes go by; `taps` turns the rows of one forward pass into the residual
+wanted. A `Capture` keeps the vectors of the wanted positions (float32 copies, on the model's
+device: a step never waits for a copy to the host) as the row's forward passes go by, and
+gathers them on the CPU once, when the row reports; `taps` turns the rows of one forward pass into the residual
 editor's readers. Any `Reader` rides the same taps (a watch's scorer does). Encoding the
 vectors with an SAE happens outside the engine.
 """
@@ -63,12 +64,12 @@ class Capture:
             else hidden[wanted]
         )
         self.positions.extend(first + i for i in wanted)
-        self.vectors.append(rows.detach().float().cpu().clone())
+        self.vectors.append(rows.detach().to(torch.float32, copy=True))
 
     def result(self, row: int, tokens: list[int]) -> ResidualsRead:
         """The event that reports this capture (tokens: the row's prompt then generated ids)."""
         width = self.vectors[0].shape[-1] if self.vectors else 0
-        residuals = torch.cat(self.vectors) if self.vectors else torch.zeros(0, width)
+        residuals = torch.cat(self.vectors).cpu() if self.vectors else torch.zeros(0, width)
         encoded = self.read.encode(residuals) if self.read.encode is not None else None
         return ResidualsRead(
             row,
