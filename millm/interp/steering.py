@@ -5,6 +5,10 @@ at every position. Strengths are limited to ±200; the sum is computed in float3
 cast to the model's dtype by the engine. clamp, ablate and cap are operations on the residual
 (operators.py), applied after the point's additions: per SAE, in id order, its caps and then its
 clamps and ablations (held together).
+
+A transcoder (hook point mlp) writes where its block adds the MLP's output, the residual after
+the block, and is read at the block's MLP input (`read_point`); a cross-layer transcoder's block
+writes after every block from its own on (`reach`), so its adds and holds land at each of them.
 """
 
 from __future__ import annotations
