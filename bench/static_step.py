@@ -6,7 +6,7 @@ The function: each block's norms, q|k|v, RoPE, the KV written in place at a posi
 tensor into buffers of fixed capacity, attention over the whole buffer with a mask, the MLP, and
 the head; no hooks, no Python bookkeeping. `--kernels plain` uses F.linear; `--kernels served`
 the runner's own oneDNN pre-packed linears; `--kernels opaque` the same wrapped as a custom op
-(torch.library), which torch.compile keeps as one call and fuses the small ops around. Its logits are checked against the served step's at
+(torch.library), attention too, which torch.compile keeps as calls and fuses the small ops around. Its logits are checked against the served step's at
 every position (the largest difference is printed) and its greedy tokens followed.
 
     .venv/bin/python bench/static_step.py [--kernels plain|served] [--compile none|default|freeze]
@@ -47,6 +47,19 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 @packed_linear.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], packed.shape[0])
+
+
+@torch.library.custom_op("millm_bench::attention", mutates_args=())
+def opaque_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """SDPA (the flash kernel eager picks), opaque to the compiler."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale, enable_gqa=True)
+
+
+@opaque_attention.register_fake
+def _(q, k, v, seen, scale):
+    return torch.empty_like(q)
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,9 +110,12 @@ def static_step(lm, kernels: str):
             k = rotate(k.view(1, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
             keys[i].index_copy_(2, pos, k)
             values[i].index_copy_(2, pos, v.view(1, 1, kv_heads, head_dim).transpose(1, 2))
-            o = F.scaled_dot_product_attention(
-                q, keys[i], values[i], attn_mask=seen, scale=spec.scaling, enable_gqa=True
-            )
+            if kernels == "opaque":
+                o = opaque_attention(q, keys[i], values[i], seen, spec.scaling)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, keys[i], values[i], attn_mask=seen, scale=spec.scaling, enable_gqa=True
+                )
             x = x + p["out"](o.transpose(1, 2).reshape(1, 1, heads * head_dim))
             gate, up = p["up"](rms(x, *p["n2"])).split([p["inner"], p["inner"]], dim=-1)
             x = x + p["down"](F.silu(gate) * up)
