@@ -5,6 +5,11 @@ d_model]`, `b_enc_{i}`, `b_dec_{i}`, `threshold_{i}` for a JumpReLU) and `W_dec_
 input and write into the MLP output of every block from i on. Each block reads as a transcoder
 whose own write is `W_dec_{i}[:, 0]`, with its whole decoder kept (`SAE.cross`); one block's
 encoder file is an SAE of its own, as a set's file is.
+
+Gemma Scope 2's CLTs come as one file per layer (the config's `transcoders` list), each a
+JumpReLUMultiLayerSAE: `w_enc` `[d_model, d]`, `w_dec` `[d, n_layers, d_model]` (block i writes
+its slices i..), `b_enc`, `b_dec`, `threshold` and `affine_skip_connection` (added as x @ it to
+the block's own output), read as circuit-tracer's load_gemma_scope_2_clt reads them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from millm.interp.transcoder_files import (
     assembled,
     read_tensors,
     sae_of,
+    set_files,
 )
 
 
@@ -76,8 +82,38 @@ def _block(directory: Path, i: int, blocks: int, encoder: Path, decoder: Path) -
     return sae
 
 
+def _gemma_scope_2_block(path: Path, i: int, blocks: int) -> SAE:
+    """Block i of a Gemma Scope 2 CLT of `blocks` layers (one params file; names as renamed on reading)."""
+    tensors = read_tensors(path)
+    missing = [k for k in ("W_enc", "W_dec", "b_enc", "b_dec") if k not in tensors]
+    if missing:
+        raise TranscoderFileError(f"{path} lacks {', '.join(missing)}")
+    w_enc, w_dec = tensors["W_enc"], tensors["W_dec"]
+    width, d_model = w_enc.shape
+    if tuple(w_dec.shape) != (width, blocks, d_model):
+        raise TranscoderFileError(
+            f"{path}: w_dec is {tuple(w_dec.shape)}, expected {(width, blocks, d_model)} (a decoder to every layer)"
+        )
+    cross = w_dec[:, i:].contiguous()
+    threshold = tensors.get("activation_function.threshold")
+    sae = sae_of(
+        SAEWeights(
+            w_enc.T.contiguous(), tensors["b_enc"], cross[:, 0].contiguous(), tensors["b_dec"]
+        ),
+        threshold,
+    )
+    sae.cross, sae.W_skip = cross, tensors.get("W_skip")
+    return sae
+
+
 def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
     """The CLT in `directory`, every block."""
+    if "transcoders" in config:  # Gemma Scope 2's: one listed params file per layer
+        files = set_files(directory, config)
+        layers = {i: _gemma_scope_2_block(path, i, len(files)) for i, path in files.items()}
+        skips = {i: sae.W_skip for i, sae in layers.items() if sae.W_skip is not None}
+        cross = {i: sae.cross for i, sae in layers.items() if sae.cross is not None}
+        return assembled(directory, config, layers, files, skips, cross)
     encoders, decoders = _blocks(directory)
     layers = {
         i: _block(directory, i, len(encoders), path, decoders[i]) for i, path in encoders.items()
@@ -87,7 +123,15 @@ def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
 
 
 def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:
-    """One block of the CLT in `directory`, from its encoder file `path`."""
+    """One block of the CLT in `directory`, from its encoder file `path` (Gemma Scope 2's: its
+    params file)."""
+    if "transcoders" in config:
+        files = set_files(directory, config)
+        block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
+        if block is None:
+            raise TranscoderFileError(f"{path.name} is not one of the files {directory} lists")
+        sae = _gemma_scope_2_block(path, block, len(files))
+        return Block(block, sae, config["feature_input_hook"], path)
     encoders, decoders = _blocks(directory)
     block = next((b for b, p in encoders.items() if p.resolve() == path.resolve()), None)
     if block is None:

@@ -112,6 +112,47 @@ def read_config(directory: Path) -> dict:
     return config
 
 
+def set_files(directory: Path, config: dict) -> dict[int, Path]:
+    """The files of a set by block: its config's `transcoders` list (each inside the directory),
+    or its `layer_{i}.safetensors` files, every block up to the last (a gap is a lost file)."""
+    listed = config.get("transcoders")
+    if listed is None:
+        found = {}
+        for path in directory.glob("layer_*.safetensors"):
+            try:
+                found[int(path.stem.removeprefix("layer_"))] = path
+            except ValueError:
+                continue
+        if not found:
+            raise TranscoderFileError(
+                f"{directory} lists no transcoders and holds no layer_*.safetensors"
+            )
+        missing = sorted(set(range(max(found) + 1)) - set(found))
+        if missing:  # a gap is a lost file, not a set without those blocks
+            names = ", ".join(f"layer_{i}.safetensors" for i in missing)
+            raise TranscoderFileError(
+                f"{directory} lacks {names} (its files run up to layer_{max(found)})"
+            )
+        return dict(sorted(found.items()))
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_LAYERS:
+        raise TranscoderFileError(
+            f"config.yaml: transcoders must be a list of 1..{MAX_LAYERS} files"
+        )
+    files = {}
+    for layer, entry in enumerate(listed):
+        if not isinstance(entry, str) or entry.startswith("hf://"):
+            raise TranscoderFileError(
+                f"config.yaml: transcoders[{layer}] is {entry!r}; give a file inside the set's directory (hub files: download the set first)"
+            )
+        path = (directory / entry).resolve()
+        if not path.is_relative_to(directory.resolve()):
+            raise TranscoderFileError(
+                f"config.yaml: transcoders[{layer}] leaves the set's directory"
+            )
+        files[layer] = path
+    return files
+
+
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A transcoder file's tensors (float32) in circuit-tracer's names."""
     if not path.is_file():

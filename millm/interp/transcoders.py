@@ -26,7 +26,6 @@ import torch
 from millm.interp.cross_layer import read_cross_layer, read_cross_layer_block
 from millm.interp.sae import SAE, SAEWeights
 from millm.interp.transcoder_files import (
-    MAX_LAYERS,
     Block,
     TranscoderFileError,
     TranscoderSet,
@@ -35,46 +34,8 @@ from millm.interp.transcoder_files import (
     read_tensors,
     sae_of,
     set_directory,
+    set_files,
 )
-
-
-def _files(directory: Path, config: dict) -> dict[int, Path]:
-    listed = config.get("transcoders")
-    if listed is None:
-        found = {}
-        for path in directory.glob("layer_*.safetensors"):
-            try:
-                found[int(path.stem.removeprefix("layer_"))] = path
-            except ValueError:
-                continue
-        if not found:
-            raise TranscoderFileError(
-                f"{directory} lists no transcoders and holds no layer_*.safetensors"
-            )
-        missing = sorted(set(range(max(found) + 1)) - set(found))
-        if missing:  # a gap is a lost file, not a set without those blocks
-            names = ", ".join(f"layer_{i}.safetensors" for i in missing)
-            raise TranscoderFileError(
-                f"{directory} lacks {names} (its files run up to layer_{max(found)})"
-            )
-        return dict(sorted(found.items()))
-    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_LAYERS:
-        raise TranscoderFileError(
-            f"config.yaml: transcoders must be a list of 1..{MAX_LAYERS} files"
-        )
-    files = {}
-    for layer, entry in enumerate(listed):
-        if not isinstance(entry, str) or entry.startswith("hf://"):
-            raise TranscoderFileError(
-                f"config.yaml: transcoders[{layer}] is {entry!r}; give a file inside the set's directory (hub files: download the set first)"
-            )
-        path = (directory / entry).resolve()
-        if not path.is_relative_to(directory.resolve()):
-            raise TranscoderFileError(
-                f"config.yaml: transcoders[{layer}] leaves the set's directory"
-            )
-        files[layer] = path
-    return files
 
 
 def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
@@ -117,7 +78,7 @@ def read_block(path: Path) -> Block:
     config = read_config(directory)
     if config["model_kind"] == "cross_layer_transcoder":
         return read_cross_layer_block(directory, config, path)
-    files = _files(directory, config)
+    files = set_files(directory, config)
     block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
     if block is None:
         raise TranscoderFileError(f"{path.name} is not one of the transcoders {directory} lists")
@@ -131,7 +92,7 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
     config = read_config(directory)
     if config["model_kind"] == "cross_layer_transcoder":
         return read_cross_layer(directory, config)
-    files = _files(directory, config)
+    files = set_files(directory, config)
     read = {layer: _transcoder(path, layer) for layer, path in files.items()}
     layers = {layer: sae for layer, (sae, _) in read.items()}
     skips = {layer: skip for layer, (_, skip) in read.items() if skip is not None}

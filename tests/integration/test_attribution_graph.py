@@ -41,14 +41,19 @@ def sources_of(kind: str, lm) -> list[Source]:
             Source("a", random_sae(width, 1, k=8), 0, "resid"),
             Source("b", random_sae(width, 2), 1, "resid"),
         ]
-    if kind == "clt":  # block i's features write into every block from i on
+    if kind.startswith("clt"):  # block i's features write into every block from i on
         generator = torch.Generator().manual_seed(98)
         sources = []
         for i in range(blocks):
             sae = random_sae(width, 20 + i)
             cross = torch.randn(sae.d_sae, blocks - i, width, generator=generator) * 0.3
             sae.W_dec = cross[:, 0].contiguous()
-            sources.append(Source(f"c{i}", sae, i, "mlp", cross=cross))
+            skip = (
+                torch.randn(width, width, generator=generator) * 0.05
+                if kind == "clt-skip"
+                else None
+            )
+            sources.append(Source(f"c{i}", sae, i, "mlp", skip, cross))
         return sources
     skips = [None] * blocks
     if kind == "mlp-skip":  # a skip connection beside each transcoder: a live linear path
@@ -81,7 +86,14 @@ def test_the_replacement_pass_without_sources_gives_the_served_logits(llama_lm):
 
 
 @pytest.mark.parametrize(
-    "kind, method", [("resid", PATCHING), ("mlp", EXACT), ("mlp-skip", EXACT), ("clt", EXACT)]
+    "kind, method",
+    [
+        ("resid", PATCHING),
+        ("mlp", EXACT),
+        ("mlp-skip", EXACT),
+        ("clt", EXACT),
+        ("clt-skip", EXACT),
+    ],
 )
 def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, method):
     model, tracer, graph = traced(llama_lm, kind)

@@ -128,3 +128,29 @@ def build_gemma_scope_2_file(path: Path, d_model: int = 64, width: int = 48, see
         str(path),
     )
     return path
+
+
+def build_gemma_scope_2_clt(
+    directory: Path, blocks: int = 3, d_model: int = 64, width: int = 48, seed: int = 0
+) -> Path:
+    """A random Gemma Scope 2 cross-layer transcoder: one params.safetensors per layer (w_enc
+    [d_model, width], w_dec [width, blocks, d_model], b_enc, b_dec, threshold,
+    affine_skip_connection) listed by a cross_layer_transcoder config."""
+    generator = torch.Generator().manual_seed(seed)
+    for i in range(blocks):
+        path = directory / f"layer_{i}" / "params.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {
+                "w_enc": torch.randn(d_model, width, generator=generator) * 0.3,
+                "w_dec": torch.randn(width, blocks, d_model, generator=generator) * 0.1,
+                "b_enc": torch.randn(width, generator=generator) * 0.1,
+                "b_dec": torch.randn(d_model, generator=generator) * 0.05,
+                "threshold": torch.rand(width, generator=generator) * 0.2,
+                "affine_skip_connection": torch.randn(d_model, d_model, generator=generator) * 0.05,
+            },
+            str(path),
+        )
+    listed = "".join(f"  - layer_{i}/params.safetensors\n" for i in range(blocks))
+    (directory / "config.yaml").write_text(CLT_CONFIG + "transcoders:\n" + listed)
+    return directory

@@ -198,3 +198,26 @@ def test_a_gemma_scope_2_file_reads_as_circuit_tracers_loader_renames_it(tmp_pat
     assert torch.equal(found.layers[1].W_dec, raw["w_dec"])
     # Gemma Scope 2 adds x @ affine_skip_connection; millm adds x @ W_skip.T: the same.
     assert torch.allclose(x @ found.skips[1].T, x @ raw["affine_skip_connection"], atol=1e-6)
+
+
+def test_a_gemma_scope_2_clt_reads_as_circuit_tracers_loader_reads_it(tmp_path):
+    from millm.interp.formats import read_sae
+    from tests.support.tiny_transcoders import build_gemma_scope_2_clt
+
+    directory = build_gemma_scope_2_clt(tmp_path / "gs2-clt", seed=3)
+    found = read_transcoder_set(directory)
+    assert found.kind == "cross_layer_transcoder" and sorted(found.layers) == [0, 1, 2]
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
+    for block in range(3):
+        raw = load_file(str(directory / f"layer_{block}" / "params.safetensors"))
+        pre = x @ raw["w_enc"] + raw["b_enc"]
+        want = torch.relu(pre) * (pre > raw["threshold"])
+        assert torch.allclose(found.layers[block].encode(x), want, atol=1e-6)
+        # circuit-tracer keeps w_dec[:, block:] (the layers from this one on) ...
+        assert torch.equal(found.cross[block], raw["w_dec"][:, block:])
+        # ... and adds x @ affine_skip_connection to the block's output; millm x @ W_skip.T.
+        assert torch.allclose(
+            x @ found.skips[block].T, x @ raw["affine_skip_connection"], atol=1e-6
+        )
+    info, sae = read_sae(directory / "layer_1" / "params.safetensors")
+    assert (info.format, info.layer) == ("transcoder", 1) and sae.cross.shape == (48, 2, 64)
