@@ -367,11 +367,13 @@ def test_a_registered_set_is_kept_across_restarts_and_refused_by_name_once_its_f
         process.stop()
 
 
-def test_a_cross_layer_transcoder_gives_an_exact_checked_graph(server):
+@pytest.mark.parametrize("layout", ["circuit-tracer", "gemma-scope-2"])
+def test_a_cross_layer_transcoder_gives_an_exact_checked_graph(server, layout):
     from tests.support.server import TEST_ROOT
-    from tests.support.tiny_transcoders import build_clt
+    from tests.support.tiny_transcoders import build_clt, build_gemma_scope_2_clt
 
-    directory = build_clt(TEST_ROOT / "clt-api", seed=13)
+    build = build_clt if layout == "circuit-tracer" else build_gemma_scope_2_clt
+    directory = build(TEST_ROOT / f"clt-api-{layout}", seed=13)
     registered = post(server, "/api/transcoders", {"path": str(directory)})
     assert registered.status_code == 201, registered.text
     found = registered.json()
