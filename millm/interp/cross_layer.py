@@ -23,6 +23,7 @@ from millm.interp.transcoder_files import (
     TranscoderFileError,
     TranscoderSet,
     assembled,
+    block_of,
     read_tensors,
     sae_of,
     set_files,
@@ -112,14 +113,12 @@ def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
         files = set_files(directory, config)
         layers = {i: _gemma_scope_2_block(path, i, len(files)) for i, path in files.items()}
         skips = {i: sae.W_skip for i, sae in layers.items() if sae.W_skip is not None}
-        cross = {i: sae.cross for i, sae in layers.items() if sae.cross is not None}
-        return assembled(directory, config, layers, files, skips, cross)
+        return assembled(directory, config, layers, files, skips)
     encoders, decoders = _blocks(directory)
     layers = {
         i: _block(directory, i, len(encoders), path, decoders[i]) for i, path in encoders.items()
     }
-    cross = {i: sae.cross for i, sae in layers.items() if sae.cross is not None}
-    return assembled(directory, config, layers, encoders, {}, cross)
+    return assembled(directory, config, layers, encoders, {})
 
 
 def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:
@@ -127,16 +126,10 @@ def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:
     params file)."""
     if "transcoders" in config:
         files = set_files(directory, config)
-        block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
-        if block is None:
-            raise TranscoderFileError(f"{path.name} is not one of the files {directory} lists")
+        block = block_of(files, path, f"the files {directory} lists")
         sae = _gemma_scope_2_block(path, block, len(files))
         return Block(block, sae, config["feature_input_hook"], path)
     encoders, decoders = _blocks(directory)
-    block = next((b for b, p in encoders.items() if p.resolve() == path.resolve()), None)
-    if block is None:
-        raise TranscoderFileError(
-            f"{path.name} is not one of {directory}'s encoder files (W_enc_{{i}}.safetensors)"
-        )
+    block = block_of(encoders, path, f"{directory}'s encoder files (W_enc_{{i}}.safetensors)")
     sae = _block(directory, block, len(encoders), path, decoders[block])
     return Block(block, sae, config["feature_input_hook"], path, (decoders[block],))

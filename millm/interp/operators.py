@@ -225,8 +225,8 @@ def transcoder_hold(
     of a cross-layer transcoder's writes (into the MLP output that many blocks on)."""
     indices = [h.index for h in held]
     activations = _activations(sae, indices)
-    rows = sae.W_dec[indices] if sae.cross is None else sae.cross[indices, reach]
-    w_dec = rows.float()  # [k, d]
+    index = torch.tensor(indices, dtype=torch.long, device=sae.W_dec.device)
+    w_dec = sae.writes(index)[:, reach].float()  # [k, d]
     targets = torch.tensor([h.target for h in held], dtype=torch.float32, device=w_dec.device)
     ablated = targets == 0
 

@@ -71,6 +71,15 @@ class SAE:
         """Number of features."""
         return int(self.W_enc.shape[1])
 
+    @property
+    def reach(self) -> int:
+        """How many blocks its features write into, from its own on (a cross-layer block: several)."""
+        return 1 if self.cross is None else int(self.cross.shape[1])
+
+    def writes(self, indices: torch.Tensor) -> torch.Tensor:
+        """These features' writes `[n, reach, d_in]` per unit of activation (slice k: k blocks on)."""
+        return self.W_dec[indices][:, None] if self.cross is None else self.cross[indices]
+
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> SAE:
         """Move every tensor (in place); returns self."""
         for name, value in vars(self).items():

@@ -60,16 +60,16 @@ class Attached:
     def reach(self) -> int:
         """How many blocks its features write into, from its own on (a cross-layer transcoder's
         block: every later one; anything else: 1)."""
-        return 1 if self.sae.cross is None else int(self.sae.cross.shape[1])
+        return self.sae.reach
 
     def directions(self, strengths: dict[int, float]) -> list[tuple[int, torch.Tensor]]:
         """(point, Σ s_i · its write there) for each point its features write into."""
-        if self.sae.cross is None:
+        if self.reach == 1:
             return [(self.point, self.sae.direction(strengths))]
-        index = torch.tensor(list(strengths), dtype=torch.long, device=self.sae.cross.device)
-        values = torch.tensor(list(strengths.values()), dtype=self.sae.cross.dtype)
-        rows = self.sae.cross[index]  # [n, reach, d]
-        return [(self.point + k, values.to(rows.device) @ rows[:, k]) for k in range(self.reach)]
+        device = self.sae.W_dec.device
+        rows = self.sae.writes(torch.tensor(list(strengths), dtype=torch.long, device=device))
+        values = torch.tensor(list(strengths.values()), dtype=rows.dtype, device=device)
+        return [(self.point + k, values @ rows[:, k]) for k in range(self.reach)]
 
     @property
     def read_point(self) -> int:

@@ -47,9 +47,12 @@ class TranscoderSet:
     labels: dict[int, dict[int, dict]]  # block -> feature -> {"label", <what the document said>}
     skips: dict[int, torch.Tensor]  # block -> W_skip [d_model, d_model], for those that have one
     files: dict[int, Path]  # block -> its transcoder's file (a CLT: its encoder's)
-    # a CLT's block -> its whole decoder W_dec [d_transcoder, n_layers - block, d_model]
-    cross: dict[int, torch.Tensor]
     kind: str = "transcoder_set"  # or "cross_layer_transcoder"
+
+    @property
+    def cross(self) -> dict[int, torch.Tensor]:
+        """A CLT's blocks' whole decoders `[d_transcoder, n_layers - block, d_model]` (SAE.cross)."""
+        return {block: sae.cross for block, sae in self.layers.items() if sae.cross is not None}
 
 
 @dataclass(frozen=True)
@@ -202,13 +205,21 @@ def block_labels(path: Path, width: int) -> dict[int, dict]:
     return {label.index: {**label.detail, "label": label.label} for label in document.labels}
 
 
+def block_of(files: dict[int, Path], path: Path, what: str) -> int:
+    """Which block of a set file `path` is; TranscoderFileError "<file> is not one of <what>"
+    when `files` (the set's, by block) do not hold it."""
+    block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
+    if block is None:
+        raise TranscoderFileError(f"{path.name} is not one of {what}")
+    return block
+
+
 def assembled(
     directory: Path,
     config: dict,
     layers: dict[int, SAE],
     files: dict[int, Path],
     skips: dict[int, torch.Tensor],
-    cross: dict[int, torch.Tensor],
 ) -> TranscoderSet:
     """The set of these blocks' transcoders (their labels read beside their files), once they all
     read residuals of one width."""
@@ -228,7 +239,6 @@ def assembled(
         labels={block: block_labels(path, layers[block].d_sae) for block, path in files.items()},
         skips=skips,
         files=files,
-        cross=cross,
         kind=config["model_kind"],
     )
 

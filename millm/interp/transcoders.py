@@ -30,6 +30,7 @@ from millm.interp.transcoder_files import (
     TranscoderFileError,
     TranscoderSet,
     assembled,
+    block_of,
     read_config,
     read_tensors,
     sae_of,
@@ -79,9 +80,7 @@ def read_block(path: Path) -> Block:
     if config["model_kind"] == "cross_layer_transcoder":
         return read_cross_layer_block(directory, config, path)
     files = set_files(directory, config)
-    block = next((b for b, p in files.items() if p.resolve() == path.resolve()), None)
-    if block is None:
-        raise TranscoderFileError(f"{path.name} is not one of the transcoders {directory} lists")
+    block = block_of(files, path, f"the transcoders {directory} lists")
     sae, skip = _transcoder(path, block)
     sae.W_skip = skip
     return Block(block, sae, config["feature_input_hook"], path)
@@ -96,4 +95,4 @@ def read_transcoder_set(directory: Path) -> TranscoderSet:
     read = {layer: _transcoder(path, layer) for layer, path in files.items()}
     layers = {layer: sae for layer, (sae, _) in read.items()}
     skips = {layer: skip for layer, (_, skip) in read.items() if skip is not None}
-    return assembled(directory, config, layers, files, skips, {})
+    return assembled(directory, config, layers, files, skips)

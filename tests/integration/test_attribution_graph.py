@@ -47,13 +47,13 @@ def sources_of(kind: str, lm) -> list[Source]:
         for i in range(blocks):
             sae = random_sae(width, 20 + i)
             cross = torch.randn(sae.d_sae, blocks - i, width, generator=generator) * 0.3
-            sae.W_dec = cross[:, 0].contiguous()
+            sae.W_dec, sae.cross = cross[:, 0].contiguous(), cross
             skip = (
                 torch.randn(width, width, generator=generator) * 0.05
                 if kind == "clt-skip"
                 else None
             )
-            sources.append(Source(f"c{i}", sae, i, "mlp", skip, cross))
+            sources.append(Source(f"c{i}", sae, i, "mlp", skip))
         return sources
     skips = [None] * blocks
     if kind == "mlp-skip":  # a skip connection beside each transcoder: a live linear path
@@ -118,7 +118,7 @@ def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, 
         if kind_ == "feature":
             feature = graph.features[node]
             place = sources[feature.source]
-            writes = feature.activation * place.decoder(torch.tensor([feature.index]))[0]
+            writes = feature.activation * place.sae.writes(torch.tensor([feature.index]))[0]
             # Sources are in block order, so block j's injection point is j + 1.
             return position, {feature.source + k + 1: v for k, v in enumerate(writes)}
         if kind_ == "error":

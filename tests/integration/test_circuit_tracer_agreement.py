@@ -97,14 +97,7 @@ def test_millms_graph_is_circuit_tracers(llama_lm, tiny_dirs, tmp_path, kind):
     model = ReplacementModel(llama_lm.runner.layout)
     sources = [
         plain_source(
-            Source(
-                f"set/{layer}",
-                sae,
-                layer,
-                "mlp",
-                transcoders.skips.get(layer),
-                transcoders.cross.get(layer),
-            ),
+            Source(f"set/{layer}", sae, layer, "mlp", transcoders.skips.get(layer)),
             torch.float32,
         )
         for layer, sae in transcoders.layers.items()

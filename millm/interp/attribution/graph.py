@@ -129,11 +129,11 @@ class _Nodes:
             where = source.acts.nonzero()
             offsets.append(len(features))
             values = source.acts[where[:, 0], where[:, 1]]
-            decoder = source.source.decoder(where[:, 1]).to(values.dtype)
+            decoder = source.source.sae.writes(where[:, 1]).to(values.dtype)
             positions.append(where[:, 0])
             scale = source.scale[where[:, 0]][:, :, None]
             writes.append(values[:, None, None] * scale * decoder)
-            layer, reach = source.source.layer, source.source.reach
+            layer, reach = source.source.layer, source.source.sae.reach
             lands.append([index] if reach == 1 else [mlp[layer + k] for k in range(reach)])
             features.extend(
                 FeatureNode(index, int(p), int(f), float(v))

@@ -58,26 +58,14 @@ class Source:
     """A feature source: an SAE replacing the residual after block `layer` (site resid; layer -1:
     before block 0), or a transcoder replacing block `layer`'s MLP output (site mlp), with its
     skip connection when it has one (`skip`: W_skip `[d_model, d_model]`, adding read @ W_skip.T).
-    A cross-layer transcoder's block carries its whole decoder (`cross`: `[d_sae, K, d_model]`,
-    slice k written into block `layer + k`'s MLP output; slice 0 is `sae.W_dec`)."""
+    A cross-layer transcoder's block writes into block `layer + k`'s MLP output too (its
+    `sae.cross`, `sae.writes`)."""
 
     name: str
     sae: SAE
     layer: int
     site: Site
     skip: torch.Tensor | None = None
-    cross: torch.Tensor | None = None
-
-    @property
-    def reach(self) -> int:
-        """How many blocks its features write into, from its own on."""
-        return 1 if self.cross is None else int(self.cross.shape[1])
-
-    def decoder(self, indices: torch.Tensor) -> torch.Tensor:
-        """These features' writes `[n, reach, d_model]` per unit of activation."""
-        if self.cross is None:
-            return self.sae.W_dec[indices][:, None]
-        return self.cross[indices]
 
 
 def plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,14 +75,14 @@ def plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def plain_source(source: Source, dtype: torch.dtype) -> Source:
-    """The source with its SAE's tensors (and skip connection) copied as `plain` tensors of `dtype`."""
+    """The source with its SAE's tensors (a CLT block's whole decoder among them) and skip
+    connection copied as `plain` tensors of `dtype`."""
     sae = copy.copy(source.sae)
     for name, value in vars(source.sae).items():
         if isinstance(value, torch.Tensor):
             setattr(sae, name, plain(value, dtype))
     skip = None if source.skip is None else plain(source.skip, dtype)
-    cross = None if source.cross is None else plain(source.cross, dtype)
-    return replace(source, sae=sae, skip=skip, cross=cross)
+    return replace(source, sae=sae, skip=skip)
 
 
 class Held:
@@ -375,9 +363,9 @@ class ReplacementModel:
         reconstruction = sae.decode(acts, first).to(self.dtype)
         if source.site == "mlp":
             reconstruction = reconstruction + self.pending.pop(source.layer, 0.0)
-        if source.cross is not None:  # this block's features' writes into later blocks
-            for k in range(1, source.reach):
-                later = (acts @ source.cross[:, k].to(dtype)).to(self.dtype)
+        if sae.cross is not None:  # this block's features' writes into later blocks
+            for k in range(1, sae.reach):
+                later = (acts @ sae.cross[:, k].to(dtype)).to(self.dtype)
                 self.pending[source.layer + k] = self.pending.get(source.layer + k, 0.0) + later
         acts = acts.to(self.dtype)
         skip = None if source.skip is None else read @ source.skip.T

@@ -124,7 +124,7 @@ def verify(
         source = graph.sources[feature.source]
         # Sources carry no run-time normalisation (the service refuses them), so the write is a·W_dec.
         index = torch.tensor([feature.index], device=source.sae.W_dec.device)
-        vectors = feature.activation * source.decoder(index)[0].double()  # [reach, d]
+        vectors = feature.activation * source.sae.writes(index)[0].double()  # [reach, d]
         removals = tuple(
             (source.layer + k, removal(feature.position, vector))
             for k, vector in enumerate(vectors)

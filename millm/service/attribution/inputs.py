@@ -32,7 +32,7 @@ FLOAT = 4
 def source_size(source: Source) -> int:
     """How many numbers a source's tensors hold (the pass copies them)."""
     sae = source.sae
-    extra = [t for t in (source.skip, source.cross) if t is not None]
+    extra = [t for t in (source.skip, sae.cross) if t is not None]
     return sae.W_enc.numel() + sae.W_dec.numel() + sum(t.numel() for t in extra)
 
 
@@ -62,12 +62,13 @@ def reached(sources: list[Source], param: str) -> list[Source]:
     """The sources, once every block a cross-layer transcoder's features write into has its own
     MLP source (the pass puts those writes into that block's reconstruction); 400 otherwise."""
     replaced = {s.layer for s in sources if s.site == "mlp"}
-    for source in (s for s in sources if s.reach > 1):
-        missing = sorted(set(range(source.layer, source.layer + source.reach)) - replaced)
+    for source in (s for s in sources if s.sae.reach > 1):
+        into = range(source.layer, source.layer + source.sae.reach)
+        missing = sorted(set(into) - replaced)
         if missing:
             raise InvalidRequest(
                 f"{source.name} is a block of a cross-layer transcoder writing into blocks "
-                f"{source.layer}..{source.layer + source.reach - 1}; attach its blocks {missing} too",
+                f"{into.start}..{into.stop - 1}; attach its blocks {missing} too",
                 param=param,
             )
     return sources
@@ -111,8 +112,7 @@ def sae_sources(
             )
         layers[found.point] = name
         if found.transcoder:
-            source = Source(name, found.sae, found.layer, "mlp", found.sae.W_skip, found.sae.cross)
-            sources.append(source)
+            sources.append(Source(name, found.sae, found.layer, "mlp", found.sae.W_skip))
         else:
             sources.append(Source(name, found.sae, found.point, "resid"))
     return sources

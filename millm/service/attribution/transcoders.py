@@ -64,14 +64,7 @@ class Registered:
         check_fit(self.transcoders, lm, param)
         found = self.transcoders
         return [
-            Source(
-                f"{self.id}/{layer}",
-                sae,
-                layer,
-                "mlp",
-                found.skips.get(layer),
-                found.cross.get(layer),
-            )
+            Source(f"{self.id}/{layer}", sae, layer, "mlp", found.skips.get(layer))
             for layer, sae in sorted(found.layers.items())
         ]
 
