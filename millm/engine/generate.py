@@ -232,10 +232,13 @@ class Lane:
     def step(self) -> list[tuple[GenerationJob, str]]:
         """Sample one token for every row, emit, drop finished and cancelled rows, run the next
         forward pass; returns the jobs that ended in this step, each `served` or `cancelled`."""
-        ended = [(job, "cancelled") for job in self.open if job.cancelled.is_set()]
+        # Read once: a client may cancel while this step runs, and a job whose rows are dropped
+        # here must also be reported as ended here (else it is never counted and stays open).
+        cancelled = {job for job in self.open if job.cancelled.is_set()}
+        ended = [(job, "cancelled") for job in cancelled]
         tokens = []
         for i, row in enumerate(self.rows):
-            if row.job.cancelled.is_set():
+            if row.job in cancelled:
                 tokens.append(-1)
                 continue
             if row.aborted:  # a watch fired during the last forward pass: no token follows
@@ -257,7 +260,7 @@ class Lane:
         keep = [
             i
             for i, row in enumerate(self.rows)
-            if row.finish_reason is None and not row.job.cancelled.is_set()
+            if row.finish_reason is None and row.job not in cancelled
         ]
         if not keep:
             self.reset()

@@ -151,6 +151,31 @@ def test_cancelling_one_job_leaves_the_others_whole(llama_lm, batched):
     assert not doomed.outcome.finish  # a cancelled row reports nothing more
 
 
+def test_a_job_cancelled_while_its_step_runs_is_counted_and_let_go(llama_lm, batched):
+    """A client may leave while the scheduler is partway through a step: here while it emits the
+    last event of the row before the leaving one, so no row is left after the step. The job still
+    ends as `cancelled` and the scheduler goes idle."""
+    lm = llama_lm
+    keep_prompt = prompt_ids(lm, "A river runs through the old town and")
+    expected = generate(lm, [row(keep_prompt, 40)]).texts[0]
+    scheduler = batched(lm)
+    kept, later = Watched(scheduler), []
+
+    def emit_then_cancel(event):  # runs inside the step, on the row before the doomed one
+        kept.emit(event)
+        if isinstance(event, RowFinished) and later and later[0].first.is_set():
+            later[0].job.cancel()
+
+    kept.job = GenerationJob(rows=[row(keep_prompt, 40)], emit=emit_then_cancel)
+    scheduler.submit(kept.job)
+    later.append(submit(scheduler, [row(prompt_ids(lm, "The cat"), 60)]))
+    assert kept.done.wait(30) and later[0].first.is_set()
+    assert kept.outcome.texts[0] == expected
+    assert scheduler.wait_idle(10)
+    assert scheduler.stats["batched"] == {"served": 1, "cancelled": 1, "failed": 0}
+    assert scheduler.batch_rows == 0
+
+
 def test_scoring_and_embeddings_beside_a_steered_batch_stay_unsteered(llama_lm, batched):
     lm = llama_lm
     d = lm.model.config.hidden_size
