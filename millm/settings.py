@@ -214,6 +214,30 @@ class Settings(BaseSettings):
     )
     judge_model: str | None = env_field(None, "MILLM_JUDGE_MODEL", "The remote judge's model.")
     judge_api_key: str | None = env_field(None, "MILLM_JUDGE_API_KEY", "The remote judge's key.")
+    explainer_base_url: str | None = env_field(
+        None,
+        "MILLM_EXPLAINER_BASE_URL",
+        "An OpenAI-compatible server (its /v1 URL) that explaining SAE features may name as explainer or scorer (endpoint).",
+    )
+    explainer_model: str | None = env_field(
+        None, "MILLM_EXPLAINER_MODEL", "The explainer endpoint's model."
+    )
+    explainer_api_key: SecretStr | None = env_field(
+        None, "MILLM_EXPLAINER_API_KEY", "The explainer endpoint's key (never shown)."
+    )
+    explain_max_features: int = env_field(
+        256,
+        "MILLM_EXPLAIN_MAX_FEATURES",
+        "Most features one explaining job may take; past it, 400 before anything runs.",
+        ge=1,
+    )
+    explain_flag_below: float = env_field(
+        0.6,
+        "MILLM_EXPLAIN_FLAG_BELOW",
+        "Explanations whose detection balanced accuracy is below this are kept but flagged.",
+        ge=0,
+        le=1,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

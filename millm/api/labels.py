@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
 from millm.interp.labels import ExportFormat, LabelFormat
+from millm.service.labelling.protocol import ExplainRequest, ExplanationView
 from millm.service.manage.features import FeatureDetail, FeatureSearch, LabelImport, LabelsCleared
+from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
 
@@ -140,3 +142,27 @@ async def feature_detail(
     """The feature's label (with its source and detail), ||W_dec[index]||, and the `k` features whose
     decoder rows have the highest cosine with its own."""
     return await facades(request).features.feature_detail(sae_id, index, k)
+
+
+@router.post(
+    "/api/saes/{sae_id}/labels/explain",
+    summary="Explain and score features with a model (a job)",
+    status_code=202,
+    response_model=JobView,
+    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
+)
+def explain(sae_id: str, body: ExplainRequest, request: Request) -> JSONResponse:
+    """Explain the named features of an attached, calibrated SAE from their calibration examples
+    (delphi's prompts), score each explanation by detection, and store it beside the labels."""
+    view = facades(request).labelling.explain(sae_id, body)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.get(
+    "/api/saes/{sae_id}/explanations",
+    summary="Explanations a model wrote for an SAE's features",
+    response_model=list[ExplanationView],
+)
+def explanations(sae_id: str, request: Request) -> list[ExplanationView]:
+    """Every stored explanation, with its explainer, scorer, prompt version and detection score."""
+    return facades(request).labelling.explanations(sae_id)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from millm.service.attribution.facade import Attribution
 from millm.service.composition import ServerState
 from millm.service.discovery.facade import Discovery
+from millm.service.labelling.facade import Labelling
 from millm.service.manage.bases import BaseManagement
 from millm.service.manage.calibrations import CalibrationManagement
 from millm.service.manage.evaluations import EvaluationManagement
@@ -50,6 +51,7 @@ class Facades:
     discovery: Discovery
     attribution: Attribution
     training: Training
+    labelling: Labelling
     jobs: JobBook
     close: Callable[[], None]  # the state's close, for the app's shutdown
 
@@ -76,6 +78,7 @@ def build_facades(state: ServerState) -> Facades:
         discovery=Discovery(state),
         attribution=Attribution(state),
         training=Training(state),
+        labelling=Labelling(state),
         jobs=state.jobs,
         close=state.close,
     )

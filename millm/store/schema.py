@@ -190,6 +190,19 @@ evaluations_table = Table(
 
 # Transcoder sets registered for attribution (store/transcoders.py): where each lies; the files
 # are read again at start (a set is its directory, not a copy).
+# An explanation of one SAE feature written by a model (`explainer`: "served:<model>" or
+# "endpoint:<model>"), one per explainer: a newer one by the same explainer replaces it. `detail`
+# (JSON) holds the scorer, the prompt version, the scores and the examples' counts.
+explanations_table = Table(
+    "millm_explanations",
+    metadata,
+    Column("sae_id", String(64), primary_key=True),
+    Column("feature", Integer, primary_key=True),
+    Column("explainer", String(200), primary_key=True),
+    Column("explanation", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
 transcoder_sets_table = Table(
     "millm_transcoder_sets",
     metadata,

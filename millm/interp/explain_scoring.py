@@ -1,0 +1,56 @@
+"""Detection scores of an explanation: delphi's confusion counts and balanced accuracy.
+
+Each held-out text is activating (the feature fired in it) or quiet; the scorer says whether it
+has the explained feature, as a probability P("1") / (P("0") + P("1")) of its answer's token.
+A text is predicted activating at 0.5 or above; a text the scorer gave no answer for is left out
+and counted as `failed`, as delphi does. Balanced accuracy is the mean of the true-positive and
+true-negative rates, so a scorer that says yes (or no) to everything scores 0.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+CUT = 0.5
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One held-out text: whether the feature fired in it, and the scorer's probability of yes."""
+
+    activating: bool
+    probability: float | None  # None: no answer could be read
+
+
+class DetectionScore(BaseModel):
+    """How well an explanation told activating texts from quiet ones."""
+
+    balanced_accuracy: float
+    true_positive_rate: float
+    true_negative_rate: float
+    texts: int  # judged (answered), activating and quiet together
+    activating: int
+    quiet: int
+    failed: int  # texts without a readable answer, left out
+
+
+def detection_score(judged: list[Judged]) -> DetectionScore:
+    """Balanced accuracy (and its parts) over the texts that got an answer."""
+    answered = [j for j in judged if j.probability is not None]
+    positives = [j for j in answered if j.activating]
+    negatives = [j for j in answered if not j.activating]
+    tp = sum(1 for j in positives if j.probability is not None and j.probability >= CUT)
+    tn = sum(1 for j in negatives if j.probability is not None and j.probability < CUT)
+    tpr = tp / len(positives) if positives else 0.0
+    tnr = tn / len(negatives) if negatives else 0.0
+    return DetectionScore(
+        balanced_accuracy=(tpr + tnr) / 2,
+        true_positive_rate=tpr,
+        true_negative_rate=tnr,
+        texts=len(answered),
+        activating=len(positives),
+        quiet=len(negatives),
+        failed=len(judged) - len(answered),
+    )

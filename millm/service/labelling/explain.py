@@ -1,0 +1,266 @@
+"""The explaining job: a calibrated SAE's features explained by a model and scored by detection.
+
+The job reads the calibration's corpus again through the attached SAE (the same reads, so a
+feature's top window holds exactly the calibration's largest activation), keeping the chosen
+features' activation at every token. Then, feature by feature: delphi's windows and samples
+(interp/explain_examples.py), the explainer's chat (interp/explain_prompts.py), the explanation,
+the scorer's answer for every held-out text, the detection score, and one store write. Every
+explanation is stored as soon as it is scored, beside the labels (never over one), so a job that
+fails or is cancelled later keeps what it wrote. Engine work goes through the scheduler
+(runtime/blocking.py); the job's own thread does numpy and the tokenizer only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from millm.errors import InvalidRequest, ModelNotLoaded
+from millm.interp.explain_examples import Examples, Window, choose, windows
+from millm.interp.explain_prompts import (
+    detection_messages,
+    explainer_messages,
+    parsed_explanation,
+    prompt_version,
+)
+from millm.interp.explain_scoring import Judged, detection_score
+from millm.interp.steering import Attached, check_feature
+from millm.service.discovery.reads import discovery_read
+from millm.service.labelling.protocol import ExplainRequest
+from millm.service.labelling.writers import ServedWriter, Writer, digit_ids, writer_for
+from millm.service.runtime.blocking import passes_blocking
+from millm.service.runtime.jobs import JobHandle, JobView
+from millm.service.training.calibration import groups
+from millm.service.training.corpus import CalibrateRequest, Corpus, check_source, corpus_ids
+from millm.store.explanations import explanation_rows, put_explanation
+
+if TYPE_CHECKING:
+    from millm.service.composition import ServerState
+
+SELECTIONS = ("features", "range", "unlabelled", "densest")
+
+
+def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -> JobView:
+    """Check everything that can be checked before work starts (a 400 naming the field), then
+    start the job and return it."""
+    info = state.saes.get(sae_id)
+    lm = state.switch.lm
+    if lm is None:
+        raise ModelNotLoaded("no model is loaded to explain the SAE's features with; load one")
+    with state.steering.lock:
+        attached = state.steering.attached.get(sae_id)
+    if attached is None:
+        raise InvalidRequest(
+            f"SAE {sae_id} is not attached to the loaded model {lm.name!r}; attach it first (POST /api/saes/{sae_id}/attach)",
+            param="sae_id",
+            code="sae_not_attached",
+        )
+    summary = state.calibrations.summary(sae_id, lm.name)
+    if summary is None:
+        raise InvalidRequest(
+            f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the calibration's examples; "
+            f"calibrate first (POST /api/saes/{sae_id}/calibrate)",
+            param="sae_id",
+            code="sae_not_calibrated",
+        )
+    features = selected(state, sae_id, lm.name, request, info)
+    corpus = request_corpus(request, summary.corpus, summary.max_tokens_per_text)
+    corpus_tokens = corpus_ids(lm.tokenizer, corpus, info, lm.context_length)
+    explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer")
+    scorer = writer_for(state, request.scorer or request.explainer, lm.name, lm.tokenizer, "scorer")
+    if isinstance(scorer, ServedWriter):
+        digit_ids(lm.tokenizer)
+    version = prompt_version()  # 503 now, not mid-job, when delphi's prompts are missing
+    run = ExplainRun(
+        state, attached, lm.name, lm.tokenizer, corpus_tokens, features, request,
+        explainer, scorer, version,
+    )  # fmt: skip
+    description = f"explain {len(features)} features of {sae_id} with {explainer.name}"
+    return state.jobs.start(
+        "explain", description, len(corpus_tokens.texts) + len(features), "steps", run
+    )
+
+
+def selected(
+    state: ServerState, sae_id: str, model: str, request: ExplainRequest, info
+) -> list[int]:
+    """The features the request names, checked against the SAE's width and the server's cap."""
+    param = next(name for name in SELECTIONS if getattr(request, name) is not None)
+    if request.features is not None:
+        features = list(dict.fromkeys(request.features))
+    elif request.range is not None:
+        features = list(range(request.range.start, min(request.range.end, info.d_sae)))
+    else:
+        figures = state.calibrations.figures(sae_id, model)
+        fired = [f for f in figures.values() if f.count > 0]
+        if request.densest is not None:
+            fired.sort(key=lambda f: (-f.count, f.index))
+            features = [f.index for f in fired[: request.densest]]
+        else:
+            named = set(state.labels.entries(sae_id)) | {
+                row.feature for row in explanation_rows(state.store, sae_id)
+            }
+            features = [f.index for f in fired if f.index not in named][: request.unlabelled]
+    cap = state.settings.explain_max_features
+    if len(features) > cap:
+        raise InvalidRequest(
+            f"{param}: {len(features)} features are over MILLM_EXPLAIN_MAX_FEATURES ({cap}); explain fewer at a time",
+            param=param,
+        )
+    if not features:
+        raise InvalidRequest(f"{param}: no feature to explain", param=param)
+    for index in features:
+        check_feature(info, index, param=param)
+    return features
+
+
+def request_corpus(
+    request: ExplainRequest, calibrated_on: str, max_tokens: int
+) -> CalibrateRequest:
+    """The corpus to read: the request's, else the calibration's when it was the shipped one."""
+    if request.corpus is None and not request.texts and not request.conversations:
+        if calibrated_on != "demo":
+            raise InvalidRequest(
+                "the calibration read texts sent with its request, which are not kept: send the same "
+                "texts (or conversations) to explain from",
+                param="texts",
+            )
+        return CalibrateRequest(corpus="demo", max_tokens_per_text=max_tokens)
+    corpus = CalibrateRequest(
+        corpus=request.corpus,
+        texts=request.texts,
+        conversations=request.conversations,
+        max_tokens_per_text=max_tokens,
+    )
+    check_source(corpus)
+    return corpus
+
+
+@dataclass
+class ExplainRun:
+    """One explaining job's work: call it with the job's handle."""
+
+    state: ServerState
+    attached: Attached
+    model: str
+    tokenizer: Any
+    corpus: Corpus
+    features: list[int]
+    request: ExplainRequest
+    explainer: Writer
+    scorer: Writer
+    version: str
+
+    def __call__(self, handle: JobHandle) -> dict:
+        started = time.monotonic()
+        columns = self._read(handle)
+        done: list[dict] = []
+        skipped: list[dict] = []
+        for position, feature in enumerate(self.features):
+            handle.check()
+            examples = self.examples(columns, position)
+            if not examples.top:
+                skipped.append({"feature": feature, "reason": "it never fired on the corpus"})
+            else:
+                outcome = self._explain(feature, examples, handle)
+                (done if "explanation" in outcome else skipped).append(outcome)
+            handle.advance(1)
+        return {
+            "explained": len(done),
+            "flagged": sum(1 for d in done if d["flagged"]),
+            "explanations": done,
+            "skipped": skipped,
+            "prompt_version": self.version,
+            "duration_s": round(time.monotonic() - started, 1),
+        }
+
+    def _read(self, handle: JobHandle) -> list[np.ndarray]:
+        """Per text, the chosen features' activation at every token `[T, k]` (0 at position 0, never read)."""
+        columns: list[np.ndarray] = [
+            np.zeros((len(ids), len(self.features)), np.float32) for ids in self.corpus.texts
+        ]
+        chosen = torch.tensor(self.features)
+        for group in groups(self.corpus.texts):
+            handle.check()
+            read = discovery_read(self.attached, keeper(columns, group, chosen))
+            prompts = [self.corpus.texts[i].tolist() for i in group]
+            if (
+                passes_blocking(
+                    self.state, self.model, prompts, (read,), cancel=handle.cancel_event
+                )
+                is None
+            ):
+                handle.check()
+            handle.advance(len(group))
+        return columns
+
+    def examples(self, columns: list[np.ndarray], position: int) -> Examples:
+        """The feature's windows, chosen as delphi chooses them."""
+        every: list[Window] = []
+        for text, ids in enumerate(self.corpus.texts):
+            every += windows(text, ids, columns[text][:, position], self.request.width)
+        per_quantile = max(1, self.request.held_out // self.request.quantiles)
+        return choose(
+            every,
+            top=self.request.top_examples,
+            quantiles=self.request.quantiles,
+            per_quantile=per_quantile,
+            seed=self.request.seed,
+        )
+
+    def _strings(self, window: Window) -> list[str]:
+        return [self.tokenizer.decode([token]) for token in window.tokens]
+
+    def _explain(self, feature: int, examples: Examples, handle: JobHandle) -> dict:
+        peak = examples.top[0].peak
+        shown = [(self._strings(w), list(w.activations)) for w in examples.top]
+        answer = self.explainer.write(
+            explainer_messages(shown, peak), self.request.max_tokens, handle.cancel_event
+        )
+        handle.check()
+        explanation = parsed_explanation(answer)
+        if explanation is None:
+            return {
+                "feature": feature,
+                "reason": "the explainer's answer has no [EXPLANATION]: line",
+                "answer": answer[:500],
+            }
+        held = [(w, True) for w in examples.activating] + [(w, False) for w in examples.quiet]
+        chats = [detection_messages(explanation, "".join(self._strings(w))) for w, _ in held]
+        probabilities = self.scorer.yes(chats, handle.cancel_event) if chats else []
+        handle.check()
+        judged = [Judged(fired, p) for (_, fired), p in zip(held, probabilities, strict=True)]
+        score = detection_score(judged) if judged else None
+        flagged = score is None or score.balanced_accuracy < self.state.settings.explain_flag_below
+        detail = {
+            "scorer": self.scorer.name,
+            "prompt_version": self.version,
+            "detection": score.model_dump() if score is not None else None,
+            "flagged": flagged,
+            "examples": len(examples.top),
+            "model": self.model,
+        }
+        put_explanation(
+            self.state.store,
+            self.attached.info.id,
+            feature,
+            self.explainer.name,
+            explanation,
+            detail,
+        )
+        return {"feature": feature, "explanation": explanation, **detail}
+
+
+def keeper(columns: list[np.ndarray], group: list[int], chosen: torch.Tensor):
+    """The discovery read's summary for one engine call (on the scheduler thread): each text's
+    activations of the chosen features, written into its array; nothing is returned."""
+    texts = iter(group)  # the scoring job reads its prompts in order, one summary each
+
+    def keep(acts: torch.Tensor, positions: tuple[int, ...]) -> None:
+        columns[next(texts)][list(positions)] = acts[:, chosen].float().numpy()
+
+    return keep

@@ -1,0 +1,101 @@
+"""Bodies of POST /api/saes/{id}/labels/explain and of the explanations it stores."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from millm.service.training.corpus import CalibrationMessage
+
+MAX_TOP_EXAMPLES = 40  # delphi's n_examples_train
+MAX_HELD_OUT = 50  # delphi's n_examples_test
+Who = Literal["served", "endpoint"]
+
+
+class FeatureRange(BaseModel):
+    """Features `start` to `end - 1`."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    start: Annotated[int, Field(ge=0)]
+    end: Annotated[int, Field(ge=1)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FeatureRange:
+        if self.end <= self.start:
+            raise ValueError("end must be past start")
+        return self
+
+
+class ExplainRequest(BaseModel):
+    """Which features to explain (exactly one way of naming them), who writes and who scores the
+    explanations, how many examples each sees, and the corpus to read them from."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    features: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="These features, in this order."
+    )
+    range: FeatureRange | None = Field(None, description="Features start to end - 1.")
+    unlabelled: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="The first N features (by index) that fired in the calibration and have no label or explanation yet.",
+    )
+    densest: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="The N features that fired most often in the calibration."
+    )
+    explainer: Who = Field(
+        "served",
+        description="Who writes each explanation: the served model (unsteered), or the OpenAI-compatible endpoint the operator configured (MILLM_EXPLAINER_BASE_URL).",
+    )
+    scorer: Who | None = Field(None, description="Who scores them; default: the explainer.")
+    top_examples: Annotated[int, Field(ge=1, le=MAX_TOP_EXAMPLES)] = Field(
+        20, description="The feature's top windows the explainer reads."
+    )
+    held_out: Annotated[int, Field(ge=2, le=MAX_HELD_OUT)] = Field(
+        20,
+        description="Activating windows the scorer is tested on (quantile-sampled, none among the top ones), and as many quiet ones.",
+    )
+    quantiles: Annotated[int, Field(ge=1, le=10)] = Field(
+        10, description="Activation bins the held-out windows are drawn from."
+    )
+    width: Annotated[int, Field(ge=4, le=128)] = Field(32, description="Tokens per window.")
+    max_tokens: Annotated[int, Field(ge=16, le=1000)] = Field(
+        200, description="Most tokens the explainer may write per explanation."
+    )
+    seed: int = Field(22, description="Seeds the held-out draws (delphi's default).")
+    corpus: Literal["demo"] | None = Field(
+        None,
+        description='The corpus to read examples from: "demo", or texts and/or conversations; default: the calibration\'s when it was the shipped one.',
+    )
+    texts: list[Annotated[str, Field(min_length=1)]] | None = None
+    conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> ExplainRequest:
+        named = [
+            k
+            for k in ("features", "range", "unlabelled", "densest")
+            if getattr(self, k) is not None
+        ]
+        if len(named) != 1:
+            raise ValueError(
+                "name the features one way: features, range, unlabelled or densest"
+                + (f" (got {', '.join(named)})" if named else "")
+            )
+        return self
+
+
+class ExplanationView(BaseModel):
+    """A stored explanation of a feature, with its scores and where it came from."""
+
+    feature: int
+    explanation: str
+    explainer: str
+    scorer: str
+    prompt_version: str
+    detection: dict | None  # DetectionScore's fields; None when it could not be scored
+    flagged: bool  # balanced accuracy under the server's threshold (kept, marked)
+    examples: int  # top windows the explainer read
+    created_at: float

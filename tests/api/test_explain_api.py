@@ -1,0 +1,308 @@
+"""Explaining SAE features on a live server (tiny Llama, a TopK SAE at layer 1, calibrated on
+texts): the examples the explainer reads equal delphi's windows over activations captured offline
+(a stock transformers model, a hook, the SAE's encode), the served scorer's detection score equals
+the stock model's P([1]) arithmetic, an endpoint scorer's reading, an explainer that fails midway
+keeps what was written, and the refusals.
+
+The explainer here is an OpenAI-compatible endpoint on 127.0.0.1 that answers every explainer
+chat with a fixed `[EXPLANATION]:` line (a random-weight model writes none) and records what it
+was asked; what is under test is millm's job, not the explainer's wit."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+import torch
+
+from millm.engine.prompts import chat_prompt_ids
+from millm.interp.explain_examples import choose, windows
+from millm.interp.explain_prompts import detection_messages, explainer_messages
+from millm.interp.explain_scoring import Judged, detection_score
+from millm.interp.formats import read_sae
+from tests.api.clients import api, error, post
+from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
+
+LAYER = 1
+TEXTS = [
+    f"{subject} {ending}"
+    for subject in ("The old river", "A small cat", "Paris", "My friend", "The model")
+    for ending in ("runs quickly to the sea and back again.", "is the city of France, they say.")
+]
+WIDTH, TOP, HELD = 8, 3, 4
+
+
+class Explainer:
+    """A chat completions endpoint: explainer chats get `[EXPLANATION]: pattern N`, detection
+    chats (asked with logprobs) `[1]` at P = 0.7; past `fail_after` explanations it answers 500."""
+
+    def __init__(self):
+        self.asked: list[dict] = []
+        self.fail_after: int | None = None
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                explaining = not body.get("logprobs")
+                if explaining:
+                    outer.asked.append(body)
+                    if outer.fail_after is not None and len(outer.asked) > outer.fail_after:
+                        self.send_response(500)
+                        self.end_headers()
+                        self.wfile.write(b"out of credit")
+                        return
+                    content = f"Thinking.\n[EXPLANATION]: pattern {len(outer.asked)}"
+                    logprobs = None
+                else:
+                    content = "[1]"
+                    top = [
+                        {"token": "1", "logprob": math.log(0.7)},
+                        {"token": "0", "logprob": math.log(0.3)},
+                    ]
+                    logprobs = {
+                        "content": [
+                            {"token": "[", "logprob": 0.0, "top_logprobs": []},
+                            {"token": "1", "logprob": math.log(0.7), "top_logprobs": top},
+                        ]
+                    }
+                answer = {
+                    "choices": [
+                        {"message": {"role": "assistant", "content": content}, "logprobs": logprobs}
+                    ]
+                }
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def explainer():
+    endpoint = Explainer()
+    yield endpoint
+    endpoint.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sae_dir(tmp_path_factory):
+    return build_saelens(
+        tmp_path_factory.mktemp("explain-sae") / "sae", layer=LAYER, architecture="topk", seed=71
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs, tmp_path_factory, sae_dir, explainer):
+    env = {
+        "MILLM_EXPLAINER_BASE_URL": explainer.url,
+        "MILLM_EXPLAINER_MODEL": "fixed",
+        "MILLM_EXPLAIN_MAX_FEATURES": "6",
+    }
+    process = ServerProcess(
+        tmp_path_factory.mktemp("explain-home"), ["--model", str(tiny_dirs["llama"])], env=env
+    ).wait_ready()
+    try:
+        sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
+        assert post(process, f"/api/saes/{sae}/attach", {}).status_code == 200
+        yield process, sae
+    finally:
+        process.stop()
+
+
+def wait_job(process, job_id: str, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api(process, "GET", f"/api/jobs/{job_id}").json()
+        if job["state"] != "running":
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still running after {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def calibrated(server):
+    process, sae = server
+    started = post(process, f"/api/saes/{sae}/calibrate", {"texts": TEXTS, "top_examples": 3})
+    assert started.status_code == 202, started.text
+    assert wait_job(process, started.json()["id"])["state"] == "succeeded"
+    return server
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_dirs, sae_dir):
+    """The stock model and tokenizer, and each text's SAE activations at every position."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_dirs["llama"]), dtype=torch.float32
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    sae = read_sae(sae_dir)[1]
+    captured = {}
+    model.model.layers[LAYER].register_forward_hook(
+        lambda m, a, out: captured.__setitem__("resid", out[0] if isinstance(out, tuple) else out)
+    )
+    ids = [tokenizer(text)["input_ids"] for text in TEXTS]
+    acts = []
+    for one in ids:
+        with torch.no_grad():
+            model(torch.tensor([one]))
+            dense = sae.encode(captured["resid"][0]).numpy()
+        dense[0] = 0  # position 0 (the attention sink) is never read
+        acts.append(dense)
+    return {"model": model, "tokenizer": tokenizer, "ids": ids, "acts": acts}
+
+
+def fired_features(offline, count: int) -> list[int]:
+    total = sum((a > 0).sum(0) for a in offline["acts"])
+    return [int(f) for f in np.argsort(-total, kind="stable")[:count]]
+
+
+def explain(process, sae: str, body: dict):
+    return post(process, f"/api/saes/{sae}/labels/explain", body)
+
+
+def offline_examples(offline, feature: int):
+    every = []
+    for text, ids in enumerate(offline["ids"]):
+        every += windows(text, np.asarray(ids), offline["acts"][text][:, feature], WIDTH)
+    return choose(every, top=TOP, quantiles=2, per_quantile=HELD // 2, seed=22)
+
+
+def strings(tokenizer, window) -> list[str]:
+    return [tokenizer.decode([t]) for t in window.tokens]
+
+
+def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
+    calibrated, offline, explainer
+):
+    process, sae = calibrated
+    features = fired_features(offline, 2)
+    explainer.asked.clear()
+    body = {
+        "features": features,
+        "explainer": "endpoint",
+        "scorer": "served",
+        "top_examples": TOP,
+        "held_out": HELD,
+        "quantiles": 2,
+        "width": WIDTH,
+        "texts": TEXTS,
+    }
+    started = explain(process, sae, body)
+    assert started.status_code == 202, started.text
+    job = wait_job(process, started.json()["id"])
+    assert job["state"] == "succeeded", job
+    assert job["progress"]["done"] == len(TEXTS) + 2
+    assert job["result"]["explained"] == 2 and job["result"]["skipped"] == []
+    tokenizer, model = offline["tokenizer"], offline["model"]
+    stored = {e["feature"]: e for e in api(process, "GET", f"/api/saes/{sae}/explanations").json()}
+    for n, feature in enumerate(features):
+        examples = offline_examples(offline, feature)
+        # The explainer's chat holds the top windows, marked and scaled, exactly.
+        shown = [(strings(tokenizer, w), list(w.activations)) for w in examples.top]
+        want = explainer_messages(shown, examples.top[0].peak)
+        got = explainer.asked[n]["messages"]
+        assert got[:-1] == want[:-1]
+        assert got[-1]["content"].split("\n")[1::2] == want[-1]["content"].split("\n")[1::2]
+        for line_got, line_want in zip(
+            got[-1]["content"].split("\n")[2::2], want[-1]["content"].split("\n")[2::2], strict=True
+        ):
+            assert line_got == line_want  # activations on delphi's 0-10 scale
+        # ... and the top window's peak is the calibration's max of the feature.
+        figure = api(
+            process, "GET", f"/api/saes/{sae}/calibration", params={"features": str(feature)}
+        ).json()["features"][0]
+        assert examples.top[0].peak == pytest.approx(figure["max"], rel=1e-4)
+        # The served scorer: P([1]) of the stock model after "[" on delphi's detection chat.
+        explanation = f"pattern {n + 1}"
+        judged = []
+        bracket = tokenizer("[", add_special_tokens=False)["input_ids"]
+        one = tokenizer("[1", add_special_tokens=False)["input_ids"][-1]
+        zero = tokenizer("[0", add_special_tokens=False)["input_ids"][-1]
+        for window, fired in [(w, True) for w in examples.activating] + [
+            (w, False) for w in examples.quiet
+        ]:
+            chat = detection_messages(explanation, "".join(strings(tokenizer, window)))
+            ids = chat_prompt_ids(tokenizer, chat) + bracket
+            with torch.no_grad():
+                p = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+            judged.append(Judged(fired, float(p[one] / (p[one] + p[zero]))))
+        want_score = detection_score(judged)
+        entry = stored[feature]
+        assert entry["explanation"] == explanation and entry["explainer"] == "endpoint:fixed"
+        assert entry["scorer"].startswith("served:") and entry["prompt_version"].startswith(
+            "delphi 0.1.3"
+        )
+        assert entry["detection"]["balanced_accuracy"] == pytest.approx(
+            want_score.balanced_accuracy, abs=1e-9
+        )
+        assert entry["detection"]["texts"] == len(judged) == want_score.texts
+        assert want_score.activating >= 1 and want_score.quiet == want_score.activating
+        assert entry["flagged"] == (want_score.balanced_accuracy < 0.6)
+
+
+def test_an_endpoint_scorer_is_read_from_its_top_logprobs(calibrated, offline):
+    process, sae = calibrated
+    feature = fired_features(offline, 3)[2]
+    body = {"features": [feature], "explainer": "endpoint", "top_examples": TOP, "held_out": HELD,
+            "quantiles": 2, "width": WIDTH, "texts": TEXTS}  # fmt: skip
+    job = wait_job(process, explain(process, sae, body).json()["id"])
+    assert job["state"] == "succeeded", job
+    detection = job["result"]["explanations"][0]["detection"]
+    # P([1]) = 0.7 for every text: every text is called activating.
+    assert detection["true_positive_rate"] == 1.0 and detection["true_negative_rate"] == 0.0
+    assert detection["balanced_accuracy"] == 0.5 and detection["failed"] == 0
+
+
+def test_an_explainer_that_fails_midway_keeps_what_was_written(calibrated, offline, explainer):
+    process, sae = calibrated
+    features = fired_features(offline, 6)[3:6]
+    before = api(process, "GET", f"/api/saes/{sae}/explanations").json()
+    explainer.asked.clear()
+    explainer.fail_after = 1
+    try:
+        body = {"features": features, "explainer": "endpoint", "top_examples": TOP,
+                "held_out": HELD, "quantiles": 2, "width": WIDTH, "texts": TEXTS}  # fmt: skip
+        job = wait_job(process, explain(process, sae, body).json()["id"])
+    finally:
+        explainer.fail_after = None
+    assert job["state"] == "failed"
+    assert "explainer endpoint" in job["error"]["message"] and "500" in job["error"]["message"]
+    after = api(process, "GET", f"/api/saes/{sae}/explanations").json()
+    assert {(e["feature"], e["explanation"]) for e in before} <= {
+        (e["feature"], e["explanation"]) for e in after
+    }
+    assert [e["feature"] for e in after if e["feature"] in features] == [features[0]]
+
+
+def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
+    process, sae = calibrated
+    other = build_saelens(tmp_path_factory.mktemp("explain-other") / "sae", layer=0, seed=9)
+    fresh = post(process, "/api/saes", {"path": str(other)}).json()["id"]
+    assert post(process, f"/api/saes/{fresh}/attach", {}).status_code == 200
+    assert error(explain(process, fresh, {"features": [0]}), 400)["param"] == "sae_id"
+    assert error(explain(process, sae, {"features": list(range(7))}), 400)["param"] == "features"
+    assert (
+        error(explain(process, sae, {"features": [0], "explainer": "oracle"}), 400)["param"]
+        == "explainer"
+    )
+    assert error(explain(process, sae, {"features": [0], "range": {"start": 0, "end": 2}}), 400)
+    assert error(explain(process, sae, {"features": [10**6]}), 400)["param"] == "features"
+    # The calibration read sent texts, which are not kept: name them again.
+    assert error(explain(process, sae, {"features": [0]}), 400)["param"] == "texts"
