@@ -19,7 +19,7 @@ import math
 import re
 from types import ModuleType
 
-from millm.errors import MillmError
+from millm.errors import InvalidRequest
 
 DISTRIBUTION = "eai-delphi"
 THRESHOLD = 0.3  # delphi's Explainer.threshold: a token is marked above 0.3 × the example's peak
@@ -29,18 +29,16 @@ EXPLANATION = re.compile(r"\[EXPLANATION\]:\s*(.*)", re.DOTALL)
 Messages = list[dict[str, str]]
 
 
-class PromptsMissing(MillmError, status=503, code="explainer_unavailable", type="server_error"):
-    """delphi's prompts are not installed here."""
-
-
 @functools.cache
 def _module(relative: str) -> ModuleType:
     try:
         distribution = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        raise PromptsMissing(
-            "explaining features uses EleutherAI delphi's prompts: pip install --no-deps eai-delphi==0.1.3 "
-            "(scripts/setup.sh does)"
+        raise InvalidRequest(
+            "this server cannot explain features: EleutherAI delphi's prompts are not installed "
+            "(pip install --no-deps eai-delphi==0.1.3; scripts/setup.sh does)",
+            param="explainer",
+            code="explainer_unavailable",
         ) from None
     path = distribution.locate_file(f"delphi/{relative}")
     spec = importlib.util.spec_from_file_location(f"millm_delphi_{relative}", str(path))

@@ -74,7 +74,7 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     scorer = writer_for(state, request.scorer or request.explainer, lm.name, lm.tokenizer, "scorer")
     if isinstance(scorer, ServedWriter):
         digit_ids(lm.tokenizer)
-    version = prompt_version()  # 503 now, not mid-job, when delphi's prompts are missing
+    version = prompt_version()  # refused now, not mid-job, when delphi's prompts are missing
     run = ExplainRun(
         state, attached, lm.name, lm.tokenizer, corpus_tokens, features, request,
         explainer, scorer, version,
