@@ -116,7 +116,7 @@ def attached_sae(state: ServerState, info: SAEInfo, lm: LoadedModel) -> Attached
     attached = state.steering.attached.get(info.id)
     if attached is None:
         raise InvalidRequest(
-            f"SAE {info.id} is not attached to {lm.name}; attach it first (POST /api/saes/{info.id}/attach)",
+            f"SAE {info.id} is not attached to the loaded model {lm.name!r}; attach it first (POST /api/saes/{info.id}/attach)",
             param="sae_id",
             code="sae_not_attached",
         )

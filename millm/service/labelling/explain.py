@@ -29,6 +29,7 @@ from millm.interp.explain_prompts import (
 )
 from millm.interp.explain_scoring import Judged, detection_score
 from millm.interp.steering import Attached, check_feature
+from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
 from millm.service.labelling.protocol import ExplainRequest
 from millm.service.labelling.writers import ServedWriter, Writer, digit_ids, writer_for
@@ -52,13 +53,7 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     if lm is None:
         raise ModelNotLoaded("no model is loaded to explain the SAE's features with; load one")
     with state.steering.lock:
-        attached = state.steering.attached.get(sae_id)
-    if attached is None:
-        raise InvalidRequest(
-            f"SAE {sae_id} is not attached to the loaded model {lm.name!r}; attach it first (POST /api/saes/{sae_id}/attach)",
-            param="sae_id",
-            code="sae_not_attached",
-        )
+        attached = attached_sae(state, info, lm)
     summary = state.calibrations.summary(sae_id, lm.name)
     if summary is None:
         raise InvalidRequest(

@@ -24,6 +24,7 @@ import torch
 from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.calibration_stats import Accumulator, pack_grids
 from millm.interp.steering import Attached
+from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
 from millm.service.features.calibrations import CalibrationSummary
 from millm.service.runtime.blocking import passes_blocking
@@ -63,13 +64,7 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
             "no model is loaded to calibrate the SAE on; load one and attach the SAE first"
         )
     with state.steering.lock:
-        attached = state.steering.attached.get(sae_id)
-    if attached is None:
-        raise InvalidRequest(
-            f"SAE {sae_id} is not attached to the loaded model {lm.name!r}; attach it first (POST /api/saes/{sae_id}/attach)",
-            param="sae_id",
-            code="sae_not_attached",
-        )
+        attached = attached_sae(state, info, lm)
     corpus = corpus_ids(lm.tokenizer, request, info, lm.context_length)
     check_size(
         corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts"
