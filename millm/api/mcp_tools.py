@@ -19,6 +19,7 @@ from millm.protocol.lens import LensRequest
 from millm.protocol.steering import FeatureSetting
 from millm.protocol.variants import VariantBody
 from millm.service.facades import Facades
+from millm.service.labelling.protocol import ExplainRequest
 
 
 class Params(BaseModel):
@@ -77,6 +78,14 @@ class VariantKey(Params):
     """A steered variant, by name or id."""
 
     key: Annotated[str, Field(description="The variant's name or id (list_variants).")]
+
+
+class Job(Params):
+    """A job, by id."""
+
+    job_id: Annotated[
+        str, Field(description="The job's id (as a tool that starts one returns it).")
+    ]
 
 
 class Profile(Params):
@@ -197,6 +206,14 @@ async def _delete_variant(f: Facades, p: VariantKey, _: None) -> dict:
 
 async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
     return await blocking(f.monitoring.statistics)
+
+
+async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
+    return (await blocking(f.labelling.explain, p.sae_id, body)).model_dump(mode="json")
+
+
+async def _job(f: Facades, p: Job, _: None) -> dict:
+    return f.jobs.get(p.job_id).model_dump(mode="json")
 
 
 TOOLS = (
@@ -355,6 +372,26 @@ TOOLS = (
         "/api/variants/{key}",
         _delete_variant,
         VariantKey,
+    ),
+    Tool(
+        "explain_features",
+        "Have a model explain an attached, calibrated SAE's features from their top activating windows "
+        "(EleutherAI delphi's prompts) and score each explanation by detection; starts a job (get_job follows it) "
+        "and stores the explanations beside the labels, where search_features finds them.",
+        "post",
+        "/api/saes/{sae_id}/labels/explain",
+        _explain,
+        Sae,
+        ExplainRequest,
+    ),
+    Tool(
+        "get_job",
+        "A job's state, progress, ETA, and its result or error once ended.",
+        "get",
+        "/api/jobs/{job_id}",
+        _job,
+        Job,
+        read_only=True,
     ),
     Tool(
         "monitoring_stats",

@@ -12,6 +12,7 @@ weak firings included, not on the examples the explanation was written from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,23 @@ def windows(text: int, ids: np.ndarray, activations: np.ndarray, width: int) -> 
         )
         for start in range(0, len(ids), width)
     ]
+
+
+def fuzzed_marks(window: Window, count: int, rng: np.random.Generator) -> list[bool]:
+    """`count` distinct tokens of a quiet window, drawn at random, to mark as if the feature fired
+    there (fewer when the window is shorter)."""
+    picked = set(rng.choice(len(window.tokens), size=min(count, len(window.tokens)), replace=False))
+    return [i in picked for i in range(len(window.tokens))]
+
+
+def marks_per_window(activating: list[Window]) -> int:
+    """How many tokens a fuzzed window gets: the mean count of firing tokens per activating window,
+    rounded up, as delphi's fuzzing scorer counts them."""
+    if not activating:
+        return 0
+    return math.ceil(
+        sum(sum(1 for a in w.activations if a != 0) for w in activating) / len(activating)
+    )
 
 
 def choose(

@@ -7,7 +7,10 @@ which import nothing, are loaded by path instead of imported. What surrounds the
 method done here: the explainer's examples with the activating tokens between << >> (tokens above
 THRESHOLD × the example's largest activation) followed by their activations scaled 0-10 against
 the feature's largest; the last `[EXPLANATION]:` line is the explanation; detection shows one text
-at a time (delphi's default `n_examples_shown=1`) and reads the answer `[1]` or `[0]`.
+at a time (delphi's default `n_examples_shown=1`) and reads the answer `[1]` or `[0]`; fuzzing
+shows one marked text at a time, an activating window marked where the feature fired (tokens at
+or above THRESHOLD × its peak, as delphi's scorer marks them) or a quiet window marked at random
+tokens, and asks whether every marked token fits the explanation.
 """
 
 from __future__ import annotations
@@ -51,17 +54,18 @@ def _module(relative: str) -> ModuleType:
 def prompt_version() -> str:
     """Which prompts wrote and scored an explanation, for its provenance."""
     version = importlib.metadata.version(DISTRIBUTION)
-    return f"delphi {version}: default explainer (activations shown), detection (one text)"
+    return (
+        f"delphi {version}: default explainer (activations shown), detection and fuzzing (one text)"
+    )
 
 
-def highlighted(tokens: list[str], activations: list[float]) -> str:
-    """The example's text with each run of tokens above THRESHOLD × its peak between << >>."""
-    threshold = max(activations) * THRESHOLD
+def marked(tokens: list[str], chosen: list[bool]) -> str:
+    """The text with each run of chosen tokens between << >>."""
     out, i = [], 0
     while i < len(tokens):
-        if activations[i] > threshold:
+        if chosen[i]:
             run = []
-            while i < len(tokens) and activations[i] > threshold:
+            while i < len(tokens) and chosen[i]:
                 run.append(tokens[i])
                 i += 1
             out.append("<<" + "".join(run) + ">>")
@@ -69,6 +73,18 @@ def highlighted(tokens: list[str], activations: list[float]) -> str:
             out.append(tokens[i])
             i += 1
     return "".join(out)
+
+
+def fuzz_marks(activations: list[float]) -> list[bool]:
+    """Where delphi's fuzzing scorer marks an activating window: at or above THRESHOLD × its peak."""
+    threshold = max(activations) * THRESHOLD
+    return [a >= threshold for a in activations]
+
+
+def highlighted(tokens: list[str], activations: list[float]) -> str:
+    """The example's text with each run of tokens above THRESHOLD × its peak between << >>."""
+    threshold = max(activations) * THRESHOLD
+    return marked(tokens, [a > threshold for a in activations])
 
 
 def scaled(activation: float, peak: float) -> int:
@@ -122,3 +138,9 @@ def detection_messages(explanation: str, text: str) -> Messages:
             f"Example 0: {text}", explanation
         )
     )
+
+
+def fuzzing_messages(explanation: str, marked_text: str) -> Messages:
+    """The chat that asks whether every marked token of one text fits the explanation (delphi's fuzzing prompt)."""
+    prompt = _module("scorers/classifier/prompts/fuzz_prompt.py").prompt
+    return list(prompt(f"Example 0: {marked_text}", explanation))

@@ -1,7 +1,8 @@
-"""Detection scores of an explanation: delphi's confusion counts and balanced accuracy.
+"""An explanation's scores, detection or fuzzing: delphi's confusion counts and balanced accuracy.
 
-Each held-out text is activating (the feature fired in it) or quiet; the scorer says whether it
-has the explained feature, as a probability P("1") / (P("0") + P("1")) of its answer's token.
+Each held-out text is a positive (detection: the feature fired in it; fuzzing: it is marked where
+the feature fired) or a negative (a quiet text; fuzzing: one marked at random tokens); the scorer
+says yes or no as a probability P("1") / (P("0") + P("1")) of its answer's token.
 A text is predicted activating at 0.5 or above; a text the scorer gave no answer for is left out
 and counted as `failed`, as delphi does. Balanced accuracy is the mean of the true-positive and
 true-negative rates, so a scorer that says yes (or no) to everything scores 0.5.
@@ -24,8 +25,8 @@ class Judged:
     probability: float | None  # None: no answer could be read
 
 
-class DetectionScore(BaseModel):
-    """How well an explanation told activating texts from quiet ones."""
+class BalancedScore(BaseModel):
+    """How well the scorer, given the explanation, told the positives from the negatives."""
 
     balanced_accuracy: float
     true_positive_rate: float
@@ -36,7 +37,7 @@ class DetectionScore(BaseModel):
     failed: int  # texts without a readable answer, left out
 
 
-def detection_score(judged: list[Judged]) -> DetectionScore:
+def balanced_score(judged: list[Judged]) -> BalancedScore:
     """Balanced accuracy (and its parts) over the texts that got an answer."""
     answered = [j for j in judged if j.probability is not None]
     positives = [j for j in answered if j.activating]
@@ -45,7 +46,7 @@ def detection_score(judged: list[Judged]) -> DetectionScore:
     tn = sum(1 for j in negatives if j.probability is not None and j.probability < CUT)
     tpr = tp / len(positives) if positives else 0.0
     tnr = tn / len(negatives) if negatives else 0.0
-    return DetectionScore(
+    return BalancedScore(
         balanced_accuracy=(tpr + tnr) / 2,
         true_positive_rate=tpr,
         true_negative_rate=tnr,

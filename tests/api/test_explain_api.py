@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -21,9 +22,15 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
-from millm.interp.explain_examples import choose, windows
-from millm.interp.explain_prompts import detection_messages, explainer_messages
-from millm.interp.explain_scoring import Judged, detection_score
+from millm.interp.explain_examples import choose, fuzzed_marks, marks_per_window, windows
+from millm.interp.explain_prompts import (
+    detection_messages,
+    explainer_messages,
+    fuzz_marks,
+    fuzzing_messages,
+    marked,
+)
+from millm.interp.explain_scoring import Judged, balanced_score
 from millm.interp.formats import read_sae
 from tests.api.clients import api, error, post
 from tests.support.server import ServerProcess
@@ -184,6 +191,16 @@ def offline_examples(offline, feature: int):
     return choose(every, top=TOP, quantiles=2, per_quantile=HELD // 2, seed=22)
 
 
+def yes(tokenizer, model, chat) -> float:
+    """The stock model's P("1") / (P("0") + P("1")) as the token after "[" of its answer to `chat`."""
+    ids = chat_prompt_ids(tokenizer, chat) + tokenizer("[", add_special_tokens=False)["input_ids"]
+    one = tokenizer("[1", add_special_tokens=False)["input_ids"][-1]
+    zero = tokenizer("[0", add_special_tokens=False)["input_ids"][-1]
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+    return float(p[one] / (p[one] + p[zero]))
+
+
 def strings(tokenizer, window) -> list[str]:
     return [tokenizer.decode([t]) for t in window.tokens]
 
@@ -232,18 +249,41 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
         # The served scorer: P([1]) of the stock model after "[" on delphi's detection chat.
         explanation = f"pattern {n + 1}"
         judged = []
-        bracket = tokenizer("[", add_special_tokens=False)["input_ids"]
-        one = tokenizer("[1", add_special_tokens=False)["input_ids"][-1]
-        zero = tokenizer("[0", add_special_tokens=False)["input_ids"][-1]
+        p_yes = partial(yes, tokenizer, model)
         for window, fired in [(w, True) for w in examples.activating] + [
             (w, False) for w in examples.quiet
         ]:
             chat = detection_messages(explanation, "".join(strings(tokenizer, window)))
-            ids = chat_prompt_ids(tokenizer, chat) + bracket
-            with torch.no_grad():
-                p = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)
-            judged.append(Judged(fired, float(p[one] / (p[one] + p[zero]))))
-        want_score = detection_score(judged)
+            judged.append(Judged(fired, p_yes(chat)))
+        want_score = balanced_score(judged)
+        # Fuzzing: activating windows marked where it fired, quiet ones at random tokens.
+        rng = np.random.default_rng([22, feature])
+        count = marks_per_window(examples.activating)
+        fuzzed = [
+            Judged(
+                True,
+                p_yes(
+                    fuzzing_messages(
+                        explanation, marked(strings(tokenizer, w), fuzz_marks(list(w.activations)))
+                    )
+                ),
+            )
+            for w in examples.activating
+        ] + [
+            Judged(
+                False,
+                p_yes(
+                    fuzzing_messages(
+                        explanation, marked(strings(tokenizer, w), fuzzed_marks(w, count, rng))
+                    )
+                ),
+            )
+            for w in examples.quiet
+        ]
+        assert stored[feature]["fuzzing"]["balanced_accuracy"] == pytest.approx(
+            balanced_score(fuzzed).balanced_accuracy, abs=1e-9
+        )
+        assert count >= 1
         entry = stored[feature]
         assert entry["explanation"] == explanation and entry["explainer"] == "endpoint:fixed"
         assert entry["scorer"].startswith("served:") and entry["prompt_version"].startswith(
@@ -268,6 +308,7 @@ def test_an_endpoint_scorer_is_read_from_its_top_logprobs(calibrated, offline):
     # P([1]) = 0.7 for every text: every text is called activating.
     assert detection["true_positive_rate"] == 1.0 and detection["true_negative_rate"] == 0.0
     assert detection["balanced_accuracy"] == 0.5 and detection["failed"] == 0
+    assert job["result"]["explanations"][0]["fuzzing"]["balanced_accuracy"] == 0.5
 
 
 def test_an_explainer_that_fails_midway_keeps_what_was_written(calibrated, offline, explainer):
@@ -306,3 +347,41 @@ def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
     assert error(explain(process, sae, {"features": [10**6]}), 400)["param"] == "features"
     # The calibration read sent texts, which are not kept: name them again.
     assert error(explain(process, sae, {"features": [0]}), 400)["param"] == "texts"
+
+
+def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrated, offline):
+    process, sae = calibrated
+    stored = api(process, "GET", f"/api/saes/{sae}/explanations").json()
+    by_feature = {}
+    for entry in stored:
+        by_feature.setdefault(entry["feature"], entry)
+    assert len(by_feature) >= 2
+    labelled, *others = sorted(by_feature)
+    # A label a user brings for one explained feature: it stays the feature's label.
+    merged = api(process, "PATCH", f"/api/saes/{sae}/labels", json={str(labelled): "river bank"})
+    assert merged.status_code == 200, merged.text
+    found = api(process, "GET", f"/api/saes/{sae}/features", params={"q": "pattern", "limit": 50})
+    data = found.json()["data"]
+    explained = [m for m in data if m["source"] == "explained"]
+    assert {m["index"] for m in explained} == set(others)
+    for m in explained:
+        best = max(
+            (e for e in stored if e["feature"] == m["index"]),
+            key=lambda e: e["detection"]["balanced_accuracy"],
+        )
+        assert m["label"] == best["explanation"]
+        assert m["balanced_accuracy"] == pytest.approx(best["detection"]["balanced_accuracy"])
+    # Equal words, so BM25 is equal up to the label's length: the score scales with accuracy.
+    scores = [
+        m["score"] / (2 * m["balanced_accuracy"]) for m in explained if m["balanced_accuracy"]
+    ]
+    assert max(scores) == pytest.approx(min(scores), rel=0.2)
+    assert [m["score"] for m in data] == sorted((m["score"] for m in data), reverse=True)
+    # The labelled feature is found through its explanation, under its own label.
+    hit = next(m for m in data if m["index"] == labelled)
+    assert (hit["label"], hit["source"], hit["balanced_accuracy"]) == ("river bank", "plain", None)
+    detail = api(process, "GET", f"/api/saes/{sae}/features/{labelled}").json()
+    assert detail["label"] == "river bank"
+    assert [e["explanation"] for e in detail["explanations"]] == [
+        e["explanation"] for e in stored if e["feature"] == labelled
+    ]

@@ -47,6 +47,8 @@ TOOLS = {
     "list_variants",
     "create_variant",
     "delete_variant",
+    "explain_features",
+    "get_job",
 }
 
 
@@ -417,6 +419,29 @@ def test_refusals_are_tool_errors_in_the_routes_shape(server, sae):
 
     first, listed = session(server, errors_then_more)  # a refusal leaves the session usable
     assert first.is_error and len(listed.tools) == len(TOOLS)
+
+
+def test_explaining_over_mcp_starts_a_job_that_get_job_follows(server, sae):
+    texts = ["The river runs to the sea.", "A small cat sat on the mat by the river."]
+    uncalibrated = refused(
+        server, "explain_features", 400, "sae_not_calibrated", sae_id=sae, features=[1]
+    )
+    assert uncalibrated["param"] == "sae_id"
+    calibrating = rest(server, "POST", f"/api/saes/{sae}/calibrate", json={"texts": texts})
+    assert calibrating.status_code == 202, calibrating.text
+    while call(server, "get_job", job_id=calibrating.json()["id"])["state"] == "running":
+        time.sleep(0.1)
+    started = call(server, "explain_features", sae_id=sae, densest=2, texts=texts, width=8)
+    assert started["kind"] == "explain" and started["state"] == "running"
+    while (job := call(server, "get_job", job_id=started["id"]))["state"] == "running":
+        time.sleep(0.1)
+    assert job == rest(server, "GET", f"/api/jobs/{started['id']}").json()
+    # The tiny random model writes no [EXPLANATION]: line: both features are listed, none stored.
+    assert job["state"] == "succeeded" and job["result"]["explained"] == 0
+    assert [s["reason"] for s in job["result"]["skipped"]] == [
+        "the explainer's answer has no [EXPLANATION]: line"
+    ] * 2
+    refused(server, "get_job", 404, "job_not_found", job_id="job_nope")
 
 
 def test_the_admin_key_opens_mcp(server, sae):

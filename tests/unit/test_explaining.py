@@ -8,16 +8,19 @@ import math
 import numpy as np
 import pytest
 
-from millm.interp.explain_examples import choose, windows
+from millm.interp.explain_examples import choose, fuzzed_marks, marks_per_window, windows
 from millm.interp.explain_prompts import (
     activation_line,
     detection_messages,
     explainer_messages,
+    fuzz_marks,
+    fuzzing_messages,
     highlighted,
+    marked,
     parsed_explanation,
     scaled,
 )
-from millm.interp.explain_scoring import Judged, detection_score
+from millm.interp.explain_scoring import Judged, balanced_score
 from millm.service.labelling.writers import read_yes
 
 
@@ -94,10 +97,22 @@ def test_an_endpoint_answer_is_read_from_its_top_logprobs_else_its_text():
 def test_balanced_accuracy_is_the_mean_of_both_rates_over_answered_texts():
     judged = [Judged(True, 0.9), Judged(True, 0.4), Judged(True, 0.5), Judged(False, 0.1),
               Judged(False, 0.7), Judged(False, None)]  # fmt: skip
-    score = detection_score(judged)
+    score = balanced_score(judged)
     assert score.true_positive_rate == pytest.approx(2 / 3)
     assert score.true_negative_rate == pytest.approx(1 / 2)
     assert score.balanced_accuracy == pytest.approx((2 / 3 + 1 / 2) / 2)
     assert (score.texts, score.activating, score.quiet, score.failed) == (5, 3, 2, 1)
-    always = detection_score([Judged(True, 1.0), Judged(False, 1.0)])
+    always = balanced_score([Judged(True, 1.0), Judged(False, 1.0)])
     assert always.balanced_accuracy == 0.5
+
+
+def test_fuzzing_marks_where_it_fired_or_a_seeded_count_of_random_tokens():
+    assert fuzz_marks([0.0, 3.0, 0.9, 1.0]) == [False, True, True, True]  # at or above 0.3 x peak
+    assert marked(["a", "b", "c", "d"], [False, True, True, False]) == "a<<bc>>d"
+    fired = windows(0, np.arange(8), np.array([0, 1, 0, 2, 0, 0, 0, 0.5]), 4)
+    assert marks_per_window(fired) == 2  # (2 + 1) / 2 firing tokens, rounded up
+    quiet = windows(1, np.arange(6), np.zeros(6), 6)[0]
+    chosen = fuzzed_marks(quiet, 2, np.random.default_rng([22, 5]))
+    assert sum(chosen) == 2 and chosen == fuzzed_marks(quiet, 2, np.random.default_rng([22, 5]))
+    assert sum(fuzzed_marks(quiet, 9, np.random.default_rng(0))) == 6
+    assert "Example 0: a<<bc>>d" in fuzzing_messages("letters", "a<<bc>>d")[-1]["content"]

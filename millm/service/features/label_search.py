@@ -8,7 +8,10 @@ each quoted and prefix-matched, joined with OR, so quotes, `*`, `NEAR` or `AND` 
 other, and a label that matches some of the words still ranks, below one that matches more.
 
 The score is BM25 as SQLite computes it, negated: larger is better (SQLite's `bm25()` is smaller
-for better matches).
+for better matches), times the row's weight: 1 for a label a file or a user brought, and for a
+model's explanation twice its detection balanced accuracy (chance, 0.5, weighs 1; an explanation
+the scorer could use perfectly weighs 2; one worse than chance less than 1), so a well-scored
+explanation ranks above a poorly scored one that matches the words as well.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ WORD = re.compile(r"[^\W_]+")  # letters and digits: what unicode61 keeps as tok
 
 
 class FeatureMatch(BaseModel):
-    """A labelled feature found by a search: its index, label, score (larger is better; null when the query is empty) and source."""
+    """A labelled feature found by a search: its index, label, score (larger is better; null when
+    the query is empty) and source ("explained" for a model's explanation, with its detection
+    balanced accuracy)."""
 
     index: int
     label: str
     score: float | None
     source: str
+    balanced_accuracy: float | None = None
 
 
 def fts_query(text: str) -> str | None:
@@ -66,8 +72,14 @@ def search_texts(detail: dict[str, Any]) -> tuple[str, str]:
 class LabelIndex:
     """One SAE's labels in an in-memory FTS5 table; safe to search from several threads."""
 
-    def __init__(self, rows: list[tuple[int, str, str, tuple[str, str]]]):
-        """`rows`: (feature, label, source, search_texts of its detail)."""
+    def __init__(
+        self,
+        rows: list[tuple[int, str, str, tuple[str, str]]],
+        accuracies: dict[int, float] | None = None,
+    ):
+        """`rows`: (feature, label, source, search_texts of its detail); `accuracies`: the detection
+        balanced accuracy of the features whose label is a model's explanation."""
+        self._accuracies = accuracies or {}
         self._lock = threading.Lock()
         # check_same_thread=False: worker-pool and job threads share it, one at a time under the lock.
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
@@ -91,13 +103,22 @@ class LabelIndex:
             return []
         sql = (
             f"SELECT rowid, label, source, bm25(labels, {', '.join(map(str, WEIGHTS))}) AS rank FROM labels "
-            "WHERE labels MATCH ? ORDER BY rank, rowid LIMIT ?"
+            "WHERE labels MATCH ?"
         )
         with self._lock:
-            found = self._db.execute(sql, (match, limit)).fetchall()
-        return [
-            FeatureMatch(index=row[0], label=row[1], source=row[2], score=-row[3]) for row in found
+            found = self._db.execute(sql, (match,)).fetchall()
+        matches = [
+            FeatureMatch(
+                index=row[0],
+                label=row[1],
+                source=row[2],
+                score=-row[3] * 2 * self._accuracies.get(row[0], 0.5),
+                balanced_accuracy=self._accuracies.get(row[0]),
+            )
+            for row in found
         ]
+        matches.sort(key=lambda m: (-(m.score or 0.0), m.index))
+        return matches[:limit]
 
     def close(self) -> None:
         """Free the table."""

@@ -22,6 +22,7 @@ from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels
 from millm.interp.labels import Label, LabelDocument
 from millm.service.features.label_search import FeatureMatch, LabelIndex, fts_query, search_texts
 from millm.store.database import Store
+from millm.store.explanations import ExplanationRow, explanation_rows, put_explanation
 from millm.store.labels import (
     LabelRow,
     clear_labels,
@@ -38,13 +39,15 @@ LABEL_SETS_KEPT = (
     8  # SAEs whose labels (and search index) stay in memory; the least recently used goes first
 )
 SAE_FILE = "sae_file"
+EXPLAINED = "explained"  # the source a search gives a feature known by a model's explanation only
 
 
 @dataclass
 class _LabelSet:
-    """One SAE's labels as read from the store, and its search index once a search needed it."""
+    """One SAE's labels and explanations as read from the store, and its search index once a search needed it."""
 
     rows: list[LabelRow]
+    explanations: list[ExplanationRow] = field(default_factory=list)
     index: LabelIndex | None = None
     entries: dict[int, dict] = field(default_factory=dict)
 
@@ -53,6 +56,46 @@ class _LabelSet:
             row.feature: {"label": row.label, **row.detail, "source": row.source}
             for row in self.rows
         }
+
+    def best_explanations(self) -> dict[int, ExplanationRow]:
+        """Per feature, its explanation with the highest detection balanced accuracy."""
+        best: dict[int, ExplanationRow] = {}
+        for row in self.explanations:
+            held = best.get(row.feature)
+            if held is None or accuracy(row) > accuracy(held):
+                best[row.feature] = row
+        return best
+
+    def searched(self) -> tuple[list[tuple[int, str, str, tuple[str, str]]], dict[int, float]]:
+        """The search index's rows: each label, with its feature's explanations searched beside it;
+        a feature with explanations only is found by its best one (source `explained`), weighted
+        by that explanation's balanced accuracy."""
+        told: dict[int, list[str]] = {}
+        for row in self.explanations:
+            told.setdefault(row.feature, []).append(row.explanation)
+        rows = []
+        for r in self.rows:
+            also, context = search_texts(r.detail)
+            rows.append(
+                (
+                    r.feature,
+                    r.label,
+                    r.source,
+                    ("\n".join([also, *told.get(r.feature, [])]), context),
+                )
+            )
+        accuracies = {}
+        for feature, best in sorted(self.best_explanations().items()):
+            if feature not in self.entries:
+                rows.append((feature, best.explanation, EXPLAINED, ("\n".join(told[feature]), "")))
+                accuracies[feature] = accuracy(best)
+        return rows, accuracies
+
+
+def accuracy(row: ExplanationRow) -> float:
+    """An explanation's detection balanced accuracy (0 when it could not be scored)."""
+    detection = row.detail.get("detection") or {}
+    return float(detection.get("balanced_accuracy", 0.0))
 
 
 @dataclass(frozen=True)
@@ -104,7 +147,7 @@ class LabelBook:
                 self._sets.move_to_end(sae_id)
                 return cached
             generation = self._generation.get(sae_id, 0)
-        fresh = _LabelSet(label_rows(self.store, sae_id))
+        fresh = _LabelSet(label_rows(self.store, sae_id), explanation_rows(self.store, sae_id))
         with self._lock:
             if self._generation.get(sae_id, 0) != generation:
                 return fresh  # a write landed meanwhile: use what was read, keep nothing
@@ -124,6 +167,10 @@ class LabelBook:
         """The stored labels, by index, as documents are written from them."""
         return [Label(row.feature, row.label, row.detail) for row in self._set(sae_id).rows]
 
+    def explanations(self, sae_id: str) -> list[ExplanationRow]:
+        """Every explanation a model wrote for the SAE's features, by feature then explainer."""
+        return self._set(sae_id).explanations
+
     def count(self, sae_id: str) -> int:
         """How many features have a label."""
         return len(self._set(sae_id).rows)
@@ -134,15 +181,25 @@ class LabelBook:
         Safe to call from any thread (a job's included); does no torch work."""
         labels = self._set(sae_id)
         if fts_query(query) is None:
-            return [
+            listed = [
                 FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source)
-                for r in labels.rows[:limit]
+                for r in labels.rows
             ]
+            listed += [
+                FeatureMatch(
+                    index=feature,
+                    label=best.explanation,
+                    score=None,
+                    source=EXPLAINED,
+                    balanced_accuracy=accuracy(best),
+                )
+                for feature, best in labels.best_explanations().items()
+                if feature not in labels.entries
+            ]
+            return sorted(listed, key=lambda m: m.index)[:limit]
         with self._lock:
             if labels.index is None:
-                labels.index = LabelIndex(
-                    [(r.feature, r.label, r.source, search_texts(r.detail)) for r in labels.rows]
-                )
+                labels.index = LabelIndex(*labels.searched())
             index = labels.index
         return index.search(query, limit)
 
@@ -167,6 +224,15 @@ class LabelBook:
         finally:
             self._changed(sae_id)
         return ImportCounts(len(document.labels), overwritten, document.skipped, total)
+
+    def explain(
+        self, sae_id: str, feature: int, explainer: str, explanation: str, detail: dict
+    ) -> None:
+        """Store a model's explanation of a feature beside its labels (never over one)."""
+        try:
+            put_explanation(self.store, sae_id, feature, explainer, explanation, detail)
+        finally:
+            self._changed(sae_id)
 
     def clear(self, sae_id: str) -> int:
         """Remove every label of the SAE; how many there were."""

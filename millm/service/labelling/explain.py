@@ -20,14 +20,25 @@ import numpy as np
 import torch
 
 from millm.errors import InvalidRequest, ModelNotLoaded
-from millm.interp.explain_examples import Examples, Window, choose, windows
+from millm.interp.explain_examples import (
+    Examples,
+    Window,
+    choose,
+    fuzzed_marks,
+    marks_per_window,
+    windows,
+)
 from millm.interp.explain_prompts import (
+    Messages,
     detection_messages,
     explainer_messages,
+    fuzz_marks,
+    fuzzing_messages,
+    marked,
     parsed_explanation,
     prompt_version,
 )
-from millm.interp.explain_scoring import Judged, detection_score
+from millm.interp.explain_scoring import BalancedScore, Judged, balanced_score
 from millm.interp.steering import Attached, check_feature
 from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
@@ -37,7 +48,6 @@ from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.training.calibration import groups
 from millm.service.training.corpus import CalibrateRequest, Corpus, check_source, corpus_ids
-from millm.store.explanations import explanation_rows, put_explanation
 
 if TYPE_CHECKING:
     from millm.service.composition import ServerState
@@ -97,7 +107,7 @@ def selected(
             features = [f.index for f in fired[: request.densest]]
         else:
             named = set(state.labels.entries(sae_id)) | {
-                row.feature for row in explanation_rows(state.store, sae_id)
+                row.feature for row in state.labels.explanations(sae_id)
             }
             features = [f.index for f in fired if f.index not in named][: request.unlabelled]
     cap = state.settings.explain_max_features
@@ -224,30 +234,51 @@ class ExplainRun:
                 "reason": "the explainer's answer has no [EXPLANATION]: line",
                 "answer": answer[:500],
             }
-        held = [(w, True) for w in examples.activating] + [(w, False) for w in examples.quiet]
-        chats = [detection_messages(explanation, "".join(self._strings(w))) for w, _ in held]
-        probabilities = self.scorer.yes(chats, handle.cancel_event) if chats else []
-        handle.check()
-        judged = [Judged(fired, p) for (_, fired), p in zip(held, probabilities, strict=True)]
-        score = detection_score(judged) if judged else None
-        flagged = score is None or score.balanced_accuracy < self.state.settings.explain_flag_below
+        activating = [self._strings(w) for w in examples.activating]
+        quiet = [self._strings(w) for w in examples.quiet]
+        scores: dict[str, BalancedScore | None] = {}
+        if "detection" in self.request.scoring:
+            texts = ["".join(t) for t in activating + quiet]
+            chats = [detection_messages(explanation, text) for text in texts]
+            scores["detection"] = self._score(chats, len(activating), handle)
+        if "fuzzing" in self.request.scoring:
+            rng = np.random.default_rng([self.request.seed, feature])
+            count = marks_per_window(examples.activating)
+            texts = [
+                marked(t, fuzz_marks(list(w.activations)))
+                for t, w in zip(activating, examples.activating, strict=True)
+            ] + [
+                marked(t, fuzzed_marks(w, count, rng))
+                for t, w in zip(quiet, examples.quiet, strict=True)
+            ]
+            chats = [fuzzing_messages(explanation, text) for text in texts]
+            scores["fuzzing"] = self._score(chats, len(activating), handle)
+        # Flagged by the first score asked for (detection, unless only fuzzing was).
+        first = scores[self.request.scoring[0]]
+        floor = self.state.settings.explain_flag_below
         detail = {
             "scorer": self.scorer.name,
             "prompt_version": self.version,
-            "detection": score.model_dump() if score is not None else None,
-            "flagged": flagged,
+            **{name: s.model_dump() if s is not None else None for name, s in scores.items()},
+            "flagged": first is None or first.balanced_accuracy < floor,
             "examples": len(examples.top),
             "model": self.model,
         }
-        put_explanation(
-            self.state.store,
-            self.attached.info.id,
-            feature,
-            self.explainer.name,
-            explanation,
-            detail,
+        self.state.labels.explain(
+            self.attached.info.id, feature, self.explainer.name, explanation, detail
         )
         return {"feature": feature, "explanation": explanation, **detail}
+
+    def _score(
+        self, chats: list[Messages], activating: int, handle: JobHandle
+    ) -> BalancedScore | None:
+        """Balanced accuracy of the scorer's answers: the first `activating` chats hold texts the
+        feature fired in (or marked where it fired), the rest do not; None without any chat."""
+        if not chats:
+            return None
+        probabilities = self.scorer.yes(chats, handle.cancel_event)
+        handle.check()
+        return balanced_score([Judged(i < activating, p) for i, p in enumerate(probabilities)])
 
 
 def keeper(columns: list[np.ndarray], group: list[int], chosen: torch.Tensor):

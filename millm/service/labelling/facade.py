@@ -6,7 +6,6 @@ from millm.service.composition import ServerState
 from millm.service.labelling.explain import start_explaining
 from millm.service.labelling.protocol import ExplainRequest, ExplanationView
 from millm.service.runtime.jobs import JobView
-from millm.store.explanations import explanation_rows
 
 
 class Labelling:
@@ -22,17 +21,4 @@ class Labelling:
     def explanations(self, sae_id: str) -> list[ExplanationView]:
         """Every stored explanation of an SAE, by feature (blocking: the store)."""
         self.state.saes.get(sae_id)
-        return [
-            ExplanationView(
-                feature=row.feature,
-                explanation=row.explanation,
-                explainer=row.explainer,
-                scorer=row.detail.get("scorer", ""),
-                prompt_version=row.detail.get("prompt_version", ""),
-                detection=row.detail.get("detection"),
-                flagged=bool(row.detail.get("flagged", True)),
-                examples=int(row.detail.get("examples", 0)),
-                created_at=row.created_at,
-            )
-            for row in explanation_rows(self.state.store, sae_id)
-        ]
+        return [ExplanationView.of(row) for row in self.state.labels.explanations(sae_id)]

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.service.training.corpus import CalibrationMessage
+from millm.store.explanations import ExplanationRow
 
 MAX_TOP_EXAMPLES = 40  # delphi's n_examples_train
 MAX_HELD_OUT = 50  # delphi's n_examples_test
@@ -64,7 +65,14 @@ class ExplainRequest(BaseModel):
     max_tokens: Annotated[int, Field(ge=16, le=1000)] = Field(
         200, description="Most tokens the explainer may write per explanation."
     )
-    seed: int = Field(22, description="Seeds the held-out draws (delphi's default).")
+    seed: int = Field(
+        22, description="Seeds the held-out draws and the fuzzed marks (delphi's default)."
+    )
+    scoring: list[Literal["detection", "fuzzing"]] = Field(
+        ["detection", "fuzzing"],
+        min_length=1,
+        description="delphi's scores to compute; the first one asked for decides the flag.",
+    )
     corpus: Literal["demo"] | None = Field(
         None,
         description='The corpus to read examples from: "demo", or texts and/or conversations; default: the calibration\'s when it was the shipped one.',
@@ -95,7 +103,24 @@ class ExplanationView(BaseModel):
     explainer: str
     scorer: str
     prompt_version: str
-    detection: dict | None  # DetectionScore's fields; None when it could not be scored
+    detection: dict | None  # BalancedScore's fields; None when not asked for or no text to score
+    fuzzing: dict | None  # the same, for fuzzing
     flagged: bool  # balanced accuracy under the server's threshold (kept, marked)
     examples: int  # top windows the explainer read
     created_at: float
+
+    @classmethod
+    def of(cls, row: ExplanationRow) -> ExplanationView:
+        """A stored row as the API shows it."""
+        return cls(
+            feature=row.feature,
+            explanation=row.explanation,
+            explainer=row.explainer,
+            scorer=row.detail.get("scorer", ""),
+            prompt_version=row.detail.get("prompt_version", ""),
+            detection=row.detail.get("detection"),
+            fuzzing=row.detail.get("fuzzing"),
+            flagged=bool(row.detail.get("flagged", True)),
+            examples=int(row.detail.get("examples", 0)),
+            created_at=row.created_at,
+        )

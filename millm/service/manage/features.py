@@ -20,6 +20,7 @@ from millm.interp.steering import check_feature
 from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
 from millm.service.features.label_search import FeatureMatch
+from millm.service.labelling.protocol import ExplanationView
 from millm.service.steering.decoders import Decoder, neighbours
 
 
@@ -86,6 +87,7 @@ class FeatureDetail(BaseModel):
         str | None
     )  # the model whose calibration gave `calibration` (null: not calibrated)
     calibration: FeatureFigures | None  # frequency, mean, max, quantiles and top examples
+    explanations: list[ExplanationView] = []  # what models wrote for it, beside its label
 
 
 # labels ------------------------------------------------------------------------------------------------
@@ -200,6 +202,11 @@ class FeatureManagement:
             neighbours=near,
             calibrated_on=model,
             calibration=figures,
+            explanations=[
+                ExplanationView.of(row)
+                for row in self.state.labels.explanations(sae_id)
+                if row.feature == index
+            ],
         )
 
     async def feature_detail(self, sae_id: str, index: int, k: int) -> FeatureDetail:
