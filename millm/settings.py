@@ -225,6 +225,17 @@ class Settings(BaseSettings):
     explainer_api_key: SecretStr | None = env_field(
         None, "MILLM_EXPLAINER_API_KEY", "The explainer endpoint's key (never shown)."
     )
+    embeddings_base_url: str | None = env_field(
+        None,
+        "MILLM_EMBEDDINGS_BASE_URL",
+        "An OpenAI-compatible server (its /v1 URL) whose /embeddings label search by meaning uses; default: the served model's.",
+    )
+    embeddings_model: str | None = env_field(
+        None, "MILLM_EMBEDDINGS_MODEL", "The embeddings endpoint's model."
+    )
+    embeddings_api_key: SecretStr | None = env_field(
+        None, "MILLM_EMBEDDINGS_API_KEY", "The embeddings endpoint's key (never shown)."
+    )
     explain_max_features: int = env_field(
         256,
         "MILLM_EXPLAIN_MAX_FEATURES",

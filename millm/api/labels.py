@@ -12,7 +12,13 @@ from starlette.concurrency import run_in_threadpool
 from millm.api.deps import facades
 from millm.interp.labels import ExportFormat, LabelFormat
 from millm.service.labelling.protocol import ExplainRequest, ExplanationView
-from millm.service.manage.features import FeatureDetail, FeatureSearch, LabelImport, LabelsCleared
+from millm.service.manage.features import (
+    FeatureDetail,
+    FeatureSearch,
+    LabelImport,
+    LabelsCleared,
+    SearchBy,
+)
 from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
@@ -125,10 +131,16 @@ def search_features(
         ),
     ] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    by: Annotated[
+        SearchBy,
+        Query(
+            description="text: BM25 over the words; meaning: cosine of embeddings (the served model's, or MILLM_EMBEDDINGS_BASE_URL's); both: the two fused by reciprocal rank"
+        ),
+    ] = "text",
 ) -> FeatureSearch:
     """Labelled features ranked by relevance of their label, top tokens and example to `q` (score: larger
-    is better); an empty `q` lists every labelled feature by index."""
-    return facades(request).features.search_features(sae_id, q, limit)
+    is better), by words, meaning or both; an empty `q` lists every labelled feature by index."""
+    return facades(request).features.search_features(sae_id, q, limit, by)
 
 
 @router.get(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from anyio import to_thread
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,6 +56,7 @@ class Search(Params):
     sae_id: SaeId
     q: Annotated[str, Field(max_length=1000)] = ""
     limit: Annotated[int, Field(ge=1, le=1000)] = 50
+    by: Literal["text", "meaning", "both"] = "text"
 
 
 class FeatureDetail(Params):
@@ -131,7 +132,7 @@ async def _list_saes(f: Facades, _: NoParams, __: None) -> dict:
 
 
 async def _search(f: Facades, p: Search, _: None) -> Any:
-    return await blocking(f.features.search_features, p.sae_id, p.q, p.limit)
+    return await blocking(f.features.search_features, p.sae_id, p.q, p.limit, p.by)
 
 
 async def _feature(f: Facades, p: FeatureDetail, _: None) -> Any:

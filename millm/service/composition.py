@@ -15,6 +15,7 @@ from millm.service.attribution.transcoders import TranscoderBook
 from millm.service.evaluation.book import EvaluationBook
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.features.labels import LabelBook
+from millm.service.features.meaning import MeaningBook
 from millm.service.features.monitoring import Monitor
 from millm.service.models.registrations import ClientRegistrations
 from millm.service.models.registry import ModelRegistry
@@ -54,6 +55,7 @@ class ServerState:
     store: Store
     replication: Replication
     labels: LabelBook
+    meanings: MeaningBook  # label embeddings for search by meaning
     saes: SAERegistry
     decoders: DecoderCache
     profiles: ProfileBook
@@ -122,6 +124,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         store=store,
         replication=replication,
         labels=labels,
+        meanings=MeaningBook(),
         saes=saes,
         decoders=DecoderCache(steering, saes),
         profiles=profiles,

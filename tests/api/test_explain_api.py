@@ -351,13 +351,17 @@ def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
 
 def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrated, offline):
     process, sae = calibrated
+    body = {"features": fired_features(offline, 3), "explainer": "endpoint", "scorer": "served",
+            "top_examples": TOP, "held_out": HELD, "quantiles": 2, "width": WIDTH, "texts": TEXTS}  # fmt: skip
+    assert wait_job(process, explain(process, sae, body).json()["id"])["state"] == "succeeded"
     stored = api(process, "GET", f"/api/saes/{sae}/explanations").json()
     by_feature = {}
     for entry in stored:
         by_feature.setdefault(entry["feature"], entry)
     assert len(by_feature) >= 2
     labelled, *others = sorted(by_feature)
-    # A label a user brings for one explained feature: it stays the feature's label.
+    # The SAE's own labels cleared; a label a user brings for one explained feature stays its label.
+    assert api(process, "DELETE", f"/api/saes/{sae}/labels").status_code == 200
     merged = api(process, "PATCH", f"/api/saes/{sae}/labels", json={str(labelled): "river bank"})
     assert merged.status_code == 200, merged.text
     found = api(process, "GET", f"/api/saes/{sae}/features", params={"q": "pattern", "limit": 50})

@@ -167,6 +167,32 @@ class LabelBook:
         """The stored labels, by index, as documents are written from them."""
         return [Label(row.feature, row.label, row.detail) for row in self._set(sae_id).rows]
 
+    def listed(self, sae_id: str) -> list[FeatureMatch]:
+        """Every labelled or explained feature once, by index, score null: its label, or its best
+        explanation (source `explained`) when it has no label."""
+        labels = self._set(sae_id)
+        listed = [
+            FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source)
+            for r in labels.rows
+        ]
+        listed += [
+            FeatureMatch(
+                index=feature,
+                label=best.explanation,
+                score=None,
+                source=EXPLAINED,
+                balanced_accuracy=accuracy(best),
+            )
+            for feature, best in labels.best_explanations().items()
+            if feature not in labels.entries
+        ]
+        return sorted(listed, key=lambda m: m.index)
+
+    def version(self, sae_id: str) -> int:
+        """A number that changes whenever the SAE's labels or explanations change (for caches of them)."""
+        with self._lock:
+            return self._generation.get(sae_id, 0)
+
     def explanations(self, sae_id: str) -> list[ExplanationRow]:
         """Every explanation a model wrote for the SAE's features, by feature then explainer."""
         return self._set(sae_id).explanations
@@ -181,22 +207,7 @@ class LabelBook:
         Safe to call from any thread (a job's included); does no torch work."""
         labels = self._set(sae_id)
         if fts_query(query) is None:
-            listed = [
-                FeatureMatch(index=r.feature, label=r.label, score=None, source=r.source)
-                for r in labels.rows
-            ]
-            listed += [
-                FeatureMatch(
-                    index=feature,
-                    label=best.explanation,
-                    score=None,
-                    source=EXPLAINED,
-                    balanced_accuracy=accuracy(best),
-                )
-                for feature, best in labels.best_explanations().items()
-                if feature not in labels.entries
-            ]
-            return sorted(listed, key=lambda m: m.index)[:limit]
+            return self.listed(sae_id)[:limit]
         with self._lock:
             if labels.index is None:
                 labels.index = LabelIndex(*labels.searched())

@@ -8,7 +8,7 @@ passing thread (torch), then numpy on a worker thread (decoders.py).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from anyio import to_thread
 from pydantic import BaseModel
@@ -19,7 +19,8 @@ from millm.interp.labels import ExportFormat, check_width, read_document
 from millm.interp.steering import check_feature
 from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
-from millm.service.features.label_search import FeatureMatch
+from millm.service.features.label_search import FeatureMatch, fts_query
+from millm.service.features.meaning import embedder_for, fused
 from millm.service.labelling.protocol import ExplanationView
 from millm.service.steering.decoders import Decoder, neighbours
 
@@ -52,12 +53,17 @@ class FeatureHit(FeatureMatch):
     max_activation: float | None = None
 
 
+SearchBy = Literal["text", "meaning", "both"]
+FUSION_DEPTH = 100  # of each ranking, fused when searching by both
+
+
 class FeatureSearch(BaseModel):
     """Labelled features ranked by relevance to `query` (all, by index, when it is empty)."""
 
     object: str = "list"
     sae_id: str
     query: str
+    by: str = "text"  # text (BM25), meaning (cosine of embeddings) or both (reciprocal rank fusion)
     labels: int  # how many features of the SAE have a label
     has_labels: bool  # whether any has
     calibrated_on: str | None  # the model whose calibration gave the figures (null: none)
@@ -142,10 +148,26 @@ class FeatureManagement:
         self.state.saes.get(sae_id)
         return LabelsCleared(sae_id=sae_id, deleted=self.state.labels.clear(sae_id))
 
-    def search_features(self, sae_id: str, query: str, limit: int) -> FeatureSearch:
-        """The SAE's labelled features ranked by relevance to `query`."""
+    def search_features(
+        self, sae_id: str, query: str, limit: int, by: SearchBy = "text"
+    ) -> FeatureSearch:
+        """The SAE's labelled features ranked by relevance to `query`: by its words (BM25), by
+        meaning (embeddings' cosine), or both fused by reciprocal rank (meaning.py)."""
         self.state.saes.get(sae_id)
-        found = self.state.labels.search(sae_id, query, limit)
+        labels = self.state.labels
+        if by == "text" or fts_query(query) is None:
+            found = labels.search(sae_id, query, limit)
+        else:
+            depth = max(limit, FUSION_DEPTH)
+            version = labels.version(sae_id)  # before the rows: a later write re-embeds them
+            meaning = self.state.meanings.search(
+                embedder_for(self.state), sae_id, version, labels.listed(sae_id), query, depth
+            )
+            found = (
+                meaning[:limit]
+                if by == "meaning"
+                else fused(labels.search(sae_id, query, depth), meaning, limit)
+            )
         total = self.state.labels.count(sae_id)
         model = self.calibration_model(sae_id)
         figures = (
@@ -162,6 +184,7 @@ class FeatureManagement:
         return FeatureSearch(
             sae_id=sae_id,
             query=query,
+            by=by,
             labels=total,
             has_labels=total > 0,
             calibrated_on=model,

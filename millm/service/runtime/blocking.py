@@ -10,7 +10,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from millm.engine.jobs import (
+    EmbeddingJob,
+    EmbeddingsReady,
     Event,
     GenerationJob,
     JobFailed,
@@ -47,6 +51,7 @@ class _Collector:
     done: threading.Event = field(default_factory=threading.Event)
     scores: ScoresReady | None = None
     likelihoods: LikelihoodsReady | None = None
+    vectors: EmbeddingsReady | None = None
     failed: JobFailed | None = None
     generated: list[Generated] = field(default_factory=list)
 
@@ -59,6 +64,9 @@ class _Collector:
             self.done.set()
         elif isinstance(event, LikelihoodsReady):
             self.likelihoods = event
+            self.done.set()
+        elif isinstance(event, EmbeddingsReady):
+            self.vectors = event
             self.done.set()
         elif isinstance(event, TextDelta):
             self.generated[event.row].text += event.text
@@ -128,3 +136,14 @@ def likelihoods_blocking(
     job = LikelihoodJob(sequences=sequences, starts=starts, emit=collector.emit)
     _run(state, model, job, collector, cancel)
     return collector.likelihoods.token_logprobs if collector.likelihoods is not None else None
+
+
+def embed_blocking(
+    state, model: str, prompts: list[list[int]], *, cancel: threading.Event | None = None
+) -> np.ndarray | None:
+    """Each prompt's mean-pooled final hidden state `[n, d]` (float32), as /v1/embeddings gives
+    it; None when `cancel` was set before it finished."""
+    collector = _Collector()
+    job = EmbeddingJob(prompts=prompts, emit=collector.emit)
+    _run(state, model, job, collector, cancel)
+    return collector.vectors.vectors.numpy() if collector.vectors is not None else None
