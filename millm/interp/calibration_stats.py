@@ -111,6 +111,29 @@ def pack_grids(grids: np.ndarray) -> dict:
     }
 
 
+def pack_corpus(texts: list[np.ndarray]) -> dict:
+    """A corpus's token ids as JSON: every text's int32 ids, little-endian, base64, and each text's length."""
+    data = (
+        np.concatenate([np.asarray(t, dtype="<i4") for t in texts]) if texts else np.zeros(0, "<i4")
+    )
+    return {
+        "dtype": "int32",
+        "lengths": [len(t) for t in texts],
+        "base64": base64.b64encode(data.tobytes()).decode("ascii"),
+    }
+
+
+def unpack_corpus(packed: dict) -> list[np.ndarray]:
+    """The texts `pack_corpus` wrote (ValueError when they are not such)."""
+    if packed.get("dtype") != "int32" or not isinstance(packed.get("lengths"), list):
+        raise ValueError("a corpus is int32 token ids with each text's length")
+    data = np.frombuffer(base64.b64decode(packed["base64"]), dtype="<i4").astype(np.int32)
+    if sum(packed["lengths"]) != data.size:
+        raise ValueError("the corpus's lengths do not add up to its ids")
+    ends = np.cumsum(packed["lengths"])
+    return [data[end - n : end] for n, end in zip(packed["lengths"], ends, strict=True)]
+
+
 def unpack_grids(packed: dict) -> np.ndarray:
     """The grids `pack_grids` wrote (ValueError when they are not such)."""
     if (

@@ -10,12 +10,8 @@ was asked; what is under test is millm's job, not the explainer's wit."""
 
 from __future__ import annotations
 
-import json
-import math
-import threading
 import time
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -33,6 +29,7 @@ from millm.interp.explain_prompts import (
 from millm.interp.explain_scoring import Judged, balanced_score
 from millm.interp.formats import read_sae
 from tests.api.clients import api, error, post
+from tests.support.explainer_endpoint import Explainer
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -43,60 +40,6 @@ TEXTS = [
     for ending in ("runs quickly to the sea and back again.", "is the city of France, they say.")
 ]
 WIDTH, TOP, HELD = 8, 3, 4
-
-
-class Explainer:
-    """A chat completions endpoint: explainer chats get `[EXPLANATION]: pattern N`, detection
-    chats (asked with logprobs) `[1]` at P = 0.7; past `fail_after` explanations it answers 500."""
-
-    def __init__(self):
-        self.asked: list[dict] = []
-        self.fail_after: int | None = None
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                explaining = not body.get("logprobs")
-                if explaining:
-                    outer.asked.append(body)
-                    if outer.fail_after is not None and len(outer.asked) > outer.fail_after:
-                        self.send_response(500)
-                        self.end_headers()
-                        self.wfile.write(b"out of credit")
-                        return
-                    content = f"Thinking.\n[EXPLANATION]: pattern {len(outer.asked)}"
-                    logprobs = None
-                else:
-                    content = "[1]"
-                    top = [
-                        {"token": "1", "logprob": math.log(0.7)},
-                        {"token": "0", "logprob": math.log(0.3)},
-                    ]
-                    logprobs = {
-                        "content": [
-                            {"token": "[", "logprob": 0.0, "top_logprobs": []},
-                            {"token": "1", "logprob": math.log(0.7), "top_logprobs": top},
-                        ]
-                    }
-                answer = {
-                    "choices": [
-                        {"message": {"role": "assistant", "content": content}, "logprobs": logprobs}
-                    ]
-                }
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +154,7 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
     process, sae = calibrated
     features = fired_features(offline, 2)
     explainer.asked.clear()
-    body = {
+    body = {  # no texts: the calibration kept the texts its request sent
         "features": features,
         "explainer": "endpoint",
         "scorer": "served",
@@ -219,7 +162,6 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
         "held_out": HELD,
         "quantiles": 2,
         "width": WIDTH,
-        "texts": TEXTS,
     }
     started = explain(process, sae, body)
     assert started.status_code == 202, started.text
@@ -345,8 +287,7 @@ def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
     )
     assert error(explain(process, sae, {"features": [0], "range": {"start": 0, "end": 2}}), 400)
     assert error(explain(process, sae, {"features": [10**6]}), 400)["param"] == "features"
-    # The calibration read sent texts, which are not kept: name them again.
-    assert error(explain(process, sae, {"features": [0]}), 400)["param"] == "texts"
+    assert error(explain(process, sae, {"features": [0], "texts": []}), 400)["param"] == "texts"
 
 
 def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrated, offline):

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
+from millm.interp.calibration_stats import pack_corpus, unpack_corpus
 from millm.interp.explain_examples import choose, fuzzed_marks, marks_per_window, windows
 from millm.interp.explain_prompts import (
     activation_line,
@@ -116,3 +118,11 @@ def test_fuzzing_marks_where_it_fired_or_a_seeded_count_of_random_tokens():
     assert sum(chosen) == 2 and chosen == fuzzed_marks(quiet, 2, np.random.default_rng([22, 5]))
     assert sum(fuzzed_marks(quiet, 9, np.random.default_rng(0))) == 6
     assert "Example 0: a<<bc>>d" in fuzzing_messages("letters", "a<<bc>>d")[-1]["content"]
+
+
+def test_a_calibrations_corpus_is_kept_exactly():
+    texts = [np.array([5, 1, 99999], np.int32), np.array([], np.int32), np.array([7], np.int32)]
+    back = unpack_corpus(json.loads(json.dumps(pack_corpus(texts))))
+    assert [t.tolist() for t in back] == [[5, 1, 99999], [], [7]]
+    with pytest.raises(ValueError):
+        unpack_corpus({**pack_corpus(texts), "lengths": [1]})

@@ -16,10 +16,11 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ValidationError, computed_field
 
 from millm.errors import Conflict
-from millm.interp.calibration_stats import PercentileTable, unpack_grids
+from millm.interp.calibration_stats import PercentileTable, unpack_corpus, unpack_grids
 from millm.interp.formats import SAEInfo
 from millm.store.calibrations import (
     CalibrationRow,
@@ -201,6 +202,14 @@ class CalibrationBook:
             range(len(stored)) if indices is None else [i for i in indices if 0 <= i < len(stored)]
         )
         return {i: FeatureFigures.model_validate(stored[i]) for i in wanted}
+
+    def corpus(self, sae_id: str, model: str) -> list[np.ndarray] | None:
+        """The token ids a calibration read from texts sent with its request (kept with it since
+        explaining came); None when none are kept. Reads the store: call it from a worker thread."""
+        row = get_calibration(self.store, sae_id, model)
+        if row is None or "corpus" not in row.figures:
+            return None
+        return unpack_corpus(row.figures["corpus"])
 
     def _stored_features(self, sae_id: str, model: str) -> list[dict] | None:
         key = (sae_id, model)

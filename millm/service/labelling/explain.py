@@ -73,8 +73,7 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
             code="sae_not_calibrated",
         )
     features = selected(state, sae_id, lm.name, request, info)
-    corpus = request_corpus(request, summary.corpus, summary.max_tokens_per_text)
-    corpus_tokens = corpus_ids(lm.tokenizer, corpus, info, lm.context_length)
+    corpus_tokens = read_corpus(state, request, summary, info, lm)
     explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer")
     scorer = writer_for(state, request.scorer or request.explainer, lm.name, lm.tokenizer, "scorer")
     if isinstance(scorer, ServedWriter):
@@ -123,26 +122,30 @@ def selected(
     return features
 
 
-def request_corpus(
-    request: ExplainRequest, calibrated_on: str, max_tokens: int
-) -> CalibrateRequest:
-    """The corpus to read: the request's, else the calibration's when it was the shipped one."""
-    if request.corpus is None and not request.texts and not request.conversations:
-        if calibrated_on != "demo":
+def read_corpus(state: ServerState, request: ExplainRequest, summary, info, lm) -> Corpus:
+    """The token ids to read: the request's corpus, else the calibration's (the shipped one, or
+    the texts its request sent, which the calibration keeps)."""
+    max_tokens = summary.max_tokens_per_text
+    if request.corpus is None and request.texts is None and request.conversations is None:
+        if summary.corpus == "demo":
+            asked = CalibrateRequest(corpus="demo", max_tokens_per_text=max_tokens)
+            return corpus_ids(lm.tokenizer, asked, info, lm.context_length)
+        kept = state.calibrations.corpus(info.id, lm.name)
+        if kept is None:
             raise InvalidRequest(
-                "the calibration read texts sent with its request, which are not kept: send the same "
-                "texts (or conversations) to explain from",
+                "this calibration was made before millm kept a calibration's texts: send the same "
+                "texts (or conversations) to explain from, or calibrate again",
                 param="texts",
             )
-        return CalibrateRequest(corpus="demo", max_tokens_per_text=max_tokens)
-    corpus = CalibrateRequest(
+        return Corpus("calibration", kept, 0)
+    asked = CalibrateRequest(
         corpus=request.corpus,
         texts=request.texts,
         conversations=request.conversations,
         max_tokens_per_text=max_tokens,
     )
-    check_source(corpus)
-    return corpus
+    check_source(asked)
+    return corpus_ids(lm.tokenizer, asked, info, lm.context_length)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from millm.errors import InvalidRequest, ModelNotLoaded
-from millm.interp.calibration_stats import Accumulator, pack_grids
+from millm.interp.calibration_stats import Accumulator, pack_corpus, pack_grids
 from millm.interp.steering import Attached
 from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
@@ -202,12 +202,11 @@ class CalibrationRun:
             sample_rate=accumulator.firing.sample_rate,
             duration_s=round(duration, 1),
         )
+        figures = {"features": features, "grids": pack_grids(arrays["grid"])}
+        if self.corpus.name == "request":  # texts sent with the request: kept to explain from
+            figures["corpus"] = pack_corpus(self.corpus.texts)
         return CalibrationRow(
-            self.attached.info.id,
-            self.model,
-            summary.model_dump(),
-            {"features": features, "grids": pack_grids(arrays["grid"])},
-            created,
+            self.attached.info.id, self.model, summary.model_dump(), figures, created
         )
 
     def _examples(self, candidates: list[tuple[int, int, float]]) -> list[dict]:

@@ -157,7 +157,8 @@ export const saes = {
   remove: (id) => del(`/api/saes/${enc(id)}`),
   /** Every label of the SAE, `{"<index>": "label"}` (the JSON export). */
   labels: (id) => get(`/api/saes/${enc(id)}/labels`),
-  search: (id, q, limit = 50) => get(`/api/saes/${enc(id)}/features`, { q, limit }),
+  search: (id, q, limit = 50, by = "text") => get(`/api/saes/${enc(id)}/features`, { q, limit, by }),
+  explain: (id, body) => post(`/api/saes/${enc(id)}/labels/explain`, body),
   feature: (id, index, k = 10) => get(`/api/saes/${enc(id)}/features/${index}`, { k }),
   calibration: (id, features) => get(`/api/saes/${enc(id)}/calibration`, { features: features?.join(",") }),
   calibrate: (id, body) => post(`/api/saes/${enc(id)}/calibrate`, body),

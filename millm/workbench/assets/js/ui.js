@@ -136,6 +136,26 @@ export function Progress({ done, total, unit }) {
     <span>${done ?? 0}/${total ?? "?"} ${unit || ""} (${pct}%)</span></span>`;
 }
 
+/** A started job, polled every second until it ends (then `onEnd(job)`), with its progress and a Cancel button. */
+export function JobProgress({ job: started, onEnd, label = "Job" }) {
+  const [job, setJob] = useState(started);
+  const poll = useAction();
+  const running = job.state === "running";
+  useEffect(() => setJob(started), [started.id]);
+  useEffect(() => {
+    if (!running) { onEnd?.(job); return undefined; }
+    const timer = setTimeout(() => poll.run(async () => setJob(await api.jobs.get(job.id))), 1000);
+    return () => clearTimeout(timer);
+  }, [job]);
+  return html`<div class="job-progress" aria-label=${label}>
+    <div class="row"><${Progress} done=${job.progress.done} total=${job.progress.total} unit=${job.progress.unit} />
+      <span class=${`badge ${job.state === "succeeded" ? "good" : job.state === "failed" ? "bad" : ""}`} data-state=${job.state}>${job.state}</span>
+      ${running ? html`<button class="danger" onClick=${() => poll.run(async () => setJob(await api.jobs.cancel(job.id)))}>Cancel</button>` : null}</div>
+    ${job.error ? html`<p class="error" role="alert">${job.error.code}: ${job.error.message}</p>` : null}
+    <${ErrorNote} error=${poll.error} />
+  </div>`;
+}
+
 const labelCache = new Map();
 /** An SAE's labels as `{index: label}` (one export request per SAE per page load; {} until it arrives or when it fails). */
 export function useLabels(sae) {

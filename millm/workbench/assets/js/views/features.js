@@ -1,10 +1,11 @@
 // Features: the ranked label search, a feature's card (#/features/<sae>/<index>: label, calibration
-// figures, top snippets, neighbours, a steer slider, "make a probe"), and the live steering table
-// (every live feature with its control, enable/disable, clear, save the live values as a profile).
+// figures, top snippets, neighbours, a steer slider, "make a probe", explanations a model wrote and
+// "explain it"), explaining a batch of features as a job, and the live steering table (every live
+// feature with its control, enable/disable, clear, save the live values as a profile).
 
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae, useServer } from "../ui.js";
+import { ErrorNote, FeatureLink, JobProgress, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae, useServer } from "../ui.js";
 
 const LIMIT = 200; // the spec's clamp on an add strength (docs/steering.md)
 const SEARCH_LIMIT = 50;
@@ -81,11 +82,12 @@ function Search({ sae, onSae }) {
   const { attached } = useServer();
   const [text, setText] = useState("");
   const [query, setQuery] = useState("");
+  const [by, setBy] = useState("text");
   useEffect(() => {
     const timer = setTimeout(() => setQuery(text.trim()), 300);
     return () => clearTimeout(timer);
   }, [text]);
-  const found = useLoad(() => (sae ? api.saes.search(sae, query, SEARCH_LIMIT) : Promise.resolve(null)), [sae, query]);
+  const found = useLoad(() => (sae ? api.saes.search(sae, query, SEARCH_LIMIT, by) : Promise.resolve(null)), [sae, query, by]);
   const result = found.value;
   const calibrated = result?.calibrated_on != null;
   return html`<${Panel} title="Search features">
@@ -93,6 +95,8 @@ function Search({ sae, onSae }) {
       ${attached.length > 1 || (sae && !attached.some((s) => s.id === sae)) ? html`<${SaePicker} value=${sae} onChange=${onSae} />` : null}
       <label class="grow">Search labels
         <input type="search" value=${text} onInput=${(e) => setText(e.target.value)} placeholder="pirate, Paris, code…" name="q" /></label>
+      <label class="inline">By <select name="by" value=${by} onChange=${(e) => setBy(e.target.value)}>
+        <option value="text">words</option><option value="meaning">meaning</option><option value="both">both</option></select></label>
       <button type="submit">Search</button>
     </form>
     ${!sae ? html`<p class="note">No SAE is attached: attach one in <a href="#/system">Models, SAEs & jobs</a>.</p>` : null}
@@ -105,6 +109,7 @@ function Search({ sae, onSae }) {
         ["Feature", (f) => html`<${FeatureLink} sae=${sae} index=${f.index} />`],
         ["Label", (f) => f.label],
         ["Score", (f) => html`<span class="num">${f.score == null ? "—" : num(f.score, 4)}</span>`],
+        ["Detection", (f) => (f.balanced_accuracy == null ? "" : html`<span class="num" title="the explanation's detection balanced accuracy">${num(f.balanced_accuracy, 2)}</span>`)],
         ...(calibrated ? [["Density", (f) => (f.frequency == null ? "—" : percent(f.frequency))]] : []),
         ["Source", (f) => html`<span class="meta">${f.source}</span>`],
       ]} /></div>` : found.loading && sae ? html`<${Note}>Searching…<//>` : null}
@@ -244,9 +249,69 @@ function FeatureCard({ sae, index, steering }) {
           ["Cosine", (n) => html`<span class="num">${num(n.cosine, 3)}</span>`],
         ]} />
 
+      <h3>Explanations <span class="meta">(written and scored by a model)</span></h3>
+      <${Explanations} sae=${sae} index=${i} explanations=${f.explanations || []} onEnd=${() => detail.reload()} />
+
       <h3>Probe</h3>
       <${MakeProbe} sae=${sae} index=${i} calibrated=${!!figure?.p90} p90=${figure?.p90} />
     ` : detail.loading && valid ? html`<${Note}>Loading #${index}…<//>` : null}
+  <//>`;
+}
+
+const score = (s) => (s ? html`<span class="num">${num(s.balanced_accuracy, 2)}</span> <span class="meta">(${s.texts} texts)</span>` : "—");
+
+/** Why a finished explaining job stored nothing for some features. */
+const Skipped = ({ job }) => (job?.result?.skipped?.length
+  ? html`<ul class="meta">${job.result.skipped.map((s) => html`<li>#${s.feature}: ${s.reason}</li>`)}</ul>` : null);
+
+/** A feature's explanations with their detection and fuzzing scores, and a button to explain it with the served model. */
+function Explanations({ sae, index, explanations, onEnd }) {
+  const act = useAction();
+  const [job, setJob] = useState(null);
+  const [ended, setEnded] = useState(null);
+  const start = () => act.run(async () => { setEnded(null); setJob(await api.saes.explain(sae, { features: [index] })); });
+  return html`<div class="explanations">
+    ${explanations.length ? html`<${Table} label="Explanations" rows=${explanations} rowKey=${(e) => e.explainer}
+      columns=${[
+        ["Explanation", (e) => html`${e.explanation}${e.flagged ? html` <span class="badge bad" title="scored under the server's threshold">flagged</span>` : null}`],
+        ["Detection", (e) => score(e.detection)],
+        ["Fuzzing", (e) => score(e.fuzzing)],
+        ["Explainer", (e) => html`<span class="meta">${e.explainer}</span>`],
+      ]} />` : html`<p class="empty">No model has explained this feature yet.</p>`}
+    <div class="row"><button onClick=${start} disabled=${act.busy || job?.state === "running"}>Explain it with the served model</button></div>
+    <${ErrorNote} error=${act.error} />
+    ${job ? html`<${JobProgress} key=${job.id} job=${job} label="Explaining job" onEnd=${(done) => { setEnded(done); onEnd(); }} />` : null}
+    <${Skipped} job=${ended} />
+  </div>`;
+}
+
+/** Explain a batch of features (the first N without a label or explanation, or the N densest) as one job. */
+function ExplainBatch({ sae }) {
+  const act = useAction();
+  const [count, setCount] = useState("8");
+  const [which, setWhich] = useState("unlabelled");
+  const [explainer, setExplainer] = useState("served");
+  const [job, setJob] = useState(null);
+  const [ended, setEnded] = useState(null);
+  const start = (e) => {
+    e.preventDefault();
+    act.run(async () => { setEnded(null); setJob(await api.saes.explain(sae, { [which]: Number(count), explainer })); });
+  };
+  return html`<${Panel} title="Explain features">
+    <p class="note">A model writes each feature's explanation from its top activating windows (EleutherAI delphi's prompts) and another pass scores it by detection and fuzzing; explanations are stored beside the labels and found by the search.</p>
+    <form class="row" onSubmit=${start} aria-label="Explain features">
+      <label class="inline">Explain the <input type="number" min="1" max="256" value=${count} onInput=${(e) => setCount(e.target.value)} name="explain-count" /></label>
+      <select name="explain-which" value=${which} onChange=${(e) => setWhich(e.target.value)}>
+        <option value="unlabelled">first unlabelled</option><option value="densest">densest</option></select>
+      <label class="inline">with <select name="explainer" value=${explainer} onChange=${(e) => setExplainer(e.target.value)}>
+        <option value="served">the served model</option><option value="endpoint">the configured endpoint</option></select></label>
+      <button type="submit" disabled=${!sae || act.busy || job?.state === "running"}>Start</button>
+    </form>
+    <${ErrorNote} error=${act.error} />
+    ${job ? html`<div><strong>${job.description}</strong> <span class="mono meta">${job.id}</span>
+      <${JobProgress} key=${job.id} job=${job} label="Explaining job" onEnd=${setEnded} /></div>` : null}
+    ${ended?.state === "succeeded" ? html`<p role="status">${ended.result.explained} explained, ${ended.result.flagged} flagged.</p>` : null}
+    <${Skipped} job=${ended} />
   <//>`;
 }
 
@@ -348,5 +413,6 @@ export default function FeaturesView({ args }) {
     ${sae && index !== undefined
       ? html`<${FeatureCard} sae=${sae} index=${index} steering=${steering} />`
       : html`<${Panel} title="Feature card"><p class="note">Open a feature from the search results to see its card and steer it.</p><//>`}
-    <div class="wide"><${LiveSteering} steering=${steering} /></div>`;
+    <div class="wide"><${LiveSteering} steering=${steering} /></div>
+    ${sae ? html`<div class="wide"><${ExplainBatch} sae=${sae} /></div>` : null}`;
 }

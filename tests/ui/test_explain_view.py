@@ -1,0 +1,104 @@
+"""Explaining features in the workbench: a batch job from the Features view with its progress bar
+and outcome, the explanations on a feature's card with their detection and fuzzing scores as the
+API has them, search by meaning's selector and the scores beside explained labels, and a card's
+"explain it" with the served model (which, random-weight, writes no explanation: the reason shows).
+
+The server has an explainer endpoint on 127.0.0.1 (tests/support/explainer_endpoint.py) and its
+SAE's shipped labels cleared, so explained features are found by their explanation."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.support.explainer_endpoint import Explainer
+from tests.ui.conftest import start_workbench
+
+# Enough windows (32 tokens each) that the densest features have more than the 20 top ones the
+# explainer reads, so held-out windows are left to score.
+TEXTS = [
+    f"The river {i} runs through Paris and meets the sea at dawn, past {i} bridges and old "
+    f"towns, where boats {i} wait for the tide and the city wakes slowly to the bells."
+    for i in range(30)
+]
+
+
+@pytest.fixture(scope="module")
+def explaining(tiny_dirs, tiny_sae, tmp_path_factory):
+    endpoint = Explainer()
+    env = {"MILLM_EXPLAINER_BASE_URL": endpoint.url, "MILLM_EXPLAINER_MODEL": "fixed"}
+    bench = start_workbench(tiny_dirs, tmp_path_factory.mktemp("ui-explain"), tiny_sae, env)
+    try:
+        assert bench.api("DELETE", f"/api/saes/{bench.sae}/labels").status_code == 200
+        started = bench.api("POST", f"/api/saes/{bench.sae}/calibrate", json={"texts": TEXTS})
+        assert started.status_code == 202, started.text
+        while bench.api("GET", f"/api/jobs/{started.json()['id']}").json()["state"] == "running":
+            time.sleep(0.1)
+        yield bench
+    finally:
+        bench.process.stop()
+        endpoint.server.shutdown()
+
+
+def test_a_batch_is_explained_with_progress_and_the_card_shows_the_scores(explaining, page):
+    bench = explaining
+    page.goto(f"{bench.url}#/features/{bench.sae}")
+    form = page.get_by_role("form", name="Explain features")
+    form.get_by_label("Explain the").fill("2")
+    form.locator("select[name=explain-which]").select_option("densest")
+    form.locator("select[name=explainer]").select_option("endpoint")
+    form.get_by_role("button", name="Start").click()
+    job = page.get_by_label("Explaining job")
+    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
+    expect(job.locator(".progress")).to_contain_text("(100%)")
+    stored = bench.api("GET", f"/api/saes/{bench.sae}/explanations").json()
+    assert len(stored) == 2
+    flagged = sum(e["flagged"] for e in stored)
+    expect(page.get_by_role("status").filter(has_text="explained")).to_have_text(
+        f"2 explained, {flagged} flagged."
+    )
+    first = stored[0]
+    page.goto(f"{bench.url}#/features/{bench.sae}/{first['feature']}")
+    table = page.get_by_role("table", name="Explanations")
+    expect(table.locator("tbody tr td").nth(0)).to_contain_text(first["explanation"])
+    shown = float(table.locator("tbody tr td").nth(1).locator(".num").inner_text())
+    assert shown == pytest.approx(first["detection"]["balanced_accuracy"], abs=0.01)
+    expect(table.locator("tbody tr td").nth(2)).to_contain_text(
+        f"({first['fuzzing']['texts']} texts)"
+    )
+    # Search: the explained features are found by their explanation, their score beside them.
+    page.get_by_label("Search labels").fill("pattern")
+    page.get_by_role("button", name="Search", exact=True).click()
+    results = page.get_by_role("table", name="Search results")
+    expect(results.locator("tbody tr")).to_have_count(2)
+    expect(results.locator("tbody tr td:nth-child(6)")).to_have_text(["explained", "explained"])
+    page.locator("select[name=by]").select_option("both")
+    expect(page.get_by_role("table", name="Search results").locator("tbody tr")).to_have_count(2)
+    if os.environ.get("MILLM_UI_SHOT"):
+        page.goto(f"{bench.url}#/features/{bench.sae}/{first['feature']}")
+        expect(page.get_by_role("table", name="Explanations")).to_be_visible()
+        page.screenshot(path=os.environ["MILLM_UI_SHOT"], full_page=True)
+
+
+def test_explaining_from_a_card_with_the_served_model_says_why_nothing_was_stored(explaining, page):
+    bench = explaining
+    fired = [
+        f["index"]
+        for f in bench.api(
+            "GET",
+            f"/api/saes/{bench.sae}/calibration",
+            params={"features": ",".join(map(str, range(128)))},
+        ).json()["features"]
+        if f["count"] > 0
+    ]
+    index = fired[-1]
+    page.goto(f"{bench.url}#/features/{bench.sae}/{index}")
+    page.get_by_role("button", name="Explain it with the served model").click()
+    job = page.get_by_label("Explaining job")
+    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
+    expect(page.locator(".explanations ul.meta")).to_have_text(
+        f"#{index}: the explainer's answer has no [EXPLANATION]: line"
+    )
