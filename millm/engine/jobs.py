@@ -288,6 +288,10 @@ class ScoringJob(JobControl):
     edit: ResidualEdit | None = None
     # Also score each prompt's own tokens (echo), with the ranking's `top` alternatives at each.
     echo: bool = False
+    # Prompts may start from what the prefix cache holds and leave their blocks in it: for many
+    # prompts sharing a long start (a scorer's few-shot chat). Unsteered, no reads, no echo only.
+    # In bf16 a restored prefix gives logits a few last bits off a whole pass's.
+    reuse_prefix: bool = False
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

@@ -218,11 +218,13 @@ class Scheduler:
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
         try:
-            outcome = (
-                run_job(self.lm, job, self.prefix_cache)
-                if isinstance(job, GenerationJob)
-                else RUNS[type(job)](self.lm, job)
-            )
+            outcome: str | None
+            if isinstance(job, GenerationJob):
+                outcome = run_job(self.lm, job, self.prefix_cache)
+            elif isinstance(job, ScoringJob):
+                outcome = run_scoring(self.lm, job, self.prefix_cache)
+            else:
+                outcome = RUNS[type(job)](self.lm, job)
             self._ended(job, backend, outcome)
         except Exception as exc:  # the job fails; the scheduler serves the next one
             job.fail(as_error(self.lm.device, exc))

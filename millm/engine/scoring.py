@@ -11,12 +11,15 @@ numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from millm.engine.jobs import Ranking, ResidualsRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
+from millm.engine.prefix_cache import KV, UNSTEERED, PrefixCache
 from millm.engine.reading import Capture, taps
+from millm.engine.runners import advance_prefill, begin_prefill
 from millm.errors import NonFiniteLogits
 
 MIN_TEMPERATURE = 0.001
@@ -101,10 +104,26 @@ def check_reported(scored: Scored, reported: int) -> None:
             raise NonFiniteLogits(f"token {token_id} is reported but its logit is -inf")
 
 
+def cached_last_logits(lm: LoadedModel, cache: PrefixCache, prompt: list[int]) -> torch.Tensor:
+    """An unsteered prompt's next-token logits `[V]`, its first positions restored from the prefix
+    cache where it holds them; its whole blocks are stored for the next prompt."""
+    chain = cache.lookup(prompt, UNSTEERED, len(prompt) - 1)
+    restored: list[KV | None] | None = [cache.restore(chain)] if chain else None
+    prefill = begin_prefill(lm.runner, [prompt], len(prompt), restored)
+    cache.record(prefill.reused[0])
+    logits = advance_prefill(lm.runner, prefill, None)
+    assert logits is not None  # one pass covers every column
+    cache.store(prompt, UNSTEERED, partial(lm.runner.row_kv, prefill.batch, 0))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
+    return logits[0]
+
+
 @torch.inference_mode()
-def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
+def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = None) -> None:
     """One forward pass per prompt (steered only by the job's own edit, which scoring never sets); emits the last-position logits of each."""
     lm.residual.clear()
+    reuse = (
+        cache if job.reuse_prefix and not job.reads and job.edit is None and not job.echo else None
+    )
     results: list[torch.Tensor] = []
     reads: list[ResidualsRead] = []
     echoed: list[Echoed] = []
@@ -119,7 +138,9 @@ def run_scoring(lm: LoadedModel, job: ScoringJob) -> None:
                     taps([(captures, 0, len(prompt))]),
                 )
             before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
-            if job.echo and not captures and len(prompt) < lm.context_length:
+            if reuse is not None:
+                last = cached_last_logits(lm, reuse, prompt)
+            elif job.echo and not captures and len(prompt) < lm.context_length:
                 # One pass over prompt + a placeholder: the last row predicts the next token.
                 every = lm.runner.prompt_logits([*prompt, 0], 1)
                 last, before = every[-1], every[:-1]

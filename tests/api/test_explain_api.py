@@ -290,6 +290,24 @@ def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
     assert error(explain(process, sae, {"features": [0], "texts": []}), 400)["param"] == "texts"
 
 
+def test_a_features_own_label_is_scored_the_same_way_and_stays(calibrated, offline, explainer):
+    process, sae = calibrated
+    feature = fired_features(offline, 1)[0]
+    label = api(process, "GET", f"/api/saes/{sae}/features/{feature}").json()["label"]
+    explainer.asked.clear()
+    body = {"features": [feature], "score_labels": True, "scorer": "endpoint", "top_examples": TOP,
+            "held_out": HELD, "quantiles": 2, "width": WIDTH}  # fmt: skip
+    job = wait_job(process, explain(process, sae, body).json()["id"])
+    assert job["state"] == "succeeded", job
+    assert explainer.asked == []  # nothing was written: the label is what is scored
+    [scored] = job["result"]["explanations"]
+    assert (scored["explanation"], scored["explainer"]) == (label, "label:sae_file")
+    assert scored["detection"]["balanced_accuracy"] == 0.5  # the endpoint says yes to everything
+    after = api(process, "GET", f"/api/saes/{sae}/features/{feature}").json()
+    assert (after["label"], after["source"]) == (label, "sae_file")
+    assert any(e["explainer"] == "label:sae_file" for e in after["explanations"])
+
+
 def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrated, offline):
     process, sae = calibrated
     body = {"features": fired_features(offline, 3), "explainer": "endpoint", "scorer": "served",

@@ -278,3 +278,34 @@ def test_a_long_prompt_joins_a_chunk_at_a_time_while_the_batch_streams(llama_lm)
     # The running row samples a token after every chunk (give or take the step the job was
     # admitted in): it never waits for the whole prefill.
     assert marks["joined"] - marks["submitted"] >= chunks - 1, (chunks, marks)
+
+
+def test_a_scoring_job_that_reuses_prefixes_gives_a_whole_passs_logits(llama_lm):
+    """Many prompts sharing a long start (a scorer's few-shot chat): each scored from the cached
+    start gives the next-token logits of a pass over the whole prompt (1e-5), and a job that does
+    not ask never touches the cache."""
+    from millm.engine.jobs import ScoresReady, ScoringJob
+    from millm.engine.scoring import run_scoring
+
+    shared = prompt(llama_lm)
+    prompts = [shared + prompt_ids(llama_lm, tail)[1:] for tail in ("the cat", "a dog ran", "x")]
+
+    def scored(cache, reuse):
+        answers: list[ScoresReady] = []
+        run_scoring(
+            llama_lm, ScoringJob(prompts=prompts, emit=answers.append, reuse_prefix=reuse), cache
+        )
+        return answers[0].logits
+
+    whole = scored(None, False)
+    untouched = PrefixCache(BIG)
+    scored(untouched, False)
+    assert untouched.counters.lookups == 0 and untouched.bytes == 0
+    cache = PrefixCache(BIG)
+    reused = scored(cache, True)
+    assert (
+        cache.counters.hits == 2
+    )  # the first prompt stored the shared blocks, the others took them
+    assert cache.counters.tokens_reused == 2 * (len(shared) // BLOCK_TOKENS) * BLOCK_TOKENS
+    for a, b in zip(reused, whole, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), float((a - b).abs().max())

@@ -223,7 +223,16 @@ class ExplainRun:
     def _strings(self, window: Window) -> list[str]:
         return [self.tokenizer.decode([token]) for token in window.tokens]
 
-    def _explain(self, feature: int, examples: Examples, handle: JobHandle) -> dict:
+    def _written(
+        self, feature: int, examples: Examples, handle: JobHandle
+    ) -> tuple[str, str] | dict:
+        """(explanation, who wrote it): the explainer's, or with `score_labels` the feature's own
+        label; else why there is none (a skipped entry)."""
+        if self.request.score_labels:
+            entry = self.state.labels.entries(self.attached.info.id).get(feature)
+            if entry is None:
+                return {"feature": feature, "reason": "it has no label to score"}
+            return str(entry["label"]), f"label:{entry['source']}"
         peak = examples.top[0].peak
         shown = [(self._strings(w), list(w.activations)) for w in examples.top]
         answer = self.explainer.write(
@@ -237,6 +246,13 @@ class ExplainRun:
                 "reason": "the explainer's answer has no [EXPLANATION]: line",
                 "answer": answer[:500],
             }
+        return explanation, self.explainer.name
+
+    def _explain(self, feature: int, examples: Examples, handle: JobHandle) -> dict:
+        written = self._written(feature, examples, handle)
+        if isinstance(written, dict):
+            return written
+        explanation, author = written
         activating = [self._strings(w) for w in examples.activating]
         quiet = [self._strings(w) for w in examples.quiet]
         scores: dict[str, BalancedScore | None] = {}
@@ -267,10 +283,8 @@ class ExplainRun:
             "examples": len(examples.top),
             "model": self.model,
         }
-        self.state.labels.explain(
-            self.attached.info.id, feature, self.explainer.name, explanation, detail
-        )
-        return {"feature": feature, "explanation": explanation, **detail}
+        self.state.labels.explain(self.attached.info.id, feature, author, explanation, detail)
+        return {"feature": feature, "explanation": explanation, "explainer": author, **detail}
 
     def _score(
         self, chats: list[Messages], activating: int, handle: JobHandle

@@ -68,6 +68,10 @@ class ExplainRequest(BaseModel):
     seed: int = Field(
         22, description="Seeds the held-out draws and the fuzzed marks (delphi's default)."
     )
+    score_labels: bool = Field(
+        False,
+        description="Score each feature's own label (a file's or a user's) the same way instead of writing an explanation; stored as an explanation by label:<source>, the label untouched.",
+    )
     scoring: list[Literal["detection", "fuzzing"]] = Field(
         ["detection", "fuzzing"],
         min_length=1,

@@ -87,7 +87,10 @@ class ServedWriter:
         bracket = self.tokenizer("[", add_special_tokens=False)["input_ids"]
         prompts = [chat_prompt_ids(self.tokenizer, chat) + bracket for chat in chats]
         ranking = Ranking((one, zero), 0.0, None)
-        answered = passes_blocking(self.state, self.model, prompts, ranking=ranking, cancel=cancel)
+        # Every chat starts with the same few-shot turns: the prefix cache keeps their KV.
+        answered = passes_blocking(
+            self.state, self.model, prompts, ranking=ranking, cancel=cancel, reuse_prefix=True
+        )
         if answered is None:
             return [None] * len(chats)
         out: list[float | None] = []

@@ -102,11 +102,20 @@ def passes_blocking(
     ranking: Ranking | None = None,
     edit: ResidualEdit | None = None,
     cancel: threading.Event | None = None,
+    reuse_prefix: bool = False,
 ) -> ScoresReady | None:
     """One forward pass per prompt on the scheduler thread (unsteered unless `edit`), with `reads`
-    captured and encoded there; None when `cancel` was set before it finished."""
+    captured and encoded there; None when `cancel` was set before it finished. `reuse_prefix`:
+    prompts may start from the prefix cache (ScoringJob.reuse_prefix)."""
     collector = _Collector()
-    job = ScoringJob(prompts=prompts, emit=collector.emit, reads=reads, ranking=ranking, edit=edit)
+    job = ScoringJob(
+        prompts=prompts,
+        emit=collector.emit,
+        reads=reads,
+        ranking=ranking,
+        edit=edit,
+        reuse_prefix=reuse_prefix,
+    )
     _run(state, model, job, collector, cancel)
     return collector.scores
 
