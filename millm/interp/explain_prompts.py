@@ -123,12 +123,13 @@ def explainer_messages(examples: list[tuple[list[str], list[float]]], peak: floa
 
 
 def parsed_explanation(answer: str) -> str | None:
-    """The text after the answer's `[EXPLANATION]:` tag, or None when it has none (or nothing after it)."""
+    """The first line of text after the answer's `[EXPLANATION]:` tag (delphi asks for one line),
+    or None when it has none (or nothing after it)."""
     match = EXPLANATION.search(answer)
     if match is None:
         return None
-    text = match.group(1).strip()
-    return text or None
+    lines = [line.strip() for line in match.group(1).strip().splitlines()]
+    return lines[0] if lines and lines[0] else None
 
 
 def detection_messages(explanation: str, text: str) -> Messages:

@@ -431,7 +431,7 @@ def test_explaining_over_mcp_starts_a_job_that_get_job_follows(server, sae):
     assert calibrating.status_code == 202, calibrating.text
     while call(server, "get_job", job_id=calibrating.json()["id"])["state"] == "running":
         time.sleep(0.1)
-    started = call(server, "explain_features", sae_id=sae, densest=2, texts=texts, width=8)
+    started = call(server, "explain_features", sae_id=sae, densest=2, width=8, answer_start=False)
     assert started["kind"] == "explain" and started["state"] == "running"
     while (job := call(server, "get_job", job_id=started["id"]))["state"] == "running":
         time.sleep(0.1)

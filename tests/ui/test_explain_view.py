@@ -83,7 +83,7 @@ def test_a_batch_is_explained_with_progress_and_the_card_shows_the_scores(explai
         page.screenshot(path=os.environ["MILLM_UI_SHOT"], full_page=True)
 
 
-def test_explaining_from_a_card_with_the_served_model_says_why_nothing_was_stored(explaining, page):
+def test_explaining_from_a_card_with_the_served_model_shows_what_it_stored(explaining, page):
     bench = explaining
     fired = [
         f["index"]
@@ -99,6 +99,13 @@ def test_explaining_from_a_card_with_the_served_model_says_why_nothing_was_store
     page.get_by_role("button", name="Explain it with the served model").click()
     job = page.get_by_label("Explaining job")
     expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
-    expect(page.locator(".explanations ul.meta")).to_have_text(
-        f"#{index}: the explainer's answer has no [EXPLANATION]: line"
-    )
+    ended = bench.api("GET", "/api/jobs").json()["data"][0]
+    assert ended["kind"] == "explain" and ended["state"] == "succeeded"
+    # The random-weight model writes something after "[EXPLANATION]:", or nothing: either shows.
+    if ended["result"]["explained"]:
+        written = ended["result"]["explanations"][0]["explanation"]
+        table = page.get_by_role("table", name="Explanations")
+        expect(table.locator("tbody tr").filter(has_text="served:")).to_contain_text(written)
+    else:
+        reason = ended["result"]["skipped"][0]["reason"]
+        expect(page.locator(".explanations ul.meta")).to_have_text(f"#{index}: {reason}")

@@ -81,6 +81,7 @@ def test_the_explanation_is_the_text_after_its_tag():
     assert parsed_explanation("Step 1...\n[EXPLANATION]: Comparative adjectives.\n") == (
         "Comparative adjectives."
     )
+    assert parsed_explanation("[EXPLANATION]: Rivers.\nThey flow.") == "Rivers."
     assert parsed_explanation("no tag here") is None
     assert parsed_explanation("[EXPLANATION]:   ") is None
 
@@ -104,6 +105,11 @@ def test_balanced_accuracy_is_the_mean_of_both_rates_over_answered_texts():
     assert score.true_negative_rate == pytest.approx(1 / 2)
     assert score.balanced_accuracy == pytest.approx((2 / 3 + 1 / 2) / 2)
     assert (score.texts, score.activating, score.quiet, score.failed) == (5, 3, 2, 1)
+    # AUC: of the 3 x 2 (positive, negative) pairs, the positive has the larger probability in
+    # (0.9 > 0.1, 0.9 > 0.7, 0.4 > 0.1, 0.5 > 0.1): 4 of 6.
+    assert score.auc == pytest.approx(4 / 6)
+    biased = balanced_score([Judged(True, 0.9), Judged(True, 0.8), Judged(False, 0.7)])
+    assert biased.balanced_accuracy == 0.5 and biased.auc == 1.0
     always = balanced_score([Judged(True, 1.0), Judged(False, 1.0)])
     assert always.balanced_accuracy == 0.5
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from millm.service.composition import ServerState
 
 SELECTIONS = ("features", "range", "unlabelled", "densest")
+ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
 
 
 def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -> JobView:
@@ -236,16 +237,20 @@ class ExplainRun:
         peak = examples.top[0].peak
         shown = [(self._strings(w), list(w.activations)) for w in examples.top]
         answer = self.explainer.write(
-            explainer_messages(shown, peak), self.request.max_tokens, handle.cancel_event
+            explainer_messages(shown, peak),
+            self.request.max_tokens,
+            handle.cancel_event,
+            ANSWER_START if self.request.answer_start else "",
         )
         handle.check()
         explanation = parsed_explanation(answer)
         if explanation is None:
-            return {
-                "feature": feature,
-                "reason": "the explainer's answer has no [EXPLANATION]: line",
-                "answer": answer[:500],
-            }
+            reason = (
+                "the explainer wrote nothing after [EXPLANATION]:"
+                if ANSWER_START in answer
+                else "the explainer's answer has no [EXPLANATION]: line"
+            )
+            return {"feature": feature, "reason": reason, "answer": answer[:500]}
         return explanation, self.explainer.name
 
     def _explain(self, feature: int, examples: Examples, handle: JobHandle) -> dict:

@@ -68,6 +68,10 @@ class ExplainRequest(BaseModel):
     seed: int = Field(
         22, description="Seeds the held-out draws and the fuzzed marks (delphi's default)."
     )
+    answer_start: bool = Field(
+        True,
+        description="Begin the served explainer's answer with delphi's '[EXPLANATION]:' tag and take the line it writes (small models seldom write the tag themselves); false asks as delphi does.",
+    )
     score_labels: bool = Field(
         False,
         description="Score each feature's own label (a file's or a user's) the same way instead of writing an explanation; stored as an explanation by label:<source>, the label untouched.",

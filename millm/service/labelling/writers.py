@@ -39,8 +39,10 @@ class Writer(Protocol):
         """Provenance: 'served:<model>' or 'endpoint:<model>'."""
         ...
 
-    def write(self, messages: Messages, max_tokens: int, cancel: threading.Event) -> str:
-        """The chat's greedy answer."""
+    def write(
+        self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
+    ) -> str:
+        """The chat's greedy answer; the served model's begins with `start` (an endpoint ignores it)."""
         ...
 
     def yes(self, chats: list[Messages], cancel: threading.Event) -> list[float | None]:
@@ -74,13 +76,19 @@ class ServedWriter:
     def name(self) -> str:
         return f"served:{self.model}"
 
-    def write(self, messages: Messages, max_tokens: int, cancel: threading.Event) -> str:
+    def write(
+        self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
+    ) -> str:
+        # An answer begun with `start` is continued (chat_prompt_ids continues a trailing
+        # assistant message), up to the end of its line.
+        asked = [*messages, {"role": "assistant", "content": start}] if start else messages
         row = RowSpec(
-            prompt_ids=tuple(chat_prompt_ids(self.tokenizer, messages)),
+            prompt_ids=tuple(chat_prompt_ids(self.tokenizer, asked)),
             sampling=SamplingParams(temperature=0.0),
             max_tokens=max_tokens,
+            stop=("\n",) if start else (),
         )
-        return generate_blocking(self.state, self.model, [row], cancel=cancel)[0].text
+        return start + generate_blocking(self.state, self.model, [row], cancel=cancel)[0].text
 
     def yes(self, chats: list[Messages], cancel: threading.Event) -> list[float | None]:
         one, zero = digit_ids(self.tokenizer)
@@ -127,7 +135,9 @@ class EndpointWriter:
             )
         return response.json()
 
-    def write(self, messages: Messages, max_tokens: int, cancel: threading.Event) -> str:
+    def write(
+        self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
+    ) -> str:
         answer = self._ask({"messages": messages, "max_tokens": max_tokens, "temperature": 0})
         return str(((answer.get("choices") or [{}])[0].get("message") or {}).get("content") or "")
 
