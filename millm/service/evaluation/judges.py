@@ -21,7 +21,7 @@ import httpx
 
 from millm.engine.jobs import Ranking
 from millm.engine.prompts import chat_prompt_ids
-from millm.errors import GenerationFailed, InvalidRequest
+from millm.errors import InvalidRequest
 from millm.service.evaluation.likelihood_judge import LikelihoodJudge
 from millm.service.evaluation.scales import (
     DIGITS,
@@ -32,6 +32,7 @@ from millm.service.evaluation.scales import (
     questions,
 )
 from millm.service.runtime.blocking import passes_blocking
+from millm.service.runtime.remote import post_json
 
 REMOTE_TIMEOUT_S = 60.0
 REMOTE_TOP = 20  # OpenAI's most alternatives per token
@@ -138,17 +139,7 @@ class RemoteJudge(DigitJudge):
             "logprobs": True,
             "top_logprobs": REMOTE_TOP,
         }
-        try:
-            response = client.post(self.url, json=body)
-        except httpx.HTTPError as exc:
-            raise GenerationFailed(
-                f"the remote judge at {self.url} could not be reached: {exc}"
-            ) from None
-        if response.status_code != 200:
-            raise GenerationFailed(
-                f"the remote judge at {self.url} answered {response.status_code}: {response.text[:300]}"
-            )
-        return read_remote(response.json())
+        return read_remote(post_json(client, self.url, body, "remote judge"))
 
 
 def read_remote(answer: dict) -> float | None:

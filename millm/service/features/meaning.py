@@ -21,9 +21,10 @@ from typing import Protocol
 import httpx
 import numpy as np
 
-from millm.errors import GenerationFailed, ModelNotLoaded
+from millm.errors import ModelNotLoaded
 from millm.service.features.label_search import FeatureMatch
 from millm.service.runtime.blocking import embed_blocking
+from millm.service.runtime.remote import post_json
 from millm.service.serving.prompts import embedding_inputs
 
 RRF_K = 60  # the usual constant of reciprocal rank fusion
@@ -85,17 +86,9 @@ class EndpointEmbedder:
         with httpx.Client(timeout=ENDPOINT_TIMEOUT_S, headers=self.headers) as client:
             for start in range(0, len(texts), ENDPOINT_BATCH):
                 batch = texts[start : start + ENDPOINT_BATCH]
-                try:
-                    response = client.post(self.url, json={"model": self.model, "input": batch})
-                except httpx.HTTPError as exc:
-                    raise GenerationFailed(
-                        f"the embeddings endpoint at {self.url} could not be reached: {exc}"
-                    ) from None
-                if response.status_code != 200:
-                    raise GenerationFailed(
-                        f"the embeddings endpoint at {self.url} answered {response.status_code}: {response.text[:300]}"
-                    )
-                data = sorted(response.json()["data"], key=lambda item: item["index"])
+                body = {"model": self.model, "input": batch}
+                answer = post_json(client, self.url, body, "embeddings endpoint")
+                data = sorted(answer["data"], key=lambda item: item["index"])
                 out += [item["embedding"] for item in data]
         return np.asarray(out, dtype=np.float32)
 

@@ -21,9 +21,10 @@ import httpx
 from millm.engine.jobs import Ranking, RowSpec
 from millm.engine.prompts import chat_prompt_ids
 from millm.engine.sampling import SamplingParams
-from millm.errors import GenerationFailed, InvalidRequest
+from millm.errors import InvalidRequest
 from millm.interp.explain_prompts import Messages
 from millm.service.runtime.blocking import generate_blocking, passes_blocking
+from millm.service.runtime.remote import post_json
 
 ENDPOINT_TIMEOUT_S = 120.0
 ENDPOINT_TOP = 5  # delphi asks for 5 alternatives per token
@@ -122,18 +123,8 @@ class EndpointWriter:
         return f"endpoint:{self.model}"
 
     def _ask(self, body: dict) -> dict:
-        try:
-            with httpx.Client(timeout=ENDPOINT_TIMEOUT_S, headers=self.headers) as client:
-                response = client.post(self.url, json={"model": self.model, **body})
-        except httpx.HTTPError as exc:
-            raise GenerationFailed(
-                f"the explainer endpoint at {self.url} could not be reached: {exc}"
-            ) from None
-        if response.status_code != 200:
-            raise GenerationFailed(
-                f"the explainer endpoint at {self.url} answered {response.status_code}: {response.text[:300]}"
-            )
-        return response.json()
+        with httpx.Client(timeout=ENDPOINT_TIMEOUT_S, headers=self.headers) as client:
+            return post_json(client, self.url, {"model": self.model, **body}, "explainer endpoint")
 
     def write(
         self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
