@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 SELECTIONS = ("features", "range", "unlabelled", "densest")
 ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
+# The job keeps every chosen feature's activation at every corpus token (float32): its bound.
+ACTIVATIONS_BYTES = 256 << 20
 
 
 def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -> JobView:
@@ -75,6 +77,14 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
         )
     features = selected(state, sae_id, lm.name, request, info)
     corpus_tokens = read_corpus(state, request, summary, info, lm)
+    held = corpus_tokens.tokens * len(features) * 4  # float32 activations the job keeps
+    if held > ACTIVATIONS_BYTES:
+        param = next(name for name in SELECTIONS if getattr(request, name) is not None)
+        raise InvalidRequest(
+            f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
+            f"{held >> 20} MiB of activations (at most {ACTIVATIONS_BYTES >> 20} MiB); explain fewer features at a time",
+            param=param,
+        )
     explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer")
     scorer = writer_for(state, request.scorer or request.explainer, lm.name, lm.tokenizer, "scorer")
     if isinstance(scorer, ServedWriter):
