@@ -52,7 +52,6 @@ from millm.service.training.corpus import CalibrateRequest, Corpus, check_source
 if TYPE_CHECKING:
     from millm.service.composition import ServerState
 
-SELECTIONS = ("features", "range", "unlabelled", "densest")
 ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
 # The job keeps every chosen feature's activation at every corpus token (float32): its bound.
 ACTIVATIONS_BYTES = 256 << 20
@@ -79,7 +78,7 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     corpus_tokens = read_corpus(state, request, summary, info, lm)
     held = corpus_tokens.tokens * len(features) * 4  # float32 activations the job keeps
     if held > ACTIVATIONS_BYTES:
-        param = next(name for name in SELECTIONS if getattr(request, name) is not None)
+        param = request.selection
         raise InvalidRequest(
             f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
             f"{held >> 20} MiB of activations (at most {ACTIVATIONS_BYTES >> 20} MiB); explain fewer features at a time",
@@ -104,7 +103,7 @@ def selected(
     state: ServerState, sae_id: str, model: str, request: ExplainRequest, info
 ) -> list[int]:
     """The features the request names, checked against the SAE's width and the server's cap."""
-    param = next(name for name in SELECTIONS if getattr(request, name) is not None)
+    param = request.selection
     if request.features is not None:
         features = list(dict.fromkeys(request.features))
     elif request.range is not None:

@@ -12,6 +12,7 @@ from millm.store.explanations import ExplanationRow
 MAX_TOP_EXAMPLES = 40  # delphi's n_examples_train
 MAX_HELD_OUT = 50  # delphi's n_examples_test
 Who = Literal["served", "endpoint"]
+SELECTIONS = ("features", "range", "unlabelled", "densest")  # the ways to name the features
 
 
 class FeatureRange(BaseModel):
@@ -88,13 +89,14 @@ class ExplainRequest(BaseModel):
     texts: list[Annotated[str, Field(min_length=1)]] | None = None
     conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = None
 
+    @property
+    def selection(self) -> str:
+        """The field that names the features (exactly one does)."""
+        return next(k for k in SELECTIONS if getattr(self, k) is not None)
+
     @model_validator(mode="after")
     def _one_selection(self) -> ExplainRequest:
-        named = [
-            k
-            for k in ("features", "range", "unlabelled", "densest")
-            if getattr(self, k) is not None
-        ]
+        named = [k for k in SELECTIONS if getattr(self, k) is not None]
         if len(named) != 1:
             raise ValueError(
                 "name the features one way: features, range, unlabelled or densest"
