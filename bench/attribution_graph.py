@@ -14,7 +14,10 @@ reference in the same run is one served forward pass of the same prompt (the run
 prompt_logits).
 
     .venv/bin/python bench/attribution_graph.py [--dtype bfloat16] [--nodes 64 128 256] [--long 64] [--repeats 3]
-        [--sources sae|transcoders]
+        [--sources sae|transcoders] [--integrated-gradients 0 8] [--prompts short long]
+
+With --integrated-gradients, each budget runs once per number of steps (0: gradient x
+activation), so the check's correlation can be read beside the default's.
 """
 
 from __future__ import annotations
@@ -93,11 +96,13 @@ def demo(dtype: str, kind: str):
     return lm, [Source("demo", read_saelens(DEMO_SAE)[1], 12, "resid")]
 
 
-def graph_once(lm, given: list[Source], prompt: list[int], target: Target, nodes: int):
+def graph_once(
+    lm, given: list[Source], prompt: list[int], target: Target, nodes: int, steps: int = 0
+):
     """One graph as the service computes it (a fresh replacement model: its weights copy included)."""
     model = ReplacementModel(lm.runner.layout)
     sources = [plain_source(source, model.dtype) for source in given]
-    tracer = Tracer(model, prompt, sources, target, Budget(nodes))
+    tracer = Tracer(model, prompt, sources, target, Budget(nodes), steps=steps)
     tracer.start()
     while tracer.expand():
         pass
@@ -108,7 +113,9 @@ def graph_once(lm, given: list[Source], prompt: list[int], target: Target, nodes
     return graph, checked
 
 
-def measure(dtype: str, kind: str, text: str, cut: int, nodes: int, repeats: int) -> tuple:
+def measure(
+    dtype: str, kind: str, text: str, cut: int, nodes: int, repeats: int, steps: int = 0
+) -> tuple:
     """In a fresh process (so the peak is this configuration's alone): the forward's median time,
     the graph's median time, the features expanded, the peak memory above the loaded model, r."""
     lm, sources = demo(dtype, kind)
@@ -124,7 +131,7 @@ def measure(dtype: str, kind: str, text: str, cut: int, nodes: int, repeats: int
     with Peak() as peak:
         for _ in range(repeats):
             started = time.perf_counter()
-            graph, checked = graph_once(lm, sources, prompt, Target((top,), (1.0,)), nodes)
+            graph, checked = graph_once(lm, sources, prompt, Target((top,), (1.0,)), nodes, steps)
             times.append(time.perf_counter() - started)
     return (
         len(prompt),
@@ -143,26 +150,39 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sources", choices=["sae", "transcoders"], default="sae")
+    parser.add_argument(
+        "--integrated-gradients",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="integrated gradients' steps per point (0: gradient x activation); one row each",
+    )
+    parser.add_argument(
+        "--prompts", nargs="+", choices=["short", "long"], default=["short", "long"]
+    )
     args = parser.parse_args()
     what = "demo SAE after block 12" if args.sources == "sae" else "demo transcoder set (30 blocks)"
     print(f"demo model ({args.dtype}), {what}; {torch.get_num_threads()} threads")
     print(
-        "| prompt | tokens | nodes | forward (ms) | graph + check (s) | expanded | peak memory (MiB) | check r |"
+        "| prompt | tokens | nodes | IG steps | forward (ms) | graph + check (s) | expanded | peak memory (MiB) | check r |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     context = multiprocessing.get_context("spawn")
-    for name, text, cut in (("short", SHORT, 10_000), ("long", PARAGRAPH, args.long)):
+    prompts = {"short": (SHORT, 10_000), "long": (PARAGRAPH, args.long)}
+    for name in args.prompts:
+        text, cut = prompts[name]
         for nodes in args.nodes:
-            with context.Pool(1) as pool:
-                tokens, forward, graph, expanded, peak, r = pool.apply(
-                    measure, (args.dtype, args.sources, text, cut, nodes, args.repeats)
+            for steps in args.integrated_gradients:
+                with context.Pool(1) as pool:
+                    tokens, forward, graph, expanded, peak, r = pool.apply(
+                        measure, (args.dtype, args.sources, text, cut, nodes, args.repeats, steps)
+                    )
+                shown = "—" if r is None else f"{r:.2f}"
+                print(
+                    f"| {name} | {tokens} | {nodes} | {steps} | {1000 * forward:.0f} | {graph:.2f} | "
+                    f"{expanded} | {peak / 2**20:.0f} | {shown} |",
+                    flush=True,
                 )
-            shown = "—" if r is None else f"{r:.2f}"
-            print(
-                f"| {name} | {tokens} | {nodes} | {1000 * forward:.0f} | {graph:.2f} | {expanded} | "
-                f"{peak / 2**20:.0f} | {shown} |",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from millm.interp.attribution.integrated import MAX_STEPS
 from millm.protocol.discovery import (
     ReadOne,
     Steering,
@@ -58,6 +59,10 @@ class AttributionRequest(ReadOne):
     verify: Annotated[int, Field(ge=0, le=MAX_VERIFIED)] = Field(
         8,
         description="Top feature nodes ablated on the served model to check the graph's predictions.",
+    )
+    integrated_gradients: Annotated[int, Field(ge=0, le=MAX_STEPS)] = Field(
+        0,
+        description="Steps of integrated gradients along each source's path (0: gradient x activation); an attribution-patching graph only (a transcoder on every block is linear already).",
     )
     steering: Steering = None
 
@@ -144,7 +149,7 @@ class AttributionGraph(BaseModel):
     object: Literal["attribution_graph"] = "attribution_graph"
     id: str
     model: str
-    method: Literal["transcoders", "attribution patching", "imported"]
+    method: Literal["transcoders", "attribution patching", "integrated gradients", "imported"]
     steered: bool
     steering: SteeringUsed
     tokens: list[TokenRead]

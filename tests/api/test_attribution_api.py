@@ -410,3 +410,50 @@ def test_a_cross_layer_transcoder_gives_an_exact_checked_graph(server, layout):
             post(server, f"/api/saes/{entry['sae_id']}/detach", {})
     api(server, "DELETE", "/api/profiles/clt")
     assert api(server, "DELETE", f"/api/transcoders/{found['id']}").json()["deleted"] is True
+
+
+def test_integrated_gradients_give_the_tracers_graph_and_are_refused_where_exact(server, llama_lm):
+    """`integrated_gradients` through the server is the in-process tracer's graph with as many
+    steps on the same SAE and weights (edge for edge), checked like any graph; out of range, or on
+    a transcoder set on every block (linear between nodes: nothing to integrate), it is a 400
+    naming the field."""
+    from millm.interp.attribution.graph import INTEGRATED, Budget, Target, Tracer
+    from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
+    from millm.interp.formats import read_saelens
+    from millm.service.attribution.answer import node_ids
+    from tests.support.server import TEST_ROOT
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    body = {"text": TEXT, "max_feature_nodes": 48, "integrated_gradients": 6, "verify": 4}
+    answer = post(server, "/api/attribution", body)
+    assert answer.status_code == 200, answer.text
+    graph = answer.json()
+    assert graph["method"] == INTEGRATED == "integrated gradients"
+    assert len(graph["verification"]["nodes"]) == 4
+
+    ids = [t["token_id"] for t in graph["tokens"]]
+    _, sae = read_saelens(server.sae_dir)
+    model = ReplacementModel(llama_lm.runner.layout)
+    source = plain_source(Source(server.sae, sae, 1, "resid"), torch.float32)
+    target = Target(tuple(graph["target"]["token_ids"]), (1.0,))
+    tracer = Tracer(model, ids, [source], target, Budget(48), steps=6)
+    tracer.start()
+    while tracer.expand():
+        pass
+    mine = tracer.finish()
+    index = {node: i for i, node in enumerate(node_ids(mine, 3))}
+    assert graph["edges"]
+    for edge in graph["edges"]:
+        want = float(mine.adjacency[index[edge["target"]], index[edge["source"]]])
+        assert edge["weight"] == pytest.approx(want, abs=1e-4), edge
+
+    found = error(post(server, "/api/attribution", {"text": TEXT, "integrated_gradients": 33}), 400)
+    assert found["param"] == "integrated_gradients"
+    directory = build_transcoder_set(TEST_ROOT / "transcoders-ig", seed=12)
+    registered = post(server, "/api/transcoders", {"path": str(directory)})
+    assert registered.status_code == 201, registered.text
+    tc = registered.json()["id"]
+    exact = {"text": TEXT, "transcoders": tc, "integrated_gradients": 8}
+    found = error(post(server, "/api/attribution", exact), 400)
+    assert found["param"] == "integrated_gradients" and "exact" in found["message"]
+    api(server, "DELETE", f"/api/transcoders/{tc}")

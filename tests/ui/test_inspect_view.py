@@ -256,6 +256,23 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
     assert {n["node_id"] for n in exported["nodes"]} >= {top["id"]}
 
 
+def test_a_graph_with_integrated_gradients_says_so_and_draws_the_apis_graph(workbench, page):
+    page.goto(f"{workbench.url}#/inspect")
+    form = page.get_by_role("form", name="Attribution graph")
+    form.get_by_label("Text").fill("The river runs")
+    form.get_by_label("Features expanded").fill("8")
+    form.get_by_label("Gradients").select_option(label="integrated, 8 steps")
+    form.get_by_role("button", name="Trace").click()
+    summary = page.get_by_label("Graph summary")
+    expect(summary).to_contain_text("· integrated gradients ·")
+    body = {"text": "The river runs", "max_feature_nodes": 8, "integrated_gradients": 8}
+    graph = workbench.api("POST", "/api/attribution", json=body).json()
+    features = [n for n in graph["nodes"] if n["kind"] == "feature"]
+    picture = page.get_by_role("img", name="Attribution graph")
+    expect(picture.locator("circle.feature")).to_have_count(len(features))
+    expect(summary).to_contain_text(f"{graph['expanded_features']} features expanded")
+
+
 def test_a_registered_transcoder_set_is_a_source_to_trace_from(workbench, page):
     """The source picker lists the registered sets; a graph traced from one is the exact kind;
     a feature's card attaches its block's transcoder file as an SAE, then links to its feature

@@ -17,7 +17,9 @@ MLP output of each block from its own on), an error node (source, position) its 
 token its embedding; a row's entries are those writes dotted with the gradient of the row's node
 at the place each is written (summed over a feature's places). A feature's own value is its pre-activation; the target's is
 Σ c_i·(logit_i − mean logit) at the last position (circuit-tracer's demeaned logit, so a
-difference of two logits is c = (1, −1)).
+difference of two logits is c = (1, −1)). With `steps` of integrated gradients (an
+attribution-patching graph only) the gradient at each source is averaged along its path
+(integrated.py) instead of taken at the pass.
 """
 
 from __future__ import annotations
@@ -27,13 +29,24 @@ from dataclasses import dataclass, field
 import torch
 
 from millm.engine.residual import ResidualEdit
+from millm.interp.attribution.integrated import path_gradients, point_totals
 from millm.interp.attribution.pruning import Pruned, partial_influence, prune, scores
-from millm.interp.attribution.replacement import ReplacementModel, Source, Trace
+from millm.interp.attribution.replacement import Held, ReplacementModel, Source, Trace
 
 EXACT = (
     "transcoders"  # every MLP replaced: the graph is the linearised model's exact direct effects
 )
 PATCHING = "attribution patching"  # some computation left non-linear: gradient x activation
+INTEGRATED = "integrated gradients"  # the same, each point's gradient averaged along its path
+
+
+def method_of(sources: list[Source], blocks: int, steps: int = 0) -> str:
+    """EXACT when every block's MLP has a transcoder and nothing else is a source; else
+    attribution patching, INTEGRATED with `steps` of integrated gradients."""
+    mlp = {s.layer for s in sources if s.site == "mlp"}
+    if len(mlp) == blocks and len(mlp) == len(sources):
+        return EXACT
+    return INTEGRATED if steps else PATCHING
 
 
 @dataclass(frozen=True)
@@ -152,7 +165,10 @@ class Tracer:
     target: Target
     budget: Budget
     edit: ResidualEdit | None = None
+    steps: int = 0  # integrated gradients' steps per point (0: the pass's own gradients)
     trace: Trace | None = None
+    held: Held | None = None  # the pass's held writes, replayed along the integrated paths
+    totals: list[torch.Tensor | None] | None = None  # per injection point, what its nodes write
     nodes: _Nodes | None = None
     rows: list[torch.Tensor] = field(default_factory=list)
     row_nodes: list[int] = field(default_factory=list)
@@ -172,16 +188,18 @@ class Tracer:
 
     @property
     def method(self) -> str:
-        """EXACT when every block's MLP has a transcoder and nothing else is a source."""
-        blocks = {s.layer for s in self.sources if s.site == "mlp"}
-        exact = len(blocks) == len(self.model.layout.blocks) and len(blocks) == len(self.sources)
-        return EXACT if exact else PATCHING
+        """How the edges are computed (method_of)."""
+        return method_of(self.sources, len(self.model.layout.blocks), self.steps)
 
     def start(self) -> None:
         """The replacement pass and the target's row."""
         with torch.inference_mode(False), torch.enable_grad():
-            self.trace = self.model.trace(self.prompt, 1, self.sources, self.edit)
+            self.held = Held() if self.method == INTEGRATED else None
+            self.trace = self.model.trace(self.prompt, 1, self.sources, self.edit, self.held)
             self.nodes = _Nodes.of(self.trace)
+            if self.held is not None:
+                found = self.nodes
+                self.totals = point_totals(self.trace, found.positions, found.writes, found.lands)
             self.expanded = torch.zeros(len(self.nodes.features), dtype=torch.bool)
             self.rows.append(self._rows([None])[0])
             self.row_nodes.append(self.columns)  # the target's own index comes after every source
@@ -254,12 +272,12 @@ class Tracer:
             replacement_score=replacement,
             completeness_score=completeness,
         )
-        self.trace = None  # the pass and its autograd graph are freed here, on this thread
+        self.drop()  # the pass and its autograd graph are freed here, on this thread
         return graph
 
     def drop(self, lm: object = None) -> None:
         """Let the pass go without a graph (a cancelled request); on the scheduler thread."""
-        self.trace = None
+        self.trace, self.held, self.totals = None, None, None
 
     def _influence(self) -> torch.Tensor:
         rows = torch.stack(self.rows).double()
@@ -284,22 +302,7 @@ class Tracer:
             pre = trace.sources[feature.source].pre
             seed = seeds.setdefault(feature.source, pre.new_zeros(n, *pre.shape))
             seed[row, 0, feature.position, feature.index] = 1.0
-        outputs = [
-            self.target.value(trace.logits[0]) if index < 0 else trace.sources[index].pre
-            for index in seeds
-        ]
-        points = [trace.z_embed] + [s.z for s in trace.sources]
-        grads = [
-            None if grad is None else grad[:, 0]
-            for grad in torch.autograd.grad(
-                outputs,
-                points,
-                grad_outputs=list(seeds.values()),
-                retain_graph=True,
-                allow_unused=True,
-                is_grads_batched=True,
-            )
-        ]
+        grads = self._gradients(seeds)
         parts: list[torch.Tensor] = []
         for index in range(len(trace.sources)):
             part = torch.zeros(n, len(found.writes[index]), dtype=self.model.dtype)
@@ -323,3 +326,41 @@ class Tracer:
             else (token_grad * trace.embeddings[None]).sum(-1)
         )
         return list(torch.cat(parts, dim=1).detach().cpu())
+
+    def _output(self, trace: Trace, index: int) -> torch.Tensor:
+        """A seeded output of a pass: the target's value (-1) or source `index`'s pre-activations."""
+        return self.target.value(trace.logits[0]) if index < 0 else trace.sources[index].pre
+
+    def _gradients(self, seeds: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
+        """Per injection point (the tokens', then each source's), the seeded outputs' gradient
+        `[n, T, d]` there: at the pass itself, or averaged along integrated gradients' paths."""
+        assert self.trace is not None
+        trace = self.trace
+        integrated = self.held is not None and self.totals is not None
+        points = [trace.z_embed] if integrated else [trace.z_embed] + [s.z for s in trace.sources]
+        grads: list[torch.Tensor | None] = [
+            None if grad is None else grad[:, 0]
+            for grad in torch.autograd.grad(
+                [self._output(trace, index) for index in seeds],
+                points,
+                grad_outputs=list(seeds.values()),
+                retain_graph=True,
+                allow_unused=True,
+                is_grads_batched=True,
+            )
+        ]
+        if not integrated:
+            return grads
+        assert self.held is not None and self.totals is not None
+        along = path_gradients(
+            self.model,
+            self.prompt,
+            self.sources,
+            self.edit,
+            self.held,
+            self.totals,
+            seeds,
+            self._output,
+            self.steps,
+        )
+        return grads + along[1:]

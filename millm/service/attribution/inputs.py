@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
-from millm.interp.attribution.graph import Budget, Target
+from millm.interp.attribution.graph import EXACT, Budget, Target, method_of
 from millm.interp.attribution.replacement import Source
 from millm.protocol.attribution import AttributionRequest, AttributionTarget
 from millm.service.attribution.transcoders import TranscoderBook
@@ -162,9 +162,15 @@ def budget_of(
             param="max_feature_nodes",
         )
     config = lm.config
+    blocks = int(config.num_hidden_layers)
+    if body.integrated_gradients and method_of(sources, blocks) == EXACT:
+        raise InvalidRequest(
+            "integrated_gradients applies to attribution patching; with a transcoder on every block "
+            "the replacement model is linear between nodes and its edges are exact already",
+            param="integrated_gradients",
+        )
     width = int(config.hidden_size)
     inner = int(getattr(config, "intermediate_size", None) or 4 * width)
-    blocks = int(config.num_hidden_layers)
     heads = int(config.num_attention_heads)
     vocabulary = int(config.vocab_size)
     weights = FLOAT * (blocks * (4 * width * width + 3 * width * inner) + vocabulary * width)
@@ -175,9 +181,12 @@ def budget_of(
         + 2 * vocabulary
     )
     per_target = max(per_row // blocks, 1)
-    rows = min(ROWS, body.max_feature_nodes, (MAX_GRAPH_BYTES - weights - per_row) // per_target)
+    passes = 2 if body.integrated_gradients else 1  # a path's pass beside the graph's own
+    rows = min(
+        ROWS, body.max_feature_nodes, (MAX_GRAPH_BYTES - weights - passes * per_row) // per_target
+    )
     if rows < 1:
-        need = (weights + per_row + per_target) / 2**30
+        need = (weights + passes * per_row + per_target) / 2**30
         raise InvalidRequest(
             f"this graph needs about {need:.1f} GiB ({positions} positions on {lm.name}); the cap is "
             f"{MAX_GRAPH_BYTES / 2**30:.0f} GiB: give a shorter text",

@@ -55,13 +55,14 @@ def begin(
     target: Target | None,
     budget: Budget,
     steered: Steered,
+    steps: int = 0,
 ) -> Tracer:
     """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
     if target is None:
         target = Target((int(served_logits(lm, prompt, steered.edit).argmax()),), (1.0,))
     model = ReplacementModel(lm.runner.layout)  # type: ignore[attr-defined]  # the lean runner's, checked before
     plain = [plain_source(source, model.dtype) for source in sources]
-    tracer = Tracer(model, prompt, plain, target, budget, steered.edit)
+    tracer = Tracer(model, prompt, plain, target, budget, steered.edit, steps)
     tracer.start()
     return tracer
 
@@ -97,7 +98,10 @@ async def attribute(
     tracer: Tracer | None = None
     try:
         tracer = await on_engine(
-            state, lambda lm: begin(lm, prompt, sources, target, budget, steered)
+            state,
+            lambda lm: begin(
+                lm, prompt, sources, target, budget, steered, body.integrated_gradients
+            ),
         )
         while await on_engine(state, lambda lm: tracer.expand()):
             pass

@@ -163,6 +163,7 @@ export default function AttributionPanel() {
   const [text, setText] = useState("The capital of France is");
   const [nodes, setNodes] = useState(64);
   const [source, setSource] = useState("");
+  const [steps, setSteps] = useState("0");
   const sets = useLoad(() => api.transcoders.list(), []);
   const [graph, setGraph] = useState(null);
   const [chosen, setChosen] = useState(null);
@@ -174,7 +175,8 @@ export default function AttributionPanel() {
     e.preventDefault();
     act.run(async () => {
       const from = source ? { transcoders: source } : {};
-      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes), ...from }));
+      const integrated = Number(steps) ? { integrated_gradients: Number(steps) } : {};
+      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes), ...from, ...integrated }));
       setChosen(null);
       setAblate(new Set());
     });
@@ -196,6 +198,11 @@ export default function AttributionPanel() {
         ${(sets.value?.data ?? []).filter((s) => !s.error).map((s) => html`<option value=${s.id}>${setName(s)}</option>`)}
       </select></label>
       <label>Features <input type="number" min="1" max="1024" value=${nodes} onInput=${(e) => setNodes(e.target.value)} aria-label="Features expanded" /></label>
+      <label title="SAE graphs: the gradient at the prompt (gradient × activation), or averaged along each source's path (integrated gradients; slower)">Gradients <select value=${steps} onChange=${(e) => setSteps(e.target.value)} aria-label="Gradients">
+        <option value="0">at the prompt</option>
+        <option value="8">integrated, 8 steps</option>
+        <option value="16">integrated, 16 steps</option>
+      </select></label>
       <button type="submit" disabled=${act.busy || !text.trim()}>${act.busy ? "Tracing…" : "Trace"}</button>
       <${FileImport} label="Open a graph file" onText=${(t) => act.run(async () => { setGraph(await api.attribution.importText(t)); setChosen(null); setAblate(new Set()); })} />
     </form>
