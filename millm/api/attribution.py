@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
 from millm.api.replies import unless_client_leaves
@@ -22,6 +23,7 @@ from millm.protocol.attribution import (
     SubgraphProfile,
     TranscoderRegistration,
 )
+from millm.service.runtime.jobs import JobView
 
 router = APIRouter()
 
@@ -35,6 +37,20 @@ async def attribute(body: AttributionRequest, request: Request) -> AttributionGr
     """The prompt's target logit traced to the attached SAEs' features (circuit-tracer's method on the
     served model), pruned by influence, its top nodes ablated on the served model; unsteered unless `steering` asks."""
     return await unless_client_leaves(request, facades(request).attribution.attribute(body))
+
+
+@router.post(
+    "/api/attribution/jobs",
+    summary="An attribution graph as a job (for long prompts and large budgets)",
+    status_code=202,
+    response_model=JobView,
+    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
+)
+async def attribute_job(body: AttributionRequest, request: Request) -> JSONResponse:
+    """The same graph as POST /api/attribution, checked now and traced as a job; its result
+    names the graph (GET /api/attribution/{id})."""
+    view = await facades(request).attribution.start_job(body)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
 
 @router.get(

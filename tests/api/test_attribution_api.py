@@ -457,3 +457,41 @@ def test_integrated_gradients_give_the_tracers_graph_and_are_refused_where_exact
     found = error(post(server, "/api/attribution", exact), 400)
     assert found["param"] == "integrated_gradients" and "exact" in found["message"]
     api(server, "DELETE", f"/api/transcoders/{tc}")
+
+
+def test_a_graph_as_a_job_is_the_same_graph_kept_by_id_and_can_be_cancelled(server):
+    """POST /api/attribution/jobs checks the body at once (a 400 naming the field, no job), traces
+    the graph as a job with its features as progress, keeps it by the id its result names, and it
+    is the graph POST /api/attribution computes for the same body. A cancelled job ends as
+    cancelled and the server goes on serving graphs."""
+    from tests.api.clients import finished_job
+
+    body = {"text": TEXT, "max_feature_nodes": 40, "verify": 3}
+    started = post(server, "/api/attribution/jobs", body)
+    assert started.status_code == 202, started.text
+    job = finished_job(server, started.json()["id"])
+    assert job["state"] == "succeeded", job
+    assert job["kind"] == "attribution" and job["progress"]["unit"] == "features"
+    result = job["result"]
+    kept = api(server, "GET", f"/api/attribution/{result['graph_id']}").json()
+    assert result["expanded_features"] == kept["expanded_features"] == job["progress"]["done"]
+    assert result["edges"] == len(kept["edges"]) and result["method"] == "attribution patching"
+    direct = post(server, "/api/attribution", body).json()
+    assert [n["id"] for n in kept["nodes"]] == [n["id"] for n in direct["nodes"]]
+    weights = {(e["source"], e["target"]): e["weight"] for e in direct["edges"]}
+    for edge in kept["edges"]:
+        assert edge["weight"] == pytest.approx(weights[(edge["source"], edge["target"])], abs=1e-6)
+    check = kept["verification"]
+    assert result["check_correlation"] == check["correlation"]
+
+    refused = post(server, "/api/attribution/jobs", {"text": TEXT, "target": {"token": 10**7}})
+    assert error(refused, 400)["param"] == "target.token"
+
+    long_text = " ".join(["The capital of France is Paris and the river is wide."] * 12)
+    slow = {"text": long_text, "max_feature_nodes": 4096, "integrated_gradients": 32}
+    started = post(server, "/api/attribution/jobs", slow)
+    assert started.status_code == 202, started.text
+    api(server, "DELETE", f"/api/jobs/{started.json()['id']}")
+    assert finished_job(server, started.json()["id"])["state"] == "cancelled"
+    again = post(server, "/api/attribution", {"text": TEXT, "max_feature_nodes": 8, "verify": 0})
+    assert again.status_code == 200, again.text

@@ -241,6 +241,10 @@ def test_the_attribution_graph_draws_the_apis_nodes_and_their_cards(workbench, p
     summary = page.get_by_label("Graph summary")
     expect(summary).to_contain_text(f"{graph['expanded_features']} features expanded")
     expect(summary).to_contain_text("passed" if graph["verification"]["passed"] else "failed")
+    # Traced as a job: its progress counts the features expanded.
+    job = page.get_by_label("Attribution job")
+    expect(job).to_contain_text(f"{graph['expanded_features']}/16 features")
+    expect(job.locator("[data-state]")).to_have_text("succeeded")
     features = [n for n in graph["nodes"] if n["kind"] == "feature"]
     expect(picture.locator("circle.feature")).to_have_count(len(features))
     expect(picture.locator("circle.target")).to_have_count(1)

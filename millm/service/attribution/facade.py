@@ -3,6 +3,7 @@ make a profile or a miStudio circuit of its chosen features."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -16,9 +17,10 @@ from millm.protocol.attribution import (
 )
 from millm.service.attribution.book import GraphBook
 from millm.service.attribution.export import circuit_tracer_json
-from millm.service.attribution.run import attribute
+from millm.service.attribution.run import attribute, prepare, trace
 from millm.service.attribution.subgraph import circuit_document, imported_graph, profile_document
 from millm.service.composition import ServerState
+from millm.service.runtime.jobs import JobHandle, JobView, on_loop
 from millm.service.runtime.threads import in_passing_thread
 
 
@@ -35,6 +37,38 @@ class Attribution:
         graph = await attribute(self.state, body, self.transcoders)
         self.book.add(graph)
         return graph
+
+    async def start_job(self, body: AttributionRequest) -> JobView:
+        """POST /api/attribution/jobs: the same graph as a job (checked now, traced on the job's
+        time, kept like any graph); its result names the graph and sums it up."""
+        prepared = await prepare(self.state, body, self.transcoders)
+
+        async def work(handle: JobHandle) -> dict:
+            with self.state.switch.request_scope():  # the job's own leases, as a request's
+                graph = await trace(self.state, prepared, handle)
+            self.book.add(graph)
+            check = graph.verification
+            return {
+                "graph_id": graph.id,
+                "method": graph.method,
+                "target": graph.target.tokens,
+                "probability": graph.target.probability,
+                "expanded_features": graph.expanded_features,
+                "nodes": len(graph.nodes),
+                "edges": len(graph.edges),
+                "check_passed": None if check is None else check.passed,
+                "check_correlation": None if check is None else check.correlation,
+                "seconds": graph.seconds,
+            }
+
+        description = f"attribution graph of {len(prepared.prompt)} tokens, up to {prepared.budget.max_feature_nodes} features"
+        return self.state.jobs.start(
+            "attribution",
+            description,
+            prepared.budget.max_feature_nodes,
+            "features",
+            on_loop(asyncio.get_running_loop(), work),
+        )
 
     def graph(self, graph_id: str) -> AttributionGraph:
         """A kept graph (404 graph_not_found)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from anyio import to_thread
@@ -34,6 +35,7 @@ from millm.service.discovery.inputs import (
     resolve_steering,
 )
 from millm.service.discovery.inspection import inspect_prompt
+from millm.service.runtime.jobs import JobHandle
 from millm.service.serving.generation import OneResult
 
 
@@ -76,10 +78,21 @@ def checked(lm: LoadedModel, graph: Graph, count: int, steered: Steered) -> Veri
     return verify(lm, graph, top, steered.edit)
 
 
-async def attribute(
-    state: ServerState, body: AttributionRequest, sets: TranscoderBook
-) -> AttributionGraph:
-    """The graph of the prompt's target, pruned and checked."""
+@dataclass(frozen=True)
+class Prepared:
+    """A request that passed every check: what its graph is traced from."""
+
+    body: AttributionRequest
+    model: str
+    prompt: list[int]
+    sources: list[Source]
+    target: Target | None
+    budget: Budget
+    steered: Steered
+
+
+async def prepare(state: ServerState, body: AttributionRequest, sets: TranscoderBook) -> Prepared:
+    """Every check a graph request can fail (a 400 naming the field), before any pass."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
     if not lm.reads_residuals:
@@ -94,6 +107,23 @@ async def attribute(
     target = await to_thread.run_sync(target_of, lm, body.target)
     budget = budget_of(body, lm, sources, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
+    return Prepared(body, lm.name, prompt, sources, target, budget, steered)
+
+
+async def trace(
+    state: ServerState, prepared: Prepared, job: JobHandle | None = None
+) -> AttributionGraph:
+    """The prepared graph traced, pruned and checked; as a `job`, each batch of features
+    expanded is progress, and the job's share of the scheduler is kept between steps."""
+    body, prompt, sources, target, budget, steered = (
+        prepared.body,
+        prepared.prompt,
+        prepared.sources,
+        prepared.target,
+        prepared.budget,
+        prepared.steered,
+    )
+    lm = await state.switch.acquire(prepared.model)
     started = time.monotonic()
     tracer: Tracer | None = None
     try:
@@ -103,8 +133,14 @@ async def attribute(
                 lm, prompt, sources, target, budget, steered, body.integrated_gradients
             ),
         )
-        while await on_engine(state, lambda lm: tracer.expand()):
-            pass
+        while True:
+            step = time.monotonic()
+            expanded = await on_engine(state, lambda lm: tracer.expand())
+            if not expanded:
+                break
+            if job is not None:
+                job.advance(expanded)
+                await job.pace_on_loop(time.monotonic() - step)
         graph: Graph = await on_engine(state, lambda lm: tracer.finish())
         tracer = None
     finally:
@@ -123,3 +159,10 @@ async def attribute(
         f"graph-{uuid.uuid4().hex[:12]}",
         seconds,
     )
+
+
+async def attribute(
+    state: ServerState, body: AttributionRequest, sets: TranscoderBook
+) -> AttributionGraph:
+    """The graph of the prompt's target, pruned and checked."""
+    return await trace(state, await prepare(state, body, sets))

@@ -12,12 +12,14 @@ by the work itself; a restart forgets the job records, not their results.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from typing import Any
 
@@ -27,6 +29,7 @@ from millm.errors import MillmError, NotFound, QueueFull, describe
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0  # progress is logged at most this often per job (and at every 10%)
+LOOP_POLL_S = 0.25  # how often a job run on the event loop looks for its cancellation
 
 
 class JobState(StrEnum):
@@ -160,6 +163,13 @@ class JobHandle:
         self._record.cancel.wait(elapsed * (1.0 - share) / share)
         self.check()
 
+    async def pace_on_loop(self, elapsed: float) -> None:
+        """`pace` for work that runs on the event loop (on_loop): the loop sleeps, no thread waits."""
+        if self._book.serving_busy():
+            share = self._book.share
+            await asyncio.sleep(elapsed * (1.0 - share) / share)
+        self.check()
+
 
 class JobBook:
     """The server's jobs: at most `max_running` at once (503 queue_full past it), the last `kept` remembered."""
@@ -265,3 +275,26 @@ class JobBook:
             records = list(self._records.values())
         for record in records:
             record.cancel.set()
+
+
+def on_loop(
+    loop: asyncio.AbstractEventLoop, work: Callable[[JobHandle], Coroutine[Any, Any, dict]]
+) -> Callable[[JobHandle], dict]:
+    """A job's work that runs the coroutine `work(handle)` on the server's event loop (where
+    request-path code awaits the engine) while the job's thread waits for it; a cancelled job
+    cancels the coroutine at its next await."""
+
+    def run(handle: JobHandle) -> dict:
+        future = asyncio.run_coroutine_threadsafe(work(handle), loop)
+        while True:
+            try:
+                return future.result(timeout=LOOP_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if handle.cancel_event.is_set():
+                    future.cancel()
+                    handle.check()
+            except concurrent.futures.CancelledError:
+                handle.check()
+                raise
+
+    return run

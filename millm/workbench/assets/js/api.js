@@ -233,6 +233,8 @@ export const lens = (body) => post("/api/lens", body);
 // Attribution graphs (docs/attribution.md)
 export const attribution = {
   trace: (body) => post("/api/attribution", body),
+  start: (body) => post("/api/attribution/jobs", body),
+  get: (id) => get(`/api/attribution/${enc(id)}`),
   exportText: (id) => request("GET", `/api/attribution/${enc(id)}/export`, { text: true }),
   importText: (text) => request("POST", "/api/attribution/import", { body: JSON.parse(text) }),
   profile: (id, body) => post(`/api/attribution/${enc(id)}/profile`, body),

@@ -7,7 +7,7 @@
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, FileImport, Note, Panel, download, html, num, useAction, useLoad } from "../ui.js";
+import { ErrorNote, FeatureLink, FileImport, JobProgress, Note, Panel, download, html, num, useAction, useLoad } from "../ui.js";
 
 const WIDTH = 960;
 const ROW = 110;
@@ -166,21 +166,29 @@ export default function AttributionPanel() {
   const [steps, setSteps] = useState("0");
   const sets = useLoad(() => api.transcoders.list(), []);
   const [graph, setGraph] = useState(null);
+  const [job, setJob] = useState(null);
   const [chosen, setChosen] = useState(null);
   const [ablate, setAblate] = useState(new Set());
   const [steerAs, setSteerAs] = useState(new Map());
   const act = useAction();
   const attach = (node) => act.run(async () => setSteerAs(new Map(steerAs).set(node.sae_id, await attachBlock(node, sets.value?.data ?? []))));
+  // Traced as a job: its features expanded are its progress, and Cancel stops it.
   const run = (e) => {
     e.preventDefault();
     act.run(async () => {
       const from = source ? { transcoders: source } : {};
       const integrated = Number(steps) ? { integrated_gradients: Number(steps) } : {};
-      setGraph(await api.attribution.trace({ text, max_feature_nodes: Number(nodes), ...from, ...integrated }));
-      setChosen(null);
-      setAblate(new Set());
+      setJob(await api.attribution.start({ text, max_feature_nodes: Number(nodes), ...from, ...integrated }));
     });
   };
+  const ended = (done) => act.run(async () => {
+    setJob(done);
+    if (done.state !== "succeeded") return;
+    setGraph(await api.attribution.get(done.result.graph_id));
+    setChosen(null);
+    setAblate(new Set());
+  });
+  const tracing = job?.state === "running";
   const toggle = (node) => {
     const next = new Set(ablate);
     next.has(node.id) ? next.delete(node.id) : next.add(node.id);
@@ -203,10 +211,11 @@ export default function AttributionPanel() {
         <option value="8">integrated, 8 steps</option>
         <option value="16">integrated, 16 steps</option>
       </select></label>
-      <button type="submit" disabled=${act.busy || !text.trim()}>${act.busy ? "Tracing…" : "Trace"}</button>
+      <button type="submit" disabled=${act.busy || tracing || !text.trim()}>${tracing ? "Tracing…" : "Trace"}</button>
       <${FileImport} label="Open a graph file" onText=${(t) => act.run(async () => { setGraph(await api.attribution.importText(t)); setChosen(null); setAblate(new Set()); })} />
     </form>
     <${ErrorNote} error=${act.error} />
+    ${job ? html`<${JobProgress} key=${job.id} job=${job} label="Attribution job" onEnd=${ended} />` : null}
     ${graph ? html`<p class="meta" aria-label="Graph summary">${`${shown(graph.target.tokens[0])} (p ${num(graph.target.probability, 3)}) · ${graph.method} · `}
         ${graph.method === "imported" ? `${graph.expanded_features} features · ` : `${graph.expanded_features} features expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
         ${check ? html`check <strong class=${check.passed ? "ok" : "bad"}>${check.passed ? "passed" : "failed"}</strong>${` (r ${check.correlation === null ? "—" : num(check.correlation, 2)} over ${check.nodes.length} ablations) · `}` : "not checked · "}
