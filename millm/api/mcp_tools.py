@@ -376,7 +376,8 @@ TOOLS = (
     ),
     Tool(
         "explain_features",
-        "Have a model explain an attached, calibrated SAE's features from their top activating windows "
+        "Have a model (the served one, another registered model loaded beside it, or the configured endpoint) explain an "
+        "attached, calibrated SAE's features from their top activating windows "
         "(EleutherAI delphi's prompts) and score each explanation by detection; starts a job (get_job follows it) "
         "and stores the explanations beside the labels, where search_features finds them.",
         "post",

@@ -28,7 +28,7 @@ from millm.interp.explain_prompts import (
 )
 from millm.interp.explain_scoring import Judged, balanced_score
 from millm.interp.formats import read_sae
-from tests.api.clients import api, error, post
+from tests.api.clients import MODEL, api, error, post
 from tests.support.explainer_endpoint import Explainer
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
@@ -348,3 +348,88 @@ def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrate
     assert [e["explanation"] for e in detail["explanations"]] == [
         e["explanation"] for e in stored if e["feature"] == labelled
     ]
+
+
+@pytest.fixture(scope="module")
+def gemma(tiny_dirs, calibrated):
+    """The tiny Gemma 2 registered beside the served Llama (not loaded), and its stock model."""
+    from transformers import AutoModelForCausalLM
+
+    process, _ = calibrated
+    registered = api(process, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"])})
+    assert registered.status_code == 201, registered.text
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["gemma2"]), dtype=torch.float32)
+    return registered.json()["id"], model.eval()
+
+
+def test_another_registered_model_scores_and_writes_beside_the_served_one(
+    calibrated, offline, explainer, gemma
+):
+    """A registered model that is not loaded scores (and writes) for the job: loaded beside the
+    served model for its length, then freed. Its detection and fuzzing scores are the stock
+    Gemma's P([1]) arithmetic; the explanation it writes is the stock Gemma's greedy line after
+    "[EXPLANATION]:"; the served model stays loaded and answering throughout."""
+    from millm.interp.explain_prompts import parsed_explanation
+
+    process, sae = calibrated
+    name, model = gemma
+    tokenizer = offline["tokenizer"]  # the Gemma's too: both tiny models share one tokenizer
+    feature = fired_features(offline, 4)[3]
+    common = {"features": [feature], "top_examples": TOP, "held_out": HELD, "quantiles": 2,
+              "width": WIDTH, "texts": TEXTS, "scoring": ["detection"]}  # fmt: skip
+    explainer.asked.clear()
+    body = {**common, "explainer": "endpoint", "scorer": "model", "scorer_model": name}
+    job = wait_job(process, explain(process, sae, body).json()["id"])
+    assert job["state"] == "succeeded", job
+    [entry] = job["result"]["explanations"]
+    assert entry["scorer"] == f"model:{name}" and entry["explainer"] == "endpoint:fixed"
+    examples = offline_examples(offline, feature)
+    judged = [
+        Judged(fired, yes(tokenizer, model, detection_messages(entry["explanation"], text)))
+        for fired, text in [(True, "".join(strings(tokenizer, w))) for w in examples.activating]
+        + [(False, "".join(strings(tokenizer, w))) for w in examples.quiet]
+    ]
+    assert entry["detection"]["balanced_accuracy"] == pytest.approx(
+        balanced_score(judged).balanced_accuracy, abs=1e-9
+    )
+
+    # The registered model writes; the served model scores.
+    body = {**common, "explainer": "model", "explainer_model": name, "scorer": "served",
+            "max_tokens": 16}  # fmt: skip
+    job = wait_job(process, explain(process, sae, body).json()["id"])
+    assert job["state"] == "succeeded", job
+    shown = [(strings(tokenizer, w), list(w.activations)) for w in examples.top]
+    chat = [*explainer_messages(shown, examples.top[0].peak)]
+    ids = chat_prompt_ids(tokenizer, [*chat, {"role": "assistant", "content": "[EXPLANATION]:"}])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    continued = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).split("\n")[0]
+    want = parsed_explanation("[EXPLANATION]:" + continued)
+    result = job["result"]
+    if want is None:
+        assert [s["feature"] for s in result["skipped"]] == [feature]
+    else:
+        [written] = result["explanations"]
+        assert (written["explanation"], written["explainer"]) == (want, f"model:{name}")
+        assert written["scorer"].startswith("served:")
+    models = {m["id"]: m["state"] for m in api(process, "GET", "/api/models").json()["data"]}
+    assert models[name] != "loaded" and list(models.values()).count("loaded") == 1
+    chat_ok = post(process, "/v1/chat/completions", {"model": MODEL, "max_tokens": 2,
+                   "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert chat_ok.status_code == 200, chat_ok.text
+
+
+def test_a_registered_explainer_is_named_and_checked_before_the_job(calibrated, gemma):
+    process, sae = calibrated
+    name, _ = gemma
+    asked = {"features": [0], "texts": TEXTS}
+    found = error(explain(process, sae, {**asked, "explainer": "model"}), 400)
+    assert found["param"] == "explainer_model"
+    found = error(explain(process, sae, {**asked, "explainer_model": name}), 400)
+    assert found["param"] == "explainer_model"
+    unknown = {**asked, "explainer": "model", "explainer_model": "nope"}
+    found = error(explain(process, sae, unknown), 400)
+    assert found["param"] == "explainer_model" and found["code"] == "model_not_found"
+    two = {**asked, "explainer": "model", "explainer_model": name, "scorer": "model",
+           "scorer_model": "tiny-llama-plain"}  # fmt: skip
+    assert error(explain(process, sae, two), 400)["param"] == "scorer_model"

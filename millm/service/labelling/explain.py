@@ -13,6 +13,8 @@ fails or is cancelled later keeps what it wrote. Engine work goes through the sc
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +45,13 @@ from millm.interp.steering import Attached, check_feature
 from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
 from millm.service.labelling.protocol import ExplainRequest
-from millm.service.labelling.writers import ServedWriter, Writer, digit_ids, writer_for
+from millm.service.labelling.writers import (
+    BesideWriter,
+    ServedWriter,
+    Writer,
+    digit_ids,
+    writer_for,
+)
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.training.calibration import groups
@@ -84,8 +92,10 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
             f"{held >> 20} MiB of activations (at most {ACTIVATIONS_BYTES >> 20} MiB); explain fewer features at a time",
             param=param,
         )
-    explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer")
-    scorer = writer_for(state, request.scorer or request.explainer, lm.name, lm.tokenizer, "scorer")
+    beside = beside_writer(state, request, lm.name)
+    explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer", beside)
+    scorer_kind, _ = request.scorer_kind
+    scorer = writer_for(state, scorer_kind, lm.name, lm.tokenizer, "scorer", beside)
     if isinstance(scorer, ServedWriter):
         digit_ids(lm.tokenizer)
     version = prompt_version()  # refused now, not mid-job, when delphi's prompts are missing
@@ -97,6 +107,28 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     return state.jobs.start(
         "explain", description, len(corpus_tokens.texts) + len(features), "steps", run
     )
+
+
+def beside_writer(state: ServerState, request: ExplainRequest, served: str) -> BesideWriter | None:
+    """The registered model the job loads beside the served one, when the explainer or the scorer
+    names one that is not the served model (its load planned now: a 400 naming the field for a
+    model not registered, the load's refusals for one that does not fit); one model at a time."""
+    named = {}
+    if request.explainer == "model" and request.explainer_model != served:
+        named["explainer_model"] = request.explainer_model
+    kind, model = request.scorer_kind
+    if kind == "model" and model != served:
+        named["scorer_model" if request.scorer else "explainer_model"] = model
+    if not named:
+        return None
+    if len(set(named.values())) > 1:
+        raise InvalidRequest(
+            "scorer_model: one model at a time is loaded beside the served one; name the explainer's "
+            "model, the served model or the endpoint to score",
+            param="scorer_model",
+        )
+    param, name = next(iter(named.items()))
+    return BesideWriter(state.switch.beside.plan(str(name), param))
 
 
 def selected(
@@ -178,15 +210,16 @@ class ExplainRun:
         columns = self._read(handle)
         done: list[dict] = []
         skipped: list[dict] = []
-        for position, feature in enumerate(self.features):
-            handle.check()
-            examples = self.examples(columns, position)
-            if not examples.top:
-                skipped.append({"feature": feature, "reason": "it never fired on the corpus"})
-            else:
-                outcome = self._explain(feature, examples, handle)
-                (done if "explanation" in outcome else skipped).append(outcome)
-            handle.advance(1)
+        with self._beside():
+            for position, feature in enumerate(self.features):
+                handle.check()
+                examples = self.examples(columns, position)
+                if not examples.top:
+                    skipped.append({"feature": feature, "reason": "it never fired on the corpus"})
+                else:
+                    outcome = self._explain(feature, examples, handle)
+                    (done if "explanation" in outcome else skipped).append(outcome)
+                handle.advance(1)
         return {
             "explained": len(done),
             "flagged": sum(1 for d in done if d["flagged"]),
@@ -195,6 +228,25 @@ class ExplainRun:
             "prompt_version": self.version,
             "duration_s": round(time.monotonic() - started, 1),
         }
+
+    @contextmanager
+    def _beside(self) -> Iterator[None]:
+        """The registered model the explainer or scorer names, loaded beside the served one while
+        the features are explained (once the activations are read), then freed."""
+        beside = next(
+            (w for w in (self.explainer, self.scorer) if isinstance(w, BesideWriter)), None
+        )
+        if beside is None:
+            yield
+            return
+        with self.state.switch.beside.loaded(beside.planned) as engine:
+            if self.scorer is beside:
+                digit_ids(engine.lm.tokenizer)
+            beside.bound = ServedWriter(self.state, engine, engine.lm.tokenizer)
+            try:
+                yield
+            finally:
+                beside.bound = None
 
     def _read(self, handle: JobHandle) -> list[np.ndarray]:
         """Per text, the chosen features' activation at every token `[T, k]` (0 at position 0, never read)."""

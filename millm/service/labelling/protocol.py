@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from millm.service.training.corpus import CalibrationMessage
 from millm.store.explanations import ExplanationRow
 
 MAX_TOP_EXAMPLES = 40  # delphi's n_examples_train
 MAX_HELD_OUT = 50  # delphi's n_examples_test
-Who = Literal["served", "endpoint"]
+Who = Literal["served", "endpoint", "model"]
 SELECTIONS = ("features", "range", "unlabelled", "densest")  # the ways to name the features
 
 
@@ -28,6 +28,13 @@ class FeatureRange(BaseModel):
         if self.end <= self.start:
             raise ValueError("end must be past start")
         return self
+
+
+def named_with_model(value: str | None, who: str | None, field: str) -> str | None:
+    """A `<field>_model` is given with `<field>: "model"`, and only then."""
+    if (who == "model") != (value is not None):
+        raise ValueError(f'give {field}_model with {field} "model", and only then')
+    return value
 
 
 class ExplainRequest(BaseModel):
@@ -49,9 +56,19 @@ class ExplainRequest(BaseModel):
     )
     explainer: Who = Field(
         "served",
-        description="Who writes each explanation: the served model (unsteered), or the OpenAI-compatible endpoint the operator configured (MILLM_EXPLAINER_BASE_URL).",
+        description="Who writes each explanation: the served model (unsteered), another registered model (model: explainer_model, loaded beside the served one for the job), or the OpenAI-compatible endpoint the operator configured (MILLM_EXPLAINER_BASE_URL).",
+    )
+    explainer_model: str | None = Field(
+        None,
+        validate_default=True,
+        description='With explainer "model": the registered model that writes.',
     )
     scorer: Who | None = Field(None, description="Who scores them; default: the explainer.")
+    scorer_model: str | None = Field(
+        None,
+        validate_default=True,
+        description='With scorer "model": the registered model that scores (default: the explainer\'s, when the scorer is left to follow it).',
+    )
     top_examples: Annotated[int, Field(ge=1, le=MAX_TOP_EXAMPLES)] = Field(
         20, description="The feature's top windows the explainer reads."
     )
@@ -88,6 +105,23 @@ class ExplainRequest(BaseModel):
     )
     texts: list[Annotated[str, Field(min_length=1)]] | None = None
     conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = None
+
+    @field_validator("explainer_model")
+    @classmethod
+    def _explainer_model_with_model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return named_with_model(value, info.data.get("explainer"), "explainer")
+
+    @field_validator("scorer_model")
+    @classmethod
+    def _scorer_model_with_model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return named_with_model(value, info.data.get("scorer"), "scorer")
+
+    @property
+    def scorer_kind(self) -> tuple[Who, str | None]:
+        """Who scores, and which registered model when that is "model" (the explainer's by default)."""
+        if self.scorer is None:
+            return self.explainer, self.explainer_model
+        return self.scorer, self.scorer_model
 
     @property
     def selection(self) -> str:

@@ -1,4 +1,5 @@
-"""Who writes and who scores explanations: the served model (unsteered) or the operator's endpoint.
+"""Who writes and who scores explanations: the served model (unsteered), another registered model
+loaded beside it for the job, or the operator's endpoint.
 
 Both answer the same two questions. `write`: a chat's answer, greedy. `yes`: for each detection
 chat, the probability that the answer is `[1]` rather than `[0]`, delphi's P("1") / (P("0") +
@@ -23,7 +24,8 @@ from millm.engine.prompts import chat_prompt_ids
 from millm.engine.sampling import SamplingParams
 from millm.errors import InvalidRequest
 from millm.interp.explain_prompts import Messages
-from millm.service.runtime.blocking import generate_blocking, passes_blocking
+from millm.service.models.loading import Planned
+from millm.service.runtime.blocking import Engine, generate_blocking, passes_blocking
 from millm.service.runtime.remote import post_json
 
 ENDPOINT_TIMEOUT_S = 120.0
@@ -68,14 +70,17 @@ def digit_ids(tokenizer) -> tuple[int, int]:
 
 
 class ServedWriter:
-    """The loaded model, unsteered: generation for explanations, one scoring pass per detection chat."""
+    """The loaded model, unsteered, or a model the job loaded beside it (an Engine): generation for
+    explanations, one scoring pass per detection chat."""
 
-    def __init__(self, state, model: str, tokenizer):
+    def __init__(self, state, model: str | Engine, tokenizer):
         self.state, self.model, self.tokenizer = state, model, tokenizer
 
     @property
     def name(self) -> str:
-        return f"served:{self.model}"
+        if isinstance(self.model, str):
+            return f"served:{self.model}"
+        return f"model:{self.model.name}"
 
     def write(
         self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
@@ -108,6 +113,32 @@ class ServedWriter:
             total = weight.get(one, 0.0) + weight.get(zero, 0.0)
             out.append(weight.get(one, 0.0) / total if total > 0 else None)
         return out
+
+
+class BesideWriter:
+    """A registered model the job loads beside the served one (`planned`): it writes and scores
+    as the served model does once the job has bound it to the loaded model, for the job's length."""
+
+    def __init__(self, planned: Planned):
+        self.planned = planned
+        self.bound: ServedWriter | None = None
+
+    @property
+    def name(self) -> str:
+        return f"model:{self.planned.name}"
+
+    def _writer(self) -> ServedWriter:
+        if self.bound is None:
+            raise RuntimeError(f"{self.name} is used before the job loaded it")
+        return self.bound
+
+    def write(
+        self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
+    ) -> str:
+        return self._writer().write(messages, max_tokens, cancel, start)
+
+    def yes(self, chats: list[Messages], cancel: threading.Event) -> list[float | None]:
+        return self._writer().yes(chats, cancel)
 
 
 class EndpointWriter:
@@ -177,11 +208,15 @@ def read_yes(answer: dict) -> float | None:
     return float(values[0])
 
 
-def writer_for(state, who: str, model: str, tokenizer, param: str) -> Writer:
-    """The writer a request named: the served model, or the configured endpoint (400 naming
-    `param` when none is configured)."""
+def writer_for(
+    state, who: str, model: str, tokenizer, param: str, beside: BesideWriter | None = None
+) -> Writer:
+    """The writer a request named: the served model, the model the job loads `beside` it, or the
+    configured endpoint (400 naming `param` when none is configured)."""
     if who == "served":
         return ServedWriter(state, model, tokenizer)
+    if who == "model":
+        return ServedWriter(state, model, tokenizer) if beside is None else beside
     settings = state.settings
     if not settings.explainer_base_url or not settings.explainer_model:
         raise InvalidRequest(

@@ -25,6 +25,7 @@ from millm.errors import (
 )
 from millm.interp.steering import Attached
 from millm.service.models import loading, unloading
+from millm.service.models.beside import ModelsBeside
 from millm.service.models.loading import Outgoing
 from millm.service.models.lock import SteeringLock
 from millm.service.models.registrations import ClientRegistrations
@@ -85,6 +86,7 @@ class ModelSwitch:
         self._attachments_stale = (
             False  # another replica changed the attachments; see settle_attachments
         )
+        self.beside = ModelsBeside(settings, models)  # a job's model beside the served one
 
     # what readiness, the views and the jobs read ------------------------------------------------------
     @property

@@ -3,12 +3,14 @@
 A job (calibration, AutoSteer) runs for minutes; it takes a lease on its model only for the
 length of one engine call, so an unload is never held up by it: the unload goes ahead between
 two calls, and the next call fails with model_not_loaded, which ends the job with that error.
+A model the job loaded beside the served one for itself (an `Engine`) takes its calls directly.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -77,25 +79,45 @@ class _Collector:
                 self.done.set()
 
 
-def _run(state, model: str, job, collector: _Collector, cancel: threading.Event | None) -> None:
-    """Submit `job` under a fresh lease on `model` and wait for its end (or cancellation)."""
-    with state.switch.request_scope():
-        if state.switch.slot.lease(model) is None:
-            raise ModelNotLoaded(
-                f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)"
-            )
-        state.switch.submit(job)
-        while not collector.done.wait(WAIT_SLICE_S):
-            if cancel is not None and cancel.is_set():
-                job.cancel()  # the scheduler drops it at its next look; what it emits after is ignored
-                break
+class Engine(Protocol):
+    """A model a job holds for itself (a model loaded beside the served one): its own scheduler."""
+
+    @property
+    def name(self) -> str: ...
+
+    def submit(self, job) -> None: ...
+
+
+def _run(
+    state, model: str | Engine, job, collector: _Collector, cancel: threading.Event | None
+) -> None:
+    """Submit `job` under a fresh lease on the served `model` (or to the job's own engine) and
+    wait for its end (or cancellation)."""
+    if not isinstance(model, str):
+        model.submit(job)
+        _wait(job, collector, cancel)
+    else:
+        with state.switch.request_scope():
+            if state.switch.slot.lease(model) is None:
+                raise ModelNotLoaded(
+                    f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)"
+                )
+            state.switch.submit(job)
+            _wait(job, collector, cancel)
     if collector.failed is not None:
         raise collector.failed.error
 
 
+def _wait(job, collector: _Collector, cancel: threading.Event | None) -> None:
+    while not collector.done.wait(WAIT_SLICE_S):
+        if cancel is not None and cancel.is_set():
+            job.cancel()  # the scheduler drops it at its next look; what it emits after is ignored
+            break
+
+
 def passes_blocking(
     state,
-    model: str,
+    model: str | Engine,
     prompts: list[list[int]],
     reads: tuple[ResidualRead, ...] = (),
     *,
@@ -121,7 +143,7 @@ def passes_blocking(
 
 
 def generate_blocking(
-    state, model: str, rows: list[RowSpec], *, cancel: threading.Event | None = None
+    state, model: str | Engine, rows: list[RowSpec], *, cancel: threading.Event | None = None
 ) -> list[Generated]:
     """Generate `rows` as one engine job (batched together) and return each row's text; rows
     cut short by `cancel` keep what they had."""

@@ -291,11 +291,15 @@ function ExplainBatch({ sae }) {
   const [count, setCount] = useState("8");
   const [which, setWhich] = useState("unlabelled");
   const [explainer, setExplainer] = useState("served");
+  const models = useLoad(() => api.models.list(), []);
+  const others = (models.value?.data ?? []).filter((m) => m.state !== "loaded");
   const [job, setJob] = useState(null);
   const [ended, setEnded] = useState(null);
+  // "model:NAME": a registered model the job loads beside the served one.
+  const who = explainer.startsWith("model:") ? { explainer: "model", explainer_model: explainer.slice(6) } : { explainer };
   const start = (e) => {
     e.preventDefault();
-    act.run(async () => { setEnded(null); setJob(await api.saes.explain(sae, { [which]: Number(count), explainer })); });
+    act.run(async () => { setEnded(null); setJob(await api.saes.explain(sae, { [which]: Number(count), ...who })); });
   };
   return html`<${Panel} title="Explain features">
     <p class="note">A model writes each feature's explanation from its top activating windows (EleutherAI delphi's prompts) and another pass scores it by detection and fuzzing; explanations are stored beside the labels and found by the search.</p>
@@ -304,7 +308,8 @@ function ExplainBatch({ sae }) {
       <select name="explain-which" value=${which} onChange=${(e) => setWhich(e.target.value)}>
         <option value="unlabelled">first unlabelled</option><option value="densest">densest</option></select>
       <label class="inline">with <select name="explainer" value=${explainer} onChange=${(e) => setExplainer(e.target.value)}>
-        <option value="served">the served model</option><option value="endpoint">the configured endpoint</option></select></label>
+        <option value="served">the served model</option><option value="endpoint">the configured endpoint</option>
+        ${others.map((m) => html`<option value=${`model:${m.id}`}>${m.id} (loaded beside for the job)</option>`)}</select></label>
       <button type="submit" disabled=${!sae || act.busy || job?.state === "running"}>Start</button>
     </form>
     <${ErrorNote} error=${act.error} />
