@@ -1,4 +1,5 @@
-"""Server settings: one pydantic-settings class read from the environment and the CLI."""
+"""The server's settings: one pydantic-settings class read from the environment and the CLI
+(its remote servers' fields in remote.py, every field made by fields.env_field)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,14 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import platformdirs
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def env_field(default, env: str, description: str, **kwargs):
-    """A settings field read from exactly one environment variable (named as the spec names it)."""
-    return Field(
-        default,
-        validation_alias=AliasChoices(env),
-        description=description,
-        json_schema_extra={"env": env},
-        **kwargs,
-    )
+from millm.settings.fields import DEMO_MODEL_NAME, default_home, env_field
+from millm.settings.remote import RemoteServers
 
 
-def default_home() -> Path:
-    """The per-user data folder used when MILLM_HOME is not set."""
-    return Path(platformdirs.user_data_dir("millm", appauthor=False))
-
-
-class Settings(BaseSettings):
+class Settings(RemoteServers):
     """Everything `millm serve` can be told; the CLI and the environment fill the same fields."""
 
     # Only the aliases are read: by field name, `home` would pick up $HOME and `model` $MODEL.
@@ -206,35 +191,6 @@ class Settings(BaseSettings):
         "MILLM_RESPONSES_RETENTION_DAYS",
         "How long a stored /v1/responses answer is kept (OpenAI keeps 30 days).",
         gt=0,
-    )
-    judge_base_url: str | None = env_field(
-        None,
-        "MILLM_JUDGE_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) that steering evaluations may name as their judge (judge: remote).",
-    )
-    judge_model: str | None = env_field(None, "MILLM_JUDGE_MODEL", "The remote judge's model.")
-    judge_api_key: str | None = env_field(None, "MILLM_JUDGE_API_KEY", "The remote judge's key.")
-    explainer_base_url: str | None = env_field(
-        None,
-        "MILLM_EXPLAINER_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) that explaining SAE features may name as explainer or scorer (endpoint).",
-    )
-    explainer_model: str | None = env_field(
-        None, "MILLM_EXPLAINER_MODEL", "The explainer endpoint's model."
-    )
-    explainer_api_key: SecretStr | None = env_field(
-        None, "MILLM_EXPLAINER_API_KEY", "The explainer endpoint's key (never shown)."
-    )
-    embeddings_base_url: str | None = env_field(
-        None,
-        "MILLM_EMBEDDINGS_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) whose /embeddings label search by meaning uses; default: the served model's.",
-    )
-    embeddings_model: str | None = env_field(
-        None, "MILLM_EMBEDDINGS_MODEL", "The embeddings endpoint's model."
-    )
-    embeddings_api_key: SecretStr | None = env_field(
-        None, "MILLM_EMBEDDINGS_API_KEY", "The embeddings endpoint's key (never shown)."
     )
     explain_max_features: int = env_field(
         256,
@@ -417,9 +373,14 @@ def settings_with(overrides: dict[str, object]) -> Settings:
 
 
 def settings_options() -> list[tuple[str, str, object, str]]:
-    """(field name, environment variable, default, description) for every setting, in order."""
+    """(field name, environment variable, default, description) for every setting, in order: the
+    server's own, then its remote servers'."""
+    remote = set(RemoteServers.model_fields)
+    fields = Settings.model_fields.items()
     rows: list[tuple[str, str, object, str]] = []
-    for name, info in Settings.model_fields.items():
+    for name, info in [(n, f) for n, f in fields if n not in remote] + [
+        (n, f) for n, f in fields if n in remote
+    ]:
         extra = info.json_schema_extra
         env = extra.get("env") if isinstance(extra, dict) else None
         rows.append(
