@@ -39,7 +39,8 @@ from starlette.routing import Route
 from millm import __version__
 from millm.api.access import MCP_PATH
 from millm.api.errors import error_body, validation_error
-from millm.api.mcp_tools import TOOLS, Params, Result, Tool
+from millm.api.mcp_params import Params
+from millm.api.mcp_tools import TOOLS, Result, Tool
 from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.service.facades import Facades
 

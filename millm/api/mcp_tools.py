@@ -6,11 +6,23 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from anyio import to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
+from millm.api.mcp_params import (
+    ClearAll,
+    Feature,
+    FeatureDetail,
+    Job,
+    NoParams,
+    Params,
+    Profile,
+    Sae,
+    Search,
+    VariantKey,
+)
 from millm.api.replies import report_headers
 from millm.protocol.attribution import AttributionRequest
 from millm.protocol.compare import CompareRequest
@@ -20,80 +32,6 @@ from millm.protocol.steering import FeatureSetting
 from millm.protocol.variants import VariantBody
 from millm.service.facades import Facades
 from millm.service.labelling.protocol import ExplainRequest
-
-
-class Params(BaseModel):
-    """A tool's path and query parameters; strict, as JSON arguments are typed already."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-SaeId = Annotated[str, Field(description="An SAE's id (list_saes).")]
-Index = Annotated[int, Field(description="A feature's index in the SAE.")]
-
-
-class NoParams(Params):
-    """A tool of a route without parameters."""
-
-
-class Sae(Params):
-    """The SAE a route names in its path."""
-
-    sae_id: SaeId
-
-
-class Feature(Params):
-    """A feature of an SAE, as /api/steering/saes/{sae_id}/features/{index} names it."""
-
-    sae_id: SaeId
-    index: Index
-
-
-# The bounds below are labels.py's Query() bounds, which the route's schema states.
-class Search(Params):
-    """GET /api/saes/{sae_id}/features."""
-
-    sae_id: SaeId
-    q: Annotated[str, Field(max_length=1000)] = ""
-    limit: Annotated[int, Field(ge=1, le=1000)] = 50
-    by: Literal["text", "meaning", "both"] = "text"
-
-
-class FeatureDetail(Params):
-    """GET /api/saes/{sae_id}/features/{index}."""
-
-    sae_id: SaeId
-    index: Index
-    k: Annotated[int, Field(ge=1, le=100)] = 10
-
-
-class ClearAll(Params):
-    """DELETE /api/steering/features."""
-
-    sae_id: Annotated[
-        str | None, Field(description="Clear only this SAE's features (default: every SAE's).")
-    ] = None
-
-
-class VariantKey(Params):
-    """A steered variant, by name or id."""
-
-    key: Annotated[str, Field(description="The variant's name or id (list_variants).")]
-
-
-class Job(Params):
-    """A job, by id."""
-
-    job_id: Annotated[
-        str, Field(description="The job's id (as a tool that starts one returns it).")
-    ]
-
-
-class Profile(Params):
-    """A profile, by name or id."""
-
-    key: Annotated[str, Field(description="The profile's name or id (list_profiles).")]
-
 
 # A tool's work: (the facades, its parameters, its body or None) -> what the route answers, or a Result.
 Call = Callable[[Facades, Any, Any], Awaitable[Any]]

@@ -1,0 +1,80 @@
+"""The MCP tools' path and query parameters (mcp_tools.py): each tool's twin of its route's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Params(BaseModel):
+    """A tool's path and query parameters; strict, as JSON arguments are typed already."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+SaeId = Annotated[str, Field(description="An SAE's id (list_saes).")]
+Index = Annotated[int, Field(description="A feature's index in the SAE.")]
+
+
+class NoParams(Params):
+    """A tool of a route without parameters."""
+
+
+class Sae(Params):
+    """The SAE a route names in its path."""
+
+    sae_id: SaeId
+
+
+class Feature(Params):
+    """A feature of an SAE, as /api/steering/saes/{sae_id}/features/{index} names it."""
+
+    sae_id: SaeId
+    index: Index
+
+
+# The bounds below are labels.py's Query() bounds, which the route's schema states.
+class Search(Params):
+    """GET /api/saes/{sae_id}/features."""
+
+    sae_id: SaeId
+    q: Annotated[str, Field(max_length=1000)] = ""
+    limit: Annotated[int, Field(ge=1, le=1000)] = 50
+    by: Literal["text", "meaning", "both"] = "text"
+
+
+class FeatureDetail(Params):
+    """GET /api/saes/{sae_id}/features/{index}."""
+
+    sae_id: SaeId
+    index: Index
+    k: Annotated[int, Field(ge=1, le=100)] = 10
+
+
+class ClearAll(Params):
+    """DELETE /api/steering/features."""
+
+    sae_id: Annotated[
+        str | None, Field(description="Clear only this SAE's features (default: every SAE's).")
+    ] = None
+
+
+class VariantKey(Params):
+    """A steered variant, by name or id."""
+
+    key: Annotated[str, Field(description="The variant's name or id (list_variants).")]
+
+
+class Job(Params):
+    """A job, by id."""
+
+    job_id: Annotated[
+        str, Field(description="The job's id (as a tool that starts one returns it).")
+    ]
+
+
+class Profile(Params):
+    """A profile, by name or id."""
+
+    key: Annotated[str, Field(description="The profile's name or id (list_profiles).")]
