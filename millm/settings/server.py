@@ -205,6 +205,12 @@ class Settings(RemoteServers):
         ge=0,
         le=1,
     )
+    explain_max_activation_bytes: int = env_field(
+        256 << 20,
+        "MILLM_EXPLAIN_MAX_ACTIVATION_BYTES",
+        "Most bytes of activations one explaining job keeps (every chosen feature at every corpus token, float32); past it, 400 before anything runs.",
+        ge=1,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -56,12 +56,21 @@ def sae_dir(tmp_path_factory):
     )
 
 
+def corpus_tokens(tiny_dirs) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    return sum(len(tokenizer(text)["input_ids"]) for text in TEXTS)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, sae_dir, explainer):
     env = {
         "MILLM_EXPLAINER_BASE_URL": explainer.url,
         "MILLM_EXPLAINER_MODEL": "fixed",
         "MILLM_EXPLAIN_MAX_FEATURES": "6",
+        # Four features' float32 activations over the texts: three fit, five do not.
+        "MILLM_EXPLAIN_MAX_ACTIVATION_BYTES": str(4 * 4 * corpus_tokens(tiny_dirs)),
     }
     process = ServerProcess(
         tmp_path_factory.mktemp("explain-home"), ["--model", str(tiny_dirs["llama"])], env=env
@@ -288,6 +297,8 @@ def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):
     assert error(explain(process, sae, {"features": [0], "range": {"start": 0, "end": 2}}), 400)
     assert error(explain(process, sae, {"features": [10**6]}), 400)["param"] == "features"
     assert error(explain(process, sae, {"features": [0], "texts": []}), 400)["param"] == "texts"
+    held = error(explain(process, sae, {"features": [0, 1, 2, 3, 4], "texts": TEXTS}), 400)
+    assert held["param"] == "features" and "MILLM_EXPLAIN_MAX_ACTIVATION_BYTES" in held["message"]
 
 
 def test_a_features_own_label_is_scored_the_same_way_and_stays(calibrated, offline, explainer):

@@ -61,8 +61,6 @@ if TYPE_CHECKING:
     from millm.service.composition import ServerState
 
 ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
-# The job keeps every chosen feature's activation at every corpus token (float32): its bound.
-ACTIVATIONS_BYTES = 256 << 20
 
 
 def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -> JobView:
@@ -85,11 +83,12 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     features = selected(state, sae_id, lm.name, request, info)
     corpus_tokens = read_corpus(state, request, summary, info, lm)
     held = corpus_tokens.tokens * len(features) * 4  # float32 activations the job keeps
-    if held > ACTIVATIONS_BYTES:
+    cap = state.settings.explain_max_activation_bytes  # the job's bound on what it keeps
+    if held > cap:
         param = request.selection
         raise InvalidRequest(
             f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
-            f"{held >> 20} MiB of activations (at most {ACTIVATIONS_BYTES >> 20} MiB); explain fewer features at a time",
+            f"{held / 2**20:.1f} MiB of activations (MILLM_EXPLAIN_MAX_ACTIVATION_BYTES: {cap / 2**20:.1f} MiB); explain fewer features at a time",
             param=param,
         )
     beside = beside_writer(state, request, lm.name)
