@@ -157,6 +157,20 @@ async def feature_detail(
 
 
 @router.post(
+    "/api/saes/{sae_id}/labels/embeddings",
+    summary="Embed an SAE's labels for search by meaning ahead of the first search (a job)",
+    status_code=202,
+    response_model=JobView,
+    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
+)
+def embed_labels(sae_id: str, request: Request) -> JSONResponse:
+    """Each label's text (or its best explanation) embedded by the search's embedder, in
+    batches, and kept until the labels change; a search by meaning meanwhile waits for them."""
+    view = facades(request).features.embed_labels(sae_id)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.post(
     "/api/saes/{sae_id}/labels/explain",
     summary="Explain and score features with a model (a job)",
     status_code=202,

@@ -182,3 +182,33 @@ def test_without_an_endpoint_the_served_models_embeddings_rank_the_labels(
             assert match["score"] == pytest.approx(want, abs=1e-5)
     finally:
         process.stop()
+
+
+def test_a_job_embeds_the_labels_ahead_of_the_first_search(
+    tiny_dirs, tmp_path_factory, sae_dir, embeddings
+):
+    """POST /api/saes/{id}/labels/embeddings embeds every label once, as a job whose progress is
+    the labels; the first search by meaning after it embeds only its query. An SAE with no label
+    is a 400 naming it."""
+    from tests.api.clients import error, finished_job
+
+    env = {"MILLM_EMBEDDINGS_BASE_URL": embeddings.url, "MILLM_EMBEDDINGS_MODEL": "words"}
+    home = tmp_path_factory.mktemp("meaning-job")
+    process, sae = labelled_server(home, tiny_dirs, sae_dir, env)
+    try:
+        before = len(embeddings.texts)
+        started = post(process, f"/api/saes/{sae}/labels/embeddings", {})
+        assert started.status_code == 202, started.text
+        job = finished_job(process, started.json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["progress"] == {"done": 4, "total": 4, "unit": "labels"}
+        assert job["result"]["embedder"] == "endpoint:words"
+        assert sorted(embeddings.texts[before:]) == sorted(LABELS.values())
+        found = search(process, sae, "sea voyage", "meaning")
+        assert found[0]["label"] == "pirate ship"
+        assert embeddings.texts[before + len(LABELS) :] == ["sea voyage"]
+        assert api(process, "DELETE", f"/api/saes/{sae}/labels").status_code == 200
+        refused = error(post(process, f"/api/saes/{sae}/labels/embeddings", {}), 400)
+        assert refused["param"] == "sae_id"
+    finally:
+        process.stop()

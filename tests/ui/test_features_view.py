@@ -256,3 +256,16 @@ def test_a_feature_past_the_width_shows_the_apis_message(workbench, page):
     page.goto(f"{workbench.url}#/features/{workbench.sae}/999")
     alert = page.get_by_role("region", name="Feature #999").get_by_role("alert")
     expect(alert).to_have_text(f"400 {error['code']}: {error['message']}")
+
+
+def test_the_labels_are_embedded_for_search_by_meaning_as_a_job(workbench, page):
+    """With search by meaning chosen, "Embed the labels now" starts the embedding job (the served
+    model embeds here) and shows its progress over every labelled feature."""
+    labelled = workbench.api("GET", f"/api/saes/{workbench.sae}/features", params={"q": ""})
+    total = labelled.json()["labels"]
+    page.goto(f"{workbench.url}#/features")
+    page.locator("select[name=by]").select_option("meaning")
+    page.get_by_role("button", name="Embed the labels now").click()
+    job = page.get_by_label("Embedding job")
+    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
+    expect(job.locator(".progress")).to_contain_text(f"{total}/{total} labels")

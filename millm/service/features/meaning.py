@@ -5,8 +5,10 @@ The embedder is the served model (its /v1/embeddings: mean-pooled final hidden s
 steered) or an OpenAI-compatible `/embeddings` endpoint the operator names
 (MILLM_EMBEDDINGS_BASE_URL and MILLM_EMBEDDINGS_MODEL). An SAE's label texts (each feature's label,
 or its best explanation when it has none: what the text search finds it by) are embedded on the
-first search by meaning and kept, per SAE and embedder, until its labels change; the query is
-embedded on every search. `both` fuses the two rankings by reciprocal rank (each list contributes
+first search by meaning (or ahead of it by a job, POST /api/saes/{id}/labels/embeddings, in
+batches with progress) and kept, per SAE and embedder, until its labels change; a search that
+finds them being made waits for them instead of making them again; the query is embedded on
+every search. `both` fuses the two rankings by reciprocal rank (each list contributes
 1 / (RRF_K + rank)), so a label found by either way ranks, and one found by both ranks higher:
 "sea voyage" finds a "pirate ship" feature that shares none of its words.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +31,7 @@ from millm.service.runtime.remote import post_json
 from millm.service.serving.prompts import embedding_inputs
 
 RRF_K = 60  # the usual constant of reciprocal rank fusion
+EMBED_BATCH = 128  # label texts per embedding call (a job's progress; serving goes on between)
 KEPT = 4  # SAEs whose label embeddings stay in memory
 ENDPOINT_TIMEOUT_S = 60.0
 ENDPOINT_BATCH = 256  # texts per endpoint request
@@ -125,6 +129,48 @@ class MeaningBook:
         self._lock = threading.Lock()
         self._kept = kept
         self._sets: OrderedDict[tuple[str, str, int], _Embedded] = OrderedDict()
+        self._making: dict[tuple[str, str, int], threading.Event] = {}
+
+    def embedded(
+        self,
+        embedder: Embedder,
+        sae_id: str,
+        version: int,
+        rows: list[FeatureMatch],
+        progress: Callable[[int], None] | None = None,
+    ) -> _Embedded:
+        """The SAE's label embeddings at `version`: kept, or made now in batches (`progress`
+        hears of each; an exception it raises stops the making), or, while another caller makes
+        them, theirs once made (blocking)."""
+        key = (sae_id, embedder.name, version)
+        while True:
+            with self._lock:
+                held = self._sets.get(key)
+                if held is not None:
+                    self._sets.move_to_end(key)
+                    return held
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Event()
+                    break
+            making.wait()  # made (found on the next look), or failed (made here then)
+        try:
+            parts = []
+            for start in range(0, len(rows), EMBED_BATCH):
+                chunk = rows[start : start + EMBED_BATCH]
+                parts.append(embedder.vectors([row.label for row in chunk]))
+                if progress is not None:
+                    progress(len(chunk))
+            held = _Embedded(rows, unit(np.concatenate(parts)) if parts else np.zeros((0, 0)))
+            with self._lock:
+                self._sets[key] = held
+                while len(self._sets) > self._kept:
+                    self._sets.popitem(last=False)
+            return held
+        finally:
+            with self._lock:
+                self._making.pop(key, None)
+            making.set()
 
     def search(
         self,
@@ -138,17 +184,7 @@ class MeaningBook:
         """The `limit` rows nearest `query` by cosine (score: the cosine), nearest first."""
         if not rows or not query.strip():
             return []
-        key = (sae_id, embedder.name, version)
-        with self._lock:
-            held = self._sets.get(key)
-            if held is not None:
-                self._sets.move_to_end(key)
-        if held is None:
-            held = _Embedded(rows, unit(embedder.vectors([row.label for row in rows])))
-            with self._lock:
-                self._sets[key] = held
-                while len(self._sets) > self._kept:
-                    self._sets.popitem(last=False)
+        held = self.embedded(embedder, sae_id, version, rows)
         asked = unit(embedder.vectors([query]))[0]
         cosines = held.vectors @ asked
         order = sorted(range(len(held.matches)), key=lambda i: (-cosines[i], held.matches[i].index))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from anyio import to_thread
 from pydantic import BaseModel
 
+from millm.errors import InvalidRequest
 from millm.interp.formats import SAEInfo
 from millm.interp.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
 from millm.interp.labels import ExportFormat, check_width, read_document
@@ -22,6 +23,7 @@ from millm.service.features.calibrations import FeatureFigures
 from millm.service.features.label_search import FeatureMatch, fts_query
 from millm.service.features.meaning import embedder_for, fused
 from millm.service.labelling.protocol import ExplanationView
+from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.steering.decoders import Decoder, neighbours
 
 
@@ -147,6 +149,35 @@ class FeatureManagement:
         """Remove every label of the SAE."""
         self.state.saes.get(sae_id)
         return LabelsCleared(sae_id=sae_id, deleted=self.state.labels.clear(sae_id))
+
+    def embed_labels(self, sae_id: str) -> JobView:
+        """Embed the SAE's label texts for search by meaning ahead of the first search, as a job
+        (blocking: the store): its labels are its progress, in batches."""
+        self.state.saes.get(sae_id)
+        embedder = embedder_for(self.state)
+        labels = self.state.labels
+        version = labels.version(sae_id)  # before the rows, as a search reads them
+        rows = labels.listed(sae_id)
+        if not rows:
+            raise InvalidRequest(
+                f"SAE {sae_id} has no labels or explanations to embed", param="sae_id"
+            )
+
+        def work(handle: JobHandle) -> dict:
+            def progress(done: int) -> None:
+                handle.advance(done)
+                handle.check()
+
+            self.state.meanings.embedded(embedder, sae_id, version, rows, progress)
+            return {"sae_id": sae_id, "embedder": embedder.name, "labels": len(rows)}
+
+        return self.state.jobs.start(
+            "embed labels",
+            f"embed the {len(rows)} labels of {sae_id} with {embedder.name}",
+            len(rows),
+            "labels",
+            work,
+        )
 
     def search_features(
         self, sae_id: str, query: str, limit: int, by: SearchBy = "text"

@@ -83,6 +83,8 @@ function Search({ sae, onSae }) {
   const [text, setText] = useState("");
   const [query, setQuery] = useState("");
   const [by, setBy] = useState("text");
+  const [embedding, setEmbedding] = useState(null);
+  const embed = useAction();
   useEffect(() => {
     const timer = setTimeout(() => setQuery(text.trim()), 300);
     return () => clearTimeout(timer);
@@ -98,7 +100,12 @@ function Search({ sae, onSae }) {
       <label class="inline">By <select name="by" value=${by} onChange=${(e) => setBy(e.target.value)}>
         <option value="text">words</option><option value="meaning">meaning</option><option value="both">both</option></select></label>
       <button type="submit">Search</button>
+      ${by !== "text" && sae ? html`<button type="button" class="secondary" disabled=${embed.busy || embedding?.state === "running"}
+        title="The first search by meaning embeds every label; do it now, as a job"
+        onClick=${() => embed.run(async () => setEmbedding(await api.saes.embedLabels(sae)))}>Embed the labels now</button>` : null}
     </form>
+    <${ErrorNote} error=${embed.error} />
+    ${embedding ? html`<${JobProgress} key=${embedding.id} job=${embedding} label="Embedding job" onEnd=${setEmbedding} />` : null}
     ${!sae ? html`<p class="note">No SAE is attached: attach one in <a href="#/system">Models, SAEs & jobs</a>.</p>` : null}
     <${ErrorNote} error=${found.error} />
     ${result ? html`<p class="note" role="status">${result.query
