@@ -112,8 +112,8 @@ def test_explaining_from_a_card_with_the_served_model_shows_what_it_stored(expla
 
 
 def test_a_registered_model_is_offered_as_the_explainer(explaining, page, tiny_dirs):
-    """A registered model that is not loaded is an explainer choice; the job loads it beside the
-    served one, and its description and the stored explanations name it."""
+    """A registered model that is not loaded is an explainer choice: the job started names it
+    (the API tests follow such a job to its end; here it is cancelled)."""
     bench = explaining
     registered = bench.api("POST", "/api/models", json={"source": str(tiny_dirs["gemma2"])})
     assert registered.status_code in (200, 201), registered.text
@@ -126,11 +126,11 @@ def test_a_registered_model_is_offered_as_the_explainer(explaining, page, tiny_d
         label=f"{name} (loaded beside for the job)"
     )
     form.get_by_role("button", name="Start").click()
-    job = page.get_by_label("Explaining job")
-    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
     expect(page.locator("strong").filter(has_text="explain 1 features")).to_contain_text(
         f"with model:{name}"
     )
+    job = page.get_by_label("Explaining job")
+    job.get_by_role("button", name="Cancel").click()
+    expect(job.locator("[data-state]")).to_have_text("cancelled", timeout=60_000)
     ended = bench.api("GET", "/api/jobs").json()["data"][0]
-    written = ended["result"]["explanations"] or ended["result"]["skipped"]
-    assert written and all(e.get("explainer", f"model:{name}") == f"model:{name}" for e in written)
+    assert ended["kind"] == "explain" and ended["description"].endswith(f"with model:{name}")
