@@ -19,7 +19,7 @@ from anyio import to_thread
 from millm.engine.control_vectors import engine_cannot
 from millm.engine.jobs import CallDone, CallJob
 from millm.engine.loader import LoadedModel
-from millm.errors import InvalidRequest
+from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
 from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
 from millm.interp.attribution.verify import Verification, served_logits, verify
@@ -123,6 +123,12 @@ async def trace(
         prepared.budget,
         prepared.steered,
     )
+    served = state.switch.lm
+    if job is not None and (served is None or served.name != prepared.model):
+        # A job never loads a model (acquire would, replacing the one everyone is using).
+        raise ModelNotLoaded(
+            f"model {prepared.model!r} is no longer loaded (it was unloaded or replaced before the job ran)"
+        )
     lm = await state.switch.acquire(prepared.model)
     started = time.monotonic()
     tracer: Tracer | None = None
