@@ -74,6 +74,17 @@ class Job(Params):
     ]
 
 
+class Graph(Params):
+    """An attribution graph, by id."""
+
+    graph_id: Annotated[
+        str,
+        Field(
+            description="The graph's id (attribution_graph's id, or an attribution job's graph_id)."
+        ),
+    ]
+
+
 class Profile(Params):
     """A profile, by name or id."""
 

@@ -15,6 +15,7 @@ from millm.api.mcp_params import (
     ClearAll,
     Feature,
     FeatureDetail,
+    Graph,
     Job,
     NoParams,
     Params,
@@ -129,6 +130,14 @@ async def _lens(f: Facades, _: NoParams, body: LensRequest) -> Any:
 
 async def _attribution(f: Facades, _: NoParams, body: AttributionRequest) -> Any:
     return await f.attribution.attribute(body)
+
+
+async def _attribution_job(f: Facades, _: NoParams, body: AttributionRequest) -> dict:
+    return (await f.attribution.start_job(body)).model_dump(mode="json")
+
+
+async def _graph(f: Facades, p: Graph, _: None) -> Any:
+    return f.attribution.graph(p.graph_id)  # the last graphs, in memory
 
 
 async def _variants(f: Facades, _: NoParams, __: None) -> dict:
@@ -286,6 +295,24 @@ TOOLS = (
         "/api/attribution",
         _attribution,
         body=AttributionRequest,
+        read_only=True,
+    ),
+    Tool(
+        "start_attribution_job",
+        "The same attribution graph as a job, for long texts and large budgets: get_job follows it (its progress is the "
+        "features expanded) and its result names the graph for get_attribution_graph.",
+        "post",
+        "/api/attribution/jobs",
+        _attribution_job,
+        body=AttributionRequest,
+    ),
+    Tool(
+        "get_attribution_graph",
+        "A recent attribution graph by id (the server keeps the last 16, in memory).",
+        "get",
+        "/api/attribution/{graph_id}",
+        _graph,
+        Graph,
         read_only=True,
     ),
     Tool(

@@ -44,6 +44,8 @@ TOOLS = {
     "monitoring_stats",
     "logit_lens",
     "attribution_graph",
+    "start_attribution_job",
+    "get_attribution_graph",
     "list_variants",
     "create_variant",
     "delete_variant",
@@ -489,3 +491,16 @@ def test_the_admin_key_opens_mcp(server, sae):
             method, f"{server.base_url}/mcp", headers={**headers, **bearer()}, timeout=30
         )
         assert error(response, 405, "method_not_allowed") and response.headers["allow"] == "POST"
+
+
+def test_an_attribution_job_over_mcp_names_the_graph_get_attribution_graph_returns(server, sae):
+    body = {"text": "The capital of France is", "max_feature_nodes": 16, "verify": 2}
+    started = call(server, "start_attribution_job", **body)
+    assert started["kind"] == "attribution" and started["progress"]["unit"] == "features"
+    while (job := call(server, "get_job", job_id=started["id"]))["state"] == "running":
+        time.sleep(0.1)
+    assert job["state"] == "succeeded", job
+    graph = call(server, "get_attribution_graph", graph_id=job["result"]["graph_id"])
+    assert graph == rest(server, "GET", f"/api/attribution/{graph['id']}").json()
+    assert graph["expanded_features"] == job["result"]["expanded_features"]
+    refused(server, "get_attribution_graph", 404, "graph_not_found", graph_id="graph-nope")
