@@ -8,6 +8,10 @@ and scorer, a second scores their shipped labels the same way (`score_labels`). 
 the same seed, so each feature's held-out windows are the same for its two texts.
 
     .venv/bin/python bench/labels_demo.py [--count 32] [--held-out 10] [--out labels_demo.json]
+        [--explainer-model gemma3-270m]
+
+With --explainer-model, that registered (or packaged) model is loaded beside the served one for
+both jobs instead: it writes the explanations and scores them and the shipped labels.
 
 Prints a markdown table (the one in docs/labels.md) and writes both jobs' results as JSON.
 """
@@ -62,6 +66,10 @@ def main() -> None:
     parser.add_argument("--min-count", type=int, default=60)
     parser.add_argument("--held-out", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("labels_demo.json"))
+    parser.add_argument(
+        "--explainer-model",
+        help="a model source to register and load beside the served one as explainer and scorer",
+    )
     args = parser.parse_args()
     server = ServerProcess(
         Path(tempfile.mkdtemp(prefix="millm-bench-")), ["--log-level", "warning"]
@@ -81,12 +89,18 @@ def main() -> None:
             pool = [f["index"] for f in figures if f["count"] >= args.min_count]
             features = sorted(random.Random(0).sample(pool, args.count))
             common = {"features": features, "held_out": args.held_out, "quantiles": 5}
-            written, written_s = run_job(client, sae, {**common, "explainer": "served"})
-            shipped, shipped_s = run_job(client, sae, {**common, "score_labels": True})
+            who: dict = {"explainer": "served"}
+            if args.explainer_model:
+                registered = client.post("/api/models", json={"source": args.explainer_model})
+                registered.raise_for_status()
+                who = {"explainer": "model", "explainer_model": registered.json()["id"]}
+            written, written_s = run_job(client, sae, {**common, **who})
+            shipped, shipped_s = run_job(client, sae, {**common, **who, "score_labels": True})
     finally:
         server.stop()
     args.out.write_text(json.dumps({"written": written, "shipped": shipped}, indent=1))
     mine = {e["feature"]: e for e in written["result"]["explanations"]}
+    writer = args.explainer_model or "the demo model"
     theirs = {e["feature"]: e for e in shipped["result"]["explanations"]}
     print(
         f"{len(features)} features of the demo SAE (fired >= {args.min_count} times in its calibration), "
@@ -94,7 +108,7 @@ def main() -> None:
         f"{written_s:.0f} s, scoring the shipped labels {shipped_s:.0f} s\n"
     )
     print(
-        "| feature | shipped label | detection | fuzzing | the demo model's explanation | detection | fuzzing |"
+        f"| feature | shipped label | detection | fuzzing | {writer}'s explanation | detection | fuzzing |"
     )
     print("|---|---|---|---|---|---|---|")
     for feature in features:
@@ -104,7 +118,7 @@ def main() -> None:
             f"{cell(accuracy(a, 'fuzzing'))} | {(b or {}).get('explanation', '(none written)')[:80]} | "
             f"{cell(accuracy(b, 'detection'))} | {cell(accuracy(b, 'fuzzing'))} |"
         )
-    for name, table in (("shipped labels", theirs), ("the demo model's", mine)):
+    for name, table in (("shipped labels", theirs), (f"{writer}'s", mine)):
         for score in ("detection", "fuzzing"):
             values = [v for e in table.values() if (v := accuracy(e, score)) is not None]
             mean = statistics.mean(values) if values else float("nan")
