@@ -373,56 +373,44 @@ def gemma(tiny_dirs, calibrated):
     return registered.json()["id"], model.eval()
 
 
-def test_another_registered_model_scores_and_writes_beside_the_served_one(
-    calibrated, offline, explainer, gemma
+def test_another_registered_model_writes_and_scores_beside_the_served_one(
+    calibrated, offline, gemma
 ):
-    """A registered model that is not loaded scores (and writes) for the job: loaded beside the
-    served model for its length, then freed. Its detection and fuzzing scores are the stock
-    Gemma's P([1]) arithmetic; the explanation it writes is the stock Gemma's greedy line after
-    "[EXPLANATION]:"; the served model stays loaded and answering throughout."""
+    """A registered model that is not loaded writes and scores for the job: loaded beside the
+    served model for its length, then freed. The explanation it writes is the stock Gemma's
+    greedy line after "[EXPLANATION]:", its detection score the stock Gemma's P([1]) arithmetic
+    on that explanation; the served model stays the one loaded and answers afterwards."""
     from millm.interp.explain_prompts import parsed_explanation
 
     process, sae = calibrated
     name, model = gemma
     tokenizer = offline["tokenizer"]  # the Gemma's too: both tiny models share one tokenizer
     feature = fired_features(offline, 4)[3]
-    common = {"features": [feature], "top_examples": TOP, "held_out": HELD, "quantiles": 2,
-              "width": WIDTH, "texts": TEXTS, "scoring": ["detection"]}  # fmt: skip
-    explainer.asked.clear()
-    body = {**common, "explainer": "endpoint", "scorer": "model", "scorer_model": name}
+    body = {"features": [feature], "top_examples": TOP, "held_out": HELD, "quantiles": 2,
+            "width": WIDTH, "texts": TEXTS, "scoring": ["detection"], "explainer": "model",
+            "explainer_model": name, "max_tokens": 16}  # fmt: skip
     job = wait_job(process, explain(process, sae, body).json()["id"])
     assert job["state"] == "succeeded", job
-    [entry] = job["result"]["explanations"]
-    assert entry["scorer"] == f"model:{name}" and entry["explainer"] == "endpoint:fixed"
     examples = offline_examples(offline, feature)
+    shown = [(strings(tokenizer, w), list(w.activations)) for w in examples.top]
+    chat = explainer_messages(shown, examples.top[0].peak)
+    ids = chat_prompt_ids(tokenizer, [*chat, {"role": "assistant", "content": "[EXPLANATION]:"}])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    continued = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).split("\n")[0]
+    want = parsed_explanation("[EXPLANATION]:" + continued)
+    assert want is not None  # the random Gemma writes a line here (measured: "\ufffd< fou")
+    [entry] = job["result"]["explanations"]
+    assert entry["explanation"] == want
+    assert entry["explainer"] == entry["scorer"] == f"model:{name}"
     judged = [
-        Judged(fired, yes(tokenizer, model, detection_messages(entry["explanation"], text)))
+        Judged(fired, yes(tokenizer, model, detection_messages(want, text)))
         for fired, text in [(True, "".join(strings(tokenizer, w))) for w in examples.activating]
         + [(False, "".join(strings(tokenizer, w))) for w in examples.quiet]
     ]
     assert entry["detection"]["balanced_accuracy"] == pytest.approx(
         balanced_score(judged).balanced_accuracy, abs=1e-9
     )
-
-    # The registered model writes; the served model scores.
-    body = {**common, "explainer": "model", "explainer_model": name, "scorer": "served",
-            "max_tokens": 16}  # fmt: skip
-    job = wait_job(process, explain(process, sae, body).json()["id"])
-    assert job["state"] == "succeeded", job
-    shown = [(strings(tokenizer, w), list(w.activations)) for w in examples.top]
-    chat = [*explainer_messages(shown, examples.top[0].peak)]
-    ids = chat_prompt_ids(tokenizer, [*chat, {"role": "assistant", "content": "[EXPLANATION]:"}])
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
-    continued = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).split("\n")[0]
-    want = parsed_explanation("[EXPLANATION]:" + continued)
-    result = job["result"]
-    if want is None:
-        assert [s["feature"] for s in result["skipped"]] == [feature]
-    else:
-        [written] = result["explanations"]
-        assert (written["explanation"], written["explainer"]) == (want, f"model:{name}")
-        assert written["scorer"].startswith("served:")
     models = {m["id"]: m["state"] for m in api(process, "GET", "/api/models").json()["data"]}
     assert models[name] != "loaded" and list(models.values()).count("loaded") == 1
     chat_ok = post(process, "/v1/chat/completions", {"model": MODEL, "max_tokens": 2,
