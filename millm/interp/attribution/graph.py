@@ -336,7 +336,7 @@ class Tracer:
         `[n, T, d]` there: at the pass itself, or averaged along integrated gradients' paths."""
         assert self.trace is not None
         trace = self.trace
-        integrated = self.held is not None and self.totals is not None
+        integrated = self.totals is not None  # set with `held`, in start
         points = [trace.z_embed] if integrated else [trace.z_embed] + [s.z for s in trace.sources]
         grads: list[torch.Tensor | None] = [
             None if grad is None else grad[:, 0]

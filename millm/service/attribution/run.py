@@ -50,21 +50,15 @@ async def on_engine(state: ServerState, call) -> Any:
         job.cancel()
 
 
-def begin(
-    lm: LoadedModel,
-    prompt: list[int],
-    sources: list[Source],
-    target: Target | None,
-    budget: Budget,
-    steered: Steered,
-    steps: int = 0,
-) -> Tracer:
+def begin(lm: LoadedModel, prepared: Prepared) -> Tracer:
     """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
+    prompt, edit, target = prepared.prompt, prepared.steered.edit, prepared.target
     if target is None:
-        target = Target((int(served_logits(lm, prompt, steered.edit).argmax()),), (1.0,))
+        target = Target((int(served_logits(lm, prompt, edit).argmax()),), (1.0,))
     model = ReplacementModel(lm.runner.layout)  # type: ignore[attr-defined]  # the lean runner's, checked before
-    plain = [plain_source(source, model.dtype) for source in sources]
-    tracer = Tracer(model, prompt, plain, target, budget, steered.edit, steps)
+    plain = [plain_source(source, model.dtype) for source in prepared.sources]
+    steps = prepared.body.integrated_gradients
+    tracer = Tracer(model, prompt, plain, target, prepared.budget, edit, steps)
     tracer.start()
     return tracer
 
@@ -115,14 +109,7 @@ async def trace(
 ) -> AttributionGraph:
     """The prepared graph traced, pruned and checked; as a `job`, each batch of features
     expanded is progress, and the job's share of the scheduler is kept between steps."""
-    body, prompt, sources, target, budget, steered = (
-        prepared.body,
-        prepared.prompt,
-        prepared.sources,
-        prepared.target,
-        prepared.budget,
-        prepared.steered,
-    )
+    body, steered = prepared.body, prepared.steered
     served = state.switch.lm
     if job is not None and (served is None or served.name != prepared.model):
         # A job never loads a model (acquire would, replacing the one everyone is using).
@@ -133,12 +120,7 @@ async def trace(
     started = time.monotonic()
     tracer: Tracer | None = None
     try:
-        tracer = await on_engine(
-            state,
-            lambda lm: begin(
-                lm, prompt, sources, target, budget, steered, body.integrated_gradients
-            ),
-        )
+        tracer = await on_engine(state, lambda lm: begin(lm, prepared))
         while True:
             step = time.monotonic()
             expanded = await on_engine(state, lambda lm: tracer.expand())

@@ -10,13 +10,10 @@ beside the served one: a second job asking for one while it is held is refused w
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import torch
 
 from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler
@@ -102,9 +99,7 @@ class ModelsBeside:
                 cuda = lm.device.type == "cuda"
                 held.let_go()
                 del lm, scheduler
-                gc.collect()
-                if cuda:
-                    torch.cuda.empty_cache()
+                unloading.collect(cuda)
                 log.info("freed %s (it was loaded beside the served model)", planned.name)
         finally:
             self._held.release()

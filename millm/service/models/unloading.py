@@ -45,10 +45,16 @@ def retire(slot: ModelSlot, name: str, timeout: float, before_free: Callable[[],
     lm, scheduler = slot.empty()
     cuda = lm is not None and lm.device.type == "cuda"
     del lm, scheduler
+    collect(cuda)
+    log.info("unloaded %s", name)
+
+
+def collect(cuda: bool) -> None:
+    """Free what nothing references any more: a model's weights once its last reference went
+    (and CUDA's cached blocks, on a card)."""
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
-    log.info("unloaded %s", name)
 
 
 def stop(scheduler: Scheduler, name: str, timeout: float) -> None:
