@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.api.replies import unless_client_leaves
 from millm.protocol.attribution import (
     AttributionGraph,
@@ -25,7 +26,7 @@ from millm.protocol.attribution import (
 )
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

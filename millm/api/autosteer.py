@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.autosteer import AutoSteerRequest
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.service.features.calibrations import CalibrationView
 from millm.service.runtime.jobs import JobView
 from millm.service.training.corpus import CalibrateRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Request
 
 from millm.api.deps import facades, settings_of
 from millm.api.headers import STRICT_HEADER, strict_mode
+from millm.api.json_body import JsonRoute
 from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.compare import CompareRequest, Comparison
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The comparison; with stream: true, server-sent events (compare.start, "

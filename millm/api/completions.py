@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 
 from millm.api.deps import facades, settings_of
 from millm.api.headers import STRICT_HEADER, strict_mode
+from millm.api.json_body import JsonRoute
 from millm.api.replies import respond, unless_client_leaves
 from millm.protocol.requests import (
     ChatCompletionRequest,
@@ -14,7 +15,7 @@ from millm.protocol.requests import (
     EmbeddingRequest,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 def strict(request: Request) -> bool:

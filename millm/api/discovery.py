@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.api.replies import unless_client_leaves
 from millm.protocol.discovery import (
     ContrastRequest,
@@ -19,7 +20,7 @@ from millm.protocol.discovery import (
 )
 from millm.protocol.lens import LensRequest, LensResponse
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

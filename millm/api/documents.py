@@ -12,10 +12,11 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.documents import CircuitActivation, Intensity
 from millm.service.manage import bases
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

@@ -9,9 +9,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from millm.errors import InvalidRequest, MillmError, describe
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 log = logging.getLogger(__name__)
 
 # 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error parsing the body").
@@ -91,13 +93,18 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route takes at this path (Starlette's 405 names only the first route's)."""
-    methods: set[str] = set()
-    for route in request.app.routes:
-        pattern, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
-        if pattern is not None and route_methods and pattern.match(request.scope["path"]):
-            methods |= set(route_methods)
-    return sorted(methods)
+    """Every method some route takes at this path (Starlette's 405 names only the first route's).
+
+    Asked of the routes themselves (`matches`, as routing does), not read from their fields:
+    FastAPI nests included routers, whose routes a walk over `app.routes` never sees."""
+    return [
+        method
+        for method in METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.evaluations import (
     EvaluationDeleted,
     EvaluationList,
@@ -16,7 +17,7 @@ from millm.protocol.evaluations import (
 )
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

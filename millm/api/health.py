@@ -6,8 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.get("/api/health", summary="Liveness")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.get("/api/jobs", summary="Jobs, newest first")

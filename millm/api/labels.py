@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.interp.labels import ExportFormat, LabelFormat
 from millm.service.labelling.protocol import ExplainRequest, ExplanationView
 from millm.service.manage.features import (
@@ -21,7 +22,7 @@ from millm.service.manage.features import (
 )
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 FORMAT = Query(
     alias="format",

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.steering import (
     AttachSAE,
     FeatureSetting,
@@ -20,7 +21,7 @@ from millm.protocol.steering import (
 )
 from millm.service.manage.steering import check_distinct
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 # SAEs ------------------------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.models import RegisterModel
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post("/api/models", summary="Register a model (checkpoint directory, .gguf file or hub id)")

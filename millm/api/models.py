@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.get("/v1/models", summary="List available models")

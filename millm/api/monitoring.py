@@ -10,9 +10,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.monitoring import MonitoringSettings
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 KEEPALIVE_SECONDS = 15.0
 
 

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.probes import ProbeUpdate
 from millm.service.runtime.jobs import JobView
 from millm.service.training.probes import ProbeTrainRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 # Literal paths first: "export", "import", "train" must not be read as a probe's key.

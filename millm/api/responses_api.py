@@ -8,10 +8,11 @@ from fastapi import APIRouter, Query, Request
 
 from millm.api.completions import ignored_cap, strict
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.api.replies import event_frames, respond, unless_client_leaves
 from millm.protocol.responses_api import DeletedResponse, InputItemList, Response, ResponsesRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The response object; with stream: true, the Responses event sequence (response.created ... response.completed)",

@@ -7,9 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.tokenizer import DetokenizeRequest, TokenizeRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post("/tokenize", summary="A text's token ids, as /v1/completions tokenises a prompt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.protocol.variants import (
     VariantBody,
     VariantDeleted,
@@ -13,7 +14,7 @@ from millm.protocol.variants import (
     VariantView,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from millm.api.deps import facades
+from millm.api.json_body import JsonRoute
 from millm.interp.vector_file import VectorFile
 from millm.protocol.vectors import (
     ExplainK,
@@ -20,7 +21,7 @@ from millm.protocol.vectors import (
 )
 from millm.service.runtime.jobs import JobView
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 @router.post(

@@ -18,12 +18,13 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from millm import __version__
+from millm.api.json_body import JsonRoute
 
 ROOT = Path(__file__).resolve().parent.parent / "workbench"
 ASSETS = ROOT / "assets"
 IMPORT_MAP = re.compile(r'<script type="importmap">(.*?)</script>', re.S)
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=JsonRoute)
 
 
 @cache

@@ -195,3 +195,50 @@ def test_unknown_route_is_openai_shaped(llama_server):
 
     error = error_of(httpx.get(f"{llama_server.base_url}/v1/nothing-here"), 404)
     assert error["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", {"POST"}),
+        ("DELETE", "/v1/models", {"GET", "HEAD"}),
+        ("PUT", "/api/saes", {"GET", "HEAD", "POST"}),
+        ("PATCH", "/api/profiles/some-profile", {"DELETE", "GET", "HEAD", "PUT"}),
+    ],
+)
+def test_a_405_names_the_methods_the_path_takes(llama_server, method, path, allowed):
+    """RFC 9110: a 405 carries Allow with the methods the target resource supports."""
+    import httpx
+
+    response = httpx.request(method, f"{llama_server.base_url}{path}")
+    assert error_of(response, 405)["code"] == "method_not_allowed"
+    assert set(response.headers["allow"].split(", ")) >= allowed - {"HEAD"}
+
+
+def test_whole_number_floats_are_the_integers_the_schema_calls_them(llama_server):
+    """JSON Schema counts 2.0 as an integer, so wherever the schema says integer the server reads 2.0
+    as 2; 2.5 stays a refusal naming the field."""
+    import httpx
+
+    base = {"model": MODEL, "messages": USER, "temperature": 0, "logprobs": True}
+    ints = post(llama_server, CHAT, {**base, "max_tokens": 3, "seed": 7, "n": 1, "top_logprobs": 2})
+    whole = post(
+        llama_server, CHAT, {**base, "max_tokens": 3.0, "seed": 7.0, "n": 1.0, "top_logprobs": 2.0}
+    )
+    assert ints.status_code == whole.status_code == 200, whole.text
+    assert whole.json()["usage"]["completion_tokens"] == 3
+    assert whole.json()["choices"][0]["message"] == ints.json()["choices"][0]["message"]
+    assert len(whole.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+    ids = post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": [5, 9], "max_tokens": 2})
+    floats = post(
+        llama_server, COMPLETIONS, {"model": MODEL, "prompt": [5.0, 9.0], "max_tokens": 2}
+    )
+    assert floats.json()["usage"] == ids.json()["usage"]
+    assert error_of(post(llama_server, CHAT, {**base, "max_tokens": 2.5}), 400)["param"] == (
+        "max_tokens"
+    )
+    assert error_of(post(llama_server, COMPLETIONS, {"model": MODEL, "prompt": 5.0}), 400)[
+        "param"
+    ] == ("prompt")
+    schema = httpx.get(f"{llama_server.base_url}/openapi.json").json()["components"]["schemas"]
+    assert "integer" in str(schema["ChatCompletionRequest"]["properties"]["max_tokens"])
