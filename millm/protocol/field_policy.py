@@ -2,10 +2,10 @@
 or refused, never dropped silently.
 
 Refused: the field_not_honoured matrix. One table (MATRIX) drives both the check and its tests;
-it is the API page's table, column by column, plus a few legacy OpenAI fields the page does not
-list but that would change the output (functions, echo, best_of, suffix). A field is refused
+it is the API page's table, column by column, plus a few OpenAI fields the page does not
+list but that would change the output (functions, echo, best_of, suffix, audio, modalities). A field is refused
 only when its value would change something: null and the neutral values (n: 1, logprobs:
-false, response_format {"type": "text"}, tools: [], logit_bias: {}) pass everywhere. The request
+false, response_format {"type": "text"}, tools: [], logit_bias: {}, modalities: ["text"]) pass everywhere. The request
 models run the check while parsing (protocol/requests.py), before the requested model is looked
 at, let alone loaded.
 
@@ -136,6 +136,11 @@ MATRIX: dict[str, dict[str, Rule]] = {
         EMBEDDINGS: no("embeddings call no tools"),
     },
     "logit_bias": {e: no("logit_bias is not supported") for e in ENDPOINTS},
+    # Beyond the page's table: OpenAI's audio output, which would change what comes back.
+    "audio": {e: no("millm generates text only; it has no audio output") for e in ENDPOINTS},
+    "modalities": {
+        e: no('millm generates text only: modalities may only be ["text"]') for e in ENDPOINTS
+    },
     # Beyond the page's table: legacy fields that would change the output.
     "functions": {
         CHAT: no("the legacy functions field is not supported; send tools"),
@@ -168,6 +173,7 @@ NEUTRAL: dict[str, Any] = {
     "echo": False,
     "best_of": 1,
     "probes": [],
+    "modalities": ["text"],
 }
 
 
@@ -303,6 +309,8 @@ def unused_locations(
         found.append("user")
     if fields.get("stream_options") is not None and not fields.get("stream"):
         found.append("stream_options")
+    if fields.get("tool_choice") is not None and not fields.get("tools"):
+        found.append("tool_choice")  # no tools to choose among: "auto" and "none" change nothing
     if scoring:
         found += [key for key in NOT_IN_SCORING if fields.get(key) is not None]
     elif (

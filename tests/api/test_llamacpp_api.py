@@ -72,6 +72,13 @@ def test_chat_template_kwargs_are_reported_on_llamacpp(server):
     assert response.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
 
 
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tool_choice_without_tools_is_reported_on_llamacpp(server, choice):
+    plain = answer(server, chat("Tell me about the sea."))[0]
+    text, response = answer(server, chat("Tell me about the sea.", tool_choice=choice))
+    assert response.headers["x-millm-ignored-fields"] == '"tool_choice"' and text == plain
+
+
 def test_seeds_stops_and_n(server):
     body = chat("Tell me about the moon.", temperature=1.0, seed=5, max_tokens=16)
     first, response = answer(server, body)

@@ -62,6 +62,7 @@ def test_neutral_values_everywhere(llama_server, endpoint):
         "logit_bias": {},
         "seed": None,
         "dimensions": None,
+        "modalities": ["text"],
     }
     response = post(llama_server, PATHS[endpoint], body)
     assert response.status_code == 200, response.text
@@ -91,6 +92,26 @@ def test_unknown_and_unused_fields_are_named(llama_server, caplog):
     log = llama_server.log
     line = [entry for entry in log.splitlines() if "request_fields_unused" in entry][-1]
     assert "messages[0].weight" in line and "value-42" not in log and "alice" not in log
+
+
+@pytest.mark.parametrize("tools", [None, []])
+def test_tool_choice_without_tools_is_named_or_refused_in_strict_mode(llama_server, tools):
+    body = {
+        "model": MODEL,
+        "messages": USER,
+        "max_tokens": 2,
+        "tool_choice": "auto",
+        "tools": tools,
+    }
+    assert ignored(post(llama_server, "/v1/chat/completions", body)) == ["tool_choice"]
+    strict = httpx.post(
+        f"{llama_server.base_url}/v1/chat/completions", json=body, headers={"X-miLLM-Strict": "1"}
+    )
+    assert strict.status_code == 400 and strict.json()["error"]["param"] == "tool_choice"
+    forced = {**body, "tool_choice": "required"}
+    assert post(llama_server, "/v1/chat/completions", forced).json()["error"]["param"] == (
+        "tool_choice"
+    )
 
 
 def test_header_on_streaming_responses_and_never_in_the_body(llama_server):

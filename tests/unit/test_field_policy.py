@@ -40,6 +40,8 @@ EXAMPLES = {
     "echo": True,
     "best_of": 2,
     "suffix": "end",
+    "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"],
 }
 
 
