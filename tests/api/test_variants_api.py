@@ -303,3 +303,95 @@ def test_a_variant_shares_the_prefix_cache_under_its_own_steering(server, varian
     # The base model's unsteered pass computes other keys and values: it never reuses the variant's.
     base = chat(server, MODEL, messages=long)
     assert base["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def unit_vector(name: str) -> dict:
+    """A millm.steering-vector file for the tiny Llama's block LAYER (a unit direction)."""
+    values = [0.0] * 64
+    values[3] = 1.0
+    return {
+        "kind": "millm.steering-vector",
+        "version": 1,
+        "name": name,
+        "model": MODEL,
+        "layer": LAYER,
+        "hook_point": "resid_post",
+        "normalisation": "unit",
+        "norm": 1.0,
+        "d_model": 64,
+        "method": "mean",
+        "pairs": 1,
+        "values": values,
+    }
+
+
+@pytest.fixture
+def another_sae(server, tmp_path):
+    """A second SAE on block LAYER, registered (not attached)."""
+    from tests.support.tiny_saes import build_saelens
+
+    path = build_saelens(tmp_path / "other", layer=LAYER, seed=77)
+    return post(server, "/api/saes", {"path": str(path)}).json()["id"]
+
+
+CASES = {
+    "profile, its SAE detached": ("profile", {}),
+    "profile dialled off, its SAE detached": ("profile", {"steering_intensity": "off"}),
+    "profile, scoring steered, its SAE detached": ("profile", {"scoring": "steered"}),
+    "steering, another SAE attached in its place": ("replaced", {"scoring": "steered"}),
+    "steering vector, the vector deleted": ("vector", {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_way_a_variant_stops_fitting_is_refused_never_answered_unsteered(
+    server, sae_id, another_sae, case
+):
+    how, extra = CASES[case]
+    body = {"name": "fragile", "base": MODEL, **extra}
+    if how == "profile":
+        profile = {"name": "fragile-profile", "steering": spec(sae_id)["steering"]}
+        assert api(server, "POST", "/api/profiles", json=profile).status_code == 201
+        body["profile"] = "fragile-profile"
+    elif how == "vector":
+        assert post(server, "/api/vectors/import", unit_vector("fragile-vector")).status_code == 201
+        body["steering"] = {"vectors": [{"vector_id": "fragile-vector", "strength": 5.0}]}
+    else:
+        body["steering"] = spec(sae_id)
+    created = api(server, "POST", "/api/variants", json=body)
+    assert created.status_code == 201, created.text
+    try:
+        assert created.json()["fits"] is True
+        if how == "vector":
+            assert api(server, "DELETE", "/api/vectors/fragile-vector").status_code == 200
+        else:
+            assert api(server, "POST", f"/api/saes/{sae_id}/detach").status_code == 200
+        if how == "replaced":
+            assert api(server, "POST", f"/api/saes/{another_sae}/attach").status_code == 200
+        view = api(server, "GET", "/api/variants/fragile").json()
+        assert view["fits"] is False and view["problem"], view
+        refused = error(
+            post(server, "/v1/chat/completions", {"model": "fragile", "messages": USER}),
+            400,
+            "variant_unfit",
+        )
+        assert refused["param"] == "model" and "'fragile'" in refused["message"]
+        scored = {
+            "model": "fragile",
+            "prompt": PROMPT,
+            "echo": True,
+            "logprobs": 1,
+            "max_tokens": 0,
+        }
+        scoring = post(server, "/v1/completions", scored)
+        if body.get("scoring") == "steered":
+            assert error(scoring, 400, "variant_unfit")["param"] == "model"
+        else:  # its scoring is the base model's, as the variant promises
+            assert scoring.status_code == 200
+    finally:
+        api(server, "DELETE", "/api/variants/fragile")
+        api(server, "DELETE", "/api/profiles/fragile-profile")
+        api(server, "DELETE", "/api/vectors/fragile-vector")
+        api(server, "POST", f"/api/saes/{another_sae}/detach")
+        if not api(server, "GET", f"/api/saes/{sae_id}").json()["attached"]:
+            assert api(server, "POST", f"/api/saes/{sae_id}/attach").status_code == 200

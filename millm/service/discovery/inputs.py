@@ -205,7 +205,7 @@ def resolve_steering(
         )
     assert isinstance(steering, SteerWith)
     if steering.profile is not None:
-        plan = state.planner.plan_for(steering.profile, None)
+        plan = state.planner.plan_for(steering.profile, None, promised=True)
         return (
             Steered(plan.edit, plan.kind, _params(plan.params))
             if plan.edit is not None

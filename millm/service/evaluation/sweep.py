@@ -109,7 +109,7 @@ def _sweep(state, concept: str, candidate, where: str) -> Sweep:
     if isinstance(candidate, ProfileCandidate):
         row = state.profiles.find(candidate.profile)
         plans = [
-            (x, planner.plan_for(row["id"], None if x is None else Dial(value=x)))
+            (x, planner.plan_for(row["id"], None if x is None else Dial(value=x), promised=True))
             for x in dials(candidate.intensities)
         ]
         return Sweep(f"profile {row['name']}", "profile", tuple(Setting.of(x, p) for x, p in plans))

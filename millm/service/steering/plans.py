@@ -69,9 +69,16 @@ class Planner:
         self.plans = PlanCache()
         self._logged: dict[str, tuple] = {}  # topic -> the state stamp it was last logged in
 
-    def plan_for(self, profile: str | None, dial: Dial | None) -> Plan:
-        """The immutable plan of one request, from memory: resolved once per state, then reused."""
-        return self._cached((profile, dial), lambda now: self._refusing_unfit(now, profile, dial))
+    def plan_for(self, profile: str | None, dial: Dial | None, *, promised: bool = False) -> Plan:
+        """The immutable plan of one request, from memory: resolved once per state, then reused.
+
+        `promised`: the profile is a name's promise (a steered variant's), so with no SAE attached
+        it is refused (400 profile_not_applicable) where a request's own profile runs unsteered,
+        as the API page says of a request's `profile`."""
+        return self._cached(
+            (profile, dial, promised),
+            lambda now: self._refusing_unfit(now, profile, dial, promised),
+        )
 
     def plan_for_base(self, kind: str, key: str, dial: Dial | None) -> Plan:
         """A profile, cluster or circuit (by name or id) steering one request only, whatever the
@@ -101,9 +108,11 @@ class Planner:
         in_step, _ = self.steering.replica.in_step()
         return plan if in_step else replace(plan, params=(*plan.params, ("unsynced", True)))
 
-    def _refusing_unfit(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
+    def _refusing_unfit(
+        self, now: Snapshot, profile: str | None, dial: Dial | None, promised: bool
+    ) -> Plan:
         try:
-            return self._resolve(now, profile, dial)
+            return self._resolve(now, profile, dial, promised)
         except BaseUnfit as exc:  # refused each time, never cached; logged once per state
             if self._first_time("unfit", now.stamp):
                 log.warning("refusing steered requests: %s", exc.message)
@@ -208,11 +217,13 @@ class Planner:
         return row["name"] if row is not None else None
 
     # resolving ------------------------------------------------------------------------------------------
-    def _resolve(self, now: Snapshot, profile: str | None, dial: Dial | None) -> Plan:
+    def _resolve(
+        self, now: Snapshot, profile: str | None, dial: Dial | None, promised: bool = False
+    ) -> Plan:
         if dial is not None and dial.off:
             return self._off(now, profile)
         if profile is not None:
-            return self._own_profile(now, profile, dial)
+            return self._own_profile(now, profile, dial, promised)
         if not now.enabled:
             return NO_STEERING
         if now.active is not None:
@@ -263,9 +274,9 @@ class Planner:
             intensity=0.0 if would_steer else None,
         )
 
-    def _own_profile(self, now: Snapshot, key: str, dial: Dial | None) -> Plan:
+    def _own_profile(self, now: Snapshot, key: str, dial: Dial | None, promised: bool) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, key)
-        if not now.attached and not _needs_no_sae(row["document"]):
+        if not now.attached and not _needs_no_sae(row["document"]) and not promised:
             return Plan(None, "none", (("reason", "no SAE attached"), ("profile", row["name"])))
         scale = self._scale(dial)
         steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
@@ -283,7 +294,7 @@ class Planner:
         scale = self._scale(dial)
         steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
         if steered.edit is None and not steered.watches:
-            return NO_STEERING
+            return _unsteered(dial, scale)
         params = (("name", row["name"]), ("version", now.version))
         return Plan(
             steered.edit,
@@ -334,6 +345,8 @@ class Planner:
             return (
                 Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing))
                 if missing
+                else _unsteered(dial, scale)
+                if now.features and not unattached
                 else NO_STEERING
             )
         return Plan(
@@ -356,7 +369,7 @@ class Planner:
         ]
         edit = members_edit(members, {binding.layer: binding}, now.attached, intensity)
         if edit is None:
-            return NO_STEERING
+            return _unsteered(dial, intensity)
         return Plan(
             edit,
             "cluster",
@@ -384,7 +397,7 @@ class Planner:
             intensity = cluster_lambda(dial, declared, self.limits.cluster_min, self.limits.maximum)
         edit = members_edit(circuit_members(document), status.bindings, now.attached, intensity)
         if edit is None:
-            return NO_STEERING
+            return _unsteered(dial, intensity)
         params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
         return Plan(
             edit,
@@ -393,6 +406,20 @@ class Planner:
             intensity=intensity if dial else None,
             rung=status.rung if status.mode == "full" else None,
         )
+
+
+def _unsteered(dial: Dial | None, intensity: float) -> Plan:
+    """A base that steers nothing through this dial: where the dial itself resolved to 0 ("min"
+    without a declared range, under the circuit rule), said and echoed as "off" is (0.0)."""
+    if dial is None or intensity != 0.0:
+        return NO_STEERING
+    return Plan(
+        None, "none", (("reason", f"steering_intensity {_dial_text(dial)} is 0"),), intensity=0.0
+    )
+
+
+def _dial_text(dial: Dial) -> str:
+    return dial.symbol if dial.symbol is not None else f"{dial.value:g}"
 
 
 def _needs_no_sae(document: dict) -> bool:

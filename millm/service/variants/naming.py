@@ -28,6 +28,7 @@ from millm.service.variants.book import Variant, VariantBook
 
 Body = TypeVar("Body", bound=BaseModel)
 UNFIT = "variant_unfit"
+FULL = Dial(value=1.0)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class VariantRouting:
     def plan(self, variant: Variant, dial: Dial | None) -> Plan:
         """The variant's steering through `dial` (the request's, else the variant's own), named in
         X-miLLM-Steering; 400 variant_unfit naming the variant when it no longer fits."""
-        try:
+        try:  # its steering must fit whatever the dial: "off" never hides an unfit variant
+            self._resolve(variant, FULL)
             plan = self._resolve(variant, dial)
         except MillmError as exc:
             raise InvalidRequest(
@@ -83,7 +85,7 @@ class VariantRouting:
     def problem(self, variant: Variant) -> str | None:
         """Why the variant's steering does not fit the loaded model now, None when it does."""
         try:
-            self._resolve(variant, None)
+            self._resolve(variant, FULL)
         except MillmError as exc:
             return exc.message
         return None
@@ -91,7 +93,7 @@ class VariantRouting:
     def _resolve(self, variant: Variant, dial: Dial | None) -> Plan:
         dial = dial if dial is not None else variant.dial
         if variant.profile is not None:
-            return self.planner.plan_for(variant.profile, dial)
+            return self.planner.plan_for(variant.profile, dial, promised=True)
         return self.planner.plan_for_spec(variant.spec or {}, dial)
 
     def scoring_plan(self, named: Named, dial: Dial | None) -> Plan:
