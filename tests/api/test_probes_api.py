@@ -264,7 +264,8 @@ def test_export_and_import_round_trip(clean):
 
 def test_activation_is_checked_against_the_loaded_model(clean):
     post(clean, "/api/probes", feature_probe("loose", clean.loose))
-    post(clean, "/api/probes", feature_probe("wide", clean.sae, index=128))
+    # Past the width is refused when written (test_a_feature_past_a_registered_saes_width_...).
+    error(post(clean, "/api/probes", feature_probe("wide", clean.sae, index=128)), 400)
     post(
         clean,
         "/api/probes",
@@ -292,7 +293,6 @@ def test_activation_is_checked_against_the_loaded_model(clean):
     )
     for name, status, code, param in [
         ("loose", 400, "sae_not_attached", "detector.sae_id"),
-        ("wide", 400, "invalid_feature_index", "detector.index"),
         ("calibrated", 400, "not_calibrated", "detector.percentile"),
         ("narrow", 400, "invalid_parameter", "detector.weights"),
         ("deep", 400, "invalid_parameter", "detector.layer"),
@@ -340,3 +340,33 @@ def test_probes_and_which_are_active_survive_a_restart(clean, home, tiny_dirs):
     clean.__dict__.update({k: v for k, v in again.__dict__.items()})
     assert api(clean, "GET", "/api/probes").json() == before
     assert [p["name"] for p in before["data"] if p["active"]] == ["watching"]
+
+
+def test_a_feature_past_a_registered_saes_width_is_refused_when_written(clean):
+    width = api(clean, "GET", f"/api/saes/{clean.loose}").json()["d_sae"]
+    past = feature_probe("past", clean.loose, index=99_999)
+    refused = error(post(clean, "/api/probes", past), 400, "invalid_feature_index")
+    assert refused["param"] == "detector.index" and f"{width} features" in refused["message"]
+    weighted = {
+        "name": "weighted-past",
+        "detector": {
+            "type": "weighted",
+            "sae_id": clean.sae,
+            "features": [{"index": 1, "weight": 1.0}, {"index": width, "weight": 0.5}],
+            "threshold": 1.0,
+        },
+    }
+    refused = error(post(clean, "/api/probes", weighted), 400, "invalid_feature_index")
+    assert refused["param"] == "detector.features[1].index"
+    assert post(clean, "/api/probes", feature_probe("inside", clean.sae)).status_code == 201
+    moved = {"detector": {**feature_probe("x", clean.sae)["detector"], "index": width}}
+    refused = error(api(clean, "PUT", "/api/probes/inside", json=moved), 400)
+    assert refused["code"] == "invalid_feature_index" and refused["param"] == "detector.index"
+    bundle = {"kind": "millm.probe-bundle", "probes": [feature_probe("a", clean.sae), past]}
+    refused = error(post(clean, "/api/probes/import", bundle), 400, "invalid_feature_index")
+    assert refused["param"] == "probes[1].detector.index"
+    assert [p["name"] for p in api(clean, "GET", "/api/probes").json()["data"]] == ["inside"]
+    assert api(clean, "GET", "/api/probes/inside").json()["document"]["detector"]["index"] == 5
+    # A portable document naming an SAE this server has not registered is kept, checked when it binds.
+    elsewhere = feature_probe("elsewhere", "sae_000000000000", index=99_999)
+    assert post(clean, "/api/probes", elsewhere).status_code == 201

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from millm.interp.probe_documents import probe_bundle
+from millm.interp.probe_documents import (
+    PROBE_BUNDLE_KIND,
+    probe_bundle,
+    validate_probe,
+    validate_probe_import,
+)
 from millm.service.composition import ServerState
-from millm.service.probes.binding import bind
+from millm.service.probes.binding import bind, check_widths
 from millm.service.probes.book import probe_view
 
 
@@ -24,6 +29,7 @@ class ProbeManagement:
 
     def create_probe(self, document: dict) -> dict:
         """A new probe from a probe document (kind and version may be left out)."""
+        self._check_widths(validate_probe(document)["detector"], "detector")
         return probe_view(self.state.probes.create(document))
 
     def update_probe(self, key: str, changes: dict) -> dict:
@@ -33,6 +39,9 @@ class ProbeManagement:
             self.state.probes.writing()
         ):  # no activation or other write between the check and the update
             row = self.state.probes.find(key)
+            if "detector" in changes:
+                merged = validate_probe({**row["document"], **changes})
+                self._check_widths(merged["detector"], "detector")
             if row["active"] and "detector" in changes:
                 self.bind_probe({**row["document"], **changes}, "detector")
             return probe_view(self.state.probes.update(key, changes))
@@ -44,6 +53,12 @@ class ProbeManagement:
 
     def import_probes(self, payload, on_conflict: str) -> dict:
         """Import a probe document or a bundle, all or nothing (imported probes are inactive)."""
+        documents = validate_probe_import(payload)
+        bundled = isinstance(payload, dict) and payload.get("kind") == PROBE_BUNDLE_KIND
+        for i, document in enumerate(documents):
+            self._check_widths(
+                document["detector"], f"probes[{i}].detector" if bundled else "detector"
+            )
         return {
             "object": "list",
             "data": [
@@ -74,6 +89,9 @@ class ProbeManagement:
             )
         )
         return {"probe": probe_view(row), "checked": checked, "reason": reason}
+
+    def _check_widths(self, detector: dict, param: str) -> None:
+        check_widths(detector, self.state.saes.infos, param)
 
     def deactivate_probe(self, key: str) -> dict:
         """Stop a probe watching requests."""

@@ -9,8 +9,9 @@ the callers run it on a worker thread.
 from __future__ import annotations
 
 from millm.engine.loader import LoadedModel
+from millm.interp.formats import SAEInfo
 from millm.interp.probes import Grids, ModelShape, Scorer, scorer
-from millm.interp.steering import Attached
+from millm.interp.steering import Attached, check_feature
 from millm.service.features.calibrations import CalibrationBook
 
 
@@ -40,3 +41,18 @@ def bind(
 ) -> Scorer:
     """The detector as a Scorer on `lm` and these attached SAEs (a 400 naming `param` when it does not fit)."""
     return scorer(name, detector, attached, grids_on(calibrations, lm.name), model_shape(lm), param)
+
+
+def check_widths(detector: dict, known: dict[str, SAEInfo], param: str) -> None:
+    """Every feature a detector reads within its SAE's width when that SAE is registered (400
+    invalid_feature_index naming the index, as a steering entry is), so that a probe past the
+    width is refused when it is written, not only when it is first used. A probe may name an SAE
+    not registered here (a portable document); it is checked when it binds."""
+    info = known.get(detector.get("sae_id", ""))
+    if info is None:
+        return
+    if detector["type"] == "feature":
+        check_feature(info, detector["index"], f"{param}.index")
+    elif detector["type"] == "weighted":
+        for i, feature in enumerate(detector["features"]):
+            check_feature(info, feature["index"], f"{param}.features[{i}].index")
