@@ -308,6 +308,22 @@ def test_circuit_rung_activation_and_header(server, clean):
     assert "x-millm-circuit-rung" not in off.headers  # not steering: no rung
 
 
+def test_min_on_a_circuit_without_a_range_is_off_and_says_so_as_off_does(server, clean):
+    """The circuit rule's floor is 0 without a declared range, so "min" resolves to 0: the same
+    answer as "off", and the same echo (0.0), not a silent unsteered answer."""
+    row = import_circuit(server, circuit(name="rangeless")).json()
+    assert api(server, "POST", f"/api/circuits/{row['id']}/activate").status_code == 200
+    steered = chat(server)
+    off, low = chat(server, steering_intensity="off"), chat(server, steering_intensity="min")
+    assert steered.headers["x-millm-steering"].startswith('circuit;name="rangeless"')
+    texts = [r.json()["choices"][0]["message"]["content"] for r in (steered, off, low)]
+    assert texts[1] == texts[2] != texts[0]
+    assert off.headers["x-millm-steering-intensity"] == "0.0"
+    assert low.headers["x-millm-steering-intensity"] == "0.0"
+    assert low.headers["x-millm-steering"] == 'none;reason="steering_intensity min is 0"'
+    assert "x-millm-circuit-rung" not in low.headers
+
+
 def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
     sliced = import_circuit(server, circuit(name="sliced", n_features=(128, 64))).json()
     api(server, "POST", f"/api/circuits/{sliced['id']}/activate")
