@@ -22,6 +22,7 @@ from millm.service.attribution.subgraph import circuit_document, imported_graph,
 from millm.service.composition import ServerState
 from millm.service.runtime.jobs import JobHandle, JobView, on_loop
 from millm.service.runtime.threads import in_passing_thread
+from millm.wording import counted
 
 
 class Attribution:
@@ -61,7 +62,7 @@ class Attribution:
                 "seconds": graph.seconds,
             }
 
-        description = f"attribution graph of {len(prepared.prompt)} tokens, up to {prepared.budget.max_feature_nodes} features"
+        description = f"attribution graph of {counted(len(prepared.prompt), 'token')}, up to {counted(prepared.budget.max_feature_nodes, 'feature')}"
         return self.state.jobs.start(
             "attribution",
             description,

@@ -39,6 +39,7 @@ from millm.service.evaluation.scales import PROMPTS, Answer, harmonic_mean
 from millm.service.evaluation.sweep import UNSTEERED, Setting, Sweep, resolve
 from millm.service.runtime.blocking import generate_blocking, likelihoods_blocking
 from millm.service.runtime.jobs import JobCancelled, JobHandle, JobView
+from millm.wording import counted
 
 PREFIX = "eval_"
 MAX_ANSWERS = 600  # settings x instructions: each answer costs a generation and four passes
@@ -104,7 +105,7 @@ def start_evaluation(state, body: EvaluationRequest, book) -> JobView:
     )
     return state.jobs.start(
         "evaluation",
-        f"Evaluate {len(sweeps)} candidates for {body.concept!r} over {len(instructions)} instructions",
+        f"Evaluate {counted(len(sweeps), 'candidate')} for {body.concept!r} over {counted(len(instructions), 'instruction')}",
         settings,
         "settings",
         lambda handle: run_evaluation(state, prep, book, handle).model_dump(mode="json"),

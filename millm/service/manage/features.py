@@ -25,6 +25,7 @@ from millm.service.features.meaning import embedder_for, fused
 from millm.service.labelling.protocol import ExplanationView
 from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.steering.decoders import Decoder, neighbours
+from millm.wording import counted
 
 
 class LabelImport(BaseModel):
@@ -173,7 +174,7 @@ class FeatureManagement:
 
         return self.state.jobs.start(
             "embed labels",
-            f"embed the {len(rows)} labels of {sae_id} with {embedder.name}",
+            f"embed the {counted(len(rows), 'label')} of {sae_id} with {embedder.name}",
             len(rows),
             "labels",
             work,

@@ -55,6 +55,7 @@ from millm.service.probes.book import probe_view
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobCancelled, JobHandle, JobView
 from millm.service.training.calibration import GROUP_TOKENS, groups
+from millm.wording import counted
 
 MIN_PER_CLASS = 2  # one text of each class in the fit and one in the held-out part
 TAG = "probe-training"
@@ -194,7 +195,7 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     run = TrainingRun(
         state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
     )
-    description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {len(negative)} negative texts"
+    description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {counted(len(negative), 'negative text')}"
     return state.jobs.start("probe-training", description, len(examples.prompts), "texts", run)
 
 

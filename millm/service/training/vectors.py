@@ -36,6 +36,7 @@ from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.steering.vectors import model_width
 from millm.service.training.calibration import groups
+from millm.wording import counted
 
 if TYPE_CHECKING:
     from millm.service.composition import ServerState
@@ -119,7 +120,7 @@ def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
     """Check the request against the loaded model, then start the job (its result is the stored vector)."""
     prepared = prepare(state, body)
     tokens = sum(map(len, prepared.texts))
-    description = f"train steering vector {body.name!r} on {prepared.model} at layer {body.layer} ({body.hook_point}) from {len(body.pairs)} pairs ({tokens} tokens)"
+    description = f"train steering vector {body.name!r} on {prepared.model} at layer {body.layer} ({body.hook_point}) from {counted(len(body.pairs), 'pair')} ({counted(tokens, 'token')})"
     return state.jobs.start(
         "vector",
         description,
