@@ -297,7 +297,9 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
             },
         )
         assert reply.status_code == 200
-        expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
+        expect(page.get_by_test_id("points")).to_have_text(
+            f"{n} requests" if n > 1 else "1 request"
+        )
     stats = demo.api("GET", "/api/monitoring/stats").json()
     assert stats["requests"] == len(questions)
     expect(page.get_by_role("table", name="Feature statistics").get_by_role("row")).to_have_count(5)
@@ -314,6 +316,10 @@ def test_narrow_window(demo, chromium, shoot):
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
         show(page, card)
         shoot(page, "narrow")
+        # the Inspect tab too, where the shipped transcoder set's name widens the source picker
+        page.goto(f"{demo.url}#/inspect")
+        expect(page.get_by_label("Feature source")).to_contain_text("smollm2-135m-jumprelu")
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     finally:
         context.close()
 
@@ -490,11 +496,12 @@ def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoo
         ).click()
         card.get_by_label("ablate this feature").check()
         page.get_by_role("button", name="Ablate 1 feature (every position) and generate").click()
-        ablated = page.locator(".ablation .cols > div").nth(1)
+        unsteered = page.get_by_role("region", name="Next tokens unsteered")
+        ablated = page.get_by_role("region", name="Next tokens ablated")
         expect(ablated).to_contain_text("Paris", timeout=60_000)
         served_p, ablated_p = (
             float(side.locator("li", has_text="Paris").first.inner_text().split()[-1])
-            for side in page.locator(".ablation .cols > div").all()
+            for side in (unsteered, ablated)
         )
         assert ablated_p < served_p  # the graph's top feature carried " Paris"
         show(page, page.get_by_role("region", name="Attribution graph"))

@@ -10,6 +10,7 @@ was asked; what is under test is millm's job, not the explainer's wit."""
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 
@@ -176,7 +177,8 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
     assert started.status_code == 202, started.text
     job = wait_job(process, started.json()["id"])
     assert job["state"] == "succeeded", job
-    assert job["progress"]["done"] == len(TEXTS) + 2
+    assert job["progress"] == {"done": 2, "total": 2, "unit": "features"}
+    assert (job["result"]["sae_id"], job["result"]["features"]) == (sae, features)
     assert job["result"]["explained"] == 2 and job["result"]["skipped"] == []
     tokenizer, model = offline["tokenizer"], offline["model"]
     stored = {e["feature"]: e for e in api(process, "GET", f"/api/saes/{sae}/explanations").json()}
@@ -281,6 +283,42 @@ def test_an_explainer_that_fails_midway_keeps_what_was_written(calibrated, offli
         (e["feature"], e["explanation"]) for e in after
     }
     assert [e["feature"] for e in after if e["feature"] in features] == [features[0]]
+
+
+def test_a_job_that_wrote_nothing_fails_saying_why_and_shows_its_features_while_running(
+    calibrated, offline, explainer
+):
+    """A running job's result names its SAE and features; a job whose explainer wrote no
+    explanation line for any feature ends `failed` (nothing_explained), with the per-feature
+    reasons in its result and its progress counted in features."""
+    process, sae = calibrated
+    features = fired_features(offline, 2)
+    before = api(process, "GET", f"/api/saes/{sae}/explanations").json()
+    explainer.silent, explainer.hold = True, threading.Event()
+    try:
+        body = {"features": features, "explainer": "endpoint", "top_examples": TOP,
+                "held_out": HELD, "quantiles": 2, "width": WIDTH, "texts": TEXTS}  # fmt: skip
+        started = explain(process, sae, body).json()
+        assert started["description"] == f"explain 2 features of {sae} with endpoint:fixed"
+        running = api(process, "GET", f"/api/jobs/{started['id']}").json()
+        assert running["state"] == "running"
+        assert (running["result"]["sae_id"], running["result"]["features"]) == (sae, features)
+        assert running["progress"] == {"done": 0, "total": 2, "unit": "features"}
+        explainer.hold.set()
+        job = wait_job(process, started["id"])
+    finally:
+        explainer.silent, explainer.hold = False, None
+    assert job["state"] == "failed" and job["error"]["code"] == "nothing_explained"
+    reason = "the explainer's answer has no [EXPLANATION]: line"
+    assert job["error"]["message"] == (
+        f"no explanation was written for any of the 2 features (2 of them: {reason})"
+    )
+    assert job["progress"] == {"done": 2, "total": 2, "unit": "features"}
+    assert job["result"]["explained"] == 0 and job["result"]["explanations"] == []
+    assert [(s["feature"], s["reason"]) for s in job["result"]["skipped"]] == [
+        (f, reason) for f in features
+    ]
+    assert api(process, "GET", f"/api/saes/{sae}/explanations").json() == before
 
 
 def test_refusals_name_the_field(server, calibrated, sae_dir, tmp_path_factory):

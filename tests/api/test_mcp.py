@@ -438,8 +438,10 @@ def test_explaining_over_mcp_starts_a_job_that_get_job_follows(server, sae):
     while (job := call(server, "get_job", job_id=started["id"]))["state"] == "running":
         time.sleep(0.1)
     assert job == rest(server, "GET", f"/api/jobs/{started['id']}").json()
-    # The tiny random model writes no [EXPLANATION]: line: both features are listed, none stored.
-    assert job["state"] == "succeeded" and job["result"]["explained"] == 0
+    # The tiny random model writes no [EXPLANATION]: line: both features are listed, none stored,
+    # and a job that wrote nothing failed.
+    assert job["state"] == "failed" and job["error"]["code"] == "nothing_explained"
+    assert job["result"]["explained"] == 0
     assert [s["reason"] for s in job["result"]["skipped"]] == [
         "the explainer's answer has no [EXPLANATION]: line"
     ] * 2

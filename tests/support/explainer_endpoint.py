@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat completions endpoint on 127.0.0.1 that plays an explainer: explainer
 chats get a fixed `[EXPLANATION]: pattern N` answer (a random-weight model writes none), detection
 and fuzzing chats (asked with logprobs) `[1]` at P = 0.7; it records what it was asked and can be
-told to fail. What tests put under it is millm's explaining job, not the explainer's wit."""
+told to fail, to write no explanation line, or to hold its answers until released. What tests put
+under it is millm's explaining job, not the explainer's wit."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Explainer:
     """A chat completions endpoint: explainer chats get `[EXPLANATION]: pattern N`, detection
-    chats (asked with logprobs) `[1]` at P = 0.7; past `fail_after` explanations it answers 500."""
+    chats (asked with logprobs) `[1]` at P = 0.7; past `fail_after` explanations it answers 500;
+    while `silent`, its explainer answers carry no `[EXPLANATION]:` line; while `hold` is an
+    unset event, explainer chats wait for it (a job that stays running until a test lets it go)."""
 
     def __init__(self):
         self.asked: list[dict] = []
         self.fail_after: int | None = None
+        self.silent = False
+        self.hold: threading.Event | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,13 +33,17 @@ class Explainer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 explaining = not body.get("logprobs")
                 if explaining:
+                    if outer.hold is not None:
+                        outer.hold.wait(60)
                     outer.asked.append(body)
                     if outer.fail_after is not None and len(outer.asked) > outer.fail_after:
                         self.send_response(500)
                         self.end_headers()
                         self.wfile.write(b"out of credit")
                         return
-                    content = f"Thinking.\n[EXPLANATION]: pattern {len(outer.asked)}"
+                    content = "Thinking."
+                    if not outer.silent:
+                        content += f"\n[EXPLANATION]: pattern {len(outer.asked)}"
                     logprobs = None
                 else:
                     content = "[1]"

@@ -33,8 +33,14 @@ def test_an_evaluation_started_here_shows_its_sweep_and_answers(workbench, page)
     feature = full["candidates"][0]
     result.get_by_role("button", name=f"Answers of {feature['label']} at 40").click()
     answers = result.get_by_role("region", name="Answers")
-    for sample in feature["points"][1]["samples"]:
-        expect(answers).to_contain_text(sample["text"].strip())
+    samples = feature["points"][1]["samples"]
+    expect(answers.locator("dl.sample")).to_have_count(len(samples))
+    for shown, sample in zip(answers.locator("dl.sample").all(), samples, strict=True):
+        # the instruction and the answer apart, not run together as one text
+        instruction = full["instructions"][sample["instruction"]]
+        expect(shown.locator("dt")).to_have_text(["Instruction", "Answer"])
+        expect(shown.locator("dd").first).to_have_text(instruction)
+        expect(shown.locator("dd.reply")).to_have_text(sample["text"].strip())
     result.get_by_label("Metric").select_option("concept")
     expect(result.get_by_role("img", name="Sweep chart of concept")).to_be_visible()
     page.get_by_role("button", name="Delete evaluation rivers").click()

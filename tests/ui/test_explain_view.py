@@ -1,7 +1,9 @@
 """Explaining features in the workbench: a batch job from the Features view with its progress bar
 and outcome, the explanations on a feature's card with their detection and fuzzing scores as the
 API has them, search by meaning's selector and the scores beside explained labels, and a card's
-"explain it" with the served model (which, random-weight, writes no explanation: the reason shows).
+"explain it" with the served model (which, random-weight, may write no explanation: the reason
+shows), a job that wrote nothing shown failed with its reasons, and a card naming the running job
+that explains its feature.
 
 The server has an explainer endpoint on 127.0.0.1 (tests/support/explainer_endpoint.py) and its
 SAE's shipped labels cleared, so explained features are found by their explanation."""
@@ -9,6 +11,8 @@ SAE's shipped labels cleared, so explained features are found by their explanati
 from __future__ import annotations
 
 import os
+import re
+import threading
 import time
 
 import pytest
@@ -31,6 +35,7 @@ def explaining(tiny_dirs, tiny_sae, tmp_path_factory):
     endpoint = Explainer()
     env = {"MILLM_EXPLAINER_BASE_URL": endpoint.url, "MILLM_EXPLAINER_MODEL": "fixed"}
     bench = start_workbench(tiny_dirs, tmp_path_factory.mktemp("ui-explain"), tiny_sae, env)
+    bench.explainer = endpoint
     try:
         assert bench.api("DELETE", f"/api/saes/{bench.sae}/labels").status_code == 200
         started = bench.api("POST", f"/api/saes/{bench.sae}/calibrate", json={"texts": TEXTS})
@@ -53,7 +58,7 @@ def test_a_batch_is_explained_with_progress_and_the_card_shows_the_scores(explai
     form.get_by_role("button", name="Start").click()
     job = page.get_by_label("Explaining job")
     expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
-    expect(job.locator(".progress")).to_contain_text("(100%)")
+    expect(job.locator(".progress")).to_contain_text("2/2 features (100%)")
     stored = bench.api("GET", f"/api/saes/{bench.sae}/explanations").json()
     assert len(stored) == 2
     flagged = sum(e["flagged"] for e in stored)
@@ -98,17 +103,64 @@ def test_explaining_from_a_card_with_the_served_model_shows_what_it_stored(expla
     page.goto(f"{bench.url}#/features/{bench.sae}/{index}")
     page.get_by_role("button", name="Explain it with the served model").click()
     job = page.get_by_label("Explaining job")
-    expect(job.locator("[data-state]")).to_have_text("succeeded", timeout=60_000)
+    expect(job.locator("[data-state]")).to_have_text(re.compile("succeeded|failed"), timeout=60_000)
     ended = bench.api("GET", "/api/jobs").json()["data"][0]
-    assert ended["kind"] == "explain" and ended["state"] == "succeeded"
-    # The random-weight model writes something after "[EXPLANATION]:", or nothing: either shows.
+    assert ended["kind"] == "explain"
+    # The random-weight model writes something after "[EXPLANATION]:", or nothing: either shows,
+    # and writing nothing fails the job, saying why.
     if ended["result"]["explained"]:
+        assert ended["state"] == "succeeded"
         written = ended["result"]["explanations"][0]["explanation"]
         table = page.get_by_role("table", name="Explanations")
         expect(table.locator("tbody tr").filter(has_text="served:")).to_contain_text(written)
     else:
+        assert ended["state"] == "failed"
         reason = ended["result"]["skipped"][0]["reason"]
+        expect(job.get_by_role("alert")).to_have_text(
+            f"nothing_explained: no explanation was written for feature {index}: {reason}"
+        )
         expect(page.locator(".explanations ul.meta")).to_have_text(f"#{index}: {reason}")
+
+
+def test_a_job_that_wrote_nothing_fails_and_a_card_shows_the_job_explaining_it(explaining, page):
+    """While a batch job covers a feature, its card names the job; the explainer writing no
+    explanation line for either feature ends the job failed, the reasons listed under it and in
+    the jobs list, its progress counted in features."""
+    bench = explaining
+    stored = {e["feature"] for e in bench.api("GET", f"/api/saes/{bench.sae}/explanations").json()}
+    fired = [
+        f["index"]
+        for f in bench.api(
+            "GET",
+            f"/api/saes/{bench.sae}/calibration",
+            params={"features": ",".join(map(str, range(128)))},
+        ).json()["features"]
+        if f["count"] > 0 and f["index"] not in stored
+    ][:2]
+    bench.explainer.silent, bench.explainer.hold = True, threading.Event()
+    try:
+        body = {"features": fired, "explainer": "endpoint"}
+        started = bench.api("POST", f"/api/saes/{bench.sae}/labels/explain", json=body).json()
+        page.goto(f"{bench.url}#/features/{bench.sae}/{fired[1]}")
+        card = page.get_by_role("region", name=f"Feature #{fired[1]}")
+        note = card.get_by_role("status").filter(has_text="Being explained by job")
+        expect(note).to_contain_text(f"job {started['id']} (explain 2 features of {bench.sae}")
+        expect(note).to_contain_text("0/2 features done")
+        expect(card.get_by_role("button", name="Explain it with the served model")).to_be_disabled()
+        bench.explainer.hold.set()
+        expect(note).to_have_count(0, timeout=60_000)
+    finally:
+        bench.explainer.silent, bench.explainer.hold = False, None
+    ended = bench.api("GET", f"/api/jobs/{started['id']}").json()
+    assert ended["state"] == "failed" and ended["error"]["code"] == "nothing_explained"
+    reason = "the explainer's answer has no [EXPLANATION]: line"
+    page.goto(f"{bench.url}#/system")
+    row = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text=started["id"])
+    expect(row.locator("[data-state]")).to_have_text("failed")
+    expect(row).to_contain_text("2/2 features (100%)")
+    expect(row).to_contain_text(f"nothing_explained: {ended['error']['message']}")
+    expect(row).to_contain_text("0 explained, 0 flagged, 2 skipped")
+    expect(row.locator("li")).to_have_text([f"#{f}: {reason}" for f in fired])
 
 
 def test_a_registered_model_is_offered_as_the_explainer(explaining, page, tiny_dirs):
@@ -126,7 +178,7 @@ def test_a_registered_model_is_offered_as_the_explainer(explaining, page, tiny_d
         label=f"{name} (loaded beside for the job)"
     )
     form.get_by_role("button", name="Start").click()
-    expect(page.locator("strong").filter(has_text="explain 1 features")).to_contain_text(
+    expect(page.locator("strong").filter(has_text="explain 1 feature of")).to_contain_text(
         f"with model:{name}"
     )
     job = page.get_by_label("Explaining job")

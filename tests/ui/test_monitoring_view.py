@@ -56,7 +56,9 @@ def test_the_live_chart_receives_a_point_per_request(workbench, page):
         ["Tell me about the river.", "Paris in the spring", "Count to five"], start=1
     ):
         generate(workbench, text)
-        expect(page.get_by_test_id("points")).to_have_text(f"{n} requests")
+        expect(page.get_by_test_id("points")).to_have_text(
+            f"{n} requests" if n > 1 else "1 request"
+        )
     # uPlot drew one series per watched feature (its legend names them) on its canvas
     chart = page.get_by_role("img", name="Peak activation per request of features 3, 17, 42")
     expect(chart.locator("canvas")).to_have_count(1)

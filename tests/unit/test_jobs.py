@@ -8,7 +8,7 @@ import time
 import pytest
 
 from millm.errors import InvalidRequest, NotFound, QueueFull
-from millm.service.runtime.jobs import JobBook, JobState
+from millm.service.runtime.jobs import JobBook, JobFailed, JobState
 
 
 def wait_ended(book: JobBook, job_id: str, timeout: float = 5.0):
@@ -79,6 +79,33 @@ def test_a_failing_job_keeps_the_error_in_the_api_shape():
         "type": "invalid_request_error",
         "param": "texts",
         "code": "invalid_parameter",
+    }
+
+
+def test_a_running_job_shows_what_it_reported_and_a_job_that_did_nothing_fails_with_it():
+    """A job's result while it runs is its first or last report; JobFailed ends it `failed` with
+    its error and keeps the result that says why."""
+    book = JobBook(max_running=1, kept=10, share=0.25, serving_busy=lambda: False)
+    reported, go = threading.Event(), threading.Event()
+
+    def work(handle):
+        handle.report({"done": [], "skipped": [1]})
+        reported.set()
+        go.wait(5)
+        raise JobFailed("nothing done", code="nothing_done", result={"skipped": [1, 2]})
+
+    view = book.start("test", "does nothing", 2, "items", work, result={"covers": [1, 2]})
+    assert view.result == {"covers": [1, 2]}
+    reported.wait(5)
+    assert book.get(view.id).result == {"done": [], "skipped": [1]}
+    go.set()
+    ended = wait_ended(book, view.id)
+    assert ended.state is JobState.FAILED and ended.result == {"skipped": [1, 2]}
+    assert ended.error == {
+        "message": "nothing done",
+        "type": "server_error",
+        "param": None,
+        "code": "nothing_done",
     }
 
 

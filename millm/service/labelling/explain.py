@@ -53,9 +53,10 @@ from millm.service.labelling.writers import (
     writer_for,
 )
 from millm.service.runtime.blocking import passes_blocking
-from millm.service.runtime.jobs import JobHandle, JobView
+from millm.service.runtime.jobs import JobFailed, JobHandle, JobView
 from millm.service.training.calibration import groups
 from millm.service.training.corpus import CalibrateRequest, Corpus, check_source, corpus_ids
+from millm.wording import counted
 
 if TYPE_CHECKING:
     from millm.service.composition import ServerState
@@ -102,9 +103,12 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
         state, attached, lm.name, lm.tokenizer, corpus_tokens, features, request,
         explainer, scorer, version,
     )  # fmt: skip
-    description = f"explain {len(features)} features of {sae_id} with {explainer.name}"
+    description = f"explain {counted(len(features), 'feature')} of {sae_id} with {explainer.name}"
+    # Progress counts features, the unit a user chose; reading the corpus first shows as 0 done.
+    # The running job's result names the features from the start, so a feature's card can say
+    # that a job is explaining it.
     return state.jobs.start(
-        "explain", description, len(corpus_tokens.texts) + len(features), "steps", run
+        "explain", description, len(features), "features", run, result=run.outcome([], [])
     )
 
 
@@ -218,14 +222,25 @@ class ExplainRun:
                 else:
                     outcome = self._explain(feature, examples, handle)
                     (done if "explanation" in outcome else skipped).append(outcome)
+                handle.report(self.outcome(done, skipped))
                 handle.advance(1)
+        result = {**self.outcome(done, skipped), "duration_s": round(time.monotonic() - started, 1)}
+        if not done:
+            # Nothing stored is not success: the job list shows it failed, the result says why.
+            raise JobFailed(nothing_written(skipped), code="nothing_explained", result=result)
+        return result
+
+    def outcome(self, done: list[dict], skipped: list[dict]) -> dict:
+        """The result so far: the SAE and features the job covers, what it wrote and skipped (copies:
+        the job goes on appending while a reader serialises them)."""
         return {
+            "sae_id": self.attached.info.id,
+            "features": list(self.features),
             "explained": len(done),
             "flagged": sum(1 for d in done if d["flagged"]),
-            "explanations": done,
-            "skipped": skipped,
+            "explanations": list(done),
+            "skipped": list(skipped),
             "prompt_version": self.version,
-            "duration_s": round(time.monotonic() - started, 1),
         }
 
     @contextmanager
@@ -264,7 +279,6 @@ class ExplainRun:
                 is None
             ):
                 handle.check()
-            handle.advance(len(group))
         return columns
 
     def examples(self, columns: list[np.ndarray], position: int) -> Examples:
@@ -361,6 +375,18 @@ class ExplainRun:
         probabilities = self.scorer.yes(chats, handle.cancel_event)
         handle.check()
         return balanced_score([Judged(i < activating, p) for i, p in enumerate(probabilities)])
+
+
+def nothing_written(skipped: list[dict]) -> str:
+    """Why a job stored no explanation: each skip reason with how many features it held back."""
+    if len(skipped) == 1:
+        only = skipped[0]
+        return f"no explanation was written for feature {only['feature']}: {only['reason']}"
+    reasons: dict[str, int] = {}
+    for entry in skipped:
+        reasons[entry["reason"]] = reasons.get(entry["reason"], 0) + 1
+    why = "; ".join(f"{n} of them: {reason}" for reason, n in reasons.items())
+    return f"no explanation was written for any of the {len(skipped)} features ({why})"
 
 
 def keeper(columns: list[np.ndarray], group: list[int], chosen: torch.Tensor):

@@ -45,6 +45,17 @@ class JobCancelled(Exception):
     """Raised inside a job's work when it was cancelled; the job ends as `cancelled`."""
 
 
+class JobFailed(Exception):
+    """Raised by a job's work that ran to its end without doing what it was for (an explaining
+    job that wrote nothing): the job ends `failed` with this error, and keeps `result`, which says
+    what happened to each item, since that is what the user needs to act on."""
+
+    def __init__(self, message: str, *, code: str, result: dict):
+        super().__init__(message)
+        self.result = result
+        self.error = {"message": message, "type": "server_error", "param": None, "code": code}
+
+
 class JobProgress(BaseModel):
     """Units done of the total (the unit is the job's: texts, settings)."""
 
@@ -68,6 +79,7 @@ class JobView(BaseModel):
     eta_s: (
         float | None
     )  # seconds left at the pace so far (None until a unit is done, and once ended)
+    # Once ended, what the job did; while running, what it has reported so far (most jobs: None).
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
@@ -128,6 +140,11 @@ class JobHandle:
         if self._record.cancel.is_set():
             raise JobCancelled()
 
+    def report(self, result: dict) -> None:
+        """What the job has done so far, shown as its `result` while it runs (replaced at its end)."""
+        with self._book.lock:
+            self._record.result = result
+
     def set_total(self, total: int) -> None:
         """The number of units the job will do (known once its input is read)."""
         with self._book.lock:
@@ -181,9 +198,17 @@ class JobBook:
         self._records: OrderedDict[str, _Record] = OrderedDict()
 
     def start(
-        self, kind: str, description: str, total: int, unit: str, work: Callable[[JobHandle], dict]
+        self,
+        kind: str,
+        description: str,
+        total: int,
+        unit: str,
+        work: Callable[[JobHandle], dict],
+        *,
+        result: dict | None = None,
     ) -> JobView:
-        """Start `work` on its own thread and return the new job; its return value becomes the result."""
+        """Start `work` on its own thread and return the new job; its return value becomes the
+        result (`result`: what the running job shows until it reports more)."""
         with self.lock:
             running = sum(1 for r in self._records.values() if r.state is JobState.RUNNING)
             if running >= self.max_running:
@@ -191,6 +216,7 @@ class JobBook:
                     f"{running} jobs are running (MILLM_MAX_JOBS = {self.max_running}); wait for one to end or cancel it (DELETE /api/jobs/{{id}})"
                 )
             record = _Record(kind, description, total, unit)
+            record.result = result
             self._records[record.id] = record
             self._forget_old()
             view = record.view()
@@ -210,6 +236,8 @@ class JobBook:
             state, error = JobState.SUCCEEDED, None
         except JobCancelled:
             result, state, error = None, JobState.CANCELLED, None
+        except JobFailed as exc:
+            result, state, error = exc.result, JobState.FAILED, exc.error
         except MillmError as exc:
             result, state, error = None, JobState.FAILED, exc.to_dict()
         except Exception as exc:  # a bug in the work: the job fails, the server goes on

@@ -32,6 +32,14 @@ export function onRefused(fn) {
   return () => listeners.delete(fn);
 }
 
+const changes = new Set();
+/** Calls `fn()` after every answered request that may have changed the server (any method but
+ *  GET), so what the shell shows of the server's state (the live steering) follows the page's actions. */
+export function onChange(fn) {
+  changes.add(fn);
+  return () => changes.delete(fn);
+}
+
 function headers(extra = {}) {
   const h = { ...extra };
   const k = key.get();
@@ -70,6 +78,7 @@ export async function request(method, path, { body, query, text = false, content
     throw new ApiError(0, { message: `The server did not answer (${err.message}).`, code: "network" });
   }
   if (!response.ok) throw await failure(response);
+  if (method !== "GET") changes.forEach((fn) => fn());
   const value = text ? await response.text() : await response.json();
   return value && typeof value === "object" ? Object.assign(value, { headers: response.headers }) : value;
 }

@@ -1,10 +1,12 @@
-// The workbench shell: the header (model state, key), the tabs, and the server context the views
-// share. Each tab is one module under views/; routes are hash fragments (#/features/sae/1403).
+// The workbench shell: the header (model state, key), the bar saying what steers /v1 now, the
+// tabs, and the server and live-steering contexts the views share. Each tab is one module under
+// views/; routes are hash fragments (#/features/sae/1403).
 
 import { render } from "preact";
 import { useCallback, useEffect, useState } from "preact/hooks";
 import * as api from "./api.js";
 import { ErrorNote, ServerContext, html } from "./ui.js";
+import { LiveBar, LiveContext, useLiveSteering } from "./live.js";
 import ChatView from "./views/chat.js";
 import FeaturesView from "./views/features.js";
 import InspectView from "./views/inspect.js";
@@ -86,6 +88,7 @@ function KeyForm({ refusal, onSaved }) {
 function App() {
   const route = useRoute();
   const server = useServerState();
+  const live = useLiveSteering();
   const [refusal, setRefusal] = useState(null);
   const [showKey, setShowKey] = useState(false);
   const [generation, setGeneration] = useState(0); // remounts the view after a new key
@@ -95,9 +98,10 @@ function App() {
     setShowKey(false);
     setGeneration((g) => g + 1);
     server.refresh();
+    live.load();
   };
   const [, , View] = TABS.find(([id]) => id === route.tab);
-  return html`<${ServerContext.Provider} value=${server}>
+  return html`<${ServerContext.Provider} value=${server}><${LiveContext.Provider} value=${live}>
     <header class="top">
       <a class="brand" href="#/chat">millm workbench</a>
       <span class=${`state ${server.ready ? "ok" : "wait"}`} role="status" aria-label="Model state">
@@ -107,12 +111,13 @@ function App() {
       <button class="keybutton" onClick=${() => setShowKey(!showKey)} aria-expanded=${showKey}>${api.key.get() ? "Key ✓" : "Key"}</button>
     </header>
     ${showKey ? html`<${KeyForm} refusal=${refusal} onSaved=${keySaved} />` : null}
+    <${LiveBar} />
     <${ErrorNote} error=${server.error && !server.error.refused ? server.error : null} />
     <nav class="tabs" aria-label="Views">
       ${TABS.map(([id, title]) => html`<a href=${`#/${id}`} aria-current=${route.tab === id ? "page" : undefined}>${title}</a>`)}
     </nav>
     <main id="view" key=${`${route.tab}-${generation}`}><${View} args=${route.args} /></main>
-  <//>`;
+  <//><//>`;
 }
 
 const root = document.getElementById("app");

@@ -87,6 +87,9 @@ export function num(value, digits = 4) {
   return String(Number(value.toPrecision(digits)));
 }
 
+/** A count with its noun: plural(1, "feature") is "1 feature", plural(3, "entry", "entries") "3 entries". */
+export const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
 /** Saves `text` as a file the user downloads. */
 export function download(text, filename, type = "application/json") {
   const url = URL.createObjectURL(new Blob([text], { type }));

@@ -8,7 +8,7 @@
 import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
 import {
-  ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, fileName, html, num, useAction, useLabels, useLoad,
+  ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Table, download, fileName, html, num, plural, useAction, useLabels, useLoad,
   usePanelActions, useServer,
 } from "../ui.js";
 
@@ -47,7 +47,7 @@ function SteeringEntry({ entry: e }) {
     ${e.features.map((f) => html` <span class="chip"><${FeatureLink} sae=${e.sae_id} index=${f.index} /> ${opText(f)}</span>${
       labels[f.index] ? html` <span class="meta-inline">${labels[f.index]}</span>` : null}`)}
     ${e.features.length ? null : html` <span class="note">no features</span>`}
-    ${e.when ? html`<div class="meta">when probe <strong>${e.when.probe}</strong> fires${e.when.tokens ? `, for ${e.when.tokens} tokens` : ""}</div>` : null}
+    ${e.when ? html`<div class="meta">when probe <strong>${e.when.probe}</strong> fires${e.when.tokens ? `, for ${plural(e.when.tokens, "token")}` : ""}</div>` : null}
   </li>`;
 }
 
@@ -152,9 +152,9 @@ function ProfileForm({ profile, onSaved, onCancel }) {
     });
   };
   const extra = [
-    kept.length ? `${kept.length} conditional entr${kept.length === 1 ? "y" : "ies"}` : "",
-    doc.vectors?.length ? `${doc.vectors.length} vector${doc.vectors.length === 1 ? "" : "s"}` : "",
-    doc.abort?.length ? `${doc.abort.length} abort probe${doc.abort.length === 1 ? "" : "s"}` : "",
+    kept.length ? plural(kept.length, "conditional entry", "conditional entries") : "",
+    doc.vectors?.length ? plural(doc.vectors.length, "vector") : "",
+    doc.abort?.length ? plural(doc.abort.length, "abort probe") : "",
   ].filter(Boolean);
   const title = profile ? `Edit profile ${profile.name}` : "New profile";
   return html`<form class="profile-form" onSubmit=${save} aria-label=${title}>
@@ -386,7 +386,7 @@ function Circuits({ version, changed }) {
     <${Table} label="Circuits" rows=${c.rows} rowKey=${(d) => d.id} empty="No circuit imported yet."
       columns=${[
         ["Circuit", (d) => html`<strong>${d.name}</strong>
-          <div class="meta">layers ${d.layers.join(", ")} · ${d.members} members · ${d.edges} edges${d.intensity_range
+          <div class="meta">layers ${d.layers.join(", ")} · ${plural(d.members, "member")} · ${plural(d.edges, "edge")}${d.intensity_range
             ? ` · declared range ${num(d.intensity_range[0])}–${num(d.intensity_range[1])}` : " · no declared range"}</div>`],
         ["Evidence", (d) => html`<${Rung} rung=${d.rung} language=${d.language} />`],
         ["Binding now", (d) => html`<div class="meta-inline">${d.steering.mode === "full" ? "every layer binds" : d.steering.mode === "slice_fallback"

@@ -6,7 +6,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import uPlot from "uplot";
 import * as api from "../api.js";
-import { ErrorNote, Panel, Progress, SaePicker, Table, html, num, useAction, useLoad, useSae } from "../ui.js";
+import { ErrorNote, Panel, Progress, SaePicker, Table, html, num, plural, useAction, useLoad, useSae } from "../ui.js";
 
 const COLOURS = ["#1f5fbf", "#d1495b", "#2e8540", "#e09f3e", "#7b2cbf", "#00798c", "#6c757d", "#9c6644"];
 const METRICS = [
@@ -144,7 +144,7 @@ function Result({ id }) {
   return html`<${Panel} title=${`Evaluation: ${result.name || result.concept}`} actions=${html`
       <a class="button secondary" href=${`/api/evaluations/${encodeURIComponent(id)}/export`} download>JSON</a>
       <a class="button secondary" href=${`/api/evaluations/${encodeURIComponent(id)}/export?format=csv`} download>CSV</a>`}>
-    <p class="meta">${`Concept “${result.concept}” on ${result.model} · judge: ${result.judge.kind} · ${result.instructions.length} instructions · `
+    <p class="meta">${`Concept “${result.concept}” on ${result.model} · judge: ${result.judge.kind} · ${plural(result.instructions.length, "instruction")} · `
       + (result.complete ? "complete" : "cancelled: the points measured before")}</p>
     <label>Chart <select value=${metric} onChange=${(e) => setMetric(e.target.value)} aria-label="Metric">
       ${METRICS.map(([key, text]) => html`<option value=${key}>${text}</option>`)}</select></label>
@@ -160,8 +160,10 @@ function Result({ id }) {
         ["Perplexity", ([, p]) => num(p.perplexity, 3)],
         ["", ([label, p]) => html`<button class="secondary" onClick=${() => setShown([label, p])} aria-label=${`Answers of ${label} at ${num(p.strength)}`}>Answers</button>`]]} />
     ${shown ? html`<section aria-label="Answers" class="answers"><h3>${shown[0]} at ${num(shown[1].strength)}</h3>
-      ${shown[1].samples.map((s) => html`<div class="msg assistant"><span class="who">${result.instructions[s.instruction]}</span>${s.text}
-        <div class="meta">concept ${num(s.concept, 3)} · instruction ${num(s.instruction_score, 3)} · fluency ${num(s.fluency, 3)} · perplexity ${num(s.perplexity, 3)}</div></div>`)}
+      ${shown[1].samples.map((s) => html`<dl class="sample">
+        <dt>Instruction</dt><dd>${result.instructions[s.instruction]}</dd>
+        <dt>Answer</dt><dd class="reply">${s.text}</dd>
+        <dd class="meta">concept ${num(s.concept, 3)} · instruction ${num(s.instruction_score, 3)} · fluency ${num(s.fluency, 3)} · perplexity ${num(s.perplexity, 3)}</dd></dl>`)}
     </section>` : null}
   <//>`;
 }

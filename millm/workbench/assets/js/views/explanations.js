@@ -1,14 +1,48 @@
-// Explanations a model wrote for features (docs/labels.md): a card's list with its scores and
-// "explain it", and the Features view's batch panel.
-import { useState } from "preact/hooks";
+// Explanations a model wrote for features (docs/labels.md): a card's list with its scores, "explain
+// it" and the running jobs explaining it, and the Features view's batch panel. A job that wrote
+// nothing ends failed (nothing_explained); its result still says why, feature by feature.
+import { useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, JobProgress, Panel, Table, html, num, useAction, useLoad } from "../ui.js";
+import { ErrorNote, JobProgress, Panel, Table, html, num, plural, useAction, useLoad } from "../ui.js";
 
-const score = (s) => (s ? html`<span class="num">${num(s.balanced_accuracy, 2)}</span> <span class="meta">(${s.texts} texts)</span>` : "—");
+const score = (s) => (s ? html`<span class="num">${num(s.balanced_accuracy, 2)}</span> <span class="meta">(${plural(s.texts, "text")})</span>` : "—");
+
+const POLL_MS = 2000;
 
 /** Why a finished explaining job stored nothing for some features. */
 const Skipped = ({ job }) => (job?.result?.skipped?.length
   ? html`<ul class="meta">${job.result.skipped.map((s) => html`<li>#${s.feature}: ${s.reason}</li>`)}</ul>` : null);
+
+/** Running explaining jobs that cover a feature (a running job's result names its features), but
+ *  `own`; `onEnd()` once one of them ends, so the card shows what it wrote. */
+function useExplainingJobs(sae, index, own, onEnd) {
+  const [jobs, setJobs] = useState([]);
+  const [error, setError] = useState(null);
+  const seen = useRef([]);
+  const ended = useRef(onEnd);
+  ended.current = onEnd; // the poll outlives a render: it calls the latest
+  useEffect(() => {
+    let stopped = false;
+    const look = async () => {
+      try {
+        const all = (await api.jobs.list()).data || [];
+        if (stopped) return;
+        const covering = all.filter((j) => j.kind === "explain" && j.state === "running" && j.id !== own
+          && j.result?.sae_id === sae && j.result.features?.includes(index));
+        if (seen.current.some((id) => !covering.some((j) => j.id === id))) ended.current();
+        seen.current = covering.map((j) => j.id);
+        setJobs(covering);
+        setError(null);
+      } catch (err) {
+        if (!stopped) setError(err);
+      }
+    };
+    look();
+    const timer = setInterval(look, POLL_MS);
+    return () => { stopped = true; clearInterval(timer); };
+  }, [sae, index, own]);
+  return { jobs, error };
+}
 
 /** A feature's explanations with their detection and fuzzing scores, and a button to explain it with the served model. */
 export function Explanations({ sae, index, explanations, onEnd }) {
@@ -16,6 +50,7 @@ export function Explanations({ sae, index, explanations, onEnd }) {
   const [job, setJob] = useState(null);
   const [ended, setEnded] = useState(null);
   const start = () => act.run(async () => { setEnded(null); setJob(await api.saes.explain(sae, { features: [index] })); });
+  const others = useExplainingJobs(sae, index, job?.id, onEnd);
   return html`<div class="explanations">
     ${explanations.length ? html`<${Table} label="Explanations" rows=${explanations} rowKey=${(e) => e.explainer}
       columns=${[
@@ -24,8 +59,10 @@ export function Explanations({ sae, index, explanations, onEnd }) {
         ["Fuzzing", (e) => score(e.fuzzing)],
         ["Explainer", (e) => html`<span class="meta">${e.explainer}</span>`],
       ]} />` : html`<p class="empty">No model has explained this feature yet.</p>`}
-    <div class="row"><button onClick=${start} disabled=${act.busy || job?.state === "running"}>Explain it with the served model</button></div>
-    <${ErrorNote} error=${act.error} />
+    ${others.jobs.map((j) => html`<p class="note" role="status" key=${j.id}>Being explained by job <span class="mono">${j.id}</span> (${
+      j.description}: ${j.progress.done}/${plural(j.progress.total, "feature")} done); its explanation shows here once written.</p>`)}
+    <div class="row"><button onClick=${start} disabled=${act.busy || job?.state === "running" || others.jobs.length > 0}>Explain it with the served model</button></div>
+    <${ErrorNote} error=${act.error || others.error} />
     ${job ? html`<${JobProgress} key=${job.id} job=${job} label="Explaining job" onEnd=${(done) => { setEnded(done); onEnd(); }} />` : null}
     <${Skipped} job=${ended} />
   </div>`;
@@ -61,7 +98,8 @@ export function ExplainBatch({ sae }) {
     <${ErrorNote} error=${act.error} />
     ${job ? html`<div><strong>${job.description}</strong> <span class="mono meta">${job.id}</span>
       <${JobProgress} key=${job.id} job=${job} label="Explaining job" onEnd=${setEnded} /></div>` : null}
-    ${ended?.state === "succeeded" ? html`<p role="status">${ended.result.explained} explained, ${ended.result.flagged} flagged.</p>` : null}
+    ${ended?.state === "succeeded" ? html`<p role="status">${ended.result.explained} explained, ${ended.result.flagged} flagged${
+      ended.result.skipped.length ? `, ${ended.result.skipped.length} skipped (below)` : ""}.</p>` : null}
     <${Skipped} job=${ended} />
   <//>`;
 }

@@ -6,34 +6,12 @@
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
 import { ExplainBatch, Explanations } from "./explanations.js";
-import { ErrorNote, FeatureLink, JobProgress, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae, useServer } from "../ui.js";
+import { liveRows, useLive } from "../live.js";
+import { ErrorNote, FeatureLink, JobProgress, Note, Panel, SaePicker, Table, html, num, plural, useAction, useLoad, useSae, useServer } from "../ui.js";
 
 const LIMIT = 200; // the spec's clamp on an add strength (docs/steering.md)
 const SEARCH_LIMIT = 50;
 const SEND_DELAY_MS = 250; // a slider's value is sent this long after the last change, not per step
-
-/** The live steering state, replaced by the state each change answers (no second round trip). */
-function useSteering() {
-  const [state, setState] = useState(null);
-  const [error, setError] = useState(null);
-  const load = useCallback(async () => {
-    try {
-      setState(await api.steering.get());
-      setError(null);
-    } catch (err) {
-      setError(err);
-    }
-  }, []);
-  useEffect(() => {
-    load();
-  }, [load]);
-  const apply = useCallback(async (call) => {
-    const answer = await call();
-    setState(answer?.steering ?? (await api.steering.get()));
-    return answer;
-  }, []);
-  return { state, error, load, apply };
-}
 
 /** One feature's live entry ({index, op, strength|value}) in a steering state, or null. */
 function liveEntry(state, sae, index) {
@@ -110,8 +88,8 @@ function Search({ sae, onSae }) {
     ${!sae ? html`<p class="note">No SAE is attached: attach one in <a href="#/system">Models, SAEs & jobs</a>.</p>` : null}
     <${ErrorNote} error=${found.error} />
     ${result ? html`<p class="note" role="status">${result.query
-      ? `${result.data.length} best of ${result.labels} labelled features for “${result.query}” (larger score = better match)`
-      : `${result.data.length} of ${result.labels} labelled features, by index`}${result.has_labels ? "" : " — this SAE has no labels"}</p>
+      ? `${result.data.length} best of ${plural(result.labels, "labelled feature")} for “${result.query}” (larger score = better match)`
+      : `${result.data.length} of ${plural(result.labels, "labelled feature")}, by index`}${result.has_labels ? "" : " — this SAE has no labels"}</p>
     <div class="search-results"><${Table} label="Search results" rows=${result.data} rowKey=${(f) => f.index} empty="No label matches."
       columns=${[
         ["Feature", (f) => html`<${FeatureLink} sae=${sae} index=${f.index} />`],
@@ -154,7 +132,7 @@ function Figures({ calib, decoderNorm }) {
       ${rows.map(([name, value, unit]) => html`<div><dt>${name}</dt><dd><span class="num">${value}</span>${unit ? html` <span class="meta">${unit}</span>` : null}</dd></div>`)}
       <div><dt>Decoder norm</dt><dd><span class="num">${decoderNorm == null ? "—" : num(decoderNorm, 6)}</span> <span class="meta">per unit of strength</span></dd></div>
     </dl>
-    ${summary ? html`<p class="meta">From a calibration of ${summary.model} on ${summary.texts} texts (${summary.positions} positions, corpus ${summary.corpus || "given texts"}).</p>` : null}
+    ${summary ? html`<p class="meta">From a calibration of ${summary.model} on ${plural(summary.texts, "text")} (${plural(summary.positions, "position")}, corpus ${summary.corpus || "given texts"}).</p>` : null}
     ${missing ? html`<p class="note calibration-missing" role="note">This SAE has no calibration on the loaded model yet, so density, max and quantiles are unknown.
       Start a calibration job in <a href="#/system">Models, SAEs & jobs</a>.</p>` : html`<${ErrorNote} error=${calib.error} />`}
     ${figure ? html`<h3>Top activating snippets</h3>
@@ -304,7 +282,7 @@ function LiveSteering({ steering }) {
   const [name, setName] = useState("");
   const [saved, setSaved] = useState(null);
   const state = steering.state;
-  const rows = (state?.saes || []).flatMap((s) => s.features.map((f) => ({ ...f, sae: s.sae_id, attached: s.attached })));
+  const rows = liveRows(state);
   const labels = useLabels(rows.map((r) => [r.sae, r.index]));
   const change = (call) => act.run(() => steering.apply(call));
   const save = (e) => {
@@ -355,7 +333,7 @@ export default function FeaturesView({ args }) {
   const [picked, setPicked] = useSae();
   const sae = args[0] || picked;
   const index = args[1];
-  const steering = useSteering();
+  const steering = useLive(); // the shell's copy: the bar on every tab shows the same state
   const onSae = (id) => {
     setPicked(id);
     location.hash = `#/features/${encodeURIComponent(id)}`;

@@ -2,12 +2,13 @@
 // bottom, the SAEs' blocks up the side, the explained logit at the top; nodes sized by influence,
 // edges drawn by weight (blue adds to its target, orange takes away). Click a node for its card;
 // pick features (by node; a feature picked at one position is steered at every one) to ablate
-// and see the model's next token move. Transcoder features are drawn but not steered. The
-// features come from the attached SAEs or from a registered transcoder set (the exact kind).
+// and see the unsteered model's next token move (the graph's own base, whatever is live now).
+// Transcoder features are drawn but not steered. The features come from the attached SAEs or from
+// a registered transcoder set (the exact kind).
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, FileImport, JobProgress, Note, Panel, download, html, num, useAction, useLoad } from "../ui.js";
+import { ErrorNote, FeatureLink, FileImport, JobProgress, Note, Panel, download, html, num, plural, useAction, useLoad } from "../ui.js";
 
 const WIDTH = 960;
 const ROW = 110;
@@ -114,10 +115,13 @@ function ablating(graph, ids, steerAs) {
   return { steering: [...bySae].map(([sae_id, features]) => ({ sae_id, features: [...features].map((index) => ({ index, op: "ablate" })) })) };
 }
 
-/** The next token's top candidates and a short continuation, with the chosen nodes' features ablated or not. */
+/** The next token's top candidates and a short continuation on the unsteered model, with the chosen
+ * nodes' features ablated or not. Both requests carry their own `steering`, which replaces the live
+ * steering a /v1 request would otherwise get (docs/steering.md): an empty one is the unsteered
+ * model, the one the graph was traced on, whatever is live now. */
 async function nextTokens(graph, text, ids, steerAs) {
-  const steering = ids.length ? { steering: ablating(graph, ids, steerAs) } : {};
-  const answer = await api.completion({ model: graph.model, prompt: text, max_tokens: 6, temperature: 0, logprobs: 5, ...steering });
+  const steering = ids.length ? ablating(graph, ids, steerAs) : { steering: [] };
+  const answer = await api.completion({ model: graph.model, prompt: text, max_tokens: 6, temperature: 0, logprobs: 5, steering });
   const top = answer.choices[0].logprobs.top_logprobs[0];
   return { text: answer.choices[0].text, top: Object.entries(top).sort((a, b) => b[1] - a[1]) };
 }
@@ -148,14 +152,22 @@ function Ablation({ graph, text, ablate, steerAs }) {
   const act = useAction();
   const features = [...ablate];
   if (graph.method === "imported") return html`<${Note}>An imported graph: its features are not this server's to ablate.<//>`;
-  const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, [], steerAs), after: await nextTokens(graph, text, features, steerAs) }));
-  const side = (label, r) => html`<div><h4>${label}</h4><p class="continuation">${JSON.stringify(r.text)}</p>
-    <ol>${r.top.map(([token, lp]) => html`<li>${shown(token)} ${num(Math.exp(lp), 3)}</li>`)}</ol></div>`;
+  // The page rebuilds only the unsteered base: a steered graph's ablations would compare unlike things.
+  if (graph.steered) {
+    return html`<div class="ablation"><${Note}>This graph was traced steered (${graph.steering.kind}); the page ablates on the unsteered model
+      only, so it does not generate beside it.<//><${SaveSubgraph} graph=${graph} ablate=${ablate} /></div>`;
+  }
+  const run = () => act.run(async () => setResult({ before: await nextTokens(graph, text, [], steerAs), after: await nextTokens(graph, text, features, steerAs), count: features.length }));
+  const side = (label, base, r) => html`<section aria-label=${`Next tokens ${label}`}><h4>${label}</h4><p class="meta">${base}</p>
+    <p class="continuation">${JSON.stringify(r.text)}</p>
+    <ol>${r.top.map(([token, lp]) => html`<li>${shown(token)} <span class="num">${num(Math.exp(lp), 3)}</span></li>`)}</ol></section>`;
   return html`<div class="ablation">
-    <button type="button" onClick=${run} disabled=${act.busy || !features.length}>Ablate ${features.length} feature${features.length === 1 ? "" : "s"} (every position) and generate</button>
+    <button type="button" onClick=${run} disabled=${act.busy || !features.length}>Ablate ${plural(features.length, "feature")} (every position) and generate</button>
+    ${act.busy ? html`<${Note}>Generating on the unsteered model, without and with ${plural(features.length, "feature")} ablated…<//>` : null}
     <${ErrorNote} error=${act.error} />
     <${SaveSubgraph} graph=${graph} ablate=${ablate} />
-    ${result ? html`<div class="cols">${side("as served", result.before)}${side("ablated", result.after)}</div>` : null}
+    ${result ? html`<p class="meta">Both sides run on the unsteered model, as the graph was traced: live steering, which every /v1 client gets, does not apply to them.</p>
+      <div class="cols">${side("unsteered", "unsteered, as the graph was traced", result.before)}${side("ablated", `${plural(result.count, "feature")} ablated, on the unsteered model`, result.after)}</div>` : null}
   </div>`;
 }
 
@@ -166,6 +178,8 @@ export default function AttributionPanel() {
   const [steps, setSteps] = useState("0");
   const sets = useLoad(() => api.transcoders.list(), []);
   const [graph, setGraph] = useState(null);
+  const [tracing, setTracing] = useState(""); // the text of the trace under way
+  const [traced, setTraced] = useState(""); // the shown graph's text: what its ablations read
   const [job, setJob] = useState(null);
   const [chosen, setChosen] = useState(null);
   const [ablate, setAblate] = useState(new Set());
@@ -178,17 +192,20 @@ export default function AttributionPanel() {
     act.run(async () => {
       const from = source ? { transcoders: source } : {};
       const integrated = Number(steps) ? { integrated_gradients: Number(steps) } : {};
-      setJob(await api.attribution.start({ text, max_feature_nodes: Number(nodes), ...from, ...integrated }));
+      const started = await api.attribution.start({ text, max_feature_nodes: Number(nodes), ...from, ...integrated });
+      setTracing(text);
+      setJob(started);
     });
   };
   const ended = (done) => act.run(async () => {
     setJob(done);
     if (done.state !== "succeeded") return;
     setGraph(await api.attribution.get(done.result.graph_id));
+    setTraced(tracing);
     setChosen(null);
     setAblate(new Set());
   });
-  const tracing = job?.state === "running";
+  const running = job?.state === "running";
   const toggle = (node) => {
     const next = new Set(ablate);
     next.has(node.id) ? next.delete(node.id) : next.add(node.id);
@@ -211,18 +228,18 @@ export default function AttributionPanel() {
         <option value="8">integrated, 8 steps</option>
         <option value="16">integrated, 16 steps</option>
       </select></label>
-      <button type="submit" disabled=${act.busy || tracing || !text.trim()}>${tracing ? "Tracing…" : "Trace"}</button>
+      <button type="submit" disabled=${act.busy || running || !text.trim()}>${running ? "Tracing…" : "Trace"}</button>
       <${FileImport} label="Open a graph file" onText=${(t) => act.run(async () => { setGraph(await api.attribution.importText(t)); setChosen(null); setAblate(new Set()); })} />
     </form>
     <${ErrorNote} error=${act.error} />
     ${job ? html`<${JobProgress} key=${job.id} job=${job} label="Attribution job" onEnd=${ended} />` : null}
-    ${graph ? html`<p class="meta" aria-label="Graph summary">${`${shown(graph.target.tokens[0])} (p ${num(graph.target.probability, 3)}) · ${graph.method} · `}
-        ${graph.method === "imported" ? `${graph.expanded_features} features · ` : `${graph.expanded_features} features expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
-        ${check ? html`check <strong class=${check.passed ? "ok" : "bad"}>${check.passed ? "passed" : "failed"}</strong>${` (r ${check.correlation === null ? "—" : num(check.correlation, 2)} over ${check.nodes.length} ablations) · `}` : "not checked · "}
+    ${graph ? html`<p class="meta" aria-label="Graph summary">${`${shown(graph.target.tokens[0])} (p ${num(graph.target.probability, 3)}) · ${graph.method} · ${graph.method === "imported" ? "" : graph.steered ? `traced steered (${graph.steering.kind}) · ` : "traced unsteered · "}`}
+        ${graph.method === "imported" ? `${plural(graph.expanded_features, "feature")} · ` : `${plural(graph.expanded_features, "feature")} expanded · replacement ${num(graph.replacement_score, 2)} · completeness ${num(graph.completeness_score, 2)} · `}
+        ${check ? html`check <strong class=${check.passed ? "ok" : "bad"}>${check.passed ? "passed" : "failed"}</strong>${` (r ${check.correlation === null ? "—" : num(check.correlation, 2)} over ${plural(check.nodes.length, "ablation")}) · `}` : "not checked · "}
         ${`${num(graph.seconds, 1)} s `}
         <button type="button" onClick=${async () => download(await api.attribution.exportText(graph.id), `${graph.id}.json`)}>export (circuit-tracer JSON)</button></p>
       <div class="graph-with-card"><${GraphPicture} graph=${graph} chosen=${chosen} onChoose=${setChosen} />
         <${NodeCard} node=${chosen} graph=${graph} ablate=${ablate} onToggle=${toggle} steerAs=${steerAs} onAttach=${attach} busy=${act.busy} /></div>
-      <${Ablation} graph=${graph} text=${text} ablate=${ablate} steerAs=${steerAs} />` : null}
+      <${Ablation} graph=${graph} text=${traced} ablate=${ablate} steerAs=${steerAs} />` : null}
   <//>`;
 }

@@ -6,7 +6,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
 import AttributionPanel from "./graph.js";
 import LensPanel from "./lens.js";
-import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLoad, useSae } from "../ui.js";
+import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, plural, useAction, useLoad, useSae } from "../ui.js";
 
 const CONVERSATION_STORE = "millm.conversation"; // written by the chat view: [{role, content}, ...]
 
@@ -119,7 +119,7 @@ function Inspect() {
     <form class="inspect-form" onSubmit=${submit} aria-label="Inspect">
       <div class="row"><${SaePicker} value=${sae} onChange=${setSae} /></div>
       ${messages
-        ? html`<p class="note">The chat's conversation (${messages.length} messages, read through the model's chat template):</p>
+        ? html`<p class="note">The chat's conversation (${plural(messages.length, "message")}, read through the model's chat template):</p>
           <ol class="conversation" aria-label="Conversation to inspect">${messages.map((m) => html`<li><span class="role">${m.role}</span>${m.content}</li>`)}</ol>
           <div class="row"><button type="button" class="secondary" onClick=${() => setMessages(null)}>Paste a text instead</button>
             <button type="button" class="secondary" onClick=${useChat}>Reload the chat's conversation</button></div>`
@@ -145,7 +145,7 @@ function Inspect() {
     <${ErrorNote} error=${act.error || profiles.error} />
     ${act.busy ? html`<${Note}>Reading…<//>` : null}
     ${result ? html`
-      <p class="meta" role="status">${result.tokens.length} tokens read of ${result.prompt_tokens} · layer ${result.layer} · ${result.steered ? `steered (${result.steering.kind}${result.steering.params?.name ? ` ${result.steering.params.name}` : ""})` : "unsteered"} · sorted by ${result.sort}</p>
+      <p class="meta" role="status">${plural(result.tokens.length, "token")} read of ${result.prompt_tokens} · layer ${result.layer} · ${result.steered ? `steered (${result.steering.kind}${result.steering.params?.name ? ` ${result.steering.params.name}` : ""})` : "unsteered"} · sorted by ${result.sort}</p>
       <div class="contrast-sides">
         <section aria-label="Top features of the text">
           <h3>Top features</h3>
@@ -217,9 +217,9 @@ function Contrast() {
       </div>
     </form>
     <${ErrorNote} error=${act.error} />
-    ${act.busy ? html`<${Note}>Reading ${lines(a).length + lines(b).length} texts…<//>` : null}
+    ${act.busy ? html`<${Note}>Reading ${plural(lines(a).length + lines(b).length, "text")}…<//>` : null}
     ${result ? html`
-      <p class="meta" role="status">A: ${result.a.texts} texts, ${result.a.tokens} tokens · B: ${result.b.texts} texts, ${result.b.tokens} tokens ·
+      <p class="meta" role="status">A: ${plural(result.a.texts, "text")}, ${plural(result.a.tokens, "token")} · B: ${plural(result.b.texts, "text")}, ${plural(result.b.tokens, "token")} ·
         by each text's ${result.aggregate} · effect size is Cohen's d (∞: the feature tells every text of one set from every text of the other)</p>
       <div class="contrast-sides">
         <section aria-label="Favouring A"><h3>Favouring A</h3>${side(result.favouring_a, 1, "Favouring A")}</section>

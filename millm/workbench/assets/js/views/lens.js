@@ -4,7 +4,7 @@
 
 import { useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, Panel, html, num, useAction } from "../ui.js";
+import { ErrorNote, Panel, html, num, plural, useAction } from "../ui.js";
 
 const SHADES = [
   ["final_probability", "the probability of the model's final prediction"],
@@ -58,7 +58,7 @@ export default function LensPanel() {
     <${ErrorNote} error=${act.error} />
     ${lens ? html`<label>Shade by <select value=${shade} onChange=${(e) => setShade(e.target.value)} aria-label="Shade by">
         ${SHADES.map(([key, label]) => html`<option value=${key}>${label}</option>`)}</select></label>
-      <p class="meta">${lens.model} · ${lens.steered ? `steered (${lens.steering.kind})` : "unsteered"} · ${lens.layers.length} blocks</p>
+      <p class="meta">${lens.model} · ${lens.steered ? `steered (${lens.steering.kind})` : "unsteered"} · ${plural(lens.layers.length, "block")}</p>
       <${Grid} lens=${lens} shade=${shade} />` : null}
   <//>`;
 }

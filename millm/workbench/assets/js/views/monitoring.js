@@ -5,7 +5,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import uPlot from "uplot";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, useAction, useLabels, useLoad, useServer } from "../ui.js";
+import { ErrorNote, FeatureLink, Note, Panel, SaePicker, Table, html, num, plural, useAction, useLabels, useLoad, useServer } from "../ui.js";
 
 const POSITIONS = ["completion", "prompt", "all", "last"];
 const MAX_POINTS = 200; // requests kept on the chart
@@ -71,7 +71,7 @@ function Settings({ settings, onChanged }) {
         <button type="button" class="danger" onClick=${reset} disabled=${act.busy}>Reset records and statistics</button></div>
     </form>
     <${ErrorNote} error=${act.error} />
-    <p class="meta">Reads ${settings.reading ? `${settings.reading.sae_id} at layer ${settings.reading.layer}` : "nothing (no SAE attached)"}, ${settings.read_point}; ${settings.requests} requests and ${settings.positions_read} positions recorded;
+    <p class="meta">Reads ${settings.reading ? `${settings.reading.sae_id} at layer ${settings.reading.layer}` : "nothing (no SAE attached)"}, ${settings.read_point}; ${plural(settings.requests, "request")} and ${plural(settings.positions_read, "position")} recorded;
       history ${settings.history.records}/${settings.history.max}; queue ${settings.queue.pending}/${settings.queue.max}, ${settings.queue.dropped} dropped.</p>
   <//>`;
 }
@@ -186,7 +186,7 @@ export default function MonitoringView() {
     <${ErrorNote} error=${settings.error} />
     ${settings.value ? html`<${Settings} settings=${settings.value} onChanged=${changed} />` : html`<${Note}>Loading…<//>`}
     <${Panel} title="Live chart" actions=${html`<span class=${`badge ${live.connected ? "good" : ""}`} data-testid="feed">${live.connected ? "live" : "connecting…"}</span>
-        <span class="meta" data-testid="points">${live.records.length} requests</span>`}>
+        <span class="meta" data-testid="points">${plural(live.records.length, "request")}</span>`}>
       <${ErrorNote} error=${live.error} />
       <${Chart} records=${live.records} features=${features} labels=${labels} />
       <p class="meta">Each point is one request: the feature's largest activation over its recorded positions (0 where it was not among them).

@@ -9,7 +9,7 @@ import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
 import {
   ConfirmButton, ErrorNote, FeatureLink, FileImport, Note, Panel, Progress, SaePicker, Table,
-  download, fileName, html, num, useAction, useLabels, useLoad, usePanelActions, useSae, useServer,
+  download, fileName, html, num, plural, useAction, useLabels, useLoad, usePanelActions, useSae, useServer,
 } from "../ui.js";
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
@@ -25,12 +25,12 @@ function Detector({ d }) {
       <div class="meta">fires at ${d.percentile != null ? `its ${d.percentile}th calibrated percentile` : `activation ≥ ${num(d.threshold)}`}</div>`;
   }
   if (d.type === "weighted") {
-    return html`<div><span class="badge">weighted</span> sum of ${d.features.length} features of <span class="mono meta-inline">${d.sae_id}</span></div>
+    return html`<div><span class="badge">weighted</span> sum of ${plural(d.features.length, "feature")} of <span class="mono meta-inline">${d.sae_id}</span></div>
       <div>${d.features.map((f) => html`<span class="chip"><${FeatureLink} sae=${d.sae_id} index=${f.index} /> ×${num(f.weight)}</span> `)}</div>
       <div class="meta">fires at score ≥ ${num(d.threshold)}</div>`;
   }
   const t = d.training;
-  return html`<div><span class="badge">linear</span> at layer ${d.layer} (${d.hook_point || "resid_post"}), ${d.weights.length} weights</div>
+  return html`<div><span class="badge">linear</span> at layer ${d.layer} (${d.hook_point || "resid_post"}), ${plural(d.weights.length, "weight")}</div>
     <div class="meta">fires at probability ≥ ${num(d.threshold)}</div>
     ${t ? html`<dl class="meta metrics" aria-label="Training metrics">
       <dt>held-out accuracy</dt><dd>${num(t.accuracy, 3)}</dd>
@@ -57,7 +57,7 @@ function actionsByProbe(profiles) {
 function Action({ items }) {
   return html`<div><span class="badge">report</span></div>
     ${(items || []).map((a) => html`<div class="meta">
-      ${a.kind === "steer" ? html`<span class="badge">steer</span> ${a.what}${a.tokens ? ` for ${a.tokens} tokens` : ""}` : html`<span class="badge bad">abort</span>`}${" "}
+      ${a.kind === "steer" ? html`<span class="badge">steer</span> ${a.what}${a.tokens ? ` for ${plural(a.tokens, "token")}` : ""}` : html`<span class="badge bad">abort</span>`}${" "}
       via profile <strong>${a.profile.name}</strong>${a.profile.active ? " (the active base)" : ""}</div>`)}`;
 }
 
@@ -222,7 +222,7 @@ function TrainingResult({ job }) {
     <dt>AUC</dt><dd>${num(m.auc, 3)}</dd>
     <dt>per-position accuracy</dt><dd>${num(m.position_accuracy, 3)} (AUC ${num(m.position_auc, 3)})</dd>
     <dt>training accuracy</dt><dd>${num(m.train_accuracy, 3)}</dd>
-    <dt>texts</dt><dd>${m.train} to fit, ${m.held_out} held out (${m.train_positions} positions fitted)</dd>
+    <dt>texts</dt><dd>${m.train} to fit, ${m.held_out} held out (${plural(m.train_positions, "position")} fitted)</dd>
   </dl>`;
 }
 
@@ -274,7 +274,7 @@ function Train({ changed }) {
         <label class="inline">Firing probability <input type="number" min="0.01" max="0.99" step="0.01" value=${threshold} onInput=${(e) => setThreshold(e.target.value)} /></label>
         <label class="inline">Held-out fraction <input type="number" min="0.1" max="0.5" step="0.05" value=${heldOut} onInput=${(e) => setHeldOut(e.target.value)} /></label>
         <button type="submit" disabled=${act.busy || running || !sae || !name.trim()}>
-          Train on ${lines(positive).length} + ${lines(negative).length} texts</button>
+          Train on ${lines(positive).length} + ${plural(lines(negative).length, "text")}</button>
       </div>
     </form>
     <${ErrorNote} error=${act.error || poll.error} />

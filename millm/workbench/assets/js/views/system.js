@@ -3,7 +3,7 @@
 
 import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
-import { ErrorNote, FeatureLink, Note, Panel, Progress, Table, html, num, useAction, useLoad, useSae, SaePicker, useServer } from "../ui.js";
+import { ErrorNote, FeatureLink, Note, Panel, Progress, Table, html, num, plural, useAction, useLoad, useSae, SaePicker, useServer } from "../ui.js";
 
 function Models() {
   const server = useServer();
@@ -44,7 +44,7 @@ function variantSteering(v) {
   if (v.profile) return `profile ${v.profile}${dial}`;
   const s = v.steering || {};
   const features = (s.steering || []).reduce((n, entry) => n + entry.features.length, 0);
-  const parts = [features ? `${features} feature${features > 1 ? "s" : ""}` : null, s.vectors?.length ? `${s.vectors.length} vector(s)` : null];
+  const parts = [features ? plural(features, "feature") : null, s.vectors?.length ? plural(s.vectors.length, "vector") : null];
   return `${parts.filter(Boolean).join(" + ") || "nothing"}${dial}`;
 }
 
@@ -152,7 +152,12 @@ function JobResult({ job }) {
       ? html`best: <${FeatureLink} sae=${r.sae_id} index=${r.best.index} /> at ${num(r.best.strength)} (affinity lift ${num(r.best.affinity_lift, 3)})`
       : `no setting beat the unsteered answers${r.note ? `: ${r.note}` : ""}`}${r.saved_profile ? html` · saved as profile <strong>${r.saved_profile.name || r.saved_profile}</strong>` : null}</div>`;
   }
-  if (job.kind === "calibration") return html`<div class="meta">${r.texts} texts, ${r.positions} positions, ${r.features_fired} features fired</div>`;
+  if (job.kind === "explain") {
+    const covers = r.features.length > 12 ? `${r.features.slice(0, 12).join(", ")}, …` : r.features.join(", ");
+    return html`<div class="meta">features ${covers} · ${r.explained} explained, ${r.flagged} flagged, ${r.skipped.length} skipped${
+      r.skipped.length ? html`<ul>${r.skipped.slice(0, 5).map((k) => html`<li>#${k.feature}: ${k.reason}</li>`)}</ul>` : null}</div>`;
+  }
+  if (job.kind === "calibration") return html`<div class="meta">${plural(r.texts, "text")}, ${plural(r.positions, "position")}, ${plural(r.features_fired, "feature")} fired</div>`;
   return html`<details class="meta"><summary>result</summary><pre>${JSON.stringify(r, null, 1).slice(0, 2000)}</pre></details>`;
 }
 
@@ -170,7 +175,7 @@ function Calibrate({ onStarted }) {
       <textarea value=${texts} onInput=${(e) => setTexts(e.target.value)} name="calibration-texts"></textarea></label>
     <div class="row">
       <button disabled=${!sae || act.busy} onClick=${() => start(lines.length ? { texts: lines } : { corpus: "demo" })}>
-        ${lines.length ? `Calibrate on ${lines.length} texts` : "Calibrate on the shipped corpus"}</button>
+        ${lines.length ? `Calibrate on ${plural(lines.length, "text")}` : "Calibrate on the shipped corpus"}</button>
     </div>
     <${ErrorNote} error=${act.error} />
   <//>`;
