@@ -24,9 +24,8 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
     labels   feature_labels.json (auto labels from top tokens) and README.md
     steer    greedy completions of the model's steering prompt, unsteered and with each of
              --steer-features at each of --steer-strengths                   -> steer.json, README.md
-    profiles (chat model only) check the steering profiles in millm/demo/profiles (stamp their
-             sae_id, generate unsteered / steered answers in float32 and auto dtype, write
-             profiles/README.md)
+    profiles (chat model only) stamp the steering profiles in millm/demo/profiles with the SAE's
+             id (their strengths and README: bench/demo_profiles.py)
 
     .venv/bin/python scripts/train_demo_sae.py                 # all stages but steer and profiles
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
@@ -1198,63 +1197,18 @@ def steer(work: Path, out: Path, layer: int, spec: ModelSpec, features: list[int
 
 
 def check_profiles(work: Path, out: Path, layer: int, spec: ModelSpec) -> None:
+    """Stamp the demo profiles with the new SAE's id; their operating points and README are
+    bench/demo_profiles.py's (measured with the server's own steering evaluation per numeric mode)."""
     if not spec.chat_answers:
         raise SystemExit(f"the demo profiles are chat prompts for {DEMO_MODEL_NAME}; {spec.name} has no chat template")
-    from safetensors.torch import load_file
-
     ident = sae_id(out / "sae_weights.safetensors")
-    w_dec = load_file(str(out / "sae_weights.safetensors"))["W_dec"]
-    labels = json.loads((out / "feature_labels.json").read_text())
-    profiles = []
     for path in sorted(PROFILES_DIR.glob("*.json")):
         prof = json.loads(path.read_text())
         for s in prof["steering"]:
             s["sae_id"] = ident
         path.write_text(json.dumps(prof, indent=2) + "\n")
-        profiles.append(prof)
-    answers = {}
-    for dtype in ("float32", "auto"):
-        lm = load(spec, dtype, work)
-        ids = spec.prompt_ids(lm.tokenizer, spec.steer_prompt)
-        names = ["(unsteered)"] + [prof["name"] for prof in profiles]
-        feature_sets = [[]] + [prof["steering"][0]["features"] for prof in profiles]
-        answers[dtype] = dict(zip(names, steered_texts(lm, layer, w_dec, ids, feature_sets), strict=True))
-        for name, text in answers[dtype].items():
-            log.info("[%s] %s: %r", dtype, name, text)
-        del lm
-    (work / "profile_answers.json").write_text(json.dumps(answers, indent=1))
-    lines = [
-        "# Demo steering profiles",
-        "",
-        f"Profiles for the demo SAE `{ident}` (`millm/demo/sae/smollm2-135m-topk`, layer {layer}'s residual",
-        "stream of SmolLM2-135M-Instruct). Each adds `strength * W_dec[index]` (unit-norm decoder rows, so the",
-        f"strength is in residual-norm units; the residual norm there is ~150) to the output of layer {layer}",
-        "at every position, prompt and generated tokens alike.",
-        "",
-        f"Prompt: `{json.dumps([{'role': 'user', 'content': spec.steer_prompt}])}`; greedy decoding, 60 tokens at most, through millm's own",
-        "decode loop with `dtype=\"auto\"` (the server's default: bfloat16 activations, int4 weights on the CPU).",
-        "The same check in float32 gives a visibly similar effect for every profile (listed below too).",
-        "Regenerate with `.venv/bin/python scripts/train_demo_sae.py --stages profiles`.",
-        "",
-        "Strength scale: these features show at 15-50; by about 80 most make the answer repeat one",
-        "phrase, and from about 120 the text falls apart (the france feature #619 alone already switches",
-        "to broken French at 30-40). The profiles also steer other prompts (\"What is your favourite",
-        "hobby?\", \"Write a short note to a friend.\"): pirate, italian-food and music strongly,",
-        "france more weakly.",
-        "",
-        "## Unsteered",
-        "",
-        "> " + answers["auto"]["(unsteered)"].replace("\n", "\n> "),
-        "",
-    ]
-    for prof in profiles:
-        feats = prof["steering"][0]["features"]
-        desc = ", ".join(f"#{f['index']} \"{labels.get(str(f['index']), {}).get('label', '?')}\" x {f['strength']:g}"
-                         for f in feats)
-        lines += [f"## {prof['name']}", "", prof["description"], "", f"Features: {desc}.", "",
-                  "auto:", "", "> " + answers["auto"][prof["name"]].replace("\n", "\n> "), "",
-                  "float32:", "", "> " + answers["float32"][prof["name"]].replace("\n", "\n> "), ""]
-    (PROFILES_DIR / "README.md").write_text("\n".join(lines))
+    log.info("profiles stamped with %s: choose their strengths and write their README with "
+             "bench/demo_profiles.py (a new SAE's features are not the old one's)", ident)
 
 
 # ----------------------------------------------------------------------------------------------
