@@ -43,6 +43,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from millm.service.evaluation.run import DEFAULT_INSTRUCTIONS  # noqa: E402
 from tests.acceptance.test_demo_steering import WEEKEND, topic_words  # noqa: E402
 from tests.support.model_cache import start_sharing  # noqa: E402
 
@@ -69,15 +70,7 @@ MODES = {
 }
 # What a mode needs of the CPU, for the README's line on a mode not measured yet.
 MODE_NEEDS = {"bf16": "bf16 on AVX-512 (a CPU with AVX-512: an AMD Zen 4 or 5, an Intel Xeon)"}
-INSTRUCTIONS = [
-    "Tell me about your weekend.",
-    "Tell me about your day.",
-    "Give me three tips for staying focused while working.",
-    "Describe your favourite meal.",
-    "What should I pack for a weekend trip?",
-    "Explain how a bicycle works.",
-    "Write a short note thanking a friend for their help.",
-]
+INSTRUCTIONS = ["Tell me about your weekend.", *DEFAULT_INSTRUCTIONS]
 INTENSITIES = [0.8, 1.0]
 # Dials the weekend answer is also asked at: a profile whose answer names its topic from 0.8x to
 # 1.2x of its strength has many greedy paths to it, so a kernel's rounding that changes the path
