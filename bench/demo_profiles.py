@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from string import Template
 
 import httpx
 
@@ -50,6 +51,7 @@ from tests.support.model_cache import start_sharing  # noqa: E402
 PROFILES = ROOT / "millm" / "demo" / "profiles"
 # Every mode's last figures, kept so that a run on one CPU keeps the modes only another CPU has.
 MEASURED = ROOT / "bench" / "demo_profiles.json"
+TEMPLATE = ROOT / "bench" / "demo_profiles_readme.md"  # the README's prose
 MODEL = "SmolLM2-135M-Instruct"
 # What each profile's evaluation asks the judge for (AxBench's concept).
 CONCEPTS = {
@@ -250,66 +252,12 @@ def quote(text: str) -> str:
 
 
 def readme(measurements: dict) -> str:
-    """The profiles' README from the profiles as shipped and the measurements that match them."""
+    """The profiles' README (the template's prose) from the profiles as shipped and the
+    measurements that match them."""
     profiles = shipped()
     modes = current(measurements, profiles)
     labels = json.loads((ROOT / "millm/demo/sae/smollm2-135m-topk/feature_labels.json").read_text())
-    sae = next(iter(profiles.values()))["steering"][0]["sae_id"]
-    lines = [
-        "# Demo steering profiles",
-        "",
-        f"Profiles for the demo SAE `{sae}` (`millm/demo/sae/smollm2-135m-topk`, layer 12's residual stream of",
-        "SmolLM2-135M-Instruct). Each adds `strength * W_dec[index]` (unit-norm decoder rows, so the strength",
-        "is in residual-norm units; the residual norm there is ~150) to the output of layer 12 at every",
-        "position, prompt and generated tokens alike.",
-        "",
-        "## How the strengths were chosen",
-        "",
-        "Each profile sits at an operating point chosen with millm's own steering evaluation",
-        "([docs/evaluation.md](../../../docs/evaluation.md#a-steering-evaluation)): AxBench's concept,",
-        "instruction and fluency ratings (0-2) and their harmonic mean, judged by the demo model's",
-        'likelihoods, over seven instructions (the six defaults and "Tell me about your weekend."),',
-        "48 tokens, greedy. The point is strong enough that the concept score stays high **with margin**",
-        "in every numeric mode a CPU gives the demo model, and still high at 80 % of the strength (a",
-        "profile that loses its concept at 0.8x sits where a kernel's rounding decides the answer), and",
-        "no stronger than that, since fluency falls as the strength rises. Where one feature could not",
-        "hold its concept at 0.8x without losing fluency, a second feature of the same topic shares the push.",
-        "",
-        "What the choice changed (bf16 capped at AVX2 and float32, measured when the points were chosen,",
-        "with `--try` and `--scan`):",
-        "",
-        "- italian-food: #1496 x 30 alone named no food in the weekend answer at 0.8x (bf16) and 0.9x",
-        "  (float32), and at 33 still none at 0.8x in float32; above 35 the answers stop following the",
-        '  instruction (instruction 0.44 at 40). #1496 x 28 with #797 "food / eat / meal" x 10 names',
-        "  food at every dial from 0.8x to 1.2x in both modes.",
-        "- pirate: #1403 x 40 alone rated 1.06 for pirates at 0.8x (bf16), and 1.03 at 0.8x of 45;",
-        '  with #1574 "ocean / earthquakes / pirate" x 10 beside #1403 x 42 it rates 1.46 (1.15 in float32).',
-        "- france: #619 x 15 with #6 x 25 rated 1.01 for France, and its weekend answer named nothing",
-        "  French at 0.9x. #619 past about 25 makes the model answer in (broken) French, which names",
-        "  nothing in English, so the push grows on both features: #619 x 21 with #6 x 27.",
-        "- music: #1822 x 45 already held (1.97, and 1.95 at 0.8x); unchanged.",
-        "",
-        "The numeric modes: float32 (`--dtype float32`), bf16 as served by default (`--dtype auto`:",
-        "bfloat16 activations, int4 weights) on the CPU's widest instruction set, and bf16 capped at AVX2",
-        "(`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`, what an AMD",
-        "without AVX-512 runs). The last column is the acceptance test's own question",
-        "(`tests/acceptance/test_demo_steering.py`): how often the steered weekend answer (60 tokens)",
-        "names the profile's topic, against the plain answer (the test asks for at least 2 more), and in",
-        "brackets the fewest it names with the profile dialled to 0.8, 0.9, 1.0, 1.1 and 1.2 of its",
-        "strength: many greedy paths to the topic, so a kernel that rounds differently stays on it.",
-        "",
-        "Regenerate (measures every mode this CPU has, keeps the other modes' figures while they",
-        "measured the profiles as shipped, and rewrites this file):",
-        "",
-        "```bash",
-        ".venv/bin/python bench/demo_profiles.py",
-        "```",
-        "",
-        "## Measured",
-        "",
-        "| profile | features | numeric mode | concept (unsteered) | instruction | fluency | harmonic mean | concept at 0.8x | weekend topic words: plain → steered (fewest at 0.8-1.2x) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for name, doc in profiles.items():
         feats = ", ".join(
             f"#{f['index']} x {f['strength']:g}" for s in doc["steering"] for f in s["features"]
@@ -317,7 +265,7 @@ def readme(measurements: dict) -> str:
         for mode, measured in modes.items():
             row = measured["profiles"][name]
             full, low = row["points"]["1.0"], row["points"]["0.8"]
-            lines.append(
+            rows.append(
                 f"| {name} | {feats} | {mode_title(mode, measured)} | {full['concept']:.2f} "
                 f"({row['baseline']['concept']:.2f}) | "
                 f"{full['instruction_score']:.2f} | {full['fluency']:.2f} | {full['harmonic_mean']:.2f} | "
@@ -326,35 +274,25 @@ def readme(measurements: dict) -> str:
             )
     for mode, measured in modes.items():
         base = next(iter(measured["profiles"].values()))["baseline"]
-        lines.append(
+        rows.append(
             f"| (unsteered) | | {mode_title(mode, measured)} | | {base['instruction_score']:.2f} | "
             f"{base['fluency']:.2f} | | | |"
         )
-    lines += [
-        "",
-        "The concept is rated against each profile's own concept (France, Italian food, music,",
-        "pirates); in brackets, the unsteered answers' rating for it. The unsteered row's instruction and",
-        "fluency are the same answers' for every profile.",
-        "",
-        "Measured on: "
-        + "; ".join(
-            f"{mode_title(mode, m)} on {m['cpu']['name']} ({m['cpu']['capability']}, {m['date']})"
-            for mode, m in modes.items()
-        )
-        + ".",
-    ]
-    missing = [mode for mode in MODES if mode not in modes]
+    measured_on = "Measured on: " + "; ".join(
+        f"{mode_title(mode, m)} on {m['cpu']['name']} ({m['cpu']['capability']}, {m['date']})"
+        for mode, m in modes.items()
+    )
+    missing = [MODE_NEEDS.get(mode, mode) for mode in MODES if mode not in modes]
     if missing:
-        lines += [
-            "",
-            "Not yet measured for the profiles as shipped: "
-            + ", ".join(MODE_NEEDS.get(mode, mode) for mode in missing)
-            + ". Run the script on such a CPU: it adds its rows and keeps these.",
-        ]
-    lines += ["", "## The answers", "", 'To "Tell me about your weekend." (60 tokens, greedy).', ""]
+        measured_on += (
+            ".\n\nNot yet measured for the profiles as shipped: "
+            + ", ".join(missing)
+            + ". Run the script on such a CPU: it adds its rows and keeps these"
+        )
+    answers = []
     shown = [mode for mode in ("bf16", "bf16-avx2", "float32") if mode in modes]
     for mode in shown:
-        lines += [
+        answers += [
             f"Unsteered, {mode_title(mode, modes[mode])}:",
             "",
             quote(modes[mode]["plain"]),
@@ -366,15 +304,16 @@ def readme(measurements: dict) -> str:
             for s in doc["steering"]
             for f in s["features"]
         )
-        lines += [f"### {name}", "", doc["description"], "", f"Features: {described}.", ""]
+        answers += [f"### {name}", "", doc["description"], "", f"Features: {described}.", ""]
         for mode in shown:
-            lines += [
-                f"{mode_title(mode, modes[mode])}:",
-                "",
-                quote(modes[mode]["profiles"][name]["weekend"]),
-                "",
-            ]
-    return "\n".join(lines)
+            weekend = modes[mode]["profiles"][name]["weekend"]
+            answers += [f"{mode_title(mode, modes[mode])}:", "", quote(weekend), ""]
+    return Template(TEMPLATE.read_text()).substitute(
+        sae=next(iter(profiles.values()))["steering"][0]["sae_id"],
+        rows="\n".join(rows),
+        measured=measured_on + ".",
+        answers="\n".join(answers),
+    )
 
 
 def main() -> None:
