@@ -9,11 +9,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, compile_path
 
 from millm.errors import InvalidRequest, MillmError, describe
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+LOWER = {method.lower() for method in METHODS}
 log = logging.getLogger(__name__)
 
 # 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error parsing the body").
@@ -93,10 +94,24 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route takes at this path (Starlette's 405 names only the first route's).
+    """The methods the resource at this path takes, for a 405's Allow (Starlette names only the
+    first route's, and FastAPI nests included routers where a walk over `app.routes` misses them).
 
-    Asked of the routes themselves (`matches`, as routing does), not read from their fields:
-    FastAPI nests included routers, whose routes a walk over `app.routes` never sees."""
+    The resource is the served schema's: of the documented paths the request's path matches, the
+    most specific (fewest parameters), so `/api/profiles/deactivate` is its POST alone and not
+    also `/api/profiles/{key}`'s GET, PUT and DELETE. A path the schema does not document (the
+    MCP endpoint, the workbench's files) is asked of the routes themselves."""
+    path = request.scope["path"]
+    documented = [
+        (template.count("{"), set(operations) & LOWER)
+        for template, operations in request.app.openapi().get("paths", {}).items()
+        if compile_path(template)[0].match(path)
+    ]
+    if documented:
+        fewest = min(count for count, _ in documented)
+        methods = {m.upper() for count, ops in documented if count == fewest for m in ops}
+        methods |= {"HEAD"} if "GET" in methods else set()
+        return [method for method in METHODS if method in methods]
     return [
         method
         for method in METHODS

@@ -213,12 +213,16 @@ def neutral_only(field: str) -> dict:
 
 def schema_rules(endpoint: str) -> list[dict]:
     """The endpoint's column of the matrix as JSON Schema rules for the served OpenAPI schema:
-    a refused field may only be null or neutral (those refused on scoring: scoring_refusals)."""
-    rules = []
+    a refused field may only be null or neutral (those refused on scoring: scoring_refusals).
+    The refused fields are one rule, not one each: schema tools give up on a body with too many
+    `allOf` parts (schemathesis did on chat's once `audio` and `modalities` were refused), and the
+    two say the same."""
+    refused: dict = {}
+    rules: list[dict] = [{"properties": refused}]
     for field, cells in MATRIX.items():
         verdict = cells[endpoint].verdict
         if verdict == REFUSED:
-            rules.append(neutral_only(field))
+            refused.update(neutral_only(field)["properties"])
         elif verdict == ABOVE_ONE:
             rules.append(at_most(field, 1))
         elif verdict == NOT_STREAMING:
