@@ -3,10 +3,10 @@ or refused, never dropped silently.
 
 Refused: the field_not_honoured matrix. One table (MATRIX) drives both the check and its tests;
 it is the API page's table, column by column, plus a few OpenAI fields the page does not
-list but that would change the output (functions, echo, best_of, suffix, audio, modalities). A field is refused
-only when its value would change something: null and the neutral values (n: 1, logprobs:
-false, response_format {"type": "text"}, tools: [], logit_bias: {}, modalities: ["text"]) pass everywhere. The request
-models run the check while parsing (protocol/requests.py), before the requested model is looked
+list but that would change the output (functions, echo, best_of, suffix, audio, modalities). A
+field is refused only when its value would change something: null and the neutral values (n: 1,
+logprobs: false, response_format {"type": "text"}, tools: [], logit_bias: {}, modalities:
+["text"]) pass everywhere. The request models run the check while parsing (protocol/requests.py), before the requested model is looked
 at, let alone loaded.
 
 Reported: fields a request path does not use are named in X-miLLM-Ignored-Fields, or refused in

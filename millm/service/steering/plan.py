@@ -30,3 +30,9 @@ class Plan:
 
 
 NO_STEERING = Plan(None, "none")
+
+
+def turned_off(reason: str, echo: float | None) -> Plan:
+    """A request the dial turned off ("off", 0, or a "min" that resolves to 0): nothing steers,
+    X-miLLM-Steering says why, and X-miLLM-Steering-Intensity echoes `echo` (None: not sent)."""
+    return Plan(None, "none", (("reason", reason),), intensity=echo)

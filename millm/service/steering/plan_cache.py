@@ -6,10 +6,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from millm.interp.steering import Attached, FeatureOp
 from millm.service.steering.books import Shelf
 from millm.service.steering.plan import Plan
+
+if TYPE_CHECKING:
+    from millm.service.steering.live import Steering
 
 PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in use at once
 
@@ -18,7 +22,7 @@ PLANS_KEPT = 64  # plans of one state: bases x dials x per-request profiles in u
 class Snapshot:
     """What plans are made from, copied under the steering lock and then read without it."""
 
-    stamp: tuple[int, ...]  # moves with every change a plan depends on (see Planner._stamp)
+    stamp: tuple[int, ...]  # moves with every change a plan depends on (see state_stamp)
     version: int
     enabled: bool
     active: dict | None
@@ -28,6 +32,41 @@ class Snapshot:
     profiles: Shelf
     clusters: Shelf
     circuits: Shelf
+
+    @classmethod
+    def taken(
+        cls, steering: Steering, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]
+    ) -> Snapshot:
+        """Copies of what the steering lock guards (call under it)."""
+        features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
+        return cls(
+            stamp,
+            steering.version,
+            steering.enabled,
+            steering.active,
+            dict(steering.attached),
+            features,
+            frozenset(steering.stored),
+            *shelves,
+        )
+
+
+def state_stamp(
+    steering: Steering, clusters: Shelf, circuits: Shelf
+) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
+    """The steering state's stamp and the books' shelves it names (call under the steering lock).
+
+    The version moves with every stored steering change, `changes` also with a restore (and a
+    model's unload), a book's revision with every write through it (a profile edited or deleted,
+    a cluster's dial), and the probes' and vectors' revisions with every change to them.
+    """
+    shelves = (steering.profiles.shelf, clusters, circuits)
+    return (
+        steering.version,
+        steering.changes,
+        *(shelf.revision for shelf in shelves),
+        *steering.resolvers.revision,
+    ), shelves
 
 
 class PlanCache:

@@ -47,8 +47,8 @@ from millm.service.steering.base_fit import BaseUnfit, DialLimits, _circuit_stat
 from millm.service.steering.books import Shelf
 from millm.service.steering.documents import CircuitBook, ClusterBook, stored_document
 from millm.service.steering.live import Steering, profile_edit
-from millm.service.steering.plan import NO_STEERING, Plan
-from millm.service.steering.plan_cache import PlanCache, Snapshot
+from millm.service.steering.plan import NO_STEERING, Plan, turned_off
+from millm.service.steering.plan_cache import PlanCache, Snapshot, state_stamp
 from millm.service.steering.resolution import Refusals, resolve_spec
 
 log = logging.getLogger(__name__)
@@ -168,35 +168,12 @@ class Planner:
 
     # the state ------------------------------------------------------------------------------------------
     def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
-        """The state's stamp and the books' shelves it names (call under the steering lock).
-
-        The version moves with every stored steering change, `changes` also with a restore (and a
-        model's unload), a book's revision with every write through it (a profile edited or deleted,
-        a cluster's dial), and the probes' and vectors' revisions with every change to them.
-        """
-        shelves = (self.steering.profiles.shelf, self.clusters.shelf, self.circuits.shelf)
-        books = (shelf.revision for shelf in shelves)
-        return (
-            self.steering.version,
-            self.steering.changes,
-            *books,
-            *self.steering.resolvers.revision,
-        ), shelves
+        """The state's stamp and the books' shelves it names (call under the steering lock)."""
+        return state_stamp(self.steering, self.clusters.shelf, self.circuits.shelf)
 
     def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
         """Copies of what the steering lock guards (call under it): plans are then made without it."""
-        steering = self.steering
-        features = {sae_id: dict(ops) for sae_id, ops in steering.features.items()}
-        return Snapshot(
-            stamp,
-            steering.version,
-            steering.enabled,
-            steering.active,
-            dict(steering.attached),
-            features,
-            frozenset(steering.stored),
-            *shelves,
-        )
+        return Snapshot.taken(self.steering, stamp, shelves)
 
     def _now(self) -> Snapshot:
         with self.steering.lock:
@@ -267,12 +244,7 @@ class Planner:
         else:
             base = now.active is not None or bool(now.features)
             would_steer = bool(now.attached) and now.enabled and base
-        return Plan(
-            None,
-            "none",
-            (("reason", "steering_intensity off"),),
-            intensity=0.0 if would_steer else None,
-        )
+        return turned_off("steering_intensity off", 0.0 if would_steer else None)
 
     def _own_profile(self, now: Snapshot, key: str, dial: Dial | None, promised: bool) -> Plan:
         row = self.steering.profiles.find_in(now.profiles, key)
@@ -306,7 +278,7 @@ class Planner:
 
     def _spec(self, now: Snapshot, spec: dict, dial: Dial | None) -> Plan:
         if dial is not None and dial.off:
-            return Plan(None, "none", (("reason", "steering_intensity off"),), intensity=0.0)
+            return turned_off("steering_intensity off", 0.0)
         scale = self._scale(dial)
         steered = resolve_spec(
             spec,
@@ -409,17 +381,12 @@ class Planner:
 
 
 def _unsteered(dial: Dial | None, intensity: float) -> Plan:
-    """A base that steers nothing through this dial: where the dial itself resolved to 0 ("min"
-    without a declared range, under the circuit rule), said and echoed as "off" is (0.0)."""
+    """A base that steers nothing through this dial; where the dial itself resolved to 0 ("min"
+    without a declared range, under the circuit rule), said and echoed as "off" is."""
     if dial is None or intensity != 0.0:
         return NO_STEERING
-    return Plan(
-        None, "none", (("reason", f"steering_intensity {_dial_text(dial)} is 0"),), intensity=0.0
-    )
-
-
-def _dial_text(dial: Dial) -> str:
-    return dial.symbol if dial.symbol is not None else f"{dial.value:g}"
+    said = dial.symbol if dial.symbol is not None else f"{dial.value:g}"
+    return turned_off(f"steering_intensity {said} is 0", 0.0)
 
 
 def _needs_no_sae(document: dict) -> bool:
