@@ -42,8 +42,8 @@ class ProbeManagement:
             if "detector" in changes:
                 merged = validate_probe({**row["document"], **changes})
                 self._check_widths(merged["detector"], "detector")
-            if row["active"] and "detector" in changes:
-                self.bind_probe({**row["document"], **changes}, "detector")
+                if row["active"]:
+                    self.bind_probe(merged, "detector")
             return probe_view(self.state.probes.update(key, changes))
 
     def delete_probe(self, key: str) -> dict:
