@@ -1,15 +1,17 @@
 """return_sae_activations on a live server (tiny Llama, three SAEs attached, steering on): the
 values equal an offline encode of residuals captured by hooks on a stock transformers model,
-for ReLU, JumpReLU and TopK SAEs and both read points; the response shapes; every refusal."""
+for ReLU, JumpReLU and TopK SAEs and both read points; the response shapes; token text and
+feature labels when asked (and the spec's shape when not); every refusal."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from millm.interp.formats import read_sae
-from tests.api.clients import MODEL, post, sse_events
+from tests.api.clients import MODEL, api, post, sse_events
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -241,6 +243,8 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
         ({}, {"sae_id": "SAE", "positions": {"start": 5, "end": 5}}, "positions: 0 <= start < end"),
         ({}, {"sae_id": "SAE", "read_point": "inside"}, "read_point"),
         ({}, {"sae_id": "SAE", "colour": "blue"}, "return_sae_activations.colour: unknown key"),
+        ({}, {"sae_id": "SAE", "tokens": "yes"}, "return_sae_activations.tokens: "),
+        ({}, {"sae_id": "SAE", "labels": 1}, "return_sae_activations.labels: "),
     ],
 )
 def test_refusals_before_anything_is_generated(server, extra, ask, needle):
@@ -257,6 +261,8 @@ def test_refusals_before_anything_is_generated(server, extra, ask, needle):
     error = response.json()["error"]
     assert needle in error["message"]
     assert error["param"].startswith("return_sae_activations")
+    if needle.startswith("return_sae_activations."):  # a key's own problem names that key
+        assert error["param"] == needle.split(":")[0]
     if "past the width" in needle:
         assert error["code"] == "invalid_feature_index"
 
@@ -276,3 +282,79 @@ def test_several_prompts_and_embeddings_are_refused(server):
         server, "/v1/embeddings", {"model": MODEL, "input": "a", "return_sae_activations": {}}
     )
     assert embedded.status_code == 400 and embedded.json()["error"]["code"] == "field_not_honoured"
+
+
+SPEC_POSITION_KEYS = {"position", "token_id", "features"}
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "The old river", "max_tokens": 4}),
+        ("/v1/completions", {"prompt": "The old river", "max_tokens": 1, "logprobs": 2}),  # scoring
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hello river"}], "max_tokens": 4},
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hello river"}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+        ),
+    ],
+    ids=["completion", "scoring", "chat", "chat-stream"],
+)
+def test_tokens_and_labels_when_asked_and_the_spec_shape_otherwise(server, tiny_dirs, path, body):
+    sae = server.ids["standard"]
+    labelled = {"1": "first river", "3": "third river"}  # 2 and 4 stay unlabelled
+    replaced = api(server, "PUT", f"/api/saes/{sae}/labels", json=labelled)
+    assert replaced.status_code == 200, replaced.text
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    ask = {"sae_id": sae, "positions": "all", "features": [1, 2, 3, 4], "top_k": 4}
+
+    def block(extra: dict) -> dict:
+        sent = {
+            "model": MODEL,
+            "temperature": 0,
+            **body,
+            "return_sae_activations": {**ask, **extra},
+        }
+        response = post(server, path, sent)
+        assert response.status_code == 200, response.text
+        if not body.get("stream"):
+            return response.json()["millm"]["sae_activations"]
+        [final] = [e for e in sse_events(response.text) if e != "[DONE]" and "millm" in e]
+        return final["millm"]["sae_activations"]
+
+    readable = block({"tokens": True, "labels": True})
+    assert readable["positions"]
+    for entry in readable["positions"]:
+        assert set(entry) == SPEC_POSITION_KEYS | {"token"}
+        assert entry["token"] == tokenizer.decode(
+            [entry["token_id"]], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        assert sorted(f["index"] for f in entry["features"]) == [1, 2, 3, 4]
+        for feature in entry["features"]:
+            assert feature["label"] == labelled.get(str(feature["index"]))
+    # The same read without them is the spec's shape exactly, and the same numbers.
+    for extra in ({}, {"tokens": False, "labels": False}):
+        plain = block(extra)
+        assert all(set(entry) == SPEC_POSITION_KEYS for entry in plain["positions"])
+        assert all(
+            set(f) == {"index", "value"} for entry in plain["positions"] for f in entry["features"]
+        )
+        assert plain["positions"] == [
+            {
+                "position": entry["position"],
+                "token_id": entry["token_id"],
+                "features": [{"index": f["index"], "value": f["value"]} for f in entry["features"]],
+            }
+            for entry in readable["positions"]
+        ]
+    only_tokens = block({"tokens": True})
+    assert all("label" not in f for entry in only_tokens["positions"] for f in entry["features"])
+    only_labels = block({"labels": True})
+    assert all(set(entry) == SPEC_POSITION_KEYS for entry in only_labels["positions"])

@@ -3,13 +3,15 @@
 `plan_read` checks a request's read against the attached SAEs and the spec's limits before
 anything is generated; the engine captures the residuals at the SAE's point (before or after
 that point's steering delta); `activations_block` encodes them with the SAE's own activation
-function, in chunks, and keeps the top_k features per position.
+function, in chunks, and keeps the top_k features per position. Beyond the spec, and only when
+asked (`tokens`, `labels`), each position says its token's text and each entry its feature's
+label, so the default block keeps the spec's shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 import torch
@@ -59,6 +61,11 @@ class ActivationRead:
     read_point: ReadPoint
     percentiles: bool = False  # each entry's percentile asked for
     table: PercentileTable | None = None  # the SAE's calibration on this model, when there is one
+    words: Callable[[int], str] | None = None  # a token id's text, when `tokens` was asked for
+    labels_asked: bool = False
+    # The SAE's labels (index -> entry with "label") as they were when the request started; read
+    # from the store off the event loop (`with_labels`), so None until then.
+    labels: Mapping[int, dict] | None = None
 
     def engine_read(self) -> ResidualRead:
         """What the engine captures for it (and encodes, on its own thread)."""
@@ -74,6 +81,10 @@ class ActivationRead:
         """Top features of each captured position (with their percentiles when asked)."""
         rows = encode_rows(self.attached.sae, residuals, self.features, self.top_k)
         return add_percentiles(rows, self.table) if self.percentiles else rows
+
+    def with_labels(self, labels: Mapping[int, dict]) -> ActivationRead:
+        """The same read holding the SAE's labels (`labels` asked for)."""
+        return replace(self, labels=labels)
 
 
 def worst_case_positions(
@@ -136,6 +147,14 @@ class ReadRequest(BaseModel):
         False,
         description="Add each entry's percentile among the feature's firing activations in the SAE's calibration on this model (null when not calibrated).",
     )
+    tokens: bool = Field(
+        False,
+        description="Add each position's token: the text of its token_id decoded on its own (special tokens by name).",
+    )
+    labels: bool = Field(
+        False,
+        description="Add each entry's label: the feature's label in the SAE's labels, null for an unlabelled feature.",
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -176,9 +195,11 @@ def plan_read(
     max_tokens: int,
     max_entries: int,
     calibration: Callable[[str], PercentileTable | None] | None = None,
+    words: Callable[[int], str] | None = None,
 ) -> ActivationRead:
     """Bind a parsed read to an attached SAE and check its size before anything runs (400 naming
-    what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`."""
+    what is wrong); `calibration` gives an SAE's percentile table on this model, for `percentiles`;
+    `words` a token id's text, for `tokens`."""
     chosen = pick_attached(attached, asked.sae_id, READ_PARAM, prefix=f"{READ_PARAM}: ")
     features = (
         None
@@ -195,7 +216,15 @@ def plan_read(
         )
     table = calibration(chosen.info.id) if asked.percentiles and calibration is not None else None
     return ActivationRead(
-        chosen, features, asked.top_k, asked.span, asked.read_point, asked.percentiles, table
+        chosen,
+        features,
+        asked.top_k,
+        asked.span,
+        asked.read_point,
+        asked.percentiles,
+        table,
+        words if asked.tokens else None,
+        asked.labels,
     )
 
 
@@ -204,12 +233,22 @@ def activations_block(
 ) -> dict:
     """The response's `millm.sae_activations` object (from the engine's encode of the capture)."""
     per_position = captured.encoded
+    if read.labels_asked:
+        per_position = [labelled(features, read.labels or {}) for features in per_position]
+    texts = (
+        None if read.words is None else {t: read.words(t) for t in set(captured.token_ids)}
+    )  # a token repeated in the read is decoded once
     block = {
         "sae_id": read.attached.info.id,
         "layer": read.attached.layer,
         "read_point": "unsteered" if unsteered else read.read_point,
         "positions": [
-            {"position": position, "token_id": token_id, "features": features}
+            {
+                "position": position,
+                "token_id": token_id,
+                **({} if texts is None else {"token": texts[token_id]}),
+                "features": features,
+            }
             for position, token_id, features in zip(
                 captured.positions, captured.token_ids, per_position, strict=True
             )
@@ -223,3 +262,10 @@ def activations_block(
     if read.percentiles:
         block["percentiles"] = percentiles_block(read.attached.info.id, read.table)
     return block
+
+
+def labelled(features: list[dict], labels: Mapping[int, dict]) -> list[dict]:
+    """A position's entries, each with its feature's `label` (None when the feature has none)."""
+    return [
+        {**entry, "label": (labels.get(entry["index"]) or {}).get("label")} for entry in features
+    ]

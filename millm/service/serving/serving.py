@@ -35,6 +35,7 @@ from millm.protocol.requests import (
     SamplingFields,
 )
 from millm.protocol.response_format import refused_under_batching
+from millm.protocol.token_logprobs import token_text
 from millm.service.composition import ServerState
 from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read
@@ -145,7 +146,7 @@ class Serving:
         ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
         meta = Meta.new("chatcmpl", named.served, lm.system_fingerprint)
-        read = self._read(lm, body, checked.read, prompts, "messages")
+        read = await self._read(lm, body, checked.read, prompts, "messages")
         if body.scoring:
             plan = await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
             report = Report(ignored, plan, seed=body.seed)
@@ -178,7 +179,7 @@ class Serving:
         error = InvalidScoringRequest if body.scoring else InvalidRequest
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
         meta = Meta.new("cmpl", named.served, lm.system_fingerprint)
-        read = self._read(lm, body, checked.read, prompts, "prompt")
+        read = await self._read(lm, body, checked.read, prompts, "prompt")
         scoring_plan = (  # what scores the prompt: scoring mode, or echo's prompt logprobs
             await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
             if body.scoring or body.echo
@@ -264,7 +265,7 @@ class Serving:
             return self.state.planner.plan_for_spec(checked.spec, checked.dial)
         return self.state.planner.plan_for(profile, checked.dial)
 
-    def _read(
+    async def _read(
         self,
         lm: LoadedModel,
         body: SamplingFields,
@@ -272,7 +273,8 @@ class Serving:
         prompts: list[list[int]],
         param: str,
     ) -> ActivationRead | None:
-        """The request's SAE read bound to an attached SAE (400 before anything runs), or None when it asked for none."""
+        """The request's SAE read bound to an attached SAE (400 before anything runs), with the
+        SAE's labels when it asked for them; None when it asked for none."""
         if asked is None:
             return None
         if not lm.reads_residuals:
@@ -285,14 +287,20 @@ class Serving:
                 lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param
             )
         )
-        return plan_read(
+        read = plan_read(
             asked,
             self.state.steering.attached,
             prompt_tokens=len(prompts[0]),
             max_tokens=budget,
             max_entries=self.settings.sae_activations_max_entries,
             calibration=partial(self.state.calibrations.table, model=lm.name),
+            words=partial(token_text, lm),
         )
+        if not read.labels_asked:
+            return read
+        # Labels may be read from the store: not on the event loop.
+        labels = await to_thread.run_sync(self.state.labels.entries, read.attached.info.id)
+        return read.with_labels(labels)
 
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
