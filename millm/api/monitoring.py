@@ -25,7 +25,7 @@ def get_monitoring(request: Request):
 
 @router.put("/api/monitoring", summary="Change monitoring settings (validated whole)")
 def put_monitoring(settings: MonitoringSettings, request: Request):
-    """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles; stored across restarts."""
+    """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles, tokens, labels; stored across restarts."""
     return facades(request).monitoring.configure(settings.model_dump(exclude_unset=True))
 
 
@@ -47,6 +47,16 @@ def records(
 ):
     """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
     return {"object": "list", "data": facades(request).monitoring.recent(limit, after)}
+
+
+@router.get(
+    "/api/monitoring/requests/{request_id}",
+    summary="A recorded request's prompts, as the model read them",
+)
+def monitored_request(request_id: str, request: Request):
+    """The prompts of the request a record names (its `request_id`), chat template applied, each
+    cut past MONITORING_PROMPT_MAX_CHARS; 404 once no record of it is kept."""
+    return facades(request).monitoring.prompt(request_id)
 
 
 @router.get("/api/monitoring/stats", summary="Per-feature statistics since the last reset")

@@ -24,6 +24,8 @@ class MonitoringConfig(BaseModel):
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
     positions: PositionWord = "completion"
     percentiles: bool = False  # add each entry's percentile in the SAE's calibration on the model
+    tokens: bool = False  # add each position's token text
+    labels: bool = False  # add each entry's feature label
 
 
 class MonitoringSettings(BaseModel):
@@ -32,7 +34,7 @@ class MonitoringSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     # Absent keeps the stored value; only sae_id and features take null (the only SAE; all features).
-    # enabled, top_k and positions may be left out but not be null: pydantic has no typed spelling
+    # enabled, top_k, positions and the flags may be left out but not be null: pydantic has no typed spelling
     # for that, so their None defaults (never validated, dropped by exclude_unset) are ignored for mypy.
     enabled: bool = None  # type: ignore[assignment]  # absent, never null (see above)
     sae_id: str | None = Field(
@@ -48,4 +50,12 @@ class MonitoringSettings(BaseModel):
     percentiles: bool = Field(  # type: ignore[assignment]  # absent, never null
         None,
         description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated).",
+    )
+    tokens: bool = Field(  # type: ignore[assignment]  # absent, never null
+        None,
+        description="Add each position's token: its token_id decoded on its own by the request's tokenizer (special tokens by name).",
+    )
+    labels: bool = Field(  # type: ignore[assignment]  # absent, never null
+        None,
+        description="Add each entry's label: the feature's label in the SAE's labels when the record is made, null for an unlabelled feature.",
     )

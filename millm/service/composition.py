@@ -137,7 +137,12 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         planner=planner,
         variants=VariantRouting(variants, planner),
         evaluations=EvaluationBook(store),
-        monitor=Monitor(store, settings.monitoring_history),
+        monitor=Monitor(
+            store,
+            settings.monitoring_history,
+            labels=labels.entries,
+            prompt_chars=settings.monitoring_prompt_max_chars,
+        ),
         models=models,
         registrations=registrations,
         switch=switch,

@@ -152,6 +152,13 @@ class Settings(RemoteServers):
         "Per-request monitoring records kept (oldest dropped first).",
         ge=1,
     )
+    monitoring_prompt_max_chars: int = env_field(
+        16384,
+        "MONITORING_PROMPT_MAX_CHARS",
+        "Characters of a monitored request's prompts kept for GET /api/monitoring/requests/{id} "
+        "(each prompt's start, in order; past it the text is cut and marked truncated).",
+        ge=0,
+    )
     max_jobs: int = env_field(
         2,
         "MILLM_MAX_JOBS",

@@ -1,7 +1,9 @@
 """/api/monitoring on a live server (tiny Llama, one TopK SAE attached): settings and their
 refusals, per-request records equal to the request's own pre_steering read, statistics derived
 from the records, a bounded history, the live SSE feed, scoring and embeddings never recorded,
-and settings that survive a restart."""
+token text and labels when set (the same shape as before when not), each record's link to its
+request's prompt (bounded per request, forgotten with the history), and settings that survive a
+restart."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import time
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
-from tests.api.clients import MODEL, api, post
+from tests.api.clients import MODEL, api, post, sse_events
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -22,6 +25,9 @@ CHAT = {
     "max_tokens": 6,
     "temperature": 0,
 }
+
+
+PROMPT_CHARS = 300  # MONITORING_PROMPT_MAX_CHARS of this file's server
 
 
 def wait_records(server, count, timeout=30.0) -> list[dict]:
@@ -51,7 +57,9 @@ def sae_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_dirs, home, sae_dir):
     process = ServerProcess(
-        home, ["--model", str(tiny_dirs["llama"])], env={"MONITORING_HISTORY": "4"}
+        home,
+        ["--model", str(tiny_dirs["llama"])],
+        env={"MONITORING_HISTORY": "4", "MONITORING_PROMPT_MAX_CHARS": str(PROMPT_CHARS)},
     )
     try:
         process.wait_ready()
@@ -76,7 +84,14 @@ def fresh(server):
         server,
         "PUT",
         "/api/monitoring",
-        json={"enabled": False, "features": None, "top_k": 5, "positions": "completion"},
+        json={
+            "enabled": False,
+            "features": None,
+            "top_k": 5,
+            "positions": "completion",
+            "tokens": False,
+            "labels": False,
+        },
     )
     api(server, "POST", "/api/monitoring/reset")
     return server
@@ -94,6 +109,16 @@ def test_settings_are_validated_whole(fresh):
         response = api(fresh, "PUT", "/api/monitoring", json=body)
         assert response.status_code in (400, 404, 422), response.text
         assert needle in response.text
+    assert api(fresh, "GET", "/api/monitoring").json() == before
+
+
+def test_a_bad_flag_is_refused_naming_it(fresh):
+    before = api(fresh, "GET", "/api/monitoring").json()
+    for body, param in [({"tokens": "yes"}, "tokens"), ({"labels": None}, "labels")]:
+        response = api(fresh, "PUT", "/api/monitoring", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and error["message"].startswith(f"{param}: "), error
     assert api(fresh, "GET", "/api/monitoring").json() == before
 
 
@@ -220,8 +245,12 @@ def test_scoring_and_embeddings_are_never_recorded_and_disabled_records_nothing(
 
 def test_history_is_bounded(fresh):
     api(fresh, "POST", "/api/monitoring/enable")
-    for i in range(6):
-        post(fresh, "/v1/completions", {"model": MODEL, "prompt": f"Count {i}", "max_tokens": 2})
+    sent = [
+        post(
+            fresh, "/v1/completions", {"model": MODEL, "prompt": f"Count {i}", "max_tokens": 2}
+        ).json()["id"]
+        for i in range(6)
+    ]
     deadline = time.monotonic() + 30
     while (
         api(fresh, "GET", "/api/monitoring/stats").json()["requests"] < 6
@@ -236,6 +265,14 @@ def test_history_is_bounded(fresh):
         api(fresh, "GET", "/api/monitoring/records", params={"after": ids[1]}).json()["data"]
         == records[2:]
     )
+    # Each kept record finds its request's prompt; the requests whose records are gone do not.
+    for record in records:
+        assert prompt_of(fresh, record["request_id"])["request_id"] == record["request_id"]
+    forgotten = [i for i in sent if i not in {r["request_id"] for r in records}]
+    assert len(forgotten) == 2
+    for request_id in forgotten:
+        gone = api(fresh, "GET", f"/api/monitoring/requests/{request_id}")
+        assert gone.status_code == 404 and "MONITORING_HISTORY" in gone.json()["error"]["message"]
 
 
 def test_live_feed_pushes_each_record(fresh):
@@ -257,6 +294,128 @@ def test_live_feed_pushes_each_record(fresh):
     listener.join(30)
     [record] = wait_records(fresh, 1)
     assert received == [record]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dirs):
+    return AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+
+
+def decoded(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_records_carry_token_text_and_labels_when_set(fresh, tokenizer):
+    labelled = {"2": "two rivers", "5": "five rivers"}  # 9 and 40 stay unlabelled
+    assert api(fresh, "PUT", f"/api/saes/{fresh.sae}/labels", json=labelled).status_code == 200
+    watched = {"enabled": True, "features": [2, 5, 9, 40], "top_k": 4, "positions": "all"}
+    settings = api(
+        fresh, "PUT", "/api/monitoring", json={**watched, "tokens": True, "labels": True}
+    ).json()
+    assert (settings["tokens"], settings["labels"]) == (True, True)
+    post(fresh, "/v1/chat/completions", CHAT)
+    [readable] = wait_records(fresh, 1)
+    assert readable["positions"]
+    for entry in readable["positions"]:
+        assert set(entry) == {"position", "token_id", "token", "features"}
+        assert entry["token"] == decoded(tokenizer, [entry["token_id"]])
+        assert sorted(f["index"] for f in entry["features"]) == [2, 5, 9, 40]
+        for feature in entry["features"]:
+            assert feature["label"] == labelled.get(str(feature["index"]))
+
+    api(fresh, "PUT", "/api/monitoring", json={"tokens": False, "labels": False})
+    post(fresh, "/v1/chat/completions", CHAT)
+    plain = wait_records(fresh, 2)[-1]
+    assert all(set(entry) == {"position", "token_id", "features"} for entry in plain["positions"])
+    assert all(
+        set(f) == {"index", "value"} for entry in plain["positions"] for f in entry["features"]
+    )
+    # Greedy, so the same request read the same numbers: only the flags' keys differ.
+    assert plain["positions"] == [
+        {
+            "position": entry["position"],
+            "token_id": entry["token_id"],
+            "features": [{"index": f["index"], "value": f["value"]} for f in entry["features"]],
+        }
+        for entry in readable["positions"]
+    ]
+
+
+def prompt_of(server, request_id: str) -> dict:
+    response = api(server, "GET", f"/api/monitoring/requests/{request_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_record_links_to_the_prompt_its_request_sent(fresh, tokenizer):
+    api(fresh, "POST", "/api/monitoring/enable")
+    chat = post(fresh, "/v1/chat/completions", CHAT).json()
+    text = "The river, said the old map,"
+    completion = post(fresh, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 3})
+    streamed = post(fresh, "/v1/chat/completions", {**CHAT, "stream": True}).text
+    stream_id = [e for e in sse_events(streamed) if e != "[DONE]"][0]["id"]
+    responses = post(
+        fresh, "/v1/responses", {"model": MODEL, "input": "Rivers?", "max_output_tokens": 3}
+    ).json()
+    records = wait_records(fresh, 4)
+    ids = [chat["id"], completion.json()["id"], stream_id, responses["id"]]
+    assert sorted(r["request_id"] for r in records) == sorted(ids)  # the ids the clients got
+    assert {r["prompt_index"] for r in records} == {0}
+
+    [conversation] = prompt_of(fresh, chat["id"])["prompts"]
+    template = tokenizer.apply_chat_template(CHAT["messages"], add_generation_prompt=True)
+    assert conversation["text"] == decoded(tokenizer, template)
+    assert "Tell me about rivers." in conversation["text"]
+    assert conversation["tokens"] == chat["usage"]["prompt_tokens"]
+    assert (conversation["truncated"], conversation["chars"]) == (
+        False,
+        len(conversation["text"]),
+    )
+    kept = prompt_of(fresh, completion.json()["id"])
+    assert kept["request_id"] == completion.json()["id"] and kept["model"] == MODEL
+    [prompt] = kept["prompts"]
+    assert prompt["text"] == decoded(tokenizer, tokenizer(text)["input_ids"])
+    assert prompt["text"].endswith(text)
+    assert "Rivers?" in prompt_of(fresh, responses["id"])["prompts"][0]["text"]
+    assert "Tell me about rivers." in prompt_of(fresh, stream_id)["prompts"][0]["text"]
+
+    missing = api(fresh, "GET", "/api/monitoring/requests/chatcmpl-0")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "request_id"
+    api(fresh, "POST", "/api/monitoring/reset")
+    assert api(fresh, "GET", f"/api/monitoring/requests/{chat['id']}").status_code == 404
+
+
+def test_each_row_names_its_prompt_and_the_kept_text_is_bounded(fresh, tokenizer):
+    api(fresh, "POST", "/api/monitoring/enable")
+    first = "A long one: " + "the river runs to the sea, " * 12
+    body = {
+        **CHAT,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": first}],
+        "extra_messages": [[{"role": "user", "content": "Short."}]],
+    }
+    answer = post(fresh, "/v1/chat/completions", body).json()
+    records = wait_records(fresh, 2)
+    assert sorted((r["row"], r["prompt_index"]) for r in records) == [(0, 0), (1, 1)]
+    long, short = prompt_of(fresh, answer["id"])["prompts"]
+    full = decoded(
+        tokenizer, tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
+    )
+    assert len(full) > PROMPT_CHARS
+    # MONITORING_PROMPT_MAX_CHARS counts the request's prompts together, each one's start first.
+    assert (long["text"], long["chars"], long["truncated"]) == (
+        full[:PROMPT_CHARS],
+        len(full),
+        True,
+    )
+    assert (short["text"], short["truncated"]) == ("", True) and short["chars"] > 0
+
+    api(fresh, "POST", "/api/monitoring/reset")
+    n = post(fresh, "/v1/chat/completions", {**CHAT, "max_tokens": 2, "n": 2})
+    assert n.status_code == 200, n.text
+    records = wait_records(fresh, 2)
+    assert sorted((r["row"], r["prompt_index"]) for r in records) == [(0, 0), (1, 0)]
+    assert len(prompt_of(fresh, n.json()["id"])["prompts"]) == 1
 
 
 def test_settings_survive_a_restart(tiny_dirs, home, server):

@@ -10,6 +10,7 @@ from millm.engine.jobs import ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
 from millm.interp.steering import Attached
+from millm.service.features.monitored_requests import Origin
 from millm.service.features.monitoring import Monitor
 from millm.store.database import Store, database_url
 from tests.support.tiny_saes import build_saelens
@@ -25,7 +26,8 @@ def monitored(tmp_path):
     store = Store(database_url(tmp_path, None))
     monitor = Monitor(store, history=100, backlog=BACKLOG)
     monitor.configure({"enabled": True, "top_k": 2}, attached, lambda _: info)
-    _, hand_over = monitor.read_for(attached)
+    origin = Origin("cmpl-1", "tiny", [[1, 2, 3]], 1, lambda ids: " ".join(map(str, ids)))
+    _, hand_over = monitor.read_for(attached, origin)
     yield monitor, hand_over, attached
     monitor.close()
     store.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from millm.errors import MillmError, SAEFormatError
@@ -273,3 +274,11 @@ class LabelBook:
             self.seed(info)
         except MillmError as exc:
             log.warning("%s: its feature labels were not imported: %s", info.id, exc.message)
+
+
+def labelled(features: list[dict], labels: Mapping[int, dict]) -> list[dict]:
+    """Entries of a read (`index`, `value`, ...), each with its feature's `label` (None when the
+    feature has none) from `labels` (index -> entry with "label", as LabelBook.entries gives)."""
+    return [
+        {**entry, "label": (labels.get(entry["index"]) or {}).get("label")} for entry in features
+    ]

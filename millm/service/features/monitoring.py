@@ -8,6 +8,12 @@ history), updates per-feature statistics and pushes the record to every live sub
 record carries the verdicts of the active probes on its row (`probes`), when any watched it. An
 unmonitored request carries no read at all. Scoring and embeddings are never monitored.
 
+A record names its request by the id its client got back, and the monitor keeps that request's
+prompt while the history can hold a record of it (monitored_requests.py). Token text and labels
+(`tokens`, `labels`) are added when the record is made, on the worker thread: by the request's
+own tokenizer, which may be unloaded by the time the record is read, and from the labels as
+they are then.
+
 Monitoring must never block or slow generation, so the hand-over never waits: past WORK_BACKLOG
 captures waiting for the worker, a capture is dropped and counted (`queue.dropped` in GET
 /api/monitoring, a warning in the log at most every DROP_WARNING_S seconds).
@@ -22,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -37,6 +43,8 @@ from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature
 from millm.protocol.monitoring import MonitoringConfig
 from millm.service.features.calibrations import add_percentiles, percentiles_block
+from millm.service.features.labels import labelled
+from millm.service.features.monitored_requests import PROMPT_CHARS, Origin, RequestPrompts
 from millm.store.changes import Topic
 from millm.store.database import Store
 from millm.store.settings import get_setting, set_setting
@@ -71,7 +79,7 @@ class FeatureStats:
 class Pending:
     """A finished row's capture waiting for the worker, with what it is to be encoded by."""
 
-    request_id: str
+    origin: Origin
     at: float
     captured: ResidualsRead
     attached: Attached
@@ -82,6 +90,13 @@ class Pending:
     probes: list[dict] = field(
         default_factory=list
     )  # the active probes' verdicts on this row (verdict_fields)
+    tokens: bool = False  # each position's token text asked for
+    labels: bool = False  # each entry's feature label asked for
+
+    @property
+    def request_id(self) -> str:
+        """The request's id, as its client got it."""
+        return self.origin.request_id
 
 
 @dataclass
@@ -96,15 +111,24 @@ class Subscriber:
 class Monitor:
     """Monitoring settings (persisted), records, statistics and live subscribers."""
 
-    def __init__(self, store: Store, history: int, backlog: int = WORK_BACKLOG):
+    def __init__(
+        self,
+        store: Store,
+        history: int,
+        backlog: int = WORK_BACKLOG,
+        *,
+        labels: Callable[[str], Mapping[int, dict]] = lambda _: {},
+        prompt_chars: int = PROMPT_CHARS,
+    ):
         self.store = store
         self.config = self._stored()
         self.records: collections.deque[dict] = collections.deque(maxlen=history)
+        self.prompts = RequestPrompts(history, prompt_chars)
+        self.labels = labels  # an SAE's labels (LabelBook.entries): may read the store
         self.stats: dict[int, FeatureStats] = {}
         self.positions_read = 0
         self.requests = 0
         self.dropped = 0  # captures refused by a full work queue since the last reset
-        self._ids = itertools.count(1)
         self._record_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._drop_lock = threading.Lock()  # not _lock: the worker holds that while it records
@@ -191,7 +215,11 @@ class Monitor:
             "reading": None
             if chosen is None or not config["enabled"]
             else {"sae_id": chosen.info.id, "layer": chosen.layer},
-            "history": {"records": len(self.records), "max": self.records.maxlen},
+            "history": {
+                "records": len(self.records),
+                "max": self.records.maxlen,
+                "prompt_max_chars": self.prompts.max_chars,
+            },
             "requests": self.requests,
             "positions_read": self.positions_read,
             "queue": {
@@ -205,12 +233,13 @@ class Monitor:
     def read_for(
         self,
         attached: dict[str, Attached],
+        origin: Origin,
         calibration: Callable[[str], PercentileTable | None] | None = None,
     ) -> tuple[ResidualRead, Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]] | None:
-        """For a generation starting now: the read to add to its rows and the callback that hands
-        each finished row's capture (with its active probes' verdicts) to the worker (None when
-        monitoring is off or reads nothing); `calibration` gives an SAE's percentile table on the
-        model, for `percentiles`."""
+        """For `origin`'s generation starting now: the read to add to its rows and the callback that
+        hands each finished row's capture (with its active probes' verdicts) to the worker (None
+        when monitoring is off or reads nothing); `calibration` gives an SAE's percentile table on
+        the model, for `percentiles`."""
         config = self.config
         if not config["enabled"]:
             return None
@@ -218,7 +247,6 @@ class Monitor:
         if chosen is None:
             return None
         features = tuple(config["features"]) if config["features"] is not None else None
-        request_id = f"req-{next(self._ids)}"
         top_k = config["top_k"]
         read = ResidualRead(
             chosen.read_point,
@@ -230,12 +258,23 @@ class Monitor:
 
         asked = bool(config.get("percentiles"))
         table = calibration(chosen.info.id) if asked and calibration is not None else None
+        tokens, labels = bool(config.get("tokens")), bool(config.get("labels"))
 
         def hand_over(captured: ResidualsRead, verdicts: Sequence[ProbeVerdict] = ()) -> None:
             probes = [verdict_fields(verdict) for verdict in verdicts]
             self.submit(
                 Pending(
-                    request_id, time.time(), captured, chosen, features, top_k, asked, table, probes
+                    origin,
+                    time.time(),
+                    captured,
+                    chosen,
+                    features,
+                    top_k,
+                    asked,
+                    table,
+                    probes,
+                    tokens,
+                    labels,
                 )
             )
 
@@ -279,18 +318,29 @@ class Monitor:
         rows = pending.captured.encoded  # encoded on the scheduler thread: no torch work here
         if pending.percentiles:
             add_percentiles(rows, pending.table)  # numpy lookups in the calibration's grids
+        if pending.labels:
+            labels = self.labels(pending.attached.info.id)
+            rows = [labelled(features, labels) for features in rows]
+        token_ids = pending.captured.token_ids
+        decode = pending.origin.decode
+        texts = {t: decode([t]) for t in set(token_ids)} if pending.tokens else None
+        self.prompts.keep(pending.origin)
         record = {
             "request_id": pending.request_id,
             "row": pending.captured.row,
+            "prompt_index": pending.captured.row // pending.origin.choices,
             "time": pending.at,
             "sae_id": pending.attached.info.id,
             "layer": pending.attached.layer,
             "read_point": "pre_steering",
             "positions": [
-                {"position": p, "token_id": t, "features": f}
-                for p, t, f in zip(
-                    pending.captured.positions, pending.captured.token_ids, rows, strict=True
-                )
+                {
+                    "position": p,
+                    "token_id": t,
+                    **({} if texts is None else {"token": texts[t]}),
+                    "features": f,
+                }
+                for p, t, f in zip(pending.captured.positions, token_ids, rows, strict=True)
             ],
         }
         if pending.percentiles:
@@ -332,6 +382,10 @@ class Monitor:
             records = [r for r in self.records if after is None or r["id"] > after]
         return records[-limit:]
 
+    def prompt(self, request_id: str) -> dict:
+        """The prompts of a recorded request (404 when they are no longer kept)."""
+        return self.prompts.get(request_id)
+
     def statistics(self) -> dict:
         """Per feature: positions where it fired, its mean and max value there, and the fraction of
         monitored positions where it fired. Watched features are all listed (0 when they never
@@ -358,6 +412,7 @@ class Monitor:
         """Forget every record and statistic (the settings stay)."""
         with self._lock:
             self.records.clear()
+            self.prompts.clear()
             self.stats.clear()
             self.positions_read = 0
             self.requests = 0

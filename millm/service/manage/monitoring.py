@@ -18,7 +18,7 @@ class MonitorManagement:
             return self.state.monitor.describe(self.state.steering.attached)
 
     def configure(self, changes: dict) -> dict:
-        """Change any of enabled, sae_id, features, top_k, positions (validated whole, stored)."""
+        """Change any of enabled, sae_id, features, top_k, positions, percentiles, tokens, labels (validated whole, stored)."""
         with self.state.steering.lock:
             return self.state.monitor.configure(
                 changes, self.state.steering.attached, self.state.saes.get
@@ -32,6 +32,10 @@ class MonitorManagement:
     def recent(self, limit: int, after: int | None) -> list[dict]:
         """The last `limit` records, or those after record id `after`."""
         return self.state.monitor.recent(limit, after)
+
+    def prompt(self, request_id: str) -> dict:
+        """The prompts of a request monitoring recorded, as the model read them (404 once not kept)."""
+        return self.state.monitor.prompt(request_id)
 
     def statistics(self) -> dict:
         """Per-feature statistics since the last reset."""

@@ -84,11 +84,12 @@ class ResponsesApi:
         try:
             # The chat request's own rules run as it is made: their errors are said in this API's words too.
             chat = chat_request(body, built)
-            reply = await self.serving.chat(chat, strict, sent_as(ignored, where))
+            response_id = new_id("resp")  # before it runs: monitoring names the request by it
+            reply = await self.serving.chat(chat, strict, sent_as(ignored, where), response_id)
         except MillmError as error:
             raise in_responses_words(error, where) from None
         stored = body.stored and self.settings.responses_max_stored > 0
-        response = echo(body, new_id("resp"), stored)
+        response = echo(body, response_id, stored)
         conversation_items = earlier + new
         if reply.chunks is not None:
             return Reply(

@@ -34,6 +34,7 @@ from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature, pick_attached
 from millm.protocol.request_rules import READ_PARAM, refused_read
 from millm.service.features.calibrations import add_percentiles, percentiles_block
+from millm.service.features.labels import labelled
 
 ReadPoint = Literal["post_steering", "pre_steering"]
 NOTES = {
@@ -262,10 +263,3 @@ def activations_block(
     if read.percentiles:
         block["percentiles"] = percentiles_block(read.attached.info.id, read.table)
     return block
-
-
-def labelled(features: list[dict], labels: Mapping[int, dict]) -> list[dict]:
-    """A position's entries, each with its feature's `label` (None when the feature has none)."""
-    return [
-        {**entry, "label": (labels.get(entry["index"]) or {}).get("label")} for entry in features
-    ]

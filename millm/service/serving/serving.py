@@ -37,6 +37,7 @@ from millm.protocol.requests import (
 from millm.protocol.response_format import refused_under_batching
 from millm.protocol.token_logprobs import token_text
 from millm.service.composition import ServerState
+from millm.service.features.monitored_requests import Origin
 from millm.service.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.service.serving.activations import ActivationRead, ReadRequest, plan_read
 from millm.service.serving.answers import (
@@ -112,6 +113,13 @@ def unused_fields(
     return handle_unused(sent_as.merge(locations), strict)
 
 
+def ids_text(lm: LoadedModel, ids: list[int]) -> str:
+    """Token ids decoded as one text, special tokens by name (what the model read)."""
+    return str(
+        lm.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    )
+
+
 class Serving:
     """The OpenAI generation routes over the server state."""
 
@@ -121,10 +129,15 @@ class Serving:
 
     # routes ------------------------------------------------------------------------------------------
     async def chat(
-        self, body: ChatCompletionRequest, strict: bool, sent_as: SentAs = AS_SENT
+        self,
+        body: ChatCompletionRequest,
+        strict: bool,
+        sent_as: SentAs = AS_SENT,
+        request_id: str | None = None,
     ) -> Reply:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
-        `sent_as` names ignored fields in the words of the body a translated request came in."""
+        `sent_as` names ignored fields in the words of the body a translated request came in, and
+        `request_id` the id its client gets back, when that is not this body's (monitoring says it)."""
         # The body's own cross-field rules were checked while it was parsed (protocol/requests.py).
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
@@ -167,7 +180,8 @@ class Serving:
         report = Report(ignored, plan, body.seed, scope, structured)
         probes = await self._watch(lm, checked.probes)
         admitted = Admitted(lm, body, prompts, "messages", report, constraint, read, probes)
-        return await self._generate(admitted, ChatShape(tools, logprob_words(lm, body)), meta)
+        shape = ChatShape(tools, logprob_words(lm, body))
+        return await self._generate(admitted, shape, meta, request_id or meta.id)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
@@ -201,21 +215,30 @@ class Serving:
             else None
         )
         shape = CompletionShape(texts, admitted.choices, words, echoes)
-        return await self._generate(admitted, shape, meta)
+        return await self._generate(admitted, shape, meta, meta.id)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
         """Embed each input (never steered)."""
         return await embed(self.state, body, strict)
 
     # steps -------------------------------------------------------------------------------------------
-    async def _generate(self, admitted: Admitted, shape: Shape, meta: Meta) -> Reply:
+    async def _generate(
+        self, admitted: Admitted, shape: Shape, meta: Meta, request_id: str
+    ) -> Reply:
         """Admit the rows (steered by the report's plan, watched by its probes and the plan's
-        conditions) and answer whole or as a stream."""
+        conditions; monitoring names them `request_id`) and answer whole or as a stream."""
         probes = admitted.probes.with_conditions(
             admitted.report.plan.watches, admitted.lm.tokenizer
         )
         admitted = replace(admitted, probes=probes)
-        stream, rows = self._start(admitted)
+        origin = Origin(
+            request_id,
+            meta.model,
+            admitted.prompts,
+            admitted.choices,
+            partial(ids_text, admitted.lm),
+        )
+        stream, rows = self._start(admitted, origin)
         report = admitted.report
         if admitted.body.stream:
             return Reply(report, chunks=chunks(stream, rows, admitted, shape, meta))
@@ -228,8 +251,8 @@ class Serving:
                     validate_output(report.structured, text, index)
         return Reply(report, body=shape.whole(meta, result, admitted.prompt_tokens, admitted.read))
 
-    def _start(self, admitted: Admitted) -> tuple[JobStream, int]:
-        """Build the request's rows (read by monitoring too when it is on) and admit them."""
+    def _start(self, admitted: Admitted, origin: Origin) -> tuple[JobStream, int]:
+        """Build the request's rows (read by monitoring too when it is on, as `origin`'s) and admit them."""
         lm, probes = admitted.lm, admitted.probes
         reads = engine_reads(admitted.read)
         # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
@@ -238,7 +261,9 @@ class Serving:
             None
             if not lm.reads_residuals
             else self.state.monitor.read_for(
-                self.state.steering.attached, partial(self.state.calibrations.table, model=lm.name)
+                self.state.steering.attached,
+                origin,
+                partial(self.state.calibrations.table, model=lm.name),
             )
         )
         if monitored is not None:
