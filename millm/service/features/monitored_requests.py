@@ -90,8 +90,8 @@ class RequestPrompts:
             kept = self._kept.get(request_id)
         if kept is None:
             raise NotFound(
-                f"no monitored request {request_id!r} is kept: the prompts of the last "
-                f"{self.max_requests} recorded requests are (MONITORING_HISTORY), until a reset",
+                f"no monitored request {request_id!r} is kept: prompts are kept for the last "
+                f"{self.max_requests} requests recorded (MONITORING_HISTORY), until a reset",
                 param="request_id",
                 code="monitored_request_not_found",
             )
