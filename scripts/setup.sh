@@ -93,7 +93,7 @@ install_packages() {
     # wheel. GGML_NATIVE=OFF because a -march=native build crashed on this project's machines (the
     # portable build still uses AVX2/FMA where the CPU has them); LLAVA_BUILD=OFF skips the multimodal
     # library millm does not load. About 6 minutes on 2 cores the first time; pip caches the wheel.
-    # A CUDA build: CMAKE_ARGS="-DGGML_CUDA=on -DLLAVA_BUILD=OFF" (docs/gpu.md).
+    # A CUDA build is made by hand over this one (docs/gpu.md: -DGGML_CUDA=on, pip's cache bypassed).
     if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
         echo "setup: building llama-cpp-python for the llama.cpp engine (once; a few minutes)"
         CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}" "${pip[@]}" -e ".[gguf]"
