@@ -20,7 +20,9 @@ anything.
 
 from __future__ import annotations
 
-from millm.errors import InvalidProfile
+from typing import Any
+
+from millm.errors import InvalidProfile, InvalidRequest
 from millm.interp.document_fields import validate_document, validate_field
 from millm.interp.document_schemas import (
     BUNDLE_KIND,
@@ -69,11 +71,39 @@ def validate_import(payload) -> list[dict]:
 
 def validate_spec(value, param: str = "steering") -> dict:
     """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
-    dumped = validate_field(SteeringSpec, value, param).model_dump(exclude_none=True)
+    spec = validate_field(SteeringSpec, value, param)
+    # Documents let unknown keys pass (a stored miStudio document keeps its own); a request's steering
+    # must not: a misspelt or misplaced key dropped here would answer unsteered without a word.
+    unknown = first_unknown_key(value, spec.model_dump(), param)
+    if unknown is not None:
+        raise InvalidRequest(
+            f"{unknown}: unknown field; a request's steering is "
+            '{"steering": [{"sae_id": ..., "features": [{"index": ..., "strength": ...}]}], '
+            '"vectors": [...], "abort": [...]} (the steering part of a profile document)',
+            param=param,
+        )
+    dumped = spec.model_dump(exclude_none=True)
     return {
         "steering": dumped["steering"],
         **{key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]},
     }
+
+
+def first_unknown_key(raw: Any, known: Any, where: str) -> str | None:
+    """The location of the first key in `raw` that the validated model's dump (`known`) lacks."""
+    if isinstance(raw, dict) and isinstance(known, dict):
+        for key, value in raw.items():
+            if key not in known:
+                return f"{where}.{key}"
+            found = first_unknown_key(value, known[key], f"{where}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(raw, list) and isinstance(known, list) and len(raw) == len(known):
+        for index, (value, kept) in enumerate(zip(raw, known, strict=True)):
+            found = first_unknown_key(value, kept, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def outdated(doc: dict) -> bool:

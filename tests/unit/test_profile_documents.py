@@ -1,6 +1,8 @@
 """Profile documents: the format's rules, whole-document refusal listing every problem, bundles,
 version 2's operators, conditions, vectors and aborts, and version 1 read as version 2."""
 
+import re
+
 import pytest
 
 from millm.errors import InvalidRequest
@@ -290,3 +292,23 @@ def test_bundles_are_all_or_nothing():
         validate_import(bundle([GOOD, GOOD]))
     with pytest.raises(InvalidProfile, match="profiles: List should have at least 1 item"):
         validate_import(bundle([]))
+
+
+@pytest.mark.parametrize(
+    ("spec", "where"),
+    [
+        ({"features": [{"index": 3, "strength": 30.0}]}, "steering.features"),
+        (
+            {
+                "steering": [
+                    {"sae_id": "sae_x", "features": [{"index": 3, "strength": 3.0, "strenght": 2}]}
+                ]
+            },
+            "steering.steering[0].features[0].strenght",
+        ),
+    ],
+)
+def test_a_request_steering_with_an_unknown_key_is_refused_not_dropped(spec, where):
+    """A key the document does not know would otherwise be dropped and the request answered unsteered."""
+    with pytest.raises(InvalidRequest, match=re.escape(where) + ": unknown field"):
+        validate_spec(spec)
