@@ -29,8 +29,8 @@ from millm.engine.jobs import ResidualRead  # noqa: E402
 from millm.engine.loader import load_model  # noqa: E402
 from millm.engine.reading import Capture, taps  # noqa: E402
 from millm.engine.sources import demo_source, resolve_source  # noqa: E402
-from millm.interp.formats import SAEInfo  # noqa: E402
 from millm.interp.sae import SAEWeights, StandardSAE  # noqa: E402
+from millm.interp.sae_files import SAEInfo  # noqa: E402
 from millm.interp.steering import Attached, steering_edit  # noqa: E402
 
 SHAPES = {  # Gemma 2 2B's published configuration, and a tiny one of the same family

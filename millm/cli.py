@@ -28,7 +28,11 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
         annotation, choices = _option_type(name)
         shown = "per-user data folder" if name == "home" else default
         help_text = f"{description} [env: {env}; default: {shown}]"
-        if annotation is bool:
+        if annotation == list[str]:  # repeatable: --sae A --sae B
+            parser.add_argument(
+                flag, dest=name, action="append", default=None, metavar=env, help=help_text
+            )
+        elif annotation is bool:
             parser.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
@@ -75,7 +79,7 @@ def serve(settings: Settings) -> int:
     from millm.api.access import open_routes_warning
     from millm.api.app import create_app
     from millm.engine.sources import resolve_source
-    from millm.errors import ModelSourceError, StoreUnavailable
+    from millm.errors import MillmError, ModelSourceError, StoreUnavailable
     from millm.service.composition import build_state
     from millm.service.facades import build_facades
     from millm.service.models.engines import check_engine_setting
@@ -96,6 +100,12 @@ def serve(settings: Settings) -> int:
         state = build_state(settings, source)
     except (DatabaseInUse, StoreUnavailable) as exc:
         print(f"millm: {exc}", file=sys.stderr)
+        return 2
+    try:  # --sae: a wrong name or an unreadable file stops the start, as a wrong --model does
+        state.switch.startup_saes.register()
+    except MillmError as exc:
+        print(f"millm: {exc.message}", file=sys.stderr)
+        state.close()
         return 2
     app = create_app(build_facades(state))
     log = logging.getLogger("millm")

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from millm.api.deps import facades
 from millm.api.json_body import JsonRoute
 from millm.interp.labels import ExportFormat, LabelFormat
+from millm.protocol.steering import LabelSource
 from millm.service.labelling.protocol import ExplainRequest, ExplanationView
 from millm.service.manage.features import (
     FeatureDetail,
@@ -169,6 +170,20 @@ def embed_labels(sae_id: str, request: Request) -> JSONResponse:
     batches, and kept until the labels change; a search by meaning meanwhile waits for them."""
     view = facades(request).features.embed_labels(sae_id)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.post(
+    "/api/saes/{sae_id}/labels/import",
+    summary="Import labels from Neuronpedia, a URL or a file",
+    response_model=LabelImport,
+)
+async def import_labels_from(sae_id: str, body: LabelSource, request: Request) -> LabelImport:
+    """`source` is `neuronpedia` (every explanation Neuronpedia has for the SAE's Neuronpedia id),
+    a URL, or a file inside the allowed directories; the document is imported as a PUT (or, with
+    `replace` false, a PATCH) of it would be."""
+    return await run_in_threadpool(
+        facades(request).features.import_labels_from, sae_id, body.source, body.replace
+    )
 
 
 @router.post(

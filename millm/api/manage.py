@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -25,11 +25,13 @@ router = APIRouter(route_class=JsonRoute)
 
 
 # SAEs ------------------------------------------------------------------------------------------------
-@router.post("/api/saes", summary="Register an SAE (local path or hub repo)")
+@router.post("/api/saes", summary="Register an SAE (local path, hub repo, or SAELens release)")
 async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
     steering = facades(request).steering
-    info, created = await steering.register_sae(body.path, body.repo, body.revision)
+    info, created = await steering.register_sae(
+        body.path, body.repo, body.revision, body.release, body.sae_id
+    )
     return JSONResponse(
         await run_in_threadpool(steering.sae_view, info.id), status_code=201 if created else 200
     )
@@ -39,6 +41,24 @@ async def register_sae(body: RegisterSAE, request: Request):
 def list_saes(request: Request):
     """Every registered SAE."""
     return {"object": "list", "data": facades(request).steering.list_saes()}
+
+
+@router.get("/api/saes/releases", summary="SAELens's published SAE releases")
+def list_releases(
+    request: Request,
+    model: Annotated[
+        str | None, Query(description="Only releases for models whose name contains this.")
+    ] = None,
+):
+    """Every release in SAELens's registry (needs millm[saes]): its repository, model, layout,
+    whether millm reads it, and how many SAEs it has."""
+    return {"object": "list", "data": facades(request).steering.releases(model)}
+
+
+@router.get("/api/saes/releases/{release}", summary="One SAELens release and its SAE ids")
+def get_release(release: str, request: Request):
+    """The release's SAEs: each `sae_id` to register by, its folder, Neuronpedia id and L0."""
+    return facades(request).steering.release(release)
 
 
 @router.get("/api/saes/{sae_id}", summary="One SAE")

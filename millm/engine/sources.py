@@ -261,7 +261,7 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    for cache_dir in _hub_cache_dirs(download_dir):
+    for cache_dir in hub_cache_dirs(download_dir):
         try:
             snapshot = Path(
                 snapshot_download(
@@ -337,7 +337,8 @@ def _hub_errors(repo_id: str) -> Iterator[None]:
         ) from None
 
 
-def _hub_cache_dirs(download_dir: Path) -> list[Path | None]:
+def hub_cache_dirs(download_dir: Path) -> list[Path | None]:
+    """Where hub files are looked for: the user's Hugging Face cache (None), then millm's."""
     # The user's own Hugging Face cache is read (never written); downloads go under MILLM_HOME.
     return [None, download_dir]
 
@@ -346,7 +347,7 @@ def _hub_source(repo_id: str, download_dir: Path) -> ModelSource:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    for cache_dir in _hub_cache_dirs(download_dir):
+    for cache_dir in hub_cache_dirs(download_dir):
         try:
             snapshot = snapshot_download(
                 repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=HUB_PATTERNS

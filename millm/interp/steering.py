@@ -20,10 +20,10 @@ import torch
 
 from millm.engine.residual import EMBEDDINGS, AnyOperation, ResidualEdit, mlp_input
 from millm.errors import InvalidFeatureIndex, InvalidRequest
-from millm.interp.formats import SAEInfo
 from millm.interp.intensity import STRENGTH_LIMIT, clamp_strength
 from millm.interp.operators import Held, feature_cap, hold, transcoder_hold
 from millm.interp.sae import SAE
+from millm.interp.sae_files import SAEInfo
 
 Op = Literal["add", "clamp", "ablate", "cap"]
 OPS: tuple[Op, ...] = ("add", "clamp", "ablate", "cap")

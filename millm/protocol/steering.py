@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.engine.sources import HUB_ID
 from millm.interp.document_schemas import (
@@ -53,14 +53,16 @@ OP_RULES: dict[str, Any] = {
 
 
 class RegisterSAE(StrictBody):
-    """A local SAE (`path`) or one on the Hugging Face hub (`repo`, `path` inside it, `revision`)."""
+    """A local SAE (`path`), one on the Hugging Face hub (`repo`, `path` inside it, `revision`), or
+    a published one by its SAELens names (`release` and `sae_id`)."""
 
-    # A local path, or a hub repo (and the path inside it, which may be empty).
+    # A local path, a hub repo (and the path inside it, which may be empty), or a release and its id.
     model_config = ConfigDict(
         json_schema_extra={
             "anyOf": [
                 {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
                 sent("repo"),
+                {"required": ["release", "sae_id"]},
             ]
         }
     )
@@ -72,6 +74,33 @@ class RegisterSAE(StrictBody):
         None, description="A Hugging Face hub repository, owner/name."
     )
     revision: str | None = None
+    release: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="A SAELens release (gemma-scope-2b-pt-res-canonical); with `sae_id`, resolved "
+        "through SAELens's registry to its hub repository and folder.",
+    )
+    sae_id: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="The SAE's id in `release` (layer_12/width_16k/canonical), as SAELens names it.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        # A release names its own repository and folder: a path or repo beside it would be ignored.
+        if self.release is not None and (self.path is not None or self.repo is not None):
+            raise ValueError("give release + sae_id, or path / repo, not both")
+        if (self.release is None) != (self.sae_id is None):
+            raise ValueError("release and sae_id go together")
+        return self
+
+
+class LabelSource(StrictBody):
+    """Where labels are imported from: `neuronpedia` (the SAE's Neuronpedia export), a URL, or a
+    file inside the allowed directories (a Neuronpedia export, JSON Lines or gzipped, or any
+    format a labels PUT accepts)."""
+
+    source: Annotated[str, Field(min_length=1)]
+    replace: bool = Field(True, description="Replace the SAE's labels (true) or merge into them.")
 
 
 class AttachSAE(StrictBody):

@@ -21,6 +21,7 @@ from millm.service.models.registrations import ClientRegistrations
 from millm.service.models.registry import ModelRegistry
 from millm.service.models.shipped import Shipped
 from millm.service.models.slot import ModelSlot
+from millm.service.models.startup_saes import StartupSAEs
 from millm.service.models.switch import ModelSwitch
 from millm.service.probes.book import ProbeBook
 from millm.service.probes.conditions import ProbeConditions
@@ -115,7 +116,10 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     registrations = ClientRegistrations(settings, source, saes, models, calibrations)
     transcoders = TranscoderBook(store)
     shipped = Shipped(store, saes, calibrations, steering, profiles, transcoders)
-    switch = ModelSwitch(settings, source, store, models, steering, registrations, shipped, slot)
+    startup_saes = StartupSAEs(settings, registrations, steering, labels)
+    switch = ModelSwitch(
+        settings, source, store, models, steering, registrations, shipped, startup_saes, slot
+    )
     planner = Planner(steering, clusters, circuits, limits)
     state = ServerState(
         settings=settings,

@@ -32,6 +32,27 @@ class Settings(RemoteServers):
         "MILLM_MODEL",
         "Model to load: the demo name, a packaged model (gemma3-270m), a checkpoint directory, a .gguf file or a Hugging Face hub id.",
     )
+    sae: Annotated[list[str], NoDecode] = env_field(
+        [],
+        "MILLM_SAES",
+        "An SAE to register and attach once the model has loaded (repeat --sae for several; the "
+        "variable takes a comma-separated list): a local path, RELEASE:SAE_ID (a SAELens release, "
+        "say gemma-scope-2b-pt-res-canonical:layer_12/width_16k/canonical) or "
+        "OWNER/NAME[:PATH][@REVISION] (a hub repository).",
+    )
+    sae_labels: Annotated[list[str], NoDecode] = env_field(
+        [],
+        "MILLM_SAE_LABELS",
+        "Labels for the --sae SAEs, one per --sae in the same order ('-' for none; the variable is "
+        "comma-separated): a labels file or URL, or 'neuronpedia' to fetch the SAE's Neuronpedia "
+        "explanations.",
+    )
+    neuronpedia_url: str = env_field(
+        "https://www.neuronpedia.org",
+        "MILLM_NEURONPEDIA_URL",
+        "Neuronpedia's address, for labels fetched by an SAE's Neuronpedia id (a self-hosted "
+        "Neuronpedia works too).",
+    )
     served_model_name: str | None = env_field(
         None,
         "MILLM_SERVED_MODEL_NAME",
@@ -299,6 +320,14 @@ class Settings(RemoteServers):
     @classmethod
     def _absolute_home(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("sae", "sae_labels", mode="before")
+    @classmethod
+    def _split_list(cls, value):
+        # Comma-separated in the environment; the CLI's repeated option gives a list already.
+        if isinstance(value, str):
+            value = value.split(",")
+        return [entry.strip() for entry in value if entry.strip()] if value is not None else []
 
     @field_validator("allowed_paths", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ import torch
 
 from millm.engine.residual import EMBEDDINGS
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached
 from millm.service.steering.vectors import VectorBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url

@@ -92,3 +92,96 @@ def build_gemma_scope(
     )
     np.savez(path, **{k: v.numpy() for k, v in arrays.items()})
     return path
+
+
+def build_gemma_scope_2(
+    directory: Path, *, d_in: int = 64, d_sae: int = 128, seed: int = 0, hook: str | None = None
+) -> Path:
+    """A Gemma Scope 2 folder: params.safetensors (lower-case names) and, with `hook`, a config.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = sae_tensors(d_in, d_sae, seed)
+    tensors = {
+        "w_enc": weights["W_enc"],
+        "w_dec": weights["W_dec"],
+        "b_enc": weights["b_enc"],
+        "b_dec": weights["b_dec"],
+        "threshold": torch.rand(d_sae, generator=torch.Generator().manual_seed(seed + 1)) * 0.2,
+    }
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(directory / "params.safetensors")
+    )
+    if hook is not None:
+        config = {
+            "architecture": "jump_relu",
+            "hf_hook_point_in": hook,
+            "model_name": "gemma-v3-270m-pt",
+        }
+        (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def build_llama_scope(
+    directory: Path,
+    *,
+    d_in: int = 64,
+    d_sae: int = 128,
+    layer: int = 1,
+    seed: int = 0,
+    average_norm: float = 2.0,
+    threshold: float = 0.05,
+    site: str = "resid_post",
+) -> Path:
+    """A Llama Scope folder: hyperparams.json and checkpoints/final.safetensors (nn.Linear layout).
+    The weights are bfloat16 values (as Llama Scope ships them), so a bf16 reader loses nothing."""
+    (directory / "checkpoints").mkdir(parents=True, exist_ok=True)
+    weights = {k: v.bfloat16().float() for k, v in sae_tensors(d_in, d_sae, seed).items()}
+    tensors = {
+        "encoder.weight": weights["W_enc"].T,
+        "encoder.bias": weights["b_enc"],
+        "decoder.weight": weights["W_dec"].T,
+        "decoder.bias": weights["b_dec"],
+    }
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(directory / "checkpoints" / "final.safetensors"),
+    )
+    hyper = {
+        "d_model": d_in,
+        "d_sae": d_sae,
+        "hook_point_in": f"blocks.{layer}.hook_{site}",
+        "hook_point_out": f"blocks.{layer}.hook_{site}",
+        "jump_relu_threshold": threshold,
+        "dataset_average_activation_norm": {"in": average_norm, "out": average_norm},
+        "norm_activation": "dataset-wise",
+    }
+    (directory / "hyperparams.json").write_text(json.dumps(hyper))
+    return directory
+
+
+def build_sparsify(
+    directory: Path, *, d_in: int = 64, d_sae: int = 128, k: int = 8, seed: int = 0, **config
+) -> Path:
+    """An EleutherAI sparsify folder (name it layers.N): cfg.json and sae.safetensors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = sae_tensors(d_in, d_sae, seed)
+    tensors = {
+        "encoder.weight": weights["W_enc"].T,
+        "encoder.bias": weights["b_enc"],
+        "W_dec": weights["W_dec"],
+        "b_dec": weights["b_dec"],
+    }
+    save_file({k_: v.contiguous() for k_, v in tensors.items()}, str(directory / "sae.safetensors"))
+    cfg = {
+        "activation": "topk",
+        "expansion_factor": 2,
+        "normalize_decoder": True,
+        "num_latents": d_sae,
+        "k": k,
+        "multi_topk": False,
+        "skip_connection": False,
+        "transcode": False,
+        "d_in": d_in,
+        **config,
+    }
+    (directory / "cfg.json").write_text(json.dumps(cfg))
+    return directory

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from millm.interp.formats import SAEFormatError, content_id, parse_hook_name, read_labels, read_sae
+from millm.interp.formats import SAEFormatError, read_labels, read_sae
 from millm.interp.sae import JumpReLUSAE, StandardSAE, TopKSAE
+from millm.interp.sae_files import content_id, parse_hook_name
 from tests.support.tiny_saes import build_gemma_scope, build_saelens, sae_tensors
 
 
@@ -249,7 +250,7 @@ def test_missing_files_and_bad_bytes(tmp_path):
     ):
         read_sae(directory)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SAEFormatError, match="neither a SAELens SAE"):
+    with pytest.raises(SAEFormatError, match="holds no SAE millm knows"):
         read_sae(tmp_path / "empty")
 
 

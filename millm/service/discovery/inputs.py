@@ -18,7 +18,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids
 from millm.engine.residual import ResidualEdit
 from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, ModelNotLoaded, NotFound
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
 from millm.protocol.discovery import DiscoveryMessage, SteerWith, TextSet

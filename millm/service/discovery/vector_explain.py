@@ -14,7 +14,7 @@ from __future__ import annotations
 from anyio import to_thread
 
 from millm.errors import InvalidRequest
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import residual_point
 from millm.interp.vectors import decompose
 from millm.protocol.vectors import ExplainedFeature, VectorExplanation

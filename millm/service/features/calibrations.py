@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError, computed_field
 
 from millm.errors import Conflict
 from millm.interp.calibration_stats import PercentileTable, unpack_corpus, unpack_grids
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 from millm.store.calibrations import (
     CalibrationRow,
     all_calibrations,

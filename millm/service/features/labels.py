@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from millm.errors import MillmError, SAEFormatError
-from millm.interp.formats import LABELS_FILE, SAEInfo, read_labels
+from millm.interp.formats import read_labels
 from millm.interp.labels import Label, LabelDocument
+from millm.interp.sae_files import LABELS_FILE, SAEInfo
 from millm.service.features.label_search import FeatureMatch, LabelIndex, fts_query, search_texts
 from millm.store.database import Store
 from millm.store.explanations import ExplanationRow, explanation_rows, put_explanation

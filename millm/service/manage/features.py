@@ -14,13 +14,14 @@ from anyio import to_thread
 from pydantic import BaseModel
 
 from millm.errors import InvalidRequest
-from millm.interp.formats import SAEInfo
 from millm.interp.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
-from millm.interp.labels import ExportFormat, check_width, read_document
+from millm.interp.labels import ExportFormat
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import check_feature
 from millm.service.composition import ServerState
 from millm.service.features.calibrations import FeatureFigures
 from millm.service.features.label_search import FeatureMatch, fts_query
+from millm.service.features.label_sources import import_document, import_source
 from millm.service.features.meaning import embedder_for, fused
 from millm.service.labelling.protocol import ExplanationView
 from millm.service.runtime.jobs import JobHandle, JobView
@@ -122,12 +123,22 @@ class FeatureManagement:
         """Read a labels document (any accepted format), check it against the SAE's width, and replace
         the SAE's set with it or merge it in; all or nothing."""
         info = self.state.saes.get(sae_id)
-        document = read_document(raw, content_type, fmt)
-        check_width(document, info.d_sae)
-        counts = (
-            self.state.labels.replace(sae_id, document)
-            if replace
-            else self.state.labels.merge(sae_id, document)
+        document, counts = import_document(self.state.labels, info, raw, content_type, fmt, replace)
+        return LabelImport(
+            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
+        )
+
+    def import_labels_from(self, sae_id: str, source: str, replace: bool) -> LabelImport:
+        """Import labels from `source`: 'neuronpedia' (the SAE's Neuronpedia export), a URL, or a
+        file inside the allowed directories (blocking: fetches and reads)."""
+        info = self.state.saes.get(sae_id)
+        document, counts = import_source(
+            self.state.labels,
+            info,
+            source,
+            self.state.settings.neuronpedia_url,
+            replace,
+            confine=lambda path: self.state.registrations.paths.local(path, "source"),
         )
         return LabelImport(
             sae_id=sae_id, format=document.format, source=document.source, **vars(counts)

@@ -169,7 +169,12 @@ class ModelManagement:
         if status is ModelStatus.LOADED and not in_step:
             # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
             body.update(status="out_of_step", error=why)
-        return body, status is ModelStatus.LOADED and in_step
+        sae_error = self.state.switch.startup_saes.error
+        if status is ModelStatus.LOADED and in_step and sae_error:
+            # Started to steer through an SAE that is not attached: not ready, rather than unsteered.
+            body.update(status="sae_not_attached", error=sae_error)
+        ready = status is ModelStatus.LOADED and in_step and not sae_error
+        return body, ready
 
     def inference_stats(self) -> dict:
         """Which backend serves generation, what waits and runs now, and jobs per backend."""

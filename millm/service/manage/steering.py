@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from millm.errors import Conflict, InvalidRequest
-from millm.interp.formats import SAEInfo
+from millm.interp import sae_releases
 from millm.interp.profiles import bundle, validate_profile
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached, FeatureOp
 from millm.service.composition import ServerState
 from millm.service.runtime.threads import in_passing_thread
@@ -244,11 +245,26 @@ class SteeringManagement:
         return {"deactivated": previous, "steering": self.steering_view()}
 
     async def register_sae(
-        self, path: str | None, repo: str | None, revision: str | None
+        self,
+        path: str | None,
+        repo: str | None,
+        revision: str | None,
+        release: str | None = None,
+        sae_id: str | None = None,
     ) -> tuple[SAEInfo, bool]:
-        """Register an SAE file (a local path inside the allowed directories, or a hub repository);
-        whether it was new. Reading the file is blocking work: a passing thread."""
-        return await in_passing_thread(self.state.registrations.sae, path, repo, revision)
+        """Register an SAE file (a local path inside the allowed directories, a hub repository, or a
+        SAELens release's SAE); whether it was new. Reading the file is blocking work: a passing thread."""
+        return await in_passing_thread(
+            self.state.registrations.sae, path, repo, revision, release, sae_id
+        )
+
+    def releases(self, model: str | None) -> list[dict]:
+        """SAELens's releases (optionally for models whose name contains `model`)."""
+        return sae_releases.releases_view(model)
+
+    def release(self, release: str) -> dict:
+        """One SAELens release and its SAE ids."""
+        return sae_releases.release_view(release)
 
     async def attach_sae(self, sae_id: str, layer: int | None) -> Attached:
         """Attach an SAE to the loaded model (torch work: a passing thread)."""

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from millm.engine.sources import ModelSource
 from millm.errors import InvalidRequest
-from millm.interp.formats import SAEInfo
+from millm.interp import sae_releases
+from millm.interp.sae_files import SAEInfo
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.models.paths import PathPolicy, inside, is_hub_id, resolved
 from millm.service.models.registry import ModelRegistry, RegisteredModel, canonical_reference
+from millm.service.models.sae_specs import SAESpec
 from millm.service.models.shipped import SHIPPED_DIR
 from millm.service.steering.saes import SAERegistry
 from millm.settings import Settings
@@ -38,9 +40,20 @@ class ClientRegistrations:
         self.paths = PathPolicy(settings.home, settings.allowed_paths, local_files(startup))
         self.saes, self.models, self.calibrations = saes, models, calibrations
 
-    def sae(self, path: str | None, repo: str | None, revision: str | None) -> tuple[SAEInfo, bool]:
-        """A local `path` inside the allowed directories, or a hub `repo` with `path` inside it;
-        403 path_not_allowed before anything is read."""
+    def sae(
+        self,
+        path: str | None,
+        repo: str | None,
+        revision: str | None,
+        release: str | None = None,
+        sae_id: str | None = None,
+    ) -> tuple[SAEInfo, bool]:
+        """A local `path` inside the allowed directories, a hub `repo` with `path` inside it, or a
+        SAELens `release` and its `sae_id`; 403 path_not_allowed before anything is read."""
+        if release is not None:
+            published = sae_releases.find(release, sae_id or "")
+            self.paths.hub_part(revision, "revision")
+            return self.saes.register(None, published.repo, published.path, revision, published)
         if repo:
             if not is_hub_id(repo):
                 raise InvalidRequest(
@@ -56,6 +69,18 @@ class ClientRegistrations:
             registered[0]
         )  # a calibration.json shipped beside the weights
         return registered
+
+    def startup_sae(self, spec: SAESpec) -> SAEInfo:
+        """An SAE named on the command line (`--sae`): no path confinement, as for --model."""
+        if spec.release is not None:
+            published = sae_releases.find(spec.release, spec.sae_id or "")
+            info, _ = self.saes.register(None, published.repo, published.path, None, published)
+            return info
+        if spec.repo is not None:
+            return self.saes.register(None, spec.repo, spec.repo_path, spec.revision)[0]
+        info, _ = self.saes.register(spec.path, None, None, None)
+        self.calibrations.import_shipped(info)
+        return info
 
     def model(self, reference: str, name: str | None) -> tuple[RegisteredModel, bool]:
         """A local source only inside the allowed directories, else a hub id looked up on the hub

@@ -32,6 +32,7 @@ from millm.service.models.registrations import ClientRegistrations
 from millm.service.models.registry import ModelRegistry
 from millm.service.models.shipped import Shipped
 from millm.service.models.slot import ModelSlot, current_lease, request_scope
+from millm.service.models.startup_saes import StartupSAEs
 from millm.service.models.transitions import (
     ModelStatus,
     ModelView,
@@ -67,11 +68,13 @@ class ModelSwitch:
         steering: Steering,
         registrations: ClientRegistrations,
         shipped: Shipped,
+        startup_saes: StartupSAEs,
         slot: ModelSlot,
     ):
         self.settings, self.source, self.store, self.slot = settings, source, store, slot
         self.models, self.steering = models, steering
         self.registrations, self.shipped = registrations, shipped
+        self.startup_saes = startup_saes  # --sae: attached whenever the start-up model loads
         self.startup_name = settings.served_model_name or source.name
         models.ensure(self.startup_name, source)
         self._mutex = threading.Lock()  # guards the fields below; never held across slow work
@@ -264,6 +267,8 @@ class ModelSwitch:
         self.steering.restore(lm, self.registrations.sae_readable)
         if source.kind in ("demo", "packaged"):
             self.shipped.install(lm)
+        if name == self.startup_name:
+            self.startup_saes.attach(lm)
         with self._mutex:
             self.errors.pop(name, None)
             self._weights_bytes = planned.plan.needed

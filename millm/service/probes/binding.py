@@ -9,8 +9,8 @@ the callers run it on a worker thread.
 from __future__ import annotations
 
 from millm.engine.loader import LoadedModel
-from millm.interp.formats import SAEInfo
 from millm.interp.probes import Grids, ModelShape, Scorer, scorer
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached, check_feature
 from millm.service.features.calibrations import CalibrationBook
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from millm.engine.loader import LoadedModel
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, describe
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached, FeatureOp, check_feature, feature_edit, feature_op
 from millm.service.runtime.replication import ALWAYS_IN_STEP, InStep
 from millm.service.steering.profiles import ProfileBook

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
+from millm.engine.sources import hub_cache_dirs
 from millm.errors import InvalidRequest, NotFound, describe
-from millm.interp.formats import LABELS_FILE, SAEInfo, read_sae
+from millm.interp.formats import SAELENS_CONFIG, SAELENS_WEIGHTS, read_sae
 from millm.interp.sae import SAE
+from millm.interp.sae_files import LABELS_FILE, SAEInfo
+from millm.interp.sae_layouts import LAYOUT_FILES
+from millm.interp.sae_releases import PublishedSAE
 from millm.service.features.labels import LabelBook
 from millm.store.database import Store
 from millm.store.saes import add_sae, remove_sae, sae_rows
 
 log = logging.getLogger(__name__)
-HUB_SAE_PATTERNS = ["cfg.json", "sae_weights.safetensors", LABELS_FILE, "params.npz"]
+# The files an SAE's hub folder may hold, in any layout millm reads (and its labels).
+HUB_SAE_PATTERNS = [SAELENS_CONFIG, SAELENS_WEIGHTS, LABELS_FILE, *LAYOUT_FILES]
 
 
 class SAERegistry:
@@ -57,13 +63,32 @@ class SAERegistry:
         return sae
 
     def register(
-        self, path: str | None, repo: str | None, repo_path: str | None, revision: str | None
+        self,
+        path: str | None,
+        repo: str | None,
+        repo_path: str | None,
+        revision: str | None,
+        published: PublishedSAE | None = None,
     ) -> tuple[SAEInfo, bool]:
-        """Read and validate an SAE from a local path or a hub repo; returns (info, newly registered)."""
+        """Read and validate an SAE from a local path or a hub repo (a SAELens release's, when
+        `published` says which); returns (info, newly registered)."""
         location = self._local(path) if path else self._download(repo, repo_path, revision)
         info, _ = read_sae(location)
-        if info.id in self.infos:
-            return self.infos[info.id], False
+        if published is not None:  # the registry knows what the files do not say
+            info = dataclasses.replace(
+                info,
+                model_name=info.model_name or published.model,
+                neuronpedia_id=published.neuronpedia_id or info.neuronpedia_id,
+                release=published.release,
+                release_sae_id=published.sae_id,
+            )
+        known = self.infos.get(info.id)
+        if known is not None and (published is None or known.release is not None):
+            return known, False
+        if known is not None:  # registered by path before: it gains its release's names
+            add_sae(self.store, info.to_dict())
+            self.infos[info.id] = info
+            return info, False
         self.book.seed(
             info
         )  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
@@ -97,6 +122,7 @@ class SAERegistry:
                 param="path",
             )
         from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
 
         folder = (repo_path or "").strip("/")
         patterns = [f"{folder}/{name}" if folder else name for name in HUB_SAE_PATTERNS]
@@ -105,6 +131,24 @@ class SAERegistry:
                 folder,
                 f"{folder.rsplit('/', 1)[0]}/{LABELS_FILE}" if "/" in folder else LABELS_FILE,
             ]
+        # The user's own Hugging Face cache first (read, never written), then millm's; a folder
+        # found there with its files loads without the network.
+        for cache_dir in hub_cache_dirs(self.hub_dir):
+            try:
+                cached = Path(
+                    snapshot_download(
+                        repo,
+                        revision=revision,
+                        cache_dir=cache_dir,
+                        local_files_only=True,
+                        allow_patterns=patterns,
+                    )
+                )
+            except (LocalEntryNotFoundError, OSError, ValueError):
+                continue
+            location = cached / folder if folder else cached
+            if location.exists() and any(location.iterdir() if location.is_dir() else [location]):
+                return location
         try:
             snapshot = Path(
                 snapshot_download(

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.errors import InvalidRequest
-from millm.interp.formats import SAEInfo
+from millm.interp.sae_files import SAEInfo
 
 CORPUS_FILE = "calibration_corpus.jsonl"
 MAX_TOP_EXAMPLES = 20
