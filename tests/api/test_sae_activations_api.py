@@ -358,3 +358,15 @@ def test_tokens_and_labels_when_asked_and_the_spec_shape_otherwise(server, tiny_
     assert all("label" not in f for entry in only_tokens["positions"] for f in entry["features"])
     only_labels = block({"labels": True})
     assert all(set(entry) == SPEC_POSITION_KEYS for entry in only_labels["positions"])
+
+
+def test_the_served_schema_documents_tokens_and_labels(server):
+    schemas = api(server, "GET", "/openapi.json").json()["components"]["schemas"]
+    for request in ("ChatCompletionRequest", "CompletionRequest"):
+        field = schemas[request]["properties"]["return_sae_activations"]
+        read = next(part for part in field["anyOf"] if part.get("type") == "object")
+        for key, says in (("tokens", "token_id decoded"), ("labels", "null for an unlabelled")):
+            assert read["properties"][key]["type"] == "boolean"
+            assert read["properties"][key]["default"] is False
+            assert says in read["properties"][key]["description"]
+        assert read["additionalProperties"] is False
