@@ -29,9 +29,12 @@ router = APIRouter(route_class=JsonRoute)
 async def register_sae(body: RegisterSAE, request: Request):
     """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
     steering = facades(request).steering
-    info, created = await steering.register_sae(
-        body.path, body.repo, body.revision, body.release, body.sae_id
-    )
+    if body.sae is not None:
+        info, created = await steering.register_named_sae(body.sae)
+    else:
+        info, created = await steering.register_sae(
+            body.path, body.repo, body.revision, body.release, body.sae_id
+        )
     return JSONResponse(
         await run_in_threadpool(steering.sae_view, info.id), status_code=201 if created else 200
     )

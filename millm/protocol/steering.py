@@ -63,6 +63,7 @@ class RegisterSAE(StrictBody):
                 {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
                 sent("repo"),
                 {"required": ["release", "sae_id"]},
+                sent("sae"),
             ]
         }
     )
@@ -84,11 +85,18 @@ class RegisterSAE(StrictBody):
         description="The SAE's id in `release` (layer_12/width_16k/canonical), as SAELens names it.",
     )
 
+    sae: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="All of it in one string, as `--sae` takes it: a local path, RELEASE:SAE_ID or "
+        "OWNER/NAME[:PATH][@REVISION].",
+    )
+
     @model_validator(mode="after")
     def _one_source(self):
-        # A release names its own repository and folder: a path or repo beside it would be ignored.
-        if self.release is not None and (self.path is not None or self.repo is not None):
-            raise ValueError("give release + sae_id, or path / repo, not both")
+        # Each way names the SAE whole: a second one beside it would be ignored.
+        given = [self.sae is not None, self.release is not None, self.path or self.repo]
+        if sum(map(bool, given)) > 1:
+            raise ValueError("give one of sae, release + sae_id, or path / repo")
         if (self.release is None) != (self.sae_id is None):
             raise ValueError("release and sae_id go together")
         return self

@@ -151,6 +151,17 @@ def test_register_by_release_and_id(server):
     assert again.status_code == 200 and again.json()["id"] == sae["id"]
 
 
+def test_register_by_one_name_as_the_workbench_does(server):
+    created = api(server, "POST", "/api/saes", json={"sae": f"{RELEASE_2}:{SAE_ID_2}"})
+    assert created.status_code in (200, 201), created.text
+    assert created.json()["release_sae_id"] == SAE_ID_2
+    gemma = sae_releases.find(RELEASE, SAE_ID)
+    by_repo = api(server, "POST", "/api/saes", json={"sae": f"{gemma.repo}:{gemma.path}"})
+    assert by_repo.status_code == 200 and by_repo.json()["release"] == RELEASE  # the same file
+    error(api(server, "POST", "/api/saes", json={"sae": "/etc"}), 403)
+    error(api(server, "POST", "/api/saes", json={"sae": "x", "path": "/tmp"}), 400)
+
+
 @pytest.mark.parametrize(
     ("body", "code", "says"),
     [
@@ -160,7 +171,7 @@ def test_register_by_release_and_id(server):
             "unknown_sae_id",
             "did you mean",
         ),
-        ({"release": RELEASE, "sae_id": SAE_ID, "path": "x"}, None, "not both"),
+        ({"release": RELEASE, "sae_id": SAE_ID, "path": "x"}, None, "give one of"),
         ({"release": RELEASE}, None, "go together"),
         (
             {"release": "qwen-scope-qwen3-1.7b-base-res-32k-k50", "sae_id": "layer_1"},

@@ -16,6 +16,7 @@ from millm.interp.profiles import bundle, validate_profile
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached, FeatureOp
 from millm.service.composition import ServerState
+from millm.service.models.sae_specs import parse_sae_spec
 from millm.service.runtime.threads import in_passing_thread
 from millm.store.steering import attachments
 
@@ -255,8 +256,21 @@ class SteeringManagement:
         """Register an SAE file (a local path inside the allowed directories, a hub repository, or a
         SAELens release's SAE); whether it was new. Reading the file is blocking work: a passing thread."""
         return await in_passing_thread(
-            self.state.registrations.sae, path, repo, revision, release, sae_id
+            self.state.registrations.sae,
+            path,
+            repo,
+            revision,
+            release,
+            sae_id,
         )
+
+    async def register_named_sae(self, text: str) -> tuple[SAEInfo, bool]:
+        """Register an SAE named as `--sae` names one (a path, RELEASE:SAE_ID, OWNER/NAME[:PATH])."""
+        spec = parse_sae_spec(text)
+        where = (
+            spec.repo_path if spec.repo else spec.path
+        )  # a repo's `path` is the folder inside it
+        return await self.register_sae(where, spec.repo, spec.revision, spec.release, spec.sae_id)
 
     def releases(self, model: str | None) -> list[dict]:
         """SAELens's releases (optionally for models whose name contains `model`)."""

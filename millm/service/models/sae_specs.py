@@ -1,6 +1,6 @@
 """How `--sae` (and MILLM_SAES) names an SAE: one string, read in this order.
 
-- a local path that exists: a SAELens folder, a published family's folder, a params.npz;
+- a local path (one that starts with /, . or ~, or one that exists): an SAE's folder, a params.npz;
 - RELEASE:SAE_ID, a SAELens release and an SAE id in it
   (`gemma-scope-2b-pt-res-canonical:layer_12/width_16k/canonical`): a release name has no slash;
 - OWNER/NAME[:PATH][@REVISION], a hub repository and the SAE's folder inside it.
@@ -35,7 +35,7 @@ def parse_sae_spec(text: str) -> SAESpec:
     spec = text.strip()
     if not spec:
         raise InvalidRequest(f"an empty SAE name: give {GRAMMAR}", param="sae")
-    if Path(spec).expanduser().exists():
+    if spec.startswith(("/", ".", "~")) or Path(spec).expanduser().exists():
         return SAESpec(spec, path=spec)
     head, colon, tail = spec.partition(":")
     if colon and "/" not in head and head and tail:

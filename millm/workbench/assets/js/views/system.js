@@ -108,9 +108,9 @@ function Saes() {
           ? html`<button class="secondary" disabled=${act.busy} onClick=${() => run(() => api.saes.detach(s.id))}>Detach</button>`
           : html`<button disabled=${act.busy} onClick=${() => run(() => api.saes.attach(s.id))}>Attach</button>`}</div>`],
       ]} />
-    <form class="row" onSubmit=${(e) => { e.preventDefault(); run(() => api.saes.register({ path })).then(() => setPath("")); }}>
-      <label class="grow">Register an SAE (a local folder)
-        <input value=${path} onInput=${(e) => setPath(e.target.value)} placeholder="/saes/my-sae" name="sae-path" /></label>
+    <form class="row" onSubmit=${(e) => { e.preventDefault(); run(() => api.saes.register({ sae: path })).then(() => setPath("")); }}>
+      <label class="grow">Register an SAE (a local folder, a SAELens release:id, or a hub owner/name:folder)
+        <input value=${path} onInput=${(e) => setPath(e.target.value)} placeholder="gemma-scope-2b-pt-res-canonical:layer_12/width_16k/canonical" name="sae-path" /></label>
       <button type="submit" disabled=${act.busy || !path}>Register</button>
     </form>
   <//>`;
