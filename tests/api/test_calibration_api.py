@@ -621,3 +621,45 @@ def test_a_shipped_calibration_is_imported_restored_by_delete_and_everything_sur
         },
     )
     assert answer.json()["millm"]["sae_activations"]["percentiles"]["calibrated"] is True
+
+
+def test_a_token_budget_reads_the_texts_in_order_up_to_it(server, offline):
+    """Runs last: it calibrates the plain SAE, which test_reading_refusals expects uncalibrated."""
+    process, sae = server["process"], server["ids"]["plain"]
+    lengths = [len(ids) for ids in offline["prompts"][: len(TEXTS)]]
+    budget = sum(lengths[:3]) + 2  # three whole texts and two tokens of the fourth
+    job = wait_job(
+        process, calibrate(process, sae, {"texts": TEXTS, "max_tokens": budget}).json()["id"]
+    )
+    assert job["state"] == "succeeded", job
+    summary = api(process, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
+    assert (summary["texts"], summary["tokens"], summary["positions"]) == (4, budget, budget - 4)
+    assert summary["budget"] == {
+        "max_tokens": budget,
+        "max_seconds": None,
+        "texts_offered": len(TEXTS),
+        "tokens_offered": sum(lengths),
+        "stopped_by": "max_tokens",
+    }
+    # A corpus over MILLM_CALIBRATION_MAX_TOKENS is taken when its budget is under it.
+    many = ["The old river runs quickly to the sea. " * 60] * 80
+    within = calibrate(
+        process, sae, {"texts": many, "max_tokens_per_text": 1000, "max_tokens": 500}
+    )
+    assert within.status_code == 202, within.text
+    assert wait_job(process, within.json()["id"])["state"] == "succeeded"
+
+
+def test_a_time_budget_keeps_what_was_read_by_then(server):
+    process, sae = server["process"], server["ids"]["plain"]
+    many = [f"{SUBJECTS[i % 8]} {ENDINGS[i % 6]}" for i in range(1800)]
+    job = wait_job(
+        process, calibrate(process, sae, {"texts": many, "max_seconds": 0.5}).json()["id"]
+    )
+    assert job["state"] == "succeeded", job
+    summary = api(process, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
+    assert 0 < summary["texts"] < 1800 and summary["budget"]["stopped_by"] == "max_seconds"
+    assert summary["budget"]["texts_offered"] == 1800
+    assert summary["duration_s"] < 30
+    for body in ({"texts": ["a b"], "max_seconds": 0}, {"texts": ["a b"], "max_tokens": 1}):
+        error(calibrate(process, sae, body), 400, "invalid_parameter")

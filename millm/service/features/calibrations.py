@@ -15,6 +15,7 @@ import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ValidationError, computed_field
@@ -90,6 +91,18 @@ class FeatureFigures(BaseModel):
     top_examples: list[TopExample]  # largest first, each snippet different (see TOP_EXAMPLES_NOTE)
 
 
+class CalibrationBudget(BaseModel):
+    """The budget a calibration was asked to keep, and what it read of the corpus it was given."""
+
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+    texts_offered: int  # texts in the corpus given (before the token budget)
+    tokens_offered: int
+    stopped_by: Literal["max_tokens", "max_seconds"] | None = (
+        None  # None: the whole corpus was read
+    )
+
+
 class CalibrationSummary(BaseModel):
     """What a calibration was made of, and how its figures are defined."""
 
@@ -112,6 +125,7 @@ class CalibrationSummary(BaseModel):
         float  # 1.0: every firing value went into the quantiles; less: a uniform sample of them
     )
     duration_s: float
+    budget: CalibrationBudget | None = None  # asked with max_tokens or max_seconds
     quantiles: str = QUANTILES_NOTE
     examples: str = TOP_EXAMPLES_NOTE
     percentiles: str = PERCENTILES_NOTE

@@ -26,7 +26,7 @@ from millm.interp.calibration_stats import Accumulator, pack_corpus, pack_grids
 from millm.interp.steering import Attached
 from millm.service.discovery.inputs import attached_sae
 from millm.service.discovery.reads import discovery_read
-from millm.service.features.calibrations import CalibrationSummary
+from millm.service.features.calibrations import CalibrationBudget, CalibrationSummary
 from millm.service.runtime.blocking import passes_blocking
 from millm.service.runtime.jobs import JobHandle, JobView
 from millm.service.training.corpus import (
@@ -65,13 +65,22 @@ def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest
         )
     with state.steering.lock:
         attached = attached_sae(state, info, lm)
-    corpus = corpus_ids(lm.tokenizer, request, info, lm.context_length)
+    offered = corpus_ids(lm.tokenizer, request, info, lm.context_length)
+    corpus = offered.first_tokens(request.max_tokens)
     check_size(
         corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts"
     )
     claim = state.calibrations.claim(sae_id, lm.name)
     run = CalibrationRun(
-        state, attached, lm.name, lm.system_fingerprint, lm.tokenizer, corpus, request, claim
+        state,
+        attached,
+        lm.name,
+        lm.system_fingerprint,
+        lm.tokenizer,
+        corpus,
+        request,
+        claim,
+        offered,
     )
     description = (
         f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
@@ -121,6 +130,7 @@ class CalibrationRun:
     corpus: Corpus
     request: CalibrateRequest
     claim: dict
+    offered: Corpus  # the corpus given, before the token budget
 
     def __call__(self, handle: JobHandle) -> dict:
         try:
@@ -131,7 +141,11 @@ class CalibrationRun:
     def _run(self, handle: JobHandle) -> dict:
         started = time.monotonic()
         accumulator = Accumulator(self.attached.sae.d_sae, self.request.top_examples * CANDIDATES)
+        texts_read, out_of_time = 0, False
         for group in groups(self.corpus.texts):
+            if self._out_of_time(started) and texts_read:
+                out_of_time = True
+                break
             handle.check()
             self._check_attached()
             began = time.monotonic()
@@ -144,13 +158,40 @@ class CalibrationRun:
                 is None
             ):
                 handle.check()  # cancelled while it ran
+            texts_read += len(group)
             handle.advance(len(group))
             handle.pace(time.monotonic() - began)
         handle.check()
-        row = self._row(accumulator, time.monotonic() - started)
+        self.corpus = self.corpus.first_texts(texts_read)
+        row = self._row(accumulator, time.monotonic() - started, out_of_time)
         handle.check()
         self.state.calibrations.save(row)
         return row.summary
+
+    def _out_of_time(self, started: float) -> bool:
+        """Whether the time budget is spent (checked between engine calls: one call may pass it)."""
+        budget = self.request.max_seconds
+        return budget is not None and time.monotonic() - started >= budget
+
+    def _budget(self, out_of_time: bool) -> CalibrationBudget | None:
+        """What the budget asked and what it cut, for the summary (None without a budget)."""
+        request = self.request
+        if request.max_tokens is None and request.max_seconds is None:
+            return None
+        stopped_by = (
+            "max_seconds"
+            if out_of_time
+            else "max_tokens"
+            if self.offered.tokens > self.corpus.tokens
+            else None
+        )
+        return CalibrationBudget(
+            max_tokens=request.max_tokens,
+            max_seconds=request.max_seconds,
+            texts_offered=len(self.offered.texts),
+            tokens_offered=self.offered.tokens,
+            stopped_by=stopped_by,
+        )
 
     def _check_attached(self) -> None:
         state = self.state
@@ -163,7 +204,7 @@ class CalibrationRun:
                 code="sae_not_attached",
             )
 
-    def _row(self, accumulator: Accumulator, duration: float) -> CalibrationRow:
+    def _row(self, accumulator: Accumulator, duration: float, out_of_time: bool) -> CalibrationRow:
         """The figures of every feature and the summary, ready to store (numpy and the tokenizer only)."""
         arrays = accumulator.figures()
         features = []
@@ -201,6 +242,7 @@ class CalibrationRun:
             features_fired=int((totals.counts > 0).sum()),
             sample_rate=accumulator.firing.sample_rate,
             duration_s=round(duration, 1),
+            budget=self._budget(out_of_time),
         )
         figures = {"features": features, "grids": pack_grids(arrays["grid"])}
         if self.corpus.name == "request":  # texts sent with the request: kept to explain from

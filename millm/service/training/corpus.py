@@ -59,6 +59,16 @@ class CalibrateRequest(BaseModel):
     max_tokens_per_text: Annotated[int, Field(ge=2, le=MAX_TOKENS_PER_TEXT)] = Field(
         256, description="Each text is cut to this many tokens."
     )
+    max_tokens: Annotated[int, Field(ge=2)] | None = Field(
+        None,
+        description="A budget in tokens: the texts are read in order until this many tokens have "
+        "been read (the text that reaches it is cut there).",
+    )
+    max_seconds: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="A budget in time: reading stops once this many seconds have passed, and the "
+        "calibration is made from the texts read by then (its summary says how many).",
+    )
 
 
 def check_source(request: CalibrateRequest) -> None:
@@ -86,6 +96,27 @@ class Corpus:
     def tokens(self) -> int:
         """Tokens fed, all texts together."""
         return sum(len(ids) for ids in self.texts)
+
+    def first_tokens(self, budget: int | None) -> Corpus:
+        """The texts in order up to `budget` tokens in all (the last one cut to fit); all without one."""
+        if budget is None or self.tokens <= budget:
+            return self
+        kept: list[np.ndarray] = []
+        left = budget
+        for ids in self.texts:
+            if left < 2:  # a text of one token has no position to read
+                break
+            kept.append(ids[:left])
+            left -= len(kept[-1])
+        return Corpus(self.name, kept, self.truncated)
+
+    def first_texts(self, count: int) -> Corpus:
+        """The first `count` texts (what a calibration stopped by its time budget read)."""
+        return (
+            self
+            if count >= len(self.texts)
+            else Corpus(self.name, self.texts[:count], self.truncated)
+        )
 
 
 Entry = tuple[
