@@ -172,7 +172,8 @@ class EmbeddingsReady:
 
 @dataclass(frozen=True)
 class ScoresReady:
-    """Next-token logits `[V]` (float32) of each scored prompt, in order, and any residual reads."""
+    """Next-token logits `[V]` (float32) of each scored prompt, in order (none for a reads-only
+    job), and any residual reads."""
 
     logits: list
     reads: list = field(default_factory=list)  # ResidualsRead, row = prompt index
@@ -292,6 +293,9 @@ class ScoringJob(JobControl):
     # prompts sharing a long start (a scorer's few-shot chat). Unsteered, no reads, no echo only.
     # In bf16 a restored prefix gives logits a few last bits off a whole pass's.
     reuse_prefix: bool = False
+    # Only the reads are wanted (a discovery read keeps its summaries): each pass stops once every
+    # read point has been passed, so the layers after the SAE's never run; no logits come back.
+    reads_only: bool = False
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

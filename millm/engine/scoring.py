@@ -10,6 +10,7 @@ numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever 
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 
@@ -19,6 +20,7 @@ from millm.engine.jobs import Ranking, ResidualsRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import KV, UNSTEERED, PrefixCache
 from millm.engine.reading import Capture, taps
+from millm.engine.residual import Tap
 from millm.engine.runners import advance_prefill, begin_prefill
 from millm.errors import NonFiniteLogits
 
@@ -117,9 +119,30 @@ def cached_last_logits(lm: LoadedModel, cache: PrefixCache, prompt: list[int]) -
     return logits[0]
 
 
+class ReadsTaken(Exception):
+    """Raised in a reads-only pass once every read point has been passed: what the layers after
+    them compute (the logits) was not asked for."""
+
+
+def stopping(tapped: dict[int, Tap]) -> dict[int, Tap]:
+    """The taps of one forward pass, the last of them to run raising ReadsTaken after it read."""
+    left = set(tapped)
+
+    def wrapped(point: int, inner: Tap) -> Tap:
+        def tap(before: torch.Tensor, after: torch.Tensor) -> None:
+            inner(before, after)
+            left.discard(point)
+            if not left:
+                raise ReadsTaken
+
+        return tap
+
+    return {point: wrapped(point, inner) for point, inner in tapped.items()}
+
+
 @torch.inference_mode()
 def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = None) -> None:
-    """One forward pass per prompt (steered only by the job's own edit, which scoring never sets); emits the last-position logits of each."""
+    """One forward pass per prompt (steered only by the job's own edit, which scoring never sets); emits the last-position logits of each (a reads-only job: its reads alone, each pass cut short after them)."""
     lm.residual.clear()
     reuse = (
         cache if job.reuse_prefix and not job.reads and job.edit is None and not job.echo else None
@@ -132,12 +155,19 @@ def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = No
             if job.cancelled.is_set():
                 return
             captures = [Capture(read, len(prompt)) for read in job.reads]
+            stop = job.reads_only and bool(captures)
             if captures or job.edit is not None:  # read the residuals of this very pass
+                tapped = taps([(captures, 0, len(prompt))])
                 lm.residual.install(
                     lm.residual.stack([job.edit]) if job.edit is not None else None,
-                    taps([(captures, 0, len(prompt))]),
+                    stopping(tapped) if stop else tapped,
                 )
             before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
+            if stop:
+                with suppress(ReadsTaken):
+                    lm.runner.prefill([prompt], capacity=len(prompt))
+                reads.extend(capture.result(index, prompt) for capture in captures)
+                continue
             if reuse is not None:
                 last = cached_last_logits(lm, reuse, prompt)
             elif job.echo and not captures and len(prompt) < lm.context_length:

@@ -125,10 +125,12 @@ def passes_blocking(
     edit: ResidualEdit | None = None,
     cancel: threading.Event | None = None,
     reuse_prefix: bool = False,
+    reads_only: bool = False,
 ) -> ScoresReady | None:
     """One forward pass per prompt on the scheduler thread (unsteered unless `edit`), with `reads`
     captured and encoded there; None when `cancel` was set before it finished. `reuse_prefix`:
-    prompts may start from the prefix cache (ScoringJob.reuse_prefix)."""
+    prompts may start from the prefix cache (ScoringJob.reuse_prefix); `reads_only`: each pass
+    stops after its reads, and no logits come back (ScoringJob.reads_only)."""
     collector = _Collector()
     job = ScoringJob(
         prompts=prompts,
@@ -137,6 +139,7 @@ def passes_blocking(
         ranking=ranking,
         edit=edit,
         reuse_prefix=reuse_prefix,
+        reads_only=reads_only,
     )
     _run(state, model, job, collector, cancel)
     return collector.scores
