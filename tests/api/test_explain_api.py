@@ -250,6 +250,39 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
         assert entry["flagged"] == (want_score.balanced_accuracy < 0.6)
 
 
+def test_a_job_reads_each_text_once_and_a_features_windows_do_not_depend_on_its_company(
+    calibrated, offline, explainer
+):
+    """A job of three features reads every corpus text once (its result counts them), and the
+    feature it shares with a job of its own gets the same windows: the same explainer chat and
+    the same held-out texts (detection) and marks (fuzzing) put to the scorer."""
+    process, sae = calibrated
+    shared, *others = fired_features(offline, 3)
+    body = {"explainer": "endpoint", "top_examples": TOP, "held_out": HELD, "quantiles": 2,
+            "width": WIDTH}  # fmt: skip
+    asked = {}
+    for features in ([shared], [others[0], shared, others[1]]):
+        explainer.asked.clear()
+        explainer.scored.clear()
+        job = wait_job(process, explain(process, sae, {**body, "features": features}).json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["result"]["texts"] == len(TEXTS)
+        assert job["result"]["texts_read"] == len(TEXTS)  # once per job, not once per feature
+        entry = next(e for e in job["result"]["explanations"] if e["feature"] == shared)
+        # Its scorer chats, with the explanation (numbered by the endpoint) taken out.
+        scored = [
+            [
+                {**m, "content": m["content"].replace(entry["explanation"], "…")}
+                for m in b["messages"]
+            ]
+            for b in explainer.scored
+            if entry["explanation"] in b["messages"][-1]["content"]
+        ]
+        assert len(scored) == entry["detection"]["texts"] + entry["fuzzing"]["texts"]
+        asked[len(features)] = (explainer.asked[features.index(shared)]["messages"], scored)
+    assert asked[1] == asked[3]
+
+
 def test_an_endpoint_scorer_is_read_from_its_top_logprobs(calibrated, offline):
     process, sae = calibrated
     feature = fired_features(offline, 3)[2]

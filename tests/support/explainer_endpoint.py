@@ -1,8 +1,9 @@
 """An OpenAI-compatible chat completions endpoint on 127.0.0.1 that plays an explainer: explainer
 chats get a fixed `[EXPLANATION]: pattern N` answer (a random-weight model writes none), detection
-and fuzzing chats (asked with logprobs) `[1]` at P = 0.7; it records what it was asked and can be
-told to fail, to write no explanation line, or to hold its answers until released. What tests put
-under it is millm's explaining job, not the explainer's wit."""
+and fuzzing chats (asked with logprobs) `[1]` at P = 0.7; it records what it was asked (explainer
+chats in `asked`, scorer chats in `scored`) and can be told to fail, to write no explanation line,
+or to hold its answers until released. What tests put under it is millm's explaining job, not the
+explainer's wit."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Explainer:
 
     def __init__(self):
         self.asked: list[dict] = []
+        self.scored: list[dict] = []
         self.fail_after: int | None = None
         self.silent = False
         self.hold: threading.Event | None = None
@@ -46,6 +48,7 @@ class Explainer:
                         content += f"\n[EXPLANATION]: pattern {len(outer.asked)}"
                     logprobs = None
                 else:
+                    outer.scored.append(body)
                     content = "[1]"
                     top = [
                         {"token": "1", "logprob": math.log(0.7)},

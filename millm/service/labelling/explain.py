@@ -1,8 +1,10 @@
 """The explaining job: a calibrated SAE's features explained by a model and scored by detection.
 
-The job reads the calibration's corpus again through the attached SAE (the same reads, so a
-feature's top window holds exactly the calibration's largest activation), keeping the chosen
-features' activation at every token. Then, feature by feature: delphi's windows and samples
+The job reads the calibration's corpus again through the attached SAE, once for all its features
+(the same reads, so a feature's top window holds exactly the calibration's largest activation;
+each pass stops at the SAE's layer, since nothing after it is used), keeping the chosen features'
+activation at every token; its result counts the texts read (`texts_read` of `texts`), and a
+feature's windows are the same whichever other features share the job. Then, feature by feature: delphi's windows and samples
 (interp/explain_examples.py), the explainer's chat (interp/explain_prompts.py), the explanation,
 the scorer's answer for every held-out text, the detection score, and one store write. Every
 explanation is stored as soon as it is scored, beside the labels (never over one), so a job that
@@ -207,6 +209,7 @@ class ExplainRun:
     explainer: Writer
     scorer: Writer
     version: str
+    texts_read: int = 0  # corpus texts read through the SAE so far: each once per job
 
     def __call__(self, handle: JobHandle) -> dict:
         started = time.monotonic()
@@ -241,6 +244,8 @@ class ExplainRun:
             "explanations": list(done),
             "skipped": list(skipped),
             "prompt_version": self.version,
+            "texts": len(self.corpus.texts),
+            "texts_read": self.texts_read,
         }
 
     @contextmanager
@@ -263,7 +268,8 @@ class ExplainRun:
                 beside.bound = None
 
     def _read(self, handle: JobHandle) -> list[np.ndarray]:
-        """Per text, the chosen features' activation at every token `[T, k]` (0 at position 0, never read)."""
+        """Per text, the chosen features' activation at every token `[T, k]` (0 at position 0, never
+        read): every text read once, for all the job's features together."""
         columns: list[np.ndarray] = [
             np.zeros((len(ids), len(self.features)), np.float32) for ids in self.corpus.texts
         ]
@@ -274,11 +280,18 @@ class ExplainRun:
             prompts = [self.corpus.texts[i].tolist() for i in group]
             if (
                 passes_blocking(
-                    self.state, self.model, prompts, (read,), cancel=handle.cancel_event
+                    self.state,
+                    self.model,
+                    prompts,
+                    (read,),
+                    cancel=handle.cancel_event,
+                    reads_only=True,
                 )
                 is None
             ):
                 handle.check()
+            self.texts_read += len(group)
+            handle.report(self.outcome([], []))  # the read is the job's first phase: texts_read
         return columns
 
     def examples(self, columns: list[np.ndarray], position: int) -> Examples:
