@@ -108,15 +108,22 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def cuda_bf16(device: torch.device) -> bool:
+    """Whether the CUDA card `device` names computes bfloat16 natively (compute capability 8.0 on:
+    Ampere and later). torch.cuda.is_bf16_supported() asks about the current card, not the one
+    --device names, and counts emulation, which is slower than float16 on a T4 or V100."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def pick_dtype(name: str, device: torch.device, q4_weights: bool = False) -> torch.dtype:
-    """Refuse what the device lacks; auto = bfloat16 on CUDA cards that support it, and on the
+    """Refuse what the device lacks; auto = bfloat16 on CUDA cards that compute it natively, and on the
     CPU bfloat16 for Q4_1 GGUF files (their int4 kernel needs it), else float32."""
     if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        if cuda_bf16(device):
             return torch.bfloat16
         return torch.bfloat16 if (q4_weights and device.type == "cpu") else torch.float32
     dtype = DTYPES[name]
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and dtype == torch.bfloat16 and not cuda_bf16(device):
         raise ModelSourceError(f"dtype bfloat16 is not supported on {device}")
     try:
         a = torch.ones(4, 4, dtype=dtype, device=device)

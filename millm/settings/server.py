@@ -61,7 +61,7 @@ class Settings(RemoteServers):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = env_field(
         "auto",
         "MILLM_DTYPE",
-        "Compute dtype; auto = bfloat16 on CUDA cards with bf16 support and for Q4_1 GGUF files "
+        "Compute dtype; auto = bfloat16 on CUDA cards that compute it natively (Ampere on) and for Q4_1 GGUF files "
         "on the CPU (int4 kernels), else float32.",
     )
     reproducible: bool = env_field(

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from millm.engine.loader import cuda_bf16
 from millm.engine.sources import ModelSource
 from millm.errors import (
     InsufficientMemoryToLoad,
@@ -273,7 +274,7 @@ def element_bytes(device: torch.device, dtype: str) -> int:
     if device.type == "cpu":
         return 4
     if dtype == "auto":
-        return 2 if torch.cuda.is_bf16_supported() else 4
+        return 2 if cuda_bf16(device) else 4
     return 4 if dtype == "float32" else 2
 
 
