@@ -16,7 +16,11 @@ from millm.interp.document_schemas import (
 )
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
-from millm.protocol.schema_rules import sent
+from millm.protocol.schema_rules import absent_or_null, any_of, sent
+
+# `--sae`'s forms (service/models/sae_specs.py reads them): a path (/, . or ~ first), a release
+# and id, or a hub repository with an optional folder and revision. A relative path reads as the last.
+SAE_SPEC_PATTERN = r"^([/.~].*|[^/:@\s]+:\S.*|[A-Za-z0-9][\w.-]*/[\w.-]+(:[^@]*)?(@\S+)?)$"
 
 HUB_ID_PATTERN = HUB_ID.pattern  # a hub repository's id, as the request schemas state it
 
@@ -56,16 +60,34 @@ class RegisterSAE(StrictBody):
     """A local SAE (`path`), one on the Hugging Face hub (`repo`, `path` inside it, `revision`), or
     a published one by its SAELens names (`release` and `sae_id`)."""
 
-    # A local path, a hub repo (and the path inside it, which may be empty), or a release and its id.
+    # Exactly one way: a local path, a hub repo (and the path inside it, which may be empty), a
+    # release and its id, or all of it in one string (`sae`).
     model_config = ConfigDict(
-        json_schema_extra={
-            "anyOf": [
-                {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
-                sent("repo"),
-                {"required": ["release", "sae_id"]},
-                sent("sae"),
-            ]
-        }
+        json_schema_extra=any_of(
+            {
+                "allOf": [
+                    {
+                        "required": ["path"],
+                        "properties": {"path": {"type": "string", "minLength": 1}},
+                    },
+                    *map(absent_or_null, ("release", "sae_id", "sae")),
+                ]
+            },
+            {"allOf": [sent("repo"), *map(absent_or_null, ("release", "sae_id", "sae"))]},
+            {
+                "allOf": [
+                    sent("release"),
+                    sent("sae_id"),
+                    *map(absent_or_null, ("path", "repo", "sae")),
+                ]
+            },
+            {
+                "allOf": [
+                    sent("sae"),
+                    *map(absent_or_null, ("path", "repo", "release", "sae_id", "revision")),
+                ]
+            },
+        )
     )
     path: str | None = Field(
         None,
@@ -85,7 +107,9 @@ class RegisterSAE(StrictBody):
         description="The SAE's id in `release` (layer_12/width_16k/canonical), as SAELens names it.",
     )
 
-    sae: Annotated[str, Field(min_length=1)] | None = Field(
+    sae: (
+        Annotated[str, Field(min_length=1, json_schema_extra={"pattern": SAE_SPEC_PATTERN})] | None
+    ) = Field(
         None,
         description="All of it in one string, as `--sae` takes it: a local path, RELEASE:SAE_ID or "
         "OWNER/NAME[:PATH][@REVISION].",
@@ -97,6 +121,8 @@ class RegisterSAE(StrictBody):
         given = [self.sae is not None, self.release is not None, self.path or self.repo]
         if sum(map(bool, given)) > 1:
             raise ValueError("give one of sae, release + sae_id, or path / repo")
+        if self.sae is not None and self.revision is not None:
+            raise ValueError("sae names its revision itself (OWNER/NAME:PATH@REVISION)")
         if (self.release is None) != (self.sae_id is None):
             raise ValueError("release and sae_id go together")
         return self

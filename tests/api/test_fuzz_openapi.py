@@ -79,6 +79,7 @@ ACCEPTED = {
 STATE_REFUSALS = (
     "maximum context length",
     "outside the vocabulary",
+    "tokenises to nothing",  # a text the model's tokenizer drops whole (the tiny one drops unknown characters)
     "is not attached",
     "several SAEs are attached",
     "no SAE is attached",
@@ -86,6 +87,9 @@ STATE_REFUSALS = (
     "cannot choose",
     "name sae_id to watch",
     "from the Hugging Face hub",
+    "is not in SAELens's registry",  # the installed sae-lens's registry decides
+    "no file or folder there",  # `sae` naming a relative path: the file system decides
+    "no file or directory at",
     "past the width",
     "no probe is named",  # this server keeps no probes or steering vectors (a request's `steering` may name them)
     "no steering vector has the id",
