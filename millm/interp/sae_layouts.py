@@ -101,7 +101,9 @@ def _layer_in(path: Path) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _info(path: Path, weights_file: Path, fmt: str, sae: SAE, layer: int, **extra: Any) -> SAEInfo:
+def _info(
+    path: Path, weights_file: Path, fmt: str, sae: SAE, layer: int | None, **extra: Any
+) -> SAEInfo:
     return SAEInfo(
         id=content_id(weights_file),
         format=fmt,
@@ -111,7 +113,7 @@ def _info(path: Path, weights_file: Path, fmt: str, sae: SAE, layer: int, **extr
         d_sae=sae.d_sae,
         layer=layer,
         hook_point="resid_post",
-        hook_name=f"blocks.{layer}.hook_resid_post",
+        hook_name=None if layer is None else f"blocks.{layer}.hook_resid_post",
         has_labels=((path if path.is_dir() else path.parent) / LABELS_FILE).is_file(),
         **extra,
     )
@@ -140,24 +142,8 @@ def read_gemma_scope(path: Path) -> tuple[SAEInfo, SAE]:
     sae = JumpReLUSAE(
         weights, threshold_from(tensors, d_sae, path.name), apply_b_dec_to_input=False
     )
-    layer = _layer_in(path)
-    if layer is None:  # a folder renamed by hand: registered, but it needs `layer` to attach
-        return (
-            SAEInfo(
-                id=content_id(path),
-                format="gemma_scope",
-                path=str(path),
-                architecture="jumprelu",
-                d_in=d_in,
-                d_sae=d_sae,
-                layer=None,
-                hook_point="resid_post",
-                hook_name=None,
-                has_labels=(path.parent / LABELS_FILE).is_file(),
-            ),
-            sae,
-        )
-    return _info(path, path, "gemma_scope", sae, layer), sae
+    # A folder renamed by hand names no layer: registered all the same, it needs `layer` to attach.
+    return _info(path, path, "gemma_scope", sae, _layer_in(path)), sae
 
 
 class GemmaScope2Config(BaseModel):
