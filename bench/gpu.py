@@ -1,7 +1,7 @@
-"""One prepared script for a lent GPU (issue 36): decode speed of millm's lean runner on a
-random-weight Gemma-2-2B-shaped model at 1, 8 and 32 streams, unsteered, one feature steered, 8
-distinct steerings in one batch, and an SAE read on every row, beside transformers' `generate` on
-the same weights, in one run and within a time budget (default 270 s; what did not fit is said).
+"""Decode speed on a GPU in one script: millm's lean runner on a random-weight Gemma-2-2B-shaped
+model at 1, 8 and 32 streams, unsteered, one feature steered, 8 distinct steerings in one batch,
+and an SAE read on every row, beside transformers' `generate` on the same weights, in one run and
+within a time budget (default 270 s; what did not fit is said).
 
 It measures today's eager path (the baseline a compiled step and CUDA graphs must beat); on a
 machine without CUDA it runs on the CPU. `--shape tiny` builds a 2-block model of width 64 (what

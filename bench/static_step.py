@@ -1,6 +1,6 @@
-"""A measurement for issue 36 (decode as one compiled step): the demo model's decode step written
-as one function over fixed shapes, timed eager and through torch.compile beside the lean runner's
-own step, in float32, one row, in one run.
+"""Whether decode gains from one compiled step: the demo model's decode step written as one
+function over fixed shapes, timed eager and through torch.compile beside the lean runner's own
+step, in float32, one row, in one run.
 
 The function: each block's norms, q|k|v, RoPE, the KV written in place at a position given as a
 tensor into buffers of fixed capacity, attention over the whole buffer with a mask, the MLP, and

@@ -1,4 +1,4 @@
-"""bench/gpu.py, the script a lent GPU runs (issue 36), on the CPU with the tiny shape: it builds
+"""bench/gpu.py (decode speed on a GPU in one run) on the CPU with the tiny shape: it builds
 its random Gemma 2 checkpoint, loads it through millm, and prints one row per stream count with
 the five decode rates (unsteered, one feature, 8 steerings, SAE read on, transformers)."""
 
