@@ -12,7 +12,7 @@ would).
 
     .venv/bin/python bench/autosteer_demo.py [--base-url URL] [--out results.json]
 
-Prints a markdown table (the one in docs/discovery.md) and writes every job's result as JSON.
+Prints a markdown table (the one in bench/README.md) and writes every job's result as JSON.
 """
 
 from __future__ import annotations
