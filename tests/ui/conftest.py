@@ -83,6 +83,8 @@ def reset(bench: Workbench) -> None:
         "top_k": 5,
         "positions": "completion",
         "percentiles": False,
+        "tokens": False,
+        "labels": False,
     }
     assert bench.api("PUT", "/api/monitoring", json=settings).status_code == 200, (
         "monitoring settings"

@@ -268,6 +268,8 @@ export const monitoring = {
   enable: (body) => post("/api/monitoring/enable", body),
   disable: () => post("/api/monitoring/disable"),
   records: (query) => get("/api/monitoring/records", query),
+  /** A recorded request's prompts as the model read them (404 monitored_request_not_found once forgotten). */
+  request: (id) => get(`/api/monitoring/requests/${enc(id)}`),
   stats: () => get("/api/monitoring/stats"),
   reset: () => post("/api/monitoring/reset"),
   /** Live records; resolves when the stream ends, rejects on an error (abort with `signal`). */

@@ -1,6 +1,7 @@
-// Monitoring: its settings (on/off, SAE, watched features, top_k, positions, percentiles), a live
-// chart of the watched features over requests fed by /api/monitoring/stream, the statistics
-// table and the latest records.
+// Monitoring: its settings (on/off, SAE, watched features, top_k, positions, percentiles, token
+// text, labels), a live chart of the watched features over requests fed by /api/monitoring/stream,
+// the statistics table, and the latest records, each opening its request's prompt
+// (/api/monitoring/requests/{id}) with a position of the record marked.
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import uPlot from "uplot";
@@ -32,6 +33,8 @@ function Settings({ settings, onChanged }) {
       top_k: settings.top_k,
       positions: settings.positions,
       percentiles: settings.percentiles,
+      tokens: settings.tokens,
+      labels: settings.labels,
     });
   }, [settings]);
   if (!form) return null;
@@ -45,6 +48,8 @@ function Settings({ settings, onChanged }) {
         top_k: Number(form.top_k),
         positions: form.positions,
         percentiles: form.percentiles,
+        tokens: form.tokens,
+        labels: form.labels,
       });
       onChanged();
     });
@@ -66,6 +71,8 @@ function Settings({ settings, onChanged }) {
         <label class="inline">Positions <select value=${form.positions} onChange=${set("positions")} name="positions">
           ${POSITIONS.map((p) => html`<option value=${p}>${p}</option>`)}</select></label>
         <label class="inline"><input type="checkbox" checked=${form.percentiles} onChange=${set("percentiles")} name="percentiles" /> Percentiles</label>
+        <label class="inline"><input type="checkbox" checked=${form.tokens} onChange=${set("tokens")} name="tokens" /> Token text</label>
+        <label class="inline"><input type="checkbox" checked=${form.labels} onChange=${set("labels")} name="labels" /> Feature labels</label>
       </div>
       <div class="row"><button type="submit" disabled=${act.busy}>Save settings</button>
         <button type="button" class="danger" onClick=${reset} disabled=${act.busy}>Reset records and statistics</button></div>
@@ -161,6 +168,130 @@ function Stats({ stats, labels }) {
     ]} />`;
 }
 
+/** A token as it shows on its own: white space made visible (· for a space, ↵ for a line break), ∅ for nothing. */
+const shown = (token) => (/^\s*$/.test(token) ? token.replace(/ /g, "·").replace(/\n/g, "↵") || "∅" : token.replace(/\n/g, "↵"));
+
+/** A record's features by their peak: index, value, the position and token where it peaked, and
+ *  the label the record carries (absent when the record was made without labels). */
+function strongest(record) {
+  const best = new Map();
+  for (const position of record.positions) {
+    for (const f of position.features) {
+      if (f.value > (best.get(f.index)?.value ?? 0)) best.set(f.index, { ...f, position: position.position, token: position.token });
+    }
+  }
+  return [...best.values()].sort((a, b) => b.value - a.value);
+}
+
+/** A feature entry as a chip: its link, its label when the record carries one, its value, and
+ *  where (the token's text when the record carries it, else the position). */
+const FeatureChip = ({ sae, entry, where = true }) => html`<span class="chip"><${FeatureLink} sae=${sae} index=${entry.index} />${
+  entry.label ? html` <span class="meta">${entry.label}</span>` : ""} ${num(entry.value, 3)}${
+  where ? html`<span class="meta"> at ${entry.token != null ? `“${shown(entry.token)}”` : `@${entry.position}`}</span>` : ""}</span> `;
+
+/** Where a record's positions sit in the prompt's text (position → [start, end)): those whose token
+ *  text the record carries and that line up with the text, from its start and (when the text is
+ *  whole) from its end. The prompt route gives text, not token offsets, so nothing else is placed. */
+function place(prompt, positions) {
+  const text = prompt.text;
+  const texts = new Map(positions.filter((p) => p.token != null && p.position < prompt.tokens).map((p) => [p.position, p.token]));
+  const at = new Map();
+  let start = 0;
+  for (let p = 0; texts.has(p) && text.startsWith(texts.get(p), start); p += 1) {
+    at.set(p, [start, start + texts.get(p).length]);
+    start += texts.get(p).length;
+  }
+  if (prompt.truncated) return at;
+  let end = text.length;
+  for (let p = prompt.tokens - 1; texts.has(p) && !at.has(p); p -= 1) {
+    const token = texts.get(p);
+    if (end - token.length < start || text.slice(end - token.length, end) !== token) break;
+    at.set(p, [end - token.length, end]);
+    end -= token.length;
+  }
+  return at;
+}
+
+/** The prompt's text, the marked position in it (when it can be placed), then the answer's
+ *  recorded tokens (when the record carries their text), the marked one among them. */
+function PromptText({ prompt, record, marked }) {
+  const at = place(prompt, record.positions).get(marked);
+  const text = prompt.text;
+  const answer = record.positions.filter((p) => p.position >= prompt.tokens && p.token != null);
+  const markedToken = (token) => html`<mark data-position=${marked}>${/^\s*$/.test(token) ? shown(token) : token}</mark>`;
+  return html`<div class="tokens prompt-text" role="group" aria-label="Prompt text">${
+    at ? html`${text.slice(0, at[0])}${markedToken(text.slice(at[0], at[1]))}${text.slice(at[1])}` : text}${
+    prompt.truncated ? html`<span class="cut">… (${prompt.chars - text.length} more characters not kept: MONITORING_PROMPT_MAX_CHARS)</span>` : ""}${
+    answer.length ? html`<span class="answer-tokens" title="The answer's tokens the record read">${answer.map((p, i) => html`${
+      (i ? answer[i - 1].position : prompt.tokens - 1) < p.position - 1 ? html`<span class="cut">…</span>` : ""}${
+      p.position === marked ? markedToken(p.token) : p.token}`)}</span>` : ""}</div>`;
+}
+
+/** A sentence on the marked position: where it is, whether the text shows it, what fired there. */
+function MarkedPosition({ prompt, record, marked }) {
+  const position = record.positions.find((p) => p.position === marked);
+  if (!position) return null;
+  const inPrompt = marked < prompt.tokens;
+  const placed = inPrompt ? place(prompt, record.positions).has(marked) : position.token != null;
+  const where = inPrompt ? `in the prompt (positions 0–${prompt.tokens - 1})` : `in the answer (from position ${prompt.tokens})`;
+  const why = placed ? "" : inPrompt
+    ? " Not marked in the text: the record does not carry the token texts that place it (turn on Token text and record the prompt's positions)."
+    : " The answer's tokens are not shown: the record carries no token text (turn on Token text).";
+  const fired = position.features.filter((f) => f.value > 0);
+  return html`<p class="meta" data-testid="marked-position">Position ${marked}${position.token != null ? ` “${shown(position.token)}”` : ""}, ${where}.${why}
+    ${fired.length ? html` Fired there: ${fired.map((f) => html`<${FeatureChip} sae=${record.sae_id} entry=${f} where=${false} />`)}` : " No recorded feature fired there."}</p>`;
+}
+
+/** The prompt a record's request sent, as the model read it, with one of the record's positions marked. */
+function RequestPrompt({ record, onClose }) {
+  const loaded = useLoad(() => api.monitoring.request(record.request_id), [record.request_id]);
+  const [marked, setMarked] = useState(() => (strongest(record)[0] ?? record.positions[0])?.position ?? null);
+  const data = loaded.value;
+  const prompt = data && (data.prompts.find((p) => p.index === record.prompt_index) ?? data.prompts[0]);
+  const forgotten = loaded.error?.code === "monitored_request_not_found";
+  return html`<section class="request-prompt" aria-label=${`Prompt of ${record.request_id}`}>
+    <div class="row"><h3 class="grow">Prompt of <span class="mono">${record.request_id}</span> (record ${record.id})</h3>
+      <button class="secondary" onClick=${onClose}>Close</button></div>
+    ${forgotten ? html`<${Note}>The server no longer keeps this request's prompt; the record stays.<//>` : null}
+    <${ErrorNote} error=${loaded.error} />
+    ${!data && !loaded.error ? html`<${Note}>Loading…<//>` : null}
+    ${prompt ? html`
+      <p class="meta">${data.model} · admitted ${new Date(data.time * 1000).toLocaleTimeString()} · prompt ${prompt.index + 1} of ${data.prompts.length} · ${
+        plural(prompt.tokens, "token")}, ${plural(prompt.chars, "character")}${prompt.truncated ? `, the first ${prompt.text.length} kept` : ""}</p>
+      ${record.positions.length ? html`<label class="inline">Mark position <select value=${marked ?? ""} onChange=${(e) => setMarked(Number(e.target.value))}>
+        ${record.positions.map((p) => html`<option value=${p.position}>${p.position}${p.token != null ? ` “${shown(p.token)}”` : ""} (${p.position < prompt.tokens ? "prompt" : "answer"})</option>`)}
+      </select></label>` : null}
+      <${PromptText} prompt=${prompt} record=${record} marked=${marked} />
+      <${MarkedPosition} prompt=${prompt} record=${record} marked=${marked} />` : null}
+  </section>`;
+}
+
+/** The latest records: each one's request (a button opening its prompt), its token text, its
+ *  strongest features with their labels, and its probes' verdicts. */
+function LatestRecords({ records }) {
+  const [open, setOpen] = useState(null);
+  const section = useRef(null);
+  useEffect(() => { section.current?.querySelector(".request-prompt")?.scrollIntoView({ block: "nearest" }); }, [open?.id]);
+  return html`<${Panel} title="Latest records">
+    <${Table} label="Latest records" rows=${records} rowKey=${(r) => r.id} empty="No record yet."
+      columns=${[
+        ["Record", (r) => html`${r.id} <button class="secondary mono request-id" aria-expanded=${open?.id === r.id}
+          title="Open the prompt of this request" onClick=${() => setOpen(open?.id === r.id ? null : r)}>${r.request_id}</button>${
+          r.prompt_index ? html` <span class="meta">prompt ${r.prompt_index + 1}</span>` : ""}`],
+        ["Positions", (r) => {
+          const tokens = r.positions.filter((p) => p.token != null);
+          const first = r.positions[0]?.position;
+          const last = r.positions.at(-1)?.position;
+          return html`${r.positions.length}${r.positions.length ? html` <span class="meta">(${first === last ? first : `${first}–${last}`})</span>` : ""}${
+            tokens.length ? html`<div class="record-text" title=${tokens.map((p) => p.token).join("")}>${tokens.map((p) => p.token).join("")}</div>` : ""}`;
+        }],
+        ["Strongest", (r) => strongest(r).filter((f) => f.value > 0).slice(0, 3).map((f) => html`<${FeatureChip} sae=${r.sae_id} entry=${f} />`)],
+        ["Probes", (r) => (r.probes || []).map((p) => html`<span class=${`badge ${p.fired ? "bad" : ""}`}>${p.name}${p.fired ? ` fired @${p.first_position}` : ""}</span> `)],
+      ]} />
+    <div ref=${section}>${open ? html`<${RequestPrompt} key=${open.id} record=${open} onClose=${() => setOpen(null)} />` : null}</div>
+  <//>`;
+}
+
 export default function MonitoringView() {
   const server = useServer();
   const settings = useLoad(() => api.monitoring.get());
@@ -196,16 +327,5 @@ export default function MonitoringView() {
       <${ErrorNote} error=${stats.error} />
       <${Stats} stats=${stats.value && { ...stats.value, sae_id: sae }} labels=${labels} />
     <//>
-    <${Panel} title="Latest records">
-      <${Table} label="Latest records" rows=${latest} rowKey=${(r) => r.id} empty="No record yet."
-        columns=${[
-          ["Record", (r) => html`${r.id} <span class="meta mono">${r.request_id}</span>`],
-          ["Positions", (r) => r.positions.length],
-          ["Strongest", (r) => {
-            const top = [...peaks(r).entries()].filter(([, value]) => value > 0).sort((a, b) => b[1] - a[1]).slice(0, 3);
-            return top.map(([index, value]) => html`<span class="chip"><${FeatureLink} sae=${r.sae_id} index=${index} /> ${num(value, 3)}</span> `);
-          }],
-          ["Probes", (r) => (r.probes || []).map((p) => html`<span class=${`badge ${p.fired ? "bad" : ""}`}>${p.name}${p.fired ? ` fired @${p.first_position}` : ""}</span> `)],
-        ]} />
-    <//>`;
+    <div class="wide"><${LatestRecords} records=${latest} /></div>`;
 }
