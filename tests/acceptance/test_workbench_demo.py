@@ -275,6 +275,8 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
             "features": [PIRATE, FRANCE, ITALIAN, MUSIC],
             "top_k": 5,
             "positions": "completion",
+            "tokens": True,
+            "labels": True,
         },
     )
     page.goto(f"{demo.url}#/monitoring")
@@ -285,6 +287,7 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
         "What is the capital of France?",
         "Sing me a song about the sea.",
     ]
+    ids = []
     for n, question in enumerate(questions, start=1):
         reply = demo.api(
             "POST",
@@ -297,13 +300,26 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
             },
         )
         assert reply.status_code == 200
+        ids.append(reply.json()["id"])
         expect(page.get_by_test_id("points")).to_have_text(
             f"{n} requests" if n > 1 else "1 request"
         )
     stats = demo.api("GET", "/api/monitoring/stats").json()
     assert stats["requests"] == len(questions)
     expect(page.get_by_role("table", name="Feature statistics").get_by_role("row")).to_have_count(5)
+    expect(page.get_by_role("region", name="Monitoring settings")).to_contain_text(
+        f"{len(questions)} requests"
+    )  # its counters refresh half a second after the last record
     shoot(page, "monitoring")
+    # the France request's record, its answer's text and labels, and its prompt
+    records = page.get_by_role("region", name="Latest records")
+    records.get_by_role("button", name=ids[2]).click()
+    opened = page.get_by_role("region", name=f"Prompt of {ids[2]}")
+    expect(opened.get_by_role("group", name="Prompt text")).to_contain_text(questions[2])
+    expect(opened.get_by_role("group", name="Prompt text").locator("mark")).to_have_count(1)
+    expect(records).to_contain_text("French / Paris / iffel")
+    show(page, records)
+    shoot(page, "monitoring-request")
 
 
 def test_narrow_window(demo, chromium, shoot):
