@@ -17,8 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
+# A venv whose pip does not run (its creation was interrupted) is made again from scratch.
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    "$python" -m venv --clear .venv
 fi
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 torch_version=${MILLM_TORCH_VERSION:-2.13.0}
@@ -140,7 +141,7 @@ if [ "${1:-}" = "--browser" ]; then
     # nnsight 0.6: circuit-tracer 0.5.0 imports a module later nnsight releases moved.
     if ! .venv-circuit-tracer/bin/python -c "import circuit_tracer, nnsight" 2>/dev/null; then
         echo "setup: installing circuit-tracer into .venv-circuit-tracer for its comparison test (once)"
-        "$python" -m venv .venv-circuit-tracer
+        "$python" -m venv --clear .venv-circuit-tracer  # a half-made one from an interrupted run too
         ct_pip=(.venv-circuit-tracer/bin/python -m pip install --quiet --disable-pip-version-check)
         if [ -n "${MILLM_TORCH_INDEX_URL:-}" ]; then
             "${ct_pip[@]}" "torch==$torch_version" "${torch_from[@]}"
