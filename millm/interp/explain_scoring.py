@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pydantic import BaseModel
-from sklearn.metrics import roc_auc_score
 
 CUT = 0.5
 
@@ -43,6 +42,9 @@ class BalancedScore(BaseModel):
 
 def balanced_score(judged: list[Judged]) -> BalancedScore:
     """Balanced accuracy (and its parts) over the texts that got an answer."""
+    # Imported here: sklearn.metrics (with SciPy and pandas) is 1.5 s of every server start otherwise.
+    from sklearn.metrics import roc_auc_score
+
     answered = [j for j in judged if j.probability is not None]
     positives = [j for j in answered if j.activating]
     negatives = [j for j in answered if not j.activating]
