@@ -23,8 +23,9 @@ the first token releases no text). The prefix cache holds --cache-bytes (PREFIX_
      (100000: chunking effectively off), and the long prompt's own TTFT (what chunking costs it).
      Gaps are between the stream's TextDelta events, as a client sees them. Goal: p95 <= 3 x median.
   4. Prefill tokens/s (one row, LeanRunner.prefill, best of --repeats after a warm-up) at each of
-     --sizes: before (kernels.DENSE_ROWS = 10**9: every pass on the int4 kernel, today's path
-     before the bf16 prepacked copy) and after (the default), beside llama-cpp-python evaluating
+     --sizes: before (kernels.DENSE_ROWS = FLOAT32_COPY_ROWS = 10**9: every pass on the int4
+     kernel, the path before the pre-packed copies) and after (the default: a bf16 copy where
+     oneDNN pre-packs bf16, else a float32 one), beside llama-cpp-python evaluating
      the same token ids on the same GGUF file (llm.eval, n_batch = the whole prompt, the
      default n_ubatch 512, n_threads = n_threads_batch = torch's thread count), in a process that
      imports nothing else. Goal: after >= 2 x before at 2,000 tokens.
@@ -209,7 +210,7 @@ def _load(work: Path, before: bool = False):
     from millm.engine.sources import resolve_source
 
     if before:
-        kernels.DENSE_ROWS = 10**9
+        kernels.DENSE_ROWS = kernels.FLOAT32_COPY_ROWS = 10**9
     out = {}
 
     def run():
@@ -551,6 +552,7 @@ def measure_prefill(args, before: bool) -> dict:
         "kernels": lm.runner.kernels,
         "threads": torch.get_num_threads(),
         "dense_rows": kernels.DENSE_ROWS,
+        "float32_copy_rows": kernels.FLOAT32_COPY_ROWS,
     }
 
 
@@ -754,7 +756,7 @@ def section4(args) -> None:
         f"\n### 4. Prefill tokens/s, one row, best of {args.repeats} ({after['threads']} threads; millm kernels: {after['kernels']})\n"
     )
     print(
-        f"| prompt | before (int4 kernel every pass) | after (bf16 prepacked from {after['dense_rows']} rows) | after / before | "
+        f"| prompt | before (int4 kernel every pass) | after ({copy_label(after)}) | after / before | "
         f"llama-cpp-python ({llama['file']}, n_ubatch {LLAMA_UBATCH}) | after / llama.cpp | goal after ≥ 2× before (at 2,000) |"
     )
     print("|---|---|---|---|---|---|---|")
@@ -880,6 +882,13 @@ def main() -> None:
     for key, section in sections.items():
         if args.only in (None, key):
             section(args)
+
+
+def copy_label(after: dict) -> str:
+    """Which pre-packed copy the "after" run used, and from how many rows (its kernels line says)."""
+    if "fp32 copy" in after["kernels"]:
+        return f"float32 copy from {after.get('float32_copy_rows', 64)} rows"
+    return f"bf16 copy from {after['dense_rows']} rows"
 
 
 if __name__ == "__main__":

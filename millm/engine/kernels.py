@@ -15,6 +15,7 @@ import functools
 import logging
 from collections.abc import Callable
 
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -22,11 +23,20 @@ log = logging.getLogger(__name__)
 
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 Q4_GROUP = 32
-# Rows in one pass from which an int4 weight's bf16 copy runs it. The copy is faster from a few
-# rows on (docs/engine.md), but below 256 a prefill takes a fraction of a second either way,
-# and keeping those passes on the int4 kernel keeps short prompts' bf16 results exactly what they
-# were (greedy bf16 text follows the kernel's rounding, and the docs print such text).
+# Rows in one pass from which an int4 weight's pre-packed copy runs it. A bf16 copy is faster from
+# a few rows on (docs/engine.md), but it rounds the weights to bf16: below 256 a prefill takes a
+# fraction of a second either way, and keeping those passes on the int4 kernel keeps short
+# prompts' bf16 results what they were (greedy bf16 text follows the kernel's rounding). A
+# float32 copy holds the very weights the int4 kernel computes with (its results differ from the
+# kernel's by the order of accumulation, a unit in bf16's last place at most), and on an AVX2 CPU
+# it is 1.6-1.8x faster from 32 rows on and slower below 8: from 64 rows, a text read through an
+# SAE or a few scoring chats in one pass take it, not only long prefills.
 DENSE_ROWS = 256
+FLOAT32_COPY_ROWS = 64
+# The share of the memory available at load that int4 weights' pre-packed copies may take: a
+# copy is 2 (bf16) or 4 (float32) bytes a weight beside the 4-bit codes, so a large model keeps
+# copies for its first layers only rather than running out of memory.
+PREFILL_COPY_SHARE = 4
 
 
 def dense_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
@@ -81,7 +91,7 @@ def int4_linear(
     low: torch.Tensor,
     out_features: int,
     *,
-    dense: bool = False,
+    dense: torch.dtype | None = None,
 ) -> LinearFn:
     """PyTorch's CPU int4 weight-only kernel over Q4_1 codes (bf16 activations; bf16 block scales).
 
@@ -89,9 +99,11 @@ def int4_linear(
     bf16, which rounds the file's fp16 d and m slightly (the codes are the file's own).
 
     The kernel is built for decoding: it reads 4 bits a weight, but its matmul over many rows
-    is slower than oneDNN's bf16 GEMM (docs/engine.md). With `dense`, those same
-    weights (dequantised as the kernel does, rounded to bf16) are also kept pre-packed, 2 bytes a
-    weight more, and a pass of DENSE_ROWS rows or more (a long prefill) runs on them.
+    is 2-3x slower than oneDNN's GEMM (docs/engine.md). With `dense` (bfloat16 where oneDNN
+    pre-packs it, else float32), those same weights, dequantised as the kernel does, are also
+    kept pre-packed in that dtype, and a pass of DENSE_ROWS rows or more (a long prefill) runs on
+    them, FLOAT32_COPY_ROWS for a float32 copy, which takes the bf16 activations widened and gives
+    its result back in bf16.
     """
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     scales_and_zeros = (
@@ -99,20 +111,24 @@ def int4_linear(
     )
     op = torch.ops.aten._weight_int4pack_mm_for_cpu
     wide = None
-    if dense:
+    if dense is not None:
         step, zero = scales_and_zeros.float().unbind(-1)  # [groups, out] each
         blocks = codes.reshape(out_features, -1, Q4_GROUP).float() - 8
         weight = (
-            (blocks * step.T[..., None] + zero.T[..., None])
-            .reshape(out_features, -1)
-            .to(torch.bfloat16)
+            (blocks * step.T[..., None] + zero.T[..., None]).reshape(out_features, -1).to(dense)
         )
-        wide = prepacked_linear(weight)
+        packed_copy = prepacked_linear(weight)
+        wide = (
+            packed_copy
+            if dense == torch.bfloat16
+            else lambda x: packed_copy(x.to(dense)).to(torch.bfloat16)
+        )
+    rows = DENSE_ROWS if dense == torch.bfloat16 else FLOAT32_COPY_ROWS
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if wide is not None and flat.shape[0] >= DENSE_ROWS:
+        if wide is not None and flat.shape[0] >= rows:
             return wide(x)
         return op(flat, packed, Q4_GROUP, scales_and_zeros).reshape(*shape[:-1], out_features)
 
@@ -129,12 +145,26 @@ class KernelPlan:
         self.fixed = fixed
         self.int4 = int4 and device.type == "cpu" and dtype == torch.bfloat16 and not fixed
         self.counts = {"int4": 0, "prepacked": 0, "dense": 0}
+        self.copies = {"bf16 copy": 0, "fp32 copy": 0}  # int4 weights with a prefill copy
+        # Decided once per plan: bytes the int4 weights' prefill copies may still take.
+        self.copy_budget = prefill_copy_budget() if self.int4 else 0
+
+    def _prefill_copy(self, weight: torch.Tensor) -> torch.dtype | None:
+        """The dtype of an int4 weight's pre-packed prefill copy (bf16 where oneDNN pre-packs it,
+        else float32), or None once the plan's copies would pass their memory budget."""
+        dtype = torch.bfloat16 if prepack_supported(torch.bfloat16) else torch.float32
+        cost = weight.numel() * dtype.itemsize
+        if cost > self.copy_budget:
+            return None
+        self.copy_budget -= cost
+        self.copies["bf16 copy" if dtype == torch.bfloat16 else "fp32 copy"] += 1
+        return dtype
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
         """A kernel for `weight` (given in its loaded precision; cast here to the compute dtype)."""
         if self.int4 and bias is None and (found := q4_1_codes(weight)) is not None:
             self.counts["int4"] += 1
-            return int4_linear(*found, weight.shape[0], dense=prepack_supported(torch.bfloat16))
+            return int4_linear(*found, weight.shape[0], dense=self._prefill_copy(weight))
         weight = weight.detach().to(self.dtype)
         bias = None if bias is None else bias.detach().to(self.dtype)
         if (
@@ -150,8 +180,17 @@ class KernelPlan:
 
     @property
     def description(self) -> str:
-        """e.g. 'int4 x210, prepacked x1' for logs and docs."""
-        return ", ".join(f"{name} x{count}" for name, count in self.counts.items() if count)
+        """e.g. 'int4 x210 (fp32 copy x210), prepacked x1' for logs and docs."""
+        parts = [f"{name} x{count}" for name, count in self.counts.items() if count]
+        copies = ", ".join(f"{name} x{count}" for name, count in self.copies.items() if count)
+        if copies:
+            parts[0] += f" ({copies})"
+        return ", ".join(parts)
+
+
+def prefill_copy_budget() -> int:
+    """Bytes int4 weights' prefill copies may take: a share of the memory available now."""
+    return int(psutil.virtual_memory().available) // PREFILL_COPY_SHARE
 
 
 def install_linear(module: torch.nn.Linear, fn: LinearFn) -> None:

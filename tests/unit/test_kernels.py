@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from millm.engine.kernels import (
     DENSE_ROWS,
+    FLOAT32_COPY_ROWS,
     KernelPlan,
     int4_linear,
     prepack_supported,
@@ -79,22 +80,47 @@ def test_plan_takes_int4_only_for_q4_weights_in_bfloat16():
     assert fp32.counts["int4"] == 0 and fp32.description == "prepacked x1"
 
 
-@pytest.mark.skipif(
-    not prepack_supported(torch.bfloat16), reason="bf16 pre-packing needs AVX-512 or AVX-NE-CONVERT"
-)
-def test_a_wide_pass_runs_on_the_bf16_copy_of_the_int4_weights():
+@pytest.mark.parametrize("copy", [torch.bfloat16, torch.float32])
+def test_a_wide_pass_runs_on_a_pre_packed_copy_of_the_int4_weights(copy):
+    if not prepack_supported(copy):
+        pytest.skip("bf16 pre-packing needs AVX-512 or AVX-NE-CONVERT")
     weight, _ = q4_1_weight()
     codes = q4_1_codes(weight)
-    plain, dense = int4_linear(*codes, 64), int4_linear(*codes, 64, dense=True)
-    narrow = torch.randn(1, DENSE_ROWS - 1, 128).to(torch.bfloat16)
-    assert torch.equal(dense(narrow), plain(narrow))  # decoding stays on the int4 kernel
-    wide = torch.randn(2, DENSE_ROWS, 128)
-    got, int4 = dense(wide.to(torch.bfloat16)).float(), plain(wide.to(torch.bfloat16)).float()
-    assert not torch.equal(got, int4)  # another kernel ran
-    # The same weights to bf16 rounding: as close to the float32 product as the int4 kernel is.
+    plain, dense = int4_linear(*codes, 64), int4_linear(*codes, 64, dense=copy)
+    rows = DENSE_ROWS if copy == torch.bfloat16 else FLOAT32_COPY_ROWS
+    narrow = torch.randn(1, rows - 1, 128).to(torch.bfloat16)
+    assert ops(dense, narrow) >= {"aten::_weight_int4pack_mm_for_cpu"}  # decoding: the int4 kernel
+    assert torch.equal(dense(narrow), plain(narrow))
+    wide = torch.randn(2, rows, 128)
+    ran = ops(dense, wide.to(torch.bfloat16))
+    assert "mkldnn::_linear_pointwise" in ran and "aten::_weight_int4pack_mm_for_cpu" not in ran
+    got, int4 = dense(wide.to(torch.bfloat16)), plain(wide.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16  # a float32 copy gives its result back in bf16
+    got, int4 = got.float(), int4.float()
+    # The same weights: as close to the float32 product as the int4 kernel is.
     want = F.linear(wide, weight)
     assert (got - want).abs().max() <= 2 * (int4 - want).abs().max() + 1e-3
     assert torch.allclose(got, want, atol=0.05 * want.abs().max().item(), rtol=0.02)
+
+
+def ops(fn, x: torch.Tensor) -> set[str]:
+    """The operators `fn(x)` ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        fn(x)
+    return {event.key for event in profile.key_averages()}
+
+
+def test_prefill_copies_stop_at_their_memory_budget():
+    weight, _ = q4_1_weight()
+    plan = KernelPlan(torch.device("cpu"), torch.bfloat16, int4=True)
+    copy = torch.bfloat16 if prepack_supported(torch.bfloat16) else torch.float32
+    plan.copy_budget = weight.numel() * copy.itemsize * 3 // 2  # room for one copy, not two
+    plan.linear(weight)
+    plan.linear(weight)
+    name = "bf16 copy" if copy == torch.bfloat16 else "fp32 copy"
+    assert plan.counts["int4"] == 2 and plan.copies[name] == 1
+    assert plan.description == f"int4 x2 ({name} x1)"
+    assert plan.copy_budget == weight.numel() * copy.itemsize // 2
 
 
 def test_a_fixed_plan_gives_every_weight_the_plain_kernel():
