@@ -106,17 +106,39 @@ def check_reported(scored: Scored, reported: int) -> None:
             raise NonFiniteLogits(f"token {token_id} is reported but its logit is -inf")
 
 
-def cached_last_logits(lm: LoadedModel, cache: PrefixCache, prompt: list[int]) -> torch.Tensor:
-    """An unsteered prompt's next-token logits `[V]`, its first positions restored from the prefix
-    cache where it holds them; its whole blocks are stored for the next prompt."""
-    chain = cache.lookup(prompt, UNSTEERED, len(prompt) - 1)
-    restored: list[KV | None] | None = [cache.restore(chain)] if chain else None
-    prefill = begin_prefill(lm.runner, [prompt], len(prompt), restored)
-    cache.record(prefill.reused[0])
+# Prompts run together in one pass when they may start from the prefix cache: a scorer's chats
+# each add a few dozen tokens to a shared few-shot start, and one row per pass would spend the
+# pass on per-layer overhead and on a matmul too narrow for the CPU's fast kernels (DENSE_ROWS).
+REUSE_ROWS = 8
+
+
+def cached_last_logits(
+    lm: LoadedModel, cache: PrefixCache, prompts: list[list[int]]
+) -> torch.Tensor:
+    """Unsteered prompts' next-token logits `[n, V]` from one pass, their first positions restored
+    from the prefix cache where it holds them; their whole blocks are stored for the next prompts."""
+    restored: list[KV | None] = []
+    for prompt in prompts:
+        chain = cache.lookup(prompt, UNSTEERED, len(prompt) - 1)
+        restored.append(cache.restore(chain) if chain else None)
+    prefill = begin_prefill(lm.runner, prompts, max(map(len, prompts)), restored)
+    for reused in prefill.reused:
+        cache.record(reused)
     logits = advance_prefill(lm.runner, prefill, None)
     assert logits is not None  # one pass covers every column
-    cache.store(prompt, UNSTEERED, partial(lm.runner.row_kv, prefill.batch, 0))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
-    return logits[0]
+    for i, prompt in enumerate(prompts):
+        cache.store(prompt, UNSTEERED, partial(lm.runner.row_kv, prefill.batch, i))  # type: ignore[attr-defined]  # a cache exists only beside a chunked runner
+    return logits
+
+
+def reuse_groups(count: int) -> list[range]:
+    """Prompt indices in passes: the first alone, so the start it shares with the others is in the
+    cache before they look; then REUSE_ROWS at a time."""
+    if count == 0:
+        return []
+    return [range(0, 1)] + [
+        range(start, min(start + REUSE_ROWS, count)) for start in range(1, count, REUSE_ROWS)
+    ]
 
 
 class ReadsTaken(Exception):
@@ -142,7 +164,9 @@ def stopping(tapped: dict[int, Tap]) -> dict[int, Tap]:
 
 @torch.inference_mode()
 def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = None) -> None:
-    """One forward pass per prompt (steered only by the job's own edit, which scoring never sets); emits the last-position logits of each (a reads-only job: its reads alone, each pass cut short after them)."""
+    """One forward pass per prompt (steered only by the job's own edit, which scoring never sets; a
+    job reusing the prefix cache: a few prompts a pass); emits the last-position logits of each (a
+    reads-only job: its reads alone, each pass cut short after them)."""
     lm.residual.clear()
     reuse = (
         cache if job.reuse_prefix and not job.reads and job.edit is None and not job.echo else None
@@ -151,43 +175,50 @@ def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = No
     reads: list[ResidualsRead] = []
     echoed: list[Echoed] = []
     try:
-        for index, prompt in enumerate(job.prompts):
-            if job.cancelled.is_set():
-                return
-            captures = [Capture(read, len(prompt)) for read in job.reads]
-            stop = job.reads_only and bool(captures)
-            if captures or job.edit is not None:  # read the residuals of this very pass
-                tapped = taps([(captures, 0, len(prompt))])
-                lm.residual.install(
-                    lm.residual.stack([job.edit]) if job.edit is not None else None,
-                    stopping(tapped) if stop else tapped,
-                )
-            before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
-            if stop:
-                with suppress(ReadsTaken):
-                    lm.runner.prefill([prompt], capacity=len(prompt))
+        if reuse is not None:
+            for group in reuse_groups(len(job.prompts)):  # a few prompts a pass
+                if job.cancelled.is_set():
+                    return
+                logits = cached_last_logits(lm, reuse, [job.prompts[i] for i in group])
+                results.extend(logits.float().cpu())
+        else:
+            for index, prompt in enumerate(job.prompts):
+                if job.cancelled.is_set():
+                    return
+                captures = [Capture(read, len(prompt)) for read in job.reads]
+                stop = job.reads_only and bool(captures)
+                if captures or job.edit is not None:  # read the residuals of this very pass
+                    tapped = taps([(captures, 0, len(prompt))])
+                    lm.residual.install(
+                        lm.residual.stack([job.edit]) if job.edit is not None else None,
+                        stopping(tapped) if stop else tapped,
+                    )
+                before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
+                if stop:
+                    with suppress(ReadsTaken):
+                        lm.runner.prefill([prompt], capacity=len(prompt))
+                    reads.extend(capture.result(index, prompt) for capture in captures)
+                    continue
+                if job.echo and not captures and len(prompt) < lm.context_length:
+                    # One pass over prompt + a placeholder: the last row predicts the next token.
+                    every = lm.runner.prompt_logits([*prompt, 0], 1)
+                    last, before = every[-1], every[:-1]
+                else:
+                    _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+                    last = logits[0]
+                    if (
+                        job.echo and len(prompt) > 1
+                    ):  # reads, or no room for a placeholder: two passes
+                        before = lm.runner.prompt_logits(prompt, 1)
+                results.append(last.float().cpu())
+                if job.echo:
+                    ranking = job.ranking or Ranking(None, 0.0)
+                    echoed.append(
+                        echo_scores(before.cpu(), prompt, ranking)
+                        if before is not None
+                        else Echoed([], [])
+                    )
                 reads.extend(capture.result(index, prompt) for capture in captures)
-                continue
-            if reuse is not None:
-                last = cached_last_logits(lm, reuse, prompt)
-            elif job.echo and not captures and len(prompt) < lm.context_length:
-                # One pass over prompt + a placeholder: the last row predicts the next token.
-                every = lm.runner.prompt_logits([*prompt, 0], 1)
-                last, before = every[-1], every[:-1]
-            else:
-                _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
-                last = logits[0]
-                if job.echo and len(prompt) > 1:  # reads, or no room for a placeholder: two passes
-                    before = lm.runner.prompt_logits(prompt, 1)
-            results.append(last.float().cpu())
-            if job.echo:
-                ranking = job.ranking or Ranking(None, 0.0)
-                echoed.append(
-                    echo_scores(before.cpu(), prompt, ranking)
-                    if before is not None
-                    else Echoed([], [])
-                )
-            reads.extend(capture.result(index, prompt) for capture in captures)
     finally:
         lm.residual.clear()
     scored = [rank(row, job.ranking) for row in results] if job.ranking is not None else []
