@@ -84,6 +84,24 @@ class Shipped:
         set_setting(self.store, setting, True)
         log.info("shipped SAE %s attached to %s at layer %s", info.id, lm.source.name, info.layer)
 
+    def relocate(self, lm: LoadedModel) -> None:
+        """The SAE shipped for this packaged model, registered from where millm was installed
+        before (another checkout or environment sharing the data directory, since moved or
+        removed): its registration moves to this installation's copy, so its stored attachment
+        restores instead of leaving the demo unsteered."""
+        if lm.source.name not in SHIPPED:
+            return
+        sae_dir, _, setting = SHIPPED[lm.source.name]
+        if not get_setting(self.store, setting, False) or not sae_dir.is_dir():
+            return  # not installed yet: install() registers it from here
+        try:
+            moved = self.saes.relocate(sae_dir.resolve())
+        except MillmError as exc:
+            log.error("the SAE shipped for %s could not be read: %s", lm.source.name, exc.message)
+            return
+        if moved is not None:
+            log.info("shipped SAE %s is now read from %s", moved.id, moved.path)
+
     def install_transcoders(self, lm: LoadedModel) -> None:
         """Register the transcoder set shipped for this packaged model, once per data directory."""
         directory, setting = SHIPPED_TRANSCODERS.get(lm.source.name, (None, ""))

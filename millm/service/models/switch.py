@@ -264,6 +264,8 @@ class ModelSwitch:
                 message + loading.unloaded_before(outgoing), param="model"
             ) from exc
         scheduler = loading.scheduler_for(self.settings, lm)
+        if source.kind in ("demo", "packaged"):
+            self.shipped.relocate(lm)  # before the restore: its attachment reads the shipped copy
         self.steering.restore(lm, self.registrations.sae_readable)
         if source.kind in ("demo", "packaged"):
             self.shipped.install(lm)

@@ -96,6 +96,19 @@ class SAERegistry:
         self.infos[info.id] = info
         return info, True
 
+    def relocate(self, location: Path) -> SAEInfo | None:
+        """An SAE registered before from another place and found now at `location` (the same
+        weights, so the same id): its registration moves there. The moved info, or None when it
+        is not registered or already read from there."""
+        info, _ = read_sae(location)
+        known = self.infos.get(info.id)
+        if known is None or known.path == info.path:
+            return None
+        moved = dataclasses.replace(known, path=info.path)
+        add_sae(self.store, moved.to_dict())
+        self.infos[info.id] = moved
+        return moved
+
     def forget(self, sae_id: str) -> None:
         """Remove the registration (the caller checks it is not attached). Its labels are kept, keyed by
         the id (a hash of the weights): registering the same file again finds them."""

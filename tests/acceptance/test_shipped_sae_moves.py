@@ -1,0 +1,39 @@
+"""Acceptance: a data directory shared with an earlier installation of millm (another checkout, an
+older environment) that registered the demo SAE from its own copy, since removed: the next start
+reads this installation's copy, and the demo server is steered as the README promises instead of
+starting with no SAE attached."""
+
+import httpx
+import pytest
+
+from millm.service.models.shipped import DEMO_SAE
+from millm.store.database import Store, database_url
+from millm.store.saes import add_sae, sae_rows
+from tests.support.model_cache import start_sharing
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.acceptance
+SAE = "sae_dd8838d57250"
+
+
+def test_the_demo_sae_follows_the_installation(tmp_path):
+    home = tmp_path / "home"
+    start_sharing("demo", home, []).stop()  # the first start registers and attaches the demo SAE
+    store = Store(database_url(home, None))
+    try:
+        [row] = [r for r in sae_rows(store) if r["id"] == SAE]
+        assert row["path"] == str(DEMO_SAE.resolve())
+        add_sae(store, {**row, "path": str(tmp_path / "old-checkout" / DEMO_SAE.name)})
+    finally:
+        store.close()
+    server = ServerProcess(home, []).wait_ready(timeout=600)  # its cache links are in place
+    try:
+        saes = httpx.get(f"{server.base_url}/api/saes").json()["data"]
+        assert [(s["id"], s["attached"], s["attached_layer"]) for s in saes] == [(SAE, True, 12)]
+        assert httpx.get(f"{server.base_url}/api/saes/{SAE}").json()["path"] == str(
+            DEMO_SAE.resolve()
+        )
+        assert f"shipped SAE {SAE} is now read from {DEMO_SAE.resolve()}" in server.log
+        assert "could not attach" not in server.log
+    finally:
+        server.stop()
