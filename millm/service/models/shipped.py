@@ -11,8 +11,8 @@ from pathlib import Path
 
 from millm.engine.loader import LoadedModel
 from millm.engine.sources import GEMMA3_MODEL_NAME
-from millm.errors import MillmError
-from millm.service.attribution.transcoders import TranscoderBook
+from millm.errors import Conflict, MillmError, NotFound
+from millm.service.attribution.transcoders import TranscoderBook, set_id
 from millm.service.features.calibrations import CalibrationBook
 from millm.service.steering.live import Steering
 from millm.service.steering.profiles import ProfileBook
@@ -103,9 +103,29 @@ class Shipped:
             log.info("shipped SAE %s is now read from %s", moved.id, moved.path)
 
     def install_transcoders(self, lm: LoadedModel) -> None:
-        """Register the transcoder set shipped for this packaged model, once per data directory."""
+        """Register the transcoder set shipped for this packaged model, once per installation: a
+        set's id is its path, so another checkout's copy is another set. The setting keeps the ids
+        installed, so a copy the user deleted stays deleted; an earlier installation's copy that
+        can no longer be read (that checkout was removed) is dropped."""
         directory, setting = SHIPPED_TRANSCODERS.get(lm.source.name, (None, ""))
-        if directory is None or get_setting(self.store, setting, False) or not directory.is_dir():
+        if directory is None or not directory.is_dir():
+            return
+        key = set_id(directory)
+        installed = get_setting(self.store, setting, [])
+        if installed is True:
+            # Set before installations were told apart, by whichever ran first: the shipped
+            # copies registered are the sets of the same folder name.
+            ids = [
+                v["id"] for v in self.transcoders.sets() if Path(v["path"]).name == directory.name
+            ]
+        else:
+            ids = list(installed)
+        for other in ids:
+            if other != key:
+                self._drop_if_unreadable(other)
+        if key in ids:
+            if ids != installed:
+                set_setting(self.store, setting, ids)
             return
         try:
             registered = self.transcoders.register(directory, lm)
@@ -116,5 +136,17 @@ class Shipped:
                 exc.message,
             )
             return
-        set_setting(self.store, setting, True)
+        set_setting(self.store, setting, [*ids, key])
         log.info("shipped transcoder set %s registered for %s", registered.id, lm.source.name)
+
+    def _drop_if_unreadable(self, key: str) -> None:
+        """Forget an earlier installation's shipped set whose files are gone or changed."""
+        try:
+            self.transcoders.get(key)
+        except NotFound:
+            return
+        except Conflict as exc:
+            self.transcoders.delete(key)
+            log.info(
+                "shipped transcoder set %s of an earlier installation dropped: %s", key, exc.message
+            )
