@@ -176,53 +176,72 @@ def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = No
     echoed: list[Echoed] = []
     try:
         if reuse is not None:
-            for group in reuse_groups(len(job.prompts)):  # a few prompts a pass
-                if job.cancelled.is_set():
-                    return
-                logits = cached_last_logits(lm, reuse, [job.prompts[i] for i in group])
-                results.extend(logits.float().cpu())
+            finished = reused_passes(lm, reuse, job, results)
         else:
-            for index, prompt in enumerate(job.prompts):
-                if job.cancelled.is_set():
-                    return
-                captures = [Capture(read, len(prompt)) for read in job.reads]
-                stop = job.reads_only and bool(captures)
-                if captures or job.edit is not None:  # read the residuals of this very pass
-                    tapped = taps([(captures, 0, len(prompt))])
-                    lm.residual.install(
-                        lm.residual.stack([job.edit]) if job.edit is not None else None,
-                        stopping(tapped) if stop else tapped,
-                    )
-                before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
-                if stop:
-                    with suppress(ReadsTaken):
-                        lm.runner.prefill([prompt], capacity=len(prompt))
-                    reads.extend(capture.result(index, prompt) for capture in captures)
-                    continue
-                if job.echo and not captures and len(prompt) < lm.context_length:
-                    # One pass over prompt + a placeholder: the last row predicts the next token.
-                    every = lm.runner.prompt_logits([*prompt, 0], 1)
-                    last, before = every[-1], every[:-1]
-                else:
-                    _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
-                    last = logits[0]
-                    if (
-                        job.echo and len(prompt) > 1
-                    ):  # reads, or no room for a placeholder: two passes
-                        before = lm.runner.prompt_logits(prompt, 1)
-                results.append(last.float().cpu())
-                if job.echo:
-                    ranking = job.ranking or Ranking(None, 0.0)
-                    echoed.append(
-                        echo_scores(before.cpu(), prompt, ranking)
-                        if before is not None
-                        else Echoed([], [])
-                    )
-                reads.extend(capture.result(index, prompt) for capture in captures)
+            finished = passes(lm, job, results, reads, echoed)
     finally:
         lm.residual.clear()
+    if not finished:
+        return
     scored = [rank(row, job.ranking) for row in results] if job.ranking is not None else []
     job.emit(ScoresReady(results, reads, scored, echoed))
+
+
+def reused_passes(
+    lm: LoadedModel, cache: PrefixCache, job: ScoringJob, results: list[torch.Tensor]
+) -> bool:
+    """The job's last-position logits, a few prompts a pass from the prefix cache; False when
+    it was cancelled."""
+    for group in reuse_groups(len(job.prompts)):
+        if job.cancelled.is_set():
+            return False
+        logits = cached_last_logits(lm, cache, [job.prompts[i] for i in group])
+        results.extend(logits.float().cpu())
+    return True
+
+
+def passes(
+    lm: LoadedModel,
+    job: ScoringJob,
+    results: list[torch.Tensor],
+    reads: list[ResidualsRead],
+    echoed: list[Echoed],
+) -> bool:
+    """One pass per prompt with the job's reads, edit and echo; False when it was cancelled."""
+    for index, prompt in enumerate(job.prompts):
+        if job.cancelled.is_set():
+            return False
+        captures = [Capture(read, len(prompt)) for read in job.reads]
+        stop = job.reads_only and bool(captures)
+        if captures or job.edit is not None:  # read the residuals of this very pass
+            tapped = taps([(captures, 0, len(prompt))])
+            lm.residual.install(
+                lm.residual.stack([job.edit]) if job.edit is not None else None,
+                stopping(tapped) if stop else tapped,
+            )
+        before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
+        if stop:
+            with suppress(ReadsTaken):
+                lm.runner.prefill([prompt], capacity=len(prompt))
+            reads.extend(capture.result(index, prompt) for capture in captures)
+            continue
+        if job.echo and not captures and len(prompt) < lm.context_length:
+            # One pass over prompt + a placeholder: the last row predicts the next token.
+            every = lm.runner.prompt_logits([*prompt, 0], 1)
+            last, before = every[-1], every[:-1]
+        else:
+            _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+            last = logits[0]
+            if job.echo and len(prompt) > 1:  # reads, or no room for a placeholder: two passes
+                before = lm.runner.prompt_logits(prompt, 1)
+        results.append(last.float().cpu())
+        if job.echo:
+            ranking = job.ranking or Ranking(None, 0.0)
+            echoed.append(
+                echo_scores(before.cpu(), prompt, ranking) if before is not None else Echoed([], [])
+            )
+        reads.extend(capture.result(index, prompt) for capture in captures)
+    return True
 
 
 def rank(logits: torch.Tensor, ranking: Ranking) -> Scored:
