@@ -163,6 +163,7 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
         .filter(has_text="ui-cluster")
     )
     dial = row.get_by_role("slider", name="Intensity of ui-cluster")
+    expect(dial).to_be_visible()  # the import has landed before the API is asked
     declared = workbench.api("GET", "/api/clusters/ui-cluster").json()["intensity_range"]
     assert declared == [0.5, 1.5]
     expect(dial).to_have_attribute("min", "0.5")
@@ -196,6 +197,7 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
         .get_by_role("row")
         .filter(has_text="ui-circuit")
     )
+    expect(crow).to_have_count(1)  # the import has landed before the API is asked
     stored = workbench.api("GET", "/api/circuits/ui-circuit").json()
     assert (stored["rung"], stored["language"]) == (2, "causally validated (edge)")
     expect(crow.locator(".rung")).to_have_text("rung 2")
