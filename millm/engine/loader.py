@@ -56,7 +56,9 @@ class LoadedModel:
     revision: str | None
     quantization: str | None
     runner: Runner  # how forward passes run (see runners.py)
-    residual: Editor  # per-row residual additions (steering): ResidualEditor, or ControlVectors on llama.cpp
+    residual: (
+        Editor  # per-row residual edits and reads: ResidualEditor, or GraphEditor on llama.cpp
+    )
     grammar: GrammarSupport  # constrained decoding (structured output); its tokenizer is built on first use
     vocab_size: int  # rows of the output layer: every id the model can score or emit
     engine: str = "transformers"
@@ -81,8 +83,9 @@ class LoadedModel:
         return template_variables(self.tokenizer) if self.engine == "transformers" else None
 
     @property
-    def reads_residuals(self) -> bool:
-        """Whether the engine can read the residual stream (SAE reads, monitoring, probes)."""
+    def differentiable(self) -> bool:
+        """Whether the weights are torch tensors autograd can differentiate (attribution, the
+        logit lens's final norm and head); llama.cpp keeps its own."""
         return self.engine == "transformers"
 
 

@@ -125,6 +125,8 @@ def load_with_llamacpp(
             sequences=sequences,
             threads=threads,
             file_type=meta["file_type"],
+            model_type=str(config.model_type),
+            hooks_cache=cache_root / "graph-hooks",
             exact_kv=dtype == "float32",
         )
     except (ModelSourceError, MillmError):

@@ -62,10 +62,10 @@ def run_operation(
     operation: AnyOperation,
     residual: torch.Tensor,
     seen: dict[int, torch.Tensor],
-    row: int | tuple[int, slice],
+    row: int | slice | tuple[int, slice],
 ) -> torch.Tensor:
     """One row's residual through `operation`; `seen[point][row]` is the row's values at a point
-    earlier in the pass, which a SourcedOperation reads."""
+    earlier in the pass, which a SourcedOperation reads (llama.cpp's passes are flat: a slice)."""
     if isinstance(operation, SourcedOperation):
         return operation.apply(residual, seen[operation.source][row])
     return operation(residual)
@@ -116,7 +116,7 @@ class Stacked:
 
 
 class Editor(Protocol):
-    """What the engine asks of a residual editor (ResidualEditor; ControlVectors on llama.cpp).
+    """What the engine asks of a residual editor (ResidualEditor; GraphEditor on llama.cpp).
     What `stack` returns is the editor's own and only ever goes back to its `install`, hence Any."""
 
     def stack(self, edits: list[ResidualEdit | None]) -> Any: ...

@@ -8,9 +8,9 @@ cells are shared by all of them (`kv_unified`): a row joining is a new sequence,
 is `llama_memory_seq_rm`, n choices of one prompt are `llama_memory_seq_cp` of its prefill, and
 merging two batches is just listing their sequences together (no padding, no copies).
 
-Steering is llama.cpp's control vectors (control_vectors.py): rows are decoded in groups of
-equal edits, the group's vector applied before its decode. Everything runs on the scheduler
-thread, the only thread that touches the context.
+Steering and reading happen inside llama.cpp's graph (graph_editor.py, through the evaluation
+callback of graph_callback.py): every row of a step, whatever its plan, goes into one decode.
+Everything runs on the scheduler thread, the only thread that touches the context.
 """
 
 from __future__ import annotations
@@ -23,13 +23,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from millm.engine.control_vectors import ControlVectors, Vector
-from millm.errors import InsufficientMemory, ModelSourceError
+from millm.engine.graph_callback import GraphHooks, ggml_library
+from millm.engine.graph_editor import GraphEditor
+from millm.errors import FieldNotHonoured, InsufficientMemory, ModelSourceError
 
 # Tokens per llama_decode micro-batch; llama.cpp's output buffer holds this many rows of logits.
 MICRO_BATCH = 512
 log = logging.getLogger(__name__)
 GGML_F32 = 0  # ggml_type
+ENGINE = "llama.cpp"
+
+
+def engine_cannot(what: str, param: str = "steering") -> FieldNotHonoured:
+    """The 400 for something the llama.cpp engine cannot do, saying how to get it."""
+    return FieldNotHonoured(
+        f"{what} cannot be honoured on a model served by {ENGINE}; load it with --engine transformers "
+        "(MILLM_ENGINE) for this",
+        param=param,
+    )
 
 
 def bindings():
@@ -113,6 +124,8 @@ class LlamaCppRunner:
         sequences: int,
         threads: int,
         file_type: str | None,
+        model_type: str,
+        hooks_cache: Path,
         exact_kv: bool = False,
     ):
         lib = self.lib = bindings()
@@ -133,6 +146,14 @@ class LlamaCppRunner:
         )
         params.n_threads = params.n_threads_batch = threads
         params.no_perf = True
+        self.editor = GraphEditor(
+            int(lib.llama_model_n_layer(self.model)),
+            int(lib.llama_model_n_embd(self.model)),
+            model_type,
+        )
+        self.hooks = GraphHooks(ggml_library(), self.editor.at_node, hooks_cache)
+        params.cb_eval = ctypes.cast(self.hooks.callback, type(params.cb_eval))
+        params.cb_eval_user_data = self.hooks.user_data
         if exact_kv:  # float32 asked for: keys and values kept in float32 too (llama.cpp's default is float16)
             params.type_k = params.type_v = GGML_F32
             params.flash_attn_type = 0  # disabled: its CPU kernel rounds queries to float16
@@ -149,10 +170,13 @@ class LlamaCppRunner:
         self.context = int(lib.llama_n_ctx(self.ctx))
         self.chunk = int(lib.llama_n_batch(self.ctx))
         self.sequences = Sequences(lib, lib.llama_get_memory(self.ctx), sequences)
-        self.editor = ControlVectors(self.layers, self.width)
+        self.editor.bind(self.hooks.hook)
         self._batch = lib.llama_batch_init(self.chunk, 0, 1)
-        self._applied: Vector | None = None
-        self.kernels = f"ggml ({file_type or 'unrecorded'}, {threads} threads)"
+        self.decodes = 0  # llama_decode calls so far (one per pass of up to `chunk` tokens)
+        asking = "compiled" if self.hooks.compiled else "Python"
+        self.kernels = (
+            f"ggml ({file_type or 'unrecorded'}, {threads} threads; graph hooks {asking})"
+        )
         self.device = torch.device("cpu")
 
     def close(self) -> None:
@@ -167,40 +191,38 @@ class LlamaCppRunner:
         self.close()
 
     # one decode ----------------------------------------------------------------------------
-    def _apply(self, vector: Vector | None) -> None:
-        if vector is self._applied:
-            return
-        lib = self.lib
-        if vector is None:
-            lib.llama_set_adapter_cvec(self.ctx, None, 0, self.width, -1, -1)
-        else:
-            data = vector.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            if (
-                lib.llama_set_adapter_cvec(
-                    self.ctx, data, vector.data.size, self.width, vector.start, vector.end
-                )
-                != 0
-            ):
-                raise RuntimeError("llama.cpp refused the control vector")
-        self._applied = vector
-
     def _decode(
-        self, entries: list[tuple[int, int, int, bool]], outputs: np.ndarray, slots: list[int]
+        self,
+        entries: list[tuple[int, int, int, bool, int, int]],
+        outputs: np.ndarray,
+        slots: list[int],
     ) -> None:
-        """Decode (seq, pos, token, wants_logits) entries in chunks; the logits of the k-th entry
-        that wants them go to `outputs[slots[k]]`."""
-        lib, batch = self.lib, self._batch
+        """Decode (seq, pos, token, wants_logits, row, column) entries in chunks; the logits of
+        the k-th entry that wants them go to `outputs[slots[k]]`. The graph editor is told each
+        chunk's rows and columns; a pass that touches the last block asks every token's logits
+        (llama.cpp computes that block for output rows only) and keeps the wanted ones."""
+        lib, batch, editor = self.lib, self._batch, self.editor
         done = 0
+        every = editor.active and editor.every_output
         for start in range(0, len(entries), self.chunk):
             part = entries[start : start + self.chunk]
-            for i, (seq, pos, token, wants) in enumerate(part):
+            for i, (seq, pos, token, wants, _, _) in enumerate(part):
                 batch.token[i] = token
                 batch.pos[i] = pos
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
-                batch.logits[i] = wants
+                batch.logits[i] = wants or every
             batch.n_tokens = len(part)
+            if editor.active:
+                editor.chunk(
+                    np.fromiter((entry[4] for entry in part), np.int64, len(part)),
+                    np.fromiter((entry[5] for entry in part), np.int64, len(part)),
+                )
             status = lib.llama_decode(self.ctx, batch)
+            self.decodes += 1
+            failure = self.hooks.take_failure()
+            if failure is not None:
+                raise failure
             if status == 1:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "
@@ -208,32 +230,33 @@ class LlamaCppRunner:
                 )
             if status != 0:
                 raise RuntimeError(f"llama_decode failed with status {status}")
-            wanted = sum(1 for entry in part if entry[3])
+            wanted = [i for i, entry in enumerate(part) if entry[3]]
             if wanted:
+                given = len(part) if every else len(wanted)
                 logits = np.ctypeslib.as_array(
-                    lib.llama_get_logits(self.ctx), shape=(wanted * self.vocab_size,)
-                )
-                outputs[slots[done : done + wanted]] = logits.reshape(wanted, self.vocab_size)
-                done += wanted
+                    lib.llama_get_logits(self.ctx), shape=(given * self.vocab_size,)
+                ).reshape(given, self.vocab_size)
+                outputs[slots[done : done + len(wanted)]] = logits[wanted] if every else logits
+                done += len(wanted)
 
     def _run(self, batch: CppBatch, tokens: list[list[int]], last_only: bool = True) -> np.ndarray:
-        """Feed each row its tokens (rows grouped by control vector); logits of each row's last
-        token `[B, V]`, or with last_only=False of every token, rows back to back."""
+        """Feed each row its tokens, every row in one pass; logits of each row's last token
+        `[B, V]`, or with last_only=False of every token, rows back to back."""
         counts = [len(t) if not last_only else 1 for t in tokens]
         offsets = np.cumsum([0, *counts])
         outputs = np.empty((int(offsets[-1]), self.vocab_size), dtype=np.float32)
-        for vector, rows in self.editor.groups(len(tokens)):
-            self._apply(vector)
-            entries, slots = [], []
-            for row in rows:
-                seq, fed = batch.seqs[row], batch.fed[row]
-                for j, token in enumerate(tokens[row]):
-                    wants = not last_only or j == len(tokens[row]) - 1
-                    entries.append((seq, fed + j, token, wants))
-                    if wants:
-                        slots.append(int(offsets[row]) + (j if not last_only else 0))
-                batch.fed[row] += len(tokens[row])
-            self._decode(entries, outputs, slots)
+        entries, slots = [], []
+        for row, row_tokens in enumerate(tokens):
+            seq, fed = batch.seqs[row], batch.fed[row]
+            for j, token in enumerate(row_tokens):
+                wants = not last_only or j == len(row_tokens) - 1
+                entries.append((seq, fed + j, token, wants, row, j))
+                if wants:
+                    slots.append(int(offsets[row]) + (j if not last_only else 0))
+            batch.fed[row] += len(row_tokens)
+        self.editor.begin_pass([len(t) for t in tokens])
+        self._decode(entries, outputs, slots)
+        self.editor.end_pass()
         return outputs
 
     # the runner interface ------------------------------------------------------------------
@@ -277,6 +300,7 @@ class LlamaCppRunner:
         hidden = torch.zeros(len(prompts), width, self.width)
         mask = torch.zeros(len(prompts), width, dtype=torch.long)
         lib.llama_set_embeddings(self.ctx, True)
+        self.editor.bypass()  # never steered nor read: what is embedded is the model's own
         try:
             for row, prompt in enumerate(prompts):
                 batch = CppBatch([], [0])
@@ -286,11 +310,11 @@ class LlamaCppRunner:
                 mask[row, : len(prompt)] = 1
         finally:
             lib.llama_set_embeddings(self.ctx, False)
+            self.editor.restore()
         return hidden, mask
 
     def _embed(self, seq: int, prompt: list[int], into: torch.Tensor) -> None:
         lib, batch = self.lib, self._batch
-        self._apply(None)  # never steered: what is read is the model's own
         for start in range(0, len(prompt), self.chunk):
             part = prompt[start : start + self.chunk]
             for i, token in enumerate(part):
@@ -315,8 +339,8 @@ class LlamaCppRunner:
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
         """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1),
-        under the control vector installed for the first row: none unless a scoring job's edit
-        (a steered variant whose scoring is steered); likelihood and scoring jobs clear it first."""
+        under the edit installed for the first row: none unless a scoring job's edit (a steered
+        variant whose scoring is steered); likelihood and scoring jobs clear it first."""
         batch = CppBatch([], [0])
         batch.seqs = self.sequences.take(batch, 1)
         try:

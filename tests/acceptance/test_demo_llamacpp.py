@@ -1,12 +1,13 @@
-"""Acceptance: the demo started with --engine llama.cpp answers sensibly and its profiles steer,
-through control vectors on the demo's own Q4_1 file; under a memory cap its window is lowered to fit."""
+"""Acceptance: the demo started with --engine llama.cpp answers sensibly, its profiles steer and
+its SAE reads, inside llama.cpp's graph on the demo's own Q4_1 file; under a memory cap its window
+is lowered to fit."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from tests.api.clients import error, post, sdk
+from tests.api.clients import post, sdk
 from tests.support.model_cache import start_sharing
 
 pytestmark = pytest.mark.acceptance
@@ -60,15 +61,21 @@ def test_demo_profiles_steer_on_llamacpp(cpp_demo, profile, words):
     assert not any(word in plain for word in words if word != "sea")
 
 
-def test_reads_are_refused_by_name(cpp_demo):
+def test_the_demo_sae_reads_on_llamacpp(cpp_demo):
     body = {
         "model": MODEL,
         "messages": WEEKEND,
         "max_tokens": 8,
-        "return_sae_activations": {"top_k": 3},
+        "temperature": 0,
+        "return_sae_activations": {"top_k": 3, "tokens": True},
     }
-    refused = error(post(cpp_demo, "/v1/chat/completions", body), 400, "field_not_honoured")
-    assert refused["param"] == "return_sae_activations"
+    response = post(cpp_demo, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    read = response.json()["millm"]["sae_activations"]
+    assert read["layer"] == 12 and len(read["positions"]) == 7  # every token fed (the last is not)
+    for position in read["positions"]:
+        values = [f["value"] for f in position["features"]]
+        assert len(values) == 3 and values == sorted(values, reverse=True) and values[-1] > 0
     assert httpx.get(f"{cpp_demo.base_url}/api/health/inference").json()["engine"] == "llama.cpp"
 
 

@@ -1,6 +1,7 @@
 """The llama.cpp runner on the tiny Llama's F32 GGUF file against the lean transformers runner on the
 same weights (float32): equal greedy tokens and logits, rows joining a running batch, n copies,
-seeds, stops, steering deltas through control vectors, and clear refusals of what it cannot do."""
+seeds, stops, steering deltas after every block (tests/integration/test_llamacpp_graph.py reads and
+operates inside the graph)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import pytest
 import torch
 
 from millm.engine.generate import Lane
-from millm.engine.jobs import GenerationJob, Ranking, ResidualRead, ScoringJob, TokenDrawn
-from millm.engine.reading import Capture, taps
+from millm.engine.jobs import GenerationJob, Ranking, ScoringJob, TokenDrawn
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.engine.scoring import run_scoring
-from millm.errors import FieldNotHonoured
 from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
 
 PROMPTS = [
@@ -49,7 +48,9 @@ def test_the_model_is_described_as_the_file_says(cpp_lm):
     )
     assert cpp_lm.context_length == 2048 and cpp_lm.config.num_hidden_layers == 3
     assert cpp_lm.system_fingerprint.endswith("float32/F32:llama.cpp")
-    assert not cpp_lm.reads_residuals
+    assert not cpp_lm.differentiable
+    threads = torch.get_num_threads()
+    assert cpp_lm.runner.kernels == f"ggml (F32, {threads} threads; graph hooks compiled)"
 
 
 def test_greedy_tokens_and_logits_equal_the_transformers_runner(cpp_lm, llama_lm):
@@ -103,7 +104,7 @@ def test_n_copies_seeds_and_stops(cpp_lm):
 
 def test_steering_delta_equals_the_transformers_runner(cpp_lm, llama_lm):
     prompts = [prompt_ids(cpp_lm, "The cat")]
-    for layer in (1, 2):
+    for layer in (0, 1, 2):  # after the first block and after the last too
         edit = edit_at(cpp_lm, layer)
         ours = logits_of(cpp_lm, prompts, edit) - logits_of(cpp_lm, prompts)
         theirs = logits_of(llama_lm, prompts, edit) - logits_of(llama_lm, prompts)
@@ -127,24 +128,6 @@ def test_steered_and_unsteered_rows_share_a_batch_and_keep_their_own_answers(cpp
     )
     assert [together.texts[i] for i in range(3)] == solo
     assert len(set(solo)) == 3
-
-
-def test_what_a_control_vector_cannot_do_is_refused_by_name(cpp_lm):
-    prompt = prompt_ids(cpp_lm, "The cat")
-    for edit, words in [
-        (edit_at(cpp_lm, 0), "after block 0"),
-        (edit_at(cpp_lm, -1), "before block 0"),
-        (ResidualEdit((), ((1, lambda h: h.clamp(max=1.0)),)), "steering operation"),
-    ]:
-        with pytest.raises(
-            FieldNotHonoured, match=words
-        ) as refused:  # the scheduler answers the job with it
-            generate(cpp_lm, [row(prompt, edit=edit)])
-        assert "--engine transformers" in refused.value.message
-    read = ResidualRead(1, False, "prompt", "test", encode=lambda residuals: residuals)
-    with pytest.raises(FieldNotHonoured, match="reading the residual stream"):
-        cpp_lm.residual.install(None, taps([([Capture(read, 2)], 0, 2)]))
-    assert generate(cpp_lm, [row(prompt)]).texts  # the model still serves after every refusal
 
 
 def test_embeddings_and_likelihoods_equal_the_transformers_runner(cpp_lm, llama_lm):

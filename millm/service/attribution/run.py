@@ -16,9 +16,9 @@ from typing import Any
 
 from anyio import to_thread
 
-from millm.engine.control_vectors import engine_cannot
 from millm.engine.jobs import CallDone, CallJob
 from millm.engine.loader import LoadedModel
+from millm.engine.runner_llamacpp import engine_cannot
 from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
 from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
@@ -89,7 +89,7 @@ async def prepare(state: ServerState, body: AttributionRequest, sets: Transcoder
     """Every check a graph request can fail (a 400 naming the field), before any pass."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
-    if not lm.reads_residuals:
+    if not lm.differentiable:
         raise engine_cannot("an attribution graph (it differentiates the model)", "model")
     if getattr(lm.runner, "layout", None) is None:
         raise InvalidRequest(

@@ -2,8 +2,8 @@
 
 One pass over the prompt (unsteered unless `steering` asks, in the vocabulary of inspect), read
 after each chosen block; the lens table is made on the scheduler thread (engine/lens.py) and
-said here with token strings. Refused before any pass: a model whose engine does not hand out
-the residual stream (llama.cpp), a block past the model's depth, a family whose final norm millm
+said here with token strings. Refused before any pass: a model on llama.cpp (which keeps the
+final norm and output head the lens runs), a block past the model's depth, a family whose final norm millm
 does not know, and a table past MAX_LENS_CELLS (blocks x positions).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from anyio import to_thread
 
-from millm.engine.control_vectors import engine_cannot
 from millm.engine.lens import LensTable, lens_reads
 from millm.engine.loader import LoadedModel
+from millm.engine.runner_llamacpp import engine_cannot
 from millm.errors import InvalidRequest
 from millm.protocol.discovery import SteeringUsed, TokenRead
 from millm.protocol.lens import LensCell, LensPosition, LensRequest, LensResponse, LensToken
@@ -97,8 +97,11 @@ async def logit_lens(state: ServerState, body: LensRequest) -> LensResponse:
     """What each chosen block predicts at each position, beside the model's final prediction."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
-    if not lm.reads_residuals:
-        raise engine_cannot("the logit lens (it reads the residual stream)", "model")
+    if not lm.differentiable:
+        raise engine_cannot(
+            "the logit lens (it runs the model's final norm and output head, which llama.cpp keeps)",
+            "model",
+        )
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     layers = chosen_layers(lm, body, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)

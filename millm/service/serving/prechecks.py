@@ -7,8 +7,6 @@ return_sae_activations) runs first: a bad request never moves a model. What depe
 model (its chat template, its vocabulary, its context window, the SAEs attached to it) is
 checked once it is held. How many rows a request makes (conversations or prompts times n) is
 the request's own (a comparison makes one per variant): past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by the API, before this.
-A request that reads the residual stream (return_sae_activations, probes) of a model llama.cpp
-would run is refused here too, from the file's metadata, before that model is loaded.
 """
 
 from __future__ import annotations
@@ -18,14 +16,12 @@ from dataclasses import dataclass
 from anyio import to_thread
 from pydantic import BaseModel
 
-from millm.engine.control_vectors import engine_cannot
 from millm.errors import InvalidRequest
 from millm.interp.intensity import Dial, parse_dial
 from millm.interp.profiles import validate_spec
 from millm.protocol.body_fields import RowCount
 from millm.protocol.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.service.composition import ServerState
-from millm.service.models.engines import LLAMACPP
 from millm.service.probes.watches import Asked, parse_probes
 from millm.service.serving.activations import ReadRequest, parse_read
 
@@ -66,25 +62,7 @@ async def precheck(
         if probes and not scoring
         else ()
     )
-    model = getattr(body, "model", None)
-    reads = read is not None or bool(watched)
-    if (
-        reads
-        and model is not None
-        and await to_thread.run_sync(state.switch.engine_for, model) == LLAMACPP
-    ):
-        refuse_residual_reads(read is not None, bool(watched))
     return Prechecked(strict, dial, read, watched, spec)
-
-
-def refuse_residual_reads(read: bool, probes: bool) -> None:
-    """400 naming the field when a request reads the residual stream of a model whose engine does not hand it out."""
-    if read:
-        raise engine_cannot(
-            "return_sae_activations (it reads the residual stream)", "return_sae_activations"
-        )
-    if probes:
-        raise engine_cannot("probes (they read the residual stream)", "probes")
 
 
 def own_steering(body: BaseModel, profile: str | None) -> dict | None:

@@ -57,7 +57,7 @@ from millm.service.serving.generation import (
     collect,
     completion_budget,
 )
-from millm.service.serving.prechecks import Prechecked, precheck, refuse_residual_reads
+from millm.service.serving.prechecks import Prechecked, precheck
 from millm.service.serving.prompts import completion_prompts, conversation_prompts
 from millm.service.serving.replies import Admitted, Reply, Report
 from millm.service.serving.scoring import (
@@ -255,16 +255,10 @@ class Serving:
         """Build the request's rows (read by monitoring too when it is on, as `origin`'s) and admit them."""
         lm, probes = admitted.lm, admitted.probes
         reads = engine_reads(admitted.read)
-        # Monitoring reads the residual stream, which llama.cpp does not hand out: it records
-        # nothing for such a model (its status says so) rather than refuse every request.
-        monitored = (
-            None
-            if not lm.reads_residuals
-            else self.state.monitor.read_for(
-                self.state.steering.attached,
-                origin,
-                partial(self.state.calibrations.table, model=lm.name),
-            )
+        monitored = self.state.monitor.read_for(
+            self.state.steering.attached,
+            origin,
+            partial(self.state.calibrations.table, model=lm.name),
         )
         if monitored is not None:
             reads += (monitored[0],)
@@ -302,8 +296,6 @@ class Serving:
         SAE's labels when it asked for them; None when it asked for none."""
         if asked is None:
             return None
-        if not lm.reads_residuals:
-            refuse_residual_reads(read=True, probes=False)
         scoring = bool(getattr(body, "scoring", False))
         budget = (
             0
@@ -329,11 +321,6 @@ class Serving:
 
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
-        if (
-            not lm.reads_residuals
-        ):  # probes read the residual stream: named ones are refused, active ones do not watch
-            refuse_residual_reads(read=False, probes=bool(asked))
-            return NO_PROBES
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
         attached = dict(
