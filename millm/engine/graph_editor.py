@@ -4,12 +4,16 @@ The same stack / install / clear as ResidualEditor (residual.py), applied where 
 graph names the values: a block's output (`l_out-L`), a block's MLP input (`ffn_norm-L`, the
 norm's output, what a transcoder reads) and the residual before block 0 (the token embeddings,
 `embd`, or `inp_scaled` where the family scales them). The graph callback (graph_callback.py)
-hands each hooked node's values `[n, d]` to `at_node`, the tokens of one llama.cpp micro-batch
-back to back; the runner says before each decode which batch row and which of the row's columns
-each of those tokens is (`chunk`), so every row gets its own addition, its own operations and its
-own readers in **one** decode, whatever mix of plans the rows carry. Readers (taps) see a whole
-pass: their values are kept across a pass's micro-batches and handed over, left-padded `[B, T, d]`
-as the transformers runners hand them, when the pass ends (`end_pass`).
+stops at each hooked node of a decode, whose values `[n, d]` are the tokens of one llama.cpp
+micro-batch back to back; the runner says before each decode which batch row and which of the
+row's columns each token is (`chunk`), so every row gets its own addition, its own operations
+and its own readers in **one** decode, whatever mix of plans the rows carry.
+
+A point without operations is served natively (no Python inside the decode): its values are
+copied to a buffer and each token's row's addition, gathered here before the decode, is added in
+C. A point with operations calls `at_node`, which adds, operates and keeps what readers need.
+Readers (taps) see a whole pass: their values are kept across a pass's micro-batches and handed
+over, left-padded `[B, T, d]` as the transformers runners hand them, when the pass ends.
 
 llama.cpp computes its last block for the rows whose logits are asked only; a pass that edits or
 reads that block asks logits for every token (`every_output`), and the runner drops the extra.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from millm.engine.graph_callback import Buffers, GraphHooks
 from millm.engine.residual import (
     EMBEDDINGS,
     MLP_INPUTS,
@@ -53,7 +58,7 @@ class GraphEditor:
         self._current = Stacked()
         self._taps: dict[int, Tap] = {}
         self._points: list[int] = []  # the hooked points, in the order of the callback's names
-        self._hook = None  # GraphHooks.hook, set by the runner that owns the callback
+        self._hooks: GraphHooks | None = None  # the callback of the runner's context
         # one pass: each row's column count; the taps' values so far
         self._counts: list[int] = []
         self._kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -62,10 +67,11 @@ class GraphEditor:
         self._columns = np.zeros(0, dtype=np.int64)
         self._slices: dict[int, slice] = {}
         self._seen: dict[int, torch.Tensor] = {}
+        self._buffers: dict[int, Buffers] = {}  # natively served hooks' buffers, by hook index
 
-    def bind(self, hook) -> None:
-        """The callback's `hook(names)`, told the node names whenever the points in use change."""
-        self._hook = hook
+    def bind(self, hooks: GraphHooks) -> None:
+        """The callback this editor drives (told the nodes whenever the points in use change)."""
+        self._hooks = hooks
         self._rehook()
 
     # what the engine asks of an editor --------------------------------------------------------
@@ -138,13 +144,43 @@ class GraphEditor:
         self._kept = {}
 
     def chunk(self, rows: np.ndarray, columns: np.ndarray) -> None:
-        """The next decode's tokens: each one's batch row and column (rows in order, each row's tokens together)."""
+        """The next decode's tokens: each one's batch row and column (rows in order, each row's
+        tokens together); natively served points get their buffers and gathered additions."""
         self._rows, self._columns = rows, columns
         self._seen = {}
         self._slices = {}
         for i, row in enumerate(rows.tolist()):
             found = self._slices.get(row)
             self._slices[row] = slice(i, i + 1) if found is None else slice(found.start, i + 1)
+        self._buffers = {}
+        shape = (len(rows), self.width)
+        for index, point in enumerate(self._points):
+            if point in self._current.operations:
+                continue  # served by at_node
+            added = self._current.additions.get(point)
+            buffers = Buffers(np.empty(shape, dtype=np.float32))
+            if added is not None:
+                buffers.add = np.ascontiguousarray(added.numpy()[rows])
+                buffers.after = np.empty(shape, dtype=np.float32)
+            self._buffers[index] = buffers
+            if (
+                point in self._current.sources
+            ):  # filled by the time a later node's operation reads it
+                self._seen[point] = torch.from_numpy(
+                    buffers.after if buffers.after is not None else buffers.before
+                )
+        if self._hooks is not None:
+            self._hooks.arm(len(rows), self.width, self._buffers)
+
+    def decoded(self) -> None:
+        """The decode is done: what natively served points read is kept for their taps."""
+        for index, buffers in self._buffers.items():
+            point = self._points[index]
+            if point in self._taps:
+                before = torch.from_numpy(buffers.before)
+                after = before if buffers.after is None else torch.from_numpy(buffers.after)
+                self._keep(point, before, after)
+        self._buffers = {}
 
     def end_pass(self) -> None:
         """The pass is over: each tap reads its point, the rows' columns right-aligned `[B, T, d]`."""
@@ -154,8 +190,8 @@ class GraphEditor:
 
     def bypass(self) -> None:
         """The next decodes run undisturbed (embeddings): the edits stay installed for later passes."""
-        if self._hook is not None:
-            self._hook([])
+        if self._hooks is not None:
+            self._hooks.hook([])
 
     def restore(self) -> None:
         """Stop where the installed edits and readers need again (after `bypass`)."""
@@ -194,8 +230,13 @@ class GraphEditor:
             | set(self._taps)
         )
         self._points = sorted(points)
-        if self._hook is not None:
-            self._hook([node_name(point, self.model_type) for point in self._points])
+        if self._hooks is not None:
+            self._hooks.hook(
+                [
+                    (node_name(point, self.model_type), point in current.operations)
+                    for point in self._points
+                ]
+            )
 
     def _edited(self, point: int, hidden: torch.Tensor) -> torch.Tensor | None:
         """The values after this point's additions and operations (None: unchanged)."""

@@ -170,7 +170,7 @@ class LlamaCppRunner:
         self.context = int(lib.llama_n_ctx(self.ctx))
         self.chunk = int(lib.llama_n_batch(self.ctx))
         self.sequences = Sequences(lib, lib.llama_get_memory(self.ctx), sequences)
-        self.editor.bind(self.hooks.hook)
+        self.editor.bind(self.hooks)
         self._batch = lib.llama_batch_init(self.chunk, 0, 1)
         self.decodes = 0  # llama_decode calls so far (one per pass of up to `chunk` tokens)
         asking = "compiled" if self.hooks.compiled else "Python"
@@ -223,6 +223,8 @@ class LlamaCppRunner:
             failure = self.hooks.take_failure()
             if failure is not None:
                 raise failure
+            if editor.active:
+                editor.decoded()
             if status == 1:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "

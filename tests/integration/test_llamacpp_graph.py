@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from millm.engine.jobs import ProbeVerdict, ResidualRead, ResidualsRead, Watch
-from millm.engine.residual import EMBEDDINGS, ResidualEdit, mlp_input
+from millm.engine.residual import EMBEDDINGS, ResidualEdit, SourcedOperation, mlp_input
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.integration.steering_world import World, make_world, spec_of
 
@@ -206,3 +206,46 @@ def test_nothing_installed_hooks_no_node_and_a_failing_operation_fails_its_job_o
     assert generate(cpp_lm, [row(prompt, BUDGET)]).texts == plain.texts
     gc.collect()  # the failed job's batch was held by the exception's frames
     assert cpp_lm.runner.sequences.in_use() == 0
+
+
+def test_without_a_c_compiler_the_same_hooks_run_in_python(
+    cpp_lm, tiny_gguf, tmp_path, world, monkeypatch
+):
+    from tests.conftest import load_tiny
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-compilers-here"))
+    fallback = load_tiny(tiny_gguf, tmp_path / "home", engine="llama.cpp", sequences=4)
+    try:
+        assert fallback.runner.kernels.endswith("graph hooks Python)")
+        prompt = prompt_ids(cpp_lm, PROMPT)
+        edits = [
+            plan(world, [{"index": 7, "strength": 8.0}]),
+            plan(world, [{"index": 5, "op": "clamp", "value": 3.0}]),
+        ]
+        for edit in edits:
+            spec = replace(row(prompt, BUDGET, edit=edit), reads=encoded_reads(world, 1))
+            ours, compiled = generate(fallback, [spec]), generate(cpp_lm, [spec])
+            assert ours.texts == compiled.texts
+            for side in ("before", "after"):
+                gap = reads_of(ours)[side].residuals - reads_of(compiled)[side].residuals
+                assert gap.abs().max().item() == 0.0  # the same values, copied by other code
+    finally:
+        fallback.runner.close()
+
+
+def test_an_operation_reading_the_mlp_input_equals_the_transformers_engine(cpp_lm, llama_lm):
+    # what a transcoder's clamp does: read block 1's MLP input, rewrite the residual after block 1
+    prompt = prompt_ids(cpp_lm, PROMPT)
+    mix = torch.randn(cpp_lm.config.hidden_size, generator=torch.Generator().manual_seed(9))
+    sourced = SourcedOperation(
+        mlp_input(1), lambda residual, source: residual + mix * source, "mix"
+    )
+    edit = ResidualEdit(((1, 2.0 * mix),), ((1, sourced),))
+    delta = [logits(lm, prompt, edit) - logits(lm, prompt, None) for lm in (cpp_lm, llama_lm)]
+    assert delta[0].abs().max().item() > 0.1
+    assert (delta[0] - delta[1]).abs().max().item() < TOLERANCE
+    spec = replace(row(prompt, BUDGET, edit=edit), reads=(ResidualRead(1, True, "all", "after"),))
+    ours, theirs = both((cpp_lm, llama_lm), [spec])
+    assert ours.texts == theirs.texts
+    gap = reads_of(ours)["after"].residuals - reads_of(theirs)["after"].residuals
+    assert gap.abs().max().item() / reads_of(theirs)["after"].residuals.abs().max().item() < 1e-5
