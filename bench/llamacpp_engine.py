@@ -6,7 +6,7 @@ On the demo's own Q4_1 GGUF file:
     process of its own that imports nothing else (the reference: llama.cpp as its users run it);
 (c) millm on transformers (the default engine) through HTTP streaming;
 then on (a)'s server: 8 concurrent streams (continuous batching) in aggregate, the same single
-stream with one feature steered (a control vector), and each server's resident memory after
+stream with one feature steered (inside llama.cpp's graph), and each server's resident memory after
 load (VmRSS, before any request) beside (b)'s process and beside millm's runtime alone (a process
 importing what the server imports, no model: the "runtime's baseline"). (a) and (b) both hold a
 2,048-token window (--max-model-len 2048 for (a); llama.cpp allocates its KV cache whole, so the
@@ -172,7 +172,7 @@ def main() -> int:
         ("(b) llama-cpp-python create_completion", reference["tok_s"], reference["rss"], ""),
         ("(c) millm, --engine transformers, HTTP stream", hf, hf_rss, ""),
         ("(a) 8 concurrent streams, aggregate", eight, None, f"{eight / single:.2f}x (a)"),
-        ("(a) one feature steered (control vector)", steered, None, f"{steered / single:.2f}x (a)"),
+        ("(a) one feature steered", steered, None, f"{steered / single:.2f}x (a)"),
     ]
     print(
         f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, {threads} threads, best of {args.repeats}"
