@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.api.clients import MODEL, api, error, llama_with_sae, post
+from tests.api.clients import MODEL, api, llama_with_sae, post
 from tests.support.server import ServerProcess
 
 TEXT = "The capital of France is"
@@ -138,18 +138,6 @@ def test_bad_lens_requests_name_the_field(server, body, param):
     refused = post(server, "/api/lens", body)
     assert refused.status_code in (400, 404), refused.text
     assert refused.json()["error"]["param"] == param
-
-
-def test_the_lens_is_refused_on_llamacpp(tiny_gguf, tmp_path):
-    process = ServerProcess(
-        tmp_path, ["--model", str(tiny_gguf), "--engine", "llama.cpp", "--dtype", "float32"]
-    )
-    try:
-        process.wait_ready()
-        refused = error(post(process, "/api/lens", {"text": TEXT}), 400, "field_not_honoured")
-        assert refused["param"] == "model"
-    finally:
-        process.stop()
 
 
 def test_the_api_key_opens_the_lens(tiny_dirs, tmp_path):

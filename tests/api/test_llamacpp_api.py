@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.api.clients import api, attach_sae, error, post, sdk
+from tests.api.clients import api, attach_sae, error, finished_job, post, sdk
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -296,3 +296,47 @@ def test_a_variant_scoring_steered_scores_under_its_steering(server, tiny_dirs):
     finally:
         api(server, "DELETE", "/api/variants/cpp-steered")
         post(server, f"/api/saes/{sae}/detach", {})
+
+
+def test_inspect_equals_the_transformers_engine_and_a_calibration_runs(server, llama_lm):
+    from dataclasses import replace
+
+    from millm.engine.jobs import ResidualRead, ResidualsRead
+    from millm.interp.formats import read_sae
+    from tests.integration.engine_helpers import generate, row
+
+    text = "The old ship sailed into the harbour at dawn."
+    _, model_sae = read_sae(server.sae_at[1])
+    ids = llama_lm.tokenizer(text)["input_ids"]
+    read = ResidualRead(1, False, "prompt", "expected", encode=model_sae.encode)
+    outcome = generate(llama_lm, [replace(row(ids, 1), reads=(read,))])
+    expected = next(e for e in outcome.events if isinstance(e, ResidualsRead)).encoded[1:]
+    chosen = int(expected.max(0).values.argmax())
+    sae = attach_sae(server, server.sae_at[1])
+    try:
+        inspected = post(
+            server, f"/api/saes/{sae}/inspect", {"text": text, "feature": chosen, "model": MODEL}
+        )
+        assert inspected.status_code == 200, inspected.text
+        values = [v["value"] for v in inspected.json()["activations"]["values"]]
+        assert values == pytest.approx(expected[:, chosen].tolist(), abs=1e-4)
+        texts = [text, "A river runs through the old town."]
+        started = post(server, f"/api/saes/{sae}/calibrate", {"texts": texts})
+        assert started.status_code == 202, started.text
+        job = finished_job(server, started.json()["id"])
+        assert job["state"] == "succeeded", job
+        assert job["result"]["tokens"] == sum(
+            len(llama_lm.tokenizer(t)["input_ids"]) for t in texts
+        )
+    finally:
+        post(server, f"/api/saes/{sae}/detach", {})
+
+
+def test_what_needs_torch_weights_is_refused_by_name(server):
+    lens = error(post(server, "/api/lens", {"text": "The cat"}), 400, "field_not_honoured")
+    assert lens["param"] == "model" and "final norm and output head" in lens["message"]
+    graph = error(post(server, "/api/attribution", {"text": "The cat"}), 400, "field_not_honoured")
+    assert graph["param"] == "model" and "differentiates the model" in graph["message"]
+    assert (
+        "--engine transformers" in lens["message"] and "--engine transformers" in graph["message"]
+    )
