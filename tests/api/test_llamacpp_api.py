@@ -340,3 +340,49 @@ def test_what_needs_torch_weights_is_refused_by_name(server):
     assert (
         "--engine transformers" in lens["message"] and "--engine transformers" in graph["message"]
     )
+
+
+def test_the_discovery_and_training_jobs_read_on_llamacpp(server):
+    positive = ["The cat runs café quickly.", "A river is a café.", "My café is open."]
+    negative = ["The cat runs quickly.", "A river is a model.", "My shop is open."]
+    sae = attach_sae(server, server.sae_at[1])
+    try:
+        contrast = post(
+            server,
+            f"/api/saes/{sae}/contrast",
+            {"a": {"texts": positive}, "b": {"texts": negative}, "top_k": 3},
+        )
+        assert contrast.status_code == 200, contrast.text
+        assert contrast.json()["a"]["texts"] == 3 and len(contrast.json()["favouring_a"]) == 3
+        pairs = [{"positive": p, "negative": n} for p, n in zip(positive, negative, strict=True)]
+        jobs = {
+            "/api/vectors/train": {"name": "cafe-cpp", "layer": 1, "pairs": pairs},
+            "/api/probes/train": {
+                "name": "cafe-cpp",
+                "positive": {"texts": positive * 3},
+                "negative": {"texts": negative * 3},
+                "layer": 1,
+                "seed": 7,
+            },
+            "/api/autosteer": {
+                "goal": "paris",  # a word the tiny SAE's labels hold
+                "probe_prompts": ["Tell me a story.", "What is new?"],
+                "candidates": 2,
+                "strengths": [3.0],
+                "max_tokens": 4,
+            },
+        }
+        results = {}
+        for route, body in jobs.items():
+            started = post(server, route, body)
+            assert started.status_code == 202, started.text
+            job = finished_job(server, started.json()["id"])
+            assert job["state"] == "succeeded", json.dumps(job)[-600:]
+            results[route] = job["result"]
+        vector = results["/api/vectors/train"]
+        assert vector["d_model"] == 64 and vector["norm"] > 0 and vector["model"] == MODEL
+        assert len(results["/api/autosteer"]["settings"]) == 2
+    finally:
+        api(server, "DELETE", "/api/vectors/cafe-cpp")
+        api(server, "DELETE", "/api/probes/cafe-cpp")
+        post(server, f"/api/saes/{sae}/detach", {})
