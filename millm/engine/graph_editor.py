@@ -29,10 +29,11 @@ from millm.engine.residual import (
     EMBEDDINGS,
     MLP_INPUTS,
     ResidualEdit,
-    SourcedOperation,
     Stacked,
     Tap,
+    operations_by_point,
     run_operation,
+    source_points,
 )
 
 # Families whose llama.cpp graph scales the embeddings before block 0 (the scaled ones are the residual).
@@ -87,20 +88,8 @@ class GraphEditor:
                 if vector is not None:
                     rows[i] = vector.detach().float().cpu()
             additions[point] = rows
-        operations = {}
-        for point in {point for edit in present for point, _ in edit.operations}:
-            self._check(point)
-            carried = [
-                (i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None
-            ]
-            operations[point] = tuple((i, ops) for i, ops in carried if ops)
-        sources = frozenset(
-            op.source
-            for edit in present
-            for _, op in edit.operations
-            if isinstance(op, SourcedOperation)
-        )
-        for point in sources:
+        operations, sources = operations_by_point(edits), source_points(edits)
+        for point in {*operations, *sources}:
             self._check(point)
         return Stacked(additions, operations, sources)
 

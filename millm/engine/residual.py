@@ -103,6 +103,31 @@ def combined(a: ResidualEdit | None, b: ResidualEdit | None) -> ResidualEdit | N
     return ResidualEdit(a.additions + b.additions, a.operations + b.operations)
 
 
+def operations_by_point(
+    edits: list[ResidualEdit | None],
+) -> dict[int, tuple[tuple[int, tuple[AnyOperation, ...]], ...]]:
+    """Per point, the batch rows whose edits carry operations there, with those operations in order."""
+    present = [edit for edit in edits if edit is not None]
+    operations = {}
+    for point in {point for edit in present for point, _ in edit.operations}:
+        carried = [
+            (i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None
+        ]
+        operations[point] = tuple((i, ops) for i, ops in carried if ops)
+    return operations
+
+
+def source_points(edits: list[ResidualEdit | None]) -> frozenset[int]:
+    """The points whose values a SourcedOperation of these edits reads."""
+    return frozenset(
+        op.source
+        for edit in edits
+        if edit is not None
+        for _, op in edit.operations
+        if isinstance(op, SourcedOperation)
+    )
+
+
 @dataclass(frozen=True)
 class Stacked:
     """A batch's edits ready for the hooks: additions `[B, 1, d]` per point, and per point the
@@ -264,20 +289,8 @@ class ResidualEditor:
                 [(zeros if v is None else v).float().to(self.device) for v in vectors]
             )
             additions[point] = stacked.to(self.dtype)[:, None, :]
-        operations = {}
-        for point in {point for edit in present for point, _ in edit.operations}:
-            self._hook(point)
-            rows = [
-                (i, edit.operations_at(point)) for i, edit in enumerate(edits) if edit is not None
-            ]
-            operations[point] = tuple((i, ops) for i, ops in rows if ops)
-        sources = frozenset(
-            op.source
-            for edit in present
-            for _, op in edit.operations
-            if isinstance(op, SourcedOperation)
-        )
-        for point in sources:
+        operations, sources = operations_by_point(edits), source_points(edits)
+        for point in {*operations, *sources}:
             self._hook(point)
         return Stacked(additions, operations, sources)
 
