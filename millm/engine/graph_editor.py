@@ -152,9 +152,8 @@ class GraphEditor:
                 buffers.add = np.ascontiguousarray(added.numpy()[rows])
                 buffers.after = np.empty(shape, dtype=np.float32)
             self._buffers[index] = buffers
-            if (
-                point in self._current.sources
-            ):  # filled by the time a later node's operation reads it
+            if point in self._current.sources:
+                # the C side fills it before any later node's operation reads it
                 self._seen[point] = torch.from_numpy(
                     buffers.after if buffers.after is not None else buffers.before
                 )
