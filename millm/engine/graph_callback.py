@@ -136,20 +136,26 @@ def compiled_asker(cache: Path) -> Any:
         compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if compiler is None:
             return None
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as work:
-            source, built = Path(work) / "hooks.c", Path(work) / library.name
-            source.write_text(SOURCE)
-            done = subprocess.run(
-                [compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(built)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if done.returncode != 0:
-                log.warning("could not compile llama.cpp's graph hooks: %s", done.stderr.strip())
-                return None
-            built.replace(library)  # whole or absent: another process may be reading the cache
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as work:
+                source, built = Path(work) / "hooks.c", Path(work) / library.name
+                source.write_text(SOURCE)
+                done = subprocess.run(
+                    [compiler, "-O2", "-shared", "-fPIC", str(source), "-o", str(built)],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                if done.returncode != 0:
+                    log.warning(
+                        "could not compile llama.cpp's graph hooks: %s", done.stderr.strip()
+                    )
+                    return None
+                built.replace(library)  # whole or absent: another process may be reading the cache
+        except (OSError, subprocess.SubprocessError) as exc:  # a read-only cache, a hung compiler
+            log.warning("could not compile llama.cpp's graph hooks: %s", exc)
+            return None
     return ctypes.CDLL(str(library)).millm_eval
 
 
