@@ -168,6 +168,20 @@ def test_an_abort_watch_ends_the_row_where_the_transformers_engine_does(cpp_lm, 
     assert scores[0] == scores[1]
 
 
+def test_a_when_watch_steers_from_where_the_transformers_engine_does(cpp_lm, llama_lm, world):
+    prompt = prompt_ids(cpp_lm, PROMPT)
+    direction = world.sae(1).W_dec[7].detach().float()
+    then = plan(world, [{"index": 11, "strength": 12.0}])
+    outcomes = []
+    for lm in (cpp_lm, llama_lm):
+        watch = Watch("when", 1, lambda h: h @ direction, 0.0, "steer", edit=then, tokens=3)
+        outcome = generate(lm, [replace(row(prompt, BUDGET), watches=(watch,))])
+        verdict = next(e for e in outcome.events if isinstance(e, ProbeVerdict))
+        outcomes.append((outcome.texts[0], verdict.acted_at, verdict.positions))
+    assert outcomes[0] == outcomes[1] and outcomes[0][1] is not None
+    assert outcomes[0][0] != generate(cpp_lm, [row(prompt, BUDGET)]).texts[0]  # it steered
+
+
 def test_mlp_inputs_and_the_embeddings_are_read_and_steered_as_on_the_transformers_engine(
     cpp_lm, llama_lm
 ):
