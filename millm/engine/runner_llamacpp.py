@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import weakref
 from pathlib import Path
 
@@ -188,7 +189,10 @@ class LlamaCppRunner:
             self.ctx = self.model = None
 
     def __del__(self):
-        self.close()
+        if (
+            not sys.is_finalizing()
+        ):  # at exit llama_cpp's functions may already be gone; the OS frees all
+            self.close()
 
     # one decode ----------------------------------------------------------------------------
     def _decode(

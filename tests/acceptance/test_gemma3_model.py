@@ -1,6 +1,7 @@
 """Acceptance on the second packaged model: Gemma 3 270M (base, Q4_K_M GGUF), served offline as
 `millm serve --model gemma3-270m`, on the lean runner with its sliding-window layers batched, and
-steered through the SAE trained for it (millm/demo/sae/gemma3-270m-topk)."""
+steered through the SAE trained for it (millm/demo/sae/gemma3-270m-topk); and the same file on
+llama.cpp (scaled embeddings, its own norms), read, probed and steered inside llama.cpp's graph."""
 
 from __future__ import annotations
 
@@ -137,3 +138,63 @@ def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
     assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(
         requests
     )
+
+
+# ---- the same file on llama.cpp: reads, probes and steering inside its graph ---------------------
+@pytest.fixture(scope="module")
+def gemma3_cpp(gemma3_server, tmp_path_factory):
+    """`millm serve --model gemma3-270m --engine llama.cpp`, started after the transformers server so
+    that it reads the file's tokenizer from that server's converted copy (a second, not ~20)."""
+    server = start_sharing(
+        "gemma3",
+        tmp_path_factory.mktemp("gemma3-cpp-home"),
+        ["--model", MODEL, "--engine", "llama.cpp"],
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def complete_on_cpp(server, prompt: str, max_tokens: int, **extra) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    response = post(server, "/v1/completions", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["system_fingerprint"].endswith(":llama.cpp")
+    return response.json()
+
+
+def test_the_reading_feature_steers_the_weekend_to_books(gemma3_cpp):
+    steering = {
+        "steering": [{"sae_id": SAE_ID, "features": [{"index": READING, "strength": STRENGTH}]}]
+    }
+    plain = complete_on_cpp(gemma3_cpp, WEEKEND, 16)["choices"][0]["text"]
+    steered = complete_on_cpp(gemma3_cpp, WEEKEND, 16, steering=steering)["choices"][0]["text"]
+    assert "read" not in plain and "book" not in plain, plain
+    assert "read" in steered[:20] or "book" in steered[:20], steered
+
+
+def test_reads_and_a_probe_see_the_dense_feature_at_every_position(gemma3_cpp):
+    probe = {
+        "name": "dense",
+        "detector": {"type": "feature", "sae_id": SAE_ID, "index": DENSE, "threshold": 0.5},
+    }
+    body = complete_on_cpp(
+        gemma3_cpp,
+        "The capital of France is Paris.",
+        1,
+        return_sae_activations={"sae_id": SAE_ID, "positions": "all", "top_k": 32},
+        probes=[probe],
+    )
+    block = body["millm"]["sae_activations"]
+    assert block["layer"] == LAYER
+    after_bos = [p for p in block["positions"] if p["position"] > 0]
+    assert len(after_bos) == body["usage"]["prompt_tokens"] - 1
+    for entry in after_bos:
+        assert (
+            len(entry["features"]) == 32
+        )  # a TopK SAE with k = 32: every active feature is listed
+        values = {f["index"]: f["value"] for f in entry["features"]}
+        assert values.get(DENSE, 0.0) > 0.5, entry
+    (verdict,) = body["millm"]["probes"]
+    assert verdict["fired"] and verdict["positions"] == [p["position"] for p in after_bos]
