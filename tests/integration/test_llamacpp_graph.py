@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from millm.engine.jobs import ProbeVerdict, ResidualRead, ResidualsRead, Watch
+from millm.engine.generate import Lane
+from millm.engine.jobs import GenerationJob, ProbeVerdict, ResidualRead, ResidualsRead, Watch
 from millm.engine.residual import EMBEDDINGS, ResidualEdit, SourcedOperation, mlp_input
-from tests.integration.engine_helpers import generate, prompt_ids, row
+from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
 from tests.integration.steering_world import World, make_world, spec_of
 
 PROMPT = "The old ship sailed into the"
@@ -133,6 +134,40 @@ def test_rows_with_different_plans_share_one_decode_a_step_and_equal_their_solo_
     for i, alone in enumerate(solo):
         for side in ("before", "after"):
             gap = reads_of(together, i)[side].residuals - reads_of(alone)[side].residuals
+            assert gap.abs().max().item() < TOLERANCE
+
+
+def test_rows_with_their_own_plans_joining_a_running_batch_equal_their_solo_runs(cpp_lm, world):
+    prompts = [prompt_ids(cpp_lm, text) for text in (PROMPT, "A river runs", "Once upon")]
+    edits = [
+        plan(world, [{"index": 7, "strength": 8.0}]),
+        plan(world, [{"index": 5, "op": "clamp", "value": 3.0}]),
+        None,
+    ]
+    rows = [
+        replace(row(p, BUDGET, edit=e), reads=encoded_reads(world, 1))
+        for p, e in zip(prompts, edits, strict=True)
+    ]
+    solo = [generate(cpp_lm, [spec]) for spec in rows]
+    outcomes = [Outcome() for _ in rows]
+    jobs = [
+        GenerationJob(rows=[spec], emit=o.record) for spec, o in zip(rows, outcomes, strict=True)
+    ]
+    lane = Lane(cpp_lm)
+    with torch.inference_mode():
+        lane.join(jobs[0])
+        for _ in range(3):
+            lane.step()
+        lane.join(jobs[1])  # a clamped row joins an added one midway
+        for _ in range(3):
+            lane.step()
+        lane.join(jobs[2])
+        while lane.rows:
+            lane.step()
+    for alone, together in zip(solo, outcomes, strict=True):
+        assert together.texts[0] == alone.texts[0]
+        for side in ("before", "after"):
+            gap = reads_of(together)[side].residuals - reads_of(alone)[side].residuals
             assert gap.abs().max().item() < TOLERANCE
 
 
