@@ -18,6 +18,7 @@ before any steering:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from dataclasses import replace
@@ -34,7 +35,7 @@ from millm.engine.loader_llamacpp import load_with_llamacpp  # noqa: E402
 from millm.engine.residual import ResidualEdit  # noqa: E402
 from millm.engine.sources import DEMO_MODEL_NAME, GEMMA3_MODEL_NAME, PACKAGED, packaged_source  # noqa: E402
 from millm.interp.formats import read_sae  # noqa: E402
-from tests.integration.engine_helpers import generate, row  # noqa: E402
+from tests.integration.engine_helpers import generate, logits_of, row  # noqa: E402
 
 SAES = ROOT / "millm" / "demo" / "sae"
 # (model, its shipped SAE, a feature its docs steer, the strength they steer it at)
@@ -50,15 +51,6 @@ PROMPTS = [
     "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen.",
 ]
 TOP = 16
-
-
-def logits(lm, ids: list[int], edit: ResidualEdit | None) -> torch.Tensor:
-    lm.residual.install(lm.residual.stack([edit]))
-    try:
-        _, out = lm.runner.prefill([ids], capacity=len(ids) + 1)
-    finally:
-        lm.residual.clear()
-    return out[0].float()
 
 
 def activations(lm, ids: list[int], layer: int, sae) -> torch.Tensor:
@@ -79,7 +71,7 @@ def compare(name: str, sae_dir: Path, feature: int, strength: float, home: Path)
     with torch.inference_mode():
         for text in PROMPTS:
             ids = exact.tokenizer(text)["input_ids"]
-            plain = [logits(lm, ids, None) for lm in (exact, cpp)]
+            plain = [logits_of(lm, [ids])[0].float() for lm in (exact, cpp)]
             gaps.append((plain[0] - plain[1]).abs().max().item())
             spreads.append((plain[0].max() - plain[0].min()).item())
             ours, theirs = activations(cpp, ids, layer, sae), activations(exact, ids, layer, sae)
@@ -92,7 +84,10 @@ def compare(name: str, sae_dir: Path, feature: int, strength: float, home: Path)
                 for a, b in zip(top_ours, top_theirs, strict=True)
             ]
             overlaps.append(sum(shared) / len(shared))
-            deltas = [logits(lm, ids, edit) - p for lm, p in zip((exact, cpp), plain, strict=True)]
+            deltas = [
+                logits_of(lm, [ids], edit)[0].float() - p
+                for lm, p in zip((exact, cpp), plain, strict=True)
+            ]
             delta_cos.append(
                 torch.nn.functional.cosine_similarity(deltas[0], deltas[1], dim=0).item()
             )
@@ -109,6 +104,9 @@ def compare(name: str, sae_dir: Path, feature: int, strength: float, home: Path)
 
 
 def main() -> int:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     home = Path(tempfile.gettempdir()) / "millm-bench-agreement"
     print(
         f"\n{len(PROMPTS)} prompts; activations at every prompt position, before steering; top {TOP} features"

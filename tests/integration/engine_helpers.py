@@ -47,5 +47,15 @@ def generate(lm, rows: list[RowSpec]) -> Outcome:
     return outcome
 
 
+def logits_of(lm, prompts: list[list[int]], edit=None):
+    """Next-token logits `[B, V]` of one prefill of `prompts`, every row under `edit` (None: unsteered)."""
+    lm.residual.install(lm.residual.stack([edit] * len(prompts)))
+    try:
+        _, logits = lm.runner.prefill(prompts, capacity=max(map(len, prompts)) + 1)
+    finally:
+        lm.residual.clear()
+    return logits
+
+
 def prompt_ids(lm, text: str) -> list[int]:
     return lm.tokenizer(text, add_special_tokens=True)["input_ids"]

@@ -14,7 +14,7 @@ import torch
 from millm.engine.generate import Lane
 from millm.engine.jobs import GenerationJob, ProbeVerdict, ResidualRead, ResidualsRead, Watch
 from millm.engine.residual import EMBEDDINGS, ResidualEdit, SourcedOperation, mlp_input
-from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
+from tests.integration.engine_helpers import Outcome, generate, logits_of, prompt_ids, row
 from tests.integration.steering_world import World, make_world, spec_of
 
 PROMPT = "The old ship sailed into the"
@@ -97,19 +97,10 @@ def test_each_operators_effect_equals_the_transformers_engine(cpp_lm, llama_lm, 
     # the steered logits' change from the unsteered ones, on each engine
     deltas = []
     for lm in (cpp_lm, llama_lm):
-        steered = logits(lm, prompt, edit)
-        deltas.append(steered - logits(lm, prompt, None))
+        steered = logits_of(lm, [prompt], edit)
+        deltas.append(steered - logits_of(lm, [prompt], None))
     assert deltas[0].abs().max().item() > 1e-3  # the operator moves the answer
     assert (deltas[0] - deltas[1]).abs().max().item() < TOLERANCE
-
-
-def logits(lm, prompt: list[int], edit: ResidualEdit | None) -> torch.Tensor:
-    lm.residual.install(lm.residual.stack([edit]))
-    try:
-        _, out = lm.runner.prefill([prompt], capacity=len(prompt) + 1)
-    finally:
-        lm.residual.clear()
-    return out
 
 
 def test_rows_with_different_plans_share_one_decode_a_step_and_equal_their_solo_runs(cpp_lm, world):
@@ -235,7 +226,9 @@ def test_mlp_inputs_and_the_embeddings_are_read_and_steered_as_on_the_transforme
         mine, other = reads_of(ours)[tag], reads_of(theirs)[tag]
         assert mine.positions == other.positions
         assert (mine.residuals - other.residuals).abs().max().item() < TOLERANCE
-    delta = [logits(lm, prompt, edit) - logits(lm, prompt, None) for lm in (cpp_lm, llama_lm)]
+    delta = [
+        logits_of(lm, [prompt], edit) - logits_of(lm, [prompt], None) for lm in (cpp_lm, llama_lm)
+    ]
     assert delta[0].abs().max().item() > 0.1
     assert (delta[0] - delta[1]).abs().max().item() < TOLERANCE
 
@@ -290,7 +283,9 @@ def test_an_operation_reading_the_mlp_input_equals_the_transformers_engine(cpp_l
         mlp_input(1), lambda residual, source: residual + mix * source, "mix"
     )
     edit = ResidualEdit(((1, 2.0 * mix),), ((1, sourced),))
-    delta = [logits(lm, prompt, edit) - logits(lm, prompt, None) for lm in (cpp_lm, llama_lm)]
+    delta = [
+        logits_of(lm, [prompt], edit) - logits_of(lm, [prompt], None) for lm in (cpp_lm, llama_lm)
+    ]
     assert delta[0].abs().max().item() > 0.1
     assert (delta[0] - delta[1]).abs().max().item() < TOLERANCE
     spec = replace(row(prompt, BUDGET, edit=edit), reads=(ResidualRead(1, True, "all", "after"),))

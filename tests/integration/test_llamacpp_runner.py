@@ -16,7 +16,7 @@ from millm.engine.jobs import GenerationJob, Ranking, ScoringJob, TokenDrawn
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
 from millm.engine.scoring import run_scoring
-from tests.integration.engine_helpers import Outcome, generate, prompt_ids, row
+from tests.integration.engine_helpers import Outcome, generate, logits_of, prompt_ids, row
 
 PROMPTS = [
     "The cat",
@@ -30,15 +30,6 @@ TOLERANCE = 1e-4
 def edit_at(lm, layer: int, seed: int = 3, scale: float = 4.0) -> ResidualEdit:
     generator = torch.Generator().manual_seed(seed)
     return ResidualEdit(((layer, scale * torch.randn(lm.config.hidden_size, generator=generator)),))
-
-
-def logits_of(lm, prompts: list[list[int]], edit: ResidualEdit | None = None) -> torch.Tensor:
-    lm.residual.install(lm.residual.stack([edit] * len(prompts)))
-    try:
-        _, logits = lm.runner.prefill(prompts, capacity=max(map(len, prompts)) + 1)
-    finally:
-        lm.residual.clear()
-    return logits
 
 
 def test_the_model_is_described_as_the_file_says(cpp_lm):
