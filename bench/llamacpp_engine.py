@@ -89,11 +89,36 @@ def aggregate(base_url: str, streams: int, tokens: int) -> float:
     return sum(r[2] for r in results) / elapsed
 
 
+def sae_of(base_url: str) -> str:
+    """The id of the server's first registered SAE (the demo SAE on a demo server)."""
+    return httpx.get(f"{base_url}/api/saes", timeout=30).json()["data"][0]["id"]
+
+
 def steer(base_url: str, strength: float) -> None:
     """Set (or with 0, clear) the pirate feature live on the demo SAE."""
-    sae = httpx.get(f"{base_url}/api/saes", timeout=30).json()["data"][0]["id"]
-    body = {"features": [{"sae_id": sae, "index": PIRATE, "strength": strength}]}
+    body = {"features": [{"sae_id": sae_of(base_url), "index": PIRATE, "strength": strength}]}
     httpx.post(f"{base_url}/api/steering/features", json=body, timeout=30).raise_for_status()
+
+
+def llama_cpp_python(path: Path, threads: int, tokens: int, repeats: int) -> dict:
+    """The reference: llama-cpp-python's own streaming completion of PROMPT, in a process of its
+    own that imports nothing else; its best decode tok/s, resident memory and token count."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            REFERENCE,
+            str(path),
+            str(threads),
+            str(tokens),
+            str(repeats),
+            PROMPT,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -127,25 +152,7 @@ def main() -> int:
     finally:
         server.stop()
 
-    reference = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                REFERENCE,
-                str(path),
-                str(threads),
-                str(args.tokens),
-                str(args.repeats),
-                PROMPT,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    reference = llama_cpp_python(path, threads, args.tokens, args.repeats)
 
     home = Path(tempfile.mkdtemp(prefix="millm-bench-hf-"))
     server = ServerProcess(home, ["--log-level", "warning"]).wait_ready(timeout=600)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.decode_speed import PROMPT  # noqa: E402
-from bench.llamacpp_engine import REFERENCE, WINDOW  # noqa: E402
+from bench.llamacpp_engine import WINDOW, llama_cpp_python, sae_of  # noqa: E402
 from millm.engine.sources import demo_source  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
@@ -155,10 +153,6 @@ def callback_cost(
     return min(times[0]), min(times[1])
 
 
-def sae_of(base_url: str) -> str:
-    return httpx.get(f"{base_url}/api/saes", timeout=30).json()["data"][0]["id"]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -171,25 +165,7 @@ def main() -> int:
     path = source.directory / source.gguf_file
     tokens = args.tokens
 
-    reference = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                REFERENCE,
-                str(path),
-                str(threads),
-                str(tokens),
-                str(args.repeats),
-                PROMPT,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )["tok_s"]
+    reference = llama_cpp_python(path, threads, tokens, args.repeats)["tok_s"]
 
     env = {"ENABLE_CONTINUOUS_BATCHING": "1", "MAX_BATCH_SIZE": "8"}
     figures: dict[str, float] = {}
