@@ -91,6 +91,22 @@ def test_a_feature_steers_the_completion(gemma3_server):
     assert "read" in steered[:20] or "book" in steered[:20], steered
 
 
+def dense_at_every_position(body: dict) -> list[int]:
+    """Assert the read lists all 32 active features at every position after <bos>, the dense
+    feature among them; those positions."""
+    block = body["millm"]["sae_activations"]
+    assert block["layer"] == LAYER
+    after_bos = [p for p in block["positions"] if p["position"] > 0]
+    assert len(after_bos) == body["usage"]["prompt_tokens"] - 1
+    for entry in after_bos:
+        assert (
+            len(entry["features"]) == 32
+        )  # a TopK SAE with k = 32: every active feature is listed
+        values = {f["index"]: f["value"] for f in entry["features"]}
+        assert values.get(DENSE, 0.0) > 0.5, entry
+    return [p["position"] for p in after_bos]
+
+
 def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
     body = {
         "model": MODEL,
@@ -101,16 +117,7 @@ def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
     }
     response = post(gemma3_server, "/v1/completions", body)
     assert response.status_code == 200, response.text
-    block = response.json()["millm"]["sae_activations"]
-    assert block["layer"] == LAYER
-    after_bos = [p for p in block["positions"] if p["position"] > 0]
-    assert len(after_bos) == response.json()["usage"]["prompt_tokens"] - 1
-    for entry in after_bos:
-        assert (
-            len(entry["features"]) == 32
-        )  # a TopK SAE with k = 32: every active feature is listed
-        values = {f["index"]: f["value"] for f in entry["features"]}
-        assert values.get(DENSE, 0.0) > 0.5, entry
+    dense_at_every_position(response.json())
 
 
 def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
@@ -165,11 +172,8 @@ def complete_on_cpp(server, prompt: str, max_tokens: int, **extra) -> dict:
 
 
 def test_the_reading_feature_steers_the_weekend_to_books(gemma3_cpp):
-    steering = {
-        "steering": [{"sae_id": SAE_ID, "features": [{"index": READING, "strength": STRENGTH}]}]
-    }
     plain = complete_on_cpp(gemma3_cpp, WEEKEND, 16)["choices"][0]["text"]
-    steered = complete_on_cpp(gemma3_cpp, WEEKEND, 16, steering=steering)["choices"][0]["text"]
+    steered = complete_on_cpp(gemma3_cpp, WEEKEND, 16, **steering())["choices"][0]["text"]
     assert "read" not in plain and "book" not in plain, plain
     assert "read" in steered[:20] or "book" in steered[:20], steered
 
@@ -186,15 +190,6 @@ def test_reads_and_a_probe_see_the_dense_feature_at_every_position(gemma3_cpp):
         return_sae_activations={"sae_id": SAE_ID, "positions": "all", "top_k": 32},
         probes=[probe],
     )
-    block = body["millm"]["sae_activations"]
-    assert block["layer"] == LAYER
-    after_bos = [p for p in block["positions"] if p["position"] > 0]
-    assert len(after_bos) == body["usage"]["prompt_tokens"] - 1
-    for entry in after_bos:
-        assert (
-            len(entry["features"]) == 32
-        )  # a TopK SAE with k = 32: every active feature is listed
-        values = {f["index"]: f["value"] for f in entry["features"]}
-        assert values.get(DENSE, 0.0) > 0.5, entry
+    after_bos = dense_at_every_position(body)
     (verdict,) = body["millm"]["probes"]
-    assert verdict["fired"] and verdict["positions"] == [p["position"] for p in after_bos]
+    assert verdict["fired"] and verdict["positions"] == after_bos
