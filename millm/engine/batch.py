@@ -6,6 +6,8 @@ padding) travels with the batch, and position ids count only a row's real tokens
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -49,3 +51,36 @@ def leading_padding(mask: torch.Tensor) -> int:
     """Columns at the left that are padding in every row (they can be cut from the cache)."""
     real = mask.bool().any(0)
     return int(real.float().argmax()) if bool(real.any()) else 0
+
+
+def common_skip(lengths: list[int], offered: list[int]) -> tuple[int, list[int]]:
+    """Of the first positions each row brings restored (`offered`), the columns of the left-padded
+    batch every row can skip together: the columns before the widest part still to compute, which
+    all rows then compute as one block. Returns those columns and each row's positions in them."""
+    width = max(lengths)
+    done = width - max(n - r for n, r in zip(lengths, offered, strict=True))
+    return done, [max(0, done - (width - n)) for n in lengths]
+
+
+@dataclass
+class PrefillColumns:
+    """Where a chunked prefill of left-padded prompts stands: `done` columns are in the KV cache
+    (restored from a prefix cache, or computed), the rest come a chunk at a time."""
+
+    lengths: list[int]  # each row's prompt length (its real columns are the last ones)
+    done: int
+    reused: list[int]  # positions each row took from restored KV instead of computing
+
+    @property
+    def width(self) -> int:
+        """Columns of the joining batch."""
+        return max(self.lengths)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every column is in the cache."""
+        return self.done >= self.width
+
+    def span(self, tokens: int | None) -> int:
+        """Where the next pass of `tokens` columns ends (None: the rest)."""
+        return self.width if tokens is None else min(self.width, self.done + tokens)

@@ -59,7 +59,7 @@ class Joining:
             [] for _ in self.firsts
         ]  # rows sharing a prefill share what it reads
         limits = [len(first.spec.prompt_ids) - 1 for first in self.firsts]
-        exact = lm.dtype == torch.float32
+        exact = lm.restores_exactly
         for row, i in zip(self.rows, self.order, strict=True):
             self.readers[i] = [*self.readers[i], *row.readers]
             limits[i] = min(limits[i], reusable(row.spec, exact))

@@ -84,9 +84,16 @@ class LoadedModel:
 
     @property
     def differentiable(self) -> bool:
-        """Whether the weights are torch tensors autograd can differentiate (attribution, the
-        logit lens's final norm and head); llama.cpp keeps its own."""
+        """Whether the weights are torch tensors autograd can differentiate (attribution graphs);
+        llama.cpp keeps its own."""
         return self.engine == "transformers"
+
+    @property
+    def restores_exactly(self) -> bool:
+        """Whether a prefix restored from the cache gives the very tokens of a recomputed one:
+        float32 on transformers; in bf16, and in llama.cpp's kernels, rounding depends on the
+        batch's shape."""
+        return self.engine == "transformers" and self.dtype == torch.float32
 
 
 def pick_device(name: str) -> torch.device:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
+from millm.engine.gguf_head import GGUFHead
 from millm.engine.loader import (
     DEQUANTISED,
     GGUF_META,
@@ -90,6 +91,30 @@ def file_metadata(
     )
 
 
+def norm_eps(config: PretrainedConfig) -> float:
+    """The epsilon of the model's norms, under whichever name its family gives it."""
+    for name in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return float(value)
+    return 1e-5
+
+
+def final_softcap(config: PretrainedConfig) -> float | None:
+    """The soft-cap on the final logits (Gemma 2), or None."""
+    value = getattr(config, "final_logit_softcapping", None)
+    return float(value) if value else None
+
+
+def kv_bytes_per_token(config: PretrainedConfig, exact: bool) -> int:
+    """Bytes of keys and values one position holds in llama.cpp's cache (float16, or float32
+    under --dtype float32), every layer counted whole (what the prefix cache's budget counts)."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return int(config.num_hidden_layers) * 2 * kv_heads * head_dim * (4 if exact else 2)
+
+
 def load_with_llamacpp(
     source: ModelSource,
     *,
@@ -128,6 +153,8 @@ def load_with_llamacpp(
             model_type=str(config.model_type),
             hooks_cache=cache_root / "graph-hooks",
             exact_kv=dtype == "float32",
+            kv_bytes_per_token=kv_bytes_per_token(config, exact=dtype == "float32"),
+            lens_head=GGUFHead(path, norm_eps(config), final_softcap(config)),
         )
     except (ModelSourceError, MillmError):
         raise

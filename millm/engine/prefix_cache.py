@@ -22,6 +22,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -69,6 +70,58 @@ def steering_key(edit: ResidualEdit | None) -> tuple | None:
     return found
 
 
+class Storage(Protocol):
+    """Where a runner keeps a block's KV: torch tensors (the lean runner), or KV cells llama.cpp
+    holds under a sequence of its own (runner_llamacpp.CellStore)."""
+
+    def size(self, kv: Any) -> int:
+        """Bytes a block's KV holds."""
+        ...
+
+    def join(self, parts: list[Any]) -> Any:
+        """A chain's KV, in order, as the runner's `begin` takes it."""
+        ...
+
+    def release(self, kv: Any) -> None:
+        """A block is dropped: give its memory back."""
+        ...
+
+    def bind(self, clear: Callable[[], None]) -> None:
+        """`clear` empties the cache: the runner calls it when it needs the cache's memory."""
+        ...
+
+
+class TensorStorage:
+    """Blocks as tensors `[layers, kv_heads, T, head_dim]` per KV group, copies of a row's buffer."""
+
+    def size(self, kv: KV) -> int:
+        """Bytes of the block's keys and values."""
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+    def join(self, parts: list[KV]) -> KV:
+        """The chain's KV joined along positions, per group."""
+        return [
+            (
+                torch.cat([kv[g][0] for kv in parts], dim=2),
+                torch.cat([kv[g][1] for kv in parts], dim=2),
+            )
+            for g in range(len(parts[0]))
+        ]
+
+    def release(self, kv: KV) -> None:
+        """Nothing to do: the tensors go with the block."""
+
+    def bind(self, clear: Callable[[], None]) -> None:
+        """Nothing to do: tensors never compete with running rows for memory."""
+
+
+def cache_for(runner: Any, budget: int) -> PrefixCache | None:
+    """A prefix cache over the runner's storage (`prefix_storage`), or None where the runner
+    cannot restore a prefix or the budget is 0."""
+    storage = getattr(runner, "prefix_storage", None)
+    return PrefixCache(budget, storage=storage) if storage is not None and budget > 0 else None
+
+
 @dataclass(eq=False)
 class Block:
     """The KV of BLOCK_TOKENS positions that follow the prefix `parent` stands for."""
@@ -76,7 +129,7 @@ class Block:
     serial: int
     parent: Block | None
     index: tuple  # (parent serial, steering key, tokens): its entry in the cache
-    kv: KV
+    kv: Any  # as the storage keeps it
     size: int  # bytes
     children: set[int] = field(default_factory=set)
 
@@ -97,8 +150,12 @@ class PrefixCache:
 
     Used only on the scheduler thread; `snapshot` may be read from any thread."""
 
-    def __init__(self, budget: int, block_tokens: int = BLOCK_TOKENS):
+    def __init__(
+        self, budget: int, block_tokens: int = BLOCK_TOKENS, storage: Storage | None = None
+    ):
         self.budget, self.block_tokens = budget, block_tokens
+        self.storage: Storage = storage if storage is not None else TensorStorage()
+        self.storage.bind(self.clear)
         self._entries: dict[tuple, Block] = {}
         self._lru: OrderedDict[int, Block] = (
             OrderedDict()
@@ -128,19 +185,12 @@ class PrefixCache:
         self.counters.hits += reused > 0
         self.counters.tokens_reused += reused
 
-    def restore(self, chain: list[Block]) -> KV:
-        """The chain's KV joined along positions, per group."""
-        groups = len(chain[0].kv)
-        return [
-            (
-                torch.cat([b.kv[g][0] for b in chain], dim=2),
-                torch.cat([b.kv[g][1] for b in chain], dim=2),
-            )
-            for g in range(groups)
-        ]
+    def restore(self, chain: list[Block]) -> Any:
+        """The chain's KV, as the runner's `begin` takes it."""
+        return self.storage.join([block.kv for block in chain])
 
     def store(
-        self, tokens: Sequence[int], steering: tuple, kv_of: Callable[[int, int], KV | None]
+        self, tokens: Sequence[int], steering: tuple, kv_of: Callable[[int, int], Any]
     ) -> None:
         """Store every whole block of `tokens` not yet cached; `kv_of(start, end)` copies a span's KV
         (None: not available, and nothing from there on is stored). Then evict down to the budget."""
@@ -155,9 +205,7 @@ class PrefixCache:
                 if kv is None:
                     break
                 self._serial += 1
-                size = sum(
-                    k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv
-                )
+                size = self.storage.size(kv)
                 block = Block(self._serial, parent, index, kv, size)
                 self._entries[index] = block
                 self._lru[block.serial] = block
@@ -170,6 +218,11 @@ class PrefixCache:
         for block in reversed(chain):
             self._lru.move_to_end(block.serial)
         self._evict()
+
+    def clear(self) -> None:
+        """Drop every block (the runner needs their memory for running rows)."""
+        while self._lru:
+            self._drop(next(iter(self._lru.values())))
 
     def _evict(self) -> None:
         while self.bytes > self.budget and self._lru:
@@ -188,6 +241,7 @@ class PrefixCache:
             block.parent.children.discard(block.serial)
         self.bytes -= block.size
         self.counters.evictions += 1
+        self.storage.release(block.kv)
 
     def snapshot(self) -> dict:
         """Counters, bytes held and the budget, for /api/health/inference."""

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 import torch
 
 from millm.engine.attention import Masks, RopeTable, attend, decode_masks, prefill_masks, rotate
-from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
+from millm.engine.batch import (
+    PrefillColumns,
+    common_skip,
+    extend_mask,
+    leading_padding,
+    left_pad,
+    left_pad_mask,
+    positions,
+)
 from millm.engine.families import (
     BlockLayout,
     ModelLayout,
@@ -34,6 +42,7 @@ from millm.engine.families import (
 )
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 from millm.engine.kv_cache import KVBuffer, LayerCache, RowKV
+from millm.engine.prefix_cache import TensorStorage
 
 
 def fuse_block(block: BlockLayout, plan: KernelPlan) -> None:
@@ -108,29 +117,11 @@ class LeanBatch:
 
 
 @dataclass
-class LeanPrefill:
-    """Joining rows being prefilled, a chunk of columns at a time: their batch, their left-padded
-    ids, and `done`, the columns already in the cache (restored from a prefix cache, or computed)."""
+class LeanPrefill(PrefillColumns):
+    """Joining rows being prefilled, a chunk of columns at a time: their batch and left-padded ids."""
 
     batch: LeanBatch
     ids: torch.Tensor
-    lengths: list[int]  # each row's prompt length (its real columns are the last ones)
-    done: int
-    reused: list[int]  # positions each row took from restored KV instead of computing
-
-    @property
-    def width(self) -> int:
-        """Columns of the joining batch."""
-        return self.ids.shape[1]
-
-    @property
-    def finished(self) -> bool:
-        """Whether every column is in the cache."""
-        return self.done >= self.width
-
-    def span(self, tokens: int | None) -> int:
-        """Where the next pass of `tokens` columns ends (None: the rest)."""
-        return self.width if tokens is None else min(self.width, self.done + tokens)
 
 
 class LeanRunner:
@@ -138,6 +129,7 @@ class LeanRunner:
 
     mergeable = True
     chunked = True  # prefills in chunks, from restored KV (begin / advance / row_kv)
+    prefix_storage = TensorStorage()  # what a prefix cache keeps: copies of KV tensors
 
     @staticmethod
     def supports(model) -> bool:
@@ -263,9 +255,8 @@ class LeanRunner:
         rows, width = ids.shape
         lengths = [len(p) for p in prompts]
         offered = [0 if kv is None else kv[0][0].shape[2] for kv in (restored or [None] * rows)]
-        done = width - max(n - r for n, r in zip(lengths, offered, strict=True))
+        done, reused = common_skip(lengths, offered)
         kv = self._buffer(rows, capacity, width)
-        reused = [max(0, done - (width - n)) for n in lengths]
         for row, parts in enumerate(restored or []):
             if parts is None or reused[row] == 0:
                 continue
@@ -275,7 +266,7 @@ class LeanRunner:
                 group.values[:, row, :, first:done] = values[:, :, : reused[row]]
         for group in kv.groups:
             group.length = done
-        return LeanPrefill(LeanBatch(kv, mask, not bool(mask.all())), ids, lengths, done, reused)
+        return LeanPrefill(lengths, done, reused, LeanBatch(kv, mask, not bool(mask.all())), ids)
 
     def advance(self, prefill: LeanPrefill, tokens: int | None) -> torch.Tensor | None:
         """Compute the next `tokens` columns (None: all that are left); the last chunk returns the logits `[B, V]`."""

@@ -18,14 +18,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import sys
-import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from millm.engine.batch import PrefillColumns, common_skip
+from millm.engine.gguf_head import GGUFHead
 from millm.engine.graph_callback import GraphHooks, ggml_library
 from millm.engine.graph_editor import GraphEditor
+from millm.engine.llamacpp_sequences import CellSpan, CellStore, CppBatch, Sequences
 from millm.errors import FieldNotHonoured, InsufficientMemory, ModelSourceError
 
 # Tokens per llama_decode micro-batch; llama.cpp's output buffer holds this many rows of logits.
@@ -60,55 +63,14 @@ def bindings():
     return llama_cpp
 
 
-class CppBatch:
-    """A batch's rows: one llama.cpp sequence each, and how many positions each has been fed."""
+@dataclass
+class CppPrefill(PrefillColumns):
+    """Joining rows being prefilled on llama.cpp, a chunk of columns at a time: their batch and
+    prompts (the columns are the left-padded layout's, as on the lean runner; llama.cpp itself
+    never pads)."""
 
-    def __init__(self, seqs: list[int], fed: list[int]):
-        self.seqs, self.fed = seqs, fed
-
-
-class Sequences:
-    """Sequence ids of one context: handed out to batches, taken back (and their KV cells freed)
-    once the batch holding them is gone or lets them go. A batch dropped without a word (a lane
-    reset, a scoring pass) is noticed through a weak reference the next time ids are needed."""
-
-    def __init__(self, lib, memory, count: int):
-        self.lib, self.memory, self.count = lib, memory, count
-        self._owner: dict[int, weakref.ref] = {}
-
-    def _reclaim(self) -> None:
-        for seq, owner in list(self._owner.items()):
-            batch = owner()
-            if batch is None or seq not in batch.seqs:
-                self.free(seq)
-
-    def in_use(self) -> int:
-        """Sequences held by live batches (the others' KV cells are freed first)."""
-        self._reclaim()
-        return len(self._owner)
-
-    def take(self, batch: CppBatch, rows: int) -> list[int]:
-        """`rows` unused sequence ids, now owned by `batch`."""
-        self._reclaim()
-        free = [seq for seq in range(self.count) if seq not in self._owner][:rows]
-        if len(free) < rows:
-            raise InsufficientMemory(
-                f"llama.cpp's context has {self.count} sequences and {len(self._owner)} are in use; "
-                f"{rows} more were needed (fewer concurrent rows, or a larger MAX_BATCH_SIZE at start-up)"
-            )
-        for seq in free:
-            self._owner[seq] = weakref.ref(batch)
-        return free
-
-    def adopt(self, batch: CppBatch) -> None:
-        """`batch` now owns all its sequences (after a merge)."""
-        for seq in batch.seqs:
-            self._owner[seq] = weakref.ref(batch)
-
-    def free(self, seq: int) -> None:
-        """Forget a sequence and free its KV cells."""
-        self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-        self._owner.pop(seq, None)
+    batch: CppBatch
+    prompts: list[list[int]]
 
 
 class LlamaCppRunner:
@@ -116,6 +78,7 @@ class LlamaCppRunner:
 
     name = "llama.cpp"
     mergeable = True
+    chunked = True  # prefills in chunks, from restored KV cells (begin / advance / row_kv)
 
     def __init__(
         self,
@@ -128,6 +91,8 @@ class LlamaCppRunner:
         model_type: str,
         hooks_cache: Path,
         exact_kv: bool = False,
+        kv_bytes_per_token: int = 0,
+        lens_head: GGUFHead | None = None,
     ):
         lib = self.lib = bindings()
         lib.llama_backend_init()
@@ -171,6 +136,17 @@ class LlamaCppRunner:
         self.context = int(lib.llama_n_ctx(self.ctx))
         self.chunk = int(lib.llama_n_batch(self.ctx))
         self.sequences = Sequences(lib, lib.llama_get_memory(self.ctx), sequences)
+        # Sliding-window layers keep only their window's cells, so a cached prefix would lose
+        # them: such a model recomputes every prompt.
+        self.sliding = int(lib.llama_model_n_swa(self.model)) > 0
+        self.prefix_storage: CellStore | None = (
+            None if self.sliding else CellStore(self.sequences, kv_bytes_per_token)
+        )
+        self.prefix_unavailable = (
+            "llama.cpp keeps only a sliding window of this model's keys and values"
+            if self.sliding
+            else None
+        )
         self.editor.bind(self.hooks)
         self._batch = lib.llama_batch_init(self.chunk, 0, 1)
         self.decodes = 0  # llama_decode calls so far (one per pass of up to `chunk` tokens)
@@ -179,6 +155,7 @@ class LlamaCppRunner:
             f"ggml ({file_type or 'unrecorded'}, {threads} threads; graph hooks {asking})"
         )
         self.device = torch.device("cpu")
+        self.lens_head = lens_head  # the file's final norm and head, for the logit lens
 
     def close(self) -> None:
         """Free the context and the weights (the runner is unusable afterwards)."""
@@ -217,18 +194,7 @@ class LlamaCppRunner:
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = wants or every
             batch.n_tokens = len(part)
-            if editor.active:
-                editor.chunk(
-                    np.fromiter((entry[4] for entry in part), np.int64, len(part)),
-                    np.fromiter((entry[5] for entry in part), np.int64, len(part)),
-                )
-            status = lib.llama_decode(self.ctx, batch)
-            self.decodes += 1
-            failure = self.hooks.take_failure()
-            if failure is not None:
-                raise failure
-            if editor.active:
-                editor.decoded()
+            status = self._decode_chunk(part)
             if status == 1:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "
@@ -244,6 +210,28 @@ class LlamaCppRunner:
                 ).reshape(given, self.vocab_size)
                 outputs[slots[done : done + len(wanted)]] = logits[wanted] if every else logits
                 done += len(wanted)
+
+    def _decode_chunk(self, part: list[tuple[int, int, int, bool, int, int]] | None) -> int:
+        """One llama_decode of the prepared batch (`part`: its entries, for the graph editor;
+        None: a pass the editor stays out of); a full KV cache first takes back the prefix
+        cache's cells and tries again (llama.cpp finds no cells before computing anything)."""
+        editor = self.editor
+        while True:
+            if part is not None and editor.active:
+                editor.chunk(
+                    np.fromiter((entry[4] for entry in part), np.int64, len(part)),
+                    np.fromiter((entry[5] for entry in part), np.int64, len(part)),
+                )
+            status = self.lib.llama_decode(self.ctx, self._batch)
+            self.decodes += 1
+            failure = self.hooks.take_failure()
+            if failure is not None:
+                raise failure
+            if status == 1 and self.prefix_storage is not None and self.prefix_storage.make_room():
+                continue
+            if part is not None and editor.active and status == 0:
+                editor.decoded()
+            return status
 
     def _run(self, batch: CppBatch, tokens: list[list[int]], last_only: bool = True) -> np.ndarray:
         """Feed each row its tokens, every row in one pass; logits of each row's last token
@@ -268,9 +256,51 @@ class LlamaCppRunner:
     # the runner interface ------------------------------------------------------------------
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[CppBatch, torch.Tensor]:
         """Run the prompts as new sequences; returns the batch and next-token logits `[B, V]`."""
-        batch = CppBatch([], [0] * len(prompts))
-        batch.seqs = self.sequences.take(batch, len(prompts))
-        return batch, torch.from_numpy(self._run(batch, prompts))
+        prefill = self.begin(prompts, capacity)
+        logits = self.advance(prefill, None)
+        assert logits is not None  # one pass covers every column
+        return prefill.batch, logits
+
+    def begin(
+        self,
+        prompts: list[list[int]],
+        capacity: int,
+        restored: list[list[CellSpan] | None] | None = None,
+    ) -> CppPrefill:
+        """A prefill of the prompts as new sequences, nothing computed yet; row i may bring the
+        cached cells of its first positions (`restored[i]`, tagged with its sequence now), and
+        keeps as many as every row can skip together (the lean runner's rule)."""
+        rows = len(prompts)
+        batch = CppBatch([], [0] * rows)
+        batch.seqs = self.sequences.take(batch, rows)  # may take back the cache's sequences
+        store = self.prefix_storage
+        chains = restored or [None] * rows
+        offered = [0 if c is None or store is None else store.held(c) for c in chains]
+        lengths = [len(p) for p in prompts]
+        done, reused = common_skip(lengths, offered)
+        for row, chain in enumerate(chains):
+            if chain is not None and store is not None and reused[row]:
+                store.restore(chain, batch.seqs[row], reused[row])
+                batch.fed[row] = reused[row]
+        return CppPrefill(lengths, done, reused, batch, prompts)
+
+    def advance(self, prefill: CppPrefill, tokens: int | None) -> torch.Tensor | None:
+        """Compute the next `tokens` columns (None: all that are left); the last chunk returns the logits `[B, V]`."""
+        start, end = prefill.done, prefill.span(tokens)
+        width = prefill.width
+        parts = []
+        for prompt, n in zip(prefill.prompts, prefill.lengths, strict=True):
+            pad = width - n
+            parts.append(prompt[max(0, start - pad) : max(0, end - pad)])
+        logits = self._run(prefill.batch, parts)
+        prefill.done = end
+        return torch.from_numpy(logits) if prefill.finished else None
+
+    def row_kv(self, batch: CppBatch, row: int, start: int, end: int) -> CellSpan | None:
+        """One row's cells at positions start..end, kept for the prefix cache; None when no
+        sequence is free to hold them."""
+        assert self.prefix_storage is not None  # a cache exists only where there is storage
+        return self.prefix_storage.copy(batch.seqs[row], start, end)
 
     def step(self, batch: CppBatch, next_ids: torch.Tensor) -> torch.Tensor:
         """Feed each row its newest token; returns the next-token logits `[B, V]`."""
@@ -332,7 +362,7 @@ class LlamaCppRunner:
                 )
                 batch.seq_id[i][0] = seq
             batch.n_tokens = len(part)
-            if lib.llama_decode(self.ctx, batch) != 0:
+            if self._decode_chunk(None) != 0:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions) cannot hold this input"
                 )

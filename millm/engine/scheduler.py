@@ -28,7 +28,7 @@ from millm.engine.generate import Lane, run_job
 from millm.engine.jobs import CallJob, EmbeddingJob, GenerationJob, LikelihoodJob, ScoringJob
 from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
-from millm.engine.prefix_cache import PrefixCache
+from millm.engine.prefix_cache import cache_for
 from millm.engine.scoring import run_scoring
 from millm.errors import (
     MillmError,
@@ -64,12 +64,10 @@ class Scheduler:
     ):
         self.lm = lm
         self.max_pending = max_pending
-        # A prefix cache needs a runner that restores KV into a prefill (the lean one); it belongs
-        # to this model and goes with it.
+        # A prefix cache needs a runner that restores KV into a prefill (the lean one, llama.cpp's
+        # unless the model has sliding-window layers); it belongs to this model and goes with it.
         chunked = getattr(lm.runner, "chunked", False)
-        self.prefix_cache = (
-            PrefixCache(prefix_cache_bytes) if chunked and prefix_cache_bytes > 0 else None
-        )
+        self.prefix_cache = cache_for(lm.runner, prefix_cache_bytes)
         self.prefill_chunk = prefill_chunk if chunked else None
         mergeable = getattr(lm.runner, "mergeable", False)
         self.batching, self.max_batch = batching and mergeable, max_batch

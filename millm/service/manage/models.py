@@ -65,11 +65,13 @@ def prefix_cache_stats(scheduler) -> dict:
     cache = scheduler.prefix_cache
     if cache is not None:
         return {"enabled": True, "unavailable": None, **cache.snapshot()}
-    if getattr(scheduler.lm.runner, "chunked", False):
+    runner = scheduler.lm.runner
+    if getattr(runner, "prefix_storage", None) is not None:
         return {"enabled": False, "unavailable": "PREFIX_CACHE_BYTES is 0"}
+    why = getattr(runner, "prefix_unavailable", None)
     return {
         "enabled": False,
-        "unavailable": f"the {scheduler.lm.runner.name} runner cannot restore a prefix's keys and values",
+        "unavailable": why or f"the {runner.name} runner cannot restore a prefix's keys and values",
     }
 
 

@@ -1,0 +1,80 @@
+"""A GGUF file's final norm and output head as torch tensors, for the logit lens on llama.cpp.
+
+llama.cpp applies them only to the last block's output; the lens applies them to every chosen
+block's, so millm reads the two tensors from the file (gguf-py, the reader transformers uses)
+and dequantises them to float32, once, on first use. The norm is the file's own: an RMS norm,
+or a layer norm where the file has its bias (llama.cpp's converter already folds Gemma's
+`1 + weight` into the stored weight). A tied head is the token embeddings.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class HeadTensors:
+    """The dequantised tensors: norm weight (and bias), head `[V, d]` (and bias)."""
+
+    norm_weight: torch.Tensor
+    norm_bias: torch.Tensor | None
+    head: torch.Tensor
+    head_bias: torch.Tensor | None
+
+
+def read_head(path: Path) -> HeadTensors:
+    """The final norm and output head of the GGUF file at `path`, dequantised to float32."""
+    import gguf
+    from gguf.quants import dequantize
+
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+    def tensor(name: str) -> torch.Tensor | None:
+        found = tensors.get(name)
+        if found is None:
+            return None
+        return torch.from_numpy(dequantize(found.data, found.tensor_type).copy()).float()
+
+    norm, head = tensor("output_norm.weight"), tensor("output.weight")
+    if head is None:
+        head = tensor("token_embd.weight")  # tied embeddings
+    if norm is None or head is None:
+        raise ValueError(f"{path.name} names no output_norm or output head tensor")
+    return HeadTensors(norm, tensor("output_norm.bias"), head, tensor("output.bias"))
+
+
+class GGUFHead:
+    """The final norm and head of one GGUF file, read on first use (on the scheduler thread,
+    where the lens runs) and kept."""
+
+    def __init__(self, path: Path, eps: float, softcap: float | None):
+        self.path, self.eps, self.softcap = path, eps, softcap
+        self._tensors: HeadTensors | None = None
+        self._lock = threading.Lock()
+
+    def tensors(self) -> HeadTensors:
+        """The dequantised tensors, read once."""
+        with self._lock:
+            if self._tensors is None:
+                self._tensors = read_head(self.path)
+            return self._tensors
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's final norm over the last dimension, in float32."""
+        t = self.tensors()
+        x = x.float()
+        if t.norm_bias is not None:
+            return torch.nn.functional.layer_norm(
+                x, (x.shape[-1],), t.norm_weight, t.norm_bias, self.eps
+            )
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * t.norm_weight
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
+        t = self.tensors()
+        logits = torch.nn.functional.linear(hidden.float(), t.head, t.head_bias)
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
