@@ -10,6 +10,7 @@ probabilities, and the probability of the token the model finally predicts there
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,20 +35,28 @@ class LensTable:
     final_probs: list[list[float]]
 
 
-def lens_reads(lm: LoadedModel, layers: list[int], top_k: int) -> tuple[ResidualRead, ...]:
-    """Reads of every prompt position after each of `layers` (after any steering there); the last
-    one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not know."""
-    # The lean runner's own layout (its final norm) and head (its kernel and final soft-cap).
+def lens_head(lm: LoadedModel) -> tuple[Callable, Callable]:
+    """The model's final norm and head logits: the lean runner's own (its kernel and final
+    soft-cap), or on llama.cpp the file's, dequantised (gguf_head.py). ValueError elsewhere."""
+    head = getattr(lm.runner, "lens_head", None)
+    if head is not None:
+        return head.final_norm, head.head_logits
     found = getattr(lm.runner, "layout", None)
     if found is None:
         raise ValueError(f"millm does not know the final norm and head of {lm.config.model_type}")
-    head_logits = lm.runner.head_logits  # type: ignore[attr-defined]  # a lean runner's, as found is
+    return found.final_norm, lm.runner.head_logits  # type: ignore[attr-defined]  # a lean runner's, as found is
+
+
+def lens_reads(lm: LoadedModel, layers: list[int], top_k: int) -> tuple[ResidualRead, ...]:
+    """Reads of every prompt position after each of `layers` (after any steering there); the last
+    one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not know."""
+    final_norm, head_logits = lens_head(lm)
     last = int(lm.config.num_hidden_layers) - 1
     points = sorted(set(layers) | {last})
     kept: dict[int, torch.Tensor] = {}
 
     def logprobs(residuals: torch.Tensor) -> torch.Tensor:
-        hidden = found.final_norm(residuals.to(device=lm.device, dtype=lm.dtype))
+        hidden = final_norm(residuals.to(device=lm.device, dtype=lm.dtype))
         return torch.log_softmax(head_logits(hidden), dim=-1)
 
     def table() -> LensTable:

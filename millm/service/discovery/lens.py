@@ -13,7 +13,6 @@ from anyio import to_thread
 
 from millm.engine.lens import LensTable, lens_reads
 from millm.engine.loader import LoadedModel
-from millm.engine.runner_llamacpp import engine_cannot
 from millm.errors import InvalidRequest
 from millm.protocol.discovery import SteeringUsed, TokenRead
 from millm.protocol.lens import LensCell, LensPosition, LensRequest, LensResponse, LensToken
@@ -97,11 +96,6 @@ async def logit_lens(state: ServerState, body: LensRequest) -> LensResponse:
     """What each chosen block predicts at each position, beside the model's final prediction."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
-    if not lm.differentiable:
-        raise engine_cannot(
-            "the logit lens (it runs the model's final norm and output head, which llama.cpp keeps)",
-            "model",
-        )
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     layers = chosen_layers(lm, body, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
