@@ -29,22 +29,12 @@ from millm.engine.gguf_head import GGUFHead
 from millm.engine.graph_callback import GraphHooks, ggml_library
 from millm.engine.graph_editor import GraphEditor
 from millm.engine.llamacpp_sequences import CellSpan, CellStore, CppBatch, Sequences
-from millm.errors import FieldNotHonoured, InsufficientMemory, ModelSourceError
+from millm.errors import InsufficientMemory, ModelSourceError
 
 # Tokens per llama_decode micro-batch; llama.cpp's output buffer holds this many rows of logits.
 MICRO_BATCH = 512
 log = logging.getLogger(__name__)
 GGML_F32 = 0  # ggml_type
-ENGINE = "llama.cpp"
-
-
-def engine_cannot(what: str, param: str = "steering") -> FieldNotHonoured:
-    """The 400 for something the llama.cpp engine cannot do, saying how to get it."""
-    return FieldNotHonoured(
-        f"{what} cannot be honoured on a model served by {ENGINE}; load it with --engine transformers "
-        "(MILLM_ENGINE) for this",
-        param=param,
-    )
 
 
 def bindings():

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import torch
 
 from tests.api.clients import api, attach_sae, error, finished_job, post, sdk
 from tests.api.test_lens_api import reference as lens_reference
@@ -353,10 +354,39 @@ def test_the_logit_lens_reads_each_block_as_transformers_does(server, tiny_dirs)
             )
 
 
-def test_attribution_is_refused_by_name(server):
-    graph = error(post(server, "/api/attribution", {"text": "The cat"}), 400, "field_not_honoured")
-    assert graph["param"] == "model" and "differentiates the model" in graph["message"]
-    assert "--engine transformers" in graph["message"]
+def test_an_attribution_graph_is_traced_on_a_transformers_copy_of_the_file(server, tiny_dirs):
+    """llama.cpp keeps its weights and a graph differentiates them: the graph comes from a
+    transformers copy of the same file loaded beside for the request, so its target is the
+    logit transformers computes (the F32 file holds the tiny Llama's very weights), the check
+    ablates on that copy, and the copy is freed afterwards (a second graph loads it again)."""
+    from transformers import AutoModelForCausalLM
+
+    sae = attach_sae(server, server.sae_at[1])
+    try:
+        for _ in range(2):
+            traced = post(
+                server,
+                "/api/attribution",
+                {"text": "The capital of France is", "max_feature_nodes": 32, "verify": 4},
+            )
+            assert traced.status_code == 200, traced.text
+            graph = traced.json()
+            ids = [t["token_id"] for t in graph["tokens"]]
+            model = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["llama"]), dtype="float32")
+            with torch.inference_mode():
+                logits = model(torch.tensor([ids])).logits[0, -1].double()
+            top = int(logits.argmax())
+            assert graph["target"]["token_ids"] == [top]
+            assert graph["target"]["value"] == pytest.approx(
+                float(logits[top] - logits.mean()), abs=1e-4
+            )
+            assert any(n["kind"] == "feature" and n["sae_id"] == sae for n in graph["nodes"])
+            check = graph["verification"]
+            assert check["served_value"] == pytest.approx(graph["target"]["value"], abs=1e-4)
+        text, response = answer(server, chat("Tell me about the sea."))
+        assert text and response.json()["system_fingerprint"].endswith(":llama.cpp")
+    finally:
+        post(server, f"/api/saes/{sae}/detach", {})
 
 
 def test_the_discovery_and_training_jobs_read_on_llamacpp(server):

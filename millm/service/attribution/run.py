@@ -5,20 +5,25 @@ graph.py) is one engine call, so serving goes on between a graph's backward pass
 top features are ablated on the served model (verify.py) and the answer is said with token
 strings and labels (answer.py). Unsteered unless `steering` asks, in inspect's vocabulary. A
 client that leaves cancels the work; the pass it held is let go on the scheduler thread.
+
+A model served on llama.cpp keeps its weights to itself, and a graph differentiates them: the
+graph is traced (and checked) on a transformers copy of the same file, loaded beside the served
+model for the request and freed after it (models/beside.py).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from anyio import to_thread
 
+from millm.engine.families import supported
 from millm.engine.jobs import CallDone, CallJob
 from millm.engine.loader import LoadedModel
-from millm.engine.runner_llamacpp import engine_cannot
 from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
 from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
@@ -35,15 +40,17 @@ from millm.service.discovery.inputs import (
     resolve_steering,
 )
 from millm.service.discovery.inspection import inspect_prompt
+from millm.service.models.loading import Planned
 from millm.service.runtime.jobs import JobHandle
 from millm.service.serving.generation import OneResult
 
 
-async def on_engine(state: ServerState, call) -> Any:
-    """Run `call(lm)` on the scheduler thread as one engine job; returns what it returns."""
+async def on_engine(submit: Callable[[CallJob], None], call) -> Any:
+    """Run `call(lm)` on a scheduler's thread as one engine job (`submit`: the served model's
+    scheduler, or the copy's); returns what it returns."""
     result = OneResult(CallDone)
     job = CallJob(call=call, emit=result.emit)
-    state.switch.submit(job)
+    submit(job)
     try:
         return (await result.wait()).value
     finally:
@@ -83,15 +90,14 @@ class Prepared:
     target: Target | None
     budget: Budget
     steered: Steered
+    copy: Planned | None  # a transformers copy to trace on, when the model is served on llama.cpp
 
 
 async def prepare(state: ServerState, body: AttributionRequest, sets: TranscoderBook) -> Prepared:
     """Every check a graph request can fail (a 400 naming the field), before any pass."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
-    if not lm.differentiable:
-        raise engine_cannot("an attribution graph (it differentiates the model)", "model")
-    if getattr(lm.runner, "layout", None) is None:
+    if not supported(lm.config):
         raise InvalidRequest(
             f"attribution runs on the lean runner's families; {lm.name} ({lm.config.model_type}) runs on transformers' own forward",
             param="model",
@@ -101,7 +107,10 @@ async def prepare(state: ServerState, body: AttributionRequest, sets: Transcoder
     target = await to_thread.run_sync(target_of, lm, body.target)
     budget = budget_of(body, lm, sources, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
-    return Prepared(body, lm.name, prompt, sources, target, budget, steered)
+    copy = None
+    if not lm.differentiable:
+        copy = await to_thread.run_sync(state.switch.beside.plan_copy, lm)
+    return Prepared(body, lm.name, prompt, sources, target, budget, steered, copy)
 
 
 async def trace(
@@ -118,23 +127,15 @@ async def trace(
         )
     lm = await state.switch.acquire(prepared.model)
     started = time.monotonic()
-    tracer: Tracer | None = None
-    try:
-        tracer = await on_engine(state, lambda lm: begin(lm, prepared))
-        while True:
-            step = time.monotonic()
-            expanded = await on_engine(state, lambda lm: tracer.expand())
-            if not expanded:
-                break
-            if job is not None:
-                job.advance(expanded)
-                await job.pace_on_loop(time.monotonic() - step)
-        graph: Graph = await on_engine(state, lambda lm: tracer.finish())
-        tracer = None
-    finally:
-        if tracer is not None:  # cancelled or failed mid-way: free the pass where torch runs
-            state.switch.submit(CallJob(call=tracer.drop, emit=lambda event: None))
-    verification = await on_engine(state, lambda lm: checked(lm, graph, body.verify, steered))
+    if prepared.copy is None:
+        graph, verification = await traced(state.switch.submit, prepared, job)
+    else:
+        held = state.switch.beside.loaded(prepared.copy)
+        copy = await to_thread.run_sync(held.__enter__)
+        try:
+            graph, verification = await traced(copy.submit, prepared, job)
+        finally:
+            await to_thread.run_sync(held.__exit__, None, None, None)
     seconds = time.monotonic() - started
     return await to_thread.run_sync(
         graph_answer,
@@ -147,6 +148,31 @@ async def trace(
         f"graph-{uuid.uuid4().hex[:12]}",
         seconds,
     )
+
+
+async def traced(
+    submit: Callable[[CallJob], None], prepared: Prepared, job: JobHandle | None
+) -> tuple[Graph, Verification | None]:
+    """The graph traced a step per engine job on `submit`'s scheduler, then checked there."""
+    body, steered = prepared.body, prepared.steered
+    tracer: Tracer | None = None
+    try:
+        tracer = await on_engine(submit, lambda lm: begin(lm, prepared))
+        while True:
+            step = time.monotonic()
+            expanded = await on_engine(submit, lambda lm: tracer.expand())
+            if not expanded:
+                break
+            if job is not None:
+                job.advance(expanded)
+                await job.pace_on_loop(time.monotonic() - step)
+        graph: Graph = await on_engine(submit, lambda lm: tracer.finish())
+        tracer = None
+    finally:
+        if tracer is not None:  # cancelled or failed mid-way: free the pass where torch runs
+            submit(CallJob(call=tracer.drop, emit=lambda event: None))
+    verification = await on_engine(submit, lambda lm: checked(lm, graph, body.verify, steered))
+    return graph, verification
 
 
 async def attribute(

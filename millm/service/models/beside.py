@@ -1,5 +1,6 @@
 """A registered model loaded beside the served one for the length of one job (an explaining job's
-explainer or scorer), with a scheduler of its own, then freed.
+explainer or scorer, or a transformers copy of a GGUF file served on llama.cpp for an attribution
+graph), with a scheduler of its own, then freed.
 
 The served model stays loaded and serving; the model beside it is the job's alone (no request can
 name it while it is there). Its load is planned as any load is (loading.py) but with nothing to
@@ -78,6 +79,13 @@ class ModelsBeside:
             raise InvalidRequest(f"{param}: {exc.message}", param=param, code=exc.code) from None
         source = self.models.source(name)
         return loading.plan(self.settings, self.models, name, source, None, NOTHING_RECLAIMED)
+
+    def plan_copy(self, lm: LoadedModel) -> Planned:
+        """A transformers copy of the served model's own file, for work that differentiates the
+        weights llama.cpp keeps to itself (attribution graphs); the load's refusals (memory: the
+        copy is dequantised) come now, before any job starts."""
+        settings = self.settings.model_copy(update={"engine": "transformers"})
+        return loading.plan(settings, self.models, lm.name, lm.source, None, NOTHING_RECLAIMED)
 
     @contextmanager
     def loaded(self, planned: Planned) -> Iterator[Beside]:
