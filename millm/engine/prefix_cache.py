@@ -71,8 +71,8 @@ def steering_key(edit: ResidualEdit | None) -> tuple | None:
 
 
 class Storage(Protocol):
-    """Where a runner keeps a block's KV: torch tensors (the lean runner), or KV cells llama.cpp
-    holds under a sequence of its own (runner_llamacpp.CellStore)."""
+    """How a runner keeps a block's KV: torch tensors (the lean runner), or llama.cpp's saved
+    state of the block's cells (llamacpp_sequences.CellCopies)."""
 
     def size(self, kv: Any) -> int:
         """Bytes a block's KV holds."""
@@ -80,14 +80,6 @@ class Storage(Protocol):
 
     def join(self, parts: list[Any]) -> Any:
         """A chain's KV, in order, as the runner's `begin` takes it."""
-        ...
-
-    def release(self, kv: Any) -> None:
-        """A block is dropped: give its memory back."""
-        ...
-
-    def bind(self, clear: Callable[[], None]) -> None:
-        """`clear` empties the cache: the runner calls it when it needs the cache's memory."""
         ...
 
 
@@ -107,12 +99,6 @@ class TensorStorage:
             )
             for g in range(len(parts[0]))
         ]
-
-    def release(self, kv: KV) -> None:
-        """Nothing to do: the tensors go with the block."""
-
-    def bind(self, clear: Callable[[], None]) -> None:
-        """Nothing to do: tensors never compete with running rows for memory."""
 
 
 def cache_for(runner: Any, budget: int) -> PrefixCache | None:
@@ -155,7 +141,6 @@ class PrefixCache:
     ):
         self.budget, self.block_tokens = budget, block_tokens
         self.storage: Storage = storage if storage is not None else TensorStorage()
-        self.storage.bind(self.clear)
         self._entries: dict[tuple, Block] = {}
         self._lru: OrderedDict[int, Block] = (
             OrderedDict()
@@ -219,11 +204,6 @@ class PrefixCache:
             self._lru.move_to_end(block.serial)
         self._evict()
 
-    def clear(self) -> None:
-        """Drop every block (the runner needs their memory for running rows)."""
-        while self._lru:
-            self._drop(next(iter(self._lru.values())))
-
     def _evict(self) -> None:
         while self.bytes > self.budget and self._lru:
             self._drop(next(iter(self._lru.values())))
@@ -241,7 +221,6 @@ class PrefixCache:
             block.parent.children.discard(block.serial)
         self.bytes -= block.size
         self.counters.evictions += 1
-        self.storage.release(block.kv)
 
     def snapshot(self) -> dict:
         """Counters, bytes held and the budget, for /api/health/inference."""

@@ -28,7 +28,7 @@ from millm.engine.batch import PrefillColumns, common_skip
 from millm.engine.gguf_head import GGUFHead
 from millm.engine.graph_callback import GraphHooks, ggml_library
 from millm.engine.graph_editor import GraphEditor
-from millm.engine.llamacpp_sequences import CellSpan, CellStore, CppBatch, Sequences
+from millm.engine.llamacpp_sequences import CellCopies, CppBatch, SavedCells, Sequences
 from millm.errors import InsufficientMemory, ModelSourceError
 
 # Tokens per llama_decode micro-batch; llama.cpp's output buffer holds this many rows of logits.
@@ -81,7 +81,6 @@ class LlamaCppRunner:
         model_type: str,
         hooks_cache: Path,
         exact_kv: bool = False,
-        kv_bytes_per_token: int = 0,
         lens_head: GGUFHead | None = None,
     ):
         lib = self.lib = bindings()
@@ -96,7 +95,7 @@ class LlamaCppRunner:
         params = lib.llama_context_default_params()
         params.n_ctx = context
         params.n_batch = params.n_ubatch = min(MICRO_BATCH, context)
-        params.n_seq_max = sequences
+        params.n_seq_max = sequences + 1  # the last: the prefix cache's scratch sequence
         params.kv_unified = (
             True  # one pool of KV cells for every row: a row can use the whole window
         )
@@ -129,8 +128,10 @@ class LlamaCppRunner:
         # Sliding-window layers keep only their window's cells, so a cached prefix would lose
         # them: such a model recomputes every prompt.
         self.sliding = int(lib.llama_model_n_swa(self.model)) > 0
-        self.prefix_storage: CellStore | None = (
-            None if self.sliding else CellStore(self.sequences, kv_bytes_per_token)
+        self.prefix_storage: CellCopies | None = (
+            None
+            if self.sliding
+            else CellCopies(lib, self.ctx, self.sequences.memory, scratch=sequences)
         )
         self.prefix_unavailable = (
             "llama.cpp keeps only a sliding window of this model's keys and values"
@@ -203,25 +204,21 @@ class LlamaCppRunner:
 
     def _decode_chunk(self, part: list[tuple[int, int, int, bool, int, int]] | None) -> int:
         """One llama_decode of the prepared batch (`part`: its entries, for the graph editor;
-        None: a pass the editor stays out of); a full KV cache first takes back the prefix
-        cache's cells and tries again (llama.cpp finds no cells before computing anything)."""
+        None: a pass the editor stays out of); llama_decode's status."""
         editor = self.editor
-        while True:
-            if part is not None and editor.active:
-                editor.chunk(
-                    np.fromiter((entry[4] for entry in part), np.int64, len(part)),
-                    np.fromiter((entry[5] for entry in part), np.int64, len(part)),
-                )
-            status = self.lib.llama_decode(self.ctx, self._batch)
-            self.decodes += 1
-            failure = self.hooks.take_failure()
-            if failure is not None:
-                raise failure
-            if status == 1 and self.prefix_storage is not None and self.prefix_storage.make_room():
-                continue
-            if part is not None and editor.active and status == 0:
-                editor.decoded()
-            return status
+        if part is not None and editor.active:
+            editor.chunk(
+                np.fromiter((entry[4] for entry in part), np.int64, len(part)),
+                np.fromiter((entry[5] for entry in part), np.int64, len(part)),
+            )
+        status = self.lib.llama_decode(self.ctx, self._batch)
+        self.decodes += 1
+        failure = self.hooks.take_failure()
+        if failure is not None:
+            raise failure
+        if part is not None and editor.active and status == 0:
+            editor.decoded()
+        return status
 
     def _run(self, batch: CppBatch, tokens: list[list[int]], last_only: bool = True) -> np.ndarray:
         """Feed each row its tokens, every row in one pass; logits of each row's last token
@@ -255,23 +252,25 @@ class LlamaCppRunner:
         self,
         prompts: list[list[int]],
         capacity: int,
-        restored: list[list[CellSpan] | None] | None = None,
+        restored: list[list[SavedCells] | None] | None = None,
     ) -> CppPrefill:
-        """A prefill of the prompts as new sequences, nothing computed yet; row i may bring the
-        cached cells of its first positions (`restored[i]`, tagged with its sequence now), and
+        """A prefill of the prompts as new sequences, nothing computed yet; row i may bring
+        copies of its first positions' cells (`restored[i]`, put into its sequence now), and
         keeps as many as every row can skip together (the lean runner's rule)."""
         rows = len(prompts)
         batch = CppBatch([], [0] * rows)
-        batch.seqs = self.sequences.take(batch, rows)  # may take back the cache's sequences
+        batch.seqs = self.sequences.take(batch, rows)
         store = self.prefix_storage
-        chains = restored or [None] * rows
-        offered = [0 if c is None or store is None else store.held(c) for c in chains]
+        offered = [0] * rows
+        for row, chain in enumerate(restored or []):
+            if chain and store is not None:
+                offered[row] = store.restore(chain, batch.seqs[row])
         lengths = [len(p) for p in prompts]
         done, reused = common_skip(lengths, offered)
-        for row, chain in enumerate(chains):
-            if chain is not None and store is not None and reused[row]:
-                store.restore(chain, batch.seqs[row], reused[row])
-                batch.fed[row] = reused[row]
+        for row, seq in enumerate(batch.seqs):
+            if offered[row] > reused[row]:  # restored past what every row can skip together
+                self.lib.llama_memory_seq_rm(self.sequences.memory, seq, reused[row], -1)
+            batch.fed[row] = reused[row]
         return CppPrefill(lengths, done, reused, batch, prompts)
 
     def advance(self, prefill: CppPrefill, tokens: int | None) -> torch.Tensor | None:
@@ -286,9 +285,8 @@ class LlamaCppRunner:
         prefill.done = end
         return torch.from_numpy(logits) if prefill.finished else None
 
-    def row_kv(self, batch: CppBatch, row: int, start: int, end: int) -> CellSpan | None:
-        """One row's cells at positions start..end, kept for the prefix cache; None when no
-        sequence is free to hold them."""
+    def row_kv(self, batch: CppBatch, row: int, start: int, end: int) -> SavedCells | None:
+        """A copy of one row's cells at positions start..end, for the prefix cache."""
         assert self.prefix_storage is not None  # a cache exists only where there is storage
         return self.prefix_storage.copy(batch.seqs[row], start, end)
 

@@ -25,7 +25,8 @@ from millm.settings import Settings
 
 log = logging.getLogger(__name__)
 
-LLAMACPP_SEQUENCES = 256  # llama.cpp's own bound on sequences in one context
+# llama.cpp's own bound on sequences in one context is 256; the runner keeps one for itself.
+LLAMACPP_SEQUENCES = 255
 
 
 @dataclass(frozen=True)
