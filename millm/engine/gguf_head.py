@@ -5,6 +5,10 @@ block's, so millm reads the two tensors from the file (gguf-py, the reader trans
 and dequantises them to float32, once, on first use. The norm is the file's own: an RMS norm,
 or a layer norm where the file has its bias (llama.cpp's converter already folds Gemma's
 `1 + weight` into the stored weight). A tied head is the token embeddings.
+
+Parsing a GGUF file's header takes seconds (its vocabulary is thousands of strings), so where
+the tensors lie in the file is read once with the file's other metadata (`head_locations`, kept
+in the loader's cache) and the first lens request maps just those bytes.
 """
 
 from __future__ import annotations
@@ -26,18 +30,51 @@ class HeadTensors:
     head_bias: torch.Tensor | None
 
 
-def read_head(path: Path) -> HeadTensors:
-    """The final norm and output head of the GGUF file at `path`, dequantised to float32."""
+HEAD_TENSORS = (
+    "output_norm.weight",
+    "output_norm.bias",
+    "output.weight",
+    "output.bias",
+    "token_embd.weight",
+)
+
+
+def head_locations(path: Path) -> dict[str, dict]:
+    """Where the final norm's and head's tensors lie in the GGUF file: per name its data offset,
+    ggml type, and the numpy dtype and shape gguf-py reads its bytes as."""
     import gguf
+
+    return {
+        t.name: {
+            "offset": int(t.data_offset),
+            "type": int(t.tensor_type),
+            "dtype": t.data.dtype.str,
+            "shape": list(t.data.shape),
+        }
+        for t in gguf.GGUFReader(str(path)).tensors
+        if t.name in HEAD_TENSORS
+    }
+
+
+def read_head(path: Path, locations: dict[str, dict] | None = None) -> HeadTensors:
+    """The final norm and output head of the GGUF file at `path`, dequantised to float32
+    (`locations`: head_locations(path), read now when not given)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    places = locations if locations is not None else head_locations(path)
 
     def tensor(name: str) -> torch.Tensor | None:
-        found = tensors.get(name)
-        if found is None:
+        place = places.get(name)
+        if place is None:
             return None
-        return torch.from_numpy(dequantize(found.data, found.tensor_type).copy()).float()
+        data = np.memmap(
+            path, dtype=np.dtype(place["dtype"]), mode="r", offset=place["offset"],
+            shape=tuple(place["shape"]),
+        )  # fmt: skip
+        values = dequantize(data, GGMLQuantizationType(place["type"]))
+        return torch.from_numpy(np.array(values, dtype=np.float32))
 
     norm, head = tensor("output_norm.weight"), tensor("output.weight")
     if head is None:
@@ -51,8 +88,10 @@ class GGUFHead:
     """The final norm and head of one GGUF file, read on first use (on the scheduler thread,
     where the lens runs) and kept."""
 
-    def __init__(self, path: Path, eps: float, softcap: float | None):
-        self.path, self.eps, self.softcap = path, eps, softcap
+    def __init__(
+        self, path: Path, eps: float, softcap: float | None, locations: dict[str, dict] | None
+    ):
+        self.path, self.eps, self.softcap, self.locations = path, eps, softcap, locations
         self._tensors: HeadTensors | None = None
         self._lock = threading.Lock()
 
@@ -60,7 +99,7 @@ class GGUFHead:
         """The dequantised tensors, read once."""
         with self._lock:
             if self._tensors is None:
-                self._tensors = read_head(self.path)
+                self._tensors = read_head(self.path, self.locations)
             return self._tensors
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
-from millm.engine.gguf_head import GGUFHead
+from millm.engine.gguf_head import GGUFHead, head_locations
 from millm.engine.loader import (
     DEQUANTISED,
     GGUF_META,
@@ -77,10 +77,17 @@ def file_metadata(
                 "source": str(source.gguf_path),
                 "sha256": file_sha256(source.gguf_path),
                 "file_type": file_quantization(source.gguf_path),
+                "head": head_locations(source.gguf_path),
             }
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
+    known = json.loads(facts.read_text())
+    if "head" not in known:  # an entry written before the lens ran on llama.cpp
+        known["head"] = head_locations(source.gguf_path)
+        staged = facts.with_suffix(".partial")
+        staged.write_text(json.dumps(known, indent=2))
+        staged.replace(facts)
     now = time.time_ns()
     os.utime(facts, ns=(now, now))  # this use makes it the most recent
     evict_gguf_copies(cache, keep, current=entry)
@@ -104,15 +111,6 @@ def final_softcap(config: PretrainedConfig) -> float | None:
     """The soft-cap on the final logits (Gemma 2), or None."""
     value = getattr(config, "final_logit_softcapping", None)
     return float(value) if value else None
-
-
-def kv_bytes_per_token(config: PretrainedConfig, exact: bool) -> int:
-    """Bytes of keys and values one position holds in llama.cpp's cache (float16, or float32
-    under --dtype float32), every layer counted whole (what the prefix cache's budget counts)."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return int(config.num_hidden_layers) * 2 * kv_heads * head_dim * (4 if exact else 2)
 
 
 def load_with_llamacpp(
@@ -153,8 +151,7 @@ def load_with_llamacpp(
             model_type=str(config.model_type),
             hooks_cache=cache_root / "graph-hooks",
             exact_kv=dtype == "float32",
-            kv_bytes_per_token=kv_bytes_per_token(config, exact=dtype == "float32"),
-            lens_head=GGUFHead(path, norm_eps(config), final_softcap(config)),
+            lens_head=GGUFHead(path, norm_eps(config), final_softcap(config), meta.get("head")),
         )
     except (ModelSourceError, MillmError):
         raise
