@@ -15,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from millm.interp.intensity import STRENGTH_LIMIT
 from millm.protocol.requests import MESSAGE_RULES, ChatMessage
 
+
+def one_of(body: BaseModel, first: str, second: str) -> None:
+    """Exactly one of two fields, sent with a value: the schema's `oneOf` of `required`s (a second
+    field sent as null still counts as sent there, so it is refused here too)."""
+    sent = [name for name in (first, second) if name in body.model_fields_set]
+    if len(sent) != 1 or getattr(body, sent[0]) is None:
+        raise ValueError(f"give either {first} or {second}")
+
+
 MAX_TOP_K = 256  # features one answer lists (per side for a contrast): a page shows a few dozen
 Sort = Literal["max", "mean", "count"]
 Aggregate = Literal["max", "mean"]
@@ -65,8 +74,7 @@ class SteerWith(StrictBody):
 
     @model_validator(mode="after")
     def _one_plan(self) -> SteerWith:
-        if (self.profile is None) == (self.features is None):
-            raise ValueError("give either profile or features")
+        one_of(self, "profile", "features")
         return self
 
 
@@ -93,8 +101,7 @@ class ReadOne(StrictBody):
 
     @model_validator(mode="after")
     def _one_input(self) -> ReadOne:
-        if (self.text is None) == (self.messages is None):
-            raise ValueError("give either text or messages")
+        one_of(self, "text", "messages")
         return self
 
 
@@ -124,8 +131,7 @@ class TextSet(StrictBody):
 
     @model_validator(mode="after")
     def _one_kind(self) -> TextSet:
-        if (self.texts is None) == (self.conversations is None):
-            raise ValueError("give either texts or conversations")
+        one_of(self, "texts", "conversations")
         return self
 
     @property
