@@ -1,16 +1,20 @@
-"""Acceptance on the real demo model (SmolLM2-135M-Instruct from its Q4_1 GGUF), served as the README does."""
+"""Acceptance on the real demo model (SmolLM2-135M-Instruct from its Q4_1 GGUF), served as the
+README does: on llama.cpp, the file kept quantised."""
 
 import hashlib
 
 import pytest
 
-from millm.engine.loader import GGUF_CACHE_ENTRIES, gguf_cache_key
+from millm.engine.loader import GGUF_META, gguf_cache_key
+from millm.engine.loader_llamacpp import GGUF_META_ENTRIES
 from millm.engine.sources import demo_source
 from tests.api.clients import sdk
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# "What is the capital of France?" gets "L'Étoile, la Marseillaise, ..." from llama.cpp: its top two
+# first tokens are 0.3 apart and llama.cpp rounds activations to 8 bits (docs/engine.md).
+FRANCE = [{"role": "user", "content": "Which city is the capital of France?"}]
 
 
 def ask(server, messages=FRANCE, **kwargs):
@@ -30,17 +34,17 @@ def test_fingerprint_names_the_gguf_file_and_quantization(demo_server):
     digest = hashlib.sha256((source.directory / source.gguf_file).read_bytes()).hexdigest()[:8]
     assert (
         ask(demo_server, max_tokens=1).system_fingerprint
-        == f"millm:{MODEL}@{digest}:bfloat16/Q4_1:transformers"
+        == f"millm:{MODEL}@{digest}:float32/Q4_1:llama.cpp"
     )
 
 
-def test_converted_checkpoint_is_cached_under_the_data_directory(demo_server):
+def test_the_files_metadata_is_cached_under_the_data_directory(demo_server):
     # The cache outlives a run (tests/support/model_cache.py): an earlier copy of the package's
     # file (another mtime) may still be there, within the kept count; this run's entry must be.
-    cache = demo_server.log_path.parent / "cache" / "gguf"
-    cached = list(cache.glob("*/model.safetensors"))
-    assert cache / gguf_cache_key(demo_source().gguf_path) / "model.safetensors" in cached
-    assert len(cached) <= GGUF_CACHE_ENTRIES
+    cache = demo_server.log_path.parent / "cache" / "gguf-meta"
+    cached = list(cache.glob(f"*/{GGUF_META}"))
+    assert cache / gguf_cache_key(demo_source().gguf_path) / GGUF_META in cached
+    assert len(cached) <= GGUF_META_ENTRIES
 
 
 def test_stream_equals_whole_answer(demo_server):

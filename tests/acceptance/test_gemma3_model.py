@@ -28,11 +28,12 @@ DENSE = 1647
 
 @pytest.fixture(scope="module")
 def gemma3_server(tmp_path_factory):
-    """`millm serve --model gemma3-270m` (float32 on the lean runner) with continuous batching on."""
+    """`millm serve --model gemma3-270m --engine transformers` (float32 on the lean runner) with
+    continuous batching on."""
     server = start_sharing(
         "gemma3",
         tmp_path_factory.mktemp("gemma3-home"),
-        ["--model", MODEL],
+        ["--model", MODEL, "--engine", "transformers"],
         env={"ENABLE_CONTINUOUS_BATCHING": "true"},
     )
     try:
@@ -150,12 +151,13 @@ def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
 # ---- the same file on llama.cpp: reads, probes and steering inside its graph ---------------------
 @pytest.fixture(scope="module")
 def gemma3_cpp(gemma3_server, tmp_path_factory):
-    """`millm serve --model gemma3-270m --engine llama.cpp`, started after the transformers server so
-    that it reads the file's tokenizer from that server's converted copy (a second, not ~20)."""
+    """`millm serve --model gemma3-270m` (llama.cpp, the default for a GGUF file), started after
+    the transformers server so that it reads the file's tokenizer from that server's converted
+    copy (a second, not ~20)."""
     server = start_sharing(
         "gemma3",
         tmp_path_factory.mktemp("gemma3-cpp-home"),
-        ["--model", MODEL, "--engine", "llama.cpp"],
+        ["--model", MODEL],
     )
     try:
         yield server

@@ -7,6 +7,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from millm.engine.sources import QUANT_SUFFIX, pick_quant, resolve_source
 from millm.errors import AmbiguousModelName, ModelSourceError
@@ -50,18 +51,21 @@ def test_gguf_sources_are_named_repo_quant(tiny_gguf, tmp_path):
     )  # the file's own general.file_type
 
 
-def test_auto_keeps_transformers_while_the_weights_fit(tiny_gguf, tiny_dirs, tmp_path):
+def test_auto_runs_gguf_files_on_llamacpp_when_it_is_installed(tiny_gguf, tiny_dirs, tmp_path):
     gguf = resolve_source(str(tiny_gguf), tmp_path)
     checkpoint = resolve_source(str(tiny_dirs["llama"]), tmp_path)
-    assert choose_engine("auto", gguf, lambda n: True, 10) == TRANSFORMERS
-    assert (
-        choose_engine("auto", gguf, lambda n: n < 10, 10) == LLAMACPP
-    )  # the setup installs llama-cpp-python
-    assert choose_engine("auto", checkpoint, lambda n: False, 10) == TRANSFORMERS
-    assert choose_engine("transformers", gguf, lambda n: False, 10) == TRANSFORMERS
-    assert choose_engine("llama.cpp", gguf, lambda n: True, 10) == LLAMACPP
+    assert choose_engine("auto", gguf) == LLAMACPP  # the setup installs llama-cpp-python
+    assert choose_engine("auto", gguf, installed=lambda: False) == TRANSFORMERS
+    # Bound for a GPU: llama.cpp only where its build offloads to one, else the card runs torch.
+    gpu = torch.device("cuda", 0)
+    assert choose_engine("auto", gguf, gpu, offloads=lambda: False) == TRANSFORMERS
+    assert choose_engine("auto", gguf, gpu, offloads=lambda: True) == LLAMACPP
+    assert choose_engine("auto", gguf, torch.device("cpu"), offloads=lambda: False) == LLAMACPP
+    assert choose_engine("auto", checkpoint) == TRANSFORMERS
+    assert choose_engine("transformers", gguf) == TRANSFORMERS
+    assert choose_engine("llama.cpp", gguf) == LLAMACPP
     with pytest.raises(ModelSourceError, match="runs .gguf files"):
-        choose_engine("llama.cpp", checkpoint, lambda n: True, 10)
+        choose_engine("llama.cpp", checkpoint)
 
 
 def test_a_bare_repository_name_means_its_one_quantisation(tiny_gguf, tmp_path):

@@ -1,10 +1,11 @@
 """Which engine runs a model: transformers or llama.cpp, from --engine and the model's file.
 
-auto keeps every feature where it can: transformers (residual reads, monitoring, probes,
-clamps, every SAE layer) whenever the weights fit dequantised, and llama.cpp for a .gguf file
-whose dequantised copy would not fit in memory but whose file does (a Llama-3.1-8B Q4_K_M is
-4.9 GB as a file and 32 GB in float32). Choosing by memory rather than by file type means the
-README's demo, a 135M GGUF file, keeps everything the README shows.
+auto runs a .gguf file on llama.cpp whenever llama-cpp-python is installed: its kernels keep
+the file quantised and decode several times faster, and millm reads, steers, probes, caches
+prefixes and runs the logit lens inside its graph, so nothing a chat or a discovery job uses
+is lost. Checkpoints, GGUF files on a server without llama-cpp-python, and GGUF files bound
+for a GPU that llama-cpp-python was not built for (a CPU build beside a CUDA torch) run on
+transformers.
 """
 
 from __future__ import annotations
@@ -44,10 +45,22 @@ def check_engine_setting(engine: str) -> None:
         )
 
 
+def llamacpp_offloads() -> bool:
+    """Whether this llama-cpp-python build runs layers on a GPU (a CUDA build)."""
+    from millm.engine.runner_llamacpp import bindings
+
+    return bool(bindings().llama_supports_gpu_offload())
+
+
 def choose_engine(
-    setting: str, source: ModelSource, fits: Callable[[int], bool], dequantised_bytes: int
+    setting: str,
+    source: ModelSource,
+    device: torch.device | None = None,
+    installed: Callable[[], bool] = llamacpp_installed,
+    offloads: Callable[[], bool] = llamacpp_offloads,
 ) -> str:
-    """The engine for `source` under --engine `setting`; `fits(n)` says whether n bytes of weights fit."""
+    """The engine for `source` under --engine `setting` on `device` (`installed`: whether
+    llama-cpp-python is; `offloads`: whether its build uses a GPU)."""
     if setting == TRANSFORMERS:
         return TRANSFORMERS
     if setting == LLAMACPP:
@@ -56,8 +69,9 @@ def choose_engine(
                 f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one"
             )
         return LLAMACPP
-    if source.gguf_file and llamacpp_installed() and not fits(dequantised_bytes):
-        return LLAMACPP
+    if source.gguf_file and installed():
+        on_gpu = device is not None and device.type != "cpu"
+        return LLAMACPP if not on_gpu or offloads() else TRANSFORMERS
     return TRANSFORMERS
 
 
@@ -130,9 +144,9 @@ def plan_load(
     def fits(n: int) -> bool:
         return DeviceMemory(str(device), n, free_bytes(device), reclaimable, limit).fits
 
-    weights = checkpoint.parameters * element_bytes(device, settings.dtype)
-    engine = choose_engine(settings.engine, source, fits, weights)
+    engine = choose_engine(settings.engine, source, device)
     if engine == TRANSFORMERS:
+        weights = checkpoint.parameters * element_bytes(device, settings.dtype)
         return LoadPlan(engine, weights, "its weights", window)
     sizing = llamacpp_sizing(
         checkpoint.stored_bytes, checkpoint.gguf, window, settings.dtype == "float32", fits
