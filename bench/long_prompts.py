@@ -202,11 +202,13 @@ SIZES = {  # full / --quick
 
 
 # ---------------------------------------------------------------------------------------------- model
-def _load(work: Path, before: bool = False):
+def _load(work: Path, before: bool = False, engine: str = "transformers"):
     """The demo model, loaded on a thread that ends (as the server loads), so the threads that run
-    it meet no idle OpenMP pool. `before`: every int4 pass on the int4 kernel (today's prefill)."""
+    it meet no idle OpenMP pool. `before`: every int4 pass on the int4 kernel (today's prefill).
+    `engine`: transformers, or llama.cpp over the same file (sections 1-3)."""
     from millm.engine import kernels
     from millm.engine.loader import load_model
+    from millm.engine.loader_llamacpp import load_with_llamacpp
     from millm.engine.sources import resolve_source
 
     if before:
@@ -214,12 +216,13 @@ def _load(work: Path, before: bool = False):
     out = {}
 
     def run():
-        out["lm"] = load_model(
-            resolve_source(MODEL, work / "hub"),
-            dtype="auto",
-            device="cpu",
-            cache_root=work / "cache",
-        )
+        source = resolve_source(MODEL, work / "hub")
+        if engine == "llama.cpp":
+            out["lm"] = load_with_llamacpp(
+                source, dtype="auto", cache_root=work / "cache", sequences=16
+            )
+            return
+        out["lm"] = load_model(source, dtype="auto", device="cpu", cache_root=work / "cache")
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -352,7 +355,7 @@ def conversation(tokenizer, seed, target: int) -> list[dict]:
 def measure_turns(args, cache_on: bool) -> dict:
     from millm.engine.scheduler import Scheduler
 
-    lm = _load(Path(args.work))
+    lm = _load(Path(args.work), engine=args.engine)
     scheduler = Scheduler(lm, 64, prefix_cache_bytes=args.cache_bytes if cache_on else 0)
     runs = []
     try:
@@ -410,7 +413,7 @@ def webui_system(tokenizer, seed, target: int) -> str:
 def measure_webui(args) -> dict:
     from millm.engine.scheduler import Scheduler
 
-    lm = _load(Path(args.work))
+    lm = _load(Path(args.work), engine=args.engine)
     scheduler = Scheduler(lm, 64, prefix_cache_bytes=args.cache_bytes)
     runs = []
     try:
@@ -461,7 +464,7 @@ def measure_join(args, chunk: int) -> dict:
     from millm.engine.prompts import completion_prompt_ids
     from millm.engine.scheduler import Scheduler
 
-    lm = _load(Path(args.work))
+    lm = _load(Path(args.work), engine=args.engine)
     lm.eos_token_ids = frozenset()  # the stream runs until cancelled
     n = min(args.long, lm.context_length - 8)
     stream_ids = tuple(completion_prompt_ids(lm.tokenizer, STREAM_PROMPT))
@@ -658,6 +661,8 @@ def run(args, section: str, variant: str) -> dict:
         args.sizes,
         "--threads",
         str(args.threads),
+        "--engine",
+        args.engine,
     ]
     environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     done = _check(subprocess.run(command, capture_output=True, text=True, env=environment))
@@ -785,7 +790,7 @@ def machine(args) -> str:
             versions.append(f"{name} (not installed)")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
-        f"{MODEL} (Q4_1 GGUF, dtype auto), {cpu}, {os.cpu_count()} cores, {args.threads} threads; {', '.join(versions)}; "
+        f"{MODEL} (Q4_1 GGUF, dtype auto, engine {args.engine}), {cpu}, {os.cpu_count()} cores, {args.threads} threads; {', '.join(versions)}; "
         f"Python {platform.python_version()}; load average {load:.2f} at start; prefix cache budget {args.cache_bytes / 2**20:.0f} MiB"
     )
 
@@ -800,6 +805,12 @@ def main() -> None:
         help="small sizes and one repeat: checks the script end to end",
     )
     parser.add_argument("--only", choices="1234", help="run one section")
+    parser.add_argument(
+        "--engine",
+        choices=["transformers", "llama.cpp"],
+        default="transformers",
+        help="1-3: the engine the demo file runs on (4 measures the transformers engine's prefill)",
+    )
     parser.add_argument(
         "--repeats",
         type=int,
