@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
+from millm.engine.gguf_head import head_locations
 from millm.engine.prompts import template_variables
 from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner, mlp_norms
@@ -188,6 +189,17 @@ def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
     return stale
 
 
+def gguf_facts(path: Path) -> dict:
+    """What is kept about a GGUF file beside its converted metadata: where it was, its hash, its
+    quantization, and where its final norm and head lie (the logit lens on llama.cpp reads them)."""
+    return {
+        "source": str(path),
+        "sha256": file_sha256(path),
+        "file_type": file_quantization(path),
+        "head": head_locations(path),
+    }
+
+
 def gguf_checkpoint(
     source: ModelSource, cache_root: Path, keep: int = GGUF_CACHE_ENTRIES
 ) -> tuple[Path, dict]:
@@ -224,11 +236,7 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
         model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ is typed for tensors and modules only
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
-        meta = {
-            "source": str(gguf_path),
-            "sha256": file_sha256(gguf_path),
-            "file_type": file_quantization(gguf_path),
-        }
+        meta = gguf_facts(gguf_path)
         (staging / GGUF_META).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)

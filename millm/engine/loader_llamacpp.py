@@ -27,11 +27,11 @@ from millm.engine.loader import (
     context_window,
     eos_token_ids,
     evict_gguf_copies,
-    file_sha256,
     gguf_cache_key,
+    gguf_facts,
 )
 from millm.engine.runner_llamacpp import LlamaCppRunner
-from millm.engine.sources import ModelSource, file_quantization
+from millm.engine.sources import ModelSource
 from millm.errors import MillmError, ModelSourceError, describe
 
 if TYPE_CHECKING:
@@ -73,12 +73,7 @@ def file_metadata(
             AutoTokenizer.from_pretrained(
                 str(source.directory), gguf_file=source.gguf_file
             ).save_pretrained(str(staging))
-            meta = {
-                "source": str(source.gguf_path),
-                "sha256": file_sha256(source.gguf_path),
-                "file_type": file_quantization(source.gguf_path),
-                "head": head_locations(source.gguf_path),
-            }
+            meta = gguf_facts(source.gguf_path)
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
