@@ -5,6 +5,7 @@ llama.cpp (scaled embeddings, its own norms), read, probed and steered inside ll
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -195,3 +196,18 @@ def test_reads_and_a_probe_see_the_dense_feature_at_every_position(gemma3_cpp):
     after_bos = dense_at_every_position(body)
     (verdict,) = body["millm"]["probes"]
     assert verdict["fired"] and verdict["positions"] == after_bos
+
+
+def test_the_logit_lens_reads_gemmas_blocks_on_llamacpp(gemma3_cpp):
+    """The file's own final norm (Gemma's 1 + weight, folded in by llama.cpp's converter) and tied
+    head over llama.cpp's block outputs: the last block predicts the token llama.cpp itself
+    picks, with nearly the probability its logits give."""
+    answer = post(gemma3_cpp, "/api/lens", {"text": CAPITALS, "positions": "last", "top_k": 3})
+    assert answer.status_code == 200, answer.text
+    (last,) = answer.json()["predictions"]
+    scored = complete_on_cpp(gemma3_cpp, CAPITALS, 1, logprobs=1)
+    chosen = scored["choices"][0]["logprobs"]
+    assert last["final"]["token"] == chosen["tokens"][0] == " Berlin"
+    assert last["final"]["probability"] == pytest.approx(
+        math.exp(chosen["token_logprobs"][0]), abs=0.05
+    )
