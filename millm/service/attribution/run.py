@@ -42,19 +42,14 @@ from millm.service.discovery.inputs import (
 from millm.service.discovery.inspection import inspect_prompt
 from millm.service.models.loading import Planned
 from millm.service.runtime.jobs import JobHandle
-from millm.service.serving.generation import OneResult
+from millm.service.serving.generation import answered
 
 
 async def on_engine(submit: Callable[[CallJob], None], call) -> Any:
     """Run `call(lm)` on a scheduler's thread as one engine job (`submit`: the served model's
     scheduler, or the copy's); returns what it returns."""
-    result = OneResult(CallDone)
-    job = CallJob(call=call, emit=result.emit)
-    submit(job)
-    try:
-        return (await result.wait()).value
-    finally:
-        job.cancel()
+    done = await answered(submit, CallDone, lambda emit: CallJob(call=call, emit=emit))
+    return done.value
 
 
 def begin(lm: LoadedModel, prepared: Prepared) -> Tracer:

@@ -24,7 +24,7 @@ from millm.engine.residual import ResidualEdit
 from millm.interp.sae import SAE
 from millm.interp.sae_reads import ENCODE_CHUNK
 from millm.interp.steering import Attached
-from millm.service.serving.generation import OneResult
+from millm.service.serving.generation import answered
 
 SKIPPED_POSITIONS = 1  # the attention sink at position 0
 TAG = "discovery"
@@ -61,10 +61,8 @@ async def read_passes(
     edit: ResidualEdit | None = None,
 ) -> ScoresReady:
     """One pass per prompt on the scheduler thread for the request holding the model's lease; the reads' summaries come back in `ScoresReady.reads`."""
-    result = OneResult(ScoresReady)
-    job = ScoringJob(prompts=prompts, emit=result.emit, reads=reads, edit=edit)
-    state.switch.submit(job)
-    try:
-        return await result.wait()
-    finally:
-        job.cancel()
+    return await answered(
+        state.switch.submit,
+        ScoresReady,
+        lambda emit: ScoringJob(prompts=prompts, emit=emit, reads=reads, edit=edit),
+    )

@@ -12,7 +12,7 @@ from millm.protocol.completion_objects import Embedding, EmbeddingList, Embeddin
 from millm.protocol.field_policy import handle_unused, unused_locations
 from millm.protocol.requests import EmbeddingRequest
 from millm.service.composition import ServerState
-from millm.service.serving.generation import OneResult
+from millm.service.serving.generation import answered
 from millm.service.serving.prechecks import precheck
 from millm.service.serving.prompts import embedding_inputs
 from millm.service.serving.replies import Reply, Report
@@ -45,13 +45,10 @@ async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Rep
     ignored = handle_unused(unused_locations(body), strict)
     lm = await state.switch.acquire(body.model)
     prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
-    result = OneResult(EmbeddingsReady)
-    job = EmbeddingJob(prompts=prompts, emit=result.emit)
-    state.switch.submit(job)
-    try:
-        vectors = (await result.wait()).vectors
-    finally:
-        job.cancel()
+    ready = await answered(
+        state.switch.submit, EmbeddingsReady, lambda emit: EmbeddingJob(prompts=prompts, emit=emit)
+    )
+    vectors = ready.vectors
     tokens = sum(len(p) for p in prompts)
     answer = await to_thread.run_sync(
         embedding_list, vectors.numpy(), body.encoding_format, named.served, tokens

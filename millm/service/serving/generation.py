@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.jobs import (
@@ -14,6 +14,7 @@ from millm.engine.jobs import (
     EmbeddingsReady,
     Event,
     GenerationJob,
+    JobControl,
     JobFailed,
     ProbeVerdict,
     ResidualRead,
@@ -199,6 +200,22 @@ class OneResult(Generic[Answer]):
         if not isinstance(event, self._answer):  # a job of this kind emits nothing else
             raise TypeError(f"expected {self._answer.__name__}, got {type(event).__name__}")
         return event
+
+
+async def answered(
+    submit: Callable[[Any], None],
+    answer: type[Answer],
+    make: Callable[[Callable[[Event], None]], JobControl],
+) -> Answer:
+    """Submit the job `make(emit)` builds (to the served model's scheduler, or a job's own) and
+    await its one answer; the job is cancelled when the caller stops waiting."""
+    result = OneResult(answer)
+    job = make(result.emit)
+    submit(job)
+    try:
+        return await result.wait()
+    finally:
+        job.cancel()
 
 
 @dataclass

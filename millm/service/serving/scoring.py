@@ -28,7 +28,7 @@ from millm.protocol.token_logprobs import TokenWords, joined, token_text
 from millm.service.composition import ServerState
 from millm.service.serving.activations import ActivationRead
 from millm.service.serving.answers import Echo, Meta, millm_block
-from millm.service.serving.generation import OneResult
+from millm.service.serving.generation import answered
 from millm.service.serving.replies import Reply, Report
 
 
@@ -66,15 +66,13 @@ async def score_and_read(
     """Each prompt's ranked next token (ranked on the scheduler thread), with `echo` its own
     tokens scored too, and what `reads` captured of its pass; unsteered unless `edit` (a variant
     whose scoring is steered)."""
-    result = OneResult(ScoresReady)
-    job = ScoringJob(
-        prompts=prompts, emit=result.emit, reads=reads, ranking=ranking, echo=echo, edit=edit
+    return await answered(
+        state.switch.submit,
+        ScoresReady,
+        lambda emit: ScoringJob(
+            prompts=prompts, emit=emit, reads=reads, ranking=ranking, echo=echo, edit=edit
+        ),
     )
-    state.switch.submit(job)
-    try:
-        return await result.wait()
-    finally:
-        job.cancel()
 
 
 def completion_choice(
