@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.interp.attribution.integrated import MAX_STEPS
+from millm.protocol.body_fields import StrictBody
 from millm.protocol.discovery import (
     ReadOne,
     Steering,
     SteeringUsed,
-    StrictBody,
     TokenRead,
 )
 

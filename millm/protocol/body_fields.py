@@ -1,5 +1,6 @@
-"""What every request body shares: the base that parses strictly and keeps unknown fields, the
-bounded field types (OpenAI's ranges), and how a prompt field and a body's rows are counted."""
+"""What every request body shares: the base that parses strictly and keeps unknown fields (the
+OpenAI bodies, which report them), the one that refuses them (millm's own bodies), the bounded
+field types (OpenAI's ranges), and how a prompt field and a body's rows are counted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_CHOICES = 128
+
+
+class StrictBody(BaseModel):
+    """millm's own bodies: strict parsing, and an unknown key is a 400 naming it (nothing of
+    them is reported as ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class OpenBody(BaseModel):

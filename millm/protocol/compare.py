@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from millm.interp.intensity import ENVELOPE_MAX, STRENGTH_LIMIT
-from millm.protocol.body_fields import RowCount
+from millm.protocol.body_fields import RowCount, StrictBody
 from millm.protocol.completion_objects import Usage, WireModel
 from millm.protocol.requests import ChatMessage, GenerationFields
 from millm.protocol.schema_rules import any_of, sent, when
@@ -32,12 +32,6 @@ Intensity = (
     | Literal["off", "min", "max"]
 )
 Name = Annotated[str, Field(min_length=1)]
-
-
-class StrictBody(BaseModel):
-    """Strict parsing; an unknown key is a 400 naming it."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class FeatureSetting(StrictBody):

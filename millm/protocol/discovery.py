@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.interp.intensity import STRENGTH_LIMIT
+from millm.protocol.body_fields import StrictBody
 from millm.protocol.requests import MESSAGE_RULES, ChatMessage
 
 
@@ -30,12 +31,6 @@ Aggregate = Literal["max", "mean"]
 MESSAGE_SCHEMA: dict[str, Any] = {
     "allOf": MESSAGE_RULES
 }  # what ChatMessage's validator checks, for the served schema
-
-
-class StrictBody(BaseModel):
-    """Strict parsing; unknown keys are refused."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class DiscoveryMessage(ChatMessage):

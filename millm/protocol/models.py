@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from millm.protocol.steering import StrictBody
+from millm.protocol.body_fields import StrictBody
 
 
 class RegisterModel(StrictBody):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from millm.engine.sources import HUB_ID
 from millm.interp.document_schemas import (
@@ -16,6 +16,7 @@ from millm.interp.document_schemas import (
 )
 from millm.interp.document_schemas import NAME_PATTERN as PROFILE_NAME_PATTERN
 from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
+from millm.protocol.body_fields import StrictBody
 from millm.protocol.schema_rules import absent_or_null, any_of, sent
 
 # `--sae`'s forms (service/models/sae_specs.py reads them): a path (/, . or ~ first), a release
@@ -23,12 +24,6 @@ from millm.protocol.schema_rules import absent_or_null, any_of, sent
 SAE_SPEC_PATTERN = r"^([/.~].*|[^/:@\s]+:\S.*|[A-Za-z0-9][\w.-]*/[\w.-]+(:[^@]*)?(@\S+)?)$"
 
 HUB_ID_PATTERN = HUB_ID.pattern  # a hub repository's id, as the request schemas state it
-
-
-class StrictBody(BaseModel):
-    """Strict bodies: unknown fields are refused here, where nothing needs to be reported."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 # The limits below are stated in the schema only: check_strength, feature_op and validate_profile

@@ -8,7 +8,8 @@ from pydantic import BaseModel, Field
 
 from millm.interp.document_schemas import MAX_DESCRIPTION, ProfileName
 from millm.interp.vector_file import HookPoint
-from millm.protocol.discovery import MAX_TOP_K, Conversation, ModelName, StrictBody
+from millm.protocol.body_fields import StrictBody
+from millm.protocol.discovery import MAX_TOP_K, Conversation, ModelName
 
 Side = Annotated[
     Annotated[str, Field(min_length=1)] | Conversation,
