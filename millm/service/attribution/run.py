@@ -52,7 +52,7 @@ async def on_engine(submit: Callable[[CallJob], None], call) -> Any:
     return done.value
 
 
-def begin(lm: LoadedModel, prepared: Prepared) -> Tracer:
+def begin(lm: LoadedModel, prepared: PreparedGraph) -> Tracer:
     """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
     prompt, edit, target = prepared.prompt, prepared.steered.edit, prepared.target
     if target is None:
@@ -75,7 +75,7 @@ def checked(lm: LoadedModel, graph: Graph, count: int, steered: Steered) -> Veri
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedGraph:
     """A request that passed every check: what its graph is traced from."""
 
     body: AttributionRequest
@@ -88,7 +88,9 @@ class Prepared:
     copy: Planned | None  # a transformers copy to trace on, when the model is served on llama.cpp
 
 
-async def prepare(state: ServerState, body: AttributionRequest, sets: TranscoderBook) -> Prepared:
+async def prepare(
+    state: ServerState, body: AttributionRequest, sets: TranscoderBook
+) -> PreparedGraph:
     """Every check a graph request can fail (a 400 naming the field), before any pass."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))
@@ -105,11 +107,11 @@ async def prepare(state: ServerState, body: AttributionRequest, sets: Transcoder
     copy = None
     if not lm.differentiable:
         copy = await to_thread.run_sync(state.switch.beside.plan_copy, lm)
-    return Prepared(body, lm.name, prompt, sources, target, budget, steered, copy)
+    return PreparedGraph(body, lm.name, prompt, sources, target, budget, steered, copy)
 
 
 async def trace(
-    state: ServerState, prepared: Prepared, job: JobHandle | None = None
+    state: ServerState, prepared: PreparedGraph, job: JobHandle | None = None
 ) -> AttributionGraph:
     """The prepared graph traced, pruned and checked; as a `job`, each batch of features
     expanded is progress, and the job's share of the scheduler is kept between steps."""
@@ -146,7 +148,7 @@ async def trace(
 
 
 async def traced(
-    submit: Callable[[CallJob], None], prepared: Prepared, job: JobHandle | None
+    submit: Callable[[CallJob], None], prepared: PreparedGraph, job: JobHandle | None
 ) -> tuple[Graph, Verification | None]:
     """The graph traced a step per engine job on `submit`'s scheduler, then checked there."""
     body, steered = prepared.body, prepared.steered

@@ -54,7 +54,7 @@ DEFAULT_INSTRUCTIONS = (
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedEvaluation:
     """What the job needs, checked before it starts."""
 
     id: str
@@ -100,7 +100,7 @@ def start_evaluation(state, body: EvaluationRequest, book) -> JobView:
         )
     hypotheses = tuple(dict.fromkeys((*instructions, *DEFAULT_INSTRUCTIONS)))
     judge = judge_for(state, body.judge, lm.name, lm.tokenizer, hypotheses)
-    prep = Prepared(
+    prep = PreparedEvaluation(
         PREFIX + uuid.uuid4().hex[:12], body, lm.name, lm.tokenizer, instructions, sweeps, judge
     )
     return state.jobs.start(
@@ -118,7 +118,7 @@ def prompt_of(tokenizer, instruction: str, system: str | None) -> list[int]:
     return chat_prompt_ids(tokenizer, [*messages, {"role": "user", "content": instruction}])
 
 
-def run_evaluation(state, prep: Prepared, book, handle: JobHandle) -> EvaluationResult:
+def run_evaluation(state, prep: PreparedEvaluation, book, handle: JobHandle) -> EvaluationResult:
     """Measure the baseline and every setting, then store the result (partial when cancelled)."""
     baseline: Point | None = None
     results = [CandidateResult(label=s.label, kind=s.kind, points=[]) for s in prep.sweeps]
@@ -138,7 +138,7 @@ def run_evaluation(state, prep: Prepared, book, handle: JobHandle) -> Evaluation
 
 
 def measure(
-    state, prep: Prepared, setting: Setting, handle: JobHandle, reference: float | None
+    state, prep: PreparedEvaluation, setting: Setting, handle: JobHandle, reference: float | None
 ) -> Point:
     """One setting's answers, measured and rated; `reference` is the unsteered answers' mean
     perplexity (None while measuring them: their own)."""
@@ -232,7 +232,7 @@ def point(strength: float | None, samples: list[Sample]) -> Point:
 
 
 def assemble(
-    prep: Prepared,
+    prep: PreparedEvaluation,
     baseline: Point | None,
     results: list[CandidateResult],
     job_id: str,

@@ -51,7 +51,7 @@ from millm.service.training.autosteer_inputs import (
     GOAL_SYSTEM,
     NEUTRAL_TEXTS,
     SKIPPED_POSITIONS,
-    Prepared,
+    PreparedAutoSteer,
     primed_ids,
     search_words,
 )
@@ -89,7 +89,7 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
         tuple(primed_ids(lm.tokenizer, GOAL_SYSTEM.format(goal=body.goal), p)) for p in probes
     )
     control_ids = tuple(tuple(primed_ids(lm.tokenizer, CONTROL_SYSTEM, p)) for p in probes)
-    prepared = Prepared(
+    prepared = PreparedAutoSteer(
         body, lm.name, attached, judge, probes, probe_ids, goal_ids, control_ids, lm.tokenizer
     )
     sweep = len(body.strengths or body.strength_fractions or DEFAULT_FRACTIONS)
@@ -103,7 +103,7 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
 
 
 # the job -------------------------------------------------------------------------------------------
-def run_autosteer(state, prep: Prepared, handle: JobHandle) -> AutoSteerResult:
+def run_autosteer(state, prep: PreparedAutoSteer, handle: JobHandle) -> AutoSteerResult:
     """The whole loop: candidates, sweep, judge, rank, save."""
     body = prep.body
     candidates = find_candidates(state, prep, handle)
@@ -181,7 +181,9 @@ def label_of(labels: dict[int, dict], index: int) -> str | None:
     return entry.get("label") if entry else None
 
 
-def find_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int, str, float]]:
+def find_candidates(
+    state, prep: PreparedAutoSteer, handle: JobHandle
+) -> list[tuple[int, str, float]]:
     """(index, source, evidence) of the features to try: label matches, and contrast winners when
     examples were given, taken in turn, without repeats, up to `candidates`; then those the caller
     included that were not found (evidence: none)."""
@@ -214,7 +216,9 @@ def _alternate(first: list, second: list) -> list:
     return out
 
 
-def contrast_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[int, str, float]]:
+def contrast_candidates(
+    state, prep: PreparedAutoSteer, handle: JobHandle
+) -> list[tuple[int, str, float]]:
     """The features that most separate the examples from the neutral texts (unsteered), by effect size."""
     tokenizer = prep.tokenizer
     examples = [completion_prompt_ids(tokenizer, text) for text in prep.body.examples or ()]
@@ -244,7 +248,7 @@ def contrast_candidates(state, prep: Prepared, handle: JobHandle) -> list[tuple[
 
 
 def measure(
-    state, prep: Prepared, indices: list[int], handle: JobHandle
+    state, prep: PreparedAutoSteer, indices: list[int], handle: JobHandle
 ) -> tuple[float, dict[int, list[tuple[float, torch.Tensor]]], dict[int, float]]:
     """The median residual norm at the SAE's point over the probe prompts (unsteered; measured on
     the scheduler thread), each candidate's decoder norm, and each candidate's sweep as
@@ -288,7 +292,7 @@ def measure(
 
 
 def generate(
-    state, prep: Prepared, edits: list[ResidualEdit | None], handle: JobHandle
+    state, prep: PreparedAutoSteer, edits: list[ResidualEdit | None], handle: JobHandle
 ) -> list[str]:
     """Each probe prompt answered greedily with its edit (one engine job, rows batched together)."""
     rows = [
@@ -307,7 +311,7 @@ def generate(
     return [g.text for g in generated]
 
 
-def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> Judged:
+def judge_texts(state, prep: PreparedAutoSteer, texts: list[str], handle: JobHandle) -> Judged:
     """Over `texts` (one answer per probe): the judge's mean P(yes); the affinity (mean per-token
     log-probability gain of the answers after the goal's system message over the neutral one);
     the fluency (mean log-probability per token after the bare probe prompts)."""
@@ -344,7 +348,7 @@ def judge_texts(state, prep: Prepared, texts: list[str], handle: JobHandle) -> J
     )
 
 
-def save_profile(state, prep: Prepared, best: Setting) -> dict:
+def save_profile(state, prep: PreparedAutoSteer, best: Setting) -> dict:
     """Store the best setting as a profile; returns {id, name}."""
     document = {
         "kind": "millm.profile",

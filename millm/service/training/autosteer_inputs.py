@@ -1,6 +1,6 @@
 """What an AutoSteer job starts from: its default probe prompts and neutral texts, the words of
 a goal worth searching labels for, the prompts primed with the goal and with a neutral system
-message, and the request as checked before the job starts (Prepared)."""
+message, and the request as checked before the job starts (PreparedAutoSteer)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def primed_ids(tokenizer, system: str, probe: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedAutoSteer:
     """What the job needs, checked before it starts."""
 
     body: AutoSteerRequest

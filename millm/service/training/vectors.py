@@ -45,7 +45,7 @@ TAG = "vectors"
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedTraining:
     """A checked request: the model, the point, and each text's token ids (positives, then negatives)."""
 
     body: TrainVectorRequest
@@ -65,7 +65,7 @@ def side_ids(lm: LoadedModel, side: Side, param: str) -> list[int]:
     return check_readable(lm, ids, param)
 
 
-def prepare(state: ServerState, body: TrainVectorRequest) -> Prepared:
+def prepare(state: ServerState, body: TrainVectorRequest) -> PreparedTraining:
     """Everything the job needs, checked in the order a client would fix it (blocking: tokenising)."""
     cap = state.settings.discovery_max_texts
     if len(body.pairs) > cap:
@@ -107,7 +107,7 @@ def prepare(state: ServerState, body: TrainVectorRequest) -> Prepared:
     ]
     texts = [(param, side_ids(lm, side, param)) for param, side in entries]
     check_total(texts, state.settings.discovery_max_tokens)
-    return Prepared(
+    return PreparedTraining(
         body,
         lm.name,
         model_width(lm),
@@ -130,7 +130,7 @@ def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
     )
 
 
-def read_pooled(state: ServerState, prep: Prepared, handle: JobHandle) -> np.ndarray:
+def read_pooled(state: ServerState, prep: PreparedTraining, handle: JobHandle) -> np.ndarray:
     """Every text's pooled residual at the point `[texts, d_model]` (float64), a few texts per engine call."""
     read = ResidualRead(
         prep.point,
@@ -155,7 +155,7 @@ def read_pooled(state: ServerState, prep: Prepared, handle: JobHandle) -> np.nda
     return out
 
 
-def run_training(state: ServerState, prep: Prepared, handle: JobHandle) -> dict:
+def run_training(state: ServerState, prep: PreparedTraining, handle: JobHandle) -> dict:
     """The job: read, train (numpy), store; the stored vector is the result."""
     vectors = read_pooled(state, prep, handle)
     half = len(prep.body.pairs)
