@@ -24,8 +24,8 @@ class CppBatch:
 
 class Sequences:
     """Sequence ids of one context: handed out to batches, taken back (and their KV cells freed)
-    once the batch holding them is gone or lets them go. A batch dropped without a word (a lane reset, a scoring pass) is noticed
-    through a weak reference the next time ids are needed."""
+    once the batch holding them is gone or lets them go. A batch dropped without a word (a lane
+    reset, a scoring pass) is noticed through a weak reference the next time ids are needed."""
 
     def __init__(self, lib, memory, count: int):
         self.lib, self.memory, self.count = lib, memory, count
@@ -42,13 +42,10 @@ class Sequences:
         self._reclaim()
         return len(self._owner)
 
-    def _free_ids(self, count: int) -> list[int]:
-        self._reclaim()
-        return [seq for seq in range(self.count) if seq not in self._owner][:count]
-
     def take(self, batch: CppBatch, rows: int) -> list[int]:
         """`rows` unused sequence ids, now owned by `batch`."""
-        free = self._free_ids(rows)
+        self._reclaim()
+        free = [seq for seq in range(self.count) if seq not in self._owner][:rows]
         if len(free) < rows:
             raise InsufficientMemory(
                 f"llama.cpp's context has {self.count} sequences and {len(self._owner)} are in use; "

@@ -127,15 +127,13 @@ class LlamaCppRunner:
         self.sequences = Sequences(lib, lib.llama_get_memory(self.ctx), sequences)
         # Sliding-window layers keep only their window's cells, so a cached prefix would lose
         # them: such a model recomputes every prompt.
-        self.sliding = int(lib.llama_model_n_swa(self.model)) > 0
+        sliding = int(lib.llama_model_n_swa(self.model)) > 0
         self.prefix_storage: CellCopies | None = (
-            None
-            if self.sliding
-            else CellCopies(lib, self.ctx, self.sequences.memory, scratch=sequences)
+            None if sliding else CellCopies(lib, self.ctx, self.sequences.memory, scratch=sequences)
         )
         self.prefix_unavailable = (
             "llama.cpp keeps only a sliding window of this model's keys and values"
-            if self.sliding
+            if sliding
             else None
         )
         self.editor.bind(self.hooks)
@@ -185,7 +183,18 @@ class LlamaCppRunner:
                 batch.seq_id[i][0] = seq
                 batch.logits[i] = wants or every
             batch.n_tokens = len(part)
-            status = self._decode_chunk(part)
+            if editor.active:
+                editor.chunk(
+                    np.fromiter((entry[4] for entry in part), np.int64, len(part)),
+                    np.fromiter((entry[5] for entry in part), np.int64, len(part)),
+                )
+            status = lib.llama_decode(self.ctx, batch)
+            self.decodes += 1
+            failure = self.hooks.take_failure()
+            if failure is not None:
+                raise failure
+            if editor.active:
+                editor.decoded()
             if status == 1:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "
@@ -201,24 +210,6 @@ class LlamaCppRunner:
                 ).reshape(given, self.vocab_size)
                 outputs[slots[done : done + len(wanted)]] = logits[wanted] if every else logits
                 done += len(wanted)
-
-    def _decode_chunk(self, part: list[tuple[int, int, int, bool, int, int]] | None) -> int:
-        """One llama_decode of the prepared batch (`part`: its entries, for the graph editor;
-        None: a pass the editor stays out of); llama_decode's status."""
-        editor = self.editor
-        if part is not None and editor.active:
-            editor.chunk(
-                np.fromiter((entry[4] for entry in part), np.int64, len(part)),
-                np.fromiter((entry[5] for entry in part), np.int64, len(part)),
-            )
-        status = self.lib.llama_decode(self.ctx, self._batch)
-        self.decodes += 1
-        failure = self.hooks.take_failure()
-        if failure is not None:
-            raise failure
-        if part is not None and editor.active and status == 0:
-            editor.decoded()
-        return status
 
     def _run(self, batch: CppBatch, tokens: list[list[int]], last_only: bool = True) -> np.ndarray:
         """Feed each row its tokens, every row in one pass; logits of each row's last token
@@ -350,7 +341,7 @@ class LlamaCppRunner:
                 )
                 batch.seq_id[i][0] = seq
             batch.n_tokens = len(part)
-            if self._decode_chunk(None) != 0:
+            if lib.llama_decode(self.ctx, batch) != 0:
                 raise InsufficientMemory(
                     f"llama.cpp's KV cache ({self.context} positions) cannot hold this input"
                 )
