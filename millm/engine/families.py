@@ -29,6 +29,17 @@ Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 SLIDING = "sliding_attention"
 
 
+def final_softcap(config) -> float | None:
+    """The soft-cap on the final logits (Gemma 2), or None."""
+    value = getattr(config, "final_logit_softcapping", None)
+    return float(value) if value else None
+
+
+def soft_capped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Logits through the family's final soft-cap (`cap * tanh(logits / cap)`), as its forward does."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 @dataclass
 class AttentionLayout:
     """One block's attention: fused q|k|v weights, shapes, and the family's extras."""
@@ -179,7 +190,7 @@ def _llama_like(model, family: str) -> ModelLayout:
         final_norm=inner.norm,
         head=model.get_output_embeddings(),
         rotary=rotary,
-        final_softcap=getattr(config, "final_logit_softcapping", None),
+        final_softcap=final_softcap(config),
     )
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from millm.engine.families import soft_capped
+
 
 @dataclass(frozen=True)
 class HeadTensors:
@@ -85,8 +87,8 @@ def read_head(path: Path, locations: dict[str, dict] | None = None) -> HeadTenso
 
 
 class GGUFHead:
-    """The final norm and head of one GGUF file, read on first use (on the scheduler thread,
-    where the lens runs) and kept."""
+    """The final norm and head of one GGUF file, read on first use (the lens service reads them
+    on a worker thread before its passes) and kept."""
 
     def __init__(
         self, path: Path, eps: float, softcap: float | None, locations: dict[str, dict] | None
@@ -116,4 +118,4 @@ class GGUFHead:
         """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
         t = self.tensors()
         logits = torch.nn.functional.linear(hidden.float(), t.head, t.head_bias)
-        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
+        return soft_capped(logits, self.softcap)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from millm.engine.constraints import GrammarSupport
+from millm.engine.families import final_softcap
 from millm.engine.gguf_head import GGUFHead, head_locations
 from millm.engine.loader import (
     DEQUANTISED,
@@ -100,12 +101,6 @@ def norm_eps(config: PretrainedConfig) -> float:
         if value is not None:
             return float(value)
     return 1e-5
-
-
-def final_softcap(config: PretrainedConfig) -> float | None:
-    """The soft-cap on the final logits (Gemma 2), or None."""
-    value = getattr(config, "final_logit_softcapping", None)
-    return float(value) if value else None
 
 
 def load_with_llamacpp(

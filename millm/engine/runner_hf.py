@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from millm.engine.batch import extend_mask, leading_padding, left_pad, left_pad_mask, positions
+from millm.engine.families import final_softcap, soft_capped
 from millm.engine.kernels import KernelPlan, install_linear
 
 
@@ -43,10 +44,7 @@ class HeadOverHidden:
         hidden, _ = self.hidden_states([sequence])
         head = self.model.get_output_embeddings()
         logits = head(hidden[0, start - 1 : len(sequence) - 1]).float()
-        cap = getattr(
-            self.model.config, "final_logit_softcapping", None
-        )  # as the model's own forward does after its head
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return soft_capped(logits, final_softcap(self.model.config))
 
 
 class HFRunner(HeadOverHidden):

@@ -38,6 +38,7 @@ from millm.engine.families import (
     BlockLayout,
     ModelLayout,
     layout,
+    soft_capped,
     supported,
 )
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
@@ -198,8 +199,7 @@ class LeanRunner:
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
         logits = self.layout.head(hidden).float()
-        cap = self.layout.final_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return soft_capped(logits, self.layout.final_softcap)
 
     def _last_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits `[B, V]` of each row's last column of block outputs `[B, T, d]`."""

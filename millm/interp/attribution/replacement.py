@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from millm.engine.attention import rotate
-from millm.engine.families import BlockLayout, ModelLayout
+from millm.engine.families import BlockLayout, ModelLayout, soft_capped
 from millm.engine.residual import EMBEDDINGS, ResidualEdit, mlp_input, run_operation
 from millm.interp.sae import SAE
 
@@ -329,9 +329,7 @@ class ReplacementModel:
             x = self._after(block.index, x, by_place, traces, edit)
         last = self.final_norm(x[:, -1], self.frozen, self.hold)
         logits = self.linear(last, (self.layout.head.weight, self.layout.head.bias))
-        cap = self.layout.final_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+        logits = soft_capped(logits, self.layout.final_softcap)
         return Trace(traces, embeddings, z_embed, logits)
 
     def _after(self, point: int, x, by_place, traces, edit) -> torch.Tensor:
