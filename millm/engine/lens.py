@@ -47,6 +47,14 @@ def lens_head(lm: LoadedModel) -> tuple[Callable, Callable]:
     return found.final_norm, lm.runner.head_logits  # type: ignore[attr-defined]  # a lean runner's, as found is
 
 
+def read_lens_head(lm: LoadedModel) -> None:
+    """Dequantise llama.cpp's final norm and head now, if not yet (blocking: seconds for a large
+    vocabulary), so the scheduler thread, where the lens's last read runs, never waits for it."""
+    head = getattr(lm.runner, "lens_head", None)
+    if head is not None:
+        head.tensors()
+
+
 def lens_reads(lm: LoadedModel, layers: list[int], top_k: int) -> tuple[ResidualRead, ...]:
     """Reads of every prompt position after each of `layers` (after any steering there); the last
     one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not know."""

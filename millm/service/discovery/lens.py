@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from anyio import to_thread
 
-from millm.engine.lens import LensTable, lens_reads
+from millm.engine.lens import LensTable, lens_reads, read_lens_head
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
 from millm.protocol.discovery import SteeringUsed, TokenRead
@@ -99,6 +99,7 @@ async def logit_lens(state: ServerState, body: LensRequest) -> LensResponse:
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
     layers = chosen_layers(lm, body, len(prompt))
     steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
+    await to_thread.run_sync(read_lens_head, lm)
     try:
         reads = lens_reads(lm, layers, body.top_k)
     except ValueError as exc:
