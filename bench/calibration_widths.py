@@ -24,7 +24,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from millm.service.models.shipped import DEMO_SAE  # noqa: E402
+from millm.kernel.model.shipped import DEMO_SAE  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 from tests.support.tiny_saes import build_saelens, sae_tensors  # noqa: E402
 

@@ -44,7 +44,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from millm.service.evaluation.run import DEFAULT_INSTRUCTIONS  # noqa: E402
+from millm.lab.evaluations.job import DEFAULT_INSTRUCTIONS  # noqa: E402
 from tests.acceptance.test_demo_steering import WEEKEND, topic_words  # noqa: E402
 from tests.support.model_cache import start_sharing  # noqa: E402
 

@@ -81,7 +81,7 @@ def paired_reads(count: int) -> None:
 
     from millm.engine.jobs import ResidualRead, ScoringJob
     from millm.engine.scoring import run_scoring
-    from millm.service.training.corpus import CalibrateRequest, corpus_ids
+    from millm.lab.calibration.protocol import CalibrateRequest, corpus_ids
 
     lm, info, sae = demo_model_and_sae("auto")
     texts = corpus_ids(lm.tokenizer, CalibrateRequest(corpus="demo"), info, lm.context_length)

@@ -60,7 +60,7 @@ print(json.dumps({"tok_s": max(rates[1:]), "rss": rss, "tokens": count}))
 
 
 BASELINE = """
-import millm.api.app, millm.engine.loader_llamacpp, millm.engine.runner_llamacpp, llama_cpp, torch, transformers
+import millm.server.app, millm.engine.loader_llamacpp, millm.engine.runner_llamacpp, llama_cpp, torch, transformers
 print(int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024)
 """
 WINDOW = 2048  # (b)'s n_ctx

@@ -277,9 +277,9 @@ class Request:
 
 def _tokens(tokenizer, messages, tools=None) -> list[int]:
     """A conversation's prompt ids as the server renders it: tools in the template when it takes
-    them, else in a system message (millm.service.serving.tools, the server's own path)."""
+    them, else in a system message (millm.v1.serving.tools, the server's own path)."""
     from millm.engine.prompts import chat_prompt_ids
-    from millm.service.serving.tools import (
+    from millm.v1.serving.tools import (
         ToolPlan,
         parse_tool,
         template_takes_tools,

@@ -560,7 +560,7 @@ def main() -> int:
         if args.model is None:
             model, sae = build_tiny(work, args.seed)
         elif args.model == "demo":
-            from millm.service.models.shipped import DEMO_SAE
+            from millm.kernel.model.shipped import DEMO_SAE
 
             model, sae = None, Path(args.sae) if args.sae else DEMO_SAE
         else:

@@ -34,7 +34,7 @@ from millm.engine.sampling import SamplingParams  # noqa: E402
 from millm.engine.sources import demo_source  # noqa: E402
 from millm.interp.formats import read_sae  # noqa: E402
 from millm.interp.steering import Attached, FeatureOp, feature_edit  # noqa: E402
-from millm.service.models.shipped import DEMO_SAE, SHIPPED_TRANSCODERS  # noqa: E402
+from millm.kernel.model.shipped import DEMO_SAE, SHIPPED_TRANSCODERS  # noqa: E402
 
 TRANSCODER_BLOCK = 12
 

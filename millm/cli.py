@@ -76,13 +76,13 @@ def serve(settings: Settings) -> int:
     """Resolve the model at once (clear error, no traceback), then serve while it loads."""
     import uvicorn
 
-    from millm.api.access import open_routes_warning
-    from millm.api.app import create_app
     from millm.engine.sources import resolve_source
     from millm.errors import MillmError, ModelSourceError, StoreUnavailable
-    from millm.service.composition import build_state
-    from millm.service.facades import build_facades
-    from millm.service.models.engines import check_engine_setting
+    from millm.kernel.model.engines import check_engine_setting
+    from millm.server.access import open_routes_warning
+    from millm.server.app import create_app
+    from millm.server.composition import build_state
+    from millm.server.facades import build_facades
     from millm.store.single_process import DatabaseInUse
 
     settings.home.mkdir(parents=True, exist_ok=True)

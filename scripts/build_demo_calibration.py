@@ -50,8 +50,8 @@ sys.path.insert(0, str(SCRIPTS))
 import train_demo_sae as train  # noqa: E402  (the SAE's own corpus helpers: model, decode loop, stdlib texts)
 
 from millm.engine.prompts import chat_prompt_ids  # noqa: E402
-from millm.service.features.calibrations import SHIPPED_FILE, shipped_document  # noqa: E402
-from millm.service.training.corpus import CORPUS_FILE  # noqa: E402
+from millm.kernel.books.calibrations import SHIPPED_FILE, shipped_document  # noqa: E402
+from millm.lab.calibration.protocol import CORPUS_FILE  # noqa: E402
 from millm.store.calibrations import get_calibration  # noqa: E402
 from millm.store.database import Store, database_url  # noqa: E402
 

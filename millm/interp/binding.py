@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest
+from millm.formats.mistudio import Member
 from millm.interp.intensity import applied_strength
-from millm.interp.mistudio import Member
 from millm.interp.steering import Attached, InvalidFeatureIndex, steering_edit
 
 BOUND = ("bind", "warn")

@@ -19,11 +19,9 @@ import math
 from dataclasses import dataclass
 
 from millm.errors import InvalidRequest
+from millm.formats.document_fields import STRENGTH_LIMIT
 
 ENVELOPE_MAX = 2.0
-# The steering range: authored strengths outside it are refused, derived ones (strength · λ,
-# sums of members) are clamped into it by clamp_strength.
-STRENGTH_LIMIT = 200.0
 SYMBOLS = ("off", "min", "max")
 
 

@@ -91,7 +91,7 @@ class Scorer:
     threshold: float
 
 
-SKIPPED = 1  # a probe never scores position 0: the attention sink (see service/discovery/reads.py), as trained
+SKIPPED = 1  # a probe never scores position 0: the attention sink (see lab/discovery/reads.py), as trained
 
 
 def watch_of(probe: Scorer) -> Watch:

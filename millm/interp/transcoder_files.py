@@ -19,7 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from millm.errors import InvalidRequest
-from millm.interp.labels import check_width, read_document
+from millm.formats.labels import check_width, read_document
 from millm.interp.sae import SAE, JumpReLUSAE, SAEWeights, StandardSAE
 
 # circuit-tracer's names for the MLP's normalised input and its output (TransformerLens hooks,

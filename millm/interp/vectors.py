@@ -5,7 +5,7 @@ one residual point, unsteered, and each text is pooled into one vector: the mean
 residuals over every position but the first. Why that pooling rather than the last position
 (which repeng reads):
 - position 0 is an attention sink in most models, its residual norm tens of times the others'
-  (see service/discovery/reads.py): it would dominate any mean, so it is left out, as every
+  (see lab/discovery/reads.py): it would dominate any mean, so it is left out, as every
   discovery read leaves it out;
 - a concept two texts differ by (a topic, a tone, a persona) shows at every position of them,
   while the last position mostly holds the next-token prediction of one text: the mean over

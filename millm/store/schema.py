@@ -121,7 +121,7 @@ calibrations_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# Steering vectors (service/steering/vectors.py): the unit direction as d_model little-endian float32 bytes
+# Steering vectors (kernel/books/vectors.py): the unit direction as d_model little-endian float32 bytes
 # (read back bit for bit), its trained length and where and on which model it was trained.
 vectors_table = Table(
     "millm_vectors",
@@ -154,7 +154,7 @@ probes_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# Stored Responses API answers (store/responses_api.py): the response object and the conversation it
+# Stored Responses API answers (v1/responses/store.py): the response object and the conversation it
 # answered (input items, earlier turns included), both as JSON, for GET and previous_response_id.
 responses_table = Table(
     "millm_responses",

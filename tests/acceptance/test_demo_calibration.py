@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from millm.service.models.shipped import DEMO_SAE
+from millm.kernel.model.shipped import DEMO_SAE
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"

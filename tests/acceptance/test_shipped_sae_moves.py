@@ -6,7 +6,7 @@ README promises instead of starting with no SAE attached, and its transcoder set
 import httpx
 import pytest
 
-from millm.service.models.shipped import DEMO_SAE, SHIPPED_TRANSCODERS
+from millm.kernel.model.shipped import DEMO_SAE, SHIPPED_TRANSCODERS
 from millm.settings import DEMO_MODEL_NAME
 from millm.store.database import Store, database_url
 from millm.store.saes import add_sae, sae_rows

@@ -270,7 +270,7 @@ def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny
     mine = tracer.finish()
     assert mine.method == "transcoders"
     assert graph["target"]["value"] == pytest.approx(mine.target_value, abs=1e-4)
-    from millm.service.attribution.answer import node_ids
+    from millm.lab.attribution.answer import node_ids
 
     index = {node: i for i, node in enumerate(node_ids(mine, 3))}
     assert graph["edges"]
@@ -420,7 +420,7 @@ def test_integrated_gradients_give_the_tracers_graph_and_are_refused_where_exact
     from millm.interp.attribution.graph import INTEGRATED, Budget, Target, Tracer
     from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
     from millm.interp.formats import read_saelens
-    from millm.service.attribution.answer import node_ids
+    from millm.lab.attribution.answer import node_ids
     from tests.support.server import TEST_ROOT
     from tests.support.tiny_transcoders import build_transcoder_set
 

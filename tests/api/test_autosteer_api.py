@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
-from millm.service.discovery.judge import QUESTION, judge_tokens
+from millm.lab.discovery.judge import QUESTION, judge_tokens
 from tests.api.clients import MODEL, api, error, finished_job, llama_with_sae, post
 
 PROBES = ["Tell me about rivers.", "Hello there"]

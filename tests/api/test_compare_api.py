@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.protocol.compare import CompareRequest
-from millm.service.serving.prechecks import check_rows
+from millm.lab.compare.protocol import CompareRequest
+from millm.v1.serving.prechecks import check_rows
 from tests.api.clients import MODEL, api, error, post, sse_events
 from tests.support.mistudio_docs import cluster, raw
 from tests.support.server import ServerProcess

@@ -19,16 +19,16 @@ import pytest
 import torch
 
 from millm.engine.prompts import chat_prompt_ids
-from millm.interp.explain_examples import choose, fuzzed_marks, marks_per_window, windows
-from millm.interp.explain_prompts import (
+from millm.interp.formats import read_sae
+from millm.lab.labels.explain_examples import choose, fuzzed_marks, marks_per_window, windows
+from millm.lab.labels.explain_prompts import (
     detection_messages,
     explainer_messages,
     fuzz_marks,
     fuzzing_messages,
     marked,
 )
-from millm.interp.explain_scoring import Judged, balanced_score
-from millm.interp.formats import read_sae
+from millm.lab.labels.explain_scoring import Judged, balanced_score
 from tests.api.clients import MODEL, api, error, post
 from tests.support.explainer_endpoint import Explainer
 from tests.support.server import ServerProcess
@@ -451,7 +451,7 @@ def test_another_registered_model_writes_and_scores_beside_the_served_one(
     served model for its length, then freed. The explanation it writes is the stock Gemma's
     greedy line after "[EXPLANATION]:", its detection score the stock Gemma's P([1]) arithmetic
     on that explanation; the served model stays the one loaded and answers afterwards."""
-    from millm.interp.explain_prompts import parsed_explanation
+    from millm.lab.labels.explain_prompts import parsed_explanation
 
     process, sae = calibrated
     name, model = gemma

@@ -30,7 +30,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from millm.api.app import served_openapi
+from millm.server.app import served_openapi
 from millm.settings import Settings
 from tests.api.clients import MODEL, api
 from tests.support.mistudio_docs import circuit, cluster, raw

@@ -5,7 +5,7 @@ import http_sfv
 import httpx
 import pytest
 
-from millm.protocol.field_policy import ENDPOINTS, MATRIX, REFUSED
+from millm.v1.policy.field_policy import ENDPOINTS, MATRIX, REFUSED
 from tests.api.clients import MODEL, post, sse_events
 from tests.unit.test_field_policy import EXAMPLES
 

@@ -9,14 +9,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from millm.engine.jobs import ResidualRead, ResidualsRead
-from millm.interp.profiles import validate_spec
-from millm.service.features.labels import LabelBook
-from millm.service.steering.base_fit import DialLimits
-from millm.service.steering.documents import CircuitBook, ClusterBook
-from millm.service.steering.live import Steering
-from millm.service.steering.plans import Planner
-from millm.service.steering.profiles import ProfileBook
-from millm.service.steering.saes import SAERegistry
+from millm.formats.profiles import validate_spec
+from millm.kernel.books.documents import CircuitBook, ClusterBook
+from millm.kernel.books.labels import LabelBook
+from millm.kernel.books.profiles import ProfileBook
+from millm.kernel.steering.base_fit import DialLimits
+from millm.kernel.steering.live import Steering
+from millm.kernel.steering.plans import Planner
+from millm.kernel.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from tests.support.tiny_saes import build_saelens, sae_tensors
 

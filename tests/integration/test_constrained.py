@@ -8,7 +8,7 @@ from jsonschema import Draft202012Validator
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.sampling import SamplingParams
-from millm.protocol.schema_subset import check_schema
+from millm.v1.policy.schema_subset import check_schema
 from tests.integration.engine_helpers import generate, prompt_ids, row
 from tests.unit.test_schema_subset import SUPPORTED_EXAMPLES
 

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from millm.engine.sources import resolve_source
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
-from millm.service.composition import build_state
-from millm.service.discovery.contrast import contrast_prompts_blocking
+from millm.lab.discovery.contrast import contrast_prompts_blocking
+from millm.server.composition import build_state
 from millm.settings import Settings
 from tests.support.tiny_saes import build_saelens
 

@@ -1,4 +1,4 @@
-"""A registered model loaded beside the served one for a job (service/models/beside.py), on the
+"""A registered model loaded beside the served one for a job (kernel/model/beside.py), on the
 tiny models: planned with nothing to reclaim (a name not registered is a 400 naming the field, a
 model past MILLM_MEMORY_LIMIT_BYTES the load's 503), loaded with a scheduler of its own that
 answers as the stock model does, held by one job at a time (model_busy for a second), and its
@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 from millm.engine.jobs import RowSpec
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemoryToLoad, InvalidRequest, ModelBusy
-from millm.service.models.beside import ModelsBeside
-from millm.service.models.registry import ModelRegistry
-from millm.service.runtime.blocking import generate_blocking
+from millm.kernel.model.beside import ModelsBeside
+from millm.kernel.model.registry import ModelRegistry
+from millm.kernel.runtime.blocking import generate_blocking
 from millm.settings import Settings
 from millm.store.database import Store, database_url
 

@@ -14,10 +14,10 @@ import torch
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest
+from millm.formats.profiles import validate_spec
 from millm.interp.intensity import parse_dial
-from millm.interp.profiles import validate_spec
 from millm.interp.steering import steering_edit
-from millm.service.steering.resolution import Resolvers
+from millm.kernel.steering.resolution import Resolvers
 from millm.store.profiles import profile_rows
 from millm.store.steering import live_features
 from tests.integration.engine_helpers import generate, prompt_ids, row

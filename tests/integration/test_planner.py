@@ -7,17 +7,17 @@ import torch
 from sqlalchemy import event
 
 from millm.errors import NotFound
+from millm.formats.mistudio import circuit_members
 from millm.interp.binding import circuit_bindings, circuit_mode
 from millm.interp.intensity import parse_dial
-from millm.interp.mistudio import circuit_members
 from millm.interp.steering import InvalidFeatureIndex
-from millm.service.features.labels import LabelBook
-from millm.service.steering.base_fit import BaseUnfit, DialLimits
-from millm.service.steering.documents import CircuitBook, ClusterBook
-from millm.service.steering.live import Steering
-from millm.service.steering.plans import Planner
-from millm.service.steering.profiles import ProfileBook
-from millm.service.steering.saes import SAERegistry
+from millm.kernel.books.documents import CircuitBook, ClusterBook
+from millm.kernel.books.labels import LabelBook
+from millm.kernel.books.profiles import ProfileBook
+from millm.kernel.steering.base_fit import BaseUnfit, DialLimits
+from millm.kernel.steering.live import Steering
+from millm.kernel.steering.plans import Planner
+from millm.kernel.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from tests.integration.engine_helpers import prompt_ids
 from tests.integration.test_steering_engine import residuals
@@ -356,7 +356,7 @@ def test_an_unfit_base_is_refused_every_time_and_logged_once_per_state(world, ca
     (row,) = clusters.import_raw(raw(cluster(name="layer-two", layer=2)), "fail")
     steering.set_active("cluster", row["id"])
     steering.detach(ids[2])
-    caplog.set_level(logging.WARNING, logger="millm.service.steering.plans")
+    caplog.set_level(logging.WARNING, logger="millm.kernel.steering.plans")
     for _ in range(3):
         with pytest.raises(BaseUnfit):
             planner.plan_for(None, None)
@@ -373,7 +373,7 @@ def test_live_values_of_a_detached_sae_are_logged_once(world, caplog):
     steering, _, _, planner, ids = world
     steering.set_features({(ids[1], 2): 10.0, (ids[2], 3): 5.0})
     steering.detach(ids[2])
-    caplog.set_level(logging.WARNING, logger="millm.service.steering.plans")
+    caplog.set_level(logging.WARNING, logger="millm.kernel.steering.plans")
     plans = [
         planner.plan_for(None, None),
         planner.plan_for(None, parse_dial(0.5)),

@@ -10,8 +10,8 @@ import pytest
 from millm.engine.jobs import GenerationJob
 from millm.engine.sources import resolve_source
 from millm.errors import ModelBusy
-from millm.service.composition import build_state
-from millm.service.models import unloading
+from millm.kernel.model import unloading
+from millm.server.composition import build_state
 from millm.settings import Settings
 from tests.integration.engine_helpers import prompt_ids, row
 

@@ -5,10 +5,10 @@ import pytest
 from sqlalchemy import event
 
 from millm.interp.steering import FeatureOp
-from millm.service.features.labels import LabelBook
-from millm.service.steering.live import Steering
-from millm.service.steering.profiles import ProfileBook
-from millm.service.steering.saes import SAERegistry
+from millm.kernel.books.labels import LabelBook
+from millm.kernel.books.profiles import ProfileBook
+from millm.kernel.steering.live import Steering
+from millm.kernel.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from millm.store.steering import write_features
 from tests.support.tiny_saes import build_saelens

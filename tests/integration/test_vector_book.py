@@ -13,7 +13,7 @@ from millm.engine.residual import EMBEDDINGS
 from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached
-from millm.service.steering.vectors import VectorBook
+from millm.kernel.books.vectors import VectorBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
 from millm.store.profiles import profile_rows
 from millm.store.settings import get_setting

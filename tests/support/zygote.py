@@ -34,7 +34,7 @@ from pathlib import Path
 # SDK, every route), the server, and the model classes transformers imports lazily at the first load
 # (about 4 s: its generation and masking code, torch._dynamo), for every family the tests build.
 PRELOADED = [
-    "millm.api.app",
+    "millm.server.app",
     "millm.cli",
     "uvicorn",
     "transformers.modeling_gguf_pytorch_utils",

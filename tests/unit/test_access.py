@@ -3,7 +3,7 @@
 import pytest
 from pydantic import SecretStr
 
-from millm.api.access import (
+from millm.server.access import (
     ADMIN,
     INFERENCE,
     OPEN,
@@ -17,7 +17,7 @@ from millm.api.access import (
     open_routes_warning,
     route_class,
 )
-from millm.api.body_limit import DocumentTooLarge, RequestTooLarge, body_cap
+from millm.server.body_limit import DocumentTooLarge, RequestTooLarge, body_cap
 from millm.settings import key_setting
 
 

@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import event
 
 from millm.errors import Conflict, NotFound
-from millm.interp.profiles import validate_profile
-from millm.service.steering.books import NAME_LIMIT, unique_name, unique_names
-from millm.service.steering.documents import CircuitBook, ClusterBook
-from millm.service.steering.profiles import ProfileBook
+from millm.formats.profiles import validate_profile
+from millm.kernel.books.base import NAME_LIMIT, unique_name, unique_names
+from millm.kernel.books.documents import CircuitBook, ClusterBook
+from millm.kernel.books.profiles import ProfileBook
 from millm.store.database import Store, database_url
 from millm.store.documents import insert_documents
 from millm.store.profiles import insert_profiles

@@ -18,8 +18,8 @@ from millm.interp.calibration_stats import (
     quantile_grid,
     unpack_grids,
 )
-from millm.service.training.calibration import groups
-from millm.service.training.corpus import CalibrateRequest, check_source
+from millm.lab.calibration.job import groups
+from millm.lab.calibration.protocol import CalibrateRequest, check_source
 
 
 def sparse_texts(seed: int, texts: int = 12, d_sae: int = 40, width: int = 30):

@@ -11,15 +11,15 @@ import torch
 
 from millm.engine.sources import QUANT_SUFFIX, pick_quant, resolve_source
 from millm.errors import AmbiguousModelName, ModelSourceError
-from millm.service.models.checkpoints import GGUFShape, inspect
-from millm.service.models.engines import (
+from millm.kernel.model.checkpoints import GGUFShape, inspect
+from millm.kernel.model.engines import (
     LLAMACPP,
     MIN_CONTEXT,
     TRANSFORMERS,
     choose_engine,
     llamacpp_sizing,
 )
-from millm.service.models.registry import ModelRegistry
+from millm.kernel.model.registry import ModelRegistry
 from millm.store.database import Store, database_url
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from millm.interp.calibration_stats import pack_corpus, unpack_corpus
-from millm.interp.explain_examples import choose, fuzzed_marks, marks_per_window, windows
-from millm.interp.explain_prompts import (
+from millm.lab.labels.explain_examples import choose, fuzzed_marks, marks_per_window, windows
+from millm.lab.labels.explain_prompts import (
     activation_line,
     detection_messages,
     explainer_messages,
@@ -22,8 +22,8 @@ from millm.interp.explain_prompts import (
     parsed_explanation,
     scaled,
 )
-from millm.interp.explain_scoring import Judged, balanced_score
-from millm.service.labelling.writers import read_yes
+from millm.lab.labels.explain_scoring import Judged, balanced_score
+from millm.lab.labels.writers import read_yes
 
 
 def test_windows_cut_each_text_into_consecutive_pieces():

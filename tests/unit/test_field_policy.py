@@ -3,7 +3,7 @@
 import pytest
 
 from millm.errors import FieldNotHonoured
-from millm.protocol.field_policy import (
+from millm.v1.policy.field_policy import (
     ABOVE_ONE,
     ENDPOINTS,
     HONOURED,

@@ -3,9 +3,9 @@
 import http_sfv
 import pytest
 
-from millm.api.headers import seed_header, strict_mode, string_list, token
 from millm.errors import InvalidRequest
-from millm.protocol.field_policy import percent_encode
+from millm.v1.http.headers import seed_header, strict_mode, string_list, token
+from millm.v1.policy.field_policy import percent_encode
 
 
 def parse_list(text: str) -> list[str]:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from millm.errors import InvalidRequest, NotFound, QueueFull
-from millm.service.runtime.jobs import JobBook, JobFailed, JobState
+from millm.kernel.runtime.jobs import JobBook, JobFailed, JobState
 
 
 def wait_ended(book: JobBook, job_id: str, timeout: float = 5.0):
@@ -140,7 +140,7 @@ def test_only_the_last_kept_ended_jobs_are_remembered():
 
 
 def test_autosteer_searches_labels_without_the_goals_instruction_words():
-    from millm.service.training.autosteer_inputs import search_words
+    from millm.lab.autosteer.inputs import search_words
 
     assert search_words("talk about Italian food") == "Italian food"
     assert search_words("Talk like a pirate!") == "pirate!"

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from millm.errors import SAEFormatError
+from millm.formats.labels import LabelDocument, read_document
 from millm.interp.formats import read_sae
-from millm.interp.labels import LabelDocument, read_document
-from millm.service.features.label_search import LabelIndex, fts_query
-from millm.service.features.labels import LabelBook
-from millm.service.steering.decoders import DecoderCache, decoder_of, neighbours
-from millm.service.steering.live import Steering
-from millm.service.steering.profiles import ProfileBook
-from millm.service.steering.saes import SAERegistry
+from millm.kernel.books.label_search import LabelIndex, fts_query
+from millm.kernel.books.labels import LabelBook
+from millm.kernel.books.profiles import ProfileBook
+from millm.kernel.steering.decoders import DecoderCache, decoder_of, neighbours
+from millm.kernel.steering.live import Steering
+from millm.kernel.steering.saes import SAERegistry
 from millm.store.database import Store, database_url
 from millm.store.labels import label_rows, labels_seeded, merge_labels, replace_labels
 from millm.store.saes import add_sae
@@ -285,7 +285,7 @@ def test_a_search_holding_an_index_survives_a_write(store):
 
 
 def test_sae_registered_before_labels_were_stored_get_their_own_at_start(store, tmp_path):
-    from millm.service.steering.saes import SAERegistry
+    from millm.kernel.steering.saes import SAERegistry
 
     info, _ = read_sae(build_saelens(tmp_path / "sae", d_sae=16))
     add_sae(store, info.to_dict())  # as an older version left it: registered, no labels stored

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidRequest
-from millm.interp.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
-from millm.interp.labels import Label, LabelDocument, check_width, detect_format, read_document
+from millm.formats.label_exports import export_csv, export_json, export_mistudio, export_neuronpedia
+from millm.formats.labels import Label, LabelDocument, check_width, detect_format, read_document
 
 NEURONPEDIA = [
     {

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from millm.api.app import served_openapi
-from millm.api.mcp_server import input_schema
-from millm.api.mcp_tools import TOOLS
+from millm.server.app import served_openapi
+from millm.server.mcp_server import input_schema
+from millm.server.mcp_tools import TOOLS
 from millm.settings import Settings
 
 OPENAPI = served_openapi(Settings())

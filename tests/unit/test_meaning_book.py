@@ -1,4 +1,4 @@
-"""The label embeddings kept for search by meaning (service/features/meaning.py): made in batches
+"""The label embeddings kept for search by meaning (lab/labels/meaning.py): made in batches
 of EMBED_BATCH with progress after each, made once when two callers ask together (the second
 waits for the first's), kept per SAE, embedder and labels version, and made again after a
 failure stops the first maker. The embedder is a small deterministic one (a hash of each text):
@@ -13,8 +13,8 @@ import zlib
 import numpy as np
 import pytest
 
-from millm.service.features.label_search import FeatureMatch
-from millm.service.features.meaning import EMBED_BATCH, MeaningBook, unit
+from millm.kernel.books.label_search import FeatureMatch
+from millm.lab.labels.meaning import EMBED_BATCH, MeaningBook, unit
 
 
 class Hashed:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from millm.interp.mistudio import (
+from millm.formats.mistudio import (
     InvalidDocument,
     authored_intensity,
     check_circuit,

@@ -20,15 +20,15 @@ from millm.errors import (
     ModelSourceError,
     UnsupportedQuantization,
 )
-from millm.service.models.checkpoints import (
+from millm.kernel.model.checkpoints import (
     Checkpoint,
     DeviceMemory,
     check_memory,
     check_quantization,
     inspect,
 )
-from millm.service.models.registry import ModelRegistry
-from millm.service.models.slot import ModelSlot, current_lease, request_scope
+from millm.kernel.model.registry import ModelRegistry
+from millm.kernel.model.slot import ModelSlot, current_lease, request_scope
 from millm.store.database import Store, database_url
 from millm.store.settings import get_setting, set_setting
 from tests.support import model_dirs

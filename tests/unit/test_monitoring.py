@@ -10,8 +10,8 @@ from millm.engine.jobs import ResidualsRead
 from millm.errors import InvalidRequest
 from millm.interp.formats import read_sae
 from millm.interp.steering import Attached
-from millm.service.features.monitored_requests import Origin
-from millm.service.features.monitoring import Monitor
+from millm.kernel.monitoring.monitor import Monitor
+from millm.kernel.monitoring.requests import Origin
 from millm.store.database import Store, database_url
 from tests.support.tiny_saes import build_saelens
 
@@ -75,7 +75,7 @@ def test_past_its_bound_the_queue_drops_and_counts(monitored, caplog):
             lambda: monitor.describe(attached)["queue"]["pending"] == 0
         )  # the worker holds it
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="millm.service.features.monitoring"):
+        with caplog.at_level(logging.WARNING, logger="millm.kernel.monitoring.monitor"):
             for row in range(BACKLOG + 4):
                 hand_over(capture(row))
         assert time.monotonic() - started < 1.0  # never waits for the stalled worker

@@ -5,8 +5,8 @@ refused as the schema refuses it."""
 import pytest
 from pydantic import ValidationError
 
-from millm.protocol.discovery import SteerWith, TextSet
-from millm.protocol.lens import LensRequest
+from millm.lab.discovery.lens_protocol import LensRequest
+from millm.lab.discovery.protocol import SteerWith, TextSet
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

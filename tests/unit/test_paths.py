@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from millm.service.models.paths import PathNotAllowed, PathPolicy, climbs, is_hub_id
+from millm.kernel.model.paths import PathNotAllowed, PathPolicy, climbs, is_hub_id
 
 
 @pytest.fixture

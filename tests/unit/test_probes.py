@@ -11,8 +11,8 @@ import torch
 
 from millm.engine.residual import EMBEDDINGS
 from millm.errors import InvalidFeatureIndex, InvalidProbe, InvalidRequest
+from millm.formats.probe_documents import probe_bundle, validate_probe, validate_probe_import
 from millm.interp.formats import read_sae
-from millm.interp.probe_documents import probe_bundle, validate_probe, validate_probe_import
 from millm.interp.probes import (
     KEPT_POSITIONS,
     ModelShape,

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.interp.profiles import (
+from millm.formats.profiles import (
     InvalidProfile,
     bundle,
     validate_import,

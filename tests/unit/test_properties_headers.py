@@ -1,4 +1,4 @@
-"""Properties of the RFC 8941 header encoding (millm/api/headers.py), checked by parsing the
+"""Properties of the RFC 8941 header encoding (millm/v1/http/headers.py), checked by parsing the
 output back with http_sfv: items and tokens carry their values and parameters unchanged (text
 outside printable ASCII percent-encoded), and a capped string list never exceeds its cap,
 keeps the longest prefix that fits and counts the rest exactly in its "+N more" entry.
@@ -13,8 +13,8 @@ import http_sfv
 from hypothesis import given
 from hypothesis import strategies as st
 
-from millm.api.headers import item, string_list, token
-from millm.protocol.field_policy import PRINTABLE_ASCII, percent_encode
+from millm.v1.http.headers import item, string_list, token
+from millm.v1.policy.field_policy import PRINTABLE_ASCII, percent_encode
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)
 INTEGERS = st.integers(-999_999_999_999_999, 999_999_999_999_999)  # RFC 8941's integer range

@@ -1,4 +1,4 @@
-"""Properties of the JSON Schema subset check (millm/protocol/schema_subset.py), over random schemas.
+"""Properties of the JSON Schema subset check (millm/v1/policy/schema_subset.py), over random schemas.
 
 Schemas built only from the supported keywords (and the ignored annotations) are accepted and
 are valid against the subset as the served OpenAPI schema states it (SchemaSubset); a refused
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from millm.errors import ResponseFormatUnsupported
-from millm.protocol.schema_subset import (
+from millm.v1.policy.schema_subset import (
     ANNOTATIONS,
     MAX_DEPTH,
     SUBSET_SCHEMA,

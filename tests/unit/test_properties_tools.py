@@ -12,8 +12,8 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from millm.service.serving.answers_read import CallHoldback
-from millm.service.serving.tools import OPEN
+from millm.v1.serving.answers_read import CallHoldback
+from millm.v1.serving.tools import OPEN
 
 # Pieces of the markup (and of near misses) make partial and complete openings frequent.
 PIECES = [

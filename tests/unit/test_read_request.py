@@ -3,7 +3,7 @@
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.service.serving.activations import parse_read
+from millm.v1.serving.activations import parse_read
 
 
 def test_defaults_duplicates_and_spans():

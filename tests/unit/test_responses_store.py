@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from millm.service.responses.request import relocate
 from millm.store.database import Store, database_url
-from millm.store.responses_api import delete_response, load_response, save_response
+from millm.v1.responses.request import relocate
+from millm.v1.responses.store import delete_response, load_response, save_response
 
 DAY = 86400.0
 

@@ -4,7 +4,7 @@ import pytest
 
 from millm.errors import InvalidRequest, SAEFormatError
 from millm.interp import sae_releases
-from millm.service.models.sae_specs import parse_sae_spec
+from millm.kernel.model.sae_specs import parse_sae_spec
 
 pytest.importorskip("sae_lens")
 

@@ -3,9 +3,9 @@
 import pytest
 
 from millm.errors import ConstrainedOutputInvalid
-from millm.protocol.response_format import Structured
-from millm.protocol.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
-from millm.service.serving.answers_read import validate_output
+from millm.v1.policy.response_format import Structured
+from millm.v1.policy.schema_subset import MAX_DEPTH, ResponseFormatUnsupported, check_schema
+from millm.v1.serving.answers_read import validate_output
 
 SUPPORTED_EXAMPLES = [
     {

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from millm.engine.scoring import NonFiniteLogits, check_reported, score
-from millm.protocol.token_logprobs import merged
+from millm.v1.token_logprobs import merged
 
 
 def test_normalised_over_the_allowed_set_only():

@@ -3,14 +3,14 @@
 import asyncio
 import json
 
-from millm.api.replies import frames as sse_frames
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.sampling import SamplingParams
 from millm.errors import InsufficientMemory
-from millm.protocol.requests import CompletionRequest
-from millm.service.serving.answers import ChatShape, CompletionShape, Meta, chunks
-from millm.service.serving.generation import JobStream
-from millm.service.serving.replies import Admitted, Report
+from millm.v1.serving.answers import ChatShape, CompletionShape, Meta, chunks
+from millm.v1.serving.generation import JobStream
+from millm.v1.serving.http_replies import frames as sse_frames
+from millm.v1.serving.protocol import CompletionRequest
+from millm.v1.serving.replies import Admitted, Report
 
 ROW = RowSpec(prompt_ids=(1, 2), sampling=SamplingParams(), max_tokens=4)
 

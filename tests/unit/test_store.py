@@ -6,7 +6,7 @@ import os
 import pytest
 
 from millm.errors import Conflict
-from millm.service.steering.profiles import ProfileBook
+from millm.kernel.books.profiles import ProfileBook
 from millm.store.database import SCHEMA_VERSION, Store, database_url
 from millm.store.profiles import insert_profiles, profile_rows
 from millm.store.saes import add_sae, sae_rows

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from millm.errors import QueueFull
-from millm.service.runtime.threads import MAX_PASSING_THREADS, in_passing_thread
+from millm.kernel.runtime.threads import MAX_PASSING_THREADS, in_passing_thread
 
 
 def held(gate: threading.Event, started: threading.Semaphore):

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.protocol.requests import ChatCompletionRequest
-from millm.protocol.schema_subset import ResponseFormatUnsupported
-from millm.service.serving.answers_read import CallHoldback, read_answer
-from millm.service.serving.tools import parse_tools, tool_messages
+from millm.v1.policy.schema_subset import ResponseFormatUnsupported
+from millm.v1.serving.answers_read import CallHoldback, read_answer
+from millm.v1.serving.protocol import ChatCompletionRequest
+from millm.v1.serving.tools import parse_tools, tool_messages
 
 WEATHER = {
     "type": "function",
@@ -171,7 +171,7 @@ def test_messages_for_a_template_without_tools():
 
 
 def test_forced_grammars_close_objects_that_say_nothing_of_other_keys():
-    from millm.service.serving.tools import closed
+    from millm.v1.serving.tools import closed
 
     schema = {
         "type": "object",

@@ -2,9 +2,9 @@
 
 import pytest
 
-from millm.api.headers import string_list
-from millm.protocol.field_policy import template_kwargs_unused, template_reads, unused_locations
-from millm.protocol.requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from millm.v1.http.headers import string_list
+from millm.v1.policy.field_policy import template_kwargs_unused, template_reads, unused_locations
+from millm.v1.serving.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 USER = {"role": "user", "content": "hi"}
 

@@ -1,4 +1,4 @@
-"""Steering-vector maths (interp/vectors.py) and the vector file (interp/vector_file.py), against
+"""Steering-vector maths (interp/vectors.py) and the vector file (formats/vector_file.py), against
 direct numpy computations: difference of means, the uncentred principal direction and its sign,
 the pooling, the explained fractions against least squares, and the file's bit-for-bit round trip."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from millm.errors import InvalidRequest
-from millm.interp.document_fields import validate_field
-from millm.interp.vector_file import VectorFile, file_of, values_of
+from millm.formats.document_fields import validate_field
+from millm.formats.vector_file import VectorFile, file_of, values_of
 from millm.interp.vectors import cumulative_fractions, decompose, pooled, train
 
 D = 16

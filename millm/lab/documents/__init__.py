@@ -1,0 +1,2 @@
+"""Steering documents (/api/clusters, /api/circuits, docs/clusters-circuits.md): clusters,
+circuits and the active base."""

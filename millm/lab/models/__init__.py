@@ -1,0 +1,1 @@
+"""Model administration (/api/models, docs/models.md): register, load, unload, lock."""

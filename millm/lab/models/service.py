@@ -1,0 +1,166 @@
+"""Models as the API presents them: the management views, the OpenAI model list, readiness and
+the scheduler's figures. Loads and unloads block, so they run on a passing thread (torch work)."""
+
+from __future__ import annotations
+
+from millm.kernel.model.transitions import ModelStatus, ModelView
+from millm.kernel.runtime.threads import in_passing_thread
+from millm.kernel.state import ServerState
+
+
+def model_view(view: ModelView) -> dict:
+    """A registered model as the management API shows it."""
+    body = {
+        "object": "model",
+        **view.entry.to_dict(),
+        "state": view.state.value,
+        "locked": view.locked,
+    }
+    if view.error is not None:
+        body["error"] = view.error
+    if view.lm is not None:
+        body["loaded"] = {
+            "device": str(view.lm.device),
+            "dtype": view.lm.dtype_name,
+            "max_model_len": view.lm.context_length,
+            "system_fingerprint": view.lm.system_fingerprint,
+        }
+    return body
+
+
+def prefix_cache_stats(scheduler) -> dict:
+    """The prefix cache's counters, or why there is none."""
+    cache = scheduler.prefix_cache
+    if cache is not None:
+        return {"enabled": True, "unavailable": None, **cache.snapshot()}
+    runner = scheduler.lm.runner
+    if getattr(runner, "prefix_storage", None) is not None:
+        return {"enabled": False, "unavailable": "PREFIX_CACHE_BYTES is 0"}
+    why = getattr(runner, "prefix_unavailable", None)
+    return {
+        "enabled": False,
+        "unavailable": why or f"the {runner.name} runner cannot restore a prefix's keys and values",
+    }
+
+
+class ModelManagement:
+    """Models as the API presents them: registrations, loads, locks, the OpenAI list, readiness and statistics."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def get_model(self, name: str) -> dict:
+        """One registered model and its self.state."""
+        return model_view(self.state.switch.view(name))
+
+    def list_registered(self) -> dict:
+        """Every registered model and the steering lock."""
+        return {
+            "object": "list",
+            "locked": self.state.switch.locked,
+            "data": [model_view(view) for view in self.state.switch.views()],
+        }
+
+    def register_model(self, source: str, name: str | None) -> tuple[dict, bool]:
+        """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
+        entry, created = self.state.registrations.model(source, name)
+        return model_view(self.state.switch.view(entry.name)), created
+
+    async def load_model(self, name: str) -> dict:
+        """Load a model (replacing the loaded one) and say whether the active base still fits."""
+        await in_passing_thread(self.state.switch.load, name)
+        return {
+            **model_view(self.state.switch.view(name)),
+            "active_base": self.state.planner.active_fit(),
+        }
+
+    async def unload_model(self, name: str) -> dict:
+        """Unload a model gracefully."""
+        was = await in_passing_thread(self.state.switch.unload, name)
+        return {
+            **model_view(self.state.switch.view(name)),
+            "was_loaded": was,
+            "active_base": self.state.planner.active_fit(),
+        }
+
+    def lock_model(self, name: str) -> dict:
+        """Serve only this model."""
+        self.state.switch.lock_to(name)
+        return model_view(self.state.switch.view(name))
+
+    def unlock_model(self, name: str) -> dict:
+        """Release the steering lock (refused while SAEs are attached)."""
+        was = self.state.switch.unlock(name)
+        return {**model_view(self.state.switch.view(name)), "was_locked": was}
+
+    def delete_model(self, name: str) -> dict:
+        """Forget a registration (refused while loaded or locked)."""
+        self.state.switch.forget(name)
+        return {"id": name, "object": "model", "deleted": True}
+
+    # health ----------------------------------------------------------------------------------------------
+    def readiness(self) -> tuple[dict, bool]:
+        """The model's state (and load error, if any), and whether requests can be served now."""
+        status = self.state.switch.status
+        lm = self.state.switch.lm
+        body = {
+            "status": "ready" if status is ModelStatus.LOADED else status.value,
+            "model": self.state.switch.expected_name,
+        }
+        if lm is not None:
+            body["system_fingerprint"] = lm.system_fingerprint
+        error = self.state.switch.load_error
+        if error:
+            body["error"] = error
+        in_step, why = self.state.replication.in_step()
+        if status is ModelStatus.LOADED and not in_step:
+            # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
+            body.update(status="out_of_step", error=why)
+        sae_error = self.state.switch.startup_saes.error
+        if status is ModelStatus.LOADED and in_step and sae_error:
+            # Started to steer through an SAE that is not attached: not ready, rather than unsteered.
+            body.update(status="sae_not_attached", error=sae_error)
+        ready = status is ModelStatus.LOADED and in_step and not sae_error
+        return body, ready
+
+    def inference_stats(self) -> dict:
+        """Which backend serves generation, what waits and runs now, and jobs per backend."""
+        settings = self.state.settings
+        scheduler = self.state.switch.scheduler
+        body: dict = {
+            "backend": None,
+            "engine": None,
+            "runner": None,
+            "numerics": "reproducible" if settings.reproducible else "fast",
+            "continuous_batching": {
+                "enabled": settings.enable_continuous_batching,
+                "max_batch_size": settings.max_batch_size,
+                "unavailable": None,
+            },
+            "queue_depth": 0,
+            "running_rows": 0,
+            "batch_size": 0,
+            "jobs": {},
+            "prefix_cache": None,
+            "prefill_chunk_tokens": None,
+            "replica": self.state.replication.view(),
+        }
+        if scheduler is None:
+            return body
+        body["continuous_batching"]["unavailable"] = scheduler.batching_unavailable
+        body.update(
+            backend=scheduler.backend,
+            engine=scheduler.lm.engine,
+            runner=scheduler.lm.runner.name,
+            queue_depth=scheduler.queue_depth,
+            running_rows=scheduler.running_rows,
+            batch_size=scheduler.batch_rows,
+            jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
+            prefix_cache=prefix_cache_stats(scheduler),
+            prefill_chunk_tokens=scheduler.prefill_chunk,
+        )
+        return body
+
+    def load_at_start(self) -> None:
+        """Start the start-up model's load in the background (readiness reports its progress)."""
+        self.state.switch.load_in_background()

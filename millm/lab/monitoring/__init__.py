@@ -1,0 +1,1 @@
+"""Monitoring (/api/monitoring, docs/monitoring.md): its settings and what it has read."""

@@ -1,0 +1,1 @@
+"""Steered variants (/api/variants, docs/variants.md)."""

@@ -1,0 +1,2 @@
+"""Steering vectors (/api/vectors, docs/vectors.md): trained from contrasting prompts or
+imported, and stored."""

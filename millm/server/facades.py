@@ -1,0 +1,106 @@
+"""The one way in from the API: a facade per capability, made once over the composed state. The
+HTTP routes and the MCP tools call these and nothing else of the service."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from millm.kernel.books.vectors import VectorBook
+from millm.kernel.model.switch import ModelSwitch
+from millm.kernel.runtime.jobs import JobBook
+from millm.kernel.state import ServerState
+from millm.lab.attribution.service import Attribution
+from millm.lab.autosteer.service import AutoSteer
+from millm.lab.calibration.service import CalibrationManagement
+from millm.lab.compare.service import Comparer
+from millm.lab.discovery.service import Discovery
+from millm.lab.documents.service import BaseManagement
+from millm.lab.evaluations.book import EvaluationBook
+from millm.lab.evaluations.service import EvaluationManagement
+from millm.lab.labels.labelling import Labelling
+from millm.lab.labels.meaning import MeaningBook
+from millm.lab.labels.service import FeatureManagement
+from millm.lab.models.service import ModelManagement
+from millm.lab.monitoring.service import MonitorManagement
+from millm.lab.probes.service import ProbeManagement
+from millm.lab.steering.service import SteeringManagement
+from millm.lab.variants.service import VariantManagement
+from millm.lab.vectors.service import VectorTraining
+from millm.settings import Settings
+from millm.v1.models.serving import ModelListing
+from millm.v1.responses.serving import ResponsesApi
+from millm.v1.serving.serving import Serving
+from millm.v1.tokenizer.serving import Tokenizers
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Facades:
+    """Each capability's facade; `requests` opens the scope a request's model leases live in."""
+
+    settings: Settings
+    requests: ModelSwitch
+    serving: Serving
+    tokenizers: Tokenizers
+    responses: ResponsesApi
+    models: ModelManagement
+    listing: ModelListing
+    steering: SteeringManagement
+    bases: BaseManagement
+    features: FeatureManagement
+    calibrations: CalibrationManagement
+    monitoring: MonitorManagement
+    probes: ProbeManagement
+    vectors: VectorBook
+    vector_training: VectorTraining
+    variants: VariantManagement
+    evaluations: EvaluationManagement
+    discovery: Discovery
+    comparison: Comparer
+    attribution: Attribution
+    autosteer: AutoSteer
+    labelling: Labelling
+    jobs: JobBook
+    close: Callable[[], None]  # the state's close, for the app's shutdown
+
+    def __post_init__(self) -> None:
+        parts = {type(value): value for value in vars(self).values()}
+        object.__setattr__(self, "_by_kind", parts)
+
+    def of(self, kind: type[T]) -> T:
+        """The one part of this kind (how a route reaches its capability's service)."""
+        return self._by_kind[kind]  # type: ignore[attr-defined]  # made in __post_init__
+
+
+def build_facades(state: ServerState) -> Facades:
+    """Every facade over one composed state."""
+    serving = Serving(state)
+    return Facades(
+        settings=state.settings,
+        requests=state.switch,
+        serving=serving,
+        tokenizers=Tokenizers(state),
+        responses=ResponsesApi(serving, state.store),
+        models=ModelManagement(state),
+        listing=ModelListing(state),
+        steering=SteeringManagement(state),
+        bases=BaseManagement(state),
+        features=FeatureManagement(state, MeaningBook()),
+        calibrations=CalibrationManagement(state),
+        monitoring=MonitorManagement(state),
+        probes=ProbeManagement(state),
+        vectors=state.vectors,
+        vector_training=VectorTraining(state),
+        variants=VariantManagement(state),
+        evaluations=EvaluationManagement(state, EvaluationBook(state.store)),
+        discovery=Discovery(state),
+        comparison=Comparer(state),
+        attribution=Attribution(state),
+        autosteer=AutoSteer(state),
+        labelling=Labelling(state),
+        jobs=state.jobs,
+        close=state.close,
+    )

@@ -1,0 +1,371 @@
+"""The MCP tools: each the twin of a route, with that route's parameters and body, and a call
+of the same facade method on the thread the route would use."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from anyio import to_thread
+from pydantic import BaseModel
+
+from millm.lab.attribution.protocol import AttributionRequest
+from millm.lab.compare.protocol import CompareRequest
+from millm.lab.discovery.lens_protocol import LensRequest
+from millm.lab.discovery.protocol import ContrastRequest, InspectRequest
+from millm.lab.labels.protocol import ExplainRequest
+from millm.lab.steering.protocol import FeatureSetting
+from millm.lab.variants.protocol import VariantBody
+from millm.server.facades import Facades
+from millm.server.mcp_params import (
+    ClearAll,
+    Feature,
+    FeatureDetail,
+    Graph,
+    Job,
+    NoParams,
+    Params,
+    Profile,
+    Sae,
+    Search,
+    VariantKey,
+)
+from millm.v1.serving.http_replies import report_headers
+
+# A tool's work: (the facades, its parameters, its body or None) -> what the route answers, or a Result.
+Call = Callable[[Facades, Any, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Result:
+    """An answer with what its route sends as X-miLLM-* headers (they go to the result's _meta)."""
+
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: its name and description, the route it is the twin of, and its call."""
+
+    name: str
+    description: str
+    method: str
+    path: str
+    call: Call
+    params: type[Params] = NoParams
+    body: type[BaseModel] | None = None
+    read_only: bool = False
+    omit: frozenset[str] = frozenset()  # body fields a tool cannot honour (a stream)
+
+
+def blocking(function: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    """`function(*args)` on a worker thread, as FastAPI runs the plain-function routes that call it."""
+    return to_thread.run_sync(partial(function, *args))
+
+
+async def _list_saes(f: Facades, _: NoParams, __: None) -> dict:
+    return {"object": "list", "data": await blocking(f.steering.list_saes)}
+
+
+async def _search(f: Facades, p: Search, _: None) -> Any:
+    return await blocking(f.features.search_features, p.sae_id, p.q, p.limit, p.by)
+
+
+async def _feature(f: Facades, p: FeatureDetail, _: None) -> Any:
+    return await f.features.feature_detail(p.sae_id, p.index, p.k)
+
+
+async def _inspect(f: Facades, p: Sae, body: InspectRequest) -> Any:
+    return await f.discovery.inspect(p.sae_id, body)
+
+
+async def _contrast(f: Facades, p: Sae, body: ContrastRequest) -> Any:
+    return await f.discovery.contrast(p.sae_id, body)
+
+
+async def _steering(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.steering.steering_view)
+
+
+async def _set_feature(f: Facades, p: Feature, body: FeatureSetting) -> dict:
+    return await blocking(lambda: f.steering.set_features({(p.sae_id, p.index): body.checked()}))
+
+
+async def _clear_feature(f: Facades, p: Feature, _: None) -> dict:
+    return await blocking(f.steering.set_features, {(p.sae_id, p.index): None})
+
+
+async def _clear_steering(f: Facades, p: ClearAll, _: None) -> dict:
+    return await blocking(f.steering.set_features, {}, p.sae_id if p.sae_id is not None else True)
+
+
+async def _profiles(f: Facades, _: NoParams, __: None) -> dict:
+    return {"object": "list", "data": await blocking(f.steering.list_profiles)}
+
+
+async def _activate(f: Facades, p: Profile, _: None) -> dict:
+    return await blocking(f.steering.activate_profile, p.key)
+
+
+async def _deactivate(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.steering.deactivate_profile)
+
+
+async def _compare(f: Facades, _: NoParams, body: CompareRequest) -> Result:
+    # No X-miLLM-Strict header here: fields the comparison ignores are reported, in _meta, as over HTTP.
+    reply = await f.comparison.compare(body, strict=False)
+    assert reply.body is not None  # stream is not an argument of this tool
+    return Result(
+        reply.body.model_dump(),
+        report_headers(reply.report, f.settings.ignored_fields_header_max_bytes),
+    )
+
+
+async def _lens(f: Facades, _: NoParams, body: LensRequest) -> Any:
+    return await f.discovery.lens(body)
+
+
+async def _attribution(f: Facades, _: NoParams, body: AttributionRequest) -> Any:
+    return await f.attribution.attribute(body)
+
+
+async def _attribution_job(f: Facades, _: NoParams, body: AttributionRequest) -> dict:
+    return (await f.attribution.start_job(body)).model_dump(mode="json")
+
+
+async def _graph(f: Facades, p: Graph, _: None) -> Any:
+    return f.attribution.graph(p.graph_id)  # the last graphs, in memory
+
+
+async def _variants(f: Facades, _: NoParams, __: None) -> dict:
+    return (await blocking(f.variants.list)).model_dump()
+
+
+async def _create_variant(f: Facades, _: NoParams, body: VariantBody) -> dict:
+    return (await blocking(f.variants.create, body)).model_dump()
+
+
+async def _delete_variant(f: Facades, p: VariantKey, _: None) -> dict:
+    return (await blocking(f.variants.delete, p.key)).model_dump()
+
+
+async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.monitoring.statistics)
+
+
+async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
+    return (await blocking(f.labelling.explain, p.sae_id, body)).model_dump(mode="json")
+
+
+async def _job(f: Facades, p: Job, _: None) -> dict:
+    return f.jobs.get(p.job_id).model_dump(mode="json")
+
+
+TOOLS = (
+    Tool(
+        "list_saes",
+        "Every registered SAE: id, model, layer, width, and where it is attached.",
+        "get",
+        "/api/saes",
+        _list_saes,
+        read_only=True,
+    ),
+    Tool(
+        "search_features",
+        "An SAE's labelled features ranked by how well their label, top tokens and example match q (BM25; empty q lists all).",
+        "get",
+        "/api/saes/{sae_id}/features",
+        _search,
+        Search,
+        read_only=True,
+    ),
+    Tool(
+        "get_feature",
+        "One feature: its label, decoder norm, calibration figures and the k features nearest by decoder cosine.",
+        "get",
+        "/api/saes/{sae_id}/features/{index}",
+        _feature,
+        FeatureDetail,
+        read_only=True,
+    ),
+    Tool(
+        "inspect_text",
+        "The SAE features that fire on a text or conversation (top_k by max, mean or count), and one feature per token.",
+        "post",
+        "/api/saes/{sae_id}/inspect",
+        _inspect,
+        Sae,
+        InspectRequest,
+        read_only=True,
+    ),
+    Tool(
+        "contrast_texts",
+        "The SAE features that best separate set a from set b of texts: each set's mean, the difference and Cohen's d.",
+        "post",
+        "/api/saes/{sae_id}/contrast",
+        _contrast,
+        Sae,
+        ContrastRequest,
+        read_only=True,
+    ),
+    Tool(
+        "get_steering",
+        "The live steering state: enabled, version, active profile, and every SAE's features with their op and strength.",
+        "get",
+        "/api/steering",
+        _steering,
+        read_only=True,
+    ),
+    Tool(
+        "set_feature",
+        "Steer every request from now on: add strength × the feature's decoder row (within ±200; 0 clears), or clamp, cap or ablate it.",
+        "put",
+        "/api/steering/saes/{sae_id}/features/{index}",
+        _set_feature,
+        Feature,
+        FeatureSetting,
+    ),
+    Tool(
+        "clear_feature",
+        "Stop steering one feature (remove its live value).",
+        "delete",
+        "/api/steering/saes/{sae_id}/features/{index}",
+        _clear_feature,
+        Feature,
+    ),
+    Tool(
+        "clear_steering",
+        "Remove every live feature value, or only those of sae_id.",
+        "delete",
+        "/api/steering/features",
+        _clear_steering,
+        ClearAll,
+    ),
+    Tool(
+        "list_profiles",
+        "Every saved steering profile, and which one is active.",
+        "get",
+        "/api/profiles",
+        _profiles,
+        read_only=True,
+    ),
+    Tool(
+        "activate_profile",
+        "Make a saved profile the steering of every request from now on (checked against the attached SAEs first).",
+        "post",
+        "/api/profiles/{key}/activate",
+        _activate,
+        Profile,
+    ),
+    Tool(
+        "deactivate_profile",
+        "Deactivate the active profile: the live feature values steer again.",
+        "post",
+        "/api/profiles/deactivate",
+        _deactivate,
+    ),
+    Tool(
+        "compare",
+        "Generate one conversation under several steerings side by side (default: unsteered and live), same prompt and seed.",
+        "post",
+        "/api/compare",
+        _compare,
+        body=CompareRequest,
+        read_only=True,
+        omit=frozenset({"stream"}),
+    ),
+    Tool(
+        "logit_lens",
+        "What each block's residual stream predicts at each position of a text (the model's final norm and head applied), "
+        "beside the model's own prediction; optionally steered.",
+        "post",
+        "/api/lens",
+        _lens,
+        body=LensRequest,
+        read_only=True,
+    ),
+    Tool(
+        "attribution_graph",
+        "Which features of the attached SAEs drove the model's next-token logit on a text (an attribution graph: "
+        "nodes, direct-effect edges, pruned by influence), with its top features ablated on the served model to check it.",
+        "post",
+        "/api/attribution",
+        _attribution,
+        body=AttributionRequest,
+        read_only=True,
+    ),
+    Tool(
+        "start_attribution_job",
+        "The same attribution graph as a job, for long texts and large budgets: get_job follows it (its progress is the "
+        "features expanded) and its result names the graph for get_attribution_graph.",
+        "post",
+        "/api/attribution/jobs",
+        _attribution_job,
+        body=AttributionRequest,
+    ),
+    Tool(
+        "get_attribution_graph",
+        "A recent attribution graph by id (the server keeps the last 16, in memory).",
+        "get",
+        "/api/attribution/{graph_id}",
+        _graph,
+        Graph,
+        read_only=True,
+    ),
+    Tool(
+        "list_variants",
+        "Every steered variant (a name any /v1 client can use as a model: a base model and its steering), and whether it fits now.",
+        "get",
+        "/api/variants",
+        _variants,
+        read_only=True,
+    ),
+    Tool(
+        "create_variant",
+        "Name a base model under a steering (a saved profile or a request's own steering, an intensity): every /v1 client can then pick it as a model.",
+        "post",
+        "/api/variants",
+        _create_variant,
+        body=VariantBody,
+    ),
+    Tool(
+        "delete_variant",
+        "Forget a steered variant: requests naming it are refused from now on.",
+        "delete",
+        "/api/variants/{key}",
+        _delete_variant,
+        VariantKey,
+    ),
+    Tool(
+        "explain_features",
+        "Have a model (the served one, another registered model loaded beside it, or the configured endpoint) explain an "
+        "attached, calibrated SAE's features from their top activating windows "
+        "(EleutherAI delphi's prompts) and score each explanation by detection; starts a job (get_job follows it) "
+        "and stores the explanations beside the labels, where search_features finds them.",
+        "post",
+        "/api/saes/{sae_id}/labels/explain",
+        _explain,
+        Sae,
+        ExplainRequest,
+    ),
+    Tool(
+        "get_job",
+        "A job's state, progress, ETA, and its result or error once ended.",
+        "get",
+        "/api/jobs/{job_id}",
+        _job,
+        Job,
+        read_only=True,
+    ),
+    Tool(
+        "monitoring_stats",
+        "Per-feature monitoring statistics since the last reset: count, mean and max when active, fraction of positions.",
+        "get",
+        "/api/monitoring/stats",
+        _monitoring_stats,
+        read_only=True,
+    ),
+)

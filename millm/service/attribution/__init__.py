@@ -1,1 +1,0 @@
-"""Attribution graphs: which features drove a logit, computed on the served model and checked on it."""

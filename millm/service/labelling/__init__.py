@@ -1,1 +1,0 @@
-"""Labels a model writes: explaining SAE features from their calibration examples, and scoring the explanations."""

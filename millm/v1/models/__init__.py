@@ -1,0 +1,1 @@
+"""/v1/models: the models a client may name."""

@@ -1,0 +1,1 @@
+"""/tokenize, /detokenize and /tokenizer_info."""

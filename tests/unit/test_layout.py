@@ -1,0 +1,133 @@
+"""The tree against docs/architecture.md: imports point down the floors, no two folders import
+each other (even through others), every package has its row in the folders table, and each
+row says which folders of its own floor it imports."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "millm"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+# Higher floors import lower ones; equal floors may import each other without a circle.
+FLOORS = {
+    "cli": 0,
+    "__main__": 0,
+    "server": 0,
+    "lab": 1,
+    "v1": 2,
+    "kernel": 3,
+    "interp": 4,
+    "formats": 5,
+    "engine": 6,
+    "store": 6,
+    "settings": 7,
+    "errors": 8,
+    "wording": 8,
+}
+FLOORED = ("lab/", "v1/", "kernel/")  # folders whose rows name what they import on their floor
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def _imports() -> dict[str, set[str]]:
+    """Each module of millm and the millm modules it imports (`from pkg import module` counted as
+    the module)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        source = _module(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("millm.")
+            ):
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    is_module = (ROOT / (whole.replace(".", "/") + ".py")).exists()
+                    found[source].add(whole if is_module else node.module)
+            elif isinstance(node, ast.Import):
+                found[source] |= {a.name for a in node.names if a.name.startswith("millm.")}
+    return found
+
+
+def _folder(module: str) -> str:
+    """The folder a module sits in, as the table writes it (`lab/labels/`), or its own name for a
+    module directly under millm (`errors`)."""
+    parts = module.split(".")[1:]
+    if (PACKAGE.joinpath(*parts)).is_dir():
+        return "/".join(parts) + "/"
+    return "/".join(parts[:-1]) + "/" if len(parts) > 1 else parts[0]
+
+
+def _floor(module: str) -> int:
+    return FLOORS[module.split(".")[1]]
+
+
+def _table() -> dict[str, str]:
+    """The folders table's rows: folder -> its last column."""
+    text = ARCHITECTURE.read_text()
+    section = text.split("## The folders", 1)[1].split("\n## ", 1)[0]
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\| `([\w/]+)` \|.*\|(.*)\|$", section, re.M)}
+
+
+def test_every_import_points_down_the_floors():
+    """No module imports one on a higher floor."""
+    upward = [
+        (source, target)
+        for source, targets in _imports().items()
+        for target in targets
+        if _floor(target) < _floor(source)
+    ]
+    assert upward == []
+
+
+def test_no_circle_between_folders_or_modules():
+    """Folders of one floor (and modules of one folder) never import each other in a circle."""
+    imports = _imports()
+    modules = nx.DiGraph([(s, t) for s, ts in imports.items() for t in ts if s != t])
+    folders = nx.DiGraph(
+        [
+            (_folder(s), _folder(t))
+            for s, ts in imports.items()
+            for t in ts
+            if _folder(s) != _folder(t)
+        ]
+    )
+    assert [sorted(c) for c in nx.simple_cycles(folders)] == []
+    assert [sorted(c) for c in nx.simple_cycles(modules)] == []
+
+
+def test_the_folders_table_names_every_package():
+    """docs/architecture.md's table has one row per package of millm, and none for a folder
+    that is not there."""
+    packages = {
+        str(init.parent.relative_to(PACKAGE)) + "/" for init in PACKAGE.rglob("__init__.py")
+    } - {"./"}
+    assert set(_table()) == packages
+
+
+def test_each_row_names_the_folders_of_its_floor_it_imports():
+    """For lab/, v1/ and kernel/ folders, the table's last column is what the code imports."""
+    imports = _imports()
+    used: dict[str, set[str]] = defaultdict(set)
+    for source, targets in imports.items():
+        for target in targets:
+            a, b = _folder(source), _folder(target)
+            if a != b and a.startswith(FLOORED) and a.split("/")[0] == b.split("/")[0]:
+                used[a].add(b)
+    for folder, said in _table().items():
+        if not folder.startswith(FLOORED) or folder == "kernel/":
+            continue
+        assert set(re.findall(r"`([\w/]+)`", said)) == used[folder], folder
