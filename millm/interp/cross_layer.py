@@ -19,7 +19,7 @@ from pathlib import Path
 from millm.interp.sae import SAE, SAEWeights
 from millm.interp.transcoder_files import (
     MAX_LAYERS,
-    Block,
+    TranscoderBlock,
     TranscoderFileError,
     TranscoderSet,
     assembled,
@@ -121,15 +121,15 @@ def read_cross_layer(directory: Path, config: dict) -> TranscoderSet:
     return assembled(directory, config, layers, encoders, {})
 
 
-def read_cross_layer_block(directory: Path, config: dict, path: Path) -> Block:
+def read_cross_layer_block(directory: Path, config: dict, path: Path) -> TranscoderBlock:
     """One block of the CLT in `directory`, from its encoder file `path` (Gemma Scope 2's: its
     params file)."""
     if "transcoders" in config:
         files = set_files(directory, config)
         block = block_of(files, path, f"the files {directory} lists")
         sae = _gemma_scope_2_block(path, block, len(files))
-        return Block(block, sae, config["feature_input_hook"], path)
+        return TranscoderBlock(block, sae, config["feature_input_hook"], path)
     encoders, decoders = _blocks(directory)
     block = block_of(encoders, path, f"{directory}'s encoder files (W_enc_{{i}}.safetensors)")
     sae = _block(directory, block, len(encoders), path, decoders[block])
-    return Block(block, sae, config["feature_input_hook"], path, (decoders[block],))
+    return TranscoderBlock(block, sae, config["feature_input_hook"], path, (decoders[block],))

@@ -56,7 +56,7 @@ class TranscoderSet:
 
 
 @dataclass(frozen=True)
-class Block:
+class TranscoderBlock:
     """One transcoder file of a set, as an SAE of its own: its block, weights and the set's hooks."""
 
     block: int

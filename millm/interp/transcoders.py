@@ -26,7 +26,7 @@ import torch
 from millm.interp.cross_layer import read_cross_layer, read_cross_layer_block
 from millm.interp.sae import SAE, SAEWeights
 from millm.interp.transcoder_files import (
-    Block,
+    TranscoderBlock,
     TranscoderFileError,
     TranscoderSet,
     assembled,
@@ -69,7 +69,7 @@ def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
     return sae_of(weights, threshold), skip
 
 
-def read_block(path: Path) -> Block:
+def read_block(path: Path) -> TranscoderBlock:
     """The transcoder in file `path` of a set, with its block read from the set's config or file names."""
     directory = set_directory(path)
     if directory is None:
@@ -83,7 +83,7 @@ def read_block(path: Path) -> Block:
     block = block_of(files, path, f"the transcoders {directory} lists")
     sae, skip = _transcoder(path, block)
     sae.W_skip = skip
-    return Block(block, sae, config["feature_input_hook"], path)
+    return TranscoderBlock(block, sae, config["feature_input_hook"], path)
 
 
 def read_transcoder_set(directory: Path) -> TranscoderSet:

@@ -44,7 +44,7 @@ class Search(Params):
     by: Literal["text", "meaning", "both"] = "text"
 
 
-class FeatureDetail(Params):
+class FeatureLookup(Params):
     """GET /api/saes/{sae_id}/features/{index}."""
 
     sae_id: SaeId
@@ -74,7 +74,7 @@ class Job(Params):
     ]
 
 
-class Graph(Params):
+class GraphKey(Params):
     """An attribution graph, by id."""
 
     graph_id: Annotated[

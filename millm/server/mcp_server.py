@@ -41,7 +41,7 @@ from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.server.access import MCP_PATH
 from millm.server.facades import Facades
 from millm.server.mcp_params import Params
-from millm.server.mcp_tools import TOOLS, Result, Tool
+from millm.server.mcp_tools import TOOLS, McpTool, Result
 from millm.v1.http.errors import error_body, validation_error
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ INSTRUCTIONS = (
 REFS = "#/components/schemas/"
 
 
-def describe_tool(openapi: dict, tool: Tool) -> types.Tool:
+def describe_tool(openapi: dict, tool: McpTool) -> types.Tool:
     """How tools/list presents a tool."""
     hints = types.ToolAnnotations(
         read_only_hint=tool.read_only, destructive_hint=False, open_world_hint=False
@@ -68,7 +68,7 @@ def describe_tool(openapi: dict, tool: Tool) -> types.Tool:
     )
 
 
-def input_schema(openapi: dict, tool: Tool) -> dict:
+def input_schema(openapi: dict, tool: McpTool) -> dict:
     """The route's path and query parameters and its body's fields as one object schema, with the
     components it refers to under $defs."""
     operation = openapi["paths"][tool.path][tool.method]
@@ -145,7 +145,7 @@ def parse(model: type[BaseModel], arguments: dict) -> Any:
         raise validation_error(RequestValidationError(exc.errors())) from None
 
 
-def bind(tool: Tool, arguments: dict) -> tuple[Params, BaseModel | None]:
+def bind(tool: McpTool, arguments: dict) -> tuple[Params, BaseModel | None]:
     """The tool's parameters and body from its arguments."""
     names = set(tool.params.model_fields)
     omitted = sorted(tool.omit & set(arguments))
@@ -182,7 +182,7 @@ def error_result(error: MillmError) -> types.CallToolResult:
     return text_result({**error_body(error), "status": error.status}, error=True)
 
 
-async def run_tool(service: Facades, tool: Tool, arguments: dict) -> types.CallToolResult:
+async def run_tool(service: Facades, tool: McpTool, arguments: dict) -> types.CallToolResult:
     """Call one tool; every failure, expected or not, is a tool error in the route's shape."""
     try:
         # The SDK serves calls on its own tasks, outside the HTTP request's scope: this call's

@@ -22,8 +22,8 @@ from millm.server.facades import Facades
 from millm.server.mcp_params import (
     ClearAll,
     Feature,
-    FeatureDetail,
-    Graph,
+    FeatureLookup,
+    GraphKey,
     Job,
     NoParams,
     Params,
@@ -47,7 +47,7 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Tool:
+class McpTool:
     """One tool: its name and description, the route it is the twin of, and its call."""
 
     name: str
@@ -74,7 +74,7 @@ async def _search(f: Facades, p: Search, _: None) -> Any:
     return await blocking(f.features.search_features, p.sae_id, p.q, p.limit, p.by)
 
 
-async def _feature(f: Facades, p: FeatureDetail, _: None) -> Any:
+async def _feature(f: Facades, p: FeatureLookup, _: None) -> Any:
     return await f.features.feature_detail(p.sae_id, p.index, p.k)
 
 
@@ -136,7 +136,7 @@ async def _attribution_job(f: Facades, _: NoParams, body: AttributionRequest) ->
     return (await f.attribution.start_job(body)).model_dump(mode="json")
 
 
-async def _graph(f: Facades, p: Graph, _: None) -> Any:
+async def _graph(f: Facades, p: GraphKey, _: None) -> Any:
     return f.attribution.graph(p.graph_id)  # the last graphs, in memory
 
 
@@ -165,7 +165,7 @@ async def _job(f: Facades, p: Job, _: None) -> dict:
 
 
 TOOLS = (
-    Tool(
+    McpTool(
         "list_saes",
         "Every registered SAE: id, model, layer, width, and where it is attached.",
         "get",
@@ -173,7 +173,7 @@ TOOLS = (
         _list_saes,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "search_features",
         "An SAE's labelled features ranked by how well their label, top tokens and example match q (BM25; empty q lists all).",
         "get",
@@ -182,16 +182,16 @@ TOOLS = (
         Search,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "get_feature",
         "One feature: its label, decoder norm, calibration figures and the k features nearest by decoder cosine.",
         "get",
         "/api/saes/{sae_id}/features/{index}",
         _feature,
-        FeatureDetail,
+        FeatureLookup,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "inspect_text",
         "The SAE features that fire on a text or conversation (top_k by max, mean or count), and one feature per token.",
         "post",
@@ -201,7 +201,7 @@ TOOLS = (
         InspectRequest,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "contrast_texts",
         "The SAE features that best separate set a from set b of texts: each set's mean, the difference and Cohen's d.",
         "post",
@@ -211,7 +211,7 @@ TOOLS = (
         ContrastRequest,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "get_steering",
         "The live steering state: enabled, version, active profile, and every SAE's features with their op and strength.",
         "get",
@@ -219,7 +219,7 @@ TOOLS = (
         _steering,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "set_feature",
         "Steer every request from now on: add strength × the feature's decoder row (within ±200; 0 clears), or clamp, cap or ablate it.",
         "put",
@@ -228,7 +228,7 @@ TOOLS = (
         Feature,
         FeatureSetting,
     ),
-    Tool(
+    McpTool(
         "clear_feature",
         "Stop steering one feature (remove its live value).",
         "delete",
@@ -236,7 +236,7 @@ TOOLS = (
         _clear_feature,
         Feature,
     ),
-    Tool(
+    McpTool(
         "clear_steering",
         "Remove every live feature value, or only those of sae_id.",
         "delete",
@@ -244,7 +244,7 @@ TOOLS = (
         _clear_steering,
         ClearAll,
     ),
-    Tool(
+    McpTool(
         "list_profiles",
         "Every saved steering profile, and which one is active.",
         "get",
@@ -252,7 +252,7 @@ TOOLS = (
         _profiles,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "activate_profile",
         "Make a saved profile the steering of every request from now on (checked against the attached SAEs first).",
         "post",
@@ -260,14 +260,14 @@ TOOLS = (
         _activate,
         Profile,
     ),
-    Tool(
+    McpTool(
         "deactivate_profile",
         "Deactivate the active profile: the live feature values steer again.",
         "post",
         "/api/profiles/deactivate",
         _deactivate,
     ),
-    Tool(
+    McpTool(
         "compare",
         "Generate one conversation under several steerings side by side (default: unsteered and live), same prompt and seed.",
         "post",
@@ -277,7 +277,7 @@ TOOLS = (
         read_only=True,
         omit=frozenset({"stream"}),
     ),
-    Tool(
+    McpTool(
         "logit_lens",
         "What each block's residual stream predicts at each position of a text (the model's final norm and head applied), "
         "beside the model's own prediction; optionally steered.",
@@ -287,7 +287,7 @@ TOOLS = (
         body=LensRequest,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "attribution_graph",
         "Which features of the attached SAEs drove the model's next-token logit on a text (an attribution graph: "
         "nodes, direct-effect edges, pruned by influence), with its top features ablated on the served model to check it.",
@@ -297,7 +297,7 @@ TOOLS = (
         body=AttributionRequest,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "start_attribution_job",
         "The same attribution graph as a job, for long texts and large budgets: get_job follows it (its progress is the "
         "features expanded) and its result names the graph for get_attribution_graph.",
@@ -306,16 +306,16 @@ TOOLS = (
         _attribution_job,
         body=AttributionRequest,
     ),
-    Tool(
+    McpTool(
         "get_attribution_graph",
         "A recent attribution graph by id (the server keeps the last 16, in memory).",
         "get",
         "/api/attribution/{graph_id}",
         _graph,
-        Graph,
+        GraphKey,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "list_variants",
         "Every steered variant (a name any /v1 client can use as a model: a base model and its steering), and whether it fits now.",
         "get",
@@ -323,7 +323,7 @@ TOOLS = (
         _variants,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "create_variant",
         "Name a base model under a steering (a saved profile or a request's own steering, an intensity): every /v1 client can then pick it as a model.",
         "post",
@@ -331,7 +331,7 @@ TOOLS = (
         _create_variant,
         body=VariantBody,
     ),
-    Tool(
+    McpTool(
         "delete_variant",
         "Forget a steered variant: requests naming it are refused from now on.",
         "delete",
@@ -339,7 +339,7 @@ TOOLS = (
         _delete_variant,
         VariantKey,
     ),
-    Tool(
+    McpTool(
         "explain_features",
         "Have a model (the served one, another registered model loaded beside it, or the configured endpoint) explain an "
         "attached, calibrated SAE's features from their top activating windows "
@@ -351,7 +351,7 @@ TOOLS = (
         Sae,
         ExplainRequest,
     ),
-    Tool(
+    McpTool(
         "get_job",
         "A job's state, progress, ETA, and its result or error once ended.",
         "get",
@@ -360,7 +360,7 @@ TOOLS = (
         Job,
         read_only=True,
     ),
-    Tool(
+    McpTool(
         "monitoring_stats",
         "Per-feature monitoring statistics since the last reset: count, mean and max when active, fraction of positions.",
         "get",

@@ -68,7 +68,7 @@ class FunctionCall(WireModel):
     arguments: str
 
 
-class ToolCall(WireModel):
+class AssistantToolCall(WireModel):
     """One tool call of an assistant message."""
 
     id: str
@@ -76,7 +76,7 @@ class ToolCall(WireModel):
     function: FunctionCall
 
 
-class StreamedToolCall(ToolCall):
+class StreamedToolCall(AssistantToolCall):
     """A tool call as a stream delta carries it: with its position among the choice's calls."""
 
     index: int
@@ -117,7 +117,7 @@ class AssistantMessage(WireModel):
     omit_when_none = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
 
 
 class ChatChoice(WireModel):

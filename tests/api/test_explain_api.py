@@ -28,7 +28,7 @@ from millm.lab.labels.explain_prompts import (
     fuzzing_messages,
     marked,
 )
-from millm.lab.labels.explain_scoring import Judged, balanced_score
+from millm.lab.labels.explain_scoring import ScoredText, balanced_score
 from tests.api.clients import MODEL, api, error, post
 from tests.support.explainer_endpoint import Explainer
 from tests.support.server import ServerProcess
@@ -207,13 +207,13 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
             (w, False) for w in examples.quiet
         ]:
             chat = detection_messages(explanation, "".join(strings(tokenizer, window)))
-            judged.append(Judged(fired, p_yes(chat)))
+            judged.append(ScoredText(fired, p_yes(chat)))
         want_score = balanced_score(judged)
         # Fuzzing: activating windows marked where it fired, quiet ones at random tokens.
         rng = np.random.default_rng([22, feature])
         count = marks_per_window(examples.activating)
         fuzzed = [
-            Judged(
+            ScoredText(
                 True,
                 p_yes(
                     fuzzing_messages(
@@ -223,7 +223,7 @@ def test_the_explainer_reads_delphis_windows_and_the_served_scorer_scores_them(
             )
             for w in examples.activating
         ] + [
-            Judged(
+            ScoredText(
                 False,
                 p_yes(
                     fuzzing_messages(
@@ -475,7 +475,7 @@ def test_another_registered_model_writes_and_scores_beside_the_served_one(
     assert entry["explanation"] == want
     assert entry["explainer"] == entry["scorer"] == f"model:{name}"
     judged = [
-        Judged(fired, yes(tokenizer, model, detection_messages(want, text)))
+        ScoredText(fired, yes(tokenizer, model, detection_messages(want, text)))
         for fired, text in [(True, "".join(strings(tokenizer, w))) for w in examples.activating]
         + [(False, "".join(strings(tokenizer, w))) for w in examples.quiet]
     ]

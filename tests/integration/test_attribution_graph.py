@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from millm.interp.attribution.graph import EXACT, PATCHING, Budget, Target, Tracer
-from millm.interp.attribution.replacement import Held, ReplacementModel, Source, plain_source
+from millm.interp.attribution.replacement import FrozenPass, ReplacementModel, Source, plain_source
 from millm.interp.attribution.verify import verify
 from millm.interp.sae import SAEWeights, StandardSAE, TopKSAE
 from tests.integration.engine_helpers import prompt_ids
@@ -101,7 +101,7 @@ def test_edges_equal_finite_differences_of_the_linearised_model(llama_lm, kind, 
     # The budget covers every feature: the ones left out reach the target by no path.
     assert 0 < len(graph.features) <= graph.active_features
     prompt, sources = graph.prompt, tracer.sources
-    held = Held()
+    held = FrozenPass()
     with torch.inference_mode(False):
         clean = model.trace(prompt, 1, sources, held=held)
 

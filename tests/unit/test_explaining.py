@@ -22,7 +22,7 @@ from millm.lab.labels.explain_prompts import (
     parsed_explanation,
     scaled,
 )
-from millm.lab.labels.explain_scoring import Judged, balanced_score
+from millm.lab.labels.explain_scoring import ScoredText, balanced_score
 from millm.lab.labels.writers import read_yes
 
 
@@ -98,8 +98,8 @@ def test_an_endpoint_answer_is_read_from_its_top_logprobs_else_its_text():
 
 
 def test_balanced_accuracy_is_the_mean_of_both_rates_over_answered_texts():
-    judged = [Judged(True, 0.9), Judged(True, 0.4), Judged(True, 0.5), Judged(False, 0.1),
-              Judged(False, 0.7), Judged(False, None)]  # fmt: skip
+    judged = [ScoredText(True, 0.9), ScoredText(True, 0.4), ScoredText(True, 0.5), ScoredText(False, 0.1),
+              ScoredText(False, 0.7), ScoredText(False, None)]  # fmt: skip
     score = balanced_score(judged)
     assert score.true_positive_rate == pytest.approx(2 / 3)
     assert score.true_negative_rate == pytest.approx(1 / 2)
@@ -108,9 +108,9 @@ def test_balanced_accuracy_is_the_mean_of_both_rates_over_answered_texts():
     # AUC: of the 3 x 2 (positive, negative) pairs, the positive has the larger probability in
     # (0.9 > 0.1, 0.9 > 0.7, 0.4 > 0.1, 0.5 > 0.1): 4 of 6.
     assert score.auc == pytest.approx(4 / 6)
-    biased = balanced_score([Judged(True, 0.9), Judged(True, 0.8), Judged(False, 0.7)])
+    biased = balanced_score([ScoredText(True, 0.9), ScoredText(True, 0.8), ScoredText(False, 0.7)])
     assert biased.balanced_accuracy == 0.5 and biased.auc == 1.0
-    always = balanced_score([Judged(True, 1.0), Judged(False, 1.0)])
+    always = balanced_score([ScoredText(True, 1.0), ScoredText(False, 1.0)])
     assert always.balanced_accuracy == 0.5
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from millm.errors import InvalidRequest, NotFound, QueueFull
-from millm.kernel.runtime.jobs import JobBook, JobFailed, JobState
+from millm.kernel.runtime.jobs import JobBook, JobState, JobWorkFailed
 
 
 def wait_ended(book: JobBook, job_id: str, timeout: float = 5.0):
@@ -92,7 +92,7 @@ def test_a_running_job_shows_what_it_reported_and_a_job_that_did_nothing_fails_w
         handle.report({"done": [], "skipped": [1]})
         reported.set()
         go.wait(5)
-        raise JobFailed("nothing done", code="nothing_done", result={"skipped": [1, 2]})
+        raise JobWorkFailed("nothing done", code="nothing_done", result={"skipped": [1, 2]})
 
     view = book.start("test", "does nothing", 2, "items", work, result={"covers": [1, 2]})
     assert view.result == {"covers": [1, 2]}

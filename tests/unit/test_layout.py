@@ -131,3 +131,13 @@ def test_each_row_names_the_folders_of_its_floor_it_imports():
         if not folder.startswith(FLOORED) or folder == "kernel/":
             continue
         assert set(re.findall(r"`([\w/]+)`", said)) == used[folder], folder
+
+
+def test_one_home_per_class_name():
+    """No class name is defined twice in millm (a name says which thing it is)."""
+    homes: dict[str, list[str]] = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                homes[node.name].append(str(path.relative_to(ROOT)))
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}

@@ -31,7 +31,7 @@ import torch
 from millm.engine.residual import ResidualEdit
 from millm.interp.attribution.integrated import path_gradients, point_totals
 from millm.interp.attribution.pruning import Pruned, partial_influence, prune, scores
-from millm.interp.attribution.replacement import Held, ReplacementModel, Source, Trace
+from millm.interp.attribution.replacement import FrozenPass, ReplacementModel, Source, Trace
 
 EXACT = (
     "transcoders"  # every MLP replaced: the graph is the linearised model's exact direct effects
@@ -167,7 +167,7 @@ class Tracer:
     edit: ResidualEdit | None = None
     steps: int = 0  # integrated gradients' steps per point (0: the pass's own gradients)
     trace: Trace | None = None
-    held: Held | None = None  # the pass's held writes, replayed along the integrated paths
+    held: FrozenPass | None = None  # the pass's held writes, replayed along the integrated paths
     totals: list[torch.Tensor | None] | None = None  # per injection point, what its nodes write
     nodes: _Nodes | None = None
     rows: list[torch.Tensor] = field(default_factory=list)
@@ -194,7 +194,7 @@ class Tracer:
     def start(self) -> None:
         """The replacement pass and the target's row."""
         with torch.inference_mode(False), torch.enable_grad():
-            self.held = Held() if self.method == INTEGRATED else None
+            self.held = FrozenPass() if self.method == INTEGRATED else None
             self.trace = self.model.trace(self.prompt, 1, self.sources, self.edit, self.held)
             self.nodes = _Nodes.of(self.trace)
             if self.held is not None:

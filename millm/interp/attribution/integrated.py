@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from millm.engine.residual import ResidualEdit
-from millm.interp.attribution.replacement import Held, ReplacementModel, Source, Trace
+from millm.interp.attribution.replacement import FrozenPass, ReplacementModel, Source, Trace
 
 MAX_STEPS = 32
 # The output a seed belongs to: -1 the target, i >= 0 source i's pre-activations.
@@ -58,7 +58,7 @@ def path_gradients(
     prompt: list[int],
     sources: list[Source],
     edit: ResidualEdit | None,
-    held: Held,
+    held: FrozenPass,
     totals: list[torch.Tensor | None],
     seeds: dict[int, torch.Tensor],
     output: Output,

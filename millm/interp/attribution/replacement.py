@@ -85,7 +85,7 @@ def plain_source(source: Source, dtype: torch.dtype) -> Source:
     return replace(source, sae=sae, skip=skip)
 
 
-class Held:
+class FrozenPass:
     """The frozen values of one pass (patterns, norm scales, what each source stands in for), in
     the order the pass makes them; `replaying` hands them back to a later pass instead, so a
     perturbed pass runs the very linearised model of the first (the finite-difference check)."""
@@ -94,7 +94,7 @@ class Held:
         self.values: list[torch.Tensor] = []
         self.cursor: int | None = None
 
-    def replaying(self) -> Held:
+    def replaying(self) -> FrozenPass:
         """Start handing the recorded values back from the first."""
         self.cursor = 0
         return self
@@ -288,7 +288,7 @@ class ReplacementModel:
         rows: int,
         sources: list[Source],
         edit: ResidualEdit | None = None,
-        held: Held | None = None,
+        held: FrozenPass | None = None,
         shifts: dict[int, torch.Tensor] | None = None,
     ) -> Trace:
         """One pass over `prompt` in `rows` identical rows, every source spliced in; call with

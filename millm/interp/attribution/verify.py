@@ -31,7 +31,7 @@ PASS_CORRELATION = 0.7
 
 
 @dataclass(frozen=True)
-class NodeCheck:
+class NodeAblation:
     """One feature node: the target's change its ablation should bring, and the change it brings."""
 
     node: int
@@ -40,10 +40,10 @@ class NodeCheck:
 
 
 @dataclass(frozen=True)
-class Verification:
+class AblationCheck:
     """The checked nodes, the served model's own target value and the correlation's verdict."""
 
-    checks: list[NodeCheck]
+    checks: list[NodeAblation]
     served_value: float
     correlation: float | None
     passed: bool
@@ -113,7 +113,7 @@ def removal(position: int, vector: torch.Tensor):
 
 def verify(
     lm: LoadedModel, graph: Graph, nodes: list[int], edit: ResidualEdit | None
-) -> Verification:
+) -> AblationCheck:
     """Ablate each of `nodes` (feature indices of the graph) alone on the served model."""
     effects = total_effects(graph)
     edit = combined(edit, held_errors(graph))
@@ -131,11 +131,11 @@ def verify(
         )
         ablation = ResidualEdit((), removals)
         measured = served_value(lm, graph.prompt, graph.target, combined(edit, ablation)) - clean
-        checks.append(NodeCheck(node, -float(effects[node]), measured))
-    return Verification(checks, clean, *verdict(checks))
+        checks.append(NodeAblation(node, -float(effects[node]), measured))
+    return AblationCheck(checks, clean, *verdict(checks))
 
 
-def verdict(checks: list[NodeCheck]) -> tuple[float | None, bool]:
+def verdict(checks: list[NodeAblation]) -> tuple[float | None, bool]:
     """(Pearson r of predicted against measured, or None under 3 nodes; whether it passes)."""
     if len(checks) < 3:
         agree = all((c.predicted > 0) == (c.measured > 0) for c in checks)

@@ -45,7 +45,7 @@ class JobCancelled(Exception):
     """Raised inside a job's work when it was cancelled; the job ends as `cancelled`."""
 
 
-class JobFailed(Exception):
+class JobWorkFailed(Exception):
     """Raised by a job's work that ran to its end without doing what it was for (an explaining
     job that wrote nothing): the job ends `failed` with this error, and keeps `result`, which says
     what happened to each item, since that is what the user needs to act on."""
@@ -236,7 +236,7 @@ class JobBook:
             state, error = JobState.SUCCEEDED, None
         except JobCancelled:
             result, state, error = None, JobState.CANCELLED, None
-        except JobFailed as exc:
+        except JobWorkFailed as exc:
             result, state, error = exc.result, JobState.FAILED, exc.error
         except MillmError as exc:
             result, state, error = None, JobState.FAILED, exc.to_dict()

@@ -23,7 +23,7 @@ MAX_VARIANTS = 500  # each is a line of /v1/models: past a few hundred a model p
 
 
 @dataclass(frozen=True)
-class Variant:
+class ParsedVariant:
     """One variant as requests use it: its base and its steering, parsed once."""
 
     id: str
@@ -63,11 +63,11 @@ def variant_document(fields: dict) -> dict:
     return document
 
 
-def parsed(row: dict) -> Variant:
+def parsed(row: dict) -> ParsedVariant:
     """A stored row as a Variant."""
     doc = row["document"]
     intensity = doc.get("steering_intensity")
-    return Variant(
+    return ParsedVariant(
         id=row["id"],
         name=row["name"],
         base=row["base"],
@@ -108,7 +108,7 @@ class VariantBook(Book):
         """Whether a variant has this name."""
         return name in self.shelf.by_name
 
-    def named(self, name: str) -> Variant | None:
+    def named(self, name: str) -> ParsedVariant | None:
         """The variant a request's `model` names (by name only, from memory), None when none has it."""
         shelf = self.shelf
         row = shelf.by_name.get(name)

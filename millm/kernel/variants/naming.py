@@ -24,7 +24,7 @@ from millm.errors import InvalidRequest, MillmError
 from millm.interp.intensity import Dial
 from millm.kernel.steering.plan import NO_STEERING, Plan
 from millm.kernel.steering.plans import Planner
-from millm.kernel.variants.book import Variant, VariantBook
+from millm.kernel.variants.book import ParsedVariant, VariantBook
 
 Body = TypeVar("Body", bound=BaseModel)
 UNFIT = "variant_unfit"
@@ -36,7 +36,7 @@ class Named:
     """The model a request names: `served` is the name its answer carries, `variant` the variant it is (None for a model)."""
 
     served: str
-    variant: Variant | None = None
+    variant: ParsedVariant | None = None
 
     @property
     def base(self) -> str:
@@ -67,7 +67,7 @@ class VariantRouting:
                 )
         return body.model_copy(update={"model": named.base})
 
-    def plan(self, variant: Variant, dial: Dial | None) -> Plan:
+    def plan(self, variant: ParsedVariant, dial: Dial | None) -> Plan:
         """The variant's steering through `dial` (the request's, else the variant's own), named in
         X-miLLM-Steering; 400 variant_unfit naming the variant when it no longer fits."""
         try:  # its steering must fit whatever the dial: "off" never hides an unfit variant
@@ -82,7 +82,7 @@ class VariantRouting:
             ) from None
         return replace(plan, params=(("variant", variant.name), *plan.params))
 
-    def problem(self, variant: Variant) -> str | None:
+    def problem(self, variant: ParsedVariant) -> str | None:
         """Why the variant's steering does not fit the loaded model now, None when it does."""
         try:
             self._resolve(variant, FULL)
@@ -90,7 +90,7 @@ class VariantRouting:
             return exc.message
         return None
 
-    def _resolve(self, variant: Variant, dial: Dial | None) -> Plan:
+    def _resolve(self, variant: ParsedVariant, dial: Dial | None) -> Plan:
         dial = dial if dial is not None else variant.dial
         if variant.profile is not None:
             return self.planner.plan_for(variant.profile, dial, promised=True)

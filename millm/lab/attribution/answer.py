@@ -7,8 +7,7 @@ import torch
 
 from millm.engine.loader import LoadedModel
 from millm.interp.attribution.graph import Graph
-from millm.interp.attribution.verify import PASS_CORRELATION
-from millm.interp.attribution.verify import Verification as Checked
+from millm.interp.attribution.verify import PASS_CORRELATION, AblationCheck
 from millm.kernel.state import ServerState
 from millm.lab.attribution.protocol import (
     AttributionGraph,
@@ -20,7 +19,7 @@ from millm.lab.attribution.protocol import (
     TargetRead,
     Verification,
 )
-from millm.lab.discovery.inputs import Steered, label_of
+from millm.lab.discovery.inputs import ReadSteering, label_of
 from millm.lab.discovery.inspection import token_strings
 from millm.lab.discovery.protocol import SteeringUsed, TokenRead
 
@@ -49,9 +48,9 @@ def graph_answer(
     state: ServerState,
     lm: LoadedModel,
     graph: Graph,
-    checked: Checked | None,
+    checked: AblationCheck | None,
     body: AttributionRequest,
-    steered: Steered,
+    steered: ReadSteering,
     graph_id: str,
     seconds: float,
 ) -> AttributionGraph:
@@ -160,7 +159,7 @@ def _node(graph, node, node_id, kind, source, position, blocks, labels, said) ->
     )
 
 
-def _verification(graph: Graph, checked: Checked, ids: list[str], labels) -> Verification:
+def _verification(graph: Graph, checked: AblationCheck, ids: list[str], labels) -> Verification:
     return Verification(
         served_value=round(checked.served_value, 6),
         nodes=[

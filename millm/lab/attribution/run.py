@@ -27,7 +27,7 @@ from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.attribution.graph import Budget, Graph, Target, Tracer
 from millm.interp.attribution.replacement import ReplacementModel, Source, plain_source
-from millm.interp.attribution.verify import Verification, served_logits, verify
+from millm.interp.attribution.verify import AblationCheck, served_logits, verify
 from millm.kernel.books.transcoders import TranscoderBook
 from millm.kernel.model.loading import Planned
 from millm.kernel.runtime.jobs import JobHandle
@@ -36,7 +36,7 @@ from millm.lab.attribution.answer import graph_answer
 from millm.lab.attribution.inputs import budget_of, feature_sources, target_of
 from millm.lab.attribution.protocol import AttributionGraph, AttributionRequest
 from millm.lab.discovery.inputs import (
-    Steered,
+    ReadSteering,
     check_steering_request,
     model_to_read,
     resolve_steering,
@@ -65,7 +65,9 @@ def begin(lm: LoadedModel, prepared: PreparedGraph) -> Tracer:
     return tracer
 
 
-def checked(lm: LoadedModel, graph: Graph, count: int, steered: Steered) -> Verification | None:
+def checked(
+    lm: LoadedModel, graph: Graph, count: int, steered: ReadSteering
+) -> AblationCheck | None:
     """The last step: ablate the `count` most influential expanded features on the served model."""
     if count == 0 or not graph.features:
         return None
@@ -84,7 +86,7 @@ class PreparedGraph:
     sources: list[Source]
     target: Target | None
     budget: Budget
-    steered: Steered
+    steered: ReadSteering
     copy: Planned | None  # a transformers copy to trace on, when the model is served on llama.cpp
 
 
@@ -149,7 +151,7 @@ async def trace(
 
 async def traced(
     submit: Callable[[CallJob], None], prepared: PreparedGraph, job: JobHandle | None
-) -> tuple[Graph, Verification | None]:
+) -> tuple[Graph, AblationCheck | None]:
     """The graph traced a step per engine job on `submit`'s scheduler, then checked there."""
     body, steered = prepared.body, prepared.steered
     tracer: Tracer | None = None

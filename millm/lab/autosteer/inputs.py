@@ -11,7 +11,7 @@ from millm.interp.steering import Attached
 from millm.lab.autosteer.protocol import (
     AutoSteerRequest,
 )
-from millm.lab.discovery.judge import Judge
+from millm.lab.discovery.judge import GoalJudge
 
 DEFAULT_PROBES = ("Tell me about your weekend.", "What is your favourite hobby?")
 # Everyday sentences with no particular topic, for contrasting examples when none are given.
@@ -109,7 +109,7 @@ class PreparedAutoSteer:
     body: AutoSteerRequest
     model: str
     attached: Attached
-    judge: Judge
+    judge: GoalJudge
     probes: tuple[str, ...]
     probe_ids: tuple[tuple[int, ...], ...]
     goal_ids: tuple[tuple[int, ...], ...]  # each probe after a system message stating the goal

@@ -34,7 +34,7 @@ Intensity = (
 Name = Annotated[str, Field(min_length=1)]
 
 
-class FeatureSetting(StrictBody):
+class CompareFeature(StrictBody):
     """One feature's strength: `sae_id` may be left out when one SAE is attached."""
 
     sae_id: Name | None = None
@@ -49,7 +49,7 @@ class Variant(StrictBody):
     live: Literal[True] | None = None
     profile: Name | None = None
     features: (
-        Annotated[list[FeatureSetting], Field(min_length=1, max_length=MAX_FEATURES)] | None
+        Annotated[list[CompareFeature], Field(min_length=1, max_length=MAX_FEATURES)] | None
     ) = None
     cluster: Name | None = None
     circuit: Name | None = None

@@ -27,7 +27,12 @@ from millm.interp.intensity import Dial, parse_dial
 from millm.interp.steering import Attached, check_feature, pick_attached, steering_edit
 from millm.kernel.steering.plan import NO_STEERING, Plan
 from millm.kernel.steering.plans import Planner
-from millm.lab.compare.protocol import AppliedFeature, AppliedSteering, FeatureSetting, Variant
+from millm.lab.compare.protocol import (
+    AppliedFeature,
+    AppliedSteering,
+    CompareFeature,
+    Variant,
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ def dial_of(variant: Variant) -> Dial | None:
 
 
 def features_edit(
-    attached: dict[str, Attached], settings: list[FeatureSetting], where: str
+    attached: dict[str, Attached], settings: list[CompareFeature], where: str
 ) -> tuple[ResidualEdit | None, list[AppliedFeature]]:
     """The residual edit of these feature strengths (None when all are 0) and the features as applied.
 

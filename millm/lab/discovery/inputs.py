@@ -30,7 +30,7 @@ MIN_TOKENS = SKIPPED_POSITIONS + 1  # a text needs one position after the skippe
 
 
 @dataclass(frozen=True)
-class Steered:
+class ReadSteering:
     """The edit a read runs with (None: unsteered) and how to describe it in the answer."""
 
     edit: ResidualEdit | None
@@ -38,7 +38,7 @@ class Steered:
     params: dict[str, str | int | float] = field(default_factory=dict)
 
 
-NOT_STEERED = Steered(None)
+NOT_STEERED = ReadSteering(None)
 
 
 # before the model ---------------------------------------------------------------------------------------
@@ -191,7 +191,7 @@ def set_prompts(lm: LoadedModel, name: str, texts: TextSet) -> list[tuple[str, l
 
 def resolve_steering(
     state: ServerState, steering: str | SteerWith | None, attached: Attached | None
-) -> Steered:
+) -> ReadSteering:
     """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile; or
     feature strengths on attached SAEs (the inspected one by default). Blocking: a worker thread."""
     if steering is None:
@@ -199,7 +199,7 @@ def resolve_steering(
     if steering == "live":
         plan = state.planner.plan_for(None, None)
         return (
-            Steered(plan.edit, plan.kind, _params(plan.params))
+            ReadSteering(plan.edit, plan.kind, _params(plan.params))
             if plan.edit is not None
             else NOT_STEERED
         )
@@ -207,7 +207,7 @@ def resolve_steering(
     if steering.profile is not None:
         plan = state.planner.plan_for(steering.profile, None, promised=True)
         return (
-            Steered(plan.edit, plan.kind, _params(plan.params))
+            ReadSteering(plan.edit, plan.kind, _params(plan.params))
             if plan.edit is not None
             else NOT_STEERED
         )
@@ -234,7 +234,7 @@ def resolve_steering(
     edit = steering_edit(strengths, attachments)
     if edit is None:
         return NOT_STEERED
-    return Steered(edit, "features", {"features": sum(len(f) for f in strengths.values())})
+    return ReadSteering(edit, "features", {"features": sum(len(f) for f in strengths.values())})
 
 
 def label_of(labels: dict[int, dict], index: int) -> str | None:

@@ -19,7 +19,7 @@ from millm.engine.loader import LoadedModel
 from millm.interp.steering import Attached
 from millm.kernel.state import ServerState
 from millm.lab.discovery.inputs import (
-    Steered,
+    ReadSteering,
     attached_sae,
     check_readable,
     check_steering_request,
@@ -97,7 +97,7 @@ def answer(
     prompt: list[int],
     summary: Summary,
     body: InspectRequest,
-    steered: Steered,
+    steered: ReadSteering,
 ) -> InspectResponse:
     """The response: ranking, labels and token strings (blocking: labels may come from the store)."""
     labels = state.saes.labels(attached.info.id)

@@ -32,7 +32,7 @@ def answer_tokens(tokenizer, words: tuple[str, ...]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Judge:
+class GoalJudge:
     """A goal and the yes/no token ids of one tokenizer."""
 
     goal: str
@@ -68,7 +68,7 @@ def judge_tokens(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(t for t in yes if t not in shared), tuple(t for t in no if t not in shared)
 
 
-def judge_for(tokenizer, goal: str) -> Judge:
+def judge_for(tokenizer, goal: str) -> GoalJudge:
     """A judge for `goal`, or 400 when the tokenizer cannot tell a yes from a no by the first token."""
     yes, no = judge_tokens(tokenizer)
     if not yes or not no:
@@ -76,4 +76,4 @@ def judge_for(tokenizer, goal: str) -> Judge:
             "this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge AutoSteer's settings",
             param="goal",
         )
-    return Judge(goal, yes, no)
+    return GoalJudge(goal, yes, no)

@@ -16,7 +16,7 @@ from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
 from millm.kernel.state import ServerState
 from millm.lab.discovery.inputs import (
-    Steered,
+    ReadSteering,
     check_steering_request,
     model_to_read,
     resolve_steering,
@@ -55,7 +55,7 @@ def chosen_layers(lm: LoadedModel, body: LensRequest, positions: int) -> list[in
 
 
 def answer(
-    lm: LoadedModel, prompt: list[int], table: LensTable, body: LensRequest, steered: Steered
+    lm: LoadedModel, prompt: list[int], table: LensTable, body: LensRequest, steered: ReadSteering
 ) -> LensResponse:
     """The table said with token strings (blocking: decoding)."""
     vocabulary = sorted(

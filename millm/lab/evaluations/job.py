@@ -38,7 +38,7 @@ from millm.lab.evaluations.protocol import (
     Sample,
 )
 from millm.lab.evaluations.scales import PROMPTS, Answer, harmonic_mean
-from millm.lab.evaluations.sweep import UNSTEERED, Setting, Sweep, resolve
+from millm.lab.evaluations.sweep import UNSTEERED, Sweep, SweepPoint, resolve
 from millm.wording import counted
 
 PREFIX = "eval_"
@@ -138,7 +138,7 @@ def run_evaluation(state, prep: PreparedEvaluation, book, handle: JobHandle) -> 
 
 
 def measure(
-    state, prep: PreparedEvaluation, setting: Setting, handle: JobHandle, reference: float | None
+    state, prep: PreparedEvaluation, setting: SweepPoint, handle: JobHandle, reference: float | None
 ) -> Point:
     """One setting's answers, measured and rated; `reference` is the unsteered answers' mean
     perplexity (None while measuring them: their own)."""

@@ -32,7 +32,7 @@ DEFAULT_SYSTEM = (
 
 
 @dataclass(frozen=True)
-class Setting:
+class SweepPoint:
     """One point of a sweep: what steers it (an edit and its conditions, or a system message)."""
 
     strength: float | None
@@ -41,12 +41,12 @@ class Setting:
     system: str | None = None
 
     @classmethod
-    def of(cls, strength: float | None, plan: Plan) -> Setting:
+    def of(cls, strength: float | None, plan: Plan) -> SweepPoint:
         """The setting a plan steers."""
         return cls(strength, plan.edit, plan.watches)
 
 
-UNSTEERED = Setting(None)
+UNSTEERED = SweepPoint(None)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Sweep:
 
     label: str
     kind: str
-    settings: tuple[Setting, ...]
+    settings: tuple[SweepPoint, ...]
 
 
 def resolve(state, body: EvaluationRequest) -> list[Sweep]:
@@ -79,7 +79,7 @@ def _sweep(state, concept: str, candidate, where: str) -> Sweep:
         check_feature(attached.info, candidate.index, param=f"{where}.index")
         label = state.saes.labels(attached.info.id).get(candidate.index, {}).get("label")
         settings = tuple(
-            Setting.of(
+            SweepPoint.of(
                 s, planner.plan_for_spec(feature_spec(attached.info.id, candidate.index, s), None)
             )
             for s in candidate.strengths
@@ -89,7 +89,7 @@ def _sweep(state, concept: str, candidate, where: str) -> Sweep:
     if isinstance(candidate, VectorCandidate):
         row = state.vectors.find(candidate.vector)
         settings = tuple(
-            Setting.of(s, planner.plan_for_spec(vector_spec(row["id"], s), None))
+            SweepPoint.of(s, planner.plan_for_spec(vector_spec(row["id"], s), None))
             for s in candidate.strengths
         )
         return Sweep(f"vector {row['name']}", "vector", settings)
@@ -104,7 +104,7 @@ def _sweep(state, concept: str, candidate, where: str) -> Sweep:
             for x in dials(candidate.intensities)
         ]
         return Sweep(
-            f"variant {variant.name}", "variant", tuple(Setting.of(x, p) for x, p in plans)
+            f"variant {variant.name}", "variant", tuple(SweepPoint.of(x, p) for x, p in plans)
         )
     if isinstance(candidate, ProfileCandidate):
         row = state.profiles.find(candidate.profile)
@@ -112,10 +112,12 @@ def _sweep(state, concept: str, candidate, where: str) -> Sweep:
             (x, planner.plan_for(row["id"], None if x is None else Dial(value=x), promised=True))
             for x in dials(candidate.intensities)
         ]
-        return Sweep(f"profile {row['name']}", "profile", tuple(Setting.of(x, p) for x, p in plans))
+        return Sweep(
+            f"profile {row['name']}", "profile", tuple(SweepPoint.of(x, p) for x, p in plans)
+        )
     assert isinstance(candidate, PromptCandidate)
     system = (candidate.system or DEFAULT_SYSTEM).replace("{concept}", concept)
-    return Sweep("prompting", "prompt", (Setting(None, NO_STEERING.edit, (), system),))
+    return Sweep("prompting", "prompt", (SweepPoint(None, NO_STEERING.edit, (), system),))
 
 
 def dials(intensities: list[float] | None) -> list[float | None]:

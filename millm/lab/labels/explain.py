@@ -26,7 +26,7 @@ import torch
 from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.interp.steering import Attached, check_feature
 from millm.kernel.runtime.blocking import passes_blocking
-from millm.kernel.runtime.jobs import JobFailed, JobHandle, JobView
+from millm.kernel.runtime.jobs import JobHandle, JobView, JobWorkFailed
 from millm.lab.calibration.job import groups
 from millm.lab.calibration.protocol import CalibrateRequest, Corpus, check_source, corpus_ids
 from millm.lab.discovery.inputs import attached_sae
@@ -49,7 +49,7 @@ from millm.lab.labels.explain_prompts import (
     parsed_explanation,
     prompt_version,
 )
-from millm.lab.labels.explain_scoring import BalancedScore, Judged, balanced_score
+from millm.lab.labels.explain_scoring import BalancedScore, ScoredText, balanced_score
 from millm.lab.labels.protocol import ExplainRequest
 from millm.lab.labels.writers import (
     BesideWriter,
@@ -230,7 +230,7 @@ class ExplainRun:
         result = {**self.outcome(done, skipped), "duration_s": round(time.monotonic() - started, 1)}
         if not done:
             # Nothing stored is not success: the job list shows it failed, the result says why.
-            raise JobFailed(nothing_written(skipped), code="nothing_explained", result=result)
+            raise JobWorkFailed(nothing_written(skipped), code="nothing_explained", result=result)
         return result
 
     def outcome(self, done: list[dict], skipped: list[dict]) -> dict:
@@ -387,7 +387,7 @@ class ExplainRun:
             return None
         probabilities = self.scorer.yes(chats, handle.cancel_event)
         handle.check()
-        return balanced_score([Judged(i < activating, p) for i, p in enumerate(probabilities)])
+        return balanced_score([ScoredText(i < activating, p) for i, p in enumerate(probabilities)])
 
 
 def nothing_written(skipped: list[dict]) -> str:

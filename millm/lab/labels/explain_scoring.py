@@ -20,7 +20,7 @@ CUT = 0.5
 
 
 @dataclass(frozen=True)
-class Judged:
+class ScoredText:
     """One held-out text: whether the feature fired in it, and the scorer's probability of yes."""
 
     activating: bool
@@ -40,7 +40,7 @@ class BalancedScore(BaseModel):
     failed: int  # texts without a readable answer, left out
 
 
-def balanced_score(judged: list[Judged]) -> BalancedScore:
+def balanced_score(judged: list[ScoredText]) -> BalancedScore:
     """Balanced accuracy (and its parts) over the texts that got an answer."""
     # Imported here: sklearn.metrics (with SciPy and pandas) is 1.5 s of every server start otherwise.
     from sklearn.metrics import roc_auc_score

@@ -9,10 +9,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from millm.lab.models.protocol import RegisterModel
 from millm.lab.models.service import ModelManagement
 from millm.v1.http.deps import part
 from millm.v1.http.json_body import JsonRoute
-from millm.lab.models.protocol import RegisterModel
 
 router = APIRouter(route_class=JsonRoute)
 

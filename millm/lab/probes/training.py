@@ -104,7 +104,7 @@ class ProbeTrainRequest(BaseModel):
 
 
 @dataclass(frozen=True)
-class Examples:
+class ProbeExamples:
     """What the job reads: each text's token ids, its class (1 positive, 0 negative), and the split."""
 
     prompts: list[list[int]]
@@ -191,7 +191,9 @@ def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
     check_total(positive + negative, settings.discovery_max_tokens)
     labels = np.array([1] * len(positive) + [0] * len(negative))
     train, test = split(labels, body.held_out, body.seed)
-    examples = Examples([ids for _, ids in positive + negative], labels, train, test, len(positive))
+    examples = ProbeExamples(
+        [ids for _, ids in positive + negative], labels, train, test, len(positive)
+    )
     run = TrainingRun(
         state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
     )
@@ -219,7 +221,7 @@ class TrainingRun:
     layer: int
     hook_point: str
     point: int
-    examples: Examples
+    examples: ProbeExamples
 
     def __call__(self, handle: JobHandle) -> dict:
         residuals: list[np.ndarray] = []
@@ -298,7 +300,7 @@ class Fitted:
     train_accuracy: float  # of the verdict on each training text
     positions: int  # training positions
 
-    def metrics(self, examples: Examples) -> dict:
+    def metrics(self, examples: ProbeExamples) -> dict:
         """The job result's figures: held-out accuracy and AUC, and which texts were held out."""
         positives = examples.positives
         return {
@@ -330,7 +332,7 @@ def peaks(residuals: list[np.ndarray], weights: np.ndarray, bias: float) -> np.n
     return np.array([probabilities(x, weights, bias).max() for x in residuals])
 
 
-def fit(residuals: list[np.ndarray], examples: Examples, threshold: float) -> Fitted:
+def fit(residuals: list[np.ndarray], examples: ProbeExamples, threshold: float) -> Fitted:
     """Logistic regression on the standardised residuals of the training texts' positions (each
     labelled by its text, each text weighing one), folded back to raw-residual weights and
     measured on the held-out texts as the probe is used (fired or not at `threshold`)."""

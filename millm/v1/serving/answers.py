@@ -23,6 +23,7 @@ from millm.engine.jobs import (
 from millm.errors import MillmError
 from millm.v1.objects import (
     AssistantMessage,
+    AssistantToolCall,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -33,7 +34,6 @@ from millm.v1.objects import (
     Delta,
     FunctionCall,
     StreamedToolCall,
-    ToolCall,
     Usage,
     WireModel,
     now,
@@ -202,9 +202,9 @@ def content(row: int, text: str) -> ChunkChoice:
     return ChunkChoice(index=row, delta=Delta(content=text))
 
 
-def tool_call(call: dict) -> ToolCall:
+def tool_call(call: dict) -> AssistantToolCall:
     """An OpenAI tool call as the tools module builds it, typed."""
-    return ToolCall(id=call["id"], function=FunctionCall(**call["function"]))
+    return AssistantToolCall(id=call["id"], function=FunctionCall(**call["function"]))
 
 
 @dataclass(frozen=True)
