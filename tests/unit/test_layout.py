@@ -141,3 +141,24 @@ def test_one_home_per_class_name():
             if isinstance(node, ast.ClassDef):
                 homes[node.name].append(str(path.relative_to(ROOT)))
     assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_only_the_composition_root_sees_the_whole_state():
+    """ServerState is imported by server/ alone; every other function that takes a `state` names
+    the parts it may touch (its folder's parts.py Protocol)."""
+    importers = {
+        source
+        for source, targets in _imports().items()
+        for target in targets
+        if target == "millm.kernel.state"
+    }
+    assert {module.split(".")[1] for module in importers} == {"server"}
+    untyped = [
+        f"{path.relative_to(ROOT)}:{node.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for arg in node.args.args + node.args.kwonlyargs
+        if arg.arg == "state" and arg.annotation is None
+    ]
+    assert untyped == []

@@ -9,6 +9,7 @@ A model the job loaded beside the served one for itself (an `Engine`) takes its 
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,6 +80,23 @@ class _Collector:
                 self.done.set()
 
 
+class Leases(Protocol):
+    """The served model's slot, as a call takes its lease."""
+
+    def lease(self, name: str) -> object | None: ...
+
+
+class Served(Protocol):
+    """The served model's switch (kernel/model/switch.py), as a job's engine calls use it."""
+
+    @property
+    def slot(self) -> Leases: ...
+
+    def request_scope(self) -> AbstractContextManager: ...
+
+    def submit(self, job) -> None: ...
+
+
 class Engine(Protocol):
     """A model a job holds for itself (a model loaded beside the served one): its own scheduler."""
 
@@ -89,7 +107,7 @@ class Engine(Protocol):
 
 
 def _run(
-    state, model: str | Engine, job, collector: _Collector, cancel: threading.Event | None
+    served: Served, model: str | Engine, job, collector: _Collector, cancel: threading.Event | None
 ) -> None:
     """Submit `job` under a fresh lease on the served `model` (or to the job's own engine) and
     wait for its end (or cancellation)."""
@@ -97,12 +115,12 @@ def _run(
         model.submit(job)
         _wait(job, collector, cancel)
     else:
-        with state.switch.request_scope():
-            if state.switch.slot.lease(model) is None:
+        with served.request_scope():
+            if served.slot.lease(model) is None:
                 raise ModelNotLoaded(
                     f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)"
                 )
-            state.switch.submit(job)
+            served.submit(job)
             _wait(job, collector, cancel)
     if collector.failed is not None:
         raise collector.failed.error
@@ -116,7 +134,7 @@ def _wait(job, collector: _Collector, cancel: threading.Event | None) -> None:
 
 
 def passes_blocking(
-    state,
+    served: Served,
     model: str | Engine,
     prompts: list[list[int]],
     reads: tuple[ResidualRead, ...] = (),
@@ -141,23 +159,27 @@ def passes_blocking(
         reuse_prefix=reuse_prefix,
         reads_only=reads_only,
     )
-    _run(state, model, job, collector, cancel)
+    _run(served, model, job, collector, cancel)
     return collector.scores
 
 
 def generate_blocking(
-    state, model: str | Engine, rows: list[RowSpec], *, cancel: threading.Event | None = None
+    served: Served,
+    model: str | Engine,
+    rows: list[RowSpec],
+    *,
+    cancel: threading.Event | None = None,
 ) -> list[Generated]:
     """Generate `rows` as one engine job (batched together) and return each row's text; rows
     cut short by `cancel` keep what they had."""
     collector = _Collector(rows=len(rows), generated=[Generated() for _ in rows])
     job = GenerationJob(rows=rows, emit=collector.emit)
-    _run(state, model, job, collector, cancel)
+    _run(served, model, job, collector, cancel)
     return collector.generated
 
 
 def likelihoods_blocking(
-    state,
+    served: Served,
     model: str,
     sequences: list[list[int]],
     starts: list[int],
@@ -168,16 +190,16 @@ def likelihoods_blocking(
     model; None when `cancel` was set before it finished."""
     collector = _Collector()
     job = LikelihoodJob(sequences=sequences, starts=starts, emit=collector.emit)
-    _run(state, model, job, collector, cancel)
+    _run(served, model, job, collector, cancel)
     return collector.likelihoods.token_logprobs if collector.likelihoods is not None else None
 
 
 def embed_blocking(
-    state, model: str, prompts: list[list[int]], *, cancel: threading.Event | None = None
+    served: Served, model: str, prompts: list[list[int]], *, cancel: threading.Event | None = None
 ) -> np.ndarray | None:
     """Each prompt's mean-pooled final hidden state `[n, d]` (float32), as /v1/embeddings gives
     it; None when `cancel` was set before it finished."""
     collector = _Collector()
     job = EmbeddingJob(prompts=prompts, emit=collector.emit)
-    _run(state, model, job, collector, cancel)
+    _run(served, model, job, collector, cancel)
     return collector.vectors.vectors.numpy() if collector.vectors is not None else None

@@ -13,7 +13,7 @@ end the row. Resolving it, through the dial:
 - each `abort` probe becomes an `abort` watch.
 
 Probes and vectors live in books other modules keep; they are reached through the two small
-protocols below, which ServerState wires in. A spec naming a probe or a vector that no resolver
+protocols below, which the composition root wires in. A spec naming a probe or a vector that no resolver
 knows is refused with a 400 naming the entry (probe_not_found, vector_not_found), as is an SAE
 entry that does not fit the attached SAEs: an entry is never left out, or a partly applied
 spec would pass for the whole one.

@@ -8,7 +8,7 @@ import torch
 from millm.engine.loader import LoadedModel
 from millm.interp.attribution.graph import Graph
 from millm.interp.attribution.verify import PASS_CORRELATION, AblationCheck
-from millm.kernel.state import ServerState
+from millm.lab.attribution.parts import AttributionParts
 from millm.lab.attribution.protocol import (
     AttributionGraph,
     AttributionRequest,
@@ -45,7 +45,7 @@ def node_ids(graph: Graph, blocks: int) -> list[str]:
 
 
 def graph_answer(
-    state: ServerState,
+    state: AttributionParts,
     lm: LoadedModel,
     graph: Graph,
     checked: AblationCheck | None,

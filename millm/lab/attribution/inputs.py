@@ -20,7 +20,7 @@ from millm.errors import InvalidRequest
 from millm.interp.attribution.graph import EXACT, Budget, Target, method_of
 from millm.interp.attribution.replacement import Source
 from millm.kernel.books.transcoders import TranscoderBook
-from millm.kernel.state import ServerState
+from millm.lab.attribution.parts import AttributionParts
 from millm.lab.attribution.protocol import AttributionRequest, AttributionTarget
 
 MAX_FEATURE_NODES = 4096  # features expanded in one graph (each is a row of the adjacency)
@@ -37,7 +37,7 @@ def source_size(source: Source) -> int:
 
 
 def feature_sources(
-    state: ServerState, body: AttributionRequest, lm: LoadedModel, sets: TranscoderBook
+    state: AttributionParts, body: AttributionRequest, lm: LoadedModel, sets: TranscoderBook
 ) -> list[Source]:
     """The transcoders and attached SAEs the graph's features come from (400 naming
     `transcoders`, `saes[i]` or `saes`); one source per block."""
@@ -75,7 +75,7 @@ def reached(sources: list[Source], param: str) -> list[Source]:
 
 
 def sae_sources(
-    state: ServerState, body: AttributionRequest, lm: LoadedModel, allow_none: bool
+    state: AttributionParts, body: AttributionRequest, lm: LoadedModel, allow_none: bool
 ) -> list[Source]:
     """The attached SAEs of the graph: the asked ones, or every one unless transcoders are given."""
     attached = dict(state.steering.attached)

@@ -31,9 +31,9 @@ from millm.interp.attribution.verify import AblationCheck, served_logits, verify
 from millm.kernel.books.transcoders import TranscoderBook
 from millm.kernel.model.loading import Planned
 from millm.kernel.runtime.jobs import JobHandle
-from millm.kernel.state import ServerState
 from millm.lab.attribution.answer import graph_answer
 from millm.lab.attribution.inputs import budget_of, feature_sources, target_of
+from millm.lab.attribution.parts import AttributionParts
 from millm.lab.attribution.protocol import AttributionGraph, AttributionRequest
 from millm.lab.discovery.inputs import (
     ReadSteering,
@@ -91,7 +91,7 @@ class PreparedGraph:
 
 
 async def prepare(
-    state: ServerState, body: AttributionRequest, sets: TranscoderBook
+    state: AttributionParts, body: AttributionRequest, sets: TranscoderBook
 ) -> PreparedGraph:
     """Every check a graph request can fail (a 400 naming the field), before any pass."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
@@ -113,7 +113,7 @@ async def prepare(
 
 
 async def trace(
-    state: ServerState, prepared: PreparedGraph, job: JobHandle | None = None
+    state: AttributionParts, prepared: PreparedGraph, job: JobHandle | None = None
 ) -> AttributionGraph:
     """The prepared graph traced, pruned and checked; as a `job`, each batch of features
     expanded is progress, and the job's share of the scheduler is kept between steps."""
@@ -175,7 +175,7 @@ async def traced(
 
 
 async def attribute(
-    state: ServerState, body: AttributionRequest, sets: TranscoderBook
+    state: AttributionParts, body: AttributionRequest, sets: TranscoderBook
 ) -> AttributionGraph:
     """The graph of the prompt's target, pruned and checked."""
     return await trace(state, await prepare(state, body, sets))

@@ -9,9 +9,9 @@ from typing import Any
 
 from millm.kernel.runtime.jobs import JobHandle, JobView, on_loop
 from millm.kernel.runtime.threads import in_passing_thread
-from millm.kernel.state import ServerState
 from millm.lab.attribution.book import GraphBook
 from millm.lab.attribution.export import circuit_tracer_json
+from millm.lab.attribution.parts import AttributionParts
 from millm.lab.attribution.protocol import (
     AttributionGraph,
     AttributionRequest,
@@ -28,7 +28,7 @@ from millm.wording import counted
 class Attribution:
     """The attribution routes' one way in; keeps the last graphs."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: AttributionParts):
         self.state = state
         self.book = GraphBook()
         self.transcoders = state.transcoders

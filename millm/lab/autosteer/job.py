@@ -45,6 +45,7 @@ from millm.lab.autosteer.inputs import (
     primed_ids,
     search_words,
 )
+from millm.lab.autosteer.parts import AutoSteerParts
 from millm.lab.autosteer.protocol import (
     DEFAULT_FRACTIONS,
     AutoSteerRequest,
@@ -58,7 +59,7 @@ from millm.lab.discovery.contrast import contrast_prompts_blocking
 from millm.lab.discovery.judge import judge_for
 
 
-def start_autosteer(state, body: AutoSteerRequest) -> JobView:
+def start_autosteer(state: AutoSteerParts, body: AutoSteerRequest) -> JobView:
     """Check the request against the loaded model and start the job (its view is the answer)."""
     lm = state.switch.lm
     if lm is None:
@@ -103,7 +104,9 @@ def start_autosteer(state, body: AutoSteerRequest) -> JobView:
 
 
 # the job -------------------------------------------------------------------------------------------
-def run_autosteer(state, prep: PreparedAutoSteer, handle: JobHandle) -> AutoSteerResult:
+def run_autosteer(
+    state: AutoSteerParts, prep: PreparedAutoSteer, handle: JobHandle
+) -> AutoSteerResult:
     """The whole loop: candidates, sweep, judge, rank, save."""
     body = prep.body
     candidates = find_candidates(state, prep, handle)
@@ -182,7 +185,7 @@ def label_of(labels: dict[int, dict], index: int) -> str | None:
 
 
 def find_candidates(
-    state, prep: PreparedAutoSteer, handle: JobHandle
+    state: AutoSteerParts, prep: PreparedAutoSteer, handle: JobHandle
 ) -> list[tuple[int, str, float]]:
     """(index, source, evidence) of the features to try: label matches, and contrast winners when
     examples were given, taken in turn, without repeats, up to `candidates`; then those the caller
@@ -217,7 +220,7 @@ def _alternate(first: list, second: list) -> list:
 
 
 def contrast_candidates(
-    state, prep: PreparedAutoSteer, handle: JobHandle
+    state: AutoSteerParts, prep: PreparedAutoSteer, handle: JobHandle
 ) -> list[tuple[int, str, float]]:
     """The features that most separate the examples from the neutral texts (unsteered), by effect size."""
     tokenizer = prep.tokenizer
@@ -248,7 +251,7 @@ def contrast_candidates(
 
 
 def measure(
-    state, prep: PreparedAutoSteer, indices: list[int], handle: JobHandle
+    state: AutoSteerParts, prep: PreparedAutoSteer, indices: list[int], handle: JobHandle
 ) -> tuple[float, dict[int, list[tuple[float, torch.Tensor]]], dict[int, float]]:
     """The median residual norm at the SAE's point over the probe prompts (unsteered; measured on
     the scheduler thread), each candidate's decoder norm, and each candidate's sweep as
@@ -265,7 +268,7 @@ def measure(
     read = ResidualRead(prep.attached.point, False, "prompt", "autosteer", encode=summarise)
     started = time.monotonic()
     answer = passes_blocking(
-        state,
+        state.switch,
         prep.model,
         [list(ids) for ids in prep.probe_ids],
         (read,),
@@ -292,7 +295,10 @@ def measure(
 
 
 def generate(
-    state, prep: PreparedAutoSteer, edits: list[ResidualEdit | None], handle: JobHandle
+    state: AutoSteerParts,
+    prep: PreparedAutoSteer,
+    edits: list[ResidualEdit | None],
+    handle: JobHandle,
 ) -> list[str]:
     """Each probe prompt answered greedily with its edit (one engine job, rows batched together)."""
     rows = [
@@ -305,13 +311,15 @@ def generate(
         for ids, edit in zip(prep.probe_ids, edits, strict=True)
     ]
     started = time.monotonic()
-    generated = generate_blocking(state, prep.model, rows, cancel=handle.cancel_event)
+    generated = generate_blocking(state.switch, prep.model, rows, cancel=handle.cancel_event)
     handle.check()
     handle.pace(time.monotonic() - started)
     return [g.text for g in generated]
 
 
-def judge_texts(state, prep: PreparedAutoSteer, texts: list[str], handle: JobHandle) -> Judged:
+def judge_texts(
+    state: AutoSteerParts, prep: PreparedAutoSteer, texts: list[str], handle: JobHandle
+) -> Judged:
     """Over `texts` (one answer per probe): the judge's mean P(yes); the affinity (mean per-token
     log-probability gain of the answers after the goal's system message over the neutral one);
     the fluency (mean log-probability per token after the bare probe prompts)."""
@@ -319,7 +327,7 @@ def judge_texts(state, prep: PreparedAutoSteer, texts: list[str], handle: JobHan
     questions = [prep.judge.prompt_ids(tokenizer, text) for text in texts]
     started = time.monotonic()
     scores = passes_blocking(
-        state, prep.model, questions, ranking=prep.judge.ranking, cancel=handle.cancel_event
+        state.switch, prep.model, questions, ranking=prep.judge.ranking, cancel=handle.cancel_event
     )
     handle.check()
     assert scores is not None
@@ -328,7 +336,11 @@ def judge_texts(state, prep: PreparedAutoSteer, texts: list[str], handle: JobHan
     prompts = [*prep.probe_ids, *prep.goal_ids, *prep.control_ids]
     sequences = [list(ids) + answer for ids, answer in zip(prompts, answers * 3, strict=True)]
     logprobs = likelihoods_blocking(
-        state, prep.model, sequences, [len(ids) for ids in prompts], cancel=handle.cancel_event
+        state.switch,
+        prep.model,
+        sequences,
+        [len(ids) for ids in prompts],
+        cancel=handle.cancel_event,
     )
     handle.check()
     handle.pace(time.monotonic() - started)
@@ -348,7 +360,7 @@ def judge_texts(state, prep: PreparedAutoSteer, texts: list[str], handle: JobHan
     )
 
 
-def save_profile(state, prep: PreparedAutoSteer, best: Setting) -> dict:
+def save_profile(state: AutoSteerParts, prep: PreparedAutoSteer, best: Setting) -> dict:
     """Store the best setting as a profile; returns {id, name}."""
     document = {
         "kind": "millm.profile",

@@ -39,7 +39,7 @@ from millm.lab.discovery.reads import discovery_read
 from millm.store.calibrations import CalibrationRow
 
 if TYPE_CHECKING:
-    from millm.kernel.state import ServerState
+    from millm.lab.calibration.parts import CalibrationParts
 
 # Texts per engine call: up to this many tokens (one text at least). A request arriving meanwhile
 # waits for the whole call, so calls stay short; only very short texts share one.
@@ -53,7 +53,7 @@ FIGURE_DIGITS = (
 )
 
 
-def start_calibration(state: ServerState, sae_id: str, request: CalibrateRequest) -> JobView:
+def start_calibration(state: CalibrationParts, sae_id: str, request: CalibrateRequest) -> JobView:
     """Check the request against the loaded model (the SAE attached, the corpus within
     MILLM_CALIBRATION_MAX_TOKENS), then start the calibration job and return it."""
     info = state.saes.get(sae_id)
@@ -122,7 +122,7 @@ def quantile(grid: np.ndarray, percent: int) -> float | None:
 class CalibrationRun:
     """One calibration job's work: call it with the job's handle."""
 
-    state: ServerState
+    state: CalibrationParts
     attached: Attached
     model: str
     fingerprint: str
@@ -153,7 +153,7 @@ class CalibrationRun:
             prompts = [self.corpus.texts[i].tolist() for i in group]
             if (
                 passes_blocking(
-                    self.state, self.model, prompts, (read,), cancel=handle.cancel_event
+                    self.state.switch, self.model, prompts, (read,), cancel=handle.cancel_event
                 )
                 is None
             ):

@@ -6,8 +6,8 @@ from millm.errors import InvalidRequest, NotFound
 from millm.interp.steering import check_feature
 from millm.kernel.books.calibrations import CalibrationView
 from millm.kernel.runtime.jobs import JobView
-from millm.kernel.state import ServerState
 from millm.lab.calibration.job import start_calibration
+from millm.lab.calibration.parts import CalibrationParts
 from millm.lab.calibration.protocol import CalibrateRequest
 
 MAX_FEATURES_SHOWN = 1000  # features one GET may ask figures of
@@ -45,7 +45,7 @@ def not_calibrated(sae_id: str, model: str) -> NotFound:
 class CalibrationManagement:
     """Calibrations as the API presents them."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: CalibrationParts):
         self.state = state
 
     def start(self, sae_id: str, request: CalibrateRequest) -> JobView:

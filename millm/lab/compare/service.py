@@ -23,8 +23,8 @@ from anyio import to_thread
 from millm.engine.jobs import JobFailed, RowFinished, RowSpec, TextDelta
 from millm.engine.loader import LoadedModel
 from millm.errors import MillmError
-from millm.kernel.state import ServerState
 from millm.kernel.steering.plan import Plan
+from millm.lab.compare.parts import CompareParts
 from millm.lab.compare.protocol import (
     CompareDelta,
     CompareFinish,
@@ -57,7 +57,7 @@ from millm.v1.serving.serving import generation_options, unused_fields
 SEED_SCOPE = "batch-shape"
 
 
-async def compare(state: ServerState, body: CompareRequest, strict: bool) -> Reply:
+async def compare(state: CompareParts, body: CompareRequest, strict: bool) -> Reply:
     """Generate the conversation under every variant together; the whole answer or its events."""
     check_rows(body, state.settings.max_rows_per_request)
     if (
@@ -177,7 +177,7 @@ async def compare_events(
 class Comparer:
     """The compare route's one way in."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: CompareParts):
         self.state = state
 
     async def compare(self, body: CompareRequest, strict: bool) -> Reply:

@@ -28,7 +28,6 @@ from millm.interp.separation import MIN_TEXTS, favouring, separation
 from millm.interp.steering import Attached
 from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled
-from millm.kernel.state import ServerState
 from millm.lab.discovery.inputs import (
     MIN_TOKENS,
     attached_sae,
@@ -41,6 +40,7 @@ from millm.lab.discovery.inputs import (
     resolve_steering,
     set_prompts,
 )
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import (
     Aggregate,
     ContrastFeature,
@@ -118,7 +118,7 @@ def contrast_result(
 
 
 def contrast_prompts_blocking(
-    state: ServerState,
+    state: DiscoveryParts,
     model: str,
     attached: Attached,
     a: list[list[int]],
@@ -144,7 +144,7 @@ def contrast_prompts_blocking(
             param="b",
         )
     answered = passes_blocking(
-        state, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel
+        state.switch, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel
     )
     if answered is None:
         raise JobCancelled()
@@ -169,7 +169,9 @@ def contrast_prompts(
     )
 
 
-async def contrast_sets(state: ServerState, sae_id: str, body: ContrastRequest) -> ContrastResponse:
+async def contrast_sets(
+    state: DiscoveryParts, sae_id: str, body: ContrastRequest
+) -> ContrastResponse:
     """POST /api/saes/{id}/contrast: the features that best separate set a from set b, with labels."""
     info = registered_sae(state, sae_id)
     check_set_sizes({"a": body.a, "b": body.b}, state.settings.discovery_max_texts)

@@ -21,7 +21,7 @@ from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, Mode
 from millm.interp.sae_files import SAEInfo
 from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
-from millm.kernel.state import ServerState
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import DiscoveryMessage, SteerWith, TextSet
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.v1.serving.prompts import template_messages, token_ids
@@ -42,7 +42,7 @@ NOT_STEERED = ReadSteering(None)
 
 
 # before the model ---------------------------------------------------------------------------------------
-def registered_sae(state: ServerState, sae_id: str, feature: int | None = None) -> SAEInfo:
+def registered_sae(state: DiscoveryParts, sae_id: str, feature: int | None = None) -> SAEInfo:
     """The SAE (404 sae_not_found) and, when asked, a feature within its width (400 invalid_feature_index)."""
     info = state.saes.get(sae_id, read_through=False)  # on the event loop: memory only
     if feature is not None:
@@ -66,7 +66,7 @@ def check_set_sizes(sets: dict[str, TextSet], cap: int) -> None:
         )
 
 
-def check_steering_request(state: ServerState, steering: str | SteerWith | None) -> None:
+def check_steering_request(state: DiscoveryParts, steering: str | SteerWith | None) -> None:
     """What the asked plan names must exist: the profile (404 naming steering.profile), the SAEs and
     their widths, the strengths' range, and each feature once (400 naming the entry). Blocking (a store read)."""
     if not isinstance(steering, SteerWith):
@@ -98,7 +98,7 @@ def check_steering_request(state: ServerState, steering: str | SteerWith | None)
 
 
 # with the model -----------------------------------------------------------------------------------------
-def model_to_read(state: ServerState, asked: str | None) -> str:
+def model_to_read(state: DiscoveryParts, asked: str | None) -> str:
     """The model a read uses: the one asked for, else the loaded one (503 model_not_loaded when none is)."""
     if asked is not None:
         return asked
@@ -111,7 +111,7 @@ def model_to_read(state: ServerState, asked: str | None) -> str:
     return lm.name
 
 
-def attached_sae(state: ServerState, info: SAEInfo, lm: LoadedModel) -> Attached:
+def attached_sae(state: DiscoveryParts, info: SAEInfo, lm: LoadedModel) -> Attached:
     """The SAE as attached to the held model, or 400 sae_not_attached."""
     attached = state.steering.attached.get(info.id)
     if attached is None:
@@ -190,7 +190,7 @@ def set_prompts(lm: LoadedModel, name: str, texts: TextSet) -> list[tuple[str, l
 
 
 def resolve_steering(
-    state: ServerState, steering: str | SteerWith | None, attached: Attached | None
+    state: DiscoveryParts, steering: str | SteerWith | None, attached: Attached | None
 ) -> ReadSteering:
     """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile; or
     feature strengths on attached SAEs (the inspected one by default). Blocking: a worker thread."""

@@ -17,7 +17,6 @@ from anyio import to_thread
 
 from millm.engine.loader import LoadedModel
 from millm.interp.steering import Attached
-from millm.kernel.state import ServerState
 from millm.lab.discovery.inputs import (
     ReadSteering,
     attached_sae,
@@ -31,6 +30,7 @@ from millm.lab.discovery.inputs import (
     resolve_steering,
     text_prompt,
 )
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import (
     FeatureTrace,
     FeatureValue,
@@ -91,7 +91,7 @@ def token_strings(lm: LoadedModel, ids: list[int]) -> list[str]:
 
 
 def answer(
-    state: ServerState,
+    state: DiscoveryParts,
     lm: LoadedModel,
     attached: Attached,
     prompt: list[int],
@@ -151,7 +151,7 @@ def inspect_prompt(lm: LoadedModel, body: ReadOne, cap: int) -> list[int]:
     return ids
 
 
-async def inspect_text(state: ServerState, sae_id: str, body: InspectRequest) -> InspectResponse:
+async def inspect_text(state: DiscoveryParts, sae_id: str, body: InspectRequest) -> InspectResponse:
     """POST /api/saes/{id}/inspect: the features that fire on the text, with labels, and the asked feature per token."""
     info = registered_sae(state, sae_id, body.feature)
     await to_thread.run_sync(check_steering_request, state, body.steering)

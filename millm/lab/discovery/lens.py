@@ -14,7 +14,6 @@ from anyio import to_thread
 from millm.engine.lens import LensTable, lens_reads, read_lens_head
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
-from millm.kernel.state import ServerState
 from millm.lab.discovery.inputs import (
     ReadSteering,
     check_steering_request,
@@ -29,6 +28,7 @@ from millm.lab.discovery.lens_protocol import (
     LensResponse,
     LensToken,
 )
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import SteeringUsed, TokenRead
 from millm.lab.discovery.reads import read_passes
 
@@ -98,7 +98,7 @@ def answer(
     )
 
 
-async def logit_lens(state: ServerState, body: LensRequest) -> LensResponse:
+async def logit_lens(state: DiscoveryParts, body: LensRequest) -> LensResponse:
     """What each chosen block predicts at each position, beside the model's final prediction."""
     await to_thread.run_sync(check_steering_request, state, body.steering)
     lm = await state.switch.acquire(model_to_read(state, body.model))

@@ -24,6 +24,7 @@ from millm.engine.residual import ResidualEdit
 from millm.interp.sae import SAE
 from millm.interp.sae_reads import ENCODE_CHUNK
 from millm.interp.steering import Attached
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.v1.serving.generation import answered
 
 SKIPPED_POSITIONS = 1  # the attention sink at position 0
@@ -55,7 +56,7 @@ def discovery_read(
 
 
 async def read_passes(
-    state,
+    state: DiscoveryParts,
     prompts: list[list[int]],
     reads: tuple[ResidualRead, ...],
     edit: ResidualEdit | None = None,

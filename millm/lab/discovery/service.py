@@ -3,11 +3,11 @@ logit lens. Each reads through attached SAEs on the loaded model; none changes w
 
 from __future__ import annotations
 
-from millm.kernel.state import ServerState
 from millm.lab.discovery.contrast import contrast_sets
 from millm.lab.discovery.inspection import inspect_text
 from millm.lab.discovery.lens import logit_lens
 from millm.lab.discovery.lens_protocol import LensRequest, LensResponse
+from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import (
     ContrastRequest,
     ContrastResponse,
@@ -19,7 +19,7 @@ from millm.lab.discovery.protocol import (
 class Discovery:
     """The discovery routes' one way in."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: DiscoveryParts):
         self.state = state
 
     async def inspect(self, sae_id: str, body: InspectRequest) -> InspectResponse:

@@ -14,8 +14,8 @@ from millm.errors import InvalidRequest
 from millm.formats.mistudio import RUNG_LANGUAGE, authored_intensity, declared_range
 from millm.interp.binding import cluster_binding
 from millm.kernel.books.documents import DocumentBook
-from millm.kernel.state import ServerState
 from millm.kernel.steering.base_fit import circuit_status
+from millm.lab.documents.parts import DocumentParts
 
 KINDS = ("cluster", "circuit")
 
@@ -23,7 +23,7 @@ KINDS = ("cluster", "circuit")
 class BaseManagement:
     """Imported clusters and circuits as steering bases, as the API presents them."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: DocumentParts):
         self.state = state
 
     def book(self, kind: str) -> DocumentBook:

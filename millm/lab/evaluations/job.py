@@ -29,6 +29,7 @@ from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.kernel.runtime.blocking import generate_blocking, likelihoods_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobView
 from millm.lab.evaluations.judges import Judge, judge_for
+from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.protocol import (
     CandidateResult,
     EvaluationRequest,
@@ -66,7 +67,7 @@ class PreparedEvaluation:
     judge: Judge
 
 
-def start_evaluation(state, body: EvaluationRequest, book) -> JobView:
+def start_evaluation(state: EvaluationParts, body: EvaluationRequest, book) -> JobView:
     """Check the request against the loaded model, then start the job (its view is the answer)."""
     lm = state.switch.lm
     if lm is None:
@@ -118,7 +119,9 @@ def prompt_of(tokenizer, instruction: str, system: str | None) -> list[int]:
     return chat_prompt_ids(tokenizer, [*messages, {"role": "user", "content": instruction}])
 
 
-def run_evaluation(state, prep: PreparedEvaluation, book, handle: JobHandle) -> EvaluationResult:
+def run_evaluation(
+    state: EvaluationParts, prep: PreparedEvaluation, book, handle: JobHandle
+) -> EvaluationResult:
     """Measure the baseline and every setting, then store the result (partial when cancelled)."""
     baseline: Point | None = None
     results = [CandidateResult(label=s.label, kind=s.kind, points=[]) for s in prep.sweeps]
@@ -138,7 +141,11 @@ def run_evaluation(state, prep: PreparedEvaluation, book, handle: JobHandle) -> 
 
 
 def measure(
-    state, prep: PreparedEvaluation, setting: SweepPoint, handle: JobHandle, reference: float | None
+    state: EvaluationParts,
+    prep: PreparedEvaluation,
+    setting: SweepPoint,
+    handle: JobHandle,
+    reference: float | None,
 ) -> Point:
     """One setting's answers, measured and rated; `reference` is the unsteered answers' mean
     perplexity (None while measuring them: their own)."""
@@ -160,11 +167,14 @@ def measure(
         for ids in prompts
     ]
     started = time.monotonic()
-    texts = [g.text for g in generate_blocking(state, prep.model, rows, cancel=handle.cancel_event)]
+    texts = [
+        g.text
+        for g in generate_blocking(state.switch, prep.model, rows, cancel=handle.cancel_event)
+    ]
     handle.check()
     tokens = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     scored = likelihoods_blocking(
-        state,
+        state.switch,
         prep.model,
         [ids + answer for ids, answer in zip(bare, tokens, strict=True)],
         [len(ids) for ids in bare],

@@ -25,6 +25,7 @@ from millm.errors import InvalidRequest
 from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.remote import post_json
 from millm.lab.evaluations.likelihood_judge import LikelihoodJudge
+from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.scales import (
     DIGITS,
     PROMPTS,
@@ -84,7 +85,7 @@ class DigitJudge(ABC):
 class ModelJudge(DigitJudge):
     """The loaded model answering the rating questions itself."""
 
-    def __init__(self, state, model: str, tokenizer):
+    def __init__(self, state: EvaluationParts, model: str, tokenizer):
         self.state, self.model, self.tokenizer = state, model, tokenizer
         self.digit_ids = digit_tokens(tokenizer)
 
@@ -98,7 +99,9 @@ class ModelJudge(DigitJudge):
             chat_prompt_ids(self.tokenizer, [{"role": "user", "content": q}]) for q in questions
         ]
         ranking = Ranking(self.digit_ids, 0.0, None)
-        answered = passes_blocking(self.state, self.model, prompts, ranking=ranking, cancel=cancel)
+        answered = passes_blocking(
+            self.state.switch, self.model, prompts, ranking=ranking, cancel=cancel
+        )
         if answered is None:
             return [None] * len(questions)
         by_id = dict(zip(self.digit_ids, DIGITS, strict=True))
@@ -163,7 +166,7 @@ def read_remote(answer: dict) -> float | None:
 
 
 def judge_for(
-    state, body_judge: str, model: str, tokenizer, instructions: tuple[str, ...]
+    state: EvaluationParts, body_judge: str, model: str, tokenizer, instructions: tuple[str, ...]
 ) -> Judge:
     """The judge a request asked for: the model's likelihoods, the model's ratings, or the
     configured remote one (400 naming `judge` when none is)."""

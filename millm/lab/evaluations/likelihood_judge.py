@@ -25,6 +25,7 @@ import threading
 
 from millm.engine.prompts import chat_prompt_ids
 from millm.kernel.runtime.blocking import likelihoods_blocking
+from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.scales import Answer, Ratings
 
 CONCEPT_SYSTEM = "Talk about {concept} in every answer."
@@ -49,7 +50,9 @@ def posterior(scores: list[float], index: int) -> float:
 class LikelihoodJudge:
     """The loaded model's likelihoods as a judge."""
 
-    def __init__(self, state, model: str, tokenizer, instructions: tuple[str, ...]):
+    def __init__(
+        self, state: EvaluationParts, model: str, tokenizer, instructions: tuple[str, ...]
+    ):
         self.state, self.model, self.tokenizer = state, model, tokenizer
         self.hypotheses = instructions
 
@@ -101,7 +104,7 @@ class LikelihoodJudge:
     ) -> list[float]:
         """Each answer's summed log-likelihood after its prompt (0 for an empty answer)."""
         scored = likelihoods_blocking(
-            self.state,
+            self.state.switch,
             self.model,
             [prompt + tokens for prompt, tokens in pairs],
             [len(prompt) for prompt, _ in pairs],

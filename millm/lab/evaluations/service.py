@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from millm.kernel.runtime.jobs import JobView
-from millm.kernel.state import ServerState
 from millm.lab.evaluations.book import EvaluationBook
 from millm.lab.evaluations.job import start_evaluation
+from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.protocol import (
     EvaluationDeleted,
     EvaluationList,
@@ -17,7 +17,7 @@ from millm.lab.evaluations.protocol import (
 class EvaluationManagement:
     """Steering evaluations as the API presents them."""
 
-    def __init__(self, state: ServerState, book: EvaluationBook):
+    def __init__(self, state: EvaluationParts, book: EvaluationBook):
         self.state = state
         self.book = book
 

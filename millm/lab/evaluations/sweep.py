@@ -17,6 +17,7 @@ from millm.formats.profiles import validate_spec
 from millm.interp.intensity import Dial
 from millm.interp.steering import check_feature, pick_attached
 from millm.kernel.steering.plan import NO_STEERING, Plan
+from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.protocol import (
     EvaluationRequest,
     FeatureCandidate,
@@ -58,7 +59,7 @@ class Sweep:
     settings: tuple[SweepPoint, ...]
 
 
-def resolve(state, body: EvaluationRequest) -> list[Sweep]:
+def resolve(state: EvaluationParts, body: EvaluationRequest) -> list[Sweep]:
     """Every candidate's sweep; 400 naming the candidate for one that cannot run on the loaded model."""
     sweeps = []
     for i, candidate in enumerate(body.candidates):
@@ -72,7 +73,7 @@ def resolve(state, body: EvaluationRequest) -> list[Sweep]:
     return sweeps
 
 
-def _sweep(state, concept: str, candidate, where: str) -> Sweep:
+def _sweep(state: EvaluationParts, concept: str, candidate, where: str) -> Sweep:
     planner = state.planner
     if isinstance(candidate, FeatureCandidate):
         attached = pick_attached(state.steering.attached, candidate.sae_id, f"{where}.sae_id")

@@ -61,12 +61,12 @@ from millm.lab.labels.writers import (
 from millm.wording import counted
 
 if TYPE_CHECKING:
-    from millm.kernel.state import ServerState
+    from millm.lab.labels.parts import LabelParts
 
 ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
 
 
-def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -> JobView:
+def start_explaining(state: LabelParts, sae_id: str, request: ExplainRequest) -> JobView:
     """Check everything that can be checked before work starts (a 400 naming the field), then
     start the job and return it."""
     info = state.saes.get(sae_id)
@@ -114,7 +114,7 @@ def start_explaining(state: ServerState, sae_id: str, request: ExplainRequest) -
     )
 
 
-def beside_writer(state: ServerState, request: ExplainRequest, served: str) -> BesideWriter | None:
+def beside_writer(state: LabelParts, request: ExplainRequest, served: str) -> BesideWriter | None:
     """The registered model the job loads beside the served one, when the explainer or the scorer
     names one that is not the served model (its load planned now: a 400 naming the field for a
     model not registered, the load's refusals for one that does not fit); one model at a time."""
@@ -137,7 +137,7 @@ def beside_writer(state: ServerState, request: ExplainRequest, served: str) -> B
 
 
 def selected(
-    state: ServerState, sae_id: str, model: str, request: ExplainRequest, info
+    state: LabelParts, sae_id: str, model: str, request: ExplainRequest, info
 ) -> list[int]:
     """The features the request names, checked against the SAE's width and the server's cap."""
     param = request.selection
@@ -169,7 +169,7 @@ def selected(
     return features
 
 
-def read_corpus(state: ServerState, request: ExplainRequest, summary, info, lm) -> Corpus:
+def read_corpus(state: LabelParts, request: ExplainRequest, summary, info, lm) -> Corpus:
     """The token ids to read: the request's corpus, else the calibration's (the shipped one, or
     the texts its request sent, which the calibration keeps)."""
     max_tokens = summary.max_tokens_per_text
@@ -199,7 +199,7 @@ def read_corpus(state: ServerState, request: ExplainRequest, summary, info, lm) 
 class ExplainRun:
     """One explaining job's work: call it with the job's handle."""
 
-    state: ServerState
+    state: LabelParts
     attached: Attached
     model: str
     tokenizer: Any
@@ -280,7 +280,7 @@ class ExplainRun:
             prompts = [self.corpus.texts[i].tolist() for i in group]
             if (
                 passes_blocking(
-                    self.state,
+                    self.state.switch,
                     self.model,
                     prompts,
                     (read,),

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from millm.kernel.runtime.jobs import JobView
-from millm.kernel.state import ServerState
 from millm.lab.labels.explain import start_explaining
+from millm.lab.labels.parts import LabelParts
 from millm.lab.labels.protocol import ExplainRequest, ExplanationView
 
 
 class Labelling:
     """The labelling routes' one way in."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: LabelParts):
         self.state = state
 
     def explain(self, sae_id: str, body: ExplainRequest) -> JobView:

@@ -28,6 +28,7 @@ from millm.errors import ModelNotLoaded
 from millm.kernel.books.label_search import FeatureMatch
 from millm.kernel.runtime.blocking import embed_blocking
 from millm.kernel.runtime.remote import post_json
+from millm.lab.labels.parts import LabelParts
 from millm.v1.serving.prompts import embedding_inputs
 
 RRF_K = 60  # the usual constant of reciprocal rank fusion
@@ -53,7 +54,7 @@ class Embedder(Protocol):
 class ServedEmbedder:
     """The loaded model's embeddings, through the scheduler."""
 
-    def __init__(self, state):
+    def __init__(self, state: LabelParts):
         lm = state.switch.lm
         if lm is None:
             raise ModelNotLoaded(
@@ -68,7 +69,7 @@ class ServedEmbedder:
 
     def vectors(self, texts: list[str]) -> np.ndarray:
         prompts = embedding_inputs(self.lm, texts)
-        found = embed_blocking(self.state, self.lm.name, prompts)
+        found = embed_blocking(self.state.switch, self.lm.name, prompts)
         assert found is not None  # nothing cancels it
         return found
 
@@ -97,7 +98,7 @@ class EndpointEmbedder:
         return np.asarray(out, dtype=np.float32)
 
 
-def embedder_for(state) -> Embedder:
+def embedder_for(state: LabelParts) -> Embedder:
     """The configured endpoint, else the served model."""
     settings = state.settings
     if settings.embeddings_base_url and settings.embeddings_model:

@@ -22,9 +22,9 @@ from millm.kernel.books.calibrations import FeatureFigures
 from millm.kernel.books.label_search import FeatureMatch, fts_query
 from millm.kernel.books.label_sources import import_document, import_source
 from millm.kernel.runtime.jobs import JobHandle, JobView
-from millm.kernel.state import ServerState
 from millm.kernel.steering.decoders import Decoder, neighbours
 from millm.lab.labels.meaning import MeaningBook, embedder_for, fused
+from millm.lab.labels.parts import LabelParts
 from millm.lab.labels.protocol import ExplanationView
 from millm.wording import counted
 
@@ -114,7 +114,7 @@ def _neuronpedia_ids(info: SAEInfo) -> tuple[str | None, str]:
 class FeatureManagement:
     """Feature labels and details as the API presents them."""
 
-    def __init__(self, state: ServerState, meanings: MeaningBook):
+    def __init__(self, state: LabelParts, meanings: MeaningBook):
         self.state = state
         self.meanings = meanings  # label embeddings for search by meaning
 

@@ -27,6 +27,7 @@ from millm.kernel.model.loading import Planned
 from millm.kernel.runtime.blocking import Engine, generate_blocking, passes_blocking
 from millm.kernel.runtime.remote import post_json
 from millm.lab.labels.explain_prompts import Messages
+from millm.lab.labels.parts import LabelParts
 
 ENDPOINT_TIMEOUT_S = 120.0
 ENDPOINT_TOP = 5  # delphi asks for 5 alternatives per token
@@ -73,7 +74,7 @@ class ServedWriter:
     """The loaded model, unsteered, or a model the job loaded beside it (an Engine): generation for
     explanations, one scoring pass per detection chat."""
 
-    def __init__(self, state, model: str | Engine, tokenizer):
+    def __init__(self, state: LabelParts, model: str | Engine, tokenizer):
         self.state, self.model, self.tokenizer = state, model, tokenizer
 
     @property
@@ -94,7 +95,9 @@ class ServedWriter:
             max_tokens=max_tokens,
             stop=("\n",) if start else (),
         )
-        return start + generate_blocking(self.state, self.model, [row], cancel=cancel)[0].text
+        return (
+            start + generate_blocking(self.state.switch, self.model, [row], cancel=cancel)[0].text
+        )
 
     def yes(self, chats: list[Messages], cancel: threading.Event) -> list[float | None]:
         one, zero = digit_ids(self.tokenizer)
@@ -103,7 +106,12 @@ class ServedWriter:
         ranking = Ranking((one, zero), 0.0, None)
         # Every chat starts with the same few-shot turns: the prefix cache keeps their KV.
         answered = passes_blocking(
-            self.state, self.model, prompts, ranking=ranking, cancel=cancel, reuse_prefix=True
+            self.state.switch,
+            self.model,
+            prompts,
+            ranking=ranking,
+            cancel=cancel,
+            reuse_prefix=True,
         )
         if answered is None:
             return [None] * len(chats)
@@ -209,7 +217,12 @@ def read_yes(answer: dict) -> float | None:
 
 
 def writer_for(
-    state, who: str, model: str, tokenizer, param: str, beside: BesideWriter | None = None
+    state: LabelParts,
+    who: str,
+    model: str,
+    tokenizer,
+    param: str,
+    beside: BesideWriter | None = None,
 ) -> Writer:
     """The writer a request named: the served model, the model the job loads `beside` it, or the
     configured endpoint (400 naming `param` when none is configured)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from millm.kernel.model.transitions import ModelStatus, ModelView
 from millm.kernel.runtime.threads import in_passing_thread
-from millm.kernel.state import ServerState
+from millm.lab.models.parts import ModelParts
 
 
 def model_view(view: ModelView) -> dict:
@@ -46,7 +46,7 @@ def prefix_cache_stats(scheduler) -> dict:
 class ModelManagement:
     """Models as the API presents them: registrations, loads, locks, the OpenAI list, readiness and statistics."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ModelParts):
         self.state = state
 
     def get_model(self, name: str) -> dict:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from millm.kernel.monitoring.monitor import Subscriber
-from millm.kernel.state import ServerState
+from millm.lab.monitoring.parts import MonitoringParts
 
 
 class MonitorManagement:
     """Monitoring as the API presents and changes it."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: MonitoringParts):
         self.state = state
 
     def describe(self) -> dict:

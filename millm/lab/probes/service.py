@@ -12,14 +12,14 @@ from millm.formats.probe_documents import (
 from millm.kernel.probes.binding import bind, check_widths
 from millm.kernel.probes.book import probe_view
 from millm.kernel.runtime.jobs import JobView
-from millm.kernel.state import ServerState
+from millm.lab.probes.parts import ProbeParts
 from millm.lab.probes.training import ProbeTrainRequest, start_training
 
 
 class ProbeManagement:
     """Probes as the API presents them."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ProbeParts):
         self.state = state
 
     def train(self, body: ProbeTrainRequest) -> JobView:

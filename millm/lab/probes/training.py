@@ -50,11 +50,11 @@ from millm.kernel.probes.binding import model_shape
 from millm.kernel.probes.book import probe_view
 from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobView
-from millm.kernel.state import ServerState
 from millm.lab.calibration.job import GROUP_TOKENS, groups
 from millm.lab.discovery.inputs import check_total, set_prompts
 from millm.lab.discovery.protocol import TextSet
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.lab.probes.parts import ProbeParts
 from millm.wording import counted
 
 MIN_PER_CLASS = 2  # one text of each class in the fit and one in the held-out part
@@ -152,7 +152,7 @@ def split(labels: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, n
     return np.sort(train), np.sort(test)
 
 
-def start_training(state: ServerState, body: ProbeTrainRequest) -> JobView:
+def start_training(state: ProbeParts, body: ProbeTrainRequest) -> JobView:
     """Check the request against the loaded model (the name free, the place to read, the texts within
     the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
     settings = state.settings
@@ -215,7 +215,7 @@ def positions_read(point: int) -> ResidualRead:
 class TrainingRun:
     """One training job's work: call it with the job's handle."""
 
-    state: ServerState
+    state: ProbeParts
     model: str
     body: ProbeTrainRequest
     layer: int
@@ -231,7 +231,7 @@ class TrainingRun:
             handle.check()
             began = time.monotonic()
             answered = passes_blocking(
-                self.state,
+                self.state.switch,
                 self.model,
                 [self.examples.prompts[i] for i in group],
                 (read,),

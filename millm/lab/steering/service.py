@@ -17,7 +17,7 @@ from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached, FeatureOp
 from millm.kernel.model.sae_specs import parse_sae_spec
 from millm.kernel.runtime.threads import in_passing_thread
-from millm.kernel.state import ServerState
+from millm.lab.steering.parts import SteeringParts
 from millm.store.steering import attachments
 
 # SAEs ------------------------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def check_distinct(changes: dict, sent: int) -> None:
 class SteeringManagement:
     """SAEs, live steering and profiles as the API presents them."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: SteeringParts):
         self.state = state
 
     def sae_view(self, sae_id: str) -> dict:

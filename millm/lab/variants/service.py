@@ -9,8 +9,8 @@ name becomes its one repo:QUANT).
 from __future__ import annotations
 
 from millm.errors import InvalidRequest, MillmError
-from millm.kernel.state import ServerState
 from millm.kernel.variants.book import parsed, variant_document
+from millm.lab.variants.parts import VariantParts
 from millm.lab.variants.protocol import (
     VariantBody,
     VariantDeleted,
@@ -23,7 +23,7 @@ from millm.lab.variants.protocol import (
 class VariantManagement:
     """Variants as the API presents them."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: VariantParts):
         self.state = state
         self.book = state.variants.book
 

@@ -17,15 +17,15 @@ from millm.errors import InvalidRequest
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import residual_point
 from millm.interp.vectors import decompose
-from millm.kernel.state import ServerState
 from millm.kernel.steering.decoders import Decoder
 from millm.lab.discovery.inputs import label_of
+from millm.lab.vectors.parts import VectorParts
 from millm.lab.vectors.protocol import ExplainedFeature, VectorExplanation
 
 MISMATCH = "vector_sae_mismatch"
 
 
-def _where(state: ServerState, info: SAEInfo) -> int | None:
+def _where(state: VectorParts, info: SAEInfo) -> int | None:
     """The layer an SAE reads: where it is attached, else its file's hook layer (None: neither says)."""
     attached = dict(state.steering.attached).get(
         info.id
@@ -33,7 +33,7 @@ def _where(state: ServerState, info: SAEInfo) -> int | None:
     return attached.layer if attached is not None else info.layer
 
 
-def _sae_at_point(state: ServerState, row: dict) -> SAEInfo:
+def _sae_at_point(state: VectorParts, row: dict) -> SAEInfo:
     """The one attached SAE at the vector's point (400 naming sae_id when none or several are)."""
     point = residual_point(row["layer"], row["hook_point"])
     found = sorted(a.info.id for a in dict(state.steering.attached).values() if a.point == point)
@@ -70,7 +70,7 @@ def check_same_point(row: dict, info: SAEInfo, layer: int | None) -> int:
 
 
 def _explanation(
-    state: ServerState, row: dict, info: SAEInfo, layer: int, decoder: Decoder, k: int
+    state: VectorParts, row: dict, info: SAEInfo, layer: int, decoder: Decoder, k: int
 ) -> VectorExplanation:
     """The decomposition and the labels (numpy and a store read: a worker thread)."""
     parts = decompose(row["unit"], decoder.unit, k)
@@ -94,7 +94,7 @@ def _explanation(
 
 
 async def explain_vector(
-    state: ServerState, key: str, sae_id: str | None, k: int
+    state: VectorParts, key: str, sae_id: str | None, k: int
 ) -> VectorExplanation:
     """The vector's top-k features by |cosine| over the SAE's decoder, with labels and the fraction they explain."""
     row = state.vectors.find(key)  # memory (the book's shelf)

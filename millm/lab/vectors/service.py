@@ -4,8 +4,8 @@ explain one through an SAE's decoder."""
 from __future__ import annotations
 
 from millm.kernel.runtime.jobs import JobView
-from millm.kernel.state import ServerState
 from millm.lab.vectors.explain import explain_vector
+from millm.lab.vectors.parts import VectorParts
 from millm.lab.vectors.protocol import TrainVectorRequest, VectorExplanation
 from millm.lab.vectors.training import start_training
 
@@ -13,7 +13,7 @@ from millm.lab.vectors.training import start_training
 class VectorTraining:
     """The vectors routes' way to training and explaining."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: VectorParts):
         self.state = state
 
     def train(self, body: TrainVectorRequest) -> JobView:

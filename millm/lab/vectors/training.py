@@ -39,7 +39,7 @@ from millm.lab.vectors.protocol import Side, TrainVectorRequest
 from millm.wording import counted
 
 if TYPE_CHECKING:
-    from millm.kernel.state import ServerState
+    from millm.lab.vectors.parts import VectorParts
 
 TAG = "vectors"
 
@@ -65,7 +65,7 @@ def side_ids(lm: LoadedModel, side: Side, param: str) -> list[int]:
     return check_readable(lm, ids, param)
 
 
-def prepare(state: ServerState, body: TrainVectorRequest) -> PreparedTraining:
+def prepare(state: VectorParts, body: TrainVectorRequest) -> PreparedTraining:
     """Everything the job needs, checked in the order a client would fix it (blocking: tokenising)."""
     cap = state.settings.discovery_max_texts
     if len(body.pairs) > cap:
@@ -116,7 +116,7 @@ def prepare(state: ServerState, body: TrainVectorRequest) -> PreparedTraining:
     )
 
 
-def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
+def start_training(state: VectorParts, body: TrainVectorRequest) -> JobView:
     """Check the request against the loaded model, then start the job (its result is the stored vector)."""
     prepared = prepare(state, body)
     tokens = sum(map(len, prepared.texts))
@@ -130,7 +130,7 @@ def start_training(state: ServerState, body: TrainVectorRequest) -> JobView:
     )
 
 
-def read_pooled(state: ServerState, prep: PreparedTraining, handle: JobHandle) -> np.ndarray:
+def read_pooled(state: VectorParts, prep: PreparedTraining, handle: JobHandle) -> np.ndarray:
     """Every text's pooled residual at the point `[texts, d_model]` (float64), a few texts per engine call."""
     read = ResidualRead(
         prep.point,
@@ -144,7 +144,11 @@ def read_pooled(state: ServerState, prep: PreparedTraining, handle: JobHandle) -
         handle.check()
         began = time.monotonic()
         answered = passes_blocking(
-            state, prep.model, [prep.texts[i] for i in group], (read,), cancel=handle.cancel_event
+            state.switch,
+            prep.model,
+            [prep.texts[i] for i in group],
+            (read,),
+            cancel=handle.cancel_event,
         )
         handle.check()
         assert answered is not None  # None only when cancelled, which check() raised for
@@ -155,7 +159,7 @@ def read_pooled(state: ServerState, prep: PreparedTraining, handle: JobHandle) -
     return out
 
 
-def run_training(state: ServerState, prep: PreparedTraining, handle: JobHandle) -> dict:
+def run_training(state: VectorParts, prep: PreparedTraining, handle: JobHandle) -> dict:
     """The job: read, train (numpy), store; the stored vector is the result."""
     vectors = read_pooled(state, prep, handle)
     half = len(prep.body.pairs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from millm.errors import ModelNotFound
 from millm.kernel.model.registry import AVAILABLE
 from millm.kernel.model.transitions import ModelView
-from millm.kernel.state import ServerState
+from millm.v1.models.parts import ListingParts
 from millm.v1.objects import ModelCard, ModelList
 
 
@@ -41,7 +41,7 @@ def variant_card(row: dict, base: ModelCard) -> ModelCard:
 class ModelListing:
     """The /v1/models routes' one way in."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ListingParts):
         self.state = state
 
     def listed(self) -> ModelList:

@@ -8,10 +8,10 @@ import numpy as np
 from anyio import to_thread
 
 from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
-from millm.kernel.state import ServerState
 from millm.v1.objects import Embedding, EmbeddingList, EmbeddingUsage
 from millm.v1.policy.field_policy import handle_unused, unused_locations
 from millm.v1.serving.generation import answered
+from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.prechecks import precheck
 from millm.v1.serving.prompts import embedding_inputs
 from millm.v1.serving.protocol import EmbeddingRequest
@@ -35,7 +35,7 @@ def embedding_list(
     )
 
 
-async def embed(state: ServerState, body: EmbeddingRequest, strict: bool) -> Reply:
+async def embed(state: ServingParts, body: EmbeddingRequest, strict: bool) -> Reply:
     """Mean-pooled last hidden layer over each input's real tokens."""
     # Embeddings are never steered: a variant's are its base's, answered under the variant's name.
     named = state.variants.named(body.model)

@@ -20,10 +20,10 @@ from millm.errors import InvalidRequest
 from millm.formats.profiles import validate_spec
 from millm.interp.intensity import Dial, parse_dial
 from millm.kernel.probes.watches import Asked, parse_probes
-from millm.kernel.state import ServerState
 from millm.v1.policy.body_fields import RowCount
 from millm.v1.policy.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
 from millm.v1.serving.activations import ReadRequest, parse_read
+from millm.v1.serving.parts import ServingParts
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Prechecked:
 
 
 async def precheck(
-    state: ServerState, body: BaseModel, strict: bool, scoring: bool = False
+    state: ServingParts, body: BaseModel, strict: bool, scoring: bool = False
 ) -> Prechecked:
     """The request-only refusals (400/404) in the order a client would fix them; returns what they parsed."""
     check_rows(body, state.settings.max_rows_per_request)

@@ -14,7 +14,6 @@ from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.engine.scoring import Echoed, Scored, check_reported
 from millm.errors import ContextLengthExceeded, InvalidScoringRequest, MillmError
-from millm.kernel.state import ServerState
 from millm.v1.objects import (
     AssistantMessage,
     ChatChoice,
@@ -27,6 +26,7 @@ from millm.v1.objects import (
 from millm.v1.serving.activations import ActivationRead
 from millm.v1.serving.answers import Echo, Meta, millm_block
 from millm.v1.serving.generation import answered
+from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.protocol import ChatCompletionRequest, CompletionRequest
 from millm.v1.serving.replies import Reply, Report
 from millm.v1.token_logprobs import TokenWords, joined, token_text
@@ -56,7 +56,7 @@ def check_scored_lengths(lm: LoadedModel, prompts: list[list[int]], param: str) 
 
 
 async def score_and_read(
-    state: ServerState,
+    state: ServingParts,
     prompts: list[list[int]],
     ranking: Ranking,
     reads: tuple = (),
@@ -160,7 +160,7 @@ def logprob_words(
 
 
 async def echoed_prompts(
-    state: ServerState,
+    state: ServingParts,
     body: CompletionRequest,
     prompts_and_texts: tuple[list[list[int]], list[str]],
     words: TokenWords | None,
@@ -185,7 +185,7 @@ def engine_reads(read: ActivationRead | None) -> tuple:
 
 
 async def score_completions(
-    state: ServerState,
+    state: ServingParts,
     lm: LoadedModel,
     body: CompletionRequest,
     prompts_and_texts: tuple[list[list[int]], list[str]],
@@ -241,7 +241,7 @@ async def score_completions(
 
 
 async def score_chat(
-    state: ServerState,
+    state: ServingParts,
     lm: LoadedModel,
     body: ChatCompletionRequest,
     prompts: list[list[int]],

@@ -21,7 +21,6 @@ from millm.engine.sampling import SamplingParams
 from millm.errors import InvalidRequest
 from millm.kernel.monitoring.requests import Origin
 from millm.kernel.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
-from millm.kernel.state import ServerState
 from millm.kernel.steering.plan import NO_STEERING, Plan
 from millm.kernel.variants.naming import Named
 from millm.v1.policy.field_policy import (
@@ -51,6 +50,7 @@ from millm.v1.serving.generation import (
     collect,
     completion_budget,
 )
+from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.prechecks import Prechecked, precheck
 from millm.v1.serving.prompts import completion_prompts, conversation_prompts
 from millm.v1.serving.protocol import (
@@ -123,7 +123,7 @@ def ids_text(lm: LoadedModel, ids: list[int]) -> str:
 class Serving:
     """The OpenAI generation routes over the server state."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ServingParts):
         self.state = state
         self.settings = state.settings
 

@@ -9,7 +9,7 @@ from anyio import to_thread
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import completion_prompt_ids
 from millm.errors import InvalidRequest
-from millm.kernel.state import ServerState
+from millm.v1.tokenizer.parts import TokenizerParts
 from millm.v1.tokenizer.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -60,7 +60,7 @@ def info(lm: LoadedModel) -> TokenizerInfo:
 class Tokenizers:
     """The tokenizer routes' facade."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: TokenizerParts):
         self.state = state
 
     async def _held(self, model: str | None) -> LoadedModel:
