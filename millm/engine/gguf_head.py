@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from millm.engine.families import soft_capped
+from millm.engine.gguf_meta import reader
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ HEAD_TENSORS = (
 def head_locations(path: Path) -> dict[str, dict]:
     """Where the final norm's and head's tensors lie in the GGUF file: per name its data offset,
     ggml type, and the numpy dtype and shape gguf-py reads its bytes as."""
-    import gguf
-
     return {
         t.name: {
             "offset": int(t.data_offset),
@@ -53,7 +52,7 @@ def head_locations(path: Path) -> dict[str, dict]:
             "dtype": t.data.dtype.str,
             "shape": list(t.data.shape),
         }
-        for t in gguf.GGUFReader(str(path)).tensors
+        for t in reader(path).tensors
         if t.name in HEAD_TENSORS
     }
 

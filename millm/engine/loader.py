@@ -17,6 +17,7 @@ import torch
 
 from millm.engine.constraints import GrammarSupport
 from millm.engine.gguf_head import head_locations
+from millm.engine.gguf_meta import readers_shared
 from millm.engine.prompts import template_variables
 from millm.engine.residual import Editor, ResidualEditor
 from millm.engine.runners import Runner, make_runner, mlp_norms
@@ -225,10 +226,13 @@ def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Pat
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source.directory), gguf_file=source.gguf_file, dtype=torch.float32
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(source.directory), gguf_file=source.gguf_file)
+        with readers_shared():  # the config, the weights and the tokenizer read one parsed header
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source.directory), gguf_file=source.gguf_file, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(
+                str(source.directory), gguf_file=source.gguf_file
+            )
         # The copy holds plain float weights; keeping the GGUF quantizer config would make
         # transformers look for the .gguf file again.
         if hasattr(model.config, "quantization_config"):

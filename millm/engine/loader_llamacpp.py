@@ -21,6 +21,7 @@ import torch
 from millm.engine.constraints import GrammarSupport
 from millm.engine.families import final_softcap
 from millm.engine.gguf_head import GGUFHead, head_locations
+from millm.engine.gguf_meta import readers_shared
 from millm.engine.loader import (
     DEQUANTISED,
     GGUF_META,
@@ -68,12 +69,13 @@ def file_metadata(
             AutoTokenizer.from_pretrained(str(copy)).save_pretrained(str(staging))
             meta = json.loads((copy / GGUF_META).read_text())
         else:
-            AutoConfig.from_pretrained(
-                str(source.directory), gguf_file=source.gguf_file
-            ).save_pretrained(str(staging))
-            AutoTokenizer.from_pretrained(
-                str(source.directory), gguf_file=source.gguf_file
-            ).save_pretrained(str(staging))
+            with readers_shared():  # the config and the tokenizer read one parsed header
+                AutoConfig.from_pretrained(
+                    str(source.directory), gguf_file=source.gguf_file
+                ).save_pretrained(str(staging))
+                AutoTokenizer.from_pretrained(
+                    str(source.directory), gguf_file=source.gguf_file
+                ).save_pretrained(str(staging))
             meta = gguf_facts(source.gguf_path)
         (staging / facts.name).write_text(json.dumps(meta, indent=2))
         shutil.rmtree(entry, ignore_errors=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from millm.engine.gguf_meta import reader
 from millm.engine.loader import cuda_bf16
 from millm.engine.sources import ModelSource
 from millm.errors import (
@@ -150,14 +151,12 @@ def _safetensors(path: Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=8)
 def _gguf_read(path: Path, size: int, mtime_ns: int) -> tuple[int, GGUFShape]:
     """(weight elements, shape) of a GGUF file, from its tensor table and metadata."""
-    # GGUFReader walks every metadata value one by one (a vocabulary is 100k+ of them: seconds),
-    # so a file that has not changed since (same size and mtime) is read once per process, not at
-    # registering and again at every load. The reader maps the file and reads no tensor data.
-    from gguf import GGUFReader
-
+    # A file that has not changed since (same size and mtime) is read once per process, not at
+    # registering and again at every load; the header is gguf_meta's shared parse (it maps the
+    # file and reads no tensor data).
     try:
-        reader = GGUFReader(path)
-        return sum(int(tensor.n_elements) for tensor in reader.tensors), _gguf_shape(reader)
+        header = reader(path)
+        return sum(int(tensor.n_elements) for tensor in header.tensors), _gguf_shape(header)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:
         with path.open("rb") as handle:
             if handle.read(4) != b"GGUF":
