@@ -1,5 +1,8 @@
 """The server's settings: one pydantic-settings class read from the environment and the CLI
-(its remote servers' fields in remote.py, every field made by fields.env_field)."""
+(its remote servers' fields in remote.py, every field made by fields.env_field).
+
+Over 400 lines because it is one class of fields, each with its flag, its variable and its
+help; a setting is found by reading down it."""
 
 from __future__ import annotations
 

@@ -162,3 +162,14 @@ def test_only_the_composition_root_sees_the_whole_state():
         if arg.arg == "state" and arg.annotation is None
     ]
     assert untyped == []
+
+
+def test_a_long_module_says_why():
+    """A module over 400 lines gives its reason in its docstring ("Over 400 lines because ...")."""
+    unexplained = [
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*.py")
+        if len(path.read_text().splitlines()) > 400
+        and "Over 400 lines because" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert unexplained == []

@@ -6,7 +6,11 @@ none runs on a half-moved model. One mutex guards the slot's transition, the loa
 steering lock together: a locked server never loads another model; a model is freed only once
 nothing can reach it; another replica's attach lands only between model changes (see
 settle_attachments). Beside it: the load's plan and checks (loading.py), the slot (slot.py),
-the values and refusals it reports (transitions.py)."""
+the values and refusals it reports (transitions.py).
+
+Over 400 lines because every step that changes the slot (load, unload, lock, the start-up load,
+another replica's attach) runs under the one mutex this class owns; its helpers already live in
+the modules named above."""
 
 from __future__ import annotations
 

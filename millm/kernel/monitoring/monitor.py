@@ -17,6 +17,9 @@ they are then.
 Monitoring must never block or slow generation, so the hand-over never waits: past WORK_BACKLOG
 captures waiting for the worker, a capture is dropped and counted (`queue.dropped` in GET
 /api/monitoring, a warning in the log at most every DROP_WARNING_S seconds).
+
+Over 400 lines because the Monitor is one owner: its settings, records, statistics and feed
+change under one lock, on its worker thread, and each reading of them needs that lock.
 """
 
 from __future__ import annotations

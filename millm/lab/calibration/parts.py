@@ -6,39 +6,27 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.calibrations import CalibrationBook
-from millm.kernel.books.profiles import ProfileBook
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.runtime.jobs import JobBook
-from millm.kernel.steering.live import Steering
-from millm.kernel.steering.plans import Planner
-from millm.kernel.steering.saes import SAERegistry
-from millm.settings import Settings
+from millm.kernel.parts import (
+    HasCalibrations,
+    HasJobs,
+    HasPlanner,
+    HasProfiles,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+)
 
 
-class CalibrationParts(Protocol):
+class CalibrationParts(
+    HasCalibrations,
+    HasJobs,
+    HasPlanner,
+    HasProfiles,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+    Protocol,
+):
     """The kernel's parts, as calibration reach them."""
-
-    @property
-    def calibrations(self) -> CalibrationBook: ...
-
-    @property
-    def jobs(self) -> JobBook: ...
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def profiles(self) -> ProfileBook: ...
-
-    @property
-    def saes(self) -> SAERegistry: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def steering(self) -> Steering: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...

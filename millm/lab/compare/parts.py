@@ -6,30 +6,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.documents import CircuitBook, ClusterBook
-from millm.kernel.books.profiles import ProfileBook
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.steering.plans import Planner
-from millm.settings import Settings
+from millm.kernel.parts import (
+    HasCircuits,
+    HasClusters,
+    HasPlanner,
+    HasProfiles,
+    HasSettings,
+    HasSwitch,
+)
 
 
-class CompareParts(Protocol):
+class CompareParts(
+    HasCircuits, HasClusters, HasPlanner, HasProfiles, HasSettings, HasSwitch, Protocol
+):
     """The kernel's parts, as compare reach them."""
-
-    @property
-    def circuits(self) -> CircuitBook: ...
-
-    @property
-    def clusters(self) -> ClusterBook: ...
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def profiles(self) -> ProfileBook: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...

@@ -6,22 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.documents import CircuitBook, ClusterBook
-from millm.kernel.steering.live import Steering
-from millm.kernel.steering.plans import Planner
+from millm.kernel.parts import HasCircuits, HasClusters, HasPlanner, HasSteering
 
 
-class DocumentParts(Protocol):
+class DocumentParts(HasCircuits, HasClusters, HasPlanner, HasSteering, Protocol):
     """The kernel's parts, as clusters and circuits reach them."""
-
-    @property
-    def circuits(self) -> CircuitBook: ...
-
-    @property
-    def clusters(self) -> ClusterBook: ...
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def steering(self) -> Steering: ...

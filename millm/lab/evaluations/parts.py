@@ -6,43 +6,29 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.profiles import ProfileBook
-from millm.kernel.books.vectors import VectorBook
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.runtime.jobs import JobBook
-from millm.kernel.steering.live import Steering
-from millm.kernel.steering.plans import Planner
-from millm.kernel.steering.saes import SAERegistry
-from millm.kernel.variants.naming import VariantRouting
-from millm.settings import Settings
+from millm.kernel.parts import (
+    HasJobs,
+    HasPlanner,
+    HasProfiles,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+    HasVariants,
+    HasVectors,
+)
 
 
-class EvaluationParts(Protocol):
+class EvaluationParts(
+    HasJobs,
+    HasPlanner,
+    HasProfiles,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+    HasVariants,
+    HasVectors,
+    Protocol,
+):
     """The kernel's parts, as steering evaluations reach them."""
-
-    @property
-    def jobs(self) -> JobBook: ...
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def profiles(self) -> ProfileBook: ...
-
-    @property
-    def saes(self) -> SAERegistry: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def steering(self) -> Steering: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...
-
-    @property
-    def variants(self) -> VariantRouting: ...
-
-    @property
-    def vectors(self) -> VectorBook: ...

@@ -10,6 +10,10 @@ the scorer's answer for every held-out text, the detection score, and one store 
 explanation is stored as soon as it is scored, beside the labels (never over one), so a job that
 fails or is cancelled later keeps what it wrote. Engine work goes through the scheduler
 (kernel/runtime/blocking.py); the job's own thread does numpy and the tokenizer only.
+
+Over 400 lines because it is one job's steps in the order they run (read, window, explain,
+score, store, each a function); the windows, prompts and scoring it calls live in their own
+modules.
 """
 
 from __future__ import annotations

@@ -6,51 +6,33 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.calibrations import CalibrationBook
-from millm.kernel.books.labels import LabelBook
-from millm.kernel.books.profiles import ProfileBook
-from millm.kernel.model.registrations import ClientRegistrations
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.runtime.jobs import JobBook
-from millm.kernel.steering.decoders import DecoderCache
-from millm.kernel.steering.live import Steering
-from millm.kernel.steering.plans import Planner
-from millm.kernel.steering.saes import SAERegistry
-from millm.settings import Settings
+from millm.kernel.parts import (
+    HasCalibrations,
+    HasDecoders,
+    HasJobs,
+    HasLabels,
+    HasPlanner,
+    HasProfiles,
+    HasRegistrations,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+)
 
 
-class LabelParts(Protocol):
+class LabelParts(
+    HasCalibrations,
+    HasDecoders,
+    HasJobs,
+    HasLabels,
+    HasPlanner,
+    HasProfiles,
+    HasRegistrations,
+    HasSaes,
+    HasSettings,
+    HasSteering,
+    HasSwitch,
+    Protocol,
+):
     """The kernel's parts, as labels and their explaining reach them."""
-
-    @property
-    def calibrations(self) -> CalibrationBook: ...
-
-    @property
-    def decoders(self) -> DecoderCache: ...
-
-    @property
-    def jobs(self) -> JobBook: ...
-
-    @property
-    def labels(self) -> LabelBook: ...
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def profiles(self) -> ProfileBook: ...
-
-    @property
-    def registrations(self) -> ClientRegistrations: ...
-
-    @property
-    def saes(self) -> SAERegistry: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def steering(self) -> Steering: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...

@@ -6,27 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.model.registrations import ClientRegistrations
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.runtime.replication import Replication
-from millm.kernel.steering.plans import Planner
-from millm.settings import Settings
+from millm.kernel.parts import HasPlanner, HasRegistrations, HasReplication, HasSettings, HasSwitch
 
 
-class ModelParts(Protocol):
+class ModelParts(HasPlanner, HasRegistrations, HasReplication, HasSettings, HasSwitch, Protocol):
     """The kernel's parts, as model administration reach them."""
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def registrations(self) -> ClientRegistrations: ...
-
-    @property
-    def replication(self) -> Replication: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...

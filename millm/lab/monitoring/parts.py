@@ -6,19 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.monitoring.monitor import Monitor
-from millm.kernel.steering.live import Steering
-from millm.kernel.steering.saes import SAERegistry
+from millm.kernel.parts import HasMonitor, HasSaes, HasSteering
 
 
-class MonitoringParts(Protocol):
+class MonitoringParts(HasMonitor, HasSaes, HasSteering, Protocol):
     """The kernel's parts, as monitoring reach them."""
-
-    @property
-    def monitor(self) -> Monitor: ...
-
-    @property
-    def saes(self) -> SAERegistry: ...
-
-    @property
-    def steering(self) -> Steering: ...

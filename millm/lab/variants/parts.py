@@ -6,23 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.books.profiles import ProfileBook
-from millm.kernel.model.registry import ModelRegistry
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.variants.naming import VariantRouting
+from millm.kernel.parts import HasModels, HasProfiles, HasSwitch, HasVariants
 
 
-class VariantParts(Protocol):
+class VariantParts(HasModels, HasProfiles, HasSwitch, HasVariants, Protocol):
     """The kernel's parts, as steered variants reach them."""
-
-    @property
-    def models(self) -> ModelRegistry: ...
-
-    @property
-    def profiles(self) -> ProfileBook: ...
-
-    @property
-    def switch(self) -> ModelSwitch: ...
-
-    @property
-    def variants(self) -> VariantRouting: ...

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.model.switch import ModelSwitch
-from millm.kernel.variants.naming import VariantRouting
+from millm.kernel.parts import HasSwitch, HasVariants
 
 
-class ListingParts(Protocol):
+class ListingParts(HasSwitch, HasVariants, Protocol):
     """The kernel's parts, as /v1/models reach them."""
-
-    @property
-    def switch(self) -> ModelSwitch: ...
-
-    @property
-    def variants(self) -> VariantRouting: ...
