@@ -1,7 +1,7 @@
 """A calibration's statistics in numpy: what a feature's activations look like over a corpus.
 
 Every figure is over the positions read (every token of every text but the first, see
-feature_reads.py). A feature *fires* at a position when its activation there is above 0.
+lab/discovery/reads.py). A feature *fires* at a position when its activation there is above 0.
 `count`, `frequency`, `mean` and `max` are exact. The quantiles (p50, p90, p99 and the grid the
 percentiles are read from) are over the positions where the feature fired: for a sparse feature
 most positions are 0, so quantiles over all positions would be 0 too and say nothing. They are

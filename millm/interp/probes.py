@@ -1,5 +1,5 @@
 """Probes' maths: a named detector over one attached SAE or the raw residual, scored and judged
-(its documents are in probe_documents.py).
+(its documents are in formats/probe_documents.py).
 
     {"kind": "millm.probe", "version": 1, "name": "...", "description": "...", "detector": {...}}
 

@@ -4,7 +4,7 @@ circuit-tracer's names, the labels beside a file, and what a set or one of its b
 Gemma Scope's `.npz` (`W_enc` `[d_model, d_transcoder]`, `threshold`) and Gemma Scope 2's
 transcoder safetensors (`w_enc` `[d_model, d]`, `w_dec`, `threshold`, `affine_skip_connection`)
 are renamed as circuit-tracer's load_gemma_scope_transcoder and load_gemma_scope_2_transcoder do.
-A file's labels lie beside it in any labels document millm imports (labels.py):
+A file's labels lie beside it in any labels document millm imports (formats/labels.py):
 `layer_3.safetensors` -> `layer_3.labels.json`.
 """
 

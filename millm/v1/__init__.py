@@ -1,3 +1,3 @@
-"""The OpenAI surface (/v1 and its neighbours): chat and completions (routes.py, protocol.py,
-objects.py, serving/), models, Responses, the tokenizer routes, the field policy, and the HTTP
-vocabulary every route shares (http/)."""
+"""The OpenAI surface (/v1 and its neighbours): chat, completions, embeddings and scoring
+(serving/: routes, protocol, service), models, Responses, the tokenizer routes, the field policy,
+and the HTTP vocabulary every route shares (http/); objects.py holds the response bodies."""

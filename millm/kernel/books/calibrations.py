@@ -1,6 +1,6 @@
 """Calibrations: how each feature of an SAE usually fires on one model, stored per (SAE, model).
 
-A calibration (made by a job, see calibration_job.py, or shipped beside an SAE's files as
+A calibration (made by a job, see lab/calibration/job.py, or shipped beside an SAE's files as
 `calibration.json`) gives every feature its firing frequency, mean and max activation, its
 quantiles and its top activating snippets. The CalibrationBook keeps what per-activation
 percentiles need in memory (a quantile grid per feature, loaded at start-up), so a percentile

@@ -1,6 +1,6 @@
 """Saved steering profiles: create, read, update, delete, import and export, all-or-nothing.
 
-Reads come from memory (a `Shelf`, see books.py) filled from the store at start and refreshed
+Reads come from memory (a `Shelf`, see base.py) filled from the store at start and refreshed
 from it after every write through the book, so a request naming a profile never reads or parses
 the database. Documents stored in an older version are upgraded when the book opens (written
 back as the current version, meaning exactly what they meant; see formats/profiles.py).

@@ -9,7 +9,7 @@ record carries the verdicts of the active probes on its row (`probes`), when any
 unmonitored request carries no read at all. Scoring and embeddings are never monitored.
 
 A record names its request by the id its client got back, and the monitor keeps that request's
-prompt while the history can hold a record of it (monitored_requests.py). Token text and labels
+prompt while the history can hold a record of it (requests.py). Token text and labels
 (`tokens`, `labels`) are added when the record is made, on the worker thread: by the request's
 own tokenizer, which may be unloaded by the time the record is read, and from the labels as
 they are then.

@@ -1,6 +1,6 @@
 """Saved probes: create, read, update, delete, import, export, and which are active, all-or-nothing.
 
-Reads come from memory (a `Shelf`, see books.py), filled from the store at start and refreshed
+Reads come from memory (a `Shelf`, see base.py), filled from the store at start and refreshed
 after every write through the book, so a request naming a probe, and every request watched by
 the active probes, never reads or parses the database. An active probe watches every chat and
 text completion (never scoring, never embeddings); which probes are active is a column of the

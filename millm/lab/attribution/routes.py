@@ -1,7 +1,7 @@
 """POST /api/attribution: an attribution graph; GET /api/attribution/{id} and its export; import of
 circuit-tracer's JSON; a profile or a miStudio circuit of a graph's chosen features.
 
-POST /api/attribution is inference-class (the API key opens it, see access.py): it reads the
+POST /api/attribution is inference-class (the API key opens it, see server/access.py): it reads the
 model and changes nothing stored; its work runs on the scheduler thread in steps, and a client
 that leaves cancels it. Import, profile and circuit are admin routes: they keep a graph or store a document.
 """

@@ -2,7 +2,7 @@
 
 The request's checks come first (inputs.py); then each step of the tracer (interp/attribution/
 graph.py) is one engine call, so serving goes on between a graph's backward passes; then the
-top features are ablated on the served model (verify.py) and the answer is said with token
+top features are ablated on the served model (interp/attribution/verify.py) and the answer is said with token
 strings and labels (answer.py). Unsteered unless `steering` asks, in inspect's vocabulary. A
 client that leaves cancels the work; the pass it held is let go on the scheduler thread.
 

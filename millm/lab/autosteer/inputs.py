@@ -29,7 +29,7 @@ NEUTRAL_TEXTS = (
     "We talked about the schedule for next month.",
     "The printer on this floor is out of paper again.",
 )
-SKIPPED_POSITIONS = 1  # the attention sink (see feature_reads.py)
+SKIPPED_POSITIONS = 1  # the attention sink (see lab/discovery/reads.py)
 # Affinity: how much likelier the unsteered model finds an answer when told the goal than when
 # told something neutral (a pointwise mutual information per token). The neutral message cancels
 # what any system message does to an answer's likelihood.

@@ -6,7 +6,7 @@
    the SAE's layer, divided by the feature's decoder norm, so the sweep means the same on any
    SAE), answering a few probe prompts greedily.
 3. Judging, by the server's own unsteered model: concept = P(yes) that the answer matches the
-   goal (judge.py, through the scoring path, never steered); affinity = how much likelier the
+   goal (lab/discovery/judge.py, through the scoring path, never steered); affinity = how much likelier the
    answer is when the model is told the goal in a system message than when told something
    neutral (per token); fluency = the answer's mean log-probability per token after the bare
    prompt.
@@ -14,7 +14,7 @@
    first, by the chosen signal (`rank_by`: the judge, or the affinity); `best` is the first
    fluent one that beats the unsteered answers on it. It can be saved as a profile.
 
-Every forward pass runs on the scheduler thread through blocking.py; the job's thread only
+Every forward pass runs on the scheduler thread through kernel/runtime/blocking.py; the job's thread only
 tokenises, orders and waits, and yields the scheduler to serving between its passes.
 """
 

@@ -1,7 +1,7 @@
 """POST /api/saes/{id}/inspect and /api/saes/{id}/contrast: discovery reads through an attached SAE;
 POST /api/lens: the logit lens.
 
-Inference-class routes (the API key opens them, see access.py): they read the model and change
+Inference-class routes (the API key opens them, see server/access.py): they read the model and change
 nothing. The work runs on the scheduler thread; a client that leaves cancels it.
 """
 

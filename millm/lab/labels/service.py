@@ -2,7 +2,7 @@
 
 Imports, exports, clears and searches are store and SQLite work: the API calls them from plain
 (worker-pool) route functions. A feature's details need the SAE's decoder: read once per SAE on a
-passing thread (torch), then numpy on a worker thread (decoders.py).
+passing thread (torch), then numpy on a worker thread (kernel/steering/decoders.py).
 """
 
 from __future__ import annotations

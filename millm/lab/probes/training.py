@@ -1,7 +1,7 @@
 """Training a linear probe from labelled texts, as a job: residuals read, fitted, measured, stored.
 
 What one example is. Every position of a text but the first (the attention sink, see
-feature_reads.py) is an example, labelled with its text's class, and weighted 1 / (the text's
+lab/discovery/reads.py) is an example, labelled with its text's class, and weighted 1 / (the text's
 positions) so that each text counts once however long it is. The other choice, one example per
 text (its mean residual), fits a classifier of whole texts; but a probe runs per position (a
 Watch scores every position a row feeds), and a text-level fit says nothing about single
