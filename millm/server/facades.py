@@ -1,5 +1,5 @@
-"""The one way in from the API: a facade per capability, made once over the composed state. The
-HTTP routes and the MCP tools call these and nothing else of the service."""
+"""The one way in from the API: each capability's service, made once over the composed state. The
+HTTP routes (through `part(request, Kind)`) and the MCP tools call these and nothing else."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from millm.kernel.books.vectors import VectorBook
 from millm.kernel.model.switch import ModelSwitch
+from millm.kernel.monitoring.monitor import Monitor
 from millm.kernel.runtime.jobs import JobBook
 from millm.kernel.state import ServerState
 from millm.lab.attribution.service import Attribution
@@ -39,7 +40,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Facades:
-    """Each capability's facade; `requests` opens the scope a request's model leases live in."""
+    """Each capability's service, and the kernel's parts whose reads a route takes as they are
+    (the monitor, the vectors' and the evaluations' books); `requests` opens the scope a
+    request's model leases live in. A route asks for one by its kind (`of`)."""
 
     settings: Settings
     requests: ModelSwitch
@@ -53,11 +56,13 @@ class Facades:
     features: FeatureManagement
     calibrations: CalibrationManagement
     monitoring: MonitorManagement
+    monitor: Monitor
     probes: ProbeManagement
     vectors: VectorBook
     vector_training: VectorTraining
     variants: VariantManagement
     evaluations: EvaluationManagement
+    evaluation_book: EvaluationBook
     discovery: Discovery
     comparison: Comparer
     attribution: Attribution
@@ -78,6 +83,7 @@ class Facades:
 def build_facades(state: ServerState) -> Facades:
     """Every facade over one composed state."""
     serving = Serving(state)
+    evaluation_book = EvaluationBook(state.store)
     return Facades(
         settings=state.settings,
         requests=state.switch,
@@ -91,11 +97,13 @@ def build_facades(state: ServerState) -> Facades:
         features=FeatureManagement(state, MeaningBook()),
         calibrations=CalibrationManagement(state),
         monitoring=MonitorManagement(state),
+        monitor=state.monitor,
         probes=ProbeManagement(state),
         vectors=state.vectors,
         vector_training=VectorTraining(state),
         variants=VariantManagement(state),
-        evaluations=EvaluationManagement(state, EvaluationBook(state.store)),
+        evaluations=EvaluationManagement(state, evaluation_book),
+        evaluation_book=evaluation_book,
         discovery=Discovery(state),
         comparison=Comparer(state),
         attribution=Attribution(state),

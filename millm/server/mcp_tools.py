@@ -153,7 +153,7 @@ async def _delete_variant(f: Facades, p: VariantKey, _: None) -> dict:
 
 
 async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
-    return await blocking(f.monitoring.statistics)
+    return await blocking(f.monitor.statistics)
 
 
 async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from millm.kernel.runtime.jobs import JobView
+from millm.lab.evaluations.book import EvaluationBook
 from millm.lab.evaluations.protocol import (
     EvaluationDeleted,
     EvaluationList,
@@ -44,7 +45,7 @@ def start_evaluation(body: EvaluationRequest, request: Request) -> JSONResponse:
 )
 def list_evaluations(request: Request) -> EvaluationList:
     """Every stored evaluation with its ranking (the answers come with each one)."""
-    return part(request, EvaluationManagement).list()
+    return part(request, EvaluationBook).list()
 
 
 @router.get(
@@ -52,7 +53,7 @@ def list_evaluations(request: Request) -> EvaluationList:
 )
 def get_evaluation(evaluation_id: str, request: Request) -> EvaluationResult:
     """An evaluation whole: its points, their answers and the ranking (404 evaluation_not_found)."""
-    return part(request, EvaluationManagement).get(evaluation_id)
+    return part(request, EvaluationBook).get(evaluation_id)
 
 
 @router.get(
@@ -65,7 +66,7 @@ def export_evaluation(
     evaluation_id: str, request: Request, format: Literal["json", "csv"] = "json"
 ) -> Response:
     """The stored document (json), or one CSV line per answer (csv), as an attachment."""
-    evaluations = part(request, EvaluationManagement)
+    evaluations = part(request, EvaluationBook)
     if format == "csv":
         return Response(
             evaluations.csv(evaluation_id),
@@ -85,4 +86,4 @@ def export_evaluation(
 )
 def delete_evaluation(evaluation_id: str, request: Request) -> EvaluationDeleted:
     """Forget a stored evaluation."""
-    return part(request, EvaluationManagement).delete(evaluation_id)
+    return part(request, EvaluationBook).delete(evaluation_id)

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from millm.kernel.monitoring.monitor import Monitor
 from millm.lab.monitoring.protocol import MonitoringSettings
 from millm.lab.monitoring.service import MonitorManagement
 from millm.v1.http.deps import part
@@ -47,7 +48,7 @@ def records(
     request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None
 ):
     """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
-    return {"object": "list", "data": part(request, MonitorManagement).recent(limit, after)}
+    return {"object": "list", "data": part(request, Monitor).recent(limit, after)}
 
 
 @router.get(
@@ -57,13 +58,13 @@ def records(
 def monitored_request(request_id: str, request: Request):
     """The prompts of the request a record names (its `request_id`), chat template applied, each
     cut past MONITORING_PROMPT_MAX_CHARS; 404 once no record of it is kept."""
-    return part(request, MonitorManagement).prompt(request_id)
+    return part(request, Monitor).prompt(request_id)
 
 
 @router.get("/api/monitoring/stats", summary="Per-feature statistics since the last reset")
 def stats(request: Request):
     """For each feature that fired: count, mean and max value when active, fraction of positions active."""
-    return part(request, MonitorManagement).statistics()
+    return part(request, Monitor).statistics()
 
 
 @router.post("/api/monitoring/reset", summary="Forget records and statistics")
@@ -75,7 +76,7 @@ def reset(request: Request):
 @router.get("/api/monitoring/stream", summary="Live feed of records (server-sent events)")
 async def stream(request: Request):
     """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to chart."""
-    monitor = part(request, MonitorManagement)
+    monitor = part(request, Monitor)
     subscriber = monitor.subscribe()
 
     async def frames():

@@ -1,8 +1,9 @@
-"""Monitoring settings as the API changes them: validated against the SAEs attached right now."""
+"""Monitoring settings as the API changes them: validated against the SAEs attached right now.
+Its reads (records, prompts, statistics, the feed) are the kernel's Monitor's own, which the
+routes reach directly."""
 
 from __future__ import annotations
 
-from millm.kernel.monitoring.monitor import Subscriber
 from millm.lab.monitoring.parts import MonitoringParts
 
 
@@ -28,23 +29,3 @@ class MonitorManagement:
         """Forget records and statistics (settings stay)."""
         self.state.monitor.reset()
         return {"reset": True, **self.state.monitor.statistics()}
-
-    def recent(self, limit: int, after: int | None) -> list[dict]:
-        """The last `limit` records, or those after record id `after`."""
-        return self.state.monitor.recent(limit, after)
-
-    def prompt(self, request_id: str) -> dict:
-        """The prompts of a request monitoring recorded, as the model read them (404 once not kept)."""
-        return self.state.monitor.prompt(request_id)
-
-    def statistics(self) -> dict:
-        """Per-feature statistics since the last reset."""
-        return self.state.monitor.statistics()
-
-    def subscribe(self) -> Subscriber:
-        """A live feed of new records (unsubscribe when done)."""
-        return self.state.monitor.subscribe()
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        """End a live feed."""
-        self.state.monitor.unsubscribe(subscriber)
