@@ -30,7 +30,7 @@ SLICE = [
             "README.md-3-python",
             "agents.md-0-python",
             "activations.md-2-python",
-            "discovery.md-23-python",  # compare (after the logit lens)
+            "compare.md-1-python",  # compare
             "serving.md-2-python",
         )
     ),

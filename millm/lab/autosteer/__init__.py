@@ -1,2 +1,2 @@
-"""AutoSteer (/api/autosteer, docs/steering.md): a search over features and strengths that
-moves the model towards a goal; service.py also starts the probe and vector training jobs."""
+"""AutoSteer (/api/autosteer, docs/autosteer.md): a search over features and strengths that
+moves the model towards a goal, judged by its own unsteered answers."""

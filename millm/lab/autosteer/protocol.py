@@ -63,7 +63,7 @@ class AutoSteerRequest(BaseModel):
         "affinity",
         description="Which signal ranks the fluent settings: the affinity (how much likelier the unsteered model finds "
         "the answer when told the goal than when told something neutral), or the yes/no judge's P(yes). On the demo "
-        "model the affinity picked the demo profiles' features and the judge did not (docs/discovery.md).",
+        "model the affinity picked the demo profiles' features and the judge did not (docs/autosteer.md).",
     )
     save_as: (
         Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]

@@ -1,2 +1,2 @@
-"""Calibration (/api/saes/{id}/calibrate, docs/labels.md): a corpus read through an SAE, each
-feature's percentiles and top examples kept."""
+"""Calibration (/api/saes/{id}/calibrate and /calibration, docs/calibration.md): a corpus read
+through an SAE, each feature's quantiles and top examples kept."""

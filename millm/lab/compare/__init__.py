@@ -1,2 +1,2 @@
-"""Compare (/api/compare, docs/discovery.md): one prompt answered side by side, unsteered and
+"""Compare (/api/compare, docs/compare.md): one prompt answered side by side, unsteered and
 under each setting."""

@@ -1,2 +1,2 @@
-"""Discovery (/api/discovery, docs/discovery.md): reads through attached SAEs that change
-nothing stored: inspect, contrast, explain a vector, the unsteered judge, the logit lens."""
+"""Discovery (/api/saes/{id}/inspect and /contrast, /api/lens; docs/discovery.md): reads through
+attached SAEs that change nothing stored: inspect, contrast, the unsteered judge, the logit lens."""

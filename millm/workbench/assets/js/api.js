@@ -156,7 +156,7 @@ export const variants = {
   remove: (name) => del(`/api/variants/${enc(name)}`),
 };
 
-// SAEs (docs/steering.md) and their labels (docs/discovery.md, Labels)
+// SAEs (docs/steering.md) and their labels (docs/labels.md)
 export const saes = {
   list: () => get("/api/saes"),
   get: (id) => get(`/api/saes/${enc(id)}`),
@@ -232,7 +232,7 @@ export const vectors = {
   explain: (key) => get(`/api/vectors/${enc(key)}/explain`),
 };
 
-// Jobs (docs/discovery.md, Jobs) and AutoSteer
+// Jobs (docs/discovery.md, Jobs) and AutoSteer (docs/autosteer.md)
 export const jobs = {
   list: () => get("/api/jobs"),
   get: (id) => get(`/api/jobs/${enc(id)}`),
@@ -276,7 +276,7 @@ export const monitoring = {
   watch: (onRecord, signal) => stream("GET", "/api/monitoring/stream", { onEvent: onRecord, signal }),
 };
 
-// Generation: /v1/chat/completions (docs/openai-api.md) and /api/compare (docs/discovery.md, Compare)
+// Generation: /v1/chat/completions (docs/openai-api.md) and /api/compare (docs/compare.md)
 export const chat = (body, { onEvent, onHeaders, signal }) =>
   stream("POST", "/v1/chat/completions", { body: { ...body, stream: true }, onEvent, onHeaders, signal });
 export const compare = (body, { onEvent, onHeaders, signal }) =>

@@ -82,7 +82,7 @@ function featureEntries(v, attached) {
   return { sae, features };
 }
 
-/** A variant as /api/compare takes it (docs/discovery.md, Compare). */
+/** A variant as /api/compare takes it (docs/compare.md). */
 function compareVariant(v, attached) {
   const intensity = intensityOf(v);
   const dial = intensity === undefined ? {} : { intensity };
@@ -96,7 +96,7 @@ function compareVariant(v, attached) {
   return { features: features.map((f) => (sae ? { sae_id: sae, ...f } : f)) };
 }
 
-/** The same steering as fields of a /v1/chat/completions request (the table in docs/discovery.md). */
+/** The same steering as fields of a /v1/chat/completions request (the table in docs/compare.md). */
 function chatSteering(v, attached) {
   const intensity = intensityOf(v);
   const dial = intensity === undefined ? {} : { steering_intensity: intensity };
