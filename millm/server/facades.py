@@ -72,7 +72,10 @@ class Facades:
     close: Callable[[], None]  # the state's close, for the app's shutdown
 
     def __post_init__(self) -> None:
-        parts = {type(value): value for value in vars(self).values()}
+        values = list(vars(self).values())
+        parts = {type(value): value for value in values}
+        # A kind held twice would make `of` answer one of them at random.
+        assert len(parts) == len(values), "two facades of one kind"
         object.__setattr__(self, "_by_kind", parts)
 
     def of(self, kind: type[T]) -> T:
