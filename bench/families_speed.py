@@ -90,9 +90,8 @@ def measure_millm(model: str, work: Path, tokens: int, path: str, repeats: int) 
     from millm.engine.scheduler import Scheduler
 
     lm = _load(model, work)
-    lm.eos_token_ids = (
-        frozenset()
-    )  # every row decodes all its tokens, as generate's min_new_tokens makes it
+    # every row decodes all its tokens, as generate's min_new_tokens makes it
+    lm.eos_token_ids = frozenset()
     prompt = tuple(completion_prompt_ids(lm.tokenizer, PROMPT))
     streams = 1 if path == "a" else STREAMS
     scheduler = Scheduler(lm, 64, batching=path != "d", max_batch=STREAMS)

@@ -131,9 +131,8 @@ def main() -> int:
     inspect_path, contrast_path = f"/api/saes/{SAE}/inspect", f"/api/saes/{SAE}/contrast"
     try:
         with httpx.Client(base_url=base_url, timeout=600) as client:
-            text = text_of(
-                client, args.tokens
-            )  # also warms the model up: the first runs below are the reads' own
+            # also warms the model up: the first runs below are the reads' own
+            text = text_of(client, args.tokens)
             reads = {
                 "inspect": (inspect_path, {"text": text, "top_k": 20, "feature": 1403}),
                 "scoring, same text": ("/v1/completions", score_body(text)),

@@ -120,9 +120,8 @@ def main() -> None:
                 "temperature": 0,
                 "seed": 1,
             }
-            timed(
-                client, "/v1/chat/completions", chat
-            )  # warm-up: the first request pays for lazy set-up
+            # warm-up: the first request pays for lazy set-up
+            timed(client, "/v1/chat/completions", chat)
             timed(client, "/v1/responses", resp)
             rows: dict[str, dict[str, list[float]]] = {
                 k: {"chat": [], "responses": []}

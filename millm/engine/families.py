@@ -73,9 +73,8 @@ class BlockLayout:
     attn_out_norm: torch.nn.Module | None = None  # Gemma 2/3: normalise each half's output
     mlp_out_norm: torch.nn.Module | None = None
     parallel: bool = False  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-    spent: list[torch.nn.Module] = field(
-        default_factory=list
-    )  # modules whose weights the fused kernels replace
+    # modules whose weights the fused kernels replace
+    spent: list[torch.nn.Module] = field(default_factory=list)
 
 
 @dataclass
@@ -134,9 +133,8 @@ def _llama_like(model, family: str) -> ModelLayout:
     blocks = []
     for index, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        sandwich = hasattr(
-            layer, "pre_feedforward_layernorm"
-        )  # Gemma 2/3 normalise each half's output too
+        # Gemma 2/3 normalise each half's output too
+        sandwich = hasattr(layer, "pre_feedforward_layernorm")
         layer_type = (
             getattr(config, "layer_types", None) or ["full_attention"] * len(inner.layers)
         )[index]

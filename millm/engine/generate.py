@@ -55,9 +55,8 @@ class Joining:
                 distinct[key] = len(distinct)
                 self.firsts.append(row)
         self.order = [distinct[(row.spec.prompt_ids, id(row.spec.edit))] for row in self.rows]
-        self.readers: list[Sequence[Reader]] = [
-            [] for _ in self.firsts
-        ]  # rows sharing a prefill share what it reads
+        # rows sharing a prefill share what it reads
+        self.readers: list[Sequence[Reader]] = [[] for _ in self.firsts]
         limits = [len(first.spec.prompt_ids) - 1 for first in self.firsts]
         exact = lm.restores_exactly
         for row, i in zip(self.rows, self.order, strict=True):
@@ -90,9 +89,8 @@ class Joining:
         store the prompts' blocks and return the joining batch with every row's logits `[rows, V]`."""
         prefill = self.prefill
         start, end = prefill.done, prefill.span(tokens)
-        firsts = [
-            max(start, prefill.width - n) for n in prefill.lengths
-        ]  # each row's first column in this chunk
+        # each row's first column in this chunk
+        firsts = [max(start, prefill.width - n) for n in prefill.lengths]
         real = [max(0, end - first) for first in firsts]
         readers = None
         if any(self.readers):

@@ -151,9 +151,8 @@ class ProbeVerdict:
     peak_position: int | None
     positions: tuple[int, ...]  # every position where it fired (the first 256)
     token_ids: tuple[int, ...]  # the token at each of those positions
-    acted_at: (
-        int | None
-    )  # steer: the first position steered; abort: the position that ended the row
+    # steer: the first position steered; abort: the position that ended the row
+    acted_at: int | None
 
 
 @dataclass(frozen=True)
@@ -177,9 +176,8 @@ class ScoresReady:
 
     logits: list
     reads: list = field(default_factory=list)  # ResidualsRead, row = prompt index
-    scored: list = field(
-        default_factory=list
-    )  # Scored of each prompt, when the job asked for a ranking
+    # Scored of each prompt, when the job asked for a ranking
+    scored: list = field(default_factory=list)
     echoed: list = field(default_factory=list)  # Echoed of each prompt, when the job asked for echo
 
 

@@ -100,9 +100,8 @@ class KVBuffer:
             layers, rows, kv_heads, capacity, head_dim, a.keys.dtype, a.keys.device, a.keep
         )
         for source, rows_slice in ((a, slice(0, rows_a)), (b, slice(rows_a, rows))):
-            offset = (
-                length - source.length
-            )  # a source's held columns are the batch's last ones, right-aligned
+            # a source's held columns are the batch's last ones, right-aligned
+            offset = length - source.length
             merged.keys[:, rows_slice, :, offset:length] = source.keys[:, :, :, : source.length]
             merged.values[:, rows_slice, :, offset:length] = source.values[:, :, :, : source.length]
         merged.length, merged.dropped = length, width - length

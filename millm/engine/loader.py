@@ -337,9 +337,8 @@ def load_model(
     model.to(torch_device)  # type: ignore[arg-type]  # transformers wraps to() with functools.wraps(Module.to), whose stub loses the bound self
     model.eval()
     model.requires_grad_(False)
-    parameters = sum(
-        p.numel() for p in model.parameters()
-    )  # counted before the runner repacks them
+    # counted before the runner repacks them
+    parameters = sum(p.numel() for p in model.parameters())
     with torch.inference_mode():
         runner = make_runner(
             model, torch_device, torch_dtype, q4_weights, fixed_kernels=reproducible

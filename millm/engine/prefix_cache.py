@@ -142,9 +142,8 @@ class PrefixCache:
         self.budget, self.block_tokens = budget, block_tokens
         self.storage: Storage = storage if storage is not None else TensorStorage()
         self._entries: dict[tuple, Block] = {}
-        self._lru: OrderedDict[int, Block] = (
-            OrderedDict()
-        )  # serial -> block, least recently used first
+        # serial -> block, least recently used first
+        self._lru: OrderedDict[int, Block] = OrderedDict()
         self._serial = 0
         self.bytes = 0
         self.counters = Counters()

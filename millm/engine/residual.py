@@ -257,9 +257,8 @@ class ResidualEditor:
 
     def _make_post_hook(self, point: int):
         def hook(module, args, output):
-            hidden = (
-                output[0] if isinstance(output, tuple) else output
-            )  # some families return (hidden, ...)
+            # some families return (hidden, ...)
+            hidden = output[0] if isinstance(output, tuple) else output
             edited = self._edited(point, hidden)
             if edited is None:
                 return None

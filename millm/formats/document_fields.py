@@ -139,9 +139,8 @@ def _ordered(pair: list[float]) -> list[float]:
 
 
 NonNegative = Annotated[int, Field(ge=0)]
-Indices = Annotated[
-    list[NonNegative], AfterValidator(lambda indices: list(dict.fromkeys(indices)))
-]  # first mention kept
+# first mention kept
+Indices = Annotated[list[NonNegative], AfterValidator(lambda indices: list(dict.fromkeys(indices)))]
 
 
 class Document(BaseModel):

@@ -238,9 +238,8 @@ def read_plain(doc: Any) -> LabelDocument:
 
 def read_csv(text: str) -> LabelDocument:
     """`index,label` rows (a first row whose first cell is `index` is a header); labels with commas are quoted."""
-    reader = csv.reader(
-        io.StringIO(text, newline=""), strict=True
-    )  # an unclosed quote is an error, not a label to the end
+    # an unclosed quote is an error, not a label to the end
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     labels: dict[int, Label] = {}
     skipped, first = 0, True
     try:

@@ -97,9 +97,8 @@ class LinearTraining(Strict):
     positives: NonNegative  # texts of each class
     negatives: NonNegative
     held_out: NonNegative  # texts kept out of the fit, on which the figures below are measured
-    accuracy: Annotated[
-        float, Field(ge=0, le=1)
-    ]  # of its verdict per text: fired (at `threshold`) or not
+    # of its verdict per text: fired (at `threshold`) or not
+    accuracy: Annotated[float, Field(ge=0, le=1)]
     auc: Annotated[float, Field(ge=0, le=1)] | None = None  # of each text's largest probability
     position_accuracy: Annotated[float, Field(ge=0, le=1)] | None = (
         None  # per position, labelled by its text

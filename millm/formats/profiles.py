@@ -40,9 +40,8 @@ OPTIONAL_LISTS = (
 
 def canonical(doc: ProfileDocument) -> dict:
     """The stored form of a valid document: kind and the current version, every feature's op, floats, no unknown keys."""
-    dumped = doc.model_dump(
-        exclude_none=True
-    )  # optional fields (layer, when, tokens) absent rather than null
+    # optional fields (layer, when, tokens) absent rather than null
+    dumped = doc.model_dump(exclude_none=True)
     stored = {
         "kind": dumped["kind"],
         "version": VERSION,

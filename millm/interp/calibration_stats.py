@@ -193,14 +193,12 @@ class TopActivations:
             (self.texts[touched].ravel(), np.full(features.shape[0], text, np.int32))
         )
         all_p = np.concatenate((self.positions[touched].ravel(), positions.astype(np.int32)))
-        order = np.lexsort(
-            (-all_v, all_f)
-        )  # stable: the table's own entries stay ahead of equal new ones
+        # stable: the table's own entries stay ahead of equal new ones
+        order = np.lexsort((-all_v, all_f))
         ranked = all_f[order]
         rank = np.arange(ranked.shape[0]) - np.searchsorted(ranked, ranked, side="left")
-        keep = order[
-            rank < n
-        ]  # exactly n per touched feature (its old row had n), in feature order
+        # exactly n per touched feature (its old row had n), in feature order
+        keep = order[rank < n]
         self.values[touched] = all_v[keep].reshape(-1, n)
         self.texts[touched] = all_t[keep].reshape(-1, n)
         self.positions[touched] = all_p[keep].reshape(-1, n)

@@ -83,9 +83,8 @@ class SAELensConfig(BaseModel):
 
 
 CONFIG = TypeAdapter(SAELensConfig)
-LABELS = TypeAdapter(
-    dict[int, Any]
-)  # feature index (a string of digits in JSON) -> entry or bare label
+# feature index (a string of digits in JSON) -> entry or bare label
+LABELS = TypeAdapter(dict[int, Any])
 
 
 def _hook(config: SAELensConfig) -> tuple[int, str]:

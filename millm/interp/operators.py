@@ -181,9 +181,10 @@ def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Op
         x = residual.float()
         pre = pre_of(x)
         held_now = always | (ablated & ~silent(x, pre))
+        # [T, k]
         aims = torch.where(
             ablated, -ROUNDING * x.norm(dim=1, keepdim=True) * encoder_norms, targets
-        )  # [T, k]
+        )
         edited = x
         for _ in range(len(held) + 1):  # each round may only add ablated features, so this ends
             rows = held_now[:, :, None]

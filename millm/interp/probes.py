@@ -35,9 +35,8 @@ from millm.interp.sae_reads import ENCODE_CHUNK
 from millm.interp.steering import Attached, check_feature
 
 # ---- scores ---------------------------------------------------------------------------------
-Score = Callable[
-    [torch.Tensor], torch.Tensor
-]  # residuals [n, d] -> one score per position [n] (float32, CPU)
+# residuals [n, d] -> one score per position [n] (float32, CPU)
+Score = Callable[[torch.Tensor], torch.Tensor]
 
 
 def feature_score(attached: Attached, indices: list[int], weights: list[float] | None) -> Score:

@@ -41,9 +41,8 @@ def cohens_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             f"Cohen's d needs at least one text per set and {MIN_TEXTS} in all, got {n_a} and {n_b}"
         )
     difference = a.mean(axis=0) - b.mean(axis=0)
-    squares = (
-        a.var(axis=0) * n_a + b.var(axis=0) * n_b
-    )  # sums of squared deviations from each set's mean
+    # sums of squared deviations from each set's mean
+    squares = a.var(axis=0) * n_a + b.var(axis=0) * n_b
     pooled = np.sqrt(squares / (n_a + n_b - 2))
     constant = (a.max(axis=0) == a.min(axis=0)) & (b.max(axis=0) == b.min(axis=0))
     usable = ~constant & (pooled > 0)
@@ -69,8 +68,7 @@ def favouring(found: Separation, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     d, spread = found.effect_size, np.abs(found.difference)
     for_a = np.flatnonzero(d > 0)
     for_b = np.flatnonzero(d < 0)
-    order_a = np.lexsort(
-        (for_a, -spread[for_a], -d[for_a])
-    )  # lexsort: the last key is the primary one
+    # lexsort: the last key is the primary one
+    order_a = np.lexsort((for_a, -spread[for_a], -d[for_a]))
     order_b = np.lexsort((for_b, -spread[for_b], d[for_b]))
     return for_a[order_a][:top_k], for_b[order_b][:top_k]

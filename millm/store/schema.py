@@ -90,9 +90,8 @@ models_table = Table(
     "millm_models",
     metadata,
     Column("name", String(200), primary_key=True),  # the name clients send as `model`
-    Column(
-        "reference", Text, nullable=False
-    ),  # what was registered: a path, a .gguf file or a hub id
+    # what was registered: a path, a .gguf file or a hub id
+    Column("reference", Text, nullable=False),
     Column("info", Text, nullable=False),  # JSON: kind, owned_by, and what inspection found
     Column("registered_at", Float, nullable=False),
 )

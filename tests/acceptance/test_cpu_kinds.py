@@ -58,6 +58,5 @@ def test_a_representative_slice_passes_on_an_avx2_only_cpu(tmp_path):
         command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
-    assert f"{len(SLICE) + 5} passed" in result.stdout, result.stdout[
-        -2000:
-    ]  # test_demo_steering.py holds 6 tests
+    # test_demo_steering.py holds 6 tests
+    assert f"{len(SLICE) + 5} passed" in result.stdout, result.stdout[-2000:]

@@ -101,9 +101,8 @@ def dense_at_every_position(body: dict) -> list[int]:
     after_bos = [p for p in block["positions"] if p["position"] > 0]
     assert len(after_bos) == body["usage"]["prompt_tokens"] - 1
     for entry in after_bos:
-        assert (
-            len(entry["features"]) == 32
-        )  # a TopK SAE with k = 32: every active feature is listed
+        # a TopK SAE with k = 32: every active feature is listed
+        assert len(entry["features"]) == 32
         values = {f["index"]: f["value"] for f in entry["features"]}
         assert values.get(DENSE, 0.0) > 0.5, entry
     return [p["position"] for p in after_bos]

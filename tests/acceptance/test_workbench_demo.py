@@ -44,9 +44,8 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    process = start_sharing(
-        "demo", tmp_path_factory.mktemp("ui-demo-home"), []
-    )  # the converted checkpoint: no second conversion
+    # the converted checkpoint: no second conversion
+    process = start_sharing("demo", tmp_path_factory.mktemp("ui-demo-home"), [])
     try:
         yield Demo(process)
     finally:
@@ -312,9 +311,10 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
     stats = demo.api("GET", "/api/monitoring/stats").json()
     assert stats["requests"] == len(questions)
     expect(page.get_by_role("table", name="Feature statistics").get_by_role("row")).to_have_count(5)
+    # its counters refresh half a second after the last record
     expect(page.get_by_role("region", name="Monitoring settings")).to_contain_text(
         f"{len(questions)} requests"
-    )  # its counters refresh half a second after the last record
+    )
     shoot(page, "monitoring")
     # the France request's record, its answer's text and labels, and its prompt
     records = page.get_by_role("region", name="Latest records")

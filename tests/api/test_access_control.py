@@ -87,9 +87,8 @@ def test_admin_routes_take_only_the_admin_key(keyed):
         401,
         "invalid_api_key",
     )
-    assert (
-        api(keyed, "GET", "/api/steering", headers=bearer(API_KEY)).json()["enabled"] is True
-    )  # nothing changed
+    # nothing changed
+    assert api(keyed, "GET", "/api/steering", headers=bearer(API_KEY)).json()["enabled"] is True
     assert api(keyed, "GET", "/api/profiles", headers=bearer(API_KEY)).json()["data"] == []
     assert api(keyed, "POST", "/api/steering/disable", headers=bearer(ADMIN_KEY)).status_code == 200
     assert api(keyed, "GET", "/api/steering", headers=bearer(ADMIN_KEY)).json()["enabled"] is False
@@ -118,9 +117,8 @@ def test_no_state_changes_from_other_sites_pages(keyed, llama_server):
     for server, auth in ((llama_server, {}), (keyed, bearer(ADMIN_KEY))):
         for browser in (
             {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
-            {
-                "Origin": "http://localhost:3000"
-            },  # another port on localhost: same site, other origin
+            # another port on localhost: same site, other origin
+            {"Origin": "http://localhost:3000"},
             {"Sec-Fetch-Site": "same-site"},
         ):
             body = error(
@@ -197,13 +195,11 @@ def test_paths_outside_the_allowed_folders_are_refused_alike(keyed, outside, tmp
     assert len(set(refusals.values())) == 1, refusals  # nothing tells whether the path exists
     link = home / "linked-sae"
     link.symlink_to(outside, target_is_directory=True)
-    error(
-        register_sae(keyed, path=str(link)), 403, "path_not_allowed"
-    )  # a link inside leads outside
+    # a link inside leads outside
+    error(register_sae(keyed, path=str(link)), 403, "path_not_allowed")
     shutil.copytree(outside, home / "saes" / "copied")
-    assert (
-        register_sae(keyed, path=str(home / "saes" / "copied")).status_code == 201
-    )  # the data directory is readable
+    # the data directory is readable
+    assert register_sae(keyed, path=str(home / "saes" / "copied")).status_code == 201
     assert (
         api(keyed, "GET", "/api/saes", headers=bearer(API_KEY))
         .json()["data"][0]["path"]
@@ -220,9 +216,8 @@ def test_hub_references_may_not_climb(keyed):
         "path_not_allowed",
     )
     error(register_sae(keyed, repo="acme/.."), 400)
-    offline = error(
-        register_sae(keyed, repo="acme/saes", path="layer_1/width_16k"), 400
-    )  # allowed, just not reachable here
+    # allowed, just not reachable here
+    offline = error(register_sae(keyed, repo="acme/saes", path="layer_1/width_16k"), 400)
     assert "acme/saes" in offline["message"]
 
 
@@ -234,12 +229,10 @@ def test_model_sources_are_confined_too(keyed, tiny_dirs):
     assert body["param"] == "source"
     error(register("/etc"), 403, "path_not_allowed")
     error(register(f"{tiny_dirs['llama']}/../{tiny_dirs['gemma2'].name}"), 403, "path_not_allowed")
-    assert (
-        register(str(tiny_dirs["llama"])).status_code == 200
-    )  # --model is always allowed (registered already)
-    hub = error(
-        register("acme/no-such-model"), 400, "invalid_model_source"
-    )  # a hub id: looked up, never on disk
+    # --model is always allowed (registered already)
+    assert register(str(tiny_dirs["llama"])).status_code == 200
+    # a hub id: looked up, never on disk
+    hub = error(register("acme/no-such-model"), 400, "invalid_model_source")
     assert "acme/no-such-model" in hub["message"]
 
 
@@ -294,9 +287,8 @@ def test_imports_have_their_own_cap(keyed):
 
     padded = cluster(name="padded", extra={"x_padding": "p" * (REQUEST_CAP + 1000)})
     assert len(raw(padded)) > REQUEST_CAP
-    assert (
-        import_cluster(raw(padded)).status_code == 201
-    )  # over the request cap, under the import cap
+    # over the request cap, under the import cap
+    assert import_cluster(raw(padded)).status_code == 201
     huge = cluster(name="huge", extra={"x_padding": "p" * IMPORT_CAP})
     body = error(import_cluster(raw(huge)), 413, "document_too_large")
     assert "MAX_IMPORT_BYTES" in body["message"]

@@ -282,9 +282,8 @@ def test_a_transcoder_set_gives_the_exact_graph_the_tracer_computes(server, tiny
             graph["expanded_features"],
         )
     features = [n for n in graph["nodes"] if n["kind"] == "feature"]
-    assert features and all(
-        n["label"] == f"block {n['layer']} #{n['feature']}" for n in features
-    )  # the labels beside each transcoder file
+    # the labels beside each transcoder file
+    assert features and all(n["label"] == f"block {n['layer']} #{n['feature']}" for n in features)
     feature = features[0]
     # A profile of a set's feature names its block's file, registered as an SAE on the way.
     made = post(
@@ -310,9 +309,8 @@ def test_a_transcoder_set_outside_the_allowed_paths_is_refused(server, tmp_path_
 
     outside = build_transcoder_set(Path("/tmp") / f"outside-{tmp_path_factory.getbasetemp().name}")
     error(post(server, "/api/transcoders", {"path": str(outside)}), 403, "path_not_allowed")
-    wide = build_transcoder_set(
-        tmp_path_factory.mktemp("wide-tc"), d_model=32
-    )  # another model's width
+    # another model's width
+    wide = build_transcoder_set(tmp_path_factory.mktemp("wide-tc"), d_model=32)
     assert error(post(server, "/api/transcoders", {"path": str(wide)}), 400)["param"] == "path"
 
 

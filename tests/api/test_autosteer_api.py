@@ -109,9 +109,8 @@ def test_candidates_come_from_the_label_search(server, result):
     ).json()["data"]
     assert [c["index"] for c in result["candidates"]] == [h["index"] for h in hits]
     assert all(c["source"] == "labels" and c["index"] % 10 == 0 for c in result["candidates"])
-    assert all(
-        c["decoder_norm"] == pytest.approx(1.0, abs=1e-4) for c in result["candidates"]
-    )  # unit-norm decoder rows
+    # unit-norm decoder rows
+    assert all(c["decoder_norm"] == pytest.approx(1.0, abs=1e-4) for c in result["candidates"])
 
 
 def test_the_sweep_is_every_candidate_at_every_strength_ranked(result):
@@ -183,9 +182,8 @@ def test_rank_by_affinity_orders_the_fluent_settings_by_it(server):
     hits = api(
         server, "GET", f"/api/saes/{server.sae_id}/features", params={"q": "paris", "limit": 2}
     ).json()["data"]
-    assert [c["index"] for c in got["candidates"]] == [
-        h["index"] for h in hits
-    ]  # "talk about" is left out of the search
+    # "talk about" is left out of the search
+    assert [c["index"] for c in got["candidates"]] == [h["index"] for h in hits]
     best = got["best"]
     assert best is None or (
         best["fluent"] and best["affinity_lift"] > 0 and best == got["settings"][0]

@@ -82,9 +82,8 @@ def test_overload_is_refused_at_once_and_every_admitted_stream_is_whole(server):
         results = list(pool.map(lambda i: run(server, i), range(CLIENTS)))
     refused = [i for i, (status, _, _) in enumerate(results) if status != 200]
     served = [i for i, (status, _, _) in enumerate(results) if status == 200]
-    assert refused and served, results[
-        :3
-    ]  # the bound was really reached, and work still went through
+    # the bound was really reached, and work still went through
+    assert refused and served, results[:3]
     for i in refused:
         assert results[i][:2] == (503, "queue_full")
     for i in served:

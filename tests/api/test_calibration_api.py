@@ -170,9 +170,8 @@ def test_the_job_runs_to_the_end_and_reports_its_progress(server, calibrated, of
         summary["texts"] == total and summary["model"] == MODEL and summary["corpus"] == "request"
     )
     assert summary["tokens"] == sum(map(len, offline["prompts"]))
-    assert (
-        summary["positions"] == summary["tokens"] - total
-    )  # each text's first position is not read
+    # each text's first position is not read
+    assert summary["positions"] == summary["tokens"] - total
     assert summary["sample_rate"] == 1.0 and "where the feature fired" in summary["quantiles"]
     stored = api(server["process"], "GET", f"/api/saes/{server['ids']['main']}/calibration").json()
     assert stored["summary"] == summary and stored["features"] is None
@@ -402,9 +401,8 @@ def test_monitoring_records_carry_percentiles_when_asked(server, calibrated):
 def test_cancelling_keeps_the_earlier_calibration(server, calibrated):
     process, sae = server["process"], server["ids"]["main"]
     before = api(process, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
-    many = [
-        f"{SUBJECTS[i % 8]} {ENDINGS[i % 6]}" for i in range(1800)
-    ]  # ~27,000 tokens: seconds of work
+    # ~27,000 tokens: seconds of work
+    many = [f"{SUBJECTS[i % 8]} {ENDINGS[i % 6]}" for i in range(1800)]
     started = calibrate(process, sae, {"texts": many})
     assert started.status_code == 202, started.text
     job_id = started.json()["id"]
@@ -473,9 +471,8 @@ def test_refusals_before_anything_runs(server, sae, body, status, code, needle):
     before = len(api(server["process"], "GET", "/api/jobs").json()["data"])
     response = calibrate(server["process"], sae_id, body)
     assert needle in error(response, status, code)["message"]
-    assert (
-        len(api(server["process"], "GET", "/api/jobs").json()["data"]) == before
-    )  # no job was started
+    # no job was started
+    assert len(api(server["process"], "GET", "/api/jobs").json()["data"]) == before
 
 
 def test_reading_refusals(server, calibrated):
@@ -605,9 +602,8 @@ def test_a_shipped_calibration_is_imported_restored_by_delete_and_everything_sur
         ).json()
         == main
     )
-    assert (
-        api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["texts"] == 3
-    )  # not the shipped one
+    # not the shipped one
+    assert api(process, "GET", f"/api/saes/{info.id}/calibration").json()["summary"]["texts"] == 3
     ask = {"sae_id": ids["main"], "positions": "prompt", "top_k": 2, "percentiles": True}
     answer = post(
         process,

@@ -266,9 +266,8 @@ def test_chat_template_kwargs_reach_the_template(llama_server, llama_lm):
     assert off.status_code == on.status_code == 200
     assert off.json()["usage"]["prompt_tokens"] == prompt_tokens_of(llama_lm, enable_thinking=False)
     assert on.json()["usage"]["prompt_tokens"] == prompt_tokens_of(llama_lm)
-    assert prompt_tokens_of(llama_lm, enable_thinking=False) > prompt_tokens_of(
-        llama_lm
-    )  # the block is really there
+    # the block is really there
+    assert prompt_tokens_of(llama_lm, enable_thinking=False) > prompt_tokens_of(llama_lm)
     assert "x-millm-ignored-fields" not in off.headers
 
 

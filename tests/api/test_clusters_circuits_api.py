@@ -104,9 +104,8 @@ def test_conflicts_bundles_caps_and_refusals(server, clean):
     }
     body = error(api(server, "POST", "/api/clusters/import", json=bundle), 400, "invalid_document")
     assert "definitions[1].members" in body["message"]
-    assert (
-        len(api(server, "GET", "/api/clusters").json()["data"]) == before
-    )  # nothing half-imported
+    # nothing half-imported
+    assert len(api(server, "GET", "/api/clusters").json()["data"]) == before
     good = {**bundle, "definitions": [cluster(name="b1"), cluster(name="b2")]}
     assert [
         c["name"] for c in api(server, "POST", "/api/clusters/import", json=good).json()["data"]
@@ -245,9 +244,8 @@ def test_cluster_steering_and_the_per_request_dial(server, clean):
         "field_not_honoured",
     )
     api(server, "POST", "/api/steering/disable")
-    assert (
-        "x-millm-steering-intensity" not in chat(server, steering_intensity=1.0).headers
-    )  # disabled, dial-only
+    # disabled, dial-only
+    assert "x-millm-steering-intensity" not in chat(server, steering_intensity=1.0).headers
 
 
 def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_percent_encoded(
@@ -300,9 +298,8 @@ def test_circuit_rung_activation_and_header(server, clean):
     )
     response = chat(server, steering_intensity=0.1)
     assert response.headers["x-millm-circuit-rung"] == '2;language="causally validated (edge)"'
-    assert (
-        response.headers["x-millm-steering-intensity"] == "0.5"
-    )  # clamped up to the declared floor
+    # clamped up to the declared floor
+    assert response.headers["x-millm-steering-intensity"] == "0.5"
     assert response.headers["x-millm-steering"].startswith('circuit;name="causal";mode="full"')
     off = chat(server, steering_intensity=0)
     assert "x-millm-circuit-rung" not in off.headers  # not steering: no rung

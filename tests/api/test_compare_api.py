@@ -133,9 +133,8 @@ def test_each_variant_equals_a_single_request_with_its_steering(server, sampling
         choice = alone["choices"][0]
         assert got["text"] == choice["message"]["content"], got["label"]
         assert got["finish_reason"] == choice["finish_reason"]
-        assert counts(got["usage"]) == counts(
-            alone["usage"]
-        )  # cached_tokens: whichever ran first warmed the prefix cache
+        # cached_tokens: whichever ran first warmed the prefix cache
+        assert counts(got["usage"]) == counts(alone["usage"])
         prompt_tokens = alone["usage"]["prompt_tokens"]
     texts = [v["text"] for v in answer["variants"]]
     assert texts[2] != texts[0] and texts[3] != texts[0]  # the steering really changes the answer
@@ -396,9 +395,8 @@ def test_refusals_name_the_variant(server, body, status, code, param):
 
 
 def test_refusals_outside_the_variants(server):
-    error(
-        post(server, "/api/compare", {"variants": ["unsteered"]}), 400, "invalid_parameter"
-    )  # no messages
+    # no messages
+    error(post(server, "/api/compare", {"variants": ["unsteered"]}), 400, "invalid_parameter")
     strict = compare(
         server,
         {"max_tokens": 2, "messages": [{"role": "user", "content": "hi", "weight": 2}]},

@@ -126,9 +126,8 @@ def test_abort_ends_the_row_at_the_firing_position(server, firing):
     assert choice["finish_reason"] == "content_filter"
     kept = firing["position"] - firing["prompt_length"] + 1  # the trigger token included
     assert body["usage"]["completion_tokens"] == kept
-    assert (
-        tokens(body) == tokens(firing["plain"])[: firing["position"] + 1]
-    )  # read up to the trigger, which was fed
+    # read up to the trigger, which was fed
+    assert tokens(body) == tokens(firing["plain"])[: firing["position"] + 1]
     (verdict,) = body["millm"]["probes"]
     assert (
         verdict["action"] == "abort"
@@ -151,9 +150,8 @@ def test_when_steers_only_after_the_firing_position(server, firing):
     body = read(server, [steer], {"steering": steering})
     p = firing["position"]
     plain_values, steered_values = values(firing["plain"], steer), values(body, steer)
-    assert (
-        tokens(body)[: p + 2] == tokens(firing["plain"])[: p + 2]
-    )  # token p+1 comes from the logits at p, still unsteered
+    # token p+1 comes from the logits at p, still unsteered
+    assert tokens(body)[: p + 2] == tokens(firing["plain"])[: p + 2]
     for position in range(1, p + 1):
         assert steered_values[position] == pytest.approx(plain_values[position], abs=1e-4)
     # The read is after the edit: from p+1 the feature's activation moves (a random SAE's encoder may

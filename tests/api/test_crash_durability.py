@@ -31,9 +31,8 @@ from tests.support.mistudio_docs import cluster, raw
 from tests.support.server import ServerProcess
 
 SEED = int(os.environ.get("MILLM_CRASH_SEED", "20240611"))
-CYCLES = int(
-    os.environ.get("MILLM_CRASH_CYCLES", "2")
-)  # each restart costs ~8-15 s on a 2-core machine
+# each restart costs ~8-15 s on a 2-core machine
+CYCLES = int(os.environ.get("MILLM_CRASH_CYCLES", "2"))
 WRITERS = 4
 CHATTERS = 2
 KILL_AFTER = (1.5, 3.0)  # seconds after the writers start, drawn per cycle
@@ -220,9 +219,8 @@ class Writer(threading.Thread):
         with httpx.Client(base_url=self.server.base_url, timeout=60) as client:
             while not self.stop.is_set():
                 write, method, path, kwargs = self.next_write()
-                self.ledger.add(
-                    write
-                )  # entered before it is sent: a write in flight at the kill is a "maybe"
+                # entered before it is sent: a write in flight at the kill is a "maybe"
+                self.ledger.add(write)
                 try:
                     response = client.request(method, path, **kwargs)
                 except httpx.HTTPError as exc:

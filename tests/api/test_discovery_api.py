@@ -109,9 +109,8 @@ def server(tiny_dirs, tmp_path_factory, sae_dir):
         process.sae = post(process, "/api/saes", {"path": str(sae_dir)}).json()["id"]
         assert post(process, f"/api/saes/{process.sae}/attach", {}).status_code == 200
         spare = build_saelens(tmp_path_factory.mktemp("discovery-spare") / "sae", layer=2, seed=9)
-        process.spare = post(process, "/api/saes", {"path": str(spare)}).json()[
-            "id"
-        ]  # registered, never attached
+        # registered, never attached
+        process.spare = post(process, "/api/saes", {"path": str(spare)}).json()["id"]
         yield process
     finally:
         process.stop()
@@ -189,9 +188,8 @@ def test_per_token_activations_of_a_chosen_feature(server, offline, encode):
     assert [v["value"] for v in got["values"]] == pytest.approx(
         acts[:, chosen].tolist(), rel=1e-4, abs=1e-4
     )
-    quiet = int(
-        (acts > 0).sum(0).argmin()
-    )  # a feature that fires at few or no positions is still listed per token
+    # a feature that fires at few or no positions is still listed per token
+    quiet = int((acts > 0).sum(0).argmin())
     values = answer(server, "inspect", {"text": TEXT, "feature": quiet})["activations"]["values"]
     assert [v["value"] for v in values] == pytest.approx(
         acts[:, quiet].tolist(), rel=1e-4, abs=1e-4
@@ -347,9 +345,8 @@ def test_contrast_of_conversations(server, offline, encode):
         for r in rendered
     ]
     d = numpy_d(np.stack(rows[: len(SET_A)]), np.stack(rows[len(SET_A) :]))
-    finite = np.where(
-        np.isfinite(d), d, 0
-    )  # (BUILT was fitted on the plain texts: in chat turns it is one feature among others)
+    # (BUILT was fitted on the plain texts: in chat turns it is one feature among others)
+    finite = np.where(np.isfinite(d), d, 0)
     for side, best in (
         ("favouring_a", int(finite.argmax())),
         ("favouring_b", int(finite.argmin())),
@@ -418,9 +415,8 @@ def test_routes_are_in_the_openapi_schema(server):
 
 
 # refusals -----------------------------------------------------------------------------------------------
-LONG = " ".join(
-    ["one two three four five"] * 50
-)  # 252 tokens: over MAX_TOKENS, within the context window
+# 252 tokens: over MAX_TOKENS, within the context window
+LONG = " ".join(["one two three four five"] * 50)
 
 
 @pytest.mark.parametrize(

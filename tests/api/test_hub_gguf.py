@@ -42,9 +42,8 @@ def test_one_quantisation_is_downloaded_served_and_found_offline_later(tiny_gguf
             assert answer.status_code == 200 and answer.json()["system_fingerprint"].endswith(
                 "/Q8_0:llama.cpp"
             ), answer.text
-            registered = post(
-                server, "/api/models", {"source": "acme/tiny-llama-GGUF:F32"}
-            )  # over HTTP: a hub id, never a path
+            # over HTTP: a hub id, never a path
+            registered = post(server, "/api/models", {"source": "acme/tiny-llama-GGUF:F32"})
             assert (
                 registered.status_code == 201
                 and registered.json()["id"] == "acme/tiny-llama-GGUF:F32"

@@ -456,9 +456,8 @@ def test_labels_survive_a_restart(server, tiny_dirs):
     ).wait_ready()
     try:
         assert labels_of(again, sae) == {"0": "zero", "64": "sixty-four"}
-        assert (
-            labels_of(again, server.ids["registered"]) == {}
-        )  # cleared stays cleared: its file's labels are not brought back
+        # cleared stays cleared: its file's labels are not brought back
+        assert labels_of(again, server.ids["registered"]) == {}
         assert [f["index"] for f in search(again, sae, "sixty")["data"]] == [64]
     finally:
         again.stop()

@@ -32,9 +32,8 @@ def reference(model_dir, ids: list[int]) -> list[torch.Tensor]:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.inference_mode():
         out = model(torch.tensor([ids]), output_hidden_states=True)
-        states = out.hidden_states[
-            1:
-        ]  # after each block; the last is already final-normed by transformers
+        # after each block; the last is already final-normed by transformers
+        states = out.hidden_states[1:]
         probs = []
         for i, hidden in enumerate(states):
             normed = hidden[0] if i == len(states) - 1 else model.model.norm(hidden[0])

@@ -236,9 +236,8 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
     registered = post(server, "/api/models", {"source": str(q8)})
     assert registered.status_code == 201, registered.text
     assert registered.json()["id"] == "tiny-llama:Q8_0"
-    post(
-        server, "/api/models/tiny-llama:F32/unlock", {}
-    )  # attaching SAEs above locked the server to it
+    # attaching SAEs above locked the server to it
+    post(server, "/api/models/tiny-llama:F32/unlock", {})
     listed = {m["id"] for m in api(server, "GET", "/v1/models").json()["data"]}
     assert {"tiny-llama:F32", "tiny-llama:Q8_0"} <= listed
     ambiguous = error(

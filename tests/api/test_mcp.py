@@ -166,9 +166,8 @@ def test_tools_are_listed_with_their_routes_schemas(server):
             and tool.input_schema["type"] == "object"
             and tool.input_schema["additionalProperties"] is False
         )
-        assert "#/components" not in json.dumps(
-            tool.input_schema
-        )  # every reference resolves inside the schema
+        # every reference resolves inside the schema
+        assert "#/components" not in json.dumps(tool.input_schema)
     inspect = tools["inspect_text"].input_schema
     assert inspect["required"] == ["sae_id"] and {
         "text",
@@ -409,9 +408,8 @@ def test_refusals_are_tool_errors_in_the_routes_shape(server, sae):
         == "limit"
     )
     refused(server, "no_such_tool", 404, "tool_not_found")
-    assert all(
-        not s["features"] for s in call(server, "get_steering")["saes"]
-    )  # nothing refused changed anything
+    # nothing refused changed anything
+    assert all(not s["features"] for s in call(server, "get_steering")["saes"])
 
     async def errors_then_more(mcp: ClientSession):
         first = await mcp.call_tool(

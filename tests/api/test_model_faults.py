@@ -250,9 +250,8 @@ def test_files_broken_after_registration_are_refused_before_the_unload(server, d
 
 
 def test_a_load_that_fails_after_the_unload(server, dirs, stored):
-    assert (
-        register(server, dirs["mismatch"]).status_code == 201
-    )  # its headers are whole; only loading finds the misfit
+    # its headers are whole; only loading finds the misfit
+    assert register(server, dirs["mismatch"]).status_code == 201
     body = error(chat(server, "mismatch"), 500, "model_load_failed", "server_error")
     assert "could not load model" in body["message"] and "mismatch" in body["message"]
     assert f"{SLOW!r} was unloaded before the failure" in body["message"]
@@ -292,9 +291,8 @@ def test_insufficient_memory_is_refused_before_the_unload_with_the_figures(serve
     body = error(chat(server, "wide", stream=True), 503, "insufficient_memory")
     [figures] = body["devices"]
     assert figures["needed_bytes"] == model_dirs.parameters(dirs["wide"]) * 4 > LIMIT
-    assert (
-        figures["needed_bytes"] < figures["free_bytes"] + figures["reclaimable_bytes"]
-    )  # only the cap refuses it
+    # only the cap refuses it
+    assert figures["needed_bytes"] < figures["free_bytes"] + figures["reclaimable_bytes"]
     assert "MILLM_MEMORY_LIMIT_BYTES" in body["message"] and "cpu has" not in body["message"]
     error(api(server, "POST", "/api/models/wide/load"), 503, "insufficient_memory")
     assert states(server)[SLOW] == "loaded" and states(server)["wide"] == "ready"

@@ -146,9 +146,8 @@ def test_load_and_unload_by_the_management_api(server, gemma):
         and loaded.json()["state"] == "loaded"
         and loaded.json()["loaded"]["dtype"] == "float32"
     )
-    assert (
-        api(server, "POST", f"/api/models/{GEMMA}/load").json()["state"] == "loaded"
-    )  # already loaded: no change
+    # already loaded: no change
+    assert api(server, "POST", f"/api/models/{GEMMA}/load").json()["state"] == "loaded"
     unloaded = api(server, "POST", f"/api/models/{GEMMA}/unload").json()
     assert unloaded["was_loaded"] is True and unloaded["state"] == "ready"
     assert states(server) == {MODEL: "ready", GEMMA: "ready"}

@@ -207,9 +207,8 @@ def test_scoring_and_embeddings_are_never_recorded_and_disabled_records_nothing(
         ("/v1/chat/completions", {**CHAT, "max_tokens": 1, "logprobs": True}),
         ("/v1/embeddings", {"model": MODEL, "input": "The river"}),
     ]:
-        assert (
-            post(fresh, path, body).status_code == 200
-        )  # each really ran, so its absence below means something
+        # each really ran, so its absence below means something
+        assert post(fresh, path, body).status_code == 200
     # Prompts of growing length tell the three generations' records apart by their first position.
     generate = {"model": MODEL, "max_tokens": 3, "temperature": 0}
     first = post(fresh, "/v1/completions", {**generate, "prompt": "The river"}).json()["usage"]
@@ -222,9 +221,8 @@ def test_scoring_and_embeddings_are_never_recorded_and_disabled_records_nothing(
         fresh, "/v1/completions", {**generate, "prompt": "The river, the sea and the old hills"}
     ).json()["usage"]
     assert first["prompt_tokens"] < unmonitored["prompt_tokens"] < last["prompt_tokens"]
-    assert (
-        min(u["completion_tokens"] for u in (first, unmonitored, last)) >= 2
-    )  # each record has a position
+    # each record has a position
+    assert min(u["completion_tokens"] for u in (first, unmonitored, last)) >= 2
 
     # The worker records in the order rows finished, so once the last generation's record is in,
     # anything handed over before it (scoring, embeddings, the disabled request) would be too.

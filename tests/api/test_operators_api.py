@@ -102,9 +102,8 @@ def test_live_routes_take_ops_and_the_state_shows_them(server, sae):
     steered = chat(server, return_sae_activations={"positions": "all", "features": [5]})
     assert steered.status_code == 200 and steered.headers["x-millm-steering"].startswith("live")
     assert max(abs(v - 2.5) for v in read_values(steered, 5)) < 1e-4
-    api(
-        server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"strength": 0}
-    )  # an add of 0 clears, as before
+    # an add of 0 clears, as before
+    api(server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"strength": 0})
     assert [f["index"] for f in features_of(api(server, "GET", "/api/steering").json(), sae)] == [
         3,
         7,
@@ -256,9 +255,8 @@ def test_profiles_import_version_1_and_2_and_export_version_2(server, sae):
 
 
 def test_a_requests_own_steering_steers_it_alone(server, sae):
-    api(
-        server, "PUT", f"/api/steering/saes/{sae}/features/3", json={"strength": 40}
-    )  # a live value the request replaces
+    # a live value the request replaces
+    api(server, "PUT", f"/api/steering/saes/{sae}/features/3", json={"strength": 40})
     version = api(server, "GET", "/api/steering").json()["version"]
     spec = {
         "steering": [
@@ -275,9 +273,8 @@ def test_a_requests_own_steering_steers_it_alone(server, sae):
     assert own.status_code == 200, own.text
     assert own.headers["x-millm-steering"] == 'request;scope="request"'
     assert max(abs(v - 3.0) for v in read_values(own, 5)) < 1e-4
-    assert (
-        api(server, "GET", "/api/steering").json()["version"] == version
-    )  # the global state is untouched
+    # the global state is untouched
+    assert api(server, "GET", "/api/steering").json()["version"] == version
     # Text completions take it too; the dial scales its adds only.
     text = api(
         server,

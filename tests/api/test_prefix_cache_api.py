@@ -227,9 +227,8 @@ def put_live(server, strength: float, index: int = 0) -> dict:
 def test_steered_rows_keep_their_own_cache(server, off):
     body = chat("The capital steers the city of France. " * 3, max_tokens=12)
     plain = answer(server, body)
-    assert (
-        cached(answer(server, body)) == reusable(plain["usage"]["prompt_tokens"]) > 0
-    )  # unsteered blocks are there
+    # unsteered blocks are there
+    assert cached(answer(server, body)) == reusable(plain["usage"]["prompt_tokens"]) > 0
     reuse = reusable(plain["usage"]["prompt_tokens"])
     try:
         version = put_live(server, 60)["steering"]["version"]
@@ -323,9 +322,8 @@ def test_sae_reads_stay_exact_and_prompt_reads_never_use_the_cache(server, off):
     prompt_tokens = cold["usage"]["prompt_tokens"]
     assert cached(cold) == 0
     warm = answer(server, {**body, "return_sae_activations": completion})
-    assert (
-        cached(warm) == reusable(prompt_tokens) > 0
-    )  # a completion read may start from cached positions
+    # a completion read may start from cached positions
+    assert cached(warm) == reusable(prompt_tokens) > 0
     assert warm["millm"]["sae_activations"] == cold["millm"]["sae_activations"]
     assert text(warm) == text(cold)
 

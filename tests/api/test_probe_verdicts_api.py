@@ -314,9 +314,8 @@ def test_scoring_and_embeddings_are_never_probed(quiet):
     ]:
         refused = error(post(quiet, path, {**body, "probes": [probe]}), 400, "field_not_honoured")
         assert refused["param"] == "probes" and "never probed" in refused["message"], path
-        assert post(quiet, path, {**body, "probes": []}).status_code == 200, (
-            path
-        )  # no probes: nothing to refuse
+        # no probes: nothing to refuse
+        assert post(quiet, path, {**body, "probes": []}).status_code == 200, path
     post(quiet, "/api/probes", probe)
     assert api(quiet, "POST", "/api/probes/p/activate").status_code == 200
     scored = post(quiet, "/v1/completions", {**COMPLETION, "max_tokens": 1, "logprobs": 2}).json()

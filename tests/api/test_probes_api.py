@@ -257,9 +257,8 @@ def test_export_and_import_round_trip(clean):
         post(clean, "/api/probes/import?on_conflict=rename", broken), 400, "invalid_probe"
     )
     assert "probes[1].detector.weights" in refused["message"]
-    assert "gamma" not in {
-        p["name"] for p in api(clean, "GET", "/api/probes").json()["data"]
-    }  # nothing of it was stored
+    # nothing of it was stored
+    assert "gamma" not in {p["name"] for p in api(clean, "GET", "/api/probes").json()["data"]}
 
 
 def test_activation_is_checked_against_the_loaded_model(clean):

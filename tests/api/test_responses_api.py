@@ -167,9 +167,8 @@ def test_a_stream_is_the_event_sequence_of_the_whole_answer(server, client):
     assert [final["usage"][k] for k in counts] == [
         whole.json()["usage"][k] for k in counts
     ] and final["status"] == "incomplete"
-    assert (
-        final["usage"]["input_tokens_details"]["cached_tokens"] > 0
-    )  # the same prompt again: the prefix cache served it
+    # the same prompt again: the prefix cache served it
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] > 0
     # The SDK's stream helper reassembles the same text from the events.
     with client.responses.stream(
         model=MODEL, input=ASK, max_output_tokens=7, extra_body={"seed": 9}
@@ -583,9 +582,8 @@ def test_a_failure_partway_is_an_error_event_then_failed(server):
     ], events[-3:]
     assert events[-2]["code"] == "model_busy" and events[-1]["response"]["status"] == "failed"
     assert events[-1]["response"]["error"]["code"] == "model_busy"
-    assert (
-        respond(server, input="Hi", max_output_tokens=1).status_code == 200
-    )  # the next request loads the model again
+    # the next request loads the model again
+    assert respond(server, input="Hi", max_output_tokens=1).status_code == 200
 
 
 # the OpenAI Agents SDK ------------------------------------------------------------------------------------

@@ -75,9 +75,8 @@ def test_malformed_file_is_a_400_naming_the_problem(server, files):
         api(server, "POST", "/api/saes", json={"path": str(files["broken"].parent / "nowhere")}),
         400,
     )
-    assert (
-        "no file or directory" in missing["message"]
-    )  # inside the allowed folders, existence is told
+    # inside the allowed folders, existence is told
+    assert "no file or directory" in missing["message"]
     error(api(server, "POST", "/api/saes", json={}), 400)
     error(api(server, "POST", "/api/saes", json={"path": 5}), 400)
 

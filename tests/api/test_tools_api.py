@@ -152,9 +152,8 @@ def test_a_full_round_trip(target):
     ]
     second = chat(target, messages=history, tools=TOOLS, temperature=0, max_tokens=12)
     assert second.status_code == 200, second.text
-    assert "tool_calls" not in second.headers.get(
-        "x-millm-ignored-fields", ""
-    )  # the earlier call was rendered
+    # the earlier call was rendered
+    assert "tool_calls" not in second.headers.get("x-millm-ignored-fields", "")
     assert second.json()["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
 
 

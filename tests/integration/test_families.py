@@ -152,9 +152,8 @@ def test_the_steering_delta_is_the_weighted_decoder_sum(family, tmp_path):
     assert float((steered[0] - plain[0] - expected_a).abs().max()) < 1e-5, name
     after_a = residuals(lm, prompt, only_a, [2])
     assert float((steered[2] - after_a[2] - 6.0 * b.sae.W_dec[7]).abs().max()) < 1e-5, name
-    assert (
-        float((steered[2] - plain[2]).abs().max()) > 0.1
-    )  # a's delta travelled on through the blocks
+    # a's delta travelled on through the blocks
+    assert float((steered[2] - plain[2]).abs().max()) > 0.1
 
 
 def test_reads_equal_an_offline_encode(family, tmp_path):
@@ -173,9 +172,8 @@ def test_reads_equal_an_offline_encode(family, tmp_path):
             torch.tensor([sequence]), output_hidden_states=True
         ).hidden_states[2][0]
     offline = target.sae.encode(hidden[list(captured.positions)])
-    assert (
-        len(captured.positions) == len(prompt) + 5
-    )  # the prompt and every generated token but the last
+    # the prompt and every generated token but the last
+    assert len(captured.positions) == len(prompt) + 5
     assert float((captured.encoded - offline).abs().max()) < 1e-4, name
     assert int((offline > 0).sum()) > 0
 
@@ -230,9 +228,8 @@ def test_scoring_beside_a_steered_batch_stays_unsteered(family, tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    "family", ["gemma2", "gemma3", "mistral"], indirect=True
-)  # the families with sliding-window layers
+# the families with sliding-window layers
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral"], indirect=True)
 def test_sliding_layers_hold_a_bounded_number_of_columns(family):
     """Sliding-window layers keep at most twice the window, however long a row runs; global layers
     (none in Mistral) keep everything. The tokens stay transformers' own (checked above, past the window)."""

@@ -41,9 +41,8 @@ def test_a_likelihood_job_answers_every_sequence_and_ignores_steering_left_insta
     sequences = [[5, 17, 33, 2, 48], [9, 9, 40, 12]]
     events = []
     vector = torch.ones(llama_lm.model.config.hidden_size) * 50.0
-    llama_lm.residual.install(
-        Stacked({0: vector[None, None, :]})
-    )  # a previous job's steering must not leak in
+    # a previous job's steering must not leak in
+    llama_lm.residual.install(Stacked({0: vector[None, None, :]}))
     run_likelihood(
         llama_lm,
         LikelihoodJob(

@@ -46,9 +46,8 @@ def test_the_model_is_described_as_the_file_says(cpp_lm):
 
 def test_greedy_tokens_and_logits_equal_the_transformers_runner(cpp_lm, llama_lm):
     prompts = [prompt_ids(cpp_lm, text) for text in PROMPTS]
-    assert prompts == [
-        prompt_ids(llama_lm, text) for text in PROMPTS
-    ]  # one tokenizer, read from the file
+    # one tokenizer, read from the file
+    assert prompts == [prompt_ids(llama_lm, text) for text in PROMPTS]
     gap = (logits_of(cpp_lm, prompts[:1]) - logits_of(llama_lm, prompts[:1])).abs().max().item()
     assert gap < TOLERANCE
     ours = generate(cpp_lm, [row(p, max_tokens=32) for p in prompts])
@@ -84,9 +83,8 @@ def test_n_copies_seeds_and_stops(cpp_lm):
     hot = SamplingParams(temperature=1.0)
     first = generate(cpp_lm, [row(prompt, sampling=hot, seed=s) for s in (11, 12)])
     again = generate(cpp_lm, [row(prompt, sampling=hot, seed=s) for s in (11, 12)])
-    assert (
-        first.texts == again.texts and first.texts[0] != first.texts[1]
-    )  # one prefill, two sequences
+    # one prefill, two sequences
+    assert first.texts == again.texts and first.texts[0] != first.texts[1]
     whole = generate(cpp_lm, [row(prompt, max_tokens=24)]).texts[0]
     stop = whole[5:8]
     cut = generate(cpp_lm, [row(prompt, max_tokens=24, stop=[stop])])

@@ -91,9 +91,8 @@ def test_one_quantisation_of_a_hub_gguf_repository_from_the_local_cache(
     ):
         resolve_source("acme/tiny-llama-GGUF:Q4_K_M", tmp_path / "downloads")
     with pytest.raises(ModelSourceError, match=r"acme/tiny-llama-GGUF:QUANT \(e\.g\."):
-        resolve_source(
-            "acme/tiny-llama-GGUF", tmp_path / "downloads"
-        )  # no config.json: a GGUF repository needs its tag
+        # no config.json: a GGUF repository needs its tag
+        resolve_source("acme/tiny-llama-GGUF", tmp_path / "downloads")
 
 
 def test_hub_id_offline_and_not_cached_names_the_id(tmp_path, monkeypatch):
@@ -119,9 +118,8 @@ def test_hub_unreachable_fails_fast_naming_the_id(reference, tmp_path):
     )
     assert result.returncode == 2
     assert reference.partition(":")[0] in result.stderr and "Traceback" not in result.stderr
-    assert (
-        time.monotonic() - started < 30
-    )  # the hub client retrying a refused connection takes longer
+    # the hub client retrying a refused connection takes longer
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize(
@@ -166,9 +164,8 @@ def test_gemma3_is_assembled_once_from_its_chunk_packages(tmp_path):
         source.gguf_path
     ]
     written = source.gguf_path.stat().st_mtime_ns
-    assert (
-        resolve_source("gemma3-270m", tmp_path / "hub").gguf_path.stat().st_mtime_ns == written
-    )  # not written again
+    # not written again
+    assert resolve_source("gemma3-270m", tmp_path / "hub").gguf_path.stat().st_mtime_ns == written
 
 
 def test_unknown_names_list_the_packaged_models(tmp_path):

@@ -54,9 +54,8 @@ def test_clamps_hold_the_re_encoded_activation_at_every_prompt_and_generated_pos
     assert plan.kind == "request" and plan.edit.additions == () and len(plan.edit.operations) == 1
     outcome, prompt_length = run(llama_lm, plan.edit)
     after = captured(outcome, "after")
-    assert (
-        after.shape[0] == prompt_length + BUDGET - 1
-    )  # the prompt, then every generated token fed back
+    # the prompt, then every generated token fed back
+    assert after.shape[0] == prompt_length + BUDGET - 1
     read = sae.encode(after)
     assert (
         float((read[:, 5] - 2.0).abs().max()) < 1e-4
@@ -69,9 +68,8 @@ def test_ablate_reads_zero_and_leaves_positions_where_the_feature_is_silent(llam
     sae = world.sae(1)
     plain, _ = run(llama_lm, None)
     fires = sae.encode(captured(plain, "after")) > 0
-    index = int(
-        ((fires.sum(0) > 2) & (fires.sum(0) < fires.shape[0] - 2)).float().argmax()
-    )  # fires at some positions, not all
+    # fires at some positions, not all
+    index = int(((fires.sum(0) > 2) & (fires.sum(0) < fires.shape[0] - 2)).float().argmax())
     plan = world.planner.plan_for_spec(spec_of(world, [{"index": index, "op": "ablate"}]), None)
     outcome, _ = run(llama_lm, plan.edit)
     before, after = captured(outcome, "before"), captured(outcome, "after")
@@ -86,9 +84,8 @@ def test_cap_limits_the_projection_on_the_unit_decoder_row(llama_lm, world):
     unit = sae.W_dec[3] / sae.W_dec[3].norm()
     plain, _ = run(llama_lm, None)
     projections = captured(plain, "after") @ unit
-    value = (
-        float(projections.median()) + 1e-3
-    )  # above it at about half the positions (never at a position exactly)
+    # above it at about half the positions (never at a position exactly)
+    value = float(projections.median()) + 1e-3
     outcome, _ = run(
         llama_lm,
         world.planner.plan_for_spec(
@@ -107,9 +104,8 @@ def test_add_is_the_additions_only_path_bit_for_bit(llama_lm, world):
     plan = world.planner.plan_for_spec(
         spec_of(world, [{"index": i, "strength": s} for i, s in strengths.items()]), None
     )
-    before_operators = steering_edit(
-        {world.ids[1]: strengths}, world.steering.attached
-    )  # main's path
+    # main's path
+    before_operators = steering_edit({world.ids[1]: strengths}, world.steering.attached)
     assert plan.edit.operations == ()
     assert [p for p, _ in plan.edit.additions] == [p for p, _ in before_operators.additions]
     assert all(
@@ -147,9 +143,8 @@ def test_rows_with_add_clamp_and_none_in_one_batch_equal_their_solo_runs(llama_l
             captured(together, "after", index), captured(alone, "after"), atol=1e-4
         )
     sae = world.sae(1)
-    assert (
-        float((sae.encode(captured(together, "after", 1))[:, 5] - 3.0).abs().max()) < 1e-4
-    )  # held in the batch too
+    # held in the batch too
+    assert float((sae.encode(captured(together, "after", 1))[:, 5] - 3.0).abs().max()) < 1e-4
 
 
 def test_the_dial_scales_adds_but_not_levels(llama_lm, world):
@@ -160,9 +155,8 @@ def test_the_dial_scales_adds_but_not_levels(llama_lm, world):
     half = world.planner.plan_for_spec(spec, parse_dial(0.5))
     assert half.intensity == 0.5 and torch.equal(half.edit.vector(1), 20.0 * sae.W_dec[3])
     outcome, _ = run(llama_lm, half.edit)
-    assert (
-        float((sae.encode(captured(outcome, "after"))[:, 5] - 2.0).abs().max()) < 1e-4
-    )  # the level is the level
+    # the level is the level
+    assert float((sae.encode(captured(outcome, "after"))[:, 5] - 2.0).abs().max()) < 1e-4
     off = world.planner.plan_for_spec(spec, parse_dial("off"))
     assert off.edit is None and off.watches == () and off.kind == "none"
 
@@ -175,9 +169,8 @@ def test_topk_clamps_hold_the_pre_activation(llama_lm, world):
     outcome, _ = run(llama_lm, plan.edit, point=2)
     after = captured(outcome, "after")
     assert float((sae.pre_activation(after)[:, 8] - 50.0).abs().max()) < 1e-3
-    assert (
-        float((sae.encode(after)[:, 8] - 50.0).abs().max()) < 1e-3
-    )  # far above the others: kept by the top-k
+    # far above the others: kept by the top-k
+    assert float((sae.encode(after)[:, 8] - 50.0).abs().max()) < 1e-3
 
 
 def test_an_op_its_sae_cannot_honour_is_refused_naming_the_profile(world):
@@ -359,15 +352,15 @@ def test_a_spec_resolves_conditions_vectors_and_aborts_into_watches(llama_lm, re
         "never",
         "abort",
     )
+    # the feature cap, the vector cap
     assert (
         torch.equal(steer.edit.vector(1), 15.0 * sae.W_dec[4]) and len(steer.edit.operations) == 2
-    )  # the feature cap, the vector cap
+    )
     ids = prompt_ids(llama_lm, PROMPT)
     outcome = generate(llama_lm, [replace(row(ids, BUDGET, edit=plan.edit), watches=plan.watches)])
     fired = {v.name: v for v in verdicts(outcome)}
-    assert fired["always"].fired and fired["always"].acted_at == len(
-        ids
-    )  # fired in the prompt: steers from the first generated token
+    # fired in the prompt: steers from the first generated token
+    assert fired["always"].fired and fired["always"].acted_at == len(ids)
     assert not fired["never"].fired and outcome.finish == {0: "length"}
     unconditioned = generate(llama_lm, [row(ids, BUDGET, edit=plan.edit)])
     assert outcome.texts[0] != unconditioned.texts[0]  # the condition's edit changed what followed
@@ -454,9 +447,8 @@ def test_without_resolvers_every_probe_and_vector_is_unknown(world):
         with pytest.raises(InvalidRequest) as refused:
             world.planner.plan_for_spec(validate_spec(raw), None)
         assert refused.value.code == code
-    world.steering.profiles.create(
-        {"name": "conditional", "abort": [{"probe": "p"}]}
-    )  # stored: documents are checked structurally
+    # stored: documents are checked structurally
+    world.steering.profiles.create({"name": "conditional", "abort": [{"probe": "p"}]})
     with pytest.raises(InvalidRequest) as refused:
         world.planner.plan_for("conditional", None)
     assert (
@@ -471,9 +463,8 @@ def test_plans_are_kept_until_the_probes_or_vectors_change(resolved):
         {"vectors": [{"vector_id": "vec_a", "strength": 2.0}], "abort": [{"probe": "never"}]}
     )
     first = world.planner.plan_for_spec(spec, None)
-    assert (
-        world.planner.plan_for_spec(json.loads(json.dumps(spec)), None) is first
-    )  # an equal spec: the same plan
+    # an equal spec: the same plan
+    assert world.planner.plan_for_spec(json.loads(json.dumps(spec)), None) is first
     probes.revision += 1
     second = world.planner.plan_for_spec(spec, None)
     assert second is not first

@@ -57,9 +57,8 @@ def test_cluster_plan_is_clamped_sign_strength_lambda(world):
     steering.set_active("cluster", row["id"])
     plan = planner.plan_for(None, parse_dial(1.8))  # capped at the declared 1.5
     assert plan.kind == "cluster" and plan.intensity == 1.5
-    expected = vector(
-        steering, ids[1], {3: 15.0, 7: -30.0, 9: 200.0}
-    )  # 150 * 1.5 = 225 -> clamped to 200
+    # 150 * 1.5 = 225 -> clamped to 200
+    expected = vector(steering, ids[1], {3: 15.0, 7: -30.0, 9: 200.0})
     assert torch.allclose(plan.edit.vector(1), expected, atol=1e-5)
     plan = planner.plan_for(None, None)  # no dial: the cluster's persistent dial (1.0)
     assert plan.intensity is None
@@ -173,9 +172,8 @@ def test_off_never_validates_the_base(world):
         planner.plan_for("too-wide", parse_dial(0.01))
     plan = planner.plan_for("too-wide", parse_dial("off"))
     assert plan.edit is None and plan.intensity == 0.0
-    assert (
-        planner.plan_for("ghost", parse_dial(0)).intensity is None
-    )  # unknown profile: no echo, no 404
+    # unknown profile: no echo, no 404
+    assert planner.plan_for("ghost", parse_dial(0)).intensity is None
 
 
 def test_an_active_profile_that_stops_fitting_is_refused_not_trimmed(world, llama_lm):
@@ -208,9 +206,8 @@ def test_an_active_profile_that_stops_fitting_is_refused_not_trimmed(world, llam
     fit = planner.active_fit()
     assert fit["fits"] is False and ids[2] in fit["problem"]
     steering.set_enabled(False)
-    assert (
-        planner.plan_for(None, None).kind == "none"
-    )  # steering off: nothing is claimed, nothing refused
+    # steering off: nothing is claimed, nothing refused
+    assert planner.plan_for(None, None).kind == "none"
     steering.set_enabled(True)
     steering.attach(llama_lm, ids[2], None)
     again = planner.plan_for(None, None)

@@ -126,9 +126,8 @@ def test_a_steered_row_never_reuses_unsteered_kv_nor_another_steering(lm):
         steered = Trace(lm, cache, [row(p, 8, edit=edit_of(lm, seed))])
         assert steered.cached[0] == 0 and cache.counters.hits == hits
         assert_same(steered, Trace(lm, None, [row(p, 8, edit=edit_of(lm, seed))]), tolerance(lm))
-    assert (
-        Trace(lm, cache, [row(p, 8, edit=edit_of(lm, 2))]).cached[0] > 0
-    )  # the same steering again does hit
+    # the same steering again does hit
+    assert Trace(lm, cache, [row(p, 8, edit=edit_of(lm, 2))]).cached[0] > 0
     assert Trace(lm, cache, [row(p, 8)]).cached[0] > 0  # and unsteered rows still share
 
 
@@ -213,9 +212,8 @@ def test_a_tiny_budget_evicts_without_corrupting_running_rows(lm):
     probe = new_cache(lm)
     Trace(lm, probe, [specs[0]])
     block = probe.bytes // probe.counters.tokens_stored * BLOCK_TOKENS
-    scheduler = Scheduler(
-        lm, 64, batching=True, max_batch=8, prefix_cache_bytes=2 * block
-    )  # every prompt evicts
+    # every prompt evicts
+    scheduler = Scheduler(lm, 64, batching=True, max_batch=8, prefix_cache_bytes=2 * block)
     cache = scheduler.prefix_cache
     assert cache is not None
     try:
@@ -246,9 +244,8 @@ def test_sliding_window_layers_restore_exactly(tmp_path):
     lm = load_tiny(
         tiny_models.build_gemma3(tmp_path / "gemma3", tmp_path / "tokenizer"), tmp_path / "home"
     )
-    assert (
-        lm.runner.window is not None and lm.runner.window < 2 * BLOCK_TOKENS
-    )  # the prefix is longer than the window
+    # the prefix is longer than the window
+    assert lm.runner.window is not None and lm.runner.window < 2 * BLOCK_TOKENS
     p = prompt(lm)
     cache = new_cache(lm)
     Trace(lm, cache, [row(p, 10)])
@@ -332,9 +329,8 @@ def test_a_scoring_job_that_reuses_prefixes_gives_a_whole_passs_logits(lm):
     cache = new_cache(lm)
     reused = scored(cache, True)
     others = len(prompts) - 1
-    assert (
-        cache.counters.hits == others
-    )  # the first prompt stored the shared blocks, the others took them
+    # the first prompt stored the shared blocks, the others took them
+    assert cache.counters.hits == others
     # A row keeps what every row of its pass can skip together: its tail is at most one block
     # longer than the longest tail's in the same pass, so it gives up at most that.
     blocks = (len(shared) // BLOCK_TOKENS) * BLOCK_TOKENS
@@ -356,9 +352,8 @@ def test_llamacpp_keeps_copies_and_leaves_the_window_and_sequences_to_rows(tiny_
     cache = new_cache(lm)
     for p in prompts:
         Trace(lm, cache, [row(p, window // 2 - len(p))])  # each stores prompt and answer
-    assert (
-        cache.counters.tokens_stored > window // 2
-    )  # held in cells, a full-window row would not fit
+    # held in cells, a full-window row would not fit
+    assert cache.counters.tokens_stored > window // 2
     assert lm.runner.sequences.in_use() == 0
     two = [row(prompts[0], 6), row(prompts[1], 6)]
     hit = Trace(lm, cache, two)

@@ -116,9 +116,8 @@ def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals
         ],
     )
 
-    assert (
-        watched.texts == plain.texts and watched.finish == plain.finish
-    )  # a report watch changes nothing generated
+    # a report watch changes nothing generated
+    assert watched.texts == plain.texts and watched.finish == plain.finish
     again = captured(watched)
     assert torch.equal(again.residuals, before.residuals)
     got = verdicts(watched)
@@ -128,9 +127,8 @@ def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals
             probe, again.residuals, again.positions, again.token_ids, prompt_length=len(prompt)
         )
         verdict = got[probe.name]
-        assert verdict.fired and 0 < len(verdict.positions) < len(again.positions), (
-            probe.name
-        )  # the threshold splits the row
+        # the threshold splits the row
+        assert verdict.fired and 0 < len(verdict.positions) < len(again.positions), probe.name
         assert (
             verdict.fired,
             verdict.first_position,
@@ -147,17 +145,15 @@ def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals
             want.token_ids,
         ), probe.name
         assert (verdict.action, verdict.acted_at) == ("report", None)
-        assert (
-            verdict.peak_position >= 1 and 0 not in verdict.positions
-        )  # the attention sink is never scored
+        # the attention sink is never scored
+        assert verdict.peak_position >= 1 and 0 not in verdict.positions
 
 
 def test_a_watch_leaves_out_the_positions_it_skips(llama_lm):
     """Scores that peak at position 0: skipped, the verdict starts at position 1; not skipped, at 0."""
     prompt = prompt_ids(llama_lm, PROMPT)
-    peaked = lambda h: torch.arange(
-        h.shape[0], 0, -1, dtype=torch.float32
-    )  # largest at a pass's first position
+    # largest at a pass's first position
+    peaked = lambda h: torch.arange(h.shape[0], 0, -1, dtype=torch.float32)
     for skip, first in ((0, 0), (1, 1)):
         watch = Watch("w", LAYER, peaked, 1.0, "report", skip=skip)
         outcome = generate(llama_lm, [replace(row(prompt, 4), watches=(watch,))])

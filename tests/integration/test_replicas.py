@@ -181,9 +181,8 @@ def test_a_profile_created_on_b_is_activated_on_c_and_steers_a(fresh):
     }
     created = api(replicas["b"], "POST", "/api/profiles", json=document)
     assert created.status_code == 201, created.text
-    activated = api(
-        replicas["c"], "POST", "/api/profiles/made-on-b/activate"
-    )  # at once: no wait for the notice
+    # at once: no wait for the notice
+    activated = api(replicas["c"], "POST", "/api/profiles/made-on-b/activate")
     assert activated.status_code == 200, activated.text
     version = activated.json()["steering"]["version"]
     for name, replica in replicas.items():
@@ -403,9 +402,8 @@ def test_documents_labels_and_monitoring_set_on_one_replica_are_read_on_the_othe
         == 200
     )
     until(lambda: api(c, "GET", "/api/clusters/shared-cluster").json().get("intensity") == 0.75)
-    assert (
-        api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"] == []
-    )  # C now holds the set in memory
+    # C now holds the set in memory
+    assert api(c, "GET", f"/api/saes/{sae}/features", params={"q": "zanzibar"}).json()["data"] == []
     labels = api(
         b,
         "PUT",
@@ -528,9 +526,8 @@ def test_what_one_replica_registers_is_found_on_another_at_once(fresh, tmp_path,
         "/api/saes",
         json={"path": str(build_saelens(tmp_path / "new-sae", layer=0, seed=77))},
     ).json()["id"]
-    found = api(
-        b, "GET", f"/api/saes/{sae}"
-    )  # no wait for the notice: a miss reads the store once more
+    # no wait for the notice: a miss reads the store once more
+    found = api(b, "GET", f"/api/saes/{sae}")
     assert found.status_code == 200 and found.json()["layer"] == 0
     registered = api(
         a, "POST", "/api/models", json={"source": str(tiny_dirs["gemma2"]), "name": "second-model"}
@@ -539,6 +536,5 @@ def test_what_one_replica_registers_is_found_on_another_at_once(fresh, tmp_path,
     assert api(b, "GET", "/api/models/second-model").status_code == 200
     assert api(b, "DELETE", f"/api/saes/{sae}").status_code == 200
     assert api(a, "DELETE", "/api/models/second-model").status_code == 200
-    until(
-        lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404
-    )  # forgotten through B, gone on A too
+    # forgotten through B, gone on A too
+    until(lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404)

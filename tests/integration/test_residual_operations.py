@@ -88,9 +88,8 @@ def test_an_operation_at_another_point_leaves_this_one_alone(llama_lm):
     edit = ResidualEdit((), ((2, clamp_along(direction(lm, 3), 9.0)),))
     prompt = prompt_ids(lm, "Once upon")
     reads = reads_of(generate(lm, [with_reads(row(prompt, 6, edit=edit))]))
-    assert torch.equal(
-        reads["before"].residuals, reads["after"].residuals
-    )  # point 1 has nothing to do
+    # point 1 has nothing to do
+    assert torch.equal(reads["before"].residuals, reads["after"].residuals)
     assert edit.points == {2} and edit.operations_at(POINT) == ()
 
 
@@ -137,9 +136,8 @@ def test_rows_with_and_without_operations_share_a_batch(llama_lm):
     # In the batch the short row is left-padded, yet its operation still sees only its own positions.
     assert seen[0] == (len(short), lm.model.config.hidden_size) and len(seen) == 10
     untouched = reads_of(together, 1)
-    assert torch.equal(
-        untouched["after"].residuals, untouched["before"].residuals
-    )  # no edit: not even a copy differs
+    # no edit: not even a copy differs
+    assert torch.equal(untouched["after"].residuals, untouched["before"].residuals)
     added = reads_of(together, 2)
     assert torch.equal(added["after"].residuals, added["before"].residuals + vector)
     for index, alone in enumerate(solo):

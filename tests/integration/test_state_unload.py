@@ -18,9 +18,8 @@ from tests.integration.engine_helpers import prompt_ids, row
 
 @pytest.fixture
 def state(tiny_dirs, tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        unloading, "SCHEDULER_STOP_S", 0.3
-    )  # how long this test waits for a stuck thread
+    # how long this test waits for a stuck thread
+    monkeypatch.setattr(unloading, "SCHEDULER_STOP_S", 0.3)
     settings = Settings.model_validate(
         {
             "MILLM_HOME": tmp_path / "home",
@@ -58,9 +57,8 @@ def test_a_stuck_scheduler_keeps_the_model_and_a_later_unload_frees_it(state):
     try:
         with pytest.raises(ModelBusy, match="did not stop within 0.3 s"):
             state.switch.unload(lm.name)
-        assert (
-            state.switch.lm is lm and state.switch.scheduler.thread_alive
-        )  # not freed under a running thread
+        # not freed under a running thread
+        assert state.switch.lm is lm and state.switch.scheduler.thread_alive
     finally:
         gate.set()
         hook.remove()

@@ -65,9 +65,8 @@ def test_each_write_is_taken_as_written_without_reading_the_state_back(world, ll
         lambda: steering.set_features(
             {(second, 5): FeatureOp("cap", value=1.0), (second, 6): FeatureOp("ablate")}
         ),
-        lambda: steering.set_features(
-            {(first, 3): None, (first, 4): 0.0}
-        ),  # both cleared: the SAE's entry goes
+        # both cleared: the SAE's entry goes
+        lambda: steering.set_features({(first, 3): None, (first, 4): 0.0}),
         lambda: steering.set_features({(first, 7): -30.0}, clear=second),
         lambda: steering.set_enabled(False),
         lambda: steering.set_active("profile", "prof_x"),
@@ -90,9 +89,8 @@ def test_each_write_is_taken_as_written_without_reading_the_state_back(world, ll
 
 def test_a_write_after_another_replicas_reads_the_whole_state(world):
     store, registry, steering, (first, second) = world
-    write_features(
-        store, {(second, 9): {"op": "add", "strength": 4.0, "value": None}}
-    )  # another replica's write
+    # another replica's write
+    write_features(store, {(second, 9): {"op": "add", "strength": 4.0, "value": None}})
     reads = whole_reads(store)
     steering.set_features({(first, 2): 8.0})
     assert reads, "the version moved by two: the copy must read what the other replica wrote"

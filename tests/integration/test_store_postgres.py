@@ -43,9 +43,8 @@ def test_store_round_trip_on_postgres(postgres):
 
 def test_label_store_on_postgres(postgres):
     labels = Store(postgres.url)
-    rows = [
-        (i, f"label {i}", "plain", {"top_tokens": [f"t{i}"]}) for i in range(1200)
-    ]  # more than one IN (...) chunk
+    # more than one IN (...) chunk
+    rows = [(i, f"label {i}", "plain", {"top_tokens": [f"t{i}"]}) for i in range(1200)]
     assert replace_labels(labels, "sae_pg", rows) == (0, 1200)
     assert merge_labels(
         labels, "sae_pg", [(i, "new", "neuronpedia", {}) for i in range(1100, 1300)]
@@ -57,9 +56,8 @@ def test_label_store_on_postgres(postgres):
         {"top_tokens": ["t5"]},
         "neuronpedia",
     )
-    assert seed_labels(again, "sae_pg", rows[:1]) is False and labels_seeded(
-        again, "sae_pg"
-    )  # labels were there: kept, and seeded once
+    # labels were there: kept, and seeded once
+    assert seed_labels(again, "sae_pg", rows[:1]) is False and labels_seeded(again, "sae_pg")
     assert clear_labels(again, "sae_pg") == 1300 and label_count(again, "sae_pg") == 0
 
 

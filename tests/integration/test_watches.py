@@ -174,9 +174,8 @@ def test_a_steer_watch_steers_from_the_position_after_it_fires(llama_lm, setup, 
     total = before.shape[0]
     end = total if tokens is None else p + 1 + tokens
     assert torch.equal(after[p + 1 : end], before[p + 1 : end] + vector)
-    assert torch.equal(
-        after[end:], before[end:]
-    )  # after the window the row's own edit (none) again
+    # after the window the row's own edit (none) again
+    assert torch.equal(after[end:], before[end:])
     assert torch.equal(after[: p + 1], before[: p + 1])
     # The token sampled from position p's logits is still the unwatched one; what follows is steered.
     generated = len(setup.prompt)
@@ -214,9 +213,8 @@ def test_an_abort_watch_ends_the_row_at_the_firing_step(llama_lm, setup):
     outcome = generate(llama_lm, [replace(spec, watches=(setup.watch("abort"),))])
     kept = setup.p - len(setup.prompt) + 1  # every token up to and including the one fed at p
     assert outcome.finish == {0: "content_filter"} and outcome.tokens == {0: kept}
-    assert (
-        outcome.texts[0] == generate(llama_lm, [row(setup.prompt, kept)]).texts[0]
-    )  # the trigger token's text stays
+    # the trigger token's text stays
+    assert outcome.texts[0] == generate(llama_lm, [row(setup.prompt, kept)]).texts[0]
     [verdict] = verdicts(outcome)
     assert verdict.fired and verdict.first_position == setup.p and verdict.acted_at == setup.p
     assert verdict.positions == (setup.p,) and verdict.peak == float(setup.scores[setup.p])
@@ -296,13 +294,11 @@ def test_watched_and_plain_rows_in_a_continuous_batch_equal_their_solo_runs(llam
                 theirs.acted_at,
                 theirs.peak_position,
             )
-            assert mine.peak == pytest.approx(
-                theirs.peak, abs=1e-4
-            )  # a batch's products have other shapes
+            # a batch's products have other shapes
+            assert mine.peak == pytest.approx(theirs.peak, abs=1e-4)
     assert outcomes[2].finish == {0: "content_filter"}
-    assert (
-        scheduler.stats["batched"]["served"] == 4 and peak[0] >= 2
-    )  # they really shared the batch
+    # they really shared the batch
+    assert scheduler.stats["batched"]["served"] == 4 and peak[0] >= 2
 
 
 def _done_when_finished(outcome: Outcome, observe):

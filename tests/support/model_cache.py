@@ -36,9 +36,8 @@ def start_sharing(
         (shared / part).mkdir(parents=True, exist_ok=True)
         (home / part).symlink_to(shared / part, target_is_directory=True)
     with (shared.parent / f"{name}.lock").open("w") as lock:
-        fcntl.flock(
-            lock, fcntl.LOCK_EX
-        )  # released when the file closes, by this process or at its death
+        # released when the file closes, by this process or at its death
+        fcntl.flock(lock, fcntl.LOCK_EX)
         server = ServerProcess(home, args, env=env)
         try:
             return server.wait_ready(timeout=timeout)

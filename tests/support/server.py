@@ -26,9 +26,8 @@ def zygote() -> Zygote:
     """This pytest process's zygote, started on first use (MILLM_TEST_FORK=0: none, every server a new interpreter)."""
     global _zygote
     if _zygote is None:
-        _zygote = Zygote(
-            Path(tempfile.mkdtemp(prefix="millm-zygote-"))
-        )  # short: a Unix socket's path is at most 107 bytes
+        # short: a Unix socket's path is at most 107 bytes
+        _zygote = Zygote(Path(tempfile.mkdtemp(prefix="millm-zygote-")))
         atexit.register(_zygote.stop)
     return _zygote
 

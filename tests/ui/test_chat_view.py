@@ -328,9 +328,8 @@ def test_api_errors_are_shown_as_the_apis_messages(workbench, page):
     error = refused.json()["error"]
     form = page.get_by_role("region", name="Conversation")
     expect(form.get_by_role("alert")).to_have_text(f"404 {error['code']}: {error['message']}")
-    expect(page.get_by_role("textbox", name="Message")).to_have_value(
-        "Hello"
-    )  # the turn goes back to the box
+    # the turn goes back to the box
+    expect(page.get_by_role("textbox", name="Message")).to_have_value("Hello")
     expect(page.get_by_role("region", name="Comparison 1")).to_have_count(0)
 
     # a chat budget past the context window: the 400 the API gives that request
@@ -359,9 +358,8 @@ def test_stop_ends_the_stream_and_keeps_the_text_so_far(workbench, page):
     open_chat(workbench, page, max_tokens=1900)
     say(page, "Tell me everything.")  # greedy, 912 tokens on the tiny model: seconds to stop it in
     answer = page.get_by_role("article", name="Answer 1")
-    expect(answer.locator(".text")).to_have_text(
-        re.compile(r"[^\s▍]")
-    )  # some text besides the cursor
+    # some text besides the cursor
+    expect(answer.locator(".text")).to_have_text(re.compile(r"[^\s▍]"))
     page.get_by_role("button", name="Stop").click()
     finished(answer)
     expect(answer).to_contain_text("Stopped: the stream was aborted here")

@@ -207,9 +207,8 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
 
     crow.get_by_role("button", name="Activate").click()
     expect(crow.locator("[data-active]")).to_have_text("active")
-    expect(row.locator("[data-active]")).to_have_text(
-        "inactive"
-    )  # the cluster is no longer the base
+    # the cluster is no longer the base
+    expect(row.locator("[data-active]")).to_have_text("inactive")
     active = page.get_by_label("Active circuit")
     expect(active.locator("[data-steering]")).to_have_text("steers now")
     expect(active).to_contain_text("mode full: every member layer is bound")
@@ -222,9 +221,8 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
         and now["steering"]["rung_header"] is True
     )
     assert workbench.api("GET", "/api/steering").json()["source"] == "circuit"
-    clusters.evaluate(
-        "section => section.scrollIntoView()"
-    )  # the shot shows both panels from the top
+    # the shot shows both panels from the top
+    clusters.evaluate("section => section.scrollIntoView()")
 
     # below rung 2 the API wants an acknowledgement: refused (its message shown) until it is given
     weak_file = write(

@@ -47,9 +47,8 @@ def test_search_lists_features_in_the_apis_ranking(workbench, page):
     expected = workbench.api(
         "GET", f"/api/saes/{workbench.sae}/features", params={"q": "paris", "limit": 50}
     ).json()["data"]
-    assert {f["index"] for f in expected} == set(
-        range(0, 128, 10)
-    )  # the "paris" features, ranked by the API
+    # the "paris" features, ranked by the API
+    assert {f["index"] for f in expected} == set(range(0, 128, 10))
     page.goto(f"{workbench.url}#/features")
     page.get_by_label("Search labels").fill("paris")
     page.get_by_role("button", name="Search", exact=True).click()
@@ -101,9 +100,8 @@ def test_a_card_shows_label_neighbours_and_the_calibrated_figures(workbench, pag
     everything = workbench.api(
         "GET", f"/api/saes/{sae}/calibration", params={"features": ",".join(map(str, range(128)))}
     ).json()
-    fired = max(
-        everything["features"], key=lambda f: f["count"]
-    )  # a feature with quantiles to show
+    # a feature with quantiles to show
+    fired = max(everything["features"], key=lambda f: f["count"])
     page.goto(f"{workbench.url}#/features/{sae}/{fired['index']}")
     card = page.get_by_role("region", name=f"Feature #{fired['index']}")
     figures = card.get_by_label("Feature figures")
@@ -181,9 +179,8 @@ def test_remove_and_clear_all_in_the_live_table(workbench, page, clean):
     expect(cells(table, 1).locator("a")).to_have_text(["#30", "#31", "#32", "#33"])
     expect(table.get_by_role("row").filter(has_text="#33")).to_contain_text("cap")
     expect(table.get_by_label("cap value of #33")).to_have_value("2.5")
-    expect(cells(table, 1).nth(0)).to_contain_text(
-        "feature 30 paris"
-    )  # labels fetched per live feature
+    # labels fetched per live feature
+    expect(cells(table, 1).nth(0)).to_contain_text("feature 30 paris")
 
     table.get_by_role("button", name="Remove #31").click()
     expect(cells(table, 1).locator("a")).to_have_text(["#30", "#32", "#33"])

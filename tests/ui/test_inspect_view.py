@@ -219,9 +219,8 @@ def test_the_logit_lens_grid_shows_what_the_api_reads(workbench, page):
     expect(grid).to_be_visible()
     lens = workbench.api("POST", "/api/lens", json={"text": "The river runs", "top_k": 3}).json()
     rows = grid.get_by_role("row")
-    expect(rows).to_have_count(
-        2 + len(lens["layers"])
-    )  # the tokens, the model's row, one per block
+    # the tokens, the model's row, one per block
+    expect(rows).to_have_count(2 + len(lens["layers"]))
     last = lens["predictions"][-1]
     expect(rows.nth(1).get_by_role("cell").last).to_have_text(on_page(last["final"]["token"]))
     top_block = [c for c in last["layers"] if c["layer"] == lens["layers"][-1]][0]

@@ -59,9 +59,8 @@ def test_a_refused_action_shows_the_apis_message(workbench, page):
     page.get_by_role("button", name="Register").last.click()
     alert = page.get_by_role("region", name="SAEs").get_by_role("alert")
     expect(alert).to_have_text(re.compile(r"^403 path_not_allowed: path '/nowhere/at/all' .+"))
-    expect(page.get_by_role("form", name="API key")).to_have_count(
-        0
-    )  # not a key problem: no key form
+    # not a key problem: no key form
+    expect(page.get_by_role("form", name="API key")).to_have_count(0)
 
 
 def test_autosteer_started_here_ends_with_its_verdict(workbench, page):

@@ -22,9 +22,8 @@ def test_search_steer_with_the_slider_and_compare(workbench, page):
     results.get_by_role("link", name="#10", exact=True).click()
     card = page.get_by_role("region", name="Feature #10")
     expect(card).to_contain_text("feature 10 paris")
-    card.get_by_label("Steer #10", exact=True).fill(
-        str(STRENGTH)
-    )  # the range input, as a drag leaves it
+    # the range input, as a drag leaves it
+    card.get_by_label("Steer #10", exact=True).fill(str(STRENGTH))
     expect(card.get_by_role("status").filter(has_text="Live:")).to_have_text(
         re.compile(rf"^Live: add {STRENGTH}\b")
     )

@@ -46,9 +46,8 @@ def test_profile_writes_are_visible_at_once_and_after_a_restart(store):
     created = book.create(profile("alpha"))
     assert book.find("alpha") == created and book.find(created["id"]) == created
     book.create(profile("omega"))
-    book.update(
-        "alpha", {"name": "zeta", "description": "renamed"}
-    )  # moves to its new place by name
+    # moves to its new place by name
+    book.update("alpha", {"name": "zeta", "description": "renamed"})
     assert [r["name"] for r in book.all()] == ["omega", "zeta"]
     book.delete("omega")
     book.update("zeta", {"name": "beta"})
@@ -80,9 +79,8 @@ def test_a_deleted_profile_is_never_served(store):
         with pytest.raises(NotFound):
             book.find(key)
     assert book.all() == [] and ProfileBook(store).all() == []
-    assert (
-        book.shelf.revision > shelf.revision and shelf.get("gone") is not None
-    )  # a held shelf is a snapshot
+    # a held shelf is a snapshot
+    assert book.shelf.revision > shelf.revision and shelf.get("gone") is not None
 
 
 def test_reads_do_not_touch_the_store(store):
@@ -92,9 +90,8 @@ def test_reads_do_not_touch_the_store(store):
     for _ in range(3):
         book.find("alpha"), book.all()
     assert sent == []
-    book.create(
-        profile("beta")
-    )  # a write: its insert, then its row read back (by id, not the table)
+    # a write: its insert, then its row read back (by id, not the table)
+    book.create(profile("beta"))
     selects = [sql for sql in sent if "SELECT" in sql]
     assert len(sent) >= 2 and len(selects) == 1 and "WHERE millm_profiles.id IN" in selects[0]
     assert [r["name"] for r in book.all()] == ["alpha", "beta"]
@@ -201,9 +198,8 @@ def test_one_rename_rule_for_profiles_clusters_and_circuits(store):
     long = "p" * NAME_LIMIT
     profiles.create(profile(long))
     (renamed,) = profiles.import_documents(profile(long), "rename")
-    assert (
-        renamed["name"] == "p" * 118 + "-2"
-    )  # still a valid profile name: it exports and imports again
+    # still a valid profile name: it exports and imports again
+    assert renamed["name"] == "p" * 118 + "-2"
     assert validate_profile(renamed["document"])["name"] == renamed["name"]
     clusters.import_raw(raw(cluster(name="dup")), "fail")
     assert [r["name"] for r in clusters.import_raw(raw(cluster(name="dup")), "rename")] == ["dup-2"]

@@ -104,9 +104,8 @@ def test_top_activations_equal_a_brute_force_ranking_with_earlier_ties_first(top
             for p in range(dense.shape[0])
             if dense[p, feature] > 0
         ]
-        want = [
-            (t, p, -v) for v, t, p in sorted(entries)[:top_n]
-        ]  # value desc, then text, then position
+        # value desc, then text, then position
+        want = [(t, p, -v) for v, t, p in sorted(entries)[:top_n]]
         assert accumulator.top.of(feature) == [(t, p, pytest.approx(v)) for t, p, v in want]
 
 
@@ -148,9 +147,8 @@ def test_firing_values_are_kept_whole_under_the_bound_then_sampled_uniformly():
     sampled = FiringValues(limit=10_000, seed=5)
     for _ in range(10):
         chunk_f = rng.integers(0, 3, 8_000).astype(np.int32)
-        chunk_v = (rng.exponential(1.0, 8_000) * (1 + chunk_f)).astype(
-            np.float32
-        )  # feature f has scale 1 + f
+        # feature f has scale 1 + f
+        chunk_v = (rng.exponential(1.0, 8_000) * (1 + chunk_f)).astype(np.float32)
         sampled.add(chunk_f, chunk_v)
     kept_f, kept_v = sampled.arrays()
     assert kept_f.shape[0] <= 10_000 and sampled.sample_rate == 0.125

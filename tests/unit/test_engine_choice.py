@@ -46,9 +46,8 @@ def test_a_name_without_a_tag_has_none(stem):
 def test_gguf_sources_are_named_repo_quant(tiny_gguf, tmp_path):
     assert resolve_source(str(tiny_gguf), tmp_path).name == "tiny-llama:F32"
     untagged = shutil.copy(tiny_gguf, tmp_path / "plain.gguf")
-    assert (
-        resolve_source(str(untagged), tmp_path).name == "plain:F32"
-    )  # the file's own general.file_type
+    # the file's own general.file_type
+    assert resolve_source(str(untagged), tmp_path).name == "plain:F32"
 
 
 def test_auto_runs_gguf_files_on_llamacpp_when_it_is_installed(tiny_gguf, tiny_dirs, tmp_path):
@@ -126,9 +125,8 @@ def test_a_window_whose_kv_cache_does_not_fit_is_halved_until_it_does():
 
 def test_a_window_that_fits_or_was_asked_for_is_kept():
     assert llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: True).context == 131072
-    asked = llamacpp_sizing(
-        FILE_8B, LLAMA_8B, 8192, True, lambda n: False
-    )  # asked: kept, and checked as asked
+    # asked: kept, and checked as asked
+    asked = llamacpp_sizing(FILE_8B, LLAMA_8B, 8192, True, lambda n: False)
     assert (asked.context, asked.lowered_from, asked.needed) == (
         8192,
         None,

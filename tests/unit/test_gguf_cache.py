@@ -60,9 +60,8 @@ def test_the_least_recently_used_copies_are_deleted_and_the_used_one_kept(tmp_pa
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == sorted(
         [entries[1].name, entries[3].name, "notes"]
     )
-    assert (
-        partial.is_dir() and foreign.is_dir()
-    )  # a conversion in progress and what the cache did not write
+    # a conversion in progress and what the cache did not write
+    assert partial.is_dir() and foreign.is_dir()
     assert (entries[1] / "model.safetensors").stat().st_size == 4096  # the kept copy is whole
 
 

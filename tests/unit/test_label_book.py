@@ -76,9 +76,8 @@ def test_search_ranks_by_relevance():
     # A query matching all of one label's words ranks it first; the partial matches follow, the non-matches never come.
     found = index.search("pirate captain ship", 10)
     assert found[0].index == 0 and {f.index for f in found} == {0, 1, 3, 4}
-    assert [f.score for f in found] == sorted(
-        (f.score for f in found), reverse=True
-    )  # larger is better
+    # larger is better
+    assert [f.score for f in found] == sorted((f.score for f in found), reverse=True)
     # A word in some labels ranks those, and only those.
     assert {f.index for f in index.search("ship", 10)} == {0, 1, 3}
     assert [f.index for f in index.search("melody ship", 10)][0] == 2 and 4 not in [
@@ -277,9 +276,8 @@ def test_a_search_holding_an_index_survives_a_write(store):
     book.replace("sae_a", plain({1: "pirate ship"}))
     book.search("sae_a", "pirate", 5)
     held = book._set("sae_a").index
-    book.merge(
-        "sae_a", plain({2: "pirate radio"})
-    )  # drops the cached set while a search may still hold its index
+    # drops the cached set while a search may still hold its index
+    book.merge("sae_a", plain({2: "pirate radio"}))
     assert held is not None and [f.index for f in held.search("pirate", 5)] == [1]
     assert sorted(f.index for f in book.search("sae_a", "pirate", 5)) == [1, 2]
 

@@ -17,9 +17,8 @@ from tests.support.mistudio_docs import circuit, cluster
 
 def test_valid_cluster_and_members():
     (doc,) = cluster_definitions(cluster())
-    assert (
-        doc == cluster()
-    )  # the raw document, unknown keys included (it is exported byte for byte)
+    # the raw document, unknown keys included (it is exported byte for byte)
+    assert doc == cluster()
     members = cluster_members(doc)
     assert [(m.feature_idx, m.strength, m.sign, m.layer) for m in members] == [
         (3, 10.0, 1, 1),

@@ -71,9 +71,8 @@ def test_past_its_bound_the_queue_drops_and_counts(monitored, caplog):
     monitor, hand_over, attached = monitored
     with monitor._lock:  # holding the monitor's lock stalls its worker, as a slow record would
         hand_over(capture())
-        wait_until(
-            lambda: monitor.describe(attached)["queue"]["pending"] == 0
-        )  # the worker holds it
+        # the worker holds it
+        wait_until(lambda: monitor.describe(attached)["queue"]["pending"] == 0)
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="millm.kernel.monitoring.monitor"):
             for row in range(BACKLOG + 4):

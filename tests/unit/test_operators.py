@@ -58,9 +58,8 @@ def test_ablate_zeroes_where_it_fires_and_leaves_silent_positions_bit_identical(
     sae = saes()[kind]
     x = residual(rows=40)
     before = sae.encode(x)
-    index = int(
-        (before > 0).sum(0).argmax()
-    )  # a feature that fires at some positions and not at others
+    # a feature that fires at some positions and not at others
+    index = int((before > 0).sum(0).argmax())
     firing = before[:, index] > 0
     assert 0 < int(firing.sum()) < 40
     edited = hold(sae, "s", [Held(index, 0.0)])(x)
@@ -86,9 +85,8 @@ def test_an_ablated_feature_another_clamp_would_wake_is_held_at_zero():
 def test_topk_holds_the_pre_activation_and_reads_the_target_where_it_ranks():
     sae = saes()["topk"]
     x = residual(rows=30)
-    target = float(
-        sae.pre_activation(x).topk(8).values[:, -1].median()
-    )  # about the 8th largest: kept at some positions only
+    # about the 8th largest: kept at some positions only
+    target = float(sae.pre_activation(x).topk(8).values[:, -1].median())
     edited = hold(sae, "s", [Held(4, target)])(x)
     pre = sae.pre_activation(edited)
     assert torch.allclose(pre[:, 4], torch.full((30,), target), atol=1e-4)

@@ -94,9 +94,8 @@ def test_hub_ids(value, hub):
 def test_model_references(tree):
     root, policy = tree
     assert policy.model_reference(str(root / "allowed" / "sae")) is True  # local, inside
-    assert (
-        policy.model_reference("SmolLM2-135M-Instruct") is True
-    )  # the demo ships with the package
+    # the demo ships with the package
+    assert policy.model_reference("SmolLM2-135M-Instruct") is True
     assert policy.model_reference("owner/name") is False  # a hub id: looked up on the hub only
     with pytest.raises(PathNotAllowed):
         policy.model_reference(str(root / "outside"))

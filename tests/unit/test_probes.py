@@ -226,9 +226,8 @@ def test_an_offline_verdict_scores_the_residuals_it_is_given(attached):
     x = residuals(40, seed=3)
     acts = target.sae.encode(x)[:, 2]
     verdict = offline_verdict(probe, x, tuple(range(40)), tuple(range(1000, 1040)))
-    assert list(verdict.positions) == [
-        i for i in range(1, 40) if acts[i] >= 0.25
-    ]  # position 0 (the attention sink) is never scored
+    # position 0 (the attention sink) is never scored
+    assert list(verdict.positions) == [i for i in range(1, 40) if acts[i] >= 0.25]
     assert verdict.peak == pytest.approx(
         float(acts[1:].max())
     ) and verdict.peak_position == 1 + int(acts[1:].argmax())

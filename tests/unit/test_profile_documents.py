@@ -39,9 +39,8 @@ def test_a_version_1_document_means_the_same_as_version_2_with_every_op_add():
     assert (
         validate_profile(v1) == validate_profile({**GOOD, "version": 2}) == validate_profile(GOOD)
     )
-    assert validate_profile(validate_profile(v1)) == validate_profile(
-        v1
-    )  # canonical is a fixed point
+    # canonical is a fixed point
+    assert validate_profile(validate_profile(v1)) == validate_profile(v1)
 
 
 def test_version_2_operators_conditions_vectors_and_aborts():
@@ -84,9 +83,8 @@ def test_version_2_operators_conditions_vectors_and_aborts():
         {"index": 9, "op": "ablate"},
         {"index": 11, "op": "cap", "value": 5.0},
     ]
-    assert doc["steering"][1]["when"] == {
-        "probe": "mentions-dinner"
-    }  # tokens null: the rest of the row
+    # tokens null: the rest of the row
+    assert doc["steering"][1]["when"] == {"probe": "mentions-dinner"}
     assert doc["vectors"] == [
         {"vector_id": "vec_1", "op": "add", "strength": 8.0},
         {"vector_id": "vec_2", "op": "cap", "value": 1.5, "when": {"probe": "p", "tokens": 4}},

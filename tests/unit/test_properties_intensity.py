@@ -29,9 +29,8 @@ from millm.interp.intensity import (
 )
 
 DIALS = st.floats(0, ENVELOPE_MAX)
-SETTINGS = st.floats(
-    0, ENVELOPE_MAX
-)  # CLUSTER/CIRCUIT_INTENSITY_MIN and STEERING_INTENSITY_MAX: 0–2
+# CLUSTER/CIRCUIT_INTENSITY_MIN and STEERING_INTENSITY_MAX: 0–2
+SETTINGS = st.floats(0, ENVELOPE_MAX)
 # A document declares [lo, hi] with 0 <= lo <= hi (mistudio.py); hi may pass the envelope.
 DECLARED = st.none() | st.tuples(st.floats(0, 5), st.floats(0, 5)).map(sorted).map(tuple)
 STRENGTHS = st.floats(-1e6, 1e6)
@@ -93,9 +92,8 @@ def test_cluster_rule_caps_above_only_and_symbols_go_to_the_range_ends(
     value, declared, floor, maximum
 ):
     lo, hi = bounds(declared, floor, maximum)
-    assert cluster_lambda(Dial(value=value), declared, floor, maximum) == min(
-        value, hi
-    )  # below the floor is honoured
+    # below the floor is honoured
+    assert cluster_lambda(Dial(value=value), declared, floor, maximum) == min(value, hi)
     assert cluster_lambda(Dial(symbol="min"), declared, floor, maximum) == lo
     assert cluster_lambda(Dial(symbol="max"), declared, floor, maximum) == hi
     assert cluster_lambda(Dial(symbol="off"), declared, floor, maximum) == 0.0

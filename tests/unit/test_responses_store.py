@@ -45,9 +45,8 @@ def test_past_the_count_the_oldest_go_first(store):
 def test_past_the_retention_a_response_is_gone_and_swept(store):
     save_response(store, response(1), [], keep=10, retention_s=DAY)
     time.sleep(0.05)
-    assert (
-        load_response(store, "resp_1", retention_s=0.01) is None
-    )  # too old to answer, even before a sweep
+    # too old to answer, even before a sweep
+    assert load_response(store, "resp_1", retention_s=0.01) is None
     save_response(store, response(2), [], keep=10, retention_s=0.01)  # the next write sweeps it
     assert (
         load_response(store, "resp_1", DAY) is None

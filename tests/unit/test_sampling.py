@@ -116,9 +116,8 @@ def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature
     } == {0, 1}
 
 
-@pytest.mark.parametrize(
-    ("temperature", "scale"), [(0.0, 1.0), (1.0, 1.0), (0.5, 0.5)]
-)  # greedy reads the logits unscaled
+# greedy reads the logits unscaled
+@pytest.mark.parametrize(("temperature", "scale"), [(0.0, 1.0), (1.0, 1.0), (0.5, 0.5)])
 def test_drawn_logprobs_are_of_the_tempered_distribution(temperature, scale):
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
     logprob, top = drawn_logprobs(logits, SamplingParams(temperature=temperature), 1, 2)

@@ -8,9 +8,8 @@ from millm.settings import Settings
 
 def test_max_rows_per_request(monkeypatch, tmp_path):
     monkeypatch.setenv("MILLM_HOME", str(tmp_path))
-    assert (
-        Settings().max_rows_per_request == 256
-    )  # twice MAX_CHOICES (128): n alone never reaches it
+    # twice MAX_CHOICES (128): n alone never reaches it
+    assert Settings().max_rows_per_request == 256
     monkeypatch.setenv("MILLM_MAX_ROWS_PER_REQUEST", "12")
     assert Settings().max_rows_per_request == 12
     monkeypatch.setenv("MILLM_MAX_ROWS_PER_REQUEST", "0")

@@ -49,9 +49,8 @@ def test_everything_survives_reopening(tmp_path):
     assert live_features(again) == {
         "sae_1": {3: add(5.0), 4: {"op": "clamp", "strength": 0.0, "value": 2.5}}
     }
-    assert (
-        get_setting(again, "steering_version") == 2
-    )  # one version per change: the attach, then the values
+    # one version per change: the attach, then the values
+    assert get_setting(again, "steering_version") == 2
     assert [p["name"] for p in profile_rows(again)] == ["p"]
     assert get_setting(again, "active_profile") == "prof_1"
     assert get_setting(again, "schema_version") == SCHEMA_VERSION
@@ -157,9 +156,8 @@ def test_a_schema_4_database_keeps_its_live_values_as_adds_and_its_profiles_as_v
             }
         ],
     }
-    assert (
-        row["document"] == expected
-    )  # the same entries, each feature an add, written back as version 2
+    # the same entries, each feature an add, written back as version 2
+    assert row["document"] == expected
     assert book.find("old-calm")["document"] == expected
     store.close()
     again = Store(url)  # reopening changes nothing more
@@ -200,6 +198,5 @@ def test_one_process_holds_a_sqlite_file_and_the_lock_goes_with_it(tmp_path):
     )
     first, second = claim_sqlite(shared), claim_sqlite(shared)
     first.release(), second.release()
-    assert [p.name for p in tmp_path.glob("*.lock")] == [
-        "millm.db.lock"
-    ]  # only the SQLite file got a lock file
+    # only the SQLite file got a lock file
+    assert [p.name for p in tmp_path.glob("*.lock")] == ["millm.db.lock"]

@@ -42,9 +42,8 @@ def test_choices_map_to_modes():
         tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}
     )
     assert (forced.mode, forced.forced) == ("forced", "get_time")
-    assert json.loads(forced.grammar().schema_json) == {
-        "type": "object"
-    }  # no parameters: any object
+    # no parameters: any object
+    assert json.loads(forced.grammar().schema_json) == {"type": "object"}
     required = json.loads(plan(tools=[WEATHER, TIME], tool_choice="required").grammar().schema_json)
     assert [branch["properties"]["name"]["const"] for branch in required["anyOf"]] == [
         "get_weather",

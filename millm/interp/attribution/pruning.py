@@ -75,9 +75,8 @@ class Pruned:
     nodes: torch.Tensor  # [N] bool
     edges: torch.Tensor  # [N, N] bool, rows targets
     influence: torch.Tensor  # [N]
-    cumulative: (
-        torch.Tensor
-    )  # [N]: the share of total influence of the nodes at least this influential
+    # [N]: the share of total influence of the nodes at least this influential
+    cumulative: torch.Tensor
 
 
 def prune(

@@ -34,9 +34,8 @@ class Shelf:
     rows: tuple[dict, ...] = ()
     by_id: Mapping[str, dict] = field(default_factory=dict)
     by_name: Mapping[str, dict] = field(default_factory=dict)
-    documents: Mapping[str, dict] = field(
-        default_factory=dict
-    )  # id -> parsed document; absent if it does not parse
+    # id -> parsed document; absent if it does not parse
+    documents: Mapping[str, dict] = field(default_factory=dict)
 
     @classmethod
     def of(

@@ -80,9 +80,8 @@ class VectorBook(Book):
         return vector_rows(self.store, ids)
 
     def _parse(self, row: dict) -> dict:
-        return {
-            "tensor": torch.from_numpy(row["unit"].copy())
-        }  # float32 [d_model], never written to
+        # float32 [d_model], never written to
+        return {"tensor": torch.from_numpy(row["unit"].copy())}
 
     def _order(self, row: dict) -> object:
         return row["created_at"]

@@ -65,9 +65,8 @@ class ClientRegistrations:
         if not path:
             raise InvalidRequest("give path (a local SAE) or repo (+ path inside it)", param="path")
         registered = self.saes.register(str(self.sae_readable(path)), None, None, revision)
-        self.calibrations.import_shipped(
-            registered[0]
-        )  # a calibration.json shipped beside the weights
+        # a calibration.json shipped beside the weights
+        self.calibrations.import_shipped(registered[0])
         return registered
 
     def startup_sae(self, spec: SAESpec) -> SAEInfo:

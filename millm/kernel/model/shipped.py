@@ -68,9 +68,8 @@ class Shipped:
             return
         try:
             info, _ = self.saes.register(str(sae_dir), None, None, None)
-            self.calibrations.import_shipped(
-                info
-            )  # the demo SAE ships calibrated on the demo model
+            # the demo SAE ships calibrated on the demo model
+            self.calibrations.import_shipped(info)
             if info.id not in self.steering.attached:
                 self.steering.attach(lm, info.id, None)
             taken = {row["name"] for row in self.profiles.all()}

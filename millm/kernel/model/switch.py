@@ -82,9 +82,8 @@ class ModelSwitch:
         self.startup_name = settings.served_model_name or source.name
         models.ensure(self.startup_name, source)
         self._mutex = threading.Lock()  # guards the fields below; never held across slow work
-        self._switching = (
-            threading.Lock()
-        )  # held for a whole model change; a second one is model_busy
+        # held for a whole model change; a second one is model_busy
+        self._switching = threading.Lock()
         self.transition: Transition | None = None
         self.last_name = self.startup_name  # the slot's model: loaded, moving, or last tried
         self.errors: dict[str, str] = {}  # model -> why its last load failed

@@ -90,9 +90,8 @@ class Pending:
     top_k: int
     percentiles: bool = False  # asked for
     table: PercentileTable | None = None  # the SAE's calibration on the model, when there is one
-    probes: list[dict] = field(
-        default_factory=list
-    )  # the active probes' verdicts on this row (verdict_fields)
+    # the active probes' verdicts on this row (verdict_fields)
+    probes: list[dict] = field(default_factory=list)
     tokens: bool = False  # each position's token text asked for
     labels: bool = False  # each entry's feature label asked for
 
@@ -351,9 +350,8 @@ class Monitor:
         if pending.probes:
             record["probes"] = pending.probes
         with self._lock:
-            record["id"] = next(
-                self._record_ids
-            )  # never reused, so `after` polling survives a reset
+            # never reused, so `after` polling survives a reset
+            record["id"] = next(self._record_ids)
             self.records.append(record)
             self.requests += 1
             self.positions_read += len(rows)
@@ -440,9 +438,8 @@ class Monitor:
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop the worker once it has recorded what is queued, and wait for it to end."""
         try:
-            self._work.put(
-                None, timeout=timeout
-            )  # waits only while the queue is full, for the worker to drain it
+            # waits only while the queue is full, for the worker to drain it
+            self._work.put(None, timeout=timeout)
         except queue.Full:
             log.warning("monitoring worker did not drain its queue within %.0f s", timeout)
         self.worker.join(timeout)

@@ -76,9 +76,8 @@ class JobView(BaseModel):
     created_at: float
     started_at: float | None
     finished_at: float | None
-    eta_s: (
-        float | None
-    )  # seconds left at the pace so far (None until a unit is done, and once ended)
+    # seconds left at the pace so far (None until a unit is done, and once ended)
+    eta_s: float | None
     # Once ended, what the job did; while running, what it has reported so far (most jobs: None).
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None

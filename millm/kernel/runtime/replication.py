@@ -48,9 +48,8 @@ class Replication:
         self.shared = store.shared
         self._reloads: dict[Topic, Callable[[], None]] = {}
         self._lock = threading.Lock()
-        self._connected = (
-            not self.shared
-        )  # before the first LISTEN a replica cannot know it is current
+        # before the first LISTEN a replica cannot know it is current
+        self._connected = not self.shared
         self._reason = "the change listener has not connected to the shared database yet"
         self._lost_at: float | None = None
         self._first = threading.Event()

@@ -56,9 +56,8 @@ class Steering:
         self.attached: dict[
             str, Attached
         ] = {}  # those this process has attached to its loaded model
-        self.resolvers = (
-            resolvers or Resolvers()
-        )  # how specs reach probes, vectors and the loaded model
+        # how specs reach probes, vectors and the loaded model
+        self.resolvers = resolvers or Resolvers()
         self.attach_errors: dict[str, str] = {}
         # In memory only: moves with every reload and also when attachments change here without a
         # stored change (a restore, an unload), so a plan cached for one state is never served in another.

@@ -89,9 +89,8 @@ class SAERegistry:
             add_sae(self.store, info.to_dict())
             self.infos[info.id] = info
             return info, False
-        self.book.seed(
-            info
-        )  # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
+        # before it is registered: unreadable labels refuse the SAE (400 invalid_sae)
+        self.book.seed(info)
         add_sae(self.store, info.to_dict())
         self.infos[info.id] = info
         return info, True

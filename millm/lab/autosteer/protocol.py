@@ -88,9 +88,8 @@ class Candidate(BaseModel):
     index: int
     label: str | None
     source: str  # labels | contrast | given
-    evidence: (
-        float | None
-    )  # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
+    # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
+    evidence: float | None
     decoder_norm: float
 
 

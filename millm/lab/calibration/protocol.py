@@ -119,9 +119,8 @@ class Corpus:
         )
 
 
-Entry = tuple[
-    str, str | list[CalibrationMessage]
-]  # where it came from (for messages), and a text or a conversation
+# where it came from (for messages), and a text or a conversation
+Entry = tuple[str, str | list[CalibrationMessage]]
 
 
 def shipped_entries(info: SAEInfo) -> list[Entry]:

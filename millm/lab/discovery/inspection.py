@@ -77,9 +77,8 @@ def ranked(summary: Summary, sort: str, top_k: int) -> np.ndarray:
     """The indices of the features that fired, top_k by `sort` (ties: the larger max, then the lower index)."""
     fired = np.flatnonzero(summary.count > 0)
     key = {"max": summary.max, "mean": summary.mean, "count": summary.count}[sort][fired]
-    order = np.lexsort(
-        (fired, -summary.max[fired], -key)
-    )  # lexsort: the last key is the primary one
+    # lexsort: the last key is the primary one
+    order = np.lexsort((fired, -summary.max[fired], -key))
     return fired[order][:top_k]
 
 

@@ -28,9 +28,8 @@ def one_of(body: BaseModel, first: str, second: str) -> None:
 MAX_TOP_K = 256  # features one answer lists (per side for a contrast): a page shows a few dozen
 Sort = Literal["max", "mean", "count"]
 Aggregate = Literal["max", "mean"]
-MESSAGE_SCHEMA: dict[str, Any] = {
-    "allOf": MESSAGE_RULES
-}  # what ChatMessage's validator checks, for the served schema
+# what ChatMessage's validator checks, for the served schema
+MESSAGE_SCHEMA: dict[str, Any] = {"allOf": MESSAGE_RULES}
 
 
 class DiscoveryMessage(ChatMessage):

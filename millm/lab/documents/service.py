@@ -225,8 +225,7 @@ class BaseManagement:
                     param="acknowledge_rung",
                     code="rung_not_acknowledged",
                 )
-            self.state.planner.check_fits(
-                "circuit", row["id"]
-            )  # a circuit none of whose layers binds would refuse every request
+            # a circuit none of whose layers binds would refuse every request
+            self.state.planner.check_fits("circuit", row["id"])
             self.state.steering.set_active("circuit", row["id"])
             return self.circuit_view(row)

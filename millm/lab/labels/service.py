@@ -93,9 +93,8 @@ class FeatureDetail(BaseModel):
     detail: dict[str, Any] | None
     decoder_norm: float
     neighbours: list[Neighbour]
-    calibrated_on: (
-        str | None
-    )  # the model whose calibration gave `calibration` (null: not calibrated)
+    # the model whose calibration gave `calibration` (null: not calibrated)
+    calibrated_on: str | None
     calibration: FeatureFigures | None  # frequency, mean, max, quantiles and top examples
     explanations: list[ExplanationView] = []  # what models wrote for it, beside its label
 

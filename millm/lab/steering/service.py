@@ -267,9 +267,8 @@ class SteeringManagement:
     async def register_named_sae(self, text: str) -> tuple[SAEInfo, bool]:
         """Register an SAE named as `--sae` names one (a path, RELEASE:SAE_ID, OWNER/NAME[:PATH])."""
         spec = parse_sae_spec(text)
-        where = (
-            spec.repo_path if spec.repo else spec.path
-        )  # a repo's `path` is the folder inside it
+        # a repo's `path` is the folder inside it
+        where = spec.repo_path if spec.repo else spec.path
         return await self.register_sae(where, spec.repo, spec.revision, spec.release, spec.sae_id)
 
     def releases(self, model: str | None) -> list[dict]:

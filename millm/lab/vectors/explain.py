@@ -27,9 +27,8 @@ MISMATCH = "vector_sae_mismatch"
 
 def _where(state: VectorParts, info: SAEInfo) -> int | None:
     """The layer an SAE reads: where it is attached, else its file's hook layer (None: neither says)."""
-    attached = dict(state.steering.attached).get(
-        info.id
-    )  # a copy, not the lock: this runs on the event loop
+    # a copy, not the lock: this runs on the event loop
+    attached = dict(state.steering.attached).get(info.id)
     return attached.layer if attached is not None else info.layer
 
 

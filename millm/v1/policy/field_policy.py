@@ -272,9 +272,8 @@ def template_kwargs_unused(kwargs: dict | None, variables: frozenset[str] | None
         return []
     if variables is None:
         return ["chat_template_kwargs"]
-    return [
-        percent_encode(f"chat_template_kwargs.{key}") for key in kwargs if key not in variables
-    ]  # a key may hold anything
+    # a key may hold anything
+    return [percent_encode(f"chat_template_kwargs.{key}") for key in kwargs if key not in variables]
 
 
 def _extras(node, path: str) -> list[str]:
@@ -322,13 +321,11 @@ def unused_locations(
         and getattr(body, "drawn_logprobs", None) is None  # keys generated tokens' logprobs
     ):
         found.append("return_tokens_as_token_ids")
-    schema_format = getattr(
-        getattr(body, "response_format", None), "json_schema", None
-    )  # a dict where not declared
+    # a dict where not declared
+    schema_format = getattr(getattr(body, "response_format", None), "json_schema", None)
     if getattr(schema_format, "description", None) is not None:
-        found.append(
-            "response_format.json_schema.description"
-        )  # OpenAI shows it to its model; millm does not
+        # OpenAI shows it to its model; millm does not
+        found.append("response_format.json_schema.description")
     if hasattr(body, "messages"):
         conversations = [("messages", body.messages)]
         conversations += [

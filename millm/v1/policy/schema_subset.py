@@ -126,9 +126,8 @@ class _Walk:
     def keyword(self, key: str, value, here: list[str], depth: int) -> None:
         if key == "type":
             names = value if isinstance(value, list) else [value]
-            bad = [
-                n for n in names if not isinstance(n, str) or n not in TYPES
-            ]  # {} in a list is no type name (and unhashable)
+            # {} in a list is no type name (and unhashable)
+            bad = [n for n in names if not isinstance(n, str) or n not in TYPES]
             if bad or not names:
                 self.problems.append(f"{pointer(here)}: unknown type {bad or value}")
         elif key == "properties":

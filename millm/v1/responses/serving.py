@@ -119,9 +119,8 @@ class ResponsesApi:
                 for event in stream.chunk(chunk):
                     yield event
             events, done = stream.closing()
-            await self._keep(
-                done, items
-            )  # stored before the client hears "completed", so it can continue at once
+            # stored before the client hears "completed", so it can continue at once
+            await self._keep(done, items)
             for event in events:
                 yield event
         finally:

@@ -236,9 +236,8 @@ def activations_block(
     per_position = captured.encoded
     if read.labels_asked:
         per_position = [labelled(features, read.labels or {}) for features in per_position]
-    texts = (
-        None if read.words is None else {t: read.words(t) for t in set(captured.token_ids)}
-    )  # a token repeated in the read is decoded once
+    # a token repeated in the read is decoded once
+    texts = None if read.words is None else {t: read.words(t) for t in set(captured.token_ids)}
     block = {
         "sae_id": read.attached.info.id,
         "layer": read.attached.layer,

@@ -67,9 +67,8 @@ def millm_block(
     """The body's `millm` object: the probes' verdicts and the SAE read (None when there is neither)."""
     block = dict(probes or {})
     if read is not None and captured:
-        block["sae_activations"] = activations_block(
-            read, captured[0], unsteered=unsteered
-        )  # encoded on the scheduler thread
+        # encoded on the scheduler thread
+        block["sae_activations"] = activations_block(read, captured[0], unsteered=unsteered)
     return block or None
 
 

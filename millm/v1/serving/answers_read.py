@@ -65,9 +65,8 @@ def read_answer(plan: ToolPlan, text: str, engine_reason: str | None, index: int
         if not isinstance(body, dict):
             continue
         name, arguments = body.get("name"), body.get("arguments", body.get("parameters", {}))
-        tool = (
-            plan.by_name.get(name) if isinstance(name, str) else None
-        )  # a name that is no string names no tool
+        # a name that is no string names no tool
+        tool = plan.by_name.get(name) if isinstance(name, str) else None
         if tool is None or not valid_arguments(arguments, tool):
             continue
         calls.append(new_call(tool.name, arguments))
@@ -88,9 +87,8 @@ def read_answer(plan: ToolPlan, text: str, engine_reason: str | None, index: int
 def read_forced(plan: ToolPlan, text: str, engine_reason: str | None, index: int) -> ToolAnswer:
     """A forced call: the grammar made the text one JSON document; a cut one stays text."""
     if engine_reason != "stop":
-        return ToolAnswer(
-            text, []
-        )  # cut by max_tokens: no call to report, the partial text is kept
+        # cut by max_tokens: no call to report, the partial text is kept
+        return ToolAnswer(text, [])
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -101,9 +99,8 @@ def read_forced(plan: ToolPlan, text: str, engine_reason: str | None, index: int
         name, arguments = plan.forced, document
     else:
         name, arguments = document.get("name"), document.get("arguments")
-    tool = (
-        plan.by_name.get(name) if isinstance(name, str) else None
-    )  # a name that is no string names no tool
+    # a name that is no string names no tool
+    tool = plan.by_name.get(name) if isinstance(name, str) else None
     if tool is None or not valid_arguments(arguments, tool):
         raise ConstrainedOutputInvalid(
             f"choice {index}: the forced call to {name!r} does not validate against its parameters"

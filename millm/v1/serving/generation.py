@@ -114,9 +114,8 @@ def build_rows(
     return rows
 
 
-Monitored = Callable[
-    [ResidualsRead, Sequence[ProbeVerdict]], None
-]  # a row's monitoring capture, with its active probes' verdicts
+# a row's monitoring capture, with its active probes' verdicts
+Monitored = Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]
 
 
 class JobStream:
@@ -227,9 +226,8 @@ class Collected:
     completion_tokens: int = 0
     reads: list[ResidualsRead] = field(default_factory=list)  # the request's own SAE read
     row_tokens: list[int] = field(default_factory=list)  # completion tokens of each row
-    row_cached: list[int] = field(
-        default_factory=list
-    )  # prompt tokens each row took from the prefix cache
+    # prompt tokens each row took from the prefix cache
+    row_cached: list[int] = field(default_factory=list)
     choices: int = (
         1  # rows per prompt (n), which share one prefill and so one count of cached tokens
     )

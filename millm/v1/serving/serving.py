@@ -173,9 +173,8 @@ class Serving:
             else None
         )
         if constraint is not None:
-            await to_thread.run_sync(
-                lm.grammar.matcher, constraint
-            )  # a schema the library refuses is a 400 now
+            # a schema the library refuses is a 400 now
+            await to_thread.run_sync(lm.grammar.matcher, constraint)
         scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
         report = Report(ignored, plan, body.seed, scope, structured)
         probes = await self._watch(lm, checked.probes)
@@ -323,9 +322,8 @@ class Serving:
         """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
-        attached = dict(
-            self.state.steering.attached
-        )  # one view of the SAEs for every probe of the request
+        # one view of the SAEs for every probe of the request
+        attached = dict(self.state.steering.attached)
         return await to_thread.run_sync(
             watch_request, self.state.probes, self.state.calibrations, attached, lm, asked
         )
