@@ -5,6 +5,7 @@ the field types and base model (strict JSON) the profile, probe and miStudio mod
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator
@@ -77,17 +78,38 @@ def validate_document(
         raise error(f"invalid {what}: {listed}") from None
 
 
-def validate_field(
-    model: type[Model], value: Any, param: str = "", context: dict | None = None
-) -> Model:
+def field_error(exc: ValidationError, value: Any, param: str) -> InvalidRequest:
+    """A request field's first problem as a 400 naming its location under `param` (and how many more there are)."""
+    (where, problem), *more = problems(exc, value, param)
+    if more:
+        problem += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''})"
+    return InvalidRequest(f"{where}: {problem}", param=where)
+
+
+def validate_field(model: type[Model], value: Any, param: str = "") -> Model:
     """A request's object as `model`, or a 400 naming the first problem's location (as request bodies are refused)."""
     try:
-        return model.model_validate(value, context=context)
+        return model.model_validate(value)
     except ValidationError as exc:
-        (where, problem), *more = problems(exc, value, param)
-        if more:
-            problem += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''})"
-        raise InvalidRequest(f"{where}: {problem}", param=where) from None
+        raise field_error(exc, value, param) from None
+
+
+def refused_by(refuse: Callable[[ValidationError, Any], Exception]) -> WrapValidator:
+    """Annotated after a request field's type: a problem in it is refused at once by `refuse`, in
+    the words of the field's own format (its locations, its error code), not as a body's."""
+
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            raise refuse(exc, value) from None
+
+    return WrapValidator(check)
+
+
+def refused_under(param: str) -> WrapValidator:
+    """`refused_by` as a 400 naming the first problem's location under `param` (validate_field's words)."""
+    return refused_by(lambda exc, value: field_error(exc, value, param))
 
 
 # ---- field types --------------------------------------------------------------------------------

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 from pydantic.json_schema import models_json_schema
 
-from millm.errors import InvalidProbe
+from millm.errors import InvalidProbe, InvalidRequest
 from millm.formats.document_fields import (
     Document,
     NonNegative,
+    field_error,
     no_bools,
     problems,
     refusal,
+    refused_by,
     said,
     unique,
 )
@@ -175,9 +177,45 @@ class InlineProbe(Strict):
     detector: Detector
 
 
-def validate_inline(doc, prefix: str) -> dict:
-    """A request's inline probe {name?, description?, detector}, or InvalidProbe naming every problem under `prefix`."""
-    return _validated(InlineProbe, doc, "probe", prefix).model_dump(exclude_none=True)
+PROBES_PARAM = "probes"
+MAX_REQUEST_PROBES = (
+    16  # probes one request may name or define (each scores every position of every row)
+)
+
+
+def _saved_or_inline(value) -> str:
+    return "saved" if isinstance(value, str) else "inline"
+
+
+# One entry of a request's `probes`: a saved probe's name or id, or a probe defined inline.
+ProbeRef = Annotated[
+    Annotated[str, Field(min_length=1, description="a saved probe's name or id"), Tag("saved")]
+    | Annotated[InlineProbe, Tag("inline")],
+    Discriminator(_saved_or_inline),
+]
+
+
+def _refused_probes(exc: ValidationError, value) -> InvalidRequest:
+    found = problems(exc, value, PROBES_PARAM)
+    first = exc.errors()[0]
+    if first["type"] == "too_long":
+        return InvalidRequest(
+            f"{PROBES_PARAM} lists {len(value)} probes; a request takes at most {MAX_REQUEST_PROBES}",
+            param=PROBES_PARAM,
+        )
+    if found[0][0] == PROBES_PARAM:  # the field itself is no list
+        return field_error(exc, value, PROBES_PARAM)
+    return InvalidProbe(
+        "invalid probe: " + "; ".join(f"{where}: {problem}" for where, problem in found),
+        param=found[0][0],
+    )
+
+
+# A request's `probes` field: an entry's problems are refused as an invalid probe, naming each
+# location (`probes[2].detector.threshold`).
+RequestProbes = Annotated[
+    list[ProbeRef], Field(max_length=MAX_REQUEST_PROBES), refused_by(_refused_probes)
+]
 
 
 def validate_probe_import(payload) -> list[dict]:

@@ -20,10 +20,12 @@ anything.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError, WrapValidator
 
 from millm.errors import InvalidProfile, InvalidRequest
-from millm.formats.document_fields import validate_document, validate_field
+from millm.formats.document_fields import field_error, validate_document
 from millm.formats.document_schemas import (
     BUNDLE_KIND,
     VERSION,
@@ -32,6 +34,7 @@ from millm.formats.document_schemas import (
     SteeringSpec,
 )
 
+STEERING_PARAM = "steering"
 OPTIONAL_LISTS = (
     "vectors",
     "abort",
@@ -68,24 +71,42 @@ def validate_import(payload) -> list[dict]:
     return [validate_profile(payload)]
 
 
-def validate_spec(value, param: str = "steering") -> dict:
-    """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
-    spec = validate_field(SteeringSpec, value, param)
+def _own_steering(value: Any, handler) -> SteeringSpec:
+    try:
+        spec = handler(value)
+    except ValidationError as exc:
+        raise field_error(exc, value, STEERING_PARAM) from None
     # Documents let unknown keys pass (a stored miStudio document keeps its own); a request's steering
     # must not: a misspelt or misplaced key dropped here would answer unsteered without a word.
-    unknown = first_unknown_key(value, spec.model_dump(), param)
+    unknown = first_unknown_key(value, spec.model_dump(), STEERING_PARAM)
     if unknown is not None:
         raise InvalidRequest(
             f"{unknown}: unknown field; a request's steering is "
             '{"steering": [{"sae_id": ..., "features": [{"index": ..., "strength": ...}]}], '
             '"vectors": [...], "abort": [...]} (the steering part of a profile document)',
-            param=param,
+            param=STEERING_PARAM,
         )
+    return spec
+
+
+# A request's own `steering` field: a profile document's steering part, unknown keys refused, a
+# problem refused as a 400 naming its location.
+OwnSteering = Annotated[SteeringSpec, WrapValidator(_own_steering)]
+_OWN_STEERING: TypeAdapter[SteeringSpec] = TypeAdapter(OwnSteering)
+
+
+def spec_dict(spec: SteeringSpec) -> dict:
+    """A checked steering spec in canonical form (the optional lists only when they hold something)."""
     dumped = spec.model_dump(exclude_none=True)
     return {
         "steering": dumped["steering"],
         **{key: dumped[key] for key in OPTIONAL_LISTS if dumped[key]},
     }
+
+
+def validate_spec(value: Any) -> dict:
+    """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
+    return spec_dict(_OWN_STEERING.validate_python(value))
 
 
 def first_unknown_key(raw: Any, known: Any, where: str) -> str | None:

@@ -1,10 +1,11 @@
 """The served OpenAPI schema: FastAPI's, brought up to the rules the server really applies.
 
-FastAPI derives each body's schema from its pydantic model, which says types and bounds but not
-the rules checked across fields or in dedicated parsers (the field-policy matrix, scoring mode,
-response_format combinations, tools, the steering dial, return_sae_activations, imported
-documents). Each of those modules states its rule as JSON Schema next to its check; this module
-puts the statements where generated clients and fuzzers read them. Errors are documented as
+FastAPI derives each body's schema from its pydantic model (millm's own fields included: the
+steering spec, the SAE read, probes, tools), which says types and bounds but not the rules
+checked across fields (the field-policy matrix, scoring mode, response_format combinations, a
+forced tool choice), the limits that are server settings, or the documents routes read raw.
+Each of those modules states its rule as JSON Schema next to its check; this module puts the
+statements where generated clients and fuzzers read them. Errors are documented as
 they are: OpenAI's error object under `default` (FastAPI's 422 never happens).
 """
 
@@ -17,7 +18,6 @@ from millm.formats.document_json_schemas import SCHEMAS as DOCUMENT_SCHEMAS
 from millm.formats.labels import document_schemas as label_document_schemas
 from millm.formats.probe_documents import PROBE_DETECTORS, PROBE_SCHEMAS
 from millm.interp.intensity import DIAL_SCHEMA
-from millm.kernel.probes.watches import MAX_REQUEST_PROBES
 from millm.lab.compare.protocol import VARIANT_RULES, VARIANTS_SCHEMA
 from millm.settings import Settings
 from millm.v1.policy import field_policy
@@ -27,7 +27,6 @@ from millm.v1.policy.response_format import NAME as SCHEMA_NAME
 from millm.v1.policy.response_format import response_format_schema_rules
 from millm.v1.policy.schema_rules import absent_or_null, at_most, equals, nullable, sent, when
 from millm.v1.policy.schema_subset import SUBSET_SCHEMA
-from millm.v1.serving.activations import READ_SCHEMA
 from millm.v1.serving.protocol import (
     BUDGET_RULES,
     CHAT_LOGPROBS,
@@ -39,7 +38,7 @@ from millm.v1.serving.protocol import (
     TOKEN_IDS_SCHEMA,
     TOP_LOGPROBS_RULES,
 )
-from millm.v1.serving.tools import TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, TOOL_SCHEMA_RULES
+from millm.v1.serving.tools import TOOL_SCHEMA_RULES
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -120,43 +119,26 @@ def _narrow(
 
 
 def _requests(schemas: dict, settings: Settings) -> None:
-    probes = nullable(
-        {
-            "type": "array",
-            "maxItems": MAX_REQUEST_PROBES,
-            "items": {
-                "anyOf": [
-                    {"type": "string", "minLength": 1, "description": "a saved probe's name or id"},
-                    _ref("InlineProbe"),
-                ]
-            },
-        }
-    )
-    read = nullable(
-        {
-            **READ_SCHEMA,
-            "properties": {
-                **READ_SCHEMA["properties"],
-                "top_k": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": settings.sae_activations_max_top_k,
-                },
-            },
-        }
-    )
+    # Each rule below is one pydantic cannot state in a model's schema: a rule across fields, a
+    # limit that is a server setting, or a check written as a validator (stop sequences, the
+    # token budget, a message's content, the dial's words).
     single_read = [
         when(
             sent("return_sae_activations"),
             {"allOf": [at_most("n", 1), absent_or_null("extra_messages")]},
         )
     ]
-    # profile and steering exclude each other, which the schema does not state: one more conditional
-    # here and schemathesis can no longer generate chat bodies (it stays in the field's description).
-    own_steering = {
-        **nullable(_ref("SteeringSpec")),
-        "description": "miLLM: this request's own steering (not with profile).",
-    }
+    # A server setting: the models are built before any settings are read.
+    _narrow(
+        schemas["ReadRequest"],
+        properties={
+            "top_k": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": settings.sae_activations_max_top_k,
+            }
+        },
+    )
     _narrow(
         schemas["TextPart"],
         properties=TEXT_PART_SCHEMA["properties"],
@@ -168,12 +150,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
         properties={
             "stop": STOP_SCHEMA,
             "steering_intensity": nullable(DIAL_SCHEMA),
-            "tools": nullable({"type": "array", "items": TOOL_SCHEMA}),
-            "tool_choice": nullable(TOOL_CHOICE_SCHEMA),
-            "return_sae_activations": read,
-            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
-            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,
@@ -192,11 +169,8 @@ def _requests(schemas: dict, settings: Settings) -> None:
             "logprobs": nullable(
                 {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 20}, {"const": False}]}
             ),
-            "return_sae_activations": read,
-            "probes": probes,
             "allowed_token_ids": nullable(TOKEN_IDS_SCHEMA),
             "prompt": PROMPT_SCHEMA,
-            "steering": own_steering,
         },
         rules=[
             *BUDGET_RULES,
@@ -246,6 +220,8 @@ def _requests(schemas: dict, settings: Settings) -> None:
         properties={"type": {"enum": ["text", "json_object", "json_schema"]}},
         rules=[when({"properties": {"type": {"const": "json_schema"}}}, sent("json_schema"))],
     )
+    # The subset is a schema of schemas, served once as its own component.
+    _narrow(schemas["ToolFunction"], properties={"parameters": nullable(_ref("SchemaSubset"))})
     _narrow(
         schemas["JsonSchemaFormat"],
         properties={

@@ -364,7 +364,8 @@ def test_the_served_schema_documents_tokens_and_labels(server):
     schemas = api(server, "GET", "/openapi.json").json()["components"]["schemas"]
     for request in ("ChatCompletionRequest", "CompletionRequest"):
         field = schemas[request]["properties"]["return_sae_activations"]
-        read = next(part for part in field["anyOf"] if part.get("type") == "object")
+        assert {"$ref": "#/components/schemas/ReadRequest"} in field["anyOf"]
+        read = schemas["ReadRequest"]
         for key, says in (("tokens", "token_id decoded"), ("labels", "null for an unlabelled")):
             assert read["properties"][key]["type"] == "boolean"
             assert read["properties"][key]["default"] is False

@@ -1,9 +1,22 @@
-"""return_sae_activations' syntax (parse_read): defaults, what it keeps, and refusals naming the field."""
+"""return_sae_activations' syntax (parsed with the body; top_k's limit after): defaults, what it
+keeps, and refusals naming the field."""
 
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.v1.serving.activations import parse_read
+from millm.v1.serving.activations import within_top_k
+from millm.v1.serving.protocol import ChatCompletionRequest
+
+
+def parse_read(asked, limit):
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "return_sae_activations": asked,
+        }
+    )
+    return within_top_k(body.return_sae_activations, limit)
 
 
 def test_defaults_duplicates_and_spans():

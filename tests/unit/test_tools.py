@@ -8,7 +8,7 @@ from millm.errors import InvalidRequest
 from millm.v1.policy.schema_subset import ResponseFormatUnsupported
 from millm.v1.serving.answers_read import CallHoldback, read_answer
 from millm.v1.serving.protocol import ChatCompletionRequest
-from millm.v1.serving.tools import parse_tools, tool_messages
+from millm.v1.serving.tools import tool_messages
 
 WEATHER = {
     "type": "function",
@@ -30,7 +30,7 @@ def plan(**fields):
     body = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
     )
-    return parse_tools(body)
+    return body.tool_plan
 
 
 def test_choices_map_to_modes():

@@ -21,17 +21,12 @@ from anyio import to_thread
 from millm.engine.jobs import ProbeVerdict, Watch
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest, MillmError, NotFound
-from millm.formats.probe_documents import validate_inline
+from millm.formats.probe_documents import PROBES_PARAM, InlineProbe
 from millm.interp.probes import verdict_fields, watch_of
 from millm.interp.steering import Attached
 from millm.kernel.books.calibrations import CalibrationBook
 from millm.kernel.probes.binding import bind
 from millm.kernel.probes.book import ProbeBook
-
-PARAM = "probes"
-MAX_REQUEST_PROBES = (
-    16  # probes one request may name or define (each scores every position of every row)
-)
 
 
 @dataclass(frozen=True)
@@ -44,19 +39,12 @@ class Asked:
     saved: bool  # a saved probe named (else defined inline)
 
 
-def parse_probes(probes: ProbeBook, raw: list | None) -> tuple[Asked, ...]:
-    """The request's `probes`: names of saved probes (404 probe_not_found naming the entry) or inline
-    definitions (400 naming the field), each name once. Blocking (the probe book): a worker thread."""
-    if not raw:
-        return ()
-    if len(raw) > MAX_REQUEST_PROBES:
-        raise InvalidRequest(
-            f"{PARAM} lists {len(raw)} probes; a request takes at most {MAX_REQUEST_PROBES}",
-            param=PARAM,
-        )
+def parse_probes(probes: ProbeBook, sent: list[str | InlineProbe] | None) -> tuple[Asked, ...]:
+    """The request's `probes` (parsed with its body): names of saved probes (404 probe_not_found
+    naming the entry) and inline definitions, each name once. Blocking (the probe book): a worker thread."""
     asked: list[Asked] = []
-    for i, item in enumerate(raw):
-        where = f"{PARAM}[{i}]"
+    for i, item in enumerate(sent or ()):
+        where = f"{PROBES_PARAM}[{i}]"
         if isinstance(item, str):
             try:
                 row = probes.find(item)
@@ -65,7 +53,7 @@ def parse_probes(probes: ProbeBook, raw: list | None) -> tuple[Asked, ...]:
                 raise
             name, detector = row["name"], row["document"]["detector"]
         else:
-            inline = validate_inline(item, where)
+            inline = item.model_dump(exclude_none=True)
             name, detector = inline.get("name", where), inline["detector"]
         if any(a.name == name for a in asked):
             raise InvalidRequest(

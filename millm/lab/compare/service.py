@@ -37,7 +37,12 @@ from millm.lab.compare.protocol import (
 )
 from millm.lab.compare.variants import Resolved, find_bases, resolve_variants
 from millm.v1.objects import Usage, WireModel
-from millm.v1.policy.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
+from millm.v1.policy.field_policy import (
+    TEMPLATE_KEYS,
+    handle_unused,
+    unused_locations,
+    unused_on_model,
+)
 from millm.v1.serving.answers import Meta
 from millm.v1.serving.generation import (
     SEED_SPACE,
@@ -51,7 +56,7 @@ from millm.v1.serving.generation import (
 from millm.v1.serving.prechecks import check_rows
 from millm.v1.serving.prompts import conversation_ids
 from millm.v1.serving.replies import Reply, Report
-from millm.v1.serving.serving import generation_options, unused_fields
+from millm.v1.serving.serving import generation_options
 
 # The seed's promise: the same body and seed give the same texts, rows batched as they were.
 SEED_SCOPE = "batch-shape"
@@ -67,7 +72,7 @@ async def compare(state: CompareParts, body: CompareRequest, strict: bool) -> Re
     books = {"profile": state.profiles, "cluster": state.clusters, "circuit": state.circuits}
     await to_thread.run_sync(find_bases, books, body.variants)
     lm = await state.switch.acquire(body.model or state.switch.expected_name)
-    ignored = unused_fields(strict, body, False, lm)
+    ignored = unused_on_model(strict, body, False, lm)
     prompt = await to_thread.run_sync(conversation_ids, lm, body.messages)
     resolved = await to_thread.run_sync(resolve_variants, state.planner, body.variants)
     seed = body.seed if body.seed is not None else secrets.randbelow(SEED_SPACE)

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
+from millm.engine.loader import LoadedModel
 from millm.engine.prompts import template_source
 from millm.errors import FieldNotHonoured, UnusedFieldsRefused
 from millm.v1.policy.schema_rules import at_most, equals, one_of_values, when
@@ -373,3 +374,25 @@ def handle_unused(locations: list[str], strict: bool) -> tuple[str, ...]:
         )
     log.warning("request_fields_unused %s", json.dumps(locations))
     return tuple(locations)
+
+
+def unused_on_model(
+    strict: bool,
+    body: BaseModel,
+    scoring: bool,
+    lm: LoadedModel,
+    unused: tuple[str, ...] = (),
+    sent_as: SentAs = AS_SENT,
+) -> tuple[str, ...]:
+    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under
+    X-miLLM-Strict), in the words of the body the client sent (`sent_as`)."""
+    # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
+    reads = template_reads(lm.tokenizer) | {"tool_calls"}
+    sent = body.model_dump(exclude_unset=True)
+    locations = unused_locations(body, scoring=scoring, reads=reads) + [
+        field for field in unused if sent.get(field) is not None
+    ]
+    locations += template_kwargs_unused(
+        getattr(body, "chat_template_kwargs", None), lm.template_variables
+    )
+    return handle_unused(sent_as.merge(locations), strict)

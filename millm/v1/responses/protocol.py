@@ -15,8 +15,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from millm.errors import FieldNotHonoured
+from millm.formats.probe_documents import RequestProbes
+from millm.formats.profiles import OwnSteering
 from millm.v1.objects import WireModel
 from millm.v1.policy.body_fields import OpenBody, Seed, Temperature, TokenCount, TopP
+from millm.v1.serving.activations import SaeRead
 
 # OpenAI's limits on metadata: 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
@@ -201,9 +204,9 @@ class ResponsesRequest(OpenBody):
     seed: Seed | None = None
     profile: str | None = None
     steering_intensity: float | str | None = None
-    steering: dict | None = None
-    return_sae_activations: dict | None = None
-    probes: list[str | dict[str, Any]] | None = None
+    steering: OwnSteering | None = None
+    return_sae_activations: SaeRead | None = None
+    probes: RequestProbes | None = None
 
     @model_validator(mode="after")
     def _fields_honoured(self):

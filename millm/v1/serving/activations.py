@@ -21,14 +21,12 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
 
 from millm.engine.jobs import PositionWord, ResidualRead, ResidualsRead
-from millm.formats.document_fields import Indices, NonNegative, refusal, said, validate_field
-from millm.formats.document_json_schemas import inline
+from millm.errors import InvalidRequest
+from millm.formats.document_fields import Indices, NonNegative, refusal, refused_under, said
 from millm.interp.calibration_stats import PercentileTable
 from millm.interp.sae_reads import encode_rows
 from millm.interp.steering import Attached, check_feature, pick_attached
@@ -129,7 +127,7 @@ Positions = Annotated[
         PositionWord, said('one of last, prompt, completion, all or {"start", "end"}'), Tag("word")
     ]
     | Annotated[PositionRange, Tag("range")],
-    Discriminator(lambda value: "range" if isinstance(value, dict) else "word"),
+    Discriminator(lambda value: "range" if isinstance(value, (dict, PositionRange)) else "word"),
 ]
 
 
@@ -157,17 +155,6 @@ class ReadRequest(BaseModel):
         description="Add each entry's label: the feature's label in the SAE's labels, null for an unlabelled feature.",
     )
 
-    @field_validator("top_k")
-    @classmethod
-    def _within_setting(cls, top_k: int, info: ValidationInfo) -> int:
-        # The limit is a server setting, so it comes as validation context (the served schema states it too).
-        limit = (info.context or {}).get("max_top_k")
-        if limit is not None and top_k > limit:
-            raise refusal(
-                "top_k_over_limit", "at most SAE_ACTIVATIONS_MAX_TOP_K ({limit})", limit=limit
-            )
-        return top_k
-
     @property
     def span(self) -> PositionWord | tuple[int, int]:
         """The positions as the engine takes them: a word, or (start, end)."""
@@ -178,14 +165,19 @@ class ReadRequest(BaseModel):
         )
 
 
-# What parse_read accepts, as JSON Schema (for the served OpenAPI schema); which SAE ids are
-# attached, their widths and the top_k and size limits are the server's state and settings.
-READ_SCHEMA = inline(ReadRequest.model_json_schema())
+# The request field: parsed with the body, refused in this format's words (locations under READ_PARAM).
+SaeRead = Annotated[ReadRequest, refused_under(READ_PARAM)]
 
 
-def parse_read(request: dict, max_top_k: int) -> ReadRequest:
-    """Check what depends on the request alone (keys, types, top_k's limit, positions, read point): a 400 naming the field."""
-    return validate_field(ReadRequest, request, READ_PARAM, context={"max_top_k": max_top_k})
+def within_top_k(asked: ReadRequest, limit: int) -> ReadRequest:
+    """The read, if its top_k is within SAE_ACTIVATIONS_MAX_TOP_K (a server setting, so checked
+    after the body is parsed; the served schema states it too)."""
+    if asked.top_k > limit:
+        where = f"{READ_PARAM}.top_k"
+        raise InvalidRequest(
+            f"{where}: at most SAE_ACTIVATIONS_MAX_TOP_K ({limit}), got {asked.top_k}", param=where
+        )
+    return asked
 
 
 def plan_read(

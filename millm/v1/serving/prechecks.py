@@ -1,12 +1,15 @@
 """Refusals that depend only on the request, made before the named model is acquired.
 
 A request naming a registered model that is not loaded makes the server load it, unloading the
-model everyone else uses. So every refusal the request alone decides (fields strict mode would
-refuse whatever the model, the steering_intensity syntax, an unknown profile, the syntax of
-return_sae_activations) runs first: a bad request never moves a model. What depends on the
-model (its chat template, its vocabulary, its context window, the SAEs attached to it) is
-checked once it is held. How many rows a request makes (conversations or prompts times n) is
-the request's own (a comparison makes one per variant): past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by the API, before this.
+model everyone else uses. So every refusal the request alone decides runs first: the syntax of
+millm's own fields (`steering`, `return_sae_activations`, `probes`, `tools`) as the body is
+parsed (v1/serving/protocol.py), then here the fields strict mode would refuse whatever the
+model, the steering_intensity syntax, an unknown profile or probe, the read's top_k limit: a bad
+request never moves a model. What depends on the model (its chat template, its vocabulary, its
+context window, the SAEs attached to it) is checked once it is held. How many rows a request
+makes (conversations or prompts times n; a comparison makes one per variant) is the request's
+own: past MAX_ROWS_PER_REQUEST it is refused here. The X-miLLM-Strict header itself is read by
+the API, before this.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from anyio import to_thread
 from pydantic import BaseModel
 
 from millm.errors import InvalidRequest
-from millm.formats.profiles import validate_spec
+from millm.formats.profiles import spec_dict
 from millm.interp.intensity import Dial, parse_dial
 from millm.kernel.probes.watches import Asked, parse_probes
 from millm.v1.policy.body_fields import RowCount
 from millm.v1.policy.field_policy import TEMPLATE_KEYS, handle_unused, unused_locations
-from millm.v1.serving.activations import ReadRequest, parse_read
+from millm.v1.serving.activations import ReadRequest, within_top_k
 from millm.v1.serving.parts import ServingParts
 
 
@@ -34,7 +37,7 @@ class Prechecked:
     dial: Dial | None = None
     read: ReadRequest | None = None  # return_sae_activations, its syntax checked
     probes: tuple[Asked, ...] = ()  # the probes the request names or defines
-    spec: dict | None = None  # the request's own `steering`, validated and canonical
+    spec: dict | None = None  # the request's own `steering`, canonical
 
 
 async def precheck(
@@ -48,34 +51,19 @@ async def precheck(
     raw_dial = getattr(body, "steering_intensity", None)
     dial = parse_dial(raw_dial) if raw_dial is not None else None
     profile = getattr(body, "profile", None)
-    spec = own_steering(body, profile)
     if profile is not None and not scoring and not (dial is not None and dial.off):
         # "off" turns steering off without looking at the base, an unknown profile included.
         await to_thread.run_sync(state.profiles.find, profile)
     asked = getattr(body, "return_sae_activations", None)
-    read = (
-        parse_read(asked, state.settings.sae_activations_max_top_k) if asked is not None else None
-    )
+    read = within_top_k(asked, state.settings.sae_activations_max_top_k) if asked else None
     probes = getattr(body, "probes", None)
     watched = (
         await to_thread.run_sync(parse_probes, state.probes, probes)
         if probes and not scoring
         else ()
     )
-    return Prechecked(strict, dial, read, watched, spec)
-
-
-def own_steering(body: BaseModel, profile: str | None) -> dict | None:
-    """The request's `steering` checked whole (400 naming the entry), refused beside a `profile`: each replaces the base, so only one can."""
-    raw = getattr(body, "steering", None)
-    if raw is None:
-        return None
-    if profile is not None:
-        raise InvalidRequest(
-            "send either profile or steering: each replaces the steering base for this request, so they cannot be combined",
-            param="steering",
-        )
-    return validate_spec(raw)
+    own = getattr(body, "steering", None)
+    return Prechecked(strict, dial, read, watched, spec_dict(own) if own is not None else None)
 
 
 def check_rows(body: BaseModel, cap: int) -> None:

@@ -1,7 +1,11 @@
 """Request bodies of the OpenAI surface: one field per parameter, one validator per cross-field rule.
 
 Models are strict (a string is never a number, `true` is never a seed) and keep unknown
-fields, so the field policy can report or refuse them instead of dropping them.
+fields, so the field policy can report or refuse them instead of dropping them. millm's own
+fields (`steering`, `return_sae_activations`, `probes`, `tools`) are typed here too and parsed
+with the body, each refused in its own format's words. Over 400 lines because the three bodies
+share their fields and rules, and each rule's JSON Schema twin (for what pydantic cannot state
+in a schema: a rule across fields) stands beside it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from millm.errors import InvalidRequest
+from millm.formats.probe_documents import RequestProbes
+from millm.formats.profiles import OwnSteering
 from millm.v1.policy.body_fields import (
     Choices,
     OpenBody,
@@ -44,6 +50,8 @@ from millm.v1.policy.schema_rules import (
     sent,
     when,
 )
+from millm.v1.serving.activations import SaeRead
+from millm.v1.serving.tools import ChatTools, ToolChoice, ToolPlan, tool_plan
 
 MAX_STOP_SEQUENCES = 4
 
@@ -199,12 +207,16 @@ class SamplingFields(GenerationFields):
     stream_options: StreamOptions | None = None
     n: Choices | None = None
     user: str | None = None
-    # miLLM: this request's activations of an attached SAE (checked against the SAEs in v1/serving/activations.py)
-    return_sae_activations: dict | None = None
-    # miLLM: probes watching this request's rows, by name or inline (checked in kernel/probes/watches.py)
-    probes: list[str | dict[str, Any]] | None = None
-    # miLLM: this request's own steering, a profile document's steering part (checked in v1/serving/prechecks.py)
-    steering: dict | None = None
+    # vLLM's: a logprob's token said as "token_id:<id>" (never ambiguous, unlike decoded text)
+    return_tokens_as_token_ids: bool | None = None
+    # miLLM: this request's activations of an attached SAE (bound to one in v1/serving/activations.py)
+    return_sae_activations: SaeRead | None = None
+    # miLLM: probes watching this request's rows, by name or inline (found in kernel/probes/watches.py)
+    probes: RequestProbes | None = None
+    # miLLM: this request's own steering, a profile document's steering part
+    steering: OwnSteering | None = Field(
+        None, description="miLLM: this request's own steering (not with profile)."
+    )
 
     endpoint: ClassVar[str]  # the field policy's column (v1/policy/field_policy.py)
 
@@ -219,10 +231,13 @@ class SamplingFields(GenerationFields):
         )
         return self
 
-    if TYPE_CHECKING:  # each endpoint's body says when it asks for scoring mode
+    if TYPE_CHECKING:  # each endpoint's body says when it asks for scoring mode, and for logprobs
 
         @property
         def scoring(self) -> bool: ...
+
+        @property
+        def drawn_logprobs(self) -> int | None: ...
 
     @property
     def scoring_temperature(self) -> float:
@@ -242,15 +257,12 @@ class ChatCompletionRequest(SamplingFields):
         None  # miLLM: the per-request dial (0-2, off, min, max)
     )
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = (
-        None  # checked in v1/serving/tools.py (one message per malformed tool)
-    )
-    tool_choice: str | dict[str, Any] | None = None
+    tools: ChatTools | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None
-    return_tokens_as_token_ids: bool | None = None
     # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see check_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -290,6 +302,23 @@ class ChatCompletionRequest(SamplingFields):
         refuse_multi_row_reads(self, 1)
         return self
 
+    @model_validator(mode="after")
+    def _one_steering(self):
+        # Each replaces the steering base for this request, so only one can.
+        if self.profile is not None and self.steering is not None:
+            raise InvalidRequest(
+                "send either profile or steering: each replaces the steering base for this request, so they cannot be combined",
+                param="steering",
+            )
+        return self
+
+    _tools: ToolPlan | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _tool_rules(self):
+        self._tools = tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+        return self
+
     @property
     def scoring(self) -> bool:
         """Chat scoring: the next token's distribution instead of generated text
@@ -313,6 +342,11 @@ class ChatCompletionRequest(SamplingFields):
         """The output constraint response_format asks for (None for text), checked while parsing."""
         return self._structured
 
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tool fields mean (None when no tools were sent), checked while parsing."""
+        return self._tools
+
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions: prompt text (or token ids), one choice per prompt."""
@@ -326,7 +360,6 @@ class CompletionRequest(SamplingFields):
     echo: bool | None = None  # beyond the spec (issue 34): the prompt's tokens, scored
     logprobs: TopN | bool | None = None
     allowed_token_ids: TokenIds | None = None
-    return_tokens_as_token_ids: bool | None = None
 
     @field_validator("logprobs")
     @classmethod

@@ -4,7 +4,7 @@ API: the body (or its chunks) and how it was served."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from millm.engine.constraints import GrammarSpec
 from millm.engine.loader import LoadedModel
@@ -52,6 +52,10 @@ class Admitted:
     constraint: GrammarSpec | None = None
     read: ActivationRead | None = None
     probes: ProbeSet = NO_PROBES
+
+    def planned(self, plan: Plan) -> Admitted:
+        """The request with the plan that steers it in its report."""
+        return replace(self, report=replace(self.report, plan=plan))
 
     @property
     def prompt_tokens(self) -> int:

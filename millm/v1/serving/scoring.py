@@ -28,7 +28,7 @@ from millm.v1.serving.answers import Echo, Meta, millm_block
 from millm.v1.serving.generation import answered
 from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.protocol import ChatCompletionRequest, CompletionRequest
-from millm.v1.serving.replies import Reply, Report
+from millm.v1.serving.replies import Admitted, Reply
 from millm.v1.token_logprobs import TokenWords, joined, token_text
 
 
@@ -150,13 +150,11 @@ def chat_choice(
     )
 
 
-def logprob_words(
-    lm: LoadedModel, body: ChatCompletionRequest | CompletionRequest
-) -> TokenWords | None:
+def logprob_words(admitted: Admitted) -> TokenWords | None:
     """How a generation's tokens are said in its logprobs, when it asked for them (None if not)."""
-    if body.drawn_logprobs is None:
+    if admitted.body.drawn_logprobs is None:
         return None
-    return TokenWords(lm, bool(body.return_tokens_as_token_ids))
+    return TokenWords(admitted.lm, bool(admitted.body.return_tokens_as_token_ids))
 
 
 async def echoed_prompts(
@@ -185,17 +183,13 @@ def engine_reads(read: ActivationRead | None) -> tuple:
 
 
 async def score_completions(
-    state: ServingParts,
-    lm: LoadedModel,
-    body: CompletionRequest,
-    prompts_and_texts: tuple[list[list[int]], list[str]],
-    meta: Meta,
-    report: Report,
-    read: ActivationRead | None,
+    state: ServingParts, admitted: Admitted, texts: list[str], meta: Meta
 ) -> Reply:
     """Score each prompt's next token (and with echo its own tokens) in one job, unsteered unless
-    the report's plan steers it (a variant whose scoring is steered)."""
-    prompts, texts = prompts_and_texts
+    the report's plan steers it (a variant whose scoring is steered); `texts` are the prompts' texts."""
+    lm, prompts, report, read = admitted.lm, admitted.prompts, admitted.report, admitted.read
+    body = admitted.body
+    assert isinstance(body, CompletionRequest)  # text scoring: chat's is score_chat
     check_scored_lengths(lm, prompts, "prompt")
     allowed = check_allowed(lm, body.allowed_token_ids)
     ranking = Ranking(
@@ -240,16 +234,11 @@ async def score_completions(
     return Reply(report, body=scored_body)
 
 
-async def score_chat(
-    state: ServingParts,
-    lm: LoadedModel,
-    body: ChatCompletionRequest,
-    prompts: list[list[int]],
-    meta: Meta,
-    report: Report,
-    read: ActivationRead | None,
-) -> Reply:
+async def score_chat(state: ServingParts, admitted: Admitted, meta: Meta) -> Reply:
     """Score each conversation one at a time; a failing one fails the request, naming its index."""
+    lm, prompts, report, read = admitted.lm, admitted.prompts, admitted.report, admitted.read
+    body = admitted.body
+    assert isinstance(body, ChatCompletionRequest)  # chat's scoring: the other is score_completions
     allowed = check_allowed(lm, body.allowed_token_ids)
     ranking = Ranking(
         tuple(allowed) if allowed else None,

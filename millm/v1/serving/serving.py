@@ -13,7 +13,6 @@ from dataclasses import replace
 from functools import partial
 
 from anyio import to_thread
-from pydantic import BaseModel
 
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
@@ -26,10 +25,7 @@ from millm.kernel.variants.naming import Named
 from millm.v1.policy.field_policy import (
     AS_SENT,
     SentAs,
-    handle_unused,
-    template_kwargs_unused,
-    template_reads,
-    unused_locations,
+    unused_on_model,
 )
 from millm.v1.policy.response_format import refused_under_batching
 from millm.v1.serving.activations import ActivationRead, ReadRequest, plan_read
@@ -58,7 +54,6 @@ from millm.v1.serving.protocol import (
     CompletionRequest,
     EmbeddingRequest,
     GenerationFields,
-    SamplingFields,
 )
 from millm.v1.serving.replies import Admitted, Reply, Report
 from millm.v1.serving.scoring import (
@@ -69,7 +64,7 @@ from millm.v1.serving.scoring import (
     score_chat,
     score_completions,
 )
-from millm.v1.serving.tools import offer_decision, parse_tools, template_takes_tools
+from millm.v1.serving.tools import offer_decision, template_takes_tools
 from millm.v1.token_logprobs import token_text
 
 
@@ -89,28 +84,6 @@ def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
         seed=body.seed,
         logprobs=getattr(body, "drawn_logprobs", None),
     )
-
-
-def unused_fields(
-    strict: bool,
-    body: BaseModel,
-    scoring: bool,
-    lm: LoadedModel,
-    unused: tuple[str, ...] = (),
-    sent_as: SentAs = AS_SENT,
-) -> tuple[str, ...]:
-    """Fields this request sent that its path ignores on this model, plus `unused` ones (400 under
-    X-miLLM-Strict), in the words of the body the client sent (`sent_as`)."""
-    # An assistant's tool_calls are always rendered: by the template, or as <tool_call> blocks.
-    reads = template_reads(lm.tokenizer) | {"tool_calls"}
-    sent = body.model_dump(exclude_unset=True)
-    locations = unused_locations(body, scoring=scoring, reads=reads) + [
-        field for field in unused if sent.get(field) is not None
-    ]
-    locations += template_kwargs_unused(
-        getattr(body, "chat_template_kwargs", None), lm.template_variables
-    )
-    return handle_unused(sent_as.merge(locations), strict)
 
 
 def ids_text(lm: LoadedModel, ids: list[int]) -> str:
@@ -138,13 +111,12 @@ class Serving:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in, and
         `request_id` the id its client gets back, when that is not this body's (monitoring says it)."""
-        # The body's own cross-field rules were checked while it was parsed (v1/serving/protocol.py).
+        # The body's own rules (millm's fields included) were checked while it was parsed.
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
         structured = body.structured
         if structured is not None and self.settings.enable_continuous_batching:
             raise refused_under_batching()
-        tools = parse_tools(body)
         checked = await precheck(self.state, body, strict, body.scoring)
         lm = await self.state.switch.acquire(body.model)
         if body.scoring and not has_chat_template(lm.tokenizer):
@@ -154,16 +126,30 @@ class Serving:
                 code="no_chat_template",
             )
         tools, unused = offer_decision(
-            tools, template_takes_tools(lm.tokenizer), lm.parameters, self.settings.prompted_tools
+            body.tool_plan,
+            template_takes_tools(lm.tokenizer),
+            lm.parameters,
+            self.settings.prompted_tools,
         )
-        ignored = unused_fields(strict, body, body.scoring, lm, tuple(unused), sent_as)
+        ignored = unused_on_model(strict, body, body.scoring, lm, tuple(unused), sent_as)
         prompts = await to_thread.run_sync(conversation_prompts, lm, body, tools)
+        # From here the request travels whole: its model, prompts and report, then its read.
+        # A scoring pass is one forward pass of its own; extra_messages rows hold their seed for
+        # the same batch composition only.
+        scope = (
+            "request"
+            if body.scoring
+            else "batch-shape"
+            if body.extra_messages
+            else self._seed_scope
+        )
+        report = Report(ignored, seed=body.seed, seed_scope=scope, structured=structured)
+        admitted = Admitted(lm, body, prompts, "messages", report)
+        admitted = replace(admitted, read=await self._read(admitted, checked.read))
         meta = Meta.new("chatcmpl", named.served, lm.system_fingerprint)
-        read = await self._read(lm, body, checked.read, prompts, "messages")
         if body.scoring:
             plan = await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
-            report = Report(ignored, plan, seed=body.seed)
-            return await score_chat(self.state, lm, body, prompts, meta, report, read)
+            return await score_chat(self.state, admitted.planned(plan), meta)
         plan = await to_thread.run_sync(self._plan, body.profile, checked, named)
         constraint = (
             structured.spec
@@ -175,11 +161,12 @@ class Serving:
         if constraint is not None:
             # a schema the library refuses is a 400 now
             await to_thread.run_sync(lm.grammar.matcher, constraint)
-        scope = self._seed_scope(batch_shaped=bool(body.extra_messages))
-        report = Report(ignored, plan, body.seed, scope, structured)
-        probes = await self._watch(lm, checked.probes)
-        admitted = Admitted(lm, body, prompts, "messages", report, constraint, read, probes)
-        shape = ChatShape(tools, logprob_words(lm, body))
+        admitted = replace(
+            admitted.planned(plan),
+            constraint=constraint,
+            probes=await self._watch(lm, checked.probes),
+        )
+        shape = ChatShape(tools, logprob_words(admitted))
         return await self._generate(admitted, shape, meta, request_id or meta.id)
 
     async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
@@ -188,26 +175,25 @@ class Serving:
         body = self.state.variants.on_base(named, body)
         checked = await precheck(self.state, body, strict, body.scoring)
         lm = await self.state.switch.acquire(body.model)
-        ignored = unused_fields(strict, body, body.scoring, lm)
+        ignored = unused_on_model(strict, body, body.scoring, lm)
         error = InvalidScoringRequest if body.scoring else InvalidRequest
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
+        scope = "request" if body.scoring else self._seed_scope
+        admitted = Admitted(
+            lm, body, prompts, "prompt", Report(ignored, seed=body.seed, seed_scope=scope)
+        )
+        admitted = replace(admitted, read=await self._read(admitted, checked.read))
         meta = Meta.new("cmpl", named.served, lm.system_fingerprint)
-        read = await self._read(lm, body, checked.read, prompts, "prompt")
         scoring_plan = (  # what scores the prompt: scoring mode, or echo's prompt logprobs
             await to_thread.run_sync(self.state.variants.scoring_plan, named, checked.dial)
             if body.scoring or body.echo
             else NO_STEERING
         )
         if body.scoring:
-            report = Report(ignored, scoring_plan, seed=body.seed)
-            return await score_completions(
-                self.state, lm, body, (prompts, texts), meta, report, read
-            )
+            return await score_completions(self.state, admitted.planned(scoring_plan), texts, meta)
         plan = await to_thread.run_sync(self._plan, None, checked, named)
-        report = Report(ignored, plan, body.seed, self._seed_scope(batch_shaped=False))
-        probes = await self._watch(lm, checked.probes)
-        admitted = Admitted(lm, body, prompts, "prompt", report, None, read, probes)
-        words = logprob_words(lm, body)
+        admitted = replace(admitted.planned(plan), probes=await self._watch(lm, checked.probes))
+        words = logprob_words(admitted)
         echoes = (
             await echoed_prompts(self.state, body, (prompts, texts), words, scoring_plan.edit)
             if body.echo
@@ -283,30 +269,27 @@ class Serving:
             return self.state.planner.plan_for_spec(checked.spec, checked.dial)
         return self.state.planner.plan_for(profile, checked.dial)
 
-    async def _read(
-        self,
-        lm: LoadedModel,
-        body: SamplingFields,
-        asked: ReadRequest | None,
-        prompts: list[list[int]],
-        param: str,
-    ) -> ActivationRead | None:
+    async def _read(self, admitted: Admitted, asked: ReadRequest | None) -> ActivationRead | None:
         """The request's SAE read bound to an attached SAE (400 before anything runs), with the
         SAE's labels when it asked for them; None when it asked for none."""
         if asked is None:
             return None
-        scoring = bool(getattr(body, "scoring", False))
+        lm, body, prompt_tokens = admitted.lm, admitted.body, len(admitted.prompts[0])
         budget = (
             0
-            if scoring
+            if body.scoring
             else completion_budget(
-                lm, len(prompts[0]), body.token_budget, self.settings.default_max_tokens, param
+                lm,
+                prompt_tokens,
+                body.token_budget,
+                self.settings.default_max_tokens,
+                admitted.param,
             )
         )
         read = plan_read(
             asked,
             self.state.steering.attached,
-            prompt_tokens=len(prompts[0]),
+            prompt_tokens=prompt_tokens,
             max_tokens=budget,
             max_entries=self.settings.sae_activations_max_entries,
             calibration=partial(self.state.calibrations.table, model=lm.name),
@@ -328,10 +311,8 @@ class Serving:
             watch_request, self.state.probes, self.state.calibrations, attached, lm, asked
         )
 
-    def _seed_scope(self, batch_shaped: bool) -> str:
-        """The promise X-miLLM-Seed states: extra_messages rows hold for the same batch composition;
-        with continuous batching enabled the spec's promise is best-effort (the seeded request itself
-        still runs on the serial path, in its own forward passes)."""
-        if batch_shaped:
-            return "batch-shape"
+    @property
+    def _seed_scope(self) -> str:
+        """The promise X-miLLM-Seed states: with continuous batching enabled the spec's promise is
+        best-effort (the seeded request itself still runs on the serial path, in its own forward passes)."""
         return "best-effort" if self.settings.enable_continuous_batching else "request"

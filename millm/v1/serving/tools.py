@@ -21,15 +21,20 @@ import contextlib
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError
 
 from millm.engine.constraints import COMPACT, GrammarSpec
 from millm.engine.prompts import template_source
 from millm.errors import InvalidRequest
+from millm.formats.document_fields import field_error, refused_by
+from millm.v1.policy.body_fields import OpenBody
 from millm.v1.policy.response_format import NAME
 from millm.v1.policy.schema_rules import any_of, equals, when
 from millm.v1.policy.schema_subset import check_schema
-from millm.v1.serving.protocol import ChatCompletionRequest
 
+TOOLS_PARAM = "tools"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ANY_OBJECT = {"type": "object"}
 TOOL_PROMPT = (
@@ -41,39 +46,70 @@ TOOL_PROMPT = (
 )
 
 
-TOOL_SCHEMA = {
-    "type": "object",
-    "required": ["type", "function"],
-    "properties": {
-        "type": {"const": "function"},
-        "function": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": NAME.pattern},
-                "description": {"type": "string"},
-                "parameters": {"$ref": "#/components/schemas/SchemaSubset"},
-            },
-        },
-    },
-}
-TOOL_CHOICE_SCHEMA = {
-    "anyOf": [
-        {"enum": ["none", "auto", "required"]},
-        {
-            "type": "object",
-            "required": ["type", "function"],
-            "properties": {
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {"name": {"type": "string", "pattern": NAME.pattern}},
-                },
-            },
-        },
-    ]
-}
+class ToolFunction(OpenBody):
+    """A function tool's function: its name, what it does, and the JSON Schema of its arguments."""
+
+    name: Annotated[str, Field(pattern=NAME.pattern)]
+    description: str | None = None
+    # Within the structured-output subset (checked by tool_plan, which names keyword and pointer;
+    # the served schema refers to the subset's own component).
+    parameters: dict[str, Any] | None = None
+    # OpenAI's SDK sends it; a forced call is constrained to the parameters whatever it says.
+    strict: bool | None = None
+
+
+class ChatTool(OpenBody):
+    """One entry of a chat request's `tools`: `{"type": "function", "function": {...}}`."""
+
+    type: Literal["function"]
+    function: ToolFunction
+
+
+TOOL_SHAPE = '{"type": "function", "function": {...}}'
+
+
+def _refused_tool(exc: ValidationError, value: Any) -> InvalidRequest:
+    # The first problem in the words tools were always refused in: the entry, its name, its description.
+    loc = exc.errors()[0]["loc"]
+    if loc and isinstance(loc[0], int):
+        where = f"{TOOLS_PARAM}[{loc[0]}]"
+        part = loc[1:3]
+        if part in ((), ("type",), ("function",)):
+            return InvalidRequest(f"{where} must be {TOOL_SHAPE}", param=where)
+        if part == ("function", "name"):
+            return InvalidRequest(
+                f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
+                param=f"{where}.function.name",
+            )
+        if part == ("function", "description"):
+            return InvalidRequest(
+                f"{where}.function.description must be a string",
+                param=f"{where}.function.description",
+            )
+    return field_error(exc, value, TOOLS_PARAM)
+
+
+ChatTools = Annotated[list[ChatTool], refused_by(_refused_tool)]
+
+
+class ChosenFunction(OpenBody):
+    """The function a tool_choice names."""
+
+    name: str
+
+
+class NamedToolChoice(OpenBody):
+    """tool_choice naming the one tool to call: `{"type": "function", "function": {"name": ...}}`."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+CHOICES = 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+ToolChoice = Annotated[
+    Literal["none", "auto", "required"] | NamedToolChoice,
+    refused_by(lambda exc, value: InvalidRequest(CHOICES, param="tool_choice")),
+]
 # A choice that forces a call needs tools to call (which one it names is checked against them).
 TOOL_SCHEMA_RULES = [
     when(
@@ -170,71 +206,41 @@ def closed(schema):
     return out
 
 
-def parse_tools(body: ChatCompletionRequest) -> ToolPlan | None:
-    """The request's tool plan (None when it sends no tools), refusing malformed tools and choices."""
-    raw = body.tools or []
-    choice = body.tool_choice
-    if not raw:
+def tool_plan(
+    tools: list[ChatTool] | None, choice: str | NamedToolChoice | None, parallel: bool | None
+) -> ToolPlan | None:
+    """The request's tool plan (None when it sends no tools), refusing tools sharing a name,
+    parameters outside the subset and choices that name no tool sent."""
+    if not tools:
         if choice not in (None, "none", "auto"):
             raise InvalidRequest(
                 "tool_choice forces a call but no tools were sent", param="tool_choice"
             )
         return None
-    tools = tuple(parse_tool(entry, i) for i, entry in enumerate(raw))
-    by_name = {tool.name: tool for tool in tools}
-    if len(by_name) != len(tools):
-        raise InvalidRequest("tools: two tools share a name", param="tools")
-    parallel = body.parallel_tool_calls is not False
+    checked = tuple(checked_tool(tool, i) for i, tool in enumerate(tools))
+    by_name = {tool.name: tool for tool in checked}
+    if len(by_name) != len(checked):
+        raise InvalidRequest("tools: two tools share a name", param=TOOLS_PARAM)
+    parallel = parallel is not False
     if choice is None or choice == "auto":
-        return ToolPlan(tools, "auto", parallel=parallel, by_name=by_name)
+        return ToolPlan(checked, "auto", parallel=parallel, by_name=by_name)
     if choice in ("none", "required"):
-        return ToolPlan(tools, choice, parallel=parallel, by_name=by_name)
-    if (
-        isinstance(choice, dict)
-        and choice.get("type") == "function"
-        and isinstance(choice.get("function"), dict)
-    ):
-        name = choice["function"].get("name")
-        if not isinstance(name, str) or name not in by_name:
-            raise InvalidRequest(
-                f"tool_choice names {name!r}, which is not among the tools sent",
-                param="tool_choice",
-            )
-        return ToolPlan(tools, "forced", forced=name, parallel=parallel, by_name=by_name)
-    raise InvalidRequest(
-        'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
-        param="tool_choice",
-    )
+        return ToolPlan(checked, choice, parallel=parallel, by_name=by_name)
+    assert isinstance(choice, NamedToolChoice)  # the type allows nothing else
+    name = choice.function.name
+    if name not in by_name:
+        raise InvalidRequest(
+            f"tool_choice names {name!r}, which is not among the tools sent", param="tool_choice"
+        )
+    return ToolPlan(checked, "forced", forced=name, parallel=parallel, by_name=by_name)
 
 
-def parse_tool(entry, index: int) -> Tool:
-    """One `{"type": "function", "function": {name, description, parameters}}` entry, checked."""
-    where = f"tools[{index}]"
-    if (
-        not isinstance(entry, dict)
-        or entry.get("type") != "function"
-        or not isinstance(entry.get("function"), dict)
-    ):
-        raise InvalidRequest(
-            f'{where} must be {{"type": "function", "function": {{...}}}}', param=where
-        )
-    function = entry["function"]
-    name = function.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise InvalidRequest(
-            f"{where}.function.name must be 1-64 letters, digits, '_' or '-'",
-            param=f"{where}.function.name",
-        )
-    description = function.get("description")
-    if description is not None and not isinstance(description, str):
-        raise InvalidRequest(
-            f"{where}.function.description must be a string", param=f"{where}.function.description"
-        )
-    parameters = function.get("parameters")
-    if parameters is None:
-        parameters = ANY_OBJECT
-    check_schema(parameters, param=f"{where}.function.parameters")
-    return Tool(name, description, parameters)
+def checked_tool(tool: ChatTool, index: int) -> Tool:
+    """A parsed tool with its parameters checked against the subset (any object when it has none)."""
+    function = tool.function
+    parameters = ANY_OBJECT if function.parameters is None else function.parameters
+    check_schema(parameters, param=f"{TOOLS_PARAM}[{index}].function.parameters")
+    return Tool(function.name, function.description, parameters)
 
 
 # prompts ---------------------------------------------------------------------------------------
