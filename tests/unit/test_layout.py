@@ -164,6 +164,38 @@ def test_only_the_composition_root_sees_the_whole_state():
     assert untyped == []
 
 
+def _hands_on_the_state(method: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether a method's one statement hands `self.state` to a function and returns its answer."""
+    body = [
+        statement
+        for statement in method.body
+        if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant))
+    ]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return False
+    call = body[0].value.value if isinstance(body[0].value, ast.Await) else body[0].value
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and any(ast.unparse(arg) == "self.state" for arg in call.args)
+    )
+
+
+def test_no_service_method_only_hands_on_the_state():
+    """A service's method does its capability's work (the checks, the job's start); one that only
+    handed the state to a function of its folder would be a second name for that function."""
+    passing = [
+        f"{path.relative_to(ROOT)}:{cls.name}.{method.name}"
+        for path in PACKAGE.rglob("*.py")
+        for cls in ast.parse(path.read_text()).body
+        if isinstance(cls, ast.ClassDef)
+        for method in cls.body
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef)
+        and _hands_on_the_state(method)
+    ]
+    assert passing == []
+
+
 def test_a_long_module_says_why():
     """A module over 400 lines gives its reason in its docstring ("Over 400 lines because ...")."""
     unexplained = [

@@ -27,28 +27,24 @@ import time
 import torch
 
 from millm.engine.jobs import ResidualRead, RowSpec
-from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
+from millm.engine.prompts import completion_prompt_ids
 from millm.engine.residual import ResidualEdit
 from millm.engine.sampling import SamplingParams
-from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
+from millm.errors import InvalidRequest
 from millm.interp.intensity import clamp_strength
-from millm.interp.steering import check_feature, pick_attached
 from millm.kernel.runtime.blocking import generate_blocking, likelihoods_blocking, passes_blocking
-from millm.kernel.runtime.jobs import JobHandle, JobView
+from millm.kernel.runtime.jobs import JobHandle
 from millm.lab.autosteer.inputs import (
     CONTROL_SYSTEM,
-    DEFAULT_PROBES,
     GOAL_SYSTEM,
     NEUTRAL_TEXTS,
     SKIPPED_POSITIONS,
     PreparedAutoSteer,
-    primed_ids,
     search_words,
 )
 from millm.lab.autosteer.parts import AutoSteerParts
 from millm.lab.autosteer.protocol import (
     DEFAULT_FRACTIONS,
-    AutoSteerRequest,
     AutoSteerResult,
     Baseline,
     Candidate,
@@ -56,51 +52,6 @@ from millm.lab.autosteer.protocol import (
 )
 from millm.lab.autosteer.ranking import Judged, judged_setting, lift, rank_settings
 from millm.lab.discovery.contrast import contrast_prompts_blocking
-from millm.lab.discovery.judge import judge_for
-
-
-def start_autosteer(state: AutoSteerParts, body: AutoSteerRequest) -> JobView:
-    """Check the request against the loaded model and start the job (its view is the answer)."""
-    lm = state.switch.lm
-    if lm is None:
-        raise ModelNotLoaded("no model is loaded to steer; load one first")
-    attached = pick_attached(state.steering.attached, body.sae_id, "sae_id")
-    if attached.reach > 1:
-        raise InvalidRequest(
-            f"{attached.info.id} is a block of a cross-layer transcoder, whose features write into "
-            "several blocks; AutoSteer sweeps one write per feature: steer it by hand",
-            param="sae_id",
-        )
-    for i, index in enumerate(body.include or ()):
-        check_feature(attached.info, index, param=f"include[{i}]")
-    if body.include is not None and len(set(body.include)) != len(body.include):
-        raise InvalidRequest("include names a feature twice", param="include")
-    judge = judge_for(lm.tokenizer, body.goal)
-    if body.save_as is not None and state.profiles.shelf.by_name.get(body.save_as) is not None:
-        raise Conflict(
-            f"a profile named {body.save_as!r} exists; choose another save_as",
-            param="save_as",
-            code="profile_exists",
-        )
-    probes = tuple(body.probe_prompts or DEFAULT_PROBES)
-    probe_ids = tuple(
-        tuple(chat_prompt_ids(lm.tokenizer, [{"role": "user", "content": p}])) for p in probes
-    )
-    goal_ids = tuple(
-        tuple(primed_ids(lm.tokenizer, GOAL_SYSTEM.format(goal=body.goal), p)) for p in probes
-    )
-    control_ids = tuple(tuple(primed_ids(lm.tokenizer, CONTROL_SYSTEM, p)) for p in probes)
-    prepared = PreparedAutoSteer(
-        body, lm.name, attached, judge, probes, probe_ids, goal_ids, control_ids, lm.tokenizer
-    )
-    sweep = len(body.strengths or body.strength_fractions or DEFAULT_FRACTIONS)
-    return state.jobs.start(
-        "autosteer",
-        f"AutoSteer {body.goal!r} through {attached.info.id}",
-        (body.candidates + len(body.include or ())) * sweep,
-        "settings",
-        lambda handle: run_autosteer(state, prepared, handle).model_dump(),
-    )
 
 
 # the job -------------------------------------------------------------------------------------------

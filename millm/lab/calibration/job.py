@@ -21,20 +21,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from millm.errors import InvalidRequest, ModelNotLoaded
+from millm.errors import InvalidRequest
 from millm.interp.calibration_stats import Accumulator, pack_corpus, pack_grids
 from millm.interp.steering import Attached
 from millm.kernel.books.calibrations import CalibrationBudget, CalibrationSummary
 from millm.kernel.runtime.blocking import passes_blocking
-from millm.kernel.runtime.jobs import JobHandle, JobView
+from millm.kernel.runtime.jobs import JobHandle
 from millm.lab.calibration.protocol import (
     CalibrateRequest,
     Corpus,
-    check_size,
-    check_source,
-    corpus_ids,
 )
-from millm.lab.discovery.inputs import attached_sae
 from millm.lab.discovery.reads import discovery_read
 from millm.store.calibrations import CalibrationRow
 
@@ -51,47 +47,6 @@ CANDIDATES = 4
 FIGURE_DIGITS = (
     6  # significant digits kept of each figure (the percentile grid is kept exact: float32)
 )
-
-
-def start_calibration(state: CalibrationParts, sae_id: str, request: CalibrateRequest) -> JobView:
-    """Check the request against the loaded model (the SAE attached, the corpus within
-    MILLM_CALIBRATION_MAX_TOKENS), then start the calibration job and return it."""
-    info = state.saes.get(sae_id)
-    check_source(request)
-    lm = state.switch.lm
-    if lm is None:
-        raise ModelNotLoaded(
-            "no model is loaded to calibrate the SAE on; load one and attach the SAE first"
-        )
-    with state.steering.lock:
-        attached = attached_sae(state, info, lm)
-    offered = corpus_ids(lm.tokenizer, request, info, lm.context_length)
-    corpus = offered.first_tokens(request.max_tokens)
-    check_size(
-        corpus, state.settings.calibration_max_tokens, "corpus" if request.corpus else "texts"
-    )
-    claim = state.calibrations.claim(sae_id, lm.name)
-    run = CalibrationRun(
-        state,
-        attached,
-        lm.name,
-        lm.system_fingerprint,
-        lm.tokenizer,
-        corpus,
-        request,
-        claim,
-        offered,
-    )
-    description = (
-        f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
-    )
-    try:
-        view = state.jobs.start("calibration", description, len(corpus.texts), "texts", run)
-    except BaseException:
-        state.calibrations.release(sae_id, lm.name, claim)
-        raise
-    claim["job"] = view.id
-    return view
 
 
 def groups(texts: Sequence[Sized], budget: int = GROUP_TOKENS) -> list[list[int]]:

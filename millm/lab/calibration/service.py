@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from millm.errors import InvalidRequest, NotFound
+from millm.errors import InvalidRequest, ModelNotLoaded, NotFound
 from millm.interp.steering import check_feature
 from millm.kernel.books.calibrations import CalibrationView
 from millm.kernel.runtime.jobs import JobView
-from millm.lab.calibration.job import start_calibration
+from millm.lab.calibration.job import CalibrationRun
 from millm.lab.calibration.parts import CalibrationParts
-from millm.lab.calibration.protocol import CalibrateRequest
+from millm.lab.calibration.protocol import CalibrateRequest, check_size, check_source, corpus_ids
+from millm.lab.discovery.inputs import attached_sae
 
 MAX_FEATURES_SHOWN = 1000  # features one GET may ask figures of
 
@@ -49,8 +50,46 @@ class CalibrationManagement:
         self.state = state
 
     def start(self, sae_id: str, request: CalibrateRequest) -> JobView:
-        """Start a calibration job of `sae_id` on the loaded model (see calibration_job.start_calibration)."""
-        return start_calibration(self.state, sae_id, request)
+        """Check the request against the loaded model (the SAE attached, the corpus within
+        MILLM_CALIBRATION_MAX_TOKENS), then start the calibration job and return it."""
+        info = self.state.saes.get(sae_id)
+        check_source(request)
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded(
+                "no model is loaded to calibrate the SAE on; load one and attach the SAE first"
+            )
+        with self.state.steering.lock:
+            attached = attached_sae(self.state, info, lm)
+        offered = corpus_ids(lm.tokenizer, request, info, lm.context_length)
+        corpus = offered.first_tokens(request.max_tokens)
+        check_size(
+            corpus,
+            self.state.settings.calibration_max_tokens,
+            "corpus" if request.corpus else "texts",
+        )
+        claim = self.state.calibrations.claim(sae_id, lm.name)
+        run = CalibrationRun(
+            self.state,
+            attached,
+            lm.name,
+            lm.system_fingerprint,
+            lm.tokenizer,
+            corpus,
+            request,
+            claim,
+            offered,
+        )
+        description = f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
+        try:
+            view = self.state.jobs.start(
+                "calibration", description, len(corpus.texts), "texts", run
+            )
+        except BaseException:
+            self.state.calibrations.release(sae_id, lm.name, claim)
+            raise
+        claim["job"] = view.id
+        return view
 
     def view(self, sae_id: str, model: str | None, features: str | None) -> CalibrationView:
         """The calibration of `sae_id` on `model` (default: the server's model), with the figures of

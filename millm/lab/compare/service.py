@@ -62,40 +62,6 @@ from millm.v1.serving.serving import generation_options
 SEED_SCOPE = "batch-shape"
 
 
-async def compare(state: CompareParts, body: CompareRequest, strict: bool) -> Reply:
-    """Generate the conversation under every variant together; the whole answer or its events."""
-    check_rows(body, state.settings.max_rows_per_request)
-    if (
-        strict
-    ):  # as if the template read every optional message key: what is left is unused on any model
-        handle_unused(unused_locations(body, reads=set(TEMPLATE_KEYS)), True)
-    books = {"profile": state.profiles, "cluster": state.clusters, "circuit": state.circuits}
-    await to_thread.run_sync(find_bases, books, body.variants)
-    lm = await state.switch.acquire(body.model or state.switch.expected_name)
-    ignored = unused_on_model(strict, body, False, lm)
-    prompt = await to_thread.run_sync(conversation_ids, lm, body.messages)
-    resolved = await to_thread.run_sync(resolve_variants, state.planner, body.variants)
-    seed = body.seed if body.seed is not None else secrets.randbelow(SEED_SPACE)
-    options = replace(generation_options(body), seed=seed)
-    rows = variant_rows(
-        lm,
-        prompt,
-        options,
-        [variant.plan for variant in resolved],
-        state.settings.default_max_tokens,
-    )
-    stream = JobStream(rows)
-    state.switch.submit(stream.job)
-    meta = Meta.new("cmp", lm.name, lm.system_fingerprint)
-    report = Report(
-        ignored, Plan(None, "compare", (("variants", len(resolved)),)), seed, SEED_SCOPE
-    )
-    if body.stream:
-        return Reply(report, chunks=compare_events(stream, meta, seed, len(prompt), resolved))
-    result = await collect(stream, len(rows))
-    return Reply(report, body=comparison(meta, seed, len(prompt), resolved, result))
-
-
 def variant_rows(
     lm: LoadedModel,
     prompt: list[int],
@@ -186,5 +152,36 @@ class Comparer:
         self.state = state
 
     async def compare(self, body: CompareRequest, strict: bool) -> Reply:
-        """One conversation generated under several steering variants."""
-        return await compare(self.state, body, strict)
+        """Generate the conversation under every variant together; the whole answer or its events."""
+        check_rows(body, self.state.settings.max_rows_per_request)
+        if strict:  # as if the template read every optional message key: what is left is unused on any model
+            handle_unused(unused_locations(body, reads=set(TEMPLATE_KEYS)), True)
+        books = {
+            "profile": self.state.profiles,
+            "cluster": self.state.clusters,
+            "circuit": self.state.circuits,
+        }
+        await to_thread.run_sync(find_bases, books, body.variants)
+        lm = await self.state.switch.acquire(body.model or self.state.switch.expected_name)
+        ignored = unused_on_model(strict, body, False, lm)
+        prompt = await to_thread.run_sync(conversation_ids, lm, body.messages)
+        resolved = await to_thread.run_sync(resolve_variants, self.state.planner, body.variants)
+        seed = body.seed if body.seed is not None else secrets.randbelow(SEED_SPACE)
+        options = replace(generation_options(body), seed=seed)
+        rows = variant_rows(
+            lm,
+            prompt,
+            options,
+            [variant.plan for variant in resolved],
+            self.state.settings.default_max_tokens,
+        )
+        stream = JobStream(rows)
+        self.state.switch.submit(stream.job)
+        meta = Meta.new("cmp", lm.name, lm.system_fingerprint)
+        report = Report(
+            ignored, Plan(None, "compare", (("variants", len(resolved)),)), seed, SEED_SCOPE
+        )
+        if body.stream:
+            return Reply(report, chunks=compare_events(stream, meta, seed, len(prompt), resolved))
+        result = await collect(stream, len(rows))
+        return Reply(report, body=comparison(meta, seed, len(prompt), resolved, result))

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from anyio import to_thread
 
 from millm.engine.jobs import ResidualRead, ScoresReady
 from millm.engine.loader import LoadedModel
@@ -30,14 +29,8 @@ from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled
 from millm.lab.discovery.inputs import (
     MIN_TOKENS,
-    attached_sae,
-    check_set_sizes,
-    check_steering_request,
     check_total,
     label_of,
-    model_to_read,
-    registered_sae,
-    resolve_steering,
     set_prompts,
 )
 from millm.lab.discovery.parts import DiscoveryParts
@@ -45,11 +38,9 @@ from millm.lab.discovery.protocol import (
     Aggregate,
     ContrastFeature,
     ContrastRequest,
-    ContrastResponse,
     SetRead,
-    SteeringUsed,
 )
-from millm.lab.discovery.reads import discovery_read, read_passes
+from millm.lab.discovery.reads import discovery_read
 
 
 @dataclass(frozen=True)
@@ -166,44 +157,4 @@ def contrast_prompts(
         ids_b,
         SetRead(texts=len(a), tokens=sum(map(len, ids_a))),
         SetRead(texts=len(b), tokens=sum(map(len, ids_b))),
-    )
-
-
-async def contrast_sets(
-    state: DiscoveryParts, sae_id: str, body: ContrastRequest
-) -> ContrastResponse:
-    """POST /api/saes/{id}/contrast: the features that best separate set a from set b, with labels."""
-    info = registered_sae(state, sae_id)
-    check_set_sizes({"a": body.a, "b": body.b}, state.settings.discovery_max_texts)
-    await to_thread.run_sync(check_steering_request, state, body.steering)
-    lm = await state.switch.acquire(model_to_read(state, body.model))
-    attached = attached_sae(state, info, lm)
-    a, b, read_a, read_b = await to_thread.run_sync(
-        contrast_prompts, lm, body, state.settings.discovery_max_tokens
-    )
-    steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)
-    answered = await read_passes(
-        state, a + b, (aggregate_read(attached, body.aggregate),), steered.edit
-    )
-    values = per_text(answered, len(a) + len(b))
-    result = await to_thread.run_sync(
-        contrast_result,
-        state.saes.labels,
-        info.id,
-        values[: len(a)],
-        values[len(a) :],
-        body.aggregate,
-        body.top_k,
-    )
-    return ContrastResponse(
-        model=lm.name,
-        sae_id=info.id,
-        layer=attached.layer,
-        aggregate=body.aggregate,
-        steered=steered.edit is not None,
-        steering=SteeringUsed(kind=steered.kind, params=steered.params),
-        a=read_a,
-        b=read_b,
-        favouring_a=result.favouring_a,
-        favouring_b=result.favouring_b,
     )

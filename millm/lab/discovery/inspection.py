@@ -13,21 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from anyio import to_thread
 
 from millm.engine.loader import LoadedModel
 from millm.interp.steering import Attached
 from millm.lab.discovery.inputs import (
     ReadSteering,
-    attached_sae,
     check_readable,
-    check_steering_request,
     check_total,
     conversation_prompt,
     label_of,
-    model_to_read,
-    registered_sae,
-    resolve_steering,
     text_prompt,
 )
 from millm.lab.discovery.parts import DiscoveryParts
@@ -41,7 +35,6 @@ from millm.lab.discovery.protocol import (
     SteeringUsed,
     TokenRead,
 )
-from millm.lab.discovery.reads import discovery_read, read_passes
 
 
 @dataclass(frozen=True)
@@ -89,7 +82,7 @@ def token_strings(lm: LoadedModel, ids: list[int]) -> list[str]:
     )
 
 
-def answer(
+def inspection_answer(
     state: DiscoveryParts,
     lm: LoadedModel,
     attached: Attached,
@@ -148,19 +141,3 @@ def inspect_prompt(lm: LoadedModel, body: ReadOne, cap: int) -> list[int]:
     check_readable(lm, ids, param)
     check_total([(param, ids)], cap)
     return ids
-
-
-async def inspect_text(state: DiscoveryParts, sae_id: str, body: InspectRequest) -> InspectResponse:
-    """POST /api/saes/{id}/inspect: the features that fire on the text, with labels, and the asked feature per token."""
-    info = registered_sae(state, sae_id, body.feature)
-    await to_thread.run_sync(check_steering_request, state, body.steering)
-    lm = await state.switch.acquire(model_to_read(state, body.model))
-    attached = attached_sae(state, info, lm)
-    prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
-    steered = await to_thread.run_sync(resolve_steering, state, body.steering, attached)
-    answered = await read_passes(
-        state, [prompt], (discovery_read(attached, summarise(body.feature)),), steered.edit
-    )
-    return await to_thread.run_sync(
-        answer, state, lm, attached, prompt, answered.reads[0].encoded, body, steered
-    )

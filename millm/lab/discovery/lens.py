@@ -9,18 +9,13 @@ does not know, and a table past MAX_LENS_CELLS (blocks x positions).
 
 from __future__ import annotations
 
-from anyio import to_thread
-
-from millm.engine.lens import LensTable, lens_reads, read_lens_head
+from millm.engine.lens import LensTable
 from millm.engine.loader import LoadedModel
 from millm.errors import InvalidRequest
 from millm.lab.discovery.inputs import (
     ReadSteering,
-    check_steering_request,
-    model_to_read,
-    resolve_steering,
 )
-from millm.lab.discovery.inspection import inspect_prompt, token_strings
+from millm.lab.discovery.inspection import token_strings
 from millm.lab.discovery.lens_protocol import (
     LensCell,
     LensPosition,
@@ -28,9 +23,7 @@ from millm.lab.discovery.lens_protocol import (
     LensResponse,
     LensToken,
 )
-from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import SteeringUsed, TokenRead
-from millm.lab.discovery.reads import read_passes
 
 MAX_LENS_CELLS = 50_000  # blocks x positions in one answer, each with its top-k
 
@@ -54,7 +47,7 @@ def chosen_layers(lm: LoadedModel, body: LensRequest, positions: int) -> list[in
     return layers
 
 
-def answer(
+def lens_answer(
     lm: LoadedModel, prompt: list[int], table: LensTable, body: LensRequest, steered: ReadSteering
 ) -> LensResponse:
     """The table said with token strings (blocking: decoding)."""
@@ -96,20 +89,3 @@ def answer(
         tokens=[TokenRead(position=p, token_id=t, token=said[t]) for p, t in enumerate(prompt)],
         predictions=predictions,
     )
-
-
-async def logit_lens(state: DiscoveryParts, body: LensRequest) -> LensResponse:
-    """What each chosen block predicts at each position, beside the model's final prediction."""
-    await to_thread.run_sync(check_steering_request, state, body.steering)
-    lm = await state.switch.acquire(model_to_read(state, body.model))
-    prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
-    layers = chosen_layers(lm, body, len(prompt))
-    steered = await to_thread.run_sync(resolve_steering, state, body.steering, None)
-    await to_thread.run_sync(read_lens_head, lm)
-    try:
-        reads = lens_reads(lm, layers, body.top_k)
-    except ValueError as exc:
-        raise InvalidRequest(f"no logit lens for {lm.name}: {exc}", param="model") from None
-    answered = await read_passes(state, [prompt], reads, steered.edit)
-    table = answered.reads[-1].encoded
-    return await to_thread.run_sync(answer, lm, prompt, table, body, steered)

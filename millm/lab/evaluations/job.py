@@ -18,17 +18,15 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from millm.engine.jobs import RowSpec
 from millm.engine.prompts import chat_prompt_ids
 from millm.engine.sampling import SamplingParams
-from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.kernel.runtime.blocking import generate_blocking, likelihoods_blocking
-from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobView
-from millm.lab.evaluations.judges import Judge, judge_for
+from millm.kernel.runtime.jobs import JobCancelled, JobHandle
+from millm.lab.evaluations.judges import Judge
 from millm.lab.evaluations.parts import EvaluationParts
 from millm.lab.evaluations.protocol import (
     CandidateResult,
@@ -39,8 +37,7 @@ from millm.lab.evaluations.protocol import (
     Sample,
 )
 from millm.lab.evaluations.scales import PROMPTS, Answer, harmonic_mean
-from millm.lab.evaluations.sweep import UNSTEERED, Sweep, SweepPoint, resolve
-from millm.wording import counted
+from millm.lab.evaluations.sweep import UNSTEERED, Sweep, SweepPoint
 
 PREFIX = "eval_"
 MAX_ANSWERS = 600  # settings x instructions: each answer costs a generation and four passes
@@ -65,52 +62,6 @@ class PreparedEvaluation:
     instructions: tuple[str, ...]
     sweeps: tuple[Sweep, ...]
     judge: Judge
-
-
-def start_evaluation(state: EvaluationParts, body: EvaluationRequest, book) -> JobView:
-    """Check the request against the loaded model, then start the job (its view is the answer)."""
-    lm = state.switch.lm
-    if lm is None:
-        raise ModelNotLoaded("no model is loaded to evaluate; load one first")
-    book.check_room()
-    instructions = tuple(body.instructions or DEFAULT_INSTRUCTIONS)
-    sweeps = tuple(resolve(state, body))
-    settings = 1 + sum(len(sweep.settings) for sweep in sweeps)
-    if settings * len(instructions) > MAX_ANSWERS:
-        raise InvalidRequest(
-            f"this evaluation makes {settings * len(instructions)} answers ({settings} settings, the unsteered "
-            f"baseline included, x {len(instructions)} instructions); at most {MAX_ANSWERS}: sweep fewer strengths",
-            param="candidates",
-        )
-    for sweep in sweeps:  # a template without a system role refuses the prompting baseline now
-        for setting in sweep.settings:
-            if setting.system is not None:
-                try:
-                    prompt_of(lm.tokenizer, instructions[0], setting.system)
-                except Exception as exc:
-                    raise InvalidRequest(
-                        f"{lm.name}'s chat template cannot take the prompting baseline's system message ({exc})",
-                        param="candidates",
-                    ) from None
-    longest = max(len(prompt_of(lm.tokenizer, text, None)) for text in instructions)
-    if longest + body.max_tokens > lm.context_length:
-        raise InvalidRequest(
-            f"an instruction ({longest} tokens) and max_tokens {body.max_tokens} exceed the model's window "
-            f"({lm.context_length} tokens)",
-            param="max_tokens",
-        )
-    hypotheses = tuple(dict.fromkeys((*instructions, *DEFAULT_INSTRUCTIONS)))
-    judge = judge_for(state, body.judge, lm.name, lm.tokenizer, hypotheses)
-    prep = PreparedEvaluation(
-        PREFIX + uuid.uuid4().hex[:12], body, lm.name, lm.tokenizer, instructions, sweeps, judge
-    )
-    return state.jobs.start(
-        "evaluation",
-        f"Evaluate {counted(len(sweeps), 'candidate')} for {body.concept!r} over {counted(len(instructions), 'instruction')}",
-        settings,
-        "settings",
-        lambda handle: run_evaluation(state, prep, book, handle).model_dump(mode="json"),
-    )
 
 
 def prompt_of(tokenizer, instruction: str, system: str | None) -> list[int]:

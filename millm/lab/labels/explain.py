@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from millm.errors import InvalidRequest, ModelNotLoaded
+from millm.errors import InvalidRequest
 from millm.interp.steering import Attached, check_feature
 from millm.kernel.runtime.blocking import passes_blocking
-from millm.kernel.runtime.jobs import JobHandle, JobView, JobWorkFailed
+from millm.kernel.runtime.jobs import JobHandle, JobWorkFailed
 from millm.lab.calibration.job import groups
 from millm.lab.calibration.protocol import CalibrateRequest, Corpus, check_source, corpus_ids
-from millm.lab.discovery.inputs import attached_sae
 from millm.lab.discovery.reads import discovery_read
 from millm.lab.labels.explain_examples import (
     Examples,
@@ -51,7 +50,6 @@ from millm.lab.labels.explain_prompts import (
     fuzzing_messages,
     marked,
     parsed_explanation,
-    prompt_version,
 )
 from millm.lab.labels.explain_scoring import BalancedScore, ScoredText, balanced_score
 from millm.lab.labels.protocol import ExplainRequest
@@ -60,62 +58,12 @@ from millm.lab.labels.writers import (
     ServedWriter,
     Writer,
     digit_ids,
-    writer_for,
 )
-from millm.wording import counted
 
 if TYPE_CHECKING:
     from millm.lab.labels.parts import LabelParts
 
 ANSWER_START = "[EXPLANATION]:"  # what a served explainer's answer is begun with
-
-
-def start_explaining(state: LabelParts, sae_id: str, request: ExplainRequest) -> JobView:
-    """Check everything that can be checked before work starts (a 400 naming the field), then
-    start the job and return it."""
-    info = state.saes.get(sae_id)
-    lm = state.switch.lm
-    if lm is None:
-        raise ModelNotLoaded("no model is loaded to explain the SAE's features with; load one")
-    with state.steering.lock:
-        attached = attached_sae(state, info, lm)
-    summary = state.calibrations.summary(sae_id, lm.name)
-    if summary is None:
-        raise InvalidRequest(
-            f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the calibration's examples; "
-            f"calibrate first (POST /api/saes/{sae_id}/calibrate)",
-            param="sae_id",
-            code="sae_not_calibrated",
-        )
-    features = selected(state, sae_id, lm.name, request, info)
-    corpus_tokens = read_corpus(state, request, summary, info, lm)
-    held = corpus_tokens.tokens * len(features) * 4  # float32 activations the job keeps
-    cap = state.settings.explain_max_activation_bytes  # the job's bound on what it keeps
-    if held > cap:
-        param = request.selection
-        raise InvalidRequest(
-            f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
-            f"{held / 2**20:.1f} MiB of activations (MILLM_EXPLAIN_MAX_ACTIVATION_BYTES: {cap / 2**20:.1f} MiB); explain fewer features at a time",
-            param=param,
-        )
-    beside = beside_writer(state, request, lm.name)
-    explainer = writer_for(state, request.explainer, lm.name, lm.tokenizer, "explainer", beside)
-    scorer_kind, _ = request.scorer_kind
-    scorer = writer_for(state, scorer_kind, lm.name, lm.tokenizer, "scorer", beside)
-    if isinstance(scorer, ServedWriter):
-        digit_ids(lm.tokenizer)
-    version = prompt_version()  # refused now, not mid-job, when delphi's prompts are missing
-    run = ExplainRun(
-        state, attached, lm.name, lm.tokenizer, corpus_tokens, features, request,
-        explainer, scorer, version,
-    )  # fmt: skip
-    description = f"explain {counted(len(features), 'feature')} of {sae_id} with {explainer.name}"
-    # Progress counts features, the unit a user chose; reading the corpus first shows as 0 done.
-    # The running job's result names the features from the start, so a feature's card can say
-    # that a job is explaining it.
-    return state.jobs.start(
-        "explain", description, len(features), "features", run, result=run.outcome([], [])
-    )
 
 
 def beside_writer(state: LabelParts, request: ExplainRequest, served: str) -> BesideWriter | None:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from millm.errors import InvalidRequest, ModelNotLoaded
 from millm.kernel.runtime.jobs import JobView
-from millm.lab.labels.explain import start_explaining
+from millm.lab.discovery.inputs import attached_sae
+from millm.lab.labels.explain import (
+    ExplainRun,
+    beside_writer,
+    read_corpus,
+    selected,
+)
+from millm.lab.labels.explain_prompts import prompt_version
 from millm.lab.labels.parts import LabelParts
 from millm.lab.labels.protocol import ExplainRequest, ExplanationView
+from millm.lab.labels.writers import ServedWriter, digit_ids, writer_for
+from millm.wording import counted
 
 
 class Labelling:
@@ -14,9 +24,56 @@ class Labelling:
     def __init__(self, state: LabelParts):
         self.state = state
 
-    def explain(self, sae_id: str, body: ExplainRequest) -> JobView:
-        """Explain and score features of an attached, calibrated SAE (a job)."""
-        return start_explaining(self.state, sae_id, body)
+    def explain(self, sae_id: str, request: ExplainRequest) -> JobView:
+        """Check everything that can be checked before work starts (a 400 naming the field), then
+        start the job and return it."""
+        info = self.state.saes.get(sae_id)
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to explain the SAE's features with; load one")
+        with self.state.steering.lock:
+            attached = attached_sae(self.state, info, lm)
+        summary = self.state.calibrations.summary(sae_id, lm.name)
+        if summary is None:
+            raise InvalidRequest(
+                f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the calibration's examples; "
+                f"calibrate first (POST /api/saes/{sae_id}/calibrate)",
+                param="sae_id",
+                code="sae_not_calibrated",
+            )
+        features = selected(self.state, sae_id, lm.name, request, info)
+        corpus_tokens = read_corpus(self.state, request, summary, info, lm)
+        held = corpus_tokens.tokens * len(features) * 4  # float32 activations the job keeps
+        cap = self.state.settings.explain_max_activation_bytes  # the job's bound on what it keeps
+        if held > cap:
+            param = request.selection
+            raise InvalidRequest(
+                f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
+                f"{held / 2**20:.1f} MiB of activations (MILLM_EXPLAIN_MAX_ACTIVATION_BYTES: {cap / 2**20:.1f} MiB); explain fewer features at a time",
+                param=param,
+            )
+        beside = beside_writer(self.state, request, lm.name)
+        explainer = writer_for(
+            self.state, request.explainer, lm.name, lm.tokenizer, "explainer", beside
+        )
+        scorer_kind, _ = request.scorer_kind
+        scorer = writer_for(self.state, scorer_kind, lm.name, lm.tokenizer, "scorer", beside)
+        if isinstance(scorer, ServedWriter):
+            digit_ids(lm.tokenizer)
+        version = prompt_version()  # refused now, not mid-job, when delphi's prompts are missing
+        run = ExplainRun(
+            self.state, attached, lm.name, lm.tokenizer, corpus_tokens, features, request,
+            explainer, scorer, version,
+        )  # fmt: skip
+        description = (
+            f"explain {counted(len(features), 'feature')} of {sae_id} with {explainer.name}"
+        )
+        # Progress counts features, the unit a user chose; reading the corpus first shows as 0 done.
+        # The running job's result names the features from the start, so a feature's card can say
+        # that a job is explaining it.
+        return self.state.jobs.start(
+            "explain", description, len(features), "features", run, result=run.outcome([], [])
+        )
 
     def explanations(self, sae_id: str) -> list[ExplanationView]:
         """Every stored explanation of an SAE, by feature (blocking: the store)."""

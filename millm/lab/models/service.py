@@ -50,7 +50,7 @@ class ModelManagement:
         self.state = state
 
     def get_model(self, name: str) -> dict:
-        """One registered model and its self.state."""
+        """One registered model and its state."""
         return model_view(self.state.switch.view(name))
 
     def list_registered(self) -> dict:

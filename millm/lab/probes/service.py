@@ -3,17 +3,30 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
 from millm.formats.probe_documents import (
     PROBE_BUNDLE_KIND,
     probe_bundle,
     validate_probe,
     validate_probe_import,
 )
-from millm.kernel.probes.binding import bind, check_widths
+from millm.interp.probes import point_of
+from millm.interp.steering import pick_attached
+from millm.kernel.probes.binding import bind, check_widths, model_shape
 from millm.kernel.probes.book import probe_view
 from millm.kernel.runtime.jobs import JobView
+from millm.lab.discovery.inputs import check_total, set_prompts
 from millm.lab.probes.parts import ProbeParts
-from millm.lab.probes.training import ProbeTrainRequest, start_training
+from millm.lab.probes.training import (
+    ProbeExamples,
+    ProbeTrainRequest,
+    TrainingRun,
+    check_sizes,
+    split,
+)
+from millm.wording import counted
 
 
 class ProbeManagement:
@@ -23,8 +36,54 @@ class ProbeManagement:
         self.state = state
 
     def train(self, body: ProbeTrainRequest) -> JobView:
-        """Fit a linear probe from labelled texts (a job)."""
-        return start_training(self.state, body)
+        """Check the request against the loaded model (the name free, the place to read, the texts within
+        the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
+        settings = self.state.settings
+        if body.name in self.state.probes.shelf.by_name:
+            raise Conflict(
+                f"a probe named {body.name!r} exists; choose another name",
+                param="name",
+                code="probe_exists",
+            )
+        check_sizes(body, settings.discovery_max_texts)
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to read the texts with; load one first")
+        shape = model_shape(lm)
+        if body.sae_id is not None:
+            attached = pick_attached(dict(self.state.steering.attached), body.sae_id, "sae_id")
+            if attached.transcoder:
+                raise InvalidRequest(
+                    f"{attached.info.id} is a transcoder: it reads block {attached.layer}'s MLP input, and a "
+                    "probe reads the residual stream; give layer (and hook_point) instead",
+                    param="sae_id",
+                )
+            layer, hook_point = attached.layer, attached.info.hook_point
+        else:
+            assert body.layer is not None  # _one_place
+            layer, hook_point = body.layer, body.hook_point or "resid_post"
+            if layer >= shape.layers:
+                raise InvalidRequest(
+                    f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: 0..{shape.layers - 1})",
+                    param="layer",
+                )
+        positive, negative = (
+            set_prompts(lm, "positive", body.positive),
+            set_prompts(lm, "negative", body.negative),
+        )
+        check_total(positive + negative, settings.discovery_max_tokens)
+        labels = np.array([1] * len(positive) + [0] * len(negative))
+        train, test = split(labels, body.held_out, body.seed)
+        examples = ProbeExamples(
+            [ids for _, ids in positive + negative], labels, train, test, len(positive)
+        )
+        run = TrainingRun(
+            self.state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
+        )
+        description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {counted(len(negative), 'negative text')}"
+        return self.state.jobs.start(
+            "probe-training", description, len(examples.prompts), "texts", run
+        )
 
     def list_probes(self) -> dict:
         """Every saved probe, by name."""

@@ -41,21 +41,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.engine.jobs import ResidualRead
-from millm.errors import Conflict, InvalidRequest, ModelNotLoaded
+from millm.errors import InvalidRequest
 from millm.formats.document_schemas import MAX_DESCRIPTION, ProfileName
 from millm.formats.probe_documents import HookPoint
-from millm.interp.probes import point_of
-from millm.interp.steering import pick_attached
-from millm.kernel.probes.binding import model_shape
 from millm.kernel.probes.book import probe_view
 from millm.kernel.runtime.blocking import passes_blocking
-from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobView
+from millm.kernel.runtime.jobs import JobCancelled, JobHandle
 from millm.lab.calibration.job import GROUP_TOKENS, groups
-from millm.lab.discovery.inputs import check_total, set_prompts
 from millm.lab.discovery.protocol import TextSet
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.lab.probes.parts import ProbeParts
-from millm.wording import counted
 
 MIN_PER_CLASS = 2  # one text of each class in the fit and one in the held-out part
 TAG = "probe-training"
@@ -150,55 +145,6 @@ def split(labels: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, n
             param="held_out",
         )
     return np.sort(train), np.sort(test)
-
-
-def start_training(state: ProbeParts, body: ProbeTrainRequest) -> JobView:
-    """Check the request against the loaded model (the name free, the place to read, the texts within
-    the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
-    settings = state.settings
-    if body.name in state.probes.shelf.by_name:
-        raise Conflict(
-            f"a probe named {body.name!r} exists; choose another name",
-            param="name",
-            code="probe_exists",
-        )
-    check_sizes(body, settings.discovery_max_texts)
-    lm = state.switch.lm
-    if lm is None:
-        raise ModelNotLoaded("no model is loaded to read the texts with; load one first")
-    shape = model_shape(lm)
-    if body.sae_id is not None:
-        attached = pick_attached(dict(state.steering.attached), body.sae_id, "sae_id")
-        if attached.transcoder:
-            raise InvalidRequest(
-                f"{attached.info.id} is a transcoder: it reads block {attached.layer}'s MLP input, and a "
-                "probe reads the residual stream; give layer (and hook_point) instead",
-                param="sae_id",
-            )
-        layer, hook_point = attached.layer, attached.info.hook_point
-    else:
-        assert body.layer is not None  # _one_place
-        layer, hook_point = body.layer, body.hook_point or "resid_post"
-        if layer >= shape.layers:
-            raise InvalidRequest(
-                f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: 0..{shape.layers - 1})",
-                param="layer",
-            )
-    positive, negative = (
-        set_prompts(lm, "positive", body.positive),
-        set_prompts(lm, "negative", body.negative),
-    )
-    check_total(positive + negative, settings.discovery_max_tokens)
-    labels = np.array([1] * len(positive) + [0] * len(negative))
-    train, test = split(labels, body.held_out, body.seed)
-    examples = ProbeExamples(
-        [ids for _, ids in positive + negative], labels, train, test, len(positive)
-    )
-    run = TrainingRun(
-        state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
-    )
-    description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {counted(len(negative), 'negative text')}"
-    return state.jobs.start("probe-training", description, len(examples.prompts), "texts", run)
 
 
 def positions_read(point: int) -> ResidualRead:

@@ -11,8 +11,6 @@ layer. Without `sae_id`, the one SAE attached at the vector's point is used.
 
 from __future__ import annotations
 
-from anyio import to_thread
-
 from millm.errors import InvalidRequest
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import residual_point
@@ -90,14 +88,3 @@ def _explanation(
         fraction_explained=parts[-1].cumulative,
         features=features,
     )
-
-
-async def explain_vector(
-    state: VectorParts, key: str, sae_id: str | None, k: int
-) -> VectorExplanation:
-    """The vector's top-k features by |cosine| over the SAE's decoder, with labels and the fraction they explain."""
-    row = state.vectors.find(key)  # memory (the book's shelf)
-    info = state.saes.get(sae_id) if sae_id is not None else _sae_at_point(state, row)
-    layer = check_same_point(row, info, _where(state, info))
-    decoder = await state.decoders.of(info.id)
-    return await to_thread.run_sync(_explanation, state, row, info, layer, decoder, k)

@@ -26,7 +26,7 @@ from millm.interp.steering import residual_point
 from millm.interp.vectors import pooled, train
 from millm.kernel.books.vectors import model_width
 from millm.kernel.runtime.blocking import passes_blocking
-from millm.kernel.runtime.jobs import JobHandle, JobView
+from millm.kernel.runtime.jobs import JobHandle
 from millm.lab.calibration.job import groups
 from millm.lab.discovery.inputs import (
     check_readable,
@@ -36,7 +36,6 @@ from millm.lab.discovery.inputs import (
 )
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.lab.vectors.protocol import Side, TrainVectorRequest
-from millm.wording import counted
 
 if TYPE_CHECKING:
     from millm.lab.vectors.parts import VectorParts
@@ -113,20 +112,6 @@ def prepare(state: VectorParts, body: TrainVectorRequest) -> PreparedTraining:
         model_width(lm),
         residual_point(body.layer, body.hook_point),
         [ids for _, ids in texts],
-    )
-
-
-def start_training(state: VectorParts, body: TrainVectorRequest) -> JobView:
-    """Check the request against the loaded model, then start the job (its result is the stored vector)."""
-    prepared = prepare(state, body)
-    tokens = sum(map(len, prepared.texts))
-    description = f"train steering vector {body.name!r} on {prepared.model} at layer {body.layer} ({body.hook_point}) from {counted(len(body.pairs), 'pair')} ({counted(tokens, 'token')})"
-    return state.jobs.start(
-        "vector",
-        description,
-        len(prepared.texts),
-        "texts",
-        lambda handle: run_training(state, prepared, handle),
     )
 
 

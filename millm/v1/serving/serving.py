@@ -14,6 +14,7 @@ from functools import partial
 
 from anyio import to_thread
 
+from millm.engine.jobs import EmbeddingJob, EmbeddingsReady
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
 from millm.engine.sampling import SamplingParams
@@ -25,6 +26,8 @@ from millm.kernel.variants.naming import Named
 from millm.v1.policy.field_policy import (
     AS_SENT,
     SentAs,
+    handle_unused,
+    unused_locations,
     unused_on_model,
 )
 from millm.v1.policy.response_format import refused_under_batching
@@ -37,18 +40,19 @@ from millm.v1.serving.answers import (
     chunks,
 )
 from millm.v1.serving.answers_read import validate_output
-from millm.v1.serving.embeddings import embed
+from millm.v1.serving.embeddings import embedding_list
 from millm.v1.serving.generation import (
     GenerationOptions,
     JobStream,
     RowFill,
+    answered,
     build_rows,
     collect,
     completion_budget,
 )
 from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.prechecks import Prechecked, precheck
-from millm.v1.serving.prompts import completion_prompts, conversation_prompts
+from millm.v1.serving.prompts import completion_prompts, conversation_prompts, embedding_inputs
 from millm.v1.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -203,8 +207,26 @@ class Serving:
         return await self._generate(admitted, shape, meta, meta.id)
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
-        """Embed each input (never steered)."""
-        return await embed(self.state, body, strict)
+        """Mean-pooled last hidden layer over each input's real tokens."""
+        # Embeddings are never steered: a variant's are its base's, answered under the variant's name.
+        named = self.state.variants.named(body.model)
+        body = self.state.variants.on_base(named, body)
+        await precheck(self.state, body, strict)
+        # What embeddings ignore does not depend on the model: reported (or refused) before it is held.
+        ignored = handle_unused(unused_locations(body), strict)
+        lm = await self.state.switch.acquire(body.model)
+        prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
+        ready = await answered(
+            self.state.switch.submit,
+            EmbeddingsReady,
+            lambda emit: EmbeddingJob(prompts=prompts, emit=emit),
+        )
+        vectors = ready.vectors
+        tokens = sum(len(p) for p in prompts)
+        answer = await to_thread.run_sync(
+            embedding_list, vectors.numpy(), body.encoding_format, named.served, tokens
+        )
+        return Reply(Report(ignored), body=answer)
 
     # steps -------------------------------------------------------------------------------------------
     async def _generate(
