@@ -32,7 +32,8 @@ TEXT = "The capital of France is"
 
 
 def graphs(home: Path, engine: list[str], body: dict, repeats: int) -> tuple[float, list[float]]:
-    """A server on the demo with `engine`'s arguments: the first graph's seconds, then the rest's."""
+    """A server on the demo with `engine`'s arguments: the first graph's seconds, then the
+    rest's."""
     server = ServerProcess(home, ["--log-level", "warning", *engine]).wait_ready(timeout=900)
     try:
         with httpx.Client(base_url=server.base_url, timeout=900) as client:
@@ -66,8 +67,8 @@ def main() -> int:
     print("|---|---|---|---|")
     ratio = statistics.median(cpp) / statistics.median(tf)
     print(
-        f"| llama.cpp (graph on a copy loaded per request) | {cpp_first:.1f} s (converts the file) | "
-        f"{statistics.median(cpp):.2f} s | {ratio:.2f}× |"
+        f"| llama.cpp (graph on a copy loaded per request) | {cpp_first:.1f} s (converts the "
+        f"file) | {statistics.median(cpp):.2f} s | {ratio:.2f}× |"
     )
     print(f"| transformers | {tf_first:.1f} s | {statistics.median(tf):.2f} s | 1.00× |")
     return 0

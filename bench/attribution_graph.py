@@ -13,8 +13,9 @@ loaded, sampled every 10 ms (the float32 copy of the weights the pass runs on in
 reference in the same run is one served forward pass of the same prompt (the runner's
 prompt_logits).
 
-    .venv/bin/python bench/attribution_graph.py [--dtype bfloat16] [--nodes 64 128 256] [--long 64] [--repeats 3]
-        [--sources sae|transcoders] [--integrated-gradients 0 8] [--prompts short long]
+    .venv/bin/python bench/attribution_graph.py [--dtype bfloat16] [--nodes 64 128 256]
+        [--long 64] [--repeats 3] [--sources sae|transcoders] [--integrated-gradients 0 8]
+        [--prompts short long]
 
 With --integrated-gradients, each budget runs once per number of steps (0: gradient x
 activation), so the check's correlation can be read beside the default's.
@@ -52,10 +53,10 @@ DEMO_SAE = ROOT / "millm" / "demo" / "sae" / "smollm2-135m-topk"
 DEMO_TRANSCODERS = ROOT / "millm" / "demo" / "transcoders" / "smollm2-135m-jumprelu"
 SHORT = "The capital of France is"
 PARAGRAPH = (
-    "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over the "
-    "morning catch, and the baker on the corner pulled the first loaves from a stone oven. Down by the "
-    "water an old captain mended his nets, telling anyone who would listen about the storms he had "
-    "sailed through, the islands he had seen and the treasure he never found."
+    "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over "
+    "the morning catch, and the baker on the corner pulled the first loaves from a stone oven. "
+    "Down by the water an old captain mended his nets, telling anyone who would listen about the "
+    "storms he had sailed through, the islands he had seen and the treasure he never found."
 )
 
 
@@ -99,7 +100,8 @@ def demo(dtype: str, kind: str):
 def graph_once(
     lm, given: list[Source], prompt: list[int], target: Target, nodes: int, steps: int = 0
 ):
-    """One graph as the service computes it (a fresh replacement model: its weights copy included)."""
+    """One graph as the service computes it (a fresh replacement model: its weights copy
+    included)."""
     model = ReplacementModel(lm.runner.layout)
     sources = [plain_source(source, model.dtype) for source in given]
     tracer = Tracer(model, prompt, sources, target, Budget(nodes), steps=steps)
@@ -164,7 +166,8 @@ def main() -> None:
     what = "demo SAE after block 12" if args.sources == "sae" else "demo transcoder set (30 blocks)"
     print(f"demo model ({args.dtype}), {what}; {torch.get_num_threads()} threads")
     print(
-        "| prompt | tokens | nodes | IG steps | forward (ms) | graph + check (s) | expanded | peak memory (MiB) | check r |"
+        "| prompt | tokens | nodes | IG steps | forward (ms) | graph + check (s) | expanded | "
+        "peak memory (MiB) | check r |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     context = multiprocessing.get_context("spawn")
@@ -179,8 +182,8 @@ def main() -> None:
                     )
                 shown = "—" if r is None else f"{r:.2f}"
                 print(
-                    f"| {name} | {tokens} | {nodes} | {steps} | {1000 * forward:.0f} | {graph:.2f} | "
-                    f"{expanded} | {peak / 2**20:.0f} | {shown} |",
+                    f"| {name} | {tokens} | {nodes} | {steps} | {1000 * forward:.0f} | "
+                    f"{graph:.2f} | {expanded} | {peak / 2**20:.0f} | {shown} |",
                     flush=True,
                 )
 

@@ -103,12 +103,14 @@ SIGNALS = {"judge": "lift", "affinity": "affinity_lift"}
 
 
 def ranked(settings: list[dict], signal: str) -> list[dict]:
-    """The settings as AutoSteer ranks them by `signal`: fluent first, then the signal's lift, then fluency."""
+    """The settings as AutoSteer ranks them by `signal`: fluent first, then the signal's lift,
+    then fluency."""
     return sorted(settings, key=lambda s: (not s["fluent"], -s[SIGNALS[signal]], -s["fluency"]))
 
 
 def summary(concept: str, profile_feature: int, result: dict, seconds: float) -> dict:
-    """One table row: what was found, and per signal the best found setting and the profile feature's best."""
+    """One table row: what was found, and per signal the best found setting and the profile
+    feature's best."""
     found = [c for c in result["candidates"] if c["source"] != "given"]
     found_indices = [c["index"] for c in found]
     row = {
@@ -144,7 +146,10 @@ def summary(concept: str, profile_feature: int, result: dict, seconds: float) ->
 def show(setting: dict | None, field: str) -> str:
     if setting is None:
         return "none"
-    return f"#{setting['index']} × {setting['strength']:g} ({setting[field]:+.2f}{'' if setting['fluent'] else ', not fluent'})"
+    return (
+        f"#{setting['index']} × {setting['strength']:g} "
+        f"({setting[field]:+.2f}{'' if setting['fluent'] else ', not fluent'})"
+    )
 
 
 def main() -> None:
@@ -179,7 +184,8 @@ def main() -> None:
                 results[concept] = result
                 rows.append(summary(concept, feature, result, seconds))
                 print(
-                    f"{concept}: {rows[-1]['judge']['verdict']} / {rows[-1]['affinity']['verdict']} in {seconds:.0f} s",
+                    f"{concept}: {rows[-1]['judge']['verdict']} / "
+                    f"{rows[-1]['affinity']['verdict']} in {seconds:.0f} s",
                     file=sys.stderr,
                 )
                 args.out.write_text(json.dumps({"rows": rows, "results": results}, indent=1))
@@ -187,7 +193,9 @@ def main() -> None:
         if server is not None:
             server.stop()
     print(
-        "| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best | time |"
+        "| concept (profile's feature) | candidates found | by judge: best (P(yes) lift) | "
+        "profile's feature, best | by affinity: best (lift, nats/token) | profile's feature, best "
+        "| time |"
     )
     print("|---|---|---|---|---|---|---:|")
     for row, (concept, (_, feature, _)) in zip(
@@ -201,7 +209,9 @@ def main() -> None:
             for s, f in SIGNALS.items()
         ]
         print(
-            f"| {concept} (#{feature}) | {found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | {cells[0]} | {cells[1]} | {row['seconds']} s |"
+            f"| {concept} (#{feature}) | "
+            f"{found}{' (incl. #' + str(feature) + ')' if row['profile_found'] else ''} | "
+            f"{cells[0]} | {cells[1]} | {row['seconds']} s |"
         )
 
 

@@ -1,4 +1,5 @@
-"""Calibration throughput on the demo corpus, and a chat stream's decode speed alone vs while a calibration runs.
+"""Calibration throughput on the demo corpus, and a chat stream's decode speed alone vs while a
+calibration runs.
 
 One demo server per scheduler policy (serial, the default; and continuous batching), each with
 its default settings otherwise (MILLM_JOB_SHARE 0.25 unless --share). In each:
@@ -14,7 +15,8 @@ Decode tok/s excludes the first token; time to first token is reported too, and 
 calibration's own progress during the busy streams (tokens/s). Figures are medians; the ratio
 is the median of the pairs' ratios. The goal: decode while calibrating >= 0.7x alone.
 
-    .venv/bin/python bench/calibration_speed.py [--tokens 128] [--repeats 7] [--policies serial,batched] [--share 0.25] [--threads 1]
+    .venv/bin/python bench/calibration_speed.py [--tokens 128] [--repeats 7]
+        [--policies serial,batched] [--share 0.25] [--threads 1]
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ MESSAGES = [
 
 
 def stream_chat(base_url: str, tokens: int) -> tuple[float, float]:
-    """(decode tok/s with the first token excluded, time to first token in s) of one greedy chat stream."""
+    """(decode tok/s with the first token excluded, time to first token in s) of one greedy chat
+    stream."""
     body = {
         "model": MODEL,
         "messages": MESSAGES,
@@ -106,7 +109,8 @@ def calibration_alone(base_url: str) -> dict:
 def stream_while_calibrating(
     base_url: str, tokens: int, tokens_per_text: float
 ) -> tuple[float, float, float]:
-    """One stream while a calibration runs: (decode tok/s, time to first token, the calibration's tokens/s meanwhile)."""
+    """One stream while a calibration runs: (decode tok/s, time to first token, the calibration's
+    tokens/s meanwhile)."""
     job_id = start_calibration(base_url)
     while job(base_url, job_id)["progress"]["done"] < 3:
         time.sleep(0.1)
@@ -174,19 +178,22 @@ def main() -> int:
     load_after = os.getloadavg()[0]
 
     print(
-        f"\n{MODEL}, demo SAE {SAE} (layer 12), demo corpus; chat stream of {args.tokens} greedy tokens, "
-        f"median of {args.repeats} pairs; MILLM_JOB_SHARE {args.share}; OMP_NUM_THREADS {args.threads or 'default'}; "
-        f"load average {load_before:.1f} -> {load_after:.1f}"
+        f"\n{MODEL}, demo SAE {SAE} (layer 12), demo corpus; chat stream of {args.tokens} greedy "
+        f"tokens, median of {args.repeats} pairs; MILLM_JOB_SHARE {args.share}; OMP_NUM_THREADS "
+        f"{args.threads or 'default'}; load average {load_before:.1f} -> {load_after:.1f}"
     )
     print(
-        "| policy | calibration alone tok/s (tokens, s) | decode alone tok/s | decode while calibrating tok/s | ratio | TTFT alone / busy s | calibration while streaming tok/s |"
+        "| policy | calibration alone tok/s (tokens, s) | decode alone tok/s | decode while "
+        "calibrating tok/s | ratio | TTFT alone / busy s | calibration while streaming tok/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         c = r["calibration"]
         print(
-            f"| {r['policy']} | {c['tokens_per_s']:.0f} ({c['tokens']}, {c['wall_s']:.0f}) | {r['decode_alone']:.1f} | {r['decode_busy']:.1f} | "
-            f"{r['ratio']:.2f} | {r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | {r['calibration_busy_tokens_per_s']:.0f} |"
+            f"| {r['policy']} | {c['tokens_per_s']:.0f} ({c['tokens']}, {c['wall_s']:.0f}) | "
+            f"{r['decode_alone']:.1f} | {r['decode_busy']:.1f} | {r['ratio']:.2f} | "
+            f"{r['ttft_alone']:.2f} / {r['ttft_busy']:.2f} | "
+            f"{r['calibration_busy_tokens_per_s']:.0f} |"
         )
     print(json.dumps(rows))
     return 0

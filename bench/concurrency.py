@@ -118,10 +118,12 @@ def main() -> int:
             server.stop()
 
     print(
-        f"\n{MODEL} (demo, auto dtype), {args.tokens} greedy tokens per stream, best of {args.repeats}"
+        f"\n{MODEL} (demo, auto dtype), {args.tokens} greedy tokens per stream, best of "
+        f"{args.repeats}"
     )
     print(
-        "| streams | serial tok/s | batched tok/s | batched/serial | serial TTFT p50/p95 ms | batched TTFT p50/p95 ms |"
+        "| streams | serial tok/s | batched tok/s | batched/serial | serial TTFT p50/p95 ms | "
+        "batched TTFT p50/p95 ms |"
     )
     print(
         "|--------:|-------------:|--------------:|---------------:|-----------------------:|------------------------:|"
@@ -130,18 +132,21 @@ def main() -> int:
         s, b = results["serial"][level], results["batched"][level]
         print(
             f"| {level:7d} | {s.tok_s:12.1f} | {b.tok_s:13.1f} | {b.tok_s / s.tok_s:13.2f}x | "
-            f"{s.percentile(0.5):10.0f} / {s.percentile(0.95):<9.0f} | {b.percentile(0.5):10.0f} / {b.percentile(0.95):<10.0f} |"
+            f"{s.percentile(0.5):10.0f} / {s.percentile(0.95):<9.0f} | {b.percentile(0.5):10.0f} "
+            f"/ {b.percentile(0.95):<10.0f} |"
         )
     single_off, single_on = results["serial"][levels[0]].tok_s, results["batched"][levels[0]].tok_s
     if 8 in results["batched"]:
         eight = results["batched"][8].tok_s
         print(
-            f"\nbatched aggregate at 8 streams / single stream (batching on) = {eight / single_on:.2f}x (goal >= 4)"
+            "\nbatched aggregate at 8 streams / single stream (batching on) = "
+            f"{eight / single_on:.2f}x (goal >= 4)"
         )
     print(f"single stream, batching on / off = {single_on / single_off:.2f} (goal >= 0.95)")
     print(
-        f"median TTFT, 1 stream: serial {statistics.median(results['serial'][levels[0]].ttft_ms):.0f} ms, "
-        f"batched {statistics.median(results['batched'][levels[0]].ttft_ms):.0f} ms"
+        "median TTFT, 1 stream: serial "
+        f"{statistics.median(results['serial'][levels[0]].ttft_ms):.0f} ms, batched "
+        f"{statistics.median(results['batched'][levels[0]].ttft_ms):.0f} ms"
     )
     return 0
 

@@ -7,12 +7,12 @@ ignored so every row decodes --tokens tokens); decode tok/s excludes each row's 
 Runs alternate (reference, then each variant, --repeats times) so drift on a shared machine hits
 all alike; ratios are of medians.
 
-  single stream      millm unsteered / llama.cpp                                   goal >= 1.0
-  8 streams          8 jobs on the batched scheduler / 1 job on it (aggregate)     goal >= 6
-  one feature        one demo-SAE feature added / unsteered                        goal >= 0.98
-  16 features read   the SAE layer's residual read every step, 16 features encoded goal >= 0.95
-  probes             two watches (report, and steer once it fires) / unwatched      goal >= 0.95
-  prefill            2,000-token prompt, tokens/s, millm / llama.cpp                (today's: docs/engine.md)
+  single stream      millm unsteered / llama.cpp                                   goal >= 1.0 8
+  streams          8 jobs on the batched scheduler / 1 job on it (aggregate)     goal >= 6 one
+  feature        one demo-SAE feature added / unsteered                        goal >= 0.98 16
+  features read   the SAE layer's residual read every step, 16 features encoded goal >= 0.95 probes
+  two watches (report, and steer once it fires) / unwatched      goal >= 0.95 prefill
+  2,000-token prompt, tokens/s, millm / llama.cpp                (today's: docs/engine.md)
 
     .venv/bin/python bench/decode_goals.py [--tokens 96] [--repeats 3] [--prefill 2000]
 """
@@ -105,7 +105,8 @@ def llama_cpp_rate(llm, tokens: int) -> float:
 
 
 def prefill_rates(lm, llm, length: int, repeats: int) -> tuple[float, float]:
-    """Prefill tokens/s of a `length`-token prompt: millm's lean runner, llama.cpp (best of repeats)."""
+    """Prefill tokens/s of a `length`-token prompt: millm's lean runner, llama.cpp (best of
+    repeats)."""
     words = " ".join(str(i) for i in range(length))
     ids = lm.tokenizer(words)["input_ids"][:length]
     ours, theirs = [], []

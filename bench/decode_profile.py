@@ -85,14 +85,16 @@ def main() -> int:
     ops = sum(grouped.values()) / 1e3 / per_step
     profiled_wall = sum(profiled) * 1e3 / per_step
     print(
-        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({runner.kernels}), one row, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({runner.kernels}), one row, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads"
     )
     print(
-        f"decode step: median {statistics.median(wall) * 1e3:.2f} ms ({1 / statistics.median(wall):.1f} tok/s) over {args.steps} steps"
+        f"decode step: median {statistics.median(wall) * 1e3:.2f} ms "
+        f"({1 / statistics.median(wall):.1f} tok/s) over {args.steps} steps"
     )
     print(
-        f"under the profiler: {profiled_wall:.2f} ms a step, {calls / per_step:.0f} op calls a step\n"
+        f"under the profiler: {profiled_wall:.2f} ms a step, {calls / per_step:.0f} op calls a "
+        "step\n"
     )
     print("| spent on | ms a step | share of the profiled step |")
     print("|---|---|---|")
@@ -101,7 +103,8 @@ def main() -> int:
         print(f"| {label} | {ms:.2f} | {ms / profiled_wall:.0%} |")
     rest = profiled_wall - ops
     print(
-        f"| Python between ops (wall − the ops' own time) | {rest:.2f} | {rest / profiled_wall:.0%} |"
+        f"| Python between ops (wall − the ops' own time) | {rest:.2f} | "
+        f"{rest / profiled_wall:.0%} |"
     )
     return 0
 

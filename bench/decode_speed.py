@@ -45,7 +45,10 @@ class Figure:
     def row(self, reference: float | None) -> str:
         best, median = max(self.tok_s), statistics.median(self.tok_s)
         ratio = f"{best / reference:5.2f}x" if reference else "    -"
-        return f"| {self.path:<52} | {min(self.ttft_ms):8.1f} | {best:7.1f} | {median:7.1f} | {ratio} | {self.tokens:6d} |"
+        return (
+            f"| {self.path:<52} | {min(self.ttft_ms):8.1f} | {best:7.1f} | {median:7.1f} | "
+            f"{ratio} | {self.tokens:6d} |"
+        )
 
 
 def engine_run(lm, prompt_ids: list[int], tokens: int) -> tuple[float, float, int]:
@@ -220,8 +223,8 @@ def main() -> int:
 
     reference = max(figures[1].tok_s)
     print(
-        f"\nSmolLM2-135M-Instruct (dequantised Q4_1), {args.tokens} new tokens, greedy, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, best of {args.repeats}"
+        f"\nSmolLM2-135M-Instruct (dequantised Q4_1), {args.tokens} new tokens, greedy, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads, best of {args.repeats}"
     )
     print(f"| {'path':<52} | TTFT ms  | tok/s   | median  | vs (b) | tokens |")
     print(f"|{'-' * 54}|----------|---------|---------|--------|--------|")
@@ -230,7 +233,8 @@ def main() -> int:
     engine = max(figures[0].tok_s)
     http = max(next(f for f in figures if f.path.startswith("(c)")).tok_s)
     print(
-        f"\n(a)/(b) = {engine / reference:.2f}  (goal >= 2.0);  (c)/(a) = {http / engine:.2f}  (goal >= 0.95)"
+        f"\n(a)/(b) = {engine / reference:.2f}  (goal >= 2.0);  (c)/(a) = {http / engine:.2f}  "
+        "(goal >= 0.95)"
     )
     return 0
 

@@ -127,7 +127,8 @@ def evaluate(client: httpx.Client, concept: str, profiles: list[str]) -> dict:
 
 
 def figures(point: dict) -> dict:
-    """A point's means, rounded for the table, and its lowest concept score over the instructions."""
+    """A point's means, rounded for the table, and its lowest concept score over the
+    instructions."""
     keys = ("concept", "instruction_score", "fluency", "harmonic_mean", "perplexity")
     means = {k: None if point[k] is None else round(point[k], 3) for k in keys}
     return {**means, "concepts": [round(s["concept"], 2) for s in point["samples"]]}
@@ -181,8 +182,8 @@ def measure_mode(
                     }
                     print(
                         f"[{mode}] {name}: {points['1.0']} at 0.8 {points['0.8']['concept']}; "
-                        f"weekend words {topic_words(steered, concept_of)} vs {topic_words(plain, concept_of)}"
-                        f", around: {around}",
+                        f"weekend words {topic_words(steered, concept_of)} vs "
+                        f"{topic_words(plain, concept_of)}, around: {around}",
                         flush=True,
                     )
             return result
@@ -268,9 +269,9 @@ def readme(measurements: dict) -> str:
             rows.append(
                 f"| {name} | {feats} | {mode_title(mode, measured)} | {full['concept']:.2f} "
                 f"({row['baseline']['concept']:.2f}) | "
-                f"{full['instruction_score']:.2f} | {full['fluency']:.2f} | {full['harmonic_mean']:.2f} | "
-                f"{low['concept']:.2f} | {row['plain_topic_words']} → {row['topic_words']} "
-                f"({min(row['around'].values())}) |"
+                f"{full['instruction_score']:.2f} | {full['fluency']:.2f} | "
+                f"{full['harmonic_mean']:.2f} | {low['concept']:.2f} | {row['plain_topic_words']} "
+                f"→ {row['topic_words']} ({min(row['around'].values())}) |"
             )
     for mode, measured in modes.items():
         base = next(iter(measured["profiles"].values()))["baseline"]
@@ -300,7 +301,8 @@ def readme(measurements: dict) -> str:
         ]
     for name, doc in profiles.items():
         described = ", ".join(
-            f'#{f["index"]} "{labels.get(str(f["index"]), {}).get("label", "?")}" x {f["strength"]:g}'
+            f'#{f["index"]} "{labels.get(str(f["index"]), {}).get("label", "?")}" x '
+            f"{f['strength']:g}"
             for s in doc["steering"]
             for f in s["features"]
         )
@@ -332,7 +334,8 @@ def main() -> None:
     parser.add_argument(
         "--scan",
         default="",
-        help="comma-separated dials: only count the weekend answer's topic words at each (no evaluation)",
+        help="comma-separated dials: only count the weekend answer's topic words at each (no "
+        "evaluation)",
     )
     parser.add_argument(
         "--out",

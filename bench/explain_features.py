@@ -99,7 +99,8 @@ def paired_reads(count: int) -> None:
     tokens = sum(len(ids) for ids in texts.texts[:count])
     print(
         f"{count} texts ({tokens} tokens), one read each way, alternately: every layer "
-        f"{whole:.3f} s a text (median), stopped at layer {info.layer} {cut:.3f} s: {whole / cut:.2f}x"
+        f"{whole:.3f} s a text (median), stopped at layer {info.layer} {cut:.3f} s: "
+        f"{whole / cut:.2f}x"
     )
 
 

@@ -5,7 +5,8 @@ For every family the lean runner serves, on a tiny random checkpoint (tests/supp
 the test suite's own builders: 3-4 layers, hidden size 64), and on the two packaged real models
 (the demo SmolLM2-135M-Instruct Q4_1 under its default dtype, and gemma3-270m Q4_K_M in float32):
 
-  (a) millm, one stream: decode tok/s (first token excluded) of one greedy row through the scheduler;
+  (a) millm, one stream: decode tok/s (first token excluded) of one greedy row through the
+      scheduler;
   (b) transformers `generate` on the same weights and dtype (greedy, same token count);
   (c) millm, eight streams submitted at once with continuous batching: aggregate tok/s;
   (d) millm, the same eight streams with batching off (served one after another): aggregate tok/s.
@@ -14,7 +15,8 @@ Goals (issue 19): a ≥ 2 × b, c ≥ 4 × a. Every measurement runs in its own 
 OpenMP pools of two threads in one process slow each other, see docs/engine.md), with the model
 loaded on a thread that ends before decoding starts, as the server does.
 
-    .venv/bin/python bench/families_speed.py [--tokens 64] [--families llama,gemma2,...] [--real demo,gemma3-270m]
+    .venv/bin/python bench/families_speed.py [--tokens 64] [--families llama,gemma2,...]
+        [--real demo,gemma3-270m]
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _dtype(model: str) -> str:
 
 
 def _load(model: str, work: Path):
-    """The model loaded on a thread that ends (as the server loads), so decoding threads meet no idle OpenMP pool."""
+    """The model loaded on a thread that ends (as the server loads), so decoding threads meet no
+    idle OpenMP pool."""
     from millm.engine.loader import load_model
 
     out = {}
@@ -191,10 +194,12 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="millm-families-"))
     models = [m for m in args.families.split(",") if m] + [m for m in args.real.split(",") if m]
     print(
-        f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of {args.repeats} after a warm-up\n"
+        f"{args.tokens} greedy tokens per stream, {STREAMS} streams for (c) and (d); best of "
+        f"{args.repeats} after a warm-up\n"
     )
     print(
-        "| model | runner | (a) millm 1 stream | (b) `generate` | a/b | (c) 8 streams batched | (d) 8 streams serial | c/a | c/d |"
+        "| model | runner | (a) millm 1 stream | (b) `generate` | a/b | (c) 8 streams batched | "
+        "(d) 8 streams serial | c/a | c/d |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
@@ -222,7 +227,8 @@ def main() -> None:
         a, b, c, d = (got[p]["tok_s"] for p in "abcd")
         name = f"{model} ({got['b']['dtype']})"
         print(
-            f"| {name} | {got['a']['runner']} | {a:.1f} | {b:.1f} | {a / b:.2f}× | {c:.1f} | {d:.1f} | {c / a:.2f}× | {c / d:.2f}× |",
+            f"| {name} | {got['a']['runner']} | {a:.1f} | {b:.1f} | {a / b:.2f}× | {c:.1f} | "
+            f"{d:.1f} | {c / a:.2f}× | {c / d:.2f}× |",
             flush=True,
         )
 

@@ -60,7 +60,8 @@ PROMPT_TOKENS = 32
 
 
 def demo_tokenizer(folder: Path) -> Path:
-    """The demo model's tokenizer, written to `folder` (read from its GGUF through millm's loader)."""
+    """The demo model's tokenizer, written to `folder` (read from its GGUF through millm's
+    loader)."""
     lm = load_model(demo_source(), dtype="float32", device="cpu", cache_root=folder / "cache")
     lm.tokenizer.save_pretrained(str(folder / "tokenizer"))
     return folder / "tokenizer"
@@ -185,13 +186,16 @@ def main() -> int:
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
-        f"\n{args.shape} (random weights, vocabulary {vocabulary}), {dtype}, {name}, {lm.runner.name}"
+        f"\n{args.shape} (random weights, vocabulary {vocabulary}), {dtype}, {name}, "
+        f"{lm.runner.name}"
     )
     print(
-        f"{args.tokens} greedy tokens per stream, prompts of {PROMPT_TOKENS} tokens; tok/s summed over streams\n"
+        f"{args.tokens} greedy tokens per stream, prompts of {PROMPT_TOKENS} tokens; tok/s summed "
+        "over streams\n"
     )
     print(
-        "| streams | unsteered | one feature steered | 8 steerings in the batch | SAE read on | transformers generate |"
+        "| streams | unsteered | one feature steered | 8 steerings in the batch | SAE read on | "
+        "transformers generate |"
     )
     print("|---|---|---|---|---|---|")
     for streams in (int(s) for s in args.streams.split(",")):

@@ -31,14 +31,15 @@ from tests.support.server import ServerProcess  # noqa: E402
 MODEL = "SmolLM2-135M-Instruct"
 SAE = "sae_dd8838d57250"
 PARAGRAPH = (
-    "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over the "
-    "morning catch, and the baker on the corner pulled the first loaves from a stone oven. Down by the "
-    "water an old captain mended his nets, telling anyone who would listen about the storms he had "
-    "sailed through, the islands he had seen and the treasure he never found. Children ran between the "
-    "market stalls, where merchants sold olives, cheese, bright fabrics and maps of distant coasts. By "
-    "noon the sun was high, the church bell rang twelve times, and the whole town stopped for lunch: "
-    "bread, soup, grilled sardines and a glass of cold white wine. In the afternoon the wind turned, "
-    "clouds gathered over the hills, and the fishermen hurried to bring their boats in before the rain."
+    "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over "
+    "the morning catch, and the baker on the corner pulled the first loaves from a stone oven. "
+    "Down by the water an old captain mended his nets, telling anyone who would listen about the "
+    "storms he had sailed through, the islands he had seen and the treasure he never found. "
+    "Children ran between the market stalls, where merchants sold olives, cheese, bright fabrics "
+    "and maps of distant coasts. By noon the sun was high, the church bell rang twelve times, and "
+    "the whole town stopped for lunch: bread, soup, grilled sardines and a glass of cold white "
+    "wine. In the afternoon the wind turned, clouds gathered over the hills, and the fishermen "
+    "hurried to bring their boats in before the rain."
 )
 PIRATE = [
     "Arr, the pirate ship sailed the seven seas.",
@@ -72,7 +73,8 @@ def prompt_tokens(client: httpx.Client, text: str) -> int:
 
 
 def text_of(client: httpx.Client, tokens: int) -> str:
-    """A text of exactly `tokens` tokens (as the server counts them), cut from the paragraph repeated."""
+    """A text of exactly `tokens` tokens (as the server counts them), cut from the paragraph
+    repeated."""
     words = (PARAGRAPH + " ") * (tokens // 100 + 2)
     words_list = words.split()
     count, tried = tokens * 3 // 4, set()
@@ -84,7 +86,8 @@ def text_of(client: httpx.Client, tokens: int) -> str:
         tried.add(count)
         step = round(count * (tokens / have - 1)) or (1 if have < tokens else -1)
         count = count + step if count + step not in tried else count + (1 if have < tokens else -1)
-    # A word may span two tokens, so exactly `tokens` may be out of reach: the closest text below it.
+    # A word may span two tokens, so exactly `tokens` may be out of reach: the closest text below
+    # it.
     return " ".join(words_list[: count - 1])
 
 
@@ -160,10 +163,12 @@ def main() -> int:
         tokens["contrast"],
     )
     print(
-        f"\n{MODEL}, demo SAE {SAE} (layer 12, 2048 features); seconds from request to parsed answer"
+        f"\n{MODEL}, demo SAE {SAE} (layer 12, 2048 features); seconds from request to parsed "
+        "answer"
     )
     print(
-        "inspect: top_k 20 and feature 1403 per token; contrast: 8 pirate + 8 neutral short texts, top_k 20;"
+        "inspect: top_k 20 and feature 1403 per token; contrast: 8 pirate + 8 neutral short "
+        "texts, top_k 20;"
     )
     print("scoring: /v1/completions with logprobs (the same forward passes, no SAE read)")
     print("| request | tokens | first run | median | range |")
@@ -171,7 +176,8 @@ def main() -> int:
     for name, seconds in times.items():
         once = f"{first[name][0]:.3f}" if name in first else "–"
         print(
-            f"| {name} | {tokens[name]} | {once} | {statistics.median(seconds):.3f} ({len(seconds)} runs) | {min(seconds):.3f}–{max(seconds):.3f} |"
+            f"| {name} | {tokens[name]} | {once} | {statistics.median(seconds):.3f} "
+            f"({len(seconds)} runs) | {min(seconds):.3f}–{max(seconds):.3f} |"
         )
     return 0
 

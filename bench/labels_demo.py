@@ -103,19 +103,21 @@ def main() -> None:
     writer = args.explainer_model or "the demo model"
     theirs = {e["feature"]: e for e in shipped["result"]["explanations"]}
     print(
-        f"{len(features)} features of the demo SAE (fired >= {args.min_count} times in its calibration), "
-        f"{args.held_out} held-out activating windows + as many quiet ones each; explaining took "
-        f"{written_s:.0f} s, scoring the shipped labels {shipped_s:.0f} s\n"
+        f"{len(features)} features of the demo SAE (fired >= {args.min_count} times in its "
+        f"calibration), {args.held_out} held-out activating windows + as many quiet ones each; "
+        f"explaining took {written_s:.0f} s, scoring the shipped labels {shipped_s:.0f} s\n"
     )
     print(
-        f"| feature | shipped label | detection | fuzzing | {writer}'s explanation | detection | fuzzing |"
+        f"| feature | shipped label | detection | fuzzing | {writer}'s explanation | detection | "
+        "fuzzing |"
     )
     print("|---|---|---|---|---|---|---|")
     for feature in features:
         a, b = theirs.get(feature), mine.get(feature)
         print(
-            f"| {feature} | {(a or {}).get('explanation', '—')} | {cell(accuracy(a, 'detection'))} | "
-            f"{cell(accuracy(a, 'fuzzing'))} | {(b or {}).get('explanation', '(none written)')[:80]} | "
+            f"| {feature} | {(a or {}).get('explanation', '—')} | "
+            f"{cell(accuracy(a, 'detection'))} | {cell(accuracy(a, 'fuzzing'))} | "
+            f"{(b or {}).get('explanation', '(none written)')[:80]} | "
             f"{cell(accuracy(b, 'detection'))} | {cell(accuracy(b, 'fuzzing'))} |"
         )
     for name, table in (("shipped labels", theirs), (f"{writer}'s", mine)):
@@ -124,7 +126,8 @@ def main() -> None:
             mean = statistics.mean(values) if values else float("nan")
             print(f"mean {score} balanced accuracy, {name}: {mean:.3f} over {len(values)} features")
     print(
-        f"explanations written: {len(mine)} of {len(features)}; skipped: {written['result']['skipped'][:3]}"
+        f"explanations written: {len(mine)} of {len(features)}; skipped: "
+        f"{written['result']['skipped'][:3]}"
     )
 
 

@@ -1,4 +1,5 @@
-"""How closely llama.cpp's reads and steering agree with the transformers engine on the packaged models.
+"""How closely llama.cpp's reads and steering agree with the transformers engine on the packaged
+models.
 
 For each packaged model (the demo's SmolLM2 Q4_1 file and Gemma 3 270M's Q4_K_M file) and its
 shipped SAE, both engines in this process: transformers on the file's float32 dequantised copy
@@ -92,14 +93,16 @@ def compare(name: str, sae_dir: Path, feature: int, strength: float, home: Path)
                 torch.nn.functional.cosine_similarity(deltas[0], deltas[1], dim=0).item()
             )
             delta_gap.append(
-                f"{(deltas[0] - deltas[1]).abs().max().item():.2f} of {deltas[0].abs().max().item():.1f}"
+                f"{(deltas[0] - deltas[1]).abs().max().item():.2f} of "
+                f"{deltas[0].abs().max().item():.1f}"
             )
     cpp.runner.close()
     mean = lambda values: sum(values) / len(values)
     return [
         f"| {name} ({source.gguf_file}), SAE layer {layer}, feature {feature} at {strength:g} | "
-        f"{max(gaps):.2f} (logit spread {mean(spreads):.0f}) | {mean(cosines):.4f} (lowest {min(lowest):.3f}) | "
-        f"{mean(overlaps):.3f} | {mean(delta_cos):.4f} (lowest {min(delta_cos):.4f}) | {', '.join(delta_gap)} |"
+        f"{max(gaps):.2f} (logit spread {mean(spreads):.0f}) | {mean(cosines):.4f} (lowest "
+        f"{min(lowest):.3f}) | {mean(overlaps):.3f} | {mean(delta_cos):.4f} (lowest "
+        f"{min(delta_cos):.4f}) | {', '.join(delta_gap)} |"
     ]
 
 
@@ -109,7 +112,8 @@ def main() -> int:
     ).parse_args()
     home = Path(tempfile.gettempdir()) / "millm-bench-agreement"
     print(
-        f"\n{len(PROMPTS)} prompts; activations at every prompt position, before steering; top {TOP} features"
+        f"\n{len(PROMPTS)} prompts; activations at every prompt position, before steering; top "
+        f"{TOP} features"
     )
     print(
         "| model | unsteered logit gap (max) | activation cosine (mean) | top-16 overlap | "

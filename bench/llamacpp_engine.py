@@ -1,4 +1,5 @@
-"""The llama.cpp engine against llama-cpp-python and against millm's transformers engine, one run, one table.
+"""The llama.cpp engine against llama-cpp-python and against millm's transformers engine, one run,
+one table.
 
 On the demo's own Q4_1 GGUF file:
 (a) millm on llama.cpp (--engine llama.cpp) through HTTP streaming, one stream;
@@ -43,13 +44,17 @@ PIRATE = 1403  # the demo SAE's pirate feature (the demo's pirate profile steers
 REFERENCE = """
 import json, resource, sys, time
 from llama_cpp import Llama
-path, threads, tokens, repeats, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+path, prompt = sys.argv[1], sys.argv[5]
+threads, tokens, repeats = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 llm = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
 rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
 rates = []
 for _ in range(repeats + 1):
     start, first, count = time.perf_counter(), None, 0
-    for piece in llm.create_completion(prompt, max_tokens=tokens, temperature=0, repeat_penalty=1.0, stream=True):
+    pieces = llm.create_completion(
+        prompt, max_tokens=tokens, temperature=0, repeat_penalty=1.0, stream=True
+    )
+    for piece in pieces:
         if piece["choices"][0]["finish_reason"] is not None:
             continue
         count += 1
@@ -60,7 +65,8 @@ print(json.dumps({"tok_s": max(rates[1:]), "rss": rss, "tokens": count}))
 
 
 BASELINE = """
-import millm.server.app, millm.engine.loader_llamacpp, millm.engine.runner_llamacpp, llama_cpp, torch, transformers
+import millm.server.app, millm.engine.loader_llamacpp, millm.engine.runner_llamacpp
+import llama_cpp, torch, transformers
 print(int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024)
 """
 WINDOW = 2048  # (b)'s n_ctx
@@ -182,7 +188,8 @@ def main() -> int:
         ("(a) one feature steered", steered, None, f"{steered / single:.2f}x (a)"),
     ]
     print(
-        f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, {threads} threads, best of {args.repeats}"
+        f"\n{MODEL} Q4_1 GGUF ({size / 2**20:.0f} MiB), {args.tokens} new tokens, greedy, "
+        f"{threads} threads, best of {args.repeats}"
     )
     print(f"| {'path':<46} | tok/s  | RSS after load | ratio |")
     print(f"|{'-' * 48}|--------|----------------|-------|")
@@ -191,8 +198,9 @@ def main() -> int:
         print(f"| {name:<46} | {rate:6.1f} | {shown:>14} | {ratio} |")
     goal = 2 * size + baseline
     print(
-        f"\nmillm's runtime alone (imports, no model): {baseline / 2**20:.0f} MiB; (a)'s RSS goal, 2x the file plus that: "
-        f"{goal / 2**20:.0f} MiB; (a) holds {cpp_rss / 2**20:.0f} MiB ({cpp_rss / goal:.2f}x the goal)"
+        f"\nmillm's runtime alone (imports, no model): {baseline / 2**20:.0f} MiB; (a)'s RSS "
+        f"goal, 2x the file plus that: {goal / 2**20:.0f} MiB; (a) holds {cpp_rss / 2**20:.0f} "
+        f"MiB ({cpp_rss / goal:.2f}x the goal)"
     )
     print("goals: (a) >= 0.9x (b), (a) >= 1.5x (c); 8 streams >= 3x (a); steered >= 0.95x (a)")
     return 0

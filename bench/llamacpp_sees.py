@@ -1,4 +1,5 @@
-"""The llama.cpp engine that sees: what reads, probes and per-row steering cost on llama.cpp's kernels.
+"""The llama.cpp engine that sees: what reads, probes and per-row steering cost on llama.cpp's
+kernels.
 
 On the demo's own Q4_1 GGUF file, one run, the same thread count everywhere:
 (b) llama-cpp-python's own create_completion (streaming), unsteered, in a process of its own (the
@@ -84,7 +85,8 @@ def aggregate(base_url: str, tokens: int, extras: list[dict | None]) -> float:
 
 
 def sees(sae: str, steer: int | None) -> dict:
-    """A request body's extra: 16 features read at each generated position, a probe, and optionally a steered feature."""
+    """A request body's extra: 16 features read at each generated position, a probe, and
+    optionally a steered feature."""
     extra: dict = {
         "return_sae_activations": {"sae_id": sae, "features": READ, "top_k": len(READ)},
         "probes": [
@@ -113,7 +115,8 @@ def steering_only(sae: str, feature: int) -> dict:
 def callback_cost(
     path: Path, threads: int, steps: int = 256, rounds: int = 5
 ) -> tuple[float, float]:
-    """Milliseconds a one-token llama_decode takes without and with millm's callback (nothing hooked)."""
+    """Milliseconds a one-token llama_decode takes without and with millm's callback (nothing
+    hooked)."""
     from millm.engine.graph_callback import GraphHooks, ggml_library
     from millm.engine.runner_llamacpp import bindings
 
@@ -239,15 +242,16 @@ def main() -> int:
     ]
     plain, hooked = callback_cost(path, threads)
     print(
-        f"\n{MODEL} Q4_1 GGUF, {tokens} new tokens, greedy, {threads} threads, best of {args.repeats}"
+        f"\n{MODEL} Q4_1 GGUF, {tokens} new tokens, greedy, {threads} threads, best of "
+        f"{args.repeats}"
     )
     print(f"| {'path':<50} | tok/s  | ratio | goal |")
     print(f"|{'-' * 52}|--------|-------|------|")
     for name, rate, ratio, goal in rows:
         print(f"| {name:<50} | {rate:6.1f} | {ratio} | {goal} |")
     print(
-        f"\none-token llama_decode, best of 5 x 256: {plain:.3f} ms without a callback, {hooked:.3f} ms "
-        f"with millm's (nothing hooked): {hooked / plain:.3f}x"
+        f"\none-token llama_decode, best of 5 x 256: {plain:.3f} ms without a callback, "
+        f"{hooked:.3f} ms with millm's (nothing hooked): {hooked / plain:.3f}x"
     )
     return 0
 

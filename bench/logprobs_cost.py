@@ -72,7 +72,8 @@ def main() -> None:
         assert len(set.union(*texts.values())) == 1, "greedy variants gave different texts"
         base = statistics.median(speeds["no logprobs"])
         print(
-            f"{platform.processor() or platform.machine()}, {args.requests} rounds, {args.tokens} tokens"
+            f"{platform.processor() or platform.machine()}, {args.requests} rounds, {args.tokens} "
+            "tokens"
         )
         print("| variant | tok/s p50 | tok/s min | vs no logprobs |")
         print("|---|---|---|---|")

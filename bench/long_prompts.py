@@ -1,5 +1,5 @@
-"""Long prompts: the prefix cache, chunked prefill and prefill speed, on the demo model. One run, one
-report of four markdown tables.
+"""Long prompts: the prefix cache, chunked prefill and prefill speed, on the demo model. One run,
+one report of four markdown tables.
 
 The demo model (SmolLM2-135M-Instruct, Q4_1 GGUF) as the server loads it by default: dtype auto
 (bf16 on the CPU, with int4 kernels over the file's 4-bit codes), the lean runner. Everything runs
@@ -38,7 +38,8 @@ is reused from the cache). Figures of 1-3 are medians over --repeats distinct pr
     .venv/bin/python bench/long_prompts.py [--quick] [--only 1|2|3|4] [--repeats 3] [--work DIR]
 
 --quick runs small sizes (to check the script end to end, not to read figures). --work keeps the
-dequantised checkpoint between runs (by default a temporary folder: the first load converts the GGUF).
+dequantised checkpoint between runs (by default a temporary folder: the first load converts the
+GGUF).
 """
 
 from __future__ import annotations
@@ -66,47 +67,60 @@ sys.path.insert(0, str(ROOT))
 MODEL = "SmolLM2-135M-Instruct"
 GIB = 2**30
 STREAM_PROMPT = "Here is a list of the numbers from 1 to 3000, separated by commas: 1, 2, 3,"
-SAME_STEP = 0.005  # seconds: two rows' events of one step come closer than this (a step takes 15 ms or more)
+# seconds: two rows' events of one step come closer than this (a step takes 15 ms or more)
+SAME_STEP = 0.005
 LLAMA_UBATCH = 512  # llama.cpp's default physical batch
 
 # Varied text the long prompts are made of (notes, sources, questions).
 PARAGRAPHS = [
-    "The river that runs through the old town floods almost every spring. In 1952 the water reached the steps of the "
-    "cathedral, and the council built a stone wall along the eastern bank. Since then the wall has been raised twice, "
-    "and the fishermen complain that the current is now too fast for their nets near the bridge.",
-    "Sourdough bread needs three things: flour, water and time. A starter kept at room temperature must be fed every "
-    "day, while one kept in the fridge can wait a week. The dough rises slowly overnight, and a hot oven with steam "
-    "for the first twenty minutes gives the crust its colour and its crackle.",
-    "Our quarterly report shows revenue up eleven percent against the same quarter last year, mostly from the new "
-    "subscription plan. Costs rose faster than expected because of cloud storage and two new hires in support. The "
-    "board asked for a plan to bring the margin back above twenty percent by the end of the year.",
-    "Honeybees communicate the direction of food with a waggle dance. The angle of the dance relative to vertical "
-    "matches the angle between the sun and the flowers, and the length of the waggle run tells the distance. A "
-    "colony can track the sun's movement and correct the dance over the course of an afternoon.",
-    "The train from the coast leaves at seven fifteen and arrives in the capital just before eleven. On weekends "
-    "there is an extra service at noon, but it stops at every station and takes almost an hour longer. Tickets "
-    "bought online are cheaper, and seat reservations are free for passengers under twenty-six.",
-    "When debugging a memory leak in a long-running service, start by watching the resident set size over a day. A "
-    "steady climb that never levels off usually means objects are kept alive by a cache or a global list. Heap "
-    "snapshots taken an hour apart, compared by type, often point straight at the culprit.",
-    "The garden behind the library was planted by volunteers in the nineteen seventies. It has a pond with frogs, "
-    "a row of apple trees of old varieties and a herb bed that the cooking school still uses. Every September the "
-    "library holds a small harvest fair where the apples are pressed into juice.",
-    "Marathon training plans usually build the weekly distance by no more than ten percent at a time. Long runs are "
-    "done slowly, at a pace where conversation is still possible, while one shorter session a week includes "
-    "intervals. Most injuries come from increasing the load too quickly rather than from the distance itself.",
-    "The museum's new exhibition covers the history of navigation, from star charts and the astrolabe to the "
-    "marine chronometer that finally solved the problem of longitude. Visitors can try a replica sextant on the "
-    "roof terrace, and a short film explains how ships crossed the ocean without satellites.",
-    "To renew a passport, applicants need the old passport, two recent photographs and the completed form. The "
-    "office is open on weekday mornings, and appointments can be booked up to six weeks ahead. Urgent cases, such "
-    "as travel for a family emergency, can be handled within three working days for an extra fee.",
-    "Volcanic soils are among the most fertile in the world because the ash weathers into minerals that plants "
-    "need. Farmers on the slopes grow coffee, grapes and vegetables, accepting the risk of an eruption. Monitoring "
-    "stations measure gas emissions and small earthquakes to give warning days or weeks before trouble.",
-    "The team agreed to move the release to the second week of March. Two features are still behind: the export "
-    "to spreadsheets and the new permissions screen. Testing will start on the first of the month, and the support "
-    "team will get a walkthrough of every change before customers see it.",
+    "The river that runs through the old town floods almost every spring. In 1952 the water "
+    "reached the steps of the cathedral, and the council built a stone wall along the eastern "
+    "bank. Since then the wall has been raised twice, and the fishermen complain that the current "
+    "is now too fast for their nets near the bridge.",
+    "Sourdough bread needs three things: flour, water and time. A starter kept at room "
+    "temperature must be fed every day, while one kept in the fridge can wait a week. The dough "
+    "rises slowly overnight, and a hot oven with steam for the first twenty minutes gives the "
+    "crust its colour and its crackle.",
+    "Our quarterly report shows revenue up eleven percent against the same quarter last year, "
+    "mostly from the new subscription plan. Costs rose faster than expected because of cloud "
+    "storage and two new hires in support. The board asked for a plan to bring the margin back "
+    "above twenty percent by the end of the year.",
+    "Honeybees communicate the direction of food with a waggle dance. The angle of the dance "
+    "relative to vertical matches the angle between the sun and the flowers, and the length of "
+    "the waggle run tells the distance. A colony can track the sun's movement and correct the "
+    "dance over the course of an afternoon.",
+    "The train from the coast leaves at seven fifteen and arrives in the capital just before "
+    "eleven. On weekends there is an extra service at noon, but it stops at every station and "
+    "takes almost an hour longer. Tickets bought online are cheaper, and seat reservations are "
+    "free for passengers under twenty-six.",
+    "When debugging a memory leak in a long-running service, start by watching the resident set "
+    "size over a day. A steady climb that never levels off usually means objects are kept alive "
+    "by a cache or a global list. Heap snapshots taken an hour apart, compared by type, often "
+    "point straight at the culprit.",
+    "The garden behind the library was planted by volunteers in the nineteen seventies. It has a "
+    "pond with frogs, a row of apple trees of old varieties and a herb bed that the cooking "
+    "school still uses. Every September the library holds a small harvest fair where the apples "
+    "are pressed into juice.",
+    "Marathon training plans usually build the weekly distance by no more than ten percent at a "
+    "time. Long runs are done slowly, at a pace where conversation is still possible, while one "
+    "shorter session a week includes intervals. Most injuries come from increasing the load too "
+    "quickly rather than from the distance itself.",
+    "The museum's new exhibition covers the history of navigation, from star charts and the "
+    "astrolabe to the marine chronometer that finally solved the problem of longitude. Visitors "
+    "can try a replica sextant on the roof terrace, and a short film explains how ships crossed "
+    "the ocean without satellites.",
+    "To renew a passport, applicants need the old passport, two recent photographs and the "
+    "completed form. The office is open on weekday mornings, and appointments can be booked up to "
+    "six weeks ahead. Urgent cases, such as travel for a family emergency, can be handled within "
+    "three working days for an extra fee.",
+    "Volcanic soils are among the most fertile in the world because the ash weathers into "
+    "minerals that plants need. Farmers on the slopes grow coffee, grapes and vegetables, "
+    "accepting the risk of an eruption. Monitoring stations measure gas emissions and small "
+    "earthquakes to give warning days or weeks before trouble.",
+    "The team agreed to move the release to the second week of March. Two features are still "
+    "behind: the export to spreadsheets and the new permissions screen. Testing will start on the "
+    "first of the month, and the support team will get a walkthrough of every change before "
+    "customers see it.",
 ]
 QUESTIONS = [
     "What is the main point of this note?",
@@ -120,7 +134,8 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "web_search",
-            "description": "Search the web and return the top results with titles, links and snippets.",
+            "description": "Search the web and return the top results with titles, links and "
+            "snippets.",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -201,7 +216,8 @@ SIZES = {  # full / --quick
 }
 
 
-# ---------------------------------------------------------------------------------------------- model
+# ----------------------------------------------------------------------------------------------
+# model
 def _load(work: Path, before: bool = False, engine: str = "transformers"):
     """The demo model, loaded on a thread that ends (as the server loads), so the threads that run
     it meet no idle OpenMP pool. `before`: every int4 pass on the int4 kernel (today's prefill).
@@ -237,7 +253,8 @@ def _greedy():
 
 
 class Request:
-    """One generation job's timing and answer: submit it, wait, read TTFT, text and cached tokens."""
+    """One generation job's timing and answer: submit it, wait, read TTFT, text and cached
+    tokens."""
 
     def __init__(self, scheduler, prompt_ids, max_tokens: int):
         from millm.engine.jobs import GenerationJob, RowSpec
@@ -321,18 +338,21 @@ def long_ids(tokenizer, n: int, nonce: str) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- 1
 def conversation(tokenizer, seed, target: int) -> list[dict]:
-    """A chat of notes and answers whose rendered prompt (with a last question) reaches `target` tokens."""
+    """A chat of notes and answers whose rendered prompt (with a last question) reaches `target`
+    tokens."""
     messages = [
         {
             "role": "system",
-            "content": f"Session {seed}. You are a careful assistant. The user shares notes; answer briefly and refer to notes by number.",
+            "content": f"Session {seed}. You are a careful assistant. The user shares notes; "
+            "answer briefly and refer to notes by number.",
         }
     ]
     paragraphs = _text(seed, 400)
     k = 0
     question = {
         "role": "user",
-        "content": "Given all the notes so far, which one mentions a river, and what happened there?",
+        "content": "Given all the notes so far, which one mentions a river, and what happened "
+        "there?",
     }
     while len(_tokens(tokenizer, [*messages, question])) < target:
         note, reply = paragraphs[2 * k], paragraphs[2 * k + 1]
@@ -391,14 +411,16 @@ def measure_turns(args, cache_on: bool) -> dict:
 
 # ---------------------------------------------------------------------------------------------- 2
 def webui_system(tokenizer, seed, target: int) -> str:
-    """An Open WebUI-style RAG system prompt of about `target` tokens (retrieved sources in a context block)."""
+    """An Open WebUI-style RAG system prompt of about `target` tokens (retrieved sources in a
+    context block)."""
     head = (
-        f"Current date: 2025-03-{10 + zlib.crc32(str(seed).encode()) % 18:02d}. You are a helpful assistant.\n\n### Task:\n"
-        "Respond to the user query using the provided context, incorporating inline citations in the format "
-        "[id] **only when the <source> tag includes an explicit id attribute**.\n\n### Guidelines:\n"
-        "- If you don't know the answer, clearly state that.\n- If uncertain, ask the user for clarification.\n"
-        "- Respond in the same language as the user's query.\n- Do not cite if the <source> tag does not contain an id.\n\n"
-        "### Context:\n<context>\n"
+        f"Current date: 2025-03-{10 + zlib.crc32(str(seed).encode()) % 18:02d}. You are a helpful "
+        "assistant.\n\n### Task:\nRespond to the user query using the provided context, "
+        "incorporating inline citations in the format [id] **only when the <source> tag includes "
+        "an explicit id attribute**.\n\n### Guidelines:\n- If you don't know the answer, clearly "
+        "state that.\n- If uncertain, ask the user for clarification.\n- Respond in the same "
+        "language as the user's query.\n- Do not cite if the <source> tag does not contain an "
+        "id.\n\n### Context:\n<context>\n"
     )
     sources: list[str] = []
     paragraphs = _text(f"sources-{seed}", 400)
@@ -562,11 +584,13 @@ def measure_prefill(args, before: bool) -> dict:
 LLAMA = """
 import json, sys, time
 from llama_cpp import Llama
-path, threads, ids_file, sizes, repeats, ubatch = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+path, ids_file, sizes = sys.argv[1], sys.argv[3], sys.argv[4]
+threads, repeats, ubatch = int(sys.argv[2]), int(sys.argv[5]), int(sys.argv[6])
 ids = json.load(open(ids_file))
 sizes = [int(s) for s in sizes.split(",")]
 n_ctx = min(max(sizes), len(ids)) + 16
-llm = Llama(path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=ubatch, n_threads=threads, n_threads_batch=threads, verbose=False)
+llm = Llama(path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=ubatch, n_threads=threads,
+            n_threads_batch=threads, verbose=False)
 rates = {}
 for size in sizes:
     prompt = ids[:size]
@@ -610,7 +634,8 @@ def measure_llama(args, threads: int) -> dict:
     }
 
 
-# ---------------------------------------------------------------------------------------------- driver
+# ----------------------------------------------------------------------------------------------
+# driver
 def one(args) -> None:
     section, variant = args.one
     if section == "1":
@@ -685,22 +710,27 @@ def section1(args) -> None:
     )
     r = on["runs"][0]
     print(
-        f"\n### 1. Second chat turn over a long history (serial policy, median of {len(on['runs'])} conversations)\n"
+        "\n### 1. Second chat turn over a long history (serial policy, median of "
+        f"{len(on['runs'])} conversations)\n"
     )
     print(
-        "| history (turn 1 prompt) | turn 2 prompt | turn 1 TTFT (cold) | turn 2 TTFT, cache off | turn 2 TTFT, cache on | cached tokens (on) | on / off | goal |"
+        "| history (turn 1 prompt) | turn 2 prompt | turn 1 TTFT (cold) | turn 2 TTFT, cache off "
+        "| turn 2 TTFT, cache on | cached tokens (on) | on / off | goal |"
     )
     print("|---|---|---|---|---|---|---|---|")
     ratio = t_on / t_off
     print(
-        f"| {r['history']} tok | {r['prompt']} tok | {ms(median([x['turn1'] for x in on['runs']]))} | {ms(t_off)} | {ms(t_on)} | "
-        f"{median([x['cached'] for x in on['runs']]):.0f} | {ratio:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |"
+        f"| {r['history']} tok | {r['prompt']} tok | "
+        f"{ms(median([x['turn1'] for x in on['runs']]))} | {ms(t_off)} | {ms(t_on)} | "
+        f"{median([x['cached'] for x in on['runs']]):.0f} | {ratio:.2f}× | ≤ 0.20× "
+        f"{'✓' if ratio <= 0.2 else '✗'} |"
     )
     if on["cache"]:
         c = on["cache"]
         print(
-            f"\nprefix cache after the run: {c['blocks']} blocks of {c['block_tokens']} tokens, {c['bytes'] / 2**20:.1f} MiB of "
-            f"{c['budget_bytes'] / 2**20:.0f} MiB; {c['hits']}/{c['lookups']} lookups hit, {c['tokens_reused']} tokens reused"
+            f"\nprefix cache after the run: {c['blocks']} blocks of {c['block_tokens']} tokens, "
+            f"{c['bytes'] / 2**20:.1f} MiB of {c['budget_bytes'] / 2**20:.0f} MiB; "
+            f"{c['hits']}/{c['lookups']} lookups hit, {c['tokens_reused']} tokens reused"
         )
     sys.stdout.flush()
 
@@ -710,16 +740,19 @@ def section2(args) -> None:
     r = got[0]
     first, repeat, new = (median([x[k] for x in got]) for k in ("first", "repeat", "new"))
     print(
-        f"\n### 2. Open WebUI-shaped request: long system prompt + 5 tools + short user message (median of {len(got)})\n"
+        "\n### 2. Open WebUI-shaped request: long system prompt + 5 tools + short user message "
+        f"(median of {len(got)})\n"
     )
     print(
-        "| system prompt | prompt (with tools) | first TTFT | repeat TTFT | cached | repeat / first | new user message TTFT | cached | new / first | goal (repeat) |"
+        "| system prompt | prompt (with tools) | first TTFT | repeat TTFT | cached | repeat / "
+        "first | new user message TTFT | cached | new / first | goal (repeat) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     ratio = repeat / first
     print(
-        f"| {r['system']} tok | {r['prompt']} tok | {ms(first)} | {ms(repeat)} | {r['repeat_cached']} | {ratio:.2f}× | {ms(new)} | "
-        f"{r['new_cached']} | {new / first:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |"
+        f"| {r['system']} tok | {r['prompt']} tok | {ms(first)} | {ms(repeat)} | "
+        f"{r['repeat_cached']} | {ratio:.2f}× | {ms(new)} | {r['new_cached']} | "
+        f"{new / first:.2f}× | ≤ 0.20× {'✓' if ratio <= 0.2 else '✗'} |"
     )
     sys.stdout.flush()
 
@@ -734,11 +767,12 @@ def section3(args) -> None:
         else f" (the largest the model's {context}-token window allows; {args.long} asked)"
     )
     print(
-        f"\n### 3. A running stream while a {n}-token prompt joins{fitted} (continuous batching on; gaps pooled over {args.repeats} joins)\n"
+        f"\n### 3. A running stream while a {n}-token prompt joins{fitted} (continuous batching "
+        f"on; gaps pooled over {args.repeats} joins)\n"
     )
     print(
-        "| PREFILL_CHUNK_TOKENS | stream gap alone (median) | gaps in window | p95 gap in window | max gap in window | p95 / median | "
-        f"{n}-token TTFT | goal p95 ≤ 3× median |"
+        "| PREFILL_CHUNK_TOKENS | stream gap alone (median) | gaps in window | p95 gap in window "
+        f"| max gap in window | p95 / median | {n}-token TTFT | goal p95 ≤ 3× median |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for result in results:
@@ -747,8 +781,9 @@ def section3(args) -> None:
         label = f"{result['chunk']}" + (" (off)" if result["chunk"] >= n else "")
         note = "" if result["outlasted"] else " (stream ended early)"
         print(
-            f"| {label} | {ms(alone)} | {len(window)} | {ms(high)} | {ms(max(window))} | {high / alone:.1f}× | "
-            f"{median(result['ttft']):.2f} s{note} | {'✓' if high <= 3 * alone else '✗'} |"
+            f"| {label} | {ms(alone)} | {len(window)} | {ms(high)} | {ms(max(window))} | "
+            f"{high / alone:.1f}× | {median(result['ttft']):.2f} s{note} | "
+            f"{'✓' if high <= 3 * alone else '✗'} |"
         )
     sys.stdout.flush()
 
@@ -758,11 +793,13 @@ def section4(args) -> None:
     llama = measure_llama(args, args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
-        f"\n### 4. Prefill tokens/s, one row, best of {args.repeats} ({after['threads']} threads; millm kernels: {after['kernels']})\n"
+        f"\n### 4. Prefill tokens/s, one row, best of {args.repeats} ({after['threads']} threads; "
+        f"millm kernels: {after['kernels']})\n"
     )
     print(
-        f"| prompt | before (int4 kernel every pass) | after ({copy_label(after)}) | after / before | "
-        f"llama-cpp-python ({llama['file']}, n_ubatch {LLAMA_UBATCH}) | after / llama.cpp | goal after ≥ 2× before (at 2,000) |"
+        f"| prompt | before (int4 kernel every pass) | after ({copy_label(after)}) | after / "
+        f"before | llama-cpp-python ({llama['file']}, n_ubatch {LLAMA_UBATCH}) | after / "
+        "llama.cpp | goal after ≥ 2× before (at 2,000) |"
     )
     print("|---|---|---|---|---|---|---|")
     for size in sizes:
@@ -790,8 +827,9 @@ def machine(args) -> str:
             versions.append(f"{name} (not installed)")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
-        f"{MODEL} (Q4_1 GGUF, dtype auto, engine {args.engine}), {cpu}, {os.cpu_count()} cores, {args.threads} threads; {', '.join(versions)}; "
-        f"Python {platform.python_version()}; load average {load:.2f} at start; prefix cache budget {args.cache_bytes / 2**20:.0f} MiB"
+        f"{MODEL} (Q4_1 GGUF, dtype auto, engine {args.engine}), {cpu}, {os.cpu_count()} cores, "
+        f"{args.threads} threads; {', '.join(versions)}; Python {platform.python_version()}; load "
+        f"average {load:.2f} at start; prefix cache budget {args.cache_bytes / 2**20:.0f} MiB"
     )
 
 
@@ -815,7 +853,8 @@ def main() -> None:
         "--repeats",
         type=int,
         default=None,
-        help="distinct prompts per figure of 1-3, timed runs per figure of 4 (default 3; 1 with --quick)",
+        help="distinct prompts per figure of 1-3, timed runs per figure of 4 (default 3; 1 with "
+        "--quick)",
     )
     parser.add_argument(
         "--history",
@@ -881,13 +920,15 @@ def main() -> None:
     args.work = args.work or tempfile.mkdtemp(prefix="millm-long-prompts-")
     Path(args.work).mkdir(parents=True, exist_ok=True)
     print(
-        f"## Long prompts{' (--quick: sizes too small to read figures from)' if args.quick else ''}\n"
+        "## Long "
+        f"prompts{' (--quick: sizes too small to read figures from)' if args.quick else ''}\n"
     )
     print(machine(args))
     if hasattr(os, "getloadavg") and os.getloadavg()[0] > 0.5:
         print(
-            f"\n**The machine is busy (load average {os.getloadavg()[0]:.1f}): other processes share the cores, and two OpenMP "
-            "threads under contention slow down many times over; rerun when it is quiet.**"
+            f"\n**The machine is busy (load average {os.getloadavg()[0]:.1f}): other processes "
+            "share the cores, and two OpenMP threads under contention slow down many times over; "
+            "rerun when it is quiet.**"
         )
     sections = {"1": section1, "2": section2, "3": section3, "4": section4}
     for key, section in sections.items():
@@ -896,7 +937,8 @@ def main() -> None:
 
 
 def copy_label(after: dict) -> str:
-    """Which pre-packed copy the "after" run used, and from how many rows (its kernels line says)."""
+    """Which pre-packed copy the "after" run used, and from how many rows (its kernels line
+    says)."""
     if "fp32 copy" in after["kernels"]:
         return f"float32 copy from {after.get('float32_copy_rows', 64)} rows"
     return f"bf16 copy from {after['dense_rows']} rows"

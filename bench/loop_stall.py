@@ -84,10 +84,13 @@ def summary(values: list[float]) -> str:
     """n, p50, p99 and max of millisecond values."""
     if not values:
         return "n=0"
-    return f"n={len(values):5d}  p50 {percentile(values, 0.5):7.1f}  p99 {percentile(values, 0.99):7.1f}  max {max(values):7.1f} ms"
+    return (
+        f"n={len(values):5d}  p50 {percentile(values, 0.5):7.1f}  p99 "
+        f"{percentile(values, 0.99):7.1f}  max {max(values):7.1f} ms"
+    )
 
 
-# documents ------------------------------------------------------------------------------------------
+# documents ----------------------------------------------------------------------------------------
 def profile_doc(name: str, sae_id: str, index: int) -> dict:
     """A one-feature profile on the demo SAE."""
     features = [
@@ -125,7 +128,8 @@ def cluster_doc(name: str, index: int) -> dict:
 
 
 def populate(client: httpx.Client, profiles: int, clusters: int) -> tuple[str, str]:
-    """Import the profiles and clusters, activate the first cluster; returns (SAE id, cluster id)."""
+    """Import the profiles and clusters, activate the first cluster; returns (SAE id, cluster
+    id)."""
     (sae_id,) = [s["id"] for s in client.get("/api/saes").json()["data"] if s["attached"]]
     for start in range(0, profiles, 500):
         docs = [
@@ -150,7 +154,7 @@ def populate(client: httpx.Client, profiles: int, clusters: int) -> tuple[str, s
     return sae_id, cluster_ids[0]
 
 
-# the load ---------------------------------------------------------------------------------------------
+# the load -----------------------------------------------------------------------------------------
 async def one_chat(client: httpx.AsyncClient, tokens: int, profile: str | None) -> int:
     """One streamed chat completion; its completion tokens."""
     body = {
@@ -195,7 +199,8 @@ async def writer(
     deadline: float,
     latencies: dict,
 ) -> None:
-    """Steering changes through the API, one after another, until the deadline; latencies by step."""
+    """Steering changes through the API, one after another, until the deadline; latencies by
+    step."""
     turn = 0
     while time.monotonic() < deadline:
         name = f"writer-{turn}"
@@ -263,7 +268,7 @@ async def load(base_url: str, args, sae_id: str, cluster_id: str) -> dict:
         }
 
 
-# the run ---------------------------------------------------------------------------------------------
+# the run ------------------------------------------------------------------------------------------
 def serve(root: Path, home: Path, streams: int, threads: int) -> ServerProcess:
     """`millm serve` of the checkout at `root` (python -m millm imports the current directory's)."""
     os.chdir(root)
@@ -355,13 +360,15 @@ def main() -> int:
     threads = f"OMP_NUM_THREADS={args.threads}" if args.threads else "default threads"
     print(f"\nserved: {root} @ {commit_of(root)}; {MODEL} (demo), continuous batching, {threads}")
     print(
-        f"load: {args.streams} streams x {args.tokens} tokens, {args.seconds:g} s, {args.profiles} profiles, {args.clusters} clusters "
-        f"(one active), writer {'off' if args.no_writer else f'pause {args.write_pause * 1000:g} ms'}"
+        f"load: {args.streams} streams x {args.tokens} tokens, {args.seconds:g} s, "
+        f"{args.profiles} profiles, {args.clusters} clusters (one active), writer "
+        f"{'off' if args.no_writer else f'pause {args.write_pause * 1000:g} ms'}"
     )
     print(f"probe idle   {summary(idle)}")
     print(f"probe loaded {summary(loaded)}")
     print(
-        f"decode       {outcome['tokens'] / outcome['wall']:.1f} tok/s ({outcome['tokens']} tokens, {outcome['requests']} requests, {outcome['wall']:.1f} s)"
+        f"decode       {outcome['tokens'] / outcome['wall']:.1f} tok/s ({outcome['tokens']} "
+        f"tokens, {outcome['requests']} requests, {outcome['wall']:.1f} s)"
     )
     print(f"writes       {summary([ms for step in outcome['writes'].values() for ms in step])}")
     if outcome["writes"]:
@@ -374,7 +381,8 @@ def main() -> int:
             + " ms (p50/max)"
         )
     print(
-        f"machine      {os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes count)"
+        f"machine      {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after (other processes count)"
     )
     return 0
 

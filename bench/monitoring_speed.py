@@ -91,7 +91,8 @@ def main() -> int:
 
     off = max(results["off"])
     print(
-        f"\n{MODEL}, demo SAE (layer 12, 2048 features), {args.tokens} greedy tokens, positions: all, best of {args.repeats}"
+        f"\n{MODEL}, demo SAE (layer 12, 2048 features), {args.tokens} greedy tokens, positions: "
+        f"all, best of {args.repeats}"
     )
     print("| monitoring | decode tok/s | vs off |")
     print("|---|---:|---:|")

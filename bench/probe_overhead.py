@@ -77,7 +77,8 @@ def decode_rate(lm, spec: RowSpec, rows: int) -> float:
 
 
 def scoring_cost(lm, watch: Watch) -> float:
-    """Microseconds one watch spends on one decode position (score, read back, record), best of 5 x 1000."""
+    """Microseconds one watch spends on one decode position (score, read back, record), best of 5
+    x 1000."""
     state = WatchState(watch, 1)
     hidden = torch.randn(1, lm.model.config.hidden_size).to(lm.device, lm.model.dtype)
     best = float("inf")
@@ -138,18 +139,21 @@ def main() -> int:
         table.append((rows, bare, probed))
 
     print(
-        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens per row, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs, "
-        f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}"
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy "
+        f"tokens per row, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.repeats} alternating runs, load average {load_before:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}"
     )
     print(
-        "| rows | no watch best / median tok/s | report + steer watch best / median tok/s | watched / plain (medians) |"
+        "| rows | no watch best / median tok/s | report + steer watch best / median tok/s | "
+        "watched / plain (medians) |"
     )
     print("|---|---|---|---|")
     for rows, bare, probed in table:
         ratio = statistics.median(probed) / statistics.median(bare)
         print(
-            f"| {rows} | {max(bare):.1f} / {statistics.median(bare):.1f} | {max(probed):.1f} / {statistics.median(probed):.1f} | {ratio:.3f} |"
+            f"| {rows} | {max(bare):.1f} / {statistics.median(bare):.1f} | {max(probed):.1f} / "
+            f"{statistics.median(probed):.1f} | {ratio:.3f} |"
         )
     print(
         f"\none watch on one decode position: {scoring_cost(lm, report):.1f} µs (best of 5 x 1000)"

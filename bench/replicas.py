@@ -43,7 +43,8 @@ the two parts then starts from no live values (cleared through A, and waited for
 Figures are p50 / p90 / p99 / max in milliseconds (statistics.quantiles, inclusive). The
 processes and PostgreSQL are stopped at the end, also on failure.
 
-    .venv/bin/python bench/replicas.py [--changes 200] [--replicas 2] [--model PATH|demo] [--sae PATH] [--seed 0] [--quick]
+    .venv/bin/python bench/replicas.py [--changes 200] [--replicas 2] [--model PATH|demo]
+        [--sae PATH] [--seed 0] [--quick]
 
 --quick makes 20 changes (to check the script end to end, not to read figures).
 """
@@ -119,7 +120,7 @@ class Replica:
         self.poller.close()
 
 
-# the cluster ---------------------------------------------------------------------------------------
+# the cluster --------------------------------------------------------------------------------------
 def build_tiny(work: Path, seed: int) -> tuple[Path, Path]:
     """The tests' tiny Llama (its tokenizer trained here) and a SAELens SAE at layer 1 for it."""
     from tests.support import tiny_models
@@ -139,7 +140,8 @@ def build_tiny(work: Path, seed: int) -> tuple[Path, Path]:
 def start_replicas(
     count: int, work: Path, model: Path | None, sae: Path, url: str
 ) -> list[Replica]:
-    """`count` servers on one database, started together, each waited for; stopped again if any fails."""
+    """`count` servers on one database, started together, each waited for; stopped again if any
+    fails."""
     args = ["--model", str(model)] if model is not None else []
     allowed = [work, sae] + ([model] if model is not None else [])
     servers = []
@@ -189,7 +191,7 @@ def is_attached(replica: Replica, sae_id: str) -> bool:
     return bool(views.get(sae_id, {}).get("attached"))
 
 
-# measuring -----------------------------------------------------------------------------------------
+# measuring ----------------------------------------------------------------------------------------
 def put(replica: Replica, sae_id: str, index: int, strength: float) -> tuple[float, float, int]:
     """(wall clock before sending, write ms, the change's version)."""
     wall = time.time()
@@ -294,7 +296,8 @@ def idle_get_ms(replica: Replica, count: int = 50) -> list[float]:
 
 
 def concurrent(replicas: list[Replica], sae_id: str, d_sae: int, changes: int, seed: int):
-    """A and B write changes//2 each at once (A even indices, B odd); each timed against the other."""
+    """A and B write changes//2 each at once (A even indices, B odd); each timed against the
+    other."""
     a, b = replicas[0], replicas[1]
     initial = settle(replicas, clear=sae_id)
     applied0 = {r.name: r.health()["changes_applied"] for r in replicas}
@@ -314,7 +317,8 @@ def concurrent(replicas: list[Replica], sae_id: str, d_sae: int, changes: int, s
                 expected[index] = strength
                 wall, write_ms, version = put(me, sae_id, index, strength)
                 since = time.perf_counter()
-                # `other` applies only `me`'s notices (its own are not notices to it), in commit order.
+                # `other` applies only `me`'s notices (its own are not notices to it), in commit
+                # order.
                 mine.append(watch(other, version, since, wall, write_ms, applied0[other.name] + k))
         except Exception as exc:  # reported, not raised: the other thread must finish
             failures.append(f"{me.name}: {exc}")
@@ -347,7 +351,7 @@ def strength_for(rng: random.Random) -> float:
     return round(rng.uniform(0.01, 50.0), 2) * rng.choice((-1, 1))
 
 
-# the report ----------------------------------------------------------------------------------------
+# the report ---------------------------------------------------------------------------------------
 def quantiles(values: list[float]) -> tuple[float, float, float, float]:
     """p50, p90, p99, max."""
     if not values:
@@ -365,7 +369,8 @@ def column(timings: list[Timing], attribute: str) -> list[float]:
 def lost(
     finals: dict[str, dict[int, float]], expected: dict[int, float], reference: str
 ) -> list[str]:
-    """What differs: each replica's final values against the reference replica's, and those against the client's."""
+    """What differs: each replica's final values against the reference replica's, and those
+    against the client's."""
     problems = []
     want = finals[reference]
     for name, values in finals.items():
@@ -381,7 +386,8 @@ def lost(
     )
     if wrong:
         problems.append(
-            f"{reference} differs from the last strengths the client set at {len(wrong)} feature(s) ({wrong[:8]})"
+            f"{reference} differs from the last strengths the client set at {len(wrong)} "
+            f"feature(s) ({wrong[:8]})"
         )
     return problems
 
@@ -426,18 +432,23 @@ def print_sequential(
         f"{n} p50 {fmt(quantiles(idle[n])[0])} / max {fmt(quantiles(idle[n])[3])}" for n in others
     )
     print(
-        f'one GET /api/steering with nothing changing ({len(idle[others[0]])} in a row, before the changes; the floor of "visible"), ms: {floors}'
+        f"one GET /api/steering with nothing changing ({len(idle[others[0]])} in a row, before "
+        f'the changes; the floor of "visible"), ms: {floors}'
     )
     counters = ", ".join(f"{n} {applied[n]}" for n in names)
     ok_counts = applied[names[0]] == 0 and all(applied[n] == changes for n in others)
     print(
-        f"changes_applied during the run: {counters} (expected: A 0, every other {changes}) {'✓' if ok_counts else '✗'}"
+        f"changes_applied during the run: {counters} (expected: A 0, every other {changes}) "
+        f"{'✓' if ok_counts else '✗'}"
     )
     problems = lost(finals, expected, names[0])
     if any(missing.values()):
         late = ", ".join(f"{n} {c}" for n, c in missing.items())
         problems.insert(0, f"not visible within {VISIBLE_TIMEOUT_S:g} s: {late}")
-    verdict = f"none: every replica ends with A's values ({len(expected)} features), which are the last strengths set"
+    verdict = (
+        f"none: every replica ends with A's values ({len(expected)} features), which are "
+        "the last strengths set"
+    )
     print(f"lost changes: {'; '.join(problems) if problems else verdict}")
     return ok_counts and not problems
 
@@ -448,7 +459,9 @@ def print_concurrent(
     half = changes // 2
     print(f"\n### 2. {2 * half} changes at once: A and B {half} each, from two threads\n")
     print(
-        "| direction | changes timed | write p50 / p90 / p99 / max | visible on the other p50 / p90 / p99 / max | applied on the other p50 / p90 / p99 / max | GETs until visible p50 / max |"
+        "| direction | changes timed | write p50 / p90 / p99 / max | visible on the other p50 / "
+        "p90 / p99 / max | applied on the other p50 / p90 / p99 / max | GETs until visible p50 / "
+        "max |"
     )
     print("|---|---|---|---|---|---|")
     for direction, timings in results.items():
@@ -471,7 +484,8 @@ def print_concurrent(
     print(
         "changes_applied during the run: "
         + ", ".join(f"{n} {applied[n]}" for n in names)
-        + f" (expected: A and B {half} each, the other's; any other {2 * half}) {'✓' if ok_counts else '✗'}"
+        + f" (expected: A and B {half} each, the other's; any other {2 * half}) "
+        f"{'✓' if ok_counts else '✗'}"
     )
     problems = failures + lost(finals, expected, names[0])
     verdict = (
@@ -507,8 +521,9 @@ def machine(args, pg_bin: Path) -> str:
         else (args.model or "the tests' tiny Llama (3 layers, d_model 64)")
     )
     return (
-        f"{args.replicas} replicas serving {model}, one PostgreSQL on this machine; {cpu}, {os.cpu_count()} cores; "
-        f"{postgres}; {', '.join(versions)}; Python {platform.python_version()}; load average {load:.2f} at start"
+        f"{args.replicas} replicas serving {model}, one PostgreSQL on this machine; {cpu}, "
+        f"{os.cpu_count()} cores; {postgres}; {', '.join(versions)}; Python "
+        f"{platform.python_version()}; load average {load:.2f} at start"
     )
 
 
@@ -536,7 +551,8 @@ def main() -> int:
     parser.add_argument(
         "--sae",
         default=None,
-        help="the SAE to steer through (default: a tiny one for the tiny model, the demo SAE for the demo)",
+        help="the SAE to steer through (default: a tiny one for the tiny model, the demo SAE for "
+        "the demo)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="features and strengths (and the tiny model's weights)"
@@ -569,7 +585,8 @@ def main() -> int:
             model, sae = Path(args.model).resolve(), Path(args.sae)
         sae = sae.resolve()
         print(
-            f"## Replicas: propagation of steering changes{' (--quick: too few changes to read figures from)' if args.quick else ''}\n"
+            "## Replicas: propagation of steering "
+            f"changes{' (--quick: too few changes to read figures from)' if args.quick else ''}\n"
         )
         print(machine(args, pg_bin))
         postgres = PostgresServer()
@@ -596,8 +613,8 @@ def main() -> int:
         losses = {r.name: r.health()["connection_losses"] for r in replicas}
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(
-            f"\nconnection losses: {', '.join(f'{n} {v}' for n, v in losses.items())}; load average {load:.2f} at the end; "
-            f"{time.perf_counter() - began:.0f} s in all"
+            f"\nconnection losses: {', '.join(f'{n} {v}' for n, v in losses.items())}; load "
+            f"average {load:.2f} at the end; {time.perf_counter() - began:.0f} s in all"
         )
         return 0 if ok else 1
     except BaseException:

@@ -174,7 +174,8 @@ def main() -> None:
             server.stop()
 
     print(
-        f"{platform.processor() or platform.machine()}, {args.requests} pairs, {args.tokens} tokens, model {model}"
+        f"{platform.processor() or platform.machine()}, {args.requests} pairs, {args.tokens} "
+        f"tokens, model {model}"
     )
     print("| request | chat p50 / p90 / max | responses p50 / p90 / max | p50 difference |")
     print("|---|---|---|---|")

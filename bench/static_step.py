@@ -3,11 +3,12 @@ function over fixed shapes, timed eager and through torch.compile beside the lea
 step, in float32, one row, in one run.
 
 The function: each block's norms, q|k|v, RoPE, the KV written in place at a position given as a
-tensor into buffers of fixed capacity, attention over the whole buffer with a mask, the MLP, and
-the head; no hooks, no Python bookkeeping. `--kernels plain` uses F.linear; `--kernels served`
-the runner's own oneDNN pre-packed linears; `--kernels opaque` the same wrapped as a custom op
-(torch.library), attention too, which torch.compile keeps as calls and fuses the small ops around. Its logits are checked against the served step's at
-every position (the largest difference is printed) and its greedy tokens followed.
+tensor into buffers of fixed capacity, attention over the whole buffer with a mask, the MLP, and the
+head; no hooks, no Python bookkeeping. `--kernels plain` uses F.linear; `--kernels served` the
+runner's own oneDNN pre-packed linears; `--kernels opaque` the same wrapped as a custom op
+(torch.library), attention too, which torch.compile keeps as calls and fuses the small ops around.
+Its logits are checked against the served step's at every position (the largest difference is
+printed) and its greedy tokens followed.
 
     .venv/bin/python bench/static_step.py [--kernels plain|served] [--compile none|default|freeze]
 """
@@ -139,7 +140,8 @@ def served_step_ms(lm, prompt: list[int], steps: int) -> float:
 
 
 def static_step_ms(lm, prompt, step, shape, steps: int) -> tuple[float, float]:
-    """Median ms of `step` and its largest logit difference from the served step, same tokens fed."""
+    """Median ms of `step` and its largest logit difference from the served step, same tokens
+    fed."""
     runner, (layers, kv_heads, head_dim) = lm.runner, shape
     with torch.inference_mode():
         batch, logits = runner.prefill([prompt], capacity=len(prompt) + steps + 8)
@@ -174,7 +176,8 @@ def main() -> int:
     prompt = lm.tokenizer(PROMPT)["input_ids"]
     step, *shape = static_step(lm, args.kernels)
     print(
-        f"\nSmolLM2-135M-Instruct, float32 ({lm.runner.kernels}), one row, {torch.get_num_threads()} threads"
+        f"\nSmolLM2-135M-Instruct, float32 ({lm.runner.kernels}), one row, "
+        f"{torch.get_num_threads()} threads"
     )
     print("| step | ms (median) | largest logit difference from the served step |")
     print("|---|---|---|")
@@ -192,7 +195,8 @@ def main() -> int:
         took = time.perf_counter() - start
         mine, difference = static_step_ms(lm, prompt, compiled, shape, args.steps)
         print(
-            f"| the same through torch.compile ({args.compile}; {took:.0f} s to compile) | {mine:.2f} | {difference:.1e} |"
+            f"| the same through torch.compile ({args.compile}; {took:.0f} s to compile) | "
+            f"{mine:.2f} | {difference:.1e} |"
         )
     return 0
 

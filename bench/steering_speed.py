@@ -6,8 +6,8 @@ gives the best and median of each. `--source transcoder` steers the demo transco
 12 attached as an SAE instead of the demo SAE; `--op clamp` clamps the 8 features at 4.0
 instead of adding (a transcoder's clamp reads its block's MLP input in the same pass).
 
-    .venv/bin/python bench/steering_speed.py [--tokens 128] [--repeats 5] [--dtype auto] [--layers 1]
-        [--source sae|transcoder] [--op add|clamp]
+    .venv/bin/python bench/steering_speed.py [--tokens 128] [--repeats 5] [--dtype auto]
+        [--layers 1] [--source sae|transcoder] [--op add|clamp]
 """
 
 from __future__ import annotations
@@ -112,15 +112,17 @@ def main() -> int:
         steered.append(decode_rate(lm, prompt_ids, args.tokens, edit))
 
     print(
-        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy tokens, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} alternating runs"
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), {args.tokens} greedy "
+        f"tokens, torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} "
+        "alternating runs"
     )
     print("| path | best tok/s | median tok/s |")
     print("|---|---|---|")
     print(f"| unsteered | {max(plain):.1f} | {statistics.median(plain):.1f} |")
     what = f"{args.op} 8 features of the {'demo SAE' if args.source == 'sae' else 'transcoder'}"
     print(
-        f"| {what} at {args.layers} layer{'s' if args.layers > 1 else ''} | {max(steered):.1f} | {statistics.median(steered):.1f} |"
+        f"| {what} at {args.layers} layer{'s' if args.layers > 1 else ''} | {max(steered):.1f} | "
+        f"{statistics.median(steered):.1f} |"
     )
     ratio = statistics.median(steered) / statistics.median(plain)
     print(f"\nsteered / unsteered (medians) = {ratio:.3f}  (goal >= 0.98)")

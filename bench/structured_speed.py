@@ -50,7 +50,8 @@ SCHEMA = {
 MESSAGES = [
     {
         "role": "user",
-        "content": "Describe the film Casablanca as JSON with title, year, genres, summary and rating.",
+        "content": "Describe the film Casablanca as JSON with title, year, genres, summary and "
+        "rating.",
     }
 ]
 
@@ -109,21 +110,24 @@ def main() -> int:
     ]
 
     print(
-        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), greedy, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {args.repeats} runs each"
+        f"\nSmolLM2-135M-Instruct, {lm.dtype_name} ({lm.runner.kernels}), greedy, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} runs each"
     )
     print("| measure | best | median |")
     print("|---|---|---|")
     print(f"| llguidance tokenizer set-up, once per model (s) | {setup_s:.2f} | - |")
     print(
-        f"| schema compile + first mask (ms) | {min(compiles):.2f} | {statistics.median(compiles):.2f} |"
+        f"| schema compile + first mask (ms) | {min(compiles):.2f} | "
+        f"{statistics.median(compiles):.2f} |"
     )
     print(f"| unconstrained decode (tok/s) | {max(free):.1f} | {statistics.median(free):.1f} |")
     print(
-        f"| constrained decode, {int(statistics.median(lengths))}-token document (tok/s) | {max(constrained):.1f} | {statistics.median(constrained):.1f} |"
+        f"| constrained decode, {int(statistics.median(lengths))}-token document (tok/s) | "
+        f"{max(constrained):.1f} | {statistics.median(constrained):.1f} |"
     )
     print(
-        f"\nconstrained / unconstrained (medians) = {statistics.median(constrained) / statistics.median(free):.3f}"
+        "\nconstrained / unconstrained (medians) = "
+        f"{statistics.median(constrained) / statistics.median(free):.3f}"
     )
     return 0
 

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="start the server (the demo model when --model is not given)",
-        description="Start the OpenAI-compatible server. Options override their environment variables.",
+        description="Start the OpenAI-compatible server. Options override their environment "
+        "variables.",
     )
     add_settings_options(serve)
     return parser
@@ -138,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # Alembic narrates every start (its set-up and each migration step) at info: warnings and errors only.
+    # Alembic narrates every start (its set-up and each migration step) at info: warnings and errors
+    # only.
     logging.getLogger("alembic").setLevel(
         max(logging.WARNING, logging.getLevelName(settings.log_level.upper()))
     )
-    # The MCP SDK logs each stateless /mcp call's transport ending at info; uvicorn's access line says enough.
+    # The MCP SDK logs each stateless /mcp call's transport ending at info; uvicorn's access line
+    # says enough.
     logging.getLogger("mcp").setLevel(
         max(logging.WARNING, logging.getLevelName(settings.log_level.upper()))
     )

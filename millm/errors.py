@@ -74,13 +74,14 @@ class ContextLengthExceeded(InvalidRequest, status=400, code="context_length_exc
         elif max_tokens is None:
             message = (
                 f"This model's maximum context length is {limit} tokens. However, your prompt is "
-                f"{prompt_tokens} tokens, which leaves no room for a completion. Please shorten the prompt."
+                f"{prompt_tokens} tokens, which leaves no room for a completion. Please shorten "
+                "the prompt."
             )
         else:
             message = (
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
-                f"completion). Please reduce the prompt or max_tokens."
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{max_tokens} in the completion). Please reduce the prompt or max_tokens."
             )
         super().__init__(message, param=param)
         self.limit = limit

@@ -44,8 +44,10 @@ if reproducible:
 import torch
 from millm.engine.loader import load_model
 from millm.engine.sources import demo_source
-lm = load_model(demo_source(), dtype="float32" if reproducible else "auto", device="cpu", cache_root=Path(sys.argv[1]), reproducible=reproducible)
-prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about your weekend."}], add_generation_prompt=True, tokenize=True)
+lm = load_model(demo_source(), dtype="float32" if reproducible else "auto", device="cpu",
+                cache_root=Path(sys.argv[1]), reproducible=reproducible)
+question = [{"role": "user", "content": "Tell me about your weekend."}]
+prompt = lm.tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=True)
 prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
 digest, tokens, first = hashlib.sha256(), [], None
 with torch.inference_mode():
@@ -56,8 +58,10 @@ with torch.inference_mode():
         digest.update(logits.numpy().tobytes())
         tokens.append(int(logits[0].argmax()))
         logits = lm.runner.step(batch, torch.tensor([tokens[-1]]))
-print(json.dumps({"kernels": lm.runner.kernels, "capability": torch.backends.cpu.get_cpu_capability(), "digest": digest.hexdigest(),
-                  "tokens": tokens, "first": first, "text": lm.tokenizer.decode(tokens)}))
+capability = torch.backends.cpu.get_cpu_capability()
+print(json.dumps({"kernels": lm.runner.kernels, "capability": capability,
+                  "digest": digest.hexdigest(), "tokens": tokens, "first": first,
+                  "text": lm.tokenizer.decode(tokens)}))
 """
 
 
@@ -94,13 +98,16 @@ def main() -> None:
         }
     base_fast, base_exact = rows["this CPU, uncapped"]
     print(
-        f"| cap | ATen | linear kernels | greedy tokens part from uncapped at step (of {args.tokens}) | largest first-step logit difference | --reproducible: every logit equal |"
+        "| cap | ATen | linear kernels | greedy tokens part from uncapped at step (of "
+        f"{args.tokens}) | largest first-step logit difference | --reproducible: every logit "
+        "equal |"
     )
     print("|---|---|---|---|---|---|")
     for name, (fast, exact) in rows.items():
         gap = max(abs(x - y) for x, y in zip(fast["first"], base_fast["first"], strict=True))
         print(
-            f"| {name} | {fast['capability']} | {fast['kernels']} | {parted_at(fast['tokens'], base_fast['tokens'])} | {gap:.2e} | "
+            f"| {name} | {fast['capability']} | {fast['kernels']} | "
+            f"{parted_at(fast['tokens'], base_fast['tokens'])} | {gap:.2e} | "
             f"{'yes' if exact['digest'] == base_exact['digest'] else 'NO'} |"
         )
     print(f"\nuncapped: {base_fast['text']!r}\nreproducible: {base_exact['text']!r}")

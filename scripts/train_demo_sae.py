@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Train a small TopK sparse autoencoder (SAE) on the residual stream of one of millm's packaged models.
+"""Train a small TopK sparse autoencoder (SAE) on the residual stream of one of millm's packaged
+models.
 
     --model SmolLM2-135M-Instruct   (default) millm's demo SAE, millm/demo/sae/smollm2-135m-topk,
                                     on block 12 of 30 of the chat model
@@ -7,7 +8,8 @@
                                     (a base model: no chat template, so no chat answers, no profiles)
 
 What differs between the two is one `ModelSpec` each in MODELS (output folder, default layer, the
-token that opens every window, whether the model writes chat answers, token budgets, steering notes).
+token that opens every window, whether the model writes chat answers, token budgets, steering
+notes).
 
 Plain torch, seeded, CPU only, and offline: the corpus is built from text that is already on the
 machine (Python's standard library, the virtualenv's installed packages, Debian's /usr/share/doc),
@@ -96,15 +98,17 @@ class ModelSpec:
     layer: int  # default --layer (resid_post of this block)
     n_layers: int  # decoder blocks (checked against the loaded model)
     d_in: int  # hidden size (checked against the loaded model)
-    # The token that opens every plain-text window (as in the model's pre-training packing). Position
-    # 0 of every sequence is an attention sink with a huge residual norm and is never trained on.
+    # The token that opens every plain-text window (as in the model's pre-training packing).
+    # Position 0 of every sequence is an attention sink with a huge residual norm and is never
+    # trained on.
     doc_start: str
     doc_start_is_bos: bool  # doc_start is the tokenizer's BOS token (cfg.json's prepend_bos)
     # The token opening a chat conversation; None for a base model without a chat template: then the
     # corpus has no chat answers (plain text only) and the `profiles` stage does not apply.
     chat_start: str | None
     budgets: dict[str, int]  # tokens wanted per plain-text source (before the held-out split)
-    steer_prompt: str  # the steer stage's prompt (a user turn for a chat model, a text to continue otherwise)
+    # the steer stage's prompt (a user turn for a chat model, a text to continue otherwise)
+    steer_prompt: str
     steering_note: str  # the README's "Steering with it" paragraph
     # False: decoder rows of unit norm (a strength is in residual-norm units). True: rows of norm
     # `scale` (the training normalisation), feature activations in training units, so strengths of a
@@ -117,10 +121,13 @@ class ModelSpec:
         return self.chat_start is not None
 
     def prompt_ids(self, tok, text: str) -> list[int]:
-        """`text` as the model is prompted: a user turn in its chat template, or a document opened by `doc_start`."""
+        """`text` as the model is prompted: a user turn in its chat template, or a document
+        opened by `doc_start`."""
         if self.chat_answers:
             return chat_prompt_ids(tok, [{"role": "user", "content": text}])
-        return [tok.convert_tokens_to_ids(self.doc_start)] + tok(text, add_special_tokens=False)["input_ids"]
+        return [tok.convert_tokens_to_ids(self.doc_start)] + tok(text, add_special_tokens=False)[
+            "input_ids"
+        ]
 
 
 MODELS = {
@@ -135,7 +142,12 @@ MODELS = {
         doc_start="<|endoftext|>",
         doc_start_is_bos=False,
         chat_start="<|im_start|>",
-        budgets={"stdlib-docstrings": 70_000, "stdlib-code": 40_000, "package-readmes": 55_000, "usr-share-doc": 75_000},
+        budgets={
+            "stdlib-docstrings": 70_000,
+            "stdlib-code": 40_000,
+            "package-readmes": 55_000,
+            "usr-share-doc": 75_000,
+        },
         steer_prompt="Tell me about your weekend.",
         steering_note="""Topic and persona features (see `millm/demo/profiles/`) show plainly at strengths of about 15-50
 (a tenth to a third of the residual norm); around 80 most features make the answer repeat one
@@ -146,7 +158,8 @@ technical docs); for chat demos, prefer features whose label ends in `(chat)`.""
     GEMMA3_MODEL_NAME: ModelSpec(
         name=GEMMA3_MODEL_NAME,
         title="a small sparse autoencoder for Gemma 3 270M",
-        model_note=" (Google's Gemma 3 270M base model, from its packaged Q4_K_M GGUF file dequantised to float32)",
+        model_note=" (Google's Gemma 3 270M base model, from its packaged Q4_K_M GGUF file "
+        "dequantised to float32)",
         out_dir=SAE_DIR / "gemma3-270m-topk",
         layer=9,
         n_layers=18,
@@ -154,7 +167,12 @@ technical docs); for chat demos, prefer features whose label ends in `(chat)`.""
         doc_start="<bos>",
         doc_start_is_bos=True,
         chat_start=None,
-        budgets={"stdlib-docstrings": 40_000, "stdlib-code": 25_000, "package-readmes": 35_000, "usr-share-doc": 35_000},
+        budgets={
+            "stdlib-docstrings": 40_000,
+            "stdlib-code": 25_000,
+            "package-readmes": 35_000,
+            "usr-share-doc": 35_000,
+        },
         steer_prompt="My favourite thing to do on the weekend is",
         decoder_rows_scaled=True,
         steering_note="""Decoder rows have norm {scale:.1f} (see Architecture), so a strength of 1 moves the residual by
@@ -175,7 +193,12 @@ place to read features from (see above). Features 468, 1647 and 1790 (labelled a
 # document-start token (ModelSpec.doc_start).
 CHUNK = 127
 HELDOUT_PERCENT = 10
-CHUNKS_PER_DOC = {"stdlib-docstrings": 3, "stdlib-code": 1, "package-readmes": 6, "usr-share-doc": 2}
+CHUNKS_PER_DOC = {
+    "stdlib-docstrings": 3,
+    "stdlib-code": 1,
+    "package-readmes": 6,
+    "usr-share-doc": 2,
+}
 CHAT_MAX_TOKENS = 160
 CHAT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5)
 
@@ -220,38 +243,86 @@ TEMPLATES = [
     "Write a short blog post about {t}.",
 ]
 EXTRA_PROMPTS = [
-    "Hi! How are you today?", "What's your name?", "Can you help me with my homework?",
-    "What should I cook for dinner tonight?", "Plan a three-day trip to Paris for me.",
-    "Translate 'good morning, how are you?' into French.", "Translate 'I love the sea' into Spanish.",
-    "Say hello in five different languages.", "Écris une courte phrase en français sur la mer.",
-    "¿Cuál es la capital de España?", "Bonjour ! Comment ça va ?", "Wie spät ist es in Berlin?",
-    "Write a Python function that reverses a string.", "Write a Python function to compute factorials.",
-    "How do I read a file in Python?", "What is a for loop?", "Explain recursion with an example.",
-    "Write a SQL query that counts the rows of a table.", "What does HTML stand for?",
-    "Fix this code: print('hello'", "How do I sort a list in JavaScript?",
-    "What is 17 times 23?", "What is the square root of 144?", "Solve 2x + 3 = 11.",
-    "How many days are in a leap year?", "What is the capital of Australia?",
-    "Who wrote Romeo and Juliet?", "Who was Napoleon?", "When did humans land on the Moon?",
+    "Hi! How are you today?",
+    "What's your name?",
+    "Can you help me with my homework?",
+    "What should I cook for dinner tonight?",
+    "Plan a three-day trip to Paris for me.",
+    "Translate 'good morning, how are you?' into French.",
+    "Translate 'I love the sea' into Spanish.",
+    "Say hello in five different languages.",
+    "Écris une courte phrase en français sur la mer.",
+    "¿Cuál es la capital de España?",
+    "Bonjour ! Comment ça va ?",
+    "Wie spät ist es in Berlin?",
+    "Write a Python function that reverses a string.",
+    "Write a Python function to compute factorials.",
+    "How do I read a file in Python?",
+    "What is a for loop?",
+    "Explain recursion with an example.",
+    "Write a SQL query that counts the rows of a table.",
+    "What does HTML stand for?",
+    "Fix this code: print('hello'",
+    "How do I sort a list in JavaScript?",
+    "What is 17 times 23?",
+    "What is the square root of 144?",
+    "Solve 2x + 3 = 11.",
+    "How many days are in a leap year?",
+    "What is the capital of Australia?",
+    "Who wrote Romeo and Juliet?",
+    "Who was Napoleon?",
+    "When did humans land on the Moon?",
     "WRITE YOUR ANSWER IN CAPITAL LETTERS: WHAT IS YOUR FAVOURITE COLOUR?",
-    "Answer in one word: what colour is the sky?", "Give me a numbered list of healthy snacks.",
-    "Write a haiku about the sea.", "Tell me a joke.", "Tell me a joke about computers.",
-    "Write a limerick about a cat.", "Write a motivational quote.", "Write a formal business email asking for a meeting.",
-    "Write a text message inviting a friend to dinner.", "Summarise the plot of Cinderella.",
-    "I feel sad today.", "I just got a new job!", "Can you recommend a good book?",
-    "What's the best way to learn to swim?", "How do airplanes fly?", "Why is the sky blue?",
-    "How do I make pancakes?", "What is the recipe for a French omelette?",
-    "What should I pack for a beach holiday?", "How do I take care of a puppy?",
-    "What are the rules of chess?", "Describe a sunset over the ocean.", "Describe a busy market in Marrakech.",
-    "What is the meaning of life?", "Are you conscious?", "What can you do?", "Who made you?",
-    "Write a dialogue between a pirate and a robot.", "Talk like a pirate and tell me about treasure.",
-    "Pretend you are a cat and describe your day.", "Write a very angry complaint about a late train.",
-    "Write an excited announcement that school is closed for snow!", "Give me a shopping list for a barbecue.",
-    "What's the difference between weather and climate?", "Explain photosynthesis.",
-    "How does the heart work?", "What are the planets in our solar system?", "What is gravity?",
-    "Compare cats and dogs as pets.", "Write a thank-you note to a teacher.", "What is your favourite food?",
-    "How was your day?", "What did you do last summer?", "What are your plans for tomorrow?",
-    "Write a short speech for a wedding.", "Give me advice for a first date.", "How do I stay calm before an exam?",
-    "Write instructions for planting tomatoes.", "What is inflation?", "How do I save for retirement?",
+    "Answer in one word: what colour is the sky?",
+    "Give me a numbered list of healthy snacks.",
+    "Write a haiku about the sea.",
+    "Tell me a joke.",
+    "Tell me a joke about computers.",
+    "Write a limerick about a cat.",
+    "Write a motivational quote.",
+    "Write a formal business email asking for a meeting.",
+    "Write a text message inviting a friend to dinner.",
+    "Summarise the plot of Cinderella.",
+    "I feel sad today.",
+    "I just got a new job!",
+    "Can you recommend a good book?",
+    "What's the best way to learn to swim?",
+    "How do airplanes fly?",
+    "Why is the sky blue?",
+    "How do I make pancakes?",
+    "What is the recipe for a French omelette?",
+    "What should I pack for a beach holiday?",
+    "How do I take care of a puppy?",
+    "What are the rules of chess?",
+    "Describe a sunset over the ocean.",
+    "Describe a busy market in Marrakech.",
+    "What is the meaning of life?",
+    "Are you conscious?",
+    "What can you do?",
+    "Who made you?",
+    "Write a dialogue between a pirate and a robot.",
+    "Talk like a pirate and tell me about treasure.",
+    "Pretend you are a cat and describe your day.",
+    "Write a very angry complaint about a late train.",
+    "Write an excited announcement that school is closed for snow!",
+    "Give me a shopping list for a barbecue.",
+    "What's the difference between weather and climate?",
+    "Explain photosynthesis.",
+    "How does the heart work?",
+    "What are the planets in our solar system?",
+    "What is gravity?",
+    "Compare cats and dogs as pets.",
+    "Write a thank-you note to a teacher.",
+    "What is your favourite food?",
+    "How was your day?",
+    "What did you do last summer?",
+    "What are your plans for tomorrow?",
+    "Write a short speech for a wedding.",
+    "Give me advice for a first date.",
+    "How do I stay calm before an exam?",
+    "Write instructions for planting tomatoes.",
+    "What is inflation?",
+    "How do I save for retirement?",
 ]
 SYSTEM_PROMPTS = [
     "You are a friendly assistant who answers briefly.",
@@ -268,18 +339,22 @@ N_TOPIC_PROMPTS = 960
 # Model access
 # ----------------------------------------------------------------------------------------------
 
-FIRST_LOAD = "first load"  # timings.json's entry for the one-time assembly and conversion of the GGUF file
-_first_load_seconds = [0.0]  # spent in it during this run, so the stage it happened in can leave it out
+# timings.json's entry for the one-time assembly and conversion of the GGUF file
+FIRST_LOAD = "first load"
+# spent in it during this run, so the stage it happened in can leave it out
+_first_load_seconds = [0.0]
 
 
 def converted_dir(source, work: Path) -> Path:
-    """Where millm keeps the dequantised (float32 safetensors + tokenizer) copy of the model's GGUF file."""
+    """Where millm keeps the dequantised (float32 safetensors + tokenizer) copy of the model's
+    GGUF file."""
     return work / "cache" / DEQUANTISED / gguf_cache_key(source.gguf_path)
 
 
 def load(spec: ModelSpec, dtype: str, work: Path):
     t0 = time.time()
-    source = resolve_source(spec.name, work / "hub")  # a chunked package's file is assembled on first use
+    # a chunked package's file is assembled on first use
+    source = resolve_source(spec.name, work / "hub")
     first = not (converted_dir(source, work) / GGUF_META).is_file()
     lm = load_model(source, dtype=dtype, device="cpu", cache_root=work / "cache")
     if first:
@@ -288,7 +363,10 @@ def load(spec: ModelSpec, dtype: str, work: Path):
         _record_time(work, FIRST_LOAD, seconds)
     d_model, n_layers = lm.model.config.hidden_size, len(decoder_layers(lm.model))
     if (d_model, n_layers) != (spec.d_in, spec.n_layers):
-        raise SystemExit(f"{spec.name}: hidden size {d_model} and {n_layers} layers, expected {spec.d_in} and {spec.n_layers}")
+        raise SystemExit(
+            f"{spec.name}: hidden size {d_model} and {n_layers} layers, expected "
+            f"{spec.d_in} and {spec.n_layers}"
+        )
     return lm
 
 
@@ -298,7 +376,10 @@ def load_tokenizer(spec: ModelSpec, work: Path):
 
     directory = converted_dir(resolve_source(spec.name, work / "hub"), work)
     if not (directory / GGUF_META).is_file():
-        raise SystemExit(f"no converted copy of {spec.name}'s GGUF file under {work / 'cache'}: run the corpus stage first")
+        raise SystemExit(
+            f"no converted copy of {spec.name}'s GGUF file under {work / 'cache'}: "
+            "run the corpus stage first"
+        )
     return AutoTokenizer.from_pretrained(str(directory))
 
 
@@ -325,8 +406,15 @@ class _Stop(Exception):
     pass
 
 
-def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_layer: bool = False,
-            replace=None, logits: bool = False):
+def forward(
+    lm,
+    seqs: list[list[int]],
+    *,
+    layer: int | None = None,
+    stop_at_layer: bool = False,
+    replace=None,
+    logits: bool = False,
+):
     """One batched full-sequence pass through millm's own runner layers (hooks fire as in serving).
 
     Returns (resid [B, T, d] at `layer` or None, logits [B, T, V] or None, mask [B, T]); rows are
@@ -343,7 +431,9 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
             raise _Stop
         return None
 
-    handle = decoder_layers(lm.model)[layer].register_forward_hook(hook) if layer is not None else None
+    handle = (
+        decoder_layers(lm.model)[layer].register_forward_hook(hook) if layer is not None else None
+    )
     out = None
     try:
         hidden, _ = lm.runner.hidden_states(seqs)
@@ -357,9 +447,16 @@ def forward(lm, seqs: list[list[int]], *, layer: int | None = None, stop_at_laye
     return captured.get("resid"), out, mask
 
 
-def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_tokens: int,
-                   seeds: list[int] | None = None, edits: list[ResidualEdit | None] | None = None) -> list[tuple[str, str]]:
-    """millm's own decode loop (steered rows carry a ResidualEdit, as in serving); returns (text, finish_reason) per prompt."""
+def generate_texts(
+    lm,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    max_tokens: int,
+    seeds: list[int] | None = None,
+    edits: list[ResidualEdit | None] | None = None,
+) -> list[tuple[str, str]]:
+    """millm's own decode loop (steered rows carry a ResidualEdit, as in serving); returns (text,
+    finish_reason) per prompt."""
     texts = [""] * len(prompts)
     finish = [""] * len(prompts)
 
@@ -369,9 +466,16 @@ def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_t
         elif isinstance(event, RowFinished):
             finish[event.row] = event.finish_reason
 
-    rows = [RowSpec(prompt_ids=tuple(p), sampling=sampling, max_tokens=max_tokens,
-                    seed=None if seeds is None else seeds[i], edit=None if edits is None else edits[i])
-            for i, p in enumerate(prompts)]
+    rows = [
+        RowSpec(
+            prompt_ids=tuple(p),
+            sampling=sampling,
+            max_tokens=max_tokens,
+            seed=None if seeds is None else seeds[i],
+            edit=None if edits is None else edits[i],
+        )
+        for i, p in enumerate(prompts)
+    ]
     run_job(lm, GenerationJob(rows=rows, emit=emit))
     return list(zip(texts, finish))
 
@@ -379,6 +483,7 @@ def generate_texts(lm, prompts: list[list[int]], sampling: SamplingParams, max_t
 # ----------------------------------------------------------------------------------------------
 # Stage 1: corpus
 # ----------------------------------------------------------------------------------------------
+
 
 class _HTMLText(html.parser.HTMLParser):
     def __init__(self):
@@ -427,7 +532,9 @@ def docs_usr_share() -> list[tuple[str, str]]:
     if not root.is_dir():
         return []
     keep = re.compile(r"(readme|faq|todo|\.txt|\.md|\.rst|\.html?)(\.gz)?$", re.IGNORECASE)
-    skip = re.compile(r"(copyright|changelog|changes|news|history|authors|thanks|license)", re.IGNORECASE)
+    skip = re.compile(
+        r"(copyright|changelog|changes|news|history|authors|thanks|license)", re.IGNORECASE
+    )
     out = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         name = path.name
@@ -444,8 +551,21 @@ def docs_usr_share() -> list[tuple[str, str]]:
 
 def _stdlib_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    skip = ("test", "tests", "site-packages", "idlelib", "lib2to3", "__pycache__", "turtledemo", "ensurepip")
-    return sorted(p for p in stdlib.rglob("*.py") if not any(part in skip for part in p.relative_to(stdlib).parts))
+    skip = (
+        "test",
+        "tests",
+        "site-packages",
+        "idlelib",
+        "lib2to3",
+        "__pycache__",
+        "turtledemo",
+        "ensurepip",
+    )
+    return sorted(
+        p
+        for p in stdlib.rglob("*.py")
+        if not any(part in skip for part in p.relative_to(stdlib).parts)
+    )
 
 
 def stdlib_docstrings() -> list[tuple[str, str]]:
@@ -475,8 +595,10 @@ def stdlib_docstrings() -> list[tuple[str, str]]:
 
 def stdlib_code() -> list[tuple[str, str]]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return [(f"stdlib-code:{p.relative_to(stdlib)}", p.read_text(encoding="utf-8", errors="replace"))
-            for p in _stdlib_files()]
+    return [
+        (f"stdlib-code:{p.relative_to(stdlib)}", p.read_text(encoding="utf-8", errors="replace"))
+        for p in _stdlib_files()
+    ]
 
 
 def package_readmes() -> list[tuple[str, str]]:
@@ -500,7 +622,9 @@ def chat_prompts() -> list[list[dict]]:
     for i, (topic, template) in enumerate(pairs[:N_TOPIC_PROMPTS]):
         messages = [{"role": "user", "content": template.format(t=topic)}]
         if i % 12 == 5:  # one in twelve gets a persona system prompt
-            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPTS[(i // 12) % len(SYSTEM_PROMPTS)]})
+            messages.insert(
+                0, {"role": "system", "content": SYSTEM_PROMPTS[(i // 12) % len(SYSTEM_PROMPTS)]}
+            )
         conversations.append(messages)
     conversations += [[{"role": "user", "content": p}] for p in EXTRA_PROMPTS]
     return conversations
@@ -515,7 +639,10 @@ def build_corpus(work: Path, spec: ModelSpec) -> dict:
     if path.is_file():
         corpus = json.loads(path.read_text())
         if corpus.get("model", DEMO_MODEL_NAME) != spec.name:
-            raise SystemExit(f"{path} was built for {corpus.get('model', DEMO_MODEL_NAME)}, not {spec.name}: use another --work")
+            raise SystemExit(
+                f"{path} was built for {corpus.get('model', DEMO_MODEL_NAME)}, not "
+                f"{spec.name}: use another --work"
+            )
         return corpus
     lm = load(spec, "float32", work)
     tok = lm.tokenizer
@@ -523,8 +650,12 @@ def build_corpus(work: Path, spec: ModelSpec) -> dict:
     rng = random.Random(SEED)
     sequences = []  # {"source", "doc", "ids", "heldout"}
     manifest = {}
-    makers = {"stdlib-docstrings": stdlib_docstrings, "stdlib-code": stdlib_code,
-              "package-readmes": package_readmes, "usr-share-doc": docs_usr_share}
+    makers = {
+        "stdlib-docstrings": stdlib_docstrings,
+        "stdlib-code": stdlib_code,
+        "package-readmes": package_readmes,
+        "usr-share-doc": docs_usr_share,
+    }
     for source, make in makers.items():
         docs = make()
         seen = set()
@@ -546,12 +677,22 @@ def build_corpus(work: Path, spec: ModelSpec) -> dict:
             picks = sorted(rng.sample(range(n_chunks), min(n_chunks, CHUNKS_PER_DOC[source])))
             held = is_heldout(doc_id)
             for c in picks:
-                sequences.append({"source": source, "doc": doc_id, "heldout": held,
-                                  "ids": [sep] + ids[c * CHUNK:(c + 1) * CHUNK]})
+                sequences.append(
+                    {
+                        "source": source,
+                        "doc": doc_id,
+                        "heldout": held,
+                        "ids": [sep] + ids[c * CHUNK : (c + 1) * CHUNK],
+                    }
+                )
             used += len(picks) * CHUNK
             files.append([doc_id, len(picks) * CHUNK])
-        manifest[source] = {"documents_available": len(unique), "documents_used": len(files),
-                            "tokens": used, "files": files}
+        manifest[source] = {
+            "documents_available": len(unique),
+            "documents_used": len(files),
+            "tokens": used,
+            "files": files,
+        }
         log.info("%s: %d tokens from %d of %d documents", source, used, len(files), len(unique))
     if spec.chat_answers:
         sequences += chat_sequences(work, lm, manifest)
@@ -568,17 +709,26 @@ def chat_sequences(work: Path, lm, manifest: dict) -> list[dict]:
     conversations = chat_prompts()
     t0 = time.time()
     answers = []
-    order = sorted(range(len(conversations)), key=lambda i: len(chat_prompt_ids(tok, conversations[i])))
+    order = sorted(
+        range(len(conversations)), key=lambda i: len(chat_prompt_ids(tok, conversations[i]))
+    )
     prompt_ids = [chat_prompt_ids(tok, m) for m in conversations]
     partial = work / "chat_answers.partial.jsonl"  # batches done so far, so a killed run resumes
-    done = [json.loads(line) for line in partial.read_text().splitlines()] if partial.is_file() else []
+    done = (
+        [json.loads(line) for line in partial.read_text().splitlines()] if partial.is_file() else []
+    )
     for start in range(0, len(order), 48):
-        batch = order[start:start + 48]
+        batch = order[start : start + 48]
         if start < len(done) * 48:
             answers += [(i, tuple(o)) for i, o in done[start // 48]]
             continue
-        outs = generate_texts(lm, [prompt_ids[i] for i in batch], CHAT_SAMPLING, CHAT_MAX_TOKENS,
-                              seeds=[SEED + i for i in batch])
+        outs = generate_texts(
+            lm,
+            [prompt_ids[i] for i in batch],
+            CHAT_SAMPLING,
+            CHAT_MAX_TOKENS,
+            seeds=[SEED + i for i in batch],
+        )
         answers += list(zip(batch, outs))
         with partial.open("a") as handle:
             handle.write(json.dumps(list(zip(batch, outs))) + "\n")
@@ -592,20 +742,35 @@ def chat_sequences(work: Path, lm, manifest: dict) -> list[dict]:
             rendered = rendered.rstrip("\n").removesuffix("<|im_end|>")
         ids = tok(rendered, add_special_tokens=False)["input_ids"]
         doc_id = f"chat:{i}"
-        sequences.append({"source": "chat", "doc": doc_id, "heldout": is_heldout(doc_id), "ids": ids,
-                          "messages": messages})
+        sequences.append(
+            {
+                "source": "chat",
+                "doc": doc_id,
+                "heldout": is_heldout(doc_id),
+                "ids": ids,
+                "messages": messages,
+            }
+        )
         chat_tokens += len(ids) - 1
-    manifest["chat"] = {"conversations": len(answers), "tokens": chat_tokens,
-                        "sampling": {"temperature": CHAT_SAMPLING.temperature, "top_p": CHAT_SAMPLING.top_p,
-                                     "presence_penalty": CHAT_SAMPLING.presence_penalty,
-                                     "max_tokens": CHAT_MAX_TOKENS, "seed": f"{SEED} + conversation index"},
-                        "dtype": "float32"}
+    manifest["chat"] = {
+        "conversations": len(answers),
+        "tokens": chat_tokens,
+        "sampling": {
+            "temperature": CHAT_SAMPLING.temperature,
+            "top_p": CHAT_SAMPLING.top_p,
+            "presence_penalty": CHAT_SAMPLING.presence_penalty,
+            "max_tokens": CHAT_MAX_TOKENS,
+            "seed": f"{SEED} + conversation index",
+        },
+        "dtype": "float32",
+    }
     return sequences
 
 
 # ----------------------------------------------------------------------------------------------
 # Stage 2: activations
 # ----------------------------------------------------------------------------------------------
+
 
 def capture(work: Path, corpus: dict, layer: int, spec: ModelSpec) -> None:
     if (work / "acts_train.npy").is_file():
@@ -617,21 +782,25 @@ def capture(work: Path, corpus: dict, layer: int, spec: ModelSpec) -> None:
     for split in ("train", "heldout"):
         chosen = [i for i in order if seqs[i]["heldout"] == (split == "heldout")]
         n = sum(len(seqs[i]["ids"]) - 1 for i in chosen)
-        acts = np.lib.format.open_memmap(work / f"acts_{split}.npy", mode="w+", dtype=np.float32, shape=(n, spec.d_in))
+        acts = np.lib.format.open_memmap(
+            work / f"acts_{split}.npy", mode="w+", dtype=np.float32, shape=(n, spec.d_in)
+        )
         where = np.zeros((n, 2), dtype=np.int32)  # (sequence index, position)
         row, t0 = 0, time.time()
         with torch.inference_mode():
             for start in range(0, len(chosen), 32):
-                batch = chosen[start:start + 32]
-                resid, _, mask = forward(lm, [seqs[i]["ids"] for i in batch], layer=layer, stop_at_layer=True)
+                batch = chosen[start : start + 32]
+                resid, _, mask = forward(
+                    lm, [seqs[i]["ids"] for i in batch], layer=layer, stop_at_layer=True
+                )
                 width = mask.shape[1]
                 for r, i in enumerate(batch):
                     length = len(seqs[i]["ids"])
-                    x = resid[r, width - length + 1:]  # drop the left padding and position 0
+                    x = resid[r, width - length + 1 :]  # drop the left padding and position 0
                     sink_norms.append(float(resid[r, width - length].norm()))
-                    acts[row:row + len(x)] = x.float().numpy()
-                    where[row:row + len(x), 0] = i
-                    where[row:row + len(x), 1] = np.arange(1, length)
+                    acts[row : row + len(x)] = x.float().numpy()
+                    where[row : row + len(x), 0] = i
+                    where[row : row + len(x), 1] = np.arange(1, length)
                     row += len(x)
                 if start % 640 == 0:
                     log.info("acts %s: %d/%d tokens (%.0fs)", split, row, n, time.time() - t0)
@@ -645,6 +814,7 @@ def capture(work: Path, corpus: dict, layer: int, spec: ModelSpec) -> None:
 # ----------------------------------------------------------------------------------------------
 # Stage 3: the SAE
 # ----------------------------------------------------------------------------------------------
+
 
 class TopKSAE(torch.nn.Module):
     """pre = (x - b_dec) @ W_enc + b_enc; f = top-k of ReLU(pre); x_hat = f @ W_dec + b_dec."""
@@ -667,7 +837,9 @@ class TopKSAE(torch.nn.Module):
         return F.relu(values), index
 
     def decode_sparse(self, values, index):
-        return F.embedding_bag(index, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+        return (
+            F.embedding_bag(index, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+        )
 
     def forward(self, x):
         pre = self.pre(x)
@@ -676,7 +848,9 @@ class TopKSAE(torch.nn.Module):
 
     def dense_features(self, x):
         values, index = self.topk(self.pre(x))
-        return torch.zeros(x.shape[0], self.W_enc.shape[1], dtype=x.dtype).scatter_(1, index, values)
+        return torch.zeros(x.shape[0], self.W_enc.shape[1], dtype=x.dtype).scatter_(
+            1, index, values
+        )
 
     @torch.no_grad()
     def normalise_decoder(self):
@@ -703,10 +877,17 @@ def train_sae(work: Path, args) -> dict:
     dropped = int((~keep).sum())
     acts = acts[keep]
     n = acts.shape[0]
-    # Train on x / scale (mean squared norm = d_in); the scale is folded back into b_enc, b_dec at export.
+    # Train on x / scale (mean squared norm = d_in); the scale is folded back into b_enc, b_dec at
+    # export.
     scale = float((acts.pow(2).sum(1).mean() / d_in).sqrt())
     x_all = acts / scale
-    log.info("training on %d vectors (dropped %d outliers over %.0f norm), scale %.3f", n, dropped, 8 * median, scale)
+    log.info(
+        "training on %d vectors (dropped %d outliers over %.0f norm), scale %.3f",
+        n,
+        dropped,
+        8 * median,
+        scale,
+    )
 
     sae = TopKSAE(d_in, args.d_sae, args.k)
     with torch.no_grad():
@@ -724,10 +905,14 @@ def train_sae(work: Path, args) -> dict:
     for epoch in range(args.epochs):
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n - args.batch + 1, args.batch):
-            lr = args.lr * min(1.0, (step + 1) / warmup) * (1.0 if step < decay_from else (steps - step) / (steps - decay_from))
+            lr = (
+                args.lr
+                * min(1.0, (step + 1) / warmup)
+                * (1.0 if step < decay_from else (steps - step) / (steps - decay_from))
+            )
             for group in opt.param_groups:
                 group["lr"] = lr
-            x = x_all[perm[start:start + args.batch]]
+            x = x_all[perm[start : start + args.batch]]
             recon, pre, values, index = sae(x)
             err = x - recon
             loss_main = err.pow(2).sum(1).mean() / variance
@@ -738,7 +923,8 @@ def train_sae(work: Path, args) -> dict:
             dead = since_fired > args.dead_after
             loss = loss_main
             if bool(dead.any()):
-                # AuxK (Gao et al. 2024): the dead latents' top k_aux try to explain the residual error.
+                # AuxK (Gao et al. 2024): the dead latents' top k_aux try to explain the residual
+                # error.
                 masked = pre.masked_fill(~dead, float("-inf"))
                 ka = min(k_aux, int(dead.sum()))
                 av, ai = masked.topk(ka, dim=-1)
@@ -752,17 +938,42 @@ def train_sae(work: Path, args) -> dict:
             opt.step()
             sae.normalise_decoder()
             if step % 50 == 0 or step == steps - 1:
-                history.append({"step": step, "fvu": float(loss_main), "dead": int(dead.sum()), "lr": lr})
-                log.info("step %d/%d epoch %d fvu %.4f dead %d lr %.2e (%.0fs)", step, steps, epoch,
-                         float(loss_main), int(dead.sum()), lr, time.time() - t0)
+                history.append(
+                    {"step": step, "fvu": float(loss_main), "dead": int(dead.sum()), "lr": lr}
+                )
+                log.info(
+                    "step %d/%d epoch %d fvu %.4f dead %d lr %.2e (%.0fs)",
+                    step,
+                    steps,
+                    epoch,
+                    float(loss_main),
+                    int(dead.sum()),
+                    lr,
+                    time.time() - t0,
+                )
             step += 1
     state = {k: v.detach().clone() for k, v in sae.state_dict().items()}
-    result = {"state": state, "scale": scale, "history": history, "train_tokens": n,
-              "dropped_outliers": dropped, "outlier_norm": float(8 * median),
-              "seconds": time.time() - t0, "steps": step,
-              "hparams": {"d_sae": args.d_sae, "k": args.k, "lr": args.lr, "batch": args.batch,
-                          "epochs": args.epochs, "dead_after_tokens": args.dead_after, "aux_k": k_aux,
-                          "aux_coef": args.aux_coef, "seed": SEED}}
+    result = {
+        "state": state,
+        "scale": scale,
+        "history": history,
+        "train_tokens": n,
+        "dropped_outliers": dropped,
+        "outlier_norm": float(8 * median),
+        "seconds": time.time() - t0,
+        "steps": step,
+        "hparams": {
+            "d_sae": args.d_sae,
+            "k": args.k,
+            "lr": args.lr,
+            "batch": args.batch,
+            "epochs": args.epochs,
+            "dead_after_tokens": args.dead_after,
+            "aux_k": k_aux,
+            "aux_coef": args.aux_coef,
+            "seed": SEED,
+        },
+    }
     torch.save(result, path)
     return result
 
@@ -773,7 +984,8 @@ def export(result: dict, layer: int, out: Path, spec: ModelSpec) -> dict[str, to
     s = result["state"]
     scale = result["scale"]
     w_dec = s["W_dec"] / s["W_dec"].norm(dim=1, keepdim=True)
-    if spec.decoder_rows_scaled:  # activations stay in training units; the scale goes into the decoder
+    # activations stay in training units; the scale goes into the decoder
+    if spec.decoder_rows_scaled:
         weights = {"W_enc": s["W_enc"] / scale, "b_enc": s["b_enc"], "W_dec": w_dec * scale}
     else:  # activations in residual units; unit decoder rows
         weights = {"W_enc": s["W_enc"], "b_enc": s["b_enc"] * scale, "W_dec": w_dec}
@@ -828,39 +1040,52 @@ def load_exported(out: Path) -> TopKSAE:
 # Stage 4: held-out evaluation
 # ----------------------------------------------------------------------------------------------
 
+
 def evaluate(work: Path, corpus: dict, layer: int, out: Path, spec: ModelSpec) -> dict:
     sae = load_exported(out)
     acts = torch.from_numpy(np.load(work / "acts_heldout.npy"))
     norms = acts.norm(dim=1)
     keep = norms < 8 * norms.median()
     x = acts[keep]
-    sq_err, l0, active = torch.zeros(x.shape[1], dtype=torch.float64), 0.0, torch.zeros(sae.W_dec.shape[0], dtype=torch.bool)
+    sq_err, l0, active = (
+        torch.zeros(x.shape[1], dtype=torch.float64),
+        0.0,
+        torch.zeros(sae.W_dec.shape[0], dtype=torch.bool),
+    )
     with torch.no_grad():
         for start in range(0, len(x), 8192):
-            xb = x[start:start + 8192]
+            xb = x[start : start + 8192]
             recon, _, values, index = sae(xb)
             sq_err += (xb - recon).double().pow(2).sum(0)
             l0 += float((values > 0).sum())
             active[index[values > 0]] = True
     centred = x - x.mean(0)
     var = centred.double().pow(2).sum(0)  # per dimension
-    # One dimension can carry much of the variance (Gemma 3: dimension 163, about half of it); the FVU
-    # without it shows how well the rest is reconstructed.
+    # One dimension can carry much of the variance (Gemma 3: dimension 163, about half of it); the
+    # FVU without it shows how well the rest is reconstructed.
     top = int(var.argmax())
     rest = torch.arange(x.shape[1]) != top
-    metrics = {"heldout_tokens": len(x), "heldout_outliers_dropped": int((~keep).sum()),
-               "fvu": float(sq_err.sum() / var.sum()), "mean_l0": l0 / len(x),
-               "dead_features": int((~active).sum()), "d_sae": int(sae.W_dec.shape[0]),
-               "mean_resid_norm": float(norms[keep].mean()), "mean_centred_norm": float(centred.norm(dim=1).mean()),
-               "mean_vector_norm": float(x.mean(0).norm()),
-               "top_variance_dim": top, "top_dim_variance_share": float(var[top] / var.sum()),
-               "fvu_without_top_dim": float(sq_err[rest].sum() / var[rest].sum())}
+    metrics = {
+        "heldout_tokens": len(x),
+        "heldout_outliers_dropped": int((~keep).sum()),
+        "fvu": float(sq_err.sum() / var.sum()),
+        "mean_l0": l0 / len(x),
+        "dead_features": int((~active).sum()),
+        "d_sae": int(sae.W_dec.shape[0]),
+        "mean_resid_norm": float(norms[keep].mean()),
+        "mean_centred_norm": float(centred.norm(dim=1).mean()),
+        "mean_vector_norm": float(x.mean(0).norm()),
+        "top_variance_dim": top,
+        "top_dim_variance_share": float(var[top] / var.sum()),
+        "fvu_without_top_dim": float(sq_err[rest].sum() / var[rest].sum()),
+    }
 
     # Next-token cross-entropy on held-out sequences: clean, SAE reconstruction spliced in at
     # every position but 0, and the layer's output zero-ablated at those positions (for scale).
     lm = load(spec, "float32", work)
     seqs = [s for s in corpus["sequences"] if s["heldout"]]
-    # Rows per batch: 16, fewer when the logits [rows, T, V] would pass ~1.5 GB (Gemma's vocabulary is 262k).
+    # Rows per batch: 16, fewer when the logits [rows, T, V] would pass ~1.5 GB (Gemma's vocabulary
+    # is 262k).
     longest = max(len(s["ids"]) for s in seqs)
     rows = max(1, min(16, int(1.5e9 // (longest * lm.model.config.vocab_size * 4))))
     seqs.sort(key=lambda s: len(s["ids"]))
@@ -881,15 +1106,20 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path, spec: ModelSpec) -
     t0 = time.time()
     with torch.inference_mode():
         for start in range(0, len(seqs), rows):
-            batch = seqs[start:start + rows]
+            batch = seqs[start : start + rows]
             ids = [s["ids"] for s in batch]
             for name, fn in (("clean", None), ("spliced", splice), ("zero_ablated", ablate)):
-                _, logits, mask = forward(lm, ids, layer=layer if fn else None, replace=fn, logits=True)
+                _, logits, mask = forward(
+                    lm, ids, layer=layer if fn else None, replace=fn, logits=True
+                )
                 targets, _ = left_pad(ids, lm.device)
                 # predict token t+1 from positions >= 1 (position 0's prediction is left out, as its
                 # residual is never spliced)
-                lp = F.cross_entropy(logits[:, 1:-1].reshape(-1, logits.shape[-1]), targets[:, 2:].reshape(-1),
-                                     reduction="none").view(len(batch), -1)
+                lp = F.cross_entropy(
+                    logits[:, 1:-1].reshape(-1, logits.shape[-1]),
+                    targets[:, 2:].reshape(-1),
+                    reduction="none",
+                ).view(len(batch), -1)
                 valid = (mask.cumsum(1) > 1)[:, 1:-1]  # real tokens after each row's position 0
                 for r, s in enumerate(batch):
                     v = lp[r][valid[r]]
@@ -899,18 +1129,32 @@ def evaluate(work: Path, corpus: dict, layer: int, out: Path, spec: ModelSpec) -
                     src[0] += float(v.sum())
                     src[1] += int(v.numel())
     ce = {name: s / n for name, (s, n) in totals.items()}
-    metrics.update({"ce_clean": ce["clean"], "ce_spliced": ce["spliced"], "ce_zero_ablated": ce["zero_ablated"],
-                    "ce_increase": ce["spliced"] - ce["clean"],
-                    "ce_loss_recovered": (ce["zero_ablated"] - ce["spliced"]) / (ce["zero_ablated"] - ce["clean"]),
-                    "ce_tokens": totals["clean"][1],
-                    "ce_by_source": {src: {n: v[0] / v[1] for n, v in d.items()} for src, d in by_source.items()}})
-    log.info("eval: %s (%.0fs)", {k: v for k, v in metrics.items() if k != "ce_by_source"}, time.time() - t0)
+    metrics.update(
+        {
+            "ce_clean": ce["clean"],
+            "ce_spliced": ce["spliced"],
+            "ce_zero_ablated": ce["zero_ablated"],
+            "ce_increase": ce["spliced"] - ce["clean"],
+            "ce_loss_recovered": (ce["zero_ablated"] - ce["spliced"])
+            / (ce["zero_ablated"] - ce["clean"]),
+            "ce_tokens": totals["clean"][1],
+            "ce_by_source": {
+                src: {n: v[0] / v[1] for n, v in d.items()} for src, d in by_source.items()
+            },
+        }
+    )
+    log.info(
+        "eval: %s (%.0fs)",
+        {k: v for k, v in metrics.items() if k != "ce_by_source"},
+        time.time() - t0,
+    )
     return metrics
 
 
 # ----------------------------------------------------------------------------------------------
 # Stage 5: labels and README
 # ----------------------------------------------------------------------------------------------
+
 
 def _show(piece: str) -> str:
     return piece.replace("\n", "\\n").replace("\t", "\\t")
@@ -932,8 +1176,8 @@ def make_labels(work: Path, corpus: dict, out: Path, spec: ModelSpec, top_n: int
             norms = acts.norm(dim=1)
             ok = norms < 8 * norms.median()
             for start in range(0, len(acts), 8192):
-                xb = acts[start:start + 8192]
-                f = sae.dense_features(xb) * ok[start:start + 8192, None]
+                xb = acts[start : start + 8192]
+                f = sae.dense_features(xb) * ok[start : start + 8192, None]
                 counts += (f > 0).sum(0)
                 v, i = f.T.topk(min(top_n, f.shape[0]), dim=1)
                 cat_v = torch.cat([best_v, v], 1)
@@ -947,13 +1191,19 @@ def make_labels(work: Path, corpus: dict, out: Path, spec: ModelSpec, top_n: int
     for j in range(d_sae):
         if counts[j] == 0:
             continue
-        labels[str(j)] = label_entry(tok, seqs, where, best_v[j], best_i[j], float(counts[j]) / n_tokens)
-    (out / "feature_labels.json").write_text(json.dumps(labels, indent=1, ensure_ascii=False) + "\n")
+        labels[str(j)] = label_entry(
+            tok, seqs, where, best_v[j], best_i[j], float(counts[j]) / n_tokens
+        )
+    (out / "feature_labels.json").write_text(
+        json.dumps(labels, indent=1, ensure_ascii=False) + "\n"
+    )
     log.info("labels: %d live features of %d", len(labels), d_sae)
     return labels
 
 
-def label_entry(tok, seqs: list[dict], where, vals: torch.Tensor, idx: torch.Tensor, frequency: float) -> dict:
+def label_entry(
+    tok, seqs: list[dict], where, vals: torch.Tensor, idx: torch.Tensor, frequency: float
+) -> dict:
     """One feature's auto label from its top examples (activations `vals` at rows `idx` of `where`,
     (sequence, position) pairs): its three top tokens by summed activation, with the corpus source
     most of them come from when it is 70% or more; its top tokens, best example and frequency."""
@@ -981,9 +1231,20 @@ def label_entry(tok, seqs: list[dict], where, vals: torch.Tensor, idx: torch.Ten
         label += f" ({kind})"
     s, p = where[idx[0]]
     ids = seqs[s]["ids"]
-    example = (tok.decode(ids[max(1, p - 16):p]) + "[[" + tok.decode([ids[p]]) + "]]" + tok.decode(ids[p + 1:p + 6]))
-    return {"label": label, "top_tokens": top_tokens, "example": example,
-            "frequency": round(frequency, 6), "max_activation": round(float(vals[0]), 3)}
+    example = (
+        tok.decode(ids[max(1, p - 16) : p])
+        + "[["
+        + tok.decode([ids[p]])
+        + "]]"
+        + tok.decode(ids[p + 1 : p + 6])
+    )
+    return {
+        "label": label,
+        "top_tokens": top_tokens,
+        "example": example,
+        "frequency": round(frequency, 6),
+        "max_activation": round(float(vals[0]), 3),
+    }
 
 
 def _read_json(path: Path) -> dict:
@@ -991,13 +1252,22 @@ def _read_json(path: Path) -> dict:
 
 
 STAGE_NOTES = {
-    FIRST_LOAD: " (once per work folder: assembling the GGUF file of a chunked package, converting it to a float32 copy)",
+    FIRST_LOAD: " (once per work folder: assembling the GGUF file of a chunked package, "
+    "converting it to a float32 copy)",
     "corpus": " (reading and tokenising the text, loading the model, any chat answers)",
 }
 
 
-def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: dict, metrics: dict, layer: int,
-                 labels: dict) -> None:
+def write_readme(
+    work: Path,
+    out: Path,
+    spec: ModelSpec,
+    corpus: dict,
+    result: dict,
+    metrics: dict,
+    layer: int,
+    labels: dict,
+) -> None:
     m, hp, man = metrics, result["hparams"], corpus["manifest"]
     seqs = corpus["sequences"]
     tokens = {src: [0, 0] for src in man}
@@ -1005,25 +1275,45 @@ def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: d
         tokens[s["source"]][1 if s["heldout"] else 0] += len(s["ids"]) - 1
     total = sum(a + b for a, b in tokens.values())
     rows = "\n".join(
-        f"| {src} | {a + b:,} | {100 * (a + b) / total:.0f}% | {a:,} | {b:,} |" for src, (a, b) in tokens.items())
+        f"| {src} | {a + b:,} | {100 * (a + b) / total:.0f}% | {a:,} | {b:,} |"
+        for src, (a, b) in tokens.items()
+    )
     weights = out / "sae_weights.safetensors"
-    packages = ", ".join(sorted((d.removeprefix("package:") for d, _ in man["package-readmes"]["files"]), key=str.lower))
+    packages = ", ".join(
+        sorted(
+            (d.removeprefix("package:") for d, _ in man["package-readmes"]["files"]), key=str.lower
+        )
+    )
     sink_norm = _read_json(work / "acts_meta.json").get("position0_median_norm")
-    sink = f"a residual norm near {float(f'{sink_norm:.2g}'):,.0f}" if sink_norm else "a huge residual norm"
-    openers = f"`{spec.chat_start}` in chat, `{spec.doc_start}` before plain text" if spec.chat_answers else f"`{spec.doc_start}`"
+    sink = (
+        f"a residual norm near {float(f'{sink_norm:.2g}'):,.0f}"
+        if sink_norm
+        else ("a huge residual norm")
+    )
+    openers = (
+        f"`{spec.chat_start}` in chat, `{spec.doc_start}` before plain text"
+        if spec.chat_answers
+        else f"`{spec.doc_start}`"
+    )
     chat = "chat" in man
     centred_note = fvu_rest_row = ""
     if "mean_centred_norm" in m:
-        centred_note = (f"; the mean residual has norm {m['mean_vector_norm']:.0f}, and a token's distance from it "
-                        f"(what varies from token to token) is about {m['mean_centred_norm']:.0f}")
-        fvu_rest_row = (f"| ... leaving out dimension {m['top_variance_dim']} ({100 * m['top_dim_variance_share']:.0f}% of the "
-                        f"variance) | {m['fvu_without_top_dim']:.3f} |\n")
+        centred_note = (
+            f"; the mean residual has norm {m['mean_vector_norm']:.0f}, and a token's "
+            "distance from it (what varies from token to token) is about "
+            f"{m['mean_centred_norm']:.0f}"
+        )
+        fvu_rest_row = (
+            f"| ... leaving out dimension {m['top_variance_dim']} "
+            f"({100 * m['top_dim_variance_share']:.0f}% of the variance) | "
+            f"{m['fvu_without_top_dim']:.3f} |\n"
+        )
     scale = result["scale"]
     if spec.decoder_rows_scaled:
         decoder_text = f"""- **Decoder rows have L2 norm {scale:.2f}** (unit norm during training, exactly renormalised, then
   multiplied by the training scale below at export), so a steering strength `s` moves the residual by
   `{scale:.0f} * s`, and feature activations are in the units the SAE was trained in. The residual
-  norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens{centred_note}: with unit rows, steering would
+  norm at this layer is about {m["mean_resid_norm"]:.0f} on ordinary tokens{centred_note}: with unit rows, steering would
   need strengths in the hundreds or thousands, past millm's ±200 steering range.
 - `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
   divided by a constant {scale:.4f}, the root mean square per dimension; at export that constant went
@@ -1031,11 +1321,12 @@ def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: d
     else:
         decoder_text = f"""- **Decoder rows have unit L2 norm** (kept so during training, exactly renormalised at export), so a
   steering strength is in residual-norm units: adding `s * W_dec[i]` moves the residual by `s`.
-  The residual norm at this layer is about {m['mean_resid_norm']:.0f} on ordinary tokens{centred_note}.
+  The residual norm at this layer is about {m["mean_resid_norm"]:.0f} on ordinary tokens{centred_note}.
 - `normalize_activations: "none"`: the SAE reads raw activations. (Training ran on activations
   divided by a constant {scale:.4f}, the root mean square per dimension; that constant is
   folded into `b_enc` and `b_dec` at export, so nothing needs scaling at inference.)"""
-    chat_text = f"""- **chat**: {man['chat']['conversations']} conversations in the model's own chat template (system prompt,
+    chat_text = (
+        f"""- **chat**: {man["chat"]["conversations"]} conversations in the model's own chat template (system prompt,
   user turn, assistant turn, `<|im_end|>` tokens included). The user turns are a fixed list in the
   script: {N_TOPIC_PROMPTS} topic x template pairs drawn with seed {SEED} (everyday topics: places,
   food, animals, nature, science, sport, arts, code, ...; one in twelve with a persona system prompt)
@@ -1043,28 +1334,32 @@ def write_readme(work: Path, out: Path, spec: ModelSpec, corpus: dict, result: d
   answers were generated by the demo model itself through millm's decode loop in float32,
   temperature {CHAT_SAMPLING.temperature}, top_p {CHAT_SAMPLING.top_p}, presence penalty
   {CHAT_SAMPLING.presence_penalty}, at most {CHAT_MAX_TOKENS} tokens, seed {SEED} + conversation index.
-""" if chat else ""
-    text = f"""# {out.name}: {spec.title}
+"""
+        if chat
+        else ""
+    )
+    text = (
+        f"""# {out.name}: {spec.title}
 
 A TopK sparse autoencoder (SAE) on the residual stream of **{spec.name}**{spec.model_note} after block
 **{layer}** of {spec.n_layers} (`resid_post`, `blocks.{layer}.hook_resid_post`; in millm: the output of
 `model.model.layers[{layer}]`), trained by `scripts/train_demo_sae.py` on this repository's
-development machine (2 CPU cores, no GPU) in {result['seconds'] / 60:.1f} minutes. SAELens layout:
+development machine (2 CPU cores, no GPU) in {result["seconds"] / 60:.1f} minutes. SAELens layout:
 `cfg.json`, `sae_weights.safetensors`, plus `feature_labels.json`.
 Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors`).
 
 ## Architecture
 
-- d_in = {spec.d_in}, d_sae = {hp['d_sae']}, k = {hp['k']}, float32, {weights.stat().st_size / 1e6:.1f} MB.
+- d_in = {spec.d_in}, d_sae = {hp["d_sae"]}, k = {hp["k"]}, float32, {weights.stat().st_size / 1e6:.1f} MB.
 - Encode: `pre = (x - b_dec) @ W_enc + b_enc` (`apply_b_dec_to_input: true`); keep the k largest
   of `ReLU(pre)`, zero elsewhere. Decode: `f @ W_dec + b_dec`.
 {decoder_text}
 - Position 0 of every sequence ({openers}) is an
   attention sink with {sink} at this layer; it was never trained on, and
-  feature activations there mean nothing. Tokens with a norm above 8x the median ({result['dropped_outliers']}
+  feature activations there mean nothing. Tokens with a norm above 8x the median ({result["dropped_outliers"]}
   of the training tokens) were dropped as well.
 
-## Training data ({total:,} tokens, all found offline on the machine{' or written by the model' if chat else ''})
+## Training data ({total:,} tokens, all found offline on the machine{" or written by the model" if chat else ""})
 
 | source | tokens | share | train | held out |
 | --- | ---: | ---: | ---: | ---: |
@@ -1072,54 +1367,60 @@ Id as millm computes it: `{sae_id(weights)}` (sha256 of `sae_weights.safetensors
 
 {chat_text}- **stdlib-docstrings**: module, class and function docstrings of the CPython
   {sys.version.split()[0]} standard library (parsed with `ast`, tests and idlelib excluded).
-- **stdlib-code**: one {CHUNK}-token window of source from each of {man['stdlib-code']['documents_used']} standard-library modules.
+- **stdlib-code**: one {CHUNK}-token window of source from each of {man["stdlib-code"]["documents_used"]} standard-library modules.
 - **package-readmes**: the long descriptions (READMEs) in the `METADATA` of the packages installed in
   millm's virtualenv: {packages}.
 - **usr-share-doc**: READMEs, `.txt`/`.md`/`.rst` and HTML manuals under Debian's `/usr/share/doc`
-  ({man['usr-share-doc']['documents_used']} files; copyright files, changelogs and NEWS skipped).
+  ({man["usr-share-doc"]["documents_used"]} files; copyright files, changelogs and NEWS skipped).
 
 Plain-text documents were tokenised whole, then up to a few random windows of {CHUNK} tokens were taken
-from each (each window opened by `{spec.doc_start}`){'; chat conversations are whole sequences' if chat else ''}. Identical
+from each (each window opened by `{spec.doc_start}`){"; chat conversations are whole sequences" if chat else ""}. Identical
 documents were counted once. The held-out split is by document (sha256 of its id, {HELDOUT_PERCENT}%),
 so no held-out text was seen in training. The exact file list is in `corpus_manifest.json`.
 
 ## Training
 
-Plain torch, seed {SEED}: Adam (lr {hp['lr']}, 5% warm-up, linear decay over the last 20%), batch
-{hp['batch']}, {hp['epochs']} epochs over {result['train_tokens']:,} activation vectors ({result['steps']} steps);
-loss = normalised MSE; AuxK loss for dead latents (Gao et al. 2024: the top {hp['aux_k']} dead latents,
-coefficient {hp['aux_coef']}, dead = silent for {hp['dead_after_tokens']:,} tokens); decoder
+Plain torch, seed {SEED}: Adam (lr {hp["lr"]}, 5% warm-up, linear decay over the last 20%), batch
+{hp["batch"]}, {hp["epochs"]} epochs over {result["train_tokens"]:,} activation vectors ({result["steps"]} steps);
+loss = normalised MSE; AuxK loss for dead latents (Gao et al. 2024: the top {hp["aux_k"]} dead latents,
+coefficient {hp["aux_coef"]}, dead = silent for {hp["dead_after_tokens"]:,} tokens); decoder
 initialised as the encoder's transpose, its rows kept at unit norm with the gradient's radial part
 removed; `b_dec` initialised at the activations' median.
 
-## Quality on held-out tokens ({m['heldout_tokens']:,} activation vectors, {m['ce_tokens']:,} next-token predictions)
+## Quality on held-out tokens ({m["heldout_tokens"]:,} activation vectors, {m["ce_tokens"]:,} next-token predictions)
 
 | figure | value |
 | --- | ---: |
-| fraction of variance unexplained (FVU) | {m['fvu']:.3f} |
-{fvu_rest_row}| mean L0 (active features per token) | {m['mean_l0']:.1f} |
-| dead features (never active on held-out) | {m['dead_features']} of {m['d_sae']} |
-| next-token cross-entropy, clean | {m['ce_clean']:.3f} |
-| ... with the SAE reconstruction spliced in at layer {layer} | {m['ce_spliced']:.3f} (+{m['ce_increase']:.3f}) |
-| ... with layer {layer}'s output zero-ablated | {m['ce_zero_ablated']:.3f} |
-| cross-entropy loss recovered | {100 * m['ce_loss_recovered']:.1f}% |
+| fraction of variance unexplained (FVU) | {m["fvu"]:.3f} |
+{fvu_rest_row}| mean L0 (active features per token) | {m["mean_l0"]:.1f} |
+| dead features (never active on held-out) | {m["dead_features"]} of {m["d_sae"]} |
+| next-token cross-entropy, clean | {m["ce_clean"]:.3f} |
+| ... with the SAE reconstruction spliced in at layer {layer} | {m["ce_spliced"]:.3f} (+{m["ce_increase"]:.3f}) |
+| ... with layer {layer}'s output zero-ablated | {m["ce_zero_ablated"]:.3f} |
+| cross-entropy loss recovered | {100 * m["ce_loss_recovered"]:.1f}% |
 
-Cross-entropy by source (clean -> spliced): """ + ", ".join(
-        f"{src} {v['clean']:.2f} -> {v['spliced']:.2f}" for src, v in m["ce_by_source"].items()) + f""".
+Cross-entropy by source (clean -> spliced): """
+        + ", ".join(
+            f"{src} {v['clean']:.2f} -> {v['spliced']:.2f}" for src, v in m["ce_by_source"].items()
+        )
+        + f""".
 
 ## Feature labels
 
 `feature_labels.json` holds every feature that fired at least once on the corpus ({len(labels)} of
-{hp['d_sae']}): `label` is **generated automatically** (the three tokens with the largest summed
-activation among the feature's top 200 activations, plus {'`(chat)`, ' if chat else ''}`(code)` or `(docs)` when 70% of those
+{hp["d_sae"]}): `label` is **generated automatically** (the three tokens with the largest summed
+activation among the feature's top 200 activations, plus {"`(chat)`, " if chat else ""}`(code)` or `(docs)` when 70% of those
 come from one kind of text), `top_tokens` (up to 10), `example` (the context of its largest activation,
 the token marked `[[like this]]`), `frequency` (fraction of corpus tokens on which it is active) and
 `max_activation`. No label was written or checked by hand; read them as hints.
 
 ## Steering with it
 
-{spec.steering_note.format(scale=result['scale'])}
-""" + steer_section(work) + cost_section(work)
+{spec.steering_note.format(scale=result["scale"])}
+"""
+        + steer_section(work)
+        + cost_section(work)
+    )
     (out / "README.md").write_text(text)
 
 
@@ -1132,11 +1433,24 @@ def steer_section(work: Path) -> str:
     def quote(text: str) -> str:
         return "> " + text.strip().replace("\n", "\n> ")
 
-    lines = ["", f"Prompt `{steer['prompt']!r}`, greedy decoding, {steer['max_tokens']} tokens at most, through millm's own",
-             f"decode loop in {steer['dtype']} (the vector added to block {steer['layer']}'s output at every position,",
-             "as `millm serve` steers). Unsteered:", "", quote(steer["unsteered"]), ""]
+    lines = [
+        "",
+        f"Prompt `{steer['prompt']!r}`, greedy decoding, {steer['max_tokens']} tokens at "
+        "most, through millm's own",
+        f"decode loop in {steer['dtype']} (the vector added to block {steer['layer']}'s "
+        "output at every position,",
+        "as `millm serve` steers). Unsteered:",
+        "",
+        quote(steer["unsteered"]),
+        "",
+    ]
     for row in steer["steered"]:
-        lines += [f"Feature {row['index']} (\"{row['label']}\") at strength {row['strength']:g}:", "", quote(row["text"]), ""]
+        lines += [
+            f'Feature {row["index"]} ("{row["label"]}") at strength {row["strength"]:g}:',
+            "",
+            quote(row["text"]),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -1145,8 +1459,12 @@ def cost_section(work: Path) -> str:
     if not timings:
         return ""
     order = [FIRST_LOAD, "corpus", "acts", "train", "export", "eval", "labels", "steer", "profiles"]
-    rows = "\n".join(f"| {stage}{STAGE_NOTES.get(stage, '')} | {sec:,.0f} s ({sec / 60:.1f} min) |"
-                     for stage, sec in sorted(timings.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99))
+    rows = "\n".join(
+        f"| {stage}{STAGE_NOTES.get(stage, '')} | {sec:,.0f} s ({sec / 60:.1f} min) |"
+        for stage, sec in sorted(
+            timings.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99
+        )
+    )
     return f"""
 ## Cost
 
@@ -1164,19 +1482,45 @@ script measured it (`timings.json` in its work folder):
 # Stage 6: steering (steer: any model; profiles: the chat model's demo profiles)
 # ----------------------------------------------------------------------------------------------
 
-def steered_texts(lm, layer: int, w_dec: torch.Tensor, prompt_ids: list[int], feature_sets: list[list[dict]],
-                  max_tokens: int = 60) -> list[str]:
+
+def steered_texts(
+    lm,
+    layer: int,
+    w_dec: torch.Tensor,
+    prompt_ids: list[int],
+    feature_sets: list[list[dict]],
+    max_tokens: int = 60,
+) -> list[str]:
     """Greedy completions of one prompt, a row per feature set ([] = unsteered); a row adds
     sum(strength * W_dec[index]) to block `layer`'s output at every position, prompt and generated
     tokens alike (a ResidualEdit, as `millm serve` steers)."""
-    edits = [ResidualEdit(((layer, sum(f["strength"] * w_dec[f["index"]] for f in feats)),)) if feats else None
-             for feats in feature_sets]
-    outs = generate_texts(lm, [prompt_ids] * len(feature_sets), SamplingParams(temperature=0.0), max_tokens, edits=edits)
+    edits = [
+        ResidualEdit(((layer, sum(f["strength"] * w_dec[f["index"]] for f in feats)),))
+        if feats
+        else None
+        for feats in feature_sets
+    ]
+    outs = generate_texts(
+        lm,
+        [prompt_ids] * len(feature_sets),
+        SamplingParams(temperature=0.0),
+        max_tokens,
+        edits=edits,
+    )
     return [text for text, _ in outs]
 
 
-def steer(work: Path, out: Path, layer: int, spec: ModelSpec, features: list[int], strengths: list[float],
-          prompt: str, dtype: str = "float32", max_tokens: int = 40) -> dict:
+def steer(
+    work: Path,
+    out: Path,
+    layer: int,
+    spec: ModelSpec,
+    features: list[int],
+    strengths: list[float],
+    prompt: str,
+    dtype: str = "float32",
+    max_tokens: int = 40,
+) -> dict:
     """The prompt unsteered and steered by each feature at each strength -> --work/steer.json."""
     from safetensors.torch import load_file
 
@@ -1185,10 +1529,25 @@ def steer(work: Path, out: Path, layer: int, spec: ModelSpec, features: list[int
     lm = load(spec, dtype, work)
     ids = spec.prompt_ids(lm.tokenizer, prompt)
     grid = [(i, s) for i in features for s in strengths]
-    texts = steered_texts(lm, layer, w_dec, ids, [[]] + [[{"index": i, "strength": s}] for i, s in grid], max_tokens)
-    result = {"prompt": prompt, "dtype": dtype, "layer": layer, "max_tokens": max_tokens, "unsteered": texts[0],
-              "steered": [{"index": i, "label": labels.get(str(i), {}).get("label", "?"), "strength": s, "text": t}
-                          for (i, s), t in zip(grid, texts[1:], strict=True)]}
+    texts = steered_texts(
+        lm, layer, w_dec, ids, [[]] + [[{"index": i, "strength": s}] for i, s in grid], max_tokens
+    )
+    result = {
+        "prompt": prompt,
+        "dtype": dtype,
+        "layer": layer,
+        "max_tokens": max_tokens,
+        "unsteered": texts[0],
+        "steered": [
+            {
+                "index": i,
+                "label": labels.get(str(i), {}).get("label", "?"),
+                "strength": s,
+                "text": t,
+            }
+            for (i, s), t in zip(grid, texts[1:], strict=True)
+        ],
+    }
     log.info("unsteered: %r", texts[0])
     for row in result["steered"]:
         log.info("#%d %r x %g: %r", row["index"], row["label"], row["strength"], row["text"])
@@ -1198,25 +1557,40 @@ def steer(work: Path, out: Path, layer: int, spec: ModelSpec, features: list[int
 
 def check_profiles(work: Path, out: Path, layer: int, spec: ModelSpec) -> None:
     """Stamp the demo profiles with the new SAE's id; their operating points and README are
-    bench/demo_profiles.py's (measured with the server's own steering evaluation per numeric mode)."""
+    bench/demo_profiles.py's (measured with the server's own steering evaluation per numeric
+    mode)."""
     if not spec.chat_answers:
-        raise SystemExit(f"the demo profiles are chat prompts for {DEMO_MODEL_NAME}; {spec.name} has no chat template")
+        raise SystemExit(
+            f"the demo profiles are chat prompts for {DEMO_MODEL_NAME}; {spec.name} "
+            "has no chat template"
+        )
     ident = sae_id(out / "sae_weights.safetensors")
     for path in sorted(PROFILES_DIR.glob("*.json")):
         prof = json.loads(path.read_text())
         for s in prof["steering"]:
             s["sae_id"] = ident
         path.write_text(json.dumps(prof, indent=2) + "\n")
-    log.info("profiles stamped with %s: choose their strengths and write their README with "
-             "bench/demo_profiles.py (a new SAE's features are not the old one's)", ident)
+    log.info(
+        "profiles stamped with %s: choose their strengths and write their README with "
+        "bench/demo_profiles.py (a new SAE's features are not the old one's)",
+        ident,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=DEMO_MODEL_NAME, choices=sorted(MODELS))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/sae-work"), help="scratch directory (caches), one per model")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/sae-work"),
+        help="scratch directory (caches), one per model",
+    )
     parser.add_argument("--out", type=Path, help="default: the model's folder under millm/demo/sae")
     parser.add_argument("--layer", type=int, help="default: 12 for SmolLM2, 9 for gemma3-270m")
     parser.add_argument("--d-sae", type=int, default=2048)
@@ -1227,10 +1601,16 @@ def main() -> None:
     parser.add_argument("--dead-after", type=int, default=200_000)
     parser.add_argument("--aux-coef", type=float, default=1 / 32)
     parser.add_argument("--stages", default="corpus,acts,train,export,eval,labels")
-    parser.add_argument("--steer-features", default="", help="steer stage: feature indices, comma-separated")
-    parser.add_argument("--steer-strengths", default="", help="steer stage: strengths, comma-separated")
+    parser.add_argument(
+        "--steer-features", default="", help="steer stage: feature indices, comma-separated"
+    )
+    parser.add_argument(
+        "--steer-strengths", default="", help="steer stage: strengths, comma-separated"
+    )
     parser.add_argument("--steer-prompt", help="steer stage: default the model's steering prompt")
-    parser.add_argument("--steer-dtype", default="float32", help="steer stage: float32 or auto (as served)")
+    parser.add_argument(
+        "--steer-dtype", default="float32", help="steer stage: float32 or auto (as served)"
+    )
     args = parser.parse_args()
     spec = MODELS[args.model]
     out = args.out or spec.out_dir
@@ -1252,7 +1632,9 @@ def main() -> None:
             result = train_sae(work, args)
         with timed(work, "export"):
             export(result, layer, out, spec)
-            (out / "corpus_manifest.json").write_text(json.dumps(corpus["manifest"], indent=1) + "\n")
+            (out / "corpus_manifest.json").write_text(
+                json.dumps(corpus["manifest"], indent=1) + "\n"
+            )
     if "eval" in stages:
         with timed(work, "eval"):
             metrics = evaluate(work, corpus, layer, out, spec)
@@ -1262,9 +1644,16 @@ def main() -> None:
             make_labels(work, corpus, out, spec)
     if "steer" in stages:
         with timed(work, "steer"):
-            steer(work, out, layer, spec, [int(i) for i in args.steer_features.split(",") if i],
-                  [float(x) for x in args.steer_strengths.split(",") if x], args.steer_prompt or spec.steer_prompt,
-                  args.steer_dtype)
+            steer(
+                work,
+                out,
+                layer,
+                spec,
+                [int(i) for i in args.steer_features.split(",") if i],
+                [float(x) for x in args.steer_strengths.split(",") if x],
+                args.steer_prompt or spec.steer_prompt,
+                args.steer_dtype,
+            )
     if "labels" in stages or "steer" in stages:
         labels = json.loads((out / "feature_labels.json").read_text())
         result = torch.load(work / "sae_train.pt")

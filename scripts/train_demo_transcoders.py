@@ -52,14 +52,17 @@ log = logging.getLogger("train_demo_transcoders")
 REPO = SCRIPTS.parent
 OUT = REPO / "millm" / "demo" / "transcoders" / "smollm2-135m-jumprelu"
 SPEC = sae_script.MODELS[DEMO_MODEL_NAME]
-CALIBRATION_CHATS = REPO / "millm" / "demo" / "sae" / "smollm2-135m-topk" / "calibration_corpus.jsonl"
+CALIBRATION_CHATS = (
+    REPO / "millm" / "demo" / "sae" / "smollm2-135m-topk" / "calibration_corpus.jsonl"
+)
 N_LAYERS, D_MODEL = SPEC.n_layers, SPEC.d_in
 SEED = sae_script.SEED
 MASSIVE = 8  # an MLP output above this many times the median norm is left out of training
 
 
 def build_corpus(work: Path) -> dict:
-    """Plain-text windows (train_demo_sae.py's, without writing chat answers) plus the calibration chats."""
+    """Plain-text windows (train_demo_sae.py's, without writing chat answers) plus the
+    calibration chats."""
     path = work / "corpus.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -77,16 +80,25 @@ def build_corpus(work: Path) -> dict:
         doc_id = f"calibration-chat:{n}"
         # Opened by the document token like every window: position 0 is the attention sink.
         corpus["sequences"].append(
-            {"source": "chat", "doc": doc_id, "heldout": sae_script.is_heldout(doc_id), "ids": [sep] + list(ids)}
+            {
+                "source": "chat",
+                "doc": doc_id,
+                "heldout": sae_script.is_heldout(doc_id),
+                "ids": [sep] + list(ids),
+            }
         )
         chats += len(ids)
-    corpus["manifest"]["chat"] = {"conversations": "the demo SAE's calibration_corpus.jsonl", "tokens": chats}
+    corpus["manifest"]["chat"] = {
+        "conversations": "the demo SAE's calibration_corpus.jsonl",
+        "tokens": chats,
+    }
     path.write_text(json.dumps(corpus))
     return corpus
 
 
 def hf_model(work: Path):
-    """The float32 dequantised demo model as transformers loads it (the file millm converts the GGUF to)."""
+    """The float32 dequantised demo model as transformers loads it (the file millm converts the
+    GGUF to)."""
     from transformers import AutoModelForCausalLM
 
     directory = sae_script.converted_dir(resolve_source(SPEC.name, work / "hub"), work)
@@ -95,17 +107,21 @@ def hf_model(work: Path):
 
 
 def mlp_hooks(model, on_mlp):
-    """Forward hooks on every block's MLP calling on_mlp(layer, input, output) (its return replaces the output)."""
+    """Forward hooks on every block's MLP calling on_mlp(layer, input, output) (its return
+    replaces the output)."""
     handles = []
     for layer, block in enumerate(model.model.layers):
+
         def hook(_module, inputs, output, layer=layer):
             return on_mlp(layer, inputs[0], output)
+
         handles.append(block.mlp.register_forward_hook(hook))
     return handles
 
 
 def split_sequences(corpus: dict, split: str) -> list[dict]:
-    """The split's sequences, shortest first (fewer pads in a batch): the order of the activation files."""
+    """The split's sequences, shortest first (fewer pads in a batch): the order of the activation
+    files."""
     chosen = [s for s in corpus["sequences"] if s["heldout"] == (split == "heldout")]
     return sorted(chosen, key=lambda s: len(s["ids"]))
 
@@ -118,11 +134,11 @@ def split_rows(corpus: dict, split: str) -> list[list[int]]:
 def batches(rows: list[list[int]], size: int = 16):
     """Right-padded batches: (ids [B, T], lengths)."""
     for start in range(0, len(rows), size):
-        chunk = rows[start:start + size]
+        chunk = rows[start : start + size]
         width = max(len(r) for r in chunk)
         ids = torch.zeros(len(chunk), width, dtype=torch.long)
         for i, r in enumerate(chunk):
-            ids[i, :len(r)] = torch.tensor(r)
+            ids[i, : len(r)] = torch.tensor(r)
         yield ids, [len(r) for r in chunk]
 
 
@@ -136,9 +152,13 @@ def capture(work: Path, corpus: dict) -> None:
         n = sum(len(r) - 1 for r in rows)
         files = {
             (kind, layer): np.lib.format.open_memmap(
-                work / f"{split}_{kind}_{layer}.npy", mode="w+", dtype=np.float16, shape=(n, D_MODEL)
+                work / f"{split}_{kind}_{layer}.npy",
+                mode="w+",
+                dtype=np.float16,
+                shape=(n, D_MODEL),
             )
-            for kind in ("in", "out") for layer in range(N_LAYERS)
+            for kind in ("in", "out")
+            for layer in range(N_LAYERS)
         }
         at, t0 = 0, time.time()
         where: dict[str, object] = {}
@@ -146,8 +166,8 @@ def capture(work: Path, corpus: dict) -> None:
         def keep(layer, x, y):
             lengths, offset = where["lengths"], where["at"]
             for i, length in enumerate(lengths):
-                files["in", layer][offset:offset + length - 1] = x[i, 1:length].numpy()
-                files["out", layer][offset:offset + length - 1] = y[i, 1:length].numpy()
+                files["in", layer][offset : offset + length - 1] = x[i, 1:length].numpy()
+                files["out", layer][offset : offset + length - 1] = y[i, 1:length].numpy()
                 offset += length - 1
             return None
 
@@ -173,8 +193,12 @@ def train_layer(work: Path, layer: int, args) -> dict:
     path = work / f"coder_{layer}.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
-    x_all = torch.from_numpy(np.load(work / f"train_in_{layer}.npy", mmap_mode="r")[:].astype(np.float32))
-    y_all = torch.from_numpy(np.load(work / f"train_out_{layer}.npy", mmap_mode="r")[:].astype(np.float32))
+    x_all = torch.from_numpy(
+        np.load(work / f"train_in_{layer}.npy", mmap_mode="r")[:].astype(np.float32)
+    )
+    y_all = torch.from_numpy(
+        np.load(work / f"train_out_{layer}.npy", mmap_mode="r")[:].astype(np.float32)
+    )
     # A few tokens per block get a massive MLP output (up to ~800x the median norm at block 11:
     # 0.1% of the tokens, 99.8% of the variance); they would be all the loss sees. They are left
     # out (the demo SAE's rule: output norm above 8x the median), and both sides are trained in
@@ -186,22 +210,29 @@ def train_layer(work: Path, layer: int, args) -> dict:
     s_in, s_out = float(x_all.pow(2).mean().sqrt()), float(y_all.pow(2).mean().sqrt())
     x_all, y_all = x_all / s_in, y_all / s_out
     torch.manual_seed(SEED + layer)
-    coder = SparseCoder(D_MODEL, SparseCoderConfig(num_latents=args.width, k=args.k, transcode=True))
-    # sparsify's initialisation on its first batch: pre-activations centred, b_dec at the output mean.
+    coder = SparseCoder(
+        D_MODEL, SparseCoderConfig(num_latents=args.width, k=args.k, transcode=True)
+    )
+    # sparsify's initialisation on its first batch: pre-activations centred, b_dec at the output
+    # mean.
     coder.encoder.bias.data = -x_all.mean(0) @ coder.encoder.weight.data.T
     coder.b_dec.data = y_all.mean(0)
-    lr = args.lr or 2e-4 / math.sqrt(args.width / 2**14)  # sparsify's rule for the number of latents
+    # sparsify's rule for the number of latents
+    lr = args.lr or 2e-4 / math.sqrt(args.width / 2**14)
     optimizer = torch.optim.Adam(coder.parameters(), lr=lr)
     n = len(x_all)
     steps = args.epochs * (n // args.batch)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * min(1.0, (steps - s) / (0.2 * steps)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(1.0, (s + 1) / (0.05 * steps)) * min(1.0, (steps - s) / (0.2 * steps)),
+    )
     since_fired = torch.zeros(args.width, dtype=torch.long)
     generator = torch.Generator().manual_seed(SEED + layer)
     step = 0
     for _epoch in range(args.epochs):
         order = torch.randperm(n, generator=generator)
         for start in range(0, n - args.batch + 1, args.batch):
-            pick = order[start:start + args.batch]
+            pick = order[start : start + args.batch]
             dead = since_fired > args.dead_after
             out = coder(x_all[pick], y_all[pick], dead_mask=dead)
             loss = out.fvu + args.aux_coef * out.auxk_loss
@@ -213,7 +244,9 @@ def train_layer(work: Path, layer: int, args) -> dict:
             fired[out.latent_indices.flatten()] = True
             since_fired = torch.where(fired, 0, since_fired + len(pick))
             step += 1
-        log.info("layer %d epoch %d: fvu %.3f, dead %d", layer, _epoch, float(out.fvu), int(dead.sum()))
+        log.info(
+            "layer %d epoch %d: fvu %.3f, dead %d", layer, _epoch, float(out.fvu), int(dead.sum())
+        )
     state = {k: v.detach().clone() for k, v in coder.state_dict().items()}
     state["scale_in"], state["scale_out"] = torch.tensor(s_in), torch.tensor(s_out)
     state["left_out"] = torch.tensor(int((~typical).sum()))
@@ -222,7 +255,9 @@ def train_layer(work: Path, layer: int, args) -> dict:
     with torch.no_grad():
         sample = x_all[torch.randperm(n, generator=generator)[:32768]]
         pre = torch.relu(sample @ coder.encoder.weight.T + coder.encoder.bias)
-        state["threshold"] = torch.tensor(float(torch.quantile(pre.flatten()[:16_000_000], 1 - args.k / args.width)))
+        state["threshold"] = torch.tensor(
+            float(torch.quantile(pre.flatten()[:16_000_000], 1 - args.k / args.width))
+        )
     torch.save(state, path)
     return state
 
@@ -279,9 +314,14 @@ def layer_figures(work: Path, tensors: dict, layer: int) -> dict:
     norms = y.norm(dim=1)
     typical = norms <= MASSIVE * norms.median()
     alive = (acts > 0).any(0)
-    return {"layer": layer, "variance_explained": explained(typical), "variance_explained_all": explained(norms >= 0),
-            "massive_tokens": int((~typical).sum()), "l0": float((acts > 0).sum(1).float().mean()),
-            "dead_fraction": float(1 - alive.float().mean())}
+    return {
+        "layer": layer,
+        "variance_explained": explained(typical),
+        "variance_explained_all": explained(norms >= 0),
+        "massive_tokens": int((~typical).sum()),
+        "l0": float((acts > 0).sum(1).float().mean()),
+        "dead_fraction": float(1 - alive.float().mean()),
+    }
 
 
 def spliced(work: Path, corpus: dict, sets: list[dict], every: int = 8) -> dict[int, float]:
@@ -307,7 +347,11 @@ def spliced(work: Path, corpus: dict, sets: list[dict], every: int = 8) -> dict[
                 mask = torch.arange(ids.shape[1]) < torch.tensor(lengths)[:, None]
                 logits = model(input_ids=ids, attention_mask=mask.long()).logits.float()
                 for i, length in enumerate(lengths):
-                    total += float(torch.nn.functional.cross_entropy(logits[i, 1:length - 1], ids[i, 2:length], reduction="sum"))
+                    total += float(
+                        torch.nn.functional.cross_entropy(
+                            logits[i, 1 : length - 1], ids[i, 2:length], reduction="sum"
+                        )
+                    )
                     count += length - 2
             found[layer] = total / count
     for handle in handles:
@@ -316,7 +360,8 @@ def spliced(work: Path, corpus: dict, sets: list[dict], every: int = 8) -> dict[
 
 
 def agreement(work: Path, corpus: dict, sets: list[dict]) -> dict:
-    """The replacement model (every MLP replaced by its transcoder, no error terms) against the model, held out."""
+    """The replacement model (every MLP replaced by its transcoder, no error terms) against the
+    model, held out."""
     model = hf_model(work)
     rows = split_rows(corpus, "heldout")
     replace = {"on": False}
@@ -337,17 +382,31 @@ def agreement(work: Path, corpus: dict, sets: list[dict]) -> dict:
             for name in ("clean", "replaced"):
                 replace["on"] = name == "replaced"
                 logits[name] = model(input_ids=ids, attention_mask=mask.long()).logits.float()
-            # Positions 1..len-2 predict tokens 2..len-1 (position 0, the sink, is left out as in training).
+            # Positions 1..len-2 predict tokens 2..len-1 (position 0, the sink, is left out as in
+            # training).
             for i, length in enumerate(lengths):
                 target = ids[i, 2:length]
                 for name in ce:
-                    ce[name] += float(torch.nn.functional.cross_entropy(logits[name][i, 1:length - 1], target, reduction="sum"))
-                same += int((logits["clean"][i, 1:length - 1].argmax(-1) == logits["replaced"][i, 1:length - 1].argmax(-1)).sum())
+                    ce[name] += float(
+                        torch.nn.functional.cross_entropy(
+                            logits[name][i, 1 : length - 1], target, reduction="sum"
+                        )
+                    )
+                same += int(
+                    (
+                        logits["clean"][i, 1 : length - 1].argmax(-1)
+                        == logits["replaced"][i, 1 : length - 1].argmax(-1)
+                    ).sum()
+                )
                 total += length - 2
     for handle in handles:
         handle.remove()
-    return {"tokens": total, "top1_agreement": same / total,
-            "ce_clean": ce["clean"] / total, "ce_replaced": ce["replaced"] / total}
+    return {
+        "tokens": total,
+        "top1_agreement": same / total,
+        "ce_clean": ce["clean"] / total,
+        "ce_replaced": ce["replaced"] / total,
+    }
 
 
 def card(work: Path, corpus: dict, args, seconds: dict) -> None:
@@ -360,15 +419,23 @@ def card(work: Path, corpus: dict, args, seconds: dict) -> None:
     one = spliced(work, corpus, sets)
     for f in per_layer:
         f["ce_spliced"] = one[f["layer"]]
-    figures = {"layers": per_layer, "replacement": agree, "ce_clean_subset": one[-1], "args": vars(args) | {"work": str(args.work)}, "seconds": seconds}
+    figures = {
+        "layers": per_layer,
+        "replacement": agree,
+        "ce_clean_subset": one[-1],
+        "args": vars(args) | {"work": str(args.work)},
+        "seconds": seconds,
+    }
     (work / "card.json").write_text(json.dumps(figures, indent=1))
     size = sum(p.stat().st_size for p in OUT.glob("layer_*.safetensors"))
     manifest = corpus["manifest"]
     train = sum(len(s["ids"]) - 1 for s in corpus["sequences"] if not s["heldout"])
     held = sum(len(s["ids"]) - 1 for s in corpus["sequences"] if s["heldout"])
     rows = "\n".join(
-        f"| {f['layer']} | {f['variance_explained']:.3f} | {f['variance_explained_all']:.3f} | {f['massive_tokens']} | "
-        f"{f['l0']:.1f} | {f['dead_fraction']:.3f} | {f['ce_spliced']:.3f} |" for f in per_layer
+        f"| {f['layer']} | {f['variance_explained']:.3f} | {f['variance_explained_all']:.3f} | "
+        f"{f['massive_tokens']} | {f['l0']:.1f} | {f['dead_fraction']:.3f} | "
+        f"{f['ce_spliced']:.3f} |"
+        for f in per_layer
     )
     mean_ve = sum(f["variance_explained"] for f in per_layer) / len(per_layer)
     sources = ", ".join(f"{name} {m['tokens']:,}" for name, m in manifest.items())
@@ -384,7 +451,7 @@ Made by `scripts/train_demo_transcoders.py` on the development machine (2 CPU co
 
 ## Training
 
-- Coder: EleutherAI sparsify's `SparseCoder` (eai-sparsify {_version('eai-sparsify')}), `transcode=True`,
+- Coder: EleutherAI sparsify's `SparseCoder` (eai-sparsify {_version("eai-sparsify")}), `transcode=True`,
   {args.width} latents, TopK k = {args.k}, its AuxK loss for latents silent for {args.dead_after:,} tokens
   (coefficient {args.aux_coef}), its initialisation (pre-activations centred, `b_dec` at the output mean);
   Adam at sparsify's learning rate for the width, 5% warm-up and a linear decay over the last 20%,
@@ -406,13 +473,13 @@ Made by `scripts/train_demo_transcoders.py` on the development machine (2 CPU co
 ## Quality on held-out tokens
 
 Replacement model (all 30 MLPs replaced by their transcoders, no error terms) against the model
-itself on {agree['tokens']:,} held-out next-token predictions:
+itself on {agree["tokens"]:,} held-out next-token predictions:
 
 | figure | value |
 | --- | ---: |
-| top-1 next-token agreement with the model | {agree['top1_agreement']:.3f} |
-| cross-entropy, model | {agree['ce_clean']:.3f} |
-| cross-entropy, replacement model | {agree['ce_replaced']:.3f} |
+| top-1 next-token agreement with the model | {agree["top1_agreement"]:.3f} |
+| cross-entropy, model | {agree["ce_clean"]:.3f} |
+| cross-entropy, replacement model | {agree["ce_replaced"]:.3f} |
 | mean variance explained over blocks | {mean_ve:.3f} |
 
 Per block: the variance of the MLP's output explained on the held-out tokens trained for, and on
@@ -445,8 +512,12 @@ def make_labels(work: Path, corpus: dict, sets: list[dict], top_n: int = 200) ->
             where += [(len(seqs), p) for p in range(1, len(s["ids"]))]
             seqs.append(s)
     for layer, t in enumerate(sets):
-        x = torch.cat([torch.from_numpy(np.load(work / f"{split}_in_{layer}.npy")[:].astype(np.float32))
-                       for split in ("train", "heldout")])
+        x = torch.cat(
+            [
+                torch.from_numpy(np.load(work / f"{split}_in_{layer}.npy")[:].astype(np.float32))
+                for split in ("train", "heldout")
+            ]
+        )
         acts = encode(t, x)
         counts = (acts > 0).sum(0)
         values, rows = acts.topk(min(top_n, len(acts)), dim=0)  # [top_n, width]
@@ -455,14 +526,19 @@ def make_labels(work: Path, corpus: dict, sets: list[dict], top_n: int = 200) ->
         for j in range(acts.shape[1]):
             if counts[j] == 0:
                 continue
-            entry = sae_script.label_entry(tok, seqs, where, values[:, j], rows[:, j], float(counts[j]) / len(acts))
+            entry = sae_script.label_entry(
+                tok, seqs, where, values[:, j], rows[:, j], float(counts[j]) / len(acts)
+            )
             entry["promotes"] = [sae_script._show(tok.decode([i])) for i in promoted[j].tolist()]
-            entry["top_tokens"] = entry["top_tokens"][:5]  # the 25 MB budget: five tokens, a short example
+            # the 25 MB budget: five tokens, a short example
+            entry["top_tokens"] = entry["top_tokens"][:5]
             marked, closed = entry["example"].find("[["), entry["example"].find("]]")
-            entry["example"] = entry["example"][max(0, marked - 40):closed + 22]
+            entry["example"] = entry["example"][max(0, marked - 40) : closed + 22]
             labels[str(j)] = entry
         # One line per feature: 30 files of labels stay small beside the weights (the 25 MB budget).
-        lines = ",\n".join(f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in labels.items())
+        lines = ",\n".join(
+            f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in labels.items()
+        )
         (OUT / f"layer_{layer}.labels.json").write_text("{\n" + lines + "\n}\n")
         log.info("labels: block %d, %d live features", layer, len(labels))
 
@@ -474,7 +550,9 @@ def _version(name: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/tc-work"))
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--k", type=int, default=16)
@@ -503,7 +581,9 @@ def main() -> None:
     from safetensors.torch import load_file
 
     t0 = time.time()
-    make_labels(work, corpus, [load_file(str(OUT / f"layer_{i}.safetensors")) for i in range(N_LAYERS)])
+    make_labels(
+        work, corpus, [load_file(str(OUT / f"layer_{i}.safetensors")) for i in range(N_LAYERS)]
+    )
     seconds["labels"] = time.time() - t0
     t0 = time.time()
     card(work, corpus, args, seconds)

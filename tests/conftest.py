@@ -44,7 +44,8 @@ settings.load_profile("millm")
 
 @pytest.fixture(scope="session", autouse=True)
 def test_root(tmp_path_factory) -> Path:
-    """Everything tests build lives under pytest's base temporary folder: servers may read it (MILLM_ALLOWED_PATHS)."""
+    """Everything tests build lives under pytest's base temporary folder: servers may read it
+    (MILLM_ALLOWED_PATHS)."""
     server_support.TEST_ROOT = tmp_path_factory.getbasetemp()
     return server_support.TEST_ROOT
 
@@ -64,7 +65,8 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 def load_tiny(directory: Path, home: Path, engine: str = "transformers", **kwargs):
-    """An in-process LoadedModel of a tiny checkpoint (float32; transformers on the CPU, or llama.cpp)."""
+    """An in-process LoadedModel of a tiny checkpoint (float32; transformers on the CPU, or
+    llama.cpp)."""
     from millm.engine.loader import load_model
     from millm.engine.loader_llamacpp import load_with_llamacpp
     from millm.engine.sources import resolve_source
@@ -137,7 +139,8 @@ def chromium():
 
 @pytest.fixture(params=["wide"])
 def page(request, chromium):
-    """A fresh page (own storage) at 1280×800; the test fails if the page threw an uncaught error."""
+    """A fresh page (own storage) at 1280×800; the test fails if the page threw an uncaught
+    error."""
     context = chromium.new_context(viewport=SIZES[request.param])
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -151,7 +154,8 @@ def page(request, chromium):
 
 @pytest.fixture
 def shoot():
-    """`shoot(page, name)` saves a screenshot when MILLM_UI_SCREENSHOTS names a folder (scripts/workbench-screenshots)."""
+    """`shoot(page, name)` saves a screenshot when MILLM_UI_SCREENSHOTS names a folder
+    (scripts/workbench-screenshots)."""
     folder = os.environ.get("MILLM_UI_SCREENSHOTS")
 
     def take(page, name: str) -> None:
@@ -164,7 +168,8 @@ def shoot():
 
 @pytest.fixture(scope="module")
 def postgres():
-    """A throwaway PostgreSQL cluster for one module (skipped where the server binaries are missing)."""
+    """A throwaway PostgreSQL cluster for one module (skipped where the server binaries are
+    missing)."""
     if binaries() is None:
         pytest.skip("PostgreSQL binaries are not installed")
     server = PostgresServer()
@@ -177,7 +182,8 @@ def postgres():
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Every test its own node id: schemathesis gives each operation's test the function's id (its
-    name says the operation), and pytest-xdist, which ./scripts/test runs, tells tests apart by id."""
+    name says the operation), and pytest-xdist, which ./scripts/test runs, tells tests apart by
+    id."""
     for item in items:
         if not item.nodeid.endswith(item.name):
             item._id = (
@@ -188,10 +194,13 @@ def pytest_collection_modifyitems(items):
 # Skips this suite expects on some machines, by the start of their reason; any other skip fails the
 # run (a test that silently stops running is a test lost). docs/testing.md keeps the list's rule.
 KNOWN_SKIPS = {
-    "this CPU has no AVX-512": "on an AVX2-only CPU the whole suite is what the AVX2 slice emulates",
-    "oneDNN cannot pre-pack": "a CPU without AVX-512 or AVX-NE-CONVERT has no bf16 pre-packed kernel to test",
+    "this CPU has no AVX-512": "on an AVX2-only CPU the whole suite is what the AVX2 slice "
+    "emulates",
+    "oneDNN cannot pre-pack": "a CPU without AVX-512 or AVX-NE-CONVERT has no bf16 pre-packed "
+    "kernel to test",
     "bf16 pre-packing needs": "the same, for the bf16 kernel plan",
-    "the spec is not at": "a clone outside the workplace has no ../shared/spec to check the errors table against",
+    "the spec is not at": "a clone outside the workplace has no ../shared/spec to check the "
+    "errors table against",
 }
 unknown_skips: list[str] = []
 

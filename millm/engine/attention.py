@@ -16,7 +16,8 @@ from millm.engine.families import (
 
 
 class RopeTable:
-    """cos/sin per position, computed by the model's own rotary embedding (so any rope scaling holds)."""
+    """cos/sin per position, computed by the model's own rotary embedding (so any rope scaling
+    holds)."""
 
     def __init__(self, rotary: Rotary, dtype, device, length: int = 4096):
         self.rotary, self.dtype, self.device = rotary, dtype, device
@@ -36,7 +37,8 @@ class RopeTable:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE (rotate_half convention) to the first cos.shape[-1] dims of x (all of them but in GPT-NeoX)."""
+    """Apply RoPE (rotate_half convention) to the first cos.shape[-1] dims of x (all of them but
+    in GPT-NeoX)."""
     width = cos.shape[-1]
     if width < x.shape[-1]:
         return torch.cat((rotate(x[..., :width], cos, sin), x[..., width:]), dim=-1)
@@ -47,7 +49,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 @dataclass(frozen=True)
 class Masks:
     """Attention masks of one forward pass, `[B, 1, Tq, Tk]` bool (True: seen). None: plain causal
-    (every key seen in a decode step). In a decode step the sliding layers cut the keys themselves."""
+    (every key seen in a decode step). In a decode step the sliding layers cut the keys
+    themselves."""
 
     full: torch.Tensor | None
     sliding: torch.Tensor | None
@@ -83,7 +86,8 @@ def attend(
     mask: torch.Tensor | None,
     spec: AttentionLayout,
 ) -> torch.Tensor:
-    """Attention of queries `[B, H, Tq, D]` over keys/values `[B, KV, Tk, D]` as the family computes it."""
+    """Attention of queries `[B, H, Tq, D]` over keys/values `[B, KV, Tk, D]` as the family
+    computes it."""
     width = q.shape[2]
     if spec.window is not None and width == 1 and k.shape[2] > spec.window:
         k, v = k[:, :, -spec.window :], v[:, :, -spec.window :]

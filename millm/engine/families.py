@@ -36,7 +36,8 @@ def final_softcap(config) -> float | None:
 
 
 def soft_capped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """Logits through the family's final soft-cap (`cap * tanh(logits / cap)`), as its forward does."""
+    """Logits through the family's final soft-cap (`cap * tanh(logits / cap)`), as its forward
+    does."""
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
@@ -128,7 +129,8 @@ def _window(config, index: int) -> int | None:
 
 
 def _llama_like(model, family: str) -> ModelLayout:
-    """Llama, Mistral, Qwen 2/3, Gemma 2/3 (text): `model.model.layers` of q/k/v/o and gate/up/down."""
+    """Llama, Mistral, Qwen 2/3, Gemma 2/3 (text): `model.model.layers` of q/k/v/o and
+    gate/up/down."""
     config, inner = model.config, model.model
     blocks = []
     for index, layer in enumerate(inner.layers):
@@ -290,7 +292,8 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_t
 
 
 def supported(config) -> bool:
-    """Whether the lean runner serves this configuration exactly (else transformers' forward runs it)."""
+    """Whether the lean runner serves this configuration exactly (else transformers' forward runs
+    it)."""
     family = getattr(config, "model_type", None)
     if family in LLAMA_LIKE:
         return (
@@ -306,7 +309,8 @@ def supported(config) -> bool:
 
 
 def layout(model) -> ModelLayout | None:
-    """The lean layout of a transformers causal LM, or None when the lean runner does not serve it."""
+    """The lean layout of a transformers causal LM, or None when the lean runner does not serve
+    it."""
     config = model.config
     if not supported(config):
         return None

@@ -85,8 +85,9 @@ class Joining:
         return restored
 
     def advance(self, tokens: int | None) -> tuple[Any, torch.Tensor] | None:
-        """Prefill the next `tokens` columns (None, or a runner without chunks: the rest); when done,
-        store the prompts' blocks and return the joining batch with every row's logits `[rows, V]`."""
+        """Prefill the next `tokens` columns (None, or a runner without chunks: the rest); when
+        done, store the prompts' blocks and return the joining batch with every row's logits
+        `[rows, V]`."""
         prefill = self.prefill
         start, end = prefill.done, prefill.span(tokens)
         # each row's first column in this chunk
@@ -125,7 +126,8 @@ class Joining:
 
 
 class Lane:
-    """Rows stepping together over one KV batch; jobs join after their own prefill and leave when done.
+    """Rows stepping together over one KV batch; jobs join after their own prefill and leave when
+    done.
 
     Run serially, a lane holds one job's rows. Under continuous batching the scheduler keeps one
     lane for all batched jobs: jobs that arrive between two steps are admitted together and
@@ -193,7 +195,8 @@ class Lane:
             self.advance()
 
     def reset(self) -> None:
-        """Drop every running row (after a failure the lane starts empty; a joining set is not touched)."""
+        """Drop every running row (after a failure the lane starts empty; a joining set is not
+        touched)."""
         self.rows, self.batch, self.logits, self.edits, self.stacked, self.open = (
             [],
             None,
@@ -219,7 +222,8 @@ class Lane:
 
     def _remember(self, i: int, row: RowState) -> None:
         """Give the prefix cache a finished row's prompt and answer (all it fed), so the next turn
-        of its conversation reuses both; not a watched row, whose steering may have changed midway."""
+        of its conversation reuses both; not a watched row, whose steering may have changed
+        midway."""
         if self.cache is None or row.watches:
             return
         key = steering_key(row.spec.edit)

@@ -114,7 +114,8 @@ class GGUFHead:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * t.norm_weight
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
+        """Float32 logits of final-normalised hidden states (the family's final soft-cap
+        applied)."""
         t = self.tensors()
         logits = torch.nn.functional.linear(hidden.float(), t.head, t.head_bias)
         return soft_capped(logits, self.softcap)

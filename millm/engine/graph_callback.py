@@ -129,7 +129,8 @@ class HookTable(ctypes.Structure):
 
 
 def compiled_asker(cache: Path) -> Any:
-    """The C callback (`millm_eval`), compiled once into `cache`; None when no C compiler works here."""
+    """The C callback (`millm_eval`), compiled once into `cache`; None when no C compiler works
+    here."""
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     library = cache / f"millm-graph-hooks-{digest}.so"
     if not library.is_file():
@@ -213,7 +214,8 @@ class GraphHooks:
             function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
 
     def hook(self, nodes: list[tuple[str, bool]]) -> None:
-        """Stop at these (name, served by Python) nodes from the next decode on (none: llama.cpp runs undisturbed)."""
+        """Stop at these (name, served by Python) nodes from the next decode on (none: llama.cpp
+        runs undisturbed)."""
         if len(nodes) > MAX_HOOKS:
             raise ValueError(f"at most {MAX_HOOKS} graph nodes can be hooked at once")
         for i, (name, python) in enumerate(nodes):
@@ -226,7 +228,8 @@ class GraphHooks:
         self._armed = {}
 
     def arm(self, rows: int, width: int, buffers: dict[int, Buffers]) -> None:
-        """The next decode has `rows` tokens of `width` values; natively served hook i uses buffers[i]."""
+        """The next decode has `rows` tokens of `width` values; natively served hook i uses
+        buffers[i]."""
         self.table.expected = rows * width * 4
         self._armed = buffers
         for i in range(self.table.count):

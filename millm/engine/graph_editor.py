@@ -36,7 +36,8 @@ from millm.engine.residual import (
     source_points,
 )
 
-# Families whose llama.cpp graph scales the embeddings before block 0 (the scaled ones are the residual).
+# Families whose llama.cpp graph scales the embeddings before block 0 (the scaled ones are the
+# residual).
 SCALED_EMBEDDINGS = ("gemma",)
 
 
@@ -50,7 +51,8 @@ def node_name(point: int, model_type: str) -> str:
 
 
 class GraphEditor:
-    """Owns the rows' stacked edits and readers of the next passes on llama.cpp (scheduler thread only)."""
+    """Owns the rows' stacked edits and readers of the next passes on llama.cpp (scheduler thread
+    only)."""
 
     taps_mlp_inputs = True
 
@@ -77,7 +79,8 @@ class GraphEditor:
 
     # what the engine asks of an editor --------------------------------------------------------
     def stack(self, edits: list[ResidualEdit | None]) -> Stacked:
-        """The rows' vectors per point `[B, d]` float32 (zeros for rows without one), and their operations."""
+        """The rows' vectors per point `[B, d]` float32 (zeros for rows without one), and their
+        operations."""
         present = [edit for edit in edits if edit is not None]
         additions = {}
         for point in {point for edit in present for point, _ in edit.additions}:
@@ -118,7 +121,8 @@ class GraphEditor:
     # what the runner asks -----------------------------------------------------------------------
     @property
     def every_output(self) -> bool:
-        """Whether a point in use lies in the last block, which llama.cpp computes for output rows only."""
+        """Whether a point in use lies in the last block, which llama.cpp computes for output
+        rows only."""
         last = {self.layers - 1, MLP_INPUTS + self.layers - 1}
         return any(point in last for point in self._points)
 
@@ -171,13 +175,15 @@ class GraphEditor:
         self._buffers = {}
 
     def end_pass(self) -> None:
-        """The pass is over: each tap reads its point, the rows' columns right-aligned `[B, T, d]`."""
+        """The pass is over: each tap reads its point, the rows' columns right-aligned `[B, T,
+        d]`."""
         kept, self._kept = self._kept, {}
         for point, (before, after) in kept.items():
             self._taps[point](before, after)
 
     def bypass(self) -> None:
-        """The next decodes run undisturbed (embeddings): the edits stay installed for later passes."""
+        """The next decodes run undisturbed (embeddings): the edits stay installed for later
+        passes."""
         if self._hooks is not None:
             self._hooks.hook([])
 
@@ -186,13 +192,14 @@ class GraphEditor:
         self._rehook()
 
     def at_node(self, index: int, values: np.ndarray) -> np.ndarray | None:
-        """The callback's handler: the hooked point's values `[n, d]` of this decode, rewritten or None."""
+        """The callback's handler: the hooked point's values `[n, d]` of this decode, rewritten
+        or None."""
         point = self._points[index]
         hidden = torch.from_numpy(values).view(-1, self.width)
         if hidden.shape[0] != len(self._rows):
             raise RuntimeError(
-                f"llama.cpp's node {node_name(point, self.model_type)} holds {hidden.shape[0]} rows "
-                f"where this decode has {len(self._rows)} tokens"
+                f"llama.cpp's node {node_name(point, self.model_type)} holds {hidden.shape[0]} "
+                f"rows where this decode has {len(self._rows)} tokens"
             )
         edited = self._edited(point, hidden)
         if point in self._taps:
@@ -244,7 +251,8 @@ class GraphEditor:
         return edited
 
     def _keep(self, point: int, before: torch.Tensor, after: torch.Tensor) -> None:
-        """Place this micro-batch's tokens at their rows' right-aligned columns of the pass's buffers."""
+        """Place this micro-batch's tokens at their rows' right-aligned columns of the pass's
+        buffers."""
         if point not in self._kept:
             shape = (len(self._counts), max(self._counts), self.width)
             kept_before = torch.zeros(shape)

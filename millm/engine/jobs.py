@@ -15,7 +15,8 @@ from millm.errors import MillmError
 if TYPE_CHECKING:
     import torch
 
-# What a watch does when it fires: nothing but report, steer the row from the next position, or end it.
+# What a watch does when it fires: nothing but report, steer the row from the next position, or end
+# it.
 WatchAction = Literal["report", "steer", "abort"]
 # Which positions a read keeps: these words, or an absolute (start, end) range.
 PositionWord = Literal["last", "prompt", "completion", "all"]
@@ -50,7 +51,8 @@ class ResidualRead:
 
 @dataclass(frozen=True)
 class Watch:
-    """A probe over one row: a score per position of the residual at `point` BEFORE that point's edits."""
+    """A probe over one row: a score per position of the residual at `point` BEFORE that point's
+    edits."""
 
     name: str
     point: int
@@ -61,7 +63,8 @@ class Watch:
     edit: ResidualEdit | None = None  # action "steer": what is added once it fires
     tokens: int | None = None  # action "steer": for this many positions (None: the rest of the row)
     # Positions from the row's start that are never scored: 1 leaves out the attention sink at
-    # position 0, whose residual (tens of times the others' norm) makes a probe's score meaningless there.
+    # position 0, whose residual (tens of times the others' norm) makes a probe's score meaningless
+    # there.
     skip: int = 0
 
     def __post_init__(self) -> None:
@@ -140,7 +143,8 @@ class ResidualsRead:
 @dataclass(frozen=True)
 class ProbeVerdict:
     """What one watch saw over a row, emitted for every watch when the row ends (before its
-    ResidualsRead and RowFinished events); positions are absolute over prompt then generated tokens."""
+    ResidualsRead and RowFinished events); positions are absolute over prompt then generated
+    tokens."""
 
     row: int
     name: str
@@ -184,7 +188,8 @@ class ScoresReady:
 @dataclass(frozen=True)
 class Ranking:
     """How a scoring job ranks a prompt's next token: over `allowed` ids (None: the whole
-    vocabulary), logits divided by `temperature` (0: not scaled), the first `top` kept (None: all)."""
+    vocabulary), logits divided by `temperature` (0: not scaled), the first `top` kept (None:
+    all)."""
 
     allowed: tuple[int, ...] | None
     temperature: float
@@ -193,7 +198,8 @@ class Ranking:
 
 @dataclass(frozen=True)
 class LikelihoodsReady:
-    """The log-probability of each continuation token of each sequence, under the unsteered model."""
+    """The log-probability of each continuation token of each sequence, under the unsteered
+    model."""
 
     token_logprobs: list[list[float]]
 
@@ -220,7 +226,8 @@ Event = (
 
 
 class JobControl:
-    """What every job shares: cancellation, and a terminal failure after which nothing is emitted."""
+    """What every job shares: cancellation, and a terminal failure after which nothing is
+    emitted."""
 
     # Fields of every job dataclass below (declared here so the methods can use them).
     emit: Callable[[Event], None]
@@ -276,7 +283,8 @@ class EmbeddingJob(JobControl):
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class ScoringJob(JobControl):
-    """Prompts to score (one forward pass each, unsteered unless `edit`); one ScoresReady event answers it."""
+    """Prompts to score (one forward pass each, unsteered unless `edit`); one ScoresReady event
+    answers it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]

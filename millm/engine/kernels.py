@@ -56,14 +56,16 @@ def prepack_supported(dtype: torch.dtype) -> bool:
 
 
 def prepacked_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearFn:
-    """oneDNN with the weight reordered once (CPU, fp32 or bf16); no batch-size hint, since rows vary."""
+    """oneDNN with the weight reordered once (CPU, fp32 or bf16); no batch-size hint, since rows
+    vary."""
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
     op = torch.ops.mkldnn._linear_pointwise
     return lambda x: op(x, packed, bias, "none", [], "")
 
 
 def q4_1_codes(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(codes, scale, minimum) if `weight` is exactly a dequantised Q4_1 tensor (blocks of 32), else None.
+    """(codes, scale, minimum) if `weight` is exactly a dequantised Q4_1 tensor (blocks of 32), else
+    None.
 
     Q4_1 stores w = m + d * q with q in 0..15 and, by construction, q = 0 at the block's minimum
     and q = 15 at its maximum, so d and m can be read back and must reproduce every value (to
@@ -139,7 +141,8 @@ class KernelPlan:
     """Which kernel each linear weight gets on this device and dtype."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, int4: bool, fixed: bool = False):
-        """`fixed`: the plain kernel for every weight (its results do not depend on the CPU kind)."""
+        """`fixed`: the plain kernel for every weight (its results do not depend on the CPU
+        kind)."""
         self.device = device
         self.dtype = dtype
         self.fixed = fixed

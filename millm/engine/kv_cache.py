@@ -11,7 +11,8 @@ RowKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class KVBuffer:
-    """Keys and values of a group of layers, `[layers, B, kv_heads, capacity, head_dim]`, filled left to right.
+    """Keys and values of a group of layers, `[layers, B, kv_heads, capacity, head_dim]`, filled
+    left to right.
 
     With `keep` (sliding-window layers), only the newest columns are held: when a write would
     overflow, the last `keep` columns move to the front of a buffer of 2 × keep, so a row's
@@ -43,7 +44,8 @@ class KVBuffer:
         return self.dropped + self.length
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int, *args, **kwargs):
-        """Write this step's keys/values for `layer` (an index in this group); return views of every held column."""
+        """Write this step's keys/values for `layer` (an index in this group); return views of
+        every held column."""
         end = self.length + keys.shape[2]
         if (
             end > self.keys.shape[3]
@@ -87,7 +89,8 @@ class KVBuffer:
 
     @classmethod
     def merged(cls, a: KVBuffer, b: KVBuffer, room: int) -> KVBuffer:
-        """A buffer holding a's rows then b's, right-aligned at the wider batch, with `room` free positions.
+        """A buffer holding a's rows then b's, right-aligned at the wider batch, with `room` free
+        positions.
 
         A windowed buffer holds the more columns of the two; a row whose own buffer let some of
         them go gets zeros there, which lie outside its window and are never attended."""

@@ -57,7 +57,8 @@ def read_lens_head(lm: LoadedModel) -> None:
 
 def lens_reads(lm: LoadedModel, layers: list[int], top_k: int) -> tuple[ResidualRead, ...]:
     """Reads of every prompt position after each of `layers` (after any steering there); the last
-    one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not know."""
+    one's `encoded` is the LensTable. ValueError for a family whose final norm millm does not
+    know."""
     final_norm, head_logits = lens_head(lm)
     last = int(lm.config.num_hidden_layers) - 1
     points = sorted(set(layers) | {last})

@@ -48,8 +48,9 @@ class Sequences:
         free = [seq for seq in range(self.count) if seq not in self._owner][:rows]
         if len(free) < rows:
             raise InsufficientMemory(
-                f"llama.cpp's context has {self.count} sequences and {len(self._owner)} are in use; "
-                f"{rows} more were needed (fewer concurrent rows, or a larger MAX_BATCH_SIZE at start-up)"
+                f"llama.cpp's context has {self.count} sequences and {len(self._owner)} are in "
+                f"use; {rows} more were needed (fewer concurrent rows, or a larger MAX_BATCH_SIZE "
+                "at start-up)"
             )
         for seq in free:
             self._owner[seq] = weakref.ref(batch)

@@ -61,7 +61,8 @@ class LoadedModel:
     residual: (
         Editor  # per-row residual edits and reads: ResidualEditor, or GraphEditor on llama.cpp
     )
-    grammar: GrammarSupport  # constrained decoding (structured output); its tokenizer is built on first use
+    # constrained decoding (structured output); its tokenizer is built on first use
+    grammar: GrammarSupport
     vocab_size: int  # rows of the output layer: every id the model can score or emit
     engine: str = "transformers"
     parameters: int = 0  # weights of the checkpoint as loaded (before any kernel repacking)
@@ -81,7 +82,8 @@ class LoadedModel:
     @property
     def template_variables(self) -> frozenset[str] | None:
         """The extra variables its chat template reads (chat_template_kwargs), or None where the
-        engine takes none: on llama.cpp (the spec's GGUF rule), chat_template_kwargs is reported ignored."""
+        engine takes none: on llama.cpp (the spec's GGUF rule), chat_template_kwargs is reported
+        ignored."""
         return template_variables(self.tokenizer) if self.engine == "transformers" else None
 
     @property
@@ -128,8 +130,8 @@ def cuda_bf16(device: torch.device) -> bool:
 
 
 def pick_dtype(name: str, device: torch.device, q4_weights: bool = False) -> torch.dtype:
-    """Refuse what the device lacks; auto = bfloat16 on CUDA cards that compute it natively, and on the
-    CPU bfloat16 for Q4_1 GGUF files (their int4 kernel needs it), else float32."""
+    """Refuse what the device lacks; auto = bfloat16 on CUDA cards that compute it natively, and on
+    the CPU bfloat16 for Q4_1 GGUF files (their int4 kernel needs it), else float32."""
     if name == "auto":
         if cuda_bf16(device):
             return torch.bfloat16
@@ -154,8 +156,8 @@ def file_sha256(path: Path) -> str:
 
 
 def gguf_cache_key(gguf_path: Path) -> str:
-    """The cache entry's name: the file's real path (links resolved: the same file reached another way is
-    the same entry), size and modification time (a changed file is converted again)."""
+    """The cache entry's name: the file's real path (links resolved: the same file reached another
+    way is the same entry), size and modification time (a changed file is converted again)."""
     stat = gguf_path.stat()
     return hashlib.sha256(
         f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()
@@ -170,7 +172,8 @@ def _last_used(entry: Path) -> int:
 
 
 def evict_gguf_copies(cache_root: Path, keep: int, current: Path) -> list[Path]:
-    """Delete all but the `keep` most recently used copies, never `current`; returns what was deleted.
+    """Delete all but the `keep` most recently used copies, never `current`; returns what was
+    deleted.
 
     Only finished copies are candidates: a conversion in progress (a hidden .partial directory)
     and anything this cache did not write are left alone.
@@ -218,7 +221,8 @@ def gguf_checkpoint(
 
 
 def _convert(source: ModelSource, gguf_path: Path, cache_root: Path, target: Path) -> None:
-    """Write the dequantised copy of `source` (its file `gguf_path`) at `target`, through a staging directory."""
+    """Write the dequantised copy of `source` (its file `gguf_path`) at `target`, through a
+    staging directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to a dequantised checkpoint (once; cached in %s)", gguf_path, target)
@@ -277,13 +281,15 @@ def context_window(config, max_model_len: int | None) -> int:
         return int(native)
     if native is not None and max_model_len > native:
         raise ModelSourceError(
-            f"--max-model-len {max_model_len} is larger than the model's context window ({native} tokens)"
+            f"--max-model-len {max_model_len} is larger than the model's context window ({native} "
+            "tokens)"
         )
     return max_model_len
 
 
 def eos_token_ids(config, generation_config, tokenizer) -> frozenset[int]:
-    """Every id that ends a generation: the generation config's, the config's and the tokenizer's."""
+    """Every id that ends a generation: the generation config's, the config's and the
+    tokenizer's."""
     ids: set[int] = set()
     for value in (
         getattr(generation_config, "eos_token_id", None),

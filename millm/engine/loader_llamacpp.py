@@ -1,4 +1,5 @@
-"""Loading a .gguf file onto llama.cpp: the weights stay quantised, millm keeps its tokenizer and loop.
+"""Loading a .gguf file onto llama.cpp: the weights stay quantised, millm keeps its tokenizer and
+loop.
 
 The tokenizer and the architecture's description come from the file's metadata through
 transformers (the same conversion the dequantising path uses, so token ids, the chat template
@@ -117,12 +118,13 @@ def load_with_llamacpp(
     """A LoadedModel whose forward passes run on llama.cpp over the .gguf file itself."""
     if not source.gguf_file:
         raise ModelSourceError(
-            f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one; use --engine transformers or auto"
+            f"--engine llama.cpp runs .gguf files, and {source.reference!r} is not one; use "
+            "--engine transformers or auto"
         )
     if dtype not in ("auto", "float32"):
         raise ModelSourceError(
-            f"--dtype {dtype} does not apply to llama.cpp, which computes in the file's own types; use auto, or float32 "
-            "(keys and values kept in float32)"
+            f"--dtype {dtype} does not apply to llama.cpp, which computes in the file's own "
+            "types; use auto, or float32 (keys and values kept in float32)"
         )
     path = source.gguf_path
     try:
@@ -157,7 +159,8 @@ def load_with_llamacpp(
         config=config,
         tokenizer=tokenizer,
         device=runner.device,
-        dtype=torch.float32,  # what the runner hands back (logits, hidden states); the weights keep the file's types
+        # what the runner hands back (logits, hidden states); the weights keep the file's types
+        dtype=torch.float32,
         context_length=context,
         eos_token_ids=eos_token_ids(config, None, tokenizer),
         revision=meta["sha256"][:8],
@@ -165,7 +168,8 @@ def load_with_llamacpp(
         runner=runner,
         residual=runner.editor,
         # transformers' reading of a GPT-2-style GGUF vocabulary may add a token the file lacks
-        # (<|endoftext|>); the grammar must know every id the tokenizer has, the mask is cut to the logits.
+        # (<|endoftext|>); the grammar must know every id the tokenizer has, the mask is cut to the
+        # logits.
         grammar=GrammarSupport(tokenizer, max(runner.vocab_size, len(tokenizer))),
         vocab_size=runner.vocab_size,
         engine="llama.cpp",

@@ -23,9 +23,11 @@ def fix_cpu_numerics() -> None:
     os.environ.update(FIXED_ENVIRONMENT)
     import torch
 
-    # ATen reads the variable once, at the first dispatch; after that the CPU's own capability stays.
+    # ATen reads the variable once, at the first dispatch; after that the CPU's own capability
+    # stays.
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != "DEFAULT":
         raise RuntimeError(
-            f"reproducible numerics must be fixed before torch's first operation (ATen already runs {capability} code)"
+            "reproducible numerics must be fixed before torch's first operation (ATen already "
+            f"runs {capability} code)"
         )

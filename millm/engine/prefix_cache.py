@@ -1,4 +1,5 @@
-"""Keys and values of earlier prompts (and finished generations), reused by later ones that start the same way.
+"""Keys and values of earlier prompts (and finished generations), reused by later ones that start
+the same way.
 
 A position's keys and values depend on every token up to it *and on the residual edits made on
 the way*: a steered row's KV differs from an unsteered one's from its first position on. So the
@@ -84,7 +85,8 @@ class Storage(Protocol):
 
 
 class TensorStorage:
-    """Blocks as tensors `[layers, kv_heads, T, head_dim]` per KV group, copies of a row's buffer."""
+    """Blocks as tensors `[layers, kv_heads, T, head_dim]` per KV group, copies of a row's
+    buffer."""
 
     def size(self, kv: KV) -> int:
         """Bytes of the block's keys and values."""
@@ -149,7 +151,8 @@ class PrefixCache:
         self.counters = Counters()
 
     def lookup(self, tokens: Sequence[int], steering: tuple, limit: int) -> list[Block]:
-        """The chain of cached blocks covering the longest stored prefix of tokens[:limit], touched."""
+        """The chain of cached blocks covering the longest stored prefix of tokens[:limit],
+        touched."""
         chain: list[Block] = []
         step = self.block_tokens
         for start in range(0, limit - step + 1, step):
@@ -176,8 +179,9 @@ class PrefixCache:
     def store(
         self, tokens: Sequence[int], steering: tuple, kv_of: Callable[[int, int], Any]
     ) -> None:
-        """Store every whole block of `tokens` not yet cached; `kv_of(start, end)` copies a span's KV
-        (None: not available, and nothing from there on is stored). Then evict down to the budget."""
+        """Store every whole block of `tokens` not yet cached; `kv_of(start, end)` copies a span's
+        KV (None: not available, and nothing from there on is stored). Then evict down to the
+        budget."""
         parent: Block | None = None
         chain = []
         step = self.block_tokens

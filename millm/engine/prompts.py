@@ -39,7 +39,8 @@ def template_source(tokenizer) -> str:
 
 
 class _GenerationTag(jinja2.ext.Extension):
-    """Parses transformers' `{% generation %}...{% endgeneration %}` (it marks assistant tokens) as its body."""
+    """Parses transformers' `{% generation %}...{% endgeneration %}` (it marks assistant tokens)
+    as its body."""
 
     tags = {"generation"}
 
@@ -58,7 +59,8 @@ def _variables(source: str) -> frozenset[str]:
 
 
 def template_variables(tokenizer) -> frozenset[str]:
-    """The variables the model's chat template reads from outside (messages, bos_token, enable_thinking, ...)."""
+    """The variables the model's chat template reads from outside (messages, bos_token,
+    enable_thinking, ...)."""
     return _variables(template_source(tokenizer))
 
 
@@ -96,7 +98,8 @@ def render_chat(
     variables: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text for a conversation (with `tools` for templates that take them, and extra
-    template `variables` such as enable_thinking); a trailing assistant message without tool calls is continued."""
+    template `variables` such as enable_thinking); a trailing assistant message without tool
+    calls is continued."""
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         partial = messages[-1].get("content") or ""
         if len(messages) == 1:
@@ -119,8 +122,8 @@ def _lone_partial(
     cut = rendered.rfind(PARTIAL_MARK)
     if cut < 0:
         raise InvalidRequest(
-            "a conversation of one assistant message is continued, but this model's chat template does not "
-            "render the message's text as given; send the turns before it",
+            "a conversation of one assistant message is continued, but this model's chat template "
+            "does not render the message's text as given; send the turns before it",
             param="messages",
         )
     return rendered[:cut] + partial
@@ -139,5 +142,6 @@ def chat_prompt_ids(
 
 
 def completion_prompt_ids(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:
-    """Token ids of a verbatim completion prompt, by default with the tokenizer's special tokens (BOS)."""
+    """Token ids of a verbatim completion prompt, by default with the tokenizer's special tokens
+    (BOS)."""
     return tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]

@@ -1,11 +1,11 @@
 """Capturing residual vectors for a row while it runs: the engine's half of SAE reads.
 
-A row's `ResidualRead`s name a point, a side of the point's edits and the positions
-wanted. A `Capture` keeps the vectors of the wanted positions (float32 copies, on the model's
-device: a step never waits for a copy to the host) as the row's forward passes go by, and
-gathers them on the CPU once, when the row reports; `taps` turns the rows of one forward pass into the residual
-editor's readers. Any `Reader` rides the same taps (a watch's scorer does). Encoding the
-vectors with an SAE happens outside the engine.
+A row's `ResidualRead`s name a point, a side of the point's edits and the positions wanted. A
+`Capture` keeps the vectors of the wanted positions (float32 copies, on the model's device: a step
+never waits for a copy to the host) as the row's forward passes go by, and gathers them on the CPU
+once, when the row reports; `taps` turns the rows of one forward pass into the residual editor's
+readers. Any `Reader` rides the same taps (a watch's scorer does). Encoding the vectors with an SAE
+happens outside the engine.
 """
 
 from __future__ import annotations

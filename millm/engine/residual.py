@@ -14,12 +14,12 @@ A lane may also install *taps*: readers that see a point's residual before and a
 edits (what `return_sae_activations` and monitoring encode).
 
 Points are ints: EMBEDDINGS, the residual after block L (L), and block L's MLP input
-(`mlp_input(L)`: the output of the norm in front of its MLP, what a transcoder reads). An MLP
-input is tapped through a forward hook on that norm module, which the lean runner calls as a
-module too. A `SourcedOperation` reads another point of the same forward pass besides the one it
-rewrites: a transcoder's clamp reads its block's MLP input and rewrites the residual after it. What the vectors and operations
-are (Σ s_i · W_dec[i] of attached SAEs, clamps of a feature) and what a read residual means is
-decided outside the engine.
+(`mlp_input(L)`: the output of the norm in front of its MLP, what a transcoder reads). An MLP input
+is tapped through a forward hook on that norm module, which the lean runner calls as a module too. A
+`SourcedOperation` reads another point of the same forward pass besides the one it rewrites: a
+transcoder's clamp reads its block's MLP input and rewrites the residual after it. What the vectors
+and operations are (Σ s_i · W_dec[i] of attached SAEs, clamps of a feature) and what a read residual
+means is decided outside the engine.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class ResidualEdit:
 
 
 def combined(a: ResidualEdit | None, b: ResidualEdit | None) -> ResidualEdit | None:
-    """The edit doing both: `a`'s additions and `b`'s, then `a`'s operations and `b`'s (None if neither)."""
+    """The edit doing both: `a`'s additions and `b`'s, then `a`'s operations and `b`'s (None if
+    neither)."""
     if a is None or b is None:
         return a if b is None else b
     return ResidualEdit(a.additions + b.additions, a.operations + b.operations)
@@ -106,7 +107,8 @@ def combined(a: ResidualEdit | None, b: ResidualEdit | None) -> ResidualEdit | N
 def operations_by_point(
     edits: list[ResidualEdit | None],
 ) -> dict[int, tuple[tuple[int, tuple[AnyOperation, ...]], ...]]:
-    """Per point, the batch rows whose edits carry operations there, with those operations in order."""
+    """Per point, the batch rows whose edits carry operations there, with those operations in
+    order."""
     present = [edit for edit in edits if edit is not None]
     operations = {}
     for point in {point for edit in present for point, _ in edit.operations}:
@@ -299,7 +301,8 @@ class ResidualEditor:
         taps: dict[int, Tap] | None = None,
         real: list[int] | None = None,
     ) -> None:
-        """Make `stack(...)`'s result the edits of the next forward passes, and `taps` their readers.
+        """Make `stack(...)`'s result the edits of the next forward passes, and `taps` their
+        readers.
 
         `real`: how many of each batch row's last columns are real tokens (a left-padded prefill),
         so operations rewrite only those; None when every column is real (a decode step)."""

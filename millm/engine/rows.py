@@ -44,12 +44,14 @@ class RowState:
         self.captures = [Capture(read, len(spec.prompt_ids)) for read in spec.reads]
         self.watches = [WatchState(watch, len(spec.prompt_ids)) for watch in spec.watches]
         self.readers: list[Reader] = [*self.captures, *self.watches]
-        self.fed = 0  # positions fed to the model so far (the prompt, then each sampled token but the last)
+        # positions fed to the model so far (the prompt, then each sampled token but the last)
+        self.fed = 0
         self.cached = 0  # prompt positions taken from a prefix cache
         self._edits: dict[tuple[int, ...], ResidualEdit | None] = {(): spec.edit}
 
     def end_events(self) -> list[Event]:
-        """What a finished row reports: each watch's verdict, each read's capture, then RowFinished."""
+        """What a finished row reports: each watch's verdict, each read's capture, then
+        RowFinished."""
         assert self.finish_reason is not None
         tokens = list(self.spec.prompt_ids) + self.generated
         verdicts = [watch.verdict(self.index, tokens, self.fed) for watch in self.watches]
@@ -61,7 +63,8 @@ class RowState:
         ]
 
     def edit(self) -> ResidualEdit | None:
-        """The edit of the position this row feeds next: its own, plus each steer watch steering there.
+        """The edit of the position this row feeds next: its own, plus each steer watch steering
+        there.
 
         The same combination is the same object every time, so a lane restacks only on a change."""
         if not self.watches:
@@ -115,7 +118,8 @@ class RowState:
         return text
 
     def abort(self) -> str:
-        """End the row for an abort watch; return the text it still held (the trigger token's included)."""
+        """End the row for an abort watch; return the text it still held (the trigger token's
+        included)."""
         text = self.stopper.push(self.detokenizer.flush())
         if self.stopper.matched is None:
             text += self.stopper.flush()

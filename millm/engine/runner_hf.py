@@ -40,7 +40,8 @@ class HeadOverHidden:
     hidden_states: Callable[[list[list[int]]], tuple[torch.Tensor, torch.Tensor]]
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
-        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1); only those go through the head."""
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1);
+        only those go through the head."""
         hidden, _ = self.hidden_states([sequence])
         head = self.model.get_output_embeddings()
         logits = head(hidden[0, start - 1 : len(sequence) - 1]).float()
@@ -90,7 +91,8 @@ class HFRunner(HeadOverHidden):
         return out.logits[:, -1, :].float()
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[HFBatch, torch.Tensor]:
-        """Run the prompts; returns the batch and next-token logits `[B, V]` (capacity is unused: the cache grows)."""
+        """Run the prompts; returns the batch and next-token logits `[B, V]` (capacity is unused:
+        the cache grows)."""
         input_ids, mask = left_pad(prompts, self.device)
         cache = DynamicCache(config=self.model.config)
         return HFBatch(cache, mask), self._logits(input_ids, mask, cache)
@@ -108,16 +110,18 @@ class HFRunner(HeadOverHidden):
         start = leading_padding(batch.mask) if self.mergeable else 0
         if start:  # padding no row needs any more: cut it from the cache and the mask alike
             for layer in batch.cache.layers:
-                # transformers types a layer as a union (linear-attention layers hold no keys) whose keys are
-                # None until filled; a mergeable cache is all filled DynamicLayers.
+                # transformers types a layer as a union (linear-attention layers hold no keys) whose
+                # keys are None until filled; a mergeable cache is all filled DynamicLayers.
                 layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]  # type: ignore[union-attr, index]
             batch.mask = batch.mask[:, start:]
 
     def merge(self, a: HFBatch, b: HFBatch, room: int) -> HFBatch:
-        """One batch of a's rows then b's, left-padded to a common length (plain dynamic caches only)."""
+        """One batch of a's rows then b's, left-padded to a common length (plain dynamic caches
+        only)."""
         width = max(a.mask.shape[1], b.mask.shape[1])
         for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
-            # As in select_rows: typed as a union with optional keys, here always filled DynamicLayers.
+            # As in select_rows: typed as a union with optional keys, here always filled
+            # DynamicLayers.
             layer_a.keys = torch.cat([pad_left(layer_a.keys, width), pad_left(layer_b.keys, width)])  # type: ignore[union-attr, arg-type]
             values = [pad_left(layer_a.values, width), pad_left(layer_b.values, width)]  # type: ignore[union-attr, arg-type]
             layer_a.values = torch.cat(values)  # type: ignore[union-attr]

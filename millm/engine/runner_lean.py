@@ -119,14 +119,16 @@ class LeanBatch:
 
 @dataclass
 class LeanPrefill(PrefillColumns):
-    """Joining rows being prefilled, a chunk of columns at a time: their batch and left-padded ids."""
+    """Joining rows being prefilled, a chunk of columns at a time: their batch and left-padded
+    ids."""
 
     batch: LeanBatch
     ids: torch.Tensor
 
 
 class LeanRunner:
-    """Prefill / step / select / merge for every family `families.layout` knows, through the fused blocks."""
+    """Prefill / step / select / merge for every family `families.layout` knows, through the
+    fused blocks."""
 
     mergeable = True
     chunked = True  # prefills in chunks, from restored KV (begin / advance / row_kv)
@@ -173,7 +175,8 @@ class LeanRunner:
                 f"the lean runner takes one sliding window per model, not {sorted(windows)}"
             )
         self.window = next(iter(windows), None)
-        # Layers grouped by window (None: global), each group one buffer; where[i] = (group, index in it).
+        # Layers grouped by window (None: global), each group one buffer; where[i] = (group, index
+        # in it).
         by_window: dict[int | None, list[int]] = {}
         for block in found.blocks:
             by_window.setdefault(block.attention.window, []).append(block.index)
@@ -197,7 +200,8 @@ class LeanRunner:
         return x
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of final-normalised hidden states (the family's final soft-cap applied)."""
+        """Float32 logits of final-normalised hidden states (the family's final soft-cap
+        applied)."""
         logits = self.layout.head(hidden).float()
         return soft_capped(logits, self.layout.final_softcap)
 
@@ -206,7 +210,8 @@ class LeanRunner:
         return self.head_logits(self.layout.final_norm(x[:, -1:]))[:, -1]
 
     def _buffer(self, rows: int, capacity: int, width: int) -> LayerCache:
-        """Empty caches for `rows` rows; a sliding group holds at most `width` (this prefill) or 2 × window columns."""
+        """Empty caches for `rows` rows; a sliding group holds at most `width` (this prefill) or
+        2 × window columns."""
         groups = []
         for keep, layers in self.groups:
             held = capacity if keep is None else min(capacity, max(width, 2 * keep))
@@ -234,12 +239,14 @@ class LeanRunner:
         return self.layout.final_norm(x), mask
 
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
-        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1); only those go through the head."""
+        """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1);
+        only those go through the head."""
         hidden, _ = self.hidden_states([sequence])
         return self.head_logits(hidden[0, start - 1 : len(sequence) - 1])
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LeanBatch, torch.Tensor]:
-        """Run the prompts into a buffer holding `capacity` positions; returns the batch and logits `[B, V]`."""
+        """Run the prompts into a buffer holding `capacity` positions; returns the batch and
+        logits `[B, V]`."""
         prefill = self.begin(prompts, capacity)
         logits = self.advance(prefill, None)
         assert logits is not None  # one pass covers every column
@@ -269,7 +276,8 @@ class LeanRunner:
         return LeanPrefill(lengths, done, reused, LeanBatch(kv, mask, not bool(mask.all())), ids)
 
     def advance(self, prefill: LeanPrefill, tokens: int | None) -> torch.Tensor | None:
-        """Compute the next `tokens` columns (None: all that are left); the last chunk returns the logits `[B, V]`."""
+        """Compute the next `tokens` columns (None: all that are left); the last chunk returns
+        the logits `[B, V]`."""
         start, end = prefill.done, prefill.span(tokens)
         mask = prefill.batch.mask[:, :end]
         pos = positions(mask)[:, start:]
@@ -309,7 +317,8 @@ class LeanRunner:
         )
 
     def select_rows(self, batch: LeanBatch, indices: list[int]) -> None:
-        """Keep (or repeat) rows by index, in the given order; padding no row needs any more is cut."""
+        """Keep (or repeat) rows by index, in the given order; padding no row needs any more is
+        cut."""
         index = torch.tensor(indices, dtype=torch.long, device=batch.mask.device)
         mask = batch.mask[index]
         start = leading_padding(mask)
@@ -318,7 +327,8 @@ class LeanRunner:
         batch.padded = not bool(batch.mask.all())
 
     def merge(self, a: LeanBatch, b: LeanBatch, room: int) -> LeanBatch:
-        """One batch of a's rows then b's (left-padded to a common length), with `room` positions to grow."""
+        """One batch of a's rows then b's (left-padded to a common length), with `room` positions
+        to grow."""
         kv = LayerCache.merged(a.kv, b.kv, room)
         mask = torch.cat([left_pad_mask(a.mask, kv.length), left_pad_mask(b.mask, kv.length)])
         return LeanBatch(kv, mask, not bool(mask.all()))

@@ -44,8 +44,9 @@ def bindings():
         import llama_cpp._logger  # routes llama.cpp's own log through a level we set
     except ImportError:
         raise ModelSourceError(
-            "--engine llama.cpp needs llama-cpp-python, which is not installed: run ./scripts/setup.sh, or "
-            "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF\" pip install 'millm[gguf]'"
+            "--engine llama.cpp needs llama-cpp-python, which is not installed: run "
+            './scripts/setup.sh, or CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip '
+            "install 'millm[gguf]'"
         ) from None
     # llama.cpp's load chatter otherwise goes to stderr
     logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
@@ -63,7 +64,8 @@ class CppPrefill(PrefillColumns):
 
 
 class LlamaCppRunner:
-    """Prefill / step / select / merge over a llama.cpp context (CPU, or the GPU llama.cpp was built for)."""
+    """Prefill / step / select / merge over a llama.cpp context (CPU, or the GPU llama.cpp was
+    built for)."""
 
     name = "llama.cpp"
     mergeable = True
@@ -108,7 +110,8 @@ class LlamaCppRunner:
         self.hooks = GraphHooks(ggml_library(), self.editor.at_node, hooks_cache)
         params.cb_eval = ctypes.cast(self.hooks.callback, type(params.cb_eval))
         params.cb_eval_user_data = self.hooks.user_data
-        if exact_kv:  # float32 asked for: keys and values kept in float32 too (llama.cpp's default is float16)
+        # float32 asked for: keys and values kept in float32 too (llama.cpp's default is float16)
+        if exact_kv:
             params.type_k = params.type_v = GGML_F32
             params.flash_attn_type = 0  # disabled: its CPU kernel rounds queries to float16
         self.ctx = lib.llama_init_from_model(self.model, params)
@@ -196,8 +199,9 @@ class LlamaCppRunner:
                 editor.decoded()
             if status == 1:
                 raise InsufficientMemory(
-                    f"llama.cpp's KV cache ({self.context} positions shared by every row) is full: fewer "
-                    "concurrent rows, shorter prompts or max_tokens, or a larger --max-model-len"
+                    f"llama.cpp's KV cache ({self.context} positions shared by every row) is "
+                    "full: fewer concurrent rows, shorter prompts or max_tokens, or a larger "
+                    "--max-model-len"
                 )
             if status != 0:
                 raise RuntimeError(f"llama_decode failed with status {status}")
@@ -264,7 +268,8 @@ class LlamaCppRunner:
         return CppPrefill(lengths, done, reused, batch, prompts)
 
     def advance(self, prefill: CppPrefill, tokens: int | None) -> torch.Tensor | None:
-        """Compute the next `tokens` columns (None: all that are left); the last chunk returns the logits `[B, V]`."""
+        """Compute the next `tokens` columns (None: all that are left); the last chunk returns
+        the logits `[B, V]`."""
         start, end = prefill.done, prefill.span(tokens)
         width = prefill.width
         parts = []
@@ -285,7 +290,8 @@ class LlamaCppRunner:
         return torch.from_numpy(self._run(batch, [[int(t)] for t in next_ids.tolist()]))
 
     def select_rows(self, batch: CppBatch, indices: list[int]) -> None:
-        """Keep (or repeat: a copy of the sequence) rows by index, in the given order; freed rows leave the KV cache."""
+        """Keep (or repeat: a copy of the sequence) rows by index, in the given order; freed rows
+        leave the KV cache."""
         seqs, fed, used = [], [], set()
         for index in indices:
             seq = batch.seqs[index]
@@ -308,7 +314,8 @@ class LlamaCppRunner:
         return a
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final normalised hidden states `[B, T, d]` of right-padded prompts (zeros past each end), with their mask."""
+        """Final normalised hidden states `[B, T, d]` of right-padded prompts (zeros past each
+        end), with their mask."""
         lib = self.lib
         width = max(len(p) for p in prompts)
         hidden = torch.zeros(len(prompts), width, self.width)

@@ -21,8 +21,9 @@ from millm.engine.runner_lean import LeanPrefill, LeanRunner
 
 
 class Runner(Protocol):
-    """What the engine asks of a runner (LeanRunner, HFRunner, LlamaCppRunner). A batch is the runner's own
-    (LeanBatch, HFBatch) and only ever goes back to the runner that made it, hence Any."""
+    """What the engine asks of a runner (LeanRunner, HFRunner, LlamaCppRunner). A batch is the
+    runner's own (LeanBatch, HFBatch) and only ever goes back to the runner that made it, hence
+    Any."""
 
     name: str
     kernels: str
@@ -87,7 +88,8 @@ def begin_prefill(
 
 
 def advance_prefill(runner: Runner, prefill: Prefill, tokens: int | None) -> torch.Tensor | None:
-    """Compute the next `tokens` columns (None, or a runner without chunks: all); the last pass returns logits `[B, V]`."""
+    """Compute the next `tokens` columns (None, or a runner without chunks: all); the last pass
+    returns logits `[B, V]`."""
     if isinstance(prefill, WholePrefill):
         prefill.batch, logits = runner.prefill(prefill.prompts, prefill.capacity)
         prefill.done = prefill.width

@@ -59,7 +59,8 @@ def apply_repetition_penalty(
     presence: float,
     frequency: float,
 ) -> torch.Tensor:
-    """Return logits with the penalty applied to `token_ids` (unique ids seen, with their counts)."""
+    """Return logits with the penalty applied to `token_ids` (unique ids seen, with their
+    counts)."""
     if token_ids.numel() == 0:
         return logits
     factors = penalty_factors(counts, presence, frequency).to(logits.dtype).to(logits.device)
@@ -71,10 +72,12 @@ def apply_repetition_penalty(
 
 
 def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Boolean mask of the smallest set of most-probable tokens whose mass reaches top_p (never empty)."""
+    """Boolean mask of the smallest set of most-probable tokens whose mass reaches top_p (never
+    empty)."""
     sorted_probs, order = torch.sort(probs, descending=True)
     cumulative = torch.cumsum(sorted_probs, dim=-1)
-    # Keep a token if the mass strictly before it is still short of top_p; the top token always stays.
+    # Keep a token if the mass strictly before it is still short of top_p; the top token always
+    # stays.
     keep_sorted = (cumulative - sorted_probs) < top_p
     keep_sorted[0] = True
     keep = torch.zeros_like(keep_sorted)

@@ -74,8 +74,8 @@ class Scheduler:
         self.batching_unavailable = None
         if batching and not mergeable:
             self.batching_unavailable = (
-                f"the {lm.runner.name} runner cannot merge this model's KV cache (sliding-window or "
-                "static cache layers); every request runs on the serial path"
+                f"the {lm.runner.name} runner cannot merge this model's KV cache (sliding-window "
+                "or static cache layers); every request runs on the serial path"
             )
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
@@ -121,7 +121,8 @@ class Scheduler:
                 raise ServerShuttingDown("the server is shutting down")
             if len(self._queue) >= self.max_pending:
                 raise QueueFull(
-                    f"the request queue is full ({self.max_pending} requests waiting); retry shortly"
+                    f"the request queue is full ({self.max_pending} requests waiting); retry "
+                    "shortly"
                 )
             self._queue.append(job)
             self._wake.notify()
@@ -132,7 +133,8 @@ class Scheduler:
         return not self._queue and not self._active
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until every admitted job has finished, or `timeout` seconds; returns whether idle."""
+        """Block until every admitted job has finished, or `timeout` seconds; returns whether
+        idle."""
         deadline = time.monotonic() + timeout
         with self._wake:
             while not self.idle:
@@ -147,7 +149,8 @@ class Scheduler:
         running jobs finish and queued ones are told the server shut down. Then the thread ends.
 
         Returns whether the thread ended within `timeout`. When it did not, it may still be running
-        the model, so the caller must not free the model; the error log names the thread and where it is.
+        the model, so the caller must not free the model; the error log names the thread and where
+        it is.
         """
         with self._wake:
             self._stopping = True
@@ -160,7 +163,8 @@ class Scheduler:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error(
-                "%s did not stop within %s s and may still be using the model (do not free it); it is at:\n%s",
+                "%s did not stop within %s s and may still be using the model (do not free it); "
+                "it is at:\n%s",
                 self._describe_thread(),
                 timeout,
                 self._stack(),
@@ -174,10 +178,14 @@ class Scheduler:
         return self._thread.is_alive()
 
     def _describe_thread(self) -> str:
-        return f"scheduler thread {self._thread.name!r} (ident {self._thread.ident}, model {self.lm.name!r})"
+        return (
+            f"scheduler thread {self._thread.name!r} (ident {self._thread.ident}, model "
+            f"{self.lm.name!r})"
+        )
 
     def _stack(self) -> str:
-        # Where the thread is stuck is what the operator needs to know, and only this thread can say.
+        # Where the thread is stuck is what the operator needs to know, and only this thread can
+        # say.
         frame = sys._current_frames().get(self._thread.ident or -1)
         return (
             "".join(traceback.format_stack(frame))
@@ -246,7 +254,8 @@ class Scheduler:
 
     # continuous batching -------------------------------------------------------------------------
     def _take(self, batch: Lane, serial: Lane | None) -> list[Job]:
-        """Under the lock: pop the queued jobs that can start now, in order (first come, first served)."""
+        """Under the lock: pop the queued jobs that can start now, in order (first come, first
+        served)."""
         taken: list[Job] = []
         rows = len(batch.rows)
         serial_free = serial is None
@@ -297,7 +306,8 @@ class Scheduler:
         return serial
 
     def _join(self, lane: Lane, jobs: list[GenerationJob], backend: str) -> Lane | None:
-        """Admit jobs to a lane (their prefill then runs by `_advance`); None if they failed at once."""
+        """Admit jobs to a lane (their prefill then runs by `_advance`); None if they failed at
+        once."""
         for job in jobs:
             self._started(job)
         try:
@@ -308,7 +318,8 @@ class Scheduler:
         return lane
 
     def _advance(self, lane: Lane, backend: str, running: bool) -> None:
-        """The next chunk of a lane's joining prefill (all of it when no row is running anywhere)."""
+        """The next chunk of a lane's joining prefill (all of it when no row is running
+        anywhere)."""
         assert lane.joining is not None
         jobs = lane.joining.jobs
         try:

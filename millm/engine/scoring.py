@@ -1,9 +1,9 @@
 """Scoring mode: the next-token distribution of a prompt, from one unsteered forward pass.
 
 `score` is pure over a logits vector: temperature divides the logits (0 = no scaling), the
-log-probabilities are normalised over the allowed ids only (or the whole vocabulary), and
-non-finite values that would reach the answer are refused rather than reported. With echo, the
-same pass also scores the prompt's own tokens (`echo_scores`), as OpenAI's legacy `echo` does. It runs on the
+log-probabilities are normalised over the allowed ids only (or the whole vocabulary), and non-finite
+values that would reach the answer are refused rather than reported. With echo, the same pass also
+scores the prompt's own tokens (`echo_scores`), as OpenAI's legacy `echo` does. It runs on the
 scheduler thread, beside the forward pass, and turns only the candidates asked for into Python
 numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever it ran.
 """
@@ -42,7 +42,8 @@ def score(
     temperature: float,
     top: int | None = None,
 ) -> Scored:
-    """Rank the candidates of one next-token logits vector `[V]` (float32); keep the first `top` (None: all)."""
+    """Rank the candidates of one next-token logits vector `[V]` (float32); keep the first `top`
+    (None: all)."""
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
@@ -100,7 +101,8 @@ def echo_scores(logits: torch.Tensor, prompt: list[int], ranking: Ranking) -> Ec
 
 
 def check_reported(scored: Scored, reported: int) -> None:
-    """A reported token (the chosen one, or one of the first `reported` candidates) must have a finite log-probability."""
+    """A reported token (the chosen one, or one of the first `reported` candidates) must have a
+    finite log-probability."""
     for token_id, logprob in [(scored.chosen, scored.chosen_logprob), *scored.ranked[:reported]]:
         if logprob == float("-inf"):
             raise NonFiniteLogits(f"token {token_id} is reported but its logit is -inf")
@@ -116,7 +118,8 @@ def cached_last_logits(
     lm: LoadedModel, cache: PrefixCache, prompts: list[list[int]]
 ) -> torch.Tensor:
     """Unsteered prompts' next-token logits `[n, V]` from one pass, their first positions restored
-    from the prefix cache where it holds them; their whole blocks are stored for the next prompts."""
+    from the prefix cache where it holds them; their whole blocks are stored for the next
+    prompts."""
     restored: list[KV | None] = []
     for prompt in prompts:
         chain = cache.lookup(prompt, UNSTEERED, len(prompt) - 1)

@@ -55,7 +55,8 @@ PACKAGED = {
     ),
 }
 
-# owner/name; a name of "." or ".." names a folder. No look-ahead: the pattern is also the schema's (Rust regex).
+# owner/name; a name of "." or ".." names a folder. No look-ahead: the pattern is also the schema's
+# (Rust regex).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/(?:\.?[\w\-][\w.\-]*|\.\.[\w.\-]+)$")
 # One quantisation of a hub repository of GGUF files: owner/name:QUANT (the spec's Models API).
 HUB_GGUF_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w\-][\w.\-]*):(?P<quant>[A-Za-z0-9_]+)$")
@@ -106,7 +107,8 @@ def resolve_source(reference: str, hub_download_dir: Path, local: bool = True) -
         if HUB_ID.match(reference):
             return _hub_source(reference, hub_download_dir)
         raise ModelSourceError(
-            f"model {reference!r} is not a Hugging Face hub id (owner/name, or owner/name:QUANT for GGUF files)"
+            f"model {reference!r} is not a Hugging Face hub id (owner/name, or owner/name:QUANT "
+            "for GGUF files)"
         )
     try:
         path = Path(reference).expanduser()
@@ -147,11 +149,13 @@ def demo_source() -> ModelSource:
 
 
 def packaged_source(packaged: Packaged, hub_download_dir: Path) -> ModelSource:
-    """A packaged model's GGUF file: in its package, or assembled from its chunk packages under `hub_download_dir`."""
+    """A packaged model's GGUF file: in its package, or assembled from its chunk packages under
+    `hub_download_dir`."""
     spec = importlib.util.find_spec(packaged.module)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(
-            f"the model {packaged.name!r} needs the package {packaged.distribution}: pip install {packaged.distribution}"
+            f"the model {packaged.name!r} needs the package {packaged.distribution}: pip install "
+            f"{packaged.distribution}"
         )
     kind: SourceKind = "demo" if packaged.name == DEMO_MODEL_NAME else "packaged"
     if packaged.chunked:
@@ -179,7 +183,8 @@ def _assembled(packaged: Packaged, directory: Path) -> Path:
     except (OSError, ValueError, ImportError) as exc:
         partial.unlink(missing_ok=True)
         raise ModelSourceError(
-            f"could not assemble {packaged.gguf} from the {packaged.distribution} packages: {describe(exc)}"
+            f"could not assemble {packaged.gguf} from the {packaged.distribution} packages: "
+            f"{describe(exc)}"
         ) from None
     partial.replace(target)
     return target
@@ -193,9 +198,9 @@ def quant_tag(file_name: str) -> str | None:
 
 
 def file_quantization(path: Path) -> str | None:
-    """A GGUF file's quantisation: the tag in its name (what its model name shows), else its header's
-    general.file_type. The header is read only without a tag: gguf's reader parses all metadata
-    first, which takes long for a large vocabulary such as Gemma 3's."""
+    """A GGUF file's quantisation: the tag in its name (what its model name shows), else its
+    header's general.file_type. The header is read only without a tag: gguf's reader parses all
+    metadata first, which takes long for a large vocabulary such as Gemma 3's."""
     from millm.engine.gguf_meta import gguf_file_type
 
     return quant_tag(path.name) or gguf_file_type(path)
@@ -203,8 +208,9 @@ def file_quantization(path: Path) -> str | None:
 
 def gguf_name(path: Path) -> str:
     """A GGUF file's model name, `repo:QUANT` (the spec's Models API): the file name without its
-    quantisation tag, and the tag (`SmolLM2-135M-Instruct.Q4_1.gguf` -> `SmolLM2-135M-Instruct:Q4_1`).
-    Without a tag in the name, the file's own general.file_type gives it."""
+    quantisation tag, and the tag (`SmolLM2-135M-Instruct.Q4_1.gguf` ->
+    `SmolLM2-135M-Instruct:Q4_1`). Without a tag in the name, the file's own general.file_type
+    gives it."""
     match = QUANT_SUFFIX.fullmatch(path.stem)
     if match:
         return f"{match['repo']}:{match['quant'].upper()}"
@@ -240,13 +246,15 @@ def pick_quant(repo_id: str, files: list[str], quant: str) -> str | None:
     split = sorted(name for name in tagged if SPLIT_PART.search(Path(name).stem))
     if split:
         raise ModelSourceError(
-            f"model {repo_id}:{quant} is split into {len(split)} files ({split[0]}, ...); millm loads one .gguf file: "
-            "merge them (llama-gguf-split --merge) and register the merged file"
+            f"model {repo_id}:{quant} is split into {len(split)} files ({split[0]}, ...); millm "
+            "loads one .gguf file: merge them (llama-gguf-split --merge) and register the merged "
+            "file"
         )
     found = sorted(tagged)
     if len(found) > 1:
         raise ModelSourceError(
-            f"model {repo_id}:{quant} matches several files ({', '.join(found)}); register the one you mean by path"
+            f"model {repo_id}:{quant} matches several files ({', '.join(found)}); register the "
+            "one you mean by path"
         )
     return found[0] if found else None
 
@@ -256,7 +264,8 @@ def _tags(files: list[str]) -> str:
 
 
 def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSource:
-    """One quantisation of a hub repository of GGUF files: from a local cache, else downloaded (that one file only)."""
+    """One quantisation of a hub repository of GGUF files: from a local cache, else downloaded
+    (that one file only)."""
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -277,10 +286,12 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
             return _hub_gguf(repo_id, snapshot / found)
     if _offline():
         raise ModelSourceError(
-            f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+            f"model {repo_id}:{quant} is not in the local Hugging Face cache and HF_HUB_OFFLINE "
+            "is set"
         )
     with _hub_errors(repo_id):
-        # model_info lists the files in one request; list_repo_files retries a refused connection for ~25 s.
+        # model_info lists the files in one request; list_repo_files retries a refused connection
+        # for ~25 s.
         info = HfApi().model_info(repo_id)
         files = [sibling.rfilename for sibling in info.siblings or []]
         found = pick_quant(repo_id, files, quant)
@@ -288,7 +299,8 @@ def _hub_gguf_source(repo_id: str, quant: str, download_dir: Path) -> ModelSourc
             raise ModelSourceError(
                 f"model {repo_id!r} has no .gguf file tagged {quant} (its tags: {_tags(files)})"
             )
-        # The default revision, so refs/main is written and an offline restart finds the file in the cache.
+        # The default revision, so refs/main is written and an offline restart finds the file in the
+        # cache.
         path = Path(hf_hub_download(repo_id, found, cache_dir=download_dir))
     return _hub_gguf(repo_id, path)
 
@@ -309,7 +321,8 @@ def _offline() -> bool:
 
 @contextmanager
 def _hub_errors(repo_id: str) -> Iterator[None]:
-    """The hub's failures as ModelSourceError naming the repository (the message says what to do)."""
+    """The hub's failures as ModelSourceError naming the repository (the message says what to
+    do)."""
     from huggingface_hub.errors import (
         GatedRepoError,
         RepositoryNotFoundError,
@@ -369,7 +382,8 @@ def _hub_snapshot_source(repo_id: str, snapshot: Path) -> ModelSource:
     if not (snapshot / "config.json").is_file():
         raise ModelSourceError(
             f"model {repo_id!r}: the hub snapshot at {snapshot} has no config.json; "
-            f"for a repository of GGUF files name one quantisation, {repo_id}:QUANT (e.g. {repo_id}:Q4_K_M)"
+            f"for a repository of GGUF files name one quantisation, {repo_id}:QUANT (e.g. "
+            f"{repo_id}:Q4_K_M)"
         )
     # Snapshot folders are named by the commit hash they hold.
     revision = snapshot.name if re.fullmatch(r"[0-9a-f]{40}", snapshot.name) else None

@@ -55,7 +55,8 @@ class WatchState:
             return  # it acts once
         self.first = position
         if self.watch.action == "steer":
-            # The prompt is computed once: a firing inside it steers from the first generated position.
+            # The prompt is computed once: a firing inside it steers from the first generated
+            # position.
             self.steer_from = max(position + 1, self.prompt_length)
             if self.watch.tokens is not None:
                 self.steer_until = self.steer_from + self.watch.tokens

@@ -1,6 +1,6 @@
-"""What every imported document shares: validation that names each problem with its JSON
-location (`steering[0].features[3].strength: ...`) in the words the documents' pages use, and
-the field types and base model (strict JSON) the profile, probe and miStudio models are built from."""
+"""What every imported document shares: validation that names each problem with its JSON location
+(`steering[0].features[3].strength: ...`) in the words the documents' pages use, and the field
+types and base model (strict JSON) the profile, probe and miStudio models are built from."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ SHOWN_VALUE = (
 
 # ---- errors with their JSON location ------------------------------------------------------------
 def _where(error: ErrorDetails, doc: Any, prefix: str) -> str:
-    """pydantic's location as a JSON path ('steering[0].features[3].strength'), union tags left out."""
+    """pydantic's location as a JSON path ('steering[0].features[3].strength'), union tags left
+    out."""
     path, node, loc = prefix, doc, error["loc"]
     for i, part in enumerate(loc):
         if isinstance(part, int):
@@ -70,7 +71,8 @@ def problems(error: ValidationError, doc: Any, prefix: str = "") -> list[tuple[s
 def validate_document(
     model: type[Model], doc: Any, error: type[InvalidRequest], what: str
 ) -> Model:
-    """`doc` as `model`, or `error` listing every problem with its location ("invalid <what>: ...")."""
+    """`doc` as `model`, or `error` listing every problem with its location ("invalid <what>:
+    ...")."""
     try:
         return model.model_validate(doc)
     except ValidationError as exc:
@@ -79,7 +81,8 @@ def validate_document(
 
 
 def field_error(exc: ValidationError, value: Any, param: str) -> InvalidRequest:
-    """A request field's first problem as a 400 naming its location under `param` (and how many more there are)."""
+    """A request field's first problem as a 400 naming its location under `param` (and how many
+    more there are)."""
     (where, problem), *more = problems(exc, value, param)
     if more:
         problem += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''})"
@@ -87,7 +90,8 @@ def field_error(exc: ValidationError, value: Any, param: str) -> InvalidRequest:
 
 
 def validate_field(model: type[Model], value: Any, param: str = "") -> Model:
-    """A request's object as `model`, or a 400 naming the first problem's location (as request bodies are refused)."""
+    """A request's object as `model`, or a 400 naming the first problem's location (as request
+    bodies are refused)."""
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -108,18 +112,21 @@ def refused_by(refuse: Callable[[ValidationError, Any], Exception]) -> WrapValid
 
 
 def refused_under(param: str) -> WrapValidator:
-    """`refused_by` as a 400 naming the first problem's location under `param` (validate_field's words)."""
+    """`refused_by` as a 400 naming the first problem's location under `param` (validate_field's
+    words)."""
     return refused_by(lambda exc, value: field_error(exc, value, param))
 
 
 # ---- field types --------------------------------------------------------------------------------
 def refusal(code: str, message: str, **ctx) -> PydanticCustomError:
-    """A validator's refusal in pydantic's terms (a plain ValueError would read 'Value error, ...')."""
+    """A validator's refusal in pydantic's terms (a plain ValueError would read 'Value error,
+    ...')."""
     return PydanticCustomError(code, message, ctx)
 
 
 def said(phrase: str) -> WrapValidator:
-    """Annotated after a type: refused in one phrase (a pattern or several bounds say less than the rule's words)."""
+    """Annotated after a type: refused in one phrase (a pattern or several bounds say less than
+    the rule's words)."""
 
     def check(value, handler):
         try:
@@ -131,7 +138,8 @@ def said(phrase: str) -> WrapValidator:
 
 
 def no_bools(choices: str) -> WrapValidator:
-    """Annotated after a Literal of integers: true and false refused (pydantic lets true pass for 1)."""
+    """Annotated after a Literal of integers: true and false refused (pydantic lets true pass for
+    1)."""
 
     def check(value, handler):
         if isinstance(value, bool):

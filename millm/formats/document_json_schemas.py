@@ -11,7 +11,8 @@ from millm.formats.mistudio_schemas import CircuitDefinition, ClusterBundle, Clu
 
 # ---- the same, as JSON Schema --------------------------------------------------------------------
 def inline(schema: dict) -> dict:
-    """A model's JSON Schema with its $defs written in place (for a schema nested inside another)."""
+    """A model's JSON Schema with its $defs written in place (for a schema nested inside
+    another)."""
     defs = schema.pop("$defs", {})
 
     def resolve(node):

@@ -1,16 +1,17 @@
-"""The imported documents' formats as pydantic models: one definition validates them and states them.
+"""The imported documents' formats as pydantic models: one definition validates them and states
+them.
 
-This module holds millm's profiles; document_fields.py what every document shares (validation
-with JSON locations, field types); mistudio_schemas.py miStudio's definitions. profiles.py and mistudio.py
-validate with these models, listing every problem with its JSON location
-(`steering[0].features[3].strength: ...`); document_json_schemas.py states the same models as
-JSON Schema for the served OpenAPI schema. What JSON Schema cannot say is checked by validators on the fields
-concerned: names unique within a bundle, feature indices unique within an entry, an SAE (or a
+This module holds millm's profiles; document_fields.py what every document shares (validation with
+JSON locations, field types); mistudio_schemas.py miStudio's definitions. profiles.py and
+mistudio.py validate with these models, listing every problem with its JSON location
+(`steering[0].features[3].strength: ...`); document_json_schemas.py states the same models as JSON
+Schema for the served OpenAPI schema. What JSON Schema cannot say is checked by validators on the
+fields concerned: names unique within a bundle, feature indices unique within an entry, an SAE (or a
 vector) named once per profile and condition, a probe once in `abort`, a version 1 profile holding
 only added features, and `lo <= hi` in an intensity range. A feature's or vector's `op` picks its
-model (absent: add), so each op's fields are stated as JSON Schema too. The fuzz test checks that what these schemas
-allow, the validators accept. miStudio models keep unknown keys (the stored document is the raw
-one); profile documents drop them (the stored document is the canonical form).
+model (absent: add), so each op's fields are stated as JSON Schema too. The fuzz test checks that
+what these schemas allow, the validators accept. miStudio models keep unknown keys (the stored
+document is the raw one); profile documents drop them (the stored document is the canonical form).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ ProfileName = Annotated[
     str,
     Field(pattern=NAME_PATTERN),
     said(
-        "1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or digit"
+        "1-120 characters of letters, digits, space, '.', '_' or '-', starting with a letter or "
+        "digit"
     ),
 ]
 SourceHint = Annotated[
@@ -89,7 +91,8 @@ Reference = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
 
 
 class When(Document):
-    """A condition: apply the entry from the position after `probe` first fires, for `tokens` positions (null: the rest of the row)."""
+    """A condition: apply the entry from the position after `probe` first fires, for `tokens`
+    positions (null: the rest of the row)."""
 
     probe: ProbeName
     tokens: Annotated[int, Field(gt=0)] | None = None
@@ -160,7 +163,8 @@ def _condition(when: When | None) -> str:
 
 
 class ProfileDocumentEntry(Document):
-    """One SAE's features; `layer` when it is attached elsewhere than its own hook layer; `when` to apply them only once a probe fires."""
+    """One SAE's features; `layer` when it is attached elsewhere than its own hook layer; `when`
+    to apply them only once a probe fires."""
 
     sae_id: Annotated[str, Field(min_length=1)]
     layer: NonNegative | None = None
@@ -224,8 +228,9 @@ AbortEntries = Annotated[
 
 
 class SteeringSpec(Document):
-    """What steers: SAE features (`steering`), steering vectors (`vectors`) and probes that end the row (`abort`).
-    A profile document's steering part, and the body of a request's own `steering` field."""
+    """What steers: SAE features (`steering`), steering vectors (`vectors`) and probes that end the
+    row (`abort`). A profile document's steering part, and the body of a request's own `steering`
+    field."""
 
     steering: SteeringEntries = []
     vectors: VectorEntries = []
@@ -264,7 +269,8 @@ class ProfileDocument(SteeringSpec):
 
     @model_validator(mode="after")
     def _version_1_only_adds(self):
-        # A version 1 document meant "add every feature"; what came with version 2 is refused there, not reread.
+        # A version 1 document meant "add every feature"; what came with version 2 is refused there,
+        # not reread.
         if self.version == 1:
             newer = any(not isinstance(f, FeatureAdd) for e in self.steering for f in e.features)
             if (
@@ -275,7 +281,8 @@ class ProfileDocument(SteeringSpec):
             ):
                 raise refusal(
                     "document_rule",
-                    "version 1 documents only add features: op, when, vectors and abort need version 2",
+                    "version 1 documents only add features: op, when, vectors and abort need "
+                    "version 2",
                 )
         return self
 

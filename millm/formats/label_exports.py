@@ -10,9 +10,10 @@ from typing import Any
 from millm.formats.labels import Label
 
 
-# ---- export ---------------------------------------------------------------------------------------------
+# ---- export --------------------------------------------------------------------------------------
 def export_json(labels: list[Label], detail: bool = False) -> dict[str, Any]:
-    """{"<index>": label}, or with `detail` {"<index>": {"label": ..., <detail>}} (both read back as `json`)."""
+    """{"<index>": label}, or with `detail` {"<index>": {"label": ..., <detail>}} (both read back
+    as `json`)."""
     return {str(x.index): ({"label": x.label, **x.detail} if detail else x.label) for x in labels}
 
 
@@ -28,7 +29,8 @@ def export_csv(labels: list[Label]) -> str:
 def export_neuronpedia(
     labels: list[Label], model_id: str | None, layer: str | None
 ) -> list[dict[str, Any]]:
-    """Neuronpedia's export list: one explanation per feature (the label), with its explainer when known."""
+    """Neuronpedia's export list: one explanation per feature (the label), with its explainer
+    when known."""
     return [
         {
             "modelId": x.detail.get("model_id", model_id),

@@ -44,7 +44,8 @@ Index = Annotated[int, BeforeValidator(_index)]
 
 
 class Loose(BaseModel):
-    """A document's object: the keys millm reads are typed, any others pass (and are kept where said)."""
+    """A document's object: the keys millm reads are typed, any others pass (and are kept where
+    said)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -100,7 +101,8 @@ class MistudioLabels(Loose):
 
 
 class PlainEntry(Loose):
-    """A plain document's value as an object: the label and whatever else the file says (kept as detail)."""
+    """A plain document's value as an object: the label and whatever else the file says (kept as
+    detail)."""
 
     label: str
 

@@ -3,8 +3,8 @@
 Formats read (each a pydantic model and one function; `detect_format` tells them apart):
 
 - `neuronpedia`: Neuronpedia's explanation export, a JSON list of `{modelId, layer, index,
-  description, explanationModelName, typeName, ...}`, `index` a string of digits, several per feature
-  possible.
+  description, explanationModelName, typeName, ...}`, `index` a string of digits, several per
+  feature possible.
 - `neuronpedia_feature`: Neuronpedia's per-feature answer (`/api/feature/{model}/{layer}/{index}`),
   `{index, explanations: [{description, explanationModelName, ...}], ...}`, one object or a list.
 - `mistudio`: miStudio's label export, the `explanations/explanations.json` of its Neuronpedia
@@ -73,7 +73,8 @@ class Label:
 
 @dataclass(frozen=True)
 class LabelDocument:
-    """A document read whole: its format, one label per feature (by index) and how many entries had none."""
+    """A document read whole: its format, one label per feature (by index) and how many entries
+    had none."""
 
     format: str
     labels: list[Label]
@@ -90,7 +91,7 @@ def refused(message: str) -> InvalidRequest:
     return InvalidRequest(message, code=CODE)
 
 
-# ---- problems, named by entry ----------------------------------------------------------------------
+# ---- problems, named by entry --------------------------------------------------------------------
 def _entry(loc: tuple, plain: bool) -> tuple[str, str]:
     """('entry 12', 'explanations[0].description') from pydantic's location."""
     parts = list(loc)
@@ -136,14 +137,15 @@ def _validated(adapter: TypeAdapter, doc: Any, what: str, plain: bool = False) -
         ) from None
 
 
-# ---- choosing among explanations -------------------------------------------------------------------
+# ---- choosing among explanations -----------------------------------------------------------------
 def _chosen(
     index: int,
     entry: str,
     explanations: list[tuple[str | None, dict[str, Any]]],
     context: dict[str, Any],
 ) -> Label | None:
-    """The first non-empty description with its explainer's detail (others kept), or None when all are empty."""
+    """The first non-empty description with its explainer's detail (others kept), or None when
+    all are empty."""
     found = [(text.strip(), detail) for text, detail in explanations if text and text.strip()]
     if not found:
         return None
@@ -171,7 +173,7 @@ def _collected(
     return LabelDocument(fmt, labels, skipped)
 
 
-# ---- one function per format -------------------------------------------------------------------------
+# ---- one function per format ---------------------------------------------------------------------
 def read_neuronpedia(doc: Any) -> LabelDocument:
     """Neuronpedia's explanation export (a list; several explanations per index possible)."""
     items = _validated(NEURONPEDIA, doc, "Neuronpedia explanation export")
@@ -215,14 +217,16 @@ def read_mistudio(doc: Any) -> LabelDocument:
 
 
 def read_plain(doc: Any) -> LabelDocument:
-    """A plain {"<index>": label or {"label": ..., ...}} object; an object's other keys are kept as detail."""
+    """A plain {"<index>": label or {"label": ..., ...}} object; an object's other keys are kept
+    as detail."""
     entries = _validated(PLAIN, doc, "labels object", plain=True)
     keys: dict[int, str] = {}
     for key in doc:
         index = int(key.strip())
         if index in keys:  # "5" and "05"
             raise refused(
-                f"invalid labels object: entry {key!r}: index {index} appears twice (also as {keys[index]!r})"
+                f"invalid labels object: entry {key!r}: index {index} appears twice (also as "
+                f"{keys[index]!r})"
             )
         keys[index] = key
     labels, skipped = [], 0
@@ -237,7 +241,8 @@ def read_plain(doc: Any) -> LabelDocument:
 
 
 def read_csv(text: str) -> LabelDocument:
-    """`index,label` rows (a first row whose first cell is `index` is a header); labels with commas are quoted."""
+    """`index,label` rows (a first row whose first cell is `index` is a header); labels with
+    commas are quoted."""
     # an unclosed quote is an error, not a label to the end
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     labels: dict[int, Label] = {}
@@ -254,7 +259,8 @@ def read_csv(text: str) -> LabelDocument:
             first = False
             if len(cells) < 2 or any(cells[2:]):
                 raise refused(
-                    f"invalid labels CSV: {where}: expected 2 cells (index,label), got {len(cells)}; quote a label that holds a comma"
+                    f"invalid labels CSV: {where}: expected 2 cells (index,label), got "
+                    f"{len(cells)}; quote a label that holds a comma"
                 )
             if not DIGITS.fullmatch(cells[0]):
                 raise refused(
@@ -263,7 +269,8 @@ def read_csv(text: str) -> LabelDocument:
             index = int(cells[0])
             if index in labels:
                 raise refused(
-                    f"invalid labels CSV: {where}: index {index} appears twice (first in {labels[index].entry})"
+                    f"invalid labels CSV: {where}: index {index} appears twice (first in "
+                    f"{labels[index].entry})"
                 )
             if not cells[1]:
                 skipped += 1
@@ -282,7 +289,7 @@ READERS = {
 }
 
 
-# ---- which format -------------------------------------------------------------------------------------
+# ---- which format --------------------------------------------------------------------------------
 def detect_format(doc: Any) -> str:
     """The JSON format of a parsed document, by its shape."""
     if isinstance(doc, list):
@@ -316,9 +323,9 @@ def _text(raw: bytes) -> str:
 def read_document(
     raw: bytes, content_type: str | None = None, forced: str | None = None
 ) -> LabelDocument:
-    """A labels document from a request body: `forced` names the format; else text/csv is CSV, a body
-    that parses as JSON is JSON (its format by its shape), and any other body is CSV unless it was
-    sent as application/json."""
+    """A labels document from a request body: `forced` names the format; else text/csv is CSV, a
+    body that parses as JSON is JSON (its format by its shape), and any other body is CSV unless
+    it was sent as application/json."""
     text = _text(raw)
     media = (content_type or "").split(";")[0].strip().lower()
     if forced == "csv" or (forced is None and media in ("text/csv", "application/csv")):
@@ -334,15 +341,17 @@ def read_document(
 
 
 def check_width(document: LabelDocument, width: int) -> None:
-    """Every index within the SAE's width, or 400 invalid_feature_index naming the first entry past it."""
+    """Every index within the SAE's width, or 400 invalid_feature_index naming the first entry
+    past it."""
     for label in document.labels:
         if label.index >= width:
             raise InvalidFeatureIndex(
-                f"{label.entry or f'index {label.index}'}: feature {label.index} is past the SAE's width ({width} features: 0..{width - 1})"
+                f"{label.entry or f'index {label.index}'}: feature {label.index} is past the "
+                f"SAE's width ({width} features: 0..{width - 1})"
             )
 
 
-# ---- the OpenAPI statement of what PUT/PATCH accept -------------------------------------------------------
+# ---- the OpenAPI statement of what PUT/PATCH accept ----------------------------------------------
 def _schema(adapter: TypeAdapter) -> dict:
     return adapter.json_schema(ref_template="#/components/schemas/{model}")
 
@@ -366,7 +375,8 @@ def document_schemas() -> dict[str, dict]:
     schemas["MistudioFeature"]["properties"]["feature_index"] = index
     schemas["PlainLabels"] = {
         "type": "object",
-        "description": 'A plain {"<index>": label} object; a value may be an object with a "label".',
+        "description": 'A plain {"<index>": label} object; a value may be an object with a '
+        '"label".',
         "propertyNames": {"pattern": "^[0-9]+$"},
         "additionalProperties": {
             "anyOf": [

@@ -25,7 +25,8 @@ RUNG_LANGUAGE = {
 
 
 def cluster_definitions(doc) -> list[dict]:
-    """The definitions of a cluster document or bundle, all valid, or InvalidDocument listing every problem."""
+    """The definitions of a cluster document or bundle, all valid, or InvalidDocument listing
+    every problem."""
     if isinstance(doc, dict) and doc.get("kind") == CLUSTER_BUNDLE_KIND:
         validate_document(ClusterBundle, doc, InvalidDocument, "cluster bundle")
         return doc["definitions"]
@@ -62,7 +63,8 @@ def rung(doc: dict) -> int:
 
 @dataclass(frozen=True)
 class Member:
-    """A steering member of a cluster or circuit: a feature, its authored strength and sign, its layer."""
+    """A steering member of a cluster or circuit: a feature, its authored strength and sign, its
+    layer."""
 
     layer: int | None
     feature_idx: int

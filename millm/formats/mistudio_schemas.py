@@ -120,7 +120,8 @@ class CircuitClusterRef(Document):
 
 
 def _member_kind(member: Any) -> str:
-    # Absent is feature_ref; anything but an object is checked as one (and refused as "must be an object").
+    # Absent is feature_ref; anything but an object is checked as one (and refused as "must be an
+    # object").
     return member.get("member_kind", "feature_ref") if isinstance(member, dict) else "feature_ref"
 
 

@@ -43,7 +43,8 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class Strict(Document):
-    """A probe document's parts refuse unknown keys: a misspelt hook_point must not pass for the default."""
+    """A probe document's parts refuse unknown keys: a misspelt hook_point must not pass for the
+    default."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -111,7 +112,8 @@ class LinearTraining(Strict):
 
 
 class LinearDetector(Strict):
-    """sigmoid(w·x + b) on the residual at `layer` (`hook_point`), against `threshold` (a probability)."""
+    """sigmoid(w·x + b) on the residual at `layer` (`hook_point`), against `threshold` (a
+    probability)."""
 
     type: Literal["linear"]
     layer: NonNegative
@@ -152,7 +154,8 @@ class ProbeBundle(Strict):
 
 
 def _validated(model: type[Part], doc, what: str, prefix: str = "") -> Part:
-    """`doc` as `model`, or InvalidProbe listing every problem with its location (the first one's is the param)."""
+    """`doc` as `model`, or InvalidProbe listing every problem with its location (the first one's
+    is the param)."""
     try:
         return model.model_validate(doc)
     except ValidationError as exc:
@@ -170,7 +173,8 @@ def validate_probe(doc, prefix: str = "") -> dict:
 
 
 class InlineProbe(Strict):
-    """A probe defined in a request's `probes` field: a detector, and a name for its verdicts (optional)."""
+    """A probe defined in a request's `probes` field: a detector, and a name for its verdicts
+    (optional)."""
 
     name: ProfileName | None = None
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
@@ -200,7 +204,8 @@ def _refused_probes(exc: ValidationError, value) -> InvalidRequest:
     first = exc.errors()[0]
     if first["type"] == "too_long":
         return InvalidRequest(
-            f"{PROBES_PARAM} lists {len(value)} probes; a request takes at most {MAX_REQUEST_PROBES}",
+            f"{PROBES_PARAM} lists {len(value)} probes; a request takes at most "
+            f"{MAX_REQUEST_PROBES}",
             param=PROBES_PARAM,
         )
     if found[0][0] == PROBES_PARAM:  # the field itself is no list
@@ -219,7 +224,8 @@ RequestProbes = Annotated[
 
 
 def validate_probe_import(payload) -> list[dict]:
-    """One document or a bundle -> the canonical documents; any problem refuses the whole payload."""
+    """One document or a bundle -> the canonical documents; any problem refuses the whole
+    payload."""
     if isinstance(payload, dict) and payload.get("kind") == PROBE_BUNDLE_KIND:
         bundle = _validated(ProbeBundle, payload, "probe bundle")
         return [doc.model_dump(exclude_none=True) for doc in bundle.probes]

@@ -4,7 +4,8 @@
      "steering": [{"sae_id": "sae_...", "layer": 15,
                    "features": [{"index": 12, "op": "add", "strength": 8.0},
                                 {"index": 7, "op": "clamp", "value": 3.0},
-                                {"index": 9, "op": "ablate"}, {"index": 11, "op": "cap", "value": 5.0}],
+                                {"index": 9, "op": "ablate"},
+                                {"index": 11, "op": "cap", "value": 5.0}],
                    "when": {"probe": "mentions-dinner", "tokens": null}}],
      "vectors": [{"vector_id": "vec_...", "op": "add", "strength": 8.0}],
      "abort": [{"probe": "some-probe"}]}
@@ -42,7 +43,8 @@ OPTIONAL_LISTS = (
 
 
 def canonical(doc: ProfileDocument) -> dict:
-    """The stored form of a valid document: kind and the current version, every feature's op, floats, no unknown keys."""
+    """The stored form of a valid document: kind and the current version, every feature's op,
+    floats, no unknown keys."""
     # optional fields (layer, when, tokens) absent rather than null
     dumped = doc.model_dump(exclude_none=True)
     stored = {
@@ -62,7 +64,8 @@ def validate_profile(doc) -> dict:
 
 
 def validate_import(payload) -> list[dict]:
-    """One document or a bundle -> the canonical documents; any problem refuses the whole payload."""
+    """One document or a bundle -> the canonical documents; any problem refuses the whole
+    payload."""
     if isinstance(payload, dict) and payload.get("kind") == BUNDLE_KIND:
         return [
             canonical(doc)
@@ -76,8 +79,9 @@ def _own_steering(value: Any, handler) -> SteeringSpec:
         spec = handler(value)
     except ValidationError as exc:
         raise field_error(exc, value, STEERING_PARAM) from None
-    # Documents let unknown keys pass (a stored miStudio document keeps its own); a request's steering
-    # must not: a misspelt or misplaced key dropped here would answer unsteered without a word.
+    # Documents let unknown keys pass (a stored miStudio document keeps its own); a request's
+    # steering must not: a misspelt or misplaced key dropped here would answer unsteered without a
+    # word.
     unknown = first_unknown_key(value, spec.model_dump(), STEERING_PARAM)
     if unknown is not None:
         raise InvalidRequest(
@@ -96,7 +100,8 @@ _OWN_STEERING: TypeAdapter[SteeringSpec] = TypeAdapter(OwnSteering)
 
 
 def spec_dict(spec: SteeringSpec) -> dict:
-    """A checked steering spec in canonical form (the optional lists only when they hold something)."""
+    """A checked steering spec in canonical form (the optional lists only when they hold
+    something)."""
     dumped = spec.model_dump(exclude_none=True)
     return {
         "steering": dumped["steering"],
@@ -105,7 +110,8 @@ def spec_dict(spec: SteeringSpec) -> dict:
 
 
 def validate_spec(value: Any) -> dict:
-    """A request's own steering (a profile document's steering part) in canonical form, or a 400 naming the first problem's location."""
+    """A request's own steering (a profile document's steering part) in canonical form, or a 400
+    naming the first problem's location."""
     return spec_dict(_OWN_STEERING.validate_python(value))
 
 
@@ -127,7 +133,8 @@ def first_unknown_key(raw: Any, known: Any, where: str) -> str | None:
 
 
 def outdated(doc: dict) -> bool:
-    """Whether a stored document was written in an older version (and is read through `validate_profile`)."""
+    """Whether a stored document was written in an older version (and is read through
+    `validate_profile`)."""
     return doc.get("version") != VERSION
 
 

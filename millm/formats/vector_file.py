@@ -1,4 +1,5 @@
-"""The steering-vector file: what GET /api/vectors/{id}/export writes and POST /api/vectors/import reads.
+"""The steering-vector file: what GET /api/vectors/{id}/export writes and POST /api/vectors/import
+reads.
 
     {"kind": "millm.steering-vector", "version": 1, "name": "pirate", "description": "",
      "model": "tiny-llama", "layer": 1, "hook_point": "resid_post", "normalisation": "unit",
@@ -28,11 +29,14 @@ VECTOR_KIND: VectorKind = "millm.steering-vector"
 VECTOR_VERSION: VectorVersion = 1
 HookPoint = Literal["resid_post", "resid_pre"]
 MAX_D_MODEL = 65536
-UNIT_TOLERANCE = 1e-4  # |‖values‖ - 1| allowed: float32 rounding of a unit vector is ~1e-7, a hand-edited file may carry fewer digits
+# |‖values‖ - 1| allowed: float32 rounding of a unit vector is ~1e-7, a hand-edited file may carry
+# fewer digits
+UNIT_TOLERANCE = 1e-4
 
 
 class VectorFile(Document):
-    """A millm.steering-vector file: a unit direction at a model's residual point, and its trained length."""
+    """A millm.steering-vector file: a unit direction at a model's residual point, and its
+    trained length."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
@@ -85,7 +89,8 @@ class VectorFile(Document):
 
 
 def file_of(meta: dict, unit: np.ndarray) -> dict:
-    """The file of a stored vector (its metadata row and float32 unit direction), as JSON-ready data."""
+    """The file of a stored vector (its metadata row and float32 unit direction), as JSON-ready
+    data."""
     return VectorFile(
         kind=VECTOR_KIND,
         version=VECTOR_VERSION,

@@ -67,7 +67,8 @@ def bind_layer(layer: int, ref: dict, attached: dict[str, Attached]) -> LayerBin
             layer,
             "warn",
             chosen.info.id,
-            f"n_features not declared; bound to {chosen.info.id} ({chosen.info.d_sae} features) unchecked",
+            f"n_features not declared; bound to {chosen.info.id} ({chosen.info.d_sae} features) "
+            "unchecked",
         )
     matching = [a for a in here if a.info.d_sae == n_features]
     if not matching:
@@ -96,7 +97,8 @@ def cluster_binding(document: dict, attached: dict[str, Attached]) -> LayerBindi
             layer = only.layer
         else:
             raise InvalidRequest(
-                f"cluster {document['name']!r} names no sae.layer and {len(attached)} SAEs are attached; cannot choose",
+                f"cluster {document['name']!r} names no sae.layer and {len(attached)} SAEs are "
+                "attached; cannot choose",
                 code="cluster_not_applicable",
             )
     binding = bind_layer(layer, ref, attached)
@@ -109,8 +111,8 @@ def cluster_binding(document: dict, attached: dict[str, Attached]) -> LayerBindi
     for member in document["members"]:
         if member["feature_idx"] >= width:
             raise InvalidFeatureIndex(
-                f"cluster {document['name']!r} member feature {member['feature_idx']} is past the width of "
-                f"{binding.sae_id} ({width} features)",
+                f"cluster {document['name']!r} member feature {member['feature_idx']} is past the "
+                f"width of {binding.sae_id} ({width} features)",
                 param="members",
             )
     return binding
@@ -138,8 +140,8 @@ def members_edit(
     attached: dict[str, Attached],
     intensity: float,
 ) -> ResidualEdit | None:
-    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from authored strengths,
-    summed per feature and the sum clamped to ±200.
+    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from
+    authored strengths, summed per feature and the sum clamped to ±200.
 
     A member past the width of the SAE its layer binds to is refused (400 invalid_feature_index),
     never left out: a partial edit would be served as if it were the whole document.
@@ -154,13 +156,13 @@ def members_edit(
         width = attached[binding.sae_id].info.d_sae
         if member.feature_idx >= width:
             raise InvalidFeatureIndex(
-                f"member {number} (feature {member.feature_idx} at layer {member.layer}) is past the width of "
-                f"{binding.sae_id} ({width} features)",
+                f"member {number} (feature {member.feature_idx} at layer {member.layer}) is past "
+                f"the width of {binding.sae_id} ({width} features)",
                 param="members",
             )
         features = strengths.setdefault(binding.sae_id, {})
-        # Members on one feature add up; steering_edit clamps the sum once, so the order they are listed in
-        # cannot change it (a running clamp would: 150, 150, -150 gave 50, not 150).
+        # Members on one feature add up; steering_edit clamps the sum once, so the order they are
+        # listed in cannot change it (a running clamp would: 150, 150, -150 gave 50, not 150).
         features[member.feature_idx] = features.get(member.feature_idx, 0.0) + applied_strength(
             member.strength, member.sign, intensity
         )

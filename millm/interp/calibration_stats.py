@@ -25,7 +25,8 @@ MAX_FIRING_VALUES = 1 << 24  # (feature, value) pairs kept whole: 128 MB of int3
 
 
 class FiringValues:
-    """The (feature, value) pairs where features fired: all of them up to `limit`, then a uniform sample."""
+    """The (feature, value) pairs where features fired: all of them up to `limit`, then a uniform
+    sample."""
 
     def __init__(self, limit: int = MAX_FIRING_VALUES, seed: int = 0):
         self.limit = limit
@@ -70,7 +71,8 @@ class FiringValues:
 def quantile_grid(
     features: np.ndarray, values: np.ndarray, d_sae: int, levels: np.ndarray = LEVELS
 ) -> np.ndarray:
-    """Per feature, numpy's linear quantiles of its values at `levels` (percent): `[d_sae, len(levels)]`, NaN for a feature without values."""
+    """Per feature, numpy's linear quantiles of its values at `levels` (percent): `[d_sae,
+    len(levels)]`, NaN for a feature without values."""
     order = np.lexsort((values, features))  # by feature, then value
     ordered = values[order].astype(np.float64)
     counts = np.bincount(features, minlength=d_sae)
@@ -100,8 +102,9 @@ def percentile_of(grid: np.ndarray, value: float) -> float:
 
 
 def pack_grids(grids: np.ndarray) -> dict:
-    """Quantile grids `[d_sae, 101]` as JSON: exact float32, little-endian, base64 (NaN rows: never fired);
-    a third of the size of the numbers written out, and runs of equal quantiles stay equal."""
+    """Quantile grids `[d_sae, 101]` as JSON: exact float32, little-endian, base64 (NaN rows: never
+    fired); a third of the size of the numbers written out, and runs of equal quantiles stay
+    equal."""
     data = np.ascontiguousarray(grids, dtype="<f4")
     return {
         "dtype": "float32",
@@ -112,7 +115,8 @@ def pack_grids(grids: np.ndarray) -> dict:
 
 
 def pack_corpus(texts: list[np.ndarray]) -> dict:
-    """A corpus's token ids as JSON: every text's int32 ids, little-endian, base64, and each text's length."""
+    """A corpus's token ids as JSON: every text's int32 ids, little-endian, base64, and each
+    text's length."""
     data = (
         np.concatenate([np.asarray(t, dtype="<i4") for t in texts]) if texts else np.zeros(0, "<i4")
     )
@@ -151,13 +155,15 @@ def unpack_grids(packed: dict) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PercentileTable:
-    """One calibration's quantile grids `[d_sae, 101]` (NaN rows: never fired), for per-activation percentiles."""
+    """One calibration's quantile grids `[d_sae, 101]` (NaN rows: never fired), for
+    per-activation percentiles."""
 
     grids: np.ndarray
     created_at: float
 
     def of(self, feature: int, value: float) -> float | None:
-        """The percentile of `value` among the feature's firing values, to 0.01 (None: it never fired in the corpus)."""
+        """The percentile of `value` among the feature's firing values, to 0.01 (None: it never
+        fired in the corpus)."""
         if not 0 <= feature < self.grids.shape[0]:
             return None
         grid = self.grids[feature]
@@ -167,7 +173,8 @@ class PercentileTable:
 
 
 class TopActivations:
-    """Each feature's `n` largest activations and where they were (text, position); ties keep the earlier."""
+    """Each feature's `n` largest activations and where they were (text, position); ties keep the
+    earlier."""
 
     def __init__(self, d_sae: int, n: int):
         self.n = n
@@ -215,7 +222,8 @@ class TopActivations:
 
 @dataclass
 class Totals:
-    """Per feature: positions where it fired, their sum and the largest value; and positions read."""
+    """Per feature: positions where it fired, their sum and the largest value; and positions
+    read."""
 
     counts: np.ndarray
     sums: np.ndarray

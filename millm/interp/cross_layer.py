@@ -84,7 +84,8 @@ def _block(directory: Path, i: int, blocks: int, encoder: Path, decoder: Path) -
 
 
 def _gemma_scope_2_block(path: Path, i: int, blocks: int) -> SAE:
-    """Block i of a Gemma Scope 2 CLT of `blocks` layers (one params file; names as renamed on reading)."""
+    """Block i of a Gemma Scope 2 CLT of `blocks` layers (one params file; names as renamed on
+    reading)."""
     tensors = read_tensors(path)
     missing = [k for k in ("W_enc", "W_dec", "b_enc", "b_dec") if k not in tensors]
     if missing:
@@ -93,7 +94,8 @@ def _gemma_scope_2_block(path: Path, i: int, blocks: int) -> SAE:
     width, d_model = w_enc.shape
     if tuple(w_dec.shape) != (width, blocks, d_model):
         raise TranscoderFileError(
-            f"{path}: w_dec is {tuple(w_dec.shape)}, expected {(width, blocks, d_model)} (a decoder to every layer)"
+            f"{path}: w_dec is {tuple(w_dec.shape)}, expected {(width, blocks, d_model)} (a "
+            "decoder to every layer)"
         )
     cross = w_dec[:, i:].contiguous()
     threshold = tensors.get("activation_function.threshold")

@@ -1,5 +1,5 @@
-"""Reading SAE files: a SAELens directory, a published family's own layout (sae_layouts.py), or
-one transcoder file of a circuit-tracer set (transcoders.py; hook point `mlp`), validated before use.
+"""Reading SAE files: a SAELens directory, a published family's own layout (sae_layouts.py), or one
+transcoder file of a circuit-tracer set (transcoders.py; hook point `mlp`), validated before use.
 
 Every problem a file can have (a missing tensor, a wrong or transposed shape, an unknown
 architecture, a hook point millm cannot steer) becomes an SAEFormatError whose message names
@@ -66,8 +66,8 @@ class SAELensConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _flatten(cls, raw: Any) -> Any:
-        # Newer SAELens releases nest hook and model fields under "metadata" (or "meta"), TopK's
-        # k sometimes sits under activation_fn_kwargs, and older files call the factor scaling_factor.
+        # Newer SAELens releases nest hook and model fields under "metadata" (or "meta"), TopK's k
+        # sometimes sits under activation_fn_kwargs, and older files call the factor scaling_factor.
         if not isinstance(raw, dict):
             return raw
         config = dict(raw)
@@ -137,7 +137,8 @@ def read_saelens(directory: Path) -> tuple[SAEInfo, SAE]:
     elif config.architecture == "topk":
         if config.k is None or config.k > config.d_sae:
             raise SAEFormatError(
-                f"{SAELENS_CONFIG}: k: a topk SAE needs k between 1 and d_sae ({config.d_sae}), got {config.k!r}"
+                f"{SAELENS_CONFIG}: k: a topk SAE needs k between 1 and d_sae ({config.d_sae}), "
+                f"got {config.k!r}"
             )
         sae = TopKSAE(weights, config.k, **options)
     else:
@@ -182,7 +183,8 @@ def read_transcoder(path: Path) -> tuple[SAEInfo, SAE]:
 
 def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
     """Read whichever format `path` holds: a SAELens directory, a published family's own layout
-    (Gemma Scope, Gemma Scope 2, Llama Scope, sparsify; sae_layouts.py), a transcoder file of a set."""
+    (Gemma Scope, Gemma Scope 2, Llama Scope, sparsify; sae_layouts.py), a transcoder file of a
+    set."""
     if set_directory(path) is not None:
         return read_transcoder(path)
     found = read_layout(path)
@@ -194,7 +196,8 @@ def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
         raise SAEFormatError(
             f"{path} holds no SAE millm knows: a SAELens folder (cfg.json + {SAELENS_WEIGHTS}), "
             "Gemma Scope (params.npz), Gemma Scope 2 (params.safetensors), Llama Scope "
-            "(hyperparams.json + checkpoints/final.safetensors) or sparsify (cfg.json + sae.safetensors)"
+            "(hyperparams.json + checkpoints/final.safetensors) or sparsify (cfg.json + "
+            "sae.safetensors)"
         )
     if path.is_file() and path.name in (SAELENS_CONFIG, SAELENS_WEIGHTS):
         return read_saelens(path.parent)
@@ -205,7 +208,8 @@ def read_sae(path: Path) -> tuple[SAEInfo, SAE]:
 
 
 def read_labels(info: SAEInfo) -> dict[int, dict]:
-    """The SAE's shipped feature labels (index -> {label, top_tokens, ...}), or {} when it has none."""
+    """The SAE's shipped feature labels (index -> {label, top_tokens, ...}), or {} when it has
+    none."""
     if info.format == "transcoder":
         try:
             return block_labels(Path(info.path), info.d_sae)

@@ -60,7 +60,8 @@ def parse_dial(raw) -> Dial:
         or not 0 <= raw <= ENVELOPE_MAX
     ):
         raise InvalidRequest(
-            f"steering_intensity must be a number from 0 to {ENVELOPE_MAX:g} or one of off, min, max; got {raw!r}",
+            f"steering_intensity must be a number from 0 to {ENVELOPE_MAX:g} or one of off, min, "
+            f"max; got {raw!r}",
             param="steering_intensity",
         )
     return Dial(value=float(raw))
@@ -69,7 +70,8 @@ def parse_dial(raw) -> Dial:
 def declared_bounds(
     declared: tuple[float, float] | None, floor: float, ceiling: float
 ) -> tuple[float, float]:
-    """The usable [lo, hi]: a declared range intersected with [0, ceiling], else [floor, ceiling]."""
+    """The usable [lo, hi]: a declared range intersected with [0, ceiling], else [floor,
+    ceiling]."""
     if declared is None:
         return min(floor, ceiling), ceiling
     lo = min(max(declared[0], 0.0), ceiling)
@@ -85,7 +87,8 @@ def dial_lambda(
     *,
     clamp_low: bool,
 ) -> float:
-    """λ for a dial: symbols to the range's ends, numbers capped at the top, and with `clamp_low` raised to the floor too."""
+    """λ for a dial: symbols to the range's ends, numbers capped at the top, and with `clamp_low`
+    raised to the floor too."""
     if dial.off:
         return 0.0
     lo, hi = declared_bounds(declared, floor, maximum)
@@ -98,19 +101,22 @@ def dial_lambda(
 def cluster_lambda(
     dial: Dial, declared: tuple[float, float] | None, cluster_min: float, maximum: float
 ) -> float:
-    """λ under the cluster rule: numbers capped above only (dialling below the floor is honoured)."""
+    """λ under the cluster rule: numbers capped above only (dialling below the floor is
+    honoured)."""
     return dial_lambda(dial, declared, cluster_min, maximum, clamp_low=False)
 
 
 def circuit_lambda(
     dial: Dial, declared: tuple[float, float] | None, circuit_min: float, maximum: float
 ) -> float:
-    """λ under the circuit rule: clamped at both ends; only an exact 0 / "off" is below the floor."""
+    """λ under the circuit rule: clamped at both ends; only an exact 0 / "off" is below the
+    floor."""
     return dial_lambda(dial, declared, circuit_min, maximum, clamp_low=True)
 
 
 def clamp_strength(value: float) -> float:
-    """A strength limited to ±STRENGTH_LIMIT; the one place derived strengths are clamped at apply time."""
+    """A strength limited to ±STRENGTH_LIMIT; the one place derived strengths are clamped at
+    apply time."""
     return max(-STRENGTH_LIMIT, min(STRENGTH_LIMIT, value))
 
 

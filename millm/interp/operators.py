@@ -65,8 +65,8 @@ HOLD_COSINE_MIN = 0.05
 # Features clamped or ablated together on one SAE: every subset the ablate rule may hold at a
 # position is checked for conditioning when the operation is built (2^n small matrices).
 MAX_HELD = 12
-# A bound on float32 rounding in a pre-activation x·W_enc[:, f], relative to |x|·|W_enc[:, f]|
-# (64 ulps): an ablated feature is held this far below 0, so it reads 0 however the dot product rounds.
+# A bound on float32 rounding in a pre-activation x·W_enc[:, f], relative to |x|·|W_enc[:, f]| (64
+# ulps): an ablated feature is held this far below 0, so it reads 0 however the dot product rounds.
 ROUNDING = 64 * torch.finfo(torch.float32).eps
 
 
@@ -83,18 +83,20 @@ def _refuse(message: str, param: str) -> InvalidRequest:
 
 
 def check_holdable(sae: SAE, sae_id: str, held: list[Held], param: str) -> None:
-    """400 operator_not_applicable when clamping these features could not read back their targets (see the module docstring)."""
+    """400 operator_not_applicable when clamping these features could not read back their targets
+    (see the module docstring)."""
     if not held:
         return
     if sae.normalize_activations != "none":
         raise _refuse(
-            f"{sae_id} normalises its input per position ({sae.normalize_activations}), so a clamp or ablation "
-            "cannot be held exactly; use add or cap on it",
+            f"{sae_id} normalises its input per position ({sae.normalize_activations}), so a "
+            "clamp or ablation cannot be held exactly; use add or cap on it",
             param,
         )
     if len(held) > MAX_HELD:
         raise _refuse(
-            f"{len(held)} features of {sae_id} are clamped or ablated; at most {MAX_HELD} may be held on one SAE",
+            f"{len(held)} features of {sae_id} are clamped or ablated; at most {MAX_HELD} may be "
+            "held on one SAE",
             param,
         )
     if isinstance(sae, JumpReLUSAE):
@@ -102,8 +104,9 @@ def check_holdable(sae: SAE, sae_id: str, held: list[Held], param: str) -> None:
             threshold = float(sae.threshold[h.index])
             if 0 < h.target <= threshold:
                 raise _refuse(
-                    f"feature {h.index} of {sae_id} (JumpReLU) reads 0 unless its pre-activation is above its threshold "
-                    f"{threshold:.6g}, so a clamp at {h.target:g} can never be read back; clamp it above {threshold:.6g}, or ablate it",
+                    f"feature {h.index} of {sae_id} (JumpReLU) reads 0 unless its pre-activation "
+                    f"is above its threshold {threshold:.6g}, so a clamp at {h.target:g} can "
+                    f"never be read back; clamp it above {threshold:.6g}, or ablate it",
                     param,
                 )
     cosines = _cosines(sae, [h.index for h in held])
@@ -112,15 +115,17 @@ def check_holdable(sae: SAE, sae_id: str, held: list[Held], param: str) -> None:
             not abs(cosine) >= HOLD_COSINE_MIN
         ):  # NaN too: a zero row (a dead feature) has no direction
             raise _refuse(
-                f"feature {h.index} of {sae_id} has an encoder nearly orthogonal to its decoder (cosine {cosine:.3g}): "
-                "holding its activation would need a push out of all proportion; use add or cap on it",
+                f"feature {h.index} of {sae_id} has an encoder nearly orthogonal to its decoder "
+                f"(cosine {cosine:.3g}): holding its activation would need a push out of all "
+                "proportion; use add or cap on it",
                 param,
             )
     _check_subsets(sae_id, held, cosines, param)
 
 
 def _cosines(sae: SAE, indices: list[int]) -> torch.Tensor:
-    """K[i, j] = cos(W_enc[:, f_i], W_dec[f_j]): the held set's coupling, free of the SAE's scale."""
+    """K[i, j] = cos(W_enc[:, f_i], W_dec[f_j]): the held set's coupling, free of the SAE's
+    scale."""
     encoders = sae.W_enc[:, indices].float().T
     decoders = sae.W_dec[indices].float()
     coupling = encoders @ decoders.T
@@ -128,7 +133,8 @@ def _cosines(sae: SAE, indices: list[int]) -> torch.Tensor:
 
 
 def _check_subsets(sae_id: str, held: list[Held], cosines: torch.Tensor, param: str) -> None:
-    """Every set a position may hold (all positive targets, and any of the ablated ones) must be well conditioned."""
+    """Every set a position may hold (all positive targets, and any of the ablated ones) must be
+    well conditioned."""
     always = [i for i, h in enumerate(held) if h.target > 0]
     maybe = [i for i, h in enumerate(held) if h.target == 0]
     for size in range(len(maybe) + 1):
@@ -140,14 +146,16 @@ def _check_subsets(sae_id: str, held: list[Held], cosines: torch.Tensor, param: 
             if not smallest >= HOLD_COSINE_MIN:
                 names = ", ".join(str(held[i].index) for i in chosen)
                 raise _refuse(
-                    f"features {names} of {sae_id} cannot be held together: their encoders and decoders are nearly "
-                    f"dependent (smallest singular value {smallest:.3g}); hold fewer of them at once",
+                    f"features {names} of {sae_id} cannot be held together: their encoders and "
+                    f"decoders are nearly dependent (smallest singular value {smallest:.3g}); "
+                    "hold fewer of them at once",
                     param,
                 )
 
 
 def hold(sae: SAE, sae_id: str, held: list[Held], param: str = "steering") -> Operation:
-    """The Operation clamping (target > 0) and ablating (target 0) these features of one SAE together; refused per check_holdable."""
+    """The Operation clamping (target > 0) and ablating (target 0) these features of one SAE
+    together; refused per check_holdable."""
     check_holdable(sae, sae_id, held, param)
     indices = [h.index for h in held]
     w_enc = sae.W_enc[:, indices].float()  # [d, k]
@@ -240,7 +248,8 @@ def transcoder_hold(
 
 
 def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """(x, pre of the held columns) -> [T, k] whether each held feature's encoded activation is 0 there."""
+    """(x, pre of the held columns) -> [T, k] whether each held feature's encoded activation is 0
+    there."""
     if isinstance(sae, TopKSAE):
         # Whether a feature survives the top-k depends on every other feature: encode in full.
         index = torch.tensor(indices, device=sae.W_enc.device)
@@ -254,7 +263,8 @@ def _silence(sae: SAE, indices: list[int]) -> Callable[[torch.Tensor, torch.Tens
 def cap(
     direction: torch.Tensor, value: float, what: str = "the direction", param: str = "steering"
 ) -> Operation:
-    """The Operation limiting the residual's component along `direction` (made unit) to at most `value`."""
+    """The Operation limiting the residual's component along `direction` (made unit) to at most
+    `value`."""
     norm = float(direction.float().norm())
     if not norm > 0:
         raise _refuse(f"{what} is a zero vector: there is no component to cap", param)

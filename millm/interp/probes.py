@@ -74,7 +74,8 @@ def linear_score(weights: list[float], bias: float) -> Score:
 
 
 def point_of(layer: int, hook_point: str) -> int:
-    """The engine's residual point of a layer's hook point: after block L (resid_post), after block L-1 (resid_pre)."""
+    """The engine's residual point of a layer's hook point: after block L (resid_post), after
+    block L-1 (resid_pre)."""
     if hook_point == "resid_post":
         return layer
     return layer - 1 if layer > 0 else EMBEDDINGS
@@ -90,11 +91,13 @@ class Scorer:
     threshold: float
 
 
-SKIPPED = 1  # a probe never scores position 0: the attention sink (see lab/discovery/reads.py), as trained
+# a probe never scores position 0: the attention sink (see lab/discovery/reads.py), as trained
+SKIPPED = 1
 
 
 def watch_of(probe: Scorer) -> Watch:
-    """A probe as the engine's report Watch: scored at every position a row feeds but the first, acting on nothing."""
+    """A probe as the engine's report Watch: scored at every position a row feeds but the first,
+    acting on nothing."""
     return Watch(probe.name, probe.point, probe.score, probe.threshold, "report", skip=SKIPPED)
 
 
@@ -107,7 +110,8 @@ class ModelShape:
     layers: int
 
 
-# The calibration's quantile grids `[d_sae, 101]` of an SAE on the loaded model (None: not calibrated).
+# The calibration's quantile grids `[d_sae, 101]` of an SAE on the loaded model (None: not
+# calibrated).
 Grids = Callable[[str], "np.ndarray | None"]
 
 
@@ -120,14 +124,16 @@ def scorer(
     param: str,
 ) -> Scorer:
     """A valid detector bound to what is loaded: its SAE attached (or its layer inside the model),
-    its features within the SAE's width, its percentile calibrated; a 400 naming `param` otherwise."""
+    its features within the SAE's width, its percentile calibrated; a 400 naming `param`
+    otherwise."""
     if detector["type"] == "linear":
         return _linear_scorer(name, detector, model, param)
     target = attached.get(detector["sae_id"])
     if target is None:
         names = ", ".join(sorted(attached)) or "none"
         raise InvalidRequest(
-            f"{param}: SAE {detector['sae_id']} is not attached (attached: {names}); attach it first (POST /api/saes/{detector['sae_id']}/attach)",
+            f"{param}: SAE {detector['sae_id']} is not attached (attached: {names}); attach it "
+            f"first (POST /api/saes/{detector['sae_id']}/attach)",
             param=f"{param}.sae_id",
             code="sae_not_attached",
         )
@@ -157,7 +163,8 @@ def scorer(
 def _percentile_value(
     target: Attached, index: int, percent: int, grids: Grids, model: str, param: str
 ) -> float:
-    """The feature's activation at `percent` of its firing activations in the calibration on `model`."""
+    """The feature's activation at `percent` of its firing activations in the calibration on
+    `model`."""
     sae_id = target.info.id
     grid = grids(sae_id)
     if grid is None:
@@ -170,7 +177,8 @@ def _percentile_value(
     value = float(grid[index, percent])
     if math.isnan(value):
         raise InvalidRequest(
-            f"{param}: feature {index} never fired in the calibration of {sae_id} on {model!r}, so it has no percentile; give a threshold",
+            f"{param}: feature {index} never fired in the calibration of {sae_id} on {model!r}, "
+            "so it has no percentile; give a threshold",
             param=f"{param}.percentile",
             code="not_calibrated",
         )
@@ -181,19 +189,21 @@ def _linear_scorer(name: str, detector: dict, model: ModelShape, param: str) -> 
     training = detector.get("training")
     if training is not None and training["model"] != model.name:
         raise InvalidRequest(
-            f"{param}: this linear probe was trained on {training['model']!r}, not the loaded {model.name!r}; "
-            "a residual direction of one model means nothing in another",
+            f"{param}: this linear probe was trained on {training['model']!r}, not the loaded "
+            f"{model.name!r}; a residual direction of one model means nothing in another",
             param=f"{param}.training.model",
             code="probe_model_mismatch",
         )
     if len(detector["weights"]) != model.hidden_size:
         raise InvalidRequest(
-            f"{param}: the probe has {len(detector['weights'])} weights, but {model.name} has residual width {model.hidden_size}",
+            f"{param}: the probe has {len(detector['weights'])} weights, but {model.name} has "
+            f"residual width {model.hidden_size}",
             param=f"{param}.weights",
         )
     if detector["layer"] >= model.layers:
         raise InvalidRequest(
-            f"{param}: layer {detector['layer']} is past the last layer of {model.name} ({model.layers} layers: 0..{model.layers - 1})",
+            f"{param}: layer {detector['layer']} is past the last layer of {model.name} "
+            f"({model.layers} layers: 0..{model.layers - 1})",
             param=f"{param}.layer",
         )
     point = point_of(detector["layer"], detector["hook_point"])
@@ -208,7 +218,8 @@ def _linear_scorer(name: str, detector: dict, model: ModelShape, param: str) -> 
 # ---- verdicts -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Verdict:
-    """Where a probe fired over a row's positions, as the engine reports it (ProbeVerdict's figures)."""
+    """Where a probe fired over a row's positions, as the engine reports it (ProbeVerdict's
+    figures)."""
 
     fired: bool
     first_position: int | None
@@ -267,7 +278,8 @@ def offline_verdict(
 
 
 def verdict_fields(verdict: ProbeVerdict) -> dict:
-    """An engine ProbeVerdict's figures as JSON (token ids only: their text is the caller's to decode)."""
+    """An engine ProbeVerdict's figures as JSON (token ids only: their text is the caller's to
+    decode)."""
     return {
         "name": verdict.name,
         "action": verdict.action,

@@ -33,10 +33,12 @@ class SAEWeights:
 
 
 class SAE:
-    """Base class: shared pre-activation, decode and normalisation; subclasses define the activation."""
+    """Base class: shared pre-activation, decode and normalisation; subclasses define the
+    activation."""
 
     architecture = "standard"
-    # A transcoder's skip connection `[d_out, d_in]` (x @ W_skip.T joins its output); SAEs have none.
+    # A transcoder's skip connection `[d_out, d_in]` (x @ W_skip.T joins its output); SAEs have
+    # none.
     W_skip: torch.Tensor | None = None
     # A cross-layer transcoder block's whole decoder `[d_sae, K, d_in]`: slice k is written into
     # the MLP output k blocks on (slice 0 is W_dec); SAEs and one-block transcoders have none.
@@ -73,11 +75,13 @@ class SAE:
 
     @property
     def reach(self) -> int:
-        """How many blocks its features write into, from its own on (a cross-layer block: several)."""
+        """How many blocks its features write into, from its own on (a cross-layer block:
+        several)."""
         return 1 if self.cross is None else int(self.cross.shape[1])
 
     def writes(self, indices: torch.Tensor) -> torch.Tensor:
-        """These features' writes `[n, reach, d_in]` per unit of activation (slice k: k blocks on)."""
+        """These features' writes `[n, reach, d_in]` per unit of activation (slice k: k blocks
+        on)."""
         return self.W_dec[indices][:, None] if self.cross is None else self.cross[indices]
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> SAE:
@@ -121,7 +125,8 @@ class SAE:
         return self.activate(self.pre_activation(x))
 
     def decode(self, features: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
-        """Reconstruction `[..., d_in]`; run-time normalisations need the input `x` they were computed on."""
+        """Reconstruction `[..., d_in]`; run-time normalisations need the input `x` they were
+        computed on."""
         out = features @ self.W_dec + self.b_dec
         if self.normalize_activations == "none":
             return out

@@ -22,7 +22,8 @@ HOOK_NAME = re.compile(r"^blocks\.(\d+)\.hook_resid_(post|pre)$")
 
 
 def validated(adapter: TypeAdapter, path: Path) -> Any:
-    """The JSON file at `path` validated by `adapter`; SAEFormatError naming each problem's location."""
+    """The JSON file at `path` validated by `adapter`; SAEFormatError naming each problem's
+    location."""
     try:
         return adapter.validate_json(path.read_bytes())
     except ValidationError as exc:
@@ -49,13 +50,15 @@ class SAEInfo:
     """What the registry records about an SAE file (JSON-serialisable)."""
 
     id: str
-    format: str  # "saelens" | "gemma_scope" | "gemma_scope_2" | "llama_scope" | "sparsify" | "transcoder"
+    # "saelens" | "gemma_scope" | "gemma_scope_2" | "llama_scope" | "sparsify" | "transcoder"
+    format: str
     path: str  # the SAE's folder, the params.npz file, or the transcoder file
     architecture: str
     d_in: int
     d_sae: int
     layer: int | None
-    hook_point: str  # "resid_post" | "resid_pre" | "mlp" (a transcoder: reads the MLP input, writes its output)
+    # "resid_post" | "resid_pre" | "mlp" (a transcoder: reads the MLP input, writes its output)
+    hook_point: str
     hook_name: str | None
     k: int | None = None
     model_name: str | None = None
@@ -93,7 +96,8 @@ def parse_hook_name(hook_name: str) -> tuple[int, str]:
 
 
 def expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
-    """A tensor of `shape`, or an SAEFormatError saying what it is instead (transposed, or other)."""
+    """A tensor of `shape`, or an SAEFormatError saying what it is instead (transposed, or
+    other)."""
     if tuple(tensor.shape) == shape:
         return
     if len(shape) == 2 and tuple(tensor.shape) == shape[::-1]:

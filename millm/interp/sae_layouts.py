@@ -41,7 +41,8 @@ LLAMA_SCOPE_CONFIG = "hyperparams.json"
 LLAMA_SCOPE_WEIGHTS = Path("checkpoints") / "final.safetensors"
 SPARSIFY_CONFIG = "cfg.json"
 SPARSIFY_WEIGHTS = "sae.safetensors"
-# The hub files each layout needs, as glob patterns inside an SAE's folder (the hub fetch asks for these).
+# The hub files each layout needs, as glob patterns inside an SAE's folder (the hub fetch asks for
+# these).
 LAYOUT_FILES = [
     GEMMA_SCOPE_FILE,
     GEMMA_SCOPE_2_FILE,

@@ -142,7 +142,8 @@ def releases_view(model: str | None = None) -> list[dict]:
 
 
 def release_view(release: str) -> dict:
-    """A release's SAEs as the API lists them (id, path, Neuronpedia id, L0 where SAELens has it)."""
+    """A release's SAEs as the API lists them (id, path, Neuronpedia id, L0 where SAELens has
+    it)."""
     entry = registry().get(release)
     if entry is None:
         raise _unknown("release", release, list(registry()), "release", "unknown_sae_release")

@@ -1,4 +1,5 @@
-"""How well each feature separates two sets of texts: difference of means and Cohen's d (numpy only).
+"""How well each feature separates two sets of texts: difference of means and Cohen's d (numpy
+only).
 
 Each set is a `[texts, features]` array of per-text aggregates (a feature's max or mean over a
 text's read positions). Cohen's d divides the difference of the set means by the pooled standard
@@ -23,7 +24,8 @@ MIN_TEXTS = 3  # n_a + n_b - 2 degrees of freedom: at least one, so a pooled var
 
 @dataclass(frozen=True)
 class Separation:
-    """Per feature: each set's mean, their difference (a - b) and the effect size (Cohen's d, may be ±inf)."""
+    """Per feature: each set's mean, their difference (a - b) and the effect size (Cohen's d, may
+    be ±inf)."""
 
     mean_a: np.ndarray
     mean_b: np.ndarray
@@ -32,8 +34,9 @@ class Separation:
 
 
 def cohens_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cohen's d of each column of `a` [n_a, f] against `b` [n_b, f] with the pooled standard deviation
-    (0 where both sets are constant and equal, ±inf where they are constant and differ)."""
+    """Cohen's d of each column of `a` [n_a, f] against `b` [n_b, f] with the pooled standard
+    deviation (0 where both sets are constant and equal, ±inf where they are constant and
+    differ)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n_a, n_b = a.shape[0], b.shape[0]
     if n_a < 1 or n_b < 1 or n_a + n_b < MIN_TEXTS:
@@ -56,15 +59,16 @@ def cohens_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def separation(a: np.ndarray, b: np.ndarray) -> Separation:
-    """Means, difference and Cohen's d of every feature between the sets `a` [n_a, f] and `b` [n_b, f]."""
+    """Means, difference and Cohen's d of every feature between the sets `a` [n_a, f] and `b`
+    [n_b, f]."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     mean_a, mean_b = a.mean(axis=0), b.mean(axis=0)
     return Separation(mean_a, mean_b, mean_a - mean_b, cohens_d(a, b))
 
 
 def favouring(found: Separation, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The feature indices with the largest effect size for a (d > 0) and for b (d < 0), top_k of each,
-    strongest first; ties go to the larger |difference|, then the lower index."""
+    """The feature indices with the largest effect size for a (d > 0) and for b (d < 0), top_k of
+    each, strongest first; ties go to the larger |difference|, then the lower index."""
     d, spread = found.effect_size, np.abs(found.difference)
     for_a = np.flatnonzero(d > 0)
     for_b = np.flatnonzero(d < 0)

@@ -48,7 +48,8 @@ class Attached:
 
     @property
     def point(self) -> int:
-        """Where its steering writes: the engine's residual point of its hook point (residual_point)."""
+        """Where its steering writes: the engine's residual point of its hook point
+        (residual_point)."""
         return residual_point(self.layer, self.info.hook_point)
 
     @property
@@ -79,7 +80,8 @@ class Attached:
 
 @dataclass(frozen=True)
 class FeatureOp:
-    """What steering does to one feature: add `strength`·W_dec[f], or clamp / cap at `value`, or ablate."""
+    """What steering does to one feature: add `strength`·W_dec[f], or clamp / cap at `value`, or
+    ablate."""
 
     op: Op = "add"
     strength: float = 0.0  # add only
@@ -107,12 +109,13 @@ class FeatureOp:
 def pick_attached(
     attached: dict[str, Attached], sae_id: str | None, param: str, prefix: str = ""
 ) -> Attached:
-    """The attached SAE named, or the only one attached when none is named; 400 naming `param` otherwise
-    (`sae_not_attached` when it is not attached), the message led by `prefix`."""
+    """The attached SAE named, or the only one attached when none is named; 400 naming `param`
+    otherwise (`sae_not_attached` when it is not attached), the message led by `prefix`."""
     names = ", ".join(sorted(attached)) or "none"
     if not attached:
         raise InvalidRequest(
-            f"{prefix}no SAE is attached to the model; attach one first (POST /api/saes/{{id}}/attach)",
+            f"{prefix}no SAE is attached to the model; attach one first (POST "
+            f"/api/saes/{{id}}/attach)",
             param=param,
             code="sae_not_attached",
         )
@@ -148,24 +151,28 @@ def check_feature(info: SAEInfo, index: int, param: str = "index") -> int:
         raise InvalidRequest(f"{param} must be a non-negative integer, got {index!r}", param=param)
     if index >= info.d_sae:
         raise InvalidFeatureIndex(
-            f"feature {index} is past the width of {info.id} ({info.d_sae} features: 0..{info.d_sae - 1})",
+            f"feature {index} is past the width of {info.id} ({info.d_sae} features: "
+            f"0..{info.d_sae - 1})",
             param=param,
         )
     return index
 
 
 def check_value(op: str, value: float | None, param: str = "value") -> float | None:
-    """The value an op needs (clamp and cap: a finite number >= 0; add and ablate: none), or a 400 naming `param`."""
+    """The value an op needs (clamp and cap: a finite number >= 0; add and ablate: none), or a
+    400 naming `param`."""
     if op in ("add", "ablate"):
         if value is not None:
             raise InvalidRequest(
-                f"{param} is for op clamp and cap only ({op} takes {'strength' if op == 'add' else 'neither'})",
+                f"{param} is for op clamp and cap only ({op} takes "
+                f"{'strength' if op == 'add' else 'neither'})",
                 param=param,
             )
         return None
     if value is None:
         raise InvalidRequest(
-            f"op {op} needs {param} (the {'target activation' if op == 'clamp' else 'largest component'}, >= 0)",
+            f"op {op} needs {param} (the "
+            f"{'target activation' if op == 'clamp' else 'largest component'}, >= 0)",
             param=param,
         )
     if (
@@ -187,7 +194,8 @@ def feature_op(op: str, strength: float | None, value: float | None, prefix: str
         )
     if op != "add" and strength is not None:
         raise InvalidRequest(
-            f"{prefix}strength is for op add only (op {op} takes {'value' if op != 'ablate' else 'neither'})",
+            f"{prefix}strength is for op add only (op {op} takes "
+            f"{'value' if op != 'ablate' else 'neither'})",
             param=f"{prefix}strength",
         )
     checked = check_value(op, value, param=f"{prefix}value")
@@ -243,8 +251,9 @@ def feature_edit(
         for index, f in sorted(ops.items()):
             if f.op == "cap" and target.reach > 1:
                 raise InvalidRequest(
-                    f"feature {index} of {sae_id} (a cross-layer transcoder) writes into {target.reach} "
-                    "blocks: cap limits one direction at one point; use add, clamp or ablate",
+                    f"feature {index} of {sae_id} (a cross-layer transcoder) writes into "
+                    f"{target.reach} blocks: cap limits one direction at one point; use add, "
+                    "clamp or ablate",
                     param=param,
                     code="operator_not_applicable",
                 )

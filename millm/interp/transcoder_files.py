@@ -51,13 +51,15 @@ class TranscoderSet:
 
     @property
     def cross(self) -> dict[int, torch.Tensor]:
-        """A CLT's blocks' whole decoders `[d_transcoder, n_layers - block, d_model]` (SAE.cross)."""
+        """A CLT's blocks' whole decoders `[d_transcoder, n_layers - block, d_model]`
+        (SAE.cross)."""
         return {block: sae.cross for block, sae in self.layers.items() if sae.cross is not None}
 
 
 @dataclass(frozen=True)
 class TranscoderBlock:
-    """One transcoder file of a set, as an SAE of its own: its block, weights and the set's hooks."""
+    """One transcoder file of a set, as an SAE of its own: its block, weights and the set's
+    hooks."""
 
     block: int
     sae: SAE
@@ -106,11 +108,13 @@ def read_config(directory: Path) -> dict:
         raise TranscoderFileError(f"{path}: model_kind is {kind!r}, not one of {', '.join(KINDS)}")
     if config.get("feature_input_hook") not in INPUT_HOOKS:
         raise TranscoderFileError(
-            f"{path}: feature_input_hook {config.get('feature_input_hook')!r} is not the MLP's input ({', '.join(INPUT_HOOKS)})"
+            f"{path}: feature_input_hook {config.get('feature_input_hook')!r} is not the MLP's "
+            f"input ({', '.join(INPUT_HOOKS)})"
         )
     if config.get("feature_output_hook") not in OUTPUT_HOOKS:
         raise TranscoderFileError(
-            f"{path}: feature_output_hook {config.get('feature_output_hook')!r} is not the MLP's output ({', '.join(OUTPUT_HOOKS)})"
+            f"{path}: feature_output_hook {config.get('feature_output_hook')!r} is not the MLP's "
+            f"output ({', '.join(OUTPUT_HOOKS)})"
         )
     return config
 
@@ -145,7 +149,8 @@ def set_files(directory: Path, config: dict) -> dict[int, Path]:
     for layer, entry in enumerate(listed):
         if not isinstance(entry, str) or entry.startswith("hf://"):
             raise TranscoderFileError(
-                f"config.yaml: transcoders[{layer}] is {entry!r}; give a file inside the set's directory (hub files: download the set first)"
+                f"config.yaml: transcoders[{layer}] is {entry!r}; give a file inside the set's "
+                "directory (hub files: download the set first)"
             )
         path = (directory / entry).resolve()
         if not path.is_relative_to(directory.resolve()):
@@ -179,7 +184,8 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 def _gemma_scope_2(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Gemma Scope 2's transcoder safetensors in circuit-tracer's names, as its
     load_gemma_scope_2_transcoder reads them: w_enc `[d_model, d]` transposed, threshold, and
-    affine_skip_connection (added as x @ it) as W_skip `[d_model, d_model]` (added as x @ W_skip.T)."""
+    affine_skip_connection (added as x @ it) as W_skip `[d_model, d_model]` (added as x @
+    W_skip.T)."""
     renamed = {
         {"w_dec": "W_dec", "threshold": "activation_function.threshold"}.get(k, k): v
         for k, v in tensors.items()

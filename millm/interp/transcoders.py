@@ -57,7 +57,8 @@ def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
     for name, (shape, want) in shapes.items():
         if tuple(shape) != want:
             raise TranscoderFileError(
-                f"{path}: {name} is {tuple(shape)}, expected {want} (from W_enc {tuple(w_enc.shape)})"
+                f"{path}: {name} is {tuple(shape)}, expected {want} (from W_enc "
+                f"{tuple(w_enc.shape)})"
             )
     weights = SAEWeights(w_enc.T.contiguous(), tensors["b_enc"], w_dec, tensors["b_dec"])
     skip = tensors.get("W_skip")
@@ -70,7 +71,8 @@ def _transcoder(path: Path, layer: int) -> tuple[SAE, torch.Tensor | None]:
 
 
 def read_block(path: Path) -> TranscoderBlock:
-    """The transcoder in file `path` of a set, with its block read from the set's config or file names."""
+    """The transcoder in file `path` of a set, with its block read from the set's config or file
+    names."""
     directory = set_directory(path)
     if directory is None:
         raise TranscoderFileError(

@@ -48,13 +48,15 @@ INDEPENDENT = 1e-5
 
 
 def pooled(residuals: torch.Tensor, skip: int) -> np.ndarray:
-    """One text's residuals `[T, d]` pooled into one vector: the mean over positions `skip`.. (float64 numpy `[d]`)."""
+    """One text's residuals `[T, d]` pooled into one vector: the mean over positions `skip`..
+    (float64 numpy `[d]`)."""
     return residuals[skip:].double().mean(dim=0).cpu().numpy()
 
 
 @dataclass(frozen=True)
 class Trained:
-    """A trained vector: its unit direction (float32), the length `norm`, and how many pairs agree with it."""
+    """A trained vector: its unit direction (float32), the length `norm`, and how many pairs
+    agree with it."""
 
     unit: np.ndarray  # [d] float32, norm 1
     norm: float
@@ -66,7 +68,8 @@ class Trained:
 
 
 def differences(positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
-    """Each pair's difference `[n, d]` (float64), the pooled positive text minus the pooled negative one."""
+    """Each pair's difference `[n, d]` (float64), the pooled positive text minus the pooled
+    negative one."""
     if positive.shape != negative.shape or positive.ndim != 2 or positive.shape[0] == 0:
         raise ValueError(
             f"positive {positive.shape} and negative {negative.shape} must both be [n >= 1, d]"
@@ -80,17 +83,20 @@ def mean_direction(diffs: np.ndarray) -> tuple[np.ndarray, float]:
     norm = float(np.linalg.norm(mean))
     if not norm > 0:
         raise InvalidRequest(
-            "the pairs' mean difference is zero: the positive and negative texts read the same at this point",
+            "the pairs' mean difference is zero: the positive and negative texts read the same at "
+            "this point",
             param="pairs",
         )
     return mean / norm, norm
 
 
 def principal_direction(diffs: np.ndarray) -> tuple[np.ndarray, float]:
-    """The differences' first (uncentred) principal direction, signed to agree with their mean, and the mean's component along it."""
+    """The differences' first (uncentred) principal direction, signed to agree with their mean,
+    and the mean's component along it."""
     if diffs.shape[0] < 2:
         raise InvalidRequest(
-            "method pca needs at least 2 pairs (one difference has no principal direction of its own)",
+            "method pca needs at least 2 pairs (one difference has no principal direction of its "
+            "own)",
             param="pairs",
         )
     mean_direction(diffs)  # refuses pairs that do not differ on average
@@ -101,14 +107,16 @@ def principal_direction(diffs: np.ndarray) -> tuple[np.ndarray, float]:
         direction, component = -direction, -component
     if not component > 0:
         raise InvalidRequest(
-            "the pairs' principal direction is orthogonal to their mean difference; the pairs disagree on the direction (use method mean)",
+            "the pairs' principal direction is orthogonal to their mean difference; the pairs "
+            "disagree on the direction (use method mean)",
             param="method",
         )
     return direction, component
 
 
 def train(positive: np.ndarray, negative: np.ndarray, method: Method) -> Trained:
-    """A steering vector from pooled positive and negative texts `[n, d]` (pair i is row i of each)."""
+    """A steering vector from pooled positive and negative texts `[n, d]` (pair i is row i of
+    each)."""
     diffs = differences(positive, negative)
     direction, norm = mean_direction(diffs) if method == "mean" else principal_direction(diffs)
     unit = direction.astype(np.float32)
@@ -116,10 +124,11 @@ def train(positive: np.ndarray, negative: np.ndarray, method: Method) -> Trained
     return Trained(unit, norm, method, diffs.shape[0], agreement)
 
 
-# explaining -------------------------------------------------------------------------------------------
+# explaining ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Part:
-    """A feature in a vector's explanation: its cosine with the vector, and the fraction explained up to it."""
+    """A feature in a vector's explanation: its cosine with the vector, and the fraction
+    explained up to it."""
 
     index: int
     cosine: float
@@ -127,7 +136,8 @@ class Part:
 
 
 def cumulative_fractions(vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """For j = 1..k: ‖projection of `vector` onto the span of rows[:j]‖² / ‖vector‖² (float64 `[k]`).
+    """For j = 1..k: ‖projection of `vector` onto the span of rows[:j]‖² / ‖vector‖² (float64
+    `[k]`).
 
     Gram-Schmidt in the rows' order, each new row orthogonalised twice against the basis so far
     (twice is enough in floating point, Kahan and Parlett); a row inside the span already (a
@@ -155,7 +165,8 @@ def cumulative_fractions(vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def decompose(unit: np.ndarray, decoder_unit: np.ndarray, k: int) -> list[Part]:
     """The k features whose unit decoder rows `[d_sae, d]` have the largest |cosine| with `unit`
-    (ties by index), each with its signed cosine and the fraction of the vector the features up to it explain."""
+    (ties by index), each with its signed cosine and the fraction of the vector the features up
+    to it explain."""
     direction = unit.astype(np.float64)
     direction = direction / np.linalg.norm(direction)
     # In the decoder's dtype: a float64 copy of a 16k x 2304 decoder would be 300 MB.

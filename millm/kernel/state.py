@@ -58,7 +58,8 @@ class ServerState:
     transcoders: TranscoderBook
 
     def close(self) -> None:
-        """Stop the jobs and the scheduler (queued requests are answered with an error), then the store."""
+        """Stop the jobs and the scheduler (queued requests are answered with an error), then the
+        store."""
         self.jobs.cancel_all()
         self.switch.close()
         self.monitor.close()

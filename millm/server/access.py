@@ -94,7 +94,8 @@ class Keys:
         return {}
 
     def match(self, presented: str) -> str | None:
-        """Which configured key (api, admin) `presented` is, compared in constant time; None if neither."""
+        """Which configured key (api, admin) `presented` is, compared in constant time; None if
+        neither."""
         digest = _digest(presented)
         found = None
         for name, key in (("api", self.api), ("admin", self.admin)):
@@ -114,7 +115,8 @@ def bearer(authorization: str | None) -> str | None:
 
 
 def check_key(keys: Keys, kind: str, authorization: str | None) -> None:
-    """Nothing if the request may use a route of this class; else 401 invalid_api_key (never echoing the key)."""
+    """Nothing if the request may use a route of this class; else 401 invalid_api_key (never
+    echoing the key)."""
     accepted = keys.accepted(kind)
     if not accepted:
         return
@@ -127,7 +129,8 @@ def check_key(keys: Keys, kind: str, authorization: str | None) -> None:
         raise InvalidAPIKey("Incorrect API key provided.")
     if which not in accepted:
         raise InvalidAPIKey(
-            "This route changes server state and needs the admin key (MILLM_ADMIN_KEY); the API key does not open it."
+            "This route changes server state and needs the admin key (MILLM_ADMIN_KEY); the API "
+            "key does not open it."
         )
 
 
@@ -136,11 +139,13 @@ def _host(netloc: str) -> str:
 
 
 def check_same_site(headers: dict[str, str]) -> None:
-    """403 cross_site_request when a browser says the request comes from another site's or origin's page."""
+    """403 cross_site_request when a browser says the request comes from another site's or
+    origin's page."""
     fetch_site = headers.get("sec-fetch-site")
     if fetch_site is not None and fetch_site.strip().lower() not in OWN_SITE:
         raise CrossSiteRequest(
-            f"this route changes server state and refuses requests from other sites' pages (Sec-Fetch-Site: {fetch_site})"
+            "this route changes server state and refuses requests from other sites' pages "
+            f"(Sec-Fetch-Site: {fetch_site})"
         )
     origin = headers.get("origin")
     if origin is None:
@@ -150,12 +155,14 @@ def check_same_site(headers: dict[str, str]) -> None:
     }
     if origin.strip().lower() == "null" or _host(urlsplit(origin.strip()).netloc) not in own:
         raise CrossSiteRequest(
-            f"this route changes server state and refuses requests from pages of another origin ({origin})"
+            "this route changes server state and refuses requests from pages of another origin "
+            f"({origin})"
         )
 
 
 class AccessGuard:
-    """Pure ASGI: refuses (401/403, OpenAI's error shape) before the body is read or the model is touched."""
+    """Pure ASGI: refuses (401/403, OpenAI's error shape) before the body is read or the model is
+    touched."""
 
     def __init__(self, app, keys: Keys):
         self.app, self.keys = app, keys
@@ -195,7 +202,8 @@ def is_loopback(host: str) -> bool:
 def open_routes_warning(
     host: str, api_key: SecretStr | None, admin_key: SecretStr | None
 ) -> str | None:
-    """The start-up warning for a server reachable from other machines with routes open to anyone."""
+    """The start-up warning for a server reachable from other machines with routes open to
+    anyone."""
     if is_loopback(host):
         return None
     open_parts = []
@@ -206,6 +214,6 @@ def open_routes_warning(
     if not open_parts:
         return None
     return (
-        f"listening on {host}, reachable from other machines, with {' and '.join(open_parts)} open to anyone "
-        "who can reach the port; set the keys (see docs/serving.md, Access control)"
+        f"listening on {host}, reachable from other machines, with {' and '.join(open_parts)} "
+        "open to anyone who can reach the port; set the keys (see docs/serving.md, Access control)"
     )

@@ -55,7 +55,8 @@ class RequestScope:
 
 
 def create_app(service: Facades, load_model: bool = True) -> FastAPI:
-    """An app serving the service's facades; with load_model the model loads in the background at start-up."""
+    """An app serving the service's facades; with load_model the model loads in the background at
+    start-up."""
     settings = service.settings
 
     @asynccontextmanager
@@ -82,7 +83,8 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
     )
     app.add_middleware(AccessGuard, keys=Keys.of(settings.api_key, settings.admin_key))
     include_routes(app, settings)
-    # Not in include_routes: the MCP endpoint serves these facades and is no part of the OpenAPI document.
+    # Not in include_routes: the MCP endpoint serves these facades and is no part of the OpenAPI
+    # document.
     mcp = build_mcp(service, app)
     app.router.routes.append(mcp.route)
     return app

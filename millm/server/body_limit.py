@@ -1,4 +1,5 @@
-"""Request bodies are capped before they are read: MAX_REQUEST_BYTES, and MAX_IMPORT_BYTES for imports.
+"""Request bodies are capped before they are read: MAX_REQUEST_BYTES, and MAX_IMPORT_BYTES for
+imports.
 
 A declared Content-Length over the cap is refused before the application runs; a chunked body
 is counted as it arrives and refused the moment it passes the cap, so no oversized body is ever

@@ -3,8 +3,9 @@ wired by its constructor (no part is patched in after it is made).
 
 `ServerState` is what the routes' facades are built over; it owns nothing itself. What each part
 owns: the store (the database), replication (other replicas' changes), the books (SAEs, labels,
-calibrations, profiles, probes, vectors, clusters, circuits, variants, evaluations), the live steering and its planner,
-the model switch (the served model, its slot and lock), the monitor and the jobs."""
+calibrations, profiles, probes, vectors, clusters, circuits, variants, evaluations), the live
+steering and its planner, the model switch (the served model, its slot and lock), the monitor and
+the jobs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""GET /api/health (liveness), /api/health/ready (503 until a model is loaded), /api/health/inference."""
+"""GET /api/health (liveness), /api/health/ready (503 until a model is loaded),
+/api/health/inference."""
 
 from __future__ import annotations
 
@@ -30,5 +31,6 @@ def ready(request: Request):
     summary="Scheduler state: backend, queue depth, batch size, requests per backend",
 )
 def inference(request: Request):
-    """Which backend serves generation, what waits and runs now, and jobs served / cancelled / failed per backend."""
+    """Which backend serves generation, what waits and runs now, and jobs served / cancelled /
+    failed per backend."""
     return part(request, ModelManagement).inference_stats()

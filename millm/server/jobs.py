@@ -1,4 +1,5 @@
-"""/api/jobs: long work (calibration, AutoSteer, probe and vector training) as jobs with progress, an ETA and cancellation."""
+"""/api/jobs: long work (calibration, AutoSteer, probe and vector training) as jobs with
+progress, an ETA and cancellation."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ def list_jobs(request: Request) -> dict:
     "/api/jobs/{job_id}", summary="One job: state, progress, ETA, result", response_model=JobView
 )
 def get_job(job_id: str, request: Request) -> JobView:
-    """The job's state, progress (done/total), when it started, its ETA, and its result or error once ended."""
+    """The job's state, progress (done/total), when it started, its ETA, and its result or error
+    once ended."""
     return part(request, JobBook).get(job_id)
 
 
 @router.delete("/api/jobs/{job_id}", summary="Cancel a job", response_model=JobView)
 def cancel_job(job_id: str, request: Request) -> JobView:
-    """Ask a running job to stop; it ends as `cancelled` within a forward pass. An ended job is returned unchanged."""
+    """Ask a running job to stop; it ends as `cancelled` within a forward pass. An ended job is
+    returned unchanged."""
     return part(request, JobBook).cancel(job_id)

@@ -6,7 +6,8 @@ Each tool is the twin of one route, and a thin call into the service, never a se
 - it validates them with the route's body model (strict, unknown keys refused, the same cross-field
   rules) and calls the route's service function on the thread the route would use;
 - its result is the JSON the route answers; a millm error is a tool error (isError) whose text is
-  the route's error body, `{"error": {message, type, param, code}}`, with its HTTP `status` beside it.
+  the route's error body, `{"error": {message, type, param, code}}`, with its HTTP `status` beside
+  it.
 
 Built on the SDK's low-level `Server`, not `MCPServer`: `MCPServer` derives a tool's schema and
 validation from a Python signature, in lax mode and ignoring unknown keys, and words its refusals
@@ -48,9 +49,10 @@ log = logging.getLogger(__name__)
 
 PATH = MCP_PATH
 INSTRUCTIONS = (
-    "millm serves a language model with sparse-autoencoder (SAE) features attached. Find an SAE with list_saes, "
-    "features with search_features, what fires on a text with inspect_text; steer with set_feature (see get_steering), "
-    "check the effect with compare; every /v1 request admitted after a change is steered by it."
+    "millm serves a language model with sparse-autoencoder (SAE) features attached. Find an SAE "
+    "with list_saes, features with search_features, what fires on a text with inspect_text; steer "
+    "with set_feature (see get_steering), check the effect with compare; every /v1 request "
+    "admitted after a change is steered by it."
 )
 REFS = "#/components/schemas/"
 
@@ -209,16 +211,16 @@ class McpEndpoint:
 
 
 def build_mcp(service: Facades, app: FastAPI) -> McpEndpoint:
-    """The MCP server over the service's facades (the routes' own), its tools' schemas read from `app`'s OpenAPI document."""
+    """The MCP server over the service's facades (the routes' own), its tools' schemas read from
+    `app`'s OpenAPI document."""
     by_name = {tool.name: tool for tool in TOOLS}
     cache: dict[str, list[types.Tool]] = {}
 
     async def list_tools(
         _: ServerRequestContext, __: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        if (
-            "tools" not in cache
-        ):  # on first use: the OpenAPI document takes a moment to build, and every route is in by then
+        # On first use: the OpenAPI document takes a moment to build, and every route is in by then.
+        if "tools" not in cache:
             openapi = await to_thread.run_sync(app.openapi)
             cache.setdefault("tools", [describe_tool(openapi, tool) for tool in TOOLS])
         return types.ListToolsResult(tools=cache["tools"])
@@ -248,12 +250,14 @@ def build_mcp(service: Facades, app: FastAPI) -> McpEndpoint:
         server,
         json_response=True,
         stateless=True,
-        # Keys and other sites' pages are refused before this (AccessGuard); bodies are capped by BodyLimit.
+        # Keys and other sites' pages are refused before this (AccessGuard); bodies are capped by
+        # BodyLimit.
         security_settings=None,
         max_request_body_size=service.settings.max_request_bytes,
     )
-    # POST only: a stateless server pushes nothing, so it offers no GET stream (the spec's 405), which
-    # would otherwise stay open, idle, until the client leaves; DELETE ends sessions it does not keep.
+    # POST only: a stateless server pushes nothing, so it offers no GET stream (the spec's 405),
+    # which would otherwise stay open, idle, until the client leaves; DELETE ends sessions it does
+    # not keep.
     return McpEndpoint(
         Route(PATH, StreamableHTTPASGIApp(sessions), methods=["POST"], include_in_schema=False),
         sessions,

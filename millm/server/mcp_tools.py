@@ -34,7 +34,8 @@ from millm.server.mcp_params import (
 )
 from millm.v1.serving.http_replies import report_headers
 
-# A tool's work: (the facades, its parameters, its body or None) -> what the route answers, or a Result.
+# A tool's work: (the facades, its parameters, its body or None) -> what the route answers, or a
+# Result.
 Call = Callable[[Facades, Any, Any], Awaitable[Any]]
 
 
@@ -62,7 +63,8 @@ class McpTool:
 
 
 def blocking(function: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-    """`function(*args)` on a worker thread, as FastAPI runs the plain-function routes that call it."""
+    """`function(*args)` on a worker thread, as FastAPI runs the plain-function routes that call
+    it."""
     return to_thread.run_sync(partial(function, *args))
 
 
@@ -115,7 +117,8 @@ async def _deactivate(f: Facades, _: NoParams, __: None) -> dict:
 
 
 async def _compare(f: Facades, _: NoParams, body: CompareRequest) -> Result:
-    # No X-miLLM-Strict header here: fields the comparison ignores are reported, in _meta, as over HTTP.
+    # No X-miLLM-Strict header here: fields the comparison ignores are reported, in _meta, as over
+    # HTTP.
     reply = await f.comparison.compare(body, strict=False)
     assert reply.body is not None  # stream is not an argument of this tool
     return Result(
@@ -175,7 +178,8 @@ TOOLS = (
     ),
     McpTool(
         "search_features",
-        "An SAE's labelled features ranked by how well their label, top tokens and example match q (BM25; empty q lists all).",
+        "An SAE's labelled features ranked by how well their label, top tokens and example match "
+        "q (BM25; empty q lists all).",
         "get",
         "/api/saes/{sae_id}/features",
         _search,
@@ -184,7 +188,8 @@ TOOLS = (
     ),
     McpTool(
         "get_feature",
-        "One feature: its label, decoder norm, calibration figures and the k features nearest by decoder cosine.",
+        "One feature: its label, decoder norm, calibration figures and the k features nearest by "
+        "decoder cosine.",
         "get",
         "/api/saes/{sae_id}/features/{index}",
         _feature,
@@ -193,7 +198,8 @@ TOOLS = (
     ),
     McpTool(
         "inspect_text",
-        "The SAE features that fire on a text or conversation (top_k by max, mean or count), and one feature per token.",
+        "The SAE features that fire on a text or conversation (top_k by max, mean or count), and "
+        "one feature per token.",
         "post",
         "/api/saes/{sae_id}/inspect",
         _inspect,
@@ -203,7 +209,8 @@ TOOLS = (
     ),
     McpTool(
         "contrast_texts",
-        "The SAE features that best separate set a from set b of texts: each set's mean, the difference and Cohen's d.",
+        "The SAE features that best separate set a from set b of texts: each set's mean, the "
+        "difference and Cohen's d.",
         "post",
         "/api/saes/{sae_id}/contrast",
         _contrast,
@@ -213,7 +220,8 @@ TOOLS = (
     ),
     McpTool(
         "get_steering",
-        "The live steering state: enabled, version, active profile, and every SAE's features with their op and strength.",
+        "The live steering state: enabled, version, active profile, and every SAE's features with "
+        "their op and strength.",
         "get",
         "/api/steering",
         _steering,
@@ -221,7 +229,8 @@ TOOLS = (
     ),
     McpTool(
         "set_feature",
-        "Steer every request from now on: add strength × the feature's decoder row (within ±200; 0 clears), or clamp, cap or ablate it.",
+        "Steer every request from now on: add strength × the feature's decoder row (within ±200; "
+        "0 clears), or clamp, cap or ablate it.",
         "put",
         "/api/steering/saes/{sae_id}/features/{index}",
         _set_feature,
@@ -254,7 +263,8 @@ TOOLS = (
     ),
     McpTool(
         "activate_profile",
-        "Make a saved profile the steering of every request from now on (checked against the attached SAEs first).",
+        "Make a saved profile the steering of every request from now on (checked against the "
+        "attached SAEs first).",
         "post",
         "/api/profiles/{key}/activate",
         _activate,
@@ -269,7 +279,8 @@ TOOLS = (
     ),
     McpTool(
         "compare",
-        "Generate one conversation under several steerings side by side (default: unsteered and live), same prompt and seed.",
+        "Generate one conversation under several steerings side by side (default: unsteered and "
+        "live), same prompt and seed.",
         "post",
         "/api/compare",
         _compare,
@@ -279,8 +290,8 @@ TOOLS = (
     ),
     McpTool(
         "logit_lens",
-        "What each block's residual stream predicts at each position of a text (the model's final norm and head applied), "
-        "beside the model's own prediction; optionally steered.",
+        "What each block's residual stream predicts at each position of a text (the model's final "
+        "norm and head applied), beside the model's own prediction; optionally steered.",
         "post",
         "/api/lens",
         _lens,
@@ -289,8 +300,9 @@ TOOLS = (
     ),
     McpTool(
         "attribution_graph",
-        "Which features of the attached SAEs drove the model's next-token logit on a text (an attribution graph: "
-        "nodes, direct-effect edges, pruned by influence), with its top features ablated on the served model to check it.",
+        "Which features of the attached SAEs drove the model's next-token logit on a text (an "
+        "attribution graph: nodes, direct-effect edges, pruned by influence), with its top "
+        "features ablated on the served model to check it.",
         "post",
         "/api/attribution",
         _attribution,
@@ -299,8 +311,9 @@ TOOLS = (
     ),
     McpTool(
         "start_attribution_job",
-        "The same attribution graph as a job, for long texts and large budgets: get_job follows it (its progress is the "
-        "features expanded) and its result names the graph for get_attribution_graph.",
+        "The same attribution graph as a job, for long texts and large budgets: get_job follows "
+        "it (its progress is the features expanded) and its result names the graph for "
+        "get_attribution_graph.",
         "post",
         "/api/attribution/jobs",
         _attribution_job,
@@ -317,7 +330,8 @@ TOOLS = (
     ),
     McpTool(
         "list_variants",
-        "Every steered variant (a name any /v1 client can use as a model: a base model and its steering), and whether it fits now.",
+        "Every steered variant (a name any /v1 client can use as a model: a base model and its "
+        "steering), and whether it fits now.",
         "get",
         "/api/variants",
         _variants,
@@ -325,7 +339,8 @@ TOOLS = (
     ),
     McpTool(
         "create_variant",
-        "Name a base model under a steering (a saved profile or a request's own steering, an intensity): every /v1 client can then pick it as a model.",
+        "Name a base model under a steering (a saved profile or a request's own steering, an "
+        "intensity): every /v1 client can then pick it as a model.",
         "post",
         "/api/variants",
         _create_variant,
@@ -341,10 +356,11 @@ TOOLS = (
     ),
     McpTool(
         "explain_features",
-        "Have a model (the served one, another registered model loaded beside it, or the configured endpoint) explain an "
-        "attached, calibrated SAE's features from their top activating windows "
-        "(EleutherAI delphi's prompts) and score each explanation by detection; starts a job (get_job follows it) "
-        "and stores the explanations beside the labels, where search_features finds them.",
+        "Have a model (the served one, another registered model loaded beside it, or the "
+        "configured endpoint) explain an attached, calibrated SAE's features from their top "
+        "activating windows (EleutherAI delphi's prompts) and score each explanation by "
+        "detection; starts a job (get_job follows it) and stores the explanations beside the "
+        "labels, where search_features finds them.",
         "post",
         "/api/saes/{sae_id}/labels/explain",
         _explain,
@@ -362,7 +378,8 @@ TOOLS = (
     ),
     McpTool(
         "monitoring_stats",
-        "Per-feature monitoring statistics since the last reset: count, mean and max when active, fraction of positions.",
+        "Per-feature monitoring statistics since the last reset: count, mean and max when active, "
+        "fraction of positions.",
         "get",
         "/api/monitoring/stats",
         _monitoring_stats,

@@ -57,7 +57,8 @@ ERROR_SCHEMA = {
     },
 }
 ERROR_RESPONSE = {
-    "description": "An error, in OpenAI's shape: the status and `code` say which (see docs/openai-api.md)",
+    "description": "An error, in OpenAI's shape: the status and `code` say which (see "
+    "docs/openai-api.md)",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
 }
 
@@ -74,7 +75,8 @@ RAW_BODIES = {
     "/api/probes/import": ["ProbeDocument", "ProbeBundle"],
     "/api/probes": ["ProbeDocument"],
 }
-# PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format, or CSV.
+# PUT and PATCH of feature labels read their body raw too: a JSON document of any accepted format,
+# or CSV.
 LABELS_PATH = "/api/saes/{sae_id}/labels"
 LABELS_BODY = {
     "required": True,

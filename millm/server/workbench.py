@@ -29,7 +29,8 @@ router = APIRouter(include_in_schema=False, route_class=JsonRoute)
 
 @cache
 def page() -> tuple[str, str]:
-    """index.html and its Content-Security-Policy (scripts from this server, plus the page's import map by hash)."""
+    """index.html and its Content-Security-Policy (scripts from this server, plus the page's
+    import map by hash)."""
     html = (ROOT / "index.html").read_text(encoding="utf-8")
     found = IMPORT_MAP.search(html)
     hashes = ""
@@ -71,7 +72,8 @@ async def landing():
         f"<h1>millm {escape(__version__)}</h1>"
         "<ul>"
         '<li><a href="/ui">Workbench</a>: find, steer, compare and watch features</li>'
-        "<li><code>/v1</code>: the OpenAI-compatible API (point a client's <code>base_url</code> here)</li>"
+        "<li><code>/v1</code>: the OpenAI-compatible API (point a client's <code>base_url</code> "
+        "here)</li>"
         '<li><a href="/docs">API reference</a> (<a href="/openapi.json">openapi.json</a>)</li>'
         '<li><a href="/api/health/ready">Readiness</a></li>'
         "</ul>",

@@ -1,4 +1,5 @@
-"""Server settings (server.py), their remote servers (remote.py) and how a field is declared (fields.py)."""
+"""Server settings (server.py), their remote servers (remote.py) and how a field is declared
+(fields.py)."""
 
 from millm.settings.fields import DEMO_MODEL_NAME, default_home, env_field
 from millm.settings.server import Settings, key_setting, settings_options, settings_with

@@ -18,14 +18,16 @@ class RemoteServers(BaseSettings):
     judge_base_url: str | None = env_field(
         None,
         "MILLM_JUDGE_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) that steering evaluations may name as their judge (judge: remote).",
+        "An OpenAI-compatible server (its /v1 URL) that steering evaluations may name as their "
+        "judge (judge: remote).",
     )
     judge_model: str | None = env_field(None, "MILLM_JUDGE_MODEL", "The remote judge's model.")
     judge_api_key: str | None = env_field(None, "MILLM_JUDGE_API_KEY", "The remote judge's key.")
     explainer_base_url: str | None = env_field(
         None,
         "MILLM_EXPLAINER_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) that explaining SAE features may name as explainer or scorer (endpoint).",
+        "An OpenAI-compatible server (its /v1 URL) that explaining SAE features may name as "
+        "explainer or scorer (endpoint).",
     )
     explainer_model: str | None = env_field(
         None, "MILLM_EXPLAINER_MODEL", "The explainer endpoint's model."
@@ -36,7 +38,8 @@ class RemoteServers(BaseSettings):
     embeddings_base_url: str | None = env_field(
         None,
         "MILLM_EMBEDDINGS_BASE_URL",
-        "An OpenAI-compatible server (its /v1 URL) whose /embeddings label search by meaning uses; default: the served model's.",
+        "An OpenAI-compatible server (its /v1 URL) whose /embeddings label search by meaning "
+        "uses; default: the served model's.",
     )
     embeddings_model: str | None = env_field(
         None, "MILLM_EMBEDDINGS_MODEL", "The embeddings endpoint's model."

@@ -26,14 +26,16 @@ class Settings(RemoteServers):
     home: Path = env_field(
         None,
         "MILLM_HOME",
-        "Data directory for everything the server stores (database, registered models and SAEs, caches).",
+        "Data directory for everything the server stores (database, registered models and SAEs, "
+        "caches).",
     )
     host: str = env_field("127.0.0.1", "MILLM_HOST", "Address to listen on.")
     port: int = env_field(8000, "MILLM_PORT", "TCP port to listen on.", ge=0, le=65535)
     model: str = env_field(
         DEMO_MODEL_NAME,
         "MILLM_MODEL",
-        "Model to load: the demo name, a packaged model (gemma3-270m), a checkpoint directory, a .gguf file or a Hugging Face hub id.",
+        "Model to load: the demo name, a packaged model (gemma3-270m), a checkpoint directory, a "
+        ".gguf file or a Hugging Face hub id.",
     )
     sae: Annotated[list[str], NoDecode] = env_field(
         [],
@@ -64,21 +66,22 @@ class Settings(RemoteServers):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = env_field(
         "auto",
         "MILLM_DTYPE",
-        "Compute dtype; auto = bfloat16 on CUDA cards that compute it natively (Ampere on) and for Q4_1 GGUF files "
-        "on the CPU (int4 kernels), else float32.",
+        "Compute dtype; auto = bfloat16 on CUDA cards that compute it natively (Ampere on) and "
+        "for Q4_1 GGUF files on the CPU (int4 kernels), else float32.",
     )
     reproducible: bool = env_field(
         False,
         "MILLM_REPRODUCIBLE",
-        "Numbers that are the same on every x86 CPU: float32 on the CPU, transformers engine, kernels whose "
-        "rounding does not depend on the CPU kind (slower; for tests and examples that compare exact text).",
+        "Numbers that are the same on every x86 CPU: float32 on the CPU, transformers engine, "
+        "kernels whose rounding does not depend on the CPU kind (slower; for tests and examples "
+        "that compare exact text).",
     )
     engine: Literal["auto", "transformers", "llama.cpp"] = env_field(
         "auto",
         "MILLM_ENGINE",
-        "What runs the forward pass: transformers (every feature), llama.cpp (.gguf files kept quantised; "
-        "needs millm[gguf]), or auto = transformers unless a .gguf file's dequantised weights would not fit "
-        "in memory and llama.cpp is installed.",
+        "What runs the forward pass: transformers (every feature), llama.cpp (.gguf files kept "
+        "quantised; needs millm[gguf]), or auto = transformers unless a .gguf file's dequantised "
+        "weights would not fit in memory and llama.cpp is installed.",
     )
     device: str = env_field(
         "auto", "MILLM_DEVICE", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N."
@@ -101,15 +104,16 @@ class Settings(RemoteServers):
     max_rows_per_request: int = env_field(
         256,
         "MILLM_MAX_ROWS_PER_REQUEST",
-        "Most rows one request may generate or score: its conversations (1 + extra_messages) times n, "
-        "or its prompts times n; past it, 400 before anything runs (n alone is at most 128).",
+        "Most rows one request may generate or score: its conversations (1 + extra_messages) "
+        "times n, or its prompts times n; past it, 400 before anything runs (n alone is at most "
+        "128).",
         ge=1,
     )
     enable_continuous_batching: bool = env_field(
         False,
         "ENABLE_CONTINUOUS_BATCHING",
-        "Step every running request in one batch (joining after its own prefill, leaving when done); "
-        "seeded requests still run on the serial path and response_format is refused.",
+        "Step every running request in one batch (joining after its own prefill, leaving when "
+        "done); seeded requests still run on the serial path and response_format is refused.",
     )
     max_batch_size: int = env_field(
         16,
@@ -120,16 +124,18 @@ class Settings(RemoteServers):
     prefix_cache_bytes: int | None = env_field(
         None,
         "PREFIX_CACHE_BYTES",
-        "Bytes of keys and values of earlier prompts and answers kept for later requests that start the same "
-        "way, under the same steering (least recently used dropped first); 0 turns the cache off. Default: an "
-        "eighth of the device memory free once the model is loaded, at most 4 GiB.",
+        "Bytes of keys and values of earlier prompts and answers kept for later requests that "
+        "start the same way, under the same steering (least recently used dropped first); 0 turns "
+        "the cache off. Default: an eighth of the device memory free once the model is loaded, at "
+        "most 4 GiB.",
         ge=0,
     )
     prefill_chunk_tokens: int = env_field(
         512,
         "PREFILL_CHUNK_TOKENS",
-        "Prompt tokens a joining request prefills between two decode steps of the running ones, so they keep "
-        "streaming while a long prompt joins (alone, a prompt is prefilled in one pass).",
+        "Prompt tokens a joining request prefills between two decode steps of the running ones, "
+        "so they keep streaming while a long prompt joins (alone, a prompt is prefilled in one "
+        "pass).",
         ge=16,
     )
     graceful_unload_timeout: float = env_field(
@@ -142,7 +148,8 @@ class Settings(RemoteServers):
         None,
         "MILLM_MEMORY_LIMIT_BYTES",
         "Most bytes a model's weights may take on its device; a load estimated above it is refused "
-        "with 503 insufficient_memory before the loaded model is unloaded (default: the device's free memory).",
+        "with 503 insufficient_memory before the loaded model is unloaded (default: the device's "
+        "free memory).",
         ge=1,
     )
     sae_activations_max_top_k: int = env_field(
@@ -154,20 +161,22 @@ class Settings(RemoteServers):
     sae_activations_max_entries: int = env_field(
         65536,
         "SAE_ACTIVATIONS_MAX_ENTRIES",
-        "Largest worst case (positions x top_k, max_tokens counted in full) a return_sae_activations request may ask for.",
+        "Largest worst case (positions x top_k, max_tokens counted in full) a "
+        "return_sae_activations request may ask for.",
         ge=1,
     )
     discovery_max_texts: int = env_field(
         64,
         "MILLM_DISCOVERY_MAX_TEXTS",
-        "Most texts (or conversations) in one set of a contrast, or pairs in a vector training; past it, 400 naming the set before anything runs.",
+        "Most texts (or conversations) in one set of a contrast, or pairs in a vector training; "
+        "past it, 400 naming the set before anything runs.",
         ge=1,
     )
     discovery_max_tokens: int = env_field(
         16384,
         "MILLM_DISCOVERY_MAX_TOKENS",
-        "Most tokens one inspect, contrast or vector-training request reads, all its texts together (texts x tokens); "
-        "past it, 400 naming the field before any forward pass.",
+        "Most tokens one inspect, contrast or vector-training request reads, all its texts "
+        "together (texts x tokens); past it, 400 naming the field before any forward pass.",
         ge=2,
     )
     monitoring_history: int = env_field(
@@ -186,35 +195,39 @@ class Settings(RemoteServers):
     max_jobs: int = env_field(
         2,
         "MILLM_MAX_JOBS",
-        "Jobs (calibration, AutoSteer, probe and vector training) that may run at once; past it, 503 queue_full.",
+        "Jobs (calibration, AutoSteer, probe and vector training) that may run at once; past it, "
+        "503 queue_full.",
         ge=1,
         le=16,
     )
     job_share: float = env_field(
         0.25,
         "MILLM_JOB_SHARE",
-        "Most of the scheduler's time a job takes while requests are generating (it waits between its "
-        "forward passes); alone, a job runs at full speed.",
+        "Most of the scheduler's time a job takes while requests are generating (it waits between "
+        "its forward passes); alone, a job runs at full speed.",
         gt=0,
         le=1,
     )
     calibration_max_tokens: int = env_field(
         500_000,
         "MILLM_CALIBRATION_MAX_TOKENS",
-        "Most tokens one calibration may read (every text's, after max_tokens_per_text); past it, 400 before anything runs.",
+        "Most tokens one calibration may read (every text's, after max_tokens_per_text); past it, "
+        "400 before anything runs.",
         ge=1,
     )
     prompted_tools: Literal["auto", "on", "off"] = env_field(
         "auto",
         "MILLM_PROMPTED_TOOLS",
-        'For models whose chat template takes no tools: offer tool_choice "auto" tools in a system message '
-        "(on), never (off: answered as text, tools reported ignored), or only for models of 1B parameters "
-        "and more (auto; smaller ones did not follow the format in our measurements).",
+        'For models whose chat template takes no tools: offer tool_choice "auto" tools in a '
+        "system message "
+        "(on), never (off: answered as text, tools reported ignored), or only for models of 1B "
+        "parameters and more (auto; smaller ones did not follow the format in our measurements).",
     )
     responses_max_stored: int = env_field(
         10_000,
         "MILLM_RESPONSES_MAX_STORED",
-        "Most /v1/responses answers kept for GET and previous_response_id (oldest dropped first); 0 keeps none.",
+        "Most /v1/responses answers kept for GET and previous_response_id (oldest dropped first); "
+        "0 keeps none.",
         ge=0,
     )
     responses_retention_days: float = env_field(
@@ -239,7 +252,8 @@ class Settings(RemoteServers):
     explain_max_activation_bytes: int = env_field(
         256 << 20,
         "MILLM_EXPLAIN_MAX_ACTIVATION_BYTES",
-        "Most bytes of activations one explaining job keeps (every chosen feature at every corpus token, float32); past it, 400 before anything runs.",
+        "Most bytes of activations one explaining job keeps (every chosen feature at every corpus "
+        "token, float32); past it, 400 before anything runs.",
         ge=1,
     )
     ignored_fields_header_max_bytes: int = env_field(
@@ -272,7 +286,8 @@ class Settings(RemoteServers):
     database_url: str | None = env_field(
         None,
         "DATABASE_URL",
-        "SQLAlchemy URL of the store (e.g. postgresql+psycopg://user@host/db); default: SQLite in the data directory.",
+        "SQLAlchemy URL of the store (e.g. postgresql+psycopg://user@host/db); default: SQLite in "
+        "the data directory.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = env_field(
         "info", "MILLM_LOG_LEVEL", "Log level."
@@ -289,7 +304,8 @@ class Settings(RemoteServers):
     admin_key: SecretStr | None = env_field(
         None,
         "MILLM_ADMIN_KEY",
-        "Key for every /api route that changes state; it also opens /v1 (unset: those routes are open).",
+        "Key for every /api route that changes state; it also opens /v1 (unset: those routes are "
+        "open).",
     )
     admin_key_file: Path | None = env_field(
         None, "MILLM_ADMIN_KEY_FILE", "File holding MILLM_ADMIN_KEY (first line)."
@@ -297,8 +313,8 @@ class Settings(RemoteServers):
     allowed_paths: Annotated[list[Path], NoDecode] = env_field(
         [],
         "MILLM_ALLOWED_PATHS",
-        "Directories (os.pathsep-separated, like PATH) besides the data directory from which paths sent "
-        "over HTTP (SAE and model registration) may be read; --model is always allowed.",
+        "Directories (os.pathsep-separated, like PATH) besides the data directory from which "
+        "paths sent over HTTP (SAE and model registration) may be read; --model is always allowed.",
     )
     max_request_bytes: int = env_field(
         4 * 1024 * 1024,
@@ -309,7 +325,8 @@ class Settings(RemoteServers):
     max_import_bytes: int = env_field(
         1_000_000,
         "MAX_IMPORT_BYTES",
-        "Largest body of a profile, cluster, circuit or feature-labels import; past it, 413 document_too_large.",
+        "Largest body of a profile, cluster, circuit or feature-labels import; past it, 413 "
+        "document_too_large.",
         ge=1024,
     )
 
@@ -357,7 +374,8 @@ class Settings(RemoteServers):
         ):
             if value not in allowed:
                 raise ValueError(
-                    f"MILLM_REPRODUCIBLE runs {fixed} only; {name} {value!r} cannot be reproduced across CPUs"
+                    f"MILLM_REPRODUCIBLE runs {fixed} only; {name} {value!r} cannot be reproduced "
+                    "across CPUs"
                 )
         self.dtype, self.engine, self.device = "float32", "transformers", "cpu"
         return self
@@ -389,7 +407,8 @@ class Settings(RemoteServers):
 
 
 def key_setting(key: SecretStr | None, file: Path | None, env: str) -> SecretStr | None:
-    """A key given directly or read from its file (first line); refused when both are given, or unusable."""
+    """A key given directly or read from its file (first line); refused when both are given, or
+    unusable."""
     if key is not None and file is not None:
         raise ValueError(f"give {env} or {env}_FILE, not both")
     if file is not None:

@@ -61,7 +61,8 @@ class Topic(StrEnum):
 
 
 def announce(conn: Connection, topic: Topic, origin: str) -> None:
-    """Queue a notice of `topic` from `origin` in this transaction (sent on commit; nothing on SQLite)."""
+    """Queue a notice of `topic` from `origin` in this transaction (sent on commit; nothing on
+    SQLite)."""
     if conn.dialect.name == "postgresql":
         conn.execute(
             text("SELECT pg_notify(:channel, :payload)"),
@@ -70,7 +71,8 @@ def announce(conn: Connection, topic: Topic, origin: str) -> None:
 
 
 def parse_notice(payload: str) -> tuple[Topic, str] | None:
-    """(topic, origin) of a notice's payload; None for one this version does not know (a newer replica's)."""
+    """(topic, origin) of a notice's payload; None for one this version does not know (a newer
+    replica's)."""
     name, _, origin = payload.partition(" ")
     try:
         return Topic(name), origin

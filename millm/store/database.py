@@ -1,4 +1,5 @@
-"""Persistence: SQLite under the data directory by default, any SQLAlchemy URL (Postgres) by DATABASE_URL.
+"""Persistence: SQLite under the data directory by default, any SQLAlchemy URL (Postgres) by
+DATABASE_URL.
 
 This module is the database handle (`Store`: the engine, the migration at start, transactions
 that announce their changes to other replicas) and the SQL helpers every table module shares;
@@ -44,11 +45,13 @@ def database_url(home: Path, url: str | None) -> str:
 
 
 class Store:
-    """The database: its engine, its migration, and transactions (the table modules take it first)."""
+    """The database: its engine, its migration, and transactions (the table modules take it
+    first)."""
 
     def __init__(self, url: str):
         self.url = url
-        # On PostgreSQL the pool's connections get the listener's limits: a write never hangs on a dead peer.
+        # On PostgreSQL the pool's connections get the listener's limits: a write never hangs on a
+        # dead peer.
         connect_args = LIVENESS if make_url(url).get_backend_name() == "postgresql" else {}
         self.engine: Engine = create_engine(
             url, future=True, pool_pre_ping=True, connect_args=connect_args
@@ -56,7 +59,8 @@ class Store:
         self.migrate()
 
     def migrate(self) -> None:
-        """Bring the schema to the newest revision through Alembic, in one transaction; existing rows are kept."""
+        """Bring the schema to the newest revision through Alembic, in one transaction; existing
+        rows are kept."""
         # Only reaching the database is store_unavailable: a migration that fails says why itself,
         # where unavailable_as_503 would call SQLite's "table already exists" a connection problem.
         with unavailable_as_503():
@@ -73,12 +77,14 @@ class Store:
 
     @cached_property
     def origin(self) -> str:
-        """This process's name in change notices, so it can tell its own writes from other replicas'."""
+        """This process's name in change notices, so it can tell its own writes from other
+        replicas'."""
         return uuid.uuid4().hex[:12]
 
     @property
     def shared(self) -> bool:
-        """Whether other processes may share this database (PostgreSQL), so changes are announced and listened for."""
+        """Whether other processes may share this database (PostgreSQL), so changes are announced
+        and listened for."""
         return self.engine.dialect.name == "postgresql"
 
     @contextmanager
@@ -125,8 +131,9 @@ def _first_line(exc: DBAPIError) -> str:
 
 
 def upsert(conn: Connection, table: Table, values: dict[str, Any]) -> None:
-    """Insert a row, or overwrite the one with its primary key. One statement, not delete-then-insert:
-    two replicas writing one key at once would both insert, and one would fail."""
+    """Insert a row, or overwrite the one with its primary key. One statement, not
+    delete-then-insert: two replicas writing one key at once would both insert, and one would
+    fail."""
     keys = list(table.primary_key.columns)
     changes = {name: value for name, value in values.items() if name not in {c.name for c in keys}}
     if conn.dialect.name == "postgresql":

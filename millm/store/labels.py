@@ -28,7 +28,8 @@ CHUNK = (
 
 @dataclass(frozen=True)
 class LabelRow:
-    """A stored label: the feature, its label, where it came from and what the source said beside it."""
+    """A stored label: the feature, its label, where it came from and what the source said beside
+    it."""
 
     feature: int
     label: str
@@ -86,7 +87,8 @@ def _insert(conn: Connection, sae_id: str, rows: list[tuple[int, str, str, dict]
 def replace_labels(
     store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]
 ) -> tuple[int, int]:
-    """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before, labels now)."""
+    """Replace every label of an SAE by `rows` (feature, label, source, detail); (labels before,
+    labels now)."""
     with store.transaction(Topic.LABELS) as conn:
         before = _count(conn, sae_id)
         conn.execute(delete(table).where(table.c.sae_id == sae_id))

@@ -54,7 +54,8 @@ def alembic_config(conn: Connection) -> Config:
 
 
 def hold_migration_lock(conn: Connection) -> None:
-    """Make starts that race on one database migrate one after another, until this transaction ends."""
+    """Make starts that race on one database migrate one after another, until this transaction
+    ends."""
     if conn.dialect.name == "postgresql":
         # Replicas starting together on an empty database: the second waits here, then finds the
         # schema at head and has nothing to do.
@@ -66,7 +67,8 @@ def hold_migration_lock(conn: Connection) -> None:
 
 
 def legacy_version(conn: Connection) -> int | None:
-    """The schema version of a database the scheme before Alembic made; None for an empty database or one Alembic versions."""
+    """The schema version of a database the scheme before Alembic made; None for an empty
+    database or one Alembic versions."""
     tables = set(inspect(conn).get_table_names())
     if "alembic_version" in tables or not tables & set().union(*LEGACY_TABLES.values()):
         return None
@@ -87,14 +89,16 @@ def version_by_shape(tables: set[str]) -> int:
         version = number
     if version == 0:
         raise RuntimeError(
-            f"the database has some of millm's tables ({', '.join(sorted(tables))}) but not all of any schema version's"
+            f"the database has some of millm's tables ({', '.join(sorted(tables))}) but not all "
+            "of any schema version's"
         )
     return version
 
 
 @contextmanager
 def one_migration_at_a_time(conn: Connection) -> Iterator[None]:
-    """Around a migration: one per process (Alembic's globals), one per database (its lock, until the transaction ends)."""
+    """Around a migration: one per process (Alembic's globals), one per database (its lock, until
+    the transaction ends)."""
     with _migrating:
         hold_migration_lock(conn)
         yield

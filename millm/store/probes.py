@@ -19,7 +19,8 @@ table = probes_table
 
 
 def probe_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
-    """Every probe row (or those of `ids`): {id, name, document, active, created_at, updated_at}, by name."""
+    """Every probe row (or those of `ids`): {id, name, document, active, created_at, updated_at},
+    by name."""
     query = select(table).order_by(table.c.name)
     if ids is not None:
         query = query.where(table.c.id.in_(ids))

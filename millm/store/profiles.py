@@ -29,7 +29,8 @@ def _row(row) -> dict:
 
 
 def profile_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
-    """Every profile row (or those of `ids`): {id, name, document, created_at, updated_at}, by name."""
+    """Every profile row (or those of `ids`): {id, name, document, created_at, updated_at}, by
+    name."""
     query = select(profiles_table).order_by(profiles_table.c.name)
     if ids is not None:
         query = query.where(profiles_table.c.id.in_(ids))
@@ -61,7 +62,8 @@ def insert_profiles(
             c.execute(insert(profiles_table), values)
     except IntegrityError as exc:  # another replica took the name between the check and the write
         raise Conflict(
-            "a profile with this name was created meanwhile (by another replica); choose another name",
+            "a profile with this name was created meanwhile (by another replica); choose another "
+            "name",
             code="profile_exists",
         ) from exc
 
@@ -84,8 +86,8 @@ def update_profile(
             )
         if expected is not None and expected != row.version:
             raise VersionConflict(
-                f"profile {row.name!r} is at revision {row.version}, not {expected}: it was changed since you read it; "
-                "read it again and re-apply your change",
+                f"profile {row.name!r} is at revision {row.version}, not {expected}: it was "
+                "changed since you read it; read it again and re-apply your change",
                 param="revision",
             )
         document = change(json.loads(row.document))

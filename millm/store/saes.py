@@ -20,7 +20,8 @@ def sae_rows(store: Store) -> list[dict]:
 
 
 def add_sae(store: Store, info: dict) -> None:
-    """Register an SAE (again: the id is its weights' hash, so two replicas registering one file agree)."""
+    """Register an SAE (again: the id is its weights' hash, so two replicas registering one file
+    agree)."""
     with store.transaction(Topic.SAES) as conn:
         upsert(
             conn,

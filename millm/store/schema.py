@@ -120,8 +120,8 @@ calibrations_table = Table(
     Column("created_at", Float, nullable=False),
 )
 
-# Steering vectors (kernel/books/vectors.py): the unit direction as d_model little-endian float32 bytes
-# (read back bit for bit), its trained length and where and on which model it was trained.
+# Steering vectors (kernel/books/vectors.py): the unit direction as d_model little-endian float32
+# bytes (read back bit for bit), its trained length and where and on which model it was trained.
 vectors_table = Table(
     "millm_vectors",
     metadata,

@@ -36,7 +36,8 @@ class SqliteClaim:
 
 
 def claim_sqlite(url: str) -> SqliteClaim:
-    """Take the SQLite file of `url` for this process (DatabaseInUse if another server has it); other databases need no claim."""
+    """Take the SQLite file of `url` for this process (DatabaseInUse if another server has it);
+    other databases need no claim."""
     parsed = make_url(url)
     if (
         parsed.get_backend_name() != "sqlite"
@@ -54,9 +55,10 @@ def claim_sqlite(url: str) -> SqliteClaim:
         holder = handle.read().strip() or "unknown"
         handle.close()
         raise DatabaseInUse(
-            f"another millm server (pid {holder}) is using the SQLite database {database}. Two servers on one SQLite file "
-            "would each keep their own copy of the steering state and drift apart. Stop the other one, give this one its "
-            "own data directory (MILLM_HOME), or run replicas on a shared PostgreSQL database (DATABASE_URL; see docs/scaling.md)"
+            f"another millm server (pid {holder}) is using the SQLite database {database}. Two "
+            "servers on one SQLite file would each keep their own copy of the steering state and "
+            "drift apart. Stop the other one, give this one its own data directory (MILLM_HOME), "
+            "or run replicas on a shared PostgreSQL database (DATABASE_URL; see docs/scaling.md)"
         ) from None
     handle.seek(0)
     handle.truncate()

@@ -44,7 +44,8 @@ class SteeringWriter:
     def features(
         self, changes: dict[tuple[str, int], dict | None], clear: str | bool = False
     ) -> None:
-        """Apply live-value changes ((sae, feature) -> {"op", "strength", "value"}, None removes), optionally clearing first."""
+        """Apply live-value changes ((sae, feature) -> {"op", "strength", "value"}, None
+        removes), optionally clearing first."""
         conn = self.conn
         if clear is True:
             conn.execute(delete(strengths_table))
@@ -88,7 +89,8 @@ def attachments(store: Store) -> dict[str, int]:
 def attachment_rows(
     store: Store, conn: Connection | None = None
 ) -> dict[str, tuple[int, str | None]]:
-    """sae_id -> (layer, the served model it was attached on; None for rows from before schema 6)."""
+    """sae_id -> (layer, the served model it was attached on; None for rows from before schema
+    6)."""
     if conn is None:
         with store.reading() as c:
             return attachment_rows(store, c)
@@ -98,7 +100,8 @@ def attachment_rows(
 def steering_state(store: Store) -> SteeringRows:
     """The whole steering state as of one moment (one read transaction)."""
     with store.reading() as plain:
-        # PostgreSQL's default (read committed) lets each statement see a later commit; one snapshot here.
+        # PostgreSQL's default (read committed) lets each statement see a later commit; one snapshot
+        # here.
         conn = plain.execution_options(isolation_level="REPEATABLE READ") if store.shared else plain
         with conn.begin():
             features: dict[str, dict[int, dict]] = {}
@@ -155,7 +158,8 @@ def write_features(
 
 
 def set_attachment(store: Store, sae_id: str, layer: int | None, model: str | None = None) -> int:
-    """Attach (layer, on `model`) or detach (None) an SAE as one steering change; returns its version."""
+    """Attach (layer, on `model`) or detach (None) an SAE as one steering change; returns its
+    version."""
     with steering_change(store) as change:
         change.attachment(sae_id, layer, model)
     return change.version

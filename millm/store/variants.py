@@ -28,7 +28,8 @@ def _row(row) -> dict:
 
 
 def variant_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
-    """Every variant row (or those of `ids`): {id, name, base, document, created_at, updated_at}, by name."""
+    """Every variant row (or those of `ids`): {id, name, base, document, created_at, updated_at},
+    by name."""
     query = select(table).order_by(table.c.name)
     if ids is not None:
         query = query.where(table.c.id.in_(ids))

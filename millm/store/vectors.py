@@ -14,7 +14,8 @@ FLOAT32 = np.dtype("<f4")  # the stored byte order, whatever the machine's
 
 
 def vector_rows(store: Store, ids: list[str] | None = None) -> list[dict]:
-    """Every stored vector (or those of `ids`), oldest first; `unit` as a read-only float32 array."""
+    """Every stored vector (or those of `ids`), oldest first; `unit` as a read-only float32
+    array."""
     query = select(table).order_by(table.c.created_at)
     if ids is not None:
         query = query.where(table.c.id.in_(ids))

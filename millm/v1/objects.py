@@ -14,7 +14,8 @@ from pydantic import BaseModel, Field, model_serializer
 
 
 class WireModel(BaseModel):
-    """A response body: fields named in `omit_when_none` are left out while None, others are sent as null."""
+    """A response body: fields named in `omit_when_none` are left out while None, others are sent
+    as null."""
 
     omit_when_none: ClassVar[frozenset[str]] = frozenset()
     last_keys: ClassVar[tuple[str, ...]] = ()  # sent after every other key, as OpenAI orders them

@@ -14,7 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.acceptance
 ROOT = Path(__file__).resolve().parents[2]
-# What an AVX2-only x86 CPU runs: ATen's AVX2 loops, oneDNN's and MKL's AVX2 kernels (no AVX-512, no bf16 dot products).
+# What an AVX2-only x86 CPU runs: ATen's AVX2 loops, oneDNN's and MKL's AVX2 kernels (no AVX-512, no
+# bf16 dot products).
 AVX2_ONLY = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",

@@ -1,5 +1,5 @@
-"""Acceptance: the demo SAE ships calibrated on the demo model, so densities, quantiles, top examples
-and percentiles are there offline on the first start, with no job run."""
+"""Acceptance: the demo SAE ships calibrated on the demo model, so densities, quantiles, top
+examples and percentiles are there offline on the first start, with no job run."""
 
 import json
 

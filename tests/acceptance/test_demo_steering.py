@@ -1,4 +1,5 @@
-"""Acceptance: `millm serve` with no arguments attaches the demo SAE and ships the demo profiles, which steer."""
+"""Acceptance: `millm serve` with no arguments attaches the demo SAE and ships the demo profiles,
+which steer."""
 
 import httpx
 import pytest
@@ -28,9 +29,9 @@ def test_demo_sae_is_attached_with_labels(demo_server):
     assert 1403 in [f["index"] for f in found]
 
 
-# What each profile is about (its description's words and their kin). The greedy text differs between
-# CPU kinds (bf16 kernels), so the test asks that the steered answer talks about the topic more
-# than the plain one does, not for any one word.
+# What each profile is about (its description's words and their kin). The greedy text differs
+# between CPU kinds (bf16 kernels), so the test asks that the steered answer talks about the topic
+# more than the plain one does, not for any one word.
 TOPICS = {
     "pirate": ["pirate", "ship", "sea", "sail", "captain", "treasure", "crew"],
     "italian-food": [

@@ -159,7 +159,8 @@ def test_an_open_webui_shaped_request_gets_a_200_stream(demo_server):
             "type": "function",
             "function": {
                 "name": f"builtin_tool_{i}",
-                "description": f"Open WebUI built-in tool {i}: looks something up for the user and returns a short answer.",
+                "description": f"Open WebUI built-in tool {i}: looks something up for the user "
+                "and returns a short answer.",
                 "parameters": {
                     "type": "object",
                     "properties": {
@@ -181,7 +182,8 @@ def test_an_open_webui_shaped_request_gets_a_200_stream(demo_server):
     }
     response = post(demo_server, "/v1/chat/completions", body)
     assert response.status_code == 200, response.text
-    # SmolLM2-135M does not follow a prompted call format, so auto tools are not offered to it (and said so).
+    # SmolLM2-135M does not follow a prompted call format, so auto tools are not offered to it (and
+    # said so).
     assert response.headers["x-millm-ignored-fields"] == '"tools"'
     events = sse_events(response.text)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in (

@@ -1,4 +1,5 @@
-"""The curl and SDK examples in README.md and docs/ run against the demo model, so the docs stay true.
+"""The curl and SDK examples in README.md and docs/ run against the demo model, so the docs stay
+true.
 
 They run on a server of their own (sharing the demo server's converted checkpoint), because
 some examples change steering state. An example preceded by `<!-- example: error -->` is
@@ -11,25 +12,25 @@ against a server started with `--reproducible`, whose numbers are the same on ev
 No check here depends on the CPU kind (docs/testing.md, "Docs examples"). Greedy bf16 text and
 the activations under it differ between CPU kinds (their bf16 kernels differ), so what a Python
 example prints is checked in three ways:
-- `<!-- check: EXPR -->` lines right after the example: each a Python expression, evaluated in
-  the example's namespace after it ran (`printed` holds everything it printed, `lines` the same
-  split into lines), that must be true. They state what the example promises: the fields, the status, that two endpoints gave
-  the same text, that the steered answer differs and mentions what the profile is about, a
-  number within its stated tolerance.
+- `<!-- check: EXPR -->` lines right after the example: each a Python expression, evaluated in the
+  example's namespace after it ran (`printed` holds everything it printed, `lines` the same split
+  into lines), that must be true. They state what the example promises: the fields, the status, that
+  two endpoints gave the same text, that the steered answer differs and mentions what the profile is
+  about, a number within its stated tolerance.
 - A fence with no language after the example (and its checks): its whole output, line for
   line. That is only for output that does not depend on the model's arithmetic (labels, stored
   calibrations, counts, booleans) or for `reproducible` examples.
-- The same fence labelled `*Printed on <which CPU> ...:*` is an illustration: it is not
-  compared, and the example must carry checks. So is the comment ending a one-line
-  `print(...)` call when it starts with `e.g.`; otherwise `print(x)  # what it prints` is
-  compared, every line that call writes.
-Lines are compared after collapsing runs of whitespace, with two allowances for values that
-vary from run to run: generated ids (`chatcmpl-…`, `cmpl-…`, `call_…`, `resp_…`, `msg_…`, `fc_…`) match any id of their
-kind, and a decimal number matches within 1 in its last shown digit plus 2%; whole numbers
-(indices, positions, counts) and all other text must be equal. Output the docs show only in
-prose or tables (README's steering table) is not checked; the example must still run without
-raising. A curl example must exit 0 and answer with an error body exactly when marked `error`;
-the JSON the docs show after one is an illustration (ids, times, live counters) and is not compared.
+- The same fence labelled `*Printed on <which CPU> ...:*` is an illustration: it is not compared,
+  and the example must carry checks. So is the comment ending a one-line `print(...)` call when it
+  starts with `e.g.`; otherwise `print(x)  # what it prints` is compared, every line that call
+  writes. Lines are compared after collapsing runs of whitespace, with two allowances for values
+  that vary from run to run: generated ids (`chatcmpl-…`, `cmpl-…`, `call_…`, `resp_…`, `msg_…`,
+  `fc_…`) match any id of their kind, and a decimal number matches within 1 in its last shown digit
+  plus 2%; whole numbers (indices, positions, counts) and all other text must be equal. Output the
+  docs show only in prose or tables (README's steering table) is not checked; the example must still
+  run without raising. A curl example must exit 0 and answer with an error body exactly when marked
+  `error`; the JSON the docs show after one is an illustration (ids, times, live counters) and is
+  not compared.
 """
 
 import io
@@ -150,7 +151,8 @@ def same_line(shown: str, printed: str) -> bool:
 
 
 def run_python(code: str) -> tuple[str, list[tuple[int, str]], dict]:
-    """Run an example; its whole output, per `print` call (line number, what it wrote), and its namespace."""
+    """Run an example; its whole output, per `print` call (line number, what it wrote), and its
+    namespace."""
     calls: list[tuple[int, str]] = []
     whole = io.StringIO()
 
@@ -173,7 +175,8 @@ def reads_as(shown: str, printed: str) -> bool:
 
 
 def check_output(example: Example) -> None:
-    """The example's promises, and what it printed against the output the docs compare (not illustrations)."""
+    """The example's promises, and what it printed against the output the docs compare (not
+    illustrations)."""
     printed, calls, namespace = run_python(example.code)
     for check in example.checks:
         assert eval(check, {**namespace, "printed": printed, "lines": printed.splitlines()}), (
@@ -203,7 +206,8 @@ def docs_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reproducible_server(tmp_path_factory):
-    """The demo with --reproducible: float32 on kernels whose numbers do not depend on the CPU kind."""
+    """The demo with --reproducible: float32 on kernels whose numbers do not depend on the CPU
+    kind."""
     server = start_sharing(
         "demo", tmp_path_factory.mktemp("reproducible-docs-home"), ["--reproducible"]
     )

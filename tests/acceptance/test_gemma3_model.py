@@ -87,8 +87,8 @@ def test_the_shipped_sae_is_attached_with_labels(gemma3_server):
 def test_a_feature_steers_the_completion(gemma3_server):
     plain = complete(gemma3_server, WEEKEND, 16)
     steered = complete(gemma3_server, WEEKEND, 16, **steering())
-    # The greedy words differ a little between CPU kinds (float32 kernels), the topic does not: "to go
-    # to the beach" here, "to read a book" steered.
+    # The greedy words differ a little between CPU kinds (float32 kernels), the topic does not: "to
+    # go to the beach" here, "to read a book" steered.
     assert "read" not in plain and "book" not in plain, plain
     assert "read" in steered[:20] or "book" in steered[:20], steered
 
@@ -122,7 +122,8 @@ def test_reads_see_a_dense_feature_at_every_position(gemma3_server):
 
 
 def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
-    """Rows of several requests, one of them steered, share batches and answer as they do alone (float32)."""
+    """Rows of several requests, one of them steered, share batches and answer as they do alone
+    (float32)."""
     requests = [
         (CAPITALS, {}),
         (WEEKEND, {}),

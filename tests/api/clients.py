@@ -46,7 +46,8 @@ def api(server, method: str, path: str, timeout: float = 120, **kwargs) -> httpx
 def error(
     response: httpx.Response, status: int, code: str | None = None, type_: str | None = None
 ) -> dict:
-    """The error object of a response that must have this status (and code, and type, when given)."""
+    """The error object of a response that must have this status (and code, and type, when
+    given)."""
     assert response.status_code == status, response.text
     body = response.json()["error"]
     if code:
@@ -77,7 +78,8 @@ def finished_job(server, job_id: str, timeout: float = 240) -> dict:
 
 @contextmanager
 def llama_with_sae(tiny_dirs, folder: Path, seed: int, env: dict | None = None) -> Iterator:
-    """A live server on the tiny Llama with a SAELens SAE on block 1 attached (`.sae`, `.sae_dir`)."""
+    """A live server on the tiny Llama with a SAELens SAE on block 1 attached (`.sae`,
+    `.sae_dir`)."""
     from tests.support.server import ServerProcess
     from tests.support.tiny_saes import build_saelens
 

@@ -1,5 +1,6 @@
 """Access control on a live server: API and admin keys through the OpenAI SDK and raw HTTP, no state
-changes from other sites' pages, paths confined to the allowed folders, bodies capped before reading."""
+changes from other sites' pages, paths confined to the allowed folders, bodies capped before
+reading."""
 
 import shutil
 import socket
@@ -26,7 +27,8 @@ def bearer(key):
 
 @pytest.fixture(scope="module")
 def keyed(tiny_dirs, tmp_path_factory):
-    """A server with both keys (the admin key from a file) that reads only its data directory and --model."""
+    """A server with both keys (the admin key from a file) that reads only its data directory and
+    --model."""
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "admin-key").write_text(ADMIN_KEY + "\n")
     env = {
@@ -166,10 +168,11 @@ def test_a_server_on_every_interface_warns_about_open_routes(tiny_dirs, tmp_path
     assert "open to anyone" not in keyed.log  # loopback with both keys: nothing to warn about
 
 
-# Paths -----------------------------------------------------------------------------------------------
+# Paths --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def outside(tmp_path_factory):
-    """An SAE the keyed server may not read: outside its data directory (it has no MILLM_ALLOWED_PATHS)."""
+    """An SAE the keyed server may not read: outside its data directory (it has no
+    MILLM_ALLOWED_PATHS)."""
     return build_saelens(tmp_path_factory.mktemp("outside-saes") / "sae", layer=1, seed=77)
 
 
@@ -236,7 +239,7 @@ def test_model_sources_are_confined_too(keyed, tiny_dirs):
     assert "acme/no-such-model" in hub["message"]
 
 
-# Body caps -------------------------------------------------------------------------------------------
+# Body caps ----------------------------------------------------------------------------------------
 def exchange(server, head: str, body: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
     """Send a request head and part of a body on a raw socket; the status and whatever came back."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as sock:
@@ -260,15 +263,15 @@ def test_bodies_are_capped_before_they_are_read(keyed):
     assert "MAX_REQUEST_BYTES" in body["message"]
     # A declared 100 MB body: refused at once, after 20 bytes of it (the rest is never sent).
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
-        "Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+        f"{API_KEY}\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
     )
     status, answer = exchange(keyed, head, b'{"model": "tiny-llam')
     assert status == 413 and b"request_too_large" in answer
     # A chunked body: counted as it arrives, refused once past the cap (the last chunk never comes).
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
-        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+        f"{API_KEY}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
     chunk = b"x" * (REQUEST_CAP + 10)
     status, answer = exchange(keyed, head, f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")

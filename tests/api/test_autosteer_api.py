@@ -73,7 +73,8 @@ def p_yes(server, tokenizer, goal: str, text: str) -> float:
 def token_logprobs(
     tiny_dirs, tokenizer, texts: list[str], system: str | None = None
 ) -> list[float]:
-    """Each answer token's log-probability after its probe (and `system`), from a stock forward pass."""
+    """Each answer token's log-probability after its probe (and `system`), from a stock forward
+    pass."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(

@@ -137,6 +137,7 @@ def test_a_cluster_whose_sae_was_replaced_refuses_requests(server):
 
 
 def test_streams_are_checked_before_the_first_byte(server):
-    # Served while it fits; the plan is immutable, so a change after admission never reaches a running stream.
+    # Served while it fits; the plan is immutable, so a change after admission never reaches a
+    # running stream.
     events = sse_events(chat(server, stream=True).text)
     assert events[-1] == "[DONE]" and all("error" not in e for e in events[:-1])

@@ -94,7 +94,8 @@ def server(tiny_dirs, tmp_path_factory, sae_dirs):
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs, sae_dirs):
-    """Each text's SAE activations `[positions, d_sae]` at every position (stock transformers model, a hook, the SAE's encode)."""
+    """Each text's SAE activations `[positions, d_sae]` at every position (stock transformers
+    model, a hook, the SAE's encode)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -277,7 +278,8 @@ def test_top_examples_are_the_largest_activations_with_their_text(server, calibr
 
 
 def percentile_reference(offline, feature: int, value: float) -> float:
-    """The percentile as the docs define it: the value's place in the feature's 101 quantiles of its firing values."""
+    """The percentile as the docs define it: the value's place in the feature's 101 quantiles of
+    its firing values."""
     on = np.concatenate([acts[1:, feature] for acts in offline["acts"]])
     grid = np.quantile(on[on > 0].astype(np.float64), np.arange(101) / 100)
     if value < grid[0]:
@@ -510,7 +512,8 @@ def test_reading_refusals(server, calibrated):
 
 
 def shipped_calibration(sae_id: str, d_sae: int) -> dict:
-    """A calibration.json for an SAE: every feature fired 10 times with values 1..10 (feature 3 never)."""
+    """A calibration.json for an SAE: every feature fired 10 times with values 1..10 (feature 3
+    never)."""
     grids = np.tile(np.quantile(np.arange(1.0, 11.0), np.arange(101) / 100), (d_sae, 1))
     grids[3] = np.nan
     features = []

@@ -242,7 +242,8 @@ def prompt_tokens_of(lm, **variables) -> int:
 
 
 def test_chat_template_kwargs_reach_the_template(llama_server, llama_lm):
-    """The tiny template reads `enable_thinking` as Qwen 3's does (an empty thought block when false)."""
+    """The tiny template reads `enable_thinking` as Qwen 3's does (an empty thought block when
+    false)."""
     off = post(
         llama_server,
         "/v1/chat/completions",

@@ -1,4 +1,5 @@
-"""/api/clusters, /api/circuits, steering_intensity and the rung header on a live server with two SAEs."""
+"""/api/clusters, /api/circuits, steering_intensity and the rung header on a live server with two
+SAEs."""
 
 import json
 

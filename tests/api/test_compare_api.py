@@ -1,7 +1,8 @@
-"""POST /api/compare on a live server (tiny Llama in float32, a tiny SAE attached, live values, profiles
-and a cluster): each variant's text and usage equal a single /v1/chat/completions request with the
-same steering and seed (greedy and seeded sampling); the stream reassembles to the whole answer;
-the default variants; one seed for every variant; a disconnect cancels the job; every refusal."""
+"""POST /api/compare on a live server (tiny Llama in float32, a tiny SAE attached, live values,
+profiles and a cluster): each variant's text and usage equal a single /v1/chat/completions
+request with the same steering and seed (greedy and seeded sampling); the stream reassembles to
+the whole answer; the default variants; one seed for every variant; a disconnect cancels the job;
+every refusal."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from tests.support.tiny_saes import build_saelens
 LAYER = 1
 PROMPT = "The old river runs quickly to the sea, and"
 BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
-GAP = 0.01  # the threshold sits at least this far from every activation (server reads differ in the last bits)
+# the threshold sits at least this far from every activation (server reads differ in the last bits)
+GAP = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,8 @@ def server(tiny_dirs, tmp_path_factory):
 
 
 def read(server, features: list[int] | None, extra: dict | None = None) -> dict:
-    """A completion with every position's activations of `features` (all positions, read after steering)."""
+    """A completion with every position's activations of `features` (all positions, read after
+    steering)."""
     ask = {
         "sae_id": server.sae,
         "top_k": 1 if features is None else len(features),
@@ -68,8 +70,8 @@ def tokens(body: dict) -> list[int]:
 
 @pytest.fixture(scope="module")
 def firing(server):
-    """A feature whose largest activation (past the attention sink) is at a generated position, clear of
-    every other value, a saved probe firing there first, and the unsteered answer."""
+    """A feature whose largest activation (past the attention sink) is at a generated position,
+    clear of every other value, a saved probe firing there first, and the unsteered answer."""
     plain = read(server, None)
     prompt_length = plain["usage"]["prompt_tokens"]
     candidates = {
@@ -154,8 +156,8 @@ def test_when_steers_only_after_the_firing_position(server, firing):
     assert tokens(body)[: p + 2] == tokens(firing["plain"])[: p + 2]
     for position in range(1, p + 1):
         assert steered_values[position] == pytest.approx(plain_values[position], abs=1e-4)
-    # The read is after the edit: from p+1 the feature's activation moves (a random SAE's encoder may
-    # even turn it off: 6.9 -> 0 in this fixture), up to p it did not.
+    # The read is after the edit: from p+1 the feature's activation moves (a random SAE's encoder
+    # may even turn it off: 6.9 -> 0 in this fixture), up to p it did not.
     assert abs(steered_values[p + 1] - plain_values[p + 1]) > 1.0
     (verdict,) = body["millm"]["probes"]
     assert verdict["action"] == "steer" and verdict["acted_at"] == p + 1

@@ -1,14 +1,16 @@
-"""Crash durability: `kill -9` the server while it writes profiles and clusters under load, restart it
-on the same data directory, and check that everything acknowledged is there and nothing is half-written.
+"""Crash durability: `kill -9` the server while it writes profiles and clusters under load, restart
+it on the same data directory, and check that everything acknowledged is there and nothing is
+half-written.
 
 Several writer threads create profiles (single POSTs and bundle imports), import clusters (single
-definitions and bundles) and turn cluster dials, each under a unique name, while chat completions keep
-the model busy. Every request is entered in a ledger before it is sent and marked acknowledged when a
-2xx answer comes back. After a seeded delay the server is killed with SIGKILL; requests in flight then
-fail, and are "maybe" writes: they may or may not be stored, but never in part. A fresh server on the
-same home must then show every acknowledged write exactly as sent, bundles all-or-nothing, no row that
-was never sent, readable exports, a clean `PRAGMA integrity_check`, and answer a chat completion.
-The cycle runs several times on the one database, each check covering all earlier cycles too.
+definitions and bundles) and turn cluster dials, each under a unique name, while chat completions
+keep the model busy. Every request is entered in a ledger before it is sent and marked acknowledged
+when a 2xx answer comes back. After a seeded delay the server is killed with SIGKILL; requests in
+flight then fail, and are "maybe" writes: they may or may not be stored, but never in part. A fresh
+server on the same home must then show every acknowledged write exactly as sent, bundles
+all-or-nothing, no row that was never sent, readable exports, a clean `PRAGMA integrity_check`, and
+answer a chat completion. The cycle runs several times on the one database, each check covering all
+earlier cycles too.
 
 MILLM_CRASH_SEED overrides the seed (to explore other interleavings when running it repeatedly) and
 MILLM_CRASH_CYCLES the number of kill/restart cycles (2 by default, to stay near a minute).
@@ -36,7 +38,8 @@ CYCLES = int(os.environ.get("MILLM_CRASH_CYCLES", "2"))
 WRITERS = 4
 CHATTERS = 2
 KILL_AFTER = (1.5, 3.0)  # seconds after the writers start, drawn per cycle
-MIN_ACKED = 20  # wait (a little) longer than the drawn delay until at least this many writes are acknowledged
+# wait (a little) longer than the drawn delay until at least this many writes are acknowledged
+MIN_ACKED = 20
 MAX_EXTRA_WAIT = 15.0
 INTENSITY_MAX = 2.0  # the server's default STEERING_INTENSITY_MAX
 
@@ -80,7 +83,8 @@ class Ledger:
 
 
 def profile_entries(rng: random.Random) -> list[dict]:
-    """Canonical steering entries (floats, distinct SAEs and indices), so the stored document equals them."""
+    """Canonical steering entries (floats, distinct SAEs and indices), so the stored document
+    equals them."""
     entries = []
     for sae in rng.sample(range(1000), rng.randint(1, 3)):
         entry = {"sae_id": f"sae_{sae:012x}"}
@@ -114,7 +118,8 @@ def cluster_doc(name: str, rng: random.Random) -> dict:
 
 
 class Writer(threading.Thread):
-    """Creates profiles and clusters and turns its own clusters' dials until stopped or the server is gone."""
+    """Creates profiles and clusters and turns its own clusters' dials until stopped or the
+    server is gone."""
 
     def __init__(self, server, ledger: Ledger, cycle: int, index: int, stop: threading.Event):
         super().__init__(name=f"writer-{cycle}-{index}", daemon=True)
@@ -279,7 +284,8 @@ def start(home, tiny_dirs) -> ServerProcess:
 
 
 def crash_cycle(server: ServerProcess, ledger: Ledger, cycle: int, delay: float) -> dict:
-    """Write under load, kill -9 after `delay` seconds (or once MIN_ACKED writes are in), wait for the threads."""
+    """Write under load, kill -9 after `delay` seconds (or once MIN_ACKED writes are in), wait
+    for the threads."""
     stop = threading.Event()
     writers = [Writer(server, ledger, cycle, i, stop) for i in range(WRITERS)]
     chatters = [Chatter(server, stop, i) for i in range(CHATTERS)]
@@ -315,7 +321,8 @@ def crash_cycle(server: ServerProcess, ledger: Ledger, cycle: int, delay: float)
 
 
 def allowed_intensities(ledger: Ledger) -> dict[str, set[float]]:
-    """Cluster name -> the dial values it may show: the last acknowledged one, or an unacknowledged later one."""
+    """Cluster name -> the dial values it may show: the last acknowledged one, or an
+    unacknowledged later one."""
     allowed: dict[str, set[float]] = {}
     for write in ledger.writes:
         if write.kind in ("cluster", "cluster_bundle"):
@@ -337,7 +344,8 @@ def allowed_intensities(ledger: Ledger) -> dict[str, set[float]]:
 
 
 def verify(server: ServerProcess, ledger: Ledger, home) -> dict:
-    """Everything acknowledged is there as sent; bundles all-or-nothing; nothing half-written or never sent."""
+    """Everything acknowledged is there as sent; bundles all-or-nothing; nothing half-written or
+    never sent."""
     problems: list[str] = []
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         return _verify(client, ledger, home, problems)
@@ -398,7 +406,8 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
                 continue
             if write.kind.startswith("profile"):
                 row = profiles[name]
-                # Sent as version 1: stored as its version 2 form, every feature an add (same meaning).
+                # Sent as version 1: stored as its version 2 form, every feature an add (same
+                # meaning).
                 expected = {
                     "kind": "millm.profile",
                     "description": "",
@@ -417,7 +426,8 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
                 }
                 if row["document"] != expected:
                     problems.append(
-                        f"profile {name} ({write.label()}): stored {row['document']!r} != sent {expected!r}"
+                        f"profile {name} ({write.label()}): stored {row['document']!r} != sent "
+                        f"{expected!r}"
                     )
                 if write.acked and row["id"] != write.answer.get(name):
                     problems.append(
@@ -428,7 +438,8 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
                 row, exported = clusters[name], exports.get(name)
                 if write.kind == "cluster" and exported != sent:
                     problems.append(
-                        f"cluster {name} ({write.label()}): export is not byte-for-byte what was sent"
+                        f"cluster {name} ({write.label()}): export is not byte-for-byte what was "
+                        "sent"
                     )
                 if (
                     write.kind == "cluster_bundle"
@@ -436,7 +447,8 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
                     and json.loads(exported) != sent
                 ):
                     problems.append(
-                        f"cluster {name} ({write.label()}): export {exported[:200]!r} != the definition sent"
+                        f"cluster {name} ({write.label()}): export {exported[:200]!r} != the "
+                        "definition sent"
                     )
                 if write.acked and row["id"] != write.answer.get(name):
                     problems.append(
@@ -447,7 +459,8 @@ def _verify(client: httpx.Client, ledger: Ledger, home, problems: list[str]) -> 
         if name in clusters:
             if clusters[name]["intensity"] not in values:
                 problems.append(
-                    f"cluster {name}: intensity {clusters[name]['intensity']} not among the allowed {sorted(values)}"
+                    f"cluster {name}: intensity {clusters[name]['intensity']} not among the "
+                    f"allowed {sorted(values)}"
                 )
             checked["dials"] += 1
 

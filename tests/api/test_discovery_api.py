@@ -39,7 +39,8 @@ SET_B = [
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs):
-    """The stock model and tokenizer, with a hook at LAYER that adds `delta` and keeps the result."""
+    """The stock model and tokenizer, with a hook at LAYER that adds `delta` and keeps the
+    result."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -69,7 +70,8 @@ def offline(tiny_dirs):
 @pytest.fixture(scope="module")
 def sae_dir(tmp_path_factory, offline):
     """A random ReLU SAE whose feature BUILT is fitted (least squares over the sets' read positions)
-    to read 10, 11, 12, 13 at MARK in set a's texts and -1 everywhere else, so it fires on MARK only."""
+    to read 10, 11, 12, 13 at MARK in set a's texts and -1 everywhere else, so it fires on MARK
+    only."""
     tokenizer, residual = offline
     tensors = sae_tensors(64, 128, seed=5)
     mark = tokenizer(MARK, add_special_tokens=False)["input_ids"]
@@ -118,7 +120,8 @@ def server(tiny_dirs, tmp_path_factory, sae_dir):
 
 @pytest.fixture(scope="module")
 def encode(offline, sae_dir):
-    """Offline activations of a prompt at every position but the first `[n - 1, d_sae]` (optionally steered)."""
+    """Offline activations of a prompt at every position but the first `[n - 1, d_sae]`
+    (optionally steered)."""
     _, residual = offline
     sae = read_sae(sae_dir)[1]
 
@@ -143,7 +146,7 @@ def expected_ranking(acts: torch.Tensor, sort: str, top_k: int) -> list[int]:
     return sorted(fired, key=lambda i: (-float(key[i]), -float(high[i]), i))[:top_k]
 
 
-# inspect ------------------------------------------------------------------------------------------------
+# inspect ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sort", ["max", "mean", "count"])
 def test_inspect_aggregates_equal_an_offline_encode(server, offline, encode, sort):
     tokenizer, _ = offline
@@ -261,7 +264,7 @@ def test_steered_only_when_asked_and_by_the_plan_asked_for(server, offline, enco
     )
 
 
-# contrast -----------------------------------------------------------------------------------------------
+# contrast -----------------------------------------------------------------------------------------
 def per_text(tokenizer, encode, texts: list[str], aggregate: str) -> np.ndarray:
     rows = [encode(tokenizer(text)["input_ids"]) for text in texts]
     return np.stack(
@@ -414,7 +417,7 @@ def test_routes_are_in_the_openapi_schema(server):
         assert "requestBody" in operation and "200" in operation["responses"]
 
 
-# refusals -----------------------------------------------------------------------------------------------
+# refusals -----------------------------------------------------------------------------------------
 # 252 tokens: over MAX_TOKENS, within the context window
 LONG = " ".join(["one two three four five"] * 50)
 

@@ -1,4 +1,5 @@
-"""Every /v1 failure in OpenAI's error shape, with the spec's status and code (never FastAPI's 422)."""
+"""Every /v1 failure in OpenAI's error shape, with the spec's status and code (never FastAPI's
+422)."""
 
 import openai
 import pytest
@@ -218,8 +219,8 @@ def test_a_405_names_the_methods_the_path_takes(llama_server, method, path, allo
 
 
 def test_whole_number_floats_are_the_integers_the_schema_calls_them(llama_server):
-    """JSON Schema counts 2.0 as an integer, so wherever the schema says integer the server reads 2.0
-    as 2; 2.5 stays a refusal naming the field."""
+    """JSON Schema counts 2.0 as an integer, so wherever the schema says integer the server reads
+    2.0 as 2; 2.5 stays a refusal naming the field."""
     import httpx
 
     base = {"model": MODEL, "messages": USER, "temperature": 0, "logprobs": True}

@@ -30,7 +30,8 @@ def tokenizer(tiny_dirs):
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, llama_server):
-    """The tiny Llama with an SAE attached, whose remote judge is another server on the same weights."""
+    """The tiny Llama with an SAE attached, whose remote judge is another server on the same
+    weights."""
     env = {"MILLM_JUDGE_BASE_URL": f"{llama_server.base_url}/v1", "MILLM_JUDGE_MODEL": MODEL}
     with llama_with_sae(tiny_dirs, tmp_path_factory.mktemp("eval"), seed=21, env=env) as process:
         yield process

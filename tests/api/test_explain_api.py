@@ -145,7 +145,8 @@ def offline_examples(offline, feature: int):
 
 
 def yes(tokenizer, model, chat) -> float:
-    """The stock model's P("1") / (P("0") + P("1")) as the token after "[" of its answer to `chat`."""
+    """The stock model's P("1") / (P("0") + P("1")) as the token after "[" of its answer to
+    `chat`."""
     ids = chat_prompt_ids(tokenizer, chat) + tokenizer("[", add_special_tokens=False)["input_ids"]
     one = tokenizer("[1", add_special_tokens=False)["input_ids"][-1]
     zero = tokenizer("[0", add_special_tokens=False)["input_ids"][-1]
@@ -393,7 +394,8 @@ def test_a_features_own_label_is_scored_the_same_way_and_stays(calibrated, offli
 def test_explanations_are_searched_beside_labels_ranked_by_their_score(calibrated, offline):
     process, sae = calibrated
     body = {"features": fired_features(offline, 3), "explainer": "endpoint", "scorer": "served",
-            "top_examples": TOP, "held_out": HELD, "quantiles": 2, "width": WIDTH, "texts": TEXTS}  # fmt: skip
+            "top_examples": TOP, "held_out": HELD, "quantiles": 2, "width": WIDTH,
+            "texts": TEXTS}  # fmt: skip
     assert wait_job(process, explain(process, sae, body).json()["id"])["state"] == "succeeded"
     stored = api(process, "GET", f"/api/saes/{sae}/explanations").json()
     by_feature = {}

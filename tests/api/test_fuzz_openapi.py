@@ -1,4 +1,5 @@
-"""Property-based fuzzing of the served OpenAPI schema (schemathesis) against a live server on a tiny model.
+"""Property-based fuzzing of the served OpenAPI schema (schemathesis) against a live server on a
+tiny model.
 
 Every `/v1` and `/api` operation (but the endless monitoring feed) gets schema-valid and malformed
 bodies, parameters and headers. The invariants, checked on every response:
@@ -58,8 +59,10 @@ NAMED_5XX = {
 TIGHTENED = {
     "POST /v1/chat/completions": 0.75,
     "POST /v1/completions": 0.75,
-    "POST /api/profiles": 0.85,  # an SAE once per profile: no schema keyword says it (about 1 body in 10)
-    "POST /api/profiles/import": 0.8,  # names unique in a bundle, SAEs once per profile: no schema says it
+    # an SAE once per profile: no schema keyword says it (about 1 body in 10)
+    "POST /api/profiles": 0.85,
+    # names unique in a bundle, SAEs once per profile: no schema says it
+    "POST /api/profiles/import": 0.8,
     "POST /api/profiles/save-current": 0.9,
     "POST /api/clusters/import": 0.9,
     "POST /api/circuits/import": 0.9,
@@ -79,7 +82,8 @@ ACCEPTED = {
 STATE_REFUSALS = (
     "maximum context length",
     "outside the vocabulary",
-    "tokenises to nothing",  # a text the model's tokenizer drops whole (the tiny one drops unknown characters)
+    # a text the model's tokenizer drops whole (the tiny one drops unknown characters)
+    "tokenises to nothing",
     "is not attached",
     "several SAEs are attached",
     "no SAE is attached",
@@ -91,16 +95,19 @@ STATE_REFUSALS = (
     "no file or folder there",  # `sae` naming a relative path: the file system decides
     "no file or directory at",
     "past the width",
-    "no probe is named",  # this server keeps no probes or steering vectors (a request's `steering` may name them)
+    # this server keeps no probes or steering vectors (a request's `steering` may name them)
+    "no probe is named",
     "no steering vector has the id",
-    "nearly orthogonal",  # a clamp the attached (random) SAE cannot hold: its weights decide, not the request
+    # a clamp the attached (random) SAE cannot hold: its weights decide, not the request
+    "nearly orthogonal",
     "cannot be held together",
 )
 
 
 @pytest.fixture(scope="module")
 def fuzzed(tiny_dirs, tmp_path_factory):
-    """A server with two SAEs attached, a profile, a cluster and a circuit, and what it stored at the start."""
+    """A server with two SAEs attached, a profile, a cluster and a circuit, and what it stored at
+    the start."""
     base = tmp_path_factory.mktemp("fuzz-saes")
     env = {"MILLM_DEFAULT_MAX_TOKENS": str(MAX_TOKENS), "MILLM_LOG_LEVEL": "warning"}
     process = ServerProcess(
@@ -147,7 +154,8 @@ def fuzzed(tiny_dirs, tmp_path_factory):
         api(process, "POST", "/api/vectors/import", json=vector_file("fuzz-vector"))
         process.sae_ids = ids
         process.before = stored(process)
-        process.changed = []  # (method, path) of every 2xx answer that deleted or replaced something
+        # (method, path) of every 2xx answer that deleted or replaced something
+        process.changed = []
         process.seen = []  # (operation, mode, status)
         yield process
     finally:
@@ -155,7 +163,8 @@ def fuzzed(tiny_dirs, tmp_path_factory):
 
 
 def vector_file(name: str) -> dict:
-    """A steering-vector file for the tiny model (d_model 64): a unit vector along the first axis."""
+    """A steering-vector file for the tiny model (d_model 64): a unit vector along the first
+    axis."""
     return {
         "kind": "millm.steering-vector",
         "version": 1,
@@ -173,7 +182,8 @@ def vector_file(name: str) -> dict:
 
 
 def stored(server) -> dict:
-    """What the server keeps: profiles (with documents), SAEs, clusters, circuits, models, vectors, by id."""
+    """What the server keeps: profiles (with documents), SAEs, clusters, circuits, models,
+    vectors, by id."""
     return {
         "profiles": {
             p["id"]: p["document"] for p in api(server, "GET", "/api/profiles").json()["data"]
@@ -225,8 +235,8 @@ def millm_invariants(ctx, response, case):
 
 
 def whole_numbers(value):
-    """5.0 as 5, at any depth. JSON Schema counts 5.0 as an integer; millm parses strictly (a
-    number with a fraction part is no count, as true is no seed), which no schema keyword can say."""
+    """5.0 as 5, at any depth. JSON Schema counts 5.0 as an integer; millm parses strictly (a number
+    with a fraction part is no count, as true is no seed), which no schema keyword can say."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         return int(value)
     if isinstance(value, list):
@@ -279,9 +289,10 @@ def test_fuzz_every_operation(case, fuzzed):
     response = case.call_and_validate(
         base_url=fuzzed.base_url,
         additional_checks=[millm_invariants],
-        # The error shape is checked above; which statuses each route may answer is documented as `default`.
-        # Every 5xx is checked above too, against the spec's named ones: schemathesis's own check refuses
-        # them all, and a job route answers 503 queue_full whenever MILLM_MAX_JOBS jobs are running.
+        # The error shape is checked above; which statuses each route may answer is documented as
+        # `default`. Every 5xx is checked above too, against the spec's named ones: schemathesis's
+        # own check refuses them all, and a job route answers 503 queue_full whenever MILLM_MAX_JOBS
+        # jobs are running.
         excluded_checks=[positive_data_acceptance, not_a_server_error],
     )
     label = case.operation.label
@@ -323,7 +334,8 @@ def test_the_server_is_alive_and_nothing_stored_was_lost(fuzzed):
 def test_enough_cases_ran_and_valid_bodies_are_accepted(fuzzed):
     runs = collections.Counter((label, mode) for label, mode, _, _ in fuzzed.seen)
     print(
-        f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over {len({label for label, _, _, _ in fuzzed.seen})} operations"
+        f"\nfuzz seed {SEED}: {len(fuzzed.seen)} cases over "
+        f"{len({label for label, _, _, _ in fuzzed.seen})} operations"
     )
     assert len(fuzzed.seen) >= MIN_CASES, runs
     rates = {}
@@ -350,8 +362,9 @@ def test_enough_cases_ran_and_valid_bodies_are_accepted(fuzzed):
         accepted = sum(1 for s in statuses if s < 300 or s in ACCEPTED)
         rates[label] = (accepted / len(statuses), len(statuses), collections.Counter(statuses))
         print(
-            f"  {label}: {accepted}/{len(statuses)} schema-valid bodies accepted {dict(collections.Counter(statuses))}"
-            f" (+{len(by_state)} refused by the server's state)"
+            f"  {label}: {accepted}/{len(statuses)} schema-valid bodies accepted "
+            f"{dict(collections.Counter(statuses))} (+{len(by_state)} refused by the server's "
+            "state)"
         )
         for why, count in refusals.most_common(5):
             print(f"      {count} x 400: {why}")

@@ -1,7 +1,7 @@
-"""Feature labels, ranked label search and feature details on a live server (tiny Llama, two tiny SAEs:
-one attached, one only registered): every import format, merge and replace, exports that read back,
-refusals, ranking, FTS syntax in queries, neighbours equal to cosines computed here, and labels that
-survive a restart."""
+"""Feature labels, ranked label search and feature details on a live server (tiny Llama, two tiny
+SAEs: one attached, one only registered): every import format, merge and replace, exports that
+read back, refusals, ranking, FTS syntax in queries, neighbours equal to cosines computed here,
+and labels that survive a restart."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
 WIDTH = 128
-IMPORT_CAP = 200_000  # below MAX_REQUEST_BYTES (4 MiB): a 413 document_too_large shows labels are counted as imports
+# below MAX_REQUEST_BYTES (4 MiB): a 413 document_too_large shows labels are counted as imports
+IMPORT_CAP = 200_000
 
 
 @pytest.fixture(scope="module")

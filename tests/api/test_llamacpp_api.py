@@ -262,7 +262,8 @@ def test_quantizations_side_by_side_are_named_repo_quant(server, tiny_gguf):
 
 def test_a_variant_scoring_steered_scores_under_its_steering(server, tiny_dirs):
     """Echo's prompt logprobs of a steered-scoring variant on llama.cpp equal transformers' forward
-    with the same decoder row hooked in (F32 weights: the same numbers), and a base name's stay unsteered."""
+    with the same decoder row hooked in (F32 weights: the same numbers), and a base name's stay
+    unsteered."""
     from tests.support.steered_forward import steered_logprobs
 
     sae = attach_sae(server, server.sae_at[1])

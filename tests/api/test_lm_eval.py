@@ -2,7 +2,8 @@
 (loglikelihood, loglikelihood_rolling, generate_until) with millm's remote tokenizer routes, and
 `local-chat-completions` (generate_until). Its numbers are held against lm-eval's own `hf`
 backend on the same weights, and its generations against millm's own answers; on a steered
-variant (scoring steered), against the hf backend over the same weights with the steering hooked in."""
+variant (scoring steered), against the hf backend over the same weights with the steering hooked
+in."""
 
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ def tasks(tmp_path_factory) -> TaskManager:
         task_yaml(
             "millm_gen",
             folder / "gen.jsonl",
-            'output_type: generate_until\ndoc_to_text: "{{question}}"\ndoc_to_target: "{{answer}}"\n'
-            f'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: {MAX_GEN}\n  do_sample: false\n'
+            'output_type: generate_until\ndoc_to_text: "{{question}}"\ndoc_to_target: '
+            f'"{{{{answer}}}}"\ngeneration_kwargs:\n  until: ["\\n"]\n  max_gen_toks: {MAX_GEN}\n '
+            " do_sample: false\n"
             "metric_list:\n  - metric: exact_match\n",
         )
     )
@@ -215,8 +217,9 @@ def steered_server(tiny_dirs, tmp_path_factory):
 def test_a_steered_variants_loglikelihoods_equal_a_forward_pass_under_its_steering(
     steered_server, tiny_dirs, tasks
 ):
-    """lm-eval names the variant (loglikelihood, rolling and generate_until); its reference is lm-eval's own hf backend over transformers'
-    forward pass with the same feature's decoder row added after block 1 (a forward hook)."""
+    """lm-eval names the variant (loglikelihood, rolling and generate_until); its reference is
+    lm-eval's own hf backend over transformers' forward pass with the same feature's decoder row
+    added after block 1 (a forward hook)."""
     from lm_eval.models.huggingface import HFLM
 
     from tests.support.steered_forward import hooked_model

@@ -1,7 +1,7 @@
 """/mcp on a live server, through the MCP SDK's own client (streamable HTTP + ClientSession): the
-tools and their schemas, each tool answering as its route does, a feature steered over MCP changing
-the next chat completion and cleared again, compare, profiles, monitoring, refusals as tool errors in
-millm's shape, and the admin key in front of it all."""
+tools and their schemas, each tool answering as its route does, a feature steered over MCP
+changing the next chat completion and cleared again, compare, profiles, monitoring, refusals as
+tool errors in millm's shape, and the admin key in front of it all."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def rest(server, method: str, path: str, **kwargs) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
-    """The tiny Llama in float32 (greedy answers are exact) behind an admin key, one SAE attached, one profile saved."""
+    """The tiny Llama in float32 (greedy answers are exact) behind an admin key, one SAE
+    attached, one profile saved."""
     process = ServerProcess(
         tmp_path_factory.mktemp("mcp-home"),
         ["--model", str(tiny_dirs["llama"]), "--dtype", "float32"],
@@ -281,7 +282,8 @@ def test_a_feature_set_over_mcp_steers_the_next_completion_until_cleared(server,
     ]
     steered, header = chat(server)
     assert header == f"live;version={version}" and steered != plain
-    # Read through the SAE, the live steering is exactly the feature at its strength, and not the unsteered model.
+    # Read through the SAE, the live steering is exactly the feature at its strength, and not the
+    # unsteered model.
     text = {"sae_id": sae, "text": "Tell me about the river.", "feature": PARIS, "top_k": 3}
     values = lambda steering: [
         v["value"]

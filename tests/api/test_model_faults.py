@@ -21,7 +21,8 @@ SLOW = (
 )
 OTHER = "tiny-gemma2"
 USER = [{"role": "user", "content": "Tell me a long story."}]
-LIMIT = 2_000_000  # MILLM_MEMORY_LIMIT_BYTES: the tiny models (~0.65 MB) fit, the wide one (~2.7 MB) does not
+# MILLM_MEMORY_LIMIT_BYTES: the tiny models (~0.65 MB) fit, the wide one (~2.7 MB) does not
+LIMIT = 2_000_000
 LONG = 2000
 # Running requests get this long to finish before an unload cuts them: far more than a 2000-token
 # stream needs (about 3 s here), so a busy machine slows the test down but cannot fail it.
@@ -61,7 +62,8 @@ def wait_for(predicate, timeout=60.0):
 
 
 class Stream(threading.Thread):
-    """A long streamed chat read to its end on its own thread; `started` is set at the first frame."""
+    """A long streamed chat read to its end on its own thread; `started` is set at the first
+    frame."""
 
     def __init__(self, server, max_tokens=LONG):
         super().__init__(daemon=True)

@@ -1,6 +1,7 @@
 """Operators over HTTP on a live server (tiny Llama, a matched SAE attached): the live routes take
 op and value, GET /api/steering shows them, save-current writes version 2, profiles import v1 and
-v2 and export v2, and a request's own `steering` field steers it alone; every bad op is a clear 400."""
+v2 and export v2, and a request's own `steering` field steers it alone; every bad op is a clear
+400."""
 
 from __future__ import annotations
 

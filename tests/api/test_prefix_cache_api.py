@@ -1,8 +1,8 @@
-"""The prefix cache on live servers (tiny float32 Llama): a repeated prompt reuses its keys and values
-and says so in usage.prompt_tokens_details.cached_tokens, answers do not change, a finished answer is
-reused by the next turn, steering keeps its own cache, SAE reads stay exact, PREFIX_CACHE_BYTES=0 and
-an unload leave nothing behind, and a long prompt joining a running batch is prefilled in chunks
-while the running stream keeps flowing.
+"""The prefix cache on live servers (tiny float32 Llama): a repeated prompt reuses its keys and
+values and says so in usage.prompt_tokens_details.cached_tokens, answers do not change, a finished
+answer is reused by the next turn, steering keeps its own cache, SAE reads stay exact,
+PREFIX_CACHE_BYTES=0 and an unload leave nothing behind, and a long prompt joining a running batch
+is prefilled in chunks while the running stream keeps flowing.
 
 Three servers start together: `cached` (the default cache, serial), `off` (PREFIX_CACHE_BYTES=0, the
 reference that never reuses anything) and `batched` (continuous batching, PREFILL_CHUNK_TOKENS=16).
@@ -35,7 +35,10 @@ SERVERS = {
 # makes the tiny model repeat "is": an answer that re-tokenizes to the very ids it was generated as.
 SAE_SEED = 21
 REPEATING = (6, 150.0)
-SENTENCE = "The cat runs quickly. A river becomes the city of France. Sparse codes count one two three four five."
+SENTENCE = (
+    "The cat runs quickly. A river becomes the city of France. Sparse codes count one two "
+    "three four five."
+)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +123,8 @@ def whole_blocks(tokens: int) -> int:
 
 
 def reusable(prompt_tokens: int) -> int:
-    """What a repeat of a cached prompt takes from the cache: its whole blocks, never its last position."""
+    """What a repeat of a cached prompt takes from the cache: its whole blocks, never its last
+    position."""
     return whole_blocks(prompt_tokens - 1)
 
 
@@ -189,7 +193,8 @@ def test_a_finished_answer_is_reused_token_for_token(server):
 def test_the_next_chat_turn_reuses_the_answer(server):
     """A conversation's second turn starts with the first turn's prompt and answer. The tiny random
     model's plain answers are byte-level noise that does not re-tokenize to the ids it generated,
-    so the turns are steered (the same steering both times) to an answer that does: a repeated word."""
+    so the turns are steered (the same steering both times) to an answer that does: a repeated
+    word."""
     index, strength = REPEATING
     steering = {
         "steering": {
@@ -403,8 +408,8 @@ def test_a_long_prompt_joins_in_chunks_while_the_running_stream_flows(batched, o
 
     # The joining stream's first chunk (the role) is sent once its job is submitted; its first token
     # comes after its whole prefill. A prefill run whole stalls the running row: it gets at most the
-    # step or two around the join in that window (0-3 events, measured with PREFILL_CHUNK_TOKENS=4096).
-    # In chunks of 16 the running row steps once per chunk.
+    # step or two around the join in that window (0-3 events, measured with
+    # PREFILL_CHUNK_TOKENS=4096). In chunks of 16 the running row steps once per chunk.
     joined = [t for t, e in streams["joining"]["events"] if e["choices"]]
     submitted = joined[0]
     first_token = next(

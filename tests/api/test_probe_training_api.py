@@ -1,6 +1,6 @@
-"""POST /api/probes/train on a live server (tiny Llama): the job's held-out accuracy and AUC against the
-same computation done here on residuals captured offline (a stock transformers model and a hook),
-the seeded stratified split, the stored probe, and the refusals before any job starts."""
+"""POST /api/probes/train on a live server (tiny Llama): the job's held-out accuracy and AUC against
+the same computation done here on residuals captured offline (a stock transformers model and a
+hook), the seeded stratified split, the stored probe, and the refusals before any job starts."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def server(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs):
-    """Each text's residuals after a block at every position but the first (a stock transformers model and a hook)."""
+    """Each text's residuals after a block at every position but the first (a stock transformers
+    model and a hook)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(

@@ -1,7 +1,7 @@
-"""Probes watching requests on a live server (tiny Llama, a TopK SAE attached at layer 1): verdicts in
-bodies equal offline verdicts on residuals captured by a stock transformers model; the probe-verdict
-chunk's place in a stream; saved, inline and active probes; monitoring records; every refusal;
-scoring and embeddings never probed."""
+"""Probes watching requests on a live server (tiny Llama, a TopK SAE attached at layer 1): verdicts
+in bodies equal offline verdicts on residuals captured by a stock transformers model; the
+probe-verdict chunk's place in a stream; saved, inline and active probes; monitoring records;
+every refusal; scoring and embeddings never probed."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def offline(tiny_dirs, sae_dirs):
 
 
 def split(scores: list[float], gap: float) -> float:
-    """A threshold between two of the scores, at least `gap` from each, reached by some but not all."""
+    """A threshold between two of the scores, at least `gap` from each, reached by some but not
+    all."""
     ordered = sorted(scores)
     candidates = [
         (ordered[i - 1] + ordered[i]) / 2
@@ -102,7 +103,8 @@ def split(scores: list[float], gap: float) -> float:
 
 
 def expected(scores: list[float], threshold: float, token_ids: list[int], tokenizer) -> dict:
-    """The verdict over every position but the first (the attention sink, which a probe never scores)."""
+    """The verdict over every position but the first (the attention sink, which a probe never
+    scores)."""
     hits = [p for p, s in enumerate(scores) if s >= threshold and p >= 1]
     peak = max(range(1, len(scores)), key=lambda p: (scores[p], -p))
     return {
@@ -115,7 +117,8 @@ def expected(scores: list[float], threshold: float, token_ids: list[int], tokeni
 
 
 def fed_tokens(server, body: dict) -> list[int]:
-    """Every position's token that the model was fed (prompt, then each generated token but the last)."""
+    """Every position's token that the model was fed (prompt, then each generated token but the
+    last)."""
     ask = {"sae_id": server.sae, "positions": "all", "top_k": 1}
     answer = post(server, "/v1/completions", {**body, "return_sae_activations": ask}).json()
     return [p["token_id"] for p in answer["millm"]["sae_activations"]["positions"]]
@@ -283,7 +286,8 @@ def test_saved_and_active_probes(quiet):
         == "probes[0].name"
     )
 
-    # An active probe that no longer fits the model (its SAE detached) is skipped, and the body says so.
+    # An active probe that no longer fits the model (its SAE detached) is skipped, and the body says
+    # so.
     assert post(quiet, f"/api/saes/{quiet.other}/attach", {}).status_code == 200
     post(
         quiet,

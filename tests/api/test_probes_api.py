@@ -366,6 +366,7 @@ def test_a_feature_past_a_registered_saes_width_is_refused_when_written(clean):
     assert refused["param"] == "probes[1].detector.index"
     assert [p["name"] for p in api(clean, "GET", "/api/probes").json()["data"]] == ["inside"]
     assert api(clean, "GET", "/api/probes/inside").json()["document"]["detector"]["index"] == 5
-    # A portable document naming an SAE this server has not registered is kept, checked when it binds.
+    # A portable document naming an SAE this server has not registered is kept, checked when it
+    # binds.
     elsewhere = feature_probe("elsewhere", "sae_000000000000", index=99_999)
     assert post(clean, "/api/probes", elsewhere).status_code == 201

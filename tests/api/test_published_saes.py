@@ -25,7 +25,8 @@ RELEASE_2, SAE_ID_2 = "gemma-scope-2-270m-pt-res-all", "layer_1_width_16k_l0_big
 
 
 class Neuronpedia:
-    """Answers GET /api/explanation/export?modelId=..&saeId=.. and /files/<name> from `documents`."""
+    """Answers GET /api/explanation/export?modelId=..&saeId=.. and /files/<name> from
+    `documents`."""
 
     def __init__(self, documents: dict[str, bytes]):
         self.documents, self.asked = documents, []

@@ -1,5 +1,5 @@
-"""Every field honoured, reported or refused: X-miLLM-Ignored-Fields, X-miLLM-Strict, the matrix before any
-model load, seeds and extra_messages."""
+"""Every field honoured, reported or refused: X-miLLM-Ignored-Fields, X-miLLM-Strict, the matrix
+before any model load, seeds and extra_messages."""
 
 import http_sfv
 import httpx

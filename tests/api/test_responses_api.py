@@ -92,7 +92,7 @@ def events_of(text: str) -> list[dict]:
     return events
 
 
-# answers as chat gives them ---------------------------------------------------------------------------
+# answers as chat gives them -----------------------------------------------------------------------
 def test_a_response_is_the_chat_answer_in_other_words(server, client):
     response = client.responses.create(
         model=MODEL,
@@ -177,7 +177,7 @@ def test_a_stream_is_the_event_sequence_of_the_whole_answer(server, client):
     assert deltas[-1] == text
 
 
-# function tools -------------------------------------------------------------------------------------------
+# function tools -----------------------------------------------------------------------------------
 def test_forced_call_then_its_output_round_trip(server, client):
     called = client.responses.create(
         model=MODEL, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=80
@@ -194,7 +194,8 @@ def test_forced_call_then_its_output_round_trip(server, client):
     assert not list(
         Draft202012Validator(WEATHER["parameters"]).iter_errors(json.loads(call.arguments))
     )
-    # Sending the call and its output back, whole or after previous_response_id, is the chat conversation with a tool turn.
+    # Sending the call and its output back, whole or after previous_response_id, is the chat
+    # conversation with a tool turn.
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
     explicit = client.responses.create(
         model=MODEL,
@@ -277,7 +278,7 @@ def test_structured_output_through_text_format(client):
     assert json.loads(parsed.output_text) == parsed.output_parsed.model_dump()
 
 
-# stored responses -----------------------------------------------------------------------------------------
+# stored responses ---------------------------------------------------------------------------------
 def test_stored_responses_get_list_delete_and_store_false(server, client):
     first = client.responses.create(
         model=MODEL, input="One", max_output_tokens=2, metadata={"run": "r1"}
@@ -330,7 +331,7 @@ def test_stored_responses_get_list_delete_and_store_false(server, client):
     error(api(server, "GET", f"/v1/responses/{second.id}/input_items", params={"limit": 0}), 400)
 
 
-# millm's extensions ------------------------------------------------------------------------------------
+# millm's extensions -------------------------------------------------------------------------------
 def test_steering_and_sae_reads_work_as_on_chat(server):
     sae = server.sae
     ask = {"input": ASK, "max_output_tokens": 8, "temperature": 0}
@@ -373,7 +374,8 @@ def test_steering_and_sae_reads_work_as_on_chat(server):
             return_sae_activations=read,
         ).json()["millm"]["sae_activations"]
         assert mine == theirs and mine["positions"]
-        # Probes (inline) give chat's verdicts; streamed, the SAE read and the verdicts arrive in the last event's response.
+        # Probes (inline) give chat's verdicts; streamed, the SAE read and the verdicts arrive in
+        # the last event's response.
         probes = [
             {
                 "name": "p",
@@ -399,7 +401,8 @@ def test_steering_and_sae_reads_work_as_on_chat(server):
             and last["response"]["millm"]["probes"] == verdicts
         )
         streamed = last["response"]["millm"]["sae_activations"]
-        # The streamed read runs on another forward path (cached prefix): the same features, values to float32 rounding.
+        # The streamed read runs on another forward path (cached prefix): the same features, values
+        # to float32 rounding.
         for got, want in zip(streamed["positions"], mine["positions"], strict=True):
             assert [f["index"] for f in got["features"]] == [f["index"] for f in want["features"]]
             assert [f["value"] for f in got["features"]] == pytest.approx(
@@ -409,7 +412,7 @@ def test_steering_and_sae_reads_work_as_on_chat(server):
         api(server, "DELETE", "/api/steering/features")
 
 
-# the field policy ---------------------------------------------------------------------------------------
+# the field policy ---------------------------------------------------------------------------------
 def test_ignored_fields_are_named_in_responses_words_and_strict_refuses_them(server):
     body = {
         "input": [
@@ -543,9 +546,10 @@ LONG_CALL = {
 
 
 def test_a_failure_partway_is_an_error_event_then_failed(server):
-    # A forced call that cannot close before ~800 tokens runs to its budget, the whole window the prompt leaves (about 1,700 tokens:
-    # 6 s of constrained decoding on the fastest CPU tried, an AMD Zen 5), so it is still running when an unload with a 0.5 s grace
-    # fails it (model_busy), as it fails chat's streams.
+    # A forced call that cannot close before ~800 tokens runs to its budget, the whole window the
+    # prompt leaves (about 1,700 tokens: 6 s of constrained decoding on the fastest CPU tried, an
+    # AMD Zen 5), so it is still running when an unload with a 0.5 s grace fails it (model_busy), as
+    # it fails chat's streams.
     events: list[dict] = []
     started = threading.Event()
 
@@ -586,7 +590,7 @@ def test_a_failure_partway_is_an_error_event_then_failed(server):
     assert respond(server, input="Hi", max_output_tokens=1).status_code == 200
 
 
-# the OpenAI Agents SDK ------------------------------------------------------------------------------------
+# the OpenAI Agents SDK ----------------------------------------------------------------------------
 CITIES = {
     "type": "function",
     "name": "get_weather",
@@ -603,8 +607,9 @@ CITIES = {
 @pytest.fixture(scope="module")
 def agent_server(tmp_path_factory):
     """The tools model, ending its free text within a few tokens: every token the forced call
-    `{"name": "get_weather", "arguments": {"city": "Paris"|"Rome"}}` can never use also ends generation, so a random model's answer
-    after the tool's output completes (the Agents SDK treats a cut answer as a failure)."""
+    `{"name": "get_weather", "arguments": {"city": "Paris"|"Rome"}}` can never use also ends
+    generation, so a random model's answer after the tool's output completes (the Agents SDK
+    treats a cut answer as a failure)."""
     base = tmp_path_factory.mktemp("agent-model")
     tiny_models.build_tokenizer(base / "tokenizer", chat_template=tiny_models.TOOLS_TEMPLATE)
     directory = tiny_models.build_llama(base / "plain", base / "tokenizer", seed=3)
@@ -649,7 +654,8 @@ def test_an_agent_with_one_function_tool_runs_against_millm(agent_server):
             base_url=f"{server.base_url}/v1", api_key="not-needed", max_retries=0
         )
         model = OpenAIResponsesModel(model=MODEL, openai_client=openai_client)
-        # "required" forces the first turn's call; the SDK then resets it to auto, so the second turn answers.
+        # "required" forces the first turn's call; the SDK then resets it to auto, so the second
+        # turn answers.
         agent = Agent(
             name="weather",
             instructions="Answer with the weather.",
@@ -669,7 +675,8 @@ def test_an_agent_with_one_function_tool_runs_against_millm(agent_server):
     )
     assert result.new_items[1].output == f"Sunny in {calls[0]}"
     assert isinstance(result.final_output, str) and len(result.raw_responses) == 2
-    # The second turn answered the conversation with the tool's output in it: more input than the first.
+    # The second turn answered the conversation with the tool's output in it: more input than the
+    # first.
     assert result.raw_responses[1].usage.input_tokens > result.raw_responses[0].usage.input_tokens
     assert time.monotonic() - began < 60
 

@@ -53,7 +53,8 @@ def server(tiny_dirs, tmp_path_factory, sae_dirs):
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs, sae_dirs):
-    """A stock transformers model with the same steering added by hooks, capturing each SAE's layer."""
+    """A stock transformers model with the same steering added by hooks, capturing each SAE's
+    layer."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -131,7 +132,8 @@ def test_values_equal_an_offline_encode_of_the_captured_residuals(
 
 
 def test_pre_and_post_differ_by_exactly_this_layers_delta(server):
-    """With steering at this layer the two read points differ; the unsteered scoring read equals neither when steering is on."""
+    """With steering at this layer the two read points differ; the unsteered scoring read equals
+    neither when steering is on."""
     base = {"model": MODEL, "prompt": "The old river", "max_tokens": 2, "temperature": 0}
     ask = {
         "sae_id": server.ids["standard"],

@@ -1,4 +1,5 @@
-"""/api/saes: register, list, get, delete, attach, detach, feature search; every refusal a clear 400/404/409."""
+"""/api/saes: register, list, get, delete, attach, detach, feature search; every refusal a clear
+400/404/409."""
 
 import pytest
 
@@ -150,7 +151,8 @@ def test_feature_label_search(server, files):
 
 
 def test_hub_sae_from_the_local_hub_cache(server, files):
-    """A hub repo + path resolves through huggingface_hub's cache under MILLM_HOME/hub (offline here)."""
+    """A hub repo + path resolves through huggingface_hub's cache under MILLM_HOME/hub (offline
+    here)."""
     import shutil
 
     commit = "89abcdef0123456789abcdef0123456789abcdef"

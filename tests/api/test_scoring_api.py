@@ -1,4 +1,5 @@
-"""Scoring mode on /v1/completions and chat scoring on /v1/chat/completions, against a direct forward pass."""
+"""Scoring mode on /v1/completions and chat scoring on /v1/chat/completions, against a direct
+forward pass."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""/api/steering and per-request profiles on a live server: the state, its rules, and what requests see."""
+"""/api/steering and per-request profiles on a live server: the state, its rules, and what
+requests see."""
 
 import threading
 

@@ -1,4 +1,5 @@
-"""response_format on a live server: documents validate, the header names the constraint, refusals before load."""
+"""response_format on a live server: documents validate, the header names the constraint,
+refusals before load."""
 
 import json
 

@@ -64,7 +64,8 @@ def tools_server(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompted_server(tiny_dirs, tmp_path_factory):
-    """The tiny Llama (its template takes no tools) with tools offered in a system message even though it is small."""
+    """The tiny Llama (its template takes no tools) with tools offered in a system message even
+    though it is small."""
     process = ServerProcess(
         tmp_path_factory.mktemp("prompted-home"),
         ["--model", str(tiny_dirs["llama"])],
@@ -78,7 +79,8 @@ def prompted_server(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(params=["native", "prompted"])
 def target(request, tools_server, prompted_server):
-    """(server, model): a template that takes tools, and one that does not (tools offered in a system message)."""
+    """(server, model): a template that takes tools, and one that does not (tools offered in a
+    system message)."""
     return (tools_server, TOOLS_MODEL) if request.param == "native" else (prompted_server, MODEL)
 
 
@@ -179,8 +181,8 @@ def test_streamed_calls_reassemble_to_the_whole_answer(target):
 
 
 def test_an_open_webui_shaped_request_streams(target):
-    """Many tools, no tool_choice, streaming (12 here: the tiny tokenizer spends ~120 tokens per tool;
-    the acceptance test sends full-size tools to the demo model)."""
+    """Many tools, no tool_choice, streaming (12 here: the tiny tokenizer spends ~120 tokens per
+    tool; the acceptance test sends full-size tools to the demo model)."""
     server, model = target
     tools = [
         {

@@ -37,8 +37,8 @@ CHAT = (
 
 @pytest.fixture(scope="module")
 def offline(tiny_dirs):
-    """The stock model and tokenizer, with a hook keeping the residual after block LAYER; `pooled(ids)` is a
-    text's mean residual over every position but the first (float64)."""
+    """The stock model and tokenizer, with a hook keeping the residual after block LAYER;
+    `pooled(ids)` is a text's mean residual over every position but the first (float64)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -71,8 +71,9 @@ def separation(offline):
 
 @pytest.fixture(scope="module")
 def sae_dirs(tmp_path_factory, separation):
-    """A random SAE whose feature BUILT's decoder row is the pairs' mean difference (unit), at resid_post of
-    LAYER; its decoder read at resid_pre of LAYER + 1 (the same residual); and one at resid_post of LAYER + 1."""
+    """A random SAE whose feature BUILT's decoder row is the pairs' mean difference (unit), at
+    resid_post of LAYER; its decoder read at resid_pre of LAYER + 1 (the same residual); and one
+    at resid_post of LAYER + 1."""
     tensors = sae_tensors(64, 128, seed=21)
     direction = separation.mean(0) / np.linalg.norm(separation.mean(0))
     tensors["W_dec"][BUILT] = torch.from_numpy(direction).float()
@@ -148,7 +149,7 @@ def mean_vector(server):
     return trained(server, pair_body("cafe", description="café against not"))
 
 
-# training ----------------------------------------------------------------------------------------------------
+# training -----------------------------------------------------------------------------------------
 def test_training_stores_the_difference_of_means_of_pooled_residuals(
     server, mean_vector, separation
 ):
@@ -203,7 +204,7 @@ def test_pca_is_the_uncentred_principal_direction_of_the_pairs_differences(
     )
 
 
-# explaining -----------------------------------------------------------------------------------------------------
+# explaining ---------------------------------------------------------------------------------------
 def projection_fraction(vector: np.ndarray, rows: np.ndarray) -> float:
     coefficients, *_ = np.linalg.lstsq(rows.T, vector, rcond=None)
     projection = rows.T @ coefficients
@@ -236,7 +237,8 @@ def test_explain_ranks_first_the_feature_built_on_the_separating_direction(
     for feature in explained["features"]:
         assert feature["cosine"] == pytest.approx(float(cosines[feature["index"]]), abs=1e-5)
 
-    # A vector the SAE only partly explains: the pairs' PCA direction, over the first three features.
+    # A vector the SAE only partly explains: the pairs' PCA direction, over the first three
+    # features.
     pca = exported(server, "cafe-pca")
     part = api(
         server,
@@ -300,7 +302,7 @@ def test_an_sae_reading_the_same_residual_explains_and_one_elsewhere_is_refused(
     )
 
 
-# files ---------------------------------------------------------------------------------------------------------
+# files --------------------------------------------------------------------------------------------
 def test_export_then_import_is_bit_for_bit(server, mean_vector):
     response = api(server, "GET", f"/api/vectors/{mean_vector['id']}/export")
     assert response.headers["content-disposition"] == 'attachment; filename="cafe.json"'
@@ -383,7 +385,7 @@ def test_nan_and_infinity_in_a_file_are_refused(server, mean_vector):
     assert "bad" not in [v["name"] for v in api(server, "GET", "/api/vectors").json()["data"]]
 
 
-# refusals before training -------------------------------------------------------------------------------------------
+# refusals before training -------------------------------------------------------------------------
 LONG = " ".join(["The cat runs café quickly."] * 60)  # past MILLM_DISCOVERY_MAX_TOKENS alone
 LONGER = " ".join(["The cat runs café quickly."] * 320)  # past the context window (2048)
 
@@ -444,7 +446,7 @@ def test_a_training_request_is_refused_before_any_pass(
     assert "refused" not in [v["name"] for v in api(server, "GET", "/api/vectors").json()["data"]]
 
 
-# restarts ----------------------------------------------------------------------------------------------------------
+# restarts -----------------------------------------------------------------------------------------
 def test_vectors_survive_a_restart(tiny_dirs, tmp_path_factory, server, mean_vector):
     document = exported(server, mean_vector["id"])
     home = tmp_path_factory.mktemp("vectors-restart")
@@ -466,10 +468,11 @@ def test_vectors_survive_a_restart(tiny_dirs, tmp_path_factory, server, mean_vec
         second.stop()
 
 
-# plans ---------------------------------------------------------------------------------------------------------
+# plans --------------------------------------------------------------------------------------------
 def test_a_vector_in_a_request_steers_like_the_feature_built_on_it(server, mean_vector):
-    """The vector's unit direction is feature BUILT's decoder row (to float32 rounding): adding either at
-    strength 20 at layer 1 reads the same activations after the edit, and the answers are the same tokens."""
+    """The vector's unit direction is feature BUILT's decoder row (to float32 rounding): adding
+    either at strength 20 at layer 1 reads the same activations after the edit, and the answers
+    are the same tokens."""
     read = {
         "sae_id": server.saes["here"],
         "features": [BUILT, 3, 40],

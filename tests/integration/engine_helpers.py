@@ -48,7 +48,8 @@ def generate(lm, rows: list[RowSpec]) -> Outcome:
 
 
 def logits_of(lm, prompts: list[list[int]], edit=None):
-    """Next-token logits `[B, V]` of one prefill of `prompts`, every row under `edit` (None: unsteered)."""
+    """Next-token logits `[B, V]` of one prefill of `prompts`, every row under `edit` (None:
+    unsteered)."""
     lm.residual.install(lm.residual.stack([edit] * len(prompts)))
     try:
         _, logits = lm.runner.prefill(prompts, capacity=max(map(len, prompts)) + 1)

@@ -64,7 +64,8 @@ def make_world(llama_lm, tmp_path, v1_profile: dict | None = None) -> World:
                 "steering": [{**e, "sae_id": ids[1]} for e in v1_profile["steering"]],
             }
             conn.exec_driver_sql(
-                "INSERT INTO millm_profiles (id, name, document, created_at, updated_at) VALUES (?, ?, ?, 1.0, 1.0)",
+                "INSERT INTO millm_profiles (id, name, document, created_at, updated_at) VALUES "
+                "(?, ?, ?, 1.0, 1.0)",
                 ("prof_v1", v1_profile["name"], json.dumps(document)),
             )
     steering = Steering(store, registry, ProfileBook(store))
@@ -83,7 +84,8 @@ def spec_of(world: World, features: list[dict], layer: int = 1, **more) -> dict:
 
 
 def reading(spec_row, point: int = 1):
-    """The row, capturing its residual at `point` before and after the point's edits at every position it feeds."""
+    """The row, capturing its residual at `point` before and after the point's edits at every
+    position it feeds."""
     reads = (ResidualRead(point, False, "all", "before"), ResidualRead(point, True, "all", "after"))
     return replace(spec_row, reads=reads)
 

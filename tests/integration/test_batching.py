@@ -225,7 +225,8 @@ def test_batch_bound_makes_later_jobs_wait_in_the_queue(llama_lm, batched):
 def test_models_on_transformers_forward_with_sliding_windows_stay_serial_and_say_why(
     tiny_dirs, tmp_path_factory, batched
 ):
-    """Phi-3 runs on transformers' own forward, whose sliding-window cache layers cannot be merged."""
+    """Phi-3 runs on transformers' own forward, whose sliding-window cache layers cannot be
+    merged."""
     directory = tiny_models.build_phi3(
         tmp_path_factory.mktemp("phi3") / "tiny-phi3", tiny_dirs["tokenizer"]
     )

@@ -63,7 +63,8 @@ def node_keys(graph) -> list[tuple]:
 
 
 def their_index(found: dict, positions: int) -> dict[tuple, int]:
-    """circuit-tracer's node order: selected features, errors (layer, then position), tokens, logits."""
+    """circuit-tracer's node order: selected features, errors (layer, then position), tokens,
+    logits."""
     index = {}
     for row, chosen in enumerate(found["selected_features"]):
         layer, position, feature = found["active_features"][chosen]

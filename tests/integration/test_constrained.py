@@ -1,4 +1,5 @@
-"""Constrained decoding on the tiny models: every supported keyword yields documents that validate."""
+"""Constrained decoding on the tiny models: every supported keyword yields documents that
+validate."""
 
 import json
 import re
@@ -73,7 +74,8 @@ def test_every_keyword_gives_valid_documents(name, model, constrained_outcomes):
             document = json.loads(text)
             assert not list(validator.iter_errors(document)), (text, schema)
         else:
-            # A random model may wander inside an unbounded string; it is then cut, never closed invalid.
+            # A random model may wander inside an unbounded string; it is then cut, never closed
+            # invalid.
             assert out.finish[i] == "length" and out.tokens[i] == MAX_TOKENS
 
 

@@ -1,7 +1,8 @@
 """Every family the lean runner serves, on a tiny random checkpoint of each: the same numbers as
 transformers' own forward, rows that join a running batch equal to their solo runs, steering
-deltas of exactly Σ s·W_dec, reads equal to an offline encode, scoring unsteered beside a
-steered batch. Prompts and generations run past the sliding windows (16 on Gemma 2, 8 on Gemma 3 and Mistral)."""
+deltas of exactly Σ s·W_dec, reads equal to an offline encode, scoring unsteered beside a steered
+batch. Prompts and generations run past the sliding windows (16 on Gemma 2, 8 on Gemma 3 and
+Mistral)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_the_lean_runner_serves_the_family_with_stock_numbers(family):
 
 
 def test_a_row_joining_a_running_batch_equals_its_solo_run(family):
-    """Row A decodes alone for a while, row B joins by its own prefill and a merge, then A leaves."""
+    """Row A decodes alone for a while, row B joins by its own prefill and a merge, then A
+    leaves."""
     name, _, lm = family
     runner = lm.runner
     a, b = prompt_ids(lm, LONG), prompt_ids(lm, SHORT)
@@ -157,7 +159,8 @@ def test_the_steering_delta_is_the_weighted_decoder_sum(family, tmp_path):
 
 
 def test_reads_equal_an_offline_encode(family, tmp_path):
-    """return_sae_activations' read of block 1 = the SAE's encode of transformers' own hidden state there."""
+    """return_sae_activations' read of block 1 = the SAE's encode of transformers' own hidden
+    state there."""
     name, directory, lm = family
     target = attach(tmp_path, "read", layer=1, seed=3)
     prompt = prompt_ids(lm, LONG)
@@ -232,7 +235,8 @@ def test_scoring_beside_a_steered_batch_stays_unsteered(family, tmp_path):
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "mistral"], indirect=True)
 def test_sliding_layers_hold_a_bounded_number_of_columns(family):
     """Sliding-window layers keep at most twice the window, however long a row runs; global layers
-    (none in Mistral) keep everything. The tokens stay transformers' own (checked above, past the window)."""
+    (none in Mistral) keep everything. The tokens stay transformers' own (checked above, past the
+    window)."""
     name, _, lm = family
     runner = lm.runner
     prompt = prompt_ids(lm, LONG)

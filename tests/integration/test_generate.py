@@ -22,7 +22,8 @@ def stock_model(directory):
 
 
 def reference_greedy(lm, prompt, max_new_tokens):
-    """transformers' own generate, greedy, on a stock copy of the same checkpoint: tokens after the prompt."""
+    """transformers' own generate, greedy, on a stock copy of the same checkpoint: tokens after
+    the prompt."""
     with torch.inference_mode():
         out = stock_model(str(lm.source.directory)).generate(
             torch.tensor([prompt]),

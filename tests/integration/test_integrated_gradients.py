@@ -1,12 +1,12 @@
-"""Integrated gradients on an attribution-patching graph (issue 35's option), on the tiny Llama
-in float64 with one residual SAE after block 1, its b_dec the residual's mean there (what a
-trained SAE's b_dec learns). Completeness, the property that defines them: the edges from the
-SAE's nodes (its features and error nodes) into the target sum to the target's change when they
-are all removed, which transformers' own forward measures here with a hook (the residual after
-block 1 set to b_dec past the sink), up to the midpoint rule's error, which falls as 1/steps²
-(halved from 32 steps to 64: a quarter; no other error is left); gradient × activation, the
-graph's default, misses by far more. The tokens keep the pass's own gradient, so a feature's row (the tokens are
-its only inputs here) is the default graph's."""
+"""Integrated gradients on an attribution-patching graph (issue 35's option), on the tiny Llama in
+float64 with one residual SAE after block 1, its b_dec the residual's mean there (what a trained
+SAE's b_dec learns). Completeness, the property that defines them: the edges from the SAE's nodes
+(its features and error nodes) into the target sum to the target's change when they are all
+removed, which transformers' own forward measures here with a hook (the residual after block 1
+set to b_dec past the sink), up to the midpoint rule's error, which falls as 1/steps² (halved
+from 32 steps to 64: a quarter; no other error is left); gradient × activation, the graph's
+default, misses by far more. The tokens keep the pass's own gradient, so a feature's row (the
+tokens are its only inputs here) is the default graph's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The unsteered log-likelihood of a continuation equals a stock transformers forward pass, token by token."""
+"""The unsteered log-likelihood of a continuation equals a stock transformers forward pass, token
+by token."""
 
 from __future__ import annotations
 

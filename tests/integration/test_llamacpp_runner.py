@@ -1,7 +1,7 @@
-"""The llama.cpp runner on the tiny Llama's F32 GGUF file against the lean transformers runner on the
-same weights (float32): equal greedy tokens and logits, rows joining a running batch, n copies,
-seeds, stops, steering deltas after every block (tests/integration/test_llamacpp_graph.py reads and
-operates inside the graph)."""
+"""The llama.cpp runner on the tiny Llama's F32 GGUF file against the lean transformers runner on
+the same weights (float32): equal greedy tokens and logits, rows joining a running batch, n
+copies, seeds, stops, steering deltas after every block (tests/integration/test_llamacpp_graph.py
+reads and operates inside the graph)."""
 
 from __future__ import annotations
 

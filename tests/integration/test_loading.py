@@ -21,7 +21,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def fake_hub_cache(cache, repo_id, checkpoint):
-    """The on-disk layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<commit>}."""
+    """The on-disk layout huggingface_hub writes: models--org--name/{refs/main,
+    snapshots/<commit>}."""
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     shutil.copytree(checkpoint, repo / "snapshots" / COMMIT)
     (repo / "refs").mkdir(parents=True)
@@ -67,7 +68,8 @@ def test_one_quantisation_of_a_hub_gguf_repository_from_the_local_cache(
         device="cpu",
         cache_root=tmp_path / "cache",
     )
-    # A GGUF model's revision is its file's hash, as for a local file: the hub commit holds every quantisation.
+    # A GGUF model's revision is its file's hash, as for a local file: the hub commit holds every
+    # quantisation.
     assert re.fullmatch(
         r"millm:acme/tiny-llama-GGUF:F32@[0-9a-f]{8}:float32/F32:transformers",
         lm.system_fingerprint,

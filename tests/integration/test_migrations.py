@@ -86,7 +86,8 @@ def in_order(rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 
 def schema_diff(url: str) -> list:
-    """What Alembic's autogenerate finds between the database and the Table definitions (nothing, at head)."""
+    """What Alembic's autogenerate finds between the database and the Table definitions (nothing,
+    at head)."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:

@@ -265,7 +265,8 @@ def test_live_values_take_ops_and_refuse_what_the_attached_sae_cannot_hold(llama
 
 # ---- conditions and vectors, through real tiny resolvers --------------------------------------
 class TinyProbes:
-    """A probe book of directions at one point: score = residual · direction, firing at `threshold`."""
+    """A probe book of directions at one point: score = residual · direction, firing at
+    `threshold`."""
 
     def __init__(self, probes: dict[str, tuple[int, torch.Tensor, float]]):
         self.probes, self.revision = probes, 1

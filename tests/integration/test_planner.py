@@ -1,4 +1,5 @@
-"""Plans for clusters and circuits on a tiny model with two SAEs at two layers: exact residual deltas."""
+"""Plans for clusters and circuits on a tiny model with two SAEs at two layers: exact residual
+deltas."""
 
 import logging
 
@@ -278,7 +279,8 @@ def test_plans_are_kept_while_nothing_changes_and_made_afresh_after_any_change(w
     assert torch.allclose(
         planner.plan_for(None, None).edit.vector(1), vector(steering, ids[1], {2: 30.0}), atol=1e-5
     )
-    # A per-request profile edited or deleted through its book moves no steering version: still seen at once.
+    # A per-request profile edited or deleted through its book moves no steering version: still seen
+    # at once.
     steering.profiles.create(
         {
             "name": "mine",

@@ -22,7 +22,10 @@ from tests.conftest import load_tiny
 from tests.integration.engine_helpers import Outcome, prompt_ids, row
 from tests.support import tiny_models
 
-TEXT = "A river runs through the old town and the bridges are made of stone, and every morning the baker opens"
+TEXT = (
+    "A river runs through the old town and the bridges are made of stone, and every morning "
+    "the baker opens"
+)
 BIG = 1 << 30
 ENGINES = ["transformers", "llama.cpp"]
 
@@ -205,7 +208,8 @@ def test_a_tiny_budget_evicts_without_corrupting_running_rows(lm):
     texts = [
         TEXT,
         TEXT + " a loaf",
-        "Seven apples were on the table near the window of the small kitchen at the end of the hall",
+        "Seven apples were on the table near the window of the small kitchen at the end of the "
+        "hall",
     ]
     specs = [row(prompt(lm, text), 10) for text in texts]
     solo = [Trace(lm, None, [spec]).texts[0] for spec in specs]
@@ -264,7 +268,8 @@ def test_a_long_prompt_joins_a_chunk_at_a_time_while_the_batch_streams(lm):
     )
 
     def sampled() -> int:
-        """Tokens the running row has sampled so far (read on the scheduler thread, or between its steps)."""
+        """Tokens the running row has sampled so far (read on the scheduler thread, or between
+        its steps)."""
         lane = scheduler._batch_lane
         return len(lane.rows[0].generated) if lane is not None and lane.rows else 0
 

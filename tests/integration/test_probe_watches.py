@@ -46,7 +46,8 @@ def verdicts(outcome) -> dict[str, ProbeVerdict]:
 
 
 def split_threshold(scores: torch.Tensor) -> float:
-    """A threshold that some positions reach and others do not (the midpoint of a gap near the 70th percentile)."""
+    """A threshold that some positions reach and others do not (the midpoint of a gap near the
+    70th percentile)."""
     ordered = sorted(set(scores.tolist()))
     i = int(len(ordered) * 0.7)
     return (ordered[i - 1] + ordered[i]) / 2
@@ -150,7 +151,8 @@ def test_each_kinds_verdict_equals_the_offline_verdict_on_the_rows_own_residuals
 
 
 def test_a_watch_leaves_out_the_positions_it_skips(llama_lm):
-    """Scores that peak at position 0: skipped, the verdict starts at position 1; not skipped, at 0."""
+    """Scores that peak at position 0: skipped, the verdict starts at position 1; not skipped, at
+    0."""
     prompt = prompt_ids(llama_lm, PROMPT)
     # largest at a pass's first position
     peaked = lambda h: torch.arange(h.shape[0], 0, -1, dtype=torch.float32)

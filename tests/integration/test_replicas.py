@@ -47,7 +47,8 @@ def saes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_dirs, postgres, proxy, saes, tmp_path_factory):
-    """A, B and C on one database; B reaches it through a relay a test can cut; C may read only the shared SAE's folder."""
+    """A, B and C on one database; B reaches it through a relay a test can cut; C may read only
+    the shared SAE's folder."""
     args = ["--model", str(tiny_dirs["llama"])]
     url = postgres.url
     through_proxy = url.replace(f":{postgres.port}/", f":{proxy.port}/")
@@ -245,7 +246,8 @@ def test_one_profile_changed_on_two_replicas_conflicts_by_revision_and_never_mer
         "revision_conflict",
     )
     assert "revision 2, not 1" in late["message"]
-    # Without a revision, each update lands on the stored profile: fields one writer did not send are the other's.
+    # Without a revision, each update lands on the stored profile: fields one writer did not send
+    # are the other's.
     api(
         b,
         "PUT",
@@ -290,7 +292,8 @@ def test_a_replica_killed_mid_write_catches_up_on_restart(fresh, tiny_dirs, post
     writer = threading.Thread(target=hammer)
     writer.start()
     time.sleep(0.5)
-    c.process.kill()  # SIGKILL mid-write: a transaction in flight is rolled back by PostgreSQL, never half kept
+    # SIGKILL mid-write: a transaction in flight is rolled back by PostgreSQL, never half kept
+    c.process.kill()
     c.process.wait()
     stop.set()
     writer.join()

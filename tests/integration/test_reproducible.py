@@ -1,6 +1,7 @@
 """--reproducible's promise, tried on one machine: the tiny Llama's logits and greedy tokens are
 equal bit for bit under every instruction-set cap torch, oneDNN and MKL honour (each run a new
-interpreter, since the caps are read at the libraries' first operation), and at one and two threads."""
+interpreter, since the caps are read at the libraries' first operation), and at one and two
+threads."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ fix_cpu_numerics()
 import torch
 from millm.engine.loader import load_model
 from millm.engine.sources import resolve_source
-lm = load_model(resolve_source(sys.argv[1], Path(sys.argv[2])), dtype="float32", device="cpu", cache_root=Path(sys.argv[2]), reproducible=True)
+lm = load_model(resolve_source(sys.argv[1], Path(sys.argv[2])), dtype="float32", device="cpu",
+                cache_root=Path(sys.argv[2]), reproducible=True)
 prompt = lm.tokenizer("A river becomes the city of France and the cat runs quickly.")["input_ids"]
 digest, tokens = hashlib.sha256(), []
 with torch.inference_mode():

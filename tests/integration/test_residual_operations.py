@@ -1,5 +1,5 @@
-"""Operations in the engine: per-row functions of the residual, applied after a point's additions
-in prefill and in every decode step, to the rows that carry them and to their real positions only."""
+"""Operations in the engine: per-row functions of the residual, applied after a point's additions in
+prefill and in every decode step, to the rows that carry them and to their real positions only."""
 
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ def test_rows_with_and_without_operations_share_a_batch(llama_lm):
     assert seen[1:] == [(1, lm.model.config.hidden_size)] * 9
     seen.clear()
     together = generate(lm, specs)
-    # In the batch the short row is left-padded, yet its operation still sees only its own positions.
+    # In the batch the short row is left-padded, yet its operation still sees only its own
+    # positions.
     assert seen[0] == (len(short), lm.model.config.hidden_size) and len(seen) == 10
     untouched = reads_of(together, 1)
     # no edit: not even a copy differs

@@ -1,4 +1,5 @@
-"""Runners against a stock transformers model: same logits, hooks still work, kernels chosen right."""
+"""Runners against a stock transformers model: same logits, hooks still work, kernels chosen
+right."""
 
 import pytest
 import torch
@@ -72,7 +73,8 @@ def test_steering_hook_on_a_layer_sees_and_changes_its_output(llama_lm):
 
 
 def q4_1_checkpoint(source_dir, target_dir):
-    """The tiny Llama with every decoder linear rounded to Q4_1 (blocks of 32), as a GGUF file would hold it."""
+    """The tiny Llama with every decoder linear rounded to Q4_1 (blocks of 32), as a GGUF file
+    would hold it."""
     model = AutoModelForCausalLM.from_pretrained(str(source_dir), dtype=torch.float32)
     with torch.no_grad():
         for name, module in model.named_modules():

@@ -35,7 +35,8 @@ def state(tiny_dirs, tmp_path, monkeypatch):
 
 
 def stuck_in_the_model(lm, gate: threading.Event, started: threading.Event):
-    """A forward hook that holds the scheduler thread inside the model's forward pass until the gate opens."""
+    """A forward hook that holds the scheduler thread inside the model's forward pass until the
+    gate opens."""
 
     def hold(module, inputs, output):
         if threading.current_thread().name.startswith("millm-scheduler"):

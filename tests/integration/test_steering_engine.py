@@ -62,7 +62,8 @@ def test_delta_after_the_hook_is_the_weighted_decoder_sum(model, request, tmp_pa
     expected_a = 4.0 * a.sae.W_dec[3] - 2.5 * a.sae.W_dec[9]
     # At layer 0 the only difference is the added delta, at every position.
     assert torch.allclose(steered[0] - plain[0], expected_a.expand_as(plain[0]), atol=1e-5)
-    # Layer 2's output = its (changed) input's result + b's delta: compare against an edit with only a.
+    # Layer 2's output = its (changed) input's result + b's delta: compare against an edit with only
+    # a.
     only_a = residuals(
         lm, prompt, steering_edit({a.info.id: strengths[a.info.id]}, {a.info.id: a}), [2]
     )

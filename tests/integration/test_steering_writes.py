@@ -43,7 +43,8 @@ def fresh(store: Store, registry: SAERegistry) -> tuple:
 
 
 def whole_reads(store: Store) -> list[str]:
-    """SELECTs of the live values table from now on (the whole-state read is the one that makes them)."""
+    """SELECTs of the live values table from now on (the whole-state read is the one that makes
+    them)."""
     seen: list[str] = []
     event.listen(
         store.engine,

@@ -1,4 +1,5 @@
-"""The same store and the same server state on PostgreSQL (DATABASE_URL), with a real server process."""
+"""The same store and the same server state on PostgreSQL (DATABASE_URL), with a real server
+process."""
 
 import httpx
 import pytest

@@ -1,7 +1,7 @@
 """The VectorBook over a real store and the tiny Llama loaded in this process: the plan resolver's
-point (Attached.point's rule), tensor and revision, its refusals (another model by name or width, a
-layer past the model, no model), None for an unknown or deleted vector, names kept unique, the bound, and a schema-4 database
-migrating with its rows kept."""
+point (Attached.point's rule), tensor and revision, its refusals (another model by name or width,
+a layer past the model, no model), None for an unknown or deleted vector, names kept unique, the
+bound, and a schema-4 database migrating with its rows kept."""
 
 from __future__ import annotations
 
@@ -99,11 +99,13 @@ def test_the_resolver_gives_the_point_and_the_stored_direction(store, llama_lm):
     [
         (
             {"model": "gemma-2-2b"},
-            "trained on model 'gemma-2-2b' (d_model 64), not on the loaded model 'tiny-llama' (d_model 64)",
+            "trained on model 'gemma-2-2b' (d_model 64), not on the loaded model 'tiny-llama' "
+            "(d_model 64)",
         ),
         (
             {"d_model": 32},
-            "trained on model 'tiny-llama' (d_model 32), not on the loaded model 'tiny-llama' (d_model 64)",
+            "trained on model 'tiny-llama' (d_model 32), not on the loaded model 'tiny-llama' "
+            "(d_model 64)",
         ),
         ({"layer": 3}, "at layer 3, past tiny-llama's 3 layers"),
     ],

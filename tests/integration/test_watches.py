@@ -56,7 +56,8 @@ def chunks(prompt_length: int, total: int) -> list[slice]:
 
 @dataclass
 class Setup:
-    """An unwatched run and a direction whose score first passes `threshold` at generated position `p`."""
+    """An unwatched run and a direction whose score first passes `threshold` at generated
+    position `p`."""
 
     prompt: list[int]
     plain: Outcome
@@ -69,7 +70,8 @@ class Setup:
         return h @ self.u
 
     def offline(self, before: torch.Tensor) -> torch.Tensor:
-        """The scores the engine computes, forward pass by forward pass (the same shapes: the same bits)."""
+        """The scores the engine computes, forward pass by forward pass (the same shapes: the
+        same bits)."""
         return torch.cat(
             [self.score(before[part]) for part in chunks(len(self.prompt), before.shape[0])]
         )
@@ -87,7 +89,8 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(llama_lm) -> Setup:
-    """A direction for which the first firing falls well inside the generated text (searched once)."""
+    """A direction for which the first firing falls well inside the generated text (searched
+    once)."""
     prompt = prompt_ids(llama_lm, PROMPT)
     plain = generate(llama_lm, [before_reads(row(prompt, BUDGET), (POINT, EDIT_POINT))])
     before = read(plain, f"{POINT}-before")
@@ -177,7 +180,8 @@ def test_a_steer_watch_steers_from_the_position_after_it_fires(llama_lm, setup, 
     # after the window the row's own edit (none) again
     assert torch.equal(after[end:], before[end:])
     assert torch.equal(after[: p + 1], before[: p + 1])
-    # The token sampled from position p's logits is still the unwatched one; what follows is steered.
+    # The token sampled from position p's logits is still the unwatched one; what follows is
+    # steered.
     generated = len(setup.prompt)
     assert outcome.texts[0] != setup.plain.texts[0]
     plain_tokens = _tokens(setup.plain)

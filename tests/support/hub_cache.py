@@ -1,5 +1,6 @@
-"""A Hugging Face cache laid out as huggingface_hub writes it (models--owner--name/snapshots/<commit>,
-refs/main), so code that resolves hub ids loads from it with HF_HUB_OFFLINE=1 and no network."""
+"""A Hugging Face cache laid out as huggingface_hub writes it
+(models--owner--name/snapshots/<commit>, refs/main), so code that resolves hub ids loads from it
+with HF_HUB_OFFLINE=1 and no network."""
 
 from __future__ import annotations
 

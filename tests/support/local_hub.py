@@ -15,7 +15,8 @@ COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 class LocalHub:
-    """`repo_id` holding the files of `folder` at one commit; `requests` lists the paths asked for."""
+    """`repo_id` holding the files of `folder` at one commit; `requests` lists the paths asked
+    for."""
 
     def __init__(self, repo_id: str, folder: Path):
         self.repo_id, self.folder, self.requests = repo_id, folder, []
@@ -44,7 +45,8 @@ class LocalHub:
         self.server.server_close()
 
     def answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
-        """Model info at /api/models/{repo}[/revision/{rev}]; a file at /{repo}/resolve/{rev}/{name}."""
+        """Model info at /api/models/{repo}[/revision/{rev}]; a file at
+        /{repo}/resolve/{rev}/{name}."""
         path = unquote(handler.path.split("?")[0])
         self.requests.append(f"{handler.command} {path}")
         if path.startswith(f"/api/models/{self.repo_id}"):

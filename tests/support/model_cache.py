@@ -21,7 +21,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def shared_folder(name: str) -> Path:
-    """This checkout's persistent folder for `name` (one per checkout: a GGUF file's entry is keyed by its path)."""
+    """This checkout's persistent folder for `name` (one per checkout: a GGUF file's entry is
+    keyed by its path)."""
     root = Path(os.environ.get("MILLM_TEST_MODEL_CACHE") or Path.home() / ".cache" / "millm-tests")
     return root / hashlib.sha256(str(CHECKOUT).encode()).hexdigest()[:12] / name
 
@@ -29,7 +30,8 @@ def shared_folder(name: str) -> Path:
 def start_sharing(
     name: str, home: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 600
 ) -> ServerProcess:
-    """A ready server on a new data directory `home` whose converted models are `name`'s shared ones."""
+    """A ready server on a new data directory `home` whose converted models are `name`'s shared
+    ones."""
     shared = shared_folder(name)
     home.mkdir(parents=True, exist_ok=True)
     for part in ("cache", "hub"):

@@ -41,7 +41,8 @@ def endless(model_dir: Path, directory: Path) -> Path:
 
 
 def with_config(model_dir: Path, directory: Path, **changes) -> Path:
-    """A copy whose config.json has `changes` (e.g. a quantization_config, another intermediate_size)."""
+    """A copy whose config.json has `changes` (e.g. a quantization_config, another
+    intermediate_size)."""
     copy_of(model_dir, directory)
     edit_json(directory / "config.json", **changes)
     return directory
@@ -105,7 +106,8 @@ def wide_llama(directory: Path, tokenizer_dir: Path, intermediate_size: int = 10
 
 
 def parameters(directory: Path) -> int:
-    """Elements of every tensor in the directory's safetensors file, as the safetensors library reads them."""
+    """Elements of every tensor in the directory's safetensors file, as the safetensors library
+    reads them."""
     from safetensors import safe_open
 
     with safe_open(str(directory / SAFETENSORS), "pt") as handle:

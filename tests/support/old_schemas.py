@@ -177,7 +177,7 @@ def _vectors_probes(metadata: MetaData) -> None:
     )
 
 
-# The data ------------------------------------------------------------------------------------------
+# The data -----------------------------------------------------------------------------------------
 # Times are exact in binary, so a float that changed on the way would show.
 T0 = 1_764_000_000.0
 
@@ -397,7 +397,8 @@ def build(
 
 def upgraded(version: int, rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """What `rows` of schema `version` must read as at the newest schema: the same rows, the new
-    columns at their defaults, the newest schema_version and a steering_version (0 where there was none)."""
+    columns at their defaults, the newest schema_version and a steering_version (0 where there
+    was none)."""
     expected = copy.deepcopy(rows)
     for row in expected.get("millm_attachments", []):
         row["model"] = None

@@ -23,7 +23,8 @@ _zygote: Zygote | None = None
 
 
 def zygote() -> Zygote:
-    """This pytest process's zygote, started on first use (MILLM_TEST_FORK=0: none, every server a new interpreter)."""
+    """This pytest process's zygote, started on first use (MILLM_TEST_FORK=0: none, every server
+    a new interpreter)."""
     global _zygote
     if _zygote is None:
         # short: a Unix socket's path is at most 107 bytes

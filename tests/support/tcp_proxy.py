@@ -1,5 +1,6 @@
 """A TCP relay between one server and its database, which a test can cut and restore: a network
-partition between one replica and PostgreSQL, without touching the database or the other replicas."""
+partition between one replica and PostgreSQL, without touching the database or the other
+replicas."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from tests.support.server import free_port
 
 
 class TcpProxy:
-    """Listens on 127.0.0.1:`port` and relays every connection to `upstream_port`; `cut` drops them all
-    and refuses new ones until `restore`."""
+    """Listens on 127.0.0.1:`port` and relays every connection to `upstream_port`; `cut` drops them
+    all and refuses new ones until `restore`."""
 
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
@@ -80,7 +81,8 @@ class TcpProxy:
             self._frozen.update(self._open)
 
     def restore(self) -> None:
-        """Relay new connections again (frozen ones stay dead: their lost bytes cannot be replayed)."""
+        """Relay new connections again (frozen ones stay dead: their lost bytes cannot be
+        replayed)."""
         with self._lock:
             self._cut = False
 

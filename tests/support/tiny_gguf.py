@@ -29,7 +29,8 @@ def permute_rope(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_llama_gguf(checkpoint: Path, target: Path, quant: str = "F32") -> Path:
-    """Write `checkpoint` (a saved LlamaForCausalLM with its tokenizer) as a GGUF file at `target`."""
+    """Write `checkpoint` (a saved LlamaForCausalLM with its tokenizer) as a GGUF file at
+    `target`."""
     import gguf
     from safetensors.torch import load_file
 

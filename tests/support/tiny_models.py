@@ -19,8 +19,8 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     # Qwen 3's switch, read from chat_template_kwargs: an empty thought block when thinking is off.
-    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
-    "{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% "
+    "endif %}{% endif %}"
 )
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>"]
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -122,7 +122,8 @@ def build_llama(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
 
 def build_gemma2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 3-layer Gemma2 (soft-capping, sliding window of 16 on alternate layers) with random weights."""
+    """A 3-layer Gemma2 (soft-capping, sliding window of 16 on alternate layers) with random
+    weights."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
@@ -150,7 +151,8 @@ def with_extra_eos(directory: Path, model_dir: Path, eos_ids: list[int]) -> Path
 
 
 def build_qwen2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 3-layer Qwen2 (q/k/v biases, so it runs on the generic transformers runner) with random weights."""
+    """A 3-layer Qwen2 (q/k/v biases, so it runs on the generic transformers runner) with random
+    weights."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
@@ -171,8 +173,10 @@ TOOLS_TEMPLATE = (
     'Call one with <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>\n{% endif %}'
     "{%- for message in messages %}"
     "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
-    "{% for call in message.tool_calls %}<tool_call>{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content }}</tool_response><|im_end|>\n"
+    "{% for call in message.tool_calls %}<tool_call>{{ {'name': call.function.name, 'arguments': "
+    "call.function.arguments} | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% elif message.role "
+    "== 'tool' %}<|im_start|>user\n<tool_response>{{ message.content "
+    "}}</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -180,7 +184,8 @@ TOOLS_TEMPLATE = (
 
 
 def _jitter(model, part: str, mean: float = 0.0, std: float = 0.3) -> None:
-    """Random values for parameters whose name contains `part` (biases and norms start constant, which would hide their handling)."""
+    """Random values for parameters whose name contains `part` (biases and norms start constant,
+    which would hide their handling)."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if part in name:
@@ -192,7 +197,8 @@ def _vocab(tokenizer_dir: Path) -> int:
 
 
 def build_gemma3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 4-layer Gemma 3 text model (QK-norm, sliding window of 8 on layers 0-2, local and global RoPE, tied head)."""
+    """A 4-layer Gemma 3 text model (QK-norm, sliding window of 8 on layers 0-2, local and global
+    RoPE, tied head)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
@@ -210,7 +216,8 @@ def build_gemma3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
 
 def build_llama3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 3-layer Llama with Llama 3.1's RoPE scaling (`rope_type: llama3`, theta 500,000) and random weights."""
+    """A 3-layer Llama with Llama 3.1's RoPE scaling (`rope_type: llama3`, theta 500,000) and
+    random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -279,7 +286,8 @@ def build_gpt2(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
 
 def build_gpt_neox(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 3-layer GPT-NeoX (Pythia's layout: parallel residual, a quarter of each head rotated) with random weights."""
+    """A 3-layer GPT-NeoX (Pythia's layout: parallel residual, a quarter of each head rotated)
+    with random weights."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(seed)
@@ -304,7 +312,8 @@ def build_gpt_neox(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
 
 
 def build_phi3(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer Phi-3 with a sliding window: a family the lean runner leaves to transformers' forward."""
+    """A 2-layer Phi-3 with a sliding window: a family the lean runner leaves to transformers'
+    forward."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
     torch.manual_seed(seed)

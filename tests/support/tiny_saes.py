@@ -97,7 +97,8 @@ def build_gemma_scope(
 def build_gemma_scope_2(
     directory: Path, *, d_in: int = 64, d_sae: int = 128, seed: int = 0, hook: str | None = None
 ) -> Path:
-    """A Gemma Scope 2 folder: params.safetensors (lower-case names) and, with `hook`, a config.json."""
+    """A Gemma Scope 2 folder: params.safetensors (lower-case names) and, with `hook`, a
+    config.json."""
     directory.mkdir(parents=True, exist_ok=True)
     weights = sae_tensors(d_in, d_sae, seed)
     tensors = {

@@ -1,4 +1,5 @@
-"""Waiting for something another process does (a replica applying a change, a server becoming ready)."""
+"""Waiting for something another process does (a replica applying a change, a server becoming
+ready)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ T = TypeVar("T")
 def until(
     check: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, what: str = ""
 ) -> T:
-    """`check()`'s first truthy value within `timeout` seconds, else AssertionError with its last value."""
+    """`check()`'s first truthy value within `timeout` seconds, else AssertionError with its last
+    value."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()

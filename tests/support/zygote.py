@@ -8,11 +8,12 @@ for a server, forks; the child sets the environment it was given, points stdout 
 the server's log and runs `millm.cli.main` on the arguments, as `python -m millm serve` would
 (the CLI's own tests still start `python -m millm`). It is gunicorn's preload, for tests.
 
-The zygote runs no Python thread besides its main one (a fork copies only the forking thread, so
-no other thread may hold a lock then) and computes nothing before forking: ATen, MKL and oneDNN read their ISA caps
-and MKL_CBWR at their first operation, so each child still takes them from its own environment.
-It reaps its children itself and answers, over a Unix socket, one JSON line per request:
-{"spawn": {"argv", "env", "log", "cwd"}} -> {"pid"}; {"poll": pid} -> {"returncode": int | null}.
+The zygote runs no Python thread besides its main one (a fork copies only the forking thread, so no
+other thread may hold a lock then) and computes nothing before forking: ATen, MKL and oneDNN read
+their ISA caps and MKL_CBWR at their first operation, so each child still takes them from its own
+environment. It reaps its children itself and answers, over a Unix socket, one JSON line per
+request: {"spawn": {"argv", "env", "log", "cwd"}} -> {"pid"}; {"poll": pid} -> {"returncode": int |
+null}.
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def _fork(spawn: dict, listener: socket.socket, main) -> int:
         os._exit(code)
 
 
-# Variables read when a library loads (OpenMP's thread count, the hub's endpoint and offline switch),
-# not when it first computes: a server whose environment differs from the zygote's in one of them
-# cannot be forked from it and starts as a new interpreter.
+# Variables read when a library loads (OpenMP's thread count, the hub's endpoint and offline
+# switch), not when it first computes: a server whose environment differs from the zygote's in one
+# of them cannot be forked from it and starts as a new interpreter.
 READ_AT_IMPORT = (
     "OMP_",
     "MKL_NUM_THREADS",

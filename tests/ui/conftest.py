@@ -53,7 +53,8 @@ def tiny_sae(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def shared_workbench(tiny_dirs, tiny_sae, tmp_path_factory):
-    """One server for the workbench modules (a start costs about 10 s); `workbench` resets it per module."""
+    """One server for the workbench modules (a start costs about 10 s); `workbench` resets it per
+    module."""
     bench = start_workbench(tiny_dirs, tmp_path_factory.mktemp("ui-home"), tiny_sae)
     try:
         yield bench

@@ -57,7 +57,10 @@ def test_the_api_key_reads_and_the_admin_key_changes_state(keyed, page):
     )
     expect(row).to_contain_text("layer 1")
     row.get_by_role("button", name="Detach").click()
-    refusal = "401 invalid_api_key: This route changes server state and needs the admin key (MILLM_ADMIN_KEY)"
+    refusal = (
+        "401 invalid_api_key: This route changes server state and needs the admin key "
+        "(MILLM_ADMIN_KEY)"
+    )
     expect(page.get_by_role("form", name="API key").get_by_role("alert")).to_contain_text(refusal)
     expect(page.get_by_role("region", name="SAEs").get_by_role("alert")).to_contain_text(refusal)
     assert attached(keyed) is True
@@ -73,7 +76,8 @@ def test_the_api_key_reads_and_the_admin_key_changes_state(keyed, page):
     row.get_by_role("button", name="Attach").click()
     expect(row.get_by_role("button", name="Detach")).to_be_visible()
     assert attached(keyed) is True
-    # kept in this tab's session only: not in localStorage, and a new browser context starts without it
+    # kept in this tab's session only: not in localStorage, and a new browser context starts without
+    # it
     assert page.evaluate("sessionStorage.getItem('millm.key')") == ADMIN_KEY
     assert page.evaluate("localStorage.length") == 0
 

@@ -31,7 +31,8 @@ def say(page, text: str) -> None:
 
 
 def value(table, name: str):
-    """The value cell of the row `name` in a name/value table (Response headers, Steering applied)."""
+    """The value cell of the row `name` in a name/value table (Response headers, Steering
+    applied)."""
     return (
         table.get_by_role("row")
         .filter(has=table.page.get_by_role("rowheader", name=name, exact=True))
@@ -48,7 +49,8 @@ def expect_conversation(page, expected: list[dict]) -> None:
     after the render a locator sees, so reading it at once can race the save."""
     try:
         page.wait_for_function(
-            "want => JSON.stringify(JSON.parse(sessionStorage.getItem('millm.conversation') || 'null')) === JSON.stringify(want)",
+            "want => JSON.stringify(JSON.parse(sessionStorage.getItem('millm.conversation') || "
+            "'null')) === JSON.stringify(want)",
             arg=expected,
             timeout=5_000,
         )
@@ -115,7 +117,8 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     assert text
     assert answer.locator(".text").text_content() == text
     expect(answer).to_contain_text(
-        f"finish_reason: {choice['finish_reason']} · {usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens"
+        f"finish_reason: {choice['finish_reason']} · {usage['prompt_tokens']} prompt + "
+        f"{usage['completion_tokens']} completion tokens"
     )
 
     headers = answer.get_by_role("table", name="Response headers")
@@ -132,7 +135,8 @@ def test_a_chat_turn_streams_the_apis_answer_and_shows_its_headers(workbench, pa
     expect(page.get_by_role("article")).to_have_count(0)
     expect_conversation(page, [])
 
-    # the same question again: the server's prefix cache supplies most of the prompt, and the turn says how much
+    # the same question again: the server's prefix cache supplies most of the prompt, and the turn
+    # says how much
     say(page, "Tell me about the river.")
     again = finished(page.get_by_role("article", name="Answer 1"))
     expect(again).to_contain_text(re.compile(rf"{usage['prompt_tokens']} prompt \(\d+ cached\) \+"))
@@ -228,7 +232,10 @@ def test_an_active_probe_shows_its_verdict_and_where_it_fired(workbench, page):
         expect(row).to_contain_text("active")
         expect(row).to_contain_text("report")
         expect(row).to_contain_text("fired")
-        first = f"position {position} (answer token {position - prompt + 1}) {json.dumps(verdict['tokens'][0]['text'], ensure_ascii=False)}"
+        first = (
+            f"position {position} (answer token {position - prompt + 1}) "
+            f"{json.dumps(verdict['tokens'][0]['text'], ensure_ascii=False)}"
+        )
         expect(row.get_by_role("listitem").first).to_have_text(first)
         expect(row.get_by_role("listitem")).to_have_count(
             min(len(verdict["positions"]), 8) + (len(verdict["positions"]) > 8)
@@ -281,7 +288,8 @@ def test_an_abort_probe_ends_the_answer_with_content_filter(workbench, page):
         note = answer.get_by_role("note")
         expect(note).to_contain_text("finish_reason: content_filter")
         expect(note).to_contain_text(
-            f"ended by the abort probe boat-stop at position {position} (answer token {position - prompt + 1})"
+            f"ended by the abort probe boat-stop at position {position} (answer token "
+            f"{position - prompt + 1})"
         )
         expect(
             value(answer.get_by_role("table", name="Response headers"), "X-miLLM-Steering")

@@ -1,7 +1,7 @@
-"""Profiles, clusters and circuits in the workbench: a profile file imported and activated, a profile
-made in the form, edited, exported and deleted, a cluster's dial over its declared range, a
-circuit's rung in the spec's words and whether it steers, and a bad import refused with the API's
-message and nothing stored."""
+"""Profiles, clusters and circuits in the workbench: a profile file imported and activated, a
+profile made in the form, edited, exported and deleted, a cluster's dial over its declared range,
+a circuit's rung in the spec's words and whether it steers, and a bad import refused with the
+API's message and nothing stored."""
 
 from __future__ import annotations
 
@@ -268,7 +268,8 @@ def test_a_bad_import_shows_the_apis_message_and_changes_nothing(workbench, page
         write(tmp_path, "too-strong.json", too_strong)
     )
     expect(profiles.get_by_role("alert")).to_have_text(
-        "400 invalid_profile: invalid profile: steering[0].features[0].strength: Input should be less than or equal to 200, got 900"
+        "400 invalid_profile: invalid profile: steering[0].features[0].strength: Input should be "
+        "less than or equal to 200, got 900"
     )
 
     clusters = page.get_by_role("region", name="Clusters")

@@ -127,7 +127,8 @@ def test_a_record_shows_its_tokens_and_labels_and_opens_its_prompt(workbench, pa
         .get_by_role("row")
         .filter(has=page.get_by_role("button", name=answer["id"]))
     )
-    # the record's token text, prompt then answer (positions: all), and its strongest feature's label
+    # the record's token text, prompt then answer (positions: all), and its strongest feature's
+    # label
     expect(row.locator(".record-text")).to_have_text(
         "".join(position["token"] for position in record["positions"])
     )

@@ -1,4 +1,5 @@
-"""Access rules as tables: route classes, which key opens which class, same-site checks, the start-up warning."""
+"""Access rules as tables: route classes, which key opens which class, same-site checks, the
+start-up warning."""
 
 import pytest
 from pydantic import SecretStr

@@ -112,7 +112,8 @@ def test_a_name_taken_outside_the_book_is_refused_by_the_store_and_then_found(st
     with pytest.raises(Conflict) as refused:  # ...so the store's unique name refuses the duplicate
         book.create(profile("outside"))
     assert refused.value.code == "profile_exists"
-    # A name the shelf lacks is looked up in the store once more before a 404 (another replica's row).
+    # A name the shelf lacks is looked up in the store once more before a 404 (another replica's
+    # row).
     assert book.find("outside")["id"] == "prof_outside"
     with pytest.raises(Conflict):
         book.create(profile("outside"))

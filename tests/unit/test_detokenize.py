@@ -1,4 +1,5 @@
-"""Incremental detokenisation concatenates to exactly the full decode, never emitting half characters."""
+"""Incremental detokenisation concatenates to exactly the full decode, never emitting half
+characters."""
 
 import pytest
 from transformers import AutoTokenizer

@@ -117,7 +117,8 @@ FILE_8B = 4_920_739_232
 
 def test_a_window_whose_kv_cache_does_not_fit_is_halved_until_it_does():
     sizing = llamacpp_sizing(FILE_8B, LLAMA_8B, None, False, lambda n: n <= 12 * GIB)
-    # 131072 tokens: 16 GiB of float16 keys and values; 65536: 8 GiB; 32768: 4 GiB, beside a 4.6 GiB file.
+    # 131072 tokens: 16 GiB of float16 keys and values; 65536: 8 GiB; 32768: 4 GiB, beside a 4.6 GiB
+    # file.
     assert (sizing.context, sizing.lowered_from) == (32768, 131072)
     assert sizing.needed == FILE_8B + 32768 * 32 * 8 * 256 * 2 + 512 * 128256 * 4
     assert sizing.describe() == "its file and a 32768-token KV cache"

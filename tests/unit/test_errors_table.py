@@ -1,4 +1,5 @@
-"""The error table in millm/errors.py against the spec's and the docs' error tables, and its invariants."""
+"""The error table in millm/errors.py against the spec's and the docs' error tables, and its
+invariants."""
 
 import re
 from pathlib import Path
@@ -35,7 +36,8 @@ SPEC_CAPITALISED = {"AMBIGUOUS_MODEL_NAME"}
 
 
 def spec_rows(text: str) -> list[tuple[str, str, str]]:
-    """(situation, status, code) of the tab-separated table under "Situation<TAB>Status<TAB>code"."""
+    """(situation, status, code) of the tab-separated table under
+    "Situation<TAB>Status<TAB>code"."""
     lines = text.splitlines()
     start = lines.index("Situation\tStatus\tcode") + 1
     rows = []
@@ -106,7 +108,8 @@ def test_codes_are_unique_and_statuses_and_types_valid():
         assert re.fullmatch(r"[a-z]+(_[a-z0-9]+)*", code) or code in SPEC_CAPITALISED, code
         assert 400 <= status <= 599, cls
         assert type_ in ("invalid_request_error", "server_error"), cls
-        # 5xx are the server's fault except running out of memory, which the spec types as the request's.
+        # 5xx are the server's fault except running out of memory, which the spec types as the
+        # request's.
         assert (type_ == "server_error") == (status >= 500 and code != "insufficient_memory"), cls
         assert cls.__module__ == "millm.errors", f"{cls} declares a row outside the one table"
 

@@ -98,8 +98,8 @@ def test_an_endpoint_answer_is_read_from_its_top_logprobs_else_its_text():
 
 
 def test_balanced_accuracy_is_the_mean_of_both_rates_over_answered_texts():
-    judged = [ScoredText(True, 0.9), ScoredText(True, 0.4), ScoredText(True, 0.5), ScoredText(False, 0.1),
-              ScoredText(False, 0.7), ScoredText(False, None)]  # fmt: skip
+    judged = [ScoredText(True, 0.9), ScoredText(True, 0.4), ScoredText(True, 0.5),
+              ScoredText(False, 0.1), ScoredText(False, 0.7), ScoredText(False, None)]  # fmt: skip
     score = balanced_score(judged)
     assert score.true_positive_rate == pytest.approx(2 / 3)
     assert score.true_negative_rate == pytest.approx(1 / 2)

@@ -1,4 +1,5 @@
-"""RFC 8941 headers: round-trips through a parser, the byte cap with "+N more", percent-encoding, strict values."""
+"""RFC 8941 headers: round-trips through a parser, the byte cap with "+N more", percent-encoding,
+strict values."""
 
 import http_sfv
 import pytest

@@ -1,4 +1,5 @@
-"""The job book: progress, ETA, cancellation, the bound on running jobs, failures in the API's shape."""
+"""The job book: progress, ETA, cancellation, the bound on running jobs, failures in the API's
+shape."""
 
 from __future__ import annotations
 

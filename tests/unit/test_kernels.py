@@ -124,7 +124,8 @@ def test_prefill_copies_stop_at_their_memory_budget():
 
 
 def test_a_fixed_plan_gives_every_weight_the_plain_kernel():
-    """--reproducible: no oneDNN pre-packing and no int4 kernel, whose rounding follows the CPU kind."""
+    """--reproducible: no oneDNN pre-packing and no int4 kernel, whose rounding follows the CPU
+    kind."""
     weight = torch.randn(64, 64)
     fixed = KernelPlan(torch.device("cpu"), torch.float32, int4=True, fixed=True)
     x = torch.randn(3, 64)

@@ -1,4 +1,5 @@
-"""The label store, the LabelBook and its ranked search (SQLite FTS5, BM25), and decoder neighbours."""
+"""The label store, the LabelBook and its ranked search (SQLite FTS5, BM25), and decoder
+neighbours."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ RANKED = [
 
 def test_search_ranks_by_relevance():
     index = LabelIndex(RANKED)
-    # A query matching all of one label's words ranks it first; the partial matches follow, the non-matches never come.
+    # A query matching all of one label's words ranks it first; the partial matches follow, the
+    # non-matches never come.
     found = index.search("pirate captain ship", 10)
     assert found[0].index == 0 and {f.index for f in found} == {0, 1, 3, 4}
     # larger is better
@@ -83,7 +85,8 @@ def test_search_ranks_by_relevance():
     assert [f.index for f in index.search("melody ship", 10)][0] == 2 and 4 not in [
         f.index for f in index.search("melody ship", 10)
     ]
-    # Stemming and prefixes: "pirates" and "pir" find "pirate"; a word in the label outranks one in the other text.
+    # Stemming and prefixes: "pirates" and "pir" find "pirate"; a word in the label outranks one in
+    # the other text.
     assert [f.index for f in index.search("pirates", 10)] == [0, 4]
     assert [f.index for f in index.search("pir", 10)] == [0, 4]
     assert [f.index for f in index.search("sail", 10)] == [4]

@@ -1,4 +1,5 @@
-"""Feature-label documents: every format read (and detected), every refusal named by its entry, exports read back."""
+"""Feature-label documents: every format read (and detected), every refusal named by its entry,
+exports read back."""
 
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def triples(document: LabelDocument) -> list[tuple[int, str]]:
 @pytest.mark.parametrize(
     "value, content_type, fmt, expected_format, expected, skipped",
     [
-        # Neuronpedia's export: the first non-empty description of an index wins, stripped; all-empty indices are skipped.
+        # Neuronpedia's export: the first non-empty description of an index wins, stripped;
+        # all-empty indices are skipped.
         (
             NEURONPEDIA,
             "application/json",
@@ -117,7 +119,8 @@ def triples(document: LabelDocument) -> list[tuple[int, str]]:
         # Plain JSON: strings or objects with a label; extra keys are detail.
         (PLAIN, "application/json", None, "json", [(0, "zero"), (2, "two")], 1),
         ({}, None, None, "json", [], 0),
-        # CSV: by content type, by a body that is no JSON, or forced; header optional; quoted commas.
+        # CSV: by content type, by a body that is no JSON, or forced; header optional; quoted
+        # commas.
         (
             b'index,label\n1,one\n2,"two, too"\n\n3,  \n',
             "text/csv",
@@ -210,7 +213,8 @@ def test_details_keep_what_the_source_said():
             {"index": "x", "explanations": [{"description": 1}]},
             None,
             None,
-            "invalid Neuronpedia feature answer: entry 0: index 'x' is not a number; entry 0: explanations[0].description: Input should be a valid string",
+            "invalid Neuronpedia feature answer: entry 0: index 'x' is not a number; entry 0: "
+            "explanations[0].description: Input should be a valid string",
         ),
         (
             {"explanations": [{"feature_index": 1, "explanations": []}, {"feature_index": "q"}]},

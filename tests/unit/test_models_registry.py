@@ -39,7 +39,7 @@ def source(directory, tmp_path):
     return resolve_source(str(directory), tmp_path / "hub")
 
 
-# checkpoint inspection ------------------------------------------------------------------------------
+# checkpoint inspection ----------------------------------------------------------------------------
 def test_inspect_counts_what_the_safetensors_library_reads(tiny_dirs, tmp_path):
     checkpoint = inspect(source(tiny_dirs["llama"], tmp_path))
     assert checkpoint.parameters == model_dirs.parameters(tiny_dirs["llama"])
@@ -160,7 +160,7 @@ def test_gguf_files_that_are_not_whole(tmp_path, spoil, words):
         inspect(resolved)
 
 
-# quantization and memory -----------------------------------------------------------------------------
+# quantization and memory --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "quantization, words",
     [
@@ -232,7 +232,7 @@ def test_check_memory_reports_the_figures_of_the_device():
     )
 
 
-# the registry --------------------------------------------------------------------------------------------
+# the registry -------------------------------------------------------------------------------------
 def test_registrations_persist_and_refuse_clashes(tiny_dirs, tmp_path):
     url = database_url(tmp_path, None)
     store = Store(url)
@@ -313,7 +313,7 @@ def test_registrations_on_postgres(tiny_dirs, tmp_path):
         postgres.stop()
 
 
-# the slot's leases ----------------------------------------------------------------------------------
+# the slot's leases --------------------------------------------------------------------------------
 @pytest.fixture
 def filled(llama_lm):
     slot = ModelSlot()

@@ -20,7 +20,8 @@ BACKLOG = 3
 
 @pytest.fixture
 def monitored(tmp_path):
-    """An enabled monitor (queue bound BACKLOG) reading through a tiny SAE, and its hand-over callback."""
+    """An enabled monitor (queue bound BACKLOG) reading through a tiny SAE, and its hand-over
+    callback."""
     info, sae = read_sae(build_saelens(tmp_path / "sae", layer=1, seed=5))
     attached = {info.id: Attached(info, sae, 1)}
     store = Store(database_url(tmp_path, None))

@@ -11,7 +11,8 @@ from tests.support.tiny_saes import sae_tensors
 
 
 def matched(seed: int = 0) -> SAEWeights:
-    """A tiny SAE whose encoder roughly matches its decoder, as trained ones do (random ones are nearly orthogonal)."""
+    """A tiny SAE whose encoder roughly matches its decoder, as trained ones do (random ones are
+    nearly orthogonal)."""
     tensors = sae_tensors(64, 128, seed=seed)
     noise = torch.randn(64, 128, generator=torch.Generator().manual_seed(seed + 7)) * 0.05
     tensors["W_enc"] = tensors["W_dec"].T.clone() + noise

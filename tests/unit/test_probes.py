@@ -1,5 +1,6 @@
-"""Probe maths: each detector's score against the SAE's own encode (or sigmoid(w·x + b)), the verdict's
-rules, binding a detector to what is loaded (and each refusal), and the document format."""
+"""Probe maths: each detector's score against the SAE's own encode (or sigmoid(w·x + b)), the
+verdict's rules, binding a detector to what is loaded (and each refusal), and the document
+format."""
 
 from __future__ import annotations
 

@@ -307,6 +307,7 @@ def test_bundles_are_all_or_nothing():
     ],
 )
 def test_a_request_steering_with_an_unknown_key_is_refused_not_dropped(spec, where):
-    """A key the document does not know would otherwise be dropped and the request answered unsteered."""
+    """A key the document does not know would otherwise be dropped and the request answered
+    unsteered."""
     with pytest.raises(InvalidRequest, match=re.escape(where) + ": unknown field"):
         validate_spec(spec)

@@ -18,7 +18,8 @@ from millm.v1.policy.field_policy import PRINTABLE_ASCII, percent_encode
 
 KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)
 INTEGERS = st.integers(-999_999_999_999_999, 999_999_999_999_999)  # RFC 8941's integer range
-# Decimals have at most 12 integer and 3 fraction digits; floats with 3 places are what callers send.
+# Decimals have at most 12 integer and 3 fraction digits; floats with 3 places are what callers
+# send.
 THOUSANDTHS = st.integers(-999_999_999_999_999, 999_999_999_999_999)
 ASCII = st.text(PRINTABLE_ASCII, max_size=12)
 TOKENS = st.from_regex(r"[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]{0,8}", fullmatch=True)

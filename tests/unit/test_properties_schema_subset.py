@@ -1,4 +1,5 @@
-"""Properties of the JSON Schema subset check (millm/v1/policy/schema_subset.py), over random schemas.
+"""Properties of the JSON Schema subset check (millm/v1/policy/schema_subset.py), over random
+schemas.
 
 Schemas built only from the supported keywords (and the ignored annotations) are accepted and
 are valid against the subset as the served OpenAPI schema states it (SchemaSubset); a refused

@@ -52,7 +52,8 @@ def reference(text: str, stops: list[str]) -> tuple[str, bool]:
 
 
 def held_length(text: str, stops: list[str]) -> int:
-    """The longest suffix of `text` that is a proper prefix of a stop string: all that may be held."""
+    """The longest suffix of `text` that is a proper prefix of a stop string: all that may be
+    held."""
     return max(
         (k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0
     )

@@ -1,4 +1,5 @@
-"""Reading SAE files: every supported variant, and a clear 400 naming every kind of malformed file."""
+"""Reading SAE files: every supported variant, and a clear 400 naming every kind of malformed
+file."""
 
 import json
 
@@ -118,7 +119,8 @@ def test_malformed_tensors(tmp_path, change, message):
     [
         (
             {"architecture": "gated"},
-            "cfg.json: architecture: Input should be 'standard', 'jumprelu' or 'topk' (got 'gated')",
+            "cfg.json: architecture: Input should be 'standard', 'jumprelu' or 'topk' (got "
+            "'gated')",
         ),
         (
             {"hook_name": "blocks.1.hook_mlp_out"},
@@ -133,18 +135,21 @@ def test_malformed_tensors(tmp_path, change, message):
         ({"d_sae": 0}, "cfg.json: d_sae: Input should be greater than 0 (got 0)"),
         (
             {"d_in": -1, "d_sae": True},
-            "cfg.json: d_in: Input should be greater than 0 (got -1); d_sae: Input should be a valid integer (got True)",
+            "cfg.json: d_in: Input should be greater than 0 (got -1); d_sae: Input should be a "
+            "valid integer (got True)",
         ),
         ({"k": 0}, "cfg.json: k: Input should be greater than 0 (got 0)"),
         ({"k": 500}, "cfg.json: k: a topk SAE needs k between 1 and d_sae (128), got 500"),
         ({"k": None}, "a topk SAE needs k between 1 and d_sae (128), got None"),
         (
             {"normalize_activations": "weird"},
-            "cfg.json: normalize_activations: Input should be 'none', 'expected_average_only_in', 'constant_norm_rescale' or 'layer_norm' (got 'weird')",
+            "cfg.json: normalize_activations: Input should be 'none', 'expected_average_only_in', "
+            "'constant_norm_rescale' or 'layer_norm' (got 'weird')",
         ),
         (
             {"apply_b_dec_to_input": "maybe"},
-            "cfg.json: apply_b_dec_to_input: Input should be a valid boolean, unable to interpret input (got 'maybe')",
+            "cfg.json: apply_b_dec_to_input: Input should be a valid boolean, unable to interpret "
+            "input (got 'maybe')",
         ),
     ],
 )
@@ -224,7 +229,8 @@ def test_feature_labels_are_validated(tmp_path):
     (directory / "feature_labels.json").write_text(json.dumps({"0": "zero", "first": "one"}))
     with pytest.raises(
         SAEFormatError,
-        match="^feature_labels.json: first: Input should be a valid integer, unable to parse string as an integer",
+        match="^feature_labels.json: first: Input should be a valid integer, unable to parse "
+        "string as an integer",
     ):
         read_labels(info)
     (directory / "feature_labels.json").write_text("[")

@@ -1,5 +1,5 @@
-"""The published families' own layouts (Gemma Scope 2, Llama Scope, sparsify) read as their own
-code reads them: activations asserted as numbers against SAELens's loader or the family's formula."""
+"""The published families' own layouts (Gemma Scope 2, Llama Scope, sparsify) read as their own code
+reads them: activations asserted as numbers against SAELens's loader or the family's formula."""
 
 import json
 import math
@@ -106,8 +106,9 @@ def test_llama_scope_refuses_an_mlp_sae(tmp_path):
         read_sae(build_llama_scope(tmp_path / "L1M", site="mlp_out"))
 
 
-# SAELens's own loader, run offline on the same files (registry release llama_scope_lxr_8x, SAE l0r_8x,
-# whose registry norm factor is 58.935...: the fixture's average norm makes the file's factor the same).
+# SAELens's own loader, run offline on the same files (registry release llama_scope_lxr_8x, SAE
+# l0r_8x, whose registry norm factor is 58.935...: the fixture's average norm makes the file's
+# factor the same).
 SAELENS_ENCODE = """
 import json, sys, torch
 from sae_lens import SAE

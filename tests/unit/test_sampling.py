@@ -103,7 +103,8 @@ def test_same_seed_same_draws_different_seed_differs():
 
 @pytest.mark.parametrize("temperature", [7.2e-155, 1e-300, 5e-324])
 def test_a_tiny_temperature_samples_the_top_token_instead_of_failing(temperature):
-    # logits / 7e-155 overflows to inf, and softmax of several infs is NaN (multinomial then raised).
+    # logits / 7e-155 overflows to inf, and softmax of several infs is NaN (multinomial then
+    # raised).
     logits = torch.tensor([1.5, 3.0, -2.0, 2.9])
     generator = torch.Generator().manual_seed(0)
     draws = {

@@ -1,4 +1,5 @@
-"""The JSON Schema subset: supported keywords pass, every other keyword is named with its pointer."""
+"""The JSON Schema subset: supported keywords pass, every other keyword is named with its
+pointer."""
 
 import pytest
 

@@ -11,7 +11,8 @@ from millm.interp.separation import cohens_d, favouring, separation
 
 
 def textbook_d(a: list[float], b: list[float]) -> float:
-    """(mean_a - mean_b) / sqrt(((n_a - 1) s_a² + (n_b - 1) s_b²) / (n_a + n_b - 2)), sample variances."""
+    """(mean_a - mean_b) / sqrt(((n_a - 1) s_a² + (n_b - 1) s_b²) / (n_a + n_b - 2)), sample
+    variances."""
     n_a, n_b = len(a), len(b)
     var_a = np.var(a, ddof=1) if n_a > 1 else 0.0
     var_b = np.var(b, ddof=1) if n_b > 1 else 0.0

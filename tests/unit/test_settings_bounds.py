@@ -35,7 +35,8 @@ def test_reproducible_numerics_are_float32_on_the_cpu_with_transformers(monkeypa
         monkeypatch.setenv(name, value)
         with pytest.raises(
             ValidationError,
-            match=f"MILLM_REPRODUCIBLE runs .* only; {name} '{value}' cannot be reproduced across CPUs",
+            match=f"MILLM_REPRODUCIBLE runs .* only; {name} '{value}' cannot be reproduced across "
+            "CPUs",
         ):
             Settings()
         monkeypatch.delenv(name)

@@ -52,7 +52,11 @@ for arg in [a for a in args[1:] if not a.startswith("-") and a != index]:
                "class cuda:\\n    is_available = staticmethod(lambda: version.cuda is not None)\\n")
         dist("torch", version)
     elif arg == ".[test]":
-        dist("millm", "0.1.0", ['test-only-dep; extra == "test"', 'postgres-only-dep; extra == "postgres"'])
+        dist(
+            "millm",
+            "0.1.0",
+            ['test-only-dep; extra == "test"', 'postgres-only-dep; extra == "postgres"'],
+        )
         dist("test-only-dep")
     elif arg == ".[gguf]":
         module("llama_cpp")
@@ -93,7 +97,8 @@ def site_packages(checkout: Path) -> Path:
 
 
 def run_setup(checkout: Path, expect_rc: int = 0, **env: str):
-    """Run set-up; returns the pip commands it ran (the flags pip always gets dropped) and its output."""
+    """Run set-up; returns the pip commands it ran (the flags pip always gets dropped) and its
+    output."""
     log = checkout / "pip.log"
     log.write_text("")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MILLM_TORCH")}

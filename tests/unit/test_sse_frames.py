@@ -1,4 +1,5 @@
-"""SSE framing of engine events: deltas, finish chunks with usage, and a failure after the stream started."""
+"""SSE framing of engine events: deltas, finish chunks with usage, and a failure after the stream
+started."""
 
 import asyncio
 import json
@@ -31,7 +32,8 @@ META = Meta(id="chatcmpl-x", model="m", fingerprint="fp", created=1)
 
 
 def admitted(prompt_tokens: int, include_usage: bool) -> Admitted:
-    """A streamed request of `prompt_tokens` prompt tokens (chunks reads no model: none is loaded here)."""
+    """A streamed request of `prompt_tokens` prompt tokens (chunks reads no model: none is loaded
+    here)."""
     body = CompletionRequest.model_validate(
         {
             "model": "m",

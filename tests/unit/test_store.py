@@ -106,7 +106,8 @@ V1_PROFILE = {
 
 
 def schema_4_database(url: str) -> None:
-    """A database as schema 4 left it: live values without ops, a version 1 profile stored as it was written."""
+    """A database as schema 4 left it: live values without ops, a version 1 profile stored as it
+    was written."""
     build(
         url,
         4,
@@ -185,7 +186,8 @@ def test_one_process_holds_a_sqlite_file_and_the_lock_goes_with_it(tmp_path):
 
     url = database_url(tmp_path, None)
     held = claim_sqlite(url)
-    # flock is per open file: a second claim, even from this process, is refused while the first is held.
+    # flock is per open file: a second claim, even from this process, is refused while the first is
+    # held.
     with pytest.raises(
         DatabaseInUse,
         match=rf"another millm server \(pid {os.getpid()}\) is using the SQLite database",

@@ -1,4 +1,5 @@
-"""in_passing_thread: a fresh thread per call that ends with it, at most MAX_PASSING_THREADS at once."""
+"""in_passing_thread: a fresh thread per call that ends with it, at most MAX_PASSING_THREADS at
+once."""
 
 import asyncio
 import threading

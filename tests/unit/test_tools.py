@@ -1,4 +1,5 @@
-"""Tool calling without a model: parsing tools and choices, reading calls from text, streaming holdback, message conversion."""
+"""Tool calling without a model: parsing tools and choices, reading calls from text, streaming
+holdback, message conversion."""
 
 import json
 
@@ -94,8 +95,8 @@ def test_parameters_outside_the_subset_are_refused_with_keyword_and_pointer():
 def test_auto_reads_valid_calls_and_keeps_the_rest_as_content():
     auto = plan(tools=[WEATHER, TIME])
     text = (
-        'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call> Done.'
+        'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": '
+        '"Paris"}}</tool_call><tool_call>{"name": "get_time", "arguments": {}}</tool_call> Done.'
     )
     read = read_answer(auto, text, "stop", 0)
     assert [json.loads(c["function"]["arguments"]) for c in read.calls] == [{"city": "Paris"}, {}]
@@ -109,7 +110,8 @@ def test_auto_reads_valid_calls_and_keeps_the_rest_as_content():
     "text",
     [
         "no call here",
-        '<tool_call>{"name": "get_weather", "arguments": {"town": "Paris"}}</tool_call>',  # fails the schema
+        # fails the schema
+        '<tool_call>{"name": "get_weather", "arguments": {"town": "Paris"}}</tool_call>',
         '<tool_call>{"name": "launch", "arguments": {}}</tool_call>',  # unknown tool
         '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa',  # cut
     ],

@@ -103,7 +103,8 @@ def test_template_reads(llama_lm):
 
 
 def test_unused_template_kwargs_are_named_in_printable_ascii():
-    # A key may hold anything (found by the fuzzer: a control character made the header fail to serialise).
+    # A key may hold anything (found by the fuzzer: a control character made the header fail to
+    # serialise).
     unused = template_kwargs_unused(
         {"è\x10": 1, "enable_thinking": True}, frozenset({"enable_thinking"})
     )

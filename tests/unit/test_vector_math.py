@@ -1,6 +1,7 @@
 """Steering-vector maths (interp/vectors.py) and the vector file (formats/vector_file.py), against
 direct numpy computations: difference of means, the uncentred principal direction and its sign,
-the pooling, the explained fractions against least squares, and the file's bit-for-bit round trip."""
+the pooling, the explained fractions against least squares, and the file's bit-for-bit round
+trip."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def test_pca_is_the_uncentred_first_principal_direction_signed_towards_the_mean(
     concept = rng.normal(size=D)
     concept /= np.linalg.norm(concept)
     # Every pair differs along the concept by a varying amount, plus a little noise: centred PCA
-    # would find the noise (the concept's variance is that of the amounts), uncentred finds the concept.
+    # would find the noise (the concept's variance is that of the amounts), uncentred finds the
+    # concept.
     amounts = np.array([1.0, 1.2, 0.8, 1.1, 0.9, 1.05])
     negative = rng.normal(size=(6, D))
     positive = negative + amounts[:, None] * concept + 0.05 * rng.normal(size=(6, D))
@@ -117,7 +119,7 @@ def test_decompose_ranks_by_absolute_cosine_with_signed_cosines():
     assert set(expected[:2]) == {5, 9} and parts[1].cumulative == pytest.approx(1.0, abs=1e-6)
 
 
-# the file -------------------------------------------------------------------------------------------------
+# the file -----------------------------------------------------------------------------------------
 def stored(d: int = D, seed: int = 1) -> tuple[dict, np.ndarray]:
     unit = np.random.default_rng(seed).normal(size=d).astype(np.float32)
     unit /= np.linalg.norm(unit)

@@ -12,12 +12,12 @@ features, the error nodes, the tokens and the target out as one adjacency matrix
 goes on between them.
 
 Nodes and their writes: a feature (source, position, index) writes a·W_dec[index] (times the
-decoder's output scale; a cross-layer transcoder's feature writes a·W_dec[index, k] into the
-MLP output of each block from its own on), an error node (source, position) its error vector, a
-token its embedding; a row's entries are those writes dotted with the gradient of the row's node
-at the place each is written (summed over a feature's places). A feature's own value is its pre-activation; the target's is
-Σ c_i·(logit_i − mean logit) at the last position (circuit-tracer's demeaned logit, so a
-difference of two logits is c = (1, −1)). With `steps` of integrated gradients (an
+decoder's output scale; a cross-layer transcoder's feature writes a·W_dec[index, k] into the MLP
+output of each block from its own on), an error node (source, position) its error vector, a token
+its embedding; a row's entries are those writes dotted with the gradient of the row's node at the
+place each is written (summed over a feature's places). A feature's own value is its pre-activation;
+the target's is Σ c_i·(logit_i − mean logit) at the last position (circuit-tracer's demeaned logit,
+so a difference of two logits is c = (1, −1)). With `steps` of integrated gradients (an
 attribution-patching graph only) the gradient at each source is averaged along its path
 (integrated.py) instead of taken at the pass.
 """
@@ -108,7 +108,8 @@ class Graph:
         return len(self.prompt)
 
     def kind(self, node: int) -> tuple[str, int, int]:
-        """(kind, source or -1, position) of node index `node`; kind: feature, error, token, target."""
+        """(kind, source or -1, position) of node index `node`; kind: feature, error, token,
+        target."""
         features, errors = len(self.features), len(self.sources) * self.positions
         if node < features:
             feature = self.features[node]
@@ -226,7 +227,8 @@ class Tracer:
         return len(ranked)
 
     def finish(self) -> Graph:
-        """The adjacency over expanded features, errors, tokens and the target, pruned; the pass is let go."""
+        """The adjacency over expanded features, errors, tokens and the target, pruned; the pass
+        is let go."""
         assert self.nodes is not None and self.trace is not None and self.expanded is not None
         chosen = torch.nonzero(self.expanded)[:, 0]
         features = len(chosen)
@@ -328,7 +330,8 @@ class Tracer:
         return list(torch.cat(parts, dim=1).detach().cpu())
 
     def _output(self, trace: Trace, index: int) -> torch.Tensor:
-        """A seeded output of a pass: the target's value (-1) or source `index`'s pre-activations."""
+        """A seeded output of a pass: the target's value (-1) or source `index`'s
+        pre-activations."""
         return self.target.value(trace.logits[0]) if index < 0 else trace.sources[index].pre
 
     def _gradients(self, seeds: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:

@@ -143,7 +143,8 @@ class FrozenNorm:
     def __call__(
         self, x: torch.Tensor, frozen: bool = True, hold: Hold | None = None
     ) -> torch.Tensor:
-        """Normalise the last dimension; with `frozen` the scale is a constant (`hold`'s, if given)."""
+        """Normalise the last dimension; with `frozen` the scale is a constant (`hold`'s, if
+        given)."""
         if self.layer_norm:
             x = x - x.mean(-1, keepdim=True)
         scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -1,19 +1,18 @@
 """Checking a graph against the served model: ablate its top features, compare with the prediction.
 
-A feature node's write is a·W_dec[f] at one position (after its block: an SAE on that residual,
-or a transcoder's MLP output, which the block adds there; a cross-layer transcoder's feature
-writes a·W_dec[f, k] after each block from its own on, and all of it is removed). Removing it through a steering
-operation (a ResidualEdit operation at that point, that position only) on the served runner
-and re-reading the target measures what the node does; the graph predicts minus the node's
-total effect on the target (its direct edge plus every path through expanded features, signed).
-As circuit-tracer's interventions do, the measuring passes hold each residual SAE's error at
-its clean value (another operation: the residual becomes the SAE's reconstruction of it plus
-that error), so downstream features respond to the ablation while what they miss stays what
-the graph's error nodes hold. The errors are the served model's own: the clean pass records
-them (its operation changes nothing), since its kernels and precision are not the graph's.
-The graph passes when the predictions and measurements correlate (Pearson r at least
-PASS_CORRELATION over the checked nodes); a graph of fewer than 3 checked nodes has no
-correlation and passes when every sign agrees.
+A feature node's write is a·W_dec[f] at one position (after its block: an SAE on that residual, or a
+transcoder's MLP output, which the block adds there; a cross-layer transcoder's feature writes
+a·W_dec[f, k] after each block from its own on, and all of it is removed). Removing it through a
+steering operation (a ResidualEdit operation at that point, that position only) on the served runner
+and re-reading the target measures what the node does; the graph predicts minus the node's total
+effect on the target (its direct edge plus every path through expanded features, signed). As
+circuit-tracer's interventions do, the measuring passes hold each residual SAE's error at its clean
+value (another operation: the residual becomes the SAE's reconstruction of it plus that error), so
+downstream features respond to the ablation while what they miss stays what the graph's error nodes
+hold. The errors are the served model's own: the clean pass records them (its operation changes
+nothing), since its kernels and precision are not the graph's. The graph passes when the predictions
+and measurements correlate (Pearson r at least PASS_CORRELATION over the checked nodes); a graph of
+fewer than 3 checked nodes has no correlation and passes when every sign agrees.
 """
 
 from __future__ import annotations
@@ -85,7 +84,8 @@ def _held(sae, positions: int):
 
 
 def served_logits(lm: LoadedModel, prompt: list[int], edit: ResidualEdit | None) -> torch.Tensor:
-    """The served model's (its own runner and kernels) next-token logits `[V]` after `prompt`, under `edit`."""
+    """The served model's (its own runner and kernels) next-token logits `[V]` after `prompt`,
+    under `edit`."""
     lm.residual.install(lm.residual.stack([edit]))
     try:
         return lm.runner.prompt_logits([*prompt, 0], len(prompt))[-1]
@@ -122,7 +122,8 @@ def verify(
     for node in nodes:
         feature = graph.features[node]
         source = graph.sources[feature.source]
-        # Sources carry no run-time normalisation (the service refuses them), so the write is a·W_dec.
+        # Sources carry no run-time normalisation (the service refuses them), so the write is
+        # a·W_dec.
         index = torch.tensor([feature.index], device=source.sae.W_dec.device)
         vectors = feature.activation * source.sae.writes(index)[0].double()  # [reach, d]
         removals = tuple(

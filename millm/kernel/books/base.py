@@ -1,4 +1,5 @@
-"""What the books of stored documents share: an in-memory shelf of a table's rows, and the rename rule.
+"""What the books of stored documents share: an in-memory shelf of a table's rows, and the rename
+rule.
 
 Every request may read a profile, cluster or circuit (its own `profile`, or the active base),
 so the books keep the rows, and each row's parsed document, in memory: a `Shelf` is an
@@ -46,7 +47,8 @@ class Shelf:
         order: Order,
         parsed: Mapping[str, dict] | None = None,
     ) -> Shelf:
-        """A shelf of these rows; `parsed` holds documents already parsed (by id), the rest go through `parse`."""
+        """A shelf of these rows; `parsed` holds documents already parsed (by id), the rest go
+        through `parse`."""
         documents = dict(parsed or {})
         for row in rows:
             if row["id"] not in documents:
@@ -63,13 +65,15 @@ class Shelf:
         )
 
     def updated(self, ids: set[str], fresh: list[dict], parse: Parse, order: Order) -> Shelf:
-        """The next shelf: the rows of `ids` replaced by `fresh` (read back from the store; absent ones dropped)."""
+        """The next shelf: the rows of `ids` replaced by `fresh` (read back from the store;
+        absent ones dropped)."""
         kept = [row for row in self.rows if row["id"] not in ids]
         parsed = {key: document for key, document in self.documents.items() if key not in ids}
         return Shelf.of(kept + fresh, self.revision + 1, parse, order, parsed)
 
     def get(self, key: str) -> dict | None:
-        """The row with this id, else the one with this name (an id first: a name may look like another row's id)."""
+        """The row with this id, else the one with this name (an id first: a name may look like
+        another row's id)."""
         return self.by_id.get(key) or self.by_name.get(key)
 
     def names(self) -> set[str]:
@@ -78,11 +82,13 @@ class Shelf:
 
 
 class Book(ABC):
-    """A stored table read from a shelf: subclasses say how to read rows, parse a document and order rows."""
+    """A stored table read from a shelf: subclasses say how to read rows, parse a document and
+    order rows."""
 
     def __init__(self) -> None:
-        # One write (and the read-back after it) at a time: no shelf is built from a stale one,
-        # and a name is checked free and taken in one step. Readers never take it (unless a write failed).
+        # One write (and the read-back after it) at a time: no shelf is built from a stale one, and
+        # a name is checked free and taken in one step. Readers never take it (unless a write
+        # failed).
         self._writing = threading.RLock()
         self._shelf = Shelf(0)
         self._stale = False
@@ -118,7 +124,8 @@ class Book(ABC):
         return dict(self.find_in(shelf, key))
 
     def find_in(self, shelf: Shelf, key: str) -> dict:
-        """A row of this shelf by id or name (shared: read it, never change it), or the book's 404."""
+        """A row of this shelf by id or name (shared: read it, never change it), or the book's
+        404."""
         row = shelf.get(key)
         if row is None:
             raise self._missing(key)
@@ -134,7 +141,8 @@ class Book(ABC):
         return self._shelf
 
     def refresh(self) -> None:
-        """Read the whole table again: another replica changed it (kernel/runtime/replication.py)."""
+        """Read the whole table again: another replica changed it
+        (kernel/runtime/replication.py)."""
         with self._writing:
             self._reload()
 
@@ -144,11 +152,12 @@ class Book(ABC):
 
     @contextmanager
     def writing(self) -> Iterator[set[str]]:
-        """Around every write through the book, one at a time: the write adds the ids it touches to the
-        yielded set, and those rows are read back from the store into the next shelf after it.
+        """Around every write through the book, one at a time: the write adds the ids it touches to
+        the yielded set, and those rows are read back from the store into the next shelf after it.
 
-        A MillmError is a refusal, which the books raise only before their store call: nothing changed.
-        Any other error leaves the store unknown: the whole table is read again by the next reader.
+        A MillmError is a refusal, which the books raise only before their store call: nothing
+        changed. Any other error leaves the store unknown: the whole table is read again by the next
+        reader.
         """
         with self._writing:
             if self._stale:
@@ -185,7 +194,8 @@ def unique_name(name: str, taken: set[str], limit: int = NAME_LIMIT) -> str:
 
 
 def unique_names(wanted: list[str], taken: set[str]) -> list[str]:
-    """unique_name for each in turn, each new name taken before the next (a bundle never clashes with itself)."""
+    """unique_name for each in turn, each new name taken before the next (a bundle never clashes
+    with itself)."""
     names = []
     for name in wanted:
         names.append(unique_name(name, taken))

@@ -49,17 +49,19 @@ QUANTILES_NOTE = (
 TOP_EXAMPLES_NOTE = (
     "top_examples are the feature's largest activations, largest first (ties: the earlier text and "
     "position), each with 16 tokens before and 4 after; a snippet equal to one already listed is "
-    "skipped (repeated prompts would fill the list with copies), choosing among 4 x top_examples candidates."
+    "skipped (repeated prompts would fill the list with copies), choosing among 4 x top_examples "
+    "candidates."
 )
 PERCENTILES_NOTE = (
-    "a percentile places a value among the feature's firing activations in this calibration (0-100), "
-    "read from its quantiles at every whole percent, linear between them: within about one "
-    "percentile point, 100 above the calibration's max; null for a feature that never fired."
+    "a percentile places a value among the feature's firing activations in this calibration "
+    "(0-100), read from its quantiles at every whole percent, linear between them: within about "
+    "one percentile point, 100 above the calibration's max; null for a feature that never fired."
 )
 
 
 class TopExample(BaseModel):
-    """One of a feature's largest activations: where (text and token position) and the text around it."""
+    """One of a feature's largest activations: where (text and token position) and the text
+    around it."""
 
     text_index: (
         int  # the text's index in the calibration's corpus (texts first, then conversations)
@@ -78,7 +80,8 @@ class TopExample(BaseModel):
 
 
 class FeatureFigures(BaseModel):
-    """One feature over a calibration corpus (see QUANTILES_NOTE for which positions each figure is over)."""
+    """One feature over a calibration corpus (see QUANTILES_NOTE for which positions each figure
+    is over)."""
 
     index: int
     count: int  # positions where it fired
@@ -140,7 +143,8 @@ class CalibrationView(BaseModel):
 
 
 def table_of(figures: dict, created_at: float) -> PercentileTable:
-    """The percentile grids of stored figures (`grids`, packed: see calibration_stats.pack_grids)."""
+    """The percentile grids of stored figures (`grids`, packed: see
+    calibration_stats.pack_grids)."""
     return PercentileTable(unpack_grids(figures["grids"]), created_at)
 
 
@@ -157,7 +161,8 @@ class CalibrationBook:
         self.reload()
 
     def reload(self) -> None:
-        """Read every stored calibration's summary again (at start, and when another replica saved or deleted one)."""
+        """Read every stored calibration's summary again (at start, and when another replica
+        saved or deleted one)."""
         rows = all_calibrations(self.store)
         with self._lock:
             for key in set(self._summaries) - {(row.sae_id, row.model) for row in rows}:
@@ -248,7 +253,8 @@ class CalibrationBook:
 
     # changing --------------------------------------------------------------------------------
     def save(self, row: CalibrationRow) -> None:
-        """Store a calibration (replacing the one of the same SAE and model) and use it from now on."""
+        """Store a calibration (replacing the one of the same SAE and model) and use it from now
+        on."""
         put_calibration(self.store, row)
         self._remember(row)
 
@@ -269,8 +275,9 @@ class CalibrationBook:
             running = self._running.get(key)
             if running is not None:
                 raise Conflict(
-                    f"a calibration of {sae_id} on {model!r} is already running ({running.get('job') or 'starting'}); "
-                    "wait for it or cancel it (DELETE /api/jobs/{id})",
+                    f"a calibration of {sae_id} on {model!r} is already running "
+                    f"({running.get('job') or 'starting'}); wait for it or cancel it (DELETE "
+                    f"/api/jobs/{{id}})",
                     param="sae_id",
                     code="calibration_running",
                 )
@@ -285,8 +292,9 @@ class CalibrationBook:
                 del self._running[(sae_id, model)]
 
     def import_shipped(self, info: SAEInfo, model: str | None = None) -> bool:
-        """Store the calibration shipped in an SAE's folder (`calibration.json`) for the model it names
-        (only if that is `model`, when given) unless one is stored already; returns whether it was."""
+        """Store the calibration shipped in an SAE's folder (`calibration.json`) for the model it
+        names (only if that is `model`, when given) unless one is stored already; returns whether
+        it was."""
         row = self.shipped(info)
         if (
             row is None
@@ -300,7 +308,8 @@ class CalibrationBook:
 
     @staticmethod
     def shipped(info: SAEInfo) -> CalibrationRow | None:
-        """The calibration shipped in the SAE's folder, if it has a readable one of these weights."""
+        """The calibration shipped in the SAE's folder, if it has a readable one of these
+        weights."""
         folder = Path(info.path)
         path = (folder if folder.is_dir() else folder.parent) / SHIPPED_FILE
         if not path.is_file():
@@ -351,7 +360,8 @@ def shipped_row(document: dict, info: SAEInfo) -> CalibrationRow:
 
 
 def add_percentiles(rows: list[list[dict]], table: PercentileTable | None) -> list[list[dict]]:
-    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model); plain numpy lookups."""
+    """Each entry's `percentile` (None throughout when the SAE is not calibrated on this model);
+    plain numpy lookups."""
     for entries in rows:
         for entry in entries:
             entry["percentile"] = (
@@ -365,6 +375,7 @@ def percentiles_block(sae_id: str, table: PercentileTable | None) -> dict:
     if table is None:
         return {
             "calibrated": False,
-            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; POST /api/saes/{sae_id}/calibrate makes a calibration.",
+            "note": f"SAE {sae_id} is not calibrated on this model, so every percentile is null; "
+            f"POST /api/saes/{sae_id}/calibrate makes a calibration.",
         }
     return {"calibrated": True, "calibrated_at": table.created_at, "note": PERCENTILES_NOTE}

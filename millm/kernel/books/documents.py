@@ -43,8 +43,9 @@ def _refuse_clashes(wanted: list[str], taken: set[str], on_conflict: str) -> Non
 
 
 def stored_document(shelf: Shelf, row: dict) -> dict:
-    """A row's parsed document from the shelf; parsed here only for a row the shelf does not hold as it is
-    (or a damaged one, whose JSON error is raised again, as it was before documents were kept parsed)."""
+    """A row's parsed document from the shelf; parsed here only for a row the shelf does not hold as
+    it is (or a damaged one, whose JSON error is raised again, as it was before documents were
+    kept parsed)."""
     stored = shelf.by_id.get(row["id"])
     if stored is not None and stored["raw"] == row["raw"] and row["id"] in shelf.documents:
         return shelf.documents[row["id"]]
@@ -90,7 +91,8 @@ class DocumentBook(Book):
         )
 
     def document(self, row: dict) -> dict:
-        """The parsed document of a row: from memory while the row is stored as it is (shared: read it, never change it)."""
+        """The parsed document of a row: from memory while the row is stored as it is (shared:
+        read it, never change it)."""
         return stored_document(self.shelf, row)
 
     def delete(self, key: str) -> dict:
@@ -102,7 +104,8 @@ class DocumentBook(Book):
         return row
 
     def _names(self, wanted: list[str], on_conflict: str) -> list[str]:
-        """The names to store (renamed by books.unique_name), or 409 name_exists under on_conflict=fail."""
+        """The names to store (renamed by books.unique_name), or 409 name_exists under
+        on_conflict=fail."""
         taken = self.shelf.names()
         _refuse_clashes(wanted, taken, on_conflict)
         return unique_names(wanted, taken)

@@ -1,11 +1,11 @@
 """Ranked search over one SAE's feature labels: SQLite FTS5 with BM25, in memory.
 
-Each SAE's labels go into an in-memory FTS5 table (python's sqlite3, `:memory:`, tokenizer
-`porter unicode61`: case and accents folded, English words stemmed) with three columns: the label,
-the top tokens and other explanations a source gave, and an example's context and a description,
-weighted by WEIGHTS. The user's text never reaches FTS5's query syntax: `fts_query` keeps its words only,
-each quoted and prefix-matched, joined with OR, so quotes, `*`, `NEAR` or `AND` are words like any
-other, and a label that matches some of the words still ranks, below one that matches more.
+Each SAE's labels go into an in-memory FTS5 table (python's sqlite3, `:memory:`, tokenizer `porter
+unicode61`: case and accents folded, English words stemmed) with three columns: the label, the top
+tokens and other explanations a source gave, and an example's context and a description, weighted by
+WEIGHTS. The user's text never reaches FTS5's query syntax: `fts_query` keeps its words only, each
+quoted and prefix-matched, joined with OR, so quotes, `*`, `NEAR` or `AND` are words like any other,
+and a label that matches some of the words still ranks, below one that matches more.
 
 The score is BM25 as SQLite computes it, negated: larger is better (SQLite's `bm25()` is smaller
 for better matches), times the row's weight: 1 for a label a file or a user brought, and for a
@@ -81,10 +81,12 @@ class LabelIndex:
         balanced accuracy of the features whose label is a model's explanation."""
         self._accuracies = accuracies or {}
         self._lock = threading.Lock()
-        # check_same_thread=False: worker-pool and job threads share it, one at a time under the lock.
+        # check_same_thread=False: worker-pool and job threads share it, one at a time under the
+        # lock.
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.execute(
-            "CREATE VIRTUAL TABLE labels USING fts5(label, also, context, source UNINDEXED, tokenize = 'porter unicode61')"
+            "CREATE VIRTUAL TABLE labels USING fts5(label, also, context, source UNINDEXED, "
+            "tokenize = 'porter unicode61')"
         )
         values = [
             (feature, label, source, also, context)
@@ -97,13 +99,14 @@ class LabelIndex:
         self._db.commit()
 
     def search(self, query: str, limit: int) -> list[FeatureMatch]:
-        """The best `limit` labels for `query`, best first (ties by index); [] when it has no words."""
+        """The best `limit` labels for `query`, best first (ties by index); [] when it has no
+        words."""
         match = fts_query(query)
         if match is None:
             return []
         sql = (
-            f"SELECT rowid, label, source, bm25(labels, {', '.join(map(str, WEIGHTS))}) AS rank FROM labels "
-            "WHERE labels MATCH ?"
+            f"SELECT rowid, label, source, bm25(labels, {', '.join(map(str, WEIGHTS))}) AS rank "
+            "FROM labels WHERE labels MATCH ?"
         )
         with self._lock:
             found = self._db.execute(sql, (match,)).fetchall()

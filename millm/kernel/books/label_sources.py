@@ -44,7 +44,8 @@ def is_url(source: str) -> bool:
 
 
 def fetch(url: str) -> bytes:
-    """The document at `url` (at most MAX_FETCHED_BYTES), or a 400 saying why it could not be had."""
+    """The document at `url` (at most MAX_FETCHED_BYTES), or a 400 saying why it could not be
+    had."""
     import httpx
 
     try:
@@ -127,7 +128,8 @@ def import_source(
     replace: bool,
     confine: Callable[[str], Path] = Path,
 ) -> tuple[LabelDocument, ImportCounts]:
-    """Import `source` ('neuronpedia', a URL, or a file that `confine` lets through) as the SAE's labels."""
+    """Import `source` ('neuronpedia', a URL, or a file that `confine` lets through) as the SAE's
+    labels."""
     if source == NEURONPEDIA:
         raw = fetch(neuronpedia_url(neuronpedia_base, info))
     elif is_url(source):

@@ -46,7 +46,8 @@ EXPLAINED = "explained"  # the source a search gives a feature known by a model'
 
 @dataclass
 class _LabelSet:
-    """One SAE's labels and explanations as read from the store, and its search index once a search needed it."""
+    """One SAE's labels and explanations as read from the store, and its search index once a
+    search needed it."""
 
     rows: list[LabelRow]
     explanations: list[ExplanationRow] = field(default_factory=list)
@@ -102,7 +103,8 @@ def accuracy(row: ExplanationRow) -> float:
 
 @dataclass(frozen=True)
 class ImportCounts:
-    """What an import did: labels it brought, stored labels it replaced, entries without a label, the total now."""
+    """What an import did: labels it brought, stored labels it replaced, entries without a label,
+    the total now."""
 
     imported: int
     replaced: int
@@ -115,7 +117,8 @@ def _rows(document: LabelDocument) -> list[tuple[int, str, str, dict]]:
 
 
 def file_rows(entries: dict[int, dict]) -> list[tuple[int, str, str, dict]]:
-    """An SAE file's labels (read_labels) as store rows; entries with an empty label are left out."""
+    """An SAE file's labels (read_labels) as store rows; entries with an empty label are left
+    out."""
     rows = []
     for index, entry in sorted(entries.items()):
         label = str(entry.get("label") or "").strip()
@@ -125,7 +128,8 @@ def file_rows(entries: dict[int, dict]) -> list[tuple[int, str, str, dict]]:
 
 
 class LabelBook:
-    """Feature labels of every SAE: import (replace or merge), export, clear, read and ranked search."""
+    """Feature labels of every SAE: import (replace or merge), export, clear, read and ranked
+    search."""
 
     def __init__(self, store: Store, kept: int = LABEL_SETS_KEPT):
         self.store = store
@@ -135,7 +139,8 @@ class LabelBook:
         self._generation: dict[str, int] = {}
 
     def reload(self) -> None:
-        """Forget every label set read so far: another replica changed labels (each is read again when asked for)."""
+        """Forget every label set read so far: another replica changed labels (each is read again
+        when asked for)."""
         with self._lock:
             for sae_id in self._sets:
                 self._generation[sae_id] = self._generation.get(sae_id, 0) + 1
@@ -191,7 +196,8 @@ class LabelBook:
         return sorted(listed, key=lambda m: m.index)
 
     def version(self, sae_id: str) -> int:
-        """A number that changes whenever the SAE's labels or explanations change (for caches of them)."""
+        """A number that changes whenever the SAE's labels or explanations change (for caches of
+        them)."""
         with self._lock:
             return self._generation.get(sae_id, 0)
 
@@ -204,9 +210,9 @@ class LabelBook:
         return len(self._set(sae_id).rows)
 
     def search(self, sae_id: str, query: str, limit: int) -> list[FeatureMatch]:
-        """Labelled features ranked by relevance to `query` (BM25 over labels, top tokens and examples;
-        score larger is better); an empty query (no words) lists them all by index, score null.
-        Safe to call from any thread (a job's included); does no torch work."""
+        """Labelled features ranked by relevance to `query` (BM25 over labels, top tokens and
+        examples; score larger is better); an empty query (no words) lists them all by index,
+        score null. Safe to call from any thread (a job's included); does no torch work."""
         labels = self._set(sae_id)
         if fts_query(query) is None:
             return self.listed(sae_id)[:limit]
@@ -231,7 +237,8 @@ class LabelBook:
         return ImportCounts(len(document.labels), before, document.skipped, total)
 
     def merge(self, sae_id: str, document: LabelDocument) -> ImportCounts:
-        """The document's labels replace those of the same features; the others stay (one transaction)."""
+        """The document's labels replace those of the same features; the others stay (one
+        transaction)."""
         try:
             overwritten, total = merge_labels(self.store, sae_id, _rows(document))
         finally:
@@ -263,14 +270,16 @@ class LabelBook:
         past = [row[0] for row in rows if row[0] >= info.d_sae]
         if past:
             raise SAEFormatError(
-                f"{LABELS_FILE}: entry '{past[0]}': feature {past[0]} is past the SAE's width ({info.d_sae} features: 0..{info.d_sae - 1})"
+                f"{LABELS_FILE}: entry '{past[0]}': feature {past[0]} is past the SAE's width "
+                f"({info.d_sae} features: 0..{info.d_sae - 1})"
             )
         if seed_labels(self.store, info.id, rows):
             self._changed(info.id)
             log.info("%s: %d labels imported from its feature_labels.json", info.id, len(rows))
 
     def seed_quietly(self, info: SAEInfo) -> None:
-        """`seed` at start-up, for SAEs registered before labels were stored: a bad file is logged, not fatal."""
+        """`seed` at start-up, for SAEs registered before labels were stored: a bad file is
+        logged, not fatal."""
         try:
             self.seed(info)
         except MillmError as exc:

@@ -59,9 +59,9 @@ class ProfileBook(Book):
         return self.find(profile_id)
 
     def update(self, key: str, changes: dict, revision: int | None = None) -> dict:
-        """Replace fields of a profile's document (name, description, steering), applied to the stored
-        document as the write commits and validated whole; with `revision`, 409 revision_conflict
-        unless nobody changed the profile since that revision was read."""
+        """Replace fields of a profile's document (name, description, steering), applied to the
+        stored document as the write commits and validated whole; with `revision`, 409
+        revision_conflict unless nobody changed the profile since that revision was read."""
         with self.writing() as touched:
             row = self.find(key)
             if "name" in changes and changes["name"] != row["name"]:
@@ -83,14 +83,16 @@ class ProfileBook(Book):
         return row
 
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
-        """Import one document or a bundle atomically; on_conflict 'fail' (409) or 'rename' (books.unique_name: name-2, ...)."""
+        """Import one document or a bundle atomically; on_conflict 'fail' (409) or 'rename'
+        (books.unique_name: name-2, ...)."""
         docs = validate_import(payload)
         with self.writing() as touched:
             taken = self.shelf.names()
             clashes = [d["name"] for d in docs if d["name"] in taken]
             if clashes and on_conflict == "fail":
                 raise Conflict(
-                    f"profiles already exist with these names: {clashes}; import with on_conflict=rename",
+                    f"profiles already exist with these names: {clashes}; import with "
+                    "on_conflict=rename",
                     code="profile_exists",
                 )
             names = unique_names([d["name"] for d in docs], taken)

@@ -34,7 +34,8 @@ SETS_KEPT = 8
 
 @dataclass(frozen=True)
 class Registered:
-    """A registered set: its id (a hash of its path and config), where it lies, and its transcoders."""
+    """A registered set: its id (a hash of its path and config), where it lies, and its
+    transcoders."""
 
     id: str
     path: Path
@@ -108,7 +109,7 @@ class TranscoderBook(Book):
         self.store, self.kept = store, kept
         super().__init__()
 
-    # Book ----------------------------------------------------------------------------------------------
+    # Book -----------------------------------------------------------------------------------------
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
         return [row | {"name": row["id"]} for row in transcoder_set_rows(self.store, ids)]
 
@@ -129,7 +130,7 @@ class TranscoderBook(Book):
             code="transcoder_set_not_found",
         )
 
-    # reads and writes ----------------------------------------------------------------------------------
+    # reads and writes -----------------------------------------------------------------------------
     def register(self, path: Path, lm: LoadedModel | None) -> Registered:
         """Read, check and store the set at `path` (blocking: a passing thread); 400 naming `path`
         for a set that cannot be read or does not fit the loaded model; 409 past the bound.
@@ -151,14 +152,16 @@ class TranscoderBook(Book):
         return self.get(key, "path")
 
     def get(self, set_id: str, param: str = "set_id") -> Registered:
-        """A registered set (404 transcoder_set_not_found; 409 when its files cannot be read now)."""
+        """A registered set (404 transcoder_set_not_found; 409 when its files cannot be read
+        now)."""
         shelf = self.shelf
         if shelf.by_id.get(set_id) is None:
             raise self._missing(set_id, param)
         document = shelf.documents[set_id]
         if "error" in document:
             raise Conflict(
-                f"transcoder set {set_id} is registered but {document['error']}; register it again or delete it",
+                f"transcoder set {set_id} is registered but {document['error']}; register it "
+                "again or delete it",
                 param=param,
                 code="transcoder_set_unreadable",
             )
@@ -173,7 +176,8 @@ class TranscoderBook(Book):
         return found.transcoders.labels.get(int(layer), {}) if found is not None else {}
 
     def sets(self) -> list[dict]:
-        """Every registered set as GET /api/transcoders lists it (an unreadable one with its reason)."""
+        """Every registered set as GET /api/transcoders lists it (an unreadable one with its
+        reason)."""
         shelf = self.shelf
         views = []
         for row in shelf.rows:

@@ -75,7 +75,7 @@ class VectorBook(Book):
         self.store, self.limit = store, limit
         super().__init__()
 
-    # Book ----------------------------------------------------------------------------------------------
+    # Book -----------------------------------------------------------------------------------------
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
         return vector_rows(self.store, ids)
 
@@ -93,16 +93,18 @@ class VectorBook(Book):
             code="vector_not_found",
         )
 
-    # writes ----------------------------------------------------------------------------------------------
+    # writes ---------------------------------------------------------------------------------------
     def create(self, meta: dict, unit: np.ndarray, on_conflict: str = "fail") -> dict:
-        """Store a vector (meta: name, description, model, d_model, layer, hook_point, method, pairs, norm,
-        agreement); a taken name is 409 vector_exists, or renamed (name-2, ...) with on_conflict 'rename'."""
+        """Store a vector (meta: name, description, model, d_model, layer, hook_point, method,
+        pairs, norm, agreement); a taken name is 409 vector_exists, or renamed (name-2, ...) with
+        on_conflict 'rename'."""
         vector_id = PREFIX + uuid.uuid4().hex[:12]
         with self.writing() as touched:
             shelf = self.shelf
             if len(shelf.rows) >= self.limit:
                 raise Conflict(
-                    f"{len(shelf.rows)} steering vectors are stored, the most this server keeps; delete one first",
+                    f"{len(shelf.rows)} steering vectors are stored, the most this server keeps; "
+                    "delete one first",
                     code="vectors_full",
                 )
             name = meta["name"]
@@ -134,7 +136,7 @@ class VectorBook(Book):
             delete_vector(self.store, row["id"])
         return VectorDeleted(id=row["id"], name=row["name"])
 
-    # reads ------------------------------------------------------------------------------------------------
+    # reads ----------------------------------------------------------------------------------------
     @staticmethod
     def view(row: dict) -> VectorView:
         """A stored vector as the API shows it."""
@@ -155,17 +157,18 @@ class VectorBook(Book):
         row = self.find(key)
         return file_of(row, row["unit"])
 
-    # plans --------------------------------------------------------------------------------------------------
+    # plans ----------------------------------------------------------------------------------------
     @property
     def revision(self) -> int:
         """Moves with every change to the vectors (part of a cached plan's state stamp)."""
         return self.shelf.revision
 
     def vector(self, vector_id: str, lm: LoadedModel | None) -> tuple[int, torch.Tensor] | None:
-        """The VectorResolver of plans (kernel/steering/resolution.py): (the engine's residual point, the unit
-        direction float32 [d_model] on the model's device) of a vector by id or name; None when none is
-        stored; 400 vector_not_applicable when it was trained on another model (name or width) or its
-        layer is past the model's depth; 503 model_not_loaded with no model."""
+        """The VectorResolver of plans (kernel/steering/resolution.py): (the engine's residual
+        point, the unit direction float32 [d_model] on the model's device) of a vector by id or
+        name; None when none is stored; 400 vector_not_applicable when it was trained on another
+        model (name or width) or its layer is past the model's depth; 503 model_not_loaded with
+        no model."""
         shelf = self.shelf
         row = shelf.get(vector_id)
         if row is None:
@@ -178,15 +181,18 @@ class VectorBook(Book):
         width = model_width(lm)
         if row["model"] != lm.name or row["d_model"] != width:
             raise InvalidRequest(
-                f"steering vector {row['name']!r} ({row['id']}) was trained on model {row['model']!r} (d_model {row['d_model']}), "
-                f"not on the loaded model {lm.name!r} (d_model {width}); a vector applies only to the model it was trained on",
+                f"steering vector {row['name']!r} ({row['id']}) was trained on model "
+                f"{row['model']!r} (d_model {row['d_model']}), not on the loaded model "
+                f"{lm.name!r} (d_model {width}); a vector applies only to the model it was "
+                "trained on",
                 param="vector_id",
                 code=NOT_APPLICABLE,
             )
         depth = int(lm.config.num_hidden_layers)
         if not 0 <= row["layer"] < depth:
             raise InvalidRequest(
-                f"steering vector {row['name']!r} ({row['id']}) is at layer {row['layer']}, past {lm.name}'s {depth} layers",
+                f"steering vector {row['name']!r} ({row['id']}) is at layer {row['layer']}, past "
+                f"{lm.name}'s {depth} layers",
                 param="vector_id",
                 code=NOT_APPLICABLE,
             )

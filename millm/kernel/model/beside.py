@@ -93,7 +93,8 @@ class ModelsBeside:
         load); model_busy while another job holds one."""
         if not self._held.acquire(blocking=False):
             raise ModelBusy(
-                f"another job holds a model beside the served one; {planned.name!r} waits for it to end"
+                f"another job holds a model beside the served one; {planned.name!r} waits for it "
+                "to end"
             )
         try:
             log.info("loading %s beside the served model", planned.name)

@@ -112,7 +112,8 @@ def _weight_files(directory: Path) -> list[Path]:
             missing = [name for name in names if not (directory / name).is_file()]
             if missing:
                 raise ModelSourceError(
-                    f"{directory} lacks weight files its {index_name} names: {', '.join(missing[:5])}"
+                    f"{directory} lacks weight files its {index_name} names: "
+                    f"{', '.join(missing[:5])}"
                 )
             return [directory / name for name in names]
     files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
@@ -129,11 +130,13 @@ def _stored_width(config: dict) -> int:
 
 
 def _safetensors(path: Path) -> tuple[int, int]:
-    """(elements, file bytes) of a safetensors file, after the library checked it holds what its header says."""
+    """(elements, file bytes) of a safetensors file, after the library checked it holds what its
+    header says."""
     from safetensors import SafetensorError, safe_open
 
     size = path.stat().st_size
-    try:  # safe_open maps the file and checks its header against the file's length; no tensor is read
+    # safe_open maps the file and checks its header against the file's length; no tensor is read
+    try:
         with safe_open(str(path), "np") as handle:
             names = handle.keys()  # safe_open is not a mapping: keys() is how it lists tensors
             return sum(math.prod(handle.get_slice(name).get_shape()) for name in names), size
@@ -141,7 +144,8 @@ def _safetensors(path: Path) -> tuple[int, int]:
         reason = str(exc).removeprefix("Error while deserializing header: ")
         if reason.startswith(SAFETENSORS_WRONG_LENGTH):
             raise ModelSourceError(
-                f"{path.name} in {path.parent} is truncated: the file has {size} bytes, not the size its header describes"
+                f"{path.name} in {path.parent} is truncated: the file has {size} bytes, not the "
+                "size its header describes"
             ) from None
         raise ModelSourceError(
             f"{path.name} in {path.parent} is not a valid safetensors file ({reason})"
@@ -161,15 +165,16 @@ def _gguf_read(path: Path, size: int, mtime_ns: int) -> tuple[int, GGUFShape]:
         with path.open("rb") as handle:
             if handle.read(4) != b"GGUF":
                 raise ModelSourceError(f"{path.name} in {path.parent} is not a GGUF file") from None
-        # The reader fails on a tensor whose data runs past the end of the file, or on a table it cannot walk.
+        # The reader fails on a tensor whose data runs past the end of the file, or on a table it
+        # cannot walk.
         raise ModelSourceError(
             f"{path.name} in {path.parent} is not a whole GGUF file (truncated or corrupt: {exc})"
         ) from None
 
 
 def _gguf_shape(reader) -> GGUFShape:
-    """The KV cache's and the output's figures from llama.cpp's metadata keys ({arch}.block_count, ...);
-    None where the file does not say (then nothing is counted for it)."""
+    """The KV cache's and the output's figures from llama.cpp's metadata keys ({arch}.block_count,
+    ...); None where the file does not say (then nothing is counted for it)."""
 
     def value(key: str):
         field = reader.fields.get(key)
@@ -230,7 +235,10 @@ def check_quantization(name: str, checkpoint: Checkpoint) -> None:
     if isinstance(bits, (int, float)) and bits <= 2:
         reason = "2-bit and narrower weights have no kernel here"
     else:
-        reason = "miLLM's engine runs float weights (and GGUF files, which it dequantises), not pre-quantized transformers checkpoints"
+        reason = (
+            "miLLM's engine runs float weights (and GGUF files, which it dequantises), not "
+            "pre-quantized transformers checkpoints"
+        )
     raise UnsupportedQuantization(
         f"model {name!r} is quantized as {described}, which this server cannot run: {reason}; "
         "serve a float (or GGUF) copy of it instead",
@@ -288,7 +296,8 @@ PREFIX_CACHE_SHARE, PREFIX_CACHE_MOST = 8, 4 << 30
 
 
 def prefix_cache_budget(configured: int | None, device: torch.device) -> int:
-    """PREFIX_CACHE_BYTES, or by default an eighth of what the device has free now (at most 4 GiB)."""
+    """PREFIX_CACHE_BYTES, or by default an eighth of what the device has free now (at most 4
+    GiB)."""
     if configured is not None:
         return configured
     return min(PREFIX_CACHE_MOST, free_bytes(device) // PREFIX_CACHE_SHARE)
@@ -313,7 +322,8 @@ def check_memory(
     loaded: str | None,
     what: str = "its weights",
 ) -> DeviceMemory:
-    """The device's figures; 503 insufficient_memory (with them) when `what` (the weights) does not fit."""
+    """The device's figures; 503 insufficient_memory (with them) when `what` (the weights) does
+    not fit."""
     memory = DeviceMemory(str(device), needed, free_bytes(device), reclaimable, limit)
     if memory.fits:
         return memory
@@ -331,6 +341,7 @@ def check_memory(
         )
     kept = f"; {loaded!r} stays loaded" if loaded else ""
     raise InsufficientMemoryToLoad(
-        f"model {name!r} needs {human(needed)} on {device} for {what}, but {' and '.join(reasons)}{kept}",
+        f"model {name!r} needs {human(needed)} on {device} for {what}, but "
+        f"{' and '.join(reasons)}{kept}",
         [memory.to_dict()],
     )

@@ -29,7 +29,10 @@ from millm.kernel.model.checkpoints import (
 from millm.settings import Settings
 
 TRANSFORMERS, LLAMACPP = "transformers", "llama.cpp"
-INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip install "millm[gguf]" (./scripts/setup.sh does it)'
+INSTALL = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip install "millm[gguf]" '
+    "(./scripts/setup.sh does it)"
+)
 
 
 def llamacpp_installed() -> bool:
@@ -38,7 +41,8 @@ def llamacpp_installed() -> bool:
 
 
 def check_engine_setting(engine: str) -> None:
-    """At start-up: --engine llama.cpp needs llama-cpp-python (a clear message saying how to get it)."""
+    """At start-up: --engine llama.cpp needs llama-cpp-python (a clear message saying how to get
+    it)."""
     if engine == LLAMACPP and not llamacpp_installed():
         raise ModelSourceError(
             f"--engine llama.cpp needs llama-cpp-python, which is not installed: {INSTALL}"

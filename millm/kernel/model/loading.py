@@ -40,7 +40,8 @@ class Planned:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """The loaded model a load would replace, by name only: a reference would keep its weights alive."""
+    """The loaded model a load would replace, by name only: a reference would keep its weights
+    alive."""
 
     name: str | None
     device: torch.device | None
@@ -119,7 +120,8 @@ def plan(
 
 
 def load(settings: Settings, planned: Planned) -> LoadedModel:
-    """Read the weights (ModelSourceError or anything else is raised as it came: the switch words it)."""
+    """Read the weights (ModelSourceError or anything else is raised as it came: the switch words
+    it)."""
     dtype, cache, window, name = (
         settings.dtype,
         settings.cache_dir,
@@ -172,7 +174,8 @@ def unloaded_before(outgoing: Outgoing) -> str:
 
 
 def failure(name: str, exc: Exception) -> str:
-    """Why a load failed, worded for the client: ModelSourceError says what; anything else is named."""
+    """Why a load failed, worded for the client: ModelSourceError says what; anything else is
+    named."""
     return (
         str(exc)
         if isinstance(exc, ModelSourceError)

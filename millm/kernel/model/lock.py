@@ -21,7 +21,8 @@ class SteeringLock:
         self.store = store
         self.name: str | None = get_setting(store, LOCK_KEY)
         if self.name is not None and self.name != startup_name:
-            # The operator's --model is explicit; a lock left by an earlier run on another model yields to it.
+            # The operator's --model is explicit; a lock left by an earlier run on another model
+            # yields to it.
             log.warning(
                 "steering lock on %r released: this server was started with %r",
                 self.name,

@@ -74,7 +74,8 @@ class PathPolicy:
         )
 
     def local(self, given: str, param: str) -> Path:
-        """A client's local path, resolved, if it lies inside the roots; else 403 path_not_allowed."""
+        """A client's local path, resolved, if it lies inside the roots; else 403
+        path_not_allowed."""
         path = resolved(given)
         if not inside(path, self.roots):
             raise self.refusal(given, param)

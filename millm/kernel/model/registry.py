@@ -59,7 +59,8 @@ def check_name(name: str) -> str:
     """A usable model name: 1-200 printable characters, no surrounding spaces."""
     if not name or len(name) > MAX_NAME or name != name.strip() or not name.isprintable():
         raise InvalidRequest(
-            f"model name {name!r} is not usable: give 1-{MAX_NAME} printable characters without surrounding spaces",
+            f"model name {name!r} is not usable: give 1-{MAX_NAME} printable characters without "
+            "surrounding spaces",
             param="name",
         )
     return name
@@ -123,7 +124,8 @@ class ModelRegistry:
 
     def canonical(self, name: str) -> str:
         """The registered name `name` means: itself, or for a bare repository name the one
-        `repo:QUANT` registered (400 AMBIGUOUS_MODEL_NAME naming the tags when there are several)."""
+        `repo:QUANT` registered (400 AMBIGUOUS_MODEL_NAME naming the tags when there are
+        several)."""
         with self._lock:
             if name in self._entries or ":" in name:
                 return name
@@ -133,15 +135,17 @@ class ModelRegistry:
         if len(tagged) > 1:
             tags = ", ".join(entry.partition(":")[2] for entry in tagged)
             raise AmbiguousModelName(
-                f"model {name!r} has several quantizations registered ({tags}): name one as {name}:TAG, e.g. {tagged[0]!r}",
+                f"model {name!r} has several quantizations registered ({tags}): name one as "
+                f"{name}:TAG, e.g. {tagged[0]!r}",
                 param="model",
             )
         return tagged[0] if tagged else name
 
     def get(self, name: str, read_through: bool = True) -> RegisteredModel:
         """The registration of `name`, or 404 model_not_found naming what is registered. A name not
-        known here is looked up in the store once more first (registered through another replica a
-        moment ago, before its notice arrived?), unless `read_through` is False: the event loop never reads the store."""
+        known here is looked up in the store once more first (registered through another replica
+        a moment ago, before its notice arrived?), unless `read_through` is False: the event loop
+        never reads the store."""
         entry = self.find(name)
         if entry is None and read_through:
             self.reload()
@@ -157,7 +161,8 @@ class ModelRegistry:
     def register(
         self, reference: str, name: str | None, local: bool = True
     ) -> tuple[RegisteredModel, bool]:
-        """Resolve and inspect `reference` (blocking: a hub id may download); returns (entry, newly registered).
+        """Resolve and inspect `reference` (blocking: a hub id may download); returns (entry, newly
+        registered).
 
         The same name and reference again is not an error (200, as for SAEs); a name already
         given to something else is a 409. With `local` False it is looked up as a hub id only.
@@ -172,7 +177,8 @@ class ModelRegistry:
         name = check_name(name if name is not None else source.name)
         if self.variant_named(name):
             raise Conflict(
-                f"{name!r} names a steered variant (/api/variants), and clients name models and variants alike; give another name",
+                f"{name!r} names a steered variant (/api/variants), and clients name models and "
+                "variants alike; give another name",
                 param="name",
                 code="model_exists",
             )
@@ -183,7 +189,8 @@ class ModelRegistry:
                 if existing.reference == reference:
                     return existing, False
                 raise Conflict(
-                    f"the name {name!r} is already registered for {existing.reference!r}; give another name",
+                    f"the name {name!r} is already registered for {existing.reference!r}; give "
+                    "another name",
                     param="name",
                     code="model_exists",
                 )
@@ -212,7 +219,8 @@ class ModelRegistry:
                 self._put(name, source, entry.reference, info, entry.registered_at)
 
     def source(self, name: str) -> ModelSource:
-        """Resolve a registration again (files may have moved since): ModelSourceError if it no longer resolves."""
+        """Resolve a registration again (files may have moved since): ModelSourceError if it no
+        longer resolves."""
         entry = self.get(name)
         # A hub registration never turns into a local path that happens to share its name.
         return resolve_source(entry.reference, self.hub_dir, local=entry.kind != "hub")

@@ -14,7 +14,10 @@ from pathlib import Path
 from millm.errors import InvalidRequest
 from millm.kernel.model.paths import is_hub_id
 
-GRAMMAR = "a local path, RELEASE:SAE_ID (a SAELens release) or OWNER/NAME[:PATH][@REVISION] (a hub repository)"
+GRAMMAR = (
+    "a local path, RELEASE:SAE_ID (a SAELens release) or OWNER/NAME[:PATH][@REVISION] (a "
+    "hub repository)"
+)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ SHIPPED_TRANSCODERS = {
         "demo_transcoders_installed",
     ),
 }
-# Each packaged model: its SAE, its profiles (or None), and the store setting that says it was set up.
+# Each packaged model: its SAE, its profiles (or None), and the store setting that says it was set
+# up.
 SHIPPED = {
     DEMO_MODEL_NAME: (DEMO_SAE, DEMO_PROFILES, "demo_installed"),
     GEMMA3_MODEL_NAME: (GEMMA3_SAE, None, "gemma3_installed"),
@@ -59,7 +60,8 @@ class Shipped:
         self.steering, self.profiles, self.transcoders = steering, profiles, transcoders
 
     def install(self, lm: LoadedModel) -> None:
-        """Register + attach the SAE shipped for this packaged model and import its profiles, once per data directory."""
+        """Register + attach the SAE shipped for this packaged model and import its profiles,
+        once per data directory."""
         self.install_transcoders(lm)
         if lm.source.name not in SHIPPED:
             return

@@ -70,7 +70,8 @@ class ModelSlot:
             self.open = self.serving = True
 
     def lease(self, name: str) -> Lease | None:
-        """A lease on the loaded model if it is `name` and the slot is open, recorded in the request's scope."""
+        """A lease on the loaded model if it is `name` and the slot is open, recorded in the
+        request's scope."""
         held = _held.get()
         if held is None:
             raise RuntimeError("a model lease needs a request scope (ModelSwitch.request_scope)")
@@ -93,7 +94,8 @@ class ModelSlot:
                 self._cond.notify_all()
 
     def submit(self, lease: Lease, job) -> bool:
-        """Admit `job` to the scheduler of the lease's model; False when that model no longer serves.
+        """Admit `job` to the scheduler of the lease's model; False when that model no longer
+        serves.
 
         Checked and admitted under the slot's lock, so an unload that stops serving cannot slip
         in between: the job is either queued before (and answered by the scheduler's shutdown)
@@ -132,7 +134,8 @@ class ModelSlot:
             self.serving = False
 
     def empty(self) -> tuple[LoadedModel | None, Scheduler | None]:
-        """Take the model and scheduler out (the caller frees them); leases of this fill no longer count."""
+        """Take the model and scheduler out (the caller frees them); leases of this fill no
+        longer count."""
         with self._cond:
             lm, scheduler = self.lm, self.scheduler
             self.lm = self.scheduler = None

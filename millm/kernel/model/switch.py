@@ -94,7 +94,7 @@ class ModelSwitch:
         )
         self.beside = ModelsBeside(settings, models)  # a job's model beside the served one
 
-    # what readiness, the views and the jobs read ------------------------------------------------------
+    # what readiness, the views and the jobs read --------------------------------------------------
     @property
     def lm(self) -> LoadedModel | None:
         """The loaded model, if any."""
@@ -121,7 +121,7 @@ class ModelSwitch:
         with self._mutex:
             return status_of(self.transition, self.slot.lm, self.last_name, self.errors)
 
-    # requests ---------------------------------------------------------------------------------------
+    # requests -------------------------------------------------------------------------------------
     def request_scope(self) -> AbstractContextManager:
         """Open around each HTTP request: the leases it takes are returned when it ends."""
         return request_scope(self.slot)
@@ -142,7 +142,8 @@ class ModelSwitch:
         return lease.lm
 
     def _lease(self, name: str):
-        """A lease on `name` if it is loaded; None if it has to be loaded; else the refusal (on the event loop: memory only)."""
+        """A lease on `name` if it is loaded; None if it has to be loaded; else the refusal (on
+        the event loop: memory only)."""
         self.models.get(name, read_through=False)
         with self._mutex:
             if (refusal := self.lock.refuses(name)) is not None:
@@ -155,7 +156,8 @@ class ModelSwitch:
         return None
 
     def submit(self, job) -> None:
-        """Admit a job for the model this request holds (QueueFull at the bound; model_busy once that model stopped serving)."""
+        """Admit a job for the model this request holds (QueueFull at the bound; model_busy once
+        that model stopped serving)."""
         lease = current_lease()
         if lease is None:
             raise RuntimeError("submit needs the model lease this request took with acquire()")
@@ -173,7 +175,7 @@ class ModelSwitch:
             return lm.engine
         return loading.engine_for(self.settings, self.models, name, self._outgoing())
 
-    # model changes ----------------------------------------------------------------------------------
+    # model changes --------------------------------------------------------------------------------
     def load(self, name: str) -> LoadedModel:
         """Make `name` the loaded model (blocking). Everything that can refuse runs before the
         loaded model is unloaded; a failure after that is a 500 model_load_failed."""
@@ -187,7 +189,8 @@ class ModelSwitch:
             self._release_switching()
 
     def load_in_background(self) -> threading.Thread:
-        """Start the start-up load without blocking the server's start; readiness reports progress."""
+        """Start the start-up load without blocking the server's start; readiness reports
+        progress."""
         self._switching.acquire()  # taken here, so no other change can start before the thread runs
 
         def run() -> None:
@@ -205,7 +208,8 @@ class ModelSwitch:
         return thread
 
     def unload(self, name: str) -> bool:
-        """Unload `name` if it is the loaded model (blocking, graceful); returns whether it was loaded."""
+        """Unload `name` if it is the loaded model (blocking, graceful); returns whether it was
+        loaded."""
         name = self.models.canonical(name)
         self.models.get(name)
         if not self._switching.acquire(blocking=False):
@@ -300,14 +304,15 @@ class ModelSwitch:
         with self._mutex:
             self._weights_bytes = 0
 
-    # the steering lock ------------------------------------------------------------------------------
+    # the steering lock ----------------------------------------------------------------------------
     @property
     def locked(self) -> str | None:
         """The model the server is locked to for steering, if any."""
         return self.lock.name
 
     def lock_to(self, name: str) -> None:
-        """Serve only `name`: requests naming another model are refused, /v1/models lists only it."""
+        """Serve only `name`: requests naming another model are refused, /v1/models lists only
+        it."""
         self.models.get(name)
         with self._mutex:
             self.lock.lock(name)
@@ -319,7 +324,7 @@ class ModelSwitch:
             attached = sorted(set(attachments(self.store)) | set(self.steering.attached))
             return self.lock.unlock(name, attached)
 
-    # attachments ------------------------------------------------------------------------------------
+    # attachments ----------------------------------------------------------------------------------
     def attach_sae(self, sae_id: str, layer: int | None) -> Attached:
         """Attach an SAE to the loaded model and lock the server to that model (blocking)."""
         before = self.slot.lm
@@ -342,8 +347,9 @@ class ModelSwitch:
 
     def steering_changed(self) -> None:
         """Another replica changed the steering state: read it, then attach or detach here to match.
-        Attaching loads an SAE (torch work), so it runs on a thread that ends with it, never on the
-        long-lived listener thread (an idle OpenMP pool there would slow decoding; see threads.py)."""
+        Attaching loads an SAE (torch work), so it runs on a thread that ends with it, never on
+        the long-lived listener thread (an idle OpenMP pool there would slow decoding; see
+        threads.py)."""
         before = dict(self.steering.stored)
         self.steering.reload()
         if self.steering.stored == before and not self._attachments_stale:
@@ -356,9 +362,9 @@ class ModelSwitch:
         worker.join()
 
     def settle_attachments(self) -> None:
-        """Bring this process's attachments in line with the stored ones, unless a model change holds
-        the slot: whoever releases it next calls this again (a flag and a try-lock, so no change is
-        missed and the notice thread never waits behind a model load)."""
+        """Bring this process's attachments in line with the stored ones, unless a model change
+        holds the slot: whoever releases it next calls this again (a flag and a try-lock, so no
+        change is missed and the notice thread never waits behind a model load)."""
         while self._attachments_stale and self._switching.acquire(blocking=False):
             try:
                 self._attachments_stale = False
@@ -375,7 +381,7 @@ class ModelSwitch:
         self._switching.release()
         self.settle_attachments()
 
-    # the registered models' views -------------------------------------------------------------------
+    # the registered models' views -----------------------------------------------------------------
     def view(self, name: str) -> ModelView:
         """One registered model and its state (404 model_not_found if not registered)."""
         entry = self.models.get(name)

@@ -59,7 +59,8 @@ def busy_message(transition: Transition | None) -> str:
 def status_of(
     transition: Transition | None, loaded: LoadedModel | None, last: str, errors: dict[str, str]
 ) -> ModelStatus:
-    """Where the slot is: moving, holding a model, or empty (after a failed load of `last`, or not)."""
+    """Where the slot is: moving, holding a model, or empty (after a failed load of `last`, or
+    not)."""
     if transition is not None:
         return ModelStatus.UNLOADING if transition.unloading else ModelStatus.LOADING
     if loaded is not None:
@@ -87,14 +88,16 @@ def view_of(
     errors: dict[str, str],
     locked: str | None,
 ) -> ModelView:
-    """A registered model's view, from the slot's transition, its model, the failed loads and the lock."""
+    """A registered model's view, from the slot's transition, its model, the failed loads and the
+    lock."""
     lm = loaded if loaded is not None and loaded.name == entry.name else None
     state = state_of(entry.name, transition, loaded, errors)
     return ModelView(entry, state, errors.get(entry.name), lm, locked == entry.name)
 
 
 def unleased(name: str, transition: Transition | None, errors: dict[str, str]) -> MillmError | None:
-    """Why a request for `name`, which is not loaded, cannot have it now; None when a load may start."""
+    """Why a request for `name`, which is not loaded, cannot have it now; None when a load may
+    start."""
     if transition is not None:
         if transition.startup and transition.loading == name:
             return ModelNotLoaded(
@@ -111,7 +114,8 @@ def unleased(name: str, transition: Transition | None, errors: dict[str, str]) -
 
 
 def unforgettable(name: str, state: ModelState, locked: str | None) -> MillmError | None:
-    """Why the registration of `name` cannot be deleted now (409 while loaded or moving, or locked)."""
+    """Why the registration of `name` cannot be deleted now (409 while loaded or moving, or
+    locked)."""
     if state in (ModelState.LOADED, ModelState.LOADING, ModelState.UNLOADING):
         return Conflict(
             f"model {name!r} is {state.value}; unload it first", param="model", code="model_loaded"

@@ -58,7 +58,8 @@ def collect(cuda: bool) -> None:
 
 
 def stop(scheduler: Scheduler, name: str, timeout: float) -> None:
-    """Stop the scheduler, ending what still runs with model_busy; refuse when its thread lingers."""
+    """Stop the scheduler, ending what still runs with model_busy; refuse when its thread
+    lingers."""
     cut = ModelBusy(
         f"model {name!r} was unloaded before this request finished "
         f"(GRACEFUL_UNLOAD_TIMEOUT is {timeout:g} s); retry",
@@ -69,7 +70,7 @@ def stop(scheduler: Scheduler, name: str, timeout: float) -> None:
         # the process. The model stays in memory, serving nothing; a retried unload tries again.
         raise ModelBusy(
             f"model {name!r} could not be unloaded: its scheduler thread did not stop within "
-            f"{SCHEDULER_STOP_S:g} s (the server log shows where it is); it stays in memory and serves "
-            "nothing; retry the unload, or restart the server",
+            f"{SCHEDULER_STOP_S:g} s (the server log shows where it is); it stays in memory and "
+            "serves nothing; retry the unload, or restart the server",
             param="model",
         )

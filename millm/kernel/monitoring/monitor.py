@@ -1,4 +1,5 @@
-"""Live feature monitoring: which SAE and features to watch, per-request records, statistics, a feed.
+"""Live feature monitoring: which SAE and features to watch, per-request records, statistics, a
+feed.
 
 The Monitor is the one owner of monitoring state. A monitored generation row carries a
 ResidualRead (pre_steering, at the watched SAE's point) whose encode runs on the scheduler
@@ -149,7 +150,8 @@ class Monitor:
             ).model_dump()
         except ValidationError as error:
             log.warning(
-                "stored monitoring settings are not valid (%s); monitoring starts from the defaults",
+                "stored monitoring settings are not valid (%s); monitoring starts from the "
+                "defaults",
                 error,
             )
             return MonitoringConfig().model_dump()
@@ -157,7 +159,8 @@ class Monitor:
     def configure(self, changes: dict, attached: dict[str, Attached], known_sae) -> dict:
         """Apply and store new settings (validated whole; nothing changes on a refusal)."""
         config = validate_field(MonitoringConfig, {**self.config, **changes}).model_dump()
-        # What depends on the server's state: the SAE exists (404 sae_not_found), the features fit its width.
+        # What depends on the server's state: the SAE exists (404 sae_not_found), the features fit
+        # its width.
         if config["sae_id"] is not None:
             known_sae(config["sae_id"])
         if config["features"]:
@@ -284,7 +287,8 @@ class Monitor:
 
     def submit(self, pending: Pending) -> bool:
         """Queue a finished row's capture for the worker without ever waiting (it runs on the
-        scheduler thread): past the queue's bound the record is dropped and counted. True if queued."""
+        scheduler thread): past the queue's bound the record is dropped and counted. True if
+        queued."""
         try:
             self._work.put_nowait(pending)
             return True
@@ -300,7 +304,8 @@ class Monitor:
                 return
             self._warned_at = now
         log.warning(
-            "monitoring cannot keep up: dropped the record of %s, %d captures already waiting (%d dropped since the last reset)",
+            "monitoring cannot keep up: dropped the record of %s, %d captures already waiting (%d "
+            "dropped since the last reset)",
             request_id,
             self._work.maxsize,
             dropped,
@@ -371,7 +376,8 @@ class Monitor:
             subscriber.dropped += 1
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Wait until every handed-over capture is recorded (tests, and a reset that must see them)."""
+        """Wait until every handed-over capture is recorded (tests, and a reset that must see
+        them)."""
         deadline = time.monotonic() + timeout
         while self._work.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -1,4 +1,5 @@
-"""A probe's detector bound to the loaded model: the SAE attached, the calibration, the residual's shape.
+"""A probe's detector bound to the loaded model: the SAE attached, the calibration, the residual's
+shape.
 
 A request binds its probes once its model is held; activating a probe (or changing an active
 one's detector) binds it against the loaded model first, so a probe that cannot watch anything
@@ -39,7 +40,8 @@ def bind(
     detector: dict,
     param: str,
 ) -> Scorer:
-    """The detector as a Scorer on `lm` and these attached SAEs (a 400 naming `param` when it does not fit)."""
+    """The detector as a Scorer on `lm` and these attached SAEs (a 400 naming `param` when it
+    does not fit)."""
     return scorer(name, detector, attached, grids_on(calibrations, lm.name), model_shape(lm), param)
 
 

@@ -92,18 +92,21 @@ class ProbeBook(Book):
         return [dict(row) for row in self.shelf.rows if row["active"]]
 
     def any_active(self) -> bool:
-        """Whether a probe is active, from the shelf in memory (never the store: the event loop asks)."""
+        """Whether a probe is active, from the shelf in memory (never the store: the event loop
+        asks)."""
         return any(row["active"] for row in self._shelf.rows)
 
     def import_documents(self, payload, on_conflict: str) -> list[dict]:
-        """Import one document or a bundle atomically (inactive); on_conflict 'fail' (409) or 'rename' (name-2, ...)."""
+        """Import one document or a bundle atomically (inactive); on_conflict 'fail' (409) or
+        'rename' (name-2, ...)."""
         docs = validate_probe_import(payload)
         with self.writing() as touched:
             taken = self.shelf.names()
             clashes = [d["name"] for d in docs if d["name"] in taken]
             if clashes and on_conflict == "fail":
                 raise Conflict(
-                    f"probes already exist with these names: {clashes}; import with on_conflict=rename",
+                    f"probes already exist with these names: {clashes}; import with "
+                    "on_conflict=rename",
                     code="probe_exists",
                 )
             names = unique_names([d["name"] for d in docs], taken)

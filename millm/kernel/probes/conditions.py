@@ -1,5 +1,5 @@
-"""The probe book as the plans' ProbeResolver (kernel/steering/resolution.py): a saved probe's watch for a
-spec's `when` or `abort`, bound to the loaded model and the SAEs the plan was made with."""
+"""The probe book as the plans' ProbeResolver (kernel/steering/resolution.py): a saved probe's watch
+for a spec's `when` or `abort`, bound to the loaded model and the SAEs the plan was made with."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class ProbeConditions:
         edit: ResidualEdit | None,
         tokens: int | None,
     ) -> Watch | None:
-        """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such probe;
-        a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
+        """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such
+        probe; a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
         row = self.probes.shelf.get(name)
         if row is None:
             return None

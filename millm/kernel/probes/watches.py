@@ -1,5 +1,5 @@
-"""Probes watching a request: its `probes` field parsed, the active probes added, each a report Watch
-on every row, and the verdicts turned into the body's `millm.probes`.
+"""Probes watching a request: its `probes` field parsed, the active probes added, each a report
+Watch on every row, and the verdicts turned into the body's `millm.probes`.
 
 Order of the checks, as a client would fix them: the field's syntax and the names it gives
 (before any model is acquired); then, once the model is held, whether each probe fits it (its
@@ -41,7 +41,8 @@ class Asked:
 
 def parse_probes(probes: ProbeBook, sent: list[str | InlineProbe] | None) -> tuple[Asked, ...]:
     """The request's `probes` (parsed with its body): names of saved probes (404 probe_not_found
-    naming the entry) and inline definitions, each name once. Blocking (the probe book): a worker thread."""
+    naming the entry) and inline definitions, each name once. Blocking (the probe book): a worker
+    thread."""
     asked: list[Asked] = []
     for i, item in enumerate(sent or ()):
         where = f"{PROBES_PARAM}[{i}]"
@@ -78,13 +79,15 @@ class ProbeSet:
         return frozenset(name for name, source in self.sources.items() if source == "active")
 
     def with_conditions(self, conditions: tuple[Watch, ...], tokenizer: object) -> ProbeSet:
-        """These watches and a plan's conditions (`when`, `abort`), whose verdicts say `source: condition`."""
+        """These watches and a plan's conditions (`when`, `abort`), whose verdicts say `source:
+        condition`."""
         if not conditions:
             return self
         return ProbeSet(self.watches + conditions, self.sources, self.skipped, tokenizer)
 
     def entries(self, verdicts: list[ProbeVerdict]) -> list[dict]:
-        """One entry per verdict, by row then watch order, with each firing token's text. Blocking (decoding)."""
+        """One entry per verdict, by row then watch order, with each firing token's text.
+        Blocking (decoding)."""
         order = {watch.name: i for i, watch in enumerate(self.watches)}
         thresholds = {watch.name: watch.threshold for watch in self.watches}
         decode = self.tokenizer.decode  # type: ignore[attr-defined]  # a transformers tokenizer
@@ -106,7 +109,8 @@ class ProbeSet:
         return out
 
     async def block(self, verdicts: list[ProbeVerdict]) -> dict | None:
-        """The `millm` keys the verdicts make (None when nothing watched and nothing was skipped)."""
+        """The `millm` keys the verdicts make (None when nothing watched and nothing was
+        skipped)."""
         if not verdicts and not self.skipped:
             return None
         block: dict = {"probes": await to_thread.run_sync(self.entries, verdicts)}
@@ -126,7 +130,8 @@ def watch_request(
     asked: tuple[Asked, ...],
 ) -> ProbeSet:
     """The request's probes and the active ones, bound to `lm` as report watches (a 400 naming the
-    request's probe that does not fit; active ones that do not fit are skipped). Blocking: a worker thread."""
+    request's probe that does not fit; active ones that do not fit are skipped). Blocking: a
+    worker thread."""
     watches, sources = [], {}
     for probe in asked:
         watches.append(
@@ -152,7 +157,8 @@ def watch_request(
         if name in sources:
             where = next(probe.param for probe in asked if probe.name == name)
             raise InvalidRequest(
-                f"{where} is named like the active probe {name!r}; give the inline probe another name",
+                f"{where} is named like the active probe {name!r}; give the inline probe another "
+                "name",
                 param=f"{where}.name",
             )
         try:

@@ -118,7 +118,8 @@ def _run(
         with served.request_scope():
             if served.slot.lease(model) is None:
                 raise ModelNotLoaded(
-                    f"model {model!r} is no longer loaded (it was unloaded or replaced while the job ran)"
+                    f"model {model!r} is no longer loaded (it was unloaded or replaced while the "
+                    "job ran)"
                 )
             served.submit(job)
             _wait(job, collector, cancel)

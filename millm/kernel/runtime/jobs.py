@@ -1,4 +1,5 @@
-"""Long work as jobs (calibration, AutoSteer, probe and vector training): progress, an ETA, cancellation, a bounded number at once.
+"""Long work as jobs (calibration, AutoSteer, probe and vector training): progress, an ETA,
+cancellation, a bounded number at once.
 
 A job's work function runs on its own thread and never touches torch: every forward pass and
 every SAE encode it needs is submitted to the scheduler thread as a small engine job (see
@@ -140,7 +141,8 @@ class JobHandle:
             raise JobCancelled()
 
     def report(self, result: dict) -> None:
-        """What the job has done so far, shown as its `result` while it runs (replaced at its end)."""
+        """What the job has done so far, shown as its `result` while it runs (replaced at its
+        end)."""
         with self._book.lock:
             self._record.result = result
 
@@ -180,7 +182,8 @@ class JobHandle:
         self.check()
 
     async def pace_on_loop(self, elapsed: float) -> None:
-        """`pace` for work that runs on the event loop (on_loop): the loop sleeps, no thread waits."""
+        """`pace` for work that runs on the event loop (on_loop): the loop sleeps, no thread
+        waits."""
         if self._book.serving_busy():
             share = self._book.share
             await asyncio.sleep(elapsed * (1.0 - share) / share)
@@ -188,7 +191,8 @@ class JobHandle:
 
 
 class JobBook:
-    """The server's jobs: at most `max_running` at once (503 queue_full past it), the last `kept` remembered."""
+    """The server's jobs: at most `max_running` at once (503 queue_full past it), the last `kept`
+    remembered."""
 
     def __init__(self, max_running: int, kept: int, share: float, serving_busy: Callable[[], bool]):
         self.max_running, self.kept, self.share = max_running, kept, share
@@ -212,7 +216,8 @@ class JobBook:
             running = sum(1 for r in self._records.values() if r.state is JobState.RUNNING)
             if running >= self.max_running:
                 raise QueueFull(
-                    f"{running} jobs are running (MILLM_MAX_JOBS = {self.max_running}); wait for one to end or cancel it (DELETE /api/jobs/{{id}})"
+                    f"{running} jobs are running (MILLM_MAX_JOBS = {self.max_running}); wait for "
+                    f"one to end or cancel it (DELETE /api/jobs/{{id}})"
                 )
             record = _Record(kind, description, total, unit)
             record.result = result
@@ -276,7 +281,8 @@ class JobBook:
             record = self._records.get(job_id)
             if record is None:
                 raise NotFound(
-                    f"no job {job_id!r} (jobs are kept in memory: the last {self.kept}, until a restart)",
+                    f"no job {job_id!r} (jobs are kept in memory: the last {self.kept}, until a "
+                    "restart)",
                     param="job_id",
                     code="job_not_found",
                 )
@@ -288,7 +294,8 @@ class JobBook:
             return [r.view() for r in reversed(self._records.values())]
 
     def cancel(self, job_id: str) -> JobView:
-        """Ask a running job to stop (it ends as `cancelled` at its next check); an ended job is returned as it is."""
+        """Ask a running job to stop (it ends as `cancelled` at its next check); an ended job is
+        returned as it is."""
         with self.lock:
             record = self._records.get(job_id)
         if record is None:

@@ -1,4 +1,5 @@
-"""Calls to an OpenAI-compatible server the operator configured (a judge, an explainer, an embedder)."""
+"""Calls to an OpenAI-compatible server the operator configured (a judge, an explainer, an
+embedder)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ class ReplicaCounters:
 
 
 class Replication:
-    """Keeps the in-memory copies in step with the store: a reload per topic, all of them on (re)connection."""
+    """Keeps the in-memory copies in step with the store: a reload per topic, all of them on
+    (re)connection."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -60,18 +61,21 @@ class Replication:
         self._listener: ChangeListener | None = None
 
     def on(self, topic: Topic, reload: Callable[[], None]) -> None:
-        """Call `reload` when another replica changes `topic` (and on every full reload, in registration order)."""
+        """Call `reload` when another replica changes `topic` (and on every full reload, in
+        registration order)."""
         self._reloads[topic] = reload
 
     def start(self) -> None:
-        """Listen for other replicas' changes (PostgreSQL only); waits briefly for the first LISTEN."""
+        """Listen for other replicas' changes (PostgreSQL only); waits briefly for the first
+        LISTEN."""
         if not self.shared:
             return
         self._listener = ChangeListener(self.store.url, self._notice, self._listening, self._lost)
         self._listener.start()
         if not self._first.wait(FIRST_SYNC_S):
             log.warning(
-                "the change listener has not connected within %g s; this replica reports itself out of step until it does",
+                "the change listener has not connected within %g s; this replica reports itself "
+                "out of step until it does",
                 FIRST_SYNC_S,
             )
 
@@ -80,7 +84,7 @@ class Replication:
         if self._listener is not None:
             self._listener.close()
 
-    # what the listener reports -------------------------------------------------------------------------
+    # what the listener reports --------------------------------------------------------------------
     def _notice(self, topic: Topic, origin: str) -> None:
         if origin == self.store.origin:
             return  # this process's own change: its copy was read back when it committed
@@ -90,9 +94,9 @@ class Replication:
             self.counters.last_notice_at = time.time()
 
     def _listening(self) -> None:
-        # LISTEN is in place: whatever commits from now on is noticed, so a full read now misses nothing.
-        # The pool's idle connections may be as dead as the lost one (a silent peer never says so):
-        # the reload reads through fresh ones.
+        # LISTEN is in place: whatever commits from now on is noticed, so a full read now misses
+        # nothing. The pool's idle connections may be as dead as the lost one (a silent peer never
+        # says so): the reload reads through fresh ones.
         if self.counters.reloads or self.counters.losses:
             self.store.engine.dispose()
         try:
@@ -118,16 +122,18 @@ class Replication:
                 # (connect_timeout) rather than waiting on a connection as dead as this one.
                 self.store.engine.dispose()
                 log.warning(
-                    "lost the connection to the shared database (%s); this replica reports itself out of step until it reconnects",
+                    "lost the connection to the shared database (%s); this replica reports itself "
+                    "out of step until it reconnects",
                     reason,
                 )
             self._connected, self._reason = False, reason
             self.generation += 1
         self._first.set()
 
-    # what the replica answers ---------------------------------------------------------------------------
+    # what the replica answers ---------------------------------------------------------------------
     def in_step(self) -> tuple[bool, str]:
-        """(True, "") when this copy is known current; else False and why (for `live` answers and readiness)."""
+        """(True, "") when this copy is known current; else False and why (for `live` answers and
+        readiness)."""
         with self._lock:
             if self._connected:
                 return True, ""
@@ -137,8 +143,9 @@ class Replication:
                 else ""
             )
             return False, (
-                f"this replica is out of step with the shared database{since} ({self._reason}): changes made through other "
-                "replicas may not have reached it; it serves with the state it last read until it reconnects and reloads"
+                f"this replica is out of step with the shared database{since} ({self._reason}): "
+                "changes made through other replicas may not have reached it; it serves with the "
+                "state it last read until it reconnects and reloads"
             )
 
     def view(self) -> dict:
@@ -164,7 +171,8 @@ def _nothing() -> None:
 
 
 class InStep(Protocol):
-    """Whether this process's copy of the stored state is known to be current (kernel/runtime/replication.py)."""
+    """Whether this process's copy of the stored state is known to be current
+    (kernel/runtime/replication.py)."""
 
     def in_step(self) -> tuple[bool, str]:
         """(True, "") when current; else False and why."""

@@ -1,10 +1,11 @@
 """Blocking torch work off the event loop, on a thread that ends when the work does.
 
-PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that ever ran a
-parallel region, for as long as that thread lives. A thread-pool worker (or the event loop)
-that once ran torch work keeps such an idle pool, and while it exists every decode step on the
-scheduler thread runs markedly slower (docs/engine.md has the measurement). So torch work that is not a forward pass (loading a model or an
-SAE, moving weights) runs on a fresh thread that exits afterwards, never on a pool thread.
+PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that ever ran a parallel
+region, for as long as that thread lives. A thread-pool worker (or the event loop) that once ran
+torch work keeps such an idle pool, and while it exists every decode step on the scheduler thread
+runs markedly slower (docs/engine.md has the measurement). So torch work that is not a forward pass
+(loading a model or an SAE, moving weights) runs on a fresh thread that exits afterwards, never on a
+pool thread.
 
 Fresh threads are bounded: at most MAX_PASSING_THREADS run at once, and a call past that is
 refused at once with 503 queue_full rather than starting another thread or waiting for one.
@@ -34,13 +35,15 @@ def _refusal(fn: Callable[..., Any]) -> QueueFull:
     # retry shortly", which SDKs already retry, and what a /v1 request that has to load a model
     # meets here is the same backpressure as the request queue.
     return QueueFull(
-        f"the server is running {MAX_PASSING_THREADS} blocking operations (model loads, SAE attaches and "
-        f"registrations) already; retry once one finishes ({getattr(fn, '__name__', 'work')} was refused)"
+        f"the server is running {MAX_PASSING_THREADS} blocking operations (model loads, SAE "
+        "attaches and registrations) already; retry once one finishes "
+        f"({getattr(fn, '__name__', 'work')} was refused)"
     )
 
 
 async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` on a new thread that ends with it; its result or exception comes back here.
+    """`fn(*args, **kwargs)` on a new thread that ends with it; its result or exception comes back
+    here.
 
     Raises QueueFull (503) at once when MAX_PASSING_THREADS are running; never blocks the loop.
     """
@@ -69,6 +72,7 @@ async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
             target=run, name=f"millm-{getattr(fn, '__name__', 'work')}", daemon=True
         ).start()
     except BaseException:
-        _slots.release()  # no thread started (RuntimeError: can't start new thread): nothing holds the slot
+        # no thread started (RuntimeError: can't start new thread): nothing holds the slot
+        _slots.release()
         raise
     return await future

@@ -52,8 +52,9 @@ class BaseUnfit(InvalidFeatureIndex):
 
     def __init__(self, kind: str, name: str, problem: str):
         super().__init__(
-            f"the active {kind} {name!r} no longer fits the attached SAEs: {problem}. Requests are refused rather "
-            f"than served unsteered; attach the SAEs it was made for, or deactivate it (POST /api/{kind}s/deactivate)",
+            f"the active {kind} {name!r} no longer fits the attached SAEs: {problem}. Requests "
+            "are refused rather than served unsteered; attach the SAEs it was made for, or "
+            f"deactivate it (POST /api/{kind}s/deactivate)",
             param="steering",
         )
         self.problem = problem

@@ -25,7 +25,8 @@ DECODERS_KEPT = 4
 
 @dataclass(frozen=True)
 class Decoder:
-    """An SAE's decoder rows: their norms, and the rows scaled to unit norm (a zero row stays zero)."""
+    """An SAE's decoder rows: their norms, and the rows scaled to unit norm (a zero row stays
+    zero)."""
 
     norms: np.ndarray  # [d_sae] float32
     unit: np.ndarray  # [d_sae, d_in] float32
@@ -78,7 +79,8 @@ class DecoderCache:
         return decoder
 
     async def of(self, sae_id: str) -> Decoder:
-        """The SAE's decoder, read into the cache first (on a passing thread) when it is not there."""
+        """The SAE's decoder, read into the cache first (on a passing thread) when it is not
+        there."""
         return self.get(sae_id) or await in_passing_thread(self._load, sae_id)
 
     def _load(self, sae_id: str) -> Decoder:

@@ -1,9 +1,12 @@
-"""The steering state: attached SAEs, live feature values (add, clamp, ablate, cap), on/off, the active base, a version.
+"""The steering state: attached SAEs, live feature values (add, clamp, ablate, cap), on/off, the
+active base, a version.
 
-One owner (the composition root makes one Steering). Every change is stored with the next version, so
-the state survives a restart and is shared by replicas on one PostgreSQL database. A request never reads this state while it runs: at admission it
-takes an immutable plan (`plan_for`), so an operator's change is live for every request
-admitted after it and a per-request profile can never undo one.
+One owner (the composition root makes one Steering). Every change is stored with the next version,
+so the state survives a restart and is shared by replicas on one PostgreSQL database. A request
+never reads this state while it runs: at admission it takes an immutable plan (`plan_for`), so an
+operator's change is live for every request admitted after it and a per-request profile can never
+undo one. Over 400 lines because it is that one owner: every change (attach, values, base, reload)
+takes its lock and writes its version here, and split apart they would share both.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ log = logging.getLogger(__name__)
 
 
 class Steering:
-    """Attachments, live values, enabled flag, active base (profile, cluster or circuit) and version.
+    """Attachments, live values, enabled flag, active base (profile, cluster or circuit) and
+    version.
 
     The store holds the state (shared by every replica on one PostgreSQL); this is this process's
     copy of it: every change is one store transaction that takes the next version, after which
     this copy takes the change as written (read back whole only when another replica's change
-    came in between, so it also carries what other replicas changed). Another
-    replica's change arrives as a notice (kernel/runtime/replication.py), on which `reload` reads it too.
-    `lock` guards the copy against the model-load and the notice threads."""
+    came in between, so it also carries what other replicas changed). Another replica's change
+    arrives as a notice (kernel/runtime/replication.py), on which `reload` reads it too. `lock`
+    guards the copy against the model-load and the notice threads."""
 
     def __init__(
         self,
@@ -60,12 +64,13 @@ class Steering:
         self.resolvers = resolvers or Resolvers()
         self.attach_errors: dict[str, str] = {}
         # In memory only: moves with every reload and also when attachments change here without a
-        # stored change (a restore, an unload), so a plan cached for one state is never served in another.
+        # stored change (a restore, an unload), so a plan cached for one state is never served in
+        # another.
         self.changes = 0
         self.lock = threading.RLock()
         self.reload()
 
-    # the stored state ---------------------------------------------------------------------------------
+    # the stored state -----------------------------------------------------------------------------
     def reload(self) -> None:
         """Read the stored state again (after a change here, or a notice of one elsewhere)."""
         with self.lock:
@@ -87,7 +92,8 @@ class Steering:
     def _change(self) -> Iterator[SteeringWriter]:
         """One stored change (call under the lock): its writes commit with the next version, and
         this copy takes them as written. When the version moved by more than one, another replica
-        wrote in between (its notice may not have arrived yet): then the whole state is read back."""
+        wrote in between (its notice may not have arrived yet): then the whole state is read
+        back."""
         with steering_change(self.store) as change:
             yield change
         if change.version != self.version + 1:
@@ -138,7 +144,8 @@ class Steering:
             self.active = args[1]
 
     def bump(self) -> int:
-        """A new version with no other change: something plans depend on changed (an active profile was edited)."""
+        """A new version with no other change: something plans depend on changed (an active
+        profile was edited)."""
         with self.lock, self._change() as change:
             pass
         return change.version
@@ -185,7 +192,8 @@ class Steering:
         return was
 
     def detach_all(self) -> None:
-        """The model is going away: nothing stays attached here (the stored attachments are kept for reload)."""
+        """The model is going away: nothing stays attached here (the stored attachments are kept
+        for reload)."""
         with self.lock:
             self.attached.clear()
             self.changes += 1
@@ -193,9 +201,10 @@ class Steering:
     def restore(
         self, lm: LoadedModel | None, may_read: Callable[[str], object] | None = None
     ) -> None:
-        """Make what is attached here match the stored attachments for `lm` (after a load, or another
-        replica's attach or detach). An SAE this process cannot attach (another model's, a path it may
-        not read, a file it lacks, a misfit) is recorded in `attach_errors`, never fatal."""
+        """Make what is attached here match the stored attachments for `lm` (after a load, or
+        another replica's attach or detach). An SAE this process cannot attach (another model's,
+        a path it may not read, a file it lacks, a misfit) is recorded in `attach_errors`, never
+        fatal."""
         with self.lock:
             stored = dict(self.stored)
             for sae_id in [
@@ -228,12 +237,13 @@ class Steering:
         with self.lock:
             self.changes += 1  # the errors are part of what plans and views report
 
-    # live values ---------------------------------------------------------------------------------------
+    # live values ----------------------------------------------------------------------------------
     def set_features(
         self, changes: dict[tuple[str, int], FeatureOp | float | None], clear: str | bool = False
     ) -> int:
         """Apply validated changes atomically (a number is an add's strength; None, or an add of 0,
-        removes a feature); returns the new version. An op the attached SAE cannot honour is a 400."""
+        removes a feature); returns the new version. An op the attached SAE cannot honour is a
+        400."""
         wanted = {key: _live_op(value) for key, value in changes.items()}
         for (
             sae_id,
@@ -253,8 +263,9 @@ class Steering:
             return change.version
 
     def _check_honoured(self, wanted: dict[tuple[str, int], FeatureOp | None]) -> None:
-        """Each attached SAE's live ops as they would be after the change, built once: a clamp its SAE
-        cannot hold is refused now rather than at every request (an SAE attached later is checked then)."""
+        """Each attached SAE's live ops as they would be after the change, built once: a clamp its
+        SAE cannot hold is refused now rather than at every request (an SAE attached later is
+        checked then)."""
         touched = {sae_id for sae_id, _ in wanted}
         for sae_id in sorted(touched & set(self.attached)):
             after = dict(self.features.get(sae_id, {}))
@@ -279,7 +290,8 @@ class Steering:
         return self.active["id"] if self.active and self.active["kind"] == "profile" else None
 
     def set_active(self, kind: str | None, base_id: str | None) -> dict | None:
-        """Make a profile, cluster or circuit the global base (None: the live values); returns the previous one."""
+        """Make a profile, cluster or circuit the global base (None: the live values); returns
+        the previous one."""
         with self.lock:
             previous = self.active
             with self._change() as change:
@@ -288,7 +300,8 @@ class Steering:
         return previous
 
     def deactivate(self, kind: str) -> str | None:
-        """Back to the live values if a base of this kind is active; returns its id (None if none was)."""
+        """Back to the live values if a base of this kind is active; returns its id (None if none
+        was)."""
         with self.lock:
             active = self.active
             if active is None or active.get("kind") != kind:
@@ -311,13 +324,15 @@ class Steering:
             previous = self.set_active(None, None)
         return previous["id"] if previous is not None else None
 
-    # plans ------------------------------------------------------------------------------------------
+    # plans ----------------------------------------------------------------------------------------
     def resolve(self, document: dict, scale: float = 1.0) -> Steered:
-        """A profile through the attached SAEs and the resolvers, its add strengths times `scale` (the dial); see profile_edit."""
+        """A profile through the attached SAEs and the resolvers, its add strengths times `scale`
+        (the dial); see profile_edit."""
         return profile_edit(document, self.attached, scale, self.resolvers)
 
     def live_now(self, sae_id: str | None = None) -> tuple[bool, str]:
-        """Whether live-value changes affect new requests on this replica right now, and if not, why."""
+        """Whether live-value changes affect new requests on this replica right now, and if not,
+        why."""
         in_step, why = self.replica.in_step()
         if not in_step:
             return False, why
@@ -332,7 +347,8 @@ class Steering:
             if sae_id in self.attach_errors:
                 return (
                     False,
-                    f"{sae_id} is attached in the shared state but not on this replica: {self.attach_errors[sae_id]}",
+                    f"{sae_id} is attached in the shared state but not on this replica: "
+                    f"{self.attach_errors[sae_id]}",
                 )
             return False, f"{sae_id} is not attached"
         if sae_id is None and not self.attached:
@@ -346,12 +362,13 @@ def profile_edit(
     scale: float = 1.0,
     resolvers: Resolvers | None = None,
 ) -> Steered:
-    """A profile's edit and watches through these attached SAEs, its add strengths times `scale` (the dial).
+    """A profile's edit and watches through these attached SAEs, its add strengths times `scale`
+    (the dial).
 
     Every SAE it names must be attached at the profile's layer, every index fit, every op be
-    honoured and every probe and vector be known, else 400: an entry is never left out, or a
-    partly applied profile would pass for the whole one. Clamps, ablations and caps are not
-    scaled by the dial: their value is a level to hold, not a push (interp.steering.FeatureOp.scaled).
+    honoured and every probe and vector be known, else 400: an entry is never left out, or a partly
+    applied profile would pass for the whole one. Clamps, ablations and caps are not scaled by the
+    dial: their value is a level to hold, not a push (interp.steering.FeatureOp.scaled).
     """
     refusals = Refusals(f"profile {document['name']!r}", "profile", code="profile_not_applicable")
     return resolve_spec(document, attached, scale, resolvers or Resolvers(), refusals)
@@ -374,7 +391,8 @@ def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:
     depth = lm.config.num_hidden_layers
     if info.d_in != hidden:
         raise InvalidRequest(
-            f"{info.id} reads vectors of width d_in={info.d_in}, but {lm.name} has hidden size {hidden}",
+            f"{info.id} reads vectors of width d_in={info.d_in}, but {lm.name} has hidden size "
+            f"{hidden}",
             param="sae_id",
             code="sae_model_mismatch",
         )

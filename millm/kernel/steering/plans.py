@@ -83,7 +83,8 @@ class Planner:
     def plan_for_base(self, kind: str, key: str, dial: Dial | None) -> Plan:
         """A profile, cluster or circuit (by name or id) steering one request only, whatever the
         active base and the enabled flag, through the dial (None: a cluster's stored intensity, a
-        circuit's authored one); 404 for an unknown one, 400 when it does not fit the attached SAEs."""
+        circuit's authored one); 404 for an unknown one, 400 when it does not fit the attached
+        SAEs."""
         if kind == "profile":
             return self.plan_for(key, dial)
         return self._cached((kind, key, dial), lambda now: self._request_base(now, kind, key, dial))
@@ -156,7 +157,7 @@ class Planner:
         return view
 
     def check_fits(self, kind: str, base_id: str) -> None:
-        """400 invalid_feature_index if this base would not fit the attached SAEs as the active one."""
+        """400 invalid_feature_index if this base would not fit the attached SAEs as active."""
         now = self._now()
         try:
             self._active_base(now, {"kind": kind, "id": base_id}, None)
@@ -166,13 +167,13 @@ class Planner:
                 f"{kind} {name!r} does not fit the attached SAEs: {exc.problem}", param=kind
             ) from None
 
-    # the state ------------------------------------------------------------------------------------------
+    # the state ------------------------------------------------------------------------------------
     def _stamp(self) -> tuple[tuple[int, ...], tuple[Shelf, Shelf, Shelf]]:
         """The state's stamp and the books' shelves it names (call under the steering lock)."""
         return state_stamp(self.steering, self.clusters.shelf, self.circuits.shelf)
 
     def _snapshot(self, stamp: tuple[int, ...], shelves: tuple[Shelf, Shelf, Shelf]) -> Snapshot:
-        """Copies of what the steering lock guards (call under it): plans are then made without it."""
+        """Copies of what the steering lock guards (call under it): plans are made without it."""
         return Snapshot.taken(self.steering, stamp, shelves)
 
     def _now(self) -> Snapshot:
@@ -180,7 +181,7 @@ class Planner:
             return self._snapshot(*self._stamp())
 
     def _first_time(self, topic: str, stamp: tuple[int, ...]) -> bool:
-        """Whether `topic` was not yet logged in this state: one log line per change, not per request."""
+        """Whether `topic` is not yet logged in this state (a log line per change, not request)."""
         if self._logged.get(topic) == stamp:
             return False
         self._logged[topic] = stamp
@@ -193,7 +194,7 @@ class Planner:
         row = shelf.get(active["id"])
         return row["name"] if row is not None else None
 
-    # resolving ------------------------------------------------------------------------------------------
+    # resolving ------------------------------------------------------------------------------------
     def _resolve(
         self, now: Snapshot, profile: str | None, dial: Dial | None, promised: bool = False
     ) -> Plan:
@@ -208,8 +209,9 @@ class Planner:
         return self._live(now, dial)
 
     def _active_base(self, now: Snapshot, active: dict, dial: Dial | None) -> Plan:
-        """The active profile, cluster or circuit through the dial; BaseUnfit (400) when it no longer
-        fits the attached SAEs: never served unsteered (or partly steered) as if it were steered."""
+        """The active profile, cluster or circuit through the dial; BaseUnfit (400) when it no
+        longer fits the attached SAEs: never served unsteered (or partly steered) as if it were
+        steered."""
         kind, base_id = active["kind"], active["id"]
         try:
             if kind == "profile":
@@ -307,7 +309,8 @@ class Planner:
             sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()
         }
         edit = feature_edit(scaled, now.attached)
-        # Attached in the shared state, not here (another model, a path or file this replica lacks): said, not hidden.
+        # Attached in the shared state, not here (another model, a path or file this replica lacks):
+        # said, not hidden.
         missing = (
             (("unattached", " ".join(s for s in unattached if s in now.stored)),)
             if set(unattached) & now.stored
@@ -390,5 +393,6 @@ def _unsteered(dial: Dial | None, intensity: float) -> Plan:
 
 
 def _needs_no_sae(document: dict) -> bool:
-    """Whether a profile steers through vectors or probes alone (no SAE entry), so it applies with no SAE attached."""
+    """Whether a profile steers through vectors or probes alone (no SAE entry), so it applies
+    with no SAE attached."""
     return not document.get("steering") and bool(document.get("vectors") or document.get("abort"))

@@ -1,4 +1,5 @@
-"""A steering spec -> the engine's terms: the edit every position gets, and the watches of its conditions.
+"""A steering spec -> the engine's terms: the edit every position gets, and the watches of its
+conditions.
 
 A spec is a profile document's steering part, or a request's own `steering` field (the same
 model, document_schemas.SteeringSpec): SAE feature entries, steering vectors, and probes that
@@ -13,10 +14,10 @@ end the row. Resolving it, through the dial:
 - each `abort` probe becomes an `abort` watch.
 
 Probes and vectors live in books other modules keep; they are reached through the two small
-protocols below, which the composition root wires in. A spec naming a probe or a vector that no resolver
-knows is refused with a 400 naming the entry (probe_not_found, vector_not_found), as is an SAE
-entry that does not fit the attached SAEs: an entry is never left out, or a partly applied
-spec would pass for the whole one.
+protocols below, which the composition root wires in. A spec naming a probe or a vector that no
+resolver knows is refused with a 400 naming the entry (probe_not_found, vector_not_found), as is an
+SAE entry that does not fit the attached SAEs: an entry is never left out, or a partly applied spec
+would pass for the whole one.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class VectorResolver(Protocol):
 
     def vector(self, vector_id: str, lm: LoadedModel | None) -> tuple[int, torch.Tensor] | None:
         """(engine point, unit vector [d] float32 on the model's device) of a vector; None when
-        there is no such vector; a MillmError when it does not fit `lm` (another model, no model)."""
+        there is no such vector; a MillmError when it does not fit `lm` (another model, no
+        model)."""
         ...
 
 
@@ -78,7 +80,8 @@ def _no_model() -> LoadedModel | None:
 
 @dataclass(frozen=True)
 class Resolvers:
-    """What specs resolve their probes and vectors through (None: this server keeps none), and the loaded model."""
+    """What specs resolve their probes and vectors through (None: this server keeps none), and
+    the loaded model."""
 
     probes: ProbeResolver | None = None
     vectors: VectorResolver | None = None
@@ -103,7 +106,8 @@ class Steered:
 
 @dataclass(frozen=True)
 class Refusals:
-    """How a spec's problems are reported: who it is ("profile 'calm'", "steering"), the param and the misfit's code."""
+    """How a spec's problems are reported: who it is ("profile 'calm'", "steering"), the param
+    and the misfit's code."""
 
     who: str
     param: str

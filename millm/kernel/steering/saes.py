@@ -52,13 +52,14 @@ class SAERegistry:
         return info
 
     def load(self, sae_id: str) -> SAE:
-        """The SAE's weights, read from its file (400 if the file changed into something unusable)."""
+        """The SAE's weights, read from its file (400 if the file changed into something
+        unusable)."""
         info = self.get(sae_id)
         read_info, sae = read_sae(Path(info.path))
         if read_info.id != info.id:
             raise InvalidRequest(
-                f"the file of {sae_id} at {info.path} has changed since it was registered (now {read_info.id}); "
-                "register it again"
+                f"the file of {sae_id} at {info.path} has changed since it was registered (now "
+                f"{read_info.id}); register it again"
             )
         return sae
 
@@ -109,14 +110,15 @@ class SAERegistry:
         return moved
 
     def forget(self, sae_id: str) -> None:
-        """Remove the registration (the caller checks it is not attached). Its labels are kept, keyed by
-        the id (a hash of the weights): registering the same file again finds them."""
+        """Remove the registration (the caller checks it is not attached). Its labels are kept,
+        keyed by the id (a hash of the weights): registering the same file again finds them."""
         self.get(sae_id)
         remove_sae(self.store, sae_id)
         self.infos.pop(sae_id, None)
 
     def labels(self, sae_id: str) -> dict[int, dict]:
-        """The SAE's feature labels (index -> {"label", <detail>, "source"}), possibly none; 404 for an unknown SAE."""
+        """The SAE's feature labels (index -> {"label", <detail>, "source"}), possibly none; 404
+        for an unknown SAE."""
         self.get(sae_id)
         return self.book.entries(sae_id)
 

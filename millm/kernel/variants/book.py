@@ -41,11 +41,13 @@ class ParsedVariant:
 
 
 def variant_document(fields: dict) -> dict:
-    """A variant's stored document from its fields (exactly one of profile and steering), or a 400 naming the field."""
+    """A variant's stored document from its fields (exactly one of profile and steering), or a
+    400 naming the field."""
     profile, steering = fields.get("profile"), fields.get("steering")
     if (profile is None) == (steering is None):
         raise InvalidRequest(
-            "a variant is steered by exactly one of profile (a saved profile) and steering (a request's own steering)",
+            "a variant is steered by exactly one of profile (a saved profile) and steering (a "
+            "request's own steering)",
             param="steering" if steering is not None else "profile",
         )
     intensity = fields.get("steering_intensity")
@@ -85,7 +87,7 @@ class VariantBook(Book):
         self.store, self.limit = store, limit
         super().__init__()
 
-    # Book ----------------------------------------------------------------------------------------------
+    # Book -----------------------------------------------------------------------------------------
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
         return variant_rows(self.store, ids)
 
@@ -103,13 +105,14 @@ class VariantBook(Book):
             f"no variant named or with id {key!r}", param="name", code="variant_not_found"
         )
 
-    # reads -----------------------------------------------------------------------------------------------
+    # reads ----------------------------------------------------------------------------------------
     def has(self, name: str) -> bool:
         """Whether a variant has this name."""
         return name in self.shelf.by_name
 
     def named(self, name: str) -> ParsedVariant | None:
-        """The variant a request's `model` names (by name only, from memory), None when none has it."""
+        """The variant a request's `model` names (by name only, from memory), None when none has
+        it."""
         shelf = self.shelf
         row = shelf.by_name.get(name)
         if row is None:
@@ -117,20 +120,23 @@ class VariantBook(Book):
         document = shelf.documents.get(row["id"])
         if document is None:
             raise InvalidRequest(
-                f"the stored definition of variant {name!r} cannot be read; fix or delete it at /api/variants",
+                f"the stored definition of variant {name!r} cannot be read; fix or delete it at "
+                "/api/variants",
                 param="model",
                 code="variant_unfit",
             )
         return document["variant"]
 
-    # writes ----------------------------------------------------------------------------------------------
+    # writes ---------------------------------------------------------------------------------------
     def create(self, name: str, base: str, document: dict) -> dict:
-        """Store a new variant (409 variant_exists for a taken name, 409 variants_full past the limit)."""
+        """Store a new variant (409 variant_exists for a taken name, 409 variants_full past the
+        limit)."""
         variant_id = PREFIX + uuid.uuid4().hex[:12]
         with self.writing() as touched:
             if len(self.shelf.rows) >= self.limit:
                 raise Conflict(
-                    f"{len(self.shelf.rows)} variants are stored, the most this server keeps; delete one first",
+                    f"{len(self.shelf.rows)} variants are stored, the most this server keeps; "
+                    "delete one first",
                     code="variants_full",
                 )
             self._refuse_taken(name)

@@ -33,7 +33,8 @@ FULL = Dial(value=1.0)
 
 @dataclass(frozen=True)
 class Named:
-    """The model a request names: `served` is the name its answer carries, `variant` the variant it is (None for a model)."""
+    """The model a request names: `served` is the name its answer carries, `variant` the variant
+    it is (None for a model)."""
 
     served: str
     variant: ParsedVariant | None = None
@@ -55,14 +56,16 @@ class VariantRouting:
         return Named(model, self.book.named(model))
 
     def on_base(self, named: Named, body: Body) -> Body:
-        """The body addressed to the base model; 400 when it sends its own steering beside a variant."""
+        """The body addressed to the base model; 400 when it sends its own steering beside a
+        variant."""
         if named.variant is None:
             return body
         for field in ("profile", "steering"):
             if getattr(body, field, None) is not None:
                 raise InvalidRequest(
-                    f"{named.served!r} is a steered variant of {named.base!r}: its steering is its own. "
-                    f"Name {named.base!r} to send {field}, or send steering_intensity to dial the variant's",
+                    f"{named.served!r} is a steered variant of {named.base!r}: its steering is "
+                    f"its own. Name {named.base!r} to send {field}, or send steering_intensity to "
+                    "dial the variant's",
                     param=field,
                 )
         return body.model_copy(update={"model": named.base})
@@ -75,8 +78,8 @@ class VariantRouting:
             plan = self._resolve(variant, dial)
         except MillmError as exc:
             raise InvalidRequest(
-                f"variant {variant.name!r} cannot be served: its steering does not fit now ({exc.message}); "
-                "fix it at /api/variants or name its base model",
+                f"variant {variant.name!r} cannot be served: its steering does not fit now "
+                f"({exc.message}); fix it at /api/variants or name its base model",
                 param="model",
                 code=UNFIT,
             ) from None
@@ -97,15 +100,17 @@ class VariantRouting:
         return self.planner.plan_for_spec(variant.spec or {}, dial)
 
     def scoring_plan(self, named: Named, dial: Dial | None) -> Plan:
-        """What steers a scoring request: nothing, unless it names a variant whose scoring is steered
-        (then its unconditional steering: a scoring pass generates nothing for a condition to watch)."""
+        """What steers a scoring request: nothing, unless it names a variant whose scoring is
+        steered (then its unconditional steering: a scoring pass generates nothing for a
+        condition to watch)."""
         if named.variant is None or not named.variant.steers_scoring:
             return NO_STEERING
         plan = self.plan(named.variant, dial)
         if plan.watches:
             raise InvalidRequest(
-                f"variant {named.served!r} steers under probe conditions, which act on generated tokens: "
-                "a scoring pass generates none, so its scoring cannot be steered (set its scoring to unsteered)",
+                f"variant {named.served!r} steers under probe conditions, which act on generated "
+                "tokens: a scoring pass generates none, so its scoring cannot be steered (set its "
+                "scoring to unsteered)",
                 param="model",
                 code=UNFIT,
             )

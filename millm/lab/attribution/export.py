@@ -8,7 +8,8 @@ from typing import Any
 from millm.lab.attribution.protocol import AttributionGraph, GraphNode
 
 FEATURE_TYPES = {
-    "feature": "cross layer transcoder",  # the viewer's name for a feature node, whatever its source
+    # the viewer's name for a feature node, whatever its source
+    "feature": "cross layer transcoder",
     "error": "mlp reconstruction error",
     "token": "embedding",
     "target": "logit",

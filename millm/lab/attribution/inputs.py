@@ -51,8 +51,8 @@ def feature_sources(
     for i, source in enumerate(sources):
         if source.layer in taken:
             raise InvalidRequest(
-                f"SAE {source.name} reads after block {source.layer}, which a transcoder of the set replaces; "
-                "a graph takes one source per block",
+                f"SAE {source.name} reads after block {source.layer}, which a transcoder of the "
+                "set replaces; a graph takes one source per block",
                 param=f"saes[{i}]" if body.saes is not None else "saes",
             )
     return reached(transcoders + sources, "saes")
@@ -84,7 +84,8 @@ def sae_sources(
     names = body.saes if body.saes is not None else sorted(attached)
     if not names:
         raise InvalidRequest(
-            f"no SAE is attached to {lm.name}: a graph's features come from attached SAEs (POST /api/saes/{{id}}/attach)",
+            f"no SAE is attached to {lm.name}: a graph's features come from attached SAEs (POST "
+            f"/api/saes/{{id}}/attach)",
             param="saes",
             code="sae_not_attached",
         )
@@ -95,7 +96,8 @@ def sae_sources(
         found = attached.get(name)
         if found is None:
             raise InvalidRequest(
-                f"SAE {name} is not attached to {lm.name}; attach it first (POST /api/saes/{name}/attach)",
+                f"SAE {name} is not attached to {lm.name}; attach it first (POST "
+                f"/api/saes/{name}/attach)",
                 param=param,
                 code="sae_not_attached",
             )
@@ -107,7 +109,8 @@ def sae_sources(
             )
         if found.point in layers:
             raise InvalidRequest(
-                f"SAEs {layers[found.point]} and {name} both write after block {found.point}; a graph takes one source per block",
+                f"SAEs {layers[found.point]} and {name} both write after block {found.point}; a "
+                "graph takes one source per block",
                 param=param,
             )
         layers[found.point] = name
@@ -138,7 +141,8 @@ def token_of(lm: LoadedModel, ref: int | str, param: str) -> int:
 
 
 def target_of(lm: LoadedModel, asked: AttributionTarget | None) -> Target | None:
-    """The asked target (None: the model's own top token, found in the first step). Blocking: tokenizes."""
+    """The asked target (None: the model's own top token, found in the first step). Blocking:
+    tokenizes."""
     if asked is None:
         return None
     token = token_of(lm, asked.token, "target.token")
@@ -155,18 +159,20 @@ def target_of(lm: LoadedModel, asked: AttributionTarget | None) -> Target | None
 def budget_of(
     body: AttributionRequest, lm: LoadedModel, sources: list[Source], positions: int
 ) -> Budget:
-    """The graph's budget, with as many targets per backward pass as fit (400 when the pass does not)."""
+    """The graph's budget, with as many targets per backward pass as fit (400 when the pass does
+    not)."""
     if body.max_feature_nodes > MAX_FEATURE_NODES:
         raise InvalidRequest(
-            f"max_feature_nodes is {body.max_feature_nodes}; the server's cap is {MAX_FEATURE_NODES}",
+            f"max_feature_nodes is {body.max_feature_nodes}; the server's cap is "
+            f"{MAX_FEATURE_NODES}",
             param="max_feature_nodes",
         )
     config = lm.config
     blocks = int(config.num_hidden_layers)
     if body.integrated_gradients and method_of(sources, blocks) == EXACT:
         raise InvalidRequest(
-            "integrated_gradients applies to attribution patching; with a transcoder on every block "
-            "the replacement model is linear between nodes and its edges are exact already",
+            "integrated_gradients applies to attribution patching; with a transcoder on every "
+            "block the replacement model is linear between nodes and its edges are exact already",
             param="integrated_gradients",
         )
     width = int(config.hidden_size)
@@ -188,8 +194,8 @@ def budget_of(
     if rows < 1:
         need = (weights + passes * per_row + per_target) / 2**30
         raise InvalidRequest(
-            f"this graph needs about {need:.1f} GiB ({positions} positions on {lm.name}); the cap is "
-            f"{MAX_GRAPH_BYTES / 2**30:.0f} GiB: give a shorter text",
+            f"this graph needs about {need:.1f} GiB ({positions} positions on {lm.name}); the cap "
+            f"is {MAX_GRAPH_BYTES / 2**30:.0f} GiB: give a shorter text",
             param="messages" if body.messages is not None else "text",
         )
     return Budget(body.max_feature_nodes, body.node_threshold, body.edge_threshold, int(rows))

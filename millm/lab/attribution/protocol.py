@@ -40,11 +40,13 @@ class AttributionRequest(ReadOne):
     saes: list[str] | None = Field(
         None,
         min_length=1,
-        description="Attached SAEs whose features are the graph's nodes (default: every attached SAE, unless `transcoders` is given).",
+        description="Attached SAEs whose features are the graph's nodes (default: every attached "
+        "SAE, unless `transcoders` is given).",
     )
     transcoders: str | None = Field(
         None,
-        description="A registered transcoder set (POST /api/transcoders) whose features replace the MLPs: with one on every block, the graph is circuit-tracer's exact one.",
+        description="A registered transcoder set (POST /api/transcoders) whose features replace "
+        "the MLPs: with one on every block, the graph is circuit-tracer's exact one.",
     )
     max_feature_nodes: Annotated[int, Field(ge=1)] = Field(
         128, description="Features whose inputs are computed, most influential first."
@@ -58,11 +60,14 @@ class AttributionRequest(ReadOne):
     )
     verify: Annotated[int, Field(ge=0, le=MAX_VERIFIED)] = Field(
         8,
-        description="Top feature nodes ablated on the served model to check the graph's predictions.",
+        description="Top feature nodes ablated on the served model to check the graph's "
+        "predictions.",
     )
     integrated_gradients: Annotated[int, Field(ge=0, le=MAX_STEPS)] = Field(
         0,
-        description="Steps of integrated gradients along each source's path (0: gradient x activation); an attribution-patching graph only (a transcoder on every block is linear already).",
+        description="Steps of integrated gradients along each source's path (0: gradient x "
+        "activation); an attribution-patching graph only (a transcoder on every block is linear "
+        "already).",
     )
     steering: Steering = None
 
@@ -90,12 +95,14 @@ class GraphNode(BaseModel):
     token_id: int | None = None
     token: str | None = None
     influence: float = Field(
-        description="Share of the output's total influence reached by the nodes at least this influential (circuit-tracer's cumulative influence)."
+        description="Share of the output's total influence reached by the nodes at least this "
+        "influential (circuit-tracer's cumulative influence)."
     )
 
 
 class GraphEdge(BaseModel):
-    """A direct effect: how much `source` adds to `target`'s value (a feature's pre-activation, the target's logit)."""
+    """A direct effect: how much `source` adds to `target`'s value (a feature's pre-activation,
+    the target's logit)."""
 
     source: str
     target: str
@@ -243,6 +250,7 @@ class ImportedGraph(BaseModel):
 
 
 class TranscoderRegistration(StrictBody):
-    """POST /api/transcoders: a transcoder set directory (circuit-tracer's config.yaml and files)."""
+    """POST /api/transcoders: a transcoder set directory (circuit-tracer's config.yaml and
+    files)."""
 
     path: str = Field(description="Inside the data directory or MILLM_ALLOWED_PATHS.")

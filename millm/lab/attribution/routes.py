@@ -2,8 +2,9 @@
 circuit-tracer's JSON; a profile or a miStudio circuit of a graph's chosen features.
 
 POST /api/attribution is inference-class (the API key opens it, see server/access.py): it reads the
-model and changes nothing stored; its work runs on the scheduler thread in steps, and a client
-that leaves cancels it. Import, profile and circuit are admin routes: they keep a graph or store a document.
+model and changes nothing stored; its work runs on the scheduler thread in steps, and a client that
+leaves cancels it. Import, profile and circuit are admin routes: they keep a graph or store a
+document.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ router = APIRouter(route_class=JsonRoute)
     response_model=AttributionGraph,
 )
 async def attribute(body: AttributionRequest, request: Request) -> AttributionGraph:
-    """The prompt's target logit traced to the attached SAEs' features (circuit-tracer's method on the
-    served model), pruned by influence, its top nodes ablated on the served model; unsteered unless `steering` asks."""
+    """The prompt's target logit traced to the attached SAEs' features (circuit-tracer's method on
+    the served model), pruned by influence, its top nodes ablated on the served model; unsteered
+    unless `steering` asks."""
     return await unless_client_leaves(request, part(request, Attribution).attribute(body))
 
 
@@ -80,7 +82,8 @@ def export(graph_id: str, request: Request) -> dict[str, Any]:
     response_model=AttributionGraph,
 )
 def import_graph(document: ImportedGraph, request: Request) -> AttributionGraph:
-    """The graph as millm shows it (method `imported`: no scores, no check), kept like a computed one."""
+    """The graph as millm shows it (method `imported`: no scores, no check), kept like a computed
+    one."""
     return part(request, Attribution).import_graph(document)
 
 
@@ -90,7 +93,8 @@ def import_graph(document: ImportedGraph, request: Request) -> AttributionGraph:
     status_code=201,
 )
 def subgraph_profile(graph_id: str, body: SubgraphProfile, request: Request) -> dict[str, Any]:
-    """Ablate (or add at a strength) the chosen nodes' features, stored as a millm.profile (version 2)."""
+    """Ablate (or add at a strength) the chosen nodes' features, stored as a millm.profile
+    (version 2)."""
     return part(request, Attribution).profile(graph_id, body)
 
 
@@ -111,7 +115,8 @@ def subgraph_circuit(graph_id: str, body: SubgraphCircuit, request: Request) -> 
     status_code=201,
 )
 async def register_transcoders(body: TranscoderRegistration, request: Request) -> dict[str, Any]:
-    """Read a set from a directory the server may read, check it fits the loaded model, keep it in memory."""
+    """Read a set from a directory the server may read, check it fits the loaded model, keep it
+    in memory."""
     return await part(request, Attribution).register_transcoders(body.path)
 
 

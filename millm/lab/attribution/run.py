@@ -1,9 +1,9 @@
 """POST /api/attribution: a graph computed in steps on the scheduler thread, then checked.
 
 The request's checks come first (inputs.py); then each step of the tracer (interp/attribution/
-graph.py) is one engine call, so serving goes on between a graph's backward passes; then the
-top features are ablated on the served model (interp/attribution/verify.py) and the answer is said with token
-strings and labels (answer.py). Unsteered unless `steering` asks, in inspect's vocabulary. A
+graph.py) is one engine call, so serving goes on between a graph's backward passes; then the top
+features are ablated on the served model (interp/attribution/verify.py) and the answer is said with
+token strings and labels (answer.py). Unsteered unless `steering` asks, in inspect's vocabulary. A
 client that leaves cancels the work; the pass it held is let go on the scheduler thread.
 
 A model served on llama.cpp keeps its weights to itself, and a graph differentiates them: the
@@ -53,7 +53,8 @@ async def on_engine(submit: Callable[[CallJob], None], call) -> Any:
 
 
 def begin(lm: LoadedModel, prepared: PreparedGraph) -> Tracer:
-    """The first step: the model's top token when no target was asked, the replacement pass and the target's row."""
+    """The first step: the model's top token when no target was asked, the replacement pass and
+    the target's row."""
     prompt, edit, target = prepared.prompt, prepared.steered.edit, prepared.target
     if target is None:
         target = Target((int(served_logits(lm, prompt, edit).argmax()),), (1.0,))
@@ -98,7 +99,8 @@ async def prepare(
     lm = await state.switch.acquire(model_to_read(state, body.model))
     if not supported(lm.config):
         raise InvalidRequest(
-            f"attribution runs on the lean runner's families; {lm.name} ({lm.config.model_type}) runs on transformers' own forward",
+            f"attribution runs on the lean runner's families; {lm.name} ({lm.config.model_type}) "
+            "runs on transformers' own forward",
             param="model",
         )
     prompt = await to_thread.run_sync(inspect_prompt, lm, body, state.settings.discovery_max_tokens)
@@ -122,7 +124,8 @@ async def trace(
     if job is not None and (served is None or served.name != prepared.model):
         # A job never loads a model (acquire would, replacing the one everyone is using).
         raise ModelNotLoaded(
-            f"model {prepared.model!r} is no longer loaded (it was unloaded or replaced before the job ran)"
+            f"model {prepared.model!r} is no longer loaded (it was unloaded or replaced before "
+            "the job ran)"
         )
     lm = await state.switch.acquire(prepared.model)
     started = time.monotonic()

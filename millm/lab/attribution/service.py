@@ -62,7 +62,10 @@ class Attribution:
                 "seconds": graph.seconds,
             }
 
-        description = f"attribution graph of {counted(len(prepared.prompt), 'token')}, up to {counted(prepared.budget.max_feature_nodes, 'feature')}"
+        description = (
+            f"attribution graph of {counted(len(prepared.prompt), 'token')}, up to "
+            f"{counted(prepared.budget.max_feature_nodes, 'feature')}"
+        )
         return self.state.jobs.start(
             "attribution",
             description,

@@ -85,7 +85,8 @@ INSTRUCTION_WORDS = frozenset(
 
 
 def search_words(goal: str) -> str:
-    """The goal without its instruction words, for the label search (the goal itself when nothing else is left)."""
+    """The goal without its instruction words, for the label search (the goal itself when nothing
+    else is left)."""
     kept = [
         word for word in goal.split() if word.lower().strip(".,!?;:'\"") not in INSTRUCTION_WORDS
     ]

@@ -5,17 +5,16 @@
 2. A sweep: each candidate at a few strengths (by default fractions of the residual norm at
    the SAE's layer, divided by the feature's decoder norm, so the sweep means the same on any
    SAE), answering a few probe prompts greedily.
-3. Judging, by the server's own unsteered model: concept = P(yes) that the answer matches the
-   goal (lab/discovery/judge.py, through the scoring path, never steered); affinity = how much likelier the
-   answer is when the model is told the goal in a system message than when told something
-   neutral (per token); fluency = the answer's mean log-probability per token after the bare
-   prompt.
+3. Judging, by the server's own unsteered model: concept = P(yes) that the answer matches the goal
+   (lab/discovery/judge.py, through the scoring path, never steered); affinity = how much likelier
+   the answer is when the model is told the goal in a system message than when told something
+   neutral (per token); fluency = the answer's mean log-probability per token after the bare prompt.
 4. Ranking: fluent settings (fluency at most `fluency_tolerance` below the unsteered answers')
    first, by the chosen signal (`rank_by`: the judge, or the affinity); `best` is the first
    fluent one that beats the unsteered answers on it. It can be saved as a profile.
 
-Every forward pass runs on the scheduler thread through kernel/runtime/blocking.py; the job's thread only
-tokenises, orders and waits, and yields the scheduler to serving between its passes.
+Every forward pass runs on the scheduler thread through kernel/runtime/blocking.py; the job's thread
+only tokenises, orders and waits, and yields the scheduler to serving between its passes.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from millm.lab.autosteer.ranking import Judged, judged_setting, lift, rank_setti
 from millm.lab.discovery.contrast import contrast_prompts_blocking
 
 
-# the job -------------------------------------------------------------------------------------------
+# the job ------------------------------------------------------------------------------------------
 def run_autosteer(
     state: AutoSteerParts, prep: PreparedAutoSteer, handle: JobHandle
 ) -> AutoSteerResult:
@@ -123,7 +122,10 @@ def run_autosteer(
     )
     if body.save_as is not None:
         if best is None:
-            result.note = f"no fluent setting beat the unsteered answers, so no profile {body.save_as!r} was saved"
+            result.note = (
+                "no fluent setting beat the unsteered answers, so no profile "
+                f"{body.save_as!r} was saved"
+            )
         else:
             result.saved_profile = save_profile(state, prep, best)
     return result
@@ -173,7 +175,8 @@ def _alternate(first: list, second: list) -> list:
 def contrast_candidates(
     state: AutoSteerParts, prep: PreparedAutoSteer, handle: JobHandle
 ) -> list[tuple[int, str, float]]:
-    """The features that most separate the examples from the neutral texts (unsteered), by effect size."""
+    """The features that most separate the examples from the neutral texts (unsteered), by effect
+    size."""
     tokenizer = prep.tokenizer
     examples = [completion_prompt_ids(tokenizer, text) for text in prep.body.examples or ()]
     neutral = [
@@ -181,7 +184,8 @@ def contrast_candidates(
     ]
     started = time.monotonic()
     # Mean over positions: a concept feature fires in every example, at peaks that vary from text to
-    # text, and Cohen's d on the max then ranks it low (the pirate feature on the demo SAE: 11th by max, 2nd by mean).
+    # text, and Cohen's d on the max then ranks it low (the pirate feature on the demo SAE: 11th by
+    # max, 2nd by mean).
     found = contrast_prompts_blocking(
         state,
         prep.model,
@@ -317,8 +321,10 @@ def save_profile(state: AutoSteerParts, prep: PreparedAutoSteer, best: Setting) 
         "kind": "millm.profile",
         "version": 1,
         "name": prep.body.save_as,
-        "description": f"AutoSteer for {prep.body.goal!r}: feature {best.index} ({best.label or 'unlabelled'}) at {best.strength}, "
-        f"judge P(yes) {best.concept} vs {best.concept - best.lift:.4f} unsteered, affinity {best.affinity} vs {best.affinity - best.affinity_lift:.4f}",
+        "description": f"AutoSteer for {prep.body.goal!r}: feature {best.index} "
+        f"({best.label or 'unlabelled'}) at {best.strength}, judge P(yes) {best.concept} vs "
+        f"{best.concept - best.lift:.4f} unsteered, affinity {best.affinity} vs "
+        f"{best.affinity - best.affinity_lift:.4f}",
         "steering": [
             {
                 "sae_id": prep.attached.info.id,

@@ -28,11 +28,13 @@ class AutoSteerRequest(BaseModel):
     )
     examples: Annotated[list[Text], Field(min_length=1, max_length=32)] | None = Field(
         None,
-        description="Texts that show the goal; candidates then also come from contrasting them with neutral texts.",
+        description="Texts that show the goal; candidates then also come from contrasting them "
+        "with neutral texts.",
     )
     neutral: Annotated[list[Text], Field(min_length=1, max_length=32)] | None = Field(
         None,
-        description="Texts without the concept to contrast the examples with (default: a built-in set).",
+        description="Texts without the concept to contrast the examples with (default: a built-in "
+        "set).",
     )
     probe_prompts: Annotated[list[Text], Field(min_length=1, max_length=8)] | None = Field(
         None, description="User prompts each setting answers (default: two everyday questions)."
@@ -42,35 +44,39 @@ class AutoSteerRequest(BaseModel):
     )
     include: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=8)] | None = Field(
         None,
-        description="Features to try as well, beside those found (to check a hunch against AutoSteer's picks).",
+        description="Features to try as well, beside those found (to check a hunch against "
+        "AutoSteer's picks).",
     )
     strengths: Annotated[list[Strength], Field(min_length=1, max_length=8)] | None = Field(
         None, description="Absolute strengths to sweep (instead of strength_fractions)."
     )
     strength_fractions: Annotated[list[Fraction], Field(min_length=1, max_length=8)] | None = Field(
         None,
-        description="Strengths to sweep as fractions of the residual norm at the SAE's layer, divided by the "
-        f"feature's decoder norm (default {list(DEFAULT_FRACTIONS)}).",
+        description="Strengths to sweep as fractions of the residual norm at the SAE's layer, "
+        f"divided by the feature's decoder norm (default {list(DEFAULT_FRACTIONS)}).",
     )
     max_tokens: Annotated[int, Field(ge=1, le=128)] = Field(
         40, description="Tokens each probe answer may have."
     )
     fluency_tolerance: Annotated[float, Field(ge=0, le=20)] = Field(
         1.0,
-        description="How far (nats per token) a setting's fluency may fall below the unsteered answers' and still count as fluent.",
+        description="How far (nats per token) a setting's fluency may fall below the unsteered "
+        "answers' and still count as fluent.",
     )
     rank_by: Literal["affinity", "judge"] = Field(
         "affinity",
-        description="Which signal ranks the fluent settings: the affinity (how much likelier the unsteered model finds "
-        "the answer when told the goal than when told something neutral), or the yes/no judge's P(yes). On the demo "
-        "model the affinity picked the demo profiles' features and the judge did not (docs/autosteer.md).",
+        description="Which signal ranks the fluent settings: the affinity (how much likelier the "
+        "unsteered model finds the answer when told the goal than when told something neutral), "
+        "or the yes/no judge's P(yes). On the demo model the affinity picked the demo profiles' "
+        "features and the judge did not (docs/autosteer.md).",
     )
     save_as: (
         Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
         | None
     ) = Field(
         None,
-        description="Save the best setting as a profile with this name (only when it beats the unsteered answers).",
+        description="Save the best setting as a profile with this name (only when it beats the "
+        "unsteered answers).",
     )
 
     @model_validator(mode="after")
@@ -88,7 +94,8 @@ class Candidate(BaseModel):
     index: int
     label: str | None
     source: str  # labels | contrast | given
-    # the label search's score, or the contrast's effect size (null: infinite, both sets constant and different)
+    # the label search's score, or the contrast's effect size (null: infinite, both sets constant
+    # and different)
     evidence: float | None
     decoder_norm: float
 
@@ -120,7 +127,8 @@ class Baseline(BaseModel):
 
 
 class AutoSteerResult(BaseModel):
-    """Ranked settings with their evidence; `best` is the first fluent setting that beats the baseline on `rank_by`."""
+    """Ranked settings with their evidence; `best` is the first fluent setting that beats the
+    baseline on `rank_by`."""
 
     goal: str
     sae_id: str

@@ -25,7 +25,8 @@ def judged_setting(
     baseline: Baseline,
     body: AutoSteerRequest,
 ) -> Setting:
-    """A setting's figures beside the unsteered answers'; empty answers are neither fluent nor affine."""
+    """A setting's figures beside the unsteered answers'; empty answers are neither fluent nor
+    affine."""
     fluent = (
         judged.fluency is not None and judged.fluency >= baseline.fluency - body.fluency_tolerance
     )
@@ -50,5 +51,6 @@ def lift(setting: Setting, rank_by: str) -> float:
 
 
 def rank_settings(settings: list[Setting], rank_by: str = "judge") -> list[Setting]:
-    """Fluent settings first, then by the chosen signal, then by fluency (all descending); ties keep the sweep's order."""
+    """Fluent settings first, then by the chosen signal, then by fluency (all descending); ties
+    keep the sweep's order."""
     return sorted(settings, key=lambda s: (not s.fluent, -lift(s, rank_by), -s.fluency))

@@ -20,5 +20,6 @@ router = APIRouter(route_class=JsonRoute)
     response_model=JobView,
 )
 def autosteer(body: AutoSteerRequest, request: Request) -> JobView:
-    """Start AutoSteer; follow it at GET /api/jobs/{id}, whose result ranks the settings (AutoSteerResult)."""
+    """Start AutoSteer; follow it at GET /api/jobs/{id}, whose result ranks the settings
+    (AutoSteerResult)."""
     return part(request, AutoSteer).start(body)

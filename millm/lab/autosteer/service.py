@@ -34,8 +34,8 @@ class AutoSteer:
         attached = pick_attached(self.state.steering.attached, body.sae_id, "sae_id")
         if attached.reach > 1:
             raise InvalidRequest(
-                f"{attached.info.id} is a block of a cross-layer transcoder, whose features write into "
-                "several blocks; AutoSteer sweeps one write per feature: steer it by hand",
+                f"{attached.info.id} is a block of a cross-layer transcoder, whose features write "
+                "into several blocks; AutoSteer sweeps one write per feature: steer it by hand",
                 param="sae_id",
             )
         for i, index in enumerate(body.include or ()):

@@ -1,4 +1,5 @@
-"""The calibration job: every text read once through the attached SAE, folded into per-feature figures.
+"""The calibration job: every text read once through the attached SAE, folded into per-feature
+figures.
 
 The job's thread never touches torch. Each engine call (one text, or a few very short ones,
 one forward pass each) goes to the scheduler thread through passes_blocking with a discovery
@@ -154,13 +155,15 @@ class CalibrationRun:
             now = state.steering.attached.get(self.attached.info.id)
         if now is not self.attached:
             raise InvalidRequest(
-                f"SAE {self.attached.info.id} was detached (or attached anew) while it was being calibrated; the calibration stopped",
+                f"SAE {self.attached.info.id} was detached (or attached anew) while it was being "
+                "calibrated; the calibration stopped",
                 param="sae_id",
                 code="sae_not_attached",
             )
 
     def _row(self, accumulator: Accumulator, duration: float, out_of_time: bool) -> CalibrationRow:
-        """The figures of every feature and the summary, ready to store (numpy and the tokenizer only)."""
+        """The figures of every feature and the summary, ready to store (numpy and the tokenizer
+        only)."""
         arrays = accumulator.figures()
         features = []
         for j in range(accumulator.d_sae):

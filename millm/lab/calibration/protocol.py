@@ -51,7 +51,8 @@ class CalibrateRequest(BaseModel):
     )
     conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = Field(
         None,
-        description="Conversations, rendered with the model's chat template as /v1/chat/completions renders them.",
+        description="Conversations, rendered with the model's chat template as "
+        "/v1/chat/completions renders them.",
     )
     top_examples: Annotated[int, Field(ge=0, le=MAX_TOP_EXAMPLES)] = Field(
         5, description="Top activating snippets kept per feature."
@@ -72,7 +73,8 @@ class CalibrateRequest(BaseModel):
 
 
 def check_source(request: CalibrateRequest) -> None:
-    """The shipped corpus, or texts and/or conversations (at least one text): a 400 naming the field otherwise."""
+    """The shipped corpus, or texts and/or conversations (at least one text): a 400 naming the
+    field otherwise."""
     if request.corpus is not None and (
         request.texts is not None or request.conversations is not None
     ):
@@ -98,7 +100,8 @@ class Corpus:
         return sum(len(ids) for ids in self.texts)
 
     def first_tokens(self, budget: int | None) -> Corpus:
-        """The texts in order up to `budget` tokens in all (the last one cut to fit); all without one."""
+        """The texts in order up to `budget` tokens in all (the last one cut to fit); all without
+        one."""
         if budget is None or self.tokens <= budget:
             return self
         kept: list[np.ndarray] = []
@@ -124,12 +127,14 @@ Entry = tuple[str, str | list[CalibrationMessage]]
 
 
 def shipped_entries(info: SAEInfo) -> list[Entry]:
-    """The texts and conversations of the corpus shipped in the SAE's folder, in file order (400 when it has none)."""
+    """The texts and conversations of the corpus shipped in the SAE's folder, in file order (400
+    when it has none)."""
     folder = Path(info.path)
     path = (folder if folder.is_dir() else folder.parent) / CORPUS_FILE
     if not path.is_file():
         raise InvalidRequest(
-            f"SAE {info.id} ships no calibration corpus ({CORPUS_FILE}); send texts or conversations",
+            f"SAE {info.id} ships no calibration corpus ({CORPUS_FILE}); send texts or "
+            "conversations",
             param="corpus",
         )
     entries: list[Entry] = []
@@ -163,7 +168,8 @@ def request_entries(request: CalibrateRequest) -> list[Entry]:
 
 def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo, context_length: int) -> Corpus:
     """Every text of a checked request (check_source: texts, then conversations) or of the shipped
-    corpus (in file order) as token ids, cut to max_tokens_per_text (and the model's context length)."""
+    corpus (in file order) as token ids, cut to max_tokens_per_text (and the model's context
+    length)."""
     entries = shipped_entries(info) if request.corpus is not None else request_entries(request)
     limit = min(request.max_tokens_per_text, context_length)
     out: list[np.ndarray] = []
@@ -205,7 +211,7 @@ def check_size(corpus: Corpus, max_tokens: int, param: str) -> None:
     """Refuse a corpus over MILLM_CALIBRATION_MAX_TOKENS (400) before anything runs."""
     if corpus.tokens > max_tokens:
         raise InvalidRequest(
-            f"{len(corpus.texts)} texts of {corpus.tokens} tokens (after max_tokens_per_text) are over "
-            f"MILLM_CALIBRATION_MAX_TOKENS ({max_tokens}); send fewer or shorter texts",
+            f"{len(corpus.texts)} texts of {corpus.tokens} tokens (after max_tokens_per_text) are "
+            f"over MILLM_CALIBRATION_MAX_TOKENS ({max_tokens}); send fewer or shorter texts",
             param=param,
         )

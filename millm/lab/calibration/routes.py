@@ -1,4 +1,5 @@
-"""/api/saes/{id}/calibrate and /api/saes/{id}/calibration: calibrate an SAE on the loaded model (a job), read or forget the result."""
+"""/api/saes/{id}/calibrate and /api/saes/{id}/calibration: calibrate an SAE on the loaded model
+(a job), read or forget the result."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ router = APIRouter(route_class=JsonRoute)
     responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
 )
 def calibrate(sae_id: str, body: CalibrateRequest, request: Request) -> JSONResponse:
-    """Read the demo corpus or the texts and conversations sent through the attached SAE: per feature,
-    firing frequency, mean and max activation, p50/p90/p99 where it fires, and the top snippets."""
+    """Read the demo corpus or the texts and conversations sent through the attached SAE: per
+    feature, firing frequency, mean and max activation, p50/p90/p99 where it fires, and the top
+    snippets."""
     view = part(request, CalibrationManagement).start(sae_id, body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
@@ -47,7 +49,8 @@ def get_calibration(
         str | None, Query(description="The served model name (default: the server's model).")
     ] = None,
 ) -> CalibrationView:
-    """The calibration's summary, and the figures and top examples of `features`; 404 calibration_not_found when there is none."""
+    """The calibration's summary, and the figures and top examples of `features`; 404
+    calibration_not_found when there is none."""
     return part(request, CalibrationManagement).view(sae_id, model, features)
 
 
@@ -59,5 +62,6 @@ def delete_calibration(
         str | None, Query(description="The served model name (default: the server's model).")
     ] = None,
 ) -> dict:
-    """Forget the calibration (percentiles read null from then on); 404 calibration_not_found when there is none."""
+    """Forget the calibration (percentiles read null from then on); 404 calibration_not_found
+    when there is none."""
     return part(request, CalibrationManagement).delete(sae_id, model)

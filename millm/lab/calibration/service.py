@@ -22,7 +22,8 @@ def parse_features(text: str | None) -> list[int] | None:
     for part in (p.strip() for p in text.split(",")):
         if not part.isdigit():
             raise InvalidRequest(
-                f"features: {part!r} is not a feature index (give comma-separated integers, e.g. 1,2,3)",
+                f"features: {part!r} is not a feature index (give comma-separated integers, e.g. "
+                "1,2,3)",
                 param="features",
             )
         indices.append(int(part))
@@ -37,7 +38,8 @@ def parse_features(text: str | None) -> list[int] | None:
 def not_calibrated(sae_id: str, model: str) -> NotFound:
     """404 calibration_not_found, saying how to make one."""
     return NotFound(
-        f"SAE {sae_id} is not calibrated on model {model!r}; POST /api/saes/{sae_id}/calibrate (with the SAE attached) makes one",
+        f"SAE {sae_id} is not calibrated on model {model!r}; POST /api/saes/{sae_id}/calibrate "
+        "(with the SAE attached) makes one",
         param="sae_id",
         code="calibration_not_found",
     )
@@ -80,7 +82,10 @@ class CalibrationManagement:
             claim,
             offered,
         )
-        description = f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts ({corpus.tokens} tokens)"
+        description = (
+            f"calibrate {sae_id} on {lm.name} over {len(corpus.texts)} texts "
+            f"({corpus.tokens} tokens)"
+        )
         try:
             view = self.state.jobs.start(
                 "calibration", description, len(corpus.texts), "texts", run
@@ -109,8 +114,9 @@ class CalibrationManagement:
         return CalibrationView(summary=summary, features=shown)
 
     def delete(self, sae_id: str, model: str | None) -> dict:
-        """Forget the calibration of `sae_id` on `model` (default: the server's model); the one the SAE
-        ships for that model, if any, takes its place again. 404 when there is none to forget."""
+        """Forget the calibration of `sae_id` on `model` (default: the server's model); the one the
+        SAE ships for that model, if any, takes its place again. 404 when there is none to
+        forget."""
         info = self.state.saes.get(sae_id)
         name = model or self.state.switch.expected_name
         if not self.state.calibrations.delete(sae_id, name):

@@ -61,7 +61,8 @@ class Variant(StrictBody):
         named = [kind for kind in KINDS if getattr(self, kind) is not None]
         if len(named) != 1:
             raise ValueError(
-                f"a variant names exactly one of {', '.join(KINDS)}; this one names {', '.join(named) or 'none'}"
+                f"a variant names exactly one of {', '.join(KINDS)}; this one names "
+                f"{', '.join(named) or 'none'}"
             )
         if self.intensity is not None and named[0] not in DIALLED:
             raise ValueError(
@@ -85,15 +86,16 @@ def _word_as_object(value: Any) -> Any:
     if isinstance(value, str):
         if value not in WORDS:
             raise ValueError(
-                f"a variant is 'unsteered', 'live' or an object naming one of {', '.join(KINDS)}; got {value!r}"
+                f"a variant is 'unsteered', 'live' or an object naming one of {', '.join(KINDS)}; "
+                f"got {value!r}"
             )
         return {value: True}
     return value
 
 
 VariantItem = Annotated[Variant, BeforeValidator(_word_as_object)]
-# Variant's rules across fields and what `variants` accepts, as JSON Schema (server/openapi.py puts them
-# in the served schema).
+# Variant's rules across fields and what `variants` accepts, as JSON Schema (server/openapi.py puts
+# them in the served schema).
 VARIANT_RULES = [
     {"oneOf": [sent(kind) for kind in KINDS]},
     when(sent("intensity"), any_of(*[sent(kind) for kind in DIALLED])),
@@ -108,7 +110,8 @@ VARIANTS_SCHEMA = {
 
 
 class CompareRequest(GenerationFields):
-    """POST /api/compare: a conversation, the sampling fields of a chat completion, and the variants."""
+    """POST /api/compare: a conversation, the sampling fields of a chat completion, and the
+    variants."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -130,7 +133,7 @@ class CompareRequest(GenerationFields):
         return list(DEFAULT_VARIANTS) if value is None else value
 
 
-# ---- the answer -------------------------------------------------------------------------------------
+# ---- the answer ----------------------------------------------------------------------------------
 
 
 class AppliedFeature(WireModel):
@@ -142,9 +145,9 @@ class AppliedFeature(WireModel):
 
 
 class AppliedSteering(WireModel):
-    """What steered a variant: the kind (none, live, profile, cluster, circuit, features), the base's
-    name, the resolved intensity when one was dialled, a circuit's rung, the features set, and the
-    remaining parameters X-miLLM-Steering would carry (version, scope, mode, reason)."""
+    """What steered a variant: the kind (none, live, profile, cluster, circuit, features), the
+    base's name, the resolved intensity when one was dialled, a circuit's rung, the features set,
+    and the remaining parameters X-miLLM-Steering would carry (version, scope, mode, reason)."""
 
     omit_when_none = frozenset({"name", "intensity", "rung", "features"})
     kind: str
@@ -172,7 +175,8 @@ class VariantAnswer(VariantInfo):
 
 
 class Comparison(WireModel):
-    """The non-streamed answer: every variant, and usage over all of them (the prompt counted once)."""
+    """The non-streamed answer: every variant, and usage over all of them (the prompt counted
+    once)."""
 
     id: str
     object: Literal["compare"] = "compare"

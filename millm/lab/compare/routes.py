@@ -30,7 +30,8 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     responses=STREAM_RESPONSE,
 )
 async def compare_variants(body: CompareRequest, request: Request):
-    """Generate the conversation unsteered, live, under a profile, features, a cluster or a circuit, side by side."""
+    """Generate the conversation unsteered, live, under a profile, features, a cluster or a
+    circuit, side by side."""
     reply = await unless_client_leaves(
         request,
         part(request, Comparer).compare(body, strict_mode(request.headers.get(STRICT_HEADER))),

@@ -69,7 +69,8 @@ def variant_rows(
     plans: list[Plan],
     default_max_tokens: int,
 ) -> list[RowSpec]:
-    """One row per plan, in order: the same prompt, sampling and seed (choice 0's), each steered by its plan."""
+    """One row per plan, in order: the same prompt, sampling and seed (choice 0's), each steered
+    by its plan."""
     one = replace(options, n=1)
     return [
         build_rows(
@@ -152,9 +153,11 @@ class Comparer:
         self.state = state
 
     async def compare(self, body: CompareRequest, strict: bool) -> Reply:
-        """Generate the conversation under every variant together; the whole answer or its events."""
+        """Generate the conversation under every variant together; the whole answer or its
+        events."""
         check_rows(body, self.state.settings.max_rows_per_request)
-        if strict:  # as if the template read every optional message key: what is left is unused on any model
+        # as if the template read every optional message key: what is left is unused on any model
+        if strict:
             handle_unused(unused_locations(body, reads=set(TEMPLATE_KEYS)), True)
         books = {
             "profile": self.state.profiles,

@@ -1,5 +1,5 @@
-"""A comparison's variants as steering plans, each resolved as a single /v1 request with that steering
-would be, and described for the answer.
+"""A comparison's variants as steering plans, each resolved as a single /v1 request with that
+steering would be, and described for the answer.
 
 - unsteered: no plan at all (what `steering_intensity: 0` gives);
 - live: the plan a /v1 request gets now (the active profile, cluster or circuit, else the live
@@ -92,7 +92,8 @@ def dial_of(variant: Variant) -> Dial | None:
 def features_edit(
     attached: dict[str, Attached], settings: list[CompareFeature], where: str
 ) -> tuple[ResidualEdit | None, list[AppliedFeature]]:
-    """The residual edit of these feature strengths (None when all are 0) and the features as applied.
+    """The residual edit of these feature strengths (None when all are 0) and the features as
+    applied.
 
     Each index must fit its SAE's width (400 invalid_feature_index); a feature listed twice is a
     400, since which strength was meant is unknowable.
@@ -117,7 +118,8 @@ def features_edit(
 
 
 def describe(plan: Plan, features: list[AppliedFeature] | None = None) -> AppliedSteering:
-    """What the answer says steered a variant: the plan's kind, name, dial and rung, its other parameters."""
+    """What the answer says steered a variant: the plan's kind, name, dial and rung, its other
+    parameters."""
     params = dict(plan.params)
     name = params.pop("name", None)
     return AppliedSteering(

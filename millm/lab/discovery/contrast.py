@@ -45,7 +45,8 @@ from millm.lab.discovery.reads import discovery_read
 
 @dataclass(frozen=True)
 class ContrastResult:
-    """The features that best separate set a from set b: top_k favouring each, strongest effect first."""
+    """The features that best separate set a from set b: top_k favouring each, strongest effect
+    first."""
 
     sae_id: str
     aggregate: Aggregate
@@ -56,7 +57,8 @@ class ContrastResult:
 
 
 def aggregate_read(attached: Attached, aggregate: Aggregate) -> ResidualRead:
-    """A discovery read that keeps, per text, each feature's max or mean over its read positions (numpy `[d_sae]`)."""
+    """A discovery read that keeps, per text, each feature's max or mean over its read positions
+    (numpy `[d_sae]`)."""
 
     def reduce(acts: torch.Tensor, positions: tuple[int, ...]) -> np.ndarray:
         return (acts.max(dim=0).values if aggregate == "max" else acts.mean(dim=0)).numpy()
@@ -78,7 +80,8 @@ def contrast_result(
     aggregate: Aggregate,
     top_k: int,
 ) -> ContrastResult:
-    """The statistics of two sets of per-text aggregates and the top_k features favouring each (numpy; blocking: labels)."""
+    """The statistics of two sets of per-text aggregates and the top_k features favouring each
+    (numpy; blocking: labels)."""
     set_a, set_b = np.stack(a), np.stack(b)
     found = separation(set_a, set_b)
     fired_a, fired_b = (set_a > 0).sum(axis=0), (set_b > 0).sum(axis=0)
@@ -120,18 +123,21 @@ def contrast_prompts_blocking(
     edit: ResidualEdit | None = None,
     cancel: threading.Event | None = None,
 ) -> ContrastResult:
-    """Contrast two sets of token-id prompts from a job's thread (one engine call under a lease on `model`);
-    raises JobCancelled when `cancel` is set before the passes end, InvalidRequest for a prompt under 2 tokens."""
+    """Contrast two sets of token-id prompts from a job's thread (one engine call under a lease on
+    `model`); raises JobCancelled when `cancel` is set before the passes end, InvalidRequest for
+    a prompt under 2 tokens."""
     for name, prompts in (("a", a), ("b", b)):
         for i, prompt in enumerate(prompts):
             if len(prompt) < MIN_TOKENS:
                 raise InvalidRequest(
-                    f"{name}[{i}] is {len(prompt)} token{'s' if len(prompt) != 1 else ''} long; a contrast text needs at least {MIN_TOKENS}",
+                    f"{name}[{i}] is {len(prompt)} token{'s' if len(prompt) != 1 else ''} long; a "
+                    f"contrast text needs at least {MIN_TOKENS}",
                     param=f"{name}[{i}]",
                 )
     if not a or not b or len(a) + len(b) < MIN_TEXTS:
         raise InvalidRequest(
-            f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and {len(b)}",
+            f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and "
+            f"{len(b)}",
             param="b",
         )
     answered = passes_blocking(
@@ -148,7 +154,8 @@ def contrast_prompts_blocking(
 def contrast_prompts(
     lm: LoadedModel, body: ContrastRequest, cap: int
 ) -> tuple[list[list[int]], list[list[int]], SetRead, SetRead]:
-    """Both sets' token ids, each text readable, all within MILLM_DISCOVERY_MAX_TOKENS (blocking: tokenising)."""
+    """Both sets' token ids, each text readable, all within MILLM_DISCOVERY_MAX_TOKENS (blocking:
+    tokenising)."""
     a, b = set_prompts(lm, "a", body.a), set_prompts(lm, "b", body.b)
     check_total(a + b, cap)
     ids_a, ids_b = [ids for _, ids in a], [ids for _, ids in b]

@@ -41,9 +41,10 @@ class ReadSteering:
 NOT_STEERED = ReadSteering(None)
 
 
-# before the model ---------------------------------------------------------------------------------------
+# before the model ---------------------------------------------------------------------------------
 def registered_sae(state: DiscoveryParts, sae_id: str, feature: int | None = None) -> SAEInfo:
-    """The SAE (404 sae_not_found) and, when asked, a feature within its width (400 invalid_feature_index)."""
+    """The SAE (404 sae_not_found) and, when asked, a feature within its width (400
+    invalid_feature_index)."""
     info = state.saes.get(sae_id, read_through=False)  # on the event loop: memory only
     if feature is not None:
         check_feature(info, feature, param="feature")
@@ -51,24 +52,28 @@ def registered_sae(state: DiscoveryParts, sae_id: str, feature: int | None = Non
 
 
 def check_set_sizes(sets: dict[str, TextSet], cap: int) -> None:
-    """Each set within MILLM_DISCOVERY_MAX_TEXTS, and enough texts in all for an effect size (400 naming the set)."""
+    """Each set within MILLM_DISCOVERY_MAX_TEXTS, and enough texts in all for an effect size (400
+    naming the set)."""
     for name, texts in sets.items():
         if texts.size > cap:
             raise InvalidRequest(
-                f"{name}.{texts.field} holds {texts.size} entries; a set takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
+                f"{name}.{texts.field} holds {texts.size} entries; a set takes at most {cap} "
+                "(MILLM_DISCOVERY_MAX_TEXTS)",
                 param=f"{name}.{texts.field}",
             )
     if sum(texts.size for texts in sets.values()) < MIN_TEXTS:
         raise InvalidRequest(
             f"a contrast needs at least {MIN_TEXTS} texts in all (one in each set at least): "
-            "the effect size divides by a pooled standard deviation, which one text per set does not have",
+            "the effect size divides by a pooled standard deviation, which one text per set does "
+            "not have",
             param=min(sets, key=lambda name: sets[name].size),
         )
 
 
 def check_steering_request(state: DiscoveryParts, steering: str | SteerWith | None) -> None:
     """What the asked plan names must exist: the profile (404 naming steering.profile), the SAEs and
-    their widths, the strengths' range, and each feature once (400 naming the entry). Blocking (a store read)."""
+    their widths, the strengths' range, and each feature once (400 naming the entry). Blocking (a
+    store read)."""
     if not isinstance(steering, SteerWith):
         return
     if steering.profile is not None:
@@ -97,15 +102,17 @@ def check_steering_request(state: DiscoveryParts, steering: str | SteerWith | No
         seen.add(key)
 
 
-# with the model -----------------------------------------------------------------------------------------
+# with the model -----------------------------------------------------------------------------------
 def model_to_read(state: DiscoveryParts, asked: str | None) -> str:
-    """The model a read uses: the one asked for, else the loaded one (503 model_not_loaded when none is)."""
+    """The model a read uses: the one asked for, else the loaded one (503 model_not_loaded when
+    none is)."""
     if asked is not None:
         return asked
     lm = state.switch.lm
     if lm is None:
         raise ModelNotLoaded(
-            f"no model is loaded to read with (the server is {state.switch.status.value}); retry once one is",
+            f"no model is loaded to read with (the server is {state.switch.status.value}); retry "
+            "once one is",
             param="model",
         )
     return lm.name
@@ -116,7 +123,8 @@ def attached_sae(state: DiscoveryParts, info: SAEInfo, lm: LoadedModel) -> Attac
     attached = state.steering.attached.get(info.id)
     if attached is None:
         raise InvalidRequest(
-            f"SAE {info.id} is not attached to the loaded model {lm.name!r}; attach it first (POST /api/saes/{info.id}/attach)",
+            f"SAE {info.id} is not attached to the loaded model {lm.name!r}; attach it first "
+            f"(POST /api/saes/{info.id}/attach)",
             param="sae_id",
             code="sae_not_attached",
         )
@@ -124,12 +132,14 @@ def attached_sae(state: DiscoveryParts, info: SAEInfo, lm: LoadedModel) -> Attac
 
 
 def text_prompt(lm: LoadedModel, text: str, param: str) -> list[int]:
-    """A text's token ids, as /v1/completions encodes a prompt (with the tokenizer's special tokens)."""
+    """A text's token ids, as /v1/completions encodes a prompt (with the tokenizer's special
+    tokens)."""
     return token_ids(lm, text, param, InvalidRequest)
 
 
 def conversation_prompt(lm: LoadedModel, messages: list[DiscoveryMessage], param: str) -> list[int]:
-    """A conversation's token ids through the model's chat template, as /v1/chat/completions renders it."""
+    """A conversation's token ids through the model's chat template, as /v1/chat/completions
+    renders it."""
     try:
         ids = chat_prompt_ids(lm.tokenizer, template_messages(list(messages), param))
     except MillmError as exc:
@@ -144,22 +154,24 @@ def conversation_prompt(lm: LoadedModel, messages: list[DiscoveryMessage], param
 
 
 def check_readable(lm: LoadedModel, ids: list[int], param: str) -> list[int]:
-    """A text that fits the context window and has a position to read after the skipped first one."""
+    """A text that fits the context window and has a position to read after the skipped first
+    one."""
     if len(ids) > lm.context_length:
         raise ContextLengthExceeded(
             limit=lm.context_length, prompt_tokens=len(ids), max_tokens=0, param=param
         )
     if len(ids) < MIN_TOKENS:
         raise InvalidRequest(
-            f"{param} is {len(ids)} token{'s' if len(ids) != 1 else ''} long; a read skips the first position (an attention sink), "
-            f"so a text needs at least {MIN_TOKENS} tokens",
+            f"{param} is {len(ids)} token{'s' if len(ids) != 1 else ''} long; a read skips the "
+            f"first position (an attention sink), so a text needs at least {MIN_TOKENS} tokens",
             param=param,
         )
     return ids
 
 
 def check_total(prompts: Iterable[tuple[str, list[int]]], cap: int) -> None:
-    """All texts together within MILLM_DISCOVERY_MAX_TOKENS (400 naming the entry that goes past it)."""
+    """All texts together within MILLM_DISCOVERY_MAX_TOKENS (400 naming the entry that goes past
+    it)."""
     total = 0
     for param, ids in prompts:
         total += len(ids)
@@ -192,8 +204,9 @@ def set_prompts(lm: LoadedModel, name: str, texts: TextSet) -> list[tuple[str, l
 def resolve_steering(
     state: DiscoveryParts, steering: str | SteerWith | None, attached: Attached | None
 ) -> ReadSteering:
-    """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile; or
-    feature strengths on attached SAEs (the inspected one by default). Blocking: a worker thread."""
+    """The asked plan as an edit: none; the live one (what a /v1 request would get now); a profile;
+    or feature strengths on attached SAEs (the inspected one by default). Blocking: a worker
+    thread."""
     if steering is None:
         return NOT_STEERED
     if steering == "live":
@@ -223,7 +236,8 @@ def resolve_steering(
         target = attachments.get(sae_id)
         if target is None:
             raise InvalidRequest(
-                f"steering.features[{i}] steers {sae_id}, which is not attached; attach it first (POST /api/saes/{sae_id}/attach)",
+                f"steering.features[{i}] steers {sae_id}, which is not attached; attach it first "
+                f"(POST /api/saes/{sae_id}/attach)",
                 param=f"steering.features[{i}].sae_id",
                 code="sae_not_attached",
             )

@@ -39,7 +39,8 @@ from millm.lab.discovery.protocol import (
 
 @dataclass(frozen=True)
 class Summary:
-    """Per feature over the read positions: max, mean, positions fired at, peak position; and the asked feature's values."""
+    """Per feature over the read positions: max, mean, positions fired at, peak position; and the
+    asked feature's values."""
 
     positions: tuple[int, ...]
     max: np.ndarray
@@ -67,7 +68,8 @@ def summarise(feature: int | None):
 
 
 def ranked(summary: Summary, sort: str, top_k: int) -> np.ndarray:
-    """The indices of the features that fired, top_k by `sort` (ties: the larger max, then the lower index)."""
+    """The indices of the features that fired, top_k by `sort` (ties: the larger max, then the
+    lower index)."""
     fired = np.flatnonzero(summary.count > 0)
     key = {"max": summary.max, "mean": summary.mean, "count": summary.count}[sort][fired]
     # lexsort: the last key is the primary one
@@ -91,7 +93,8 @@ def inspection_answer(
     body: InspectRequest,
     steered: ReadSteering,
 ) -> InspectResponse:
-    """The response: ranking, labels and token strings (blocking: labels may come from the store)."""
+    """The response: ranking, labels and token strings (blocking: labels may come from the
+    store)."""
     labels = state.saes.labels(attached.info.id)
     strings = token_strings(lm, prompt)
     features = [

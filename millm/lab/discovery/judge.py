@@ -17,7 +17,10 @@ from millm.engine.prompts import chat_prompt_ids, render_chat
 from millm.engine.scoring import Scored
 from millm.errors import InvalidRequest
 
-QUESTION = 'Here is a text:\n\n"""\n{text}\n"""\n\nDoes this text match the description "{goal}"? Answer yes or no.'
+QUESTION = (
+    'Here is a text:\n\n"""\n{text}\n"""\n\nDoes this text match the description "{goal}"? '
+    "Answer yes or no."
+)
 YES = ("Yes", "yes", " Yes", " yes", "YES")
 NO = ("No", "no", " No", " no", "NO")
 
@@ -69,11 +72,13 @@ def judge_tokens(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def judge_for(tokenizer, goal: str) -> GoalJudge:
-    """A judge for `goal`, or 400 when the tokenizer cannot tell a yes from a no by the first token."""
+    """A judge for `goal`, or 400 when the tokenizer cannot tell a yes from a no by the first
+    token."""
     yes, no = judge_tokens(tokenizer)
     if not yes or not no:
         raise InvalidRequest(
-            "this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge AutoSteer's settings",
+            "this model's tokenizer starts 'yes' and 'no' with the same token, so it cannot judge "
+            "AutoSteer's settings",
             param="goal",
         )
     return GoalJudge(goal, yes, no)

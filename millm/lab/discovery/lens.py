@@ -1,10 +1,10 @@
 """POST /api/lens: the logit lens on the held model, steered or not.
 
 One pass over the prompt (unsteered unless `steering` asks, in the vocabulary of inspect), read
-after each chosen block; the lens table is made on the scheduler thread (engine/lens.py) and
-said here with token strings. Refused before any pass: a model on llama.cpp (which keeps the
-final norm and output head the lens runs), a block past the model's depth, a family whose final norm millm
-does not know, and a table past MAX_LENS_CELLS (blocks x positions).
+after each chosen block; the lens table is made on the scheduler thread (engine/lens.py) and said
+here with token strings. Refused before any pass: a model on llama.cpp (which keeps the final norm
+and output head the lens runs), a block past the model's depth, a family whose final norm millm does
+not know, and a table past MAX_LENS_CELLS (blocks x positions).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ MAX_LENS_CELLS = 50_000  # blocks x positions in one answer, each with its top-k
 
 
 def chosen_layers(lm: LoadedModel, body: LensRequest, positions: int) -> list[int]:
-    """The blocks to read (400 naming `layers[i]` past the model's depth, or the table past its cap)."""
+    """The blocks to read (400 naming `layers[i]` past the model's depth, or the table past its
+    cap)."""
     depth = int(lm.config.num_hidden_layers)
     layers = sorted(set(body.layers)) if body.layers is not None else list(range(depth))
     for i, layer in enumerate(body.layers or []):
@@ -40,8 +41,9 @@ def chosen_layers(lm: LoadedModel, body: LensRequest, positions: int) -> list[in
     shown = 1 if body.positions == "last" else positions
     if len(layers) * shown > MAX_LENS_CELLS:
         raise InvalidRequest(
-            f"the lens would have {len(layers) * shown} cells ({len(layers)} blocks x {shown} positions); "
-            f"at most {MAX_LENS_CELLS}: choose fewer layers, positions: last, or a shorter text",
+            f"the lens would have {len(layers) * shown} cells ({len(layers)} blocks x {shown} "
+            f"positions); at most {MAX_LENS_CELLS}: choose fewer layers, positions: last, or a "
+            "shorter text",
             param="layers",
         )
     return layers

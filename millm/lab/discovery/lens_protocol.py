@@ -39,7 +39,8 @@ class LensToken(BaseModel):
 
 
 class LensCell(BaseModel):
-    """One block's reading at one position: its top tokens, and the probability it gives the model's final prediction there."""
+    """One block's reading at one position: its top tokens, and the probability it gives the
+    model's final prediction there."""
 
     layer: int
     top: list[LensToken]

@@ -1,4 +1,5 @@
-"""Bodies and answers of the discovery reads: POST /api/saes/{id}/inspect and /api/saes/{id}/contrast.
+"""Bodies and answers of the discovery reads: POST /api/saes/{id}/inspect and
+/api/saes/{id}/contrast.
 
 Requests are strict and refuse unknown keys (a misspelt `top_k` must not pass for the default).
 What depends on the server (the SAE's width, the caps in settings, the model's tokenizer and
@@ -33,7 +34,8 @@ MESSAGE_SCHEMA: dict[str, Any] = {"allOf": MESSAGE_RULES}
 
 
 class DiscoveryMessage(ChatMessage):
-    """A chat message as /v1/chat/completions takes it, without unknown keys (nothing here would report them)."""
+    """A chat message as /v1/chat/completions takes it, without unknown keys (nothing here would
+    report them)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", json_schema_extra=MESSAGE_SCHEMA)
 
@@ -46,7 +48,8 @@ ModelName = Annotated[
 
 
 class SteerFeature(StrictBody):
-    """One feature to add at `strength` × W_dec[index] (the inspected SAE unless `sae_id` names another attached one)."""
+    """One feature to add at `strength` × W_dec[index] (the inspected SAE unless `sae_id` names
+    another attached one)."""
 
     sae_id: str | None = None
     index: Annotated[int, Field(ge=0)]
@@ -75,8 +78,9 @@ class SteerWith(StrictBody):
 Steering = Annotated[
     Literal["live"] | SteerWith | None,
     Field(
-        description='Unsteered when absent; "live" is the server\'s current steering (as a /v1 request gets it), '
-        'or {"profile": name or id}, or {"features": [{"sae_id"?, "index", "strength"}]}.'
+        description='Unsteered when absent; "live" is the server\'s current steering (as a /v1 '
+        'request gets it), or {"profile": name or id}, or {"features": [{"sae_id"?, "index", '
+        '"strength"}]}.'
     ),
 ]
 
@@ -105,7 +109,8 @@ class InspectRequest(ReadOne):
     top_k: TopK = 20
     sort: Sort = Field(
         "max",
-        description="Rank by the max over read positions, the mean over them, or the count of positions where the feature fires.",
+        description="Rank by the max over read positions, the mean over them, or the count of "
+        "positions where the feature fires.",
     )
     feature: Annotated[int, Field(ge=0)] | None = Field(
         None, description="A feature whose activation at every read position is returned."
@@ -114,7 +119,8 @@ class InspectRequest(ReadOne):
 
 
 class TextSet(StrictBody):
-    """One side of a contrast: texts (encoded as /v1/completions prompts) or conversations (chat template)."""
+    """One side of a contrast: texts (encoded as /v1/completions prompts) or conversations (chat
+    template)."""
 
     model_config = ConfigDict(
         json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["conversations"]}]}
@@ -148,14 +154,16 @@ class ContrastRequest(StrictBody):
     top_k: TopK = 20
     aggregate: Aggregate = Field(
         "max",
-        description="Each text's value of a feature: its max, or its mean, over the text's read positions.",
+        description="Each text's value of a feature: its max, or its mean, over the text's read "
+        "positions.",
     )
     steering: Steering = None
 
 
-# answers ---------------------------------------------------------------------------------------------
+# answers ------------------------------------------------------------------------------------------
 class SteeringUsed(BaseModel):
-    """How the read was steered: none, live, profile, cluster, circuit or features, with what named it."""
+    """How the read was steered: none, live, profile, cluster, circuit or features, with what
+    named it."""
 
     kind: str
     params: dict[str, str | int | float] = {}
@@ -170,7 +178,8 @@ class TokenRead(BaseModel):
 
 
 class InspectFeature(BaseModel):
-    """A feature that fired: its max and mean over the read positions, how many positions it fired at, where it peaked."""
+    """A feature that fired: its max and mean over the read positions, how many positions it
+    fired at, where it peaked."""
 
     index: int
     label: str | None
@@ -197,7 +206,8 @@ class FeatureTrace(BaseModel):
 
 
 class InspectResponse(BaseModel):
-    """The features that fire on the text, top_k by `sort`, and the asked feature's per-token activations."""
+    """The features that fire on the text, top_k by `sort`, and the asked feature's per-token
+    activations."""
 
     object: Literal["sae.inspect"] = "sae.inspect"
     model: str
@@ -213,8 +223,8 @@ class InspectResponse(BaseModel):
 
 
 class ContrastFeature(BaseModel):
-    """A feature's separation of the sets: mean per-text value in each, a - b, Cohen's d (null: infinite,
-    both sets constant and different), and in how many texts of each it fired."""
+    """A feature's separation of the sets: mean per-text value in each, a - b, Cohen's d (null:
+    infinite, both sets constant and different), and in how many texts of each it fired."""
 
     index: int
     label: str | None

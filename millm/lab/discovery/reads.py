@@ -32,7 +32,8 @@ TAG = "discovery"
 
 
 def encode_dense(sae: SAE, residuals: torch.Tensor) -> torch.Tensor:
-    """Every feature's activation at every position `[n, d_sae]` (float32, CPU), encoded in chunks."""
+    """Every feature's activation at every position `[n, d_sae]` (float32, CPU), encoded in
+    chunks."""
     out = [
         sae.encode(residuals[start : start + ENCODE_CHUNK].to(sae.W_enc.device)).float().cpu()
         for start in range(0, residuals.shape[0], ENCODE_CHUNK)
@@ -44,7 +45,8 @@ def discovery_read(
     attached: Attached, summarise: Callable[[torch.Tensor, tuple[int, ...]], Any]
 ) -> ResidualRead:
     """A read of every prompt position but the first at the SAE's point (after any edit there),
-    whose dense activations `[n, d_sae]` and the positions they are at go to `summarise`, on the scheduler thread."""
+    whose dense activations `[n, d_sae]` and the positions they are at go to `summarise`, on the
+    scheduler thread."""
 
     def encode(residuals: torch.Tensor) -> Any:
         with torch.inference_mode():
@@ -61,7 +63,8 @@ async def read_passes(
     reads: tuple[ResidualRead, ...],
     edit: ResidualEdit | None = None,
 ) -> ScoresReady:
-    """One pass per prompt on the scheduler thread for the request holding the model's lease; the reads' summaries come back in `ScoresReady.reads`."""
+    """One pass per prompt on the scheduler thread for the request holding the model's lease; the
+    reads' summaries come back in `ScoresReady.reads`."""
     return await answered(
         state.switch.submit,
         ScoresReady,

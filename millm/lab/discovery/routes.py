@@ -1,8 +1,8 @@
 """POST /api/saes/{id}/inspect and /api/saes/{id}/contrast: discovery reads through an attached SAE;
 POST /api/lens: the logit lens.
 
-Inference-class routes (the API key opens them, see server/access.py): they read the model and change
-nothing. The work runs on the scheduler thread; a client that leaves cancels it.
+Inference-class routes (the API key opens them, see server/access.py): they read the model and
+change nothing. The work runs on the scheduler thread; a client that leaves cancels it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ router = APIRouter(route_class=JsonRoute)
     response_model=InspectResponse,
 )
 async def inspect(sae_id: str, body: InspectRequest, request: Request) -> InspectResponse:
-    """Top features over the read positions (max, mean, count), with labels, and one feature's activation per token; unsteered unless `steering` asks."""
+    """Top features over the read positions (max, mean, count), with labels, and one feature's
+    activation per token; unsteered unless `steering` asks."""
     return await unless_client_leaves(request, part(request, Discovery).inspect(sae_id, body))
 
 
@@ -40,7 +41,8 @@ async def inspect(sae_id: str, body: InspectRequest, request: Request) -> Inspec
     response_model=ContrastResponse,
 )
 async def contrast(sae_id: str, body: ContrastRequest, request: Request) -> ContrastResponse:
-    """Per feature: each set's mean per-text value, the difference and Cohen's d; the top_k favouring each set, with labels."""
+    """Per feature: each set's mean per-text value, the difference and Cohen's d; the top_k
+    favouring each set, with labels."""
     return await unless_client_leaves(request, part(request, Discovery).contrast(sae_id, body))
 
 
@@ -50,6 +52,7 @@ async def contrast(sae_id: str, body: ContrastRequest, request: Request) -> Cont
     response_model=LensResponse,
 )
 async def lens(body: LensRequest, request: Request) -> LensResponse:
-    """Each chosen block's output through the model's final norm and head: the top tokens per position,
-    and the probability each block gives the model's final prediction; unsteered unless `steering` asks."""
+    """Each chosen block's output through the model's final norm and head: the top tokens per
+    position, and the probability each block gives the model's final prediction; unsteered unless
+    `steering` asks."""
     return await unless_client_leaves(request, part(request, Discovery).lens(body))

@@ -37,7 +37,8 @@ class Discovery:
         self.state = state
 
     async def inspect(self, sae_id: str, body: InspectRequest) -> InspectResponse:
-        """POST /api/saes/{id}/inspect: the features that fire on the text, with labels, and the asked feature per token."""
+        """POST /api/saes/{id}/inspect: the features that fire on the text, with labels, and the
+        asked feature per token."""
         info = registered_sae(self.state, sae_id, body.feature)
         await to_thread.run_sync(check_steering_request, self.state, body.steering)
         lm = await self.state.switch.acquire(model_to_read(self.state, body.model))
@@ -61,7 +62,8 @@ class Discovery:
         )
 
     async def contrast(self, sae_id: str, body: ContrastRequest) -> ContrastResponse:
-        """POST /api/saes/{id}/contrast: the features that best separate set a from set b, with labels."""
+        """POST /api/saes/{id}/contrast: the features that best separate set a from set b, with
+        labels."""
         info = registered_sae(self.state, sae_id)
         check_set_sizes({"a": body.a, "b": body.b}, self.state.settings.discovery_max_texts)
         await to_thread.run_sync(check_steering_request, self.state, body.steering)

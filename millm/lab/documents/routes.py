@@ -1,4 +1,5 @@
-"""/api/clusters and /api/circuits: import miStudio documents, export them raw, make one the steering base.
+"""/api/clusters and /api/circuits: import miStudio documents, export them raw, make one the
+steering base.
 
 The routes both kinds share (list, get, export, delete, deactivate) are made once per kind.
 """
@@ -26,7 +27,8 @@ router = APIRouter(route_class=JsonRoute)
 async def import_clusters(
     request: Request, on_conflict: Literal["rename", "fail"] = "rename", activate: bool = False
 ):
-    """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering base."""
+    """Validated whole (1 MB cap); `activate` makes the (first) imported cluster the steering
+    base."""
     raw = await request.body()
     return await run_in_threadpool(
         part(request, BaseManagement).import_clusters, raw, on_conflict, activate
@@ -54,7 +56,8 @@ async def import_circuit(request: Request, on_conflict: Literal["rename", "fail"
 
 @router.get("/api/circuits/active", summary="The active circuit and whether it steers now")
 def active_circuit(request: Request):
-    """`steering` says whether and how it steers: read it (not the row) before describing evidence."""
+    """`steering` says whether and how it steers: read it (not the row) before describing
+    evidence."""
     return part(request, BaseManagement).active_circuit()
 
 

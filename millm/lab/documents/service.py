@@ -68,7 +68,7 @@ class BaseManagement:
         """Back to the live values as the base, if one of this kind was active."""
         return {"deactivated": self.state.steering.deactivate(kind)}
 
-    # clusters ------------------------------------------------------------------------------------------
+    # clusters -------------------------------------------------------------------------------------
     def cluster_view(self, row: dict) -> dict:
         """A cluster: name, members, declared range, persistent dial, whether active."""
         document = self.state.clusters.document(row)
@@ -99,9 +99,11 @@ class BaseManagement:
         }
 
     def import_clusters(self, raw: bytes, on_conflict: str, activate: bool) -> dict:
-        """Import a definition or a bundle; `activate` makes the (first) one the base, all or nothing."""
+        """Import a definition or a bundle; `activate` makes the (first) one the base, all or
+        nothing."""
         with self.state.steering.lock:
-            # An import that is to be activated must bind first: a refused activation stores nothing either.
+            # An import that is to be activated must bind first: a refused activation stores nothing
+            # either.
             check = (
                 (lambda definitions: cluster_binding(definitions[0], self.state.steering.attached))
                 if activate
@@ -115,7 +117,8 @@ class BaseManagement:
             return result
 
     def set_cluster_intensity(self, key: str, intensity: float) -> dict:
-        """A cluster's persistent dial within [0, max]; an active cluster's change is live at once."""
+        """A cluster's persistent dial within [0, max]; an active cluster's change is live at
+        once."""
         with self.state.steering.lock:
             row = self.state.clusters.set_intensity(key, intensity)
             if self.is_active("cluster", row["id"]):
@@ -123,7 +126,8 @@ class BaseManagement:
             return self.cluster_view(row)
 
     def activate_cluster_row(self, row: dict) -> dict:
-        """Check the cluster against the attached SAE (400 with the figures), then make it the base."""
+        """Check the cluster against the attached SAE (400 with the figures), then make it the
+        base."""
         binding = cluster_binding(self.state.clusters.document(row), self.state.steering.attached)
         self.state.steering.set_active("cluster", row["id"])
         return {"binding": binding.to_dict(), "live": self.state.steering.enabled}
@@ -135,7 +139,7 @@ class BaseManagement:
             activation = self.activate_cluster_row(row)
             return {**self.cluster_view(row), **activation}
 
-    # circuits --------------------------------------------------------------------------------------------
+    # circuits -------------------------------------------------------------------------------------
     def steering_status(self, row: dict | None) -> dict:
         """Whether and how a circuit is steering now: mode, bindings, rung and its language."""
         if row is None:
@@ -169,7 +173,8 @@ class BaseManagement:
             "bindings": [b.to_dict() for b in status.bindings.values()],
             "rung": status.rung,
             "language": RUNG_LANGUAGE[status.rung],
-            # The rung header (and its language) is promised only while a circuit genuinely steers in full.
+            # The rung header (and its language) is promised only while a circuit genuinely steers
+            # in full.
             "rung_header": steering and status.mode == "full",
         }
 
@@ -214,13 +219,15 @@ class BaseManagement:
             }
 
     def activate_circuit(self, key: str, acknowledge_rung: bool) -> dict:
-        """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not causal)."""
+        """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not
+        causal)."""
         with self.state.steering.lock:
             row = self.state.circuits.find(key)
             level = self.state.circuits.rung(self.state.circuits.document(row))
             if level < 2 and not acknowledge_rung:
                 raise InvalidRequest(
-                    f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its edges are not causally validated; "
+                    f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its "
+                    "edges are not causally validated; "
                     'send {"acknowledge_rung": true} to activate it anyway',
                     param="acknowledge_rung",
                     code="rung_not_acknowledged",

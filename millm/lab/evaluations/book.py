@@ -53,7 +53,8 @@ class EvaluationBook:
         """409 evaluations_full when no more can be kept."""
         if count_evaluations(self.store) >= self.limit:
             raise Conflict(
-                f"{self.limit} evaluations are stored, the most this server keeps; delete one first",
+                f"{self.limit} evaluations are stored, the most this server keeps; delete one "
+                "first",
                 code="evaluations_full",
             )
 
@@ -84,7 +85,8 @@ class EvaluationBook:
         return EvaluationDeleted(id=evaluation_id)
 
     def csv(self, evaluation_id: str) -> str:
-        """One line per answer: the candidate, its strength, the instruction, the text and its scores."""
+        """One line per answer: the candidate, its strength, the instruction, the text and its
+        scores."""
         result = self.get(evaluation_id)
         out = io.StringIO()
         writer = csv.writer(out)

@@ -9,8 +9,8 @@ aggregate is the harmonic mean of its three ratings (AxBench); a point's figures
 over its answers; a candidate's best point is its highest mean harmonic mean (the first, on a
 tie). The unsteered answers are the baseline every candidate is read against.
 
-Every forward pass runs on the scheduler thread through kernel/runtime/blocking.py, under a lease per
-call, and the job yields the scheduler to serving between its passes (MILLM_JOB_SHARE).
+Every forward pass runs on the scheduler thread through kernel/runtime/blocking.py, under a lease
+per call, and the job yields the scheduler to serving between its passes (MILLM_JOB_SHARE).
 """
 
 from __future__ import annotations
@@ -199,7 +199,8 @@ def assemble(
     job_id: str,
     complete: bool,
 ) -> EvaluationResult:
-    """The stored document: each candidate's best point, and the ranking of those (the baseline among them)."""
+    """The stored document: each candidate's best point, and the ranking of those (the baseline
+    among them)."""
     for result in results:
         result.best = max(result.points, key=lambda p: p.harmonic_mean, default=None)
     lines = [("unsteered", "unsteered", baseline)] if baseline is not None else []

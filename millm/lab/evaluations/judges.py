@@ -44,8 +44,8 @@ def digit_tokens(tokenizer) -> tuple[int, ...]:
     ids = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in DIGITS]
     if any(len(one) != 1 for one in ids) or len({one[0] for one in ids}) != len(DIGITS):
         raise InvalidRequest(
-            "this model's tokenizer does not spell 0, 1 and 2 as one token each, so it cannot rate on AxBench's scale; "
-            "use judge: remote",
+            "this model's tokenizer does not spell 0, 1 and 2 as one token each, so it cannot "
+            "rate on AxBench's scale; use judge: remote",
             param="judge",
         )
     return tuple(one[0] for one in ids)
@@ -177,7 +177,8 @@ def judge_for(
     settings = state.settings
     if not settings.judge_base_url or not settings.judge_model:
         raise InvalidRequest(
-            "no remote judge is configured on this server (MILLM_JUDGE_BASE_URL and MILLM_JUDGE_MODEL)",
+            "no remote judge is configured on this server (MILLM_JUDGE_BASE_URL and "
+            "MILLM_JUDGE_MODEL)",
             param="judge",
         )
     return RemoteJudge(settings.judge_base_url, settings.judge_model, settings.judge_api_key)

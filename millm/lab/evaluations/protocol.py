@@ -65,12 +65,14 @@ class ProfileCandidate(Body):
 
 
 class PromptCandidate(Body):
-    """The prompting baseline: the concept asked for in a system message (AxBench's strongest method)."""
+    """The prompting baseline: the concept asked for in a system message (AxBench's strongest
+    method)."""
 
     kind: Literal["prompt"]
     system: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = Field(
         None,
-        description="The system message; {concept} stands for the concept (default: a built-in one).",
+        description="The system message; {concept} stands for the concept (default: a built-in "
+        "one).",
     )
 
 
@@ -94,15 +96,16 @@ class EvaluationRequest(Body):
     max_tokens: Annotated[int, Field(ge=1, le=256)] = 48
     judge: Literal["likelihood", "rating", "remote"] = Field(
         "likelihood",
-        description="likelihood: the loaded model's likelihoods, unsteered, read as the three ratings (for models "
-        "too small to answer a rating question); rating: the loaded model, unsteered, answering AxBench's rating "
-        "questions; remote: the OpenAI-compatible judge the operator configured (MILLM_JUDGE_BASE_URL, MILLM_JUDGE_MODEL) "
-        "answering them.",
+        description="likelihood: the loaded model's likelihoods, unsteered, read as the three "
+        "ratings (for models too small to answer a rating question); rating: the loaded model, "
+        "unsteered, answering AxBench's rating questions; remote: the OpenAI-compatible judge the "
+        "operator configured (MILLM_JUDGE_BASE_URL, MILLM_JUDGE_MODEL) answering them.",
     )
 
 
 class Sample(BaseModel):
-    """One answer and its ratings (0-2), their harmonic mean, and its perplexity under the unsteered model."""
+    """One answer and its ratings (0-2), their harmonic mean, and its perplexity under the
+    unsteered model."""
 
     instruction: int  # its index in `instructions`
     text: str
@@ -114,7 +117,8 @@ class Sample(BaseModel):
 
 
 class Point(BaseModel):
-    """One setting (a strength or an intensity; None for a fixed one): the means over its answers."""
+    """One setting (a strength or an intensity; None for a fixed one): the means over its
+    answers."""
 
     strength: float | None
     concept: float

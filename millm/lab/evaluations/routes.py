@@ -29,13 +29,15 @@ router = APIRouter(route_class=JsonRoute)
     response_model=JobView,
     responses={
         202: {
-            "description": "The job, started: follow it at GET /api/jobs/{id}; its result is the stored evaluation"
+            "description": "The job, started: follow it at GET /api/jobs/{id}; its result is the "
+            "stored evaluation"
         }
     },
 )
 def start_evaluation(body: EvaluationRequest, request: Request) -> JSONResponse:
     """Every candidate at every strength answers every instruction; the answers are rated for the
-    concept, the instruction and fluency (0-2), and their perplexity measured under the unsteered model."""
+    concept, the instruction and fluency (0-2), and their perplexity measured under the unsteered
+    model."""
     view = part(request, EvaluationManagement).start(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 

@@ -49,7 +49,8 @@ def questions(concept: str, instruction: str, text: str) -> dict[str, str]:
 
 
 def expected_rating(probabilities: dict[str, float]) -> float | None:
-    """sum(k * P(k)) over the digits, normalised over them; None when the judge gave none of them any mass."""
+    """sum(k * P(k)) over the digits, normalised over them; None when the judge gave none of them
+    any mass."""
     total = sum(probabilities.get(d, 0.0) for d in DIGITS)
     if total <= 0 or not math.isfinite(total):
         return None

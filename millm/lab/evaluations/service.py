@@ -30,7 +30,8 @@ class EvaluationManagement:
         self.book = book
 
     def start(self, body: EvaluationRequest) -> JobView:
-        """Check the request against the loaded model, then start the job (its view is the answer)."""
+        """Check the request against the loaded model, then start the job (its view is the
+        answer)."""
         lm = self.state.switch.lm
         if lm is None:
             raise ModelNotLoaded("no model is loaded to evaluate; load one first")
@@ -40,8 +41,9 @@ class EvaluationManagement:
         settings = 1 + sum(len(sweep.settings) for sweep in sweeps)
         if settings * len(instructions) > MAX_ANSWERS:
             raise InvalidRequest(
-                f"this evaluation makes {settings * len(instructions)} answers ({settings} settings, the unsteered "
-                f"baseline included, x {len(instructions)} instructions); at most {MAX_ANSWERS}: sweep fewer strengths",
+                f"this evaluation makes {settings * len(instructions)} answers ({settings} "
+                f"settings, the unsteered baseline included, x {len(instructions)} instructions); "
+                f"at most {MAX_ANSWERS}: sweep fewer strengths",
                 param="candidates",
             )
         for sweep in sweeps:  # a template without a system role refuses the prompting baseline now
@@ -51,14 +53,15 @@ class EvaluationManagement:
                         prompt_of(lm.tokenizer, instructions[0], setting.system)
                     except Exception as exc:
                         raise InvalidRequest(
-                            f"{lm.name}'s chat template cannot take the prompting baseline's system message ({exc})",
+                            f"{lm.name}'s chat template cannot take the prompting baseline's "
+                            f"system message ({exc})",
                             param="candidates",
                         ) from None
         longest = max(len(prompt_of(lm.tokenizer, text, None)) for text in instructions)
         if longest + body.max_tokens > lm.context_length:
             raise InvalidRequest(
-                f"an instruction ({longest} tokens) and max_tokens {body.max_tokens} exceed the model's window "
-                f"({lm.context_length} tokens)",
+                f"an instruction ({longest} tokens) and max_tokens {body.max_tokens} exceed the "
+                f"model's window ({lm.context_length} tokens)",
                 param="max_tokens",
             )
         hypotheses = tuple(dict.fromkeys((*instructions, *DEFAULT_INSTRUCTIONS)))
@@ -68,7 +71,8 @@ class EvaluationManagement:
         )
         return self.state.jobs.start(
             "evaluation",
-            f"Evaluate {counted(len(sweeps), 'candidate')} for {body.concept!r} over {counted(len(instructions), 'instruction')}",
+            f"Evaluate {counted(len(sweeps), 'candidate')} for {body.concept!r} over "
+            f"{counted(len(instructions), 'instruction')}",
             settings,
             "settings",
             lambda handle: run_evaluation(self.state, prep, self.book, handle).model_dump(

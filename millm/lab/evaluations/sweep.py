@@ -60,7 +60,8 @@ class Sweep:
 
 
 def resolve(state: EvaluationParts, body: EvaluationRequest) -> list[Sweep]:
-    """Every candidate's sweep; 400 naming the candidate for one that cannot run on the loaded model."""
+    """Every candidate's sweep; 400 naming the candidate for one that cannot run on the loaded
+    model."""
     sweeps = []
     for i, candidate in enumerate(body.candidates):
         where = f"candidates[{i}]"

@@ -1,15 +1,16 @@
 """The explaining job: a calibrated SAE's features explained by a model and scored by detection.
 
 The job reads the calibration's corpus again through the attached SAE, once for all its features
-(the same reads, so a feature's top window holds exactly the calibration's largest activation;
-each pass stops at the SAE's layer, since nothing after it is used), keeping the chosen features'
+(the same reads, so a feature's top window holds exactly the calibration's largest activation; each
+pass stops at the SAE's layer, since nothing after it is used), keeping the chosen features'
 activation at every token; its result counts the texts read (`texts_read` of `texts`), and a
-feature's windows are the same whichever other features share the job. Then, feature by feature: delphi's windows and samples
-(lab/labels/explain_examples.py), the explainer's chat (lab/labels/explain_prompts.py), the explanation,
-the scorer's answer for every held-out text, the detection score, and one store write. Every
-explanation is stored as soon as it is scored, beside the labels (never over one), so a job that
-fails or is cancelled later keeps what it wrote. Engine work goes through the scheduler
-(kernel/runtime/blocking.py); the job's own thread does numpy and the tokenizer only.
+feature's windows are the same whichever other features share the job. Then, feature by feature:
+delphi's windows and samples (lab/labels/explain_examples.py), the explainer's chat
+(lab/labels/explain_prompts.py), the explanation, the scorer's answer for every held-out text, the
+detection score, and one store write. Every explanation is stored as soon as it is scored, beside
+the labels (never over one), so a job that fails or is cancelled later keeps what it wrote. Engine
+work goes through the scheduler (kernel/runtime/blocking.py); the job's own thread does numpy and
+the tokenizer only.
 
 Over 400 lines because it is one job's steps in the order they run (read, window, explain,
 score, store, each a function); the windows, prompts and scoring it calls live in their own
@@ -80,8 +81,8 @@ def beside_writer(state: LabelParts, request: ExplainRequest, served: str) -> Be
         return None
     if len(set(named.values())) > 1:
         raise InvalidRequest(
-            "scorer_model: one model at a time is loaded beside the served one; name the explainer's "
-            "model, the served model or the endpoint to score",
+            "scorer_model: one model at a time is loaded beside the served one; name the "
+            "explainer's model, the served model or the endpoint to score",
             param="scorer_model",
         )
     param, name = next(iter(named.items()))
@@ -111,7 +112,8 @@ def selected(
     cap = state.settings.explain_max_features
     if len(features) > cap:
         raise InvalidRequest(
-            f"{param}: {len(features)} features are over MILLM_EXPLAIN_MAX_FEATURES ({cap}); explain fewer at a time",
+            f"{param}: {len(features)} features are over MILLM_EXPLAIN_MAX_FEATURES ({cap}); "
+            "explain fewer at a time",
             param=param,
         )
     if not features:
@@ -186,8 +188,8 @@ class ExplainRun:
         return result
 
     def outcome(self, done: list[dict], skipped: list[dict]) -> dict:
-        """The result so far: the SAE and features the job covers, what it wrote and skipped (copies:
-        the job goes on appending while a reader serialises them)."""
+        """The result so far: the SAE and features the job covers, what it wrote and skipped
+        (copies: the job goes on appending while a reader serialises them)."""
         return {
             "sae_id": self.attached.info.id,
             "features": list(self.features),

@@ -81,7 +81,8 @@ def choose(
     per_quantile: int,
     seed: int,
 ) -> Examples:
-    """The top windows, then quantile samples of the other activating windows and as many quiet ones."""
+    """The top windows, then quantile samples of the other activating windows and as many quiet
+    ones."""
     firing = [w for w in all_windows if w.peak > 0]
     order = sorted(range(len(firing)), key=lambda i: (-firing[i].peak, i))
     chosen = [firing[i] for i in order[:top]]

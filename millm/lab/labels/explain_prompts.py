@@ -76,7 +76,8 @@ def marked(tokens: list[str], chosen: list[bool]) -> str:
 
 
 def fuzz_marks(activations: list[float]) -> list[bool]:
-    """Where delphi's fuzzing scorer marks an activating window: at or above THRESHOLD × its peak."""
+    """Where delphi's fuzzing scorer marks an activating window: at or above THRESHOLD × its
+    peak."""
     threshold = max(activations) * THRESHOLD
     return [a >= threshold for a in activations]
 
@@ -142,6 +143,7 @@ def detection_messages(explanation: str, text: str) -> Messages:
 
 
 def fuzzing_messages(explanation: str, marked_text: str) -> Messages:
-    """The chat that asks whether every marked token of one text fits the explanation (delphi's fuzzing prompt)."""
+    """The chat that asks whether every marked token of one text fits the explanation (delphi's
+    fuzzing prompt)."""
     prompt = _module("scorers/classifier/prompts/fuzz_prompt.py").prompt
     return list(prompt(f"Example 0: {marked_text}", explanation))

@@ -42,7 +42,8 @@ class BalancedScore(BaseModel):
 
 def balanced_score(judged: list[ScoredText]) -> BalancedScore:
     """Balanced accuracy (and its parts) over the texts that got an answer."""
-    # Imported here: sklearn.metrics (with SciPy and pandas) is 1.5 s of every server start otherwise.
+    # Imported here: sklearn.metrics (with SciPy and pandas) is 1.5 s of every server start
+    # otherwise.
     from sklearn.metrics import roc_auc_score
 
     answered = [j for j in judged if j.probability is not None]

@@ -36,8 +36,8 @@ class Labelling:
         summary = self.state.calibrations.summary(sae_id, lm.name)
         if summary is None:
             raise InvalidRequest(
-                f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the calibration's examples; "
-                f"calibrate first (POST /api/saes/{sae_id}/calibrate)",
+                f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the "
+                f"calibration's examples; calibrate first (POST /api/saes/{sae_id}/calibrate)",
                 param="sae_id",
                 code="sae_not_calibrated",
             )
@@ -48,8 +48,10 @@ class Labelling:
         if held > cap:
             param = request.selection
             raise InvalidRequest(
-                f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} tokens would keep "
-                f"{held / 2**20:.1f} MiB of activations (MILLM_EXPLAIN_MAX_ACTIVATION_BYTES: {cap / 2**20:.1f} MiB); explain fewer features at a time",
+                f"{param}: {len(features)} features over a corpus of {corpus_tokens.tokens} "
+                f"tokens would keep {held / 2**20:.1f} MiB of activations "
+                f"(MILLM_EXPLAIN_MAX_ACTIVATION_BYTES: {cap / 2**20:.1f} MiB); explain fewer "
+                "features at a time",
                 param=param,
             )
         beside = beside_writer(self.state, request, lm.name)

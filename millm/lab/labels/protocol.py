@@ -49,14 +49,17 @@ class ExplainRequest(BaseModel):
     range: FeatureRange | None = Field(None, description="Features start to end - 1.")
     unlabelled: Annotated[int, Field(ge=1)] | None = Field(
         None,
-        description="The first N features (by index) that fired in the calibration and have no label or explanation yet.",
+        description="The first N features (by index) that fired in the calibration and have no "
+        "label or explanation yet.",
     )
     densest: Annotated[int, Field(ge=1)] | None = Field(
         None, description="The N features that fired most often in the calibration."
     )
     explainer: Who = Field(
         "served",
-        description="Who writes each explanation: the served model (unsteered), another registered model (model: explainer_model, loaded beside the served one for the job), or the OpenAI-compatible endpoint the operator configured (MILLM_EXPLAINER_BASE_URL).",
+        description="Who writes each explanation: the served model (unsteered), another "
+        "registered model (model: explainer_model, loaded beside the served one for the job), or "
+        "the OpenAI-compatible endpoint the operator configured (MILLM_EXPLAINER_BASE_URL).",
     )
     explainer_model: str | None = Field(
         None,
@@ -67,14 +70,16 @@ class ExplainRequest(BaseModel):
     scorer_model: str | None = Field(
         None,
         validate_default=True,
-        description='With scorer "model": the registered model that scores (default: the explainer\'s, when the scorer is left to follow it).',
+        description='With scorer "model": the registered model that scores (default: the '
+        "explainer's, when the scorer is left to follow it).",
     )
     top_examples: Annotated[int, Field(ge=1, le=MAX_TOP_EXAMPLES)] = Field(
         20, description="The feature's top windows the explainer reads."
     )
     held_out: Annotated[int, Field(ge=2, le=MAX_HELD_OUT)] = Field(
         20,
-        description="Activating windows the scorer is tested on (quantile-sampled, none among the top ones), and as many quiet ones.",
+        description="Activating windows the scorer is tested on (quantile-sampled, none among the "
+        "top ones), and as many quiet ones.",
     )
     quantiles: Annotated[int, Field(ge=1, le=10)] = Field(
         10, description="Activation bins the held-out windows are drawn from."
@@ -88,11 +93,15 @@ class ExplainRequest(BaseModel):
     )
     answer_start: bool = Field(
         True,
-        description="Begin the served explainer's answer with delphi's '[EXPLANATION]:' tag and take the line it writes (small models seldom write the tag themselves); false asks as delphi does.",
+        description="Begin the served explainer's answer with delphi's '[EXPLANATION]:' tag and "
+        "take the line it writes (small models seldom write the tag themselves); false asks as "
+        "delphi does.",
     )
     score_labels: bool = Field(
         False,
-        description="Score each feature's own label (a file's or a user's) the same way instead of writing an explanation; stored as an explanation by label:<source>, the label untouched.",
+        description="Score each feature's own label (a file's or a user's) the same way instead "
+        "of writing an explanation; stored as an explanation by label:<source>, the label "
+        "untouched.",
     )
     scoring: list[Literal["detection", "fuzzing"]] = Field(
         ["detection", "fuzzing"],
@@ -101,7 +110,8 @@ class ExplainRequest(BaseModel):
     )
     corpus: Literal["demo"] | None = Field(
         None,
-        description='The corpus to read examples from: "demo", or texts and/or conversations; default: the calibration\'s when it was the shipped one.',
+        description='The corpus to read examples from: "demo", or texts and/or conversations; '
+        "default: the calibration's when it was the shipped one.",
     )
     texts: list[Annotated[str, Field(min_length=1)]] | None = None
     conversations: list[Annotated[list[CalibrationMessage], Field(min_length=1)]] | None = None
@@ -118,7 +128,8 @@ class ExplainRequest(BaseModel):
 
     @property
     def scorer_kind(self) -> tuple[Who, str | None]:
-        """Who scores, and which registered model when that is "model" (the explainer's by default)."""
+        """Who scores, and which registered model when that is "model" (the explainer's by
+        default)."""
         if self.scorer is None:
             return self.explainer, self.explainer_model
         return self.scorer, self.scorer_model

@@ -29,7 +29,8 @@ router = APIRouter(route_class=JsonRoute)
 
 FORMAT = Query(
     alias="format",
-    description="Force the document's format; by default it is detected (text/csv or non-JSON: CSV).",
+    description="Force the document's format; by default it is detected (text/csv or non-JSON: "
+    "CSV).",
 )
 EXPORTS = {"json": "json", "csv": "csv", "neuronpedia": "json", "mistudio": "json"}
 EXPORT_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -71,8 +72,9 @@ async def _import(request: Request, sae_id: str, fmt: str | None, replace: bool)
 async def put_labels(
     sae_id: str, request: Request, fmt: Annotated[LabelFormat | None, FORMAT] = None
 ) -> LabelImport:
-    """The document (Neuronpedia export or feature answer, miStudio explanations, {index: label} JSON, or
-    index,label CSV) becomes the SAE's whole set of labels; refused whole (400) if any entry is bad."""
+    """The document (Neuronpedia export or feature answer, miStudio explanations, {index: label}
+    JSON, or index,label CSV) becomes the SAE's whole set of labels; refused whole (400) if any
+    entry is bad."""
     return await _import(request, sae_id, fmt, replace=True)
 
 
@@ -98,12 +100,13 @@ def get_labels(
     detail: Annotated[
         bool,
         Query(
-            description="json only: each value an object with the label and what its source said beside it"
+            description="json only: each value an object with the label and what its source said "
+            "beside it"
         ),
     ] = False,
 ) -> Response:
-    """json: {index: label}; csv: index,label; neuronpedia: the explanation export list; mistudio: its
-    explanations.json. Each re-imports (PUT) to the same set."""
+    """json: {index: label}; csv: index,label; neuronpedia: the explanation export list; mistudio:
+    its explanations.json. Each re-imports (PUT) to the same set."""
     media_type, body = part(request, FeatureManagement).export_labels(sae_id, fmt, detail)
     disposition = f'attachment; filename="{sae_id}-labels-{fmt}.{EXPORTS[fmt]}"'
     return Response(body, media_type=media_type, headers={"content-disposition": disposition})
@@ -138,12 +141,14 @@ def search_features(
     by: Annotated[
         SearchBy,
         Query(
-            description="text: BM25 over the words; meaning: cosine of embeddings (the served model's, or MILLM_EMBEDDINGS_BASE_URL's); both: the two fused by reciprocal rank"
+            description="text: BM25 over the words; meaning: cosine of embeddings (the served "
+            "model's, or MILLM_EMBEDDINGS_BASE_URL's); both: the two fused by reciprocal rank"
         ),
     ] = "text",
 ) -> FeatureSearch:
-    """Labelled features ranked by relevance of their label, top tokens and example to `q` (score: larger
-    is better), by words, meaning or both; an empty `q` lists every labelled feature by index."""
+    """Labelled features ranked by relevance of their label, top tokens and example to `q` (score:
+    larger is better), by words, meaning or both; an empty `q` lists every labelled feature by
+    index."""
     return part(request, FeatureManagement).search_features(sae_id, q, limit, by)
 
 
@@ -155,8 +160,8 @@ def search_features(
 async def feature_detail(
     sae_id: str, index: int, request: Request, k: Annotated[int, Query(ge=1, le=100)] = 10
 ) -> FeatureDetail:
-    """The feature's label (with its source and detail), ||W_dec[index]||, and the `k` features whose
-    decoder rows have the highest cosine with its own."""
+    """The feature's label (with its source and detail), ||W_dec[index]||, and the `k` features
+    whose decoder rows have the highest cosine with its own."""
     return await part(request, FeatureManagement).feature_detail(sae_id, index, k)
 
 

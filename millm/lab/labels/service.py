@@ -83,7 +83,8 @@ class Neighbour(BaseModel):
 
 
 class FeatureDetail(BaseModel):
-    """One feature: its label (with source and detail), decoder norm and nearest features by decoder cosine."""
+    """One feature: its label (with source and detail), decoder norm and nearest features by
+    decoder cosine."""
 
     object: str = "feature"
     sae_id: str
@@ -99,7 +100,7 @@ class FeatureDetail(BaseModel):
     explanations: list[ExplanationView] = []  # what models wrote for it, beside its label
 
 
-# labels ------------------------------------------------------------------------------------------------
+# labels -------------------------------------------------------------------------------------------
 
 
 def _neuronpedia_ids(info: SAEInfo) -> tuple[str | None, str]:
@@ -120,8 +121,8 @@ class FeatureManagement:
     def import_labels(
         self, sae_id: str, raw: bytes, content_type: str | None, fmt: str | None, replace: bool
     ) -> LabelImport:
-        """Read a labels document (any accepted format), check it against the SAE's width, and replace
-        the SAE's set with it or merge it in; all or nothing."""
+        """Read a labels document (any accepted format), check it against the SAE's width, and
+        replace the SAE's set with it or merge it in; all or nothing."""
         info = self.state.saes.get(sae_id)
         document, counts = import_document(self.state.labels, info, raw, content_type, fmt, replace)
         return LabelImport(
@@ -235,7 +236,8 @@ class FeatureManagement:
         )
 
     def calibration_model(self, sae_id: str) -> str | None:
-        """The model whose calibration of the SAE the feature routes show: the loaded (or last) model's, when there is one."""
+        """The model whose calibration of the SAE the feature routes show: the loaded (or last)
+        model's, when there is one."""
         model = (
             self.state.switch.lm.name
             if self.state.switch.lm is not None
@@ -243,7 +245,7 @@ class FeatureManagement:
         )
         return model if self.state.calibrations.summary(sae_id, model) is not None else None
 
-    # feature details ------------------------------------------------------------------------------------------
+    # feature details ------------------------------------------------------------------------------
     def _detail(self, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
         entries = self.state.labels.entries(sae_id)
         entry = dict(entries.get(index) or {})
@@ -276,7 +278,8 @@ class FeatureManagement:
         )
 
     async def feature_detail(self, sae_id: str, index: int, k: int) -> FeatureDetail:
-        """A feature's label, decoder norm, its k nearest features by decoder cosine, and its calibration figures when known."""
+        """A feature's label, decoder norm, its k nearest features by decoder cosine, and its
+        calibration figures when known."""
         info = self.state.saes.get(sae_id)
         check_feature(info, index, param="index")
         decoder = await self.state.decoders.of(sae_id)

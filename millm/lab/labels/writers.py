@@ -46,7 +46,8 @@ class Writer(Protocol):
     def write(
         self, messages: Messages, max_tokens: int, cancel: threading.Event, start: str = ""
     ) -> str:
-        """The chat's greedy answer; the served model's begins with `start` (an endpoint ignores it)."""
+        """The chat's greedy answer; the served model's begins with `start` (an endpoint ignores
+        it)."""
         ...
 
     def yes(self, chats: list[Messages], cancel: threading.Event) -> list[float | None]:
@@ -55,15 +56,16 @@ class Writer(Protocol):
 
 
 def digit_ids(tokenizer) -> tuple[int, int]:
-    """The ids of "1" and "0" as the token after "["; 400 naming `scorer` when either is not one token."""
+    """The ids of "1" and "0" as the token after "["; 400 naming `scorer` when either is not one
+    token."""
     ids = []
     for digit in ("1", "0"):
         pair = tokenizer("[" + digit, add_special_tokens=False)["input_ids"]
         alone = tokenizer("[", add_special_tokens=False)["input_ids"]
         if pair[: len(alone)] != alone or len(pair) != len(alone) + 1:
             raise InvalidRequest(
-                f"this model's tokenizer does not spell [{digit} as [ then {digit}, so it cannot answer "
-                "delphi's detection prompt; score with the endpoint (scorer: endpoint)",
+                f"this model's tokenizer does not spell [{digit} as [ then {digit}, so it cannot "
+                "answer delphi's detection prompt; score with the endpoint (scorer: endpoint)",
                 param="scorer",
             )
         ids.append(pair[-1])
@@ -233,7 +235,8 @@ def writer_for(
     settings = state.settings
     if not settings.explainer_base_url or not settings.explainer_model:
         raise InvalidRequest(
-            "no explainer endpoint is configured on this server (MILLM_EXPLAINER_BASE_URL and MILLM_EXPLAINER_MODEL)",
+            "no explainer endpoint is configured on this server (MILLM_EXPLAINER_BASE_URL and "
+            "MILLM_EXPLAINER_MODEL)",
             param=param,
         )
     key = settings.explainer_api_key

@@ -1,4 +1,5 @@
-"""The management API for models (/api/models): register, list, get, load, unload, delete, lock, unlock.
+"""The management API for models (/api/models): register, list, get, load, unload, delete, lock,
+unlock.
 
 Loads and unloads block (a load reads the weights; an unload waits for running requests), so
 they run on a worker thread and the route answers when they are done.
@@ -19,7 +20,8 @@ router = APIRouter(route_class=JsonRoute)
 
 @router.post("/api/models", summary="Register a model (checkpoint directory, .gguf file or hub id)")
 def register_model(body: RegisterModel, request: Request):
-    """Resolve and check the files; 201 when new, 200 when the same name and source were registered already."""
+    """Resolve and check the files; 201 when new, 200 when the same name and source were
+    registered already."""
     view, created = part(request, ModelManagement).register_model(body.source, body.name)
     return JSONResponse(view, status_code=201 if created else 200)
 
@@ -38,7 +40,8 @@ async def load_model(name: str, request: Request):
 
 @router.post("/api/models/{name:path}/unload", summary="Unload a model")
 async def unload_model(name: str, request: Request):
-    """Refuse new requests at once, let running ones finish (GRACEFUL_UNLOAD_TIMEOUT), free the weights."""
+    """Refuse new requests at once, let running ones finish (GRACEFUL_UNLOAD_TIMEOUT), free the
+    weights."""
     return await part(request, ModelManagement).unload_model(name)
 
 

@@ -44,7 +44,8 @@ def prefix_cache_stats(scheduler) -> dict:
 
 
 class ModelManagement:
-    """Models as the API presents them: registrations, loads, locks, the OpenAI list, readiness and statistics."""
+    """Models as the API presents them: registrations, loads, locks, the OpenAI list, readiness
+    and statistics."""
 
     def __init__(self, state: ModelParts):
         self.state = state
@@ -62,7 +63,8 @@ class ModelManagement:
         }
 
     def register_model(self, source: str, name: str | None) -> tuple[dict, bool]:
-        """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it is new."""
+        """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it
+        is new."""
         entry, created = self.state.registrations.model(source, name)
         return model_view(self.state.switch.view(entry.name)), created
 
@@ -98,7 +100,7 @@ class ModelManagement:
         self.state.switch.forget(name)
         return {"id": name, "object": "model", "deleted": True}
 
-    # health ----------------------------------------------------------------------------------------------
+    # health ---------------------------------------------------------------------------------------
     def readiness(self) -> tuple[dict, bool]:
         """The model's state (and load error, if any), and whether requests can be served now."""
         status = self.state.switch.status
@@ -114,11 +116,13 @@ class ModelManagement:
             body["error"] = error
         in_step, why = self.state.replication.in_step()
         if status is ModelStatus.LOADED and not in_step:
-            # Out of the load balancer's rotation until it has reloaded what other replicas changed meanwhile.
+            # Out of the load balancer's rotation until it has reloaded what other replicas changed
+            # meanwhile.
             body.update(status="out_of_step", error=why)
         sae_error = self.state.switch.startup_saes.error
         if status is ModelStatus.LOADED and in_step and sae_error:
-            # Started to steer through an SAE that is not attached: not ready, rather than unsteered.
+            # Started to steer through an SAE that is not attached: not ready, rather than
+            # unsteered.
             body.update(status="sae_not_attached", error=sae_error)
         ready = status is ModelStatus.LOADED and in_step and not sae_error
         return body, ready

@@ -16,9 +16,10 @@ class MonitoringSettings(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    # Absent keeps the stored value; only sae_id and features take null (the only SAE; all features).
-    # enabled, top_k, positions and the flags may be left out but not be null: pydantic has no typed spelling
-    # for that, so their None defaults (never validated, dropped by exclude_unset) are ignored for mypy.
+    # Absent keeps the stored value; only sae_id and features take null (the only SAE; all
+    # features). enabled, top_k, positions and the flags may be left out but not be null: pydantic
+    # has no typed spelling for that, so their None defaults (never validated, dropped by
+    # exclude_unset) are ignored for mypy.
     enabled: bool = None  # type: ignore[assignment]  # absent, never null (see above)
     sae_id: str | None = Field(
         None, description="The attached SAE to read through (default: the only one attached)."
@@ -32,13 +33,16 @@ class MonitoringSettings(BaseModel):
     positions: PositionWord = Field(None, description="last, prompt, completion (default) or all.")  # type: ignore[arg-type]  # absent, never null
     percentiles: bool = Field(  # type: ignore[assignment]  # absent, never null
         None,
-        description="Add each entry's percentile in the SAE's calibration on the model (null when not calibrated).",
+        description="Add each entry's percentile in the SAE's calibration on the model (null when "
+        "not calibrated).",
     )
     tokens: bool = Field(  # type: ignore[assignment]  # absent, never null
         None,
-        description="Add each position's token: its token_id decoded on its own by the request's tokenizer (special tokens by name).",
+        description="Add each position's token: its token_id decoded on its own by the request's "
+        "tokenizer (special tokens by name).",
     )
     labels: bool = Field(  # type: ignore[assignment]  # absent, never null
         None,
-        description="Add each entry's label: the feature's label in the SAE's labels when the record is made, null for an unlabelled feature.",
+        description="Add each entry's label: the feature's label in the SAE's labels when the "
+        "record is made, null for an unlabelled feature.",
     )

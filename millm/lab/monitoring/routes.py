@@ -1,4 +1,5 @@
-"""/api/monitoring: live feature monitoring settings, per-request records, statistics, a live SSE feed."""
+"""/api/monitoring: live feature monitoring settings, per-request records, statistics, a live SSE
+feed."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def get_monitoring(request: Request):
 
 @router.put("/api/monitoring", summary="Change monitoring settings (validated whole)")
 def put_monitoring(settings: MonitoringSettings, request: Request):
-    """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles, tokens, labels; stored across restarts."""
+    """Set any of enabled, sae_id, features (null: all), top_k, positions, percentiles, tokens,
+    labels; stored across restarts."""
     return part(request, MonitorManagement).configure(settings.model_dump(exclude_unset=True))
 
 
@@ -63,7 +65,8 @@ def monitored_request(request_id: str, request: Request):
 
 @router.get("/api/monitoring/stats", summary="Per-feature statistics since the last reset")
 def stats(request: Request):
-    """For each feature that fired: count, mean and max value when active, fraction of positions active."""
+    """For each feature that fired: count, mean and max value when active, fraction of positions
+    active."""
     return part(request, Monitor).statistics()
 
 
@@ -75,7 +78,8 @@ def reset(request: Request):
 
 @router.get("/api/monitoring/stream", summary="Live feed of records (server-sent events)")
 async def stream(request: Request):
-    """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to chart."""
+    """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to
+    chart."""
     monitor = part(request, Monitor)
     subscriber = monitor.subscribe()
 

@@ -14,12 +14,14 @@ class MonitorManagement:
         self.state = state
 
     def describe(self) -> dict:
-        """Whether monitoring is on, the SAE and features it watches, and how much it has recorded."""
+        """Whether monitoring is on, the SAE and features it watches, and how much it has
+        recorded."""
         with self.state.steering.lock:
             return self.state.monitor.describe(self.state.steering.attached)
 
     def configure(self, changes: dict) -> dict:
-        """Change any of enabled, sae_id, features, top_k, positions, percentiles, tokens, labels (validated whole, stored)."""
+        """Change any of enabled, sae_id, features, top_k, positions, percentiles, tokens, labels
+        (validated whole, stored)."""
         with self.state.steering.lock:
             return self.state.monitor.configure(
                 changes, self.state.steering.attached, self.state.saes.get

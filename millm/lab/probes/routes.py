@@ -1,4 +1,5 @@
-"""/api/probes: saved probes (CRUD, import, export, which are active) and training a linear probe (a job)."""
+"""/api/probes: saved probes (CRUD, import, export, which are active) and training a linear probe
+(a job)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def list_probes(request: Request):
 
 @router.post("/api/probes", summary="Create a probe", status_code=201)
 def create_probe(request: Request, payload: Annotated[dict, Body()]):
-    """A new probe from a millm.probe document (kind and version may be left out); 409 probe_exists when the name is taken."""
+    """A new probe from a millm.probe document (kind and version may be left out); 409
+    probe_exists when the name is taken."""
     return part(request, ProbeManagement).create_probe(payload)
 
 
@@ -42,7 +44,8 @@ def import_probes(
     payload: Annotated[dict, Body()],
     on_conflict: Literal["fail", "rename"] = "fail",
 ):
-    """Validated whole: a bad document refuses the import and nothing is stored. Imported probes are inactive."""
+    """Validated whole: a bad document refuses the import and nothing is stored. Imported probes
+    are inactive."""
     return part(request, ProbeManagement).import_probes(payload, on_conflict)
 
 
@@ -54,8 +57,9 @@ def import_probes(
     responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
 )
 def train(body: ProbeTrainRequest, request: Request) -> JSONResponse:
-    """Read each text's residual (mean over its positions but the first), fit a logistic regression on a seeded
-    stratified split, and store the probe with its held-out accuracy and AUC (in the job's result too)."""
+    """Read each text's residual (mean over its positions but the first), fit a logistic regression
+    on a seeded stratified split, and store the probe with its held-out accuracy and AUC (in the
+    job's result too)."""
     view = part(request, ProbeManagement).train(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
@@ -68,7 +72,8 @@ def get_probe(key: str, request: Request):
 
 @router.put("/api/probes/{key}", summary="Update a probe")
 def update_probe(key: str, body: ProbeUpdate, request: Request):
-    """Replace the given fields; the result is validated whole (an active probe must still fit the loaded model)."""
+    """Replace the given fields; the result is validated whole (an active probe must still fit
+    the loaded model)."""
     return part(request, ProbeManagement).update_probe(key, body.model_dump(exclude_none=True))
 
 
@@ -86,7 +91,8 @@ def export_probe(key: str, request: Request):
 
 @router.post("/api/probes/{key}/activate", summary="Make a probe watch every generation request")
 def activate_probe(key: str, request: Request):
-    """Checked against the loaded model first (its SAE attached, its percentile calibrated, its width and layer)."""
+    """Checked against the loaded model first (its SAE attached, its percentile calibrated, its
+    width and layer)."""
     return part(request, ProbeManagement).activate_probe(key)
 
 

@@ -36,8 +36,8 @@ class ProbeManagement:
         self.state = state
 
     def train(self, body: ProbeTrainRequest) -> JobView:
-        """Check the request against the loaded model (the name free, the place to read, the texts within
-        the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
+        """Check the request against the loaded model (the name free, the place to read, the texts
+        within the discovery caps), then start the job. Blocking (tokenising): a worker thread."""
         settings = self.state.settings
         if body.name in self.state.probes.shelf.by_name:
             raise Conflict(
@@ -54,8 +54,9 @@ class ProbeManagement:
             attached = pick_attached(dict(self.state.steering.attached), body.sae_id, "sae_id")
             if attached.transcoder:
                 raise InvalidRequest(
-                    f"{attached.info.id} is a transcoder: it reads block {attached.layer}'s MLP input, and a "
-                    "probe reads the residual stream; give layer (and hook_point) instead",
+                    f"{attached.info.id} is a transcoder: it reads block {attached.layer}'s MLP "
+                    "input, and a probe reads the residual stream; give layer (and hook_point) "
+                    "instead",
                     param="sae_id",
                 )
             layer, hook_point = attached.layer, attached.info.hook_point
@@ -64,7 +65,8 @@ class ProbeManagement:
             layer, hook_point = body.layer, body.hook_point or "resid_post"
             if layer >= shape.layers:
                 raise InvalidRequest(
-                    f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: 0..{shape.layers - 1})",
+                    f"layer {layer} is past the last layer of {lm.name} ({shape.layers} layers: "
+                    f"0..{shape.layers - 1})",
                     param="layer",
                 )
         positive, negative = (
@@ -80,7 +82,10 @@ class ProbeManagement:
         run = TrainingRun(
             self.state, lm.name, body, layer, hook_point, point_of(layer, hook_point), examples
         )
-        description = f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) from {len(positive)} positive and {counted(len(negative), 'negative text')}"
+        description = (
+            f"train probe {body.name!r} on {lm.name} at layer {layer} ({hook_point}) "
+            f"from {len(positive)} positive and {counted(len(negative), 'negative text')}"
+        )
         return self.state.jobs.start(
             "probe-training", description, len(examples.prompts), "texts", run
         )
@@ -99,8 +104,8 @@ class ProbeManagement:
         return probe_view(self.state.probes.create(document))
 
     def update_probe(self, key: str, changes: dict) -> dict:
-        """Replace the fields given (name, description, detector); the result is validated whole, and an
-        active probe must still fit the loaded model."""
+        """Replace the fields given (name, description, detector); the result is validated whole,
+        and an active probe must still fit the loaded model."""
         with (
             self.state.probes.writing()
         ):  # no activation or other write between the check and the update
@@ -141,8 +146,8 @@ class ProbeManagement:
         return self.state.probes.find(key)["document"]
 
     def activate_probe(self, key: str) -> dict:
-        """Make a probe watch every chat and text completion admitted from now on; checked against the
-        loaded model first (its SAE attached, its percentile calibrated) when one is loaded."""
+        """Make a probe watch every chat and text completion admitted from now on; checked against
+        the loaded model first (its SAE attached, its percentile calibrated) when one is loaded."""
         with self.state.probes.writing():
             row = self.state.probes.find(key)
             checked = self.bind_probe(row["document"], "detector")
@@ -151,7 +156,8 @@ class ProbeManagement:
             "it watches every chat and text completion admitted from now on"
             if checked
             else (
-                "no model is loaded: it is checked against the model's SAEs and calibrations once one is, and skipped where it does not fit"
+                "no model is loaded: it is checked against the model's SAEs and calibrations once "
+                "one is, and skipped where it does not fit"
             )
         )
         return {"probe": probe_view(row), "checked": checked, "reason": reason}
@@ -164,8 +170,8 @@ class ProbeManagement:
         return {"probe": probe_view(self.state.probes.set_active(key, False))}
 
     def bind_probe(self, document: dict, param: str) -> bool:
-        """Check a probe document against the loaded model (a 400 naming `param` when it does not fit);
-        False when no model is loaded to check it against."""
+        """Check a probe document against the loaded model (a 400 naming `param` when it does not
+        fit); False when no model is loaded to check it against."""
         lm = self.state.switch.lm
         if lm is None:
             return False

@@ -57,7 +57,8 @@ TAG = "probe-training"
 
 
 class ProbeTrainRequest(BaseModel):
-    """POST /api/probes/train: positive and negative texts (or conversations), where to read, the probe's name."""
+    """POST /api/probes/train: positive and negative texts (or conversations), where to read, the
+    probe's name."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -100,7 +101,8 @@ class ProbeTrainRequest(BaseModel):
 
 @dataclass(frozen=True)
 class ProbeExamples:
-    """What the job reads: each text's token ids, its class (1 positive, 0 negative), and the split."""
+    """What the job reads: each text's token ids, its class (1 positive, 0 negative), and the
+    split."""
 
     prompts: list[list[int]]
     labels: np.ndarray  # int, 1 for positive
@@ -110,23 +112,28 @@ class ProbeExamples:
 
 
 def check_sizes(body: ProbeTrainRequest, cap: int) -> None:
-    """Each class within MILLM_DISCOVERY_MAX_TEXTS and at least MIN_PER_CLASS (400 naming the set)."""
+    """Each class within MILLM_DISCOVERY_MAX_TEXTS and at least MIN_PER_CLASS (400 naming the
+    set)."""
     for name, texts in (("positive", body.positive), ("negative", body.negative)):
         if texts.size > cap:
             raise InvalidRequest(
-                f"{name}.{texts.field} holds {texts.size} entries; a class takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
+                f"{name}.{texts.field} holds {texts.size} entries; a class takes at most {cap} "
+                "(MILLM_DISCOVERY_MAX_TEXTS)",
                 param=f"{name}.{texts.field}",
             )
         if texts.size < MIN_PER_CLASS:
             raise InvalidRequest(
-                f"{name}.{texts.field} holds {texts.size} entr{'y' if texts.size == 1 else 'ies'}; a probe needs at least {MIN_PER_CLASS} of each class "
+                f"{name}.{texts.field} holds {texts.size} "
+                f"entr{'y' if texts.size == 1 else 'ies'}; a probe needs at least {MIN_PER_CLASS} "
+                "of each class "
                 "(one to fit and one held out to measure it)",
                 param=f"{name}.{texts.field}",
             )
 
 
 def split(labels: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The seeded stratified split (train, held-out indices); a 400 when these counts cannot have both classes on both sides."""
+    """The seeded stratified split (train, held-out indices); a 400 when these counts cannot have
+    both classes on both sides."""
     from sklearn.model_selection import train_test_split
 
     indices = np.arange(labels.shape[0])
@@ -136,12 +143,14 @@ def split(labels: np.ndarray, held_out: float, seed: int) -> tuple[np.ndarray, n
         )
     except ValueError as exc:
         raise InvalidRequest(
-            f"held_out {held_out} of {labels.shape[0]} texts cannot keep both classes on both sides ({exc}); send more texts",
+            f"held_out {held_out} of {labels.shape[0]} texts cannot keep both classes on both "
+            f"sides ({exc}); send more texts",
             param="held_out",
         ) from None
     if len(set(labels[train].tolist())) < 2 or len(set(labels[test].tolist())) < 2:
         raise InvalidRequest(
-            f"held_out {held_out} of {labels.shape[0]} texts leaves one class out of a side; send more texts",
+            f"held_out {held_out} of {labels.shape[0]} texts leaves one class out of a side; send "
+            "more texts",
             param="held_out",
         )
     return np.sort(train), np.sort(test)
@@ -217,7 +226,8 @@ class TrainingRun:
             body.description
             if body.description is not None
             else (
-                f"linear probe trained on {examples.positives} positive and {negatives} negative texts"
+                f"linear probe trained on {examples.positives} positive and {negatives} negative "
+                "texts"
             )
         )
         detector = {
@@ -274,7 +284,8 @@ def probabilities(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray
 
 
 def peaks(residuals: list[np.ndarray], weights: np.ndarray, bias: float) -> np.ndarray:
-    """Each text's largest probability over its positions: it fires where this reaches the threshold."""
+    """Each text's largest probability over its positions: it fires where this reaches the
+    threshold."""
     return np.array([probabilities(x, weights, bias).max() for x in residuals])
 
 

@@ -19,20 +19,22 @@ from millm.interp.steering import OPS, STRENGTH_LIMIT, FeatureOp, Op, feature_op
 from millm.v1.policy.body_fields import StrictBody
 from millm.v1.policy.schema_rules import absent_or_null, any_of, sent
 
-# `--sae`'s forms (kernel/model/sae_specs.py reads them): a path (/, . or ~ first), a release
-# and id, or a hub repository with an optional folder and revision. A relative path reads as the last.
+# `--sae`'s forms (kernel/model/sae_specs.py reads them): a path (/, . or ~ first), a release and
+# id, or a hub repository with an optional folder and revision. A relative path reads as the last.
 SAE_SPEC_PATTERN = r"^([/.~].*|[^/:@\s]+:\S.*|[A-Za-z0-9][\w.-]*/[\w.-]+(:[^@]*)?(@\S+)?)$"
 
 HUB_ID_PATTERN = HUB_ID.pattern  # a hub repository's id, as the request schemas state it
 
 
 # The limits below are stated in the schema only: check_strength, feature_op and validate_profile
-# enforce them, with messages that name the limit (a pydantic bound would answer first, in its own words).
+# enforce them, with messages that name the limit (a pydantic bound would answer first, in its own
+# words).
 STRENGTH_RANGE = {"minimum": -STRENGTH_LIMIT, "maximum": STRENGTH_LIMIT}
 VALUE_RANGE = {"minimum": 0}
 NUMBER = {"type": "number"}
 NULL = {"type": "null"}
-# Which fields each op takes (feature_op checks the same): add a strength, clamp and cap a value, ablate neither.
+# Which fields each op takes (feature_op checks the same): add a strength, clamp and cap a value,
+# ablate neither.
 OP_RULES: dict[str, Any] = {
     "allOf": [
         {
@@ -86,7 +88,8 @@ class RegisterSAE(StrictBody):
     )
     path: str | None = Field(
         None,
-        description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path inside `repo`.",
+        description="A local SAE (inside the data directory or MILLM_ALLOWED_PATHS), or the path "
+        "inside `repo`.",
     )
     repo: Annotated[str, Field(pattern=HUB_ID_PATTERN)] | None = Field(
         None, description="A Hugging Face hub repository, owner/name."
@@ -99,7 +102,8 @@ class RegisterSAE(StrictBody):
     )
     sae_id: Annotated[str, Field(min_length=1)] | None = Field(
         None,
-        description="The SAE's id in `release` (layer_12/width_16k/canonical), as SAELens names it.",
+        description="The SAE's id in `release` (layer_12/width_16k/canonical), as SAELens names "
+        "it.",
     )
 
     sae: (
@@ -140,7 +144,8 @@ class AttachSAE(StrictBody):
 
 class FeatureSetting(StrictBody):
     """One feature's op: add `strength` (within ±200; 0 clears it, the default op), clamp at `value`
-    (its activation, >= 0), ablate, or cap at `value` (the residual's component along its decoder row)."""
+    (its activation, >= 0), ablate, or cap at `value` (the residual's component along its decoder
+    row)."""
 
     model_config = ConfigDict(json_schema_extra=OP_RULES)
     op: Op = Field("add", description=f"One of {', '.join(OPS)}.")
@@ -178,7 +183,8 @@ Description = Annotated[str, Field(json_schema_extra={"maxLength": MAX_DESCRIPTI
 
 
 class ProfileCreate(StrictBody):
-    """A new profile: its name, description and what it steers (the entries of a profile document, version 2)."""
+    """A new profile: its name, description and what it steers (the entries of a profile
+    document, version 2)."""
 
     name: ProfileName
     description: Description | None = None
@@ -198,8 +204,9 @@ class ProfileUpdate(StrictBody):
     revision: int | None = Field(
         None,
         ge=1,
-        description="The profile's revision as you read it: the update is refused (409 revision_conflict) if anyone, "
-        "through any replica, changed the profile since. Without it, the fields given land on the profile as stored when the update commits.",
+        description="The profile's revision as you read it: the update is refused (409 "
+        "revision_conflict) if anyone, through any replica, changed the profile since. Without "
+        "it, the fields given land on the profile as stored when the update commits.",
     )
 
 

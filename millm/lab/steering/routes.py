@@ -1,4 +1,5 @@
-"""The management API: SAEs (/api/saes), live steering (/api/steering) and profiles (/api/profiles)."""
+"""The management API: SAEs (/api/saes), live steering (/api/steering) and profiles
+(/api/profiles)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from millm.v1.http.json_body import JsonRoute
 router = APIRouter(route_class=JsonRoute)
 
 
-# SAEs ------------------------------------------------------------------------------------------------
+# SAEs ---------------------------------------------------------------------------------------------
 @router.post("/api/saes", summary="Register an SAE (local path, hub repo, or SAELens release)")
 async def register_sae(body: RegisterSAE, request: Request):
-    """Read and validate the SAE file; 201 when new, 200 when the same file was registered already."""
+    """Read and validate the SAE file; 201 when new, 200 when the same file was registered
+    already."""
     steering = part(request, SteeringManagement)
     if body.sae is not None:
         info, created = await steering.register_named_sae(body.sae)
@@ -81,8 +83,8 @@ def delete_sae(sae_id: str, request: Request):
     summary="Attach an SAE to the loaded model (and lock the server to it)",
 )
 async def attach_sae(sae_id: str, request: Request, body: AttachSAE | None = None):
-    """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the model,
-    which is then locked for steering (see /api/models/{name}/unlock)."""
+    """Attach at the SAE's hook layer (or the given one): d_in and layer are checked against the
+    model, which is then locked for steering (see /api/models/{name}/unlock)."""
     steering = part(request, SteeringManagement)
     attached = await steering.attach_sae(sae_id, body.layer if body else None)
     return await run_in_threadpool(steering.attached_view, sae_id, layer=attached.layer)
@@ -94,7 +96,7 @@ def detach_sae(sae_id: str, request: Request):
     return part(request, SteeringManagement).detach_sae(sae_id)
 
 
-# steering ------------------------------------------------------------------------------------------
+# steering -----------------------------------------------------------------------------------------
 @router.get("/api/steering", summary="Live steering state")
 def get_steering(request: Request):
     """Enabled, version, active profile, and every SAE's features (op with strength or value)."""
@@ -106,7 +108,8 @@ def get_steering(request: Request):
     summary="Set one feature's op (add, clamp, ablate, cap)",
 )
 def set_feature(sae_id: str, index: int, body: FeatureSetting, request: Request):
-    """add a strength within ±200 (0 clears), clamp or cap at a value >= 0, or ablate; 400 invalid_feature_index past the SAE's width."""
+    """add a strength within ±200 (0 clears), clamp or cap at a value >= 0, or ablate; 400
+    invalid_feature_index past the SAE's width."""
     return part(request, SteeringManagement).set_features({(sae_id, index): body.checked()})
 
 
@@ -146,7 +149,7 @@ def disable(request: Request):
     return part(request, SteeringManagement).set_enabled(False)
 
 
-# profiles --------------------------------------------------------------------------------------------
+# profiles -----------------------------------------------------------------------------------------
 @router.get("/api/profiles", summary="List profiles")
 def list_profiles(request: Request):
     """Every saved profile."""

@@ -20,7 +20,7 @@ from millm.kernel.runtime.threads import in_passing_thread
 from millm.lab.steering.parts import SteeringParts
 from millm.store.steering import attachments
 
-# SAEs ------------------------------------------------------------------------------------------------
+# SAEs ---------------------------------------------------------------------------------------------
 
 
 def check_distinct(changes: dict, sent: int) -> None:
@@ -55,10 +55,12 @@ class SteeringManagement:
         return [self.sae_view(sae_id) for sae_id in list(self.state.saes.infos)]
 
     def delete_sae(self, sae_id: str) -> dict:
-        """Forget an SAE and its live strengths (its labels are kept); 409 while it is attached or re-attaches on load."""
+        """Forget an SAE and its live strengths (its labels are kept); 409 while it is attached
+        or re-attaches on load."""
         self.state.saes.get(sae_id)
         with self.state.steering.lock:
-            # Unloading the model empties the attachments in memory; the stored one still re-attaches on reload.
+            # Unloading the model empties the attachments in memory; the stored one still
+            # re-attaches on reload.
             if sae_id in self.state.steering.attached or sae_id in attachments(self.state.store):
                 raise Conflict(
                     f"{sae_id} is attached (or re-attaches when the model loads); detach it first",
@@ -71,7 +73,8 @@ class SteeringManagement:
         return {"id": sae_id, "deleted": True}
 
     def attached_view(self, sae_id: str, **extra) -> dict:
-        """An SAE after an attach or detach: its view, the steering version and whether the active base still fits."""
+        """An SAE after an attach or detach: its view, the steering version and whether the
+        active base still fits."""
         return {
             **self.sae_view(sae_id),
             **extra,
@@ -84,9 +87,10 @@ class SteeringManagement:
         was = self.state.steering.detach(sae_id)
         return self.attached_view(sae_id, was_attached=was)
 
-    # live steering ---------------------------------------------------------------------------------------
+    # live steering --------------------------------------------------------------------------------
     def steering_view(self) -> dict:
-        """The live state: enabled, version, the active base, and per SAE its features (op with strength or value) and attachment."""
+        """The live state: enabled, version, the active base, and per SAE its features (op with
+        strength or value) and attachment."""
         steering = self.state.steering
         with steering.lock:
             active = self.state.planner.active_fit()  # with whether it still fits the attached SAEs
@@ -136,7 +140,8 @@ class SteeringManagement:
     def set_features(
         self, changes: Mapping[tuple[str, int], FeatureOp | None], clear: str | bool = False
     ) -> dict:
-        """Apply feature changes all or nothing (None, or an add of 0, clears a feature); `clear` first clears all or one SAE's."""
+        """Apply feature changes all or nothing (None, or an add of 0, clears a feature); `clear`
+        first clears all or one SAE's."""
         if isinstance(clear, str):
             self.state.saes.get(clear)
         self.state.steering.set_features(dict(changes), clear=clear)
@@ -154,7 +159,7 @@ class SteeringManagement:
             "steering": self.steering_view(),
         }
 
-    # profiles --------------------------------------------------------------------------------------------
+    # profiles -------------------------------------------------------------------------------------
     def profile_view(self, row: dict) -> dict:
         """A profile row with whether it is the active one."""
         return {**row, "active": row["id"] == self.state.steering.active_profile}
@@ -172,7 +177,8 @@ class SteeringManagement:
         return self.profile_view(self.state.profiles.create(document))
 
     def save_current(self, name: str, description: str) -> dict:
-        """A new profile holding the live values, ops included (with each SAE's attached, or else its own, layer)."""
+        """A new profile holding the live values, ops included (with each SAE's attached, or else
+        its own, layer)."""
         steering = self.state.steering
         with steering.lock:
             entries = []
@@ -193,8 +199,8 @@ class SteeringManagement:
             )
 
     def update_profile(self, key: str, changes: dict, revision: int | None = None) -> dict:
-        """Replace fields of a profile (409 revision_conflict when `revision` is not the stored one); the
-        active one must stay applicable (checked before storing)."""
+        """Replace fields of a profile (409 revision_conflict when `revision` is not the stored
+        one); the active one must stay applicable (checked before storing)."""
         steering = self.state.steering
         with steering.lock:
             row = self.state.profiles.find(key)
@@ -254,7 +260,8 @@ class SteeringManagement:
         sae_id: str | None = None,
     ) -> tuple[SAEInfo, bool]:
         """Register an SAE file (a local path inside the allowed directories, a hub repository, or a
-        SAELens release's SAE); whether it was new. Reading the file is blocking work: a passing thread."""
+        SAELens release's SAE); whether it was new. Reading the file is blocking work: a passing
+        thread."""
         return await in_passing_thread(
             self.state.registrations.sae,
             path,
@@ -265,7 +272,8 @@ class SteeringManagement:
         )
 
     async def register_named_sae(self, text: str) -> tuple[SAEInfo, bool]:
-        """Register an SAE named as `--sae` names one (a path, RELEASE:SAE_ID, OWNER/NAME[:PATH])."""
+        """Register an SAE named as `--sae` names one (a path, RELEASE:SAE_ID,
+        OWNER/NAME[:PATH])."""
         spec = parse_sae_spec(text)
         # a repo's `path` is the folder inside it
         where = spec.repo_path if spec.repo else spec.path

@@ -18,8 +18,9 @@ Scoring = Literal["unsteered", "steered"]
 Intensity = Annotated[
     float | str | None,
     Field(
-        description="The dial every request naming the variant is steered through (a number 0-2 or off/min/max; "
-        "default: the steering's own strengths). A request's own steering_intensity replaces it."
+        description="The dial every request naming the variant is steered through (a number 0-2 "
+        "or off/min/max; default: the steering's own strengths). A request's own "
+        "steering_intensity replaces it."
     ),
 ]
 
@@ -40,13 +41,14 @@ class VariantBody(BaseModel):
     steering_intensity: Intensity = None
     scoring: Scoring = Field(
         "unsteered",
-        description="unsteered: scoring requests naming the variant see the base model (the judge's guarantee); "
-        "steered: they see the variant's steering.",
+        description="unsteered: scoring requests naming the variant see the base model (the "
+        "judge's guarantee); steered: they see the variant's steering.",
     )
 
 
 class VariantPatch(BaseModel):
-    """PATCH /api/variants/{name}: the fields to change; `profile` and `steering` each replace the other."""
+    """PATCH /api/variants/{name}: the fields to change; `profile` and `steering` each replace
+    the other."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,7 +62,8 @@ class VariantPatch(BaseModel):
 
 
 class VariantView(BaseModel):
-    """A stored variant, and whether its steering fits the attached SAEs now (known while its base is loaded)."""
+    """A stored variant, and whether its steering fits the attached SAEs now (known while its
+    base is loaded)."""
 
     id: str
     object: Literal["variant"] = "variant"

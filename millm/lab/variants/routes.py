@@ -1,4 +1,5 @@
-"""/api/variants: steered variants, names any /v1 client can use as a model (issue 34, beyond the spec)."""
+"""/api/variants: steered variants, names any /v1 client can use as a model (issue 34, beyond the
+spec)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ router = APIRouter(route_class=JsonRoute)
     "/api/variants", summary="Create a steered variant", status_code=201, response_model=VariantView
 )
 def create_variant(body: VariantBody, request: Request) -> VariantView:
-    """A name for a base model under a steering: listed in /v1/models and usable wherever a model name is."""
+    """A name for a base model under a steering: listed in /v1/models and usable wherever a model
+    name is."""
     return part(request, VariantManagement).create(body)
 
 
@@ -40,7 +42,8 @@ def get_variant(key: str, request: Request) -> VariantView:
 
 @router.patch("/api/variants/{key}", summary="Change a steered variant", response_model=VariantView)
 def patch_variant(key: str, body: VariantPatch, request: Request) -> VariantView:
-    """Change the fields sent (`profile` and `steering` each replace the other); checked as a new one is."""
+    """Change the fields sent (`profile` and `steering` each replace the other); checked as a new
+    one is."""
     return part(request, VariantManagement).update(key, body)
 
 

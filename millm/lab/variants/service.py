@@ -60,13 +60,14 @@ class VariantManagement:
         row = self.book.delete(key)
         return VariantDeleted(id=row["id"], name=row["name"])
 
-    # checks ------------------------------------------------------------------------------------------
+    # checks ---------------------------------------------------------------------------------------
     def _checked(self, fields: dict, current: str | None) -> tuple[str, str, dict]:
         name = fields["name"]
         models = self.state.models
         if name != current and models.find(name) is not None:
             raise InvalidRequest(
-                f"{name!r} is a registered model's name, and clients name models and variants alike; choose another",
+                f"{name!r} is a registered model's name, and clients name models and variants "
+                "alike; choose another",
                 param="name",
                 code="variant_name_taken",
             )
@@ -103,7 +104,8 @@ class VariantManagement:
             raise InvalidRequest(exc.message, param="base", code="unknown_base") from None
 
     def _problem(self, row: dict) -> str | None:
-        """Why the variant does not fit the loaded model's SAEs now; None when it fits or its base is not loaded."""
+        """Why the variant does not fit the loaded model's SAEs now; None when it fits or its
+        base is not loaded."""
         lm = self.state.switch.lm
         if lm is None or lm.name != row["base"]:
             return None

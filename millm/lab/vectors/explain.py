@@ -24,7 +24,8 @@ MISMATCH = "vector_sae_mismatch"
 
 
 def _where(state: VectorParts, info: SAEInfo) -> int | None:
-    """The layer an SAE reads: where it is attached, else its file's hook layer (None: neither says)."""
+    """The layer an SAE reads: where it is attached, else its file's hook layer (None: neither
+    says)."""
     # a copy, not the lock: this runs on the event loop
     attached = dict(state.steering.attached).get(info.id)
     return attached.layer if attached is not None else info.layer
@@ -37,29 +38,34 @@ def _sae_at_point(state: VectorParts, row: dict) -> SAEInfo:
     if len(found) != 1:
         what = f"several are ({', '.join(found)})" if found else "none is"
         raise InvalidRequest(
-            f"no sae_id given, and an SAE attached at the vector's point (layer {row['layer']}, {row['hook_point']}) explains it by default: {what}; name one",
+            f"no sae_id given, and an SAE attached at the vector's point (layer {row['layer']}, "
+            f"{row['hook_point']}) explains it by default: {what}; name one",
             param="sae_id",
         )
     return state.saes.get(found[0])
 
 
 def check_same_point(row: dict, info: SAEInfo, layer: int | None) -> int:
-    """The SAE's layer when it reads the vector's residual (point and width); 400 vector_sae_mismatch naming sae_id otherwise."""
+    """The SAE's layer when it reads the vector's residual (point and width); 400
+    vector_sae_mismatch naming sae_id otherwise."""
     if layer is None:
         raise InvalidRequest(
-            f"{info.id} names no layer (its file has no hook layer) and is not attached; attach it at a layer first",
+            f"{info.id} names no layer (its file has no hook layer) and is not attached; attach "
+            "it at a layer first",
             param="sae_id",
         )
     if residual_point(layer, info.hook_point) != residual_point(row["layer"], row["hook_point"]):
         raise InvalidRequest(
-            f"{info.id} reads layer {layer} ({info.hook_point}), but vector {row['name']!r} was trained at layer {row['layer']} "
-            f"({row['hook_point']}); an SAE explains only a vector of its own residual",
+            f"{info.id} reads layer {layer} ({info.hook_point}), but vector {row['name']!r} was "
+            f"trained at layer {row['layer']} ({row['hook_point']}); an SAE explains only a "
+            "vector of its own residual",
             param="sae_id",
             code=MISMATCH,
         )
     if info.d_in != row["d_model"]:
         raise InvalidRequest(
-            f"{info.id} reads vectors of width {info.d_in}, but vector {row['name']!r} has d_model {row['d_model']}",
+            f"{info.id} reads vectors of width {info.d_in}, but vector {row['name']!r} has "
+            f"d_model {row['d_model']}",
             param="sae_id",
             code=MISMATCH,
         )

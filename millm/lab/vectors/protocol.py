@@ -1,4 +1,5 @@
-"""Bodies and answers of /api/vectors: train a steering vector from prompt pairs, read it, explain it."""
+"""Bodies and answers of /api/vectors: train a steering vector from prompt pairs, read it,
+explain it."""
 
 from __future__ import annotations
 
@@ -14,20 +15,23 @@ from millm.v1.policy.body_fields import StrictBody
 Side = Annotated[
     Annotated[str, Field(min_length=1)] | Conversation,
     Field(
-        description="A text (encoded as /v1/completions encodes a prompt) or a conversation (rendered with the chat template)."
+        description="A text (encoded as /v1/completions encodes a prompt) or a conversation "
+        "(rendered with the chat template)."
     ),
 ]
 
 
 class VectorPair(StrictBody):
-    """Two texts that differ by the concept: the vector points from `negative` towards `positive`."""
+    """Two texts that differ by the concept: the vector points from `negative` towards
+    `positive`."""
 
     positive: Side
     negative: Side
 
 
 class TrainVectorRequest(StrictBody):
-    """POST /api/vectors/train: a steering vector from contrasting pairs, read unsteered at one residual point."""
+    """POST /api/vectors/train: a steering vector from contrasting pairs, read unsteered at one
+    residual point."""
 
     name: ProfileName
     description: Annotated[str, Field(max_length=MAX_DESCRIPTION)] = ""
@@ -38,7 +42,8 @@ class TrainVectorRequest(StrictBody):
     )
     method: Literal["mean", "pca"] = Field(
         "mean",
-        description="mean: difference of means; pca: the pairs' differences' first principal direction.",
+        description="mean: difference of means; pca: the pairs' differences' first principal "
+        "direction.",
     )
     pairs: Annotated[list[VectorPair], Field(min_length=1)]
 
@@ -48,12 +53,14 @@ class ExplainedFeature(BaseModel):
 
     index: int
     label: str | None
-    cosine: float  # between its decoder row and the vector (signed: negative means the vector pushes against it)
+    # between its decoder row and the vector (signed: negative means the vector pushes against it)
+    cosine: float
     cumulative: float  # the fraction of the vector explained by the features up to this one
 
 
 class VectorExplanation(BaseModel):
-    """A vector decomposed over an SAE's decoder: the top-k features by |cosine| and the fraction they explain."""
+    """A vector decomposed over an SAE's decoder: the top-k features by |cosine| and the fraction
+    they explain."""
 
     object: str = "vector.explanation"
     vector_id: str

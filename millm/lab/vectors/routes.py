@@ -26,13 +26,15 @@ router = APIRouter(route_class=JsonRoute)
     response_model=JobView,
     responses={
         202: {
-            "description": "The job, started: follow it at GET /api/jobs/{id}; its result is the stored vector"
+            "description": "The job, started: follow it at GET /api/jobs/{id}; its result is the "
+            "stored vector"
         }
     },
 )
 def train_vector(body: TrainVectorRequest, request: Request) -> JSONResponse:
-    """Read each pair's texts unsteered at the layer, pool each text's residuals (the mean over every
-    position but the first), and store the difference of means (or the first principal direction) as a unit vector and its norm."""
+    """Read each pair's texts unsteered at the layer, pool each text's residuals (the mean over
+    every position but the first), and store the difference of means (or the first principal
+    direction) as a unit vector and its norm."""
     view = part(request, VectorTraining).train(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
 
@@ -52,7 +54,8 @@ def list_vectors(request: Request) -> VectorList:
 def import_vector(
     body: VectorFile, request: Request, on_conflict: Literal["fail", "rename"] = "fail"
 ) -> VectorView:
-    """A millm.steering-vector file (as exported), stored bit for bit; a taken name is 409 vector_exists, or renamed (name-2, ...)."""
+    """A millm.steering-vector file (as exported), stored bit for bit; a taken name is 409
+    vector_exists, or renamed (name-2, ...)."""
     return part(request, VectorBook).import_file(body, on_conflict)
 
 
@@ -74,7 +77,8 @@ def delete_vector(key: str, request: Request) -> VectorDeleted:
     "/api/vectors/{key}/export", summary="A steering vector as a file", response_model=VectorFile
 )
 def export_vector(key: str, request: Request) -> JSONResponse:
-    """The millm.steering-vector file: metadata and the unit direction's d_model values; it imports bit for bit."""
+    """The millm.steering-vector file: metadata and the unit direction's d_model values; it
+    imports bit for bit."""
     document = part(request, VectorBook).export(key)
     return JSONResponse(
         document, headers={"Content-Disposition": f'attachment; filename="{document["name"]}.json"'}
@@ -94,6 +98,7 @@ async def explain(
     ] = None,
     k: Annotated[ExplainK, Query()] = 10,
 ) -> VectorExplanation:
-    """The k features whose decoder rows have the largest |cosine| with the vector, with labels, and the fraction
-    of the vector they explain (least-squares projection onto their rows' span); an SAE at another point is refused."""
+    """The k features whose decoder rows have the largest |cosine| with the vector, with labels, and
+    the fraction of the vector they explain (least-squares projection onto their rows' span); an
+    SAE at another point is refused."""
     return await part(request, VectorTraining).explain(key, sae_id, k)

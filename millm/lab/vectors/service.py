@@ -25,10 +25,15 @@ class VectorTraining:
         self.state = state
 
     def train(self, body: TrainVectorRequest) -> JobView:
-        """Check the request against the loaded model, then start the job (its result is the stored vector)."""
+        """Check the request against the loaded model, then start the job (its result is the
+        stored vector)."""
         prepared = prepare(self.state, body)
         tokens = sum(map(len, prepared.texts))
-        description = f"train steering vector {body.name!r} on {prepared.model} at layer {body.layer} ({body.hook_point}) from {counted(len(body.pairs), 'pair')} ({counted(tokens, 'token')})"
+        description = (
+            f"train steering vector {body.name!r} on {prepared.model} at layer "
+            f"{body.layer} ({body.hook_point}) from {counted(len(body.pairs), 'pair')} "
+            f"({counted(tokens, 'token')})"
+        )
         return self.state.jobs.start(
             "vector",
             description,
@@ -38,7 +43,8 @@ class VectorTraining:
         )
 
     async def explain(self, key: str, sae_id: str | None, k: int) -> VectorExplanation:
-        """The vector's top-k features by |cosine| over the SAE's decoder, with labels and the fraction they explain."""
+        """The vector's top-k features by |cosine| over the SAE's decoder, with labels and the
+        fraction they explain."""
         row = self.state.vectors.find(key)  # memory (the book's shelf)
         info = self.state.saes.get(sae_id) if sae_id is not None else _sae_at_point(self.state, row)
         layer = check_same_point(row, info, _where(self.state, info))

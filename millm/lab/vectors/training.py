@@ -45,7 +45,8 @@ TAG = "vectors"
 
 @dataclass(frozen=True)
 class PreparedTraining:
-    """A checked request: the model, the point, and each text's token ids (positives, then negatives)."""
+    """A checked request: the model, the point, and each text's token ids (positives, then
+    negatives)."""
 
     body: TrainVectorRequest
     model: str
@@ -55,7 +56,8 @@ class PreparedTraining:
 
 
 def side_ids(lm: LoadedModel, side: Side, param: str) -> list[int]:
-    """One side of a pair as readable token ids: a text as a /v1/completions prompt, a conversation through the chat template."""
+    """One side of a pair as readable token ids: a text as a /v1/completions prompt, a
+    conversation through the chat template."""
     ids = (
         text_prompt(lm, side, param)
         if isinstance(side, str)
@@ -65,16 +67,19 @@ def side_ids(lm: LoadedModel, side: Side, param: str) -> list[int]:
 
 
 def prepare(state: VectorParts, body: TrainVectorRequest) -> PreparedTraining:
-    """Everything the job needs, checked in the order a client would fix it (blocking: tokenising)."""
+    """Everything the job needs, checked in the order a client would fix it (blocking:
+    tokenising)."""
     cap = state.settings.discovery_max_texts
     if len(body.pairs) > cap:
         raise InvalidRequest(
-            f"pairs holds {len(body.pairs)} pairs; a training takes at most {cap} (MILLM_DISCOVERY_MAX_TEXTS)",
+            f"pairs holds {len(body.pairs)} pairs; a training takes at most {cap} "
+            "(MILLM_DISCOVERY_MAX_TEXTS)",
             param="pairs",
         )
     if body.method == "pca" and len(body.pairs) < 2:
         raise InvalidRequest(
-            "method pca needs at least 2 pairs (one difference has no principal direction of its own)",
+            "method pca needs at least 2 pairs (one difference has no principal direction of its "
+            "own)",
             param="pairs",
         )
     if body.name in state.vectors.shelf.by_name:
@@ -96,7 +101,8 @@ def prepare(state: VectorParts, body: TrainVectorRequest) -> PreparedTraining:
     depth = int(lm.config.num_hidden_layers)
     if body.layer >= depth:
         raise InvalidRequest(
-            f"layer {body.layer} does not exist in {lm.name}, which has {depth} layers (0..{depth - 1})",
+            f"layer {body.layer} does not exist in {lm.name}, which has {depth} layers "
+            f"(0..{depth - 1})",
             param="layer",
         )
     entries = [
@@ -116,7 +122,8 @@ def prepare(state: VectorParts, body: TrainVectorRequest) -> PreparedTraining:
 
 
 def read_pooled(state: VectorParts, prep: PreparedTraining, handle: JobHandle) -> np.ndarray:
-    """Every text's pooled residual at the point `[texts, d_model]` (float64), a few texts per engine call."""
+    """Every text's pooled residual at the point `[texts, d_model]` (float64), a few texts per
+    engine call."""
     read = ResidualRead(
         prep.point,
         False,

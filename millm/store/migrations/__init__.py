@@ -1,1 +1,2 @@
-"""Alembic's environment and one revision per schema version (versions/); Store.migrate runs them."""
+"""Alembic's environment and one revision per schema version (versions/); Store.migrate runs
+them."""

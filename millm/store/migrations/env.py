@@ -1,4 +1,5 @@
-"""Alembic's environment: online only, on the Connection Store.migrate opened (and its transaction)."""
+"""Alembic's environment: online only, on the Connection Store.migrate opened (and its
+transaction)."""
 
 from alembic import context
 

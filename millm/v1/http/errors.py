@@ -17,7 +17,8 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 LOWER = {method.lower() for method in METHODS}
 log = logging.getLogger(__name__)
 
-# 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error parsing the body").
+# 400 from the framework itself: a body it could not read as text (FastAPI: "There was an error
+# parsing the body").
 HTTP_CODES = {
     400: "invalid_parameter",
     404: "not_found",
@@ -26,7 +27,8 @@ HTTP_CODES = {
     415: "unsupported_media_type",
 }
 HTTP_MESSAGES = {
-    "There was an error parsing the body": "the request body could not be read as JSON (is it UTF-8?)"
+    "There was an error parsing the body": "the request body could not be read as JSON (is it "
+    "UTF-8?)"
 }
 
 
@@ -44,8 +46,8 @@ PRIMITIVE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _is_union_label(part: str) -> bool:
-    # Pydantic names the union branch it tried ('str', 'list[str]', 'constrained-int', 'function-after[...]');
-    # OpenAI field names never look like that.
+    # Pydantic names the union branch it tried ('str', 'list[str]', 'constrained-int',
+    # 'function-after[...]'); OpenAI field names never look like that.
     return part in PRIMITIVE_LABELS or "[" in part or "(" in part or "-" in part
 
 

@@ -37,7 +37,8 @@ def seed_header(seed: int, scope: str) -> str:
 
 
 def string_list(entries: list[str], cap: int) -> str | None:
-    """An RFC 8941 list of strings no longer than `cap` bytes; past it, the last entry is "+N more"."""
+    """An RFC 8941 list of strings no longer than `cap` bytes; past it, the last entry is "+N
+    more"."""
     if not entries:
         return None
     kept: list[str] = []
@@ -63,7 +64,8 @@ def _serialise(entries: list[str]) -> str:
 
 
 def strict_mode(value: str | None) -> bool:
-    """X-miLLM-Strict: true/1 -> strict, false/0/absent -> report; anything else is a 400 naming the header."""
+    """X-miLLM-Strict: true/1 -> strict, false/0/absent -> report; anything else is a 400 naming
+    the header."""
     if value is None:
         return False
     normalised = value.strip().lower()

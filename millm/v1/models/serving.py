@@ -21,7 +21,8 @@ def model_card(view: ModelView) -> ModelCard:
 
 
 def variant_card(row: dict, base: ModelCard) -> ModelCard:
-    """A steered variant as a model: its base's card under its name, with the base as `parent` and its steering."""
+    """A steered variant as a model: its base's card under its name, with the base as `parent`
+    and its steering."""
     document = row["document"]
     steering = {
         key: document[key]
@@ -45,9 +46,9 @@ class ModelListing:
         self.state = state
 
     def listed(self) -> ModelList:
-        """Registered models that are available (ready, loading, loaded, unloading); under a steering
-        lock only the locked model, so a steered server presents one stable id. A model whose load
-        failed is not available."""
+        """Registered models that are available (ready, loading, loaded, unloading); under a
+        steering lock only the locked model, so a steered server presents one stable id. A model
+        whose load failed is not available."""
         views = [view for view in self.state.switch.views() if view.state in AVAILABLE]
         locked = self.state.switch.locked
         if locked is not None:

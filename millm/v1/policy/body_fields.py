@@ -37,7 +37,8 @@ Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES)]
 
 @dataclass(frozen=True)
 class RowCount:
-    """The rows a body makes before `n` multiplies them, and the field that made them (for a refusal)."""
+    """The rows a body makes before `n` multiplies them, and the field that made them (for a
+    refusal)."""
 
     units: int
     param: str

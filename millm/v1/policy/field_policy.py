@@ -1,13 +1,13 @@
 """Request validation, the API page's section of that name: every field is honoured, reported
 or refused, never dropped silently.
 
-Refused: the field_not_honoured matrix. One table (MATRIX) drives both the check and its tests;
-it is the API page's table, column by column, plus a few OpenAI fields the page does not
-list but that would change the output (functions, echo, best_of, suffix, audio, modalities). A
-field is refused only when its value would change something: null and the neutral values (n: 1,
-logprobs: false, response_format {"type": "text"}, tools: [], logit_bias: {}, modalities:
-["text"]) pass everywhere. The request models run the check while parsing (v1/serving/protocol.py), before the requested model is looked
-at, let alone loaded.
+Refused: the field_not_honoured matrix. One table (MATRIX) drives both the check and its tests; it
+is the API page's table, column by column, plus a few OpenAI fields the page does not list but that
+would change the output (functions, echo, best_of, suffix, audio, modalities). A field is refused
+only when its value would change something: null and the neutral values (n: 1, logprobs: false,
+response_format {"type": "text"}, tools: [], logit_bias: {}, modalities: ["text"]) pass everywhere.
+The request models run the check while parsing (v1/serving/protocol.py), before the requested model
+is looked at, let alone loaded.
 
 Reported: fields a request path does not use are named in X-miLLM-Ignored-Fields, or refused in
 strict mode. A location is how the field sits in the body: "foo", "messages[2].name",
@@ -153,7 +153,8 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: OK,
         EMBEDDINGS: OK,
     },
-    # Beyond the page (issue 34): echo scores the prompt's own tokens, as lm-evaluation-harness asks.
+    # Beyond the page (issue 34): echo scores the prompt's own tokens, as lm-evaluation-harness
+    # asks.
     "echo": {
         CHAT: no("chat completions do not echo; send the text to /v1/completions with echo: true"),
         COMPLETIONS: OK,
@@ -257,7 +258,8 @@ def percent_encode(name: str) -> str:
 
 
 def template_reads(tokenizer) -> set[str]:
-    """Which optional message keys the model's chat template mentions (none for the generic fallback)."""
+    """Which optional message keys the model's chat template mentions (none for the generic
+    fallback)."""
     source = template_source(tokenizer)
     return {
         key

@@ -63,8 +63,8 @@ def check_scoring(body: GenerationBody) -> None:
     echo = bool(getattr(body, "echo", None))
     if body.token_budget not in ((0, 1) if echo else (1,)):
         raise InvalidRequest(
-            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or max_completion_tokens: 1), "
-            "or 0 with echo: true: one forward pass, nothing generated",
+            "scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1 (or "
+            "max_completion_tokens: 1), or 0 with echo: true: one forward pass, nothing generated",
             param="max_tokens",
         )
     if (body.n or 1) != 1:
@@ -74,7 +74,8 @@ def check_scoring(body: GenerationBody) -> None:
     temperature = body.scoring_temperature
     if 0 < temperature < MIN_TEMPERATURE:
         raise InvalidRequest(
-            f"temperature {temperature} would overflow the logits in scoring mode; use 0 (no scaling) or at least {MIN_TEMPERATURE}",
+            f"temperature {temperature} would overflow the logits in scoring mode; use 0 (no "
+            f"scaling) or at least {MIN_TEMPERATURE}",
             param="temperature",
         )
 
@@ -89,16 +90,18 @@ class EchoBody(GenerationBody, Protocol):
 
 
 def check_echo(body: EchoBody) -> None:
-    """echo (beyond the spec) puts the prompt before the completion, and with logprobs its
-    tokens scored, as lm-evaluation-harness asks; max_tokens 0 is echo's alone (nothing generated)."""
+    """echo (beyond the spec) puts the prompt before the completion, and with logprobs its tokens
+    scored, as lm-evaluation-harness asks; max_tokens 0 is echo's alone (nothing generated)."""
     if body.token_budget == 0 and not body.echo:
         raise InvalidRequest(
-            "max_tokens: 0 generates nothing; it is for echo: true (the prompt, scored with logprobs)",
+            "max_tokens: 0 generates nothing; it is for echo: true (the prompt, scored with "
+            "logprobs)",
             param="max_tokens",
         )
     if body.echo and body.allowed_token_ids is not None:
         raise InvalidRequest(
-            "echo cannot be combined with allowed_token_ids: the prompt's tokens are scored over the whole vocabulary",
+            "echo cannot be combined with allowed_token_ids: the prompt's tokens are scored over "
+            "the whole vocabulary",
             param="echo",
         )
 
@@ -162,6 +165,7 @@ def check_template_kwargs(kwargs: dict | None) -> None:
     taken = [key for key in kwargs or {} if key in RESERVED_TEMPLATE_VARIABLES]
     if taken:
         raise InvalidRequest(
-            f"chat_template_kwargs may not set {', '.join(taken)}: millm renders these itself from the request",
+            f"chat_template_kwargs may not set {', '.join(taken)}: millm renders these itself "
+            "from the request",
             param=f"chat_template_kwargs.{taken[0]}",
         )

@@ -71,7 +71,8 @@ class Structured:
 
 
 def structured_of(fmt: ResponseFormat | None) -> Structured | None:
-    """The constraint asked for (None for text), refusing unknown types, bad names and schemas outside the subset."""
+    """The constraint asked for (None for text), refusing unknown types, bad names and schemas
+    outside the subset."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
@@ -103,7 +104,8 @@ def refuse_combinations(body: ChatBody) -> None:
         )
     if body.stop:
         raise ResponseFormatUnsupported(
-            "response_format cannot be combined with stop: a stop string could cut a document and report it complete"
+            "response_format cannot be combined with stop: a stop string could cut a document and "
+            "report it complete"
         )
     if body.scoring:
         raise ResponseFormatUnsupported(
@@ -116,10 +118,11 @@ def refuse_combinations(body: ChatBody) -> None:
 
 
 def refused_under_batching() -> ResponseFormatUnsupported:
-    """The refusal of a constrained request while continuous batching is enabled (the server's setting)."""
+    """The refusal of a constrained request while continuous batching is enabled (the server's
+    setting)."""
     return ResponseFormatUnsupported(
-        "response_format is not served while continuous batching is enabled (ENABLE_CONTINUOUS_BATCHING): "
-        "a grammar mask per row would stall every row of the batch"
+        "response_format is not served while continuous batching is enabled "
+        "(ENABLE_CONTINUOUS_BATCHING): a grammar mask per row would stall every row of the batch"
     )
 
 

@@ -179,7 +179,8 @@ class _Walk:
 
 
 def check_schema(schema, param: str = "response_format") -> None:
-    """Refuse (400 response_format_unsupported, naming `param`) a schema outside the subset or its limits."""
+    """Refuse (400 response_format_unsupported, naming `param`) a schema outside the subset or
+    its limits."""
     size = len(json.dumps(schema))
     if size > MAX_BYTES:
         raise ResponseFormatUnsupported(

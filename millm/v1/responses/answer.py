@@ -23,7 +23,7 @@ from millm.v1.responses.protocol import (
 from millm.v1.responses.request import in_responses_words
 
 
-# chat answers -> responses -------------------------------------------------------------------------------
+# chat answers -> responses ------------------------------------------------------------------------
 def echo(body: ResponsesRequest, response_id: str, stored: bool) -> Response:
     """A response object that repeats what was asked; output and usage come as the answer does."""
     tools = [
@@ -78,7 +78,8 @@ def usage_of(chat_usage) -> ResponseUsage | None:
 def finish(
     response: Response, reason: str | None, usage: ResponseUsage | None, extras: dict | None
 ) -> Response:
-    """The response once the answer is whole: completed, or incomplete when the token budget cut it."""
+    """The response once the answer is whole: completed, or incomplete when the token budget cut
+    it."""
     cut = reason == "length"
     for item in response.output:
         item.status = "incomplete" if cut else "completed"
@@ -94,7 +95,8 @@ def finish(
 
 
 def output_of(completion: ChatCompletion) -> tuple[list[OutputItem], str | None]:
-    """A chat completion's single choice as output items (a message, then each call), and its finish reason."""
+    """A chat completion's single choice as output items (a message, then each call), and its
+    finish reason."""
     choice = completion.choices[0]
     items: list[OutputItem] = []
     calls = choice.message.tool_calls or []
@@ -213,7 +215,8 @@ class EventStream:
         ]
 
     def call(self, call) -> list[Event]:
-        """A whole function call as its item's events (chat hands calls over whole, when the row ends)."""
+        """A whole function call as its item's events (chat hands calls over whole, when the row
+        ends)."""
         events = self.close_message()
         item = FunctionCallOutput(
             id=new_id("fc"),

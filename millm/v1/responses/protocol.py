@@ -1,4 +1,5 @@
-"""POST /v1/responses: the request body, the response object and the stream's events, in OpenAI's shapes.
+"""POST /v1/responses: the request body, the response object and the stream's events, in OpenAI's
+shapes.
 
 The Responses API says the same things as chat completions in other words: `input` items
 instead of messages, `instructions` instead of a system message, `max_output_tokens`,
@@ -77,7 +78,8 @@ class FunctionCallOutputItem(OpenBody):
 
 
 class OtherItem(OpenBody):
-    """Any other item type (reasoning, item_reference, hosted tools' calls); the conversation builder decides."""
+    """Any other item type (reasoning, item_reference, hosted tools' calls); the conversation
+    builder decides."""
 
     type: str
 
@@ -101,7 +103,8 @@ InputItem = Annotated[
 
 
 class FunctionTool(OpenBody):
-    """A tool as the Responses API sends it: flat, `{"type", "name", "description", "parameters", "strict"}`."""
+    """A tool as the Responses API sends it: flat, `{"type", "name", "description", "parameters",
+    "strict"}`."""
 
     type: str
     name: str | None = None
@@ -146,18 +149,21 @@ RESPONSES_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     ),
     "top_logprobs": (
         (0,),
-        "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with logprobs",
+        "log-probabilities are not returned on /v1/responses; use /v1/chat/completions with "
+        "logprobs",
     ),
     "truncation": (
         ("disabled",),
-        "millm never drops earlier items to fit; a conversation too long is a 400 context_length_exceeded",
+        "millm never drops earlier items to fit; a conversation too long is a 400 "
+        "context_length_exceeded",
     ),
     "context_management": (([],), "millm compacts no context"),
 }
 
 
 def check_responses_fields(body: dict[str, Any]) -> None:
-    """400 field_not_honoured for the first Responses field whose value would change what millm cannot change."""
+    """400 field_not_honoured for the first Responses field whose value would change what millm
+    cannot change."""
     for field, (neutral, why) in RESPONSES_REFUSED.items():
         value = body.get(field)
         if value is None or any(value == n and type(value) is type(n) for n in neutral):
@@ -266,7 +272,8 @@ class OutputMessage(WireModel):
 
 
 class FunctionCallOutput(WireModel):
-    """A function call of the output: the client runs it and sends back a function_call_output item."""
+    """A function call of the output: the client runs it and sends back a function_call_output
+    item."""
 
     type: Literal["function_call"] = "function_call"
     id: str

@@ -34,7 +34,8 @@ from millm.v1.serving.protocol import ChatCompletionRequest
 
 ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 EARLIER = "previous_response_id"  # where a location of an earlier turn points in an error
-# Fields of the Responses body that change nothing on a local model (reported, refused under strict).
+# Fields of the Responses body that change nothing on a local model (reported, refused under
+# strict).
 NO_EFFECT = (
     "reasoning",
     "safety_identifier",
@@ -45,13 +46,17 @@ NO_EFFECT = (
     "max_tool_calls",
     "stream_options",
 )
-HOSTED_TOOLS_WHY = "millm runs no hosted tools (web search, file search, computer use, MCP, code interpreter); send function tools"
+HOSTED_TOOLS_WHY = (
+    "millm runs no hosted tools (web search, file search, computer use, MCP, code "
+    "interpreter); send function tools"
+)
 
 
-# input items -> chat messages ------------------------------------------------------------------------
+# input items -> chat messages ---------------------------------------------------------------------
 def chat_content(parts: str | list[ContentPart]) -> str | list[dict]:
-    """Content as chat's: text kinds (and a refusal's text) become text parts; any other kind is passed
-    on as it is, for the chat path to refuse naming the part, as it refuses chat's own image parts."""
+    """Content as chat's: text kinds (and a refusal's text) become text parts; any other kind is
+    passed on as it is, for the chat path to refuse naming the part, as it refuses chat's own
+    image parts."""
     if isinstance(parts, str):
         return parts
     chat_parts = []
@@ -71,7 +76,8 @@ def chat_content(parts: str | list[ContentPart]) -> str | list[dict]:
 
 @dataclass
 class Conversation:
-    """Chat messages built from items, each with where it came from in this request (None: an earlier turn)."""
+    """Chat messages built from items, each with where it came from in this request (None: an
+    earlier turn)."""
 
     messages: list[dict] = field(default_factory=list)
     where: list[str | None] = field(default_factory=list)
@@ -83,7 +89,8 @@ class Conversation:
         self.where.append(where)
 
     def call(self, item: FunctionCallItem, where: str | None) -> None:
-        """A function call joins the assistant turn just before it (parallel calls are one chat turn)."""
+        """A function call joins the assistant turn just before it (parallel calls are one chat
+        turn)."""
         call = {
             "id": item.call_id,
             "type": "function",
@@ -97,7 +104,8 @@ class Conversation:
 
 
 def conversation(instructions: str | None, items: list, first_new: int) -> Conversation:
-    """The chat messages of `instructions` and `items` (those from `first_new` on are this request's `input`)."""
+    """The chat messages of `instructions` and `items` (those from `first_new` on are this
+    request's `input`)."""
     built = Conversation()
     if instructions is not None:
         built.add({"role": "system", "content": instructions}, "instructions")
@@ -122,8 +130,9 @@ def conversation(instructions: str | None, items: list, first_new: int) -> Conve
                 built.ignored.append(where)
         else:
             raise FieldNotHonoured(
-                f"input items of type {item.type!r} cannot be honoured: millm reads message, function_call and "
-                "function_call_output items (an item_reference: send the item, or continue with previous_response_id)",
+                f"input items of type {item.type!r} cannot be honoured: millm reads message, "
+                "function_call and function_call_output items (an item_reference: send the item, "
+                "or continue with previous_response_id)",
                 param=f"{where or EARLIER}.type",
             )
     if not any(message["role"] != "system" for message in built.messages):
@@ -132,7 +141,8 @@ def conversation(instructions: str | None, items: list, first_new: int) -> Conve
 
 
 def stored_items(body: ResponsesRequest) -> list[dict]:
-    """This request's input as stored items: a string becomes a user message; reasoning items are dropped."""
+    """This request's input as stored items: a string becomes a user message; reasoning items are
+    dropped."""
     if isinstance(body.input, str):
         return [{"type": "message", "role": "user", "content": body.input}]
     kept = [
@@ -148,7 +158,7 @@ def stored_items(body: ResponsesRequest) -> list[dict]:
     ]
 
 
-# the other fields -----------------------------------------------------------------------------------
+# the other fields ---------------------------------------------------------------------------------
 def chat_tools(body: ResponsesRequest) -> list[dict] | None:
     """Flat function tools as chat's nested ones; hosted tools are refused."""
     if body.tools is None:
@@ -172,14 +182,15 @@ def chat_tools(body: ResponsesRequest) -> list[dict] | None:
 
 
 def chat_tool_choice(choice: str | dict | None) -> str | dict | None:
-    """{"type": "function", "name"} as chat's {"type": "function", "function": {"name"}}; hosted choices are refused."""
+    """{"type": "function", "name"} as chat's {"type": "function", "function": {"name"}}; hosted
+    choices are refused."""
     if not isinstance(choice, dict):
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise FieldNotHonoured(
-        f'tool_choice {choice!r} cannot be honoured: name a function tool ({{"type": "function", "name": ...}}) or send '
-        '"auto", "none" or "required"',
+        f'tool_choice {choice!r} cannot be honoured: name a function tool ({{"type": "function", '
+        f'"name": ...}}) or send "auto", "none" or "required"',
         param="tool_choice",
     )
 
@@ -218,7 +229,8 @@ def chat_response_format(body: ResponsesRequest) -> dict | None:
 
 
 def own_ignored(body: ResponsesRequest, built: Conversation) -> list[str]:
-    """Locations of the Responses body that change nothing here: unknown keys, NO_EFFECT fields sent, reasoning items."""
+    """Locations of the Responses body that change nothing here: unknown keys, NO_EFFECT fields
+    sent, reasoning items."""
     found = unused_locations(body)  # unknown keys at every level, and user
     found += [name for name in NO_EFFECT if getattr(body, name) is not None]
     if body.text is not None and body.text.verbosity is not None:
@@ -260,7 +272,7 @@ def chat_request(body: ResponsesRequest, built: Conversation) -> ChatCompletionR
     return ChatCompletionRequest.model_validate(request, strict=False)
 
 
-# chat locations -> Responses locations ----------------------------------------------------------------
+# chat locations -> Responses locations ------------------------------------------------------------
 RENAMES: list[tuple[re.Pattern, str | Callable[[re.Match], str]]] = [
     (re.compile(r"response_format\.json_schema\."), "text.format."),
     (re.compile(r"\bresponse_format\b"), "text.format"),
@@ -299,7 +311,8 @@ def in_responses_words(error: MillmError, where: list[str | None]) -> MillmError
 
 
 def sent_as(ignored: list[str], where: list[str | None]) -> SentAs:
-    """How chat names ignored fields of this request: in its words, and not at all for an earlier turn's."""
+    """How chat names ignored fields of this request: in its words, and not at all for an earlier
+    turn's."""
 
     def locate(location: str) -> str | None:
         moved = relocate(location, where)

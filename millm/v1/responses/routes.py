@@ -16,7 +16,8 @@ from millm.v1.serving.routes import ignored_cap, strict
 router = APIRouter(route_class=JsonRoute)
 STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "The response object; with stream: true, the Responses event sequence (response.created ... response.completed)",
+        "description": "The response object; with stream: true, the Responses event sequence "
+        "(response.created ... response.completed)",
         "content": {"text/event-stream": {}},
     }
 }
@@ -29,7 +30,8 @@ STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     responses=STREAM_RESPONSE,
 )
 async def create_response(body: ResponsesRequest, request: Request):
-    """Answer the input (continuing previous_response_id's conversation) as chat completions would, steered alike."""
+    """Answer the input (continuing previous_response_id's conversation) as chat completions
+    would, steered alike."""
     reply = await unless_client_leaves(
         request, part(request, ResponsesApi).create(body, strict(request))
     )
@@ -58,5 +60,6 @@ async def input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> InputItemList:
-    """Its input items, earlier turns of previous_response_id included, newest first unless order=asc."""
+    """Its input items, earlier turns of previous_response_id included, newest first unless
+    order=asc."""
     return await part(request, ResponsesApi).input_items(response_id, limit, order, after)

@@ -51,7 +51,8 @@ def not_found(response_id: str, param: str | None = None) -> NotFound:
 
 
 class ResponsesApi:
-    """POST, GET and DELETE /v1/responses (and a response's input items) over chat serving and the store."""
+    """POST, GET and DELETE /v1/responses (and a response's input items) over chat serving and
+    the store."""
 
     def __init__(self, serving: Serving, store: Store):
         self.serving = serving
@@ -64,7 +65,8 @@ class ResponsesApi:
         return self.settings.responses_retention_days * 86400
 
     async def create(self, body: ResponsesRequest, strict: bool) -> Reply:
-        """Answer the input (after the stored conversation of previous_response_id), store it unless asked not to."""
+        """Answer the input (after the stored conversation of previous_response_id), store it
+        unless asked not to."""
         earlier: list[dict] = []
         if body.previous_response_id is not None:
             found = await to_thread.run_sync(
@@ -75,14 +77,16 @@ class ResponsesApi:
             previous, items = found
             earlier = items + [item for item in previous["output"]]
         new = stored_items(body)
-        # This request's items as sent (their indices are what errors and reports name; stored ones drop reasoning).
+        # This request's items as sent (their indices are what errors and reports name; stored ones
+        # drop reasoning).
         sent = body.input if isinstance(body.input, list) else ITEMS.validate_python(new)
         built = conversation(body.instructions, ITEMS.validate_python(earlier) + sent, len(earlier))
         ignored = own_ignored(body, built)
         handle_unused(ignored, strict)  # strict: refused before anything runs
         where = built.where
         try:
-            # The chat request's own rules run as it is made: their errors are said in this API's words too.
+            # The chat request's own rules run as it is made: their errors are said in this API's
+            # words too.
             chat = chat_request(body, built)
             response_id = new_id("resp")  # before it runs: monitoring names the request by it
             reply = await self.serving.chat(chat, strict, sent_as(ignored, where), response_id)
@@ -175,7 +179,8 @@ class ResponsesApi:
 
 
 def with_ids(items: list[dict]) -> list[dict]:
-    """Items as stored: each with an id (OpenAI names input items too), so input_items can page by it."""
+    """Items as stored: each with an id (OpenAI names input items too), so input_items can page
+    by it."""
     prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
     return [
         item

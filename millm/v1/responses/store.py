@@ -48,7 +48,8 @@ def save_response(
 def load_response(
     store: Store, response_id: str, retention_s: float
 ) -> tuple[dict, list[dict]] | None:
-    """A stored response and its conversation, or None (never stored, deleted, or past the retention)."""
+    """A stored response and its conversation, or None (never stored, deleted, or past the
+    retention)."""
     with store.reading() as conn:
         row = conn.execute(
             select(table).where(

@@ -37,14 +37,14 @@ from millm.v1.policy.request_rules import READ_PARAM, refused_read
 ReadPoint = Literal["post_steering", "pre_steering"]
 NOTES = {
     "post_steering": (
-        "post_steering is what the model computed at this layer for this request, after this layer's "
-        "steering delta; it is not an unsteered counterfactual: steering at earlier layers and tokens "
-        "generated under steering still shape the residual here."
+        "post_steering is what the model computed at this layer for this request, after this "
+        "layer's steering delta; it is not an unsteered counterfactual: steering at earlier "
+        "layers and tokens generated under steering still shape the residual here."
     ),
     "pre_steering": (
-        "pre_steering is the residual before this layer's own steering delta; it is not an unsteered "
-        "counterfactual either: steering at earlier layers and tokens generated under steering still "
-        "shape the residual here."
+        "pre_steering is the residual before this layer's own steering delta; it is not an "
+        "unsteered counterfactual either: steering at earlier layers and tokens generated under "
+        "steering still shape the residual here."
     ),
 }
 
@@ -132,9 +132,11 @@ Positions = Annotated[
 
 
 class ReadRequest(BaseModel):
-    """What to read: an attached SAE, candidate features, top_k per position, positions and read point."""
+    """What to read: an attached SAE, candidate features, top_k per position, positions and read
+    point."""
 
-    # Parsed before any model is held (its syntax is the request's alone); plan_read binds it to an SAE.
+    # Parsed before any model is held (its syntax is the request's alone); plan_read binds it to an
+    # SAE.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     sae_id: str | None = None
@@ -144,15 +146,18 @@ class ReadRequest(BaseModel):
     read_point: ReadPoint = "post_steering"
     percentiles: bool = Field(
         False,
-        description="Add each entry's percentile among the feature's firing activations in the SAE's calibration on this model (null when not calibrated).",
+        description="Add each entry's percentile among the feature's firing activations in the "
+        "SAE's calibration on this model (null when not calibrated).",
     )
     tokens: bool = Field(
         False,
-        description="Add each position's token: the text of its token_id decoded on its own (special tokens by name).",
+        description="Add each position's token: the text of its token_id decoded on its own "
+        "(special tokens by name).",
     )
     labels: bool = Field(
         False,
-        description="Add each entry's label: the feature's label in the SAE's labels, null for an unlabelled feature.",
+        description="Add each entry's label: the feature's label in the SAE's labels, null for an "
+        "unlabelled feature.",
     )
 
     @property
@@ -165,7 +170,8 @@ class ReadRequest(BaseModel):
         )
 
 
-# The request field: parsed with the body, refused in this format's words (locations under READ_PARAM).
+# The request field: parsed with the body, refused in this format's words (locations under
+# READ_PARAM).
 SaeRead = Annotated[ReadRequest, refused_under(READ_PARAM)]
 
 

@@ -64,7 +64,8 @@ class Meta:
 def millm_block(
     read: ActivationRead | None, captured: list, unsteered: bool = False, probes: dict | None = None
 ) -> dict | None:
-    """The body's `millm` object: the probes' verdicts and the SAE read (None when there is neither)."""
+    """The body's `millm` object: the probes' verdicts and the SAE read (None when there is
+    neither)."""
     block = dict(probes or {})
     if read is not None and captured:
         # encoded on the scheduler thread
@@ -73,13 +74,15 @@ def millm_block(
 
 
 def cached_tokens(by_row: dict[int, int] | list[int], choices: int) -> int:
-    """The request's prompt tokens taken from the prefix cache: each prompt's once (its n rows share one prefill)."""
+    """The request's prompt tokens taken from the prefix cache: each prompt's once (its n rows
+    share one prefill)."""
     rows = by_row.items() if isinstance(by_row, dict) else enumerate(by_row)
     return sum(cached for row, cached in rows if row % choices == 0)
 
 
 class Shape(ABC):
-    """How a row's text becomes choices, whole and streamed (a fresh one per request: tools hold text per row)."""
+    """How a row's text becomes choices, whole and streamed (a fresh one per request: tools hold
+    text per row)."""
 
     @abstractmethod
     def whole(
@@ -208,7 +211,8 @@ def tool_call(call: dict) -> AssistantToolCall:
 
 @dataclass(frozen=True)
 class Echo:
-    """What echo puts before a prompt's completion: its text and, with logprobs, its tokens scored."""
+    """What echo puts before a prompt's completion: its text and, with logprobs, its tokens
+    scored."""
 
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -300,7 +304,8 @@ class CompletionShape(Shape):
 async def chunks(
     stream: JobStream, rows: int, admitted: Admitted, shape: Shape, meta: Meta
 ) -> AsyncIterator[WireModel | MillmError]:
-    """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or the error that ended it.
+    """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or
+    the error that ended it.
 
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as
     OpenAI does. Then the probe-verdict chunk (no choices; `millm.probes`, every row's), when

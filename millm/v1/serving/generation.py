@@ -50,7 +50,8 @@ class GenerationOptions:
 def completion_budget(
     lm: LoadedModel, prompt_tokens: int, max_tokens: int | None, default: int, param: str
 ) -> int:
-    """max_tokens for a prompt: the asked value if it fits the window, else a 400; a default shrinks to fit."""
+    """max_tokens for a prompt: the asked value if it fits the window, else a 400; a default
+    shrinks to fit."""
     room = lm.context_length - prompt_tokens
     if max_tokens is not None:
         if max_tokens > room:
@@ -69,7 +70,8 @@ def completion_budget(
 
 
 def row_seed(seed: int | None, choice: int) -> int | None:
-    """Choice j of a seeded request draws from seed + j, so choice 0 matches the same request with n=1."""
+    """Choice j of a seeded request draws from seed + j, so choice 0 matches the same request
+    with n=1."""
     return None if seed is None else (seed + choice) % SEED_SPACE
 
 
@@ -92,7 +94,8 @@ def build_rows(
     param: str,
     fill: RowFill = RowFill(),
 ) -> list[RowSpec]:
-    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all filled alike."""
+    """One row per (prompt, choice), prompt-major, each with its own budget and seed, all filled
+    alike."""
     rows = []
     for prompt in prompts:
         budget = completion_budget(lm, len(prompt), options.max_tokens, default_max_tokens, param)

@@ -66,7 +66,8 @@ async def frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator
 
 
 async def event_frames(events: AsyncIterator[WireModel]) -> AsyncIterator[str]:
-    """Typed events as the Responses API frames them: `event:` names each, and no [DONE] ends them."""
+    """Typed events as the Responses API frames them: `event:` names each, and no [DONE] ends
+    them."""
     try:
         async for event in events:
             payload = event.model_dump()
@@ -89,7 +90,8 @@ def respond(reply: Reply, ignored_cap: int, framing=frames) -> JSONResponse | St
 
 
 async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; if the client disconnects first, the work is cancelled (and with it its job)."""
+    """`work`'s result; if the client disconnects first, the work is cancelled (and with it its
+    job)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(disconnected(request))
     try:

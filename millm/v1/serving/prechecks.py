@@ -43,10 +43,12 @@ class Prechecked:
 async def precheck(
     state: ServingParts, body: BaseModel, strict: bool, scoring: bool = False
 ) -> Prechecked:
-    """The request-only refusals (400/404) in the order a client would fix them; returns what they parsed."""
+    """The request-only refusals (400/404) in the order a client would fix them; returns what
+    they parsed."""
     check_rows(body, state.settings.max_rows_per_request)
     if strict:
-        # As if the template read every optional message key: what is still unused is unused on any model.
+        # As if the template read every optional message key: what is still unused is unused on any
+        # model.
         handle_unused(unused_locations(body, scoring=scoring, reads=set(TEMPLATE_KEYS)), True)
     raw_dial = getattr(body, "steering_intensity", None)
     dial = parse_dial(raw_dial) if raw_dial is not None else None
@@ -67,7 +69,8 @@ async def precheck(
 
 
 def check_rows(body: BaseModel, cap: int) -> None:
-    """400 when the request's rows (conversations or prompts, times n; a comparison's variants) exceed `cap`, naming the field that multiplies them."""
+    """400 when the request's rows (conversations or prompts, times n; a comparison's variants)
+    exceed `cap`, naming the field that multiplies them."""
     rows: RowCount | None = getattr(body, "row_count", None)
     if rows is None:
         return  # embeddings: one pass over all inputs, no rows
@@ -75,7 +78,7 @@ def check_rows(body: BaseModel, cap: int) -> None:
     units, param, what = rows.units, rows.param, rows.what
     if units * n > cap:
         raise InvalidRequest(
-            f"this request makes {units * n} rows ({units} {what} x n={n}); this server takes at most {cap} per request "
-            "(MAX_ROWS_PER_REQUEST): split it into several requests",
+            f"this request makes {units * n} rows ({units} {what} x n={n}); this server takes at "
+            f"most {cap} per request (MAX_ROWS_PER_REQUEST): split it into several requests",
             param=param if units > 1 else "n",
         )

@@ -32,7 +32,8 @@ def message_text(message: ChatMessage, where: str) -> str:
     for j, part in enumerate(message.content):
         if part.type != "text" or part.text is None:
             raise FieldNotHonoured(
-                f"content part of type {part.type!r} cannot be honoured: this model reads text only",
+                f"content part of type {part.type!r} cannot be honoured: this model reads text "
+                "only",
                 param=f"{where}.content[{j}]",
             )
         texts.append(part.text)
@@ -40,7 +41,8 @@ def message_text(message: ChatMessage, where: str) -> str:
 
 
 def template_messages(messages: list[ChatMessage], param: str = "messages") -> list[dict]:
-    """Messages as the chat template expects them; `developer` is OpenAI's newer name for `system`."""
+    """Messages as the chat template expects them; `developer` is OpenAI's newer name for
+    `system`."""
     rendered = []
     for i, message in enumerate(messages):
         entry: dict[str, Any] = {
@@ -133,7 +135,8 @@ def token_ids(
 def completion_prompts(
     lm: LoadedModel, body: CompletionRequest, error: type[InvalidRequest]
 ) -> tuple[list[list[int]], list[str]]:
-    """Every prompt of a text completion as token ids (verbatim, no chat template), with its text."""
+    """Every prompt of a text completion as token ids (verbatim, no chat template), with its
+    text."""
     items = listed_inputs(body.prompt)
     add_special = True if body.add_special_tokens is None else body.add_special_tokens
     prompts: list[list[int]] = []
@@ -148,7 +151,8 @@ def completion_prompts(
 
 
 def embedding_inputs(lm: LoadedModel, value) -> list[list[int]]:
-    """Every embeddings input as token ids, each checked against the vocabulary and the context window."""
+    """Every embeddings input as token ids, each checked against the vocabulary and the context
+    window."""
     items = listed_inputs(value)
     if not items:
         raise InvalidRequest("input must not be empty", param="input")

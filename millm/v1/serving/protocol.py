@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI surface: one field per parameter, one validator per cross-field rule.
+"""Request bodies of the OpenAI surface: one field per parameter, one validator per cross-field
+rule.
 
 Models are strict (a string is never a number, `true` is never a seed) and keep unknown
 fields, so the field policy can report or refuse them instead of dropping them. millm's own
@@ -84,7 +85,8 @@ COMPLETION_LOGPROBS = {
     "properties": {"logprobs": {"not": {"enum": [None, False]}}},
 }
 TOP_LOGPROBS_RULES = [when(sent("top_logprobs"), equals("logprobs", True))]
-# Token ids are never negative (which ids the vocabulary holds is the model's); a prompt is never empty.
+# Token ids are never negative (which ids the vocabulary holds is the model's); a prompt is never
+# empty.
 TOKEN_IDS_SCHEMA = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 PROMPT_SCHEMA = {
     "anyOf": [
@@ -104,7 +106,8 @@ class TextPart(OpenBody):
 
 
 class ToolCallFunction(OpenBody):
-    """The function of an earlier tool call: its name and arguments (a JSON string, or an object)."""
+    """The function of an earlier tool call: its name and arguments (a JSON string, or an
+    object)."""
 
     name: str
     arguments: str | dict[str, Any] = "{}"
@@ -171,15 +174,16 @@ class GenerationFields(OpenBody):
 
     @model_validator(mode="after")
     def _one_token_budget(self):
-        # max_completion_tokens is OpenAI's newer name for max_tokens; two different budgets are ambiguous.
+        # max_completion_tokens is OpenAI's newer name for max_tokens; two different budgets are
+        # ambiguous.
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
             and self.max_tokens != self.max_completion_tokens
         ):
             raise InvalidRequest(
-                f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
-                "differ; send one of them",
+                f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                f"({self.max_completion_tokens}) differ; send one of them",
                 param="max_completion_tokens",
             )
         return self
@@ -209,9 +213,11 @@ class SamplingFields(GenerationFields):
     user: str | None = None
     # vLLM's: a logprob's token said as "token_id:<id>" (never ambiguous, unlike decoded text)
     return_tokens_as_token_ids: bool | None = None
-    # miLLM: this request's activations of an attached SAE (bound to one in v1/serving/activations.py)
+    # miLLM: this request's activations of an attached SAE (bound to one in
+    # v1/serving/activations.py)
     return_sae_activations: SaeRead | None = None
-    # miLLM: probes watching this request's rows, by name or inline (found in kernel/probes/watches.py)
+    # miLLM: probes watching this request's rows, by name or inline (found in
+    # kernel/probes/watches.py)
     probes: RequestProbes | None = None
     # miLLM: this request's own steering, a profile document's steering part
     steering: OwnSteering | None = Field(
@@ -263,7 +269,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: TopN | None = None
     allowed_token_ids: TokenIds | None = None
-    # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see check_template_kwargs.
+    # Extra variables for the chat template (Qwen 3's enable_thinking, ...); see
+    # check_template_kwargs.
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
@@ -276,7 +283,8 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self):
-        # OpenAI's rule: alternatives are only returned alongside the chosen token's log-probability.
+        # OpenAI's rule: alternatives are only returned alongside the chosen token's
+        # log-probability.
         if self.top_logprobs is not None and self.logprobs is not True:
             raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         return self
@@ -307,7 +315,8 @@ class ChatCompletionRequest(SamplingFields):
         # Each replaces the steering base for this request, so only one can.
         if self.profile is not None and self.steering is not None:
             raise InvalidRequest(
-                "send either profile or steering: each replaces the steering base for this request, so they cannot be combined",
+                "send either profile or steering: each replaces the steering base for this "
+                "request, so they cannot be combined",
                 param="steering",
             )
         return self
@@ -364,7 +373,8 @@ class CompletionRequest(SamplingFields):
     @field_validator("logprobs")
     @classmethod
     def _logprobs_is_a_count(cls, value):
-        # On text completions logprobs counts alternatives (0-20); false means none, true means nothing.
+        # On text completions logprobs counts alternatives (0-20); false means none, true means
+        # nothing.
         if value is True:
             raise ValueError("on text completions logprobs is the number of alternatives, 0 to 20")
         return None if value is False else value

@@ -31,7 +31,8 @@ class Report:
 
 @dataclass(frozen=True)
 class Reply:
-    """A served request: its whole body, or the chunks of its stream (a failure comes as the error)."""
+    """A served request: its whole body, or the chunks of its stream (a failure comes as the
+    error)."""
 
     report: Report
     body: WireModel | None = None

@@ -33,7 +33,8 @@ def ignored_cap(request: Request) -> int:
     "/v1/chat/completions", summary="Chat completion (streaming and non-streaming), or chat scoring"
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded model."""
+    """Answer (or continue) a conversation, and each extra_messages conversation, with the loaded
+    model."""
     reply = await unless_client_leaves(request, part(request, Serving).chat(body, strict(request)))
     return respond(reply, ignored_cap(request))
 

@@ -1,6 +1,6 @@
 """Scoring mode on /v1/completions and /v1/chat/completions: next-token log-probabilities, unsteered
-(but for a variant whose scoring is steered: kernel/variants/naming.py), and the answers it makes (a completion per prompt, with echo its tokens scored too; a chat choice
-per conversation).
+(but for a variant whose scoring is steered: kernel/variants/naming.py), and the answers it makes (a
+completion per prompt, with echo its tokens scored too; a chat choice per conversation).
 
 The rules of the API page's "Scoring mode" and "Chat scoring" sections: one forward pass per
 prompt and nothing generated; max_tokens 1 and n 1; normalisation over allowed_token_ids;
@@ -39,7 +39,8 @@ def check_allowed(lm: LoadedModel, allowed: list[int] | None) -> list[int] | Non
     bad = [t for t in allowed if not 0 <= t < lm.vocab_size]
     if bad:
         raise InvalidScoringRequest(
-            f"allowed_token_ids holds ids outside the vocabulary (0..{lm.vocab_size - 1}): {bad[:10]}",
+            f"allowed_token_ids holds ids outside the vocabulary (0..{lm.vocab_size - 1}): "
+            f"{bad[:10]}",
             param="allowed_token_ids",
         )
     return list(dict.fromkeys(allowed))
@@ -84,7 +85,8 @@ def completion_choice(
     allowed,
     by_id: bool,
 ) -> CompletionChoice:
-    """A legacy completions choice: the chosen token's text and, when asked, OpenAI's logprobs object."""
+    """A legacy completions choice: the chosen token's text and, when asked, OpenAI's logprobs
+    object."""
     text = token_text(lm, scored.chosen)
     if logprobs is None:
         return CompletionChoice(index=index, text=text, finish_reason="length")
@@ -133,7 +135,8 @@ def chat_choice(
     top_logprobs: int | None,
     by_id: bool,
 ) -> ChatChoice:
-    """A chat choice: the chosen token as the message and, with logprobs: true, OpenAI's chat logprobs."""
+    """A chat choice: the chosen token as the message and, with logprobs: true, OpenAI's chat
+    logprobs."""
     text = token_text(lm, scored.chosen)
     message = AssistantMessage(content=text)
     if not logprobs:
@@ -164,8 +167,9 @@ async def echoed_prompts(
     words: TokenWords | None,
     edit: ResidualEdit | None,
 ) -> list[Echo]:
-    """What echo puts before each generated completion: the prompt's text and, with logprobs,
-    its tokens scored by one pass (at the request's temperature, 0: unscaled), unsteered unless `edit`."""
+    """What echo puts before each generated completion: the prompt's text and, with logprobs, its
+    tokens scored by one pass (at the request's temperature, 0: unscaled), unsteered unless
+    `edit`."""
     prompts, texts = prompts_and_texts
     if words is None:
         return [Echo(text) for text in texts]
@@ -186,7 +190,8 @@ async def score_completions(
     state: ServingParts, admitted: Admitted, texts: list[str], meta: Meta
 ) -> Reply:
     """Score each prompt's next token (and with echo its own tokens) in one job, unsteered unless
-    the report's plan steers it (a variant whose scoring is steered); `texts` are the prompts' texts."""
+    the report's plan steers it (a variant whose scoring is steered); `texts` are the prompts'
+    texts."""
     lm, prompts, report, read = admitted.lm, admitted.prompts, admitted.report, admitted.read
     body = admitted.body
     assert isinstance(body, CompletionRequest)  # text scoring: chat's is score_chat
@@ -262,7 +267,11 @@ async def score_chat(state: ServingParts, admitted: Admitted, meta: Meta) -> Rep
             )
         except MillmError as exc:
             if len(prompts) > 1:
-                exc.message = f"conversation {index} ({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): {exc.message}"
+                exc.message = (
+                    f"conversation {index} "
+                    f"({'messages' if index == 0 else f'extra_messages[{index - 1}]'}): "
+                    f"{exc.message}"
+                )
             raise
     scored = ChatCompletion(
         id=meta.id,

@@ -73,7 +73,8 @@ from millm.v1.token_logprobs import token_text
 
 
 def generation_options(body: GenerationFields, n: int = 1) -> GenerationOptions:
-    """The engine's view of the sampling fields (`n` choices per prompt), with OpenAI's defaults filled in."""
+    """The engine's view of the sampling fields (`n` choices per prompt), with OpenAI's defaults
+    filled in."""
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -104,7 +105,7 @@ class Serving:
         self.state = state
         self.settings = state.settings
 
-    # routes ------------------------------------------------------------------------------------------
+    # routes ---------------------------------------------------------------------------------------
     async def chat(
         self,
         body: ChatCompletionRequest,
@@ -114,7 +115,8 @@ class Serving:
     ) -> Reply:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in, and
-        `request_id` the id its client gets back, when that is not this body's (monitoring says it)."""
+        `request_id` the id its client gets back, when that is not this body's (monitoring says
+        it)."""
         # The body's own rules (millm's fields included) were checked while it was parsed.
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
@@ -125,7 +127,8 @@ class Serving:
         lm = await self.state.switch.acquire(body.model)
         if body.scoring and not has_chat_template(lm.tokenizer):
             raise InvalidRequest(
-                f"{lm.name} has no chat template, so there is no prompt to score; use /v1/completions with the prompt text",
+                f"{lm.name} has no chat template, so there is no prompt to score; use "
+                "/v1/completions with the prompt text",
                 param="messages",
                 code="no_chat_template",
             )
@@ -208,11 +211,13 @@ class Serving:
 
     async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
         """Mean-pooled last hidden layer over each input's real tokens."""
-        # Embeddings are never steered: a variant's are its base's, answered under the variant's name.
+        # Embeddings are never steered: a variant's are its base's, answered under the variant's
+        # name.
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
         await precheck(self.state, body, strict)
-        # What embeddings ignore does not depend on the model: reported (or refused) before it is held.
+        # What embeddings ignore does not depend on the model: reported (or refused) before it is
+        # held.
         ignored = handle_unused(unused_locations(body), strict)
         lm = await self.state.switch.acquire(body.model)
         prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
@@ -228,7 +233,7 @@ class Serving:
         )
         return Reply(Report(ignored), body=answer)
 
-    # steps -------------------------------------------------------------------------------------------
+    # steps ----------------------------------------------------------------------------------------
     async def _generate(
         self, admitted: Admitted, shape: Shape, meta: Meta, request_id: str
     ) -> Reply:
@@ -259,7 +264,8 @@ class Serving:
         return Reply(report, body=shape.whole(meta, result, admitted.prompt_tokens, admitted.read))
 
     def _start(self, admitted: Admitted, origin: Origin) -> tuple[JobStream, int]:
-        """Build the request's rows (read by monitoring too when it is on, as `origin`'s) and admit them."""
+        """Build the request's rows (read by monitoring too when it is on, as `origin`'s) and
+        admit them."""
         lm, probes = admitted.lm, admitted.probes
         reads = engine_reads(admitted.read)
         monitored = self.state.monitor.read_for(
@@ -324,7 +330,8 @@ class Serving:
         return read.with_labels(labels)
 
     async def _watch(self, lm: LoadedModel, asked: tuple[Asked, ...]) -> ProbeSet:
-        """The request's probes and the active ones as watches (binding them is blocking work; most requests have none)."""
+        """The request's probes and the active ones as watches (binding them is blocking work;
+        most requests have none)."""
         if not asked and not self.state.probes.any_active():
             return NO_PROBES
         # one view of the SAEs for every probe of the request
@@ -336,5 +343,6 @@ class Serving:
     @property
     def _seed_scope(self) -> str:
         """The promise X-miLLM-Seed states: with continuous batching enabled the spec's promise is
-        best-effort (the seeded request itself still runs on the serial path, in its own forward passes)."""
+        best-effort (the seeded request itself still runs on the serial path, in its own forward
+        passes)."""
         return "best-effort" if self.settings.enable_continuous_batching else "request"

@@ -69,7 +69,8 @@ TOOL_SHAPE = '{"type": "function", "function": {...}}'
 
 
 def _refused_tool(exc: ValidationError, value: Any) -> InvalidRequest:
-    # The first problem in the words tools were always refused in: the entry, its name, its description.
+    # The first problem in the words tools were always refused in: the entry, its name, its
+    # description.
     loc = exc.errors()[0]["loc"]
     if loc and isinstance(loc[0], int):
         where = f"{TOOLS_PARAM}[{loc[0]}]"
@@ -99,13 +100,17 @@ class ChosenFunction(OpenBody):
 
 
 class NamedToolChoice(OpenBody):
-    """tool_choice naming the one tool to call: `{"type": "function", "function": {"name": ...}}`."""
+    """tool_choice naming the one tool to call: `{"type": "function", "function": {"name":
+    ...}}`."""
 
     type: Literal["function"]
     function: ChosenFunction
 
 
-CHOICES = 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+CHOICES = (
+    'tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
+    '{"name": ...}}'
+)
 ToolChoice = Annotated[
     Literal["none", "auto", "required"] | NamedToolChoice,
     refused_by(lambda exc, value: InvalidRequest(CHOICES, param="tool_choice")),
@@ -159,7 +164,8 @@ class ToolPlan:
         return self.mode in ("required", "forced")
 
     def grammar(self) -> GrammarSpec | None:
-        """The JSON Schema a forced call must follow: the named tool's arguments, or any tool's call."""
+        """The JSON Schema a forced call must follow: the named tool's arguments, or any tool's
+        call."""
         if self.mode == "forced":
             assert self.forced is not None  # a forced plan names its tool
             return GrammarSpec(
@@ -236,7 +242,8 @@ def tool_plan(
 
 
 def checked_tool(tool: ChatTool, index: int) -> Tool:
-    """A parsed tool with its parameters checked against the subset (any object when it has none)."""
+    """A parsed tool with its parameters checked against the subset (any object when it has
+    none)."""
     function = tool.function
     parameters = ANY_OBJECT if function.parameters is None else function.parameters
     check_schema(parameters, param=f"{TOOLS_PARAM}[{index}].function.parameters")

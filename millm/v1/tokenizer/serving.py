@@ -64,7 +64,8 @@ class Tokenizers:
         self.state = state
 
     async def _held(self, model: str | None) -> LoadedModel:
-        """The named model (a variant's base; loaded first if registered and not loaded), or the loaded one."""
+        """The named model (a variant's base; loaded first if registered and not loaded), or the
+        loaded one."""
         named = self.state.variants.named(model or self.state.switch.expected_name)
         return await self.state.switch.acquire(named.base)
 

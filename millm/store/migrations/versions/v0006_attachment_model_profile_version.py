@@ -1,4 +1,5 @@
-"""Schema 6: the model an attachment belongs to, a version on each profile, and a steering_version row."""
+"""Schema 6: the model an attachment belongs to, a version on each profile, and a
+steering_version row."""
 
 import sqlalchemy as sa
 from alembic import op

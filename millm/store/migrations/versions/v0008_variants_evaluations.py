@@ -11,7 +11,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """Create the variants' table (names unique: a client names a variant as it names a model) and the evaluations' table."""
+    """Create the variants' table (names unique: a client names a variant as it names a model)
+    and the evaluations' table."""
     op.create_table(
         "millm_variants",
         sa.Column("id", sa.String(64), primary_key=True),
