@@ -121,9 +121,46 @@ def _narrow(
 
 
 def _requests(schemas: dict, settings: Settings) -> None:
-    # Each rule below is one pydantic cannot state in a model's schema: a rule across fields, a
-    # limit that is a server setting, or a check written as a validator (stop sequences, the
-    # token budget, a message's content, the dial's words).
+    """The bodies' rules in the served schema. Each is one a model's own schema cannot state, and
+    says which: a rule across fields, a limit that is a server setting, or a field a model takes
+    wider than it accepts so that its refusal has its own words or error code."""
+    _parts(schemas)
+    _openai_bodies(schemas, settings)
+    _lab_bodies(schemas)
+
+
+def _parts(schemas: dict) -> None:
+    """Message parts and response formats."""
+    # Any part parses, so an image part is refused as not honoured rather than as malformed.
+    _narrow(
+        schemas["TextPart"],
+        properties=TEXT_PART_SCHEMA["properties"],
+        required=TEXT_PART_SCHEMA["required"],
+    )
+    # Across fields: content may be absent on an assistant turn only.
+    _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
+    # Any type and name parse, so an unsupported format is refused as response_format_unsupported.
+    _narrow(
+        schemas["ResponseFormat"],
+        properties={"type": {"enum": ["text", "json_object", "json_schema"]}},
+        rules=[when({"properties": {"type": {"const": "json_schema"}}}, sent("json_schema"))],
+    )
+    # The subset is a schema of schemas, served once as its own component.
+    _narrow(schemas["ToolFunction"], properties={"parameters": nullable(_ref("SchemaSubset"))})
+    # A missing name or schema is refused as response_format_unsupported (structured_of).
+    _narrow(
+        schemas["JsonSchemaFormat"],
+        properties={
+            "name": {"type": "string", "pattern": SCHEMA_NAME.pattern},
+            "schema": _ref("SchemaSubset"),
+        },
+        required=["name", "schema"],
+    )
+
+
+def _openai_bodies(schemas: dict, settings: Settings) -> None:
+    """Chat and text completions and embeddings."""
+    # Across fields: a read has one row's positions.
     single_read = [
         when(
             sent("return_sae_activations"),
@@ -141,12 +178,8 @@ def _requests(schemas: dict, settings: Settings) -> None:
             }
         },
     )
-    _narrow(
-        schemas["TextPart"],
-        properties=TEXT_PART_SCHEMA["properties"],
-        required=TEXT_PART_SCHEMA["required"],
-    )
-    _narrow(schemas["ChatMessage"], rules=MESSAGE_RULES)
+    # `stop`, the dial and token ids are checked by validators that name the rule they break (four
+    # stops at most, none empty; 0-2 or off/min/max; an id the vocabulary lacks).
     _narrow(
         schemas["ChatCompletionRequest"],
         properties={
@@ -164,6 +197,7 @@ def _requests(schemas: dict, settings: Settings) -> None:
             *single_read,
         ],
     )
+    # As on chat; `logprobs` is a count whose `true` is refused in words, `prompt` never empty.
     _narrow(
         schemas["CompletionRequest"],
         properties={
@@ -200,37 +234,30 @@ def _requests(schemas: dict, settings: Settings) -> None:
             ),
         ],
     )
-    _narrow(
-        schemas["CompareRequest"],
-        properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)},
-        rules=BUDGET_RULES,
-    )
-    _narrow(
-        schemas["ProbeUpdate"],
-        properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})},
-    )
-    _narrow(
-        schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES
-    )
+    # `input` is never empty (a validator); the field policy's matrix is across fields.
     _narrow(
         schemas["EmbeddingRequest"],
         properties={"input": PROMPT_SCHEMA},
         rules=field_policy.schema_rules(EMBEDDINGS),
     )
+
+
+def _lab_bodies(schemas: dict) -> None:
+    """Compare's variants and a probe's update."""
+    # A variant may be a bare word (BeforeValidator) and names one kind of steering (across fields).
     _narrow(
-        schemas["ResponseFormat"],
-        properties={"type": {"enum": ["text", "json_object", "json_schema"]}},
-        rules=[when({"properties": {"type": {"const": "json_schema"}}}, sent("json_schema"))],
+        schemas["CompareRequest"],
+        properties={"stop": STOP_SCHEMA, "variants": nullable(VARIANTS_SCHEMA)},
+        rules=BUDGET_RULES,
     )
-    # The subset is a schema of schemas, served once as its own component.
-    _narrow(schemas["ToolFunction"], properties={"parameters": nullable(_ref("SchemaSubset"))})
+    # The detector is validated with the whole stored document, in the probe format's words.
     _narrow(
-        schemas["JsonSchemaFormat"],
-        properties={
-            "name": {"type": "string", "pattern": SCHEMA_NAME.pattern},
-            "schema": _ref("SchemaSubset"),
-        },
-        required=["name", "schema"],
+        schemas["ProbeUpdate"],
+        properties={"detector": nullable({"anyOf": [_ref(name) for name in PROBE_DETECTORS]})},
+    )
+    # The dial, as on chat; each variant names one kind of steering (across fields).
+    _narrow(
+        schemas["Variant"], properties={"intensity": nullable(DIAL_SCHEMA)}, rules=VARIANT_RULES
     )
 
 
