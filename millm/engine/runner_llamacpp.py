@@ -87,7 +87,9 @@ class LlamaCppRunner:
         lib = self.lib = bindings()
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
-        model_params.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
+        # Every layer on the main GPU (device 0) when this build of llama.cpp has one.
+        self.on_gpu = bool(lib.llama_supports_gpu_offload())
+        model_params.n_gpu_layers = -1 if self.on_gpu else 0
         self.model = lib.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
             raise ModelSourceError(

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from millm.engine.gpus import Placement
 from millm.engine.loader import LoadedModel
 from millm.engine.scheduler import Scheduler
 
@@ -52,6 +53,7 @@ class ModelSlot:
         self.open = False  # new leases may be taken
         self.serving = False  # leases already taken may still submit
         self.leases = 0
+        self.touched: set[int] = set()  # CUDA cards a transformers model was ever placed on
 
     def loaded(self) -> LoadedModel | None:
         """The loaded model, if any (what plans bind probes and vectors to)."""
@@ -68,6 +70,14 @@ class ModelSlot:
             self.lm, self.scheduler = lm, scheduler
             self.generation += 1
             self.open = self.serving = True
+            if lm.engine == "transformers" and lm.device.type == "cuda":
+                self.touched.add(lm.device.index or 0)
+
+    def placement(self) -> Placement:
+        """Which cards this process's models were put on (what GET /api/health/gpus may measure)."""
+        lm = self.lm
+        on_gpu = lm is not None and lm.engine == "llama.cpp" and getattr(lm.runner, "on_gpu", False)
+        return Placement(frozenset(self.touched), frozenset({0} if on_gpu else ()))
 
     def lease(self, name: str) -> Lease | None:
         """A lease on the loaded model if it is `name` and the slot is open, recorded in the

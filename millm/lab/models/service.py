@@ -3,6 +3,7 @@ the scheduler's figures. Loads and unloads block, so they run on a passing threa
 
 from __future__ import annotations
 
+from millm.engine.gpus import read_gpus
 from millm.kernel.model.transitions import ModelStatus, ModelView
 from millm.kernel.runtime.threads import in_passing_thread
 from millm.lab.models.parts import ModelParts
@@ -127,6 +128,11 @@ class ModelManagement:
         ready = status is ModelStatus.LOADED and in_step and not sae_error
         return body, ready
 
+    def gpus(self) -> dict:
+        """Each NVIDIA card's memory, as nvidia-smi and this process's allocator read it
+        (blocking: nvidia-smi runs, each query within 5 s)."""
+        return read_gpus(self.state.switch.slot.placement())
+
     def inference_stats(self) -> dict:
         """Which backend serves generation, what waits and runs now, and jobs per backend."""
         settings = self.state.settings
@@ -142,6 +148,7 @@ class ModelManagement:
                 "unavailable": None,
             },
             "queue_depth": 0,
+            "estimated_wait_seconds": None,
             "running_rows": 0,
             "batch_size": 0,
             "jobs": {},
@@ -157,6 +164,7 @@ class ModelManagement:
             engine=scheduler.lm.engine,
             runner=scheduler.lm.runner.name,
             queue_depth=scheduler.queue_depth,
+            estimated_wait_seconds=scheduler.wait_estimate,
             running_rows=scheduler.running_rows,
             batch_size=scheduler.batch_rows,
             jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
