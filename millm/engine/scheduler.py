@@ -5,7 +5,8 @@ policies: serial (one job at a time, its rows batched together) and, with contin
 one running batch that generation jobs join after their own prefill and leave when done, beside
 at most one serial lane (seeded jobs) stepped in turn, with embeddings and scoring run between
 steps. Every admitted job gets an answer: its events, or a JobFailed if the engine fails or
-shuts down first.
+shuts down first. Over 400 lines because both policies share one queue, one lock and one
+account of what runs, and they read it in each other's steps.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import cache_for
 from millm.engine.scoring import run_scoring
+from millm.engine.waits import HoldTimes, retry_seconds
 from millm.errors import (
     MillmError,
     QueueFull,
@@ -82,6 +84,7 @@ class Scheduler:
         self._stopping = False
         self._stop_error: MillmError | None = None
         self._active: list[Job] = []
+        self._holds = HoldTimes()  # what a refused client is told to wait (wait_estimate)
         self._batch_lane: Lane | None = None
         self._serial_lane: Lane | None = None
         self._serial_rows = 0
@@ -122,10 +125,18 @@ class Scheduler:
             if len(self._queue) >= self.max_pending:
                 raise QueueFull(
                     f"the request queue is full ({self.max_pending} requests waiting); retry "
-                    "shortly"
+                    "shortly",
+                    retry_after=retry_seconds(self.wait_estimate),
                 )
             self._queue.append(job)
             self._wake.notify()
+
+    @property
+    def wait_estimate(self) -> float | None:
+        """Seconds a job admitted now would wait before it runs (engine/waits.py; None until
+        measured)."""
+        with self._wake:
+            return self._holds.estimate(len(self._queue), len(self._active))
 
     @property
     def idle(self) -> bool:
@@ -206,12 +217,14 @@ class Scheduler:
     def _started(self, job: Job) -> None:
         with self._wake:
             self._active.append(job)
+            self._holds.began(job)
 
     def _ended(self, job: Job, backend: str, outcome: str | None = None) -> None:
         outcome = outcome or ("cancelled" if job.cancelled.is_set() else "served")
         with self._wake:
             if job in self._active:
                 self._active.remove(job)
+            self._holds.ended(job, served=outcome == "served")
             self.stats[backend][outcome] += 1
             self._wake.notify_all()
 

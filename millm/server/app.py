@@ -28,6 +28,7 @@ from millm.server.body_limit import BodyLimit
 from millm.server.facades import Facades
 from millm.server.mcp_server import build_mcp
 from millm.server.openapi import install_openapi
+from millm.server.retry_after import RetryAfterNet
 from millm.settings import Settings
 from millm.v1.http.errors import install_error_handlers
 from millm.v1.models import routes as models
@@ -76,12 +77,14 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
     app.state.facades = service
     app.state.settings = settings
     install_error_handlers(app)
-    # The last added runs first: keys and origins, then the body cap, then the request scope.
+    # The last added runs first: keys and origins, then the body cap, then the request scope;
+    # the Retry-After net sits outermost, so it sees every 503, the middlewares' own included.
     app.add_middleware(RequestScope, requests=service.requests)
     app.add_middleware(
         BodyLimit, request_cap=settings.max_request_bytes, import_cap=settings.max_import_bytes
     )
     app.add_middleware(AccessGuard, keys=Keys.of(settings.api_key, settings.admin_key))
+    app.add_middleware(RetryAfterNet)
     include_routes(app, settings)
     # Not in include_routes: the MCP endpoint serves these facades and is no part of the OpenAPI
     # document.

@@ -62,6 +62,15 @@ def test_openapi_schema_lists_the_surface(llama_server):
         assert path in schema["paths"]
 
 
+def test_the_cards_are_read_from_nvidia_smi_or_their_absence_said(llama_server):
+    body = httpx.get(f"{llama_server.base_url}/api/health/gpus").json()
+    assert set(body) == {"read_at", "cards", "reason"}
+    if not body["cards"]:  # a machine without nvidia-smi (or without a card)
+        assert body["reason"] == "nvidia-smi unavailable"
+    # The tiny model runs on the CPU: no card holds anything of this process.
+    assert all(card["torch_measured"] is False for card in body["cards"])
+
+
 def test_model_that_fails_to_load(tiny_dirs, tmp_path):
     broken = tmp_path / "broken-model"
     broken.mkdir()
@@ -77,8 +86,10 @@ def test_model_that_fails_to_load(tiny_dirs, tmp_path):
         )
         ready = httpx.get(f"{server.base_url}/api/health/ready")
         assert ready.status_code == 503 and "could not load model" in ready.json()["error"]
+        assert ready.headers["retry-after"] == "5"
         response = post(server, "/v1/chat/completions", {"model": "broken-model", "messages": USER})
         assert response.status_code == 503
+        assert int(response.headers["retry-after"]) >= 1
         error = response.json()["error"]
         assert error["code"] == "model_not_loaded" and "could not load model" in error["message"]
         assert httpx.get(f"{server.base_url}/v1/models").json()["data"] == []
@@ -125,6 +136,8 @@ def test_queue_full_at_once_and_everything_admitted_completes(small_queue_server
     for response in results:
         if response.status_code == 503:
             assert response.json()["error"]["code"] == "queue_full"
+            # No job has finished when the queue first fills: the default wait.
+            assert 1 <= int(response.headers["retry-after"]) <= 60
         elif response.headers["content-type"].startswith("text/event-stream"):
             frames = [f[6:] for f in response.text.split("\n\n") if f]
             assert (

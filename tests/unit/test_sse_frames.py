@@ -62,7 +62,8 @@ def test_failure_after_the_stream_started_is_an_error_event_then_done():
     )
     assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert out[1]["choices"][0]["delta"] == {"content": "Hel"}
-    assert out[2] == {"error": error.to_dict()}
+    # A 503-class failure says its wait in the event: no header can carry it once streaming.
+    assert out[2] == {"error": {**error.to_dict(), "retry_after": 30}}
     assert out[2]["error"]["code"] == "insufficient_memory"
     assert out[3] == "[DONE]" and len(out) == 4
 

@@ -56,6 +56,21 @@ def busy_message(transition: Transition | None) -> str:
     return f"model {transition.loading!r} is being loaded; retry once it finishes"
 
 
+# An unload frees memory in seconds; a load reads weights for longer.
+RETRY_AFTER_UNLOAD = 5
+
+
+def busy(transition: Transition | None, param: str = "model") -> ModelBusy:
+    """503 model_busy for a request refused during a model change, with its wait: shorter
+    while a model is only being unloaded."""
+    unload_only = transition is not None and transition.unloading and not transition.loading
+    return ModelBusy(
+        busy_message(transition),
+        param=param,
+        retry_after=RETRY_AFTER_UNLOAD if unload_only else None,
+    )
+
+
 def status_of(
     transition: Transition | None, loaded: LoadedModel | None, last: str, errors: dict[str, str]
 ) -> ModelStatus:
@@ -103,7 +118,7 @@ def unleased(name: str, transition: Transition | None, errors: dict[str, str]) -
             return ModelNotLoaded(
                 f"model {name!r} is not loaded yet; retry once it has loaded", param="model"
             )
-        return ModelBusy(busy_message(transition), param="model")
+        return busy(transition)
     if name in errors:
         return ModelNotLoaded(
             f"model {name!r} is not loaded: its last load failed ({errors[name]}); "

@@ -32,14 +32,30 @@ HTTP_MESSAGES = {
 }
 
 
-def error_body(error: MillmError) -> dict:
-    """The JSON body for an error."""
-    return {"error": error.to_dict()}
+# What a 503 that names no wait of its own says (the safety net in server/retry_after.py too).
+RETRY_AFTER_FALLBACK = 10
+
+
+def retry_after(error: MillmError) -> int | None:
+    """Whole seconds to wait before trying again: every 503 has them, nothing else does."""
+    if error.status != 503:
+        return None
+    return max(1, error.retry_after or RETRY_AFTER_FALLBACK)
+
+
+def error_body(error: MillmError, streamed: bool = False) -> dict:
+    """The JSON body for an error; in a stream (whose status was sent long before) a 503's wait
+    is said in the error object, as `retry_after`, since no header can carry it any more."""
+    body = error.to_dict()
+    wait = retry_after(error) if streamed else None
+    return {"error": body if wait is None else {**body, "retry_after": wait}}
 
 
 def error_response(error: MillmError) -> JSONResponse:
-    """A JSONResponse with the error's status and OpenAI-shaped body."""
-    return JSONResponse(error_body(error), status_code=error.status)
+    """A JSONResponse with the error's status and OpenAI-shaped body (and a 503's Retry-After)."""
+    wait = retry_after(error)
+    headers = {"Retry-After": str(wait)} if wait is not None else None
+    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
 
 
 PRIMITIVE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}

@@ -59,7 +59,11 @@ async def frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator
     """Each chunk as an SSE frame (an error as OpenAI's error object), then [DONE]."""
     try:
         async for chunk in chunks:
-            yield sse(error_body(chunk) if isinstance(chunk, MillmError) else chunk.model_dump())
+            yield sse(
+                error_body(chunk, streamed=True)
+                if isinstance(chunk, MillmError)
+                else chunk.model_dump()
+            )
         yield sse("[DONE]")
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]  # an async generator: closing it cancels the job
