@@ -19,6 +19,8 @@ class MillmError(Exception):
     status: int = 500
     code: str = "internal_error"
     type: str = "server_error"
+    # Seconds a client should wait before trying again: every 503 says it (Retry-After).
+    retry_after: int | None = None
 
     def __init_subclass__(
         cls,
@@ -26,9 +28,12 @@ class MillmError(Exception):
         status: int | None = None,
         code: str | None = None,
         type: str | None = None,
+        retry_after: int | None = None,
         **kwargs,
     ):
         super().__init_subclass__(**kwargs)
+        if retry_after is not None:
+            cls.retry_after = retry_after
         if status is None and code is None and type is None:
             return  # a subclass that changes behaviour only (a message, extra fields), not the row
         if status is None or code is None or type is None:
@@ -37,12 +42,21 @@ class MillmError(Exception):
         cls.status, cls.code, cls.type = status, code, type
         _ROWS.append(cls)
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if retry_after is not None:  # a raise site that knows better than its class (a wait)
+            self.retry_after = retry_after
 
     def to_dict(self) -> dict:
         """The OpenAI error object: {"message", "type", "param", "code"}."""
@@ -54,7 +68,8 @@ def table() -> list[tuple[str, int, str, type[MillmError]]]:
     return [(cls.code, cls.status, cls.type, cls) for cls in _ROWS]
 
 
-# The table. Request errors (400-413) first, then the server's state (404/409/500/503).
+# The table. Request errors (400-413) first, then the server's state (404/409/500/503); a 503
+# names the seconds its Retry-After says (a raise site may say fewer or more: a queue's wait).
 # One row a class, read down the columns: the formatter leaves it as written.
 # fmt: off
 # ---- the request itself is wrong; retrying it unchanged can never succeed
@@ -89,6 +104,24 @@ class ContextLengthExceeded(InvalidRequest, status=400, code="context_length_exc
         self.max_tokens = max_tokens
 
 
+class InputsTooLong(ContextLengthExceeded):
+    """Embeddings inputs over the context window, every one named (they are never truncated)."""
+
+    SHOWN = 16  # over-long inputs the message lists by name
+
+    def __init__(self, *, limit: int, over: list[tuple[str, int]]):
+        named = [f"{where} is {tokens} tokens" for where, tokens in over[: self.SHOWN]]
+        more = f" (and {len(over) - self.SHOWN} more)" if len(over) > self.SHOWN else ""
+        listed = ", ".join(named[:-1]) + (" and " if len(named) > 1 else "") + named[-1]
+        message = (
+            f"{listed}{more}: over this model's maximum context length of {limit} tokens; "
+            "inputs are never truncated, so shorten or split them"
+        )
+        InvalidRequest.__init__(self, message, param=over[0][0])
+        self.limit, self.prompt_tokens, self.max_tokens = limit, over[0][1], 0
+        self.over = over
+
+
 class ResponseFormatUnsupported(InvalidRequest, status=400, code="response_format_unsupported", type="invalid_request_error"):
     """A response_format that cannot be honoured (keyword, engine, combination)."""
 
@@ -116,20 +149,23 @@ class ModelNotFound(MillmError, status=404, code="model_not_found", type="invali
 class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
 class VersionConflict(Conflict, status=409, code="revision_conflict", type="invalid_request_error"): """The write named the version it read, and another writer changed the row since."""
 # Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
+# The request's X-miLLM-Load-Policy: refuse forbade the load that would have served it.
+class ModelNotResident(MillmError, status=409, code="model_not_resident", type="invalid_request_error"): """The named model is not the loaded one, and the request forbade loading it."""
 class ModelLocked(MillmError, status=409, code="model_locked", type="invalid_request_error"): """The server is locked to another model for steering; an operator must unlock it first."""
 # ---- the server failed; the message says how
 class ModelLoadFailed(MillmError, status=500, code="model_load_failed", type="server_error"): """Loading the named model failed; the message is the failure's."""
 class GenerationFailed(MillmError, status=500, code="generation_failed", type="server_error"): """The engine failed while generating; the message says how."""
 class NonFiniteLogits(MillmError, status=500, code="non_finite_logits", type="server_error"): """NaN or +inf logits reached the answer, or a reported token's logit is -inf."""
+class EmbeddingInvalid(MillmError, status=500, code="embedding_vector_invalid", type="server_error"): """An embedding came out non-finite, or with no length to normalise; the message names its input."""
 class ConstrainedOutputInvalid(MillmError, status=500, code="constrained_output_invalid", type="server_error"): """The model closed a document that does not validate (the grammar and the validator disagree)."""
 # ---- not now: retry later
-class ModelNotLoaded(MillmError, status=503, code="model_not_loaded", type="server_error"): """No model is loaded (yet) to serve the request."""
-class QueueFull(MillmError, status=503, code="queue_full", type="server_error"): """Admission is bounded and the queue (or the pool of passing threads) is at its limit."""
-class ModelBusy(MillmError, status=503, code="model_busy", type="server_error"): """A model is being unloaded or another load is in progress; retry once it finishes."""
-class ServerShuttingDown(MillmError, status=503, code="server_shutting_down", type="server_error"): """The server stopped before the request could run."""
-class StoreUnavailable(MillmError, status=503, code="store_unavailable", type="server_error"): """The database cannot be reached now; nothing was changed."""
+class ModelNotLoaded(MillmError, status=503, code="model_not_loaded", type="server_error", retry_after=30): """No model is loaded (yet) to serve the request."""
+class QueueFull(MillmError, status=503, code="queue_full", type="server_error", retry_after=5): """Admission is bounded and the queue (or the pool of passing threads) is at its limit."""
+class ModelBusy(MillmError, status=503, code="model_busy", type="server_error", retry_after=15): """A model is being unloaded or another load is in progress; retry once it finishes."""
+class ServerShuttingDown(MillmError, status=503, code="server_shutting_down", type="server_error", retry_after=10): """The server stopped before the request could run."""
+class StoreUnavailable(MillmError, status=503, code="store_unavailable", type="server_error", retry_after=5): """The database cannot be reached now; nothing was changed."""
 # The spec types this invalid_request_error: the request names something that does not fit.
-class InsufficientMemory(MillmError, status=503, code="insufficient_memory", type="invalid_request_error"): """A device ran out of memory."""
+class InsufficientMemory(MillmError, status=503, code="insufficient_memory", type="invalid_request_error", retry_after=30): """A device ran out of memory."""
 # fmt: on
 
 

@@ -166,9 +166,13 @@ class JobFailed:
     error: MillmError
 
 
+# How an input's token states become its one vector (engine/embed.py).
+Pooling = Literal["mean", "last", "cls"]
+
+
 @dataclass(frozen=True)
 class EmbeddingsReady:
-    """Mean-pooled final hidden states, one row per input, float32 `[N, d]`."""
+    """Pooled final hidden states, one row per input, float32 `[N, d]`."""
 
     vectors: torch.Tensor
 
@@ -274,11 +278,13 @@ class GenerationJob(JobControl):
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them
 class EmbeddingJob(JobControl):
-    """Inputs to embed (never steered); one EmbeddingsReady event answers it."""
+    """Inputs to embed (never steered), pooled as `pooling` says; one EmbeddingsReady event answers
+    it."""
 
     prompts: list[list[int]]
     emit: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    pooling: Pooling = "mean"
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

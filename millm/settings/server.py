@@ -152,6 +152,14 @@ class Settings(RemoteServers):
         "free memory).",
         ge=1,
     )
+    embeddings_max_inputs: int = env_field(
+        128,
+        "MILLM_EMBEDDINGS_MAX_INPUTS",
+        "Most inputs one /v1/embeddings request may embed; past it, 400 before any model is "
+        "touched.",
+        ge=1,
+        le=2048,
+    )
     sae_activations_max_top_k: int = env_field(
         64,
         "SAE_ACTIVATIONS_MAX_TOP_K",

@@ -90,6 +90,25 @@ CASES = [
         400,
         "unused_fields_refused",
     ),
+    ("/v1/embeddings", {"model": OTHER, "input": ["a", ""]}, {}, 400, "invalid_parameter"),
+    ("/v1/embeddings", {"model": OTHER, "input": "a", "pooling": "max"}, {}, 400, None),
+    # A good request that forbids the load it would need.
+    ("/v1/chat/completions", CHAT, {"X-miLLM-Load-Policy": "refuse"}, 409, "model_not_resident"),
+    (
+        "/v1/completions",
+        {"model": OTHER, "prompt": "a"},
+        {"X-miLLM-Load-Policy": "REFUSE"},
+        409,
+        "model_not_resident",
+    ),  # fmt: skip
+    (
+        "/v1/embeddings",
+        {"model": OTHER, "input": "a"},
+        {"X-miLLM-Load-Policy": "refuse"},
+        409,
+        "model_not_resident",
+    ),  # fmt: skip
+    ("/v1/chat/completions", CHAT, {"X-miLLM-Load-Policy": "sometimes"}, 400, "invalid_header"),
 ]
 
 
@@ -104,6 +123,22 @@ def test_a_bad_request_never_moves_a_model(server, path, body, headers, status, 
         json={"model": MODEL, "messages": USER, "max_tokens": 2},
     )
     assert answer.status_code == 200, answer.text
+
+
+def test_refusing_a_load_names_both_models_and_the_loaded_one_still_answers(server):
+    refused = api(
+        server, "POST", "/v1/chat/completions", json=CHAT, headers={"X-miLLM-Load-Policy": "refuse"}
+    ).json()["error"]
+    assert refused["param"] == "model" and f"'{OTHER}' is not loaded" in refused["message"]
+    assert f"the loaded model is '{MODEL}'" in refused["message"]
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    headers = {"X-miLLM-Load-Policy": "refuse"}
+    answer = api(server, "POST", "/v1/chat/completions", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    header = api(
+        server, "POST", "/v1/chat/completions", json=body, headers={"X-miLLM-Load-Policy": "x"}
+    )
+    assert header.json()["error"]["param"] == "X-miLLM-Load-Policy"
 
 
 def test_a_good_request_for_the_other_model_does_load_it(server):

@@ -157,6 +157,20 @@ def test_scoring_and_embeddings(server):
         "data"
     ]
     assert len(vectors) == 2 and len(vectors[0]["embedding"]) == 64
+    # Every pooling on llama.cpp too: its runner keeps each token's state.
+    pooled = {
+        pooling: post(
+            server,
+            "/v1/embeddings",
+            {"model": MODEL, "input": ["a", "the cat"], "pooling": pooling, "normalize": True},
+        ).json()["data"]
+        for pooling in ("mean", "last", "cls")
+    }
+    for data in pooled.values():
+        norms = [sum(x * x for x in entry["embedding"]) ** 0.5 for entry in data]
+        assert norms == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert pooled["cls"][0]["embedding"] == pytest.approx(pooled["cls"][1]["embedding"], abs=1e-5)
+    assert pooled["last"][1]["embedding"] != pytest.approx(pooled["mean"][1]["embedding"], abs=1e-3)
 
 
 def test_an_oversized_prompt_is_a_400_with_both_counts(server):

@@ -486,6 +486,59 @@ def test_embeddings_shape_usage_and_refusals(server, llama_lm):
     assert sdk_vectors.data[0].embedding == response["data"][0]["embedding"]
 
 
+def test_embeddings_pool_and_normalize_as_asked_and_are_never_steered(server, ids, llama_lm):
+    a, b = ids
+    texts = ["The cat runs", "Paris"]
+    hidden, _ = llama_lm.runner.hidden_states([llama_lm.tokenizer(texts[0])["input_ids"]])
+
+    def vectors(**fields) -> list[list[float]]:
+        response = api(
+            server, "POST", "/v1/embeddings", json={"model": MODEL, "input": texts, **fields}
+        )
+        assert response.status_code == 200, response.text
+        return [entry["embedding"] for entry in response.json()["data"]]
+
+    plain = {pooling: vectors(pooling=pooling) for pooling in ("mean", "last", "cls")}
+    assert plain["mean"] == vectors()  # the default is the mean
+    assert plain["last"][0] == pytest.approx(hidden[0, -1].tolist(), abs=1e-4)
+    assert plain["cls"][0] == pytest.approx(hidden[0, 0].tolist(), abs=1e-4)
+    assert plain["cls"][0] == pytest.approx(plain["cls"][1], abs=1e-5)  # both start with BOS
+    scaled = vectors(pooling="last", normalize=True)
+    norms = [sum(x * x for x in vector) ** 0.5 for vector in scaled]
+    assert norms == pytest.approx([1.0, 1.0], abs=1e-5)
+    length = sum(x * x for x in plain["last"][0]) ** 0.5
+    assert scaled[0] == pytest.approx([x / length for x in plain["last"][0]], abs=1e-5)
+    api(
+        server,
+        "POST",
+        "/api/steering/features",
+        json={"features": [{"sae_id": a, "index": 0, "strength": 150}]},
+    )
+    assert {pooling: vectors(pooling=pooling) for pooling in plain} == plain
+    error(
+        api(
+            server, "POST", "/v1/embeddings", json={"model": MODEL, "input": "x", "pooling": "max"}
+        ),
+        400,
+        "invalid_parameter",
+    )
+
+
+def test_embeddings_refuse_what_the_request_alone_decides(server, ids):
+    def refused(value, **fields) -> dict:
+        return api(
+            server, "POST", "/v1/embeddings", json={"model": MODEL, "input": value, **fields}
+        ).json()["error"]
+
+    long = [1] * 3000
+    over = refused([[5, 6], long, [7], long])
+    assert over["code"] == "context_length_exceeded" and over["param"] == "input[1]"
+    assert "input[1] is 3000 tokens and input[3] is 3000 tokens" in over["message"]
+    assert refused(["a", ""])["param"] == "input[1]"
+    many = refused(["a"] * 129)
+    assert many["param"] == "input" and "the limit is 128" in many["message"]
+
+
 def test_state_survives_a_restart(server, ids, home, tiny_dirs):
     a, b = ids
     api(

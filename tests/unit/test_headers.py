@@ -5,7 +5,7 @@ import http_sfv
 import pytest
 
 from millm.errors import InvalidRequest
-from millm.v1.http.headers import seed_header, strict_mode, string_list, token
+from millm.v1.http.headers import may_load, seed_header, strict_mode, string_list, token
 from millm.v1.policy.field_policy import percent_encode
 
 
@@ -63,3 +63,16 @@ def test_other_strict_values_are_refused_naming_the_header(value):
     with pytest.raises(InvalidRequest) as info:
         strict_mode(value)
     assert info.value.param == "X-miLLM-Strict" and "X-miLLM-Strict" in info.value.message
+
+
+def test_the_load_policy_is_auto_unless_refused():
+    assert [may_load(v) for v in (None, "auto", " AUTO ", "refuse", " Refuse\t")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    with pytest.raises(InvalidRequest) as info:
+        may_load("sometimes")
+    assert (info.value.param, info.value.code) == ("X-miLLM-Load-Policy", "invalid_header")

@@ -26,6 +26,7 @@ from millm.errors import (
     ModelBusy,
     ModelLoadFailed,
     ModelNotLoaded,
+    ModelNotResident,
 )
 from millm.interp.steering import Attached
 from millm.kernel.model import loading, unloading
@@ -41,7 +42,7 @@ from millm.kernel.model.transitions import (
     ModelStatus,
     ModelView,
     Transition,
-    busy_message,
+    busy,
     state_of,
     status_of,
     unforgettable,
@@ -126,12 +127,20 @@ class ModelSwitch:
         """Open around each HTTP request: the leases it takes are returned when it ends."""
         return request_scope(self.slot)
 
-    async def acquire(self, name: str) -> LoadedModel:
+    async def acquire(self, name: str, may_load: bool = True) -> LoadedModel:
         """The model `name`, held by this request until it ends; when it is registered but not
-        loaded, it is loaded first (on a worker thread), replacing the loaded model. A bare
-        repository name means its one registered quantisation (repo:QUANT)."""
+        loaded, it is loaded first (on a worker thread), replacing the loaded model, unless the
+        request forbade it (`may_load`: 409 model_not_resident). A bare repository name means its
+        one registered quantisation (repo:QUANT)."""
         name = self.models.canonical(name)
         lease = self._lease(name)
+        if lease is None and not may_load:
+            resident = repr(self.slot.lm.name) if self.slot.lm is not None else "none"
+            raise ModelNotResident(
+                f"model {name!r} is not loaded (the loaded model is {resident}) and "
+                "X-miLLM-Load-Policy: refuse forbids loading it",
+                param="model",
+            )
         if lease is None:
             await in_passing_thread(self.load, name)
             lease = self._lease(name)
@@ -182,7 +191,7 @@ class ModelSwitch:
         name = self.models.canonical(name)
         self.models.get(name)
         if not self._switching.acquire(blocking=False):
-            raise ModelBusy(busy_message(self.transition), param="model")
+            raise busy(self.transition)
         try:
             return self._switch(name, startup=False)
         finally:
@@ -213,7 +222,7 @@ class ModelSwitch:
         name = self.models.canonical(name)
         self.models.get(name)
         if not self._switching.acquire(blocking=False):
-            raise ModelBusy(busy_message(self.transition), param="model")
+            raise busy(self.transition)
         try:
             if self.slot.lm is None or self.slot.lm.name != name:
                 return False
@@ -329,7 +338,7 @@ class ModelSwitch:
         """Attach an SAE to the loaded model and lock the server to that model (blocking)."""
         before = self.slot.lm
         if self.transition is not None or not self._switching.acquire(timeout=ATTACH_WAIT_S):
-            raise ModelBusy(busy_message(self.transition), param="sae_id")
+            raise busy(self.transition, param="sae_id")
         try:
             lm = self.slot.lm
             if lm is not before:

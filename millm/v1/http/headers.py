@@ -10,6 +10,7 @@ from millm.v1.policy.field_policy import (
 )  # one encoding for every name a header carries
 
 STRICT_HEADER = "X-miLLM-Strict"
+LOAD_POLICY_HEADER = "X-miLLM-Load-Policy"
 
 
 def item(value, **params) -> str:
@@ -61,6 +62,21 @@ def _serialise(entries: list[str]) -> str:
     values = http_sfv.List()
     values.extend(http_sfv.Item(entry) for entry in entries)
     return str(values)
+
+
+def may_load(value: str | None) -> bool:
+    """X-miLLM-Load-Policy: auto/absent -> a request naming a model that is not loaded loads it;
+    refuse -> it is refused instead (409 model_not_resident); anything else is a 400 naming the
+    header."""
+    if value is None or value.strip().lower() == "auto":
+        return True
+    if value.strip().lower() == "refuse":
+        return False
+    raise InvalidRequest(
+        f"{LOAD_POLICY_HEADER} must be auto or refuse, got {value!r}",
+        param=LOAD_POLICY_HEADER,
+        code="invalid_header",
+    )
 
 
 def strict_mode(value: str | None) -> bool:

@@ -115,7 +115,8 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never steered"),
         EMBEDDINGS: no("embeddings are never steered"),
     },
-    "dimensions": {e: no("choosing the embedding size is not implemented yet") for e in ENDPOINTS},
+    # A vector cut short keeps its meaning only for models trained for it (Matryoshka embeddings).
+    "dimensions": {e: no("no model here is trained for shortened embeddings") for e in ENDPOINTS},
     # Beyond the page's table (issue 9): real clients always send tools, so chat honours them.
     "tools": {
         CHAT: Rule(
@@ -139,9 +140,7 @@ MATRIX: dict[str, dict[str, Rule]] = {
     "logit_bias": {e: no("logit_bias is not supported") for e in ENDPOINTS},
     # Beyond the page's table: OpenAI's audio output, which would change what comes back.
     "audio": {e: no("millm generates text only; it has no audio output") for e in ENDPOINTS},
-    "modalities": {
-        e: no('millm generates text only: modalities may only be ["text"]') for e in ENDPOINTS
-    },
+    "modalities": {e: no('millm generates text only: send ["text"]') for e in ENDPOINTS},
     # Beyond the page's table: legacy fields that would change the output.
     "functions": {
         CHAT: no("the legacy functions field is not supported; send tools"),

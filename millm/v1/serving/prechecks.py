@@ -46,6 +46,7 @@ async def precheck(
     """The request-only refusals (400/404) in the order a client would fix them; returns what
     they parsed."""
     check_rows(body, state.settings.max_rows_per_request)
+    check_inputs(body, state.settings.embeddings_max_inputs)
     if strict:
         # As if the template read every optional message key: what is still unused is unused on any
         # model.
@@ -66,6 +67,17 @@ async def precheck(
     )
     own = getattr(body, "steering", None)
     return Prechecked(strict, dial, read, watched, spec_dict(own) if own is not None else None)
+
+
+def check_inputs(body: BaseModel, cap: int) -> None:
+    """400 when an embeddings request has more inputs than `cap` (MILLM_EMBEDDINGS_MAX_INPUTS)."""
+    count: int | None = getattr(body, "input_count", None)
+    if count is not None and count > cap:
+        raise InvalidRequest(
+            f"input has {count} items; the limit is {cap} (MILLM_EMBEDDINGS_MAX_INPUTS): split "
+            "it into several requests",
+            param="input",
+        )
 
 
 def check_rows(body: BaseModel, cap: int) -> None:

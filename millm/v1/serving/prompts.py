@@ -8,8 +8,8 @@ from typing import Any
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from millm.errors import (
-    ContextLengthExceeded,
     FieldNotHonoured,
+    InputsTooLong,
     InvalidRequest,
     MillmError,
 )
@@ -151,18 +151,18 @@ def completion_prompts(
 
 
 def embedding_inputs(lm: LoadedModel, value) -> list[list[int]]:
-    """Every embeddings input as token ids, each checked against the vocabulary and the context
-    window."""
+    """Every embeddings input as token ids, checked against the vocabulary, then all of them
+    against the context window (one 400 naming every input over it: none is truncated)."""
     items = listed_inputs(value)
-    if not items:
-        raise InvalidRequest("input must not be empty", param="input")
-    prompts = []
-    for i, item in enumerate(items):
-        param = "input" if len(items) == 1 else f"input[{i}]"
-        ids = token_ids(lm, item, param, InvalidRequest)
-        if len(ids) > lm.context_length:
-            raise ContextLengthExceeded(
-                limit=lm.context_length, prompt_tokens=len(ids), max_tokens=0, param=param
-            )
-        prompts.append(ids)
+    wheres = ["input"] if len(items) == 1 else [f"input[{i}]" for i in range(len(items))]
+    prompts = [
+        token_ids(lm, item, where, InvalidRequest)
+        for item, where in zip(items, wheres, strict=True)
+    ]
+    limit = lm.context_length
+    over = [
+        (where, len(ids)) for where, ids in zip(wheres, prompts, strict=True) if len(ids) > limit
+    ]
+    if over:
+        raise InputsTooLong(limit=lm.context_length, over=over)
     return prompts

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from millm.engine.jobs import Pooling
 from millm.errors import InvalidRequest
 from millm.formats.probe_documents import RequestProbes
 from millm.formats.profiles import OwnSteering
@@ -430,6 +431,35 @@ class EmbeddingRequest(OpenBody):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
+    # Beyond OpenAI's (as upstream miLLM): how an input's token states become its vector, and
+    # whether it is scaled to length 1.
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _nothing_empty(cls, value):
+        # An empty input has no token to pool; said before any model is touched.
+        if value == "":
+            raise InvalidRequest("input must not be empty", param="input")
+        if value == []:
+            raise InvalidRequest("input must contain at least one string", param="input")
+        empty = (
+            [i for i, item in enumerate(value) if item in ("", [])]
+            if isinstance(value, list)
+            else []
+        )
+        if empty:
+            count = f" ({len(empty)} empty inputs)" if len(empty) > 1 else ""
+            raise InvalidRequest(
+                f"input[{empty[0]}] must not be empty{count}", param=f"input[{empty[0]}]"
+            )
+        return value
+
+    @property
+    def input_count(self) -> int:
+        """How many inputs are embedded (a string or one token-id list is one)."""
+        return len(listed_inputs(self.input))
 
     @model_validator(mode="after")
     def _fields_honoured(self):

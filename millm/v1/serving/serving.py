@@ -112,11 +112,12 @@ class Serving:
         strict: bool,
         sent_as: SentAs = AS_SENT,
         request_id: str | None = None,
+        may_load: bool = True,
     ) -> Reply:
         """Answer (or continue, or score) a conversation and each extra_messages conversation;
         `sent_as` names ignored fields in the words of the body a translated request came in, and
         `request_id` the id its client gets back, when that is not this body's (monitoring says
-        it)."""
+        it); `may_load: False` refuses a model that is not loaded rather than load it."""
         # The body's own rules (millm's fields included) were checked while it was parsed.
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
@@ -124,7 +125,7 @@ class Serving:
         if structured is not None and self.settings.enable_continuous_batching:
             raise refused_under_batching()
         checked = await precheck(self.state, body, strict, body.scoring)
-        lm = await self.state.switch.acquire(body.model)
+        lm = await self.state.switch.acquire(body.model, may_load)
         if body.scoring and not has_chat_template(lm.tokenizer):
             raise InvalidRequest(
                 f"{lm.name} has no chat template, so there is no prompt to score; use "
@@ -176,12 +177,12 @@ class Serving:
         shape = ChatShape(tools, logprob_words(admitted))
         return await self._generate(admitted, shape, meta, request_id or meta.id)
 
-    async def complete(self, body: CompletionRequest, strict: bool) -> Reply:
+    async def complete(self, body: CompletionRequest, strict: bool, may_load: bool = True) -> Reply:
         """Continue each prompt verbatim (one choice per prompt), or score its next token."""
         named = self.state.variants.named(body.model)
         body = self.state.variants.on_base(named, body)
         checked = await precheck(self.state, body, strict, body.scoring)
-        lm = await self.state.switch.acquire(body.model)
+        lm = await self.state.switch.acquire(body.model, may_load)
         ignored = unused_on_model(strict, body, body.scoring, lm)
         error = InvalidScoringRequest if body.scoring else InvalidRequest
         prompts, texts = await to_thread.run_sync(completion_prompts, lm, body, error)
@@ -209,8 +210,9 @@ class Serving:
         shape = CompletionShape(texts, admitted.choices, words, echoes)
         return await self._generate(admitted, shape, meta, meta.id)
 
-    async def embed(self, body: EmbeddingRequest, strict: bool) -> Reply:
-        """Mean-pooled last hidden layer over each input's real tokens."""
+    async def embed(self, body: EmbeddingRequest, strict: bool, may_load: bool = True) -> Reply:
+        """Each input's last hidden layer pooled (mean over its real tokens, its last or its first
+        token's), normalised when asked."""
         # Embeddings are never steered: a variant's are its base's, answered under the variant's
         # name.
         named = self.state.variants.named(body.model)
@@ -219,17 +221,22 @@ class Serving:
         # What embeddings ignore does not depend on the model: reported (or refused) before it is
         # held.
         ignored = handle_unused(unused_locations(body), strict)
-        lm = await self.state.switch.acquire(body.model)
+        lm = await self.state.switch.acquire(body.model, may_load)
         prompts = await to_thread.run_sync(embedding_inputs, lm, body.input)
         ready = await answered(
             self.state.switch.submit,
             EmbeddingsReady,
-            lambda emit: EmbeddingJob(prompts=prompts, emit=emit),
+            lambda emit: EmbeddingJob(prompts=prompts, emit=emit, pooling=body.pooling or "mean"),
         )
         vectors = ready.vectors
         tokens = sum(len(p) for p in prompts)
         answer = await to_thread.run_sync(
-            embedding_list, vectors.numpy(), body.encoding_format, named.served, tokens
+            embedding_list,
+            vectors.numpy(),
+            body.encoding_format,
+            named.served,
+            tokens,
+            bool(body.normalize),
         )
         return Reply(Report(ignored), body=answer)
 
