@@ -149,6 +149,10 @@ class ModelNotFound(MillmError, status=404, code="model_not_found", type="invali
 class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
 class VersionConflict(Conflict, status=409, code="revision_conflict", type="invalid_request_error"): """The write named the version it read, and another writer changed the row since."""
 # Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
+class LeaseNotFound(MillmError, status=404, code="lease_not_found", type="invalid_request_error"): """No live lease on this model has the id sent (a restart ends every lease)."""
+class LeaseExpired(MillmError, status=409, code="lease_expired", type="invalid_request_error"): """The lease the id names has ended (released, expired, or its model unloaded)."""
+# A client's lease keeps the loaded model: what would swap it away waits for the lease's end.
+class ModelLeased(MillmError, status=409, code="model_leased", type="invalid_request_error"): """The loaded model is leased by another client; the message says who, why and until when."""
 # The request's X-miLLM-Load-Policy: refuse forbade the load that would have served it.
 class ModelNotResident(MillmError, status=409, code="model_not_resident", type="invalid_request_error"): """The named model is not the loaded one, and the request forbade loading it."""
 class ModelLocked(MillmError, status=409, code="model_locked", type="invalid_request_error"): """The server is locked to another model for steering; an operator must unlock it first."""

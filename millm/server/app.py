@@ -5,8 +5,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 
 from millm import __version__
+from millm.kernel.model.leases import HEADER as LEASE_HEADER
+from millm.kernel.model.leases import presented
 from millm.kernel.model.switch import ModelSwitch
 from millm.lab.attribution import routes as attribution
 from millm.lab.autosteer import routes as autosteer
@@ -42,7 +45,8 @@ SUMMARY = "OpenAI-compatible inference server with SAE feature steering."
 class RequestScope:
     """Opens the switch's request scope around every HTTP request (pure ASGI, so a streamed
     response is still inside it until its last byte): the model a request leased is returned
-    only when the exchange has really ended, which is what an unload waits for."""
+    only when the exchange has really ended, which is what an unload waits for. The client's
+    model lease id (X-miLLM-Lease), if it sent one, is the request's to present."""
 
     def __init__(self, app, requests: ModelSwitch):
         self.app, self.requests = app, requests
@@ -51,6 +55,8 @@ class RequestScope:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        token = Headers(scope=scope).get(LEASE_HEADER)
+        presented.set(token.strip() if token else None)
         with self.requests.request_scope():
             await self.app(scope, receive, send)
 

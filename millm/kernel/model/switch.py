@@ -31,6 +31,7 @@ from millm.errors import (
 from millm.interp.steering import Attached
 from millm.kernel.model import loading, unloading
 from millm.kernel.model.beside import ModelsBeside
+from millm.kernel.model.leases import LeaseBook, presented
 from millm.kernel.model.loading import Outgoing
 from millm.kernel.model.lock import SteeringLock
 from millm.kernel.model.registrations import ClientRegistrations
@@ -90,6 +91,7 @@ class ModelSwitch:
         self.errors: dict[str, str] = {}  # model -> why its last load failed
         self._weights_bytes = 0  # the loaded model's estimated weights, released by unloading it
         self.lock = SteeringLock(store, self.startup_name)
+        self.leases = LeaseBook()  # clients' leases on the loaded model (kernel/model/leases.py)
         self._attachments_stale = (
             False  # another replica changed the attachments; see settle_attachments
         )
@@ -123,6 +125,12 @@ class ModelSwitch:
             return status_of(self.transition, self.slot.lm, self.last_name, self.errors)
 
     # requests -------------------------------------------------------------------------------------
+    @property
+    def resident(self) -> str | None:
+        """The loaded model's name (None when none is)."""
+        lm = self.slot.lm
+        return lm.name if lm is not None else None
+
     def request_scope(self) -> AbstractContextManager:
         """Open around each HTTP request: the leases it takes are returned when it ends."""
         return request_scope(self.slot)
@@ -133,7 +141,8 @@ class ModelSwitch:
         request forbade it (`may_load`: 409 model_not_resident). A bare repository name means its
         one registered quantisation (repo:QUANT)."""
         name = self.models.canonical(name)
-        lease = self._lease(name)
+        token = presented.get()
+        lease = self._lease(name, token)
         if lease is None and not may_load:
             resident = repr(self.slot.lm.name) if self.slot.lm is not None else "none"
             raise ModelNotResident(
@@ -142,19 +151,21 @@ class ModelSwitch:
                 param="model",
             )
         if lease is None:
-            await in_passing_thread(self.load, name)
-            lease = self._lease(name)
+            await in_passing_thread(self.load, name, token)
+            lease = self._lease(name, token)
             if lease is None:  # an unload began right after the load
                 raise ModelBusy(
                     f"model {name!r} is being unloaded; retry once it finishes", param="model"
                 )
         return lease.lm
 
-    def _lease(self, name: str):
+    def _lease(self, name: str, token: str | None):
         """A lease on `name` if it is loaded; None if it has to be loaded; else the refusal (on
-        the event loop: memory only)."""
+        the event loop: memory only). A client's model lease is checked before the steering lock."""
         self.models.get(name, read_through=False)
         with self._mutex:
+            if (leased := self.leases.refusal(self.resident, name, "load", token)) is not None:
+                raise leased
             if (refusal := self.lock.refuses(name)) is not None:
                 raise refusal
             lease = self.slot.lease(name)
@@ -185,11 +196,14 @@ class ModelSwitch:
         return loading.engine_for(self.settings, self.models, name, self._outgoing())
 
     # model changes --------------------------------------------------------------------------------
-    def load(self, name: str) -> LoadedModel:
+    def load(self, name: str, token: str | None = None) -> LoadedModel:
         """Make `name` the loaded model (blocking). Everything that can refuse runs before the
-        loaded model is unloaded; a failure after that is a 500 model_load_failed."""
+        loaded model is unloaded (a client's lease on it first, which `token` may lift); a
+        failure after that is a 500 model_load_failed."""
         name = self.models.canonical(name)
         self.models.get(name)
+        if (refusal := self.leases.refusal(self.resident, name, "load", token)) is not None:
+            raise refusal
         if not self._switching.acquire(blocking=False):
             raise busy(self.transition)
         try:
@@ -216,11 +230,13 @@ class ModelSwitch:
         thread.start()
         return thread
 
-    def unload(self, name: str) -> bool:
-        """Unload `name` if it is the loaded model (blocking, graceful); returns whether it was
-        loaded."""
+    def unload(self, name: str, token: str | None = None) -> bool:
+        """Unload `name` if it is the loaded model (blocking, graceful; refused while a client
+        leases it, unless `token` is the lease's id); returns whether it was loaded."""
         name = self.models.canonical(name)
         self.models.get(name)
+        if (refusal := self.leases.refusal(self.resident, name, "unload", token)) is not None:
+            raise refusal
         if not self._switching.acquire(blocking=False):
             raise busy(self.transition)
         try:
@@ -310,6 +326,7 @@ class ModelSwitch:
             self.settings.graceful_unload_timeout,
             before_free=self.steering.detach_all,
         )
+        self.leases.model_left(name)
         with self._mutex:
             self._weights_bytes = 0
 

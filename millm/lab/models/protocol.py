@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
+from millm.kernel.model.leases import MAX_TTL_S
 from millm.v1.policy.body_fields import StrictBody
 
 
@@ -27,3 +28,23 @@ class RegisterModel(StrictBody):
         Annotated[str, Field(json_schema_extra={"pattern": r"^[!-~](?:[ -~]{0,198}[!-~])?$"})]
         | None
     ) = None
+
+
+Ttl = Annotated[
+    int, Field(ge=1, le=MAX_TTL_S, description="Seconds the lease lives (default 7200).")
+]
+
+
+class LeaseRequest(StrictBody):
+    """POST /api/models/{name}/lease: who holds the lease and why (free text, shown to everyone
+    a swap is refused), and for how long."""
+
+    holder: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)]
+    reason: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=512)]
+    ttl_seconds: Ttl | None = None
+
+
+class RenewLease(StrictBody):
+    """POST /api/models/{name}/lease/renew: the lease ends `ttl_seconds` from now."""
+
+    ttl_seconds: Ttl | None = None

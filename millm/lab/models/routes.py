@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from millm.lab.models.protocol import RegisterModel
+from millm.lab.models.protocol import LeaseRequest, RegisterModel, RenewLease
 from millm.lab.models.service import ModelManagement
 from millm.v1.http.deps import part
 from millm.v1.http.json_body import JsonRoute
@@ -55,6 +55,31 @@ def lock_model(name: str, request: Request):
 def unlock_model(name: str, request: Request):
     """Refused (409 sae_attached) while SAEs are attached: steering is bound to this model."""
     return part(request, ModelManagement).unlock_model(name)
+
+
+@router.post("/api/models/{name:path}/lease", summary="Lease the loaded model", status_code=201)
+def grant_lease(name: str, body: LeaseRequest, request: Request):
+    """While the lease lives, nothing may swap the model away without the lease's id
+    (X-miLLM-Lease); the id is in this answer only."""
+    return part(request, ModelManagement).grant_lease(name, body)
+
+
+@router.get("/api/models/{name:path}/lease", summary="The lease on a model")
+def lease(name: str, request: Request):
+    """The live lease (holder, reason, expiry; never its id) and the last one that ended."""
+    return part(request, ModelManagement).lease(name)
+
+
+@router.post("/api/models/{name:path}/lease/renew", summary="Renew a lease (X-miLLM-Lease)")
+def renew_lease(name: str, body: RenewLease, request: Request):
+    """The lease ends ttl_seconds from now (7200 by default)."""
+    return part(request, ModelManagement).renew_lease(name, body)
+
+
+@router.delete("/api/models/{name:path}/lease", summary="Release a lease (X-miLLM-Lease)")
+def release_lease(name: str, request: Request):
+    """End the lease; swaps are allowed again."""
+    return part(request, ModelManagement).release_lease(name)
 
 
 @router.get("/api/models/{name:path}", summary="One registered model")

@@ -4,9 +4,12 @@ the scheduler's figures. Loads and unloads block, so they run on a passing threa
 from __future__ import annotations
 
 from millm.engine.gpus import read_gpus
-from millm.kernel.model.transitions import ModelStatus, ModelView
+from millm.errors import ModelNotResident
+from millm.kernel.model.leases import DEFAULT_TTL_S, presented, status
+from millm.kernel.model.transitions import ModelStatus, ModelView, busy
 from millm.kernel.runtime.threads import in_passing_thread
 from millm.lab.models.parts import ModelParts
+from millm.lab.models.protocol import LeaseRequest, RenewLease
 
 
 def model_view(view: ModelView) -> dict:
@@ -52,16 +55,62 @@ class ModelManagement:
         self.state = state
 
     def get_model(self, name: str) -> dict:
-        """One registered model and its state."""
-        return model_view(self.state.switch.view(name))
+        """One registered model, its state and the lease on it (never its id)."""
+        view = self.state.switch.view(name)
+        return {**model_view(view), "lease": self._lease_on(view.entry.name)}
 
     def list_registered(self) -> dict:
-        """Every registered model and the steering lock."""
+        """Every registered model (with the lease on the loaded one) and the steering lock."""
         return {
             "object": "list",
             "locked": self.state.switch.locked,
-            "data": [model_view(view) for view in self.state.switch.views()],
+            "data": [
+                {**model_view(view), "lease": self._lease_on(view.entry.name)}
+                for view in self.state.switch.views()
+            ],
         }
+
+    # leases ---------------------------------------------------------------------------------------
+    def grant_lease(self, name: str, body: LeaseRequest) -> dict:
+        """A lease on the loaded model: its id (shown here only) and its status; 409
+        model_not_resident for another model, 503 model_busy while a model changes."""
+        switch = self.state.switch
+        name = switch.view(name).entry.name
+        if switch.transition is not None:
+            raise busy(switch.transition)
+        if switch.resident != name:
+            loaded = repr(switch.resident) if switch.resident else "none"
+            raise ModelNotResident(
+                f"model {name!r} is not loaded (the loaded model is {loaded}); only the loaded "
+                "model can be leased",
+                param="model",
+            )
+        ttl = body.ttl_seconds or DEFAULT_TTL_S
+        token, status = switch.leases.grant(name, body.holder, body.reason, ttl)
+        return {"lease_id": token, **status}
+
+    def lease(self, name: str) -> dict:
+        """The live lease on a model (never its id) and the last one that ended."""
+        switch = self.state.switch
+        return switch.leases.view(switch.view(name).entry.name, switch.resident)
+
+    def renew_lease(self, name: str, body: RenewLease) -> dict:
+        """The lease X-miLLM-Lease names, to end ttl_seconds from now."""
+        switch = self.state.switch
+        name = switch.view(name).entry.name
+        ttl = body.ttl_seconds or DEFAULT_TTL_S
+        return switch.leases.renew(name, presented.get(), ttl, switch.resident)
+
+    def release_lease(self, name: str) -> dict:
+        """End the lease X-miLLM-Lease names."""
+        switch = self.state.switch
+        return switch.leases.release(switch.view(name).entry.name, presented.get(), switch.resident)
+
+    def _lease_on(self, name: str) -> dict | None:
+        lease = self.state.switch.leases.live(self.state.switch.resident)
+        if lease is None or lease.model != name:
+            return None
+        return status(lease, self.state.switch.leases.clock())
 
     def register_model(self, source: str, name: str | None) -> tuple[dict, bool]:
         """Register a checkpoint directory, .gguf file or hub id; returns the view and whether it
@@ -71,7 +120,7 @@ class ModelManagement:
 
     async def load_model(self, name: str) -> dict:
         """Load a model (replacing the loaded one) and say whether the active base still fits."""
-        await in_passing_thread(self.state.switch.load, name)
+        await in_passing_thread(self.state.switch.load, name, presented.get())
         return {
             **model_view(self.state.switch.view(name)),
             "active_base": self.state.planner.active_fit(),
@@ -79,7 +128,7 @@ class ModelManagement:
 
     async def unload_model(self, name: str) -> dict:
         """Unload a model gracefully."""
-        was = await in_passing_thread(self.state.switch.unload, name)
+        was = await in_passing_thread(self.state.switch.unload, name, presented.get())
         return {
             **model_view(self.state.switch.view(name)),
             "was_loaded": was,
