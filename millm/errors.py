@@ -149,6 +149,12 @@ class ModelNotFound(MillmError, status=404, code="model_not_found", type="invali
 class Conflict(MillmError, status=409, code="conflict", type="invalid_request_error"): """The request clashes with what is stored (a name taken, an SAE still attached)."""
 class VersionConflict(Conflict, status=409, code="revision_conflict", type="invalid_request_error"): """The write named the version it read, and another writer changed the row since."""
 # Not a 503: retrying never helps until someone unlocks. Not a 404: the model exists.
+# The Batch API's files (/v1/files).
+class InvalidBatchRequest(InvalidRequest, status=400, code="invalid_batch_request", type="invalid_request_error"): """A files or batches request millm cannot take (a purpose, a missing part)."""
+class BatchFileLimit(InvalidRequest, status=400, code="batch_file_limit", type="invalid_request_error"): """A file over MILLM_BATCH_MAX_FILE_BYTES or MILLM_BATCH_MAX_ROWS; nothing was stored."""
+class FileNotFound(MillmError, status=404, code="file_not_found", type="invalid_request_error"): """No file has this id."""
+class FileExpired(MillmError, status=404, code="file_expired", type="invalid_request_error"): """The file's retention ended: its bytes are gone, its record is kept."""
+class FileDeleted(MillmError, status=404, code="file_deleted", type="invalid_request_error"): """The file was deleted: its bytes are gone, its record is kept."""
 class LeaseNotFound(MillmError, status=404, code="lease_not_found", type="invalid_request_error"): """No live lease on this model has the id sent (a restart ends every lease)."""
 class LeaseExpired(MillmError, status=409, code="lease_expired", type="invalid_request_error"): """The lease the id names has ended (released, expired, or its model unloaded)."""
 # A client's lease keeps the loaded model: what would swap it away waits for the lease's end.

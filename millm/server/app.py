@@ -33,6 +33,7 @@ from millm.server.mcp_server import build_mcp
 from millm.server.openapi import install_openapi
 from millm.server.retry_after import RetryAfterNet
 from millm.settings import Settings
+from millm.v1.files import routes as files
 from millm.v1.http.errors import install_error_handlers
 from millm.v1.models import routes as models
 from millm.v1.responses import routes as responses_api
@@ -87,7 +88,10 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
     # the Retry-After net sits outermost, so it sees every 503, the middlewares' own included.
     app.add_middleware(RequestScope, requests=service.requests)
     app.add_middleware(
-        BodyLimit, request_cap=settings.max_request_bytes, import_cap=settings.max_import_bytes
+        BodyLimit,
+        request_cap=settings.max_request_bytes,
+        import_cap=settings.max_import_bytes,
+        upload_cap=settings.batch_max_file_bytes,
     )
     app.add_middleware(AccessGuard, keys=Keys.of(settings.api_key, settings.admin_key))
     app.add_middleware(RetryAfterNet)
@@ -113,6 +117,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(responses_api.router, tags=["OpenAI"])
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(tokenizer.router, tags=["Tokenizer"])
+    app.include_router(files.router, tags=["Batch"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])

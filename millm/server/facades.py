@@ -30,6 +30,7 @@ from millm.lab.steering.service import SteeringManagement
 from millm.lab.variants.service import VariantManagement
 from millm.lab.vectors.service import VectorTraining
 from millm.settings import Settings
+from millm.v1.files.service import Files
 from millm.v1.models.serving import ModelListing
 from millm.v1.responses.serving import ResponsesApi
 from millm.v1.serving.serving import Serving
@@ -48,6 +49,7 @@ class Facades:
     requests: ModelSwitch
     serving: Serving
     tokenizers: Tokenizers
+    files: Files
     responses: ResponsesApi
     models: ModelManagement
     listing: ModelListing
@@ -92,6 +94,7 @@ def build_facades(state: ServerState) -> Facades:
         requests=state.switch,
         serving=serving,
         tokenizers=Tokenizers(state),
+        files=Files(state),
         responses=ResponsesApi(serving, state.store),
         models=ModelManagement(state),
         listing=ModelListing(state),

@@ -152,6 +152,24 @@ class Settings(RemoteServers):
         "free memory).",
         ge=1,
     )
+    batch_max_file_bytes: int = env_field(
+        200 * 1024 * 1024,
+        "MILLM_BATCH_MAX_FILE_BYTES",
+        "Largest file POST /v1/files stores; past it, 400 batch_file_limit (nothing stored).",
+        ge=1,
+    )
+    batch_max_rows: int = env_field(
+        50_000,
+        "MILLM_BATCH_MAX_ROWS",
+        "Most lines a file POST /v1/files stores may hold; past it, 400 batch_file_limit.",
+        ge=1,
+    )
+    batch_file_retention_days: int = env_field(
+        30,
+        "MILLM_BATCH_FILE_RETENTION_DAYS",
+        "Days an uploaded file is kept; then its bytes are dropped (its record says expired).",
+        ge=1,
+    )
     embeddings_max_inputs: int = env_field(
         128,
         "MILLM_EMBEDDINGS_MAX_INPUTS",

@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api, variants, evaluations) read and write them."""
+probes, responses_api, variants, evaluations, batch_files) read and write them."""
 
 from __future__ import annotations
 
@@ -208,4 +208,27 @@ transcoder_sets_table = Table(
     Column("id", String(64), primary_key=True),
     Column("path", Text, nullable=False),
     Column("created_at", Float, nullable=False),
+)
+# Files for the Batch API (store/batch_files.py): one record each, its bytes in 1 MiB chunks beside
+# it, so every replica reads what any replica stored, and a read streams chunk by chunk.
+batch_files_table = Table(
+    "millm_batch_files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("filename", String(255), nullable=False),
+    Column("purpose", String(32), nullable=False),
+    Column("status", String(16), nullable=False),  # processed, deleted, expired
+    Column("bytes", Integer, nullable=False),
+    Column("lines", Integer, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    # seconds, with their fraction: files made within one second still list in order
+    Column("created_at", Float, nullable=False, index=True),
+    Column("expires_at", Integer, nullable=False),
+)
+batch_file_chunks_table = Table(
+    "millm_batch_file_chunks",
+    metadata,
+    Column("file_id", String(64), ForeignKey("millm_batch_files.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )

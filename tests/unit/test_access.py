@@ -4,6 +4,7 @@ start-up warning."""
 import pytest
 from pydantic import SecretStr
 
+from millm.errors import BatchFileLimit
 from millm.server.access import (
     ADMIN,
     INFERENCE,
@@ -213,6 +214,12 @@ def test_body_caps_by_route():
     assert body_cap("/v1/chat/completions", 100, 50) == (100, RequestTooLarge, "MAX_REQUEST_BYTES")
     assert body_cap("/api/clusters/import", 100, 50) == (50, DocumentTooLarge, "MAX_IMPORT_BYTES")
     assert body_cap("/api/profiles/import", 100, 500)[0] == 500
+    # A batch file's own cap, its multipart framing beside it, refused as the upload would be.
+    assert body_cap("/v1/files", 100, 50, 10_000) == (
+        10_000 + 65_536,
+        BatchFileLimit,
+        "MILLM_BATCH_MAX_FILE_BYTES",
+    )
     assert body_cap("/api/probes/import", 100, 500)[0] == 500
     assert body_cap("/api/saes/sae_0123456789ab/labels", 100, 50) == (
         50,

@@ -1,0 +1,13 @@
+"""Which of the kernel's parts the files routes may touch. The composition root hands the
+kernel's whole state, and mypy checks there that it has these; a function here can reach no
+other part."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from millm.kernel.parts import HasSettings, HasStore
+
+
+class FileParts(HasSettings, HasStore, Protocol):
+    """The kernel's parts, as the files routes reach them."""
