@@ -33,6 +33,7 @@ from millm.server.mcp_server import build_mcp
 from millm.server.openapi import install_openapi
 from millm.server.retry_after import RetryAfterNet
 from millm.settings import Settings
+from millm.v1.batches import routes as batches
 from millm.v1.files import routes as files
 from millm.v1.http.errors import install_error_handlers
 from millm.v1.models import routes as models
@@ -71,8 +72,12 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI):
         if load_model:
             service.models.load_at_start()
-        async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
-            yield
+        service.batches.runner.start()  # batches left running by the last start resume
+        try:
+            async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
+                yield
+        finally:
+            await service.batches.runner.stop()
         service.close()
 
     app = FastAPI(
@@ -118,6 +123,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(models.router, tags=["OpenAI"])
     app.include_router(tokenizer.router, tags=["Tokenizer"])
     app.include_router(files.router, tags=["Batch"])
+    app.include_router(batches.router, tags=["Batch"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])

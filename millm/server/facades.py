@@ -30,6 +30,7 @@ from millm.lab.steering.service import SteeringManagement
 from millm.lab.variants.service import VariantManagement
 from millm.lab.vectors.service import VectorTraining
 from millm.settings import Settings
+from millm.v1.batches.service import Batches
 from millm.v1.files.service import Files
 from millm.v1.models.serving import ModelListing
 from millm.v1.responses.serving import ResponsesApi
@@ -50,6 +51,7 @@ class Facades:
     serving: Serving
     tokenizers: Tokenizers
     files: Files
+    batches: Batches
     responses: ResponsesApi
     models: ModelManagement
     listing: ModelListing
@@ -95,6 +97,7 @@ def build_facades(state: ServerState) -> Facades:
         serving=serving,
         tokenizers=Tokenizers(state),
         files=Files(state),
+        batches=Batches(state, serving),
         responses=ResponsesApi(serving, state.store),
         models=ModelManagement(state),
         listing=ModelListing(state),

@@ -164,6 +164,20 @@ class Settings(RemoteServers):
         "Most lines a file POST /v1/files stores may hold; past it, 400 batch_file_limit.",
         ge=1,
     )
+    batch_chunk_rows: int = env_field(
+        8,
+        "MILLM_BATCH_CHUNK_ROWS",
+        "Lines of a batch run together, and recorded together (an interactive request waits for "
+        "one chunk at most).",
+        ge=1,
+        le=256,
+    )
+    batch_max_completion_window_hours: int = env_field(
+        168,
+        "MILLM_BATCH_MAX_COMPLETION_WINDOW_HOURS",
+        "Longest completion_window a batch may ask for, in hours (OpenAI's is 24h).",
+        ge=1,
+    )
     batch_file_retention_days: int = env_field(
         30,
         "MILLM_BATCH_FILE_RETENTION_DAYS",

@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api, variants, evaluations, batch_files) read and write them."""
+probes, responses_api, variants, evaluations, batch_files, batches) read and write them."""
 
 from __future__ import annotations
 
@@ -231,4 +231,25 @@ batch_file_chunks_table = Table(
     Column("file_id", String(64), ForeignKey("millm_batch_files.id"), primary_key=True),
     Column("seq", Integer, primary_key=True),
     Column("data", LargeBinary, nullable=False),
+)
+# Batches (store/batches.py): the batch object as JSON beside the columns queries need, and each
+# line's result as it is recorded (a chunk at a time, with the counts, in one transaction).
+batches_table = Table(
+    "millm_batches",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("status", String(16), nullable=False, index=True),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("input_file_id", String(64), nullable=False),
+    Column("batch", Text, nullable=False),  # JSON: the batch object and its inner state
+    Column("runner", String(64)),  # the replica draining it, and when it last said so
+    Column("beat", Float),
+)
+batch_results_table = Table(
+    "millm_batch_results",
+    metadata,
+    Column("batch_id", String(64), ForeignKey("millm_batches.id"), primary_key=True),
+    Column("line", Integer, primary_key=True),
+    Column("ok", Boolean, nullable=False),
+    Column("record", Text, nullable=False),  # JSON: the output or error file's line
 )

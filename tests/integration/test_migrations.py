@@ -137,8 +137,9 @@ def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
         ("0009", "0008"),
         ("0010", "0009"),
         ("0011", "0010"),
+        ("0012", "0011"),
     ]
-    assert script.get_heads() == [HEAD] == ["0011"]
+    assert script.get_heads() == [HEAD] == ["0012"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
@@ -225,6 +226,7 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
         "upgrade 0008 -> 0009",
         "upgrade 0009 -> 0010",
         "upgrade 0010 -> 0011",
+        "upgrade 0011 -> 0012",
     ]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 

@@ -16,6 +16,7 @@ from millm.errors import (
     BatchFileLimit,
     FileDeleted,
     FileExpired,
+    FileInUse,
     FileNotFound,
     InvalidBatchRequest,
 )
@@ -28,6 +29,7 @@ from millm.store.batch_files import (
     file_rows,
     store_file,
 )
+from millm.store.batches import file_in_use
 from millm.v1.files.parts import FileParts
 from millm.v1.files.protocol import PURPOSES, FileDeletedBody, FileList, FileObject
 
@@ -125,6 +127,8 @@ class Files:
         row = self._current(self._row(file_id))
         if row["status"] != "processed":
             raise FileDeleted(f"file {file_id} is already {row['status']}", param="file_id")
+        if (batch := file_in_use(self.state.store, file_id)) is not None:
+            raise FileInUse(f"batch {batch} reads file {file_id}; cancel it first", param="file_id")
         drop_bytes(self.state.store, file_id, "deleted")
         return FileDeletedBody(id=file_id)
 

@@ -1,0 +1,147 @@
+"""/v1/batches: create a batch over a stored file (checked at once: the file, the endpoint, the
+window), read, list and cancel batches; the runner (runner.py) does the rest.
+
+Blocking (the store): the routes are plain functions, which FastAPI runs on its worker pool.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+
+from millm.errors import (
+    BatchNotFound,
+    BatchStateConflict,
+    FileDeleted,
+    FileExpired,
+    FileNotFound,
+    InvalidBatchRequest,
+)
+from millm.store.batch_files import file_row
+from millm.store.batches import batch_row, batch_rows, insert_batch, save_batch
+from millm.v1.batches.lines import ENDPOINTS
+from millm.v1.batches.parts import BatchParts
+from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
+from millm.v1.batches.runner import BatchRunner, stamp
+from millm.v1.serving.serving import Serving
+
+WINDOW = re.compile(r"^([1-9][0-9]*)h$")
+OPENAI_WINDOW = "24h"
+CANCELLABLE = ("validating", "in_progress")
+
+
+def new_batch_id() -> str:
+    """`batch_` and 24 hex digits."""
+    return "batch_" + secrets.token_hex(12)
+
+
+class Batches:
+    """The batches routes' one way in, and the runner that drains them."""
+
+    def __init__(self, state: BatchParts, serving: Serving):
+        self.state = state
+        self.runner = BatchRunner(state, serving)
+
+    def create(self, body: CreateBatch) -> BatchObject:
+        """A batch in `validating`, its lines checked by the runner (400/404 here for the file,
+        the endpoint and the window)."""
+        self._input(body.input_file_id)
+        if body.endpoint not in ENDPOINTS:
+            raise InvalidBatchRequest(
+                f"endpoint {body.endpoint!r} is not batched here; use one of "
+                f"{', '.join(ENDPOINTS)}",
+                param="endpoint",
+            )
+        most = self.state.settings.batch_max_completion_window_hours
+        window = WINDOW.match(body.completion_window)
+        if window is None or not 1 <= int(window.group(1)) <= most:
+            raise InvalidBatchRequest(
+                f"completion_window is a number of hours, 1h to {most}h "
+                f"(MILLM_BATCH_MAX_COMPLETION_WINDOW_HOURS), got {body.completion_window!r}",
+                param="completion_window",
+            )
+        now = time.time()
+        keep = body.output_expires_after.seconds if body.output_expires_after else MAX_OUTPUT_S
+        batch = {
+            "id": new_batch_id(),
+            "object": "batch",
+            "endpoint": body.endpoint,
+            "model": None,
+            "errors": None,
+            "input_file_id": body.input_file_id,
+            "completion_window": body.completion_window,
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "expires_at": int(now) + int(window.group(1)) * 3600,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": body.metadata,
+            "millm": {
+                "pack": False,
+                "waiting_reason": None,
+                "lease_mode": None,
+                "completion_window_extension": body.completion_window != OPENAI_WINDOW,
+                "output_expires_after": keep,
+            },
+        }
+        insert_batch(self.state.store, batch)
+        self.runner.wake.set()
+        return view(batch)
+
+    def get(self, batch_id: str) -> BatchObject:
+        """A batch, its counts current to its last recorded chunk (404 batch_not_found)."""
+        return view(self._batch(batch_id))
+
+    def listed(self, after: str | None, limit: int) -> BatchList:
+        """A page of batches, newest first."""
+        rows = batch_rows(self.state.store, after, limit + 1)
+        page = [view(row) for row in rows[:limit]]
+        return BatchList(
+            data=page,
+            first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None,
+            has_more=len(rows) > limit,
+        )
+
+    def cancel(self, batch_id: str) -> BatchObject:
+        """Move a batch to `cancelling` (again: no change); 409 once it ended."""
+        batch = self._batch(batch_id)
+        if batch["status"] == "cancelling":
+            return view(batch)
+        if batch["status"] not in CANCELLABLE:
+            raise BatchStateConflict(
+                f"batch {batch_id} is {batch['status']}: it can no longer be cancelled",
+                param="batch_id",
+            )
+        batch = stamp(batch, "cancelling")
+        save_batch(self.state.store, batch)
+        self.runner.wake.set()
+        return view(batch)
+
+    def _batch(self, batch_id: str) -> dict:
+        batch = batch_row(self.state.store, batch_id)
+        if batch is None:
+            raise BatchNotFound(f"no batch {batch_id!r}", param="batch_id")
+        return batch
+
+    def _input(self, file_id: str) -> None:
+        row = file_row(self.state.store, file_id)
+        if row is None:
+            raise FileNotFound(f"no file {file_id!r}", param="input_file_id")
+        if row["purpose"] != "batch":
+            raise InvalidBatchRequest(
+                f"file {file_id} has purpose {row['purpose']!r}; a batch reads a file uploaded "
+                'with purpose "batch"',
+                param="input_file_id",
+            )
+        if row["status"] == "expired" or row["expires_at"] <= time.time():
+            raise FileExpired(f"file {file_id} expired", param="input_file_id")
+        if row["status"] == "deleted":
+            raise FileDeleted(f"file {file_id} was deleted", param="input_file_id")
+
+
+def view(batch: dict) -> BatchObject:
+    """A stored batch as the API shows it."""
+    return BatchObject.model_validate({**batch, "created_at": int(batch["created_at"])})
