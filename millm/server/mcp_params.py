@@ -89,3 +89,20 @@ class Profile(Params):
     """A profile, by name or id."""
 
     key: Annotated[str, Field(description="The profile's name or id (list_profiles).")]
+
+
+class BatchKey(Params):
+    """A batch, by id."""
+
+    batch_id: Annotated[
+        str, Field(description="The batch's id (batch_..., as POST /v1/batches returned it).")
+    ]
+
+
+class BatchPage(Params):
+    """A page of batches, newest first."""
+
+    limit: Annotated[int, Field(ge=1, le=100, description="Batches on the page (1-100).")] = 20
+    after: Annotated[
+        str | None, Field(description="The batch the page starts after (the last one seen).")
+    ] = None

@@ -1,5 +1,6 @@
 """The MCP tools: each the twin of a route, with that route's parameters and body, and a call
-of the same facade method on the thread the route would use."""
+of the same facade method on the thread the route would use. Over 400 lines because it is the
+tools' table (TOOLS), each row beside the small call it makes, read down together."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from millm.lab.steering.protocol import FeatureSetting
 from millm.lab.variants.protocol import VariantBody
 from millm.server.facades import Facades
 from millm.server.mcp_params import (
+    BatchKey,
+    BatchPage,
     ClearAll,
     Feature,
     FeatureLookup,
@@ -165,6 +168,14 @@ async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
 
 async def _job(f: Facades, p: Job, _: None) -> dict:
     return f.jobs.get(p.job_id).model_dump(mode="json")
+
+
+async def _batches(f: Facades, p: BatchPage, _: None) -> dict:
+    return (await blocking(f.batches.listed, p.after, p.limit)).model_dump()
+
+
+async def _batch(f: Facades, p: BatchKey, _: None) -> dict:
+    return (await blocking(f.batches.get, p.batch_id)).model_dump()
 
 
 TOOLS = (
@@ -374,6 +385,26 @@ TOOLS = (
         "/api/jobs/{job_id}",
         _job,
         Job,
+        read_only=True,
+    ),
+    McpTool(
+        "list_batches",
+        "Batches (OpenAI's Batch API), newest first: status, counts of lines answered and "
+        "failed, and the output and error files' ids once ended.",
+        "get",
+        "/v1/batches",
+        _batches,
+        BatchPage,
+        read_only=True,
+    ),
+    McpTool(
+        "get_batch",
+        "One batch: its status, its request_counts as of its last recorded chunk, why it waits "
+        "(millm.waiting_reason), its errors, and its output and error files' ids once ended.",
+        "get",
+        "/v1/batches/{batch_id}",
+        _batch,
+        BatchKey,
         read_only=True,
     ),
     McpTool(

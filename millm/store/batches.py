@@ -75,6 +75,15 @@ def live_batches(store: Store) -> list[dict]:
         return [_batch(row) for row in conn.execute(query).all()]
 
 
+def backlog(store: Store) -> int:
+    """Lines of live batches not yet answered (as of each batch's last recorded chunk)."""
+    rows = 0
+    for batch in live_batches(store):
+        counts = batch["request_counts"]
+        rows += counts["total"] - counts["completed"] - counts["failed"]
+    return rows
+
+
 def file_in_use(store: Store, file_id: str) -> str | None:
     """The live batch reading `file_id`, if any."""
     query = select(batches.c.id).where(

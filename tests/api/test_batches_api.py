@@ -141,6 +141,7 @@ def test_a_cancelled_batch_keeps_what_ran_and_says_what_did_not(server):
     client = sdk(server)
     batch = run(client, [line(f"r{i}", f"row {i}", max_tokens=24) for i in range(40)])
     wait(client, batch.id, until=("in_progress",))
+    assert api(server, "GET", "/api/health/inference").json()["batch_backlog_rows"] > 0
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")
     done = wait(client, batch.id)
@@ -149,6 +150,7 @@ def test_a_cancelled_batch_keeps_what_ran_and_says_what_did_not(server):
     ids = [o["custom_id"] for o in output] + [e["custom_id"] for e in errors]
     assert sorted(ids) == sorted(f"r{i}" for i in range(40))
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert api(server, "GET", "/api/health/inference").json()["batch_backlog_rows"] == 0
 
 
 def test_a_batch_resumes_after_a_kill_without_running_a_line_twice(tiny_dirs, tmp_path):

@@ -51,6 +51,8 @@ TOOLS = {
     "delete_variant",
     "explain_features",
     "get_job",
+    "list_batches",
+    "get_batch",
 }
 
 
@@ -506,3 +508,30 @@ def test_an_attribution_job_over_mcp_names_the_graph_get_attribution_graph_retur
     assert graph == rest(server, "GET", f"/api/attribution/{graph['id']}").json()
     assert graph["expanded_features"] == job["result"]["expanded_features"]
     refused(server, "get_attribution_graph", 404, "graph_not_found", graph_id="graph-nope")
+
+
+def test_a_batch_is_followed_through_the_tools(server):
+    line = {"custom_id": "m1", "method": "POST", "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": "The river", "max_tokens": 2}}  # fmt: skip
+    headers = bearer()
+    stored = httpx.post(
+        f"{server.base_url}/v1/files",
+        files={"file": ("m.jsonl", (json.dumps(line) + "\n").encode())},
+        data={"purpose": "batch"},
+        headers=headers,
+    ).json()
+    made = httpx.post(
+        f"{server.base_url}/v1/batches",
+        json={
+            "input_file_id": stored["id"],
+            "endpoint": "/v1/completions",
+            "completion_window": "24h",
+        },  # fmt: skip
+        headers=headers,
+    ).json()
+    assert made["id"] in [b["id"] for b in call(server, "list_batches")["data"]]
+    deadline = time.monotonic() + 60
+    while (got := call(server, "get_batch", batch_id=made["id"]))["status"] != "completed":
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+    assert got["request_counts"] == {"total": 1, "completed": 1, "failed": 0}

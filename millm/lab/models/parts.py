@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.parts import HasPlanner, HasRegistrations, HasReplication, HasSettings, HasSwitch
+from millm.kernel.parts import (
+    HasPlanner,
+    HasRegistrations,
+    HasReplication,
+    HasSettings,
+    HasStore,
+    HasSwitch,
+)
 
 
-class ModelParts(HasPlanner, HasRegistrations, HasReplication, HasSettings, HasSwitch, Protocol):
+class ModelParts(
+    HasPlanner, HasRegistrations, HasReplication, HasSettings, HasStore, HasSwitch, Protocol
+):
     """The kernel's parts, as model administration reach them."""

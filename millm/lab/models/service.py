@@ -10,6 +10,7 @@ from millm.kernel.model.transitions import ModelStatus, ModelView, busy
 from millm.kernel.runtime.threads import in_passing_thread
 from millm.lab.models.parts import ModelParts
 from millm.lab.models.protocol import LeaseRequest, RenewLease
+from millm.store.batches import backlog
 
 
 def model_view(view: ModelView) -> dict:
@@ -198,6 +199,7 @@ class ModelManagement:
             },
             "queue_depth": 0,
             "estimated_wait_seconds": None,
+            "batch_backlog_rows": backlog(self.state.store),
             "running_rows": 0,
             "batch_size": 0,
             "jobs": {},
