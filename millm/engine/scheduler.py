@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ RUNS: dict[type[Job], Callable[[LoadedModel, Any], str | None]] = {
     LikelihoodJob: run_likelihood,
     CallJob: run_call,
 }
+# Set by whoever submits work nobody waits on interactively (the batch runner, per line).
+background: ContextVar[bool] = ContextVar("background_job", default=False)
 OUTCOMES = ("served", "cancelled", "failed")
 
 
@@ -80,6 +83,10 @@ class Scheduler:
                 "or static cache layers); every request runs on the serial path"
             )
         self._queue: collections.deque[Job] = collections.deque()
+        # Background jobs (a batch's lines) wait apart and enter the queue one at a time, only
+        # when no interactive job waits; they are never refused as queue_full (the batch runner
+        # submits one chunk at a time, which bounds them).
+        self._background: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
         self._stop_error: MillmError | None = None
@@ -122,6 +129,10 @@ class Scheduler:
         with self._wake:
             if self._stopping:
                 raise ServerShuttingDown("the server is shutting down")
+            if background.get():
+                self._background.append(job)
+                self._wake.notify()
+                return
             if len(self._queue) >= self.max_pending:
                 raise QueueFull(
                     f"the request queue is full ({self.max_pending} requests waiting); retry "
@@ -141,7 +152,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
-        return not self._queue and not self._active
+        return not self._queue and not self._background and not self._active
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until every admitted job has finished, or `timeout` seconds; returns whether
@@ -210,9 +221,17 @@ class Scheduler:
         error = self._stop_error or ServerShuttingDown(
             "the server shut down before this request ran"
         )
-        for job in self._queue:
+        for job in (*self._queue, *self._background):
             job.fail(error)
         self._queue.clear()
+        self._background.clear()
+
+    def _waiting(self) -> bool:
+        """Under the lock: whether a job waits to start, a background one entering the queue
+        only when no interactive one waits."""
+        if not self._queue and self._background:
+            self._queue.append(self._background.popleft())
+        return bool(self._queue)
 
     def _started(self, job: Job) -> None:
         with self._wake:
@@ -254,7 +273,7 @@ class Scheduler:
     # serial policy -----------------------------------------------------------------------------
     def _next_job(self) -> Job | None:
         with self._wake:
-            while not self._queue and not self._stopping:
+            while not self._waiting() and not self._stopping:
                 self._wake.wait()
             if self._stopping:
                 self._fail_queued()
@@ -371,7 +390,7 @@ class Scheduler:
         while True:
             with self._wake:
                 while (
-                    not self._queue
+                    not self._waiting()
                     and not self._stopping
                     and not batch.rows
                     and batch.joining is None

@@ -1,9 +1,10 @@
 """The batch runner: one task per process that validates batches, drains them a chunk at a time
 through the synchronous routes' own serving code, and writes their output and error files.
 
-A chunk's lines run together (the scheduler batches them as it batches any requests) once no
-interactive request is waiting, so a chat never waits behind more than one chunk; a refusal that
-means "not now" (queue_full, model_busy) is a wait, never a line's answer. A batch never loads a
+A chunk's lines run together (the scheduler batches them as it batches any requests), as
+background jobs: they enter the scheduler's queue one at a time and only while no interactive
+request waits, so a chat waits behind one batch line at most; a refusal that means "not now"
+(model_busy) is a wait, never a line's answer. A batch never loads a
 model: while its model is not the loaded one it waits (`waiting_reason: model_not_resident`)
 until its window ends. Each chunk's results commit with the counts in one transaction, so after a
 crash the batch resumes from its first unrecorded line and nothing recorded runs twice. One
@@ -21,6 +22,7 @@ import time
 
 from anyio import to_thread
 
+from millm.engine.scheduler import background
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
 from millm.store.batch_files import Caps, file_bytes, store_file
 from millm.store.batches import (
@@ -210,6 +212,7 @@ class BatchRunner:
         or None for a refusal that means "not now"."""
         body = ENDPOINTS[batch["endpoint"]].model_validate(line.body)
         asked = request_id()
+        background.set(True)  # this line's task only: its jobs wait behind interactive ones
         try:
             with self.state.switch.request_scope():
                 if isinstance(body, ChatCompletionRequest):
