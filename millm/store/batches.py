@@ -40,9 +40,22 @@ def insert_batch(store: Store, batch: dict) -> None:
         )
 
 
+def _keeping_cancel(conn, batch: dict) -> dict:
+    """`batch` to write, keeping a cancel another writer stored since it was read (the row is
+    locked for the rest of the transaction, so none can land in between)."""
+    stored = conn.execute(
+        select(batches.c.batch).where(batches.c.id == batch["id"]).with_for_update()
+    ).scalar()
+    now = json.loads(stored) if stored is not None else {}
+    if now.get("status") == "cancelling" and batch["status"] in ("validating", "in_progress"):
+        return {**batch, "status": "cancelling", "cancelling_at": now.get("cancelling_at")}
+    return batch
+
+
 def save_batch(store: Store, batch: dict) -> None:
-    """Write a batch's object and status back."""
+    """Write a batch's object and status back (a cancel stored meanwhile is kept)."""
     with store.transaction() as conn:
+        batch = _keeping_cancel(conn, batch)
         conn.execute(
             update(batches)
             .where(batches.c.id == batch["id"])
@@ -121,8 +134,10 @@ def recorded(store: Store, batch_id: str) -> dict[int, tuple[bool, dict]]:
 
 
 def record_chunk(store: Store, batch: dict, lines: list[tuple[int, bool, dict]]) -> None:
-    """A chunk's results and the batch's counts, in one transaction."""
+    """A chunk's results and the batch's counts, in one transaction (a cancel stored meanwhile
+    is kept)."""
     with store.transaction() as conn:
+        batch = _keeping_cancel(conn, batch)
         if lines:
             conn.execute(
                 insert(results),

@@ -26,7 +26,6 @@ from millm.engine.scheduler import background
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
 from millm.store.batch_files import Caps, file_bytes, store_file
 from millm.store.batches import (
-    batch_row,
     claim,
     finish,
     forget_results,
@@ -194,15 +193,12 @@ class BatchRunner:
         kept = [answer for answer in answers if answer is not None]
         if not kept:
             return False
-        latest = await to_thread.run_sync(batch_row, self.state.store, batch["id"])
         counts = dict(batch["request_counts"])
         counts["completed"] += sum(1 for _, ok, _ in kept if ok)
         counts["failed"] += sum(1 for _, ok, _ in kept if not ok)
-        # A cancel that landed while the chunk ran stays: the chunk is recorded all the same.
-        status = latest["status"] if latest is not None else batch["status"]
-        updated = {**batch, "request_counts": counts, "status": status}
-        if latest is not None and status == "cancelling":
-            updated["cancelling_at"] = latest.get("cancelling_at")
+        # A cancel that landed while the chunk ran stays (record_chunk keeps it): the chunk is
+        # recorded all the same.
+        updated = {**batch, "request_counts": counts}
         await to_thread.run_sync(record_chunk, self.state.store, updated, kept)
         done_lines.update(number for number, _, _ in kept)
         return True
