@@ -4,7 +4,7 @@ the scheduler's figures. Loads and unloads block, so they run on a passing threa
 from __future__ import annotations
 
 from millm.engine.gpus import read_gpus
-from millm.errors import ModelNotResident
+from millm.errors import ModelNotResident, StoreUnavailable
 from millm.kernel.model.leases import DEFAULT_TTL_S, presented, status
 from millm.kernel.model.transitions import ModelStatus, ModelView, busy
 from millm.kernel.runtime.threads import in_passing_thread
@@ -178,6 +178,14 @@ class ModelManagement:
         ready = status is ModelStatus.LOADED and in_step and not sae_error
         return body, ready
 
+    def _backlog(self) -> int | None:
+        """Lines of live batches still to run; None while the store cannot be read (health
+        answers all the same: it is how a replica cut off from the database says so)."""
+        try:
+            return backlog(self.state.store)
+        except StoreUnavailable:
+            return None
+
     def gpus(self) -> dict:
         """Each NVIDIA card's memory, as nvidia-smi and this process's allocator read it
         (blocking: nvidia-smi runs, each query within 5 s)."""
@@ -199,7 +207,7 @@ class ModelManagement:
             },
             "queue_depth": 0,
             "estimated_wait_seconds": None,
-            "batch_backlog_rows": backlog(self.state.store),
+            "batch_backlog_rows": self._backlog(),
             "running_rows": 0,
             "batch_size": 0,
             "jobs": {},
