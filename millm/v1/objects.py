@@ -7,10 +7,17 @@ millm's `millm` object). `omit_when_none` names the second kind per model.
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer
+
+
+def hex_id(prefix: str) -> str:
+    """`prefix` and 24 random hex digits: the ids of files (`file-`), batches (`batch_`) and a
+    batch's lines (`batch_req_`, `req_`), as OpenAI's look."""
+    return prefix + secrets.token_hex(12)
 
 
 class WireModel(BaseModel):

@@ -10,7 +10,6 @@ whole).
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from millm.errors import MillmError
 from millm.v1.http.errors import validation_error
+from millm.v1.objects import hex_id
 from millm.v1.policy.field_policy import unused_locations
 from millm.v1.serving.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
@@ -33,12 +33,12 @@ MAX_CUSTOM_ID = 512
 
 def line_id() -> str:
     """An output or error line's id: `batch_req_` and 24 hex digits."""
-    return "batch_req_" + secrets.token_hex(12)
+    return hex_id("batch_req_")
 
 
 def request_id() -> str:
     """A served line's request id: `req_` and 24 hex digits."""
-    return "req_" + secrets.token_hex(12)
+    return hex_id("req_")
 
 
 @dataclass(frozen=True)

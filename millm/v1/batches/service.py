@@ -7,23 +7,20 @@ Blocking (the store): the routes are plain functions, which FastAPI runs on its 
 from __future__ import annotations
 
 import re
-import secrets
 import time
 
 from millm.errors import (
     BatchNotFound,
     BatchStateConflict,
-    FileDeleted,
-    FileExpired,
-    FileNotFound,
     InvalidBatchRequest,
 )
-from millm.store.batch_files import file_row
 from millm.store.batches import batch_row, batch_rows, insert_batch, save_batch
 from millm.v1.batches.lines import ENDPOINTS
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
 from millm.v1.batches.runner import BatchRunner, stamp
+from millm.v1.files.service import readable_row
+from millm.v1.objects import hex_id
 from millm.v1.serving.serving import Serving
 
 WINDOW = re.compile(r"^([1-9][0-9]*)h$")
@@ -33,7 +30,7 @@ CANCELLABLE = ("validating", "in_progress")
 
 def new_batch_id() -> str:
     """`batch_` and 24 hex digits."""
-    return "batch_" + secrets.token_hex(12)
+    return hex_id("batch_")
 
 
 class Batches:
@@ -127,19 +124,13 @@ class Batches:
         return batch
 
     def _input(self, file_id: str) -> None:
-        row = file_row(self.state.store, file_id)
-        if row is None:
-            raise FileNotFound(f"no file {file_id!r}", param="input_file_id")
+        row = readable_row(self.state.store, file_id, param="input_file_id")
         if row["purpose"] != "batch":
             raise InvalidBatchRequest(
                 f"file {file_id} has purpose {row['purpose']!r}; a batch reads a file uploaded "
                 'with purpose "batch"',
                 param="input_file_id",
             )
-        if row["status"] == "expired" or row["expires_at"] <= time.time():
-            raise FileExpired(f"file {file_id} expired", param="input_file_id")
-        if row["status"] == "deleted":
-            raise FileDeleted(f"file {file_id} was deleted", param="input_file_id")
 
 
 def view(batch: dict) -> BatchObject:

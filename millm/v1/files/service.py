@@ -7,7 +7,6 @@ kept), so its id says what became of it.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -30,8 +29,10 @@ from millm.store.batch_files import (
     store_file,
 )
 from millm.store.batches import file_in_use
+from millm.store.database import Store
 from millm.v1.files.parts import FileParts
 from millm.v1.files.protocol import PURPOSES, FileDeletedBody, FileList, FileObject
+from millm.v1.objects import hex_id
 
 DAY_S = 86_400
 MAX_FILENAME = 255
@@ -40,7 +41,35 @@ DEFAULT_FILENAME = "upload.jsonl"
 
 def new_file_id() -> str:
     """`file-` and 24 hex digits, as OpenAI's ids look."""
-    return "file-" + secrets.token_hex(12)
+    return hex_id("file-")
+
+
+def current_row(store: Store, file_id: str, param: str = "file_id") -> dict:
+    """A file's record (404 file_not_found), marked expired (its bytes dropped) once its
+    retention ended."""
+    row = file_row(store, file_id)
+    if row is None:
+        raise FileNotFound(f"no file {file_id!r}", param=param)
+    return aged(store, row)
+
+
+def aged(store: Store, row: dict) -> dict:
+    """The record as it is now: expired (its bytes dropped) once its retention ended."""
+    if row["status"] == "processed" and row["expires_at"] <= time.time():
+        drop_bytes(store, row["id"], "expired")
+        return {**row, "status": "expired"}
+    return row
+
+
+def readable_row(store: Store, file_id: str, param: str = "file_id") -> dict:
+    """A file's record whose bytes are still there (404 file_expired or file_deleted once they
+    are gone)."""
+    row = current_row(store, file_id, param)
+    if row["status"] == "expired":
+        raise FileExpired(f"file {file_id} expired; its bytes are gone", param=param)
+    if row["status"] == "deleted":
+        raise FileDeleted(f"file {file_id} was deleted", param=param)
+    return row
 
 
 def file_object(row: dict) -> FileObject:
@@ -100,7 +129,7 @@ class Files:
     def listed(self, purpose: str | None, after: str | None, limit: int, order: str) -> FileList:
         """A page of files, newest first unless `order` is asc."""
         rows = file_rows(self.state.store, purpose, after, limit + 1, order != "asc")
-        page = [file_object(self._current(row)) for row in rows[:limit]]
+        page = [file_object(aged(self.state.store, row)) for row in rows[:limit]]
         return FileList(
             data=page,
             first_id=page[0].id if page else None,
@@ -110,37 +139,20 @@ class Files:
 
     def get(self, file_id: str) -> FileObject:
         """A file's record (404 file_not_found)."""
-        return file_object(self._current(self._row(file_id)))
+        return file_object(current_row(self.state.store, file_id))
 
     def content(self, file_id: str) -> tuple[Iterator[bytes], int]:
         """A file's bytes, chunk by chunk, and how many (404 file_expired or file_deleted once
         they are gone)."""
-        row = self._current(self._row(file_id))
-        if row["status"] == "expired":
-            raise FileExpired(f"file {file_id} expired; its bytes are gone", param="file_id")
-        if row["status"] == "deleted":
-            raise FileDeleted(f"file {file_id} was deleted", param="file_id")
+        row = readable_row(self.state.store, file_id)
         return file_bytes(self.state.store, file_id), row["bytes"]
 
     def delete(self, file_id: str) -> FileDeletedBody:
         """Drop a file's bytes and mark it deleted (404 once it already is)."""
-        row = self._current(self._row(file_id))
+        row = current_row(self.state.store, file_id)
         if row["status"] != "processed":
             raise FileDeleted(f"file {file_id} is already {row['status']}", param="file_id")
         if (batch := file_in_use(self.state.store, file_id)) is not None:
             raise FileInUse(f"batch {batch} reads file {file_id}; cancel it first", param="file_id")
         drop_bytes(self.state.store, file_id, "deleted")
         return FileDeletedBody(id=file_id)
-
-    def _row(self, file_id: str) -> dict:
-        row = file_row(self.state.store, file_id)
-        if row is None:
-            raise FileNotFound(f"no file {file_id!r}", param="file_id")
-        return row
-
-    def _current(self, row: dict) -> dict:
-        """The record, marked expired (its bytes dropped) once its retention ended."""
-        if row["status"] == "processed" and row["expires_at"] <= time.time():
-            drop_bytes(self.state.store, row["id"], "expired")
-            return {**row, "status": "expired"}
-        return row
