@@ -43,12 +43,16 @@ def request_id() -> str:
 
 @dataclass(frozen=True)
 class Line:
-    """A line that passed every check: its number, custom_id, body and the model it names."""
+    """A line that passed every check: its number, custom_id and its body, parsed once."""
 
     number: int
     custom_id: str
-    body: dict
-    model: str
+    body: Body
+
+    @property
+    def model(self) -> str:
+        """The model the line names."""
+        return self.body.model
 
 
 def error_line(number: int, custom_id: str | None, code: str, message: str) -> dict:
@@ -134,4 +138,4 @@ def check_line(number: int, raw: bytes, endpoint: str, seen: set[str]) -> Line |
             "unused_fields_refused",
             f"body would have these fields ignored: {', '.join(unused)}",
         )
-    return Line(number, custom_id, body, parsed.model)
+    return Line(number, custom_id, parsed)

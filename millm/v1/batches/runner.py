@@ -34,7 +34,7 @@ from millm.store.batches import (
     recorded,
     save_batch,
 )
-from millm.v1.batches.lines import ENDPOINTS, Line, error_line, line_id, read_lines, request_id
+from millm.v1.batches.lines import Line, error_line, line_id, read_lines, request_id
 from millm.v1.batches.parts import BatchParts
 from millm.v1.files.service import new_file_id
 from millm.v1.http.errors import error_body
@@ -206,7 +206,7 @@ class BatchRunner:
     async def _serve(self, batch: dict, line: Line) -> tuple[int, bool, dict] | None:
         """One line through the synchronous route's serving code: its output line, its error line,
         or None for a refusal that means "not now"."""
-        body = ENDPOINTS[batch["endpoint"]].model_validate(line.body)
+        body = line.body
         asked = request_id()
         background.set(True)  # this line's task only: its jobs wait behind interactive ones
         try:
