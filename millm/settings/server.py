@@ -172,6 +172,14 @@ class Settings(RemoteServers):
         ge=1,
         le=256,
     )
+    batch_claim_seconds: float = env_field(
+        60.0,
+        "MILLM_BATCH_CLAIM_SECONDS",
+        "How long a replica's claim on a chunk of batch lines (or on a batch's end) holds without "
+        "being renewed; a replica that died leaves its lines to the others after this.",
+        ge=1,
+        le=3600,
+    )
     batch_max_completion_window_hours: int = env_field(
         168,
         "MILLM_BATCH_MAX_COMPLETION_WINDOW_HOURS",

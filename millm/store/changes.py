@@ -58,6 +58,7 @@ class Topic(StrEnum):
     EVALUATIONS = "evaluations"
     TRANSCODERS = "transcoders"  # registered transcoder sets
     MONITORING = "monitoring"  # which features monitoring watches (the records stay per replica)
+    BATCHES = "batches"  # a batch has lines to run or to end: every replica's runner looks now
 
 
 def announce(conn: Connection, topic: Topic, origin: str) -> None:

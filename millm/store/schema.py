@@ -253,3 +253,13 @@ batch_results_table = Table(
     Column("ok", Boolean, nullable=False),
     Column("record", Text, nullable=False),  # JSON: the output or error file's line
 )
+# The lines still to run: a replica claims a chunk of them (`runner`, `until`), skipping lines
+# another holds, and deletes them as it records their results; a claim past `until` is anyone's.
+batch_pending_table = Table(
+    "millm_batch_pending",
+    metadata,
+    Column("batch_id", String(64), ForeignKey("millm_batches.id"), primary_key=True),
+    Column("line", Integer, primary_key=True),
+    Column("runner", String(64)),
+    Column("until", Float),
+)

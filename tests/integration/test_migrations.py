@@ -138,8 +138,9 @@ def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
         ("0010", "0009"),
         ("0011", "0010"),
         ("0012", "0011"),
+        ("0013", "0012"),
     ]
-    assert script.get_heads() == [HEAD] == ["0012"]
+    assert script.get_heads() == [HEAD] == ["0013"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
@@ -227,6 +228,7 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
         "upgrade 0009 -> 0010",
         "upgrade 0010 -> 0011",
         "upgrade 0011 -> 0012",
+        "upgrade 0012 -> 0013",
     ]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 

@@ -3,20 +3,23 @@
 A change made through any replica steers every replica; concurrent writers lose nothing; a
 replica killed mid-write or cut off from the database catches up before it claims anything;
 an SAE another replica cannot load is reported, never silently skipped; two servers on one
-SQLite file are refused.
+SQLite file are refused; replicas drain one batch together, and a replica killed mid-chunk
+leaves its lines to the others, each line answered once.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from millm.store.database import database_url
 from millm.store.single_process import claim_sqlite
-from tests.api.clients import MODEL, api, error
+from tests.api.clients import MODEL, api, error, sdk
 from tests.support.postgres import binaries
 from tests.support.server import ServerProcess
 from tests.support.tcp_proxy import TcpProxy
@@ -45,23 +48,23 @@ def saes(tmp_path_factory):
     }
 
 
+def start_replica(home, tiny_dirs, url: str, allowed: list | None = None) -> ServerProcess:
+    """A replica on `url`; a batch line it claimed is anyone's 3 s after it stopped saying so."""
+    env = {"DATABASE_URL": url, "MILLM_BATCH_CLAIM_SECONDS": "3"}
+    return ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env=env, allowed=allowed)
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_dirs, postgres, proxy, saes, tmp_path_factory):
     """A, B and C on one database; B reaches it through a relay a test can cut; C may read only
     the shared SAE's folder."""
-    args = ["--model", str(tiny_dirs["llama"])]
     url = postgres.url
     through_proxy = url.replace(f":{postgres.port}/", f":{proxy.port}/")
     homes = {name: tmp_path_factory.mktemp(f"replica-{name}") for name in "abc"}
     replicas = {
-        "a": ServerProcess(homes["a"], args, env={"DATABASE_URL": url}),
-        "b": ServerProcess(homes["b"], args, env={"DATABASE_URL": through_proxy}),
-        "c": ServerProcess(
-            homes["c"],
-            args,
-            env={"DATABASE_URL": url},
-            allowed=[saes["shared"].parent, tiny_dirs["llama"]],
-        ),
+        "a": start_replica(homes["a"], tiny_dirs, url),
+        "b": start_replica(homes["b"], tiny_dirs, through_proxy),
+        "c": start_replica(homes["c"], tiny_dirs, url, [saes["shared"].parent, tiny_dirs["llama"]]),
     }
     try:
         for replica in replicas.values():
@@ -270,6 +273,14 @@ def shared_values(server) -> tuple[int, dict]:
     return state["version"], {s["sae_id"]: s["features"] for s in state["saes"] if s["features"]}
 
 
+def restart_c(cluster, tiny_dirs, postgres, saes) -> ServerProcess:
+    """Start replica C again (after a test killed it)."""
+    replicas, _, homes = cluster
+    allowed = [saes["shared"].parent, tiny_dirs["llama"]]
+    replicas["c"] = start_replica(homes["c"], tiny_dirs, postgres.url, allowed)
+    return replicas["c"].wait_ready()
+
+
 def test_a_replica_killed_mid_write_catches_up_on_restart(fresh, tiny_dirs, postgres, saes):
     replicas, ids, homes = fresh
     sae = ids["shared"]
@@ -305,15 +316,7 @@ def test_a_replica_killed_mid_write_catches_up_on_restart(fresh, tiny_dirs, post
         json={"features": [{"sae_id": sae, "index": 60, "strength": -9}]},
     )
     api(a, "POST", "/api/profiles", json={"name": "while-c-was-down", "steering": []})
-    allowed = [saes["shared"].parent, tiny_dirs["llama"]]
-    restarted = ServerProcess(
-        homes["c"],
-        ["--model", str(tiny_dirs["llama"])],
-        env={"DATABASE_URL": postgres.url},
-        allowed=allowed,
-    )
-    replicas["c"] = restarted
-    restarted.wait_ready()
+    restarted = restart_c(fresh, tiny_dirs, postgres, saes)
     assert shared_values(restarted) == shared_values(a)
     assert "while-c-was-down" in [
         p["name"] for p in api(restarted, "GET", "/api/profiles").json()["data"]
@@ -541,3 +544,76 @@ def test_what_one_replica_registers_is_found_on_another_at_once(fresh, tmp_path,
     assert api(a, "DELETE", "/api/models/second-model").status_code == 200
     # forgotten through B, gone on A too
     until(lambda: api(a, "GET", f"/api/saes/{sae}").status_code == 404)
+
+
+def run_batch(server, lines: int, max_tokens: int) -> str:
+    """A completions batch of `lines` lines made through `server`; its id."""
+    client = sdk(server)
+    entries = [
+        {
+            "custom_id": f"row-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": f"Row {i} says", "max_tokens": max_tokens},
+        }
+        for i in range(lines)
+    ]
+    data = "".join(json.dumps(entry) + "\n" for entry in entries).encode()
+    stored = client.files.create(file=("rows.jsonl", data), purpose="batch")
+    return client.batches.create(
+        input_file_id=stored.id, endpoint="/v1/completions", completion_window="24h"
+    ).id
+
+
+def finished(server, batch_id: str) -> tuple[object, list[dict]]:
+    """The batch once it ended, and its output lines."""
+    client = sdk(server)
+    batch = until(lambda: (b := client.batches.retrieve(batch_id)).status == "completed" and b, 120)
+    assert batch.error_file_id is None
+    text = client.files.content(batch.output_file_id).content.decode()
+    return batch, [json.loads(line) for line in text.splitlines()]
+
+
+def replica_id(server) -> str:
+    return api(server, "GET", "/api/health/inference").json()["replica"]["replica_id"]
+
+
+def test_replicas_drain_one_batch_together_and_answer_each_line_once(fresh):
+    replicas, _, _ = fresh
+    batch_id = run_batch(replicas["a"], 120, 4)
+    batch, output = finished(replicas["b"], batch_id)
+    assert [line["custom_id"] for line in output] == [f"row-{i}" for i in range(120)]
+    assert batch.request_counts.completed == 120 and batch.request_counts.failed == 0
+    ran_on = {line["response"]["millm"]["replica_id"] for line in output}
+    assert ran_on <= {replica_id(r) for r in replicas.values()} and len(ran_on) >= 2
+
+
+def test_a_replica_killed_mid_chunk_leaves_its_lines_to_the_others(
+    fresh, tiny_dirs, postgres, saes
+):
+    replicas, _, _ = fresh
+    c = replicas["c"]
+    victim = replica_id(c)
+    batch_id = run_batch(replicas["a"], 240, 8)
+    engine = create_engine(postgres.url)
+    held_by_c = text("SELECT line FROM millm_batch_pending WHERE batch_id = :b AND runner = :r")
+    try:
+        with engine.connect() as conn:
+
+            def held() -> list[int]:
+                return list(conn.execute(held_by_c, {"b": batch_id, "r": victim}).scalars())
+
+            until(held, 60, interval=0.01, what="C claims a chunk")
+            c.process.kill()  # mid-chunk: the lines it holds are neither recorded nor let go
+            c.process.wait()
+            lost = held()  # what C held as it died (its claims lapse 3 s later)
+    finally:
+        engine.dispose()
+    assert lost
+    batch, output = finished(replicas["a"], batch_id)
+    assert [line["custom_id"] for line in output] == [f"row-{i}" for i in range(240)]
+    assert batch.request_counts.completed == 240
+    survivors = {replica_id(replicas["a"]), replica_id(replicas["b"])}
+    for line in lost:  # once its claim lapsed, another replica ran each line C held
+        assert output[line - 1]["response"]["millm"]["replica_id"] in survivors
+    restart_c(fresh, tiny_dirs, postgres, saes)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.parts import HasSettings, HasStore, HasSwitch, HasVariants
+from millm.kernel.parts import HasReplication, HasSettings, HasStore, HasSwitch, HasVariants
 
 
-class BatchParts(HasSettings, HasStore, HasSwitch, HasVariants, Protocol):
+class BatchParts(HasReplication, HasSettings, HasStore, HasSwitch, HasVariants, Protocol):
     """The kernel's parts, as the batches reach them."""

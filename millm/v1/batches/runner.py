@@ -26,14 +26,22 @@ from millm.engine.scheduler import background
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
 from millm.store.batch_files import Caps, file_bytes, store_file
 from millm.store.batches import (
+    batch_row,
     claim,
+    claim_lines,
+    drop_pending,
     finish,
-    forget_results,
+    hold_lines,
     live_batches,
-    record_chunk,
+    queue_state,
+    queue_unrecorded,
+    record_lines,
     recorded,
-    save_batch,
+    release_lines,
+    update_batch,
+    validated,
 )
+from millm.store.changes import Topic
 from millm.v1.batches.lines import Line, error_line, line_id, read_lines, request_id
 from millm.v1.batches.parts import BatchParts
 from millm.v1.files.service import new_file_id
@@ -66,11 +74,16 @@ class BatchRunner:
         self.wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._lines: dict[str, list[Line]] = {}  # each running batch's valid lines
-        self._done: dict[str, set[int]] = {}  # and the lines recorded so far
 
     def start(self) -> None:
-        """Run in the background (the server's lifespan)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="millm-batches")
+        """Run in the background (the server's lifespan), woken by other replicas' batches too."""
+        loop = asyncio.get_running_loop()
+
+        def woken() -> None:  # the listener's thread
+            loop.call_soon_threadsafe(self.wake.set)
+
+        self.state.replication.on(Topic.BATCHES, woken)
+        self._task = loop.create_task(self._run(), name="millm-batches")
 
     async def stop(self) -> None:
         """Stop between chunks (a chunk cut short is recorded by none: it runs again)."""
@@ -93,42 +106,52 @@ class BatchRunner:
                     await asyncio.wait_for(self.wake.wait(), POLL_S)
 
     async def step(self) -> bool:
-        """One move of each live batch this replica holds; whether anything moved."""
+        """One move of each live batch; whether anything moved. Any replica runs a chunk of any
+        batch in progress; the rest (validating, ending) is the batch's claimant's."""
         moved = False
-        origin = self.state.store.origin
-        for batch in await to_thread.run_sync(live_batches, self.state.store):
-            if not await to_thread.run_sync(claim, self.state.store, batch["id"], origin):
-                continue
-            moved = await self._advance(batch) or moved
+        store, origin = self.state.store, self.state.store.origin
+        hold = self.state.settings.batch_claim_seconds
+        for batch in await to_thread.run_sync(live_batches, store):
+            mine = await to_thread.run_sync(claim, store, batch["id"], origin, hold)
+            if batch["status"] == "in_progress" and batch["millm"].get("queued"):
+                if mine and time.time() >= batch["expires_at"]:
+                    await to_thread.run_sync(self._end, batch["id"], "expired")
+                    moved = True
+                else:
+                    moved = await self._chunk(batch) or moved
+            elif mine:
+                await to_thread.run_sync(self._advance, batch)
+                moved = True
         return moved
 
-    async def _advance(self, batch: dict) -> bool:
+    def _advance(self, batch: dict) -> None:
         status = batch["status"]
         if status == "validating":
-            await to_thread.run_sync(self._validate, batch)
-            return True
-        if status == "cancelling":
-            await to_thread.run_sync(self._end, batch, "cancelled")
-            return True
-        if status == "finalizing":
-            await to_thread.run_sync(self._end, batch, "completed")
-            return True
-        if time.time() >= batch["expires_at"]:
-            await to_thread.run_sync(self._end, stamp(batch, "expired"), "expired")
-            return True
-        return await self._chunk(batch)
+            self._validate(batch)
+        elif status == "in_progress":  # validated before lines were queued: queue the rest
+            numbers = [line.number for line in self._read(batch)]
+            queue_unrecorded(self.state.store, batch["id"], numbers)
+        else:
+            self._end(batch["id"], {"cancelling": "cancelled", "finalizing": "completed"}[status])
+
+    def _read(self, batch: dict) -> list[Line]:
+        """The batch's valid lines, read from its file once per replica."""
+        lines = self._lines.get(batch["id"])
+        if lines is None:
+            data = b"".join(file_bytes(self.state.store, batch["input_file_id"]))
+            lines = self._lines[batch["id"]] = read_lines(data, batch["endpoint"])[0]
+        return lines
 
     # validation -----------------------------------------------------------------------------------
     def _validate(self, batch: dict) -> None:
         store = self.state.store
-        forget_results(store, batch["id"])  # a validation cut short by a restart starts again
         data = b"".join(file_bytes(store, batch["input_file_id"]))
         valid, errors = read_lines(data, batch["endpoint"])
         self._lines[batch["id"]] = valid  # what an error line says of a line that never ran
         counts = {"total": len(valid) + len(errors), "completed": 0, "failed": len(errors)}
-        batch = {**batch, "request_counts": counts}
+        shown = None
         if errors:
-            batch["errors"] = {
+            shown = {
                 "object": "list",
                 "data": [
                     {
@@ -137,73 +160,90 @@ class BatchRunner:
                         "message": e["error"]["message"],
                         "param": None,
                     }  # fmt: skip
-                    for e in errors[:100]
+                    for e in errors[:SHOWN_ERRORS]
                 ],
             }
         models = sorted({line.model for line in valid})
-        record_chunk(store, batch, [(e["line"], False, e) for e in errors])
+        failure = None
         if not valid:
-            reason = "empty_file" if not errors else "no_valid_lines"
-            self._fail(batch, reason, "the file has no line that can run")
-            return
-        if len(models) > 1:
+            failure = ("empty_file" if not errors else "no_valid_lines",
+                       "the file has no line that can run")  # fmt: skip
+        elif len(models) > 1:
             counts_by = {m: sum(1 for line in valid if line.model == m) for m in models}
             listed = ", ".join(f"{m} ({n} lines)" for m, n in counts_by.items())
-            self._fail(batch, "multiple_models", f"a batch runs one model; its lines name {listed}")
-            return
-        batch = stamp({**batch, "model": models[0]}, "in_progress")
-        batch["millm"] = {**batch["millm"], "waiting_reason": "queued"}
-        save_batch(store, batch)
-        self._done[batch["id"]] = set()
+            failure = ("multiple_models", f"a batch runs one model; its lines name {listed}")
 
-    def _fail(self, batch: dict, code: str, message: str) -> None:
-        listed = (batch.get("errors") or {"object": "list", "data": []})["data"]
-        failure = {"code": code, "line": None, "message": message, "param": None}
-        batch = {**batch, "errors": {"object": "list", "data": [*listed, failure]}}
-        self._end(stamp(batch, "failed"), "failed")
+        def checked(stored: dict) -> dict:
+            stored = {**stored, "request_counts": counts, "errors": shown}
+            if failure is not None or stored["status"] != "validating":  # failed, or cancelled
+                return stored
+            moved = stamp({**stored, "model": models[0]}, "in_progress")
+            moved["millm"] = {**moved["millm"], "waiting_reason": "queued", "queued": True}
+            return moved
+
+        queued = [] if failure is not None else [line.number for line in valid]
+        refused = [(e["line"], e) for e in errors]
+        validated(store, batch["id"], refused, queued, checked)
+        if failure is not None:
+            self._end(batch["id"], "failed", failure)
 
     # running --------------------------------------------------------------------------------------
     async def _chunk(self, batch: dict) -> bool:
-        lines = self._lines.get(batch["id"])
-        if lines is None:  # after a restart: read the file and what was recorded once
-            data = await to_thread.run_sync(
-                lambda: b"".join(file_bytes(self.state.store, batch["input_file_id"]))
-            )
-            lines = self._lines[batch["id"]] = read_lines(data, batch["endpoint"])[0]
-            done = await to_thread.run_sync(recorded, self.state.store, batch["id"])
-            self._done[batch["id"]] = set(done)
-        done_lines = self._done[batch["id"]]
-        pending = [line for line in lines if line.number not in done_lines]
-        if not pending:
-            await to_thread.run_sync(save_batch, self.state.store, stamp(batch, "finalizing"))
-            return True
+        store, origin, batch_id = self.state.store, self.state.store.origin, batch["id"]
+        lines = {line.number: line for line in await to_thread.run_sync(self._read, batch)}
         base = self.state.variants.named(batch["model"]).base
-        waiting = None
         if self.state.switch.resident != base:
-            waiting = "model_not_resident"
-        elif (scheduler := self.state.switch.scheduler) is not None and scheduler.queue_depth:
+            # Another replica with the model may be draining it: only a batch nobody runs waits.
+            _, elsewhere = await to_thread.run_sync(queue_state, store, batch_id, origin)
+            if not elsewhere:
+                await self._waiting(batch, "model_not_resident")
+            return False
+        if (scheduler := self.state.switch.scheduler) is not None and scheduler.queue_depth:
             return False  # an interactive request waits: it goes first
-        if waiting != batch["millm"]["waiting_reason"]:
-            batch = {**batch, "millm": {**batch["millm"], "waiting_reason": waiting}}
-            await to_thread.run_sync(save_batch, self.state.store, batch)
-        if waiting is not None:
-            return False
-        chunk = pending[: self.state.settings.batch_chunk_rows]
-        answers = await asyncio.gather(*(self._serve(batch, line) for line in chunk))
+        hold = self.state.settings.batch_claim_seconds
+        most = self.state.settings.batch_chunk_rows
+        numbers = await to_thread.run_sync(claim_lines, store, batch_id, origin, most, hold)
+        if not numbers:
+            left, _ = await to_thread.run_sync(queue_state, store, batch_id, origin)
+            if left:
+                return False  # other replicas hold the rest
+            await to_thread.run_sync(update_batch, store, batch_id, finalizing)
+            return True
+        await self._waiting(batch, None)
+        holding = asyncio.get_running_loop().create_task(self._hold(batch_id, numbers))
+        try:
+            answers = await asyncio.gather(*(self._serve(lines[n]) for n in numbers))
+        finally:
+            holding.cancel()
         kept = [answer for answer in answers if answer is not None]
-        if not kept:
-            return False
-        counts = dict(batch["request_counts"])
-        counts["completed"] += sum(1 for _, ok, _ in kept if ok)
-        counts["failed"] += sum(1 for _, ok, _ in kept if not ok)
-        # A cancel that landed while the chunk ran stays (record_chunk keeps it): the chunk is
-        # recorded all the same.
-        updated = {**batch, "request_counts": counts}
-        await to_thread.run_sync(record_chunk, self.state.store, updated, kept)
-        done_lines.update(number for number, _, _ in kept)
-        return True
+        ran = {number for number, _, _ in kept}
+        unrun = [n for n in numbers if n not in ran]
+        await to_thread.run_sync(release_lines, store, batch_id, origin, unrun)
+        if kept:
+            await to_thread.run_sync(record_lines, store, batch_id, origin, kept)
+        return bool(kept)
 
-    async def _serve(self, batch: dict, line: Line) -> tuple[int, bool, dict] | None:
+    async def _hold(self, batch_id: str, numbers: list[int]) -> None:
+        """Renew the claim on a running chunk's lines a few times per claim period."""
+        hold = self.state.settings.batch_claim_seconds
+        while True:
+            await asyncio.sleep(hold / 3)
+            store = self.state.store
+            await to_thread.run_sync(hold_lines, store, batch_id, store.origin, numbers, hold)
+
+    async def _waiting(self, batch: dict, reason: str | None) -> None:
+        """Say why the batch waits (None: it runs), writing only a change."""
+        if batch["millm"]["waiting_reason"] == reason:
+            return
+
+        def said(stored: dict) -> dict:
+            if stored["status"] != "in_progress":
+                return stored
+            return {**stored, "millm": {**stored["millm"], "waiting_reason": reason}}
+
+        await to_thread.run_sync(update_batch, self.state.store, batch["id"], said)
+
+    async def _serve(self, line: Line) -> tuple[int, bool, dict] | None:
         """One line through the synchronous route's serving code: its output line, its error line,
         or None for a refusal that means "not now"."""
         body = line.body
@@ -245,19 +285,32 @@ class BatchRunner:
                     "status_code": 200,
                     "request_id": asked,
                     "body": reply.body.model_dump(),
-                    "millm": {"packed": False, "headers": headers},
+                    "millm": {
+                        "packed": False,
+                        "headers": headers,
+                        "replica_id": self.state.store.origin,  # who ran it (replicas share)
+                    },
                 },
                 "error": None,
             },
         )
 
     # the end --------------------------------------------------------------------------------------
-    def _end(self, batch: dict, status: str) -> None:
+    def _end(self, batch_id: str, status: str, failure: tuple[str, str] | None = None) -> None:
         """Write the output and error files (every line once, in line order; a line that never ran
-        says why), then end the batch as `status`."""
+        says why), then end the batch as `status` (`failure`: the code and message it failed
+        with)."""
         store = self.state.store
-        results = recorded(store, batch["id"])
-        lines = {line.number: line for line in self._lines.get(batch["id"], [])}
+        drop_pending(store, batch_id)  # from here no replica records a line of it
+        batch = batch_row(store, batch_id)
+        assert batch is not None  # batches are never deleted
+        if failure is not None:
+            listed = (batch.get("errors") or {"object": "list", "data": []})["data"]
+            code, message = failure
+            ended = {"code": code, "line": None, "message": message, "param": None}
+            batch = {**batch, "errors": {"object": "list", "data": [*listed, ended]}}
+        results = recorded(store, batch_id)
+        lines = {line.number: line for line in self._read(batch)}
         total = batch["request_counts"]["total"]
         output, errors = io.BytesIO(), io.BytesIO()
         unrun = 0
@@ -279,11 +332,10 @@ class BatchRunner:
         batch = {**batch, "request_counts": counts}
         batch["output_file_id"] = self._store_output(batch, output.getvalue(), "output")
         batch["error_file_id"] = self._store_output(batch, errors.getvalue(), "error")
-        ended = stamp(batch, status) if batch["status"] != status else batch
-        finish(store, ended)
-        self._lines.pop(batch["id"], None)
-        self._done.pop(batch["id"], None)
-        log.info("batch %s %s: %s", batch["id"], status, counts)
+        ended_batch = stamp(batch, status) if batch["status"] != status else batch
+        finish(store, ended_batch)
+        self._lines.pop(batch_id, None)
+        log.info("batch %s %s: %s", batch_id, status, counts)
 
     def _store_output(self, batch: dict, data: bytes, kind: str) -> str | None:
         if not data:
@@ -300,6 +352,11 @@ class BatchRunner:
         }
         store_file(self.state.store, record, io.BytesIO(data), Caps(2**62, 2**62))
         return file_id
+
+
+def finalizing(batch: dict) -> dict:
+    """A batch in progress whose every line is recorded moves to `finalizing`."""
+    return stamp(batch, "finalizing") if batch["status"] == "in_progress" else batch
 
 
 def json_line(record: dict) -> str:

@@ -14,7 +14,7 @@ from millm.errors import (
     BatchStateConflict,
     InvalidBatchRequest,
 )
-from millm.store.batches import batch_row, batch_rows, insert_batch, save_batch
+from millm.store.batches import batch_row, batch_rows, insert_batch, update_batch
 from millm.v1.batches.lines import ENDPOINTS
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
@@ -104,16 +104,18 @@ class Batches:
 
     def cancel(self, batch_id: str) -> BatchObject:
         """Move a batch to `cancelling` (again: no change); 409 once it ended."""
-        batch = self._batch(batch_id)
-        if batch["status"] == "cancelling":
-            return view(batch)
-        if batch["status"] not in CANCELLABLE:
+
+        def cancelled(stored: dict) -> dict:
+            return stamp(stored, "cancelling") if stored["status"] in CANCELLABLE else stored
+
+        batch = update_batch(self.state.store, batch_id, cancelled)
+        if batch is None:
+            raise BatchNotFound(f"no batch {batch_id!r}", param="batch_id")
+        if batch["status"] != "cancelling":
             raise BatchStateConflict(
                 f"batch {batch_id} is {batch['status']}: it can no longer be cancelled",
                 param="batch_id",
             )
-        batch = stamp(batch, "cancelling")
-        save_batch(self.state.store, batch)
         self.runner.wake.set()
         return view(batch)
 
