@@ -74,6 +74,7 @@ class BatchRunner:
         self.wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._lines: dict[str, list[Line]] = {}  # each running batch's valid lines
+        self._claims: dict[str, tuple[bool, float]] = {}  # claimant or not, asked when
 
     def start(self) -> None:
         """Run in the background (the server's lifespan), woken by other replicas' batches too."""
@@ -109,10 +110,9 @@ class BatchRunner:
         """One move of each live batch; whether anything moved. Any replica runs a chunk of any
         batch in progress; the rest (validating, ending) is the batch's claimant's."""
         moved = False
-        store, origin = self.state.store, self.state.store.origin
         hold = self.state.settings.batch_claim_seconds
-        for batch in await to_thread.run_sync(live_batches, store):
-            mine = await to_thread.run_sync(claim, store, batch["id"], origin, hold)
+        for batch in await to_thread.run_sync(live_batches, self.state.store):
+            mine = await self._claimant(batch["id"], hold)
             if batch["status"] == "in_progress" and batch["millm"].get("queued"):
                 if mine and time.time() >= batch["expires_at"]:
                     await to_thread.run_sync(self._end, batch["id"], "expired")
@@ -123,6 +123,17 @@ class BatchRunner:
                 await to_thread.run_sync(self._advance, batch)
                 moved = True
         return moved
+
+    async def _claimant(self, batch_id: str, hold: float) -> bool:
+        """Whether this replica is the batch's claimant, asked of the store a few times per claim
+        period (not at every chunk: each ask is a write other replicas' chunks would wait on)."""
+        asked = self._claims.get(batch_id)
+        if asked is not None and time.monotonic() - asked[1] < hold / 3:
+            return asked[0]
+        store = self.state.store
+        mine = await to_thread.run_sync(claim, store, batch_id, store.origin, hold)
+        self._claims[batch_id] = (mine, time.monotonic())
+        return mine
 
     def _advance(self, batch: dict) -> None:
         status = batch["status"]
@@ -335,6 +346,7 @@ class BatchRunner:
         ended_batch = stamp(batch, status) if batch["status"] != status else batch
         finish(store, ended_batch)
         self._lines.pop(batch_id, None)
+        self._claims.pop(batch_id, None)
         log.info("batch %s %s: %s", batch_id, status, counts)
 
     def _store_output(self, batch: dict, data: bytes, kind: str) -> str | None:
