@@ -180,6 +180,14 @@ class Settings(RemoteServers):
         ge=1,
         le=3600,
     )
+    batch_lease_ttl_seconds: int = env_field(
+        900,
+        "MILLM_BATCH_LEASE_TTL_SECONDS",
+        "How long a running batch's own lease on the loaded model lasts between renewals (it is "
+        "renewed once a third of it has passed, and released when the batch stops).",
+        ge=1,
+        le=7200,
+    )
     batch_max_completion_window_hours: int = env_field(
         168,
         "MILLM_BATCH_MAX_COMPLETION_WINDOW_HOURS",

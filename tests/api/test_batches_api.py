@@ -6,10 +6,12 @@ import json
 import signal
 import time
 
+import openai
 import pytest
 
 from tests.api.clients import MODEL, api, error, sdk
 from tests.support.server import ServerProcess
+from tests.support.waiting import until
 
 
 def line(custom_id: str, prompt: str, **body) -> dict:
@@ -151,6 +153,62 @@ def test_a_cancelled_batch_keeps_what_ran_and_says_what_did_not(server):
     assert sorted(ids) == sorted(f"r{i}" for i in range(40))
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
     assert api(server, "GET", "/api/health/inference").json()["batch_backlog_rows"] == 0
+
+
+def lease_on(server) -> dict:
+    return api(server, "GET", f"/api/models/{MODEL}/lease").json()
+
+
+def test_a_running_batch_holds_its_own_lease_and_lets_it_go(server):
+    client = sdk(server)
+    first = run(client, [line(f"o{i}", f"row {i}", max_tokens=24) for i in range(120)])
+    held = until(lambda: (lease_on(server)["lease"] or {}).get("holder"), 60)
+    assert held == f"millm-batch:{first.id}"
+    asked = {"holder": "judge", "reason": "a run", "ttl_seconds": 60}
+    refused = error(api(server, "POST", f"/api/models/{MODEL}/lease", json=asked), 409)
+    assert refused["code"] == "model_leased" and first.id in refused["message"]
+    # Another batch is made (a batch's own lease does not refuse it) and waits for the lease.
+    second = run(client, [line("w", "waits")])
+    waiting = wait(client, second.id, until=("in_progress",))
+    until(lambda: client.batches.retrieve(second.id).millm["waiting_reason"] == "lease_unavailable")
+    assert waiting.status == "in_progress"
+    client.batches.cancel(first.id)
+    assert wait(client, first.id).millm["lease_mode"] == "own"
+    done = wait(client, second.id)
+    assert done.status == "completed" and done.millm["lease_mode"] == "own"
+    assert lease_on(server)["lease"] is None
+    ended = lease_on(server)["last_ended"]
+    assert ended["holder"] == f"millm-batch:{second.id}" and ended["end_reason"] == "released"
+
+
+def test_a_clients_lease_refuses_a_batch_without_its_id_and_carries_one_with_it(server):
+    client = sdk(server)
+    asked = {"holder": "judge", "reason": "scoring run", "ttl_seconds": 300}
+    granted = api(server, "POST", f"/api/models/{MODEL}/lease", json=asked).json()
+    mine = {"X-miLLM-Lease": granted["lease_id"]}
+    try:
+        with pytest.raises(openai.ConflictError) as refused:
+            run(client, [line("x", "x")])
+        assert refused.value.code == "model_leased" and "judge" in str(refused.value)
+        rows = [line(f"c{i}", f"row {i}", max_tokens=24) for i in range(40)]
+        batch = run(client, rows, extra_headers=mine)
+        assert batch.millm["lease_mode"] == "caller"
+        again = api(server, "POST", f"/v1/batches/{batch.id}/lease", headers=mine)
+        assert again.status_code == 200 and again.json()["millm"]["lease_mode"] == "caller"
+        done = wait(client, batch.id)
+        assert done.status == "completed" and done.millm["lease_mode"] == "caller"
+        live = lease_on(server)["lease"]  # the batch renewed it and left it held
+        assert live["holder"] == "judge"
+        ended = error(api(server, "POST", f"/v1/batches/{batch.id}/lease", headers=mine), 409)
+        assert ended["code"] == "batch_state_conflict"
+    finally:
+        api(server, "DELETE", f"/api/models/{MODEL}/lease", headers=mine)
+    bare = api(server, "POST", f"/v1/batches/{batch.id}/lease")
+    assert error(bare, 400, "invalid_batch_request")["param"] == "X-miLLM-Lease"
+    body = {"input_file_id": batch.input_file_id, "endpoint": "/v1/completions",
+            "completion_window": "24h"}  # fmt: skip
+    stale = api(server, "POST", "/v1/batches", headers=mine, json=body)
+    error(stale, 409, "lease_expired")
 
 
 def test_a_batch_resumes_after_a_kill_without_running_a_line_twice(tiny_dirs, tmp_path):

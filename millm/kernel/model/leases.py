@@ -161,6 +161,14 @@ class LeaseBook:
         takes_it = (target == lease.model) if operation == "unload" else (target != lease.model)
         return leased(lease, operation, target) if takes_it else None
 
+    def held_by(self, token: str, resident: str | None) -> ModelLease:
+        """The live lease `token` is the id of (404 lease_not_found, 409 lease_expired)."""
+        with self._mutex:
+            lease = self._current(resident)
+            known = self._ended.get(digest(token))
+            model = lease.model if lease else known.lease.model if known else resident or ""
+            return self._owned(model, token, resident)
+
     def model_left(self, model: str) -> None:
         """The leased model was unloaded (by its holder's own swap): its lease ends."""
         with self._mutex:

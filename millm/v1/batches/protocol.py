@@ -45,6 +45,16 @@ class RequestCounts(WireModel):
     failed: int = 0
 
 
+class BatchExtension(WireModel):
+    """What millm says of a batch beyond OpenAI's fields (its inner bookkeeping is not shown)."""
+
+    pack: bool = False
+    waiting_reason: Literal["queued", "model_not_resident", "lease_unavailable"] | None = None
+    lease_mode: Literal["own", "caller"] | None = None
+    completion_window_extension: bool
+    output_expires_after: int
+
+
 class BatchObject(WireModel):
     """A batch as OpenAI's SDK reads it; `millm` holds what millm adds."""
 
@@ -69,7 +79,7 @@ class BatchObject(WireModel):
     cancelled_at: int | None = None
     request_counts: RequestCounts
     metadata: dict[str, str] | None = None
-    millm: dict[str, Any]
+    millm: BatchExtension
 
 
 class BatchList(WireModel):

@@ -44,6 +44,13 @@ def get_batch(batch_id: str, request: Request) -> BatchObject:
     return part(request, Batches).get(batch_id)
 
 
+@router.post("/v1/batches/{batch_id}/lease", summary="Run a batch under your lease")
+def lease_batch(batch_id: str, request: Request) -> BatchObject:
+    """From now on the batch runs under the lease whose id X-miLLM-Lease sends (renewed by the
+    batch with its own time, never released by it)."""
+    return part(request, Batches).lease(batch_id)
+
+
 @router.post("/v1/batches/{batch_id}/cancel", summary="Cancel a batch")
 def cancel_batch(batch_id: str, request: Request) -> BatchObject:
     """`cancelling`, then `cancelled` with its files: lines that ran are kept, the rest say so."""

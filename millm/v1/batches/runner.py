@@ -42,6 +42,7 @@ from millm.store.batches import (
     validated,
 )
 from millm.store.changes import Topic
+from millm.v1.batches.leasing import BatchLeases
 from millm.v1.batches.lines import Line, error_line, line_id, read_lines, request_id
 from millm.v1.batches.parts import BatchParts
 from millm.v1.files.service import new_file_id
@@ -75,6 +76,7 @@ class BatchRunner:
         self._task: asyncio.Task | None = None
         self._lines: dict[str, list[Line]] = {}  # each running batch's valid lines
         self._claims: dict[str, tuple[bool, float]] = {}  # claimant or not, asked when
+        self.leasing = BatchLeases(state.switch.leases, state.settings.batch_lease_ttl_seconds)
 
     def start(self) -> None:
         """Run in the background (the server's lifespan), woken by other replicas' batches too."""
@@ -91,6 +93,7 @@ class BatchRunner:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self.leasing.keep_only(set(), self.state.switch.resident)  # a model left leased blocks
 
     async def _run(self) -> None:
         while True:
@@ -111,6 +114,7 @@ class BatchRunner:
         batch in progress; the rest (validating, ending) is the batch's claimant's."""
         moved = False
         hold = self.state.settings.batch_claim_seconds
+        running = set()
         for batch in await to_thread.run_sync(live_batches, self.state.store):
             mine = await self._claimant(batch["id"], hold)
             if batch["status"] == "in_progress" and batch["millm"].get("queued"):
@@ -118,10 +122,12 @@ class BatchRunner:
                     await to_thread.run_sync(self._end, batch["id"], "expired")
                     moved = True
                 else:
+                    running.add(batch["id"])
                     moved = await self._chunk(batch) or moved
             elif mine:
                 await to_thread.run_sync(self._advance, batch)
                 moved = True
+        self.leasing.keep_only(running, self.state.switch.resident)
         return moved
 
     async def _claimant(self, batch_id: str, hold: float) -> bool:
@@ -203,11 +209,15 @@ class BatchRunner:
         store, origin, batch_id = self.state.store, self.state.store.origin, batch["id"]
         lines = {line.number: line for line in await to_thread.run_sync(self._read, batch)}
         base = self.state.variants.named(batch["model"]).base
-        if self.state.switch.resident != base:
+        resident = self.state.switch.resident
+        if resident != base:
             # Another replica with the model may be draining it: only a batch nobody runs waits.
             _, elsewhere = await to_thread.run_sync(queue_state, store, batch_id, origin)
             if not elsewhere:
-                await self._waiting(batch, "model_not_resident")
+                await self._note(batch, "model_not_resident")
+            return False
+        if (waiting := self.leasing.ensure(batch_id, base, resident)) is not None:
+            await self._note(batch, waiting)  # no line runs without a lease
             return False
         if (scheduler := self.state.switch.scheduler) is not None and scheduler.queue_depth:
             return False  # an interactive request waits: it goes first
@@ -220,7 +230,7 @@ class BatchRunner:
                 return False  # other replicas hold the rest
             await to_thread.run_sync(update_batch, store, batch_id, finalizing)
             return True
-        await self._waiting(batch, None)
+        await self._note(batch, None)
         holding = asyncio.get_running_loop().create_task(self._hold(batch_id, numbers))
         try:
             answers = await asyncio.gather(*(self._serve(lines[n]) for n in numbers))
@@ -242,15 +252,17 @@ class BatchRunner:
             store = self.state.store
             await to_thread.run_sync(hold_lines, store, batch_id, store.origin, numbers, hold)
 
-    async def _waiting(self, batch: dict, reason: str | None) -> None:
-        """Say why the batch waits (None: it runs), writing only a change."""
-        if batch["millm"]["waiting_reason"] == reason:
+    async def _note(self, batch: dict, reason: str | None) -> None:
+        """Say why the batch waits (None: it runs) and whose lease it runs under, writing only a
+        change."""
+        said_now = {"waiting_reason": reason, "lease_mode": self.leasing.mode(batch["id"])}
+        if all(batch["millm"].get(key) == value for key, value in said_now.items()):
             return
 
         def said(stored: dict) -> dict:
             if stored["status"] != "in_progress":
                 return stored
-            return {**stored, "millm": {**stored["millm"], "waiting_reason": reason}}
+            return {**stored, "millm": {**stored["millm"], **said_now}}
 
         await to_thread.run_sync(update_batch, self.state.store, batch["id"], said)
 

@@ -13,8 +13,12 @@ from millm.errors import (
     BatchNotFound,
     BatchStateConflict,
     InvalidBatchRequest,
+    ModelLeased,
 )
+from millm.kernel.model.leases import HEADER as LEASE_HEADER
+from millm.kernel.model.leases import iso, presented
 from millm.store.batches import batch_row, batch_rows, insert_batch, update_batch
+from millm.v1.batches.leasing import OWN_HOLDER
 from millm.v1.batches.lines import ENDPOINTS
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
@@ -58,6 +62,7 @@ class Batches:
                 f"(MILLM_BATCH_MAX_COMPLETION_WINDOW_HOURS), got {body.completion_window!r}",
                 param="completion_window",
             )
+        token = self._caller_lease()
         now = time.time()
         keep = body.output_expires_after.seconds if body.output_expires_after else MAX_OUTPUT_S
         batch = {
@@ -78,14 +83,59 @@ class Batches:
             "millm": {
                 "pack": False,
                 "waiting_reason": None,
-                "lease_mode": None,
+                "lease_mode": "caller" if token else None,
                 "completion_window_extension": body.completion_window != OPENAI_WINDOW,
                 "output_expires_after": keep,
             },
         }
         insert_batch(self.state.store, batch)
+        if token:
+            self.runner.leasing.adopt(str(batch["id"]), token, self.state.switch.resident)
         self.runner.wake.set()
         return view(batch)
+
+    def lease(self, batch_id: str) -> BatchObject:
+        """Run a batch under the caller's lease (X-miLLM-Lease) from now on; the batch renews it
+        and never releases it."""
+        token = presented.get()
+        if not token:
+            raise InvalidBatchRequest(
+                f"send the id of your lease on the loaded model in {LEASE_HEADER}",
+                param=LEASE_HEADER,
+            )
+        status = self._batch(batch_id)["status"]
+        if status not in CANCELLABLE:
+            raise BatchStateConflict(
+                f"batch {batch_id} is {status}: only a batch still to run takes a lease",
+                param="batch_id",
+            )
+        self.runner.leasing.adopt(batch_id, token, self.state.switch.resident)
+
+        def under_it(stored: dict) -> dict:
+            return {**stored, "millm": {**stored["millm"], "lease_mode": "caller"}}
+
+        batch = update_batch(self.state.store, batch_id, under_it)
+        assert batch is not None  # read above; batches are never deleted
+        self.runner.wake.set()
+        return view(batch)
+
+    def _caller_lease(self) -> str | None:
+        """The lease id the request sent, checked live (404/409 otherwise); 409 model_leased when
+        none is sent while a client's lease lives (another batch's own lease is waited for)."""
+        switch = self.state.switch
+        token = presented.get()
+        if token:
+            switch.leases.held_by(token, switch.resident)
+            return token
+        lease = switch.leases.live(switch.resident)
+        if lease is not None and not lease.holder.startswith(OWN_HOLDER):
+            raise ModelLeased(
+                f"model {lease.model!r} is leased by {lease.holder!r} until "
+                f"{iso(lease.expires_at)} ({lease.reason}): a batch would wait for it. Send the "
+                f"lease's id in {LEASE_HEADER} to run the batch under it",
+                param="model",
+            )
+        return None
 
     def get(self, batch_id: str) -> BatchObject:
         """A batch, its counts current to its last recorded chunk (404 batch_not_found)."""
