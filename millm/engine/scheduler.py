@@ -113,6 +113,16 @@ class Scheduler:
         return len(self._queue)
 
     @property
+    def in_flight(self) -> int:
+        """Jobs running now, a batch's lines among them."""
+        return len(self._active)
+
+    @property
+    def background_waiting(self) -> int:
+        """A batch's lines waiting for the queue to be free of interactive jobs."""
+        return len(self._background)
+
+    @property
     def running_rows(self) -> int:
         """Rows generating now, in the batch and on the serial path together."""
         serial = self._serial_lane

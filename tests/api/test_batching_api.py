@@ -95,7 +95,8 @@ def test_concurrent_streams_each_equal_their_solo_answer(server):
     assert health["backend"] == "batched" and health["continuous_batching"]["enabled"] is True
     assert health["runner"] == "lean (llama)"
     assert health["jobs"]["batched"]["served"] == before + len(TOPICS)
-    assert health["queue_depth"] == 0 and health["running_rows"] == 0
+    assert health["queue_depth"] == 0 and health["running_rows"] == 0 and health["in_flight"] == 0
+    assert health["background_waiting"] == 0
 
 
 def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_not(server):

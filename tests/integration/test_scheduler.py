@@ -1,11 +1,12 @@
 """The scheduler thread: bounded admission, failures contained, every admitted job answered."""
 
+import contextvars
 import threading
 
 import pytest
 
 from millm.engine.jobs import GenerationJob, JobFailed, RowFinished
-from millm.engine.scheduler import Scheduler
+from millm.engine.scheduler import Scheduler, background
 from millm.errors import QueueFull, ServerShuttingDown
 from tests.integration.engine_helpers import Outcome, prompt_ids, row
 
@@ -44,12 +45,21 @@ def test_admission_is_bounded_and_nothing_admitted_is_lost(llama_lm):
         queued = [finished_job(llama_lm, prompt_ids(llama_lm, "A river")) for _ in range(2)]
         for job, _, _ in queued:
             scheduler.submit(job)
-        assert scheduler.queue_depth == 2
+        assert (scheduler.queue_depth, scheduler.in_flight) == (2, 1)
         with pytest.raises(QueueFull) as info:
             scheduler.submit(finished_job(llama_lm, prompt_ids(llama_lm, "A river"))[0])
         assert info.value.status == 503 and info.value.code == "queue_full"
+        # A batch's line waits apart: never refused, and behind every interactive job.
+        line = finished_job(llama_lm, prompt_ids(llama_lm, "A river"))
+
+        def as_background() -> None:
+            background.set(True)
+            scheduler.submit(line[0])
+
+        contextvars.copy_context().run(as_background)
+        assert (scheduler.queue_depth, scheduler.background_waiting) == (2, 1)
         gate.set()
-        for _, outcome, done in queued:
+        for _, outcome, done in [*queued, line]:
             assert done.wait(30)
             assert outcome.finish == {0: "length"} and outcome.tokens == {0: 5}
     finally:
