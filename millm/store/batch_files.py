@@ -3,21 +3,24 @@
 A file is stored whole or not at all: its record and every chunk commit in one transaction, and
 a file over a cap stores nothing, while its bytes and lines are still counted to the end so the
 refusal says the measured size. Deleting or expiring a file drops its chunks and keeps its
-record, so its id still says what became of it.
+record, so its id still says what became of it; a file a live batch reads never expires.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from sqlalchemy import delete, insert, select, update
 
+from millm.store.batches import LIVE
 from millm.store.database import Store
 from millm.store.schema import batch_file_chunks_table as chunks
 from millm.store.schema import batch_files_table as files
+from millm.store.schema import batches_table as batches
 
 CHUNK = 1024 * 1024
 
@@ -126,3 +129,23 @@ def drop_bytes(store: Store, file_id: str, status: str) -> None:
     with store.transaction() as conn:
         conn.execute(delete(chunks).where(chunks.c.file_id == file_id))
         conn.execute(update(files).where(files.c.id == file_id).values(status=status))
+
+
+def expire_files(store: Store, file_ids: list[str] | None = None) -> list[str]:
+    """Mark expired, and drop the bytes of, the files (of `file_ids`, or all) past their
+    retention that no live batch reads; the ids expired. The check and the drop share one
+    transaction, so a batch made meanwhile never finds its input gone."""
+    in_use = select(batches.c.input_file_id).where(batches.c.status.in_(LIVE))
+    due = select(files.c.id).where(
+        files.c.status == "processed",
+        files.c.expires_at <= time.time(),
+        files.c.id.not_in(in_use),
+    )
+    if file_ids is not None:
+        due = due.where(files.c.id.in_(file_ids))
+    with store.transaction() as conn:
+        expired = list(conn.execute(due.with_for_update()).scalars())
+        if expired:
+            conn.execute(delete(chunks).where(chunks.c.file_id.in_(expired)))
+            conn.execute(update(files).where(files.c.id.in_(expired)).values(status="expired"))
+    return expired

@@ -1,5 +1,6 @@
 """The Batch API's file store on a real SQLite store: whole or nothing, chunked, measured past a
-cap, and a file past its retention expired when next read (its record kept)."""
+cap, and a file past its retention expired when next read or swept (its record kept), unless a
+live batch reads it."""
 
 import io
 import time
@@ -9,7 +10,16 @@ import pytest
 
 from millm.errors import FileExpired
 from millm.settings import Settings
-from millm.store.batch_files import CHUNK, Caps, OverCap, file_bytes, file_row, store_file
+from millm.store.batch_files import (
+    CHUNK,
+    Caps,
+    OverCap,
+    expire_files,
+    file_bytes,
+    file_row,
+    store_file,
+)
+from millm.store.batches import insert_batch, update_batch
 from millm.store.database import Store, database_url
 from millm.v1.files.service import Files
 
@@ -53,3 +63,20 @@ def test_a_file_past_its_retention_is_expired_when_read(store, tmp_path):
     with pytest.raises(FileExpired):
         files.content("file-d")
     assert list(file_bytes(store, "file-d")) == [] and file_row(store, "file-d") is not None
+
+
+def test_the_sweep_expires_what_is_due_and_spares_what_a_live_batch_reads(store):
+    past, later = int(time.time()) - 1, int(time.time()) + 3600
+    for file_id, expires_at in (("file-due", past), ("file-used", past), ("file-kept", later)):
+        store_file(store, record(file_id, expires_at), io.BytesIO(b"{}\n"), Caps(99, 9))
+    running = {"id": "batch_x", "status": "in_progress", "created_at": time.time(),
+               "input_file_id": "file-used"}  # fmt: skip
+    insert_batch(store, running)
+    assert expire_files(store) == ["file-due"]
+    assert [file_row(store, f)["status"] for f in ("file-due", "file-used", "file-kept")] == [
+        "expired", "processed", "processed"]  # fmt: skip
+    assert list(file_bytes(store, "file-used")) == [b"{}\n"]
+    files = Files(SimpleNamespace(store=store, settings=Settings()))
+    assert files.get("file-used").status == "processed"  # a read spares it too
+    update_batch(store, "batch_x", lambda b: {**b, "status": "completed"})
+    assert expire_files(store) == ["file-used"]

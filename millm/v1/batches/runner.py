@@ -24,7 +24,7 @@ from anyio import to_thread
 
 from millm.engine.scheduler import background
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
-from millm.store.batch_files import Caps, file_bytes, store_file
+from millm.store.batch_files import Caps, expire_files, file_bytes, store_file
 from millm.store.batches import (
     batch_row,
     claim,
@@ -54,6 +54,7 @@ from millm.v1.serving.serving import Serving
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often a waiting batch looks again (a new batch or a cancel wakes it at once)
 WAITS = (QueueFull, ModelBusy, ServerShuttingDown)  # "not now": the line runs later
+SWEEP_S = 3600.0  # how often files past their retention are expired (reads expire them too)
 SHOWN_ERRORS = 100  # validation errors the batch object lists (the error file has every one)
 UNRUN = {"cancelled": "batch_cancelled", "expired": "batch_expired", "failed": "batch_failed"}
 
@@ -96,8 +97,14 @@ class BatchRunner:
         self.leasing.keep_only(set(), self.state.switch.resident)  # a model left leased blocks
 
     async def _run(self) -> None:
+        next_sweep = 0.0
         while True:
             try:
+                if time.monotonic() >= next_sweep:  # at start, then every SWEEP_S
+                    next_sweep = time.monotonic() + SWEEP_S
+                    expired = await to_thread.run_sync(expire_files, self.state.store)
+                    if expired:
+                        log.info("%d batch files expired (their bytes dropped)", len(expired))
                 progressed = await self.step()
             except asyncio.CancelledError:
                 raise

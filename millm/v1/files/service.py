@@ -23,6 +23,7 @@ from millm.store.batch_files import (
     Caps,
     OverCap,
     drop_bytes,
+    expire_files,
     file_bytes,
     file_row,
     file_rows,
@@ -54,9 +55,10 @@ def current_row(store: Store, file_id: str, param: str = "file_id") -> dict:
 
 
 def aged(store: Store, row: dict) -> dict:
-    """The record as it is now: expired (its bytes dropped) once its retention ended."""
-    if row["status"] == "processed" and row["expires_at"] <= time.time():
-        drop_bytes(store, row["id"], "expired")
+    """The record as it is now: expired (its bytes dropped) once its retention ended, unless a
+    live batch reads it."""
+    due = row["status"] == "processed" and row["expires_at"] <= time.time()
+    if due and expire_files(store, [row["id"]]):
         return {**row, "status": "expired"}
     return row
 
