@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -177,6 +178,10 @@ class EmbeddingsReady:
     vectors: torch.Tensor
 
 
+# Whether the scoring jobs this task makes may be packed (a batch with `pack` sets it per line).
+pack_scoring: ContextVar[bool] = ContextVar("pack_scoring", default=False)
+
+
 @dataclass(frozen=True)
 class ScoresReady:
     """Next-token logits `[V]` (float32) of each scored prompt, in order (none for a reads-only
@@ -308,6 +313,15 @@ class ScoringJob(JobControl):
     # Only the reads are wanted (a discovery read keeps its summaries): each pass stops once every
     # read point has been passed, so the layers after the SAE's never run; no logits come back.
     reads_only: bool = False
+    # May share one padded pass with other such jobs waiting (a batch's scoring lines with `pack`):
+    # faster, but its logits then differ from a pass alone in the last bits.
+    pack: bool = False
+
+    @property
+    def packable(self) -> bool:
+        """Whether it may share a pass: packing asked for, plain next-token scoring only."""
+        plain = not self.reads and self.edit is None and not self.echo and not self.reuse_prefix
+        return self.pack and plain and not self.reads_only
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

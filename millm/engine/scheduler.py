@@ -31,7 +31,7 @@ from millm.engine.jobs import CallJob, EmbeddingJob, GenerationJob, LikelihoodJo
 from millm.engine.likelihood import run_likelihood
 from millm.engine.loader import LoadedModel
 from millm.engine.prefix_cache import cache_for
-from millm.engine.scoring import run_scoring
+from millm.engine.scoring import PACK_ROWS, run_packed, run_scoring
 from millm.engine.waits import HoldTimes, retry_seconds
 from millm.errors import (
     MillmError,
@@ -96,6 +96,7 @@ class Scheduler:
         self._serial_lane: Lane | None = None
         self._serial_rows = 0
         self.stats = {backend: dict.fromkeys(OUTCOMES, 0) for backend in ("serial", "batched")}
+        self.packed_jobs = 0  # scoring jobs that shared a packed pass (a batch's `pack` lines)
         loop = self._loop_batched if self.batching else self._loop_serial
         self._thread = threading.Thread(
             target=loop, name=f"millm-scheduler[{lm.name}]", daemon=True
@@ -262,6 +263,9 @@ class Scheduler:
         if job.cancelled.is_set():
             self._ended(job, backend, "cancelled")
             return
+        if isinstance(job, ScoringJob) and job.packable and (partners := self._partners()):
+            self._run_pack([job, *partners], backend)
+            return
         self._started(job)
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
@@ -279,6 +283,44 @@ class Scheduler:
             self._ended(job, backend, "failed")
         finally:
             self._serial_rows = 0
+
+    def _partners(self) -> list[ScoringJob]:
+        """Packable scoring jobs waiting at the head of the background queue (a batch's lines),
+        taken to share a pass; interactive jobs are never reordered."""
+        taken: list[ScoringJob] = []
+        with self._wake:
+            while len(taken) < PACK_ROWS - 1 and self._background:
+                head = self._background[0]
+                if not (isinstance(head, ScoringJob) and head.packable):
+                    break
+                taken.append(head)
+                self._background.popleft()
+        return taken
+
+    def _run_pack(self, jobs: list[ScoringJob], backend: str) -> None:
+        """Packable jobs in shared passes; if that fails (out of memory, say), each runs alone,
+        so only a job that fails alone fails."""
+        running = [job for job in jobs if not job.cancelled.is_set()]
+        for job in jobs:
+            if job.cancelled.is_set():
+                self._ended(job, backend, "cancelled")
+            else:
+                self._started(job)
+        try:
+            run_packed(self.lm, running)
+        except Exception:
+            log.warning("a packed scoring pass failed; its %d jobs run alone", len(running))
+            for job in running:
+                try:
+                    run_scoring(self.lm, job)
+                    self._ended(job, backend)
+                except Exception as exc:
+                    job.fail(as_error(self.lm.device, exc))
+                    self._ended(job, backend, "failed")
+            return
+        self.packed_jobs += len(running)
+        for job in running:
+            self._ended(job, backend)
 
     # serial policy -----------------------------------------------------------------------------
     def _next_job(self) -> Job | None:

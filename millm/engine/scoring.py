@@ -190,6 +190,43 @@ def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = No
     job.emit(ScoresReady(results, reads, scored, echoed))
 
 
+PACK_ROWS = 16  # prompts one packed pass holds at most
+PACK_TOKENS = 16_384  # and padded positions (rows x the longest prompt)
+
+
+def packs(lengths: list[int]) -> list[list[int]]:
+    """Prompt indices in packed passes, in order: as many as PACK_ROWS and PACK_TOKENS allow."""
+    groups: list[list[int]] = []
+    for index, length in enumerate(lengths):
+        group = groups[-1] if groups else None
+        if group is not None:
+            wider = max(length, *(lengths[i] for i in group))
+            if len(group) < PACK_ROWS and wider * (len(group) + 1) <= PACK_TOKENS:
+                group.append(index)
+                continue
+        groups.append([index])
+    return groups
+
+
+@torch.inference_mode()
+def run_packed(lm: LoadedModel, jobs: list[ScoringJob]) -> None:
+    """Packable jobs' prompts in shared padded passes (unsteered, each prompt's logits at its own
+    last token); each job that was not cancelled gets its ScoresReady."""
+    prompts = [(job, prompt) for job in jobs for prompt in job.prompts]
+    logits: list[torch.Tensor] = []
+    lm.residual.clear()
+    for group in packs([len(prompt) for _, prompt in prompts]):
+        rows = [prompts[i][1] for i in group]
+        _, out = lm.runner.prefill(rows, capacity=max(map(len, rows)))
+        logits.extend(out.float().cpu())
+    for job in jobs:
+        mine, logits = logits[: len(job.prompts)], logits[len(job.prompts) :]
+        if job.cancelled.is_set():
+            continue
+        scored = [rank(row, job.ranking) for row in mine] if job.ranking is not None else []
+        job.emit(ScoresReady(mine, [], scored, []))
+
+
 def reused_passes(
     lm: LoadedModel, cache: PrefixCache, job: ScoringJob, results: list[torch.Tensor]
 ) -> bool:

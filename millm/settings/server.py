@@ -180,6 +180,12 @@ class Settings(RemoteServers):
         ge=1,
         le=3600,
     )
+    batch_pack_default: bool = env_field(
+        False,
+        "MILLM_BATCH_PACK_DEFAULT",
+        "Whether a batch made without `pack` packs its scoring lines into shared passes (off: "
+        "each line equals the synchronous route's answer bit for bit; see docs/batch.md).",
+    )
     batch_lease_ttl_seconds: int = env_field(
         900,
         "MILLM_BATCH_LEASE_TTL_SECONDS",

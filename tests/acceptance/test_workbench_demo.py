@@ -8,6 +8,7 @@ see."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -525,3 +526,29 @@ def test_the_demo_transcoder_set_traces_paris_as_the_exact_kind(demo, page, shoo
         for sae in demo.api("GET", "/api/saes").json()["data"]:
             if sae["format"] == "transcoder":
                 demo.api("POST", f"/api/saes/{sae['id']}/detach")
+
+
+def test_a_batch_uploaded_from_the_page_answers_every_line(demo, page, tmp_path, shoot):
+    rows = [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": MODEL, "max_tokens": 8, "temperature": 0,
+                  "messages": [{"role": "user", "content": f"Say the number {i}."}]}}
+        for i in range(6)
+    ]  # fmt: skip
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page.goto(f"{demo.url}#/batches")
+    form = page.get_by_role("form", name="New batch")
+    form.get_by_label("JSONL file").set_input_files(str(path))
+    form.get_by_role("button", name="Start batch").click()
+    said = page.get_by_role("region", name="Batches").get_by_role("status")
+    expect(said).to_contain_text("started")
+    batch_id = said.text_content().split()[1]
+    row = page.get_by_role("table", name="Batches").get_by_role("row").filter(has_text=batch_id)
+    expect(row.locator("[data-status]")).to_have_attribute(
+        "data-status", "completed", timeout=300_000
+    )
+    expect(row).to_contain_text("6 completed · 0 failed")
+    ended = demo.api("GET", f"/v1/batches/{batch_id}").json()
+    assert ended["model"] == MODEL and ended["request_counts"]["completed"] == 6
+    shoot(page, "batches")

@@ -155,6 +155,28 @@ def test_a_cancelled_batch_keeps_what_ran_and_says_what_did_not(server):
     assert api(server, "GET", "/api/health/inference").json()["batch_backlog_rows"] == 0
 
 
+def test_packed_scoring_lines_share_passes_say_so_and_keep_their_answers(server):
+    client = sdk(server)
+    rows = [line(f"s{i}", "word " * (1 + i % 5) + f"row {i}", max_tokens=1, logprobs=3)
+            for i in range(20)] + [line("g", "Once", max_tokens=4)]  # fmt: skip
+    health = "/api/health/inference"
+    before = api(server, "GET", health).json()["packed_scoring_jobs"]
+    packed = wait(client, run(client, rows, extra_body={"pack": True}).id)
+    assert api(server, "GET", health).json()["packed_scoring_jobs"] > before
+    single = wait(client, run(client, rows).id)  # MILLM_BATCH_PACK_DEFAULT: off
+    assert (packed.millm["pack"], single.millm["pack"]) == (True, False)
+    outputs = (lines_of(client, single.output_file_id), lines_of(client, packed.output_file_id))
+    for alone, shared in zip(*outputs, strict=True):
+        flags = (alone["response"]["millm"]["packed"], shared["response"]["millm"]["packed"])
+        if alone["custom_id"] == "g":  # a generation line is never packed
+            assert flags == (False, False)
+            continue
+        assert flags == (False, True)
+        a, b = (x["response"]["body"]["choices"][0]["logprobs"] for x in (alone, shared))
+        assert a["tokens"] == b["tokens"]
+        assert abs(a["token_logprobs"][0] - b["token_logprobs"][0]) < 1e-4  # float32 model
+
+
 def lease_on(server) -> dict:
     return api(server, "GET", f"/api/models/{MODEL}/lease").json()
 

@@ -213,6 +213,7 @@ class ModelManagement:
             "running_rows": 0,
             "batch_size": 0,
             "jobs": {},
+            "packed_scoring_jobs": 0,
             "prefix_cache": None,
             "prefill_chunk_tokens": None,
             "replica": self.state.replication.view(),
@@ -231,6 +232,7 @@ class ModelManagement:
             running_rows=scheduler.running_rows,
             batch_size=scheduler.batch_rows,
             jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
+            packed_scoring_jobs=scheduler.packed_jobs,
             prefix_cache=prefix_cache_stats(scheduler),
             prefill_chunk_tokens=scheduler.prefill_chunk,
         )

@@ -28,6 +28,9 @@ class CreateBatch(OpenBody):
     completion_window: Annotated[str, Field(min_length=1, max_length=16)]
     metadata: dict[str, str] | None = None
     output_expires_after: OutputExpiry | None = None
+    # Scoring lines may share padded passes (faster; their log-probabilities then differ from the
+    # synchronous route's in the last bits). None: MILLM_BATCH_PACK_DEFAULT.
+    pack: bool | None = None
 
     @field_validator("metadata")
     @classmethod

@@ -22,7 +22,9 @@ import time
 
 from anyio import to_thread
 
+from millm.engine.jobs import pack_scoring
 from millm.engine.scheduler import background
+from millm.engine.scoring import PACK_ROWS
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
 from millm.store.batch_files import Caps, expire_files, file_bytes, store_file
 from millm.store.batches import (
@@ -230,6 +232,9 @@ class BatchRunner:
             return False  # an interactive request waits: it goes first
         hold = self.state.settings.batch_claim_seconds
         most = self.state.settings.batch_chunk_rows
+        pack = batch["millm"]["pack"]
+        if pack:  # a packed pass holds up to PACK_ROWS lines
+            most = max(most, PACK_ROWS)
         numbers = await to_thread.run_sync(claim_lines, store, batch_id, origin, most, hold)
         if not numbers:
             left, _ = await to_thread.run_sync(queue_state, store, batch_id, origin)
@@ -240,7 +245,7 @@ class BatchRunner:
         await self._note(batch, None)
         holding = asyncio.get_running_loop().create_task(self._hold(batch_id, numbers))
         try:
-            answers = await asyncio.gather(*(self._serve(lines[n]) for n in numbers))
+            answers = await asyncio.gather(*(self._serve(lines[n], pack) for n in numbers))
         finally:
             holding.cancel()
         kept = [answer for answer in answers if answer is not None]
@@ -273,12 +278,13 @@ class BatchRunner:
 
         await to_thread.run_sync(update_batch, self.state.store, batch["id"], said)
 
-    async def _serve(self, line: Line) -> tuple[int, bool, dict] | None:
+    async def _serve(self, line: Line, pack: bool) -> tuple[int, bool, dict] | None:
         """One line through the synchronous route's serving code: its output line, its error line,
         or None for a refusal that means "not now"."""
         body = line.body
         asked = request_id()
         background.set(True)  # this line's task only: its jobs wait behind interactive ones
+        pack_scoring.set(pack)
         try:
             with self.state.switch.request_scope():
                 if isinstance(body, ChatCompletionRequest):
@@ -316,7 +322,7 @@ class BatchRunner:
                     "request_id": asked,
                     "body": reply.body.model_dump(),
                     "millm": {
-                        "packed": False,
+                        "packed": packed_line(body, pack),
                         "headers": headers,
                         "replica_id": self.state.store.origin,  # who ran it (replicas share)
                     },
@@ -383,6 +389,15 @@ class BatchRunner:
         }
         store_file(self.state.store, record, io.BytesIO(data), Caps(2**62, 2**62))
         return file_id
+
+
+def packed_line(body: object, pack: bool) -> bool:
+    """Whether a line's pass may have been shared (`millm.packed`): packing on, and the line
+    plain next-token scoring (no reads, no echo), as the engine packs."""
+    if not pack or not isinstance(body, (ChatCompletionRequest, CompletionRequest)):
+        return False
+    echo = isinstance(body, CompletionRequest) and body.echo
+    return body.scoring and body.return_sae_activations is None and not echo
 
 
 def finalizing(batch: dict) -> dict:

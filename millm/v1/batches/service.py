@@ -81,7 +81,7 @@ class Batches:
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": body.metadata,
             "millm": {
-                "pack": False,
+                "pack": self.state.settings.batch_pack_default if body.pack is None else body.pack,
                 "waiting_reason": None,
                 "lease_mode": "caller" if token else None,
                 "completion_window_extension": body.completion_window != OPENAI_WINDOW,

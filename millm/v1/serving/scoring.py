@@ -9,7 +9,7 @@ OpenAI's legacy shape for completions and its chat shape (with bytes) for chat.
 
 from __future__ import annotations
 
-from millm.engine.jobs import Ranking, ScoresReady, ScoringJob, TokenDrawn
+from millm.engine.jobs import Ranking, ScoresReady, ScoringJob, TokenDrawn, pack_scoring
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.engine.scoring import Echoed, Scored, check_reported
@@ -71,7 +71,13 @@ async def score_and_read(
         state.switch.submit,
         ScoresReady,
         lambda emit: ScoringJob(
-            prompts=prompts, emit=emit, reads=reads, ranking=ranking, echo=echo, edit=edit
+            prompts=prompts,
+            emit=emit,
+            reads=reads,
+            ranking=ranking,
+            echo=echo,
+            edit=edit,
+            pack=pack_scoring.get(),  # a batch's line with `pack` (the engine packs plain ones)
         ),
     )
 

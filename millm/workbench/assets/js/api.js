@@ -66,7 +66,9 @@ export async function request(method, path, { body, query, text = false, content
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
   }
   const init = { method, headers: headers(), signal };
-  if (body !== undefined) {
+  if (body instanceof FormData) {
+    init.body = body; // multipart: the browser writes the Content-Type with its boundary
+  } else if (body !== undefined) {
     init.headers["Content-Type"] = contentType || "application/json";
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
@@ -147,6 +149,23 @@ export const models = {
   lock: (name) => post(`/api/models/${enc(name)}/lock`),
   unlock: (name) => post(`/api/models/${enc(name)}/unlock`),
   remove: (name) => del(`/api/models/${enc(name)}`),
+};
+
+// Files and batches: OpenAI's Batch API (docs/batch.md)
+export const files = {
+  /** Store a JSONL file (a File or Blob) for batches. */
+  upload: (file, name) => {
+    const form = new FormData();
+    form.append("purpose", "batch");
+    form.append("file", file, name);
+    return request("POST", "/v1/files", { body: form });
+  },
+  content: (id) => request("GET", `/v1/files/${enc(id)}/content`, { text: true }),
+};
+export const batches = {
+  list: (limit = 50) => get("/v1/batches", { limit }),
+  create: (body) => post("/v1/batches", body),
+  cancel: (id) => post(`/v1/batches/${enc(id)}/cancel`),
 };
 
 // Steered variants: names /v1 clients use as models (docs/variants.md)

@@ -15,6 +15,7 @@ import ProbesView from "./views/probes.js";
 import MonitoringView from "./views/monitoring.js";
 import SystemView from "./views/system.js";
 import EvaluateView from "./views/evaluate.js";
+import BatchesView from "./views/batches.js";
 
 const TABS = [
   ["chat", "Chat & compare", ChatView],
@@ -24,6 +25,7 @@ const TABS = [
   ["probes", "Probes", ProbesView],
   ["monitoring", "Monitoring", MonitoringView],
   ["evaluate", "Evaluate", EvaluateView],
+  ["batches", "Batches", BatchesView],
   ["system", "Models, SAEs & jobs", SystemView],
 ];
 
