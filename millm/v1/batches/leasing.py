@@ -22,7 +22,7 @@ OWN_HOLDER = "millm-batch:"  # an own lease's holder: this, then the batch's id
 
 
 @dataclass
-class Held:
+class HeldLease:
     """A batch's lease here: its id, whose it is ("own" or "caller") and when to renew it."""
 
     token: str
@@ -36,14 +36,14 @@ class BatchLeases:
 
     def __init__(self, leases: LeaseBook, ttl: int):
         self.leases, self.ttl = leases, ttl
-        self._held: dict[str, Held] = {}
+        self._held: dict[str, HeldLease] = {}
 
     def adopt(self, batch_id: str, token: str, resident: str | None) -> None:
         """Run the batch under the caller's lease `token` (404/409 when it is not live)."""
         lease = self.leases.held_by(token, resident)
         self._release_own(batch_id, resident)
         renew_at = time.monotonic() + lease.ttl / 3
-        self._held[batch_id] = Held(token, "caller", lease.model, renew_at)
+        self._held[batch_id] = HeldLease(token, "caller", lease.model, renew_at)
 
     def ensure(self, batch_id: str, model: str, resident: str | None) -> str | None:
         """Make sure the batch holds a live lease on `model`, the loaded one: None when it does,
@@ -70,7 +70,7 @@ class BatchLeases:
             )
         except ModelLeased:
             return "lease_unavailable"
-        self._held[batch_id] = Held(token, "own", model, time.monotonic() + self.ttl / 3)
+        self._held[batch_id] = HeldLease(token, "own", model, time.monotonic() + self.ttl / 3)
         return None
 
     def mode(self, batch_id: str) -> str | None:

@@ -1,22 +1,22 @@
 """The batch runner: one task per process that validates batches, drains them a chunk at a time
-through the synchronous routes' own serving code, and writes their output and error files.
+through the synchronous routes' own serving code, and ends them (ending.py writes their files).
 
 A chunk's lines run together (the scheduler batches them as it batches any requests), as
 background jobs: they enter the scheduler's queue one at a time and only while no interactive
 request waits, so a chat waits behind one batch line at most; a refusal that means "not now"
-(model_busy) is a wait, never a line's answer. A batch never loads a
-model: while its model is not the loaded one it waits (`waiting_reason: model_not_resident`)
-until its window ends. Each chunk's results commit with the counts in one transaction, so after a
-crash the batch resumes from its first unrecorded line and nothing recorded runs twice. One
-replica drains a batch at a time (store/batches.py's claim).
+(model_busy) is a wait, never a line's answer. A batch never loads a model: while its model is
+not the loaded one it waits (`waiting_reason: model_not_resident`) until its window ends, and no
+line runs without a lease on the model (leasing.py). Every replica on the database drains a
+batch, each claiming a chunk of its pending lines at a time (store/batches.py); a chunk's results
+commit with the counts in one transaction, so after a crash the batch resumes from its first
+unrecorded line and nothing recorded runs twice. Validating and ending a batch are its
+claimant's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 import time
 
@@ -26,28 +26,26 @@ from millm.engine.jobs import pack_scoring
 from millm.engine.scheduler import background
 from millm.engine.scoring import PACK_ROWS
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
-from millm.store.batch_files import Caps, expire_files, file_bytes, store_file
+from millm.store.batch_files import expire_files, file_bytes
 from millm.store.batches import (
     batch_row,
     claim,
     claim_lines,
-    drop_pending,
-    finish,
     hold_lines,
     live_batches,
     queue_state,
     queue_unrecorded,
     record_lines,
-    recorded,
     release_lines,
     update_batch,
     validated,
 )
 from millm.store.changes import Topic
+from millm.v1.batches.ending import end_batch
 from millm.v1.batches.leasing import BatchLeases
-from millm.v1.batches.lines import Line, error_line, line_id, read_lines, request_id
+from millm.v1.batches.lines import Line, line_id, read_lines, request_id
 from millm.v1.batches.parts import BatchParts
-from millm.v1.files.service import new_file_id
+from millm.v1.batches.status import finalizing, stamp
 from millm.v1.http.errors import error_body
 from millm.v1.serving.http_replies import report_headers
 from millm.v1.serving.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -58,16 +56,6 @@ POLL_S = 1.0  # how often a waiting batch looks again (a new batch or a cancel w
 WAITS = (QueueFull, ModelBusy, ServerShuttingDown)  # "not now": the line runs later
 SWEEP_S = 3600.0  # how often files past their retention are expired (reads expire them too)
 SHOWN_ERRORS = 100  # validation errors the batch object lists (the error file has every one)
-UNRUN = {"cancelled": "batch_cancelled", "expired": "batch_expired", "failed": "batch_failed"}
-
-
-def stamp(batch: dict, status: str) -> dict:
-    """The batch moved to `status`, its `<status>_at` stamped (a waiting_reason only while it
-    runs)."""
-    moved = {**batch, "status": status, f"{status}_at": int(time.time())}
-    if status != "in_progress":
-        moved["millm"] = {**moved["millm"], "waiting_reason": None}
-    return moved
 
 
 class BatchRunner:
@@ -333,62 +321,12 @@ class BatchRunner:
 
     # the end --------------------------------------------------------------------------------------
     def _end(self, batch_id: str, status: str, failure: tuple[str, str] | None = None) -> None:
-        """Write the output and error files (every line once, in line order; a line that never ran
-        says why), then end the batch as `status` (`failure`: the code and message it failed
-        with)."""
-        store = self.state.store
-        drop_pending(store, batch_id)  # from here no replica records a line of it
-        batch = batch_row(store, batch_id)
+        """End the batch as `status` with its files written (ending.py)."""
+        batch = batch_row(self.state.store, batch_id)
         assert batch is not None  # batches are never deleted
-        if failure is not None:
-            listed = (batch.get("errors") or {"object": "list", "data": []})["data"]
-            code, message = failure
-            ended = {"code": code, "line": None, "message": message, "param": None}
-            batch = {**batch, "errors": {"object": "list", "data": [*listed, ended]}}
-        results = recorded(store, batch_id)
-        lines = {line.number: line for line in self._read(batch)}
-        total = batch["request_counts"]["total"]
-        output, errors = io.BytesIO(), io.BytesIO()
-        unrun = 0
-        for number in range(1, total + 1):
-            if number in results:
-                ok, record = results[number]
-            else:
-                ok, unrun = False, unrun + 1
-                known = lines.get(number)
-                record = error_line(
-                    number,
-                    known.custom_id if known else None,
-                    UNRUN.get(status, "batch_failed"),
-                    f"not run: the batch was {status}",
-                )
-            (output if ok else errors).write((json_line(record)).encode())
-        counts = {**batch["request_counts"]}
-        counts["failed"] += unrun
-        batch = {**batch, "request_counts": counts}
-        batch["output_file_id"] = self._store_output(batch, output.getvalue(), "output")
-        batch["error_file_id"] = self._store_output(batch, errors.getvalue(), "error")
-        ended_batch = stamp(batch, status) if batch["status"] != status else batch
-        finish(store, ended_batch)
+        end_batch(self.state.store, batch_id, status, failure, self._read(batch))
         self._lines.pop(batch_id, None)
         self._claims.pop(batch_id, None)
-        log.info("batch %s %s: %s", batch_id, status, counts)
-
-    def _store_output(self, batch: dict, data: bytes, kind: str) -> str | None:
-        if not data:
-            return None
-        now = time.time()
-        file_id = new_file_id()
-        record = {
-            "id": file_id,
-            "filename": f"{batch['id']}_{kind}.jsonl",
-            "purpose": "batch_output",
-            "status": "processed",
-            "created_at": now,
-            "expires_at": int(batch["created_at"]) + batch["millm"]["output_expires_after"],
-        }
-        store_file(self.state.store, record, io.BytesIO(data), Caps(2**62, 2**62))
-        return file_id
 
 
 def packed_line(body: object, pack: bool) -> bool:
@@ -398,13 +336,3 @@ def packed_line(body: object, pack: bool) -> bool:
         return False
     echo = isinstance(body, CompletionRequest) and body.echo
     return body.scoring and body.return_sae_activations is None and not echo
-
-
-def finalizing(batch: dict) -> dict:
-    """A batch in progress whose every line is recorded moves to `finalizing`."""
-    return stamp(batch, "finalizing") if batch["status"] == "in_progress" else batch
-
-
-def json_line(record: dict) -> str:
-    """A record as one compact JSONL line."""
-    return json.dumps(record, separators=(",", ":")) + "\n"

@@ -22,7 +22,8 @@ from millm.v1.batches.leasing import OWN_HOLDER
 from millm.v1.batches.lines import ENDPOINTS
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
-from millm.v1.batches.runner import BatchRunner, stamp
+from millm.v1.batches.runner import BatchRunner
+from millm.v1.batches.status import stamp
 from millm.v1.files.service import readable_row
 from millm.v1.objects import hex_id
 from millm.v1.serving.serving import Serving
