@@ -192,7 +192,10 @@ def test_a_running_batch_holds_its_own_lease_and_lets_it_go(server):
     # Another batch is made (a batch's own lease does not refuse it) and waits for the lease.
     second = run(client, [line("w", "waits")])
     waiting = wait(client, second.id, until=("in_progress",))
-    until(lambda: client.batches.retrieve(second.id).millm["waiting_reason"] == "lease_unavailable")
+    until(
+        lambda: client.batches.retrieve(second.id).millm["waiting_reason"] == "lease_unavailable",
+        60,
+    )
     assert waiting.status == "in_progress"
     client.batches.cancel(first.id)
     assert wait(client, first.id).millm["lease_mode"] == "own"

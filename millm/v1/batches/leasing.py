@@ -73,6 +73,10 @@ class BatchLeases:
         self._held[batch_id] = HeldLease(token, "own", model, time.monotonic() + self.ttl / 3)
         return None
 
+    def batches(self) -> set[str]:
+        """The batches holding a lease here."""
+        return set(self._held)
+
     def mode(self, batch_id: str) -> str | None:
         """ "own", "caller", or None (no lease held here)."""
         held = self._held.get(batch_id)

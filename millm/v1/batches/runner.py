@@ -114,16 +114,21 @@ class BatchRunner:
         running = set()
         for batch in await to_thread.run_sync(live_batches, self.state.store):
             mine = await self._claimant(batch["id"], hold)
+            if batch["status"] in ("validating", "in_progress"):  # a caller's lease stays
+                running.add(batch["id"])
             if batch["status"] == "in_progress" and batch["millm"].get("queued"):
                 if mine and time.time() >= batch["expires_at"]:
                     await to_thread.run_sync(self._end, batch["id"], "expired")
                     moved = True
                 else:
-                    running.add(batch["id"])
                     moved = await self._chunk(batch) or moved
             elif mine:
                 await to_thread.run_sync(self._advance, batch)
                 moved = True
+        for batch_id in self.leasing.batches() - running:  # made after the list was read?
+            row = await to_thread.run_sync(batch_row, self.state.store, batch_id)
+            if row is not None and row["status"] in ("validating", "in_progress"):
+                running.add(batch_id)
         self.leasing.keep_only(running, self.state.switch.resident)
         return moved
 
