@@ -112,7 +112,11 @@ class BatchRunner:
         moved = False
         hold = self.state.settings.batch_claim_seconds
         running = set()
-        for batch in await to_thread.run_sync(live_batches, self.state.store):
+        live = await to_thread.run_sync(live_batches, self.state.store)
+        for gone in (self._lines.keys() | self._claims.keys()) - {b["id"] for b in live}:
+            self._lines.pop(gone, None)  # ended, by this replica or another
+            self._claims.pop(gone, None)
+        for batch in live:
             mine = await self._claimant(batch["id"], hold)
             if batch["status"] in ("validating", "in_progress"):  # a caller's lease stays
                 running.add(batch["id"])
