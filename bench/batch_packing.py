@@ -16,11 +16,9 @@ log-probability and of any of the 5 listed ones.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -28,7 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.batch_throughput import WORDS  # noqa: E402
+from bench.batch_throughput import WORDS, batch, output_lines  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 
@@ -40,35 +38,13 @@ def prompt(i: int) -> str:
 
 def run_batch(client: httpx.Client, model: str, rows: int, pack: bool) -> tuple[float, list]:
     """Seconds from create to completed, and the output lines in input order."""
-    lines = "".join(
-        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                    "body": {"model": model, "prompt": prompt(i), "max_tokens": 1,
-                             "logprobs": 5, "temperature": 0}}) + "\n"
+    bodies = [
+        {"model": model, "prompt": prompt(i), "max_tokens": 1, "logprobs": 5, "temperature": 0}
         for i in range(rows)
-    )  # fmt: skip
-    stored = client.post(
-        "/v1/files", files={"file": ("rows.jsonl", lines.encode())}, data={"purpose": "batch"}
-    ).json()
-    began = time.perf_counter()
-    made = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": stored["id"],
-            "endpoint": "/v1/completions",
-            "completion_window": "24h",
-            "pack": pack,
-        },  # fmt: skip
-    ).json()
-    while (got := client.get(f"/v1/batches/{made['id']}").json())["status"] not in (
-        "completed", "failed", "cancelled", "expired"):  # fmt: skip
-        time.sleep(0.1)
-    seconds = time.perf_counter() - began
-    assert got["request_counts"]["completed"] == rows, got
-    text = client.get(f"/v1/files/{got['output_file_id']}/content").text
-    output = sorted(
-        (json.loads(x) for x in text.splitlines()), key=lambda o: int(o["custom_id"][1:])
-    )
-    return seconds, output
+    ]
+    seconds, ended = batch(client, bodies, pack=pack)
+    assert ended["request_counts"]["completed"] == rows, ended
+    return seconds, output_lines(client, ended)
 
 
 def answer(line: dict) -> tuple[str, float, dict[str, float]]:

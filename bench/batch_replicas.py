@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -34,7 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.batch_throughput import rows  # noqa: E402
+from bench.batch_throughput import batch, output_lines, rows  # noqa: E402
 from bench.replicas import build_tiny  # noqa: E402
 from tests.support.postgres import PostgresServer  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
@@ -53,31 +51,8 @@ def pinned_replica(home: Path, model: Path, url: str, core: int) -> ServerProces
 
 def drain(client: httpx.Client, bodies: list[dict]) -> tuple[float, dict, list[dict]]:
     """Seconds from creating a batch of `bodies` to its end; the batch; its output lines."""
-    lines = "".join(
-        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": b})
-        + "\n"
-        for i, b in enumerate(bodies)
-    )
-    stored = client.post(
-        "/v1/files", files={"file": ("rows.jsonl", lines.encode())}, data={"purpose": "batch"}
-    ).json()
-    began = time.perf_counter()
-    made = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": stored["id"],
-            "endpoint": "/v1/completions",
-            "completion_window": "24h",
-        },  # fmt: skip
-    ).json()
-    while True:
-        got = client.get(f"/v1/batches/{made['id']}").json()
-        if got["status"] in ("completed", "failed", "cancelled", "expired"):
-            seconds = time.perf_counter() - began
-            break
-        time.sleep(0.1)
-    text = client.get(f"/v1/files/{got['output_file_id']}/content").text
-    return seconds, got, [json.loads(line) for line in text.splitlines()]
+    seconds, ended = batch(client, bodies)
+    return seconds, ended, output_lines(client, ended)
 
 
 def main() -> None:

@@ -72,8 +72,11 @@ def synchronous(client: httpx.Client, bodies: list[dict]) -> float:
     return time.perf_counter() - began
 
 
-def batch(client: httpx.Client, bodies: list[dict], created=lambda: None) -> tuple[float, dict]:
-    """Seconds from creating the batch to its end, and the ended batch (`created()` is called
+def batch(
+    client: httpx.Client, bodies: list[dict], created=lambda: None, **create
+) -> tuple[float, dict]:
+    """Seconds from creating a `/v1/completions` batch of `bodies` (custom_ids r0, r1, ...; the
+    create body's extra fields `create`) to its end, and the ended batch (`created()` is called
     once it is made)."""
     lines = "".join(
         json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": b})
@@ -90,6 +93,7 @@ def batch(client: httpx.Client, bodies: list[dict], created=lambda: None) -> tup
             "input_file_id": stored["id"],
             "endpoint": "/v1/completions",
             "completion_window": "24h",
+            **create,
         },
     ).json()
     created()
@@ -98,6 +102,12 @@ def batch(client: httpx.Client, bodies: list[dict], created=lambda: None) -> tup
         if got["status"] in ("completed", "failed", "cancelled", "expired"):
             return time.perf_counter() - began, got
         time.sleep(0.1)
+
+
+def output_lines(client: httpx.Client, batch: dict) -> list[dict]:
+    """An ended batch's output lines, in input order."""
+    text = client.get(f"/v1/files/{batch['output_file_id']}/content").text
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def first_text(client: httpx.Client, model: str) -> float:

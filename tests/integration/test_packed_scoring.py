@@ -47,20 +47,20 @@ def test_a_packed_pass_gives_each_prompt_its_own_logits(llama_lm):
         assert torch.allclose(got[0].logits[0], expected, atol=1e-5)
 
 
-def test_the_scheduler_packs_a_batchs_waiting_lines_and_nothing_else(llama_lm):
+def queued_behind_a_running_job(llama_lm, interactive: list, lines: list) -> Scheduler:
+    """A scheduler that ran `interactive` jobs, then `lines` as a batch's (background) jobs, all
+    submitted while a job held it, so they waited together; it has finished them."""
     scheduler = Scheduler(llama_lm, max_pending=8)
     gate, started = threading.Event(), threading.Event()
-    prompts = [prompt_ids(llama_lm, text) for text in TEXTS]
     try:
         scheduler.submit(gated_job(llama_lm, gate, started)[0])
         assert started.wait(10)
-        interactive, interactive_got = scoring_job([prompts[0]], pack=False)  # a route's own
-        scheduler.submit(interactive)
-        lines = [scoring_job([p]) for p in prompts]
+        for job in interactive:
+            scheduler.submit(job)
 
         def as_background() -> None:
             background.set(True)
-            for job, _ in lines:
+            for job in lines:
                 scheduler.submit(job)
 
         contextvars.copy_context().run(as_background)
@@ -69,31 +69,23 @@ def test_the_scheduler_packs_a_batchs_waiting_lines_and_nothing_else(llama_lm):
     finally:
         gate.set()
         scheduler.shutdown(timeout=30)
+    return scheduler
+
+
+def test_the_scheduler_packs_a_batchs_waiting_lines_and_nothing_else(llama_lm):
+    prompts = [prompt_ids(llama_lm, text) for text in TEXTS]
+    interactive, interactive_got = scoring_job([prompts[0]], pack=False)  # a route's own
+    lines = [scoring_job([p]) for p in prompts]
+    scheduler = queued_behind_a_running_job(llama_lm, [interactive], [job for job, _ in lines])
     assert interactive_got and all(got for _, got in lines)
     # The interactive job ran alone; the first line entered the queue and took the rest along.
     assert scheduler.packed_jobs == len(lines)
 
 
 def test_a_pack_that_fails_runs_its_jobs_alone(llama_lm):
-    scheduler = Scheduler(llama_lm, max_pending=8)
-    gate, started = threading.Event(), threading.Event()
     good, good_got = scoring_job([prompt_ids(llama_lm, "Paris")])
     bad, bad_got = scoring_job([[10**6]])  # an id far outside the embedding
-    try:
-        scheduler.submit(gated_job(llama_lm, gate, started)[0])
-        assert started.wait(10)
-
-        def as_background() -> None:
-            background.set(True)
-            scheduler.submit(bad)
-            scheduler.submit(good)
-
-        contextvars.copy_context().run(as_background)
-        gate.set()
-        assert scheduler.wait_idle(30)
-    finally:
-        gate.set()
-        scheduler.shutdown(timeout=30)
+    scheduler = queued_behind_a_running_job(llama_lm, [], [bad, good])
     assert good_got and isinstance(good_got[0], ScoresReady)
     assert isinstance(bad_got[0], JobFailed) and bad_got[0].error.code == "generation_failed"
     assert scheduler.packed_jobs == 0
