@@ -10,7 +10,8 @@ not serve one from another). Then, timed with time.perf_counter() on the client:
   2. chat on the idle server: a streamed chat's time to its first text, --probes times;
   3. batch: the same rows as one JSONL file through POST /v1/files and /v1/batches, from the
      create to the batch's `completed` (polled every 0.1 s), while a thread sends the same chat
-     --probes times, one a second from 1 s after the create (the chat beside the batch).
+     --probes times, one a second from 1 s after the create (the chat beside the batch), and
+     counts the lines the batch completed while the chats ran.
 
 Rows per second are rows over wall time. The goal (issue 49): the batch at >= 0.9x the
 synchronous rows per second, and the chat's median time to first text within 1.5x of idle.
@@ -73,11 +74,11 @@ def synchronous(client: httpx.Client, bodies: list[dict]) -> float:
 
 
 def batch(
-    client: httpx.Client, bodies: list[dict], created=lambda: None, **create
+    client: httpx.Client, bodies: list[dict], created=lambda made: None, **create
 ) -> tuple[float, dict]:
     """Seconds from creating a `/v1/completions` batch of `bodies` (custom_ids r0, r1, ...; the
-    create body's extra fields `create`) to its end, and the ended batch (`created()` is called
-    once it is made)."""
+    create body's extra fields `create`) to its end, and the ended batch (`created(batch)` is
+    called once it is made)."""
     lines = "".join(
         json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": b})
         + "\n"
@@ -96,7 +97,7 @@ def batch(
             **create,
         },
     ).json()
-    created()
+    created(made)
     while True:
         got = client.get(f"/v1/batches/{made['id']}").json()
         if got["status"] in ("completed", "failed", "cancelled", "expired"):
@@ -144,15 +145,28 @@ def main() -> None:
             sync_s = synchronous(client, bodies)
             idle = [first_text(client, model) for _ in range(args.probes)]
             beside: list[float] = []
+            window: list[tuple[float, int]] = []  # (time, lines completed) as the chats begin, end
 
-            def probe() -> None:
+            def probe(made: dict) -> None:
+                def completed() -> tuple[float, int]:
+                    got = client.get(f"/v1/batches/{made['id']}").json()
+                    return time.perf_counter(), got["request_counts"]["completed"]
+
+                time.sleep(1.0)
+                window.append(completed())
                 for _ in range(args.probes):
-                    time.sleep(1.0)
                     beside.append(first_text(client, model))
+                    time.sleep(1.0)
+                window.append(completed())
 
-            prober = threading.Thread(target=probe)
-            batch_s, ended = batch(client, bodies, prober.start)
-            prober.join()
+            prober: list[threading.Thread] = []
+
+            def start(made: dict) -> None:
+                prober.append(threading.Thread(target=probe, args=(made,)))
+                prober[0].start()
+
+            batch_s, ended = batch(client, bodies, start)
+            prober[0].join()
         finally:
             server.stop()
     counts = ended["request_counts"]
@@ -166,7 +180,11 @@ def main() -> None:
     print(f"batch / synchronous: {(args.rows / batch_s) / (args.rows / sync_s):.2f}x")
     med_idle, med_beside = statistics.median(idle), statistics.median(beside)
     print(f"chat time to first text, median of {args.probes}: idle {med_idle:.0f} ms, "
-          f"beside the batch {med_beside:.0f} ms ({med_beside / med_idle:.2f}x)")  # fmt: skip
+          f"beside the batch {med_beside:.0f} ms ({med_beside / med_idle:.2f}x); slowest "
+          f"{max(idle):.0f} ms idle, {max(beside):.0f} ms beside")  # fmt: skip
+    (t0, n0), (t1, n1) = window
+    print(f"the batch while the chats ran: {(n1 - n0) / (t1 - t0):.1f} rows/s over {t1 - t0:.0f} s "
+          f"({(n1 - n0) / (t1 - t0) / (args.rows / sync_s):.2f}x synchronous)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -247,6 +247,8 @@ class JobControl:
         self._ended = threading.Lock()
         self._failed = False
         self.emit = self._guarded
+        # A batch's line (set by the scheduler when admitted): it waits behind interactive work.
+        self.background = False
 
     def _guarded(self, event: Event) -> None:
         with self._ended:

@@ -15,11 +15,13 @@ Sliding-window layers keep their own buffer, cut back to the window as rows run 
 and attend over the last `window` positions only: a band mask in a prefill, the buffer's last
 `window` columns in a decode step. Rows are left-padded and their real tokens contiguous, so a
 column distance is a position distance in every row. A prefill may run a chunk of columns at a
-time, after columns restored from a prefix cache (`begin` / `advance`).
+time, after columns restored from a prefix cache (`begin` / `advance`), and a pass may pause between
+two blocks (`prefill_layers`: a batch's line yields to a chat there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +45,7 @@ from millm.engine.families import (
 )
 from millm.engine.kernels import KernelPlan, dense_linear, install_linear
 from millm.engine.kv_cache import KVBuffer, LayerCache, RowKV
+from millm.engine.paused import drained
 from millm.engine.prefix_cache import TensorStorage
 
 
@@ -193,10 +196,18 @@ class LeanRunner:
     def _hidden(
         self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache
     ) -> torch.Tensor:
+        return drained(self._layers(ids, pos, masks, kv))
+
+    def _layers(
+        self, ids: torch.Tensor, pos: torch.Tensor, masks: Masks, kv: LayerCache
+    ) -> Generator[None, object, torch.Tensor]:
+        """`_hidden` a block at a time: yields after each block, returns the last block's
+        output."""
         x = self.layout.embed(ids, pos)
         ropes = self.rope(pos)
         for block in self.layout.blocks:
             x = block.module(x, attention_mask=masks, position_embeddings=ropes, cache=kv)
+            yield
         return x
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -231,9 +242,14 @@ class LeanRunner:
 
     def hidden_states(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Final normalised hidden states `[B, T, d]` of left-padded prompts, with their mask."""
+        return drained(self._hidden_states_layers(prompts))
+
+    def _hidden_states_layers(
+        self, prompts: list[list[int]]
+    ) -> Generator[None, object, tuple[torch.Tensor, torch.Tensor]]:
         ids, mask = left_pad(prompts, self.device)
         rows, width = ids.shape
-        x = self._hidden(
+        x = yield from self._layers(
             ids, positions(mask), prefill_masks(mask, self.window), self._buffer(rows, width, width)
         )
         return self.layout.final_norm(x), mask
@@ -241,14 +257,27 @@ class LeanRunner:
     def prompt_logits(self, sequence: list[int], start: int) -> torch.Tensor:
         """Logits `[len - start, V]` at the positions predicting sequence[start:] (start >= 1);
         only those go through the head."""
-        hidden, _ = self.hidden_states([sequence])
+        return drained(self.prompt_logits_layers(sequence, start))
+
+    def prompt_logits_layers(
+        self, sequence: list[int], start: int
+    ) -> Generator[None, object, torch.Tensor]:
+        """`prompt_logits`, yielding after each block."""
+        hidden, _ = yield from self._hidden_states_layers([sequence])
         return self.head_logits(hidden[0, start - 1 : len(sequence) - 1])
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[LeanBatch, torch.Tensor]:
         """Run the prompts into a buffer holding `capacity` positions; returns the batch and
         logits `[B, V]`."""
+        return drained(self.prefill_layers(prompts, capacity))
+
+    def prefill_layers(
+        self, prompts: list[list[int]], capacity: int
+    ) -> Generator[None, object, tuple[LeanBatch, torch.Tensor]]:
+        """`prefill`, yielding after each block: the same operations on the same shapes, so the
+        logits are a whole pass's whenever it pauses."""
         prefill = self.begin(prompts, capacity)
-        logits = self.advance(prefill, None)
+        logits = yield from self.advance_layers(prefill, None)
         assert logits is not None  # one pass covers every column
         return prefill.batch, logits
 
@@ -278,10 +307,16 @@ class LeanRunner:
     def advance(self, prefill: LeanPrefill, tokens: int | None) -> torch.Tensor | None:
         """Compute the next `tokens` columns (None: all that are left); the last chunk returns
         the logits `[B, V]`."""
+        return drained(self.advance_layers(prefill, tokens))
+
+    def advance_layers(
+        self, prefill: LeanPrefill, tokens: int | None
+    ) -> Generator[None, object, torch.Tensor | None]:
+        """`advance`, yielding after each block."""
         start, end = prefill.done, prefill.span(tokens)
         mask = prefill.batch.mask[:, :end]
         pos = positions(mask)[:, start:]
-        x = self._hidden(
+        x = yield from self._layers(
             prefill.ids[:, start:end],
             pos,
             prefill_masks(mask, self.window, start),

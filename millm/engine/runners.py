@@ -9,8 +9,10 @@ file's own codes. On CUDA the model runs as loaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -18,6 +20,8 @@ from millm.engine.kernels import KernelPlan
 from millm.engine.kv_cache import RowKV
 from millm.engine.runner_hf import HFRunner
 from millm.engine.runner_lean import LeanPrefill, LeanRunner
+
+T = TypeVar("T")
 
 
 class Runner(Protocol):
@@ -95,6 +99,55 @@ def advance_prefill(runner: Runner, prefill: Prefill, tokens: int | None) -> tor
         prefill.done = prefill.width
         return logits
     return runner.advance(prefill, tokens)  # type: ignore[attr-defined]  # a LeanPrefill comes from a LeanRunner
+
+
+def prefill_steps(
+    runner: Runner,
+    prompts: list[list[int]],
+    capacity: int,
+    chunk: Callable[[], int | None] | None = None,
+) -> Generator[None, object, tuple[Any, torch.Tensor]]:
+    """`runner.prefill` as steps: on the lean runner a block at a time; on a chunked runner
+    (llama.cpp) given `chunk`, the columns in chunks of `chunk()` tokens (asked before each; None:
+    all that are left); else one step (transformers' forward)."""
+    layers = getattr(runner, "prefill_layers", None)
+    if layers is not None:
+        return layers(prompts, capacity)
+    if chunk is not None and getattr(runner, "chunked", False):
+        return _chunks(runner, prompts, capacity, chunk)
+    return _whole(partial(runner.prefill, prompts, capacity))
+
+
+def _chunks(
+    runner: Runner, prompts: list[list[int]], capacity: int, chunk: Callable[[], int | None]
+) -> Generator[None, object, tuple[Any, torch.Tensor]]:
+    prefill = begin_prefill(runner, prompts, capacity)
+    while (logits := advance_prefill(runner, prefill, _no_single_column(prefill, chunk()))) is None:
+        yield
+    return prefill.batch, logits
+
+
+def _no_single_column(prefill: Prefill, tokens: int | None) -> int | None:
+    """`tokens`, or one more where it would leave one column for last: a one-token decode runs
+    on matrix-vector kernels whose sums round otherwise than a prefill's."""
+    if tokens is not None and prefill.width - prefill.done - tokens == 1:
+        return tokens + 1
+    return max(tokens, 2) if tokens is not None else None
+
+
+def prompt_logits_steps(
+    runner: Runner, sequence: list[int], start: int
+) -> Generator[None, object, torch.Tensor]:
+    """`runner.prompt_logits` as steps, as `prefill_steps`."""
+    layers = getattr(runner, "prompt_logits_layers", None)
+    if layers is not None:
+        return layers(sequence, start)
+    return _whole(partial(runner.prompt_logits, sequence, start))
+
+
+def _whole(run: Callable[[], T]) -> Generator[None, object, T]:
+    return run()
+    yield  # a generator with no pause
 
 
 def make_runner(

@@ -4,7 +4,8 @@ The event loop never runs the model; it submits a job and awaits the job's event
 policies: serial (one job at a time, its rows batched together) and, with continuous batching,
 one running batch that generation jobs join after their own prefill and leave when done, beside
 at most one serial lane (seeded jobs) stepped in turn, with embeddings and scoring run between
-steps. Every admitted job gets an answer: its events, or a JobFailed if the engine fails or
+steps. A batch's scoring line runs in slices that pause for interactive work (background.py).
+Every admitted job gets an answer: its events, or a JobFailed if the engine fails or
 shuts down first. Over 400 lines because both policies share one queue, one lock and one
 account of what runs, and they read it in each other's steps.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from millm.engine.background import PausedScoring, chunk_tokens
 from millm.engine.calls import run_call
 from millm.engine.embed import run_embedding
 from millm.engine.failures import as_error
@@ -97,6 +99,10 @@ class Scheduler:
         self._serial_rows = 0
         self.stats = {backend: dict.fromkeys(OUTCOMES, 0) for backend in ("serial", "batched")}
         self.packed_jobs = 0  # scoring jobs that shared a packed pass (a batch's `pack` lines)
+        # The batch's scoring line running in slices, paused while interactive work runs.
+        self._paused: PausedScoring | None = None
+        self.pauses = 0  # times such a line paused for interactive work
+        self._last_interactive = float("-inf")  # when an interactive job was last admitted
         loop = self._loop_batched if self.batching else self._loop_serial
         self._thread = threading.Thread(
             target=loop, name=f"millm-scheduler[{lm.name}]", daemon=True
@@ -141,6 +147,7 @@ class Scheduler:
             if self._stopping:
                 raise ServerShuttingDown("the server is shutting down")
             if background.get():
+                job.background = True
                 self._background.append(job)
                 self._wake.notify()
                 return
@@ -151,6 +158,7 @@ class Scheduler:
                     retry_after=retry_seconds(self.wait_estimate),
                 )
             self._queue.append(job)
+            self._last_interactive = time.monotonic()
             self._wake.notify()
 
     @property
@@ -239,10 +247,39 @@ class Scheduler:
 
     def _waiting(self) -> bool:
         """Under the lock: whether a job waits to start, a background one entering the queue
-        only when no interactive one waits."""
-        if not self._queue and self._background:
+        only when no interactive one waits and no other background line is paused."""
+        if not self._queue and self._background and self._paused is None:
             self._queue.append(self._background.popleft())
         return bool(self._queue)
+
+    def _resume(self, backend: str, budget: float | None) -> None:
+        """Run the paused line until it ends, an interactive job waits, or `budget` seconds."""
+        paused = self._paused
+        assert paused is not None
+        pauses = paused.pauses
+        try:
+            ended = paused.run(lambda: bool(self._queue), budget)
+        except Exception as exc:  # the line fails; the scheduler serves the next one
+            paused.job.fail(as_error(self.lm.device, exc))
+            self._paused = None
+            self._ended(paused.job, backend, "failed")
+            return
+        self.pauses += paused.pauses - pauses
+        if ended:
+            self._paused = None
+            self._ended(paused.job, backend)
+
+    def _end_paused(self, backend: str) -> None:
+        """The scheduler stops: a paused line is finished (or, stopping on an error, failed)."""
+        if self._paused is None:
+            return
+        if self._stop_error is None:
+            self._resume(backend, None)
+            return
+        paused, self._paused = self._paused, None
+        paused.close()
+        paused.job.fail(self._stop_error)
+        self._ended(paused.job, backend, "failed")
 
     def _started(self, job: Job) -> None:
         with self._wake:
@@ -266,6 +303,12 @@ class Scheduler:
         if isinstance(job, ScoringJob) and job.packable and (partners := self._partners()):
             self._run_pack([job, *partners], backend)
             return
+        if isinstance(job, ScoringJob) and job.background:  # runs in slices, from the loop
+            self._started(job)
+            self._paused = PausedScoring(
+                self.lm, job, self.prefix_cache, lambda: chunk_tokens(self._last_interactive)
+            )
+            return
         self._started(job)
         if isinstance(job, GenerationJob):
             self._serial_rows = len(job.rows)
@@ -274,7 +317,8 @@ class Scheduler:
             if isinstance(job, GenerationJob):
                 outcome = run_job(self.lm, job, self.prefix_cache)
             elif isinstance(job, ScoringJob):
-                outcome = run_scoring(self.lm, job, self.prefix_cache)
+                run_scoring(self.lm, job, self.prefix_cache)
+                outcome = None
             else:
                 outcome = RUNS[type(job)](self.lm, job)
             self._ended(job, backend, outcome)
@@ -323,18 +367,20 @@ class Scheduler:
             self._ended(job, backend)
 
     # serial policy -----------------------------------------------------------------------------
-    def _next_job(self) -> Job | None:
-        with self._wake:
-            while not self._waiting() and not self._stopping:
-                self._wake.wait()
-            if self._stopping:
-                self._fail_queued()
-                return None
-            return self._queue.popleft()
-
     def _loop_serial(self) -> None:
-        while (job := self._next_job()) is not None:
-            self._run_whole(job, "serial")
+        while True:
+            with self._wake:
+                while not self._waiting() and self._paused is None and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    self._fail_queued()
+                    break
+                job = self._queue.popleft() if self._queue else None
+            if job is not None:
+                self._run_whole(job, "serial")
+            else:  # only a paused line is left: on with it until interactive work comes
+                self._resume("serial", None)
+        self._end_paused("serial")
 
     # continuous batching -------------------------------------------------------------------------
     def _take(self, batch: Lane, serial: Lane | None) -> list[Job]:
@@ -447,6 +493,7 @@ class Scheduler:
                     and not batch.rows
                     and batch.joining is None
                     and serial is None
+                    and self._paused is None
                 ):
                     self._wake.wait()
                 if self._stopping:
@@ -463,6 +510,7 @@ class Scheduler:
                 serial = self._serial_lane = lane
             # A joining prefill runs a chunk between two steps while rows are running, else whole.
             running = bool(batch.rows) or (serial is not None and bool(serial.rows))
+            began = time.monotonic()
             if batch.joining is not None:
                 self._advance(batch, "batched", running)
             if batch.rows:
@@ -474,6 +522,12 @@ class Scheduler:
                     self._step(serial, "serial")
                 if not serial.rows and serial.joining is None:
                     serial = self._serial_lane = None
+            if self._paused is not None and not self._queue:
+                # Beside running rows a paused line gets as long as their step took: half the
+                # machine each; alone, it runs until interactive work comes.
+                busy = bool(batch.rows) or batch.joining is not None or serial is not None
+                self._resume("batched", time.monotonic() - began if busy else None)
+        self._end_paused("batched")
         for lane, backend in ((batch, "batched"), (serial, "serial")):
             if lane is None:
                 continue

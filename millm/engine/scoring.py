@@ -10,6 +10,7 @@ numbers: a whole vocabulary as a Python list cost tens of milliseconds wherever 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -18,10 +19,16 @@ import torch
 
 from millm.engine.jobs import Ranking, ResidualsRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
+from millm.engine.paused import Steps, drained, resumed
 from millm.engine.prefix_cache import KV, UNSTEERED, PrefixCache
 from millm.engine.reading import Capture, taps
 from millm.engine.residual import Tap
-from millm.engine.runners import advance_prefill, begin_prefill
+from millm.engine.runners import (
+    advance_prefill,
+    begin_prefill,
+    prefill_steps,
+    prompt_logits_steps,
+)
 from millm.errors import NonFiniteLogits
 
 MIN_TEMPERATURE = 0.001
@@ -165,11 +172,23 @@ def stopping(tapped: dict[int, Tap]) -> dict[int, Tap]:
     return {point: wrapped(point, inner) for point, inner in tapped.items()}
 
 
-@torch.inference_mode()
 def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = None) -> None:
     """One forward pass per prompt (steered only by the job's own edit, which scoring never sets; a
     job reusing the prefix cache: a few prompts a pass); emits the last-position logits of each (a
     reads-only job: its reads alone, each pass cut short after them)."""
+    drained(scoring_steps(lm, job, cache))
+
+
+@torch.inference_mode()
+def scoring_steps(
+    lm: LoadedModel,
+    job: ScoringJob,
+    cache: PrefixCache | None = None,
+    chunk: Callable[[], int | None] | None = None,
+) -> Steps[None]:
+    """`run_scoring` as steps: each pass may pause (paused.py) between its blocks on the lean
+    runner or, given `chunk`, between chunks of `chunk()` tokens on llama.cpp; a scheduler that
+    pauses it must run it to its end or close it itself."""
     lm.residual.clear()
     reuse = (
         cache if job.reuse_prefix and not job.reads and job.edit is None and not job.echo else None
@@ -181,7 +200,7 @@ def run_scoring(lm: LoadedModel, job: ScoringJob, cache: PrefixCache | None = No
         if reuse is not None:
             finished = reused_passes(lm, reuse, job, results)
         else:
-            finished = passes(lm, job, results, reads, echoed)
+            finished = yield from passes(lm, job, results, reads, echoed, chunk)
     finally:
         lm.residual.clear()
     if not finished:
@@ -246,34 +265,44 @@ def passes(
     results: list[torch.Tensor],
     reads: list[ResidualsRead],
     echoed: list[Echoed],
-) -> bool:
-    """One pass per prompt with the job's reads, edit and echo; False when it was cancelled."""
+    chunk: Callable[[], int | None] | None = None,
+) -> Steps[bool]:
+    """One pass per prompt with the job's reads, edit and echo (each pass pausing as
+    `scoring_steps` says); False when it was cancelled."""
     for index, prompt in enumerate(job.prompts):
         if job.cancelled.is_set():
             return False
         captures = [Capture(read, len(prompt)) for read in job.reads]
         stop = job.reads_only and bool(captures)
+        install = lm.residual.clear
         if captures or job.edit is not None:  # read the residuals of this very pass
             tapped = taps([(captures, 0, len(prompt))])
-            lm.residual.install(
+            install = partial(
+                lm.residual.install,
                 lm.residual.stack([job.edit]) if job.edit is not None else None,
                 stopping(tapped) if stop else tapped,
             )
+        install()
+        # Taps count positions from the pass's first column, so a pass that reads is not cut
+        # into chunks (pausing between blocks keeps its columns whole).
+        prompt_pass = partial(
+            prefill_steps, lm.runner, [prompt], len(prompt), None if captures else chunk
+        )
         before: torch.Tensor | None = None  # the logits predicting prompt[1:], with echo
         if stop:
             with suppress(ReadsTaken):
-                lm.runner.prefill([prompt], capacity=len(prompt))
+                yield from resumed(prompt_pass(), install)
             reads.extend(capture.result(index, prompt) for capture in captures)
             continue
         if job.echo and not captures and len(prompt) < lm.context_length:
             # One pass over prompt + a placeholder: the last row predicts the next token.
-            every = lm.runner.prompt_logits([*prompt, 0], 1)
+            every = yield from resumed(prompt_logits_steps(lm.runner, [*prompt, 0], 1), install)
             last, before = every[-1], every[:-1]
         else:
-            _, logits = lm.runner.prefill([prompt], capacity=len(prompt))
+            _, logits = yield from resumed(prompt_pass(), install)
             last = logits[0]
             if job.echo and len(prompt) > 1:  # reads, or no room for a placeholder: two passes
-                before = lm.runner.prompt_logits(prompt, 1)
+                before = yield from resumed(prompt_logits_steps(lm.runner, prompt, 1), install)
         results.append(last.float().cpu())
         if job.echo:
             ranking = job.ranking or Ranking(None, 0.0)

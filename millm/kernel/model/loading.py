@@ -129,9 +129,10 @@ def load(settings: Settings, planned: Planned) -> LoadedModel:
         planned.name,
     )
     if planned.plan.engine == LLAMACPP:
-        # every row at once: the batch, a serial lane beside it, and scoring between steps
+        # every row at once: the batch, a serial lane beside it, scoring between steps and a
+        # batch's line paused beside them (engine/background.py)
         sequences = min(
-            LLAMACPP_SEQUENCES, settings.max_batch_size + 2 * settings.max_rows_per_request
+            LLAMACPP_SEQUENCES, settings.max_batch_size + 2 * settings.max_rows_per_request + 1
         )
         lm = load_with_llamacpp(
             planned.source,

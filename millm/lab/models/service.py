@@ -214,6 +214,7 @@ class ModelManagement:
             "batch_size": 0,
             "jobs": {},
             "packed_scoring_jobs": 0,
+            "background_pauses": 0,
             "prefix_cache": None,
             "prefill_chunk_tokens": None,
             "replica": self.state.replication.view(),
@@ -233,6 +234,7 @@ class ModelManagement:
             batch_size=scheduler.batch_rows,
             jobs={backend: dict(counts) for backend, counts in scheduler.stats.items()},
             packed_scoring_jobs=scheduler.packed_jobs,
+            background_pauses=scheduler.pauses,
             prefix_cache=prefix_cache_stats(scheduler),
             prefill_chunk_tokens=scheduler.prefill_chunk,
         )
