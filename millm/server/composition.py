@@ -100,6 +100,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
         monitor=Monitor(
             store,
             settings.monitoring_history,
+            batch_history=settings.monitoring_batch_history,
             labels=labels.entries,
             prompt_chars=settings.monitoring_prompt_max_chars,
         ),

@@ -247,6 +247,13 @@ class Settings(RemoteServers):
         "Per-request monitoring records kept (oldest dropped first).",
         ge=1,
     )
+    monitoring_batch_history: int = env_field(
+        10_000,
+        "MONITORING_BATCH_HISTORY",
+        "Monitoring records of batch lines kept apart from the live ones (oldest dropped first); "
+        "they never reach the live feed or the statistics.",
+        ge=1,
+    )
     monitoring_prompt_max_chars: int = env_field(
         16384,
         "MONITORING_PROMPT_MAX_CHARS",

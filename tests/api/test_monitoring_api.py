@@ -2,8 +2,8 @@
 refusals, per-request records equal to the request's own pre_steering read, statistics derived
 from the records, a bounded history, the live SSE feed, scoring and embeddings never recorded,
 token text and labels when set (the same shape as before when not), each record's link to its
-request's prompt (bounded per request, forgotten with the history), and settings that survive a
-restart."""
+request's prompt (bounded per request, forgotten with the history), a batch's lines recorded apart
+(never on the live feed or in the statistics), and settings that survive a restart."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.api.clients import MODEL, api, post, sse_events
+from tests.api.clients import MODEL, api, post, sdk, sse_events
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -59,7 +59,11 @@ def server(tiny_dirs, home, sae_dir):
     process = ServerProcess(
         home,
         ["--model", str(tiny_dirs["llama"])],
-        env={"MONITORING_HISTORY": "4", "MONITORING_PROMPT_MAX_CHARS": str(PROMPT_CHARS)},
+        env={
+            "MONITORING_HISTORY": "4",
+            "MONITORING_BATCH_HISTORY": "2",
+            "MONITORING_PROMPT_MAX_CHARS": str(PROMPT_CHARS),
+        },
     )
     try:
         process.wait_ready()
@@ -273,12 +277,13 @@ def test_history_is_bounded(fresh):
         assert gone.status_code == 404 and "MONITORING_HISTORY" in gone.json()["error"]["message"]
 
 
-def test_live_feed_pushes_each_record(fresh):
-    api(fresh, "POST", "/api/monitoring/enable")
+def listening(server) -> tuple[threading.Thread, list]:
+    """A client of the live feed, connected: it keeps the first record it receives."""
     received, ready = [], threading.Event()
 
     def listen():
-        with httpx.stream("GET", f"{fresh.base_url}/api/monitoring/stream", timeout=60) as response:
+        url = f"{server.base_url}/api/monitoring/stream"
+        with httpx.stream("GET", url, timeout=120) as response:
             for line in response.iter_lines():
                 ready.set()
                 if line.startswith("data: "):
@@ -288,10 +293,68 @@ def test_live_feed_pushes_each_record(fresh):
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
     assert ready.wait(30)
+    return listener, received
+
+
+def test_live_feed_pushes_each_record(fresh):
+    api(fresh, "POST", "/api/monitoring/enable")
+    listener, received = listening(fresh)
     post(fresh, "/v1/completions", {"model": MODEL, "prompt": "Live", "max_tokens": 3})
     listener.join(30)
     [record] = wait_records(fresh, 1)
     assert received == [record]
+
+
+def test_a_batchs_lines_are_recorded_apart_and_never_fed_live(fresh):
+    api(fresh, "POST", "/api/monitoring/enable")
+    listener, received = listening(fresh)
+    client = sdk(fresh)
+    lines = "".join(
+        json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {**CHAT, "max_tokens": 3}}) + "\n"
+        for i in range(3)
+    )  # fmt: skip
+    stored = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=stored.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline, batch.status
+        time.sleep(0.1)
+    answered = {
+        json.loads(row)["custom_id"]: json.loads(row)["response"]["request_id"]
+        for row in client.files.content(batch.output_file_id).text.splitlines()
+    }
+    path = "/api/monitoring/records"
+    query = {"origin": "batch", "batch_id": batch.id}
+    deadline = time.monotonic() + 30
+    while len(kept := api(fresh, "GET", path, params=query).json()["data"]) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # MONITORING_BATCH_HISTORY is 2: the first line's record went first, whichever ran first
+    assert len(kept) == 2 and len(answered) == 3
+    for record in kept:
+        assert record["origin"] == "batch" and record["batch_id"] == batch.id
+        assert record["request_id"] == answered[record["custom_id"]]
+        assert record["custom_id"] == f"line-{record['batch_line'] - 1}"  # lines count from 1
+        assert record["positions"]  # the same reads as a live request's
+    other = api(fresh, "GET", path, params={"origin": "batch", "batch_id": "batch_none"})
+    assert other.json()["data"] == []
+    # Nothing of the batch is live: no record, no statistic, no prompt, nothing on the feed.
+    assert api(fresh, "GET", path).json()["data"] == []
+    assert api(fresh, "GET", "/api/monitoring/stats").json()["requests"] == 0
+    lookup = api(fresh, "GET", f"/api/monitoring/requests/{kept[0]['request_id']}")
+    assert lookup.status_code == 404
+    assert received == []
+    history = api(fresh, "GET", "/api/monitoring").json()["history"]
+    assert (history["batch_records"], history["batch_max"], history["records"]) == (2, 2, 0)
+    post(fresh, "/v1/chat/completions", CHAT)
+    listener.join(30)
+    [live] = wait_records(fresh, 1)
+    assert received == [live] and live["origin"] == "request" and "batch_id" not in live
+    api(fresh, "POST", "/api/monitoring/reset")
+    assert api(fresh, "GET", path, params=query).json()["data"] == []
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,9 @@ record carries the verdicts of the active probes on its row (`probes`), when any
 unmonitored request carries no read at all. Scoring and embeddings are never monitored.
 
 A record names its request by the id its client got back, and the monitor keeps that request's
-prompt while the history can hold a record of it (requests.py). Token text and labels
+prompt while the history can hold a record of it (requests.py). A batch's lines are not live
+traffic: their records (`origin: "batch"`, with the batch and line) are kept in a history of
+their own, never reach the live feed or the statistics, and keep no prompt. Token text and labels
 (`tokens`, `labels`) are added when the record is made, on the worker thread: by the request's
 own tokenizer, which may be unloaded by the time the record is read, and from the labels as
 they are then.
@@ -48,7 +50,7 @@ from millm.interp.steering import Attached, check_feature
 from millm.kernel.books.calibrations import add_percentiles, percentiles_block
 from millm.kernel.books.labels import labelled
 from millm.kernel.monitoring.config import MonitoringConfig
-from millm.kernel.monitoring.requests import PROMPT_CHARS, Origin, RequestPrompts
+from millm.kernel.monitoring.requests import PROMPT_CHARS, BatchLine, Origin, RequestPrompts
 from millm.store.changes import Topic
 from millm.store.database import Store
 from millm.store.settings import get_setting, set_setting
@@ -62,6 +64,19 @@ DROP_WARNING_S = (
     60.0  # at most one "records dropped" warning a minute: a flood must not flood the log
 )
 CLOSE_TIMEOUT_S = 10.0
+
+
+def origin_fields(batch: BatchLine | None) -> dict:
+    """What a record says of where its request came from: a client (`request`), or a batch's
+    line."""
+    if batch is None:
+        return {"origin": "request"}
+    return {
+        "origin": "batch",
+        "batch_id": batch.batch_id,
+        "batch_line": batch.line,
+        "custom_id": batch.custom_id,
+    }
 
 
 @dataclass
@@ -120,12 +135,14 @@ class Monitor:
         history: int,
         backlog: int = WORK_BACKLOG,
         *,
+        batch_history: int = 10_000,
         labels: Callable[[str], Mapping[int, dict]] = lambda _: {},
         prompt_chars: int = PROMPT_CHARS,
     ):
         self.store = store
         self.config = self._stored()
         self.records: collections.deque[dict] = collections.deque(maxlen=history)
+        self.batch_records: collections.deque[dict] = collections.deque(maxlen=batch_history)
         self.prompts = RequestPrompts(history, prompt_chars)
         self.labels = labels  # an SAE's labels (LabelBook.entries): may read the store
         self.stats: dict[int, FeatureStats] = {}
@@ -223,6 +240,8 @@ class Monitor:
             "history": {
                 "records": len(self.records),
                 "max": self.records.maxlen,
+                "batch_records": len(self.batch_records),
+                "batch_max": self.batch_records.maxlen,
                 "prompt_max_chars": self.prompts.max_chars,
             },
             "requests": self.requests,
@@ -331,9 +350,10 @@ class Monitor:
         token_ids = pending.captured.token_ids
         decode = pending.origin.decode
         texts = {t: decode([t]) for t in set(token_ids)} if pending.tokens else None
-        self.prompts.keep(pending.origin)
+        batch = pending.origin.batch
         record = {
             "request_id": pending.request_id,
+            **origin_fields(batch),
             "row": pending.captured.row,
             "prompt_index": pending.captured.row // pending.origin.choices,
             "time": pending.at,
@@ -354,6 +374,12 @@ class Monitor:
             record["percentiles"] = percentiles_block(pending.attached.info.id, pending.table)
         if pending.probes:
             record["probes"] = pending.probes
+        if batch is not None:
+            with self._lock:
+                record["id"] = next(self._record_ids)
+                self.batch_records.append(record)
+            return
+        self.prompts.keep(pending.origin)
         with self._lock:
             # never reused, so `after` polling survives a reset
             record["id"] = next(self._record_ids)
@@ -383,10 +409,19 @@ class Monitor:
             time.sleep(0.01)
 
     # reading the results ------------------------------------------------------------------------
-    def recent(self, limit: int, after: int | None) -> list[dict]:
-        """Records, oldest first: the last `limit`, or those after record id `after`."""
+    def recent(
+        self, limit: int, after: int | None, origin: str = "request", batch_id: str | None = None
+    ) -> list[dict]:
+        """Records, oldest first: the last `limit`, or those after record id `after`; of live
+        requests, or (`origin` "batch") of batch lines, of one batch with `batch_id`."""
         with self._lock:
-            records = [r for r in self.records if after is None or r["id"] > after]
+            kept = self.batch_records if origin == "batch" else self.records
+            records = [
+                r
+                for r in kept
+                if (after is None or r["id"] > after)
+                and (batch_id is None or r.get("batch_id") == batch_id)
+            ]
         return records[-limit:]
 
     def prompt(self, request_id: str) -> dict:
@@ -419,6 +454,7 @@ class Monitor:
         """Forget every record and statistic (the settings stay)."""
         with self._lock:
             self.records.clear()
+            self.batch_records.clear()
             self.prompts.clear()
             self.stats.clear()
             self.positions_read = 0

@@ -5,7 +5,8 @@ a client finds the records of its own request, and the prompt's positions in a r
 read against the prompt's text (GET /api/monitoring/requests/{id}). What is kept is bounded
 twice: the requests of the last `max_requests` recorded (the history's size: every record it
 holds finds its request), and `max_chars` characters of prompt text per request, each prompt's
-start, in order, while characters are left (`truncated` and `chars` say what was cut).
+start, in order, while characters are left (`truncated` and `chars` say what was cut). A batch
+line's prompt is not kept: its batch's input file holds it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from millm.errors import NotFound
@@ -22,16 +24,30 @@ PROMPT_CHARS = 16_384  # characters of a request's prompts kept (MONITORING_PROM
 
 
 @dataclass(frozen=True)
+class BatchLine:
+    """A batch's line that a request serves."""
+
+    batch_id: str
+    line: int  # its line in the input file, from 1 (as the error file counts)
+    custom_id: str
+
+
+# Set by the batch runner around each line it serves (that line's task only).
+batch_line: ContextVar[BatchLine | None] = ContextVar("batch_line", default=None)
+
+
+@dataclass(frozen=True)
 class Origin:
     """The request a monitored generation serves: the id its client got back, the model it named,
-    its prompts' token ids, choices per prompt (rows are prompt-major), and its tokenizer's decode
-    (special tokens by name)."""
+    its prompts' token ids, choices per prompt (rows are prompt-major), its tokenizer's decode
+    (special tokens by name), and the batch line it serves, if any."""
 
     request_id: str
     model: str
     prompts: Sequence[Sequence[int]]
     choices: int
     decode: Callable[[list[int]], str]
+    batch: BatchLine | None = None
     at: float = field(default_factory=time.time)
 
 

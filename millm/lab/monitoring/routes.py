@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -47,10 +47,16 @@ def disable(request: Request):
 
 @router.get("/api/monitoring/records", summary="Per-request records, oldest first")
 def records(
-    request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: int | None = None
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    after: int | None = None,
+    origin: Literal["request", "batch"] = "request",
+    batch_id: str | None = None,
 ):
-    """The last `limit` records, or those after record id `after` (poll with the last id seen)."""
-    return {"object": "list", "data": part(request, Monitor).recent(limit, after)}
+    """The last `limit` records, or those after record id `after` (poll with the last id seen):
+    of live requests, or with `origin=batch` of batches' lines (`batch_id`: one batch's)."""
+    monitor = part(request, Monitor)
+    return {"object": "list", "data": monitor.recent(limit, after, origin, batch_id)}
 
 
 @router.get(

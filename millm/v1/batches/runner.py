@@ -26,6 +26,7 @@ from millm.engine.jobs import pack_scoring
 from millm.engine.scheduler import background
 from millm.engine.scoring import PACK_ROWS
 from millm.errors import MillmError, ModelBusy, QueueFull, ServerShuttingDown
+from millm.kernel.monitoring.requests import BatchLine, batch_line
 from millm.store.batch_files import expire_files, file_bytes
 from millm.store.batches import (
     batch_row,
@@ -242,7 +243,9 @@ class BatchRunner:
         await self._note(batch, None)
         holding = asyncio.get_running_loop().create_task(self._hold(batch_id, numbers))
         try:
-            answers = await asyncio.gather(*(self._serve(lines[n], pack) for n in numbers))
+            answers = await asyncio.gather(
+                *(self._serve(batch_id, lines[n], pack) for n in numbers)
+            )
         finally:
             holding.cancel()
         kept = [answer for answer in answers if answer is not None]
@@ -275,13 +278,16 @@ class BatchRunner:
 
         await to_thread.run_sync(update_batch, self.state.store, batch["id"], said)
 
-    async def _serve(self, line: Line, pack: bool) -> tuple[int, bool, dict] | None:
+    async def _serve(self, batch_id: str, line: Line, pack: bool) -> tuple[int, bool, dict] | None:
         """One line through the synchronous route's serving code: its output line, its error line,
         or None for a refusal that means "not now"."""
         body = line.body
         asked = request_id()
-        background.set(True)  # this line's task only: its jobs wait behind interactive ones
+        # this line's task only: its jobs wait behind interactive ones, its monitoring records
+        # name it and stay off the live feed
+        background.set(True)
         pack_scoring.set(pack)
+        batch_line.set(BatchLine(batch_id, line.number, line.custom_id))
         try:
             with self.state.switch.request_scope():
                 if isinstance(body, ChatCompletionRequest):

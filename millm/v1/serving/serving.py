@@ -19,7 +19,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.prompts import has_chat_template
 from millm.engine.sampling import SamplingParams
 from millm.errors import InvalidRequest
-from millm.kernel.monitoring.requests import Origin
+from millm.kernel.monitoring.requests import Origin, batch_line
 from millm.kernel.probes.watches import NO_PROBES, Asked, ProbeSet, watch_request
 from millm.kernel.steering.plan import NO_STEERING, Plan
 from millm.kernel.variants.naming import Named
@@ -256,6 +256,7 @@ class Serving:
             admitted.prompts,
             admitted.choices,
             partial(ids_text, admitted.lm),
+            batch_line.get(),
         )
         stream, rows = self._start(admitted, origin)
         report = admitted.report
