@@ -250,6 +250,20 @@ def verdict_of(
     )
 
 
+def served_scores(
+    probe: Scorer, residuals: torch.Tensor, prompt_length: int | None = None
+) -> torch.Tensor:
+    """A probe's score at each position of residuals `[n, d]`; with `prompt_length`, scored in
+    the shapes the engine's passes fed them (the prompt at once, then one position per step), so
+    the same bits as a watch during generation."""
+    if prompt_length is None:
+        return probe.score(residuals)
+    parts = [residuals[:prompt_length]] + [
+        residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])
+    ]
+    return torch.cat([probe.score(part) for part in parts if part.shape[0]])
+
+
 def offline_verdict(
     probe: Scorer,
     residuals: torch.Tensor,
@@ -261,13 +275,7 @@ def offline_verdict(
     positions in order from 0 (position 0 is not scored, as a watch leaves it out). With
     `prompt_length`, scored as the engine's forward passes fed them (the prompt at once, then one
     position per step): the same shapes, so the same bits."""
-    if prompt_length is None:
-        scores = probe.score(residuals)
-    else:
-        parts = [residuals[:prompt_length]] + [
-            residuals[p : p + 1] for p in range(prompt_length, residuals.shape[0])
-        ]
-        scores = torch.cat([probe.score(part) for part in parts if part.shape[0]])
+    scores = served_scores(probe, residuals, prompt_length)
     kept = [i for i, position in enumerate(positions) if position >= SKIPPED]
     return verdict_of(
         scores[kept],

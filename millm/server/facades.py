@@ -25,6 +25,7 @@ from millm.lab.labels.meaning import MeaningBook
 from millm.lab.labels.service import FeatureManagement
 from millm.lab.models.service import ModelManagement
 from millm.lab.monitoring.service import MonitorManagement
+from millm.lab.probes.scoring import ProbeScoring
 from millm.lab.probes.service import ProbeManagement
 from millm.lab.steering.service import SteeringManagement
 from millm.lab.variants.service import VariantManagement
@@ -62,6 +63,7 @@ class Facades:
     monitoring: MonitorManagement
     monitor: Monitor
     probes: ProbeManagement
+    probe_scoring: ProbeScoring
     vectors: VectorBook
     vector_training: VectorTraining
     variants: VariantManagement
@@ -108,6 +110,7 @@ def build_facades(state: ServerState) -> Facades:
         monitoring=MonitorManagement(state),
         monitor=state.monitor,
         probes=ProbeManagement(state),
+        probe_scoring=ProbeScoring(state),
         vectors=state.vectors,
         vector_training=VectorTraining(state),
         variants=VariantManagement(state),

@@ -1,5 +1,5 @@
-"""/api/probes: saved probes (CRUD, import, export, which are active) and training a linear probe
-(a job)."""
+"""/api/probes: saved probes (CRUD, import, export, which are active), training a linear probe
+(a job), and scoring probes over given inputs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.probes.protocol import ProbeUpdate
+from millm.lab.probes.score_protocol import ProbeScoreRequest, ProbeScores
+from millm.lab.probes.scoring import ProbeScoring
 from millm.lab.probes.service import ProbeManagement
 from millm.lab.probes.training import ProbeTrainRequest
 from millm.v1.http.deps import part
@@ -62,6 +64,18 @@ def train(body: ProbeTrainRequest, request: Request) -> JSONResponse:
     job's result too)."""
     view = part(request, ProbeManagement).train(body)
     return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.post(
+    "/api/probes/score",
+    summary="Score probes over given inputs (unsteered, recording nothing)",
+    response_model=ProbeScores,
+)
+async def score(body: ProbeScoreRequest, request: Request) -> ProbeScores:
+    """Each probe over each input (token ids, a conversation or a text), per window (`all`,
+    `prompt`, `response`, `last_user`): where it fired and its peak, as a watch during generation
+    would say; one unsteered pass per input, nothing recorded."""
+    return await part(request, ProbeScoring).score(body)
 
 
 @router.get("/api/probes/{key}", summary="One probe")
