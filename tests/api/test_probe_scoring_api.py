@@ -15,6 +15,7 @@ from tests.support.tiny_saes import build_saelens
 PROMPT = "The old river runs quickly to the sea, and"
 COMPLETION = {"model": MODEL, "prompt": PROMPT, "max_tokens": 10, "temperature": 0}
 SCORE = "/api/probes/score"
+BAD = "invalid_parameter"  # a field millm refuses, named in `param`
 SEA = [
     {"role": "user", "content": "Tell me about the sea."},
     {"role": "assistant", "content": "The sea is wide and deep."},
@@ -145,6 +146,11 @@ def test_scores_equal_a_live_requests_verdict_per_window(quiet, tokenizer):
     whole = windows[("river", "all")]
     assert whole["fired"] and 0 < len(whole["positions"]) < len(ids) - 1
     assert whole["threshold"] == threshold
+    # A score exactly on the threshold fires.
+    on_the_bar = {"name": "bar", "detector": feature(quiet, index, whole["peak"])}
+    again = scored(quiet, {"probes": [on_the_bar], "inputs": body["inputs"]})
+    [verdict] = again["results"][0]["verdicts"]
+    assert verdict["fired"] and whole["peak_position"] in verdict["positions"]
 
 
 def test_scores_are_unsteered_and_record_nothing(quiet):
@@ -228,13 +234,13 @@ def test_unnamed_probes_are_every_saved_one_that_fits(quiet):
 @pytest.mark.parametrize(
     ("inputs", "param", "code"),
     [
-        ([], "inputs", "invalid_parameter"),
-        ([{"text": "x"}] * 65, "inputs", "invalid_parameter"),
-        ([{"token_ids": [1, 400]}], "inputs[0].token_ids[1]", "invalid_parameter"),
-        ([{"token_ids": [1, 2], "prompt_tokens": 3}], "inputs[0].prompt_tokens", "invalid_parameter"),
+        ([], "inputs", BAD),
+        ([{"text": "x"}] * 65, "inputs", BAD),
+        ([{"token_ids": [1, 400]}], "inputs[0].token_ids[1]", BAD),
+        ([{"token_ids": [1, 2], "prompt_tokens": 3}], "inputs[0].prompt_tokens", BAD),
         ([{"token_ids": [1] * 2049}], "inputs[0]", "context_length_exceeded"),
-        ([{"token_ids": [1, 2], "text": "x"}], "inputs[0]", "invalid_parameter"),
-        ([{"text": ""}], "inputs[0]", "invalid_parameter"),
+        ([{"token_ids": [1, 2], "text": "x"}], "inputs[0]", BAD),
+        ([{"text": ""}], "inputs[0]", BAD),
     ],
     ids=["none", "too-many", "vocabulary", "prompt-past-end", "context", "two-kinds", "empty"],
 )
