@@ -21,6 +21,7 @@ from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, Mode
 from millm.interp.sae_files import SAEInfo
 from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
+from millm.kernel.parts import HasSwitch
 from millm.lab.discovery.parts import DiscoveryParts
 from millm.lab.discovery.protocol import DiscoveryMessage, SteerWith, TextSet
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
@@ -103,7 +104,7 @@ def check_steering_request(state: DiscoveryParts, steering: str | SteerWith | No
 
 
 # with the model -----------------------------------------------------------------------------------
-def model_to_read(state: DiscoveryParts, asked: str | None) -> str:
+def model_to_read(state: HasSwitch, asked: str | None) -> str:
     """The model a read uses: the one asked for, else the loaded one (503 model_not_loaded when
     none is)."""
     if asked is not None:

@@ -26,10 +26,11 @@ from anyio import to_thread
 from millm.engine.jobs import ResidualRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import PARTIAL_MARK, chat_prompt_ids, completion_prompt_ids, render_chat
-from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, ModelNotLoaded
+from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError
 from millm.interp.probes import SKIPPED, Scorer, served_scores, verdict_of
 from millm.kernel.probes.binding import bind
 from millm.kernel.probes.watches import parse_probes
+from millm.lab.discovery.inputs import model_to_read
 from millm.lab.probes.parts import ProbeParts
 from millm.lab.probes.score_protocol import (
     InputError,
@@ -78,7 +79,7 @@ class ProbeScoring:
     async def score(self, body: ProbeScoreRequest) -> ProbeScores:
         """Every probe over every input, per window (a 400 naming the input or probe that cannot
         be read; an input whose conversation cannot be rendered is an error in its result)."""
-        lm = await self.state.switch.acquire(self._model(body.model))
+        lm = await self.state.switch.acquire(model_to_read(self.state, body.model))
         bound, skipped = await to_thread.run_sync(self._bind, lm, body)
         prepared = await to_thread.run_sync(prepare_inputs, lm, body)
         results = []
@@ -109,14 +110,6 @@ class ProbeScoring:
 
         read = await answered(self.state.switch.submit, ScoresReady, job)
         return [captured.encoded for captured in read.reads]
-
-    def _model(self, asked: str | None) -> str:
-        if asked is not None:
-            return asked
-        lm = self.state.switch.lm
-        if lm is None:
-            raise ModelNotLoaded("no model is loaded to score with; load one first", param="model")
-        return lm.name
 
     def _bind(self, lm: LoadedModel, body: ProbeScoreRequest) -> tuple[list[Bound], list[dict]]:
         """The probes named (a 404 or 400 naming the one that cannot be read), or every saved
