@@ -231,6 +231,29 @@ def test_steering_reading_probing_and_operators_through_an_attached_sae(server):
     assert answer(server, chat("Tell me about the sea."))[0] == plain
 
 
+def test_probes_score_a_transcript_as_the_live_request_did(server):
+    sae = post(server, "/api/saes", {"path": str(server.sae_at[1])}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    try:
+        probe = {"name": "p", "detector": {"type": "feature", "sae_id": sae, "index": 3,
+                                           "threshold": 0.01}}  # fmt: skip
+        asked = {"features": [3], "positions": "all"}
+        _, response = answer(server, chat("Hi", return_sae_activations=asked, probes=[probe]))
+        live = response.json()
+        (verdict,) = live["millm"]["probes"]
+        fed = [p["token_id"] for p in live["millm"]["sae_activations"]["positions"]]
+        prompt_tokens = live["usage"]["prompt_tokens"]
+        body = {"probes": [probe], "inputs": [{"token_ids": fed, "prompt_tokens": prompt_tokens}]}
+        scored = post(server, "/api/probes/score", body)
+        assert scored.status_code == 200, scored.text
+        (offline,) = scored.json()["results"][0]["verdicts"]
+        assert (offline["fired"], offline["positions"]) == (verdict["fired"], verdict["positions"])
+        assert offline["peak_position"] == verdict["peak_position"]
+        assert abs(offline["peak"] - verdict["peak"]) <= 0.001
+    finally:
+        post(server, f"/api/saes/{sae}/detach", {})
+
+
 def test_an_sae_on_block_0_steers_here_too(server):
     plain = answer(server, chat("Hi"))[0]
     sae = post(server, "/api/saes", {"path": str(server.sae_at[0])}).json()["id"]
