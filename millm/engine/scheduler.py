@@ -256,7 +256,6 @@ class Scheduler:
         """Run the paused line until it ends, an interactive job waits, or `budget` seconds."""
         paused = self._paused
         assert paused is not None
-        pauses = paused.pauses
         try:
             ended = paused.run(lambda: bool(self._queue), budget)
         except Exception as exc:  # the line fails; the scheduler serves the next one
@@ -264,7 +263,8 @@ class Scheduler:
             self._paused = None
             self._ended(paused.job, backend, "failed")
             return
-        self.pauses += paused.pauses - pauses
+        if not ended:  # it paused once
+            self.pauses += 1
         if ended:
             self._paused = None
             self._ended(paused.job, backend)

@@ -9,8 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.api.clients import MODEL, api, error, post
-from tests.support.server import ServerProcess
-from tests.support.tiny_saes import build_saelens
+from tests.support.probe_server import probe_saes, probe_server
 
 PROMPT = "The old river runs quickly to the sea, and"
 COMPLETION = {"model": MODEL, "prompt": PROMPT, "max_tokens": 10, "temperature": 0}
@@ -24,25 +23,15 @@ SEA = [
 
 @pytest.fixture(scope="module")
 def sae_dirs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("score-saes")
-    return {
-        "main": build_saelens(base / "main", layer=1, architecture="topk", seed=61),
-        "other": build_saelens(base / "other", layer=2, architecture="standard", seed=62),
-    }
+    return probe_saes(tmp_path_factory.mktemp("score-saes"))
 
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory, sae_dirs):
-    process = ServerProcess(
-        tmp_path_factory.mktemp("score-home"), ["--model", str(tiny_dirs["llama"])]
-    ).wait_ready()
-    try:
-        process.sae = post(process, "/api/saes", {"path": str(sae_dirs["main"])}).json()["id"]
-        process.other = post(process, "/api/saes", {"path": str(sae_dirs["other"])}).json()["id"]
-        assert post(process, f"/api/saes/{process.sae}/attach", {}).status_code == 200
+    with probe_server(
+        tmp_path_factory.mktemp("score-home"), tiny_dirs["llama"], sae_dirs
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

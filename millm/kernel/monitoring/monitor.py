@@ -374,15 +374,14 @@ class Monitor:
             record["percentiles"] = percentiles_block(pending.attached.info.id, pending.table)
         if pending.probes:
             record["probes"] = pending.probes
-        if batch is not None:
-            with self._lock:
-                record["id"] = next(self._record_ids)
-                self.batch_records.append(record)
-            return
-        self.prompts.keep(pending.origin)
+        if batch is None:
+            self.prompts.keep(pending.origin)
         with self._lock:
             # never reused, so `after` polling survives a reset
             record["id"] = next(self._record_ids)
+            if batch is not None:  # kept apart: no statistics, no live feed
+                self.batch_records.append(record)
+                return
             self.records.append(record)
             self.requests += 1
             self.positions_read += len(rows)

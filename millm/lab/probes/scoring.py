@@ -27,6 +27,7 @@ from millm.engine.jobs import ResidualRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
 from millm.engine.prompts import PARTIAL_MARK, chat_prompt_ids, completion_prompt_ids, render_chat
 from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError
+from millm.formats.probe_documents import MAX_REQUEST_PROBES
 from millm.interp.probes import SKIPPED, Scorer, served_scores, verdict_of
 from millm.kernel.probes.binding import bind
 from millm.kernel.probes.watches import parse_probes
@@ -142,16 +143,13 @@ class ProbeScoring:
                 + "; name probes or define them inline in `probes`",
                 param="probes",
             )
-        if len(bound) > MAX_UNNAMED:
+        if len(bound) > MAX_REQUEST_PROBES:
             raise InvalidRequest(
                 f"{len(bound)} saved probes fit the loaded model; a request scores at most "
-                f"{MAX_UNNAMED}: name them in `probes`",
+                f"{MAX_REQUEST_PROBES}: name them in `probes`",
                 param="probes",
             )
         return bound, skipped
-
-
-MAX_UNNAMED = 16  # saved probes scored when none are named (as many as a request may name)
 
 
 def probe_read(scorer: Scorer, prompt_tokens: int | None) -> ResidualRead:
