@@ -23,7 +23,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError, WrapValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+    model_validator,
+)
 
 from millm.errors import InvalidProfile, InvalidRequest
 from millm.formats.document_fields import field_error, validate_document
@@ -74,7 +82,59 @@ def validate_import(payload) -> list[dict]:
     return [validate_profile(payload)]
 
 
-def _own_steering(value: Any, handler) -> SteeringSpec:
+class InlineFeature(BaseModel):
+    """One feature of the original miLLM's inline steering: an add at a strength (clamped to
+    ±200 when applied, and counted as clamped)."""
+
+    model_config = ConfigDict(extra="forbid")
+    index: Annotated[int, Field(strict=True, ge=0)]
+    strength: Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class InlineSteering(BaseModel):
+    """The original miLLM's shape of a request's own steering, `{"sae_id"?, "features":
+    [{"index", "strength"}]}`: adds on one SAE (the one attached when sae_id is left out);
+    `features: []` asks for the unsteered model."""
+
+    model_config = ConfigDict(extra="forbid")
+    sae_id: Annotated[str, Field(min_length=1)] | None = None
+    features: list[InlineFeature]
+
+    @model_validator(mode="after")
+    def _each_index_once(self):
+        seen: set[int] = set()
+        for number, feature in enumerate(self.features):
+            if feature.index in seen:
+                raise InvalidRequest(
+                    f"features[{number}]: feature {feature.index} is listed twice; list each "
+                    "feature once",
+                    param=f"{STEERING_PARAM}.features[{number}].index",
+                )
+            seen.add(feature.index)
+        if self.sae_id is not None and not self.features:
+            raise InvalidRequest(
+                'sae_id with no features: send features, or {"features": []} alone for the '
+                "unsteered model",
+                param=f"{STEERING_PARAM}.sae_id",
+            )
+        return self
+
+
+def inline_shape(value: Any) -> bool:
+    """Whether a request's steering is in the original miLLM's shape (features at the top)."""
+    return isinstance(value, dict) and "features" in value and "steering" not in value
+
+
+def _own_steering(value: Any, handler) -> SteeringSpec | InlineSteering:
+    if inline_shape(value):
+        try:
+            return InlineSteering.model_validate(value)
+        except ValidationError as exc:
+            raise field_error(exc, value, STEERING_PARAM) from None
+    return _millm_shape(value, lambda raw: SteeringSpec.model_validate(raw))
+
+
+def _millm_shape(value: Any, handler) -> SteeringSpec:
     try:
         spec = handler(value)
     except ValidationError as exc:
@@ -87,21 +147,29 @@ def _own_steering(value: Any, handler) -> SteeringSpec:
         raise InvalidRequest(
             f"{unknown}: unknown field; a request's steering is "
             '{"steering": [{"sae_id": ..., "features": [{"index": ..., "strength": ...}]}], '
-            '"vectors": [...], "abort": [...]} (the steering part of a profile document)',
+            '"vectors": [...], "abort": [...]} (the steering part of a profile document), or '
+            '{"sae_id": ..., "features": [{"index": ..., "strength": ...}]}',
             param=STEERING_PARAM,
         )
     return spec
 
 
-# A request's own `steering` field: a profile document's steering part, unknown keys refused, a
-# problem refused as a 400 naming its location.
-OwnSteering = Annotated[SteeringSpec, WrapValidator(_own_steering)]
-_OWN_STEERING: TypeAdapter[SteeringSpec] = TypeAdapter(OwnSteering)
+# A request's own `steering` field: a profile document's steering part, or the original miLLM's
+# inline shape; unknown keys refused, a problem refused as a 400 naming its location.
+OwnSteering = Annotated[SteeringSpec | InlineSteering, WrapValidator(_own_steering)]
+# A profile document's steering part alone (what a variant or a sweep stores).
+_SPEC: TypeAdapter[SteeringSpec] = TypeAdapter(Annotated[SteeringSpec, WrapValidator(_millm_shape)])
 
 
-def spec_dict(spec: SteeringSpec) -> dict:
+def spec_dict(spec: SteeringSpec | InlineSteering) -> dict:
     """A checked steering spec in canonical form (the optional lists only when they hold
-    something)."""
+    something); the inline shape as the spec of its one entry (its strengths as sent: they are
+    clamped, and counted, when applied)."""
+    if isinstance(spec, InlineSteering):
+        if not spec.features:
+            return {"steering": []}
+        features = [{"index": f.index, "strength": f.strength} for f in spec.features]
+        return {"steering": [{"sae_id": spec.sae_id, "features": features}]}
     dumped = spec.model_dump(exclude_none=True)
     return {
         "steering": dumped["steering"],
@@ -112,7 +180,7 @@ def spec_dict(spec: SteeringSpec) -> dict:
 def validate_spec(value: Any) -> dict:
     """A request's own steering (a profile document's steering part) in canonical form, or a 400
     naming the first problem's location."""
-    return spec_dict(_OWN_STEERING.validate_python(value))
+    return spec_dict(_SPEC.validate_python(value))
 
 
 def first_unknown_key(raw: Any, known: Any, where: str) -> str | None:

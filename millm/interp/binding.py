@@ -134,14 +134,14 @@ def circuit_mode(bindings: dict[int, LayerBinding], members: list[Member]) -> st
     return "slice_fallback" if bound else "none"
 
 
-def members_edit(
+def members_strengths(
     members: list[Member],
     bindings: dict[int, LayerBinding],
     attached: dict[str, Attached],
     intensity: float,
-) -> ResidualEdit | None:
-    """Residual edits of the members on bound layers: clamp(sign · strength · λ, ±200) each, from
-    authored strengths, summed per feature and the sum clamped to ±200.
+) -> dict[str, dict[int, float]]:
+    """The members' strengths on bound layers, per SAE: clamp(sign · strength · λ, ±200) each,
+    from authored strengths, summed per feature (steering_edit clamps the sum to ±200).
 
     A member past the width of the SAE its layer binds to is refused (400 invalid_feature_index),
     never left out: a partial edit would be served as if it were the whole document.
@@ -166,4 +166,14 @@ def members_edit(
         features[member.feature_idx] = features.get(member.feature_idx, 0.0) + applied_strength(
             member.strength, member.sign, intensity
         )
-    return steering_edit(strengths, attached)
+    return strengths
+
+
+def members_edit(
+    members: list[Member],
+    bindings: dict[int, LayerBinding],
+    attached: dict[str, Attached],
+    intensity: float,
+) -> ResidualEdit | None:
+    """The residual edit of the members on bound layers (members_strengths through the SAEs)."""
+    return steering_edit(members_strengths(members, bindings, attached, intensity), attached)

@@ -167,8 +167,8 @@ class CompletionChoice(WireModel):
 class Envelope(WireModel):
     """What every body and chunk of one request repeats: id, object, created, model."""
 
-    omit_when_none = frozenset({"usage", "millm", "system_fingerprint"})
-    last_keys = ("choices", "usage", "millm")
+    omit_when_none = frozenset({"usage", "millm", "system_fingerprint", "millm_steering"})
+    last_keys = ("choices", "usage", "millm", "millm_steering")
     id: str
     object: str
     created: int = Field(default_factory=now)
@@ -176,6 +176,7 @@ class Envelope(WireModel):
     system_fingerprint: str | None = None
     usage: Usage | None = None
     millm: dict[str, Any] | None = None  # millm's additions (sae_activations)
+    millm_steering: str | None = None  # a stream's last chunk: X-miLLM-Steering's value
 
 
 class ChatCompletion(Envelope):

@@ -11,7 +11,8 @@ from typing import Literal
 import pytest
 from jsonschema import Draft202012Validator
 
-from tests.api.clients import post, sdk, sse_events
+from tests.api.clients import answer_events, post, sdk, sse_events
+from tests.support.steering_header import member
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"
@@ -185,8 +186,8 @@ def test_an_open_webui_shaped_request_gets_a_200_stream(demo_server):
     # SmolLM2-135M does not follow a prompted call format, so auto tools are not offered to it (and
     # said so).
     assert response.headers["x-millm-ignored-fields"] == '"tools"'
-    events = sse_events(response.text)
-    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in (
+    events = answer_events(sse_events(response.text))
+    assert events[-2]["choices"][0]["finish_reason"] in (
         "stop",
         "length",
         "tool_calls",
@@ -205,10 +206,8 @@ def test_steering_applies_to_tool_calling_generations(demo_server):
     plain = post(demo_server, "/v1/chat/completions", body)
     steered = post(demo_server, "/v1/chat/completions", {**body, "profile": "pirate"})
     assert plain.headers["x-millm-steering"] != steered.headers["x-millm-steering"]
-    assert (
-        steered.headers["x-millm-steering"].startswith("profile")
-        and 'name="pirate"' in steered.headers["x-millm-steering"]
-    )
+    kind, params = member(steered.headers["x-millm-steering"])
+    assert kind == "profile" and params["name"] == "pirate" and params["source"] == "request"
     [call] = steered.json()["choices"][0]["message"]["tool_calls"]
     assert not list(
         Draft202012Validator(SCHEMAS[call["function"]["name"]]).iter_errors(

@@ -38,6 +38,15 @@ def sse_events(response_text: str) -> list:
     return events
 
 
+def answer_events(events: list) -> list:
+    """A completed chat or text completion stream without its last chunk, which says what
+    steered it (`millm_steering`, no choices, created 0), checked to be there once."""
+    assert events[-1] == "[DONE]" and "millm_steering" in events[-2], events[-2:]
+    assert events[-2]["choices"] == [] and events[-2]["created"] == 0
+    assert sum(isinstance(e, dict) and "millm_steering" in e for e in events) == 1
+    return [*events[:-2], "[DONE]"]
+
+
 def api(server, method: str, path: str, timeout: float = 120, **kwargs) -> httpx.Response:
     """Any request to the server's management or OpenAI routes."""
     return httpx.request(method, f"{server.base_url}{path}", timeout=timeout, **kwargs)

@@ -7,6 +7,7 @@ import pytest
 from tests.api.clients import MODEL, api, error, sse_events
 from tests.support.mistudio_docs import cluster, raw
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member, members
 from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the harbour."}]
@@ -65,9 +66,12 @@ def test_an_active_profile_that_stops_fitting_refuses_requests(server):
     ).json()
     api(server, "POST", f"/api/profiles/{profile['id']}/activate")
     steered = chat(server)
-    assert steered.status_code == 200 and steered.headers["x-millm-steering"].startswith(
-        'profile;name="two-saes"'
-    )
+    assert steered.status_code == 200
+    said = members(steered.headers["x-millm-steering"])
+    assert [(kind, p["name"], p["source"]) for kind, p in said] == [
+        ("profile", "two-saes", "active"),
+        ("profile", "two-saes", "active"),
+    ]
 
     detached = api(server, "POST", f"/api/saes/{two}/detach").json()
     assert (
@@ -118,7 +122,8 @@ def test_a_cluster_whose_sae_was_replaced_refuses_requests(server):
     )
     row = created.json()["data"][0]
     api(server, "POST", f"/api/clusters/{row['id']}/activate")
-    assert chat(server).headers["x-millm-steering"].startswith('cluster;name="harbour"')
+    kind, params = member(chat(server).headers["x-millm-steering"])
+    assert kind == "profile" and params["name"] == "harbour" and params["base"] == "cluster"
     api(server, "POST", f"/api/saes/{two}/detach")
     swapped = api(
         server, "POST", f"/api/saes/{narrow}/attach"

@@ -14,6 +14,7 @@ import pytest
 
 from tests.api.clients import MODEL, post, sse_events
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
 
 LONG = 400  # tokens: a steered row that outlasts a scoring and an embedding request beside it
@@ -107,10 +108,10 @@ def test_steered_rows_stay_steered_while_scoring_and_embeddings_beside_them_do_n
         "data"
     ][0]["embedding"]
     plain = streamed_text(server, chat("the sea", max_tokens=LONG))[0]
-    steered_alone, _, headers = streamed_text(
+    steered_alone, events, _ = streamed_text(
         server, chat("the sea", max_tokens=LONG, profile="loud")
     )
-    assert steered_alone != plain and headers["x-millm-steering"].startswith("profile")
+    assert steered_alone != plain and member(events[-2]["millm_steering"])[0] == "profile"
 
     # Scoring and embeddings run between batch steps, so they are "beside" the steered row only if
     # it joined the batch before they were sent and is still there once both have answered (it is

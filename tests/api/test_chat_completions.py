@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.api.clients import MODEL, post, sdk, sse_events
+from tests.api.clients import MODEL, answer_events, post, sdk, sse_events
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -48,11 +48,12 @@ def test_streaming_equals_non_streaming(llama_server):
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    last = chunks[-1]
+    said, last = chunks[-1], chunks[-2]  # the last chunk says what steered the stream
+    assert said.choices == [] and said.model_extra["millm_steering"] == "none"
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
     assert last.usage.completion_tokens == whole.usage.completion_tokens
     assert last.usage.prompt_tokens == whole.usage.prompt_tokens
-    assert all(c.usage is None for c in chunks[:-1])
+    assert all(c.usage is None for c in chunks[:-2])
 
 
 def test_stream_frames_and_done(llama_server):
@@ -63,8 +64,7 @@ def test_stream_frames_and_done(llama_server):
     )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = sse_events(response.text)
-    assert events[-1] == "[DONE]"
+    events = answer_events(sse_events(response.text))
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert (
         events[-2]["choices"][0]["finish_reason"] == "length"
@@ -80,8 +80,9 @@ def test_include_usage_sends_a_usage_only_chunk(llama_server):
     chunks = list(
         chat(llama_server, max_tokens=5, stream=True, stream_options={"include_usage": True})
     )
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
-    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage is None
+    assert chunks[-2].choices == [] and chunks[-2].usage.completion_tokens == 5
+    assert chunks[-3].choices[0].finish_reason == "length" and chunks[-3].usage is None
+    assert chunks[-1].choices == [] and chunks[-1].usage is None
 
 
 def test_n_choices_are_seeded_per_choice(llama_server):
@@ -120,7 +121,10 @@ def test_same_seed_same_body_is_byte_identical(llama_server, stream):
             )
             for r in (first, second)
         ]
-        finishes = [sse_events(r.text)[-2]["choices"][0]["finish_reason"] for r in (first, second)]
+        finishes = [
+            answer_events(sse_events(r.text))[-2]["choices"][0]["finish_reason"]
+            for r in (first, second)
+        ]
     else:
         texts = [r.json()["choices"][0]["message"]["content"] for r in (first, second)]
         finishes = [r.json()["choices"][0]["finish_reason"] for r in (first, second)]
@@ -147,7 +151,7 @@ def test_stop_sequence_is_cut_and_never_sent(llama_server, stream):
     if stream:
         chunks = list(chat(llama_server, max_tokens=40, stop=[stop, "never-there"], stream=True))
         deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
-        text, finish = "".join(deltas), chunks[-1].choices[0].finish_reason
+        text, finish = "".join(deltas), chunks[-2].choices[0].finish_reason
     else:
         response = chat(llama_server, max_tokens=40, stop=stop)
         text, finish = response.choices[0].message.content, response.choices[0].finish_reason

@@ -2,12 +2,14 @@
 SAEs."""
 
 import json
+from urllib.parse import unquote
 
 import pytest
 
-from tests.api.clients import MODEL, api, error
+from tests.api.clients import MODEL, api, error, sse_events
 from tests.support.mistudio_docs import circuit, cluster, raw
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the river."}]
@@ -173,7 +175,9 @@ def test_cluster_steering_and_the_per_request_dial(server, clean):
     assert row["active"] is True
     dialled = chat(server, steering_intensity=1.8)
     assert dialled.headers["x-millm-steering-intensity"] == "1.5"  # capped at the declared maximum
-    assert dialled.headers["x-millm-steering"].startswith('cluster;name="steer-me"')
+    kind, params = member(dialled.headers["x-millm-steering"])
+    assert (kind, params["name"], params["base"]) == ("profile", "steer-me", "cluster")
+    assert params["intensity"] == "1.5" and params["source"] == "active"
     # The same applied strengths set as live values give the same text: the deltas are equal.
     api(server, "POST", "/api/clusters/deactivate")
     api(
@@ -239,7 +243,13 @@ def test_cluster_steering_and_the_per_request_dial(server, clean):
             server,
             "POST",
             "/v1/completions",
-            json={"model": MODEL, "prompt": "x", "steering_intensity": 1},
+            json={
+                "model": MODEL,
+                "prompt": "x",
+                "max_tokens": 1,
+                "logprobs": 1,
+                "steering_intensity": 1,
+            },
         ),
         400,
         "field_not_honoured",
@@ -257,7 +267,13 @@ def test_a_cluster_named_outside_ascii_steers_and_its_header_carries_the_name_pe
     assert row["active"] is True and row["name"] == "café 水"
     for stream in (False, True):
         response = chat(server, stream=stream)
-        assert response.headers["x-millm-steering"].startswith('cluster;name="caf%C3%A9 %E6%B0%B4"')
+        said = (
+            sse_events(response.text)[-2]["millm_steering"]
+            if stream
+            else response.headers["x-millm-steering"]
+        )
+        assert said.startswith('profile;name="caf%C3%A9 %E6%B0%B4"')
+        assert unquote(member(said)[1]["name"]) == "café 水"
     api(server, "DELETE", f"/api/clusters/{row['id']}")
 
 
@@ -301,7 +317,14 @@ def test_circuit_rung_activation_and_header(server, clean):
     assert response.headers["x-millm-circuit-rung"] == '2;language="causally validated (edge)"'
     # clamped up to the declared floor
     assert response.headers["x-millm-steering-intensity"] == "0.5"
-    assert response.headers["x-millm-steering"].startswith('circuit;name="causal";mode="full"')
+    kind, params = member(response.headers["x-millm-steering"])
+    assert (kind, params["name"], params["mode"], params["intensity"]) == (
+        "circuit",
+        "causal",
+        "full",
+        "0.5",
+    )
+    assert params["id"] == row["id"]
     off = chat(server, steering_intensity=0)
     assert "x-millm-circuit-rung" not in off.headers  # not steering: no rung
 
@@ -313,7 +336,7 @@ def test_min_on_a_circuit_without_a_range_is_off_and_says_so_as_off_does(server,
     assert api(server, "POST", f"/api/circuits/{row['id']}/activate").status_code == 200
     steered = chat(server)
     off, low = chat(server, steering_intensity="off"), chat(server, steering_intensity="min")
-    assert steered.headers["x-millm-steering"].startswith('circuit;name="rangeless"')
+    assert member(steered.headers["x-millm-steering"])[1]["name"] == "rangeless"
     texts = [r.json()["choices"][0]["message"]["content"] for r in (steered, off, low)]
     assert texts[1] == texts[2] != texts[0]
     assert off.headers["x-millm-steering-intensity"] == "0.0"

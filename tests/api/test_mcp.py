@@ -19,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.api.clients import MODEL, api, error
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
 
 ADMIN_KEY = "sk-test-admin-mcp-4c1d"
@@ -283,7 +284,7 @@ def test_a_feature_set_over_mcp_steers_the_next_completion_until_cleared(server,
         (sae, [{"index": PARIS, "op": "add", "strength": STRENGTH}])
     ]
     steered, header = chat(server)
-    assert header == f"live;version={version}" and steered != plain
+    assert member(header)[1]["version"] == version and steered != plain
     # Read through the SAE, the live steering is exactly the feature at its strength, and not the
     # unsteered model.
     text = {"sae_id": sae, "text": "Tell me about the river.", "feature": PARIS, "top_k": 3}
@@ -353,7 +354,7 @@ def test_a_variant_made_over_mcp_is_a_model_every_client_can_name(server, sae):
         listed = rest(server, "GET", "/v1/models").json()["data"]
         assert [card["parent"] for card in listed if card["id"] == "mcp-paris"] == [MODEL]
         text, steered = chat(server, model="mcp-paris")
-        assert (text, steered.split(";")[0]) == (chat(server, steering=steering)[0], "request")
+        assert (text, steered.split(";")[0]) == (chat(server, steering=steering)[0], "inline")
         refused(
             server, "create_variant", 400, "unknown_base", name="x", base="none", steering=steering
         )

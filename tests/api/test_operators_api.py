@@ -10,8 +10,11 @@ import json
 import pytest
 import torch
 
+from millm.interp.steering import FeatureOp
+from millm.interp.steering_hash import AppliedSet, steering_set_hash
 from tests.api.clients import MODEL, api, error
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens, sae_tensors
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
@@ -101,7 +104,8 @@ def test_live_routes_take_ops_and_the_state_shows_them(server, sae):
     )
     # The live clamp steers every request: read back through the SAE at every position.
     steered = chat(server, return_sae_activations={"positions": "all", "features": [5]})
-    assert steered.status_code == 200 and steered.headers["x-millm-steering"].startswith("live")
+    assert steered.status_code == 200
+    assert member(steered.headers["x-millm-steering"])[0] == "manual"
     assert max(abs(v - 2.5) for v in read_values(steered, 5)) < 1e-4
     # an add of 0 clears, as before
     api(server, "PUT", f"/api/steering/saes/{sae}/features/5", json={"strength": 0})
@@ -272,7 +276,13 @@ def test_a_requests_own_steering_steers_it_alone(server, sae):
     }
     own = chat(server, steering=spec, return_sae_activations={"positions": "all", "features": [5]})
     assert own.status_code == 200, own.text
-    assert own.headers["x-millm-steering"] == 'request;scope="request"'
+    # an inline member; a clamp hashes apart from an add of the same number
+    kind, params = member(own.headers["x-millm-steering"])
+    assert (kind, params["sae"], params["features"]) == ("inline", sae, 2)
+    clamp_and_add = AppliedSet(
+        sae, params["layer"], ((5, FeatureOp("clamp", value=3.0)), (6, FeatureOp("add", 10.0)))
+    )
+    assert params["hash"] == clamp_and_add.hash != steering_set_hash(sae, [(5, 3.0), (6, 10.0)])
     assert max(abs(v - 3.0) for v in read_values(own, 5)) < 1e-4
     # the global state is untouched
     assert api(server, "GET", "/api/steering").json()["version"] == version
@@ -383,6 +393,7 @@ def test_the_served_schema_states_the_field_and_the_ops(server):
     chat_request = schema["components"]["schemas"]["ChatCompletionRequest"]
     assert chat_request["properties"]["steering"]["anyOf"] == [
         {"$ref": "#/components/schemas/SteeringSpec"},
+        {"$ref": "#/components/schemas/InlineSteering"},
         {"type": "null"},
     ]
     assert "not with profile" in chat_request["properties"]["steering"]["description"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from millm.interp.formats import read_sae
-from tests.api.clients import MODEL, api, error, post, sse_events
+from tests.api.clients import MODEL, answer_events, api, error, post, sse_events
 from tests.support.probe_server import probe_saes, probe_server
 
 LAYER = 1
@@ -182,8 +182,7 @@ def test_the_verdict_chunk_comes_after_the_content_and_before_the_activations(qu
         "/v1/chat/completions",
         {**body, "stream": True, "stream_options": {"include_usage": True}},
     )
-    events = sse_events(streamed.text)
-    assert events[-1] == "[DONE]"
+    events = answer_events(sse_events(streamed.text))
     *chunks, usage, verdicts, activations, _ = events
     assert any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
     assert usage["choices"] == [] and "usage" in usage and "millm" not in usage
@@ -263,7 +262,9 @@ def test_saved_and_active_probes(quiet):
         ("watcher", "active"),
     ]  # watched once
     assert named[1] == plain[0]
-    streamed = sse_events(post(quiet, "/v1/completions", {**COMPLETION, "stream": True}).text)
+    streamed = answer_events(
+        sse_events(post(quiet, "/v1/completions", {**COMPLETION, "stream": True}).text)
+    )
     assert streamed[-2]["millm"]["probes"] == plain and streamed[-2]["choices"] == []
 
     clash = {

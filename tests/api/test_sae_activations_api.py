@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from millm.interp.formats import read_sae
-from tests.api.clients import MODEL, api, post, sse_events
+from tests.api.clients import MODEL, answer_events, api, post, sse_events
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -199,8 +199,7 @@ def test_chat_streaming_puts_the_block_in_a_final_chunk_before_done(server):
             "top_k": 3,
         },
     }
-    events = sse_events(post(server, "/v1/chat/completions", body).text)
-    assert events[-1] == "[DONE]"
+    events = answer_events(sse_events(post(server, "/v1/chat/completions", body).text))
     final = events[-2]
     assert final["choices"] == [] and set(final["millm"]) == {"sae_activations"}
     assert "usage" in events[-3] and "millm" not in events[-3]

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.api.clients import MODEL, post, sdk
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 
 PROMPT = "The capital of France is"
 ALLOWED = [40, 41, 300, 301]
@@ -277,7 +278,7 @@ def test_scoring_is_never_steered(llama_server, tmp_path):
             "/v1/completions",
             {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0},
         )
-        assert steered_generation.headers["x-millm-steering"].startswith("live")
+        assert member(steered_generation.headers["x-millm-steering"])[0] == "manual"
         after = post(llama_server, "/v1/completions", scoring_body(logprobs=5))
         assert after.headers["x-millm-steering"] == "none"
         assert after.json()["choices"][0]["logprobs"] == before

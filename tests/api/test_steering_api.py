@@ -1,13 +1,16 @@
 """/api/steering and per-request profiles on a live server: the state, its rules, and what
 requests see."""
 
+import json
 import threading
 
 import httpx
 import pytest
 
+from millm.interp.steering_hash import steering_set_hash
 from tests.api.clients import MODEL, api, error, sdk
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member, members
 from tests.support.tiny_saes import build_saelens
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
@@ -143,7 +146,17 @@ def test_steering_changes_output_and_headers_say_so(server, ids):
     response = api(server, "PUT", f"/api/steering/saes/{a}/features/0", json={"strength": 60})
     version = response.json()["steering"]["version"]
     steered, header = greedy(server)
-    assert steered != plain and header == f"live;version={version}"
+    assert steered != plain
+    assert member(header) == (
+        "manual",
+        {
+            "sae": a,
+            "layer": 1,
+            "features": 1,
+            "hash": steering_set_hash(a, [(0, 60.0)]),
+            "version": version,
+        },
+    )
     api(server, "POST", "/api/steering/disable")
     off, header = greedy(server)
     assert off == plain and header == "none"
@@ -182,7 +195,19 @@ def test_per_request_profile(server, ids):
     created = api(server, "POST", "/api/profiles", json=profile_doc("loud", a, layer=1))
     assert created.status_code == 201
     text, header = greedy(server, profile="loud")
-    assert text == live_steered and header == 'profile;name="loud";scope="request"'
+    assert text == live_steered
+    assert member(header) == (
+        "profile",
+        {
+            "name": "loud",
+            "source": "request",
+            "intensity": "1.0",
+            "sae": a,
+            "layer": 1,
+            "features": 1,
+            "hash": steering_set_hash(a, [(0, 60.0)]),
+        },
+    )
     assert greedy(server, profile=created.json()["id"])[0] == live_steered
     assert greedy(server)[0] == plain  # nothing global changed
     body = error(
@@ -225,12 +250,18 @@ def test_per_request_profile(server, ids):
         400,
         "profile_not_applicable",
     )
+    # Text completions take a profile too (as the original miLLM's do); scoring never is steered.
+    completion = {"model": MODEL, "prompt": "x", "max_tokens": 8, "temperature": 0}
+    plain_text = api(server, "POST", "/v1/completions", json=completion)
+    loud_text = api(server, "POST", "/v1/completions", json={**completion, "profile": "loud"})
+    assert loud_text.json()["choices"][0]["text"] != plain_text.json()["choices"][0]["text"]
+    assert member(loud_text.headers["x-millm-steering"])[1]["source"] == "request"
     error(
         api(
             server,
             "POST",
             "/v1/completions",
-            json={"model": MODEL, "prompt": "x", "profile": "loud"},
+            json={**completion, "max_tokens": 1, "logprobs": 2, "profile": "loud"},
         ),
         400,
         "field_not_honoured",
@@ -258,23 +289,36 @@ def test_operator_change_during_a_profile_request_stays_live(server, ids):
         with httpx.stream(
             "POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120
         ) as response:
+            headers.update(response.headers)
             for line in response.iter_lines():
                 if line:
                     chunks.append(line)
                     started.set()
 
+    headers: dict[str, str] = {}
     client = threading.Thread(target=stream)
     client.start()
     assert started.wait(60)
     change = api(server, "PUT", f"/api/steering/saes/{a}/features/9", json={"strength": 7}).json()
     client.join(120)
     assert chunks[-1] == "data: [DONE]"
+    # The stream says what steered it in its last chunk, not a header: the request's profile as
+    # its plan applied it, marked `changed` because the operator wrote while it ran.
+    last = json.loads(chunks[-2].removeprefix("data: "))
+    assert "x-millm-steering" not in headers
+    assert last["choices"] == [] and last["created"] == 0
+    kind, params = member(last["millm_steering"])
+    assert kind == "profile" and params["name"] == "stream-profile"
+    assert params["hash"] == steering_set_hash(a, [(2, 30.0)]) and params["changed"] is True
+    assert sum("millm_steering" in line for line in chunks) == 1
     assert change["live"] is True
     state = api(server, "GET", "/api/steering").json()
     assert {
         f["index"]: f["strength"] for s in state["saes"] if s["sae_id"] == a for f in s["features"]
     } == {9: 7.0}
-    assert greedy(server)[1] == f"live;version={change['steering']['version']}"
+    kind, params = member(greedy(server)[1])
+    assert kind == "manual" and params["version"] == change["steering"]["version"]
+    assert "changed" not in params  # nothing moved while this one ran
 
 
 def test_no_sae_attached_runs_a_profile_request_unsteered(server, ids):
@@ -348,7 +392,13 @@ def test_profiles_crud_activate_export_import(server, ids):
     activated = api(server, "POST", "/api/profiles/two-layers/activate").json()
     assert activated["live"] is True and activated["steering"]["source"] == "profile"
     text, header = greedy(server)
-    assert text != plain and header.startswith('profile;name="two-layers";version=')
+    assert text != plain
+    assert [
+        (kind, p["name"], p["source"], p["sae"], p["layer"]) for kind, p in members(header)
+    ] == [
+        ("profile", "two-layers", "active", a, 1),
+        ("profile", "two-layers", "active", b, 2),
+    ]
     changed = api(server, "PUT", "/api/profiles/two-layers", json={"description": "new"}).json()
     assert changed["document"]["description"] == "new" and changed["active"] is True
     error(

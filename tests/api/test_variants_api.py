@@ -10,6 +10,7 @@ import pytest
 from tests.api.clients import MODEL, api, error, llama_with_sae, post
 from tests.support.server import ServerProcess
 from tests.support.steered_forward import steered_logprobs
+from tests.support.steering_header import member
 
 USER = [{"role": "user", "content": "Tell me about the city."}]
 PROMPT = "The capital of France is"
@@ -92,7 +93,8 @@ def test_a_variant_generates_what_its_base_does_with_the_same_steering(server, v
     assert through_variant["model"] == "pirate"
     assert through_variant["choices"][0]["message"] == through_base["choices"][0]["message"]
     assert through_variant["choices"][0]["message"] != unsteered["choices"][0]["message"]
-    assert through_variant["steering"] == 'request;variant="pirate";scope="request"'
+    kind, params = member(through_variant["steering"])
+    assert kind == "inline" and params["variant"] == "pirate"
     off = chat(server, "pirate", steering_intensity="off")
     assert off["choices"][0]["message"] == unsteered["choices"][0]["message"]
 
@@ -130,7 +132,8 @@ def test_scoring_a_variant_is_unsteered_unless_it_says_steered(
     assert max(abs(a - b) for a, b in zip(steered, base, strict=True)) > 1e-3
     body = {"model": "pirate", "prompt": PROMPT, "max_tokens": 1, "logprobs": 1}
     response = post(server, "/v1/completions", body)
-    assert response.headers["x-millm-steering"] == 'request;variant="pirate";scope="request"'
+    kind, params = member(response.headers["x-millm-steering"])
+    assert kind == "inline" and params["variant"] == "pirate" and params["features"] == 1
     assert response.json()["choices"][0]["logprobs"]["token_logprobs"][0] == pytest.approx(
         expected[-1].max().item(), abs=1e-4
     )

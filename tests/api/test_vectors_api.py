@@ -18,6 +18,7 @@ from millm.engine.prompts import chat_prompt_ids
 from millm.interp.formats import read_sae
 from tests.api.clients import MODEL, api, error, post
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens, sae_tensors
 
 LAYER = 1
@@ -524,7 +525,8 @@ def test_a_vector_in_a_request_steers_like_the_feature_built_on_it(server, mean_
     assert [v for *_, v in steered] == pytest.approx([v for *_, v in reference], abs=1e-3)
     # and it did steer
     assert max(abs(a[2] - b[2]) for a, b in zip(steered, unsteered, strict=False)) > 1.0
-    assert by_vector.headers["x-millm-steering"].startswith("request")
+    kind, params = member(by_vector.headers["x-millm-steering"])
+    assert kind == "inline" and params["vector"].startswith("vec_") and params["features"] == 1
 
 
 def test_a_vector_of_another_model_or_unknown_is_refused_in_a_request(server, mean_vector):

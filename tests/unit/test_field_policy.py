@@ -107,7 +107,8 @@ def test_the_spec_table_rows():
         "seed": ("honoured", "honoured", "refused"),
         "n": (NOT_STREAMING, ABOVE_ONE, ABOVE_ONE),
         "max_completion_tokens": ("honoured", "honoured", "refused"),
-        "profile": (NOT_ON_SCORING, "refused", "refused"),
+        # Beyond the page: text completions take a profile and the dial, as the original's do now.
+        "profile": (NOT_ON_SCORING, NOT_ON_SCORING, "refused"),
         "steering": (
             NOT_ON_SCORING,
             NOT_ON_SCORING,

@@ -23,10 +23,8 @@ INTEGERS = st.integers(-999_999_999_999_999, 999_999_999_999_999)  # RFC 8941's 
 THOUSANDTHS = st.integers(-999_999_999_999_999, 999_999_999_999_999)
 ASCII = st.text(PRINTABLE_ASCII, max_size=12)
 TOKENS = st.from_regex(r"[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]{0,8}", fullmatch=True)
-# Names from documents may hold anything; "%" is left out so that decoding is unambiguous.
-ANY_TEXT = st.text(
-    st.characters(blacklist_characters="%", blacklist_categories=("Cs",)), max_size=12
-)
+# Names from documents may hold anything, "%" included (encoded too, so decoding is unambiguous).
+ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 
 
 @st.composite
@@ -41,7 +39,7 @@ def values(draw):
         return thousandths / 1000, Decimal(thousandths) / 1000
     if kind == "ascii":
         text = draw(ASCII)
-        return text, text
+        return text, text.replace("%", "%25")
     if kind == "text":
         text = draw(ANY_TEXT)
         return text, percent_encode(text)

@@ -8,13 +8,19 @@ from dataclasses import dataclass
 
 from millm.engine.jobs import Watch
 from millm.engine.residual import ResidualEdit
+from millm.interp.intensity import Dial
+from millm.interp.steering_hash import AppliedSet
 
 
 @dataclass(frozen=True)
 class Plan:
     """What a request is steered by: the engine's edit and the watches of its conditions (each row
     carries both), what it is (X-miLLM-Steering), the resolved dial to echo
-    (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung)."""
+    (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung).
+
+    `applied` is what it steers with per SAE (and vector), `aborts` the probes that end its rows,
+    `level` the λ its strengths were scaled by (1.0 unscaled), `base_id` the circuit's id, and
+    `epoch` the steering state it was resolved in (statement.py says from these what steered)."""
 
     edit: ResidualEdit | None
     kind: str  # none | live | profile | cluster | circuit | request
@@ -22,6 +28,11 @@ class Plan:
     intensity: float | None = None
     rung: int | None = None
     watches: tuple[Watch, ...] = ()
+    applied: tuple[AppliedSet, ...] = ()
+    aborts: tuple[str, ...] = ()
+    level: float = 1.0
+    base_id: str | None = None
+    epoch: tuple[int, ...] | None = None
 
     @property
     def steers(self) -> bool:
@@ -36,3 +47,12 @@ def turned_off(reason: str, echo: float | None) -> Plan:
     """A request the dial turned off ("off", 0, or a "min" that resolves to 0): nothing steers,
     X-miLLM-Steering says why, and X-miLLM-Steering-Intensity echoes `echo` (None: not sent)."""
     return Plan(None, "none", (("reason", reason),), intensity=echo)
+
+
+def unsteered(dial: Dial | None, intensity: float) -> Plan:
+    """A base that steers nothing through this dial; where the dial itself resolved to 0 ("min"
+    without a declared range, under the circuit rule), said and echoed as "off" is."""
+    if dial is None or intensity != 0.0:
+        return NO_STEERING
+    said = dial.symbol if dial.symbol is not None else f"{dial.value:g}"
+    return turned_off(f"steering_intensity {said} is 0", 0.0)

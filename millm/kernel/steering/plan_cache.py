@@ -69,6 +69,13 @@ def state_stamp(
     ), shelves
 
 
+def epoch_of(stamp: tuple[int, ...]) -> tuple[int, ...]:
+    """The part of a state stamp that steering writes move (version, changes, the three books'
+    revisions), not the probes' and vectors': the steering epoch a plan is resolved in. Global on
+    purpose, as the original miLLM's is: an unrelated profile's edit also counts as a move."""
+    return stamp[:5]
+
+
 class PlanCache:
     """Resolved plans by (state stamp, profile, dial): a small LRU shared by request handlers."""
 

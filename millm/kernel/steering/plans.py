@@ -30,25 +30,16 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from millm.errors import InvalidRequest, MillmError, describe
-from millm.formats.mistudio import (
-    Member,
-    authored_intensity,
-    circuit_members,
-    cluster_members,
-    declared_range,
-)
-from millm.interp.binding import (
-    cluster_binding,
-    members_edit,
-)
-from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
+from millm.interp.intensity import Dial, cluster_lambda
 from millm.interp.steering import InvalidFeatureIndex, feature_edit
+from millm.interp.steering_hash import applied_sets, scaled_ops
 from millm.kernel.books.base import Shelf
 from millm.kernel.books.documents import CircuitBook, ClusterBook, stored_document
-from millm.kernel.steering.base_fit import BaseUnfit, DialLimits, _circuit_status
+from millm.kernel.steering.base_fit import BaseUnfit, DialLimits
+from millm.kernel.steering.document_plans import circuit_plan, cluster_plan
 from millm.kernel.steering.live import Steering, profile_edit
-from millm.kernel.steering.plan import NO_STEERING, Plan, turned_off
-from millm.kernel.steering.plan_cache import PlanCache, Snapshot, state_stamp
+from millm.kernel.steering.plan import NO_STEERING, Plan, turned_off, unsteered
+from millm.kernel.steering.plan_cache import PlanCache, Snapshot, epoch_of, state_stamp
 from millm.kernel.steering.resolution import Refusals, resolve_spec
 
 log = logging.getLogger(__name__)
@@ -104,10 +95,18 @@ class Planner:
             if plan is None:
                 now = self._snapshot(stamp, shelves)
         if plan is None:
-            plan = resolve(now)
+            plan = replace(resolve(now), epoch=epoch_of(stamp))
             self.plans.put((stamp, *key), plan)
         in_step, _ = self.steering.replica.in_step()
         return plan if in_step else replace(plan, params=(*plan.params, ("unsynced", True)))
+
+    def moved(self, plan: Plan) -> bool:
+        """Whether the steering state moved since `plan` was resolved (an operator's write while
+        its request ran: X-miLLM-Steering's `changed`)."""
+        if plan.epoch is None:
+            return False
+        with self.steering.lock:
+            return epoch_of(self._stamp()[0]) != plan.epoch
 
     def _refusing_unfit(
         self, now: Snapshot, profile: str | None, dial: Dial | None, promised: bool
@@ -261,6 +260,9 @@ class Planner:
             params,
             intensity=scale if dial and steered.edit else None,
             watches=steered.watches,
+            applied=steered.applied,
+            aborts=steered.aborts,
+            level=scale,
         )
 
     def _active_profile(self, now: Snapshot, profile_id: str, dial: Dial | None) -> Plan:
@@ -268,7 +270,7 @@ class Planner:
         scale = self._scale(dial)
         steered = profile_edit(row["document"], now.attached, scale, self.steering.resolvers)
         if steered.edit is None and not steered.watches:
-            return _unsteered(dial, scale)
+            return unsteered(dial, scale)
         params = (("name", row["name"]), ("version", now.version))
         return Plan(
             steered.edit,
@@ -276,6 +278,9 @@ class Planner:
             params,
             intensity=scale if dial else None,
             watches=steered.watches,
+            applied=steered.applied,
+            aborts=steered.aborts,
+            level=scale,
         )
 
     def _spec(self, now: Snapshot, spec: dict, dial: Dial | None) -> Plan:
@@ -295,6 +300,9 @@ class Planner:
             (("scope", "request"),),
             intensity=scale if dial and steered.edit else None,
             watches=steered.watches,
+            applied=steered.applied,
+            aborts=steered.aborts,
+            level=scale,
         )
 
     def _live(self, now: Snapshot, dial: Dial | None) -> Plan:
@@ -305,9 +313,8 @@ class Planner:
             log.warning(
                 "live steering values of %s are not applied: not attached", ", ".join(unattached)
             )
-        scaled = {
-            sae: {i: op.scaled(scale) for i, op in ops.items()} for sae, ops in now.features.items()
-        }
+        through = {sae: scaled_ops(ops, scale) for sae, ops in now.features.items()}
+        scaled = {sae: ops for sae, (ops, _) in through.items()}
         edit = feature_edit(scaled, now.attached)
         # Attached in the shared state, not here (another model, a path or file this replica lacks):
         # said, not hidden.
@@ -320,76 +327,28 @@ class Planner:
             return (
                 Plan(None, "none", (("reason", "live values' SAEs not attached here"), *missing))
                 if missing
-                else _unsteered(dial, scale)
+                else unsteered(dial, scale)
                 if now.features and not unattached
                 else NO_STEERING
             )
         return Plan(
-            edit, "live", (("version", now.version), *missing), intensity=scale if dial else None
+            edit,
+            "live",
+            (("version", now.version), *missing),
+            intensity=scale if dial else None,
+            applied=applied_sets(
+                scaled, now.attached, clamped={sae: n for sae, (_, n) in through.items()}
+            ),
+            level=scale,
         )
 
     def _cluster(self, now: Snapshot, cluster_id: str, dial: Dial | None) -> Plan:
         row = self.clusters.find_in(now.clusters, cluster_id)
-        document = stored_document(now.clusters, row)
-        binding = cluster_binding(document, now.attached)
-        if dial is None:
-            intensity = row["intensity"]
-        else:
-            intensity = cluster_lambda(
-                dial, declared_range(document), self.limits.cluster_min, self.limits.maximum
-            )
-        members = [
-            Member(binding.layer, m.feature_idx, m.strength, m.sign)
-            for m in cluster_members(document)
-        ]
-        edit = members_edit(members, {binding.layer: binding}, now.attached, intensity)
-        if edit is None:
-            return _unsteered(dial, intensity)
-        return Plan(
-            edit,
-            "cluster",
-            (("name", row["name"]), ("version", now.version)),
-            intensity=intensity if dial else None,
-        )
+        return cluster_plan(row, stored_document(now.clusters, row), now, dial, self.limits)
 
     def _circuit(self, now: Snapshot, circuit_id: str, dial: Dial | None) -> Plan:
         row = self.circuits.find_in(now.circuits, circuit_id)
-        document = stored_document(now.circuits, row)
-        status = _circuit_status(document, now.attached)
-        if status.mode == "none":
-            details = "; ".join(
-                f"layer {layer}: {b.detail}" for layer, b in status.bindings.items()
-            )
-            raise InvalidFeatureIndex(
-                f"none of its member layers binds to an attached SAE ({details})", param="steering"
-            )
-        declared = declared_range(document)
-        if dial is None:
-            intensity = authored_intensity(document)
-        elif status.mode == "full":
-            intensity = circuit_lambda(dial, declared, self.limits.circuit_min, self.limits.maximum)
-        else:
-            intensity = cluster_lambda(dial, declared, self.limits.cluster_min, self.limits.maximum)
-        edit = members_edit(circuit_members(document), status.bindings, now.attached, intensity)
-        if edit is None:
-            return _unsteered(dial, intensity)
-        params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
-        return Plan(
-            edit,
-            "circuit",
-            params,
-            intensity=intensity if dial else None,
-            rung=status.rung if status.mode == "full" else None,
-        )
-
-
-def _unsteered(dial: Dial | None, intensity: float) -> Plan:
-    """A base that steers nothing through this dial; where the dial itself resolved to 0 ("min"
-    without a declared range, under the circuit rule), said and echoed as "off" is."""
-    if dial is None or intensity != 0.0:
-        return NO_STEERING
-    said = dial.symbol if dial.symbol is not None else f"{dial.value:g}"
-    return turned_off(f"steering_intensity {said} is 0", 0.0)
+        return circuit_plan(row, stored_document(now.circuits, row), now, dial, self.limits)
 
 
 def _needs_no_sae(document: dict) -> bool:

@@ -35,6 +35,7 @@ from millm.errors import InvalidRequest, MillmError
 from millm.interp.intensity import applied_strength
 from millm.interp.operators import cap
 from millm.interp.steering import Attached, FeatureOp, check_feature, feature_edit
+from millm.interp.steering_hash import AppliedSet, applied_sets, scaled_ops
 
 
 class ProbeResolver(Protocol):
@@ -98,10 +99,13 @@ class Resolvers:
 
 @dataclass(frozen=True)
 class Steered:
-    """A resolved spec: the edit of every position and the watches of its conditions."""
+    """A resolved spec: the edit of every position, the watches of its conditions, and what it
+    applies (per SAE and vector, for X-miLLM-Steering) with the probes that end its rows."""
 
     edit: ResidualEdit | None
     watches: tuple[Watch, ...] = ()
+    applied: tuple[AppliedSet, ...] = ()
+    aborts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,10 @@ class _Part:
     """What one condition (or none) gathers: features per SAE, vector additions and caps."""
 
     features: dict[str, dict[int, FeatureOp]] = field(default_factory=dict)
+    clamped: dict[str, int] = field(default_factory=dict)
     additions: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     caps: list[tuple[int, Operation]] = field(default_factory=list)
+    vectors: list[AppliedSet] = field(default_factory=list)
 
 
 Condition = tuple[str, int | None] | None  # (probe, tokens), or None: every position
@@ -145,13 +151,16 @@ def resolve_spec(
     for number, entry in enumerate(spec.get("steering", [])):
         where = f"steering[{number}]"
         target = _entry_sae(attached, entry, where, refusals)
-        features = {}
+        sae_id = target.info.id
+        ops = {}
         for feature in entry["features"]:
             index = _fitting_index(target, feature["index"], where, refusals)
-            features[index] = FeatureOp.of(feature).scaled(scale)
+            ops[index] = FeatureOp.of(feature)
+        features, clamped = scaled_ops(ops, scale)
         named.setdefault(_condition(entry), f"{where}.when")
         part = parts.setdefault(_condition(entry), _Part())
-        part.features.setdefault(entry["sae_id"], {}).update(features)
+        part.features.setdefault(sae_id, {}).update(features)
+        part.clamped[sae_id] = part.clamped.get(sae_id, 0) + clamped
     if spec.get("vectors"):
         lm = resolvers.model()
         for number, entry in enumerate(spec["vectors"]):
@@ -160,14 +169,23 @@ def resolve_spec(
             named.setdefault(_condition(entry), f"{where}.when")
             part = parts.setdefault(_condition(entry), _Part())
             if entry.get("op", "add") == "add":
-                part.additions.append((point, applied_strength(entry["strength"], 1, scale) * unit))
+                strength = applied_strength(entry["strength"], 1, scale)
+                part.additions.append((point, strength * unit))
+                op = FeatureOp("add", strength)
             else:
+                op = FeatureOp("cap", value=entry["value"])
                 part.caps.append(
                     (
                         point,
                         cap(unit, entry["value"], f"vector {entry['vector_id']}", refusals.param),
                     )
                 )
+            when = _condition(entry)
+            part.vectors.append(
+                AppliedSet(
+                    entry["vector_id"], point, ((0, op),), vector=True, when=when and when[0]
+                )
+            )
     edits = {condition: _edit(part, attached, refusals) for condition, part in parts.items()}
     watches = []
     for condition, edit in edits.items():
@@ -207,7 +225,16 @@ def resolve_spec(
                 refusals,
             )
         )
-    return Steered(edits.get(None), tuple(watches))
+    applied = tuple(
+        applied_set
+        for condition, part in parts.items()
+        for applied_set in (
+            *applied_sets(part.features, attached, condition and condition[0], part.clamped),
+            *part.vectors,
+        )
+    )
+    aborts = tuple(entry["probe"] for entry in spec.get("abort", []))
+    return Steered(edits.get(None), tuple(watches), applied, aborts)
 
 
 def _condition(entry: dict) -> Condition:
@@ -218,8 +245,19 @@ def _condition(entry: dict) -> Condition:
 def _entry_sae(
     attached: dict[str, Attached], entry: dict, where: str, refusals: Refusals
 ) -> Attached:
-    """The attached SAE an entry steers, at the layer it names, or the 400."""
-    sae_id, layer = entry["sae_id"], entry.get("layer")
+    """The attached SAE an entry steers, at the layer it names, or the 400. An entry that names
+    none (the original miLLM's inline shape) steers the one SAE attached."""
+    sae_id, layer = entry.get("sae_id"), entry.get("layer")
+    if sae_id is None:
+        if len(attached) != 1:
+            found = ", ".join(f"{key} at layer {a.layer}" for key, a in sorted(attached.items()))
+            raise refusals.refuse(
+                where,
+                f"no sae_id, and {len(attached)} SAEs are attached ({found or 'none'}): name one "
+                "with sae_id",
+                code="sae_not_attached" if not attached else "invalid_parameter",
+            )
+        return next(iter(attached.values()))
     target = attached.get(sae_id)
     if target is None:
         raise refusals.refuse(

@@ -27,6 +27,24 @@ def _printable(value):
     return percent_encode(value) if type(value) is str else value
 
 
+def members(entries: list[tuple[str, dict[str, object]]], encoded: frozenset[str]) -> str:
+    """An RFC 8941 list of token items with parameters (X-miLLM-Steering's members); True is a
+    bare boolean, a str subclass marked as a token a token, and the string parameters named in
+    `encoded` have `"` and `\\` percent-encoded too, as the original miLLM writes a name."""
+    values = http_sfv.List()
+    for kind, params in entries:
+        entry = http_sfv.Item(http_sfv.Token(kind))
+        for key, value in params.items():
+            if type(value) is not str and isinstance(value, str):
+                entry.params[key] = http_sfv.Token(value)
+            elif key in encoded and isinstance(value, str):
+                entry.params[key] = percent_encode(value, also='"\\')
+            else:
+                entry.params[key] = _printable(value)
+        values.append(entry)
+    return str(values)
+
+
 def token(value: str, **params) -> str:
     """An item whose value is a bare token (live, none, profile)."""
     return item(http_sfv.Token(value), **params)

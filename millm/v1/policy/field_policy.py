@@ -89,14 +89,15 @@ MATRIX: dict[str, dict[str, Rule]] = {
         COMPLETIONS: OK,
         EMBEDDINGS: no("embeddings generate no tokens"),
     },
+    # Beyond the page's table: text completions take them too, as the original miLLM's do now.
     "profile": {
         CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
-        COMPLETIONS: no("a per-request profile applies to chat completions"),
+        COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never steered"),
         EMBEDDINGS: no("embeddings are never steered"),
     },
     "steering_intensity": {
         CHAT: Rule(NOT_ON_SCORING, "scoring is never steered"),
-        COMPLETIONS: no("the steering dial applies to chat completions"),
+        COMPLETIONS: Rule(NOT_ON_SCORING, "scoring is never steered"),
         EMBEDDINGS: no("embeddings are never steered"),
     },
     "return_sae_activations": {
@@ -251,9 +252,9 @@ NOT_IN_SCORING = ("top_p", "stop", "frequency_penalty", "presence_penalty")
 PRINTABLE_ASCII = "".join(chr(c) for c in range(0x20, 0x7F))
 
 
-def percent_encode(name: str) -> str:
-    """A field location with every character outside printable ASCII percent-encoded (UTF-8)."""
-    return quote(name, safe=PRINTABLE_ASCII)
+def percent_encode(name: str, also: str = "") -> str:
+    """A name with characters outside printable ASCII, `%` and `also` percent-encoded (UTF-8)."""
+    return quote(name, safe="".join(c for c in PRINTABLE_ASCII if c not in "%" + also))
 
 
 def template_reads(tokenizer) -> set[str]:

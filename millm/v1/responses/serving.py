@@ -11,6 +11,7 @@ answered, so `previous_response_id` continues one with a single read, on any rep
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from anyio import to_thread
 
@@ -96,8 +97,10 @@ class ResponsesApi:
         response = echo(body, response_id, stored)
         conversation_items = earlier + new
         if reply.chunks is not None:
+            # Responses events have no place for the chat stream's last chunk: the header says it.
             return Reply(
-                reply.report, chunks=self._events(reply.chunks, response, where, conversation_items)
+                replace(reply.report, in_stream=False),
+                chunks=self._events(reply.chunks, response, where, conversation_items),
             )
         assert isinstance(reply.body, ChatCompletion)
         output, reason = output_of(reply.body)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 
 from millm.engine.jobs import (
     JobFailed,
@@ -302,14 +302,21 @@ class CompletionShape(Shape):
 
 
 async def chunks(
-    stream: JobStream, rows: int, admitted: Admitted, shape: Shape, meta: Meta
+    stream: JobStream,
+    rows: int,
+    admitted: Admitted,
+    shape: Shape,
+    meta: Meta,
+    steering: Callable[[], Awaitable[str]] | None = None,
 ) -> AsyncIterator[WireModel | MillmError]:
     """A job's chunks: opening ones, deltas, one finish chunk per row (the last carries usage), or
     the error that ended it.
 
     With stream_options.include_usage, usage instead comes in a final chunk with no choices, as
     OpenAI does. Then the probe-verdict chunk (no choices; `millm.probes`, every row's), when
-    probes watched the request; a request's SAE activations come last, in a chunk with no choices.
+    probes watched the request, and a request's SAE activations, in a chunk with no choices. The
+    last chunk (`created` 0, no choices) says what steered the request in `millm_steering`:
+    X-miLLM-Steering's value, which a stream sends here, once it is known, rather than as a header.
     """
     prompt_tokens, include_usage, choices = (
         admitted.prompt_tokens,
@@ -370,5 +377,8 @@ async def chunks(
         block = millm_block(read, captured)
         if block is not None:
             yield shape.chunk(meta, [], millm=block)
+        if steering is not None:
+            # created 0: the original miLLM's last chunk, which a client tells by that alone too
+            yield shape.chunk(replace(meta, created=0), [], millm_steering=await steering())
     finally:
         stream.cancel()

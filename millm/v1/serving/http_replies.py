@@ -15,8 +15,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from millm.errors import ClientGone, MillmError
 from millm.formats.mistudio import RUNG_LANGUAGE
 from millm.interp.intensity import echo
+from millm.kernel.steering.plan import Plan
+from millm.kernel.steering.statement import statement
 from millm.v1.http.errors import error_body
-from millm.v1.http.headers import item, seed_header, string_list, token
+from millm.v1.http.headers import item, members, seed_header, string_list, token
 from millm.v1.objects import WireModel
 from millm.v1.serving.replies import Reply, Report
 
@@ -24,9 +26,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 T = TypeVar("T")
 
 
+def steering_header(plan: Plan, changed: bool = False) -> str:
+    """X-miLLM-Steering: what steered a request, in the original miLLM's grammar
+    (kernel/steering/statement.py)."""
+    return members(statement(plan, changed), encoded=frozenset({"name"}))
+
+
 def report_headers(report: Report, ignored_cap: int) -> dict[str, str]:
-    """X-miLLM-Ignored-Fields, -Constrained, -Seed, -Steering (always), -Steering-Intensity and
-    -Circuit-Rung, each an RFC 8941 item or list."""
+    """X-miLLM-Ignored-Fields, -Constrained, -Seed, -Steering (except on a stream that ends with
+    it in a chunk), -Steering-Intensity and -Circuit-Rung, each an RFC 8941 item or list."""
     headers = {}
     ignored = string_list(list(report.ignored), ignored_cap)
     if ignored:
@@ -41,7 +49,8 @@ def report_headers(report: Report, ignored_cap: int) -> dict[str, str]:
     if report.seed is not None:
         headers["X-miLLM-Seed"] = seed_header(report.seed, report.seed_scope)
     plan = report.plan
-    headers["X-miLLM-Steering"] = token(plan.kind, **dict(plan.params))
+    if not report.in_stream:
+        headers["X-miLLM-Steering"] = steering_header(plan, report.changed)
     if plan.intensity is not None:
         headers["X-miLLM-Steering-Intensity"] = echo(plan.intensity)
     if plan.rung is not None:

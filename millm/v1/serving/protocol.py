@@ -18,7 +18,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from millm.engine.jobs import Pooling
 from millm.errors import InvalidRequest
 from millm.formats.probe_documents import RequestProbes
-from millm.formats.profiles import OwnSteering
+from millm.formats.profiles import InlineSteering, OwnSteering
 from millm.v1.policy.body_fields import (
     Choices,
     OpenBody,
@@ -224,6 +224,10 @@ class SamplingFields(GenerationFields):
     steering: OwnSteering | None = Field(
         None, description="miLLM: this request's own steering (not with profile)."
     )
+    profile: str | None = None  # miLLM: a saved steering profile for this request only
+    steering_intensity: float | str | None = (
+        None  # miLLM: the per-request dial (0-2, off, min, max)
+    )
 
     endpoint: ClassVar[str]  # the field policy's column (v1/policy/field_policy.py)
 
@@ -236,6 +240,25 @@ class SamplingFields(GenerationFields):
             scoring=self.scoring,
             streaming=bool(self.stream),
         )
+        return self
+
+    @model_validator(mode="after")
+    def _one_steering(self):
+        # Each replaces the steering base for this request, so only one can.
+        if self.profile is not None and self.steering is not None:
+            raise InvalidRequest(
+                "send either profile or steering: each replaces the steering base for this "
+                "request, so they cannot be combined",
+                param="steering",
+            )
+        # The original miLLM's inline shape states its strengths as applied: no dial scales them.
+        if isinstance(self.steering, InlineSteering) and self.steering_intensity is not None:
+            raise InvalidRequest(
+                'send either steering_intensity or steering in the {"sae_id", "features"} '
+                "shape, whose strengths are applied as sent (the dial scales a profile, or "
+                'steering in the {"steering": [...]} shape)',
+                param="steering_intensity",
+            )
         return self
 
     if TYPE_CHECKING:  # each endpoint's body says when it asks for scoring mode, and for logprobs
@@ -259,10 +282,6 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     extra_messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] | None = None
-    profile: str | None = None  # miLLM: a saved steering profile for this request only
-    steering_intensity: float | str | None = (
-        None  # miLLM: the per-request dial (0-2, off, min, max)
-    )
     response_format: ResponseFormat | None = None
     tools: ChatTools | None = None
     tool_choice: ToolChoice | None = None
@@ -309,17 +328,6 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _one_read_row(self):
         refuse_multi_row_reads(self, 1)
-        return self
-
-    @model_validator(mode="after")
-    def _one_steering(self):
-        # Each replaces the steering base for this request, so only one can.
-        if self.profile is not None and self.steering is not None:
-            raise InvalidRequest(
-                "send either profile or steering: each replaces the steering base for this "
-                "request, so they cannot be combined",
-                param="steering",
-            )
         return self
 
     _tools: ToolPlan | None = PrivateAttr(default=None)

@@ -19,14 +19,17 @@ from millm.v1.serving.protocol import SamplingFields
 
 @dataclass(frozen=True)
 class Report:
-    """How a request was served, for the response headers: fields it ignored, what steered it,
-    its seed and the seed's promise, and the output constraint."""
+    """How a request was served, for the response headers: fields it ignored, what steered it
+    (and whether the steering state moved while it ran), its seed and the seed's promise, and the
+    output constraint."""
 
     ignored: tuple[str, ...] = ()
     plan: Plan = NO_STEERING
     seed: int | None = None
     seed_scope: str = "request"
     structured: Structured | None = None
+    changed: bool = False
+    in_stream: bool = False  # a stream that ends with X-miLLM-Steering's value in a chunk
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from millm.v1.serving.generation import (
     collect,
     completion_budget,
 )
+from millm.v1.serving.http_replies import steering_header
 from millm.v1.serving.parts import ServingParts
 from millm.v1.serving.prechecks import Prechecked, precheck
 from millm.v1.serving.prompts import completion_prompts, conversation_prompts, embedding_inputs
@@ -199,7 +200,7 @@ class Serving:
         )
         if body.scoring:
             return await score_completions(self.state, admitted.planned(scoring_plan), texts, meta)
-        plan = await to_thread.run_sync(self._plan, None, checked, named)
+        plan = await to_thread.run_sync(self._plan, body.profile, checked, named)
         admitted = replace(admitted.planned(plan), probes=await self._watch(lm, checked.probes))
         words = logprob_words(admitted)
         echoes = (
@@ -261,8 +262,11 @@ class Serving:
         stream, rows = self._start(admitted, origin)
         report = admitted.report
         if admitted.body.stream:
-            return Reply(report, chunks=chunks(stream, rows, admitted, shape, meta))
+            report = replace(report, in_stream=True)
+            said = partial(self._steering_said, report.plan)
+            return Reply(report, chunks=chunks(stream, rows, admitted, shape, meta, said))
         result = await collect(stream, rows, probes, admitted.choices)
+        report = replace(report, changed=await self._moved(report.plan))
         if report.structured is not None:
             for index, (text, reason) in enumerate(
                 zip(result.texts, result.finish_reasons, strict=True)
@@ -270,6 +274,14 @@ class Serving:
                 if reason == "stop":
                     validate_output(report.structured, text, index)
         return Reply(report, body=shape.whole(meta, result, admitted.prompt_tokens, admitted.read))
+
+    async def _moved(self, plan: Plan) -> bool:
+        """Whether the steering state moved while a request steered by `plan` ran."""
+        return await to_thread.run_sync(self.state.planner.moved, plan)
+
+    async def _steering_said(self, plan: Plan) -> str:
+        """X-miLLM-Steering's value at a stream's end."""
+        return steering_header(plan, await self._moved(plan))
 
     def _start(self, admitted: Admitted, origin: Origin) -> tuple[JobStream, int]:
         """Build the request's rows (read by monitoring too when it is on, as `origin`'s) and

@@ -294,6 +294,8 @@ function chatEvent(current, show) {
     if (chunk.usage) meta.usage = chunk.usage;
     if (chunk.millm?.probes) meta.probes = chunk.millm.probes.filter((v) => v.index === 0);
     if (chunk.millm?.probes_skipped) meta.skipped = chunk.millm.probes_skipped;
+    // A stream says what steered it in its last chunk rather than a header: shown with the headers.
+    if (chunk.millm_steering) meta.headers = { ...meta.headers, "X-miLLM-Steering": chunk.millm_steering };
     show();
   };
 }

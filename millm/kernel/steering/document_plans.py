@@ -1,0 +1,82 @@
+"""The plans of the original miLLM's documents, a cluster and a circuit, through the dial: their
+members summed into one edit on the layers they bind to, and what it applies per SAE (a cluster's,
+for X-miLLM-Steering; a circuit is named whole)."""
+
+from __future__ import annotations
+
+from millm.formats.mistudio import (
+    Member,
+    authored_intensity,
+    circuit_members,
+    cluster_members,
+    declared_range,
+)
+from millm.interp.binding import cluster_binding, members_edit, members_strengths
+from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
+from millm.interp.steering import InvalidFeatureIndex, steering_edit
+from millm.interp.steering_hash import strength_sets
+from millm.kernel.steering.base_fit import DialLimits, _circuit_status
+from millm.kernel.steering.plan import Plan, unsteered
+from millm.kernel.steering.plan_cache import Snapshot
+
+
+def cluster_plan(
+    row: dict, document: dict, now: Snapshot, dial: Dial | None, limits: DialLimits
+) -> Plan:
+    """A cluster's plan: its members on the layer its SAE binds, at its stored intensity or the
+    dial's (the cluster rule)."""
+    binding = cluster_binding(document, now.attached)
+    if dial is None:
+        intensity = row["intensity"]
+    else:
+        intensity = cluster_lambda(
+            dial, declared_range(document), limits.cluster_min, limits.maximum
+        )
+    members = [
+        Member(binding.layer, m.feature_idx, m.strength, m.sign) for m in cluster_members(document)
+    ]
+    strengths = members_strengths(members, {binding.layer: binding}, now.attached, intensity)
+    edit = steering_edit(strengths, now.attached)
+    if edit is None:
+        return unsteered(dial, intensity)
+    return Plan(
+        edit,
+        "cluster",
+        (("name", row["name"]), ("version", now.version)),
+        intensity=intensity if dial else None,
+        applied=strength_sets(strengths, now.attached),
+        level=intensity,
+    )
+
+
+def circuit_plan(
+    row: dict, document: dict, now: Snapshot, dial: Dial | None, limits: DialLimits
+) -> Plan:
+    """A circuit's plan: its members on every layer that binds (full), or on those that do
+    (slice_fallback, the cluster rule); 400 when none does."""
+    status = _circuit_status(document, now.attached)
+    if status.mode == "none":
+        details = "; ".join(f"layer {layer}: {b.detail}" for layer, b in status.bindings.items())
+        raise InvalidFeatureIndex(
+            f"none of its member layers binds to an attached SAE ({details})", param="steering"
+        )
+    declared = declared_range(document)
+    if dial is None:
+        intensity = authored_intensity(document)
+    elif status.mode == "full":
+        intensity = circuit_lambda(dial, declared, limits.circuit_min, limits.maximum)
+    else:
+        intensity = cluster_lambda(dial, declared, limits.cluster_min, limits.maximum)
+    edit = members_edit(circuit_members(document), status.bindings, now.attached, intensity)
+    if edit is None:
+        return unsteered(dial, intensity)
+    params = (("name", row["name"]), ("mode", status.mode), ("version", now.version))
+    return Plan(
+        edit,
+        "circuit",
+        params,
+        intensity=intensity if dial else None,
+        rung=status.rung if status.mode == "full" else None,
+        level=intensity,
+        base_id=row["id"],
+    )
