@@ -122,7 +122,9 @@ def test_streamed_forced_call_equals_the_whole_one(demo_server):
     whole = post(demo_server, "/v1/chat/completions", body).json()["choices"][0]["message"][
         "tool_calls"
     ][0]["function"]
-    events = sse_events(post(demo_server, "/v1/chat/completions", {**body, "stream": True}).text)
+    events = answer_events(
+        sse_events(post(demo_server, "/v1/chat/completions", {**body, "stream": True}).text)
+    )
     pieces = [p for e in events[:-1] for p in (e["choices"][0]["delta"].get("tool_calls") or [])]
     assert [p["function"] for p in pieces] == [whole]
 

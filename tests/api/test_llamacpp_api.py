@@ -12,9 +12,11 @@ import httpx
 import pytest
 import torch
 
+from millm.interp.steering_hash import steering_set_hash
 from tests.api.clients import api, attach_sae, error, finished_job, post, sdk
 from tests.api.test_lens_api import reference as lens_reference
 from tests.support.server import ServerProcess
+from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
 
 MODEL = "tiny-llama:F32"  # repo:QUANT, from the file name tiny-llama.F32.gguf
@@ -203,7 +205,24 @@ def test_steering_reading_probing_and_operators_through_an_attached_sae(server):
         feature = {"features": [{"sae_id": sae, "index": 3, "strength": 80.0}]}
         assert post(server, "/api/steering/features", feature).status_code == 200
         steered, response = answer(server, chat("Tell me about the sea."))
-        assert steered != plain and response.headers["x-millm-steering"] != "none"
+        assert steered != plain
+        assert member(response.headers["x-millm-steering"]) == (
+            "manual",
+            {
+                "sae": sae,
+                "layer": 1,
+                "features": 1,
+                "hash": steering_set_hash(sae, [(3, 80.0)]),
+                "version": member(response.headers["x-millm-steering"])[1]["version"],
+            },
+        )
+        # the original miLLM's inline shape steers the GGUF model the same, named as inline
+        inline = {"sae_id": sae, "features": [{"index": 3, "strength": 80.0}]}
+        same, own = answer(server, chat("Tell me about the sea.", steering=inline))
+        assert same == steered and member(own.headers["x-millm-steering"])[0] == "inline"
+        assert member(own.headers["x-millm-steering"])[1]["hash"] == steering_set_hash(
+            sae, [(3, 80.0)]
+        )
         reads = {}
         for point in ("pre_steering", "post_steering"):
             asked = {"features": [3], "positions": "all", "read_point": point}
