@@ -93,13 +93,14 @@ def build_facades(state: ServerState) -> Facades:
     """Every facade over one composed state."""
     serving = Serving(state)
     evaluation_book = EvaluationBook(state.store)
+    probe_scoring = ProbeScoring(state)
     return Facades(
         settings=state.settings,
         requests=state.switch,
         serving=serving,
         tokenizers=Tokenizers(state),
         files=Files(state),
-        batches=Batches(state, serving),
+        batches=Batches(state, serving, {"/api/probes/score": probe_scoring}),
         responses=ResponsesApi(serving, state.store),
         models=ModelManagement(state),
         listing=ModelListing(state),
@@ -110,7 +111,7 @@ def build_facades(state: ServerState) -> Facades:
         monitoring=MonitorManagement(state),
         monitor=state.monitor,
         probes=ProbeManagement(state),
-        probe_scoring=ProbeScoring(state),
+        probe_scoring=probe_scoring,
         vectors=state.vectors,
         vector_training=VectorTraining(state),
         variants=VariantManagement(state),

@@ -2,7 +2,6 @@
 same serving code, every custom_id once across the output and error files, cancelled with what
 ran kept, and resumed after a kill -9 without a line run twice."""
 
-import json
 import signal
 import time
 
@@ -10,6 +9,7 @@ import openai
 import pytest
 
 from tests.api.clients import MODEL, api, error, sdk
+from tests.support.batch_files import jsonl, lines_of, wait
 from tests.support.server import ServerProcess
 from tests.support.waiting import until
 
@@ -21,10 +21,6 @@ def line(custom_id: str, prompt: str, **body) -> dict:
         "url": "/v1/completions",
         "body": {"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0, **body},
     }
-
-
-def jsonl(entries: list) -> bytes:
-    return "".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in entries).encode()
 
 
 def start(home, tiny_dirs) -> ServerProcess:
@@ -48,22 +44,6 @@ def run(client, entries: list, **create) -> object:
     return client.batches.create(
         input_file_id=stored.id, endpoint="/v1/completions", completion_window="24h", **create
     )
-
-
-def wait(client, batch_id: str, until=("completed", "failed", "cancelled", "expired"), limit=120):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until:
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} still {batch.status}")
-
-
-def lines_of(client, file_id: str | None) -> list[dict]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).content.splitlines()]
 
 
 def test_a_batch_answers_each_line_as_the_route_would(server):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from tests.api.clients import MODEL, api, error, post
+from tests.api.clients import MODEL, api, error, post, sdk
+from tests.support.batch_files import jsonl, lines_of, wait
 from tests.support.probe_server import probe_saes, probe_server
 
 PROMPT = "The old river runs quickly to the sea, and"
@@ -252,3 +253,66 @@ def test_bad_probes_and_fields_are_refused_naming_them(quiet):
     assert window["param"].startswith("windows")
     misspelt = error(post(quiet, SCORE, {**body, "window": ["all"]}), 400)
     assert misspelt["param"] == "window"
+
+
+def test_batch_lines_score_as_the_route_does_on_the_loaded_model(quiet):
+    """A batch naming /api/probes/score runs each line on the resident model (its lines name
+    none) and answers it as the route would; a line the route would refuse is an error line."""
+    probes = [{"name": "any", "detector": feature(quiet, 3, 0.01)}]
+    bodies = [
+        {"probes": probes, "inputs": [{"text": PROMPT}], "windows": ["all", "prompt"]},
+        {"probes": probes, "inputs": [{"messages": SEA}], "windows": ["response", "last_user"]},
+    ]
+    entries = [
+        {"custom_id": f"line-{i}", "method": "POST", "url": SCORE, "body": body}
+        for i, body in enumerate(bodies)
+    ]
+    entries.append(
+        {
+            "custom_id": "bad",
+            "method": "POST",
+            "url": SCORE,
+            "body": {"probes": probes, "inputs": []},
+        }
+    )
+    client = sdk(quiet)
+    stored = client.files.create(file=("in.jsonl", jsonl(entries)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=stored.id,
+        endpoint=SCORE,
+        completion_window="24h",  # type: ignore[arg-type]
+    )
+    done = wait(client, batch.id)
+    assert done.status == "completed" and done.model == MODEL
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    answers = {line["custom_id"]: line for line in lines_of(client, done.output_file_id)}
+    for i, body in enumerate(bodies):
+        response = answers[f"line-{i}"]["response"]
+        assert response["status_code"] == 200 and response["body"] == scored(quiet, body)
+        assert response["millm"]["headers"] == {} and response["millm"]["packed"] is False
+    [refused] = lines_of(client, done.error_file_id)
+    assert refused["custom_id"] == "bad" and refused["response"] is None
+    assert refused["error"]["code"] == "invalid_request" and "inputs" in refused["error"]["message"]
+
+
+def test_batch_lines_with_no_model_loaded_are_refused_as_not_loaded(quiet):
+    probes = [{"name": "any", "detector": feature(quiet, 3, 0.01)}]
+    entry = {
+        "custom_id": "one",
+        "method": "POST",
+        "url": SCORE,
+        "body": {"probes": probes, "inputs": [{"text": PROMPT}]},
+    }
+    client = sdk(quiet)
+    stored = client.files.create(file=("in.jsonl", jsonl([entry])), purpose="batch")
+    assert api(quiet, "POST", f"/api/models/{MODEL}/unload").status_code == 200
+    try:
+        batch = client.batches.create(
+            input_file_id=stored.id,
+            endpoint=SCORE,
+            completion_window="24h",  # type: ignore[arg-type]
+        )
+        done = wait(client, batch.id)
+        assert done.status == "failed" and done.errors.data[0].code == "model_not_loaded"
+    finally:
+        assert api(quiet, "POST", f"/api/models/{MODEL}/load").status_code == 200

@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 from anyio import to_thread
+from pydantic import BaseModel
 
 from millm.engine.jobs import ResidualRead, ScoresReady, ScoringJob
 from millm.engine.loader import LoadedModel
@@ -72,7 +73,8 @@ class Prepared:
 
 
 class ProbeScoring:
-    """POST /api/probes/score."""
+    """POST /api/probes/score, and its lines in a batch (`parse` and `answer`, a batch's
+    LineServer)."""
 
     def __init__(self, state: ProbeParts):
         self.state = state
@@ -100,6 +102,15 @@ class ProbeScoring:
             for b in bound
         ]
         return ProbeScores(model=lm.name, probes=probes, skipped=skipped, results=results)
+
+    def parse(self, body: dict) -> ProbeScoreRequest:
+        """A batch line's body as the route's request."""
+        return ProbeScoreRequest.model_validate(body)
+
+    async def answer(self, body: BaseModel) -> ProbeScores:
+        """A batch line's answer: the route's."""
+        assert isinstance(body, ProbeScoreRequest)  # parsed by `parse`
+        return await self.score(body)
 
     async def _scores(self, item: Prepared, bound: list[Bound]) -> list[torch.Tensor]:
         """One unsteered pass over the input, cut short once every probe's point is read: each

@@ -4,16 +4,19 @@ error line; the first failing check of a line says what is wrong, and names the 
 `{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}`: a body is checked
 as the synchronous route checks it, with X-miLLM-Strict on (a field the route would ignore is a
 refusal, since nobody reads a batch's headers), and a streamed body is refused (a batch answers
-whole).
+whole). Routes beyond /v1 whose lines a batch runs (POST /api/probes/score) are LineServers the
+composition root hands in: their bodies name no model, and run on the resident one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from millm.errors import MillmError
 from millm.v1.http.errors import validation_error
@@ -27,6 +30,21 @@ ENDPOINTS: dict[str, type[Body]] = {
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
 }
+
+
+class LineServer(Protocol):
+    """A route beyond /v1 whose lines a batch runs: how it parses a line's body (a
+    ValidationError or a MillmError refuses the line) and answers a parsed one."""
+
+    def parse(self, body: dict) -> BaseModel:
+        """The body as the route's request model."""
+        ...
+
+    async def answer(self, body: BaseModel) -> BaseModel:
+        """The route's answer to one parsed body."""
+        ...
+
+
 MAX_LINE_BYTES = 1024 * 1024
 MAX_CUSTOM_ID = 512
 
@@ -47,12 +65,12 @@ class Line:
 
     number: int
     custom_id: str
-    body: Body
+    body: BaseModel  # a Body, or a LineServer's request
 
     @property
-    def model(self) -> str:
-        """The model the line names."""
-        return self.body.model
+    def model(self) -> str | None:
+        """The model the line names (None: a LineServer's line, run on the resident model)."""
+        return getattr(self.body, "model", None)
 
 
 def error_line(number: int, custom_id: str | None, code: str, message: str) -> dict:
@@ -72,19 +90,24 @@ def split(data: bytes) -> list[bytes]:
     return lines[:-1] if lines and lines[-1] == b"" else lines
 
 
-def read_lines(data: bytes, endpoint: str) -> tuple[list[Line], list[dict]]:
+def read_lines(
+    data: bytes, endpoint: str, servers: Mapping[str, LineServer] | None = None
+) -> tuple[list[Line], list[dict]]:
     """The valid lines and the error lines of an input file, in line order."""
     valid: list[Line] = []
     errors: list[dict] = []
     seen: set[str] = set()
+    server = (servers or {}).get(endpoint)
     for number, raw in enumerate(split(data), start=1):
-        checked = check_line(number, raw, endpoint, seen)
+        checked = check_line(number, raw, endpoint, seen, server)
         (valid if isinstance(checked, Line) else errors).append(checked)  # type: ignore[arg-type]  # one of the two kinds, by its own type
     return valid, errors
 
 
-def check_line(number: int, raw: bytes, endpoint: str, seen: set[str]) -> Line | dict:
-    """One line as a Line, or its error line."""
+def check_line(
+    number: int, raw: bytes, endpoint: str, seen: set[str], server: LineServer | None = None
+) -> Line | dict:
+    """One line as a Line, or its error line (`server`: the route beyond /v1 it is for)."""
     if len(raw) > MAX_LINE_BYTES:
         return error_line(number, None, "line_too_large", f"over {MAX_LINE_BYTES} bytes")
     try:
@@ -124,13 +147,15 @@ def check_line(number: int, raw: bytes, endpoint: str, seen: set[str]) -> Line |
             "a batch answers whole: body.stream is refused",
         )
     try:
-        parsed = ENDPOINTS[endpoint].model_validate(body)
+        parsed = (
+            server.parse(body) if server is not None else ENDPOINTS[endpoint].model_validate(body)
+        )
     except ValidationError as exc:
         refused = validation_error(RequestValidationError(exc.errors(), body=body))
         return error_line(number, custom_id, "invalid_request", f"body.{refused.message}")
     except MillmError as exc:
         return error_line(number, custom_id, exc.code, f"body: {exc.message}")
-    unused = unused_locations(parsed)
+    unused = unused_locations(parsed) if server is None else []  # its model forbids extras
     if unused:
         return error_line(
             number,

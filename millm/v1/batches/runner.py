@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 
 from anyio import to_thread
 
@@ -44,7 +45,14 @@ from millm.store.batches import (
 from millm.store.changes import Topic
 from millm.v1.batches.ending import end_batch
 from millm.v1.batches.leasing import BatchLeases
-from millm.v1.batches.lines import Line, line_id, read_lines, request_id
+from millm.v1.batches.lines import (
+    Line,
+    LineServer,
+    error_line,
+    line_id,
+    read_lines,
+    request_id,
+)
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.status import finalizing, stamp
 from millm.v1.http.errors import error_body
@@ -62,8 +70,11 @@ SHOWN_ERRORS = 100  # validation errors the batch object lists (the error file h
 class BatchRunner:
     """Drains every live batch of the store, oldest first, a chunk at a time."""
 
-    def __init__(self, state: BatchParts, serving: Serving):
+    def __init__(
+        self, state: BatchParts, serving: Serving, servers: Mapping[str, LineServer] | None = None
+    ):
         self.state, self.serving = state, serving
+        self.servers = dict(servers or {})  # routes beyond /v1 whose lines run (probe scoring)
         self.wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._lines: dict[str, list[Line]] = {}  # each running batch's valid lines
@@ -163,14 +174,16 @@ class BatchRunner:
         lines = self._lines.get(batch["id"])
         if lines is None:
             data = b"".join(file_bytes(self.state.store, batch["input_file_id"]))
-            lines = self._lines[batch["id"]] = read_lines(data, batch["endpoint"])[0]
+            lines = read_lines(data, batch["endpoint"], self.servers)[0]
+            self._lines[batch["id"]] = lines
         return lines
 
     # validation -----------------------------------------------------------------------------------
     def _validate(self, batch: dict) -> None:
         store = self.state.store
         data = b"".join(file_bytes(store, batch["input_file_id"]))
-        valid, errors = read_lines(data, batch["endpoint"])
+        valid, errors = read_lines(data, batch["endpoint"], self.servers)
+        valid, errors = self._on_resident(valid, errors)
         self._lines[batch["id"]] = valid  # what an error line says of a line that never ran
         counts = {"total": len(valid) + len(errors), "completed": 0, "failed": len(errors)}
         shown = None
@@ -187,13 +200,16 @@ class BatchRunner:
                     for e in errors[:SHOWN_ERRORS]
                 ],
             }
-        models = sorted({line.model for line in valid})
+        resident = self.state.switch.resident or ""  # lines naming no model run on it
+        models = sorted({line.model or resident for line in valid})
         failure = None
         if not valid:
             failure = ("empty_file" if not errors else "no_valid_lines",
                        "the file has no line that can run")  # fmt: skip
         elif len(models) > 1:
-            counts_by = {m: sum(1 for line in valid if line.model == m) for m in models}
+            counts_by = {
+                m: sum(1 for line in valid if (line.model or resident) == m) for m in models
+            }
             listed = ", ".join(f"{m} ({n} lines)" for m, n in counts_by.items())
             failure = ("multiple_models", f"a batch runs one model; its lines name {listed}")
 
@@ -210,6 +226,24 @@ class BatchRunner:
         validated(store, batch["id"], refused, queued, checked)
         if failure is not None:
             self._end(batch["id"], "failed", failure)
+
+    def _on_resident(self, valid: list[Line], errors: list[dict]) -> tuple[list[Line], list[dict]]:
+        """Lines that name no model run on the resident one: with none loaded, each is refused
+        (model_not_loaded), in line order among the other error lines."""
+        if self.state.switch.resident is not None or all(line.model for line in valid):
+            return valid, errors
+        refused = [
+            error_line(
+                line.number,
+                line.custom_id,
+                "model_not_loaded",
+                "no model is loaded, and this endpoint's lines score with the loaded model",
+            )
+            for line in valid
+            if line.model is None
+        ]
+        kept = [line for line in valid if line.model is not None]
+        return kept, sorted(errors + refused, key=lambda e: e["line"])
 
     # running --------------------------------------------------------------------------------------
     async def _chunk(self, batch: dict) -> bool:
@@ -233,6 +267,9 @@ class BatchRunner:
         pack = batch["millm"]["pack"]
         if pack:  # a packed pass holds up to PACK_ROWS lines
             most = max(most, PACK_ROWS)
+        server = self.servers.get(batch["endpoint"])
+        if server is not None:  # one line at a time, one input per forward pass, whatever `pack`
+            most = 1
         numbers = await to_thread.run_sync(claim_lines, store, batch_id, origin, most, hold)
         if not numbers:
             left, _ = await to_thread.run_sync(queue_state, store, batch_id, origin)
@@ -244,7 +281,7 @@ class BatchRunner:
         holding = asyncio.get_running_loop().create_task(self._hold(batch_id, numbers))
         try:
             answers = await asyncio.gather(
-                *(self._serve(batch_id, lines[n], pack) for n in numbers)
+                *(self._serve(batch_id, lines[n], pack, server) for n in numbers)
             )
         finally:
             holding.cancel()
@@ -278,9 +315,11 @@ class BatchRunner:
 
         await to_thread.run_sync(update_batch, self.state.store, batch["id"], said)
 
-    async def _serve(self, batch_id: str, line: Line, pack: bool) -> tuple[int, bool, dict] | None:
-        """One line through the synchronous route's serving code: its output line, its error line,
-        or None for a refusal that means "not now"."""
+    async def _serve(
+        self, batch_id: str, line: Line, pack: bool, server: LineServer | None = None
+    ) -> tuple[int, bool, dict] | None:
+        """One line through the synchronous route's serving code (`server`'s, for a route beyond
+        /v1): its output line, its error line, or None for a refusal that means "not now"."""
         body = line.body
         asked = request_id()
         # this line's task only: its jobs wait behind interactive ones, its monitoring records
@@ -290,7 +329,9 @@ class BatchRunner:
         batch_line.set(BatchLine(batch_id, line.number, line.custom_id))
         try:
             with self.state.switch.request_scope():
-                if isinstance(body, ChatCompletionRequest):
+                if server is not None:
+                    answer = await server.answer(body)
+                elif isinstance(body, ChatCompletionRequest):
                     reply = await self.serving.chat(body, True, request_id=asked, may_load=False)
                 elif isinstance(body, CompletionRequest):
                     reply = await self.serving.complete(body, True, False)
@@ -312,8 +353,13 @@ class BatchRunner:
                     "error": {"code": error.code, "message": error.message},
                 },
             )
-        assert reply.body is not None  # a batch line never streams
-        headers = report_headers(reply.report, self.state.settings.ignored_fields_header_max_bytes)
+        if server is not None:  # a route beyond /v1 sends no X-miLLM-* headers
+            dumped, headers = answer.model_dump(), {}
+        else:
+            assert reply.body is not None  # a batch line never streams
+            dumped = reply.body.model_dump()
+            cap = self.state.settings.ignored_fields_header_max_bytes
+            headers = report_headers(reply.report, cap)
         return (
             line.number,
             True,
@@ -323,7 +369,7 @@ class BatchRunner:
                 "response": {
                     "status_code": 200,
                     "request_id": asked,
-                    "body": reply.body.model_dump(),
+                    "body": dumped,
                     "millm": {
                         "packed": packed_line(body, pack),
                         "headers": headers,

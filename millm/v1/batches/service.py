@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 
 from millm.errors import (
     BatchNotFound,
@@ -19,7 +20,7 @@ from millm.kernel.model.leases import HEADER as LEASE_HEADER
 from millm.kernel.model.leases import iso, presented
 from millm.store.batches import batch_row, batch_rows, insert_batch, update_batch
 from millm.v1.batches.leasing import OWN_HOLDER
-from millm.v1.batches.lines import ENDPOINTS
+from millm.v1.batches.lines import ENDPOINTS, LineServer
 from millm.v1.batches.parts import BatchParts
 from millm.v1.batches.protocol import MAX_OUTPUT_S, BatchList, BatchObject, CreateBatch
 from millm.v1.batches.runner import BatchRunner
@@ -41,18 +42,22 @@ def new_batch_id() -> str:
 class Batches:
     """The batches routes' one way in, and the runner that drains them."""
 
-    def __init__(self, state: BatchParts, serving: Serving):
+    def __init__(
+        self, state: BatchParts, serving: Serving, servers: Mapping[str, LineServer] | None = None
+    ):
         self.state = state
-        self.runner = BatchRunner(state, serving)
+        self.runner = BatchRunner(state, serving, servers)
+        # the endpoints a batch may name: /v1's, then the routes beyond it whose lines run
+        self.endpoints = (*ENDPOINTS, *self.runner.servers)
 
     def create(self, body: CreateBatch) -> BatchObject:
         """A batch in `validating`, its lines checked by the runner (400/404 here for the file,
         the endpoint and the window)."""
         self._input(body.input_file_id)
-        if body.endpoint not in ENDPOINTS:
+        if body.endpoint not in self.endpoints:
             raise InvalidBatchRequest(
                 f"endpoint {body.endpoint!r} is not batched here; use one of "
-                f"{', '.join(ENDPOINTS)}",
+                f"{', '.join(self.endpoints)}",
                 param="endpoint",
             )
         most = self.state.settings.batch_max_completion_window_hours
