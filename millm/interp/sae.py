@@ -124,6 +124,19 @@ class SAE:
         """Feature activations `[..., d_sae]`."""
         return self.activate(self.pre_activation(x))
 
+    def encode_features(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The activations `[..., m]` of the features `index` `[m]` alone: exactly their columns of
+        `encode(x)`, computed from their encoder columns only (an elementwise activation needs no
+        other feature)."""
+        x, _ = self._norm_in(x.to(self.W_enc.dtype))
+        if self.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return self.activate_columns(x @ self.W_enc[:, index] + self.b_enc[index], index)
+
+    def activate_columns(self, pre: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The activation function over the pre-activations of the features `index`."""
+        return torch.relu(pre)
+
     def decode(self, features: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """Reconstruction `[..., d_in]`; run-time normalisations need the input `x` they were
         computed on."""
@@ -176,6 +189,9 @@ class JumpReLUSAE(SAE):
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         return torch.relu(pre) * (pre > self.threshold)
 
+    def activate_columns(self, pre: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch.relu(pre) * (pre > self.threshold[index])
+
 
 class TopKSAE(SAE):
     """TopK SAE: the k largest pre-activations (through ReLU) per position, zeros elsewhere."""
@@ -189,3 +205,7 @@ class TopKSAE(SAE):
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         top = torch.topk(pre, k=min(self.k, pre.shape[-1]), dim=-1)
         return torch.zeros_like(pre).scatter_(-1, top.indices, torch.relu(top.values))
+
+    def encode_features(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        # whether a feature is among the k largest depends on every other feature's
+        return self.encode(x)[..., index]

@@ -18,6 +18,7 @@ from millm.kernel.monitoring.monitor import Monitor
 from millm.kernel.probes.book import ProbeBook
 from millm.kernel.runtime.jobs import JobBook
 from millm.kernel.runtime.replication import Replication
+from millm.kernel.sensing.sensing import Sensing
 from millm.kernel.steering.decoders import DecoderCache
 from millm.kernel.steering.live import Steering
 from millm.kernel.steering.plans import Planner
@@ -137,6 +138,13 @@ class HasMonitor(Protocol):
 
     @property
     def monitor(self) -> Monitor: ...
+
+
+class HasSensing(Protocol):
+    """A holder of sensing."""
+
+    @property
+    def sensing(self) -> Sensing: ...
 
 
 class HasModels(Protocol):

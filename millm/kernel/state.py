@@ -18,6 +18,7 @@ from millm.kernel.monitoring.monitor import Monitor
 from millm.kernel.probes.book import ProbeBook
 from millm.kernel.runtime.jobs import JobBook
 from millm.kernel.runtime.replication import Replication
+from millm.kernel.sensing.sensing import Sensing
 from millm.kernel.steering.decoders import DecoderCache
 from millm.kernel.steering.live import Steering
 from millm.kernel.steering.plans import Planner
@@ -51,6 +52,7 @@ class ServerState:
     planner: Planner
     variants: VariantRouting
     monitor: Monitor
+    sensing: Sensing
     models: ModelRegistry
     registrations: ClientRegistrations
     switch: ModelSwitch
@@ -63,6 +65,7 @@ class ServerState:
         self.jobs.cancel_all()
         self.switch.close()
         self.monitor.close()
+        self.sensing.close()
         self.replication.close()
         self.store.close()
         self.claim.release()

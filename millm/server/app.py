@@ -22,6 +22,7 @@ from millm.lab.labels import routes as labels
 from millm.lab.models import routes as model_admin
 from millm.lab.monitoring import routes as monitoring
 from millm.lab.probes import routes as probes
+from millm.lab.sensing import routes as sensing
 from millm.lab.steering import routes as manage
 from millm.lab.variants import routes as variants
 from millm.lab.vectors import routes as vectors
@@ -129,6 +130,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(model_admin.router, tags=["Models"])
     app.include_router(documents.router, tags=["Clusters and circuits"])
     app.include_router(monitoring.router, tags=["Monitoring"])
+    app.include_router(sensing.router, tags=["Sensing"])
     app.include_router(compare.router, tags=["Discovery"])
     app.include_router(jobs.router, tags=["Jobs"])
     app.include_router(discovery.router, tags=["Discovery"])

@@ -27,6 +27,7 @@ from millm.kernel.probes.book import ProbeBook
 from millm.kernel.probes.conditions import ProbeConditions
 from millm.kernel.runtime.jobs import JobBook
 from millm.kernel.runtime.replication import Replication
+from millm.kernel.sensing.sensing import Sensing
 from millm.kernel.state import ServerState
 from millm.kernel.steering.base_fit import DialLimits
 from millm.kernel.steering.decoders import DecoderCache
@@ -104,6 +105,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
             labels=labels.entries,
             prompt_chars=settings.monitoring_prompt_max_chars,
         ),
+        sensing=Sensing(store, settings, planner, clusters, circuits),
         models=models,
         registrations=registrations,
         switch=switch,
@@ -131,4 +133,5 @@ def follow_other_replicas(state: ServerState) -> None:
     on(Topic.TRANSCODERS, state.transcoders.refresh)
     on(Topic.STEERING, state.switch.steering_changed)
     on(Topic.MONITORING, state.monitor.reload)
+    on(Topic.SENSING, state.sensing.reload)
     state.replication.start()

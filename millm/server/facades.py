@@ -11,6 +11,7 @@ from millm.kernel.books.vectors import VectorBook
 from millm.kernel.model.switch import ModelSwitch
 from millm.kernel.monitoring.monitor import Monitor
 from millm.kernel.runtime.jobs import JobBook
+from millm.kernel.sensing.sensing import Sensing
 from millm.kernel.state import ServerState
 from millm.lab.attribution.service import Attribution
 from millm.lab.autosteer.service import AutoSteer
@@ -27,6 +28,7 @@ from millm.lab.models.service import ModelManagement
 from millm.lab.monitoring.service import MonitorManagement
 from millm.lab.probes.scoring import ProbeScoring
 from millm.lab.probes.service import ProbeManagement
+from millm.lab.sensing.service import SensingManagement
 from millm.lab.steering.service import SteeringManagement
 from millm.lab.variants.service import VariantManagement
 from millm.lab.vectors.service import VectorTraining
@@ -62,6 +64,8 @@ class Facades:
     calibrations: CalibrationManagement
     monitoring: MonitorManagement
     monitor: Monitor
+    sensing: SensingManagement
+    sensed: Sensing
     probes: ProbeManagement
     probe_scoring: ProbeScoring
     vectors: VectorBook
@@ -110,6 +114,8 @@ def build_facades(state: ServerState) -> Facades:
         calibrations=CalibrationManagement(state),
         monitoring=MonitorManagement(state),
         monitor=state.monitor,
+        sensing=SensingManagement(state),
+        sensed=state.sensing,
         probes=ProbeManagement(state),
         probe_scoring=probe_scoring,
         vectors=state.vectors,

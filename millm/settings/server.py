@@ -254,6 +254,56 @@ class Settings(RemoteServers):
         "they never reach the live feed or the statistics.",
         ge=1,
     )
+    sensing_epsilon: float = env_field(
+        0.1,
+        "SENSING_EPSILON",
+        "Sensing: a member fires where its activation is above this share of its max_activation.",
+        gt=0,
+    )
+    sensing_theta_floor: float = env_field(
+        0.0,
+        "SENSING_THETA_FLOOR",
+        "Sensing: the lowest threshold a member fires above (above 0, members without a "
+        "max_activation fire above it too).",
+        ge=0,
+    )
+    sensing_max_events_per_request: int = env_field(
+        20,
+        "SENSING_MAX_EVENTS_PER_REQUEST",
+        "Sensing events one row records per cluster or circuit; the last kept says truncated.",
+        ge=1,
+    )
+    sensing_max_events_kept: int = env_field(
+        1000,
+        "SENSING_MAX_EVENTS_KEPT",
+        "Sensing events kept per cluster or circuit (the oldest dropped first).",
+        ge=1,
+    )
+    sensing_max_age_days: float = env_field(
+        7.0, "SENSING_MAX_AGE_DAYS", "Sensing events older than this are dropped.", gt=0
+    )
+    sensing_dedup_history: bool = env_field(
+        True,
+        "SENSING_DEDUP_HISTORY",
+        "Sensing: a row's events inside the tokens it shares with the row sensed before it (a "
+        "resent conversation) are not recorded again.",
+    )
+    sensing_context_tokens: int = env_field(
+        16,
+        "SENSING_CONTEXT_TOKENS",
+        "Tokens kept each side of a sensing event's span (0: no context); a cluster's or "
+        "circuit's own setting overrides it.",
+        ge=0,
+        le=64,
+    )
+    circuit_sensing_max_token_lag: int = env_field(
+        8,
+        "CIRCUIT_SENSING_MAX_TOKEN_LAG",
+        "Edge sensing: the most tokens a downstream feature may fire after its upstream one "
+        "(a circuit's own setting overrides it).",
+        ge=1,
+        le=64,
+    )
     monitoring_prompt_max_chars: int = env_field(
         16384,
         "MONITORING_PROMPT_MAX_CHARS",

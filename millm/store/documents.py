@@ -1,5 +1,6 @@
 """The clusters' and circuits' tables: imported miStudio documents, stored raw (a cluster with its
-persistent dial). One set of functions serves both, by table name."""
+persistent dial). One set of functions serves both, by table name; a deleted one's sensing goes
+with it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy import Table, delete, insert, select, update
 from millm.store.changes import Topic
 from millm.store.database import Store
 from millm.store.schema import circuits_table, clusters_table
+from millm.store.sensing import forget_base
 
 
 def _table(table: str) -> Table:
@@ -46,6 +48,7 @@ def delete_document(store: Store, table: str, document_id: str) -> None:
     target = _table(table)
     with store.transaction(_topic(table)) as conn:
         conn.execute(delete(target).where(target.c.id == document_id))
+        forget_base(conn, document_id)  # its sensing switch and events go with it
 
 
 def set_cluster_intensity(store: Store, cluster_id: str, intensity: float) -> None:

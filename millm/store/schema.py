@@ -1,7 +1,7 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api, variants, evaluations, batch_files, batches) read and write them."""
+probes, responses_api, variants, evaluations, batch_files, batches, sensing) read and write them."""
 
 from __future__ import annotations
 
@@ -262,4 +262,23 @@ batch_pending_table = Table(
     Column("line", Integer, primary_key=True),
     Column("runner", String(64)),
     Column("until", Float),
+)
+# Sensing: which clusters and circuits are sensed and how (kind "cluster" or "circuit"), and the
+# events recorded, each a JSON record; a base's events go with it (store/sensing.py).
+sensing_table = Table(
+    "millm_sensing",
+    metadata,
+    Column("kind", String(16), primary_key=True),
+    Column("base_id", String(64), primary_key=True),
+    Column("enabled", Boolean, nullable=False),
+    Column("config", Text, nullable=False),  # JSON: min_k, context_tokens, max_token_lag
+)
+sensing_events_table = Table(
+    "millm_sensing_events",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("base_id", String(64), nullable=False, index=True),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("record", Text, nullable=False),  # JSON: the event as GET /api/sensing/events gives it
 )

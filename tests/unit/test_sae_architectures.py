@@ -84,3 +84,20 @@ def test_direction_is_the_weighted_sum_of_decoder_rows():
     got = sae.direction({3: 2.0, 17: -1.5})
     assert torch.allclose(got, 2.0 * w.W_dec[3] - 1.5 * w.W_dec[17], atol=1e-6)
     assert torch.equal(sae.direction({}), torch.zeros(64))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda w: StandardSAE(w),
+        lambda w: JumpReLUSAE(w, torch.linspace(-0.5, 0.8, 128)),
+        lambda w: TopKSAE(w, k=8),
+        lambda w: StandardSAE(w, normalize_activations="layer_norm"),
+    ],
+    ids=["standard", "jumprelu", "topk", "layer-norm"],
+)
+def test_a_few_features_encode_as_their_columns_of_the_whole(make):
+    """Sensing encodes a cluster's members alone: the same numbers as the whole encode's columns."""
+    sae = make(weights())
+    index = torch.tensor([3, 77, 5, 120])
+    assert torch.allclose(sae.encode_features(X, index), sae.encode(X)[:, index], atol=1e-6)

@@ -27,7 +27,6 @@ change under one lock, on its worker thread, and each reading of them needs that
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import logging
@@ -51,6 +50,7 @@ from millm.kernel.books.calibrations import add_percentiles, percentiles_block
 from millm.kernel.books.labels import labelled
 from millm.kernel.monitoring.config import MonitoringConfig
 from millm.kernel.monitoring.requests import PROMPT_CHARS, BatchLine, Origin, RequestPrompts
+from millm.kernel.runtime.feed import LiveFeed
 from millm.store.changes import Topic
 from millm.store.database import Store
 from millm.store.settings import get_setting, set_setting
@@ -118,14 +118,6 @@ class Pending:
 
 
 @dataclass
-class Subscriber:
-    """A live feed client: its event loop and queue."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    dropped: int = field(default=0)
-
-
 class Monitor:
     """Monitoring settings (persisted), records, statistics and live subscribers."""
 
@@ -153,7 +145,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._drop_lock = threading.Lock()  # not _lock: the worker holds that while it records
         self._warned_at = -DROP_WARNING_S
-        self._subscribers: list[Subscriber] = []
+        self.feed = LiveFeed(SUBSCRIBER_BACKLOG)
         self._work: queue.Queue[Pending | None] = queue.Queue(maxsize=backlog)
         self.worker = threading.Thread(target=self._run, name="millm-monitor", daemon=True)
         self.worker.start()
@@ -389,16 +381,7 @@ class Monitor:
                 for entry in features:
                     if entry["value"] > 0:
                         self.stats.setdefault(entry["index"], FeatureStats()).add(entry["value"])
-            subscribers = list(self._subscribers)
-        for subscriber in subscribers:
-            subscriber.loop.call_soon_threadsafe(self._push, subscriber, record)
-
-    @staticmethod
-    def _push(subscriber: Subscriber, record: dict) -> None:
-        try:
-            subscriber.queue.put_nowait(record)
-        except asyncio.QueueFull:
-            subscriber.dropped += 1
+        self.feed.publish(record)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every handed-over capture is recorded (tests, and a reset that must see
@@ -460,21 +443,6 @@ class Monitor:
             self.requests = 0
         with self._drop_lock:
             self.dropped = 0
-
-    def subscribe(self) -> Subscriber:
-        """A live feed for the calling event loop."""
-        subscriber = Subscriber(
-            asyncio.get_running_loop(), asyncio.Queue(maxsize=SUBSCRIBER_BACKLOG)
-        )
-        with self._lock:
-            self._subscribers.append(subscriber)
-        return subscriber
-
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        """The feed's client went away."""
-        with self._lock:
-            if subscriber in self._subscribers:
-                self._subscribers.remove(subscriber)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """Stop the worker once it has recorded what is queued, and wait for it to end."""

@@ -31,10 +31,11 @@ class CircuitStatus:
 
 def circuit_status(document: dict, steering: Steering) -> CircuitStatus:
     """Bind a circuit's layers to the attached SAEs and say how it would be served."""
-    return _circuit_status(document, steering.attached)
+    return attached_circuit_status(document, steering.attached)
 
 
-def _circuit_status(document: dict, attached: dict[str, Attached]) -> CircuitStatus:
+def attached_circuit_status(document: dict, attached: dict[str, Attached]) -> CircuitStatus:
+    """Bind a circuit's layers to these attached SAEs and say how it would be served."""
     bindings = circuit_bindings(document, attached)
     return CircuitStatus(
         circuit_mode(bindings, circuit_members(document)), bindings, rung(document)

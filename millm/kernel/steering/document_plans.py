@@ -15,7 +15,7 @@ from millm.interp.binding import cluster_binding, members_edit, members_strength
 from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
 from millm.interp.steering import InvalidFeatureIndex, steering_edit
 from millm.interp.steering_hash import strength_sets
-from millm.kernel.steering.base_fit import DialLimits, _circuit_status
+from millm.kernel.steering.base_fit import DialLimits, attached_circuit_status
 from millm.kernel.steering.plan import Plan, unsteered
 from millm.kernel.steering.plan_cache import Snapshot
 
@@ -54,7 +54,7 @@ def circuit_plan(
 ) -> Plan:
     """A circuit's plan: its members on every layer that binds (full), or on those that do
     (slice_fallback, the cluster rule); 400 when none does."""
-    status = _circuit_status(document, now.attached)
+    status = attached_circuit_status(document, now.attached)
     if status.mode == "none":
         details = "; ".join(f"layer {layer}: {b.detail}" for layer, b in status.bindings.items())
         raise InvalidFeatureIndex(

@@ -138,7 +138,7 @@ class Planner:
     def active_fit(self) -> dict | None:
         """The active base (kind, id, name) and whether it fits the attached SAEs now, with the
         problem when it does not; None while the live values are the base."""
-        now = self._now()
+        now = self.now()
         active = now.active
         if active is None:
             return None
@@ -157,7 +157,7 @@ class Planner:
 
     def check_fits(self, kind: str, base_id: str) -> None:
         """400 invalid_feature_index if this base would not fit the attached SAEs as active."""
-        now = self._now()
+        now = self.now()
         try:
             self._active_base(now, {"kind": kind, "id": base_id}, None)
         except BaseUnfit as exc:
@@ -175,7 +175,8 @@ class Planner:
         """Copies of what the steering lock guards (call under it): plans are made without it."""
         return Snapshot.taken(self.steering, stamp, shelves)
 
-    def _now(self) -> Snapshot:
+    def now(self) -> Snapshot:
+        """The steering state now (a copy, read without the lock)."""
         with self.steering.lock:
             return self._snapshot(*self._stamp())
 

@@ -3,21 +3,18 @@ feed."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import StreamingResponse
 
 from millm.kernel.monitoring.monitor import Monitor
 from millm.lab.monitoring.protocol import MonitoringSettings
 from millm.lab.monitoring.service import MonitorManagement
 from millm.v1.http.deps import part
+from millm.v1.http.feeds import feed_response
 from millm.v1.http.json_body import JsonRoute
 
 router = APIRouter(route_class=JsonRoute)
-KEEPALIVE_SECONDS = 15.0
 
 
 @router.get("/api/monitoring", summary="Monitoring settings, what it reads through, counters")
@@ -86,24 +83,4 @@ def reset(request: Request):
 async def stream(request: Request):
     """Each new record as one SSE `data:` frame (JSON), comments as keep-alives; for a page to
     chart."""
-    monitor = part(request, Monitor)
-    subscriber = monitor.subscribe()
-
-    async def frames():
-        try:
-            yield ": monitoring feed\n\n"
-            while True:
-                try:
-                    record = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_SECONDS)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        return
-                    yield ": keep-alive\n\n"
-                    continue
-                yield f"data: {json.dumps(record)}\n\n"
-        finally:
-            monitor.unsubscribe(subscriber)
-
-    return StreamingResponse(
-        frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    return feed_response(request, part(request, Monitor).feed, "monitoring feed")

@@ -121,23 +121,32 @@ def build_rows(
 Monitored = Callable[[ResidualsRead, Sequence[ProbeVerdict]], None]
 
 
+# a row's sensing reads, all of them, once the row ended: (row, reads)
+Sensed = Callable[[int, Sequence[ResidualsRead]], None]
+
+
 class JobStream:
     """Bridges the scheduler thread to the event loop: the engine emits, a coroutine iterates.
 
     Monitoring's capture of a row goes to `on_monitored` instead, with the verdicts of the probes
-    named in `monitored_probes` (the active ones), which the engine emits just before it."""
+    named in `monitored_probes` (the active ones), which the engine emits just before it; a row's
+    sensing reads (`sensing_reads` of them) go to `on_sensed` together, once all have come."""
 
     def __init__(
         self,
         rows: list[RowSpec],
         on_monitored: Monitored | None = None,
         monitored_probes: frozenset[str] = frozenset(),
+        on_sensed: Sensed | None = None,
+        sensing_reads: int = 0,
     ):
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._open_rows = len(rows)
         self._on_monitored = on_monitored
         self._monitored_probes = monitored_probes
+        self._on_sensed, self._sensing_reads = on_sensed, sensing_reads
+        self._sensed: dict[int, list[ResidualsRead]] = {}  # row -> its reads (scheduler thread)
         self._verdicts: dict[
             int, list[ProbeVerdict]
         ] = {}  # row -> active probes' verdicts (scheduler thread only)
@@ -153,6 +162,12 @@ class JobStream:
         if isinstance(event, ResidualsRead) and event.tag == "monitoring":
             if self._on_monitored is not None:  # straight to the monitor's worker, not the client
                 self._on_monitored(event, self._verdicts.pop(event.row, []))
+            return
+        if isinstance(event, ResidualsRead) and event.tag.startswith("sensing:"):
+            reads = self._sensed.setdefault(event.row, [])
+            reads.append(event)
+            if len(reads) == self._sensing_reads and self._on_sensed is not None:
+                self._on_sensed(event.row, self._sensed.pop(event.row))
             return
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)

@@ -99,6 +99,13 @@ def ids_text(lm: LoadedModel, ids: list[int]) -> str:
     )
 
 
+def sensed_text(lm: LoadedModel, ids: list[int]) -> str:
+    """Token ids as a sensing event's context shows them: special tokens left out."""
+    return str(
+        lm.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    )
+
+
 class Serving:
     """The OpenAI generation routes over the server state."""
 
@@ -295,6 +302,9 @@ class Serving:
         )
         if monitored is not None:
             reads += (monitored[0],)
+        sensed = self.state.sensing.read_for(origin, partial(sensed_text, lm))
+        if sensed is not None:
+            reads += sensed.reads
         options = generation_options(admitted.body, admitted.choices)
         fill = RowFill(admitted.report.plan.edit, admitted.constraint, reads, probes.watches)
         rows = build_rows(
@@ -304,6 +314,8 @@ class Serving:
             rows,
             on_monitored=monitored[1] if monitored is not None else None,
             monitored_probes=probes.active,
+            on_sensed=sensed.on_row if sensed is not None else None,
+            sensing_reads=len(sensed.reads) if sensed is not None else 0,
         )
         self.state.switch.submit(stream.job)
         return stream, len(rows)
