@@ -106,3 +106,41 @@ class BatchPage(Params):
     after: Annotated[
         str | None, Field(description="The batch the page starts after (the last one seen).")
     ] = None
+
+
+class ClusterKey(Params):
+    """A cluster, by name or id."""
+
+    cluster_id: Annotated[str, Field(description="The cluster's name or id (GET /api/clusters).")]
+
+
+class CircuitKey(Params):
+    """A circuit, by name or id."""
+
+    circuit_id: Annotated[str, Field(description="The circuit's name or id (GET /api/circuits).")]
+
+
+Since = Annotated[float | None, Field(description="Only events after this Unix time.")]
+EventLimit = Annotated[int, Field(ge=1, le=500, description="Events (1-500).")]
+
+
+class ClusterEvents(Params):
+    """A cluster's sensing events, newest first (all clusters' when none is named)."""
+
+    cluster_id: Annotated[str | None, Field(description="The cluster's name or id.")] = None
+    profile_id: Annotated[
+        str | None, Field(description="The same, as the original miLLM names it.")
+    ] = None
+    limit: EventLimit = 50
+    since: Since = None
+
+
+class CircuitEvents(Params):
+    """A circuit's edge events, newest first (all circuits' when none is named)."""
+
+    circuit_id: Annotated[str | None, Field(description="The circuit's name or id.")] = None
+    edge_key: Annotated[
+        str | None, Field(description="One edge, {up}@{layer}->{down}@{layer}.")
+    ] = None
+    limit: EventLimit = 50
+    since: Since = None

@@ -23,7 +23,11 @@ from millm.server.facades import Facades
 from millm.server.mcp_params import (
     BatchKey,
     BatchPage,
+    CircuitEvents,
+    CircuitKey,
     ClearAll,
+    ClusterEvents,
+    ClusterKey,
     Feature,
     FeatureLookup,
     GraphKey,
@@ -168,6 +172,31 @@ async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
 
 async def _job(f: Facades, p: Job, _: None) -> dict:
     return f.jobs.get(p.job_id).model_dump(mode="json")
+
+
+async def _sensing_status(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.sensing.status, "cluster")
+
+
+async def _circuit_sensing_status(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.sensing.status, "circuit")
+
+
+async def _sensing_events(f: Facades, p: ClusterEvents, _: None) -> dict:
+    cluster = p.cluster_id or p.profile_id
+    return await blocking(f.sensing.events, "cluster", cluster, p.limit, p.since)
+
+
+async def _circuit_sensing_events(f: Facades, p: CircuitEvents, _: None) -> dict:
+    return await blocking(f.sensing.events, "circuit", p.circuit_id, p.limit, p.since, p.edge_key)
+
+
+async def _enable_sensing(f: Facades, p: ClusterKey, _: None) -> dict:
+    return await blocking(f.sensing.switch, "cluster", p.cluster_id, True)
+
+
+async def _enable_circuit_sensing(f: Facades, p: CircuitKey, _: None) -> dict:
+    return await blocking(f.sensing.switch, "circuit", p.circuit_id, True)
 
 
 async def _batches(f: Facades, p: BatchPage, _: None) -> dict:
@@ -406,6 +435,61 @@ TOOLS = (
         _batch,
         BatchKey,
         read_only=True,
+    ),
+    McpTool(
+        "sensing_status",
+        "Cluster co-activation sensing: whether the active cluster is sensed, its members, the "
+        "quorum, counters, and every cluster whose sensing is on.",
+        "get",
+        "/api/sensing/status",
+        _sensing_status,
+        read_only=True,
+    ),
+    McpTool(
+        "sensing_events",
+        "Where the active cluster's members fired together, newest first: span, fired members "
+        "with their peaks, score, and the tokens around it.",
+        "get",
+        "/api/sensing/events",
+        _sensing_events,
+        ClusterEvents,
+        read_only=True,
+    ),
+    McpTool(
+        "enable_sensing",
+        "Sense a cluster (by name or id) while it is active: every generation records where its "
+        "members fire together.",
+        "post",
+        "/api/sensing/{cluster_id}/enable",
+        _enable_sensing,
+        ClusterKey,
+    ),
+    McpTool(
+        "circuit_sensing_status",
+        "Circuit edge sensing: the edges sensed, those that cannot be (and why), the lag "
+        "allowed, counters.",
+        "get",
+        "/api/circuit-sensing/status",
+        _circuit_sensing_status,
+        read_only=True,
+    ),
+    McpTool(
+        "circuit_sensing_events",
+        "Where the active circuit's edges were seen, newest first: the upstream and downstream "
+        "firings, the lag between them, the edge's evidence rung in its own words.",
+        "get",
+        "/api/circuit-sensing/events",
+        _circuit_sensing_events,
+        CircuitEvents,
+        read_only=True,
+    ),
+    McpTool(
+        "enable_circuit_sensing",
+        "Sense a circuit's edges (by name or id) while it is active.",
+        "post",
+        "/api/circuit-sensing/{circuit_id}/enable",
+        _enable_circuit_sensing,
+        CircuitKey,
     ),
     McpTool(
         "monitoring_stats",

@@ -54,6 +54,12 @@ TOOLS = {
     "get_job",
     "list_batches",
     "get_batch",
+    "sensing_status",
+    "sensing_events",
+    "enable_sensing",
+    "circuit_sensing_status",
+    "circuit_sensing_events",
+    "enable_circuit_sensing",
 }
 
 
@@ -536,3 +542,21 @@ def test_a_batch_is_followed_through_the_tools(server):
         assert time.monotonic() < deadline, got
         time.sleep(0.2)
     assert got["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+
+def test_sensing_is_read_and_switched_over_mcp_as_over_http(server):
+    """The sensing tools answer what their routes answer (tests/api/test_sensing_api.py covers
+    what sensing records)."""
+    for tool, path in (
+        ("sensing_status", "/api/sensing/status"),
+        ("circuit_sensing_status", "/api/circuit-sensing/status"),
+    ):
+        status = call(server, tool)
+        over_http = rest(server, "GET", path).json()
+        assert status == over_http and status["armed"] is False
+    listed = call(server, "sensing_events", limit=5)
+    assert listed == {"object": "list", "data": [], "total": 0}
+    assert call(server, "circuit_sensing_events", edge_key="1@1->2@2")["total"] == 0
+    refused(server, "enable_sensing", 404, "cluster_not_found", cluster_id="no-such-cluster")
+    refused(server, "enable_circuit_sensing", 404, "circuit_not_found", circuit_id="nope")
+
