@@ -71,10 +71,10 @@ def cluster_records(
     acts = read.acts[arm.read.point]
     found = co_activations(acts, read.positions, arm.read.features, arm.thetas, arm.min_k, cap)
     now = time.time()
+    # a microsecond apart, in position order: "newest first" lists a row's later events first
+    kept = [event for event in found if event.pos_end >= reported]
     return [
-        _cluster_record(arm, read, event, decode, now)
-        for event in found
-        if event.pos_end >= reported
+        _cluster_record(arm, read, event, decode, now + i * 1e-6) for i, event in enumerate(kept)
     ]
 
 
@@ -125,7 +125,8 @@ def edge_records(
     kept, dropped = seen[:cap], seen[cap:]
     now = time.time()
     records = [
-        _edge_record(arm, read, edge, observed, decode, now) for _, _, edge, observed in kept
+        _edge_record(arm, read, edge, observed, decode, now + i * 1e-6)
+        for i, (_, _, edge, observed) in enumerate(kept)
     ]
     if dropped and records:
         records[-1]["truncated"] = True

@@ -58,7 +58,7 @@ def forget_cluster_events(
 
 
 @router.get("/api/sensing/feed", summary="Live feed of sensing events (server-sent events)")
-def feed(request: Request):
+async def feed(request: Request):
     """Each new event of either kind as one SSE frame, without its context."""
     return feed_response(request, part(request, Sensing).feed, "sensing feed")
 

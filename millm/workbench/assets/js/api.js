@@ -295,6 +295,19 @@ export const monitoring = {
   watch: (onRecord, signal) => stream("GET", "/api/monitoring/stream", { onEvent: onRecord, signal }),
 };
 
+// Sensing (docs/sensing.md): `kind` is "cluster" (/api/sensing) or "circuit" (/api/circuit-sensing)
+const sensingBase = (kind) => (kind === "cluster" ? "/api/sensing" : "/api/circuit-sensing");
+export const sensing = {
+  status: (kind) => get(`${sensingBase(kind)}/status`),
+  events: (kind, query) => get(`${sensingBase(kind)}/events`, query),
+  event: (kind, id) => get(`${sensingBase(kind)}/events/${enc(id)}`),
+  enable: (kind, key) => post(`${sensingBase(kind)}/${enc(key)}/enable`),
+  disable: (kind, key) => post(`${sensingBase(kind)}/${enc(key)}/disable`),
+  configure: (kind, key, body) => put(`${sensingBase(kind)}/${enc(key)}/config`, body),
+  /** Every new event of either kind; resolves when the stream ends (abort with `signal`). */
+  watch: (onEvent, signal) => stream("GET", "/api/sensing/feed", { onEvent, signal }),
+};
+
 // Generation: /v1/chat/completions (docs/openai-api.md) and /api/compare (docs/compare.md)
 export const chat = (body, { onEvent, onHeaders, signal }) =>
   stream("POST", "/v1/chat/completions", { body: { ...body, stream: true }, onEvent, onHeaders, signal });

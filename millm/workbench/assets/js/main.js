@@ -13,6 +13,7 @@ import InspectView from "./views/inspect.js";
 import DocumentsView from "./views/documents.js";
 import ProbesView from "./views/probes.js";
 import MonitoringView from "./views/monitoring.js";
+import SensingView from "./views/sensing.js";
 import SystemView from "./views/system.js";
 import EvaluateView from "./views/evaluate.js";
 import BatchesView from "./views/batches.js";
@@ -24,6 +25,7 @@ const TABS = [
   ["documents", "Profiles, clusters, circuits", DocumentsView],
   ["probes", "Probes", ProbesView],
   ["monitoring", "Monitoring", MonitoringView],
+  ["sensing", "Sensing", SensingView],
   ["evaluate", "Evaluate", EvaluateView],
   ["batches", "Batches", BatchesView],
   ["system", "Models, SAEs & jobs", SystemView],

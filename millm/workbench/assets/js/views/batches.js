@@ -6,7 +6,7 @@ import { useEffect, useState } from "preact/hooks";
 import * as api from "../api.js";
 import { ErrorNote, Note, Panel, Progress, Table, download, html, useAction, useLoad } from "../ui.js";
 
-const ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+const ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/probes/score"];
 const LIVE = new Set(["validating", "in_progress", "finalizing", "cancelling"]);
 const CANCELLABLE = new Set(["validating", "in_progress"]);
 const POLL_MS = 1000;
