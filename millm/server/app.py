@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+from anyio import to_thread
 from fastapi import FastAPI
 from starlette.datastructures import Headers
 
@@ -74,6 +75,8 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
         if load_model:
             service.models.load_at_start()
         service.batches.runner.start()  # batches left running by the last start resume
+        # several circuits active while CIRCUIT_ALLOW_CONCURRENT is now off: only the last stays
+        await to_thread.run_sync(service.circuit_serving.demote_past_the_flag)
         try:
             async with mcp.sessions.run():  # /mcp serves calls inside the manager's task group
                 yield

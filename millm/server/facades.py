@@ -18,6 +18,7 @@ from millm.lab.autosteer.service import AutoSteer
 from millm.lab.calibration.service import CalibrationManagement
 from millm.lab.compare.service import Comparer
 from millm.lab.discovery.service import Discovery
+from millm.lab.documents.claims import CircuitServing
 from millm.lab.documents.service import BaseManagement
 from millm.lab.evaluations.book import EvaluationBook
 from millm.lab.evaluations.service import EvaluationManagement
@@ -60,6 +61,7 @@ class Facades:
     listing: ModelListing
     steering: SteeringManagement
     bases: BaseManagement
+    circuit_serving: CircuitServing
     features: FeatureManagement
     calibrations: CalibrationManagement
     monitoring: MonitorManagement
@@ -98,6 +100,7 @@ def build_facades(state: ServerState) -> Facades:
     serving = Serving(state)
     evaluation_book = EvaluationBook(state.store)
     probe_scoring = ProbeScoring(state)
+    bases = BaseManagement(state)
     return Facades(
         settings=state.settings,
         requests=state.switch,
@@ -109,7 +112,8 @@ def build_facades(state: ServerState) -> Facades:
         models=ModelManagement(state),
         listing=ModelListing(state),
         steering=SteeringManagement(state),
-        bases=BaseManagement(state),
+        bases=bases,
+        circuit_serving=CircuitServing(state, bases),
         features=FeatureManagement(state, MeaningBook()),
         calibrations=CalibrationManagement(state),
         monitoring=MonitorManagement(state),

@@ -296,6 +296,13 @@ class Settings(RemoteServers):
         ge=0,
         le=64,
     )
+    circuit_allow_concurrent: bool = env_field(
+        False,
+        "CIRCUIT_ALLOW_CONCURRENT",
+        "Several circuits may be active at once, each claiming the layers it steers (a layer "
+        "another holds is refused, unless composed with allow_layer_overlap); off, a second "
+        "circuit's activation is refused while one is active.",
+    )
     circuit_sensing_max_token_lag: int = env_field(
         8,
         "CIRCUIT_SENSING_MAX_TOKEN_LAG",

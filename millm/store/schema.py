@@ -10,6 +10,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -281,4 +282,26 @@ sensing_events_table = Table(
     Column("base_id", String(64), nullable=False, index=True),
     Column("created_at", Float, nullable=False, index=True),
     Column("record", Text, nullable=False),  # JSON: the event as GET /api/sensing/events gives it
+)
+# Circuits' claims on the layers they steer: a live claim has no `released_at`; at most one live
+# claim per layer that is not composed (the partial unique index holds it against concurrent
+# writers and other replicas); `steering_keys` are the features it writes there (JSON).
+circuit_claims_table = Table(
+    "millm_circuit_claims",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("circuit_id", String(64), nullable=False, index=True),
+    Column("layer", Integer, nullable=False),
+    Column("claimed_at", Float, nullable=False),
+    Column("released_at", Float),
+    Column("composed", Boolean, nullable=False),
+    Column("steering_keys", Text, nullable=False),
+)
+Index(
+    "millm_one_live_claim_per_layer",
+    circuit_claims_table.c.layer,
+    unique=True,
+    sqlite_where=circuit_claims_table.c.released_at.is_(None) & ~circuit_claims_table.c.composed,
+    postgresql_where=circuit_claims_table.c.released_at.is_(None)
+    & ~circuit_claims_table.c.composed,
 )

@@ -306,8 +306,12 @@ def test_circuit_rung_activation_and_header(server, clean):
         weak_response.headers["x-millm-circuit-rung"]
         == '1;language="suggested (attribution-supported)"'
     )
+    # another circuit while one is active: refused, saying why (CIRCUIT_ALLOW_CONCURRENT is off)
+    second = error(api(server, "POST", f"/api/circuits/{row['id']}/activate"), 409)
+    assert second["code"] == "circuit_concurrency_disabled" and "'weak'" in second["message"]
+    api(server, "POST", "/api/circuits/deactivate")
     api(server, "POST", f"/api/circuits/{row['id']}/activate")
-    active = api(server, "GET", "/api/circuits/active").json()
+    active = api(server, "GET", "/api/circuits/active", params={"single": "true"}).json()
     assert (
         active["circuit"]["name"] == "causal"
         and active["steering"]["steering"] is True
@@ -348,7 +352,9 @@ def test_min_on_a_circuit_without_a_range_is_off_and_says_so_as_off_does(server,
 def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
     sliced = import_circuit(server, circuit(name="sliced", n_features=(128, 64))).json()
     api(server, "POST", f"/api/circuits/{sliced['id']}/activate")
-    status = api(server, "GET", "/api/circuits/active").json()["steering"]
+    status = api(server, "GET", "/api/circuits/active", params={"single": "true"}).json()[
+        "steering"
+    ]
     assert (
         status["mode"] == "slice_fallback"
         and status["steering"] is True
@@ -365,9 +371,14 @@ def test_slice_fallback_and_unbound_circuits_carry_no_rung(server, clean):
         api(server, "POST", f"/api/circuits/{far['id']}/activate"), 400, "invalid_feature_index"
     )
     assert "'far'" in body["message"] and "no SAE is attached at layer 0" in body["message"]
-    assert api(server, "GET", "/api/circuits/active").json()["circuit"]["name"] == "sliced"
+    assert (
+        api(server, "GET", "/api/circuits/active", params={"single": "true"}).json()["circuit"][
+            "name"
+        ]
+        == "sliced"
+    )
     api(server, "POST", "/api/circuits/deactivate")
-    assert api(server, "GET", "/api/circuits/active").json() == {
+    assert api(server, "GET", "/api/circuits/active", params={"single": "true"}).json() == {
         "circuit": None,
         "steering": {"steering": False, "mode": "none", "reason": "no active circuit"},
     }

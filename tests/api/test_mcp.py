@@ -559,4 +559,3 @@ def test_sensing_is_read_and_switched_over_mcp_as_over_http(server):
     assert call(server, "circuit_sensing_events", edge_key="1@1->2@2")["total"] == 0
     refused(server, "enable_sensing", 404, "cluster_not_found", cluster_id="no-such-cluster")
     refused(server, "enable_circuit_sensing", 404, "circuit_not_found", circuit_id="nope")
-

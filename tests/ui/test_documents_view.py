@@ -6,6 +6,7 @@ API's message and nothing stored."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from playwright.sync_api import expect
@@ -213,7 +214,7 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
     expect(active.locator("[data-steering]")).to_have_text("steers now")
     expect(active).to_contain_text("mode full: every member layer is bound")
     expect(active).to_contain_text('X-miLLM-Circuit-Rung: 2;language="causally validated (edge)"')
-    now = workbench.api("GET", "/api/circuits/active").json()
+    now = workbench.api("GET", "/api/circuits/active", params={"single": "true"}).json()
     assert now["circuit"]["name"] == "ui-circuit"
     assert (
         now["steering"]["steering"] is True
@@ -239,10 +240,29 @@ def test_a_cluster_dial_spans_its_declared_range_and_a_circuit_shows_its_rung(
     expect(circuits.get_by_role("alert")).to_contain_text(
         "400 rung_not_acknowledged: circuit 'ui-weak' is at rung 0 (associated)"
     )
-    assert workbench.api("GET", "/api/circuits/active").json()["circuit"]["name"] == "ui-circuit"
+    assert (
+        workbench.api("GET", "/api/circuits/active", params={"single": "true"}).json()["circuit"][
+            "name"
+        ]
+        == "ui-circuit"
+    )
     weak.get_by_label("Acknowledge rung 0: not causally validated").check()
     weak.get_by_role("button", name="Activate").click()
+    # one circuit at a time on this server: refused, saying so, until the active one goes
+    expect(circuits.get_by_role("alert")).to_contain_text("409 circuit_concurrency_disabled")
+    circuits.get_by_role("row").filter(has_text="ui-circuit").get_by_role(
+        "button", name="Deactivate"
+    ).click()
+    expect(page.get_by_label("Active circuit")).to_have_text("No circuit is active.")
+    weak.get_by_role("button", name="Activate").click()
     expect(weak.locator("[data-active]")).to_have_text("active")
+    held = workbench.api("GET", "/api/circuits/claims").json()["data"]
+    table = circuits.get_by_role("table", name="Layer claims")
+    expect(table.locator("tbody tr")).to_have_count(len(held))
+    expect(table.locator("tbody tr").first).to_contain_text("ui-weak")
+    expect(table.locator("tbody tr").first).to_contain_text("exclusive")
+    if os.environ.get("MILLM_UI_SHOT"):
+        page.screenshot(path=os.environ["MILLM_UI_SHOT"], full_page=True)
     expect(page.get_by_label("Active circuit")).to_contain_text("Active circuit: ui-weak")
     expect(page.get_by_label("Active circuit")).to_contain_text("rung 0 associated")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from millm.interp.sensing import CoActivation, co_activations, edge_observations
-from millm.kernel.sensing.arming import CircuitArm, ClusterArm, EdgeArm
+from millm.kernel.sensing.arming import CircuitArm, ClusterArm, EdgeArm, Layer
 
 SUMMARY_CHARS = 300
 Decode = Callable[[list[int]], str]
@@ -28,8 +28,15 @@ class RowRead:
     row: int
     prompt_length: int
     token_ids: list[int]  # at positions 0..n-1
-    acts: dict[int, list[list[float]]]  # point -> [position][feature of that read]
+    acts: dict[tuple[int, str], list[list[float]]]  # (point, SAE) -> [position][feature read]
     positions: list[int]
+    features: dict[tuple[int, str], tuple[int, ...]]  # (point, SAE) -> the features read there
+
+    def columns(self, layer: Layer, wanted: Sequence[int]) -> list[list[float]]:
+        """The activations of `wanted` features of one read layer, [position][feature]."""
+        key = (layer.point, layer.sae_id)
+        index = [self.features[key].index(f) for f in wanted]
+        return [[row[i] for i in index] for row in self.acts[key]]
 
 
 def event_id() -> str:
@@ -68,7 +75,7 @@ def cluster_records(
 ) -> list[dict]:
     """The cluster's events of one row, those ending before position `reported` left out (a
     resent conversation's prefix, reported by the request before)."""
-    acts = read.acts[arm.read.point]
+    acts = read.columns(arm.read, arm.read.features)
     found = co_activations(acts, read.positions, arm.read.features, arm.thetas, arm.min_k, cap)
     now = time.time()
     # a microsecond apart, in position order: "newest first" lists a row's later events first
@@ -135,8 +142,7 @@ def edge_records(
 
 def _column(arm: CircuitArm, read: RowRead, layer: int, feature: int) -> Sequence[float]:
     where = next(r for r in arm.reads if r.layer == layer)
-    column = where.features.index(feature)
-    return [row[column] for row in read.acts[where.point]]
+    return [row[0] for row in read.columns(where, [feature])]
 
 
 def _edge_record(

@@ -27,8 +27,16 @@ from millm.errors import InvalidRequest, MillmError
 from millm.kernel.books.documents import CircuitBook, ClusterBook, stored_document
 from millm.kernel.monitoring.requests import Origin
 from millm.kernel.runtime.feed import LiveFeed
-from millm.kernel.sensing.arming import CircuitArm, ClusterArm, Tuning, arm_circuit, arm_cluster
+from millm.kernel.sensing.arming import (
+    CircuitArm,
+    ClusterArm,
+    Layer,
+    Tuning,
+    arm_circuit,
+    arm_cluster,
+)
 from millm.kernel.sensing.events import RowRead, cluster_records, common_prefix, edge_records
+from millm.kernel.steering.live import circuit_ids
 from millm.kernel.steering.plans import Planner
 from millm.settings.server import Settings
 from millm.store.database import Store
@@ -51,6 +59,7 @@ class SensingCounters:
     requests_sensed: int = 0
     requests_truncated: int = 0
     truncated_layers: list[int] = field(default_factory=list)
+    truncated_by_circuit: dict[str, list[int]] = field(default_factory=dict)
     last_overhead_ms: float | None = None
 
 
@@ -65,6 +74,7 @@ class Sensed:
 @dataclass(frozen=True)
 class _Pending:
     arms: tuple[Arm, ...]
+    layers: tuple[Layer, ...]  # what read number i read
     origin: Origin
     row: int
     reads: tuple[ResidualsRead, ...]
@@ -142,28 +152,45 @@ class Sensing:
         arming = arm_cluster if kind == "cluster" else arm_circuit
         return arming(row, document, now.attached, self.tuning(kind, row["id"]))
 
-    def armed(self) -> tuple[Arm | None, str | None]:
-        """What is sensed now, and when the active base's sensing is on but it is not armed,
-        why."""
+    def armed(self) -> tuple[list[Arm], str | None]:
+        """What is sensed now (the active cluster, or each active circuit, whose sensing is on
+        and that fits), and why one switched on is not armed."""
         active = self.planner.now().active
         if active is None or active["kind"] not in ("cluster", "circuit"):
-            return None, None
-        kind, base_id = active["kind"], active["id"]
-        if not self.switch(kind, base_id)[0]:
-            return None, None
-        try:
-            return self.arm(kind, base_id), None
-        except MillmError as exc:
-            return None, exc.message
+            return [], None
+        kind = active["kind"]
+        ids = circuit_ids(active) if kind == "circuit" else [active["id"]]
+        arms: list[Arm] = []
+        problem = None
+        for base_id in ids:
+            if not self.switch(kind, base_id)[0]:
+                continue
+            try:
+                arms.append(self.arm(kind, base_id))
+            except MillmError as exc:
+                problem = exc.message
+        return arms, problem
 
     # a generation's rows --------------------------------------------------------------------------
     def read_for(self, origin: Origin, decode: Callable[[list[int]], str]) -> Sensed | None:
         """For `origin`'s generation starting now: the reads its rows take and the hand-over of a
         finished row (None when nothing is armed). `decode` turns ids into context text."""
-        arm, _ = self.armed()
-        if arm is None or (isinstance(arm, CircuitArm) and not arm.edges):
+        arms = [
+            arm
+            for arm in self.armed()[0]
+            if isinstance(arm, ClusterArm)
+            or arm.edges  # a circuit with no edge to sense reads nothing
+        ]
+        if not arms:
             return None
-        layers = [arm.read] if isinstance(arm, ClusterArm) else list(arm.reads)
+        wanted: dict[tuple[int, str], set[int]] = {}  # (point, sae) -> features, over every arm
+        for arm in arms:
+            for layer in [arm.read] if isinstance(arm, ClusterArm) else arm.reads:
+                wanted.setdefault((layer.point, layer.sae_id), set()).update(layer.features)
+        layers = [
+            Layer(-1, sae_id, point, tuple(sorted(features)))
+            for (point, sae_id), features in sorted(wanted.items())
+        ]
         attached = self.planner.now().attached
         spent = [0.0]  # seconds the scheduler thread spent encoding this generation's features
 
@@ -184,15 +211,17 @@ class Sensing:
                 layer.point,
                 False,
                 "all",
-                f"{TAG}:{layer.point}",
+                f"{TAG}:{number}",
                 encode=_as_lists,
                 reduce=reduce_with(attached[layer.sae_id].sae, layer.features),
             )
-            for layer in layers
+            for number, layer in enumerate(layers)
         )
 
         def on_row(row: int, finished: Sequence[ResidualsRead]) -> None:
-            pending = _Pending((arm,), origin, row, tuple(finished), decode, spent[0])
+            pending = _Pending(
+                tuple(arms), tuple(layers), origin, row, tuple(finished), decode, spent[0]
+            )
             try:
                 self._work.put_nowait(pending)
             except queue.Full:
@@ -216,27 +245,29 @@ class Sensing:
 
     def _record(self, pending: _Pending) -> None:
         origin = pending.origin
-        by_point = {int(r.tag.split(":")[1]): r for r in pending.reads}
-        first = next(iter(by_point.values()))
+        by_layer = {pending.layers[int(r.tag.split(":")[1])]: r for r in pending.reads}
+        first = pending.reads[0]
         read = RowRead(
             origin.request_id,
             pending.row,
             len(origin.prompts[pending.row // max(1, origin.choices)]),
             list(first.token_ids),
-            {point: r.encoded for point, r in by_point.items()},
+            {(layer.point, layer.sae_id): r.encoded for layer, r in by_layer.items()},
             list(first.positions),
+            {(layer.point, layer.sae_id): layer.features for layer in by_layer},
         )
         cap = self.settings.sensing_max_events_per_request
+        shedding: dict[str, list[int]] = {}
         for arm in pending.arms:
             kind = "cluster" if isinstance(arm, ClusterArm) else "circuit"
             counters = self.counters[kind]
             if isinstance(arm, ClusterArm):
                 records = cluster_records(arm, read, cap, pending.decode, self._reported(arm, read))
                 truncated = bool(records and records[-1]["truncated"])
-            else:
+            else:  # each circuit its own budget and rings: one never closes another's edge
                 records, shed = edge_records(arm, read, cap, pending.decode)
                 truncated = bool(shed)
-                counters.truncated_layers = sorted(shed)
+                shedding[arm.base_id] = sorted(shed)
             for record in records:
                 record["model"] = origin.model
             keep, age = self.settings.sensing_max_events_kept, self.settings.sensing_max_age_days
@@ -247,6 +278,12 @@ class Sensing:
             counters.last_overhead_ms = pending.overhead_s * 1000
             for record in records:
                 self.feed.publish({k: v for k, v in record.items() if k not in CONTEXT_FIELDS})
+        if any(isinstance(arm, CircuitArm) for arm in pending.arms):
+            counters = self.counters["circuit"]
+            counters.truncated_layers = sorted(
+                {layer for shed in shedding.values() for layer in shed}
+            )
+            counters.truncated_by_circuit = shedding
 
     def _reported(self, arm: ClusterArm, read: RowRead) -> int:
         """How many leading positions the previous row sensed for this arm already reported (a

@@ -4,6 +4,9 @@ for X-miLLM-Steering; a circuit is named whole)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from millm.engine.residual import combined
 from millm.formats.mistudio import (
     Member,
     authored_intensity,
@@ -15,8 +18,8 @@ from millm.interp.binding import cluster_binding, members_edit, members_strength
 from millm.interp.intensity import Dial, circuit_lambda, cluster_lambda
 from millm.interp.steering import InvalidFeatureIndex, steering_edit
 from millm.interp.steering_hash import strength_sets
-from millm.kernel.steering.base_fit import DialLimits, attached_circuit_status
-from millm.kernel.steering.plan import Plan, unsteered
+from millm.kernel.steering.base_fit import DialLimits, attached_circuit_status, bound_layers
+from millm.kernel.steering.plan import NO_STEERING, Plan, unsteered
 from millm.kernel.steering.plan_cache import Snapshot
 
 
@@ -80,3 +83,33 @@ def circuit_plan(
         level=intensity,
         base_id=row["id"],
     )
+
+
+def circuits_plan(
+    bases: list[tuple[dict, dict]], now: Snapshot, dial: Dial | None, limits: DialLimits
+) -> Plan:
+    """The plan of the circuits active together ((row, document) each, in activation order): the
+    sum of their edits, each part marked `composed` where it shares a layer with another. With
+    several, the dial is not applied (there is no one λ to scale them by) and no rung is said."""
+    if len(bases) == 1:
+        return circuit_plan(*bases[0], now, dial, limits)
+    layers = {
+        row["id"]: set(bound_layers(attached_circuit_status(document, now.attached)))
+        for row, document in bases
+    }
+    shared = {
+        layer for row, _ in bases for layer in layers[row["id"]]
+        if sum(layer in held for held in layers.values()) > 1
+    }  # fmt: skip
+    parts = []
+    for row, document in bases:
+        plan = circuit_plan(row, document, now, None, limits)
+        if plan.kind == "circuit":
+            parts.append(replace(plan, composed=bool(layers[row["id"]] & shared)))
+    if not parts:
+        return NO_STEERING
+    edit = None
+    for part in parts:
+        edit = combined(edit, part.edit)
+    names = ", ".join(str(dict(part.params)["name"]) for part in parts)
+    return Plan(edit, "circuit", (("name", names), ("version", now.version)), parts=tuple(parts))

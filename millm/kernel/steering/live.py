@@ -292,10 +292,23 @@ class Steering:
     def set_active(self, kind: str | None, base_id: str | None) -> dict | None:
         """Make a profile, cluster or circuit the global base (None: the live values); returns
         the previous one."""
+        return self._set_base({"kind": kind, "id": base_id} if kind else None)
+
+    def set_circuits(self, ids: list[str]) -> dict | None:
+        """Make these circuits, active together in this order, the base (none: the live values);
+        returns the previous base."""
+        if not ids:
+            return self._set_base(None)
+        base: dict = {"kind": "circuit", "id": ids[0]}
+        if len(ids) > 1:
+            base["ids"] = list(ids)
+        return self._set_base(base)
+
+    def _set_base(self, base: dict | None) -> dict | None:
         with self.lock:
             previous = self.active
             with self._change() as change:
-                change.setting("active_base", {"kind": kind, "id": base_id} if kind else None)
+                change.setting("active_base", base)
                 change.setting("active_profile", None)
         return previous
 
@@ -409,3 +422,11 @@ def check_fits(info: SAEInfo, layer: int, lm: LoadedModel) -> None:
             param="sae_id",
             code="sae_model_mismatch",
         )
+
+
+def circuit_ids(active: dict | None) -> list[str]:
+    """The active circuits' ids in the order they were activated (none unless circuits are the
+    base): one circuit is {"kind": "circuit", "id"}, several carry "ids" too."""
+    if not active or active.get("kind") != "circuit":
+        return []
+    return list(active.get("ids") or [active["id"]])

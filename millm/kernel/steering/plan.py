@@ -19,8 +19,9 @@ class Plan:
     (X-miLLM-Steering-Intensity) and a circuit's rung (X-miLLM-Circuit-Rung).
 
     `applied` is what it steers with per SAE (and vector), `aborts` the probes that end its rows,
-    `level` the λ its strengths were scaled by (1.0 unscaled), `base_id` the circuit's id, and
-    `epoch` the steering state it was resolved in (statement.py says from these what steered)."""
+    `level` the λ its strengths were scaled by (1.0 unscaled), `base_id` the circuit's id,
+    `epoch` the steering state it was resolved in, and for circuits active together each one's
+    plan in `parts` (statement.py says from these what steered)."""
 
     edit: ResidualEdit | None
     kind: str  # none | live | profile | cluster | circuit | request
@@ -33,6 +34,8 @@ class Plan:
     level: float = 1.0
     base_id: str | None = None
     epoch: tuple[int, ...] | None = None
+    parts: tuple[Plan, ...] = ()  # several circuits active together: each one's own plan
+    composed: bool = False  # a circuit sharing a layer with another active one
 
     @property
     def steers(self) -> bool:

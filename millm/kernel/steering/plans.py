@@ -36,8 +36,8 @@ from millm.interp.steering_hash import applied_sets, scaled_ops
 from millm.kernel.books.base import Shelf
 from millm.kernel.books.documents import CircuitBook, ClusterBook, stored_document
 from millm.kernel.steering.base_fit import BaseUnfit, DialLimits
-from millm.kernel.steering.document_plans import circuit_plan, cluster_plan
-from millm.kernel.steering.live import Steering, profile_edit
+from millm.kernel.steering.document_plans import circuit_plan, circuits_plan, cluster_plan
+from millm.kernel.steering.live import Steering, circuit_ids, profile_edit
 from millm.kernel.steering.plan import NO_STEERING, Plan, turned_off, unsteered
 from millm.kernel.steering.plan_cache import PlanCache, Snapshot, epoch_of, state_stamp
 from millm.kernel.steering.resolution import Refusals, resolve_spec
@@ -218,7 +218,7 @@ class Planner:
                 return self._active_profile(now, base_id, dial)
             if kind == "cluster":
                 return self._cluster(now, base_id, dial)
-            return self._circuit(now, base_id, dial)
+            return self._circuits(now, circuit_ids(active), dial)
         except MillmError as exc:
             raise BaseUnfit(kind, self._name(now, active) or base_id, exc.message) from None
         except (
@@ -350,6 +350,11 @@ class Planner:
     def _circuit(self, now: Snapshot, circuit_id: str, dial: Dial | None) -> Plan:
         row = self.circuits.find_in(now.circuits, circuit_id)
         return circuit_plan(row, stored_document(now.circuits, row), now, dial, self.limits)
+
+    def _circuits(self, now: Snapshot, ids: list[str], dial: Dial | None) -> Plan:
+        rows = [self.circuits.find_in(now.circuits, key) for key in ids]
+        bases = [(row, stored_document(now.circuits, row)) for row in rows]
+        return circuits_plan(bases, now, dial, self.limits)
 
 
 def _needs_no_sae(document: dict) -> bool:

@@ -8,7 +8,8 @@ each a kind with its parameters in the grammar's order, then millm's own facts.
 - `inline` (the request's own `steering`): `sae`, `layer`, `features`, `hash`, `clamped`?,
   `changed`?; then millm's.
 - `manual` (the live values): `sae`, `layer`, `features`, `hash`, `changed`?; then millm's.
-- `circuit` (one per circuit): `id`, `intensity`, `changed`?; millm's `name`, `mode`, `version`.
+- `circuit` (one per active circuit, by id): `id`, `intensity`, `composed`? (it shares a layer with
+  another), `changed`?; millm's `name`, `mode`, `version`.
 - `compare` (millm's own): `variants`; a comparison's body says what steered each variant.
 
 A member per applied set (plan.applied: one SAE, or a steering vector, which has `vector` for
@@ -40,8 +41,10 @@ def statement(plan: Plan, changed: bool = False) -> list[Member]:
     if plan.kind == "compare":  # POST /api/compare: each variant's steering is in its body
         return [("compare", facts)]
     if plan.kind == "circuit":
-        head = {"id": plan.base_id or "", "intensity": repr(float(plan.level))}
-        return [("circuit", {**head, **moved, "name": facts.get("name", ""), **extra})]
+        return [
+            _circuit(part, moved, extra)
+            for part in sorted(plan.parts or (plan,), key=lambda p: p.base_id or "")
+        ]
     kind, source = _kind(plan)
     members = [
         (kind, {**source, **_applied(applied), **moved, **_where(applied), **extra})
@@ -51,6 +54,16 @@ def statement(plan: Plan, changed: bool = False) -> list[Member]:
     if not members:
         return [("none", {**moved, **extra})]
     return members
+
+
+def _circuit(part: Plan, moved: dict[str, object], extra: dict[str, object]) -> Member:
+    """One circuit's member: its id, λ, whether it shares a layer, then millm's facts."""
+    facts = dict(part.params)
+    head: dict[str, object] = {"id": part.base_id or "", "intensity": repr(float(part.level))}
+    if part.composed:
+        head["composed"] = True
+    mine = {k: facts[k] for k in ("mode",) if k in facts}
+    return ("circuit", {**head, **moved, "name": facts.get("name", ""), **mine, **extra})
 
 
 def _kind(plan: Plan) -> tuple[str, dict[str, object]]:

@@ -6,8 +6,19 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from millm.kernel.parts import HasCircuits, HasClusters, HasPlanner, HasSteering
+from millm.kernel.parts import (
+    HasCircuits,
+    HasClusters,
+    HasPlanner,
+    HasSettings,
+    HasSteering,
+    HasStore,
+)
 
 
 class DocumentParts(HasCircuits, HasClusters, HasPlanner, HasSteering, Protocol):
     """The kernel's parts, as clusters and circuits reach them."""
+
+
+class ClaimParts(DocumentParts, HasSettings, HasStore, Protocol):
+    """The kernel's parts, as circuits' claims reach them."""

@@ -17,6 +17,7 @@ class CircuitActivation(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     acknowledge_rung: bool = False
+    allow_layer_overlap: bool = False  # compose onto layers another active circuit claims
 
 
 # kind-specific routes come first: "/active" and "/deactivate" must not be read as keys.

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from millm.lab.documents import service as bases
+from millm.lab.documents.claims import CircuitServing
 from millm.lab.documents.protocol import CircuitActivation, Intensity
 from millm.lab.documents.service import BaseManagement
 from millm.v1.http.deps import part
@@ -54,17 +55,46 @@ async def import_circuit(request: Request, on_conflict: Literal["rename", "fail"
     return await run_in_threadpool(part(request, BaseManagement).import_circuit, raw, on_conflict)
 
 
-@router.get("/api/circuits/active", summary="The active circuit and whether it steers now")
-def active_circuit(request: Request):
-    """`steering` says whether and how it steers: read it (not the row) before describing
-    evidence."""
-    return part(request, BaseManagement).active_circuit()
+@router.get("/api/circuits/active", summary="The active circuits and whether each steers now")
+def active_circuits(request: Request, single: bool = False):
+    """A list: each active circuit with its claimed and composed layers, serving mode and
+    `steering` (read it, not the row, before describing evidence); `single=true` gives the first
+    as one object (the shape of a server with one active circuit)."""
+    return part(request, CircuitServing).active(single)
 
 
-@router.post("/api/circuits/{key}/activate", summary="Make a circuit the steering base")
-def activate_circuit(key: str, request: Request, body: CircuitActivation | None = None):
-    """Below rung 2 only with acknowledge_rung: true (its evidence is not causal)."""
-    return part(request, BaseManagement).activate_circuit(key, bool(body and body.acknowledge_rung))
+@router.get("/api/circuits/claims", summary="The layers active circuits claim")
+def circuit_claims(request: Request):
+    """Every live claim: layer, circuit, whether composed, the features it writes there."""
+    return part(request, CircuitServing).claims()
+
+
+@router.post("/api/circuits/claims/release", summary="Release one circuit's claims (recovery)")
+def release_claims(request: Request, circuit_id: str):
+    """One circuit's claims only (there is no release-all); warnings say what was odd."""
+    return part(request, CircuitServing).release(circuit_id)
+
+
+@router.post("/api/circuits/{key}/activate", summary="Make a circuit serve")
+def activate_circuit(
+    key: str,
+    request: Request,
+    body: CircuitActivation | None = None,
+    allow_layer_overlap: bool = False,
+):
+    """Below rung 2 only with acknowledge_rung: true (its evidence is not causal). Beside active
+    circuits (CIRCUIT_ALLOW_CONCURRENT) only on layers none claims, or composed onto them with
+    allow_layer_overlap (query or body): 409 circuit_layer_contention otherwise."""
+    overlap = allow_layer_overlap or bool(body and body.allow_layer_overlap)
+    return part(request, CircuitServing).activate(
+        key, bool(body and body.acknowledge_rung), overlap
+    )
+
+
+@router.post("/api/circuits/{key}/deactivate", summary="Take one circuit out")
+def deactivate_circuit(key: str, request: Request):
+    """Its claims are released; the other active circuits keep theirs and their steering."""
+    return part(request, CircuitServing).deactivate(key)
 
 
 def add_shared_routes(kind: str) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from millm.errors import InvalidRequest
 from millm.formats.mistudio import RUNG_LANGUAGE, authored_intensity, declared_range
 from millm.interp.binding import cluster_binding
 from millm.kernel.books.documents import DocumentBook
 from millm.kernel.steering.base_fit import circuit_status
+from millm.kernel.steering.live import circuit_ids
 from millm.lab.documents.parts import DocumentParts
 
 KINDS = ("cluster", "circuit")
@@ -31,7 +31,10 @@ class BaseManagement:
         return self.state.clusters if kind == "cluster" else self.state.circuits
 
     def is_active(self, kind: str, base_id: str) -> bool:
-        """Whether this cluster/circuit is the global steering base."""
+        """Whether this cluster/circuit is the global steering base (one of the circuits active
+        together)."""
+        if kind == "circuit":
+            return base_id in circuit_ids(self.state.steering.active)
         return self.state.steering.active == {"kind": kind, "id": base_id}
 
     def view(self, kind: str, row: dict) -> dict:
@@ -59,7 +62,10 @@ class BaseManagement:
         """Remove a document; deleting the active one deactivates it."""
         with self.state.steering.lock:
             row = self.book(kind).find(key)
-            if self.is_active(kind, row["id"]):
+            if kind == "circuit" and self.is_active(kind, row["id"]):
+                left = [i for i in circuit_ids(self.state.steering.active) if i != row["id"]]
+                self.state.steering.set_circuits(left)
+            elif self.is_active(kind, row["id"]):
                 self.state.steering.set_active(None, None)
             self.book(kind).delete(row["id"])
         return {"id": row["id"], "name": row["name"], "deleted": True}
@@ -175,7 +181,9 @@ class BaseManagement:
             "language": RUNG_LANGUAGE[status.rung],
             # The rung header (and its language) is promised only while a circuit genuinely steers
             # in full.
-            "rung_header": steering and status.mode == "full",
+            "rung_header": steering
+            and status.mode == "full"
+            and len(circuit_ids(self.state.steering.active)) == 1,
         }
 
     def circuit_view(self, row: dict) -> dict:
@@ -202,37 +210,4 @@ class BaseManagement:
         """Import one circuit definition, validated whole and stored byte for byte."""
         row = self.state.circuits.import_raw(raw, on_conflict)
         with self.state.steering.lock:
-            return self.circuit_view(row)
-
-    def active_circuit(self) -> dict:
-        """The active circuit (or None) and whether it steers now."""
-        with self.state.steering.lock:
-            active = self.state.steering.active
-            row = (
-                self.state.circuits.find(active["id"])
-                if active and active["kind"] == "circuit"
-                else None
-            )
-            return {
-                "circuit": self.circuit_view(row) if row else None,
-                "steering": self.steering_status(row),
-            }
-
-    def activate_circuit(self, key: str, acknowledge_rung: bool) -> dict:
-        """Make a circuit the base; below rung 2 only when acknowledged (its evidence is not
-        causal)."""
-        with self.state.steering.lock:
-            row = self.state.circuits.find(key)
-            level = self.state.circuits.rung(self.state.circuits.document(row))
-            if level < 2 and not acknowledge_rung:
-                raise InvalidRequest(
-                    f"circuit {row['name']!r} is at rung {level} ({RUNG_LANGUAGE[level]}): its "
-                    "edges are not causally validated; "
-                    'send {"acknowledge_rung": true} to activate it anyway',
-                    param="acknowledge_rung",
-                    code="rung_not_acknowledged",
-                )
-            # a circuit none of whose layers binds would refuse every request
-            self.state.planner.check_fits("circuit", row["id"])
-            self.state.steering.set_active("circuit", row["id"])
             return self.circuit_view(row)

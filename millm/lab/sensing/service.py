@@ -6,6 +6,7 @@ from __future__ import annotations
 from millm.errors import InvalidRequest, MillmError, NotFound
 from millm.kernel.sensing.arming import CircuitArm, ClusterArm
 from millm.kernel.sensing.sensing import OVERHEAD_WARN_MS, check_min_k
+from millm.kernel.steering.live import circuit_ids
 from millm.lab.sensing.parts import SensingParts
 from millm.store.sensing import delete_events, list_events, one_event, prune_events
 
@@ -60,13 +61,13 @@ class SensingManagement:
 
     def _switched(self, kind: str, row: dict) -> dict:
         enabled, _ = self.sensing.switch(kind, row["id"])
-        armed, _ = self.sensing.armed()
+        arms, _ = self.sensing.armed()
         key = "profile_id" if kind == "cluster" else "circuit_id"
         return {
             key: row["id"],
             "name": row["name"],
             "sensing_enabled": enabled,
-            "armed": armed is not None and armed.base_id == row["id"],
+            "armed": any(arm.base_id == row["id"] for arm in arms),
         }
 
     def _row(self, kind: str, key: str) -> dict:
@@ -77,14 +78,17 @@ class SensingManagement:
 
     def _is_active(self, kind: str, base_id: str) -> bool:
         active = self.state.planner.now().active
+        if kind == "circuit":
+            return base_id in circuit_ids(active)
         return active is not None and active == {"kind": kind, "id": base_id}
 
     # status ---------------------------------------------------------------------------------------
     def status(self, kind: str) -> dict:
         """What is sensed now, the counters since the start, retention, and the bases whose
         sensing is on."""
-        armed, problem = self.sensing.armed()
-        mine = armed if _kind(armed) == kind else None
+        arms, problem = self.sensing.armed()
+        armed = [arm for arm in arms if _kind(arm) == kind]
+        mine = armed[0] if armed else None
         counters = self.sensing.counters[kind]
         now = self.state.planner.now()
         shelf = now.clusters if kind == "cluster" else now.circuits
@@ -126,15 +130,30 @@ class SensingManagement:
                 "context_tokens": mine.context_tokens if mine else settings.sensing_context_tokens,
                 "enabled_clusters": enabled,
             }
-        assert mine is None or isinstance(mine, CircuitArm)
+        circuits = [arm for arm in armed if isinstance(arm, CircuitArm)]
         return {
             **common,
             "circuit_id": mine.base_id if mine else None,
             "circuit_name": mine.name if mine else None,
-            "layers": [r.layer for r in mine.reads] if mine else [],
-            "sensable_edges": [e.key for e in mine.edges] if mine else [],
-            "unsensable_edges": list(mine.unsensable) if mine else [],
-            "max_token_lag": mine.max_token_lag if mine else settings.circuit_sensing_max_token_lag,
+            "armed_circuits": [
+                {
+                    "id": arm.base_id,
+                    "name": arm.name,
+                    "sensable_edges": [e.key for e in arm.edges],
+                    "truncated_layers": counters.truncated_by_circuit.get(arm.base_id, []),
+                }
+                for arm in circuits
+            ],
+            "layers": sorted({r.layer for arm in circuits for r in arm.reads}),
+            "sensable_edges": [e.key for arm in circuits for e in arm.edges],
+            "unsensable_edges": [
+                {**edge, "circuit_id": arm.base_id} for arm in circuits for edge in arm.unsensable
+            ],
+            "max_token_lag": (
+                mine.max_token_lag
+                if isinstance(mine, CircuitArm)
+                else settings.circuit_sensing_max_token_lag
+            ),
             "context_tokens": mine.context_tokens if mine else settings.sensing_context_tokens,
             "truncated_layers": counters.truncated_layers,
             "enabled_circuits": enabled,

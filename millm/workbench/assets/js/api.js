@@ -230,7 +230,14 @@ export const clusters = {
   ...documents("clusters"),
   intensity: (key, intensity) => put(`/api/clusters/${enc(key)}/intensity`, { intensity }),
 };
-export const circuits = { ...documents("circuits"), active: () => get("/api/circuits/active") };
+export const circuits = {
+  ...documents("circuits"),
+  active: () => get("/api/circuits/active", { single: true }),
+  /** Every active circuit (several with CIRCUIT_ALLOW_CONCURRENT), with its claimed and composed layers. */
+  activeAll: () => get("/api/circuits/active"),
+  deactivateOne: (key) => post(`/api/circuits/${enc(key)}/deactivate`),
+  claims: () => get("/api/circuits/claims"),
+};
 
 // Probes (docs/probes.md) and steering vectors (docs/vectors.md)
 export const probes = {

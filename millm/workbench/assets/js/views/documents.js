@@ -345,15 +345,36 @@ const Bindings = ({ bindings }) => html`<ul class="bindings">${(bindings || []).
 /** Activate (with the rung acknowledgement a circuit below rung 2 needs) or deactivate. */
 function CircuitSwitch({ circuit, c }) {
   const [acknowledged, setAcknowledged] = useState(false);
-  if (circuit.active) return html`<button class="secondary" disabled=${c.act.busy} onClick=${() => c.deactivate(circuit)}>Deactivate</button>`;
+  const [overlap, setOverlap] = useState(false);
+  if (circuit.active) {
+    const out = () => c.run(async () => { await api.circuits.deactivateOne(circuit.id); return `${circuit.name} no longer serves.`; });
+    return html`<button class="secondary" disabled=${c.act.busy} onClick=${out}>Deactivate</button>`;
+  }
   const below = circuit.rung !== null && circuit.rung < 2;
   const activate = () => c.run(async () => {
-    await api.circuits.activate(circuit.id, below && acknowledged ? { acknowledge_rung: true } : {});
+    const body = { ...(below && acknowledged ? { acknowledge_rung: true } : {}), ...(overlap ? { allow_layer_overlap: true } : {}) };
+    await api.circuits.activate(circuit.id, body);
     return `${circuit.name} is the steering base.`;
   });
   return html`${below ? html`<label class="inline ack"><input type="checkbox" checked=${acknowledged} onChange=${(e) => setAcknowledged(e.target.checked)} />
       Acknowledge rung ${circuit.rung}: not causally validated</label>` : null}
+    <label class="inline ack"><input type="checkbox" checked=${overlap} onChange=${(e) => setOverlap(e.target.checked)} />
+      Compose onto layers other circuits hold</label>
     <button disabled=${c.act.busy} onClick=${activate}>Activate</button>`;
+}
+
+/** The layers the active circuits claim (GET /api/circuits/claims): who holds each, composed or not. */
+function LayerClaims({ version }) {
+  const claims = useLoad(() => api.circuits.claims(), [version]);
+  if (claims.error) return html`<${ErrorNote} error=${claims.error} />`;
+  return html`<h3>Layer claims</h3><${Table} label="Layer claims" rows=${claims.value?.data || []} empty="No layer is claimed."
+    rowKey=${(r) => `${r.layer}-${r.circuit_id}`}
+    columns=${[
+      ["Layer", (r) => r.layer],
+      ["Circuit", (r) => html`<strong>${r.circuit_name}</strong>`],
+      ["", (r) => (r.composed ? html`<span class="badge bad">composed: a sum of circuits</span>` : html`<span class="badge good">exclusive</span>`)],
+      ["Features it writes", (r) => r.steering_keys.map((f) => html`<span class="chip">#${f}</span>`)],
+    ]} />`;
 }
 
 /** Whether the active circuit steers now (GET /api/circuits/active): mode, reason, bindings, and the rung header it earns. */
@@ -399,6 +420,7 @@ function Circuits({ version, changed }) {
         </div>`],
       ]} />
     <${ActiveCircuit} version=${version} />
+    <${LayerClaims} version=${version} />
   <//>`;
 }
 
