@@ -62,7 +62,7 @@ def build_state(settings: Settings, source: ModelSource) -> ServerState:
     resolvers = Resolvers(ProbeConditions(probes, calibrations, slot.loaded), vectors, slot.loaded)
     steering = Steering(store, saes, profiles, replication, resolvers)
     clusters = ClusterBook(store, settings.steering_intensity_max)
-    circuits = CircuitBook(store)
+    circuits = CircuitBook(store, settings.steering_intensity_max)
     limits = DialLimits(
         settings.cluster_intensity_min,
         settings.circuit_intensity_min,

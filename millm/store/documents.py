@@ -51,11 +51,8 @@ def delete_document(store: Store, table: str, document_id: str) -> None:
         forget_base(conn, document_id)  # its sensing switch and events go with it
 
 
-def set_cluster_intensity(store: Store, cluster_id: str, intensity: float) -> None:
-    """Store a cluster's persistent dial."""
-    with store.transaction(Topic.CLUSTERS) as conn:
-        conn.execute(
-            update(clusters_table)
-            .where(clusters_table.c.id == cluster_id)
-            .values(intensity=intensity)
-        )
+def set_document_intensity(store: Store, table: str, document_id: str, intensity: float) -> None:
+    """Store a cluster's or a circuit's persistent dial."""
+    target = _table(table)
+    with store.transaction(_topic(table)) as conn:
+        conn.execute(update(target).where(target.c.id == document_id).values(intensity=intensity))

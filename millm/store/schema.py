@@ -85,6 +85,7 @@ circuits_table = Table(
     Column("name", String(200), nullable=False, unique=True),
     Column("raw", Text, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("intensity", Float),  # the persistent dial; null: the document's authored intensity
 )
 
 models_table = Table(

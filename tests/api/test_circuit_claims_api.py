@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from tests.api.clients import MODEL, api, error
@@ -215,3 +216,46 @@ def test_with_the_flag_off_a_second_circuit_is_refused_and_a_restart_keeps_one(
         assert single["circuit"]["name"] == "B" and single["steering"]["mode"] == "full"
     finally:
         off.stop()
+
+
+def test_the_serving_circuits_dial_is_set_live_and_a_request_in_flight_keeps_its_own(
+    server, circuits
+):
+    a, b = circuits["A"], circuits["B"]
+    refused = error(
+        api(server, "PUT", "/api/circuits/active/intensity", json={"intensity": 0.5}), 409
+    )
+    assert refused["code"] == "no_active_circuit"
+    activate(server, a)
+    activate(server, b)
+    ambiguous = error(
+        api(server, "PUT", "/api/circuits/active/intensity", json={"intensity": 0.5}), 409
+    )
+    assert ambiguous["code"] == "ambiguous_active_circuit"
+    assert {c["name"] for c in ambiguous["details"]["active_circuits"]} == {"A", "B"}
+    api(server, "POST", f"/api/circuits/{b['id']}/deactivate")
+    full, _ = chat(server)
+    # a long stream in flight while the operator turns the dial down
+    body = {"model": MODEL, "messages": USER, "max_tokens": 300, "temperature": 0, "stream": True}
+    lines: list[str] = []
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=120
+    ) as streamed:
+        for line in streamed.iter_lines():
+            if line:
+                lines.append(line)
+            if len(lines) == 3:
+                turned = api(
+                    server, "PUT", "/api/circuits/active/intensity", json={"intensity": 0.5}
+                ).json()
+    assert turned["reapplied"] is True and turned["superseded"] is False
+    assert turned["intensity"] == 0.5
+    said = json.loads(lines[-2].removeprefix("data: "))["millm_steering"]
+    [(kind, params)] = members(said)
+    assert kind == "circuit" and params["intensity"] == "1.0" and params["changed"] is True
+    lowered, headers = chat(server)
+    assert lowered != full
+    assert members(headers["x-millm-steering"])[0][1]["intensity"] == "0.5"
+    assert api(server, "GET", f"/api/circuits/{a['id']}").json()["intensity"] == 0.5
+    api(server, "PUT", f"/api/circuits/{a['id']}/intensity", json={"intensity": 1.0})
+    assert chat(server)[0] == full

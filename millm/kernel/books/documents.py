@@ -19,7 +19,7 @@ from millm.store.documents import (
     delete_document,
     document_rows,
     insert_documents,
-    set_cluster_intensity,
+    set_document_intensity,
 )
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,8 @@ class DocumentBook(Book):
     table: str
     kind: str  # cluster | circuit, for messages and error codes
 
-    def __init__(self, store: Store):
-        self.store = store
+    def __init__(self, store: Store, maximum: float = 2.0):
+        self.store, self.maximum = store, maximum  # the most a persistent dial may be
         super().__init__()
 
     def _rows(self, ids: list[str] | None = None) -> list[dict]:
@@ -110,15 +110,29 @@ class DocumentBook(Book):
         _refuse_clashes(wanted, taken, on_conflict)
         return unique_names(wanted, taken)
 
+    def set_intensity(self, key: str, intensity) -> dict:
+        """The persistent dial, within [0, max] (a circuit's is over its authored one)."""
+        row = self.find(key)  # an unknown key is a 404 before the value is checked
+        if (
+            isinstance(intensity, bool)
+            or not isinstance(intensity, (int, float))
+            or not 0 <= intensity <= self.maximum
+        ):
+            raise InvalidRequest(
+                f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}",
+                param="intensity",
+            )
+        with self.writing() as touched:
+            row = self.find(key)
+            touched.add(row["id"])
+            set_document_intensity(self.store, self.table, row["id"], float(intensity))
+        return self.find(row["id"])
+
 
 class ClusterBook(DocumentBook):
     """Imported cluster definitions: raw document, name and persistent dial."""
 
     table, kind = "clusters", "cluster"
-
-    def __init__(self, store: Store, maximum: float):
-        super().__init__(store)
-        self.maximum = maximum
 
     def import_raw(self, raw: bytes, on_conflict: str, check=None) -> list[dict]:
         """Import a definition or a bundle atomically; a single definition keeps its exact bytes.
@@ -149,24 +163,6 @@ class ClusterBook(DocumentBook):
             touched.update(row["id"] for row in rows)
             insert_documents(self.store, self.table, rows)
         return [self.find(row["id"]) for row in rows]
-
-    def set_intensity(self, key: str, intensity) -> dict:
-        """The persistent dial, within [0, max]."""
-        row = self.find(key)  # an unknown key is a 404 before the value is checked
-        if (
-            isinstance(intensity, bool)
-            or not isinstance(intensity, (int, float))
-            or not 0 <= intensity <= self.maximum
-        ):
-            raise InvalidRequest(
-                f"intensity must be a number in [0, {self.maximum:g}], got {intensity!r}",
-                param="intensity",
-            )
-        with self.writing() as touched:
-            row = self.find(key)
-            touched.add(row["id"])
-            set_cluster_intensity(self.store, row["id"], float(intensity))
-        return self.find(row["id"])
 
 
 class CircuitBook(DocumentBook):

@@ -64,8 +64,9 @@ def circuit_plan(
             f"none of its member layers binds to an attached SAE ({details})", param="steering"
         )
     declared = declared_range(document)
-    if dial is None:
-        intensity = authored_intensity(document)
+    if dial is None:  # its persistent dial, else what its document authored
+        stored = row.get("intensity")
+        intensity = stored if stored is not None else authored_intensity(document)
     elif status.mode == "full":
         intensity = circuit_lambda(dial, declared, limits.circuit_min, limits.maximum)
     else:

@@ -141,6 +141,49 @@ class CircuitServing:
             answer["warning"] = COMPOSED_WARNING.format(layers=composed)
         return answer
 
+    # the dial -------------------------------------------------------------------------------------
+    def set_intensity(self, key: str, intensity: float) -> dict:
+        """A circuit's persistent dial within [0, max] (over its authored intensity): live for
+        every request admitted after it while the circuit serves."""
+        with self.state.steering.lock:
+            row = self.state.circuits.set_intensity(key, intensity)
+            if row["id"] in self._active:
+                self.state.steering.bump()
+            return self.bases.circuit_view(row)
+
+    def set_active_intensity(self, intensity: float) -> dict:
+        """The serving circuit's dial (PUT /api/circuits/active/intensity): 409 with none or
+        several serving. `reapplied`: the value is what requests admitted from now on are steered
+        at; `superseded`: another write replaced it before this answer (never, here: a request's
+        own dial or steering never undoes a write, and this one is made under the lock)."""
+        with self.state.steering.lock:
+            active = self._active
+            if not active:
+                raise Conflict(
+                    "no circuit is active: activate one, or set a circuit's dial by id "
+                    "(PUT /api/circuits/{id}/intensity)",
+                    param="intensity",
+                    code="no_active_circuit",
+                )
+            if len(active) > 1:
+                names = [self.state.circuits.find(i)["name"] for i in active]
+                raise AmbiguousActiveCircuit(
+                    f"{len(active)} circuits are active ({', '.join(names)}): set one's dial by id "
+                    "(PUT /api/circuits/{id}/intensity)",
+                    [{"id": i, "name": n} for i, n in zip(active, names, strict=True)],
+                )
+            view = self.set_intensity(active[0], intensity)
+            stored = self.state.circuits.find(active[0]).get("intensity")
+            live = self.state.steering.enabled
+            answer = {
+                **view,
+                "reapplied": live and stored == float(intensity),
+                "superseded": stored != float(intensity),
+            }
+            if not live:
+                answer["warning"] = "steering is disabled: the dial applies once it is enabled"
+            return answer
+
     # deactivation ---------------------------------------------------------------------------------
     def deactivate(self, key: str | None) -> dict:
         """One circuit back out (its claims released, the others' kept), or every circuit (None)."""
@@ -231,6 +274,18 @@ class CircuitServing:
                     }
                 )
             return entries
+
+
+class AmbiguousActiveCircuit(Conflict):
+    """409 ambiguous_active_circuit: several circuits serve, so "the active one" names none."""
+
+    def __init__(self, message: str, active: list[dict]):
+        super().__init__(message, param="intensity", code="ambiguous_active_circuit")
+        self.active = active
+
+    def to_dict(self) -> dict:
+        """OpenAI's four fields plus `details.active_circuits`."""
+        return {**super().to_dict(), "details": {"active_circuits": self.active}}
 
 
 def _shared(claim: dict, live: list[dict]) -> bool:

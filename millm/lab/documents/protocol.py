@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Intensity(BaseModel):
-    """A cluster's persistent dial, within [0, max]."""
+    """A cluster's or circuit's persistent dial, within [0, max]."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     intensity: float

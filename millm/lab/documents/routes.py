@@ -75,6 +75,19 @@ def release_claims(request: Request, circuit_id: str):
     return part(request, CircuitServing).release(circuit_id)
 
 
+@router.put("/api/circuits/active/intensity", summary="The serving circuit's persistent dial")
+def active_circuit_intensity(body: Intensity, request: Request):
+    """In [0, max]; 409 with no circuit or several serving. Answers `reapplied` (the value is
+    live) and `superseded` (another write replaced it first)."""
+    return part(request, CircuitServing).set_active_intensity(body.intensity)
+
+
+@router.put("/api/circuits/{key}/intensity", summary="A circuit's persistent dial")
+def circuit_intensity(key: str, body: Intensity, request: Request):
+    """In [0, max], over its authored intensity; survives restarts."""
+    return part(request, CircuitServing).set_intensity(key, body.intensity)
+
+
 @router.post("/api/circuits/{key}/activate", summary="Make a circuit serve")
 def activate_circuit(
     key: str,

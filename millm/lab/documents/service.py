@@ -202,6 +202,7 @@ class BaseManagement:
             "edges": len(document.get("edges") or []),
             "intensity_range": list(declared) if declared else None,
             "authored_intensity": authored_intensity(document),
+            "intensity": row.get("intensity"),  # its persistent dial (null: the authored one)
             "steering": status,
             "created_at": row["created_at"],
         }
