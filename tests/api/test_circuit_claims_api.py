@@ -259,3 +259,63 @@ def test_the_serving_circuits_dial_is_set_live_and_a_request_in_flight_keeps_its
     assert api(server, "GET", f"/api/circuits/{a['id']}").json()["intensity"] == 0.5
     api(server, "PUT", f"/api/circuits/{a['id']}/intensity", json={"intensity": 1.0})
     assert chat(server)[0] == full
+
+
+PROMPT = "The old river runs to the sea " * 4
+
+
+def busiest(server, layer: int) -> int:
+    """The feature of the SAE at `layer` firing at the most positions of PROMPT's completion (not
+    one the circuits here steer)."""
+    sae = {s["layer"]: s["id"] for s in api(server, "GET", "/api/saes").json()["data"]}[layer]
+    ask = {"sae_id": sae, "positions": "all", "top_k": 32, "read_point": "pre_steering"}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+    read = api(server, "POST", "/v1/completions", json={**body, "return_sae_activations": ask})
+    counts: dict[int, int] = {}
+    for p in read.json()["millm"]["sae_activations"]["positions"][1:]:
+        for f in p["features"]:
+            if f["value"] > 0 and f["index"] not in (3, 5, 7, 9, 11, 30, 31):
+                counts[f["index"]] = counts.get(f["index"], 0) + 1
+    return max(counts, key=lambda f: counts[f])
+
+
+def test_two_circuits_sharing_an_edge_sense_it_each_on_its_own(server, circuits):
+    """The same edge in two active circuits: each has its own rings and budget, so one's lag (or
+    its budget running out) never changes the other's observations."""
+    up, down = busiest(server, 0), busiest(server, 1)
+    edge = {
+        "up": {"layer": 0, "feature_idx": up},
+        "down": {"layer": 1, "feature_idx": down},
+        "rung": 2,
+    }
+    first = circuit("E1", {0: [30]})
+    second = circuit("E2", {2: [31]})
+    for doc in (first, second):
+        doc["edges"] = [edge]
+        declared = {ref["layer"] for ref in doc["saes"]} | {0, 1}  # the edge's layers' SAEs too
+        doc["saes"] = [{"layer": layer, "n_features": 128} for layer in sorted(declared)]
+    rows = [imported(server, doc) for doc in (first, second)]
+    try:
+        for row, lag in zip(rows, (1, 8), strict=True):
+            assert activate(server, row).status_code == 200
+            config = {"theta_floor": 0.05, "max_token_lag": lag, "context_tokens": 0}
+            api(server, "PUT", f"/api/circuit-sensing/{row['id']}/config", json=config)
+            api(server, "POST", f"/api/circuit-sensing/{row['id']}/enable")
+        status = api(server, "GET", "/api/circuit-sensing/status").json()
+        key = f"{up}@0->{down}@1"
+        assert [c["sensable_edges"] for c in status["armed_circuits"]] == [[key], [key]]
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40}
+        answer = api(server, "POST", "/v1/completions", json={**body, "temperature": 0}).json()
+        found = api(server, "GET", "/api/circuit-sensing/events", params={"limit": 500}).json()
+        mine = [e for e in found["data"] if e["request_id"] == answer["id"]]
+        lags = {
+            row["name"]: sorted(e["token_lag"] for e in mine if e["circuit"]["id"] == row["id"])
+            for row in rows
+        }
+        assert lags["E2"], "the edge is seen in this row"
+        assert all(lag == 1 for lag in lags["E1"]) and set(lags["E1"]) <= set(lags["E2"])
+        assert len(lags["E2"]) <= 20 and len(lags["E1"]) <= len(lags["E2"])
+    finally:
+        api(server, "POST", "/api/circuits/deactivate")
+        for row in rows:
+            api(server, "DELETE", f"/api/circuits/{row['id']}")
