@@ -174,6 +174,10 @@ async def _job(f: Facades, p: Job, _: None) -> dict:
     return f.jobs.get(p.job_id).model_dump(mode="json")
 
 
+async def _circuit_claims(f: Facades, _: NoParams, __: None) -> dict:
+    return await blocking(f.circuit_serving.claims)
+
+
 async def _sensing_status(f: Facades, _: NoParams, __: None) -> dict:
     return await blocking(f.sensing.status, "cluster")
 
@@ -434,6 +438,15 @@ TOOLS = (
         "/v1/batches/{batch_id}",
         _batch,
         BatchKey,
+        read_only=True,
+    ),
+    McpTool(
+        "circuit_claims",
+        "The layers active circuits claim: which circuit holds each, whether it is composed "
+        "(a sum of circuits), the features it writes there.",
+        "get",
+        "/api/circuits/claims",
+        _circuit_claims,
         read_only=True,
     ),
     McpTool(

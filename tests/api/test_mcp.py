@@ -60,6 +60,7 @@ TOOLS = {
     "circuit_sensing_status",
     "circuit_sensing_events",
     "enable_circuit_sensing",
+    "circuit_claims",
 }
 
 
@@ -559,3 +560,4 @@ def test_sensing_is_read_and_switched_over_mcp_as_over_http(server):
     assert call(server, "circuit_sensing_events", edge_key="1@1->2@2")["total"] == 0
     refused(server, "enable_sensing", 404, "cluster_not_found", cluster_id="no-such-cluster")
     refused(server, "enable_circuit_sensing", 404, "circuit_not_found", circuit_id="nope")
+    assert call(server, "circuit_claims") == rest(server, "GET", "/api/circuits/claims").json()
