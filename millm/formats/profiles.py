@@ -82,6 +82,14 @@ def validate_import(payload) -> list[dict]:
     return [validate_profile(payload)]
 
 
+class RequestSteering(SteeringSpec):
+    """millm's shape of a request's own steering: a profile document's steering part, whose
+    schema states that no other key is taken (a request's unknown key is refused, where a stored
+    document keeps its own)."""
+
+    model_config = ConfigDict(json_schema_extra={"additionalProperties": False})
+
+
 class InlineFeature(BaseModel):
     """One feature of the original miLLM's inline steering: an add at a strength (clamped to
     ±200 when applied, and counted as clamped)."""
@@ -131,7 +139,7 @@ def _own_steering(value: Any, handler) -> SteeringSpec | InlineSteering:
             return InlineSteering.model_validate(value)
         except ValidationError as exc:
             raise field_error(exc, value, STEERING_PARAM) from None
-    return _millm_shape(value, lambda raw: SteeringSpec.model_validate(raw))
+    return _millm_shape(value, lambda raw: RequestSteering.model_validate(raw))
 
 
 def _millm_shape(value: Any, handler) -> SteeringSpec:
@@ -156,7 +164,7 @@ def _millm_shape(value: Any, handler) -> SteeringSpec:
 
 # A request's own `steering` field: a profile document's steering part, or the original miLLM's
 # inline shape; unknown keys refused, a problem refused as a 400 naming its location.
-OwnSteering = Annotated[SteeringSpec | InlineSteering, WrapValidator(_own_steering)]
+OwnSteering = Annotated[RequestSteering | InlineSteering, WrapValidator(_own_steering)]
 # A profile document's steering part alone (what a variant or a sweep stores).
 _SPEC: TypeAdapter[SteeringSpec] = TypeAdapter(Annotated[SteeringSpec, WrapValidator(_millm_shape)])
 

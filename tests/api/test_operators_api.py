@@ -392,7 +392,7 @@ def test_the_served_schema_states_the_field_and_the_ops(server):
     schema = api(server, "GET", "/openapi.json").json()
     chat_request = schema["components"]["schemas"]["ChatCompletionRequest"]
     assert chat_request["properties"]["steering"]["anyOf"] == [
-        {"$ref": "#/components/schemas/SteeringSpec"},
+        {"$ref": "#/components/schemas/RequestSteering"},
         {"$ref": "#/components/schemas/InlineSteering"},
         {"type": "null"},
     ]

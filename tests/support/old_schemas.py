@@ -404,6 +404,8 @@ def upgraded(version: int, rows: dict[str, list[dict]]) -> dict[str, list[dict]]
         row["model"] = None
     for row in expected.get("millm_profiles", []):
         row["version"] = 1
+    for row in expected.get("millm_circuits", []):
+        row["intensity"] = None  # schema 16: a circuit's persistent dial, unset
     if version < 5:
         for row in expected.get("millm_strengths", []):
             row.update(op="add", value=None)

@@ -8,8 +8,8 @@ import re
 import httpx
 from playwright.sync_api import expect
 
-TABS = ["chat", "features", "inspect", "documents", "probes", "monitoring", "evaluate", "batches",
-        "system"]  # fmt: skip
+TABS = ["chat", "features", "inspect", "documents", "probes", "monitoring", "sensing", "evaluate",
+        "batches", "system"]  # fmt: skip
 
 
 def test_the_landing_page_links_to_the_workbench(workbench):
