@@ -9,6 +9,7 @@ import pytest
 
 from millm.interp.steering_hash import steering_set_hash
 from tests.api.clients import MODEL, api, error, sdk
+from tests.support.model_dirs import endless
 from tests.support.server import ServerProcess
 from tests.support.steering_header import member, members
 from tests.support.tiny_saes import build_saelens
@@ -31,8 +32,10 @@ def saes(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dirs, home, saes):
-    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
+def server(tiny_dirs, home, saes, tmp_path_factory):
+    # without an end-of-sequence token every answer runs to max_tokens: a long stream is long
+    model = endless(tiny_dirs["llama"], tmp_path_factory.mktemp("endless") / MODEL)
+    process = ServerProcess(home, ["--model", str(model)])
     try:
         process.wait_ready()
         for key in ("a", "b"):
@@ -281,7 +284,7 @@ def test_operator_change_during_a_profile_request_stays_live(server, ids):
         body = {
             "model": MODEL,
             "messages": USER,
-            "max_tokens": 400,
+            "max_tokens": 1500,
             "temperature": 0,
             "stream": True,
             "profile": "stream-profile",

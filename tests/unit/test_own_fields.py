@@ -116,7 +116,8 @@ def test_the_schema_is_the_models_own():
     fields = schema["properties"]
     assert fields["tools"]["anyOf"][0]["items"] == {"$ref": "ChatTool"}
     assert {"$ref": "ReadRequest"} in fields["return_sae_activations"]["anyOf"]
-    assert {"$ref": "SteeringSpec"} in fields["steering"]["anyOf"]
+    assert {"$ref": "RequestSteering"} in fields["steering"]["anyOf"]
+    assert {"$ref": "InlineSteering"} in fields["steering"]["anyOf"]
     probes = fields["probes"]["anyOf"][0]
     assert probes["maxItems"] == MAX_REQUEST_PROBES
     assert {"$ref": "InlineProbe"} in probes["items"]["oneOf"]
