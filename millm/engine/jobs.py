@@ -37,10 +37,6 @@ class ResidualRead:
     # (an idle OpenMP pool of another thread slows decoding; docs/engine.md). What it returns
     # is the asker's own business, hence Any.
     encode: Callable[[torch.Tensor], Any] | None = field(default=None, compare=False)
-    # Applied to each forward pass's wanted rows `[n, d]` (float32) as they are read: the read
-    # keeps its `[n, k]` output instead of the vectors (sensing keeps a few features' activations
-    # at every position of a long row, where keeping `d` floats each would cost memory for nothing).
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
 
     def first_position(self, prompt_length: int) -> int:
         """The first position this read wants (a prefix cache may only skip the ones before it)."""

@@ -64,8 +64,7 @@ class Capture:
             else hidden[wanted]
         )
         self.positions.extend(first + i for i in wanted)
-        kept = rows.detach().to(torch.float32, copy=True)
-        self.vectors.append(self.read.reduce(kept) if self.read.reduce is not None else kept)
+        self.vectors.append(rows.detach().to(torch.float32, copy=True))
 
     def result(self, row: int, tokens: list[int]) -> ResidualsRead:
         """The event that reports this capture (tokens: the row's prompt then generated ids)."""

@@ -4,11 +4,14 @@ the counters the status routes show, and the live feed.
 
 Armed: the active cluster or circuit, when its sensing is on and it fits the attached SAEs (a
 cluster must; a circuit senses the edges it can). Every generation row admitted while one is
-armed reads, at each layer it senses, the activations of its features at every position, before
-the layer's steering (what the model computed), on the scheduler thread (SAE.encode_features:
-the members' columns alone). The row hands them over when it ends; events are computed, stored
-and published off the scheduler thread. Rows are read one by one, so a row in a continuous batch
-gives the events it gives alone. Scoring passes and embeddings are not sensed.
+armed (the active cluster, or each active circuit) keeps, at each layer it senses, the residual
+at every position, before the layer's steering (what the model computed); when the row ends, the
+scheduler thread encodes the sensed features over all of them in one pass (SAE.encode_features:
+the members' columns alone where the activation allows) and hands them over as plain lists.
+Encoding once per row rather than once per step keeps the steps as cheap as monitoring's reads
+(bench/sensing_cost.py); the price is d floats a position kept until the row ends. Events are
+computed, stored and published off the scheduler thread. Rows are read one by one, so a row in a
+continuous batch gives the events it gives alone. Scoring passes and embeddings are not sensed.
 """
 
 from __future__ import annotations
@@ -194,17 +197,18 @@ class Sensing:
         attached = self.planner.now().attached
         spent = [0.0]  # seconds the scheduler thread spent encoding this generation's features
 
-        def reduce_with(sae, features: tuple[int, ...]):
+        def encode_with(sae, features: tuple[int, ...]):
             index = torch.tensor(features, dtype=torch.long, device=sae.W_enc.device)
 
-            def reduce(hidden: torch.Tensor) -> torch.Tensor:
+            def encode(kept: torch.Tensor) -> list[list[float]]:
+                # once, when the row ends, over every position: one matmul, not one a step
                 started = time.perf_counter()
                 with torch.inference_mode():
-                    out = sae.encode_features(hidden.to(sae.W_enc.device), index).float().cpu()
+                    acts = sae.encode_features(kept.to(sae.W_enc.device), index).float().cpu()
                 spent[0] += time.perf_counter() - started
-                return out
+                return acts.tolist()  # the worker then touches no torch at all
 
-            return reduce
+            return encode
 
         reads = tuple(
             ResidualRead(
@@ -212,8 +216,7 @@ class Sensing:
                 False,
                 "all",
                 f"{TAG}:{number}",
-                encode=_as_lists,
-                reduce=reduce_with(attached[layer.sae_id].sae, layer.features),
+                encode=encode_with(attached[layer.sae_id].sae, layer.features),
             )
             for number, layer in enumerate(layers)
         )
@@ -308,11 +311,6 @@ class Sensing:
         except queue.Full:
             log.warning("sensing worker did not drain its queue within %.0f s", timeout)
         self.worker.join(timeout)
-
-
-def _as_lists(kept: torch.Tensor) -> list[list[float]]:
-    # on the scheduler thread, when the row ends: the worker then touches no torch at all
-    return kept.tolist()
 
 
 def check_min_k(arm: ClusterArm, min_k: int | None) -> None:
