@@ -12,7 +12,7 @@ median over --repeats of the streams' total completion tokens over the wall time
 request to the last answer. Every request has a prompt of its own, so none is served from the
 prefix cache (a sensed row never is: it reads every position).
 
-    .venv/bin/python bench/sensing_cost.py [--tokens 96] [--repeats 3]
+    .venv/bin/python bench/sensing_cost.py [--tokens 96] [--repeats 3] [--servers batched]
 """
 
 from __future__ import annotations
@@ -137,12 +137,14 @@ def main() -> int:
     )
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--servers", choices=["both", "serial", "batched"], default="both")
     args = parser.parse_args()
     print(f"\n{MODEL}, demo SAE (layer 12, TopK), {args.tokens} greedy tokens a stream, median of "
           f"{args.repeats}")  # fmt: skip
     print("| server | streams | nothing armed tok/s | cluster armed | circuit armed |")
     print("|---|---:|---:|---:|---:|")
-    for batched in (False, True):
+    kinds = {"both": (False, True), "serial": (False,), "batched": (True,)}[args.servers]
+    for batched in kinds:
         measured = measure(batched, args.tokens, args.repeats)
         results = measured["results"]
         for streams in (1, 8):

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 TAG = "sensing"
 WORK_BACKLOG = 256  # finished rows waiting for the worker; past it a row's events are dropped
+WRITE_BATCH = 32  # rows whose events go to the store in one transaction, when so many wait
 OVERHEAD_WARN_MS = 5.0
 CONTEXT_FIELDS = ("context_text", "context_token_ids", "context_parts")
 Arm = ClusterArm | CircuitArm
@@ -236,17 +237,38 @@ class Sensing:
     # the worker -----------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            pending = self._work.get()
+            # the rows waiting now are recorded together: one store write for all their events
+            batch = [self._work.get()]
+            while len(batch) < WRITE_BATCH and batch[-1] is not None:
+                try:
+                    batch.append(self._work.get_nowait())
+                except queue.Empty:
+                    break
+            rows = [pending for pending in batch if pending is not None]
             try:
-                if pending is None:
-                    return
-                self._record(pending)
+                if rows:
+                    self._record_rows(rows)
             except Exception:  # one bad row must not stop sensing for every later one
-                log.exception("sensing failed on a row")
+                log.exception("sensing failed on %d rows", len(rows))
             finally:
-                self._work.task_done()
+                for _ in batch:
+                    self._work.task_done()
+            if len(rows) < len(batch):
+                return
 
-    def _record(self, pending: _Pending) -> None:
+    def _record_rows(self, rows: list[_Pending]) -> None:
+        made: dict[str, list[dict]] = {"cluster": [], "circuit": []}
+        for pending in rows:
+            for kind, records in self._record(pending).items():
+                made[kind] += records
+        keep, age = self.settings.sensing_max_events_kept, self.settings.sensing_max_age_days
+        for kind, records in made.items():
+            add_events(self.store, kind, records, keep, age * 86400)
+            for record in records:
+                self.feed.publish({k: v for k, v in record.items() if k not in CONTEXT_FIELDS})
+
+    def _record(self, pending: _Pending) -> dict[str, list[dict]]:
+        """One row's events by kind (not yet stored), its counters counted."""
         origin = pending.origin
         by_layer = {pending.layers[int(r.tag.split(":")[1])]: r for r in pending.reads}
         first = pending.reads[0]
@@ -261,6 +283,7 @@ class Sensing:
         )
         cap = self.settings.sensing_max_events_per_request
         shedding: dict[str, list[int]] = {}
+        made: dict[str, list[dict]] = {"cluster": [], "circuit": []}
         for arm in pending.arms:
             kind = "cluster" if isinstance(arm, ClusterArm) else "circuit"
             counters = self.counters[kind]
@@ -273,20 +296,18 @@ class Sensing:
                 shedding[arm.base_id] = sorted(shed)
             for record in records:
                 record["model"] = origin.model
-            keep, age = self.settings.sensing_max_events_kept, self.settings.sensing_max_age_days
-            add_events(self.store, kind, records, keep, age * 86400)
+            made[kind] += records
             counters.requests_sensed += 1
             counters.requests_truncated += truncated
             counters.events_recorded += len(records)
             counters.last_overhead_ms = pending.overhead_s * 1000
-            for record in records:
-                self.feed.publish({k: v for k, v in record.items() if k not in CONTEXT_FIELDS})
         if any(isinstance(arm, CircuitArm) for arm in pending.arms):
             counters = self.counters["circuit"]
             counters.truncated_layers = sorted(
                 {layer for shed in shedding.values() for layer in shed}
             )
             counters.truncated_by_circuit = shedding
+        return made
 
     def _reported(self, arm: ClusterArm, read: RowRead) -> int:
         """How many leading positions the previous row sensed for this arm already reported (a
