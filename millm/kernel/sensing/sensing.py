@@ -248,8 +248,8 @@ class Sensing:
             try:
                 if rows:
                     self._record_rows(rows)
-            except Exception:  # one bad row must not stop sensing for every later one
-                log.exception("sensing failed on %d rows", len(rows))
+            except Exception:  # a store that failed: these rows' events are lost, not later ones
+                log.exception("sensing could not store the events of %d rows", len(rows))
             finally:
                 for _ in batch:
                     self._work.task_done()
@@ -259,7 +259,14 @@ class Sensing:
     def _record_rows(self, rows: list[_Pending]) -> None:
         made: dict[str, list[dict]] = {"cluster": [], "circuit": []}
         for pending in rows:
-            for kind, records in self._record(pending).items():
+            try:
+                recorded = self._record(pending)
+            except Exception:  # one bad row must not cost the others their events
+                log.exception(
+                    "sensing failed on row %d of %s", pending.row, pending.origin.request_id
+                )
+                continue
+            for kind, records in recorded.items():
                 made[kind] += records
         keep, age = self.settings.sensing_max_events_kept, self.settings.sensing_max_age_days
         for kind, records in made.items():
