@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.api.clients import MODEL, api, error
+from tests.support.busy_features import busiest
 from tests.support.server import ServerProcess
 from tests.support.steering_header import members
 from tests.support.tiny_saes import build_saelens
@@ -264,25 +265,17 @@ def test_the_serving_circuits_dial_is_set_live_and_a_request_in_flight_keeps_its
 PROMPT = "The old river runs to the sea " * 4
 
 
-def busiest(server, layer: int) -> int:
+def busiest_at(server, layer: int) -> int:
     """The feature of the SAE at `layer` firing at the most positions of PROMPT's completion (not
     one the circuits here steer)."""
     sae = {s["layer"]: s["id"] for s in api(server, "GET", "/api/saes").json()["data"]}[layer]
-    ask = {"sae_id": sae, "positions": "all", "top_k": 32, "read_point": "pre_steering"}
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
-    read = api(server, "POST", "/v1/completions", json={**body, "return_sae_activations": ask})
-    counts: dict[int, int] = {}
-    for p in read.json()["millm"]["sae_activations"]["positions"][1:]:
-        for f in p["features"]:
-            if f["value"] > 0 and f["index"] not in (3, 5, 7, 9, 11, 30, 31):
-                counts[f["index"]] = counts.get(f["index"], 0) + 1
-    return max(counts, key=lambda f: counts[f])
+    return busiest(server, sae, PROMPT, 40, skip=(3, 5, 7, 9, 11, 30, 31))[0][0]
 
 
 def test_two_circuits_sharing_an_edge_sense_it_each_on_its_own(server, circuits):
     """The same edge in two active circuits: each has its own rings and budget, so one's lag (or
     its budget running out) never changes the other's observations."""
-    up, down = busiest(server, 0), busiest(server, 1)
+    up, down = busiest_at(server, 0), busiest_at(server, 1)
     edge = {
         "up": {"layer": 0, "feature_idx": up},
         "down": {"layer": 1, "feature_idx": down},

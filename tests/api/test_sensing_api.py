@@ -13,6 +13,7 @@ import pytest
 
 from millm.interp.sensing import co_activations, edge_observations
 from tests.api.clients import MODEL, api, error, post
+from tests.support.busy_features import busiest, sensed_cluster
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -69,31 +70,9 @@ def activations(answer: dict, features: list[int]) -> tuple[list[int], list[list
     return [p["position"] for p in positions], [[v.get(f, 0.0) for f in features] for v in values]
 
 
-def busiest(server, layer: int, count: int) -> list[tuple[int, float]]:
-    """The features firing at the most positions of PROMPT's completion, with their peak."""
-    ask = {
-        "sae_id": server.saes[layer],
-        "positions": "all",
-        "top_k": 32,
-        "read_point": "pre_steering",
-    }
-    body = {
-        "model": MODEL,
-        "prompt": PROMPT,
-        "max_tokens": 12,
-        "temperature": 0,
-        "return_sae_activations": ask,
-    }
-    positions = post(server, "/v1/completions", body).json()["millm"]["sae_activations"][
-        "positions"
-    ]
-    fired: dict[int, list[float]] = {}
-    for p in positions[1:]:  # not the attention sink
-        for f in p["features"]:
-            if f["value"] > 0:
-                fired.setdefault(f["index"], []).append(f["value"])
-    ranked = sorted(fired, key=lambda f: -len(fired[f]))
-    return [(f, max(fired[f])) for f in ranked[:count]]
+def busy(server, layer: int, count: int) -> list[tuple[int, float]]:
+    """The `count` features firing at the most positions of PROMPT's completion, with their peak."""
+    return busiest(server, server.saes[layer], PROMPT, 12)[:count]
 
 
 def events(server, kind: str, **params) -> list[dict]:
@@ -123,17 +102,8 @@ def import_doc(server, what: str, doc: dict) -> dict:
 def cluster(server):
     """A cluster of the three busiest features at layer 1 (steering them by almost nothing),
     active, sensed; its events and documents gone afterwards."""
-    members = busiest(server, 1, 3)
-    doc = {
-        "kind": "mistudio.cluster-definition",
-        "schema_version": "1",
-        "name": "busy-three",
-        "sae": {"layer": 1, "n_features": 128},
-        "members": [
-            {"feature_idx": f, "strength": 0.001, "max_activation": peak} for f, peak in members
-        ],
-    }
-    row = import_doc(server, "clusters", doc)
+    members = busy(server, 1, 3)
+    row = import_doc(server, "clusters", sensed_cluster("busy-three", 1, members))
     assert api(server, "POST", f"/api/clusters/{row['id']}/activate").status_code == 200
     yield row, members
     api(server, "POST", "/api/clusters/deactivate")
@@ -273,8 +243,8 @@ def test_a_cluster_that_cannot_be_sensed_is_refused_and_nothing_changes(server):
 def circuit(server):
     """A circuit over layers 1 and 2: an edge from a busy layer-1 feature to a busy layer-2 one
     (rung 1), and edges it cannot sense (a layer with no SAE, a cluster endpoint, no maximum)."""
-    (up, up_peak), (other, _) = busiest(server, 1, 2)
-    (down, down_peak), (quiet, _) = busiest(server, 2, 2)
+    (up, up_peak), (other, _) = busy(server, 1, 2)
+    (down, down_peak), (quiet, _) = busy(server, 2, 2)
     doc = {
         "kind": "mistudio.circuit-definition",
         "schema_version": "1",
@@ -389,17 +359,8 @@ def test_rows_in_a_continuous_batch_record_what_they_record_alone(tiny_dirs, sae
         ENABLE_CONTINUOUS_BATCHING="true",
     )
     try:
-        members = busiest(server, 1, 3)
-        doc = {
-            "kind": "mistudio.cluster-definition",
-            "schema_version": "1",
-            "name": "batched",
-            "sae": {"layer": 1, "n_features": 128},
-            "members": [
-                {"feature_idx": f, "strength": 0.001, "max_activation": p} for f, p in members
-            ],
-        }
-        row = import_doc(server, "clusters", doc)
+        members = busy(server, 1, 3)
+        row = import_doc(server, "clusters", sensed_cluster("batched", 1, members))
         api(server, "POST", f"/api/clusters/{row['id']}/activate")
         api(server, "POST", f"/api/sensing/{row['id']}/enable")
         api(server, "PUT", f"/api/sensing/{row['id']}/config", json={"min_k": 1})

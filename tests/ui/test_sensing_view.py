@@ -10,30 +10,15 @@ import os
 from playwright.sync_api import expect
 
 from tests.api.clients import MODEL
+from tests.support.busy_features import busiest, sensed_cluster
 from tests.ui.conftest import LAYER
 
 
 def busy_cluster(bench) -> dict:
     """A cluster of the two features that fire most on a short completion, with their peaks."""
-    ask = {"sae_id": bench.sae, "positions": "all", "top_k": 16, "read_point": "pre_steering"}
-    body = {"model": MODEL, "prompt": "The river runs to the sea", "max_tokens": 8,
-            "temperature": 0, "return_sae_activations": ask}  # fmt: skip
-    positions = bench.api("POST", "/v1/completions", json=body).json()["millm"]["sae_activations"]
-    fired: dict[int, list[float]] = {}
-    for p in positions["positions"][1:]:
-        for f in p["features"]:
-            if f["value"] > 0:
-                fired.setdefault(f["index"], []).append(f["value"])
-    busiest = sorted(fired, key=lambda f: -len(fired[f]))[:2]
-    doc = {
-        "kind": "mistudio.cluster-definition",
-        "schema_version": "1",
-        "name": "busy-ui",
-        "sae": {"layer": LAYER, "n_features": 128},
-        "members": [
-            {"feature_idx": f, "strength": 0.001, "max_activation": max(fired[f])} for f in busiest
-        ],
-    }
+    doc = sensed_cluster(
+        "busy-ui", LAYER, busiest(bench, bench.sae, "The river runs to the sea", 8)[:2]
+    )
     imported = bench.api(
         "POST", "/api/clusters/import", content=json.dumps(doc),
         headers={"content-type": "application/json"}, params={"activate": "true"},
