@@ -40,6 +40,7 @@ from millm.kernel.sensing.arming import (
 )
 from millm.kernel.sensing.events import RowRead, cluster_records, common_prefix, edge_records
 from millm.kernel.steering.live import circuit_ids
+from millm.kernel.steering.plan_cache import Snapshot
 from millm.kernel.steering.plans import Planner
 from millm.settings.server import Settings
 from millm.store.database import Store
@@ -62,7 +63,7 @@ class SensingCounters:
     events_recorded: int = 0
     requests_sensed: int = 0
     requests_truncated: int = 0
-    truncated_layers: list[int] = field(default_factory=list)
+    # the last sensed row's layers that dropped events past the cap, per circuit
     truncated_by_circuit: dict[str, list[int]] = field(default_factory=dict)
     last_overhead_ms: float | None = None
 
@@ -145,10 +146,10 @@ class Sensing:
         return base.over(self.switch(kind, base_id)[1])
 
     # arming ---------------------------------------------------------------------------------------
-    def arm(self, kind: str, base_id: str) -> Arm:
+    def arm(self, kind: str, base_id: str, now: Snapshot | None = None) -> Arm:
         """The base armed on the attached SAEs now (a 400 when a cluster cannot be sensed; 404
         for an unknown base)."""
-        now = self.planner.now()
+        now = now or self.planner.now()
         book = self.clusters if kind == "cluster" else self.circuits
         shelf = now.clusters if kind == "cluster" else now.circuits
         row = book.find_in(shelf, base_id)
@@ -156,10 +157,11 @@ class Sensing:
         arming = arm_cluster if kind == "cluster" else arm_circuit
         return arming(row, document, now.attached, self.tuning(kind, row["id"]))
 
-    def armed(self) -> tuple[list[Arm], str | None]:
+    def armed(self, now: Snapshot | None = None) -> tuple[list[Arm], str | None]:
         """What is sensed now (the active cluster, or each active circuit, whose sensing is on
         and that fits), and why one switched on is not armed."""
-        active = self.planner.now().active
+        now = now or self.planner.now()
+        active = now.active
         if active is None or active["kind"] not in ("cluster", "circuit"):
             return [], None
         kind = active["kind"]
@@ -170,7 +172,7 @@ class Sensing:
             if not self.switch(kind, base_id)[0]:
                 continue
             try:
-                arms.append(self.arm(kind, base_id))
+                arms.append(self.arm(kind, base_id, now))
             except MillmError as exc:
                 problem = exc.message
         return arms, problem
@@ -179,9 +181,10 @@ class Sensing:
     def read_for(self, origin: Origin, decode: Callable[[list[int]], str]) -> Sensed | None:
         """For `origin`'s generation starting now: the reads its rows take and the hand-over of a
         finished row (None when nothing is armed). `decode` turns ids into context text."""
+        now = self.planner.now()  # one steering state for what is armed and the SAEs it reads
         arms = [
             arm
-            for arm in self.armed()[0]
+            for arm in self.armed(now)[0]
             if isinstance(arm, ClusterArm)
             or arm.edges  # a circuit with no edge to sense reads nothing
         ]
@@ -195,7 +198,7 @@ class Sensing:
             Layer(-1, sae_id, point, tuple(sorted(features)))
             for (point, sae_id), features in sorted(wanted.items())
         ]
-        attached = self.planner.now().attached
+        attached = now.attached
         spent = [0.0]  # seconds the scheduler thread spent encoding this generation's features
 
         def encode_with(sae, features: tuple[int, ...]):
@@ -309,11 +312,7 @@ class Sensing:
             counters.events_recorded += len(records)
             counters.last_overhead_ms = pending.overhead_s * 1000
         if any(isinstance(arm, CircuitArm) for arm in pending.arms):
-            counters = self.counters["circuit"]
-            counters.truncated_layers = sorted(
-                {layer for shed in shedding.values() for layer in shed}
-            )
-            counters.truncated_by_circuit = shedding
+            self.counters["circuit"].truncated_by_circuit = shedding
         return made
 
     def _reported(self, arm: ClusterArm, read: RowRead) -> int:

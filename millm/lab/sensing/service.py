@@ -155,7 +155,9 @@ class SensingManagement:
                 else settings.circuit_sensing_max_token_lag
             ),
             "context_tokens": mine.context_tokens if mine else settings.sensing_context_tokens,
-            "truncated_layers": counters.truncated_layers,
+            "truncated_layers": sorted(
+                {layer for shed in counters.truncated_by_circuit.values() for layer in shed}
+            ),
             "enabled_circuits": enabled,
         }
 
