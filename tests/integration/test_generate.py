@@ -69,9 +69,9 @@ def test_rows_sharing_a_prompt_are_seeded_separately(llama_lm):
 
 def test_unseeded_sampling_differs_between_runs(llama_lm):
     prompt = prompt_ids(llama_lm, "The model")
-    first = generate(llama_lm, [row(prompt, 30, SAMPLED)]).texts[0]
-    second = generate(llama_lm, [row(prompt, 30, SAMPLED)]).texts[0]
-    assert first != second
+    # a row whose first draw is the end-of-sequence token has no text: three runs, not two
+    texts = [generate(llama_lm, [row(prompt, 30, SAMPLED)]).texts.get(0, "") for _ in range(3)]
+    assert len(set(texts)) > 1
 
 
 def test_stop_string_cuts_text_and_stops(llama_lm):
