@@ -102,6 +102,9 @@ class Scheduler:
         # The batch's scoring line running in slices, paused while interactive work runs.
         self._paused: PausedScoring | None = None
         self.pauses = 0  # times such a line paused for interactive work
+        # The most rows one batched decode step has carried since start: what a sampled
+        # `batch_size` can miss when the rows are short.
+        self.peak_batch_rows = 0
         self._last_interactive = float("-inf")  # when an interactive job was last admitted
         loop = self._loop_batched if self.batching else self._loop_serial
         self._thread = threading.Thread(
@@ -469,6 +472,8 @@ class Scheduler:
 
     def _step(self, lane: Lane, backend: str) -> None:
         """One step of a lane; a failure fails every job in it and empties it."""
+        if lane is self._batch_lane:
+            self.peak_batch_rows = max(self.peak_batch_rows, len(lane.rows))
         try:
             ended = lane.step()
         except Exception as exc:

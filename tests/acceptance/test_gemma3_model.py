@@ -147,6 +147,7 @@ def test_concurrent_requests_batch_and_equal_their_solo_answers(gemma3_server):
     assert health["backend"] == "batched" and health["jobs"]["batched"]["served"] == before + len(
         requests
     )
+    assert health["peak_batch_size"] >= 2  # they did share a step
 
 
 # ---- the same file on llama.cpp: reads, probes and steering inside its graph ---------------------

@@ -68,34 +68,19 @@ def streamed_text(server, body: dict) -> tuple[str, list, httpx.Headers]:
     return text, events, response.headers
 
 
-def watch_batch(server, stop: threading.Event, seen: list) -> threading.Thread:
-    """Poll the health route while requests run, keeping every batch size it reports."""
-
-    def poll():
-        while not stop.is_set():
-            seen.append(inference(server)["batch_size"])
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_concurrent_streams_each_equal_their_solo_answer(server):
     solo = [streamed_text(server, chat(topic))[0] for topic in TOPICS]
-    before = inference(server)["jobs"]["batched"]["served"]
-    stop, sizes = threading.Event(), []
-    watcher = watch_batch(server, stop, sizes)
+    before = inference(server)
+    assert before["peak_batch_size"] == 1  # one at a time so far
     with ThreadPoolExecutor(len(TOPICS)) as pool:
         together = list(pool.map(lambda topic: streamed_text(server, chat(topic))[0], TOPICS))
-    stop.set()
-    watcher.join()
     assert together == solo  # whole, in order, nobody else's tokens
-    assert max(sizes) >= 2
+    # A poll of `batch_size` can miss short rows on a busy machine; the peak cannot.
+    assert 2 <= inference(server)["peak_batch_size"] <= len(TOPICS)
     health = inference(server)
     assert health["backend"] == "batched" and health["continuous_batching"]["enabled"] is True
     assert health["runner"] == "lean (llama)"
-    assert health["jobs"]["batched"]["served"] == before + len(TOPICS)
+    assert health["jobs"]["batched"]["served"] == before["jobs"]["batched"]["served"] + len(TOPICS)
     assert health["queue_depth"] == 0 and health["running_rows"] == 0 and health["in_flight"] == 0
     assert health["background_waiting"] == 0
 
