@@ -16,6 +16,7 @@ from millm.lab.attribution import routes as attribution
 from millm.lab.autosteer import routes as autosteer
 from millm.lab.calibration import routes as calibration
 from millm.lab.compare import routes as compare
+from millm.lab.dictionaries import routes as dictionaries
 from millm.lab.discovery import routes as discovery
 from millm.lab.documents import routes as documents
 from millm.lab.evaluations import routes as evaluations
@@ -75,6 +76,7 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
         if load_model:
             service.models.load_at_start()
         service.batches.runner.start()  # batches left running by the last start resume
+        await to_thread.run_sync(service.dictionaries.resume_interrupted)  # trainings, likewise
         # several circuits active while CIRCUIT_ALLOW_CONCURRENT is now off: only the last stays
         await to_thread.run_sync(service.circuit_serving.demote_past_the_flag)
         try:
@@ -82,6 +84,7 @@ def create_app(service: Facades, load_model: bool = True) -> FastAPI:
                 yield
         finally:
             await service.batches.runner.stop()
+        service.dictionaries.stop()
         service.close()
 
     app = FastAPI(
@@ -128,6 +131,8 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(tokenizer.router, tags=["Tokenizer"])
     app.include_router(files.router, tags=["Batch"])
     app.include_router(batches.router, tags=["Batch"])
+    # before manage's /api/saes/{sae_id}, which would take /api/saes/trainings for an SAE id
+    app.include_router(dictionaries.router, tags=["Dictionaries"])
     app.include_router(manage.router, tags=["Management"])
     app.include_router(labels.router, tags=["Feature labels"])
     app.include_router(model_admin.router, tags=["Models"])

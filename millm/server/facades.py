@@ -17,6 +17,7 @@ from millm.lab.attribution.service import Attribution
 from millm.lab.autosteer.service import AutoSteer
 from millm.lab.calibration.service import CalibrationManagement
 from millm.lab.compare.service import Comparer
+from millm.lab.dictionaries.service import Dictionaries
 from millm.lab.discovery.service import Discovery
 from millm.lab.documents.claims import CircuitServing
 from millm.lab.documents.service import BaseManagement
@@ -64,6 +65,7 @@ class Facades:
     circuit_serving: CircuitServing
     features: FeatureManagement
     calibrations: CalibrationManagement
+    dictionaries: Dictionaries
     monitoring: MonitorManagement
     monitor: Monitor
     sensing: SensingManagement
@@ -116,6 +118,7 @@ def build_facades(state: ServerState) -> Facades:
         circuit_serving=CircuitServing(state, bases),
         features=FeatureManagement(state, MeaningBook()),
         calibrations=CalibrationManagement(state),
+        dictionaries=Dictionaries(state),
         monitoring=MonitorManagement(state),
         monitor=state.monitor,
         sensing=SensingManagement(state),

@@ -382,6 +382,13 @@ class Settings(RemoteServers):
         "token, float32); past it, 400 before anything runs.",
         ge=1,
     )
+    dictionary_buffer_bytes: int = env_field(
+        1 << 30,
+        "MILLM_DICTIONARY_BUFFER_BYTES",
+        "Most bytes of activations a dictionary training's shuffling buffer holds (rows x residual "
+        "width x 4); past it, 400 before anything runs.",
+        ge=1 << 20,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -60,6 +60,7 @@ class Topic(StrEnum):
     MONITORING = "monitoring"  # which features monitoring watches (the records stay per replica)
     BATCHES = "batches"  # a batch has lines to run or to end: every replica's runner looks now
     SENSING = "sensing"  # which clusters and circuits are sensed, and how (events are read anew)
+    DICTIONARIES = "dictionaries"  # trainings and grades (read anew by every view)
 
 
 def announce(conn: Connection, topic: Topic, origin: str) -> None:

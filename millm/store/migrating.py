@@ -19,7 +19,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
 # The newest schema version; Alembic's head revision is its number in four digits ("0009").
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # Any constant works, as long as every replica takes the same one: the ASCII of "millm".
 MIGRATION_LOCK = 0x6D696C6C6D

@@ -1,7 +1,8 @@
 """The tables, as SQLAlchemy metadata: what survives a restart, one table per kind of thing kept.
 Alembic's revisions (migrations/) bring an older database to this shape; the table modules beside
 this one (settings, saes, steering, profiles, documents, models, labels, calibrations, vectors,
-probes, responses_api, variants, evaluations, batch_files, batches, sensing) read and write them."""
+probes, responses_api, variants, evaluations, batch_files, batches, sensing, dictionaries) read and
+write them."""
 
 from __future__ import annotations
 
@@ -305,4 +306,33 @@ Index(
     sqlite_where=circuit_claims_table.c.released_at.is_(None) & ~circuit_claims_table.c.composed,
     postgresql_where=circuit_claims_table.c.released_at.is_(None)
     & ~circuit_claims_table.c.composed,
+)
+
+# A dictionary training (store/dictionaries.py): its request, where its checkpoints lie, its state
+# and progress (JSON, rewritten at each checkpoint with `heartbeat_at`, which tells a restart that
+# a `running` row was left behind by a process that is gone), and its result or error.
+dictionary_trainings_table = Table(
+    "millm_dictionary_trainings",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("request", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("work_dir", Text, nullable=False),
+    Column("progress", Text, nullable=False),
+    Column("result", Text),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False, index=True),
+    Column("heartbeat_at", Float, nullable=False),
+    Column("finished_at", Float),
+)
+# A dictionary's grade on a model over a corpus: the card (JSON), newest first per SAE.
+dictionary_grades_table = Table(
+    "millm_dictionary_grades",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("sae_id", String(64), nullable=False, index=True),
+    Column("model", String(200), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("card", Text, nullable=False),
 )

@@ -142,8 +142,9 @@ def test_the_revisions_are_one_line_from_0001_to_the_schema_version():
         ("0014", "0013"),
         ("0015", "0014"),
         ("0016", "0015"),
+        ("0017", "0016"),
     ]
-    assert script.get_heads() == [HEAD] == ["0016"]
+    assert script.get_heads() == [HEAD] == ["0017"]
 
 
 def test_a_fresh_database_is_made_at_head(url, caplog):
@@ -235,6 +236,7 @@ def test_tables_without_a_schema_version_row_are_read_by_their_shape(url, caplog
         "upgrade 0013 -> 0014",
         "upgrade 0014 -> 0015",
         "upgrade 0015 -> 0016",
+        "upgrade 0016 -> 0017",
     ]
     assert snapshot(url)["millm_profiles"] == in_order(upgraded(3, rows))["millm_profiles"]
 

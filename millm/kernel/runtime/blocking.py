@@ -9,13 +9,16 @@ A model the job loaded beside the served one for itself (an `Engine`) takes its 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from millm.engine.jobs import (
+    CallDone,
+    CallJob,
     EmbeddingJob,
     EmbeddingsReady,
     Event,
@@ -57,9 +60,13 @@ class _Collector:
     vectors: EmbeddingsReady | None = None
     failed: JobFailed | None = None
     generated: list[Generated] = field(default_factory=list)
+    called: CallDone | None = None
 
     def emit(self, event: Event) -> None:
-        if isinstance(event, JobFailed):
+        if isinstance(event, CallDone):
+            self.called = event
+            self.done.set()
+        elif isinstance(event, JobFailed):
             self.failed = event
             self.done.set()
         elif isinstance(event, ScoresReady):
@@ -162,6 +169,17 @@ def passes_blocking(
     )
     _run(served, model, job, collector, cancel)
     return collector.scores
+
+
+def call_blocking(
+    served: Served, model: str, call: Callable[[Any], Any], *, cancel: threading.Event | None = None
+) -> Any:
+    """`call(lm)` run on the scheduler thread as one engine job (CallJob: unsteered, unread) and
+    what it returned; None when `cancel` was set before it finished."""
+    collector = _Collector()
+    job = CallJob(call=call, emit=collector.emit)
+    _run(served, model, job, collector, cancel)
+    return collector.called.value if collector.called is not None else None
 
 
 def generate_blocking(

@@ -178,7 +178,7 @@ def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo, context_leng
         ids = (
             completion_prompt_ids(tokenizer, content)
             if isinstance(content, str)
-            else _rendered(tokenizer, content, where)
+            else rendered_conversation(tokenizer, content, where)
         )
         if not ids:
             raise InvalidRequest(
@@ -189,7 +189,7 @@ def corpus_ids(tokenizer, request: CalibrateRequest, info: SAEInfo, context_leng
     return Corpus("demo" if request.corpus is not None else "request", out, truncated)
 
 
-def _rendered(tokenizer, messages: list[CalibrationMessage], where: str) -> list[int]:
+def rendered_conversation(tokenizer, messages: list[CalibrationMessage], where: str) -> list[int]:
     """A conversation's token ids through the chat template; its refusal names the conversation."""
     try:
         return chat_prompt_ids(tokenizer, [_template(m) for m in messages])

@@ -1,0 +1,136 @@
+"""Grading an attached dictionary as a job: each window run three times on the served model (clean,
+with the dictionary's reconstruction spliced in at its point, with that point zeroed), summed into
+SAEBench's core figures (interp/grading.py), kept as a card.
+
+Each window is one CallJob on the scheduler thread (torch stays there): three passes through the
+served model's own runner and kernels, the splice and the ablation as residual operations, so the
+figures are those of the model as millm serves it (llama.cpp's graph included).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from millm.engine.loader import LoadedModel
+from millm.engine.residual import ResidualEdit
+from millm.errors import InvalidRequest
+from millm.interp.grading import GradeSums
+from millm.interp.steering import Attached
+from millm.kernel.runtime.blocking import call_blocking
+from millm.kernel.runtime.jobs import JobCancelled, JobHandle
+from millm.lab.dictionaries.corpus import OpenedCorpus
+from millm.lab.dictionaries.protocol import GradeRequest
+from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.store.dictionaries import insert_grade
+
+if TYPE_CHECKING:
+    from millm.lab.dictionaries.service import Dictionaries
+
+SHORTEST = SKIPPED_POSITIONS + 2  # a window needs a read position and a next token after it
+
+
+def logits_under(lm: LoadedModel, ids: list[int], edit: ResidualEdit | None) -> torch.Tensor:
+    """Next-token logits `[len - 2, V]` at positions 1.. (predicting ids[2:]) under `edit`."""
+    if edit is not None:
+        lm.residual.install(lm.residual.stack([edit]))
+    try:
+        return lm.runner.prompt_logits(ids, SKIPPED_POSITIONS + 1).float().cpu()
+    finally:
+        lm.residual.clear()
+
+
+def grade_window(lm: LoadedModel, attached: Attached, ids: list[int], sums: GradeSums) -> None:
+    """One window's three passes, added to `sums` (on the scheduler thread)."""
+    sae = attached.sae
+    seen: dict[str, torch.Tensor] = {}
+
+    def splice(residual: torch.Tensor) -> torch.Tensor:
+        # a copy: the engine writes the returned residual back over the one it passed in
+        x = residual[SKIPPED_POSITIONS:].float().clone()
+        latents = sae.encode(x)
+        reconstruction = sae.decode(latents, x)
+        seen.update(x=x.cpu(), reconstruction=reconstruction.cpu(), latents=latents.cpu())
+        out = residual.clone()
+        out[SKIPPED_POSITIONS:] = reconstruction.to(residual.dtype)
+        return out
+
+    def zero(residual: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(residual)
+
+    point = attached.point
+    clean = logits_under(lm, ids, None)
+    spliced = logits_under(lm, ids, ResidualEdit((), ((point, splice),)))
+    zeroed = logits_under(lm, ids, ResidualEdit((), ((point, zero),)))
+    sums.add_reconstruction(seen["x"], seen["reconstruction"], seen["latents"])
+    targets = torch.tensor(ids[SKIPPED_POSITIONS + 1 :])
+    sums.add_logits(targets, clean, spliced, zeroed)
+
+
+@dataclass
+class GradeRun:
+    """One grading job's work: call it with the job's handle."""
+
+    service: Dictionaries
+    attached: Attached
+    model: str
+    corpus: OpenedCorpus
+    body: GradeRequest
+
+    def __call__(self, handle: JobHandle) -> dict:
+        state = self.service.state
+        lm = state.switch.lm
+        if lm is None or lm.name != self.model:
+            raise InvalidRequest(f"model {self.model!r} is no longer loaded")
+        sums = GradeSums(self.attached.sae.d_sae)
+        tokens, budget = 0, self.body.max_tokens
+        for window in self.corpus.windows(lm.tokenizer, lm.context_length):
+            if tokens >= budget:
+                break
+            if self.body.part == "held_out" and not window.held_out:
+                continue
+            ids = window.ids[: budget - tokens]
+            if len(ids) < SHORTEST:
+                continue
+            handle.check()
+            began = time.monotonic()
+            if (
+                call_blocking(
+                    state.switch,
+                    self.model,
+                    partial(grade_window, attached=self.attached, ids=ids, sums=sums),
+                    cancel=handle.cancel_event,
+                )
+                is None
+                and handle.cancel_event.is_set()
+            ):
+                raise JobCancelled()
+            tokens += len(ids)
+            handle.advance(len(ids))
+            handle.pace(time.monotonic() - began)
+        handle.check()
+        if sums.predicted == 0:
+            raise InvalidRequest(
+                "the corpus gave no window to grade on"
+                + (" among the held-out ones (every 20th)" if self.body.part == "held_out" else ""),
+                param="corpus",
+            )
+        card = {
+            "id": f"grade_{uuid.uuid4().hex[:12]}",
+            "object": "dictionary_grade",
+            "sae_id": self.attached.info.id,
+            "model": self.model,
+            "layer": self.attached.layer,
+            "hook_point": self.attached.info.hook_point,
+            "corpus": {**self.corpus.describe(), "part": self.body.part},
+            "tokens": tokens,
+            "created_at": time.time(),
+            "figures": sums.card(),
+        }
+        insert_grade(state.store, card)
+        return card

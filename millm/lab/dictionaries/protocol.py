@@ -1,0 +1,189 @@
+"""The bodies of the dictionary routes: a training's request (what to train, on what corpus, what
+to do with it after), a grade's request, and the views of both."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from millm.interp.dictionary_training import WITH_K, Architecture
+from millm.lab.calibration.protocol import CalibrateRequest
+from millm.lab.labels.protocol import ExplainRequest
+
+MAX_LATENTS = 1 << 20
+DictionaryName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")]
+
+
+class DictionaryCorpus(BaseModel):
+    """Where the text comes from (exactly one source), and how it is cut into windows."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    shipped_by: str | None = Field(
+        None, description="The calibration corpus shipped with this registered SAE (the demo's)."
+    )
+    texts: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="Plain texts sent with the request."
+    )
+    files: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        description="Local files inside the allowed directories, read as they stream: .txt "
+        '(paragraphs are documents) or .jsonl (one {"text": ...} or {"messages": [...]} per '
+        "line).",
+    )
+    dataset: str | None = Field(
+        None,
+        description="A dataset saved with Hugging Face datasets' save_to_disk, inside the allowed "
+        "directories (its first split, or `train`).",
+    )
+    column: Annotated[str, Field(min_length=1)] = Field(
+        "text", description="The dataset's text column."
+    )
+    context_size: Annotated[int, Field(ge=8, le=4096)] = Field(
+        128, description="Tokens per window: documents are cut into windows this long."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DictionaryCorpus:
+        given = [
+            name
+            for name in ("shipped_by", "texts", "files", "dataset")
+            if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one source: shipped_by, texts, files or dataset"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    @property
+    def source(self) -> str:
+        """Which source it is, for messages and provenance."""
+        for name in ("shipped_by", "texts", "files", "dataset"):
+            if getattr(self, name) is not None:
+                return name
+        raise AssertionError("validated to have one source")
+
+
+class TrainThen(BaseModel):
+    """What the training job does with the dictionary once it is saved and registered."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    attach: bool = Field(False, description="Attach it to the served model.")
+    calibrate: CalibrateRequest | None = Field(
+        None, description="Then calibrate it (the calibration job's body; needs attach)."
+    )
+    explain: ExplainRequest | None = Field(
+        None, description="Then explain its features (the explaining job's body; needs calibrate)."
+    )
+    grade: bool | None = Field(
+        None,
+        description="Grade it on the corpus's held-out windows (needs attach; default: when "
+        "attached).",
+    )
+
+    @model_validator(mode="after")
+    def _in_order(self) -> TrainThen:
+        if self.calibrate is not None and not self.attach:
+            raise ValueError("calibrate needs attach: a calibration reads the attached SAE")
+        if self.explain is not None and self.calibrate is None:
+            raise ValueError("explain needs calibrate: explaining reads the calibration's examples")
+        if self.grade and not self.attach:
+            raise ValueError("grade needs attach: a grade reads the attached SAE")
+        return self
+
+    @property
+    def grading(self) -> bool:
+        """Whether the training grades what it made."""
+        return self.attach if self.grade is None else self.grade
+
+
+class TrainRequest(BaseModel):
+    """POST /api/saes/train: an SAE at a layer of the served model, trained with SAELens on
+    activations millm reads."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: DictionaryName | None = Field(
+        None,
+        description="The folder it is saved in under the data directory's dictionaries/ "
+        "(default: model-Llayer-architecture-width).",
+    )
+    architecture: Architecture = Field("topk", description="SAELens's training architecture.")
+    layer: Annotated[int, Field(ge=0)]
+    hook_point: Literal["resid_post", "resid_pre"] = "resid_post"
+    d_sae: Annotated[int, Field(ge=16, le=MAX_LATENTS)] | None = Field(
+        None, description="Latents (default: 8 × the residual width)."
+    )
+    k: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Active latents per token (TopK, BatchTopK, Matryoshka; default 32)."
+    )
+    matryoshka_widths: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Matryoshka's nested widths, increasing, the last d_sae."
+    )
+    l0_coefficient: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="JumpReLU's sparsity coefficient (default 1)."
+    )
+    training_tokens: Annotated[int, Field(ge=1024)] = Field(
+        2_000_000, description="Activations trained on (the corpus is read once, at most)."
+    )
+    batch_tokens: Annotated[int, Field(ge=64, le=65_536)] = Field(
+        4096, description="Activations per optimiser step."
+    )
+    buffer_tokens: Annotated[int, Field(ge=128)] | None = Field(
+        None,
+        description="Rows of the shuffling buffer (its memory is rows × width × 4 bytes; default "
+        "16 batches, within MILLM_DICTIONARY_BUFFER_BYTES).",
+    )
+    lr: Annotated[float, Field(gt=0, le=1)] = Field(4e-4, description="Adam's learning rate.")
+    seed: int = 0
+    checkpoint_every_tokens: Annotated[int, Field(ge=1024)] | None = Field(
+        None, description="Tokens between checkpoints (default: a tenth of the training)."
+    )
+    corpus: DictionaryCorpus
+    then: TrainThen = Field(default_factory=TrainThen)
+
+    @model_validator(mode="after")
+    def _architecture_options(self) -> TrainRequest:
+        if self.architecture not in WITH_K and self.k is not None:
+            raise ValueError(f"k: a {self.architecture} SAE has no k (use l0_coefficient)")
+        if self.architecture != "jumprelu" and self.l0_coefficient is not None:
+            raise ValueError("l0_coefficient is JumpReLU's alone")
+        if (self.architecture == "matryoshka_batchtopk") != (self.matryoshka_widths is not None):
+            raise ValueError("matryoshka_widths: give them for matryoshka_batchtopk, and only then")
+        return self
+
+
+class GradeRequest(BaseModel):
+    """POST /api/saes/{id}/grade: the text to grade an attached dictionary on."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    corpus: DictionaryCorpus
+    part: Literal["all", "held_out"] = Field(
+        "all",
+        description="Every window, or only those a training on this corpus holds out (every "
+        "20th): grade a dictionary trained here on text it never saw.",
+    )
+    max_tokens: Annotated[int, Field(ge=16, le=1_000_000)] = Field(
+        16_384, description="Tokens graded at most."
+    )
+
+
+class TrainingView(BaseModel):
+    """A training as GET /api/saes/trainings/{id} shows it."""
+
+    id: str
+    object: Literal["dictionary_training"] = "dictionary_training"
+    model: str
+    state: str
+    request: dict[str, Any]
+    progress: dict[str, Any]
+    job_id: str | None = None  # the job running it in this process, while it runs
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    created_at: float
+    finished_at: float | None = None

@@ -1,0 +1,302 @@
+"""Dictionary trainings and grades as the API presents them: start, follow, cancel, resume after a
+restart; grade, read the cards (blocking; worker pool)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
+from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints
+from millm.interp.steering import residual_point
+from millm.kernel.runtime.jobs import JobView
+from millm.lab.calibration.protocol import CalibrateRequest
+from millm.lab.calibration.service import CalibrationManagement
+from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
+from millm.lab.dictionaries.grading import GradeRun
+from millm.lab.dictionaries.parts import DictionaryParts
+from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
+from millm.lab.dictionaries.training import TrainingRun
+from millm.lab.discovery.inputs import attached_sae
+from millm.lab.labels.labelling import Labelling
+from millm.lab.labels.protocol import ExplainRequest
+from millm.store.dictionaries import (
+    RUNNING,
+    end_training,
+    grade_cards,
+    insert_training,
+    take_orphan,
+    training_row,
+    training_rows,
+)
+
+log = logging.getLogger(__name__)
+DEFAULT_K = 32
+DEFAULT_BUFFER_BATCHES = 16
+STALE_S = 90.0  # a running training whose heartbeat is older belongs to a process that is gone
+RESUME_POLL_S = 30.0
+MODEL_WAIT_S = 600.0  # how long a resumed training waits for its model to load
+
+
+def dictionaries_dir(home: Path) -> Path:
+    """Where trained dictionaries are saved (each in a folder of its name)."""
+    return home / "dictionaries"
+
+
+class Dictionaries:
+    """Trainings and grades."""
+
+    def __init__(self, state: DictionaryParts):
+        self.state = state
+        self.lock = threading.Lock()
+        self.runs: dict[str, tuple[TrainingRun, str]] = {}  # training id -> (run, job id)
+        self.stopping = False  # set as the server stops: a training cut off then resumes later
+
+    def stop(self) -> None:
+        """The server is stopping: the trainings it cuts off stay `running`, to resume at the next
+        start."""
+        self.stopping = True
+
+    # training -------------------------------------------------------------------------------------
+    def train(self, body: TrainRequest) -> TrainingView:
+        """Check everything that can be checked before work starts (a 400 naming the field), then
+        store the training and start its job."""
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to train a dictionary on; load one first")
+        recipe = self._recipe(body, lm)
+        corpus = self._corpus(body.corpus)
+        name = body.name or f"{lm.name.replace('/', '_')}-L{body.layer}-{body.architecture}-" \
+            f"{recipe.d_sae}"  # fmt: skip
+        out_dir = dictionaries_dir(self.state.settings.home) / name
+        if out_dir.exists():
+            raise Conflict(
+                f"a dictionary named {name!r} exists already ({out_dir}); choose another name",
+                param="name",
+                code="dictionary_exists",
+            )
+        training_id = f"train_{uuid.uuid4().hex[:12]}"
+        work_dir = dictionaries_dir(self.state.settings.home) / ".work" / training_id
+        work_dir.mkdir(parents=True)
+        stored = {**body.model_dump(mode="json"), "name": name}
+        insert_training(self.state.store, training_id, lm.name, stored, str(work_dir))
+        run = self._run(training_id, lm.name, body.model_copy(update={"name": name}), recipe,
+                        corpus, work_dir)  # fmt: skip
+        return self._start(run)
+
+    def _recipe(self, body: TrainRequest, lm) -> Recipe:
+        depth, width = int(lm.config.num_hidden_layers), int(lm.config.hidden_size)
+        if body.layer >= depth:
+            raise InvalidRequest(
+                f"layer: {lm.name} has {depth} layers (0 to {depth - 1}), got {body.layer}",
+                param="layer",
+            )
+        d_sae = body.d_sae or 8 * width
+        k = body.k or (DEFAULT_K if body.architecture in WITH_K else None)
+        if k is not None and k > d_sae:
+            raise InvalidRequest(f"k ({k}) is more than d_sae ({d_sae})", param="k")
+        widths = body.matryoshka_widths
+        if widths is not None and (widths != sorted(set(widths)) or widths[-1] != d_sae):
+            raise InvalidRequest(
+                f"matryoshka_widths must increase and end at d_sae ({d_sae}), got {widths}",
+                param="matryoshka_widths",
+            )
+        buffer = body.buffer_tokens or DEFAULT_BUFFER_BATCHES * body.batch_tokens
+        if buffer < 2 * body.batch_tokens:
+            raise InvalidRequest(
+                f"buffer_tokens ({buffer}) must hold two batches ({2 * body.batch_tokens}) to mix "
+                "them",
+                param="buffer_tokens",
+            )
+        cap = self.state.settings.dictionary_buffer_bytes
+        if buffer * width * 4 > cap:
+            raise InvalidRequest(
+                f"buffer_tokens: {buffer} rows of {width} float32 are "
+                f"{buffer * width * 4 / 2**20:.0f} MiB, over MILLM_DICTIONARY_BUFFER_BYTES "
+                f"({cap / 2**20:.0f} MiB); use a smaller buffer",
+                param="buffer_tokens",
+            )
+        return Recipe(
+            architecture=body.architecture,
+            d_in=width,
+            d_sae=d_sae,
+            hook_name=f"blocks.{body.layer}.hook_{body.hook_point}",
+            model_name=lm.name,
+            training_tokens=body.training_tokens,
+            batch_tokens=body.batch_tokens,
+            buffer_tokens=buffer,
+            lr=body.lr,
+            k=k,
+            matryoshka_widths=tuple(widths) if widths else None,
+            l0_coefficient=body.l0_coefficient or 1.0,
+            seed=body.seed,
+        )
+
+    def _corpus(self, spec) -> OpenedCorpus:
+        return open_corpus(spec, self.state.saes.get, self.state.registrations.paths.local)
+
+    def _run(self, training_id, model, body, recipe, corpus, work_dir) -> TrainingRun:
+        return TrainingRun(
+            service=self,
+            training_id=training_id,
+            model=model,
+            body=body,
+            recipe=recipe,
+            corpus=corpus,
+            point=residual_point(body.layer, body.hook_point),
+            work_dir=work_dir,
+            out_dir=dictionaries_dir(self.state.settings.home) / body.name,
+            checkpoint_every=body.checkpoint_every_tokens
+            or default_checkpoints(recipe.steps * recipe.batch_tokens),
+        )
+
+    def _start(self, run: TrainingRun) -> TrainingView:
+        description = (
+            f"train a {run.recipe.architecture} SAE ({run.recipe.d_sae} latents) at layer "
+            f"{run.body.layer} of {run.model} on {run.recipe.steps * run.recipe.batch_tokens} "
+            "tokens"
+        )
+        with self.lock:
+            view = self.state.jobs.start(
+                "dictionary-training", description, run.recipe.steps * run.recipe.batch_tokens,
+                "tokens", run,
+            )  # fmt: skip
+            self.runs[run.training_id] = (run, view.id)
+        return self.view(run.training_id)
+
+    def forget_run(self, training_id: str) -> None:
+        """The run's job ended (its row says how)."""
+        with self.lock:
+            self.runs.pop(training_id, None)
+
+    def view(self, training_id: str) -> TrainingView:
+        """One training, live while it runs here; 404 training_not_found."""
+        row = training_row(self.state.store, training_id)
+        if row is None:
+            raise NotFound(
+                f"no dictionary training {training_id!r}", param="training_id",
+                code="training_not_found",
+            )  # fmt: skip
+        return self._view(row)
+
+    def _view(self, row: dict) -> TrainingView:
+        with self.lock:
+            live = self.runs.get(row["id"])
+        progress, job_id = row["progress"], None
+        if live is not None and row["state"] == RUNNING:
+            progress, job_id = live[0].progress(), live[1]
+        return TrainingView(
+            id=row["id"], model=row["model"], state=row["state"], request=row["request"],
+            progress=progress or {}, job_id=job_id, result=row["result"], error=row["error"],
+            created_at=row["created_at"], finished_at=row["finished_at"],
+        )  # fmt: skip
+
+    def all(self) -> list[TrainingView]:
+        """Every training, newest first."""
+        return [self._view(row) for row in training_rows(self.state.store)]
+
+    def cancel(self, training_id: str) -> TrainingView:
+        """Stop a training running here (it ends `cancelled`); an ended one is returned as it
+        is."""
+        view = self.view(training_id)
+        with self.lock:
+            live = self.runs.get(training_id)
+        if live is not None:
+            self.state.jobs.cancel(live[1])
+        elif view.state == RUNNING:
+            raise Conflict(
+                f"training {training_id} runs on another replica (or waits to resume); cancel it "
+                "there",
+                param="training_id",
+                code="training_elsewhere",
+            )
+        return view
+
+    # resuming -------------------------------------------------------------------------------------
+    def resume_interrupted(self) -> None:
+        """Resume, in the background, the trainings a process that is gone left running."""
+        if any(row["state"] == RUNNING for row in training_rows(self.state.store)):
+            threading.Thread(
+                target=self._resume_loop, name="millm-dictionary-resume", daemon=True
+            ).start()
+
+    def _resume_loop(self) -> None:
+        shared = self.state.store.engine.dialect.name != "sqlite"  # SQLite: one process owns it
+        while True:
+            waiting = False
+            for row in training_rows(self.state.store):
+                with self.lock:
+                    here = row["id"] in self.runs
+                if row["state"] != RUNNING or here:
+                    continue
+                stale_before = time.time() - STALE_S if shared else time.time()
+                if take_orphan(self.state.store, row["id"], stale_before):
+                    self._resume(row)
+                else:
+                    waiting = True
+            if not waiting:
+                return
+            time.sleep(RESUME_POLL_S)
+
+    def _resume(self, row: dict) -> None:
+        deadline = time.monotonic() + MODEL_WAIT_S
+        while (lm := self.state.switch.lm) is None and time.monotonic() < deadline:
+            time.sleep(1.0)
+        try:
+            if lm is None or lm.name != row["model"]:
+                raise ModelNotLoaded(
+                    f"training {row['id']} was on {row['model']!r}, and the server now serves "
+                    f"{lm.name if lm else 'no model'!r}; it cannot resume"
+                )
+            body = TrainRequest.model_validate(row["request"])
+            run = self._run(row["id"], row["model"], body, self._recipe(body, lm),
+                            self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
+            self._start(run)
+            log.info("resumed dictionary training %s", row["id"])
+        except Exception as exc:  # the row says why; the server goes on
+            error = exc.to_dict() if hasattr(exc, "to_dict") else {"message": str(exc)}
+            end_training(self.state.store, row["id"], "failed", row["progress"], None, error)
+
+    # grading and the follow-ups -------------------------------------------------------------------
+    def grade(self, sae_id: str, body: GradeRequest) -> JobView:
+        """Check, then start grading the attached SAE on the corpus (a job)."""
+        info = self.state.saes.get(sae_id)
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to grade the dictionary on; load one first")
+        with self.state.steering.lock:
+            attached = attached_sae(self.state, info, lm)
+        if attached.transcoder:
+            raise InvalidRequest(
+                f"{sae_id} is a transcoder; grading reads SAEs (a transcoder's grade is not "
+                "implemented yet)",
+                param="sae_id",
+                code="not_an_sae",
+            )
+        run = GradeRun(self, attached, lm.name, self._corpus(body.corpus), body)
+        description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"
+        return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
+                                     run)  # fmt: skip
+
+    def grades(self, sae_id: str) -> list[dict]:
+        """An SAE's grade cards, newest first."""
+        self.state.saes.get(sae_id)
+        return grade_cards(self.state.store, sae_id)
+
+    @staticmethod
+    def held_out_grade(body: TrainRequest) -> GradeRequest:
+        """The grade a training asks for: its corpus's held-out windows."""
+        return GradeRequest(corpus=body.corpus, part="held_out")
+
+    def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView:
+        """The calibration job a training chains."""
+        assert body is not None
+        return CalibrationManagement(self.state).start(sae_id, body)
+
+    def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView:
+        """The explaining job a training chains."""
+        assert body is not None
+        return Labelling(self.state).explain(sae_id, body)

@@ -1,0 +1,285 @@
+"""A dictionary training as a job: activations read from the served model, trained on by SAELens,
+checkpointed, saved with its provenance, registered, and then what the request asked for.
+
+Where it runs. The job's thread never touches torch: each engine call (a group of windows, one
+reads-only pass each, stopping after the read point) goes to the scheduler thread through
+passes_blocking, and the training steps the new activations make ready go there too as a CallJob
+(call_blocking), so serving and training take turns on the one thread that runs torch, and
+JobHandle.pace keeps a chat stream's share while requests generate.
+
+What survives. The SAELens checkpoint (weights, optimiser, schedules, dead-latent counts) and
+millm's progress (tokens, steps, corpus windows read, the curves) are written every
+`checkpoint_every_tokens`, the stored row's progress with them. A process that dies leaves the
+row `running`; the next start resumes it from that checkpoint, reading the corpus from the next
+window (the activations then in the shuffling buffer, at most `buffer_tokens`, are not read
+again). A server stopping mid-training leaves it the same way; a cancel ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from millm.engine.jobs import ResidualRead
+from millm.errors import InvalidRequest, MillmError, describe
+from millm.interp.dictionary_training import CHECKPOINT, DictionaryTrainer, Recipe
+from millm.kernel.runtime.blocking import call_blocking, passes_blocking
+from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState
+from millm.lab.dictionaries.corpus import OpenedCorpus, Window
+from millm.lab.dictionaries.protocol import TrainRequest
+from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.store.dictionaries import beat, end_training
+
+if TYPE_CHECKING:
+    from millm.lab.dictionaries.service import Dictionaries
+
+log = logging.getLogger(__name__)
+TAG = "dictionary-training"
+CALL_TOKENS = 2048  # tokens read per engine call (a request arriving waits for one call at most)
+FOLLOW_POLL_S = 0.5  # how often the job looks at a follow-up job it waits for
+
+
+def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int, lm: object) -> int:
+    """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
+    return trainer.feed(acts, through)
+
+
+def activations_read(point: int) -> ResidualRead:
+    """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread)."""
+
+    def rows(residuals: torch.Tensor) -> torch.Tensor:
+        return residuals[SKIPPED_POSITIONS:].float().cpu()
+
+    return ResidualRead(point, False, "prompt", TAG, encode=rows)
+
+
+@dataclass
+class TrainingRun:
+    """One training's work: call it with the job's handle."""
+
+    service: Dictionaries
+    training_id: str
+    model: str
+    body: TrainRequest
+    recipe: Recipe
+    corpus: OpenedCorpus
+    point: int
+    work_dir: Path
+    out_dir: Path
+    checkpoint_every: int
+    stage: str = "starting"
+    trainer: DictionaryTrainer | None = None
+    follow_ups: dict[str, Any] = field(default_factory=dict)
+
+    # the job --------------------------------------------------------------------------------------
+    def __call__(self, handle: JobHandle) -> dict:
+        store = self.service.state.store
+        try:
+            result = self._run(handle)
+        except JobCancelled:
+            if not self.service.stopping:
+                end_training(store, self.training_id, "cancelled", self.progress(), None, None)
+            # else the server is stopping: the row stays running and the next start resumes it
+            raise
+        except MillmError as exc:
+            end_training(store, self.training_id, "failed", self.progress(), None, exc.to_dict())
+            raise
+        except Exception as exc:
+            error = {"message": describe(exc), "type": "server_error", "param": None,
+                     "code": "training_failed"}  # fmt: skip
+            end_training(store, self.training_id, "failed", self.progress(), None, error)
+            raise
+        finally:
+            self.service.forget_run(self.training_id)
+        end_training(store, self.training_id, "succeeded", self.progress(), result, None)
+        return result
+
+    def _run(self, handle: JobHandle) -> dict:
+        switch = self.service.state.switch
+        cancel = handle.cancel_event
+        checkpoint = self.work_dir / CHECKPOINT
+        resume = checkpoint if checkpoint.is_dir() else None
+        self.trainer = call_blocking(
+            switch, self.model, lambda lm: DictionaryTrainer(self.recipe, resume), cancel=cancel
+        )
+        handle.check()
+        trainer = self.trainer
+        assert trainer is not None
+        handle.advance(trainer.progress.tokens)
+        self.stage = "training"
+        due = trainer.progress.tokens + self.checkpoint_every
+        lm = switch.lm
+        if lm is None:
+            raise InvalidRequest("the model was unloaded before the training began")
+        for group in self._groups(self._windows(lm.tokenizer, lm.context_length)):
+            if trainer.done:
+                break
+            began = time.monotonic()
+            handle.check()
+            acts = self._read(group, cancel)
+            handle.check()
+            before = trainer.progress.tokens
+            through = group[-1].index + 1
+            call_blocking(switch, self.model, partial(feed, trainer, acts, through), cancel=cancel)
+            handle.advance(trainer.progress.tokens - before)
+            if trainer.progress.tokens >= due:
+                self._checkpoint(cancel)
+                due = trainer.progress.tokens + self.checkpoint_every
+            handle.pace(time.monotonic() - began)
+        handle.check()
+        if not trainer.done:
+            before = trainer.progress.tokens
+            call_blocking(switch, self.model, lambda lm: trainer.finish(), cancel=cancel)
+            handle.advance(trainer.progress.tokens - before)
+        if trainer.progress.steps == 0:
+            raise InvalidRequest(
+                f"the corpus gave fewer activations than one batch ({self.recipe.batch_tokens}); "
+                "send more text or a smaller batch_tokens",
+                param="corpus",
+            )
+        self.stage = "saving"
+        self._export(cancel)
+        return self._follow_up(handle)
+
+    def _windows(self, tokenizer, context_length: int):
+        """The training windows (not the held-out ones) after those a resumed training read."""
+        start = self.trainer.progress.windows if self.trainer else 0
+        for window in self.corpus.windows(tokenizer, context_length):
+            if window.index >= start and not window.held_out:
+                yield window
+
+    @staticmethod
+    def _groups(windows):
+        """Windows in runs of about CALL_TOKENS tokens."""
+        group: list[Window] = []
+        tokens = 0
+        for window in windows:
+            group.append(window)
+            tokens += len(window.ids)
+            if tokens >= CALL_TOKENS:
+                yield group
+                group, tokens = [], 0
+        if group:
+            yield group
+
+    def _read(self, group: list[Window], cancel) -> torch.Tensor:
+        answered = passes_blocking(
+            self.service.state.switch,
+            self.model,
+            [window.ids for window in group],
+            (activations_read(self.point),),
+            cancel=cancel,
+            reads_only=True,
+        )
+        if answered is None:
+            raise JobCancelled()
+        reads = sorted(answered.reads, key=lambda read: read.row)
+        return torch.cat([read.encoded for read in reads])
+
+    def _checkpoint(self, cancel) -> None:
+        trainer = self.trainer
+        assert trainer is not None
+        folder = self.work_dir / CHECKPOINT
+        call_blocking(
+            self.service.state.switch, self.model, lambda lm: trainer.checkpoint(folder),
+            cancel=cancel,
+        )  # fmt: skip
+        beat(self.service.state.store, self.training_id, self.progress())
+
+    def _export(self, cancel) -> None:
+        trainer = self.trainer
+        assert trainer is not None
+        partial = self.out_dir.with_name(self.out_dir.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        provenance = self.provenance()
+        call_blocking(
+            self.service.state.switch, self.model, lambda lm: trainer.export(partial, provenance),
+            cancel=cancel,
+        )  # fmt: skip
+        partial.rename(self.out_dir)
+
+    def provenance(self) -> dict:
+        """What made the dictionary: model, read point, corpus, tokens, library and settings."""
+        from importlib.metadata import version
+
+        trainer = self.trainer
+        assert trainer is not None
+        return {
+            "trained_by": "millm",
+            "training_id": self.training_id,
+            "model": self.model,
+            "layer": self.body.layer,
+            "hook_point": self.body.hook_point,
+            "corpus": self.corpus.describe(),
+            "tokens": trainer.progress.tokens,
+            "steps": trainer.progress.steps,
+            "corpus_exhausted": trainer.progress.steps < self.recipe.steps,
+            "library": {"sae_lens": version("sae-lens"), "torch": version("torch")},
+            "hyperparameters": self.body.model_dump(
+                mode="json", exclude={"corpus", "then", "name"}
+            ),
+            "final": trainer.progress.curve[-1] if trainer.progress.curve else None,
+            "trained_at": time.time(),
+        }
+
+    # after the training ---------------------------------------------------------------------------
+    def _follow_up(self, handle: JobHandle) -> dict:
+        """Register the saved dictionary, then attach, grade, calibrate and explain it as asked,
+        each follow-up job waited for in turn."""
+        service, then = self.service, self.body.then
+        self.stage = "registering"
+        info, _ = service.state.registrations.sae(str(self.out_dir), None, None)
+        result: dict[str, Any] = {"sae_id": info.id, "path": str(self.out_dir)}
+        self.follow_ups = result
+        if then.attach:
+            self.stage = "attaching"
+            attached = service.state.switch.attach_sae(info.id, None)
+            result["attached_layer"] = attached.layer
+        steps = [
+            ("grade", lambda: service.grade(info.id, service.held_out_grade(self.body))),
+            ("calibration", lambda: service.calibrate(info.id, then.calibrate)),
+            ("explain", lambda: service.explain(info.id, then.explain)),
+        ]
+        wanted = {"grade": then.grading, "calibration": then.calibrate is not None,
+                  "explain": then.explain is not None}  # fmt: skip
+        for name, start in steps:
+            if wanted[name]:
+                self.stage = name
+                result[name] = self._wait_for(handle, start())
+                if result[name]["state"] != JobState.SUCCEEDED:
+                    break  # explaining needs the calibration; the training itself stands
+        self.stage = "done"
+        return result
+
+    def _wait_for(self, handle: JobHandle, view) -> dict:
+        jobs = self.service.state.jobs
+        while True:
+            if handle.cancel_event.is_set():
+                jobs.cancel(view.id)
+            view = jobs.get(view.id)
+            if view.state is not JobState.RUNNING:
+                return {"job_id": view.id, "state": view.state.value, "error": view.error}
+            time.sleep(FOLLOW_POLL_S)
+
+    # views ----------------------------------------------------------------------------------------
+    def progress(self) -> dict:
+        """Where it is: stage, tokens and steps of the total, windows read, the curves."""
+        trainer = self.trainer
+        done = trainer.progress if trainer is not None else None
+        return {
+            "stage": self.stage,
+            "tokens": done.tokens if done else 0,
+            "steps": done.steps if done else 0,
+            "total_tokens": self.recipe.steps * self.recipe.batch_tokens,
+            "total_steps": self.recipe.steps,
+            "windows": done.windows if done else 0,
+            "curve": list(done.curve) if done else [],
+            "follow_ups": dict(self.follow_ups),
+        }

@@ -1,0 +1,102 @@
+"""Dictionary trainings and grades: a training's row from its start to its end (a restart resumes
+the `running` ones whose process is gone), and each grade's card."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sqlalchemy import insert, select, update
+
+from millm.store.changes import Topic
+from millm.store.database import Store
+from millm.store.schema import dictionary_grades_table as grades
+from millm.store.schema import dictionary_trainings_table as trainings
+
+RUNNING = "running"
+
+
+def _training(row) -> dict:
+    out = dict(row._mapping)
+    for key in ("request", "progress", "result", "error"):
+        out[key] = json.loads(out[key]) if out[key] is not None else None
+    return out
+
+
+def insert_training(store: Store, training_id: str, model: str, request: dict, work_dir: str):
+    """A new training, running."""
+    now = time.time()
+    values = {
+        "id": training_id, "model": model, "request": json.dumps(request), "state": RUNNING,
+        "work_dir": work_dir, "progress": json.dumps({}), "created_at": now, "heartbeat_at": now,
+    }  # fmt: skip
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(insert(trainings).values(values))
+
+
+def training_row(store: Store, training_id: str) -> dict | None:
+    """One training, or None."""
+    with store.reading() as conn:
+        row = conn.execute(select(trainings).where(trainings.c.id == training_id)).first()
+    return _training(row) if row is not None else None
+
+
+def training_rows(store: Store) -> list[dict]:
+    """Every training, newest first."""
+    with store.reading() as conn:
+        rows = conn.execute(select(trainings).order_by(trainings.c.created_at.desc())).all()
+    return [_training(row) for row in rows]
+
+
+def beat(store: Store, training_id: str, progress: dict) -> None:
+    """A running training's progress, and that its process is alive."""
+    values = {"progress": json.dumps(progress), "heartbeat_at": time.time()}
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(update(trainings).where(trainings.c.id == training_id).values(values))
+
+
+def end_training(
+    store: Store,
+    training_id: str,
+    state: str,
+    progress: dict,
+    result: dict | None,
+    error: dict | None,
+) -> None:
+    """A training's end: succeeded, failed or cancelled, with what it made or why not."""
+    values = {
+        "state": state, "progress": json.dumps(progress), "finished_at": time.time(),
+        "result": json.dumps(result) if result is not None else None,
+        "error": json.dumps(error) if error is not None else None,
+    }  # fmt: skip
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(update(trainings).where(trainings.c.id == training_id).values(values))
+
+
+def take_orphan(store: Store, training_id: str, stale_before: float) -> bool:
+    """Claim a `running` training whose heartbeat stopped before `stale_before` (its process is
+    gone); only one claimant wins (the update's own condition decides)."""
+    stale = (
+        (trainings.c.id == training_id)
+        & (trainings.c.state == RUNNING)
+        & (trainings.c.heartbeat_at < stale_before)
+    )
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        taken = conn.execute(update(trainings).where(stale).values(heartbeat_at=time.time()))
+        return taken.rowcount == 1
+
+
+def insert_grade(store: Store, card: dict) -> None:
+    """Keep a grade's card (its `id`, `sae_id`, `model` and `created_at` are columns too)."""
+    values = {key: card[key] for key in ("id", "sae_id", "model", "created_at")}
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(insert(grades).values({**values, "card": json.dumps(card)}))
+
+
+def grade_cards(store: Store, sae_id: str) -> list[dict]:
+    """An SAE's grades, newest first."""
+    query = (
+        select(grades.c.card).where(grades.c.sae_id == sae_id).order_by(grades.c.created_at.desc())
+    )
+    with store.reading() as conn:
+        return [json.loads(row.card) for row in conn.execute(query).all()]

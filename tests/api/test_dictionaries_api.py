@@ -1,0 +1,263 @@
+"""Dictionaries on a live server (tiny Llama): an SAE trained by SAELens on activations millm reads,
+saved in SAELens's format with its provenance (SAELens loads it and encodes as millm does),
+registered, attached and graded in one job; a grade's figures against a float64 reference written
+here; a cancel; and every bad request refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from millm.engine.prompts import completion_prompt_ids
+from tests.api.clients import api, error, finished_job, post
+from tests.support.server import ServerProcess
+from tests.support.tiny_saes import build_saelens
+
+WORDS = "the sea ship sails wind harbour old trees forest moon night city street quiet winter snow"
+TEXTS = [
+    " ".join(WORDS.split()[(i * 7) % 13 :] + WORDS.split()[: (i * 7) % 13]) * 3 for i in range(40)
+]
+
+
+def training(server, training_id: str, timeout: float = 240) -> dict:
+    """The training's view once it is no longer running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = api(server, "GET", f"/api/saes/trainings/{training_id}").json()
+        if view["state"] != "running":
+            return view
+        time.sleep(0.2)
+    raise AssertionError(f"training {training_id} did not end")
+
+
+def train_body(**extra) -> dict:
+    return {
+        "layer": 1,
+        "d_sae": 128,
+        "k": 8,
+        "training_tokens": 6144,
+        "batch_tokens": 256,
+        "lr": 0.01,
+        "corpus": {"texts": TEXTS, "context_size": 32},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs, tmp_path_factory):
+    home = tmp_path_factory.mktemp("dictionaries-home")
+    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
+    try:
+        process.wait_ready()
+        process.home = home
+        yield process
+    finally:
+        process.stop()
+
+
+def test_a_topk_sae_is_trained_saved_registered_attached_and_graded(server, tiny_dirs):
+    started = post(server, "/api/saes/train", train_body(then={"attach": True}))
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    progress, result = view["progress"], view["result"]
+    assert progress["steps"] == progress["total_steps"] == 24
+    assert progress["tokens"] == 24 * 256
+    curve = progress["curve"]
+    assert len(curve) == 24
+    assert curve[-1]["loss"] < 0.5 * curve[0]["loss"] and curve[-1]["fve"] > 0.5  # it learned
+    assert all(point["l0"] == 8 for point in curve)  # TopK: exactly k per token
+
+    folder = Path(result["path"])
+    assert folder == server.home / "dictionaries" / "tiny-llama-L1-topk-128"
+    config = json.loads((folder / "cfg.json").read_text())
+    provenance = config["metadata"]["millm_provenance"]
+    assert provenance["model"] == "tiny-llama" and provenance["layer"] == 1
+    assert provenance["tokens"] == 24 * 256 and provenance["corpus"]["source"] == "texts"
+    assert provenance["library"]["sae_lens"] and provenance["hyperparameters"]["k"] == 8
+    assert config["metadata"]["hook_name"] == "blocks.1.hook_resid_post"
+
+    # SAELens itself loads the file and encodes as the server's copy does
+    from sae_lens import SAE
+
+    from millm.interp.formats import read_sae
+
+    theirs = SAE.load_from_disk(str(folder))
+    _, ours = read_sae(folder)
+    x = torch.randn(50, 64, generator=torch.Generator().manual_seed(0)) * 3
+    assert torch.allclose(theirs.encode(x), ours.encode(x), atol=1e-5)
+    assert torch.allclose(theirs.decode(theirs.encode(x)), ours.decode(ours.encode(x)), atol=1e-5)
+
+    sae = api(server, "GET", f"/api/saes/{result['sae_id']}").json()
+    assert sae["attached"] is True and sae["attached_layer"] == 1 and sae["k"] == 8
+    assert result["grade"]["state"] == "succeeded"
+    cards = api(server, "GET", f"/api/saes/{result['sae_id']}/grades").json()["data"]
+    assert len(cards) == 1 and cards[0]["corpus"]["part"] == "held_out"
+    figures = cards[0]["figures"]
+    assert figures["l0"] == 8.0
+    assert 0.5 < figures["fraction_variance_explained"] < 1
+    assert figures["ce_loss_spliced"] > 0 and figures["kl_spliced"] > 0
+    listed = api(server, "GET", "/api/saes/trainings").json()["data"]
+    assert [t["id"] for t in listed][:1] == [view["id"]]
+    # the name is taken now: nothing already saved is overwritten
+    error(post(server, "/api/saes/train", train_body()), 409, "dictionary_exists")
+
+
+@pytest.mark.parametrize(
+    ("architecture", "extra", "saved_as"),
+    [
+        ("batchtopk", {"k": 8}, "jumprelu"),
+        ("jumprelu", {"l0_coefficient": 0.5}, "jumprelu"),
+        ("matryoshka_batchtopk", {"k": 8, "matryoshka_widths": [32, 128]}, "jumprelu"),
+    ],
+)
+def test_every_architecture_trains_and_loads(server, architecture, extra, saved_as):
+    body = train_body(architecture=architecture, name=f"arch-{architecture}", then={"grade": False})
+    body.pop("k")
+    started = post(server, "/api/saes/train", {**body, **extra})
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    config = json.loads((Path(view["result"]["path"]) / "cfg.json").read_text())
+    assert config["architecture"] == saved_as
+    assert config["metadata"]["training_architecture"] == architecture
+    sae = api(server, "GET", f"/api/saes/{view['result']['sae_id']}").json()
+    assert sae["architecture"] == saved_as and sae["attached"] is False
+
+
+def test_a_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
+    sae_dir = build_saelens(tmp_path / "graded", layer=1, seed=5, architecture="standard")
+    sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    texts = TEXTS[:6]
+    corpus = {"texts": texts, "context_size": 1024}  # one window per text, as below
+    started = post(server, f"/api/saes/{sae}/grade", {"corpus": corpus})
+    assert started.status_code == 202, started.text
+    card = finished_job(server, started.json()["id"])["result"]
+    assert card == api(server, "GET", f"/api/saes/{sae}/grades").json()["data"][0]
+    figures = card["figures"]
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    expected = reference(tiny_dirs["llama"], sae_dir, [completion_prompt_ids(tokenizer, t) for t in texts])
+    assert card["tokens"] == expected.pop("tokens")
+    for name, value in expected.items():
+        assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
+    post(server, f"/api/saes/{sae}/detach", {})
+
+
+def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
+    """SAEBench's core figures of a standard SAE on block 1's output, in float64: the clean, the
+    spliced (positions 1.. replaced by the reconstruction) and the zeroed pass of each text."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    w = {k: v.double() for k, v in load_file(str(sae_dir / "sae_weights.safetensors")).items()}
+    mode, seen = {"now": "clean"}, {}
+
+    def hook(_module, _inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        if mode["now"] == "clean":
+            return output
+        if mode["now"] == "zeroed":
+            out = torch.zeros_like(hidden)
+        else:
+            x = hidden[0, 1:]
+            latents = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+            reconstruction = latents @ w["W_dec"] + w["b_dec"]
+            seen.setdefault("x", []).append(x)
+            seen.setdefault("r", []).append(reconstruction)
+            seen.setdefault("l", []).append(latents)
+            out = hidden.clone()
+            out[0, 1:] = reconstruction
+        return (out, *output[1:]) if isinstance(output, tuple) else out
+
+    model.model.layers[1].register_forward_hook(hook)
+    ce = dict.fromkeys(("clean", "spliced", "zeroed"), 0.0)
+    kl = dict.fromkeys(("spliced", "zeroed"), 0.0)
+    predicted, tokens = 0, 0
+    with torch.inference_mode():
+        for ids in texts:
+            logs = {}
+            for now in ce:
+                mode["now"] = now
+                logits = model(torch.tensor([ids])).logits[0, 1:-1]
+                logs[now] = torch.log_softmax(logits, -1)
+            targets = torch.tensor(ids[2:])
+            for now, log_p in logs.items():
+                ce[now] -= float(log_p.gather(-1, targets[:, None]).sum())
+            for now in kl:
+                kl[now] += float((logs["clean"].exp() * (logs["clean"] - logs[now])).sum())
+            predicted += len(targets)
+            tokens += len(ids)
+    x, r, latents = (torch.cat(seen[key]) for key in ("x", "r", "l"))
+    variance = (x - x.mean(0)).pow(2).sum(-1).mean()
+    mse = (x - r).pow(2).sum(-1).mean()
+    fired = (latents > 0).double().mean(0)
+    ce = {now: value / predicted for now, value in ce.items()}
+    kl = {now: value / predicted for now, value in kl.items()}
+    return {
+        "tokens": tokens,
+        "positions": len(x),
+        "fraction_variance_explained": float(1 - mse / variance),
+        "mse": float(mse),
+        "l0": float((latents > 0).double().sum(-1).mean()),
+        "dead_fraction": float((fired == 0).double().mean()),
+        "dense_fraction": float((fired > 0.1).double().mean()),
+        "ce_loss_clean": ce["clean"],
+        "ce_loss_spliced": ce["spliced"],
+        "ce_loss_zero_ablated": ce["zeroed"],
+        "ce_loss_recovered": (ce["zeroed"] - ce["spliced"]) / (ce["zeroed"] - ce["clean"]),
+        "kl_spliced": kl["spliced"],
+        "kl_zero_ablated": kl["zeroed"],
+        "kl_score": 1 - kl["spliced"] / kl["zeroed"],
+    }
+
+
+def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):
+    body = train_body(name="cancelled", training_tokens=50_000_000, corpus={"texts": TEXTS * 50})
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    training_id = started.json()["id"]
+    deadline = time.monotonic() + 60
+    while api(server, "GET", f"/api/saes/trainings/{training_id}").json()["progress"]["steps"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert api(server, "DELETE", f"/api/saes/trainings/{training_id}").status_code == 200
+    view = training(server, training_id)
+    assert view["state"] == "cancelled" and view["result"] is None
+    assert not (server.home / "dictionaries" / "cancelled").exists()
+
+
+def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
+    bad = [
+        ({"layer": 3}, 400, "layer"),
+        ({"k": 200}, 400, "k"),
+        ({"architecture": "jumprelu"}, 400, None),  # k given to a JumpReLU
+        ({"buffer_tokens": 300}, 400, "buffer_tokens"),  # under two batches
+        ({"matryoshka_widths": [32, 128]}, 400, None),  # only for matryoshka
+        ({"corpus": {"texts": TEXTS, "files": ["/etc/hostname"]}}, 400, None),  # two sources
+        ({"corpus": {"files": ["/etc/hostname"]}}, 403, "files[0]"),
+        ({"corpus": {"shipped_by": "nope"}}, 404, None),
+        ({"then": {"calibrate": {"corpus": "demo"}}}, 400, None),  # calibrate needs attach
+        ({"name": "../up"}, 400, None),
+    ]
+    for extra, status, param in bad:
+        response = post(server, "/api/saes/train", {**train_body(), **extra})
+        body = error(response, status)
+        if param is not None:
+            assert body["param"] == param, (extra, body)
+    (server.home / "dataset").mkdir()
+    missing = {"corpus": {"dataset": str(server.home / "dataset")}}
+    assert error(post(server, "/api/saes/train", {**train_body(), **missing}), 400)["param"] == (
+        "dataset"
+    )
+    error(api(server, "GET", "/api/saes/trainings/train_nope"), 404, "training_not_found")
+    sae_dir = build_saelens(tmp_path / "unattached", layer=1, seed=9)
+    sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
+    grade = {"corpus": {"texts": ["a b c d"]}}
+    error(post(server, f"/api/saes/{sae}/grade", grade), 400, "sae_not_attached")
+    assert api(server, "GET", "/api/saes/trainings").status_code == 200
