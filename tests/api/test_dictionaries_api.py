@@ -144,7 +144,9 @@ def test_a_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
     figures = card["figures"]
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
-    expected = reference(tiny_dirs["llama"], sae_dir, [completion_prompt_ids(tokenizer, t) for t in texts])
+    expected = reference(
+        tiny_dirs["llama"], sae_dir, [completion_prompt_ids(tokenizer, t) for t in texts]
+    )
     assert card["tokens"] == expected.pop("tokens")
     for name, value in expected.items():
         assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
