@@ -161,6 +161,7 @@ class Progress:
     windows: int = 0  # corpus windows read (a resumed training starts after them)
     curve: list[dict] = field(default_factory=list)  # step, tokens, loss, mse, fve, l0, dead
     every: int = 1  # a curve point every this many steps (doubles as the curve is thinned)
+    resumes: list[int] = field(default_factory=list)  # tokens trained at each resume
 
     def record(self, point: dict) -> None:
         """Keep a point of the curve (at most CURVE_POINTS: past that, every other one goes)."""
@@ -189,6 +190,7 @@ class DictionaryTrainer:
         if checkpoint is not None:
             self.trainer.load_trainer_state(checkpoint)
             self.progress = Progress(**json.loads((checkpoint / STATE_FILE).read_text()))
+            self.progress.resumes.append(self.progress.tokens)
         generator = torch.Generator().manual_seed(recipe.seed + self.progress.windows)
         self.buffer = ShuffleBuffer(
             recipe.buffer_tokens, recipe.d_in, recipe.batch_tokens, generator

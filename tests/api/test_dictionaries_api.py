@@ -6,6 +6,7 @@ here; a cancel; and every bad request refused before anything runs."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -263,3 +264,39 @@ def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
     grade = {"corpus": {"texts": ["a b c d"]}}
     error(post(server, f"/api/saes/{sae}/grade", grade), 400, "sae_not_attached")
     assert api(server, "GET", "/api/saes/trainings").status_code == 200
+
+
+def test_a_training_resumes_from_its_checkpoint_after_a_kill(tiny_dirs, tmp_path):
+    home = tmp_path / "resume-home"
+    first = ServerProcess(home, ["--model", str(tiny_dirs["llama"])]).wait_ready()
+    body = train_body(
+        name="resumed",
+        training_tokens=400 * 256,
+        checkpoint_every_tokens=2048,
+        corpus={"texts": TEXTS * 60, "context_size": 32},
+    )
+    training_id = post(first, "/api/saes/train", body).json()["id"]
+
+    def checkpointed() -> int:
+        return api(first, "GET", f"/api/saes/trainings/{training_id}").json()["progress"]["steps"]
+
+    deadline = time.monotonic() + 120
+    while (seen := checkpointed()) < 40:  # past a few checkpoints, far from the end
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    second = ServerProcess(home, ["--model", str(tiny_dirs["llama"])]).wait_ready()
+    try:
+        view = training(second, training_id)
+        assert view["state"] == "succeeded", view
+        provenance = json.loads((Path(view["result"]["path"]) / "cfg.json").read_text())[
+            "metadata"
+        ]["millm_provenance"]
+        [resumed_at] = provenance["resumed_at_tokens"]
+        # from its last checkpoint: not from the start, nothing past what it had done
+        assert 2048 <= resumed_at <= (seen + 8) * 256 and resumed_at % 256 == 0
+        assert provenance["tokens"] == 400 * 256 and provenance["steps"] == 400
+        assert view["progress"]["curve"][-1]["step"] == 400
+    finally:
+        second.stop()

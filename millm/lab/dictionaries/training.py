@@ -221,6 +221,7 @@ class TrainingRun:
             "tokens": trainer.progress.tokens,
             "steps": trainer.progress.steps,
             "corpus_exhausted": trainer.progress.steps < self.recipe.steps,
+            "resumed_at_tokens": list(trainer.progress.resumes),
             "library": {"sae_lens": version("sae-lens"), "torch": version("torch")},
             "hyperparameters": self.body.model_dump(
                 mode="json", exclude={"corpus", "then", "name"}
@@ -280,6 +281,7 @@ class TrainingRun:
             "total_tokens": self.recipe.steps * self.recipe.batch_tokens,
             "total_steps": self.recipe.steps,
             "windows": done.windows if done else 0,
+            "resumed_at_tokens": list(done.resumes) if done else [],
             "curve": list(done.curve) if done else [],
             "follow_ups": dict(self.follow_ups),
         }
