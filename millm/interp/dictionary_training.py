@@ -40,6 +40,7 @@ from sae_lens.saes.matryoshka_batchtopk_sae import (
 from sae_lens.saes.sae import TrainingSAE
 from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
+from safetensors.torch import load_file, save_file
 
 Architecture = Literal["topk", "batchtopk", "jumprelu", "matryoshka_batchtopk"]
 ARCHITECTURES: dict[str, tuple[type[TrainingSAE], type]] = {
@@ -50,7 +51,9 @@ ARCHITECTURES: dict[str, tuple[type[TrainingSAE], type]] = {
 }
 WITH_K = ("topk", "batchtopk", "matryoshka_batchtopk")
 CHECKPOINT = "checkpoint"  # the folder under a training's work directory
+CACHE_FILE = "activations.f32"  # the first epoch's activations, when there are more epochs
 STATE_FILE = "millm_state.json"  # millm's side of a checkpoint: tokens, corpus position, curve
+BUFFER_FILE = "buffer.safetensors"  # the shuffling buffer's rows at the checkpoint
 CURVE_POINTS = 400  # most points a training curve keeps (halved by dropping every other one)
 NORM_BATCHES = 8  # batches the activation scale is estimated from (SAELens's estimate)
 
@@ -73,11 +76,17 @@ class Recipe:
     l0_coefficient: float = 1.0
     dead_window_tokens: int = 1_000_000  # a latent unfired this long is dead (aux loss revives it)
     seed: int = 0
+    epochs: int = 1  # passes over the activations read (the later ones from the disk cache)
 
     @property
     def steps(self) -> int:
         """Training steps in all."""
         return max(1, self.training_tokens // self.batch_tokens)
+
+    @property
+    def rows_per_epoch(self) -> int:
+        """Activations read from the model (each then trained on `epochs` times)."""
+        return math.ceil(self.steps * self.batch_tokens / self.epochs)
 
     def sae_config(self):
         """The SAELens training config of this recipe."""
@@ -162,6 +171,9 @@ class Progress:
     curve: list[dict] = field(default_factory=list)  # step, tokens, loss, mse, fve, l0, dead
     every: int = 1  # a curve point every this many steps (doubles as the curve is thinned)
     resumes: list[int] = field(default_factory=list)  # tokens trained at each resume
+    rows_read: int = 0  # activations read from the model (and kept in the cache, with epochs)
+    epoch: int = 1  # the pass over them now: 1 reads the model, later ones replay the cache
+    replayed: int = 0  # rows of the cache fed in this epoch
 
     def record(self, point: dict) -> None:
         """Keep a point of the curve (at most CURVE_POINTS: past that, every other one goes)."""
@@ -195,6 +207,8 @@ class DictionaryTrainer:
         self.buffer = ShuffleBuffer(
             recipe.buffer_tokens, recipe.d_in, recipe.batch_tokens, generator
         )
+        if checkpoint is not None:  # the rows read but not yet trained on, as they were
+            self.buffer.put(load_file(str(checkpoint / BUFFER_FILE))["rows"])
 
     @property
     def done(self) -> bool:
@@ -206,10 +220,14 @@ class DictionaryTrainer:
         """The SAE being trained."""
         return self.trainer.sae
 
-    def feed(self, activations: torch.Tensor, windows: int) -> int:
-        """Rows `[n, d_in]` read from `windows` more corpus windows; trains on every batch that is
-        ready. Returns the steps run."""
-        self.progress.windows += windows
+    def feed(self, activations: torch.Tensor, through: int | None) -> int:
+        """Rows `[n, d_in]`, read from the model up to corpus window `through` (None: replayed
+        from the cache); trains on every batch that is ready. Returns the steps run."""
+        if through is None:
+            self.progress.replayed += len(activations)
+        else:
+            self.progress.windows = through
+            self.progress.rows_read += len(activations)
         return self._train(self.buffer.put(activations.float()))
 
     def finish(self) -> int:
@@ -255,6 +273,8 @@ class DictionaryTrainer:
         staging = folder.with_name(folder.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         self.trainer.save_checkpoint(staging.name, base_path=staging.parent)
+        rows = self.buffer.rows[: self.buffer.filled].contiguous()
+        save_file({"rows": rows}, str(staging / BUFFER_FILE))
         (staging / STATE_FILE).write_text(json.dumps(asdict(self.progress)))
         old = folder.with_name(folder.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -284,9 +304,34 @@ class DictionaryTrainer:
         sae.save_inference_model(folder)
 
 
-def curve_summary(curve: list[dict]) -> dict | None:
-    """The last point of a curve (None before the first step)."""
-    return curve[-1] if curve else None
+class ActivationCache:
+    """The activations of a training's first epoch on disk (float32 rows, appended), replayed by
+    the later epochs a chunk at a time: the disk holds the corpus's activations, memory only the
+    chunk read back. numpy: it is read on the job's thread."""
+
+    def __init__(self, path: Path, d_in: int):
+        self.path, self.d_in = path, d_in
+        self.row_bytes = d_in * 4
+
+    def truncate(self, rows: int) -> None:
+        """Keep the first `rows` (a resumed training drops what came after its checkpoint)."""
+        with self.path.open("ab") as handle:
+            handle.truncate(rows * self.row_bytes)
+
+    def append(self, activations: torch.Tensor) -> None:
+        """Rows read from the model, at the end."""
+        with self.path.open("ab") as handle:
+            handle.write(activations.float().contiguous().numpy().tobytes())
+
+    def chunks(self, start: int, rows: int):
+        """The rows from `start` on, `rows` at a time, as tensors."""
+        total = self.path.stat().st_size // self.row_bytes
+        with self.path.open("rb") as handle:
+            handle.seek(start * self.row_bytes)
+            for first in range(start, total, rows):
+                count = min(rows, total - first)
+                data = handle.read(count * self.row_bytes)
+                yield torch.frombuffer(bytearray(data), dtype=torch.float32).view(count, self.d_in)
 
 
 def default_checkpoints(training_tokens: int) -> int:

@@ -103,4 +103,3 @@ class GradeSums:
             "kl_zero_ablated": kl.get("zeroed"),
             "kl_score": 1 - kl["spliced"] / kl["zeroed"] if kl and kl["zeroed"] > 0 else None,
         }
-

@@ -74,6 +74,14 @@ class Job(Params):
     ]
 
 
+class TrainingKey(Params):
+    """A dictionary training, by id."""
+
+    training_id: Annotated[
+        str, Field(description="The training's id (as train_dictionary returns it).")
+    ]
+
+
 class GraphKey(Params):
     """An attribution graph, by id."""
 

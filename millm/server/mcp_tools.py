@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from millm.lab.attribution.protocol import AttributionRequest
 from millm.lab.compare.protocol import CompareRequest
+from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
 from millm.lab.discovery.lens_protocol import LensRequest
 from millm.lab.discovery.protocol import ContrastRequest, InspectRequest
 from millm.lab.labels.protocol import ExplainRequest
@@ -37,6 +38,7 @@ from millm.server.mcp_params import (
     Profile,
     Sae,
     Search,
+    TrainingKey,
     VariantKey,
 )
 from millm.v1.serving.http_replies import report_headers
@@ -172,6 +174,22 @@ async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
 
 async def _job(f: Facades, p: Job, _: None) -> dict:
     return f.jobs.get(p.job_id).model_dump(mode="json")
+
+
+async def _train(f: Facades, _: NoParams, body: TrainRequest) -> dict:
+    return (await blocking(f.dictionaries.train, body)).model_dump(mode="json")
+
+
+async def _training(f: Facades, p: TrainingKey, _: None) -> dict:
+    return (await blocking(f.dictionaries.view, p.training_id)).model_dump(mode="json")
+
+
+async def _grade(f: Facades, p: Sae, body: GradeRequest) -> dict:
+    return (await blocking(f.dictionaries.grade, p.sae_id, body)).model_dump(mode="json")
+
+
+async def _grades(f: Facades, p: Sae, _: None) -> dict:
+    return {"object": "list", "data": await blocking(f.dictionaries.grades, p.sae_id)}
 
 
 async def _circuit_claims(f: Facades, _: NoParams, __: None) -> dict:
@@ -410,6 +428,47 @@ TOOLS = (
         _explain,
         Sae,
         ExplainRequest,
+    ),
+    McpTool(
+        "train_dictionary",
+        "Train an SAE (TopK, BatchTopK, JumpReLU or Matryoshka, with SAELens) at a layer of the "
+        "served model over a corpus (texts, local files, a saved dataset, or an SAE's shipped "
+        "corpus); saves it in SAELens's format with its provenance, registers it, and attaches, "
+        "grades, calibrates and explains it as `then` asks. A job: get_training follows it.",
+        "post",
+        "/api/saes/train",
+        _train,
+        body=TrainRequest,
+    ),
+    McpTool(
+        "get_training",
+        "A dictionary training's state, progress (tokens, steps, loss, variance explained, L0 and "
+        "dead-latent curves) and, once ended, the SAE it made.",
+        "get",
+        "/api/saes/trainings/{training_id}",
+        _training,
+        TrainingKey,
+        read_only=True,
+    ),
+    McpTool(
+        "grade_dictionary",
+        "Grade an attached SAE on a corpus: variance explained, L0, dead and dense fractions, CE "
+        "loss recovered against zero ablation and KL to the clean next-token distribution "
+        "(SAEBench's core metrics); starts a job (get_job follows it) and keeps the card.",
+        "post",
+        "/api/saes/{sae_id}/grade",
+        _grade,
+        Sae,
+        GradeRequest,
+    ),
+    McpTool(
+        "dictionary_grades",
+        "An SAE's grade cards, newest first.",
+        "get",
+        "/api/saes/{sae_id}/grades",
+        _grades,
+        Sae,
+        read_only=True,
     ),
     McpTool(
         "get_job",

@@ -389,6 +389,13 @@ class Settings(RemoteServers):
         "width x 4); past it, 400 before anything runs.",
         ge=1 << 20,
     )
+    dictionary_cache_bytes: int = env_field(
+        8 << 30,
+        "MILLM_DICTIONARY_CACHE_BYTES",
+        "Most bytes of activations a dictionary training with several epochs keeps on disk (rows "
+        "x residual width x 4); past it, 400 before anything runs.",
+        ge=1 << 20,
+    )
     ignored_fields_header_max_bytes: int = env_field(
         1024,
         "IGNORED_FIELDS_HEADER_MAX_BYTES",

@@ -273,7 +273,7 @@ def test_a_training_resumes_from_its_checkpoint_after_a_kill(tiny_dirs, tmp_path
         name="resumed",
         training_tokens=400 * 256,
         checkpoint_every_tokens=2048,
-        corpus={"texts": TEXTS * 60, "context_size": 32},
+        corpus={"texts": TEXTS * 120, "context_size": 32},
     )
     training_id = post(first, "/api/saes/train", body).json()["id"]
 
@@ -296,7 +296,28 @@ def test_a_training_resumes_from_its_checkpoint_after_a_kill(tiny_dirs, tmp_path
         [resumed_at] = provenance["resumed_at_tokens"]
         # from its last checkpoint: not from the start, nothing past what it had done
         assert 2048 <= resumed_at <= (seen + 8) * 256 and resumed_at % 256 == 0
-        assert provenance["tokens"] == 400 * 256 and provenance["steps"] == 400
+        assert provenance["tokens"] == 400 * 256 and provenance["steps"] == 400, json.dumps(
+            provenance
+        )
+        assert provenance["corpus_exhausted"] is False
         assert view["progress"]["curve"][-1]["step"] == 400
     finally:
         second.stop()
+
+
+def test_epochs_replay_the_activations_read_once(server):
+    body = train_body(name="epochs", epochs=4, training_tokens=32 * 256, then={"grade": False})
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    progress = view["progress"]
+    assert progress["rows_read"] == 2048  # a quarter of the 8192 trained on, read once
+    assert progress["tokens"] == 8192 and progress["steps"] == 32
+    assert progress["epoch"] >= 4
+    provenance = json.loads((Path(view["result"]["path"]) / "cfg.json").read_text())["metadata"][
+        "millm_provenance"
+    ]
+    assert provenance["activations_read"] == 2048
+    work = server.home / "dictionaries" / ".work" / view["id"]
+    assert not work.exists()  # the checkpoint and the activation cache went with the training

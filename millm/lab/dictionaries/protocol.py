@@ -138,6 +138,12 @@ class TrainRequest(BaseModel):
         description="Rows of the shuffling buffer (its memory is rows × width × 4 bytes; default "
         "16 batches, within MILLM_DICTIONARY_BUFFER_BYTES).",
     )
+    epochs: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1,
+        description="Passes over the activations read: the model reads training_tokens / epochs "
+        "of them once, kept on disk in the training's folder (rows × width × 4 bytes, within "
+        "MILLM_DICTIONARY_CACHE_BYTES), and the later passes replay them shuffled.",
+    )
     lr: Annotated[float, Field(gt=0, le=1)] = Field(4e-4, description="Adam's learning rate.")
     seed: int = 0
     checkpoint_every_tokens: Annotated[int, Field(ge=1024)] | None = Field(

@@ -119,7 +119,7 @@ class Dictionaries:
                 f"({cap / 2**20:.0f} MiB); use a smaller buffer",
                 param="buffer_tokens",
             )
-        return Recipe(
+        recipe = Recipe(
             architecture=body.architecture,
             d_in=width,
             d_sae=d_sae,
@@ -133,7 +133,18 @@ class Dictionaries:
             matryoshka_widths=tuple(widths) if widths else None,
             l0_coefficient=body.l0_coefficient or 1.0,
             seed=body.seed,
+            epochs=body.epochs,
         )
+        cached = recipe.rows_per_epoch * width * 4 if body.epochs > 1 else 0
+        if cached > self.state.settings.dictionary_cache_bytes:
+            raise InvalidRequest(
+                f"epochs: {recipe.rows_per_epoch} activations of {width} float32 kept on disk are "
+                f"{cached / 2**30:.1f} GiB, over MILLM_DICTIONARY_CACHE_BYTES "
+                f"({self.state.settings.dictionary_cache_bytes / 2**30:.1f} GiB); train on fewer "
+                "tokens or with fewer epochs",
+                param="epochs",
+            )
+        return recipe
 
     def _corpus(self, spec) -> OpenedCorpus:
         return open_corpus(spec, self.state.saes.get, self.state.registrations.paths.local)

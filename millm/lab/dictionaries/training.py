@@ -8,11 +8,11 @@ passes_blocking, and the training steps the new activations make ready go there 
 JobHandle.pace keeps a chat stream's share while requests generate.
 
 What survives. The SAELens checkpoint (weights, optimiser, schedules, dead-latent counts) and
-millm's progress (tokens, steps, corpus windows read, the curves) are written every
-`checkpoint_every_tokens`, the stored row's progress with them. A process that dies leaves the
-row `running`; the next start resumes it from that checkpoint, reading the corpus from the next
-window (the activations then in the shuffling buffer, at most `buffer_tokens`, are not read
-again). A server stopping mid-training leaves it the same way; a cancel ends it.
+millm's progress (tokens, steps, corpus windows read, the curves) and the shuffling buffer's rows
+are written every `checkpoint_every_tokens`, the stored row's progress with them. A process that
+dies leaves the row `running`; the next start resumes it from that checkpoint, reading the corpus
+from the next window (or the activation cache from the next row). A server stopping
+mid-training leaves it the same way; a cancel ends it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,7 +30,13 @@ import torch
 
 from millm.engine.jobs import ResidualRead
 from millm.errors import InvalidRequest, MillmError, describe
-from millm.interp.dictionary_training import CHECKPOINT, DictionaryTrainer, Recipe
+from millm.interp.dictionary_training import (
+    CACHE_FILE,
+    CHECKPOINT,
+    ActivationCache,
+    DictionaryTrainer,
+    Recipe,
+)
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState
 from millm.lab.dictionaries.corpus import OpenedCorpus, Window
@@ -46,7 +53,7 @@ CALL_TOKENS = 2048  # tokens read per engine call (a request arriving waits for 
 FOLLOW_POLL_S = 0.5  # how often the job looks at a follow-up job it waits for
 
 
-def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int, lm: object) -> int:
+def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
     """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
     return trainer.feed(acts, through)
 
@@ -77,29 +84,37 @@ class TrainingRun:
     stage: str = "starting"
     trainer: DictionaryTrainer | None = None
     follow_ups: dict[str, Any] = field(default_factory=dict)
+    # seconds in this process reading activations and training on them, and tokens read
+    timing: dict[str, float] = field(default_factory=lambda: {"read_s": 0.0, "train_s": 0.0,
+                                                               "tokens_read": 0})  # fmt: skip
 
     # the job --------------------------------------------------------------------------------------
     def __call__(self, handle: JobHandle) -> dict:
-        store = self.service.state.store
         try:
             result = self._run(handle)
         except JobCancelled:
-            if not self.service.stopping:
-                end_training(store, self.training_id, "cancelled", self.progress(), None, None)
-            # else the server is stopping: the row stays running and the next start resumes it
+            if self.service.stopping:
+                raise  # the row stays running, the work folder stays: the next start resumes it
+            self._end("cancelled", None, None)
             raise
         except MillmError as exc:
-            end_training(store, self.training_id, "failed", self.progress(), None, exc.to_dict())
+            self._end("failed", None, exc.to_dict())
             raise
         except Exception as exc:
-            error = {"message": describe(exc), "type": "server_error", "param": None,
-                     "code": "training_failed"}  # fmt: skip
-            end_training(store, self.training_id, "failed", self.progress(), None, error)
+            self._end("failed", None, {"message": describe(exc), "type": "server_error",
+                                       "param": None, "code": "training_failed"})  # fmt: skip
             raise
         finally:
             self.service.forget_run(self.training_id)
-        end_training(store, self.training_id, "succeeded", self.progress(), result, None)
+        self._end("succeeded", result, None)
         return result
+
+    def _end(self, state: str, result: dict | None, error: dict | None) -> None:
+        """Store how it ended; its checkpoint and activation cache go (the folder it saved, if
+        any, stays)."""
+        progress = self.progress()
+        end_training(self.service.state.store, self.training_id, state, progress, result, error)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _run(self, handle: JobHandle) -> dict:
         switch = self.service.state.switch
@@ -115,24 +130,19 @@ class TrainingRun:
         handle.advance(trainer.progress.tokens)
         self.stage = "training"
         due = trainer.progress.tokens + self.checkpoint_every
-        lm = switch.lm
-        if lm is None:
-            raise InvalidRequest("the model was unloaded before the training began")
-        for group in self._groups(self._windows(lm.tokenizer, lm.context_length)):
+        for acts, through in self._activations(cancel):
             if trainer.done:
                 break
             began = time.monotonic()
-            handle.check()
-            acts = self._read(group, cancel)
-            handle.check()
             before = trainer.progress.tokens
-            through = group[-1].index + 1
             call_blocking(switch, self.model, partial(feed, trainer, acts, through), cancel=cancel)
+            self.timing["train_s"] += time.monotonic() - began
             handle.advance(trainer.progress.tokens - before)
             if trainer.progress.tokens >= due:
                 self._checkpoint(cancel)
                 due = trainer.progress.tokens + self.checkpoint_every
             handle.pace(time.monotonic() - began)
+            handle.check()
         handle.check()
         if not trainer.done:
             before = trainer.progress.tokens
@@ -147,6 +157,38 @@ class TrainingRun:
         self.stage = "saving"
         self._export(cancel)
         return self._follow_up(handle)
+
+    def _activations(self, cancel) -> Iterator[tuple[torch.Tensor, int | None]]:
+        """(rows, the corpus window they were read through) from the model for the first epoch,
+        then (rows, None) replayed from the disk cache for the later ones."""
+        trainer = self.trainer
+        assert trainer is not None
+        progress, recipe = trainer.progress, self.recipe
+        cache = ActivationCache(self.work_dir / CACHE_FILE, recipe.d_in)
+        if recipe.epochs > 1:
+            cache.truncate(progress.rows_read)
+        lm = self.service.state.switch.lm
+        if lm is None:
+            raise InvalidRequest("the model was unloaded before the training began")
+        if progress.epoch == 1:
+            for group in self._groups(self._windows(lm.tokenizer, lm.context_length)):
+                began = time.monotonic()
+                acts = self._read(group, cancel)[: recipe.rows_per_epoch - progress.rows_read]
+                self.timing["read_s"] += time.monotonic() - began
+                self.timing["tokens_read"] += sum(len(window.ids) for window in group)
+                if recipe.epochs > 1:
+                    cache.append(acts)
+                yield acts, group[-1].index + 1
+                if trainer.done or progress.rows_read >= recipe.rows_per_epoch:
+                    break
+            progress.epoch = 2
+        while recipe.epochs > 1 and progress.epoch <= recipe.epochs and not trainer.done:
+            self.stage = f"epoch {progress.epoch} of {recipe.epochs}"
+            for rows in cache.chunks(progress.replayed, CALL_TOKENS):
+                yield rows, None
+                if trainer.done:
+                    return
+            progress.epoch, progress.replayed = progress.epoch + 1, 0
 
     def _windows(self, tokenizer, context_length: int):
         """The training windows (not the held-out ones) after those a resumed training read."""
@@ -223,6 +265,7 @@ class TrainingRun:
             "corpus_exhausted": trainer.progress.steps < self.recipe.steps,
             "resumed_at_tokens": list(trainer.progress.resumes),
             "library": {"sae_lens": version("sae-lens"), "torch": version("torch")},
+            "activations_read": trainer.progress.rows_read,
             "hyperparameters": self.body.model_dump(
                 mode="json", exclude={"corpus", "then", "name"}
             ),
@@ -282,6 +325,9 @@ class TrainingRun:
             "total_steps": self.recipe.steps,
             "windows": done.windows if done else 0,
             "resumed_at_tokens": list(done.resumes) if done else [],
+            "epoch": done.epoch if done else 1,
+            "rows_read": done.rows_read if done else 0,
+            "timing": {key: round(value, 3) for key, value in self.timing.items()},
             "curve": list(done.curve) if done else [],
             "follow_ups": dict(self.follow_ups),
         }
