@@ -15,7 +15,7 @@ would be. One server (`millm serve`: the demo model with its SAE attached):
   3. POST /api/saes/train, attach and grade on the same held-out windows; the training's own
      timing says how fast it read activations and how long the SAELens steps took.
 
-    .venv/bin/python bench/dictionary_training.py [--tokens 2000000] [--epochs 8] [--lr 0.0004]
+    .venv/bin/python bench/dictionary_training.py [--tokens 2000000] [--epochs 8] [--lr 0.002]
         [--engine transformers|auto]
 """
 
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2_000_000, help="trained on, all epochs")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--engine", default="transformers", help="auto: llama.cpp for the demo")
-    parser.add_argument("--lr", type=float, default=4e-4)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--reference", type=int, default=48, help="windows timed plainly")
     args = parser.parse_args()

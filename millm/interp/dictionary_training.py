@@ -55,7 +55,6 @@ CACHE_FILE = "activations.f32"  # the first epoch's activations, when there are 
 STATE_FILE = "millm_state.json"  # millm's side of a checkpoint: tokens, corpus position, curve
 BUFFER_FILE = "buffer.safetensors"  # the shuffling buffer's rows at the checkpoint
 CURVE_POINTS = 400  # most points a training curve keeps (halved by dropping every other one)
-NORM_BATCHES = 8  # batches the activation scale is estimated from (SAELens's estimate)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class Recipe:
     training_tokens: int
     batch_tokens: int = 4096
     buffer_tokens: int = 65536
-    lr: float = 4e-4
+    lr: float = 1e-3
     k: int | None = 32
     matryoshka_widths: tuple[int, ...] | None = None
     l0_coefficient: float = 1.0
@@ -119,7 +118,6 @@ class Recipe:
             lr_decay_steps=steps // 5,
             dead_feature_window=max(1, self.dead_window_tokens // self.batch_tokens),
             feature_sampling_window=max(1, min(2000, steps)),
-            n_batches_for_norm_estimate=NORM_BATCHES,
         )
 
 
@@ -240,8 +238,9 @@ class DictionaryTrainer:
         for batch in batches:
             if self.done:
                 break
-            if scaler.scaling_factor is None:  # the first batches set the scale, once
-                scaler.estimate_scaling_factor(self.recipe.d_in, iter([batch] * NORM_BATCHES), 1)
+            if scaler.scaling_factor is None:  # the first batch sets the scale, once
+                scaler.estimate_scaling_factor(self.recipe.d_in, iter([batch]), 1)
+                self._centre(scaler(batch))
             output = self.trainer.step(batch)
             self.progress.steps += 1
             self.progress.tokens += len(batch)
@@ -250,6 +249,13 @@ class DictionaryTrainer:
             self.trainer.n_training_steps += 1
             ran += 1
         return ran
+
+    @torch.no_grad()
+    def _centre(self, scaled: torch.Tensor) -> None:
+        """Start the decoder bias at the activations' median (the TopK paper's b_pre): SAELens
+        starts it at zero, and a residual stream's large shared offset then takes Adam thousands
+        of steps to learn, which a short training does not have."""
+        self.trainer.sae.b_dec.copy_(scaled.median(0).values.to(self.trainer.sae.b_dec.dtype))
 
     def _point(self, output, scaled: torch.Tensor) -> dict:
         """One point of the curves: losses, variance explained and L0 of this batch, and the

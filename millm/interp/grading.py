@@ -12,7 +12,8 @@
 
 As in SAEBench (SAELens's `get_recons_loss` with its special tokens left out), position 0 of every
 text, the attention sink whose residual is tens of times the others' norm, is neither spliced nor
-counted; zero ablation zeroes every position. Sums are float64.
+counted; zero ablation zeroes every position. Every figure counts the same positions, those whose
+next token is scored (1 .. T-2: llama.cpp never runs the last one). Sums are float64.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from millm.engine.prompts import completion_prompt_ids
 from tests.api.clients import api, error, finished_job, post
+from tests.support.dictionary_reference import reference
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -152,72 +152,6 @@ def test_a_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
     for name, value in expected.items():
         assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
     post(server, f"/api/saes/{sae}/detach", {})
-
-
-def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
-    """SAEBench's core figures of a standard SAE on block 1's output, in float64: the clean, the
-    spliced (positions 1.. replaced by the reconstruction) and the zeroed pass of each text."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
-    w = {k: v.double() for k, v in load_file(str(sae_dir / "sae_weights.safetensors")).items()}
-    mode, seen = {"now": "clean"}, {}
-
-    def hook(_module, _inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        if mode["now"] == "clean":
-            return output
-        if mode["now"] == "zeroed":
-            out = torch.zeros_like(hidden)
-        else:
-            x = hidden[0, 1:]
-            latents = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
-            reconstruction = latents @ w["W_dec"] + w["b_dec"]
-            seen.setdefault("x", []).append(x)
-            seen.setdefault("r", []).append(reconstruction)
-            seen.setdefault("l", []).append(latents)
-            out = hidden.clone()
-            out[0, 1:] = reconstruction
-        return (out, *output[1:]) if isinstance(output, tuple) else out
-
-    model.model.layers[1].register_forward_hook(hook)
-    ce = dict.fromkeys(("clean", "spliced", "zeroed"), 0.0)
-    kl = dict.fromkeys(("spliced", "zeroed"), 0.0)
-    predicted, tokens = 0, 0
-    with torch.inference_mode():
-        for ids in texts:
-            logs = {}
-            for now in ce:
-                mode["now"] = now
-                logits = model(torch.tensor([ids])).logits[0, 1:-1]
-                logs[now] = torch.log_softmax(logits, -1)
-            targets = torch.tensor(ids[2:])
-            for now, log_p in logs.items():
-                ce[now] -= float(log_p.gather(-1, targets[:, None]).sum())
-            for now in kl:
-                kl[now] += float((logs["clean"].exp() * (logs["clean"] - logs[now])).sum())
-            predicted += len(targets)
-            tokens += len(ids)
-    x, r, latents = (torch.cat(seen[key]) for key in ("x", "r", "l"))
-    variance = (x - x.mean(0)).pow(2).sum(-1).mean()
-    mse = (x - r).pow(2).sum(-1).mean()
-    fired = (latents > 0).double().mean(0)
-    ce = {now: value / predicted for now, value in ce.items()}
-    kl = {now: value / predicted for now, value in kl.items()}
-    return {
-        "tokens": tokens,
-        "positions": len(x),
-        "fraction_variance_explained": float(1 - mse / variance),
-        "mse": float(mse),
-        "l0": float((latents > 0).double().sum(-1).mean()),
-        "dead_fraction": float((fired == 0).double().mean()),
-        "dense_fraction": float((fired > 0.1).double().mean()),
-        "ce_loss_clean": ce["clean"],
-        "ce_loss_spliced": ce["spliced"],
-        "ce_loss_zero_ablated": ce["zeroed"],
-        "ce_loss_recovered": (ce["zeroed"] - ce["spliced"]) / (ce["zeroed"] - ce["clean"]),
-        "kl_spliced": kl["spliced"],
-        "kl_zero_ablated": kl["zeroed"],
-        "kl_score": 1 - kl["spliced"] / kl["zeroed"],
-    }
 
 
 def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):

@@ -1,11 +1,12 @@
 """A live server on the tiny Llama's GGUF file with --engine llama.cpp: the OpenAI surface over
 millm's own loop (seeds, stops, structured output, a forced tool call, scoring, embeddings,
-continuous batching), and an attached SAE's steering, reads, probes and operators inside
-llama.cpp's graph."""
+continuous batching), an attached SAE's steering, reads, probes and operators inside
+llama.cpp's graph, and a dictionary trained on its reads and graded inside its graph."""
 
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,6 +16,7 @@ import torch
 from millm.interp.steering_hash import steering_set_hash
 from tests.api.clients import api, attach_sae, error, finished_job, post, sdk
 from tests.api.test_lens_api import reference as lens_reference
+from tests.support.dictionary_reference import reference
 from tests.support.server import ServerProcess
 from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
@@ -488,4 +490,48 @@ def test_the_discovery_and_training_jobs_read_on_llamacpp(server):
     finally:
         api(server, "DELETE", "/api/vectors/cafe-cpp")
         api(server, "DELETE", "/api/probes/cafe-cpp")
+        post(server, f"/api/saes/{sae}/detach", {})
+
+
+def test_a_dictionary_trains_and_grades_inside_llamacpps_graph(server, tiny_dirs, tmp_path):
+    texts = [
+        f"The river runs to the sea past mill {i}, and the boats go with it." for i in range(80)
+    ]
+    body = {
+        "name": "cpp-topk", "layer": 1, "d_sae": 128, "k": 8, "training_tokens": 4096,
+        "batch_tokens": 256, "lr": 0.01, "corpus": {"texts": texts, "context_size": 32},
+        "then": {"attach": True},
+    }  # fmt: skip
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    training_id = started.json()["id"]
+    deadline = time.monotonic() + 240
+    while (view := api(server, "GET", f"/api/saes/trainings/{training_id}").json())["state"] == (
+        "running"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert view["state"] == "succeeded", view
+    trained = view["result"]["sae_id"]
+    try:
+        assert view["progress"]["curve"][-1]["fve"] > 0.5  # it learned from llama.cpp's reads
+        assert view["result"]["grade"]["state"] == "succeeded"
+    finally:
+        post(server, f"/api/saes/{trained}/detach", {})
+
+    # a grade spliced into llama.cpp's graph equals the float64 reference of the same weights
+    sae_dir = build_saelens(tmp_path / "graded", layer=1, seed=5, architecture="standard")
+    sae = attach_sae(server, sae_dir)
+    try:
+        corpus = {"texts": texts[:4], "context_size": 1024}
+        started = post(server, f"/api/saes/{sae}/grade", {"corpus": corpus})
+        assert started.status_code == 202, started.text
+        figures = finished_job(server, started.json()["id"])["result"]["figures"]
+        # the file's own tokenizer, as the grade read the texts
+        ids = [post(server, "/tokenize", {"prompt": t}).json()["tokens"] for t in texts[:4]]
+        expected = reference(tiny_dirs["llama"], sae_dir, ids)
+        expected.pop("tokens")
+        for name, value in expected.items():
+            assert figures[name] == pytest.approx(value, rel=1e-3, abs=1e-4), name
+    finally:
         post(server, f"/api/saes/{sae}/detach", {})

@@ -9,6 +9,7 @@ import httpx
 from playwright.sync_api import expect
 
 TABS = ["chat", "features", "inspect", "documents", "probes", "monitoring", "sensing", "evaluate",
+        "dictionaries",
         "batches", "system"]  # fmt: skip
 
 

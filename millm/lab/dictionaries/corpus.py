@@ -32,7 +32,7 @@ PARAGRAPH_CHARS = 20_000  # a .txt paragraph past this is cut into documents of 
 
 
 @dataclass(frozen=True)
-class Window:
+class CorpusWindow:
     """A window's number in the corpus and its token ids."""
 
     index: int
@@ -52,7 +52,7 @@ class OpenedCorpus:
     documents: Callable[[], Iterator[Entry]]
     name: str  # what provenance records: the SAE, the files, the dataset
 
-    def windows(self, tokenizer, context_length: int) -> Iterator[Window]:
+    def windows(self, tokenizer, context_length: int) -> Iterator[CorpusWindow]:
         """Every window, in order."""
         size = min(self.spec.context_size, context_length)
         index = 0
@@ -62,7 +62,7 @@ class OpenedCorpus:
                 piece = ids[start : start + size]
                 if len(piece) < MIN_WINDOW:
                     break
-                yield Window(index, piece)
+                yield CorpusWindow(index, piece)
                 index += 1
 
     def describe(self) -> dict:

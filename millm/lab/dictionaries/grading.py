@@ -13,7 +13,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,12 +24,10 @@ from millm.interp.steering import Attached
 from millm.kernel.runtime.blocking import call_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle
 from millm.lab.dictionaries.corpus import OpenedCorpus
+from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.dictionaries import insert_grade
-
-if TYPE_CHECKING:
-    from millm.lab.dictionaries.service import Dictionaries
 
 SHORTEST = SKIPPED_POSITIONS + 2  # a window needs a read position and a next token after it
 
@@ -50,12 +47,18 @@ def grade_window(lm: LoadedModel, attached: Attached, ids: list[int], sums: Grad
     sae = attached.sae
     seen: dict[str, torch.Tensor] = {}
 
+    counted = slice(SKIPPED_POSITIONS, len(ids) - 1)  # the positions whose next token is scored
+
     def splice(residual: torch.Tensor) -> torch.Tensor:
         # a copy: the engine writes the returned residual back over the one it passed in
         x = residual[SKIPPED_POSITIONS:].float().clone()
         latents = sae.encode(x)
         reconstruction = sae.decode(latents, x)
-        seen.update(x=x.cpu(), reconstruction=reconstruction.cpu(), latents=latents.cpu())
+        # Some engines (llama.cpp) never run the last position, whose logits no score needs: the
+        # figures count the positions every engine runs, those whose next token is scored.
+        rows = slice(0, counted.stop - counted.start)
+        seen.update(x=x[rows].cpu(), reconstruction=reconstruction[rows].cpu(),
+                    latents=latents[rows].cpu())  # fmt: skip
         out = residual.clone()
         out[SKIPPED_POSITIONS:] = reconstruction.to(residual.dtype)
         return out
@@ -76,14 +79,14 @@ def grade_window(lm: LoadedModel, attached: Attached, ids: list[int], sums: Grad
 class GradeRun:
     """One grading job's work: call it with the job's handle."""
 
-    service: Dictionaries
+    state: DictionaryParts
     attached: Attached
     model: str
     corpus: OpenedCorpus
     body: GradeRequest
 
     def __call__(self, handle: JobHandle) -> dict:
-        state = self.service.state
+        state = self.state
         lm = state.switch.lm
         if lm is None or lm.name != self.model:
             raise InvalidRequest(f"model {self.model!r} is no longer loaded")

@@ -144,7 +144,7 @@ class TrainRequest(BaseModel):
         "of them once, kept on disk in the training's folder (rows × width × 4 bytes, within "
         "MILLM_DICTIONARY_CACHE_BYTES), and the later passes replay them shuffled.",
     )
-    lr: Annotated[float, Field(gt=0, le=1)] = Field(4e-4, description="Adam's learning rate.")
+    lr: Annotated[float, Field(gt=0, le=1)] = Field(1e-3, description="Adam's learning rate.")
     seed: int = 0
     checkpoint_every_tokens: Annotated[int, Field(ge=1024)] | None = Field(
         None, description="Tokens between checkpoints (default: a tenth of the training)."

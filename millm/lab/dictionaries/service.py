@@ -19,7 +19,7 @@ from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
 from millm.lab.dictionaries.grading import GradeRun
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
-from millm.lab.dictionaries.training import TrainingRun
+from millm.lab.dictionaries.training import DictionaryTrainingRun
 from millm.lab.discovery.inputs import attached_sae
 from millm.lab.labels.labelling import Labelling
 from millm.lab.labels.protocol import ExplainRequest
@@ -52,7 +52,7 @@ class Dictionaries:
     def __init__(self, state: DictionaryParts):
         self.state = state
         self.lock = threading.Lock()
-        self.runs: dict[str, tuple[TrainingRun, str]] = {}  # training id -> (run, job id)
+        self.runs: dict[str, tuple[DictionaryTrainingRun, str]] = {}  # training id -> (run, job id)
         self.stopping = False  # set as the server stops: a training cut off then resumes later
 
     def stop(self) -> None:
@@ -149,8 +149,8 @@ class Dictionaries:
     def _corpus(self, spec) -> OpenedCorpus:
         return open_corpus(spec, self.state.saes.get, self.state.registrations.paths.local)
 
-    def _run(self, training_id, model, body, recipe, corpus, work_dir) -> TrainingRun:
-        return TrainingRun(
+    def _run(self, training_id, model, body, recipe, corpus, work_dir) -> DictionaryTrainingRun:
+        return DictionaryTrainingRun(
             service=self,
             training_id=training_id,
             model=model,
@@ -164,7 +164,7 @@ class Dictionaries:
             or default_checkpoints(recipe.steps * recipe.batch_tokens),
         )
 
-    def _start(self, run: TrainingRun) -> TrainingView:
+    def _start(self, run: DictionaryTrainingRun) -> TrainingView:
         description = (
             f"train a {run.recipe.architecture} SAE ({run.recipe.d_sae} latents) at layer "
             f"{run.body.layer} of {run.model} on {run.recipe.steps * run.recipe.batch_tokens} "
@@ -287,7 +287,7 @@ class Dictionaries:
                 param="sae_id",
                 code="not_an_sae",
             )
-        run = GradeRun(self, attached, lm.name, self._corpus(body.corpus), body)
+        run = GradeRun(self.state, attached, lm.name, self._corpus(body.corpus), body)
         description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"
         return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
                                      run)  # fmt: skip
@@ -296,11 +296,6 @@ class Dictionaries:
         """An SAE's grade cards, newest first."""
         self.state.saes.get(sae_id)
         return grade_cards(self.state.store, sae_id)
-
-    @staticmethod
-    def held_out_grade(body: TrainRequest) -> GradeRequest:
-        """The grade a training asks for: its corpus's held-out windows."""
-        return GradeRequest(corpus=body.corpus, part="held_out")
 
     def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView:
         """The calibration job a training chains."""

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -38,14 +38,31 @@ from millm.interp.dictionary_training import (
     Recipe,
 )
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
-from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState
-from millm.lab.dictionaries.corpus import OpenedCorpus, Window
-from millm.lab.dictionaries.protocol import TrainRequest
+from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState, JobView
+from millm.lab.calibration.protocol import CalibrateRequest
+from millm.lab.dictionaries.corpus import CorpusWindow, OpenedCorpus
+from millm.lab.dictionaries.parts import DictionaryParts
+from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.lab.labels.protocol import ExplainRequest
 from millm.store.dictionaries import beat, end_training
 
-if TYPE_CHECKING:
-    from millm.lab.dictionaries.service import Dictionaries
+
+class TrainingHost(Protocol):
+    """What a training needs of the service that started it: the kernel's parts, whether the
+    server is stopping, to be forgotten when it ends, and the follow-up jobs it chains."""
+
+    state: DictionaryParts
+    stopping: bool
+
+    def forget_run(self, training_id: str) -> None: ...
+
+    def grade(self, sae_id: str, body: GradeRequest) -> JobView: ...
+
+    def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView: ...
+
+    def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView: ...
+
 
 log = logging.getLogger(__name__)
 TAG = "dictionary-training"
@@ -58,6 +75,11 @@ def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm
     return trainer.feed(acts, through)
 
 
+def held_out_grade(body: TrainRequest) -> GradeRequest:
+    """The grade a training asks for: its corpus's held-out windows."""
+    return GradeRequest(corpus=body.corpus, part="held_out")
+
+
 def activations_read(point: int) -> ResidualRead:
     """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread)."""
 
@@ -68,10 +90,10 @@ def activations_read(point: int) -> ResidualRead:
 
 
 @dataclass
-class TrainingRun:
+class DictionaryTrainingRun:
     """One training's work: call it with the job's handle."""
 
-    service: Dictionaries
+    service: TrainingHost
     training_id: str
     model: str
     body: TrainRequest
@@ -200,7 +222,7 @@ class TrainingRun:
     @staticmethod
     def _groups(windows):
         """Windows in runs of about CALL_TOKENS tokens."""
-        group: list[Window] = []
+        group: list[CorpusWindow] = []
         tokens = 0
         for window in windows:
             group.append(window)
@@ -211,7 +233,7 @@ class TrainingRun:
         if group:
             yield group
 
-    def _read(self, group: list[Window], cancel) -> torch.Tensor:
+    def _read(self, group: list[CorpusWindow], cancel) -> torch.Tensor:
         answered = passes_blocking(
             self.service.state.switch,
             self.model,
@@ -284,10 +306,14 @@ class TrainingRun:
         self.follow_ups = result
         if then.attach:
             self.stage = "attaching"
-            attached = service.state.switch.attach_sae(info.id, None)
-            result["attached_layer"] = attached.layer
+            try:
+                result["attached_layer"] = service.state.switch.attach_sae(info.id, None).layer
+            except MillmError as exc:  # the dictionary stands, saved and registered
+                result["attach_error"] = exc.to_dict()
+                self.stage = "done"
+                return result
         steps = [
-            ("grade", lambda: service.grade(info.id, service.held_out_grade(self.body))),
+            ("grade", lambda: service.grade(info.id, held_out_grade(self.body))),
             ("calibration", lambda: service.calibrate(info.id, then.calibrate)),
             ("explain", lambda: service.explain(info.id, then.explain)),
         ]
@@ -296,7 +322,10 @@ class TrainingRun:
         for name, start in steps:
             if wanted[name]:
                 self.stage = name
-                result[name] = self._wait_for(handle, start())
+                try:
+                    result[name] = self._wait_for(handle, start())
+                except MillmError as exc:  # not started (queue_full, ...): the dictionary stands
+                    result[name] = {"job_id": None, "state": "not_started", "error": exc.to_dict()}
                 if result[name]["state"] != JobState.SUCCEEDED:
                     break  # explaining needs the calibration; the training itself stands
         self.stage = "done"

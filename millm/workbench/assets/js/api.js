@@ -259,6 +259,15 @@ export const vectors = {
 };
 
 // Jobs (docs/discovery.md, Jobs) and AutoSteer (docs/autosteer.md)
+// Dictionaries: SAEs trained on the served model, and grades (docs/dictionaries.md)
+export const dictionaries = {
+  train: (body) => post("/api/saes/train", body),
+  list: () => get("/api/saes/trainings"),
+  get: (id) => get(`/api/saes/trainings/${enc(id)}`),
+  cancel: (id) => del(`/api/saes/trainings/${enc(id)}`),
+  grade: (sae, body) => post(`/api/saes/${enc(sae)}/grade`, body),
+  grades: (sae) => get(`/api/saes/${enc(sae)}/grades`),
+};
 export const jobs = {
   list: () => get("/api/jobs"),
   get: (id) => get(`/api/jobs/${enc(id)}`),

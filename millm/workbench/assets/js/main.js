@@ -14,6 +14,7 @@ import DocumentsView from "./views/documents.js";
 import ProbesView from "./views/probes.js";
 import MonitoringView from "./views/monitoring.js";
 import SensingView from "./views/sensing.js";
+import DictionariesView from "./views/dictionaries.js";
 import SystemView from "./views/system.js";
 import EvaluateView from "./views/evaluate.js";
 import BatchesView from "./views/batches.js";
@@ -27,6 +28,7 @@ const TABS = [
   ["monitoring", "Monitoring", MonitoringView],
   ["sensing", "Sensing", SensingView],
   ["evaluate", "Evaluate", EvaluateView],
+  ["dictionaries", "Dictionaries", DictionariesView],
   ["batches", "Batches", BatchesView],
   ["system", "Models, SAEs & jobs", SystemView],
 ];

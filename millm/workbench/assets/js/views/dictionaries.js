@@ -1,0 +1,189 @@
+// Dictionaries (docs/dictionaries.md): train an SAE on the served model (the form, then its
+// progress bar, loss / variance-explained / L0 / dead curves and Cancel), every training so far,
+// and the grade cards of two SAEs side by side, with a Grade button for an attached one.
+
+import { useEffect, useRef, useState } from "preact/hooks";
+import uPlot from "uplot";
+import * as api from "../api.js";
+import { ErrorNote, Panel, Progress, Table, html, num, useAction, useLoad, useServer } from "../ui.js";
+
+const ARCHITECTURES = [["topk", "TopK"], ["batchtopk", "BatchTopK"], ["jumprelu", "JumpReLU"], ["matryoshka_batchtopk", "Matryoshka BatchTopK"]];
+const WITH_K = new Set(["topk", "batchtopk", "matryoshka_batchtopk"]);
+const FIGURES = [
+  ["fraction_variance_explained", "Variance explained", 3], ["l0", "L0", 3], ["dead_fraction", "Dead latents", 3],
+  ["dense_fraction", "Dense latents", 3], ["ce_loss_recovered", "CE loss recovered", 3], ["ce_loss_clean", "CE clean (nats)", 3],
+  ["ce_loss_spliced", "CE spliced", 3], ["ce_loss_zero_ablated", "CE zeroed", 3], ["kl_spliced", "KL spliced (nats)", 4], ["kl_score", "KL score", 3],
+];
+const COLOURS = ["#2563eb", "#dc2626"];
+
+/** The corpus part of a form: an SAE's shipped corpus, pasted texts (one per blank-line-separated block), or local files. */
+function corpusOf(form, saes) {
+  if (form.source === "texts") return { texts: form.texts.split(/\n\s*\n/).map((t) => t.trim()).filter(Boolean) };
+  if (form.source === "files") return { files: form.files.split("\n").map((f) => f.trim()).filter(Boolean) };
+  return { shipped_by: form.shipped || saes[0]?.id || "" };
+}
+
+/** Where a form's text comes from (the fields corpusOf reads). */
+function CorpusFields({ form, set, label }) {
+  const { saes } = useServer();
+  return html`<div class="row">
+    <label>${label} <select value=${form.source} onChange=${set("source")} aria-label=${`${label} source`}>
+      <option value="shipped">An SAE's shipped corpus</option><option value="texts">Texts</option><option value="files">Local files</option></select></label>
+    ${form.source === "shipped" ? html`<select value=${form.shipped || saes[0]?.id || ""} onChange=${set("shipped")} aria-label=${`${label}: SAE whose corpus`}>
+        ${saes.map((s) => html`<option value=${s.id}>${s.id}</option>`)}</select>`
+      : form.source === "texts" ? html`<textarea rows="4" value=${form.texts} onInput=${set("texts")} aria-label=${`${label}: texts`} placeholder="Texts, separated by blank lines"></textarea>`
+      : html`<textarea rows="2" value=${form.files} onInput=${set("files")} aria-label=${`${label}: files`} placeholder="One path per line (.txt, .md, .jsonl)"></textarea>`}
+  </div>`;
+}
+
+function TrainForm({ onStarted }) {
+  const { saes } = useServer();
+  const [form, setForm] = useState({ layer: 0, architecture: "topk", d_sae: 1024, k: 32, training_tokens: 65536, batch_tokens: 1024,
+    epochs: 1, source: "shipped", shipped: "", texts: "", files: "", attach: true });
+  const act = useAction();
+  const set = (key) => (e) => setForm({ ...form, [key]: e.target.type === "checkbox" ? e.target.checked
+    : e.target.type === "number" ? Number(e.target.value) : e.target.value });
+  const start = () => act.run(async () => {
+    const body = { layer: form.layer, architecture: form.architecture, d_sae: form.d_sae, training_tokens: form.training_tokens,
+      batch_tokens: form.batch_tokens, epochs: form.epochs, corpus: corpusOf(form, saes), then: { attach: form.attach } };
+    if (WITH_K.has(form.architecture)) body.k = form.k;
+    if (form.architecture === "matryoshka_batchtopk") body.matryoshka_widths = [form.d_sae / 4, form.d_sae];
+    onStarted(await api.dictionaries.train(body));
+  });
+  return html`<div class="form" aria-label="Train a dictionary">
+    <div class="row">
+      <label>Layer <input type="number" min="0" value=${form.layer} onInput=${set("layer")} /></label>
+      <label>Architecture <select value=${form.architecture} onChange=${set("architecture")}>
+        ${ARCHITECTURES.map(([key, text]) => html`<option value=${key}>${text}</option>`)}</select></label>
+      <label>Latents <input type="number" min="16" value=${form.d_sae} onInput=${set("d_sae")} /></label>
+      ${WITH_K.has(form.architecture) ? html`<label>k <input type="number" min="1" value=${form.k} onInput=${set("k")} /></label>` : null}
+    </div>
+    <div class="row">
+      <label>Tokens <input type="number" min="1024" step="1024" value=${form.training_tokens} onInput=${set("training_tokens")} /></label>
+      <label>Batch <input type="number" min="64" value=${form.batch_tokens} onInput=${set("batch_tokens")} /></label>
+      <label>Epochs <input type="number" min="1" value=${form.epochs} onInput=${set("epochs")} /></label>
+      <label class="inline"><input type="checkbox" checked=${form.attach} onChange=${set("attach")} /> Attach and grade it</label>
+    </div>
+    <${CorpusFields} form=${form} set=${set} label="Corpus" />
+    <button disabled=${act.busy} onClick=${start}>Train</button>
+    <${ErrorNote} error=${act.error} />
+  </div>`;
+}
+
+/** Two charts of a training's curve: loss; variance explained, L0 (right axis) and dead latents. */
+function Curves({ curve }) {
+  const box = useRef(null);
+  useEffect(() => {
+    const element = box.current;
+    if (!element || curve.length < 2) return undefined;
+    const x = curve.map((p) => p.step);
+    const width = element.clientWidth || 640;
+    const loss = new uPlot({ width, height: 200, scales: { x: { time: false } }, axes: [{ label: "step" }, { label: "loss" }],
+      series: [{ label: "step" }, { label: "loss", stroke: COLOURS[0], width: 2 }] }, [x, curve.map((p) => p.loss)], element);
+    const shape = new uPlot({ width, height: 200, scales: { x: { time: false }, y: { range: [0, 1] }, l0: { auto: true } },
+      axes: [{ label: "step" }, { label: "fraction (0–1)" }, { scale: "l0", side: 1, label: "L0", grid: { show: false } }],
+      series: [{ label: "step" }, { label: "variance explained", stroke: COLOURS[0], width: 2 },
+        { label: "dead latents", stroke: COLOURS[1], width: 2 }, { label: "L0", stroke: "#16a34a", width: 2, scale: "l0" }] },
+      [x, curve.map((p) => p.fve), curve.map((p) => p.dead), curve.map((p) => p.l0)], element);
+    return () => { loss.destroy(); shape.destroy(); };
+  }, [curve]);
+  if (curve.length < 2) return html`<p class="meta">The curves appear after the first steps.</p>`;
+  return html`<div class="chart" ref=${box} role="img" aria-label="Training curves"></div>`;
+}
+
+function Training({ id, onEnd }) {
+  const [view, setView] = useState(null);
+  const act = useAction();
+  useEffect(() => {
+    let timer;
+    const poll = async () => {
+      try {
+        const next = await api.dictionaries.get(id);
+        setView(next);
+        if (next.state === "running") timer = setTimeout(poll, 1000);
+        else onEnd?.(next);
+      } catch (error) { act.run(() => Promise.reject(error)); }
+    };
+    poll();
+    return () => clearTimeout(timer);
+  }, [id]);
+  if (!view) return html`<${ErrorNote} error=${act.error} />`;
+  const p = view.progress;
+  const last = p.curve?.[p.curve.length - 1];
+  return html`<div aria-label="Training" class="job-progress">
+    <div class="row"><${Progress} done=${p.tokens} total=${p.total_tokens} unit="tokens" />
+      <span class=${`badge ${view.state === "succeeded" ? "good" : view.state === "failed" ? "bad" : ""}`} data-state=${view.state}>${view.state}</span>
+      <span class="meta">${p.stage}</span>
+      ${view.state === "running" ? html`<button class="danger" disabled=${act.busy}
+        onClick=${() => act.run(async () => setView(await api.dictionaries.cancel(id)))}>Cancel</button>` : null}</div>
+    ${last ? html`<p class="meta">Step ${last.step} of ${p.total_steps}: loss ${num(last.loss, 4)}, variance explained ${num(last.fve, 3)}, L0 ${num(last.l0, 3)}, dead ${num(last.dead, 3)}</p>` : null}
+    <${Curves} curve=${p.curve || []} />
+    ${view.result ? html`<p class="note" role="status">Saved as <strong>${view.result.sae_id}</strong> in <code>${view.result.path}</code>.</p>` : null}
+    ${view.error ? html`<p class="error" role="alert">${view.error.code}: ${view.error.message}</p>` : null}
+    <${ErrorNote} error=${act.error} />
+  </div>`;
+}
+
+function Trainings({ version, onPick }) {
+  const list = useLoad(() => api.dictionaries.list(), [version]);
+  return html`<${Table} label="Trainings" rows=${list.value?.data || []} rowKey=${(t) => t.id} empty="No training yet."
+    columns=${[["Training", (t) => html`<button class="secondary" onClick=${() => onPick(t.id)}>${t.request.name}</button><div class="meta">${t.id}</div>`],
+      ["Architecture", (t) => `${t.request.architecture} · ${t.request.d_sae ?? "8×"} latents · layer ${t.request.layer}`],
+      ["State", (t) => html`<span class="badge" data-state=${t.state}>${t.state}</span>`],
+      ["Tokens", (t) => `${t.progress.tokens ?? 0} / ${t.progress.total_tokens ?? "?"}`],
+      ["SAE", (t) => t.result?.sae_id || ""]]} />
+    <${ErrorNote} error=${list.error} />`;
+}
+
+/** The newest grade card of each chosen SAE, side by side, and a Grade button for an attached one. */
+function Grades({ version }) {
+  const { saes, attached } = useServer();
+  const [chosen, setChosen] = useState([]);
+  const picks = [0, 1].map((i) => chosen[i] ?? saes[i]?.id ?? "");
+  const [cards, setCards] = useState({});
+  const [job, setJob] = useState(null);
+  const [form, setForm] = useState({ source: "texts", shipped: "", texts: "", files: "" });
+  const set = (key) => (e) => setForm({ ...form, [key]: e.target.value });
+  const act = useAction();
+  useEffect(() => {
+    picks.filter(Boolean).forEach((sae) => api.dictionaries.grades(sae).then((r) => setCards((c) => ({ ...c, [sae]: r.data[0] || null })), () => {}));
+  }, [picks.join(), version, job?.state]);
+  const grade = (sae) => act.run(async () => {
+    const started = await api.dictionaries.grade(sae, { corpus: corpusOf(form, saes), max_tokens: 4096 });
+    setJob(started);
+    let current = started;
+    while (current.state === "running") {
+      await new Promise((r) => setTimeout(r, 1000));
+      current = await api.jobs.get(started.id);
+      setJob(current);
+    }
+  });
+  const shown = picks.filter(Boolean);
+  const rows = FIGURES.map(([key, text, digits]) => ({ key, text, digits }));
+  return html`<div class="row">${[0, 1].map((i) => html`<label>SAE ${i + 1} <select value=${picks[i]} aria-label=${`Graded SAE ${i + 1}`}
+      onChange=${(e) => { const next = [...picks]; next[i] = e.target.value; setChosen(next); }}>
+      ${saes.map((s) => html`<option value=${s.id}>${s.id} · layer ${s.layer}</option>`)}</select></label>`)}</div>
+    <${Table} label="Grade cards" rows=${rows} rowKey=${(r) => r.key}
+      columns=${[["Figure", (r) => r.text], ...shown.map((sae) => [sae, (r) => (cards[sae] ? num(cards[sae].figures[r.key], r.digits) : "—")])]} />
+    <p class="meta">${shown.map((sae) => (cards[sae] ? `${sae}: ${cards[sae].tokens} tokens of ${cards[sae].corpus.name} (${cards[sae].corpus.part})` : `${sae}: not graded yet`)).join(" · ")}</p>
+    <${CorpusFields} form=${form} set=${set} label="Grade on" />
+    <div class="row">${shown.filter((sae) => attached.some((a) => a.id === sae)).map((sae) => html`<button class="secondary" disabled=${act.busy}
+      onClick=${() => grade(sae)}>Grade ${sae}</button>`)}
+      ${job ? html`<${Progress} done=${job.progress.done} total=${job.progress.total} unit=${job.progress.unit} /> <span class="badge" data-state=${job.state}>${job.state}</span>` : null}</div>
+    <${ErrorNote} error=${act.error} />`;
+}
+
+export default function DictionariesView() {
+  const [current, setCurrent] = useState(null);
+  const [version, setVersion] = useState(0);
+  const { refresh } = useServer();
+  const ended = () => { setVersion((v) => v + 1); refresh(); };
+  return html`
+    <${Panel} title="Train a dictionary">
+      <p class="meta">An SAE trained by SAELens on the served model's activations at a layer; saved in SAELens's format with its provenance and registered (docs/dictionaries.md).</p>
+      <${TrainForm} onStarted=${(view) => { setCurrent(view.id); setVersion((v) => v + 1); }} />
+      ${current ? html`<${Training} id=${current} onEnd=${ended} />` : null}
+    </${Panel}>
+    <${Panel} title="Trainings"><${Trainings} version=${version} onPick=${setCurrent} /></${Panel}>
+    <${Panel} title="Grades: two dictionaries side by side"><${Grades} version=${version} /></${Panel}>`;
+}

@@ -1,0 +1,79 @@
+"""The float64 reference a dictionary's grade is checked against: SAEBench's core figures of a
+standard SAE on the tiny Llama's block output, computed here with transformers and a forward hook,
+independently of millm's engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+
+def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
+    """SAEBench's core figures of a standard SAE on block 1's output, in float64: the clean, the
+    spliced (positions 1.. replaced by the reconstruction) and the zeroed pass of each text; the
+    figures count positions 1 .. T-2, those whose next token is scored."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    w = {k: v.double() for k, v in load_file(str(sae_dir / "sae_weights.safetensors")).items()}
+    mode, seen = {"now": "clean"}, {}
+
+    def hook(_module, _inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        if mode["now"] == "clean":
+            return output
+        if mode["now"] == "zeroed":
+            out = torch.zeros_like(hidden)
+        else:
+            x = hidden[0, 1:]
+            latents = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+            reconstruction = latents @ w["W_dec"] + w["b_dec"]
+            # counted: the positions whose next token is scored (1 .. T-2)
+            seen.setdefault("x", []).append(x[:-1])
+            seen.setdefault("r", []).append(reconstruction[:-1])
+            seen.setdefault("l", []).append(latents[:-1])
+            out = hidden.clone()
+            out[0, 1:] = reconstruction
+        return (out, *output[1:]) if isinstance(output, tuple) else out
+
+    model.model.layers[1].register_forward_hook(hook)
+    ce = dict.fromkeys(("clean", "spliced", "zeroed"), 0.0)
+    kl = dict.fromkeys(("spliced", "zeroed"), 0.0)
+    predicted, tokens = 0, 0
+    with torch.inference_mode():
+        for ids in texts:
+            logs = {}
+            for now in ce:
+                mode["now"] = now
+                logits = model(torch.tensor([ids])).logits[0, 1:-1]
+                logs[now] = torch.log_softmax(logits, -1)
+            targets = torch.tensor(ids[2:])
+            for now, log_p in logs.items():
+                ce[now] -= float(log_p.gather(-1, targets[:, None]).sum())
+            for now in kl:
+                kl[now] += float((logs["clean"].exp() * (logs["clean"] - logs[now])).sum())
+            predicted += len(targets)
+            tokens += len(ids)
+    x, r, latents = (torch.cat(seen[key]) for key in ("x", "r", "l"))
+    variance = (x - x.mean(0)).pow(2).sum(-1).mean()
+    mse = (x - r).pow(2).sum(-1).mean()
+    fired = (latents > 0).double().mean(0)
+    ce = {now: value / predicted for now, value in ce.items()}
+    kl = {now: value / predicted for now, value in kl.items()}
+    return {
+        "tokens": tokens,
+        "positions": len(x),
+        "fraction_variance_explained": float(1 - mse / variance),
+        "mse": float(mse),
+        "l0": float((latents > 0).double().sum(-1).mean()),
+        "dead_fraction": float((fired == 0).double().mean()),
+        "dense_fraction": float((fired > 0.1).double().mean()),
+        "ce_loss_clean": ce["clean"],
+        "ce_loss_spliced": ce["spliced"],
+        "ce_loss_zero_ablated": ce["zeroed"],
+        "ce_loss_recovered": (ce["zeroed"] - ce["spliced"]) / (ce["zeroed"] - ce["clean"]),
+        "kl_spliced": kl["spliced"],
+        "kl_zero_ablated": kl["zeroed"],
+        "kl_score": 1 - kl["spliced"] / kl["zeroed"],
+    }

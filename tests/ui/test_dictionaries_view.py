@@ -1,0 +1,57 @@
+"""Dictionaries in the workbench: an SAE trained from the form (its progress, curves and where it
+was saved, as the API stores them), and its grade card beside the attached SAE's, side by side."""
+
+from __future__ import annotations
+
+import os
+
+from playwright.sync_api import expect
+
+from tests.ui.conftest import LAYER
+
+TEXTS = "\n\n".join(
+    f"The river runs to the sea past the old mill number {i}, and the boats go down with it."
+    for i in range(60)
+)
+
+
+def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbench, page):
+    page.goto(f"{workbench.url}#/dictionaries")
+    form = page.get_by_label("Train a dictionary")
+    form.get_by_label("Layer").fill(str(LAYER))
+    form.get_by_label("Latents").fill("64")
+    form.get_by_label("k", exact=True).fill("4")
+    form.get_by_label("Tokens").fill("4096")
+    form.get_by_label("Batch").fill("256")
+    form.get_by_label("Corpus source").select_option("texts")
+    form.get_by_label("Corpus: texts").fill(TEXTS)
+    form.get_by_role("button", name="Train").click()
+    training = page.get_by_label("Training", exact=True)
+    expect(training.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
+    stored = workbench.api("GET", "/api/saes/trainings").json()["data"][0]
+    assert stored["state"] == "succeeded" and stored["progress"]["steps"] == 16
+    sae = stored["result"]["sae_id"]
+    expect(training.get_by_role("status")).to_contain_text(f"Saved as {sae}")
+    expect(training.get_by_role("img", name="Training curves").locator("canvas")).to_have_count(2)
+    expect(training.get_by_role("button", name="Cancel")).to_have_count(0)
+    trainings = page.get_by_role("table", name="Trainings")
+    expect(trainings.locator("tbody tr").first).to_contain_text(sae)
+
+    # the trained SAE is attached and was graded in the same job: its card beside the tiny SAE's
+    grades = page.get_by_role("region", name="Grades: two dictionaries side by side")
+    grades.get_by_label("Graded SAE 1").select_option(workbench.sae)
+    grades.get_by_label("Graded SAE 2").select_option(sae)
+    grades.get_by_label("Grade on: texts").fill(TEXTS)
+    grades.get_by_role("button", name=f"Grade {workbench.sae}").click()
+    expect(grades.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
+    table = grades.get_by_role("table", name="Grade cards")
+    for sae_id in (workbench.sae, sae):
+        card = workbench.api("GET", f"/api/saes/{sae_id}/grades").json()["data"][0]
+        column = [workbench.sae, sae].index(sae_id) + 2
+        l0 = table.locator("tbody tr").filter(has_text="L0").locator(f"td:nth-child({column})")
+        shown = float(f"{card['figures']['l0']:.3g}")  # three significant digits, as num() shows
+        expect(l0).to_have_text(f"{shown:g}")
+    if os.environ.get("MILLM_UI_SHOT"):
+        page.screenshot(path=os.environ["MILLM_UI_SHOT"], full_page=True)
+    assert workbench.api("POST", f"/api/saes/{sae}/detach").status_code == 200
+    assert workbench.api("DELETE", f"/api/saes/{sae}").status_code == 200
