@@ -11,25 +11,27 @@ from tests.ui.conftest import LAYER
 
 TEXTS = "\n\n".join(
     f"The river runs to the sea past the old mill number {i}, and the boats go down with it."
-    for i in range(60)
+    for i in range(200)
 )
 
 
 def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbench, page):
     page.goto(f"{workbench.url}#/dictionaries")
     form = page.get_by_label("Train a dictionary")
-    form.get_by_label("Layer").fill(str(LAYER))
-    form.get_by_label("Latents").fill("64")
+    form.get_by_label("Layer", exact=True).fill(str(LAYER))
+    form.get_by_label("Latents", exact=True).fill("64")
     form.get_by_label("k", exact=True).fill("4")
-    form.get_by_label("Tokens").fill("4096")
-    form.get_by_label("Batch").fill("256")
+    form.get_by_label("Tokens", exact=True).fill("2048")
+    form.get_by_label("Batch", exact=True).fill("256")
+    form.get_by_label("Learning rate").fill("0.01")
     form.get_by_label("Corpus source").select_option("texts")
     form.get_by_label("Corpus: texts").fill(TEXTS)
     form.get_by_role("button", name="Train").click()
     training = page.get_by_label("Training", exact=True)
     expect(training.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
     stored = workbench.api("GET", "/api/saes/trainings").json()["data"][0]
-    assert stored["state"] == "succeeded" and stored["progress"]["steps"] == 16
+    assert stored["state"] == "succeeded" and stored["progress"]["steps"] == 8
+    assert stored["request"]["lr"] == 0.01 and stored["request"]["k"] == 4
     sae = stored["result"]["sae_id"]
     expect(training.get_by_role("status")).to_contain_text(f"Saved as {sae}")
     expect(training.get_by_role("img", name="Training curves").locator("canvas")).to_have_count(2)

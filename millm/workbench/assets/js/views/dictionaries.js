@@ -39,13 +39,13 @@ function CorpusFields({ form, set, label }) {
 function TrainForm({ onStarted }) {
   const { saes } = useServer();
   const [form, setForm] = useState({ layer: 0, architecture: "topk", d_sae: 1024, k: 32, training_tokens: 65536, batch_tokens: 1024,
-    epochs: 1, source: "shipped", shipped: "", texts: "", files: "", attach: true });
+    epochs: 1, lr: 0.001, source: "shipped", shipped: "", texts: "", files: "", attach: true });
   const act = useAction();
   const set = (key) => (e) => setForm({ ...form, [key]: e.target.type === "checkbox" ? e.target.checked
     : e.target.type === "number" ? Number(e.target.value) : e.target.value });
   const start = () => act.run(async () => {
     const body = { layer: form.layer, architecture: form.architecture, d_sae: form.d_sae, training_tokens: form.training_tokens,
-      batch_tokens: form.batch_tokens, epochs: form.epochs, corpus: corpusOf(form, saes), then: { attach: form.attach } };
+      batch_tokens: form.batch_tokens, epochs: form.epochs, lr: form.lr, corpus: corpusOf(form, saes), then: { attach: form.attach } };
     if (WITH_K.has(form.architecture)) body.k = form.k;
     if (form.architecture === "matryoshka_batchtopk") body.matryoshka_widths = [form.d_sae / 4, form.d_sae];
     onStarted(await api.dictionaries.train(body));
@@ -62,6 +62,7 @@ function TrainForm({ onStarted }) {
       <label>Tokens <input type="number" min="1024" step="1024" value=${form.training_tokens} onInput=${set("training_tokens")} /></label>
       <label>Batch <input type="number" min="64" value=${form.batch_tokens} onInput=${set("batch_tokens")} /></label>
       <label>Epochs <input type="number" min="1" value=${form.epochs} onInput=${set("epochs")} /></label>
+      <label>Learning rate <input type="number" min="0" step="0.0001" value=${form.lr} onInput=${set("lr")} /></label>
       <label class="inline"><input type="checkbox" checked=${form.attach} onChange=${set("attach")} /> Attach and grade it</label>
     </div>
     <${CorpusFields} form=${form} set=${set} label="Corpus" />
