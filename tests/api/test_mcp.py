@@ -51,6 +51,10 @@ TOOLS = {
     "create_variant",
     "delete_variant",
     "explain_features",
+    "train_dictionary",
+    "get_training",
+    "grade_dictionary",
+    "dictionary_grades",
     "get_job",
     "list_batches",
     "get_batch",
@@ -561,3 +565,29 @@ def test_sensing_is_read_and_switched_over_mcp_as_over_http(server):
     refused(server, "enable_sensing", 404, "cluster_not_found", cluster_id="no-such-cluster")
     refused(server, "enable_circuit_sensing", 404, "circuit_not_found", circuit_id="nope")
     assert call(server, "circuit_claims") == rest(server, "GET", "/api/circuits/claims").json()
+
+
+def test_a_dictionary_is_trained_and_graded_through_the_tools(server, sae):
+    texts = [
+        f"The river runs past mill {i} to the sea, and the boats go with it." for i in range(60)
+    ]
+    body = {"name": "mcp-sae", "layer": 1, "d_sae": 32, "k": 4, "training_tokens": 1024,
+            "batch_tokens": 128, "corpus": {"texts": texts, "context_size": 32}}  # fmt: skip
+    started = call(server, "train_dictionary", **body)
+    assert started["object"] == "dictionary_training" and started["state"] == "running"
+    deadline = time.monotonic() + 120
+    while (view := call(server, "get_training", training_id=started["id"]))["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert view["state"] == "succeeded" and view["progress"]["steps"] == 8
+    assert view == rest(server, "GET", f"/api/saes/trainings/{started['id']}").json()
+    trained = view["result"]["sae_id"]
+    assert call(server, "dictionary_grades", sae_id=trained)["data"] == []  # not attached
+    job = call(server, "grade_dictionary", sae_id=sae, corpus={"texts": texts[:3]})
+    assert job["kind"] == "dictionary-grade"
+    while (job := call(server, "get_job", job_id=job["id"]))["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert call(server, "dictionary_grades", sae_id=sae)["data"][0] == job["result"]
+    refused(server, "grade_dictionary", 400, "sae_not_attached", sae_id=trained,
+            corpus={"texts": texts[:3]})  # fmt: skip
