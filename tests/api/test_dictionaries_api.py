@@ -255,3 +255,21 @@ def test_epochs_replay_the_activations_read_once(server):
     assert provenance["activations_read"] == 2048
     work = server.home / "dictionaries" / ".work" / view["id"]
     assert not work.exists()  # the checkpoint and the activation cache went with the training
+
+
+def test_a_grade_card_shipped_beside_the_weights_is_kept_once(server, tmp_path):
+    sae_dir = build_saelens(tmp_path / "shipped-grade", layer=1, seed=13)
+    sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
+    card = {"id": "grade_shipped1", "object": "dictionary_grade", "sae_id": sae,
+            "model": "tiny-llama", "created_at": 1.0, "tokens": 100,
+            "corpus": {"source": "texts", "name": "shipped", "part": "all"},
+            "figures": {"fraction_variance_explained": 0.5, "l0": 8.0}}  # fmt: skip
+    (sae_dir / "grade.json").write_text(json.dumps(card))
+    assert api(server, "GET", f"/api/saes/{sae}/grades").json()["data"] == [card]
+    assert api(server, "GET", f"/api/saes/{sae}/grades").json()["data"] == [card]  # kept once
+    other_dir = build_saelens(tmp_path / "other-weights", layer=1, seed=14)
+    other = post(server, "/api/saes", {"path": str(other_dir)}).json()["id"]
+    (other_dir / "grade.json").write_text(json.dumps(card))  # a card of other weights
+    assert api(server, "GET", f"/api/saes/{other}/grades").json()["data"] == []
+    (other_dir / "grade.json").write_text("not json")
+    assert api(server, "GET", f"/api/saes/{other}/grades").json()["data"] == []

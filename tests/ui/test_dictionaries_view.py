@@ -55,5 +55,10 @@ def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbenc
         expect(l0).to_have_text(f"{shown:g}")
     if os.environ.get("MILLM_UI_SHOT"):
         page.screenshot(path=os.environ["MILLM_UI_SHOT"], full_page=True)
+    # the SAE's page (Models, SAEs & jobs) shows its newest card in a line
+    page.goto(f"{workbench.url}#/system")
+    line = page.get_by_role("link", name=f"Grade of {sae}")
+    expect(line).to_contain_text("variance explained")
+    expect(line).to_have_attribute("href", "#/dictionaries")
     assert workbench.api("POST", f"/api/saes/{sae}/detach").status_code == 200
     assert workbench.api("DELETE", f"/api/saes/{sae}").status_code == 200

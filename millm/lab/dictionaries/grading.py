@@ -9,10 +9,12 @@ figures are those of the model as millm serves it (llama.cpp's graph included).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -20,6 +22,7 @@ from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest
 from millm.interp.grading import GradeSums
+from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached
 from millm.kernel.runtime.blocking import call_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle
@@ -30,6 +33,22 @@ from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.dictionaries import insert_grade
 
 SHORTEST = SKIPPED_POSITIONS + 2  # a window needs a read position and a next token after it
+SHIPPED_GRADE = "grade.json"  # a grade card shipped beside an SAE's weights (the demo's)
+CARD_KEYS = ("id", "sae_id", "model", "created_at", "figures")
+
+
+def shipped_grade(info: SAEInfo) -> dict | None:
+    """The grade card an SAE's folder ships, when it is one of this very SAE (its id is the
+    weights' content id: a card of other weights is not shown); None otherwise."""
+    folder = Path(info.path)
+    path = (folder if folder.is_dir() else folder.parent) / SHIPPED_GRADE
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(card, dict) or any(key not in card for key in CARD_KEYS):
+        return None
+    return card if card["sae_id"] == info.id else None
 
 
 def logits_under(lm: LoadedModel, ids: list[int], edit: ResidualEdit | None) -> torch.Tensor:

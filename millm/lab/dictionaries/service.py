@@ -16,7 +16,7 @@ from millm.kernel.runtime.jobs import JobView
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.calibration.service import CalibrationManagement
 from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
-from millm.lab.dictionaries.grading import GradeRun
+from millm.lab.dictionaries.grading import GradeRun, shipped_grade
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
 from millm.lab.dictionaries.training import DictionaryTrainingRun
@@ -27,6 +27,7 @@ from millm.store.dictionaries import (
     RUNNING,
     end_training,
     grade_cards,
+    insert_grade,
     insert_training,
     take_orphan,
     training_row,
@@ -293,9 +294,15 @@ class Dictionaries:
                                      run)  # fmt: skip
 
     def grades(self, sae_id: str) -> list[dict]:
-        """An SAE's grade cards, newest first."""
-        self.state.saes.get(sae_id)
-        return grade_cards(self.state.store, sae_id)
+        """An SAE's grade cards, newest first; the card its folder ships (`grade.json`, the demo
+        SAE's) is kept the first time they are read."""
+        info = self.state.saes.get(sae_id)
+        cards = grade_cards(self.state.store, sae_id)
+        card = shipped_grade(info)
+        if card is not None and all(kept["id"] != card["id"] for kept in cards):
+            insert_grade(self.state.store, card)
+            cards = grade_cards(self.state.store, sae_id)
+        return cards
 
     def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView:
         """The calibration job a training chains."""

@@ -90,6 +90,17 @@ function Variants() {
   <//>`;
 }
 
+/** An SAE's newest grade card in a line (docs/dictionaries.md), or that it has none. */
+function GradeCell({ sae }) {
+  const loaded = useLoad(() => api.dictionaries.grades(sae), [sae]);
+  const card = loaded.value?.data?.[0];
+  if (!card) return html`<span class="meta">${loaded.value ? "not graded" : ""}</span>`;
+  const f = card.figures;
+  return html`<a href="#/dictionaries" aria-label=${`Grade of ${sae}`}>variance explained ${num(f.fraction_variance_explained, 3)}
+    · CE recovered ${num(f.ce_loss_recovered, 3)} · dead ${num(f.dead_fraction, 2)}</a>
+    <div class="meta">${card.tokens} tokens of ${card.corpus.name}</div>`;
+}
+
 function Saes() {
   const server = useServer();
   const act = useAction();
@@ -102,6 +113,7 @@ function Saes() {
         ["SAE", (s) => html`<strong class="mono">${s.id}</strong><div class="meta">${s.path}</div>`],
         ["Kind", (s) => html`${s.architecture} · ${s.d_sae} features · layer ${s.layer}${s.k ? ` · k ${s.k}` : ""}
           <div class="meta">${s.model_name || ""}${s.has_labels ? " · labelled" : " · no labels"}</div>`],
+        ["Grade", (s) => html`<${GradeCell} sae=${s.id} />`],
         ["Attached", (s) => s.attached ? html`<span class="badge good">layer ${s.attached_layer}</span>`
           : html`<span class="badge">no</span>${s.attach_error ? html`<div class="error">${s.attach_error}</div>` : null}`],
         ["", (s) => html`<div class="actions">${s.attached
