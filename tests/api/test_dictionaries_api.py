@@ -273,3 +273,35 @@ def test_a_grade_card_shipped_beside_the_weights_is_kept_once(server, tmp_path):
     assert api(server, "GET", f"/api/saes/{other}/grades").json()["data"] == []
     (other_dir / "grade.json").write_text("not json")
     assert api(server, "GET", f"/api/saes/{other}/grades").json()["data"] == []
+
+
+def test_a_saved_dataset_trains_and_the_chain_calibrates_and_explains(server, tmp_path):
+    import datasets
+
+    folder = tmp_path / "saved-dataset"
+    datasets.Dataset.from_dict({"body": TEXTS * 4, "n": list(range(160))}).save_to_disk(folder)
+    then = {
+        "attach": True,
+        "grade": False,
+        "calibrate": {"texts": TEXTS[:8], "top_examples": 3},
+        "explain": {"features": [0, 1], "top_examples": 2, "held_out": 2, "quantiles": 1,
+                    "width": 8, "max_tokens": 16},
+    }  # fmt: skip
+    corpus = {"dataset": str(folder), "column": "body", "context_size": 32}
+    body = train_body(name="from-dataset", training_tokens=2048, corpus=corpus, then=then)
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    provenance = json.loads((Path(view["result"]["path"]) / "cfg.json").read_text())["metadata"][
+        "millm_provenance"
+    ]
+    assert provenance["corpus"] == {"source": "dataset", "name": str(folder), "context_size": 32}
+    result, sae = view["result"], view["result"]["sae_id"]
+    assert "grade" not in result and result["calibration"]["state"] == "succeeded"
+    calibration = api(server, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
+    assert calibration["texts"] == 8
+    explained = api(server, "GET", f"/api/jobs/{result['explain']['job_id']}").json()
+    assert explained["kind"] == "explain" and explained["state"] == result["explain"]["state"]
+    assert explained["state"] in ("succeeded", "failed")  # the tiny model may write nothing
+    assert post(server, f"/api/saes/{sae}/detach", {}).status_code == 200
