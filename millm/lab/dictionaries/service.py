@@ -37,7 +37,9 @@ from millm.store.dictionaries import (
 log = logging.getLogger(__name__)
 DEFAULT_K = 32
 DEFAULT_BUFFER_BATCHES = 16
-STALE_S = 90.0  # a running training whose heartbeat is older belongs to a process that is gone
+# A running training whose heartbeat is older belongs to a process that is gone (a live one beats
+# every training.HEARTBEAT_S).
+STALE_S = 90.0
 RESUME_POLL_S = 30.0
 MODEL_WAIT_S = 600.0  # how long a resumed training waits for its model to load
 

@@ -17,7 +17,6 @@ mid-training leaves it the same way; a cancel ends it.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 from collections.abc import Iterator
@@ -64,10 +63,12 @@ class TrainingHost(Protocol):
     def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView: ...
 
 
-log = logging.getLogger(__name__)
 TAG = "dictionary-training"
 CALL_TOKENS = 2048  # tokens read per engine call (a request arriving waits for one call at most)
 FOLLOW_POLL_S = 0.5  # how often the job looks at a follow-up job it waits for
+# How often a running training says it is alive (well inside the service's STALE_S, after which
+# another replica starting up takes it for one whose process is gone).
+HEARTBEAT_S = 20.0
 
 
 def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
@@ -106,6 +107,7 @@ class DictionaryTrainingRun:
     stage: str = "starting"
     trainer: DictionaryTrainer | None = None
     follow_ups: dict[str, Any] = field(default_factory=dict)
+    beaten: float = field(default_factory=time.monotonic)  # when the row last said it is alive
     # seconds in this process reading activations and training on them, and tokens read
     timing: dict[str, float] = field(default_factory=lambda: {"read_s": 0.0, "train_s": 0.0,
                                                                "tokens_read": 0})  # fmt: skip
@@ -114,6 +116,8 @@ class DictionaryTrainingRun:
     def __call__(self, handle: JobHandle) -> dict:
         try:
             result = self._run(handle)
+            self._end("succeeded", result, None)
+            return result
         except JobCancelled:
             if self.service.stopping:
                 raise  # the row stays running, the work folder stays: the next start resumes it
@@ -128,8 +132,6 @@ class DictionaryTrainingRun:
             raise
         finally:
             self.service.forget_run(self.training_id)
-        self._end("succeeded", result, None)
-        return result
 
     def _end(self, state: str, result: dict | None, error: dict | None) -> None:
         """Store how it ended; its checkpoint and activation cache go (the folder it saved, if
@@ -163,6 +165,9 @@ class DictionaryTrainingRun:
             if trainer.progress.tokens >= due:
                 self._checkpoint(cancel)
                 due = trainer.progress.tokens + self.checkpoint_every
+            elif time.monotonic() - self.beaten > HEARTBEAT_S:  # alive, for other replicas
+                beat(self.service.state.store, self.training_id, self.progress())
+                self.beaten = time.monotonic()
             handle.pace(time.monotonic() - began)
             handle.check()
         handle.check()
@@ -256,6 +261,7 @@ class DictionaryTrainingRun:
             cancel=cancel,
         )  # fmt: skip
         beat(self.service.state.store, self.training_id, self.progress())
+        self.beaten = time.monotonic()
 
     def _export(self, cancel) -> None:
         trainer = self.trainer
