@@ -150,6 +150,8 @@ class ShuffleBuffer:
         return self._give(self.filled // self.batch * self.batch)
 
     def _give(self, count: int) -> list[torch.Tensor]:
+        if count == 0:
+            return []
         order = torch.randperm(self.filled, generator=self.generator)
         self.rows[: self.filled] = self.rows[order]
         given = self.rows[:count].clone()
@@ -338,6 +340,15 @@ class ActivationCache:
                 count = min(rows, total - first)
                 data = handle.read(count * self.row_bytes)
                 yield torch.frombuffer(bytearray(data), dtype=torch.float32).view(count, self.d_in)
+
+
+def last_checkpoint(work_dir: Path) -> Path | None:
+    """The training's last whole checkpoint: the folder, or the one a crash between
+    DictionaryTrainer.checkpoint's two renames left as `.old`; None before the first."""
+    for folder in (work_dir / CHECKPOINT, work_dir / (CHECKPOINT + ".old")):
+        if (folder / STATE_FILE).is_file():
+            return folder
+    return None
 
 
 def default_checkpoints(training_tokens: int) -> int:

@@ -25,6 +25,7 @@ from sae_lens.evals import ExplainedVarianceCalculator
 
 DENSE_FREQUENCY = 0.1  # a latent firing on more than this fraction of positions is dense
 MODES = ("clean", "spliced", "zeroed")  # the three passes of every graded text
+CHUNK = 128  # positions whose distributions are compared at once (float64: 8 bytes x vocabulary)
 
 
 @dataclass
@@ -67,15 +68,17 @@ class GradeSums:
     ) -> None:
         """One text's next-token logits `[n, V]` at the counted positions, and the tokens that
         came next `[n]`."""
-        logs = {
-            mode: torch.log_softmax(logits.double(), -1)
-            for mode, logits in zip(MODES, (clean, spliced, zeroed), strict=True)
-        }
-        for mode, log_p in logs.items():
-            self.ce[mode] -= float(log_p.gather(-1, targets[:, None]).sum())
-        p_clean = logs["clean"].exp()
-        for mode in MODES[1:]:
-            self.kl[mode] += float((p_clean * (logs["clean"] - logs[mode])).sum())
+        for start in range(0, len(targets), CHUNK):  # float64 copies of a chunk at a time
+            rows = slice(start, start + CHUNK)
+            logs = {
+                mode: torch.log_softmax(logits[rows].double(), -1)
+                for mode, logits in zip(MODES, (clean, spliced, zeroed), strict=True)
+            }
+            for mode, log_p in logs.items():
+                self.ce[mode] -= float(log_p.gather(-1, targets[rows, None]).sum())
+            p_clean = logs["clean"].exp()
+            for mode in MODES[1:]:
+                self.kl[mode] += float((p_clean * (logs["clean"] - logs[mode])).sum())
         self.predicted += len(targets)
         self.texts += 1
 

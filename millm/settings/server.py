@@ -389,6 +389,13 @@ class Settings(RemoteServers):
         "width x 4); past it, 400 before anything runs.",
         ge=1 << 20,
     )
+    dictionary_max_bytes: int = env_field(
+        8 << 30,
+        "MILLM_DICTIONARY_MAX_BYTES",
+        "Most bytes a dictionary training's state takes (weights, gradients and Adam's two "
+        "moments, float32: 16 bytes a parameter); past it, 400 before anything runs.",
+        ge=1 << 20,
+    )
     dictionary_cache_bytes: int = env_field(
         8 << 30,
         "MILLM_DICTIONARY_CACHE_BYTES",

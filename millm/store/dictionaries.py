@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from millm.store.changes import Topic
 from millm.store.database import Store
@@ -32,6 +32,12 @@ def insert_training(store: Store, training_id: str, model: str, request: dict, w
     }  # fmt: skip
     with store.transaction(Topic.DICTIONARIES) as conn:
         conn.execute(insert(trainings).values(values))
+
+
+def delete_training(store: Store, training_id: str) -> None:
+    """Forget a training that never started (its job was refused)."""
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(delete(trainings).where(trainings.c.id == training_id))
 
 
 def training_row(store: Store, training_id: str) -> dict | None:

@@ -53,7 +53,9 @@ def train_body(**extra) -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
     home = tmp_path_factory.mktemp("dictionaries-home")
-    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])])
+    # a training's state capped at 1 MiB: 128 latents over the width of 64 fit, 1,024 do not
+    env = {"MILLM_DICTIONARY_MAX_BYTES": str(1 << 20)}
+    process = ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env=env)
     try:
         process.wait_ready()
         process.home = home
@@ -163,6 +165,8 @@ def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):
     while api(server, "GET", f"/api/saes/trainings/{training_id}").json()["progress"]["steps"] < 2:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    again = post(server, "/api/saes/train", body)  # the name is being made
+    assert training_id in error(again, 409, "dictionary_exists")["message"]
     assert api(server, "DELETE", f"/api/saes/trainings/{training_id}").status_code == 200
     view = training(server, training_id)
     assert view["state"] == "cancelled" and view["result"] is None
@@ -172,6 +176,7 @@ def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):
 def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
     bad = [
         ({"layer": 3}, 400, "layer"),
+        ({"d_sae": 1024}, 400, "d_sae"),  # over MILLM_DICTIONARY_MAX_BYTES
         ({"k": 200}, 400, "k"),
         ({"architecture": "jumprelu"}, 400, None),  # k given to a JumpReLU
         ({"buffer_tokens": 300}, 400, "buffer_tokens"),  # under two batches
@@ -305,3 +310,14 @@ def test_a_saved_dataset_trains_and_the_chain_calibrates_and_explains(server, tm
     assert explained["kind"] == "explain" and explained["state"] == result["explain"]["state"]
     assert explained["state"] in ("succeeded", "failed")  # the tiny model may write nothing
     assert post(server, f"/api/saes/{sae}/detach", {}).status_code == 200
+
+
+def test_a_corpus_smaller_than_one_batch_fails_saying_so(server):
+    body = train_body(name="too-small", corpus={"texts": ["The sea is wide and the ship is old."]})
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "failed" and view["error"]["param"] == "corpus"
+    assert "fewer activations than one batch (256)" in view["error"]["message"]
+    assert not (server.home / "dictionaries" / ".work" / view["id"]).exists()
+    assert not (server.home / "dictionaries" / "too-small").exists()

@@ -4,12 +4,13 @@ restart; grade, read the cards (blocking; worker pool)."""
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from millm.errors import Conflict, InvalidRequest, ModelNotLoaded, NotFound
+from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
 from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints
 from millm.interp.steering import residual_point
 from millm.kernel.runtime.jobs import JobView
@@ -25,6 +26,7 @@ from millm.lab.labels.labelling import Labelling
 from millm.lab.labels.protocol import ExplainRequest
 from millm.store.dictionaries import (
     RUNNING,
+    delete_training,
     end_training,
     grade_cards,
     insert_grade,
@@ -42,6 +44,7 @@ DEFAULT_BUFFER_BATCHES = 16
 STALE_S = 90.0
 RESUME_POLL_S = 30.0
 MODEL_WAIT_S = 600.0  # how long a resumed training waits for its model to load
+GRADE_LOGIT_BYTES = 1 << 30  # a grade's window: its three passes' logits at most this
 
 
 def dictionaries_dir(home: Path) -> Path:
@@ -75,9 +78,12 @@ class Dictionaries:
         name = body.name or f"{lm.name.replace('/', '_')}-L{body.layer}-{body.architecture}-" \
             f"{recipe.d_sae}"  # fmt: skip
         out_dir = dictionaries_dir(self.state.settings.home) / name
-        if out_dir.exists():
+        training = [row for row in training_rows(self.state.store)
+                    if row["state"] == RUNNING and row["request"].get("name") == name]  # fmt: skip
+        if out_dir.exists() or training:
+            where = f"training {training[0]['id']} is making it" if training else str(out_dir)
             raise Conflict(
-                f"a dictionary named {name!r} exists already ({out_dir}); choose another name",
+                f"a dictionary named {name!r} exists already ({where}); choose another name",
                 param="name",
                 code="dictionary_exists",
             )
@@ -113,6 +119,14 @@ class Dictionaries:
                 f"buffer_tokens ({buffer}) must hold two batches ({2 * body.batch_tokens}) to mix "
                 "them",
                 param="buffer_tokens",
+            )
+        state = 16 * (2 * d_sae * width + d_sae + width)  # weights, gradients, Adam's moments
+        if state > self.state.settings.dictionary_max_bytes:
+            raise InvalidRequest(
+                f"d_sae: {d_sae} latents over a width of {width} take {state / 2**30:.1f} GiB to "
+                f"train, over MILLM_DICTIONARY_MAX_BYTES "
+                f"({self.state.settings.dictionary_max_bytes / 2**30:.1f} GiB); use fewer latents",
+                param="d_sae",
             )
         cap = self.state.settings.dictionary_buffer_bytes
         if buffer * width * 4 > cap:
@@ -167,18 +181,26 @@ class Dictionaries:
             or default_checkpoints(recipe.steps * recipe.batch_tokens),
         )
 
-    def _start(self, run: DictionaryTrainingRun) -> TrainingView:
+    def _start(self, run: DictionaryTrainingRun, fresh: bool = True) -> TrainingView:
+        """Start the run's job; a fresh training whose job is refused (503 queue_full) is
+        forgotten, as if it had never been asked for."""
         description = (
             f"train a {run.recipe.architecture} SAE ({run.recipe.d_sae} latents) at layer "
             f"{run.body.layer} of {run.model} on {run.recipe.steps * run.recipe.batch_tokens} "
             "tokens"
         )
-        with self.lock:
-            view = self.state.jobs.start(
-                "dictionary-training", description, run.recipe.steps * run.recipe.batch_tokens,
-                "tokens", run,
-            )  # fmt: skip
-            self.runs[run.training_id] = (run, view.id)
+        try:
+            with self.lock:
+                view = self.state.jobs.start(
+                    "dictionary-training", description, run.recipe.steps * run.recipe.batch_tokens,
+                    "tokens", run,
+                )  # fmt: skip
+                self.runs[run.training_id] = (run, view.id)
+        except MillmError:
+            if fresh:
+                delete_training(self.state.store, run.training_id)
+                shutil.rmtree(run.work_dir, ignore_errors=True)
+            raise
         return self.view(run.training_id)
 
     def forget_run(self, training_id: str) -> None:
@@ -268,11 +290,12 @@ class Dictionaries:
             body = TrainRequest.model_validate(row["request"])
             run = self._run(row["id"], row["model"], body, self._recipe(body, lm),
                             self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
-            self._start(run)
+            self._start(run, fresh=False)
             log.info("resumed dictionary training %s", row["id"])
         except Exception as exc:  # the row says why; the server goes on
             error = exc.to_dict() if hasattr(exc, "to_dict") else {"message": str(exc)}
             end_training(self.state.store, row["id"], "failed", row["progress"], None, error)
+            shutil.rmtree(row["work_dir"], ignore_errors=True)
 
     # grading and the follow-ups -------------------------------------------------------------------
     def grade(self, sae_id: str, body: GradeRequest) -> JobView:
@@ -289,6 +312,16 @@ class Dictionaries:
                 "implemented yet)",
                 param="sae_id",
                 code="not_an_sae",
+            )
+        window = min(body.corpus.context_size, lm.context_length)
+        logits = 3 * window * lm.vocab_size * 4  # a window's three passes' logits, float32
+        if logits > GRADE_LOGIT_BYTES:
+            fits = GRADE_LOGIT_BYTES // (3 * lm.vocab_size * 4)
+            raise InvalidRequest(
+                f"corpus.context_size: windows of {window} tokens over a vocabulary of "
+                f"{lm.vocab_size} make {logits / 2**30:.1f} GiB of logits per window; grade with "
+                f"context_size {fits} or less",
+                param="corpus.context_size",
             )
         run = GradeRun(self.state, attached, lm.name, self._corpus(body.corpus), body)
         description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"

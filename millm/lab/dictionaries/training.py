@@ -17,9 +17,10 @@ mid-training leaves it the same way; a cancel ends it.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,13 +29,14 @@ from typing import Any, Protocol
 import torch
 
 from millm.engine.jobs import ResidualRead
-from millm.errors import InvalidRequest, MillmError, describe
+from millm.errors import InvalidRequest, MillmError, QueueFull, describe
 from millm.interp.dictionary_training import (
     CACHE_FILE,
     CHECKPOINT,
     ActivationCache,
     DictionaryTrainer,
     Recipe,
+    last_checkpoint,
 )
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState, JobView
@@ -66,6 +68,8 @@ class TrainingHost(Protocol):
 TAG = "dictionary-training"
 CALL_TOKENS = 2048  # tokens read per engine call (a request arriving waits for one call at most)
 FOLLOW_POLL_S = 0.5  # how often the job looks at a follow-up job it waits for
+QUEUE_WAIT_S = 120.0  # how long a step waits out a full scheduler queue before the training fails
+EXPORT = "export"  # where the dictionary is written, in the work folder, before it takes its name
 # How often a running training says it is alive (well inside the service's STALE_S, after which
 # another replica starting up takes it for one whose process is gone).
 HEARTBEAT_S = 20.0
@@ -74,6 +78,19 @@ HEARTBEAT_S = 20.0
 def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
     """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
     return trainer.feed(acts, through)
+
+
+def waited_out(submit: Callable[[], Any]) -> Any:
+    """`submit()`, a full scheduler queue waited out (up to QUEUE_WAIT_S) rather than ending a
+    training of hours on a moment's burst of requests."""
+    deadline = time.monotonic() + QUEUE_WAIT_S
+    while True:
+        try:
+            return submit()
+        except QueueFull:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def held_out_grade(body: TrainRequest) -> GradeRequest:
@@ -118,17 +135,16 @@ class DictionaryTrainingRun:
             result = self._run(handle)
             self._end("succeeded", result, None)
             return result
-        except JobCancelled:
-            if self.service.stopping:
-                raise  # the row stays running, the work folder stays: the next start resumes it
-            self._end("cancelled", None, None)
-            raise
-        except MillmError as exc:
-            self._end("failed", None, exc.to_dict())
-            raise
         except Exception as exc:
-            self._end("failed", None, {"message": describe(exc), "type": "server_error",
-                                       "param": None, "code": "training_failed"})  # fmt: skip
+            if self.service.stopping:  # cut off (a cancel, or a call refused as the server stops):
+                raise  # the row stays running, the work folder too: the next start resumes it
+            if isinstance(exc, JobCancelled):
+                self._end("cancelled", None, None)
+            elif isinstance(exc, MillmError):
+                self._end("failed", None, exc.to_dict())
+            else:
+                self._end("failed", None, {"message": describe(exc), "type": "server_error",
+                                           "param": None, "code": "training_failed"})  # fmt: skip
             raise
         finally:
             self.service.forget_run(self.training_id)
@@ -141,13 +157,11 @@ class DictionaryTrainingRun:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _run(self, handle: JobHandle) -> dict:
-        switch = self.service.state.switch
         cancel = handle.cancel_event
-        checkpoint = self.work_dir / CHECKPOINT
-        resume = checkpoint if checkpoint.is_dir() else None
-        self.trainer = call_blocking(
-            switch, self.model, lambda lm: DictionaryTrainer(self.recipe, resume), cancel=cancel
-        )
+        if self._exported():
+            return self._follow_up(handle)
+        resume = last_checkpoint(self.work_dir)
+        self.trainer = self._step(lambda lm: DictionaryTrainer(self.recipe, resume))
         handle.check()
         trainer = self.trainer
         assert trainer is not None
@@ -159,11 +173,11 @@ class DictionaryTrainingRun:
                 break
             began = time.monotonic()
             before = trainer.progress.tokens
-            call_blocking(switch, self.model, partial(feed, trainer, acts, through), cancel=cancel)
+            self._step(partial(feed, trainer, acts, through))
             self.timing["train_s"] += time.monotonic() - began
             handle.advance(trainer.progress.tokens - before)
             if trainer.progress.tokens >= due:
-                self._checkpoint(cancel)
+                self._checkpoint()
                 due = trainer.progress.tokens + self.checkpoint_every
             elif time.monotonic() - self.beaten > HEARTBEAT_S:  # alive, for other replicas
                 beat(self.service.state.store, self.training_id, self.progress())
@@ -173,7 +187,7 @@ class DictionaryTrainingRun:
         handle.check()
         if not trainer.done:
             before = trainer.progress.tokens
-            call_blocking(switch, self.model, lambda lm: trainer.finish(), cancel=cancel)
+            self._step(lambda lm: trainer.finish())
             handle.advance(trainer.progress.tokens - before)
         if trainer.progress.steps == 0:
             raise InvalidRequest(
@@ -182,7 +196,7 @@ class DictionaryTrainingRun:
                 param="corpus",
             )
         self.stage = "saving"
-        self._export(cancel)
+        self._export()
         return self._follow_up(handle)
 
     def _activations(self, cancel) -> Iterator[tuple[torch.Tensor, int | None]]:
@@ -239,41 +253,53 @@ class DictionaryTrainingRun:
             yield group
 
     def _read(self, group: list[CorpusWindow], cancel) -> torch.Tensor:
-        answered = passes_blocking(
-            self.service.state.switch,
-            self.model,
-            [window.ids for window in group],
-            (activations_read(self.point),),
-            cancel=cancel,
-            reads_only=True,
+        answered = waited_out(
+            lambda: passes_blocking(
+                self.service.state.switch,
+                self.model,
+                [window.ids for window in group],
+                (activations_read(self.point),),
+                cancel=cancel,
+                reads_only=True,
+            )
         )
         if answered is None:
             raise JobCancelled()
         reads = sorted(answered.reads, key=lambda read: read.row)
         return torch.cat([read.encoded for read in reads])
 
-    def _checkpoint(self, cancel) -> None:
+    def _step(self, call) -> Any:
+        """`call(lm)` on the scheduler thread, run to its end: a cancel takes effect between steps
+        (a step half done, a checkpoint or an export, must not be abandoned while it runs)."""
+        return waited_out(lambda: call_blocking(self.service.state.switch, self.model, call))
+
+    def _checkpoint(self) -> None:
         trainer = self.trainer
         assert trainer is not None
         folder = self.work_dir / CHECKPOINT
-        call_blocking(
-            self.service.state.switch, self.model, lambda lm: trainer.checkpoint(folder),
-            cancel=cancel,
-        )  # fmt: skip
+        self._step(lambda lm: trainer.checkpoint(folder))
         beat(self.service.state.store, self.training_id, self.progress())
         self.beaten = time.monotonic()
 
-    def _export(self, cancel) -> None:
+    def _export(self) -> None:
+        """The dictionary written into the work folder, then moved to its name in one rename."""
         trainer = self.trainer
         assert trainer is not None
-        partial = self.out_dir.with_name(self.out_dir.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
+        staged = self.work_dir / EXPORT
+        shutil.rmtree(staged, ignore_errors=True)
         provenance = self.provenance()
-        call_blocking(
-            self.service.state.switch, self.model, lambda lm: trainer.export(partial, provenance),
-            cancel=cancel,
-        )  # fmt: skip
-        partial.rename(self.out_dir)
+        self._step(lambda lm: trainer.export(staged, provenance))
+        staged.rename(self.out_dir)
+
+    def _exported(self) -> bool:
+        """Whether this training saved its dictionary already (a restart after the export: only
+        the follow-ups are left)."""
+        config = self.out_dir / "cfg.json"
+        try:
+            metadata = json.loads(config.read_text())["metadata"]
+            return metadata["millm_provenance"]["training_id"] == self.training_id
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def provenance(self) -> dict:
         """What made the dictionary: model, read point, corpus, tokens, library and settings."""
@@ -345,6 +371,9 @@ class DictionaryTrainingRun:
             view = jobs.get(view.id)
             if view.state is not JobState.RUNNING:
                 return {"job_id": view.id, "state": view.state.value, "error": view.error}
+            if time.monotonic() - self.beaten > HEARTBEAT_S:
+                beat(self.service.state.store, self.training_id, self.progress())
+                self.beaten = time.monotonic()
             time.sleep(FOLLOW_POLL_S)
 
     # views ----------------------------------------------------------------------------------------
