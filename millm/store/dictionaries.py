@@ -79,6 +79,15 @@ def end_training(
         conn.execute(update(trainings).where(trainings.c.id == training_id).values(values))
 
 
+def reopen_training(store: Store, training_id: str) -> bool:
+    """A failed training running again (resumed from its checkpoint); False unless it was
+    failed (two resumes at once: one wins)."""
+    values = {"state": RUNNING, "error": None, "finished_at": None, "heartbeat_at": time.time()}
+    failed = (trainings.c.id == training_id) & (trainings.c.state == "failed")
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        return conn.execute(update(trainings).where(failed).values(values)).rowcount == 1
+
+
 def take_orphan(store: Store, training_id: str, stale_before: float) -> bool:
     """Claim a `running` training whose heartbeat stopped before `stale_before` (its process is
     gone); only one claimant wins (the update's own condition decides)."""

@@ -321,3 +321,39 @@ def test_a_corpus_smaller_than_one_batch_fails_saying_so(server):
     assert "fewer activations than one batch (256)" in view["error"]["message"]
     assert not (server.home / "dictionaries" / ".work" / view["id"]).exists()
     assert not (server.home / "dictionaries" / "too-small").exists()
+
+
+def test_a_training_failed_by_an_unload_resumes_once_its_model_is_back(tiny_dirs, tmp_path):
+    process = ServerProcess(tmp_path / "unload-home", ["--model", str(tiny_dirs["llama"])])
+    process.wait_ready()
+    try:
+        body = train_body(name="unloaded", training_tokens=400 * 256, checkpoint_every_tokens=2048,
+                          corpus={"texts": TEXTS * 120, "context_size": 32})  # fmt: skip
+        training_id = post(process, "/api/saes/train", body).json()["id"]
+        path = f"/api/saes/trainings/{training_id}"
+        deadline = time.monotonic() + 120
+        while api(process, "GET", path).json()["progress"]["steps"] < 30:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert post(process, "/api/models/tiny-llama/unload", {}).status_code == 200
+        view = training(process, training_id)
+        assert view["state"] == "failed" and view["error"]["code"] == "model_not_loaded"
+        assert view["progress"]["resumable"] is True
+        error(post(process, f"{path}/resume", {}), 409, "training_not_resumable")  # no model
+        assert post(process, "/api/models/tiny-llama/load", {}).status_code in (200, 202)
+        deadline = time.monotonic() + 120
+        while api(process, "GET", "/api/health/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        resumed = post(process, f"{path}/resume", {})
+        assert resumed.status_code == 202, resumed.text
+        error(post(process, f"{path}/resume", {}), 409, "training_not_resumable")  # running
+        view = training(process, training_id)
+        assert view["state"] == "succeeded", view
+        [at] = view["progress"]["resumed_at_tokens"]
+        assert 2048 <= at < 400 * 256 and view["progress"]["steps"] == 400
+        assert not (tmp_path / "unload-home" / "dictionaries" / ".work" / training_id).exists()
+        error(post(process, f"{path}/resume", {}), 409, "training_not_resumable")  # succeeded
+        error(post(process, "/api/saes/trainings/train_nope/resume", {}), 404, "training_not_found")
+    finally:
+        process.stop()

@@ -56,6 +56,20 @@ def cancel_training(training_id: str, request: Request) -> TrainingView:
 
 
 @router.post(
+    "/api/saes/trainings/{training_id}/resume",
+    summary="Resume a failed training from its last checkpoint",
+    status_code=202,
+    response_model=TrainingView,
+    responses={202: {"description": "The training, running again"}},
+)
+def resume_training(training_id: str, request: Request) -> JSONResponse:
+    """A training that failed (its model unloaded mid-way, say) goes on from its last checkpoint
+    once its model is loaded again; 409 training_not_resumable for any other."""
+    view = part(request, Dictionaries).resume(training_id)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.post(
     "/api/saes/{sae_id}/grade",
     summary="Grade an attached SAE on a corpus (a job)",
     status_code=202,

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
-from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints
+from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints, last_checkpoint
 from millm.interp.steering import residual_point
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.calibration.protocol import CalibrateRequest
@@ -31,6 +31,7 @@ from millm.store.dictionaries import (
     grade_cards,
     insert_grade,
     insert_training,
+    reopen_training,
     take_orphan,
     training_row,
     training_rows,
@@ -208,15 +209,19 @@ class Dictionaries:
         with self.lock:
             self.runs.pop(training_id, None)
 
-    def view(self, training_id: str) -> TrainingView:
-        """One training, live while it runs here; 404 training_not_found."""
+    def _row(self, training_id: str) -> dict:
+        """A training's stored row; 404 training_not_found."""
         row = training_row(self.state.store, training_id)
         if row is None:
             raise NotFound(
                 f"no dictionary training {training_id!r}", param="training_id",
                 code="training_not_found",
             )  # fmt: skip
-        return self._view(row)
+        return row
+
+    def view(self, training_id: str) -> TrainingView:
+        """One training, live while it runs here; 404 training_not_found."""
+        return self._view(self._row(training_id))
 
     def _view(self, row: dict) -> TrainingView:
         with self.lock:
@@ -251,7 +256,42 @@ class Dictionaries:
             )
         return view
 
-    # resuming -------------------------------------------------------------------------------------
+    def resume(self, training_id: str) -> TrainingView:
+        """Resume a failed training from its last checkpoint, on the model it was training on
+        (loaded again); 409 training_not_resumable otherwise."""
+        row = self._row(training_id)
+        lm = self.state.switch.lm
+        if row["state"] != "failed" or not (row["progress"] or {}).get("resumable"):
+            raise Conflict(
+                f"training {training_id} is {row['state']}"
+                + ("" if row["state"] != "failed" else " and kept no checkpoint")
+                + "; only a failed training with a checkpoint resumes",
+                param="training_id",
+                code="training_not_resumable",
+            )
+        if lm is None or lm.name != row["model"]:
+            raise Conflict(
+                f"training {training_id} was on {row['model']!r}; load that model to resume it "
+                f"(the server serves {lm.name if lm else 'no model'!r})",
+                param="training_id",
+                code="training_not_resumable",
+            )
+        body = TrainRequest.model_validate(row["request"])
+        run = self._run(training_id, row["model"], body, self._recipe(body, lm),
+                        self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
+        if not reopen_training(self.state.store, training_id):
+            raise Conflict(
+                f"training {training_id} is being resumed already", param="training_id",
+                code="training_not_resumable",
+            )  # fmt: skip
+        try:
+            return self._start(run, fresh=False)
+        except MillmError as exc:
+            end_training(self.state.store, training_id, "failed", row["progress"], None,
+                         exc.to_dict())  # fmt: skip
+            raise
+
+    # resuming after a restart ---------------------------------------------------------------------
     def resume_interrupted(self) -> None:
         """Resume, in the background, the trainings a process that is gone left running."""
         if any(row["state"] == RUNNING for row in training_rows(self.state.store)):
@@ -292,10 +332,13 @@ class Dictionaries:
                             self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
             self._start(run, fresh=False)
             log.info("resumed dictionary training %s", row["id"])
-        except Exception as exc:  # the row says why; the server goes on
+        except Exception as exc:  # the row says why (POST .../resume may go on); the server goes on
             error = exc.to_dict() if hasattr(exc, "to_dict") else {"message": str(exc)}
-            end_training(self.state.store, row["id"], "failed", row["progress"], None, error)
-            shutil.rmtree(row["work_dir"], ignore_errors=True)
+            progress = dict(row["progress"] or {})
+            progress["resumable"] = last_checkpoint(Path(row["work_dir"])) is not None
+            end_training(self.state.store, row["id"], "failed", progress, None, error)
+            if not progress["resumable"]:
+                shutil.rmtree(row["work_dir"], ignore_errors=True)
 
     # grading and the follow-ups -------------------------------------------------------------------
     def grade(self, sae_id: str, body: GradeRequest) -> JobView:

@@ -150,11 +150,14 @@ class DictionaryTrainingRun:
             self.service.forget_run(self.training_id)
 
     def _end(self, state: str, result: dict | None, error: dict | None) -> None:
-        """Store how it ended; its checkpoint and activation cache go (the folder it saved, if
-        any, stays)."""
+        """Store how it ended. Its checkpoint and activation cache go, but for a failed training
+        that has a checkpoint: it may be resumed (POST .../resume); the folder it saved, if any,
+        stays."""
         progress = self.progress()
+        progress["resumable"] = state == "failed" and last_checkpoint(self.work_dir) is not None
         end_training(self.service.state.store, self.training_id, state, progress, result, error)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        if not progress["resumable"]:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _run(self, handle: JobHandle) -> dict:
         cancel = handle.cancel_event
