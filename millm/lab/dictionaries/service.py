@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
-from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints, last_checkpoint
+from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints
 from millm.interp.steering import residual_point
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.calibration.protocol import CalibrateRequest
@@ -20,6 +20,7 @@ from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
 from millm.lab.dictionaries.grading import GradeRun, shipped_grade
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
+from millm.lab.dictionaries.steps import ended
 from millm.lab.dictionaries.training import DictionaryTrainingRun
 from millm.lab.discovery.inputs import attached_sae
 from millm.lab.labels.labelling import Labelling
@@ -167,6 +168,12 @@ class Dictionaries:
     def _corpus(self, spec) -> OpenedCorpus:
         return open_corpus(spec, self.state.saes.get, self.state.registrations.paths.local)
 
+    def _run_of(self, row: dict, lm) -> DictionaryTrainingRun:
+        """A stored training's run again (to resume it), checked against the loaded model."""
+        body = TrainRequest.model_validate(row["request"])
+        return self._run(row["id"], row["model"], body, self._recipe(body, lm),
+                         self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
+
     def _run(self, training_id, model, body, recipe, corpus, work_dir) -> DictionaryTrainingRun:
         return DictionaryTrainingRun(
             service=self,
@@ -276,9 +283,7 @@ class Dictionaries:
                 param="training_id",
                 code="training_not_resumable",
             )
-        body = TrainRequest.model_validate(row["request"])
-        run = self._run(training_id, row["model"], body, self._recipe(body, lm),
-                        self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
+        run = self._run_of(row, lm)
         if not reopen_training(self.state.store, training_id):
             raise Conflict(
                 f"training {training_id} is being resumed already", param="training_id",
@@ -327,18 +332,12 @@ class Dictionaries:
                     f"training {row['id']} was on {row['model']!r}, and the server now serves "
                     f"{lm.name if lm else 'no model'!r}; it cannot resume"
                 )
-            body = TrainRequest.model_validate(row["request"])
-            run = self._run(row["id"], row["model"], body, self._recipe(body, lm),
-                            self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
-            self._start(run, fresh=False)
+            self._start(self._run_of(row, lm), fresh=False)
             log.info("resumed dictionary training %s", row["id"])
         except Exception as exc:  # the row says why (POST .../resume may go on); the server goes on
             error = exc.to_dict() if hasattr(exc, "to_dict") else {"message": str(exc)}
-            progress = dict(row["progress"] or {})
-            progress["resumable"] = last_checkpoint(Path(row["work_dir"])) is not None
-            end_training(self.state.store, row["id"], "failed", progress, None, error)
-            if not progress["resumable"]:
-                shutil.rmtree(row["work_dir"], ignore_errors=True)
+            ended(self.state.store, row["id"], Path(row["work_dir"]), "failed",
+                  row["progress"] or {}, None, error)  # fmt: skip
 
     # grading and the follow-ups -------------------------------------------------------------------
     def grade(self, sae_id: str, body: GradeRequest) -> JobView:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,8 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from millm.engine.jobs import ResidualRead
-from millm.errors import InvalidRequest, MillmError, QueueFull, describe
+from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.dictionary_training import (
     CACHE_FILE,
     CHECKPOINT,
@@ -44,9 +43,9 @@ from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.dictionaries.corpus import CorpusWindow, OpenedCorpus
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
-from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.lab.dictionaries.steps import activations_read, ended, feed, waited_out
 from millm.lab.labels.protocol import ExplainRequest
-from millm.store.dictionaries import beat, end_training
+from millm.store.dictionaries import beat
 
 
 class TrainingHost(Protocol):
@@ -65,46 +64,17 @@ class TrainingHost(Protocol):
     def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView: ...
 
 
-TAG = "dictionary-training"
 CALL_TOKENS = 2048  # tokens read per engine call (a request arriving waits for one call at most)
 FOLLOW_POLL_S = 0.5  # how often the job looks at a follow-up job it waits for
-QUEUE_WAIT_S = 120.0  # how long a step waits out a full scheduler queue before the training fails
 EXPORT = "export"  # where the dictionary is written, in the work folder, before it takes its name
 # How often a running training says it is alive (well inside the service's STALE_S, after which
 # another replica starting up takes it for one whose process is gone).
 HEARTBEAT_S = 20.0
 
 
-def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
-    """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
-    return trainer.feed(acts, through)
-
-
-def waited_out(submit: Callable[[], Any]) -> Any:
-    """`submit()`, a full scheduler queue waited out (up to QUEUE_WAIT_S) rather than ending a
-    training of hours on a moment's burst of requests."""
-    deadline = time.monotonic() + QUEUE_WAIT_S
-    while True:
-        try:
-            return submit()
-        except QueueFull:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-
-
 def held_out_grade(body: TrainRequest) -> GradeRequest:
     """The grade a training asks for: its corpus's held-out windows."""
     return GradeRequest(corpus=body.corpus, part="held_out")
-
-
-def activations_read(point: int) -> ResidualRead:
-    """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread)."""
-
-    def rows(residuals: torch.Tensor) -> torch.Tensor:
-        return residuals[SKIPPED_POSITIONS:].float().cpu()
-
-    return ResidualRead(point, False, "prompt", TAG, encode=rows)
 
 
 @dataclass
@@ -150,14 +120,8 @@ class DictionaryTrainingRun:
             self.service.forget_run(self.training_id)
 
     def _end(self, state: str, result: dict | None, error: dict | None) -> None:
-        """Store how it ended. Its checkpoint and activation cache go, but for a failed training
-        that has a checkpoint: it may be resumed (POST .../resume); the folder it saved, if any,
-        stays."""
-        progress = self.progress()
-        progress["resumable"] = state == "failed" and last_checkpoint(self.work_dir) is not None
-        end_training(self.service.state.store, self.training_id, state, progress, result, error)
-        if not progress["resumable"]:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+        ended(self.service.state.store, self.training_id, self.work_dir, state, self.progress(),
+              result, error)  # fmt: skip
 
     def _run(self, handle: JobHandle) -> dict:
         cancel = handle.cancel_event

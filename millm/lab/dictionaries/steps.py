@@ -1,0 +1,67 @@
+"""A dictionary training's dealings with the scheduler and the store: its steps on the scheduler
+thread (a full queue waited out), the read that hands it activations, and how its end is stored."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from millm.engine.jobs import ResidualRead
+from millm.errors import QueueFull
+from millm.interp.dictionary_training import DictionaryTrainer, last_checkpoint
+from millm.lab.discovery.reads import SKIPPED_POSITIONS
+from millm.store.database import Store
+from millm.store.dictionaries import end_training
+
+TAG = "dictionary-training"
+QUEUE_WAIT_S = 120.0  # how long a step waits out a full scheduler queue before the training fails
+
+
+def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
+    """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
+    return trainer.feed(acts, through)
+
+
+def waited_out(submit: Callable[[], Any]) -> Any:
+    """`submit()`, a full scheduler queue waited out (up to QUEUE_WAIT_S) rather than ending a
+    training of hours on a moment's burst of requests."""
+    deadline = time.monotonic() + QUEUE_WAIT_S
+    while True:
+        try:
+            return submit()
+        except QueueFull:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def ended(
+    store: Store,
+    training_id: str,
+    work_dir: Path,
+    state: str,
+    progress: dict,
+    result: dict | None,
+    error: dict | None,
+) -> None:
+    """Store how a training ended. Its checkpoint and activation cache go, but for a failed
+    training that has a checkpoint: it may be resumed (POST .../resume); the folder it saved, if
+    any, stays."""
+    progress = {**progress, "resumable": state == "failed" and bool(last_checkpoint(work_dir))}
+    end_training(store, training_id, state, progress, result, error)
+    if not progress["resumable"]:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def activations_read(point: int) -> ResidualRead:
+    """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread)."""
+
+    def rows(residuals: torch.Tensor) -> torch.Tensor:
+        return residuals[SKIPPED_POSITIONS:].float().cpu()
+
+    return ResidualRead(point, False, "prompt", TAG, encode=rows)
