@@ -12,11 +12,13 @@ Why SAELens rather than EleutherAI's sparsify: sparsify's trainer runs the model
 transformers hooks, so it could not train on activations millm's runners read (llama.cpp's
 included), and its files need a converter to be SAELens's; SAELens's trainer takes any iterator of
 activation batches and writes the format millm, Neuronpedia and SAEBench read. SAELens 6 has no
-transcoder trainer, so transcoders are not trained here yet.
+transcoder trainer; interp/transcoder_training.py gives its training classes a transcoder's step.
 
-The activation buffer is the only thing that grows with the corpus, and it is bounded: a
-`ShuffleBuffer` of `buffer_tokens` rows (SAELens's mixing-buffer scheme: once full, it is shuffled
-and its first half given out as batches, the other half kept to mix with what comes next).
+A transcoder set trains one dictionary per block side by side on the same passes: a row holds
+every block's `[x | y]` and each block's SAETrainer steps on its own slice of the same batch.
+
+The activation buffer is the only thing that grows with the corpus, and it is bounded
+(interp/activation_buffers.py).
 Everything here is torch and runs on the scheduler thread (lab/dictionaries/training.py).
 """
 
@@ -31,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 from sae_lens.config import SAETrainerConfig
+from sae_lens.constants import SAE_WEIGHTS_FILENAME
 from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
 from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
 from sae_lens.saes.matryoshka_batchtopk_sae import (
@@ -42,6 +45,14 @@ from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.training.sae_trainer import SAETrainer
 from safetensors.torch import load_file, save_file
 
+from millm.interp.activation_buffers import ShuffleBuffer
+from millm.interp.transcoder_training import (
+    block_folder,
+    save_transcoder,
+    transcoder_class,
+    write_set_config,
+)
+
 Architecture = Literal["topk", "batchtopk", "jumprelu", "matryoshka_batchtopk"]
 ARCHITECTURES: dict[str, tuple[type[TrainingSAE], type]] = {
     "topk": (TopKTrainingSAE, TopKTrainingSAEConfig),
@@ -51,7 +62,6 @@ ARCHITECTURES: dict[str, tuple[type[TrainingSAE], type]] = {
 }
 WITH_K = ("topk", "batchtopk", "matryoshka_batchtopk")
 CHECKPOINT = "checkpoint"  # the folder under a training's work directory
-CACHE_FILE = "activations.f32"  # the first epoch's activations, when there are more epochs
 STATE_FILE = "millm_state.json"  # millm's side of a checkpoint: tokens, corpus position, curve
 BUFFER_FILE = "buffer.safetensors"  # the shuffling buffer's rows at the checkpoint
 CURVE_POINTS = 400  # most points a training curve keeps (halved by dropping every other one)
@@ -76,6 +86,28 @@ class Recipe:
     dead_window_tokens: int = 1_000_000  # a latent unfired this long is dead (aux loss revives it)
     seed: int = 0
     epochs: int = 1  # passes over the activations read (the later ones from the disk cache)
+    transcoders: int = 0  # a transcoder set: one per block, this many blocks (0: an SAE)
+    skip: bool = False  # the transcoders have a skip connection
+
+    @property
+    def blocks(self) -> int:
+        """Dictionaries trained side by side (a transcoder set's blocks, or the one SAE)."""
+        return self.transcoders or 1
+
+    @property
+    def block_width(self) -> int:
+        """Floats of one block's part of a row: `[x | y]` for a transcoder, x for an SAE."""
+        return 2 * self.d_in if self.transcoders else self.d_in
+
+    @property
+    def row_width(self) -> int:
+        """Floats of one activation row (every block's part)."""
+        return self.blocks * self.block_width
+
+    def training_class(self) -> type[TrainingSAE]:
+        """SAELens's training class of the architecture (a transcoder's step over it)."""
+        base, _ = ARCHITECTURES[self.architecture]
+        return transcoder_class(base, self.skip) if self.transcoders else base
 
     @property
     def steps(self) -> int:
@@ -87,13 +119,15 @@ class Recipe:
         """Activations read from the model (each then trained on `epochs` times)."""
         return math.ceil(self.steps * self.batch_tokens / self.epochs)
 
-    def sae_config(self):
-        """The SAELens training config of this recipe."""
+    def sae_config(self, block: int = 0):
+        """The SAELens training config of this recipe (of a set's block `block`)."""
         _, config_class = ARCHITECTURES[self.architecture]
         options: dict[str, Any] = {
             "d_in": self.d_in,
             "d_sae": self.d_sae,
-            "normalize_activations": "expected_average_only_in",
+            # a transcoder scales its input and output itself, and reads x without b_dec
+            "normalize_activations": "none" if self.transcoders else "expected_average_only_in",
+            "apply_b_dec_to_input": not self.transcoders,
         }
         if self.architecture in WITH_K:
             options["k"] = self.k
@@ -103,6 +137,9 @@ class Recipe:
             options["l0_coefficient"] = self.l0_coefficient
         config = config_class(**options)
         config.metadata.hook_name = self.hook_name
+        if self.transcoders:
+            config.metadata.hook_name = f"blocks.{block}.hook_mlp_in"
+            config.metadata.hook_name_out = f"blocks.{block}.hook_mlp_out"
         config.metadata.model_name = self.model_name
         return config
 
@@ -119,46 +156,6 @@ class Recipe:
             dead_feature_window=max(1, self.dead_window_tokens // self.batch_tokens),
             feature_sampling_window=max(1, min(2000, steps)),
         )
-
-
-class ShuffleBuffer:
-    """A bounded store of activation rows, given out in shuffled batches (see the module's
-    docstring); it never holds more than `capacity` rows."""
-
-    def __init__(self, capacity: int, d_in: int, batch: int, generator: torch.Generator):
-        if capacity < 2 * batch:
-            raise ValueError(f"a buffer of {capacity} rows cannot mix batches of {batch}")
-        self.rows = torch.empty(capacity, d_in)
-        self.filled, self.batch, self.generator = 0, batch, generator
-
-    def put(self, activations: torch.Tensor) -> list[torch.Tensor]:
-        """Add rows; the batches ready to train on (each time the buffer fills)."""
-        out: list[torch.Tensor] = []
-        start = 0
-        while start < len(activations):
-            room = len(self.rows) - self.filled
-            piece = activations[start : start + room]
-            self.rows[self.filled : self.filled + len(piece)] = piece
-            self.filled += len(piece)
-            start += len(piece)
-            if self.filled == len(self.rows):
-                out += self._give(len(self.rows) // 2 // self.batch * self.batch)
-        return out
-
-    def drain(self) -> list[torch.Tensor]:
-        """The whole batches left, shuffled (the end of the corpus); the rest is dropped."""
-        return self._give(self.filled // self.batch * self.batch)
-
-    def _give(self, count: int) -> list[torch.Tensor]:
-        if count == 0:
-            return []
-        order = torch.randperm(self.filled, generator=self.generator)
-        self.rows[: self.filled] = self.rows[order]
-        given = self.rows[:count].clone()
-        kept = self.filled - count
-        self.rows[:kept] = self.rows[count : self.filled].clone()
-        self.filled = kept
-        return list(given.split(self.batch))
 
 
 @dataclass
@@ -186,29 +183,35 @@ class Progress:
 
 
 class DictionaryTrainer:
-    """One SAELens training: feed it activations, it trains whenever a batch is ready; checkpoint,
-    resume and export it."""
+    """One SAELens training (or a transcoder set's, one per block): feed it activations, it trains
+    whenever a batch is ready; checkpoint, resume and export it."""
 
     def __init__(self, recipe: Recipe, checkpoint: Path | None = None):
         torch.manual_seed(recipe.seed)
         self.recipe = recipe
-        sae_class, _ = ARCHITECTURES[recipe.architecture]
         self.progress = Progress()
-        if checkpoint is None:
-            sae = sae_class(recipe.sae_config())
-        else:
-            sae = sae_class.load_from_disk(checkpoint)
-        self.trainer = SAETrainer(recipe.trainer_config(), sae, data_provider=iter(()))
+        self.trainers = []
+        for block in range(recipe.blocks):
+            sae = recipe.training_class()(recipe.sae_config(block))
+            if checkpoint is not None:
+                restore(sae, self._block_dir(checkpoint, block))
+            trainer = SAETrainer(recipe.trainer_config(), sae, data_provider=iter(()))
+            if checkpoint is not None:
+                trainer.load_trainer_state(self._block_dir(checkpoint, block))
+            self.trainers.append(trainer)
         if checkpoint is not None:
-            self.trainer.load_trainer_state(checkpoint)
             self.progress = Progress(**json.loads((checkpoint / STATE_FILE).read_text()))
             self.progress.resumes.append(self.progress.tokens)
         generator = torch.Generator().manual_seed(recipe.seed + self.progress.windows)
         self.buffer = ShuffleBuffer(
-            recipe.buffer_tokens, recipe.d_in, recipe.batch_tokens, generator
+            recipe.buffer_tokens, recipe.row_width, recipe.batch_tokens, generator
         )
         if checkpoint is not None:  # the rows read but not yet trained on, as they were
             self.buffer.put(load_file(str(checkpoint / BUFFER_FILE))["rows"])
+
+    def _block_dir(self, folder: Path, block: int) -> Path:
+        """Where a block's SAELens checkpoint lies: the folder itself for an SAE."""
+        return folder / block_folder(block) if self.recipe.transcoders else folder
 
     @property
     def done(self) -> bool:
@@ -217,12 +220,12 @@ class DictionaryTrainer:
 
     @property
     def sae(self) -> TrainingSAE:
-        """The SAE being trained."""
-        return self.trainer.sae
+        """The SAE being trained (a set's first block)."""
+        return self.trainers[0].sae
 
     def feed(self, activations: torch.Tensor, through: int | None) -> int:
-        """Rows `[n, d_in]`, read from the model up to corpus window `through` (None: replayed
-        from the cache); trains on every batch that is ready. Returns the steps run."""
+        """Rows `[n, row_width]`, read from the model up to corpus window `through` (None:
+        replayed from the cache); trains on every batch that is ready. Returns the steps run."""
         if through is None:
             self.progress.replayed += len(activations)
         else:
@@ -236,51 +239,63 @@ class DictionaryTrainer:
 
     def _train(self, batches: list[torch.Tensor]) -> int:
         ran = 0
-        scaler = self.trainer.activation_scaler
+        width = self.recipe.block_width
         for batch in batches:
             if self.done:
                 break
-            if scaler.scaling_factor is None:  # the first batch sets the scale, once
-                scaler.estimate_scaling_factor(self.recipe.d_in, iter([batch]), 1)
-                self._centre(scaler(batch))
-            output = self.trainer.step(batch)
+            points = []
+            for block, trainer in enumerate(self.trainers):
+                rows = batch[:, block * width : (block + 1) * width]
+                self._start(trainer, rows)
+                output = trainer.step(rows)
+                points.append(self._point(trainer, output))
+                trainer.maybe_reset_sparsity()
+                trainer.n_training_steps += 1
             self.progress.steps += 1
             self.progress.tokens += len(batch)
-            self.progress.record(self._point(output, scaler(batch)))
-            self.trainer.maybe_reset_sparsity()
-            self.trainer.n_training_steps += 1
+            self.progress.record(mean_point(self.progress, points))
             ran += 1
         return ran
 
     @torch.no_grad()
-    def _centre(self, scaled: torch.Tensor) -> None:
-        """Start the decoder bias at the activations' median (the TopK paper's b_pre): SAELens
-        starts it at zero, and a residual stream's large shared offset then takes Adam thousands
-        of steps to learn, which a short training does not have."""
-        self.trainer.sae.b_dec.copy_(scaled.median(0).values.to(self.trainer.sae.b_dec.dtype))
+    def _start(self, trainer: SAETrainer, rows: torch.Tensor) -> None:
+        """Before the first step: the activation scale, and the decoder bias at the activations'
+        median (the TopK paper's b_pre): SAELens starts it at zero, and a residual stream's large
+        shared offset then takes Adam thousands of steps to learn, which a short training does not
+        have. A transcoder sets both sides' scales and its biases itself."""
+        if self.progress.steps:
+            return
+        if self.recipe.transcoders:
+            trainer.sae.start(rows)
+            return
+        scaler = trainer.activation_scaler
+        scaler.estimate_scaling_factor(self.recipe.d_in, iter([rows]), 1)
+        trainer.sae.b_dec.copy_(scaler(rows).median(0).values.to(trainer.sae.b_dec.dtype))
 
-    def _point(self, output, scaled: torch.Tensor) -> dict:
-        """One point of the curves: losses, variance explained and L0 of this batch, and the
-        fraction of latents dead by SAELens's count."""
+    @staticmethod
+    def _point(trainer: SAETrainer, output) -> dict:
+        """One block's figures of a step: loss, variance explained of its target and L0 of this
+        batch, and the fraction of latents dead by SAELens's count."""
         with torch.no_grad():
-            residual = (output.sae_out.float() - scaled).pow(2).sum()
-            total = (scaled - scaled.mean(0)).pow(2).sum()
+            target = output.sae_in.float()
+            residual = (output.sae_out.float() - target).pow(2).sum()
+            total = (target - target.mean(0)).pow(2).sum()
             l0 = (output.feature_acts != 0).float().sum(-1).mean()
         return {
-            "step": self.progress.steps,
-            "tokens": self.progress.tokens,
-            "loss": round(float(output.loss), 6),
-            "fve": round(1.0 - float(residual / total), 6) if total > 0 else None,
-            "l0": round(float(l0), 3),
-            "dead": round(float(self.trainer.dead_neurons.float().mean()), 6),
+            "loss": float(output.loss.detach()),
+            "fve": 1.0 - float(residual / total) if total > 0 else None,
+            "l0": float(l0),
+            "dead": float(trainer.dead_neurons.float().mean()),
         }
 
     def checkpoint(self, folder: Path) -> None:
-        """Write the SAE, SAELens's trainer state and millm's progress, replacing the last
+        """Write the SAEs, SAELens's trainer states and millm's progress, replacing the last
         checkpoint only once the new one is whole."""
         staging = folder.with_name(folder.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
-        self.trainer.save_checkpoint(staging.name, base_path=staging.parent)
+        for block, trainer in enumerate(self.trainers):
+            where = self._block_dir(staging, block)
+            trainer.save_checkpoint(where.name, base_path=where.parent)
         rows = self.buffer.rows[: self.buffer.filled].contiguous()
         save_file({"rows": rows}, str(staging / BUFFER_FILE))
         (staging / STATE_FILE).write_text(json.dumps(asdict(self.progress)))
@@ -292,12 +307,27 @@ class DictionaryTrainer:
         shutil.rmtree(old, ignore_errors=True)
 
     def export(self, folder: Path, provenance: dict) -> None:
-        """The SAE as SAELens's inference file (cfg.json + sae_weights.safetensors) with
-        `provenance` under the cfg's metadata; the activation scale and the decoder norms are folded
-        into the weights, so the file reads raw activations."""
-        sae = self.trainer.sae
-        scaler = self.trainer.activation_scaler
-        self.trainer.set_final_sae_metadata()
+        """SAELens's inference files with `provenance` under each cfg's metadata, read from and
+        written to raw activations (scales and decoder norms folded in): the SAE's folder, or a
+        transcoder set's config.yaml and one SAELens transcoder folder per block."""
+        folder.mkdir(parents=True, exist_ok=True)
+        metadata = {
+            "millm_provenance": provenance,
+            "context_size": provenance.get("context_size"),
+            "dataset_path": provenance.get("corpus", {}).get("name"),
+            "model_name": self.recipe.model_name,
+        }
+        if self.recipe.transcoders:
+            for block, trainer in enumerate(self.trainers):
+                trainer.set_final_sae_metadata()
+                config = trainer.sae.cfg.metadata
+                hooks = {"hook_name": config.hook_name, "hook_name_out": config.hook_name_out}
+                save_transcoder(trainer.sae, folder / block_folder(block), {**metadata, **hooks})
+            write_set_config(folder, self.recipe.model_name, self.recipe.blocks)
+            return
+        trainer = self.trainers[0]
+        sae, scaler = trainer.sae, trainer.activation_scaler
+        trainer.set_final_sae_metadata()
         if scaler.scaling_factor is not None:
             sae.fold_activation_norm_scaling_factor(scaler.scaling_factor)
             scaler.scaling_factor = None
@@ -305,41 +335,37 @@ class DictionaryTrainer:
             "topk"
         ):
             sae.fold_W_dec_norm()  # TopK's rescaling becomes plain weights (SAELens's own fold)
-        sae.cfg.metadata.millm_provenance = provenance
-        sae.cfg.metadata.context_size = provenance.get("context_size")
-        sae.cfg.metadata.dataset_path = provenance.get("corpus", {}).get("name")
-        folder.mkdir(parents=True, exist_ok=True)
+        for key, value in metadata.items():
+            setattr(sae.cfg.metadata, key, value)
         sae.save_inference_model(folder)
 
 
-class ActivationCache:
-    """The activations of a training's first epoch on disk (float32 rows, appended), replayed by
-    the later epochs a chunk at a time: the disk holds the corpus's activations, memory only the
-    chunk read back. numpy: it is read on the job's thread."""
+def restore(sae: TrainingSAE, folder: Path) -> None:
+    """A checkpoint's weights into `sae` (SAELens's own load steps; its load_from_disk would build
+    the class registered for the architecture, not a transcoder's)."""
+    state = load_file(str(folder / SAE_WEIGHTS_FILENAME))
+    sae.process_state_dict_for_loading(state)
+    sae.load_state_dict(state)
 
-    def __init__(self, path: Path, d_in: int):
-        self.path, self.d_in = path, d_in
-        self.row_bytes = d_in * 4
 
-    def truncate(self, rows: int) -> None:
-        """Keep the first `rows` (a resumed training drops what came after its checkpoint)."""
-        with self.path.open("ab") as handle:
-            handle.truncate(rows * self.row_bytes)
+def mean_point(progress: Progress, points: list[dict]) -> dict:
+    """A curve point: the blocks' figures averaged (one block: its own), at this step."""
+    point: dict[str, Any] = {"step": progress.steps, "tokens": progress.tokens}
+    for key, digits in (("loss", 6), ("fve", 6), ("l0", 3), ("dead", 6)):
+        values = [p[key] for p in points if p[key] is not None]
+        point[key] = round(sum(values) / len(values), digits) if values else None
+    return point
 
-    def append(self, activations: torch.Tensor) -> None:
-        """Rows read from the model, at the end."""
-        with self.path.open("ab") as handle:
-            handle.write(activations.float().contiguous().numpy().tobytes())
 
-    def chunks(self, start: int, rows: int):
-        """The rows from `start` on, `rows` at a time, as tensors."""
-        total = self.path.stat().st_size // self.row_bytes
-        with self.path.open("rb") as handle:
-            handle.seek(start * self.row_bytes)
-            for first in range(start, total, rows):
-                count = min(rows, total - first)
-                data = handle.read(count * self.row_bytes)
-                yield torch.frombuffer(bytearray(data), dtype=torch.float32).view(count, self.d_in)
+def exported_by(folder: Path) -> str | None:
+    """The training id a saved dictionary's provenance names (a set: its first block's)."""
+    for config in (folder / "cfg.json", folder / block_folder(0) / "cfg.json"):
+        try:
+            metadata = json.loads(config.read_text())["metadata"]
+            return str(metadata["millm_provenance"]["training_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def last_checkpoint(work_dir: Path) -> Path | None:

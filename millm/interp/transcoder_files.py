@@ -3,13 +3,16 @@ circuit-tracer's names, the labels beside a file, and what a set or one of its b
 
 Gemma Scope's `.npz` (`W_enc` `[d_model, d_transcoder]`, `threshold`) and Gemma Scope 2's
 transcoder safetensors (`w_enc` `[d_model, d]`, `w_dec`, `threshold`, `affine_skip_connection`)
-are renamed as circuit-tracer's load_gemma_scope_transcoder and load_gemma_scope_2_transcoder do.
+are renamed as circuit-tracer's load_gemma_scope_transcoder and load_gemma_scope_2_transcoder do;
+a SAELens transcoder (a `cfg.json` beside its `sae_weights.safetensors`: `W_enc` `[d_model, d]`,
+`threshold`, `W_skip` `[d_model, d_model]` added as x @ W_skip.T, as circuit-tracer's) likewise.
 A file's labels lie beside it in any labels document millm imports (formats/labels.py):
 `layer_3.safetensors` -> `layer_3.labels.json`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +181,36 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         tensors = {k: v.float() for k, v in load_file(str(path)).items()}
     except (OSError, ValueError, KeyError) as exc:
         raise TranscoderFileError(f"{path} cannot be read: {exc}") from None
-    return _gemma_scope_2(tensors) if "w_enc" in tensors else tensors
+    if "w_enc" in tensors:
+        return _gemma_scope_2(tensors)
+    return _sae_lens(tensors, path) if _sae_lens_transcoder(path) else tensors
+
+
+def _sae_lens_transcoder(path: Path) -> bool:
+    """Whether `path` is a SAELens transcoder's weights (its cfg.json names a transcoder)."""
+    config = path.with_name("cfg.json")
+    if path.name != "sae_weights.safetensors" or not config.is_file():
+        return False
+    try:
+        architecture = json.loads(config.read_text()).get("architecture", "")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise TranscoderFileError(f"{config} cannot be read: {exc}") from None
+    if not str(architecture).endswith("transcoder"):
+        raise TranscoderFileError(
+            f"{config}: architecture {architecture!r} is not a SAELens transcoder's"
+        )
+    return True
+
+
+def _sae_lens(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """A SAELens transcoder's tensors in circuit-tracer's names: W_enc `[d_model, d]`
+    transposed, threshold renamed; W_skip is already `[d_out, d_in]`."""
+    if "W_enc" not in tensors:
+        raise TranscoderFileError(f"{path} has no W_enc")
+    renamed = {"threshold": "activation_function.threshold"}
+    out = {renamed.get(k, k): v for k, v in tensors.items() if k != "W_enc"}
+    out["W_enc"] = tensors["W_enc"].T.contiguous()
+    return out
 
 
 def _gemma_scope_2(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -134,6 +134,69 @@ def test_every_architecture_trains_and_loads(server, architecture, extra, saved_
     assert sae["architecture"] == saved_as and sae["attached"] is False
 
 
+def mlp_pairs(model_dir: Path, texts: list[str]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Each block's MLP input and output on `texts`, read by hooks on the transformers model
+    itself (the sink's position left out, as a training does)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    hooks = [
+        layer.mlp.register_forward_hook(
+            lambda _m, inputs, output, b=b: seen.setdefault(b, []).append(
+                (inputs[0][0, 1:].detach(), output[0, 1:].detach())
+            )
+        )
+        for b, layer in enumerate(model.model.layers)
+    ]
+    with torch.no_grad():
+        for text in texts:
+            model(torch.tensor([completion_prompt_ids(tokenizer, text)]))
+    for hook in hooks:
+        hook.remove()
+    return {
+        b: tuple(torch.cat(side) for side in zip(*pairs, strict=True)) for b, pairs in seen.items()
+    }
+
+
+def test_a_transcoder_set_is_trained_registered_and_draws_attribution_graphs(server, tiny_dirs):
+    from sae_lens.saes.transcoder import JumpReLUSkipTranscoder
+
+    options = {"kind": "transcoder_set", "skip": True, "d_sae": 64, "epochs": 4, "then": {}}
+    body = {**train_body(**options), "training_tokens": 4 * 6144, "layer": None}
+    started = post(server, "/api/saes/train", body)
+    assert started.status_code == 202, started.text
+    view = training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    assert view["request"]["architecture"] == "batchtopk"  # a transcoder's default
+    folder = Path(view["result"]["path"])
+    assert folder == server.home / "dictionaries" / "tiny-llama-transcoders-batchtopk-64"
+    found = api(server, "GET", f"/api/transcoders/{view['result']['transcoder_set_id']}").json()
+    assert found["layers"] == [0, 1, 2] and found["architecture"] == "jumprelu"
+
+    curve = view["progress"]["curve"]
+    assert curve[-1]["fve"] > 0.5 > curve[0]["fve"]
+    # each block's transcoder, as SAELens loads it, predicts the model's own MLP output
+    pairs = mlp_pairs(tiny_dirs["llama"], TEXTS[:8])
+    for block, (x, y) in pairs.items():
+        theirs = JumpReLUSkipTranscoder.load_from_disk(folder / f"layer_{block}")
+        provenance = theirs.cfg.metadata.millm_provenance
+        assert provenance["kind"] == "transcoder_set" and provenance["hook_point"] == "mlp"
+        assert theirs.cfg.metadata.hook_name_out == f"blocks.{block}.hook_mlp_out"
+        with torch.no_grad():
+            predicted = theirs(x)
+        explained = 1 - (predicted - y).pow(2).sum() / (y - y.mean(0)).pow(2).sum()
+        # an untrained one explains nothing (below 0); short, it learns part of each block's map
+        assert explained > 0.25, (block, float(explained))
+
+    graph = post(server, "/api/attribution", {"text": TEXTS[0][:60], "transcoders": found["id"],
+                                               "max_feature_nodes": 32, "verify": 0})  # fmt: skip
+    assert graph.status_code == 200, graph.text
+    assert graph.json()["method"] == "transcoders"
+    assert any(node["kind"] == "feature" for node in graph.json()["nodes"])
+
+
 def test_a_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
     sae_dir = build_saelens(tmp_path / "graded", layer=1, seed=5, architecture="standard")
     sae = post(server, "/api/saes", {"path": str(sae_dir)}).json()["id"]
@@ -186,6 +249,11 @@ def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
         ({"corpus": {"shipped_by": "nope"}}, 404, None),
         ({"then": {"calibrate": {"corpus": "demo"}}}, 400, None),  # calibrate needs attach
         ({"name": "../up"}, 400, None),
+        ({"skip": True}, 400, None),  # a transcoder's
+        ({"kind": "transcoder_set"}, 400, None),  # with a layer
+        ({"kind": "transcoder_set", "layer": None, "architecture": "topk"}, 400, None),
+        ({"kind": "transcoder_set", "layer": None, "then": {"attach": True}}, 400, None),
+        ({"kind": "transcoder_set", "layer": None, "d_sae": 512}, 400, "d_sae"),  # 3 blocks' state
     ]
     for extra, status, param in bad:
         response = post(server, "/api/saes/train", {**train_body(), **extra})

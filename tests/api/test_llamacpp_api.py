@@ -518,6 +518,10 @@ def test_a_dictionary_trains_and_grades_inside_llamacpps_graph(server, tiny_dirs
         assert view["result"]["grade"]["state"] == "succeeded"
     finally:
         post(server, f"/api/saes/{trained}/detach", {})
+    # transcoders are trained on the lean runner's MLPs: refused here, naming why
+    sets = {**body, "kind": "transcoder_set", "layer": None, "then": {}, "name": "tc"}
+    refused = error(post(server, "/api/saes/train", sets), 400)
+    assert refused["param"] == "kind" and "lean runner" in refused["message"]
 
     # a grade spliced into llama.cpp's graph equals the float64 reference of the same weights
     sae_dir = build_saelens(tmp_path / "graded", layer=1, seed=5, architecture="standard")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from millm.interp.dictionary_training import CURVE_POINTS, Progress, ShuffleBuffer
+from millm.interp.activation_buffers import ShuffleBuffer
+from millm.interp.dictionary_training import CURVE_POINTS, Progress
 
 
 def test_every_row_is_given_once_in_shuffled_batches_within_the_bound():

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.interp.dictionary_training import WITH_K, Architecture
+from millm.interp.transcoder_training import TRANSCODER_ARCHITECTURES
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.labels.protocol import ExplainRequest
 
@@ -102,8 +103,8 @@ class TrainThen(BaseModel):
 
 
 class TrainRequest(BaseModel):
-    """POST /api/saes/train: an SAE at a layer of the served model, trained with SAELens on
-    activations millm reads."""
+    """POST /api/saes/train: an SAE at a layer of the served model, or a transcoder set (one per
+    block), trained with SAELens on activations millm reads."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -112,9 +113,22 @@ class TrainRequest(BaseModel):
         description="The folder it is saved in under the data directory's dictionaries/ "
         "(default: model-Llayer-architecture-width).",
     )
-    architecture: Architecture = Field("topk", description="SAELens's training architecture.")
-    layer: Annotated[int, Field(ge=0)]
-    hook_point: Literal["resid_post", "resid_pre"] = "resid_post"
+    kind: Literal["sae", "transcoder_set"] = Field(
+        "sae",
+        description="An SAE at `layer`, or a transcoder per block (each reads its block's MLP "
+        "input and predicts the MLP's output), registered as a transcoder set for attribution "
+        "graphs.",
+    )
+    architecture: Architecture | None = Field(
+        None,
+        description="SAELens's training architecture (default: topk for an SAE, batchtopk for "
+        "transcoders, which are batchtopk or jumprelu).",
+    )
+    layer: Annotated[int, Field(ge=0)] | None = Field(None, description="An SAE's layer.")
+    hook_point: Literal["resid_post", "resid_pre"] | None = Field(
+        None, description="Where an SAE reads (default resid_post)."
+    )
+    skip: bool = Field(False, description="Give each transcoder a skip connection (x @ W_skip.T).")
     d_sae: Annotated[int, Field(ge=16, le=MAX_LATENTS)] | None = Field(
         None, description="Latents (default: 8 × the residual width)."
     )
@@ -153,12 +167,50 @@ class TrainRequest(BaseModel):
     then: TrainThen = Field(default_factory=TrainThen)
 
     @model_validator(mode="after")
+    def _kind_options(self) -> TrainRequest:
+        if self.kind == "sae":
+            if self.layer is None:
+                raise ValueError("layer: an SAE is trained at a layer; give one")
+            if self.skip:
+                raise ValueError("skip: a skip connection is a transcoder's")
+            return self
+        if self.layer is not None or self.hook_point is not None:
+            raise ValueError(
+                "layer, hook_point: a transcoder set has one transcoder per block, each reading "
+                "its block's MLP input"
+            )
+        if self.architecture is not None and self.architecture not in TRANSCODER_ARCHITECTURES:
+            raise ValueError(
+                f"architecture: transcoders are trained as {' or '.join(TRANSCODER_ARCHITECTURES)}"
+                " (JumpReLUs at inference, what transcoder sets hold)"
+            )
+        then = self.then
+        if then.attach or then.grade or then.calibrate is not None or then.explain is not None:
+            raise ValueError(
+                "then: a transcoder set is registered for attribution graphs; attach, calibrate, "
+                "explain and grade are an SAE's"
+            )
+        return self
+
+    @property
+    def trained(self) -> Architecture:
+        """The architecture trained (the request's, or its kind's default)."""
+        if self.architecture is not None:
+            return self.architecture
+        return "topk" if self.kind == "sae" else "batchtopk"
+
+    @property
+    def read_point(self) -> str:
+        """Where it reads: an SAE's hook point, or the MLPs' input."""
+        return "mlp" if self.kind == "transcoder_set" else (self.hook_point or "resid_post")
+
+    @model_validator(mode="after")
     def _architecture_options(self) -> TrainRequest:
-        if self.architecture not in WITH_K and self.k is not None:
-            raise ValueError(f"k: a {self.architecture} SAE has no k (use l0_coefficient)")
-        if self.architecture != "jumprelu" and self.l0_coefficient is not None:
+        if self.trained not in WITH_K and self.k is not None:
+            raise ValueError(f"k: a {self.trained} dictionary has no k (use l0_coefficient)")
+        if self.trained != "jumprelu" and self.l0_coefficient is not None:
             raise ValueError("l0_coefficient is JumpReLU's alone")
-        if (self.architecture == "matryoshka_batchtopk") != (self.matryoshka_widths is not None):
+        if (self.trained == "matryoshka_batchtopk") != (self.matryoshka_widths is not None):
             raise ValueError("matryoshka_widths: give them for matryoshka_batchtopk, and only then")
         return self
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
-from millm.interp.dictionary_training import WITH_K, Recipe, default_checkpoints
+from millm.interp.dictionary_training import default_checkpoints
 from millm.interp.steering import residual_point
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.calibration.protocol import CalibrateRequest
@@ -20,6 +20,7 @@ from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
 from millm.lab.dictionaries.grading import GradeRun, shipped_grade
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
+from millm.lab.dictionaries.recipes import recipe_of
 from millm.lab.dictionaries.steps import ended
 from millm.lab.dictionaries.training import DictionaryTrainingRun
 from millm.lab.discovery.inputs import attached_sae
@@ -39,8 +40,6 @@ from millm.store.dictionaries import (
 )
 
 log = logging.getLogger(__name__)
-DEFAULT_K = 32
-DEFAULT_BUFFER_BATCHES = 16
 # A running training whose heartbeat is older belongs to a process that is gone (a live one beats
 # every training.HEARTBEAT_S).
 STALE_S = 90.0
@@ -75,9 +74,13 @@ class Dictionaries:
         lm = self.state.switch.lm
         if lm is None:
             raise ModelNotLoaded("no model is loaded to train a dictionary on; load one first")
-        recipe = self._recipe(body, lm)
+        body = body.model_copy(update={"architecture": body.trained,
+                                        "hook_point": body.hook_point or "resid_post"
+                                        if body.kind == "sae" else None})  # fmt: skip
+        recipe = recipe_of(body, lm, self.state.settings)
         corpus = self._corpus(body.corpus)
-        name = body.name or f"{lm.name.replace('/', '_')}-L{body.layer}-{body.architecture}-" \
+        where = f"L{body.layer}" if body.kind == "sae" else "transcoders"
+        name = body.name or f"{lm.name.replace('/', '_')}-{where}-{recipe.architecture}-" \
             f"{recipe.d_sae}"  # fmt: skip
         out_dir = dictionaries_dir(self.state.settings.home) / name
         training = [row for row in training_rows(self.state.store)
@@ -98,80 +101,13 @@ class Dictionaries:
                         corpus, work_dir)  # fmt: skip
         return self._start(run)
 
-    def _recipe(self, body: TrainRequest, lm) -> Recipe:
-        depth, width = int(lm.config.num_hidden_layers), int(lm.config.hidden_size)
-        if body.layer >= depth:
-            raise InvalidRequest(
-                f"layer: {lm.name} has {depth} layers (0 to {depth - 1}), got {body.layer}",
-                param="layer",
-            )
-        d_sae = body.d_sae or 8 * width
-        k = body.k or (DEFAULT_K if body.architecture in WITH_K else None)
-        if k is not None and k > d_sae:
-            raise InvalidRequest(f"k ({k}) is more than d_sae ({d_sae})", param="k")
-        widths = body.matryoshka_widths
-        if widths is not None and (widths != sorted(set(widths)) or widths[-1] != d_sae):
-            raise InvalidRequest(
-                f"matryoshka_widths must increase and end at d_sae ({d_sae}), got {widths}",
-                param="matryoshka_widths",
-            )
-        buffer = body.buffer_tokens or DEFAULT_BUFFER_BATCHES * body.batch_tokens
-        if buffer < 2 * body.batch_tokens:
-            raise InvalidRequest(
-                f"buffer_tokens ({buffer}) must hold two batches ({2 * body.batch_tokens}) to mix "
-                "them",
-                param="buffer_tokens",
-            )
-        state = 16 * (2 * d_sae * width + d_sae + width)  # weights, gradients, Adam's moments
-        if state > self.state.settings.dictionary_max_bytes:
-            raise InvalidRequest(
-                f"d_sae: {d_sae} latents over a width of {width} take {state / 2**30:.1f} GiB to "
-                f"train, over MILLM_DICTIONARY_MAX_BYTES "
-                f"({self.state.settings.dictionary_max_bytes / 2**30:.1f} GiB); use fewer latents",
-                param="d_sae",
-            )
-        cap = self.state.settings.dictionary_buffer_bytes
-        if buffer * width * 4 > cap:
-            raise InvalidRequest(
-                f"buffer_tokens: {buffer} rows of {width} float32 are "
-                f"{buffer * width * 4 / 2**20:.0f} MiB, over MILLM_DICTIONARY_BUFFER_BYTES "
-                f"({cap / 2**20:.0f} MiB); use a smaller buffer",
-                param="buffer_tokens",
-            )
-        recipe = Recipe(
-            architecture=body.architecture,
-            d_in=width,
-            d_sae=d_sae,
-            hook_name=f"blocks.{body.layer}.hook_{body.hook_point}",
-            model_name=lm.name,
-            training_tokens=body.training_tokens,
-            batch_tokens=body.batch_tokens,
-            buffer_tokens=buffer,
-            lr=body.lr,
-            k=k,
-            matryoshka_widths=tuple(widths) if widths else None,
-            l0_coefficient=body.l0_coefficient or 1.0,
-            seed=body.seed,
-            epochs=body.epochs,
-        )
-        cached = recipe.rows_per_epoch * width * 4 if body.epochs > 1 else 0
-        if cached > self.state.settings.dictionary_cache_bytes:
-            raise InvalidRequest(
-                f"epochs: {recipe.rows_per_epoch} activations of {width} float32 kept on disk are "
-                f"{cached / 2**30:.1f} GiB, over MILLM_DICTIONARY_CACHE_BYTES "
-                f"({self.state.settings.dictionary_cache_bytes / 2**30:.1f} GiB); train on fewer "
-                "tokens or with fewer epochs",
-                param="epochs",
-            )
-        return recipe
-
     def _corpus(self, spec) -> OpenedCorpus:
         return open_corpus(spec, self.state.saes.get, self.state.registrations.paths.local)
 
     def _run_of(self, row: dict, lm) -> DictionaryTrainingRun:
         """A stored training's run again (to resume it), checked against the loaded model."""
         body = TrainRequest.model_validate(row["request"])
-        return self._run(row["id"], row["model"], body, self._recipe(body, lm),
+        return self._run(row["id"], row["model"], body, recipe_of(body, lm, self.state.settings),
                          self._corpus(body.corpus), Path(row["work_dir"]))  # fmt: skip
 
     def _run(self, training_id, model, body, recipe, corpus, work_dir) -> DictionaryTrainingRun:
@@ -182,7 +118,7 @@ class Dictionaries:
             body=body,
             recipe=recipe,
             corpus=corpus,
-            point=residual_point(body.layer, body.hook_point),
+            point=residual_point(body.layer, body.hook_point) if body.kind == "sae" else -1,
             work_dir=work_dir,
             out_dir=dictionaries_dir(self.state.settings.home) / body.name,
             checkpoint_every=body.checkpoint_every_tokens
@@ -192,10 +128,14 @@ class Dictionaries:
     def _start(self, run: DictionaryTrainingRun, fresh: bool = True) -> TrainingView:
         """Start the run's job; a fresh training whose job is refused (503 queue_full) is
         forgotten, as if it had never been asked for."""
+        what = (
+            f"SAE ({run.recipe.d_sae} latents) at layer {run.body.layer}"
+            if not run.recipe.transcoders
+            else f"transcoder per block ({run.recipe.d_sae} latents each)"
+        )
         description = (
-            f"train a {run.recipe.architecture} SAE ({run.recipe.d_sae} latents) at layer "
-            f"{run.body.layer} of {run.model} on {run.recipe.steps * run.recipe.batch_tokens} "
-            "tokens"
+            f"train a {run.recipe.architecture} {what} of {run.model} on "
+            f"{run.recipe.steps * run.recipe.batch_tokens} tokens"
         )
         try:
             with self.lock:

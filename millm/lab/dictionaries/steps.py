@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from millm.engine.jobs import ResidualRead
+from millm.engine.residual import mlp_input
 from millm.errors import QueueFull
+from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.dictionary_training import DictionaryTrainer, last_checkpoint
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.database import Store
@@ -58,10 +60,38 @@ def ended(
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def activations_read(point: int) -> ResidualRead:
-    """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread)."""
+def activations_read(point: int, block: int = 0) -> ResidualRead:
+    """Every prompt position but the sink's, as float32 on the CPU (on the scheduler thread);
+    tagged with the block it is for."""
 
     def rows(residuals: torch.Tensor) -> torch.Tensor:
         return residuals[SKIPPED_POSITIONS:].float().cpu()
 
-    return ResidualRead(point, False, "prompt", TAG, encode=rows)
+    return ResidualRead(point, False, "prompt", f"{TAG}:{block}", encode=rows)
+
+
+def mlp_read(model: ReplacementModel, block: int) -> ResidualRead:
+    """A transcoder's row `[x | y]` at every prompt position but the sink's: block `block`'s MLP
+    input x as read, and y the block's MLP (its output norm included: what it adds to the
+    residual) on it, in float32 (on the scheduler thread)."""
+    layout = model.layout.blocks[block]
+
+    def rows(residuals: torch.Tensor) -> torch.Tensor:
+        x = residuals[SKIPPED_POSITIONS:].float().cpu()
+        return torch.cat([x, model.mlp(layout, x)], dim=1)
+
+    return ResidualRead(mlp_input(block), False, "prompt", f"{TAG}:{block}", encode=rows)
+
+
+def packed_rows(reads) -> torch.Tensor:
+    """The reads of one engine call as training rows: each row's blocks side by side (by the
+    block in their tags), the rows one after another."""
+    by_row: dict[int, dict[int, torch.Tensor]] = {}
+    for read in reads:
+        by_row.setdefault(read.row, {})[int(read.tag.rsplit(":", 1)[1])] = read.encoded
+    return torch.cat(
+        [
+            torch.cat([blocks[b] for b in sorted(blocks)], dim=1)
+            for _, blocks in sorted(by_row.items())
+        ]
+    )

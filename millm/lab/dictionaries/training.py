@@ -17,7 +17,6 @@ mid-training leaves it the same way; a cancel ends it.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -28,13 +27,15 @@ from typing import Any, Protocol
 
 import torch
 
+from millm.engine.jobs import ResidualRead
 from millm.errors import InvalidRequest, MillmError, describe
+from millm.interp.activation_buffers import CACHE_FILE, ActivationCache
+from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.dictionary_training import (
-    CACHE_FILE,
     CHECKPOINT,
-    ActivationCache,
     DictionaryTrainer,
     Recipe,
+    exported_by,
     last_checkpoint,
 )
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
@@ -43,7 +44,14 @@ from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.dictionaries.corpus import CorpusWindow, OpenedCorpus
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
-from millm.lab.dictionaries.steps import activations_read, ended, feed, waited_out
+from millm.lab.dictionaries.steps import (
+    activations_read,
+    ended,
+    feed,
+    mlp_read,
+    packed_rows,
+    waited_out,
+)
 from millm.lab.labels.protocol import ExplainRequest
 from millm.store.dictionaries import beat
 
@@ -87,12 +95,13 @@ class DictionaryTrainingRun:
     body: TrainRequest
     recipe: Recipe
     corpus: OpenedCorpus
-    point: int
+    point: int  # an SAE's read point (a transcoder set reads every block's MLP)
     work_dir: Path
     out_dir: Path
     checkpoint_every: int
     stage: str = "starting"
     trainer: DictionaryTrainer | None = None
+    reads: tuple[ResidualRead, ...] = ()  # what each pass reads (made on the scheduler thread)
     follow_ups: dict[str, Any] = field(default_factory=dict)
     beaten: float = field(default_factory=time.monotonic)  # when the row last said it is alive
     # seconds in this process reading activations and training on them, and tokens read
@@ -129,6 +138,7 @@ class DictionaryTrainingRun:
             return self._follow_up(handle)
         resume = last_checkpoint(self.work_dir)
         self.trainer = self._step(lambda lm: DictionaryTrainer(self.recipe, resume))
+        self.reads = self._step(self._reads)
         handle.check()
         trainer = self.trainer
         assert trainer is not None
@@ -172,7 +182,7 @@ class DictionaryTrainingRun:
         trainer = self.trainer
         assert trainer is not None
         progress, recipe = trainer.progress, self.recipe
-        cache = ActivationCache(self.work_dir / CACHE_FILE, recipe.d_in)
+        cache = ActivationCache(self.work_dir / CACHE_FILE, recipe.row_width)
         if recipe.epochs > 1:
             cache.truncate(progress.rows_read)
         lm = self.service.state.switch.lm
@@ -219,21 +229,28 @@ class DictionaryTrainingRun:
         if group:
             yield group
 
+    def _reads(self, lm) -> tuple[ResidualRead, ...]:
+        """An SAE's read of its point, or every block's MLP input and output (a CallJob's step:
+        the replacement model's norms are checked against the served ones on this thread)."""
+        if not self.recipe.transcoders:
+            return (activations_read(self.point),)
+        model = ReplacementModel(lm.runner.layout, frozen=False)
+        return tuple(mlp_read(model, block) for block in range(self.recipe.transcoders))
+
     def _read(self, group: list[CorpusWindow], cancel) -> torch.Tensor:
         answered = waited_out(
             lambda: passes_blocking(
                 self.service.state.switch,
                 self.model,
                 [window.ids for window in group],
-                (activations_read(self.point),),
+                self.reads,
                 cancel=cancel,
                 reads_only=True,
             )
         )
         if answered is None:
             raise JobCancelled()
-        reads = sorted(answered.reads, key=lambda read: read.row)
-        return torch.cat([read.encoded for read in reads])
+        return packed_rows(answered.reads)
 
     def _step(self, call) -> Any:
         """`call(lm)` on the scheduler thread, run to its end: a cancel takes effect between steps
@@ -261,12 +278,7 @@ class DictionaryTrainingRun:
     def _exported(self) -> bool:
         """Whether this training saved its dictionary already (a restart after the export: only
         the follow-ups are left)."""
-        config = self.out_dir / "cfg.json"
-        try:
-            metadata = json.loads(config.read_text())["metadata"]
-            return metadata["millm_provenance"]["training_id"] == self.training_id
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
+        return exported_by(self.out_dir) == self.training_id
 
     def provenance(self) -> dict:
         """What made the dictionary: model, read point, corpus, tokens, library and settings."""
@@ -278,8 +290,9 @@ class DictionaryTrainingRun:
             "trained_by": "millm",
             "training_id": self.training_id,
             "model": self.model,
+            "kind": self.body.kind,
             "layer": self.body.layer,
-            "hook_point": self.body.hook_point,
+            "hook_point": self.body.read_point,
             "corpus": self.corpus.describe(),
             "tokens": trainer.progress.tokens,
             "steps": trainer.progress.steps,
@@ -300,6 +313,11 @@ class DictionaryTrainingRun:
         each follow-up job waited for in turn."""
         service, then = self.service, self.body.then
         self.stage = "registering"
+        if self.recipe.transcoders:
+            registered = service.state.transcoders.register(self.out_dir, service.state.switch.lm)
+            self.stage = "done"
+            self.follow_ups = {"transcoder_set_id": registered.id, "path": str(self.out_dir)}
+            return dict(self.follow_ups)
         info, _ = service.state.registrations.sae(str(self.out_dir), None, None)
         result: dict[str, Any] = {"sae_id": info.id, "path": str(self.out_dir)}
         self.follow_ups = result
