@@ -432,9 +432,10 @@ TOOLS = (
     McpTool(
         "train_dictionary",
         "Train an SAE (TopK, BatchTopK, JumpReLU or Matryoshka, with SAELens) at a layer of the "
-        "served model over a corpus (texts, local files, a saved dataset, or an SAE's shipped "
+        "served model, or a transcoder per block (kind transcoder_set, registered for attribution "
+        "graphs), over a corpus (texts, local files, a saved dataset, or an SAE's shipped "
         "corpus); saves it in SAELens's format with its provenance, registers it, and attaches, "
-        "grades, calibrates and explains it as `then` asks. A job: get_training follows it.",
+        "grades, calibrates and explains an SAE as `then` asks. A job: get_training follows it.",
         "post",
         "/api/saes/train",
         _train,

@@ -62,3 +62,35 @@ def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbenc
     expect(line).to_have_attribute("href", "#/dictionaries")
     assert workbench.api("POST", f"/api/saes/{sae}/detach").status_code == 200
     assert workbench.api("DELETE", f"/api/saes/{sae}").status_code == 200
+
+
+def test_a_transcoder_set_trained_from_the_form_is_registered_for_graphs(workbench, page):
+    page.goto(f"{workbench.url}#/dictionaries")
+    form = page.get_by_label("Train a dictionary")
+    form.get_by_role("combobox", name="Dictionary").select_option("transcoder_set")
+    expect(form.get_by_label("Layer", exact=True)).to_have_count(0)  # every block
+    architectures = form.get_by_label("Architecture").locator("option")
+    expect(architectures).to_have_text(["BatchTopK", "JumpReLU"])
+    form.get_by_label("Skip connection").check()
+    form.get_by_label("Latents", exact=True).fill("32")
+    form.get_by_label("k", exact=True).fill("4")
+    form.get_by_label("Tokens", exact=True).fill("2048")
+    form.get_by_label("Batch", exact=True).fill("256")
+    form.get_by_label("Corpus source").select_option("texts")
+    form.get_by_label("Corpus: texts").fill(TEXTS)
+    form.get_by_role("button", name="Train").click()
+    training = page.get_by_label("Training", exact=True)
+    expect(training.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
+    stored = workbench.api("GET", "/api/saes/trainings").json()["data"][0]
+    request = stored["request"]
+    assert request["kind"] == "transcoder_set" and request["skip"] is True
+    assert request["architecture"] == "batchtopk" and request["layer"] is None
+    found = stored["result"]["transcoder_set_id"]
+    expect(training.get_by_role("status")).to_contain_text(
+        f"Saved as {found} in {stored['result']['path']} and registered for attribution graphs"
+    )
+    row = page.get_by_role("table", name="Trainings").locator("tbody tr").first
+    expect(row).to_contain_text("a transcoder per block")
+    expect(row).to_contain_text(found)
+    assert workbench.api("GET", f"/api/transcoders/{found}").json()["architecture"] == "jumprelu"
+    assert workbench.api("DELETE", f"/api/transcoders/{found}").status_code == 200

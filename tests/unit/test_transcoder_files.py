@@ -221,3 +221,19 @@ def test_a_gemma_scope_2_clt_reads_as_circuit_tracers_loader_reads_it(tmp_path):
         )
     info, sae = read_sae(directory / "layer_1" / "params.safetensors")
     assert (info.format, info.layer) == ("transcoder", 1) and sae.cross.shape == (48, 2, 64)
+
+
+def test_a_sae_lens_file_whose_config_is_no_transcoder_is_refused_naming_it(tmp_path):
+    block = tmp_path / "layer_0"
+    block.mkdir()
+    save_file({"W_enc": torch.zeros(8, 16), "W_dec": torch.zeros(16, 8)},
+              str(block / "sae_weights.safetensors"))  # fmt: skip
+    (block / "cfg.json").write_text('{"architecture": "topk"}')
+    (tmp_path / "config.yaml").write_text(
+        "model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\n"
+        "feature_output_hook: mlp.hook_out\ntranscoders:\n  - layer_0/sae_weights.safetensors\n"
+    )
+    with pytest.raises(
+        TranscoderFileError, match="architecture 'topk' is not a SAELens transcoder"
+    ):
+        read_transcoder_set(tmp_path)

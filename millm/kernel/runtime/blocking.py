@@ -172,7 +172,11 @@ def passes_blocking(
 
 
 def call_blocking(
-    served: Served, model: str, call: Callable[[Any], Any], *, cancel: threading.Event | None = None
+    served: Served,
+    model: str | Engine,
+    call: Callable[[Any], Any],
+    *,
+    cancel: threading.Event | None = None,
 ) -> Any:
     """`call(lm)` run on the scheduler thread as one engine job (CallJob: unsteered, unread) and
     what it returned; None when `cancel` was set before it finished."""

@@ -23,10 +23,10 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
             param="layer",
         )
     blocks = depth if body.kind == "transcoder_set" else 0
-    if blocks and not (getattr(lm.runner, "layout", None) is not None and supported(lm.config)):
+    if blocks and not supported(lm.config):
         raise InvalidRequest(
             f"kind: transcoders are trained on the MLPs of the lean runner's families; "
-            f"{lm.name} ({lm.config.model_type}) runs on another engine",
+            f"{lm.name} ({lm.config.model_type}) runs on transformers' own forward",
             param="kind",
         )
     d_sae = body.d_sae or 8 * width
@@ -39,7 +39,13 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
             f"matryoshka_widths must increase and end at d_sae ({d_sae}), got {widths}",
             param="matryoshka_widths",
         )
-    buffer = body.buffer_tokens or DEFAULT_BUFFER_BATCHES * body.batch_tokens
+    row = (2 * blocks if blocks else 1) * width  # floats per activation row
+    cap = settings.dictionary_buffer_bytes
+    # by default 16 batches, or as many as the cap holds (a set's rows are every block's), at
+    # least the two a shuffle needs
+    batch = body.batch_tokens
+    fits = cap // (row * 4) // batch * batch
+    buffer = body.buffer_tokens or max(2 * batch, min(DEFAULT_BUFFER_BATCHES * batch, fits))
     if buffer < 2 * body.batch_tokens:
         raise InvalidRequest(
             f"buffer_tokens ({buffer}) must hold two batches ({2 * body.batch_tokens}) to mix them",
@@ -56,8 +62,6 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
             f"({settings.dictionary_max_bytes / 2**30:.1f} GiB); use fewer latents",
             param="d_sae",
         )
-    row = (2 * blocks if blocks else 1) * width  # floats per activation row
-    cap = settings.dictionary_buffer_bytes
     if buffer * row * 4 > cap:
         raise InvalidRequest(
             f"buffer_tokens: {buffer} rows of {row} float32 are "

@@ -78,6 +78,10 @@ class Dictionaries:
                                         "hook_point": body.hook_point or "resid_post"
                                         if body.kind == "sae" else None})  # fmt: skip
         recipe = recipe_of(body, lm, self.state.settings)
+        if recipe.transcoders and getattr(lm.runner, "layout", None) is None:
+            self.state.switch.beside.plan_copy(
+                lm
+            )  # the copy it will read: refused now if it must be
         corpus = self._corpus(body.corpus)
         where = f"L{body.layer}" if body.kind == "sae" else "transcoders"
         name = body.name or f"{lm.name.replace('/', '_')}-{where}-{recipe.architecture}-" \

@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,6 +39,7 @@ from millm.interp.dictionary_training import (
     exported_by,
     last_checkpoint,
 )
+from millm.kernel.model.beside import Beside
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState, JobView
 from millm.lab.calibration.protocol import CalibrateRequest
@@ -102,11 +104,15 @@ class DictionaryTrainingRun:
     stage: str = "starting"
     trainer: DictionaryTrainer | None = None
     reads: tuple[ResidualRead, ...] = ()  # what each pass reads (made on the scheduler thread)
+    engine: str | Beside = ""  # the served model's name, or the copy held beside it (_engine)
     follow_ups: dict[str, Any] = field(default_factory=dict)
     beaten: float = field(default_factory=time.monotonic)  # when the row last said it is alive
     # seconds in this process reading activations and training on them, and tokens read
     timing: dict[str, float] = field(default_factory=lambda: {"read_s": 0.0, "train_s": 0.0,
                                                                "tokens_read": 0})  # fmt: skip
+
+    def __post_init__(self) -> None:
+        self.engine = self.engine or self.model
 
     # the job --------------------------------------------------------------------------------------
     def __call__(self, handle: JobHandle) -> dict:
@@ -133,9 +139,33 @@ class DictionaryTrainingRun:
               result, error)  # fmt: skip
 
     def _run(self, handle: JobHandle) -> dict:
+        if not self._exported():
+            with self._engine():
+                self._train(handle)
+            self.stage = "saving"
+            self._export()
+        return self._follow_up(handle)
+
+    @contextmanager
+    def _engine(self) -> Iterator[None]:
+        """What the training reads from: the served model, or, for transcoders of a model served
+        on llama.cpp (whose MLPs cannot be re-run from its graph), a transformers copy of its file
+        held beside it for the training's length."""
+        lm = self.service.state.switch.lm
+        if not self.recipe.transcoders or lm is None or getattr(lm.runner, "layout", None):
+            yield
+            return
+        self.stage = "loading a transformers copy"
+        beside = self.service.state.switch.beside
+        with beside.loaded(beside.plan_copy(lm)) as copy:
+            self.engine = copy
+            try:
+                yield
+            finally:
+                self.engine = self.model
+
+    def _train(self, handle: JobHandle) -> None:
         cancel = handle.cancel_event
-        if self._exported():
-            return self._follow_up(handle)
         resume = last_checkpoint(self.work_dir)
         self.trainer = self._step(lambda lm: DictionaryTrainer(self.recipe, resume))
         self.reads = self._step(self._reads)
@@ -172,9 +202,6 @@ class DictionaryTrainingRun:
                 "send more text or a smaller batch_tokens",
                 param="corpus",
             )
-        self.stage = "saving"
-        self._export()
-        return self._follow_up(handle)
 
     def _activations(self, cancel) -> Iterator[tuple[torch.Tensor, int | None]]:
         """(rows, the corpus window they were read through) from the model for the first epoch,
@@ -185,7 +212,7 @@ class DictionaryTrainingRun:
         cache = ActivationCache(self.work_dir / CACHE_FILE, recipe.row_width)
         if recipe.epochs > 1:
             cache.truncate(progress.rows_read)
-        lm = self.service.state.switch.lm
+        lm = self.service.state.switch.lm if isinstance(self.engine, str) else self.engine.lm
         if lm is None:
             raise InvalidRequest("the model was unloaded before the training began")
         if progress.epoch == 1:
@@ -241,7 +268,7 @@ class DictionaryTrainingRun:
         answered = waited_out(
             lambda: passes_blocking(
                 self.service.state.switch,
-                self.model,
+                self.engine,
                 [window.ids for window in group],
                 self.reads,
                 cancel=cancel,
@@ -255,7 +282,7 @@ class DictionaryTrainingRun:
     def _step(self, call) -> Any:
         """`call(lm)` on the scheduler thread, run to its end: a cancel takes effect between steps
         (a step half done, a checkpoint or an export, must not be abandoned while it runs)."""
-        return waited_out(lambda: call_blocking(self.service.state.switch, self.model, call))
+        return waited_out(lambda: call_blocking(self.service.state.switch, self.engine, call))
 
     def _checkpoint(self) -> None:
         trainer = self.trainer

@@ -9,6 +9,7 @@ import { ErrorNote, Panel, Progress, Table, html, num, useAction, useLoad, useSe
 
 const ARCHITECTURES = [["topk", "TopK"], ["batchtopk", "BatchTopK"], ["jumprelu", "JumpReLU"], ["matryoshka_batchtopk", "Matryoshka BatchTopK"]];
 const WITH_K = new Set(["topk", "batchtopk", "matryoshka_batchtopk"]);
+const TRANSCODER_ARCHITECTURES = new Set(["batchtopk", "jumprelu"]);  // JumpReLUs at inference, what transcoder sets hold
 const FIGURES = [
   ["fraction_variance_explained", "Variance explained", 3], ["l0", "L0", 3], ["dead_fraction", "Dead latents", 3],
   ["dense_fraction", "Dense latents", 3], ["ce_loss_recovered", "CE loss recovered", 3], ["ce_loss_clean", "CE clean (nats)", 3],
@@ -38,23 +39,33 @@ function CorpusFields({ form, set, label }) {
 
 function TrainForm({ onStarted }) {
   const { saes } = useServer();
-  const [form, setForm] = useState({ layer: 0, architecture: "topk", d_sae: 1024, k: 32, training_tokens: 65536, batch_tokens: 1024,
-    epochs: 1, lr: 0.001, source: "shipped", shipped: "", texts: "", files: "", attach: true });
+  const [form, setForm] = useState({ kind: "sae", layer: 0, architecture: "topk", d_sae: 1024, k: 32, training_tokens: 65536,
+    batch_tokens: 1024, epochs: 1, lr: 0.001, skip: false, source: "shipped", shipped: "", texts: "", files: "", attach: true });
   const act = useAction();
   const set = (key) => (e) => setForm({ ...form, [key]: e.target.type === "checkbox" ? e.target.checked
     : e.target.type === "number" ? Number(e.target.value) : e.target.value });
+  // A transcoder set: one per block at its MLP, BatchTopK or JumpReLU, registered for attribution graphs.
+  const sets = form.kind === "transcoder_set";
+  const architectures = sets ? ARCHITECTURES.filter(([key]) => TRANSCODER_ARCHITECTURES.has(key)) : ARCHITECTURES;
+  const setKind = (e) => setForm({ ...form, kind: e.target.value,
+    architecture: e.target.value === "transcoder_set" && !TRANSCODER_ARCHITECTURES.has(form.architecture) ? "batchtopk" : form.architecture });
   const start = () => act.run(async () => {
-    const body = { layer: form.layer, architecture: form.architecture, d_sae: form.d_sae, training_tokens: form.training_tokens,
-      batch_tokens: form.batch_tokens, epochs: form.epochs, lr: form.lr, corpus: corpusOf(form, saes), then: { attach: form.attach } };
+    const body = { kind: form.kind, architecture: form.architecture, d_sae: form.d_sae, training_tokens: form.training_tokens,
+      batch_tokens: form.batch_tokens, epochs: form.epochs, lr: form.lr, corpus: corpusOf(form, saes) };
+    if (sets) body.skip = form.skip;
+    else Object.assign(body, { layer: form.layer, then: { attach: form.attach } });
     if (WITH_K.has(form.architecture)) body.k = form.k;
     if (form.architecture === "matryoshka_batchtopk") body.matryoshka_widths = [form.d_sae / 4, form.d_sae];
     onStarted(await api.dictionaries.train(body));
   });
   return html`<div class="form" aria-label="Train a dictionary">
     <div class="row">
-      <label>Layer <input type="number" min="0" value=${form.layer} onInput=${set("layer")} /></label>
+      <label>Dictionary <select value=${form.kind} onChange=${setKind}>
+        <option value="sae">An SAE at a layer</option><option value="transcoder_set">A transcoder per block</option></select></label>
+      ${sets ? html`<label class="inline"><input type="checkbox" checked=${form.skip} onChange=${set("skip")} /> Skip connection</label>`
+        : html`<label>Layer <input type="number" min="0" value=${form.layer} onInput=${set("layer")} /></label>`}
       <label>Architecture <select value=${form.architecture} onChange=${set("architecture")}>
-        ${ARCHITECTURES.map(([key, text]) => html`<option value=${key}>${text}</option>`)}</select></label>
+        ${architectures.map(([key, text]) => html`<option value=${key}>${text}</option>`)}</select></label>
       <label>Latents <input type="number" min="16" value=${form.d_sae} onInput=${set("d_sae")} /></label>
       ${WITH_K.has(form.architecture) ? html`<label>k <input type="number" min="1" value=${form.k} onInput=${set("k")} /></label>` : null}
     </div>
@@ -63,7 +74,7 @@ function TrainForm({ onStarted }) {
       <label>Batch <input type="number" min="64" value=${form.batch_tokens} onInput=${set("batch_tokens")} /></label>
       <label>Epochs <input type="number" min="1" value=${form.epochs} onInput=${set("epochs")} /></label>
       <label>Learning rate <input type="number" min="0" step="0.0001" value=${form.lr} onInput=${set("lr")} /></label>
-      <label class="inline"><input type="checkbox" checked=${form.attach} onChange=${set("attach")} /> Attach and grade it</label>
+      ${sets ? null : html`<label class="inline"><input type="checkbox" checked=${form.attach} onChange=${set("attach")} /> Attach and grade it</label>`}
     </div>
     <${CorpusFields} form=${form} set=${set} label="Corpus" />
     <button disabled=${act.busy} onClick=${start}>Train</button>
@@ -119,7 +130,7 @@ function Training({ id, onEnd }) {
         onClick=${() => act.run(async () => setView(await api.dictionaries.cancel(id)))}>Cancel</button>` : null}</div>
     ${last ? html`<p class="meta">Step ${last.step} of ${p.total_steps}: loss ${num(last.loss, 4)}, variance explained ${num(last.fve, 3)}, L0 ${num(last.l0, 3)}, dead ${num(last.dead, 3)}</p>` : null}
     <${Curves} curve=${p.curve || []} />
-    ${view.result ? html`<p class="note" role="status">Saved as <strong>${view.result.sae_id}</strong> in <code>${view.result.path}</code>.</p>` : null}
+    ${view.result ? html`<p class="note" role="status">Saved as <strong>${view.result.sae_id || view.result.transcoder_set_id}</strong> in <code>${view.result.path}</code>${view.result.transcoder_set_id ? " and registered for attribution graphs" : ""}.</p>` : null}
     ${view.error ? html`<p class="error" role="alert">${view.error.code}: ${view.error.message}</p>` : null}
     <${ErrorNote} error=${act.error} />
   </div>`;
@@ -129,10 +140,10 @@ function Trainings({ version, onPick }) {
   const list = useLoad(() => api.dictionaries.list(), [version]);
   return html`<${Table} label="Trainings" rows=${list.value?.data || []} rowKey=${(t) => t.id} empty="No training yet."
     columns=${[["Training", (t) => html`<button class="secondary" onClick=${() => onPick(t.id)}>${t.request.name}</button><div class="meta">${t.id}</div>`],
-      ["Architecture", (t) => `${t.request.architecture} · ${t.request.d_sae ?? "8×"} latents · layer ${t.request.layer}`],
+      ["Architecture", (t) => `${t.request.architecture} · ${t.request.d_sae ?? "8×"} latents · ${t.request.kind === "transcoder_set" ? "a transcoder per block" : `layer ${t.request.layer}`}`],
       ["State", (t) => html`<span class="badge" data-state=${t.state}>${t.state}</span>`],
       ["Tokens", (t) => `${t.progress.tokens ?? 0} / ${t.progress.total_tokens ?? "?"}`],
-      ["SAE", (t) => t.result?.sae_id || ""]]} />
+      ["Saved as", (t) => t.result?.sae_id || t.result?.transcoder_set_id || ""]]} />
     <${ErrorNote} error=${list.error} />`;
 }
 
@@ -181,7 +192,7 @@ export default function DictionariesView() {
   const ended = () => { setVersion((v) => v + 1); refresh(); };
   return html`
     <${Panel} title="Train a dictionary">
-      <p class="meta">An SAE trained by SAELens on the served model's activations at a layer; saved in SAELens's format with its provenance and registered (docs/dictionaries.md).</p>
+      <p class="meta">An SAE at a layer, or a transcoder per block, trained by SAELens on the served model's activations; saved in SAELens's format with its provenance and registered (docs/dictionaries.md).</p>
       <${TrainForm} onStarted=${(view) => { setCurrent(view.id); setVersion((v) => v + 1); }} />
       ${current ? html`<${Training} id=${current} onEnd=${ended} />` : null}
     </${Panel}>
