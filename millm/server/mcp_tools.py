@@ -453,9 +453,10 @@ TOOLS = (
     ),
     McpTool(
         "grade_dictionary",
-        "Grade an attached SAE on a corpus: variance explained, L0, dead and dense fractions, CE "
-        "loss recovered against zero ablation and KL to the clean next-token distribution "
-        "(SAEBench's core metrics); starts a job (get_job follows it) and keeps the card.",
+        "Grade an attached SAE (or a transcoder block attached as one, on its MLP) on a corpus: "
+        "variance explained, L0, dead and dense fractions, CE loss recovered against zero "
+        "ablation and KL to the clean next-token distribution (SAEBench's core metrics); starts a "
+        "job (get_job follows it) and keeps the card.",
         "post",
         "/api/saes/{sae_id}/grade",
         _grade,

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from millm.engine.prompts import completion_prompt_ids
 from tests.api.clients import api, error, finished_job, post
-from tests.support.dictionary_reference import reference
+from tests.support.dictionary_reference import reference, transcoder_reference
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -217,6 +217,41 @@ def test_a_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
     for name, value in expected.items():
         assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
     post(server, f"/api/saes/{sae}/detach", {})
+
+
+def test_a_transcoders_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
+    from tests.support.tiny_transcoders import build_clt, build_transcoder_set
+
+    block_file = build_transcoder_set(tmp_path / "set", seed=7, skip=True) / "layer_1.safetensors"
+    sae = post(server, "/api/saes", {"path": str(block_file)}).json()["id"]
+    assert post(server, f"/api/saes/{sae}/attach", {}).status_code == 200
+    texts = TEXTS[:6]
+    try:
+        corpus = {"texts": texts, "context_size": 1024}
+        started = post(server, f"/api/saes/{sae}/grade", {"corpus": corpus})
+        assert started.status_code == 202, started.text
+        card = finished_job(server, started.json()["id"])["result"]
+    finally:
+        post(server, f"/api/saes/{sae}/detach", {})
+    assert card["hook_point"] == "mlp" and card["layer"] == 1
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    ids = [completion_prompt_ids(tokenizer, t) for t in texts]
+    expected = transcoder_reference(tiny_dirs["llama"], block_file, 1, ids)
+    assert card["tokens"] == expected.pop("tokens")
+    for name, value in expected.items():
+        assert card["figures"][name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
+
+    # a cross-layer transcoder's block writes into every later block: not one MLP's replacement
+    clt = post(
+        server, "/api/saes", {"path": str(build_clt(tmp_path / "clt") / "W_enc_0.safetensors")}
+    )
+    clt_id = clt.json()["id"]
+    assert post(server, f"/api/saes/{clt_id}/attach", {}).status_code == 200
+    try:
+        refused = error(post(server, f"/api/saes/{clt_id}/grade", {"corpus": corpus}), 400)
+        assert refused["code"] == "not_gradable" and refused["param"] == "sae_id"
+    finally:
+        post(server, f"/api/saes/{clt_id}/detach", {})
 
 
 def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):

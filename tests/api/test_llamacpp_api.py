@@ -16,7 +16,7 @@ import torch
 from millm.interp.steering_hash import steering_set_hash
 from tests.api.clients import api, attach_sae, error, finished_job, post, sdk
 from tests.api.test_lens_api import reference as lens_reference
-from tests.support.dictionary_reference import reference
+from tests.support.dictionary_reference import reference, transcoder_reference
 from tests.support.server import ServerProcess
 from tests.support.steering_header import member
 from tests.support.tiny_saes import build_saelens
@@ -493,6 +493,17 @@ def test_the_discovery_and_training_jobs_read_on_llamacpp(server):
         post(server, f"/api/saes/{sae}/detach", {})
 
 
+def finished_training(server, training_id: str) -> dict:
+    """The training's view once it is no longer running."""
+    deadline = time.monotonic() + 240
+    while (view := api(server, "GET", f"/api/saes/trainings/{training_id}").json())["state"] == (
+        "running"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    return view
+
+
 def test_a_dictionary_trains_and_grades_inside_llamacpps_graph(server, tiny_dirs, tmp_path):
     texts = [
         f"The river runs to the sea past mill {i}, and the boats go with it." for i in range(80)
@@ -505,12 +516,7 @@ def test_a_dictionary_trains_and_grades_inside_llamacpps_graph(server, tiny_dirs
     started = post(server, "/api/saes/train", body)
     assert started.status_code == 202, started.text
     training_id = started.json()["id"]
-    deadline = time.monotonic() + 240
-    while (view := api(server, "GET", f"/api/saes/trainings/{training_id}").json())["state"] == (
-        "running"
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    view = finished_training(server, training_id)
     assert view["state"] == "succeeded", view
     trained = view["result"]["sae_id"]
     try:
@@ -518,10 +524,35 @@ def test_a_dictionary_trains_and_grades_inside_llamacpps_graph(server, tiny_dirs
         assert view["result"]["grade"]["state"] == "succeeded"
     finally:
         post(server, f"/api/saes/{trained}/detach", {})
-    # transcoders are trained on the lean runner's MLPs: refused here, naming why
-    sets = {**body, "kind": "transcoder_set", "layer": None, "then": {}, "name": "tc"}
-    refused = error(post(server, "/api/saes/train", sets), 400)
-    assert refused["param"] == "kind" and "lean runner" in refused["message"]
+    # transcoders re-run the MLPs, which llama.cpp's graph cannot: a transformers copy of the file
+    # is read instead, loaded beside the served model for the training's length
+    sets = {**body, "kind": "transcoder_set", "layer": None, "then": {}, "name": "tc",
+            "training_tokens": 2048}  # fmt: skip
+    started = post(server, "/api/saes/train", sets)
+    assert started.status_code == 202, started.text
+    view = finished_training(server, started.json()["id"])
+    assert view["state"] == "succeeded", view
+    found = api(server, "GET", f"/api/transcoders/{view['result']['transcoder_set_id']}").json()
+    assert found["layers"] == [0, 1, 2]
+    assert api(server, "GET", "/api/health/inference").json()["engine"] == "llama.cpp"
+
+    # a transcoder's grade (on the copy) equals the float64 reference of the same weights
+    from tests.support.tiny_transcoders import build_transcoder_set
+
+    block_file = build_transcoder_set(tmp_path / "set", seed=7, skip=True) / "layer_1.safetensors"
+    transcoder = attach_sae(server, block_file)
+    try:
+        corpus = {"texts": texts[:4], "context_size": 1024}
+        started = post(server, f"/api/saes/{transcoder}/grade", {"corpus": corpus})
+        assert started.status_code == 202, started.text
+        figures = finished_job(server, started.json()["id"])["result"]["figures"]
+    finally:
+        post(server, f"/api/saes/{transcoder}/detach", {})
+    ids = [post(server, "/tokenize", {"prompt": t}).json()["tokens"] for t in texts[:4]]
+    expected = transcoder_reference(tiny_dirs["llama"], block_file, 1, ids)
+    expected.pop("tokens")
+    for name, value in expected.items():
+        assert figures[name] == pytest.approx(value, rel=1e-3, abs=1e-4), name
 
     # a grade spliced into llama.cpp's graph equals the float64 reference of the same weights
     sae_dir = build_saelens(tmp_path / "graded", layer=1, seed=5, architecture="standard")

@@ -1,6 +1,6 @@
 """The float64 reference a dictionary's grade is checked against: SAEBench's core figures of a
-standard SAE on the tiny Llama's block output, computed here with transformers and a forward hook,
-independently of millm's engine."""
+standard SAE on the tiny Llama's block output, or of a transcoder in place of a block's MLP,
+computed here with transformers and a forward hook, independently of millm's engine."""
 
 from __future__ import annotations
 
@@ -11,33 +11,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 
-def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
-    """SAEBench's core figures of a standard SAE on block 1's output, in float64: the clean, the
-    spliced (positions 1.. replaced by the reconstruction) and the zeroed pass of each text; the
-    figures count positions 1 .. T-2, those whose next token is scored."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
-    w = {k: v.double() for k, v in load_file(str(sae_dir / "sae_weights.safetensors")).items()}
-    mode, seen = {"now": "clean"}, {}
-
-    def hook(_module, _inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        if mode["now"] == "clean":
-            return output
-        if mode["now"] == "zeroed":
-            out = torch.zeros_like(hidden)
-        else:
-            x = hidden[0, 1:]
-            latents = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
-            reconstruction = latents @ w["W_dec"] + w["b_dec"]
-            # counted: the positions whose next token is scored (1 .. T-2)
-            seen.setdefault("x", []).append(x[:-1])
-            seen.setdefault("r", []).append(reconstruction[:-1])
-            seen.setdefault("l", []).append(latents[:-1])
-            out = hidden.clone()
-            out[0, 1:] = reconstruction
-        return (out, *output[1:]) if isinstance(output, tuple) else out
-
-    model.model.layers[1].register_forward_hook(hook)
+def figures(model, texts: list[list[int]], mode: dict, seen: dict) -> dict:
+    """The three passes of each text under the hooked `model` (mode["now"] says which), and the
+    figures from them and from what the hook kept in `seen` (x, r, l: the target, its
+    reconstruction and the latents at the counted positions)."""
     ce = dict.fromkeys(("clean", "spliced", "zeroed"), 0.0)
     kl = dict.fromkeys(("spliced", "zeroed"), 0.0)
     predicted, tokens = 0, 0
@@ -77,3 +54,63 @@ def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
         "kl_zero_ablated": kl["zeroed"],
         "kl_score": 1 - kl["spliced"] / kl["zeroed"],
     }
+
+
+def transcoder_reference(model_dir: Path, path: Path, block: int, texts: list[list[int]]) -> dict:
+    """SAEBench's core figures of a JumpReLU transcoder file (circuit-tracer's layout, with its
+    skip connection if it has one) in place of block `block`'s MLP, in float64: the clean pass,
+    the MLP's output at positions 1.. replaced by the transcoder's, and the MLP zeroed."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    w = {k: v.double() for k, v in load_file(str(path)).items()}
+    mode, seen = {"now": "clean"}, {}
+
+    def hook(_module, inputs, output):
+        if mode["now"] == "clean":
+            return output
+        if mode["now"] == "zeroed":
+            return torch.zeros_like(output)
+        x = inputs[0][0, 1:]
+        pre = x @ w["W_enc"].T + w["b_enc"]
+        latents = pre * (pre > w["activation_function.threshold"])
+        predicted = latents @ w["W_dec"] + w["b_dec"]
+        if "W_skip" in w:
+            predicted = predicted + x @ w["W_skip"].T
+        seen.setdefault("x", []).append(output[0, 1:-1])
+        seen.setdefault("r", []).append(predicted[:-1])
+        seen.setdefault("l", []).append(latents[:-1])
+        out = output.clone()
+        out[0, 1:] = predicted
+        return out
+
+    model.model.layers[block].mlp.register_forward_hook(hook)
+    return figures(model, texts, mode, seen)
+
+
+def reference(model_dir: Path, sae_dir: Path, texts: list[list[int]]) -> dict:
+    """SAEBench's core figures of a standard SAE on block 1's output, in float64: the clean, the
+    spliced (positions 1.. replaced by the reconstruction) and the zeroed pass of each text; the
+    figures count positions 1 .. T-2, those whose next token is scored."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    w = {k: v.double() for k, v in load_file(str(sae_dir / "sae_weights.safetensors")).items()}
+    mode, seen = {"now": "clean"}, {}
+
+    def hook(_module, _inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        if mode["now"] == "clean":
+            return output
+        if mode["now"] == "zeroed":
+            out = torch.zeros_like(hidden)
+        else:
+            x = hidden[0, 1:]
+            latents = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+            reconstruction = latents @ w["W_dec"] + w["b_dec"]
+            # counted: the positions whose next token is scored (1 .. T-2)
+            seen.setdefault("x", []).append(x[:-1])
+            seen.setdefault("r", []).append(reconstruction[:-1])
+            seen.setdefault("l", []).append(latents[:-1])
+            out = hidden.clone()
+            out[0, 1:] = reconstruction
+        return (out, *output[1:]) if isinstance(output, tuple) else out
+
+    model.model.layers[1].register_forward_hook(hook)
+    return figures(model, texts, mode, seen)

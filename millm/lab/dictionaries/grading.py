@@ -5,6 +5,12 @@ SAEBench's core figures (interp/grading.py), kept as a card.
 Each window is one CallJob on the scheduler thread (torch stays there): three passes through the
 served model's own runner and kernels, the splice and the ablation as residual operations, so the
 figures are those of the model as millm serves it (llama.cpp's graph included).
+
+A transcoder (a block's file attached as an SAE) is graded on its block's MLP: what it predicts
+from the MLP's input against what the MLP adds to the residual (the block's own MLP re-run in
+float32 from the lean runner's layout, as a transcoder training's target is), spliced in place of
+that output, and the MLP zero-ablated. A model served on llama.cpp is graded on a transformers copy
+of its file held beside it (steps.mlp_engine).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,16 +26,19 @@ from pathlib import Path
 import torch
 
 from millm.engine.loader import LoadedModel
-from millm.engine.residual import ResidualEdit
+from millm.engine.residual import ResidualEdit, SourcedOperation, mlp_input
 from millm.errors import InvalidRequest
+from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.grading import GradeSums
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached
+from millm.kernel.model.beside import Beside
 from millm.kernel.runtime.blocking import call_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle
 from millm.lab.dictionaries.corpus import OpenedCorpus
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest
+from millm.lab.dictionaries.steps import mlp_engine
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.dictionaries import insert_grade
 
@@ -94,6 +104,42 @@ def grade_window(lm: LoadedModel, attached: Attached, ids: list[int], sums: Grad
     sums.add_logits(targets, clean, spliced, zeroed)
 
 
+def grade_transcoder_window(
+    lm: LoadedModel, attached: Attached, model: ReplacementModel, ids: list[int], sums: GradeSums
+) -> None:
+    """One window's three passes for a transcoder, added to `sums` (on the scheduler thread): its
+    output in place of its block's MLP output (positions 1..), and the MLP removed (all)."""
+    sae, block = attached.sae, model.layout.blocks[attached.layer]
+    seen: dict[str, torch.Tensor] = {}
+    counted = len(ids) - 1 - SKIPPED_POSITIONS  # positions whose next token is scored
+
+    def splice(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x[SKIPPED_POSITIONS:].float()
+        target = model.mlp(block, x)
+        latents = sae.encode(x)
+        predicted = sae.decode(latents, x)
+        if sae.W_skip is not None:
+            predicted = predicted + x @ sae.W_skip.T.to(x.dtype)
+        seen.update(x=target[:counted].cpu(), reconstruction=predicted[:counted].cpu(),
+                    latents=latents[:counted].cpu())  # fmt: skip
+        out = residual.clone()
+        out[SKIPPED_POSITIONS:] += (predicted - target).to(residual.dtype)
+        return out
+
+    def zero(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return residual - model.mlp(block, x.float()).to(residual.dtype)
+
+    def at(apply) -> ResidualEdit:
+        read = mlp_input(attached.layer)
+        return ResidualEdit((), ((attached.point, SourcedOperation(read, apply, object())),))
+
+    clean = logits_under(lm, ids, None)
+    spliced = logits_under(lm, ids, at(splice))
+    zeroed = logits_under(lm, ids, at(zero))
+    sums.add_reconstruction(seen["x"], seen["reconstruction"], seen["latents"])
+    sums.add_logits(torch.tensor(ids[SKIPPED_POSITIONS + 1 :]), clean, spliced, zeroed)
+
+
 @dataclass
 class GradeRun:
     """One grading job's work: call it with the job's handle."""
@@ -105,6 +151,18 @@ class GradeRun:
     body: GradeRequest
 
     def __call__(self, handle: JobHandle) -> dict:
+        transcoder = self.attached.transcoder
+        with mlp_engine(self.state.switch, self.model, transcoder) as engine:
+            if not transcoder:
+                return self._grade(handle, engine, grade_window)
+            model = call_blocking(
+                self.state.switch,
+                engine,
+                lambda lm: ReplacementModel(lm.runner.layout, frozen=False),
+            )
+            return self._grade(handle, engine, partial(grade_transcoder_window, model=model))
+
+    def _grade(self, handle: JobHandle, engine: str | Beside, grade: Callable) -> dict:
         state = self.state
         lm = state.switch.lm
         if lm is None or lm.name != self.model:
@@ -124,8 +182,8 @@ class GradeRun:
             if (
                 call_blocking(
                     state.switch,
-                    self.model,
-                    partial(grade_window, attached=self.attached, ids=ids, sums=sums),
+                    engine,
+                    partial(grade, attached=self.attached, ids=ids, sums=sums),
                     cancel=handle.cancel_event,
                 )
                 is None

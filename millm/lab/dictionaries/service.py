@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+from millm.engine.families import supported
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
 from millm.interp.dictionary_training import default_checkpoints
 from millm.interp.steering import residual_point
@@ -293,12 +294,7 @@ class Dictionaries:
         with self.state.steering.lock:
             attached = attached_sae(self.state, info, lm)
         if attached.transcoder:
-            raise InvalidRequest(
-                f"{sae_id} is a transcoder; grading reads SAEs (a transcoder's grade is not "
-                "implemented yet)",
-                param="sae_id",
-                code="not_an_sae",
-            )
+            self._gradable_transcoder(attached, lm)
         window = min(body.corpus.context_size, lm.context_length)
         logits = 3 * window * lm.vocab_size * 4  # a window's three passes' logits, float32
         if logits > GRADE_LOGIT_BYTES:
@@ -313,6 +309,29 @@ class Dictionaries:
         description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"
         return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
                                      run)  # fmt: skip
+
+    def _gradable_transcoder(self, attached, lm) -> None:
+        """A transcoder is graded on its block's MLP re-run from the lean runner's layout: a 400
+        for a cross-layer transcoder's block (it writes into every later block) or a family the
+        lean runner does not run; on llama.cpp, the copy it is graded on is planned now (a 503
+        when it does not fit)."""
+        if attached.reach > 1:
+            raise InvalidRequest(
+                f"{attached.info.id} is a cross-layer transcoder's block: it writes into every "
+                "later block's MLP output, and a grade replaces one block's MLP",
+                param="sae_id",
+                code="not_gradable",
+            )
+        if not supported(lm.config):
+            raise InvalidRequest(
+                f"{attached.info.id} is a transcoder, graded on its block's MLP re-run from the "
+                f"lean runner's layout; {lm.name} ({lm.config.model_type}) runs on transformers' "
+                "own forward",
+                param="sae_id",
+                code="not_gradable",
+            )
+        if getattr(lm.runner, "layout", None) is None:
+            self.state.switch.beside.plan_copy(lm)
 
     def grades(self, sae_id: str) -> list[dict]:
         """An SAE's grade cards, newest first; the card its folder ships (`grade.json`, the demo

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from millm.engine.residual import mlp_input
 from millm.errors import QueueFull
 from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.dictionary_training import DictionaryTrainer, last_checkpoint
+from millm.kernel.model.beside import Beside
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.database import Store
 from millm.store.dictionaries import end_training
@@ -81,6 +83,19 @@ def mlp_read(model: ReplacementModel, block: int) -> ResidualRead:
         return torch.cat([x, model.mlp(layout, x)], dim=1)
 
     return ResidualRead(mlp_input(block), False, "prompt", f"{TAG}:{block}", encode=rows)
+
+
+@contextmanager
+def mlp_engine(switch, model: str, needed: bool) -> Iterator[str | Beside]:
+    """Where work that re-runs the model's MLPs reads from: the served model by its name (or
+    whenever `needed` is False), or, for a model served on llama.cpp (whose MLPs cannot be re-run
+    from its graph), a transformers copy of its file held beside it until the block ends."""
+    lm = switch.lm
+    if not needed or lm is None or getattr(lm.runner, "layout", None) is not None:
+        yield model
+        return
+    with switch.beside.loaded(switch.beside.plan_copy(lm)) as copy:
+        yield copy
 
 
 def packed_rows(reads) -> torch.Tensor:

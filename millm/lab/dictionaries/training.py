@@ -50,6 +50,7 @@ from millm.lab.dictionaries.steps import (
     activations_read,
     ended,
     feed,
+    mlp_engine,
     mlp_read,
     packed_rows,
     waited_out,
@@ -148,17 +149,11 @@ class DictionaryTrainingRun:
 
     @contextmanager
     def _engine(self) -> Iterator[None]:
-        """What the training reads from: the served model, or, for transcoders of a model served
-        on llama.cpp (whose MLPs cannot be re-run from its graph), a transformers copy of its file
-        held beside it for the training's length."""
-        lm = self.service.state.switch.lm
-        if not self.recipe.transcoders or lm is None or getattr(lm.runner, "layout", None):
-            yield
-            return
-        self.stage = "loading a transformers copy"
-        beside = self.service.state.switch.beside
-        with beside.loaded(beside.plan_copy(lm)) as copy:
-            self.engine = copy
+        """What the training reads from, for its length (steps.mlp_engine: a transcoder set of a
+        model served on llama.cpp reads a transformers copy)."""
+        self.stage = "loading"
+        with mlp_engine(self.service.state.switch, self.model, bool(self.recipe.transcoders)) as on:
+            self.engine = on
             try:
                 yield
             finally:
