@@ -27,6 +27,12 @@ class Sae(Params):
     sae_id: SaeId
 
 
+class TranscoderSetKey(Params):
+    """The transcoder set a route names in its path."""
+
+    set_id: Annotated[str, Field(description="A registered transcoder set's id (tc_…).")]
+
+
 class Feature(Params):
     """A feature of an SAE, as /api/steering/saes/{sae_id}/features/{index} names it."""
 

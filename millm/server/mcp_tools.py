@@ -39,6 +39,7 @@ from millm.server.mcp_params import (
     Sae,
     Search,
     TrainingKey,
+    TranscoderSetKey,
     VariantKey,
 )
 from millm.v1.serving.http_replies import report_headers
@@ -190,6 +191,14 @@ async def _grade(f: Facades, p: Sae, body: GradeRequest) -> dict:
 
 async def _grades(f: Facades, p: Sae, _: None) -> dict:
     return {"object": "list", "data": await blocking(f.dictionaries.grades, p.sae_id)}
+
+
+async def _grade_set(f: Facades, p: TranscoderSetKey, body: GradeRequest) -> dict:
+    return (await blocking(f.dictionaries.grade_set, p.set_id, body)).model_dump(mode="json")
+
+
+async def _set_grades(f: Facades, p: TranscoderSetKey, _: None) -> dict:
+    return {"object": "list", "data": await blocking(f.dictionaries.set_grades, p.set_id)}
 
 
 async def _circuit_claims(f: Facades, _: NoParams, __: None) -> dict:
@@ -470,6 +479,27 @@ TOOLS = (
         "/api/saes/{sae_id}/grades",
         _grades,
         Sae,
+        read_only=True,
+    ),
+    McpTool(
+        "grade_transcoder_set",
+        "Grade a registered transcoder set on a corpus: the replacement model (every MLP replaced "
+        "by its transcoder) against the model and every MLP zeroed (CE loss recovered, KL), and "
+        "each block's variance explained, L0, dead and dense fractions; starts a job (get_job "
+        "follows it) and keeps the card.",
+        "post",
+        "/api/transcoders/{set_id}/grade",
+        _grade_set,
+        TranscoderSetKey,
+        GradeRequest,
+    ),
+    McpTool(
+        "transcoder_set_grades",
+        "A transcoder set's grade cards, newest first.",
+        "get",
+        "/api/transcoders/{set_id}/grades",
+        _set_grades,
+        TranscoderSetKey,
         read_only=True,
     ),
     McpTool(

@@ -102,14 +102,16 @@ def take_orphan(store: Store, training_id: str, stale_before: float) -> bool:
 
 
 def insert_grade(store: Store, card: dict) -> None:
-    """Keep a grade's card (its `id`, `sae_id`, `model` and `created_at` are columns too)."""
-    values = {key: card[key] for key in ("id", "sae_id", "model", "created_at")}
+    """Keep a grade's card (its `id`, `model`, `created_at` and the graded dictionary's id, an SAE's
+    `sae_id` or a set's `transcoder_set_id`, are columns too)."""
+    values = {key: card[key] for key in ("id", "model", "created_at")}
+    values["sae_id"] = card.get("sae_id") or card["transcoder_set_id"]
     with store.transaction(Topic.DICTIONARIES) as conn:
         conn.execute(insert(grades).values({**values, "card": json.dumps(card)}))
 
 
 def grade_cards(store: Store, sae_id: str) -> list[dict]:
-    """An SAE's grades, newest first."""
+    """A dictionary's grades (an SAE's or a transcoder set's, by its id), newest first."""
     query = (
         select(grades.c.card).where(grades.c.sae_id == sae_id).order_by(grades.c.created_at.desc())
     )

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from millm.engine.prompts import completion_prompt_ids
 from tests.api.clients import api, error, finished_job, post
-from tests.support.dictionary_reference import reference, transcoder_reference
+from tests.support.dictionary_reference import reference, set_reference, transcoder_reference
 from tests.support.server import ServerProcess
 from tests.support.tiny_saes import build_saelens
 
@@ -252,6 +252,44 @@ def test_a_transcoders_grade_equals_a_float64_reference(server, tiny_dirs, tmp_p
         assert refused["code"] == "not_gradable" and refused["param"] == "sae_id"
     finally:
         post(server, f"/api/saes/{clt_id}/detach", {})
+
+
+def test_a_transcoder_sets_grade_equals_a_float64_reference(server, tiny_dirs, tmp_path):
+    from tests.support.tiny_transcoders import build_clt, build_transcoder_set
+
+    directory = build_transcoder_set(tmp_path / "graded-set", seed=3, skip=True)
+    found = post(server, "/api/transcoders", {"path": str(directory)}).json()["id"]
+    texts = TEXTS[:4]
+    corpus = {"texts": texts, "context_size": 1024}
+    started = post(server, f"/api/transcoders/{found}/grade", {"corpus": corpus})
+    assert started.status_code == 202, started.text
+    card = finished_job(server, started.json()["id"])["result"]
+    assert card["transcoder_set_id"] == found and card["hook_point"] == "mlp"
+    assert api(server, "GET", f"/api/transcoders/{found}/grades").json()["data"] == [card]
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dirs["llama"]))
+    ids = [completion_prompt_ids(tokenizer, t) for t in texts]
+    expected = set_reference(tiny_dirs["llama"], directory, ids)
+    assert card["tokens"] == expected.pop("tokens")
+    figures = card["figures"]
+    blocks = expected.pop("blocks")
+    for name, value in expected.items():
+        assert figures[name] == pytest.approx(value, rel=2e-4, abs=2e-5), name
+    assert [entry["block"] for entry in figures["blocks"]] == [0, 1, 2]
+    for mine, theirs in zip(figures["blocks"], blocks, strict=True):
+        for name, value in theirs.items():
+            assert mine[name] == pytest.approx(value, rel=2e-4, abs=2e-5), (mine["block"], name)
+    fve = [entry["fraction_variance_explained"] for entry in blocks]
+    assert figures["mean_fraction_variance_explained"] == pytest.approx(sum(fve) / 3, rel=2e-4)
+
+    # what cannot be graded is refused before anything runs
+    clt = post(server, "/api/transcoders", {"path": str(build_clt(tmp_path / "clt-set"))}).json()
+    refused = error(post(server, f"/api/transcoders/{clt['id']}/grade", {"corpus": corpus}), 400)
+    assert refused["code"] == "not_gradable" and refused["param"] == "set_id"
+    missing = post(server, "/api/transcoders/tc_nope/grade", {"corpus": corpus})
+    error(missing, 404, "transcoder_set_not_found")
+    for set_id in (found, clt["id"]):
+        api(server, "DELETE", f"/api/transcoders/{set_id}")
 
 
 def test_a_cancelled_training_ends_cancelled_and_saves_nothing(server):

@@ -55,6 +55,8 @@ TOOLS = {
     "get_training",
     "grade_dictionary",
     "dictionary_grades",
+    "grade_transcoder_set",
+    "transcoder_set_grades",
     "get_job",
     "list_batches",
     "get_batch",
@@ -591,3 +593,21 @@ def test_a_dictionary_is_trained_and_graded_through_the_tools(server, sae):
     assert call(server, "dictionary_grades", sae_id=sae)["data"][0] == job["result"]
     refused(server, "grade_dictionary", 400, "sae_not_attached", sae_id=trained,
             corpus={"texts": texts[:3]})  # fmt: skip
+
+    # a transcoder set trained and graded through the tools
+    sets = {**body, "name": "mcp-set", "kind": "transcoder_set", "layer": None}
+    started = call(server, "train_dictionary", **sets)
+    while (view := call(server, "get_training", training_id=started["id"]))["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    found = view["result"]["transcoder_set_id"]
+    job = call(server, "grade_transcoder_set", set_id=found, corpus={"texts": texts[:3]})
+    while (job := call(server, "get_job", job_id=job["id"]))["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    card = call(server, "transcoder_set_grades", set_id=found)["data"][0]
+    assert card == job["result"] and card["transcoder_set_id"] == found
+    assert [entry["block"] for entry in card["figures"]["blocks"]] == [0, 1, 2]
+    refused(server, "grade_transcoder_set", 404, "transcoder_set_not_found", set_id="tc_nope",
+            corpus={"texts": texts[:3]})  # fmt: skip
+    rest(server, "DELETE", f"/api/transcoders/{found}")

@@ -41,8 +41,8 @@ def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbenc
 
     # the trained SAE is attached and was graded in the same job: its card beside the tiny SAE's
     grades = page.get_by_role("region", name="Grades: two dictionaries side by side")
-    grades.get_by_label("Graded SAE 1").select_option(workbench.sae)
-    grades.get_by_label("Graded SAE 2").select_option(sae)
+    grades.get_by_label("Graded dictionary 1").select_option(workbench.sae)
+    grades.get_by_label("Graded dictionary 2").select_option(sae)
     grades.get_by_label("Grade on: texts").fill(TEXTS)
     grades.get_by_role("button", name=f"Grade {workbench.sae}").click()
     expect(grades.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
@@ -93,4 +93,19 @@ def test_a_transcoder_set_trained_from_the_form_is_registered_for_graphs(workben
     expect(row).to_contain_text("a transcoder per block")
     expect(row).to_contain_text(found)
     assert workbench.api("GET", f"/api/transcoders/{found}").json()["architecture"] == "jumprelu"
+
+    # graded beside the attached SAE: its blocks' mean figures, its replacement model's CE
+    grades = page.get_by_role("region", name="Grades: two dictionaries side by side")
+    grades.get_by_label("Graded dictionary 1").select_option(workbench.sae)
+    grades.get_by_label("Graded dictionary 2").select_option(found)
+    grades.get_by_label("Grade on: texts").fill(TEXTS)
+    grades.get_by_role("button", name=f"Grade {found}").click()
+    expect(grades.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
+    card = workbench.api("GET", f"/api/transcoders/{found}/grades").json()["data"][0]
+    table = grades.get_by_role("table", name="Grade cards")
+    for figure, key in (("L0", "mean_l0"), ("CE spliced", "ce_loss_spliced")):
+        cell = table.locator("tbody tr").filter(has_text=figure).locator("td:nth-child(3)")
+        shown = float(f"{card['figures'][key]:.3g}")  # three significant digits, as num() shows
+        expect(cell).to_have_text(f"{shown:g}")
+    expect(grades).to_contain_text("its blocks' means")
     assert workbench.api("DELETE", f"/api/transcoders/{found}").status_code == 200

@@ -163,43 +163,10 @@ class GradeRun:
             return self._grade(handle, engine, partial(grade_transcoder_window, model=model))
 
     def _grade(self, handle: JobHandle, engine: str | Beside, grade: Callable) -> dict:
-        state = self.state
-        lm = state.switch.lm
-        if lm is None or lm.name != self.model:
-            raise InvalidRequest(f"model {self.model!r} is no longer loaded")
         sums = GradeSums(self.attached.sae.d_sae)
-        tokens, budget = 0, self.body.max_tokens
-        for window in self.corpus.windows(lm.tokenizer, lm.context_length):
-            if tokens >= budget:
-                break
-            if self.body.part == "held_out" and not window.held_out:
-                continue
-            ids = window.ids[: budget - tokens]
-            if len(ids) < SHORTEST:
-                continue
-            handle.check()
-            began = time.monotonic()
-            if (
-                call_blocking(
-                    state.switch,
-                    engine,
-                    partial(grade, attached=self.attached, ids=ids, sums=sums),
-                    cancel=handle.cancel_event,
-                )
-                is None
-                and handle.cancel_event.is_set()
-            ):
-                raise JobCancelled()
-            tokens += len(ids)
-            handle.advance(len(ids))
-            handle.pace(time.monotonic() - began)
-        handle.check()
-        if sums.predicted == 0:
-            raise InvalidRequest(
-                "the corpus gave no window to grade on"
-                + (" among the held-out ones (every 20th)" if self.body.part == "held_out" else ""),
-                param="corpus",
-            )
+        window = partial(grade, attached=self.attached, sums=sums)
+        tokens = graded_windows(self.state, self.model, engine, self.corpus, self.body, handle,
+                                window, lambda: sums.predicted)  # fmt: skip
         card = {
             "id": f"grade_{uuid.uuid4().hex[:12]}",
             "object": "dictionary_grade",
@@ -212,5 +179,50 @@ class GradeRun:
             "created_at": time.time(),
             "figures": sums.card(),
         }
-        insert_grade(state.store, card)
+        insert_grade(self.state.store, card)
         return card
+
+
+def graded_windows(
+    state: DictionaryParts,
+    model: str,
+    engine: str | Beside,
+    corpus: OpenedCorpus,
+    body: GradeRequest,
+    handle: JobHandle,
+    grade: Callable,
+    predicted: Callable[[], int],
+) -> int:
+    """Run `grade(lm, ids=...)` on the scheduler thread for each window the request grades, up to
+    its token budget; the tokens graded. A 400 when the corpus gave no window (`predicted()`,
+    the next tokens scored so far, is 0)."""
+    lm = state.switch.lm
+    if lm is None or lm.name != model:
+        raise InvalidRequest(f"model {model!r} is no longer loaded")
+    tokens, budget = 0, body.max_tokens
+    for window in corpus.windows(lm.tokenizer, lm.context_length):
+        if tokens >= budget:
+            break
+        if body.part == "held_out" and not window.held_out:
+            continue
+        ids = window.ids[: budget - tokens]
+        if len(ids) < SHORTEST:
+            continue
+        handle.check()
+        began = time.monotonic()
+        answered = call_blocking(
+            state.switch, engine, partial(grade, ids=ids), cancel=handle.cancel_event
+        )
+        if answered is None and handle.cancel_event.is_set():
+            raise JobCancelled()
+        tokens += len(ids)
+        handle.advance(len(ids))
+        handle.pace(time.monotonic() - began)
+    handle.check()
+    if predicted() == 0:
+        raise InvalidRequest(
+            "the corpus gave no window to grade on"
+            + (" among the held-out ones (every 20th)" if body.part == "held_out" else ""),
+            param="corpus",
+        )
+    return tokens

@@ -1,6 +1,6 @@
-"""/api/saes/train, /api/saes/trainings and /api/saes/{id}/grade(s): train a dictionary on the
-served model (a job, resumed after a restart), follow or cancel it; grade an attached SAE (a job)
-and read its cards."""
+"""/api/saes/train, /api/saes/trainings, /api/saes/{id}/grade(s) and /api/transcoders/{id}/grade(s):
+train a dictionary on the served model (a job, resumed after a restart), follow or cancel it;
+grade an attached SAE or a registered transcoder set (a job) and read its cards."""
 
 from __future__ import annotations
 
@@ -87,3 +87,24 @@ def grade(sae_id: str, body: GradeRequest, request: Request) -> JSONResponse:
 def grades(sae_id: str, request: Request) -> dict:
     """Every grade kept for the SAE."""
     return {"object": "list", "data": part(request, Dictionaries).grades(sae_id)}
+
+
+@router.post(
+    "/api/transcoders/{set_id}/grade",
+    summary="Grade a registered transcoder set on a corpus (a job)",
+    status_code=202,
+    response_model=JobView,
+    responses={202: {"description": "The job, started: follow it at GET /api/jobs/{id}"}},
+)
+def grade_set(set_id: str, body: GradeRequest, request: Request) -> JSONResponse:
+    """The replacement model (every MLP replaced by its transcoder) against the model and against
+    every MLP zeroed, and each block's variance explained, L0, dead and dense fractions; kept as a
+    card."""
+    view = part(request, Dictionaries).grade_set(set_id, body)
+    return JSONResponse(view.model_dump(mode="json"), status_code=202)
+
+
+@router.get("/api/transcoders/{set_id}/grades", summary="A transcoder set's grade cards")
+def set_grades(set_id: str, request: Request) -> dict:
+    """Every grade kept for the set, newest first."""
+    return {"object": "list", "data": part(request, Dictionaries).set_grades(set_id)}

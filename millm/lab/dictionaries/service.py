@@ -14,6 +14,7 @@ from millm.engine.families import supported
 from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, NotFound
 from millm.interp.dictionary_training import default_checkpoints
 from millm.interp.steering import residual_point
+from millm.kernel.books.transcoders import check_fit
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.calibration.service import CalibrationManagement
@@ -22,6 +23,7 @@ from millm.lab.dictionaries.grading import GradeRun, shipped_grade
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
 from millm.lab.dictionaries.recipes import recipe_of
+from millm.lab.dictionaries.set_grading import SetGradeRun
 from millm.lab.dictionaries.steps import ended
 from millm.lab.dictionaries.training import DictionaryTrainingRun
 from millm.lab.discovery.inputs import attached_sae
@@ -295,6 +297,44 @@ class Dictionaries:
             attached = attached_sae(self.state, info, lm)
         if attached.transcoder:
             self._gradable_transcoder(attached, lm)
+        self._check_window(body, lm)
+        run = GradeRun(self.state, attached, lm.name, self._corpus(body.corpus), body)
+        description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"
+        return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
+                                     run)  # fmt: skip
+
+    def grade_set(self, set_id: str, body: GradeRequest) -> JobView:
+        """Check, then start grading a registered transcoder set on the corpus (a job)."""
+        found = self.state.transcoders.get(set_id).transcoders
+        lm = self.state.switch.lm
+        if lm is None:
+            raise ModelNotLoaded("no model is loaded to grade the set on; load one first")
+        if found.kind != "transcoder_set":
+            raise InvalidRequest(
+                f"{set_id} is a cross-layer transcoder: its blocks write into every later block's "
+                "MLP output; a grade replaces each block's MLP by its own transcoder",
+                param="set_id",
+                code="not_gradable",
+            )
+        check_fit(found, lm, "set_id")
+        self._mlp_grade_possible(lm, set_id, "set_id")
+        self._check_window(body, lm)
+        run = SetGradeRun(self.state, set_id, found, lm.name, self._corpus(body.corpus), body)
+        description = (
+            f"grade transcoder set {set_id} on {lm.name} ({body.max_tokens} tokens at most)"
+        )
+        return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
+                                     run)  # fmt: skip
+
+    def set_grades(self, set_id: str) -> list[dict]:
+        """A transcoder set's grade cards, newest first."""
+        self.state.transcoders.get(set_id)
+        return grade_cards(self.state.store, set_id)
+
+    @staticmethod
+    def _check_window(body: GradeRequest, lm) -> None:
+        """A window's three passes keep their logits within GRADE_LOGIT_BYTES (a 400 naming the
+        largest context_size that fits)."""
         window = min(body.corpus.context_size, lm.context_length)
         logits = 3 * window * lm.vocab_size * 4  # a window's three passes' logits, float32
         if logits > GRADE_LOGIT_BYTES:
@@ -305,16 +345,24 @@ class Dictionaries:
                 f"context_size {fits} or less",
                 param="corpus.context_size",
             )
-        run = GradeRun(self.state, attached, lm.name, self._corpus(body.corpus), body)
-        description = f"grade {sae_id} on {lm.name} ({body.max_tokens} tokens at most)"
-        return self.state.jobs.start("dictionary-grade", description, body.max_tokens, "tokens",
-                                     run)  # fmt: skip
+
+    def _mlp_grade_possible(self, lm, what: str, param: str) -> None:
+        """A transcoder is graded on MLPs re-run from the lean runner's layout: a 400 for a family
+        it does not run; on llama.cpp, the copy it is graded on is planned now (a 503 when it does
+        not fit)."""
+        if not supported(lm.config):
+            raise InvalidRequest(
+                f"{what} is graded on the model's MLPs re-run from the lean runner's layout; "
+                f"{lm.name} ({lm.config.model_type}) runs on transformers' own forward",
+                param=param,
+                code="not_gradable",
+            )
+        if getattr(lm.runner, "layout", None) is None:
+            self.state.switch.beside.plan_copy(lm)
 
     def _gradable_transcoder(self, attached, lm) -> None:
-        """A transcoder is graded on its block's MLP re-run from the lean runner's layout: a 400
-        for a cross-layer transcoder's block (it writes into every later block) or a family the
-        lean runner does not run; on llama.cpp, the copy it is graded on is planned now (a 503
-        when it does not fit)."""
+        """A transcoder is graded on its block's MLP: a 400 for a cross-layer transcoder's block
+        (it writes into every later block), and _mlp_grade_possible's checks."""
         if attached.reach > 1:
             raise InvalidRequest(
                 f"{attached.info.id} is a cross-layer transcoder's block: it writes into every "
@@ -322,16 +370,7 @@ class Dictionaries:
                 param="sae_id",
                 code="not_gradable",
             )
-        if not supported(lm.config):
-            raise InvalidRequest(
-                f"{attached.info.id} is a transcoder, graded on its block's MLP re-run from the "
-                f"lean runner's layout; {lm.name} ({lm.config.model_type}) runs on transformers' "
-                "own forward",
-                param="sae_id",
-                code="not_gradable",
-            )
-        if getattr(lm.runner, "layout", None) is None:
-            self.state.switch.beside.plan_copy(lm)
+        self._mlp_grade_possible(lm, attached.info.id, "sae_id")
 
     def grades(self, sae_id: str) -> list[dict]:
         """An SAE's grade cards, newest first; the card its folder ships (`grade.json`, the demo

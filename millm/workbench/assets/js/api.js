@@ -267,6 +267,8 @@ export const dictionaries = {
   cancel: (id) => del(`/api/saes/trainings/${enc(id)}`),
   grade: (sae, body) => post(`/api/saes/${enc(sae)}/grade`, body),
   grades: (sae) => get(`/api/saes/${enc(sae)}/grades`),
+  gradeSet: (set, body) => post(`/api/transcoders/${enc(set)}/grade`, body),
+  setGrades: (set) => get(`/api/transcoders/${enc(set)}/grades`),
 };
 export const jobs = {
   list: () => get("/api/jobs"),

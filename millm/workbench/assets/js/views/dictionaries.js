@@ -147,9 +147,19 @@ function Trainings({ version, onPick }) {
     <${ErrorNote} error=${list.error} />`;
 }
 
-/** The newest grade card of each chosen SAE, side by side, and a Grade button for an attached one. */
+/** A grade card's figure: a transcoder set's card has each reconstruction figure as its blocks' mean. */
+function figure(card, key) {
+  return card.transcoder_set_id && !(key in card.figures) ? card.figures[`mean_${key}`] : card.figures[key];
+}
+
+/** The newest grade card of each chosen dictionary (an SAE, or a registered transcoder set), side by side, and
+ * a Grade button for an attached SAE or a set. */
 function Grades({ version }) {
   const { saes, attached } = useServer();
+  const sets = useLoad(() => api.transcoders.list(), [version]).value?.data || [];
+  const choices = [...saes.map((s) => ({ id: s.id, text: `${s.id} · layer ${s.layer}`, set: false })),
+    ...sets.map((s) => ({ id: s.id, text: `${s.id} · transcoder set (${s.layers.length} blocks)`, set: true }))];
+  const isSet = (id) => choices.some((c) => c.id === id && c.set);
   const [chosen, setChosen] = useState([]);
   const picks = [0, 1].map((i) => chosen[i] ?? saes[i]?.id ?? "");
   const [cards, setCards] = useState({});
@@ -158,10 +168,12 @@ function Grades({ version }) {
   const set = (key) => (e) => setForm({ ...form, [key]: e.target.value });
   const act = useAction();
   useEffect(() => {
-    picks.filter(Boolean).forEach((sae) => api.dictionaries.grades(sae).then((r) => setCards((c) => ({ ...c, [sae]: r.data[0] || null })), () => {}));
-  }, [picks.join(), version, job?.state]);
-  const grade = (sae) => act.run(async () => {
-    const started = await api.dictionaries.grade(sae, { corpus: corpusOf(form, saes), max_tokens: 4096 });
+    picks.filter(Boolean).forEach((id) => (isSet(id) ? api.dictionaries.setGrades(id) : api.dictionaries.grades(id))
+      .then((r) => setCards((c) => ({ ...c, [id]: r.data[0] || null })), () => {}));
+  }, [picks.join(), version, job?.state, sets.length]);
+  const grade = (id) => act.run(async () => {
+    const body = { corpus: corpusOf(form, saes), max_tokens: 4096 };
+    const started = await (isSet(id) ? api.dictionaries.gradeSet(id, body) : api.dictionaries.grade(id, body));
     setJob(started);
     let current = started;
     while (current.state === "running") {
@@ -172,15 +184,16 @@ function Grades({ version }) {
   });
   const shown = picks.filter(Boolean);
   const rows = FIGURES.map(([key, text, digits]) => ({ key, text, digits }));
-  return html`<div class="row">${[0, 1].map((i) => html`<label>SAE ${i + 1} <select value=${picks[i]} aria-label=${`Graded SAE ${i + 1}`}
+  const gradable = shown.filter((id) => isSet(id) || attached.some((a) => a.id === id));
+  return html`<div class="row">${[0, 1].map((i) => html`<label>Dictionary ${i + 1} <select value=${picks[i]} aria-label=${`Graded dictionary ${i + 1}`}
       onChange=${(e) => { const next = [...picks]; next[i] = e.target.value; setChosen(next); }}>
-      ${saes.map((s) => html`<option value=${s.id}>${s.id} · layer ${s.layer}</option>`)}</select></label>`)}</div>
+      ${choices.map((c) => html`<option value=${c.id}>${c.text}</option>`)}</select></label>`)}</div>
     <${Table} label="Grade cards" rows=${rows} rowKey=${(r) => r.key}
-      columns=${[["Figure", (r) => r.text], ...shown.map((sae) => [sae, (r) => (cards[sae] ? num(cards[sae].figures[r.key], r.digits) : "—")])]} />
-    <p class="meta">${shown.map((sae) => (cards[sae] ? `${sae}: ${cards[sae].tokens} tokens of ${cards[sae].corpus.name} (${cards[sae].corpus.part})` : `${sae}: not graded yet`)).join(" · ")}</p>
+      columns=${[["Figure", (r) => r.text], ...shown.map((id) => [id, (r) => (cards[id] ? num(figure(cards[id], r.key), r.digits) : "—")])]} />
+    <p class="meta">${shown.map((id) => (cards[id] ? `${id}: ${cards[id].tokens} tokens of ${cards[id].corpus.name} (${cards[id].corpus.part})` : `${id}: not graded yet`)).join(" · ")}${shown.some(isSet) ? " · a transcoder set's reconstruction figures are its blocks' means, its CE and KL the replacement model's (every MLP replaced)" : ""}</p>
     <${CorpusFields} form=${form} set=${set} label="Grade on" />
-    <div class="row">${shown.filter((sae) => attached.some((a) => a.id === sae)).map((sae) => html`<button class="secondary" disabled=${act.busy}
-      onClick=${() => grade(sae)}>Grade ${sae}</button>`)}
+    <div class="row">${gradable.map((id) => html`<button class="secondary" disabled=${act.busy}
+      onClick=${() => grade(id)}>Grade ${id}</button>`)}
       ${job ? html`<${Progress} done=${job.progress.done} total=${job.progress.total} unit=${job.progress.unit} /> <span class="badge" data-state=${job.state}>${job.state}</span>` : null}</div>
     <${ErrorNote} error=${act.error} />`;
 }
