@@ -73,6 +73,17 @@ def local_documents(chars: int) -> list[str]:
     return out
 
 
+def corpus_server(tokens: int, epochs: int, engine: str) -> tuple[Path, list[str], ServerProcess]:
+    """The corpus a training of `tokens` over `epochs` reads (one JSONL file, in a fresh data
+    directory), its documents, and a demo server on `engine` allowed to read it."""
+    home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
+    corpus = home / "corpus.jsonl"
+    documents = local_documents(int(tokens / epochs * 1.25 * CHARS_PER_TOKEN))
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
+    flags = ["--log-level", "warning", "--engine", engine]
+    return corpus, documents, ServerProcess(home, flags, allowed=[home]).wait_ready(600)
+
+
 def finished(client: httpx.Client, path: str, timeout: float = 3600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,6 +92,18 @@ def finished(client: httpx.Client, path: str, timeout: float = 3600) -> dict:
             return view
         time.sleep(2)
     raise SystemExit(f"{path} did not end")
+
+
+def trained(client: httpx.Client, body: dict) -> tuple[dict, float]:
+    """POST /api/saes/train `body` and wait: the training's view once succeeded, and the wall time
+    it took (its follow-ups included)."""
+    began = time.monotonic()
+    started = client.post("/api/saes/train", json=body)
+    started.raise_for_status()
+    view = finished(client, f"/api/saes/trainings/{started.json()['id']}")
+    if view["state"] != "succeeded":
+        raise SystemExit(json.dumps(view, indent=1))
+    return view, time.monotonic() - began
 
 
 def reference_speed(client: httpx.Client, corpus: Path, windows: int, size: int) -> float:
@@ -96,21 +119,22 @@ def reference_speed(client: httpx.Client, corpus: Path, windows: int, size: int)
     return tokens / (time.monotonic() - began)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def training_arguments(doc: str, batch: int) -> argparse.ArgumentParser:
+    """The command line both training benchmarks share: tokens, epochs, engine, lr, batch."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=2_000_000, help="trained on, all epochs")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--engine", default="transformers", help="auto: llama.cpp for the demo")
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=batch)
+    return parser
+
+
+def main() -> None:
+    parser = training_arguments(__doc__, batch=4096)
     parser.add_argument("--reference", type=int, default=48, help="windows timed plainly")
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="millm-bench-"))
-    corpus = home / "corpus.jsonl"
-    documents = local_documents(int(args.tokens / args.epochs * 1.25 * CHARS_PER_TOKEN))
-    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents))
-    flags = ["--log-level", "warning", "--engine", args.engine]
-    server = ServerProcess(home, flags, allowed=[home]).wait_ready(600)
+    corpus, documents, server = corpus_server(args.tokens, args.epochs, args.engine)
     try:
         with httpx.Client(base_url=server.base_url, timeout=600) as client:
             shipped = client.get("/api/saes").json()["data"][0]["id"]
@@ -124,13 +148,7 @@ def main() -> None:
                 "batch_tokens": args.batch, "lr": args.lr, "epochs": args.epochs, "corpus": source,
                 "then": {"attach": True, "grade": True},
             }  # fmt: skip
-            began = time.monotonic()
-            started = client.post("/api/saes/train", json=body)
-            started.raise_for_status()
-            view = finished(client, f"/api/saes/trainings/{started.json()['id']}")
-            wall = time.monotonic() - began
-            if view["state"] != "succeeded":
-                raise SystemExit(json.dumps(view, indent=1))
+            view, wall = trained(client, body)
             trained_card = client.get(f"/api/saes/{view['result']['sae_id']}/grades").json()[
                 "data"
             ][0]
