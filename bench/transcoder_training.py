@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--skip", action="store_true", help="a skip connection per block")
+    parser.add_argument("--dead-window", type=int, default=100_000, help="tokens (the shipped's)")
     args = parser.parse_args()
     corpus, _, server = corpus_server(args.tokens, args.epochs, args.engine)
     try:
@@ -65,7 +66,7 @@ def main() -> None:
             body = {
                 "kind": "transcoder_set", "d_sae": args.width, "k": args.k, "skip": args.skip,
                 "training_tokens": args.tokens, "batch_tokens": args.batch, "lr": args.lr,
-                "epochs": args.epochs, "corpus": source,
+                "epochs": args.epochs, "dead_window_tokens": args.dead_window, "corpus": source,
             }  # fmt: skip
             view, wall = trained(client, body)
             trained_card = grade(view["result"]["transcoder_set_id"])

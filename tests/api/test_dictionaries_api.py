@@ -322,6 +322,7 @@ def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
         ({"corpus": {"shipped_by": "nope"}}, 404, None),
         ({"then": {"calibrate": {"corpus": "demo"}}}, 400, None),  # calibrate needs attach
         ({"name": "../up"}, 400, None),
+        ({"dead_window_tokens": 10}, 400, None),
         ({"skip": True}, 400, None),  # a transcoder's
         ({"kind": "transcoder_set"}, 400, None),  # with a layer
         ({"kind": "transcoder_set", "layer": None, "architecture": "topk"}, 400, None),

@@ -160,6 +160,11 @@ class TrainRequest(BaseModel):
     )
     lr: Annotated[float, Field(gt=0, le=1)] = Field(1e-3, description="Adam's learning rate.")
     seed: int = 0
+    dead_window_tokens: Annotated[int, Field(ge=64)] = Field(
+        1_000_000,
+        description="A latent silent for this many tokens is dead: SAELens's dead-latent window, "
+        "after which TopK's and BatchTopK's auxiliary loss revives it (and the curve counts it).",
+    )
     checkpoint_every_tokens: Annotated[int, Field(ge=1024)] | None = Field(
         None, description="Tokens between checkpoints (default: a tenth of the training)."
     )

@@ -85,6 +85,7 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
         l0_coefficient=body.l0_coefficient or 1.0,
         seed=body.seed,
         epochs=body.epochs,
+        dead_window_tokens=body.dead_window_tokens,
         transcoders=blocks,
         skip=body.skip,
     )
