@@ -1,5 +1,8 @@
 """A dictionary training's dealings with the scheduler and the store: its steps on the scheduler
-thread (a full queue waited out), the read that hands it activations, and how its end is stored."""
+thread (a full queue waited out), the reads that hand it activations (an SAE's point, or every
+block's MLP input with the MLP's output beside it), where work that re-runs the MLPs reads from
+(the served model, or a transformers copy beside one served on llama.cpp: trainings and grades of
+transcoders), and how a training's end is stored."""
 
 from __future__ import annotations
 
@@ -96,6 +99,16 @@ def mlp_engine(switch, model: str, needed: bool) -> Iterator[str | Beside]:
         return
     with switch.beside.loaded(switch.beside.plan_copy(lm)) as copy:
         yield copy
+
+
+def training_reads(transcoders: int, point: int, lm) -> tuple[ResidualRead, ...]:
+    """What each pass of a training reads: an SAE's point, or every one of `transcoders` blocks'
+    MLP input and output (a CallJob's step: the replacement model's norms are checked against
+    the served ones on the scheduler thread)."""
+    if not transcoders:
+        return (activations_read(point),)
+    model = ReplacementModel(lm.runner.layout, frozen=False)
+    return tuple(mlp_read(model, block) for block in range(transcoders))
 
 
 def packed_rows(reads) -> torch.Tensor:

@@ -31,7 +31,6 @@ import torch
 from millm.engine.jobs import ResidualRead
 from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.activation_buffers import CACHE_FILE, ActivationCache
-from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.dictionary_training import (
     CHECKPOINT,
     DictionaryTrainer,
@@ -47,12 +46,11 @@ from millm.lab.dictionaries.corpus import CorpusWindow, OpenedCorpus
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
 from millm.lab.dictionaries.steps import (
-    activations_read,
     ended,
     feed,
     mlp_engine,
-    mlp_read,
     packed_rows,
+    training_reads,
     waited_out,
 )
 from millm.lab.labels.protocol import ExplainRequest
@@ -163,7 +161,7 @@ class DictionaryTrainingRun:
         cancel = handle.cancel_event
         resume = last_checkpoint(self.work_dir)
         self.trainer = self._step(lambda lm: DictionaryTrainer(self.recipe, resume))
-        self.reads = self._step(self._reads)
+        self.reads = self._step(partial(training_reads, self.recipe.transcoders, self.point))
         handle.check()
         trainer = self.trainer
         assert trainer is not None
@@ -250,14 +248,6 @@ class DictionaryTrainingRun:
                 group, tokens = [], 0
         if group:
             yield group
-
-    def _reads(self, lm) -> tuple[ResidualRead, ...]:
-        """An SAE's read of its point, or every block's MLP input and output (a CallJob's step:
-        the replacement model's norms are checked against the served ones on this thread)."""
-        if not self.recipe.transcoders:
-            return (activations_read(self.point),)
-        model = ReplacementModel(lm.runner.layout, frozen=False)
-        return tuple(mlp_read(model, block) for block in range(self.recipe.transcoders))
 
     def _read(self, group: list[CorpusWindow], cancel) -> torch.Tensor:
         answered = waited_out(
