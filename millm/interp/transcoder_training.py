@@ -144,7 +144,8 @@ def save_transcoder(sae: Any, folder: Path, metadata: dict) -> None:
         "b_enc": state["b_enc"],
         "W_dec": state["W_dec"] / s_out,
         "b_dec": state["b_dec"] / s_out,
-        "threshold": state["threshold"].float(),
+        # kept non-negative as SAELens keeps it before each step (the last step may leave it under)
+        "threshold": state["threshold"].float().clamp_min(0.0),
     }
     config_class, model_class = (
         (JumpReLUSkipTranscoderConfig, JumpReLUSkipTranscoder)

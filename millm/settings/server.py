@@ -385,8 +385,9 @@ class Settings(RemoteServers):
     dictionary_buffer_bytes: int = env_field(
         1 << 30,
         "MILLM_DICTIONARY_BUFFER_BYTES",
-        "Most bytes of activations a dictionary training's shuffling buffer holds (rows x residual "
-        "width x 4); past it, 400 before anything runs.",
+        "Most bytes of activations a dictionary training's shuffling buffer holds (rows x row "
+        "width x 4: an SAE's row is the residual, a transcoder set's every block's MLP input and "
+        "output); past it, 400 before anything runs.",
         ge=1 << 20,
     )
     dictionary_max_bytes: int = env_field(
@@ -400,7 +401,7 @@ class Settings(RemoteServers):
         8 << 30,
         "MILLM_DICTIONARY_CACHE_BYTES",
         "Most bytes of activations a dictionary training with several epochs keeps on disk (rows "
-        "x residual width x 4); past it, 400 before anything runs.",
+        "x row width x 4, as for the buffer); past it, 400 before anything runs.",
         ge=1 << 20,
     )
     ignored_fields_header_max_bytes: int = env_field(

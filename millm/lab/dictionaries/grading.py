@@ -116,10 +116,14 @@ def grade_transcoder_window(
     def splice(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x[SKIPPED_POSITIONS:].float()
         target = model.mlp(block, x)
-        latents = sae.encode(x)
-        predicted = sae.decode(latents, x)
+        # the transcoder where it is attached (the served model's device: a copy read on
+        # llama.cpp's behalf may lie elsewhere)
+        at = x.to(sae.W_enc.device)
+        latents = sae.encode(at)
+        predicted = sae.decode(latents, at)
         if sae.W_skip is not None:
-            predicted = predicted + x @ sae.W_skip.T.to(x.dtype)
+            predicted = predicted + at @ sae.W_skip.T.to(at.dtype)
+        predicted = predicted.to(x.device)
         seen.update(x=target[:counted].cpu(), reconstruction=predicted[:counted].cpu(),
                     latents=latents[:counted].cpu())  # fmt: skip
         out = residual.clone()

@@ -111,7 +111,7 @@ class TrainRequest(BaseModel):
     name: DictionaryName | None = Field(
         None,
         description="The folder it is saved in under the data directory's dictionaries/ "
-        "(default: model-Llayer-architecture-width).",
+        "(default: model-Llayer-architecture-width; a set: model-transcoders-architecture-width).",
     )
     kind: Literal["sae", "transcoder_set"] = Field(
         "sae",
@@ -130,7 +130,7 @@ class TrainRequest(BaseModel):
     )
     skip: bool = Field(False, description="Give each transcoder a skip connection (x @ W_skip.T).")
     d_sae: Annotated[int, Field(ge=16, le=MAX_LATENTS)] | None = Field(
-        None, description="Latents (default: 8 × the residual width)."
+        None, description="Latents (default: 8 × the residual width; a set's, each block's)."
     )
     k: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Active latents per token (TopK, BatchTopK, Matryoshka; default 32)."
@@ -149,13 +149,14 @@ class TrainRequest(BaseModel):
     )
     buffer_tokens: Annotated[int, Field(ge=128)] | None = Field(
         None,
-        description="Rows of the shuffling buffer (its memory is rows × width × 4 bytes; default "
-        "16 batches, within MILLM_DICTIONARY_BUFFER_BYTES).",
+        description="Rows of the shuffling buffer (its memory is rows × row width × 4 bytes, a "
+        "set's row every block's input and output; default 16 batches, or fewer to fit "
+        "MILLM_DICTIONARY_BUFFER_BYTES).",
     )
     epochs: Annotated[int, Field(ge=1, le=1000)] = Field(
         1,
         description="Passes over the activations read: the model reads training_tokens / epochs "
-        "of them once, kept on disk in the training's folder (rows × width × 4 bytes, within "
+        "of them once, kept on disk in the training's folder (rows × row width × 4 bytes, within "
         "MILLM_DICTIONARY_CACHE_BYTES), and the later passes replay them shuffled.",
     )
     lr: Annotated[float, Field(gt=0, le=1)] = Field(1e-3, description="Adam's learning rate.")
@@ -221,7 +222,8 @@ class TrainRequest(BaseModel):
 
 
 class GradeRequest(BaseModel):
-    """POST /api/saes/{id}/grade: the text to grade an attached dictionary on."""
+    """POST /api/saes/{id}/grade and /api/transcoders/{id}/grade: the text to grade an attached
+    SAE (or transcoder) or a registered transcoder set on."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 

@@ -74,7 +74,8 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
         architecture=body.trained,
         d_in=width,
         d_sae=d_sae,
-        hook_name=f"blocks.{body.layer}.hook_{body.read_point}",
+        # a set's blocks name their own hooks (Recipe.sae_config)
+        hook_name=f"blocks.{body.layer}.hook_{body.read_point}" if not blocks else "",
         model_name=lm.name,
         training_tokens=body.training_tokens,
         batch_tokens=body.batch_tokens,

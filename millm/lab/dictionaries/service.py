@@ -81,6 +81,8 @@ class Dictionaries:
                                         "hook_point": body.hook_point or "resid_post"
                                         if body.kind == "sae" else None})  # fmt: skip
         recipe = recipe_of(body, lm, self.state.settings)
+        # stored as resolved: a resume rebuilds the same buffer whatever the settings are then
+        body = body.model_copy(update={"buffer_tokens": recipe.buffer_tokens})
         if recipe.transcoders and getattr(lm.runner, "layout", None) is None:
             self.state.switch.beside.plan_copy(
                 lm

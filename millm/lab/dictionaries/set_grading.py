@@ -11,6 +11,7 @@ input), so each block is measured alone; the spliced pass replaces every MLP out
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,10 +45,28 @@ def predicted(sae: SAE, skip: torch.Tensor | None, x: torch.Tensor):
     return latents, out if skip is None else out + x @ skip.T.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class OnDevice:
+    """A set's transcoders and skip connections copied to the reading model's device (the
+    registered set stays as it is, on the CPU), and that model's replacement model."""
+
+    model: ReplacementModel
+    layers: dict[int, SAE]
+    skips: dict[int, torch.Tensor]
+
+    @classmethod
+    def of(cls, found: TranscoderSet, lm: LoadedModel) -> OnDevice:
+        """Made on the scheduler thread of `lm`, the model the grade reads."""
+        return cls(
+            ReplacementModel(lm.runner.layout, frozen=False),  # type: ignore[attr-defined]
+            {block: copy.copy(sae).to(lm.device) for block, sae in found.layers.items()},
+            {block: skip.to(lm.device) for block, skip in found.skips.items()},
+        )
+
+
 def grade_set_window(
     lm: LoadedModel,
-    found: TranscoderSet,
-    model: ReplacementModel,
+    found: OnDevice,
     ids: list[int],
     sums: GradeSums,
     blocks: dict[int, GradeSums],
@@ -55,12 +74,15 @@ def grade_set_window(
     """One window's three passes over the whole set, added to `sums` (the model's figures) and
     `blocks` (each block's reconstruction), on the scheduler thread."""
     counted = len(ids) - 1 - SKIPPED_POSITIONS  # positions whose next token is scored
+    model = found.model
 
     def observe(block: int, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x[SKIPPED_POSITIONS:].float()
         target = model.mlp(model.layout.blocks[block], x)
         latents, out = predicted(found.layers[block], found.skips.get(block), x)
-        blocks[block].add_reconstruction(target[:counted], out[:counted], latents[:counted])
+        blocks[block].add_reconstruction(
+            target[:counted].cpu(), out[:counted].cpu(), latents[:counted].cpu()
+        )
         return residual
 
     def splice(block: int, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -117,13 +139,8 @@ class SetGradeRun:
         sums = GradeSums(self.found.d_transcoder)
         blocks = {block: GradeSums(sae.d_sae) for block, sae in self.found.layers.items()}
         with mlp_engine(self.state.switch, self.model, True) as engine:
-            model = call_blocking(
-                self.state.switch,
-                engine,
-                lambda lm: ReplacementModel(lm.runner.layout, frozen=False),
-            )
-            window = partial(grade_set_window, found=self.found, model=model, sums=sums,
-                             blocks=blocks)  # fmt: skip
+            on = call_blocking(self.state.switch, engine, partial(OnDevice.of, self.found))
+            window = partial(grade_set_window, found=on, sums=sums, blocks=blocks)
             tokens = graded_windows(self.state, self.model, engine, self.corpus, self.body,
                                     handle, window, lambda: sums.predicted)  # fmt: skip
         card = {

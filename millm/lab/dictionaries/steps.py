@@ -75,15 +75,17 @@ def activations_read(point: int, block: int = 0) -> ResidualRead:
     return ResidualRead(point, False, "prompt", f"{TAG}:{block}", encode=rows)
 
 
-def mlp_read(model: ReplacementModel, block: int) -> ResidualRead:
+def mlp_read(model: ReplacementModel, block: int, device: torch.device) -> ResidualRead:
     """A transcoder's row `[x | y]` at every prompt position but the sink's: block `block`'s MLP
     input x as read, and y the block's MLP (its output norm included: what it adds to the
-    residual) on it, in float32 (on the scheduler thread)."""
+    residual) on it, in float32 on the model's `device`; the row on the CPU (on the scheduler
+    thread)."""
     layout = model.layout.blocks[block]
 
     def rows(residuals: torch.Tensor) -> torch.Tensor:
-        x = residuals[SKIPPED_POSITIONS:].float().cpu()
-        return torch.cat([x, model.mlp(layout, x)], dim=1)
+        x = residuals[SKIPPED_POSITIONS:].float()
+        y = model.mlp(layout, x.to(device))
+        return torch.cat([x.cpu(), y.cpu()], dim=1)
 
     return ResidualRead(mlp_input(block), False, "prompt", f"{TAG}:{block}", encode=rows)
 
@@ -108,7 +110,7 @@ def training_reads(transcoders: int, point: int, lm) -> tuple[ResidualRead, ...]
     if not transcoders:
         return (activations_read(point),)
     model = ReplacementModel(lm.runner.layout, frozen=False)
-    return tuple(mlp_read(model, block) for block in range(transcoders))
+    return tuple(mlp_read(model, block, lm.device) for block in range(transcoders))
 
 
 def packed_rows(reads) -> torch.Tensor:

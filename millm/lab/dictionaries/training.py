@@ -154,8 +154,8 @@ class DictionaryTrainingRun:
             self.engine = on
             try:
                 yield
-            finally:
-                self.engine = self.model
+            finally:  # the reads hold the copy's weights (its replacement model): let them go
+                self.engine, self.reads = self.model, ()
 
     def _train(self, handle: JobHandle) -> None:
         cancel = handle.cancel_event
@@ -326,9 +326,14 @@ class DictionaryTrainingRun:
         service, then = self.service, self.body.then
         self.stage = "registering"
         if self.recipe.transcoders:
-            registered = service.state.transcoders.register(self.out_dir, service.state.switch.lm)
+            self.follow_ups = {"path": str(self.out_dir)}
+            try:  # the set stands, saved, whether or not it can be registered now
+                lm = service.state.switch.lm
+                registered = service.state.transcoders.register(self.out_dir, lm)
+                self.follow_ups["transcoder_set_id"] = registered.id
+            except MillmError as exc:
+                self.follow_ups["register_error"] = exc.to_dict()
             self.stage = "done"
-            self.follow_ups = {"transcoder_set_id": registered.id, "path": str(self.out_dir)}
             return dict(self.follow_ups)
         info, _ = service.state.registrations.sae(str(self.out_dir), None, None)
         result: dict[str, Any] = {"sae_id": info.id, "path": str(self.out_dir)}
