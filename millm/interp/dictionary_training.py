@@ -226,12 +226,17 @@ class DictionaryTrainer:
     def feed(self, activations: torch.Tensor, through: int | None) -> int:
         """Rows `[n, row_width]`, read from the model up to corpus window `through` (None:
         replayed from the cache); trains on every batch that is ready. Returns the steps run."""
+        return self._train(self.take(activations, through))
+
+    def take(self, activations: torch.Tensor, through: int | None) -> list[torch.Tensor]:
+        """Put rows in the buffer (see feed); the batches ready to train on, to be trained with
+        step_block and end_step (a job trains them one engine call at a time)."""
         if through is None:
             self.progress.replayed += len(activations)
         else:
             self.progress.windows = through
             self.progress.rows_read += len(activations)
-        return self._train(self.buffer.put(activations.float()))
+        return self.buffer.put(activations.float())
 
     def finish(self) -> int:
         """The corpus ended: train on what the buffer still holds."""
@@ -239,23 +244,30 @@ class DictionaryTrainer:
 
     def _train(self, batches: list[torch.Tensor]) -> int:
         ran = 0
-        width = self.recipe.block_width
         for batch in batches:
             if self.done:
                 break
-            points = []
-            for block, trainer in enumerate(self.trainers):
-                rows = batch[:, block * width : (block + 1) * width]
-                self._start(trainer, rows)
-                output = trainer.step(rows)
-                points.append(self._point(trainer, output))
-                trainer.maybe_reset_sparsity()
-                trainer.n_training_steps += 1
-            self.progress.steps += 1
-            self.progress.tokens += len(batch)
-            self.progress.record(mean_point(self.progress, points))
+            self.end_step(batch, [self.step_block(batch, b) for b in range(self.recipe.blocks)])
             ran += 1
         return ran
+
+    def step_block(self, batch: torch.Tensor, block: int) -> dict:
+        """One block's SAELens step on its slice of `batch`; its figures (end_step takes them)."""
+        width = self.recipe.block_width
+        trainer = self.trainers[block]
+        rows = batch[:, block * width : (block + 1) * width]
+        self._start(trainer, rows)
+        output = trainer.step(rows)
+        point = self._point(trainer, output)
+        trainer.maybe_reset_sparsity()
+        trainer.n_training_steps += 1
+        return point
+
+    def end_step(self, batch: torch.Tensor, points: list[dict]) -> None:
+        """Every block has stepped on `batch`: count the step and keep its curve point."""
+        self.progress.steps += 1
+        self.progress.tokens += len(batch)
+        self.progress.record(mean_point(self.progress, points))
 
     @torch.no_grad()
     def _start(self, trainer: SAETrainer, rows: torch.Tensor) -> None:

@@ -29,9 +29,14 @@ TAG = "dictionary-training"
 QUEUE_WAIT_S = 120.0  # how long a step waits out a full scheduler queue before the training fails
 
 
-def feed(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> int:
-    """A CallJob's step: the trainer takes a group's activations (on the scheduler thread)."""
-    return trainer.feed(acts, through)
+def take(trainer: DictionaryTrainer, acts: torch.Tensor, through: int | None, lm: object) -> list:
+    """A CallJob's step: the trainer's buffer takes a group's activations; the batches ready."""
+    return trainer.take(acts, through)
+
+
+def step_block(trainer: DictionaryTrainer, batch: torch.Tensor, block: int, lm: object) -> dict:
+    """A CallJob's step: one block's SAELens step on a batch (on the scheduler thread)."""
+    return trainer.step_block(batch, block)
 
 
 def waited_out(submit: Callable[[], Any]) -> Any:

@@ -13,6 +13,9 @@ are written every `checkpoint_every_tokens`, the stored row's progress with them
 dies leaves the row `running`; the next start resumes it from that checkpoint, reading the corpus
 from the next window (or the activation cache from the next row). A server stopping
 mid-training leaves it the same way; a cancel ends it.
+
+Over 400 lines because a training is one story told in one class (read, train block by block,
+checkpoint, save, register, then the chained jobs), each step a short method of it.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
 from millm.lab.dictionaries.steps import (
     ended,
-    feed,
     mlp_engine,
     packed_rows,
+    step_block,
+    take,
     training_reads,
     waited_out,
 )
@@ -171,30 +175,41 @@ class DictionaryTrainingRun:
         for acts, through in self._activations(cancel):
             if trainer.done:
                 break
-            began = time.monotonic()
-            before = trainer.progress.tokens
-            self._step(partial(feed, trainer, acts, through))
-            self.timing["train_s"] += time.monotonic() - began
-            handle.advance(trainer.progress.tokens - before)
+            self._train_on(handle, self._step(partial(take, trainer, acts, through)))
             if trainer.progress.tokens >= due:
                 self._checkpoint()
                 due = trainer.progress.tokens + self.checkpoint_every
             elif time.monotonic() - self.beaten > HEARTBEAT_S:  # alive, for other replicas
                 beat(self.service.state.store, self.training_id, self.progress())
                 self.beaten = time.monotonic()
-            handle.pace(time.monotonic() - began)
             handle.check()
         handle.check()
         if not trainer.done:
-            before = trainer.progress.tokens
-            self._step(lambda lm: trainer.finish())
-            handle.advance(trainer.progress.tokens - before)
+            self._train_on(handle, self._step(lambda lm: trainer.buffer.drain()))
         if trainer.progress.steps == 0:
             raise InvalidRequest(
                 f"the corpus gave fewer activations than one batch ({self.recipe.batch_tokens}); "
                 "send more text or a smaller batch_tokens",
                 param="corpus",
             )
+
+    def _train_on(self, handle: JobHandle, batches: list[torch.Tensor]) -> None:
+        """The batches the buffer gave, each block's step of each its own engine call: a request
+        arriving waits for one block's step at most, never for a buffer's worth of them."""
+        trainer = self.trainer
+        assert trainer is not None
+        for batch in batches:
+            if trainer.done:
+                return
+            began = time.monotonic()
+            points = [
+                self._step(partial(step_block, trainer, batch, block))
+                for block in range(self.recipe.blocks)
+            ]
+            trainer.end_step(batch, points)
+            self.timing["train_s"] += time.monotonic() - began
+            handle.advance(len(batch))
+            handle.pace(time.monotonic() - began)
 
     def _activations(self, cancel) -> Iterator[tuple[torch.Tensor, int | None]]:
         """(rows, the corpus window they were read through) from the model for the first epoch,
