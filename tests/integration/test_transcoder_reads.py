@@ -40,7 +40,7 @@ def test_a_rows_output_is_what_the_block_adds_to_the_residual(which, family, req
     model = ReplacementModel(lm.runner.layout, frozen=False)
     assert len(inputs) == len(added) == len(layers) > 1
     for block, x in inputs.items():
-        read = mlp_read(model, block)
+        read = mlp_read(model, block, lm.device)
         assert read.tag == f"dictionary-training:{block}"
         with torch.inference_mode():
             rows = read.encode(x)

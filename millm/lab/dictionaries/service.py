@@ -84,9 +84,8 @@ class Dictionaries:
         # stored as resolved: a resume rebuilds the same buffer whatever the settings are then
         body = body.model_copy(update={"buffer_tokens": recipe.buffer_tokens})
         if recipe.transcoders and getattr(lm.runner, "layout", None) is None:
-            self.state.switch.beside.plan_copy(
-                lm
-            )  # the copy it will read: refused now if it must be
+            # the copy a set of a model on llama.cpp reads: any refusal comes now
+            self.state.switch.beside.plan_copy(lm)
         corpus = self._corpus(body.corpus)
         where = f"L{body.layer}" if body.kind == "sae" else "transcoders"
         name = body.name or f"{lm.name.replace('/', '_')}-{where}-{recipe.architecture}-" \
