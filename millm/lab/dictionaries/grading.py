@@ -30,6 +30,7 @@ from millm.engine.residual import ResidualEdit, SourcedOperation, mlp_input
 from millm.errors import InvalidRequest
 from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.grading import GradeSums
+from millm.interp.sae import SAE
 from millm.interp.sae_files import SAEInfo
 from millm.interp.steering import Attached
 from millm.kernel.model.beside import Beside
@@ -104,6 +105,16 @@ def grade_window(lm: LoadedModel, attached: Attached, ids: list[int], sums: Grad
     sums.add_logits(targets, clean, spliced, zeroed)
 
 
+def transcoded(
+    sae: SAE, skip: torch.Tensor | None, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transcoder's latents and its prediction of the MLP output at inputs x (its skip
+    connection `[d_out, d_in]` added as x @ skip.T)."""
+    latents = sae.encode(x)
+    out = sae.decode(latents, x)
+    return latents, out if skip is None else out + x @ skip.T.to(x.dtype)
+
+
 def grade_transcoder_window(
     lm: LoadedModel, attached: Attached, model: ReplacementModel, ids: list[int], sums: GradeSums
 ) -> None:
@@ -119,10 +130,7 @@ def grade_transcoder_window(
         # the transcoder where it is attached (the served model's device: a copy read on
         # llama.cpp's behalf may lie elsewhere)
         at = x.to(sae.W_enc.device)
-        latents = sae.encode(at)
-        predicted = sae.decode(latents, at)
-        if sae.W_skip is not None:
-            predicted = predicted + at @ sae.W_skip.T.to(at.dtype)
+        latents, predicted = transcoded(sae, sae.W_skip, at)
         predicted = predicted.to(x.device)
         seen.update(x=target[:counted].cpu(), reconstruction=predicted[:counted].cpu(),
                     latents=latents[:counted].cpu())  # fmt: skip

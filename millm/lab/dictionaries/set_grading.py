@@ -28,7 +28,7 @@ from millm.interp.transcoders import TranscoderSet
 from millm.kernel.runtime.blocking import call_blocking
 from millm.kernel.runtime.jobs import JobHandle
 from millm.lab.dictionaries.corpus import OpenedCorpus
-from millm.lab.dictionaries.grading import graded_windows, logits_under
+from millm.lab.dictionaries.grading import graded_windows, logits_under, transcoded
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest
 from millm.lab.dictionaries.steps import mlp_engine
@@ -36,13 +36,6 @@ from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.dictionaries import insert_grade
 
 RECONSTRUCTION = ("fraction_variance_explained", "mse", "l0", "dead_fraction", "dense_fraction")
-
-
-def predicted(sae: SAE, skip: torch.Tensor | None, x: torch.Tensor):
-    """A transcoder's latents and its prediction of the MLP output at inputs x."""
-    latents = sae.encode(x)
-    out = sae.decode(latents, x)
-    return latents, out if skip is None else out + x @ skip.T.to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -79,7 +72,7 @@ def grade_set_window(
     def observe(block: int, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x[SKIPPED_POSITIONS:].float()
         target = model.mlp(model.layout.blocks[block], x)
-        latents, out = predicted(found.layers[block], found.skips.get(block), x)
+        latents, out = transcoded(found.layers[block], found.skips.get(block), x)
         blocks[block].add_reconstruction(
             target[:counted].cpu(), out[:counted].cpu(), latents[:counted].cpu()
         )
@@ -88,7 +81,7 @@ def grade_set_window(
     def splice(block: int, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x[SKIPPED_POSITIONS:].float()
         target = model.mlp(model.layout.blocks[block], x)
-        _, out = predicted(found.layers[block], found.skips.get(block), x)
+        _, out = transcoded(found.layers[block], found.skips.get(block), x)
         spliced = residual.clone()
         spliced[SKIPPED_POSITIONS:] += (out - target).to(residual.dtype)
         return spliced
