@@ -56,6 +56,7 @@ SOURCES = {
     "mistudio": "mistudio",
     "json": "plain",
     "csv": "plain",
+    "top_tokens": "top_tokens",  # made by millm from a calibration (lab/labels/top_tokens.py)
 }
 CODE = "invalid_labels"
 PROBLEMS_SHOWN = 5  # a document with thousands of bad entries is described by its first few

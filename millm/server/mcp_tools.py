@@ -17,7 +17,7 @@ from millm.lab.compare.protocol import CompareRequest
 from millm.lab.dictionaries.protocol import GradeRequest, TrainRequest
 from millm.lab.discovery.lens_protocol import LensRequest
 from millm.lab.discovery.protocol import ContrastRequest, InspectRequest
-from millm.lab.labels.protocol import ExplainRequest
+from millm.lab.labels.protocol import ExplainRequest, TopTokenLabels
 from millm.lab.steering.protocol import FeatureSetting
 from millm.lab.variants.protocol import VariantBody
 from millm.server.facades import Facades
@@ -171,6 +171,10 @@ async def _monitoring_stats(f: Facades, _: NoParams, __: None) -> dict:
 
 async def _explain(f: Facades, p: Sae, body: ExplainRequest) -> dict:
     return (await blocking(f.labelling.explain, p.sae_id, body)).model_dump(mode="json")
+
+
+async def _label_top_tokens(f: Facades, p: Sae, body: TopTokenLabels) -> dict:
+    return (await blocking(f.labelling.label_top_tokens, p.sae_id, body)).model_dump(mode="json")
 
 
 async def _job(f: Facades, p: Job, _: None) -> dict:
@@ -426,6 +430,17 @@ TOOLS = (
         VariantKey,
     ),
     McpTool(
+        "label_top_tokens",
+        "Label each feature that fired in an SAE's calibration by the tokens it fired hardest on "
+        "(three, e.g. 'pirate / ship / sea'), with its top tokens and best example beside the "
+        "label; only features without a label unless overwrite is true. Instant: no model writes.",
+        "post",
+        "/api/saes/{sae_id}/labels/top-tokens",
+        _label_top_tokens,
+        Sae,
+        TopTokenLabels,
+    ),
+    McpTool(
         "explain_features",
         "Have a model (the served one, another registered model loaded beside it, or the "
         "configured endpoint) explain an attached, calibrated SAE's features from their top "
@@ -444,7 +459,7 @@ TOOLS = (
         "served model, or a transcoder per block (kind transcoder_set, registered for attribution "
         "graphs), over a corpus (texts, local files, a saved dataset, or an SAE's shipped "
         "corpus); saves it in SAELens's format with its provenance, registers it, and attaches, "
-        "grades, calibrates and explains an SAE as `then` asks. A job: get_training follows it.",
+        "grades, calibrates, labels and explains an SAE as `then` asks. A job: get_training follows it.",
         "post",
         "/api/saes/train",
         _train,

@@ -321,6 +321,7 @@ def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
         ({"corpus": {"files": ["/etc/hostname"]}}, 403, "files[0]"),
         ({"corpus": {"shipped_by": "nope"}}, 404, None),
         ({"then": {"calibrate": {"corpus": "demo"}}}, 400, None),  # calibrate needs attach
+        ({"then": {"attach": True, "label": True}}, 400, None),  # label needs calibrate
         ({"name": "../up"}, 400, None),
         ({"dead_window_tokens": 10}, 400, None),
         ({"skip": True}, 400, None),  # a transcoder's
@@ -422,7 +423,7 @@ def test_a_grade_card_shipped_beside_the_weights_is_kept_once(server, tmp_path):
     assert api(server, "GET", f"/api/saes/{other}/grades").json()["data"] == []
 
 
-def test_a_saved_dataset_trains_and_the_chain_calibrates_and_explains(server, tmp_path):
+def test_a_saved_dataset_trains_and_the_chain_calibrates_labels_and_explains(server, tmp_path):
     import datasets
 
     folder = tmp_path / "saved-dataset"
@@ -431,6 +432,7 @@ def test_a_saved_dataset_trains_and_the_chain_calibrates_and_explains(server, tm
         "attach": True,
         "grade": False,
         "calibrate": {"texts": TEXTS[:8], "top_examples": 3},
+        "label": True,
         "explain": {"features": [0, 1], "top_examples": 2, "held_out": 2, "quantiles": 1,
                     "width": 8, "max_tokens": 16},
     }  # fmt: skip
@@ -448,6 +450,10 @@ def test_a_saved_dataset_trains_and_the_chain_calibrates_and_explains(server, tm
     assert "grade" not in result and result["calibration"]["state"] == "succeeded"
     calibration = api(server, "GET", f"/api/saes/{sae}/calibration").json()["summary"]
     assert calibration["texts"] == 8
+    fired = calibration["features_fired"]
+    assert result["labels"] == {"state": "succeeded", "sae_id": sae, "format": "top_tokens",
+                                "source": "top_tokens", "imported": fired, "replaced": 0,
+                                "skipped": 128 - fired, "total": fired}  # fmt: skip
     explained = api(server, "GET", f"/api/jobs/{result['explain']['job_id']}").json()
     assert explained["kind"] == "explain" and explained["state"] == result["explain"]["state"]
     assert explained["state"] in ("succeeded", "failed")  # the tiny model may write nothing

@@ -50,6 +50,7 @@ TOOLS = {
     "list_variants",
     "create_variant",
     "delete_variant",
+    "label_top_tokens",
     "explain_features",
     "train_dictionary",
     "get_training",
@@ -439,7 +440,7 @@ def test_refusals_are_tool_errors_in_the_routes_shape(server, sae):
     assert first.is_error and len(listed.tools) == len(TOOLS)
 
 
-def test_explaining_over_mcp_starts_a_job_that_get_job_follows(server, sae):
+def test_labelling_and_explaining_over_mcp(server, sae):
     texts = ["The river runs to the sea.", "A small cat sat on the mat by the river."]
     uncalibrated = refused(
         server, "explain_features", 400, "sae_not_calibrated", sae_id=sae, features=[1]
@@ -449,6 +450,11 @@ def test_explaining_over_mcp_starts_a_job_that_get_job_follows(server, sae):
     assert calibrating.status_code == 202, calibrating.text
     while call(server, "get_job", job_id=calibrating.json()["id"])["state"] == "running":
         time.sleep(0.1)
+    # every feature has its file's label, so top tokens label none of them unless asked to
+    labels = rest(server, "GET", f"/api/saes/{sae}/labels").json()
+    kept = call(server, "label_top_tokens", sae_id=sae)
+    assert (kept["source"], kept["imported"], kept["total"]) == ("top_tokens", 0, len(labels))
+    assert rest(server, "GET", f"/api/saes/{sae}/labels").json() == labels
     started = call(server, "explain_features", sae_id=sae, densest=2, width=8, answer_start=False)
     assert started["kind"] == "explain" and started["state"] == "running"
     while (job := call(server, "get_job", job_id=started["id"]))["state"] == "running":

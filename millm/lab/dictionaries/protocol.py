@@ -77,6 +77,11 @@ class TrainThen(BaseModel):
     calibrate: CalibrateRequest | None = Field(
         None, description="Then calibrate it (the calibration job's body; needs attach)."
     )
+    label: bool = Field(
+        False,
+        description="Then label each feature that fired in the calibration by its top tokens "
+        "(needs calibrate).",
+    )
     explain: ExplainRequest | None = Field(
         None, description="Then explain its features (the explaining job's body; needs calibrate)."
     )
@@ -90,6 +95,8 @@ class TrainThen(BaseModel):
     def _in_order(self) -> TrainThen:
         if self.calibrate is not None and not self.attach:
             raise ValueError("calibrate needs attach: a calibration reads the attached SAE")
+        if self.label and self.calibrate is None:
+            raise ValueError("label needs calibrate: a feature's top tokens are its calibration's")
         if self.explain is not None and self.calibrate is None:
             raise ValueError("explain needs calibrate: explaining reads the calibration's examples")
         if self.grade and not self.attach:

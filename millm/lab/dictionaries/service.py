@@ -15,7 +15,7 @@ from millm.errors import Conflict, InvalidRequest, MillmError, ModelNotLoaded, N
 from millm.interp.dictionary_training import default_checkpoints
 from millm.interp.steering import residual_point
 from millm.kernel.books.transcoders import check_fit
-from millm.kernel.runtime.jobs import JobView
+from millm.kernel.runtime.jobs import JobState, JobView
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.calibration.service import CalibrationManagement
 from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
@@ -28,7 +28,7 @@ from millm.lab.dictionaries.steps import ended
 from millm.lab.dictionaries.training import DictionaryTrainingRun
 from millm.lab.discovery.inputs import attached_sae
 from millm.lab.labels.labelling import Labelling
-from millm.lab.labels.protocol import ExplainRequest
+from millm.lab.labels.protocol import ExplainRequest, TopTokenLabels
 from millm.store.dictionaries import (
     RUNNING,
     delete_training,
@@ -388,6 +388,11 @@ class Dictionaries:
         """The calibration job a training chains."""
         assert body is not None
         return CalibrationManagement(self.state).start(sae_id, body)
+
+    def label(self, sae_id: str) -> dict:
+        """The labels by top tokens a training gives its features (what they did, as a state)."""
+        done = Labelling(self.state).label_top_tokens(sae_id, TopTokenLabels())
+        return {"state": JobState.SUCCEEDED.value, **done.model_dump()}
 
     def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView:
         """The explaining job a training chains."""

@@ -74,6 +74,8 @@ class TrainingHost(Protocol):
 
     def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView: ...
 
+    def label(self, sae_id: str) -> dict: ...
+
     def explain(self, sae_id: str, body: ExplainRequest | None) -> JobView: ...
 
 
@@ -336,8 +338,8 @@ class DictionaryTrainingRun:
 
     # after the training ---------------------------------------------------------------------------
     def _follow_up(self, handle: JobHandle) -> dict:
-        """Register the saved dictionary, then attach, grade, calibrate and explain it as asked,
-        each follow-up job waited for in turn."""
+        """Register the saved dictionary, then attach, grade, calibrate, label and explain it as
+        asked, each follow-up job waited for in turn."""
         service, then = self.service, self.body.then
         self.stage = "registering"
         if self.recipe.transcoders:
@@ -364,15 +366,18 @@ class DictionaryTrainingRun:
         steps = [
             ("grade", lambda: service.grade(info.id, held_out_grade(self.body))),
             ("calibration", lambda: service.calibrate(info.id, then.calibrate)),
+            ("labels", lambda: service.label(info.id)),
             ("explain", lambda: service.explain(info.id, then.explain)),
         ]
         wanted = {"grade": then.grading, "calibration": then.calibrate is not None,
-                  "explain": then.explain is not None}  # fmt: skip
+                  "labels": then.label, "explain": then.explain is not None}  # fmt: skip
         for name, start in steps:
             if wanted[name]:
                 self.stage = name
                 try:
-                    result[name] = self._wait_for(handle, start())
+                    begun = start()  # a job to wait for, or what a step done at once did
+                    done = begun if isinstance(begun, dict) else self._wait_for(handle, begun)
+                    result[name] = done
                 except MillmError as exc:  # not started (queue_full, ...): the dictionary stands
                     result[name] = {"job_id": None, "state": "not_started", "error": exc.to_dict()}
                 if result[name]["state"] != JobState.SUCCEEDED:

@@ -1,8 +1,10 @@
-"""What labelling offers the routes: start an explaining job, read the explanations it stored."""
+"""What labelling offers the routes: start an explaining job, read the explanations it stored, and
+label features by their calibration's top tokens."""
 
 from __future__ import annotations
 
 from millm.errors import InvalidRequest, ModelNotLoaded
+from millm.formats.labels import LabelDocument
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.discovery.inputs import attached_sae
 from millm.lab.labels.explain import (
@@ -13,9 +15,17 @@ from millm.lab.labels.explain import (
 )
 from millm.lab.labels.explain_prompts import prompt_version
 from millm.lab.labels.parts import LabelParts
-from millm.lab.labels.protocol import ExplainRequest, ExplanationView
+from millm.lab.labels.protocol import ExplainRequest, ExplanationView, LabelImport, TopTokenLabels
+from millm.lab.labels.top_tokens import top_token_document
 from millm.lab.labels.writers import ServedWriter, digit_ids, writer_for
 from millm.wording import counted
+
+
+def calibrated_on(state: LabelParts, sae_id: str) -> str | None:
+    """The model whose calibration of the SAE the feature routes read: the loaded (or last) model's,
+    when it has one."""
+    model = state.switch.lm.name if state.switch.lm is not None else state.switch.expected_name
+    return model if state.calibrations.summary(sae_id, model) is not None else None
 
 
 class Labelling:
@@ -81,3 +91,27 @@ class Labelling:
         """Every stored explanation of an SAE, by feature (blocking: the store)."""
         self.state.saes.get(sae_id)
         return [ExplanationView.of(row) for row in self.state.labels.explanations(sae_id)]
+
+    def label_top_tokens(self, sae_id: str, request: TopTokenLabels) -> LabelImport:
+        """Label the features that fired in the SAE's calibration by their top tokens (blocking:
+        the store); 400 sae_not_calibrated when it has no calibration on the model."""
+        self.state.saes.get(sae_id)
+        model = calibrated_on(self.state, sae_id)
+        if model is None:
+            raise InvalidRequest(
+                f"SAE {sae_id} is not calibrated on the served model: its top tokens are the "
+                f"calibration's top examples; calibrate first (POST /api/saes/{sae_id}/calibrate)",
+                param="sae_id",
+                code="sae_not_calibrated",
+            )
+        document = top_token_document(self.state.calibrations.figures(sae_id, model).values())
+        if not request.overwrite:
+            had = self.state.labels.entries(sae_id)
+            kept = [label for label in document.labels if label.index not in had]
+            document = LabelDocument(
+                document.format, kept, document.skipped + len(document.labels) - len(kept)
+            )
+        counts = self.state.labels.merge(sae_id, document)
+        return LabelImport(
+            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
+        )

@@ -1,4 +1,5 @@
-"""Bodies of POST /api/saes/{id}/labels/explain and of the explanations it stores."""
+"""Bodies of the labelling routes: the explaining job's and what it stores, labels from top tokens,
+and what an import of labels did."""
 
 from __future__ import annotations
 
@@ -13,6 +14,33 @@ MAX_TOP_EXAMPLES = 40  # delphi's n_examples_train
 MAX_HELD_OUT = 50  # delphi's n_examples_test
 Who = Literal["served", "endpoint", "model"]
 SELECTIONS = ("features", "range", "unlabelled", "densest")  # the ways to name the features
+
+
+class LabelImport(BaseModel):
+    """What a PUT or PATCH of labels (or an import, or labelling by top tokens) did."""
+
+    sae_id: str
+    format: str  # the document's format, as detected or as forced
+    source: str  # what the store records: neuronpedia, mistudio, plain or top_tokens
+    imported: int  # labels the document brought
+    replaced: (
+        int  # PUT: labels stored before (all gone now); PATCH: stored labels the document overwrote
+    )
+    # entries with an empty label (never stored); by top tokens, features that never fired in the
+    # calibration or (overwrite false) kept the label they had
+    skipped: int
+    total: int  # labels the SAE has now
+
+
+class TopTokenLabels(BaseModel):
+    """Body of POST /api/saes/{id}/labels/top-tokens."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    overwrite: bool = Field(
+        False,
+        description="Label every feature that fired (true), or only those without a label (false).",
+    )
 
 
 class FeatureRange(BaseModel):

@@ -12,12 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from millm.formats.labels import ExportFormat, LabelFormat
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.labels.labelling import Labelling
-from millm.lab.labels.protocol import ExplainRequest, ExplanationView
+from millm.lab.labels.protocol import ExplainRequest, ExplanationView, LabelImport, TopTokenLabels
 from millm.lab.labels.service import (
     FeatureDetail,
     FeatureManagement,
     FeatureSearch,
-    LabelImport,
     LabelsCleared,
     SearchBy,
 )
@@ -191,6 +190,18 @@ async def import_labels_from(sae_id: str, body: LabelSource, request: Request) -
     return await run_in_threadpool(
         part(request, FeatureManagement).import_labels_from, sae_id, body.source, body.replace
     )
+
+
+@router.post(
+    "/api/saes/{sae_id}/labels/top-tokens",
+    summary="Label features by their calibration's top tokens",
+    response_model=LabelImport,
+)
+async def label_top_tokens(sae_id: str, body: TopTokenLabels, request: Request) -> LabelImport:
+    """Each feature that fired in the SAE's calibration on the served model is labelled by the
+    tokens it fired hardest on ("pirate / ship / sea"), with its top tokens, best example,
+    frequency and largest activation beside the label (source `top_tokens`)."""
+    return await run_in_threadpool(part(request, Labelling).label_top_tokens, sae_id, body)
 
 
 @router.post(

@@ -23,24 +23,11 @@ from millm.kernel.books.label_search import FeatureMatch, fts_query
 from millm.kernel.books.label_sources import import_document, import_source
 from millm.kernel.runtime.jobs import JobHandle, JobView
 from millm.kernel.steering.decoders import Decoder, neighbours
+from millm.lab.labels.labelling import calibrated_on
 from millm.lab.labels.meaning import MeaningBook, embedder_for, fused
 from millm.lab.labels.parts import LabelParts
-from millm.lab.labels.protocol import ExplanationView
+from millm.lab.labels.protocol import ExplanationView, LabelImport
 from millm.wording import counted
-
-
-class LabelImport(BaseModel):
-    """What a PUT or PATCH of labels did."""
-
-    sae_id: str
-    format: str  # the document's format, as detected or as forced
-    source: str  # what the store records: neuronpedia, mistudio or plain
-    imported: int  # labels the document brought
-    replaced: (
-        int  # PUT: labels stored before (all gone now); PATCH: stored labels the document overwrote
-    )
-    skipped: int  # entries with an empty label (never stored)
-    total: int  # labels the SAE has now
 
 
 class LabelsCleared(BaseModel):
@@ -236,14 +223,8 @@ class FeatureManagement:
         )
 
     def calibration_model(self, sae_id: str) -> str | None:
-        """The model whose calibration of the SAE the feature routes show: the loaded (or last)
-        model's, when there is one."""
-        model = (
-            self.state.switch.lm.name
-            if self.state.switch.lm is not None
-            else self.state.switch.expected_name
-        )
-        return model if self.state.calibrations.summary(sae_id, model) is not None else None
+        """The model whose calibration of the SAE the feature routes show (see calibrated_on)."""
+        return calibrated_on(self.state, sae_id)
 
     # feature details ------------------------------------------------------------------------------
     def _detail(self, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
