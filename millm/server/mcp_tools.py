@@ -459,7 +459,8 @@ TOOLS = (
         "served model, or a transcoder per block (kind transcoder_set, registered for attribution "
         "graphs), over a corpus (texts, local files, a saved dataset, or an SAE's shipped "
         "corpus); saves it in SAELens's format with its provenance, registers it, and attaches, "
-        "grades, calibrates, labels and explains an SAE as `then` asks. A job: get_training follows it.",
+        "grades, calibrates, labels and explains an SAE as `then` asks. A job: get_training "
+        "follows it.",
         "post",
         "/api/saes/train",
         _train,
