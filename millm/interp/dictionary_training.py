@@ -64,6 +64,9 @@ WITH_K = ("topk", "batchtopk", "matryoshka_batchtopk")
 CHECKPOINT = "checkpoint"  # the folder under a training's work directory
 STATE_FILE = "millm_state.json"  # millm's side of a checkpoint: tokens, corpus position, curve
 BUFFER_FILE = "buffer.safetensors"  # the shuffling buffer's rows at the checkpoint
+# What a block's trainer knows of its transcoder that the saved cfg.json keeps: its hooks, and
+# SAELens's end-of-training figures (mean L0 and dead latents over its last sparsity window).
+TRANSCODER_METADATA = ("hook_name", "hook_name_out", "l0", "num_dead_features")
 CURVE_POINTS = 400  # most points a training curve keeps (halved by dropping every other one)
 
 
@@ -333,8 +336,9 @@ class DictionaryTrainer:
             for block, trainer in enumerate(self.trainers):
                 trainer.set_final_sae_metadata()
                 config = trainer.sae.cfg.metadata
-                hooks = {"hook_name": config.hook_name, "hook_name_out": config.hook_name_out}
-                save_transcoder(trainer.sae, folder / block_folder(block), {**metadata, **hooks})
+                own = {key: getattr(config, key, None) for key in TRANSCODER_METADATA}
+                own = {key: value for key, value in own.items() if value is not None}
+                save_transcoder(trainer.sae, folder / block_folder(block), {**metadata, **own})
             write_set_config(folder, self.recipe.model_name, self.recipe.blocks)
             return
         trainer = self.trainers[0]

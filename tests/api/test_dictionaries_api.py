@@ -6,6 +6,7 @@ here; a cancel; and every bad request refused before anything runs."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch
 from transformers import AutoTokenizer
 
 from millm.engine.prompts import completion_prompt_ids
+from millm.interp.sae_files import content_id
+from millm.kernel.books.transcoders import read_set
 from tests.api.clients import api, error, finished_job, post
 from tests.support.dictionary_reference import reference, set_reference, transcoder_reference
 from tests.support.server import ServerProcess
@@ -282,13 +285,27 @@ def test_a_transcoder_sets_grade_equals_a_float64_reference(server, tiny_dirs, t
     fve = [entry["fraction_variance_explained"] for entry in blocks]
     assert figures["mean_fraction_variance_explained"] == pytest.approx(sum(fve) / 3, rel=2e-4)
 
+    # the card shipped beside the set's copy (another checkout: another path, so another id) is
+    # the copy's, while it is a card of these very weights
+    files = read_set(directory).files
+    weights_id = content_id(*(files[block] for block in sorted(files)))
+    shipped = [shutil.copytree(directory, tmp_path / name) for name in ("shipped", "changed")]
+    for folder, weights in zip(shipped, (weights_id, "sae_000000000000"), strict=True):
+        (folder / "grade.json").write_text(json.dumps({**card, "weights_id": weights}))
+    copies = [post(server, "/api/transcoders", {"path": str(f)}).json()["id"] for f in shipped]
+    (kept,) = api(server, "GET", f"/api/transcoders/{copies[0]}/grades").json()["data"]
+    assert kept == {**card, "weights_id": weights_id, "id": f"{card['id']}_{copies[0]}",
+                    "transcoder_set_id": copies[0]}  # fmt: skip
+    assert api(server, "GET", f"/api/transcoders/{copies[0]}/grades").json()["data"] == [kept]
+    assert api(server, "GET", f"/api/transcoders/{copies[1]}/grades").json()["data"] == []
+
     # what cannot be graded is refused before anything runs
     clt = post(server, "/api/transcoders", {"path": str(build_clt(tmp_path / "clt-set"))}).json()
     refused = error(post(server, f"/api/transcoders/{clt['id']}/grade", {"corpus": corpus}), 400)
     assert refused["code"] == "not_gradable" and refused["param"] == "set_id"
     missing = post(server, "/api/transcoders/tc_nope/grade", {"corpus": corpus})
     error(missing, 404, "transcoder_set_not_found")
-    for set_id in (found, clt["id"]):
+    for set_id in (found, clt["id"], *copies):
         api(server, "DELETE", f"/api/transcoders/{set_id}")
 
 

@@ -69,6 +69,9 @@ def test_a_transcoder_set_learns_each_block_and_exports_what_sae_lens_and_millm_
         theirs = JumpReLUSkipTranscoder.load_from_disk(folder / f"layer_{block}")
         assert theirs.cfg.metadata.hook_name == f"blocks.{block}.hook_mlp_in"
         assert theirs.cfg.metadata.millm_provenance["training_id"] == "t1"
+        # SAELens's end-of-training figures, as its own SAE saves keep them
+        assert 0 < theirs.cfg.metadata.l0 < theirs.cfg.d_sae
+        assert theirs.cfg.metadata.num_dead_features >= 0
         with torch.no_grad():
             predicted = theirs(x)
         # each block's map learnt in the model's own units, though they differ 1500-fold

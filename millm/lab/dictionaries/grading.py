@@ -31,8 +31,9 @@ from millm.errors import InvalidRequest
 from millm.interp.attribution.replacement import ReplacementModel
 from millm.interp.grading import GradeSums
 from millm.interp.sae import SAE
-from millm.interp.sae_files import SAEInfo
+from millm.interp.sae_files import SAEInfo, content_id
 from millm.interp.steering import Attached
+from millm.kernel.books.transcoders import Registered
 from millm.kernel.model.beside import Beside
 from millm.kernel.runtime.blocking import call_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle
@@ -41,25 +42,55 @@ from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest
 from millm.lab.dictionaries.steps import mlp_engine
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
-from millm.store.dictionaries import insert_grade
+from millm.store.database import Store
+from millm.store.dictionaries import grade_cards, insert_grade
 
 SHORTEST = SKIPPED_POSITIONS + 2  # a window needs a read position and a next token after it
 SHIPPED_GRADE = "grade.json"  # a grade card shipped beside an SAE's weights (the demo's)
 CARD_KEYS = ("id", "sae_id", "model", "created_at", "figures")
+SET_CARD_KEYS = ("id", "transcoder_set_id", "model", "created_at", "figures")
+
+
+def shipped_card(folder: Path, keys: tuple[str, ...]) -> dict | None:
+    """The grade card a folder ships (`grade.json`), when it reads as one with these keys."""
+    try:
+        card = json.loads((folder / SHIPPED_GRADE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return card if isinstance(card, dict) and all(key in card for key in keys) else None
 
 
 def shipped_grade(info: SAEInfo) -> dict | None:
     """The grade card an SAE's folder ships, when it is one of this very SAE (its id is the
     weights' content id: a card of other weights is not shown); None otherwise."""
     folder = Path(info.path)
-    path = (folder if folder.is_dir() else folder.parent) / SHIPPED_GRADE
-    try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    card = shipped_card(folder if folder.is_dir() else folder.parent, CARD_KEYS)
+    return card if card is not None and card["sae_id"] == info.id else None
+
+
+def shipped_set_grade(registered: Registered) -> dict | None:
+    """The grade card a transcoder set's folder ships, when it is one of these very weights (its
+    `weights_id`, the content id of the set's files in block order), as a card of this set (a
+    set's id names its path, which differs from checkout to checkout, so the card's id names
+    both); None otherwise."""
+    card = shipped_card(registered.path, (*SET_CARD_KEYS, "weights_id"))
+    if card is None:
         return None
-    if not isinstance(card, dict) or any(key not in card for key in CARD_KEYS):
+    files = registered.transcoders.files
+    if card["weights_id"] != content_id(*(files[block] for block in sorted(files))):
         return None
-    return card if card["sae_id"] == info.id else None
+    return {**card, "id": f"{card['id']}_{registered.id}", "transcoder_set_id": registered.id}
+
+
+def kept_cards(store: Store, dictionary_id: str, shipped: Callable[[], dict | None]) -> list[dict]:
+    """A dictionary's grade cards, newest first; the card its folder ships (`grade.json`: the
+    demo's) is kept among them the first time they are read."""
+    cards = grade_cards(store, dictionary_id)
+    card = shipped()
+    if card is not None and all(kept["id"] != card["id"] for kept in cards):
+        insert_grade(store, card)
+        cards = grade_cards(store, dictionary_id)
+    return cards
 
 
 def logits_under(lm: LoadedModel, ids: list[int], edit: ResidualEdit | None) -> torch.Tensor:

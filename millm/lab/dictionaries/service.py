@@ -19,7 +19,7 @@ from millm.kernel.runtime.jobs import JobState, JobView
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.calibration.service import CalibrationManagement
 from millm.lab.dictionaries.corpus import OpenedCorpus, open_corpus
-from millm.lab.dictionaries.grading import GradeRun, shipped_grade
+from millm.lab.dictionaries.grading import GradeRun, kept_cards, shipped_grade, shipped_set_grade
 from millm.lab.dictionaries.parts import DictionaryParts
 from millm.lab.dictionaries.protocol import GradeRequest, TrainingView, TrainRequest
 from millm.lab.dictionaries.recipes import recipe_of
@@ -33,8 +33,6 @@ from millm.store.dictionaries import (
     RUNNING,
     delete_training,
     end_training,
-    grade_cards,
-    insert_grade,
     insert_training,
     reopen_training,
     take_orphan,
@@ -328,9 +326,9 @@ class Dictionaries:
                                      run)  # fmt: skip
 
     def set_grades(self, set_id: str) -> list[dict]:
-        """A transcoder set's grade cards, newest first."""
-        self.state.transcoders.get(set_id)
-        return grade_cards(self.state.store, set_id)
+        """A transcoder set's grade cards, newest first, the one its folder ships among them."""
+        registered = self.state.transcoders.get(set_id)
+        return kept_cards(self.state.store, set_id, lambda: shipped_set_grade(registered))
 
     @staticmethod
     def _check_window(body: GradeRequest, lm) -> None:
@@ -374,15 +372,9 @@ class Dictionaries:
         self._mlp_grade_possible(lm, attached.info.id, "sae_id")
 
     def grades(self, sae_id: str) -> list[dict]:
-        """An SAE's grade cards, newest first; the card its folder ships (`grade.json`, the demo
-        SAE's) is kept the first time they are read."""
+        """An SAE's grade cards, newest first, the one its folder ships among them."""
         info = self.state.saes.get(sae_id)
-        cards = grade_cards(self.state.store, sae_id)
-        card = shipped_grade(info)
-        if card is not None and all(kept["id"] != card["id"] for kept in cards):
-            insert_grade(self.state.store, card)
-            cards = grade_cards(self.state.store, sae_id)
-        return cards
+        return kept_cards(self.state.store, sae_id, lambda: shipped_grade(info))
 
     def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView:
         """The calibration job a training chains."""
