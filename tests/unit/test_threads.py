@@ -1,13 +1,14 @@
 """in_passing_thread: a fresh thread per call that ends with it, at most MAX_PASSING_THREADS at
-once."""
+once; beating: a beat kept while the caller's thread is held up."""
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from millm.errors import QueueFull
-from millm.kernel.runtime.threads import MAX_PASSING_THREADS, in_passing_thread
+from millm.kernel.runtime.threads import MAX_PASSING_THREADS, beating, in_passing_thread
 
 
 def held(gate: threading.Event, started: threading.Semaphore):
@@ -92,3 +93,24 @@ def test_a_cancelled_caller_keeps_its_slot_until_the_thread_ends():
         assert await in_passing_thread(lambda: 2) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_held_thread_beats_from_another_until_its_block_ends():
+    beats: list[tuple[float, str]] = []
+
+    def beat() -> None:
+        beats.append((time.monotonic(), threading.current_thread().name))
+        if len(beats) == 2:
+            raise OSError("the store is busy")  # a beat that fails is logged, the next one lands
+
+    began = time.monotonic()
+    with beating(0.05, beat, "train_x"):
+        time.sleep(0.5)  # the caller's thread held up, as by a model's copy loading
+    ended = time.monotonic()
+    count = len(beats)
+    time.sleep(0.2)
+    assert len(beats) == count  # none after the block
+    assert 3 <= count <= 10  # every 0.05 s of the 0.5 s (fewer on a busy machine)
+    assert {name for _, name in beats} == {"millm-beat-train_x"}
+    assert all(began < at <= ended for at, _ in beats)
+    assert "millm-beat-train_x" not in [t.name for t in threading.enumerate()]

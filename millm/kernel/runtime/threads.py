@@ -1,4 +1,5 @@
-"""Blocking torch work off the event loop, on a thread that ends when the work does.
+"""Blocking torch work off the event loop, on a thread that ends when the work does; and a beat kept
+while a thread is held up.
 
 PyTorch's OpenMP runtime keeps a pool of worker threads for every thread that ever ran a parallel
 region, for as long as that thread lives. A thread-pool worker (or the event loop) that once ran
@@ -14,11 +15,15 @@ refused at once with 503 queue_full rather than starting another thread or waiti
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from millm.errors import QueueFull
+
+log = logging.getLogger(__name__)
 
 # The work sent here is loads, unloads, SAE attaches and registrations (which may download):
 # model changes refuse each other (model_busy), so a few threads cover every honest use, and a
@@ -76,3 +81,26 @@ async def in_passing_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -
         _slots.release()
         raise
     return await future
+
+
+@contextmanager
+def beating(every_s: float, beat: Callable[[], None], name: str) -> Iterator[None]:
+    """Call `beat` every `every_s` seconds from a thread of its own while the block runs: a
+    liveness mark kept fresh while the caller's thread is held up in one long call (a model's copy
+    loading), which could not beat itself. One thread per block, gone when it ends."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            try:
+                beat()
+            except Exception:  # a beat missed (the store busy) is logged; the next one may land
+                log.exception("%s: a beat failed", name)
+
+    thread = threading.Thread(target=run, name=f"millm-beat-{name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

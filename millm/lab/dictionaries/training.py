@@ -23,7 +23,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -44,6 +44,7 @@ from millm.interp.dictionary_training import (
 from millm.kernel.model.beside import Beside
 from millm.kernel.runtime.blocking import call_blocking, passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle, JobState, JobView
+from millm.kernel.runtime.threads import beating
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.dictionaries.corpus import CorpusWindow, OpenedCorpus
 from millm.lab.dictionaries.parts import DictionaryParts
@@ -156,12 +157,21 @@ class DictionaryTrainingRun:
         """What the training reads from, for its length (steps.mlp_engine: a transcoder set of a
         model served on llama.cpp reads a transformers copy)."""
         self.stage = "loading"
-        with mlp_engine(self.service.state.switch, self.model, bool(self.recipe.transcoders)) as on:
-            self.engine = on
+        with ExitStack() as stack:
+            # a copy's load beats from a thread of its own: a replica must not take the training
+            with beating(HEARTBEAT_S, self._beat, self.training_id):
+                self.engine = stack.enter_context(
+                    mlp_engine(self.service.state.switch, self.model, bool(self.recipe.transcoders))
+                )
             try:
                 yield
             finally:  # the reads hold the copy's weights (its replacement model): let them go
                 self.engine, self.reads = self.model, ()
+
+    def _beat(self) -> None:
+        """Say the training is alive, with its progress (for other replicas: see STALE_S)."""
+        beat(self.service.state.store, self.training_id, self.progress())
+        self.beaten = time.monotonic()
 
     def _train(self, handle: JobHandle) -> None:
         cancel = handle.cancel_event
@@ -182,8 +192,7 @@ class DictionaryTrainingRun:
                 self._checkpoint()
                 due = trainer.progress.tokens + self.checkpoint_every
             elif time.monotonic() - self.beaten > HEARTBEAT_S:  # alive, for other replicas
-                beat(self.service.state.store, self.training_id, self.progress())
-                self.beaten = time.monotonic()
+                self._beat()
             handle.check()
         handle.check()
         if not trainer.done:
@@ -291,8 +300,7 @@ class DictionaryTrainingRun:
         assert trainer is not None
         folder = self.work_dir / CHECKPOINT
         self._step(lambda lm: trainer.checkpoint(folder))
-        beat(self.service.state.store, self.training_id, self.progress())
-        self.beaten = time.monotonic()
+        self._beat()
 
     def _export(self) -> None:
         """The dictionary written into the work folder, then moved to its name in one rename."""
@@ -394,8 +402,7 @@ class DictionaryTrainingRun:
             if view.state is not JobState.RUNNING:
                 return {"job_id": view.id, "state": view.state.value, "error": view.error}
             if time.monotonic() - self.beaten > HEARTBEAT_S:
-                beat(self.service.state.store, self.training_id, self.progress())
-                self.beaten = time.monotonic()
+                self._beat()
             time.sleep(FOLLOW_POLL_S)
 
     # views ----------------------------------------------------------------------------------------
