@@ -394,7 +394,8 @@ class Settings(RemoteServers):
         8 << 30,
         "MILLM_DICTIONARY_MAX_BYTES",
         "Most bytes a dictionary training's state takes (weights, gradients and Adam's two "
-        "moments, float32: 16 bytes a parameter); past it, 400 before anything runs.",
+        "moments, float32: 16 bytes a parameter; for a transcoder set also every block's MLP, "
+        "re-run in float32 for its targets); past it, 400 before anything runs.",
         ge=1 << 20,
     )
     dictionary_cache_bytes: int = env_field(

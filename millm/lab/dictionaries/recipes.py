@@ -54,12 +54,17 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
     # weights, gradients and Adam's two moments, float32, of every dictionary trained
     state = 16 * max(1, blocks) * (2 * d_sae * width + d_sae + width
                                    + (width * width if body.skip else 0))  # fmt: skip
-    if state > settings.dictionary_max_bytes:
+    # a set's targets: every block's MLP re-run in float32 (a gated MLP's three matrices), a copy
+    # the training holds for its length
+    mlps = 4 * blocks * 3 * width * getattr(lm.config, "intermediate_size", 4 * width)
+    if state + mlps > settings.dictionary_max_bytes:
         what = f"{blocks} transcoders" if blocks else "an SAE"
+        held = f" with the blocks' MLPs in float32 ({mlps / 2**30:.1f} GiB)" if blocks else ""
+        fix = "use fewer latents" if state > mlps else "raise it to train on this model"
         raise InvalidRequest(
             f"d_sae: {what} of {d_sae} latents over a width of {width} take "
-            f"{state / 2**30:.1f} GiB to train, over MILLM_DICTIONARY_MAX_BYTES "
-            f"({settings.dictionary_max_bytes / 2**30:.1f} GiB); use fewer latents",
+            f"{(state + mlps) / 2**30:.1f} GiB to train{held}, over MILLM_DICTIONARY_MAX_BYTES "
+            f"({settings.dictionary_max_bytes / 2**30:.1f} GiB); {fix}",
             param="d_sae",
         )
     if buffer * row * 4 > cap:
