@@ -83,7 +83,8 @@ def label_block(client: httpx.Client, folder: Path, tokens: int) -> int:
     if finished(client, f"/api/jobs/{job['id']}")["state"] != "succeeded":
         raise SystemExit(f"{folder.name}: its calibration failed")
     done = client.post(f"/api/saes/{sae}/labels/top-tokens", json={}).raise_for_status().json()
-    labels = client.get(f"/api/saes/{sae}/labels", params={"detail": "true"}).json()
+    labels = client.get(f"/api/saes/{sae}/labels", params={"detail": "true"})
+    labels = labels.raise_for_status().json()
     (folder / "sae_weights.labels.json").write_text(json.dumps(labels, ensure_ascii=False) + "\n")
     client.post(f"/api/saes/{sae}/detach").raise_for_status()
     client.delete(f"/api/saes/{sae}").raise_for_status()

@@ -50,13 +50,14 @@ from millm.formats.label_formats import (
 LabelFormat = Literal["neuronpedia", "neuronpedia_feature", "mistudio", "json", "csv"]
 ExportFormat = Literal["json", "csv", "neuronpedia", "mistudio"]
 FORMATS: tuple[str, ...] = ("neuronpedia", "neuronpedia_feature", "mistudio", "json", "csv")
+TOP_TOKENS = "top_tokens"  # labels millm made from a calibration's top examples: format and source
 SOURCES = {
     "neuronpedia": "neuronpedia",
     "neuronpedia_feature": "neuronpedia",
     "mistudio": "mistudio",
     "json": "plain",
     "csv": "plain",
-    "top_tokens": "top_tokens",  # made by millm from a calibration (lab/labels/top_tokens.py)
+    TOP_TOKENS: TOP_TOKENS,  # made by millm from a calibration (lab/labels/top_tokens.py)
 }
 CODE = "invalid_labels"
 PROBLEMS_SHOWN = 5  # a document with thousands of bad entries is described by its first few
@@ -83,7 +84,8 @@ class LabelDocument:
 
     @property
     def source(self) -> str:
-        """What the store records as the labels' source: neuronpedia, mistudio or plain."""
+        """What the store records as the labels' source: neuronpedia, mistudio, plain or
+        top_tokens."""
         return SOURCES[self.format]
 
 

@@ -9,7 +9,7 @@ import time
 from sqlalchemy import delete, insert, select, update
 
 from millm.store.changes import Topic
-from millm.store.database import Store
+from millm.store.database import Store, upsert
 from millm.store.schema import dictionary_grades_table as grades
 from millm.store.schema import dictionary_trainings_table as trainings
 
@@ -104,10 +104,21 @@ def take_orphan(store: Store, training_id: str, stale_before: float) -> bool:
 def insert_grade(store: Store, card: dict) -> None:
     """Keep a grade's card (its `id`, `model`, `created_at` and the graded dictionary's id, an SAE's
     `sae_id` or a set's `transcoder_set_id`, are columns too)."""
+    with store.transaction(Topic.DICTIONARIES) as conn:
+        conn.execute(insert(grades).values(_grade_row(card)))
+
+
+def _grade_row(card: dict) -> dict:
     values = {key: card[key] for key in ("id", "model", "created_at")}
     values["sae_id"] = card.get("sae_id") or card["transcoder_set_id"]
+    return {**values, "card": json.dumps(card)}
+
+
+def keep_grade(store: Store, card: dict) -> None:
+    """`insert_grade` for a card that may be kept already (a shipped one, read by two at once):
+    the row of its id written once, whoever writes it."""
     with store.transaction(Topic.DICTIONARIES) as conn:
-        conn.execute(insert(grades).values({**values, "card": json.dumps(card)}))
+        upsert(conn, grades, _grade_row(card))
 
 
 def grade_cards(store: Store, sae_id: str) -> list[dict]:

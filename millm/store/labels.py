@@ -112,6 +112,24 @@ def merge_labels(
         return overwritten, _count(conn, sae_id)
 
 
+def fill_labels(
+    store: Store, sae_id: str, rows: list[tuple[int, str, str, dict]]
+) -> tuple[int, int]:
+    """Store `rows` for the features that have no label, in one transaction (a label stored
+    meanwhile is never overwritten); (labels added, labels now)."""
+    features = [row[0] for row in rows]
+    with store.transaction(Topic.LABELS) as conn:
+        had: set[int] = set()
+        for start in range(0, len(features), CHUNK):
+            where = (table.c.sae_id == sae_id) & table.c.feature.in_(
+                features[start : start + CHUNK]
+            )
+            had.update(conn.execute(select(table.c.feature).where(where)).scalars())
+        added = [row for row in rows if row[0] not in had]
+        _insert(conn, sae_id, added)
+        return len(added), _count(conn, sae_id)
+
+
 def clear_labels(store: Store, sae_id: str) -> int:
     """Remove every label of an SAE; how many there were."""
     with store.transaction(Topic.LABELS) as conn:

@@ -339,6 +339,17 @@ def test_bad_requests_are_refused_before_anything_runs(server, tmp_path):
         ({"corpus": {"shipped_by": "nope"}}, 404, None),
         ({"then": {"calibrate": {"corpus": "demo"}}}, 400, None),  # calibrate needs attach
         ({"then": {"attach": True, "label": True}}, 400, None),  # label needs calibrate
+        (
+            {
+                "then": {
+                    "attach": True,
+                    "label": True,
+                    "calibrate": {"corpus": "demo", "top_examples": 0},
+                }
+            },
+            400,
+            None,
+        ),  # no examples
         ({"name": "../up"}, 400, None),
         ({"dead_window_tokens": 10}, 400, None),
         ({"skip": True}, 400, None),  # a transcoder's

@@ -1,7 +1,8 @@
 """Labels from a calibration's top tokens on a live server (tiny Llama, a TopK SAE without labels
 at layer 1, calibrated on texts): each feature that fired is labelled by its top examples' tokens
 weighted by their activations, as computed here from the calibration the server shows; labels a
-feature already had stay unless asked; the refusal before a calibration."""
+feature already had stay unless asked; the refusals before a calibration, and after one that kept
+no examples."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def test_a_label_a_feature_had_stays_unless_overwritten(server):
 
     kept = label_top_tokens(process, sae)
     assert (kept["imported"], kept["replaced"], kept["total"]) == (0, 0, len(labelled))
+    assert kept["skipped"] == WIDTH  # the features that never fired, and those kept as they were
     assert api(process, "GET", f"/api/saes/{sae}/labels").json()[mine] == "my own name"
 
     again = label_top_tokens(process, sae, overwrite=True)
@@ -109,3 +111,10 @@ def test_a_label_a_feature_had_stays_unless_overwritten(server):
     assert api(process, "GET", f"/api/saes/{sae}/labels").json() == labelled
     wrong = post(process, f"/api/saes/{sae}/labels/top-tokens", {"overwrite": "yes"})
     assert error(wrong, 400)["param"] == "overwrite"
+
+    # a calibration that kept no examples has no top tokens to read
+    started = post(process, f"/api/saes/{sae}/calibrate", {"texts": TEXTS, "top_examples": 0})
+    assert wait_job(process, started.json()["id"])["state"] == "succeeded"
+    none_kept = post(process, f"/api/saes/{sae}/labels/top-tokens", {"overwrite": True})
+    assert "(it kept none)" in error(none_kept, 400, "sae_not_calibrated")["message"]
+    assert api(process, "GET", f"/api/saes/{sae}/labels").json() == labelled

@@ -48,9 +48,11 @@ def test_a_sets_bound_counts_its_blocks_mlps_in_float32():
     assert "with the blocks' MLPs in float32 (6.2 GiB)" in wider and wider.endswith(
         "use fewer latents"
     )
-    smaller_cap = refusal(request(d_sae=512), 4 << 30)
-    assert "take 7.1 GiB to train" in smaller_cap
-    assert smaller_cap.endswith("raise it to train on this model")
+    under_the_mlps = refusal(request(d_sae=512), 6 << 30)  # the MLPs alone take 6.2 GiB
+    assert "take 7.1 GiB to train" in under_the_mlps
+    assert under_the_mlps.endswith("raise it to train on this model")
+    over_them = refusal(request(d_sae=512), 7 << 30)  # fewer latents would fit
+    assert over_them.endswith("use fewer latents")
 
 
 def test_an_saes_bound_is_its_own_state():

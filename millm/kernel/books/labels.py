@@ -28,6 +28,7 @@ from millm.store.explanations import ExplanationRow, explanation_rows, put_expla
 from millm.store.labels import (
     LabelRow,
     clear_labels,
+    fill_labels,
     label_rows,
     labels_seeded,
     merge_labels,
@@ -244,6 +245,16 @@ class LabelBook:
         finally:
             self._changed(sae_id)
         return ImportCounts(len(document.labels), overwritten, document.skipped, total)
+
+    def fill(self, sae_id: str, document: LabelDocument) -> ImportCounts:
+        """The document's labels for the features that have none; the others keep theirs (one
+        transaction). `skipped` adds the document's labels that were kept out."""
+        try:
+            added, total = fill_labels(self.store, sae_id, _rows(document))
+        finally:
+            self._changed(sae_id)
+        kept_out = len(document.labels) - added
+        return ImportCounts(added, 0, document.skipped + kept_out, total)
 
     def explain(
         self, sae_id: str, feature: int, explainer: str, explanation: str, detail: dict

@@ -43,7 +43,7 @@ from millm.lab.dictionaries.protocol import GradeRequest
 from millm.lab.dictionaries.steps import mlp_engine
 from millm.lab.discovery.reads import SKIPPED_POSITIONS
 from millm.store.database import Store
-from millm.store.dictionaries import grade_cards, insert_grade
+from millm.store.dictionaries import grade_cards, insert_grade, keep_grade
 
 SHORTEST = SKIPPED_POSITIONS + 2  # a window needs a read position and a next token after it
 SHIPPED_GRADE = "grade.json"  # a grade card shipped beside an SAE's weights (the demo's)
@@ -68,27 +68,35 @@ def shipped_grade(info: SAEInfo) -> dict | None:
     return card if card is not None and card["sae_id"] == info.id else None
 
 
-def shipped_set_grade(registered: Registered) -> dict | None:
+def shipped_set_grade(registered: Registered, kept: set[str]) -> dict | None:
     """The grade card a transcoder set's folder ships, when it is one of these very weights (its
     `weights_id`, the content id of the set's files in block order), as a card of this set (a
     set's id names its path, which differs from checkout to checkout, so the card's id names
-    both); None otherwise."""
+    both); None otherwise, or when its card is `kept` already (the files are hashed only then)."""
     card = shipped_card(registered.path, (*SET_CARD_KEYS, "weights_id"))
-    if card is None:
+    if card is None or f"{card['id']}_{registered.id}" in kept:
         return None
     files = registered.transcoders.files
-    if card["weights_id"] != content_id(*(files[block] for block in sorted(files))):
+    try:
+        weights = content_id(*(files[block] for block in sorted(files)))
+    except OSError:  # a file gone since the set was read: no card of its weights to show
         return None
+    if card["weights_id"] != weights:
+        return None
+    card = {key: value for key, value in card.items() if key != "sae_id"}
     return {**card, "id": f"{card['id']}_{registered.id}", "transcoder_set_id": registered.id}
 
 
-def kept_cards(store: Store, dictionary_id: str, shipped: Callable[[], dict | None]) -> list[dict]:
+def kept_cards(
+    store: Store, dictionary_id: str, shipped: Callable[[set[str]], dict | None]
+) -> list[dict]:
     """A dictionary's grade cards, newest first; the card its folder ships (`grade.json`: the
-    demo's) is kept among them the first time they are read."""
+    demo's; `shipped` is given the ids kept already) is kept among them the first time they are
+    read."""
     cards = grade_cards(store, dictionary_id)
-    card = shipped()
+    card = shipped({kept["id"] for kept in cards})
     if card is not None and all(kept["id"] != card["id"] for kept in cards):
-        insert_grade(store, card)
+        keep_grade(store, card)
         cards = grade_cards(store, dictionary_id)
     return cards
 

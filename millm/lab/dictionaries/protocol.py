@@ -95,8 +95,11 @@ class TrainThen(BaseModel):
     def _in_order(self) -> TrainThen:
         if self.calibrate is not None and not self.attach:
             raise ValueError("calibrate needs attach: a calibration reads the attached SAE")
-        if self.label and self.calibrate is None:
-            raise ValueError("label needs calibrate: a feature's top tokens are its calibration's")
+        if self.label and (self.calibrate is None or self.calibrate.top_examples == 0):
+            raise ValueError(
+                "label needs calibrate with top_examples: a feature's top tokens are its "
+                "calibration's top examples"
+            )
         if self.explain is not None and self.calibrate is None:
             raise ValueError("explain needs calibrate: explaining reads the calibration's examples")
         if self.grade and not self.attach:

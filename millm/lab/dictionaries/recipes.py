@@ -56,15 +56,16 @@ def recipe_of(body: TrainRequest, lm, settings: Settings) -> Recipe:
                                    + (width * width if body.skip else 0))  # fmt: skip
     # a set's targets: every block's MLP re-run in float32 (a gated MLP's three matrices), a copy
     # the training holds for its length
-    mlps = 4 * blocks * 3 * width * getattr(lm.config, "intermediate_size", 4 * width)
+    mlps = 4 * blocks * 3 * width * (getattr(lm.config, "intermediate_size", None) or 4 * width)
     if state + mlps > settings.dictionary_max_bytes:
         what = f"{blocks} transcoders" if blocks else "an SAE"
         held = f" with the blocks' MLPs in float32 ({mlps / 2**30:.1f} GiB)" if blocks else ""
-        fix = "use fewer latents" if state > mlps else "raise it to train on this model"
+        most = settings.dictionary_max_bytes
+        fix = "raise it to train on this model" if mlps >= most else "use fewer latents"
         raise InvalidRequest(
             f"d_sae: {what} of {d_sae} latents over a width of {width} take "
             f"{(state + mlps) / 2**30:.1f} GiB to train{held}, over MILLM_DICTIONARY_MAX_BYTES "
-            f"({settings.dictionary_max_bytes / 2**30:.1f} GiB); {fix}",
+            f"({most / 2**30:.1f} GiB); {fix}",
             param="d_sae",
         )
     if buffer * row * 4 > cap:

@@ -8,6 +8,7 @@ import shutil
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 from millm.engine.families import supported
@@ -328,7 +329,7 @@ class Dictionaries:
     def set_grades(self, set_id: str) -> list[dict]:
         """A transcoder set's grade cards, newest first, the one its folder ships among them."""
         registered = self.state.transcoders.get(set_id)
-        return kept_cards(self.state.store, set_id, lambda: shipped_set_grade(registered))
+        return kept_cards(self.state.store, set_id, partial(shipped_set_grade, registered))
 
     @staticmethod
     def _check_window(body: GradeRequest, lm) -> None:
@@ -374,7 +375,7 @@ class Dictionaries:
     def grades(self, sae_id: str) -> list[dict]:
         """An SAE's grade cards, newest first, the one its folder ships among them."""
         info = self.state.saes.get(sae_id)
-        return kept_cards(self.state.store, sae_id, lambda: shipped_grade(info))
+        return kept_cards(self.state.store, sae_id, lambda kept: shipped_grade(info))
 
     def calibrate(self, sae_id: str, body: CalibrateRequest | None) -> JobView:
         """The calibration job a training chains."""

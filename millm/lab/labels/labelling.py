@@ -4,7 +4,6 @@ label features by their calibration's top tokens."""
 from __future__ import annotations
 
 from millm.errors import InvalidRequest, ModelNotLoaded
-from millm.formats.labels import LabelDocument
 from millm.kernel.runtime.jobs import JobView
 from millm.lab.discovery.inputs import attached_sae
 from millm.lab.labels.explain import (
@@ -28,6 +27,16 @@ def calibrated_on(state: LabelParts, sae_id: str) -> str | None:
     return model if state.calibrations.summary(sae_id, model) is not None else None
 
 
+def not_calibrated(sae_id: str, on: str, why: str) -> InvalidRequest:
+    """400 sae_not_calibrated: what needs the calibration, and how to make one."""
+    return InvalidRequest(
+        f"SAE {sae_id} is not calibrated on {on}: {why}; calibrate first "
+        f"(POST /api/saes/{sae_id}/calibrate)",
+        param="sae_id",
+        code="sae_not_calibrated",
+    )
+
+
 class Labelling:
     """The labelling routes' one way in."""
 
@@ -45,11 +54,8 @@ class Labelling:
             attached = attached_sae(self.state, info, lm)
         summary = self.state.calibrations.summary(sae_id, lm.name)
         if summary is None:
-            raise InvalidRequest(
-                f"SAE {sae_id} is not calibrated on {lm.name!r}: explaining reads the "
-                f"calibration's examples; calibrate first (POST /api/saes/{sae_id}/calibrate)",
-                param="sae_id",
-                code="sae_not_calibrated",
+            raise not_calibrated(
+                sae_id, repr(lm.name), "explaining reads the calibration's examples"
             )
         features = selected(self.state, sae_id, lm.name, request, info)
         corpus_tokens = read_corpus(self.state, request, summary, info, lm)
@@ -94,24 +100,19 @@ class Labelling:
 
     def label_top_tokens(self, sae_id: str, request: TopTokenLabels) -> LabelImport:
         """Label the features that fired in the SAE's calibration by their top tokens (blocking:
-        the store); 400 sae_not_calibrated when it has no calibration on the model."""
+        the store); 400 sae_not_calibrated when it has no calibration on the model, or one that
+        kept no examples."""
         self.state.saes.get(sae_id)
         model = calibrated_on(self.state, sae_id)
+        why = "a feature's top tokens are its calibration's top examples"
         if model is None:
-            raise InvalidRequest(
-                f"SAE {sae_id} is not calibrated on the served model: its top tokens are the "
-                f"calibration's top examples; calibrate first (POST /api/saes/{sae_id}/calibrate)",
-                param="sae_id",
-                code="sae_not_calibrated",
-            )
+            raise not_calibrated(sae_id, "the served model", why)
+        summary = self.state.calibrations.summary(sae_id, model)
+        if summary is None or summary.top_examples == 0:
+            raise not_calibrated(sae_id, f"{model!r} with top examples (it kept none)", why)
         document = top_token_document(self.state.calibrations.figures(sae_id, model).values())
-        if not request.overwrite:
-            had = self.state.labels.entries(sae_id)
-            kept = [label for label in document.labels if label.index not in had]
-            document = LabelDocument(
-                document.format, kept, document.skipped + len(document.labels) - len(kept)
-            )
-        counts = self.state.labels.merge(sae_id, document)
-        return LabelImport(
-            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
+        labels = self.state.labels
+        counts = (
+            labels.merge(sae_id, document) if request.overwrite else labels.fill(sae_id, document)
         )
+        return LabelImport.of(sae_id, document, counts)

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from millm.formats.labels import LabelDocument
+from millm.kernel.books.labels import ImportCounts
 from millm.lab.calibration.protocol import CalibrationMessage
 from millm.store.explanations import ExplanationRow
 
@@ -30,6 +32,11 @@ class LabelImport(BaseModel):
     # calibration or (overwrite false) kept the label they had
     skipped: int
     total: int  # labels the SAE has now
+
+    @classmethod
+    def of(cls, sae_id: str, document: LabelDocument, counts: ImportCounts) -> LabelImport:
+        """What storing `document` did, as the API says it."""
+        return cls(sae_id=sae_id, format=document.format, source=document.source, **vars(counts))
 
 
 class TopTokenLabels(BaseModel):

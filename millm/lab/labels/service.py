@@ -112,9 +112,7 @@ class FeatureManagement:
         replace the SAE's set with it or merge it in; all or nothing."""
         info = self.state.saes.get(sae_id)
         document, counts = import_document(self.state.labels, info, raw, content_type, fmt, replace)
-        return LabelImport(
-            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
-        )
+        return LabelImport.of(sae_id, document, counts)
 
     def import_labels_from(self, sae_id: str, source: str, replace: bool) -> LabelImport:
         """Import labels from `source`: 'neuronpedia' (the SAE's Neuronpedia export), a URL, or a
@@ -128,9 +126,7 @@ class FeatureManagement:
             replace,
             confine=lambda path: self.state.registrations.paths.local(path, "source"),
         )
-        return LabelImport(
-            sae_id=sae_id, format=document.format, source=document.source, **vars(counts)
-        )
+        return LabelImport.of(sae_id, document, counts)
 
     def export_labels(self, sae_id: str, fmt: ExportFormat, detail: bool) -> tuple[str, str]:
         """(media type, body) of the SAE's labels in `fmt`; each re-imports to the same set."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from millm.formats.labels import Label, LabelDocument
+from millm.formats.labels import TOP_TOKENS, Label, LabelDocument
 from millm.kernel.books.calibrations import FeatureFigures
 
-FORMAT = "top_tokens"  # the document's format and the labels' stored source
 WORDS = 3  # tokens in a label
 TOKENS_KEPT = 10  # tokens listed beside it (`top_tokens`), heaviest first
 
@@ -75,4 +74,4 @@ def top_token_document(figures: Iterable[FeatureFigures]) -> LabelDocument:
             skipped += 1
         else:
             labels.append(label)
-    return LabelDocument(format=FORMAT, labels=labels, skipped=skipped)
+    return LabelDocument(format=TOP_TOKENS, labels=labels, skipped=skipped)
