@@ -186,3 +186,30 @@ def test_a_registered_model_is_offered_as_the_explainer(explaining, page, tiny_d
     expect(job.locator("[data-state]")).to_have_text("cancelled", timeout=60_000)
     ended = bench.api("GET", "/api/jobs").json()["data"][0]
     assert ended["kind"] == "explain" and ended["description"].endswith(f"with model:{name}")
+
+
+def test_features_are_labelled_by_their_top_tokens_from_the_features_view(explaining, page):
+    """The labels the panel makes are the route's (tests/api/test_top_token_labels_api.py checks
+    them against the calibration); here, that the panel labels the unlabelled features and says
+    what it did, and the search then finds a feature by a word of its new label."""
+    bench = explaining
+    before = bench.api("GET", f"/api/saes/{bench.sae}/labels").json()
+    page.goto(f"{bench.url}#/features/{bench.sae}")
+    form = page.get_by_role("form", name="Label by top tokens")
+    expect(form.get_by_label("Over the labels features have")).not_to_be_checked()
+    form.get_by_role("button", name="Label").click()
+    status = page.get_by_role("status").filter(has_text="left as they were")
+    expect(status).to_be_visible()
+    after = bench.api("GET", f"/api/saes/{bench.sae}/labels").json()
+    added = len(after) - len(before)
+    assert added > 0 and all(after[k] == v for k, v in before.items())
+    summary = bench.api("GET", f"/api/saes/{bench.sae}/calibration").json()["summary"]
+    expect(status).to_have_text(
+        f"{added} features labelled, {summary['d_sae'] - added} left as they were; "
+        f"{len(after)} labels in all."
+    )
+    labelled = bench.api("GET", f"/api/saes/{bench.sae}/labels", params={"detail": "true"})
+    index, entry = next((k, v) for k, v in labelled.json().items() if k not in before)
+    page.get_by_label("Search labels").fill(entry["label"].split(" / ")[0])
+    page.get_by_role("button", name="Search", exact=True).click()
+    expect(page.get_by_role("table", name="Search results")).to_contain_text(entry["label"])

@@ -187,6 +187,7 @@ export const saes = {
   labels: (id) => get(`/api/saes/${enc(id)}/labels`),
   search: (id, q, limit = 50, by = "text") => get(`/api/saes/${enc(id)}/features`, { q, limit, by }),
   explain: (id, body) => post(`/api/saes/${enc(id)}/labels/explain`, body),
+  labelTopTokens: (id, body) => post(`/api/saes/${enc(id)}/labels/top-tokens`, body),
   embedLabels: (id) => post(`/api/saes/${enc(id)}/labels/embeddings`),
   feature: (id, index, k = 10) => get(`/api/saes/${enc(id)}/features/${index}`, { k }),
   calibration: (id, features) => get(`/api/saes/${enc(id)}/calibration`, { features: features?.join(",") }),

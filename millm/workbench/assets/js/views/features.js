@@ -6,6 +6,7 @@
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import * as api from "../api.js";
 import { ExplainBatch, Explanations } from "./explanations.js";
+import { TopTokenLabels } from "./top_token_labels.js";
 import { liveRows, useLive } from "../live.js";
 import { ErrorNote, FeatureLink, JobProgress, Note, Panel, SaePicker, Table, html, num, plural, useAction, useLoad, useSae, useServer } from "../ui.js";
 
@@ -343,5 +344,6 @@ export default function FeaturesView({ args }) {
       ? html`<${FeatureCard} sae=${sae} index=${index} steering=${steering} />`
       : html`<${Panel} title="Feature card"><p class="note">Open a feature from the search results to see its card and steer it.</p><//>`}
     <div class="wide"><${LiveSteering} steering=${steering} /></div>
+    ${sae ? html`<div class="wide"><${TopTokenLabels} sae=${sae} /></div>` : null}
     ${sae ? html`<div class="wide"><${ExplainBatch} sae=${sae} /></div>` : null}`;
 }
