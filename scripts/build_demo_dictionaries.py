@@ -149,8 +149,10 @@ input (the normalised residual, `mlp.hook_in`) and predicting what the MLP adds 
 (`mlp.hook_out`): SAELens JumpReLU transcoders (`layer_{{i}}/cfg.json` and
 `sae_weights.safetensors`, {asked["d_sae"]} latents each, float16, {size:.1f} MB) under
 circuit-tracer's `config.yaml`. With a transcoder on every block, millm's attribution graphs hold
-attention and norms and give exact direct effects (docs/attribution.md); circuit-tracer and
-SAELens read the same files.
+attention and norms and give exact direct effects (docs/attribution.md). SAELens loads each block
+(`JumpReLUTranscoder.load_from_disk("layer_3")`); circuit-tracer's own loader wants its layout
+(`W_enc` as `[d_transcoder, d_model]`, `activation_function.threshold`), so it reads millm's
+graph exports rather than these files.
 
 ## How it was made
 
