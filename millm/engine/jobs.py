@@ -234,6 +234,24 @@ Event = (
 )
 
 
+class GuardedEmit:
+    """A job's `emit`: its sink, until the job fails, then nothing. It holds no reference back to
+    the job, so a finished job (its prompts, reads and a call's tensors) is freed as soon as the
+    last holder lets go: a bound method of the job kept on the job would make every job a
+    reference cycle, freed only by the cycle collector's rare full passes (a transcoder set's
+    training held several GiB of finished steps that way)."""
+
+    __slots__ = ("sink", "lock", "failed")
+
+    def __init__(self, sink: Callable[[Event], None]):
+        self.sink, self.lock, self.failed = sink, threading.Lock(), False
+
+    def __call__(self, event: Event) -> None:
+        with self.lock:
+            if not self.failed:
+                self.sink(event)
+
+
 class JobControl:
     """What every job shares: cancellation, and a terminal failure after which nothing is
     emitted."""
@@ -243,17 +261,10 @@ class JobControl:
     cancelled: threading.Event
 
     def __post_init__(self) -> None:
-        self._sink = self.emit
-        self._ended = threading.Lock()
-        self._failed = False
-        self.emit = self._guarded
+        self._guard = GuardedEmit(self.emit)
+        self.emit = self._guard
         # A batch's line (set by the scheduler when admitted): it waits behind interactive work.
         self.background = False
-
-    def _guarded(self, event: Event) -> None:
-        with self._ended:
-            if not self._failed:
-                self._sink(event)
 
     def cancel(self) -> None:
         """Stop working on this job as soon as the scheduler sees it (the client went away)."""
@@ -262,11 +273,12 @@ class JobControl:
     def fail(self, error: MillmError) -> None:
         """End the job with `error`: one JobFailed event, nothing after it."""
         self.cancelled.set()
-        with self._ended:
-            if self._failed:
+        guard = self._guard
+        with guard.lock:
+            if guard.failed:
                 return
-            self._failed = True
-            self._sink(JobFailed(error))
+            guard.failed = True
+            guard.sink(JobFailed(error))
 
 
 @dataclass(eq=False)  # identity: the scheduler keys running jobs by them

@@ -381,6 +381,7 @@ class Scheduler:
                 job = self._queue.popleft() if self._queue else None
             if job is not None:
                 self._run_whole(job, "serial")
+                job = None  # freed as it ends, not kept until the next job comes
             else:  # only a paused line is left: on with it until interactive work comes
                 self._resume("serial", None)
         self._end_paused("serial")
@@ -511,6 +512,9 @@ class Scheduler:
                 else:
                     taken = self._take(batch, serial)
             lane = self._start(taken, batch)
+            # the lanes hold what runs; a finished job must not wait here for the next one
+            # (a call's tensors, a prompt's reads: freed as soon as it ends)
+            taken = []
             if lane is not None:
                 serial = self._serial_lane = lane
             # A joining prefill runs a chunk between two steps while rows are running, else whole.
