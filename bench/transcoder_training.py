@@ -1,11 +1,12 @@
 """Training a transcoder set on the demo model, against the shipped demo set, in one run.
 
 The shipped set (`millm/demo/transcoders/smollm2-135m-jumprelu`: 320 latents a block, k = 16;
-until 2026-12-07 a hand-written loop over EleutherAI sparsify's coder, since then made by this same
-job through scripts/build_demo_dictionaries.py) against one trained by `POST /api/saes/train` (`kind: transcoder_set`, BatchTopK on SAELens's machinery) with
-the same width, k and batch, both graded by `POST /api/transcoders/{id}/grade` on the same
-held-out windows: each block's variance explained, L0 and dead fraction, and the replacement
-model (every MLP replaced) against the model and every MLP zeroed.
+until 2026-12-07 a hand-written loop over EleutherAI sparsify's coder, since then made by this
+same job through scripts/build_demo_dictionaries.py) against one trained by
+`POST /api/saes/train` (`kind: transcoder_set`, BatchTopK on SAELens's machinery) with the same
+width, k and batch, both graded by `POST /api/transcoders/{id}/grade` on the same held-out
+windows: each block's variance explained, L0 and dead fraction, and the replacement model (every
+MLP replaced) against the model and every MLP zeroed.
 
 The corpus is bench/dictionary_training.py's (text already on the machine, one JSONL file). The
 training's own timing says how fast it read activations (a pass reading every block's MLP input
