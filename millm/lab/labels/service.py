@@ -196,7 +196,7 @@ class FeatureManagement:
                 else fused(labels.search(sae_id, query, depth), meaning, limit)
             )
         total = self.state.labels.count(sae_id)
-        model = self.calibration_model(sae_id)
+        model = calibrated_on(self.state, sae_id)
         figures = (
             self.state.calibrations.figures(sae_id, model, [hit.index for hit in found])
             if model is not None
@@ -218,10 +218,6 @@ class FeatureManagement:
             data=data,
         )
 
-    def calibration_model(self, sae_id: str) -> str | None:
-        """The model whose calibration of the SAE the feature routes show (see calibrated_on)."""
-        return calibrated_on(self.state, sae_id)
-
     # feature details ------------------------------------------------------------------------------
     def _detail(self, sae_id: str, index: int, k: int, decoder: Decoder) -> FeatureDetail:
         entries = self.state.labels.entries(sae_id)
@@ -231,7 +227,7 @@ class FeatureManagement:
             Neighbour(index=i, cosine=c, label=(entries.get(i) or {}).get("label"))
             for i, c in neighbours(decoder, index, k)
         ]
-        model = self.calibration_model(sae_id)
+        model = calibrated_on(self.state, sae_id)
         figures = (
             self.state.calibrations.figures(sae_id, model, [index]).get(index)
             if model is not None
