@@ -20,6 +20,8 @@ every block's `[x | y]` and each block's SAETrainer steps on its own slice of th
 The activation buffer is the only thing that grows with the corpus, and it is bounded
 (interp/activation_buffers.py).
 Everything here is torch and runs on the scheduler thread (lab/dictionaries/training.py).
+SAELens is imported where a training needs it, never at import: it brings TransformerLens, whose
+import takes seconds that every server start would pay.
 """
 
 from __future__ import annotations
@@ -29,20 +31,9 @@ import math
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from sae_lens.config import SAETrainerConfig
-from sae_lens.constants import SAE_WEIGHTS_FILENAME
-from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
-from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
-from sae_lens.saes.matryoshka_batchtopk_sae import (
-    MatryoshkaBatchTopKTrainingSAE,
-    MatryoshkaBatchTopKTrainingSAEConfig,
-)
-from sae_lens.saes.sae import TrainingSAE
-from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
-from sae_lens.training.sae_trainer import SAETrainer
 from safetensors.torch import load_file, save_file
 
 from millm.interp.activation_buffers import ShuffleBuffer
@@ -53,13 +44,12 @@ from millm.interp.transcoder_training import (
     write_set_config,
 )
 
+if TYPE_CHECKING:
+    from sae_lens.config import SAETrainerConfig
+    from sae_lens.saes.sae import TrainingSAE
+    from sae_lens.training.sae_trainer import SAETrainer
+
 Architecture = Literal["topk", "batchtopk", "jumprelu", "matryoshka_batchtopk"]
-ARCHITECTURES: dict[str, tuple[type[TrainingSAE], type]] = {
-    "topk": (TopKTrainingSAE, TopKTrainingSAEConfig),
-    "batchtopk": (BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig),
-    "jumprelu": (JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig),
-    "matryoshka_batchtopk": (MatryoshkaBatchTopKTrainingSAE, MatryoshkaBatchTopKTrainingSAEConfig),
-}
 WITH_K = ("topk", "batchtopk", "matryoshka_batchtopk")
 CHECKPOINT = "checkpoint"  # the folder under a training's work directory
 STATE_FILE = "millm_state.json"  # millm's side of a checkpoint: tokens, corpus position, curve
@@ -109,7 +99,7 @@ class Recipe:
 
     def training_class(self) -> type[TrainingSAE]:
         """SAELens's training class of the architecture (a transcoder's step over it)."""
-        base, _ = ARCHITECTURES[self.architecture]
+        base, _ = architecture_classes(self.architecture)
         return transcoder_class(base, self.skip) if self.transcoders else base
 
     @property
@@ -124,7 +114,7 @@ class Recipe:
 
     def sae_config(self, block: int = 0):
         """The SAELens training config of this recipe (of a set's block `block`)."""
-        _, config_class = ARCHITECTURES[self.architecture]
+        _, config_class = architecture_classes(self.architecture)
         options: dict[str, Any] = {
             "d_in": self.d_in,
             "d_sae": self.d_sae,
@@ -148,6 +138,8 @@ class Recipe:
 
     def trainer_config(self) -> SAETrainerConfig:
         """SAELens's trainer config: Adam at `lr`, its last 20 % decayed linearly to nothing."""
+        from sae_lens.config import SAETrainerConfig
+
         steps = self.steps
         return SAETrainerConfig(
             total_training_samples=steps * self.batch_tokens,
@@ -159,6 +151,27 @@ class Recipe:
             dead_feature_window=max(1, self.dead_window_tokens // self.batch_tokens),
             feature_sampling_window=max(1, min(2000, steps)),
         )
+
+
+def architecture_classes(architecture: str) -> tuple[type[TrainingSAE], type]:
+    """SAELens's training class and config class of an architecture."""
+    from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
+    from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig
+    from sae_lens.saes.matryoshka_batchtopk_sae import (
+        MatryoshkaBatchTopKTrainingSAE,
+        MatryoshkaBatchTopKTrainingSAEConfig,
+    )
+    from sae_lens.saes.topk_sae import TopKTrainingSAE, TopKTrainingSAEConfig
+
+    return {
+        "topk": (TopKTrainingSAE, TopKTrainingSAEConfig),
+        "batchtopk": (BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig),
+        "jumprelu": (JumpReLUTrainingSAE, JumpReLUTrainingSAEConfig),
+        "matryoshka_batchtopk": (
+            MatryoshkaBatchTopKTrainingSAE,
+            MatryoshkaBatchTopKTrainingSAEConfig,
+        ),
+    }[architecture]
 
 
 @dataclass
@@ -190,6 +203,8 @@ class DictionaryTrainer:
     whenever a batch is ready; checkpoint, resume and export it."""
 
     def __init__(self, recipe: Recipe, checkpoint: Path | None = None):
+        from sae_lens.training.sae_trainer import SAETrainer
+
         torch.manual_seed(recipe.seed)
         self.recipe = recipe
         self.progress = Progress()
@@ -359,6 +374,8 @@ class DictionaryTrainer:
 def restore(sae: TrainingSAE, folder: Path) -> None:
     """A checkpoint's weights into `sae` (SAELens's own load steps; its load_from_disk would build
     the class registered for the architecture, not a transcoder's)."""
+    from sae_lens.constants import SAE_WEIGHTS_FILENAME
+
     state = load_file(str(folder / SAE_WEIGHTS_FILENAME))
     sae.process_state_dict_for_loading(state)
     sae.load_state_dict(state)

@@ -19,13 +19,24 @@ next token is scored (1 .. T-2: llama.cpp never runs the last one). Sums are flo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from sae_lens.evals import ExplainedVarianceCalculator
+
+if TYPE_CHECKING:
+    from sae_lens.evals import ExplainedVarianceCalculator
 
 DENSE_FREQUENCY = 0.1  # a latent firing on more than this fraction of positions is dense
 MODES = ("clean", "spliced", "zeroed")  # the three passes of every graded text
 CHUNK = 128  # positions whose distributions are compared at once (float64: 8 bytes x vocabulary)
+
+
+def variance_calculator() -> ExplainedVarianceCalculator:
+    """SAELens's variance sums (imported here: SAELens's import takes seconds, which a server's
+    start should not pay)."""
+    from sae_lens.evals import ExplainedVarianceCalculator
+
+    return ExplainedVarianceCalculator()
 
 
 @dataclass
@@ -33,7 +44,7 @@ class GradeSums:
     """Running sums over the graded texts."""
 
     d_sae: int
-    variance: ExplainedVarianceCalculator = field(default_factory=ExplainedVarianceCalculator)
+    variance: ExplainedVarianceCalculator = field(default_factory=variance_calculator)
     positions: int = 0
     active: float = 0.0  # Σ latents active per position
     squared_error: float = 0.0

@@ -14,26 +14,21 @@ SAELens's transcoder classes (`JumpReLUTranscoder`, `JumpReLUSkipTranscoder`), m
 sets and circuit-tracer hold. Inputs and outputs are trained in units of their own typical size
 (one scalar each, SAELens's "expected average norm sqrt(d)" rule, set from the first batch and
 kept as buffers, so checkpoints hold them); the export folds both into the weights, so the file
-reads and writes the model's own units.
+reads and writes the model's own units. SAELens is imported where it is used (see
+interp/dictionary_training.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
-from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE
-from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE
-from sae_lens.saes.sae import TrainingSAE, TrainStepInput, TrainStepOutput
-from sae_lens.saes.transcoder import (
-    JumpReLUSkipTranscoder,
-    JumpReLUSkipTranscoderConfig,
-    JumpReLUTranscoder,
-    JumpReLUTranscoderConfig,
-)
+
+if TYPE_CHECKING:
+    from sae_lens.saes.sae import TrainingSAE, TrainStepInput, TrainStepOutput
 
 TRANSCODER_ARCHITECTURES = ("batchtopk", "jumprelu")
 INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names, in config.yaml
@@ -92,6 +87,10 @@ class TranscoderTraining:
         """SAELens's training step (TrainingSAE.training_forward_pass) with x in and y as the
         target; the architecture's own steps around it kept (JumpReLU's threshold kept
         non-negative, BatchTopK's threshold updated)."""
+        from sae_lens.saes.batchtopk_sae import BatchTopKTrainingSAE
+        from sae_lens.saes.jumprelu_sae import JumpReLUTrainingSAE
+        from sae_lens.saes.sae import TrainStepOutput
+
         sae: Any = self
         if isinstance(self, JumpReLUTrainingSAE):
             with torch.no_grad():
@@ -136,6 +135,13 @@ def transcoder_class(base: type[TrainingSAE], skip: bool) -> type:
 def save_transcoder(sae: Any, folder: Path, metadata: dict) -> None:
     """The trained transcoder as SAELens's inference transcoder (JumpReLU, with its skip
     connection when it has one) in `folder`, its training scales folded into the weights."""
+    from sae_lens.saes.transcoder import (
+        JumpReLUSkipTranscoder,
+        JumpReLUSkipTranscoderConfig,
+        JumpReLUTranscoder,
+        JumpReLUTranscoderConfig,
+    )
+
     state = {key: value.detach().clone() for key, value in sae.state_dict().items()}
     sae.process_state_dict_for_saving_inference(state)  # BatchTopK: its threshold, as a JumpReLU's
     s_in, s_out = float(state.pop("scale_in")), float(state.pop("scale_out"))

@@ -23,8 +23,8 @@ def line(custom_id: str, prompt: str, **body) -> dict:
     }
 
 
-def start(home, tiny_dirs) -> ServerProcess:
-    return ServerProcess(home, ["--model", str(tiny_dirs["llama"])]).wait_ready()
+def start(home, tiny_dirs, env: dict[str, str] | None = None) -> ServerProcess:
+    return ServerProcess(home, ["--model", str(tiny_dirs["llama"])], env=env).wait_ready()
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,8 @@ def test_a_clients_lease_refuses_a_batch_without_its_id_and_carries_one_with_it(
 
 def test_a_batch_resumes_after_a_kill_without_running_a_line_twice(tiny_dirs, tmp_path):
     home = tmp_path / "kill-home"
-    first = start(home, tiny_dirs)
+    claims = {"MILLM_BATCH_CLAIM_SECONDS": "3"}  # the dead server's claim on its chunk lapses soon
+    first = start(home, tiny_dirs, claims)
     client = sdk(first)
     batch = run(client, [line(f"k{i}", f"row {i}", max_tokens=16) for i in range(24)])
     deadline = time.monotonic() + 120
@@ -227,7 +228,7 @@ def test_a_batch_resumes_after_a_kill_without_running_a_line_twice(tiny_dirs, tm
         time.sleep(0.05)
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
-    second = start(home, tiny_dirs)
+    second = start(home, tiny_dirs, claims)
     try:
         client = sdk(second)
         done = wait(client, batch.id)
