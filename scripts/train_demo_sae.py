@@ -4,8 +4,8 @@ models.
 
     --model SmolLM2-135M-Instruct   (default) millm's demo SAE, millm/demo/sae/smollm2-135m-topk,
                                     on block 12 of 30 of the chat model
-    --model gemma3-270m             millm/demo/sae/gemma3-270m-topk, on block 9 of 18 of Gemma 3 270M
-                                    (a base model: no chat template, so no chat answers, no profiles)
+
+(Gemma 3 270M's demo SAE is made by millm's own training job: scripts/build_demo_sae.py.)
 
 What differs between the two is one `ModelSpec` each in MODELS (output folder, default layer, the
 token that opens every window, whether the model writes chat answers, token budgets, steering
@@ -20,8 +20,7 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
     corpus   build the token sequences (train / held-out split by document)     -> corpus.json
     acts     capture resid_post of block --layer from the float32 model          -> acts_*.npy
     train    train the TopK SAE                                                   -> sae_train.pt
-    export   write cfg.json + sae_weights.safetensors (decoder rows of unit norm, or of the
-             training scale's norm for gemma3-270m: see ModelSpec.decoder_rows_scaled)
+    export   write cfg.json + sae_weights.safetensors (decoder rows of unit norm)
     eval     held-out FVU, L0, dead features, next-token CE clean / spliced / ablated
     labels   feature_labels.json (auto labels from top tokens) and README.md
     steer    greedy completions of the model's steering prompt, unsteered and with each of
@@ -31,17 +30,11 @@ Stages (each caches its result under --work, so a later stage can be rerun alone
 
     .venv/bin/python scripts/train_demo_sae.py                 # all stages but steer and profiles
     .venv/bin/python scripts/train_demo_sae.py --stages profiles
-    .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3
-    .venv/bin/python scripts/train_demo_sae.py --model gemma3-270m --work /tmp/sae-gemma3 \
-        --stages steer --steer-features 1346 --steer-strengths 1.5,2,2.8
 
 Each stage's wall time is kept in --work/timings.json and printed in the README. On the 2-core
 development machine (shared with a test run):
   SmolLM2-135M-Instruct: corpus ~40 min (almost all of it the model writing 1,040 chat answers),
       acts ~4 min, train ~8 min, eval ~5 min, labels ~1 min.
-  gemma3-270m (135,763 tokens, no chat answers): first load ~1.5 min (assembling the packaged GGUF
-      file and converting it, once per --work), corpus ~0.5 min, acts ~2.5 min, train ~3 min,
-      eval ~4.5 min (the 262k-token vocabulary makes the head costly), labels ~0.3 min; ~12 min in all.
 """
 
 from __future__ import annotations
@@ -77,7 +70,7 @@ from millm.engine.loader import DEQUANTISED, GGUF_META, gguf_cache_key, load_mod
 from millm.engine.prompts import chat_prompt_ids
 from millm.engine.residual import ResidualEdit, decoder_layers
 from millm.engine.sampling import SamplingParams
-from millm.engine.sources import GEMMA3_MODEL_NAME, resolve_source
+from millm.engine.sources import resolve_source
 from millm.settings import DEMO_MODEL_NAME
 
 log = logging.getLogger("train_demo_sae")
@@ -154,38 +147,6 @@ MODELS = {
 phrase, and from about 120 the text falls apart. Position 0 is not a place to read features from
 (see above). Code and punctuation features are plentiful too (a third of the corpus is code and
 technical docs); for chat demos, prefer features whose label ends in `(chat)`.""",
-    ),
-    GEMMA3_MODEL_NAME: ModelSpec(
-        name=GEMMA3_MODEL_NAME,
-        title="a small sparse autoencoder for Gemma 3 270M",
-        model_note=" (Google's Gemma 3 270M base model, from its packaged Q4_K_M GGUF file "
-        "dequantised to float32)",
-        out_dir=SAE_DIR / "gemma3-270m-topk",
-        layer=9,
-        n_layers=18,
-        d_in=640,
-        doc_start="<bos>",
-        doc_start_is_bos=True,
-        chat_start=None,
-        budgets={
-            "stdlib-docstrings": 40_000,
-            "stdlib-code": 25_000,
-            "package-readmes": 35_000,
-            "usr-share-doc": 35_000,
-        },
-        steer_prompt="My favourite thing to do on the weekend is",
-        decoder_rows_scaled=True,
-        steering_note="""Decoder rows have norm {scale:.1f} (see Architecture), so a strength of 1 moves the residual by
-{scale:.0f}. Most of the residual's norm here is a fixed offset (mostly dimensions 163 and 87); what
-varies from token to token has a norm of about 1,500 (6 strength units), and that is the scale that
-matters. In a sweep of 11 features at 2-16 units (500-4,000 in the residual) on the prompt below,
-features showed at about 1.2-2.8; by about 4 most made the text repeat or drift, and from about 8 it
-fell apart. The corpus is code and technical documentation only (a base model: no chat answers), so
-most features are about code, markup and software, and few carry an everyday concept; feature 1346
-("read / reading / write") is one: at 2 it turns completions to reading books (also for "After
-dinner, I usually": "take a book from the bottom of the bookbag ..."). Position 0 (`<bos>`) is not a
-place to read features from (see above). Features 468, 1647 and 1790 (labelled after the `'` of
-"don't", their largest activation) are dense: each fires on about half of all tokens.""",
     ),
 }
 
@@ -1592,7 +1553,7 @@ def main() -> None:
         help="scratch directory (caches), one per model",
     )
     parser.add_argument("--out", type=Path, help="default: the model's folder under millm/demo/sae")
-    parser.add_argument("--layer", type=int, help="default: 12 for SmolLM2, 9 for gemma3-270m")
+    parser.add_argument("--layer", type=int, help="default: 12")
     parser.add_argument("--d-sae", type=int, default=2048)
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)

@@ -19,12 +19,13 @@ pytestmark = pytest.mark.acceptance
 MODEL = GEMMA3_MODEL_NAME
 CAPITALS = "The capital of France is Paris. The capital of Germany is"
 WEEKEND = "My favourite thing to do on the weekend is"
-# From scripts/train_demo_sae.py --model gemma3-270m (see the SAE's README): feature 1346 ("read /
-# reading / write") turns the weekend to books at strength 2 (its decoder rows have norm 249.7);
-# feature 1647 is dense: it fires on every token after <bos> of the Paris sentence.
-SAE_ID, LAYER = "sae_8ad4d6ad7946", 9
+# From scripts/build_demo_sae.py --model gemma3-270m (see the SAE's README): feature 1346 ("read /
+# reading / reads") turns the weekend to books at strength 2 (its decoder rows have norm 249.7);
+# feature 1780 is dense: it fires on every token after <bos> of the Paris sentence, at 0.33 or
+# more on both engines.
+SAE_ID, LAYER = "sae_fded20dda256", 9
 READING, STRENGTH = 1346, 2.0
-DENSE = 1647
+DENSE, DENSE_FLOOR = 1780, 0.2
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def dense_at_every_position(body: dict) -> list[int]:
         # a TopK SAE with k = 32: every active feature is listed
         assert len(entry["features"]) == 32
         values = {f["index"]: f["value"] for f in entry["features"]}
-        assert values.get(DENSE, 0.0) > 0.5, entry
+        assert values.get(DENSE, 0.0) > DENSE_FLOOR, entry
     return [p["position"] for p in after_bos]
 
 
@@ -185,7 +186,7 @@ def test_the_reading_feature_steers_the_weekend_to_books(gemma3_cpp):
 def test_reads_and_a_probe_see_the_dense_feature_at_every_position(gemma3_cpp):
     probe = {
         "name": "dense",
-        "detector": {"type": "feature", "sae_id": SAE_ID, "index": DENSE, "threshold": 0.5},
+        "detector": {"type": "feature", "sae_id": SAE_ID, "index": DENSE, "threshold": DENSE_FLOOR},
     }
     body = complete_on_cpp(
         gemma3_cpp,
