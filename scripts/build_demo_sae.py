@@ -28,7 +28,8 @@ lists how close the named features' matches are. Gemma's residual is about 6,000
 decoder rows are stored at the norm of its training scale (encoder rows divided by the same
 factor: the SAE computes the same reconstruction) and strengths of a few units steer it.
 
-On 2 CPU cores: SmolLM2, chats about 10 minutes, training 10, calibrating and grading 15.
+On 2 CPU cores: SmolLM2, chats about 25 minutes, training and its grade 10, the rest 10; Gemma,
+training and its grade 10, the rest 15 (most of it the grade: its 262k-token head).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from sae_lens.saes.transcoder import JumpReLUSkipTranscoder, JumpReLUTranscoder
 
-from millm.interp.dictionary_training import DictionaryTrainer, Recipe
+from millm.interp.dictionary_recipes import Recipe
+from millm.interp.dictionary_training import DictionaryTrainer
 from millm.interp.transcoders import read_transcoder_set
 
 D, BLOCKS = 16, 2

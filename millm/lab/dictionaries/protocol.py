@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from millm.interp.dictionary_training import WITH_K, Architecture
+from millm.interp.dictionary_recipes import WITH_K, Architecture
 from millm.interp.transcoder_training import TRANSCODER_ARCHITECTURES
 from millm.lab.calibration.protocol import CalibrateRequest
 from millm.lab.labels.protocol import ExplainRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from millm.engine.families import supported
 from millm.errors import InvalidRequest
-from millm.interp.dictionary_training import WITH_K, Recipe
+from millm.interp.dictionary_recipes import WITH_K, Recipe
 from millm.lab.dictionaries.protocol import TrainRequest
 from millm.settings import Settings
 

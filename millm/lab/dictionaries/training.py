@@ -34,10 +34,10 @@ import torch
 from millm.engine.jobs import ResidualRead
 from millm.errors import InvalidRequest, MillmError, describe
 from millm.interp.activation_buffers import CACHE_FILE, ActivationCache
+from millm.interp.dictionary_recipes import Recipe
 from millm.interp.dictionary_training import (
     CHECKPOINT,
     DictionaryTrainer,
-    Recipe,
     exported_by,
     last_checkpoint,
 )
