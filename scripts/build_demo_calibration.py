@@ -58,7 +58,7 @@ from millm.store.database import Store, database_url  # noqa: E402
 log = logging.getLogger("build_demo_calibration")
 
 SEED = 2027  # not the SAE's training seed (1234): other prompts, other answers
-SAE_DIR = train.OUT_DIR
+SAE_DIR = REPO / "millm" / "demo" / "sae" / "smollm2-135m-topk"
 SAE_ID = "sae_dd8838d57250"
 N_TOPIC_PROMPTS = 180
 CHAT_MAX_TOKENS = 128
@@ -244,7 +244,7 @@ def unseen_windows(
 
 def build_corpus(work: Path) -> list[dict]:
     """Write calibration_corpus.jsonl (chat first, then docstrings, then code)."""
-    lm = train.load("float32", work)
+    lm = train.load(train.MODELS[train.DEMO_MODEL_NAME], "float32", work)
     tok = lm.tokenizer
     chats = conversations()
     prompts = [chat_prompt_ids(tok, messages) for messages in chats]
