@@ -73,6 +73,17 @@ def local_documents(chars: int) -> list[str]:
     return out
 
 
+def write_spread(path: Path, documents: list[dict], talks: list[dict]) -> None:
+    """One JSONL corpus of text rows and chat rows spread through each other in proportion, so
+    that every stretch of it (an epoch's read, the held-out windows) holds both."""
+    spread = sorted(
+        [(i / max(len(documents), 1), 0, row) for i, row in enumerate(documents)]
+        + [(i / max(len(talks), 1), 1, row) for i, row in enumerate(talks)],
+        key=lambda entry: entry[:2],
+    )
+    path.write_text("".join(json.dumps(row) + "\n" for _, _, row in spread))
+
+
 def corpus_server(tokens: int, epochs: int, engine: str) -> tuple[Path, list[str], ServerProcess]:
     """The corpus a training of `tokens` over `epochs` reads (one JSONL file, in a fresh data
     directory), its documents, and a demo server on `engine` allowed to read it."""

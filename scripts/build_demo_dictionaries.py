@@ -38,7 +38,13 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.dictionary_training import CHARS_PER_TOKEN, finished, local_documents, trained  # noqa: E402
+from bench.dictionary_training import (  # noqa: E402
+    CHARS_PER_TOKEN,
+    finished,
+    local_documents,
+    trained,
+    write_spread,
+)
 from millm.interp.sae_files import content_id  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
@@ -53,13 +59,8 @@ def write_corpus(home: Path, tokens: int, epochs: int) -> list[str]:
     through each other, so that the first windows read (an epoch's share) hold both."""
     documents = [{"text": d} for d in local_documents(int(tokens / epochs * CHARS_PER_TOKEN))]
     talks = [{"messages": m} for m in chats()]
-    spread = sorted(
-        [(i / len(documents), 0, row) for i, row in enumerate(documents)]
-        + [(i / len(talks), 1, row) for i, row in enumerate(talks)],
-        key=lambda entry: entry[:2],
-    )
     corpus = home / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(row) + "\n" for _, _, row in spread))
+    write_spread(corpus, documents, talks)
     return [str(corpus)]
 
 

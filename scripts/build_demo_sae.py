@@ -54,7 +54,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from demo_prompts import SEED, chat_prompts  # noqa: E402
 
-from bench.dictionary_training import CHARS_PER_TOKEN, finished, local_documents, trained  # noqa: E402
+from bench.dictionary_training import (  # noqa: E402
+    CHARS_PER_TOKEN,
+    finished,
+    local_documents,
+    trained,
+    write_spread,
+)
 from millm.interp.sae_files import content_id  # noqa: E402
 from millm.kernel.books.calibrations import SHIPPED_FILE, shipped_document  # noqa: E402
 from millm.lab.calibration.protocol import CORPUS_FILE  # noqa: E402
@@ -139,14 +145,8 @@ def write_corpus(work: Path, chats: Path | None, chars: int, unseen: list[str]) 
     marks = [text.strip()[:80] for text in unseen]
     documents = [{"text": d} for d in local_documents(chars) if not any(m in d for m in marks)]
     talks = [json.loads(line) for line in chats.read_text().splitlines()] if chats else []
-    talks = [{"messages": t["messages"]} for t in talks]
-    spread = sorted(
-        [(i / len(documents), 0, row) for i, row in enumerate(documents)]
-        + [(i / max(len(talks), 1), 1, row) for i, row in enumerate(talks)],
-        key=lambda entry: entry[:2],
-    )
     corpus = work / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(row) + "\n" for _, _, row in spread))
+    write_spread(corpus, documents, [{"messages": t["messages"]} for t in talks])
     return corpus
 
 
