@@ -26,6 +26,7 @@ def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbenc
     form.get_by_label("Learning rate").fill("0.01")
     form.get_by_label("Corpus source").select_option("texts")
     form.get_by_label("Corpus: texts").fill(TEXTS)
+    form.get_by_label("Calibrate and label it").check()  # on the corpus's texts: none given
     form.get_by_role("button", name="Train").click()
     training = page.get_by_label("Training", exact=True)
     expect(training.locator("[data-state]")).to_have_text("succeeded", timeout=120_000)
@@ -34,6 +35,18 @@ def test_an_sae_trained_from_the_form_is_graded_beside_the_attached_one(workbenc
     assert stored["request"]["lr"] == 0.01 and stored["request"]["k"] == 4
     sae = stored["result"]["sae_id"]
     expect(training.get_by_role("status")).to_contain_text(f"Saved as {sae}")
+    # calibrated on the 200 corpus texts, then labelled by the calibration's top tokens
+    result = stored["result"]
+    assert [result[step]["state"] for step in ("grade", "calibration", "labels")] == [
+        "succeeded"
+    ] * 3
+    calibration = workbench.api("GET", f"/api/saes/{sae}/calibration").json()["summary"]
+    assert calibration["texts"] == 200 and calibration["top_examples"] == 20
+    labelled = workbench.api("GET", f"/api/saes/{sae}/features", params={"q": ""}).json()
+    assert labelled["labels"] == result["labels"]["imported"] == calibration["features_fired"] > 0
+    expect(training.get_by_label("Follow-ups")).to_have_text(
+        "Then: grade succeeded, calibration succeeded, labels succeeded."
+    )
     expect(training.get_by_role("img", name="Training curves").locator("canvas")).to_have_count(2)
     expect(training.get_by_role("button", name="Cancel")).to_have_count(0)
     trainings = page.get_by_role("table", name="Trainings")
@@ -72,6 +85,7 @@ def test_a_transcoder_set_trained_from_the_form_is_registered_for_graphs(workben
     architectures = form.get_by_label("Architecture").locator("option")
     expect(architectures).to_have_text(["BatchTopK", "JumpReLU"])
     form.get_by_label("Skip connection").check()
+    expect(form.get_by_label("Calibrate and label it")).to_have_count(0)  # nothing to attach
     form.get_by_label("Latents", exact=True).fill("32")
     form.get_by_label("k", exact=True).fill("4")
     form.get_by_label("Tokens", exact=True).fill("2048")

@@ -19,9 +19,24 @@ const COLOURS = ["#2563eb", "#dc2626"];
 
 /** The corpus part of a form: an SAE's shipped corpus, pasted texts (one per blank-line-separated block), or local files. */
 function corpusOf(form, saes) {
-  if (form.source === "texts") return { texts: form.texts.split(/\n\s*\n/).map((t) => t.trim()).filter(Boolean) };
+  if (form.source === "texts") return { texts: splitTexts(form.texts) };
   if (form.source === "files") return { files: form.files.split("\n").map((f) => f.trim()).filter(Boolean) };
   return { shipped_by: form.shipped || saes[0]?.id || "" };
+}
+
+/** What an SAE's training does once saved: attach (and grade) it; with the calibration asked,
+ * calibrate it on the texts given (else the corpus's pasted texts, 20 examples a feature) and
+ * label each feature by its top tokens. */
+function thenOf(form) {
+  if (!form.attach || !form.calibrate) return { attach: form.attach };
+  const given = splitTexts(form.calibration);
+  const texts = given.length || form.source !== "texts" ? given : splitTexts(form.texts);
+  return { attach: true, calibrate: { texts, top_examples: 20 }, label: true };
+}
+
+/** Texts pasted one per blank-line-separated block. */
+function splitTexts(text) {
+  return text.split(/\n\s*\n/).map((t) => t.trim()).filter(Boolean);
 }
 
 /** Where a form's text comes from (the fields corpusOf reads). */
@@ -40,7 +55,8 @@ function CorpusFields({ form, set, label }) {
 function TrainForm({ onStarted }) {
   const { saes } = useServer();
   const [form, setForm] = useState({ kind: "sae", layer: 0, architecture: "topk", d_sae: 1024, k: 32, training_tokens: 65536,
-    batch_tokens: 1024, epochs: 1, lr: 0.001, skip: false, source: "shipped", shipped: "", texts: "", files: "", attach: true });
+    batch_tokens: 1024, epochs: 1, lr: 0.001, skip: false, source: "shipped", shipped: "", texts: "", files: "", attach: true,
+    calibrate: false, calibration: "" });
   const act = useAction();
   const set = (key) => (e) => setForm({ ...form, [key]: e.target.type === "checkbox" ? e.target.checked
     : e.target.type === "number" ? Number(e.target.value) : e.target.value });
@@ -53,7 +69,7 @@ function TrainForm({ onStarted }) {
     const body = { kind: form.kind, architecture: form.architecture, d_sae: form.d_sae, training_tokens: form.training_tokens,
       batch_tokens: form.batch_tokens, epochs: form.epochs, lr: form.lr, corpus: corpusOf(form, saes) };
     if (sets) body.skip = form.skip;
-    else Object.assign(body, { layer: form.layer, then: { attach: form.attach } });
+    else Object.assign(body, { layer: form.layer, then: thenOf(form) });
     if (WITH_K.has(form.architecture)) body.k = form.k;
     if (form.architecture === "matryoshka_batchtopk") body.matryoshka_widths = [form.d_sae / 4, form.d_sae];
     onStarted(await api.dictionaries.train(body));
@@ -75,7 +91,10 @@ function TrainForm({ onStarted }) {
       <label>Epochs <input type="number" min="1" value=${form.epochs} onInput=${set("epochs")} /></label>
       <label>Learning rate <input type="number" min="0" step="0.0001" value=${form.lr} onInput=${set("lr")} /></label>
       ${sets ? null : html`<label class="inline"><input type="checkbox" checked=${form.attach} onChange=${set("attach")} /> Attach and grade it</label>`}
+      ${sets || !form.attach ? null : html`<label class="inline"><input type="checkbox" checked=${form.calibrate} onChange=${set("calibrate")} /> Calibrate and label it</label>`}
     </div>
+    ${!sets && form.attach && form.calibrate ? html`<textarea rows="2" value=${form.calibration} onInput=${set("calibration")} aria-label="Calibration texts"
+      placeholder="Texts to calibrate on, separated by blank lines (empty: the corpus's pasted texts)"></textarea>` : null}
     <${CorpusFields} form=${form} set=${set} label="Corpus" />
     <button disabled=${act.busy} onClick=${start}>Train</button>
     <${ErrorNote} error=${act.error} />
@@ -131,10 +150,19 @@ function Training({ id, onEnd }) {
     ${last ? html`<p class="meta">Step ${last.step} of ${p.total_steps}: loss ${num(last.loss, 4)}, variance explained ${num(last.fve, 3)}, L0 ${num(last.l0, 3)}, dead ${num(last.dead, 3)}</p>` : null}
     <${Curves} curve=${p.curve || []} />
     ${view.result ? html`<p class="note" role="status">Saved as <strong>${view.result.sae_id || view.result.transcoder_set_id}</strong> in <code>${view.result.path}</code>${view.result.transcoder_set_id ? " and registered for attribution graphs" : ""}.</p>` : null}
+    ${followUps(view.result)}
     ${view.error ? html`<p class="error" role="alert">${view.error.code}: ${view.error.message}</p>` : null}
     <${ErrorNote} error=${act.error} />
   </div>`;
 }
+
+/** How the follow-up jobs a training chained ended: "Then: grade succeeded, calibration ...". */
+function followUps(result) {
+  const done = FOLLOW_UPS.filter(([key]) => result?.[key]).map(([key, name]) => `${name} ${result[key].state}`);
+  if (result?.attach_error) done.unshift(`attach failed (${result.attach_error.code})`);
+  return done.length ? html`<p class="meta" aria-label="Follow-ups">Then: ${done.join(", ")}.</p>` : null;
+}
+const FOLLOW_UPS = [["grade", "grade"], ["calibration", "calibration"], ["labels", "labels"], ["explain", "explanations"]];
 
 function Trainings({ version, onPick }) {
   const list = useLoad(() => api.dictionaries.list(), [version]);
