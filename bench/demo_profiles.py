@@ -2,14 +2,16 @@
 numeric mode a CPU gives the demo model, and their README regenerated from the profiles as shipped.
 
 Per numeric mode, one demo server (started as `./scripts/serve` starts it, with the mode's
-`--dtype` and instruction-set caps, which its kernels read at their first operation):
+flags and instruction-set caps, which torch's kernels read at their first operation):
 
-- float32: `--dtype float32`;
-- bf16: `--dtype auto` (the server's default: bfloat16 activations, int4 weights), uncapped, on
+- llama.cpp: the server's default (the Q4_1 file on llama.cpp, float16 keys and values). millm
+  builds llama.cpp for AVX2 whatever the CPU has, so this mode's kernels are the same on every x86
+  CPU, and the caps would change nothing;
+- transformers bf16: `--engine transformers` (bfloat16 activations, int4 weights), uncapped, on
   whatever this CPU has (AVX-512 on a Zen 4/5 or a Xeon; on an AVX2-only CPU it is the same as
   the next mode, and is said so);
-- bf16 capped at AVX2: `--dtype auto` under ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 and
-  MKL_ENABLE_INSTRUCTIONS=AVX2 (what an AMD without AVX-512 runs).
+- transformers bf16 capped at AVX2: the same under ATEN_CPU_CAPABILITY=avx2,
+  ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 (what an AMD without AVX-512 runs).
 
 Each server runs one `POST /api/evaluations` per profile (its concept, the six default
 instructions and the README's weekend question, 48 tokens, the likelihood judge), every profile at
@@ -19,8 +21,8 @@ of its strength is not sitting on a kernel's rounding), and asks the acceptance 
 steered) counting the profile's topic words, also with the profile dialled to 0.8-1.2.
 
     .venv/bin/python bench/demo_profiles.py                       # measure, write the README
-    .venv/bin/python bench/demo_profiles.py --modes bf16-avx2 \\
-        --try italian-food=1496:40 --try italian-food=1496:30,6:20   # try operating points
+    .venv/bin/python bench/demo_profiles.py --modes llama.cpp \\
+        --try france=6:35,546:25 --try france=6:40,1362:15,546:15   # try operating points
 
 `--try PROFILE=INDEX:STRENGTH[,INDEX:STRENGTH]` measures a candidate beside the shipped profile
 (the same concept and topic words; nothing is written), `--only-tries` leaves the shipped ones
@@ -66,12 +68,15 @@ AVX2 = {
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
 }
 MODES = {
-    "float32": (["--dtype", "float32"], {}),
-    "bf16": (["--dtype", "auto"], {}),
-    "bf16-avx2": (["--dtype", "auto"], AVX2),
+    "llama.cpp": ([], {}),
+    "bf16": (["--engine", "transformers"], {}),
+    "bf16-avx2": (["--engine", "transformers"], AVX2),
 }
 # What a mode needs of the CPU, for the README's line on a mode not measured yet.
-MODE_NEEDS = {"bf16": "bf16 on AVX-512 (a CPU with AVX-512: an AMD Zen 4 or 5, an Intel Xeon)"}
+MODE_NEEDS = {
+    "bf16": "transformers bf16 on AVX-512 (a CPU with AVX-512: an AMD Zen 4 or 5, an Intel Xeon)",
+    "bf16-avx2": "transformers bf16 capped at AVX2 (any x86 CPU)",
+}
 INSTRUCTIONS = ["Tell me about your weekend.", *DEFAULT_INSTRUCTIONS]
 INTENSITIES = [0.8, 1.0]
 # Dials the weekend answer is also asked at: a profile whose answer names its topic from 0.8x to
@@ -222,11 +227,11 @@ def cpu() -> dict:
 
 def mode_title(mode: str, measured: dict) -> str:
     """A mode as the README's table names it."""
-    if mode == "float32":
-        return "float32"
+    if mode == "llama.cpp":
+        return "llama.cpp (the default)"
     if mode == "bf16-avx2":
-        return "bf16, capped at AVX2"
-    return f"bf16, {measured['cpu']['capability'].replace('AVX512', 'AVX-512')}"
+        return "transformers bf16, capped at AVX2"
+    return f"transformers bf16, {measured['cpu']['capability'].replace('AVX512', 'AVX-512')}"
 
 
 def current(measurements: dict, profiles: dict[str, dict]) -> dict:
@@ -288,10 +293,10 @@ def readme(measurements: dict) -> str:
         measured_on += (
             ".\n\nNot yet measured for the profiles as shipped: "
             + ", ".join(missing)
-            + ". Run the script on such a CPU: it adds its rows and keeps these"
+            + ". Run the script where each can run (`--modes`): it adds its rows and keeps these"
         )
     answers = []
-    shown = [mode for mode in ("bf16", "bf16-avx2", "float32") if mode in modes]
+    shown = [mode for mode in ("llama.cpp", "bf16", "bf16-avx2") if mode in modes]
     for mode in shown:
         answers += [
             f"Unsteered, {mode_title(mode, modes[mode])}:",
