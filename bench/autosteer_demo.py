@@ -58,7 +58,7 @@ CONCEPTS = {
     ),
     "france": (
         "talk about France",
-        619,
+        6,
         [
             "We walked along the Seine to the Eiffel Tower.",
             "The French bakery sold croissants and baguettes.",
@@ -70,7 +70,7 @@ CONCEPTS = {
     ),
     "music": (
         "talk about music",
-        1822,
+        1148,
         [
             "The orchestra played a symphony by Beethoven.",
             "She sang a beautiful melody on the guitar.",

@@ -4,7 +4,7 @@ calibration runs.
 One demo server per scheduler policy (serial, the default; and continuous batching), each with
 its default settings otherwise (MILLM_JOB_SHARE 0.25 unless --share). In each:
 
-1. calibration alone: POST /api/saes/sae_dd8838d57250/calibrate {"corpus": "demo"} with nothing
+1. calibration alone: POST /api/saes/sae_262743630f92/calibrate {"corpus": "demo"} with nothing
    else running; tokens/s = the corpus's tokens / the job's wall time (started -> finished);
 2. --repeats pairs, back to back: a greedy streamed chat completion (--tokens tokens) alone, then
    the same stream while a calibration runs (started just before, past its first texts, and
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.server import ServerProcess  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-SAE = "sae_dd8838d57250"
+SAE = "sae_262743630f92"
 SETTLE_S = (
     2.0  # after a cancel, the engine call in flight ends before the next "alone" stream starts
 )

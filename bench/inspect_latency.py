@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support.server import ServerProcess  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-SAE = "sae_dd8838d57250"
+SAE = "sae_262743630f92"
 PARAGRAPH = (
     "The harbour town woke slowly. Fishing boats rocked against the pier while gulls argued over "
     "the morning catch, and the baker on the corner pulled the first loaves from a stone oven. "

@@ -93,8 +93,9 @@ class Demo:
 DEMOS = {
     "SmolLM2-135M-Instruct": Demo(
         "SmolLM2-135M-Instruct", "smollm2-135m-topk", 12, True, False,
-        {1403: "pirate", 1574: "ocean", 1496: "Italian food", 797: "Italian food",
-         619: "France", 6: "France", 1822: "music"}, 16_384,
+        {1403: "pirate", 828: "pirate", 1496: "Italian food", 1178: "Italian food",
+         797: "Italian food", 6: "France", 36: "France", 1362: "France", 1984: "France",
+         1148: "music", 1822: "music"}, 16_384,
     ),
     "gemma3-270m": Demo(
         "gemma3-270m", "gemma3-270m-topk", 9, False, True, {1346: "reading"}, 4096

@@ -10,7 +10,7 @@ from millm.kernel.model.shipped import DEMO_SAE
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"
-SAE = "sae_dd8838d57250"
+SAE = "sae_262743630f92"
 PIRATE = 1403  # the pirate profile's feature
 
 

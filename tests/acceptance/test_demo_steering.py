@@ -21,10 +21,10 @@ def answer(server, **extra):
 def test_demo_sae_is_attached_with_labels(demo_server):
     saes = httpx.get(f"{demo_server.base_url}/api/saes").json()["data"]
     assert [(s["id"], s["attached"], s["attached_layer"], s["d_sae"]) for s in saes] == [
-        ("sae_dd8838d57250", True, 12, 2048)
+        ("sae_262743630f92", True, 12, 2048)
     ]
     found = httpx.get(
-        f"{demo_server.base_url}/api/saes/sae_dd8838d57250/features", params={"q": "pirate"}
+        f"{demo_server.base_url}/api/saes/sae_262743630f92/features", params={"q": "pirate"}
     ).json()["data"]
     assert 1403 in [f["index"] for f in found]
 
@@ -49,7 +49,23 @@ TOPICS = {
         "cook",
     ],
     "music": ["melody", "melodies", "song", "music", "sing", "tune", "rhythm"],
-    "france": ["French", "France", "Paris", "Bordeaux", "café", "cafe"],
+    "france": [
+        "French",
+        "France",
+        "Paris",
+        "Bordeaux",
+        "café",
+        "cafe",
+        "Eiffel",
+        "Louvre",
+        "Versailles",
+        "Champs",
+        "Seine",
+        "Provence",
+        "croissant",
+        "baguette",
+        "bonjour",
+    ],
 }
 
 

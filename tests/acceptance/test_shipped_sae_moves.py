@@ -20,7 +20,7 @@ from tests.support.model_cache import start_sharing
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.acceptance
-SAE = "sae_dd8838d57250"
+SAE = "sae_262743630f92"
 
 
 def test_the_demo_sae_follows_the_installation(tmp_path):

@@ -22,8 +22,8 @@ from tests.ui.test_chat_view import finished, say
 
 pytestmark = pytest.mark.acceptance
 MODEL = "SmolLM2-135M-Instruct"
-SAE = "sae_dd8838d57250"
-PIRATE, FRANCE, ITALIAN, MUSIC = 1403, 619, 1496, 1822
+SAE = "sae_262743630f92"
+PIRATE, FRANCE, ITALIAN, MUSIC = 1403, 6, 1496, 1148
 WEEKEND = "Tell me about your weekend."
 EVALUATED = ["Tell me about your day.", "What should I pack for a weekend trip?"]
 # docs/evaluation.md's example runs the documented evaluation and checks its numbers; the page's
@@ -323,7 +323,8 @@ def test_monitoring_charts_live_requests(demo, page, shoot):
     opened = page.get_by_role("region", name=f"Prompt of {ids[2]}")
     expect(opened.get_by_role("group", name="Prompt text")).to_contain_text(questions[2])
     expect(opened.get_by_role("group", name="Prompt text").locator("mark")).to_have_count(1)
-    expect(records).to_contain_text("French / Paris / iffel")
+    france = demo.api("GET", f"/api/saes/{SAE}/features/{FRANCE}").json()["label"]
+    expect(records).to_contain_text(france)  # "Paris / York / Japan"
     show(page, records)
     shoot(page, "monitoring-request")
 
