@@ -198,7 +198,7 @@ def test_inspect_a_text_and_contrast_two_sets(demo, page, shoot):
     shoot(page, "inspect")
 
     # the sets of docs/discovery.md's contrast example, by the mean: the pirate feature #1403 is
-    # among the two that lead (#85 "chef / Captain / pirate" beside it on the CPU kinds tried)
+    # among the two that lead (#85 "captain / friend / ick" beside it)
     pirate = [
         "Arr, the pirate ship sailed the seven seas.",
         "Ahoy matey, hoist the Jolly Roger!",

@@ -1,7 +1,8 @@
 """The packaged models' set-up: on the first start with a packaged model (the demo, gemma3-270m),
 register and attach the SAE shipped for it, import its profiles and register its transcoder set.
 Done once per model (remembered in the store), so a user's later detach, deleted profile or
-deleted set stays as the user left it."""
+deleted set stays as the user left it. A newer millm that ships other SAE weights takes the place
+of the earlier shipped SAE (see `Shipped.upgrade`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from millm.engine.loader import LoadedModel
 from millm.engine.sources import GEMMA3_MODEL_NAME
 from millm.errors import Conflict, MillmError, NotFound
+from millm.formats.profiles import validate_profile
 from millm.kernel.books.calibrations import CalibrationBook
 from millm.kernel.books.profiles import ProfileBook
 from millm.kernel.books.transcoders import TranscoderBook, set_id
@@ -19,6 +21,7 @@ from millm.kernel.steering.live import Steering
 from millm.kernel.steering.saes import SAERegistry
 from millm.settings import DEMO_MODEL_NAME
 from millm.store.database import Store
+from millm.store.profiles import upgrade_profiles
 from millm.store.settings import get_setting, set_setting
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,80 @@ class Shipped:
             return
         if moved is not None:
             log.info("shipped SAE %s is now read from %s", moved.id, moved.path)
+
+    def upgrade(self, lm: LoadedModel) -> None:
+        """This installation ships other weights for the packaged model's SAE than the data
+        directory set up (a newer millm retrained it): the earlier shipped SAE, whose file is gone
+        or now holds the new weights, makes way for this one. It is registered with its shipped
+        calibration and attached where the earlier one was attached (left detached if the user
+        had detached it), and each shipped profile made for the earlier SAE and never changed
+        since (revision 1) takes the new document of its name; a profile the user changed, or
+        deleted, stays as the user left it."""
+        if lm.source.name not in SHIPPED:
+            return
+        sae_dir, profiles_dir, setting = SHIPPED[lm.source.name]
+        if not get_setting(self.store, setting, False) or not sae_dir.is_dir():
+            return
+        try:
+            current = self.saes.peek(sae_dir.resolve())
+        except MillmError as exc:
+            log.error("the SAE shipped for %s could not be read: %s", lm.source.name, exc.message)
+            return
+        stale = [
+            info
+            for info in self.saes.infos.values()
+            if Path(info.path).name == sae_dir.name and info.id != current.id
+            and not self.saes.readable(info.id)
+        ]  # fmt: skip
+        if not stale:
+            return
+        gone = {info.id for info in stale}
+        attached = any(sae_id in self.steering.stored for sae_id in gone)
+        try:
+            for sae_id in gone:  # as DELETE /api/saes/{id} forgets one: its live values too
+                self.steering.detach(sae_id)
+                self.steering.set_features({}, clear=sae_id)
+                self.saes.forget(sae_id)
+            info, _ = self.saes.register(str(sae_dir), None, None, None)
+            self.calibrations.import_shipped(info)
+            if attached and info.id not in self.steering.attached:
+                self.steering.attach(lm, info.id, None)
+        except MillmError as exc:
+            log.error("the SAE shipped for %s could not be set up: %s", lm.source.name, exc.message)
+            return
+        log.info("shipped SAE %s replaces the earlier shipped %s", info.id, ", ".join(sorted(gone)))
+        if profiles_dir is not None:
+            self._upgrade_profiles(profiles_dir, gone)
+
+    def _upgrade_profiles(self, profiles_dir: Path, gone: set[str]) -> None:
+        """The shipped profiles made for an earlier shipped SAE and never changed take this
+        installation's documents (their revision stays 1: a later upgrade knows them again)."""
+        rows = {row["name"]: row for row in self.profiles.all()}
+        documents = {}
+        for path in sorted(profiles_dir.glob("*.json")):
+            document = json.loads(path.read_text())
+            row = rows.get(document.get("name"))
+            if row is None:
+                continue  # never imported, or deleted by the user: left so
+            steered = {entry.get("sae_id") for entry in row["document"].get("steering", [])}
+            if not steered or not steered <= gone:
+                continue  # not made for the earlier shipped SAE
+            if row["revision"] != 1:
+                log.warning(
+                    "profile %r was made for the earlier shipped SAE and changed since: left as "
+                    "it is (the shipped one for the new SAE is %s)",
+                    row["name"],
+                    path,
+                )
+                continue
+            documents[row["id"]] = validate_profile(document)
+        if documents:
+            upgrade_profiles(self.store, documents)
+            self.profiles.refresh()
+            log.info(
+                "shipped profiles %s now steer the new shipped SAE",
+                sorted(row["name"] for row in rows.values() if row["id"] in documents),
+            )
 
     def install_transcoders(self, lm: LoadedModel) -> None:
         """Register the transcoder set shipped for this packaged model, once per installation: a

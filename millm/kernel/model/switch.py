@@ -298,6 +298,7 @@ class ModelSwitch:
         scheduler = loading.scheduler_for(self.settings, lm)
         if source.kind in ("demo", "packaged"):
             self.shipped.relocate(lm)  # before the restore: its attachment reads the shipped copy
+            self.shipped.upgrade(lm)  # an earlier millm's shipped SAE makes way for this one's
         self.steering.restore(lm, self.registrations.sae_readable)
         if source.kind in ("demo", "packaged"):
             self.shipped.install(lm)

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from millm.engine.sources import hub_cache_dirs
-from millm.errors import InvalidRequest, NotFound, describe
+from millm.errors import InvalidRequest, MillmError, NotFound, describe
 from millm.interp.formats import SAELENS_CONFIG, SAELENS_WEIGHTS, read_sae
 from millm.interp.sae import SAE
 from millm.interp.sae_files import LABELS_FILE, SAEInfo
@@ -95,6 +95,20 @@ class SAERegistry:
         add_sae(self.store, info.to_dict())
         self.infos[info.id] = info
         return info, True
+
+    def peek(self, location: Path) -> SAEInfo:
+        """What the SAE at `location` is (its id: a hash of its weights), registered or not."""
+        info, _ = read_sae(location)
+        return info
+
+    def readable(self, sae_id: str) -> bool:
+        """Whether a registered SAE's file is still there with the weights it was registered
+        with."""
+        try:
+            self.load(sae_id)
+        except (MillmError, OSError, ValueError):  # changed, gone, or no longer an SAE
+            return False
+        return True
 
     def relocate(self, location: Path) -> SAEInfo | None:
         """An SAE registered before from another place and found now at `location` (the same
