@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from millm.formats.detectors import Detector
 from millm.formats.document_fields import (
     STRENGTH_LIMIT,
     Document,
@@ -92,10 +93,12 @@ Reference = Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE)]
 
 class When(Document):
     """A condition: apply the entry from the position after `probe` first fires, for `tokens`
-    positions (null: the rest of the row)."""
+    positions (null: the rest of the row). `probe` names a saved probe, or, with `detector`, the
+    probe this document defines for itself (no saved probe needed, none consulted)."""
 
     probe: ProbeName
     tokens: Annotated[int, Field(gt=0)] | None = None
+    detector: Detector | None = None
 
 
 class FeatureAdd(Document):
@@ -203,9 +206,11 @@ VectorEntry = Annotated[
 
 
 class AbortEntry(Document):
-    """A probe whose firing ends the row (finish_reason content_filter)."""
+    """A probe whose firing ends the row (finish_reason content_filter): a saved probe's name, or
+    a name and the `detector` defined here."""
 
     probe: ProbeName
+    detector: Detector | None = None
 
 
 SteeringEntries = Annotated[

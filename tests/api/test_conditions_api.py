@@ -181,3 +181,79 @@ def test_conditions_in_the_active_profile(server, firing):
     assert body["choices"][0]["finish_reason"] == "content_filter"
     assert body["usage"]["completion_tokens"] == firing["position"] - firing["prompt_length"] + 1
     api(server, "DELETE", "/api/profiles/stop-at-peak")
+
+
+def own_probe(server, firing) -> dict:
+    """The saved probe's detector, as a spec defines it for itself."""
+    return api(server, "GET", f"/api/probes/{firing['probe']}").json()["document"]["detector"]
+
+
+def test_a_condition_that_defines_its_own_probe_acts_as_the_saved_one(server, firing):
+    detector = own_probe(server, firing)
+    saved = read(server, [firing["feature"]], {"steering": {"abort": [{"probe": firing["probe"]}]}})
+    # a name no probe has: the definition is all there is
+    own = {"abort": [{"probe": "its-own", "detector": detector}]}
+    body = read(server, [firing["feature"]], {"steering": own})
+    assert body["choices"][0]["finish_reason"] == "content_filter"
+    assert body["usage"]["completion_tokens"] == saved["usage"]["completion_tokens"]
+    assert tokens(body) == tokens(saved)
+    (verdict,) = body["millm"]["probes"]
+    assert verdict["name"] == "its-own" and verdict["acted_at"] == firing["position"]
+    steer = {
+        "steering": [
+            {
+                "sae_id": server.sae,
+                "features": [{"index": firing["feature"], "strength": 60.0}],
+                "when": {"probe": "its-own", "detector": detector},
+            }
+        ]
+    }
+    body = read(server, [firing["feature"]], {"steering": steer})
+    (verdict,) = body["millm"]["probes"]
+    assert verdict["action"] == "steer" and verdict["acted_at"] == firing["position"] + 1
+
+
+def test_a_defined_probe_shadows_a_saved_one_of_its_name(server, firing):
+    # the saved probe fires at the peak; this definition (above every activation) never does
+    detector = {**own_probe(server, firing), "threshold": 1e6}
+    spec = {"abort": [{"probe": firing["probe"], "detector": detector}]}
+    body = post(server, "/v1/completions", {**BODY, "steering": spec}).json()
+    assert body["choices"][0]["finish_reason"] == "length", body
+    (verdict,) = body["millm"]["probes"]
+    assert not verdict["fired"]
+
+
+def test_one_name_with_two_detectors_is_refused(server, firing):
+    detector = own_probe(server, firing)
+    spec = {
+        "steering": [
+            {
+                "sae_id": server.sae,
+                "features": [{"index": 0, "strength": 1.0}],
+                "when": {"probe": "twice", "detector": detector},
+            }
+        ],
+        "abort": [{"probe": "twice", "detector": {**detector, "threshold": 1e6}}],
+    }
+    answer = post(server, "/v1/completions", {**BODY, "steering": spec})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert "abort[0].detector" in error["message"] and "twice" in error["message"], error
+
+
+def test_a_defined_probe_is_checked_like_a_saved_one(server):
+    bad = {"type": "feature", "sae_id": server.sae, "index": 0}  # neither threshold nor percentile
+    answer = post(
+        server,
+        "/v1/completions",
+        {**BODY, "steering": {"abort": [{"probe": "p", "detector": bad}]}},
+    )
+    assert answer.status_code == 400
+    assert "abort[0].detector" in answer.json()["error"]["param"], answer.json()
+    wide = {"type": "feature", "sae_id": server.sae, "index": 10**6, "threshold": 1.0}
+    answer = post(
+        server,
+        "/v1/completions",
+        {**BODY, "steering": {"abort": [{"probe": "p", "detector": wide}]}},
+    )
+    assert answer.status_code == 400 and "abort[0]" in answer.json()["error"]["message"]

@@ -271,7 +271,7 @@ class TinyProbes:
     def __init__(self, probes: dict[str, tuple[int, torch.Tensor, float]]):
         self.probes, self.revision = probes, 1
 
-    def watch(self, name, attached, action, edit, tokens):
+    def watch(self, name, attached, action, edit, tokens, detector=None):
         if name not in self.probes:
             return None
         point, direction, threshold = self.probes[name]

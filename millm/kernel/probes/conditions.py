@@ -39,18 +39,22 @@ class ProbeConditions:
         action: WatchAction,
         edit: ResidualEdit | None,
         tokens: int | None,
+        detector: dict | None = None,
     ) -> Watch | None:
-        """Probe `name` bound to the loaded model and these SAEs, doing `action` (None: no such
-        probe; a 400 when it does not fit, or 503 when no model is loaded to bind it to)."""
-        row = self.probes.shelf.get(name)
-        if row is None:
-            return None
+        """Probe `name` (or `detector`, a spec's own probe, under that name) bound to the loaded
+        model and these SAEs, doing `action` (None: no such probe; a 400 when it does not fit, or
+        503 when no model is loaded to bind it to)."""
+        if detector is None:
+            row = self.probes.shelf.get(name)
+            if row is None:
+                return None
+            detector = row["document"]["detector"]
         lm = self.model()
         if lm is None:
             raise ModelNotLoaded(
                 f"probe {name!r} needs the loaded model to watch it; load one first"
             )
-        probe = bind(attached, self.calibrations, lm, name, row["document"]["detector"], "detector")
+        probe = bind(attached, self.calibrations, lm, name, detector, "detector")
         return Watch(
             name,
             probe.point,

@@ -53,10 +53,12 @@ class ProbeResolver(Protocol):
         action: WatchAction,
         edit: ResidualEdit | None,
         tokens: int | None,
+        detector: dict | None = None,
     ) -> Watch | None:
-        """The watch of probe `name` over these attached SAEs doing `action` (report, steer, abort)
-        with `edit` for `tokens` positions; None when there is no such probe; a MillmError when it
-        cannot watch here (its SAE not attached, say)."""
+        """The watch of probe `name` (or, given `detector`, of that detector under the name) over
+        these attached SAEs doing `action` (report, steer, abort) with `edit` for `tokens`
+        positions; None when there is no such probe; a MillmError when it cannot watch here (its
+        SAE not attached, say)."""
         ...
 
 
@@ -146,6 +148,7 @@ def resolve_spec(
     refusals: Refusals,
 ) -> Steered:
     """A (valid, canonical) spec through the attached SAEs and the dial `scale` (adds only)."""
+    defined = _defined_probes(spec, refusals)
     parts: dict[Condition, _Part] = {}
     named: dict[Condition, str] = {}  # each condition's first entry, to name in a refusal
     for number, entry in enumerate(spec.get("steering", [])):
@@ -196,14 +199,21 @@ def resolve_spec(
             ):  # nothing to add once it fires (every strength 0): the verdict is still reported
                 watches.append(
                     _watch(
-                        resolvers, probe, attached, "report", None, None, named[condition], refusals
+                        resolvers,
+                        (probe, defined.get(probe)),
+                        attached,
+                        "report",
+                        None,
+                        None,
+                        named[condition],
+                        refusals,
                     )
                 )
             else:
                 watches.append(
                     _watch(
                         resolvers,
-                        probe,
+                        (probe, defined.get(probe)),
                         attached,
                         "steer",
                         edit,
@@ -216,7 +226,7 @@ def resolve_spec(
         watches.append(
             _watch(
                 resolvers,
-                entry["probe"],
+                (entry["probe"], defined.get(entry["probe"])),
                 attached,
                 "abort",
                 None,
@@ -235,6 +245,31 @@ def resolve_spec(
     )
     aborts = tuple(entry["probe"] for entry in spec.get("abort", []))
     return Steered(edits.get(None), tuple(watches), applied, aborts)
+
+
+def _defined_probes(spec: dict, refusals: Refusals) -> dict[str, dict]:
+    """The probes the spec defines for itself (a `when` or `abort` with a `detector`), by name.
+    A name so defined means that detector at every mention in the spec (a saved probe of the
+    same name is not consulted); one name given two detectors is refused."""
+    mentions = [
+        (f"steering[{n}].when", entry.get("when"))
+        for n, entry in enumerate(spec.get("steering", []))
+    ]
+    mentions += [
+        (f"vectors[{n}].when", entry.get("when")) for n, entry in enumerate(spec.get("vectors", []))
+    ]
+    mentions += [(f"abort[{n}]", entry) for n, entry in enumerate(spec.get("abort", []))]
+    defined: dict[str, dict] = {}
+    for where, mention in mentions:
+        if mention is None or mention.get("detector") is None:
+            continue
+        name, detector = mention["probe"], mention["detector"]
+        if defined.setdefault(name, detector) != detector:
+            raise refusals.refuse(
+                f"{where}.detector",
+                f"probe {name!r} is defined twice with different detectors; give each its own name",
+            )
+    return defined
 
 
 def _condition(entry: dict) -> Condition:
@@ -311,7 +346,7 @@ def _vector(
 
 def _watch(
     resolvers: Resolvers,
-    probe: str,
+    named: tuple[str, dict | None],  # the probe's name, and its detector when the spec defines it
     attached: dict[str, Attached],
     action: WatchAction,
     edit: ResidualEdit | None,
@@ -319,10 +354,11 @@ def _watch(
     where: str,
     refusals: Refusals,
 ) -> Watch:
+    probe, detector = named
     found = None
     if resolvers.probes is not None:
         try:
-            found = resolvers.probes.watch(probe, attached, action, edit, tokens)
+            found = resolvers.probes.watch(probe, attached, action, edit, tokens, detector)
         except MillmError as exc:
             exc.message = f"{refusals.who}: {where}: {exc.message}"
             raise

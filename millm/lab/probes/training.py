@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm.engine.jobs import ResidualRead
 from millm.errors import InvalidRequest
+from millm.formats.detectors import HookPoint
 from millm.formats.document_schemas import MAX_DESCRIPTION, ProfileName
-from millm.formats.probe_documents import HookPoint
 from millm.kernel.probes.book import probe_view
 from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled, JobHandle
