@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIN_TEXTS = 3  # n_a + n_b - 2 degrees of freedom: at least one, so a pooled variance exists
-
 
 @dataclass(frozen=True)
 class Separation:
@@ -36,17 +34,18 @@ class Separation:
 def cohens_d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cohen's d of each column of `a` [n_a, f] against `b` [n_b, f] with the pooled standard
     deviation (0 where both sets are constant and equal, ±inf where they are constant and
-    differ)."""
+    differ). One text a set is enough: with no variance to pool, every feature is constant within
+    each set, so one that differs at all has an infinite d and the ranking falls to the difference
+    (Goodfire's contrast took a single pair)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     n_a, n_b = a.shape[0], b.shape[0]
-    if n_a < 1 or n_b < 1 or n_a + n_b < MIN_TEXTS:
-        raise ValueError(
-            f"Cohen's d needs at least one text per set and {MIN_TEXTS} in all, got {n_a} and {n_b}"
-        )
+    if n_a < 1 or n_b < 1:
+        raise ValueError(f"Cohen's d needs a text in each set, got {n_a} and {n_b}")
     difference = a.mean(axis=0) - b.mean(axis=0)
     # sums of squared deviations from each set's mean
     squares = a.var(axis=0) * n_a + b.var(axis=0) * n_b
-    pooled = np.sqrt(squares / (n_a + n_b - 2))
+    # With one text a set every column is constant, and the pooled deviation is not used.
+    pooled = np.sqrt(squares / max(n_a + n_b - 2, 1))
     constant = (a.max(axis=0) == a.min(axis=0)) & (b.max(axis=0) == b.min(axis=0))
     usable = ~constant & (pooled > 0)
     d = np.zeros_like(difference)

@@ -324,6 +324,21 @@ def test_contrast_ranks_the_feature_built_for_set_a_first(server, offline, encod
             assert feature["mean_b"] == pytest.approx(b[:, i].mean(), rel=1e-4, abs=1e-4)
 
 
+def test_a_contrast_of_one_text_a_set_ranks_by_the_difference(server, offline, encode):
+    # no variance to pool: every feature that differs has an infinite d (null), and the lists
+    # rank by the difference, largest first
+    tokenizer, _ = offline
+    a = per_text(tokenizer, encode, SET_A[:1], "max")[0]
+    b = per_text(tokenizer, encode, SET_B[:1], "max")[0]
+    got = answer(server, "contrast", {"a": {"texts": SET_A[:1]}, "b": {"texts": SET_B[:1]}})
+    difference = a - b
+    expected = sorted(np.flatnonzero(difference > 1e-4), key=lambda i: (-difference[i], i))
+    listed = got["favouring_a"]
+    assert [f["index"] for f in listed] == [int(i) for i in expected[: len(listed)]]
+    assert listed and all(f["effect_size"] is None for f in listed)
+    assert listed[0]["difference"] == pytest.approx(difference[expected[0]], rel=1e-4)
+
+
 def test_contrast_of_conversations(server, offline, encode):
     tokenizer, _ = offline
 
@@ -511,13 +526,6 @@ LONG = " ".join(["one two three four five"] * 50)
             "b.texts",
         ),
         ("contrast", {"a": {"texts": SET_A}, "b": {}}, 400, "invalid_parameter", "b"),
-        (
-            "contrast",
-            {"a": {"texts": ["The cat runs."]}, "b": {"texts": ["A river is."]}},
-            400,
-            "invalid_parameter",
-            "a",
-        ),
         (
             "contrast",
             {"a": {"texts": SET_A}, "b": {"texts": SET_B * 2}},

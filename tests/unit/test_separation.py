@@ -57,10 +57,14 @@ def test_rounding_in_a_mean_of_equal_values_is_not_read_as_a_variance():
     assert cohens_d(a, b)[0] == 0.0
 
 
-def test_too_few_texts_is_refused():
-    with pytest.raises(ValueError, match="at least"):
-        cohens_d(np.ones((1, 2)), np.zeros((1, 2)))
-    with pytest.raises(ValueError, match="at least"):
+def test_one_text_a_set_ranks_by_the_difference():
+    # no variance to pool: a feature that differs has an infinite d, one that does not has 0
+    d = cohens_d(np.array([[2.0, 1.0, 0.0]]), np.array([[0.5, 1.0, 3.0]]))
+    assert d.tolist() == [np.inf, 0.0, -np.inf]
+
+
+def test_an_empty_set_is_refused():
+    with pytest.raises(ValueError, match="a text in each set"):
         cohens_d(np.ones((3, 2)), np.zeros((0, 2)))
 
 

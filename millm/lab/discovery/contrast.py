@@ -23,7 +23,7 @@ from millm.engine.jobs import ResidualRead, ScoresReady
 from millm.engine.loader import LoadedModel
 from millm.engine.residual import ResidualEdit
 from millm.errors import InvalidRequest
-from millm.interp.separation import MIN_TEXTS, favouring, separation
+from millm.interp.separation import favouring, separation
 from millm.interp.steering import Attached
 from millm.kernel.runtime.blocking import passes_blocking
 from millm.kernel.runtime.jobs import JobCancelled
@@ -134,11 +134,9 @@ def contrast_prompts_blocking(
                     f"contrast text needs at least {MIN_TOKENS}",
                     param=f"{name}[{i}]",
                 )
-    if not a or not b or len(a) + len(b) < MIN_TEXTS:
+    if not a or not b:
         raise InvalidRequest(
-            f"a contrast needs a text in each set and {MIN_TEXTS} in all, got {len(a)} and "
-            f"{len(b)}",
-            param="b",
+            f"a contrast needs a text in each set, got {len(a)} and {len(b)}", param="b"
         )
     answered = passes_blocking(
         state.switch, model, a + b, (aggregate_read(attached, aggregate),), edit=edit, cancel=cancel

@@ -19,7 +19,6 @@ from millm.engine.prompts import chat_prompt_ids
 from millm.engine.residual import ResidualEdit
 from millm.errors import ContextLengthExceeded, InvalidRequest, MillmError, ModelNotLoaded, NotFound
 from millm.interp.sae_files import SAEInfo
-from millm.interp.separation import MIN_TEXTS
 from millm.interp.steering import Attached, check_feature, check_strength, steering_edit
 from millm.kernel.parts import HasSwitch
 from millm.lab.discovery.parts import DiscoveryParts
@@ -53,8 +52,8 @@ def registered_sae(state: DiscoveryParts, sae_id: str, feature: int | None = Non
 
 
 def check_set_sizes(sets: dict[str, TextSet], cap: int) -> None:
-    """Each set within MILLM_DISCOVERY_MAX_TEXTS, and enough texts in all for an effect size (400
-    naming the set)."""
+    """Each set within MILLM_DISCOVERY_MAX_TEXTS (400 naming the set; the body's own rules give each
+    set a text at least)."""
     for name, texts in sets.items():
         if texts.size > cap:
             raise InvalidRequest(
@@ -62,13 +61,6 @@ def check_set_sizes(sets: dict[str, TextSet], cap: int) -> None:
                 "(MILLM_DISCOVERY_MAX_TEXTS)",
                 param=f"{name}.{texts.field}",
             )
-    if sum(texts.size for texts in sets.values()) < MIN_TEXTS:
-        raise InvalidRequest(
-            f"a contrast needs at least {MIN_TEXTS} texts in all (one in each set at least): "
-            "the effect size divides by a pooled standard deviation, which one text per set does "
-            "not have",
-            param=min(sets, key=lambda name: sets[name].size),
-        )
 
 
 def check_steering_request(state: DiscoveryParts, steering: str | SteerWith | None) -> None:
