@@ -148,4 +148,12 @@ if [ "${1:-}" = "--browser" ]; then
         fi
         "${ct_pip[@]}" "torch==$torch_version" circuit-tracer==0.5.0 nnsight==0.6.3
     fi
+    # Goodfire's Ember SDK, unmodified, in an environment of its own, for the tests that drive it
+    # against millm's Ember routes (it pins httpx below 0.28, which millm's clients outgrew), with
+    # the openai package its README installs for its last example.
+    if ! .venv-goodfire/bin/python -c "import goodfire, openai" 2>/dev/null; then
+        echo "setup: installing the goodfire SDK into .venv-goodfire for its tests (once)"
+        "$python" -m venv --clear .venv-goodfire
+        .venv-goodfire/bin/python -m pip install --quiet --disable-pip-version-check goodfire==0.3.5 openai
+    fi
 fi

@@ -1,9 +1,9 @@
 """Who may call which route: the API and admin keys, and no state changes from other sites' pages.
 
 Routes fall in four classes (`route_class`): health probes and the schema are open; `/v1` is
-inference, and so are the `/api` POSTs that only read the model (inspect, contrast, compare);
-`/api` read with GET/HEAD/OPTIONS; every other `/api` method changes state (admin), and so
-does any method on `/mcp`, whose tools steer.
+inference, and so are the `/api` POSTs that only read the model (inspect, contrast, compare) and
+Ember's routes (`/api/inference/v1/`); `/api` read with GET/HEAD/OPTIONS; every other `/api`
+method changes state (admin), and so does any method on `/mcp`, whose tools steer.
 
 | route class | keys accepted                                  | with no key configured |
 |-------------|------------------------------------------------|------------------------|
@@ -36,6 +36,8 @@ MCP_PATH = "/mcp"  # where app.py mounts the MCP server (server/mcp_server.py)
 # POST routes under /api that read the model without changing any state (discovery reads and
 # side-by-side generation): inference, like /v1, so the API key opens them.
 INFERENCE_POSTS = re.compile(r"^/api/(saes/[^/]+/(inspect|contrast)|compare|lens|attribution)$")
+# Goodfire Ember's routes (lab/ember/): every one reads the model and changes nothing stored.
+EMBER_PREFIX = "/api/inference/v1/"
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # vLLM's tokenizer routes (v1/tokenizer/routes.py) read the model as /v1 does.
 TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
@@ -53,6 +55,8 @@ def route_class(method: str, path: str) -> str:
         return (
             ADMIN  # one endpoint for every tool, reads and steering alike: the key of the strongest
         )
+    if path.startswith(EMBER_PREFIX):
+        return INFERENCE
     if path == "/api" or path.startswith("/api/"):
         if method.upper() == "POST" and INFERENCE_POSTS.match(path):
             return INFERENCE

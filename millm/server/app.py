@@ -19,6 +19,7 @@ from millm.lab.compare import routes as compare
 from millm.lab.dictionaries import routes as dictionaries
 from millm.lab.discovery import routes as discovery
 from millm.lab.documents import routes as documents
+from millm.lab.ember import routes as ember
 from millm.lab.evaluations import routes as evaluations
 from millm.lab.labels import routes as labels
 from millm.lab.models import routes as model_admin
@@ -149,6 +150,7 @@ def include_routes(app: FastAPI, settings: Settings) -> None:
     app.include_router(variants.router, tags=["Steered variants"])
     app.include_router(evaluations.router, tags=["Evaluations"])
     app.include_router(probes.router, tags=["Probes"])
+    app.include_router(ember.router, tags=["Ember (goodfire SDK)"])
     app.include_router(health.router, tags=["Health"])
     app.include_router(workbench.router)
     workbench.mount_assets(app)

@@ -21,6 +21,8 @@ from millm.lab.dictionaries.service import Dictionaries
 from millm.lab.discovery.service import Discovery
 from millm.lab.documents.claims import CircuitServing
 from millm.lab.documents.service import BaseManagement
+from millm.lab.ember.catalogue import EmberFeatures
+from millm.lab.ember.service import Ember
 from millm.lab.evaluations.book import EvaluationBook
 from millm.lab.evaluations.service import EvaluationManagement
 from millm.lab.labels.labelling import Labelling
@@ -81,6 +83,8 @@ class Facades:
     comparison: Comparer
     attribution: Attribution
     autosteer: AutoSteer
+    ember: Ember
+    ember_features: EmberFeatures
     labelling: Labelling
     jobs: JobBook
     close: Callable[[], None]  # the state's close, for the app's shutdown
@@ -103,6 +107,8 @@ def build_facades(state: ServerState) -> Facades:
     evaluation_book = EvaluationBook(state.store)
     probe_scoring = ProbeScoring(state)
     bases = BaseManagement(state)
+    features = FeatureManagement(state, MeaningBook())
+    discovery, autosteer, attribution = Discovery(state), AutoSteer(state), Attribution(state)
     return Facades(
         settings=state.settings,
         requests=state.switch,
@@ -116,7 +122,7 @@ def build_facades(state: ServerState) -> Facades:
         steering=SteeringManagement(state),
         bases=bases,
         circuit_serving=CircuitServing(state, bases),
-        features=FeatureManagement(state, MeaningBook()),
+        features=features,
         calibrations=CalibrationManagement(state),
         dictionaries=Dictionaries(state),
         monitoring=MonitorManagement(state),
@@ -130,10 +136,12 @@ def build_facades(state: ServerState) -> Facades:
         variants=VariantManagement(state),
         evaluations=EvaluationManagement(state, evaluation_book),
         evaluation_book=evaluation_book,
-        discovery=Discovery(state),
+        discovery=discovery,
         comparison=Comparer(state),
-        attribution=Attribution(state),
-        autosteer=AutoSteer(state),
+        attribution=attribution,
+        autosteer=autosteer,
+        ember=Ember(state, serving, features, discovery, autosteer, attribution, state.jobs),
+        ember_features=EmberFeatures(state, features),
         labelling=Labelling(state),
         jobs=state.jobs,
         close=state.close,

@@ -8,6 +8,8 @@ expected to answer with an error body; one preceded by `<!-- example: keyed -->`
 `~/.millm-api-key` and `~/.millm-admin-key` as docs/serving.md sets them up, with HOME
 pointing at a folder that holds them; one preceded by `<!-- example: reproducible -->` runs
 against a server started with `--reproducible`, whose numbers are the same on every x86 CPU.
+One preceded by `<!-- example: goodfire -->` uses the goodfire SDK, which lives in an
+environment of its own: tests/acceptance/test_goodfire_readme.py runs it there.
 
 No check here depends on the CPU kind (docs/testing.md, "Docs examples"). Greedy bf16 text and
 the activations under it differ between CPU kinds (their bf16 kernels differ), so what a Python
@@ -68,6 +70,8 @@ def examples():
             if BASE not in code:
                 continue
             flags = marker.split()
+            if "goodfire" in flags:
+                continue  # the goodfire SDK's examples run in its own environment (ember.md)
             checks, end = [], match.end()
             while check := CHECK.match(text, end):
                 checks.append(check.group(1).strip())

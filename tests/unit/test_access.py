@@ -46,6 +46,9 @@ from millm.settings import key_setting
         ("POST", "/api/saes/sae_1/inspect", INFERENCE),
         ("POST", "/api/saes/sae_1/contrast", INFERENCE),
         ("POST", "/api/compare", INFERENCE),
+        ("POST", "/api/inference/v1/chat/completions", INFERENCE),  # Goodfire Ember's routes
+        ("GET", "/api/inference/v1/features/search", INFERENCE),
+        ("POST", "/api/inference/v1/features/auto-edits", INFERENCE),
         ("POST", "/api/saes/sae_1/calibrate", ADMIN),
         ("GET", "/api/probes", READ),
         ("POST", "/api/probes/train", ADMIN),

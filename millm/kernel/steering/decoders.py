@@ -40,12 +40,18 @@ def decoder_of(sae: SAE) -> Decoder:
     return Decoder(norms, unit)
 
 
-def neighbours(decoder: Decoder, index: int, k: int) -> list[tuple[int, float]]:
+def neighbours(decoder: Decoder, index: int | list[int], k: int) -> list[tuple[int, float]]:
     """The k features whose decoder rows are nearest feature `index`'s by cosine (itself left out),
-    highest cosine first, ties by index."""
-    cosines = decoder.unit @ decoder.unit[index]
-    cosines[index] = -np.inf
-    k = min(k, len(cosines) - 1)
+    highest cosine first, ties by index; for a list of features, nearest the mean of their unit
+    rows (the group's centroid, its members left out)."""
+    members = [index] if isinstance(index, int) else list(index)
+    centre = decoder.unit[index] if isinstance(index, int) else decoder.unit[members].mean(axis=0)
+    length = float(np.linalg.norm(centre))
+    if len(members) > 1 and length > 0:
+        centre = centre / length
+    cosines = decoder.unit @ centre
+    cosines[members] = -np.inf
+    k = min(k, len(cosines) - len(set(members)))
     if k <= 0:
         return []
     top = np.argpartition(-cosines, k - 1)[:k] if k < len(cosines) else np.arange(len(cosines))

@@ -173,6 +173,12 @@ class MeaningBook:
                 self._making.pop(key, None)
             making.set()
 
+    def made(self, embedder: Embedder, sae_id: str, version: int) -> bool:
+        """Whether the SAE's label embeddings at `version` are made and kept (a search by meaning
+        would not wait to make them)."""
+        with self._lock:
+            return (sae_id, embedder.name, version) in self._sets
+
     def search(
         self,
         embedder: Embedder,

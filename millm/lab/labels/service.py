@@ -175,6 +175,13 @@ class FeatureManagement:
             work,
         )
 
+    def meaning_ready(self, sae_id: str) -> bool:
+        """Whether a search by meaning of the SAE's labels would answer at once (its label
+        embeddings made, by the embedding job or an earlier search)."""
+        return self.meanings.made(
+            embedder_for(self.state), sae_id, self.state.labels.version(sae_id)
+        )
+
     def search_features(
         self, sae_id: str, query: str, limit: int, by: SearchBy = "text"
     ) -> FeatureSearch:
@@ -249,6 +256,12 @@ class FeatureManagement:
                 if row.feature == index
             ],
         )
+
+    async def neighbours(self, sae_id: str, indices: list[int], k: int) -> list[tuple[int, float]]:
+        """The k features nearest a group of features by decoder cosine (its centroid's), with
+        the cosines."""
+        decoder = await self.state.decoders.of(sae_id)
+        return await to_thread.run_sync(neighbours, decoder, indices, k)
 
     async def feature_detail(self, sae_id: str, index: int, k: int) -> FeatureDetail:
         """A feature's label, decoder norm, its k nearest features by decoder cosine, and its
