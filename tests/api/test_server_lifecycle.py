@@ -177,9 +177,11 @@ def test_stream_disconnect_cancels_the_generation(llama_server):
 
 def test_non_stream_disconnect_cancels_the_generation(llama_server):
     before = inference_stats(llama_server)["jobs"]["serial"]["cancelled"]
-    body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "n": 8}
+    # 16 rows of up to 2000 tokens: about a second on a fast Zen 5 (8 rows took 0.76 s there, too
+    # close to a 0.5 s wait), so the client leaves well before the answer
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2000, "temperature": 0, "n": 16}
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=0.5)
+        httpx.post(f"{llama_server.base_url}/v1/chat/completions", json=body, timeout=0.2)
     assert wait_for(
         lambda: inference_stats(llama_server)["jobs"]["serial"]["cancelled"] == before + 1
     )

@@ -94,5 +94,5 @@ def test_a_prompt_without_a_read_position_is_refused(state):
         contrast_prompts_blocking(
             state, state.switch.lm.name, attached, [[1, 5, 6]], [[1, 7, 8], [1]]
         )
-    with pytest.raises(InvalidRequest, match="3 in all"):
-        contrast_prompts_blocking(state, state.switch.lm.name, attached, [[1, 5, 6]], [[1, 7, 8]])
+    with pytest.raises(InvalidRequest, match="a text in each set"):
+        contrast_prompts_blocking(state, state.switch.lm.name, attached, [[1, 5, 6]], [])

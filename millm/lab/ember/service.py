@@ -1,17 +1,13 @@
-"""Ember's routes over millm's services: each answer is a millm service's, said in Ember's words.
+"""Ember's routes that read the model, over millm's services: each answer is a millm service's,
+said in Ember's words (the feature routes over labels and decoders are catalogue.py's).
 
-- features/search, features/rerank: the label search (`FeatureManagement.search_features`),
-  its ranking kept; features/lookup and features/: the SAE's labels;
-- attributions/neighbors: neighbours by decoder cosine (a group's: its centroid's);
 - chat/completions: `/v1/chat/completions` (`Serving.chat`), the controller as `steering`;
 - chat-attribution/compute-features: a chat read with `return_sae_activations` over the prompt;
-- chat-attribution/contrast: the contrast read (`Discovery.contrast`) over the two sets;
-- chat-attribution/compute-logits: a generation's first `top_logprobs`;
 - chat/tokenize: the chat template's tokens, as discovery renders a conversation;
+- chat-attribution/compute-logits: a generation's first `top_logprobs`;
+- chat-attribution/contrast: the contrast read (`Discovery.contrast`) over the two sets;
 - features/auto-edits: AutoSteer (`AutoSteer.start`), waited for;
-- features/auto-conditional: the label search's best feature at its median firing level;
-- attributions/compute-logit-attribution: an attribution graph (`Attribution.attribute`).
-"""
+- attributions/compute-logit-attribution: an attribution graph (`Attribution.attribute`)."""
 
 from __future__ import annotations
 
@@ -84,9 +80,9 @@ AUTOSTEER_BUDGET = {
 }
 JOB_POLL_S = 0.25
 TOKEN_TOP_K = 32  # features reported per token by compute-features (Token.inspect shows 5)
-Body = TypeVar("Body", bound=BaseModel)
 MAX_LOGITS_TOP_K = 20  # OpenAI's top_logprobs bound
 ATTRIBUTION_NODES = 32  # features a compute-logit-attribution graph expands (the SDK waits 10 s)
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class Ember:
