@@ -10,6 +10,9 @@
      "vectors": [{"vector_id": "vec_...", "op": "add", "strength": 8.0}],
      "abort": [{"probe": "some-probe"}]}
 
+A `when` or an `abort` entry may define its probe itself: `"detector": {...}` beside the name, as
+a probe document holds one (no saved probe needed).
+
 Version 1 is the same without `op` (every feature is added), `when`, `vectors` and `abort`: it
 is read as version 2 with op "add" on every feature, which means exactly what it meant, and
 written back as version 2 (`canonical` always writes the current version). A bundle is
