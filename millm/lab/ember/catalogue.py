@@ -150,14 +150,13 @@ class EmberFeatures:
                 code="feature_not_found",
             )
         index = found[0].index
-        model = self.state.switch.lm.name if self.state.switch.lm is not None else ""
-        table = self.state.calibrations.table(sae.info.id, model)
-        median = float(table.grids[index, 50]) if table is not None else float("nan")
-        level = units.to_ember(index, median) if median == median and median > 0 else 0.5
-        feature = feature_out(sae.info.id, index, {index: found[0].label}).model_dump(
-            exclude_none=True
-        )
-        feature = {"uuid": feature["id"], "label": feature["label"], "index_in_sae": index}
+        typical = units.typical(index)
+        level = typical if typical is not None else 0.5  # never fired: half of the SAE's scale
+        feature = {
+            "uuid": feature_id(sae.info.id, index),
+            "label": found[0].label,
+            "index_in_sae": index,
+        }
         return {
             "conditional": {
                 "conditionals": [

@@ -107,6 +107,7 @@ class Units:
 
     sae_id: str
     scale: np.ndarray  # [d_sae] float64, every entry > 0
+    median: np.ndarray  # [d_sae] each feature's median firing activation (NaN: never fired)
 
     def to_millm(self, index: int, value: float) -> float:
         """An Ember value of feature `index` as millm's activation or strength."""
@@ -115,6 +116,11 @@ class Units:
     def to_ember(self, index: int, value: float) -> float:
         """A millm activation or strength of feature `index` in Ember's units."""
         return float(value / self.scale[index])
+
+    def typical(self, index: int) -> float | None:
+        """Feature `index`'s median firing level in Ember's units (None: it never fired)."""
+        median = float(self.median[index])
+        return self.to_ember(index, median) if np.isfinite(median) and median > 0 else None
 
 
 def units_of(state: EmberParts, sae: Attached, param: str) -> Units:
@@ -139,7 +145,7 @@ def units_of(state: EmberParts, sae: Attached, param: str) -> Units:
             code="sae_not_calibrated",
         )
     scale = np.where(fired, peaks, float(np.median(peaks[fired])))
-    return Units(sae.info.id, scale)
+    return Units(sae.info.id, scale, table.grids[:, 50].astype(np.float64))
 
 
 def served_model(state: EmberParts, model: str) -> None:
