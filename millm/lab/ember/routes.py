@@ -5,12 +5,11 @@ Every route reads the model and changes nothing stored: the API key opens them, 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from millm.errors import MillmError
 from millm.lab.ember.catalogue import EmberFeatures
 from millm.lab.ember.protocol import (
     AttributionAnswer,
@@ -37,29 +36,17 @@ from millm.lab.ember.protocol import (
 )
 from millm.lab.ember.service import Ember
 from millm.v1.http.deps import part
-from millm.v1.http.errors import error_body
 from millm.v1.http.json_body import JsonRoute
-from millm.v1.objects import WireModel
-from millm.v1.serving.http_replies import respond, sse, unless_client_leaves
+from millm.v1.serving.http_replies import frames, respond, unless_client_leaves
 from millm.v1.serving.routes import ignored_cap, strict
 
 PREFIX = "/api/inference/v1"
 router = APIRouter(route_class=JsonRoute)
 
 
-async def ember_frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator[str]:
-    """Each chunk as an SSE frame, and no `[DONE]`: the SDK splits what it reads on `data: ` and
-    parses every piece, so a `[DONE]` read together with a chunk would be parsed as one; the
-    stream's end says it is done."""
-    try:
-        async for chunk in chunks:
-            yield sse(
-                error_body(chunk, streamed=True)
-                if isinstance(chunk, MillmError)
-                else chunk.model_dump()
-            )
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]  # an async generator: closing cancels the job
+# No [DONE]: the SDK splits what it reads on "data: " and parses every piece, so a [DONE] read
+# together with a chunk would be parsed as one; the stream's end says it is done.
+ember_frames = partial(frames, done=False)
 
 
 @router.post(

@@ -64,8 +64,11 @@ def sse(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-async def frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator[str]:
-    """Each chunk as an SSE frame (an error as OpenAI's error object), then [DONE]."""
+async def frames(
+    chunks: AsyncIterator[WireModel | MillmError], done: bool = True
+) -> AsyncIterator[str]:
+    """Each chunk as an SSE frame (an error as OpenAI's error object), then [DONE] (unless
+    `done` is False: the stream's end then says it)."""
     try:
         async for chunk in chunks:
             yield sse(
@@ -73,7 +76,8 @@ async def frames(chunks: AsyncIterator[WireModel | MillmError]) -> AsyncIterator
                 if isinstance(chunk, MillmError)
                 else chunk.model_dump()
             )
-        yield sse("[DONE]")
+        if done:
+            yield sse("[DONE]")
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]  # an async generator: closing it cancels the job
 
